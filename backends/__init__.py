@@ -1,0 +1,10 @@
+"""The registry of backends; only the driver and the CLI look here."""
+
+from __future__ import annotations
+
+from tcdsl.backend import Backend
+from tcdsl.backends.shell import ShellBackend
+
+BACKENDS: dict[str, type[Backend]] = {
+    "shell": ShellBackend,
+}

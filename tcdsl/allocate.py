@@ -1,0 +1,235 @@
+"""Assign handles, class ids, firewall marks, filter prefs and chain names, once.
+
+Explicit values are reserved first, so an automatic value never collides with one the user
+wrote. Automatic class ids follow the convention of the tc literature: the link class is
+``1:1`` and the other classes get ``1:10``, ``1:20``, ... in the order they are written; the
+leaf qdisc of class ``1:20`` is ``20:`` (``N0:`` for single-digit minors, as prio bands are).
+With ``classify by mark`` the mark of class ``1:20`` is 20 where that is free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+from tcdsl import ir, lower
+from tcdsl.diagnostics import Diagnostic, Note, Span
+
+MAX = 0xFFFF
+DEFAULT_PREF = 1
+
+
+def _decimal_looking_minors() -> Iterator[int]:
+    for k in range(1, 1000):
+        yield int(str(10 * k), 16)
+    yield from range(2, MAX + 1)
+
+
+class Pool:
+    """Hands out free numbers: a preferred one if free, else the next candidate."""
+
+    def __init__(self, candidates: Iterator[int], used: set[int]) -> None:
+        self.candidates = candidates
+        self.used = used
+
+    def take(self, preferred: int | None = None) -> int | None:
+        if preferred is not None and 0 < preferred <= MAX and preferred not in self.used:
+            self.used.add(preferred)
+            return preferred
+        for value in self.candidates:
+            if value not in self.used:
+                self.used.add(value)
+                return value
+        return None
+
+
+class InterfaceAllocator:
+    """Allocate everything on one interface."""
+
+    def __init__(self, iface: ir.Interface, diagnostics: list[Diagnostic]) -> None:
+        self.iface = iface
+        self.diagnostics = diagnostics
+        self.majors: set[int] = {MAX}  # ffff: is the ingress qdisc
+        self.major_owner: dict[int, Span] = {}
+        self.major_pool = Pool(iter(range(2, MAX)), self.majors)
+
+    def error(self, code: str, message: str, span: Span, *notes: Note) -> None:
+        self.diagnostics.append(Diagnostic.error(code, message, span, *notes))
+
+    def run(self) -> ir.Interface:
+        for q in ir.walk_qdiscs(self.iface.root):
+            if q.explicit_handle is not None:
+                major = q.explicit_handle.handle.major
+                if major in self.major_owner:
+                    self.error(
+                        "E204",
+                        f"handle {major:x}: is used twice on interface '{self.iface.name}'",
+                        q.explicit_handle.span,
+                        Note("first used here", self.major_owner[major]),
+                    )
+                self.majors.add(major)
+                self.major_owner[major] = q.explicit_handle.span
+        root = self.qdisc(self.iface.root, preferred=1)
+        iface = dataclasses.replace(self.iface, root=root)
+        if iface.marking is not None:
+            return self.marks(iface)
+        return dataclasses.replace(iface, filters=tuple(self.u32_filters(root)))
+
+    # ---- handles and class ids ----
+    def qdisc(self, q: ir.Qdisc, preferred: int | None) -> ir.Qdisc:
+        if q.explicit_handle is not None:
+            major: int | None = q.explicit_handle.handle.major
+        else:
+            major = self.major_pool.take(preferred)
+            if major is None:
+                self.error("E210", "no free qdisc handle is left (65534 in use)", q.span)
+                major = 0
+        handle = ir.Handle(major, 0)
+        match q:
+            case ir.Htb() | ir.Prio() | ir.Cbq():
+                classes = self.classes(q, major)
+                return dataclasses.replace(q, handle=handle, classes=classes)
+            case ir.Tbf() | ir.Netem():
+                child = None if q.child is None else self.qdisc(q.child, major + 1)
+                return dataclasses.replace(q, handle=handle, child=child)
+            case _:
+                return dataclasses.replace(q, handle=handle)
+
+    def classes(self, q: ir.ClassfulQdisc, major: int) -> tuple[ir.Class, ...]:
+        used: set[int] = set()
+        owner: dict[int, Span] = {}
+        for cls in ir.classes_of(q):
+            ref = cls.explicit_id
+            if ref is None:
+                continue
+            h = ref.handle
+            if h.major != major:
+                self.error(
+                    "E204",
+                    f"class id {h} does not belong to qdisc {major:x}: (write {major:x}:{h.minor:x})",
+                    ref.span,
+                )
+            elif h.minor == 0:
+                self.error("E204", f"class id {h} names the qdisc itself; a class needs a minor", ref.span)
+            elif h.minor in owner:
+                self.error(
+                    "E204", f"class id {h} is used twice", ref.span, Note("first used here", owner[h.minor])
+                )
+            elif isinstance(q, ir.Prio) and h.minor > (q.bands.value if q.bands else 3):
+                self.error("E204", f"class id {h} is not a band of this prio", ref.span)
+            used.add(h.minor)
+            owner[h.minor] = ref.span
+        if isinstance(q, ir.Prio):
+            bands = q.bands.value if q.bands else 3
+            pool = Pool(iter(range(1, bands + 1)), used)
+        else:
+            pool = Pool(_decimal_looking_minors(), used)
+        return tuple(self.klass(c, q, major, pool) for c in q.classes)
+
+    def klass(self, cls: ir.Class, q: ir.ClassfulQdisc, major: int, pool: Pool) -> ir.Class:
+        if cls.explicit_id is not None:
+            minor: int | None = cls.explicit_id.handle.minor
+        else:
+            minor = pool.take(1 if cls.implicit else None)
+            if minor is None:
+                self.error("E210", f"no free class id is left under {major:x}:", cls.span)
+                minor = 0
+        leaf = None
+        if cls.leaf is not None:
+            leaf = self.qdisc(cls.leaf, minor if minor >= 0x10 else minor * 0x10)
+        children = tuple(self.klass(c, q, major, pool) for c in cls.children)
+        return dataclasses.replace(cls, classid=ir.Handle(major, minor), leaf=leaf, children=children)
+
+    # ---- filters ----
+    def u32_filters(self, root: ir.Qdisc) -> Iterator[ir.Filter]:
+        for q in ir.walk_qdiscs(root):
+            if q.handle is None:
+                continue
+            for cls in ir.classes_of(q):
+                assert cls.classid is not None
+                for m in cls.matches:
+                    pref = m.pref.value if m.pref else DEFAULT_PREF
+                    for alt in lower.alternatives(m):
+                        for keys in lower.u32_keys(alt):
+                            yield ir.U32Filter(q.handle, pref, keys, cls.classid, m.span)
+
+    def marks(self, iface: ir.Interface) -> ir.Interface:
+        marking = iface.marking
+        assert marking is not None
+        root = iface.root
+        if not isinstance(root, ir.Htb | ir.Prio | ir.Cbq):
+            self.error("E209", "'classify by mark' needs a classful root qdisc (htb, prio, cbq)", marking.span)
+            return iface
+        default = None
+        if isinstance(root, ir.Htb) and root.default is not None:
+            default = next((c for c in ir.classes_of(root) if c.name == root.default.name and not c.implicit), None)
+        used = {c.mark.value for q in ir.walk_qdiscs(root) for c in ir.classes_of(q) if c.mark is not None}
+        pool = Pool(iter(range(1, 0xFFFFFFFF)), used)
+        marked: dict[int, int] = {}
+        filters: list[ir.Filter] = []
+        rules: list[ir.MarkRule] = []
+        new_root = self._with_marks(root, default, pool, marked)
+        for q in ir.walk_qdiscs(new_root):
+            if q.handle is None:
+                continue
+            for cls in ir.classes_of(q):
+                if cls.fwmark is None:
+                    continue
+                assert cls.classid is not None
+                filters.append(ir.FwFilter(q.handle, DEFAULT_PREF, cls.fwmark, cls.classid, cls.span))
+                for m in cls.matches:
+                    rules.extend(ir.MarkRule(alt, cls.fwmark, m.span) for alt in lower.alternatives(m))
+        if default is not None:
+            assert isinstance(root, ir.Htb) and root.default is not None
+            rules.append(ir.MarkRule((), marked[id(default)], root.default.span, unmarked=True))
+        chain = marking.explicit_chain or f"TCDSL-{iface.name}"
+        new_marking = dataclasses.replace(marking, chain=chain, rules=tuple(rules))
+        return dataclasses.replace(iface, root=new_root, marking=new_marking, filters=tuple(filters))
+
+    def _with_marks(self, q: ir.Qdisc, default: ir.Class | None, pool: Pool, marked: dict[int, int]) -> ir.Qdisc:
+        def visit(cls: ir.Class, original: ir.Class) -> ir.Class:
+            fwmark = None
+            if cls.matches or original is default:
+                preferred = None
+                minor_text = f"{cls.classid.minor:x}" if cls.classid else ""
+                if minor_text.isdigit():
+                    preferred = int(minor_text)
+                fwmark = cls.mark.value if cls.mark is not None else pool.take(preferred)
+                marked[id(original)] = fwmark  # type: ignore[assignment]
+            children = tuple(visit(c, o) for c, o in zip(cls.children, original.children, strict=True))
+            return dataclasses.replace(cls, fwmark=fwmark, children=children)
+
+        if isinstance(q, ir.Htb | ir.Prio | ir.Cbq):
+            return dataclasses.replace(q, classes=tuple(visit(c, c) for c in q.classes))
+        return q
+
+
+def allocate(policy: ir.Policy) -> tuple[ir.Policy, list[Diagnostic]]:
+    """Return the policy with every handle, class id, mark, pref and chain assigned."""
+    diagnostics: list[Diagnostic] = []
+    interfaces = tuple(InterfaceAllocator(i, diagnostics).run() for i in policy.interfaces)
+    chains: dict[str, ir.Interface] = {}
+    for iface in interfaces:
+        if iface.marking is None or iface.marking.chain is None:
+            continue
+        if iface.marking.chain in chains:
+            diagnostics.append(
+                Diagnostic.error(
+                    "E204",
+                    f"iptables chain '{iface.marking.chain}' is used by two interfaces",
+                    iface.marking.span,
+                    Note("first used here", chains[iface.marking.chain].marking.span),  # type: ignore[union-attr]
+                )
+            )
+        chains[iface.marking.chain] = iface
+    return dataclasses.replace(policy, interfaces=interfaces), diagnostics
+
+
+def default_minor(q: ir.Htb) -> int | None:
+    """The minor of an allocated htb's default class, or None."""
+    if q.default is None:
+        return None
+    for cls in ir.classes_of(q):
+        if cls.name == q.default.name and not cls.implicit and cls.classid is not None:
+            return cls.classid.minor
+    return None

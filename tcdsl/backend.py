@@ -1,0 +1,68 @@
+"""What every backend shares: the ``Backend`` base, the template environment, shell quoting."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Iterator
+
+import jinja2
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic
+
+
+class Backend:
+    """A target: ``unsupported`` reports what it cannot express, ``emit`` renders the policy.
+
+    ``emit`` is pure: no I/O, no clock, no unordered iteration; the same policy gives the same
+    text byte for byte.
+    """
+
+    name: str = ""
+    extension: str = ""
+
+    def unsupported(self, policy: ir.Policy) -> Iterator[Diagnostic]:
+        """Yield a diagnostic for everything in ``policy`` this backend cannot express."""
+        return iter(())
+
+    def emit(self, policy: ir.Policy, source_label: str) -> str:
+        """Render ``policy``; ``source_label`` names the policy file in headers."""
+        raise NotImplementedError
+
+
+_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+
+
+def shquote(word: object) -> str:
+    """Quote one word for POSIX sh; safe words stay bare so the script stays readable."""
+    text = str(word)
+    if _SAFE.fullmatch(text):
+        return text
+    return shlex.quote(text)
+
+
+def shjoin(words: Iterable[object]) -> str:
+    """Quote and join words into one command line."""
+    return " ".join(shquote(w) for w in words)
+
+
+def comment(text: object) -> str:
+    """Make text safe to put after ``#`` on one line."""
+    return "".join(ch if ch.isprintable() else "?" for ch in str(text))
+
+
+def template_env() -> jinja2.Environment:
+    """The environment for backend templates: strict, unescaped, with shell filters."""
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("tcdsl.backends", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["shquote"] = shquote
+    env.filters["shjoin"] = shjoin
+    env.filters["comment"] = comment
+    return env

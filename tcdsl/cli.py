@@ -1,0 +1,130 @@
+"""The command line: a thin click group over ``tcdsl.driver``."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from tcdsl import __version__
+from tcdsl.backends import BACKENDS
+from tcdsl.diagnostics import Diagnostic, render, render_json
+from tcdsl.driver import Result, analyse, compile_policy
+
+EXIT_OK, EXIT_POLICY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+def _report(result: Result, fmt: str) -> None:
+    if fmt == "json":
+        click.echo(render_json(result.diagnostics), nl=False, err=True)
+    elif result.diagnostics:
+        click.echo(render(result.diagnostics, result.sources), nl=False, err=True)
+
+
+def _summary(diagnostics: Sequence[Diagnostic]) -> str:
+    errors = sum(d.is_error for d in diagnostics)
+    warnings = len(diagnostics) - errors
+    parts = []
+    if errors:
+        parts.append(f"{errors} error{'s' * (errors != 1)}")
+    if warnings:
+        parts.append(f"{warnings} warning{'s' * (warnings != 1)}")
+    return ", ".join(parts)
+
+
+FORMAT = click.option(
+    "--diagnostics",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="How to print diagnostics on stderr.",
+)
+WERROR = click.option("--werror", is_flag=True, help="Treat warnings as errors (exit 1).")
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Examples:\n\n\b\n  tcdsl compile office.tcp > apply.sh\n  tcdsl check policies/*.tcp",
+)
+@click.version_option(__version__, "-V", "--version", prog_name="tcdsl")
+def cli() -> None:
+    """Compile traffic-control policies into tc commands, and check them."""
+
+
+@cli.command(
+    epilog="Examples:\n\n\b\n  tcdsl compile office.tcp > apply.sh\n"
+    "  tcdsl compile -o apply.sh office.tcp && sudo sh apply.sh"
+)
+@click.argument("policy", type=click.Path(dir_okay=False))
+@click.option(
+    "-b",
+    "--backend",
+    type=click.Choice(sorted(BACKENDS)),
+    default="shell",
+    show_default=True,
+    help="What to generate.",
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here, not stdout.")
+@FORMAT
+@WERROR
+def compile(policy: str, backend: str, output: str | None, fmt: str, werror: bool) -> None:
+    """Compile POLICY and print the generated script."""
+    result = compile_policy(policy, backend)
+    _report(result, fmt)
+    if result.output is None or (werror and result.diagnostics):
+        if fmt == "text":
+            click.echo(f"tcdsl: {_summary(result.diagnostics)}; nothing generated", err=True)
+        sys.exit(EXIT_POLICY)
+    if output:
+        Path(output).write_text(result.output, encoding="utf-8")
+    else:
+        click.echo(result.output, nl=False)
+
+
+@cli.command(epilog="Examples:\n\n\b\n  tcdsl check office.tcp\n  tcdsl check --werror policies/*.tcp")
+@click.argument("policies", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@FORMAT
+@WERROR
+def check(policies: tuple[str, ...], fmt: str, werror: bool) -> None:
+    """Check POLICIES and print diagnostics; exit 1 if any has errors."""
+    failed = False
+    every: list[Diagnostic] = []
+    for path in policies:
+        result = analyse(path)
+        every += result.diagnostics
+        if fmt == "text":
+            _report(result, fmt)
+        failed |= bool(result.errors) or (werror and bool(result.diagnostics))
+    if fmt == "json":
+        click.echo(render_json(every), nl=False, err=True)
+    elif every:
+        click.echo(f"tcdsl: {_summary(every)}", err=True)
+    sys.exit(EXIT_POLICY if failed else EXIT_OK)
+
+
+def main() -> None:
+    """Run the CLI; an unexpected exception is an internal error (exit 3, with a traceback)."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(EXIT_POLICY)
+    except SystemExit:
+        raise
+    except BaseException:  # noqa: BLE001 - the one place that reports internal errors
+        traceback.print_exc()
+        click.echo(
+            "tcdsl: internal error (a bug in tcdsl, not in your policy); "
+            "please report it with the traceback above",
+            err=True,
+        )
+        sys.exit(EXIT_INTERNAL)

@@ -1,0 +1,76 @@
+"""The pipeline, in one place: parse -> resolve -> check -> allocate -> backend support -> emit.
+
+Each stage adds its diagnostics; the driver stops after the first stage that reports an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tcdsl import ir
+from tcdsl.allocate import allocate
+from tcdsl.backend import Backend
+from tcdsl.backends import BACKENDS
+from tcdsl.checks import run_checks
+from tcdsl.diagnostics import Diagnostic, sort_key
+from tcdsl.frontend import Reader
+from tcdsl.resolve import resolve
+
+
+@dataclass
+class Result:
+    """What a compilation produced: output (None on errors), diagnostics, and source texts."""
+
+    output: str | None
+    policy: ir.Policy | None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        """The diagnostics that are errors."""
+        return [d for d in self.diagnostics if d.is_error]
+
+
+def analyse(path: str, loader: Callable[[str], str] | None = None) -> Result:
+    """Parse, resolve, check and allocate ``path``; no backend is involved."""
+    reader = Reader(loader)
+    interfaces = reader.read(path)
+    result = Result(None, None, reader.diagnostics, reader.sources)
+
+    def done() -> bool:
+        result.diagnostics.sort(key=sort_key)
+        return bool(result.errors)
+
+    if done():
+        return result
+    policy = ir.Policy(path, tuple(interfaces))
+    policy, found = resolve(policy)
+    result.diagnostics += found
+    if done():
+        return result
+    result.diagnostics += run_checks(policy)
+    if done():
+        return result
+    policy, found = allocate(policy)
+    result.diagnostics += found
+    if done():
+        return result
+    result.policy = policy
+    return result
+
+
+def compile_policy(
+    path: str, backend: str = "shell", loader: Callable[[str], str] | None = None
+) -> Result:
+    """Compile ``path`` with the named backend; ``result.output`` is None if there were errors."""
+    result = analyse(path, loader)
+    if result.policy is None:
+        return result
+    target: Backend = BACKENDS[backend]()
+    result.diagnostics += sorted(target.unsupported(result.policy), key=sort_key)
+    if result.errors:
+        return result
+    result.output = target.emit(result.policy, path)
+    return result

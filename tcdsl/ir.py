@@ -1,0 +1,490 @@
+"""The typed, immutable intermediate representation of a policy.
+
+Values are integers in base units (bits/s, bytes, microseconds). Every node the user wrote
+carries the ``Span`` it came from. Fields marked "allocated" are ``None`` until
+``tcdsl.allocate`` fills them; no other stage and no backend assigns them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from ipaddress import IPv4Network
+from typing import Literal
+
+from tcdsl.diagnostics import Span
+
+# ---- values --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A rate in bits per second; ``byte_units`` are literals written in tc's bytes/s units."""
+
+    bits_per_second: int
+    span: Span
+    byte_units: tuple[Span, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Percent:
+    """A percentage of the parent's rate (for ``rate``) or ceiling (for ``ceil``)."""
+
+    value: Fraction
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    """A size in bytes."""
+
+    bytes: int
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Time:
+    """A duration in microseconds."""
+
+    microseconds: int
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """A plain number: packets, seconds for sfq perturb, a priority, a mark."""
+
+    value: int
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Name:
+    """A reference to a class by name."""
+
+    name: str
+    span: Span
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Handle:
+    """A tc handle or class id, ``major:minor`` (printed in hex, as tc does)."""
+
+    major: int
+    minor: int
+
+    def __str__(self) -> str:
+        return f"{self.major:x}:{self.minor:x}" if self.minor else f"{self.major:x}:"
+
+    @property
+    def qdisc(self) -> str:
+        """The handle spelled as a qdisc handle (``10:``)."""
+        return f"{self.major:x}:"
+
+
+@dataclass(frozen=True, slots=True)
+class HandleRef:
+    """A handle the user wrote explicitly (``id 1:10``, ``handle 10:``)."""
+
+    handle: Handle
+    span: Span
+
+
+# ---- matches --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PortValue:
+    """One port spec: a single port (lo == hi), a range, or a value/mask pair."""
+
+    lo: int
+    hi: int
+    mask: int | None
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class AddrCond:
+    """``src``/``dst`` address or network; several values OR."""
+
+    field: Literal["src", "dst"]
+    networks: tuple[tuple[IPv4Network, Span], ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class PortCond:
+    """``sport``/``dport``; several values OR."""
+
+    field: Literal["sport", "dport"]
+    ports: tuple[PortValue, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class ProtoCond:
+    """IP protocol by number; several values OR."""
+
+    protocols: tuple[tuple[int, Span], ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class TosCond:
+    """The IPv4 TOS byte under a mask (``dscp`` is stored as its TOS value/mask)."""
+
+    value: int
+    mask: int
+    span: Span
+    dscp: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TcpAckCond:
+    """Small, option-less TCP packets with only ACK set (the lartc TCP-ACK idiom)."""
+
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class RawCond:
+    """A raw u32 key: ``u8|u16|u32 VALUE/MASK at OFFSET`` from the IP header."""
+
+    bits: Literal[8, 16, 32]
+    value: int
+    mask: int
+    offset: int
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class AllCond:
+    """Matches every packet."""
+
+    span: Span
+
+
+Cond = AddrCond | PortCond | ProtoCond | TosCond | TcpAckCond | RawCond | AllCond
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One ``match`` line: its conditions AND; the values listed in one condition OR."""
+
+    conds: tuple[Cond, ...]
+    span: Span
+    pref: Count | None = None
+
+
+# ---- classes and qdiscs ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Class:
+    """A class of a classful qdisc (htb, cbq, prio), with its matches and children."""
+
+    name: str
+    span: Span
+    rate: Rate | Percent | None = None
+    ceil: Rate | Percent | None = None
+    burst: Size | None = None
+    cburst: Size | None = None
+    prio: Count | None = None
+    quantum: Size | None = None
+    allot: Size | None = None
+    avpkt: Size | None = None
+    weight: Rate | None = None
+    maxburst: Count | None = None
+    minburst: Count | None = None
+    bounded: bool = False
+    isolated: bool = False
+    mark: Count | None = None
+    explicit_id: HandleRef | None = None
+    matches: tuple[Match, ...] = ()
+    children: tuple[Class, ...] = ()
+    leaf: Qdisc | None = None
+    implicit: bool = False
+    """True for the link class tcdsl creates from ``interface eth0 htb rate ...``."""
+    classid: Handle | None = None
+    """Allocated."""
+    fwmark: int | None = None
+    """Allocated when the interface classifies by mark."""
+
+    @property
+    def label(self) -> str:
+        """How messages name this class."""
+        return "the interface's link class" if self.implicit else f"class '{self.name}'"
+
+    def walk(self) -> Iterator[Class]:
+        """Yield this class and its descendants in pre-order."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+@dataclass(frozen=True, slots=True)
+class Htb:
+    """Hierarchical token bucket."""
+
+    span: Span
+    default: Name | None = None
+    r2q: Count | None = None
+    classes: tuple[Class, ...] = ()
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["htb"] = "htb"
+
+
+@dataclass(frozen=True, slots=True)
+class Prio:
+    """Strict priority bands, one class per band."""
+
+    span: Span
+    bands: Count | None = None
+    priomap: tuple[Count, ...] | None = None
+    classes: tuple[Class, ...] = ()
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["prio"] = "prio"
+
+
+@dataclass(frozen=True, slots=True)
+class Cbq:
+    """Class-based queueing (removed from Linux 6.3; still parsed by tc 6.1)."""
+
+    span: Span
+    bandwidth: Rate | None = None
+    avpkt: Size | None = None
+    classes: tuple[Class, ...] = ()
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["cbq"] = "cbq"
+
+
+@dataclass(frozen=True, slots=True)
+class Tbf:
+    """Token bucket filter; may hold one child qdisc."""
+
+    span: Span
+    rate: Rate | None = None
+    burst: Size | None = None
+    latency: Time | None = None
+    limit: Size | None = None
+    peakrate: Rate | None = None
+    mtu: Size | None = None
+    child: Qdisc | None = None
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["tbf"] = "tbf"
+
+
+@dataclass(frozen=True, slots=True)
+class Netem:
+    """Network emulator: delay, jitter, loss; may hold one child qdisc."""
+
+    span: Span
+    delay: Time | None = None
+    jitter: Time | None = None
+    loss: Percent | None = None
+    duplicate: Percent | None = None
+    corrupt: Percent | None = None
+    limit: Count | None = None
+    rate: Rate | None = None
+    child: Qdisc | None = None
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["netem"] = "netem"
+
+
+@dataclass(frozen=True, slots=True)
+class Sfq:
+    """Stochastic fairness queueing."""
+
+    span: Span
+    perturb: Count | None = None
+    quantum: Size | None = None
+    limit: Count | None = None
+    depth: Count | None = None
+    divisor: Count | None = None
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["sfq"] = "sfq"
+
+
+@dataclass(frozen=True, slots=True)
+class FqCodel:
+    """Fair queueing with CoDel AQM."""
+
+    span: Span
+    limit: Count | None = None
+    flows: Count | None = None
+    target: Time | None = None
+    interval: Time | None = None
+    quantum: Size | None = None
+    memory_limit: Size | None = None
+    ecn: bool | None = None
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["fq_codel"] = "fq_codel"
+
+
+@dataclass(frozen=True, slots=True)
+class Pfifo:
+    """Packet-limited FIFO."""
+
+    span: Span
+    limit: Count | None = None
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["pfifo"] = "pfifo"
+
+
+@dataclass(frozen=True, slots=True)
+class Bfifo:
+    """Byte-limited FIFO."""
+
+    span: Span
+    limit: Size | None = None
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["bfifo"] = "bfifo"
+
+
+@dataclass(frozen=True, slots=True)
+class PfifoFast:
+    """Three-band priority FIFO keyed on TOS (the classic Linux default)."""
+
+    span: Span
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["pfifo_fast"] = "pfifo_fast"
+
+
+ClassfulQdisc = Htb | Prio | Cbq
+ChainQdisc = Tbf | Netem
+Qdisc = Htb | Prio | Cbq | Tbf | Netem | Sfq | FqCodel | Pfifo | Bfifo | PfifoFast
+
+# ---- classification (allocated) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class U32Key:
+    """One u32 key as tc spells it after ``match`` (``ip dport 5001 0xffff``)."""
+
+    words: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class U32Filter:
+    """A u32 filter: every key must match; the packet goes to ``flowid``."""
+
+    parent: Handle
+    pref: int
+    keys: tuple[U32Key, ...]
+    flowid: Handle
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class FwFilter:
+    """An fw filter mapping a firewall mark to a class."""
+
+    parent: Handle
+    pref: int
+    mark: int
+    flowid: Handle
+    span: Span
+
+
+Filter = U32Filter | FwFilter
+
+
+@dataclass(frozen=True, slots=True)
+class MarkRule:
+    """Set ``mark`` on packets matching ``conds`` (one alternative of a match line)."""
+
+    conds: tuple[Cond, ...]
+    mark: int
+    span: Span
+    unmarked: bool = False
+    """True for the rule giving still-unmarked traffic the default class's mark."""
+
+
+@dataclass(frozen=True, slots=True)
+class Marking:
+    """``classify by mark from IFACE [chain NAME]``: classify with iptables marks and fw."""
+
+    from_interface: str
+    span: Span
+    explicit_chain: str | None = None
+    chain: str | None = None
+    """Allocated."""
+    rules: tuple[MarkRule, ...] = ()
+    """Allocated."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interface:
+    """A network interface and the tree of qdiscs on its egress."""
+
+    name: str
+    span: Span
+    root: Qdisc
+    marking: Marking | None = None
+    filters: tuple[Filter, ...] = ()
+    """Allocated."""
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A whole policy: the interfaces of the main file and of everything it includes."""
+
+    source: str
+    interfaces: tuple[Interface, ...]
+
+
+# ---- traversal helpers -------------------------------------------------------------------------
+
+
+def child_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
+    """Yield the qdiscs directly below ``qdisc`` (class leaves, or a chained child)."""
+    match qdisc:
+        case Htb() | Prio() | Cbq():
+            for top in qdisc.classes:
+                for cls in top.walk():
+                    if cls.leaf is not None:
+                        yield cls.leaf
+        case Tbf() | Netem():
+            if qdisc.child is not None:
+                yield qdisc.child
+        case _:
+            pass
+
+
+def walk_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
+    """Yield ``qdisc`` and every qdisc below it, in pre-order."""
+    yield qdisc
+    for child in child_qdiscs(qdisc):
+        yield from walk_qdiscs(child)
+
+
+def classes_of(qdisc: Qdisc) -> Iterator[Class]:
+    """Yield the classes that belong to ``qdisc`` itself (not to nested qdiscs), pre-order."""
+    if isinstance(qdisc, Htb | Prio | Cbq):
+        for top in qdisc.classes:
+            yield from top.walk()
+
+
+def parent_map(qdisc: ClassfulQdisc) -> dict[int, Class | None]:
+    """Map ``id(class)`` to its parent class (None for top-level classes)."""
+    parents: dict[int, Class | None] = {}
+
+    def visit(cls: Class, parent: Class | None) -> None:
+        parents[id(cls)] = parent
+        for child in cls.children:
+            visit(child, cls)
+
+    for top in qdisc.classes:
+        visit(top, None)
+    return parents

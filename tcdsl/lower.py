@@ -1,0 +1,130 @@
+"""Lower match conditions to u32 keys and iptables words; split match lines into alternatives.
+
+A match line ANDs its conditions and ORs the values listed in one condition, so it stands for
+the cartesian product of its values. Port ranges become the fewest prefix-style value/mask pairs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from tcdsl import ir
+
+
+def range_to_masks(lo: int, hi: int, width: int = 16) -> list[tuple[int, int]]:
+    """Cover ``lo..hi`` with the fewest aligned power-of-two blocks, as (value, mask) pairs."""
+    full = (1 << width) - 1
+    out: list[tuple[int, int]] = []
+    while lo <= hi:
+        size = lo & -lo if lo else 1 << width
+        while size > hi - lo + 1:
+            size >>= 1
+        out.append((lo, full ^ (size - 1)))
+        lo += size
+    return out
+
+
+def _split(cond: ir.Cond) -> list[ir.Cond]:
+    """One single-valued condition per value listed in ``cond``."""
+    match cond:
+        case ir.AddrCond():
+            return [ir.AddrCond(cond.field, (n,), n[1]) for n in cond.networks]
+        case ir.PortCond():
+            return [ir.PortCond(cond.field, (p,), p.span) for p in cond.ports]
+        case ir.ProtoCond():
+            return [ir.ProtoCond((p,), p[1]) for p in cond.protocols]
+        case _:
+            return [cond]
+
+
+def alternatives(match: ir.Match) -> Iterator[tuple[ir.Cond, ...]]:
+    """Yield each AND-combination of single values that ``match`` stands for, in order."""
+    if not match.conds:
+        yield ()
+        return
+    yield from itertools.product(*(_split(c) for c in match.conds))
+
+
+def _hex(value: int, width: int) -> str:
+    return f"0x{value:0{width // 4}x}"
+
+
+TCP_ACK_KEYS: tuple[ir.U32Key, ...] = (
+    ir.U32Key(("ip", "protocol", "6", "0xff")),
+    ir.U32Key(("u8", "0x05", "0x0f", "at", "0")),
+    ir.U32Key(("u16", "0x0000", "0xffc0", "at", "2")),
+    ir.U32Key(("u8", "0x10", "0xff", "at", "33")),
+)
+
+
+def u32_keys(conds: tuple[ir.Cond, ...]) -> Iterator[tuple[ir.U32Key, ...]]:
+    """Yield the u32 key sets (one filter each) for one alternative of a match line."""
+    choices: list[list[tuple[ir.U32Key, ...]]] = []
+    for cond in conds:
+        match cond:
+            case ir.AddrCond():
+                net = cond.networks[0][0]
+                text = str(net.network_address) if net.prefixlen == 32 else str(net)
+                choices.append([(ir.U32Key(("ip", cond.field, text)),)])
+            case ir.PortCond():
+                port = cond.ports[0]
+                if port.mask is not None:
+                    pairs = [(port.lo, port.mask)]
+                else:
+                    pairs = range_to_masks(port.lo, port.hi)
+                choices.append(
+                    [(ir.U32Key(("ip", cond.field, str(v), _hex(m, 16))),) for v, m in pairs]
+                )
+            case ir.ProtoCond():
+                number = cond.protocols[0][0]
+                choices.append([(ir.U32Key(("ip", "protocol", str(number), "0xff")),)])
+            case ir.TosCond():
+                choices.append([(ir.U32Key(("ip", "tos", _hex(cond.value, 8), _hex(cond.mask, 8))),)])
+            case ir.TcpAckCond():
+                choices.append([TCP_ACK_KEYS])
+            case ir.RawCond():
+                key = (f"u{cond.bits}", _hex(cond.value, cond.bits), _hex(cond.mask, cond.bits))
+                choices.append([(ir.U32Key((*key, "at", str(cond.offset))),)])
+            case ir.AllCond():
+                choices.append([(ir.U32Key(("u32", "0", "0", "at", "0")),)])
+    for combo in itertools.product(*choices):
+        keys: list[ir.U32Key] = []
+        for group in combo:
+            for key in group:
+                if key not in keys:
+                    keys.append(key)
+        if not keys:
+            keys.append(ir.U32Key(("u32", "0", "0", "at", "0")))
+        yield tuple(keys)
+
+
+PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 132: "sctp", 47: "gre", 50: "esp", 51: "ah"}
+
+
+def iptables_words(conds: tuple[ir.Cond, ...]) -> tuple[str, ...]:
+    """The iptables match words for one alternative (checks reject what iptables can't say)."""
+    words: list[str] = []
+    for cond in conds:
+        match cond:
+            case ir.ProtoCond():
+                number = cond.protocols[0][0]
+                words += ["-p", PROTO_NAMES.get(number, str(number))]
+    for cond in conds:
+        match cond:
+            case ir.AddrCond():
+                net = cond.networks[0][0]
+                text = str(net.network_address) if net.prefixlen == 32 else str(net)
+                words += ["-s" if cond.field == "src" else "-d", text]
+            case ir.PortCond():
+                port = cond.ports[0]
+                text = str(port.lo) if port.lo == port.hi else f"{port.lo}:{port.hi}"
+                words += [f"--{cond.field}", text]
+            case ir.TosCond():
+                if cond.dscp is not None:
+                    words += ["-m", "dscp", "--dscp", str(cond.dscp)]
+                else:
+                    words += ["-m", "tos", "--tos", f"{_hex(cond.value, 8)}/{_hex(cond.mask, 8)}"]
+            case _:
+                pass
+    return tuple(words)

@@ -1,0 +1,122 @@
+"""Name resolution: class names are unique per interface, ``default`` names a class, and
+percentages become absolute rates (of the parent's rate for ``rate``, its ceiling for ``ceil``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic, Note
+
+
+def resolve(policy: ir.Policy) -> tuple[ir.Policy, list[Diagnostic]]:
+    """Return the policy with percentages resolved, and every naming problem found."""
+    diagnostics: list[Diagnostic] = []
+    interfaces = []
+    seen: dict[str, ir.Interface] = {}
+    for iface in policy.interfaces:
+        if iface.name in seen:
+            diagnostics.append(
+                Diagnostic.error(
+                    "E104",
+                    f"interface '{iface.name}' is declared twice",
+                    iface.span,
+                    Note("first declared here", seen[iface.name].span),
+                )
+            )
+            continue
+        seen[iface.name] = iface
+        diagnostics.extend(unique_class_names(iface))
+        diagnostics.extend(default_names_a_class(iface))
+        root = _resolve_qdisc(iface.root, diagnostics)
+        interfaces.append(dataclasses.replace(iface, root=root))
+    return dataclasses.replace(policy, interfaces=tuple(interfaces)), diagnostics
+
+
+def unique_class_names(iface: ir.Interface) -> Iterator[Diagnostic]:
+    """Class names are unique within an interface (they name the class in messages and marks)."""
+    first: dict[str, ir.Class] = {}
+    for q in ir.walk_qdiscs(iface.root):
+        for cls in ir.classes_of(q):
+            if cls.implicit:
+                continue
+            if cls.name in first:
+                yield Diagnostic.error(
+                    "E101",
+                    f"class '{cls.name}' is already defined on interface '{iface.name}'",
+                    cls.span,
+                    Note("first defined here", first[cls.name].span),
+                )
+            else:
+                first[cls.name] = cls
+
+
+def default_names_a_class(iface: ir.Interface) -> Iterator[Diagnostic]:
+    """``default NAME`` on an htb qdisc names one of its own classes."""
+    for q in ir.walk_qdiscs(iface.root):
+        if isinstance(q, ir.Htb) and q.default is not None:
+            names = {c.name for c in ir.classes_of(q) if not c.implicit}
+            if q.default.name not in names:
+                known = ", ".join(sorted(names)) or "none"
+                yield Diagnostic.error(
+                    "E102",
+                    f"default class '{q.default.name}' is not a class of this htb (classes: {known})",
+                    q.default.span,
+                )
+
+
+def _resolve_qdisc(q: ir.Qdisc, diagnostics: list[Diagnostic]) -> ir.Qdisc:
+    match q:
+        case ir.Htb() | ir.Prio() | ir.Cbq():
+            link: ir.Rate | None = q.bandwidth if isinstance(q, ir.Cbq) else None
+            classes = tuple(_resolve_class(c, link, link, diagnostics) for c in q.classes)
+            return dataclasses.replace(q, classes=classes)
+        case ir.Tbf() | ir.Netem():
+            if q.child is None:
+                return q
+            return dataclasses.replace(q, child=_resolve_qdisc(q.child, diagnostics))
+        case _:
+            return q
+
+
+def _absolute(
+    value: ir.Rate | ir.Percent | None,
+    base: ir.Rate | None,
+    what: str,
+    diagnostics: list[Diagnostic],
+) -> ir.Rate | None:
+    if not isinstance(value, ir.Percent):
+        return value
+    if base is None:
+        diagnostics.append(
+            Diagnostic.error("E208", f"{what} {value.value}% needs a parent with a rate", value.span)
+        )
+        return None
+    if value.value > 100:
+        diagnostics.append(
+            Diagnostic.error("E208", f"{what} {value.value}% is above 100% of the parent", value.span)
+        )
+        return None
+    bps = int(base.bits_per_second * value.value / 100)
+    if bps < 1:
+        diagnostics.append(
+            Diagnostic.error("E208", f"{what} {value.value}% of the parent is below 1bit", value.span)
+        )
+        return None
+    return ir.Rate(bps, value.span, base.byte_units)
+
+
+def _resolve_class(
+    cls: ir.Class,
+    parent_rate: ir.Rate | None,
+    parent_ceil: ir.Rate | None,
+    diagnostics: list[Diagnostic],
+) -> ir.Class:
+    rate = _absolute(cls.rate, parent_rate, "rate", diagnostics)
+    ceil = _absolute(cls.ceil, parent_ceil or parent_rate, "ceil", diagnostics)
+    leaf = None if cls.leaf is None else _resolve_qdisc(cls.leaf, diagnostics)
+    own_ceil = ceil if ceil is not None else rate
+    children = tuple(_resolve_class(c, rate, own_ceil, diagnostics) for c in cls.children)
+    return dataclasses.replace(cls, rate=rate, ceil=ceil, leaf=leaf, children=children)

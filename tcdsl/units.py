@@ -1,0 +1,149 @@
+"""Units exactly as tc reads them: rates in bits/s, sizes in bytes, times in microseconds.
+
+The tables mirror iproute2's ``get_rate``, ``get_size`` and ``get_time``; suffixes are
+case-insensitive there and here. The surprising ones: ``bps``/``kbps``/``mbps`` are BYTES per
+second, and a size suffix ``k``/``kb``/``m`` is binary (1024), while rate suffixes are decimal.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from fractions import Fraction
+
+
+class Dimension(Enum):
+    """What a value measures."""
+
+    RATE = "rate"
+    SIZE = "size"
+    TIME = "time"
+    COUNT = "count"
+
+    @property
+    def example(self) -> str:
+        """An example value, for messages."""
+        return {"rate": "10mbit", "size": "15k", "time": "50ms", "count": "10"}[self.value]
+
+
+_K = 1024
+RATE_UNITS: dict[str, Fraction] = {
+    "bit": Fraction(1),
+    "kibit": Fraction(_K),
+    "kbit": Fraction(1000),
+    "mibit": Fraction(_K**2),
+    "mbit": Fraction(10**6),
+    "gibit": Fraction(_K**3),
+    "gbit": Fraction(10**9),
+    "tibit": Fraction(_K**4),
+    "tbit": Fraction(10**12),
+    "bps": Fraction(8),
+    "kibps": Fraction(8 * _K),
+    "kbps": Fraction(8000),
+    "mibps": Fraction(8 * _K**2),
+    "mbps": Fraction(8 * 10**6),
+    "gibps": Fraction(8 * _K**3),
+    "gbps": Fraction(8 * 10**9),
+    "tibps": Fraction(8 * _K**4),
+    "tbps": Fraction(8 * 10**12),
+}
+"""Rate suffixes (lower case) -> bits per second."""
+
+BYTE_RATE_UNITS = frozenset(u for u in RATE_UNITS if u.endswith("bps"))
+"""Rate suffixes that tc reads as bytes per second."""
+
+SIZE_UNITS: dict[str, Fraction] = {
+    "b": Fraction(1),
+    "k": Fraction(_K),
+    "kb": Fraction(_K),
+    "m": Fraction(_K**2),
+    "mb": Fraction(_K**2),
+    "g": Fraction(_K**3),
+    "gb": Fraction(_K**3),
+    "kbit": Fraction(_K, 8),
+    "mbit": Fraction(_K**2, 8),
+    "gbit": Fraction(_K**3, 8),
+}
+"""Size suffixes (lower case) -> bytes."""
+
+TIME_UNITS: dict[str, Fraction] = {
+    "s": Fraction(10**6),
+    "sec": Fraction(10**6),
+    "secs": Fraction(10**6),
+    "ms": Fraction(1000),
+    "msec": Fraction(1000),
+    "msecs": Fraction(1000),
+    "us": Fraction(1),
+    "usec": Fraction(1),
+    "usecs": Fraction(1),
+}
+"""Time suffixes (lower case) -> microseconds."""
+
+UNITS: dict[Dimension, dict[str, Fraction]] = {
+    Dimension.RATE: RATE_UNITS,
+    Dimension.SIZE: SIZE_UNITS,
+    Dimension.TIME: TIME_UNITS,
+}
+
+
+def dimensions_of(unit: str) -> tuple[Dimension, ...]:
+    """Return the dimensions a unit suffix can measure (``kbit`` is both a rate and a size)."""
+    u = unit.lower()
+    return tuple(dim for dim, table in UNITS.items() if u in table)
+
+
+def scale(unit: str, dimension: Dimension) -> Fraction | None:
+    """Return the multiplier of ``unit`` to the base unit of ``dimension``, or None."""
+    return UNITS.get(dimension, {}).get(unit.lower())
+
+
+def _largest(value: int, table: tuple[tuple[str, int], ...]) -> str:
+    for suffix, factor in table:
+        if value != 0 and value % factor == 0:
+            return f"{value // factor}{suffix}"
+    return f"{value}{table[-1][0]}"
+
+
+_RATE_OUT = (("tbit", 10**12), ("gbit", 10**9), ("mbit", 10**6), ("kbit", 1000), ("bit", 1))
+_SIZE_OUT = (("g", _K**3), ("m", _K**2), ("k", _K), ("b", 1))
+_TIME_OUT = (("s", 10**6), ("ms", 1000), ("us", 1))
+
+
+def format_rate(bits_per_second: int) -> str:
+    """Spell a rate the way tc reads it, exactly (``6000000`` -> ``6mbit``)."""
+    return _largest(bits_per_second, _RATE_OUT)
+
+
+def format_size(size_bytes: int) -> str:
+    """Spell a size the way tc reads it, exactly (``15360`` -> ``15k``, ``1540`` -> ``1540b``)."""
+    return _largest(size_bytes, _SIZE_OUT)
+
+
+def format_time(microseconds: int) -> str:
+    """Spell a time the way tc reads it, exactly (``50000`` -> ``50ms``)."""
+    return _largest(microseconds, _TIME_OUT)
+
+
+def _parse(text: str, table: dict[str, Fraction]) -> int:
+    i = 0
+    while i < len(text) and (text[i].isdigit() or text[i] == "."):
+        i += 1
+    number, unit = text[:i], text[i:]
+    factor = table.get(unit.lower())
+    if not number or factor is None:
+        raise ValueError(f"not a quantity: {text!r}")
+    return int(Fraction(number) * factor)
+
+
+def parse_rate(text: str) -> int:
+    """Parse a rate with a unit (as tc does, truncating) into bits per second."""
+    return _parse(text, RATE_UNITS)
+
+
+def parse_size(text: str) -> int:
+    """Parse a size with a unit into bytes."""
+    return _parse(text, SIZE_UNITS)
+
+
+def parse_time(text: str) -> int:
+    """Parse a time with a unit into microseconds."""
+    return _parse(text, TIME_UNITS)
