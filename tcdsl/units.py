@@ -104,7 +104,7 @@ def _largest(value: int, table: tuple[tuple[str, int], ...]) -> str:
 
 
 _RATE_OUT = (("tbit", 10**12), ("gbit", 10**9), ("mbit", 10**6), ("kbit", 1000), ("bit", 1))
-_SIZE_OUT = (("g", _K**3), ("m", _K**2), ("k", _K), ("b", 1))
+_SIZE_OUT = (("g", _K**3), ("m", _K**2), ("k", _K), ("", 1))
 _TIME_OUT = (("s", 10**6), ("ms", 1000), ("us", 1))
 
 
@@ -114,7 +114,7 @@ def format_rate(bits_per_second: int) -> str:
 
 
 def format_size(size_bytes: int) -> str:
-    """Spell a size the way tc reads it, exactly (``15360`` -> ``15k``, ``1540`` -> ``1540b``)."""
+    """Spell a size the way tc reads it, exactly (``15360`` -> ``15k``, ``1540`` -> ``1540``: bare bytes)."""
     return _largest(size_bytes, _SIZE_OUT)
 
 
