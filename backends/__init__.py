@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from tcdsl.backend import Backend
 from tcdsl.backends.shell import ShellBackend
+
+from tcdsl.backend import Backend
 
 BACKENDS: dict[str, type[Backend]] = {
     "shell": ShellBackend,

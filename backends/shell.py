@@ -49,6 +49,13 @@ class ShellBackend(Backend):
             for iface in policy.interfaces
         ]
         uses_iptables = any(v.chain for v in views)
-        return template_env().get_template("shell.sh.j2").render(
-            version=__version__, source=source_label, interfaces=views, uses_iptables=uses_iptables
+        return (
+            template_env()
+            .get_template("shell.sh.j2")
+            .render(
+                version=__version__,
+                source=source_label,
+                interfaces=views,
+                uses_iptables=uses_iptables,
+            )
         )

@@ -78,12 +78,12 @@ class InterfaceAllocator:
     # ---- handles and class ids ----
     def qdisc(self, q: ir.Qdisc, preferred: int | None) -> ir.Qdisc:
         if q.explicit_handle is not None:
-            major: int | None = q.explicit_handle.handle.major
+            major = q.explicit_handle.handle.major
         else:
-            major = self.major_pool.take(preferred)
-            if major is None:
+            taken = self.major_pool.take(preferred)
+            if taken is None:
                 self.error("E210", "no free qdisc handle is left (65534 in use)", q.span)
-                major = 0
+            major = taken or 0
         handle = ir.Handle(major, 0)
         match q:
             case ir.Htb() | ir.Prio() | ir.Cbq():
@@ -106,14 +106,20 @@ class InterfaceAllocator:
             if h.major != major:
                 self.error(
                     "E204",
-                    f"class id {h} does not belong to qdisc {major:x}: (write {major:x}:{h.minor:x})",
+                    f"class id {h} does not belong to qdisc {major:x}: "
+                    f"(write {major:x}:{h.minor:x})",
                     ref.span,
                 )
             elif h.minor == 0:
-                self.error("E204", f"class id {h} names the qdisc itself; a class needs a minor", ref.span)
+                self.error(
+                    "E204", f"class id {h} names the qdisc itself; a class needs a minor", ref.span
+                )
             elif h.minor in owner:
                 self.error(
-                    "E204", f"class id {h} is used twice", ref.span, Note("first used here", owner[h.minor])
+                    "E204",
+                    f"class id {h} is used twice",
+                    ref.span,
+                    Note("first used here", owner[h.minor]),
                 )
             elif isinstance(q, ir.Prio) and h.minor > (q.bands.value if q.bands else 3):
                 self.error("E204", f"class id {h} is not a band of this prio", ref.span)
@@ -128,17 +134,19 @@ class InterfaceAllocator:
 
     def klass(self, cls: ir.Class, q: ir.ClassfulQdisc, major: int, pool: Pool) -> ir.Class:
         if cls.explicit_id is not None:
-            minor: int | None = cls.explicit_id.handle.minor
+            minor = cls.explicit_id.handle.minor
         else:
-            minor = pool.take(1 if cls.implicit else None)
-            if minor is None:
+            taken = pool.take(1 if cls.implicit else None)
+            if taken is None:
                 self.error("E210", f"no free class id is left under {major:x}:", cls.span)
-                minor = 0
+            minor = taken or 0
         leaf = None
         if cls.leaf is not None:
             leaf = self.qdisc(cls.leaf, minor if minor >= 0x10 else minor * 0x10)
         children = tuple(self.klass(c, q, major, pool) for c in cls.children)
-        return dataclasses.replace(cls, classid=ir.Handle(major, minor), leaf=leaf, children=children)
+        return dataclasses.replace(
+            cls, classid=ir.Handle(major, minor), leaf=leaf, children=children
+        )
 
     # ---- filters ----
     def u32_filters(self, root: ir.Qdisc) -> Iterator[ir.Filter]:
@@ -158,12 +166,24 @@ class InterfaceAllocator:
         assert marking is not None
         root = iface.root
         if not isinstance(root, ir.Htb | ir.Prio | ir.Cbq):
-            self.error("E209", "'classify by mark' needs a classful root qdisc (htb, prio, cbq)", marking.span)
+            self.error(
+                "E209",
+                "'classify by mark' needs a classful root qdisc (htb, prio, cbq)",
+                marking.span,
+            )
             return iface
         default = None
         if isinstance(root, ir.Htb) and root.default is not None:
-            default = next((c for c in ir.classes_of(root) if c.name == root.default.name and not c.implicit), None)
-        used = {c.mark.value for q in ir.walk_qdiscs(root) for c in ir.classes_of(q) if c.mark is not None}
+            default = next(
+                (c for c in ir.classes_of(root) if c.name == root.default.name and not c.implicit),
+                None,
+            )
+        used = {
+            c.mark.value
+            for q in ir.walk_qdiscs(root)
+            for c in ir.classes_of(q)
+            if c.mark is not None
+        }
         pool = Pool(iter(range(1, 0xFFFFFFFF)), used)
         marked: dict[int, int] = {}
         filters: list[ir.Filter] = []
@@ -176,17 +196,25 @@ class InterfaceAllocator:
                 if cls.fwmark is None:
                     continue
                 assert cls.classid is not None
-                filters.append(ir.FwFilter(q.handle, DEFAULT_PREF, cls.fwmark, cls.classid, cls.span))
+                filters.append(
+                    ir.FwFilter(q.handle, DEFAULT_PREF, cls.fwmark, cls.classid, cls.span)
+                )
                 for m in cls.matches:
-                    rules.extend(ir.MarkRule(alt, cls.fwmark, m.span) for alt in lower.alternatives(m))
+                    rules.extend(
+                        ir.MarkRule(alt, cls.fwmark, m.span) for alt in lower.alternatives(m)
+                    )
         if default is not None:
             assert isinstance(root, ir.Htb) and root.default is not None
             rules.append(ir.MarkRule((), marked[id(default)], root.default.span, unmarked=True))
         chain = marking.explicit_chain or f"TCDSL-{iface.name}"
         new_marking = dataclasses.replace(marking, chain=chain, rules=tuple(rules))
-        return dataclasses.replace(iface, root=new_root, marking=new_marking, filters=tuple(filters))
+        return dataclasses.replace(
+            iface, root=new_root, marking=new_marking, filters=tuple(filters)
+        )
 
-    def _with_marks(self, q: ir.Qdisc, default: ir.Class | None, pool: Pool, marked: dict[int, int]) -> ir.Qdisc:
+    def _with_marks(
+        self, q: ir.Qdisc, default: ir.Class | None, pool: Pool, marked: dict[int, int]
+    ) -> ir.Qdisc:
         def visit(cls: ir.Class, original: ir.Class) -> ir.Class:
             fwmark = None
             if cls.matches or original is default:
@@ -196,7 +224,9 @@ class InterfaceAllocator:
                     preferred = int(minor_text)
                 fwmark = cls.mark.value if cls.mark is not None else pool.take(preferred)
                 marked[id(original)] = fwmark  # type: ignore[assignment]
-            children = tuple(visit(c, o) for c, o in zip(cls.children, original.children, strict=True))
+            children = tuple(
+                visit(c, o) for c, o in zip(cls.children, original.children, strict=True)
+            )
             return dataclasses.replace(cls, fwmark=fwmark, children=children)
 
         if isinstance(q, ir.Htb | ir.Prio | ir.Cbq):

@@ -78,7 +78,9 @@ def required_parameters_present(policy: ir.Policy) -> Iterator[Diagnostic]:
                         yield Diagnostic.error("E019", "cbq needs 'bandwidth' and 'avpkt'", q.span)
                 case ir.Netem():
                     if q.jitter is not None and q.delay is None:
-                        yield Diagnostic.error("E019", "netem 'jitter' needs a 'delay'", q.jitter.span)
+                        yield Diagnostic.error(
+                            "E019", "netem 'jitter' needs a 'delay'", q.jitter.span
+                        )
                 case _:
                     pass
 
@@ -110,7 +112,9 @@ def values_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
             if isinstance(q, ir.Prio):
                 bands = q.bands.value if q.bands else 3
                 if q.bands is not None and not 2 <= bands <= 16:
-                    yield Diagnostic.error("E205", f"prio bands {bands} is outside 2-16", q.bands.span)
+                    yield Diagnostic.error(
+                        "E205", f"prio bands {bands} is outside 2-16", q.bands.span
+                    )
                 if q.priomap is not None:
                     if len(q.priomap) != 16:
                         yield Diagnostic.error(
@@ -201,15 +205,18 @@ def ceil_within_parent_ceil(policy: ir.Policy) -> Iterator[Diagnostic]:
         if s.parent is None or s.qdisc.kind != "htb":
             continue
         ceil, parent_ceil = rate_of(s.cls.ceil), effective_ceil(s.parent)
-        if ceil is not None and parent_ceil is not None:
-            if ceil.bits_per_second > parent_ceil.bits_per_second:
-                yield Diagnostic.warning(
-                    "W301",
-                    f"ceil {_fmt(ceil)} is above the ceiling {_fmt(parent_ceil)} of "
-                    f"{s.parent.label}; it can never be reached",
-                    ceil.span,
-                    Note("parent's ceiling given here", parent_ceil.span),
-                )
+        if (
+            ceil is not None
+            and parent_ceil is not None
+            and ceil.bits_per_second > parent_ceil.bits_per_second
+        ):
+            yield Diagnostic.warning(
+                "W301",
+                f"ceil {_fmt(ceil)} is above the ceiling {_fmt(parent_ceil)} of "
+                f"{s.parent.label}; it can never be reached",
+                ceil.span,
+                Note("parent's ceiling given here", parent_ceil.span),
+            )
 
 
 def rates_spelled_in_bits(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -232,7 +239,11 @@ def rates_spelled_in_bits(policy: ir.Policy) -> Iterator[Diagnostic]:
 
 def _all_rates(iface: ir.Interface) -> Iterator[ir.Rate]:
     for q in ir.walk_qdiscs(iface.root):
-        for value in (getattr(q, "rate", None), getattr(q, "bandwidth", None), getattr(q, "peakrate", None)):
+        for value in (
+            getattr(q, "rate", None),
+            getattr(q, "bandwidth", None),
+            getattr(q, "peakrate", None),
+        ):
             if isinstance(value, ir.Rate):
                 yield value
         for cls in ir.classes_of(q):
@@ -273,30 +284,38 @@ def marks_expressible(policy: ir.Policy) -> Iterator[Diagnostic]:
         for m in s.cls.matches:
             if m.pref is not None:
                 yield Diagnostic.error(
-                    "E209", "'pref' orders u32 filters; with 'classify by mark' the order is the "
-                    "order of the match lines", m.pref.span,
+                    "E209",
+                    "'pref' orders u32 filters; with 'classify by mark' the order is the "
+                    "order of the match lines",
+                    m.pref.span,
                 )
             protos = [c for c in m.conds if isinstance(c, ir.ProtoCond)]
             for cond in m.conds:
                 if isinstance(cond, ir.RawCond | ir.TcpAckCond):
                     what = "raw u32 keys" if isinstance(cond, ir.RawCond) else "tcp-ack"
                     yield Diagnostic.error(
-                        "E209", f"{what} cannot be expressed as an iptables rule; "
-                        "use u32 classification (drop 'classify by mark')", cond.span,
+                        "E209",
+                        f"{what} cannot be expressed as an iptables rule; "
+                        "use u32 classification (drop 'classify by mark')",
+                        cond.span,
                     )
                 if isinstance(cond, ir.PortCond):
                     for port in cond.ports:
                         if port.mask is not None:
                             yield Diagnostic.error(
-                                "E209", "iptables has no port masks; write a range such as "
-                                f"{port.lo}-{port.hi}", port.span,
+                                "E209",
+                                "iptables has no port masks; write a range such as "
+                                f"{port.lo}-{port.hi}",
+                                port.span,
                             )
                     if not protos or any(
                         n not in IPTABLES_PORT_PROTOS for p in protos for n, _ in p.protocols
                     ):
                         yield Diagnostic.error(
-                            "E209", "iptables matches ports only with 'proto tcp' or 'proto udp' "
-                            "on the same match line", cond.span,
+                            "E209",
+                            "iptables matches ports only with 'proto tcp' or 'proto udp' "
+                            "on the same match line",
+                            cond.span,
                         )
 
 

@@ -68,7 +68,9 @@ def cli() -> None:
     show_default=True,
     help="What to generate.",
 )
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here, not stdout.")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here, not stdout."
+)
 @FORMAT
 @WERROR
 def compile(policy: str, backend: str, output: str | None, fmt: str, werror: bool) -> None:
@@ -85,7 +87,9 @@ def compile(policy: str, backend: str, output: str | None, fmt: str, werror: boo
         click.echo(result.output, nl=False)
 
 
-@cli.command(epilog="Examples:\n\n\b\n  tcdsl check office.tcp\n  tcdsl check --werror policies/*.tcp")
+@cli.command(
+    epilog="Examples:\n\n\b\n  tcdsl check office.tcp\n  tcdsl check --werror policies/*.tcp"
+)
 @click.argument("policies", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @FORMAT
 @WERROR
@@ -120,7 +124,7 @@ def main() -> None:
         sys.exit(EXIT_POLICY)
     except SystemExit:
         raise
-    except BaseException:  # noqa: BLE001 - the one place that reports internal errors
+    except BaseException:
         traceback.print_exc()
         click.echo(
             "tcdsl: internal error (a bug in tcdsl, not in your policy); "

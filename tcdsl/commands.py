@@ -99,9 +99,19 @@ def qdisc_words(q: ir.Qdisc) -> list[str]:
 def class_words(kind: str, cls: ir.Class) -> list[str]:
     """The kind and options of a class."""
     words = [kind]
-    keys = ("rate", "ceil", "burst", "cburst", "prio", "quantum")
+    keys: tuple[str, ...] = ("rate", "ceil", "burst", "cburst", "prio", "quantum")
     if kind == "cbq":
-        keys = ("rate", "allot", "prio", "avpkt", "weight", "maxburst", "minburst", "bounded", "isolated")
+        keys = (
+            "rate",
+            "allot",
+            "prio",
+            "avpkt",
+            "weight",
+            "maxburst",
+            "minburst",
+            "bounded",
+            "isolated",
+        )
     for key in keys:
         _opt(words, key, getattr(cls, key))
     return words
@@ -116,8 +126,12 @@ def interface_commands(iface: ir.Interface) -> Iterator[Command]:
     dev = ("dev", iface.name)
     root = iface.root
     assert root.handle is not None
-    yield Command("tc", ("qdisc", "add", *dev, "root", "handle", root.handle.qdisc, *qdisc_words(root)),
-                  root.span, f"interface {iface.name}: {_label(root)}")
+    yield Command(
+        "tc",
+        ("qdisc", "add", *dev, "root", "handle", root.handle.qdisc, *qdisc_words(root)),
+        root.span,
+        f"interface {iface.name}: {_label(root)}",
+    )
     yield from _below(iface, root)
     if iface.marking is not None:
         yield from marking_commands(iface)
@@ -135,8 +149,21 @@ def _below(iface: ir.Interface, q: ir.Qdisc) -> Iterator[Command]:
                 parent_id = parent.classid if parent is not None else q.handle
                 assert cls.classid is not None and parent_id is not None
                 what = f"class {cls.name}" if not cls.implicit else "link class"
-                yield Command("tc", ("class", "add", *dev, "parent", str(parent_id), "classid", str(cls.classid),
-                                     *class_words(q.kind, cls)), cls.span, what)
+                yield Command(
+                    "tc",
+                    (
+                        "class",
+                        "add",
+                        *dev,
+                        "parent",
+                        str(parent_id),
+                        "classid",
+                        str(cls.classid),
+                        *class_words(q.kind, cls),
+                    ),
+                    cls.span,
+                    what,
+                )
                 if cls.leaf is not None:
                     children.append((cls.classid, cls.leaf))
         case ir.Prio():
@@ -150,20 +177,52 @@ def _below(iface: ir.Interface, q: ir.Qdisc) -> Iterator[Command]:
             pass
     for parent_id, child in children:
         assert child.handle is not None
-        yield Command("tc", ("qdisc", "add", *dev, "parent", str(parent_id), "handle", child.handle.qdisc,
-                             *qdisc_words(child)), child.span, f"{_label(child)} of {parent_id}")
+        yield Command(
+            "tc",
+            (
+                "qdisc",
+                "add",
+                *dev,
+                "parent",
+                str(parent_id),
+                "handle",
+                child.handle.qdisc,
+                *qdisc_words(child),
+            ),
+            child.span,
+            f"{_label(child)} of {parent_id}",
+        )
         yield from _below(iface, child)
     for f in iface.filters:
         if f.parent != q.handle:
             continue
-        head = ("filter", "add", *dev, "parent", str(f.parent), "protocol", "ip", "prio", str(f.pref))
+        head = (
+            "filter",
+            "add",
+            *dev,
+            "parent",
+            str(f.parent),
+            "protocol",
+            "ip",
+            "prio",
+            str(f.pref),
+        )
         match f:
             case ir.U32Filter():
                 keys = [w for key in f.keys for w in ("match", *key.words)]
-                yield Command("tc", (*head, "u32", *keys, "flowid", str(f.flowid)), f.span, f"filter to {f.flowid}")
+                yield Command(
+                    "tc",
+                    (*head, "u32", *keys, "flowid", str(f.flowid)),
+                    f.span,
+                    f"filter to {f.flowid}",
+                )
             case ir.FwFilter():
-                yield Command("tc", (*head, "handle", str(f.mark), "fw", "flowid", str(f.flowid)), f.span,
-                              f"mark {f.mark} to {f.flowid}")
+                yield Command(
+                    "tc",
+                    (*head, "handle", str(f.mark), "fw", "flowid", str(f.flowid)),
+                    f.span,
+                    f"mark {f.mark} to {f.flowid}",
+                )
 
 
 def marking_commands(iface: ir.Interface) -> Iterator[Command]:
@@ -172,14 +231,34 @@ def marking_commands(iface: ir.Interface) -> Iterator[Command]:
     assert m is not None and m.chain is not None
     mangle = ("-t", "mangle")
     yield Command("iptables", (*mangle, "-N", m.chain), m.span, f"chain {m.chain}")
-    yield Command("iptables", (*mangle, "-I", "PREROUTING", "-i", m.from_interface, "-j", m.chain), m.span,
-                  f"traffic arriving on {m.from_interface}")
+    yield Command(
+        "iptables",
+        (*mangle, "-I", "PREROUTING", "-i", m.from_interface, "-j", m.chain),
+        m.span,
+        f"traffic arriving on {m.from_interface}",
+    )
     for rule in m.rules:
         # Every rule only marks unmarked packets, so the first matching line wins, as with u32.
         words = iptables_words(rule.conds)
-        yield Command("iptables", (*mangle, "-A", m.chain, *words, "-m", "mark", "--mark", "0",
-                                   "-j", "MARK", "--set-mark", str(rule.mark)), rule.span,
-                      "unmarked traffic" if rule.unmarked else f"mark {rule.mark}")
+        yield Command(
+            "iptables",
+            (
+                *mangle,
+                "-A",
+                m.chain,
+                *words,
+                "-m",
+                "mark",
+                "--mark",
+                "0",
+                "-j",
+                "MARK",
+                "--set-mark",
+                str(rule.mark),
+            ),
+            rule.span,
+            "unmarked traffic" if rule.unmarked else f"mark {rule.mark}",
+        )
 
 
 def teardown_commands(iface: ir.Interface) -> Iterator[tuple[str, ...]]:

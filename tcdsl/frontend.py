@@ -16,7 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from tcdsl import ir
@@ -290,7 +290,11 @@ def evaluate(
     if isinstance(expr, Pct):
         if not percent:
             raise EvalError(
-                Diagnostic.error("E012", f"a percentage is not allowed here; expected {describe_dimension(dim)}", expr.span)
+                Diagnostic.error(
+                    "E012",
+                    f"a percentage is not allowed here; expected {describe_dimension(dim)}",
+                    expr.span,
+                )
             )
         if expr.value <= 0:
             raise EvalError(Diagnostic.error("E208", "a percentage must be above 0%", expr.span))
@@ -301,7 +305,9 @@ def evaluate(
             hint = ""
             if "-" in expr.name:
                 hint = f"; to subtract, put spaces around '-' ({expr.name.replace('-', ' - ')})"
-            raise EvalError(Diagnostic.error("E103", f"unknown constant '{expr.name}'{hint}", expr.span))
+            raise EvalError(
+                Diagnostic.error("E103", f"unknown constant '{expr.name}'{hint}", expr.span)
+            )
         value, where = found
         if isinstance(value, Address):
             raise EvalError(
@@ -317,7 +323,13 @@ def evaluate(
         except EvalError as err:
             d = err.diagnostic
             raise EvalError(
-                Diagnostic(d.severity, d.code, d.message, d.span, (*d.notes, Note(f"'{expr.name}' used here", expr.span)))
+                Diagnostic(
+                    d.severity,
+                    d.code,
+                    d.message,
+                    d.span,
+                    (*d.notes, Note(f"'{expr.name}' used here", expr.span)),
+                )
             ) from None
         return result
     return _arith(expr, dim, scope)
@@ -366,19 +378,27 @@ def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction, tuple[Span, ...]]:
             )
         return lit.number, ()
     if dim is Dimension.COUNT:
-        raise EvalError(Diagnostic.error("E011", f"expected a plain number, found '{lit.text}'", lit.span))
+        raise EvalError(
+            Diagnostic.error("E011", f"expected a plain number, found '{lit.text}'", lit.span)
+        )
     factor = scale(lit.unit, dim)
     if factor is None:
         others = [d for d in dimensions_of(lit.unit) if d is not dim]
         if others:
             msg = f"expected {describe_dimension(dim)}, found {others[0].value} '{lit.text}'"
             raise EvalError(Diagnostic.error("E011", msg, lit.span))
-        hint = RATE_HINT if dim is Dimension.RATE else {
-            Dimension.SIZE: "sizes take b, k/kb, m/mb, g/gb, kbit, mbit, gbit",
-            Dimension.TIME: "times take s, ms, us",
-        }.get(dim, "")
+        hint = (
+            RATE_HINT
+            if dim is Dimension.RATE
+            else {
+                Dimension.SIZE: "sizes take b, k/kb, m/mb, g/gb, kbit, mbit, gbit",
+                Dimension.TIME: "times take s, ms, us",
+            }.get(dim, "")
+        )
         raise EvalError(Diagnostic.error("E005", f"unknown unit '{lit.unit}'; {hint}", lit.span))
-    byte_units = (lit.span,) if dim is Dimension.RATE and lit.unit.lower() in BYTE_RATE_UNITS else ()
+    byte_units = (
+        (lit.span,) if dim is Dimension.RATE and lit.unit.lower() in BYTE_RATE_UNITS else ()
+    )
     return lit.number * factor, byte_units
 
 
@@ -410,7 +430,14 @@ class Builder(Transformer[Token, Any]):
         span = self.sp(name)
         if str(name) in self.scope.constants:
             prev = self.scope.constants[str(name)][1]
-            self.error(Diagnostic.error("E101", f"constant '{name}' is already defined", span, Note("first defined here", prev)))
+            self.error(
+                Diagnostic.error(
+                    "E101",
+                    f"constant '{name}' is already defined",
+                    span,
+                    Note("first defined here", prev),
+                )
+            )
             return
         if isinstance(value, Token):  # an address
             net = self._network(value)
@@ -433,7 +460,14 @@ class Builder(Transformer[Token, Any]):
         self._check_ifname(name, name_span)
         marking = None
         for extra in q.classify[1:]:
-            self.error(Diagnostic.error("E014", "'classify' is given twice", extra.span, Note("first given here", q.classify[0].span)))
+            self.error(
+                Diagnostic.error(
+                    "E014",
+                    "'classify' is given twice",
+                    extra.span,
+                    Note("first given here", q.classify[0].span),
+                )
+            )
         if q.classify:
             marking = q.classify[0]
         self.interfaces.append(ir.Interface(name, name_span, q.qdisc, marking))
@@ -489,7 +523,9 @@ class Builder(Transformer[Token, Any]):
             right = self.number([right])
         for side in (left, right):
             if isinstance(side, Pct):
-                self.error(Diagnostic.error("E012", "a percentage cannot be used in arithmetic", side.span))
+                self.error(
+                    Diagnostic.error("E012", "a percentage cannot be used in arithmetic", side.span)
+                )
         return Bin(op, left, right, join(left.span, right.span))
 
     def add(self, c: list[Any]) -> Bin:
@@ -523,7 +559,11 @@ class Builder(Transformer[Token, Any]):
         major_text, _, minor_text = str(tok).partition(":")
         major, minor = int(major_text, 16), int(minor_text or "0", 16)
         if major == 0 or major == 0xFFFF:
-            self.error(Diagnostic.error("E204", f"handle major {major:x} is reserved by the kernel; use 1-fffe", span))
+            self.error(
+                Diagnostic.error(
+                    "E204", f"handle major {major:x} is reserved by the kernel; use 1-fffe", span
+                )
+            )
             return HandleOpt(str(kw), None, span)
         return HandleOpt(str(kw), ir.HandleRef(ir.Handle(major, minor), span), span)
 
@@ -551,7 +591,11 @@ class Builder(Transformer[Token, Any]):
         try:
             return ipaddress.IPv4Network(str(tok), strict=False)
         except ValueError:
-            self.error(Diagnostic.error("E010", f"'{tok}' is not a valid IPv4 address or network", self.sp(tok)))
+            self.error(
+                Diagnostic.error(
+                    "E010", f"'{tok}' is not a valid IPv4 address or network", self.sp(tok)
+                )
+            )
             return None
 
     def address(self, c: list[Token]) -> tuple[ipaddress.IPv4Network, Span] | None:
@@ -564,7 +608,11 @@ class Builder(Transformer[Token, Any]):
         found = self.scope.constants.get(str(tok))
         if found is None or not isinstance(found[0], Address):
             what = "unknown constant" if found is None else "not an address constant"
-            self.error(Diagnostic.error("E103", f"'{tok}' is {what}; expected an IPv4 address", self.sp(tok)))
+            self.error(
+                Diagnostic.error(
+                    "E103", f"'{tok}' is {what}; expected an IPv4 address", self.sp(tok)
+                )
+            )
             return None
         return found[0].network, self.sp(tok)
 
@@ -596,7 +644,9 @@ class Builder(Transformer[Token, Any]):
         if lo is None or hi is None:
             return None
         if lo > hi:
-            self.error(Diagnostic.error("E207", f"port range {lo}-{hi} is empty (start above end)", span))
+            self.error(
+                Diagnostic.error("E207", f"port range {lo}-{hi} is empty (start above end)", span)
+            )
             return None
         return ir.PortValue(lo, hi, None, span)
 
@@ -608,12 +658,16 @@ class Builder(Transformer[Token, Any]):
         if value is None:
             return None
         if mask > 0xFFFF:
-            self.error(Diagnostic.error("E207", f"port mask {mask_tok} is wider than 16 bits", span))
+            self.error(
+                Diagnostic.error("E207", f"port mask {mask_tok} is wider than 16 bits", span)
+            )
             return None
         if value & ~mask:
             self.error(
                 Diagnostic.error(
-                    "E207", f"port {value} has bits outside mask {mask_tok} (did you mean {value & mask}?)", span
+                    "E207",
+                    f"port {value} has bits outside mask {mask_tok} (did you mean {value & mask}?)",
+                    span,
                 )
             )
             return None
@@ -643,14 +697,24 @@ class Builder(Transformer[Token, Any]):
         number = PROTOCOLS.get(str(tok).lower())
         if number is None:
             known = ", ".join(PROTOCOLS)
-            self.error(Diagnostic.error("E015", f"unknown protocol '{tok}'; use a number or one of {known}", self.sp(tok)))
+            self.error(
+                Diagnostic.error(
+                    "E015",
+                    f"unknown protocol '{tok}'; use a number or one of {known}",
+                    self.sp(tok),
+                )
+            )
             return None
         return number, self.sp(tok)
 
     def proto_number(self, c: list[Token]) -> tuple[int, Span] | None:
         (tok,) = c
         if int(tok) > 255:
-            self.error(Diagnostic.error("E015", f"protocol number {tok} is out of range 0-255", self.sp(tok)))
+            self.error(
+                Diagnostic.error(
+                    "E015", f"protocol number {tok} is out of range 0-255", self.sp(tok)
+                )
+            )
             return None
         return int(tok), self.sp(tok)
 
@@ -660,16 +724,22 @@ class Builder(Transformer[Token, Any]):
             return None
         return ir.ProtoCond(good, join(good[0][1], good[-1][1]))
 
-    def _mask_bits(self, toks: list[Token], width: int, default_mask: int) -> tuple[int, int, Span] | None:
+    def _mask_bits(
+        self, toks: list[Token], width: int, default_mask: int
+    ) -> tuple[int, int, Span] | None:
         span = join(self.sp(toks[0]), self.sp(toks[-1]))
         nums = [int(str(t), 0) for t in toks]
         value, mask = nums[0], nums[1] if len(nums) > 1 else default_mask
         limit = (1 << width) - 1
         if value > limit or mask > limit:
-            self.error(Diagnostic.error("E016", f"value {toks[0]} does not fit in {width} bits", span))
+            self.error(
+                Diagnostic.error("E016", f"value {toks[0]} does not fit in {width} bits", span)
+            )
             return None
         if value & ~mask:
-            self.error(Diagnostic.error("E016", f"value {value:#x} has bits outside mask {mask:#x}", span))
+            self.error(
+                Diagnostic.error("E016", f"value {value:#x} has bits outside mask {mask:#x}", span)
+            )
             return None
         return value, mask, span
 
@@ -683,7 +753,11 @@ class Builder(Transformer[Token, Any]):
         if tok.type == "NAME":
             dscp = DSCP_NAMES.get(str(tok).lower())
             if dscp is None:
-                self.error(Diagnostic.error("E016", f"unknown DSCP name '{tok}'; use 0-63, ef, afXY or csN", span))
+                self.error(
+                    Diagnostic.error(
+                        "E016", f"unknown DSCP name '{tok}'; use 0-63, ef, afXY or csN", span
+                    )
+                )
                 return None
         else:
             dscp = int(tok)
@@ -712,7 +786,11 @@ class Builder(Transformer[Token, Any]):
         (tok,) = c
         value = int(tok)
         if not 1 <= value <= 0xFFFF:
-            self.error(Diagnostic.error("E207", f"filter pref {value} is out of range 1-65535", self.sp(tok)))
+            self.error(
+                Diagnostic.error(
+                    "E207", f"filter pref {value} is out of range 1-65535", self.sp(tok)
+                )
+            )
             return None
         return ir.Count(value, self.sp(tok))
 
@@ -727,8 +805,17 @@ class Builder(Transformer[Token, Any]):
         if rest:
             tok = rest[0]
             chain = str(tok)[1:-1] if tok.type == "STRING" else str(tok)
-            if not chain or len(chain) > 28 or chain[0] in "-!" or any(ch.isspace() for ch in chain):
-                self.error(Diagnostic.error("E009", f"'{chain}' is not a valid iptables chain name", self.sp(tok)))
+            if (
+                not chain
+                or len(chain) > 28
+                or chain[0] in "-!"
+                or any(ch.isspace() for ch in chain)
+            ):
+                self.error(
+                    Diagnostic.error(
+                        "E009", f"'{chain}' is not a valid iptables chain name", self.sp(tok)
+                    )
+                )
                 chain = None
         return ir.Marking(name, join(self.sp(kw), span), chain)
 
@@ -754,15 +841,22 @@ class Builder(Transformer[Token, Any]):
 class QdiscBuilder:
     """Turn one qdisc's options and body into its IR node (and its classes)."""
 
-    def __init__(self, b: Builder, kind: str, span: Span, opts: tuple[Opt, ...], body: tuple[Any, ...] | None):
+    def __init__(
+        self, b: Builder, kind: str, span: Span, opts: tuple[Opt, ...], body: tuple[Any, ...] | None
+    ):
         self.b, self.kind, self.span, self.opts, self.body = b, kind, span, opts, body
 
     def error(self, d: Diagnostic) -> None:
         self.b.error(d)
 
     def _values(
-        self, opts: Iterable[Opt], params: Mapping[str, Dimension], flags: frozenset[str], what: str,
-        percent: frozenset[str] = frozenset(), handle_kw: str = "handle",
+        self,
+        opts: Iterable[Opt],
+        params: Mapping[str, Dimension],
+        flags: frozenset[str],
+        what: str,
+        percent: frozenset[str] = frozenset(),
+        handle_kw: str = "handle",
     ) -> tuple[dict[str, Any], HandleRef | None, list[ir.Match]]:
         values: dict[str, Any] = {}
         seen: dict[str, Span] = {}
@@ -772,16 +866,23 @@ class QdiscBuilder:
             if isinstance(opt, ir.Match):
                 matches.append(opt)
                 continue
-            key = {Param: lambda o: o.key, Flag: lambda o: o.key, DefaultOpt: lambda o: "default",
-                   HandleOpt: lambda o: o.keyword, PriomapOpt: lambda o: "priomap"}[type(opt)](opt)
+            key = _opt_key(opt)
             span = opt.name.span if isinstance(opt, DefaultOpt) else opt.span
             if key in seen:
-                self.error(Diagnostic.error("E014", f"'{key}' is given twice", span, Note("first given here", seen[key])))
+                self.error(
+                    Diagnostic.error(
+                        "E014", f"'{key}' is given twice", span, Note("first given here", seen[key])
+                    )
+                )
                 continue
             seen[key] = span
             if isinstance(opt, HandleOpt):
                 if opt.keyword != handle_kw:
-                    self.error(Diagnostic.error("E007", f"{what} takes '{handle_kw}', not '{opt.keyword}'", span))
+                    self.error(
+                        Diagnostic.error(
+                            "E007", f"{what} takes '{handle_kw}', not '{opt.keyword}'", span
+                        )
+                    )
                 else:
                     handle = opt.ref
                 continue
@@ -827,11 +928,22 @@ class QdiscBuilder:
                 return ir.Time(value, span)
             case Dimension.COUNT:
                 if number != value:
-                    self.error(Diagnostic.error("E011", f"expected a whole number, found {float(number):g}", span))
+                    self.error(
+                        Diagnostic.error(
+                            "E011", f"expected a whole number, found {float(number):g}", span
+                        )
+                    )
                     return None
                 return ir.Count(value, span)
 
-    def _unknown(self, key: str, span: Span, params: Mapping[str, Dimension], flags: frozenset[str], what: str) -> None:
+    def _unknown(
+        self,
+        key: str,
+        span: Span,
+        params: Mapping[str, Dimension],
+        flags: frozenset[str],
+        what: str,
+    ) -> None:
         accepted = sorted({*params, *flags})
         takes = f"; it takes {', '.join(accepted)}" if accepted else "; it takes no parameters"
         self.error(Diagnostic.error("E007", f"'{key}' is not a parameter of {what}{takes}", span))
@@ -841,9 +953,15 @@ class QdiscBuilder:
         kind = self.kind
         pct = NETEM_PERCENT if kind == "netem" else frozenset()
         values, handle, matches = self._values(
-            self.opts, {**QDISC_PARAMS[kind], **({"default": C} if kind == "htb" else {}),
-                        **({"priomap": C} if kind == "prio" else {})},
-            QDISC_FLAGS[kind], f"{kind}", pct | (PERCENT_OK if kind == "htb" else frozenset()),
+            self.opts,
+            {
+                **QDISC_PARAMS[kind],
+                **({"default": C} if kind == "htb" else {}),
+                **({"priomap": C} if kind == "prio" else {}),
+            },
+            QDISC_FLAGS[kind],
+            f"{kind}",
+            pct | (PERCENT_OK if kind == "htb" else frozenset()),
         )
         for m in matches:
             self.error(Diagnostic.error("E017", "a match belongs inside a class", m.span))
@@ -861,35 +979,66 @@ class QdiscBuilder:
             elif isinstance(item, ir.Marking):
                 classify.append(item)
         if self.body is not None and kind not in CLASSFUL | CHAINING:
-            self.error(Diagnostic.error("E018", f"{kind} is classless and takes no block", self.span))
+            self.error(
+                Diagnostic.error("E018", f"{kind} is classless and takes no block", self.span)
+            )
         if kind in CLASSFUL:
-            for child in children:
-                self.error(Diagnostic.error(
-                    "E018", f"a qdisc inside {kind} must be the leaf of a class", child.qdisc.span))
+            for nested in children:
+                self.error(
+                    Diagnostic.error(
+                        "E018",
+                        f"a qdisc inside {kind} must be the leaf of a class",
+                        nested.qdisc.span,
+                    )
+                )
         elif classes:
             for cls in classes:
-                self.error(Diagnostic.error("E018", f"{kind} has no classes; 'class' needs htb, prio or cbq", cls.span))
-        child = None
+                self.error(
+                    Diagnostic.error(
+                        "E018", f"{kind} has no classes; 'class' needs htb, prio or cbq", cls.span
+                    )
+                )
+        child: ir.Qdisc | None = None
         if kind in CHAINING:
             if len(children) > 1:
-                self.error(Diagnostic.error("E018", f"{kind} holds at most one child qdisc", children[1].qdisc.span))
+                self.error(
+                    Diagnostic.error(
+                        "E018", f"{kind} holds at most one child qdisc", children[1].qdisc.span
+                    )
+                )
             child = children[0].qdisc if children else None
         built = [self.klass(c) for c in classes] if kind in CLASSFUL else []
         q = self._make(kind, values, handle, tuple(built), child)
         return QdiscSyntax(q, tuple(classify))
 
-    def _make(self, kind: str, v: dict[str, Any], handle: ir.HandleRef | None,
-              classes: tuple[ir.Class, ...], child: ir.Qdisc | None) -> ir.Qdisc:
+    def _make(
+        self,
+        kind: str,
+        v: dict[str, Any],
+        handle: ir.HandleRef | None,
+        classes: tuple[ir.Class, ...],
+        child: ir.Qdisc | None,
+    ) -> ir.Qdisc:
         span = self.span
         if handle is not None and handle.handle.minor != 0:
-            self.error(Diagnostic.error("E204", f"a qdisc handle has no minor part; write {handle.handle.qdisc}", handle.span))
+            self.error(
+                Diagnostic.error(
+                    "E204",
+                    f"a qdisc handle has no minor part; write {handle.handle.qdisc}",
+                    handle.span,
+                )
+            )
             handle = None
         match kind:
             case "htb":
                 link = {k: v[k] for k in LINK_PARAMS if v.get(k) is not None}
                 if link:
                     if "rate" not in link:
-                        self.error(Diagnostic.error("E019", "the interface's link class needs a rate", span))
+                        self.error(
+                            Diagnostic.error(
+                                "E019", "the interface's link class needs a rate", span
+                            )
+                        )
                     classes = (ir.Class("", span, children=classes, implicit=True, **link),)
                 return ir.Htb(span, v.get("default"), v.get("r2q"), classes, handle)
             case "prio":
@@ -899,16 +1048,59 @@ class QdiscBuilder:
             case "tbf":
                 burst = v.get("burst")
                 if burst is not None and v.get("buffer") is not None:
-                    self.error(Diagnostic.error("E014", "'buffer' and 'burst' are the same parameter", v["buffer"].span))
+                    self.error(
+                        Diagnostic.error(
+                            "E014", "'buffer' and 'burst' are the same parameter", v["buffer"].span
+                        )
+                    )
                 burst = burst or v.get("buffer")
-                return ir.Tbf(span, v.get("rate"), burst, v.get("latency"), v.get("limit"), v.get("peakrate"), v.get("mtu"), child, handle)
+                return ir.Tbf(
+                    span,
+                    v.get("rate"),
+                    burst,
+                    v.get("latency"),
+                    v.get("limit"),
+                    v.get("peakrate"),
+                    v.get("mtu"),
+                    child,
+                    handle,
+                )
             case "netem":
-                return ir.Netem(span, v.get("delay"), v.get("jitter"), v.get("loss"), v.get("duplicate"), v.get("corrupt"), v.get("limit"), v.get("rate"), child, handle)
+                return ir.Netem(
+                    span,
+                    v.get("delay"),
+                    v.get("jitter"),
+                    v.get("loss"),
+                    v.get("duplicate"),
+                    v.get("corrupt"),
+                    v.get("limit"),
+                    v.get("rate"),
+                    child,
+                    handle,
+                )
             case "sfq":
-                return ir.Sfq(span, v.get("perturb"), v.get("quantum"), v.get("limit"), v.get("depth"), v.get("divisor"), handle)
+                return ir.Sfq(
+                    span,
+                    v.get("perturb"),
+                    v.get("quantum"),
+                    v.get("limit"),
+                    v.get("depth"),
+                    v.get("divisor"),
+                    handle,
+                )
             case "fq_codel":
                 ecn = True if v.get("ecn") else (False if v.get("noecn") else None)
-                return ir.FqCodel(span, v.get("limit"), v.get("flows"), v.get("target"), v.get("interval"), v.get("quantum"), v.get("memory_limit"), ecn, handle)
+                return ir.FqCodel(
+                    span,
+                    v.get("limit"),
+                    v.get("flows"),
+                    v.get("target"),
+                    v.get("interval"),
+                    v.get("quantum"),
+                    v.get("memory_limit"),
+                    ecn,
+                    handle,
+                )
             case "pfifo":
                 return ir.Pfifo(span, v.get("limit"), handle)
             case "bfifo":
@@ -919,8 +1111,12 @@ class QdiscBuilder:
     def klass(self, syn: ClassSyntax) -> ir.Class:
         kind = self.kind
         values, handle, matches = self._values(
-            syn.opts, CLASS_PARAMS[kind], CLASS_FLAGS[kind], f"a {kind} class",
-            PERCENT_OK if kind != "prio" else frozenset(), handle_kw="id",
+            syn.opts,
+            CLASS_PARAMS[kind],
+            CLASS_FLAGS[kind],
+            f"a {kind} class",
+            PERCENT_OK if kind != "prio" else frozenset(),
+            handle_kw="id",
         )
         children: list[ir.Class] = []
         leaves: list[ir.Qdisc] = []
@@ -932,23 +1128,60 @@ class QdiscBuilder:
             elif isinstance(item, QdiscSyntax):
                 leaves.append(item.qdisc)
                 for m in item.classify:
-                    self.error(Diagnostic.error("E014", "'classify' belongs at the top of an interface", m.span))
+                    self.error(
+                        Diagnostic.error(
+                            "E014", "'classify' belongs at the top of an interface", m.span
+                        )
+                    )
             elif isinstance(item, ir.Marking):
-                self.error(Diagnostic.error("E014", "'classify' belongs at the top of an interface", item.span))
+                self.error(
+                    Diagnostic.error(
+                        "E014", "'classify' belongs at the top of an interface", item.span
+                    )
+                )
         if kind == "prio" and children:
-            self.error(Diagnostic.error("E018", "prio classes cannot have child classes", children[0].span))
+            self.error(
+                Diagnostic.error("E018", "prio classes cannot have child classes", children[0].span)
+            )
             children = []
         if len(leaves) > 1:
-            self.error(Diagnostic.error("E018", f"{syn_label(syn)} has more than one leaf qdisc", leaves[1].span))
+            self.error(
+                Diagnostic.error(
+                    "E018", f"{syn_label(syn)} has more than one leaf qdisc", leaves[1].span
+                )
+            )
         if leaves and children:
-            self.error(Diagnostic.error(
-                "E018", f"{syn_label(syn)} has child classes, so it cannot have a leaf qdisc", leaves[0].span))
+            self.error(
+                Diagnostic.error(
+                    "E018",
+                    f"{syn_label(syn)} has child classes, so it cannot have a leaf qdisc",
+                    leaves[0].span,
+                )
+            )
         flags = {k: values.pop(k, False) for k in ("bounded", "isolated")}
         fields = {k: val for k, val in values.items() if val is not None}
         return ir.Class(
-            syn.name, syn.span, explicit_id=handle, matches=tuple(matches), children=tuple(children),
-            leaf=leaves[0] if leaves else None, **flags, **fields,
+            syn.name,
+            syn.span,
+            explicit_id=handle,
+            matches=tuple(matches),
+            children=tuple(children),
+            leaf=leaves[0] if leaves else None,
+            **flags,
+            **fields,
         )
+
+
+def _opt_key(opt: Param | Flag | DefaultOpt | HandleOpt | PriomapOpt) -> str:
+    match opt:
+        case Param() | Flag():
+            return opt.key
+        case DefaultOpt():
+            return "default"
+        case HandleOpt():
+            return opt.keyword
+        case PriomapOpt():
+            return "priomap"
 
 
 def syn_label(syn: ClassSyntax) -> str:
@@ -981,14 +1214,20 @@ class Reader:
         """Parse ``path``; report problems at ``include_span`` when it cannot be read."""
         if path in self.stack:
             assert include_span is not None
-            self.diagnostics.append(Diagnostic.error("E006", f"include cycle: {' -> '.join([*self.stack, path])}", include_span))
+            self.diagnostics.append(
+                Diagnostic.error(
+                    "E006", f"include cycle: {' -> '.join([*self.stack, path])}", include_span
+                )
+            )
             return []
         try:
             text = self.loader(path)
         except (OSError, UnicodeDecodeError) as err:
             reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
             span = include_span or Span(path, 1, 1, 1, 1)
-            self.diagnostics.append(Diagnostic.error("E006", f"cannot read '{path}': {reason.lower()}", span))
+            self.diagnostics.append(
+                Diagnostic.error("E006", f"cannot read '{path}': {reason.lower()}", span)
+            )
             return []
         return self.read_text(path, text)
 
@@ -1049,17 +1288,24 @@ def syntax_error(err: UnexpectedInput, path: str, text: str) -> Diagnostic:
             if token.type == "_NL":
                 span = Span(path, span.line, span.column, span.line, span.column + 1)
         expected = _expected_words(err.expected)
-        return Diagnostic.error("E001", f"unexpected {_describe_token(token)}; expected {expected}", span)
+        return Diagnostic.error(
+            "E001", f"unexpected {_describe_token(token)}; expected {expected}", span
+        )
     if isinstance(err, UnexpectedCharacters):
-        char = text[err.pos_in_stream] if err.pos_in_stream < len(text) else ""
+        pos = err.pos_in_stream or 0
+        char = text[pos] if pos < len(text) else ""
         span = Span(path, line, column, line, column + 1)
         hint = ""
         if char == "{":
             hint = "; a '{' must be on the same line as the statement it opens"
         return Diagnostic.error("E002", f"unexpected character {char!r}{hint}", span)
     if isinstance(err, UnexpectedEOF):
-        return Diagnostic.error("E001", "unexpected end of file", Span(path, line, column, line, column + 1))
-    return Diagnostic.error("E001", str(err).splitlines()[0], Span(path, line, column, line, column + 1))
+        return Diagnostic.error(
+            "E001", "unexpected end of file", Span(path, line, column, line, column + 1)
+        )
+    return Diagnostic.error(
+        "E001", str(err).splitlines()[0], Span(path, line, column, line, column + 1)
+    )
 
 
 def _expected_words(expected: Iterable[str]) -> str:
@@ -1071,5 +1317,9 @@ def _expected_words(expected: Iterable[str]) -> str:
         if word not in words:
             words.append(word)
     if len(words) > 6:
-        words = words[:6] + ["..."]
-    return ", ".join(words[:-1]) + (" or " if len(words) > 1 else "") + words[-1] if words else "something else"
+        words = [*words[:6], "..."]
+    return (
+        ", ".join(words[:-1]) + (" or " if len(words) > 1 else "") + words[-1]
+        if words
+        else "something else"
+    )

@@ -80,7 +80,9 @@ def u32_keys(conds: tuple[ir.Cond, ...]) -> Iterator[tuple[ir.U32Key, ...]]:
                 number = cond.protocols[0][0]
                 choices.append([(ir.U32Key(("ip", "protocol", str(number), "0xff")),)])
             case ir.TosCond():
-                choices.append([(ir.U32Key(("ip", "tos", _hex(cond.value, 8), _hex(cond.mask, 8))),)])
+                choices.append(
+                    [(ir.U32Key(("ip", "tos", _hex(cond.value, 8), _hex(cond.mask, 8))),)]
+                )
             case ir.TcpAckCond():
                 choices.append([TCP_ACK_KEYS])
             case ir.RawCond():
@@ -91,9 +93,9 @@ def u32_keys(conds: tuple[ir.Cond, ...]) -> Iterator[tuple[ir.U32Key, ...]]:
     for combo in itertools.product(*choices):
         keys: list[ir.U32Key] = []
         for group in combo:
-            for key in group:
-                if key not in keys:
-                    keys.append(key)
+            for u32key in group:
+                if u32key not in keys:
+                    keys.append(u32key)
         if not keys:
             keys.append(ir.U32Key(("u32", "0", "0", "at", "0")))
         yield tuple(keys)

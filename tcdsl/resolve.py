@@ -62,7 +62,8 @@ def default_names_a_class(iface: ir.Interface) -> Iterator[Diagnostic]:
                 known = ", ".join(sorted(names)) or "none"
                 yield Diagnostic.error(
                     "E102",
-                    f"default class '{q.default.name}' is not a class of this htb (classes: {known})",
+                    f"default class '{q.default.name}' is not a class of this htb "
+                    f"(classes: {known})",
                     q.default.span,
                 )
 
@@ -91,18 +92,30 @@ def _absolute(
         return value
     if base is None:
         diagnostics.append(
-            Diagnostic.error("E208", f"{what} {value.value}% needs a parent with a rate", value.span)
+            Diagnostic.error(
+                "E208",
+                f"{what} {value.value}% needs a parent with a rate",
+                value.span,
+            )
         )
         return None
     if value.value > 100:
         diagnostics.append(
-            Diagnostic.error("E208", f"{what} {value.value}% is above 100% of the parent", value.span)
+            Diagnostic.error(
+                "E208",
+                f"{what} {value.value}% is above 100% of the parent",
+                value.span,
+            )
         )
         return None
     bps = int(base.bits_per_second * value.value / 100)
     if bps < 1:
         diagnostics.append(
-            Diagnostic.error("E208", f"{what} {value.value}% of the parent is below 1bit", value.span)
+            Diagnostic.error(
+                "E208",
+                f"{what} {value.value}% of the parent is below 1bit",
+                value.span,
+            )
         )
         return None
     return ir.Rate(bps, value.span, base.byte_units)

@@ -114,7 +114,7 @@ def format_rate(bits_per_second: int) -> str:
 
 
 def format_size(size_bytes: int) -> str:
-    """Spell a size the way tc reads it, exactly (``15360`` -> ``15k``, ``1540`` -> ``1540``: bare bytes)."""
+    """Spell a size the way tc reads it, exactly (``15360`` -> ``15k``; ``1540`` stays bare)."""
     return _largest(size_bytes, _SIZE_OUT)
 
 
