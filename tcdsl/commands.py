@@ -132,12 +132,17 @@ def interface_commands(iface: ir.Interface) -> Iterator[Command]:
         root.span,
         f"interface {iface.name}: {_label(root)}",
     )
-    yield from _below(iface, root)
+    by_parent: dict[ir.Handle, list[ir.Filter]] = {}
+    for f in iface.filters:
+        by_parent.setdefault(f.parent, []).append(f)
+    yield from _below(iface, root, by_parent)
     if iface.marking is not None:
         yield from marking_commands(iface)
 
 
-def _below(iface: ir.Interface, q: ir.Qdisc) -> Iterator[Command]:
+def _below(
+    iface: ir.Interface, q: ir.Qdisc, filters: dict[ir.Handle, list[ir.Filter]]
+) -> Iterator[Command]:
     dev = ("dev", iface.name)
     assert q.handle is not None
     children: list[tuple[ir.Handle, ir.Qdisc]] = []
@@ -192,10 +197,8 @@ def _below(iface: ir.Interface, q: ir.Qdisc) -> Iterator[Command]:
             child.span,
             f"{_label(child)} of {parent_id}",
         )
-        yield from _below(iface, child)
-    for f in iface.filters:
-        if f.parent != q.handle:
-            continue
+        yield from _below(iface, child, filters)
+    for f in filters.get(q.handle, ()):
         head = (
             "filter",
             "add",

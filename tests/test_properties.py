@@ -1,0 +1,507 @@
+"""Property tests over generated policies: the compiler reports, it never raises.
+
+Two generators: ``policies()`` writes htb trees as a person would (valid, or with mistakes
+injected on purpose), and ``from_lark`` writes anything the real grammar derives.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.lark import from_lark
+from lark import Lark
+
+from tcdsl.diagnostics import render
+from tcdsl.driver import Result, compile_policy
+from tcdsl.frontend import DSCP_NAMES
+
+MAIN = "policy.tcp"
+
+
+def compile_text(text: str, extra: dict[str, str] | None = None) -> Result:
+    """Compile ``text`` as ``policy.tcp`` without touching the disk."""
+    files = {MAIN: text, **(extra or {})}
+
+    def loader(path: str) -> str:
+        if path not in files:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return files[path]
+
+    return compile_policy(MAIN, "shell", loader=loader)
+
+
+@functools.cache
+def grammar_text() -> str:
+    # as tcdsl.frontend loads it: from the installed package tcdsl.grammar
+    return resources.files("tcdsl.grammar").joinpath("tcdsl.lark").read_text()
+
+
+@functools.cache
+def keywords() -> frozenset[str]:
+    """Every literal word of the grammar (names that collide with them are avoided)."""
+    return frozenset(re.findall(r'"([A-Za-z_][A-Za-z0-9_-]*)"', grammar_text()))
+
+
+# ---- the policy generator ----------------------------------------------------------------------
+
+PORT_PROTOS = ("tcp", "udp")
+LINK_BITS = st.integers(min_value=10**7, max_value=10**10)
+
+
+@dataclass
+class Gen:
+    """The state of one generated policy: the drawer, the mode, and what has been written."""
+
+    draw: st.DrawFn
+    broken: bool
+    consts: list[str] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+    handles: set[int] = field(default_factory=set)
+    marks: set[int] = field(default_factory=set)
+    leaves: list[str] = field(default_factory=list)
+    inner: list[str] = field(default_factory=list)
+    mistakes: list[str] = field(default_factory=list)
+
+    def chance(self, p: float) -> bool:
+        """True with probability about ``p`` (hypothesis shrinks towards False)."""
+        return self.draw(st.integers(min_value=0, max_value=999)) < int(p * 1000)
+
+    def mistake(self, what: str, p: float = 0.05) -> bool:
+        """Decide whether to inject the mistake ``what`` here (only in broken policies)."""
+        if self.broken and self.chance(p):
+            self.mistakes.append(what)
+            return True
+        return False
+
+    def pick(self, options: list[str] | tuple[str, ...]) -> str:
+        return self.draw(st.sampled_from(options))
+
+    def int(self, lo: int, hi: int) -> int:
+        return self.draw(st.integers(min_value=lo, max_value=hi))
+
+    def name(self) -> str:
+        if self.mistake("keyword as a name", 0.01):
+            return self.pick(sorted(keywords()))
+        if self.names and self.mistake("duplicate class name", 0.02):
+            return self.pick(sorted(self.names))
+        raw = self.draw(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}(-[A-Za-z0-9_]{1,4})?", fullmatch=True))
+        name = raw
+        n = 1
+        while name in self.names or name in keywords():
+            name, n = f"{raw}_{n}", n + 1
+        self.names.add(name)
+        return name
+
+    # ---- values ----
+    def rate(self, bits: int) -> str:
+        """Spell exactly ``bits`` bit/s, in one of several ways."""
+        if self.mistake("bare rate"):
+            return str(bits)
+        if self.mistake("unknown rate unit"):
+            return f"{bits}mbits"
+        units = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "kibit": 1024,
+                 "mibit": 1024**2, "bps": 8, "kbps": 8000}  # fmt: skip
+        exact = [u for u, f in units.items() if bits % f == 0]
+        how = self.int(0, 9)
+        if how == 0 and bits >= 2 and bits % 2 == 0:
+            return f"{self.rate(bits // 2)} * 2"
+        if how == 1 and bits >= 2:
+            part = self.int(1, bits - 1)
+            text = f"{self.rate(part)} + {self.rate(bits - part)}"
+            return f"({text})" if self.chance(0.5) else text
+        if how == 2:
+            extra = self.int(1, 10**6)
+            return f"{self.rate(bits + extra)} - {extra}bit"
+        if how == 3:
+            const = f"c{len(self.consts)}_{self.int(0, 99)}"
+            self.consts.append(f"const {const} = {self.rate(bits)}")
+            return const
+        if how == 4 and bits % 10**5 == 0:
+            return f"{bits // 10**6}.{bits % 10**6 // 10**5}mbit"
+        unit = self.pick(exact)
+        spelled = self.pick((unit, unit.upper(), unit.capitalize()))
+        return f"{bits // units[unit]}{spelled}"
+
+    def size(self) -> str:
+        if self.mistake("time where a size is expected"):
+            return "10ms"
+        return self.pick(("1540", "1600b", "15k", "2kb", "64kbit", "1m", "3000"))
+
+    def time(self) -> str:
+        if self.mistake("bare time"):
+            return "50"
+        return self.pick(("50ms", "5ms", "100us", "1s", "20msec", "1500usecs"))
+
+    # ---- matches ----
+    def address(self) -> str:
+        if self.mistake("bad address"):
+            return "300.1.2.3"
+        octets = ".".join(str(self.int(0, 255)) for _ in range(4))
+        return octets if self.chance(0.4) else f"{octets}/{self.int(0, 32)}"
+
+    def port(self, masks: bool) -> str:
+        if self.mistake("port out of range"):
+            return "70000"
+        if self.mistake("empty port range"):
+            return "90-80"
+        kind = self.int(0, 3)
+        if kind == 1:
+            lo = self.int(0, 65535)
+            return f"{lo}-{self.int(lo, 65535)}"
+        if kind == 2 and masks:
+            mask = (0xFFFF << self.int(0, 16)) & 0xFFFF
+            value = self.int(0, 65535) & mask
+            if self.mistake("port bits outside mask"):
+                value |= 1
+                mask &= ~1
+            return f"{value}/0x{mask:04x}"
+        return str(self.int(0, 65535))
+
+    def match(self, marking: bool) -> str:
+        conds: list[str] = []
+        ported = False
+        for _ in range(self.int(1, 3)):
+            kind = self.pick(("src", "dst", "sport", "dport", "proto", "tos", "dscp", "tcp-ack",
+                              "raw", "all"))  # fmt: skip
+            if kind in ("src", "dst"):
+                conds.append(f"{kind} " + ", ".join(self.address() for _ in range(self.int(1, 2))))
+            elif kind in ("sport", "dport"):
+                ports = ", ".join(self.port(not marking) for _ in range(self.int(1, 3)))
+                conds.append(f"{kind} {ports}")
+                ported = True
+            elif kind == "proto":
+                if self.mistake("unknown protocol"):
+                    conds.append("proto tcpp")
+                elif self.mistake("protocol number out of range"):
+                    conds.append("proto 300")
+                elif not (marking and ported):
+                    names = ("tcp", "udp", "icmp", "gre", "TCP", "17")
+                    conds.append("proto " + ", ".join({self.pick(names) for _ in range(self.int(1, 2))}))
+            elif kind == "tos":
+                if self.mistake("tos wider than 8 bits"):
+                    conds.append("tos 0x1ff")
+                else:
+                    mask = self.int(0, 255)
+                    value = self.int(0, 255) & mask
+                    conds.append(f"tos 0x{value:02x}/0x{mask:02x}" if self.chance(0.5) else f"tos {value}")
+            elif kind == "dscp":
+                if self.mistake("dscp out of range"):
+                    conds.append("dscp 64")
+                else:
+                    conds.append(f"dscp {self.pick([*sorted(DSCP_NAMES), str(self.int(0, 63))])}")
+            elif kind == "tcp-ack" and (not marking or self.mistake("tcp-ack with marks")):
+                conds.append("tcp-ack")
+            elif kind == "raw" and (not marking or self.mistake("raw u32 with marks")):
+                bits = self.pick(("8", "16", "32"))
+                mask = self.int(0, (1 << int(bits)) - 1)
+                conds.append(f"u{bits} 0x{self.int(0, 2**32) & mask:x}/0x{mask:x} at {self.int(0, 60)}")
+            elif kind == "all":
+                conds.append("all")
+        if marking and ported and not self.mistake("ports without proto with marks"):
+            conds.insert(0, f"proto {self.pick(PORT_PROTOS)}")
+        if not marking and self.chance(0.2):
+            conds.append(f"pref {self.int(1, 65535)}")
+        elif marking and self.mistake("pref with marks"):
+            conds.append("pref 3")
+        if not conds:
+            conds.append("all")
+        return "match " + " ".join(conds)
+
+    # ---- qdiscs ----
+    def handle(self) -> str:
+        if self.chance(0.9):
+            return ""
+        if self.mistake("reserved handle"):
+            return " handle ffff:"
+        major = self.int(0x100, 0xFFFE)
+        if major in self.handles and not self.mistake("handle used twice", 1.0):
+            return ""
+        self.handles.add(major)
+        return f" handle {major:x}:"
+
+    def leaf_qdisc(self) -> str:
+        kind = self.pick(("sfq", "pfifo", "bfifo", "fq_codel", "tbf"))
+        opts: list[str] = []
+        if kind == "sfq":
+            if self.chance(0.5):
+                opts.append(f"perturb {self.int(1, 60)}")
+            if self.chance(0.3):
+                opts.append(f"quantum {self.size()}")
+            if self.chance(0.3):
+                opts.append(f"limit {self.int(2, 127)}")
+        elif kind == "pfifo" and self.chance(0.5):
+            opts.append(f"limit {self.int(1, 1000)}")
+        elif kind == "bfifo" and self.chance(0.5):
+            opts.append(f"limit {self.size()}")
+        elif kind == "fq_codel":
+            if self.chance(0.3):
+                opts.append(f"limit {self.int(1, 10240)}")
+            if self.chance(0.3):
+                opts.append(f"target {self.time()}")
+            if self.chance(0.3):
+                opts.append(f"interval {self.time()}")
+            if self.chance(0.3):
+                opts.append(self.pick(("ecn", "noecn")))
+        elif kind == "tbf":
+            opts.append(f"rate {self.rate(self.int(1, 10**9))}")
+            if not self.mistake("tbf without burst"):
+                opts.append(f"burst {self.size()}")
+            if self.chance(0.5):
+                opts.append(f"latency {self.time()}")
+            else:
+                opts.append(f"limit {self.size()}")
+        if self.mistake("sfq with a rate"):
+            opts.append("rate 1mbit")
+        return " ".join([kind + self.handle(), *opts])
+
+    # ---- classes ----
+    def klass(
+        self, depth: int, max_depth: int, parent_rate: int | None, parent_ceil: int | None,
+        marking: bool, indent: str,
+    ) -> tuple[list[str], int]:
+        """Write one class (and its subtree); return its lines and its resolved rate."""
+        name = self.name()
+        share = self.int(5, 25)
+        opts: list[str] = []
+        rate = (parent_rate or self.int(10**6, 10**8)) * share // 100
+        if self.mistake("class without a rate", 0.02):
+            pass
+        elif self.mistake("zero rate", 0.02):
+            opts.append("rate 0bit")
+        elif parent_rate is not None and self.chance(0.4):
+            opts.append(f"rate {share}%")
+        elif parent_rate is None and self.mistake("percentage without a parent rate"):
+            opts.append(f"rate {share}%")
+        else:
+            opts.append(f"rate {self.rate(rate)}")
+        ceil: int | None = None
+        if self.mistake("ceil below rate"):
+            opts.append(f"ceil {self.rate(max(1, rate // 2))}")
+        elif self.mistake("percentage above 100%"):
+            opts.append("ceil 150%")
+        elif self.chance(0.5):
+            top = parent_ceil if parent_ceil is not None else rate * 4
+            if parent_ceil is not None and self.chance(0.3):
+                pct = self.int(share, 100)
+                ceil = parent_ceil * pct // 100
+                opts.append(f"ceil {pct}%")
+            else:
+                ceil = self.int(rate, max(rate, top))
+                if self.chance(0.05):  # above the parent's ceiling: a warning, still valid
+                    ceil = top + 1
+                opts.append(f"ceil {self.rate(ceil)}")
+        if self.chance(0.4):
+            prio = self.int(8, 20) if self.mistake("prio out of range") else self.int(0, 7)
+            opts.append(f"prio {prio}")
+        if self.chance(0.2):
+            opts.append(f"burst {self.size()}")
+        if self.chance(0.1):
+            opts.append(f"cburst {self.size()}")
+        if marking and self.chance(0.1):
+            mark = self.int(1, 2**32 - 1)
+            if mark not in self.marks or self.mistake("mark used twice", 1.0):
+                self.marks.add(mark)
+                opts.append(f"mark {mark}")
+        children = self.int(0, 4) if depth < max_depth else 0
+        body: list[str] = []
+        inline: list[str] = []
+        if children:
+            self.inner.append(name)
+            budget = 100
+            child_ceil = ceil if ceil is not None else rate
+            for _ in range(children):
+                lines, _child_rate = self.klass(
+                    depth + 1, max_depth, rate, child_ceil, marking, indent + "    "
+                )
+                body += lines
+                budget -= 25
+            if self.mistake("oversubscribed children"):
+                body.append(f"{indent}    class {self.name()} rate {self.rate(rate + 1)}")
+            if self.mistake("match on an inner class"):
+                body.append(f"{indent}    {self.match(marking)}")
+        else:
+            self.leaves.append(name)
+            for _ in range(self.int(0, 2)):
+                (inline if self.chance(0.3) else body).append(self.match(marking))
+            body = [f"{indent}    {m}" for m in body]
+            if self.chance(0.6):
+                body.append(f"{indent}    {self.leaf_qdisc()}")
+                if self.mistake("two leaf qdiscs"):
+                    body.append(f"{indent}    pfifo")
+        head = f"{indent}class {name} " + " ".join(opts + inline)
+        if not body:
+            return [head.rstrip()], rate
+        if self.chance(0.2) and all(";" not in b and "{" not in b for b in body):
+            return [f"{head} {{ " + "; ".join(b.strip() for b in body) + " }"], rate
+        return [f"{head} {{", *body, f"{indent}}}"], rate
+
+    def interface(self, ifname: str, chain: str | None) -> list[str]:
+        self.names, self.leaves, self.inner = set(), [], []  # names are per interface
+        max_depth = self.int(1, 4)
+        link: int | None = None
+        opts: list[str] = []
+        if self.chance(0.7):
+            link = self.draw(LINK_BITS)
+            opts.append(f"rate {self.rate(link)}")
+            if self.chance(0.2):
+                opts.append(f"ceil {self.rate(link * 2)}")
+        if self.chance(0.1):
+            opts.append(f"r2q {self.int(1, 100)}")
+        body: list[str] = []
+        marking = chain is not None
+        if marking:
+            body.append(f"    classify by mark from eth1{chain}")
+        for _ in range(self.int(1, 4)):
+            body += self.klass(1, max_depth, link, link, marking, "    ")[0]
+        if self.mistake("match outside a class"):
+            body.append("    match all")
+        if self.chance(0.6):
+            if self.mistake("default names no class"):
+                opts.insert(0, "default nosuchclass")
+            else:
+                opts.insert(0, f"default {self.pick(self.leaves)}")
+        head = f"interface {ifname} htb{self.handle()} " + " ".join(opts)
+        return [f"{head.rstrip()} {{", *body, "}"]
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> tuple[str, bool, list[str]]:
+    """A policy text, whether mistakes were allowed in it, and the mistakes injected."""
+    gen = Gen(draw, broken=draw(st.booleans()))
+    ifnames = ["eth0", "wan0", "s2-eth2", '"br-lan"', "eth0.100"]
+    count = gen.int(1, 2)
+    chosen = draw(st.lists(st.sampled_from(ifnames), min_size=count, max_size=count, unique=True))
+    if gen.mistake("interface name too long"):
+        chosen[0] = "averyveryverylongname0"
+    if gen.mistake("interface declared twice") and count == 2:
+        chosen[1] = chosen[0]
+    lines: list[str] = [f"# generated policy, {count} interface(s)"]
+    for i, ifname in enumerate(chosen):
+        chain = None
+        if gen.chance(0.3):
+            chain = gen.pick(("", f" chain SHAPE{i}", f' chain "MARK-{i}"'))
+        lines += gen.interface(ifname, chain)
+    if gen.mistake("stray character"):
+        lines.insert(gen.int(0, len(lines)), "@")
+    if gen.mistake("unbalanced brace"):
+        lines.append("}")
+    text = "\n".join([*gen.consts, *lines]) + "\n"
+    return text, gen.broken, gen.mistakes
+
+
+def _report(text: str, result: Result) -> str:
+    return f"{text}\n----\n{render(result.diagnostics, result.sources)}"
+
+
+@settings(max_examples=200, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@given(policies())
+def test_generated_policies(case: tuple[str, bool, list[str]]) -> None:
+    text, broken, mistakes = case
+    result = compile_text(text)  # must not raise
+    again = compile_text(text)
+    assert again.output == result.output, "compiling twice gave different output"
+    assert again.diagnostics == result.diagnostics
+    if not result.errors:
+        assert result.output is not None and result.output.startswith("#!/bin/sh\n")
+        assert "tc qdisc add dev" in result.output
+    else:
+        assert result.output is None
+    if not broken or not mistakes:
+        assert not result.errors, _report(text, result)
+    codes = {d.code for d in result.diagnostics}
+    assert codes <= {d.code for d in result.diagnostics if d.is_error} | {"W301", "W302", "W303"}
+
+
+# ---- from_lark: anything the grammar derives ------------------------------------------------------
+
+
+def _spaced(strategy: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    return strategy.map(lambda s: f" {s} ")
+
+
+def _explicit() -> dict[str, st.SearchStrategy[str]]:
+    """Strategies for terminals that would otherwise glue to their neighbours."""
+    grammar = Lark(grammar_text(), parser="lalr", lexer="contextual", maybe_placeholders=False)
+    terminals, _, _ = grammar.grammar.compile(grammar.options.start, ())
+    words: dict[str, st.SearchStrategy[str]] = {}
+    for t in terminals:
+        if t.name.startswith("_") or t.name in ("COMMENT", "CONTINUATION"):
+            continue
+        if t.pattern.type == "str" and re.fullmatch(r"[A-Za-z_-]+", t.pattern.value):
+            words[t.name] = st.just(f" {t.pattern.value} ")
+    name = st.sampled_from(["eth0", "web", "bulk", "LINK", "a-b", "x_1", "rate", "tcp", "ef", "af11"])
+    words.update(
+        {
+            name_: _spaced(st.from_regex(t.pattern.to_regexp(), fullmatch=True))
+            for t in terminals
+            for name_ in [t.name]
+            if name_ in ("QDISC_KIND", "PARAM", "FLAG", "HANDLE_KW", "ADDR_FIELD", "PORT_FIELD",
+                         "RAW_SIZE")
+        }  # fmt: skip
+    )
+    words.update(
+        {
+            "NAME": _spaced(name | st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,6}", fullmatch=True)),
+            "IFNAME": _spaced(st.sampled_from(["eth0", "eth1", "s2-eth2", "a:b", "x" * 16, "."])),
+            "QUANTITY": _spaced(
+                st.builds(lambda n, u: f"{n}{u}", st.sampled_from(["0", "1", "10", "1.5", "15"]),
+                          st.sampled_from(["mbit", "kbit", "bit", "kbps", "k", "ms", "us", "b",
+                                           "gbit", "xyz", "MBIT"]))  # fmt: skip
+            ),
+            "NUMBER": _spaced(st.sampled_from(["0", "1", "2", "10", "0.5", "1540", "65536"])),
+            "INT": _spaced(st.sampled_from(["0", "1", "7", "8", "16", "63", "64", "80", "70000"])),
+            "HEX": _spaced(st.sampled_from(["0x0", "0x10", "0xff", "0xfc00", "0xffff", "0x1ffff"])),
+            "PERCENT": _spaced(st.sampled_from(["0%", "5%", "50%", "100%", "150%", "2.5%"])),
+            "HANDLE": _spaced(st.sampled_from(["1:", "1:10", "ffff:", "0:", "20:", "1:0", "abcd:1"])),
+            "IPV4": _spaced(st.sampled_from(["10.0.0.1", "10.0.0.0/8", "0.0.0.0/0", "300.1.1.1",
+                                             "1.2.3.4/33"])),  # fmt: skip
+            "PORT_RANGE": _spaced(st.sampled_from(["80-90", "90-80", "0-65535", "1-70000"])),
+            "STRING": _spaced(st.sampled_from(['"eth0"', '""', '"other.tcp"', '"policy.tcp"',
+                                               '"a b"', '"x.tcp"'])),  # fmt: skip
+            "_NL": st.sampled_from(["\n", "\n\n", " \n"]),
+        }
+    )
+    return words
+
+
+@functools.cache
+def lark_strategy() -> st.SearchStrategy[str]:
+    grammar = Lark(grammar_text(), parser="lalr", lexer="contextual", maybe_placeholders=False)
+    return from_lark(grammar, explicit=_explicit())
+
+
+INCLUDED = {"other.tcp": "const LINK = 10mbit\n", "x.tcp": "interface eth9 htb {\n"}
+
+
+@settings(max_examples=300, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.filter_too_much])  # fmt: skip
+@given(st.deferred(lark_strategy))
+def test_grammar_fuzz(text: str) -> None:
+    result = compile_text(text, INCLUDED)  # diagnostics are fine; an exception is a bug
+    assert (result.output is None) == bool(result.errors)
+
+
+def test_generator_makes_valid_policies() -> None:
+    """Guard the generator itself: a mistake-free draw compiles to a script."""
+    seen: list[bool] = []
+
+    @settings(max_examples=30, derandomize=True, deadline=None)
+    @given(policies())
+    def run(case: tuple[str, bool, list[str]]) -> None:
+        text, broken, mistakes = case
+        if not mistakes:
+            seen.append(compile_text(text).output is not None)
+
+    run()
+    assert seen and all(seen)
+
+
+Check = Callable[[str], None]
