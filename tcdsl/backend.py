@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Iterable, Iterator
@@ -34,12 +35,16 @@ class Backend:
 _SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 
 
-def shquote(word: object) -> str:
-    """Quote one word for POSIX sh; safe words stay bare so the script stays readable."""
-    text = str(word)
+@functools.lru_cache(maxsize=1 << 16)
+def _quote(text: str) -> str:
     if _SAFE.fullmatch(text):
         return text
     return shlex.quote(text)
+
+
+def shquote(word: object) -> str:
+    """Quote one word for POSIX sh; safe words stay bare so the script stays readable."""
+    return _quote(str(word))
 
 
 def shjoin(words: Iterable[object]) -> str:
@@ -49,7 +54,10 @@ def shjoin(words: Iterable[object]) -> str:
 
 def comment(text: object) -> str:
     """Make text safe to put after ``#`` on one line."""
-    return "".join(ch if ch.isprintable() else "?" for ch in str(text))
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
 def template_env() -> jinja2.Environment:

@@ -21,6 +21,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.lexer import FastContextualLexer
 from tcdsl.units import BYTE_RATE_UNITS, Dimension, dimensions_of, scale
 
 # ---- values before evaluation -----------------------------------------------------------------
@@ -30,7 +31,7 @@ from tcdsl.units import BYTE_RATE_UNITS, Dimension, dimensions_of, scale
 class Lit:
     """A number with an optional unit suffix, as written."""
 
-    number: Fraction
+    number: Fraction | int
     unit: str | None
     text: str
     span: Span
@@ -285,7 +286,7 @@ class Scope:
 
 def evaluate(
     expr: Expr, dim: Dimension, scope: Scope, *, percent: bool = False
-) -> tuple[Fraction, tuple[Span, ...]] | ir.Percent:
+) -> tuple[Fraction | int, tuple[Span, ...]] | ir.Percent:
     """Evaluate ``expr`` as ``dim`` in base units; return a Percent only when ``percent``."""
     if isinstance(expr, Pct):
         if not percent:
@@ -335,7 +336,9 @@ def evaluate(
     return _arith(expr, dim, scope)
 
 
-def _arith(expr: Lit | Bin, dim: Dimension, scope: Scope) -> tuple[Fraction, tuple[Span, ...]]:
+def _arith(
+    expr: Lit | Bin, dim: Dimension, scope: Scope
+) -> tuple[Fraction | int, tuple[Span, ...]]:
     if isinstance(expr, Lit):
         return _literal(expr, dim)
     if expr.op in "*/":
@@ -356,7 +359,7 @@ def _arith(expr: Lit | Bin, dim: Dimension, scope: Scope) -> tuple[Fraction, tup
     return value, left[1] + right[1]
 
 
-def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction, tuple[Span, ...]]:
+def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction | int, tuple[Span, ...]]:
     if lit.unit is None:
         if dim is Dimension.RATE:
             raise EvalError(
@@ -501,12 +504,17 @@ class Builder(Transformer[Token, Any]):
         i = 0
         while i < len(text) and (text[i].isdigit() or text[i] == "."):
             i += 1
-        return Lit(Fraction(text[:i]), text[i:], text, self.sp(tok))
+        digits = text[:i]
+        number = Fraction(digits) if "." in digits else int(digits)
+        return Lit(number, text[i:], text, self.sp(tok))
 
     def number(self, c: list[Token]) -> Lit:
         (tok,) = c
         text = str(tok)
-        value = Fraction(int(text, 16)) if text.lower().startswith("0x") else Fraction(text)
+        if text.lower().startswith("0x"):
+            value: Fraction | int = int(text, 16)
+        else:
+            value = Fraction(text) if "." in text else int(text)
         return Lit(value, None, text, self.sp(tok))
 
     def percent(self, c: list[Token]) -> Pct:
@@ -1253,6 +1261,7 @@ def _parser(builder: Builder) -> Lark:
         transformer=builder,
         maybe_placeholders=False,
         cache=_cache_path(),
+        _plugins={"ContextualLexer": FastContextualLexer},
     )
 
 

@@ -218,9 +218,11 @@ class Class:
 
     def walk(self) -> Iterator[Class]:
         """Yield this class and its descendants in pre-order."""
-        yield self
-        for child in self.children:
-            yield from child.walk()
+        stack = [self]
+        while stack:
+            cls = stack.pop()
+            yield cls
+            stack.extend(reversed(cls.children))
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,13 +480,9 @@ def classes_of(qdisc: Qdisc) -> Iterator[Class]:
 
 def parent_map(qdisc: ClassfulQdisc) -> dict[int, Class | None]:
     """Map ``id(class)`` to its parent class (None for top-level classes)."""
-    parents: dict[int, Class | None] = {}
-
-    def visit(cls: Class, parent: Class | None) -> None:
-        parents[id(cls)] = parent
-        for child in cls.children:
-            visit(child, cls)
-
+    parents: dict[int, Class | None] = {id(top): None for top in qdisc.classes}
     for top in qdisc.classes:
-        visit(top, None)
+        for cls in top.walk():
+            for child in cls.children:
+                parents[id(child)] = cls
     return parents

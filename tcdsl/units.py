@@ -7,6 +7,7 @@ second, and a size suffix ``k``/``kb``/``m`` is binary (1024), while rate suffix
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 from fractions import Fraction
 
@@ -26,59 +27,59 @@ class Dimension(Enum):
 
 
 _K = 1024
-RATE_UNITS: dict[str, Fraction] = {
-    "bit": Fraction(1),
-    "kibit": Fraction(_K),
-    "kbit": Fraction(1000),
-    "mibit": Fraction(_K**2),
-    "mbit": Fraction(10**6),
-    "gibit": Fraction(_K**3),
-    "gbit": Fraction(10**9),
-    "tibit": Fraction(_K**4),
-    "tbit": Fraction(10**12),
-    "bps": Fraction(8),
-    "kibps": Fraction(8 * _K),
-    "kbps": Fraction(8000),
-    "mibps": Fraction(8 * _K**2),
-    "mbps": Fraction(8 * 10**6),
-    "gibps": Fraction(8 * _K**3),
-    "gbps": Fraction(8 * 10**9),
-    "tibps": Fraction(8 * _K**4),
-    "tbps": Fraction(8 * 10**12),
+RATE_UNITS: dict[str, int] = {
+    "bit": 1,
+    "kibit": _K,
+    "kbit": 1000,
+    "mibit": _K**2,
+    "mbit": 10**6,
+    "gibit": _K**3,
+    "gbit": 10**9,
+    "tibit": _K**4,
+    "tbit": 10**12,
+    "bps": 8,
+    "kibps": 8 * _K,
+    "kbps": 8000,
+    "mibps": 8 * _K**2,
+    "mbps": 8 * 10**6,
+    "gibps": 8 * _K**3,
+    "gbps": 8 * 10**9,
+    "tibps": 8 * _K**4,
+    "tbps": 8 * 10**12,
 }
 """Rate suffixes (lower case) -> bits per second."""
 
 BYTE_RATE_UNITS = frozenset(u for u in RATE_UNITS if u.endswith("bps"))
 """Rate suffixes that tc reads as bytes per second."""
 
-SIZE_UNITS: dict[str, Fraction] = {
-    "b": Fraction(1),
-    "k": Fraction(_K),
-    "kb": Fraction(_K),
-    "m": Fraction(_K**2),
-    "mb": Fraction(_K**2),
-    "g": Fraction(_K**3),
-    "gb": Fraction(_K**3),
-    "kbit": Fraction(_K, 8),
-    "mbit": Fraction(_K**2, 8),
-    "gbit": Fraction(_K**3, 8),
+SIZE_UNITS: dict[str, int] = {
+    "b": 1,
+    "k": _K,
+    "kb": _K,
+    "m": _K**2,
+    "mb": _K**2,
+    "g": _K**3,
+    "gb": _K**3,
+    "kbit": _K // 8,
+    "mbit": _K**2 // 8,
+    "gbit": _K**3 // 8,
 }
 """Size suffixes (lower case) -> bytes."""
 
-TIME_UNITS: dict[str, Fraction] = {
-    "s": Fraction(10**6),
-    "sec": Fraction(10**6),
-    "secs": Fraction(10**6),
-    "ms": Fraction(1000),
-    "msec": Fraction(1000),
-    "msecs": Fraction(1000),
-    "us": Fraction(1),
-    "usec": Fraction(1),
-    "usecs": Fraction(1),
+TIME_UNITS: dict[str, int] = {
+    "s": 10**6,
+    "sec": 10**6,
+    "secs": 10**6,
+    "ms": 1000,
+    "msec": 1000,
+    "msecs": 1000,
+    "us": 1,
+    "usec": 1,
+    "usecs": 1,
 }
 """Time suffixes (lower case) -> microseconds."""
 
-UNITS: dict[Dimension, dict[str, Fraction]] = {
+UNITS: dict[Dimension, dict[str, int]] = {
     Dimension.RATE: RATE_UNITS,
     Dimension.SIZE: SIZE_UNITS,
     Dimension.TIME: TIME_UNITS,
@@ -91,11 +92,12 @@ def dimensions_of(unit: str) -> tuple[Dimension, ...]:
     return tuple(dim for dim, table in UNITS.items() if u in table)
 
 
-def scale(unit: str, dimension: Dimension) -> Fraction | None:
+def scale(unit: str, dimension: Dimension) -> int | None:
     """Return the multiplier of ``unit`` to the base unit of ``dimension``, or None."""
     return UNITS.get(dimension, {}).get(unit.lower())
 
 
+@functools.lru_cache(maxsize=4096)
 def _largest(value: int, table: tuple[tuple[str, int], ...]) -> str:
     for suffix, factor in table:
         if value != 0 and value % factor == 0:
@@ -123,7 +125,7 @@ def format_time(microseconds: int) -> str:
     return _largest(microseconds, _TIME_OUT)
 
 
-def _parse(text: str, table: dict[str, Fraction]) -> int:
+def _parse(text: str, table: dict[str, int]) -> int:
     i = 0
     while i < len(text) and (text[i].isdigit() or text[i] == "."):
         i += 1

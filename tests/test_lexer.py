@@ -1,0 +1,104 @@
+"""tcdsl's fast lexer produces exactly the tokens (and errors) of Lark's contextual lexer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lark import Lark, Token
+from lark.exceptions import UnexpectedInput
+
+from tcdsl.frontend import _grammar_text
+from tcdsl.lexer import FastContextualLexer
+from tests.conftest import DIAGNOSTICS, POLICIES
+
+LARK = Lark(_grammar_text(), parser="lalr", lexer="contextual")
+FAST = Lark(
+    _grammar_text(),
+    parser="lalr",
+    lexer="contextual",
+    _plugins={"ContextualLexer": FastContextualLexer},
+)
+
+
+def tokens(parser: Lark, text: str) -> list[tuple[object, ...]]:
+    out: list[tuple[object, ...]] = []
+    try:
+        for tok in parser.parse_interactive(text).iter_parse():
+            assert isinstance(tok, Token)
+            out.append((tok.type, str(tok), tok.line, tok.column, tok.end_line, tok.end_column))
+    except UnexpectedInput as err:
+        out.append((type(err).__name__, err.line, err.column))
+    return out
+
+
+TEXTS = sorted([*POLICIES.rglob("*.tcp"), *DIAGNOSTICS.rglob("*.tcp")])
+
+
+@pytest.mark.parametrize("path", TEXTS, ids=[p.name for p in TEXTS])
+def test_same_tokens_on_every_policy_and_diagnostic_case(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert tokens(FAST, text) == tokens(LARK, text)
+
+
+PIECES = [
+    "interface",
+    " eth0",
+    " s1-eth1",
+    ' "a b"',
+    " htb",
+    " rate",
+    " 10mbit",
+    " 1.5kbit",
+    " ceil",
+    " 90%",
+    " {",
+    "}",
+    "\n",
+    "\r\n",
+    "  ",
+    "\t",
+    " # note\n",
+    " \\\n",
+    " class",
+    " web",
+    " match",
+    " dport",
+    " 80",
+    ",",
+    " 1000-2000",
+    " 3072/0xfc00",
+    " src",
+    " 10.0.0.0/8",
+    " tos",
+    " 0x10",
+    " sfq",
+    " perturb",
+    " id",
+    " 1:10",
+    " handle",
+    " 20:",
+    ";",
+    " const",
+    " LINK",
+    " =",
+    " -",
+    " *",
+    " 0.9",
+    " $",
+    " @",
+    " tcp-ack",
+    " u16",
+    " at",
+    " 2",
+    " pref",
+]
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=40))
+def test_same_tokens_on_random_text(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    assert tokens(FAST, text) == tokens(LARK, text)
