@@ -156,10 +156,35 @@ class InterfaceAllocator:
             for cls in ir.classes_of(q):
                 assert cls.classid is not None
                 for m in cls.matches:
-                    pref = m.pref.value if m.pref else DEFAULT_PREF
-                    for alt in lower.alternatives(m):
-                        for keys in lower.u32_keys(alt):
-                            yield ir.U32Filter(q.handle, pref, keys, cls.classid, m.span)
+                    yield from self._match_filters(m, q.handle, cls.classid)
+
+    def _match_filters(
+        self, m: ir.Match, parent: ir.Handle, flowid: ir.Handle
+    ) -> Iterator[ir.Filter]:
+        pref = m.pref.value if m.pref else DEFAULT_PREF
+        total = dropped = 0
+        for alt in lower.alternatives(m):
+            for keys in lower.u32_keys(alt):
+                total += 1
+                if lower.contradicts(keys):
+                    dropped += 1
+                else:
+                    yield ir.U32Filter(parent, pref, keys, flowid, m.span)
+        if dropped and dropped == total:
+            self.error(
+                "E211",
+                "the conditions of this match line contradict each other, so it can never match",
+                m.span,
+            )
+        elif dropped:
+            self.diagnostics.append(
+                Diagnostic.warning(
+                    "W304",
+                    f"{dropped} of the {total} combinations this match line stands for can never "
+                    "match (their conditions contradict each other) and are left out",
+                    m.span,
+                )
+            )
 
     def marks(self, iface: ir.Interface) -> ir.Interface:
         marking = iface.marking

@@ -67,8 +67,14 @@ def required_parameters_present(policy: ir.Policy) -> Iterator[Diagnostic]:
         for q in ir.walk_qdiscs(iface.root):
             match q:
                 case ir.Tbf():
-                    if q.rate is None or q.burst is None:
-                        yield Diagnostic.error("E019", "tbf needs 'rate' and 'burst'", q.span)
+                    missing = [k for k in ("rate", "burst") if getattr(q, k) is None]
+                    if missing:
+                        names = " and ".join(f"'{k}'" for k in missing)
+                        yield Diagnostic.error("E019", f"tbf needs {names}", q.span)
+                    if q.peakrate is not None and q.mtu is None:
+                        yield Diagnostic.error(
+                            "E019", "tbf 'peakrate' needs 'mtu' (tc requires both)", q.peakrate.span
+                        )
                     if (q.latency is None) == (q.limit is None):
                         yield Diagnostic.error(
                             "E019", "tbf needs exactly one of 'latency' or 'limit'", q.span
@@ -119,7 +125,8 @@ def values_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
                     if len(q.priomap) != 16:
                         yield Diagnostic.error(
                             "E205",
-                            f"priomap needs 16 bands (one per priority), found {len(q.priomap)}",
+                            f"priomap needs 16 values (one band for each priority 0-15), "
+                            f"found {len(q.priomap)}",
                             q.priomap[0].span,
                         )
                     for v in q.priomap:
@@ -267,6 +274,41 @@ def matches_reach_leaves(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
 
 
+def conditions_given_once(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """A match line names each field once; alternatives are listed with commas."""
+    for s in sites(policy):
+        for m in s.cls.matches:
+            first: dict[str, ir.Cond] = {}
+            for cond in m.conds:
+                name = _cond_name(cond)
+                if name in first:
+                    yield Diagnostic.error(
+                        "E211",
+                        f"'{name}' is given twice on one match line (a packet has one {name}); "
+                        f"list alternatives with commas, or write two match lines",
+                        cond.span,
+                        Note("first given here", first[name].span),
+                    )
+                else:
+                    first[name] = cond
+
+
+def _cond_name(cond: ir.Cond) -> str:
+    match cond:
+        case ir.AddrCond() | ir.PortCond():
+            return cond.field
+        case ir.ProtoCond():
+            return "proto"
+        case ir.TosCond():
+            return "tos" if cond.dscp is None else "dscp"
+        case ir.TcpAckCond():
+            return "tcp-ack"
+        case ir.RawCond():
+            return f"u{cond.bits} at {cond.offset}"
+        case ir.AllCond():
+            return "all"
+
+
 IPTABLES_PORT_PROTOS = {6: "tcp", 17: "udp", 132: "sctp", 33: "dccp", 136: "udplite"}
 
 
@@ -346,6 +388,7 @@ CHECKS: tuple[Check, ...] = (
     ceil_within_parent_ceil,
     rates_spelled_in_bits,
     matches_reach_leaves,
+    conditions_given_once,
     marks_expressible,
     marks_unique,
 )

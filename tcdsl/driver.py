@@ -60,7 +60,11 @@ def _analyse(path: str, loader: Callable[[str], str] | None) -> Result:
     result = Result(None, None, reader.diagnostics, reader.sources)
 
     def done() -> bool:
-        result.diagnostics.sort(key=sort_key)
+        # One mistake can surface more than once (a bad constant at each use): keep the first.
+        unique: dict[tuple[str, str, object], Diagnostic] = {}
+        for d in result.diagnostics:
+            unique.setdefault((d.code, d.message, d.span), d)
+        result.diagnostics[:] = sorted(unique.values(), key=sort_key)
         return bool(result.errors)
 
     if done():

@@ -240,6 +240,15 @@ EXPECTED_WORDS: dict[str, str] = {
     "PARAM": "a parameter such as rate",
     "FLAG": "a flag",
     "_NL": "the end of the line",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "STAR": "'*'",
+    "SLASH": "'/'",
+    "COMMA": "','",
+    "EQUAL": "'='",
+    "HANDLE_KW": "'id' or 'handle'",
     "SEMICOLON": "';'",
     "LBRACE": "'{'",
     "RBRACE": "'}'",
@@ -297,8 +306,6 @@ def evaluate(
                     expr.span,
                 )
             )
-        if expr.value <= 0:
-            raise EvalError(Diagnostic.error("E208", "a percentage must be above 0%", expr.span))
         return ir.Percent(expr.value, expr.span)
     if isinstance(expr, Ref):
         found = scope.constants.get(expr.name)
@@ -336,11 +343,19 @@ def evaluate(
     return _arith(expr, dim, scope)
 
 
+def _no_percent(expr: Expr) -> None:
+    if isinstance(expr, Pct):
+        msg = "a percentage cannot be used in arithmetic"
+        raise EvalError(Diagnostic.error("E012", msg, expr.span))
+
+
 def _arith(
     expr: Lit | Bin, dim: Dimension, scope: Scope
 ) -> tuple[Fraction | int, tuple[Span, ...]]:
     if isinstance(expr, Lit):
         return _literal(expr, dim)
+    _no_percent(expr.left)
+    _no_percent(expr.right)
     if expr.op in "*/":
         factor = expr.right
         assert isinstance(factor, Lit)
@@ -529,11 +544,6 @@ class Builder(Transformer[Token, Any]):
         left, right = c
         if isinstance(right, Token):
             right = self.number([right])
-        for side in (left, right):
-            if isinstance(side, Pct):
-                self.error(
-                    Diagnostic.error("E012", "a percentage cannot be used in arithmetic", side.span)
-                )
         return Bin(op, left, right, join(left.span, right.span))
 
     def add(self, c: list[Any]) -> Bin:
@@ -588,7 +598,8 @@ class Builder(Transformer[Token, Any]):
         for cond in conds:
             if isinstance(cond, ir.Count):
                 if pref is not None:
-                    self.error(Diagnostic.error("E014", "'pref' is given twice", cond.span))
+                    first = Note("first given here", pref.span)
+                    self.error(Diagnostic.error("E014", "'pref' is given twice", cond.span, first))
                 pref = cond
             elif cond is not None:
                 real.append(cond)
@@ -613,16 +624,17 @@ class Builder(Transformer[Token, Any]):
 
     def address_ref(self, c: list[Token]) -> tuple[ipaddress.IPv4Network, Span] | None:
         (tok,) = c
+        span = self.sp(tok)
         found = self.scope.constants.get(str(tok))
-        if found is None or not isinstance(found[0], Address):
-            what = "unknown constant" if found is None else "not an address constant"
-            self.error(
-                Diagnostic.error(
-                    "E103", f"'{tok}' is {what}; expected an IPv4 address", self.sp(tok)
-                )
-            )
+        if found is None:
+            msg = f"unknown constant '{tok}'; expected an IPv4 address"
+            self.error(Diagnostic.error("E103", msg, span))
             return None
-        return found[0].network, self.sp(tok)
+        if not isinstance(found[0], Address):
+            msg = f"'{tok}' is not an address constant; expected an IPv4 address"
+            self.error(Diagnostic.error("E011", msg, span, Note(f"'{tok}' defined here", found[1])))
+            return None
+        return found[0].network, span
 
     def addr_cond(self, c: list[Any]) -> ir.AddrCond | None:
         fld, *addrs = c
@@ -784,7 +796,15 @@ class Builder(Transformer[Token, Any]):
         parsed = self._mask_bits(bits, width, (1 << width) - 1)
         if parsed is None:
             return None
-        return ir.RawCond(width, parsed[0], parsed[1], int(at), join(self.sp(size), self.sp(at)))  # type: ignore[arg-type]
+        offset = int(at)
+        span = join(self.sp(size), self.sp(at))
+        # tc aligns keys silently: u16 at 1 would match bytes 0-1, u32 at 2 is refused.
+        align = {8: 1, 16: 2, 32: 4}[width]
+        if offset % align:
+            what = "an even offset" if width == 16 else "an offset that is a multiple of 4"
+            self.error(Diagnostic.error("E016", f"a u{width} key must start at {what}", span))
+            return None
+        return ir.RawCond(width, parsed[0], parsed[1], offset, span)  # type: ignore[arg-type]
 
     def all_cond(self, c: list[Token]) -> ir.AllCond:
         (tok,) = c
@@ -1122,7 +1142,7 @@ class QdiscBuilder:
             syn.opts,
             CLASS_PARAMS[kind],
             CLASS_FLAGS[kind],
-            f"a {kind} class",
+            f"{'an' if kind == 'htb' else 'a'} {kind} class",
             PERCENT_OK if kind != "prio" else frozenset(),
             handle_kw="id",
         )
@@ -1276,16 +1296,23 @@ def _cache_path() -> bool | str:
 
 def _describe_token(token: Token) -> str:
     if token.type == "$END":
-        return "the end of the file"
+        return "end of file"
     if token.type == "_NL":
-        return "the end of the line"
+        return "end of line"
     return f"'{token}'"
+
+
+def _first_on_its_line(token: Token, text: str) -> bool:
+    start = token.start_pos or 0
+    line_start = text.rfind("\n", 0, start) + 1
+    return not text[line_start:start].strip()
 
 
 def syntax_error(err: UnexpectedInput, path: str, text: str) -> Diagnostic:
     """Translate a Lark error into words, at the offending place."""
     line = getattr(err, "line", 1) or 1
     column = getattr(err, "column", 1) or 1
+    brace_hint = "; a '{' must be on the same line as the statement it opens"
     if isinstance(err, UnexpectedToken):
         token = err.token
         if token.type == "$END":
@@ -1296,7 +1323,13 @@ def syntax_error(err: UnexpectedInput, path: str, text: str) -> Diagnostic:
             span = span_of(token, path)
             if token.type == "_NL":
                 span = Span(path, span.line, span.column, span.line, span.column + 1)
-        expected = _expected_words(err.expected)
+        if token.type == "LBRACE" and _first_on_its_line(token, text):
+            return Diagnostic.error("E002", f"unexpected character '{{'{brace_hint}", span)
+        try:
+            accepted = err.interactive_parser.accepts() if err.interactive_parser else err.expected
+        except UnexpectedInput:  # pragma: no cover - accepts() is best effort
+            accepted = err.expected
+        expected = _expected_words(accepted or err.expected)
         return Diagnostic.error(
             "E001", f"unexpected {_describe_token(token)}; expected {expected}", span
         )
@@ -1304,9 +1337,9 @@ def syntax_error(err: UnexpectedInput, path: str, text: str) -> Diagnostic:
         pos = err.pos_in_stream or 0
         char = text[pos] if pos < len(text) else ""
         span = Span(path, line, column, line, column + 1)
-        hint = ""
-        if char == "{":
-            hint = "; a '{' must be on the same line as the statement it opens"
+        hint = brace_hint if char == "{" else ""
+        if char == '"':
+            hint = "; a string must end with '\"' on the same line"
         return Diagnostic.error("E002", f"unexpected character {char!r}{hint}", span)
     if isinstance(err, UnexpectedEOF):
         return Diagnostic.error(
@@ -1317,9 +1350,19 @@ def syntax_error(err: UnexpectedInput, path: str, text: str) -> Diagnostic:
     )
 
 
+# Listed last, in this order, so the words that say most survive the cut to six.
+_LAST = ("PLUS", "MINUS", "STAR", "SLASH", "_NL")
+
+
 def _expected_words(expected: Iterable[str]) -> str:
+    names = set(expected)
+    if len(names) > 1:
+        names.discard("$END")
+    if "_NL" in names:
+        names.discard("SEMICOLON")
+    order = sorted(names, key=lambda n: (_LAST.index(n) if n in _LAST else -1, n))
     words: list[str] = []
-    for name in sorted(expected):
+    for name in order:
         word = EXPECTED_WORDS.get(name)
         if word is None:
             word = f"'{name.lower()}'" if name.isupper() else name

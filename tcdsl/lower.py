@@ -6,6 +6,7 @@ the cartesian product of its values. Port ranges become the fewest prefix-style 
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 from collections.abc import Iterator
 
@@ -130,3 +131,43 @@ def iptables_words(conds: tuple[ir.Cond, ...]) -> tuple[str, ...]:
             case _:
                 pass
     return tuple(words)
+
+
+_FIELD_AT = {"src": 12, "dst": 16}
+
+
+def pack(key: ir.U32Key) -> tuple[int, int, int]:
+    """The 32-bit word a u32 key tests, as tc packs it: (offset, value, mask)."""
+    w = key.words
+    if w[0] == "ip":
+        field = w[1]
+        if field in _FIELD_AT:
+            net = ipaddress.IPv4Network(w[2], strict=False)
+            return _FIELD_AT[field], int(net.network_address), int(net.netmask)
+        value, mask = int(w[2], 0), int(w[3], 0)
+        if field == "sport":
+            return 20, value << 16, mask << 16
+        if field == "dport":
+            return 20, value, mask
+        shift = {"protocol": 16, "tos": 16}[field]  # protocol is byte 9, tos byte 1
+        return {"protocol": 8, "tos": 0}[field], value << shift, mask << shift
+    bits = int(w[0][1:])
+    value, mask, offset = int(w[1], 0), int(w[2], 0), int(w[4])
+    shift = (4 - offset % 4 - bits // 8) * 8
+    return offset - offset % 4, value << shift, mask << shift
+
+
+def contradicts(keys: tuple[ir.U32Key, ...]) -> bool:
+    """True if two keys demand different values of the same bits (the filter can never match;
+    tc refuses it)."""
+    seen: dict[int, tuple[int, int]] = {}
+    for key in keys:
+        offset, value, mask = pack(key)
+        if offset in seen:
+            v, m = seen[offset]
+            if (v ^ value) & m & mask:
+                return True
+            seen[offset] = (v | value, m | mask)
+        else:
+            seen[offset] = (value & mask, mask)
+    return False

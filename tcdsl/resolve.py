@@ -57,7 +57,18 @@ def default_names_a_class(iface: ir.Interface) -> Iterator[Diagnostic]:
     """``default NAME`` on an htb qdisc names one of its own classes."""
     for q in ir.walk_qdiscs(iface.root):
         if isinstance(q, ir.Htb) and q.default is not None:
-            names = {c.name for c in ir.classes_of(q) if not c.implicit}
+            by_name = {c.name: c for c in ir.classes_of(q) if not c.implicit}
+            names = set(by_name)
+            target = by_name.get(q.default.name)
+            if target is not None and target.children:
+                yield Diagnostic.error(
+                    "E102",
+                    f"default class '{q.default.name}' has child classes, so it cannot hold "
+                    "packets; unclassified traffic would leave unshaped through htb's direct "
+                    "queue: name a leaf class",
+                    q.default.span,
+                    Note("class declared here", target.span),
+                )
             if q.default.name not in names:
                 known = ", ".join(sorted(names)) or "none"
                 yield Diagnostic.error(

@@ -1,0 +1,278 @@
+"""The generated shell script: valid POSIX sh, lint-clean, safe with hostile names, idempotent.
+
+Nothing here needs root: scripts run only against a fake ``tc`` (and ``iptables``) that record
+their arguments.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tcdsl.diagnostics import render
+from tcdsl.driver import Result, compile_policy
+from tests.conftest import ROOT, policy_files
+
+APPLY_POLICIES = ROOT / "tests" / "apply_policies"
+CASES = [*policy_files(), *sorted(p.relative_to(ROOT) for p in APPLY_POLICIES.glob("*.tcp"))]
+IDS = [str(p) for p in CASES]
+
+
+def _compile(policy: Path) -> Result:
+    result = compile_policy(str(ROOT / policy))
+    assert result.output is not None, render(result.diagnostics, result.sources)
+    return result
+
+
+def _compile_text(tmp_path: Path, text: str) -> Result:
+    path = tmp_path / "policy.tcp"
+    path.write_text(text, encoding="utf-8")
+    return compile_policy(str(path))
+
+
+def _commands(script: str) -> list[str]:
+    """The script's command lines: no blank lines, no comments."""
+    return [line for line in script.splitlines() if line.strip() and not line.startswith("#")]
+
+
+# ==== every policy: syntax, lint, teardown first ===============================================
+
+
+@pytest.mark.parametrize("policy", CASES, ids=IDS)
+def test_sh_syntax(policy: Path, tmp_path: Path) -> None:
+    script = tmp_path / "apply.sh"
+    script.write_text(_compile(policy).output or "", encoding="utf-8")
+    proc = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("policy", CASES, ids=IDS)
+def test_shellcheck(policy: Path, tmp_path: Path) -> None:
+    if shutil.which("shellcheck") is None:
+        print("shellcheck is not on PATH; skipping the lint of generated scripts")
+        pytest.skip("shellcheck not installed")
+    script = tmp_path / "apply.sh"
+    script.write_text(_compile(policy).output or "", encoding="utf-8")
+    proc = subprocess.run(
+        ["shellcheck", "-s", "sh", str(script)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("policy", CASES, ids=IDS)
+def test_teardown_before_add(policy: Path) -> None:
+    """Re-running is safe: each interface's root qdisc (and iptables chain) is removed first,
+    tolerating its absence, before anything is added on it."""
+    result = _compile(policy)
+    assert result.policy is not None and result.output is not None
+    lines = [shlex.split(line) for line in _commands(result.output)]
+    assert lines[0] == ["set", "-eu"], "the script must stop at the first failing command"
+    for iface in result.policy.interfaces:
+        teardown = ["tc", "qdisc", "del", "dev", iface.name, "root"]
+        at = [i for i, words in enumerate(lines) if words[: len(teardown)] == teardown]
+        assert len(at) == 1, f"no single root-qdisc teardown for {iface.name}"
+        first = at[0]
+        assert lines[first][-2:] == ["||", "true"], "the teardown must tolerate absence"
+        for i, words in enumerate(lines):
+            if words[:1] == ["tc"] and words[2] == "add" and words[3:5] == ["dev", iface.name]:
+                assert i > first, f"{' '.join(words)} comes before the teardown of {iface.name}"
+        if iface.marking is not None:
+            chain = iface.marking.chain
+            assert chain is not None
+            create = lines.index(["iptables", "-t", "mangle", "-N", chain])
+            removals = [
+                i
+                for i, words in enumerate(lines)
+                if words[:1] in (["iptables"], ["while"])
+                and chain in words
+                and ("-X" in words or "-F" in words or "-D" in words)
+            ]
+            assert len(removals) == 3, f"chain {chain}: expected -D loop, -F, -X before -N"
+            assert all(i < create for i in removals)
+            assert all(lines[i][-2:] == ["||", "true"] for i in removals if "-D" not in lines[i])
+
+
+# ==== hostile names =============================================================================
+
+FAKE_TOOL = """#!/bin/sh
+# Record this call: a header with the tool's name and argc, then each argument on its own line.
+{ printf '@@ %s %s\\n' "${0##*/}" "$#"; for a in "$@"; do printf '%s\\n' "$a"; done; } \\
+    >> "$FAKE_LOG"
+# Nothing exists yet: deleting fails (the script's teardown loops run "until -D fails").
+case " $* " in *" -D "*) exit 1 ;; esac
+exit 0
+"""
+SENTINEL = """#!/bin/sh
+echo "${0##*/}" >> "$PWNED"
+"""
+
+
+def run_with_fake_tools(script: str, tmp_path: Path) -> list[tuple[str, list[str]]]:
+    """Run ``script`` with ``sh -x`` against fake tc/iptables; return the recorded calls.
+
+    Commands an injection would reach for (``reboot``, ``id``, ...) are sentinels that leave a
+    trace; the test fails if any of them ran.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in [("tc", FAKE_TOOL), ("iptables", FAKE_TOOL)] + [
+        (s, SENTINEL) for s in ("reboot", "id", "whoami", "touch", "rm")
+    ]:
+        tool = bin_dir / name
+        tool.write_text(text, encoding="utf-8")
+        tool.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("eth0", "eth1", "a", "b"):  # something for an unquoted glob to expand to
+        (work / name).touch()
+    (tmp_path / "apply.sh").write_text(script, encoding="utf-8")
+    log, pwned = tmp_path / "calls.log", tmp_path / "pwned"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(log), "PWNED": str(pwned)}
+    proc = subprocess.run(
+        ["sh", "-x", str(tmp_path / "apply.sh")],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=20,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not pwned.exists(), f"the script ran {pwned.read_text()}; trace:\n{proc.stderr}"
+    calls: list[tuple[str, list[str]]] = []
+    lines = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+    i = 0
+    while i < len(lines):
+        head = lines[i].split()
+        assert head[0] == "@@", lines[i]
+        argc = int(head[2])
+        calls.append((head[1], lines[i + 1 : i + 1 + argc]))
+        i += 1 + argc
+    return calls
+
+
+def _assert_one_word(script: str, calls: list[tuple[str, list[str]]], names: set[str]) -> None:
+    """Every call names devices and chains with exactly the policy's words."""
+    expected_calls = [line for line in _commands(script) if line.startswith(("tc ", "iptables "))]
+    # The iptables teardown loop runs -D until it fails; the fake succeeds, so count by hand.
+    assert len([c for c in calls if c[0] == "tc"]) == sum(
+        1 for line in expected_calls if line.startswith("tc ")
+    )
+    for tool, argv in calls:
+        for flag in ("dev", "-i", "-j", "-N", "-A", "-F", "-X"):
+            if flag in argv and tool == ("tc" if flag == "dev" else "iptables"):
+                word = argv[argv.index(flag) + 1]
+                if flag == "-j" and word == "MARK":
+                    continue
+                assert word in names, f"{tool} got {word!r} after {flag}: {argv}"
+
+
+UNUSUAL_NAMES = ["e-th.0@x", "$(id)", "it's", "`id`", "a\\b", "*", "eth0;reboot", "x&&rm", "-x"]
+
+
+@pytest.mark.parametrize("name", UNUSUAL_NAMES)
+def test_unusual_interface_name_is_one_word(name: str, tmp_path: Path) -> None:
+    result = _compile_text(
+        tmp_path,
+        f'interface "{name}" htb rate 10mbit default rest {{\n'
+        "    class web rate 5mbit match dport 80\n"
+        "    class rest rate 1mbit { pfifo limit 10 }\n"
+        "}\n",
+    )
+    if result.output is None:
+        assert {d.code for d in result.errors} == {"E009"}, render(
+            result.diagnostics, result.sources
+        )
+        return
+    calls = run_with_fake_tools(result.output, tmp_path)
+    assert calls, "the script called no tc at all"
+    _assert_one_word(result.output, calls, {name})
+    assert all(argv[argv.index("dev") + 1] == name for _, argv in calls)
+
+
+def test_unusual_names_with_marking_are_one_word(tmp_path: Path) -> None:
+    """``classify by mark`` puts names into iptables commands too."""
+    result = _compile_text(
+        tmp_path,
+        'interface "o$(id)" htb rate 10mbit default rest {\n'
+        '    classify by mark from "i;reboot" chain "C`id`"\n'
+        "    class web rate 5mbit match proto tcp dport 80\n"
+        "    class rest rate 1mbit\n"
+        "}\n",
+    )
+    if result.output is None:
+        assert {d.code for d in result.errors} <= {"E009"}, render(
+            result.diagnostics, result.sources
+        )
+        return
+    calls = run_with_fake_tools(result.output, tmp_path)
+    _assert_one_word(result.output, calls, {"o$(id)", "i;reboot", "C`id`"})
+    assert any(tool == "iptables" for tool, _ in calls)
+
+
+def test_semicolon_interface_rejected_or_quoted(tmp_path: Path) -> None:
+    result = _compile_text(tmp_path, 'interface "eth0;reboot" htb rate 1mbit\n')
+    if result.output is None:
+        assert "E009" in {d.code for d in result.errors}
+        return
+    used = [line for line in _commands(result.output) if "eth0;reboot" in line]
+    assert used, "the interface is not in the script"
+    for line in used:
+        assert line.count("eth0;reboot") == line.count("'eth0;reboot'"), line
+        assert "eth0;reboot" in shlex.split(line), line
+
+
+@pytest.mark.parametrize(
+    "name", ["a b", "x/y", "a%d", "a:b", "tab\there", "abcdefghijklmnop", ".", "..", ""]
+)
+def test_invalid_interface_name_is_e009(name: str, tmp_path: Path) -> None:
+    result = _compile_text(tmp_path, f'interface "{name}" htb rate 1mbit\n')
+    assert result.output is None
+    assert "E009" in {d.code for d in result.errors}, render(result.diagnostics, result.sources)
+
+
+@pytest.mark.parametrize("name", ["a b", "x/y", "abcdefghijklmnop", "."])
+def test_invalid_mark_source_interface_is_e009(name: str, tmp_path: Path) -> None:
+    result = _compile_text(
+        tmp_path,
+        "interface eth0 htb rate 1mbit {\n"
+        f'    classify by mark from "{name}"\n'
+        "    class a rate 1mbit match proto tcp dport 80\n"
+        "}\n",
+    )
+    assert result.output is None
+    assert "E009" in {d.code for d in result.errors}, render(result.diagnostics, result.sources)
+
+
+def test_fifteen_byte_name_is_accepted(tmp_path: Path) -> None:
+    result = _compile_text(tmp_path, 'interface "abcdefghijklmno" htb rate 1mbit\n')
+    assert result.output is not None, render(result.diagnostics, result.sources)
+
+
+def test_command_substitution_class_name_is_a_diagnostic(tmp_path: Path) -> None:
+    text = "interface eth0 htb rate 1mbit {\n    class $(id) rate 1mbit\n}\n"
+    result = _compile_text(tmp_path, text)
+    assert result.output is None and result.errors, "a class named $(id) must be rejected"
+    assert all(d.span.line == 2 for d in result.errors), render(result.diagnostics, result.sources)
+    # The command line reports it as a policy error (exit 1), never an internal one.
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tcdsl.cli import main; main()",
+            "compile",
+            str(tmp_path / "policy.tcp"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert cli.returncode == 1, cli.stderr
+    assert "Traceback" not in cli.stderr and "internal error" not in cli.stderr, cli.stderr
+    assert "$(id)" in cli.stderr and cli.stdout == ""
