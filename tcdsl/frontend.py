@@ -19,9 +19,8 @@ from typing import Any, Literal
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from tcdsl import ir
+from tcdsl import fastlark, ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
-from tcdsl.lexer import FastContextualLexer
 from tcdsl.units import BYTE_RATE_UNITS, Dimension, dimensions_of, scale
 
 # ---- values before evaluation -----------------------------------------------------------------
@@ -363,7 +362,7 @@ def _arith(
         assert not isinstance(left, ir.Percent)
         if factor.number == 0 and expr.op == "/":
             raise EvalError(Diagnostic.error("E013", "division by zero", factor.span))
-        value = left[0] * factor.number if expr.op == "*" else left[0] / factor.number
+        value = left[0] * factor.number if expr.op == "*" else Fraction(left[0]) / factor.number
         return value, left[1]
     left = evaluate(expr.left, dim, scope)
     right = evaluate(expr.right, dim, scope)
@@ -1281,7 +1280,7 @@ def _parser(builder: Builder) -> Lark:
         transformer=builder,
         maybe_placeholders=False,
         cache=_cache_path(),
-        _plugins={"ContextualLexer": FastContextualLexer},
+        _plugins=fastlark.PLUGINS,
     )
 
 
@@ -1326,7 +1325,11 @@ def syntax_error(err: UnexpectedInput, path: str, text: str) -> Diagnostic:
         if token.type == "LBRACE" and _first_on_its_line(token, text):
             return Diagnostic.error("E002", f"unexpected character '{{'{brace_hint}", span)
         try:
-            accepted = err.interactive_parser.accepts() if err.interactive_parser else err.expected
+            accepted = (
+                err.interactive_parser.accepts()  # type: ignore[no-untyped-call]
+                if err.interactive_parser
+                else err.expected
+            )
         except UnexpectedInput:  # pragma: no cover - accepts() is best effort
             accepted = err.expected
         expected = _expected_words(accepted or err.expected)

@@ -1,4 +1,4 @@
-"""tcdsl's fast lexer produces exactly the tokens (and errors) of Lark's contextual lexer."""
+"""tcdsl's Lark speed-ups give exactly the tokens, trees and errors of stock Lark."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from lark import Lark, Token
 from lark.exceptions import UnexpectedInput
 
+from tcdsl.fastlark import PLUGINS, FastContextualLexer
 from tcdsl.frontend import _grammar_text
-from tcdsl.lexer import FastContextualLexer
 from tests.conftest import DIAGNOSTICS, POLICIES
 
 LARK = Lark(_grammar_text(), parser="lalr", lexer="contextual")
@@ -21,6 +21,16 @@ FAST = Lark(
     lexer="contextual",
     _plugins={"ContextualLexer": FastContextualLexer},
 )
+
+
+FULL = Lark(_grammar_text(), parser="lalr", lexer="contextual", _plugins=PLUGINS)
+
+
+def tree(parser: Lark, text: str) -> object:
+    try:
+        return parser.parse(text)
+    except UnexpectedInput as err:
+        return (type(err).__name__, err.line, err.column, sorted(getattr(err, "expected", ())))
 
 
 def tokens(parser: Lark, text: str) -> list[tuple[object, ...]]:
@@ -41,6 +51,7 @@ TEXTS = sorted([*POLICIES.rglob("*.tcp"), *DIAGNOSTICS.rglob("*.tcp")])
 def test_same_tokens_on_every_policy_and_diagnostic_case(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     assert tokens(FAST, text) == tokens(LARK, text)
+    assert tree(FULL, text) == tree(LARK, text)
 
 
 PIECES = [
@@ -102,3 +113,4 @@ PIECES = [
 def test_same_tokens_on_random_text(pieces: list[str]) -> None:
     text = "".join(pieces)
     assert tokens(FAST, text) == tokens(LARK, text)
+    assert tree(FULL, text) == tree(LARK, text)

@@ -1,0 +1,179 @@
+"""Faster drop-ins for Lark's contextual lexer and LALR driver loop, plugged in through Lark's
+``_plugins`` option (the extension point lark-cython uses), for policies of 10,000+ classes.
+
+Profiling a 10,000-class policy showed Lark's per-token bookkeeping as the largest cost:
+
+- the lexer matches every run of blanks as a token of its own, counts it and throws it away;
+  ``FastContextualLexer`` skips blanks, comments and line continuations with one C-level
+  regex, then matches with the very per-state regexes Lark built (same terminals, priorities
+  and keyword callbacks);
+- the parser loop hashes and compares grammar ``Rule`` objects (Python-level ``__hash__`` and
+  ``__eq__``) on every reduction; ``FastLALRParser`` runs the same parse table flattened into
+  plain tuples.
+
+Errors are handed back to Lark's own code at the failing position, so messages are unchanged.
+``tests/test_fastlark.py`` checks tokens and parse results against stock Lark.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from lark import Token
+from lark.exceptions import UnexpectedInput
+from lark.lexer import ContextualLexer, LexerState
+from lark.parsers.lalr_analysis import Shift
+from lark.parsers.lalr_interactive_parser import InteractiveParser
+from lark.parsers.lalr_parser import LALR_Parser, _Parser
+from lark.parsers.lalr_parser_state import ParserState
+
+_SKIP = re.compile(r"(?:[ \t\f]+|#[^\n]*|\\[ \t]*\r?\n)+")
+
+
+class FastContextualLexer(ContextualLexer):
+    """Lark's contextual lexer with a lean inner loop (plugged in with ``_plugins``)."""
+
+    def lex(self, lexer_state: LexerState, parser_state: Any) -> Iterator[Token]:
+        text_slice = lexer_state.text
+        text: str = text_slice.text
+        end: int = text_slice.end
+        counter = lexer_state.line_ctr
+        pos, line, line_start = counter.char_pos, counter.line, counter.line_start_pos
+        lexers = self.lexers
+        skip = _SKIP.match
+        while True:
+            m = skip(text, pos, end)
+            if m is not None:
+                blank = m.group()
+                newlines = blank.count("\n")
+                if newlines:
+                    line += newlines
+                    line_start = pos + blank.rindex("\n") + 1
+                pos = m.end()
+            if pos >= end:
+                counter.char_pos, counter.line, counter.line_start_pos = pos, line, line_start
+                counter.column = pos - line_start + 1
+                return
+            lexer: Any = lexers[parser_state.position]
+            match = None
+            for mre in lexer.scanner._mres:
+                match = mre.match(text, pos, end)
+                if match is not None:
+                    break
+            if match is None:
+                # Let Lark raise its own, well-described error from this position.
+                counter.char_pos, counter.line, counter.line_start_pos = pos, line, line_start
+                counter.column = pos - line_start + 1
+                yield from ContextualLexer.lex(self, lexer_state, parser_state)
+                return
+            value = match.group()
+            type_ = match.lastgroup
+            assert type_ is not None
+            token = Token(type_, value, pos, line, pos - line_start + 1)
+            pos = match.end()
+            if type_ in lexer.newline_types:
+                newlines = value.count("\n")
+                if newlines:
+                    line += newlines
+                    line_start = token.start_pos + value.rindex("\n") + 1
+            token.end_line = line
+            token.end_column = pos - line_start + 1
+            token.end_pos = pos
+            callback = lexer.callback.get(type_)
+            if callback is not None:
+                token = callback(token)
+            lexer_state.last_token = token
+            counter.char_pos = pos
+            yield token
+
+
+# One parse-table entry: (True, next_state) to shift, or (False, size, callback, origin) to
+# reduce by a rule of ``size`` symbols, building its value with ``callback``.
+Action = tuple[Any, ...]
+
+
+def _same(children: list[Any]) -> list[Any]:
+    return children
+
+
+class _FastParser(_Parser):
+    def parse_from_state(self, state: ParserState[int], last_token: Token | None = None) -> Any:
+        """Run the LALR loop over the flattened table; Lark's ``feed_token`` ends the parse
+        and raises the errors."""
+        table = self._table(state.parse_conf.callbacks)
+        states = state.state_stack
+        values = state.value_stack
+        token = last_token
+        try:
+            for token in state.lexer.lex(state):  # type: ignore[no-untyped-call]
+                ttype = token.type
+                while True:
+                    action = table[states[-1]].get(ttype)
+                    if action is None:
+                        state.feed_token(token)  # raises UnexpectedToken with Lark's details
+                        raise AssertionError("unreachable")  # pragma: no cover
+                    if action[0]:
+                        states.append(action[1])
+                        values.append(action[2](token) if action[2] else token)
+                        break
+                    size = action[1]
+                    if size:
+                        children = values[-size:]
+                        del states[-size:]
+                        del values[-size:]
+                    else:
+                        children = []
+                    value = action[2](children)
+                    states.append(table[states[-1]][action[3]][1])
+                    values.append(value)
+            end = Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
+            return state.feed_token(end, True)
+        except UnexpectedInput as e:
+            e.interactive_parser = InteractiveParser(self, state, state.lexer)
+            raise e
+
+    def _table(self, callbacks: Any) -> dict[int, dict[str, Action]]:
+        cached: tuple[Any, dict[int, dict[str, Action]]] | None = getattr(self, "_flat", None)
+        if cached is not None and cached[0] is callbacks:
+            return cached[1]
+        flat: dict[int, dict[str, Action]] = {}
+        for number, actions in self.parse_table.states.items():
+            row: dict[str, Action] = {}
+            for symbol, (kind, arg) in actions.items():
+                if kind is Shift:
+                    row[symbol] = (True, arg, callbacks.get(symbol))
+                else:
+                    row[symbol] = (
+                        False,
+                        len(arg.expansion),
+                        callbacks.get(arg, _same),
+                        arg.origin.name,
+                    )
+            flat[number] = row
+        self._flat = (callbacks, flat)
+        return flat
+
+
+class FastLALRParser(LALR_Parser):
+    """Lark's LALR parser with ``_FastParser`` as its driver loop."""
+
+    def __init__(self, parser_conf: Any, debug: bool = False, strict: bool = False) -> None:
+        super().__init__(parser_conf, debug=debug, strict=strict)
+        self.parser = _FastParser(self._parse_table, parser_conf.callbacks, debug)
+
+    @classmethod
+    def deserialize(  # type: ignore[override]
+        cls, data: Any, memo: Any, callbacks: Any, debug: bool = False
+    ) -> Any:
+        inst = super().deserialize(data, memo, callbacks, debug)  # type: ignore[no-untyped-call]
+        inst.parser = _FastParser(inst._parse_table, callbacks, debug)
+        return inst
+
+
+PLUGINS: dict[str, Any] = {
+    "ContextualLexer": FastContextualLexer,
+    "LALR_Parser": FastLALRParser,
+}
+"""The ``_plugins`` option for ``lark.Lark``."""
