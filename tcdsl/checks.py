@@ -26,14 +26,24 @@ class Site:
     parent: ir.Class | None
 
 
-def sites(policy: ir.Policy) -> Iterator[Site]:
-    """Yield every class of every classful qdisc, pre-order, with its context."""
+def sites(policy: ir.Policy) -> tuple[Site, ...]:
+    """Every class of every classful qdisc, pre-order, with its context."""
+    cached = _SITES.get(id(policy))
+    if cached is not None and cached[0] is policy:
+        return cached[1]
+    found: list[Site] = []
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
             if isinstance(q, ir.Htb | ir.Prio | ir.Cbq):
                 parents = ir.parent_map(q)
-                for cls in ir.classes_of(q):
-                    yield Site(iface, q, cls, parents[id(cls)])
+                found.extend(Site(iface, q, cls, parents[id(cls)]) for cls in ir.classes_of(q))
+    # The checks all walk the same policy; keep the last walk (the policy is immutable).
+    _SITES.clear()
+    _SITES[id(policy)] = (policy, tuple(found))
+    return _SITES[id(policy)][1]
+
+
+_SITES: dict[int, tuple[ir.Policy, tuple[Site, ...]]] = {}
 
 
 def rate_of(value: ir.Rate | ir.Percent | None) -> ir.Rate | None:
