@@ -1,0 +1,663 @@
+"""Compare the kernel's state with the policy's, and the script's run with its commands.
+
+Every difference becomes a ``Diagnostic`` at the policy text it comes from:
+
+- E401: an object the policy creates is missing in the kernel;
+- E402: an object is there with another value (kind, parent, rate, keys, order, ...);
+- E403: the kernel holds an object the policy does not create (a stray filter, a class);
+- E404: the script failed, or ``tc`` could not parse a command; tc's words are quoted;
+- E405: the kernel lacks a feature the policy needs;
+- W406: a tool warned while applying a command (the kernel adjusted something).
+
+The script is mapped back to the policy through the comment it puts before each command,
+``# FILE:LINE:COL: WHAT``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.verify.expect import (
+    ExpectedChain,
+    ExpectedClass,
+    ExpectedFilter,
+    ExpectedInterface,
+    ExpectedPolicy,
+    ExpectedQdisc,
+    ExpectedRule,
+    Want,
+    approx_equal,
+    describe_keys,
+)
+from tcdsl.verify.readback import (
+    PROTOCOL_NUMBERS,
+    DeviceState,
+    IptablesState,
+    IptRule,
+    KernelState,
+    Shown,
+    TcClass,
+    TcFilter,
+    TcQdisc,
+    Value,
+)
+
+MISSING = "E401"
+DIFFERS = "E402"
+UNEXPECTED = "E403"
+APPLY_FAILED = "E404"
+NO_FEATURE = "E405"
+TOOL_WARNED = "W406"
+
+# ==== the script: which command comes from which policy text ===================================
+
+_ORIGIN = re.compile(r"# (?P<file>.+):(?P<line>\d+):(?P<column>\d+): (?P<what>.*)")
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """A command of the script and the policy text its comment names."""
+
+    command: str
+    """The command line, as written in the script."""
+    words: str
+    """Its words joined by single spaces, as a shell's xtrace shows the command."""
+    span: Span
+    what: str
+    """The comment's words after the location (``class voip``, ``sfq qdisc of 1:10``)."""
+
+    @property
+    def tool(self) -> str:
+        """The program the command runs (``tc``, ``iptables``)."""
+        return self.words.split(" ", 1)[0]
+
+
+def script_origins(script: str, spans: Iterable[Span] = ()) -> list[Origin]:
+    """The commands of a generated script that follow a ``# FILE:LINE:COL: WHAT`` comment.
+
+    ``spans`` are the policy's spans (``ExpectedPolicy.spans()``): a comment's location is
+    looked up there to get the full extent of the text for the caret; otherwise the span is
+    one column wide.
+    """
+    known: dict[tuple[str, int, int], Span] = {}
+    for s in spans:
+        known.setdefault((s.file, s.line, s.column), s)
+    out: list[Origin] = []
+    pending: re.Match[str] | None = None
+    for line in script.splitlines():
+        if (m := _ORIGIN.fullmatch(line)) is not None:
+            pending = m
+            continue
+        if pending is None or not line.strip() or line.lstrip().startswith("#"):
+            continue
+        file, row, col = pending["file"], int(pending["line"]), int(pending["column"])
+        span = known.get((file, row, col), Span(file, row, col, row, col + 1))
+        try:
+            words = " ".join(shlex.split(line))
+        except ValueError:
+            words = line.strip()
+        out.append(Origin(line, words, span, pending["what"]))
+        pending = None
+    return out
+
+
+@dataclass
+class Step:
+    """One command the script ran (as its xtrace showed it) and what it wrote on stderr."""
+
+    command: str
+    stderr: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ApplyOutcome:
+    """How the script ran: its exit status, its stdout, and its commands in order."""
+
+    exit_code: int
+    stdout: str = ""
+    steps: list[Step] = field(default_factory=list)
+    preamble: list[str] = field(default_factory=list)
+    """stderr written before the first traced command (the shell's own complaints)."""
+
+    @property
+    def failed(self) -> bool:
+        """True if the script did not finish successfully."""
+        return self.exit_code != 0
+
+
+def _locate(steps: Sequence[Step], origins: Sequence[Origin]) -> list[Origin | None]:
+    """The origin of each step: the next origin (in script order) with the same words."""
+    out: list[Origin | None] = []
+    at = 0
+    for step in steps:
+        found = None
+        for i in range(at, len(origins)):
+            if origins[i].words == step.command:
+                found, at = origins[i], i + 1
+                break
+        out.append(found)
+    return out
+
+
+def _quote(lines: Sequence[str], most: int = 3) -> str:
+    """A tool's message on one line: its first lines, without the usage text that follows
+    a parse error (``Usage: ...`` and the indented lines of its help)."""
+    said: list[str] = []
+    for line in lines:
+        if line.startswith("Usage:"):
+            break
+        if line.strip() and not line.startswith((" ", "\t")):
+            said.append(line.strip())
+    return " / ".join(said[:most]) or "no message"
+
+
+_UNKNOWN_KIND = (
+    "Specified qdisc kind is unknown",
+    "TC classifier not found",
+    "Unknown filter",
+)
+
+
+def _missing_kind(command: str) -> str:
+    """What a tc command adds that the kernel may lack: ``the sfq qdisc (sch_sfq)``."""
+    words = command.split()
+    if "qdisc" in words[1:2] and "handle" in words:
+        i = words.index("handle") + 2
+        if i < len(words):
+            return f"the {words[i]} qdisc (sch_{words[i]})"
+    if "filter" in words[1:2] and "prio" in words:
+        i = words.index("prio") + 2
+        if words[i : i + 1] == ["handle"]:
+            i += 2
+        if i < len(words):
+            return f"the {words[i]} classifier (cls_{words[i]})"
+    return "what this command needs"
+
+
+def apply_diagnostics(
+    outcome: ApplyOutcome, origins: Sequence[Origin], fallback: Span
+) -> list[Diagnostic]:
+    """E404 (or E405) for the command that stopped the script, W406 for warnings on the way.
+
+    ``fallback`` is where a failure is reported when no policy comment names the command
+    (a teardown line, the shell itself).
+    """
+    out: list[Diagnostic] = []
+    located = _locate(outcome.steps, origins)
+    for i, (step, origin) in enumerate(zip(outcome.steps, located, strict=True)):
+        last = i == len(outcome.steps) - 1
+        if last and outcome.failed:
+            continue
+        if origin is not None and step.stderr:
+            out.append(
+                Diagnostic.warning(
+                    TOOL_WARNED,
+                    f"{origin.tool} warned on {origin.what}: {_quote(step.stderr)}",
+                    origin.span,
+                )
+            )
+    if outcome.failed:
+        if outcome.steps:
+            step, origin = outcome.steps[-1], located[-1]
+            said = _quote(step.stderr)
+            span = origin.span if origin is not None else fallback
+            what = origin.what if origin is not None else f"'{step.command}'"
+            tool = step.command.split(" ", 1)[0]
+        else:
+            said, span, what, tool = _quote(outcome.preamble), fallback, "the script", "sh"
+        if outcome.steps and any(k in said for k in _UNKNOWN_KIND):
+            lacks = _missing_kind(outcome.steps[-1].command)
+            out.append(
+                Diagnostic.error(NO_FEATURE, f"the kernel lacks {lacks}; {tool} said: {said}", span)
+            )
+        else:
+            out.append(
+                Diagnostic.error(
+                    APPLY_FAILED,
+                    f"{tool} failed on {what} (exit {outcome.exit_code}): {said}",
+                    span,
+                )
+            )
+    return out
+
+
+# ==== tc parse check (for what no kernel has: cbq) ==============================================
+
+_KERNEL_SAID = ("RTNETLINK answers", "We have an error talking to the kernel")
+
+
+def classify_failure(
+    exit_code: int, stderr: str, tool: str = "tc"
+) -> Literal["ok", "kernel", "parse"]:
+    """Whether a failed command was refused by the kernel, or never got that far.
+
+    tc exits with 2 exactly when the kernel refused a request it built (``RTNETLINK answers:
+    ...``, or ``Error: `` and the kernel's words); a usage or parse error (``What is
+    "..."?``, ``Illegal "..."``, ``Usage: ...``) exits with 1. iptables is the other way
+    round: 2 is its "parameter problem", 1 anything else.
+    """
+    if exit_code == 0:
+        return "ok"
+    if tool.startswith("iptables"):
+        return "parse" if exit_code == 2 else "kernel"
+    if exit_code == 2 or any(p in stderr for p in _KERNEL_SAID):
+        return "kernel"
+    return "parse"
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRun:
+    """One command run on its own (the parse check): the script line, its status, its stderr."""
+
+    command: str
+    exit_code: int
+    stderr: str
+
+
+def parse_check_diagnostics(
+    runs: Sequence[CommandRun], origins: Sequence[Origin]
+) -> list[Diagnostic]:
+    """E404 for each command tc (or iptables) could not parse; kernel refusals are fine."""
+    by_line = {o.command: o for o in origins}
+    out = []
+    for run in runs:
+        origin = by_line.get(run.command)
+        if origin is None:
+            continue
+        if classify_failure(run.exit_code, run.stderr, origin.tool) != "parse":
+            continue
+        said = _quote(run.stderr.splitlines())
+        out.append(
+            Diagnostic.error(
+                APPLY_FAILED,
+                f"{origin.tool} cannot parse the command for {origin.what}: {said}",
+                origin.span,
+            )
+        )
+    return out
+
+
+# ==== the kernel's state =======================================================================
+
+
+def _value_diagnostics(
+    label: str, wants: Sequence[Want], shown: dict[str, Shown]
+) -> Iterator[Diagnostic]:
+    value: Value
+    for want in wants:
+        got = shown.get(want.key)
+        if got is None:
+            if want.absent is None:
+                yield Diagnostic.error(
+                    DIFFERS,
+                    f"{label} shows no {want.label} in the kernel, policy says {want.policy}",
+                    want.span,
+                )
+                continue
+            value, text = want.absent, _absent_text(want)
+        else:
+            value, text = got.value, got.text
+            if isinstance(value, bool):
+                text = "on" if value else "off"
+        if not approx_equal(value, want):
+            yield Diagnostic.error(
+                DIFFERS,
+                f"{label} {want.label} is {text} in the kernel, policy says {want.policy}",
+                want.span,
+            )
+
+
+def _absent_text(want: Want) -> str:
+    """How to name a value tc does not print (a flag that is off, a zero delay)."""
+    if isinstance(want.absent, bool):
+        return "on" if want.absent else "off"
+    return "none"
+
+
+def _compare_qdiscs(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diagnostic]:
+    actual = {q.handle: q for q in dev.qdiscs}
+    wanted = {q.handle for q in iface.qdiscs}
+    for exp in iface.qdiscs:
+        got = actual.get(exp.handle)
+        if got is None:
+            yield Diagnostic.error(
+                MISSING,
+                f"{exp.label} is missing in the kernel (expected {exp.kind} {exp.handle} "
+                f"under {exp.parent})",
+                exp.span,
+            )
+            continue
+        yield from _compare_qdisc(exp, got)
+    for q in dev.qdiscs:
+        if q.handle in wanted or q.handle == "0:":
+            continue  # handle 0: is a default the kernel made (noqueue, a band's pfifo)
+        yield Diagnostic.error(
+            UNEXPECTED,
+            f"unexpected {q.kind} qdisc {q.handle} under {q.parent} in the kernel",
+            iface.owner_span(q.parent if q.parent != "root" else q.handle),
+        )
+
+
+def _compare_qdisc(exp: ExpectedQdisc, got: TcQdisc) -> Iterator[Diagnostic]:
+    if got.kind != exp.kind:
+        yield Diagnostic.error(
+            DIFFERS,
+            f"{exp.label} is a {got.kind} qdisc in the kernel, policy says {exp.kind}",
+            exp.span,
+        )
+        return
+    if got.parent != exp.parent:
+        yield Diagnostic.error(
+            DIFFERS,
+            f"{exp.label} hangs off {got.parent} in the kernel, policy says {exp.parent}",
+            exp.span,
+        )
+    yield from _value_diagnostics(exp.label, exp.wants, dict(got.options))
+
+
+# tc lists the classes of these kinds only because their qdisc has them (prio bands, the one
+# class of tbf and netem, sfq and fq_codel flows): the script never creates one.
+_IMPLIED_CLASS_KINDS = frozenset({"prio", "pfifo_fast", "tbf", "netem", "sfq", "fq_codel", "mq"})
+
+
+def _compare_classes(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diagnostic]:
+    actual = {c.classid: c for c in dev.classes}
+    wanted = {c.classid for c in iface.classes}
+    for exp in iface.classes:
+        got = actual.get(exp.classid)
+        if got is None:
+            yield Diagnostic.error(
+                MISSING,
+                f"{exp.label} is missing in the kernel (expected {exp.kind} class "
+                f"{exp.classid} under {exp.parent})",
+                exp.span,
+            )
+            continue
+        yield from _compare_class(exp, got)
+    for c in dev.classes:
+        if c.classid in wanted or c.kind in _IMPLIED_CLASS_KINDS:
+            continue
+        yield Diagnostic.error(
+            UNEXPECTED,
+            f"unexpected {c.kind} class {c.classid} under {c.parent} in the kernel",
+            iface.owner_span(c.parent if c.parent != "root" else c.classid.split(":")[0] + ":"),
+        )
+
+
+def _compare_class(exp: ExpectedClass, got: TcClass) -> Iterator[Diagnostic]:
+    if got.kind != exp.kind:
+        yield Diagnostic.error(
+            DIFFERS,
+            f"{exp.label} is a {got.kind} class in the kernel, policy says {exp.kind}",
+            exp.span,
+        )
+        return
+    if got.parent != exp.parent:
+        yield Diagnostic.error(
+            DIFFERS,
+            f"{exp.label} hangs off {got.parent} in the kernel, policy says {exp.parent}",
+            exp.span,
+        )
+    if got.leaf != exp.leaf:
+        shown = f"qdisc {got.leaf}" if got.leaf else "the kernel's default qdisc"
+        want = f"qdisc {exp.leaf}" if exp.leaf else "none (the kernel's default)"
+        yield Diagnostic.error(
+            DIFFERS, f"{exp.label} leaf is {shown} in the kernel, policy says {want}", exp.span
+        )
+    yield from _value_diagnostics(exp.label, exp.wants, dict(got.options))
+
+
+def _describe(f: TcFilter) -> str:
+    if f.kind == "u32":
+        return f"{describe_keys(f.keys)}, flowid {f.flowid}"
+    if f.kind == "fw":
+        return f"mark {f.mark:#x}, classid {f.flowid}" if f.mark is not None else f.flowid
+    return f.words[0] if f.words else f.kind
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _compare_u32(
+    iface: ExpectedInterface, parent: str, pref: int, exp: list[ExpectedFilter], got: list[TcFilter]
+) -> Iterator[Diagnostic]:
+    """One pref of u32 filters under one parent: the kernel tries them in order."""
+    a = [(e.keys, e.flowid) for e in exp]
+    b = [(g.keys, g.flowid) for g in got]
+    matched: list[tuple[int, int]] = []
+    missing: list[int] = []
+    extra: list[int] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op == "equal":
+            matched += zip(range(i1, i2), range(j1, j2), strict=True)
+        elif op == "delete":
+            missing += range(i1, i2)
+        elif op == "insert":
+            extra += range(j1, j2)
+        else:
+            pairs = min(i2 - i1, j2 - j1)
+            for k in range(pairs):
+                e, g = exp[i1 + k], got[j1 + k]
+                if g.keys == e.keys:
+                    yield Diagnostic.error(
+                        DIFFERS,
+                        f"{e.label} flowid is {g.flowid} in the kernel, policy says {e.flowid}",
+                        e.span,
+                    )
+                elif g.flowid != e.flowid or b[j1 + k] in a or a[i1 + k] in b:
+                    missing.append(i1 + k)  # a move, or another filter in its place
+                    extra.append(j1 + k)
+                else:
+                    yield Diagnostic.error(
+                        DIFFERS,
+                        f"{e.label} keys are {describe_keys(g.keys)} in the kernel, policy "
+                        f"says {e.words} ({describe_keys(e.keys)})",
+                        e.span,
+                    )
+            missing += range(i1 + pairs, i2)
+            extra += range(j1 + pairs, j2)
+    # A filter both missing and extra was moved: report its place, once.
+    for i in list(missing):
+        j = next((j for j in extra if b[j] == a[i]), None)
+        if j is None:
+            continue
+        missing.remove(i)
+        extra.remove(j)
+        yield Diagnostic.error(
+            DIFFERS,
+            f"{exp[i].label} for {exp[i].words} comes {_ordinal(j + 1)} of the pref {pref} "
+            f"filters under "
+            f"{parent} in the kernel, policy puts it {_ordinal(i + 1)} (the first match wins)",
+            exp[i].span,
+        )
+    for i in missing:
+        e = exp[i]
+        yield Diagnostic.error(
+            MISSING,
+            f"{e.label} is missing in the kernel (match {e.words} under {parent})",
+            e.span,
+        )
+    for j in extra:
+        yield _unexpected_filter(iface, parent, got[j])
+    for i, j in matched:
+        if got[j].protocol != "ip":
+            yield Diagnostic.error(
+                DIFFERS,
+                f"{exp[i].label} protocol is {got[j].protocol} in the kernel, policy says ip",
+                exp[i].span,
+            )
+
+
+def _unexpected_filter(iface: ExpectedInterface, parent: str, f: TcFilter) -> Diagnostic:
+    return Diagnostic.error(
+        UNEXPECTED,
+        f"unexpected {f.kind} filter under {parent} in the kernel: pref {f.pref}, {_describe(f)}",
+        iface.owner_span(parent),
+    )
+
+
+def _compare_fw(
+    iface: ExpectedInterface, parent: str, exp: list[ExpectedFilter], got: list[TcFilter]
+) -> Iterator[Diagnostic]:
+    actual = {(g.pref, g.mark): g for g in got}
+    for e in exp:
+        g = actual.pop((e.pref, e.mark), None)
+        if g is None:
+            yield Diagnostic.error(
+                MISSING, f"{e.label} is missing in the kernel (under {parent})", e.span
+            )
+        elif g.flowid != e.flowid:
+            yield Diagnostic.error(
+                DIFFERS,
+                f"{e.label} classid is {g.flowid} in the kernel, policy says {e.flowid}",
+                e.span,
+            )
+        elif g.mask is not None:
+            yield Diagnostic.error(
+                DIFFERS,
+                f"{e.label} mask is {g.mask:#x} in the kernel, policy says 0xffffffff",
+                e.span,
+            )
+    for g in actual.values():
+        yield _unexpected_filter(iface, parent, g)
+
+
+def _compare_filters(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diagnostic]:
+    for e in iface.filters:
+        if e.unpackable is not None:
+            yield Diagnostic.error(
+                DIFFERS,
+                f"{e.label} cannot be held by u32 as the policy means it ({e.unpackable}); "
+                "a compiler bug, please report it",
+                e.span,
+            )
+    parents = list(dict.fromkeys([*(e.parent for e in iface.filters), *dev.filters]))
+    for parent in parents:
+        exp = [e for e in iface.filters if e.parent == parent and e.unpackable is None]
+        got = dev.filters.get(parent, [])
+        for g in got:
+            if g.kind not in ("u32", "fw"):
+                yield _unexpected_filter(iface, parent, g)
+        prefs = sorted({e.pref for e in exp} | {g.pref for g in got if g.kind == "u32"})
+        for pref in prefs:
+            yield from _compare_u32(
+                iface,
+                parent,
+                pref,
+                [e for e in exp if e.kind == "u32" and e.pref == pref],
+                [g for g in got if g.kind == "u32" and g.pref == pref],
+            )
+        yield from _compare_fw(
+            iface, parent, [e for e in exp if e.kind == "fw"], [g for g in got if g.kind == "fw"]
+        )
+
+
+# ==== iptables =================================================================================
+
+_PROTOCOL_NAMES = {v: k for k, v in reversed(PROTOCOL_NUMBERS.items())}
+
+
+def _spell_field(name: str, value: object) -> str:
+    if value is None:
+        return "any" if name in ("src", "dst", "protocol") else "none"
+    if name == "protocol" and isinstance(value, int):
+        return _PROTOCOL_NAMES.get(value, str(value))
+    if name in ("sport", "dport") and isinstance(value, tuple):
+        lo, hi = value
+        return str(lo) if lo == hi else f"{lo}:{hi}"
+    if name in ("mark match", "set-mark") and isinstance(value, tuple):
+        return f"{value[0]:#x}/{value[1]:#x}"
+    if name == "tos" and isinstance(value, tuple):
+        return f"{value[0]:#04x}/{value[1]:#04x}"
+    if name == "dscp" and isinstance(value, int):
+        return f"{value:#04x}"
+    if name == "other words" and isinstance(value, tuple):
+        return " ".join(value) or "none"
+    return str(value)
+
+
+def _spell_rule(rule: IptRule) -> str:
+    parts = [f"-A {rule.chain}"]
+    for name, value in rule.fields().items():
+        if value not in (None, ()):
+            parts.append(f"{name} {_spell_field(name, value)}")
+    return ", ".join(parts)
+
+
+def _rule_diffs(exp: ExpectedRule, got: IptRule) -> Iterator[Diagnostic]:
+    want = exp.rule.fields()
+    for name, value in got.fields().items():
+        if value != want[name]:
+            yield Diagnostic.error(
+                DIFFERS,
+                f"{exp.label} {name} is {_spell_field(name, value)} in the kernel, policy says "
+                f"{_spell_field(name, want[name])}",
+                exp.span,
+            )
+
+
+def _compare_chain(chain: ExpectedChain, state: IptablesState) -> Iterator[Diagnostic]:
+    jumps = [r for r in state.chains.get("PREROUTING", []) if r == chain.jump.rule]
+    if not jumps:
+        yield Diagnostic.error(
+            MISSING,
+            f"{chain.jump.label} is missing in the kernel's mangle table",
+            chain.jump.span,
+        )
+    elif len(jumps) > 1:
+        yield Diagnostic.error(
+            UNEXPECTED,
+            f"{chain.jump.label} appears {len(jumps)} times in the kernel's mangle table, "
+            "policy says once",
+            chain.jump.span,
+        )
+    got = state.chains.get(chain.name)
+    if got is None:
+        yield Diagnostic.error(
+            MISSING, f"iptables chain {chain.name} is missing in the mangle table", chain.span
+        )
+        return
+    a, b = [r.rule for r in chain.rules], got
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        pairs = min(i2 - i1, j2 - j1) if op == "replace" else 0
+        for k in range(pairs):
+            yield from _rule_diffs(chain.rules[i1 + k], b[j1 + k])
+        for i in range(i1 + pairs, i2):
+            e = chain.rules[i]
+            yield Diagnostic.error(
+                MISSING,
+                f"{e.label} is missing in the kernel's chain {chain.name} ({_spell_rule(e.rule)})",
+                e.span,
+            )
+        for j in range(j1 + pairs, j2):
+            yield Diagnostic.error(
+                UNEXPECTED,
+                f"unexpected rule in the kernel's chain {chain.name}: {b[j].text}",
+                chain.span,
+            )
+
+
+# ==== everything ===============================================================================
+
+
+def compare_state(expected: ExpectedPolicy, state: KernelState) -> list[Diagnostic]:
+    """Every difference between what the policy creates and what the kernel holds."""
+    out: list[Diagnostic] = []
+    for iface in expected.interfaces:
+        dev = state.devices.get(iface.name, DeviceState(iface.name))
+        out += _compare_qdiscs(iface, dev)
+        out += _compare_classes(iface, dev)
+        out += _compare_filters(iface, dev)
+        if iface.chain is not None:
+            out += _compare_chain(iface.chain, state.iptables or IptablesState())
+    return out

@@ -1,0 +1,732 @@
+"""The kernel state an allocated policy should produce, as tc would show it.
+
+Every expected object (qdisc, class, filter, iptables rule) and every value it should have
+carries the ``Span`` of the policy text it comes from and a label for messages (``class
+'voip'``, ``sfq qdisc of 1:10``, ``filter to 1:20 (pref 1)``, ``mark rule for 'voip'``), so a
+difference found in the kernel is reported at the policy line that asked for it.
+
+Values are derived from the IR (not from ``tcdsl.commands``, whose spelling is what is being
+checked) and normalised the way the kernel stores them and tc prints them: a rate through
+bytes/s and tc's unit choice, a size through tc's Kb/Mb rounding, a netem time through psched
+ticks and ``%.3g``, a codel time through the kernel's 1024-ns units, a netem percentage through
+a 32-bit fraction and ``%g``. Only what the policy says is checked (plus the few defaults the
+policy relies on, such as htb's ``default 0`` or prio's priomap).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from ipaddress import IPv4Network
+
+from tcdsl import ir
+from tcdsl.diagnostics import Span
+from tcdsl.units import format_rate, format_size, format_time
+from tcdsl.verify.readback import IptRule, Key, Value, parse_time
+
+# ==== how tc shows what it was given ===========================================================
+
+TICKS_PER_US = 15.625
+"""iproute2's ``tick_in_usec`` on every kernel since 2.6.31 (/proc/net/psched: 1000 64 1e6)."""
+
+TIME_UNITS_PER_SEC = 1_000_000
+UINT32_MAX = 0xFFFFFFFF
+
+
+def tc_shown_rate(bits_per_second: int) -> int:
+    """The rate tc prints for one it was given, in bits/s (tc keeps bytes/s; see readback)."""
+    rate = bits_per_second // 8 * 8
+    scale = 1
+    for _ in range(4):
+        if rate < 1000 or (rate % 1000 and rate < 1000 * 1000):
+            break
+        rate //= 1000
+        scale *= 1000
+    return rate * scale
+
+
+def tc_shown_size(size: int) -> int:
+    """The size tc prints for one it was given, in bytes (iproute2's sprint_size)."""
+    kilo, mega = 1024, 1024 * 1024
+    if size >= mega and abs(mega * round(size / mega) - size) < 1024:
+        return mega * round(size / mega)
+    if size >= kilo and abs(kilo * round(size / kilo) - size) < 16:
+        return kilo * round(size / kilo)
+    return size
+
+
+def sprint_time(microseconds: float) -> str:
+    """iproute2's ``sprint_time``: ``%.3gs``, ``%.3gms`` or whole ``us``."""
+    time = int(microseconds) & UINT32_MAX  # the C function takes a __u32
+    if time >= TIME_UNITS_PER_SEC:
+        return f"{time / TIME_UNITS_PER_SEC:.3g}s"
+    if time >= TIME_UNITS_PER_SEC // 1000:
+        return f"{time / (TIME_UNITS_PER_SEC // 1000):.3g}ms"
+    return f"{time}us"
+
+
+def tc_shown_time(microseconds: float) -> int:
+    """A time as tc prints it, read back in microseconds (three significant digits)."""
+    return parse_time(sprint_time(microseconds))
+
+
+def _time2tick(microseconds: int) -> int:
+    return int(microseconds * TICKS_PER_US) & UINT32_MAX
+
+
+def _tick2time(ticks: int) -> int:
+    return int(ticks / TICKS_PER_US)
+
+
+def netem_shown_time(microseconds: int) -> int:
+    """A netem delay or jitter as tc shows it: through psched ticks (64 ns), then ``%.3g``."""
+    return tc_shown_time(_tick2time(_time2tick(microseconds)))
+
+
+def codel_shown_time(microseconds: int) -> int:
+    """An fq_codel target or interval as tc shows it: the kernel keeps units of 1024 ns."""
+    codel = (microseconds * 1000) >> 10
+    return tc_shown_time((codel << 10) // 1000)
+
+
+def netem_shown_percent(percent: Fraction) -> float:
+    """A netem probability as tc shows it: a fraction of 2^32-1, printed with ``%g``."""
+    scaled = round(float(percent) / 100 * UINT32_MAX)
+    return float(f"{100.0 * scaled / UINT32_MAX:g}")
+
+
+def _xmittime(rate_bytes: int, size: int) -> int:
+    """iproute2's ``tc_calc_xmittime``: the ticks to send ``size`` bytes at ``rate_bytes``."""
+    return _time2tick(int(TIME_UNITS_PER_SEC * (size / rate_bytes)))
+
+
+def tbf_shown_latency(q: ir.Tbf) -> int | None:
+    """The ``lat`` tc prints for a tbf, in microseconds, or None without rate/burst/limit."""
+    if q.rate is None or q.burst is None:
+        return None
+    rate = q.rate.bits_per_second // 8
+    prate = q.peakrate.bits_per_second // 8 if q.peakrate is not None else 0
+    burst = q.burst.bytes
+    mtu = q.mtu.bytes if q.mtu is not None else 0
+    if rate == 0:
+        return None
+    if q.limit is not None:
+        limit = q.limit.bytes
+    elif q.latency is not None:
+        lim = rate * q.latency.microseconds / TIME_UNITS_PER_SEC + burst
+        if prate:
+            lim = min(lim, prate * q.latency.microseconds / TIME_UNITS_PER_SEC + mtu)
+        limit = int(lim)
+    else:
+        return None
+    latency = TIME_UNITS_PER_SEC * (limit / rate) - _tick2time(_xmittime(rate, burst))
+    if prate:
+        lat2 = TIME_UNITS_PER_SEC * (limit / prate) - _tick2time(_xmittime(prate, mtu))
+        latency = max(latency, lat2)
+    return tc_shown_time(latency) if latency >= 0 else None
+
+
+# ==== u32 keys =================================================================================
+
+
+class UnpackableKey(Exception):
+    """Keys tc cannot hold as the policy means them: the compiler should have refused them."""
+
+
+def _pack(keys: list[list[int]], value: int, mask: int, offset: int) -> None:
+    """Add one key the way tc's pack_key does: merge keys on the same word, refuse conflicts."""
+    value &= mask
+    for key in keys:
+        if key[2] == offset:
+            if (value ^ key[0]) & mask & key[1]:
+                raise UnpackableKey(f"keys at offset {offset} contradict each other (tc refuses)")
+            key[0] |= value
+            key[1] |= mask
+            return
+    keys.append([value, mask, offset])
+
+
+def _field(value: int, mask: int, width: int, offset: int) -> tuple[int, int, int]:
+    """Place a ``width``-bit field starting at byte ``offset`` in its 32-bit word."""
+    byte = offset % 4
+    if byte * 8 + width > 32:
+        raise UnpackableKey(f"a u{width} key at offset {offset} crosses a 32-bit word")
+    shift = 32 - width - byte * 8
+    return value << shift, mask << shift, offset - byte
+
+
+IP_FIELDS = {"tos": (8, 1), "protocol": (8, 9), "sport": (16, 20), "dport": (16, 22)}
+"""``ip FIELD VALUE MASK`` -> (width in bits, byte offset in the IPv4 header, no options)."""
+
+
+def expected_keys(words: tuple[tuple[str, ...], ...]) -> tuple[Key, ...]:
+    """The kernel keys for a filter's ``match`` words, as the policy means them."""
+    keys: list[list[int]] = []
+    for w in words:
+        if w[0] == "ip" and w[1] in ("src", "dst"):
+            net = IPv4Network(w[2])
+            offset = 12 if w[1] == "src" else 16
+            _pack(keys, int(net.network_address), int(net.netmask), offset)
+            continue
+        if w[0] == "ip":
+            width, offset = IP_FIELDS[w[1]]
+            value, mask = int(w[2], 0), int(w[3], 0)
+        else:
+            assert w[0] in ("u8", "u16", "u32") and w[3] == "at", w
+            width, value, mask, offset = int(w[0][1:]), int(w[1], 0), int(w[2], 0), int(w[4])
+        _pack(keys, *_field(value, mask, width, offset))
+    return tuple((k[0], k[1], k[2]) for k in keys)
+
+
+def describe_keys(keys: tuple[Key, ...]) -> str:
+    """Keys as tc prints them: ``match 00001389/0000ffff at 20``, comma-separated."""
+    return ", ".join(f"match {v:08x}/{m:08x} at {o}" for v, m, o in keys) or "no keys"
+
+
+# ==== the expected objects =====================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """One value the kernel should show for an object.
+
+    ``value`` is in the units readback parses to (bits/s, bytes, microseconds, packets,
+    percentage points), already normalised the way tc shows it; ``policy`` is how the policy
+    says it, for messages. A shown value within ``tolerance`` of ``value`` agrees. ``absent``
+    is what it means when tc does not print the key at all (a flag that is off, a zero jitter);
+    None means the key must be printed.
+    """
+
+    key: str
+    value: Value
+    policy: str
+    span: Span
+    tolerance: float = 0
+    absent: Value | None = None
+    name: str = ""
+    """How messages name the value, when not by ``key`` (``latency`` for tc's ``lat``)."""
+
+    @property
+    def label(self) -> str:
+        """The name of the value in messages."""
+        return self.name or self.key
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedQdisc:
+    """A qdisc the kernel should hold."""
+
+    label: str
+    kind: str
+    handle: str
+    parent: str
+    span: Span
+    wants: tuple[Want, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedClass:
+    """A class the kernel should hold: created by the script (htb, cbq) or implied by its
+    qdisc (a prio band), which exists whether or not the policy names it."""
+
+    label: str
+    kind: str
+    classid: str
+    parent: str
+    leaf: str | None
+    span: Span
+    wants: tuple[Want, ...] = ()
+    created: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedFilter:
+    """A filter the kernel should hold: u32 keys or an fw mark, sending packets to flowid."""
+
+    label: str
+    kind: str
+    parent: str
+    pref: int
+    flowid: str
+    span: Span
+    keys: tuple[Key, ...] = ()
+    mark: int | None = None
+    words: str = ""
+    """The policy's condition as tc's words (``ip dport 5001 0xffff``), for messages."""
+    unpackable: str | None = None
+    """Why u32 cannot hold the keys as the policy means them (a compiler bug), or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedRule:
+    """An iptables rule the mangle table should hold."""
+
+    label: str
+    rule: IptRule
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedChain:
+    """The policy's iptables chain, the jump into it, and its rules in order."""
+
+    name: str
+    span: Span
+    jump: ExpectedRule
+    rules: tuple[ExpectedRule, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedInterface:
+    """Everything one interface of the policy should create."""
+
+    name: str
+    span: Span
+    qdiscs: tuple[ExpectedQdisc, ...]
+    classes: tuple[ExpectedClass, ...]
+    filters: tuple[ExpectedFilter, ...]
+    chain: ExpectedChain | None = None
+    mark_from: str | None = None
+    """The interface ``classify by mark from`` names (the script's iptables rules use it)."""
+
+    def owner_span(self, handle_or_class: str) -> Span:
+        """The policy text that owns a kernel object hanging off ``handle_or_class``: the class
+        with that id, else the qdisc with that major, else the interface's root qdisc."""
+        for cls in self.classes:
+            if cls.classid == handle_or_class:
+                return cls.span
+        major = handle_or_class.split(":")[0] + ":"
+        for q in self.qdiscs:
+            if q.handle == major:
+                return q.span
+        return self.qdiscs[0].span if self.qdiscs else self.span
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """A kernel feature the policy needs (``sch_sfq``, ``cls_fw``, ``iptables``) and the first
+    policy text that needs it."""
+
+    feature: str
+    what: str
+    """Human words: ``the sfq qdisc``, ``fw filters``, ``iptables (mangle table, MARK)``."""
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedPolicy:
+    """The whole expected kernel state of a policy."""
+
+    source: str
+    interfaces: tuple[ExpectedInterface, ...]
+    requirements: tuple[Requirement, ...]
+
+    def spans(self) -> Iterator[Span]:
+        """Every span an expected object carries (to find a span from a script comment)."""
+        for iface in self.interfaces:
+            yield iface.span
+            for q in iface.qdiscs:
+                yield q.span
+            for c in iface.classes:
+                yield c.span
+            for f in iface.filters:
+                yield f.span
+            if iface.chain is not None:
+                yield iface.chain.span
+                for r in iface.chain.rules:
+                    yield r.span
+
+    def needs(self, feature: str) -> Requirement | None:
+        """The requirement for ``feature``, if the policy has it."""
+        return next((r for r in self.requirements if r.feature == feature), None)
+
+
+# ==== building them from the IR ================================================================
+
+
+@dataclass
+class _Builder:
+    sources: Mapping[str, str]
+    qdiscs: list[ExpectedQdisc] = field(default_factory=list)
+    classes: list[ExpectedClass] = field(default_factory=list)
+
+    def spell(self, span: Span, canonical: str) -> str:
+        """How the policy says a value: its text at ``span``, with the canonical spelling when
+        the text differs (``LINK (12mbit)``, ``60% (60mbit)``)."""
+        text = self.sources.get(span.file)
+        if text is None or span.end_line != span.line:
+            return canonical
+        lines = text.splitlines()
+        if not 1 <= span.line <= len(lines):
+            return canonical
+        written = lines[span.line - 1][span.column - 1 : span.end_column - 1].strip()
+        if not written or written.lower() == canonical.lower():
+            return canonical
+        return f"{written} ({canonical})"
+
+    # ---- values ----
+    def rate(self, key: str, value: ir.Rate | ir.Percent | None) -> Want | None:
+        if not isinstance(value, ir.Rate):
+            return None
+        bits = value.bits_per_second
+        return Want(key, tc_shown_rate(bits), self.spell(value.span, format_rate(bits)), value.span)
+
+    def size(self, key: str, value: ir.Size | None, approx: bool = False) -> Want | None:
+        if value is None:
+            return None
+        size = value.bytes
+        tolerance = size // 100 + 16 if approx else 0
+        shown = size if approx else tc_shown_size(size)
+        return Want(key, shown, self.spell(value.span, format_size(size)), value.span, tolerance)
+
+    def count(self, key: str, value: ir.Count | None) -> Want | None:
+        if value is None:
+            return None
+        return Want(key, value.value, self.spell(value.span, str(value.value)), value.span)
+
+    # ---- qdiscs ----
+    def qdisc(self, q: ir.Qdisc, parent: str, label: str) -> None:
+        assert q.handle is not None
+        wants = [w for w in self.qdisc_wants(q) if w is not None]
+        self.qdiscs.append(
+            ExpectedQdisc(label, q.kind, q.handle.qdisc, parent, q.span, tuple(wants))
+        )
+        match q:
+            case ir.Htb() | ir.Cbq():
+                parents = ir.parent_map(q)
+                for cls in ir.classes_of(q):
+                    up = parents[id(cls)]
+                    self.klass(q, cls, "root" if up is None else str(up.classid))
+            case ir.Prio():
+                for cls in q.classes:
+                    self.band(q, cls)
+            case ir.Tbf() | ir.Netem():
+                if q.child is not None:
+                    below = f"{q.handle.major:x}:1"
+                    self.qdisc(q.child, below, f"{q.child.kind} qdisc of {below}")
+            case _:
+                pass
+
+    def qdisc_wants(self, q: ir.Qdisc) -> Iterator[Want | None]:
+        match q:
+            case ir.Htb():
+                yield self.htb_default(q)
+                yield self.count("r2q", q.r2q) or self.default("r2q", 10, q.span)
+            case ir.Prio():
+                yield from self.prio_bands(q.span, q.bands, q.priomap)
+            case ir.PfifoFast():
+                yield from self.prio_bands(q.span, None, None)
+            case ir.Tbf():
+                yield self.rate("rate", q.rate)
+                yield self.size("burst", q.burst, approx=True)
+                yield self.rate("peakrate", q.peakrate) or Want(
+                    "peakrate", 0, "none", q.span, absent=0
+                )
+                if q.peakrate is not None:
+                    yield self.size("mtu", q.mtu, approx=True)
+                yield self.tbf_latency(q)
+            case ir.Netem():
+                yield from self.netem(q)
+            case ir.Sfq():
+                yield self.count("limit", q.limit)
+                yield self.size("quantum", q.quantum)
+                yield self.count("depth", q.depth)
+                yield self.count("divisor", q.divisor)
+                if q.perturb is not None:
+                    p = q.perturb
+                    policy = self.spell(p.span, str(p.value))
+                    yield Want("perturb", p.value, policy, p.span, absent=0)
+                else:
+                    yield Want("perturb", 0, "none (no perturbation)", q.span, absent=0)
+            case ir.FqCodel():
+                yield self.count("limit", q.limit)
+                yield self.count("flows", q.flows)
+                if q.quantum is not None:
+                    s = q.quantum
+                    yield Want("quantum", s.bytes, self.spell(s.span, format_size(s.bytes)), s.span)
+                for key, time in (("target", q.target), ("interval", q.interval)):
+                    if time is not None:
+                        us = time.microseconds
+                        policy = self.spell(time.span, format_time(us))
+                        yield Want(key, codel_shown_time(us), policy, time.span)
+                yield self.size("memory_limit", q.memory_limit)
+                if q.ecn is not None:
+                    policy = "on (ecn)" if q.ecn else "off (noecn)"
+                    yield Want("ecn", q.ecn, policy, q.span, absent=False)
+            case ir.Pfifo():
+                yield self.count("limit", q.limit)
+            case ir.Bfifo():
+                yield self.size("limit", q.limit)
+            case ir.Cbq():
+                pass  # no kernel that runs tc 6.1's cbq is at hand: structure only
+
+    def htb_default(self, q: ir.Htb) -> Want:
+        if q.default is None:
+            return Want("default", 0, "none (0)", q.span)
+        minor = next(
+            (
+                c.classid.minor
+                for c in ir.classes_of(q)
+                if c.name == q.default.name and not c.implicit and c.classid is not None
+            ),
+            0,
+        )
+        return Want("default", minor, f"{q.default.name} ({minor:#x})", q.default.span)
+
+    def prio_bands(
+        self, span: Span, bands: ir.Count | None, priomap: tuple[ir.Count, ...] | None
+    ) -> Iterator[Want]:
+        if bands is None:
+            yield Want("bands", 3, "3 (the default)", span)
+        else:
+            yield Want("bands", bands.value, self.spell(bands.span, str(bands.value)), bands.span)
+        given = tuple(c.value for c in priomap or ())
+        full = given + DEFAULT_PRIOMAP[len(given) :]
+        text = " ".join(map(str, full))
+        if priomap:
+            first, last = priomap[0].span, priomap[-1].span
+            where = Span(first.file, first.line, first.column, last.end_line, last.end_column)
+            yield Want("priomap", full, text, where)
+        else:
+            yield Want("priomap", full, f"{text} (the default)", span)
+
+    def tbf_latency(self, q: ir.Tbf) -> Want | None:
+        shown = tbf_shown_latency(q)
+        if shown is None:
+            return None
+        given = q.latency if q.latency is not None else q.limit
+        assert given is not None
+        if isinstance(given, ir.Time):
+            policy = f"latency {self.spell(given.span, format_time(given.microseconds))}"
+        else:
+            policy = f"limit {self.spell(given.span, format_size(given.bytes))}"
+        policy += f" ({sprint_time(shown)})"
+        return Want("lat", shown, policy, given.span, shown // 100 + 2, name="latency")
+
+    def netem(self, q: ir.Netem) -> Iterator[Want | None]:
+        # netem does nothing the policy does not ask for: what it leaves out must be 0.
+        yield self.count("limit", q.limit) or self.default("limit", 1000, q.span)
+        for key, time in (("delay", q.delay), ("jitter", q.jitter)):
+            if time is None:
+                yield Want(key, 0, "none", q.span, absent=0)
+                continue
+            us = time.microseconds
+            policy = self.spell(time.span, format_time(us))
+            yield Want(key, netem_shown_time(us), policy, time.span, absent=0)
+        for key, pct in (("loss", q.loss), ("duplicate", q.duplicate), ("corrupt", q.corrupt)):
+            if pct is None:
+                yield Want(key, 0.0, "none", q.span, absent=0.0)
+                continue
+            shown = netem_shown_percent(pct.value)
+            policy = self.spell(pct.span, f"{float(pct.value):g}%")
+            yield Want(key, shown, policy, pct.span, shown * 1e-6, absent=0.0)
+        yield self.rate("rate", q.rate) or Want("rate", 0, "none", q.span, absent=0)
+
+    def default(self, key: str, value: int, span: Span) -> Want:
+        """A value the policy leaves to tc's default, which the kernel must then show."""
+        return Want(key, value, f"{value} (the default)", span)
+
+    # ---- classes ----
+    def klass(self, q: ir.Htb | ir.Cbq, cls: ir.Class, parent: str) -> None:
+        assert cls.classid is not None
+        leaf = cls.leaf.handle.qdisc if cls.leaf is not None and cls.leaf.handle else None
+        wants: list[Want | None] = []
+        if isinstance(q, ir.Htb):
+            wants.append(self.rate("rate", cls.rate))
+            if cls.ceil is not None:
+                wants.append(self.rate("ceil", cls.ceil))
+            elif isinstance(cls.rate, ir.Rate):
+                r = cls.rate
+                policy = f"{self.spell(r.span, format_rate(r.bits_per_second))}, its rate"
+                wants.append(Want("ceil", tc_shown_rate(r.bits_per_second), policy, r.span))
+            if not cls.children:  # tc shows prio and quantum of leaf classes only (level 0)
+                if cls.prio is not None:
+                    wants.append(self.count("prio", cls.prio))
+                else:
+                    wants.append(Want("prio", 0, "0 (the default)", cls.span))
+                if cls.quantum is not None:
+                    s = cls.quantum
+                    wants.append(
+                        Want("quantum", s.bytes, self.spell(s.span, format_size(s.bytes)), s.span)
+                    )
+            wants.append(self.size("burst", cls.burst, approx=True))
+            wants.append(self.size("cburst", cls.cburst, approx=True))
+        self.classes.append(
+            ExpectedClass(
+                cls.label,
+                q.kind,
+                str(cls.classid),
+                parent,
+                leaf,
+                cls.span,
+                tuple(w for w in wants if w is not None),
+            )
+        )
+        if cls.leaf is not None:
+            self.qdisc(cls.leaf, str(cls.classid), f"{cls.leaf.kind} qdisc of {cls.classid}")
+
+    def band(self, q: ir.Prio, cls: ir.Class) -> None:
+        assert cls.classid is not None and q.handle is not None
+        leaf = cls.leaf.handle.qdisc if cls.leaf is not None and cls.leaf.handle else None
+        self.classes.append(
+            ExpectedClass(
+                cls.label, "prio", str(cls.classid), q.handle.qdisc, leaf, cls.span, created=False
+            )
+        )
+        if cls.leaf is not None:
+            self.qdisc(cls.leaf, str(cls.classid), f"{cls.leaf.kind} qdisc of {cls.classid}")
+
+
+DEFAULT_PRIOMAP = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+"""The priomap of prio and pfifo_fast when none is given (TOS -> band)."""
+
+
+def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
+    for f in iface.filters:
+        match f:
+            case ir.U32Filter():
+                words = " ".join(" ".join(k.words) for k in f.keys)
+                label = f"filter to {f.flowid} (pref {f.pref})"
+                try:
+                    keys = expected_keys(tuple(k.words for k in f.keys))
+                except UnpackableKey as exc:
+                    yield ExpectedFilter(
+                        label,
+                        "u32",
+                        str(f.parent),
+                        f.pref,
+                        str(f.flowid),
+                        f.span,
+                        words=words,
+                        unpackable=str(exc),
+                    )
+                    continue
+                yield ExpectedFilter(
+                    label, "u32", str(f.parent), f.pref, str(f.flowid), f.span, keys, words=words
+                )
+            case ir.FwFilter():
+                label = f"fw filter for mark {f.mark} to {f.flowid} (pref {f.pref})"
+                yield ExpectedFilter(
+                    label, "fw", str(f.parent), f.pref, str(f.flowid), f.span, mark=f.mark
+                )
+
+
+def expected_rule(chain: str, conds: tuple[ir.Cond, ...], mark: int) -> IptRule:
+    """The rule the policy means for one mark rule, normalised like ``readback.parse_rule``."""
+    rule = IptRule(chain, mark=(0, UINT32_MAX), target="MARK", set_mark=(mark, UINT32_MAX))
+    values: dict[str, object] = {}
+    for cond in conds:
+        match cond:
+            case ir.ProtoCond():
+                values["protocol"] = cond.protocols[0][0]
+            case ir.AddrCond():
+                net = cond.networks[0][0]
+                values["src" if cond.field == "src" else "dst"] = (
+                    None if net.prefixlen == 0 else str(net)
+                )
+            case ir.PortCond():
+                port = cond.ports[0]
+                values[cond.field] = (port.lo, port.hi)
+            case ir.TosCond():
+                if cond.dscp is not None:
+                    values["dscp"] = cond.dscp
+                else:
+                    values["tos"] = (cond.value, cond.mask)
+            case _:
+                pass  # checks (E209) reject what iptables cannot say
+    return _replace_rule(rule, values)
+
+
+def _replace_rule(rule: IptRule, values: Mapping[str, object]) -> IptRule:
+    return replace(rule, **values)  # type: ignore[arg-type]
+
+
+def _chain(iface: ir.Interface) -> ExpectedChain | None:
+    m = iface.marking
+    if m is None or m.chain is None:
+        return None
+    by_mark: dict[int, str] = {}
+    for q in ir.walk_qdiscs(iface.root):
+        for c in ir.classes_of(q):
+            if c.fwmark is not None and c.fwmark not in by_mark:
+                by_mark[c.fwmark] = c.label
+    jump = ExpectedRule(
+        f"jump from PREROUTING on {m.from_interface} to chain {m.chain}",
+        IptRule("PREROUTING", in_iface=m.from_interface, target=m.chain),
+        m.span,
+    )
+    rules = []
+    for rule in m.rules:
+        if rule.unmarked:
+            label = "mark rule for unmarked traffic"
+        else:
+            owner = by_mark.get(rule.mark)
+            label = f"mark rule for {owner.removeprefix('class ')}" if owner else "mark rule"
+        rules.append(ExpectedRule(label, expected_rule(m.chain, rule.conds, rule.mark), rule.span))
+    return ExpectedChain(m.chain, m.span, jump, tuple(rules))
+
+
+_QDISC_WORDS = {
+    "htb": "the htb qdisc",
+    "prio": "the prio qdisc",
+    "cbq": "the cbq qdisc",
+    "tbf": "the tbf qdisc",
+    "netem": "the netem qdisc",
+    "sfq": "the sfq qdisc",
+    "fq_codel": "the fq_codel qdisc",
+    "pfifo": "the pfifo qdisc",
+    "bfifo": "the bfifo qdisc",
+    "pfifo_fast": "the pfifo_fast qdisc",
+}
+
+
+def _requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
+    found: dict[str, Requirement] = {}
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            feature = f"sch_{q.kind}"
+            found.setdefault(feature, Requirement(feature, _QDISC_WORDS[q.kind], q.span))
+        for f in iface.filters:
+            if isinstance(f, ir.U32Filter):
+                found.setdefault("cls_u32", Requirement("cls_u32", "u32 filters", f.span))
+            else:
+                found.setdefault("cls_fw", Requirement("cls_fw", "fw filters", f.span))
+        if iface.marking is not None:
+            what = "iptables (the mangle table, mark match and MARK target)"
+            found.setdefault("iptables", Requirement("iptables", what, iface.marking.span))
+    return tuple(found.values())
+
+
+def expected_policy(policy: ir.Policy, sources: Mapping[str, str] | None = None) -> ExpectedPolicy:
+    """Everything an allocated ``policy`` should create in the kernel, as tc shows it.
+
+    ``sources`` (file -> text, as ``Result.sources``) lets messages quote how the policy wrote
+    a value (``LINK (12mbit)``); without it values are spelled canonically.
+    """
+    interfaces = []
+    for iface in policy.interfaces:
+        b = _Builder(sources or {})
+        b.qdisc(iface.root, "root", f"{iface.root.kind} qdisc of {iface.name}")
+        interfaces.append(
+            ExpectedInterface(
+                iface.name,
+                iface.span,
+                tuple(b.qdiscs),
+                tuple(b.classes),
+                tuple(_filters(iface)),
+                _chain(iface),
+                iface.marking.from_interface if iface.marking else None,
+            )
+        )
+    return ExpectedPolicy(policy.source, tuple(interfaces), _requirements(policy))
+
+
+def approx_equal(shown: Value, want: Want) -> bool:
+    """Whether a shown value agrees with ``want`` (within its tolerance for numbers)."""
+    if isinstance(shown, bool) or isinstance(want.value, bool):
+        return shown == want.value
+    if isinstance(shown, int | float) and isinstance(want.value, int | float):
+        return math.isclose(shown, want.value, rel_tol=0, abs_tol=want.tolerance + 1e-9)
+    return shown == want.value

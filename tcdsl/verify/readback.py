@@ -1,0 +1,756 @@
+"""Read the kernel's traffic-control state back from the text ``tc`` and ``iptables-save`` print.
+
+The formats are iproute2 6.1's (``tc/q_*.c``, ``tc/f_*.c``, ``lib/json_print*.c``) and
+iptables 1.8's ``-save`` output, checked against real kernels where one was at hand (the host's
+htb, tbf, fifos and u32; a Debian 6.1 kernel for sfq, prio, netem, fq_codel and fw). Parsing is
+tolerant: an unknown word is kept (``TcQdisc.words``), never an exception, so a newer ``tc``
+that prints one more field still parses.
+
+How tc prints values:
+
+- rates in bits/s with a decimal unit chosen so the number is an integer, dividing (and
+  truncating) by 1000 while the value is at least 1Mbit (``3333333bit`` shows as 3333Kbit);
+- sizes in bytes with binary Kb/Mb units rounded to the nearest unit when within 16 bytes
+  (1 KiB for Mb), ``15Kb/1`` with ``-d`` (the cell size after the slash);
+- times with ``%.3g`` (three significant digits) in s, ms, or whole us;
+- netem percentages with ``%g`` (six significant digits);
+- u32 keys as 32-bit value/mask words at a word-aligned offset, the keys of one filter that fall
+  in the same word merged into one;
+- fw marks in hex (``handle 0xa``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from ipaddress import IPv4Network
+
+# ==== values ===================================================================================
+
+_RATE = re.compile(r"(\d+)([KMGT]?)(i?)bit")
+_SIZE = re.compile(r"(\d+(?:\.\d+)?(?:e\+\d+)?)([KMG]?)b(?:/\d+)?")
+_TIME = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]\d+)?)(s|ms|us|ns)")
+_PERCENT = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]\d+)?)%")
+_COUNT = re.compile(r"(\d+)p?")
+_KEY = re.compile(r"match ([0-9a-f]{8})/([0-9a-f]{8}) at (-?\d+)")
+_FH = re.compile(r"([0-9a-f]*):([0-9a-f]*):([0-9a-f]*)")
+
+
+def parse_rate(text: str) -> int:
+    """``10Mbit`` -> 10000000; ``1500Kbit`` -> 1500000; ``800bit`` -> 800 (bits/s)."""
+    m = _RATE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a tc rate: {text!r}")
+    base = 1024 if m.group(3) else 1000
+    scale = {"": 1, "K": base, "M": base**2, "G": base**3, "T": base**4}[m.group(2)]
+    return int(m.group(1)) * scale
+
+
+def parse_size(text: str) -> int:
+    """``15Kb/1`` -> 15360; ``1539b`` -> 1539; ``1Mb`` -> 1048576 (bytes)."""
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a tc size: {text!r}")
+    scale = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[m.group(2)]
+    return round(float(m.group(1)) * scale)
+
+
+def parse_time(text: str) -> int:
+    """``26.2ms`` -> 26200; ``99us`` -> 99; ``1.5s`` -> 1500000 (microseconds, rounded)."""
+    m = _TIME.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a tc time: {text!r}")
+    scale = {"s": 1e6, "ms": 1e3, "us": 1.0, "ns": 1e-3}[m.group(2)]
+    return round(float(m.group(1)) * scale)
+
+
+def parse_percent(text: str) -> float:
+    """``1.5%`` -> 1.5 (percentage points)."""
+    m = _PERCENT.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a tc percentage: {text!r}")
+    return float(m.group(1))
+
+
+def parse_count(text: str) -> int:
+    """``127p`` -> 127; ``1000`` -> 1000 (packets, or a plain number)."""
+    m = _COUNT.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a count: {text!r}")
+    return int(m.group(1))
+
+
+Value = int | float | str | bool | tuple[int, ...]
+"""A value tc shows, in base units: bits/s, bytes, microseconds, packets, percentage points."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """One value as tc printed it (``text``) and what it means (``value``, in base units)."""
+
+    text: str
+    value: Value
+
+
+def _after(words: Sequence[str], key: str) -> str | None:
+    """The word after the first ``key`` in ``words``."""
+    try:
+        return words[list(words).index(key) + 1]
+    except (ValueError, IndexError):
+        return None
+
+
+# ==== option scanners ==========================================================================
+#
+# Each qdisc kind prints ``key value`` pairs (and a few bare flags) after its header. A scanner
+# walks the words once: a known key takes its value with the parser of its dimension; an unknown
+# word is skipped, so a field a newer tc adds does not derail the rest.
+
+
+def _rate(text: str) -> Value:
+    return parse_rate(text)
+
+
+def _size(text: str) -> Value:
+    return parse_size(text)
+
+
+def _time(text: str) -> Value:
+    return parse_time(text)
+
+
+def _count(text: str) -> Value:
+    return parse_count(text)
+
+
+def _int0(text: str) -> Value:
+    return int(text, 16) if text.lower().startswith(("0x", "-0x")) else int(text)
+
+
+def _hexint(text: str) -> Value:
+    return int(text, 16)
+
+
+def _perturb(text: str) -> Value:
+    return int(text.removesuffix("sec"))
+
+
+_PARSERS: dict[str, Callable[[str], Value]] = {
+    "rate": _rate,
+    "size": _size,
+    "time": _time,
+    "count": _count,
+    "int": _int0,
+    "hex": _hexint,
+    "perturb": _perturb,
+    "text": str,
+}
+
+_VALUE_PATTERNS = {
+    "rate": _RATE,
+    "size": _SIZE,
+    "time": _TIME,
+    "count": _COUNT,
+    "int": re.compile(r"-?(?:0x[0-9a-fA-F]+|\d+)"),
+    "hex": re.compile(r"(?:0x)?[0-9a-fA-F]+"),
+    "perturb": re.compile(r"\d+(?:sec)?"),
+    "text": re.compile(r"\S+"),
+}
+
+FLAG = "flag"
+"""A bare word (``ecn``, ``headdrop``): its value is True when present."""
+
+
+def _scan(words: Sequence[str], spec: dict[str, str]) -> dict[str, Shown]:
+    """Pick ``key value`` pairs and flags out of ``words`` as ``spec`` (key -> dimension) says."""
+    out: dict[str, Shown] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        dim = spec.get(word)
+        if dim == FLAG:
+            out[word] = Shown(word, True)
+        elif dim is not None and i + 1 < len(words):
+            text = words[i + 1]
+            if _VALUE_PATTERNS[dim].fullmatch(text):
+                out.setdefault(word, Shown(text, _PARSERS[dim](text)))
+                i += 1
+        i += 1
+    return out
+
+
+def _bands_and_priomap(words: Sequence[str], out: dict[str, Shown]) -> None:
+    """``bands 3 priomap 1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1`` (prio and pfifo_fast)."""
+    bands = _after(words, "bands")
+    if bands is not None and bands.isdigit():
+        out["bands"] = Shown(bands, int(bands))
+    if "priomap" in words:
+        start = list(words).index("priomap") + 1
+        items: list[int] = []
+        for word in words[start : start + 16]:
+            if not word.isdigit():
+                break
+            items.append(int(word))
+        out["priomap"] = Shown(" ".join(map(str, items)), tuple(items))
+
+
+def _netem(words: Sequence[str]) -> dict[str, Shown]:
+    """netem: ``limit 1000 delay 20ms  5ms 25% loss 1% 25% duplicate 2% corrupt 0.1% rate 1Mbit``.
+
+    The jitter and each correlation follow their value without a key of their own."""
+    out: dict[str, Shown] = {}
+    i = 0
+    n = len(words)
+
+    def nxt(pattern: re.Pattern[str]) -> str | None:
+        return words[i + 1] if i + 1 < n and pattern.fullmatch(words[i + 1]) else None
+
+    while i < n:
+        word = words[i]
+        if word == "limit" and (text := nxt(_COUNT)) is not None:
+            out["limit"] = Shown(text, parse_count(text))
+            i += 1
+        elif word == "delay" and (text := nxt(_TIME)) is not None:
+            out["delay"] = Shown(text, parse_time(text))
+            i += 1
+            if (text := nxt(_TIME)) is not None:
+                out["jitter"] = Shown(text, parse_time(text))
+                i += 1
+            if (text := nxt(_PERCENT)) is not None:
+                out["delay_correlation"] = Shown(text, parse_percent(text))
+                i += 1
+        elif word in ("loss", "duplicate", "corrupt", "reorder"):
+            if (text := nxt(_PERCENT)) is not None:
+                out[word] = Shown(text, parse_percent(text))
+                i += 1
+                if (text := nxt(_PERCENT)) is not None:
+                    out[f"{word}_correlation"] = Shown(text, parse_percent(text))
+                    i += 1
+            elif word == "loss" and i + 1 < n:
+                out["loss_model"] = Shown(words[i + 1], words[i + 1])  # "state" or "gemodel"
+                i += 1
+        elif word == "rate" and (text := nxt(_RATE)) is not None:
+            out["rate"] = Shown(text, parse_rate(text))
+            i += 1
+        elif word == "gap" and i + 1 < n and words[i + 1].isdigit():
+            out["gap"] = Shown(words[i + 1], int(words[i + 1]))
+            i += 1
+        elif word == "ecn":
+            out["ecn"] = Shown(word, True)
+        i += 1
+    return out
+
+
+QDISC_OPTIONS: dict[str, dict[str, str]] = {
+    "htb": {"r2q": "int", "default": "hex", "direct_packets_stat": "int", "direct_qlen": "int"},
+    "tbf": {
+        "rate": "rate",
+        "burst": "size",
+        "mpu": "size",
+        "peakrate": "rate",
+        "mtu": "size",
+        "minburst": "size",
+        "lat": "time",
+        "limit": "size",
+        "overhead": "int",
+        "linklayer": "text",
+    },
+    "sfq": {
+        "limit": "count",
+        "quantum": "size",
+        "depth": "int",
+        "headdrop": FLAG,
+        "flows": "int",
+        "divisor": "int",
+        "perturb": "perturb",
+    },
+    "fq_codel": {
+        "limit": "count",
+        "flows": "int",
+        "quantum": "int",
+        "target": "time",
+        "ce_threshold": "time",
+        "interval": "time",
+        "memory_limit": "size",
+        "ecn": FLAG,
+        "drop_batch": "int",
+    },
+    "pfifo": {"limit": "count"},
+    "bfifo": {"limit": "size"},
+    "cbq": {"rate": "rate", "cell": "size", "mpu": "size", "prio": "text", "allot": "size"},
+}
+"""What each qdisc kind prints after its header, key -> dimension (iproute2 6.1 ``*_print_opt``).
+
+prio, pfifo_fast and netem have scanners of their own (positional values)."""
+
+CLASS_OPTIONS: dict[str, dict[str, str]] = {
+    "htb": {
+        "prio": "int",
+        "quantum": "int",
+        "rate": "rate",
+        "overhead": "int",
+        "ceil": "rate",
+        "linklayer": "text",
+        "burst": "size",
+        "cburst": "size",
+        "level": "int",
+    },
+    "cbq": {"rate": "rate", "prio": "text", "allot": "size", "weight": "rate", "level": "int"},
+}
+"""What each class kind prints (``htb_print_opt`` serves classes too; the first ``mpu`` is the
+rate's, and only the first occurrence of a key is kept)."""
+
+
+# ==== tc objects ===============================================================================
+
+
+def _header(words: list[str]) -> tuple[str, list[str]]:
+    """The parent (``root`` or a class id) and the words after ``kind handle``, minus the
+    ``dev X``, ``root``/``parent P`` and ``refcnt N`` of the header."""
+    rest = words[3:]
+    parent = "?"
+    out: list[str] = []
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word == "root" and parent == "?":
+            parent = "root"
+        elif word in ("parent", "dev", "refcnt") and i + 1 < len(rest) and not out:
+            if word == "parent":
+                parent = rest[i + 1]
+            i += 1
+        else:
+            out.append(word)
+        i += 1
+    return parent, out
+
+
+@dataclass(frozen=True)
+class TcQdisc:
+    """One line of ``tc -d qdisc show``: kind, handle (``10:``), parent and the option words."""
+
+    kind: str
+    handle: str
+    parent: str
+    """``root`` or a class id such as ``1:10``."""
+    words: tuple[str, ...]
+    """Everything after ``kind handle``, as printed."""
+
+    def opt(self, key: str) -> str | None:
+        """The word after ``key``, as printed."""
+        return _after(self.words, key)
+
+    @property
+    def options(self) -> dict[str, Shown]:
+        """The options this kind prints, parsed (keys as tc prints them, e.g. ``lat``)."""
+        _, words = _header(["qdisc", self.kind, self.handle, *self.words])
+        match self.kind:
+            case "prio" | "pfifo_fast":
+                out: dict[str, Shown] = {}
+                _bands_and_priomap(words, out)
+                return out
+            case "netem":
+                return _netem(words)
+            case _:
+                return _scan(words, QDISC_OPTIONS.get(self.kind, {}))
+
+
+@dataclass(frozen=True)
+class TcClass:
+    """One line of ``tc -d class show``."""
+
+    kind: str
+    classid: str
+    parent: str
+    """``root`` or the parent's id (a class, or the qdisc as ``1:``)."""
+    leaf: str | None
+    """The handle of the qdisc below (``10:``); None for inner classes and default qdiscs."""
+    words: tuple[str, ...]
+
+    def opt(self, key: str) -> str | None:
+        """The word after ``key``, as printed."""
+        return _after(self.words, key)
+
+    @property
+    def options(self) -> dict[str, Shown]:
+        """The options this class kind prints, parsed."""
+        _, words = _header(["class", self.kind, self.classid, *self.words])
+        return _scan(words, CLASS_OPTIONS.get(self.kind, {}))
+
+
+Key = tuple[int, int, int]
+"""A u32 key as the kernel holds it: (value, mask, offset), value and mask in host order."""
+
+
+@dataclass(frozen=True)
+class TcFilter:
+    """One filter node of ``tc filter show``: a u32 rule (with keys), an fw mapping, or another
+    kind (kept with its words, so that it can be reported)."""
+
+    kind: str
+    protocol: str
+    pref: int
+    flowid: str
+    keys: tuple[Key, ...] = ()
+    mark: int | None = None
+    mask: int | None = field(default=None, compare=False)
+    """fw only: the mark mask, when it is not 0xffffffff."""
+    node: int = field(default=0, compare=False)
+    """The u32 node number (``fh 800::801`` -> 0x801): the order within one pref."""
+    words: tuple[str, ...] = field(default=(), compare=False)
+    """The filter's lines, as printed."""
+
+
+def parse_qdiscs(text: str) -> list[TcQdisc]:
+    """Parse ``tc -d qdisc show dev X``."""
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 3 or words[0] != "qdisc":
+            continue
+        parent, _ = _header(words)
+        out.append(TcQdisc(words[1], words[2], parent, tuple(words[3:])))
+    return out
+
+
+def parse_classes(text: str) -> list[TcClass]:
+    """Parse ``tc -d class show dev X``."""
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 3 or words[0] != "class":
+            continue
+        parent, _ = _header(words)
+        out.append(TcClass(words[1], words[2], parent, _after(words, "leaf"), tuple(words[3:])))
+    return out
+
+
+def _filter_blocks(text: str) -> Iterator[tuple[list[str], list[str]]]:
+    """Each ``filter ...`` line with the indented lines that follow it."""
+    head: list[str] | None = None
+    body: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("filter "):
+            if head is not None:
+                yield head, body
+            head, body = line.split(), []
+        elif head is not None and line.strip():
+            body.append(line.strip())
+    if head is not None:
+        yield head, body
+
+
+def parse_filters(text: str) -> list[TcFilter]:
+    """Parse ``tc filter show dev X parent P``: the rules, not the u32 hash tables and the
+    per-pref heads, in the order tc lists them (the order the kernel tries them in)."""
+    out = []
+    for words, body in _filter_blocks(text):
+        pref_text = _after(words, "pref")
+        if pref_text is None or not pref_text.isdigit():
+            continue
+        protocol = _after(words, "protocol") or "all"
+        kind = words[words.index("pref") + 2] if words.index("pref") + 2 < len(words) else "?"
+        if kind == "u32":
+            m = _FH.fullmatch(_after(words, "fh") or "")
+            if m is None or not m.group(3) or int(m.group(3), 16) == 0:
+                continue  # the filter head or a hash table, not a rule
+            flowid = _after(words, "*flowid") or _after(words, "flowid") or "?"
+            keys = []
+            for line in body:
+                if (k := _KEY.search(line)) is not None:
+                    keys.append((int(k.group(1), 16), int(k.group(2), 16), int(k.group(3))))
+            out.append(
+                TcFilter(
+                    kind,
+                    protocol,
+                    int(pref_text),
+                    flowid,
+                    tuple(keys),
+                    node=int(m.group(3), 16),
+                    words=tuple([" ".join(words), *body]),
+                )
+            )
+        elif kind == "fw":
+            handle = _after(words, "handle")
+            if handle is None:
+                continue  # the head of the pref
+            mark_text, _, mask_text = handle.partition("/")
+            flowid = _after(words, "classid") or _after(words, "flowid") or "?"
+            out.append(
+                TcFilter(
+                    kind,
+                    protocol,
+                    int(pref_text),
+                    flowid,
+                    mark=int(mark_text, 0),
+                    mask=int(mask_text, 0) if mask_text else None,
+                    words=tuple([" ".join(words), *body]),
+                )
+            )
+        else:
+            # Another classifier (matchall, flower, bpf, ...): the script never adds one, so
+            # it is reported as it is; its head line (without handle) is skipped like u32's.
+            if "handle" not in words and not body:
+                continue
+            flowid = _after(words, "classid") or _after(words, "flowid") or "?"
+            out.append(
+                TcFilter(
+                    kind, protocol, int(pref_text), flowid, words=tuple([" ".join(words), *body])
+                )
+            )
+    return out
+
+
+# ==== iptables-save ============================================================================
+
+PROTOCOL_NUMBERS: dict[str, int] = {
+    "ip": 0,
+    "all": 0,
+    "hopopt": 0,
+    "icmp": 1,
+    "igmp": 2,
+    "ggp": 3,
+    "ipencap": 4,
+    "st": 5,
+    "tcp": 6,
+    "egp": 8,
+    "igp": 9,
+    "pup": 12,
+    "udp": 17,
+    "hmp": 20,
+    "xns-idp": 22,
+    "rdp": 27,
+    "iso-tp4": 29,
+    "dccp": 33,
+    "xtp": 36,
+    "ddp": 37,
+    "idpr-cmtp": 38,
+    "ipv6": 41,
+    "ipv6-route": 43,
+    "ipv6-frag": 44,
+    "idrp": 45,
+    "rsvp": 46,
+    "gre": 47,
+    "esp": 50,
+    "ah": 51,
+    "skip": 57,
+    "ipv6-icmp": 58,
+    "icmpv6": 58,
+    "ipv6-nonxt": 59,
+    "ipv6-opts": 60,
+    "rspf": 73,
+    "vmtp": 81,
+    "eigrp": 88,
+    "ospf": 89,
+    "ax.25": 93,
+    "ipip": 94,
+    "etherip": 97,
+    "encap": 98,
+    "pim": 103,
+    "ipcomp": 108,
+    "vrrp": 112,
+    "l2tp": 115,
+    "isis": 124,
+    "sctp": 132,
+    "fc": 133,
+    "mobility-header": 135,
+    "mh": 135,
+    "udplite": 136,
+    "mpls-in-ip": 137,
+    "manet": 138,
+    "hip": 139,
+    "shim6": 140,
+    "wesp": 141,
+    "rohc": 142,
+    "ethernet": 143,
+}
+"""iptables-save prints a protocol by the name ``/etc/protocols`` gives it (Debian's netbase
+list, here), or by iptables' own name, or as a number when neither knows it."""
+
+
+def protocol_number(text: str) -> int | None:
+    """``tcp`` -> 6; ``47`` -> 47; an unknown name -> the host's /etc/protocols, else None."""
+    if text.isdigit():
+        return int(text)
+    number = PROTOCOL_NUMBERS.get(text.lower())
+    if number is None:
+        try:
+            number = socket.getprotobyname(text)
+        except OSError:
+            return None
+    return number
+
+
+def _network(text: str) -> str | None:
+    """``10.0.0.1/32`` -> itself; ``10.0.0.1`` -> ``10.0.0.1/32``; ``0.0.0.0/0`` -> None."""
+    net = IPv4Network(text, strict=False)
+    return None if net.prefixlen == 0 else str(net)
+
+
+def _ports(text: str) -> tuple[int, int]:
+    """``80`` -> (80, 80); ``1000:2000`` -> (1000, 2000); ``:1023`` -> (0, 1023)."""
+    if ":" not in text:
+        return int(text), int(text)
+    lo, _, hi = text.partition(":")
+    return int(lo or 0), int(hi or 65535)
+
+
+def _value_mask(text: str, full: int) -> tuple[int, int]:
+    value, _, mask = text.partition("/")
+    return int(value, 0), int(mask, 0) if mask else full
+
+
+@dataclass(frozen=True)
+class IptRule:
+    """One ``-A CHAIN ...`` rule, normalised so that equivalent spellings compare equal
+    (``--set-mark 10`` and ``--set-xmark 0xa/0xffffffff``; ``-s 10.0.0.1`` and ``/32``;
+    ``-p 47`` and ``-p gre``; ``-d 0.0.0.0/0`` and nothing)."""
+
+    chain: str
+    src: str | None = None
+    dst: str | None = None
+    in_iface: str | None = None
+    out_iface: str | None = None
+    protocol: int | None = None
+    sport: tuple[int, int] | None = None
+    dport: tuple[int, int] | None = None
+    tos: tuple[int, int] | None = None
+    dscp: int | None = None
+    mark: tuple[int, int] | None = None
+    """``-m mark --mark V[/M]``."""
+    target: str | None = None
+    set_mark: tuple[int, int] | None = None
+    """``-j MARK --set-xmark V/M`` (``--set-mark V`` is V/0xffffffff)."""
+    other: tuple[str, ...] = ()
+    """Words this parser does not model (negations, other matches): any makes a rule differ."""
+    text: str = field(default="", compare=False)
+    """The rule as printed."""
+
+    def fields(self) -> dict[str, object]:
+        """The fields that carry meaning, for field-by-field comparison."""
+        return {
+            "src": self.src,
+            "dst": self.dst,
+            "in-interface": self.in_iface,
+            "out-interface": self.out_iface,
+            "protocol": self.protocol,
+            "sport": self.sport,
+            "dport": self.dport,
+            "tos": self.tos,
+            "dscp": self.dscp,
+            "mark match": self.mark,
+            "target": self.target,
+            "set-mark": self.set_mark,
+            "other words": self.other,
+        }
+
+
+_FULL32 = 0xFFFFFFFF
+_MODULE_ONLY = frozenset({"tcp", "udp", "sctp", "udplite", "mark", "tos", "dscp", "MARK"})
+
+
+def parse_rule(words: Sequence[str]) -> IptRule:
+    """Parse the words of one iptables rule (``-A CHAIN`` first), as iptables-save prints it
+    or as a script writes it."""
+    if len(words) < 2 or words[0] not in ("-A", "-I"):
+        raise ValueError(f"not an iptables rule: {' '.join(words)!r}")
+    rule = IptRule(words[1], text=" ".join(words))
+    i = 2
+    if words[0] == "-I" and i < len(words) and words[i].isdigit():
+        i += 1
+    other: list[str] = []
+    while i < len(words):
+        word = words[i]
+        arg = words[i + 1] if i + 1 < len(words) else ""
+        step = 2
+        match word:
+            case "-s" | "--source":
+                rule = replace(rule, src=_network(arg))
+            case "-d" | "--destination":
+                rule = replace(rule, dst=_network(arg))
+            case "-i" | "--in-interface":
+                rule = replace(rule, in_iface=arg)
+            case "-o" | "--out-interface":
+                rule = replace(rule, out_iface=arg)
+            case "-p" | "--protocol":
+                rule = replace(rule, protocol=protocol_number(arg))
+            case "-m" | "--match":
+                if arg not in _MODULE_ONLY:
+                    other += [word, arg]
+            case "--sport" | "--source-port":
+                rule = replace(rule, sport=_ports(arg))
+            case "--dport" | "--destination-port":
+                rule = replace(rule, dport=_ports(arg))
+            case "--tos":
+                rule = replace(rule, tos=_value_mask(arg, 0xFF))
+            case "--dscp":
+                rule = replace(rule, dscp=int(arg, 0))
+            case "--mark":
+                rule = replace(rule, mark=_value_mask(arg, _FULL32))
+            case "-j" | "--jump" | "-g" | "--goto":
+                rule = replace(rule, target=arg)
+            case "--set-xmark" | "--set-mark":
+                rule = replace(rule, set_mark=_value_mask(arg, _FULL32))
+            case _:
+                other.append(word)
+                step = 1
+        i += step
+    return replace(rule, other=tuple(other))
+
+
+@dataclass
+class IptablesState:
+    """The mangle table as ``iptables-save -t mangle`` shows it: chains and their rules."""
+
+    chains: dict[str, list[IptRule]] = field(default_factory=dict)
+    """Every chain (built-in and user-defined), with its rules in order."""
+    text: str = ""
+
+
+def parse_iptables_save(text: str, table: str = "mangle") -> IptablesState:
+    """Parse ``iptables-save -t TABLE``; other tables in the text are ignored."""
+    state = IptablesState(text=text)
+    current: str | None = None
+    for line in text.splitlines():
+        if line.startswith("*"):
+            current = line[1:].strip()
+        elif current != table or not line or line.startswith("#"):
+            continue
+        elif line.startswith(":"):
+            state.chains.setdefault(line[1:].split()[0], [])
+        elif line.startswith("-A "):
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                words = line.split()
+            rule = parse_rule(words)
+            state.chains.setdefault(rule.chain, []).append(rule)
+    return state
+
+
+# ==== one device, one kernel ===================================================================
+
+
+@dataclass
+class DeviceState:
+    """What tc shows for one device."""
+
+    name: str
+    qdiscs: list[TcQdisc] = field(default_factory=list)
+    classes: list[TcClass] = field(default_factory=list)
+    filters: dict[str, list[TcFilter]] = field(default_factory=dict)
+    """parent (qdisc handle or class id) -> its filters, in the order tc lists them."""
+    text: str = ""
+    """Everything tc printed for the device, for messages and idempotence checks."""
+
+
+@dataclass
+class KernelState:
+    """Everything read back from one kernel after a script ran."""
+
+    devices: dict[str, DeviceState] = field(default_factory=dict)
+    iptables: IptablesState | None = None
+    """None when the policy uses no iptables (it is then not read)."""

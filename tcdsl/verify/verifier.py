@@ -1,0 +1,331 @@
+"""Verify policies on a real kernel: compile, apply in a throwaway namespace, read back, compare.
+
+:func:`verify_many` plans every policy first, then runs the host's cases one namespace at a
+time and all user-mode Linux cases in a single boot, then compares. Which kernel runs a policy:
+
+- ``host``: this machine's kernel (needs root); a feature it lacks is an E405 at the policy
+  text that needs it;
+- ``uml``: a Debian 6.1 kernel booted as user-mode Linux (``tcdsl.kernels.uml``);
+- ``auto``: the host when it has everything the policy needs, else user-mode Linux.
+
+No kernel has cbq any more (removed in Linux 6.3): a cbq policy gets an E405 at its cbq qdisc,
+and its commands are run one by one to check that tc at least parses each of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic, Span, sort_key
+from tcdsl.driver import compile_policy
+from tcdsl.verify import compare, runner
+from tcdsl.verify.compare import MISSING, NO_FEATURE, Origin
+from tcdsl.verify.expect import ExpectedPolicy, Requirement, expected_policy
+
+KernelChoice = Literal["host", "uml", "auto"]
+KERNELS: tuple[KernelChoice, ...] = ("auto", "host", "uml")
+
+APPLIERS = frozenset({"shell"})
+"""Backends whose output the runner knows how to apply (``sh``)."""
+
+
+class VerifyError(Exception):
+    """Verification cannot run at all (no usable kernel, an unknown backend); says why."""
+
+
+@dataclass
+class Checked:
+    """How many objects of each kind were compared."""
+
+    qdiscs: int = 0
+    classes: int = 0
+    filters: int = 0
+    rules: int = 0
+
+    def __str__(self) -> str:
+        parts = [
+            f"{n} {word}{'s' * (n != 1) if word != 'class' else 'es' * (n != 1)}"
+            for n, word in (
+                (self.qdiscs, "qdisc"),
+                (self.classes, "class"),
+                (self.filters, "filter"),
+                (self.rules, "iptables rule"),
+            )
+            if n
+        ]
+        return ", ".join(parts) or "nothing"
+
+
+@dataclass
+class Verification:
+    """The verdict on one policy."""
+
+    path: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+    kernel: str | None = None
+    """Which kernel the policy ran on (``host kernel 6.1.0``), None if it ran on none."""
+    expected: ExpectedPolicy | None = None
+    script: str | None = None
+    checked: Checked = field(default_factory=Checked)
+    output: str = ""
+    """Everything the case printed (stdout, then stderr), for a look when something is odd."""
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        """The diagnostics that are errors."""
+        return [d for d in self.diagnostics if d.is_error]
+
+    @property
+    def ok(self) -> bool:
+        """True when the policy ran and the kernel agrees with it (warnings allowed)."""
+        return self.kernel is not None and not self.errors
+
+
+@dataclass
+class _Plan:
+    verification: Verification
+    expected: ExpectedPolicy | None = None
+    policy: ir.Policy | None = None
+    origins: list[Origin] = field(default_factory=list)
+    where: Literal["host", "uml", ""] = ""
+    commands: list[str] = field(default_factory=list)
+    """Parse check only (cbq): the command lines to run one by one."""
+    case: runner.Case | None = None
+
+
+def _features_of(expected: ExpectedPolicy) -> list[Requirement]:
+    return [r for r in expected.requirements if r.feature != "sch_cbq"]
+
+
+def _devices(policy: ir.Policy) -> tuple[list[str], list[str]]:
+    """The interfaces to create (policy ones, then ``classify ... from`` ones) and to read."""
+    read = [i.name for i in policy.interfaces]
+    create = list(read)
+    for iface in policy.interfaces:
+        if iface.marking is not None and iface.marking.from_interface not in create:
+            create.append(iface.marking.from_interface)
+    return create, read
+
+
+def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
+    result = compile_policy(path, backend)
+    v = Verification(path, list(result.diagnostics), dict(result.sources), script=result.output)
+    plan = _Plan(v)
+    if result.output is None or result.policy is None:
+        return plan
+    expected = expected_policy(result.policy, result.sources)
+    v.expected, plan.expected, plan.policy = expected, expected, result.policy
+    plan.origins = compare.script_origins(result.output, expected.spans())
+    v.checked = Checked(
+        sum(len(i.qdiscs) for i in expected.interfaces),
+        sum(len(i.classes) for i in expected.interfaces),
+        sum(len(i.filters) for i in expected.interfaces),
+        sum(len(i.chain.rules) + 1 for i in expected.interfaces if i.chain is not None),
+    )
+    create, read = _devices(result.policy)
+    cbq = expected.needs("sch_cbq")
+    if cbq is not None:
+        v.diagnostics.append(
+            Diagnostic.error(
+                NO_FEATURE,
+                "no kernel available has cbq (removed in Linux 6.3); only checking that tc "
+                "parses every command",
+                cbq.span,
+            )
+        )
+        plan.commands = runner.commands_of(plan.origins)
+        script = runner.case_script(path, result.output, create, read, commands=plan.commands)
+    else:
+        uses_iptables = expected.needs("iptables") is not None
+        script = runner.case_script(
+            path, result.output, create, read, iptables=uses_iptables, before=before, after=after
+        )
+    plan.case = runner.Case(path, script)
+    return plan
+
+
+def _choose(plans: Sequence[_Plan], kernel: KernelChoice) -> None:
+    """Decide where each plan runs; a plan with nowhere to run gets E405 diagnostics."""
+    host_why: str | None = None
+    support: runner.HostSupport | None = None
+    if kernel in ("host", "auto"):
+        host_why = runner.host_unavailable()
+        if host_why is None:
+            try:
+                support = runner.host_support()
+            except runner.KernelUnavailable as exc:
+                host_why = str(exc)
+        if kernel == "host" and support is None:
+            raise VerifyError(host_why or "the host kernel cannot be used")
+    uml_why: str | None = None
+    uml_checked = False
+
+    def uml_reason() -> str | None:
+        nonlocal uml_why, uml_checked
+        if not uml_checked:
+            uml_why, uml_checked = runner.uml_unavailable(), True
+        return uml_why
+
+    for plan in plans:
+        if plan.case is None or plan.expected is None:
+            continue
+        lacks = support.lacks(_features_of(plan.expected)) if support is not None else []
+        if kernel == "host":
+            assert support is not None
+            if lacks and not plan.commands:
+                _lacking(plan, lacks, f"the host kernel ({support.release}) lacks", "uml")
+            else:
+                plan.where = "host"
+        elif kernel == "uml":
+            why = uml_reason()
+            if why is not None:
+                raise VerifyError(f"user-mode Linux is unavailable: {why}")
+            plan.where = "uml"
+        elif support is not None and (not lacks or plan.commands):
+            plan.where = "host"
+        elif uml_reason() is None:
+            plan.where = "uml"
+        elif support is not None:
+            _lacking(
+                plan,
+                lacks,
+                f"the host kernel ({support.release}) lacks",
+                f"user-mode Linux is unavailable: {uml_why}",
+            )
+        else:
+            raise VerifyError(
+                f"no kernel to verify on: {host_why}; user-mode Linux is unavailable: {uml_why}"
+            )
+
+
+def _lacking(plan: _Plan, lacks: Sequence[Requirement], who: str, instead: str) -> None:
+    hint = "; verify with --kernel uml" if instead == "uml" else f" and {instead}"
+    for req in lacks:
+        plan.verification.diagnostics.append(
+            Diagnostic.error(NO_FEATURE, f"{who} {req.what} ({req.feature}){hint}", req.span)
+        )
+
+
+def _first_span(expected: ExpectedPolicy) -> Span:
+    iface = expected.interfaces[0]
+    return iface.qdiscs[0].span if iface.qdiscs else iface.span
+
+
+def _judge(plan: _Plan, result: runner.CaseResult | None, where: str) -> None:
+    """Turn a case's output into the plan's diagnostics."""
+    v, expected = plan.verification, plan.expected
+    assert expected is not None and plan.policy is not None and v.script is not None
+    if result is None:
+        v.diagnostics.append(
+            Diagnostic.error(
+                NO_FEATURE,
+                "the user-mode Linux guest stopped before this policy was verified",
+                _first_span(expected),
+            )
+        )
+        return
+    v.output = result.stdout + result.stderr
+    found = runner.sections(result.stdout)
+    release = found["kernel"].text.strip() if "kernel" in found else "?"
+    setup = found.get("setup")
+    if setup is None or setup.status != 0:
+        why = setup.text.strip() if setup is not None else result.stderr.strip()
+        v.diagnostics.append(
+            Diagnostic.error(
+                NO_FEATURE,
+                f"cannot create the policy's interfaces as veth devices: {why or 'no output'}",
+                expected.interfaces[0].span,
+            )
+        )
+        return
+    v.kernel = f"{where} {release}"
+    if plan.commands:
+        v.kernel += ", tc parse check only"
+        runs = runner.command_runs(found, plan.commands)
+        v.diagnostics += compare.parse_check_diagnostics(runs, plan.origins)
+        return
+    outcome = runner.apply_outcome(found)
+    if outcome is None:
+        v.diagnostics.append(
+            Diagnostic.error(
+                compare.APPLY_FAILED,
+                f"the script did not run (exit {result.exit_code}): "
+                f"{result.stderr.strip() or 'no output'}",
+                _first_span(expected),
+            )
+        )
+        return
+    applied = compare.apply_diagnostics(outcome, plan.origins, _first_span(expected))
+    state = runner.read_state(found, [i.name for i in plan.policy.interfaces])
+    differences = compare.compare_state(expected, state)
+    if outcome.failed:
+        # What the script never got to create is missing, of course: one count, not a list.
+        missing = [d for d in differences if d.code == MISSING]
+        differences = [d for d in differences if d.code != MISSING]
+        if missing:
+            note = (
+                f"; the script stopped there, so {len(missing)} "
+                f"object{'s' * (len(missing) != 1)} of the policy are not checked"
+            )
+            applied = [replace(d, message=d.message + note) if d.is_error else d for d in applied]
+    v.diagnostics += applied + differences
+
+
+def verify_many(
+    paths: Sequence[str],
+    backend: str = "shell",
+    kernel: KernelChoice = "auto",
+    after: Mapping[str, str] | None = None,
+    before: Mapping[str, str] | None = None,
+) -> list[Verification]:
+    """Verify each policy in ``paths``; one user-mode Linux boot serves all that need one.
+
+    ``after`` maps a path to shell run after its script, before the read-back (tests tamper
+    with the kernel's state this way); ``before`` to shell run before the script. Raises
+    :class:`VerifyError` when verification cannot run at all (``--kernel host`` without root
+    or namespaces; no kernel whatsoever); a policy that cannot run on the chosen kernel gets
+    E405 diagnostics instead.
+    """
+    if backend not in APPLIERS:
+        raise VerifyError(f"verify cannot apply the output of backend '{backend}' yet")
+    plans = [
+        _plan(path, backend, (before or {}).get(path, ""), (after or {}).get(path, ""))
+        for path in paths
+    ]
+    _choose(plans, kernel)
+    host = [p for p in plans if p.where == "host"]
+    guest = [p for p in plans if p.where == "uml"]
+    if host:
+        cases = [p.case for p in host if p.case is not None]
+        try:
+            results = runner.run_on_host(cases)
+        except runner.KernelUnavailable as exc:
+            raise VerifyError(str(exc)) from exc
+        for plan, result in zip(host, results, strict=True):
+            _judge(plan, result, "host kernel")
+    if guest:
+        cases = [p.case for p in guest if p.case is not None]
+        try:
+            results_or_none = runner.run_on_uml(cases)
+        except runner.KernelUnavailable as exc:
+            raise VerifyError(f"user-mode Linux is unavailable: {exc}") from exc
+        for plan, maybe in zip(guest, results_or_none, strict=True):
+            _judge(plan, maybe, "user-mode Linux")
+    for plan in plans:
+        plan.verification.diagnostics.sort(key=sort_key)
+    return [p.verification for p in plans]
+
+
+def verify(
+    path: str,
+    backend: str = "shell",
+    kernel: KernelChoice = "auto",
+    after: str = "",
+    before: str = "",
+) -> Verification:
+    """Verify one policy (see :func:`verify_many`)."""
+    return verify_many([path], backend, kernel, {path: after}, before={path: before})[0]
