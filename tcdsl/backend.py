@@ -60,6 +60,7 @@ def comment(text: object) -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
+@functools.cache
 def template_env() -> jinja2.Environment:
     """The environment for backend templates: strict, unescaped, with shell filters."""
     env = jinja2.Environment(

@@ -152,12 +152,94 @@ def values_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
                         f"prio has {bands} bands but {len(q.classes)} classes",
                         q.classes[bands].span,
                     )
+            if isinstance(q, ir.Sfq):
+                yield from _sfq_limits(q)
             if isinstance(q, ir.Htb) and q.r2q is not None and q.r2q.value < 1:
                 yield Diagnostic.error("E205", "r2q must be at least 1", q.r2q.span)
             if isinstance(q, ir.Netem):
                 for pct in (q.loss, q.duplicate, q.corrupt):
                     if pct is not None and pct.value > 100:
                         yield Diagnostic.error("E208", f"{pct.value}% is above 100%", pct.span)
+
+
+U32_MAX = 2**32 - 1
+MAX_RATE = (2**64 - 1) * 8  # tc keeps rates as 64-bit bytes per second
+
+
+def _node_values(node: object) -> Iterator[tuple[str, object]]:
+    for name in getattr(node, "__slots__", ()):
+        if name not in ("span", "explicit_handle", "explicit_id", "handle", "classid", "kind"):
+            yield name, getattr(node, name)
+
+
+def values_fit_the_kernel(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """Numbers fit the fields tc and the kernel keep them in (tc would refuse or wrap them)."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            nodes: list[tuple[object, str]] = [(q, f"{q.kind}")]
+            nodes += [(c, c.label) for c in ir.classes_of(q)]
+            for node, what in nodes:
+                for name, value in _node_values(node):
+                    yield from _fits(what, name, value, q)
+
+
+def _fits(what: str, name: str, value: object, q: ir.Qdisc) -> Iterator[Diagnostic]:
+    match value:
+        case ir.Rate() if value.bits_per_second > MAX_RATE:
+            yield Diagnostic.error("E208", f"{name} of {what} is too large for tc", value.span)
+        case ir.Rate() if 0 < value.bits_per_second < 8:
+            yield Diagnostic.error(
+                "E208",
+                f"{name} {value.bits_per_second}bit of {what} is below 8bit; "
+                "tc keeps rates in whole bytes per second",
+                value.span,
+            )
+        case ir.Rate() if value.bits_per_second == 0 and isinstance(q, ir.Tbf | ir.Netem | ir.Cbq):
+            yield Diagnostic.error("E208", f"{name} of {what} must be above 0bit", value.span)
+        case ir.Size() if value.bytes > U32_MAX:
+            msg = f"{name} of {what} is {value.bytes} bytes; tc takes at most {U32_MAX} (4g - 1)"
+            yield Diagnostic.error("E208", msg, value.span)
+        case ir.Size() if value.bytes == 0 and name in ("burst", "cburst", "quantum", "mtu"):
+            yield Diagnostic.error("E208", f"{name} of {what} must be above 0", value.span)
+        case ir.Time() if value.microseconds > U32_MAX:
+            msg = f"{name} of {what} is above tc's limit of {U32_MAX}us (about 71 minutes)"
+            yield Diagnostic.error("E208", msg, value.span)
+        case ir.Count() if value.value > U32_MAX:
+            msg = f"{name} {value.value} of {what} is above tc's limit of {U32_MAX}"
+            yield Diagnostic.error("E208", msg, value.span)
+        case ir.Count() if name == "flows" and not 1 <= value.value <= 65536:
+            msg = f"fq_codel flows {value.value} is outside 1-65536"
+            yield Diagnostic.error("E205", msg, value.span)
+        case _:
+            pass
+
+
+SFQ_MAX_DEPTH = 127  # packets per flow (SFQ_MAX_DEPTH in sch_sfq.c)
+SFQ_DEFAULT_FLOWS = 128
+
+
+def _sfq_limits(q: ir.Sfq) -> Iterator[Diagnostic]:
+    if q.depth is not None and not 1 <= q.depth.value <= SFQ_MAX_DEPTH:
+        msg = f"sfq depth {q.depth.value} is outside 1-{SFQ_MAX_DEPTH} (packets per flow)"
+        yield Diagnostic.error("E205", msg, q.depth.span)
+        return
+    if q.divisor is not None and (
+        q.divisor.value < 1 or q.divisor.value > 65536 or q.divisor.value & (q.divisor.value - 1)
+    ):
+        msg = f"sfq divisor {q.divisor.value} is not a power of two up to 65536"
+        yield Diagnostic.error("E205", msg, q.divisor.span)
+        return
+    if q.limit is not None:
+        depth = q.depth.value if q.depth else SFQ_MAX_DEPTH
+        flows = min(SFQ_DEFAULT_FLOWS, q.divisor.value if q.divisor else 1024)
+        cap = depth * flows
+        if q.limit.value > cap:
+            yield Diagnostic.warning(
+                "W305",
+                f"sfq limit {q.limit.value} is above depth x flows = {depth} x {flows}; "
+                f"the kernel lowers it to {cap}",
+                q.limit.span,
+            )
 
 
 # ---- rates -------------------------------------------------------------------------------------
@@ -270,6 +352,29 @@ def _all_rates(iface: ir.Interface) -> Iterator[ir.Rate]:
 
 
 # ---- classification ----------------------------------------------------------------------------
+
+
+HTB_MAX_DEPTH = 8  # TC_HTB_MAXDEPTH: the kernel refuses deeper class trees
+
+
+def htb_tree_fits(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """An htb class tree is at most 8 levels deep (the kernel says "tree is too deep")."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            if not isinstance(q, ir.Htb):
+                continue
+            stack = [(top, 1) for top in q.classes]
+            while stack:
+                cls, depth = stack.pop()
+                if depth > HTB_MAX_DEPTH:
+                    yield Diagnostic.error(
+                        "E212",
+                        f"{cls.label} is at level {depth} of the htb tree; the kernel allows "
+                        f"at most {HTB_MAX_DEPTH} (counting the link class)",
+                        cls.span,
+                    )
+                    continue
+                stack.extend((child, depth + 1) for child in cls.children)
 
 
 def matches_reach_leaves(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -393,10 +498,12 @@ def marks_unique(policy: ir.Policy) -> Iterator[Diagnostic]:
 CHECKS: tuple[Check, ...] = (
     required_parameters_present,
     values_in_range,
+    values_fit_the_kernel,
     ceil_not_below_rate,
     children_fit_parent,
     ceil_within_parent_ceil,
     rates_spelled_in_bits,
+    htb_tree_fits,
     matches_reach_leaves,
     conditions_given_once,
     marks_expressible,

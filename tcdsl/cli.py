@@ -6,6 +6,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -13,8 +14,10 @@ from tcdsl import __version__
 from tcdsl.backends import BACKENDS
 from tcdsl.diagnostics import Diagnostic, render, render_json
 from tcdsl.driver import Result, analyse, compile_policy
+from tcdsl.verify import KERNELS, KernelChoice, Verification, VerifyError, verify_many
 
 EXIT_OK, EXIT_POLICY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130
 
 
 def _report(result: Result, fmt: str) -> None:
@@ -48,7 +51,8 @@ WERROR = click.option("--werror", is_flag=True, help="Treat warnings as errors (
 
 @click.group(
     context_settings={"help_option_names": ["-h", "--help"]},
-    epilog="Examples:\n\n\b\n  tcdsl compile office.tcp > apply.sh\n  tcdsl check policies/*.tcp",
+    epilog="Examples:\n\n\b\n  tcdsl compile office.tcp > apply.sh\n  tcdsl check policies/*.tcp\n"
+    "  sudo tcdsl verify office.tcp",
 )
 @click.version_option(__version__, "-V", "--version", prog_name="tcdsl")
 def cli() -> None:
@@ -82,7 +86,11 @@ def compile(policy: str, backend: str, output: str | None, fmt: str, werror: boo
             click.echo(f"tcdsl: {_summary(result.diagnostics)}; nothing generated", err=True)
         sys.exit(EXIT_POLICY)
     if output:
-        Path(output).write_text(result.output, encoding="utf-8")
+        try:
+            Path(output).write_text(result.output, encoding="utf-8")
+        except OSError as err:
+            click.echo(f"tcdsl: cannot write '{output}': {err.strerror or err}", err=True)
+            sys.exit(EXIT_POLICY)
     else:
         click.echo(result.output, nl=False)
 
@@ -110,6 +118,62 @@ def check(policies: tuple[str, ...], fmt: str, werror: bool) -> None:
     sys.exit(EXIT_POLICY if failed else EXIT_OK)
 
 
+def _verdict(v: Verification) -> str:
+    if v.kernel is None:
+        return f"tcdsl: {v.path}: not verified ({_summary(v.diagnostics) or 'no kernel'})"
+    if v.ok:
+        extra = f"; {_summary(v.diagnostics)}" if v.diagnostics else ""
+        return f"tcdsl: {v.path}: the kernel agrees ({v.kernel}: {v.checked}){extra}"
+    return f"tcdsl: {v.path}: {_summary(v.diagnostics)} ({v.kernel})"
+
+
+@cli.command(
+    "verify",
+    epilog="Examples:\n\n\b\n  sudo tcdsl verify office.tcp\n"
+    "  tcdsl verify --kernel uml policies/seeds/*.tcp\n"
+    "  sudo tcdsl verify --kernel host --diagnostics json office.tcp\n\n"
+    "Kernels: 'host' is this machine's (needs root); 'uml' a Debian 6.1 kernel run as a "
+    "user-mode Linux process (no root needed); 'auto' the host when it has every qdisc and "
+    "classifier the policy needs, else uml. Exit 0 only when kernel and policy agree.",
+)
+@click.argument("policies", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "-b",
+    "--backend",
+    type=click.Choice(sorted(BACKENDS)),
+    default="shell",
+    show_default=True,
+    help="Whose output to apply.",
+)
+@click.option(
+    "--kernel",
+    type=click.Choice(KERNELS),
+    default="auto",
+    show_default=True,
+    help="Which kernel to apply the policy to.",
+)
+@FORMAT
+def verify_command(policies: tuple[str, ...], backend: str, kernel: str, fmt: str) -> None:
+    """Apply POLICIES to a real kernel in a throwaway network namespace, read the state back
+    and report every difference at the policy line it comes from."""
+    try:
+        results = verify_many(list(policies), backend, cast(KernelChoice, kernel))
+    except VerifyError as e:
+        click.echo(f"tcdsl: cannot verify: {e}", err=True)
+        sys.exit(EXIT_POLICY)
+    except KeyboardInterrupt:
+        click.echo("tcdsl: interrupted; the namespaces it made are removed", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if fmt == "json":
+        click.echo(render_json(d for v in results for d in v.diagnostics), nl=False, err=True)
+    else:
+        for v in results:
+            if v.diagnostics:
+                click.echo(render(v.diagnostics, v.sources), nl=False, err=True)
+            click.echo(_verdict(v), err=True)
+    sys.exit(EXIT_OK if all(v.ok for v in results) else EXIT_POLICY)
+
+
 def main() -> None:
     """Run the CLI; an unexpected exception is an internal error (exit 3, with a traceback)."""
     try:
@@ -119,7 +183,10 @@ def main() -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(EXIT_USAGE)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:
+        if isinstance(e.__cause__, KeyboardInterrupt):
+            click.echo("tcdsl: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         click.echo("Aborted!", err=True)
         sys.exit(EXIT_POLICY)
     except SystemExit:

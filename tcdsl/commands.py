@@ -30,8 +30,7 @@ class Command:
 
 
 def _pct(value: Fraction) -> str:
-    text = f"{float(value):.6f}".rstrip("0").rstrip(".")
-    return f"{text}%"
+    return f"{float(value):.12g}%"  # tc reads it with strtod: 1e-07% is fine
 
 
 def _opt(words: list[str], key: str, value: object) -> None:

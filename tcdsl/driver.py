@@ -6,8 +6,9 @@ Each stage adds its diagnostics; the driver stops after the first stage that rep
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 from tcdsl import ir
@@ -15,7 +16,7 @@ from tcdsl.allocate import allocate
 from tcdsl.backend import Backend
 from tcdsl.backends import BACKENDS
 from tcdsl.checks import run_checks
-from tcdsl.diagnostics import Diagnostic, sort_key
+from tcdsl.diagnostics import Diagnostic, Span, sort_key
 from tcdsl.frontend import Reader
 from tcdsl.resolve import resolve
 
@@ -35,23 +36,42 @@ class Result:
         return [d for d in self.diagnostics if d.is_error]
 
 
+RECURSION_LIMIT = 10_000
+"""Nested blocks and expressions are walked recursively; a few thousand levels are fine."""
+
+
 @contextmanager
-def _without_gc() -> Iterator[None]:
+def _compiling() -> Iterator[None]:
     # Compiling allocates many small objects and frees none in cycles; the cyclic collector
     # would rescan them again and again (a third of the time on 10,000 classes).
     enabled = gc.isenabled()
+    limit = sys.getrecursionlimit()
     gc.disable()
+    sys.setrecursionlimit(max(limit, RECURSION_LIMIT))
     try:
         yield
     finally:
+        sys.setrecursionlimit(limit)
         if enabled:
             gc.enable()
 
 
+def _too_deep(path: str, loader: Callable[[str], str] | None) -> Result:
+    result = Result(None, None)
+    with suppress(OSError):
+        result.sources[path] = (loader or Reader().loader)(path)
+    msg = "this policy nests blocks or expressions too deeply for tcdsl to follow"
+    result.diagnostics.append(Diagnostic.error("E020", msg, Span(path, 1, 1, 1, 2)))
+    return result
+
+
 def analyse(path: str, loader: Callable[[str], str] | None = None) -> Result:
     """Parse, resolve, check and allocate ``path``; no backend is involved."""
-    with _without_gc():
-        return _analyse(path, loader)
+    with _compiling():
+        try:
+            return _analyse(path, loader)
+        except RecursionError:
+            return _too_deep(path, loader)
 
 
 def _analyse(path: str, loader: Callable[[str], str] | None) -> Result:
@@ -89,13 +109,16 @@ def compile_policy(
     path: str, backend: str = "shell", loader: Callable[[str], str] | None = None
 ) -> Result:
     """Compile ``path`` with the named backend; ``result.output`` is None if there were errors."""
-    with _without_gc():
-        result = _analyse(path, loader)
-        if result.policy is None:
-            return result
-        target: Backend = BACKENDS[backend]()
-        result.diagnostics += sorted(target.unsupported(result.policy), key=sort_key)
-        if result.errors:
-            return result
-        result.output = target.emit(result.policy, path)
+    with _compiling():
+        try:
+            result = _analyse(path, loader)
+            if result.policy is None:
+                return result
+            target: Backend = BACKENDS[backend]()
+            result.diagnostics += sorted(target.unsupported(result.policy), key=sort_key)
+            if result.errors:
+                return result
+            result.output = target.emit(result.policy, path)
+        except RecursionError:
+            return _too_deep(path, loader)
         return result

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -466,9 +467,7 @@ class Builder(Transformer[Token, Any]):
 
     def include(self, c: list[Token]) -> None:
         (path_token,) = c
-        target = (Path(self.file).parent / str(path_token)[1:-1]).as_posix()
-        if target.startswith("./"):
-            target = target[2:]
+        target = os.path.normpath(os.path.join(os.path.dirname(self.file), str(path_token)[1:-1]))
         self.interfaces.extend(self.reader.read(target, self.sp(path_token)))
 
     def interface(self, c: list[Any]) -> None:
@@ -1227,6 +1226,9 @@ def _grammar_text() -> str:
     return resources.files("tcdsl.grammar").joinpath("tcdsl.lark").read_text()
 
 
+MAX_INCLUDE_DEPTH = 32
+
+
 class Reader:
     """Read a policy file and its includes; collect interfaces, diagnostics and sources."""
 
@@ -1239,13 +1241,13 @@ class Reader:
 
     def read(self, path: str, include_span: Span | None = None) -> list[ir.Interface]:
         """Parse ``path``; report problems at ``include_span`` when it cannot be read."""
-        if path in self.stack:
+        if path in self.stack or len(self.stack) >= MAX_INCLUDE_DEPTH:
             assert include_span is not None
-            self.diagnostics.append(
-                Diagnostic.error(
-                    "E006", f"include cycle: {' -> '.join([*self.stack, path])}", include_span
-                )
-            )
+            if path in self.stack:
+                msg = f"include cycle: {' -> '.join([*self.stack, path])}"
+            else:
+                msg = f"includes nest more than {MAX_INCLUDE_DEPTH} deep"
+            self.diagnostics.append(Diagnostic.error("E006", msg, include_span))
             return []
         try:
             text = self.loader(path)

@@ -142,8 +142,8 @@ def parse_rate(text: str) -> int:
 
 
 def parse_size(text: str) -> int:
-    """Parse a size with a unit into bytes."""
-    return _parse(text, SIZE_UNITS)
+    """Parse a size into bytes; a bare number is bytes, as in tc."""
+    return _parse(text, {**SIZE_UNITS, "": 1})
 
 
 def parse_time(text: str) -> int:

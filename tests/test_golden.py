@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from tcdsl.backends import BACKENDS
+
 from tcdsl.diagnostics import render
 from tcdsl.driver import compile_policy
 from tests.conftest import GOLDEN, ROOT, golden_name, policy_files
@@ -37,12 +37,16 @@ def test_golden(backend: str, policy: Path, update_golden: bool) -> None:
         golden.write_text(actual, encoding="utf-8")
         return
     assert golden.exists(), f"no golden file {golden}; run pytest --update-golden"
-    assert actual == golden.read_text(encoding="utf-8"), f"{golden} differs; run --update-golden and review"
+    assert actual == golden.read_text(encoding="utf-8"), (
+        f"{golden} differs; run --update-golden and review"
+    )
 
 
 def test_no_orphan_golden_files() -> None:
     expected = {
-        (GOLDEN / b / f"{golden_name(p)}.{BACKENDS[b].extension}") for b in BACKENDS for p in policy_files()
+        (GOLDEN / b / f"{golden_name(p)}.{BACKENDS[b].extension}")
+        for b in BACKENDS
+        for p in policy_files()
     }
     present = {p for p in GOLDEN.rglob("*") if p.is_file()}
     orphans = sorted(str(p.relative_to(ROOT)) for p in present - expected)
@@ -58,7 +62,9 @@ def test_every_policy_compiles_cleanly() -> None:
             result = compile_policy(policy.as_posix())
         finally:
             os.chdir(cwd)
-        assert result.output is not None and not result.diagnostics, render(result.diagnostics, result.sources)
+        assert result.output is not None and not result.diagnostics, render(
+            result.diagnostics, result.sources
+        )
 
 
 def test_compile_is_deterministic() -> None:

@@ -199,11 +199,6 @@ def test_size_round_trip_with_suffix(size: int) -> None:
     assert parse_size(format_size(size)) == size
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: format_size spells sizes that are not a multiple of 1024 as bare bytes "
-    "('1540'), which parse_size rejects (its table has no '' entry)",
-)
 @given(naturals)
 def test_size_round_trip(size: int) -> None:
     assert parse_size(format_size(size)) == size

@@ -1,0 +1,346 @@
+"""The command line: click's CliRunner for the commands, a subprocess for the entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+import tcdsl.cli
+from tcdsl import __version__
+from tcdsl.cli import cli, main
+from tests.conftest import ROOT
+
+OFFICE = "policies/office.tcp"
+BROKEN = "interface eth0 htb rate 10mbit {\n    class web rate 5mbit ceil 2mbit\n}\n"
+BROKEN_AT = ("2", str(BROKEN.splitlines()[1].index("2mbit") + 1))  # the ceil: E202
+WARNING_ONLY = "interface eth0 htb rate 10mbit {\n    class web rate 1mbps\n}\n"
+DIAGNOSTIC = re.compile(
+    r"^(?P<file>[^:\n]+):(?P<line>\d+):(?P<col>\d+): error: .+ \[E\d{3}\]$", re.M
+)
+
+
+@pytest.fixture
+def in_root(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run from the repository root, so policies are named as in the golden files."""
+    monkeypatch.chdir(ROOT)
+    return ROOT
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    out = {}
+    for name, text in (("broken", BROKEN), ("warn", WARNING_ONLY)):
+        path = tmp_path / f"{name}.tcp"
+        path.write_text(text, encoding="utf-8")
+        out[name] = path
+    return out
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+# ---- help and version ----------------------------------------------------------------------------
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"tcdsl, version {__version__}"
+    assert run("-V").stdout == result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "example"),
+    [
+        (["--help"], "tcdsl check policies/*.tcp"),
+        (["-h"], "tcdsl compile office.tcp > apply.sh"),
+        (["compile", "--help"], "tcdsl compile -o apply.sh office.tcp"),
+        (["check", "--help"], "tcdsl check --werror policies/*.tcp"),
+    ],
+)
+def test_help_shows_examples(args: list[str], example: str) -> None:
+    result = run(*args)
+    assert result.exit_code == 0
+    assert "Examples:" in result.stdout
+    assert example in result.stdout
+    assert result.stderr == ""
+
+
+def test_help_lists_commands_and_options() -> None:
+    top = run("--help").stdout
+    assert "compile" in top and "check" in top
+    sub = run("compile", "--help").stdout
+    for option in ("--backend", "--output", "--diagnostics", "--werror"):
+        assert option in sub
+
+
+# ---- compile -------------------------------------------------------------------------------------
+
+
+def test_compile_prints_the_script(in_root: Path) -> None:
+    result = run("compile", OFFICE)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("#!/bin/sh\n")
+    assert "tc qdisc add dev eth0 root handle 1: htb default" in result.stdout
+    assert result.stderr == ""
+    golden = in_root / "tests" / "golden" / "shell" / "office.sh"
+    if golden.exists():
+        assert result.stdout == golden.read_text(encoding="utf-8")
+
+
+def test_compile_output_file(in_root: Path, tmp_path: Path) -> None:
+    target = tmp_path / "apply.sh"
+    result = run("compile", "-o", str(target), OFFICE)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    assert target.read_text(encoding="utf-8") == run("compile", OFFICE).stdout
+
+
+def test_compile_error(files: dict[str, Path], tmp_path: Path) -> None:
+    target = tmp_path / "apply.sh"
+    result = run("compile", "-o", str(target), str(files["broken"]))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert not target.exists()
+    found = DIAGNOSTIC.search(result.stderr)
+    assert found, result.stderr
+    assert found["file"] == str(files["broken"])
+    assert (found["line"], found["col"]) == BROKEN_AT
+    assert "[E202]" in result.stderr
+    assert "nothing generated" in result.stderr
+
+
+def test_compile_error_to_stdout_leaves_it_empty(files: dict[str, Path]) -> None:
+    result = run("compile", str(files["broken"]))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert DIAGNOSTIC.search(result.stderr)
+
+
+def test_warnings_do_not_fail_without_werror(files: dict[str, Path]) -> None:
+    result = run("compile", str(files["warn"]))
+    assert result.exit_code == 0
+    assert result.stdout.startswith("#!/bin/sh\n")
+    assert "warning:" in result.stderr and "[W302]" in result.stderr
+
+
+def test_werror(files: dict[str, Path]) -> None:
+    result = run("compile", "--werror", str(files["warn"]))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "[W302]" in result.stderr
+    checked = run("check", "--werror", str(files["warn"]))
+    assert checked.exit_code == 1
+    assert run("check", str(files["warn"])).exit_code == 0
+
+
+def test_json_diagnostics(files: dict[str, Path]) -> None:
+    result = run("compile", "--diagnostics", "json", str(files["broken"]))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    items = json.loads(result.stderr)
+    assert [d["code"] for d in items] == ["E202"]
+    first = items[0]
+    assert first["severity"] == "error"
+    assert first["span"]["file"] == str(files["broken"])
+    assert (str(first["span"]["line"]), str(first["span"]["column"])) == BROKEN_AT
+    assert first["notes"] and first["notes"][0]["span"]["line"] == 2
+
+
+def test_json_on_success_is_an_empty_list(in_root: Path) -> None:
+    result = run("compile", "--diagnostics", "json", OFFICE)
+    assert result.exit_code == 0
+    assert json.loads(result.stderr) == []
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.tcp"
+    result = run("compile", str(missing))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert f"{missing}:1:1: error: cannot read" in result.stderr
+    assert "[E006]" in result.stderr
+
+
+def test_unknown_option_is_a_usage_error() -> None:
+    result = CliRunner().invoke(cli, ["compile", "--frobnicate", OFFICE])
+    assert result.exit_code == 2
+    assert "No such option" in result.stderr
+
+
+def test_unknown_backend_is_a_usage_error() -> None:
+    assert CliRunner().invoke(cli, ["compile", "-b", "nftables", OFFICE]).exit_code == 2
+
+
+# ---- check ---------------------------------------------------------------------------------------
+
+
+def test_check_several_files(in_root: Path, files: dict[str, Path]) -> None:
+    result = run("check", OFFICE, str(files["broken"]), "policies/seeds/s001-htb-700-300.tcp")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    locations = {m["file"] for m in DIAGNOSTIC.finditer(result.stderr)}
+    assert locations == {str(files["broken"])}
+    assert "tcdsl: 1 error" in result.stderr
+
+
+def test_check_good_files(in_root: Path) -> None:
+    result = run("check", OFFICE, "policies/seeds/s001-htb-700-300.tcp")
+    assert result.exit_code == 0
+    assert result.stdout == result.stderr == ""
+
+
+def test_check_json(in_root: Path, files: dict[str, Path]) -> None:
+    result = run("check", "--diagnostics", "json", OFFICE, str(files["broken"]), str(files["warn"]))
+    assert result.exit_code == 1
+    items = json.loads(result.stderr)
+    assert {(Path(d["span"]["file"]).stem, d["code"]) for d in items} == {
+        ("broken", "E202"),
+        ("warn", "W302"),
+    }
+
+
+def test_check_needs_a_file() -> None:
+    assert CliRunner().invoke(cli, ["check"]).exit_code == 2
+
+
+# ---- the console entry point ---------------------------------------------------------------------
+
+
+def _entry_point() -> list[str]:
+    script = shutil.which("tcdsl", path=str(Path(sys.executable).parent))
+    if script:
+        return [script]
+    return [sys.executable, "-c", "from tcdsl.cli import main; main()"]
+
+
+def _run_entry(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_entry_point(), *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["--version"], 0),
+        (["compile", OFFICE], 0),
+        (["check", OFFICE, "tests/diagnostics/E202-ceil-below-rate.tcp"], 1),
+        (["compile", "does/not/exist.tcp"], 1),
+        (["compile", "--frobnicate", OFFICE], 2),
+        (["frobnicate"], 2),
+        (["compile"], 2),
+    ],
+)
+def test_entry_point_exit_codes(args: list[str], code: int) -> None:
+    proc = _run_entry(*args)
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    if code == 2:
+        assert "Usage:" in proc.stderr or "Error:" in proc.stderr
+    if args == ["compile", OFFICE]:
+        assert proc.stdout == _run_entry("compile", OFFICE).stdout  # deterministic
+
+
+COMPLEX = """\
+const LINK = 100mbit
+interface eth0 htb rate LINK default bulk {
+    class a prio 1 rate 10mbit ceil 50% {
+        match proto tcp, udp dport 1000-2000, 80, 443 src 10.0.0.0/8, 192.168.1.1
+        match tos 0x10/0xfc sport 22
+        sfq perturb 10
+    }
+    class b rate 20% { match dscp ef; match tcp-ack proto tcp; fq_codel ecn }
+    class bulk rate 1mbit ceil 5mbit { pfifo limit 20 }
+}
+interface wan0 htb rate 50mbit default rest {
+    classify by mark from eth1
+    class x rate 10mbit match proto tcp dport 22, 80-90 dst 1.2.3.0/24, 5.6.7.8
+    class y rate 10mbit mark 77 match proto udp sport 53 dscp af41
+    class rest rate 1mbit
+}
+"""
+
+
+def test_output_does_not_depend_on_hash_seed(tmp_path: Path) -> None:
+    policy = tmp_path / "complex.tcp"
+    policy.write_text(COMPLEX, encoding="utf-8")
+    outputs = set()
+    for seed in ("1", "2"):
+        proc = subprocess.run(
+            [*_entry_point(), "compile", str(policy)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        assert proc.returncode == 0, proc.stderr
+        outputs.add(proc.stdout)
+    assert len(outputs) == 1
+
+
+def _main(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
+    monkeypatch.setattr(sys, "argv", ["tcdsl", *args])
+    try:
+        main()
+    except SystemExit as exit_:
+        return 0 if exit_.code is None else int(exit_.code)
+    return 0
+
+
+def test_main_internal_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], in_root: Path
+) -> None:
+    def explode(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("simulated compiler bug")
+
+    monkeypatch.setattr(tcdsl.cli, "compile_policy", explode)
+    assert _main(monkeypatch, "compile", OFFICE) == 3
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert "RuntimeError: simulated compiler bug" in err
+    assert "internal error" in err
+
+
+def test_main_internal_error_in_check(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], in_root: Path
+) -> None:
+    def explode(*args: object, **kwargs: object) -> object:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(tcdsl.cli, "analyse", explode)
+    assert _main(monkeypatch, "check", OFFICE) == 3
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_main_usage_and_policy_codes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], in_root: Path
+) -> None:
+    assert _main(monkeypatch, "compile", "--nope", OFFICE) == 2
+    assert "No such option" in capsys.readouterr().err
+    assert _main(monkeypatch, "--version") == 0
+    assert _main(monkeypatch, "check", OFFICE) == 0
+    assert _main(monkeypatch, "check", "missing.tcp") == 1
+    assert "[E006]" in capsys.readouterr().err
+
+
+def test_main_unwritable_output_is_not_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    in_root: Path,
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "no" / "such" / "dir" / "apply.sh"
+    code = _main(monkeypatch, "compile", "-o", str(target), OFFICE)
+    assert code in (1, 2)
+    assert "Traceback" not in capsys.readouterr().err
