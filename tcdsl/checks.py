@@ -166,21 +166,29 @@ U32_MAX = 2**32 - 1
 MAX_RATE = (2**64 - 1) * 8  # tc keeps rates as 64-bit bytes per second
 
 
+_SKIP_FIELDS = frozenset({"span", "explicit_handle", "explicit_id", "handle", "classid", "kind"})
+CLASS_VALUE_FIELDS = ("rate", "ceil", "burst", "cburst", "prio", "quantum", "allot", "avpkt")
+
+
 def _node_values(node: object) -> Iterator[tuple[str, object]]:
     for name in getattr(node, "__slots__", ()):
-        if name not in ("span", "explicit_handle", "explicit_id", "handle", "classid", "kind"):
-            yield name, getattr(node, name)
+        if name not in _SKIP_FIELDS:
+            value = getattr(node, name)
+            if isinstance(value, ir.Rate | ir.Size | ir.Time | ir.Count):
+                yield name, value
 
 
 def values_fit_the_kernel(policy: ir.Policy) -> Iterator[Diagnostic]:
     """Numbers fit the fields tc and the kernel keep them in (tc would refuse or wrap them)."""
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
-            nodes: list[tuple[object, str]] = [(q, f"{q.kind}")]
-            nodes += [(c, c.label) for c in ir.classes_of(q)]
-            for node, what in nodes:
-                for name, value in _node_values(node):
-                    yield from _fits(what, name, value, q)
+            for name, value in _node_values(q):
+                yield from _fits(q.kind, name, value, q)
+            for cls in ir.classes_of(q):
+                for name in CLASS_VALUE_FIELDS:
+                    value = getattr(cls, name)
+                    if value is not None:
+                        yield from _fits(cls.label, name, value, q)
 
 
 def _fits(what: str, name: str, value: object, q: ir.Qdisc) -> Iterator[Diagnostic]:

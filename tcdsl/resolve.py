@@ -143,4 +143,7 @@ def _resolve_class(
     leaf = None if cls.leaf is None else _resolve_qdisc(cls.leaf, diagnostics)
     own_ceil = ceil if ceil is not None else rate
     children = tuple(_resolve_class(c, rate, own_ceil, diagnostics) for c in cls.children)
+    unchanged = rate is cls.rate and ceil is cls.ceil and leaf is cls.leaf
+    if unchanged and all(a is b for a, b in zip(children, cls.children, strict=True)):
+        return cls
     return dataclasses.replace(cls, rate=rate, ceil=ceil, leaf=leaf, children=children)
