@@ -6,6 +6,8 @@ import functools
 import re
 import shlex
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
 
 import jinja2
 
@@ -13,15 +15,29 @@ from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic
 
 
+@dataclass(frozen=True, slots=True)
+class BackendOptions:
+    """Choices a user makes about the output, shared by the backends they apply to."""
+
+    marks: Literal["iptables", "nft"] = "iptables"
+    """How packets are marked for ``classify by mark``."""
+    batch: bool = False
+    """Shell backend: feed the tc commands to one ``tc -batch`` instead of one tc per command."""
+
+
 class Backend:
     """A target: ``unsupported`` reports what it cannot express, ``emit`` renders the policy.
 
     ``emit`` is pure: no I/O, no clock, no unordered iteration; the same policy gives the same
-    text byte for byte.
+    text byte for byte. A backend whose output is several files (a tc batch plus an
+    iptables-restore file) also overrides ``emit_files``.
     """
 
     name: str = ""
     extension: str = ""
+
+    def __init__(self, options: BackendOptions | None = None) -> None:
+        self.options = options or BackendOptions()
 
     def unsupported(self, policy: ir.Policy) -> Iterator[Diagnostic]:
         """Yield a diagnostic for everything in ``policy`` this backend cannot express."""
@@ -30,6 +46,11 @@ class Backend:
     def emit(self, policy: ir.Policy, source_label: str) -> str:
         """Render ``policy``; ``source_label`` names the policy file in headers."""
         raise NotImplementedError
+
+    def emit_files(self, policy: ir.Policy, source_label: str, stem: str) -> dict[str, str]:
+        """Render every file of the output, by file name (``stem`` plus an extension); the
+        main one, which ``emit`` returns, first."""
+        return {f"{stem}.{self.extension}": self.emit(policy, source_label)}
 
 
 _SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")

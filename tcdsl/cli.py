@@ -11,6 +11,7 @@ from typing import cast
 import click
 
 from tcdsl import __version__
+from tcdsl.backend import BackendOptions
 from tcdsl.backends import BACKENDS
 from tcdsl.diagnostics import Diagnostic, render, render_json
 from tcdsl.driver import Result, analyse, compile_policy
@@ -61,7 +62,8 @@ def cli() -> None:
 
 @cli.command(
     epilog="Examples:\n\n\b\n  tcdsl compile office.tcp > apply.sh\n"
-    "  tcdsl compile -o apply.sh office.tcp && sudo sh apply.sh"
+    "  tcdsl compile -o apply.sh office.tcp && sudo sh apply.sh\n"
+    "  tcdsl compile -o out/ office.tcp      (every file of the output, into out/)"
 )
 @click.argument("policy", type=click.Path(dir_okay=False))
 @click.option(
@@ -73,26 +75,64 @@ def cli() -> None:
     help="What to generate.",
 )
 @click.option(
-    "-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here, not stdout."
+    "-o",
+    "--output",
+    type=click.Path(),
+    help="Write to this file instead of stdout; a directory (or a path ending in '/') gets "
+    "every file of the output.",
+)
+@click.option(
+    "--marks",
+    type=click.Choice(["iptables", "nft"]),
+    default="iptables",
+    show_default=True,
+    help="How 'classify by mark' marks packets.",
+)
+@click.option(
+    "--batch", is_flag=True, help="Shell: feed the tc commands to one 'tc -batch' process."
 )
 @FORMAT
 @WERROR
-def compile(policy: str, backend: str, output: str | None, fmt: str, werror: bool) -> None:
-    """Compile POLICY and print the generated script."""
-    result = compile_policy(policy, backend)
+def compile(
+    policy: str,
+    backend: str,
+    output: str | None,
+    marks: str,
+    batch: bool,
+    fmt: str,
+    werror: bool,
+) -> None:
+    """Compile POLICY and print the generated output."""
+    options = BackendOptions(marks="nft" if marks == "nft" else "iptables", batch=batch)
+    result = compile_policy(policy, backend, options=options)
     _report(result, fmt)
     if result.output is None or (werror and result.diagnostics):
         if fmt == "text":
             click.echo(f"tcdsl: {_summary(result.diagnostics)}; nothing generated", err=True)
         sys.exit(EXIT_POLICY)
-    if output:
-        try:
-            Path(output).write_text(result.output, encoding="utf-8")
-        except OSError as err:
-            click.echo(f"tcdsl: cannot write '{output}': {err.strerror or err}", err=True)
-            sys.exit(EXIT_POLICY)
-    else:
+    if output is None:
         click.echo(result.output, nl=False)
+        return
+    target = Path(output)
+    if output.endswith("/") or target.is_dir():
+        files = {target / name: text for name, text in result.files.items()}
+    elif len(result.files) > 1:
+        names = ", ".join(result.files)
+        click.echo(
+            f"tcdsl: this output is {len(result.files)} files ({names}); "
+            f"give a directory: -o {output}/",
+            err=True,
+        )
+        sys.exit(EXIT_USAGE)
+    else:
+        files = {target: result.output}
+    try:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    except OSError as err:
+        click.echo(f"tcdsl: cannot write '{output}': {err.strerror or err}", err=True)
+        sys.exit(EXIT_POLICY)
 
 
 @cli.command(

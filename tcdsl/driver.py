@@ -10,10 +10,11 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 from tcdsl import ir
 from tcdsl.allocate import allocate
-from tcdsl.backend import Backend
+from tcdsl.backend import Backend, BackendOptions
 from tcdsl.backends import BACKENDS
 from tcdsl.checks import run_checks
 from tcdsl.diagnostics import Diagnostic, Span, sort_key
@@ -29,6 +30,8 @@ class Result:
     policy: ir.Policy | None
     diagnostics: list[Diagnostic] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    """Every file of the output by name, the main one (``output``) first."""
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -106,19 +109,28 @@ def _analyse(path: str, loader: Callable[[str], str] | None) -> Result:
 
 
 def compile_policy(
-    path: str, backend: str = "shell", loader: Callable[[str], str] | None = None
+    path: str,
+    backend: str = "shell",
+    loader: Callable[[str], str] | None = None,
+    options: BackendOptions | None = None,
+    stem: str | None = None,
 ) -> Result:
-    """Compile ``path`` with the named backend; ``result.output`` is None if there were errors."""
+    """Compile ``path`` with the named backend; ``result.output`` is None if there were errors.
+
+    ``stem`` names the output files (default: the policy's file name without extension).
+    """
     with _compiling():
         try:
             result = _analyse(path, loader)
             if result.policy is None:
                 return result
-            target: Backend = BACKENDS[backend]()
+            target: Backend = BACKENDS[backend](options)
             result.diagnostics += sorted(target.unsupported(result.policy), key=sort_key)
             if result.errors:
                 return result
-            result.output = target.emit(result.policy, path)
+            name = stem if stem is not None else PurePath(path).stem
+            result.files = target.emit_files(result.policy, path, name)
+            result.output = next(iter(result.files.values()))
         except RecursionError:
             return _too_deep(path, loader)
         return result

@@ -340,7 +340,18 @@ def test_main_unwritable_output_is_not_an_internal_error(
     in_root: Path,
     tmp_path: Path,
 ) -> None:
-    target = tmp_path / "no" / "such" / "dir" / "apply.sh"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    target = blocker / "apply.sh"  # a path below a regular file can never be created
     code = _main(monkeypatch, "compile", "-o", str(target), OFFICE)
     assert code in (1, 2)
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_compile_into_a_directory(in_root: Path, tmp_path: Path) -> None:
+    """``-o DIR/`` writes every file of the output into DIR, named after the policy."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["compile", "-o", f"{out}/", OFFICE])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["office.sh"]
+    assert (out / "office.sh").read_text(encoding="utf-8").startswith("#!/bin/sh\n")

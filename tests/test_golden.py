@@ -15,38 +15,41 @@ from tests.conftest import GOLDEN, ROOT, golden_name, policy_files
 CASES = [(b, p) for b in sorted(BACKENDS) for p in policy_files()]
 
 
-def _compile(backend: str, policy: Path) -> str:
+def _compile_files(backend: str, policy: Path) -> dict[str, str]:
+    """Every output file by name; a rejected policy gives one file with its diagnostics."""
     cwd = os.getcwd()
     os.chdir(ROOT)  # golden output names the policy by its repository path
     try:
-        result = compile_policy(policy.as_posix(), backend)
+        result = compile_policy(policy.as_posix(), backend, stem=golden_name(policy))
     finally:
         os.chdir(cwd)
     if result.output is None:
-        return "# rejected\n" + render(result.diagnostics, result.sources)
-    return result.output
+        name = f"{golden_name(policy)}.{BACKENDS[backend].extension}"
+        return {name: "# rejected\n" + render(result.diagnostics, result.sources)}
+    return result.files
+
+
+def _compile(backend: str, policy: Path) -> str:
+    return next(iter(_compile_files(backend, policy).values()))
 
 
 @pytest.mark.parametrize(("backend", "policy"), CASES, ids=[f"{b}-{p}" for b, p in CASES])
 def test_golden(backend: str, policy: Path, update_golden: bool) -> None:
-    ext = BACKENDS[backend].extension
-    golden = GOLDEN / backend / f"{golden_name(policy)}.{ext}"
-    actual = _compile(backend, policy)
-    if update_golden:
-        golden.parent.mkdir(parents=True, exist_ok=True)
-        golden.write_text(actual, encoding="utf-8")
-        return
-    assert golden.exists(), f"no golden file {golden}; run pytest --update-golden"
-    assert actual == golden.read_text(encoding="utf-8"), (
-        f"{golden} differs; run --update-golden and review"
-    )
+    for name, actual in _compile_files(backend, policy).items():
+        golden = GOLDEN / backend / name
+        if update_golden:
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(actual, encoding="utf-8")
+            continue
+        assert golden.exists(), f"no golden file {golden}; run pytest --update-golden"
+        assert actual == golden.read_text(encoding="utf-8"), (
+            f"{golden} differs; run --update-golden and review"
+        )
 
 
 def test_no_orphan_golden_files() -> None:
     expected = {
-        (GOLDEN / b / f"{golden_name(p)}.{BACKENDS[b].extension}")
-        for b in BACKENDS
-        for p in policy_files()
+        GOLDEN / b / name for b in BACKENDS for p in policy_files() for name in _compile_files(b, p)
     }
     present = {p for p in GOLDEN.rglob("*") if p.is_file()}
     orphans = sorted(str(p.relative_to(ROOT)) for p in present - expected)
