@@ -16,6 +16,7 @@ from tcdsl.backends import BACKENDS
 from tcdsl.diagnostics import Diagnostic, render, render_json
 from tcdsl.driver import Result, analyse, compile_policy
 from tcdsl.verify import KERNELS, KernelChoice, Verification, VerifyError, verify_many
+from tcdsl.verify.verifier import APPLIERS
 
 EXIT_OK, EXIT_POLICY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
@@ -180,7 +181,7 @@ def _verdict(v: Verification) -> str:
 @click.option(
     "-b",
     "--backend",
-    type=click.Choice(sorted(BACKENDS)),
+    type=click.Choice(sorted(APPLIERS)),
     default="shell",
     show_default=True,
     help="Whose output to apply.",

@@ -7,15 +7,17 @@ qdiscs below them, then the qdisc's filters. Every word is a plain string; backe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
-from tcdsl.diagnostics import Span
-from tcdsl.lower import iptables_words
+from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.lower import iptables_words, nft_words
 from tcdsl.units import format_rate, format_size, format_time
 
 
@@ -266,3 +268,177 @@ def marking_commands(iface: ir.Interface) -> Iterator[Command]:
 def teardown_commands(iface: ir.Interface) -> Iterator[tuple[str, ...]]:
     """Yield commands that remove what the policy owns on ``iface``; each may fail harmlessly."""
     yield ("tc", "qdisc", "del", "dev", iface.name, "root")
+
+
+# ==== tc -batch lines ===========================================================================
+
+BATCH_MAX_WORDS = 99
+"""tc splits a batch line into at most 100 words (with the program name) and exits on more."""
+
+_BATCH_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+
+
+def batch_unquotable(word: str) -> str | None:
+    """Why ``word`` cannot be written on a ``tc -batch`` line, or None.
+
+    tc (iproute2's ``getcmdline`` and ``makeargs``) cuts every line at its first ``#``, even
+    inside quotes; a word may be quoted with ``"`` or ``'`` (no escapes inside), so a word
+    with both quote characters, or a line break, has no spelling.
+    """
+    if "#" in word:
+        return "tc -batch takes '#' as the start of a comment, even inside quotes"
+    if "\n" in word or "\r" in word:
+        return "a tc -batch command ends at a line break"
+    if '"' in word and "'" in word:
+        return "a tc -batch word cannot hold both quote characters"
+    return None
+
+
+def batch_quote(word: str) -> str:
+    """Quote one word the way tc's batch parser reads it (see :func:`batch_unquotable`)."""
+    if _BATCH_SAFE.fullmatch(word):
+        return word
+    return f"'{word}'" if '"' in word else f'"{word}"'
+
+
+def batch_line(cmd: Command) -> str:
+    """A tc command as one ``tc -batch`` line: no ``tc``, words quoted for tc's parser."""
+    assert cmd.tool == "tc"
+    return " ".join(batch_quote(w) for w in cmd.args)
+
+
+def batch_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
+    """tc commands that remove ``iface``'s root qdisc and succeed whether or not there is one.
+
+    ``qdisc del ... root`` fails on an interface with no qdisc of its own, which would make
+    ``tc -batch`` report a failed command (and exit 1) on every first run; replacing the root
+    with a pfifo first gives the delete something to delete.
+    """
+    dev = ("dev", iface.name)
+    return (("qdisc", "replace", *dev, "root", "pfifo"), ("qdisc", "del", *dev, "root"))
+
+
+# ==== iptables-restore and nft ==================================================================
+
+_RESTORE_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./!-]+")
+
+
+def restore_quote(word: str) -> str:
+    """Quote one word for iptables-restore (double quotes, backslash escapes inside)."""
+    if _RESTORE_SAFE.fullmatch(word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def restore_lines(iface: ir.Interface) -> Iterator[tuple[Command | None, str]]:
+    """The ``*mangle`` lines of an iptables-restore file for ``iface``'s marking (no
+    ``*mangle``/``COMMIT``), each with the command it stands for (None for the chain line).
+
+    ``:CHAIN - [0:0]`` creates the chain, or with ``--noflush`` empties it if it exists; the
+    jump from PREROUTING cannot be made idempotent in a restore file (a ``-D`` of an absent
+    rule fails the whole file), so whoever applies it deletes old jumps first
+    (:func:`jump_teardown`).
+    """
+    m = iface.marking
+    assert m is not None and m.chain is not None
+    yield None, f":{restore_quote(m.chain)} - [0:0]"
+    for cmd in marking_commands(iface):
+        args = cmd.args[2:]  # without "-t mangle": the file's *mangle says it
+        if args[0] == "-N":
+            continue
+        yield cmd, " ".join(restore_quote(w) for w in args)
+
+
+def jump_teardown(iface: ir.Interface) -> tuple[str, ...]:
+    """The iptables command that deletes one jump into ``iface``'s chain (repeat until it fails)."""
+    m = iface.marking
+    assert m is not None and m.chain is not None
+    return ("iptables", "-t", "mangle", "-D", "PREROUTING", "-i", m.from_interface, "-j", m.chain)
+
+
+_NFT_NAME_BAD = re.compile(r"[^A-Za-z0-9_]")
+
+
+def nft_table(iface: ir.Interface) -> str:
+    """The name of the nft table (family ``inet``) that marks packets for ``iface``.
+
+    One table per shaped interface, so policies for different interfaces never clash;
+    characters nft does not take in a name become ``_``, plus a checksum of the real name
+    when any did (so ``eth-0`` and ``eth_0`` stay apart).
+    """
+    name = _NFT_NAME_BAD.sub("_", iface.name)
+    if name != iface.name:
+        name += f"_{zlib.crc32(iface.name.encode()):08x}"
+    return f"tcdsl_{name}"
+
+
+def nft_unquotable(name: str) -> str | None:
+    """Why an interface name cannot be written in an nft ruleset, or None."""
+    if '"' in name:
+        return "an nft string cannot hold '\"'"
+    if "*" in name or "\\" in name:
+        return "nft reads '*' in an interface name as a wildcard"
+    return None
+
+
+def nft_table_lines(iface: ir.Interface, indent: str = "    ") -> Iterator[str]:
+    """The lines of an ``nft -f`` file that (re)define ``iface``'s marking table.
+
+    ``table`` then ``delete table`` then the definition: declaring an existing table is a
+    no-op, so the delete never fails and the file replaces the table in one transaction.
+    Rules keep tcdsl's first-match semantics: each marks only still-unmarked packets.
+    """
+    m = iface.marking
+    assert m is not None
+    table = nft_table(iface)
+    yield f"table inet {table}"
+    yield f"delete table inet {table}"
+    yield f"table inet {table} {{"
+    yield f"{indent}chain prerouting {{"
+    yield f"{indent * 2}type filter hook prerouting priority mangle; policy accept;"
+    for rule in m.rules:
+        s = rule.span
+        what = "unmarked traffic" if rule.unmarked else f"mark {rule.mark}"
+        yield f"{indent * 2}# {_comment(f'{s.file}:{s.line}:{s.column}: {what}')}"
+        words = (*nft_words(rule.conds), "meta", "mark", "0", "meta", "mark", "set", str(rule.mark))
+        yield f'{indent * 2}iifname "{m.from_interface}" {" ".join(words)}'
+    yield f"{indent}}}"
+    yield "}"
+
+
+def nft_remove_lines(ifaces: Iterable[ir.Interface]) -> Iterator[str]:
+    """Lines that remove the marking tables of ``ifaces`` if present (in an ``nft -f`` file)."""
+    for iface in ifaces:
+        yield f"table inet {nft_table(iface)}"
+        yield f"delete table inet {nft_table(iface)}"
+
+
+def _comment(text: str) -> str:
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+UNSPELLABLE = "E502"
+"""An interface name or a command has no spelling in a backend's output format."""
+
+
+def unspellable(policy: ir.Policy, *, batch: bool, nft: bool) -> Iterator[Diagnostic]:
+    """Yield E502 for what ``tc -batch`` lines (``batch``) or nft rules (``nft``) cannot hold."""
+    for iface in policy.interfaces:
+        if batch:
+            why = batch_unquotable(iface.name)
+            if why is not None:
+                msg = f"interface name '{iface.name}' cannot be written as a tc -batch word: {why}"
+                yield Diagnostic.error(UNSPELLABLE, msg, iface.span)
+                continue
+            for cmd in interface_commands(iface):
+                if cmd.tool == "tc" and len(cmd.args) > BATCH_MAX_WORDS:
+                    msg = (
+                        f"the tc command for {cmd.what} has {len(cmd.args)} words; tc -batch "
+                        f"takes at most {BATCH_MAX_WORDS}: split the match line"
+                    )
+                    yield Diagnostic.error(UNSPELLABLE, msg, cmd.span)
+        m = iface.marking
+        why = nft_unquotable(m.from_interface) if m is not None and nft else None
+        if m is not None and why is not None:
+            msg = f"interface name '{m.from_interface}' cannot be written in an nft rule: {why}"
+            yield Diagnostic.error(UNSPELLABLE, msg, m.span)

@@ -171,3 +171,37 @@ def contradicts(keys: tuple[ir.U32Key, ...]) -> bool:
         else:
             seen[offset] = (value & mask, mask)
     return False
+
+
+def nft_words(conds: tuple[ir.Cond, ...]) -> tuple[str, ...]:
+    """The nft match words for one alternative, the same packets as :func:`iptables_words`.
+
+    iptables rules see IPv4 only; in an ``inet`` table the rule says so (``meta nfproto
+    ipv4``). A port needs a protocol (the checks see to it), so ``th`` (the transport header)
+    is always defined.
+    """
+    words: list[str] = ["meta", "nfproto", "ipv4"]
+    for cond in conds:
+        match cond:
+            case ir.ProtoCond():
+                number = cond.protocols[0][0]
+                words += ["meta", "l4proto", PROTO_NAMES.get(number, str(number))]
+    for cond in conds:
+        match cond:
+            case ir.AddrCond():
+                net = cond.networks[0][0]
+                text = str(net.network_address) if net.prefixlen == 32 else str(net)
+                words += ["ip", "saddr" if cond.field == "src" else "daddr", text]
+            case ir.PortCond():
+                port = cond.ports[0]
+                text = str(port.lo) if port.lo == port.hi else f"{port.lo}-{port.hi}"
+                words += ["th", cond.field, text]
+            case ir.TosCond():
+                if cond.dscp is not None:
+                    words += ["ip", "dscp", str(cond.dscp)]
+                else:
+                    # iptables' "--tos V/M" is (tos & M) == V: the second byte of the header.
+                    words += ["@nh,8,8", "&", _hex(cond.mask, 8), "==", _hex(cond.value, 8)]
+            case _:
+                pass
+    return tuple(words)

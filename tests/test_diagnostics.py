@@ -33,6 +33,8 @@ _VERIFY = "reported by 'tcdsl verify' against a kernel, never by 'check' (tests/
 UNCOVERED = {
     "E210": "needs more than 65534 qdiscs or classes on one interface",
     **dict.fromkeys(("E401", "E402", "E403", "E404", "E405", "W406"), _VERIFY),
+    "E501": "backend limits: check runs no backend; golden files and tests/test_tcng.py cover it",
+    "E502": "backend limits: check runs no backend; tests/test_batch.py covers it",
 }
 
 

@@ -1052,7 +1052,7 @@ def test_cli_without_root_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--kernel", "vm"], ["-b", "tcng"], []],
+    [["--kernel", "vm"], ["-b", "no-such-backend"], []],
     ids=["bad-kernel", "unknown-backend", "no-policy"],
 )
 def test_cli_usage_errors(args: list[str]) -> None:

@@ -48,12 +48,14 @@ def tc_shown_rate(bits_per_second: int) -> int:
 
 
 def tc_shown_size(size: int) -> int:
-    """The size tc prints for one it was given, in bytes (iproute2's sprint_size)."""
+    """The size tc prints for one it was given, in bytes (iproute2's sprint_size): in Mb or Kb
+    when within 1 KiB or 16 bytes of a whole number of them, printed with ``%g`` (six
+    significant digits: 2643027 Kb shows as ``2.64303e+06Kb``)."""
     kilo, mega = 1024, 1024 * 1024
     if size >= mega and abs(mega * round(size / mega) - size) < 1024:
-        return mega * round(size / mega)
+        return round(float(f"{round(size / mega):g}") * mega)
     if size >= kilo and abs(kilo * round(size / kilo) - size) < 16:
-        return kilo * round(size / kilo)
+        return round(float(f"{round(size / kilo):g}") * kilo)
     return size
 
 
@@ -97,9 +99,55 @@ def netem_shown_percent(percent: Fraction) -> float:
     return float(f"{100.0 * scaled / UINT32_MAX:g}")
 
 
-def _xmittime(rate_bytes: int, size: int) -> int:
-    """iproute2's ``tc_calc_xmittime``: the ticks to send ``size`` bytes at ``rate_bytes``."""
-    return _time2tick(int(TIME_UNITS_PER_SEC * (size / rate_bytes)))
+def _xmitsize(rate_bytes: int, ticks: int) -> int:
+    """iproute2's ``tc_calc_xmitsize``: the bytes sent in ``ticks`` at ``rate_bytes`` (the time
+    truncated to whole microseconds first)."""
+    return int(rate_bytes * _tick2time(ticks) / TIME_UNITS_PER_SEC)
+
+
+def htb_shown_burst(rate_bits: int, size: int) -> int:
+    """An htb ``burst`` (or ``cburst``, at the ceil) as tc shows it, in bytes.
+
+    tc hands the kernel the time to send the burst at the rate, in 64-ns ticks
+    (``tc_calc_xmittime``: whole microseconds, then whole ticks), and computes the size back
+    from that time when it prints the class. At 1 Gbit/s a microsecond is 125 bytes, so the
+    round trip loses up to twice that. The tick count is a 32-bit field: a burst that takes
+    longer than about 274.9 s at the rate wraps around in tc, which this does not model (the
+    kernel then disagrees with the policy, rightly).
+    """
+    rate = rate_bits // 8
+    ticks = int(int(TIME_UNITS_PER_SEC * (size / rate)) * TICKS_PER_US)
+    return tc_shown_size(_xmitsize(rate, ticks))
+
+
+def _mult_shift(rate_bytes: int) -> tuple[int, int]:
+    """The kernel's reciprocal of a rate (``psched_ratecfg_precompute``): mult and shift."""
+    factor, shift = 1_000_000_000, 0
+    while True:
+        mult = factor // rate_bytes
+        if mult & (1 << 31) or factor & (1 << 63):
+            return mult & UINT32_MAX, shift
+        factor <<= 1
+        shift += 1
+
+
+def psched_l2t_ns(rate_bytes: int, length: int) -> int:
+    """The kernel's ``psched_l2t_ns``: nanoseconds to send ``length`` bytes at the rate."""
+    mult, shift = _mult_shift(rate_bytes)
+    return (length * mult) >> shift
+
+
+def tbf_ticks(rate_bits: int, size: int) -> int:
+    """The ticks a tbf keeps for a burst (or, at the peak rate, an mtu) of ``size`` bytes.
+
+    tc 6.1 sends the burst in bytes (``TCA_TBF_BURST``, ``TCA_TBF_PBURST``); the kernel turns
+    it into nanoseconds at the rate and reports it back in 64-ns ticks."""
+    return psched_l2t_ns(rate_bits // 8, size) >> 6
+
+
+def tbf_shown_size(rate_bits: int, size: int) -> int:
+    """A tbf ``burst`` (at the rate) or ``mtu`` (at the peak rate) as tc shows it, in bytes."""
+    return tc_shown_size(_xmitsize(rate_bits // 8, tbf_ticks(rate_bits, size)))
 
 
 def tbf_shown_latency(q: ir.Tbf) -> int | None:
@@ -121,9 +169,10 @@ def tbf_shown_latency(q: ir.Tbf) -> int | None:
         limit = int(lim)
     else:
         return None
-    latency = TIME_UNITS_PER_SEC * (limit / rate) - _tick2time(_xmittime(rate, burst))
+    # tc prints it from the limit and the ticks the kernel reports (see tbf_ticks)
+    latency = TIME_UNITS_PER_SEC * (limit / rate) - _tick2time(tbf_ticks(rate * 8, burst))
     if prate:
-        lat2 = TIME_UNITS_PER_SEC * (limit / prate) - _tick2time(_xmittime(prate, mtu))
+        lat2 = TIME_UNITS_PER_SEC * (limit / prate) - _tick2time(tbf_ticks(prate * 8, mtu))
         latency = max(latency, lat2)
     return tc_shown_time(latency) if latency >= 0 else None
 
@@ -381,6 +430,20 @@ class _Builder:
         shown = size if approx else tc_shown_size(size)
         return Want(key, shown, self.spell(value.span, format_size(size)), value.span, tolerance)
 
+    def burst(
+        self, key: str, value: ir.Size | None, rate: ir.Rate | ir.Percent | None, how: str
+    ) -> Want | None:
+        """A size tc keeps as the time to send it at ``rate``: an htb burst or cburst
+        (``how="htb"``), a tbf burst or mtu (``how="tbf"``)."""
+        if value is None or not isinstance(rate, ir.Rate) or rate.bits_per_second < 8:
+            return self.size(key, value, approx=True)
+        size, bits = value.bytes, rate.bits_per_second
+        shown = htb_shown_burst(bits, size) if how == "htb" else tbf_shown_size(bits, size)
+        policy = self.spell(value.span, format_size(size))
+        if shown != size:
+            policy += f", which tc shows as {format_size(shown)} at {format_rate(bits)}"
+        return Want(key, shown, policy, value.span)
+
     def count(self, key: str, value: ir.Count | None) -> Want | None:
         if value is None:
             return None
@@ -420,12 +483,12 @@ class _Builder:
                 yield from self.prio_bands(q.span, None, None)
             case ir.Tbf():
                 yield self.rate("rate", q.rate)
-                yield self.size("burst", q.burst, approx=True)
+                yield self.burst("burst", q.burst, q.rate, "tbf")
                 yield self.rate("peakrate", q.peakrate) or Want(
                     "peakrate", 0, "none", q.span, absent=0
                 )
                 if q.peakrate is not None:
-                    yield self.size("mtu", q.mtu, approx=True)
+                    yield self.burst("mtu", q.mtu, q.peakrate, "tbf")
                 yield self.tbf_latency(q)
             case ir.Netem():
                 yield from self.netem(q)
@@ -512,6 +575,8 @@ class _Builder:
             if time is None:
                 yield Want(key, 0, "none", q.span, absent=0)
                 continue
+            if key == "jitter" and (q.delay is None or _time2tick(q.delay.microseconds) == 0):
+                continue  # tc prints the jitter only after a delay: a zero delay hides it
             us = time.microseconds
             policy = self.spell(time.span, format_time(us))
             yield Want(key, netem_shown_time(us), policy, time.span, absent=0)
@@ -551,8 +616,9 @@ class _Builder:
                     wants.append(
                         Want("quantum", s.bytes, self.spell(s.span, format_size(s.bytes)), s.span)
                     )
-            wants.append(self.size("burst", cls.burst, approx=True))
-            wants.append(self.size("cburst", cls.cburst, approx=True))
+            wants.append(self.burst("burst", cls.burst, cls.rate, "htb"))
+            ceil = cls.ceil if cls.ceil is not None else cls.rate
+            wants.append(self.burst("cburst", cls.cburst, ceil, "htb"))
         self.classes.append(
             ExpectedClass(
                 cls.label,

@@ -35,6 +35,7 @@ _SIZE = re.compile(r"(\d+(?:\.\d+)?(?:e\+\d+)?)([KMG]?)b(?:/\d+)?")
 _TIME = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]\d+)?)(s|ms|us|ns)")
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]\d+)?)%")
 _COUNT = re.compile(r"(\d+)p?")
+_SIGNED = re.compile(r"-?\d+")
 _KEY = re.compile(r"match ([0-9a-f]{8})/([0-9a-f]{8}) at (-?\d+)")
 _FH = re.compile(r"([0-9a-f]*):([0-9a-f]*):([0-9a-f]*)")
 
@@ -210,8 +211,9 @@ def _netem(words: Sequence[str]) -> dict[str, Shown]:
 
     while i < n:
         word = words[i]
-        if word == "limit" and (text := nxt(_COUNT)) is not None:
-            out["limit"] = Shown(text, parse_count(text))
+        if word == "limit" and (text := nxt(_SIGNED)) is not None:
+            # the kernel's limit is a u32 that tc prints with %d: 4294967295 shows as -1
+            out["limit"] = Shown(text, int(text) & 0xFFFFFFFF)
             i += 1
         elif word == "delay" and (text := nxt(_TIME)) is not None:
             out["delay"] = Shown(text, parse_time(text))

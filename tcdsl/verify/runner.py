@@ -33,7 +33,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,6 +144,7 @@ def case_script(
     before: str = "",
     after: str = "",
     commands: Sequence[str] = (),
+    files: Mapping[str, str] | None = None,
 ) -> str:
     """The text of one case.
 
@@ -155,6 +156,9 @@ def case_script(
     With ``commands`` (lines of the script) the script is not run as a whole: each command
     runs on its own and its status and output are printed (section ``cmd N``), which is how a
     script for a kernel that cannot run it (cbq) is checked for tc's parse errors.
+
+    ``files`` (name -> text) are written next to the script, which then runs in their
+    directory: how the files of a ``tc -batch`` output are applied.
     """
     out = [_PRELUDE.replace("@LABEL@", label.replace("\n", " "))]
     setup = []
@@ -177,8 +181,13 @@ def case_script(
         out.append(_heredoc('"$w/before.sh"', before))
         out.append('sh "$w/before.sh" >"$w/o" 2>&1\ntcdsl_section before "$w/o" $?\n')
     out.append(_heredoc('"$w/apply.sh"', script))
+    for name, text in (files or {}).items():
+        out.append(_heredoc(f'"$w"/{_q(name)}', text))
+    run = f'PS4={_q(TRACE)} sh -x "$w/apply.sh"'
+    if files:
+        run = f'(cd "$w" && {run})'
     out.append(
-        f'PS4={_q(TRACE)} sh -x "$w/apply.sh" >"$w/out" 2>"$w/err"\n'
+        f'{run} >"$w/out" 2>"$w/err"\n'
         "rc=$?\n"
         'tcdsl_section apply-stdout "$w/out" "$rc"\n'
         'tcdsl_section apply-stderr "$w/err" "$rc"\n'

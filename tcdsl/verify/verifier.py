@@ -14,11 +14,14 @@ and its commands are run one by one to check that tc at least parses each of the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tcdsl import ir
+from tcdsl.commands import jump_teardown
 from tcdsl.diagnostics import Diagnostic, Span, sort_key
 from tcdsl.driver import compile_policy
 from tcdsl.verify import compare, runner
@@ -28,8 +31,11 @@ from tcdsl.verify.expect import ExpectedPolicy, Requirement, expected_policy
 KernelChoice = Literal["host", "uml", "auto"]
 KERNELS: tuple[KernelChoice, ...] = ("auto", "host", "uml")
 
-APPLIERS = frozenset({"shell"})
-"""Backends whose output the runner knows how to apply (``sh``)."""
+APPLIERS = frozenset({"shell", "tc-batch"})
+"""Backends whose output the runner knows how to apply (``sh``; ``tc -batch`` and
+``iptables-restore`` through a small script, :func:`batch_applier`)."""
+
+_BATCH_FAILED = re.compile(r"Command failed (?P<file>.*):(?P<line>\d+)$")
 
 
 class VerifyError(Exception):
@@ -95,6 +101,8 @@ class _Plan:
     commands: list[str] = field(default_factory=list)
     """Parse check only (cbq): the command lines to run one by one."""
     case: runner.Case | None = None
+    batch: list[str] = field(default_factory=list)
+    """tc-batch: the lines of the batch file, to name the one tc reports as failed."""
 
 
 def _features_of(expected: ExpectedPolicy) -> list[Requirement]:
@@ -119,7 +127,14 @@ def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
         return plan
     expected = expected_policy(result.policy, result.sources)
     v.expected, plan.expected, plan.policy = expected, expected, result.policy
-    plan.origins = compare.script_origins(result.output, expected.spans())
+    files: dict[str, str] = {}
+    applier = result.output
+    if backend == "tc-batch":
+        applier, files = batch_applier(result.policy, result.files)
+        plan.batch = result.output.splitlines()
+        plan.origins = _map_origins(result.files, plan.batch, expected.spans())
+    else:
+        plan.origins = compare.script_origins(result.output, expected.spans())
     v.checked = Checked(
         sum(len(i.qdiscs) for i in expected.interfaces),
         sum(len(i.classes) for i in expected.interfaces),
@@ -138,14 +153,82 @@ def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
             )
         )
         plan.commands = runner.commands_of(plan.origins)
-        script = runner.case_script(path, result.output, create, read, commands=plan.commands)
+        script = runner.case_script(path, applier, create, read, commands=plan.commands)
     else:
         uses_iptables = expected.needs("iptables") is not None
         script = runner.case_script(
-            path, result.output, create, read, iptables=uses_iptables, before=before, after=after
+            path,
+            applier,
+            create,
+            read,
+            iptables=uses_iptables,
+            before=before,
+            after=after,
+            files=files,
         )
     plan.case = runner.Case(path, script)
     return plan
+
+
+def batch_applier(policy: ir.Policy, files: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """A script that applies a tc-batch output the way its comments say, and its files."""
+    names = {name.rsplit(".", 1)[-1]: name for name in files}
+    lines = ["set -eu", f"tc -batch {shlex.quote(names['batch'])}"]
+    if "iptables" in names:
+        for iface in policy.interfaces:
+            if iface.marking is not None:
+                words = shlex.join(jump_teardown(iface))
+                lines.append(f"while {words} 2>/dev/null; do :; done")
+        lines.append(f"iptables-restore --noflush {shlex.quote(names['iptables'])}")
+    if "nft" in names:
+        lines.append(f"nft -f {shlex.quote(names['nft'])}")
+    return "".join(f"{line}\n" for line in lines), dict(files)
+
+
+def _map_origins(
+    files: Mapping[str, str], batch: Sequence[str], spans: Iterable[Span]
+) -> list[Origin]:
+    """The origin of every batch line the ``.map`` file names (as ``tc LINE``)."""
+    known: dict[tuple[str, int, int], Span] = {}
+    for s in spans:
+        known.setdefault((s.file, s.line, s.column), s)
+    text = next((t for name, t in files.items() if name.endswith(".map")), "")
+    out = []
+    for row in text.splitlines():
+        if row.startswith("#"):
+            continue
+        number, where, what = row.split("\t", 2)
+        file, line, column = where.rsplit(":", 2)
+        key = (file, int(line), int(column))
+        span = known.get(key, Span(file, key[1], key[2], key[1], key[2] + 1))
+        command = f"tc {batch[int(number) - 1]}"
+        try:
+            words = " ".join(shlex.split(command))
+        except ValueError:
+            words = command
+        out.append(Origin(command, words, span, what))
+    return out
+
+
+def _name_batch_failure(outcome: compare.ApplyOutcome, batch: Sequence[str]) -> None:
+    """Replace a failed ``tc -batch FILE`` step by the batch line tc names, as ``tc LINE``.
+
+    tc reports the line as ``Command failed FILE:LINE``; the step then matches that line's
+    origin, so the failure is reported at the policy text (warnings of earlier lines carry no
+    line number and stay unattributed).
+    """
+    for step in outcome.steps:
+        if not step.command.startswith("tc -batch "):
+            continue
+        for said in step.stderr:
+            m = _BATCH_FAILED.search(said)
+            if m is not None and 0 < int(m["line"]) <= len(batch):
+                try:
+                    step.command = " ".join(shlex.split(f"tc {batch[int(m['line']) - 1]}"))
+                except ValueError:
+                    step.command = f"tc {batch[int(m['line']) - 1]}"
+                step.stderr = [x for x in step.stderr if x is not said]
+                return
 
 
 def _choose(plans: Sequence[_Plan], kernel: KernelChoice) -> None:
@@ -259,6 +342,8 @@ def _judge(plan: _Plan, result: runner.CaseResult | None, where: str) -> None:
             )
         )
         return
+    if plan.batch:
+        _name_batch_failure(outcome, plan.batch)
     applied = compare.apply_diagnostics(outcome, plan.origins, _first_span(expected))
     state = runner.read_state(found, [i.name for i in plan.policy.interfaces])
     differences = compare.compare_state(expected, state)

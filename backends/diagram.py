@@ -1,0 +1,266 @@
+"""The class tree as a diagram model, shared by the ``dot`` and ``mermaid`` backends.
+
+Not a backend itself: it turns an allocated policy into clusters (one per interface) of nodes
+(one per qdisc and class) and parent -> child edges, with every label line in plain words.
+The backends only escape and lay out those words in their own syntax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal, assert_never
+
+from tcdsl import ir
+from tcdsl.allocate import default_minor
+from tcdsl.commands import qdisc_words
+from tcdsl.lower import PROTO_NAMES
+from tcdsl.units import format_rate, format_size
+
+NodeKind = Literal["qdisc", "class"]
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One box: a bold title and lines of plain text, never escaped."""
+
+    id: str
+    kind: NodeKind
+    title: str
+    lines: tuple[str, ...]
+    default: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """Parent -> child."""
+
+    tail: str
+    head: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """One interface: its title lines, its nodes in pre-order, and the edges between them."""
+
+    id: str
+    title: tuple[str, ...]
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...]
+
+
+# ---- short words for matches ---------------------------------------------------------------
+
+
+def _port(p: ir.PortValue) -> str:
+    if p.mask is not None:
+        return f"{p.lo}/0x{p.mask:04x}"
+    return str(p.lo) if p.lo == p.hi else f"{p.lo}-{p.hi}"
+
+
+def cond_words(cond: ir.Cond) -> str:
+    """A condition in short words, close to how it is written (``dport 80, 443``)."""
+    match cond:
+        case ir.AddrCond():
+            nets = (
+                str(n.network_address) if n.prefixlen == 32 else str(n) for n, _ in cond.networks
+            )
+            return f"{cond.field} {', '.join(nets)}"
+        case ir.PortCond():
+            return f"{cond.field} {', '.join(_port(p) for p in cond.ports)}"
+        case ir.ProtoCond():
+            names = [PROTO_NAMES.get(n, f"proto {n}") for n, _ in cond.protocols]
+            return ", ".join(names)
+        case ir.TosCond():
+            if cond.dscp is not None:
+                return f"dscp {cond.dscp}"
+            if cond.mask == 0xFF:
+                return f"tos 0x{cond.value:02x}"
+            return f"tos 0x{cond.value:02x}/0x{cond.mask:02x}"
+        case ir.TcpAckCond():
+            return "tcp-ack"
+        case ir.RawCond():
+            digits = cond.bits // 4
+            return (
+                f"u{cond.bits} 0x{cond.value:0{digits}x}/0x{cond.mask:0{digits}x} at {cond.offset}"
+            )
+        case ir.AllCond():
+            return "all traffic"
+        case _:
+            assert_never(cond)
+
+
+def match_words(match: ir.Match) -> str:
+    """A match line in short words: its conditions, then its pref if one was written."""
+    words = " ".join(cond_words(c) for c in match.conds) or "all traffic"
+    if match.pref is not None:
+        words += f" (pref {match.pref.value})"
+    return words
+
+
+# ---- node labels -----------------------------------------------------------------------------
+
+
+def _qdisc_title(q: ir.Qdisc) -> str:
+    assert q.handle is not None
+    return f"{q.kind} {q.handle.qdisc}"
+
+
+def qdisc_lines(q: ir.Qdisc) -> tuple[str, ...]:
+    """The options of a qdisc, as tc spells them; an htb's default class by name."""
+    if isinstance(q, ir.Htb):
+        lines: list[str] = []
+        minor = default_minor(q)
+        if q.default is not None and q.handle is not None and minor is not None:
+            lines.append(f"default {q.default.name} ({ir.Handle(q.handle.major, minor)})")
+        if q.r2q is not None:
+            lines.append(f"r2q {q.r2q.value}")
+        return tuple(lines)
+    options = " ".join(qdisc_words(q)[1:])
+    return (options,) if options else ()
+
+
+def leaf_words(q: ir.Qdisc | None) -> str:
+    """The qdisc a leaf class queues in, with its options (the kernel's pfifo if none)."""
+    if q is None:
+        return "pfifo (kernel default)"
+    return " ".join(qdisc_words(q))
+
+
+def _rate(value: ir.Rate | ir.Percent | None) -> int | None:
+    return value.bits_per_second if isinstance(value, ir.Rate) else None
+
+
+def rate_line(kind: str, cls: ir.Class) -> str | None:
+    """Guaranteed rate and how far the class may borrow (``rate 6mbit, may borrow to 10mbit``)."""
+    rate = _rate(cls.rate)
+    if rate is None:
+        return None
+    text = f"rate {format_rate(rate)}"
+    if kind == "htb":
+        ceil = _rate(cls.ceil)
+        if ceil is None or ceil == rate:
+            return f"{text}, no borrowing"
+        return f"{text}, may borrow to {format_rate(ceil)} (+{format_rate(ceil - rate)})"
+    if kind == "cbq":
+        flags = [w for w, on in (("bounded", cls.bounded), ("isolated", cls.isolated)) if on]
+        if not cls.bounded:
+            flags.append("may borrow from its parent")
+        return ", ".join([text, *flags])
+    return text
+
+
+def _extras(cls: ir.Class) -> str | None:
+    words: list[str] = []
+    for key in ("burst", "cburst", "quantum", "allot", "avpkt"):
+        size = getattr(cls, key)
+        if size is not None:
+            words.append(f"{key} {format_size(size.bytes)}")
+    if cls.weight is not None:
+        words.append(f"weight {format_rate(cls.weight.bits_per_second)}")
+    for key in ("maxburst", "minburst"):
+        count = getattr(cls, key)
+        if count is not None:
+            words.append(f"{key} {count.value}")
+    return ", ".join(words) or None
+
+
+def class_lines(kind: str, cls: ir.Class, marking: bool, default: bool) -> tuple[str, ...]:
+    """The lines of a class box below its name: id, rates, prio, leaf qdisc, what reaches it."""
+    assert cls.classid is not None
+    lines = [f"classid {cls.classid}"]
+    rate = rate_line(kind, cls)
+    if rate is not None:
+        lines.append(rate)
+    if cls.prio is not None:
+        lines.append(f"prio {cls.prio.value}")
+    extras = _extras(cls)
+    if extras is not None:
+        lines.append(extras)
+    if not cls.children:
+        lines.append(f"leaf: {leaf_words(cls.leaf)}")
+    if marking and cls.fwmark is not None:
+        for m in cls.matches:
+            lines.append(f"mark {cls.fwmark}: {match_words(m)}")
+        if default:
+            lines.append(f"mark {cls.fwmark}: unmarked traffic")
+    else:
+        lines.extend(f"match {match_words(m)}" for m in cls.matches)
+    if default:
+        lines.append("default class")
+    return tuple(lines)
+
+
+# ---- the tree ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Builder:
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+    count: int = 0
+
+    def new_id(self) -> str:
+        self.count += 1
+        return f"n{self.count}"
+
+    def add(self, node: Node, parent: str | None) -> None:
+        self.nodes.append(node)
+        if parent is not None:
+            self.edges.append(Edge(parent, node.id))
+
+    def qdisc(self, q: ir.Qdisc, parent: str | None, marking: bool) -> None:
+        node = Node(self.new_id(), "qdisc", _qdisc_title(q), qdisc_lines(q))
+        self.add(node, parent)
+        match q:
+            case ir.Htb() | ir.Prio() | ir.Cbq():
+                default = None
+                if isinstance(q, ir.Htb) and q.handle is not None:
+                    minor = default_minor(q)
+                    default = None if minor is None else ir.Handle(q.handle.major, minor)
+                for cls in q.classes:
+                    self.klass(q.kind, cls, node.id, default, marking)
+            case ir.Tbf() | ir.Netem():
+                if q.child is not None:
+                    self.qdisc(q.child, node.id, marking)
+            case ir.Sfq() | ir.FqCodel() | ir.Pfifo() | ir.Bfifo() | ir.PfifoFast():
+                pass
+            case _:
+                assert_never(q)
+
+    def klass(
+        self, kind: str, cls: ir.Class, parent: str, default: ir.Handle | None, marking: bool
+    ) -> None:
+        is_default = default is not None and cls.classid == default
+        title = "link class" if cls.implicit else cls.name
+        lines = class_lines(kind, cls, marking, is_default)
+        node = Node(self.new_id(), "class", title, lines, is_default)
+        self.add(node, parent)
+        for child in cls.children:
+            self.klass(kind, child, node.id, default, marking)
+        if cls.leaf is not None:
+            self.qdisc(cls.leaf, node.id, marking)
+
+
+def interface_title(iface: ir.Interface) -> tuple[str, ...]:
+    """``interface eth0``, and how its packets are classified when that is by mark."""
+    title = [f"interface {iface.name}"]
+    m = iface.marking
+    if m is not None:
+        chain = f", iptables chain {m.chain}" if m.chain else ""
+        title.append(f"classified by mark from {m.from_interface}{chain}")
+    return tuple(title)
+
+
+def clusters(policy: ir.Policy) -> Iterator[Cluster]:
+    """Yield one cluster per interface, in the order written; node ids are unique overall."""
+    builder = _Builder()
+    for index, iface in enumerate(policy.interfaces):
+        first_node, first_edge = len(builder.nodes), len(builder.edges)
+        builder.qdisc(iface.root, None, iface.marking is not None)
+        yield Cluster(
+            f"if{index}",
+            interface_title(iface),
+            tuple(builder.nodes[first_node:]),
+            tuple(builder.edges[first_edge:]),
+        )

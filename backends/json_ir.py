@@ -1,0 +1,364 @@
+"""The ``json`` backend: the checked, allocated IR as one JSON document.
+
+The schema is docs/ir.schema.json (JSON Schema draft 2020-12).
+
+Keys come in a fixed order per node kind, every optional field is present (``null`` when the
+policy leaves it out), values are integers in base units (bits/s, bytes, microseconds) next to
+their tc spelling, and every node the user wrote carries its source span. Lists follow the
+IR's order (the order written, or kernel order for filters); nothing is taken from a set.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from ipaddress import IPv4Network
+from typing import Any, assert_never
+
+from tcdsl import ir
+from tcdsl.allocate import default_minor
+from tcdsl.backend import Backend
+from tcdsl.commands import qdisc_words
+from tcdsl.diagnostics import Span
+from tcdsl.lower import PROTO_NAMES, iptables_words, pack
+from tcdsl.units import format_rate, format_size, format_time
+
+FORMAT = "tcdsl-ir"
+VERSION = 1
+
+JSONValue = Any
+"""A JSON-encodable value (dicts keep insertion order, which is the output's key order)."""
+
+JSONObject = dict[str, JSONValue]
+
+
+def span_json(span: Span) -> JSONObject:
+    """A span as ``{file, line, column, end_line, end_column}`` (1-based, end exclusive)."""
+    return {
+        "file": span.file,
+        "line": span.line,
+        "column": span.column,
+        "end_line": span.end_line,
+        "end_column": span.end_column,
+    }
+
+
+def handle_json(handle: ir.Handle | None) -> JSONObject | None:
+    """A handle as its numbers and as tc spells it (hex: ``1:10`` is minor 16)."""
+    if handle is None:
+        return None
+    return {"major": handle.major, "minor": handle.minor, "tc": str(handle)}
+
+
+def _percent(value: Fraction) -> JSONObject:
+    return {
+        "numerator": value.numerator,
+        "denominator": value.denominator,
+        "tc": f"{float(value):.12g}%",
+    }
+
+
+def value_json(value: object) -> JSONValue:
+    """A quantity in base units, with its tc spelling and span; ``None`` stays ``null``."""
+    match value:
+        case None:
+            return None
+        case ir.Rate():
+            return {
+                "bits_per_second": value.bits_per_second,
+                "tc": format_rate(value.bits_per_second),
+                "span": span_json(value.span),
+            }
+        case ir.Size():
+            return {
+                "bytes": value.bytes,
+                "tc": format_size(value.bytes),
+                "span": span_json(value.span),
+            }
+        case ir.Time():
+            return {
+                "microseconds": value.microseconds,
+                "tc": format_time(value.microseconds),
+                "span": span_json(value.span),
+            }
+        case ir.Count():
+            return {"value": value.value, "span": span_json(value.span)}
+        case ir.Percent():
+            return {"percent": _percent(value.value), "span": span_json(value.span)}
+        case _:
+            raise TypeError(f"not an IR value: {value!r}")
+
+
+def _network(net: IPv4Network) -> str:
+    return str(net.network_address) if net.prefixlen == 32 else str(net)
+
+
+def cond_json(cond: ir.Cond) -> JSONObject:
+    """One condition of a match line, as written (before lowering to keys)."""
+    head: JSONObject
+    match cond:
+        case ir.AddrCond():
+            head = {
+                "kind": "addr",
+                "field": cond.field,
+                "values": [
+                    {
+                        "network": str(net),
+                        "address": int(net.network_address),
+                        "prefix_length": net.prefixlen,
+                        "tc": _network(net),
+                        "span": span_json(span),
+                    }
+                    for net, span in cond.networks
+                ],
+            }
+        case ir.PortCond():
+            head = {
+                "kind": "port",
+                "field": cond.field,
+                "values": [
+                    {"lo": p.lo, "hi": p.hi, "mask": p.mask, "span": span_json(p.span)}
+                    for p in cond.ports
+                ],
+            }
+        case ir.ProtoCond():
+            head = {
+                "kind": "proto",
+                "values": [
+                    {"number": number, "name": PROTO_NAMES.get(number), "span": span_json(span)}
+                    for number, span in cond.protocols
+                ],
+            }
+        case ir.TosCond():
+            head = {"kind": "tos", "value": cond.value, "mask": cond.mask, "dscp": cond.dscp}
+        case ir.TcpAckCond():
+            head = {"kind": "tcp-ack"}
+        case ir.RawCond():
+            head = {
+                "kind": "raw",
+                "bits": cond.bits,
+                "value": cond.value,
+                "mask": cond.mask,
+                "offset": cond.offset,
+            }
+        case ir.AllCond():
+            head = {"kind": "all"}
+        case _:
+            assert_never(cond)
+    return {**head, "span": span_json(cond.span)}
+
+
+def match_json(match: ir.Match) -> JSONObject:
+    """A ``match`` line: its conditions AND; the values of one condition OR."""
+    return {
+        "pref": value_json(match.pref),
+        "conds": [cond_json(c) for c in match.conds],
+        "span": span_json(match.span),
+    }
+
+
+_CLASS_VALUES = (
+    "rate",
+    "ceil",
+    "burst",
+    "cburst",
+    "prio",
+    "quantum",
+    "allot",
+    "avpkt",
+    "weight",
+    "maxburst",
+    "minburst",
+)
+
+
+def class_json(cls: ir.Class, parent: ir.Handle | None, default: ir.Handle | None) -> JSONObject:
+    """A class with its allocated ids, options, matches, leaf qdisc and children."""
+    out: JSONObject = {
+        "name": cls.name,
+        "implicit": cls.implicit,
+        "classid": handle_json(cls.classid),
+        "explicit_id": cls.explicit_id is not None,
+        "parent": handle_json(parent),
+        "default": cls.classid is not None and cls.classid == default,
+    }
+    for key in _CLASS_VALUES:
+        out[key] = value_json(getattr(cls, key))
+    out["bounded"] = cls.bounded
+    out["isolated"] = cls.isolated
+    out["mark"] = value_json(cls.mark)
+    out["fwmark"] = cls.fwmark
+    out["matches"] = [match_json(m) for m in cls.matches]
+    out["leaf"] = None if cls.leaf is None else qdisc_json(cls.leaf)
+    out["children"] = [class_json(c, cls.classid, default) for c in cls.children]
+    out["span"] = span_json(cls.span)
+    return out
+
+
+_QDISC_VALUES: dict[str, tuple[str, ...]] = {
+    "htb": ("r2q",),
+    "prio": ("bands",),
+    "cbq": ("bandwidth", "avpkt"),
+    "tbf": ("rate", "burst", "latency", "limit", "peakrate", "mtu"),
+    "netem": ("delay", "jitter", "loss", "duplicate", "corrupt", "limit", "rate"),
+    "sfq": ("perturb", "quantum", "limit", "depth", "divisor"),
+    "fq_codel": ("limit", "flows", "target", "interval", "quantum", "memory_limit"),
+    "pfifo": ("limit",),
+    "bfifo": ("limit",),
+    "pfifo_fast": (),
+}
+
+
+def qdisc_json(q: ir.Qdisc) -> JSONObject:
+    """A qdisc, its options, and what hangs below it (classes, or one chained child)."""
+    out: JSONObject = {
+        "kind": q.kind,
+        "handle": handle_json(q.handle),
+        "explicit_handle": q.explicit_handle is not None,
+        "tc": " ".join(qdisc_words(q)),
+    }
+    for key in _QDISC_VALUES[q.kind]:
+        out[key] = value_json(getattr(q, key))
+    match q:
+        case ir.Htb():
+            minor = default_minor(q)
+            default = (
+                None if minor is None or q.handle is None else ir.Handle(q.handle.major, minor)
+            )
+            out["default"] = None
+            if q.default is not None:
+                out["default"] = {
+                    "name": q.default.name,
+                    "classid": handle_json(default),
+                    "span": span_json(q.default.span),
+                }
+            out["classes"] = [class_json(c, q.handle, default) for c in q.classes]
+        case ir.Prio():
+            out["priomap"] = None if q.priomap is None else [value_json(v) for v in q.priomap]
+            out["classes"] = [class_json(c, q.handle, None) for c in q.classes]
+        case ir.Cbq():
+            out["classes"] = [class_json(c, q.handle, None) for c in q.classes]
+        case ir.Tbf() | ir.Netem():
+            out["child"] = None if q.child is None else qdisc_json(q.child)
+        case ir.FqCodel():
+            out["ecn"] = q.ecn
+        case ir.Sfq() | ir.Pfifo() | ir.Bfifo() | ir.PfifoFast():
+            pass
+        case _:
+            assert_never(q)
+    out["span"] = span_json(q.span)
+    return out
+
+
+def key_json(key: ir.U32Key) -> JSONObject:
+    """A u32 key as tc's words and as the 32-bit word it tests (offset from the IP header)."""
+    offset, value, mask = pack(key)
+    return {
+        "words": list(key.words),
+        "tc": " ".join(key.words),
+        "offset": offset,
+        "value": value,
+        "mask": mask,
+        "value_hex": f"0x{value:08x}",
+        "mask_hex": f"0x{mask:08x}",
+    }
+
+
+def filter_json(f: ir.Filter) -> JSONObject:
+    """An allocated filter: u32 keys, or the firewall mark of an fw filter."""
+    head: JSONObject = {
+        "kind": "u32" if isinstance(f, ir.U32Filter) else "fw",
+        "parent": handle_json(f.parent),
+        "protocol": "ip",
+        "pref": f.pref,
+    }
+    match f:
+        case ir.U32Filter():
+            head["keys"] = [key_json(k) for k in f.keys]
+        case ir.FwFilter():
+            head["mark"] = f.mark
+        case _:
+            assert_never(f)
+    return {**head, "flowid": handle_json(f.flowid), "span": span_json(f.span)}
+
+
+def marking_json(marking: ir.Marking | None) -> JSONObject | None:
+    """``classify by mark``: the iptables chain and its rules, first match wins."""
+    if marking is None:
+        return None
+    return {
+        "from_interface": marking.from_interface,
+        "chain": marking.chain,
+        "explicit_chain": marking.explicit_chain is not None,
+        "rules": [
+            {
+                "mark": rule.mark,
+                "unmarked": rule.unmarked,
+                "conds": [cond_json(c) for c in rule.conds],
+                "iptables": list(iptables_words(rule.conds)),
+                "span": span_json(rule.span),
+            }
+            for rule in marking.rules
+        ],
+        "span": span_json(marking.span),
+    }
+
+
+def interface_json(iface: ir.Interface) -> JSONObject:
+    """An interface: its root qdisc tree, its filters, its marking."""
+    return {
+        "name": iface.name,
+        "root": qdisc_json(iface.root),
+        "filters": [filter_json(f) for f in iface.filters],
+        "marking": marking_json(iface.marking),
+        "span": span_json(iface.span),
+    }
+
+
+def policy_json(policy: ir.Policy) -> JSONObject:
+    """The whole document."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "source": policy.source,
+        "interfaces": [interface_json(i) for i in policy.interfaces],
+    }
+
+
+def _scalar(value: JSONValue) -> bool:
+    return not isinstance(value, dict | list)
+
+
+def dumps(value: JSONValue, indent: str = "") -> str:
+    """Write JSON with two-space indents; objects and arrays of scalars only (spans, handles,
+    key words) stay on one line, so a node reads as one line per field."""
+    if _scalar(value):
+        return json.dumps(value, ensure_ascii=False)
+    children = value.values() if isinstance(value, dict) else value
+    if all(_scalar(v) for v in children):
+        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    inner = indent + "  "
+    if isinstance(value, dict):
+        items = [
+            f"{inner}{json.dumps(k, ensure_ascii=False)}: {dumps(v, inner)}"
+            for k, v in value.items()
+        ]
+        open_, close = "{", "}"
+    else:
+        items = [f"{inner}{dumps(v, inner)}" for v in value]
+        open_, close = "[", "]"
+    if not items:
+        return open_ + close
+    return open_ + "\n" + ",\n".join(items) + "\n" + indent + close
+
+
+class JsonBackend(Backend):
+    """Emit the allocated IR as JSON, for tools (see docs/ir.schema.json)."""
+
+    name = "json"
+    extension = "json"
+
+    def emit(self, policy: ir.Policy, source_label: str) -> str:
+        doc = policy_json(policy)
+        doc["source"] = source_label
+        return dumps(doc) + "\n"

@@ -1,0 +1,222 @@
+"""The tc-batch and nft backends, and the shell script's --batch and --marks nft: unit tests
+on the text, and runs of the real tools (tc's batch parser, nft's checker) where they exist."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tcdsl.backend import BackendOptions
+from tcdsl.cli import cli
+from tcdsl.commands import batch_quote, batch_unquotable, nft_table, restore_quote
+from tcdsl.diagnostics import render
+from tcdsl.driver import Result, compile_policy
+from tcdsl.verify import runner, verifier
+from tests.conftest import ROOT
+
+MARKS = "policies/seeds/s000-10.1-marks.tcp"
+TOS_HTB = "policies/seeds/s004-tos-htb.tcp"
+
+
+@pytest.fixture(autouse=True)
+def _at_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+def _compile(path: str, backend: str, **options: object) -> Result:
+    result = compile_policy(path, backend, options=BackendOptions(**options))  # type: ignore[arg-type]
+    assert result.output is not None, render(result.diagnostics, result.sources)
+    return result
+
+
+def _odd(tmp_path: Path, name: str, marks_from: str | None = "eth1") -> str:
+    path = tmp_path / "odd.tcp"
+    marking = f'    classify by mark from "{marks_from}"\n' if marks_from else ""
+    path.write_text(
+        f'interface "{name}" htb rate 10mbit default b {{\n'
+        + marking
+        + "    class a rate 5mbit match proto udp dport 53\n"
+        "    class b rate 5mbit\n}\n",
+        encoding="utf-8",
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("word", "quoted"),
+    [
+        ("eth0", "eth0"),
+        ("1:10", "1:10"),
+        ("we ird", '"we ird"'),
+        ('a"b', "'a\"b'"),
+        ("a'b", '"a\'b"'),
+    ],
+)
+def test_batch_quoting(word: str, quoted: str) -> None:
+    assert batch_quote(word) == quoted
+
+
+def test_batch_unquotable_words() -> None:
+    assert batch_unquotable("eth0") is None
+    assert "comment" in (batch_unquotable("a#b") or "")
+    assert "both quote" in (batch_unquotable("a'\"b") or "")
+
+
+def test_restore_quoting_and_nft_table_names() -> None:
+    assert restore_quote("eth1") == "eth1"
+    assert restore_quote('a"b') == '"a\\"b"'
+    assert nft_table_of("eth0") == "tcdsl_eth0"
+    assert nft_table_of("eth-0").startswith("tcdsl_eth_0_")
+    assert nft_table_of("eth-0") != nft_table_of("eth_0")
+
+
+def nft_table_of(name: str) -> str:
+    result = compile_policy("policies/office.tcp", "shell")
+    assert result.policy is not None
+    iface = result.policy.interfaces[0]
+    return nft_table(type(iface)(name, iface.span, iface.root))
+
+
+def test_emit_files_and_the_map_point_at_the_right_lines() -> None:
+    result = _compile(MARKS, "tc-batch")
+    assert list(result.files) == [
+        "s000-10.1-marks.batch",
+        "s000-10.1-marks.iptables",
+        "s000-10.1-marks.map",
+    ]
+    batch = result.files["s000-10.1-marks.batch"].splitlines()
+    rows = [r.split("\t") for r in result.files["s000-10.1-marks.map"].splitlines()[1:]]
+    commands = [n for n, line in enumerate(batch, start=1) if not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == commands
+    by_line = {int(r[0]): (r[1], r[2]) for r in rows}
+    at = batch.index("class add dev eth0 parent 1:1 classid 1:10 htb rate 6mbit ceil 6mbit prio 0")
+    assert by_line[at + 1] == (f"{MARKS}:28:11", "class app5001")
+    nft = _compile(MARKS, "tc-batch", marks="nft")
+    assert list(nft.files)[1] == "s000-10.1-marks.nft"
+    plain = _compile("policies/office.tcp", "tc-batch")
+    assert list(plain.files) == ["office.batch", "office.map"]
+
+
+def test_restore_file_creates_or_flushes_the_chain() -> None:
+    text = _compile(MARKS, "tc-batch").files["s000-10.1-marks.iptables"]
+    body = [line for line in text.splitlines() if not line.startswith("#")]
+    assert body[:3] == ["*mangle", ":INSHAPER - [0:0]", "-I PREROUTING -i eth1 -j INSHAPER"]
+    assert body[-1] == "COMMIT"
+    assert all("-m mark --mark 0 -j MARK" in line for line in body[3:-1])
+
+
+def test_compile_to_a_directory_writes_every_file(tmp_path: Path) -> None:
+    got = CliRunner().invoke(cli, ["compile", "-b", "tc-batch", "-o", f"{tmp_path}/", MARKS])
+    assert got.exit_code == 0, got.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "s000-10.1-marks.batch",
+        "s000-10.1-marks.iptables",
+        "s000-10.1-marks.map",
+    ]
+    one = CliRunner().invoke(cli, ["compile", "-b", "tc-batch", MARKS])
+    assert one.exit_code == 0 and one.output == (tmp_path / "s000-10.1-marks.batch").read_text()
+
+
+def test_nft_backend_on_a_policy_without_marking_removes_stale_tables() -> None:
+    text = _compile("policies/office.tcp", "nft").output or ""
+    assert [x for x in text.splitlines() if not x.startswith("#")] == [
+        "table inet tcdsl_eth0",
+        "delete table inet tcdsl_eth0",
+    ]
+
+
+def test_unspellable_interface_names_are_diagnosed(tmp_path: Path) -> None:
+    path = _odd(tmp_path, "we#ird")
+    result = compile_policy(path, "tc-batch")
+    assert result.output is None
+    assert [(d.code, d.span.line) for d in result.diagnostics] == [("E502", 1)]
+    assert "comment" in result.diagnostics[0].message
+    assert compile_policy(path, "shell").output is not None
+    assert compile_policy(path, "shell", options=BackendOptions(batch=True)).output is None
+    star = compile_policy(_odd(tmp_path, "eth0", "eth*"), "nft")
+    assert [(d.code, d.span.line) for d in star.diagnostics] == [("E502", 2)]
+
+
+def test_shell_batch_and_nft_scripts_are_valid_sh() -> None:
+    for path in (MARKS, "policies/office.tcp"):
+        for options in ({"batch": True}, {"marks": "nft"}, {"batch": True, "marks": "nft"}):
+            script = _compile(path, "shell", **options).output or ""
+            done = subprocess.run(["sh", "-n"], input=script, text=True, capture_output=True)
+            assert done.returncode == 0, done.stderr
+            assert ("tc -batch - <<'TCDSL_BATCH'" in script) == bool(options.get("batch"))
+            assert ("iptables" in script) == (path == MARKS and options.get("marks") != "nft")
+
+
+@pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft (nftables)")
+def test_nft_accepts_the_rulesets() -> None:
+    for path in (MARKS, "policies/seeds/s000-10.2-marks-sharing.tcp", "policies/office.tcp"):
+        text = _compile(path, "nft").output or ""
+        done = subprocess.run(["nft", "-c", "-f", "-"], input=text, text=True, capture_output=True)
+        if done.returncode != 0 and "Operation not permitted" in done.stderr:
+            pytest.skip("nft -c needs root here")
+        assert done.returncode == 0, done.stderr
+
+
+# ==== on the host kernel ========================================================================
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+
+
+def _host() -> runner.HostSupport:
+    try:
+        return runner.host_support()
+    except runner.KernelUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@needs_root
+def test_shell_batch_script_applies_like_the_plain_script() -> None:
+    _host()
+    plain, batch = _compile(TOS_HTB, "shell"), _compile(TOS_HTB, "shell", batch=True)
+    cases = [
+        runner.Case(n, runner.case_script(n, r.output or "", ["eth0"], ["eth0"]))
+        for n, r in (("plain", plain), ("batch", batch))
+    ]
+    cases.append(
+        runner.Case(
+            "twice", runner.case_script("twice", (batch.output or "") * 2, ["eth0"], ["eth0"])
+        )
+    )
+    states = []
+    for result in runner.run_on_host(cases):
+        found = runner.sections(result.stdout)
+        assert found["apply-stderr"].status == 0, result.stdout
+        states.append(runner.read_state(found, ["eth0"]).devices["eth0"].text)
+    assert states[0] == states[1] == states[2]
+
+
+@needs_root
+def test_tc_parses_quoted_interface_names(tmp_path: Path) -> None:
+    _host()
+    for name in ("it's", "a\\b"):
+        result = _compile(_odd(tmp_path, name, None), "tc-batch")
+        assert result.policy is not None
+        applier, files = verifier.batch_applier(result.policy, result.files)
+        case = runner.case_script(name, applier, [name], [name], files=files)
+        (done,) = runner.run_on_host([runner.Case(name, case)])
+        found = runner.sections(done.stdout)
+        assert found["apply-stderr"].status == 0, done.stdout
+        assert "htb 1: root" in found["qdisc 0"].text
+
+
+@needs_root
+def test_verify_tc_batch_reports_a_failure_at_the_policy_line() -> None:
+    _host()
+    v = verifier.verify(TOS_HTB, backend="tc-batch", kernel="host", before="ip link del eth0")
+    # The batch's first line (the teardown) already needs the device: reported at the interface.
+    assert [f"{d.span.line}:{d.span.column} {d.code}" for d in v.diagnostics] == ["15:11 E404"]
+    assert v.diagnostics[0].message.startswith(
+        'tc failed on teardown of interface eth0 (exit 1): Cannot find device "eth0"'
+    )
+    ok = verifier.verify(TOS_HTB, backend="tc-batch", kernel="host")
+    assert ok.ok, render(ok.diagnostics, ok.sources)

@@ -1,0 +1,178 @@
+"""The dot and mermaid backends: Graphviz renders every policy; Mermaid output is well formed."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from tcdsl.backends.dot import DotBackend
+from tcdsl.backends.mermaid import MermaidBackend
+
+from tcdsl import ir
+from tcdsl.driver import analyse, compile_policy
+from tests.conftest import ROOT, policy_files
+
+POLICIES = policy_files()
+IDS = [p.as_posix() for p in POLICIES]
+
+WEIRD = """\
+interface "e-th.0@x" htb rate 10mbit default b {
+    class a rate 5mbit ceil 10mbit match dport 80, 443
+    class b rate 5mbit
+}
+interface "a<b>&c#d'`]}" htb rate 10mbit {
+    classify by mark from "i<n>" chain "C#'<&>\\\\"
+    class x rate 5mbit match proto tcp sport 1024-2047
+}
+"""
+
+
+def _compile(policy: Path, backend: str) -> str:
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        result = compile_policy(policy.as_posix(), backend)
+    finally:
+        os.chdir(cwd)
+    assert result.output is not None
+    return result.output
+
+
+def _weird_policy() -> ir.Policy:
+    """Names a policy can hold that mean something to DOT or Mermaid, plus a quote and a
+    newline that the language cannot write but the backends must survive anyway."""
+    result = analyse("weird.tcp", lambda path: WEIRD)
+    assert result.policy is not None, result.diagnostics
+    first, second = result.policy.interfaces
+    odd = dataclasses.replace(first, name='q"z\n<&>')
+    return dataclasses.replace(result.policy, interfaces=(first, second, odd))
+
+
+# ---- dot ---------------------------------------------------------------------------------------
+
+
+def _dot_to_svg(text: str) -> str:
+    if shutil.which("dot") is None:
+        pytest.skip("graphviz 'dot' is not installed (apt-get install graphviz)")
+    run = subprocess.run(
+        ["dot", "-Tsvg"], input=text, capture_output=True, text=True, check=False, timeout=60
+    )
+    assert run.returncode == 0 and not run.stderr, run.stderr
+    assert "<svg" in run.stdout
+    return run.stdout
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=IDS)
+def test_dot_renders_every_policy(policy: Path) -> None:
+    _dot_to_svg(_compile(policy, "dot"))
+
+
+def test_dot_renders_hostile_names() -> None:
+    text = DotBackend().emit(_weird_policy(), 'weird"\n.tcp')
+    svg = _dot_to_svg(text)
+    # Graphviz writes '-' as &#45; in SVG text.
+    assert ">interface e&#45;th.0@x<" in svg
+    assert ">interface a&lt;b&gt;&amp;c#d&#39;`]}<" in svg
+    assert ">interface q&quot;z?&lt;&amp;&gt;<" in svg
+
+
+def test_dot_shows_borrowing_leaf_filters_and_default() -> None:
+    text = _compile(Path("policies/office.tcp"), "dot")
+    assert "rate 40mbit, may borrow to 90mbit (+50mbit)" in text
+    assert "rate 6mbit, no borrowing" in text
+    assert "leaf: pfifo (kernel default)" in text
+    assert "leaf: sfq perturb 10" in text
+    assert "match dport 80, 443" in text
+    assert "match src 10.3.34.11" in text
+    assert "default class" in text
+    marks = _compile(Path("policies/seeds/s000-10.1-marks.tcp"), "dot")
+    assert "mark 10: tcp dport 5001" in marks
+    assert "mark 30: unmarked traffic" in marks
+
+
+# ---- mermaid -----------------------------------------------------------------------------------
+
+_LABEL = re.compile(r'"([^"]*)"')
+_TAGS = re.compile(r"</?b>|<br/>")
+_ENTITY = re.compile(r"#(?:[a-z]+|[0-9]+);")
+_NODE = re.compile(r"(n[0-9]+)(?:\[/?L[/\\]?\])$")
+_EDGE = re.compile(r"(n[0-9]+) --> (n[0-9]+)$")
+_CLASS = re.compile(r"class ((?:n[0-9]+,)*n[0-9]+) (qdisc|cls|dflt)$")
+_PAIRS = {"]": "[", ")": "(", "}": "{"}
+
+
+def check_mermaid(text: str) -> None:
+    """Fail unless ``text`` is a flowchart whose labels are quoted and escaped, whose brackets
+    balance, whose subgraphs end, and whose edges and styles name defined nodes."""
+    lines = text.splitlines()
+    assert lines[0].startswith("%% ") and lines[1] == "flowchart TB"
+    defined: list[str] = []
+    used: list[str] = []
+    depth = 0
+    for number, line in enumerate(lines[2:], start=3):
+        where = f"line {number}: {line!r}"
+        assert line.count('"') % 2 == 0, f"unbalanced quotes, {where}"
+        for label in _LABEL.findall(line):
+            bare = _TAGS.sub("", label)
+            assert not re.search(r"[<>`\n]", bare), f"unescaped markup, {where}"
+            assert "#" not in _ENTITY.sub("", bare), f"a '#' that is not an entity, {where}"
+        code = _LABEL.sub("L", line).strip()
+        stack: list[str] = []
+        for ch in code:
+            if ch in "[({":
+                stack.append(ch)
+            elif ch in _PAIRS:
+                assert stack and stack.pop() == _PAIRS[ch], f"unbalanced brackets, {where}"
+        assert not stack, f"unbalanced brackets, {where}"
+        if code.startswith("subgraph "):
+            assert re.fullmatch(r"subgraph if[0-9]+\[L\]", code), where
+            depth += 1
+        elif code == "end":
+            depth -= 1
+            assert depth >= 0, where
+        elif code == "direction TB" or code.startswith("classDef "):
+            pass
+        elif m := _NODE.match(code):
+            defined.append(m[1])
+        elif m := _EDGE.match(code):
+            used += [m[1], m[2]]
+        elif m := _CLASS.match(code):
+            used += m[1].split(",")
+        else:
+            raise AssertionError(f"unexpected statement, {where}")
+    assert depth == 0, "a subgraph is not closed"
+    assert len(defined) == len(set(defined)), "a node is defined twice"
+    assert set(used) <= set(defined), f"undefined nodes: {sorted(set(used) - set(defined))}"
+    assert set(defined) <= set(used), "a node has no edge and no style"
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=IDS)
+def test_mermaid_is_well_formed(policy: Path) -> None:
+    check_mermaid(_compile(policy, "mermaid"))
+
+
+def test_mermaid_escapes_hostile_names() -> None:
+    text = MermaidBackend().emit(_weird_policy(), 'weird"\n.tcp')
+    check_mermaid(text)
+    assert "interface e-th.0@x" in text
+    assert "a#lt;b#gt;#amp;c#35;d'#96;]}" in text
+    assert "q#quot;z?#lt;#amp;#gt;" in text
+
+
+def test_mermaid_checker_catches_mistakes() -> None:
+    good = _compile(Path("policies/office.tcp"), "mermaid")
+    check_mermaid(good)
+    for bad in (
+        good.replace("n2 --> n3", "n2 --> n99"),
+        good.replace("<b>web</b>", '<b>w"eb</b>'),
+        good.replace("<b>web</b>", "<b>w<e>b</b>"),
+        good.replace("  end\n", ""),
+        good.replace('n1[/"', 'n1[["'),
+    ):
+        with pytest.raises(AssertionError):
+            check_mermaid(bad)

@@ -1,0 +1,276 @@
+"""The tcng backend: units, the mapping of tcdsl constructs, E501 rejections, determinism, and
+(when a tcng compiler is at hand) that tcng's ``tcc`` accepts every golden tcng file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from tcdsl.backends.tcng import rate, size, variable_names
+
+from tcdsl.diagnostics import render
+from tcdsl.driver import Result, compile_policy
+from tests.conftest import GOLDEN
+
+TCC = os.environ.get("TCNG_TCC", "")
+"""Path of tcng's compiler ``tcc`` (built from tcng 10b); the tcc tests skip without it."""
+
+
+def compile_text(text: str) -> Result:
+    """Compile policy text as ``t.tcp`` with the tcng backend."""
+    return compile_policy("t.tcp", "tcng", loader=lambda _path: text)
+
+
+def emit(text: str) -> str:
+    """The tcng text of a policy that must compile."""
+    result = compile_text(text)
+    assert result.output is not None, render(result.diagnostics, result.sources)
+    return result.output
+
+
+def body(text: str) -> list[str]:
+    """The emitted lines without comments, stripped."""
+    return [line.strip() for line in emit(text).splitlines() if line.strip() and "//" not in line]
+
+
+def errors(text: str) -> str:
+    """The rendered diagnostics of a policy that must be rejected."""
+    result = compile_text(text)
+    assert result.output is None
+    return render(result.diagnostics, result.sources)
+
+
+# ---- units ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bits", "spelled"),
+    [
+        (6_000_000, "6Mbps"),
+        (1_000_000_000, "1Gbps"),
+        (220_000, "220kbps"),
+        (10_800_000, "10800kbps"),
+        (1500, "1500bps"),
+        (0, "0bps"),
+    ],
+)
+def test_rate_is_spelled_in_tcng_bits_per_second(bits: int, spelled: str) -> None:
+    assert rate(bits) == spelled
+
+
+@pytest.mark.parametrize(
+    ("size_bytes", "spelled"),
+    [(1540, "1540B"), (2048, "2kB"), (15 * 1024, "15kB"), (1 << 20, "1MB"), (1000, "1000B")],
+)
+def test_size_is_spelled_in_tcng_bytes_with_binary_prefixes(size_bytes: int, spelled: str) -> None:
+    assert size(size_bytes) == spelled
+
+
+def test_tc_units_become_tcng_units() -> None:
+    lines = body(
+        "interface eth0 htb rate 100mbit {\n"
+        "    class a rate 6mbit ceil 1mbps burst 15k\n"  # mbps: tc's megaBYTES per second
+        "}\n"
+    )
+    assert "class (0x10, rate 6Mbps, ceil 8Mbps, burst 15kB);" in lines
+
+
+def test_tbf_latency_becomes_the_limit_tc_derives() -> None:
+    lines = body("interface eth0 tbf rate 220kbit latency 50ms burst 1540\n")
+    # 220kbit/s = 27500 B/s; 50ms of it is 1375 bytes, plus the 1540-byte burst
+    assert lines[1] == "tbf (0x1, rate 220kbps, burst 1540B, limit 2915B);"
+
+
+# ---- mapping --------------------------------------------------------------------------------
+
+MATCHES = """\
+interface eth1 htb rate 100mbit default bulk {
+    class web prio 1 rate 40mbit ceil 90mbit {
+        match dport 80, 443 proto tcp
+        match sport 1024-2047 pref 5
+        match dport 3072/0xfc00 src 10.0.0.0/8, 192.168.1.1
+        sfq perturb 10 quantum 1514
+    }
+    class ack rate 1mbit {
+        match tcp-ack pref 2
+        match tos 0x10/0x1e
+        match dscp ef
+        match u8 0x45 at 0
+        match u16 0x1200/0xff00 at 6 u32 0x0a000001 at 16
+        bfifo limit 30k
+    }
+    class bulk rate 1mbit ceil 5mbit {
+        match all
+        pfifo limit 20
+    }
+}
+"""
+
+
+def test_selectors_spell_every_condition_in_filter_order() -> None:
+    ip = "class (<$%s>) if meta_protocol == ETH_P_IP"
+    selectors = [line for line in body(MATCHES) if line.startswith("class (<")]
+    assert selectors == [
+        ip % "web" + " && (raw[22].ns == 80 || raw[22].ns == 443) && ip_proto == IPPROTO_TCP;",
+        ip % "web" + " && (raw[22].ns & 0xfc00) == 3072"
+        " && (ip_src:8 == 10.0.0.0 || ip_src == 192.168.1.1);",
+        ip % "ack" + " && (ip_tos & 0x1e) == 0x10;",
+        ip % "ack" + " && (ip_tos & 0xfc) == 0xb8;",
+        ip % "ack" + " && raw[0] == 0x45;",
+        ip % "ack" + " && (raw[6].ns & 0xff00) == 0x1200 && raw[16].nl == 0x0a000001;",
+        ip % "bulk" + ";",
+        # pref 2, then pref 5: after every unwritten (pref 1) line, as tc tries them
+        ip % "ack" + " && ip_proto == IPPROTO_TCP && (raw[0] & 0x0f) == 0x05"
+        " && (raw[2].ns & 0xffc0) == 0x0000 && raw[33] == 0x10;",
+        ip % "web" + " && (raw[20].ns >= 1024 && raw[20].ns <= 2047);",
+    ]
+
+
+def test_qdisc_tree_keeps_tc_handles_and_moves_the_default_class_to_a_decimal_safe_minor() -> None:
+    lines = body(MATCHES)
+    tree = lines[lines.index("htb (0x1) {") :]
+    assert tree == [
+        "htb (0x1) {",
+        "class (0x1, rate 100Mbps, ceil 100Mbps) {",
+        "$web = class (0x10, rate 40Mbps, ceil 90Mbps, prio 1) {",
+        "sfq (0x10, perturb 10s, quantum 1514B);",
+        "}",
+        "$ack = class (0x20, rate 1Mbps, ceil 1Mbps) {",
+        "fifo (0x20, limit 30kB);",
+        "}",
+        "$bulk = class (0x2, rate 1Mbps, ceil 5Mbps, default) {",
+        "fifo (0x30, limit 20p);",
+        "}",
+        "}",
+        "}",
+        "}",
+        "}",
+    ]
+    assert "// tc class 1:30 here: tcc writes htb's default in decimal" in emit(MATCHES)
+
+
+def test_children_do_not_inherit_what_tcng_would_pass_on() -> None:
+    lines = body(
+        "interface eth0 htb rate 10mbit burst 10k {\n"
+        "    class p prio 2 rate 4mbit cburst 2k {\n"
+        "        class q rate 1mbit\n"
+        "    }\n"
+        "}\n"
+    )
+    assert "class (0x20, rate 1Mbps, ceil 1Mbps, burst 0B, cburst 0B, prio 0);" in lines
+
+
+def test_prio_priomap_names_the_band_classes() -> None:
+    lines = body(
+        "interface eth0 prio bands 3 priomap 1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1 {\n"
+        "    class hi { sfq }\n    class mid\n    class lo\n}\n"
+    )
+    assert lines[1] == (
+        "prio (0x1, bands 3, priomap $mid $lo $lo $lo $mid $lo $hi $hi"
+        " $mid $mid $mid $mid $mid $mid $mid $mid) {"
+    )
+
+
+def test_names_that_are_not_tcng_identifiers_are_respelled_uniquely() -> None:
+    policy = compile_text(
+        "interface eth0 prio {\n    class a-b\n    class a_b\n    class __x\n}\n"
+    ).policy
+    assert policy is not None
+    root = policy.interfaces[0].root
+    assert sorted(variable_names(root).values()) == ["a_b", "a_b_2", "c___x"]
+
+
+def test_classes_under_a_chained_qdisc_are_reached_through_it() -> None:
+    out = emit(
+        "interface eth2 tbf rate 1mbit burst 10k latency 20ms peakrate 2mbit mtu 1514 {\n"
+        "    prio bands 4 {\n"
+        "        class a {\n            match dst 10.1.0.0/16\n        }\n"
+        "        class b { tbf rate 500kbit burst 5k limit 10k }\n"
+        "    }\n"
+        "}\n"
+    )
+    assert "class (<$a>) if meta_protocol == ETH_P_IP && ip_dst:16 == 10.1.0.0;" in out
+    # the smaller of 1mbit x 20ms + burst and 2mbit x 20ms + mtu
+    assert "tbf (0x1, rate 1Mbps, burst 10kB, limit 6514B, peakrate 2Mbps, mtu 1514B) {" in out
+
+
+# ---- rejections -----------------------------------------------------------------------------
+
+
+def test_fq_codel_is_rejected_at_the_qdisc() -> None:
+    assert errors("interface eth0 fq_codel\n") == (
+        "t.tcp:1:16: error: tcng has no fq_codel qdisc; use sfq, or the shell backend [E501]\n"
+        " 1 | interface eth0 fq_codel\n"
+        "   |                ^~~~~~~~\n"
+    )
+
+
+def test_sfq_limit_is_rejected_at_its_value() -> None:
+    text = errors("interface eth0 sfq limit 100\n")
+    assert text.startswith(
+        "t.tcp:1:26: error: tcng's sfq has no 'limit' (only perturb and quantum) [E501]\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ("interface eth0 netem delay 20ms\n", "tcng has no netem qdisc"),
+        ("interface eth0 pfifo_fast\n", "tcng has no pfifo_fast qdisc"),
+        ("interface eth0 bfifo\n", "tcng's fifo without a limit is a pfifo"),
+        (
+            "interface eth0 cbq bandwidth 10mbit avpkt 1000 {\n"
+            "    class a rate 1mbit allot 1514 prio 1\n}\n",
+            "the tcng backend does not emit cbq",
+        ),
+        (
+            "interface eth0 htb rate 10mbit default o {\n"
+            "    classify by mark from eth1\n"
+            "    class a rate 1mbit match proto tcp dport 80\n    class o rate 1mbit\n}\n",
+            "tcng cannot set firewall marks",
+        ),
+        (
+            "interface eth0 htb rate 10mbit {\n    class p rate 5mbit quantum 3000 {\n"
+            "        class c rate 1mbit\n    }\n}\n",
+            "tcng passes the quantum of class 'p' on to class 'c'",
+        ),
+        (
+            "interface eth0 prio {\n    class a {\n        htb {\n"
+            "            class x rate 1mbit match dport 80\n        }\n    }\n}\n",
+            "it cannot classify packets that reach class 'a' of a prio through its priomap",
+        ),
+        (
+            "interface eth0 prio priomap 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 0 {\n"
+            "    class a match dport 80\n    class b\n}\n",
+            "tcng cannot combine a priomap with classification",
+        ),
+    ],
+)
+def test_what_tcng_cannot_express_is_an_e501(policy: str, message: str) -> None:
+    text = errors(policy)
+    assert message in text and "[E501]" in text
+
+
+# ---- determinism and tcc --------------------------------------------------------------------
+
+
+def test_emit_is_deterministic() -> None:
+    assert emit(MATCHES) == emit(MATCHES)
+
+
+def _golden_tcng_files() -> list[Path]:
+    return sorted(
+        p
+        for p in (GOLDEN / "tcng").glob("*.tc")
+        if not p.read_text(encoding="utf-8").startswith("# rejected")
+    )
+
+
+@pytest.mark.skipif(not TCC, reason="set TCNG_TCC to tcng's tcc to check the golden files")
+@pytest.mark.parametrize("golden", _golden_tcng_files(), ids=lambda p: p.stem)
+def test_tcc_accepts_golden_output(golden: Path) -> None:
+    done = subprocess.run([TCC, str(golden)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    assert "tc qdisc add" in done.stdout
