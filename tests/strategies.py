@@ -1,0 +1,753 @@
+"""Hypothesis strategies for policies that a kernel must hold exactly as written.
+
+``verifiable_policies(kernel)`` writes VALID policies (no error, no warning) for ``tcdsl verify``
+to apply: the kernel must then agree with the policy in every value (tests/
+test_verify_properties.py). It follows the generator of tests/test_properties.py (one drawing
+object, values spelled in several ways, constants and arithmetic) with stricter rules, since
+verify reports compiler warnings too.
+
+``kernel="host"`` (what every kernel with htb has):
+
+- htb roots with or without a link class (interface ``rate``), ``r2q``, ``default``, explicit
+  handles; class trees 1-4 levels deep; rates and ceilings that are multiples of 8 bit/s (tc
+  keeps whole bytes per second), children's rates summing within the parent's rate, ceilings
+  within the parent's ceiling (W301 otherwise), percentages where they resolve exactly; ``prio``
+  0-7, ``burst``, ``cburst``, ``quantum``, explicit class ids;
+- u32 matches: src/dst networks, single ports, port lists, ranges and value/mask pairs,
+  protocols, tos, dscp, tcp-ack, raw ``u8``/``u16``/``u32 V/M at OFF`` keys (aligned, on bytes
+  no other condition of the line tests, so that they cannot contradict), ``all``, ``pref``;
+- pfifo, bfifo and tbf leaves (a tbf holding a child at times); tbf, pfifo, bfifo and
+  pfifo_fast roots.
+
+``kernel="uml"`` adds what the host may lack: prio roots (``bands``, ``priomap``), netem roots
+with a child, sfq, fq_codel and netem leaves, and ``classify by mark from eth1`` (iptables
+marks and fw filters) with the matches iptables can say (``proto tcp``/``udp`` with ports).
+
+Numbers are drawn over the whole range the compiler accepts, ends included (``wide``), except
+where the kernel or tc does not hold a value tcdsl accepts: those are compiler bugs, each
+steered around below under a ``KNOWN BUG`` comment, to be removed once the compiler reports
+the case. htb also warns (W406) when a class's quantum, its rate in bytes/s divided by
+``r2q``, lies outside 1000-200000 bytes: such a class gets an explicit ``quantum``.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hypothesis import strategies as st
+
+Kernel = Literal["host", "uml"]
+
+U32_MAX = 2**32 - 1
+INT_MAX = 2**31 - 1
+MAX_RATE = 10 * 10**9
+RATE_UNITS = {
+    "bit": 1,
+    "kbit": 1000,
+    "mbit": 10**6,
+    "gbit": 10**9,
+    "kibit": 1024,
+    "mibit": 1024**2,
+    "gibit": 1024**3,
+}
+"""Rate spellings (not the bps family: tc reads those as bytes per second, warning W302)."""
+SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "kbit": 128}
+TIME_UNITS = {"us": 1, "usec": 1, "usecs": 1, "ms": 1000, "msec": 1000, "s": 10**6, "sec": 10**6}
+PROTOCOLS = (
+    *("tcp", "udp", "icmp", "gre", "esp", "ah", "sctp", "ipip", "igmp", "ospf", "vrrp", "pim"),
+    *("17", "47", "200", "TCP", "Udp"),
+)
+TCP = ("tcp", "TCP", "6")
+DSCP_NAMES = ("ef", "af11", "af21", "af32", "af43", "cs0", "cs1", "cs5", "cs7", "be", "va")
+NAMES = (
+    *("web", "bulk", "voip", "A", "_x", "staff-1", "ssh_in", "Video2", "p2p", "alice"),
+    *("dns-udp-53", "x9_y-z", "interactive", "l", "QoS", "ratex", "classy", "matches"),
+)
+IFNAMES = ("eth0", "wan0", "s2-eth2", '"br-lan"', "eth0.100", "lan-1")
+MARK_FROM = "eth1"
+"""The interface ``classify by mark`` reads from (none of IFNAMES)."""
+
+MAX_CLASSES = {"host": 10, "uml": 4}
+"""htb classes per interface. Policies for user-mode Linux are kept smaller: every program it
+runs costs ~15 ms there (0.5 ms on the host), and each tc command is one."""
+MAX_FILTERS = {"host": 12, "uml": 4}
+"""u32 filters (or iptables rules) one match line may stand for."""
+MAX_MATCHES = {"host": 2, "uml": 1}
+"""Match lines per class."""
+HTB_QUANTUM = (1000, 200_000)
+"""The quantum htb takes without a warning (sch_htb.c, htb_change_class)."""
+
+# Bytes of the IPv4 header (no options) each condition tests, so a raw key can keep off them.
+FIELD_BYTES: dict[str, frozenset[int]] = {
+    "src": frozenset(range(12, 16)),
+    "dst": frozenset(range(16, 20)),
+    "sport": frozenset({20, 21}),
+    "dport": frozenset({22, 23}),
+    "proto": frozenset({9}),
+    "tos": frozenset({1}),
+    "dscp": frozenset({1}),
+    "tcp-ack": frozenset({0, 2, 3, 9, 33}),
+}
+
+# ---- KNOWN BUGS: policies tcdsl accepts that tc or the kernel does not hold as written --------
+# Found by tests/test_verify_properties.py (Debian's Linux 6.1.176 as user-mode Linux, the
+# host's 6.18; iproute2 6.1). Each limit keeps the generator off one; remove it once the
+# compiler reports the case (or writes what the kernel keeps).
+
+BURST_SECONDS = 270
+"""KNOWN BUG (burst too long for its rate): tc keeps an htb burst/cburst and the kernel a tbf
+burst/mtu as the time to send it at the rate in 64-ns ticks, a 32-bit field that wraps past
+~274.9 s (``rate 8bit burst 1600``: the kernel holds 225 bytes). Bursts stay within 270 s."""
+QUANTUM_PLAIN = 1024
+"""KNOWN BUG (quantum spelled with a unit): tcdsl writes an htb or fq_codel quantum that is a
+multiple of 1024 as ``quantum 2k``; tc reads both as plain numbers (``Illegal "quantum"``, the
+script stops). Such quanta are avoided."""
+HTB_MAX_QUANTUM = INT_MAX
+"""KNOWN BUG (htb quantum range): the kernel keeps an htb class's quantum in an int, so one
+above INT_MAX is negative there (tc shows ``quantum -2147483648``)."""
+FQ_CODEL_QUANTUM = (256, 1 << 20)
+"""KNOWN BUG (fq_codel quantum range): the kernel raises a quantum below 256 to 256 and refuses
+one above 1 MiB (``Error: Invalid quantum.``)."""
+FQ_CODEL_MEMORY = 1 << 31
+"""KNOWN BUG (fq_codel memory_limit): the kernel lowers one above 2 GiB to 2 GiB, and tc drops
+``memory_limit 4294967295`` (its 'not given' value): the kernel keeps its 32 MiB default."""
+FQ_CODEL_NONZERO = 1
+"""KNOWN BUG (fq_codel zero values): tc drops ``limit 0``, ``target 0us`` and ``interval 0us``
+(0 is its 'not given' value): the kernel keeps its defaults (10240p, 5ms, 100ms)."""
+TBF_NONZERO = 1
+"""KNOWN BUG (tbf latency/limit 0): tc refuses ``latency 0us`` and ``limit 0`` ('either "limit"
+or "latency" is required')."""
+# KNOWN BUG (tbf latency too long): tc computes the limit as rate x latency + burst (with a peak
+# rate, the smaller of that and peakrate x latency + mtu) into a 32-bit field that wraps, so
+# the kernel's latency differs; latencies are kept below that (tbf_latency_cap).
+SFQ_MIN_LIMIT = 2
+"""KNOWN BUG (sfq limit 0 or 1): tc refuses them (``Illegal "limit", must be > 1``)."""
+SFQ_MAX_PERTURB = INT_MAX // 1000
+"""KNOWN BUG (sfq perturb range): tc refuses a perturb above INT_MAX (``Illegal "perturb"``),
+and Linux (6.1.y, 6.13+) one above INT_MAX / HZ (``sch_sfq: invalid perturb period``; HZ is
+100-1000)."""
+SFQ_MAX_QUANTUM = INT_MAX
+"""KNOWN BUG (sfq quantum range): the kernel refuses a quantum above INT_MAX (``sch_sfq:
+invalid quantum``)."""
+NETEM_MAX_DELAY = U32_MAX * 64 // 1000 // 1000
+"""KNOWN BUG (netem delay range): tc keeps the delay in 32-bit ticks and refuses one above
+~274.9 s (``Illegal ... time (too large)``)."""
+NETEM_MAX_JITTER = INT_MAX // 1000
+"""KNOWN BUG (netem jitter range): the kernel lowers a jitter above INT_MAX ns (~2.147 s) to
+that."""
+# KNOWN BUG (prio bands 2 without priomap): tc sends its default priomap, which names band 2,
+# and the kernel refuses the qdisc (RTNETLINK: Invalid argument); prio bands 2 always gets a
+# priomap here.
+# KNOWN BUG (duplicating netem next to another netem): Linux (6.1.y, 6.17+) refuses a netem
+# when the device's tree would hold a duplicating netem and another netem ("netem: cannot mix
+# duplicating netems with other netems in tree"): only an interface's first netem duplicates,
+# and no netem follows a duplicating one.
+
+
+@functools.lru_cache(maxsize=4096)
+def _integers(lo: int, hi: int) -> st.SearchStrategy[int]:
+    """st.integers, made once per range: making a strategy costs more than drawing from it."""
+    return st.integers(min_value=lo, max_value=hi)
+
+
+def range_keys(lo: int, hi: int) -> int:
+    """How many aligned value/mask pairs cover the ports lo-hi (the compiler's expansion)."""
+    count = 0
+    while lo <= hi:
+        size = lo & -lo if lo else 1 << 16
+        while size > hi - lo + 1:
+            size //= 2
+        lo += size
+        count += 1
+    return count
+
+
+def tbf_latency_cap(rate: int, burst: int, peak: int | None, mtu: int) -> int:
+    """The longest latency (us) whose limit tc can compute in 32 bits (see KNOWN BUG above);
+    below 1 when there is none (a burst of nearly 4 GiB)."""
+    cap = (U32_MAX - burst) * 10**6 // (rate // 8)
+    if peak is not None:
+        cap = max(cap, (U32_MAX - mtu) * 10**6 // (peak // 8))  # tc takes the smaller limit
+    return min(U32_MAX, cap - 1)
+
+
+@dataclass
+class Policy:
+    """A drawn policy: its text and the kernel it is written for."""
+
+    text: str
+    kernel: Kernel
+    marks: bool = False
+    """True when an interface classifies by iptables marks."""
+
+
+@dataclass
+class VGen:
+    """The state of one generated policy, and how it draws each part."""
+
+    integer: Callable[[int, int], int]
+    """Draws an integer in [lo, hi]: hypothesis (``verifiable_policies``) or a seeded random
+    generator (``random_policies``)."""
+    kernel: Kernel
+    consts: list[str] = field(default_factory=list)
+    # per interface
+    names: set[str] = field(default_factory=set)
+    majors: set[int] = field(default_factory=set)
+    """Qdisc handle majors taken explicitly on the interface."""
+    minors: set[int] = field(default_factory=set)
+    """Class id minors taken explicitly on its htb."""
+    marks: set[int] = field(default_factory=set)
+    leaves: list[str] = field(default_factory=list)
+    classes: int = 0
+    r2q: int = 10
+    root_major: int = 1
+    netems: int = 0
+    duplicating: bool = False
+    """Whether one of the interface's netems duplicates packets."""
+
+    # ---- drawing ----
+    def chance(self, p: float) -> bool:
+        """True with probability about ``p``; False for a draw of 0, where hypothesis starts
+        and shrinks to (so a small example leaves the options out)."""
+        return self.integer(0, 999) >= 1000 - int(p * 1000)
+
+    def between(self, lo: int, hi: int) -> int:
+        return self.integer(lo, hi)
+
+    def wide(self, lo: int, hi: int) -> int:
+        """An integer in [lo, hi]: an end of the range, or one of any magnitude in it."""
+        how = self.between(0, 5)
+        if how == 0 or lo == hi:
+            return lo
+        if how == 1:
+            return hi
+        if how == 2:
+            return self.between(lo, hi)
+        e = self.between(max(1, lo.bit_length()), hi.bit_length())
+        return self.between(max(lo, 1 << (e - 1)), min(hi, (1 << e) - 1))
+
+    def pick(self, options: tuple[str, ...] | list[str]) -> str:
+        return options[self.between(0, len(options) - 1)]
+
+    def sample(self, options: list[str], k: int) -> list[str]:
+        """``k`` different ones of ``options`` (fewer if there are not that many)."""
+        out: list[str] = []
+        left = list(options)  # an option listed twice is twice as likely
+        while left and len(out) < k:
+            out.append(left[self.between(0, len(left) - 1)])
+            left = [x for x in left if x != out[-1]]
+        return out
+
+    @property
+    def uml(self) -> bool:
+        return self.kernel == "uml"
+
+    def name(self) -> str:
+        raw = self.pick(NAMES)
+        name, n = raw, 1
+        while name in self.names:
+            name, n = f"{raw}_{n}", n + 1
+        self.names.add(name)
+        return name
+
+    # ---- values ----
+    def bits(self, lo: int, hi: int) -> int:
+        """A rate in [lo, hi], a multiple of 8: often a round one, of any magnitude."""
+        lo8, hi8 = -(-max(lo, 8) // 8), hi // 8
+        how = self.between(0, 3)
+        if how == 0:
+            return 8 * self.between(lo8, hi8)
+        if how == 1:  # a whole number of some unit
+            unit = RATE_UNITS[self.pick(("kbit", "mbit", "kibit", "gbit"))]
+            step = unit if unit % 8 == 0 else unit * 8
+            if hi8 * 8 // step >= -(-lo8 * 8 // step):
+                return step * self.between(-(-lo8 * 8 // step), hi8 * 8 // step)
+        return 8 * self.wide(lo8, hi8)
+
+    def rate(self, bits: int, depth: int = 0) -> str:
+        """Spell exactly ``bits`` bit/s: units, arithmetic, constants."""
+        how = self.between(0, 12) if depth < 2 else 12
+        if how == 0 and bits % 2 == 0 and bits >= 16:
+            half = self.rate(bits // 2, depth + 1)
+            return f"({half}) * 2" if " " in half else f"{half} * 2"
+        if how == 1 and bits >= 16:
+            part = self.between(1, bits - 1)
+            text = f"{self.rate(part, depth + 1)} + {self.rate(bits - part, depth + 1)}"
+            return f"({text})" if self.chance(0.5) else text
+        if how == 2:
+            extra = self.between(1, 10**6)
+            return f"{self.rate(bits + extra, depth + 1)} - {extra}bit"
+        if how == 3:
+            # tcdsl computes exactly and truncates only the final value to whole bits, so a
+            # remainder may be dropped at the top of the expression only
+            rest = self.between(0, 3) if depth == 0 else 0
+            return f"({self.rate(4 * bits + rest, depth + 1)}) / 4"
+        if how == 4:
+            value = self.rate(bits, depth + 1)  # may define constants of its own first
+            const = f"c{len(self.consts)}_{self.between(0, 99)}"
+            self.consts.append(f"const {const} = {value}")
+            return const
+        if how == 5 and bits % 10**5 == 0 and bits % 10**6:
+            return f"{bits // 10**6}.{bits % 10**6 // 10**5}mbit"
+        unit = self.pick([u for u, f in RATE_UNITS.items() if bits % f == 0])
+        spelled = self.pick((unit, unit.upper(), unit.capitalize()))
+        return f"{bits // RATE_UNITS[unit]}{spelled}"
+
+    def spell(self, size: int) -> str:
+        """Spell a size in bytes with a unit that divides it (or none)."""
+        unit = self.pick([u for u, f in SIZE_UNITS.items() if size % f == 0 and (size or not u)])
+        return f"{size // SIZE_UNITS[unit]}{unit}"
+
+    def time(self, lo: int, hi: int) -> str:
+        """A time in [lo, hi] microseconds, spelled with a unit that divides it."""
+        value = self.wide(lo, hi)
+        if self.chance(0.5):  # a whole number of ms or s
+            unit = int(self.pick(("1000", "1000000")))
+            if hi // unit >= max(1, -(-lo // unit)):
+                value = unit * self.wide(max(1, -(-lo // unit)), hi // unit)
+        unit_name = self.pick([u for u, f in TIME_UNITS.items() if value % f == 0])
+        return f"{value // TIME_UNITS[unit_name]}{unit_name}"
+
+    def percent(self) -> str:
+        """A netem probability, 0-100% with up to six decimals (``1.5%``)."""
+        whole = self.wide(0, 100)
+        frac = self.between(0, 999_999) if whole < 100 and self.chance(0.5) else 0
+        return f"{whole}.{frac:06d}".rstrip("0").rstrip(".") + "%"
+
+    def burst_size(self, rate: int) -> int:
+        """A burst (or tbf mtu) for ``rate``, at most BURST_SECONDS' worth (KNOWN BUG)."""
+        cap = min(U32_MAX, rate // 8 * BURST_SECONDS)
+        if self.chance(0.3):
+            return min(cap, int(self.pick(("1540", "1600", "3000", "15360", "65536", "500000"))))
+        return self.wide(1, cap)
+
+    def plain_quantum(self, lo: int, hi: int) -> int:
+        """A quantum tcdsl writes as a plain number (KNOWN BUG QUANTUM_PLAIN)."""
+        value = self.wide(lo, hi)
+        return value if value % QUANTUM_PLAIN else value - 1
+
+    def handle(self) -> str:
+        """Sometimes an explicit qdisc handle (`` handle 2a:``), unique on the interface."""
+        if not self.chance(0.15):
+            return ""
+        major = self.between(1, 0xFFFE)
+        if major in self.majors:
+            return ""
+        self.majors.add(major)
+        return f" handle {major:x}:"
+
+    # ---- matches ----
+    def address(self) -> str:
+        octets = ".".join(str(self.between(0, 255)) for _ in range(4))
+        return octets if self.chance(0.3) else f"{octets}/{self.between(0, 32)}"
+
+    def port(self, masks: bool) -> tuple[str, int]:
+        """A port, a range or a value/mask, and how many u32 keys it becomes."""
+        kind = self.between(0, 3)
+        if kind == 1:
+            lo = self.between(0, 65535)
+            hi = self.between(lo, min(65535, lo + int(self.pick(("0", "1", "7", "1000", "65535")))))
+            return f"{lo}-{hi}", range_keys(lo, hi)
+        if kind == 2 and masks:
+            prefix = self.chance(0.7)
+            mask = (0xFFFF << self.between(0, 16)) & 0xFFFF if prefix else self.between(0, 0xFFFF)
+            return f"{self.between(0, 65535) & mask}/0x{mask:04x}", 1
+        return str(self.between(0, 65535)), 1
+
+    def match(self, marking: bool) -> str | None:
+        """One match line that can match (no field twice, nothing contradictory), or None when
+        it would stand for more filters than MAX_FILTERS allows."""
+        if self.chance(0.05):
+            return "match all"
+        kinds = ["src", "dst", "sport", "dport", "proto", "tos", "dscp"]
+        if not marking:  # iptables cannot say these (E209)
+            kinds += ["tcp-ack", "raw", "raw"]
+        chosen = self.sample(kinds, self.between(1, 3))
+        if "tos" in chosen and "dscp" in chosen:
+            chosen.remove("dscp")  # both test the tos byte: they may contradict (E211)
+        ported = bool({"sport", "dport"} & set(chosen))
+        if marking and ported and "proto" in chosen:
+            chosen.remove("proto")  # ports need proto tcp or udp with marks: written below
+        used = set().union(*(FIELD_BYTES.get(k, frozenset()) for k in chosen))
+        conds: list[str] = []
+        filters = 1
+        for kind in chosen:
+            if kind in ("src", "dst"):
+                n = self.between(1, 2)
+                filters *= n
+                conds.append(f"{kind} " + ", ".join(self.address() for _ in range(n)))
+            elif kind in ("sport", "dport"):
+                ports = [self.port(not marking) for _ in range(self.between(1, 3))]
+                filters *= len(ports) if marking else sum(keys for _, keys in ports)
+                conds.append(f"{kind} " + ", ".join(text for text, _ in ports))
+            elif kind == "proto":
+                if "tcp-ack" in chosen:
+                    protos = [self.pick(TCP)]  # another protocol would contradict tcp-ack
+                else:
+                    protos = [self.pick(PROTOCOLS)]
+                    other = self.pick(PROTOCOLS)
+                    same = {"tcp": "6", "udp": "17", "gre": "47"}
+                    a, b = protos[0].lower(), other.lower()
+                    if self.chance(0.3) and a != b and same.get(a) != b and same.get(b) != a:
+                        protos.append(other)
+                filters *= len(protos)
+                conds.append("proto " + ", ".join(protos))
+            elif kind == "tos":
+                mask = self.between(1, 255) if self.chance(0.6) else 0xFF
+                value = self.between(0, 255) & mask
+                if mask == 0xFF and self.chance(0.5):
+                    conds.append(f"tos {value}" if self.chance(0.5) else f"tos 0x{value:02x}")
+                else:
+                    conds.append(f"tos 0x{value:02x}/0x{mask:02x}")
+            elif kind == "dscp":
+                conds.append(
+                    f"dscp {self.pick(DSCP_NAMES) if self.chance(0.5) else self.between(0, 63)}"
+                )
+            elif kind == "tcp-ack":
+                conds.append("tcp-ack")
+            elif kind == "raw" and (raw := self.raw(used)) is not None:
+                conds.append(raw)
+        if marking and ported:
+            protos = ["tcp", "udp"] if self.chance(0.2) else [self.pick(("tcp", "udp"))]
+            filters *= len(protos)
+            conds.insert(0, "proto " + ", ".join(protos))
+        if not conds or filters > MAX_FILTERS[self.kernel]:
+            return None
+        if not marking and self.chance(0.2):
+            conds.append(f"pref {self.wide(1, 65535)}")
+        return "match " + " ".join(conds)
+
+    def raw(self, used: set[int]) -> str | None:
+        """A raw key at an aligned offset whose bytes no other condition of the line tests."""
+        width = (8, 16, 32)[self.between(0, 2)]
+        step = width // 8
+        at = self.between(0, 64 // step) * step
+        if used & set(range(at, at + step)):
+            return None
+        used |= set(range(at, at + step))
+        full = (1 << width) - 1
+        mask = self.wide(0, full) if self.chance(0.7) else full
+        value = self.between(0, full) & mask
+        if mask == full and self.chance(0.3):
+            return f"u{width} {value} at {at}"
+        return f"u{width} 0x{value:x}/0x{mask:x} at {at}"
+
+    # ---- qdiscs ----
+    def leaf_qdisc(self, indent: str, depth: int = 0) -> list[str]:
+        """A leaf qdisc as lines (a tbf or netem holds a child of its own at times)."""
+        kinds = ["pfifo", "bfifo", "tbf"]
+        if self.uml:
+            kinds += ["sfq", "fq_codel"] + ([] if self.duplicating else ["netem"])
+        kind = self.pick(kinds)
+        line = " ".join([kind + self.handle(), *self.qdisc_options(kind)])
+        if kind in ("tbf", "netem") and depth < 1 and self.chance(0.3):
+            child = self.leaf_qdisc(indent + "    ", depth + 1)
+            return [f"{indent}{line} {{", *child, f"{indent}}}"]
+        return [f"{indent}{line}"]
+
+    def qdisc_options(self, kind: str) -> list[str]:
+        if kind == "pfifo":
+            return [f"limit {self.wide(0, U32_MAX)}"] if self.chance(0.6) else []
+        if kind == "bfifo":
+            return [f"limit {self.spell(self.wide(0, U32_MAX))}"] if self.chance(0.6) else []
+        return {
+            "tbf": self.tbf_options,
+            "sfq": self.sfq_options,
+            "fq_codel": self.fq_codel_options,
+            "netem": self.netem_options,
+        }[kind]()
+
+    def tbf_options(self) -> list[str]:
+        rate = self.bits(8, MAX_RATE)
+        burst = self.burst_size(rate)
+        peak, mtu = None, 0
+        if self.chance(0.25):
+            peak = self.bits(rate + 8, 2 * MAX_RATE)
+            mtu = self.burst_size(peak)
+        opts = [f"rate {self.rate(rate)}", f"{self.pick(('burst', 'buffer'))} {self.spell(burst)}"]
+        cap = tbf_latency_cap(rate, burst, peak, mtu)
+        if cap >= TBF_NONZERO and self.chance(0.5):
+            opts.append(f"latency {self.time(TBF_NONZERO, cap)}")
+        else:
+            opts.append(f"limit {self.spell(self.wide(TBF_NONZERO, U32_MAX))}")
+        if peak is not None:
+            opts += [f"peakrate {self.rate(peak)}", f"mtu {self.spell(mtu)}"]
+        return opts
+
+    def sfq_options(self) -> list[str]:
+        opts: list[str] = []
+        depth = self.between(1, 127) if self.chance(0.3) else None
+        divisor = 1 << self.between(0, 16) if self.chance(0.3) else None
+        if self.chance(0.5):
+            opts.append(f"perturb {self.wide(0, SFQ_MAX_PERTURB)}")
+        if self.chance(0.3):
+            opts.append(f"quantum {self.spell(self.wide(1, SFQ_MAX_QUANTUM))}")
+        if depth is not None:
+            opts.append(f"depth {depth}")
+        if divisor is not None:
+            opts.append(f"divisor {divisor}")
+        cap = (depth or 127) * min(128, divisor or 1024)  # the most it holds (W305 above)
+        if cap >= SFQ_MIN_LIMIT and self.chance(0.3):
+            opts.append(f"limit {self.wide(SFQ_MIN_LIMIT, cap)}")
+        return opts
+
+    def fq_codel_options(self) -> list[str]:
+        opts: list[str] = []
+        if self.chance(0.3):
+            opts.append(f"limit {self.wide(FQ_CODEL_NONZERO, U32_MAX)}")
+        if self.chance(0.3):
+            opts.append(f"flows {self.wide(1, 65536)}")
+        if self.chance(0.3):
+            opts.append(f"target {self.time(FQ_CODEL_NONZERO, U32_MAX)}")
+        if self.chance(0.3):
+            opts.append(f"interval {self.time(FQ_CODEL_NONZERO, U32_MAX)}")
+        if self.chance(0.3):
+            opts.append(f"quantum {self.spell(self.plain_quantum(*FQ_CODEL_QUANTUM))}")
+        if self.chance(0.2):
+            opts.append(f"memory_limit {self.spell(self.wide(0, FQ_CODEL_MEMORY))}")
+        if self.chance(0.3):
+            opts.append(self.pick(("ecn", "noecn")))
+        return opts
+
+    def netem_options(self) -> list[str]:
+        opts: list[str] = []
+        if self.chance(0.6):
+            opts.append(f"delay {self.time(0, NETEM_MAX_DELAY)}")
+            if self.chance(0.4):
+                opts.append(f"jitter {self.time(0, NETEM_MAX_JITTER)}")
+        self.netems += 1
+        for key in ("loss", "duplicate", "corrupt"):
+            if key == "duplicate" and self.netems > 1:
+                continue  # KNOWN BUG (duplicating netem next to another netem)
+            if self.chance(0.25):
+                opts.append(f"{key} {self.percent()}")
+                self.duplicating |= key == "duplicate"
+        if self.chance(0.3):
+            opts.append(f"limit {self.wide(0, U32_MAX)}")
+        if self.chance(0.3):
+            opts.append(f"rate {self.rate(self.bits(8, 2 * MAX_RATE))}")
+        return opts
+
+    # ---- htb ----
+    def htb_options(self, rate: int, ceil: int) -> list[str]:
+        """burst, cburst and quantum of a class (or the link class) of ``rate`` and ``ceil``."""
+        opts: list[str] = []
+        if self.chance(0.2):
+            opts.append(f"burst {self.spell(self.burst_size(rate))}")
+        if self.chance(0.15):
+            opts.append(f"cburst {self.spell(self.burst_size(ceil))}")
+        quantum = rate // 8 // self.r2q
+        if not HTB_QUANTUM[0] <= quantum <= HTB_QUANTUM[1] or self.chance(0.1):
+            opts.append(f"quantum {self.spell(self.plain_quantum(1, HTB_MAX_QUANTUM))}")
+        return opts
+
+    def split(self, rate: int, ceil: int, n: int) -> list[tuple[int, int]]:
+        """Rates for ``n`` children, multiples of 8 that sum within ``rate``, and ceilings
+        within ``ceil``."""
+        out: list[tuple[int, int]] = []
+        left = rate
+        for i in range(n):
+            most = left - 8 * (n - i - 1)
+            if self.chance(0.5):
+                r = max(8, min(most, rate * self.between(1, 100 // n) // 100 // 8 * 8))
+            else:
+                r = self.bits(8, most)
+            left -= r
+            out.append((r, self.bits(r, ceil) if self.chance(0.5) else r))
+        return out
+
+    def rate_options(self, rate: int, ceil: int, parent: tuple[int, int] | None) -> list[str]:
+        """``rate`` and ``ceil`` of a class, as percentages of the ``parent``'s rate and ceil
+        at times (where they resolve to exactly these values)."""
+        out: list[str] = []
+        for key, value, base in (
+            ("rate", rate, parent and parent[0]),
+            ("ceil", ceil, parent and parent[1]),
+        ):
+            if key == "ceil" and value == rate and not self.chance(0.2):
+                continue  # the ceil defaults to the rate
+            text = None
+            if base and self.chance(0.3):
+                for digits in (0, 1, 2):
+                    scaled = value * 100 * 10**digits
+                    if scaled % base == 0:
+                        whole, frac = divmod(scaled // base, 10**digits)
+                        text = f"{whole}.{frac:0{digits}d}%" if frac else f"{whole}%"
+                        break
+            out.append(f"{key} {text or self.rate(value)}")
+        return out
+
+    def klass(
+        self,
+        rate: int,
+        ceil: int,
+        parent: tuple[int, int] | None,
+        depth: int,
+        max_depth: int,
+        marking: bool,
+        indent: str,
+    ) -> list[str]:
+        """One htb class of ``rate`` and ``ceil`` and its subtree, as lines; ``parent`` is the
+        parent's rate and ceil (None for a root class)."""
+        name = self.name()
+        self.classes += 1
+        opts: list[str] = []
+        if self.chance(0.1):
+            minor = self.between(2, 0xFFFF)
+            if minor not in self.minors:
+                self.minors.add(minor)
+                opts.append(f"id {self.root_major:x}:{minor:x}")
+        opts += self.rate_options(rate, ceil, parent) + self.htb_options(rate, ceil)
+        if self.chance(0.5):
+            opts.append(f"prio {self.between(0, 7)}")  # tc shows it for leaves only
+        children = 0
+        if depth < max_depth and self.classes < MAX_CLASSES[self.kernel] and rate >= 16:
+            children = self.between(0, min(3, rate // 8))
+        body: list[str] = []
+        inline: list[str] = []
+        if children:
+            for r, c in self.split(rate, ceil, children):
+                body += self.klass(
+                    r, c, (rate, ceil), depth + 1, max_depth, marking, indent + "    "
+                )
+        else:
+            self.leaves.append(name)
+            if marking and self.chance(0.15):
+                opts += self.mark()
+            for _ in range(self.between(0, MAX_MATCHES[self.kernel])):
+                if (m := self.match(marking)) is not None:
+                    (inline if self.chance(0.3) and not inline else body).append(m)
+            body = [f"{indent}    {m}" for m in body]
+            if self.chance(0.6):
+                body += self.leaf_qdisc(indent + "    ")
+        head = f"{indent}class {name} " + " ".join(opts + inline)
+        if not body:
+            return [head]
+        if self.chance(0.2) and all("{" not in b and "}" not in b for b in body):
+            return [f"{head} {{ " + "; ".join(b.strip() for b in body) + " }"]
+        return [f"{head} {{", *body, f"{indent}}}"]
+
+    def mark(self) -> list[str]:
+        mark = self.wide(1, U32_MAX)
+        if mark in self.marks:
+            return []
+        self.marks.add(mark)
+        return [f"mark {mark}"]
+
+    def htb(self, ifname: str, classify: str) -> list[str]:
+        handle = self.handle()
+        self.root_major = int(handle.split()[1][:-1], 16) if handle else 1
+        marking = bool(classify)
+        max_depth = self.between(1, 4)
+        opts: list[str] = []
+        if self.chance(0.15):
+            self.r2q = self.wide(1, 1000)
+            opts.append(f"r2q {self.r2q}")
+        body = [f"    {classify}"] if marking else []
+        if self.chance(0.7):  # a link class
+            link = self.bits(8 * 8, MAX_RATE)
+            link_ceil = self.bits(link, 2 * MAX_RATE) if self.chance(0.2) else link
+            opts.append(f"rate {self.rate(link)}")
+            if link_ceil != link:
+                opts.append(f"ceil {self.rate(link_ceil)}")
+            opts += self.htb_options(link, link_ceil)
+            for r, c in self.split(link, link_ceil, self.between(1, min(4, link // 8))):
+                body += self.klass(r, c, (link, link_ceil), 1, max_depth, marking, "    ")
+        else:  # root classes, each on its own
+            for _ in range(self.between(1, 4)):
+                r = self.bits(8, MAX_RATE)
+                c = self.bits(r, MAX_RATE) if self.chance(0.5) else r
+                body += self.klass(r, c, None, 1, max_depth, marking, "    ")
+        if self.chance(0.6):
+            opts.insert(0, f"default {self.pick(self.leaves)}")
+        head = f"interface {ifname} htb{handle} " + " ".join(opts)
+        return [f"{head.rstrip()} {{", *body, "}"]
+
+    def prio(self, ifname: str, classify: str) -> list[str]:
+        marking = bool(classify)
+        opts: list[str] = []
+        bands = 3
+        if self.chance(0.5):
+            bands = self.between(2, 16)
+            opts.append(f"bands {bands}")
+        if bands < 3 or self.chance(0.4):  # KNOWN BUG (prio bands 2 without priomap)
+            opts.append("priomap " + " ".join(str(self.between(0, bands - 1)) for _ in range(16)))
+        body = [f"    {classify}"] if marking else []
+        for _ in range(self.between(1, min(bands, 4))):
+            head = f"    class {self.name()}"
+            if marking and self.chance(0.15):
+                head = " ".join([head, *self.mark()])
+            count = self.between(0, MAX_MATCHES[self.kernel])
+            lines = [f"        {m}" for _ in range(count) if (m := self.match(marking))]
+            if self.chance(0.7):
+                lines += self.leaf_qdisc("        ")
+            body += [f"{head} {{", *lines, "    }"] if lines else [head]
+        head = f"interface {ifname} prio{self.handle()} " + " ".join(opts)
+        return [f"{head.rstrip()} {{", *body, "}"]
+
+    def chained_root(self, ifname: str) -> list[str]:
+        kind = self.pick(("tbf", "netem") if self.uml else ("tbf",))
+        head = f"interface {ifname} {kind}{self.handle()} " + " ".join(self.qdisc_options(kind))
+        if self.chance(0.7):
+            return [f"{head.rstrip()} {{", *self.leaf_qdisc("    "), "}"]
+        return [head.rstrip()]
+
+    def interface(self, ifname: str, index: int) -> tuple[list[str], bool]:
+        """The lines of one interface, and whether it classifies by marks."""
+        self.names, self.leaves, self.minors, self.marks = set(), [], set(), set()
+        self.classes, self.r2q, self.netems, self.duplicating = 0, 10, 0, False
+        self.majors = {1}  # the root's automatic handle is 1: unless 1: is taken explicitly
+        # user-mode Linux: mostly what the host lacks (the host run covers htb at length)
+        kinds = ["htb", "htb", "prio", "prio", "tbf", "tbf"] if self.uml else ["htb"] * 6
+        kinds += ["tbf", "fifo"]
+        kind = self.pick(kinds)
+        classify = ""
+        if self.uml and kind in ("htb", "prio") and self.chance(0.3):
+            chain = self.pick(("", f" chain SHAPE{index}", f' chain "MARK-{index}"'))
+            classify = f"classify by mark from {MARK_FROM}{chain}"
+        if kind == "htb":
+            return self.htb(ifname, classify), bool(classify)
+        if kind == "prio":
+            return self.prio(ifname, classify), bool(classify)
+        if kind == "tbf":
+            return self.chained_root(ifname), False
+        fifo = self.pick(("pfifo", "bfifo", "pfifo_fast"))
+        opts = self.qdisc_options(fifo) if fifo != "pfifo_fast" else []
+        return [f"interface {ifname} {fifo}{self.handle()} " + " ".join(opts)], False
+
+
+def _policy(gen: VGen) -> Policy:
+    count = 2 if gen.chance(0.4 if gen.kernel == "host" else 0.2) else 1
+    lines = [f"# generated for tcdsl verify on {gen.kernel}"]
+    marks = False
+    for i, ifname in enumerate(gen.sample(list(IFNAMES), count)):
+        more, marking = gen.interface(ifname, i)
+        lines += more
+        marks |= marking
+    return Policy("\n".join([*gen.consts, *lines]) + "\n", gen.kernel, marks)
+
+
+@st.composite
+def verifiable_policies(draw: st.DrawFn, kernel: Kernel = "host") -> Policy:
+    """A valid policy that ``kernel`` must hold exactly as written (see the module's doc)."""
+    return _policy(VGen(lambda lo, hi: draw(_integers(lo, hi)), kernel))
+
+
+def random_policies(kernel: Kernel, count: int, seed: int) -> list[Policy]:
+    """``count`` different policies as ``verifiable_policies`` writes them, from a seeded
+    random generator instead of hypothesis: for a batch that is verified as a whole (no
+    shrinking), hypothesis would only add its bias towards small examples (a third of a
+    hypothesis batch of 100 were one-line policies), repeats (a third again: draws that differ
+    in choices without effect) and ~10 ms a policy."""
+    rng = random.Random(seed)
+    out: dict[str, Policy] = {}
+    for _ in range(100 * count):
+        if len(out) == count:
+            break
+        policy = _policy(VGen(rng.randint, kernel))
+        out.setdefault(policy.text, policy)
+    return list(out.values())
