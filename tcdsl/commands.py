@@ -43,6 +43,9 @@ def _opt(words: list[str], key: str, value: object) -> None:
             words.append(key)
         case ir.Rate():
             words += [key, format_rate(value.bits_per_second)]
+        case ir.Size() if key == "quantum":
+            # htb and fq_codel read quantum as a plain number ("quantum 2k" is Illegal).
+            words += [key, str(value.bytes)]
         case ir.Size():
             words += [key, format_size(value.bytes)]
         case ir.Time():

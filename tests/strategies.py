@@ -1,10 +1,11 @@
-"""Hypothesis strategies for policies that a kernel must hold exactly as written.
+"""Generated policies that a kernel must hold exactly as written.
 
-``verifiable_policies(kernel)`` writes VALID policies (no error, no warning) for ``tcdsl verify``
-to apply: the kernel must then agree with the policy in every value (tests/
-test_verify_properties.py). It follows the generator of tests/test_properties.py (one drawing
-object, values spelled in several ways, constants and arithmetic) with stricter rules, since
-verify reports compiler warnings too.
+``verifiable_policies(kernel)`` (a hypothesis strategy) and ``random_policies(kernel, count,
+seed)`` (a batch from a seeded random generator) write VALID policies, with no error and no
+warning, for ``tcdsl verify`` to apply: the kernel must then agree with the policy in every
+value (tests/test_verify_properties.py). The generator follows the one of
+tests/test_properties.py (one drawing object, values spelled in several ways, constants and
+arithmetic) with stricter rules, since verify reports compiler warnings too.
 
 ``kernel="host"`` (what every kernel with htb has):
 
@@ -175,23 +176,21 @@ def tbf_latency_cap(rate: int, burst: int, peak: int | None, mtu: int) -> int:
     return min(U32_MAX, cap - 1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Policy:
     """A drawn policy: its text and the kernel it is written for."""
 
     text: str
     kernel: Kernel
-    marks: bool = False
-    """True when an interface classifies by iptables marks."""
 
 
 @dataclass
 class VGen:
     """The state of one generated policy, and how it draws each part."""
 
-    integer: Callable[[int, int], int]
+    between: Callable[[int, int], int]
     """Draws an integer in [lo, hi]: hypothesis (``verifiable_policies``) or a seeded random
-    generator (``random_policies``)."""
+    generator (``random_policies``). Every choice goes through it."""
     kernel: Kernel
     consts: list[str] = field(default_factory=list)
     # per interface
@@ -213,10 +212,7 @@ class VGen:
     def chance(self, p: float) -> bool:
         """True with probability about ``p``; False for a draw of 0, where hypothesis starts
         and shrinks to (so a small example leaves the options out)."""
-        return self.integer(0, 999) >= 1000 - int(p * 1000)
-
-    def between(self, lo: int, hi: int) -> int:
-        return self.integer(lo, hi)
+        return self.between(0, 999) >= 1000 - int(p * 1000)
 
     def wide(self, lo: int, hi: int) -> int:
         """An integer in [lo, hi]: an end of the range, or one of any magnitude in it."""
@@ -696,39 +692,35 @@ class VGen:
             return [f"{head.rstrip()} {{", *self.leaf_qdisc("    "), "}"]
         return [head.rstrip()]
 
-    def interface(self, ifname: str, index: int) -> tuple[list[str], bool]:
-        """The lines of one interface, and whether it classifies by marks."""
+    def interface(self, ifname: str, index: int) -> list[str]:
+        """The lines of one interface."""
         self.names, self.leaves, self.minors, self.marks = set(), [], set(), set()
         self.classes, self.r2q, self.netems, self.duplicating = 0, 10, 0, False
         self.majors = {1}  # the root's automatic handle is 1: unless 1: is taken explicitly
         # user-mode Linux: mostly what the host lacks (the host run covers htb at length)
         kinds = ["htb", "htb", "prio", "prio", "tbf", "tbf"] if self.uml else ["htb"] * 6
-        kinds += ["tbf", "fifo"]
-        kind = self.pick(kinds)
+        kind = self.pick([*kinds, "tbf", "fifo"])
         classify = ""
         if self.uml and kind in ("htb", "prio") and self.chance(0.3):
             chain = self.pick(("", f" chain SHAPE{index}", f' chain "MARK-{index}"'))
             classify = f"classify by mark from {MARK_FROM}{chain}"
         if kind == "htb":
-            return self.htb(ifname, classify), bool(classify)
+            return self.htb(ifname, classify)
         if kind == "prio":
-            return self.prio(ifname, classify), bool(classify)
+            return self.prio(ifname, classify)
         if kind == "tbf":
-            return self.chained_root(ifname), False
+            return self.chained_root(ifname)
         fifo = self.pick(("pfifo", "bfifo", "pfifo_fast"))
         opts = self.qdisc_options(fifo) if fifo != "pfifo_fast" else []
-        return [f"interface {ifname} {fifo}{self.handle()} " + " ".join(opts)], False
+        return [f"interface {ifname} {fifo}{self.handle()} " + " ".join(opts)]
 
 
 def _policy(gen: VGen) -> Policy:
     count = 2 if gen.chance(0.4 if gen.kernel == "host" else 0.2) else 1
     lines = [f"# generated for tcdsl verify on {gen.kernel}"]
-    marks = False
     for i, ifname in enumerate(gen.sample(list(IFNAMES), count)):
-        more, marking = gen.interface(ifname, i)
-        lines += more
-        marks |= marking
-    return Policy("\n".join([*gen.consts, *lines]) + "\n", gen.kernel, marks)
+        lines += gen.interface(ifname, i)
+    return Policy("\n".join([*gen.consts, *lines]) + "\n", gen.kernel)
 
 
 @st.composite

@@ -276,3 +276,20 @@ def test_command_substitution_class_name_is_a_diagnostic(tmp_path: Path) -> None
     assert cli.returncode == 1, cli.stderr
     assert "Traceback" not in cli.stderr and "internal error" not in cli.stderr, cli.stderr
     assert "$(id)" in cli.stderr and cli.stdout == ""
+
+
+def test_quantum_is_written_as_plain_bytes(tmp_path: Path) -> None:
+    """htb and fq_codel read quantum as a plain number; tc refuses "quantum 2k"."""
+    path = tmp_path / "q.tcp"
+    path.write_text(
+        "interface eth0 htb rate 10mbit default a {\n"
+        "    class a rate 1mbit quantum 2k { fq_codel quantum 2048 }\n"
+        "}\n",
+        encoding="utf-8",
+    )
+    for backend in ("shell", "tc-batch"):
+        result = compile_policy(str(path), backend)
+        assert result.output is not None
+        assert "htb rate 1mbit quantum 2048" in result.output
+        assert "fq_codel quantum 2048" in result.output
+        assert "quantum 2k" not in result.output

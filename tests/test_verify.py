@@ -33,9 +33,11 @@ from tcdsl.verify.expect import (
     codel_shown_time,
     expected_keys,
     expected_policy,
+    htb_shown_burst,
     netem_shown_percent,
     netem_shown_time,
     tbf_shown_latency,
+    tbf_shown_size,
     tc_shown_rate,
     tc_shown_size,
     tc_shown_time,
@@ -126,6 +128,30 @@ def test_times_as_tc_prints_them() -> None:
 
     assert netem_shown_percent(Fraction(1, 1000)) == 0.00100001
     assert netem_shown_percent(Fraction(3, 2)) == 1.5
+
+
+def test_bursts_as_tc_prints_them() -> None:
+    """Values seen on the host kernel (iproute2 6.1). An htb burst goes through tc's whole
+    microseconds and 64-ns ticks; a tbf burst or mtu through the kernel's nanoseconds."""
+    assert htb_shown_burst(742_688_528, 1601) == 1485  # "burst 1485b/1"
+    assert htb_shown_burst(12 * 10**9, 1600) == 0  # "cburst 0b/1": under a microsecond
+    assert htb_shown_burst(10**7, 15 * 1024) == 15 * 1024  # "15Kb"
+    assert tbf_shown_size(10**10, 1600) == 1250  # "burst 1250b/1"
+    assert tbf_shown_size(4_129_242_464, 100_000) == 99_617
+    assert tbf_shown_size(4_229_242_464, 5317) == 5286  # mtu at the peak rate
+    assert tbf_shown_size(20 * 10**9, 94) == 0  # no ticks: tc prints no mtu at all
+    # sizes of a million Kb and more are printed with %g: "limit 2.64303e+06Kb"
+    assert tc_shown_size(2_706_459_662) == parse_size("2.64303e+06Kb") == 2_706_462_720
+
+
+def test_netem_limit_and_hidden_jitter() -> None:
+    (q,) = parse_qdiscs("qdisc netem 1: root refcnt 2 limit -1 loss 100% rate 20Gbit")
+    assert q.options["limit"].value == 2**32 - 1  # a u32 that tc prints with %d
+    text = "interface eth0 netem delay 0us jitter 5ms"  # tc shows no jitter without a delay
+    result = compile_policy("<text>", loader=lambda _: text)
+    assert result.policy is not None
+    (iface,) = expected_policy(result.policy).interfaces
+    assert "jitter" not in {w.key for w in iface.qdiscs[0].wants}
 
 
 def test_tbf_latency_as_tc_prints_it() -> None:

@@ -1,22 +1,26 @@
 """Property: a valid generated policy, applied to a real kernel, reads back equal to its IR.
 
-``tests/strategies.py`` writes valid policies (``verifiable_policies``); ``tcdsl verify``
-compiles each, applies the script in a throwaway network namespace and compares what the
-kernel holds with what the policy says. It must report nothing at all: no difference (E401-
-E403), no failed command (E404), no tool warning (W406), no compiler warning either.
+``tests/strategies.py`` writes valid policies; ``tcdsl verify`` compiles each, applies the
+script in a throwaway network namespace and compares what the kernel holds with what the policy
+says. It must report nothing at all: no difference (E401-E403), no failed command (E404), no
+tool warning (W406; htb quantum warnings are avoided by giving such classes a quantum), and no
+compiler warning either.
 
-- On the host kernel: one hypothesis example per policy (a namespace each, ~0.2 s), so a
+- Host kernel: one hypothesis example per policy (a namespace each, ~0.15 s), so that a
   disagreement is shrunk to a small policy. Needs root; skipped otherwise.
-- In user-mode Linux: the policies are drawn first and verified together in one boot (a boot
-  costs ~1.5 s, a policy ~1 s there); a failure lists every policy that disagrees with its
-  diagnostics. Skipped where user-mode Linux cannot run.
-- Without any kernel: the generator itself (valid, warning-free, covering the language).
+- User-mode Linux: a batch drawn up front (``random_policies``, seeded) and verified in one
+  boot (~1.5 s to boot, ~1.2 s a policy there); a failure lists every policy that disagrees,
+  with its diagnostics. Skipped where user-mode Linux cannot run.
+- No kernel: the generated policies compile without a diagnostic.
 
-CI runs 200 host and 100 user-mode Linux policies, derandomized. ``make fuzz`` runs many more
-with fresh randomness: ``TCDSL_FUZZ_EXAMPLES`` host policies (user-mode Linux: a quarter of
-that, or ``TCDSL_FUZZ_UML_EXAMPLES``); ``--hypothesis-seed=N`` repeats a run.
+Both kernel runs also check that the policies drawn use every feature in FEATURES.
 
-Each test prints its wall time (``pytest -s`` or ``-rP`` shows it).
+CI runs 200 host and 100 user-mode Linux policies, the same ones every run. ``make fuzz``
+draws new ones, many more: ``TCDSL_FUZZ_EXAMPLES`` host policies and a quarter of that (at
+least 100, or ``TCDSL_FUZZ_UML_EXAMPLES``) in user-mode Linux; ``TCDSL_FUZZ_SEED`` (printed)
+repeats the batch, ``--hypothesis-seed`` the host run.
+
+Each kernel test prints its wall time (``pytest -s`` or ``-rP`` shows it).
 """
 
 from __future__ import annotations
@@ -139,8 +143,11 @@ FEATURES: dict[Kernel, dict[str, str]] = {
 
 
 def _covers(kernel: Kernel, texts: Iterable[str]) -> None:
-    """Guard the generator: the policies drawn for ``kernel`` use each of its FEATURES."""
+    """Guard the generator: the policies drawn for ``kernel`` use each of its FEATURES (in a
+    run of CI's size or larger; a short fuzz run may miss some)."""
     texts = list(texts)
+    if len(texts) < {"host": 200, "uml": 100}[kernel]:
+        return
     missing = [
         name
         for name, pattern in FEATURES[kernel].items()
