@@ -344,20 +344,31 @@ def _compare_qdiscs(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diag
         )
 
 
-def _compare_qdisc(exp: ExpectedQdisc, got: TcQdisc) -> Iterator[Diagnostic]:
+def _kind_and_parent(
+    exp: ExpectedQdisc | ExpectedClass, got: TcQdisc | TcClass, noun: str
+) -> Diagnostic | None:
+    """The first of a wrong kind or a wrong parent, if any."""
     if got.kind != exp.kind:
-        yield Diagnostic.error(
+        return Diagnostic.error(
             DIFFERS,
-            f"{exp.label} is a {got.kind} qdisc in the kernel, policy says {exp.kind}",
+            f"{exp.label} is a {got.kind} {noun} in the kernel, policy says {exp.kind}",
             exp.span,
         )
-        return
     if got.parent != exp.parent:
-        yield Diagnostic.error(
+        return Diagnostic.error(
             DIFFERS,
             f"{exp.label} hangs off {got.parent} in the kernel, policy says {exp.parent}",
             exp.span,
         )
+    return None
+
+
+def _compare_qdisc(exp: ExpectedQdisc, got: TcQdisc) -> Iterator[Diagnostic]:
+    mismatch = _kind_and_parent(exp, got, "qdisc")
+    if mismatch is not None:
+        yield mismatch
+        if got.kind != exp.kind:
+            return  # nothing else is comparable
     yield from _value_diagnostics(exp.label, exp.wants, dict(got.options))
 
 
@@ -395,19 +406,11 @@ def _compare_class(exp: ExpectedClass, got: TcClass, present: set[str]) -> Itera
     """``present``: the qdisc handles the device holds. A leaf qdisc missing altogether is
     reported once, as missing (E401, or counted in the E404 of a script that stopped before
     it), not again as the class's leaf being the kernel's default."""
-    if got.kind != exp.kind:
-        yield Diagnostic.error(
-            DIFFERS,
-            f"{exp.label} is a {got.kind} class in the kernel, policy says {exp.kind}",
-            exp.span,
-        )
-        return
-    if got.parent != exp.parent:
-        yield Diagnostic.error(
-            DIFFERS,
-            f"{exp.label} hangs off {got.parent} in the kernel, policy says {exp.parent}",
-            exp.span,
-        )
+    mismatch = _kind_and_parent(exp, got, "class")
+    if mismatch is not None:
+        yield mismatch
+        if got.kind != exp.kind:
+            return  # nothing else is comparable
     if got.leaf != exp.leaf and not (got.leaf is None and exp.leaf not in present):
         shown = f"qdisc {got.leaf}" if got.leaf else "the kernel's default qdisc"
         want = f"qdisc {exp.leaf}" if exp.leaf else "none (the kernel's default)"
