@@ -27,6 +27,8 @@ class Severity(Enum):
 
     ERROR = "error"
     WARNING = "warning"
+    INFO = "info"
+    """Advice that is not a problem (borrowing is normal); shown with ``check --info``."""
     NOTE = "note"
 
 
@@ -57,6 +59,11 @@ class Diagnostic:
     def warning(code: str, message: str, span: Span, *notes: Note) -> Diagnostic:
         """Build a warning."""
         return Diagnostic(Severity.WARNING, code, message, span, notes)
+
+    @staticmethod
+    def info(code: str, message: str, span: Span, *notes: Note) -> Diagnostic:
+        """Build an informational diagnostic (never fails a check, even with --werror)."""
+        return Diagnostic(Severity.INFO, code, message, span, notes)
 
     @property
     def is_error(self) -> bool:

@@ -1,4 +1,5 @@
-"""The pipeline, in one place: parse -> resolve -> check -> allocate -> backend support -> emit.
+"""The pipeline, in one place: parse -> resolve -> check -> allocate -> lint -> backend support
+-> emit.
 
 Each stage adds its diagnostics; the driver stops after the first stage that reports an error.
 """
@@ -19,6 +20,7 @@ from tcdsl.backends import BACKENDS
 from tcdsl.checks import run_checks
 from tcdsl.diagnostics import Diagnostic, Span, sort_key
 from tcdsl.frontend import Reader
+from tcdsl.lint import run_lints
 from tcdsl.resolve import resolve
 
 
@@ -104,6 +106,8 @@ def _analyse(path: str, loader: Callable[[str], str] | None) -> Result:
     result.diagnostics += found
     if done():
         return result
+    result.diagnostics += run_lints(policy)
+    done()
     result.policy = policy
     return result
 

@@ -24,8 +24,8 @@ from tests.conftest import DIAGNOSTICS, ROOT
 DOCS = ROOT / "docs" / "diagnostics.md"
 GRAMMAR = ROOT / "grammar" / "tcdsl.lark"
 CASES = sorted(p.name for p in DIAGNOSTICS.glob("*.tcp"))
-CODE = re.compile(r"[EW]\d{3}")
-CODE_IN_MESSAGE = re.compile(r"\[([EW]\d{3})\]$", re.MULTILINE)
+CODE = re.compile(r"[EWI]\d{3}")
+CODE_IN_MESSAGE = re.compile(r"\[([EWI]\d{3})\]$", re.MULTILINE)
 EXIT_LINE = re.compile(r"# exit (\d+)\n")
 
 # Codes documented in docs/diagnostics.md that no case can reach cheaply, and why.
@@ -76,14 +76,14 @@ def read_expected(case: str) -> tuple[int, str]:
 
 def documented_codes() -> set[str]:
     """The codes in the tables of docs/diagnostics.md (rows that start with ``| CODE |``)."""
-    rows = re.findall(r"^\|\s*`?([EW]\d{3})`?\s*\|", DOCS.read_text(encoding="utf-8"), re.M)
+    rows = re.findall(r"^\|\s*`?([EWI]\d{3})`?\s*\|", DOCS.read_text(encoding="utf-8"), re.M)
     return set(rows)
 
 
 def test_corpus_exists() -> None:
     assert CASES, f"no cases in {DIAGNOSTICS}"
     for case in CASES:
-        assert re.fullmatch(r"[EW]\d{3}-[a-z0-9-]+\.tcp", case), f"bad case name {case}"
+        assert re.fullmatch(r"[EWI]\d{3}-[a-z0-9-]+\.tcp", case), f"bad case name {case}"
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -128,7 +128,7 @@ def test_every_reported_code_is_documented() -> None:
 def test_every_code_in_the_source_is_documented() -> None:
     in_source: set[str] = set()
     for path in (ROOT / "tcdsl").glob("*.py"):
-        in_source |= set(re.findall(r'"([EW]\d{3})"', path.read_text(encoding="utf-8")))
+        in_source |= set(re.findall(r'"([EWI]\d{3})"', path.read_text(encoding="utf-8")))
     undocumented = sorted(in_source - documented_codes())
     assert not undocumented, f"codes in tcdsl/*.py but not in docs/diagnostics.md: {undocumented}"
 

@@ -505,7 +505,7 @@ def test_generated_policies(case: tuple[str, bool, list[str]]) -> None:
         if expected is not None:
             codes = {d.code for d in result.errors}
             assert codes & expected, f"{mistake}: expected {expected}\n{_report(text, result)}"
-    assert all(re.fullmatch(r"[EW]\d{3}", d.code) for d in result.diagnostics)
+    assert all(re.fullmatch(r"[EWI]\d{3}", d.code) for d in result.diagnostics)
 
 
 # ---- from_lark: anything the grammar derives ----------------------------------------------------
