@@ -107,7 +107,8 @@ def _analyse(path: str, loader: Callable[[str], str] | None) -> Result:
     if done():
         return result
     result.diagnostics += run_lints(policy)
-    done()
+    if done():
+        return result
     result.policy = policy
     return result
 
