@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -13,8 +14,11 @@ import click
 from tcdsl import __version__
 from tcdsl.backend import BackendOptions
 from tcdsl.backends import BACKENDS
-from tcdsl.diagnostics import Diagnostic, render, render_json
+from tcdsl.diagnostics import Diagnostic, Severity, render, render_json
 from tcdsl.driver import Result, analyse, compile_policy
+from tcdsl.kernel_target import KernelTarget, load_target
+from tcdsl.sarif import render_sarif
+from tcdsl.suppress import disable_problem
 from tcdsl.verify import KERNELS, KernelChoice, Verification, VerifyError, verify_many
 from tcdsl.verify.verifier import APPLIERS
 
@@ -22,33 +26,98 @@ EXIT_OK, EXIT_POLICY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
 
 
-def _report(result: Result, fmt: str) -> None:
+def _visible(diagnostics: Sequence[Diagnostic], info: bool) -> list[Diagnostic]:
+    """The diagnostics to show: infos only with ``--info``."""
+    return [d for d in diagnostics if info or d.severity is not Severity.INFO]
+
+
+def _fails(diagnostics: Sequence[Diagnostic], werror: bool) -> bool:
+    """Errors fail; warnings too with ``--werror``; infos never do."""
+    return any(d.is_error or (werror and d.severity is Severity.WARNING) for d in diagnostics)
+
+
+def _report(result: Result, fmt: str, info: bool = False) -> None:
+    shown = _visible(result.diagnostics, info)
     if fmt == "json":
-        click.echo(render_json(result.diagnostics), nl=False, err=True)
-    elif result.diagnostics:
-        click.echo(render(result.diagnostics, result.sources), nl=False, err=True)
+        click.echo(render_json(shown), nl=False, err=True)
+    elif shown:
+        click.echo(render(shown, result.sources), nl=False, err=True)
 
 
 def _summary(diagnostics: Sequence[Diagnostic]) -> str:
-    errors = sum(d.is_error for d in diagnostics)
-    warnings = len(diagnostics) - errors
-    parts = []
-    if errors:
-        parts.append(f"{errors} error{'s' * (errors != 1)}")
-    if warnings:
-        parts.append(f"{warnings} warning{'s' * (warnings != 1)}")
-    return ", ".join(parts)
+    counts = (
+        (sum(d.is_error for d in diagnostics), "error"),
+        (sum(d.severity is Severity.WARNING for d in diagnostics), "warning"),
+        (sum(d.severity is Severity.INFO for d in diagnostics), "info"),
+    )
+    return ", ".join(f"{n} {word}{'s' * (n != 1)}" for n, word in counts if n)
 
 
-FORMAT = click.option(
-    "--diagnostics",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="How to print diagnostics on stderr.",
+def _format_option(*choices: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    where = "SARIF on stdout, the others on stderr" if "sarif" in choices else "on stderr"
+    return click.option(
+        "--format",
+        "--diagnostics",
+        "fmt",
+        type=click.Choice(choices),
+        default="text",
+        show_default=True,
+        help=f"How to print diagnostics ({where}); --diagnostics is the old name.",
+    )
+
+
+def _disabled_codes(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> frozenset[str]:
+    codes = {c.strip().upper() for value in values for c in value.split(",") if c.strip()}
+    for code in sorted(codes):
+        problem = disable_problem(code)
+        if problem is not None and problem.startswith("unknown"):
+            raise click.BadParameter(f"{problem} (docs/diagnostics.md lists them)", ctx, param)
+        if problem is not None:
+            raise click.BadParameter(
+                f"{code} is an error; errors cannot be disabled because tc would refuse or "
+                "misbuild the policy",
+                ctx,
+                param,
+            )
+    return frozenset(codes)
+
+
+def _kernel_target(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> KernelTarget | None:
+    if value is None:
+        return None
+    try:
+        return load_target(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err), ctx, param) from err
+
+
+FORMAT = _format_option("text", "json")
+CHECK_FORMAT = _format_option("text", "json", "sarif")
+WERROR = click.option(
+    "--werror", is_flag=True, help="Treat warnings as errors (exit 1); infos never fail."
 )
-WERROR = click.option("--werror", is_flag=True, help="Treat warnings as errors (exit 1).")
+INFO = click.option(
+    "--info", is_flag=True, help="Also show infos (I codes: advice that never fails a check)."
+)
+DISABLE = click.option(
+    "--disable",
+    multiple=True,
+    metavar="CODE[,CODE...]",
+    callback=_disabled_codes,
+    help="Leave out these warnings and infos (repeatable); errors cannot be disabled.",
+)
+KERNEL = click.option(
+    "--kernel",
+    "kernel",
+    metavar="VERSION|CONFIG",
+    callback=_kernel_target,
+    help="The kernel the policy is for: a version (6.1, 6.1.82) or a kernel .config file; "
+    "qdiscs and classifiers it lacks are errors (E213).",
+)
 
 
 @click.group(
@@ -94,6 +163,9 @@ def cli() -> None:
 )
 @FORMAT
 @WERROR
+@INFO
+@DISABLE
+@KERNEL
 def compile(
     policy: str,
     backend: str,
@@ -102,14 +174,18 @@ def compile(
     batch: bool,
     fmt: str,
     werror: bool,
+    info: bool,
+    disable: frozenset[str],
+    kernel: KernelTarget | None,
 ) -> None:
     """Compile POLICY and print the generated output."""
     options = BackendOptions(marks="nft" if marks == "nft" else "iptables", batch=batch)
-    result = compile_policy(policy, backend, options=options)
-    _report(result, fmt)
-    if result.output is None or (werror and result.diagnostics):
+    result = compile_policy(policy, backend, options=options, target=kernel, disabled=disable)
+    _report(result, fmt, info)
+    if result.output is None or _fails(result.diagnostics, werror):
         if fmt == "text":
-            click.echo(f"tcdsl: {_summary(result.diagnostics)}; nothing generated", err=True)
+            shown = _visible(result.diagnostics, info)
+            click.echo(f"tcdsl: {_summary(shown)}; nothing generated", err=True)
         sys.exit(EXIT_POLICY)
     if output is None:
         click.echo(result.output, nl=False)
@@ -136,26 +212,86 @@ def compile(
         sys.exit(EXIT_POLICY)
 
 
+def policy_files(paths: Sequence[str]) -> list[str]:
+    """The policy files named by PATH arguments: a directory stands for every ``*.tcp`` below
+    it (sorted, hidden directories and files skipped); other paths are taken as given.
+
+    A directory without policies is a usage error (a mistyped path, most likely).
+    """
+    files: list[str] = []
+    for path in paths:
+        if not os.path.isdir(path):
+            files.append(path)
+            continue
+        found: list[str] = []
+        for root, dirs, names in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            found += [
+                os.path.normpath(os.path.join(root, name))
+                for name in names
+                if name.endswith(".tcp") and not name.startswith(".")
+            ]
+        if not found:
+            raise click.UsageError(f"no .tcp files under the directory '{path}'")
+        files += sorted(found, key=lambda f: Path(f).parts)
+    return files
+
+
 @cli.command(
-    epilog="Examples:\n\n\b\n  tcdsl check office.tcp\n  tcdsl check --werror policies/*.tcp"
+    epilog="Examples:\n\n\b\n  tcdsl check office.tcp\n  tcdsl check --werror policies/*.tcp\n"
+    "  tcdsl check policies/      (every .tcp file below policies/)\n"
+    "  tcdsl check --format sarif -o tcdsl.sarif policies/\n"
+    "  tcdsl check --kernel 6.1 --disable W306 old.tcp\n\n"
+    "Exit 0 when no policy has errors (warnings allowed unless --werror), 1 otherwise, 2 on "
+    "usage errors. --kernel here names the target kernel; verify's --kernel picks where to run.",
 )
-@click.argument("policies", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@FORMAT
+@click.argument("policies", nargs=-1, required=True, type=click.Path())
+@CHECK_FORMAT
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Write the diagnostics (in the chosen format) to this file instead.",
+)
 @WERROR
-def check(policies: tuple[str, ...], fmt: str, werror: bool) -> None:
-    """Check POLICIES and print diagnostics; exit 1 if any has errors."""
+@INFO
+@DISABLE
+@KERNEL
+def check(
+    policies: tuple[str, ...],
+    fmt: str,
+    output: str | None,
+    werror: bool,
+    info: bool,
+    disable: frozenset[str],
+    kernel: KernelTarget | None,
+) -> None:
+    """Check POLICIES (files, or directories of *.tcp files) and print diagnostics; exit 1 if
+    any has errors."""
     failed = False
     every: list[Diagnostic] = []
-    for path in policies:
-        result = analyse(path)
-        every += result.diagnostics
-        if fmt == "text":
-            _report(result, fmt)
-        failed |= bool(result.errors) or (werror and bool(result.diagnostics))
+    text: list[str] = []
+    for path in policy_files(policies):
+        result = analyse(path, target=kernel, disabled=disable)
+        failed |= _fails(result.diagnostics, werror)
+        shown = result.diagnostics if fmt == "sarif" else _visible(result.diagnostics, info)
+        every += shown
+        if fmt == "text" and shown:
+            text.append(render(shown, result.sources))
     if fmt == "json":
-        click.echo(render_json(every), nl=False, err=True)
+        text = [render_json(every)]
+    elif fmt == "sarif":
+        text = [render_sarif(every)]
     elif every:
-        click.echo(f"tcdsl: {_summary(every)}", err=True)
+        text.append(f"tcdsl: {_summary(every)}\n")
+    if output is not None:
+        try:
+            Path(output).write_text("".join(text), encoding="utf-8")
+        except OSError as err:
+            raise click.UsageError(f"cannot write '{output}': {err.strerror or err}") from err
+    else:
+        for part in text:
+            click.echo(part, nl=False, err=fmt != "sarif")
     sys.exit(EXIT_POLICY if failed else EXIT_OK)
 
 

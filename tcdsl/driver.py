@@ -1,5 +1,5 @@
-"""The pipeline, in one place: parse -> resolve -> check -> allocate -> lint -> backend support
--> emit.
+"""The pipeline, in one place: parse -> resolve -> check -> target kernel -> allocate -> lint
+-> backend support -> emit; then disabled warnings are dropped.
 
 Each stage adds its diagnostics; the driver stops after the first stage that reports an error.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import PurePath
@@ -20,8 +20,10 @@ from tcdsl.backends import BACKENDS
 from tcdsl.checks import run_checks
 from tcdsl.diagnostics import Diagnostic, Span, sort_key
 from tcdsl.frontend import Reader
+from tcdsl.kernel_target import KernelTarget, kernel_support
 from tcdsl.lint import run_lints
 from tcdsl.resolve import resolve
+from tcdsl.suppress import suppress as suppress_disabled
 
 
 @dataclass
@@ -70,16 +72,42 @@ def _too_deep(path: str, loader: Callable[[str], str] | None) -> Result:
     return result
 
 
-def analyse(path: str, loader: Callable[[str], str] | None = None) -> Result:
-    """Parse, resolve, check and allocate ``path``; no backend is involved."""
+def _suppressed(result: Result, disabled: Iterable[str]) -> Result:
+    """Apply ``--disable`` and the sources' disable comments: the one place this happens."""
+    before = {id(d) for d in result.diagnostics}
+    found = suppress_disabled(
+        result.diagnostics, result.sources, disabled, complete=not result.errors
+    )
+    kept = [d for d in found if id(d) in before]
+    for d in sorted((d for d in found if id(d) not in before), key=sort_key):
+        # Comment warnings go in their place; the order of the others stays as it was.
+        at = next((i for i, old in enumerate(kept) if sort_key(old) > sort_key(d)), len(kept))
+        kept.insert(at, d)
+    result.diagnostics[:] = kept
+    return result
+
+
+def analyse(
+    path: str,
+    loader: Callable[[str], str] | None = None,
+    target: KernelTarget | None = None,
+    disabled: Iterable[str] = (),
+) -> Result:
+    """Parse, resolve, check and allocate ``path``; no backend is involved.
+
+    ``target`` is the kernel the policy is for (None: any current kernel); the codes in
+    ``disabled`` and those disabled by comments in the sources are left out of the result.
+    """
     with _compiling():
         try:
-            return _analyse(path, loader)
+            return _suppressed(_analyse(path, loader, target), disabled)
         except RecursionError:
             return _too_deep(path, loader)
 
 
-def _analyse(path: str, loader: Callable[[str], str] | None) -> Result:
+def _analyse(
+    path: str, loader: Callable[[str], str] | None, target: KernelTarget | None = None
+) -> Result:
     reader = Reader(loader)
     interfaces = reader.read(path)
     result = Result(None, None, reader.diagnostics, reader.sources)
@@ -102,6 +130,9 @@ def _analyse(path: str, loader: Callable[[str], str] | None) -> Result:
     result.diagnostics += run_checks(policy)
     if done():
         return result
+    result.diagnostics += kernel_support(policy, target)
+    if done():
+        return result
     policy, found = allocate(policy)
     result.diagnostics += found
     if done():
@@ -119,23 +150,26 @@ def compile_policy(
     loader: Callable[[str], str] | None = None,
     options: BackendOptions | None = None,
     stem: str | None = None,
+    target: KernelTarget | None = None,
+    disabled: Iterable[str] = (),
 ) -> Result:
     """Compile ``path`` with the named backend; ``result.output`` is None if there were errors.
 
-    ``stem`` names the output files (default: the policy's file name without extension).
+    ``stem`` names the output files (default: the policy's file name without extension);
+    ``target`` and ``disabled`` are as for ``analyse``.
     """
     with _compiling():
         try:
-            result = _analyse(path, loader)
+            result = _analyse(path, loader, target)
             if result.policy is None:
-                return result
-            target: Backend = BACKENDS[backend](options)
-            result.diagnostics += sorted(target.unsupported(result.policy), key=sort_key)
+                return _suppressed(result, disabled)
+            emitter: Backend = BACKENDS[backend](options)
+            result.diagnostics += sorted(emitter.unsupported(result.policy), key=sort_key)
             if result.errors:
-                return result
+                return _suppressed(result, disabled)
             name = stem if stem is not None else PurePath(path).stem
-            result.files = target.emit_files(result.policy, path, name)
+            result.files = emitter.emit_files(result.policy, path, name)
             result.output = next(iter(result.files.values()))
         except RecursionError:
             return _too_deep(path, loader)
-        return result
+        return _suppressed(result, disabled)

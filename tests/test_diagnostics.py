@@ -2,7 +2,9 @@
 
 Next to each case, ``<stem>.expected`` holds the exact stderr of
 ``tcdsl check tests/diagnostics/<case>`` run from the repository root, after a first line
-``# exit N`` with the exit code. ``pytest --update-golden`` rewrites the .expected files from the
+``# exit N`` with the exit code. A case whose first line is ``# tcdsl-check-args: ARGS`` is
+checked with those options too (``tcdsl check ARGS tests/diagnostics/<case>``).
+``pytest --update-golden`` rewrites the .expected files from the
 current compiler (review the diff: an .expected file is a promise about what users read).
 Files in subfolders (``tests/diagnostics/include/``) are helpers that cases include.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+import shlex
 import traceback
 from pathlib import Path
 
@@ -27,6 +30,7 @@ CASES = sorted(p.name for p in DIAGNOSTICS.glob("*.tcp"))
 CODE = re.compile(r"[EWI]\d{3}")
 CODE_IN_MESSAGE = re.compile(r"\[([EWI]\d{3})\]$", re.MULTILINE)
 EXIT_LINE = re.compile(r"# exit (\d+)\n")
+CHECK_ARGS = re.compile(r"# tcdsl-check-args:(.*)")
 
 # Codes documented in docs/diagnostics.md that no case can reach cheaply, and why.
 _VERIFY = "reported by 'tcdsl verify' against a kernel, never by 'check' (tests/test_verify.py)"
@@ -51,7 +55,10 @@ def run_check(case: str) -> tuple[int, str]:
     An exception escaping the CLI is reported as ``tcdsl`` itself reports it: exit 3 and a
     traceback on stderr (which no case may show).
     """
-    result = CliRunner().invoke(cli, ["check", f"tests/diagnostics/{case}"])
+    first = (DIAGNOSTICS / case).read_text(encoding="utf-8").partition("\n")[0]
+    options = CHECK_ARGS.fullmatch(first)
+    args = shlex.split(options.group(1)) if options else []
+    result = CliRunner().invoke(cli, ["check", *args, f"tests/diagnostics/{case}"])
     stderr, code = result.stderr, result.exit_code
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         exc = result.exception

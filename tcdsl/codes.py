@@ -1,0 +1,88 @@
+"""The registry of diagnostic codes: each code's severity and a one-line title.
+
+EVERY NEW CODE NEEDS AN ENTRY HERE (and a row in docs/diagnostics.md): SARIF output takes its
+rules from this table, and ``--disable`` and ``# tcdsl: disable=...`` comments check codes
+against it. tests/test_check_cli.py fails while the table and the documentation disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from tcdsl.diagnostics import Severity
+
+
+@dataclass(frozen=True, slots=True)
+class CodeInfo:
+    """What a code is: its severity and a one-line title (a sentence without final stop)."""
+
+    severity: Severity
+    title: str
+
+
+_E, _W, _I = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+_TABLE: dict[str, CodeInfo] = {
+    # E0xx: syntax and values
+    "E001": CodeInfo(_E, "Syntax error"),
+    "E002": CodeInfo(_E, "A character that cannot start anything in the language"),
+    "E004": CodeInfo(_E, "A rate or a time without a unit"),
+    "E005": CodeInfo(_E, "A unit that tc does not know for this kind of value"),
+    "E006": CodeInfo(_E, "A file that cannot be read, or an include cycle"),
+    "E007": CodeInfo(_E, "A parameter or flag the qdisc or class does not take"),
+    "E009": CodeInfo(_E, "An interface or iptables chain name Linux would refuse"),
+    "E010": CodeInfo(_E, "An IPv4 address or network that does not parse"),
+    "E011": CodeInfo(_E, "A value of the wrong kind"),
+    "E012": CodeInfo(_E, "A percentage where none is allowed"),
+    "E013": CodeInfo(_E, "Arithmetic that divides by zero or gives a negative value"),
+    "E014": CodeInfo(_E, "Something given twice, or classify in the wrong place"),
+    "E015": CodeInfo(_E, "An unknown protocol name or number"),
+    "E016": CodeInfo(_E, "A tos, dscp or raw match value that does not fit its field"),
+    "E017": CodeInfo(_E, "A match directly on a qdisc instead of in a class"),
+    "E018": CodeInfo(_E, "A structure tc cannot build"),
+    "E019": CodeInfo(_E, "A required parameter is missing"),
+    "E020": CodeInfo(_E, "Blocks or expressions nested too deeply"),
+    # E1xx: names
+    "E101": CodeInfo(_E, "A constant or class defined twice"),
+    "E102": CodeInfo(_E, "An htb default that names no class of the htb"),
+    "E103": CodeInfo(_E, "An unknown constant"),
+    "E104": CodeInfo(_E, "An interface declared twice"),
+    # E2xx: semantics
+    "E201": CodeInfo(_E, "Children guaranteed more than the parent's rate"),
+    "E202": CodeInfo(_E, "A class ceil below its rate"),
+    "E203": CodeInfo(_E, "Children guaranteed more than the parent's ceil"),
+    "E204": CodeInfo(_E, "A handle or class id tc would reject, or that collides"),
+    "E205": CodeInfo(_E, "A number outside the range the kernel takes"),
+    "E206": CodeInfo(_E, "A match on a class that has child classes"),
+    "E207": CodeInfo(_E, "A port, pref or mark out of range, or a mark used twice"),
+    "E208": CodeInfo(_E, "A value that cannot work (0%, a rate below 8bit, beyond 32 bits)"),
+    "E209": CodeInfo(_E, "A match iptables cannot express with classify by mark"),
+    "E210": CodeInfo(_E, "No free qdisc handle or class id is left"),
+    "E211": CodeInfo(_E, "A match line that can never match"),
+    "E212": CodeInfo(_E, "An htb class tree deeper than the kernel's 8 levels"),
+    "E213": CodeInfo(_E, "A qdisc or classifier the target kernel does not have"),
+    # W3xx: warnings
+    "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
+    "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
+    "W303": CodeInfo(_W, "A class mark without classify by mark"),
+    "W304": CodeInfo(_W, "Some combinations of a match line can never match"),
+    "W305": CodeInfo(_W, "An sfq limit the kernel silently lowers"),
+    "W306": CodeInfo(_W, "cbq, which Linux removed in 6.3"),
+    "W307": CodeInfo(_W, "A tcdsl comment directive that names an unknown or error code"),
+    "I308": CodeInfo(_I, "A disable comment that suppresses nothing"),
+    # E4xx: kernel verification
+    "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
+    "E402": CodeInfo(_E, "An object has another value in the kernel"),
+    "E403": CodeInfo(_E, "The kernel holds an object the policy does not create"),
+    "E404": CodeInfo(_E, "The script failed"),
+    "E405": CodeInfo(_E, "The kernel lacks a feature the policy needs"),
+    "W406": CodeInfo(_W, "A tool warned while applying a command"),
+    # E5xx: backend limits
+    "E501": CodeInfo(_E, "The backend cannot express a construct of the policy"),
+    "E502": CodeInfo(_E, "A word or command has no spelling in the output format"),
+}
+
+CODES: Mapping[str, CodeInfo] = MappingProxyType(_TABLE)
+"""Every diagnostic code tcdsl reports, by code."""

@@ -1,0 +1,209 @@
+"""The kernel a policy is meant for: which qdiscs and classifiers it has.
+
+``--kernel 6.8`` (a version) or ``--kernel /boot/config-6.1.0-18-amd64`` (a kernel
+configuration) names the target; ``kernel_support(policy, target)`` reports E213 for each
+construct the target lacks and, without a target, W306 for cbq (which no current kernel has).
+
+Versions: every feature the language expresses is older than Linux 2.6.12 (the start of the
+kernel's git history), except fq_codel (3.5) and netem's ``rate`` (3.3). cbq was removed in 6.3;
+the removal was also backported to the 6.1 stable kernels in 6.1.82 (Debian 12's kernels
+followed). A configuration file decides by its ``CONFIG_`` lines instead: ``=y`` or ``=m`` is
+present, ``is not set`` or no line at all is missing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic, Span
+
+Version = tuple[int, int, int]
+
+OLDEST: Version = (2, 6, 12)
+"""The oldest kernel tcdsl knows about; older versions are refused."""
+
+CBQ_MIGRATION = "use htb: a bounded cbq class is an htb class with ceil = rate"
+
+
+@dataclass(frozen=True, slots=True)
+class Feature:
+    """Something a policy can need from the kernel."""
+
+    name: str
+    """As messages name it: ``cbq qdisc``."""
+    configs: tuple[str, ...]
+    """Every kernel option it needs."""
+    since: Version = OLDEST
+    removed: Version | None = None
+    removed_in: Mapping[tuple[int, int], int] | None = None
+    """Stable series that dropped it too: (major, minor) -> first patch level without it."""
+    hint: str = ""
+
+
+_SCHED = "CONFIG_NET_SCHED"
+_CLS = "CONFIG_NET_CLS"
+
+FEATURES: Mapping[str, Feature] = {
+    "htb": Feature("htb qdisc", (_SCHED, "CONFIG_NET_SCH_HTB")),
+    "prio": Feature("prio qdisc", (_SCHED, "CONFIG_NET_SCH_PRIO"), hint="use htb classes"),
+    "tbf": Feature("tbf qdisc", (_SCHED, "CONFIG_NET_SCH_TBF"), hint="use an htb class"),
+    "netem": Feature("netem qdisc", (_SCHED, "CONFIG_NET_SCH_NETEM")),
+    "netem-rate": Feature(
+        "rate for netem",
+        (_SCHED, "CONFIG_NET_SCH_NETEM"),
+        since=(3, 3, 0),
+        hint="put a tbf under the netem for the rate",
+    ),
+    "cbq": Feature(
+        "cbq qdisc",
+        (_SCHED, "CONFIG_NET_SCH_CBQ"),
+        removed=(6, 3, 0),
+        removed_in={(6, 1): 82},
+        hint=CBQ_MIGRATION,
+    ),
+    "pfifo_fast": Feature("pfifo_fast qdisc", (_SCHED,)),
+    "pfifo": Feature("pfifo qdisc", (_SCHED, "CONFIG_NET_SCH_FIFO")),
+    "bfifo": Feature("bfifo qdisc", (_SCHED, "CONFIG_NET_SCH_FIFO")),
+    "sfq": Feature("sfq qdisc", (_SCHED, "CONFIG_NET_SCH_SFQ"), hint="use pfifo"),
+    "fq_codel": Feature(
+        "fq_codel qdisc",
+        (_SCHED, "CONFIG_NET_SCH_FQ_CODEL"),
+        since=(3, 5, 0),
+        hint="use sfq, the fair queue older kernels have",
+    ),
+    "u32": Feature("u32 classifier", (_CLS, "CONFIG_NET_CLS_U32")),
+    "fw": Feature("fw classifier", (_CLS, "CONFIG_NET_CLS_FW"), hint="use u32 matches"),
+    "iptables-mark": Feature(
+        "iptables marking (the mangle table and the MARK target)",
+        ("CONFIG_IP_NF_IPTABLES", "CONFIG_IP_NF_MANGLE", "CONFIG_NETFILTER_XT_MARK"),
+        hint="use u32 matches (drop 'classify by mark')",
+    ),
+}
+"""What each construct needs, by feature key (qdisc kinds are their own keys)."""
+
+
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?(?:[-+~_][\w.+~-]*)?")
+
+
+def parse_version(text: str) -> Version | None:
+    """``6.1`` -> (6, 1, 0); ``6.1.82``, ``6.1.0-18-amd64`` -> (6, 1, 82), (6, 1, 0)."""
+    m = _VERSION.fullmatch(text.strip())
+    if m is None:
+        return None
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTarget:
+    """A target kernel: a version, or the options of a kernel configuration file."""
+
+    label: str
+    """As messages name it: ``6.8`` or ``config-6.1.0-18-amd64``."""
+    version: Version | None = None
+    config: Mapping[str, str] | None = None
+    """Option -> value (``y``, ``m``, a string) for every option the file sets."""
+
+    def missing(self, feature: Feature) -> str | None:
+        """Why this kernel lacks ``feature`` (for a message), or None if it has it."""
+        if self.config is not None:
+            absent = [c for c in feature.configs if self.config.get(c, "n") not in ("y", "m")]
+            return f"{', '.join(absent)} not set" if absent else None
+        assert self.version is not None
+        v = self.version
+        if v < feature.since:
+            return f"added in Linux {_dotted(feature.since)}"
+        if feature.removed is not None and v >= feature.removed:
+            return f"removed in Linux {_dotted(feature.removed)}"
+        series = (feature.removed_in or {}).get(v[:2])
+        if series is not None and v[2] >= series:
+            gone = _dotted(feature.removed or v)
+            return f"removed in Linux {gone}, and in {v[0]}.{v[1]}.{series}"
+        return None
+
+
+def _dotted(v: Version) -> str:
+    return f"{v[0]}.{v[1]}" if v[2] == 0 else f"{v[0]}.{v[1]}.{v[2]}"
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """The options a kernel ``.config`` sets: ``CONFIG_X=y`` -> {"CONFIG_X": "y"}."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"\s*(CONFIG_\w+)=(.*?)\s*", line)
+        if m:
+            found[m.group(1)] = m.group(2).strip('"')
+    return found
+
+
+def load_target(spec: str) -> KernelTarget:
+    """A target from ``--kernel``: a version such as 6.1 or 6.1.82, or a config file's path.
+
+    Raises ValueError with a message for the user when it is neither.
+    """
+    version = parse_version(spec)
+    if version is not None:
+        if version < OLDEST:
+            raise ValueError(f"tcdsl knows kernels from {_dotted(OLDEST)} on, not {spec}")
+        return KernelTarget(spec.strip(), version=version)
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(
+            f"'{spec}' is neither a kernel version (such as 6.1 or 6.1.82) nor a kernel "
+            "configuration file"
+        )
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise ValueError(f"cannot read '{spec}': {err.strerror or err}") from err
+    config = parse_config(text)
+    if not config:
+        raise ValueError(f"'{spec}' has no CONFIG_ lines; is it a kernel configuration file?")
+    return KernelTarget(path.name, config=config)
+
+
+def _needs(policy: ir.Policy) -> Iterator[tuple[str, Span]]:
+    """Each feature the policy needs, at the construct that needs it (in source order)."""
+    for iface in policy.interfaces:
+        matched: Span | None = None
+        for q in ir.walk_qdiscs(iface.root):
+            yield q.kind, q.span
+            if isinstance(q, ir.Netem) and q.rate is not None:
+                yield "netem-rate", q.rate.span
+            for cls in ir.classes_of(q):
+                if matched is None and cls.matches:
+                    matched = cls.matches[0].span
+        if iface.marking is not None:
+            yield "fw", iface.marking.span
+            yield "iptables-mark", iface.marking.span
+        elif matched is not None:
+            yield "u32", matched
+
+
+def kernel_support(policy: ir.Policy, target: KernelTarget | None) -> Iterator[Diagnostic]:
+    """E213 for each construct the target kernel lacks; without a target, W306 for cbq."""
+    seen: set[tuple[str, Span]] = set()
+    for key, span in _needs(policy):
+        if (key, span) in seen:
+            continue
+        seen.add((key, span))
+        feature = FEATURES[key]
+        if target is None:
+            if key == "cbq":
+                yield Diagnostic.warning(
+                    "W306",
+                    "cbq was removed from Linux in 6.3 (and from Debian's 6.1 kernels in "
+                    f"6.1.82); {CBQ_MIGRATION}",
+                    span,
+                )
+            continue
+        why = target.missing(feature)
+        if why is None:
+            continue
+        hint = f"; {feature.hint}" if feature.hint else ""
+        yield Diagnostic.error(
+            "E213", f"the target kernel {target.label} has no {feature.name} ({why}){hint}", span
+        )
