@@ -242,7 +242,9 @@ class InterfaceAllocator:
     ) -> ir.Qdisc:
         def visit(cls: ir.Class, original: ir.Class) -> ir.Class:
             fwmark = None
-            if cls.matches or original is default:
+            # An explicit mark gets its fw filter even without a match line: the mark may be
+            # set by another firewall rule (the lints say so).
+            if cls.matches or original is default or cls.mark is not None:
                 preferred = None
                 minor_text = f"{cls.classid.minor:x}" if cls.classid else ""
                 if minor_text.isdigit():

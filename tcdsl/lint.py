@@ -1,21 +1,511 @@
 """Lints: advice over the allocated policy, where filter order, prefs and marks are final.
 
 The checks (``tcdsl.checks``) find what tc or the kernel would refuse; the lints find what the
-kernel accepts but that silently does something else than the policy seems to say: filters that
-never see a packet, classes nothing reaches, quanta and bursts the kernel adjusts. Every lint is
-a function from an allocated policy to diagnostics; ``LINTS`` lists them in order.
+kernel accepts but that silently does something other than what the policy seems to say:
+filters that never see a packet, classes nothing reaches, quanta and bursts the kernel adjusts,
+queues that drop everything. Every lint is a function from an allocated policy to diagnostics;
+``LINTS`` lists them in order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
-from tcdsl import ir
-from tcdsl.diagnostics import Diagnostic
+from tcdsl import ir, lower
+from tcdsl.checks import effective_ceil, rate_of, sites
+from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.units import format_rate, format_size, format_time
 
 Lint = Callable[[ir.Policy], Iterator[Diagnostic]]
 
-LINTS: tuple[Lint, ...] = ()
+FRAME = 1514
+"""A full-size Ethernet frame as the qdiscs count it (1500-byte MTU + 14-byte header)."""
+HZ = 250
+"""Debian's CONFIG_HZ; tc-tbf(8) sizes the smallest useful tbf burst as rate / HZ."""
+HTB_QUANTUM = (1000, 200000)
+"""sch_htb: a quantum computed from rate / r2q outside this range is clamped, with a warning."""
+NETEM_DEFAULT_LIMIT = 1000
+"""sch_netem: packets it holds when no ``limit`` is given."""
+SFQ_MIN_PERTURB = 10
+
+
+def _rate(bits: int) -> str:
+    return format_rate(bits)
+
+
+# ---- defaults and reachability -----------------------------------------------------------------
+
+
+def htb_has_default(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """An htb without ``default`` sends what no filter matches to its direct queue, unshaped."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            if isinstance(q, ir.Htb) and q.default is None:
+                yield Diagnostic.warning(
+                    "W310",
+                    "htb has no 'default' class: packets no filter matches (and every packet "
+                    "that is not IPv4, such as ARP and IPv6) leave through htb's direct queue, "
+                    "at line rate and ahead of every class",
+                    _keyword(q.span, q.kind),
+                )
+
+
+def _keyword(span: Span, word: str) -> Span:
+    """The span of the qdisc keyword that starts ``span`` (a qdisc's span covers its block)."""
+    return Span(span.file, span.line, span.column, span.line, span.column + len(word))
+
+
+def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """Every htb leaf class is reached by a filter, a mark, or the default."""
+    for s in sites(policy):
+        if not isinstance(s.qdisc, ir.Htb) or s.cls.children or s.cls.implicit:
+            continue
+        default = s.qdisc.default
+        if s.cls.matches or (default is not None and default.name == s.cls.name):
+            continue
+        if s.iface.marking is not None and s.cls.mark is not None:
+            yield Diagnostic.warning(
+                "W322",
+                f"nothing in this policy sets mark {s.cls.mark.value}: only packets marked "
+                f"elsewhere (another firewall rule) reach {s.cls.label}",
+                s.cls.mark.span,
+            )
+            continue
+        yield Diagnostic.warning(
+            "W311",
+            f"no packet can reach {s.cls.label}: it has no match line and it is not the htb's "
+            "default",
+            _name_span(s.cls),
+        )
+
+
+def _name_span(cls: ir.Class) -> Span:
+    """The class keyword and name (a class's span covers its whole block)."""
+    span = cls.span
+    end = span.column + len("class ") + len(cls.name)
+    return Span(span.file, span.line, span.column, span.line, end)
+
+
+# ---- filter order: shadowed, duplicate and catch-all matches -----------------------------------
+
+Bits = tuple[tuple[int, int, int], ...]
+"""A filter as the header bits it tests: sorted (offset, value, mask) words, masks non-zero."""
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """One alternative of a match line (one value of each comma list), as its filters."""
+
+    match: ir.Match
+    cls: ir.Class
+    conds: tuple[ir.Cond, ...]
+    filters: tuple[Bits, ...]
+
+
+def _bits(keys: tuple[ir.U32Key, ...]) -> Bits | None:
+    words: dict[int, tuple[int, int]] = {}
+    for key in keys:
+        offset, value, mask = lower.pack(key)
+        v, m = words.get(offset, (0, 0))
+        if (v ^ value) & m & mask:
+            return None  # contradicts itself: allocate already left it out
+        words[offset] = (v | (value & mask), m | mask)
+    return tuple(sorted((o, v, m) for o, (v, m) in words.items() if m))
+
+
+def _alternatives(match: ir.Match, cls: ir.Class) -> Iterator[Alternative]:
+    for conds in lower.alternatives(match):
+        filters = tuple(b for keys in lower.u32_keys(conds) if (b := _bits(keys)) is not None)
+        if filters:
+            yield Alternative(match, cls, conds, filters)
+
+
+def _classification_orders(policy: ir.Policy) -> Iterator[list[Alternative]]:
+    """Each place packets are classified, its alternatives in the order they are tried.
+
+    u32 filters on one qdisc are tried by pref, then in the order they were added; iptables
+    rules of ``classify by mark`` in the order of the match lines (each marks only unmarked
+    packets, so the first matching line wins there too).
+    """
+    for iface in policy.interfaces:
+        if iface.marking is not None:
+            ordered: list[Alternative] = []
+            for q in ir.walk_qdiscs(iface.root):
+                for cls in ir.classes_of(q):
+                    for m in cls.matches:
+                        ordered.extend(_alternatives(m, cls))
+            yield ordered
+            continue
+        for q in ir.walk_qdiscs(iface.root):
+            tagged: list[tuple[int, int, Alternative]] = []
+            for cls in ir.classes_of(q):
+                for m in cls.matches:
+                    pref = m.pref.value if m.pref is not None else 1
+                    tagged.extend((pref, len(tagged), a) for a in _alternatives(m, cls))
+            if tagged:
+                yield [a for _, _, a in sorted(tagged, key=lambda t: (t[0], t[1]))]
+
+
+class _Earlier:
+    """The filters seen so far, indexed so that finding one that matches a superset of a new
+    filter's packets costs one lookup per distinct set of tested bits, not one per filter."""
+
+    def __init__(self) -> None:
+        self.by_masks: dict[tuple[tuple[int, int], ...], dict[tuple[int, ...], Alternative]] = {}
+        self.rank: dict[int, int] = {}
+
+    def covering(self, f: Bits) -> Alternative | None:
+        """The first earlier alternative with a filter matching every packet ``f`` matches."""
+        mine = {o: (v, m) for o, v, m in f}
+        best: Alternative | None = None
+        for masks, table in self.by_masks.items():
+            values: list[int] = []
+            for o, m in masks:
+                if o not in mine or m & ~mine[o][1]:
+                    break
+                values.append(mine[o][0] & m)
+            else:
+                hit = table.get(tuple(values))
+                if hit is not None and (best is None or self.rank[id(hit)] < self.rank[id(best)]):
+                    best = hit
+        return best
+
+    def add(self, alt: Alternative) -> None:
+        """Remember ``alt``'s filters (an earlier one wins for identical bits)."""
+        self.rank.setdefault(id(alt), len(self.rank))
+        for f in alt.filters:
+            masks = tuple((o, m) for o, _, m in f)
+            self.by_masks.setdefault(masks, {}).setdefault(tuple(v for _, v, _ in f), alt)
+
+
+def _is_catch_all(alt: Alternative) -> bool:
+    return any(not f for f in alt.filters)
+
+
+def filters_all_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """No match line is hidden behind an earlier one that takes every packet it would match."""
+    for ordered in _classification_orders(policy):
+        yield from _shadowing(ordered)
+
+
+def _shadowing(ordered: Sequence[Alternative]) -> Iterator[Diagnostic]:
+    earlier = _Earlier()
+    catch_all: Alternative | None = None
+    after_catch_all: list[ir.Match] = []
+    by_line: dict[int, list[tuple[Alternative, Alternative | None]]] = {}
+    lines: list[ir.Match] = []
+    for alt in ordered:
+        if catch_all is not None:
+            if alt.match is not catch_all.match and alt.match not in after_catch_all:
+                after_catch_all.append(alt.match)
+            continue
+        covers = [earlier.covering(f) for f in alt.filters]
+        culprit = covers[0] if all(c is not None for c in covers) else None
+        if id(alt.match) not in by_line:
+            lines.append(alt.match)
+        by_line.setdefault(id(alt.match), []).append((alt, culprit))
+        earlier.add(alt)
+        if _is_catch_all(alt):
+            catch_all = alt
+    for match in lines:
+        yield from _report_line(match, by_line[id(match)])
+    if catch_all is not None and after_catch_all:
+        n = len(after_catch_all)
+        yield Diagnostic.warning(
+            "W314",
+            f"this match line takes every packet for {catch_all.cls.label}, so the "
+            f"{n} match line{'s' * (n != 1)} tried after it never see{'s' * (n == 1)} a packet",
+            catch_all.match.span,
+            Note("for example this one", after_catch_all[0].span),
+        )
+
+
+def _report_line(
+    match: ir.Match, alts: list[tuple[Alternative, Alternative | None]]
+) -> Iterator[Diagnostic]:
+    dead = [(a, c) for a, c in alts if c is not None and c.match is not match]
+    if not dead:
+        return
+    first, culprit = dead[0]
+    assert culprit is not None
+    if len(dead) == len(alts):
+        same = {c.match.span for _, c in dead if c is not None}
+        if len(same) == 1 and _same_packets(first, culprit) and culprit.cls is not first.cls:
+            yield Diagnostic.warning(
+                "W313",
+                f"{culprit.cls.label} already matches exactly these packets with an earlier "
+                f"line, so this line never sends a packet to {first.cls.label}",
+                match.span,
+                Note(f"the packets go to {culprit.cls.label} here", culprit.match.span),
+            )
+            return
+        whom = "the same class" if culprit.cls is first.cls else culprit.cls.label
+        yield Diagnostic.warning(
+            "W312",
+            f"this match line never matches: an earlier line sends every packet it would "
+            f"match to {whom}",
+            match.span,
+            Note("that earlier line", culprit.match.span),
+        )
+        return
+    for alt, culprit in dead:
+        assert culprit is not None
+        whom = "the same class" if culprit.cls is alt.cls else culprit.cls.label
+        yield Diagnostic.warning(
+            "W312",
+            f"this value never matches: an earlier line sends every packet it would match "
+            f"to {whom}",
+            _values_span(match, alt),
+            Note("that earlier line", culprit.match.span),
+        )
+
+
+def _same_packets(a: Alternative, b: Alternative) -> bool:
+    return set(a.filters) == set(b.filters)
+
+
+def _values_span(match: ir.Match, alt: Alternative) -> Span:
+    """The span of the listed value that makes this alternative (the first one from a list)."""
+    for original, single in zip(match.conds, alt.conds, strict=True):
+        if single is not original:
+            return single.span
+    return match.span
+
+
+# ---- rates, bursts and quanta ------------------------------------------------------------------
+
+
+def htb_quantum_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """An htb class's quantum (rate / r2q unless given) lies where the kernel keeps it."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            if not isinstance(q, ir.Htb):
+                continue
+            r2q = q.r2q.value if q.r2q is not None else 10
+            computed = [
+                (cls, r.bits_per_second // 8)
+                for cls in ir.classes_of(q)
+                if cls.quantum is None and (r := rate_of(cls.rate)) is not None
+            ]
+            if not computed:
+                continue
+            lo, hi = HTB_QUANTUM
+            rates = [b for _, b in computed]
+            fix_lo, fix_hi = -(-max(rates) // hi), min(rates) // lo
+            for cls, rate_bytes in computed:
+                quantum = rate_bytes // r2q
+                if lo <= quantum <= hi:
+                    continue
+                word, kept = ("small", lo) if quantum < lo else ("big", hi)
+                if max(fix_lo, 1) <= fix_hi:
+                    fix = f"give the htb 'r2q' between {max(fix_lo, 1)} and {fix_hi}"
+                elif cls.children or cls.implicit:
+                    # Only leaves take turns by quantum (sch_htb's deficit round robin).
+                    fix = "harmless, as only leaf classes use their quantum; " + (
+                        f"r2q {fix_lo} or more silences it" if word == "big" else "ignore it"
+                    )
+                else:
+                    fix = f"give the class a 'quantum' (about {kept})"
+                rate = rate_of(cls.rate)
+                assert rate is not None
+                yield Diagnostic.warning(
+                    "W316",
+                    f"{cls.label} gets an htb quantum of {quantum} bytes (rate "
+                    f"{_rate(rate.bits_per_second)} / r2q {r2q}), "
+                    f"{'below' if word == 'small' else 'above'} the kernel's {kept}: it warns "
+                    f"'quantum of class is {word}' and uses {kept}; {fix}",
+                    rate.span,
+                    *((Note("r2q given here", q.r2q.span),) if q.r2q is not None else ()),
+                )
+
+
+def htb_bursts_hold_a_frame(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """An explicit htb burst or cburst holds at least one full-size frame."""
+    for s in sites(policy):
+        if s.qdisc.kind != "htb":
+            continue
+        for name in ("burst", "cburst"):
+            size = getattr(s.cls, name)
+            if isinstance(size, ir.Size) and size.bytes < FRAME:
+                keeps = "ceil" if name == "cburst" else "rate"
+                yield Diagnostic.warning(
+                    "W315",
+                    f"{name} {format_size(size.bytes)} is smaller than one full-size Ethernet "
+                    f"frame ({FRAME} bytes): {s.cls.label} cannot send such a frame without "
+                    f"going into debt, and will not keep to its {keeps}",
+                    size.span,
+                )
+
+
+def tbf_bursts_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """A tbf burst holds a full-size frame and what the rate sends in one timer tick."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            if not isinstance(q, ir.Tbf) or q.burst is None or q.rate is None:
+                continue
+            burst, rate = q.burst.bytes, q.rate.bits_per_second
+            tick = rate // 8 // HZ
+            if burst < FRAME:
+                yield Diagnostic.warning(
+                    "W317",
+                    f"tbf burst {format_size(burst)} is smaller than one full-size Ethernet "
+                    f"frame ({FRAME} bytes): the tbf drops every packet bigger than its burst",
+                    q.burst.span,
+                )
+            elif burst < tick:
+                yield Diagnostic.warning(
+                    "W317",
+                    f"tbf burst {format_size(burst)} is less than rate {_rate(rate)} sends in "
+                    f"one timer tick at HZ={HZ} ({tick} bytes): the tbf may not reach its rate "
+                    f"(tc-tbf(8): the smallest burst is rate / HZ)",
+                    q.burst.span,
+                    Note("rate given here", q.rate.span),
+                )
+
+
+def ceilings_share_sensibly(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """Info: children that may together borrow far more than the parent can give."""
+    for s in sites(policy):
+        if s.qdisc.kind != "htb" or len(s.cls.children) < 2:
+            continue
+        parent = effective_ceil(s.cls)
+        ceils = [c for child in s.cls.children if (c := effective_ceil(child)) is not None]
+        if parent is None or len(ceils) < 2:
+            continue
+        total = sum(c.bits_per_second for c in ceils)
+        if total > 2 * parent.bits_per_second:
+            yield Diagnostic.info(
+                "I320",
+                f"the children of {s.cls.label} may borrow up to {_rate(total)} in all, "
+                f"{total / parent.bits_per_second:.1f} times its ceiling "
+                f"{_rate(parent.bits_per_second)}: when they are all busy, spare bandwidth goes "
+                "first to the lowest prio, then in proportion to their quanta",
+                parent.span if not s.cls.implicit else s.iface.span,
+            )
+
+
+# ---- matches -----------------------------------------------------------------------------------
+
+PORTLESS = {
+    1: "icmp",
+    2: "igmp",
+    4: "ipip",
+    41: "ipv6",
+    47: "gre",
+    50: "esp",
+    51: "ah",
+    58: "icmpv6",
+    89: "ospf",
+    103: "pim",
+    112: "vrrp",
+}
+
+
+def ports_need_a_port_protocol(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """A port condition next to a protocol that has no ports tests other header bytes."""
+    for s in sites(policy):
+        for m in s.cls.matches:
+            ports = [c for c in m.conds if isinstance(c, ir.PortCond)]
+            if not ports:
+                continue
+            for cond in m.conds:
+                if not isinstance(cond, ir.ProtoCond):
+                    continue
+                for number, span in cond.protocols:
+                    if number in PORTLESS:
+                        name = PORTLESS[number]
+                        yield Diagnostic.error(
+                            "E214",
+                            f"{name} has no ports: '{ports[0].field}' would test bytes of the "
+                            f"{name} header instead; drop the port, or write a separate match "
+                            "line for the protocol",
+                            ports[0].span,
+                            Note(f"protocol {name} given here", span),
+                        )
+
+
+# ---- leaf queues -------------------------------------------------------------------------------
+
+
+def leaf_queues_sensible(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """Teaching warnings on leaf queues: sfq perturbation, fifo limit 0, small netem limits."""
+    for iface in policy.interfaces:
+        rates = _rates_above(iface.root, None)
+        for q in ir.walk_qdiscs(iface.root):
+            match q:
+                case ir.Sfq(perturb=ir.Count(value=v, span=span)) if 0 < v < SFQ_MIN_PERTURB:
+                    yield Diagnostic.warning(
+                        "W318",
+                        f"sfq perturb {v} rehashes the flows every {v} s; each rehash may "
+                        f"reorder or drop queued packets (tc-sfq(8)); use {SFQ_MIN_PERTURB} s "
+                        "or more (the man page advises 60)",
+                        span,
+                    )
+                case (
+                    ir.Pfifo(limit=ir.Count(value=0, span=span))
+                    | ir.Bfifo(limit=ir.Size(bytes=0, span=span))
+                ):
+                    yield Diagnostic.warning(
+                        "W319",
+                        f"{q.kind} limit 0 holds no packet: the queue drops everything sent "
+                        "through it",
+                        span,
+                    )
+                case ir.Netem(delay=ir.Time() as delay):
+                    yield from _netem_limit(q, delay, rates.get(id(q)))
+                case _:
+                    pass
+
+
+def _rates_above(q: ir.Qdisc, rate: ir.Rate | None) -> dict[int, ir.Rate | None]:
+    """Map each qdisc (by id) to the rate that feeds it: its class's ceil, or a tbf's rate."""
+    out: dict[int, ir.Rate | None] = {id(q): rate}
+    match q:
+        case ir.Htb() | ir.Prio() | ir.Cbq():
+            for top in q.classes:
+                for cls in top.walk():
+                    if cls.leaf is not None:
+                        out |= _rates_above(cls.leaf, effective_ceil(cls) or rate)
+        case ir.Tbf() | ir.Netem():
+            if q.child is not None:
+                out |= _rates_above(q.child, q.rate or rate)
+        case _:
+            pass
+    return out
+
+
+def _netem_limit(q: ir.Netem, delay: ir.Time, feed: ir.Rate | None) -> Iterator[Diagnostic]:
+    rate = q.rate or feed
+    if rate is None:
+        return
+    held = rate.bits_per_second * delay.microseconds // (8 * FRAME * 1_000_000)
+    limit = q.limit.value if q.limit is not None else NETEM_DEFAULT_LIMIT
+    if held <= limit:
+        return
+    suggestion = -(-held * 5 // 4 // 100) * 100
+    what = "its limit" if q.limit is not None else "its default limit"
+    yield Diagnostic.warning(
+        "W321",
+        f"netem holds at most {limit} packets ({what}), but {format_time(delay.microseconds)}"
+        f" of delay at {_rate(rate.bits_per_second)} keeps about {held} full-size packets in "
+        f"it: the rest are dropped; give netem 'limit {suggestion}'",
+        q.limit.span if q.limit is not None else _keyword(q.span, q.kind),
+        Note("delay given here", delay.span),
+    )
+
+
+LINTS: tuple[Lint, ...] = (
+    htb_has_default,
+    leaves_reachable,
+    filters_all_reachable,
+    htb_quantum_in_range,
+    htb_bursts_hold_a_frame,
+    tbf_bursts_fit,
+    ceilings_share_sensibly,
+    ports_need_a_port_protocol,
+    leaf_queues_sensible,
+)
 
 
 def run_lints(policy: ir.Policy) -> list[Diagnostic]:

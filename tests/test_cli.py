@@ -21,7 +21,7 @@ from tests.conftest import ROOT
 OFFICE = "policies/office.tcp"
 BROKEN = "interface eth0 htb rate 10mbit {\n    class web rate 5mbit ceil 2mbit\n}\n"
 BROKEN_AT = ("2", str(BROKEN.splitlines()[1].index("2mbit") + 1))  # the ceil: E202
-WARNING_ONLY = "interface eth0 htb rate 10mbit {\n    class web rate 1mbps\n}\n"
+WARNING_ONLY = "interface eth0 htb rate 10mbit default web {\n    class web rate 1mbps\n}\n"
 DIAGNOSTIC = re.compile(
     r"^(?P<file>[^:\n]+):(?P<line>\d+):(?P<col>\d+): error: .+ \[E\d{3}\]$", re.M
 )

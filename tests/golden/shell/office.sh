@@ -7,41 +7,41 @@ set -eu
 # ==== interface eth0 ====
 # Teardown: remove this policy's root qdisc; absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
-# policies/office.tcp:3:16: interface eth0: htb qdisc
-tc qdisc add dev eth0 root handle 1: htb default 70
-# policies/office.tcp:3:16: link class
+# policies/office.tcp:4:16: interface eth0: htb qdisc
+tc qdisc add dev eth0 root handle 1: htb default 70 r2q 100
+# policies/office.tcp:4:16: link class
 tc class add dev eth0 parent 1: classid 1:1 htb rate 100mbit
-# policies/office.tcp:4:11: class interactive
+# policies/office.tcp:5:11: class interactive
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 10mbit ceil 100mbit prio 0
-# policies/office.tcp:9:11: class voip
+# policies/office.tcp:10:11: class voip
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 6mbit prio 0
-# policies/office.tcp:10:11: class web
+# policies/office.tcp:11:11: class web
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 40mbit ceil 90mbit prio 1
-# policies/office.tcp:14:11: class staff
+# policies/office.tcp:15:11: class staff
 tc class add dev eth0 parent 1:1 classid 1:40 htb rate 30mbit ceil 100mbit
-# policies/office.tcp:15:15: class alice
+# policies/office.tcp:16:15: class alice
 tc class add dev eth0 parent 1:40 classid 1:50 htb rate 6mbit ceil 6mbit
-# policies/office.tcp:16:15: class bob
+# policies/office.tcp:17:15: class bob
 tc class add dev eth0 parent 1:40 classid 1:60 htb rate 3mbit ceil 3mbit
-# policies/office.tcp:18:11: class bulk
+# policies/office.tcp:19:11: class bulk
 tc class add dev eth0 parent 1:1 classid 1:70 htb rate 1mbit ceil 5mbit prio 2
-# policies/office.tcp:7:9: sfq qdisc of 1:10
+# policies/office.tcp:8:9: sfq qdisc of 1:10
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
-# policies/office.tcp:12:9: fq_codel qdisc of 1:30
+# policies/office.tcp:13:9: fq_codel qdisc of 1:30
 tc qdisc add dev eth0 parent 1:30 handle 30: fq_codel
-# policies/office.tcp:19:9: pfifo qdisc of 1:70
+# policies/office.tcp:20:9: pfifo qdisc of 1:70
 tc qdisc add dev eth0 parent 1:70 handle 70: pfifo limit 20
-# policies/office.tcp:5:9: filter to 1:10
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
 # policies/office.tcp:6:9: filter to 1:10
+tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
+# policies/office.tcp:7:9: filter to 1:10
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
-# policies/office.tcp:9:34: filter to 1:20
+# policies/office.tcp:10:34: filter to 1:20
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 5001 0xffff flowid 1:20
-# policies/office.tcp:11:9: filter to 1:30
+# policies/office.tcp:12:9: filter to 1:30
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 80 0xffff flowid 1:30
-# policies/office.tcp:11:9: filter to 1:30
+# policies/office.tcp:12:9: filter to 1:30
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 443 0xffff flowid 1:30
-# policies/office.tcp:15:43: filter to 1:50
+# policies/office.tcp:16:43: filter to 1:50
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:50
-# policies/office.tcp:16:43: filter to 1:60
+# policies/office.tcp:17:43: filter to 1:60
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:60

@@ -7,15 +7,15 @@ set -eu
 # ==== interface s2-eth2 ====
 # Teardown: remove this policy's root qdisc; absent is fine.
 tc qdisc del dev s2-eth2 root 2>/dev/null || true
-# policies/seeds/s001-htb-700-300.tcp:13:19: interface s2-eth2: htb qdisc
+# policies/seeds/s001-htb-700-300.tcp:14:19: interface s2-eth2: htb qdisc
 tc qdisc add dev s2-eth2 root handle 1: htb
-# policies/seeds/s001-htb-700-300.tcp:13:19: link class
+# policies/seeds/s001-htb-700-300.tcp:14:19: link class
 tc class add dev s2-eth2 parent 1: classid 1:1 htb rate 1gbit ceil 1gbit
-# policies/seeds/s001-htb-700-300.tcp:14:11: class h1
+# policies/seeds/s001-htb-700-300.tcp:15:11: class h1
 tc class add dev s2-eth2 parent 1:1 classid 1:10 htb rate 700mbit ceil 1gbit
-# policies/seeds/s001-htb-700-300.tcp:15:11: class h2
+# policies/seeds/s001-htb-700-300.tcp:16:11: class h2
 tc class add dev s2-eth2 parent 1:1 classid 1:20 htb rate 300mbit ceil 1gbit
-# policies/seeds/s001-htb-700-300.tcp:14:38: filter to 1:10
+# policies/seeds/s001-htb-700-300.tcp:15:38: filter to 1:10
 tc filter add dev s2-eth2 parent 1: protocol ip prio 1 u32 match ip src 10.0.0.1 flowid 1:10
-# policies/seeds/s001-htb-700-300.tcp:15:38: filter to 1:20
+# policies/seeds/s001-htb-700-300.tcp:16:38: filter to 1:20
 tc filter add dev s2-eth2 parent 1: protocol ip prio 1 u32 match ip src 10.0.0.2 flowid 1:20
