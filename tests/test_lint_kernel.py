@@ -1,0 +1,195 @@
+"""The lints' claims about traffic hold on the real kernel.
+
+When ``tcdsl check`` says a match line never sees a packet (W312-W314), packets it would match
+must land in the class of the earlier line that takes them, and the shadowed class must count
+none; when it says nothing, the narrow line must get its packets. When it says an htb without
+``default`` sends unmatched packets to the direct queue (W310), they must go there; when it says
+a fifo of limit 0 drops everything (W319), it must. Each policy is applied in a fresh network
+namespace and UDP packets are sent out of its interface (``tests/test_apply.py``'s tools).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tcdsl import ir
+from tcdsl.driver import Result
+from tcdsl.verify.runner import HostSupport
+from tests.test_apply import (
+    COUNT,
+    SENDER,
+    _compile_text,
+    apply_script,
+    class_packets,
+    create_links,
+    host,
+    make_netns,
+    missing,
+    run,
+)
+
+__all__ = ["host", "make_netns"]  # fixtures, imported so that pytest finds them here
+
+
+def _codes(result: Result) -> set[str]:
+    return {d.code for d in result.diagnostics}
+
+
+def _classid(result: Result, name: str) -> str:
+    assert result.policy is not None
+    for q in ir.walk_qdiscs(result.policy.interfaces[0].root):
+        for cls in ir.classes_of(q):
+            if cls.name == name:
+                return str(cls.classid)
+    raise AssertionError(f"no class {name}")
+
+
+def _send(result: Result, ns: str, port: int) -> dict[str, int]:
+    dev = result.policy.interfaces[0].name if result.policy else "eth0"
+    before = class_packets(ns, dev)
+    run(["ip", "netns", "exec", ns, sys.executable, "-c", SENDER, str(COUNT), f"{port},0"])
+    after = class_packets(ns, dev)
+    return {
+        k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)
+    }
+
+
+def _applied(
+    text: str, host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> tuple[Result, str]:
+    result = _compile_text(tmp_path, text)
+    assert result.output is not None and result.policy is not None, result.diagnostics
+    lacks = missing(host, result)
+    if lacks:
+        pytest.skip(lacks)
+    ns = make_netns()
+    sysctl = "net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
+    run(["ip", "netns", "exec", ns, "sysctl", "-qw", *sysctl.split()])
+    create_links(ns, result.policy)
+    dev = result.policy.interfaces[0].name
+    run(["ip", "-n", ns, "addr", "add", "10.99.0.1/24", "dev", dev])
+    run(["ip", "-n", ns, "neigh", "add", "10.99.0.2", "lladdr", "02:00:00:00:00:02", "dev", dev])
+    script = tmp_path / "apply.sh"
+    script.write_text(result.output, encoding="utf-8")
+    apply_script(ns, script)
+    return result, ns
+
+
+def _policy(body: str, default: str = "bulk") -> str:
+    head = f"interface eth0 htb rate 10mbit default {default} {{\n"
+    return f"{head}{body}    class bulk rate 1mbit\n}}\n"
+
+
+# (policy, the code the lint must report or None, [(udp port, class that must get it)])
+SHADOWING = [
+    pytest.param(
+        _policy(
+            "    class web rate 2mbit match dport 80\n    class proxy rate 2mbit match dport 80\n"
+        ),
+        "W313",
+        [(80, "web")],
+        id="same-match-two-classes",
+    ),
+    pytest.param(
+        _policy(
+            "    class sip rate 2mbit match proto udp dport 5060 pref 2\n"
+            "    class udp rate 2mbit match proto udp pref 1\n"
+        ),
+        "W312",
+        [(5060, "udp")],
+        id="shadowed-by-pref",
+    ),
+    pytest.param(
+        _policy(
+            "    class sip rate 2mbit match proto udp dport 5060\n"
+            "    class udp rate 2mbit match proto udp\n"
+        ),
+        None,
+        [(5060, "sip"), (5061, "udp")],
+        id="narrow-first-is-fine",
+    ),
+    pytest.param(
+        _policy(
+            "    class web rate 2mbit match dport 80, 443\n"
+            "    class tls rate 2mbit match dport 443, 8443\n"
+        ),
+        "W312",
+        [(443, "web"), (8443, "tls")],
+        id="one-value-shadowed",
+    ),
+    pytest.param(
+        _policy(
+            "    class ports rate 2mbit match dport 1024-2047\n"
+            "    class one rate 2mbit match dport 1500\n"
+        ),
+        "W312",
+        [(1500, "ports")],
+        id="port-in-earlier-range",
+    ),
+    pytest.param(
+        _policy(
+            "    class any rate 2mbit match all\n    class web rate 2mbit match dport 80\n",
+            default="any",
+        ),
+        "W314",
+        [(80, "any")],
+        id="catch-all-first",
+    ),
+    pytest.param(
+        _policy(
+            "    class wide rate 2mbit match proto udp, tcp\n"
+            "    class dns rate 2mbit match proto udp dport 53\n"
+        ),
+        "W312",
+        [(53, "wide")],
+        id="protocol-list",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "code", "sends"), SHADOWING)
+def test_shadowed_matches_get_no_packet(
+    text: str,
+    code: str | None,
+    sends: list[tuple[int, str]],
+    host: HostSupport,
+    make_netns: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    result, ns = _applied(text, host, make_netns, tmp_path)
+    shadow_codes = _codes(result) & {"W312", "W313", "W314"}
+    assert shadow_codes == ({code} if code else set()), result.diagnostics
+    for port, name in sends:
+        moved = _send(result, ns, port)
+        assert moved.get(_classid(result, name), 0) == COUNT, (port, name, moved)
+
+
+def test_no_default_means_the_direct_queue(
+    host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    text = "interface eth0 htb rate 10mbit {\n    class web rate 2mbit match dport 80\n}\n"
+    result, ns = _applied(text, host, make_netns, tmp_path)
+    assert "W310" in _codes(result)
+    moved = _send(result, ns, 9)
+    assert moved.get("direct", 0) == COUNT, moved
+
+
+def test_fifo_limit_zero_drops_everything(
+    host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    text = (
+        "interface eth0 htb rate 10mbit default bulk {\n"
+        "    class bulk rate 10mbit {\n        pfifo limit 0\n    }\n}\n"
+    )
+    result, ns = _applied(text, host, make_netns, tmp_path)
+    assert "W319" in _codes(result)
+    moved = _send(result, ns, 9)
+    assert moved.get(_classid(result, "bulk"), 0) == 0, moved
+    stats = run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", "eth0"]).stdout
+    found = re.search(r"qdisc pfifo [^\n]*\n\s*Sent 0 bytes 0 pkt \(dropped (\d+)", stats)
+    assert found is not None and int(found.group(1)) >= COUNT, stats
