@@ -104,6 +104,9 @@ class Alternative:
 
 
 def _bits(keys: tuple[ir.U32Key, ...]) -> Bits | None:
+    if len(keys) == 1:  # the common case, on policies with thousands of classes
+        offset, value, mask = lower.pack(keys[0])
+        return ((offset, value & mask, mask),) if mask else ()
     words: dict[int, tuple[int, int]] = {}
     for key in keys:
         offset, value, mask = lower.pack(key)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import ipaddress
 import itertools
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tcdsl import lower
 from tcdsl.lower import range_to_masks
 
 
@@ -137,3 +139,12 @@ def test_examples(lo: int, hi: int, expected: list[tuple[int, int]] | None) -> N
 
 def test_empty_range_gives_no_blocks() -> None:
     assert range_to_masks(5, 4) == []
+
+
+@given(st.ip_addresses(v=4), st.integers(min_value=0, max_value=32))
+def test_network_parse_matches_ipaddress(address: ipaddress.IPv4Address, length: int) -> None:
+    net = ipaddress.IPv4Network(f"{address}/{length}", strict=False)
+    want = (int(net.network_address), int(net.netmask))
+    assert lower._network(str(net)) == want
+    if length == 32:
+        assert lower._network(str(net.network_address)) == want
