@@ -6,12 +6,13 @@ for the invariant they enforce; ``CHECKS`` lists them in the order the driver ru
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note
-from tcdsl.units import format_rate
+from tcdsl.units import format_rate, format_time
 
 Check = Callable[[ir.Policy], Iterator[Diagnostic]]
 
@@ -503,6 +504,334 @@ def marks_unique(policy: ir.Policy) -> Iterator[Diagnostic]:
                     first[cls.mark.value] = cls
 
 
+# ---- values the kernel keeps differently ----------------------------------------------------
+# Values tcdsl accepts that tc refuses, leaves out, or wraps (errors), or that the kernel clamps
+# or reports differently (W330). Each was found by the property tests on real kernels (Linux
+# 6.1 and 6.18, iproute2 6.1; tests/strategies.py) and checked against the sources.
+
+INT_MAX = 2**31 - 1
+TICKS_PER_US = 15.625
+"""iproute2's ``tick_in_usec``: the kernel's psched tick is 64 ns (/proc/net/psched)."""
+MAX_TICK_US = 274_877_906
+"""The longest time (us) tc can turn into 64-ns ticks in 32 bits: 274877907us is 2^32 ticks."""
+FQ_CODEL_QUANTUM = (256, 1 << 20)  # sch_fq_codel.c: raised to 256, refused above 1 MiB
+FQ_CODEL_MEMORY = 1 << 31  # sch_fq_codel.c: memory_limit lowered to 2 GiB
+SFQ_MAX_PERTURB = INT_MAX // 1000
+"""Seconds: tc takes an int, Linux (6.1.y, 6.13+) refuses above INT_MAX / HZ (HZ up to 1000)."""
+NETEM_MAX_JITTER_NS = INT_MAX  # sch_netem.c caps the jitter to what tabledist() takes
+PRIO_DEFAULT_PRIOMAP = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)  # tc's q_prio.c
+
+
+def _tc_ticks(rate_bytes: int, size: int) -> int:
+    """iproute2's ``tc_calc_xmittime`` before its 32-bit result wraps: the 64-ns ticks to send
+    ``size`` bytes at the rate (the time truncated to whole microseconds first)."""
+    return int(int(1_000_000 * (size / rate_bytes)) * TICKS_PER_US)
+
+
+def _kernel_ticks(rate_bytes: int, size: int) -> int:
+    """The ticks the kernel reports for a tbf burst or mtu (``psched_l2t_ns`` >> 6)."""
+    factor, shift = 1_000_000_000, 0
+    while True:  # psched_ratecfg_precompute
+        mult = factor // rate_bytes
+        if mult & (1 << 31) or factor & (1 << 63):
+            break
+        factor <<= 1
+        shift += 1
+    return ((size * (mult & U32_MAX)) >> shift) >> 6
+
+
+def _largest(fits: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest value in [lo, hi] that ``fits`` (monotone, true at ``lo``)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def _ticks_fit(ticks: Callable[[int, int], int], rate_bytes: int, size: int) -> bool:
+    return ticks(rate_bytes, size) <= U32_MAX
+
+
+def _bytes(count: int) -> str:
+    return f"{count} byte" if count == 1 else f"{count} bytes"
+
+
+def _seconds(microseconds: float) -> str:
+    return f"{microseconds / 1e6:.4g}s"
+
+
+def values_kept_as_written(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """Values tc and the kernel hold as written: nothing tc refuses, leaves out or wraps (E205,
+    E208), nothing the kernel clamps or reports differently (W330)."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            match q:
+                case ir.Htb():
+                    for cls in ir.classes_of(q):
+                        yield from _htb_class_values(cls)
+                case ir.Tbf():
+                    yield from _tbf_values(q)
+                case ir.FqCodel():
+                    yield from _fq_codel_values(q)
+                case ir.Sfq():
+                    yield from _sfq_values(q)
+                case ir.Netem():
+                    yield from _netem_values(q)
+                case ir.Prio() if q.bands is not None and q.priomap is None:
+                    # with more classes than bands (E205 above), more bands fix both
+                    few = 2 <= q.bands.value < len(set(PRIO_DEFAULT_PRIOMAP))
+                    if few and len(q.classes) <= q.bands.value:
+                        yield Diagnostic.error(
+                            "E205",
+                            f"prio bands {q.bands.value} needs a priomap: tc sends its default "
+                            f"priomap ({' '.join(map(str, PRIO_DEFAULT_PRIOMAP))}), which names "
+                            "band 2, and the kernel refuses the qdisc; give a priomap naming "
+                            f"bands 0-{q.bands.value - 1}",
+                            q.bands.span,
+                        )
+                case _:
+                    pass
+        yield from _netems_mix(iface)
+
+
+def _htb_class_values(cls: ir.Class) -> Iterator[Diagnostic]:
+    ceil = rate_of(cls.ceil) or rate_of(cls.rate)
+    for name, size, rate in (("burst", cls.burst, rate_of(cls.rate)), ("cburst", cls.cburst, ceil)):
+        if size is None or rate is None or not 0 < size.bytes <= U32_MAX:
+            continue
+        rate_bytes = rate.bits_per_second // 8
+        if rate_bytes == 0 or rate.bits_per_second > MAX_RATE:
+            continue
+        ticks = _tc_ticks(rate_bytes, size.bytes)
+        if ticks <= U32_MAX:
+            continue
+        us = int(1_000_000 * (size.bytes / rate_bytes)) & U32_MAX  # tc's unsigned int
+        held = int(us * TICKS_PER_US) & U32_MAX
+        kept = held * 64 * rate_bytes // 10**9
+        most = _largest(functools.partial(_ticks_fit, _tc_ticks, rate_bytes), 0, size.bytes)
+        yield Diagnostic.error(
+            "E208",
+            f"{name} {size.bytes} of {cls.label} takes {_seconds(size.bytes * 1e6 / rate_bytes)} "
+            f"at {_fmt(rate)}; tc hands the kernel that time in 64-ns ticks, a 32-bit count that "
+            f"wraps past about 274.9s, so the kernel would get {_bytes(kept)}; write {name} {most} "
+            f"or less, or raise the {'rate' if name == 'burst' else 'ceil'}",
+            size.span,
+        )
+    if cls.quantum is not None and INT_MAX < cls.quantum.bytes <= U32_MAX:
+        yield Diagnostic.error(
+            "E205",
+            f"quantum {cls.quantum.bytes} of {cls.label} is above {INT_MAX}: the kernel keeps an "
+            f"htb quantum in an int, where it is {cls.quantum.bytes - 2**32}; write at most "
+            f"{INT_MAX}",
+            cls.quantum.span,
+        )
+
+
+def _tbf_values(q: ir.Tbf) -> Iterator[Diagnostic]:
+    if q.latency is not None and q.latency.microseconds == 0:
+        yield Diagnostic.error(
+            "E208",
+            "tc refuses a tbf latency of 0 (it takes 0 for 'not given' and then says 'either "
+            '"limit" or "latency" is required\'); give a latency above 0',
+            q.latency.span,
+        )
+    if q.limit is not None and q.limit.bytes == 0:
+        yield Diagnostic.error(
+            "E208",
+            "tc refuses a tbf limit of 0 (it takes 0 for 'not given' and then says 'either "
+            '"limit" or "latency" is required\'); give a limit above 0',
+            q.limit.span,
+        )
+    rate, peak = q.rate, q.peakrate
+    if rate is None or not 8 <= rate.bits_per_second <= MAX_RATE:
+        return
+    if peak is not None and not 8 <= peak.bits_per_second <= MAX_RATE:
+        return
+    for name, size, at in (("burst", q.burst, rate), ("mtu", q.mtu, peak)):
+        if size is None or at is None or not 0 < size.bytes <= U32_MAX:
+            continue
+        rate_bytes = at.bits_per_second // 8
+        ticks = _kernel_ticks(rate_bytes, size.bytes)
+        if ticks <= U32_MAX:
+            continue
+        shown = int(rate_bytes * int((ticks & U32_MAX) / TICKS_PER_US) / 1e6)
+        most = _largest(functools.partial(_ticks_fit, _kernel_ticks, rate_bytes), 0, size.bytes)
+        yield Diagnostic.warning(
+            "W330",
+            f"tbf {name} {size.bytes} takes {_seconds(size.bytes * 1e6 / rate_bytes)} at "
+            f"{_fmt(at)}; the kernel keeps it, but reports it in 64-ns ticks, a 32-bit count "
+            f"that wraps past about 274.9s: tc shows {_bytes(shown)}, and 'tcdsl verify' a "
+            f"difference; write {name} {most} or less to see what was set",
+            size.span,
+        )
+    yield from _tbf_latency_fits(q, rate, peak)
+
+
+def _tbf_latency_fits(q: ir.Tbf, rate: ir.Rate, peak: ir.Rate | None) -> Iterator[Diagnostic]:
+    """tc computes a tbf's limit from its latency into a 32-bit field (q_tbf.c)."""
+    burst = q.burst.bytes if q.burst is not None else None
+    mtu = q.mtu.bytes if q.mtu is not None else None
+    if q.latency is None or burst is None or burst > U32_MAX:
+        return
+    if peak is not None and (mtu is None or mtu > U32_MAX):
+        return
+    rate64, prate64 = (
+        float(rate.bits_per_second // 8),
+        float(peak.bits_per_second // 8 if peak else 0),
+    )
+
+    def limit(latency: int) -> float:
+        lim = rate64 * float(latency) / 1_000_000 + burst
+        if prate64 and mtu is not None:
+            lim = min(lim, prate64 * float(latency) / 1_000_000 + mtu)
+        return lim
+
+    lim = limit(q.latency.microseconds)
+    if lim < 2**32:
+        return
+    most = _largest(lambda t: limit(t) < 2**32, 0, q.latency.microseconds)
+    formula = "rate x latency + burst"
+    if peak is not None:
+        formula = f"the smaller of {formula} and peakrate x latency + mtu"
+    fix = f"write latency {format_time(most)} or less, or" if most else "give"
+    yield Diagnostic.error(
+        "E208",
+        f"with latency {format_time(q.latency.microseconds)}, tc computes the tbf limit as "
+        f"{formula} = {int(lim)} bytes, beyond its 32-bit field (at most {U32_MAX}): it wraps "
+        f"and the kernel would get a limit of {int(lim) & U32_MAX} bytes; {fix} a limit",
+        q.latency.span,
+    )
+
+
+def _fq_codel_values(q: ir.FqCodel) -> Iterator[Diagnostic]:
+    defaults = (
+        ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
+        ("target", q.target, "5ms", "a target of 1us or more"),
+        ("interval", q.interval, "100ms", "an interval of 1us or more"),
+    )
+    for name, value, default, fix in defaults:
+        zero = isinstance(value, ir.Count) and value.value == 0
+        zero |= isinstance(value, ir.Time) and value.microseconds == 0
+        if value is not None and zero:
+            yield Diagnostic.error(
+                "E208",
+                f"tc takes fq_codel {name} 0 for 'not given' and leaves it out: the kernel keeps "
+                f"its default {name} of {default}; give {fix}",
+                value.span,
+            )
+    lo, hi = FQ_CODEL_QUANTUM
+    if q.quantum is not None and 0 < q.quantum.bytes < lo:
+        yield Diagnostic.warning(
+            "W330",
+            f"the kernel raises an fq_codel quantum of {q.quantum.bytes} to {lo}; write quantum "
+            f"{lo} or more",
+            q.quantum.span,
+        )
+    if q.quantum is not None and hi < q.quantum.bytes <= U32_MAX:
+        yield Diagnostic.error(
+            "E205",
+            f"fq_codel quantum {q.quantum.bytes} is above {hi} (1 MiB): the kernel refuses it "
+            f"('Invalid quantum'); write at most {hi}",
+            q.quantum.span,
+        )
+    memory = q.memory_limit
+    if memory is not None and memory.bytes == U32_MAX:
+        yield Diagnostic.error(
+            "E208",
+            f"tc takes fq_codel memory_limit {U32_MAX} for 'not given' and leaves it out: the "
+            f"kernel keeps its default of 32 MiB; write at most {FQ_CODEL_MEMORY} (2 GiB)",
+            memory.span,
+        )
+    elif memory is not None and FQ_CODEL_MEMORY < memory.bytes < U32_MAX:
+        yield Diagnostic.warning(
+            "W330",
+            f"the kernel lowers an fq_codel memory_limit of {memory.bytes} bytes to "
+            f"{FQ_CODEL_MEMORY} (2 GiB); write memory_limit 2g or less",
+            memory.span,
+        )
+
+
+def _sfq_values(q: ir.Sfq) -> Iterator[Diagnostic]:
+    if q.limit is not None and q.limit.value < 2:
+        yield Diagnostic.error(
+            "E205",
+            f"tc refuses sfq limit {q.limit.value} ('Illegal \"limit\", must be > 1'); "
+            "write 2 or more",
+            q.limit.span,
+        )
+    if q.perturb is not None and SFQ_MAX_PERTURB < q.perturb.value <= U32_MAX:
+        yield Diagnostic.error(
+            "E205",
+            f"sfq perturb {q.perturb.value} (seconds) is above {SFQ_MAX_PERTURB}: tc refuses one "
+            f"above {INT_MAX}, and Linux one above {INT_MAX} / HZ ('sch_sfq: invalid perturb "
+            f"period'; HZ is up to 1000); write at most {SFQ_MAX_PERTURB}",
+            q.perturb.span,
+        )
+    if q.quantum is not None and INT_MAX < q.quantum.bytes <= U32_MAX:
+        yield Diagnostic.error(
+            "E205",
+            f"sfq quantum {q.quantum.bytes} is above {INT_MAX}: the kernel refuses it "
+            f"('sch_sfq: invalid quantum'); write at most {INT_MAX}",
+            q.quantum.span,
+        )
+
+
+def _netem_values(q: ir.Netem) -> Iterator[Diagnostic]:
+    for name, time in (("delay", q.delay), ("jitter", q.jitter)):
+        if time is None or not MAX_TICK_US < time.microseconds <= U32_MAX:
+            continue
+        yield Diagnostic.error(
+            "E205",
+            f"netem {name} {format_time(time.microseconds)} is above {MAX_TICK_US}us (about "
+            f"274.9s): tc keeps it in 64-ns ticks in 32 bits and refuses it ('Illegal ... time "
+            f"(too large)'); write at most {MAX_TICK_US}us",
+            time.span,
+        )
+    jitter = q.jitter
+    if jitter is not None and jitter.microseconds <= MAX_TICK_US:
+        ns = int(jitter.microseconds * TICKS_PER_US) * 64
+        if ns > NETEM_MAX_JITTER_NS:
+            most = _largest(
+                lambda us: int(us * TICKS_PER_US) * 64 <= NETEM_MAX_JITTER_NS,
+                0,
+                jitter.microseconds,
+            )
+            yield Diagnostic.warning(
+                "W330",
+                f"the kernel lowers a netem jitter of {format_time(jitter.microseconds)} to "
+                f"{NETEM_MAX_JITTER_NS}ns (about 2.147s); write jitter {most}us or less",
+                jitter.span,
+            )
+
+
+def _duplicates(q: ir.Netem) -> bool:
+    """Whether tc hands the kernel a duplicate probability above 0 (a 32-bit fraction)."""
+    pct = q.duplicate
+    return pct is not None and round(float(pct.value) / 100 * U32_MAX) != 0
+
+
+def _netems_mix(iface: ir.Interface) -> Iterator[Diagnostic]:
+    """Linux (6.1.y, 6.17+) refuses a netem when the device's tree would then hold a duplicating
+    netem and another netem; tc adds an interface's qdiscs in pre-order."""
+    netems = [q for q in ir.walk_qdiscs(iface.root) if isinstance(q, ir.Netem)]
+    for i, later in enumerate(netems):
+        other = next((n for n in netems[:i] if _duplicates(n) or _duplicates(later)), None)
+        if other is None:
+            continue
+        where = later.duplicate.span if _duplicates(later) and later.duplicate else later.span
+        there = other.duplicate.span if _duplicates(other) and other.duplicate else other.span
+        what = "duplicating netem" if _duplicates(other) else "other netem"
+        yield Diagnostic.error(
+            "E208",
+            f"the kernel refuses this netem on {iface.name}: its tree already holds "
+            f"{'a duplicating' if _duplicates(other) else 'another'} netem ('netem: cannot mix "
+            "duplicating netems with other netems in tree'); keep 'duplicate' on an "
+            "interface's only netem",
+            where,
+            Note(f"{what} here", there),
+        )
+
+
 CHECKS: tuple[Check, ...] = (
     required_parameters_present,
     values_in_range,
@@ -516,6 +845,7 @@ CHECKS: tuple[Check, ...] = (
     conditions_given_once,
     marks_expressible,
     marks_unique,
+    values_kept_as_written,
 )
 
 

@@ -94,59 +94,69 @@ FIELD_BYTES: dict[str, frozenset[int]] = {
     "tcp-ack": frozenset({0, 2, 3, 9, 33}),
 }
 
-# ---- KNOWN BUGS: policies tcdsl accepts that tc or the kernel does not hold as written --------
+# ---- KNOWN BUGS: policies tc or the kernel does not hold as written --------------------------
 # Found by tests/test_verify_properties.py (Debian's Linux 6.1.176 as user-mode Linux, the
-# host's 6.18; iproute2 6.1). Each limit keeps the generator off one; remove it once the
-# compiler reports the case (or writes what the kernel keeps).
+# host's 6.18; iproute2 6.1). Each limit keeps the generator off one. Except QUANTUM_PLAIN
+# (fixed in the backends), the compiler now reports each (tcdsl/checks.py,
+# values_kept_as_written; bounds in tests/test_checks_kernel_values.py): the limits stay, since
+# the generator writes policies with no error and no warning.
 
 BURST_SECONDS = 270
 """KNOWN BUG (burst too long for its rate): tc keeps an htb burst/cburst and the kernel a tbf
 burst/mtu as the time to send it at the rate in 64-ns ticks, a 32-bit field that wraps past
-~274.9 s (``rate 8bit burst 1600``: the kernel holds 225 bytes). Bursts stay within 270 s."""
+~274.9 s (``rate 8bit burst 1600``: the kernel holds 225 bytes). Bursts stay within 270 s.
+Reported: E208 for htb, W330 for tbf (the kernel keeps its nanoseconds right, but reports
+the wrapped ticks)."""
 QUANTUM_PLAIN = 1024
 """KNOWN BUG (quantum spelled with a unit): tcdsl writes an htb or fq_codel quantum that is a
 multiple of 1024 as ``quantum 2k``; tc reads both as plain numbers (``Illegal "quantum"``, the
 script stops). Such quanta are avoided."""
 HTB_MAX_QUANTUM = INT_MAX
 """KNOWN BUG (htb quantum range): the kernel keeps an htb class's quantum in an int, so one
-above INT_MAX is negative there (tc shows ``quantum -2147483648``)."""
+above INT_MAX is negative there (tc shows ``quantum -2147483648``). Reported: E205."""
 FQ_CODEL_QUANTUM = (256, 1 << 20)
 """KNOWN BUG (fq_codel quantum range): the kernel raises a quantum below 256 to 256 and refuses
-one above 1 MiB (``Error: Invalid quantum.``)."""
+one above 1 MiB (``Error: Invalid quantum.``). Reported: W330 below, E205 above."""
 FQ_CODEL_MEMORY = 1 << 31
 """KNOWN BUG (fq_codel memory_limit): the kernel lowers one above 2 GiB to 2 GiB, and tc drops
-``memory_limit 4294967295`` (its 'not given' value): the kernel keeps its 32 MiB default."""
+``memory_limit 4294967295`` (its 'not given' value): the kernel keeps its 32 MiB default.
+Reported: W330 above 2 GiB, E208 for 4294967295."""
 FQ_CODEL_NONZERO = 1
 """KNOWN BUG (fq_codel zero values): tc drops ``limit 0``, ``target 0us`` and ``interval 0us``
-(0 is its 'not given' value): the kernel keeps its defaults (10240p, 5ms, 100ms)."""
+(0 is its 'not given' value): the kernel keeps its defaults (10240p, 5ms, 100ms). Reported:
+E208."""
 TBF_NONZERO = 1
 """KNOWN BUG (tbf latency/limit 0): tc refuses ``latency 0us`` and ``limit 0`` ('either "limit"
-or "latency" is required')."""
+or "latency" is required'). Reported: E208."""
 # KNOWN BUG (tbf latency too long): tc computes the limit as rate x latency + burst (with a peak
 # rate, the smaller of that and peakrate x latency + mtu) into a 32-bit field that wraps, so
-# the kernel's latency differs; latencies are kept below that (tbf_latency_cap).
+# the kernel's latency differs; latencies are kept below that (tbf_latency_cap). Reported:
+# E208.
 SFQ_MIN_LIMIT = 2
-"""KNOWN BUG (sfq limit 0 or 1): tc refuses them (``Illegal "limit", must be > 1``)."""
+"""KNOWN BUG (sfq limit 0 or 1): tc refuses them (``Illegal "limit", must be > 1``).
+Reported: E205."""
 SFQ_MAX_PERTURB = INT_MAX // 1000
 """KNOWN BUG (sfq perturb range): tc refuses a perturb above INT_MAX (``Illegal "perturb"``),
 and Linux (6.1.y, 6.13+) one above INT_MAX / HZ (``sch_sfq: invalid perturb period``; HZ is
-100-1000)."""
+100-1000). Reported: E205 above 2147483 s."""
 SFQ_MAX_QUANTUM = INT_MAX
 """KNOWN BUG (sfq quantum range): the kernel refuses a quantum above INT_MAX (``sch_sfq:
-invalid quantum``)."""
+invalid quantum``). Reported: E205."""
 NETEM_MAX_DELAY = U32_MAX * 64 // 1000 // 1000
 """KNOWN BUG (netem delay range): tc keeps the delay in 32-bit ticks and refuses one above
-~274.9 s (``Illegal ... time (too large)``)."""
+~274.9 s (``Illegal ... time (too large)``). Reported: E205 above 274877906us (a jitter too).
+This limit is in microseconds, so it keeps delays below ~0.275 s: 1000 times stricter than
+needed."""
 NETEM_MAX_JITTER = INT_MAX // 1000
 """KNOWN BUG (netem jitter range): the kernel lowers a jitter above INT_MAX ns (~2.147 s) to
-that."""
+that. Reported: W330."""
 # KNOWN BUG (prio bands 2 without priomap): tc sends its default priomap, which names band 2,
 # and the kernel refuses the qdisc (RTNETLINK: Invalid argument); prio bands 2 always gets a
-# priomap here.
+# priomap here. Reported: E205.
 # KNOWN BUG (duplicating netem next to another netem): Linux (6.1.y, 6.17+) refuses a netem
 # when the device's tree would hold a duplicating netem and another netem ("netem: cannot mix
 # duplicating netems with other netems in tree"): only an interface's first netem duplicates,
-# and no netem follows a duplicating one.
+# and no netem follows a duplicating one. Reported: E208 (with a note at the other netem).
 
 
 @functools.lru_cache(maxsize=4096)
