@@ -42,6 +42,8 @@ class Feature:
     removed_in: Mapping[tuple[int, int], int] | None = None
     """Stable series that dropped it too: (major, minor) -> first patch level without it."""
     hint: str = ""
+    alternatives: tuple[tuple[str, ...], ...] = ()
+    """Other sets of options that do as well as ``configs`` (in a configuration file)."""
 
 
 _SCHED = "CONFIG_NET_SCHED"
@@ -78,9 +80,10 @@ FEATURES: Mapping[str, Feature] = {
     "u32": Feature("u32 classifier", (_CLS, "CONFIG_NET_CLS_U32")),
     "fw": Feature("fw classifier", (_CLS, "CONFIG_NET_CLS_FW"), hint="use u32 matches"),
     "iptables-mark": Feature(
-        "iptables marking (the mangle table and the MARK target)",
+        "firewall marking (iptables' mangle table and MARK target, or nftables)",
         ("CONFIG_IP_NF_IPTABLES", "CONFIG_IP_NF_MANGLE", "CONFIG_NETFILTER_XT_MARK"),
         hint="use u32 matches (drop 'classify by mark')",
+        alternatives=(("CONFIG_NF_TABLES", "CONFIG_NF_TABLES_INET"),),
     ),
 }
 """What each construct needs, by feature key (qdisc kinds are their own keys)."""
@@ -110,7 +113,11 @@ class KernelTarget:
     def missing(self, feature: Feature) -> str | None:
         """Why this kernel lacks ``feature`` (for a message), or None if it has it."""
         if self.config is not None:
-            absent = [c for c in feature.configs if self.config.get(c, "n") not in ("y", "m")]
+            config = self.config
+            for options in feature.alternatives:
+                if all(config.get(c, "n") in ("y", "m") for c in options):
+                    return None
+            absent = [c for c in feature.configs if config.get(c, "n") not in ("y", "m")]
             return f"{', '.join(absent)} not set" if absent else None
         assert self.version is not None
         v = self.version

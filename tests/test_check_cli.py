@@ -521,7 +521,10 @@ def test_kernel_config_file(here: Path) -> None:
     marks += "        match proto tcp dport 80\n    }\n}\n"
     write(here / "marks.tcp", marks)
     missing = codes_of(run("check", "--format", "json", "--kernel", "config-with", "marks.tcp"))
-    assert missing == ["E213", "E213"]  # the fw classifier, and iptables marking
+    assert missing == ["E213", "E213"]  # the fw classifier, and firewall marking
+    nft = CONFIG.replace("# CONFIG_NET_CLS_FW is not set", "CONFIG_NET_CLS_FW=m")
+    write(here / "config-nft", nft + "CONFIG_NF_TABLES=m\nCONFIG_NF_TABLES_INET=y\n")
+    assert run("check", "--kernel", "config-nft", "marks.tcp").exit_code == 0
 
 
 def test_fq_codel_needs_3_5(here: Path) -> None:
