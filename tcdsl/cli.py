@@ -351,6 +351,81 @@ def verify_command(policies: tuple[str, ...], backend: str, kernel: str, fmt: st
     sys.exit(EXIT_OK if all(v.ok for v in results) else EXIT_POLICY)
 
 
+def _fmt_files(paths: Sequence[str]) -> list[str]:
+    """FILE arguments of ``fmt``: a directory stands for every ``*.tcp`` below it, sorted."""
+    files: list[str] = []
+    for path in paths:
+        if Path(path).is_dir():
+            files += sorted(str(p) for p in Path(path).rglob("*.tcp") if p.is_file())
+        else:
+            files.append(path)
+    return files
+
+
+@cli.command(
+    epilog="Examples:\n\n\b\n  tcdsl fmt office.tcp\n  tcdsl fmt --check policies/\n"
+    "  tcdsl fmt --diff office.tcp\n  tcdsl fmt < office.tcp\n\n"
+    "Exit 0 when every file was formatted (or, with --check or --diff, already was), 1 when a "
+    "file would change or does not parse, 2 on usage errors.",
+)
+@click.argument("files", nargs=-1, type=click.Path(exists=True, allow_dash=True))
+@click.option("--check", is_flag=True, help="Write nothing; list the files that would change.")
+@click.option("--diff", "show_diff", is_flag=True, help="Write nothing; print a unified diff.")
+def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
+    """Rewrite FILES (or the *.tcp under directories) in the canonical layout, in place.
+
+    Comments are kept; nothing is reordered. With no FILES, or '-', read standard input and
+    print the formatted text on standard output.
+    """
+    import difflib
+
+    from tcdsl.fmt import FormatError, format_source
+
+    failed = changed = False
+    for path in _fmt_files(files or ("-",)):
+        stdin = path == "-"
+        try:
+            text = sys.stdin.read() if stdin else Path(path).read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            click.echo(f"tcdsl: cannot read '{path}': {reason}", err=True)
+            failed = True
+            continue
+        try:
+            formatted = format_source(text, "<stdin>" if stdin else path)
+        except FormatError as err:
+            sources = {err.diagnostic.span.file: text}
+            click.echo(render([err.diagnostic], sources), nl=False, err=True)
+            failed = True
+            continue
+        if stdin and not (check or show_diff):
+            click.echo(formatted, nl=False)
+            continue
+        if formatted == text:
+            continue
+        changed = True
+        if show_diff:
+            name = "<stdin>" if stdin else path
+            lines = difflib.unified_diff(
+                text.splitlines(keepends=True),
+                formatted.splitlines(keepends=True),
+                name,
+                f"{name} (formatted)",
+            )
+            click.echo("".join(lines), nl=False)
+        if check:
+            click.echo(f"would reformat {path}", err=True)
+        elif not show_diff:
+            try:
+                Path(path).write_bytes(formatted.encode("utf-8"))
+            except OSError as err:
+                click.echo(f"tcdsl: cannot write '{path}': {err.strerror or err}", err=True)
+                failed = True
+                continue
+            click.echo(f"reformatted {path}", err=True)
+    sys.exit(EXIT_POLICY if failed or (changed and (check or show_diff)) else EXIT_OK)
+
+
 def main() -> None:
     """Run the CLI; an unexpected exception is an internal error (exit 3, with a traceback)."""
     try:

@@ -16,21 +16,21 @@ tc qdisc add dev eth0 root handle 1: htb default 30
 tc class add dev eth0 parent 1: classid 1:1 htb rate 15mbit
 # policies/seeds/s000-10.1-marks.tcp:28:11: class app5001
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 6mbit ceil 6mbit prio 0
-# policies/seeds/s000-10.1-marks.tcp:29:11: class app5002
+# policies/seeds/s000-10.1-marks.tcp:31:11: class app5002
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 4mbit ceil 8mbit prio 1
-# policies/seeds/s000-10.1-marks.tcp:30:11: class others
+# policies/seeds/s000-10.1-marks.tcp:34:11: class others
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 1mbit ceil 1mbit prio 2
-# policies/seeds/s000-10.1-marks.tcp:28:77: sfq qdisc of 1:10
+# policies/seeds/s000-10.1-marks.tcp:29:9: sfq qdisc of 1:10
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq
-# policies/seeds/s000-10.1-marks.tcp:29:77: sfq qdisc of 1:20
+# policies/seeds/s000-10.1-marks.tcp:32:9: sfq qdisc of 1:20
 tc qdisc add dev eth0 parent 1:20 handle 20: sfq perturb 10
-# policies/seeds/s000-10.1-marks.tcp:30:49: pfifo qdisc of 1:30
+# policies/seeds/s000-10.1-marks.tcp:35:9: pfifo qdisc of 1:30
 tc qdisc add dev eth0 parent 1:30 handle 30: pfifo limit 20
 # policies/seeds/s000-10.1-marks.tcp:28:11: mark 10 to 1:10
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
-# policies/seeds/s000-10.1-marks.tcp:29:11: mark 20 to 1:20
+# policies/seeds/s000-10.1-marks.tcp:31:11: mark 20 to 1:20
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
-# policies/seeds/s000-10.1-marks.tcp:30:11: mark 30 to 1:30
+# policies/seeds/s000-10.1-marks.tcp:34:11: mark 30 to 1:30
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 30 fw flowid 1:30
 # policies/seeds/s000-10.1-marks.tcp:27:5: chain INSHAPER
 iptables -t mangle -N INSHAPER
@@ -38,7 +38,7 @@ iptables -t mangle -N INSHAPER
 iptables -t mangle -I PREROUTING -i eth1 -j INSHAPER
 # policies/seeds/s000-10.1-marks.tcp:28:48: mark 10
 iptables -t mangle -A INSHAPER -p tcp --dport 5001 -m mark --mark 0 -j MARK --set-mark 10
-# policies/seeds/s000-10.1-marks.tcp:29:48: mark 20
+# policies/seeds/s000-10.1-marks.tcp:31:48: mark 20
 iptables -t mangle -A INSHAPER -p tcp --dport 5002 -m mark --mark 0 -j MARK --set-mark 20
 # policies/seeds/s000-10.1-marks.tcp:26:40: unmarked traffic
 iptables -t mangle -A INSHAPER -m mark --mark 0 -j MARK --set-mark 30

@@ -16,21 +16,21 @@ tc qdisc add dev eth0 root handle 1: htb default 30
 tc class add dev eth0 parent 1: classid 1:1 htb rate 5mbit
 # policies/seeds/s000-10.2-marks-sharing.tcp:24:11: class app5001
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 2mbit ceil 3mbit prio 1
-# policies/seeds/s000-10.2-marks-sharing.tcp:25:11: class app5002
+# policies/seeds/s000-10.2-marks-sharing.tcp:27:11: class app5002
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 2mbit ceil 3mbit prio 1
-# policies/seeds/s000-10.2-marks-sharing.tcp:26:11: class others
+# policies/seeds/s000-10.2-marks-sharing.tcp:30:11: class others
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 1mbit ceil 3mbit prio 2
-# policies/seeds/s000-10.2-marks-sharing.tcp:24:77: sfq qdisc of 1:10
+# policies/seeds/s000-10.2-marks-sharing.tcp:25:9: sfq qdisc of 1:10
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq
-# policies/seeds/s000-10.2-marks-sharing.tcp:25:77: sfq qdisc of 1:20
+# policies/seeds/s000-10.2-marks-sharing.tcp:28:9: sfq qdisc of 1:20
 tc qdisc add dev eth0 parent 1:20 handle 20: sfq perturb 10
-# policies/seeds/s000-10.2-marks-sharing.tcp:26:49: pfifo qdisc of 1:30
+# policies/seeds/s000-10.2-marks-sharing.tcp:31:9: pfifo qdisc of 1:30
 tc qdisc add dev eth0 parent 1:30 handle 30: pfifo limit 20
 # policies/seeds/s000-10.2-marks-sharing.tcp:24:11: mark 10 to 1:10
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
-# policies/seeds/s000-10.2-marks-sharing.tcp:25:11: mark 20 to 1:20
+# policies/seeds/s000-10.2-marks-sharing.tcp:27:11: mark 20 to 1:20
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
-# policies/seeds/s000-10.2-marks-sharing.tcp:26:11: mark 30 to 1:30
+# policies/seeds/s000-10.2-marks-sharing.tcp:30:11: mark 30 to 1:30
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 30 fw flowid 1:30
 # policies/seeds/s000-10.2-marks-sharing.tcp:23:5: chain INSHAPER
 iptables -t mangle -N INSHAPER
@@ -38,7 +38,7 @@ iptables -t mangle -N INSHAPER
 iptables -t mangle -I PREROUTING -i eth1 -j INSHAPER
 # policies/seeds/s000-10.2-marks-sharing.tcp:24:48: mark 10
 iptables -t mangle -A INSHAPER -p tcp --dport 5001 -m mark --mark 0 -j MARK --set-mark 10
-# policies/seeds/s000-10.2-marks-sharing.tcp:25:48: mark 20
+# policies/seeds/s000-10.2-marks-sharing.tcp:27:48: mark 20
 iptables -t mangle -A INSHAPER -p tcp --dport 5002 -m mark --mark 0 -j MARK --set-mark 20
 # policies/seeds/s000-10.2-marks-sharing.tcp:22:39: unmarked traffic
 iptables -t mangle -A INSHAPER -m mark --mark 0 -j MARK --set-mark 30

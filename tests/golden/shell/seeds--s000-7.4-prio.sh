@@ -9,9 +9,9 @@ set -eu
 tc qdisc del dev eth0 root 2>/dev/null || true
 # policies/seeds/s000-7.4-prio.tcp:10:16: interface eth0: prio qdisc
 tc qdisc add dev eth0 root handle 1: prio
-# policies/seeds/s000-7.4-prio.tcp:11:18: sfq qdisc of 1:1
+# policies/seeds/s000-7.4-prio.tcp:12:9: sfq qdisc of 1:1
 tc qdisc add dev eth0 parent 1:1 handle 10: sfq
-# policies/seeds/s000-7.4-prio.tcp:12:20: tbf qdisc of 1:2
+# policies/seeds/s000-7.4-prio.tcp:15:9: tbf qdisc of 1:2
 tc qdisc add dev eth0 parent 1:2 handle 20: tbf rate 1mbit burst 1600 limit 3000
-# policies/seeds/s000-7.4-prio.tcp:13:17: sfq qdisc of 1:3
+# policies/seeds/s000-7.4-prio.tcp:18:9: sfq qdisc of 1:3
 tc qdisc add dev eth0 parent 1:3 handle 30: sfq

@@ -13,17 +13,17 @@ tc qdisc add dev eth0 root handle 1: htb default 30
 tc class add dev eth0 parent 1: classid 1:1 htb rate 10mbit burst 15k
 # policies/seeds/s000-9.1-application-ports.tcp:15:11: class app5001
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 6mbit ceil 6mbit
-# policies/seeds/s000-9.1-application-ports.tcp:16:11: class app5002
+# policies/seeds/s000-9.1-application-ports.tcp:18:11: class app5002
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 3mbit ceil 3mbit
-# policies/seeds/s000-9.1-application-ports.tcp:17:11: class others
+# policies/seeds/s000-9.1-application-ports.tcp:21:11: class others
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 1mbit ceil 1mbit
-# policies/seeds/s000-9.1-application-ports.tcp:15:60: sfq qdisc of 1:10
+# policies/seeds/s000-9.1-application-ports.tcp:16:9: sfq qdisc of 1:10
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq
-# policies/seeds/s000-9.1-application-ports.tcp:16:60: sfq qdisc of 1:20
+# policies/seeds/s000-9.1-application-ports.tcp:19:9: sfq qdisc of 1:20
 tc qdisc add dev eth0 parent 1:20 handle 20: sfq perturb 10
-# policies/seeds/s000-9.1-application-ports.tcp:17:42: pfifo qdisc of 1:30
+# policies/seeds/s000-9.1-application-ports.tcp:22:9: pfifo qdisc of 1:30
 tc qdisc add dev eth0 parent 1:30 handle 30: pfifo limit 20
 # policies/seeds/s000-9.1-application-ports.tcp:15:41: filter to 1:10
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 5001 0xffff flowid 1:10
-# policies/seeds/s000-9.1-application-ports.tcp:16:41: filter to 1:20
+# policies/seeds/s000-9.1-application-ports.tcp:18:41: filter to 1:20
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 5002 0xffff flowid 1:20
