@@ -1,0 +1,134 @@
+"""Lints against an independent model: a match line the lints call dead never classifies a packet.
+
+The lints (``tcdsl.lint``) reason about u32 keys as header bits. Here a plain first-match
+classifier over packet fields (written without u32 keys) is run on every packet of a small
+universe; a line the lints report as never matching (W312 for a whole line, W313, and every
+line after a W314 catch-all) must never be the first match of any packet. The kernel version
+of this claim, for a few policies, is in ``tests/test_lint_kernel.py``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from tcdsl.driver import analyse
+
+SRCS = ("10.0.0.0/8", "10.1.0.0/16", "10.1.2.3", "192.168.0.0/16")
+PORTS = ("22", "53", "80", "443", "1500", "1024-2047", "0-1023", "80-90", "80-87", "88-90")
+PROTOS = {"tcp": 6, "udp": 17}
+PACKET_SRCS = ("10.1.2.3", "10.1.9.9", "10.9.9.9", "192.168.1.1", "8.8.8.8")
+PACKET_PORTS = (22, 53, 80, 85, 88, 90, 443, 1023, 1024, 1500, 2047, 3000)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One generated match line: each field a tuple of alternatives (empty: not tested)."""
+
+    srcs: tuple[str, ...]
+    ports: tuple[str, ...]
+    protos: tuple[str, ...]
+    tos: bool
+    catch_all: bool
+    pref: int | None
+
+    def text(self) -> str:
+        words = ["match"]
+        if self.catch_all:
+            words.append("all")
+        if self.srcs:
+            words += ["src", ", ".join(self.srcs)]
+        if self.ports:
+            words += ["dport", ", ".join(self.ports)]
+        if self.protos:
+            words += ["proto", ", ".join(self.protos)]
+        if self.tos:
+            words += ["tos", "0x10"]
+        if self.pref is not None:
+            words += ["pref", str(self.pref)]
+        return " ".join(words)
+
+    def matches(self, src: str, port: int, proto: int, tos: int) -> bool:
+        addr = ipaddress.IPv4Address(src)
+        if self.srcs and not any(addr in ipaddress.IPv4Network(s) for s in self.srcs):
+            return False
+        if self.ports and not any(_port_in(port, p) for p in self.ports):
+            return False
+        if self.protos and proto not in {PROTOS[p] for p in self.protos}:
+            return False
+        return not (self.tos and tos != 0x10)
+
+
+def _port_in(port: int, spec: str) -> bool:
+    lo, _, hi = spec.partition("-")
+    return int(lo) <= port <= int(hi or lo)
+
+
+def _lines() -> st.SearchStrategy[Line]:
+    def subset(values: tuple[str, ...]) -> st.SearchStrategy[tuple[str, ...]]:
+        some = st.lists(st.sampled_from(values), min_size=1, max_size=2, unique=True).map(tuple)
+        return st.just(()) | some  # each field is left out half the time
+
+    pref = st.none() | st.integers(min_value=1, max_value=3)
+    regular = st.builds(
+        Line,
+        subset(SRCS),
+        subset(PORTS),
+        subset(tuple(PROTOS)),
+        st.booleans(),
+        st.just(False),
+        pref,
+    ).filter(lambda ln: bool(ln.srcs or ln.ports or ln.protos or ln.tos))
+    catch_all = st.builds(
+        Line, st.just(()), st.just(()), st.just(()), st.just(False), st.just(True), pref
+    )
+    # One line in fifteen is a catch-all (hypothesis draws the branches of one_of evenly).
+    return st.integers(0, 14).flatmap(lambda n: catch_all if n == 0 else regular)
+
+
+@settings(max_examples=150, deadline=None)
+@given(classes=st.lists(st.lists(_lines(), min_size=1, max_size=2), min_size=1, max_size=6))
+def test_dead_lines_never_classify_a_packet(
+    classes: list[list[Line]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    text = ["interface eth0 htb rate 10mbit default rest {"]
+    order: list[tuple[int, int, int, Line]] = []  # (pref, sequence, file line, match)
+    for i, lines in enumerate(classes):
+        text.append(f"    class c{i} rate 1mbit {{")
+        for line in lines:
+            text.append(f"        {line.text()}")
+            order.append((line.pref or 1, len(order), len(text), line))
+        text.append("    }")
+    text += ["    class rest rate 1mbit", "}"]
+    path = tmp_path_factory.mktemp("lint") / "p.tcp"
+    path.write_text("\n".join(text) + "\n", encoding="utf-8")
+    result = analyse(str(path))
+    assert not result.errors, result.diagnostics
+    dead: set[int] = set()
+    for d in result.diagnostics:
+        event(d.code)
+    for d in result.diagnostics:
+        if d.code in ("W313",) or (d.code == "W312" and "match line" in d.message):
+            dead.add(d.span.line)
+        if d.code == "W314":
+            catch_line = d.span.line
+            tried = sorted(order)
+            after = False
+            for _, _, line_no, _ in tried:
+                if after:
+                    dead.add(line_no)
+                after = after or line_no == catch_line
+    tried = sorted(order)
+    for src, port, proto, tos in itertools.product(
+        PACKET_SRCS, PACKET_PORTS, PROTOS.values(), (0, 0x10)
+    ):
+        first = next((n for _, _, n, ln in tried if ln.matches(src, port, proto, tos)), None)
+        assert first not in dead, (
+            f"line {first} is reported dead but classifies {src} dport {port} proto {proto} "
+            f"tos {tos:#x}:\n" + "\n".join(text)
+        )
