@@ -62,6 +62,9 @@ SPELLINGS = {"bit": 1, "kbit": 1000, "mbit": 10**6, "gbit": 10**9, "kibit": 1024
 SPELLINGS |= {"bps": 8, "kbps": 8000}  # bytes per second: W302, still valid
 
 
+SIZES = {"1540": 1540, "1600b": 1600, "15k": 15360, "2kb": 2048, "64kbit": 8192, "1m": 2**20}
+SIZES |= {"3000": 3000}
+
 # The codes a mistake must produce (any of them); None: no particular code.
 EXPECTED: dict[str, set[str] | None] = {
     "bad address": {"E010"},
@@ -188,7 +191,15 @@ class Gen:
     def size(self) -> str:
         if self.mistake("time where a size is expected"):
             return "10ms"
-        return self.pick(("1540", "1600b", "15k", "2kb", "64kbit", "1m", "3000"))
+        return self.pick(tuple(SIZES))
+
+    def burst(self, bits: int) -> str | None:
+        """A burst that the rate sends within 270 s (tc's 32-bit tick count; longer is E208)."""
+        fits = [text for text, size in SIZES.items() if size * 8 <= bits * 270]
+        if not fits:
+            return None
+        text = self.size()  # may be a deliberate mistake, not a size
+        return text if text not in SIZES or text in fits else self.pick(fits)
 
     def time(self) -> str:
         if self.mistake("bare time"):
@@ -245,6 +256,8 @@ class Gen:
                     conds.append("proto 300")
                 elif not marking:  # with marks, ports decide the protocol (below)
                     names = ("tcp", "udp", "icmp", "gre", "TCP", "17")
+                    if ported:  # ports next to a protocol without ports: E214
+                        names = ("tcp", "udp", "TCP", "17")
                     protos = {self.pick(names) for _ in range(self.int(1, 2))}
                     if "tcp-ack" in kinds and not self.mistake("tcp-ack with proto udp"):
                         protos = {"tcp"}  # tcp-ack means tcp: another protocol contradicts it
@@ -381,10 +394,10 @@ class Gen:
         if self.chance(0.4):
             prio = self.int(8, 20) if self.mistake("prio out of range") else self.int(0, 7)
             opts.append(f"prio {prio}")
-        if self.chance(0.2):
-            opts.append(f"burst {self.size()}")
-        if self.chance(0.1):
-            opts.append(f"cburst {self.size()}")
+        if self.chance(0.2) and (burst := self.burst(rate)):
+            opts.append(f"burst {burst}")
+        if self.chance(0.1) and (cburst := self.burst(ceil if ceil is not None else rate)):
+            opts.append(f"cburst {cburst}")
         if marking and self.chance(0.1):
             mark = self.int(1, 2**32 - 1)
             if self.marks and self.mistake("mark used twice"):
