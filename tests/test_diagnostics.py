@@ -164,3 +164,23 @@ def test_no_internals_reach_the_user(case: str) -> None:
     assert code != EXIT_INTERNAL
     leaked = sorted(w for w in _raw_terminal_words() if w in stderr)
     assert not leaked, f"grammar terminal names in a message: {leaked}"
+
+
+# Cases that show several mistakes reported at once, on purpose.
+MULTI_CODE_CASES = {"E004-many-errors-at-once.tcp", "E201-several-check-errors.tcp"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_case_reports_its_code_and_nothing_else(case: str) -> None:
+    """The broken corpus is precise: a case reports its own code and no other (a lint that
+    starts firing on unrelated cases is noise a user would see too)."""
+    reported = set(CODE_IN_MESSAGE.findall(read_expected(case)[1]))
+    if case in MULTI_CODE_CASES:
+        assert len(reported) > 1
+    else:
+        assert reported == {case[:4]}
+
+
+def test_each_code_is_documented_once() -> None:
+    rows = re.findall(r"^\|\s*`?([EWI]\d{3})`?\s*\|", DOCS.read_text(encoding="utf-8"), re.M)
+    assert len(rows) == len(set(rows)), sorted(r for r in rows if rows.count(r) > 1)
