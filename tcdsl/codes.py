@@ -44,6 +44,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E018": CodeInfo(_E, "A structure tc cannot build"),
     "E019": CodeInfo(_E, "A required parameter is missing"),
     "E020": CodeInfo(_E, "Blocks or expressions nested too deeply"),
+    "E021": CodeInfo(_E, "tcdsl fmt would move code away from its disable comment"),
     # E1xx: names
     "E101": CodeInfo(_E, "A constant or class defined twice"),
     "E102": CodeInfo(_E, "An htb default that names no class of the htb"),

@@ -38,6 +38,7 @@ from lark.lark import PostLex
 
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.frontend import _grammar_text, syntax_error
+from tcdsl.suppress import Directive, parse_directives
 
 INDENT = "    "
 CONTINUATION_INDENT = " " * 8
@@ -346,4 +347,39 @@ def format_source(text: str, path: str = "<input>") -> str:
         raise RuntimeError(f"tcdsl fmt produced text that does not parse: {err}") from err
     if _signature(again) != _signature(stream):  # pragma: no cover - a formatter bug
         raise RuntimeError(f"tcdsl fmt would change the meaning of {path}; nothing written")
+    _directives_stay(text, stream, result, again, path)
     return result
+
+
+def _directives_stay(
+    text: str, stream: list[Token], result: str, again: list[Token], path: str
+) -> None:
+    """Refuse a layout that moves a ``# tcdsl: disable=`` comment off the code it covers.
+
+    A disable comment covers the diagnostics that start on its line (or the next line); when
+    the layout splits or joins that line, the comment would cover other code.
+    """
+    before, after = _covered(text, stream, path), _covered(result, again, path)
+    for (directive, words), (_, words_after) in zip(before, after, strict=True):
+        if words != words_after:
+            raise FormatError(
+                Diagnostic.error(
+                    "E021",
+                    "tcdsl fmt would move the code of this line away from the comment that "
+                    f"disables {directive.code} on it; put the statement it is meant for on a "
+                    "line of its own, with the comment",
+                    directive.span,
+                )
+            )
+
+
+def _covered(text: str, stream: list[Token], path: str) -> list[tuple[Directive, tuple[str, ...]]]:
+    """Each line-bound disable directive, with the code words on the line it covers."""
+    directives = [d for d in parse_directives(path, text).directives if d.line is not None]
+    if not directives:
+        return []
+    words: dict[int, list[str]] = {}
+    for token in stream:
+        if token.type not in _TRIVIA and token.type not in _SEPARATORS:
+            words.setdefault(token.line or 0, []).append(str(token))
+    return [(d, tuple(words.get(d.line or 0, ()))) for d in directives]

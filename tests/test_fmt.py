@@ -239,6 +239,43 @@ def test_example_policies(policy: Path) -> None:
     assert_canonical(original, formatted)
 
 
+def test_example_policies_are_canonical() -> None:
+    """The examples are what users copy: they are in the canonical layout already."""
+    result = run("--check", str(ROOT / "policies"))
+    assert result.exit_code == 0, result.stderr
+
+
+# ---- disable comments stay on their code -------------------------------------------------------
+
+
+def test_disable_comment_on_a_split_line_is_refused() -> None:
+    text = (
+        "interface eth0 htb rate 10mbit default x {\n"
+        "    class x rate 1mbit { sfq perturb 1 }  # tcdsl: disable=W318\n"
+        "}\n"
+    )
+    with pytest.raises(FormatError) as info:
+        format_source(text, "p.tcp")
+    d = info.value.diagnostic
+    assert (d.code, d.span.line, d.span.column) == ("E021", 2, 60)
+    assert "disables W318" in d.message
+
+
+def test_disable_comments_that_stay_put_are_fine() -> None:
+    text = (
+        "interface eth0 htb rate 10mbit default x {\n"
+        "    class x rate 1mbit {\n"
+        "        # tcdsl: disable-next-line=W318\n"
+        "        sfq perturb 1\n"
+        "    }   # tcdsl: disable-file=W316\n"
+        "}\n"
+    )
+    assert format_source(text, "p.tcp") == text.replace("}   #", "}  #")
+    joined = "interface eth0 htb rate 10mbit \\\n    default x {  # tcdsl: disable=W316\n}\n"
+    with pytest.raises(FormatError):
+        format_source(joined, "p.tcp")
+
+
 # ---- properties --------------------------------------------------------------------------------
 
 COMMENTS = ("# note", "#", "# a { b } ; c \\", '# "quoted # ;"', "#\ttab", "## twice", "#{")

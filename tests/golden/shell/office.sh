@@ -43,5 +43,5 @@ tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 80 0xffff
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 443 0xffff flowid 1:30
 # policies/office.tcp:16:43: filter to 1:50
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:50
-# policies/office.tcp:17:43: filter to 1:60
+# policies/office.tcp:17:41: filter to 1:60
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:60

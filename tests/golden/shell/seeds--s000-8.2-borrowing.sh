@@ -13,17 +13,17 @@ tc qdisc add dev eth0 root handle 1: htb default 30
 tc class add dev eth0 parent 1: classid 1:1 htb rate 40mbit burst 15k
 # policies/seeds/s000-8.2-borrowing.tcp:16:11: class u5
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 10mbit ceil 15mbit
-# policies/seeds/s000-8.2-borrowing.tcp:17:11: class u6
+# policies/seeds/s000-8.2-borrowing.tcp:19:11: class u6
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 5mbit ceil 10mbit
-# policies/seeds/s000-8.2-borrowing.tcp:18:11: class others
+# policies/seeds/s000-8.2-borrowing.tcp:22:11: class others
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 3mbit ceil 5mbit
-# policies/seeds/s000-8.2-borrowing.tcp:16:61: sfq qdisc of 1:10
+# policies/seeds/s000-8.2-borrowing.tcp:17:9: sfq qdisc of 1:10
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
-# policies/seeds/s000-8.2-borrowing.tcp:17:60: sfq qdisc of 1:20
+# policies/seeds/s000-8.2-borrowing.tcp:20:9: sfq qdisc of 1:20
 tc qdisc add dev eth0 parent 1:20 handle 20: sfq
-# policies/seeds/s000-8.2-borrowing.tcp:18:42: pfifo qdisc of 1:30
+# policies/seeds/s000-8.2-borrowing.tcp:23:9: pfifo qdisc of 1:30
 tc qdisc add dev eth0 parent 1:30 handle 30: pfifo limit 20
 # policies/seeds/s000-8.2-borrowing.tcp:16:38: filter to 1:10
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:10
-# policies/seeds/s000-8.2-borrowing.tcp:17:37: filter to 1:20
+# policies/seeds/s000-8.2-borrowing.tcp:19:37: filter to 1:20
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:20

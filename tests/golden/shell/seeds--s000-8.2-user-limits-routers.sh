@@ -13,17 +13,17 @@ tc qdisc add dev eth0 root handle 1: htb default 30
 tc class add dev eth0 parent 1: classid 1:1 htb rate 18mbit burst 15k
 # policies/seeds/s000-8.2-user-limits-routers.tcp:14:11: class u5
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 10mbit ceil 10mbit
-# policies/seeds/s000-8.2-user-limits-routers.tcp:15:11: class u6
+# policies/seeds/s000-8.2-user-limits-routers.tcp:17:11: class u6
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 5mbit ceil 5mbit
-# policies/seeds/s000-8.2-user-limits-routers.tcp:16:11: class others
+# policies/seeds/s000-8.2-user-limits-routers.tcp:20:11: class others
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 3mbit ceil 3mbit
-# policies/seeds/s000-8.2-user-limits-routers.tcp:14:61: sfq qdisc of 1:10
+# policies/seeds/s000-8.2-user-limits-routers.tcp:15:9: sfq qdisc of 1:10
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
-# policies/seeds/s000-8.2-user-limits-routers.tcp:15:59: sfq qdisc of 1:20
+# policies/seeds/s000-8.2-user-limits-routers.tcp:18:9: sfq qdisc of 1:20
 tc qdisc add dev eth0 parent 1:20 handle 20: sfq
-# policies/seeds/s000-8.2-user-limits-routers.tcp:16:42: pfifo qdisc of 1:30
+# policies/seeds/s000-8.2-user-limits-routers.tcp:21:9: pfifo qdisc of 1:30
 tc qdisc add dev eth0 parent 1:30 handle 30: pfifo limit 20
 # policies/seeds/s000-8.2-user-limits-routers.tcp:14:38: filter to 1:10
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:10
-# policies/seeds/s000-8.2-user-limits-routers.tcp:15:36: filter to 1:20
+# policies/seeds/s000-8.2-user-limits-routers.tcp:17:36: filter to 1:20
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:20
