@@ -1,0 +1,197 @@
+"""Packets and flows as users describe them to ``classify``, ``simulate`` and ``measure``.
+
+A packet spec is a few words, in any order (``tcp src 10.3.34.11 dport 5001 tos 0x10``):
+
+- a protocol: ``tcp``, ``udp``, ``icmp`` or any name of the language, or ``proto N``;
+- ``src A``, ``dst A`` (IPv4 addresses), ``sport N``, ``dport N``;
+- ``tos V`` (0-255, decimal or 0x..) or ``dscp X`` (a number or a name such as ``ef``);
+- ``size B`` (bytes on the wire, as tc counts them: the IP packet plus the 14-byte Ethernet
+  header; ``1500b``, ``1k`` and bare numbers as in tc);
+- ``ack``: a TCP packet with only ACK set and no payload (what the ``tcp-ack`` match finds).
+
+A flow spec is ``[NAME:] PACKET-WORDS [rate R] [start T] [stop T]``: packets like that one,
+sent at rate R (greedy when no rate is given: as fast as the policy lets it) from time
+``start`` (default 0s) to ``stop`` (default: the end of the run).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from tcdsl.frontend import DSCP_NAMES, PROTOCOLS
+from tcdsl.units import parse_rate, parse_size, parse_time
+
+ETHERNET_HEADER = 14
+DEFAULT_SIZE = 1514
+"""A full-size Ethernet frame, the default packet size."""
+
+
+class SpecError(ValueError):
+    """A packet or flow spec that does not parse; the message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Packet:
+    """One IPv4 packet, as far as classification looks at it."""
+
+    proto: int = 17
+    src: int = int(ipaddress.IPv4Address("10.0.0.1"))
+    dst: int = int(ipaddress.IPv4Address("10.0.0.2"))
+    sport: int = 40000
+    dport: int = 9
+    tos: int = 0
+    size: int = DEFAULT_SIZE
+    """Bytes on the wire (IP packet + Ethernet header), as qdiscs count them."""
+    ack_only: bool = False
+    """TCP with only ACK set and a 20-byte header, no payload (the ``tcp-ack`` idiom)."""
+
+    def header(self) -> bytes:
+        """The first 40 bytes of the IP packet (IP header without options, then the first
+        20 bytes of the transport header), which is all a u32 key of the language reads."""
+        total = max(self.size - ETHERNET_HEADER, 40)
+        ip = bytes([0x45, self.tos, total >> 8, total & 0xFF, 0, 0, 0x40, 0, 64, self.proto, 0, 0])
+        ip += self.src.to_bytes(4, "big") + self.dst.to_bytes(4, "big")
+        transport = self.sport.to_bytes(2, "big") + self.dport.to_bytes(2, "big")
+        if self.proto == 6:
+            flags = 0x10 if self.ack_only else 0x18
+            transport += bytes(8) + bytes([0x50, flags]) + bytes(6)
+        else:
+            transport += bytes(16)
+        return ip + transport
+
+    def describe(self) -> str:
+        """The packet in the spec's own words."""
+        names = {v: k for k, v in PROTOCOLS.items()}
+        words = [names.get(self.proto, f"proto {self.proto}")]
+        words += ["src", str(ipaddress.IPv4Address(self.src))]
+        words += ["dst", str(ipaddress.IPv4Address(self.dst))]
+        if self.proto in (6, 17, 132):
+            words += ["sport", str(self.sport), "dport", str(self.dport)]
+        if self.tos:
+            words += ["tos", f"0x{self.tos:02x}"]
+        if self.ack_only:
+            words.append("ack")
+        words += ["size", str(self.size)]
+        return " ".join(words)
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """Packets like ``packet`` at ``rate`` bit/s (None: greedy) between ``start`` and ``stop``
+    (microseconds; ``stop`` None: until the end of the run)."""
+
+    name: str
+    packet: Packet
+    rate: int | None = None
+    start: int = 0
+    stop: int | None = None
+
+
+def _number(word: str, what: str, hi: int) -> int:
+    try:
+        value = int(word, 0)
+    except ValueError:
+        raise SpecError(f"{what} needs a number, found {word!r}") from None
+    if not 0 <= value <= hi:
+        raise SpecError(f"{what} {value} is outside 0-{hi}")
+    return value
+
+
+def _address(word: str, what: str) -> int:
+    try:
+        return int(ipaddress.IPv4Address(word))
+    except ValueError:
+        raise SpecError(f"{what} needs an IPv4 address, found {word!r}") from None
+
+
+def parse_packet(text: str) -> Packet:
+    """Parse a packet spec (see the module docstring); raises ``SpecError``."""
+    packet, rest = _parse_packet_words(text.split())
+    if rest:
+        raise SpecError(f"unexpected {rest[0]!r} in the packet spec")
+    return packet
+
+
+def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
+    fields: dict[str, object] = {}
+    i = 0
+    while i < len(words):
+        word = words[i].lower()
+        value = words[i + 1] if i + 1 < len(words) else None
+        if word in PROTOCOLS:
+            fields["proto"] = PROTOCOLS[word]
+            i += 1
+            continue
+        if word == "ack":
+            fields["ack_only"] = True
+            fields.setdefault("proto", 6)
+            i += 1
+            continue
+        if word not in ("proto", "src", "dst", "sport", "dport", "tos", "dscp", "size"):
+            break  # the flow's words start here
+        if value is None:
+            raise SpecError(f"'{word}' needs a value")
+        if word == "proto":
+            fields["proto"] = PROTOCOLS.get(value.lower()) or _number(value, "proto", 255)
+        elif word in ("src", "dst"):
+            fields[word] = _address(value, word)
+        elif word in ("sport", "dport"):
+            fields[word] = _number(value, word, 65535)
+        elif word == "tos":
+            fields["tos"] = _number(value, "tos", 255)
+        elif word == "dscp":
+            code = DSCP_NAMES.get(value.lower())
+            fields["tos"] = (code if code is not None else _number(value, "dscp", 63)) << 2
+        else:
+            try:
+                fields["size"] = parse_size(value)
+            except ValueError:
+                raise SpecError(f"size needs a size such as 1500 or 1k, found {value!r}") from None
+            size = int(str(fields["size"]))
+            if not 54 <= size <= 65535 + ETHERNET_HEADER:
+                raise SpecError(f"size {size} is outside 54-65549 bytes")
+        i += 2
+    if fields.get("ack_only"):
+        if fields.get("proto") != 6:
+            raise SpecError("'ack' is a TCP packet; it cannot have another protocol")
+        fields.setdefault("size", 40 + ETHERNET_HEADER)  # headers only
+    return Packet(**fields), words[i:]  # type: ignore[arg-type]
+
+
+def parse_flow(text: str, index: int = 0) -> Flow:
+    """Parse a flow spec (see the module docstring); raises ``SpecError``.
+
+    A flow without a name is called ``flowN`` (N = ``index`` + 1).
+    """
+    name, sep, rest = text.partition(":")
+    if not sep or " " in name.strip() or not name.strip():
+        name, rest = f"flow{index + 1}", text
+    packet, words = _parse_packet_words(rest.split())
+    rate: int | None = None
+    start, stop = 0, None
+    i = 0
+    while i < len(words):
+        word = words[i].lower()
+        if i + 1 >= len(words):
+            raise SpecError(f"unexpected {words[i]!r} in the flow spec")
+        value = words[i + 1]
+        try:
+            if word == "rate":
+                rate = parse_rate(value)
+            elif word == "start":
+                start = parse_time(value)
+            elif word == "stop":
+                stop = parse_time(value)
+            else:
+                raise SpecError(f"unexpected {words[i]!r} in the flow spec")
+        except ValueError as err:
+            if isinstance(err, SpecError):
+                raise
+            raise SpecError(f"'{word}' needs a value with a unit, found {value!r}") from None
+        i += 2
+    if rate is not None and rate <= 0:
+        raise SpecError("a flow's rate must be above 0")
+    if stop is not None and stop <= start:
+        raise SpecError("a flow must stop after it starts")
+    return Flow(name.strip(), packet, rate, start, stop)
