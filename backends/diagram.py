@@ -14,8 +14,8 @@ from typing import Literal, assert_never
 from tcdsl import ir
 from tcdsl.allocate import default_minor
 from tcdsl.commands import qdisc_words
-from tcdsl.lower import PROTO_NAMES
 from tcdsl.units import format_rate, format_size
+from tcdsl.words import leaf_words, match_words, rate_line
 
 NodeKind = Literal["qdisc", "class"]
 
@@ -49,55 +49,6 @@ class Cluster:
     edges: tuple[Edge, ...]
 
 
-# ---- short words for matches ---------------------------------------------------------------
-
-
-def _port(p: ir.PortValue) -> str:
-    if p.mask is not None:
-        return f"{p.lo}/0x{p.mask:04x}"
-    return str(p.lo) if p.lo == p.hi else f"{p.lo}-{p.hi}"
-
-
-def cond_words(cond: ir.Cond) -> str:
-    """A condition in short words, close to how it is written (``dport 80, 443``)."""
-    match cond:
-        case ir.AddrCond():
-            nets = (
-                str(n.network_address) if n.prefixlen == 32 else str(n) for n, _ in cond.networks
-            )
-            return f"{cond.field} {', '.join(nets)}"
-        case ir.PortCond():
-            return f"{cond.field} {', '.join(_port(p) for p in cond.ports)}"
-        case ir.ProtoCond():
-            names = [PROTO_NAMES.get(n, f"proto {n}") for n, _ in cond.protocols]
-            return ", ".join(names)
-        case ir.TosCond():
-            if cond.dscp is not None:
-                return f"dscp {cond.dscp}"
-            if cond.mask == 0xFF:
-                return f"tos 0x{cond.value:02x}"
-            return f"tos 0x{cond.value:02x}/0x{cond.mask:02x}"
-        case ir.TcpAckCond():
-            return "tcp-ack"
-        case ir.RawCond():
-            digits = cond.bits // 4
-            return (
-                f"u{cond.bits} 0x{cond.value:0{digits}x}/0x{cond.mask:0{digits}x} at {cond.offset}"
-            )
-        case ir.AllCond():
-            return "all traffic"
-        case _:
-            assert_never(cond)
-
-
-def match_words(match: ir.Match) -> str:
-    """A match line in short words: its conditions, then its pref if one was written."""
-    words = " ".join(cond_words(c) for c in match.conds) or "all traffic"
-    if match.pref is not None:
-        words += f" (pref {match.pref.value})"
-    return words
-
-
 # ---- node labels -----------------------------------------------------------------------------
 
 
@@ -118,36 +69,6 @@ def qdisc_lines(q: ir.Qdisc) -> tuple[str, ...]:
         return tuple(lines)
     options = " ".join(qdisc_words(q)[1:])
     return (options,) if options else ()
-
-
-def leaf_words(q: ir.Qdisc | None) -> str:
-    """The qdisc a leaf class queues in, with its options (the kernel's pfifo if none)."""
-    if q is None:
-        return "pfifo (kernel default)"
-    return " ".join(qdisc_words(q))
-
-
-def _rate(value: ir.Rate | ir.Percent | None) -> int | None:
-    return value.bits_per_second if isinstance(value, ir.Rate) else None
-
-
-def rate_line(kind: str, cls: ir.Class) -> str | None:
-    """Guaranteed rate and how far the class may borrow (``rate 6mbit, may borrow to 10mbit``)."""
-    rate = _rate(cls.rate)
-    if rate is None:
-        return None
-    text = f"rate {format_rate(rate)}"
-    if kind == "htb":
-        ceil = _rate(cls.ceil)
-        if ceil is None or ceil == rate:
-            return f"{text}, no borrowing"
-        return f"{text}, may borrow to {format_rate(ceil)} (+{format_rate(ceil - rate)})"
-    if kind == "cbq":
-        flags = [w for w, on in (("bounded", cls.bounded), ("isolated", cls.isolated)) if on]
-        if not cls.bounded:
-            flags.append("may borrow from its parent")
-        return ", ".join([text, *flags])
-    return text
 
 
 def _extras(cls: ir.Class) -> str | None:

@@ -1,0 +1,270 @@
+"""Policy pieces in plain words: the one place that says what a match, a rate or a queue means.
+
+Two registers. The short words stay close to the policy text (``dport 80, 443``,
+``rate 6mbit, no borrowing``); the diagram backends (``dot``, ``mermaid``) label their boxes
+with them. The long words are phrases for people learning traffic control (``TCP or UDP packets
+to port 80 or 443``); ``tcdsl explain`` builds its sentences from them. Nothing here escapes or
+lays out text: callers do that for their own format.
+"""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Network
+from typing import assert_never
+
+from tcdsl import ir
+from tcdsl.commands import qdisc_words
+from tcdsl.frontend import DSCP_NAMES, PROTOCOLS
+from tcdsl.lower import PROTO_NAMES
+from tcdsl.units import format_rate
+
+# ---- short words, close to how the policy is written -------------------------------------------
+
+
+def _port(p: ir.PortValue) -> str:
+    if p.mask is not None:
+        return f"{p.lo}/0x{p.mask:04x}"
+    return str(p.lo) if p.lo == p.hi else f"{p.lo}-{p.hi}"
+
+
+def _address(network: IPv4Network) -> str:
+    return str(network.network_address) if network.prefixlen == 32 else str(network)
+
+
+def cond_words(cond: ir.Cond) -> str:
+    """A condition in short words, close to how it is written (``dport 80, 443``)."""
+    match cond:
+        case ir.AddrCond():
+            return f"{cond.field} {', '.join(_address(n) for n, _ in cond.networks)}"
+        case ir.PortCond():
+            return f"{cond.field} {', '.join(_port(p) for p in cond.ports)}"
+        case ir.ProtoCond():
+            names = [PROTO_NAMES.get(n, f"proto {n}") for n, _ in cond.protocols]
+            return ", ".join(names)
+        case ir.TosCond():
+            if cond.dscp is not None:
+                return f"dscp {cond.dscp}"
+            if cond.mask == 0xFF:
+                return f"tos 0x{cond.value:02x}"
+            return f"tos 0x{cond.value:02x}/0x{cond.mask:02x}"
+        case ir.TcpAckCond():
+            return "tcp-ack"
+        case ir.RawCond():
+            digits = cond.bits // 4
+            return (
+                f"u{cond.bits} 0x{cond.value:0{digits}x}/0x{cond.mask:0{digits}x} at {cond.offset}"
+            )
+        case ir.AllCond():
+            return "all traffic"
+        case _:
+            assert_never(cond)
+
+
+def match_words(match: ir.Match) -> str:
+    """A match line in short words: its conditions, then its pref if one was written."""
+    words = " ".join(cond_words(c) for c in match.conds) or "all traffic"
+    if match.pref is not None:
+        words += f" (pref {match.pref.value})"
+    return words
+
+
+def leaf_words(q: ir.Qdisc | None) -> str:
+    """The qdisc a leaf class queues in, with its options (the kernel's pfifo if none)."""
+    if q is None:
+        return "pfifo (kernel default)"
+    return " ".join(qdisc_words(q))
+
+
+def _rate(value: ir.Rate | ir.Percent | None) -> int | None:
+    return value.bits_per_second if isinstance(value, ir.Rate) else None
+
+
+def rate_line(kind: str, cls: ir.Class) -> str | None:
+    """Guaranteed rate and how far the class may borrow (``rate 6mbit, may borrow to 10mbit``)."""
+    rate = _rate(cls.rate)
+    if rate is None:
+        return None
+    text = f"rate {format_rate(rate)}"
+    if kind == "htb":
+        ceil = _rate(cls.ceil)
+        if ceil is None or ceil == rate:
+            return f"{text}, no borrowing"
+        return f"{text}, may borrow to {format_rate(ceil)} (+{format_rate(ceil - rate)})"
+    if kind == "cbq":
+        flags = [w for w, on in (("bounded", cls.bounded), ("isolated", cls.isolated)) if on]
+        if not cls.bounded:
+            flags.append("may borrow from its parent")
+        return ", ".join([text, *flags])
+    return text
+
+
+# ---- long words, for people ------------------------------------------------------------------
+
+TOS_BITS: tuple[tuple[int, str], ...] = (
+    (0x10, "minimize delay"),
+    (0x08, "maximize throughput"),
+    (0x04, "maximize reliability"),
+    (0x02, "minimize cost"),
+)
+"""The RFC 1349 TOS bits, highest first (the byte's 0x1e bits, which Linux maps to priority)."""
+
+_PROTOCOL_NAMES: dict[int, str] = {}
+for _name, _number in PROTOCOLS.items():
+    _PROTOCOL_NAMES.setdefault(_number, _name.upper())
+_DSCP_NAMES: dict[int, str] = {}
+for _name, _number in DSCP_NAMES.items():
+    if _name != "be":
+        _DSCP_NAMES.setdefault(_number, _name.upper())
+
+_IP_FIELDS: dict[tuple[int, int, int], str] = {
+    (8, 0, 0xF0): "IP version",
+    (8, 0, 0x0F): "IP header length (in 32-bit words)",
+    (8, 1, 0xFF): "TOS byte",
+    (16, 2, 0xFFFF): "total length",
+    (16, 4, 0xFFFF): "identification",
+    (16, 6, 0xFFFF): "flags and fragment offset",
+    (8, 8, 0xFF): "TTL",
+    (8, 9, 0xFF): "protocol number",
+    (16, 10, 0xFFFF): "header checksum",
+    (32, 12, 0xFFFFFFFF): "source address",
+    (32, 16, 0xFFFFFFFF): "destination address",
+    (16, 20, 0xFFFF): "source port (if the IP header has no options)",
+    (16, 22, 0xFFFF): "destination port (if the IP header has no options)",
+    (8, 33, 0xFF): "TCP flags (if the IP header has no options)",
+}
+"""Fields of the IPv4 header (and of TCP/UDP right after a 20-byte one) by (bits, offset, mask)."""
+
+_FIELD_OF: dict[tuple[int, int], str] = {
+    (bits, offset): name for (bits, offset, mask), name in _IP_FIELDS.items()
+}
+
+
+def protocol_name(number: int) -> str:
+    """An IP protocol as people write it (``TCP``, ``ICMP``, ``protocol 200``)."""
+    return _PROTOCOL_NAMES.get(number, f"protocol {number}")
+
+
+def tos_meaning(tos: int) -> str:
+    """The RFC 1349 bits set in a TOS byte (``minimize delay``), or ``normal service``."""
+    names = [name for bit, name in TOS_BITS if tos & bit]
+    return " + ".join(names) if names else "normal service"
+
+
+def dscp_name(dscp: int) -> str:
+    """A DSCP code point by name and number (``EF (46)``), or its number alone."""
+    name = _DSCP_NAMES.get(dscp)
+    return f"{name} ({dscp})" if name else str(dscp)
+
+
+def or_list(items: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    if len(items) <= 1:
+        return "".join(items)
+    return f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+def _network_words(network: IPv4Network) -> str:
+    if network.prefixlen == 0:
+        return "any address"
+    return _address(network)
+
+
+def _port_words(p: ir.PortValue) -> tuple[str, bool]:
+    """One port spec in words, and whether it stands for several ports."""
+    if p.mask is None:
+        return (str(p.lo), False) if p.lo == p.hi else (f"{p.lo}-{p.hi}", True)
+    mask = p.mask & 0xFFFF
+    low_bits = ~mask & 0xFFFF
+    if low_bits & (low_bits + 1) == 0:  # a prefix mask: the ports form one aligned range
+        lo = p.lo & mask
+        if low_bits == 0:
+            return str(lo), False
+        return f"{lo}-{lo | low_bits}", True
+    return f"any whose bits 0x{mask:04x} equal 0x{p.lo & mask:04x}", True
+
+
+def _ports_words(cond: ir.PortCond) -> str:
+    parts = [_port_words(p) for p in cond.ports]
+    word = "ports" if any(many for _, many in parts) else "port"
+    return f"{word} {or_list([text for text, _ in parts])}"
+
+
+def tos_words(cond: ir.TosCond) -> str:
+    """A ``tos`` or ``dscp`` condition as a phrase (``with TOS 0x10 (minimize delay)``)."""
+    if cond.dscp is not None:
+        return f"with DSCP {dscp_name(cond.dscp)}"
+    if cond.mask == 0xFF:
+        return f"with TOS 0x{cond.value:02x} ({tos_meaning(cond.value)})"
+    value = cond.value & cond.mask
+    meaning = tos_meaning(value) if cond.mask & 0x1E == 0x1E else None
+    text = f"whose TOS byte, under mask 0x{cond.mask:02x}, is 0x{value:02x}"
+    return f"{text} ({meaning})" if meaning else text
+
+
+def raw_words(cond: ir.RawCond) -> str:
+    """A raw u32 key spelled out (``whose TTL (u8 at byte 8) is 0x40``)."""
+    digits = cond.bits // 4
+    full = (1 << cond.bits) - 1
+    field = _IP_FIELDS.get((cond.bits, cond.offset, cond.mask & full))
+    if field is not None:
+        where = f"u{cond.bits} at byte {cond.offset}"
+    else:
+        named = _FIELD_OF.get((cond.bits, cond.offset))
+        field = f"{named}, masked" if named else f"{cond.bits}-bit word at byte {cond.offset}"
+        where = f"u{cond.bits} at byte {cond.offset}, mask 0x{cond.mask:0{digits}x}"
+    value = cond.value & cond.mask
+    return f"whose {field} ({where}) is 0x{value:0{digits}x}"
+
+
+def match_phrase(match: ir.Match) -> str:
+    """A match line in words for people (``TCP or UDP packets to port 80 or 443``).
+
+    Conditions AND, so they become one noun phrase: the protocol makes the noun, addresses
+    and ports say where packets come from and go to, the rest qualifies. A ``pref`` is left
+    to the caller, which knows the order filters are tried in.
+    """
+    protos: list[str] = []
+    src: list[str] = []
+    dst: list[str] = []
+    sport: list[str] = []
+    dport: list[str] = []
+    extra: list[str] = []
+    ack = False
+    for cond in match.conds:
+        match cond:
+            case ir.AddrCond():
+                target = src if cond.field == "src" else dst
+                target.append(or_list([_network_words(n) for n, _ in cond.networks]))
+            case ir.PortCond():
+                (sport if cond.field == "sport" else dport).append(_ports_words(cond))
+            case ir.ProtoCond():
+                protos.append(or_list([protocol_name(n) for n, _ in cond.protocols]))
+            case ir.TosCond():
+                extra.append(tos_words(cond))
+            case ir.TcpAckCond():
+                ack = True
+            case ir.RawCond():
+                extra.append(raw_words(cond))
+            case ir.AllCond():
+                pass
+            case _:
+                assert_never(cond)
+    if ack:
+        noun = "small TCP ACKs (TCP packets under 64 bytes with only the ACK flag set)"
+        if protos:
+            extra.insert(0, f"that are also {' and '.join(protos)}")
+    elif protos:
+        noun = " and ".join(protos) + " packets"
+    elif sport or dport:
+        noun = "TCP or UDP packets"
+    elif src or dst or extra:
+        noun = "packets"
+    else:
+        return "every packet"
+    words = [noun]
+    for addrs, ports, preposition in ((src, sport, "from"), (dst, dport, "to")):
+        if addrs or ports:
+            where = " and ".join(addrs) + (" " if addrs and ports else "") + " and ".join(ports)
+            words.append(f"{preposition} {where}")
+    words += extra
+    return " ".join(words)
