@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tcdsl import ir, lower
 from tcdsl.checks import effective_ceil, rate_of, sites
+from tcdsl.classify import Bits, filter_bits, kernel_order, match_pref
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.units import format_rate, format_size, format_time
 
@@ -89,9 +90,6 @@ def _name_span(cls: ir.Class) -> Span:
 
 # ---- filter order: shadowed, duplicate and catch-all matches -----------------------------------
 
-Bits = tuple[tuple[int, int, int], ...]
-"""A filter as the header bits it tests: sorted (offset, value, mask) words, masks non-zero."""
-
 
 @dataclass(frozen=True, slots=True)
 class Alternative:
@@ -103,23 +101,9 @@ class Alternative:
     filters: tuple[Bits, ...]
 
 
-def _bits(keys: tuple[ir.U32Key, ...]) -> Bits | None:
-    if len(keys) == 1:  # the common case, on policies with thousands of classes
-        offset, value, mask = lower.pack(keys[0])
-        return ((offset, value & mask, mask),) if mask else ()
-    words: dict[int, tuple[int, int]] = {}
-    for key in keys:
-        offset, value, mask = lower.pack(key)
-        v, m = words.get(offset, (0, 0))
-        if (v ^ value) & m & mask:
-            return None  # contradicts itself: allocate already left it out
-        words[offset] = (v | (value & mask), m | mask)
-    return tuple(sorted((o, v, m) for o, (v, m) in words.items() if m))
-
-
 def _alternatives(match: ir.Match, cls: ir.Class) -> Iterator[Alternative]:
     for conds in lower.alternatives(match):
-        filters = tuple(b for keys in lower.u32_keys(conds) if (b := _bits(keys)) is not None)
+        filters = tuple(b for keys in lower.u32_keys(conds) if (b := filter_bits(keys)) is not None)
         if filters:
             yield Alternative(match, cls, conds, filters)
 
@@ -127,7 +111,8 @@ def _alternatives(match: ir.Match, cls: ir.Class) -> Iterator[Alternative]:
 def _classification_orders(policy: ir.Policy) -> Iterator[list[Alternative]]:
     """Each place packets are classified, its alternatives in the order they are tried.
 
-    u32 filters on one qdisc are tried by pref, then in the order they were added; iptables
+    u32 filters on one qdisc are tried by pref, then in the order they were added
+    (``tcdsl.classify.kernel_order``, which ``classify`` uses too); iptables
     rules of ``classify by mark`` in the order of the match lines (each marks only unmarked
     packets, so the first matching line wins there too).
     """
@@ -141,13 +126,11 @@ def _classification_orders(policy: ir.Policy) -> Iterator[list[Alternative]]:
             yield ordered
             continue
         for q in ir.walk_qdiscs(iface.root):
-            tagged: list[tuple[int, int, Alternative]] = []
-            for cls in ir.classes_of(q):
-                for m in cls.matches:
-                    pref = m.pref.value if m.pref is not None else 1
-                    tagged.extend((pref, len(tagged), a) for a in _alternatives(m, cls))
-            if tagged:
-                yield [a for _, _, a in sorted(tagged, key=lambda t: (t[0], t[1]))]
+            added = [
+                a for cls in ir.classes_of(q) for m in cls.matches for a in _alternatives(m, cls)
+            ]
+            if added:
+                yield kernel_order(added, lambda a: match_pref(a.match))
 
 
 class _Earlier:

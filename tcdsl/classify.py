@@ -1,0 +1,432 @@
+"""Which class a packet ends in, and why, as the kernel decides it (no kernel needed).
+
+``classify(policy, packet)`` walks an allocated policy's qdisc tree from the root the way the
+kernel's enqueue path does and returns a ``Verdict``: one ``Step`` per qdisc that decides, with
+the filter, default or priomap entry that decided and its place in the policy.
+
+What is modelled, after the kernel's code:
+
+- u32 filters of a classful qdisc are tried by pref, then in the order they were added
+  (``kernel_order``, which the lints share); a filter matches when every key's 32-bit word,
+  under its mask, equals its value in the packet's header (``filter_bits``, ``bits_match``);
+- htb (``htb_classify``): a filter's flowid names a leaf class, which takes the packet; an
+  inner class goes on with the filters attached to that class (tcdsl attaches none there); no
+  match: the ``default`` class, or htb's direct queue when there is none (or it is not a leaf);
+- prio (``prio_classify``): a filter's flowid names the band; no match: the priomap entry of
+  the packet's priority. The priority of a forwarded packet (and of a locally sent one whose
+  socket set ``IP_TOS``) is ``rt_tos2priority(tos)``, the table ``ip_tos2prio`` of
+  net/ipv4/route.c (``TOS_TO_PRIORITY``); pfifo_fast uses the same bands with its fixed
+  priomap;
+- a class whose leaf qdisc is classful (or a tbf/netem holding one) goes on there;
+- ``classify by mark``: the iptables rules in order (each marks only unmarked packets, so the
+  first matching rule wins; the rule for unmarked packets gives the default class's mark),
+  then each qdisc's fw filters map the mark to a class;
+- cbq: its filters; what cbq does when none matches (defmap, split) is not modelled.
+
+Only IPv4 packets exist in the model; the packet's priority is never a class id.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tcdsl import ir, lower
+from tcdsl.allocate import DEFAULT_PREF, default_minor
+from tcdsl.diagnostics import Span
+from tcdsl.traffic import Packet
+
+T = TypeVar("T")
+
+TOS_TO_PRIORITY: tuple[int, ...] = (0, 0, 0, 0, 2, 2, 2, 2, 6, 6, 6, 6, 4, 4, 4, 4)
+"""``ip_tos2prio`` of net/ipv4/route.c (Linux 3.2 and later: the odd entries, once
+``TC_PRIO_FILLER``, are ``ECN_OR_COST(BESTEFFORT)`` and so on): BESTEFFORT 0, BULK 2,
+INTERACTIVE 6, INTERACTIVE_BULK 4, indexed by ``IPTOS_TOS(tos) >> 1``."""
+DEFAULT_PRIOMAP: tuple[int, ...] = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+"""The band of each priority in prio's default priomap and in pfifo_fast (``prio2band``)."""
+IPTOS_TOS_MASK = 0x1E
+
+# ---- what the lints share: filter order and filter bits ----------------------------------------
+
+Bits = tuple[tuple[int, int, int], ...]
+"""A filter as the header bits it tests: sorted (offset, value, mask) words, masks non-zero."""
+
+
+def filter_bits(keys: tuple[ir.U32Key, ...]) -> Bits | None:
+    """The words a u32 filter with ``keys`` tests (() tests nothing: it matches every packet),
+    or None when two keys contradict each other (allocate leaves such filters out)."""
+    if len(keys) == 1:  # the common case, on policies with thousands of classes
+        offset, value, mask = lower.pack(keys[0])
+        return ((offset, value & mask, mask),) if mask else ()
+    words: dict[int, tuple[int, int]] = {}
+    for key in keys:
+        offset, value, mask = lower.pack(key)
+        v, m = words.get(offset, (0, 0))
+        if (v ^ value) & m & mask:
+            return None
+        words[offset] = (v | (value & mask), m | mask)
+    return tuple(sorted((o, v, m) for o, (v, m) in words.items() if m))
+
+
+def bits_match(bits: Bits, header: bytes) -> bool:
+    """True if ``header`` (the packet's bytes from the IP header on) has every word of ``bits``.
+
+    As u32 does, a word past the end of the header fails the whole filter.
+    """
+    for offset, value, mask in bits:
+        if offset + 4 > len(header):
+            return False
+        if int.from_bytes(header[offset : offset + 4], "big") & mask != value:
+            return False
+    return True
+
+
+def match_pref(match: ir.Match) -> int:
+    """The pref of the filters a match line becomes."""
+    return match.pref.value if match.pref is not None else DEFAULT_PREF
+
+
+def kernel_order(items: Iterable[T], pref: Callable[[T], int]) -> list[T]:
+    """``items`` (in the order they are added to the kernel) in the order the kernel tries
+    them: by pref ascending, then in the order added within one pref (a stable sort)."""
+    return sorted(items, key=pref)
+
+
+def filters_at(iface: ir.Interface, parent: ir.Handle) -> list[ir.Filter]:
+    """The filters attached to ``parent`` (a qdisc or class), in the order tried."""
+    return kernel_order((f for f in iface.filters if f.parent == parent), lambda f: f.pref)
+
+
+def tos_priority(tos: int) -> int:
+    """``rt_tos2priority``: the skb priority of a packet with this TOS byte."""
+    return TOS_TO_PRIORITY[(tos & IPTOS_TOS_MASK) >> 1]
+
+
+# ---- the verdict ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One decision on the packet's way down the qdisc tree."""
+
+    qdisc: ir.Qdisc
+    """The qdisc deciding."""
+    cls: ir.Class | None
+    """The class it chose (None: the packet stays in this qdisc: a classless qdisc, htb's
+    direct queue, or a prio band the policy gives no class)."""
+    why: str
+    """In words: which filter matched, or which default or priomap entry took it."""
+    span: Span | None
+    """The policy text that decided (the match line, the default, the priomap), if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Where a packet ends on one interface, and the decisions that put it there."""
+
+    interface: ir.Interface
+    steps: tuple[Step, ...]
+    """From the root qdisc down."""
+
+    @property
+    def leaf(self) -> ir.Qdisc | None:
+        """The qdisc the packet is queued in: the chosen class's leaf qdisc, or a classless
+        qdisc; None in a leaf class without a leaf qdisc (the kernel gives it a pfifo), in
+        htb's direct queue, or in a prio band without a class."""
+        last = self.steps[-1]
+        if last.cls is not None:
+            return last.cls.leaf
+        if isinstance(last.qdisc, ir.Htb | ir.Prio | ir.Cbq):
+            return None
+        return last.qdisc
+
+    @property
+    def cls(self) -> ir.Class | None:
+        """The last class chosen, if any."""
+        for step in reversed(self.steps):
+            if step.cls is not None:
+                return step.cls
+        return None
+
+    @property
+    def direct(self) -> bool:
+        """True if the packet ends in htb's direct queue (unshaped)."""
+        last = self.steps[-1]
+        return last.cls is None and isinstance(last.qdisc, ir.Htb)
+
+
+class UnknownInterface(ValueError):
+    """``classify`` was asked about an interface the policy does not name."""
+
+    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+        self.name = name
+        self.known = known
+        super().__init__(
+            f"the policy has no interface '{name}' (it has: {', '.join(known) or 'none'})"
+        )
+
+
+def classify(policy: ir.Policy, packet: Packet, interface: str | None = None) -> Verdict:
+    """Classify ``packet`` on ``interface`` (default: the policy's first) of an allocated
+    ``policy``; raises ``UnknownInterface``."""
+    names = tuple(i.name for i in policy.interfaces)
+    if interface is None:
+        if not policy.interfaces:
+            raise UnknownInterface("(none)", names)
+        iface = policy.interfaces[0]
+    else:
+        found = [i for i in policy.interfaces if i.name == interface]
+        if not found:
+            raise UnknownInterface(interface, names)
+        iface = found[0]
+    return Verdict(iface, tuple(_Walk(iface, packet).qdisc(iface.root)))
+
+
+# ---- the walk ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Hit:
+    """A filter that matched: the class id it names and the words saying why."""
+
+    flowid: ir.Handle
+    why: str
+    span: Span
+
+
+class _Walk:
+    """Classify one packet on one interface."""
+
+    def __init__(self, iface: ir.Interface, packet: Packet) -> None:
+        self.iface = iface
+        self.packet = packet
+        self.header = packet.header()
+        self.matches = {
+            m.span: m
+            for q in ir.walk_qdiscs(iface.root)
+            for cls in ir.classes_of(q)
+            for m in cls.matches
+        }
+        self.mark = 0
+        self.mark_why = ""
+        self.mark_span: Span | None = None
+        if iface.marking is not None:
+            self._mark(iface.marking)
+
+    def _mark(self, marking: ir.Marking) -> None:
+        chain = marking.chain or f"TCDSL-{self.iface.name}"
+        where = f"iptables chain {chain} (packets arriving on {marking.from_interface})"
+        for number, rule in enumerate(marking.rules, 1):
+            if not self._conds_match(rule.conds):
+                continue
+            self.mark, self.mark_span = rule.mark, rule.span
+            if rule.unmarked:
+                self.mark_why = (
+                    f"no marking rule matched; {where} gives still-unmarked packets "
+                    f"the default's mark {rule.mark}"
+                )
+            else:
+                self.mark_why = (
+                    f"{where}, rule {number} ({describe_conds(rule.conds)}) set mark {rule.mark}"
+                )
+            return
+        self.mark_why = f"no rule of {where} matched: the packet is unmarked"
+
+    def _conds_match(self, conds: tuple[ir.Cond, ...]) -> bool:
+        return any(
+            (bits := filter_bits(keys)) is not None and bits_match(bits, self.header)
+            for keys in lower.u32_keys(conds)
+        )
+
+    # ---- filters ----
+    def _first_hit(self, parent: ir.Handle) -> _Hit | None:
+        for f in filters_at(self.iface, parent):
+            if isinstance(f, ir.U32Filter):
+                bits = filter_bits(f.keys)
+                if bits is None or not bits_match(bits, self.header):
+                    continue
+                match = self.matches.get(f.span)
+                words = (
+                    describe_match(match)
+                    if match is not None
+                    else " ".join(w for k in f.keys for w in k.words)
+                )
+                return _Hit(f.flowid, f"filter pref {f.pref} matched ({words})", f.span)
+            if f.mark == self.mark:
+                why = f"{self.mark_why}; fw filter pref {f.pref} maps mark {f.mark} to it"
+                return _Hit(f.flowid, why, self.mark_span or f.span)
+        return None
+
+    def _no_hit(self) -> str:
+        if self.iface.marking is None:
+            return "no filter matched"
+        return f"{self.mark_why}; no fw filter maps mark {self.mark}"
+
+    # ---- qdiscs ----
+    def qdisc(self, q: ir.Qdisc) -> list[Step]:
+        match q:
+            case ir.Htb():
+                return self._htb(q)
+            case ir.Prio():
+                return self._prio(q)
+            case ir.Cbq():
+                return self._cbq(q)
+            case ir.PfifoFast():
+                prio = tos_priority(self.packet.tos)
+                band = DEFAULT_PRIOMAP[prio]
+                why = (
+                    f"TOS 0x{self.packet.tos:02x} -> priority {prio} -> band {band} "
+                    "(pfifo_fast's priomap)"
+                )
+                return [Step(q, None, why, _keyword(q.span, q.kind))]
+            case ir.Tbf() | ir.Netem() if q.child is not None:
+                why = f"{q.kind} has no classes: every packet goes to its child {q.child.kind}"
+                step = Step(q, None, why, _keyword(q.span, q.kind))
+                return [step, *self.qdisc(q.child)] if _descends(q.child) else [step]
+            case _:
+                why = f"{q.kind} has no classes: every packet is queued here"
+                return [Step(q, None, why, _keyword(q.span, q.kind))]
+
+    def _into(self, q: ir.Qdisc, cls: ir.Class, why: str, span: Span | None) -> list[Step]:
+        step = Step(q, cls, f"{why} -> {cls.label} ({cls.classid})", span)
+        if cls.leaf is not None and _descends(cls.leaf):
+            return [step, *self.qdisc(cls.leaf)]
+        return [step]
+
+    def _htb(self, q: ir.Htb) -> list[Step]:
+        assert q.handle is not None
+        classes = {c.classid: c for c in ir.classes_of(q)}
+        parent, head = q.handle, self._no_hit()
+        while (hit := self._first_hit(parent)) is not None:
+            if hit.flowid == q.handle:
+                why = f"{hit.why} -> the htb itself ({q.handle}): the direct queue, unshaped"
+                return [Step(q, None, why, hit.span)]
+            cls = classes.get(hit.flowid)
+            if cls is None:
+                head = f"{hit.why}, but no class {hit.flowid} exists"
+                break
+            if not cls.children:
+                return self._into(q, cls, hit.why, hit.span)
+            assert cls.classid is not None
+            head = f"{hit.why} -> {cls.label}, an inner class, and no filter below it matched"
+            parent = cls.classid
+        minor = default_minor(q)
+        default = next(
+            (c for c in classes.values() if c.classid is not None and c.classid.minor == minor),
+            None,
+        )
+        if q.default is None or default is None:
+            why = f"{head} and htb has no default: the direct queue, unshaped"
+            return [Step(q, None, why, _keyword(q.span, q.kind))]
+        if default.children:
+            why = f"{head}; htb's default '{default.name}' is not a leaf: the direct queue"
+            return [Step(q, None, why, q.default.span)]
+        return self._into(q, default, f"{head}: htb default '{default.name}'", q.default.span)
+
+    def _prio(self, q: ir.Prio) -> list[Step]:
+        assert q.handle is not None
+        bands = q.bands.value if q.bands is not None else 3
+        priomap = tuple(c.value for c in q.priomap) if q.priomap else DEFAULT_PRIOMAP
+        hit = self._first_hit(q.handle)
+        span: Span | None
+        if hit is not None:
+            band, why, span = hit.flowid.minor - 1, hit.why, hit.span
+            if not 0 <= band < bands:
+                band = priomap[0]
+                why += f"; {hit.flowid} is no band, so priomap[0]: band {band}"
+        else:
+            prio = tos_priority(self.packet.tos)
+            band = priomap[prio]
+            which = "priomap" if q.priomap else "the default priomap"
+            why = (
+                f"{self._no_hit()}: TOS 0x{self.packet.tos:02x} -> priority {prio} -> "
+                f"band {band} ({which})"
+            )
+            span = q.priomap[prio].span if q.priomap else _keyword(q.span, q.kind)
+        cls = next(
+            (c for c in ir.classes_of(q) if c.classid is not None and c.classid.minor == band + 1),
+            None,
+        )
+        if cls is None:
+            why += f"; the policy gives band {band} no class (the kernel's default pfifo)"
+            return [Step(q, None, why, span)]
+        return self._into(q, cls, why, span)
+
+    def _cbq(self, q: ir.Cbq) -> list[Step]:
+        assert q.handle is not None
+        classes = {c.classid: c for c in ir.classes_of(q)}
+        hit = self._first_hit(q.handle)
+        if hit is not None and (cls := classes.get(hit.flowid)) is not None and not cls.children:
+            return self._into(q, cls, hit.why, hit.span)
+        why = (
+            f"{self._no_hit() if hit is None else hit.why}: what cbq does then (its defmap "
+            "and split classes) is not modelled"
+        )
+        return [Step(q, None, why, _keyword(q.span, q.kind))]
+
+
+def _descends(q: ir.Qdisc) -> bool:
+    """True if classification goes on inside ``q`` (it has classes or bands to choose)."""
+    if isinstance(q, ir.Htb | ir.Prio | ir.Cbq | ir.PfifoFast):
+        return True
+    if isinstance(q, ir.Tbf | ir.Netem) and q.child is not None:
+        return _descends(q.child)
+    return False
+
+
+def _keyword(span: Span, word: str) -> Span:
+    """The span of the qdisc keyword that starts ``span`` (a qdisc's span covers its block)."""
+    return Span(span.file, span.line, span.column, span.line, span.column + len(word))
+
+
+# ---- match lines in words -------------------------------------------------------------------
+
+
+def _net(net: ipaddress.IPv4Network) -> str:
+    return str(net.network_address) if net.prefixlen == 32 else str(net)
+
+
+def _port(p: ir.PortValue) -> str:
+    if p.mask is not None:
+        return f"{p.lo}/0x{p.mask:04x}"
+    return str(p.lo) if p.lo == p.hi else f"{p.lo}-{p.hi}"
+
+
+def describe_conds(conds: tuple[ir.Cond, ...]) -> str:
+    """Conditions as a match line spells them (``proto tcp dport 80, 443``)."""
+    words: list[str] = []
+    for cond in conds:
+        match cond:
+            case ir.AddrCond():
+                words.append(f"{cond.field} {', '.join(_net(n) for n, _ in cond.networks)}")
+            case ir.PortCond():
+                words.append(f"{cond.field} {', '.join(_port(p) for p in cond.ports)}")
+            case ir.ProtoCond():
+                names = (lower.PROTO_NAMES.get(n, str(n)) for n, _ in cond.protocols)
+                words.append(f"proto {', '.join(names)}")
+            case ir.TosCond():
+                if cond.dscp is not None:
+                    words.append(f"dscp {cond.dscp}")
+                elif cond.mask == 0xFF:
+                    words.append(f"tos 0x{cond.value:02x}")
+                else:
+                    words.append(f"tos 0x{cond.value:02x}/0x{cond.mask:02x}")
+            case ir.TcpAckCond():
+                words.append("tcp-ack")
+            case ir.RawCond():
+                digits = cond.bits // 4
+                words.append(
+                    f"u{cond.bits} 0x{cond.value:0{digits}x}/0x{cond.mask:0{digits}x} "
+                    f"at {cond.offset}"
+                )
+            case ir.AllCond():
+                words.append("all")
+    return " ".join(words) or "all"
+
+
+def describe_match(match: ir.Match) -> str:
+    """A match line in the policy's words (``match dport 5001 pref 2``)."""
+    pref = f" pref {match.pref.value}" if match.pref is not None else ""
+    return f"match {describe_conds(match.conds)}{pref}"

@@ -1,0 +1,306 @@
+"""``tcdsl.classify``: which class a packet ends in, and why, without a kernel.
+
+Unit cases on the example policies and small written ones (filter order by pref, ranges,
+masks, tcp-ack, TOS and the priomap, marks, the direct queue), then the ``classify`` command.
+The kernel's own answer for random policies and packets is in ``tests/test_classify_kernel.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tcdsl import ir
+from tcdsl.classify import (
+    DEFAULT_PRIOMAP,
+    TOS_TO_PRIORITY,
+    UnknownInterface,
+    Verdict,
+    classify,
+    kernel_order,
+    tos_priority,
+)
+from tcdsl.driver import analyse
+from tcdsl.traffic import parse_packet
+from tests.conftest import ROOT
+
+OFFICE = ROOT / "policies" / "office.tcp"
+SEEDS = ROOT / "policies" / "seeds"
+
+
+def _policy(path: Path) -> ir.Policy:
+    result = analyse(str(path))
+    assert result.policy is not None, result.diagnostics
+    return result.policy
+
+
+def _text_policy(tmp_path: Path, text: str) -> ir.Policy:
+    path = tmp_path / "policy.tcp"
+    path.write_text(text, encoding="utf-8")
+    return _policy(path)
+
+
+def _verdict(policy: ir.Policy, spec: str, interface: str | None = None) -> Verdict:
+    return classify(policy, parse_packet(spec), interface)
+
+
+def _name(verdict: Verdict) -> str | None:
+    return None if verdict.direct or verdict.cls is None else verdict.cls.name
+
+
+# ---- office.tcp ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "name", "leaf"),
+    [
+        ("icmp", "interactive", "sfq"),
+        ("udp tos 0x10", "interactive", "sfq"),
+        ("udp dport 5001", "voip", None),
+        ("tcp dport 443", "web", "fq_codel"),
+        ("tcp dport 80", "web", "fq_codel"),
+        ("tcp src 10.3.34.11 dport 22", "alice", None),
+        ("udp src 10.3.34.33", "bob", None),
+        ("tcp dport 22", "bulk", "pfifo"),
+        ("udp src 10.3.34.12 dport 5002", "bulk", "pfifo"),
+    ],
+)
+def test_office(spec: str, name: str, leaf: str | None) -> None:
+    verdict = _verdict(_policy(OFFICE), spec)
+    assert _name(verdict) == name
+    assert (verdict.leaf.kind if verdict.leaf else None) == leaf
+    assert not verdict.direct
+    assert len(verdict.steps) == 1
+
+
+def test_office_first_line_wins_and_says_why() -> None:
+    # dport 5001 from alice: voip's line comes first in the same pref.
+    verdict = _verdict(_policy(OFFICE), "tcp src 10.3.34.11 dport 5001 tos 0x10")
+    (step,) = verdict.steps
+    # tos 0x10 is interactive's second line, written before voip's: it wins.
+    assert step.cls is not None and step.cls.name == "interactive"
+    assert step.why == "filter pref 1 matched (match tos 0x10) -> class 'interactive' (1:10)"
+    assert step.span is not None and (step.span.line, step.span.column) == (7, 9)
+    verdict = _verdict(_policy(OFFICE), "tcp src 10.3.34.11 dport 5001")
+    assert _name(verdict) == "voip"
+    assert verdict.steps[0].why.startswith("filter pref 1 matched (match dport 5001)")
+
+
+def test_default_says_so() -> None:
+    (step,) = _verdict(_policy(OFFICE), "udp dport 9").steps
+    assert step.why == "no filter matched: htb default 'bulk' -> class 'bulk' (1:70)"
+    assert step.span is not None and step.span.line == 4
+
+
+# ---- TOS, priority and bands ---------------------------------------------------------------
+
+
+def test_tos_table_is_the_kernels() -> None:
+    # net/ipv4/route.c ip_tos2prio, indexed by IPTOS_TOS(tos) >> 1.
+    assert TOS_TO_PRIORITY == (0, 0, 0, 0, 2, 2, 2, 2, 6, 6, 6, 6, 4, 4, 4, 4)
+    cases = {0x00: 0, 0x02: 0, 0x04: 0, 0x08: 2, 0x10: 6, 0x18: 4, 0x1E: 4, 0xB8: 4}
+    assert {tos: tos_priority(tos) for tos in cases} == cases
+    assert tos_priority(0xE1) == 0  # precedence bits and ECN do not count
+
+
+@pytest.mark.parametrize(
+    ("tos", "band"),
+    [(0x00, 1), (0x10, 0), (0x08, 2), (0x18, 1), (0x04, 1), (0x02, 1), (0x14, 0), (0xB8, 1)],
+)
+def test_pfifo_fast_bands(tos: int, band: int) -> None:
+    verdict = _verdict(_policy(SEEDS / "s004-pfifo-fast.tcp"), f"udp tos {tos}")
+    (step,) = verdict.steps
+    assert step.cls is None and verdict.cls is None and not verdict.direct
+    assert verdict.leaf is not None and verdict.leaf.kind == "pfifo_fast"
+    prio = tos_priority(tos)
+    assert DEFAULT_PRIOMAP[prio] == band
+    assert step.why == f"TOS 0x{tos:02x} -> priority {prio} -> band {band} (pfifo_fast's priomap)"
+
+
+@pytest.mark.parametrize(
+    ("tos", "name"), [(0x10, "high"), (0x00, "middle"), (0x08, "low"), (0x18, "middle")]
+)
+def test_prio_default_priomap(tos: int, name: str) -> None:
+    verdict = _verdict(_policy(SEEDS / "s000-7.4-prio.tcp"), f"udp tos {tos}")
+    assert _name(verdict) == name
+    assert "(the default priomap)" in verdict.steps[0].why
+
+
+def test_prio_given_priomap_and_filters(tmp_path: Path) -> None:
+    text = (
+        "interface eth0 prio bands 2 priomap 1 1 1 1 1 1 0 1 1 1 1 1 1 1 1 1 {\n"
+        "    class fast match dport 53\n"
+        "    class slow\n"
+        "}\n"
+    )
+    policy = _text_policy(tmp_path, text)
+    assert _name(_verdict(policy, "udp dport 53")) == "fast"
+    verdict = _verdict(policy, "udp tos 0x10")  # priority 6 -> band 0
+    assert _name(verdict) == "fast"
+    step = verdict.steps[0]
+    assert "priority 6 -> band 0 (priomap)" in step.why
+    assert step.span is not None and step.span.column == text.index("0 1 1 1") + 1
+    assert _name(_verdict(policy, "udp")) == "slow"
+
+
+# ---- htb: direct queue, pref order, ranges, tcp-ack, nesting --------------------------------
+
+
+def test_no_default_is_the_direct_queue() -> None:
+    policy = _policy(SEEDS / "s001-htb-700-300.tcp")
+    assert _name(_verdict(policy, "udp src 10.0.0.2")) == "h2"
+    verdict = _verdict(policy, "udp src 10.0.0.3")
+    assert verdict.direct and verdict.cls is None and verdict.leaf is None
+    assert verdict.steps[0].why == (
+        "no filter matched and htb has no default: the direct queue, unshaped"
+    )
+
+
+def _htb(body: str, default: str = "bulk") -> str:
+    head = f"interface eth0 htb rate 10mbit default {default} {{\n"
+    return f"{head}{body}    class bulk rate 1mbit\n}}\n"
+
+
+def test_pref_order(tmp_path: Path) -> None:
+    policy = _text_policy(
+        tmp_path,
+        _htb(
+            "    class sip rate 2mbit match proto udp dport 5060 pref 2\n"
+            "    class udp rate 2mbit match proto udp pref 1\n"
+            "    class late rate 2mbit match dport 5060 pref 3\n"
+        ),
+    )
+    verdict = _verdict(policy, "udp dport 5060")
+    assert _name(verdict) == "udp"
+    assert verdict.steps[0].why.startswith("filter pref 1 matched (match proto udp pref 1)")
+    assert _name(_verdict(policy, "tcp dport 5060")) == "late"
+
+
+def test_kernel_order_is_stable_by_pref() -> None:
+    items = [("a", 2), ("b", 1), ("c", 2), ("d", 1)]
+    assert kernel_order(items, lambda t: t[1]) == [("b", 1), ("d", 1), ("a", 2), ("c", 2)]
+
+
+def test_port_range_and_mask(tmp_path: Path) -> None:
+    policy = _text_policy(
+        tmp_path,
+        _htb(
+            "    class ranged rate 2mbit match dport 1000-2000\n"
+            "    class masked rate 2mbit match sport 3072/0xfc00\n"
+        ),
+    )
+    for port, name in [(999, "bulk"), (1000, "ranged"), (1500, "ranged"), (2000, "ranged")]:
+        assert _name(_verdict(policy, f"udp dport {port}")) == name, port
+    assert _name(_verdict(policy, "udp dport 2001")) == "bulk"
+    assert _name(_verdict(policy, "udp sport 3072")) == "masked"
+    assert _name(_verdict(policy, "udp sport 4095")) == "masked"
+    assert _name(_verdict(policy, "udp sport 4096")) == "bulk"
+
+
+def test_tcp_ack(tmp_path: Path) -> None:
+    policy = _text_policy(tmp_path, _htb("    class acks rate 2mbit match tcp-ack\n"))
+    assert _name(_verdict(policy, "ack")) == "acks"
+    assert _name(_verdict(policy, "tcp ack size 200")) == "bulk"  # too long
+    assert _name(_verdict(policy, "tcp size 54")) == "bulk"  # PSH too
+    assert _name(_verdict(policy, "udp size 54")) == "bulk"
+
+
+def test_dscp_and_tos_mask(tmp_path: Path) -> None:
+    policy = _text_policy(
+        tmp_path,
+        _htb(
+            "    class ef rate 2mbit match dscp ef\n    class low rate 2mbit match tos 0x08/0x08\n"
+        ),
+    )
+    assert _name(_verdict(policy, "udp dscp ef")) == "ef"
+    assert _name(_verdict(policy, "udp tos 0xb9")) == "ef"  # ECN bits ignored
+    assert _name(_verdict(policy, "udp tos 0x0c")) == "low"
+    assert _name(_verdict(policy, "udp tos 0x04")) == "bulk"
+
+
+def test_raw_keys(tmp_path: Path) -> None:
+    policy = _text_policy(
+        tmp_path,
+        _htb("    class ttl rate 2mbit match u8 64/0xff at 8\n"),
+    )
+    assert _name(_verdict(policy, "udp")) == "ttl"  # Packet's TTL is 64
+
+
+def test_nested_htb(tmp_path: Path) -> None:
+    text = (
+        "interface eth0 htb rate 10mbit default bulk {\n"
+        "    class inner rate 5mbit match dport 80 {\n"
+        "        htb default rest {\n"
+        "            class ssh rate 1mbit match sport 22\n"
+        "            class rest rate 1mbit\n"
+        "        }\n"
+        "    }\n"
+        "    class bulk rate 1mbit\n"
+        "}\n"
+    )
+    policy = _text_policy(tmp_path, text)
+    verdict = _verdict(policy, "tcp sport 22 dport 80")
+    assert [s.cls.name if s.cls else None for s in verdict.steps] == ["inner", "ssh"]
+    assert verdict.cls is not None and verdict.cls.name == "ssh"
+    verdict = _verdict(policy, "tcp sport 23 dport 80")
+    assert [s.cls.name if s.cls else None for s in verdict.steps] == ["inner", "rest"]
+    assert _name(_verdict(policy, "tcp sport 22 dport 81")) == "bulk"
+
+
+# ---- marks ------------------------------------------------------------------------------------
+
+
+def test_marks() -> None:
+    policy = _policy(SEEDS / "s000-10.1-marks.tcp")
+    verdict = _verdict(policy, "tcp dport 5001")
+    assert _name(verdict) == "app5001"
+    why = verdict.steps[0].why
+    assert "rule 1 (proto tcp dport 5001) set mark 10" in why
+    assert "fw filter pref 1 maps mark 10" in why
+    assert "eth1" in why
+    assert _name(_verdict(policy, "tcp dport 5002")) == "app5002"
+    verdict = _verdict(policy, "udp dport 5001")  # iptables' --dport needs the protocol
+    assert _name(verdict) == "others"
+    assert "still-unmarked packets the default's mark 30" in verdict.steps[0].why
+
+
+def test_marks_without_default(tmp_path: Path) -> None:
+    text = (
+        "interface eth0 htb rate 10mbit {  # tcdsl: disable=W310\n"
+        "    classify by mark from eth1\n"
+        "    class app rate 2mbit match proto tcp dport 22\n"
+        "}\n"
+    )
+    policy = _text_policy(tmp_path, text)
+    assert _name(_verdict(policy, "tcp dport 22")) == "app"
+    verdict = _verdict(policy, "tcp dport 23")
+    assert verdict.direct
+    assert "the packet is unmarked; no fw filter maps mark 0" in verdict.steps[0].why
+
+
+# ---- interfaces ----------------------------------------------------------------------------
+
+
+def test_interfaces(tmp_path: Path) -> None:
+    text = "interface eth0 pfifo_fast\ninterface eth1 htb rate 1mbit default a {\n" + (
+        "    class a rate 1mbit\n}\n"
+    )
+    policy = _text_policy(tmp_path, text)
+    assert _verdict(policy, "udp").interface.name == "eth0"
+    assert _name(_verdict(policy, "udp", "eth1")) == "a"
+    with pytest.raises(UnknownInterface, match=r"no interface 'eth9' \(it has: eth0, eth1\)"):
+        _verdict(policy, "udp", "eth9")
+
+
+def test_every_example_policy_classifies() -> None:
+    """No example policy makes classify fail, for a few packets."""
+    specs = ("udp", "tcp dport 80 tos 0x10", "icmp src 10.0.0.1", "ack", "udp dport 5001")
+    for path in sorted((ROOT / "policies").rglob("*.tcp")):
+        policy = _policy(path)
+        for iface in policy.interfaces:
+            for spec in specs:
+                verdict = _verdict(policy, spec, iface.name)
+                assert verdict.steps and verdict.steps[0].qdisc is iface.root, path
+                for step in verdict.steps:
+                    assert step.why, path
