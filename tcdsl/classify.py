@@ -28,12 +28,11 @@ Only IPv4 packets exist in the model; the packet's priority is never a class id.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tcdsl import ir, lower
+from tcdsl import ir, lower, words
 from tcdsl.allocate import DEFAULT_PREF, default_minor
 from tcdsl.diagnostics import Span
 from tcdsl.traffic import Packet
@@ -229,7 +228,7 @@ class _Walk:
                 )
             else:
                 self.mark_why = (
-                    f"{where}, rule {number} ({describe_conds(rule.conds)}) set mark {rule.mark}"
+                    f"{where}, rule {number} ({_conds(rule.conds)}) set mark {rule.mark}"
                 )
             return
         self.mark_why = f"no rule of {where} matched: the packet is unmarked"
@@ -248,12 +247,12 @@ class _Walk:
                 if bits is None or not bits_match(bits, self.header):
                     continue
                 match = self.matches.get(f.span)
-                words = (
-                    describe_match(match)
+                text = (
+                    _conds(match.conds)
                     if match is not None
-                    else " ".join(w for k in f.keys for w in k.words)
+                    else "match " + " ".join(w for k in f.keys for w in k.words)
                 )
-                return _Hit(f.flowid, f"filter pref {f.pref} matched ({words})", f.span)
+                return _Hit(f.flowid, f"filter pref {f.pref} matched ({text})", f.span)
             if f.mark == self.mark:
                 why = f"{self.mark_why}; fw filter pref {f.pref} maps mark {f.mark} to it"
                 return _Hit(f.flowid, why, self.mark_span or f.span)
@@ -381,52 +380,6 @@ def _keyword(span: Span, word: str) -> Span:
     return Span(span.file, span.line, span.column, span.line, span.column + len(word))
 
 
-# ---- match lines in words -------------------------------------------------------------------
-
-
-def _net(net: ipaddress.IPv4Network) -> str:
-    return str(net.network_address) if net.prefixlen == 32 else str(net)
-
-
-def _port(p: ir.PortValue) -> str:
-    if p.mask is not None:
-        return f"{p.lo}/0x{p.mask:04x}"
-    return str(p.lo) if p.lo == p.hi else f"{p.lo}-{p.hi}"
-
-
-def describe_conds(conds: tuple[ir.Cond, ...]) -> str:
-    """Conditions as a match line spells them (``proto tcp dport 80, 443``)."""
-    words: list[str] = []
-    for cond in conds:
-        match cond:
-            case ir.AddrCond():
-                words.append(f"{cond.field} {', '.join(_net(n) for n, _ in cond.networks)}")
-            case ir.PortCond():
-                words.append(f"{cond.field} {', '.join(_port(p) for p in cond.ports)}")
-            case ir.ProtoCond():
-                names = (lower.PROTO_NAMES.get(n, str(n)) for n, _ in cond.protocols)
-                words.append(f"proto {', '.join(names)}")
-            case ir.TosCond():
-                if cond.dscp is not None:
-                    words.append(f"dscp {cond.dscp}")
-                elif cond.mask == 0xFF:
-                    words.append(f"tos 0x{cond.value:02x}")
-                else:
-                    words.append(f"tos 0x{cond.value:02x}/0x{cond.mask:02x}")
-            case ir.TcpAckCond():
-                words.append("tcp-ack")
-            case ir.RawCond():
-                digits = cond.bits // 4
-                words.append(
-                    f"u{cond.bits} 0x{cond.value:0{digits}x}/0x{cond.mask:0{digits}x} "
-                    f"at {cond.offset}"
-                )
-            case ir.AllCond():
-                words.append("all")
-    return " ".join(words) or "all"
-
-
-def describe_match(match: ir.Match) -> str:
-    """A match line in the policy's words (``match dport 5001 pref 2``)."""
-    pref = f" pref {match.pref.value}" if match.pref is not None else ""
-    return f"match {describe_conds(match.conds)}{pref}"
+def _conds(conds: tuple[ir.Cond, ...]) -> str:
+    """Conditions in the policy's short words (``tcdsl.words``): ``match tcp dport 80, 443``."""
+    return "match " + (" ".join(words.cond_words(c) for c in conds) or "all traffic")

@@ -173,7 +173,7 @@ def test_pref_order(tmp_path: Path) -> None:
     )
     verdict = _verdict(policy, "udp dport 5060")
     assert _name(verdict) == "udp"
-    assert verdict.steps[0].why.startswith("filter pref 1 matched (match proto udp pref 1)")
+    assert verdict.steps[0].why.startswith("filter pref 1 matched (match udp) -> class 'udp'")
     assert _name(_verdict(policy, "tcp dport 5060")) == "late"
 
 
@@ -256,7 +256,7 @@ def test_marks() -> None:
     verdict = _verdict(policy, "tcp dport 5001")
     assert _name(verdict) == "app5001"
     why = verdict.steps[0].why
-    assert "rule 1 (proto tcp dport 5001) set mark 10" in why
+    assert "rule 1 (match tcp dport 5001) set mark 10" in why
     assert "fw filter pref 1 maps mark 10" in why
     assert "eth1" in why
     assert _name(_verdict(policy, "tcp dport 5002")) == "app5002"
