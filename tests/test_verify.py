@@ -473,19 +473,19 @@ def test_expected_objects_carry_labels_and_spans() -> None:
         "htb qdisc of eth0",
         "htb",
         "1:",
-        "policies/office.tcp:3:16",
+        "policies/office.tcp:4:16",
     )
     wants = {w.key: (w.value, w.policy, str(w.span)) for w in root.wants}
-    assert wants["default"] == (0x70, "bulk (0x70)", "policies/office.tcp:3:41")
+    assert wants["default"] == (0x70, "bulk (0x70)", "policies/office.tcp:4:49")
     voip = next(c for c in eth0.classes if c.label == "class 'voip'")
     values = {w.key: (w.value, w.policy, str(w.span)) for w in voip.wants}
-    assert values["rate"] == (6_000_000, "6mbit", "policies/office.tcp:9:28")
-    assert values["ceil"] == (6_000_000, "6mbit, its rate", "policies/office.tcp:9:28")
-    assert values["prio"] == (0, "0", "policies/office.tcp:9:21")
+    assert values["rate"] == (6_000_000, "6mbit", "policies/office.tcp:10:28")
+    assert values["ceil"] == (6_000_000, "6mbit, its rate", "policies/office.tcp:10:28")
+    assert values["prio"] == (0, "0", "policies/office.tcp:10:21")
     sfq = next(q for q in eth0.qdiscs if q.kind == "sfq")
-    assert (sfq.label, str(sfq.span)) == ("sfq qdisc of 1:10", "policies/office.tcp:7:9")
+    assert (sfq.label, str(sfq.span)) == ("sfq qdisc of 1:10", "policies/office.tcp:8:9")
     labels = [(f.label, str(f.span)) for f in eth0.filters]
-    assert labels[2] == ("filter to 1:20 (pref 1)", "policies/office.tcp:9:34")
+    assert labels[2] == ("filter to 1:20 (pref 1)", "policies/office.tcp:10:34")
 
 
 def test_expected_chain_of_a_marking_policy() -> None:
@@ -496,7 +496,7 @@ def test_expected_chain_of_a_marking_policy() -> None:
     assert eth0.chain.jump.rule == IptRule("PREROUTING", in_iface="eth1", target="INSHAPER")
     assert [(r.label, str(r.span)) for r in eth0.chain.rules] == [
         ("mark rule for 'app5001'", "policies/seeds/s000-10.1-marks.tcp:28:48"),
-        ("mark rule for 'app5002'", "policies/seeds/s000-10.1-marks.tcp:29:48"),
+        ("mark rule for 'app5002'", "policies/seeds/s000-10.1-marks.tcp:31:48"),
         ("mark rule for unmarked traffic", "policies/seeds/s000-10.1-marks.tcp:26:40"),
     ]
 
@@ -648,11 +648,11 @@ def test_captured_marks_with_changes() -> None:
     assert sorted(_lines(problems)) == [
         f"{MARKS}:27:5: error: jump from PREROUTING on eth1 to chain INSHAPER is missing in "
         "the kernel's mangle table [E401]",
-        f"{MARKS}:29:11: error: fw filter for mark 20 to 1:20 (pref 1) classid is 1:30 in the "
+        f"{MARKS}:31:11: error: fw filter for mark 20 to 1:20 (pref 1) classid is 1:30 in the "
         "kernel, policy says 1:20 [E402]",
-        f"{MARKS}:29:48: error: mark rule for 'app5002' dport is 5003 in the kernel, policy "
+        f"{MARKS}:31:48: error: mark rule for 'app5002' dport is 5003 in the kernel, policy "
         "says 5002 [E402]",
-        f"{MARKS}:30:45: error: class 'others' prio is 3 in the kernel, policy says 2 [E402]",
+        f"{MARKS}:34:45: error: class 'others' prio is 3 in the kernel, policy says 2 [E402]",
     ]
 
 
@@ -722,12 +722,12 @@ def test_script_origins_map_commands_to_policy_text() -> None:
     assert len(origins) == 1 + 8 + 3 + 7  # root, classes, leaf qdiscs, filters
     first = origins[0]
     assert (first.words, first.what) == (
-        "tc qdisc add dev eth0 root handle 1: htb default 70",
+        "tc qdisc add dev eth0 root handle 1: htb default 70 r2q 100",
         "interface eth0: htb qdisc",
     )
     # The span is the policy's own (its full width), not just the comment's point.
-    assert (first.span.line, first.span.column, first.span.end_column) == (3, 16, 19)
-    assert origins[-1].what == "filter to 1:60" and origins[-1].span.line == 16
+    assert (first.span.line, first.span.column, first.span.end_column) == (4, 16, 19)
+    assert origins[-1].what == "filter to 1:60" and origins[-1].span.line == 17
 
 
 def test_failure_and_warning_are_reported_at_their_commands() -> None:
@@ -740,7 +740,7 @@ def test_failure_and_warning_are_reported_at_their_commands() -> None:
         "+tcdsl+ set -eu\n"
         "+tcdsl+ tc qdisc del dev eth0 root\n"
         "+tcdsl+ true\n"
-        "+tcdsl+ tc qdisc add dev eth0 root handle 1: htb default 70\n"
+        "+tcdsl+ tc qdisc add dev eth0 root handle 1: htb default 70 r2q 100\n"
         "+tcdsl+ tc class add dev eth0 parent 1: classid 1:1 htb rate 100mbit\n"
         "Warning: sch_htb: quantum of class 10001 is big. Consider r2q change.\n"
         "+tcdsl+ tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10\n"
@@ -754,9 +754,9 @@ def test_failure_and_warning_are_reported_at_their_commands() -> None:
     assert outcome is not None and outcome.failed and len(outcome.steps) == 6
     problems = compare.apply_diagnostics(outcome, origins, expected.interfaces[0].span)
     assert _lines(problems) == [
-        "policies/office.tcp:3:16: warning: tc warned on link class: Warning: sch_htb: quantum "
+        "policies/office.tcp:4:16: warning: tc warned on link class: Warning: sch_htb: quantum "
         "of class 10001 is big. Consider r2q change. [W406]",
-        "policies/office.tcp:7:9: error: the kernel lacks the sfq qdisc (sch_sfq); tc said: "
+        "policies/office.tcp:8:9: error: the kernel lacks the sfq qdisc (sch_sfq); tc said: "
         "Error: Specified qdisc kind is unknown. [E405]",
     ]
     refused = "+tcdsl+ tc class add dev eth0 parent 1:1 classid 1:20 htb rate 6mbit prio 0\n"
@@ -769,7 +769,7 @@ def test_failure_and_warning_are_reported_at_their_commands() -> None:
     )
     assert outcome is not None
     assert _lines(compare.apply_diagnostics(outcome, origins, expected.interfaces[0].span)) == [
-        "policies/office.tcp:9:11: error: tc failed on class voip (exit 2): RTNETLINK answers: "
+        "policies/office.tcp:10:11: error: tc failed on class voip (exit 2): RTNETLINK answers: "
         "Invalid argument [E404]"
     ]
 
@@ -1009,7 +1009,7 @@ def test_host_without_a_module_reports_e405(tmp_path: Path) -> None:
     kind = missing[0]
     leaf = {"prio": "prio { class a }"}.get(kind, kind)
     path = _write(
-        tmp_path, f"interface eth0 htb rate 10mbit {{\n    class a rate 1mbit {{ {leaf} }}\n}}\n"
+        tmp_path, f"interface eth0 htb rate 10mbit default a {{\n    class a rate 1mbit {{ {leaf} }}\n}}\n"
     )
     got = CliRunner().invoke(cli, ["verify", "--kernel", "host", path])
     assert got.exit_code == 1
@@ -1042,7 +1042,7 @@ def test_no_kernel_for_what_the_host_lacks(tmp_path: Path, monkeypatch: pytest.M
     if "sfq" in support.qdiscs:
         pytest.skip("the host kernel has sfq")
     monkeypatch.setattr(runner, "uml_unavailable", lambda: "no image here")
-    path = _write(tmp_path, "interface eth0 htb rate 10mbit {\n    class a rate 1mbit { sfq }\n}\n")
+    path = _write(tmp_path, "interface eth0 htb rate 10mbit default a {\n    class a rate 1mbit { sfq }\n}\n")
     (v,) = verifier.verify_many([path], kernel="auto")
     assert v.kernel is None and _lines(v.diagnostics) == [
         f"{path}:2:26: error: the host kernel ({support.release}) lacks the sfq qdisc (sch_sfq) "
@@ -1147,7 +1147,7 @@ def test_verify_every_policy_with_one_uml_boot(no_stray_namespaces: None) -> Non
     for v in results:
         if v.path == "policies/office.tcp":
             assert _lines(v.errors) == [
-                "policies/office.tcp:9:28: error: class 'voip' ceil is 7Mbit in the kernel, "
+                "policies/office.tcp:10:28: error: class 'voip' ceil is 7Mbit in the kernel, "
                 "policy says 6mbit, its rate [E402]"
             ]
         elif "cbq" in v.path:

@@ -22,7 +22,7 @@ from typing import Literal
 
 from tcdsl import ir
 from tcdsl.commands import jump_teardown
-from tcdsl.diagnostics import Diagnostic, Span, sort_key
+from tcdsl.diagnostics import Diagnostic, Severity, Span, sort_key
 from tcdsl.driver import compile_policy
 from tcdsl.verify import compare, runner
 from tcdsl.verify.compare import MISSING, NO_FEATURE, Origin
@@ -121,7 +121,9 @@ def _devices(policy: ir.Policy) -> tuple[list[str], list[str]]:
 
 def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
     result = compile_policy(path, backend)
-    v = Verification(path, list(result.diagnostics), dict(result.sources), script=result.output)
+    # Advice (infos) is for 'check --info'; verify reports what the kernel does.
+    found = [d for d in result.diagnostics if d.severity is not Severity.INFO]
+    v = Verification(path, found, dict(result.sources), script=result.output)
     plan = _Plan(v)
     if result.output is None or result.policy is None:
         return plan
