@@ -268,3 +268,23 @@ def match_phrase(match: ir.Match) -> str:
             words.append(f"{preposition} {where}")
     words += extra
     return " ".join(words)
+
+
+def match_text(match: ir.Match) -> str:
+    """A match line as the policy writes it (``match proto tcp dport 5001 pref 2``)."""
+    words = ["match"]
+    for cond in match.conds:
+        match cond:
+            case ir.ProtoCond():
+                words.append(
+                    "proto " + ", ".join(PROTO_NAMES.get(n, str(n)) for n, _ in cond.protocols)
+                )
+            case ir.TosCond() if cond.dscp is not None:
+                words.append(f"dscp {_DSCP_NAMES.get(cond.dscp, str(cond.dscp)).lower()}")
+            case ir.AllCond():
+                words.append("all")
+            case _:
+                words.append(cond_words(cond))
+    if match.pref is not None:
+        words.append(f"pref {match.pref.value}")
+    return " ".join(words)

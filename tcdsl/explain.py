@@ -1,0 +1,1019 @@
+"""``tcdsl explain``: an allocated policy in plain English, class by class.
+
+For students, teachers and admins: per interface, what the root qdisc does; per class (in tree
+order), what it is guaranteed, what it may borrow and from whom, its priority, which traffic
+reaches it and its leaf queue; the order packets are classified in; what happens to traffic no
+filter takes; and for prio and pfifo_fast, the kernel's TOS -> priority -> band table.
+
+The text is built as a small document model (headings, paragraphs, labelled items, lists,
+tables) and rendered as plain text (wrapped at 100 columns, classes indented by depth) or as
+Markdown. ``explain`` is pure and deterministic: the same policy gives the same text.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+from tcdsl import ir
+from tcdsl.allocate import default_minor
+from tcdsl.units import format_rate, format_size, format_time
+from tcdsl.words import TOS_BITS, match_phrase, match_text, or_list
+
+Format = Literal["text", "markdown"]
+
+WIDTH = 100
+"""Plain text is wrapped at this many columns."""
+
+# ---- kernel tables -----------------------------------------------------------------------------
+
+TC_PRIO_NAMES: dict[int, str] = {
+    0: "best effort",
+    1: "filler",
+    2: "bulk",
+    4: "interactive bulk",
+    6: "interactive",
+    7: "control",
+}
+"""include/uapi/linux/pkt_sched.h: the named Linux priorities (TC_PRIO_*)."""
+
+IP_TOS2PRIO: tuple[int, ...] = (0, 0, 0, 0, 2, 2, 2, 2, 6, 6, 6, 6, 4, 4, 4, 4)
+"""net/ipv4/route.c ``ip_tos2prio[16]``, indexed by ``(tos & 0x1e) >> 1``: the priority Linux
+gives a packet from its TOS byte. Current kernels map index 1 (TOS 0x02, minimize cost, which
+is also ECN's ECT(0) bit) to best effort; kernels before the ECN change mapped it to filler."""
+
+DEFAULT_PRIOMAP: tuple[int, ...] = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+"""Priority -> band: pfifo_fast's ``prio2band`` (net/sched/sch_generic.c), which is also the
+priomap tc gives a prio qdisc unless told otherwise (iproute2 tc/q_prio.c)."""
+
+HTB_QUANTUM = (1000, 200000)
+"""sch_htb clamps a quantum computed from rate / r2q into this range (bytes)."""
+HTB_DEFAULT_R2Q = 10
+TXQUEUELEN = "txqueuelen packets (the device's transmit queue length, 1000 on most Ethernet cards)"
+
+
+TOS_SHORT: tuple[tuple[int, str], ...] = (
+    (0x10, "low delay"),
+    (0x08, "high throughput"),
+    (0x04, "high reliability"),
+    (0x02, "low cost"),
+)
+"""Short names of the TOS bits, for the table."""
+
+
+def tos_priority(tos: int) -> int:
+    """The Linux priority of a packet with this TOS byte (``rt_tos2priority``)."""
+    return IP_TOS2PRIO[(tos & 0x1E) >> 1]
+
+
+def priority_words(priority: int) -> str:
+    """A Linux priority by number and name (``6 (interactive)``)."""
+    name = TC_PRIO_NAMES.get(priority)
+    return f"{priority} ({name})" if name else str(priority)
+
+
+def priomap_of(q: ir.Prio | ir.PfifoFast) -> tuple[int, ...]:
+    """The priority -> band map of a prio qdisc (its own, or tc's default) or of pfifo_fast."""
+    if isinstance(q, ir.Prio) and q.priomap is not None:
+        return tuple(c.value for c in q.priomap)
+    return DEFAULT_PRIOMAP
+
+
+def tos_band(q: ir.Prio | ir.PfifoFast, tos: int) -> int:
+    """The band (0 first) a packet with this TOS byte goes to when no filter takes it."""
+    return priomap_of(q)[tos_priority(tos)]
+
+
+# ---- the document model ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heading:
+    """A title: level 1 the policy, 2 an interface, 3 a part of it, 4 a class (at ``depth``)."""
+
+    level: int
+    text: str
+    depth: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Para:
+    """A paragraph."""
+
+    text: str
+    depth: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A labelled fact of a class (``Rate: guaranteed 40mbit ...``), with optional sub-points."""
+
+    label: str
+    text: str
+    depth: int = 0
+    points: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """A numbered list."""
+
+    items: tuple[str, ...]
+    depth: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A table with a header row."""
+
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    depth: int = 0
+
+
+Block = Heading | Para | Item | Steps | Table
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=first,
+        subsequent_indent=rest,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [first.rstrip()]
+
+
+def render_text(blocks: list[Block]) -> str:
+    """Plain text: underlined titles, wrapped paragraphs, classes indented by depth."""
+    out: list[str] = []
+    previous: Block | None = None
+    for block in blocks:
+        tight = isinstance(block, Item) and isinstance(previous, Item | Heading)
+        if previous is not None and not (tight and previous.depth <= block.depth):
+            out.append("")
+        ind = "  " * block.depth
+        match block:
+            case Heading(level=1 | 2):
+                out += [block.text, ("=" if block.level == 1 else "-") * len(block.text)]
+            case Heading():
+                out.append(ind + block.text + (":" if block.level == 3 else ""))
+            case Para():
+                out += _wrap(block.text, ind, ind)
+            case Item():
+                out += _wrap(f"{block.label}: {block.text}", ind, ind + "  ")
+                for point in block.points:
+                    out += _wrap(point, ind + "  - ", ind + "    ")
+            case Steps():
+                for number, step in enumerate(block.items, start=1):
+                    first = f"{ind}{number:>2}. "
+                    out += _wrap(step, first, " " * len(first))
+            case Table():
+                rows = [block.header, *block.rows]
+                widths = [max(len(row[i]) for row in rows) for i in range(len(block.header))]
+
+                def line(cells: tuple[str, ...], widths: list[int] = widths, ind: str = ind) -> str:
+                    pairs = zip(cells, widths, strict=True)
+                    return ind + "  ".join(c.ljust(w) for c, w in pairs).rstrip()
+
+                out.append(line(block.header))
+                out.append(line(tuple("-" * w for w in widths)))
+                out += [line(row) for row in block.rows]
+        previous = block
+    return "\n".join(out) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_markdown(blocks: list[Block]) -> str:
+    """Markdown: ``#`` headings (classes one level deeper per tree level), bullets, tables."""
+    out: list[str] = []
+    previous: Block | None = None
+    for block in blocks:
+        tight = isinstance(block, Item) and isinstance(previous, Item)
+        if previous is not None and not tight:
+            out.append("")
+        match block:
+            case Heading():
+                level = min(block.level + block.depth, 6)
+                out.append("#" * level + " " + block.text)
+            case Para():
+                out.append(block.text)
+            case Item():
+                out.append(f"- **{block.label}:** {block.text}")
+                out += [f"  - {point}" for point in block.points]
+            case Steps():
+                out += [f"{n}. {step}" for n, step in enumerate(block.items, start=1)]
+            case Table():
+                out.append("| " + " | ".join(_cell(c) for c in block.header) + " |")
+                out.append("|" + "|".join("---" for _ in block.header) + "|")
+                out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in block.rows]
+        previous = block
+    return "\n".join(out) + "\n"
+
+
+# ---- small words ---------------------------------------------------------------------------------
+
+
+def _rate(value: ir.Rate | ir.Percent | None) -> int | None:
+    return value.bits_per_second if isinstance(value, ir.Rate) else None
+
+
+def _pct(value: Fraction) -> str:
+    return f"{float(value):.6g}%"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def _size(n: int) -> str:
+    """A size as tc spells it, and in bytes when that is not the same (``15k (15360 bytes)``)."""
+    spelled = format_size(n)
+    return f"{n} bytes" if spelled.isdigit() else f"{spelled} ({n} bytes)"
+
+
+_NUMBERS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def _handle(q: ir.Qdisc) -> str:
+    return q.handle.qdisc if q.handle is not None else "?:"
+
+
+# ---- the explainer -------------------------------------------------------------------------------
+
+
+class _Explainer:
+    """Builds the blocks of one policy; ``fmt`` only decides how names and code are quoted."""
+
+    def __init__(self, fmt: Format) -> None:
+        self.fmt = fmt
+        self.blocks: list[Block] = []
+
+    # quoting
+    def name(self, text: str) -> str:
+        """A class or interface name."""
+        return self.code(text) if self.fmt == "markdown" else f"'{text}'"
+
+    def code(self, text: str) -> str:
+        """Policy or tc text, as written."""
+        if self.fmt == "text":
+            return text
+        fence = "``" if "`" in text else "`"
+        pad = " " if fence == "``" else ""
+        return f"{fence}{pad}{text}{pad}{fence}"
+
+    def cls_ref(self, cls: ir.Class) -> str:
+        """``'web' (1:30)``, or ``the link class 1:1``."""
+        if cls.implicit:
+            return f"the link class {cls.classid}"
+        return f"{self.name(cls.name)} ({cls.classid})"
+
+    def add(self, block: Block) -> None:
+        self.blocks.append(block)
+
+    # ---- the whole policy
+    def policy(self, policy: ir.Policy) -> list[Block]:
+        self.add(Heading(1, f"What {policy.source} does"))
+        n = len(policy.interfaces)
+        count = (
+            f"{_NUMBERS[n]} interface{'s' * (n != 1)}" if n < len(_NUMBERS) else f"{n} interfaces"
+        )
+        self.add(
+            Para(
+                f"This policy sets up traffic control on {count}. Traffic control acts on "
+                "egress: on the packets each interface sends, not on those it receives."
+            )
+        )
+        for iface in policy.interfaces:
+            self.interface(iface)
+        return self.blocks
+
+    def interface(self, iface: ir.Interface) -> None:
+        self.add(Heading(2, f"Interface {self.name(iface.name)}"))
+        root = iface.root
+        self.add(Para(self.root_sentence(iface)))
+        match root:
+            case ir.Htb() | ir.Cbq() | ir.Prio():
+                self.add(Heading(3, "Classes, in tree order"))
+                self.classes(root, iface)
+                self.classification(iface)
+                self.unmatched(root, iface)
+                if isinstance(root, ir.Prio):
+                    self.tos_table(root)
+            case ir.PfifoFast():
+                self.tos_table(root)
+            case ir.Tbf() | ir.Netem():
+                if root.child is not None:
+                    self.add(Heading(3, "Its child qdisc"))
+                    self.add(Para(self.queue(root.child)))
+                    if isinstance(root.child, ir.Htb | ir.Cbq | ir.Prio):
+                        self.classes(root.child, iface)
+            case _:
+                pass
+        self.notes(iface)
+
+    # ---- root qdiscs
+    def root_sentence(self, iface: ir.Interface) -> str:
+        root, dev = iface.root, self.name(iface.name)
+        h = _handle(root)
+        match root:
+            case ir.Htb():
+                text = (
+                    f"The root qdisc is htb (hierarchical token bucket, handle {h}). It shapes "
+                    f"what {dev} sends by class: each class is guaranteed its rate, may borrow "
+                    "bandwidth that other classes leave unused up to its ceil, and when several "
+                    "classes want to borrow, those with the lowest prio number are served first."
+                )
+                if root.r2q is not None:
+                    text += (
+                        f" r2q {root.r2q.value}: a class without a quantum gets rate / "
+                        f"{root.r2q.value} as its quantum (in bytes; the default r2q is "
+                        f"{HTB_DEFAULT_R2Q})."
+                    )
+                return text
+            case ir.Prio():
+                bands = root.bands.value if root.bands is not None else 3
+                return (
+                    f"The root qdisc is prio (handle {h}): {bands} bands, one class each, served "
+                    "in strict order: a packet of band 1 leaves only when band 0 is empty, and so "
+                    "on. prio does not shape: a busy band 0 can take the whole link and starve "
+                    "the bands after it. Match lines choose a band; packets no filter takes get "
+                    "a band from the priority Linux gave them, which comes from their TOS byte "
+                    "(the table below)."
+                )
+            case ir.Cbq():
+                bandwidth = format_rate(root.bandwidth.bits_per_second) if root.bandwidth else "?"
+                avpkt = f" (average packet {format_size(root.avpkt.bytes)})" if root.avpkt else ""
+                return (
+                    f"The root qdisc is cbq (class-based queueing, handle {h}) for a link of "
+                    f"{bandwidth}{avpkt}. Note: Linux removed cbq in version 6.3; current "
+                    "kernels refuse it, and tc 6.1 still builds it only on older kernels."
+                )
+            case ir.Tbf():
+                rate = format_rate(root.rate.bits_per_second) if root.rate else "?"
+                return (
+                    f"The root qdisc shapes the whole interface: everything {dev} sends, of "
+                    f"any kind, leaves at no more than {rate}. " + self.tbf(root, child=False)
+                )
+            case ir.Netem():
+                return (
+                    f"The root qdisc emulates a wide-area network on everything {dev} sends. "
+                    + self.netem(root, child=False)
+                )
+            case ir.PfifoFast():
+                return (
+                    f"The root qdisc is pfifo_fast, the classic Linux default: three bands, "
+                    "each a first-in, first-out queue, served in strict order (band 0 first, "
+                    "band 2 only when the others are empty). It does not shape, and it takes no "
+                    "filters: a packet's band comes from the priority Linux gave it, which "
+                    "comes from its TOS byte (the table below). Each band holds up to "
+                    f"{TXQUEUELEN}."
+                )
+            case _:
+                return f"The root qdisc is {self.queue(root)}"
+
+    # ---- leaf queues
+    def queue(self, q: ir.Qdisc | None) -> str:
+        """What a leaf (or chained) qdisc does with the packets that wait in it."""
+        if q is None:
+            return (
+                f"the kernel's default, a pfifo (first in, first out) of up to {TXQUEUELEN}; "
+                "the policy names no qdisc, so none is created for it."
+            )
+        h = _handle(q)
+        match q:
+            case ir.Pfifo():
+                limit = _plural(q.limit.value, "packet") if q.limit else TXQUEUELEN
+                return (
+                    f"pfifo (handle {h}): one first-in, first-out queue of up to {limit}; when it "
+                    "is full, arriving packets are dropped (tail drop)."
+                )
+            case ir.Bfifo():
+                size = _size(q.limit.bytes) if q.limit else "txqueuelen x MTU bytes"
+                return (
+                    f"bfifo (handle {h}): one first-in, first-out queue of up to {size}; when it "
+                    "is full, arriving packets are dropped (tail drop)."
+                )
+            case ir.Sfq():
+                return self.sfq(q)
+            case ir.FqCodel():
+                return self.fq_codel(q)
+            case ir.Tbf():
+                return self.tbf(q)
+            case ir.Netem():
+                return self.netem(q)
+            case ir.Htb() | ir.Prio() | ir.Cbq():
+                return f"{q.kind} {h}, a classful qdisc of its own; its classes follow."
+            case ir.PfifoFast():
+                return f"pfifo_fast {h}: three bands by TOS, as the kernel's default qdisc."
+
+    def sfq(self, q: ir.Sfq) -> str:
+        divisor = q.divisor.value if q.divisor else 1024
+        quantum = f"{q.quantum.bytes} bytes" if q.quantum else "one full-size packet (the MTU)"
+        limit = q.limit.value if q.limit else 127
+        text = (
+            f"sfq (stochastic fairness queueing, handle {_handle(q)}): packets are hashed by "
+            f"flow (addresses, protocol and ports) into {divisor} queues, which take turns "
+            f"sending {quantum} each, so one busy flow cannot crowd out the others. It holds up "
+            f"to {_plural(limit, 'packet')}"
+        )
+        text += f", at most {q.depth.value} per flow. " if q.depth else ". "
+        perturb = q.perturb.value if q.perturb else 0
+        if perturb:
+            text += (
+                f"perturb {perturb}: every {perturb} s it changes the hash, so flows that "
+                "happen to share a queue do not share it for long (each change may reorder "
+                "a few queued packets)."
+            )
+        else:
+            text += (
+                "No perturb: the hash, chosen when the qdisc is created, never changes, so two "
+                "flows that share a queue keep sharing it (tc-sfq(8) suggests perturb 60)."
+            )
+        return text
+
+    def fq_codel(self, q: ir.FqCodel) -> str:
+        flows = q.flows.value if q.flows else 1024
+        quantum = f"{q.quantum.bytes} bytes" if q.quantum else "one full-size packet"
+        target = format_time(q.target.microseconds) if q.target else "5ms"
+        interval = format_time(q.interval.microseconds) if q.interval else "100ms"
+        limit = q.limit.value if q.limit else 10240
+        memory = _size(q.memory_limit.bytes) if q.memory_limit else "32m (33554432 bytes)"
+        ecn = q.ecn is not False
+        action = "drops packets (or, as ECN is on, marks them when the flow supports ECN)"
+        if not ecn:
+            action = "drops packets (ECN is off: noecn)"
+        return (
+            f"fq_codel (fair queueing with CoDel, handle {_handle(q)}): flows are hashed "
+            f"into {flows} queues that take turns sending {quantum} each, and CoDel keeps each "
+            f"queue short: once packets have waited more than {target} (target) for "
+            f"{interval} (interval), it {action} until the delay falls again. It holds up to "
+            f"{_plural(limit, 'packet')} and {memory} of memory."
+        )
+
+    def tbf(self, q: ir.Tbf, child: bool = True) -> str:
+        rate = format_rate(q.rate.bits_per_second) if q.rate else "?"
+        burst = _size(q.burst.bytes) if q.burst else "?"
+        text = (
+            f"tbf (token bucket filter, handle {_handle(q)}): tokens arrive at {rate}; a "
+            f"packet leaves only with tokens for its size, and the bucket holds up to {burst}, "
+            "so after a quiet spell that much may leave at once, at full speed."
+        )
+        if q.peakrate is not None:
+            mtu = f" (packets up to {_size(q.mtu.bytes)})" if q.mtu else ""
+            text += f" Never faster than {format_rate(q.peakrate.bits_per_second)}{mtu}."
+        if q.child is not None:
+            held = " Waiting packets are held by its child qdisc, under its own limits"
+            return text + (f"{held}: " + self.queue(q.child) if child else f"{held}.")
+        if q.latency is not None:
+            text += (
+                f" A packet that would wait longer than {format_time(q.latency.microseconds)} "
+                "(latency) for tokens is dropped."
+            )
+        elif q.limit is not None:
+            text += (
+                f" Packets wait for tokens in a queue of up to {_size(q.limit.bytes)} "
+                "(limit); when it is full, arriving packets are dropped."
+            )
+        return text
+
+    def netem(self, q: ir.Netem, child: bool = True) -> str:
+        effects: list[str] = []
+        if q.delay is not None:
+            delay = f"delays every packet by {format_time(q.delay.microseconds)}"
+            if q.jitter is not None:
+                delay += f", give or take up to {format_time(q.jitter.microseconds)} at random"
+            effects.append(delay)
+        for value, word in (
+            (q.loss, "drops"),
+            (q.duplicate, "duplicates"),
+            (q.corrupt, "corrupts"),
+        ):
+            if value is not None:
+                effects.append(f"{word} {_pct(value.value)} of the packets at random")
+        if q.rate is not None:
+            effects.append(f"sends at most {format_rate(q.rate.bits_per_second)}")
+        what = or_list(effects).replace(" or ", " and ") if effects else "changes nothing"
+        limit = q.limit.value if q.limit is not None else 1000
+        text = (
+            f"netem (network emulator, handle {_handle(q)}) {what}. It holds up to "
+            f"{_plural(limit, 'packet')} (delayed packets included); beyond that it drops."
+        )
+        if q.child is not None:
+            text += " Packets then go to its child qdisc" + (
+                ": " + self.queue(q.child) if child else "."
+            )
+        return text
+
+    # ---- classes
+    def classes(self, q: ir.Htb | ir.Cbq | ir.Prio, iface: ir.Interface) -> None:
+        parents = ir.parent_map(q)
+        default = default_minor(q) if isinstance(q, ir.Htb) else None
+        for top in q.classes:
+            self.klass(q, top, parents, default, iface, 0)
+
+    def klass(
+        self,
+        q: ir.Htb | ir.Cbq | ir.Prio,
+        cls: ir.Class,
+        parents: dict[int, ir.Class | None],
+        default: int | None,
+        iface: ir.Interface,
+        depth: int,
+    ) -> None:
+        assert cls.classid is not None
+        if cls.implicit:
+            title = f"link class {cls.classid}"
+        elif isinstance(q, ir.Prio):
+            title = f"band {cls.classid.minor - 1}: class {self.name(cls.name)} ({cls.classid})"
+        else:
+            title = f"class {self.name(cls.name)} ({cls.classid})"
+        self.add(Heading(4, title, depth))
+        inner = depth + 1
+        is_default = default is not None and cls.classid.minor == default and not cls.implicit
+        match q:
+            case ir.Htb():
+                self.htb_items(q, cls, parents, inner)
+            case ir.Cbq():
+                self.cbq_items(cls, inner)
+            case ir.Prio():
+                self.prio_items(q, cls, inner)
+        if not cls.children:
+            self.traffic(q, cls, iface, is_default, inner)
+            self.add(Item("Queue", self.queue(cls.leaf), inner))
+        for child in cls.children:
+            self.klass(q, child, parents, default, iface, inner)
+        if cls.leaf is not None and isinstance(cls.leaf, ir.Htb | ir.Cbq | ir.Prio):
+            self.classes(cls.leaf, iface)
+
+    def _ancestors(self, cls: ir.Class, parents: dict[int, ir.Class | None]) -> list[ir.Class]:
+        chain: list[ir.Class] = []
+        parent = parents.get(id(cls))
+        while parent is not None:
+            chain.append(parent)
+            parent = parents.get(id(parent))
+        return chain
+
+    def htb_items(
+        self, q: ir.Htb, cls: ir.Class, parents: dict[int, ir.Class | None], depth: int
+    ) -> None:
+        rate = _rate(cls.rate)
+        if rate is None:
+            return
+        ceil = _rate(cls.ceil) or rate
+        ancestors = self._ancestors(cls, parents)
+        r, c = format_rate(rate), format_rate(ceil)
+        if cls.implicit:
+            text = f"{r}: the most the classes below send together; they borrow from it."
+            if ceil > rate:
+                text += f" Its ceil {c} has no effect: it has no parent to borrow from."
+        elif not ancestors:
+            text = (
+                f"guaranteed {r}. It is a root class of the htb (the interface line gives no "
+                "rate, so there is no link class above it): it has no parent to borrow from "
+                f"and never sends more than {r}"
+            )
+            text += f", although its ceil is {c}." if ceil > rate else "."
+        elif ceil == rate:
+            text = f"guaranteed {r} and limited to it: ceil = rate, so it never borrows."
+        else:
+            lenders = self.cls_ref(ancestors[0])
+            if len(ancestors) > 1:
+                lenders += ", and through it from " + " and ".join(
+                    self.cls_ref(a) for a in ancestors[1:]
+                )
+            text = (
+                f"guaranteed {r}; may borrow up to {c} ({format_rate(ceil - rate)} more) from "
+                f"{lenders}, when {'it has' if len(ancestors) == 1 else 'they have'} bandwidth "
+                "to spare."
+            )
+            caps = [
+                (_rate(a.rate) if parents.get(id(a)) is None else (_rate(a.ceil) or _rate(a.rate)))
+                for a in ancestors
+            ]
+            limits = [(cap, a) for cap, a in zip(caps, ancestors, strict=True) if cap is not None]
+            if limits:
+                cap, lender = min(limits, key=lambda t: t[0])
+                if cap < ceil:
+                    text += (
+                        f" It can never get more than {format_rate(cap)}, what "
+                        f"{self.cls_ref(lender)} can have."
+                    )
+        if cls.children and not cls.implicit:
+            text += " The classes below share it."
+        self.add(Item("Rate", text, depth))
+        for key, what in (
+            ("burst", "how much it may send at once, at full speed, above its rate"),
+            ("cburst", "how much it may send at once, at full speed, above its ceil"),
+        ):
+            size = getattr(cls, key)
+            if size is not None:
+                self.add(Item(key.capitalize(), f"{_size(size.bytes)}: {what}.", depth))
+        if cls.implicit:
+            return
+        if cls.children:
+            if cls.prio is not None:
+                self.add(
+                    Item(
+                        "Priority",
+                        f"{cls.prio.value}, which does not matter here: htb uses the "
+                        "priority of leaf classes only.",
+                        depth,
+                    )
+                )
+            return
+        prio = cls.prio.value if cls.prio is not None else 0
+        given = "" if cls.prio is not None else " (the default)"
+        self.add(
+            Item(
+                "Priority",
+                f"{prio}{given}. Lower numbers go first: they are offered spare bandwidth "
+                "first when classes borrow, and their packets wait less. Guaranteed rates hold "
+                "whatever the priority.",
+                depth,
+            )
+        )
+        if cls.quantum is not None:
+            self.add(
+                Item(
+                    "Quantum",
+                    f"{cls.quantum.bytes} bytes: classes of the same priority take turns "
+                    "sending this much each, so they share spare bandwidth in proportion to "
+                    "their quanta.",
+                    depth,
+                )
+            )
+        elif ceil > rate and ancestors:
+            r2q = q.r2q.value if q.r2q is not None else HTB_DEFAULT_R2Q
+            computed = rate // 8 // r2q
+            lo, hi = HTB_QUANTUM
+            used = min(max(computed, lo), hi)
+            share = (
+                ", so they share spare bandwidth in proportion to their rates"
+                if used == computed
+                else ""
+            )
+            clamp = ""
+            if used != computed:
+                word = "raises" if used > computed else "lowers"
+                limit = "minimum" if used > computed else "maximum"
+                clamp = f", which the kernel {word} to {used}, its {limit}"
+            self.add(
+                Item(
+                    "Quantum",
+                    f"{computed} bytes (rate / r2q = {rate // 8} bytes/s / {r2q}){clamp}. "
+                    f"Classes of the same priority take turns borrowing this much each{share}.",
+                    depth,
+                )
+            )
+
+    def cbq_items(self, cls: ir.Class, depth: int) -> None:
+        rate = _rate(cls.rate)
+        if rate is not None:
+            text = f"{format_rate(rate)}; "
+            text += (
+                "bounded: it never borrows beyond it"
+                if cls.bounded
+                else "not bounded: it may borrow unused bandwidth from its parent"
+            )
+            if cls.isolated:
+                text += "; isolated: it lends its own unused bandwidth to no other class"
+            self.add(Item("Rate", text + ".", depth))
+        if cls.prio is not None:
+            self.add(
+                Item(
+                    "Priority",
+                    f"{cls.prio.value} (1 is the highest, 8 the lowest): when classes borrow, "
+                    "the lowest number is served first.",
+                    depth,
+                )
+            )
+        extras = [
+            f"{key} {format_size(getattr(cls, key).bytes)}"
+            for key in ("allot", "avpkt")
+            if getattr(cls, key) is not None
+        ]
+        if cls.weight is not None:
+            extras.append(f"weight {format_rate(cls.weight.bits_per_second)}")
+        if extras:
+            self.add(Item("Parameters", ", ".join(extras) + ".", depth))
+
+    def prio_items(self, q: ir.Prio, cls: ir.Class, depth: int) -> None:
+        assert cls.classid is not None
+        band = cls.classid.minor - 1
+        if band == 0:
+            order = "served first: its packets leave before any packet of a later band."
+        elif band == 1:
+            order = "served only when band 0 is empty."
+        else:
+            order = f"served only when bands 0-{band - 1} are empty."
+        self.add(Item("Order", order, depth))
+        tos = [f"0x{t:02x}" for t in range(0, 0x20, 2) if tos_band(q, t) == band]
+        text = (
+            "packets no filter takes, with TOS " + or_list(tos) + " (see the table)."
+            if tos
+            else "no TOS value maps to this band, so only its match lines send packets here."
+        )
+        self.add(Item("By TOS", text, depth))
+
+    # ---- traffic
+    def traffic(
+        self,
+        q: ir.Htb | ir.Cbq | ir.Prio,
+        cls: ir.Class,
+        iface: ir.Interface,
+        is_default: bool,
+        depth: int,
+    ) -> None:
+        marking = iface.marking
+        lines = tuple(f"{self.code(match_text(m))}: {match_phrase(m)}" for m in cls.matches)
+        if marking is not None and cls.fwmark is not None and cls.matches:
+            self.add(
+                Item(
+                    "Traffic",
+                    f"packets the firewall marks {cls.fwmark} (chain "
+                    f"{self.name(marking.chain or '?')}, for packets arriving on "
+                    f"{self.name(marking.from_interface)}): an fw filter sends mark "
+                    f"{cls.fwmark} here. The mark is set on packets matching "
+                    + ("any of these lines:" if len(lines) > 1 else "this line:"),
+                    depth,
+                    lines,
+                )
+            )
+        elif cls.matches:
+            self.add(
+                Item(
+                    "Traffic",
+                    "packets matching "
+                    + ("any of these lines:" if len(lines) > 1 else "this line:"),
+                    depth,
+                    lines,
+                )
+            )
+        elif marking is not None and cls.fwmark is not None and not is_default:
+            self.add(
+                Item(
+                    "Traffic",
+                    f"packets carrying mark {cls.fwmark}, which nothing in this policy sets: "
+                    "only another firewall rule can send packets here.",
+                    depth,
+                )
+            )
+        if is_default:
+            text = (
+                "this is the htb's default class: packets no filter matches come here, "
+                "including everything that is not IPv4 (ARP, IPv6)."
+            )
+            if marking is not None and cls.fwmark is not None:
+                text += f" The firewall gives still-unmarked packets mark {cls.fwmark}."
+            self.add(Item("Default", text, depth))
+        elif not cls.matches and isinstance(q, ir.Htb | ir.Cbq) and cls.fwmark is None:
+            self.add(
+                Item(
+                    "Traffic",
+                    "none: it has no match line and it is not the default class, so no packet "
+                    "reaches it.",
+                    depth,
+                )
+            )
+
+    # ---- classification order
+    def classification(self, iface: ir.Interface) -> None:
+        owners: dict[ir.Handle, ir.Class] = {}
+        lines: dict[tuple[ir.Handle, object], ir.Match] = {}
+        for q in ir.walk_qdiscs(iface.root):
+            for cls in ir.classes_of(q):
+                if cls.classid is not None:
+                    owners[cls.classid] = cls
+                    for m in cls.matches:
+                        lines[(cls.classid, m.span)] = m
+        marking = iface.marking
+        if marking is not None:
+            self.add(Heading(3, "How packets reach the classes"))
+            self.add(
+                Para(
+                    f"By firewall mark. Packets arriving on {self.name(marking.from_interface)} "
+                    f"pass the iptables chain {self.name(marking.chain or '?')} (mangle table, "
+                    "PREROUTING), whose rules mark them; each rule marks only packets that are "
+                    "still unmarked, so the first that matches wins. On "
+                    f"{self.name(iface.name)}, fw filters send each mark to its class. Packets "
+                    "that never pass that chain (this host's own traffic, for one) carry no "
+                    "mark and go where unmatched traffic goes. The rules, in order:"
+                )
+            )
+            by_mark = {c.fwmark: c for c in owners.values() if c.fwmark is not None}
+            steps: list[str] = []
+            seen: set[object] = set()
+            for rule in marking.rules:
+                target = by_mark.get(rule.mark)
+                where = f" -> {self.cls_ref(target)}" if target is not None else ""
+                if rule.unmarked:
+                    steps.append(f"every packet still unmarked: mark {rule.mark}{where}")
+                    continue
+                key = (rule.span, rule.mark)
+                if key in seen:
+                    continue
+                seen.add(key)
+                m = next(
+                    (m for (cid, span), m in lines.items() if span == rule.span),
+                    None,
+                )
+                what = match_phrase(m) if m is not None else "?"
+                steps.append(f"{what}: mark {rule.mark}{where}")
+            self.add(Steps(tuple(steps)))
+            return
+        filters = [f for f in iface.filters if isinstance(f, ir.U32Filter)]
+        if not filters:
+            return
+        self.add(Heading(3, "How packets reach the classes"))
+        parents: list[ir.Handle] = []
+        for f in filters:
+            if f.parent not in parents:
+                parents.append(f.parent)
+        for parent in parents:
+            on = [f for f in filters if f.parent == parent]
+            ordered = sorted(range(len(on)), key=lambda i: (on[i].pref, i))
+            show_pref = any(f.pref != on[0].pref for f in on)
+            self.add(
+                Para(
+                    f"u32 filters on {parent.qdisc} look at each IPv4 packet in this order; the "
+                    "first that matches decides its class"
+                    + (" (lower pref first, then the order written):" if show_pref else ":")
+                )
+            )
+            steps = []
+            last: tuple[object, ir.Handle] | None = None
+            for i in ordered:
+                f = on[i]
+                if last == (f.span, f.flowid):
+                    continue
+                last = (f.span, f.flowid)
+                m = lines.get((f.flowid, f.span))
+                what = match_phrase(m) if m is not None else "?"
+                target = owners.get(f.flowid)
+                ref = self.cls_ref(target) if target is not None else str(f.flowid)
+                prefix = f"pref {f.pref}: " if show_pref else ""
+                steps.append(f"{prefix}{what} -> {ref}")
+            self.add(Steps(tuple(steps)))
+
+    # ---- unmatched traffic
+    def unmatched(self, root: ir.Htb | ir.Cbq | ir.Prio, iface: ir.Interface) -> None:
+        self.add(Heading(3, "Unmatched traffic"))
+        match root:
+            case ir.Htb():
+                minor = default_minor(root)
+                target = next(
+                    (
+                        c
+                        for c in ir.classes_of(root)
+                        if c.classid is not None and c.classid.minor == minor and not c.implicit
+                    ),
+                    None,
+                )
+                if target is not None:
+                    text = (
+                        f"Packets no filter matches go to {self.cls_ref(target)}, the htb's "
+                        "default class. So does everything that is not IPv4, such as ARP and "
+                        "IPv6: the filters look at IPv4 headers only."
+                    )
+                else:
+                    text = (
+                        "There is no default class: packets no filter matches, and everything "
+                        "that is not IPv4 (ARP, IPv6; the filters look at IPv4 headers only), "
+                        "leave through htb's direct queue: unshaped, at the full speed of the "
+                        "link and ahead of every class. Add 'default CLASS' to the interface "
+                        "line to shape them."
+                    )
+            case ir.Prio():
+                band = priomap_of(root)[0]
+                text = (
+                    "Packets no filter matches go to the band their priority selects (the "
+                    "table below). Packets whose priority was not set from a TOS byte, such as "
+                    f"ARP and IPv6, have priority 0 and go to band {band}."
+                )
+            case ir.Cbq():
+                text = (
+                    f"Packets no filter matches, and everything that is not IPv4, go to cbq's "
+                    f"own root class {_handle(root)}, outside every class of this policy."
+                )
+        self.add(Para(text))
+
+    # ---- TOS -> priority -> band
+    def tos_table(self, q: ir.Prio | ir.PfifoFast) -> None:
+        self.add(Heading(3, "TOS byte -> Linux priority -> band"))
+        priomap = priomap_of(q)
+        if isinstance(q, ir.Prio) and q.priomap is not None:
+            origin = "the priomap this policy gives"
+        elif isinstance(q, ir.Prio):
+            origin = "tc's default priomap (the same as pfifo_fast's)"
+        else:
+            origin = "pfifo_fast's fixed priomap"
+        self.add(
+            Para(
+                "Linux gives a packet a priority from its TOS byte when it forwards it, and "
+                "when a local program sets the TOS with IP_TOS (the kernel's ip_tos2prio table, "
+                "indexed by the four TOS bits 0x1e; the precedence bits 0xe0 and the lowest "
+                f"bit 0x01 do not count). The band then comes from {origin}, "
+                + self.code("priomap " + " ".join(str(b) for b in priomap))
+                + ", read as band = priomap[priority]. Band 0 leaves first."
+            )
+        )
+        bands: dict[int, str] = {}
+        if isinstance(q, ir.Prio):
+            for cls in q.classes:
+                if cls.classid is not None:
+                    bands[cls.classid.minor - 1] = self.name(cls.name)
+        header = ("TOS", "bits set", "priority", "band")
+        rows: list[tuple[str, ...]] = []
+        for tos in range(0, 0x20, 2):
+            priority = tos_priority(tos)
+            band = priomap[priority]
+            row: tuple[str, ...] = (
+                f"0x{tos:02x}",
+                ", ".join(short for bit, short in TOS_SHORT if tos & bit) or "normal",
+                priority_words(priority),
+                str(band),
+            )
+            if isinstance(q, ir.Prio):
+                row += (bands.get(band, "(none: a pfifo)"),)
+            rows.append(row)
+        if isinstance(q, ir.Prio):
+            header += ("class",)
+        self.add(Table(header, tuple(rows)))
+        named = ", ".join(
+            f"0x{bit:02x} {name} ({short})"
+            for (bit, name), (_, short) in zip(TOS_BITS, TOS_SHORT, strict=True)
+        )
+        self.add(
+            Para(
+                f"The TOS bits: {named}. The 0x02 bit is also ECN's ECT(0) mark, which is why "
+                "current kernels give minimize-cost packets best effort (older kernels gave "
+                "them filler, band 2)."
+            )
+        )
+        if isinstance(q, ir.PfifoFast):
+            self.add(
+                Para(
+                    "The bands only matter while packets wait. On a link that is not congested "
+                    "at this interface, every band is empty most of the time and packets leave "
+                    "in the order they came, whatever their TOS."
+                )
+            )
+
+    # ---- notes
+    def notes(self, iface: ir.Interface) -> None:
+        conds = [
+            c
+            for q in ir.walk_qdiscs(iface.root)
+            for cls in ir.classes_of(q)
+            for m in cls.matches
+            for c in m.conds
+        ]
+        notes: list[str] = []
+        with_ports = any(
+            isinstance(c, ir.PortCond)
+            and not any(isinstance(o, ir.ProtoCond) for o in _line_of(iface, c))
+            for c in conds
+        )
+        if with_ports and iface.marking is None:
+            notes.append(
+                "Port conditions read the bytes where TCP and UDP keep their ports, assuming an "
+                "IPv4 header without options (the usual 20 bytes); without 'proto', they do not "
+                "check that the packet is TCP or UDP."
+            )
+        if any(isinstance(c, ir.TosCond) and c.dscp is None and c.mask & 0x03 for c in conds):
+            notes.append(
+                "A 'tos' match compares the whole byte (unless a mask says otherwise), ECN bits "
+                "included: an ECN-capable packet (0x01 or 0x02 set) does not match 'tos 0x10'."
+            )
+        if notes:
+            self.add(Heading(3, "Good to know"))
+            for note in notes:
+                self.add(Para(note))
+
+
+def _line_of(iface: ir.Interface, cond: ir.Cond) -> Iterator[ir.Cond]:
+    """The conditions of the match line that holds ``cond``."""
+    for q in ir.walk_qdiscs(iface.root):
+        for cls in ir.classes_of(q):
+            for m in cls.matches:
+                if any(c is cond for c in m.conds):
+                    yield from m.conds
+                    return
+
+
+def explain(policy: ir.Policy, fmt: Format = "text") -> str:
+    """Explain an allocated policy (from ``tcdsl.driver.analyse``) in plain English.
+
+    ``fmt`` is ``"text"`` (wrapped at 100 columns, classes indented by tree depth) or
+    ``"markdown"`` (for handouts). Pure and deterministic.
+    """
+    blocks = _Explainer(fmt).policy(policy)
+    return render_markdown(blocks) if fmt == "markdown" else render_text(blocks)
