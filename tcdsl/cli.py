@@ -426,6 +426,48 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
     sys.exit(EXIT_POLICY if failed or (changed and (check or show_diff)) else EXIT_OK)
 
 
+@cli.command(
+    "explain",
+    epilog="Examples:\n\n\b\n  tcdsl explain office.tcp\n"
+    "  tcdsl explain --format markdown -o office.md office.tcp\n\n"
+    "Exit 0, 1 when the policy has errors (printed as 'tcdsl check' prints them), 2 on usage "
+    "errors.",
+)
+@click.argument("policy", type=click.Path(dir_okay=False))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "markdown"]),
+    default="text",
+    show_default=True,
+    help="Plain text (wrapped at 100 columns) or Markdown (for handouts).",
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout."
+)
+def explain_command(policy: str, fmt: str, output: str | None) -> None:
+    """Explain POLICY in plain English, class by class: guarantees, borrowing, priorities,
+    which traffic reaches each class, its queue, and what happens to unmatched traffic."""
+    from tcdsl.explain import explain
+
+    result = analyse(policy)
+    shown = _visible(result.diagnostics, False)
+    if shown:
+        click.echo(render(shown, result.sources), nl=False, err=True)
+    if result.policy is None:
+        click.echo(f"tcdsl: {_summary(shown)}; nothing explained", err=True)
+        sys.exit(EXIT_POLICY)
+    text = explain(result.policy, "markdown" if fmt == "markdown" else "text")
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as err:
+        click.echo(f"tcdsl: cannot write '{output}': {err.strerror or err}", err=True)
+        sys.exit(EXIT_POLICY)
+
+
 def main() -> None:
     """Run the CLI; an unexpected exception is an internal error (exit 3, with a traceback)."""
     try:
