@@ -1,0 +1,1185 @@
+"""A discrete-event model of the kernel's qdiscs, fed by greedy and rate-limited flows.
+
+``simulate(policy, flows, duration)`` builds a model of one interface's qdisc tree, classifies
+each flow's packet once (``tcdsl.classify``), and runs the flows against it on a link of a
+given rate. Time is an integer number of nanoseconds, as the kernel keeps htb and tbf tokens;
+there is no wall clock and no randomness, so a run is a function of its inputs.
+
+The link transmits one packet at a time at the link rate; whenever it is free it asks the root
+qdisc for a packet (``dequeue``), and a qdisc that holds packets but may not send yet (htb,
+tbf, netem) asks to be woken at the time it may (the kernel's qdisc watchdog).
+
+- htb follows net/sched/sch_htb.c: per-class tokens and ctokens in nanoseconds with the
+  buffers of ``burst``/``cburst`` (tc's defaults when not given: rate / get_hz() + 1600 bytes,
+  with get_hz() = 10^9 on high-resolution timers, so 1600 bytes), the modes can_send,
+  may_borrow and cant_send (no hysteresis), the wait queue of classes per level, rows of
+  active classes per level and priority, feeds of borrowing children, deficit round robin on
+  ``quantum`` (rate / r2q, clamped to 1000..200000, unless given), charging up the tree, the
+  default class and the direct queue (classification by ``tcdsl.classify``);
+- prio: strict priority over its bands; tbf: rate bucket of ``burst``, optional peak bucket of
+  ``mtu``, a byte limit (``limit``, or from ``latency`` as tc computes it);
+- sfq: per-flow deficit round robin with ``quantum`` (each flow is its own hash bucket; no
+  perturbation), ``limit`` and ``depth``, dropping from the longest flow; fq_codel: per-flow
+  deficit round robin dropping from the fattest flow (no CoDel, no new-flow priority);
+- pfifo (packets), bfifo (bytes) and pfifo_fast (three bands by TOS) tail drop; a class
+  without a leaf qdisc gets the kernel's pfifo of txqueuelen (1000) packets;
+- netem: a fixed delay (and its ``rate``); jitter, loss, duplication and corruption are left
+  out. cbq is not modelled.
+
+A rate-limited flow sends a packet every size / rate from its start to its stop. A greedy flow
+models a backlogged sender such as a TCP bulk transfer: it offers a packet whenever the queue
+its packets wait in has room and it has fewer than ``GREEDY_WINDOW`` packets queued, so its
+queue never runs dry; greedy flows sharing a queue take turns.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from collections import deque
+from dataclasses import dataclass
+
+from tcdsl import ir
+from tcdsl.checks import effective_ceil, rate_of
+from tcdsl.classify import DEFAULT_PRIOMAP, classify, tos_priority
+from tcdsl.report import FlowInfo, Run, Series
+from tcdsl.traffic import Flow
+
+NS = 1_000_000_000
+"""Nanoseconds per second."""
+US = 1000
+"""Nanoseconds per microsecond."""
+TXQUEUELEN = 1000
+"""The default txqueuelen: the limit of the kernel's default pfifo and htb's direct queue."""
+MTU = 1514
+"""psched_mtu of an Ethernet device: the default sfq and fq_codel quantum, and bfifo's unit."""
+TC_MTU = 1600
+"""The mtu q_htb.c adds to rate / get_hz() for a default burst."""
+GET_HZ = 10**9
+"""What tc's get_hz() reads from /proc/net/psched with high-resolution timers."""
+DEFAULT_LINK = 10**9
+GREEDY_WINDOW = 64
+"""The most packets a greedy flow keeps queued (a TCP sender's window beyond the link)."""
+HTB_MAXDEPTH = 8
+HTB_NUMPRIO = 8
+MBUFFER = 60 * NS
+"""sch_htb's mbuffer: the most tokens a class may be owed or accumulate, 60 s."""
+CANT_SEND, MAY_BORROW, CAN_SEND = 0, 1, 2
+
+
+class SimulationError(ValueError):
+    """The policy or the flows cannot be simulated; the message says why."""
+
+
+def xmit_ns(size: int, rate_bytes: int) -> int:
+    """``tc_calc_xmittime`` then ``PSCHED_TICKS2NS``: the buffer tc sends for ``size`` bytes
+    at ``rate_bytes`` bytes/s, in nanoseconds (whole microseconds, then 64 ns ticks)."""
+    if rate_bytes <= 0:
+        return 0
+    usec = 1_000_000 * size // rate_bytes
+    ticks = usec * 1000 // 64
+    return ticks * 64
+
+
+def l2t(size: int, rate_bytes: int) -> int:
+    """``psched_l2t_ns``: nanoseconds to send ``size`` bytes at ``rate_bytes`` bytes/s."""
+    return size * NS // rate_bytes if rate_bytes > 0 else 0
+
+
+# ---- packets and nodes -------------------------------------------------------------------------
+
+
+class Packet:
+    """One packet in the model."""
+
+    __slots__ = ("enqueued", "flow", "route", "size", "tos")
+
+    def __init__(self, flow: int, size: int, tos: int, route: tuple[object, ...], now: int):
+        self.flow = flow
+        self.size = size
+        self.tos = tos
+        self.route = route
+        """Per classful qdisc on the way, in order: its choice (htb class, prio band)."""
+        self.enqueued = now
+
+
+class Engine:
+    """What the nodes call back: drops and wake-ups."""
+
+    def drop(self, pkt: Packet, now: int) -> None:
+        """Count ``pkt`` as dropped at ``now``."""
+
+    def wake(self, at: int) -> None:
+        """Ask for a dequeue attempt at ``at`` (the qdisc watchdog)."""
+
+
+class Node:
+    """A qdisc model: enqueue, dequeue, room and the queue a packet waits in."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def qlen(self) -> int:
+        """Packets held."""
+        raise NotImplementedError
+
+    def enqueue(self, pkt: Packet, now: int) -> None:
+        """Take ``pkt`` or drop it (or another packet) through ``engine.drop``."""
+        raise NotImplementedError
+
+    def dequeue(self, now: int) -> Packet | None:
+        """The next packet to send, or None (then a throttled qdisc has asked for a wake)."""
+        raise NotImplementedError
+
+    def store(self, pkt: Packet) -> Node:
+        """The queue ``pkt`` waits in (where greedy flows look for room)."""
+        return self
+
+    def room(self, pkt: Packet) -> bool:
+        """True if ``pkt`` would be queued without a drop."""
+        return self.store(pkt).room(pkt)
+
+
+class Fifo(Node):
+    """pfifo (``packets`` limit) or bfifo (byte limit): tail drop."""
+
+    def __init__(self, engine: Engine, limit: int, in_bytes: bool = False) -> None:
+        super().__init__(engine)
+        self.limit = limit
+        self.in_bytes = in_bytes
+        self.q: deque[Packet] = deque()
+        self.backlog = 0
+
+    def qlen(self) -> int:
+        return len(self.q)
+
+    def room(self, pkt: Packet) -> bool:
+        if self.in_bytes:
+            return self.backlog + pkt.size <= self.limit
+        return len(self.q) < self.limit
+
+    def enqueue(self, pkt: Packet, now: int) -> None:
+        if not self.room(pkt):
+            self.engine.drop(pkt, now)
+            return
+        self.q.append(pkt)
+        self.backlog += pkt.size
+
+    def dequeue(self, now: int) -> Packet | None:
+        if not self.q:
+            return None
+        pkt = self.q.popleft()
+        self.backlog -= pkt.size
+        return pkt
+
+
+class PfifoFastNode(Node):
+    """Three FIFO bands chosen by the TOS byte's priority; band 0 first."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.bands = [Fifo(engine, TXQUEUELEN) for _ in range(3)]
+
+    def qlen(self) -> int:
+        return sum(len(b.q) for b in self.bands)
+
+    def store(self, pkt: Packet) -> Node:
+        return self.bands[DEFAULT_PRIOMAP[tos_priority(pkt.tos)]]
+
+    def enqueue(self, pkt: Packet, now: int) -> None:
+        self.store(pkt).enqueue(pkt, now)
+
+    def dequeue(self, now: int) -> Packet | None:
+        for band in self.bands:
+            if band.q:
+                return band.dequeue(now)
+        return None
+
+
+class Drr(Node):
+    """Per-flow deficit round robin: sfq (``fattest`` False: drop the longest flow's tail) or
+    fq_codel without CoDel (``fattest`` True: drop the head of the flow with most bytes)."""
+
+    def __init__(self, engine: Engine, quantum: int, limit: int, depth: int, fattest: bool) -> None:
+        super().__init__(engine)
+        self.quantum = quantum
+        self.limit = limit
+        self.depth = depth
+        self.fattest = fattest
+        self.flows: dict[int, deque[Packet]] = {}
+        self.bytes: dict[int, int] = {}
+        self.allot: dict[int, int] = {}
+        self.ring: deque[int] = deque()
+        """Active flows; the first is the one served (sfq's ``tail->next``)."""
+        self.count = 0
+
+    def qlen(self) -> int:
+        return self.count
+
+    def room(self, pkt: Packet) -> bool:
+        q = self.flows.get(pkt.flow)
+        return self.count < self.limit and (q is None or len(q) < self.depth)
+
+    def enqueue(self, pkt: Packet, now: int) -> None:
+        q = self.flows.get(pkt.flow)
+        if q is not None and len(q) >= self.depth:
+            self.engine.drop(pkt, now)
+            return
+        if q is None:
+            q = self.flows[pkt.flow] = deque()
+            self.bytes[pkt.flow] = 0
+            self.allot[pkt.flow] = self.quantum
+            self.ring.append(pkt.flow)
+        q.append(pkt)
+        self.bytes[pkt.flow] += pkt.size
+        self.count += 1
+        if self.count > self.limit:
+            self._drop(now)
+
+    def _drop(self, now: int) -> None:
+        if self.fattest:
+            victim = max(self.ring, key=lambda f: (self.bytes[f], -f))
+            pkt = self.flows[victim].popleft()
+        else:
+            victim = max(self.ring, key=lambda f: (len(self.flows[f]), -f))
+            pkt = self.flows[victim].pop()
+        self.bytes[victim] -= pkt.size
+        self.count -= 1
+        if not self.flows[victim]:
+            self._forget(victim)
+        self.engine.drop(pkt, now)
+
+    def _forget(self, flow: int) -> None:
+        self.ring.remove(flow)
+        del self.flows[flow], self.bytes[flow], self.allot[flow]
+
+    def dequeue(self, now: int) -> Packet | None:
+        if not self.ring:
+            return None
+        while self.allot[self.ring[0]] <= 0:
+            first = self.ring[0]
+            self.allot[first] += self.quantum
+            self.ring.rotate(-1)
+        flow = self.ring[0]
+        pkt = self.flows[flow].popleft()
+        self.allot[flow] -= pkt.size
+        self.bytes[flow] -= pkt.size
+        self.count -= 1
+        if not self.flows[flow]:
+            self._forget(flow)
+        return pkt
+
+
+class TbfNode(Node):
+    """Token bucket filter after sch_tbf.c: rate tokens up to ``buffer``, peak tokens up to
+    ``mtu`` (both in nanoseconds), a child queue (a bfifo of ``limit`` bytes by default)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        rate: int,
+        burst: int,
+        child: Node,
+        peak: int | None = None,
+        mtu: int | None = None,
+    ) -> None:
+        super().__init__(engine)
+        self.rate = rate // 8
+        self.buffer = xmit_ns(burst, self.rate)
+        self.max_size = burst
+        self.peak = (peak or 0) // 8
+        self.mtu = xmit_ns(mtu or TC_MTU, self.peak) if self.peak else 0
+        if self.peak:
+            self.max_size = min(burst, mtu or TC_MTU)
+        self.tokens = self.buffer
+        self.ptokens = self.mtu
+        self.t_c = 0
+        self.child = child
+        self.peeked: Packet | None = None
+
+    def qlen(self) -> int:
+        return self.child.qlen() + (self.peeked is not None)
+
+    def store(self, pkt: Packet) -> Node:
+        return self.child.store(pkt)
+
+    def enqueue(self, pkt: Packet, now: int) -> None:
+        if pkt.size > self.max_size:
+            self.engine.drop(pkt, now)
+            return
+        self.child.enqueue(pkt, now)
+
+    def dequeue(self, now: int) -> Packet | None:
+        if self.peeked is None:
+            self.peeked = self.child.dequeue(now)
+            if self.peeked is None:
+                return None
+        pkt = self.peeked
+        toks = min(now - self.t_c, self.buffer)
+        ptoks = 0
+        if self.peak:
+            ptoks = min(toks + self.ptokens, self.mtu) - l2t(pkt.size, self.peak)
+        toks = min(toks + self.tokens, self.buffer) - l2t(pkt.size, self.rate)
+        if toks >= 0 and ptoks >= 0:
+            self.peeked = None
+            self.t_c, self.tokens, self.ptokens = now, toks, ptoks
+            return pkt
+        self.engine.wake(now + max(-toks, -ptoks))
+        return None
+
+
+class NetemNode(Node):
+    """netem as a fixed delay line (and its ``rate``), then its child queue if it has one."""
+
+    def __init__(
+        self, engine: Engine, delay: int, rate: int | None, limit: int, child: Node | None
+    ) -> None:
+        super().__init__(engine)
+        self.delay = delay
+        self.rate = (rate or 0) // 8
+        self.limit = limit
+        self.child = child
+        self.q: deque[tuple[int, Packet]] = deque()
+        self.last = 0
+
+    def qlen(self) -> int:
+        return len(self.q) + (self.child.qlen() if self.child is not None else 0)
+
+    def room(self, pkt: Packet) -> bool:
+        return len(self.q) < self.limit
+
+    def enqueue(self, pkt: Packet, now: int) -> None:
+        if len(self.q) >= self.limit:
+            self.engine.drop(pkt, now)
+            return
+        send = now + self.delay
+        if self.rate:
+            send = max(send, self.last) + l2t(pkt.size, self.rate)
+        self.last = send
+        self.q.append((send, pkt))
+
+    def dequeue(self, now: int) -> Packet | None:
+        if self.child is None:
+            if self.q and self.q[0][0] <= now:
+                return self.q.popleft()[1]
+            if self.q:
+                self.engine.wake(self.q[0][0])
+            return None
+        while self.q and self.q[0][0] <= now:
+            self.child.enqueue(self.q.popleft()[1], now)
+        pkt = self.child.dequeue(now)
+        if pkt is None and self.q:
+            self.engine.wake(self.q[0][0])
+        return pkt
+
+
+class PrioNode(Node):
+    """Strict priority: the first band with a packet sends."""
+
+    def __init__(self, engine: Engine, bands: list[Node], depth: int) -> None:
+        super().__init__(engine)
+        self.bands = bands
+        self.depth = depth
+        """The index of this qdisc's choice in a packet's route."""
+
+    def qlen(self) -> int:
+        return sum(b.qlen() for b in self.bands)
+
+    def _band(self, pkt: Packet) -> Node:
+        band = pkt.route[self.depth]
+        assert isinstance(band, int)
+        return self.bands[band]
+
+    def store(self, pkt: Packet) -> Node:
+        return self._band(pkt).store(pkt)
+
+    def enqueue(self, pkt: Packet, now: int) -> None:
+        self._band(pkt).enqueue(pkt, now)
+
+    def dequeue(self, now: int) -> Packet | None:
+        for band in self.bands:
+            pkt = band.dequeue(now)
+            if pkt is not None:
+                return pkt
+        return None
+
+
+# ---- htb ------------------------------------------------------------------------------------
+
+
+class HtbClass:
+    """One htb class's state, as struct htb_class keeps it."""
+
+    def __init__(
+        self,
+        name: str,
+        classid: int,
+        parent: HtbClass | None,
+        rate: int,
+        ceil: int,
+        burst: int | None,
+        cburst: int | None,
+        prio: int,
+        quantum: int,
+    ) -> None:
+        self.name = name
+        self.classid = classid
+        self.parent = parent
+        self.children: list[HtbClass] = []
+        self.level = 0
+        self.rate = rate // 8
+        self.ceil = ceil // 8
+        burst_bytes = burst if burst is not None else self.rate // GET_HZ + TC_MTU
+        cburst_bytes = cburst if cburst is not None else self.ceil // GET_HZ + TC_MTU
+        self.buffer = xmit_ns(burst_bytes, self.rate)
+        self.cbuffer = xmit_ns(cburst_bytes, self.ceil)
+        self.tokens = self.buffer
+        self.ctokens = self.cbuffer
+        self.t_c = 0
+        self.mode = CAN_SEND
+        self.prio = min(prio, HTB_NUMPRIO - 1)
+        self.quantum = quantum
+        self.deficit = [0] * HTB_MAXDEPTH
+        self.prio_activity = 0
+        self.feeds: list[Rr] = []
+        self.leaf: Node | None = None
+        self.pq_key: int | None = None
+
+
+class Rr:
+    """A red-black tree of classes by class id with a round-robin pointer (a row, or an inner
+    class's feed). The pointer is a class id: it stands for the first member at or above it
+    (the kernel's ``ptr`` and ``last_ptr_id`` in one); None is the right end."""
+
+    __slots__ = ("ids", "members", "ptr")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.members: dict[int, HtbClass] = {}
+        self.ptr: int | None = None
+
+    def add(self, cl: HtbClass) -> None:
+        if cl.classid not in self.members:
+            insort(self.ids, cl.classid)
+            self.members[cl.classid] = cl
+
+    def remove(self, cl: HtbClass) -> None:
+        if self.members.pop(cl.classid, None) is not None:
+            self.ids.remove(cl.classid)
+
+    def current(self) -> HtbClass | None:
+        if self.ptr is None:
+            return None
+        for cid in self.ids:
+            if cid >= self.ptr:
+                return self.members[cid]
+        return None
+
+    def advance(self) -> None:
+        """``htb_next_rb_node``."""
+        cur = self.current()
+        if cur is None:
+            return
+        self.ptr = next((cid for cid in self.ids if cid > cur.classid), None)
+
+
+class HtbNode(Node):
+    """sch_htb: the class tree, rows, feeds, wait queues and the direct queue."""
+
+    def __init__(self, engine: Engine, depth: int) -> None:
+        super().__init__(engine)
+        self.depth = depth
+        self.classes: list[HtbClass] = []
+        self.leaves: list[HtbClass] = []
+        self.direct = Fifo(engine, TXQUEUELEN)
+        self.rows = [[Rr() for _ in range(HTB_NUMPRIO)] for _ in range(HTB_MAXDEPTH)]
+        self.wait: list[dict[HtbClass, tuple[int, int]]] = [{} for _ in range(HTB_MAXDEPTH)]
+        self.near_ev = [0] * HTB_MAXDEPTH
+        self.row_mask = [0] * HTB_MAXDEPTH
+        self.levels: tuple[int, ...] = (0,)
+        """The levels that have classes (leaves are 0, top inner classes 7)."""
+        self.active = 0
+        """Leaves with packets (``prio_activity`` set)."""
+        self.seq = 0
+
+    def qlen(self) -> int:
+        total = len(self.direct.q)
+        for cl in self.leaves:
+            assert cl.leaf is not None
+            total += cl.leaf.qlen()
+        return total
+
+    def _class(self, pkt: Packet) -> HtbClass | None:
+        cl = pkt.route[self.depth]
+        assert cl is None or isinstance(cl, HtbClass)
+        return cl
+
+    def store(self, pkt: Packet) -> Node:
+        cl = self._class(pkt)
+        if cl is None:
+            return self.direct
+        assert cl.leaf is not None
+        return cl.leaf.store(pkt)
+
+    def enqueue(self, pkt: Packet, now: int) -> None:
+        cl = self._class(pkt)
+        if cl is None:
+            self.direct.enqueue(pkt, now)
+            return
+        assert cl.leaf is not None
+        cl.leaf.enqueue(pkt, now)
+        if cl.leaf.qlen() > 0:
+            self._activate(cl)
+
+    # ---- activation (htb_activate_prios and friends) ----
+    def _activate(self, cl: HtbClass) -> None:
+        if not cl.prio_activity:
+            cl.prio_activity = 1 << cl.prio
+            self.active += 1
+            self._activate_prios(cl)
+
+    def _deactivate(self, cl: HtbClass) -> None:
+        self._deactivate_prios(cl)
+        if cl.prio_activity:
+            self.active -= 1
+        cl.prio_activity = 0
+
+    def _activate_prios(self, cl: HtbClass) -> None:
+        p = cl.parent
+        mask = cl.prio_activity
+        while cl.mode == MAY_BORROW and p is not None and mask:
+            for prio in _bits(mask):
+                feed = p.feeds[prio]
+                if feed.ids:
+                    mask &= ~(1 << prio)
+                feed.add(cl)
+            p.prio_activity |= mask
+            cl, p = p, p.parent
+        if cl.mode == CAN_SEND and mask:
+            for prio in _bits(mask):
+                self.rows[cl.level][prio].add(cl)
+            self.row_mask[cl.level] |= mask
+
+    def _deactivate_prios(self, cl: HtbClass) -> None:
+        p = cl.parent
+        mask = cl.prio_activity
+        while cl.mode == MAY_BORROW and p is not None and mask:
+            m, mask = mask, 0
+            for prio in _bits(m):
+                feed = p.feeds[prio]
+                feed.remove(cl)
+                if not feed.ids:
+                    mask |= 1 << prio
+            p.prio_activity &= ~mask
+            cl, p = p, p.parent
+        if cl.mode == CAN_SEND and mask:
+            rows = self.rows[cl.level]
+            for prio in _bits(mask):
+                rows[prio].remove(cl)
+                if not rows[prio].ids:
+                    self.row_mask[cl.level] &= ~(1 << prio)
+
+    # ---- modes and the wait queue ----
+    def _change_mode(self, cl: HtbClass, diff: int) -> int:
+        """``htb_change_class_mode``; returns the new ``diff``."""
+        toks = cl.ctokens + diff
+        if toks < 0:
+            new, diff = CANT_SEND, -toks
+        else:
+            toks = cl.tokens + diff
+            new, diff = (CAN_SEND, diff) if toks >= 0 else (MAY_BORROW, -toks)
+        if new == cl.mode:
+            return diff
+        if cl.prio_activity:
+            if cl.mode != CANT_SEND:
+                self._deactivate_prios(cl)
+            cl.mode = new
+            if new != CANT_SEND:
+                self._activate_prios(cl)
+        else:
+            cl.mode = new
+        return diff
+
+    def _wait(self, cl: HtbClass, now: int, delay: int) -> None:
+        key = now + delay
+        if key == now:
+            key += 1
+        self.seq += 1
+        self.wait[cl.level][cl] = (key, self.seq)
+        cl.pq_key = key
+        if self.near_ev[cl.level] > key:
+            self.near_ev[cl.level] = key
+
+    def _do_events(self, level: int, now: int) -> int:
+        waiting = self.wait[level]
+        while waiting:
+            cl = min(waiting, key=waiting.__getitem__)
+            key = waiting[cl][0]
+            if key > now:
+                return key
+            del waiting[cl]
+            diff = self._change_mode(cl, min(now - cl.t_c, MBUFFER))
+            if cl.mode != CAN_SEND:
+                self._wait(cl, now, diff)
+        return 0
+
+    # ---- dequeue ----
+    def _charge(self, cl: HtbClass | None, level: int, size: int, now: int) -> None:
+        while cl is not None:
+            diff = min(now - cl.t_c, MBUFFER)
+            if cl.level >= level:
+                toks = min(diff + cl.tokens, cl.buffer) - l2t(size, cl.rate)
+                cl.tokens = max(toks, 1 - MBUFFER) if toks <= -MBUFFER else toks
+            else:
+                cl.tokens += diff
+            ctoks = min(diff + cl.ctokens, cl.cbuffer) - l2t(size, cl.ceil)
+            cl.ctokens = max(ctoks, 1 - MBUFFER) if ctoks <= -MBUFFER else ctoks
+            cl.t_c = now
+            old = cl.mode
+            delay = self._change_mode(cl, 0)
+            if old != cl.mode:
+                if old != CAN_SEND:
+                    self.wait[cl.level].pop(cl, None)
+                if cl.mode != CAN_SEND:
+                    self._wait(cl, now, delay)
+            cl = cl.parent
+
+    def _lookup_leaf(self, row: Rr, prio: int) -> HtbClass | None:
+        stack = [row]
+        for _ in range(65535):
+            rr = stack[-1]
+            cur = rr.current()
+            if cur is None:
+                if not rr.ids:
+                    return None
+                rr.ptr = rr.ids[0]
+                if len(stack) > 1:
+                    stack.pop()
+                    if stack[-1].current() is None:
+                        return None
+                    stack[-1].advance()
+            elif cur.level == 0:
+                return cur
+            else:
+                stack.append(cur.feeds[prio])
+        return None
+
+    def _dequeue_tree(self, prio: int, level: int, now: int) -> Packet | None:
+        row = self.rows[level][prio]
+        start = cl = self._lookup_leaf(row, prio)
+        pkt = None
+        while cl is not None:
+            leaf = cl.leaf
+            assert leaf is not None
+            if leaf.qlen() == 0:
+                self._deactivate(cl)
+                if not row.ids:
+                    return None
+                nxt = self._lookup_leaf(row, prio)
+                if cl is start:
+                    start = nxt
+                cl = nxt
+                continue
+            pkt = leaf.dequeue(now)
+            if pkt is not None:
+                break
+            assert cl.parent is not None or level == 0
+            (cl.parent.feeds[prio] if level and cl.parent else row).advance()
+            cl = self._lookup_leaf(row, prio)
+            if cl is start:
+                return None
+        if pkt is None or cl is None:
+            return None
+        assert cl.leaf is not None
+        cl.deficit[level] -= pkt.size
+        if cl.deficit[level] < 0:
+            cl.deficit[level] += cl.quantum
+            (cl.parent.feeds[prio] if level and cl.parent else row).advance()
+        if cl.leaf.qlen() == 0:
+            self._deactivate(cl)
+        self._charge(cl, level, pkt.size, now)
+        return pkt
+
+    def dequeue(self, now: int) -> Packet | None:
+        pkt = self.direct.dequeue(now)
+        if pkt is not None:
+            return pkt
+        if not self.active:
+            return None
+        next_event = now + 5 * NS
+        for level in self.levels:
+            if now >= self.near_ev[level]:
+                event = self._do_events(level, now) or now + NS
+                self.near_ev[level] = event
+            else:
+                event = self.near_ev[level]
+            next_event = min(next_event, event)
+            for prio in _bits(self.row_mask[level]):
+                pkt = self._dequeue_tree(prio, level, now)
+                if pkt is not None:
+                    return pkt
+        self.engine.wake(max(next_event, now + 1))
+        return None
+
+
+_BITS = tuple(tuple(i for i in range(HTB_NUMPRIO) if m >> i & 1) for m in range(256))
+
+
+def _bits(mask: int) -> tuple[int, ...]:
+    """The priorities set in ``mask``, lowest first (``ffz(~m)`` in a loop)."""
+    return _BITS[mask]
+
+
+# ---- building the model from the policy --------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.nodes: dict[int, Node] = {}
+        """id() of an ir qdisc -> its model."""
+        self.htb_classes: dict[int, HtbClass] = {}
+        """id() of an ir class -> its htb model."""
+        self.notes: list[str] = []
+
+    def build(self, q: ir.Qdisc, depth: int = 0) -> Node:
+        node = self._build(q, depth)
+        self.nodes[id(q)] = node
+        return node
+
+    def _leaf(self, q: ir.Qdisc | None, depth: int) -> Node:
+        return Fifo(self.engine, TXQUEUELEN) if q is None else self.build(q, depth)
+
+    def _build(self, q: ir.Qdisc, depth: int) -> Node:
+        e = self.engine
+        match q:
+            case ir.Pfifo():
+                return Fifo(e, q.limit.value if q.limit else TXQUEUELEN)
+            case ir.Bfifo():
+                return Fifo(e, q.limit.bytes if q.limit else TXQUEUELEN * MTU, in_bytes=True)
+            case ir.PfifoFast():
+                return PfifoFastNode(e)
+            case ir.Sfq():
+                limit = q.limit.value if q.limit else 127
+                depth_ = q.depth.value if q.depth else 127
+                quantum = q.quantum.bytes if q.quantum else MTU
+                return Drr(e, quantum, limit, min(depth_, limit), fattest=False)
+            case ir.FqCodel():
+                limit = q.limit.value if q.limit else 10240
+                quantum = q.quantum.bytes if q.quantum else MTU
+                self.notes.append("fq_codel is modelled without CoDel's drops")
+                return Drr(e, quantum, limit, limit, fattest=True)
+            case ir.Tbf():
+                return self._tbf(q, depth)
+            case ir.Netem():
+                if q.jitter or q.loss or q.duplicate or q.corrupt:
+                    self.notes.append("netem is modelled as a fixed delay: no jitter or loss")
+                delay = (q.delay.microseconds if q.delay else 0) * US
+                limit = q.limit.value if q.limit else TXQUEUELEN
+                child = None if q.child is None else self.build(q.child, depth)
+                rate = q.rate.bits_per_second if q.rate else None
+                return NetemNode(e, delay, rate, limit, child)
+            case ir.Prio():
+                bands = q.bands.value if q.bands else 3
+                nodes: list[Node] = [Fifo(e, TXQUEUELEN) for _ in range(bands)]
+                for cls in q.classes:
+                    if cls.classid is not None and 1 <= cls.classid.minor <= bands:
+                        nodes[cls.classid.minor - 1] = self._leaf(cls.leaf, depth + 1)
+                return PrioNode(e, nodes, depth)
+            case ir.Htb():
+                return self._htb(q, depth)
+            case _:
+                raise SimulationError(f"{q.kind} is not modelled by the simulator")
+
+    def _tbf(self, q: ir.Tbf, depth: int) -> Node:
+        rate = rate_of(q.rate)
+        if rate is None or q.burst is None:
+            raise SimulationError("a tbf needs a rate and a burst to be simulated")
+        rate_bytes = rate.bits_per_second // 8
+        peak = q.peakrate.bits_per_second if q.peakrate else None
+        mtu = q.mtu.bytes if q.mtu else None
+        if q.child is not None:
+            child = self.build(q.child, depth)
+        else:
+            if q.limit is not None:
+                limit = q.limit.bytes
+            elif q.latency is not None:
+                limit = rate_bytes * q.latency.microseconds // 1_000_000 + q.burst.bytes
+                if peak:
+                    lim2 = peak // 8 * q.latency.microseconds // 1_000_000 + (mtu or TC_MTU)
+                    limit = min(limit, lim2)
+            else:
+                limit = TXQUEUELEN * MTU
+            child = Fifo(self.engine, limit, in_bytes=True)
+        return TbfNode(self.engine, rate.bits_per_second, q.burst.bytes, child, peak, mtu)
+
+    def _htb(self, q: ir.Htb, depth: int) -> Node:
+        node = HtbNode(self.engine, depth)
+        r2q = q.r2q.value if q.r2q else 10
+
+        def make(c: ir.Class, parent: HtbClass | None) -> HtbClass:
+            rate = rate_of(c.rate)
+            if rate is None:
+                raise SimulationError(f"{c.label} has no rate; the simulator needs one")
+            ceil = effective_ceil(c) or rate
+            if c.quantum is not None:
+                quantum = c.quantum.bytes
+            else:
+                quantum = min(max(rate.bits_per_second // 8 // r2q, 1000), 200000)
+            cl = HtbClass(
+                c.name or "link",
+                c.classid.minor if c.classid else 0,
+                parent,
+                rate.bits_per_second,
+                ceil.bits_per_second,
+                c.burst.bytes if c.burst else None,
+                c.cburst.bytes if c.cburst else None,
+                c.prio.value if c.prio else 0,
+                quantum,
+            )
+            self.htb_classes[id(c)] = cl
+            node.classes.append(cl)
+            cl.children = [make(k, cl) for k in c.children]
+            if not c.children:
+                cl.leaf = self._leaf(c.leaf, depth + 1)
+                node.leaves.append(cl)
+            return cl
+
+        tops = [make(c, None) for c in q.classes]
+
+        def level(cl: HtbClass, parent_level: int) -> None:
+            cl.level = parent_level - 1 if cl.children else 0
+            if cl.children:
+                cl.feeds = [Rr() for _ in range(HTB_NUMPRIO)]
+            for k in cl.children:
+                level(k, cl.level)
+
+        for top in tops:
+            level(top, HTB_MAXDEPTH)
+        node.levels = tuple(sorted({cl.level for cl in node.classes}))
+        return node
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+
+def link_rate(iface: ir.Interface) -> int:
+    """The rate the interface transmits at when no ``--link`` is given: an htb's link class
+    ceiling, a tbf's rate (its peak rate if higher), a netem's rate, else 1gbit."""
+    root = iface.root
+    match root:
+        case ir.Htb():
+            implicit = [c for c in root.classes if c.implicit]
+            tops = implicit or list(root.classes)
+            ceils = [r.bits_per_second for c in tops if (r := effective_ceil(c)) is not None]
+            if ceils:
+                return max(ceils) if implicit else max(max(ceils), _rate_sum(tops))
+        case ir.Tbf():
+            rate = rate_of(root.rate)
+            if rate is not None:
+                peak = root.peakrate.bits_per_second if root.peakrate else 0
+                return max(rate.bits_per_second, peak)
+        case ir.Netem():
+            if root.rate is not None:
+                return root.rate.bits_per_second
+        case _:
+            pass
+    return DEFAULT_LINK
+
+
+def _rate_sum(classes: list[ir.Class]) -> int:
+    return sum(r.bits_per_second for c in classes if (r := rate_of(c.rate)) is not None)
+
+
+@dataclass
+class _FlowState:
+    flow: Flow
+    index: int
+    route: tuple[object, ...]
+    cls: str
+    store: Node
+    stop: int
+    """Nanoseconds."""
+    active: bool = False
+    queued: int = 0
+    """Packets of this flow in the qdiscs."""
+
+
+class Simulator(Engine):
+    """One run: the event heap, the link, the flows and the counters."""
+
+    START, STOP, EMIT, TXDONE, WAKE = range(5)
+
+    def __init__(
+        self,
+        policy: ir.Policy,
+        flows: list[Flow],
+        duration: int,
+        interval: int | None = None,
+        link: int | None = None,
+        interface: str | None = None,
+    ) -> None:
+        if duration <= 0:
+            raise SimulationError("the duration must be above 0")
+        if not flows:
+            raise SimulationError("give at least one flow")
+        names = [f.name for f in flows]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup is not None:
+            raise SimulationError(f"two flows are called '{dup}'; give them different names")
+        self.duration = duration
+        self.interval = interval or min(1_000_000, max(duration // 30, 1))
+        if self.interval <= 0:
+            raise SimulationError("the interval must be above 0")
+        self.end = duration * US
+        self.policy = policy
+        iface = self._interface(policy, interface)
+        self.iface = iface
+        self.link = link or link_rate(iface)
+        if self.link <= 0:
+            raise SimulationError("the link rate must be above 0")
+        builder = _Builder(self)
+        self.root = builder.build(iface.root)
+        self.notes = tuple(dict.fromkeys(builder.notes))
+        self.flows = [self._flow(builder, f, i) for i, f in enumerate(flows)]
+        order = self._class_order(iface)
+        used = {s.cls for s in self.flows}
+        self.class_names = [n for n in order if n in used] + sorted(used - set(order))
+        bins = len(range(0, duration, self.interval))
+        self.bins = bins
+        self.cbytes = {n: [0] * bins for n in self.class_names}
+        self.cpackets = {n: [0] * bins for n in self.class_names}
+        self.cdrops = {n: [0] * bins for n in self.class_names}
+        self.cdelay = {n: [0] * bins for n in self.class_names}
+        self.fbytes = [[0] * bins for _ in flows]
+        self.fpackets = [[0] * bins for _ in flows]
+        self.fdrops = [[0] * bins for _ in flows]
+        self.fdelay = [[0] * bins for _ in flows]
+        self.heap: list[tuple[int, int, int, int]] = []
+        self.seq = 0
+        self.busy = False
+        self.wakes: set[int] = set()
+        self.greedy: dict[int, list[_FlowState]] = {}
+        self.rr: dict[int, int] = {}
+        self.dirty: list[Node] = []
+        self.events = 0
+        self.now = 0
+        self.sent: dict[int, int] = {}
+        """Packets each rate-limited flow has offered so far."""
+
+    @staticmethod
+    def _interface(policy: ir.Policy, name: str | None) -> ir.Interface:
+        if not policy.interfaces:
+            raise SimulationError("the policy has no interface")
+        if name is None:
+            return policy.interfaces[0]
+        for iface in policy.interfaces:
+            if iface.name == name:
+                return iface
+        known = ", ".join(i.name for i in policy.interfaces)
+        raise SimulationError(f"the policy has no interface '{name}' (it has: {known})")
+
+    @staticmethod
+    def _class_order(iface: ir.Interface) -> list[str]:
+        return [c.name or "link" for q in ir.walk_qdiscs(iface.root) for c in ir.classes_of(q)]
+
+    def _flow(self, builder: _Builder, flow: Flow, index: int) -> _FlowState:
+        verdict = classify(self.policy, flow.packet, self.iface.name)
+        route: list[object] = []
+        for step in verdict.steps:
+            if isinstance(step.qdisc, ir.Htb):
+                route.append(None if step.cls is None else builder.htb_classes[id(step.cls)])
+            elif isinstance(step.qdisc, ir.Prio):
+                if step.cls is not None and step.cls.classid is not None:
+                    route.append(step.cls.classid.minor - 1)
+                else:
+                    priomap = step.qdisc.priomap
+                    table = [c.value for c in priomap] if priomap else list(DEFAULT_PRIOMAP)
+                    route.append(table[tos_priority(flow.packet.tos)])
+            elif isinstance(step.qdisc, ir.Cbq):
+                raise SimulationError("cbq is not modelled by the simulator")
+        if verdict.cls is not None:
+            cls = verdict.cls.name or "link"
+        elif verdict.direct:
+            cls = "direct"
+        else:
+            cls = verdict.steps[-1].qdisc.kind
+        probe = Packet(index, flow.packet.size, flow.packet.tos, tuple(route), 0)
+        stop = self.end if flow.stop is None else min(flow.stop * US, self.end)
+        return _FlowState(flow, index, tuple(route), cls, self.root.store(probe), stop)
+
+    # ---- engine callbacks ----
+    def drop(self, pkt: Packet, now: int) -> None:
+        b = min(now // US // self.interval, self.bins - 1)
+        self.fdrops[pkt.flow][b] += 1
+        s = self.flows[pkt.flow]
+        self.cdrops[s.cls][b] += 1
+        s.queued -= 1
+        self.dirty.append(s.store)
+
+    def wake(self, at: int) -> None:
+        if at not in self.wakes and at < self.end:
+            self.wakes.add(at)
+            self._push(at, self.WAKE, 0)
+
+    def _push(self, at: int, kind: int, arg: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, self.seq, kind, arg))
+
+    # ---- flows ----
+    def _packet(self, s: _FlowState, now: int) -> Packet:
+        return Packet(s.index, s.flow.packet.size, s.flow.packet.tos, s.route, now)
+
+    def _refill(self, store: Node, now: int) -> None:
+        group = self.greedy.get(id(store))
+        if not group:
+            return
+        n = len(group)
+        i = self.rr.get(id(store), 0)
+        fails = 0
+        while fails < n:
+            s = group[i % n]
+            i += 1
+            pkt = self._packet(s, now)
+            if s.queued < GREEDY_WINDOW and store.room(pkt):
+                s.queued += 1
+                self.root.enqueue(pkt, now)
+                fails = 0
+            else:
+                fails += 1
+        self.rr[id(store)] = i % n
+
+    def _emit_time(self, s: _FlowState, k: int) -> int:
+        assert s.flow.rate is not None
+        return s.flow.start * US + k * s.flow.packet.size * 8 * NS // s.flow.rate
+
+    # ---- the link ----
+    def _send(self, now: int) -> None:
+        pkt = self.root.dequeue(now)
+        if pkt is None:
+            return
+        self.busy = True
+        s = self.flows[pkt.flow]
+        s.queued -= 1
+        b = min(now // US // self.interval, self.bins - 1)
+        delay = (now - pkt.enqueued) // US
+        self.fbytes[pkt.flow][b] += pkt.size
+        self.fpackets[pkt.flow][b] += 1
+        self.fdelay[pkt.flow][b] += delay
+        self.cbytes[s.cls][b] += pkt.size
+        self.cpackets[s.cls][b] += 1
+        self.cdelay[s.cls][b] += delay
+        self._push(now + -(-pkt.size * 8 * NS // self.link), self.TXDONE, 0)
+        self._refill(s.store, now)
+
+    def run(self) -> Run:
+        """Run the flows for the duration and return the counters."""
+        for s in self.flows:
+            if s.flow.start * US < self.end:
+                self._push(s.flow.start * US, self.START, s.index)
+        while self.heap:
+            now, _, kind, arg = heapq.heappop(self.heap)
+            if now >= self.end:
+                break
+            self.events += 1
+            self.now = now
+            if kind == self.WAKE:
+                self.wakes.discard(now)
+            elif kind == self.TXDONE:
+                self.busy = False
+            elif kind == self.START:
+                self._start(self.flows[arg], now)
+            elif kind == self.STOP:
+                self._stop(self.flows[arg])
+            elif kind == self.EMIT:
+                self._emit(self.flows[arg], now)
+            while self.dirty:
+                self._refill(self.dirty.pop(0), now)
+            if not self.busy:
+                self._send(now)
+        return self._result()
+
+    def _start(self, s: _FlowState, now: int) -> None:
+        s.active = True
+        if s.stop < self.end:
+            self._push(s.stop, self.STOP, s.index)
+        if s.flow.rate is None:
+            self.greedy.setdefault(id(s.store), []).append(s)
+            self._refill(s.store, now)
+        else:
+            self._emit(s, now, 0)
+
+    def _stop(self, s: _FlowState) -> None:
+        s.active = False
+        group = self.greedy.get(id(s.store))
+        if group and s in group:
+            group.remove(s)
+
+    def _emit(self, s: _FlowState, now: int, k: int | None = None) -> None:
+        if not s.active:
+            return
+        s.queued += 1
+        self.root.enqueue(self._packet(s, now), now)
+        count = self.sent.get(s.index, 0) + 1 if k is None else k + 1
+        self.sent[s.index] = count
+        at = self._emit_time(s, count)
+        if at < s.stop:
+            self._push(at, self.EMIT, s.index)
+
+    def _result(self) -> Run:
+        def series(name: str, b: list[int], p: list[int], d: list[int], q: list[int]) -> Series:
+            return Series(name, tuple(b), tuple(p), tuple(d), tuple(q))
+
+        flows = tuple(
+            FlowInfo(
+                s.flow.name,
+                s.flow.packet.describe(),
+                s.cls,
+                s.flow.rate,
+                s.flow.start,
+                min(s.stop // US, self.duration),
+            )
+            for s in self.flows
+        )
+        return Run(
+            source=self.policy.source,
+            interface=self.iface.name,
+            link=self.link,
+            duration=self.duration,
+            interval=self.interval,
+            flows=flows,
+            classes=tuple(
+                series(n, self.cbytes[n], self.cpackets[n], self.cdrops[n], self.cdelay[n])
+                for n in self.class_names
+            ),
+            flow_series=tuple(
+                series(
+                    s.flow.name,
+                    self.fbytes[s.index],
+                    self.fpackets[s.index],
+                    self.fdrops[s.index],
+                    self.fdelay[s.index],
+                )
+                for s in self.flows
+            ),
+            events=self.events,
+            notes=self.notes,
+        )
+
+
+def simulate(
+    policy: ir.Policy,
+    flows: list[Flow],
+    duration: int,
+    interval: int | None = None,
+    link: int | None = None,
+    interface: str | None = None,
+) -> Run:
+    """Simulate ``flows`` on ``interface`` (default: the first) of an allocated ``policy`` for
+    ``duration`` microseconds, sampling every ``interval`` microseconds (default: 1 s, or a
+    thirtieth of a shorter run), on a link of ``link`` bits/s (default: ``link_rate``).
+
+    Raises ``SimulationError`` for what the model cannot run (cbq, an unknown interface,
+    duplicate flow names).
+    """
+    return Simulator(policy, flows, duration, interval, link, interface).run()
