@@ -1,0 +1,290 @@
+"""tcdsl explain: golden texts for every example policy (both formats), the facts students rely
+on, the kernel's TOS tables, the command line, and the example pasted in docs/explain.md.
+
+Golden files live in tests/golden_explain/<name>.txt and .md (not under tests/golden/, whose
+orphan check expects backend output only); rewrite them with --update-golden and read the diff:
+these texts are what students read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tcdsl import ir
+from tcdsl.cli import cli
+from tcdsl.driver import analyse
+from tcdsl.explain import (
+    DEFAULT_PRIOMAP,
+    IP_TOS2PRIO,
+    WIDTH,
+    explain,
+    tos_band,
+    tos_priority,
+)
+from tcdsl.words import match_phrase, match_text
+from tests.conftest import ROOT, golden_name, policy_files
+
+GOLDEN = ROOT / "tests" / "golden_explain"
+FORMATS = {"text": "txt", "markdown": "md"}
+CASES = [(fmt, p) for fmt in FORMATS for p in policy_files()]
+
+
+def _policy(path: str | Path) -> ir.Policy:
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the text names the policy by its repository path
+    try:
+        result = analyse(Path(path).as_posix())
+    finally:
+        os.chdir(cwd)
+    assert result.policy is not None, result.diagnostics
+    return result.policy
+
+
+def _inline(text: str) -> ir.Policy:
+    result = analyse("inline.tcp", lambda _path: text)
+    assert result.policy is not None, result.diagnostics
+    return result.policy
+
+
+@pytest.mark.parametrize(("fmt", "policy"), CASES, ids=[f"{f}-{p}" for f, p in CASES])
+def test_golden(fmt: str, policy: Path, update_golden: bool) -> None:
+    actual = explain(_policy(policy), "markdown" if fmt == "markdown" else "text")
+    golden = GOLDEN / f"{golden_name(policy)}.{FORMATS[fmt]}"
+    if update_golden:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(actual, encoding="utf-8")
+        return
+    assert golden.exists(), f"no golden file {golden}; run pytest --update-golden"
+    assert actual == golden.read_text(encoding="utf-8"), f"{golden} differs; --update-golden"
+
+
+def test_no_orphan_golden_files() -> None:
+    expected = {GOLDEN / f"{golden_name(p)}.{ext}" for p in policy_files() for ext in ("txt", "md")}
+    present = {p for p in GOLDEN.rglob("*") if p.is_file()}
+    assert not sorted(present - expected), "golden files without a policy"
+
+
+def test_deterministic() -> None:
+    for policy in policy_files():
+        for fmt in ("text", "markdown"):
+            assert explain(_policy(policy), fmt) == explain(_policy(policy), fmt)
+
+
+@pytest.mark.parametrize("policy", policy_files(), ids=[p.as_posix() for p in policy_files()])
+def test_text_fits_the_width(policy: Path) -> None:
+    for line in explain(_policy(policy), "text").splitlines():
+        assert len(line) <= WIDTH or " " not in line.strip(), line
+
+
+# ---- facts ---------------------------------------------------------------------------------
+
+
+def _class_section(text: str, heading: str) -> str:
+    """The lines of one class in the text output, up to the next blank line."""
+    start = text.index(heading)
+    end = text.find("\n\n", start)
+    return " ".join(text[start:end].split())
+
+
+def test_office_web_borrows_from_the_link() -> None:
+    text = explain(_policy("policies/office.tcp"), "text")
+    web = _class_section(text, "class 'web' (1:30)")
+    assert "guaranteed 40mbit; may borrow up to 90mbit (50mbit more) from the link class 1:1" in web
+    assert "Priority: 1." in web
+    assert "match dport 80, 443: TCP or UDP packets to port 80 or 443" in web
+    assert "fq_codel" in web
+    voip = _class_section(text, "class 'voip' (1:20)")
+    assert "ceil = rate, so it never borrows" in voip
+    alice = _class_section(text, "class 'alice' (1:50)")
+    assert "packets from 10.3.34.11" in alice
+    bulk = _class_section(text, "class 'bulk' (1:70)")
+    assert "Default: this is the htb's default class" in bulk
+    assert "pfifo (handle 70:): one first-in, first-out queue of up to 20 packets" in bulk
+    assert "Packets no filter matches go to 'bulk' (1:70), the htb's default class" in text
+
+
+def test_office_classification_order() -> None:
+    text = explain(_policy("policies/office.tcp"), "text")
+    order = text[text.index("How packets reach the classes") :]
+    steps = re.findall(r"^ *\d+\. (.*)$", order, flags=re.M)
+    assert steps[0] == "ICMP packets -> 'interactive' (1:10)"
+    assert steps[2] == "TCP or UDP packets to port 5001 -> 'voip' (1:20)"
+    assert len(steps) == 6
+
+
+def test_nested_class_borrows_through_its_parent() -> None:
+    policy = _inline(
+        "interface eth0 htb rate 100mbit default b {\n"
+        "    class p rate 50mbit ceil 60mbit {\n"
+        "        class c rate 10mbit ceil 80mbit match src 10.0.0.1\n"
+        "    }\n"
+        "    class b rate 1mbit\n"
+        "}\n"
+    )
+    c = _class_section(explain(policy, "text"), "class 'c'")
+    assert "from 'p' (1:10), and through it from the link class 1:1" in c
+    assert "It can never get more than 60mbit, what 'p' (1:10) can have." in c
+
+
+def test_root_classes_cannot_borrow() -> None:
+    text = explain(_policy("policies/seeds/s000-6.1-htb-limit.tcp"), "text")
+    assert "no parent to borrow from and never sends more than 10mbit" in " ".join(text.split())
+
+
+def test_no_default_means_the_unshaped_direct_queue() -> None:
+    text = " ".join(explain(_policy("policies/seeds/s001-htb-700-300.tcp"), "text").split())
+    assert "There is no default class" in text
+    assert "htb's direct queue: unshaped" in text
+    assert "not IPv4 (ARP, IPv6" in text
+    with_default = " ".join(explain(_policy("policies/office.tcp"), "text").split())
+    assert "direct queue" not in with_default
+
+
+def test_marks_are_explained() -> None:
+    text = " ".join(explain(_policy("policies/seeds/s000-10.1-marks.tcp"), "text").split())
+    assert (
+        "packets the firewall marks 10 (chain 'INSHAPER', for packets arriving on 'eth1')" in text
+    )
+    assert "1. TCP packets to port 5001: mark 10 -> 'app5001' (1:10)" in text
+    assert "3. every packet still unmarked: mark 30 -> 'others' (1:30)" in text
+
+
+# ---- the TOS tables ----------------------------------------------------------------------------
+
+
+def test_kernel_tables() -> None:
+    # net/ipv4/route.c ip_tos2prio (current kernels) and sch_generic.c prio2band.
+    assert IP_TOS2PRIO == (0, 0, 0, 0, 2, 2, 2, 2, 6, 6, 6, 6, 4, 4, 4, 4)
+    assert DEFAULT_PRIOMAP == (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+    assert tos_priority(0x10) == 6 and tos_priority(0x08) == 2 and tos_priority(0x18) == 4
+    assert tos_priority(0x11) == tos_priority(0xF0 | 0x10) == 6  # only the 0x1e bits count
+
+
+def test_pfifo_fast_tos_bands() -> None:
+    policy = _policy("policies/seeds/s004-pfifo-fast.tcp")
+    root = policy.interfaces[0].root
+    assert isinstance(root, ir.PfifoFast)
+    assert (tos_band(root, 0x10), tos_band(root, 0x00), tos_band(root, 0x08)) == (0, 1, 2)
+    text = explain(policy, "text")
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^(0x[0-9a-f]{2})  .*$", text, re.M)}
+    assert len(rows) == 16
+    assert rows["0x10"].split()[-1] == "0" and "6 (interactive)" in rows["0x10"]
+    assert rows["0x00"].split()[-1] == "1" and "0 (best effort)" in rows["0x00"]
+    assert rows["0x08"].split()[-1] == "2" and "2 (bulk)" in rows["0x08"]
+
+
+def test_prio_bands_name_their_classes_and_honour_a_priomap() -> None:
+    text = explain(_policy("policies/seeds/s000-7.4-prio.tcp"), "text")
+    assert re.search(r"^0x10 .* 0 +'high'$", text, re.M)
+    assert re.search(r"^0x08 .* 2 +'low'$", text, re.M)
+    policy = _inline(
+        "interface eth0 prio priomap 2 2 2 2 2 2 1 1 2 2 2 2 2 2 2 2 {\n"
+        "    class a\n    class b\n    class c match dport 22\n}\n"
+    )
+    root = policy.interfaces[0].root
+    assert isinstance(root, ir.Prio)
+    assert tos_band(root, 0x10) == 1 and tos_band(root, 0x00) == 2
+    text = explain(policy, "text")
+    assert "the priomap this policy gives" in " ".join(text.split())
+    assert re.search(r"^0x10 .* 1 +'b'$", text, re.M)
+    assert "no TOS value maps to this band" in " ".join(text.split())
+
+
+# ---- words ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "phrase"),
+    [
+        ("match dport 80, 443", "TCP or UDP packets to port 80 or 443"),
+        ("match proto tcp dport 1024-2047", "TCP packets to ports 1024-2047"),
+        ("match src 10.0.0.0/8 sport 53", "TCP or UDP packets from 10.0.0.0/8 port 53"),
+        ("match sport 3072/0xfc00", "TCP or UDP packets from ports 3072-4095"),
+        ("match dscp ef", "packets with DSCP EF (46)"),
+        ("match tos 0x14", "packets with TOS 0x14 (minimize delay + maximize reliability)"),
+        ("match tcp-ack", "small TCP ACKs (TCP packets under 64 bytes with only the ACK flag set)"),
+        ("match u8 0x40 at 8", "packets whose TTL (u8 at byte 8) is 0x40"),
+        ("match all", "every packet"),
+        ("match proto udp, tcp dst 10.1.1.1", "UDP or TCP packets to 10.1.1.1"),
+    ],
+)
+def test_match_phrases(line: str, phrase: str) -> None:
+    policy = _inline(
+        f"interface eth0 htb rate 10mbit default b {{\n    class a rate 1mbit {line}\n"
+        "    class b rate 1mbit\n}\n"
+    )
+    root = policy.interfaces[0].root
+    assert isinstance(root, ir.Htb)
+    match = root.classes[0].children[0].matches[0]
+    assert match_phrase(match) == phrase
+    assert match_text(match) == line.replace("0x40 at", "0x40/0xff at")
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        result = CliRunner().invoke(cli, list(args))
+    finally:
+        os.chdir(cwd)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_cli_prints_the_explanation() -> None:
+    code, out, err = _run("explain", "policies/office.tcp")
+    assert code == 0 and not err
+    assert out == explain(_policy("policies/office.tcp"), "text")
+
+
+def test_cli_markdown_tables_are_well_formed() -> None:
+    code, out, _ = _run("explain", "--format", "markdown", "policies/seeds/s000-7.4-prio.tcp")
+    assert code == 0 and out.startswith("# What policies/seeds/s000-7.4-prio.tcp does\n")
+    rows = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(rows) == 18  # header, separator, 16 TOS values
+    columns = {len(re.findall(r"(?<!\\)\|", row)) for row in rows}
+    assert columns == {6}, columns
+    assert rows[1] == "|---|---|---|---|---|"
+    assert "**Queue:**" in out and "`match" not in out.split("## Interface")[0]
+
+
+def test_cli_writes_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "office.md"
+    code, out, _ = _run("explain", "--format", "markdown", "-o", str(target), "policies/office.tcp")
+    assert code == 0 and out == ""
+    assert target.read_text(encoding="utf-8") == explain(_policy("policies/office.tcp"), "markdown")
+
+
+def test_cli_reports_policy_errors_without_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tcp"
+    bad.write_text("interface eth0 htb rate 10mbit default b {\n    class a rate 20mbit\n}\n")
+    code, out, err = _run("explain", str(bad))
+    assert code == 1 and out == ""
+    assert "error:" in err and "[E102]" in err and "nothing explained" in err
+    assert "Traceback" not in err
+
+
+def test_cli_usage_errors() -> None:
+    code, _, _ = _run("explain", "--format", "html", "policies/office.tcp")
+    assert code == 2
+
+
+# ---- docs/explain.md -----------------------------------------------------------------------------
+
+
+def test_docs_example_is_current() -> None:
+    doc = (ROOT / "docs" / "explain.md").read_text(encoding="utf-8")
+    marker = "tcdsl explain policies/seeds/s000-8.2-borrowing.tcp"
+    assert marker in doc
+    start = doc.index("\nprints\n", doc.index(marker))
+    block = re.compile(r"```\w*\n(.*?)```", re.S).search(doc, start)
+    assert block is not None
+    code, out, _ = _run("explain", "policies/seeds/s000-8.2-borrowing.tcp")
+    assert code == 0 and block.group(1) == out
