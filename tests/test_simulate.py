@@ -1,0 +1,358 @@
+"""The simulator against hand-computed cases, the seed labs' intent, determinism and the CLI.
+
+Throughputs are compared with what the kernel's algorithms give by hand; the seed scenarios
+assert the policy's intent within 10% of the link rate (the accuracy goal of the simulator).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tcdsl import ir
+from tcdsl.cli import cli
+from tcdsl.driver import analyse
+from tcdsl.report import Run, plot, table
+from tcdsl.simulate import SimulationError, simulate, xmit_ns
+from tcdsl.traffic import parse_flow
+from tests.conftest import ROOT
+
+SEEDS = ROOT / "policies" / "seeds"
+MBIT = 1_000_000
+S = 1_000_000  # microseconds per second
+
+
+def load(path: Path) -> ir.Policy:
+    result = analyse(str(path))
+    assert result.policy is not None, result.diagnostics
+    return result.policy
+
+
+def policy_text(tmp_path: Path, text: str, name: str = "p.tcp") -> ir.Policy:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return load(path)
+
+
+def run_flows(policy: ir.Policy, *specs: str, seconds: float = 10, link: int | None = None) -> Run:
+    flows = [parse_flow(s, i) for i, s in enumerate(specs)]
+    return simulate(policy, flows, int(seconds * S), link=link)
+
+
+def mbit(
+    run: Run, name: str, start: float = 0, stop: float | None = None, flow: bool = False
+) -> float:
+    series = run.flow(name) if flow else run.series(name)
+    end = run.duration if stop is None else int(stop * S)
+    return run.rate_between(series, int(start * S), end) / MBIT
+
+
+def scaled_s001(tmp_path: Path) -> ir.Policy:
+    """Seed 001's lab at 10mbit: 7mbit and 3mbit, ceilings at the link."""
+    text = (SEEDS / "s001-htb-700-300.tcp").read_text(encoding="utf-8")
+    text = text.replace("700mbit", "7mbit").replace("300mbit", "3mbit")
+    return policy_text(tmp_path, text.replace("1gbit", "10mbit"), "s001-10mbit.tcp")
+
+
+# ---- hand-computed cases ----------------------------------------------------------------------
+
+HTB2 = """interface eth0 htb rate 10mbit default b {{
+    class a rate 2mbit ceil {ceil_a} {extra_a} match dport 1
+    class b rate 2mbit ceil {ceil_b} {extra_b}
+}}
+"""
+
+
+def two_classes(
+    tmp_path: Path, ceil_a: str = "2mbit", ceil_b: str = "2mbit", a: str = "", b: str = ""
+) -> ir.Policy:
+    return policy_text(tmp_path, HTB2.format(ceil_a=ceil_a, ceil_b=ceil_b, extra_a=a, extra_b=b))
+
+
+def test_one_class_sends_at_its_rate(tmp_path: Path) -> None:
+    run = run_flows(two_classes(tmp_path), "x: udp dport 1")
+    assert mbit(run, "a", 1) == pytest.approx(2.0, abs=0.02)
+
+
+def test_a_class_borrows_up_to_its_ceil(tmp_path: Path) -> None:
+    run = run_flows(two_classes(tmp_path, ceil_a="6mbit"), "x: udp dport 1")
+    assert mbit(run, "a", 1) == pytest.approx(6.0, abs=0.05)
+
+
+def test_spare_bandwidth_goes_to_the_lower_prio_number_first(tmp_path: Path) -> None:
+    policy = two_classes(tmp_path, "10mbit", "10mbit", a="prio 1", b="prio 0")
+    run = run_flows(policy, "x: udp dport 1", "y: udp dport 2")
+    # both get their 2mbit; b (prio 0) borrows the 6mbit left, up to its ceil
+    assert mbit(run, "a", 1) == pytest.approx(2.0, abs=0.1)
+    assert mbit(run, "b", 1) == pytest.approx(8.0, abs=0.1)
+
+
+def test_equal_prio_shares_spare_bandwidth_by_quantum(tmp_path: Path) -> None:
+    policy = two_classes(tmp_path, "10mbit", "10mbit", a="quantum 3000", b="quantum 1500")
+    run = run_flows(policy, "x: udp dport 1", "y: udp dport 2")
+    # a sends two 1514-byte packets per round, b one: the spare 6mbit splits 2:1
+    assert mbit(run, "a", 1) == pytest.approx(6.0, abs=0.2)
+    assert mbit(run, "b", 1) == pytest.approx(4.0, abs=0.2)
+
+
+def test_burst_and_cburst_let_a_class_start_at_link_speed(tmp_path: Path) -> None:
+    policy = policy_text(
+        tmp_path,
+        "interface eth0 htb rate 10mbit default a {\n"
+        "    class a rate 1mbit ceil 1mbit burst 100k cburst 100k\n"
+        "}\n",
+    )
+    flows = [parse_flow("x: udp", 0)]
+    run = simulate(policy, flows, 2 * S, interval=100_000)
+    first = run.series("a").bytes[0]
+    # 100 ms at the rate (12500 bytes) plus the 102400-byte bucket, less a packet or two
+    assert 102400 + 12500 - 2 * 1514 <= first <= 102400 + 12500 + 1514
+    plain = simulate(two_classes(tmp_path), [parse_flow("x: udp dport 1", 0)], S, 100_000)
+    # tc's default burst is one 1600-byte bucket: 100 ms at 2mbit, plus at most a packet
+    assert plain.series("a").bytes[0] <= 25000 + 2 * 1514
+
+
+def test_tbf_rate_and_burst(tmp_path: Path) -> None:
+    policy = policy_text(tmp_path, "interface eth0 tbf rate 1mbit burst 10k latency 50ms\n")
+    run = simulate(policy, [parse_flow("x: udp", 0)], 5 * S, 100_000, link=10 * MBIT)
+    assert mbit(run, "tbf", 1) == pytest.approx(1.0, abs=0.02)
+    first = run.series("tbf").bytes[0]
+    assert 10240 + 12500 - 2 * 1514 <= first <= 10240 + 12500 + 1514
+
+
+def test_prio_serves_the_first_band_and_starves_the_others(tmp_path: Path) -> None:
+    policy = policy_text(
+        tmp_path, "interface eth0 prio {\n    class high\n    class low\n    class bulk\n}\n"
+    )
+    # tos 0x10 (minimize delay): priority 6, band 0; tos 0: priority 0, band 1
+    run = run_flows(policy, "hi: udp tos 0x10", "lo: udp", link=10 * MBIT, seconds=3)
+    assert mbit(run, "high") == pytest.approx(10.0, abs=0.05)
+    assert mbit(run, "low") == 0
+    assert sum(run.series("low").drops) == 0
+
+
+def test_sfq_splits_equally_among_greedy_flows(tmp_path: Path) -> None:
+    policy = policy_text(tmp_path, "interface eth0 sfq\n")
+    run = run_flows(policy, "a: udp sport 1", "b: udp sport 2", "c: udp sport 3", link=9 * MBIT)
+    for name in "abc":
+        assert mbit(run, name, 1, flow=True) == pytest.approx(3.0, abs=0.05)
+
+
+def test_fifo_tail_drops_a_rate_flow_over_capacity(tmp_path: Path) -> None:
+    policy = policy_text(tmp_path, "interface eth0 pfifo limit 10\n")
+    run = run_flows(policy, "x: udp rate 20mbit", link=10 * MBIT, seconds=2)
+    offered = 20 * MBIT * 2 // (1514 * 8)
+    series = run.flow("x")
+    assert mbit(run, "x", flow=True) == pytest.approx(10.0, abs=0.05)
+    sent, drops = sum(series.packets), sum(series.drops)
+    assert sent + drops + 10 >= offered >= sent + drops
+    assert drops == pytest.approx(offered / 2, abs=15)
+
+
+def test_htb_default_buffer_is_tc_default() -> None:
+    # q_htb.c: rate / get_hz() + mtu with get_hz() = 1e9, i.e. 1600 bytes, in 64 ns ticks
+    assert xmit_ns(1600, 1_250_000) == 1_280_000
+
+
+def test_unclassified_traffic_goes_to_the_direct_queue(tmp_path: Path) -> None:
+    run = run_flows(load(SEEDS / "s001-htb-700-300.tcp"), "x: udp src 10.9.9.9", seconds=0.1)
+    assert [s.name for s in run.classes] == ["direct"]
+    assert mbit(run, "direct") == pytest.approx(1000, rel=0.02)  # unshaped, at the link
+
+
+def test_cbq_is_refused(tmp_path: Path) -> None:
+    policy = load(SEEDS / "s002-cbq-conditioner.tcp")
+    with pytest.raises(SimulationError, match="cbq"):
+        run_flows(policy, "x: udp", seconds=1)
+
+
+# ---- the seed scenarios: intent within 10% of the link ---------------------------------------
+
+
+def within(measured: float, intended: float, link_mbit: float) -> bool:
+    return abs(measured - intended) <= 0.10 * link_mbit
+
+
+@pytest.mark.parametrize("scale", ["1gbit", "10mbit"])
+def test_seed_001_htb_700_300(tmp_path: Path, scale: str) -> None:
+    if scale == "1gbit":
+        policy, link, seconds = load(SEEDS / "s001-htb-700-300.tcp"), 1000.0, 0.6
+    else:
+        policy, link, seconds = scaled_s001(tmp_path), 10.0, 30
+    third = seconds / 3
+    run = run_flows(
+        policy,
+        "h1: tcp src 10.0.0.1 dst 10.0.0.3",
+        f"h2: tcp src 10.0.0.2 dst 10.0.0.4 start {third * 1000:g}ms stop {2 * third * 1000:g}ms",
+        seconds=seconds,
+    )
+    assert run.link == link * MBIT
+    assert within(mbit(run, "h1", 0, third), link, link)  # alone: the whole link
+    assert within(mbit(run, "h1", third, 2 * third), 0.7 * link, link)
+    assert within(mbit(run, "h2", third, 2 * third), 0.3 * link, link)
+    assert within(mbit(run, "h1", 2 * third, seconds), link, link)
+    # tighter than the goal: the model gives the rates themselves
+    assert mbit(run, "h1", third, 2 * third) == pytest.approx(0.7 * link, rel=0.02)
+
+
+def test_seed_000_8_1_user_limits() -> None:
+    run = run_flows(
+        load(SEEDS / "s000-8.1-user-limits.tcp"),
+        "u5: tcp src 10.3.34.11",
+        "u6: tcp src 10.3.34.33",
+        "u7: tcp src 10.3.34.77",
+    )
+    for name, ceiling in (("u5", 6), ("u6", 3), ("others", 1)):
+        assert within(mbit(run, name, 1), ceiling, 10)
+        assert mbit(run, name, 1) == pytest.approx(ceiling, abs=0.05)
+
+
+def test_seed_000_8_2_borrowing() -> None:
+    policy = load(SEEDS / "s000-8.2-borrowing.tcp")
+    run = run_flows(policy, "u5: tcp src 10.3.34.11", "u6: tcp src 10.3.34.33", "u7: tcp")
+    for name, ceiling in (("u5", 15), ("u6", 10), ("others", 5)):
+        assert within(mbit(run, name, 1), ceiling, 40)
+        assert mbit(run, name, 1) == pytest.approx(ceiling, abs=0.1)
+
+
+@pytest.mark.parametrize("prio_b", ["1", "0"])
+def test_seed_000_10_2_marks_sharing(tmp_path: Path, prio_b: str) -> None:
+    text = (SEEDS / "s000-10.2-marks-sharing.tcp").read_text(encoding="utf-8")
+    text = text.replace(
+        "ceil 3mbit prio 1 match proto tcp dport 5002",
+        f"ceil 3mbit prio {prio_b} match proto tcp dport 5002",
+    )
+    policy = policy_text(tmp_path, text)
+    run = run_flows(
+        policy,
+        "a: tcp dport 5001",
+        "b: tcp dport 5002 start 10s",
+        "c: tcp dport 80 start 20s",
+        seconds=30,
+    )
+    # alone, a class gets its ceil
+    assert within(mbit(run, "app5001", 1, 10), 3, 5)
+    assert mbit(run, "app5001", 1, 10) == pytest.approx(3, abs=0.05)
+    a, b = mbit(run, "app5001", 11, 20), mbit(run, "app5002", 11, 20)
+    # equal prio, equal quantum: the spare 1mbit in halves; else b's lower prio number takes
+    # the spare 1mbit first, up to its ceil
+    intended_a, intended_b = (2.5, 2.5) if prio_b == "1" else (2.0, 3.0)
+    assert within(a, intended_a, 5) and within(b, intended_b, 5)
+    assert a == pytest.approx(intended_a, abs=0.1) and b == pytest.approx(intended_b, abs=0.1)
+    # all three: each its rate (2 + 2 + 1 = the 5mbit parent)
+    for name, rate in (("app5001", 2), ("app5002", 2), ("others", 1)):
+        assert mbit(run, name, 21, 30) == pytest.approx(rate, abs=0.1)
+
+
+# ---- determinism, speed, output --------------------------------------------------------------
+
+
+def test_same_input_same_json_and_png(tmp_path: Path) -> None:
+    policy = scaled_s001(tmp_path)
+    specs = ("h1: udp src 10.0.0.1", "h2: udp src 10.0.0.2 rate 4mbit start 2s stop 4s")
+    one, two = (run_flows(policy, *specs, seconds=6) for _ in range(2))
+    assert json.dumps(one.to_json()) == json.dumps(two.to_json())
+    plot(one, tmp_path / "one.png")
+    plot(two, tmp_path / "two.png")
+    data = (tmp_path / "one.png").read_bytes()
+    assert data.startswith(b"\x89PNG") and data == (tmp_path / "two.png").read_bytes()
+    assert b"matplotlib" not in data.lower()
+
+
+def test_thirty_seconds_at_10mbit_is_fast(tmp_path: Path) -> None:
+    policy = load(SEEDS / "s000-8.1-user-limits.tcp")
+    start = time.perf_counter()
+    run = run_flows(policy, "a: tcp src 10.3.34.11", "b: tcp src 10.3.34.33", "c: tcp", seconds=30)
+    elapsed = time.perf_counter() - start
+    assert run.events > 30 * 10 * MBIT // (1514 * 8)  # a packet sent is an event
+    assert elapsed < 5, f"{run.events} events took {elapsed:.1f} s"
+
+
+def test_table_lists_classes_flows_and_periods(tmp_path: Path) -> None:
+    run = run_flows(
+        scaled_s001(tmp_path), "h1: udp src 10.0.0.1", "h2: udp src 10.0.0.2 start 5s", seconds=10
+    )
+    text = table(run)
+    assert "A  0s-5s: h1" in text and "B  5s-10s: h1, h2" in text
+    row = next(line for line in text.splitlines() if line.startswith("class h2"))
+    assert re.search(r"3\.0\d \(30\.\d%\)", row)
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args))
+    assert not isinstance(result.exception, Exception) or isinstance(
+        result.exception, SystemExit
+    ), result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_cli_text_json_and_plot(tmp_path: Path) -> None:
+    seed = str(SEEDS / "s000-8.1-user-limits.tcp")
+    code, out, _ = invoke("simulate", seed, "--flow", "u5: tcp src 10.3.34.11", "--duration", "3s")
+    assert code == 0 and "class u5" in out
+    png = tmp_path / "out.png"
+    code, out, _ = invoke(
+        "simulate",
+        seed,
+        "--flow",
+        "tcp src 10.3.34.11",
+        "--duration",
+        "2s",
+        "--interval",
+        "500ms",
+        "--format",
+        "json",
+        "--plot",
+        str(png),
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["interval_us"] == 500_000 and data["flows"][0]["name"] == "flow1"
+    assert data["classes"][0]["mean_bps"] == pytest.approx(6 * MBIT, rel=0.01)
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--flow", "udp rate"],
+        ["--flow", "udp bogus 3"],
+        ["--flow", "udp", "--duration", "0s"],
+        ["--flow", "udp", "--duration", "ten"],
+        ["--flow", "udp", "--link", "fast"],
+        ["--flow", "udp", "--interface", "nope"],
+        [],
+    ],
+)
+def test_cli_usage_errors(args: list[str]) -> None:
+    code, out, err = invoke("simulate", str(SEEDS / "s000-8.1-user-limits.tcp"), *args)
+    assert code == 2 and out == "" and "Traceback" not in err
+
+
+def test_cli_policy_errors_and_unsupported(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tcp"
+    bad.write_text("interface eth0 htb rate 10mbit {\n class a ceil 1mbit\n}\n")
+    code, out, err = invoke("simulate", str(bad), "--flow", "udp")
+    assert code == 1 and out == "" and "nothing simulated" in err
+    code, out, err = invoke("simulate", str(SEEDS / "s002-cbq-conditioner.tcp"), "--flow", "udp")
+    assert code == 1 and "cbq" in err and "Traceback" not in err
+
+
+def test_the_doc_example_is_the_command_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = (ROOT / "docs" / "simulate.md").read_text(encoding="utf-8")
+    command = re.search(r"```console\n\$ (tcdsl simulate .*?)\n(.*?)```", doc, re.S)
+    assert command is not None
+    words = re.findall(r"'[^']*'|\S+", command.group(1).replace("\\\n", " "))
+    args = [w.strip("'") for w in words[1:]]
+    monkeypatch.chdir(ROOT)
+    code, out, _ = invoke(*args)
+    assert code == 0
+    assert out == command.group(2)
