@@ -821,11 +821,8 @@ class _Explainer:
                 if key in seen:
                     continue
                 seen.add(key)
-                m = next(
-                    (m for (cid, span), m in lines.items() if span == rule.span),
-                    None,
-                )
-                what = match_phrase(m) if m is not None else "?"
+                line = next((m for (_, span), m in lines.items() if span == rule.span), None)
+                what = match_phrase(line) if line is not None else "?"
                 steps.append(f"{what}: mark {rule.mark}{where}")
             self.add(Steps(tuple(steps)))
             return
@@ -855,8 +852,8 @@ class _Explainer:
                 if last == (f.span, f.flowid):
                     continue
                 last = (f.span, f.flowid)
-                m = lines.get((f.flowid, f.span))
-                what = match_phrase(m) if m is not None else "?"
+                found = lines.get((f.flowid, f.span))
+                what = match_phrase(found) if found is not None else "?"
                 target = owners.get(f.flowid)
                 ref = self.cls_ref(target) if target is not None else str(f.flowid)
                 prefix = f"pref {f.pref}: " if show_pref else ""
@@ -930,7 +927,7 @@ class _Explainer:
             for cls in q.classes:
                 if cls.classid is not None:
                     bands[cls.classid.minor - 1] = self.name(cls.name)
-        header = ("TOS", "bits set", "priority", "band")
+        header: tuple[str, ...] = ("TOS", "bits set", "priority", "band")
         rows: list[tuple[str, ...]] = []
         for tos in range(0, 0x20, 2):
             priority = tos_priority(tos)
