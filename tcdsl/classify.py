@@ -383,3 +383,68 @@ def _keyword(span: Span, word: str) -> Span:
 def _conds(conds: tuple[ir.Cond, ...]) -> str:
     """Conditions in the policy's short words (``tcdsl.words``): ``match tcp dport 80, 443``."""
     return "match " + (" ".join(words.cond_words(c) for c in conds) or "all traffic")
+
+
+# ---- output -------------------------------------------------------------------------------------
+
+
+def _qdisc_name(q: ir.Qdisc) -> str:
+    return f"{q.kind} {q.handle}" if q.handle is not None else q.kind
+
+
+def outcome(verdict: Verdict) -> str:
+    """Where the packet ends, in a few words (``class 'voip' (1:20), leaf sfq``)."""
+    last = verdict.steps[-1]
+    if verdict.direct:
+        return f"the direct queue of {_qdisc_name(last.qdisc)} (unshaped)"
+    if last.cls is not None:
+        return f"{last.cls.label} ({last.cls.classid}), leaf {words.leaf_words(last.cls.leaf)}"
+    if isinstance(last.qdisc, ir.Prio | ir.Cbq):
+        return f"{_qdisc_name(last.qdisc)} itself (no class of the policy takes it)"
+    cls = verdict.cls
+    where = f"{cls.label} ({cls.classid}), leaf " if cls is not None else "qdisc "
+    return where + _qdisc_name(last.qdisc)
+
+
+def render_text(verdict: Verdict, packet: Packet) -> str:
+    """The verdict as ``tcdsl classify`` prints it: the packet and where it ends, then each
+    decision with the policy line that made it."""
+    lines = [f"{packet.describe()} -> {outcome(verdict)}"]
+    for step in verdict.steps:
+        where = f"{step.span}: " if step.span is not None else ""
+        lines.append(f"    {where}{_qdisc_name(step.qdisc)} {step.why}")
+    return "".join(line + "\n" for line in lines)
+
+
+def to_json(verdict: Verdict, packet: Packet) -> dict[str, object]:
+    """The verdict as a JSON-ready dict (``tcdsl classify --format json``)."""
+
+    def span(s: Span | None) -> dict[str, object] | None:
+        if s is None:
+            return None
+        return {"file": s.file, "line": s.line, "column": s.column}
+
+    def cls_id(c: ir.Class | None) -> str | None:
+        return None if c is None or c.classid is None else str(c.classid)
+
+    cls = verdict.cls
+    return {
+        "packet": packet.describe(),
+        "interface": verdict.interface.name,
+        "class": None if cls is None else cls.name,
+        "classid": cls_id(cls),
+        "leaf": None if verdict.leaf is None else verdict.leaf.kind,
+        "direct": verdict.direct,
+        "outcome": outcome(verdict),
+        "steps": [
+            {
+                "qdisc": s.qdisc.kind,
+                "handle": None if s.qdisc.handle is None else str(s.qdisc.handle),
+                "class": None if s.cls is None else s.cls.name,
+                "classid": cls_id(s.cls),
+                "why": s.why,
+                "span": span(s.span),
+            }
+            for s in verdict.steps
+        ],
+    }

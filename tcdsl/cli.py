@@ -426,6 +426,77 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
     sys.exit(EXIT_POLICY if failed or (changed and (check or show_diff)) else EXIT_OK)
 
 
+def _packet_specs(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> list[object]:
+    from tcdsl.traffic import SpecError, parse_packet
+
+    packets: list[object] = []
+    for value in values:
+        try:
+            packets.append(parse_packet(value))
+        except SpecError as err:
+            raise click.BadParameter(f"{value!r}: {err}", ctx, param) from None
+    return packets
+
+
+@cli.command(
+    "classify",
+    epilog="Examples:\n\n\b\n"
+    '  tcdsl classify office.tcp --packet "tcp src 10.3.34.11 dport 5001 tos 0x10"\n'
+    '  tcdsl classify office.tcp --packet icmp --packet "udp dport 53" --format json\n'
+    '  tcdsl classify router.tcp --interface eth1 --packet "tcp dport 443"\n\n'
+    "Packet words: a protocol (tcp, udp, icmp, proto N), src A, dst A, sport N, dport N, "
+    "tos V, dscp X, size B, ack. Exit 0, 1 when the policy has errors, 2 on usage errors.",
+)
+@click.argument("policy", type=click.Path(dir_okay=False))
+@click.option(
+    "--packet",
+    "packets",
+    multiple=True,
+    required=True,
+    metavar="SPEC",
+    callback=_packet_specs,
+    help="A packet, in words (repeatable).",
+)
+@click.option(
+    "--interface", metavar="NAME", help="The interface it leaves by (default: the first)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="How to print the verdicts.",
+)
+def classify_command(policy: str, packets: list[object], interface: str | None, fmt: str) -> None:
+    """Say which class each packet ends in on POLICY, and why: the filters, default or
+    priomap that decide, in the kernel's order, with their policy lines. No kernel needed."""
+    import json
+
+    from tcdsl.classify import UnknownInterface, classify, render_text, to_json
+    from tcdsl.traffic import Packet
+
+    result = analyse(policy)
+    if result.policy is None:
+        shown = _visible(result.diagnostics, False)
+        click.echo(render(shown, result.sources), nl=False, err=True)
+        click.echo(f"tcdsl: {_summary(shown)}; nothing classified", err=True)
+        sys.exit(EXIT_POLICY)
+    verdicts = []
+    for packet in packets:
+        assert isinstance(packet, Packet)
+        try:
+            verdicts.append((classify(result.policy, packet, interface), packet))
+        except UnknownInterface as err:
+            raise click.BadParameter(str(err), param_hint="'--interface'") from None
+    if fmt == "json":
+        click.echo(json.dumps([to_json(v, p) for v, p in verdicts], indent=2))
+    else:
+        click.echo("".join(render_text(v, p) for v, p in verdicts), nl=False)
+
+
 @cli.command(
     "explain",
     epilog="Examples:\n\n\b\n  tcdsl explain office.tcp\n"

@@ -7,9 +7,15 @@ The kernel's own answer for random policies and packets is in ``tests/test_class
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
 from tcdsl import ir
 from tcdsl.classify import (
@@ -21,6 +27,7 @@ from tcdsl.classify import (
     kernel_order,
     tos_priority,
 )
+from tcdsl.cli import cli
 from tcdsl.driver import analyse
 from tcdsl.traffic import parse_packet
 from tests.conftest import ROOT
@@ -304,3 +311,113 @@ def test_every_example_policy_classifies() -> None:
                 assert verdict.steps and verdict.steps[0].qdisc is iface.root, path
                 for step in verdict.steps:
                     assert step.why, path
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, *args: str) -> Result:
+    monkeypatch.chdir(ROOT)
+    return CliRunner().invoke(cli, ["classify", *args])
+
+
+def test_cli_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _run(monkeypatch, "policies/office.tcp", "--packet", "tcp src 10.3.34.11 dport 22")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        "tcp src 10.3.34.11 dst 10.0.0.2 sport 40000 dport 22 size 1514 -> class 'alice' "
+        "(1:50), leaf pfifo (kernel default)\n"
+        "    policies/office.tcp:16:43: htb 1: filter pref 1 matched (match src 10.3.34.11) "
+        "-> class 'alice' (1:50)\n"
+    )
+
+
+def test_cli_direct_and_classless(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _run(monkeypatch, "policies/seeds/s001-htb-700-300.tcp", "--packet", "udp src 1.2.3.4")
+    assert result.exit_code == 0, result.output
+    assert " -> the direct queue of htb 1: (unshaped)\n" in result.stdout
+    result = _run(monkeypatch, "policies/seeds/s004-pfifo-fast.tcp", "--packet", "udp dscp ef")
+    assert result.exit_code == 0, result.output
+    assert " -> qdisc pfifo_fast 1:\n" in result.stdout
+    assert "TOS 0xb8 -> priority 4 -> band 1 (pfifo_fast's priomap)" in result.stdout
+
+
+def test_cli_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _run(
+        monkeypatch,
+        "policies/seeds/s000-10.1-marks.tcp",
+        "--packet",
+        "tcp dport 5002",
+        "--packet",
+        "icmp",
+        "--format",
+        "json",
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [(d["class"], d["classid"], d["leaf"], d["direct"]) for d in data] == [
+        ("app5002", "1:20", "sfq", False),
+        ("others", "1:30", "pfifo", False),
+    ]
+    (step,) = data[0]["steps"]
+    assert step["qdisc"] == "htb" and step["handle"] == "1:" and "set mark 20" in step["why"]
+    assert step["span"] == {"file": "policies/seeds/s000-10.1-marks.tcp", "line": 31, "column": 48}
+
+
+def test_cli_bad_packet_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _run(monkeypatch, "policies/office.tcp", "--packet", "tcp dport 70000")
+    assert result.exit_code == 2
+    assert "'tcp dport 70000': dport 70000 is outside 0-65535" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_cli_packet_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _run(monkeypatch, "policies/office.tcp")
+    assert result.exit_code == 2
+    assert "--packet" in result.stderr
+
+
+def test_cli_unknown_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _run(monkeypatch, "policies/office.tcp", "--packet", "udp", "--interface", "eth9")
+    assert result.exit_code == 2
+    assert "no interface 'eth9' (it has: eth0)" in result.stderr
+
+
+def test_cli_policy_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tcp"
+    bad.write_text("interface eth0 htb rate 1mbit {\n    class a rate 2mbit rate 3mbit\n}\n")
+    result = _run(monkeypatch, str(bad), "--packet", "udp")
+    assert result.exit_code == 1
+    assert "error: 'rate' is given twice [E014]" in result.stderr
+    assert "tcdsl: 1 error; nothing classified" in result.stderr
+    assert result.stdout == ""
+    missing = _run(monkeypatch, str(tmp_path / "none.tcp"), "--packet", "udp")
+    assert missing.exit_code == 1 and "[E006]" in missing.stderr
+
+
+def test_cli_via_main_exit_codes() -> None:
+    """The installed entry point: usage errors exit 2, without a traceback."""
+    main = [sys.executable, "-c", "from tcdsl.cli import main; main()"]
+    proc = subprocess.run(
+        [*main, "classify", str(OFFICE), "--packet", "tcp dport x"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "dport needs a number, found 'x'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- docs/classify.md ------------------------------------------------------------------------
+
+
+def test_doc_example_is_the_commands_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = (ROOT / "docs" / "classify.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```console\n\$ tcdsl (.*?)\n(.*?)```", doc, re.DOTALL)
+    assert blocks, "docs/classify.md has no example"
+    for command, output in blocks:
+        args = shlex.split(command)
+        assert args[0] == "classify"
+        result = _run(monkeypatch, *args[1:])
+        assert result.exit_code == 0, result.output
+        assert result.stdout == output
