@@ -63,6 +63,9 @@ PROTOCOLS = (
     *("17", "47", "200", "TCP", "Udp"),
 )
 TCP = ("tcp", "TCP", "6")
+PORTLESS = frozenset({"icmp", "gre", "esp", "ah", "ipip", "igmp", "ospf", "vrrp", "pim", "47"})
+"""Protocols without ports: a port next to one is an error (E214)."""
+PORTED = tuple(p for p in PROTOCOLS if p.lower() not in PORTLESS)
 DSCP_NAMES = ("ef", "af11", "af21", "af32", "af43", "cs0", "cs1", "cs5", "cs7", "be", "va")
 NAMES = (
     *("web", "bulk", "voip", "A", "_x", "staff-1", "ssh_in", "Video2", "p2p", "alice"),
@@ -394,8 +397,9 @@ class VGen:
                 if "tcp-ack" in chosen:
                     protos = [self.pick(TCP)]  # another protocol would contradict tcp-ack
                 else:
-                    protos = [self.pick(PROTOCOLS)]
-                    other = self.pick(PROTOCOLS)
+                    choices = PORTED if ported else PROTOCOLS
+                    protos = [self.pick(choices)]
+                    other = self.pick(choices)
                     same = {"tcp": "6", "udp": "17", "gre": "47"}
                     a, b = protos[0].lower(), other.lower()
                     if self.chance(0.3) and a != b and same.get(a) != b and same.get(b) != a:
