@@ -668,6 +668,118 @@ def simulate_command(
         click.echo(report.table(run), nl=False)
 
 
+@cli.command(
+    "measure",
+    epilog="Examples:\n\n\b\n"
+    "  tcdsl measure lab.tcp --flow 'h1: tcp src 10.0.0.1' --flow 'h2: tcp src 10.0.0.2 "
+    "start 2s' --duration 6s\n"
+    "  tcdsl measure lab.tcp --flow 'v: udp dport 5004 rate 2mbit' --simulate --plot out.png\n\n"
+    "Runs on this host's kernel only (root; network namespaces sender -> router -> receiver, "
+    "the policy on the router's egress). docs/measure.md describes the setup. Exit 0, 1 when "
+    "the policy has errors or cannot be measured here, 2 on usage errors, 130 on Ctrl-C.",
+)
+@click.argument("policy", type=click.Path(dir_okay=False))
+@click.option(
+    "--flow",
+    "flows",
+    multiple=True,
+    required=True,
+    callback=_flow_specs,
+    metavar="SPEC",
+    help="A flow (repeatable): packet words, then rate, start and stop.",
+)
+@click.option(
+    "--duration",
+    default="10s",
+    show_default=True,
+    callback=_unit_option("time"),
+    help="How long to measure.",
+)
+@click.option(
+    "--interval",
+    callback=_unit_option("time"),
+    help="Sampling interval  [default: 1s, or a thirtieth of a shorter run]",
+)
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here.")
+@click.option(
+    "--simulate",
+    "also_simulate",
+    is_flag=True,
+    help="Also simulate the same flows; show both side by side (plot: simulated dashed).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="The table as text, or the whole run (and the simulation) as JSON.",
+)
+@click.option("--interface", help="The interface to measure  [default: the policy's first]")
+def measure_command(
+    policy: str,
+    flows: list[object],
+    duration: int,
+    interval: int | None,
+    plot: str | None,
+    also_simulate: bool,
+    fmt: str,
+    interface: str | None,
+) -> None:
+    """Send FLOWS through POLICY applied on this host's kernel (sender, router and receiver
+    namespaces) and print per-class and per-flow throughput from the kernel's counters."""
+    import json
+
+    from tcdsl import report
+    from tcdsl.measure import MeasureError, compare_table, measure, plot_both
+    from tcdsl.simulate import SimulationError, simulate
+    from tcdsl.traffic import Flow
+
+    result = compile_policy(policy)
+    if result.policy is None or result.output is None:
+        shown = _visible(result.diagnostics, False)
+        click.echo(render(shown, result.sources), nl=False, err=True)
+        click.echo(f"tcdsl: {_summary(shown)}; nothing measured", err=True)
+        sys.exit(EXIT_POLICY)
+    names = [i.name for i in result.policy.interfaces]
+    if interface is not None and interface not in names:
+        known = ", ".join(names) or "none"
+        raise click.BadParameter(
+            f"the policy has no interface '{interface}' (it has: {known})",
+            param_hint="'--interface'",
+        )
+    specs = [f for f in flows if isinstance(f, Flow)]
+    simulated = None
+    try:
+        if also_simulate:
+            simulated = simulate(result.policy, specs, duration, interval, None, interface)
+        run = measure(result.policy, result.output, specs, duration, interval, interface)
+    except (MeasureError, SimulationError) as err:
+        click.echo(f"tcdsl: {err}", err=True)
+        sys.exit(EXIT_POLICY)
+    except KeyboardInterrupt:
+        click.echo("tcdsl: interrupted; the namespaces are removed", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if plot is not None:
+        try:
+            if simulated is None:
+                report.plot(run, plot)
+            else:
+                plot_both(run, simulated, plot)
+        except OSError as err:
+            click.echo(f"tcdsl: cannot write '{plot}': {err.strerror or err}", err=True)
+            sys.exit(EXIT_POLICY)
+    if fmt == "json":
+        data = run.to_json()
+        if simulated is not None:
+            data = {"measured": data, "simulated": simulated.to_json()}
+        click.echo(json.dumps(data, indent=2))
+    elif simulated is None:
+        click.echo(report.table(run), nl=False)
+    else:
+        click.echo(compare_table(run, simulated), nl=False)
+
+
 def main() -> None:
     """Run the CLI; an unexpected exception is an internal error (exit 3, with a traceback)."""
     try:
