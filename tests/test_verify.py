@@ -1009,7 +1009,8 @@ def test_host_without_a_module_reports_e405(tmp_path: Path) -> None:
     kind = missing[0]
     leaf = {"prio": "prio { class a }"}.get(kind, kind)
     path = _write(
-        tmp_path, f"interface eth0 htb rate 10mbit default a {{\n    class a rate 1mbit {{ {leaf} }}\n}}\n"
+        tmp_path,
+        f"interface eth0 htb rate 10mbit default a {{\n    class a rate 1mbit {{ {leaf} }}\n}}\n",
     )
     got = CliRunner().invoke(cli, ["verify", "--kernel", "host", path])
     assert got.exit_code == 1
@@ -1042,7 +1043,9 @@ def test_no_kernel_for_what_the_host_lacks(tmp_path: Path, monkeypatch: pytest.M
     if "sfq" in support.qdiscs:
         pytest.skip("the host kernel has sfq")
     monkeypatch.setattr(runner, "uml_unavailable", lambda: "no image here")
-    path = _write(tmp_path, "interface eth0 htb rate 10mbit default a {\n    class a rate 1mbit { sfq }\n}\n")
+    path = _write(
+        tmp_path, "interface eth0 htb rate 10mbit default a {\n    class a rate 1mbit { sfq }\n}\n"
+    )
     (v,) = verifier.verify_many([path], kernel="auto")
     assert v.kernel is None and _lines(v.diagnostics) == [
         f"{path}:2:26: error: the host kernel ({support.release}) lacks the sfq qdisc (sch_sfq) "
