@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,6 +146,7 @@ class Sender:
         assert answer == "sent\n", f"the sender failed: {answer!r}"
 
 
+@contextmanager
 def _sender(ns: str) -> Iterator[Sender]:
     proc = subprocess.Popen(
         ["ip", "netns", "exec", ns, sys.executable, "-c", SENDER],
@@ -157,7 +159,11 @@ def _sender(ns: str) -> Iterator[Sender]:
     finally:
         assert proc.stdin is not None
         proc.stdin.close()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _leaf_counters(ns: str, leaves: set[str]) -> dict[str, int]:
@@ -224,7 +230,7 @@ def _run_case(
     run(["ip", "-n", ns, "route", "add", "default", "via", NEIGHBOUR, "dev", DEV])
     leaves = _leaves(result.policy)
     out = []
-    for sender in _sender(ns):
+    with _sender(ns) as sender:
         for packet in sends:
             verdict = classify(result.policy, packet)
             out.append((packet, kernel_class(ns, sender, packet, leaves), verdict))
