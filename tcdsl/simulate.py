@@ -908,7 +908,7 @@ class _FlowState:
 class Simulator(Engine):
     """One run: the event heap, the link, the flows and the counters."""
 
-    START, STOP, EMIT, TXDONE, WAKE = range(5)
+    START, STOP, EMIT, TXDONE, WAKE, RETRY = range(6)
 
     def __init__(
         self,
@@ -960,6 +960,12 @@ class Simulator(Engine):
         self.busy = False
         self.wakes: set[int] = set()
         self.greedy: dict[int, list[_FlowState]] = {}
+        self.arriving = False
+        """True while a greedy flow's packet is being enqueued (see ``drop``)."""
+        self.refused: set[int] = set()
+        """Greedy flows (by index) whose last packet was dropped on arrival."""
+        self.backing_off: set[int] = set()
+        """Greedy flows waiting to offer again after such a drop."""
         self.rr: dict[int, int] = {}
         self.dirty: list[Node] = []
         self.events = 0
@@ -1015,7 +1021,10 @@ class Simulator(Engine):
         s = self.flows[pkt.flow]
         self.cdrops[s.cls][b] += 1
         s.queued -= 1
-        self.dirty.append(s.store)
+        if self.arriving:
+            self.refused.add(s.index)  # _refill decides when to offer again
+        else:
+            self.dirty.append(s.store)
 
     def wake(self, at: int) -> None:
         if at not in self.wakes and at < self.end:
@@ -1041,10 +1050,21 @@ class Simulator(Engine):
             s = group[i % n]
             i += 1
             pkt = self._packet(s, now)
-            if s.queued < GREEDY_WINDOW and store.room(pkt):
+            if s.queued < GREEDY_WINDOW and store.room(pkt) and s.index not in self.backing_off:
                 s.queued += 1
+                self.arriving = True
                 self.root.enqueue(pkt, now)
+                self.arriving = False
                 fails = 0
+                if s.index in self.refused:
+                    # Dropped on arrival although its queue has room (a packet bigger than a
+                    # tbf's burst): the sender tries again one packet time later, instead of
+                    # offering the same packet again at the same instant, forever.
+                    self.refused.discard(s.index)
+                    self.backing_off.add(s.index)
+                    retry = now + -(-pkt.size * 8 * NS // self.link)
+                    self._push(retry, self.RETRY, s.index)
+                    fails += 1
             else:
                 fails += 1
         self.rr[id(store)] = i % n
@@ -1093,6 +1113,9 @@ class Simulator(Engine):
                 self._stop(self.flows[arg])
             elif kind == self.EMIT:
                 self._emit(self.flows[arg], now)
+            elif kind == self.RETRY:
+                self.backing_off.discard(arg)
+                self.dirty.append(self.flows[arg].store)
             while self.dirty:
                 self._refill(self.dirty.pop(0), now)
             if not self.busy:

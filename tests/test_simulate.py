@@ -356,3 +356,19 @@ def test_the_doc_example_is_the_command_output(monkeypatch: pytest.MonkeyPatch) 
     code, out, _ = invoke(*args)
     assert code == 0
     assert out == command.group(2)
+
+
+def test_packets_bigger_than_a_tbf_burst_are_dropped_and_the_run_ends(tmp_path: Path) -> None:
+    """sch_tbf drops a packet larger than its bucket; a greedy sender of such packets backs off
+    for a packet time instead of offering them again at the same instant (which never ended)."""
+    path = tmp_path / "tbf.tcp"
+    path.write_text("interface eth0 tbf rate 220kbit latency 50ms burst 1000\n", encoding="utf-8")
+    policy = analyse(str(path)).policy
+    assert policy is not None
+    start = time.monotonic()
+    run = simulate(policy, [parse_flow("bulk: tcp dport 5001", 0)], 5 * S)
+    assert time.monotonic() - start < 30
+    (flow,) = run.flow_series
+    assert sum(flow.bytes) == 0
+    # one refused packet per packet time at the link: 5 s * 220kbit / (1514 * 8) ~ 90
+    assert 80 <= sum(flow.drops) <= 100
