@@ -572,6 +572,23 @@ def _unit_option(kind: str) -> Callable[..., int | None]:
     return convert
 
 
+# Options simulate and measure share (the same flows, sampled the same way).
+FLOWS = click.option(
+    "--flow",
+    "flows",
+    multiple=True,
+    required=True,
+    callback=_flow_specs,
+    metavar="SPEC",
+    help="A flow (repeatable): packet words, then rate, start and stop.",
+)
+INTERVAL = click.option(
+    "--interval",
+    callback=_unit_option("time"),
+    help="Sampling interval  [default: 1s, or a thirtieth of a shorter run]",
+)
+
+
 @cli.command(
     "simulate",
     epilog="Examples:\n\n\b\n"
@@ -583,15 +600,7 @@ def _unit_option(kind: str) -> Callable[..., int | None]:
     "model. Exit 0, 1 when the policy has errors or cannot be simulated, 2 on usage errors.",
 )
 @click.argument("policy", type=click.Path(dir_okay=False))
-@click.option(
-    "--flow",
-    "flows",
-    multiple=True,
-    required=True,
-    callback=_flow_specs,
-    metavar="SPEC",
-    help="A flow (repeatable): packet words, then rate, start and stop.",
-)
+@FLOWS
 @click.option(
     "--duration",
     default="30s",
@@ -599,11 +608,7 @@ def _unit_option(kind: str) -> Callable[..., int | None]:
     callback=_unit_option("time"),
     help="How long to simulate.",
 )
-@click.option(
-    "--interval",
-    callback=_unit_option("time"),
-    help="Sampling interval  [default: 1s, or a thirtieth of a shorter run]",
-)
+@INTERVAL
 @click.option(
     "--link",
     callback=_unit_option("rate"),
@@ -679,15 +684,7 @@ def simulate_command(
     "the policy has errors or cannot be measured here, 2 on usage errors, 130 on Ctrl-C.",
 )
 @click.argument("policy", type=click.Path(dir_okay=False))
-@click.option(
-    "--flow",
-    "flows",
-    multiple=True,
-    required=True,
-    callback=_flow_specs,
-    metavar="SPEC",
-    help="A flow (repeatable): packet words, then rate, start and stop.",
-)
+@FLOWS
 @click.option(
     "--duration",
     default="10s",
@@ -695,11 +692,7 @@ def simulate_command(
     callback=_unit_option("time"),
     help="How long to measure.",
 )
-@click.option(
-    "--interval",
-    callback=_unit_option("time"),
-    help="Sampling interval  [default: 1s, or a thirtieth of a shorter run]",
-)
+@INTERVAL
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here.")
 @click.option(
     "--simulate",
