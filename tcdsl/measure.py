@@ -47,7 +47,7 @@ from tcdsl.checks import effective_ceil, rate_of
 from tcdsl.classify import Verdict, classify
 from tcdsl.report import FlowInfo, Run, Series
 from tcdsl.simulate import link_rate
-from tcdsl.traffic import ETHERNET_HEADER, Flow
+from tcdsl.traffic import ETHERNET_HEADER, Flow, flows_problem
 from tcdsl.units import format_rate
 
 QUEUE = 64
@@ -223,12 +223,9 @@ def plan_flows(
     policy: ir.Policy, iface: ir.Interface, flows: Sequence[Flow], duration: int, link: int
 ) -> list[_FlowPlan]:
     """Classify each flow and choose the rate its sender sends at; raises MeasureError."""
-    if not flows:
-        raise MeasureError("give at least one flow")
-    names = [f.name for f in flows]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        raise MeasureError(f"two flows are called '{dup}'; give them different names")
+    problem = flows_problem(flows)
+    if problem is not None:
+        raise MeasureError(problem)
     plans = []
     for f in flows:
         if f.packet.size > MAX_SIZE:

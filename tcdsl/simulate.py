@@ -45,7 +45,7 @@ from tcdsl import ir
 from tcdsl.checks import effective_ceil, rate_of
 from tcdsl.classify import DEFAULT_PRIOMAP, classify, tos_priority
 from tcdsl.report import FlowInfo, Run, Series
-from tcdsl.traffic import Flow
+from tcdsl.traffic import Flow, flows_problem
 
 NS = 1_000_000_000
 """Nanoseconds per second."""
@@ -926,12 +926,9 @@ class Simulator(Engine):
     ) -> None:
         if duration <= 0:
             raise SimulationError("the duration must be above 0")
-        if not flows:
-            raise SimulationError("give at least one flow")
-        names = [f.name for f in flows]
-        dup = next((n for n in names if names.count(n) > 1), None)
-        if dup is not None:
-            raise SimulationError(f"two flows are called '{dup}'; give them different names")
+        problem = flows_problem(flows)
+        if problem is not None:
+            raise SimulationError(problem)
         self.duration = duration
         self.interval = interval or min(1_000_000, max(duration // 30, 1))
         if self.interval <= 0:

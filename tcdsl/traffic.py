@@ -17,6 +17,7 @@ sent at rate R (greedy when no rate is given: as fast as the policy lets it) fro
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tcdsl.frontend import DSCP_NAMES, PROTOCOLS
@@ -195,3 +196,14 @@ def parse_flow(text: str, index: int = 0) -> Flow:
     if stop is not None and stop <= start:
         raise SpecError("a flow must stop after it starts")
     return Flow(name.strip(), packet, rate, start, stop)
+
+
+def flows_problem(flows: Sequence[Flow]) -> str | None:
+    """Why a set of flows cannot be run together (none, or two with one name), or None."""
+    if not flows:
+        return "give at least one flow"
+    names = [f.name for f in flows]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        return f"two flows are called '{dup}'; give them different names"
+    return None
