@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
 import click
 
-from tcdsl import __version__
+from tcdsl import __version__, ir
 from tcdsl.backend import BackendOptions
 from tcdsl.backends import BACKENDS
 from tcdsl.diagnostics import Diagnostic, Severity, render, render_json
@@ -51,6 +52,38 @@ def _summary(diagnostics: Sequence[Diagnostic]) -> str:
         (sum(d.severity is Severity.INFO for d in diagnostics), "info"),
     )
     return ", ".join(f"{n} {word}{'s' * (n != 1)}" for n, word in counts if n)
+
+
+def _policy_or_exit(result: Result, what: str) -> ir.Policy:
+    """The checked policy of ``result``; if it has errors, print them as ``check`` does, say
+    that nothing was ``what`` (simulated, measured, ...) and exit 1."""
+    if result.policy is None:
+        shown = _visible(result.diagnostics, False)
+        click.echo(render(shown, result.sources), nl=False, err=True)
+        click.echo(f"tcdsl: {_summary(shown)}; nothing {what}", err=True)
+        sys.exit(EXIT_POLICY)
+    return result.policy
+
+
+def _check_interface(policy: ir.Policy, interface: str | None) -> None:
+    """A usage error (exit 2) when ``--interface`` names no interface of ``policy``."""
+    names = [i.name for i in policy.interfaces]
+    if interface is not None and interface not in names:
+        known = ", ".join(names) or "none"
+        raise click.BadParameter(
+            f"the policy has no interface '{interface}' (it has: {known})",
+            param_hint="'--interface'",
+        )
+
+
+@contextmanager
+def _writing(path: str | Path) -> Iterator[None]:
+    """Turn an OSError while writing ``path`` into a message and exit 1."""
+    try:
+        yield
+    except OSError as err:
+        click.echo(f"tcdsl: cannot write '{path}': {err.strerror or err}", err=True)
+        sys.exit(EXIT_POLICY)
 
 
 def _format_option(*choices: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -203,13 +236,10 @@ def compile(
         sys.exit(EXIT_USAGE)
     else:
         files = {target: result.output}
-    try:
+    with _writing(output):
         for path, text in files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-    except OSError as err:
-        click.echo(f"tcdsl: cannot write '{output}': {err.strerror or err}", err=True)
-        sys.exit(EXIT_POLICY)
 
 
 def policy_files(paths: Sequence[str]) -> list[str]:
@@ -478,17 +508,12 @@ def classify_command(policy: str, packets: list[object], interface: str | None, 
     from tcdsl.classify import UnknownInterface, classify, render_text, to_json
     from tcdsl.traffic import Packet
 
-    result = analyse(policy)
-    if result.policy is None:
-        shown = _visible(result.diagnostics, False)
-        click.echo(render(shown, result.sources), nl=False, err=True)
-        click.echo(f"tcdsl: {_summary(shown)}; nothing classified", err=True)
-        sys.exit(EXIT_POLICY)
+    checked = _policy_or_exit(analyse(policy), "classified")
     verdicts = []
     for packet in packets:
         assert isinstance(packet, Packet)
         try:
-            verdicts.append((classify(result.policy, packet, interface), packet))
+            verdicts.append((classify(checked, packet, interface), packet))
         except UnknownInterface as err:
             raise click.BadParameter(str(err), param_hint="'--interface'") from None
     if fmt == "json":
@@ -532,11 +557,8 @@ def explain_command(policy: str, fmt: str, output: str | None) -> None:
     if output is None:
         click.echo(text, nl=False)
         return
-    try:
+    with _writing(output):
         Path(output).write_text(text, encoding="utf-8")
-    except OSError as err:
-        click.echo(f"tcdsl: cannot write '{output}': {err.strerror or err}", err=True)
-        sys.exit(EXIT_POLICY)
 
 
 def _flow_specs(
@@ -642,31 +664,17 @@ def simulate_command(
     from tcdsl.simulate import SimulationError, simulate
     from tcdsl.traffic import Flow
 
-    result = analyse(policy)
-    if result.policy is None:
-        shown = _visible(result.diagnostics, False)
-        click.echo(render(shown, result.sources), nl=False, err=True)
-        click.echo(f"tcdsl: {_summary(shown)}; nothing simulated", err=True)
-        sys.exit(EXIT_POLICY)
-    names = [i.name for i in result.policy.interfaces]
-    if interface is not None and interface not in names:
-        known = ", ".join(names) or "none"
-        raise click.BadParameter(
-            f"the policy has no interface '{interface}' (it has: {known})",
-            param_hint="'--interface'",
-        )
+    checked = _policy_or_exit(analyse(policy), "simulated")
+    _check_interface(checked, interface)
     specs = [f for f in flows if isinstance(f, Flow)]
     try:
-        run = simulate(result.policy, specs, duration, interval, link, interface)
+        run = simulate(checked, specs, duration, interval, link, interface)
     except SimulationError as err:
         click.echo(f"tcdsl: {err}", err=True)
         sys.exit(EXIT_POLICY)
     if plot is not None:
-        try:
+        with _writing(plot):
             report.plot(run, plot)
-        except OSError as err:
-            click.echo(f"tcdsl: cannot write '{plot}': {err.strerror or err}", err=True)
-            sys.exit(EXIT_POLICY)
     if fmt == "json":
         click.echo(json.dumps(run.to_json(), indent=2))
     else:
@@ -729,24 +737,15 @@ def measure_command(
     from tcdsl.traffic import Flow
 
     result = compile_policy(policy)
-    if result.policy is None or result.output is None:
-        shown = _visible(result.diagnostics, False)
-        click.echo(render(shown, result.sources), nl=False, err=True)
-        click.echo(f"tcdsl: {_summary(shown)}; nothing measured", err=True)
-        sys.exit(EXIT_POLICY)
-    names = [i.name for i in result.policy.interfaces]
-    if interface is not None and interface not in names:
-        known = ", ".join(names) or "none"
-        raise click.BadParameter(
-            f"the policy has no interface '{interface}' (it has: {known})",
-            param_hint="'--interface'",
-        )
+    checked = _policy_or_exit(result, "measured")
+    assert result.output is not None  # the shell backend writes every policy that checks
+    _check_interface(checked, interface)
     specs = [f for f in flows if isinstance(f, Flow)]
     simulated = None
     try:
         if also_simulate:
-            simulated = simulate(result.policy, specs, duration, interval, None, interface)
-        run = measure(result.policy, result.output, specs, duration, interval, interface)
+            simulated = simulate(checked, specs, duration, interval, None, interface)
+        run = measure(checked, result.output, specs, duration, interval, interface)
     except (MeasureError, SimulationError) as err:
         click.echo(f"tcdsl: {err}", err=True)
         sys.exit(EXIT_POLICY)
@@ -754,14 +753,11 @@ def measure_command(
         click.echo("tcdsl: interrupted; the namespaces are removed", err=True)
         sys.exit(EXIT_INTERRUPTED)
     if plot is not None:
-        try:
+        with _writing(plot):
             if simulated is None:
                 report.plot(run, plot)
             else:
                 plot_both(run, simulated, plot)
-        except OSError as err:
-            click.echo(f"tcdsl: cannot write '{plot}': {err.strerror or err}", err=True)
-            sys.exit(EXIT_POLICY)
     if fmt == "json":
         data = run.to_json()
         if simulated is not None:
