@@ -279,14 +279,14 @@ class _Walk:
                     f"TOS 0x{self.packet.tos:02x} -> priority {prio} -> band {band} "
                     "(pfifo_fast's priomap)"
                 )
-                return [Step(q, None, why, _keyword(q.span, q.kind))]
+                return [Step(q, None, why, q.span.prefix(len(q.kind)))]
             case ir.Tbf() | ir.Netem() if q.child is not None:
                 why = f"{q.kind} has no classes: every packet goes to its child {q.child.kind}"
-                step = Step(q, None, why, _keyword(q.span, q.kind))
+                step = Step(q, None, why, q.span.prefix(len(q.kind)))
                 return [step, *self.qdisc(q.child)] if _descends(q.child) else [step]
             case _:
                 why = f"{q.kind} has no classes: every packet is queued here"
-                return [Step(q, None, why, _keyword(q.span, q.kind))]
+                return [Step(q, None, why, q.span.prefix(len(q.kind)))]
 
     def _into(self, q: ir.Qdisc, cls: ir.Class, why: str, span: Span | None) -> list[Step]:
         step = Step(q, cls, f"{why} -> {cls.label} ({cls.classid})", span)
@@ -318,7 +318,7 @@ class _Walk:
         )
         if q.default is None or default is None:
             why = f"{head} and htb has no default: the direct queue, unshaped"
-            return [Step(q, None, why, _keyword(q.span, q.kind))]
+            return [Step(q, None, why, q.span.prefix(len(q.kind)))]
         if default.children:
             why = f"{head}; htb's default '{default.name}' is not a leaf: the direct queue"
             return [Step(q, None, why, q.default.span)]
@@ -343,7 +343,7 @@ class _Walk:
                 f"{self._no_hit()}: TOS 0x{self.packet.tos:02x} -> priority {prio} -> "
                 f"band {band} ({which})"
             )
-            span = q.priomap[prio].span if q.priomap else _keyword(q.span, q.kind)
+            span = q.priomap[prio].span if q.priomap else q.span.prefix(len(q.kind))
         cls = next(
             (c for c in ir.classes_of(q) if c.classid is not None and c.classid.minor == band + 1),
             None,
@@ -363,7 +363,7 @@ class _Walk:
             f"{self._no_hit() if hit is None else hit.why}: what cbq does then (its defmap "
             "and split classes) is not modelled"
         )
-        return [Step(q, None, why, _keyword(q.span, q.kind))]
+        return [Step(q, None, why, q.span.prefix(len(q.kind)))]
 
 
 def _descends(q: ir.Qdisc) -> bool:
@@ -373,11 +373,6 @@ def _descends(q: ir.Qdisc) -> bool:
     if isinstance(q, ir.Tbf | ir.Netem) and q.child is not None:
         return _descends(q.child)
     return False
-
-
-def _keyword(span: Span, word: str) -> Span:
-    """The span of the qdisc keyword that starts ``span`` (a qdisc's span covers its block)."""
-    return Span(span.file, span.line, span.column, span.line, span.column + len(word))
 
 
 def _conds(conds: tuple[ir.Cond, ...]) -> str:

@@ -21,6 +21,10 @@ class Span:
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.column}"
 
+    def prefix(self, width: int) -> Span:
+        """The first ``width`` columns of this span (a keyword that starts a block's span)."""
+        return Span(self.file, self.line, self.column, self.line, self.column + width)
+
 
 class Severity(Enum):
     """How bad a diagnostic is."""

@@ -48,13 +48,8 @@ def htb_has_default(policy: ir.Policy) -> Iterator[Diagnostic]:
                     "htb has no 'default' class: packets no filter matches (and every packet "
                     "that is not IPv4, such as ARP and IPv6) leave through htb's direct queue, "
                     "at line rate and ahead of every class",
-                    _keyword(q.span, q.kind),
+                    q.span.prefix(len(q.kind)),
                 )
-
-
-def _keyword(span: Span, word: str) -> Span:
-    """The span of the qdisc keyword that starts ``span`` (a qdisc's span covers its block)."""
-    return Span(span.file, span.line, span.column, span.line, span.column + len(word))
 
 
 def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -77,15 +72,8 @@ def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
             "W311",
             f"no packet can reach {s.cls.label}: it has no match line and it is not the htb's "
             "default",
-            _name_span(s.cls),
+            s.cls.span.prefix(len(f"class {s.cls.name}")),
         )
-
-
-def _name_span(cls: ir.Class) -> Span:
-    """The class keyword and name (a class's span covers its whole block)."""
-    span = cls.span
-    end = span.column + len("class ") + len(cls.name)
-    return Span(span.file, span.line, span.column, span.line, end)
 
 
 # ---- filter order: shadowed, duplicate and catch-all matches -----------------------------------
@@ -138,13 +126,16 @@ class _Earlier:
     filter's packets costs one lookup per distinct set of tested bits, not one per filter."""
 
     def __init__(self) -> None:
-        self.by_masks: dict[tuple[tuple[int, int], ...], dict[tuple[int, ...], Alternative]] = {}
-        self.rank: dict[int, int] = {}
+        # tested bits -> their values -> (the order the alternative was added in, it)
+        self.by_masks: dict[
+            tuple[tuple[int, int], ...], dict[tuple[int, ...], tuple[int, Alternative]]
+        ] = {}
+        self.added = 0
 
     def covering(self, f: Bits) -> Alternative | None:
         """The first earlier alternative with a filter matching every packet ``f`` matches."""
         mine = {o: (v, m) for o, v, m in f}
-        best: Alternative | None = None
+        hits: list[tuple[int, Alternative]] = []
         for masks, table in self.by_masks.items():
             values: list[int] = []
             for o, m in masks:
@@ -153,16 +144,17 @@ class _Earlier:
                 values.append(mine[o][0] & m)
             else:
                 hit = table.get(tuple(values))
-                if hit is not None and (best is None or self.rank[id(hit)] < self.rank[id(best)]):
-                    best = hit
-        return best
+                if hit is not None:
+                    hits.append(hit)
+        return min(hits, key=lambda h: h[0])[1] if hits else None
 
     def add(self, alt: Alternative) -> None:
         """Remember ``alt``'s filters (an earlier one wins for identical bits)."""
-        self.rank.setdefault(id(alt), len(self.rank))
         for f in alt.filters:
             masks = tuple((o, m) for o, _, m in f)
-            self.by_masks.setdefault(masks, {}).setdefault(tuple(v for _, v, _ in f), alt)
+            values = tuple(v for _, v, _ in f)
+            self.by_masks.setdefault(masks, {}).setdefault(values, (self.added, alt))
+        self.added += 1
 
 
 def _is_catch_all(alt: Alternative) -> bool:
@@ -178,24 +170,26 @@ def filters_all_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
 def _shadowing(ordered: Sequence[Alternative]) -> Iterator[Diagnostic]:
     earlier = _Earlier()
     catch_all: Alternative | None = None
-    after_catch_all: list[ir.Match] = []
-    by_line: dict[int, list[tuple[Alternative, Alternative | None]]] = {}
-    lines: list[ir.Match] = []
+    after_catch_all: dict[int, ir.Match] = {}  # by id, in the order tried
+    by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]] = {}
     for alt in ordered:
         if catch_all is not None:
-            if alt.match is not catch_all.match and alt.match not in after_catch_all:
-                after_catch_all.append(alt.match)
+            if alt.match is not catch_all.match:
+                after_catch_all.setdefault(id(alt.match), alt.match)
             continue
-        covers = [earlier.covering(f) for f in alt.filters]
-        culprit = covers[0] if all(c is not None for c in covers) else None
-        if id(alt.match) not in by_line:
-            lines.append(alt.match)
-        by_line.setdefault(id(alt.match), []).append((alt, culprit))
+        covers: list[Alternative] = []
+        for f in alt.filters:
+            cover = earlier.covering(f)
+            if cover is None:
+                break
+            covers.append(cover)
+        culprit = covers[0] if len(covers) == len(alt.filters) else None
+        by_line.setdefault(id(alt.match), (alt.match, []))[1].append((alt, culprit))
         earlier.add(alt)
         if _is_catch_all(alt):
             catch_all = alt
-    for match in lines:
-        yield from _report_line(match, by_line[id(match)])
+    for match, alts in by_line.values():
+        yield from _report_line(match, alts)
     if catch_all is not None and after_catch_all:
         n = len(after_catch_all)
         yield Diagnostic.warning(
@@ -203,7 +197,7 @@ def _shadowing(ordered: Sequence[Alternative]) -> Iterator[Diagnostic]:
             f"this match line takes every packet for {catch_all.cls.label}, so the "
             f"{n} match line{'s' * (n != 1)} tried after it never see{'s' * (n == 1)} a packet",
             catch_all.match.span,
-            Note("for example this one", after_catch_all[0].span),
+            Note("for example this one", next(iter(after_catch_all.values())).span),
         )
 
 
@@ -476,7 +470,7 @@ def _netem_limit(q: ir.Netem, delay: ir.Time, feed: ir.Rate | None) -> Iterator[
         f"netem holds at most {limit} packets ({what}), but {format_time(delay.microseconds)}"
         f" of delay at {_rate(rate.bits_per_second)} keeps about {held} full-size packets in "
         f"it: the rest are dropped; give netem 'limit {suggestion}'",
-        q.limit.span if q.limit is not None else _keyword(q.span, q.kind),
+        q.limit.span if q.limit is not None else q.span.prefix(len(q.kind)),
         Note("delay given here", delay.span),
     )
 
