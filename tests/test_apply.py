@@ -302,6 +302,21 @@ for spec in sys.argv[2:]:
 COUNT = 5
 
 
+def apply_for_traffic(ns: str, result: Result, tmp_path: Path) -> None:
+    """Apply ``result``'s script in ``ns``, ready for packets: the policy's first interface has
+    10.99.0.1/24 and a static neighbour 10.99.0.2 (no ARP), and IPv6 is off (no chatter)."""
+    assert result.policy is not None and result.output is not None
+    sysctl = "net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
+    run(["ip", "netns", "exec", ns, "sysctl", "-qw", *sysctl.split()])
+    create_links(ns, result.policy)
+    dev = result.policy.interfaces[0].name
+    run(["ip", "-n", ns, "addr", "add", "10.99.0.1/24", "dev", dev])
+    run(["ip", "-n", ns, "neigh", "add", "10.99.0.2", "lladdr", "02:00:00:00:00:02", "dev", dev])
+    script = tmp_path / "apply.sh"
+    script.write_text(result.output, encoding="utf-8")
+    apply_script(ns, script)
+
+
 def class_packets(ns: str, dev: str) -> dict[str, int]:
     """Packets sent per class (``tc -s class show``) and by htb directly (key ``direct``)."""
     out: dict[str, int] = {}
@@ -378,15 +393,8 @@ def test_traffic_reaches_its_class(
         None,
     )
     ns = make_netns()
-    sysctl = "net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
-    run(["ip", "netns", "exec", ns, "sysctl", "-qw", *sysctl.split()])  # no IPv6 chatter
-    create_links(ns, result.policy)
+    apply_for_traffic(ns, result, tmp_path)
     dev = iface.name
-    run(["ip", "-n", ns, "addr", "add", "10.99.0.1/24", "dev", dev])
-    run(["ip", "-n", ns, "neigh", "add", "10.99.0.2", "lladdr", "02:00:00:00:00:02", "dev", dev])
-    script = tmp_path / "apply.sh"
-    script.write_text(result.output, encoding="utf-8")
-    apply_script(ns, script)
     for port, tos, target in sends:
         is_default = target == "default"
         if is_default:

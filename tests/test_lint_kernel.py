@@ -24,9 +24,8 @@ from tests.test_apply import (
     COUNT,
     SENDER,
     _compile_text,
-    apply_script,
+    apply_for_traffic,
     class_packets,
-    create_links,
     host,
     make_netns,
     missing,
@@ -68,15 +67,7 @@ def _applied(
     if lacks:
         pytest.skip(lacks)
     ns = make_netns()
-    sysctl = "net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
-    run(["ip", "netns", "exec", ns, "sysctl", "-qw", *sysctl.split()])
-    create_links(ns, result.policy)
-    dev = result.policy.interfaces[0].name
-    run(["ip", "-n", ns, "addr", "add", "10.99.0.1/24", "dev", dev])
-    run(["ip", "-n", ns, "neigh", "add", "10.99.0.2", "lladdr", "02:00:00:00:00:02", "dev", dev])
-    script = tmp_path / "apply.sh"
-    script.write_text(result.output, encoding="utf-8")
-    apply_script(ns, script)
+    apply_for_traffic(ns, result, tmp_path)
     return result, ns
 
 
