@@ -12,6 +12,13 @@ from dataclasses import dataclass
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note
+from tcdsl.tcmath import (
+    DEFAULT_PRIOMAP,
+    TICKS_PER_US,
+    U32_MAX,
+    psched_l2t_ns,
+    tc_xmittime_ticks,
+)
 from tcdsl.units import format_rate, format_time
 
 Check = Callable[[ir.Policy], Iterator[Diagnostic]]
@@ -163,7 +170,6 @@ def values_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
                         yield Diagnostic.error("E208", f"{pct.value}% is above 100%", pct.span)
 
 
-U32_MAX = 2**32 - 1
 MAX_RATE = (2**64 - 1) * 8  # tc keeps rates as 64-bit bytes per second
 
 
@@ -510,8 +516,6 @@ def marks_unique(policy: ir.Policy) -> Iterator[Diagnostic]:
 # 6.1 and 6.18, iproute2 6.1; tests/strategies.py) and checked against the sources.
 
 INT_MAX = 2**31 - 1
-TICKS_PER_US = 15.625
-"""iproute2's ``tick_in_usec``: the kernel's psched tick is 64 ns (/proc/net/psched)."""
 MAX_TICK_US = 274_877_906
 """The longest time (us) tc can turn into 64-ns ticks in 32 bits: 274877907us is 2^32 ticks."""
 FQ_CODEL_QUANTUM = (256, 1 << 20)  # sch_fq_codel.c: raised to 256, refused above 1 MiB
@@ -519,25 +523,11 @@ FQ_CODEL_MEMORY = 1 << 31  # sch_fq_codel.c: memory_limit lowered to 2 GiB
 SFQ_MAX_PERTURB = INT_MAX // 1000
 """Seconds: tc takes an int, Linux (6.1.y, 6.13+) refuses above INT_MAX / HZ (HZ up to 1000)."""
 NETEM_MAX_JITTER_NS = INT_MAX  # sch_netem.c caps the jitter to what tabledist() takes
-PRIO_DEFAULT_PRIOMAP = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)  # tc's q_prio.c
-
-
-def _tc_ticks(rate_bytes: int, size: int) -> int:
-    """iproute2's ``tc_calc_xmittime`` before its 32-bit result wraps: the 64-ns ticks to send
-    ``size`` bytes at the rate (the time truncated to whole microseconds first)."""
-    return int(int(1_000_000 * (size / rate_bytes)) * TICKS_PER_US)
 
 
 def _kernel_ticks(rate_bytes: int, size: int) -> int:
     """The ticks the kernel reports for a tbf burst or mtu (``psched_l2t_ns`` >> 6)."""
-    factor, shift = 1_000_000_000, 0
-    while True:  # psched_ratecfg_precompute
-        mult = factor // rate_bytes
-        if mult & (1 << 31) or factor & (1 << 63):
-            break
-        factor <<= 1
-        shift += 1
-    return ((size * (mult & U32_MAX)) >> shift) >> 6
+    return psched_l2t_ns(rate_bytes, size) >> 6
 
 
 def _largest(fits: Callable[[int], bool], lo: int, hi: int) -> int:
@@ -579,12 +569,12 @@ def values_kept_as_written(policy: ir.Policy) -> Iterator[Diagnostic]:
                     yield from _netem_values(q)
                 case ir.Prio() if q.bands is not None and q.priomap is None:
                     # with more classes than bands (E205 above), more bands fix both
-                    few = 2 <= q.bands.value < len(set(PRIO_DEFAULT_PRIOMAP))
+                    few = 2 <= q.bands.value < len(set(DEFAULT_PRIOMAP))
                     if few and len(q.classes) <= q.bands.value:
                         yield Diagnostic.error(
                             "E205",
                             f"prio bands {q.bands.value} needs a priomap: tc sends its default "
-                            f"priomap ({' '.join(map(str, PRIO_DEFAULT_PRIOMAP))}), which names "
+                            f"priomap ({' '.join(map(str, DEFAULT_PRIOMAP))}), which names "
                             "band 2, and the kernel refuses the qdisc; give a priomap naming "
                             f"bands 0-{q.bands.value - 1}",
                             q.bands.span,
@@ -602,13 +592,13 @@ def _htb_class_values(cls: ir.Class) -> Iterator[Diagnostic]:
         rate_bytes = rate.bits_per_second // 8
         if rate_bytes == 0 or rate.bits_per_second > MAX_RATE:
             continue
-        ticks = _tc_ticks(rate_bytes, size.bytes)
+        ticks = tc_xmittime_ticks(rate_bytes, size.bytes)
         if ticks <= U32_MAX:
             continue
         us = int(1_000_000 * (size.bytes / rate_bytes)) & U32_MAX  # tc's unsigned int
         held = int(us * TICKS_PER_US) & U32_MAX
         kept = held * 64 * rate_bytes // 10**9
-        most = _largest(functools.partial(_ticks_fit, _tc_ticks, rate_bytes), 0, size.bytes)
+        most = _largest(functools.partial(_ticks_fit, tc_xmittime_ticks, rate_bytes), 0, size.bytes)
         yield Diagnostic.error(
             "E208",
             f"{name} {size.bytes} of {cls.label} takes {_seconds(size.bytes * 1e6 / rate_bytes)} "

@@ -15,7 +15,7 @@ What is modelled, after the kernel's code:
 - prio (``prio_classify``): a filter's flowid names the band; no match: the priomap entry of
   the packet's priority. The priority of a forwarded packet (and of a locally sent one whose
   socket set ``IP_TOS``) is ``rt_tos2priority(tos)``, the table ``ip_tos2prio`` of
-  net/ipv4/route.c (``TOS_TO_PRIORITY``); pfifo_fast uses the same bands with its fixed
+  net/ipv4/route.c (``tcmath.IP_TOS2PRIO``); pfifo_fast uses the same bands with its fixed
   priomap;
 - a class whose leaf qdisc is classful (or a tbf/netem holding one) goes on there;
 - ``classify by mark``: the iptables rules in order (each marks only unmarked packets, so the
@@ -35,17 +35,11 @@ from typing import TypeVar
 from tcdsl import ir, lower, words
 from tcdsl.allocate import DEFAULT_PREF, default_minor
 from tcdsl.diagnostics import Span
+from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
 from tcdsl.traffic import Packet
 
 T = TypeVar("T")
 
-TOS_TO_PRIORITY: tuple[int, ...] = (0, 0, 0, 0, 2, 2, 2, 2, 6, 6, 6, 6, 4, 4, 4, 4)
-"""``ip_tos2prio`` of net/ipv4/route.c (Linux 3.2 and later: the odd entries, once
-``TC_PRIO_FILLER``, are ``ECN_OR_COST(BESTEFFORT)`` and so on): BESTEFFORT 0, BULK 2,
-INTERACTIVE 6, INTERACTIVE_BULK 4, indexed by ``IPTOS_TOS(tos) >> 1``."""
-DEFAULT_PRIOMAP: tuple[int, ...] = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
-"""The band of each priority in prio's default priomap and in pfifo_fast (``prio2band``)."""
-IPTOS_TOS_MASK = 0x1E
 
 # ---- what the lints share: filter order and filter bits ----------------------------------------
 
@@ -96,11 +90,6 @@ def kernel_order(items: Iterable[T], pref: Callable[[T], int]) -> list[T]:
 def filters_at(iface: ir.Interface, parent: ir.Handle) -> list[ir.Filter]:
     """The filters attached to ``parent`` (a qdisc or class), in the order tried."""
     return kernel_order((f for f in iface.filters if f.parent == parent), lambda f: f.pref)
-
-
-def tos_priority(tos: int) -> int:
-    """``rt_tos2priority``: the skb priority of a packet with this TOS byte."""
-    return TOS_TO_PRIORITY[(tos & IPTOS_TOS_MASK) >> 1]
 
 
 # ---- the verdict ----------------------------------------------------------------------------

@@ -20,6 +20,13 @@ from typing import Literal
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
+from tcdsl.tcmath import (
+    DEFAULT_PRIOMAP,
+    HTB_DEFAULT_R2Q,
+    htb_quantum,
+    htb_r2q,
+    tos_priority,
+)
 from tcdsl.units import format_rate, format_size, format_time
 from tcdsl.words import TOS_BITS, match_phrase, match_text, or_list
 
@@ -40,18 +47,6 @@ TC_PRIO_NAMES: dict[int, str] = {
 }
 """include/uapi/linux/pkt_sched.h: the named Linux priorities (TC_PRIO_*)."""
 
-IP_TOS2PRIO: tuple[int, ...] = (0, 0, 0, 0, 2, 2, 2, 2, 6, 6, 6, 6, 4, 4, 4, 4)
-"""net/ipv4/route.c ``ip_tos2prio[16]``, indexed by ``(tos & 0x1e) >> 1``: the priority Linux
-gives a packet from its TOS byte. Current kernels map index 1 (TOS 0x02, minimize cost, which
-is also ECN's ECT(0) bit) to best effort; kernels before the ECN change mapped it to filler."""
-
-DEFAULT_PRIOMAP: tuple[int, ...] = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
-"""Priority -> band: pfifo_fast's ``prio2band`` (net/sched/sch_generic.c), which is also the
-priomap tc gives a prio qdisc unless told otherwise (iproute2 tc/q_prio.c)."""
-
-HTB_QUANTUM = (1000, 200000)
-"""sch_htb clamps a quantum computed from rate / r2q into this range (bytes)."""
-HTB_DEFAULT_R2Q = 10
 TXQUEUELEN = "txqueuelen packets (the device's transmit queue length, 1000 on most Ethernet cards)"
 
 
@@ -62,11 +57,6 @@ TOS_SHORT: tuple[tuple[int, str], ...] = (
     (0x02, "low cost"),
 )
 """Short names of the TOS bits, for the table."""
-
-
-def tos_priority(tos: int) -> int:
-    """The Linux priority of a packet with this TOS byte (``rt_tos2priority``)."""
-    return IP_TOS2PRIO[(tos & 0x1E) >> 1]
 
 
 def priority_words(priority: int) -> str:
@@ -651,10 +641,8 @@ class _Explainer:
                 )
             )
         elif ceil > rate and ancestors:
-            r2q = q.r2q.value if q.r2q is not None else HTB_DEFAULT_R2Q
-            computed = rate // 8 // r2q
-            lo, hi = HTB_QUANTUM
-            used = min(max(computed, lo), hi)
+            r2q = htb_r2q(q)
+            computed, used = htb_quantum(rate, r2q)
             share = (
                 ", so they share spare bandwidth in proportion to their rates"
                 if used == computed

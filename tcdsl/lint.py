@@ -16,6 +16,7 @@ from tcdsl import ir, lower
 from tcdsl.checks import effective_ceil, rate_of, sites
 from tcdsl.classify import Bits, filter_bits, kernel_order, match_pref
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.tcmath import HTB_QUANTUM, htb_r2q
 from tcdsl.units import format_rate, format_size, format_time
 
 Lint = Callable[[ir.Policy], Iterator[Diagnostic]]
@@ -24,8 +25,6 @@ FRAME = 1514
 """A full-size Ethernet frame as the qdiscs count it (1500-byte MTU + 14-byte header)."""
 HZ = 250
 """Debian's CONFIG_HZ; tc-tbf(8) sizes the smallest useful tbf burst as rate / HZ."""
-HTB_QUANTUM = (1000, 200000)
-"""sch_htb: a quantum computed from rate / r2q outside this range is clamped, with a warning."""
 NETEM_DEFAULT_LIMIT = 1000
 """sch_netem: packets it holds when no ``limit`` is given."""
 SFQ_MIN_PERTURB = 10
@@ -262,7 +261,7 @@ def htb_quantum_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
         for q in ir.walk_qdiscs(iface.root):
             if not isinstance(q, ir.Htb):
                 continue
-            r2q = q.r2q.value if q.r2q is not None else 10
+            r2q = htb_r2q(q)
             computed = [
                 (cls, r.bits_per_second // 8)
                 for cls in ir.classes_of(q)

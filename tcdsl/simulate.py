@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 
 from tcdsl import ir
 from tcdsl.checks import effective_ceil, rate_of
-from tcdsl.classify import DEFAULT_PRIOMAP, classify, tos_priority
+from tcdsl.classify import classify
 from tcdsl.report import FlowInfo, Run, Series
+from tcdsl.tcmath import DEFAULT_PRIOMAP, htb_quantum, htb_r2q, tc_xmittime_ticks, tos_priority
 from tcdsl.traffic import Flow, flows_problem
 
 NS = 1_000_000_000
@@ -76,11 +77,7 @@ class SimulationError(ValueError):
 def xmit_ns(size: int, rate_bytes: int) -> int:
     """``tc_calc_xmittime`` then ``PSCHED_TICKS2NS``: the buffer tc sends for ``size`` bytes
     at ``rate_bytes`` bytes/s, in nanoseconds (whole microseconds, then 64 ns ticks)."""
-    if rate_bytes <= 0:
-        return 0
-    usec = 1_000_000 * size // rate_bytes
-    ticks = usec * 1000 // 64
-    return ticks * 64
+    return tc_xmittime_ticks(rate_bytes, size) * 64 if rate_bytes > 0 else 0
 
 
 def l2t(size: int, rate_bytes: int) -> int:
@@ -817,7 +814,7 @@ class _Builder:
 
     def _htb(self, q: ir.Htb, depth: int) -> Node:
         node = HtbNode(self.engine, depth)
-        r2q = q.r2q.value if q.r2q else 10
+        r2q = htb_r2q(q)
 
         def make(c: ir.Class, parent: HtbClass | None) -> HtbClass:
             rate = rate_of(c.rate)
@@ -827,7 +824,7 @@ class _Builder:
             if c.quantum is not None:
                 quantum = c.quantum.bytes
             else:
-                quantum = min(max(rate.bits_per_second // 8 // r2q, 1000), 200000)
+                quantum = htb_quantum(rate.bits_per_second, r2q)[1]
             cl = HtbClass(
                 c.name or "link",
                 c.classid.minor if c.classid else 0,

@@ -18,17 +18,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tcdsl import ir
-from tcdsl.classify import (
-    DEFAULT_PRIOMAP,
-    TOS_TO_PRIORITY,
-    UnknownInterface,
-    Verdict,
-    classify,
-    kernel_order,
-    tos_priority,
-)
+from tcdsl.classify import UnknownInterface, Verdict, classify, kernel_order
 from tcdsl.cli import cli
 from tcdsl.driver import analyse
+from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
+from tcdsl.tcmath import IP_TOS2PRIO as TOS_TO_PRIORITY
 from tcdsl.traffic import parse_packet
 from tests.conftest import ROOT
 

@@ -23,16 +23,19 @@ from ipaddress import IPv4Network
 
 from tcdsl import ir
 from tcdsl.diagnostics import Span
+from tcdsl.tcmath import (
+    DEFAULT_PRIOMAP,
+    TICKS_PER_US,
+    U32_MAX,
+    psched_l2t_ns,
+    tc_xmittime_ticks,
+)
 from tcdsl.units import format_rate, format_size, format_time
 from tcdsl.verify.readback import IptRule, Key, Value, parse_time
 
 # ==== how tc shows what it was given ===========================================================
 
-TICKS_PER_US = 15.625
-"""iproute2's ``tick_in_usec`` on every kernel since 2.6.31 (/proc/net/psched: 1000 64 1e6)."""
-
 TIME_UNITS_PER_SEC = 1_000_000
-UINT32_MAX = 0xFFFFFFFF
 
 
 def tc_shown_rate(bits_per_second: int) -> int:
@@ -61,7 +64,7 @@ def tc_shown_size(size: int) -> int:
 
 def sprint_time(microseconds: float) -> str:
     """iproute2's ``sprint_time``: ``%.3gs``, ``%.3gms`` or whole ``us``."""
-    time = int(microseconds) & UINT32_MAX  # the C function takes a __u32
+    time = int(microseconds) & U32_MAX  # the C function takes a __u32
     if time >= TIME_UNITS_PER_SEC:
         return f"{time / TIME_UNITS_PER_SEC:.3g}s"
     if time >= TIME_UNITS_PER_SEC // 1000:
@@ -75,7 +78,7 @@ def tc_shown_time(microseconds: float) -> int:
 
 
 def _time2tick(microseconds: int) -> int:
-    return int(microseconds * TICKS_PER_US) & UINT32_MAX
+    return int(microseconds * TICKS_PER_US) & U32_MAX
 
 
 def _tick2time(ticks: int) -> int:
@@ -95,8 +98,8 @@ def codel_shown_time(microseconds: int) -> int:
 
 def netem_shown_percent(percent: Fraction) -> float:
     """A netem probability as tc shows it: a fraction of 2^32-1, printed with ``%g``."""
-    scaled = round(float(percent) / 100 * UINT32_MAX)
-    return float(f"{100.0 * scaled / UINT32_MAX:g}")
+    scaled = round(float(percent) / 100 * U32_MAX)
+    return float(f"{100.0 * scaled / U32_MAX:g}")
 
 
 def _xmitsize(rate_bytes: int, ticks: int) -> int:
@@ -116,25 +119,7 @@ def htb_shown_burst(rate_bits: int, size: int) -> int:
     kernel then disagrees with the policy, rightly).
     """
     rate = rate_bits // 8
-    ticks = int(int(TIME_UNITS_PER_SEC * (size / rate)) * TICKS_PER_US)
-    return tc_shown_size(_xmitsize(rate, ticks))
-
-
-def _mult_shift(rate_bytes: int) -> tuple[int, int]:
-    """The kernel's reciprocal of a rate (``psched_ratecfg_precompute``): mult and shift."""
-    factor, shift = 1_000_000_000, 0
-    while True:
-        mult = factor // rate_bytes
-        if mult & (1 << 31) or factor & (1 << 63):
-            return mult & UINT32_MAX, shift
-        factor <<= 1
-        shift += 1
-
-
-def psched_l2t_ns(rate_bytes: int, length: int) -> int:
-    """The kernel's ``psched_l2t_ns``: nanoseconds to send ``length`` bytes at the rate."""
-    mult, shift = _mult_shift(rate_bytes)
-    return (length * mult) >> shift
+    return tc_shown_size(_xmitsize(rate, tc_xmittime_ticks(rate, size)))
 
 
 def tbf_ticks(rate_bits: int, size: int) -> int:
@@ -648,7 +633,6 @@ class _Builder:
             self.qdisc(cls.leaf, str(cls.classid), f"{cls.leaf.kind} qdisc of {cls.classid}")
 
 
-DEFAULT_PRIOMAP = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
 """The priomap of prio and pfifo_fast when none is given (TOS -> band)."""
 
 
@@ -684,7 +668,7 @@ def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
 
 def expected_rule(chain: str, conds: tuple[ir.Cond, ...], mark: int) -> IptRule:
     """The rule the policy means for one mark rule, normalised like ``readback.parse_rule``."""
-    rule = IptRule(chain, mark=(0, UINT32_MAX), target="MARK", set_mark=(mark, UINT32_MAX))
+    rule = IptRule(chain, mark=(0, U32_MAX), target="MARK", set_mark=(mark, U32_MAX))
     values: dict[str, object] = {}
     for cond in conds:
         match cond:

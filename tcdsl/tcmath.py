@@ -1,0 +1,73 @@
+"""What tc and the kernel compute from the values a policy gives them, in one place.
+
+The checks (values that wrap), ``verify``'s expectations (values as tc shows them), ``classify``,
+``explain`` and ``simulate`` all need the same few formulas and tables of iproute2 6.1 and
+Linux; each is written once here.
+"""
+
+from __future__ import annotations
+
+from tcdsl import ir
+
+U32_MAX = 2**32 - 1
+TICKS_PER_US = 15.625
+"""iproute2's ``tick_in_usec`` on every kernel since 2.6.31: the psched tick is 64 ns
+(/proc/net/psched: 1000 64 ...)."""
+
+IP_TOS2PRIO: tuple[int, ...] = (0, 0, 0, 0, 2, 2, 2, 2, 6, 6, 6, 6, 4, 4, 4, 4)
+"""net/ipv4/route.c ``ip_tos2prio[16]``, indexed by ``(tos & 0x1e) >> 1``: the priority Linux
+gives a packet from its TOS byte (BESTEFFORT 0, BULK 2, INTERACTIVE 6, INTERACTIVE_BULK 4).
+Since Linux 3.2 the odd entries, once ``TC_PRIO_FILLER``, are ``ECN_OR_COST(...)``: index 1
+(TOS 0x02, minimize cost, also ECN's ECT(0) bit) is best effort."""
+IPTOS_TOS_MASK = 0x1E
+DEFAULT_PRIOMAP: tuple[int, ...] = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+"""Priority -> band: pfifo_fast's ``prio2band`` (net/sched/sch_generic.c), which is also the
+priomap tc gives a prio qdisc unless told otherwise (iproute2 tc/q_prio.c)."""
+
+
+def tos_priority(tos: int) -> int:
+    """``rt_tos2priority``: the skb priority of a packet with this TOS byte."""
+    return IP_TOS2PRIO[(tos & IPTOS_TOS_MASK) >> 1]
+
+
+def tc_xmittime_ticks(rate_bytes: int, size: int) -> int:
+    """iproute2's ``tc_calc_xmittime`` before its 32-bit result wraps: the 64-ns ticks to send
+    ``size`` bytes at ``rate_bytes`` bytes/s (the time truncated to whole microseconds first,
+    in double precision as tc does)."""
+    return int(int(1_000_000 * (size / rate_bytes)) * TICKS_PER_US)
+
+
+def mult_shift(rate_bytes: int) -> tuple[int, int]:
+    """The kernel's reciprocal of a rate (``psched_ratecfg_precompute``): mult and shift."""
+    factor, shift = 1_000_000_000, 0
+    while True:
+        mult = factor // rate_bytes
+        if mult & (1 << 31) or factor & (1 << 63):
+            return mult & U32_MAX, shift
+        factor <<= 1
+        shift += 1
+
+
+def psched_l2t_ns(rate_bytes: int, length: int) -> int:
+    """The kernel's ``psched_l2t_ns``: nanoseconds to send ``length`` bytes at the rate."""
+    mult, shift = mult_shift(rate_bytes)
+    return (length * mult) >> shift
+
+
+HTB_QUANTUM = (1000, 200000)
+"""sch_htb: a quantum computed from rate / r2q outside this range (bytes) is clamped into it,
+with the warning "quantum of class is small/big"."""
+HTB_DEFAULT_R2Q = 10
+
+
+def htb_r2q(q: ir.Htb) -> int:
+    """The htb's r2q: its own, or tc's default."""
+    return q.r2q.value if q.r2q is not None else HTB_DEFAULT_R2Q
+
+
+def htb_quantum(rate_bits: int, r2q: int) -> tuple[int, int]:
+    """The quantum (bytes) sch_htb computes for a class of this rate without a ``quantum``, and
+    the one it keeps after clamping."""
+    computed = rate_bits // 8 // r2q
+    lo, hi = HTB_QUANTUM
+    return computed, min(max(computed, lo), hi)
