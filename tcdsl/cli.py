@@ -459,7 +459,7 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
 def _packet_specs(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> list[object]:
-    from tcdsl.traffic import SpecError, parse_packet
+    from tcdsl.teach.traffic import SpecError, parse_packet
 
     packets: list[object] = []
     for value in values:
@@ -505,8 +505,8 @@ def classify_command(policy: str, packets: list[object], interface: str | None, 
     priomap that decide, in the kernel's order, with their policy lines. No kernel needed."""
     import json
 
-    from tcdsl.classify import UnknownInterface, classify, render_text, to_json
-    from tcdsl.traffic import Packet
+    from tcdsl.teach.classify import UnknownInterface, classify, render_text, to_json
+    from tcdsl.teach.traffic import Packet
 
     checked = _policy_or_exit(analyse(policy), "classified")
     verdicts = []
@@ -544,7 +544,7 @@ def classify_command(policy: str, packets: list[object], interface: str | None, 
 def explain_command(policy: str, fmt: str, output: str | None) -> None:
     """Explain POLICY in plain English, class by class: guarantees, borrowing, priorities,
     which traffic reaches each class, its queue, and what happens to unmatched traffic."""
-    from tcdsl.explain import explain
+    from tcdsl.teach.explain import explain
 
     result = analyse(policy)
     shown = _visible(result.diagnostics, False)
@@ -564,7 +564,7 @@ def explain_command(policy: str, fmt: str, output: str | None) -> None:
 def _flow_specs(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> list[object]:
-    from tcdsl.traffic import SpecError, parse_flow
+    from tcdsl.teach.traffic import SpecError, parse_flow
 
     flows: list[object] = []
     for i, value in enumerate(values):
@@ -660,9 +660,9 @@ def simulate_command(
     fifos) and print per-class and per-flow throughput and queueing delay."""
     import json
 
-    from tcdsl import report
-    from tcdsl.simulate import SimulationError, simulate
-    from tcdsl.traffic import Flow
+    from tcdsl.teach import report
+    from tcdsl.teach.simulate import SimulationError, simulate
+    from tcdsl.teach.traffic import Flow
 
     checked = _policy_or_exit(analyse(policy), "simulated")
     _check_interface(checked, interface)
@@ -731,10 +731,10 @@ def measure_command(
     namespaces) and print per-class and per-flow throughput from the kernel's counters."""
     import json
 
-    from tcdsl import report
-    from tcdsl.measure import MeasureError, compare_table, measure, plot_both
-    from tcdsl.simulate import SimulationError, simulate
-    from tcdsl.traffic import Flow
+    from tcdsl.teach import report
+    from tcdsl.teach.measure import MeasureError, compare_table, measure, plot_both
+    from tcdsl.teach.simulate import SimulationError, simulate
+    from tcdsl.teach.traffic import Flow
 
     result = compile_policy(policy)
     checked = _policy_or_exit(result, "measured")

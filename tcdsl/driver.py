@@ -19,7 +19,7 @@ from tcdsl.backend import Backend, BackendOptions
 from tcdsl.backends import BACKENDS
 from tcdsl.checks import run_checks
 from tcdsl.diagnostics import Diagnostic, Span, sort_key
-from tcdsl.frontend import Reader
+from tcdsl.frontend.reader import Reader
 from tcdsl.kernel_target import KernelTarget, kernel_support
 from tcdsl.lint import run_lints
 from tcdsl.resolve import resolve

@@ -37,7 +37,8 @@ from lark.exceptions import UnexpectedInput
 from lark.lark import PostLex
 
 from tcdsl.diagnostics import Diagnostic
-from tcdsl.frontend import _grammar_text, syntax_error
+from tcdsl.frontend.errors import syntax_error
+from tcdsl.frontend.reader import grammar_text
 from tcdsl.suppress import Directive, parse_directives
 
 INDENT = "    "
@@ -89,7 +90,7 @@ class _Parser:
 def _parser() -> _Parser:
     recorder = _Recorder()
     lark = Lark(
-        _grammar_text(),
+        grammar_text(),
         parser="lalr",
         lexer="contextual",
         maybe_placeholders=False,

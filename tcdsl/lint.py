@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from tcdsl import ir, lower
 from tcdsl.checks import effective_ceil, rate_of, sites
-from tcdsl.classify import Bits, filter_bits, kernel_order, match_pref
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.matching import Bits, filter_bits, kernel_order, match_pref
 from tcdsl.tcmath import HTB_QUANTUM, htb_r2q
 from tcdsl.units import format_rate, format_size, format_time
 
@@ -99,7 +99,7 @@ def _classification_orders(policy: ir.Policy) -> Iterator[list[Alternative]]:
     """Each place packets are classified, its alternatives in the order they are tried.
 
     u32 filters on one qdisc are tried by pref, then in the order they were added
-    (``tcdsl.classify.kernel_order``, which ``classify`` uses too); iptables
+    (``tcdsl.matching.kernel_order``, which ``classify`` uses too); iptables
     rules of ``classify by mark`` in the order of the match lines (each marks only unmarked
     packets, so the first matching line wins there too).
     """

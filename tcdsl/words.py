@@ -14,7 +14,7 @@ from typing import assert_never
 
 from tcdsl import ir
 from tcdsl.commands import qdisc_words
-from tcdsl.frontend import DSCP_NAMES, PROTOCOLS
+from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
 from tcdsl.lower import PROTO_NAMES
 from tcdsl.units import format_rate
 

@@ -1,4 +1,4 @@
-"""``tcdsl.classify``: which class a packet ends in, and why, without a kernel.
+"""``tcdsl.teach.classify``: which class a packet ends in, and why, without a kernel.
 
 Unit cases on the example policies and small written ones (filter order by pref, ranges,
 masks, tcp-ack, TOS and the priomap, marks, the direct queue), then the ``classify`` command.
@@ -18,12 +18,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tcdsl import ir
-from tcdsl.classify import UnknownInterface, Verdict, classify, kernel_order
 from tcdsl.cli import cli
 from tcdsl.driver import analyse
+from tcdsl.matching import kernel_order
 from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
 from tcdsl.tcmath import IP_TOS2PRIO as TOS_TO_PRIORITY
-from tcdsl.traffic import parse_packet
+from tcdsl.teach.classify import UnknownInterface, Verdict, classify
+from tcdsl.teach.traffic import parse_packet
 from tests.conftest import ROOT
 
 OFFICE = ROOT / "policies" / "office.tcp"

@@ -1,5 +1,5 @@
-"""``tcdsl.classify`` against the kernel: for random htb + u32 policies and random packets, the
-class ``classify`` names is the class whose counter the kernel moves.
+"""``tcdsl.teach.classify`` against the kernel: for random htb + u32 policies and random packets,
+the class ``classify`` names is the class whose counter the kernel moves.
 
 Each generated policy is compiled and applied in a fresh network namespace holding one veth
 (``tests/test_lint_kernel.py``'s ``_applied``); a sender inside the namespace writes each
@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, Phase, event, given, note, settings
 from hypothesis import strategies as st
 
 from tcdsl import ir
-from tcdsl.classify import Verdict, classify
-from tcdsl.traffic import ETHERNET_HEADER, Packet, parse_packet
+from tcdsl.teach.classify import Verdict, classify
+from tcdsl.teach.traffic import ETHERNET_HEADER, Packet, parse_packet
 from tcdsl.verify.runner import HostSupport
 from tests.test_apply import class_packets, run
 from tests.test_lint_kernel import _applied, host, make_netns

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from tcdsl import ir
 from tcdsl.cli import cli
 from tcdsl.driver import analyse
-from tcdsl.explain import WIDTH, explain, tos_band
 from tcdsl.tcmath import DEFAULT_PRIOMAP, IP_TOS2PRIO, tos_priority
+from tcdsl.teach.explain import WIDTH, explain, tos_band
 from tcdsl.words import match_phrase, match_text
 from tests.conftest import ROOT, golden_name, policy_files
 

@@ -11,19 +11,19 @@ from lark import Lark, Token
 from lark.exceptions import UnexpectedInput
 
 from tcdsl.fastlark import PLUGINS, FastContextualLexer
-from tcdsl.frontend import _grammar_text
+from tcdsl.frontend.reader import grammar_text
 from tests.conftest import DIAGNOSTICS, POLICIES
 
-LARK = Lark(_grammar_text(), parser="lalr", lexer="contextual")
+LARK = Lark(grammar_text(), parser="lalr", lexer="contextual")
 FAST = Lark(
-    _grammar_text(),
+    grammar_text(),
     parser="lalr",
     lexer="contextual",
     _plugins={"ContextualLexer": FastContextualLexer},
 )
 
 
-FULL = Lark(_grammar_text(), parser="lalr", lexer="contextual", _plugins=PLUGINS)
+FULL = Lark(grammar_text(), parser="lalr", lexer="contextual", _plugins=PLUGINS)
 
 
 def tree(parser: Lark, text: str) -> object:

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from tcdsl.driver import Result, compile_policy
-from tcdsl.measure import Lab, MeasureError, compare_table, measure, unavailable
-from tcdsl.report import Run
-from tcdsl.simulate import simulate
-from tcdsl.traffic import parse_flow
+from tcdsl.teach.measure import Lab, MeasureError, compare_table, measure, unavailable
+from tcdsl.teach.report import Run
+from tcdsl.teach.simulate import simulate
+from tcdsl.teach.traffic import parse_flow
 from tests.conftest import ROOT
 
 why = unavailable()

@@ -18,7 +18,7 @@ from lark import Lark
 
 from tcdsl.diagnostics import render
 from tcdsl.driver import Result, compile_policy
-from tcdsl.frontend import DSCP_NAMES
+from tcdsl.frontend.syntax import DSCP_NAMES
 
 MAIN = "policy.tcp"
 

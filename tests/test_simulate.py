@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from tcdsl import ir
 from tcdsl.cli import cli
 from tcdsl.driver import analyse
-from tcdsl.report import Run, plot, table
-from tcdsl.simulate import SimulationError, simulate, xmit_ns
-from tcdsl.traffic import parse_flow
+from tcdsl.teach.report import Run, plot, table
+from tcdsl.teach.simulate import SimulationError, simulate, xmit_ns
+from tcdsl.teach.traffic import parse_flow
 from tests.conftest import ROOT
 
 SEEDS = ROOT / "policies" / "seeds"

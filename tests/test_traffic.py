@@ -8,7 +8,7 @@ import pytest
 
 from tcdsl import lower
 from tcdsl.ir import U32Key
-from tcdsl.traffic import Flow, Packet, SpecError, parse_flow, parse_packet
+from tcdsl.teach.traffic import Flow, Packet, SpecError, parse_flow, parse_packet
 
 
 def test_packet_words() -> None:

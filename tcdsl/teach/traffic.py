@@ -20,7 +20,7 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tcdsl.frontend import DSCP_NAMES, PROTOCOLS
+from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
 from tcdsl.units import parse_rate, parse_size, parse_time
 
 ETHERNET_HEADER = 14

@@ -44,10 +44,10 @@ from pathlib import Path
 
 from tcdsl import ir
 from tcdsl.checks import effective_ceil, rate_of
-from tcdsl.classify import Verdict, classify
-from tcdsl.report import FlowInfo, Run, Series
-from tcdsl.simulate import link_rate
-from tcdsl.traffic import ETHERNET_HEADER, Flow, flows_problem
+from tcdsl.teach.classify import Verdict, classify
+from tcdsl.teach.report import FlowInfo, Run, Series
+from tcdsl.teach.simulate import link_rate
+from tcdsl.teach.traffic import ETHERNET_HEADER, Flow, flows_problem
 from tcdsl.units import format_rate
 
 QUEUE = 64
@@ -712,7 +712,7 @@ def compare_table(measured: Run, simulated: Run) -> str:
     """One table of both runs: per class and per flow, simulated / measured mean throughput
     (Mbit/s) over the run and each period, the largest difference in % of the link, the mean
     queueing delays (ms) and the drops."""
-    from tcdsl.report import table
+    from tcdsl.teach.report import table
 
     head = table(measured).split("\nmean throughput")[0]
     periods = measured.periods()

@@ -1,7 +1,7 @@
 """A discrete-event model of the kernel's qdiscs, fed by greedy and rate-limited flows.
 
 ``simulate(policy, flows, duration)`` builds a model of one interface's qdisc tree, classifies
-each flow's packet once (``tcdsl.classify``), and runs the flows against it on a link of a
+each flow's packet once (``tcdsl.teach.classify``), and runs the flows against it on a link of a
 given rate. Time is an integer number of nanoseconds, as the kernel keeps htb and tbf tokens;
 there is no wall clock and no randomness, so a run is a function of its inputs.
 
@@ -15,7 +15,7 @@ tbf, netem) asks to be woken at the time it may (the kernel's qdisc watchdog).
   may_borrow and cant_send (no hysteresis), the wait queue of classes per level, rows of
   active classes per level and priority, feeds of borrowing children, deficit round robin on
   ``quantum`` (rate / r2q, clamped to 1000..200000, unless given), charging up the tree, the
-  default class and the direct queue (classification by ``tcdsl.classify``);
+  default class and the direct queue (classification by ``tcdsl.teach.classify``);
 - prio: strict priority over its bands; tbf: rate bucket of ``burst``, optional peak bucket of
   ``mtu``, a byte limit (``limit``, or from ``latency`` as tc computes it);
 - sfq: per-flow deficit round robin with ``quantum`` (each flow is its own hash bucket; no
@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 
 from tcdsl import ir
 from tcdsl.checks import effective_ceil, rate_of
-from tcdsl.classify import classify
-from tcdsl.report import FlowInfo, Run, Series
 from tcdsl.tcmath import DEFAULT_PRIOMAP, htb_quantum, htb_r2q, tc_xmittime_ticks, tos_priority
-from tcdsl.traffic import Flow, flows_problem
+from tcdsl.teach.classify import classify
+from tcdsl.teach.report import FlowInfo, Run, Series
+from tcdsl.teach.traffic import Flow, flows_problem
 
 NS = 1_000_000_000
 """Nanoseconds per second."""

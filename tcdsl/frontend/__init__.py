@@ -1,0 +1,14 @@
+"""Parse policy text into the IR: a Lark LALR parser whose Transformer runs during the parse.
+
+- ``reader``: reads a policy file and its includes (``Reader``), the one entry point;
+- ``builder``: the Transformer, rule by rule;
+- ``qdiscs``: each qdisc and class kind's parameters, flags and dimensions, and the builder
+  of one qdisc's node;
+- ``values``: numbers with units, percentages, constants and arithmetic, evaluated into base
+  units;
+- ``syntax``: the pieces handed from rule to rule, and the names a match may use;
+- ``errors``: syntax errors in words.
+
+Class names (``default bulk``) and percentages are left for ``tcdsl.resolve``. Every problem
+becomes a ``Diagnostic``; nothing here raises for bad input.
+"""

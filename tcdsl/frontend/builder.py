@@ -1,0 +1,487 @@
+"""The Lark Transformer that builds the IR during the LALR parse; rule methods are named after
+grammar rules. Constants are resolved as they are read, values evaluated as they are used."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Literal
+
+from lark import Token, Transformer
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.frontend.qdiscs import QdiscBuilder
+from tcdsl.frontend.syntax import (
+    DSCP_NAMES,
+    PROTOCOLS,
+    Body,
+    ClassSyntax,
+    DefaultOpt,
+    Flag,
+    HandleOpt,
+    Param,
+    PriomapOpt,
+    QdiscSyntax,
+)
+from tcdsl.frontend.values import (
+    Address,
+    Bin,
+    EvalError,
+    Lit,
+    Pct,
+    Ref,
+    Scope,
+    evaluate,
+    join,
+    span_of,
+)
+from tcdsl.units import Dimension
+
+if TYPE_CHECKING:
+    from tcdsl.frontend.reader import Reader
+
+
+# ---- the transformer ---------------------------------------------------------------------------
+
+
+class Builder(Transformer[Token, Any]):
+    """Build IR during the LALR parse; rule methods are named after grammar rules."""
+
+    def __init__(self, reader: Reader, file: str) -> None:
+        super().__init__()
+        self.reader = reader
+        self.file = file
+        self.interfaces: list[ir.Interface] = []
+
+    @property
+    def scope(self) -> Scope:
+        return self.reader.scope
+
+    def error(self, d: Diagnostic) -> None:
+        self.reader.diagnostics.append(d)
+
+    def sp(self, token: Token) -> Span:
+        return span_of(token, self.file)
+
+    # ---- top level ----
+    def const_decl(self, c: list[Any]) -> None:
+        name, value = c
+        span = self.sp(name)
+        if str(name) in self.scope.constants:
+            prev = self.scope.constants[str(name)][1]
+            self.error(
+                Diagnostic.error(
+                    "E101",
+                    f"constant '{name}' is already defined",
+                    span,
+                    Note("first defined here", prev),
+                )
+            )
+            return
+        if isinstance(value, Token):  # an address
+            net = self._network(value)
+            if net is None:
+                return
+            self.scope.constants[str(name)] = (Address(net, self.sp(value)), span)
+            return
+        self.scope.constants[str(name)] = (value, span)
+
+    def include(self, c: list[Token]) -> None:
+        (path_token,) = c
+        target = os.path.normpath(os.path.join(os.path.dirname(self.file), str(path_token)[1:-1]))
+        self.interfaces.extend(self.reader.read(target, self.sp(path_token)))
+
+    def interface(self, c: list[Any]) -> None:
+        (name, name_span), q = c
+        assert isinstance(q, QdiscSyntax)
+        self._check_ifname(name, name_span)
+        marking = None
+        for extra in q.classify[1:]:
+            self.error(
+                Diagnostic.error(
+                    "E014",
+                    "'classify' is given twice",
+                    extra.span,
+                    Note("first given here", q.classify[0].span),
+                )
+            )
+        if q.classify:
+            marking = q.classify[0]
+        self.interfaces.append(ir.Interface(name, name_span, q.qdisc, marking))
+
+    def ifname(self, c: list[Token]) -> tuple[str, Span]:
+        (tok,) = c
+        text = str(tok)
+        if tok.type == "STRING":
+            text = text[1:-1]
+        return text, self.sp(tok)
+
+    def _check_ifname(self, name: str, span: Span) -> None:
+        problem = None
+        if not name:
+            problem = "is empty"
+        elif len(name.encode()) > 15:
+            problem = f"is {len(name.encode())} bytes long; Linux allows at most 15"
+        elif name in (".", ".."):
+            problem = "is not allowed by Linux"
+        else:
+            bad = [ch for ch in name if ch in "/:%" or ch.isspace() or not ch.isprintable()]
+            if bad:
+                problem = f"contains {bad[0]!r}, which Linux does not allow in interface names"
+        if problem:
+            self.error(Diagnostic.error("E009", f"interface name '{name}' {problem}", span))
+
+    # ---- values ----
+    def quantity(self, c: list[Token]) -> Lit:
+        (tok,) = c
+        text = str(tok)
+        i = 0
+        while i < len(text) and (text[i].isdigit() or text[i] == "."):
+            i += 1
+        digits = text[:i]
+        number = Fraction(digits) if "." in digits else int(digits)
+        return Lit(number, text[i:], text, self.sp(tok))
+
+    def number(self, c: list[Token]) -> Lit:
+        (tok,) = c
+        text = str(tok)
+        if text.lower().startswith("0x"):
+            value: Fraction | int = int(text, 16)
+        else:
+            value = Fraction(text) if "." in text else int(text)
+        return Lit(value, None, text, self.sp(tok))
+
+    def percent(self, c: list[Token]) -> Pct:
+        (tok,) = c
+        return Pct(Fraction(str(tok)[:-1]), self.sp(tok))
+
+    def ref(self, c: list[Token]) -> Ref:
+        (tok,) = c
+        return Ref(str(tok), self.sp(tok))
+
+    def _bin(self, op: Literal["+", "-", "*", "/"], c: list[Any]) -> Bin:
+        left, right = c
+        if isinstance(right, Token):
+            right = self.number([right])
+        return Bin(op, left, right, join(left.span, right.span))
+
+    def add(self, c: list[Any]) -> Bin:
+        return self._bin("+", c)
+
+    def sub(self, c: list[Any]) -> Bin:
+        return self._bin("-", c)
+
+    def mul(self, c: list[Any]) -> Bin:
+        return self._bin("*", c)
+
+    def div(self, c: list[Any]) -> Bin:
+        return self._bin("/", c)
+
+    # ---- options ----
+    def param(self, c: list[Any]) -> Param:
+        key, value = c
+        return Param(str(key), value, join(self.sp(key), value.span))
+
+    def flag(self, c: list[Token]) -> Flag:
+        (tok,) = c
+        return Flag(str(tok), self.sp(tok))
+
+    def default_opt(self, c: list[Token]) -> DefaultOpt:
+        (tok,) = c
+        return DefaultOpt(ir.Name(str(tok), self.sp(tok)))
+
+    def handle_opt(self, c: list[Token]) -> HandleOpt:
+        kw, tok = c
+        span = self.sp(tok)
+        major_text, _, minor_text = str(tok).partition(":")
+        major, minor = int(major_text, 16), int(minor_text or "0", 16)
+        if major == 0 or major == 0xFFFF:
+            self.error(
+                Diagnostic.error(
+                    "E204", f"handle major {major:x} is reserved by the kernel; use 1-fffe", span
+                )
+            )
+            return HandleOpt(str(kw), None, span)
+        return HandleOpt(str(kw), ir.HandleRef(ir.Handle(major, minor), span), span)
+
+    def priomap_opt(self, c: list[Token]) -> PriomapOpt:
+        values = tuple(ir.Count(int(t), self.sp(t)) for t in c)
+        return PriomapOpt(values, join(values[0].span, values[-1].span))
+
+    # ---- matches ----
+    def match(self, c: list[Any]) -> ir.Match:
+        kw, *conds = c
+        span = self.sp(kw)
+        pref = None
+        real: list[ir.Cond] = []
+        for cond in conds:
+            if isinstance(cond, ir.Count):
+                if pref is not None:
+                    first = Note("first given here", pref.span)
+                    self.error(Diagnostic.error("E014", "'pref' is given twice", cond.span, first))
+                pref = cond
+            elif cond is not None:
+                real.append(cond)
+        last = real[-1].span if real else span
+        return ir.Match(tuple(real), join(span, last), pref)
+
+    def _network(self, tok: Token) -> ipaddress.IPv4Network | None:
+        try:
+            return ipaddress.IPv4Network(str(tok), strict=False)
+        except ValueError:
+            self.error(
+                Diagnostic.error(
+                    "E010", f"'{tok}' is not a valid IPv4 address or network", self.sp(tok)
+                )
+            )
+            return None
+
+    def address(self, c: list[Token]) -> tuple[ipaddress.IPv4Network, Span] | None:
+        (tok,) = c
+        net = self._network(tok)
+        return None if net is None else (net, self.sp(tok))
+
+    def address_ref(self, c: list[Token]) -> tuple[ipaddress.IPv4Network, Span] | None:
+        (tok,) = c
+        span = self.sp(tok)
+        found = self.scope.constants.get(str(tok))
+        if found is None:
+            msg = f"unknown constant '{tok}'; expected an IPv4 address"
+            self.error(Diagnostic.error("E103", msg, span))
+            return None
+        if not isinstance(found[0], Address):
+            msg = f"'{tok}' is not an address constant; expected an IPv4 address"
+            self.error(Diagnostic.error("E011", msg, span, Note(f"'{tok}' defined here", found[1])))
+            return None
+        return found[0].network, span
+
+    def addr_cond(self, c: list[Any]) -> ir.AddrCond | None:
+        fld, *addrs = c
+        nets = tuple(a for a in addrs if a is not None)
+        if len(nets) != len(addrs):
+            return None
+        return ir.AddrCond(str(fld), nets, join(self.sp(fld), nets[-1][1]))  # type: ignore[arg-type]
+
+    def _port_number(self, text: str, span: Span) -> int | None:
+        value = int(text)
+        if value > 65535:
+            self.error(Diagnostic.error("E207", f"port {value} is out of range 0-65535", span))
+            return None
+        return value
+
+    def port(self, c: list[Token]) -> ir.PortValue | None:
+        (tok,) = c
+        span = self.sp(tok)
+        value = self._port_number(str(tok), span)
+        return None if value is None else ir.PortValue(value, value, None, span)
+
+    def port_range(self, c: list[Token]) -> ir.PortValue | None:
+        (tok,) = c
+        span = self.sp(tok)
+        lo_text, hi_text = str(tok).split("-")
+        lo, hi = self._port_number(lo_text, span), self._port_number(hi_text, span)
+        if lo is None or hi is None:
+            return None
+        if lo > hi:
+            self.error(
+                Diagnostic.error("E207", f"port range {lo}-{hi} is empty (start above end)", span)
+            )
+            return None
+        return ir.PortValue(lo, hi, None, span)
+
+    def port_mask(self, c: list[Token]) -> ir.PortValue | None:
+        value_tok, mask_tok = c
+        span = join(self.sp(value_tok), self.sp(mask_tok))
+        value = self._port_number(str(value_tok), span)
+        mask = int(str(mask_tok), 16)
+        if value is None:
+            return None
+        if mask > 0xFFFF:
+            self.error(
+                Diagnostic.error("E207", f"port mask {mask_tok} is wider than 16 bits", span)
+            )
+            return None
+        if value & ~mask:
+            self.error(
+                Diagnostic.error(
+                    "E207",
+                    f"port {value} has bits outside mask {mask_tok} (did you mean {value & mask}?)",
+                    span,
+                )
+            )
+            return None
+        return ir.PortValue(value, value | (~mask & 0xFFFF), mask, span)
+
+    def port_ref(self, c: list[Token]) -> ir.PortValue | None:
+        (tok,) = c
+        span = self.sp(tok)
+        try:
+            value = evaluate(Ref(str(tok), span), Dimension.COUNT, self.scope)
+        except EvalError as err:
+            self.error(err.diagnostic)
+            return None
+        assert not isinstance(value, ir.Percent)
+        port = self._port_number(str(int(value[0])), span)
+        return None if port is None else ir.PortValue(port, port, None, span)
+
+    def port_cond(self, c: list[Any]) -> ir.PortCond | None:
+        fld, *ports = c
+        good = tuple(p for p in ports if p is not None)
+        if len(good) != len(ports):
+            return None
+        return ir.PortCond(str(fld), good, join(self.sp(fld), good[-1].span))  # type: ignore[arg-type]
+
+    def proto_name(self, c: list[Token]) -> tuple[int, Span] | None:
+        (tok,) = c
+        number = PROTOCOLS.get(str(tok).lower())
+        if number is None:
+            known = ", ".join(PROTOCOLS)
+            self.error(
+                Diagnostic.error(
+                    "E015",
+                    f"unknown protocol '{tok}'; use a number or one of {known}",
+                    self.sp(tok),
+                )
+            )
+            return None
+        return number, self.sp(tok)
+
+    def proto_number(self, c: list[Token]) -> tuple[int, Span] | None:
+        (tok,) = c
+        if int(tok) > 255:
+            self.error(
+                Diagnostic.error(
+                    "E015", f"protocol number {tok} is out of range 0-255", self.sp(tok)
+                )
+            )
+            return None
+        return int(tok), self.sp(tok)
+
+    def proto_cond(self, c: list[Any]) -> ir.ProtoCond | None:
+        good = tuple(p for p in c if p is not None)
+        if len(good) != len(c):
+            return None
+        return ir.ProtoCond(good, join(good[0][1], good[-1][1]))
+
+    def _mask_bits(
+        self, toks: list[Token], width: int, default_mask: int
+    ) -> tuple[int, int, Span] | None:
+        span = join(self.sp(toks[0]), self.sp(toks[-1]))
+        nums = [int(str(t), 0) for t in toks]
+        value, mask = nums[0], nums[1] if len(nums) > 1 else default_mask
+        limit = (1 << width) - 1
+        if value > limit or mask > limit:
+            self.error(
+                Diagnostic.error("E016", f"value {toks[0]} does not fit in {width} bits", span)
+            )
+            return None
+        if value & ~mask:
+            self.error(
+                Diagnostic.error("E016", f"value {value:#x} has bits outside mask {mask:#x}", span)
+            )
+            return None
+        return value, mask, span
+
+    def tos_cond(self, c: list[Token]) -> ir.TosCond | None:
+        bits = self._mask_bits(c, 8, 0xFF)
+        return None if bits is None else ir.TosCond(bits[0], bits[1], bits[2])
+
+    def dscp_cond(self, c: list[Token]) -> ir.TosCond | None:
+        (tok,) = c
+        span = self.sp(tok)
+        if tok.type == "NAME":
+            dscp = DSCP_NAMES.get(str(tok).lower())
+            if dscp is None:
+                self.error(
+                    Diagnostic.error(
+                        "E016", f"unknown DSCP name '{tok}'; use 0-63, ef, afXY or csN", span
+                    )
+                )
+                return None
+        else:
+            dscp = int(tok)
+            if dscp > 63:
+                self.error(Diagnostic.error("E016", f"DSCP {dscp} is out of range 0-63", span))
+                return None
+        return ir.TosCond(dscp << 2, 0xFC, span, dscp)
+
+    def tcp_ack(self, c: list[Token]) -> ir.TcpAckCond:
+        (tok,) = c
+        return ir.TcpAckCond(self.sp(tok))
+
+    def raw_cond(self, c: list[Token]) -> ir.RawCond | None:
+        size, *bits, at = c
+        width = int(str(size)[1:])
+        parsed = self._mask_bits(bits, width, (1 << width) - 1)
+        if parsed is None:
+            return None
+        offset = int(at)
+        span = join(self.sp(size), self.sp(at))
+        # tc aligns keys silently: u16 at 1 would match bytes 0-1, u32 at 2 is refused.
+        align = {8: 1, 16: 2, 32: 4}[width]
+        if offset % align:
+            what = "an even offset" if width == 16 else "an offset that is a multiple of 4"
+            self.error(Diagnostic.error("E016", f"a u{width} key must start at {what}", span))
+            return None
+        return ir.RawCond(width, parsed[0], parsed[1], offset, span)  # type: ignore[arg-type]
+
+    def all_cond(self, c: list[Token]) -> ir.AllCond:
+        (tok,) = c
+        return ir.AllCond(self.sp(tok))
+
+    def pref(self, c: list[Token]) -> ir.Count | None:
+        (tok,) = c
+        value = int(tok)
+        if not 1 <= value <= 0xFFFF:
+            self.error(
+                Diagnostic.error(
+                    "E207", f"filter pref {value} is out of range 1-65535", self.sp(tok)
+                )
+            )
+            return None
+        return ir.Count(value, self.sp(tok))
+
+    # ---- blocks ----
+    def body(self, c: list[Any]) -> Body:
+        return Body(tuple(c))
+
+    def classify(self, c: list[Any]) -> ir.Marking:
+        kw, (name, span), *rest = c
+        self._check_ifname(name, span)
+        chain = None
+        if rest:
+            tok = rest[0]
+            chain = str(tok)[1:-1] if tok.type == "STRING" else str(tok)
+            if (
+                not chain
+                or len(chain) > 28
+                or chain[0] in "-!"
+                or any(ch.isspace() for ch in chain)
+            ):
+                self.error(
+                    Diagnostic.error(
+                        "E009", f"'{chain}' is not a valid iptables chain name", self.sp(tok)
+                    )
+                )
+                chain = None
+        return ir.Marking(name, join(self.sp(kw), span), chain)
+
+    def chain_name(self, c: list[Token]) -> Token:
+        return c[0]
+
+    def class_decl(self, c: list[Any]) -> ClassSyntax:
+        name, *rest = c
+        body: tuple[Any, ...] = ()
+        if rest and isinstance(rest[-1], Body):
+            body = rest.pop().items
+        return ClassSyntax(str(name), self.sp(name), tuple(rest), body)
+
+    def qdisc(self, c: list[Any]) -> QdiscSyntax:
+        kind_tok, *rest = c
+        kind = str(kind_tok)
+        body: tuple[Any, ...] | None = None
+        if rest and isinstance(rest[-1], Body):
+            body = rest.pop().items
+        return QdiscBuilder(self, kind, self.sp(kind_tok), tuple(rest), body).build()

@@ -1,0 +1,94 @@
+"""Read a policy file and its includes with the grammar's LALR parser."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+from lark import Lark
+from lark.exceptions import UnexpectedInput
+
+from tcdsl import fastlark, ir
+from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.frontend.builder import Builder
+from tcdsl.frontend.errors import syntax_error
+from tcdsl.frontend.values import Scope
+
+# ---- reading files -----------------------------------------------------------------------------
+
+
+@functools.cache
+def grammar_text() -> str:
+    from importlib import resources
+
+    return resources.files("tcdsl.grammar").joinpath("tcdsl.lark").read_text()
+
+
+MAX_INCLUDE_DEPTH = 32
+
+
+class Reader:
+    """Read a policy file and its includes; collect interfaces, diagnostics and sources."""
+
+    def __init__(self, loader: Callable[[str], str] | None = None) -> None:
+        self.scope = Scope()
+        self.diagnostics: list[Diagnostic] = []
+        self.sources: dict[str, str] = {}
+        self.stack: list[str] = []
+        self.loader = loader or (lambda p: Path(p).read_text(encoding="utf-8"))
+
+    def read(self, path: str, include_span: Span | None = None) -> list[ir.Interface]:
+        """Parse ``path``; report problems at ``include_span`` when it cannot be read."""
+        if path in self.stack or len(self.stack) >= MAX_INCLUDE_DEPTH:
+            assert include_span is not None
+            if path in self.stack:
+                msg = f"include cycle: {' -> '.join([*self.stack, path])}"
+            else:
+                msg = f"includes nest more than {MAX_INCLUDE_DEPTH} deep"
+            self.diagnostics.append(Diagnostic.error("E006", msg, include_span))
+            return []
+        try:
+            text = self.loader(path)
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            span = include_span or Span(path, 1, 1, 1, 1)
+            self.diagnostics.append(
+                Diagnostic.error("E006", f"cannot read '{path}': {reason.lower()}", span)
+            )
+            return []
+        return self.read_text(path, text)
+
+    def read_text(self, path: str, text: str) -> list[ir.Interface]:
+        """Parse ``text`` as the file ``path``."""
+        self.sources[path] = text
+        self.stack.append(path)
+        builder = Builder(self, path)
+        try:
+            _parser(builder).parse(text)
+        except UnexpectedInput as err:
+            self.diagnostics.append(syntax_error(err, path, text))
+        finally:
+            self.stack.pop()
+        return builder.interfaces
+
+
+def _parser(builder: Builder) -> Lark:
+    return Lark(
+        grammar_text(),
+        parser="lalr",
+        lexer="contextual",
+        transformer=builder,
+        maybe_placeholders=False,
+        cache=_cache_path(),
+        _plugins=fastlark.PLUGINS,
+    )
+
+
+@functools.cache
+def _cache_path() -> bool | str:
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(grammar_text().encode()).hexdigest()[:16]
+    return str(Path(tempfile.gettempdir()) / f"tcdsl-grammar-{digest}.lark-cache")

@@ -1,0 +1,233 @@
+"""Values as written (numbers with units, percentages, constants, arithmetic) and their
+evaluation into base units with the dimension a parameter expects."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Literal
+
+from lark import Token
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.units import BYTE_RATE_UNITS, Dimension, dimensions_of, scale
+
+# ---- values before evaluation -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Lit:
+    """A number with an optional unit suffix, as written."""
+
+    number: Fraction | int
+    unit: str | None
+    text: str
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Pct:
+    """A percentage, as written."""
+
+    value: Fraction
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A reference to a constant."""
+
+    name: str
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Bin:
+    """``left op right``; for ``*`` and ``/`` the right side is a plain number."""
+
+    op: Literal["+", "-", "*", "/"]
+    left: Expr
+    right: Expr
+    span: Span
+
+
+Expr = Lit | Pct | Ref | Bin
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """An IPv4 constant."""
+
+    network: ipaddress.IPv4Network
+    span: Span
+
+
+class EvalError(Exception):
+    """A value could not be evaluated; carries the diagnostic."""
+
+    def __init__(self, diagnostic: Diagnostic) -> None:
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
+
+
+RATE_HINT = "rates take bit, kbit, mbit, gbit, tbit (or bps, kbps, mbps: BYTES per second)"
+
+
+def span_of(token: Token, file: str) -> Span:
+    """The span of a token."""
+    return Span(
+        file,
+        token.line or 1,
+        token.column or 1,
+        token.end_line or token.line or 1,
+        token.end_column or (token.column or 1) + len(str(token)),
+    )
+
+
+def join(a: Span, b: Span) -> Span:
+    """The span from the start of ``a`` to the end of ``b``."""
+    return Span(a.file, a.line, a.column, b.end_line, b.end_column)
+
+
+def describe_dimension(dim: Dimension) -> str:
+    """A dimension in words, with an example."""
+    return f"a {dim.value} such as {dim.example}" if dim is not Dimension.COUNT else "a number"
+
+
+# ---- evaluation --------------------------------------------------------------------------------
+
+
+@dataclass
+class Scope:
+    """Constants shared by a file and everything it includes."""
+
+    constants: dict[str, tuple[Expr | Address, Span]] = field(default_factory=dict)
+
+
+def evaluate(
+    expr: Expr, dim: Dimension, scope: Scope, *, percent: bool = False
+) -> tuple[Fraction | int, tuple[Span, ...]] | ir.Percent:
+    """Evaluate ``expr`` as ``dim`` in base units; return a Percent only when ``percent``."""
+    if isinstance(expr, Pct):
+        if not percent:
+            raise EvalError(
+                Diagnostic.error(
+                    "E012",
+                    f"a percentage is not allowed here; expected {describe_dimension(dim)}",
+                    expr.span,
+                )
+            )
+        return ir.Percent(expr.value, expr.span)
+    if isinstance(expr, Ref):
+        found = scope.constants.get(expr.name)
+        if found is None:
+            hint = ""
+            if "-" in expr.name:
+                hint = f"; to subtract, put spaces around '-' ({expr.name.replace('-', ' - ')})"
+            raise EvalError(
+                Diagnostic.error("E103", f"unknown constant '{expr.name}'{hint}", expr.span)
+            )
+        value, where = found
+        if isinstance(value, Address):
+            raise EvalError(
+                Diagnostic.error(
+                    "E011",
+                    f"constant '{expr.name}' is an address; expected {describe_dimension(dim)}",
+                    expr.span,
+                    Note(f"'{expr.name}' defined here", where),
+                )
+            )
+        try:
+            result = evaluate(value, dim, scope, percent=percent)
+        except EvalError as err:
+            d = err.diagnostic
+            raise EvalError(
+                Diagnostic(
+                    d.severity,
+                    d.code,
+                    d.message,
+                    d.span,
+                    (*d.notes, Note(f"'{expr.name}' used here", expr.span)),
+                )
+            ) from None
+        return result
+    return _arith(expr, dim, scope)
+
+
+def _no_percent(expr: Expr) -> None:
+    if isinstance(expr, Pct):
+        msg = "a percentage cannot be used in arithmetic"
+        raise EvalError(Diagnostic.error("E012", msg, expr.span))
+
+
+def _arith(
+    expr: Lit | Bin, dim: Dimension, scope: Scope
+) -> tuple[Fraction | int, tuple[Span, ...]]:
+    if isinstance(expr, Lit):
+        return _literal(expr, dim)
+    _no_percent(expr.left)
+    _no_percent(expr.right)
+    if expr.op in "*/":
+        factor = expr.right
+        assert isinstance(factor, Lit)
+        left = evaluate(expr.left, dim, scope)
+        assert not isinstance(left, ir.Percent)
+        if factor.number == 0 and expr.op == "/":
+            raise EvalError(Diagnostic.error("E013", "division by zero", factor.span))
+        value = left[0] * factor.number if expr.op == "*" else Fraction(left[0]) / factor.number
+        return value, left[1]
+    left = evaluate(expr.left, dim, scope)
+    right = evaluate(expr.right, dim, scope)
+    assert not isinstance(left, ir.Percent) and not isinstance(right, ir.Percent)
+    value = left[0] + right[0] if expr.op == "+" else left[0] - right[0]
+    if value < 0:
+        raise EvalError(Diagnostic.error("E013", "this value is negative", expr.span))
+    return value, left[1] + right[1]
+
+
+def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction | int, tuple[Span, ...]]:
+    if lit.unit is None:
+        if dim is Dimension.RATE:
+            raise EvalError(
+                Diagnostic.error(
+                    "E004",
+                    f"'{lit.text}' has no unit; tc would read it as bits per second, "
+                    f"write {lit.text}bit or use kbit/mbit/gbit",
+                    lit.span,
+                )
+            )
+        if dim is Dimension.TIME:
+            raise EvalError(
+                Diagnostic.error(
+                    "E004",
+                    f"'{lit.text}' has no unit; tc would read it as microseconds, "
+                    f"write {lit.text}us or use ms/s",
+                    lit.span,
+                )
+            )
+        return lit.number, ()
+    if dim is Dimension.COUNT:
+        raise EvalError(
+            Diagnostic.error("E011", f"expected a plain number, found '{lit.text}'", lit.span)
+        )
+    factor = scale(lit.unit, dim)
+    if factor is None:
+        others = [d for d in dimensions_of(lit.unit) if d is not dim]
+        if others:
+            msg = f"expected {describe_dimension(dim)}, found {others[0].value} '{lit.text}'"
+            raise EvalError(Diagnostic.error("E011", msg, lit.span))
+        hint = (
+            RATE_HINT
+            if dim is Dimension.RATE
+            else {
+                Dimension.SIZE: "sizes take b, k/kb, m/mb, g/gb, kbit, mbit, gbit",
+                Dimension.TIME: "times take s, ms, us",
+            }.get(dim, "")
+        )
+        raise EvalError(Diagnostic.error("E005", f"unknown unit '{lit.unit}'; {hint}", lit.span))
+    byte_units = (
+        (lit.span,) if dim is Dimension.RATE and lit.unit.lower() in BYTE_RATE_UNITS else ()
+    )
+    return lit.number * factor, byte_units

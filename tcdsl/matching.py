@@ -1,0 +1,62 @@
+"""The order in which the kernel tries filters, and the header bits a u32 filter tests: what
+the lints, ``verify`` and ``tcdsl.teach.classify`` share, so they agree with the kernel and with
+each other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from tcdsl import ir, lower
+from tcdsl.allocate import DEFAULT_PREF
+
+T = TypeVar("T")
+
+
+Bits = tuple[tuple[int, int, int], ...]
+"""A filter as the header bits it tests: sorted (offset, value, mask) words, masks non-zero."""
+
+
+def filter_bits(keys: tuple[ir.U32Key, ...]) -> Bits | None:
+    """The words a u32 filter with ``keys`` tests (() tests nothing: it matches every packet),
+    or None when two keys contradict each other (allocate leaves such filters out)."""
+    if len(keys) == 1:  # the common case, on policies with thousands of classes
+        offset, value, mask = lower.pack(keys[0])
+        return ((offset, value & mask, mask),) if mask else ()
+    words: dict[int, tuple[int, int]] = {}
+    for key in keys:
+        offset, value, mask = lower.pack(key)
+        v, m = words.get(offset, (0, 0))
+        if (v ^ value) & m & mask:
+            return None
+        words[offset] = (v | (value & mask), m | mask)
+    return tuple(sorted((o, v, m) for o, (v, m) in words.items() if m))
+
+
+def bits_match(bits: Bits, header: bytes) -> bool:
+    """True if ``header`` (the packet's bytes from the IP header on) has every word of ``bits``.
+
+    As u32 does, a word past the end of the header fails the whole filter.
+    """
+    for offset, value, mask in bits:
+        if offset + 4 > len(header):
+            return False
+        if int.from_bytes(header[offset : offset + 4], "big") & mask != value:
+            return False
+    return True
+
+
+def match_pref(match: ir.Match) -> int:
+    """The pref of the filters a match line becomes."""
+    return match.pref.value if match.pref is not None else DEFAULT_PREF
+
+
+def kernel_order(items: Iterable[T], pref: Callable[[T], int]) -> list[T]:
+    """``items`` (in the order they are added to the kernel) in the order the kernel tries
+    them: by pref ascending, then in the order added within one pref (a stable sort)."""
+    return sorted(items, key=pref)
+
+
+def filters_at(iface: ir.Interface, parent: ir.Handle) -> list[ir.Filter]:
+    """The filters attached to ``parent`` (a qdisc or class), in the order tried."""
+    return kernel_order((f for f in iface.filters if f.parent == parent), lambda f: f.pref)
