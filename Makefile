@@ -1,5 +1,7 @@
 # One word per workflow.
 PY ?= .venv/bin/python
+# The same pin as the dev extra in setup.cfg.
+RUFF_VERSION = 0.17.6
 
 .PHONY: dev test golden lint typecheck check bench fuzz
 
@@ -14,7 +16,11 @@ golden:
 	$(PY) -m pytest -q tests/test_golden.py tests/test_diagnostics.py --update-golden
 	git status --short tests/golden tests/diagnostics
 
+# ruff is a dev extra; the README's venv (extras 'test' only) gets it here on first use.
 lint:
+	@$(PY) -m ruff --version >/dev/null 2>&1 || { \
+		echo "make lint: installing ruff (a dev extra; 'make dev' installs all of them)"; \
+		$(PY) -m pip install -q "ruff==$(RUFF_VERSION)"; }
 	$(PY) -m ruff check tcdsl backends tests bench
 	$(PY) -m ruff format --check tcdsl backends tests bench
 

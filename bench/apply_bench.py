@@ -24,9 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from compile_bench import policy  # the sibling script (its folder is on sys.path)
 
-from bench.compile_bench import policy
 from tcdsl.diagnostics import render
 from tcdsl.driver import compile_policy
 

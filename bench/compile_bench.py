@@ -26,9 +26,6 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tcdsl.diagnostics import render
 from tcdsl.driver import Result, compile_policy

@@ -32,6 +32,22 @@ def test_readme_leads_with_install_and_test_commands() -> None:
     assert shlex.split(test)[0].endswith("python") and "pytest" in test
 
 
+def test_install_command_works_as_root_on_a_fresh_debian() -> None:
+    """Root Debian has no sudo, and an empty apt cache needs an update before any install."""
+    install = next(body for lang, body in BLOCKS if lang == "sh").strip()
+    steps = [shlex.split(step) for step in install.split("&&")]
+    assert "sudo" not in {word for step in steps for word in step}
+    assert steps[0] == ["apt-get", "update"]
+    apt = steps[1]
+    assert apt[:3] == ["apt-get", "install", "-y"]
+    wanted = set(apt[3:])
+    # what the tests need for real: tc/ip, iptables, nft, shellcheck, dot, pgrep, make
+    assert {"iproute2", "iptables", "nftables", "shellcheck", "graphviz", "procps"} <= wanted
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    listed = re.search(r"for pkg in ([^;]+); do", ci)
+    assert listed is not None and set(listed.group(1).split()) == wanted
+
+
 def test_office_policy_in_readme_is_the_file() -> None:
     block = _block_after("A short tour")
     assert block == (ROOT / "policies" / "office.tcp").read_text(encoding="utf-8")

@@ -1022,8 +1022,13 @@ def test_host_without_a_module_reports_e405(tmp_path: Path) -> None:
 
 
 def test_interrupt_removes_the_namespace() -> None:
-    """Ctrl-C during a case: the KeyboardInterrupt propagates, the namespace is deleted."""
+    """Ctrl-C during a case: the KeyboardInterrupt propagates, the namespace is deleted.
+
+    Python turns SIGINT into KeyboardInterrupt only when it did not start with SIGINT ignored
+    (``nohup``, many CI runners): the test installs the handler a terminal's user has.
+    """
     _host()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -1031,6 +1036,7 @@ def test_interrupt_removes_the_namespace() -> None:
             runner.run_on_host([runner.Case("sleep", "sleep 9.75\n")])
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
     assert f"tcdsl-verify-{os.getpid()}-" not in listed.stdout
     left = subprocess.run(["pgrep", "-f", "sleep 9.75"], capture_output=True, text=True)

@@ -1,0 +1,82 @@
+"""The benchmarks run against the installed package, not the source tree: under a regular
+(non-editable) install, ``tcdsl.backends`` exists only in the installed copy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+# Without site processing (-S) the editable install's import hook is absent, as on a machine
+# with a regular install; the dependencies come from this environment's site-packages.
+PURELIB = sysconfig.get_paths()["purelib"]
+
+
+def _env(installed: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join((str(installed), PURELIB))}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tcdsl installed as a regular package (a wheel build) into a folder of its own."""
+    target = tmp_path_factory.mktemp("site")
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"),
+            *("--target", str(target), str(ROOT)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot build a regular install here: {done.stderr.strip()[-300:]}")
+    return target
+
+
+def test_compile_bench_runs_against_a_regular_install(installed: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "bench" / "compile_bench.py"), "20"],
+        cwd=tmp_path,
+        env=_env(installed),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "tcdsl compile benchmark" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if line.split()[:1] == ["20"])
+    assert float(row.split()[1]) > 0
+
+
+def test_apply_bench_imports_against_a_regular_install(installed: Path, tmp_path: Path) -> None:
+    """--help needs no root: it proves the imports (the sibling script and tcdsl) resolve."""
+    code = (
+        "import runpy, sys; sys.argv = ['apply_bench.py', '--help']; "
+        f"sys.path.insert(0, {str(ROOT / 'bench')!r}); "
+        f"runpy.run_path({str(ROOT / 'bench' / 'apply_bench.py')!r}, run_name='__main__')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        cwd=tmp_path,
+        env=_env(installed),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
+    where = subprocess.run(
+        [sys.executable, "-S", "-c", "import tcdsl.backends; print(tcdsl.backends.__file__)"],
+        cwd=tmp_path,
+        env=_env(installed),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert where.stdout.startswith(str(installed)), "the regular install is the one imported"
