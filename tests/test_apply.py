@@ -349,6 +349,48 @@ def test_htb_quanta_stay_in_the_kernels_range(
     check_state(result, KernelState({"eth0": read_device(ns, "eth0")}))
 
 
+SEEDS_WITH_QUANTA = [
+    "policies/seeds/s001-htb-700-300.tcp",
+    "policies/seeds/s000-8.2-borrowing.tcp",
+    "policies/seeds/s000-8.2-user-limits-routers.tcp",
+]
+
+
+def _quanta_state(ns: str, dev: str) -> tuple[list[str | None], dict[str, str | None]]:
+    state = read_device(ns, dev)
+    return [q.opt("r2q") for q in state.qdiscs], {
+        c.classid: c.opt("quantum") for c in state.classes
+    }
+
+
+@pytest.mark.parametrize("seed", SEEDS_WITH_QUANTA)
+def test_seed_keeps_the_quanta_of_its_commands(
+    seed: str, host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """Where tcdsl would choose r2q or quanta, a seed policy still builds the r2q and the quanta
+    of the seed's own tc commands (quoted in its comment)."""
+    result = _compile(Path(seed))
+    assert result.policy is not None and result.output is not None
+    lacks = missing(host, result)
+    if lacks:
+        pytest.skip(f"{lacks} (needed by {seed})")
+    (dev,) = [i.name for i in result.policy.interfaces]
+    commands = [
+        line.removeprefix("#   ").split()
+        for line in (ROOT / seed).read_text(encoding="utf-8").splitlines()
+        if line.startswith("#   tc ")
+    ]
+    ns = make_netns()
+    create_links(ns, result.policy)
+    for words in commands:
+        run(["tc", "-n", ns, *words[1:]])
+    seeded = _quanta_state(ns, dev)
+    script = tmp_path / "apply.sh"
+    script.write_text(result.output, encoding="utf-8")
+    apply_script(ns, script)
+    assert _quanta_state(ns, dev) == seeded
+
+
 # ==== traffic: packets end up in the class the policy says =====================================
 
 SENDER = """
