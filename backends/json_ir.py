@@ -188,6 +188,7 @@ def class_json(cls: ir.Class, parent: ir.Handle | None, default: ir.Handle | Non
     out["isolated"] = cls.isolated
     out["mark"] = value_json(cls.mark)
     out["fwmark"] = cls.fwmark
+    out["chosen_quantum"] = cls.chosen_quantum
     out["matches"] = [match_json(m) for m in cls.matches]
     out["leaf"] = None if cls.leaf is None else qdisc_json(cls.leaf)
     out["children"] = [class_json(c, cls.classid, default) for c in cls.children]
@@ -232,6 +233,7 @@ def qdisc_json(q: ir.Qdisc) -> JSONObject:
                     "classid": handle_json(default),
                     "span": span_json(q.default.span),
                 }
+            out["chosen_r2q"] = q.chosen_r2q
             out["classes"] = [class_json(c, q.handle, default) for c in q.classes]
         case ir.Prio():
             out["priomap"] = None if q.priomap is None else [value_json(v) for v in q.priomap]

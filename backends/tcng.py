@@ -519,7 +519,10 @@ class _Interface:
         number = _handle_number(q)
         match q:
             case ir.Htb():
-                out.open(f"htb{_params(number, _count('r2q', q.r2q))}")
+                r2q = _count("r2q", q.r2q)
+                if q.chosen_r2q is not None:
+                    r2q = f"r2q {q.chosen_r2q}"
+                out.open(f"htb{_params(number, r2q)}")
                 default = _default_class(q)
                 for top in q.classes:
                     self.klass(top, q, default)
@@ -600,6 +603,10 @@ class _Interface:
                 if cls.prio
                 else ("prio 0" if "prio" in inherited else None),
                 f"quantum {size(cls.quantum.bytes)}" if cls.quantum else None,
+                # tcng would pass an inner class's quantum on; only leaves use theirs
+                f"quantum {size(cls.chosen_quantum)}"
+                if cls.chosen_quantum and not cls.children
+                else None,
                 "default" if cls is default else None,
             ]
         named = id(cls) in self.targets or in_priomap

@@ -4,7 +4,8 @@ Explicit values are reserved first, so an automatic value never collides with on
 wrote. Automatic class ids follow the convention of the tc literature: the link class is
 ``1:1`` and the other classes get ``1:10``, ``1:20``, ... in the order they are written; the
 leaf qdisc of class ``1:20`` is ``20:`` (``N0:`` for single-digit minors, as prio bands are).
-With ``classify by mark`` the mark of class ``1:20`` is 20 where that is free.
+With ``classify by mark`` the mark of class ``1:20`` is 20 where that is free. An htb without
+``r2q`` gets the r2q (or class quanta) that keep its quanta where the kernel keeps them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 from tcdsl import ir, lower
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.tcmath import HTB_DEFAULT_R2Q, htb_quantum, htb_r2q_range
 
 MAX = 0xFFFF
 DEFAULT_PREF = 1
@@ -86,7 +88,10 @@ class InterfaceAllocator:
             major = taken or 0
         handle = ir.Handle(major, 0)
         match q:
-            case ir.Htb() | ir.Prio() | ir.Cbq():
+            case ir.Htb():
+                classes = self.classes(q, major)
+                return choose_quanta(dataclasses.replace(q, handle=handle, classes=classes))
+            case ir.Prio() | ir.Cbq():
                 classes = self.classes(q, major)
                 return dataclasses.replace(q, handle=handle, classes=classes)
             case ir.Tbf() | ir.Netem():
@@ -259,6 +264,57 @@ class InterfaceAllocator:
         if isinstance(q, ir.Htb | ir.Prio | ir.Cbq):
             return dataclasses.replace(q, classes=tuple(visit(c, c) for c in q.classes))
         return q
+
+
+def _round_near(lowest: int, highest: int, target: int) -> int:
+    """The number in [lowest, highest] nearest to ``target``, preferring a round one
+    (1, 2 or 5 times a power of ten)."""
+    if lowest <= target <= highest:
+        return target
+    rounds = sorted(m * 10**k for k in range(11) for m in (1, 2, 5))
+    if target < lowest:
+        return next((r for r in rounds if lowest <= r <= highest), lowest)
+    return next((r for r in reversed(rounds) if lowest <= r <= highest), highest)
+
+
+def choose_quanta(q: ir.Htb) -> ir.Htb:
+    """Give an htb without ``r2q`` the r2q, or class quanta, that keep every class's quantum
+    (rate / r2q, in bytes) inside the kernel's 1000..200000, changing as little as possible.
+
+    Only leaf classes take turns by quantum, so only their rates choose: tc's default r2q if
+    it suits them all, else the round number nearest to it that does (one that suits the inner
+    classes too, where there is one). Where none suits every leaf (rates more than 200 times
+    apart), r2q stays tc's default. Then each class still out of range (a leaf, or an inner
+    class whose quantum is never used) gets the quantum the kernel would clamp it to: the same
+    value, without the kernel's warning.
+    """
+    if q.r2q is not None:
+        return q
+    rates = {
+        id(c): c.rate.bits_per_second
+        for c in ir.classes_of(q)
+        if c.quantum is None and isinstance(c.rate, ir.Rate)
+    }
+    leaves = [rates[id(c)] // 8 for c in ir.classes_of(q) if not c.children and id(c) in rates]
+    r2q = HTB_DEFAULT_R2Q
+    fits = htb_r2q_range(leaves) if leaves else None
+    if fits is not None and not fits[0] <= r2q <= fits[1]:
+        fits = htb_r2q_range([bits // 8 for bits in rates.values()]) or fits
+        r2q = _round_near(*fits, HTB_DEFAULT_R2Q)
+    quanta: dict[int, int] = {}
+    for key, bits in rates.items():
+        computed, kept = htb_quantum(bits, r2q)
+        if computed != kept:
+            quanta[key] = kept
+
+    def visit(cls: ir.Class) -> ir.Class:
+        children = tuple(visit(c) for c in cls.children)
+        return dataclasses.replace(cls, chosen_quantum=quanta.get(id(cls)), children=children)
+
+    chosen = None if r2q == HTB_DEFAULT_R2Q else r2q
+    if chosen is None and not quanta:
+        return q
+    return dataclasses.replace(q, chosen_r2q=chosen, classes=tuple(visit(c) for c in q.classes))
 
 
 def allocate(policy: ir.Policy) -> tuple[ir.Policy, list[Diagnostic]]:

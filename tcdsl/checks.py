@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tcdsl import ir
-from tcdsl.diagnostics import Diagnostic, Note
+from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     TICKS_PER_US,
@@ -334,21 +334,29 @@ def ceil_within_parent_ceil(policy: ir.Policy) -> Iterator[Diagnostic]:
 
 
 def rates_spelled_in_bits(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """Warn on ``mbps``-style units: tc reads them as bytes per second."""
-    seen: set[tuple[str, int, int]] = set()
+    """Warn on ``mbps``-style units: tc reads them as bytes per second.
+
+    Once per file: a file that writes byte units several times (the HTB user guide writes
+    ``kbps`` throughout) gets one warning at the first, with the count, and a note at each other.
+    """
+    found: dict[str, dict[tuple[int, int], tuple[Span, int]]] = {}
     for iface in policy.interfaces:
         for rate in _all_rates(iface):
             for span in rate.byte_units:
-                key = (span.file, span.line, span.column)
-                if key in seen:
-                    continue
-                seen.add(key)
-                yield Diagnostic.warning(
-                    "W302",
-                    "tc reads bps/kbps/mbps/gbps as BYTES per second; "
-                    f"this is {_fmt(rate.bits_per_second)} (write 'bit' units to mean bits)",
-                    span,
-                )
+                at = found.setdefault(span.file, {})
+                at.setdefault((span.line, span.column), (span, rate.bits_per_second))
+    for spans in found.values():
+        (first, bits), *others = (spans[key] for key in sorted(spans))
+        message = f"tc reads bps/kbps/mbps/gbps as BYTES per second; this is {_fmt(bits)}"
+        if others:
+            message += (
+                f", and this file uses byte units {len(others) + 1} times (notes show the "
+                "others; write 'bit' units to mean bits)"
+            )
+        else:
+            message += " (write 'bit' units to mean bits)"
+        notes = [Note(f"byte units again: this is {_fmt(b)}", span) for span, b in others]
+        yield Diagnostic.warning("W302", message, first, *notes)
 
 
 def _all_rates(iface: ir.Interface) -> Iterator[ir.Rate]:

@@ -80,7 +80,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W313": CodeInfo(_W, "The same match sends packets to two classes; the first wins"),
     "W314": CodeInfo(_W, "A catch-all match tried before other match lines"),
     "W315": CodeInfo(_W, "An htb burst or cburst smaller than one full-size frame"),
-    "W316": CodeInfo(_W, "An htb quantum the kernel finds too small or too big"),
+    "W316": CodeInfo(_W, "An htb r2q that puts class quanta where the kernel clamps them"),
     "W317": CodeInfo(_W, "A tbf burst below one frame or below rate / HZ"),
     "W318": CodeInfo(_W, "An sfq perturb below 10 seconds"),
     "W319": CodeInfo(_W, "A pfifo or bfifo with limit 0, which drops everything"),

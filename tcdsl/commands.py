@@ -67,6 +67,8 @@ def qdisc_words(q: ir.Qdisc) -> list[str]:
             if minor is not None:
                 words += ["default", f"{minor:x}"]
             _opt(words, "r2q", q.r2q)
+            if q.chosen_r2q is not None:
+                words += ["r2q", str(q.chosen_r2q)]
         case ir.Prio():
             _opt(words, "bands", q.bands)
             if q.priomap is not None:
@@ -118,6 +120,8 @@ def class_words(kind: str, cls: ir.Class) -> list[str]:
         )
     for key in keys:
         _opt(words, key, getattr(cls, key))
+    if cls.chosen_quantum is not None:
+        words += ["quantum", str(cls.chosen_quantum)]
     return words
 
 

@@ -210,6 +210,9 @@ class Class:
     """Allocated."""
     fwmark: int | None = None
     """Allocated when the interface classifies by mark."""
+    chosen_quantum: int | None = None
+    """Allocated: the htb quantum (bytes) tcdsl gives a class without ``quantum`` whose
+    rate / r2q would leave the kernel's range (``tcdsl.allocate`` says when)."""
 
     @property
     def label(self) -> str:
@@ -236,6 +239,9 @@ class Htb:
     explicit_handle: HandleRef | None = None
     handle: Handle | None = None
     kind: Literal["htb"] = "htb"
+    chosen_r2q: int | None = None
+    """Allocated: the r2q tcdsl chose where the policy gives none and tc's default would put
+    a leaf class's quantum out of the kernel's range."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from tcdsl import ir, lower
 from tcdsl.checks import effective_ceil, rate_of, sites
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.matching import Bits, filter_bits, kernel_order, match_pref
-from tcdsl.tcmath import HTB_QUANTUM, htb_r2q
+from tcdsl.tcmath import HTB_QUANTUM, htb_quantum, htb_r2q_range
 from tcdsl.units import format_rate, format_size, format_time
 
 Lint = Callable[[ir.Policy], Iterator[Diagnostic]]
@@ -256,47 +256,84 @@ def _values_span(match: ir.Match, alt: Alternative) -> Span:
 
 
 def htb_quantum_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """An htb class's quantum (rate / r2q unless given) lies where the kernel keeps it."""
+    """An htb's own r2q keeps its classes' quanta (rate / r2q) where the kernel keeps them.
+
+    Without ``r2q`` allocation chooses one (or quanta) that does; so this warns, once per htb,
+    only about an r2q the policy gives.
+    """
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
-            if not isinstance(q, ir.Htb):
+            if not isinstance(q, ir.Htb) or q.r2q is None:
                 continue
-            r2q = htb_r2q(q)
-            computed = [
-                (cls, r.bits_per_second // 8)
-                for cls in ir.classes_of(q)
-                if cls.quantum is None and (r := rate_of(cls.rate)) is not None
-            ]
-            if not computed:
-                continue
-            lo, hi = HTB_QUANTUM
-            rates = [b for _, b in computed]
-            fix_lo, fix_hi = -(-max(rates) // hi), min(rates) // lo
-            for cls, rate_bytes in computed:
-                quantum = rate_bytes // r2q
-                if lo <= quantum <= hi:
-                    continue
-                word, kept = ("small", lo) if quantum < lo else ("big", hi)
-                if max(fix_lo, 1) <= fix_hi:
-                    fix = f"give the htb 'r2q' between {max(fix_lo, 1)} and {fix_hi}"
-                elif cls.children or cls.implicit:
-                    # Only leaves take turns by quantum (sch_htb's deficit round robin).
-                    fix = "harmless, as only leaf classes use their quantum; " + (
-                        f"r2q {fix_lo} or more silences it" if word == "big" else "ignore it"
-                    )
-                else:
-                    fix = f"give the class a 'quantum' (about {kept})"
+            r2q = q.r2q.value
+            out: list[tuple[ir.Class, int, int, int]] = []
+            rates: list[tuple[int, bool]] = []
+            for cls in ir.classes_of(q):
                 rate = rate_of(cls.rate)
-                assert rate is not None
-                yield Diagnostic.warning(
-                    "W316",
-                    f"{cls.label} gets an htb quantum of {quantum} bytes (rate "
-                    f"{_rate(rate.bits_per_second)} / r2q {r2q}), "
-                    f"{'below' if word == 'small' else 'above'} the kernel's {kept}: it warns "
-                    f"'quantum of class is {word}' and uses {kept}; {fix}",
-                    rate.span,
-                    *((Note("r2q given here", q.r2q.span),) if q.r2q is not None else ()),
-                )
+                if cls.quantum is not None or rate is None:
+                    continue
+                computed, kept = htb_quantum(rate.bits_per_second, r2q)
+                rates.append((rate.bits_per_second // 8, not cls.children))
+                if computed != kept:
+                    out.append((cls, rate.bits_per_second, computed, kept))
+            if out:
+                yield _quantum_warning(q.r2q, out, rates)
+
+
+def _quantum_warning(
+    r2q: ir.Count, out: list[tuple[ir.Class, int, int, int]], rates: list[tuple[int, bool]]
+) -> Diagnostic:
+    """The one W316 of an htb: ``out`` holds the classes out of range (class, rate, quantum
+    computed, quantum kept), ``rates`` every class's rate in bytes and whether it is a leaf."""
+    lo, hi = HTB_QUANTUM
+    leaves = [cls for cls, *_ in out if not cls.children]
+    leaf_rates = [b for b, leaf in rates if leaf]
+    fits = htb_r2q_range(leaf_rates) if leaf_rates else None
+    if fits is not None:  # as allocation chooses: one that suits the inner classes too if any
+        fits = htb_r2q_range([b for b, _ in rates]) or fits
+    if not leaves:
+        fix = "harmless, as only leaf classes use their quantum"
+    elif fits is not None:
+        fix = (
+            f"write r2q {fits[0]}"
+            if fits[0] == fits[1]
+            else (f"write an r2q between {fits[0]} and {fits[1]}")
+        )
+        fix += ", or leave r2q out and tcdsl chooses one"
+    else:
+        fix = (
+            f"no r2q suits every leaf class (their rates are more than {hi // lo} times apart): "
+            f"give {_labels(leaves)} a 'quantum', or leave r2q out and tcdsl gives "
+            f"{'it' if len(leaves) == 1 else 'them'} one"
+        )
+    words = sorted({"small" if computed < kept else "big" for _, _, computed, kept in out})
+    notes = [
+        Note(
+            f"{cls.label}: rate {_rate(bits)} / r2q {r2q.value} = {computed} bytes; the kernel "
+            f"uses {kept}",
+            cls.rate.span if isinstance(cls.rate, ir.Rate) else cls.span,
+        )
+        for cls, bits, computed, kept in out
+    ]
+    return Diagnostic.warning(
+        "W316",
+        f"r2q {r2q.value} puts the htb quantum (rate / r2q, in bytes) of "
+        f"{_labels([cls for cls, *_ in out])} outside the kernel's {lo}..{hi}: it warns "
+        f"{' and '.join(repr(f'quantum of class is {w}') for w in words)} and clamps "
+        f"{'it' if len(out) == 1 else 'them'}; {fix}",
+        r2q.span,
+        *notes,
+    )
+
+
+def _labels(classes: list[ir.Class], most: int = 3) -> str:
+    """``class 'a'``, ``class 'a' and class 'b'``, ..., ``class 'a', ... and 5 more classes``."""
+    names = [c.label for c in classes[:most]]
+    if len(classes) > most:
+        names.append(f"{len(classes) - most} more classes")
+    if len(names) == 1:
+        return names[0]
+    return f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def htb_bursts_hold_a_frame(policy: ir.Policy) -> Iterator[Diagnostic]:

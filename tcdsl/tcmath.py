@@ -61,8 +61,30 @@ HTB_DEFAULT_R2Q = 10
 
 
 def htb_r2q(q: ir.Htb) -> int:
-    """The htb's r2q: its own, or tc's default."""
-    return q.r2q.value if q.r2q is not None else HTB_DEFAULT_R2Q
+    """The htb's r2q: its own, the one allocation chose, or tc's default."""
+    if q.r2q is not None:
+        return q.r2q.value
+    return q.chosen_r2q if q.chosen_r2q is not None else HTB_DEFAULT_R2Q
+
+
+def htb_r2q_range(rates_bytes: list[int]) -> tuple[int, int] | None:
+    """The r2q values (lowest, highest) that put the quantum of every class of these rates
+    (bytes/s) inside the kernel's range; None if no r2q does."""
+    lo, hi = HTB_QUANTUM
+    lowest, highest = max(-(-max(rates_bytes) // hi), 1), min(min(rates_bytes) // lo, U32_MAX)
+    return (lowest, highest) if lowest <= highest else None
+
+
+def htb_class_quantum(cls: ir.Class, r2q: int) -> int | None:
+    """The quantum (bytes) sch_htb keeps for an htb class under an htb of this r2q: its
+    ``quantum``, the one allocation chose, or rate / r2q clamped; None without a rate."""
+    if cls.quantum is not None:
+        return cls.quantum.bytes
+    if cls.chosen_quantum is not None:
+        return cls.chosen_quantum
+    if not isinstance(cls.rate, ir.Rate):
+        return None
+    return htb_quantum(cls.rate.bits_per_second, r2q)[1]
 
 
 def htb_quantum(rate_bits: int, r2q: int) -> tuple[int, int]:

@@ -288,6 +288,109 @@ def test_accepted_policy_applies_as_meant(
     apply_and_check(make_netns(), result, tmp_path)
 
 
+# ==== htb quanta: tcdsl keeps every quantum in the kernel's range ==============================
+
+QUANTA = [
+    # The README's example: tc's r2q 10 suits the leaves, the link class gets its quantum.
+    pytest.param(
+        "interface eth0 htb rate 100mbit default bulk {\n"
+        "    class voip prio 0 rate 6mbit match dport 5001\n"
+        "    class bulk prio 2 rate 1mbit ceil 100mbit\n"
+        "}\n",
+        {"1:10": 75000, "1:20": 12500},
+        id="readme-voip",
+    ),
+    # r2q 10 suits no leaf: tcdsl chooses r2q 100.
+    pytest.param(
+        "interface eth0 htb rate 100mbit default bulk {\n"
+        "    class web rate 60mbit match dport 80\n"
+        "    class bulk rate 40mbit\n"
+        "}\n",
+        {"1:10": 75000, "1:20": 50000},
+        id="chosen-r2q",
+    ),
+    # 32kbit and 90mbit: no r2q suits both, so each leaf gets the quantum the kernel would keep.
+    pytest.param(
+        "interface eth0 htb rate 100mbit default bulk {\n"
+        "    class ack rate 32kbit match tcp-ack\n"
+        "    class bulk rate 90mbit\n"
+        "}\n",
+        {"1:10": 1000, "1:20": 200000},
+        id="chosen-quanta",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "quanta"), QUANTA)
+def test_htb_quanta_stay_in_the_kernels_range(
+    text: str,
+    quanta: dict[str, int],
+    host: HostSupport,
+    make_netns: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    result = _compile_text(tmp_path, text)
+    assert result.output is not None and result.policy is not None
+    assert result.diagnostics == [], render(result.diagnostics, result.sources)
+    ns = make_netns()
+    create_links(ns, result.policy)
+    # The kernel's warning is observable here: tc prints it for the link class at r2q 10.
+    run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb"])
+    plain = ["tc", "-n", ns, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1"]
+    assert "quantum of class 10001 is big" in run([*plain, "htb", "rate", "100mbit"]).stderr
+    script = tmp_path / "apply.sh"
+    script.write_text(result.output, encoding="utf-8")
+    proc = run(["ip", "netns", "exec", ns, "sh", str(script)])
+    assert "quantum" not in proc.stdout + proc.stderr
+    classes = read_device(ns, "eth0").classes
+    shown = {c.classid: int(q) for c in classes if (q := c.opt("quantum")) is not None}
+    assert shown == quanta
+    assert all(1000 <= q <= 200000 for q in shown.values())
+    check_state(result, KernelState({"eth0": read_device(ns, "eth0")}))
+
+
+SEEDS_WITH_QUANTA = [
+    "policies/seeds/s001-htb-700-300.tcp",
+    "policies/seeds/s000-8.2-borrowing.tcp",
+    "policies/seeds/s000-8.2-user-limits-routers.tcp",
+]
+
+
+def _quanta_state(ns: str, dev: str) -> tuple[list[str | None], dict[str, str | None]]:
+    state = read_device(ns, dev)
+    return [q.opt("r2q") for q in state.qdiscs], {
+        c.classid: c.opt("quantum") for c in state.classes
+    }
+
+
+@pytest.mark.parametrize("seed", SEEDS_WITH_QUANTA)
+def test_seed_keeps_the_quanta_of_its_commands(
+    seed: str, host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """Where tcdsl would choose r2q or quanta, a seed policy still builds the r2q and the quanta
+    of the seed's own tc commands (quoted in its comment)."""
+    result = _compile(Path(seed))
+    assert result.policy is not None and result.output is not None
+    lacks = missing(host, result)
+    if lacks:
+        pytest.skip(f"{lacks} (needed by {seed})")
+    (dev,) = [i.name for i in result.policy.interfaces]
+    commands = [
+        line.removeprefix("#   ").split()
+        for line in (ROOT / seed).read_text(encoding="utf-8").splitlines()
+        if line.startswith("#   tc ")
+    ]
+    ns = make_netns()
+    create_links(ns, result.policy)
+    for words in commands:
+        run(["tc", "-n", ns, *words[1:]])
+    seeded = _quanta_state(ns, dev)
+    script = tmp_path / "apply.sh"
+    script.write_text(result.output, encoding="utf-8")
+    apply_script(ns, script)
+    assert _quanta_state(ns, dev) == seeded
+
+
 # ==== traffic: packets end up in the class the policy says =====================================
 
 SENDER = """

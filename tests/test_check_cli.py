@@ -564,3 +564,24 @@ def test_versions() -> None:
     assert load_target("6.8").version == (6, 8, 0)
     with pytest.raises(ValueError, match="neither a kernel version"):
         load_target("/no/such/config")
+
+
+def test_byte_units_warn_once_per_file(here: Path) -> None:
+    # The HTB user guide writes kbps throughout: one W302 per file, the other uses as notes.
+    write(here / "rates.tcp", "const A = 30kbps\nconst B = 70kbps\nconst LINK = 100kbps\n")
+    write(
+        here / "main.tcp",
+        'include "rates.tcp"\n'
+        "interface eth0 htb rate LINK default b {\n"
+        "    class a rate A ceil 100kbps match dport 80\n"
+        "    class b rate B ceil LINK\n"
+        "}\n",
+    )
+    result = run("check", "--format", "json", "main.tcp")
+    assert result.exit_code == 0
+    found = [d for d in json.loads(result.stderr) if d["code"] == "W302"]
+    assert [(d["span"]["file"], d["span"]["line"], len(d["notes"])) for d in found] == [
+        ("main.tcp", 3, 0),
+        ("rates.tcp", 1, 2),
+    ]
+    assert "this file uses byte units 3 times" in found[1]["message"]

@@ -67,6 +67,15 @@ def test_voip_example_output_is_current(voip: Path) -> None:
     assert result.stdout == _block_after("compiles (`tcdsl compile voip.tcp > apply.sh`)")
 
 
+def test_voip_example_compiles_without_a_warning(voip: Path) -> None:
+    # A newcomer's first compile: tc's default r2q would give the 100mbit link class a quantum
+    # above the kernel's 200000 (W316); tcdsl chooses quanta itself, so nothing is printed.
+    for argv in (["compile", "voip.tcp"], ["check", "--werror", "voip.tcp"]):
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 0, result.output
+        assert result.stderr == "", argv
+
+
 def test_error_example_is_current(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     office = (ROOT / "policies" / "office.tcp").read_text(encoding="utf-8")

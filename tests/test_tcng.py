@@ -130,9 +130,10 @@ def test_selectors_spell_every_condition_in_filter_order() -> None:
 
 def test_qdisc_tree_keeps_tc_handles_and_moves_the_default_class_to_a_decimal_safe_minor() -> None:
     lines = body(MATCHES)
-    tree = lines[lines.index("htb (0x1) {") :]
+    # r2q 100: tcdsl's choice, as tc's default 10 would put web's quantum above 200000
+    tree = lines[lines.index("htb (0x1, r2q 100) {") :]
     assert tree == [
-        "htb (0x1) {",
+        "htb (0x1, r2q 100) {",
         "class (0x1, rate 100Mbps, ceil 100Mbps) {",
         "$web = class (0x10, rate 40Mbps, ceil 90Mbps, prio 1) {",
         "sfq (0x10, perturb 10s, quantum 1514B);",

@@ -23,6 +23,7 @@ from tcdsl.allocate import default_minor
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     HTB_DEFAULT_R2Q,
+    HTB_QUANTUM,
     htb_quantum,
     htb_r2q,
     tos_priority,
@@ -326,6 +327,13 @@ class _Explainer:
                         f" r2q {root.r2q.value}: a class without a quantum gets rate / "
                         f"{root.r2q.value} as its quantum (in bytes; the default r2q is "
                         f"{HTB_DEFAULT_R2Q})."
+                    )
+                elif root.chosen_r2q is not None:
+                    text += (
+                        f" r2q {root.chosen_r2q}, chosen by tcdsl: a class without a quantum gets "
+                        f"rate / {root.chosen_r2q} as its quantum (in bytes), and tc's default r2q "
+                        f"{HTB_DEFAULT_R2Q} would put a leaf class's quantum outside the kernel's "
+                        f"{HTB_QUANTUM[0]}..{HTB_QUANTUM[1]}."
                     )
                 return text
             case ir.Prio():
@@ -637,6 +645,19 @@ class _Explainer:
                     f"{cls.quantum.bytes} bytes: classes of the same priority take turns "
                     "sending this much each, so they share spare bandwidth in proportion to "
                     "their quanta.",
+                    depth,
+                )
+            )
+        elif cls.chosen_quantum is not None:
+            computed = htb_quantum(rate, htb_r2q(q))[0]
+            self.add(
+                Item(
+                    "Quantum",
+                    f"{cls.chosen_quantum} bytes, chosen by tcdsl: rate / r2q would be "
+                    f"{computed}, outside the kernel's {HTB_QUANTUM[0]}..{HTB_QUANTUM[1]}, and "
+                    "no single r2q suits every leaf class of this htb (their rates are more than "
+                    f"{HTB_QUANTUM[1] // HTB_QUANTUM[0]} times apart). Classes of the same "
+                    "priority take turns borrowing this much each.",
                     depth,
                 )
             )

@@ -43,7 +43,13 @@ from dataclasses import dataclass, field
 
 from tcdsl import ir
 from tcdsl.checks import effective_ceil, rate_of
-from tcdsl.tcmath import DEFAULT_PRIOMAP, htb_quantum, htb_r2q, tc_xmittime_ticks, tos_priority
+from tcdsl.tcmath import (
+    DEFAULT_PRIOMAP,
+    htb_class_quantum,
+    htb_r2q,
+    tc_xmittime_ticks,
+    tos_priority,
+)
 from tcdsl.teach.classify import classify
 from tcdsl.teach.report import FlowInfo, Run, Series
 from tcdsl.teach.traffic import Flow, flows_problem
@@ -821,10 +827,8 @@ class _Builder:
             if rate is None:
                 raise SimulationError(f"{c.label} has no rate; the simulator needs one")
             ceil = effective_ceil(c) or rate
-            if c.quantum is not None:
-                quantum = c.quantum.bytes
-            else:
-                quantum = htb_quantum(rate.bits_per_second, r2q)[1]
+            quantum = htb_class_quantum(c, r2q)
+            assert quantum is not None  # the class has a rate
             cl = HtbClass(
                 c.name or "link",
                 c.classid.minor if c.classid else 0,

@@ -25,6 +25,7 @@ from tcdsl import ir
 from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
+    HTB_DEFAULT_R2Q,
     TICKS_PER_US,
     U32_MAX,
     psched_l2t_ns,
@@ -464,7 +465,11 @@ class _Builder:
         match q:
             case ir.Htb():
                 yield self.htb_default(q)
-                yield self.count("r2q", q.r2q) or self.default("r2q", 10, q.span)
+                yield (
+                    self.count("r2q", q.r2q)
+                    or self.chosen("r2q", q.chosen_r2q, q.span)
+                    or self.default("r2q", HTB_DEFAULT_R2Q, q.span)
+                )
             case ir.Prio():
                 yield from self.prio_bands(q.span, q.bands, q.priomap)
             case ir.PfifoFast():
@@ -581,6 +586,12 @@ class _Builder:
         """A value the policy leaves to tc's default, which the kernel must then show."""
         return Want(key, value, f"{value} (the default)", span)
 
+    def chosen(self, key: str, value: int | None, span: Span) -> Want | None:
+        """A value allocation chose for the policy (an htb's r2q, a class's quantum)."""
+        if value is None:
+            return None
+        return Want(key, value, f"{value} (chosen by tcdsl)", span)
+
     # ---- classes ----
     def klass(self, q: ir.Htb | ir.Cbq, cls: ir.Class, parent: str) -> None:
         assert cls.classid is not None
@@ -604,6 +615,7 @@ class _Builder:
                     wants.append(
                         Want("quantum", s.bytes, self.spell(s.span, format_size(s.bytes)), s.span)
                     )
+                wants.append(self.chosen("quantum", cls.chosen_quantum, cls.span))
             wants.append(self.burst("burst", cls.burst, cls.rate, "htb"))
             ceil = cls.ceil if cls.ceil is not None else cls.rate
             wants.append(self.burst("cburst", cls.cburst, ceil, "htb"))

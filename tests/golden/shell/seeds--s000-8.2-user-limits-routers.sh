@@ -10,7 +10,7 @@ tc qdisc del dev eth0 root 2>/dev/null || true
 # policies/seeds/s000-8.2-user-limits-routers.tcp:13:16: interface eth0: htb qdisc
 tc qdisc add dev eth0 root handle 1: htb default 30
 # policies/seeds/s000-8.2-user-limits-routers.tcp:13:16: link class
-tc class add dev eth0 parent 1: classid 1:1 htb rate 18mbit burst 15k
+tc class add dev eth0 parent 1: classid 1:1 htb rate 18mbit burst 15k quantum 200000
 # policies/seeds/s000-8.2-user-limits-routers.tcp:14:11: class u5
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 10mbit ceil 10mbit
 # policies/seeds/s000-8.2-user-limits-routers.tcp:17:11: class u6

@@ -8,7 +8,7 @@ set -eu
 # Teardown: remove this policy's root qdisc; absent is fine.
 tc qdisc del dev s2-eth2 root 2>/dev/null || true
 # policies/seeds/s001-htb-700-300.tcp:14:19: interface s2-eth2: htb qdisc
-tc qdisc add dev s2-eth2 root handle 1: htb
+tc qdisc add dev s2-eth2 root handle 1: htb r2q 10
 # policies/seeds/s001-htb-700-300.tcp:14:19: link class
 tc class add dev s2-eth2 parent 1: classid 1:1 htb rate 1gbit ceil 1gbit
 # policies/seeds/s001-htb-700-300.tcp:15:11: class h1
