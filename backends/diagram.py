@@ -86,19 +86,37 @@ def _extras(cls: ir.Class) -> str | None:
     return ", ".join(words) or None
 
 
-def class_lines(kind: str, cls: ir.Class, marking: bool, default: bool) -> tuple[str, ...]:
-    """The lines of a class box below its name: id, rates, prio, leaf qdisc, what reaches it."""
+def bound_words(bound: ir.Bound) -> str:
+    """What sets a bound, briefly: ``site 1:10``, ``the link class 1:1``, ``tbf 2:``."""
+    by = bound.by
+    if isinstance(by, ir.Class):
+        return f"{'the link class' if by.implicit else by.name} {by.classid}"
+    return _qdisc_title(by)
+
+
+def class_lines(
+    kind: str, cls: ir.Class, marking: bool, default: bool, capped: ir.Bound | None = None
+) -> tuple[str, ...]:
+    """The lines of a class box below its name: id, rates, prio, leaf qdisc, what reaches it.
+
+    ``capped``: what keeps the class below its own ceiling (an ancestor, or what holds its
+    qdisc), if anything does.
+    """
     assert cls.classid is not None
     lines = [f"classid {cls.classid}"]
     rate = rate_line(kind, cls)
     if rate is not None:
         lines.append(rate)
+    if capped is not None:
+        lines.append(f"capped at {format_rate(capped.bits_per_second)} by {bound_words(capped)}")
     if cls.prio is not None:
         lines.append(f"prio {cls.prio.value}")
     extras = _extras(cls)
     if extras is not None:
         lines.append(extras)
-    if not cls.children:
+    if isinstance(cls.leaf, ir.Htb | ir.Prio | ir.Cbq):
+        lines.append(f"leaf: {_qdisc_title(cls.leaf)} (classful, below)")
+    elif not cls.children:
         lines.append(f"leaf: {leaf_words(cls.leaf)}")
     if marking and cls.fwmark is not None:
         for m in cls.matches:
@@ -120,6 +138,8 @@ class _Builder:
     nodes: list[Node] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     count: int = 0
+    bounds: dict[int, ir.Bound | None] = field(default_factory=dict)
+    """``id(qdisc)`` -> the most it can send, for the qdiscs below a root."""
 
     def new_id(self) -> str:
         self.count += 1
@@ -131,7 +151,12 @@ class _Builder:
             self.edges.append(Edge(parent, node.id))
 
     def qdisc(self, q: ir.Qdisc, parent: str | None, marking: bool) -> None:
-        node = Node(self.new_id(), "qdisc", _qdisc_title(q), qdisc_lines(q))
+        lines = qdisc_lines(q)
+        bound = self.bounds.get(id(q))
+        if bound is not None and isinstance(q, ir.Htb | ir.Prio | ir.Cbq):
+            rate = format_rate(bound.bits_per_second)
+            lines += (f"sends at most {rate} ({bound_words(bound)})",)
+        node = Node(self.new_id(), "qdisc", _qdisc_title(q), lines)
         self.add(node, parent)
         match q:
             case ir.Htb() | ir.Prio() | ir.Cbq():
@@ -139,8 +164,9 @@ class _Builder:
                 if isinstance(q, ir.Htb) and q.handle is not None:
                     minor = default_minor(q)
                     default = None if minor is None else ir.Handle(q.handle.major, minor)
+                parents = ir.parent_map(q)
                 for cls in q.classes:
-                    self.klass(q.kind, cls, node.id, default, marking)
+                    self.klass(q, cls, node.id, default, marking, parents)
             case ir.Tbf() | ir.Netem():
                 if q.child is not None:
                     self.qdisc(q.child, node.id, marking)
@@ -150,15 +176,26 @@ class _Builder:
                 assert_never(q)
 
     def klass(
-        self, kind: str, cls: ir.Class, parent: str, default: ir.Handle | None, marking: bool
+        self,
+        q: ir.ClassfulQdisc,
+        cls: ir.Class,
+        parent: str,
+        default: ir.Handle | None,
+        marking: bool,
+        parents: dict[int, ir.Class | None],
     ) -> None:
         is_default = default is not None and cls.classid == default
         title = "link class" if cls.implicit else cls.name
-        lines = class_lines(kind, cls, marking, is_default)
+        outer = self.bounds.get(id(q))
+        above = parents.get(id(cls))
+        bound = ir.class_bound(q, above, parents, outer) if above is not None else outer
+        own = ir.own_bound(q, cls, parents)
+        capped = bound if own and bound and bound.bits_per_second < own.bits_per_second else None
+        lines = class_lines(q.kind, cls, marking, is_default, capped)
         node = Node(self.new_id(), "class", title, lines, is_default)
         self.add(node, parent)
         for child in cls.children:
-            self.klass(kind, child, node.id, default, marking)
+            self.klass(q, child, node.id, default, marking, parents)
         if cls.leaf is not None:
             self.qdisc(cls.leaf, node.id, marking)
 
@@ -178,6 +215,7 @@ def clusters(policy: ir.Policy) -> Iterator[Cluster]:
     builder = _Builder()
     for index, iface in enumerate(policy.interfaces):
         first_node, first_edge = len(builder.nodes), len(builder.edges)
+        builder.bounds = {id(q): bound for q, _, bound in ir.held_qdiscs(iface.root)}
         builder.qdisc(iface.root, None, iface.marking is not None)
         yield Cluster(
             f"if{index}",

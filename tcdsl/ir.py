@@ -492,3 +492,76 @@ def parent_map(qdisc: ClassfulQdisc) -> dict[int, Class | None]:
             for child in cls.children:
                 parents[id(child)] = cls
     return parents
+
+
+# ---- what a nested qdisc can send --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """The most a class or qdisc can send (bits/s), and the class or chaining qdisc that sets it."""
+
+    bits_per_second: int
+    by: Class | Tbf | Netem
+
+
+def _least(bounds: Iterator[Bound | None]) -> Bound | None:
+    known = [b for b in bounds if b is not None]
+    return min(known, key=lambda b: b.bits_per_second) if known else None
+
+
+def own_bound(qdisc: ClassfulQdisc, cls: Class, parents: dict[int, Class | None]) -> Bound | None:
+    """The most ``cls`` can send by its own parameters, not counting its ancestors.
+
+    An htb class never sends more than its ceil (its rate without one), and one with no parent
+    never more than its rate, as it has nothing to borrow from; a bounded cbq class keeps to its
+    rate; a prio band has no rate of its own.
+    """
+    rate = cls.rate.bits_per_second if isinstance(cls.rate, Rate) else None
+    if isinstance(qdisc, Htb) and parents.get(id(cls)) is not None and isinstance(cls.ceil, Rate):
+        return Bound(cls.ceil.bits_per_second, cls)
+    if rate is None or (isinstance(qdisc, Cbq) and not cls.bounded) or isinstance(qdisc, Prio):
+        return None
+    return Bound(rate, cls)
+
+
+def class_bound(
+    qdisc: ClassfulQdisc,
+    cls: Class,
+    parents: dict[int, Class | None],
+    outer: Bound | None = None,
+) -> Bound | None:
+    """The most ``cls`` can send: the least of its own bound, its ancestors' and ``outer`` (what
+    holds ``qdisc``); the first of equals (the class itself before its ancestors)."""
+
+    def chain() -> Iterator[Bound | None]:
+        node: Class | None = cls
+        while node is not None:
+            yield own_bound(qdisc, node, parents)
+            node = parents.get(id(node))
+        yield outer
+
+    return _least(chain())
+
+
+def held_qdiscs(
+    qdisc: Qdisc, outer: Bound | None = None
+) -> Iterator[tuple[Qdisc, Class | Tbf | Netem, Bound | None]]:
+    """Yield every qdisc below ``qdisc`` (pre-order) with what holds it, a class or a chaining
+    qdisc, and the most it can send (``outer`` bounds ``qdisc`` itself; None: unbounded)."""
+    match qdisc:
+        case Htb() | Prio() | Cbq():
+            parents = parent_map(qdisc)
+            for cls in classes_of(qdisc):
+                if cls.leaf is not None:
+                    bound = class_bound(qdisc, cls, parents, outer)
+                    yield cls.leaf, cls, bound
+                    yield from held_qdiscs(cls.leaf, bound)
+        case Tbf() | Netem():
+            if qdisc.child is not None:
+                own = Bound(qdisc.rate.bits_per_second, qdisc) if qdisc.rate is not None else None
+                bound = _least(iter((own, outer)))
+                yield qdisc.child, qdisc, bound
+                yield from held_qdiscs(qdisc.child, bound)
+        case _:
+            pass

@@ -366,6 +366,19 @@ def test_cli_bad_packet_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "Traceback" not in result.output
 
 
+def test_cli_size_is_the_frame_iplen_the_ip_packet(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _run(monkeypatch, "policies/office.tcp", "--packet", "tcp size 52")
+    assert result.exit_code == 2
+    assert "size counts the frame on the wire" in result.stderr
+    assert "write 'iplen 52' (size 66)" in result.stderr
+    acks = "tests/apply_policies/nested-htb.tcp"  # class acks: match tcp-ack (IP length < 64)
+    result = _run(monkeypatch, acks, "--packet", "ack iplen 52", "--packet", "ack iplen 64")
+    assert result.exit_code == 0, result.output
+    first, second = [line for line in result.stdout.splitlines() if not line.startswith(" ")]
+    assert first.endswith("ack size 66 -> class 'acks' (1:50), leaf pfifo (kernel default)"), first
+    assert "'acks'" not in second
+
+
 def test_cli_packet_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
     result = _run(monkeypatch, "policies/office.tcp")
     assert result.exit_code == 2

@@ -95,6 +95,44 @@ def test_dot_shows_borrowing_leaf_filters_and_default() -> None:
     assert "mark 30: unmarked traffic" in marks
 
 
+def _node_lines(text: str, title: str) -> list[str]:
+    """The label lines of the mermaid node titled ``title``."""
+    found = re.search(rf'\["<b>{re.escape(title)}</b><br/>(.*?)"\\?\]', text)
+    assert found is not None, title
+    return found[1].split("<br/>")
+
+
+def test_nested_qdiscs_show_what_holds_them_back() -> None:
+    result = analyse(
+        "nested.tcp",
+        lambda _path: (
+            "interface eth0 htb rate 1mbit default rest {\n"
+            "    class site rate 720kbit match dst 10.0.0.0/8 {\n"
+            "        htb rate 800kbit default other {\n"
+            "            class voip rate 200kbit ceil 800kbit prio 0 match dport 5060\n"
+            "            class other rate 100kbit ceil 700kbit\n"
+            "        }\n"
+            "    }\n"
+            "    class rest rate 100kbit ceil 1mbit\n"
+            "}\n"
+        ),
+    )
+    assert result.policy is not None, result.diagnostics
+    text = MermaidBackend().emit(result.policy, "nested.tcp")
+    check_mermaid(text)
+    assert "leaf: htb 10: (classful, below)" in _node_lines(text, "site")
+    inner = re.search(r'\[/"<b>htb 10:</b><br/>(.*?)"\\\]', text)
+    assert inner is not None
+    assert inner[1].split("<br/>") == ["default other (10:20)", "sends at most 720kbit (site 1:10)"]
+    assert "capped at 720kbit by site 1:10" in _node_lines(text, "voip")
+    assert not any(line.startswith("capped") for line in _node_lines(text, "other"))
+    assert not any(line.startswith("capped") for line in _node_lines(text, "rest"))
+    dot = DotBackend().emit(result.policy, "nested.tcp")
+    assert "capped at 720kbit by site 1:10" in dot
+    assert dot.count("capped at") == 2  # the inner link class (800kbit) and voip
+    _dot_to_svg(dot)
+
+
 # ---- mermaid -----------------------------------------------------------------------------------
 
 _LABEL = re.compile(r'"([^"]*)"')

@@ -148,6 +148,140 @@ def test_marks_are_explained() -> None:
     assert "3. every packet still unmarked: mark 30 -> 'others' (1:30)" in text
 
 
+# ---- nested classful qdiscs --------------------------------------------------------------------
+
+# The issue's case: an htb in a 720kbit htb class, whose own link class says 800kbit.
+HTB_IN_HTB = """\
+interface eth0 htb rate 1mbit default rest {
+    class site rate 720kbit match dst 10.0.0.0/8 {
+        htb rate 800kbit default other {
+            class voip rate 200kbit ceil 800kbit prio 0 match dport 5060
+            class other rate 100kbit ceil 800kbit
+        }
+    }
+    class rest rate 100kbit ceil 1mbit
+}
+"""
+
+
+def _part(text: str, start: str, end: str | None = None) -> str:
+    """The text from the line ``start`` up to the line ``end`` (or the end), spaces collapsed."""
+    first = text.index(f"\n{start}\n")
+    last = text.index(f"\n{end}\n", first) if end is not None else len(text)
+    return " ".join(text[first:last].split())
+
+
+def test_inner_htb_is_explained_at_its_own_level() -> None:
+    text = explain(_inline(HTB_IN_HTB), "text")
+    outer = _part(text, "Classes, in tree order:", "htb 10: in 'site' (1:10):")
+    assert "'site' (1:10)" in outer and "'rest' (1:20)" in outer
+    assert "'voip'" not in outer and "10:1" not in outer
+    assert "u32 filters on 1: look" in outer and "-> 'site' (1:10)" in outer
+    assert "u32 filters on 10:" not in outer
+    assert "go to 'rest' (1:20), the htb's default class" in outer
+    assert "explained below, under htb 10:" in outer
+    inner = _part(text, "htb 10: in 'site' (1:10):")
+    assert "The packets sent to 'site' (1:10) wait in htb 10:" in inner
+    assert "It can send no more than 720kbit, what 'site' (1:10) can have." in inner
+    assert "Its classes are guaranteed 800kbit together, more than that" in inner
+    link = _part(text, "link class 10:1", "  class 'voip' (10:10)")
+    assert "800kbit: the most the classes below send together" in link
+    assert "It can never get more than 720kbit, what 'site' (1:10) can have." in link
+    voip = _class_section(text, "class 'voip' (10:10)")
+    assert "It can never get more than 720kbit, what 'site' (1:10) can have." in voip
+    assert "u32 filters on 10: look" in inner and "-> 'voip' (10:10)" in inner
+    unmatched = _part(text, "htb 10:, unmatched traffic:")
+    assert "that none of its filters matches go to 'other' (10:20), its default class" in unmatched
+    other = _class_section(text, "class 'other' (10:20)")
+    assert "this is the default class of htb 10:" in other
+
+
+def test_inner_root_classes_name_their_own_qdisc_line() -> None:
+    text = " ".join(explain(_inline(HTB_IN_HTB.replace(" rate 800kbit", "")), "text").split())
+    assert "root class of htb 10: (its qdisc line gives no rate" in text
+    assert "the interface line gives no rate" not in text
+    assert "htb 10: has no default class" not in text
+    no_default = HTB_IN_HTB.replace(" default other", "")
+    text = " ".join(explain(_inline(no_default), "text").split())
+    assert "htb 10: has no default class" in text
+    assert "leave through its direct queue, unshaped by its classes and ahead of them" in text
+    assert "(never faster than 720kbit)" in text
+
+
+def test_prio_in_an_htb_class_has_its_bands_and_table() -> None:
+    text = explain(_policy("policies/nested.tcp"), "text")
+    inner = _part(text, "prio 20: in 'branch' (1:20):")
+    assert "It can send no more than 5mbit, what 'branch' (1:20) can have." in inner
+    assert "band 0: class 'dns' (20:1)" in inner and "band 2: class 'rest' (20:3)" in inner
+    assert "TOS byte -> Linux priority -> band (prio 20:):" in inner
+    assert (
+        "Packets that reach prio 20: and that none of its filters matches go to the band" in inner
+    )
+    assert "band 0: class 'dns'" not in _part(text, "Classes, in tree order:", "Unmatched traffic:")
+
+
+def test_htb_under_tbf_and_netem() -> None:
+    text = explain(_policy("policies/wan-lab.tcp"), "text")
+    inner = _part(text, "htb 3: under tbf 2:")
+    assert "The packets that tbf 2: sends wait in htb 3:, its child qdisc" in inner
+    assert "It can send no more than 10mbit, the rate of tbf 2:." in inner
+    assert "u32 filters on 3: look" in inner
+    assert "go to 'bulk' (3:20), its default class" in inner
+    slower = _inline(
+        "interface eth0 tbf rate 5mbit burst 10k latency 50ms {\n"
+        "    htb rate 10mbit default b {\n"
+        "        class a rate 4mbit ceil 10mbit match dport 22\n"
+        "        class b rate 6mbit ceil 10mbit\n"
+        "    }\n"
+        "}\n"
+    )
+    text = " ".join(explain(slower, "text").split())
+    assert "htb 2: under tbf 1:" in text
+    assert "It can never get more than 5mbit, the rate of tbf 1:." in text
+    assert "Its classes are guaranteed 10mbit together, more than that" in text
+
+
+def test_marking_does_not_claim_inner_match_lines_work() -> None:
+    marked = _inline(
+        "interface eth0 htb rate 10mbit default rest {\n"
+        "    classify by mark from eth1\n"
+        "    class site rate 6mbit ceil 10mbit match dst 10.1.0.0/16 {\n"
+        "        htb rate 10mbit default other {\n"
+        "            class voip rate 1mbit ceil 10mbit match proto udp dport 5060\n"
+        "            class other rate 5mbit ceil 10mbit\n"
+        "        }\n"
+        "    }\n"
+        "    class rest rate 1mbit ceil 10mbit\n"
+        "}\n"
+    )
+    text = explain(marked, "text")
+    voip = _class_section(text, "class 'voip' (10:10)")
+    assert "Traffic: none from this line: with 'classify by mark', only the classes" in voip
+    site = _class_section(text, "class 'site' (1:10)")
+    assert "packets the firewall marks 10" in site
+
+
+def test_src_matches_on_private_addresses_mention_nat() -> None:
+    office = " ".join(explain(_policy("policies/office.tcp"), "text").split())
+    assert "'src' matches private addresses (10.3.34.11 and 10.3.34.33)" in office
+    assert "behind source NAT" in office and "router's public address" in office
+    public = _inline("interface eth0 htb rate 10mbit {\n class a rate 1mbit match src 8.8.8.8\n}\n")
+    assert "NAT" not in explain(public, "text")
+    by_dst = _inline(
+        "interface eth0 htb rate 10mbit {\n class a rate 1mbit match dst 10.0.0.1\n}\n"
+    )
+    assert "NAT" not in explain(by_dst, "text")
+    # Marked in PREROUTING on the LAN side, before NAT: the private source is still there.
+    marked = _inline(
+        "interface eth0 htb rate 10mbit default b {\n"
+        "    classify by mark from eth1\n"
+        "    class a rate 1mbit match src 10.0.0.1\n"
+        "    class b rate 1mbit\n"
+        "}\n"
+    )
+    assert "NAT" not in explain(marked, "text")
+
+
 # ---- the TOS tables ----------------------------------------------------------------------------
 
 

@@ -22,6 +22,16 @@ def test_packet_words() -> None:
     assert (ack.proto, ack.ack_only, ack.size) == (6, True, 54)
 
 
+def test_iplen_is_the_ip_packets_length() -> None:
+    """``iplen`` is what tcpdump reports; ``size`` adds the 14-byte Ethernet header, as tc."""
+    assert parse_packet("tcp iplen 52").size == 66
+    assert parse_packet("tcp iplen 52") == parse_packet("tcp size 66")
+    header = parse_packet("tcp iplen 52").header()
+    assert int.from_bytes(header[2:4], "big") == 52  # the IP header's total length
+    assert parse_packet("udp iplen 1500").size == 1514
+    assert parse_packet("udp iplen 1k").size == 1024 + 14
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -30,7 +40,17 @@ def test_packet_words() -> None:
         ("udp ack", "'ack' is a TCP packet"),
         ("tcp dport", "'dport' needs a value"),
         ("tcp rate 1mbit", "unexpected 'rate'"),
-        ("size 10", "size 10 is outside 54-65549 bytes"),
+        ("size 10", "size 10 is outside 54-65549 bytes: size counts the frame on the wire"),
+        (
+            "size 52",
+            "the 14-byte Ethernet header included; for an IP packet of 52 bytes write "
+            "'iplen 52' \\(size 66\\)",
+        ),
+        ("size 65550", "size 65550 is outside 54-65549 bytes: size counts the frame"),
+        ("iplen 39", "iplen 39 is outside 40-65535 bytes \\(an IP header and 20 bytes"),
+        ("iplen 65536", "iplen 65536 is outside 40-65535 bytes$"),
+        ("iplen many", "iplen needs a size such as 1500 or 1k, found 'many'"),
+        ("iplen 100 size 114", "give the packet's length once, as 'size' or as 'iplen'"),
     ],
 )
 def test_bad_packets(text: str, message: str) -> None:

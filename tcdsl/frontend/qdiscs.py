@@ -124,29 +124,25 @@ class QdiscBuilder:
             seen[key] = span
             if isinstance(opt, HandleOpt):
                 if opt.keyword != handle_kw:
-                    self.error(
-                        Diagnostic.error(
-                            "E007", f"{what} takes '{handle_kw}', not '{opt.keyword}'", span
-                        )
-                    )
+                    self._unknown(opt.keyword, span, params, flags, what, handle_kw)
                 else:
                     handle = opt.ref
                 continue
             if isinstance(opt, Flag):
                 if opt.key not in flags:
-                    self._unknown(opt.key, span, params, flags, what)
+                    self._unknown(opt.key, span, params, flags, what, handle_kw)
                 else:
                     values[opt.key] = True
                 continue
             if isinstance(opt, DefaultOpt | PriomapOpt):
                 if key not in params:
-                    self._unknown(key, span, params, flags, what)
+                    self._unknown(key, span, params, flags, what, handle_kw)
                 else:
                     values[key] = opt.name if isinstance(opt, DefaultOpt) else opt.values
                 continue
             dim = params.get(opt.key)
             if dim is None:
-                self._unknown(opt.key, span, params, flags, what)
+                self._unknown(opt.key, span, params, flags, what, handle_kw)
                 continue
             values[opt.key] = self._value(opt, dim, opt.key in percent)
         return values, handle, matches
@@ -189,10 +185,24 @@ class QdiscBuilder:
         params: Mapping[str, Dimension],
         flags: frozenset[str],
         what: str,
+        handle_kw: str,
     ) -> None:
-        accepted = sorted({*params, *flags})
-        takes = f"; it takes {', '.join(accepted)}" if accepted else "; it takes no parameters"
-        self.error(Diagnostic.error("E007", f"'{key}' is not a parameter of {what}{takes}", span))
+        if key in ("id", "handle"):  # the other one of the two numbering keywords
+            text = f"{what} takes '{handle_kw}', not '{key}'"
+            if key == "id" and self.kind == "htb":
+                text += (
+                    "; its link class is N:1 (under 'handle N:'): to number it, leave 'rate' off "
+                    "this line and write a top class, as 'class link id 1:5 rate 10mbit { ... }'"
+                )
+            self.error(Diagnostic.error("E007", text, span))
+            return
+        accepted = sorted({*params, *flags, handle_kw})
+        takes = ", ".join(accepted) if len(accepted) > 1 else f"only {handle_kw}"
+        self.error(
+            Diagnostic.error(
+                "E007", f"'{key}' is not a parameter of {what}; it takes {takes}", span
+            )
+        )
 
     # ---- qdiscs ----
     def build(self) -> QdiscSyntax:

@@ -16,6 +16,7 @@ import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
+from ipaddress import IPv4Network
 from typing import Literal
 
 from tcdsl import ir
@@ -152,7 +153,8 @@ def render_text(blocks: list[Block]) -> str:
             case Heading(level=1 | 2):
                 out += [block.text, ("=" if block.level == 1 else "-") * len(block.text)]
             case Heading():
-                out.append(ind + block.text + (":" if block.level == 3 else ""))
+                colon = block.level == 3 and not block.text.endswith(":")  # "under tbf 2:"
+                out.append(ind + block.text + (":" if colon else ""))
             case Para():
                 out += _wrap(block.text, ind, ind)
             case Item():
@@ -237,6 +239,32 @@ def _handle(q: ir.Qdisc) -> str:
     return q.handle.qdisc if q.handle is not None else "?:"
 
 
+@dataclass(frozen=True, slots=True)
+class _Holder:
+    """What holds a classful qdisc below the root: a class, or a tbf or netem it is chained to."""
+
+    ref: str
+    """``'site' (1:10)``, ``tbf 2:``."""
+    chain: bool
+    """True when ``ref`` is a tbf or netem, False when it is a class."""
+    bound: ir.Bound | None
+    """The most it can send (from ``ir.held_qdiscs``)."""
+
+    @property
+    def where(self) -> str:
+        """``in 'site' (1:10)``, ``under tbf 2:``."""
+        return f"{'under' if self.chain else 'in'} {self.ref}"
+
+
+def _guaranteed(q: ir.ClassfulQdisc) -> int | None:
+    """What the classes of an htb are guaranteed together: the link class's rate, or the sum of
+    the root classes' rates (None for prio and cbq, which guarantee no rate as a whole)."""
+    if not isinstance(q, ir.Htb):
+        return None
+    rates = [_rate(top.rate) for top in q.classes]
+    return sum(r for r in rates if r is not None)
+
+
 # ---- the explainer -------------------------------------------------------------------------------
 
 
@@ -293,9 +321,9 @@ class _Explainer:
         match root:
             case ir.Htb() | ir.Cbq() | ir.Prio():
                 self.add(Heading(3, "Classes, in tree order"))
-                self.classes(root, iface)
-                self.classification(iface)
-                self.unmatched(root, iface)
+                self.classes(root, iface, None)
+                self.classification(root, iface, None)
+                self.unmatched(root, None)
                 if isinstance(root, ir.Prio):
                     self.tos_table(root)
             case ir.PfifoFast():
@@ -304,11 +332,73 @@ class _Explainer:
                 if root.child is not None:
                     self.add(Heading(3, "Its child qdisc"))
                     self.add(Para(self.queue(root.child)))
-                    if isinstance(root.child, ir.Htb | ir.Cbq | ir.Prio):
-                        self.classes(root.child, iface)
             case _:
                 pass
+        for q, holder in self.nested(root):
+            self.inner_qdisc(q, holder, iface)
         self.notes(iface)
+
+    # ---- classful qdiscs inside classes or under tbf and netem
+    def nested(self, root: ir.Qdisc) -> Iterator[tuple[ir.ClassfulQdisc, _Holder]]:
+        """The classful qdiscs below ``root``, pre-order, with what holds each."""
+        for q, by, bound in ir.held_qdiscs(root):
+            if isinstance(q, ir.Htb | ir.Prio | ir.Cbq):
+                if isinstance(by, ir.Class):
+                    yield q, _Holder(self.cls_ref(by), False, bound)
+                else:
+                    yield q, _Holder(f"{by.kind} {_handle(by)}", True, bound)
+
+    def why(self, bound: ir.Bound) -> str:
+        """What sets a bound: ``what 'site' (1:10) can have``, ``the rate of tbf 2:``."""
+        if isinstance(bound.by, ir.Class):
+            return f"what {self.cls_ref(bound.by)} can have"
+        return f"the rate of {bound.by.kind} {_handle(bound.by)}"
+
+    def inner_qdisc(self, q: ir.ClassfulQdisc, holder: _Holder, iface: ir.Interface) -> None:
+        """A classful qdisc below the root: its own classes, filters and unmatched traffic."""
+        me = f"{q.kind} {_handle(q)}"
+        self.add(Heading(3, f"{me} {holder.where}"))
+        if holder.chain:
+            text = (
+                f"The packets that {holder.ref} sends wait in {me}, its child qdisc, until "
+                f"{holder.ref} takes them."
+            )
+        else:
+            text = f"The packets sent to {holder.ref} wait in {me}, the qdisc of that class."
+        match q:
+            case ir.Htb():
+                own = " and its own default class" if q.default is not None else ""
+                text += (
+                    f" It sorts them again among its own classes, with its own filters{own}: "
+                    "each class is guaranteed its rate and may borrow up to its ceil, as in any "
+                    "htb."
+                )
+            case ir.Prio():
+                bands = q.bands.value if q.bands is not None else 3
+                text += (
+                    f" It sorts them again into its {bands} bands, served in strict order: a "
+                    "packet of band 1 leaves only when band 0 is empty, and so on. Its match "
+                    "lines choose a band; packets none of them takes get a band from their "
+                    "priority (the table below)."
+                )
+            case ir.Cbq():
+                text += " It sorts them again among its own classes, with its own filters."
+        if holder.bound is not None:
+            cap = holder.bound.bits_per_second
+            text += f" It can send no more than {format_rate(cap)}, {self.why(holder.bound)}."
+            total = _guaranteed(q)
+            if total is not None and total > cap:
+                text += (
+                    f" Its classes are guaranteed {format_rate(total)} together, more than that: "
+                    "when all of them are busy, they cannot all get their rate."
+                )
+        self.add(Para(text))
+        self.add(Heading(3, f"{me}, classes in tree order"))
+        self.classes(q, iface, holder)
+        self.classification(q, iface, holder)
+        self.unmatched(q, holder)
+        if isinstance(q, ir.Prio):
+            self.tos_table(q, f" ({me})")
 
     # ---- root qdiscs
     def root_sentence(self, iface: ir.Interface) -> str:
@@ -408,7 +498,10 @@ class _Explainer:
             case ir.Netem():
                 return self.netem(q)
             case ir.Htb() | ir.Prio() | ir.Cbq():
-                return f"{q.kind} {h}, a classful qdisc of its own; its classes follow."
+                return (
+                    f"{q.kind} {h}, a classful qdisc of its own: its classes, filters and "
+                    f"unmatched traffic are explained below, under {q.kind} {h}."
+                )
             case ir.PfifoFast():
                 return f"pfifo_fast {h}: three bands by TOS, as the kernel's default qdisc."
 
@@ -511,11 +604,13 @@ class _Explainer:
         return text
 
     # ---- classes
-    def classes(self, q: ir.Htb | ir.Cbq | ir.Prio, iface: ir.Interface) -> None:
+    def classes(
+        self, q: ir.Htb | ir.Cbq | ir.Prio, iface: ir.Interface, holder: _Holder | None
+    ) -> None:
         parents = ir.parent_map(q)
         default = default_minor(q) if isinstance(q, ir.Htb) else None
         for top in q.classes:
-            self.klass(q, top, parents, default, iface, 0)
+            self.klass(q, top, parents, default, iface, holder, 0)
 
     def klass(
         self,
@@ -524,6 +619,7 @@ class _Explainer:
         parents: dict[int, ir.Class | None],
         default: int | None,
         iface: ir.Interface,
+        holder: _Holder | None,
         depth: int,
     ) -> None:
         assert cls.classid is not None
@@ -538,18 +634,16 @@ class _Explainer:
         is_default = default is not None and cls.classid.minor == default and not cls.implicit
         match q:
             case ir.Htb():
-                self.htb_items(q, cls, parents, inner)
+                self.htb_items(q, cls, parents, holder, inner)
             case ir.Cbq():
                 self.cbq_items(cls, inner)
             case ir.Prio():
                 self.prio_items(q, cls, inner)
         if not cls.children:
-            self.traffic(q, cls, iface, is_default, inner)
+            self.traffic(q, cls, iface, is_default, holder is not None, inner)
             self.add(Item("Queue", self.queue(cls.leaf), inner))
         for child in cls.children:
-            self.klass(q, child, parents, default, iface, inner)
-        if cls.leaf is not None and isinstance(cls.leaf, ir.Htb | ir.Cbq | ir.Prio):
-            self.classes(cls.leaf, iface)
+            self.klass(q, child, parents, default, iface, holder, inner)
 
     def _ancestors(self, cls: ir.Class, parents: dict[int, ir.Class | None]) -> list[ir.Class]:
         chain: list[ir.Class] = []
@@ -560,7 +654,12 @@ class _Explainer:
         return chain
 
     def htb_items(
-        self, q: ir.Htb, cls: ir.Class, parents: dict[int, ir.Class | None], depth: int
+        self,
+        q: ir.Htb,
+        cls: ir.Class,
+        parents: dict[int, ir.Class | None],
+        holder: _Holder | None,
+        depth: int,
     ) -> None:
         rate = _rate(cls.rate)
         if rate is None:
@@ -568,15 +667,21 @@ class _Explainer:
         ceil = _rate(cls.ceil) or rate
         ancestors = self._ancestors(cls, parents)
         r, c = format_rate(rate), format_rate(ceil)
+        most = ceil
         if cls.implicit:
+            most = rate
             text = f"{r}: the most the classes below send together; they borrow from it."
             if ceil > rate:
                 text += f" Its ceil {c} has no effect: it has no parent to borrow from."
         elif not ancestors:
+            most = rate
+            owner, line = ("the htb", "the interface line")
+            if holder is not None:
+                owner, line = (f"htb {_handle(q)}", "its qdisc line")
             text = (
-                f"guaranteed {r}. It is a root class of the htb (the interface line gives no "
-                "rate, so there is no link class above it): it has no parent to borrow from "
-                f"and never sends more than {r}"
+                f"guaranteed {r}. It is a root class of {owner} ({line} gives no rate, so "
+                "there is no link class above it): it has no parent to borrow from and never "
+                f"sends more than {r}"
             )
             text += f", although its ceil is {c}." if ceil > rate else "."
         elif ceil == rate:
@@ -592,18 +697,14 @@ class _Explainer:
                 f"{lenders}, when {'it has' if len(ancestors) == 1 else 'they have'} bandwidth "
                 "to spare."
             )
-            caps = [
-                (_rate(a.rate) if parents.get(id(a)) is None else (_rate(a.ceil) or _rate(a.rate)))
-                for a in ancestors
-            ]
-            limits = [(cap, a) for cap, a in zip(caps, ancestors, strict=True) if cap is not None]
-            if limits:
-                cap, lender = min(limits, key=lambda t: t[0])
-                if cap < ceil:
-                    text += (
-                        f" It can never get more than {format_rate(cap)}, what "
-                        f"{self.cls_ref(lender)} can have."
-                    )
+        outer = holder.bound if holder is not None else None
+        parent = parents.get(id(cls))
+        bound = ir.class_bound(q, parent, parents, outer) if parent is not None else outer
+        if bound is not None and bound.bits_per_second < most:
+            text += (
+                f" It can never get more than {format_rate(bound.bits_per_second)}, "
+                f"{self.why(bound)}."
+            )
         if cls.children and not cls.implicit:
             text += " The classes below share it."
         self.add(Item("Rate", text, depth))
@@ -739,6 +840,7 @@ class _Explainer:
         cls: ir.Class,
         iface: ir.Interface,
         is_default: bool,
+        nested: bool,
         depth: int,
     ) -> None:
         marking = iface.marking
@@ -752,6 +854,19 @@ class _Explainer:
                     f"{self.name(marking.from_interface)}): an fw filter sends mark "
                     f"{cls.fwmark} here. The mark is set on packets matching "
                     + ("any of these lines:" if len(lines) > 1 else "this line:"),
+                    depth,
+                    lines,
+                )
+            )
+        elif marking is not None and cls.matches:
+            # allocate marks the classes of the root qdisc only: these lines compile to nothing.
+            self.add(
+                Item(
+                    "Traffic",
+                    "none from "
+                    + ("these lines" if len(lines) > 1 else "this line")
+                    + ": with 'classify by mark', only the classes of the root qdisc get marks "
+                    "and fw filters, so no rule marks these packets for this class:",
                     depth,
                     lines,
                 )
@@ -776,11 +891,15 @@ class _Explainer:
                 )
             )
         if is_default:
+            me = f"htb {_handle(q)}"
             text = (
-                "this is the htb's default class: packets no filter matches come here, "
+                f"this is the default class of {me}: packets that reach {me} and that none of "
+                "its filters matches come here, including those that are not IPv4 (ARP, IPv6)."
+                if nested
+                else "this is the htb's default class: packets no filter matches come here, "
                 "including everything that is not IPv4 (ARP, IPv6)."
             )
-            if marking is not None and cls.fwmark is not None:
+            if marking is not None and cls.fwmark is not None and not nested:
                 text += f" The firewall gives still-unmarked packets mark {cls.fwmark}."
             self.add(Item("Default", text, depth))
         elif not cls.matches and isinstance(q, ir.Htb | ir.Cbq) and cls.fwmark is None:
@@ -794,18 +913,35 @@ class _Explainer:
             )
 
     # ---- classification order
-    def classification(self, iface: ir.Interface) -> None:
+    def classification(
+        self, q: ir.Htb | ir.Cbq | ir.Prio, iface: ir.Interface, holder: _Holder | None
+    ) -> None:
+        """The filters of ``q`` in the order the kernel tries them (or, at the root, the marking
+        rules of the whole interface)."""
         owners: dict[ir.Handle, ir.Class] = {}
         lines: dict[tuple[ir.Handle, object], ir.Match] = {}
-        for q in ir.walk_qdiscs(iface.root):
-            for cls in ir.classes_of(q):
+        for each in ir.walk_qdiscs(iface.root):
+            for cls in ir.classes_of(each):
                 if cls.classid is not None:
                     owners[cls.classid] = cls
                     for m in cls.matches:
                         lines[(cls.classid, m.span)] = m
         marking = iface.marking
+        title = "How packets reach the classes"
+        if holder is not None:
+            title = f"{q.kind} {_handle(q)}, how packets reach its classes"
+        if marking is not None and holder is not None:
+            if any(isinstance(f, ir.FwFilter) and f.parent == q.handle for f in iface.filters):
+                self.add(Heading(3, title))
+                self.add(
+                    Para(
+                        f"By firewall mark: fw filters on {_handle(q)} send each mark the rules "
+                        "above set to its class."
+                    )
+                )
+            return
         if marking is not None:
-            self.add(Heading(3, "How packets reach the classes"))
+            self.add(Heading(3, title))
             self.add(
                 Para(
                     f"By firewall mark. Packets arriving on {self.name(marking.from_interface)} "
@@ -835,43 +971,42 @@ class _Explainer:
                 steps.append(f"{what}: mark {rule.mark}{where}")
             self.add(Steps(tuple(steps)))
             return
-        filters = [f for f in iface.filters if isinstance(f, ir.U32Filter)]
-        if not filters:
+        on = [f for f in iface.filters if isinstance(f, ir.U32Filter) and f.parent == q.handle]
+        if not on:
             return
-        self.add(Heading(3, "How packets reach the classes"))
-        parents: list[ir.Handle] = []
-        for f in filters:
-            if f.parent not in parents:
-                parents.append(f.parent)
-        for parent in parents:
-            on = [f for f in filters if f.parent == parent]
-            ordered = sorted(range(len(on)), key=lambda i: (on[i].pref, i))
-            show_pref = any(f.pref != on[0].pref for f in on)
-            self.add(
-                Para(
-                    f"u32 filters on {parent.qdisc} look at each IPv4 packet in this order; the "
-                    "first that matches decides its class"
-                    + (" (lower pref first, then the order written):" if show_pref else ":")
-                )
+        self.add(Heading(3, title))
+        ordered = sorted(range(len(on)), key=lambda i: (on[i].pref, i))
+        show_pref = any(f.pref != on[0].pref for f in on)
+        self.add(
+            Para(
+                f"u32 filters on {_handle(q)} look at each IPv4 packet in this order; the "
+                "first that matches decides its class"
+                + (" (lower pref first, then the order written):" if show_pref else ":")
             )
-            steps = []
-            last: tuple[object, ir.Handle] | None = None
-            for i in ordered:
-                f = on[i]
-                if last == (f.span, f.flowid):
-                    continue
-                last = (f.span, f.flowid)
-                found = lines.get((f.flowid, f.span))
-                what = match_phrase(found) if found is not None else "?"
-                target = owners.get(f.flowid)
-                ref = self.cls_ref(target) if target is not None else str(f.flowid)
-                prefix = f"pref {f.pref}: " if show_pref else ""
-                steps.append(f"{prefix}{what} -> {ref}")
-            self.add(Steps(tuple(steps)))
+        )
+        steps = []
+        last: tuple[object, ir.Handle] | None = None
+        for i in ordered:
+            f = on[i]
+            if last == (f.span, f.flowid):
+                continue
+            last = (f.span, f.flowid)
+            found = lines.get((f.flowid, f.span))
+            what = match_phrase(found) if found is not None else "?"
+            target = owners.get(f.flowid)
+            ref = self.cls_ref(target) if target is not None else str(f.flowid)
+            prefix = f"pref {f.pref}: " if show_pref else ""
+            steps.append(f"{prefix}{what} -> {ref}")
+        self.add(Steps(tuple(steps)))
 
     # ---- unmatched traffic
-    def unmatched(self, root: ir.Htb | ir.Cbq | ir.Prio, iface: ir.Interface) -> None:
-        self.add(Heading(3, "Unmatched traffic"))
+    def unmatched(self, root: ir.Htb | ir.Cbq | ir.Prio, holder: _Holder | None) -> None:
+        me = f"{root.kind} {_handle(root)}"
+        self.add(Heading(3, "Unmatched traffic" if holder is None else f"{me}, unmatched traffic"))
+        # Below the root, only the packets the holder passes on reach the qdisc.
+        which = " no filter matches"
+        if holder is not None:
+            which = f" that reach {me} and that none of its filters matches"
         match root:
             case ir.Htb():
                 minor = default_minor(root)
@@ -883,13 +1018,20 @@ class _Explainer:
                     ),
                     None,
                 )
-                if target is not None:
+                if target is not None and holder is None:
                     text = (
                         f"Packets no filter matches go to {self.cls_ref(target)}, the htb's "
                         "default class. So does everything that is not IPv4, such as ARP and "
                         "IPv6: the filters look at IPv4 headers only."
                     )
-                else:
+                elif target is not None:
+                    text = (
+                        f"Packets that reach {me} and that none of its filters matches go to "
+                        f"{self.cls_ref(target)}, its default class. So does every packet that "
+                        "reaches it and is not IPv4, such as ARP and IPv6: the filters look at "
+                        "IPv4 headers only."
+                    )
+                elif holder is None:
                     text = (
                         "There is no default class: packets no filter matches, and everything "
                         "that is not IPv4 (ARP, IPv6; the filters look at IPv4 headers only), "
@@ -897,23 +1039,34 @@ class _Explainer:
                         "link and ahead of every class. Add 'default CLASS' to the interface "
                         "line to shape them."
                     )
+                else:
+                    most = ""
+                    if holder.bound is not None:
+                        most = f" (never faster than {format_rate(holder.bound.bits_per_second)})"
+                    text = (
+                        f"{me} has no default class: packets that reach it and match none of its "
+                        "filters, and everything that is not IPv4 (ARP, IPv6; the filters look "
+                        "at IPv4 headers only), leave through its direct queue, unshaped by its "
+                        f"classes and ahead of them{most}. Add 'default CLASS' to its qdisc line "
+                        "to shape them."
+                    )
             case ir.Prio():
                 band = priomap_of(root)[0]
                 text = (
-                    "Packets no filter matches go to the band their priority selects (the "
-                    "table below). Packets whose priority was not set from a TOS byte, such as "
-                    f"ARP and IPv6, have priority 0 and go to band {band}."
+                    f"Packets{which} go to the band their priority selects "
+                    "(the table below). Packets whose priority was not set from a TOS byte, "
+                    f"such as ARP and IPv6, have priority 0 and go to band {band}."
                 )
             case ir.Cbq():
                 text = (
-                    f"Packets no filter matches, and everything that is not IPv4, go to cbq's "
-                    f"own root class {_handle(root)}, outside every class of this policy."
+                    f"Packets{which}, and everything that is not IPv4, go to "
+                    f"cbq's own root class {_handle(root)}, outside every class of this policy."
                 )
         self.add(Para(text))
 
     # ---- TOS -> priority -> band
-    def tos_table(self, q: ir.Prio | ir.PfifoFast) -> None:
-        self.add(Heading(3, "TOS byte -> Linux priority -> band"))
+    def tos_table(self, q: ir.Prio | ir.PfifoFast, which: str = "") -> None:
+        self.add(Heading(3, "TOS byte -> Linux priority -> band" + which))
         priomap = priomap_of(q)
         if isinstance(q, ir.Prio) and q.priomap is not None:
             origin = "the priomap this policy gives"
@@ -999,10 +1152,36 @@ class _Explainer:
                 "A 'tos' match compares the whole byte (unless a mask says otherwise), ECN bits "
                 "included: an ECN-capable packet (0x01 or 0x02 set) does not match 'tos 0x10'."
             )
+        private = sorted(
+            {
+                net
+                for c in conds
+                if isinstance(c, ir.AddrCond) and c.field == "src"
+                for net, _ in c.networks
+                if any(net.subnet_of(block) for block in RFC1918)
+            }
+        )
+        if private and iface.marking is None:
+            spelled = [str(n.network_address) if n.prefixlen == 32 else str(n) for n in private]
+            notes.append(
+                f"'src' matches private addresses ({or_list(spelled).replace(' or ', ' and ')}): "
+                f"if {self.name(iface.name)} is a WAN interface behind source NAT (SNAT, "
+                "masquerade), its packets leave with the router's public address as their "
+                "source and these lines match nothing. Classify them by mark from the LAN "
+                "interface instead, where the firewall still sees the private address."
+            )
         if notes:
             self.add(Heading(3, "Good to know"))
             for note in notes:
                 self.add(Para(note))
+
+
+RFC1918 = (
+    IPv4Network("10.0.0.0/8"),
+    IPv4Network("172.16.0.0/12"),
+    IPv4Network("192.168.0.0/16"),
+)
+"""The private address blocks: a WAN interface behind NAT never sends them as a source."""
 
 
 def _line_of(iface: ir.Interface, cond: ir.Cond) -> Iterator[ir.Cond]:

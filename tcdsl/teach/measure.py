@@ -41,14 +41,18 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from itertools import pairwise
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tcdsl import ir
 from tcdsl.checks import effective_ceil, rate_of
 from tcdsl.teach.classify import Verdict, classify
-from tcdsl.teach.report import FlowInfo, Run, Series
+from tcdsl.teach.report import FlowInfo, Run, Series, finish_axes, new_figure, samples, save
 from tcdsl.teach.simulate import link_rate
 from tcdsl.teach.traffic import ETHERNET_HEADER, Flow, flows_problem
 from tcdsl.units import format_rate
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 QUEUE = 64
 """The router's egress txqueuelen: the default pfifo limit of leaf classes (and htb's direct
@@ -759,39 +763,35 @@ def _ms(us: float | None) -> str:
     return "-" if us is None else f"{us / 1000:.1f}"
 
 
-def plot_both(measured: Run, simulated: Run, path: str | Path) -> None:
-    """A PNG of per-class and per-flow throughput over time: measured solid, simulated
-    dashed in the same colour."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 6), dpi=100)
+def figure_both(measured: Run, simulated: Run) -> Figure:
+    """Per-class and per-flow throughput over time: measured solid, simulated dashed in the
+    same colour."""
+    fig = new_figure()
     groups: list[tuple[str, Callable[[Run], tuple[Series, ...]]]] = [
         ("classes", lambda r: r.classes),
         ("flows", lambda r: r.flow_series),
     ]
     for i, (title, pick) in enumerate(groups, start=1):
         ax = fig.add_subplot(2, 1, i)
+        peak = 0.0
         for j, m in enumerate(pick(measured)):
             colour = f"C{j % 10}"
-            times = [(a + b) / 2 / 1e6 for a, b in measured.bounds]
-            ax.plot(times, [r / 1e6 for r in measured.rates(m)], color=colour, marker=".")
+            times, rates = samples(measured, m)
+            peak = max([peak, *rates])
+            ax.plot(times, [r / 1e6 for r in rates], color=colour, marker=".")
             s = next((x for x in pick(simulated) if x.name == m.name), None)
             if s is not None:
-                stimes = [(a + b) / 2 / 1e6 for a, b in simulated.bounds]
-                ax.plot(stimes, [r / 1e6 for r in simulated.rates(s)], color=colour, ls="--")
+                stimes, srates = samples(simulated, s)
+                peak = max([peak, *srates])
+                ax.plot(stimes, [r / 1e6 for r in srates], color=colour, ls="--")
             ax.plot([], [], color=colour, label=m.name)
         ax.plot([], [], color="grey", label="measured")
         ax.plot([], [], color="grey", ls="--", label="simulated")
-        link = format_rate(measured.link)
-        ax.set_title(f"{title}: throughput on {measured.interface} ({link} link)")
-        ax.set_ylabel("Mbit/s")
-        ax.set_xlim(0, measured.duration / 1e6)
-        ax.set_ylim(0, measured.link / 1e6 * 1.05)
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="upper right", fontsize="small")
+        finish_axes(ax, title, measured, peak)
     fig.axes[-1].set_xlabel("time (s)")
-    fig.tight_layout()
-    fig.savefig(str(path), format="png", metadata={"Software": None})
+    return fig
+
+
+def plot_both(measured: Run, simulated: Run, path: str | Path) -> None:
+    """Write ``figure_both`` as a PNG to ``path`` (the same runs give the same bytes)."""
+    save(figure_both(measured, simulated), path)

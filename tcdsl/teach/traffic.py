@@ -6,7 +6,8 @@ A packet spec is a few words, in any order (``tcp src 10.3.34.11 dport 5001 tos 
 - ``src A``, ``dst A`` (IPv4 addresses), ``sport N``, ``dport N``;
 - ``tos V`` (0-255, decimal or 0x..) or ``dscp X`` (a number or a name such as ``ef``);
 - ``size B`` (bytes on the wire, as tc counts them: the IP packet plus the 14-byte Ethernet
-  header; ``1500b``, ``1k`` and bare numbers as in tc);
+  header; ``1500b``, ``1k`` and bare numbers as in tc), or ``iplen B``, the IP packet's own
+  length (its total-length field, what tcpdump and ``ip -s`` report): ``iplen 52`` is ``size 66``;
 - ``ack``: a TCP packet with only ACK set and no payload (what the ``tcp-ack`` match finds).
 
 A flow spec is ``[NAME:] PACKET-WORDS [rate R] [start T] [stop T]``: packets like that one,
@@ -106,6 +107,33 @@ def _address(word: str, what: str) -> int:
         raise SpecError(f"{what} needs an IPv4 address, found {word!r}") from None
 
 
+MIN_IP_LENGTH = 40
+"""The shortest packet modelled: an IP header and 20 bytes of transport header."""
+
+
+def _length(word: str, value: str) -> int:
+    """``size B`` (the frame, as tc counts it) or ``iplen B`` (the IP packet), as a size."""
+    try:
+        number = int(str(parse_size(value)))
+    except ValueError:
+        raise SpecError(f"{word} needs a size such as 1500 or 1k, found {value!r}") from None
+    extra = ETHERNET_HEADER if word == "iplen" else 0
+    lo, hi = MIN_IP_LENGTH + ETHERNET_HEADER - extra, 65535 + ETHERNET_HEADER - extra
+    if lo <= number <= hi:
+        return number + extra
+    if word == "iplen":
+        least = " (an IP header and 20 bytes of TCP or UDP header)" if number < lo else ""
+        raise SpecError(f"iplen {number} is outside {lo}-{hi} bytes{least}")
+    hint = ""
+    if MIN_IP_LENGTH <= number < lo:
+        frame = number + ETHERNET_HEADER
+        hint = f"; for an IP packet of {number} bytes write 'iplen {number}' (size {frame})"
+    raise SpecError(
+        f"size {number} is outside {lo}-{hi} bytes: size counts the frame on the wire, as tc "
+        f"does, the 14-byte Ethernet header included{hint}"
+    )
+
+
 def parse_packet(text: str) -> Packet:
     """Parse a packet spec (see the module docstring); raises ``SpecError``."""
     packet, rest = _parse_packet_words(text.split())
@@ -129,7 +157,7 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             fields.setdefault("proto", 6)
             i += 1
             continue
-        if word not in ("proto", "src", "dst", "sport", "dport", "tos", "dscp", "size"):
+        if word not in ("proto", "src", "dst", "sport", "dport", "tos", "dscp", "size", "iplen"):
             break  # the flow's words start here
         if value is None:
             raise SpecError(f"'{word}' needs a value")
@@ -145,13 +173,9 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             code = DSCP_NAMES.get(value.lower())
             fields["tos"] = (code if code is not None else _number(value, "dscp", 63)) << 2
         else:
-            try:
-                fields["size"] = parse_size(value)
-            except ValueError:
-                raise SpecError(f"size needs a size such as 1500 or 1k, found {value!r}") from None
-            size = int(str(fields["size"]))
-            if not 54 <= size <= 65535 + ETHERNET_HEADER:
-                raise SpecError(f"size {size} is outside 54-65549 bytes")
+            if "size" in fields:
+                raise SpecError("give the packet's length once, as 'size' or as 'iplen'")
+            fields["size"] = _length(word, value)
         i += 2
     if fields.get("ack_only"):
         if fields.get("proto") != 6:
