@@ -202,6 +202,22 @@ class InterfaceAllocator:
                 marking.span,
             )
             return iface
+        for inner, holder, _ in ir.held_qdiscs(root):
+            for cls in ir.classes_of(inner):
+                if not cls.matches and cls.mark is None:
+                    continue
+                where = (
+                    f"class '{holder.name}'" if isinstance(holder, ir.Class) else holder.kind
+                )
+                span = cls.matches[0].span if cls.matches else cls.span
+                self.error(
+                    "E220",
+                    f"with 'classify by mark', marks classify only the root qdisc's classes: "
+                    f"{cls.label} is in the {inner.kind} held by {where}, so this would select "
+                    "nothing; drop 'classify by mark' (u32 filters classify inside nested "
+                    "qdiscs) or move the class to the root qdisc",
+                    span,
+                )
         default = None
         if isinstance(root, ir.Htb) and root.default is not None:
             default = next(

@@ -65,6 +65,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E212": CodeInfo(_E, "An htb class tree deeper than the kernel's 8 levels"),
     "E213": CodeInfo(_E, "A qdisc or classifier the target kernel does not have"),
     "E214": CodeInfo(_E, "Ports on a match whose protocol has no ports"),
+    "E220": CodeInfo(_E, "A match or mark classify by mark cannot reach (a nested qdisc)"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),

@@ -241,26 +241,6 @@ def test_htb_under_tbf_and_netem() -> None:
     assert "Its classes are guaranteed 10mbit together, more than that" in text
 
 
-def test_marking_does_not_claim_inner_match_lines_work() -> None:
-    marked = _inline(
-        "interface eth0 htb rate 10mbit default rest {\n"
-        "    classify by mark from eth1\n"
-        "    class site rate 6mbit ceil 10mbit match dst 10.1.0.0/16 {\n"
-        "        htb rate 10mbit default other {\n"
-        "            class voip rate 1mbit ceil 10mbit match proto udp dport 5060\n"
-        "            class other rate 5mbit ceil 10mbit\n"
-        "        }\n"
-        "    }\n"
-        "    class rest rate 1mbit ceil 10mbit\n"
-        "}\n"
-    )
-    text = explain(marked, "text")
-    voip = _class_section(text, "class 'voip' (10:10)")
-    assert "Traffic: none from this line: with 'classify by mark', only the classes" in voip
-    site = _class_section(text, "class 'site' (1:10)")
-    assert "packets the firewall marks 10" in site
-
-
 def test_src_matches_on_private_addresses_mention_nat() -> None:
     office = " ".join(explain(_policy("policies/office.tcp"), "text").split())
     assert "'src' matches private addresses (10.3.34.11 and 10.3.34.33)" in office

@@ -858,19 +858,6 @@ class _Explainer:
                     lines,
                 )
             )
-        elif marking is not None and cls.matches:
-            # allocate marks the classes of the root qdisc only: these lines compile to nothing.
-            self.add(
-                Item(
-                    "Traffic",
-                    "none from "
-                    + ("these lines" if len(lines) > 1 else "this line")
-                    + ": with 'classify by mark', only the classes of the root qdisc get marks "
-                    "and fw filters, so no rule marks these packets for this class:",
-                    depth,
-                    lines,
-                )
-            )
         elif cls.matches:
             self.add(
                 Item(
