@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from tcdsl import ir, lower
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.frontend.chains import default_chain
 
 MAX = 0xFFFF
 DEFAULT_PREF = 1
@@ -231,7 +232,7 @@ class InterfaceAllocator:
         if default is not None:
             assert isinstance(root, ir.Htb) and root.default is not None
             rules.append(ir.MarkRule((), marked[id(default)], root.default.span, unmarked=True))
-        chain = marking.explicit_chain or f"TCDSL-{iface.name}"
+        chain = marking.explicit_chain or default_chain(iface.name)
         new_marking = dataclasses.replace(marking, chain=chain, rules=tuple(rules))
         return dataclasses.replace(
             iface, root=new_root, marking=new_marking, filters=tuple(filters)
