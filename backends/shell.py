@@ -15,6 +15,7 @@ from tcdsl.commands import (
     chain_teardown,
     interface_commands,
     lock_name,
+    nft_table,
     nft_table_lines,
     teardown_commands,
     unspellable,
@@ -105,7 +106,10 @@ def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
     chain: tuple[tuple[str, ...], ...] = ()
     if iface.marking is not None and not nft:
         chain = chain_teardown(iface)
-    undo = "; ".join(shjoin(w) for w in (teardown_commands(iface), *chain))
+    removal = [teardown_commands(iface), *chain]
+    if iface.marking is not None and nft:
+        removal.append(("nft", "delete", "table", "inet", nft_table(iface)))
+    undo = "; ".join(shjoin(w) for w in removal)
     return InterfaceView(
         iface.name,
         iface.marking.chain if iface.marking else None,

@@ -197,6 +197,14 @@ def test_teardown_leaves_other_rules_alone(
         assert any("-j TCDSL-eth0" in line for line in after)
     tables = run(["ip", "netns", "exec", ns, "nft", "list", "tables"]).stdout
     assert "table inet theirs" in tables
+    assert ("table inet tcdsl_eth0" in tables) == (marks == "nft")
+    # The removal a failure message offers removes what the policy made, and only that.
+    undo = next(line for line in result.output.splitlines() if line.startswith("tcdsl_undo='"))
+    run(["ip", "netns", "exec", ns, "sh", "-c", f"{undo}; eval \"$tcdsl_undo\""])
+    assert _mangle(ns) == before
+    tables = run(["ip", "netns", "exec", ns, "nft", "list", "tables"]).stdout
+    assert "table inet theirs" in tables and "tcdsl" not in tables
+    assert "htb" not in run(["tc", "-n", ns, "qdisc", "show", "dev", "eth0"]).stdout
 
 
 # ==== the lock ==================================================================================
