@@ -200,7 +200,7 @@ def test_teardown_leaves_other_rules_alone(
     assert ("table inet tcdsl_eth0" in tables) == (marks == "nft")
     # The removal a failure message offers removes what the policy made, and only that.
     undo = next(line for line in result.output.splitlines() if line.startswith("tcdsl_undo='"))
-    run(["ip", "netns", "exec", ns, "sh", "-c", f"{undo}; eval \"$tcdsl_undo\""])
+    run(["ip", "netns", "exec", ns, "sh", "-c", f'{undo}; eval "$tcdsl_undo"'])
     assert _mangle(ns) == before
     tables = run(["ip", "netns", "exec", ns, "nft", "list", "tables"]).stdout
     assert "table inet theirs" in tables and "tcdsl" not in tables
