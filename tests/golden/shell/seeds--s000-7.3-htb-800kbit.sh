@@ -3,13 +3,11 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command follows tcdsl_at=, the policy text it comes from; if the command fails, the
-# script stops there and names it.
+# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
+# command fails, the script stops there and prints that text.
 # Needs: tc (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
-tcdsl_dev=
-tcdsl_undo=
 tcdsl_failed() {
     tcdsl_status=$?
     if [ "$tcdsl_status" -ne 0 ] && [ -n "$tcdsl_at" ]; then
