@@ -6,8 +6,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from tcdsl import __version__, ir
-from tcdsl.backend import Backend, comment, template_env
-from tcdsl.commands import Command, batch_line, interface_commands, nft_table_lines, unspellable
+from tcdsl.backend import Backend, comment, shjoin, template_env
+from tcdsl.commands import (
+    LOCK_DIR,
+    LOCK_DIR_VARIABLE,
+    Command,
+    batch_line,
+    chain_teardown,
+    interface_commands,
+    lock_name,
+    nft_table,
+    nft_table_lines,
+    teardown_commands,
+    unspellable,
+)
 from tcdsl.diagnostics import Diagnostic
 
 
@@ -25,6 +37,8 @@ class HereDoc:
 
     delimiter: str
     lines: tuple[str, ...]
+    origins: tuple[tuple[int, str], ...] = ()
+    """The policy text of each command line, by its line number in the here-document."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +48,25 @@ class InterfaceView:
     name: str
     chain: str | None
     mark_from: str | None
+    lock: str
+    """The lock file's name (in the lock folder) that serialises changes to the interface."""
+    undo: str
+    """Shell that removes what the policy sets up on the interface (for the failure message)."""
+    teardown: tuple[str, ...]
+    """The tc command that removes the root qdisc."""
+    teardown_jump: tuple[str, ...]
+    """The iptables command that deletes one jump into the chain (run until it fails)."""
+    teardown_chain: tuple[tuple[str, ...], ...]
+    """The iptables commands that flush and delete the chain."""
     lines: tuple[Line, ...]
     """Commands run one by one: all of them, or (with ``--batch``) the iptables ones."""
     batch: HereDoc | None = None
     """With ``--batch``: the tc commands, for one ``tc -batch -``."""
     nft: HereDoc | None = None
     """With ``--marks nft``: the marking table, for ``nft -f -``."""
+    batch_at: str = ""
+    nft_at: str = ""
+    """What a failure of ``tc -batch`` (``nft -f``) is reported at, before the line is known."""
 
 
 def _origin(cmd: Command) -> str:
@@ -51,10 +78,12 @@ def _line(cmd: Command) -> Line:
     return Line(_origin(cmd), (cmd.tool, *cmd.args))
 
 
-def _heredoc(lines: Sequence[str], delimiter: str) -> HereDoc:
+def _heredoc(
+    lines: Sequence[str], delimiter: str, origins: Sequence[tuple[int, str]] = ()
+) -> HereDoc:
     while delimiter in lines:
         delimiter += "_"
-    return HereDoc(delimiter, tuple(lines))
+    return HereDoc(delimiter, tuple(lines), tuple(origins))
 
 
 def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
@@ -65,20 +94,36 @@ def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
     tc_batch: HereDoc | None = None
     if batch:
         lines: list[str] = []
+        origins: list[tuple[int, str]] = []
         for c in commands:
             if c.tool == "tc":
                 lines += [f"# {comment(_origin(c))}", batch_line(c)]
-        tc_batch = _heredoc(lines, "TCDSL_BATCH")
+                origins.append((len(lines), _origin(c)))
+        tc_batch = _heredoc(lines, "TCDSL_BATCH", origins)
     table: HereDoc | None = None
     if nft and iface.marking is not None:
         table = _heredoc(list(nft_table_lines(iface)), "TCDSL_NFT")
+    chain: tuple[tuple[str, ...], ...] = ()
+    if iface.marking is not None and not nft:
+        chain = chain_teardown(iface)
+    removal = [teardown_commands(iface), *chain]
+    if iface.marking is not None and nft:
+        removal.append(("nft", "delete", "table", "inet", nft_table(iface)))
+    undo = "; ".join(shjoin(w) for w in removal)
     return InterfaceView(
         iface.name,
         iface.marking.chain if iface.marking else None,
         iface.marking.from_interface if iface.marking else None,
+        lock_name(iface.name),
+        undo,
+        teardown_commands(iface),
+        chain[0] if chain else (),
+        chain[1:],
         tuple(run),
         tc_batch,
         table,
+        f"interface {iface.name}: tc -batch",
+        f"interface {iface.name}: nft table",
     )
 
 
@@ -103,6 +148,9 @@ class ShellBackend(Backend):
             .render(
                 version=__version__,
                 source=source_label,
+                lock_dir=LOCK_DIR,
+                lock_dir_variable=LOCK_DIR_VARIABLE,
+                lock_setting=f"${{{LOCK_DIR_VARIABLE}:-{LOCK_DIR}}}",
                 interfaces=views,
                 uses_iptables=marking and not nft,
                 uses_nft=marking and nft,

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from tcdsl import ir, lower
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.tcmath import HTB_DEFAULT_R2Q, htb_quantum, htb_r2q_range
+from tcdsl.frontend.chains import default_chain
 
 MAX = 0xFFFF
 DEFAULT_PREF = 1
@@ -206,9 +207,7 @@ class InterfaceAllocator:
             for cls in ir.classes_of(inner):
                 if not cls.matches and cls.mark is None:
                     continue
-                where = (
-                    f"class '{holder.name}'" if isinstance(holder, ir.Class) else holder.kind
-                )
+                where = f"class '{holder.name}'" if isinstance(holder, ir.Class) else holder.kind
                 span = cls.matches[0].span if cls.matches else cls.span
                 self.error(
                     "E220",
@@ -252,7 +251,7 @@ class InterfaceAllocator:
         if default is not None:
             assert isinstance(root, ir.Htb) and root.default is not None
             rules.append(ir.MarkRule((), marked[id(default)], root.default.span, unmarked=True))
-        chain = marking.explicit_chain or f"TCDSL-{iface.name}"
+        chain = marking.explicit_chain or default_chain(iface.name)
         new_marking = dataclasses.replace(marking, chain=chain, rules=tuple(rules))
         return dataclasses.replace(
             iface, root=new_root, marking=new_marking, filters=tuple(filters)

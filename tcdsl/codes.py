@@ -32,7 +32,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E005": CodeInfo(_E, "A unit that tc does not know for this kind of value"),
     "E006": CodeInfo(_E, "A file that cannot be read, or an include cycle"),
     "E007": CodeInfo(_E, "A parameter or flag the qdisc or class does not take"),
-    "E009": CodeInfo(_E, "An interface or iptables chain name Linux would refuse"),
+    "E009": CodeInfo(_E, "An interface name Linux would refuse"),
     "E010": CodeInfo(_E, "An IPv4 address or network that does not parse"),
     "E011": CodeInfo(_E, "A value of the wrong kind"),
     "E012": CodeInfo(_E, "A percentage where none is allowed"),
@@ -65,6 +65,8 @@ _TABLE: dict[str, CodeInfo] = {
     "E212": CodeInfo(_E, "An htb class tree deeper than the kernel's 8 levels"),
     "E213": CodeInfo(_E, "A qdisc or classifier the target kernel does not have"),
     "E214": CodeInfo(_E, "Ports on a match whose protocol has no ports"),
+    "E215": CodeInfo(_E, "An iptables chain name that is a built-in chain or a target"),
+    "E216": CodeInfo(_E, "An iptables chain name with characters or a length tcdsl does not take"),
     "E220": CodeInfo(_E, "A match or mark classify by mark cannot reach (a nested qdisc)"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),

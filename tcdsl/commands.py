@@ -272,9 +272,39 @@ def marking_commands(iface: ir.Interface) -> Iterator[Command]:
         )
 
 
-def teardown_commands(iface: ir.Interface) -> Iterator[tuple[str, ...]]:
-    """Yield commands that remove what the policy owns on ``iface``; each may fail harmlessly."""
-    yield ("tc", "qdisc", "del", "dev", iface.name, "root")
+def teardown_commands(iface: ir.Interface) -> tuple[str, ...]:
+    """The command that removes what the policy owns in tc on ``iface``; it may fail harmlessly."""
+    return ("tc", "qdisc", "del", "dev", iface.name, "root")
+
+
+def chain_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
+    """The iptables commands that remove ``iface``'s marking: one jump into its chain (repeat
+    it until it fails), then the chain's rules, then the chain; each may fail harmlessly.
+
+    They touch only what the policy made: the jump it inserted and the chain it names (never
+    a built-in chain: E215).
+    """
+    m = iface.marking
+    assert m is not None and m.chain is not None
+    mangle = ("iptables", "-t", "mangle")
+    return (jump_teardown(iface), (*mangle, "-F", m.chain), (*mangle, "-X", m.chain))
+
+
+# ==== the lock ================================================================================
+
+LOCK_DIR = "/run/lock"
+LOCK_DIR_VARIABLE = "TCDSL_LOCK_DIR"
+"""The environment variable that moves the lock folder (tests; systems without /run/lock)."""
+
+
+def lock_name(interface: str) -> str:
+    """The file (in the lock folder) whose ``flock`` serialises every change to ``interface``,
+    by generated scripts and by tcdsl alike.
+
+    Interface names hold no ``/`` and are never ``.`` or ``..`` (Linux and E009 refuse them),
+    so the name is always one file in the folder; the shell quotes it.
+    """
+    return f"tcdsl-{interface}.lock"
 
 
 # ==== tc -batch lines ===========================================================================

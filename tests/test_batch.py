@@ -148,7 +148,7 @@ def test_shell_batch_and_nft_scripts_are_valid_sh() -> None:
             script = _compile(path, "shell", **options).output or ""
             done = subprocess.run(["sh", "-n"], input=script, text=True, capture_output=True)
             assert done.returncode == 0, done.stderr
-            assert ("tc -batch - <<'TCDSL_BATCH'" in script) == bool(options.get("batch"))
+            assert ("tc -batch - 2>&1 <<'TCDSL_BATCH'" in script) == bool(options.get("batch"))
             assert ("iptables" in script) == (path == MARKS and options.get("marks") != "nft")
 
 

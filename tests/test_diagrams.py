@@ -26,7 +26,7 @@ interface "e-th.0@x" htb rate 10mbit default b {
     class b rate 5mbit
 }
 interface "a<b>&c#d'`]}" htb rate 10mbit {
-    classify by mark from "i<n>" chain "C#'<&>\\\\"
+    classify by mark from "i<n>"
     class x rate 5mbit match proto tcp sport 1024-2047
 }
 """
@@ -49,6 +49,11 @@ def _weird_policy() -> ir.Policy:
     result = analyse("weird.tcp", lambda path: WEIRD)
     assert result.policy is not None, result.diagnostics
     first, second = result.policy.interfaces
+    assert second.marking is not None
+    # A chain name E216 refuses, as an IR from elsewhere (json) could still hold one.
+    second = dataclasses.replace(
+        second, marking=dataclasses.replace(second.marking, chain="C#'<&>\\")
+    )
     odd = dataclasses.replace(first, name='q"z\n<&>')
     return dataclasses.replace(result.policy, interfaces=(first, second, odd))
 

@@ -6,6 +6,7 @@ their arguments.
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -132,7 +133,12 @@ def run_with_fake_tools(script: str, tmp_path: Path) -> list[tuple[str, list[str
         (work / name).touch()
     (tmp_path / "apply.sh").write_text(script, encoding="utf-8")
     log, pwned = tmp_path / "calls.log", tmp_path / "pwned"
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(log), "PWNED": str(pwned)}
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "FAKE_LOG": str(log),
+        "PWNED": str(pwned),
+        "TCDSL_LOCK_DIR": str(tmp_path / "locks"),
+    }
     proc = subprocess.run(
         ["sh", "-x", str(tmp_path / "apply.sh")],
         cwd=work,
@@ -197,22 +203,25 @@ def test_unusual_interface_name_is_one_word(name: str, tmp_path: Path) -> None:
 
 def test_unusual_names_with_marking_are_one_word(tmp_path: Path) -> None:
     """``classify by mark`` puts names into iptables commands too."""
-    result = _compile_text(
-        tmp_path,
+    text = (
         'interface "o$(id)" htb rate 10mbit default rest {\n'
-        '    classify by mark from "i;reboot" chain "C`id`"\n'
+        '    classify by mark from "i;reboot"\n'
         "    class web rate 5mbit match proto tcp dport 80\n"
         "    class rest rate 1mbit\n"
-        "}\n",
+        "}\n"
     )
-    if result.output is None:
-        assert {d.code for d in result.errors} <= {"E009"}, render(
-            result.diagnostics, result.sources
-        )
-        return
+    result = _compile_text(tmp_path, text)
+    assert result.policy is not None and result.output is not None
+    chain = result.policy.interfaces[0].marking.chain  # type: ignore[union-attr]
+    assert chain is not None and re.fullmatch(r"TCDSL-[A-Za-z0-9_.-]+", chain), chain
     calls = run_with_fake_tools(result.output, tmp_path)
-    _assert_one_word(result.output, calls, {"o$(id)", "i;reboot", "C`id`"})
+    _assert_one_word(result.output, calls, {"o$(id)", "i;reboot", chain})
     assert any(tool == "iptables" for tool, _ in calls)
+    # A chain name that needs quoting is refused: an iptables-restore file cannot hold it.
+    refused = _compile_text(tmp_path, text.replace('"i;reboot"', '"i;reboot" chain "C`id`"'))
+    assert [d.code for d in refused.errors] == ["E216"], render(
+        refused.diagnostics, refused.sources
+    )
 
 
 def test_semicolon_interface_rejected_or_quoted(tmp_path: Path) -> None:
@@ -220,7 +229,8 @@ def test_semicolon_interface_rejected_or_quoted(tmp_path: Path) -> None:
     if result.output is None:
         assert "E009" in {d.code for d in result.errors}
         return
-    used = [line for line in _commands(result.output) if "eth0;reboot" in line]
+    commands = [line for line in _commands(result.output) if line.startswith(("tc ", "iptables "))]
+    used = [line for line in commands if "eth0;reboot" in line]
     assert used, "the interface is not in the script"
     for line in used:
         assert line.count("eth0;reboot") == line.count("'eth0;reboot'"), line
@@ -293,3 +303,57 @@ def test_quantum_is_written_as_plain_bytes(tmp_path: Path) -> None:
         assert "htb rate 1mbit quantum 2048" in result.output
         assert "fq_codel quantum 2048" in result.output
         assert "quantum 2k" not in result.output
+
+
+# ==== chain names the policy may own ===========================================================
+
+
+def _marking_policy(chain: str = "", interface: str = "eth0") -> str:
+    named = f' chain "{chain}"' if chain else ""
+    return (
+        f'interface "{interface}" htb rate 10mbit default rest {{\n'
+        f"    classify by mark from eth1{named}\n"
+        "    class web rate 5mbit match proto tcp dport 80\n"
+        "    class rest rate 1mbit\n"
+        "}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING", "output", "Prerouting"]
+)
+def test_builtin_chain_in_any_spelling_is_e215(name: str, tmp_path: Path) -> None:
+    """The teardown flushes the policy's chain: a built-in one would lose the system's rules."""
+    result = _compile_text(tmp_path, _marking_policy(chain=name))
+    assert result.output is None
+    assert [(d.code, d.span.line, d.span.column) for d in result.errors] == [("E215", 2, 38)]
+
+
+def test_teardown_names_only_the_policy_chain(tmp_path: Path) -> None:
+    """Every iptables teardown line of the script names the policy's chain, nothing else."""
+    result = _compile_text(tmp_path, _marking_policy(chain="shaper.eth0"))
+    assert result.output is not None
+    teardown = [
+        shlex.split(line)
+        for line in _commands(result.output)
+        if line.startswith(("iptables ", "while iptables "))
+        and any(f" {flag} " in line for flag in ("-F", "-X", "-D"))
+    ]
+    assert len(teardown) == 3
+    for words in teardown:
+        flag = next(w for w in words if w in ("-F", "-X", "-j"))
+        assert words[words.index(flag) + 1] == "shaper.eth0", words
+
+
+def test_default_chain_is_derived_from_the_interface(tmp_path: Path) -> None:
+    """Policies for different interfaces never share a default chain, and a default chain is
+    always a name every backend can write as it is."""
+    chains = []
+    for name in ["eth0", "eth&0", "eth_0", "it's", "$(x)", "abcdefghijklmn&"]:
+        result = _compile_text(tmp_path, _marking_policy(interface=name))
+        assert result.policy is not None, render(result.diagnostics, result.sources)
+        chain = result.policy.interfaces[0].marking.chain  # type: ignore[union-attr]
+        assert chain is not None and re.fullmatch(r"TCDSL-[A-Za-z0-9_.-]{1,22}", chain), chain
+        chains.append(chain)
+    assert chains[0] == "TCDSL-eth0"
+    assert len(set(chains)) == len(chains), chains

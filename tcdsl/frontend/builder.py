@@ -12,6 +12,7 @@ from lark import Token, Transformer
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.frontend.chains import chain_name_problem
 from tcdsl.frontend.qdiscs import QdiscBuilder
 from tcdsl.frontend.syntax import (
     DSCP_NAMES,
@@ -454,17 +455,9 @@ class Builder(Transformer[Token, Any]):
         if rest:
             tok = rest[0]
             chain = str(tok)[1:-1] if tok.type == "STRING" else str(tok)
-            if (
-                not chain
-                or len(chain) > 28
-                or chain[0] in "-!"
-                or any(ch.isspace() for ch in chain)
-            ):
-                self.error(
-                    Diagnostic.error(
-                        "E009", f"'{chain}' is not a valid iptables chain name", self.sp(tok)
-                    )
-                )
+            problem = chain_name_problem(chain)
+            if problem is not None:
+                self.error(Diagnostic.error(*problem, self.sp(tok)))
                 chain = None
         return ir.Marking(name, join(self.sp(kw), span), chain)
 

@@ -34,6 +34,7 @@ from typing import TypeVar
 from tcdsl import ir, lower, words
 from tcdsl.allocate import default_minor
 from tcdsl.diagnostics import Span
+from tcdsl.frontend.chains import default_chain
 from tcdsl.matching import bits_match, filter_bits, filters_at
 from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
 from tcdsl.teach.traffic import Packet
@@ -153,7 +154,7 @@ class _Walk:
             self._mark(iface.marking)
 
     def _mark(self, marking: ir.Marking) -> None:
-        chain = marking.chain or f"TCDSL-{self.iface.name}"
+        chain = marking.chain or default_chain(self.iface.name)
         where = f"iptables chain {chain} (packets arriving on {marking.from_interface})"
         for number, rule in enumerate(marking.rules, 1):
             if not self._conds_match(rule.conds):

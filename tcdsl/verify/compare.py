@@ -57,7 +57,10 @@ TOOL_WARNED = "W406"
 
 # ==== the script: which command comes from which policy text ===================================
 
-_ORIGIN = re.compile(r"# (?P<file>.+):(?P<line>\d+):(?P<column>\d+): (?P<what>.*)")
+_ORIGIN = re.compile(r"(?P<file>.+):(?P<line>\d+):(?P<column>\d+): (?P<what>.*)")
+AT = "tcdsl_at="
+"""How a generated script notes the policy text of the command that follows (the script's exit
+trap names it if the command fails)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +82,11 @@ class Origin:
 
 
 def script_origins(script: str, spans: Iterable[Span] = ()) -> list[Origin]:
-    """The commands of a generated script that follow a ``# FILE:LINE:COL: WHAT`` comment.
+    """The commands of a generated script that follow a ``tcdsl_at='FILE:LINE:COL: WHAT'`` line.
 
-    ``spans`` are the policy's spans (``ExpectedPolicy.spans()``): a comment's location is
-    looked up there to get the full extent of the text for the caret; otherwise the span is
-    one column wide.
+    ``spans`` are the policy's spans (``ExpectedPolicy.spans()``): a noted location is looked
+    up there to get the full extent of the text for the caret; otherwise the span is one
+    column wide.
     """
     known: dict[tuple[str, int, int], Span] = {}
     for s in spans:
@@ -91,8 +94,12 @@ def script_origins(script: str, spans: Iterable[Span] = ()) -> list[Origin]:
     out: list[Origin] = []
     pending: re.Match[str] | None = None
     for line in script.splitlines():
-        if (m := _ORIGIN.fullmatch(line)) is not None:
-            pending = m
+        if line.startswith(AT):
+            try:
+                noted = shlex.split(line[len(AT) :])
+            except ValueError:
+                noted = []
+            pending = _ORIGIN.fullmatch(noted[0]) if len(noted) == 1 else None
             continue
         if pending is None or not line.strip() or line.lstrip().startswith("#"):
             continue

@@ -6,7 +6,8 @@ in a user-mode Linux guest (``tcdsl.kernels.uml``, many cases per boot). The sam
 both places. It
 
 1. puts a PATH shim first that names ``iptables-legacy`` ``iptables`` when there is no
-   ``iptables`` (and the same for ``-save`` and ``-restore``);
+   ``iptables`` (and the same for ``-save`` and ``-restore``), and a ``flock`` that does
+   nothing where there is none (the guest: its cases run one at a time);
 2. creates a veth pair per interface the policy names (``classify by mark from`` ones too),
    peers named ``tv0p``, ``tv1p``, ..., all up, IPv6 off (no neighbour discovery traffic);
 3. writes the generated script to a file from a here-document and runs it with ``sh -x``
@@ -51,6 +52,9 @@ from tcdsl.verify.readback import (
 MARKER = "@@tcdsl@@"
 TRACE = "+tcdsl+ "
 """The xtrace prefix (PS4) of the applied script: a line starting with it is a command."""
+
+FAILURE_HANDLER = "tcdsl_failed"
+"""The generated script's exit trap, which names the policy line of a failed command."""
 
 TIMEOUT = 120
 """Seconds one case may take on the host before it is stopped."""
@@ -107,6 +111,10 @@ if ! command -v iptables >/dev/null 2>&1; then
         tcdsl_legacy=$(command -v "${tcdsl_tool%%-*}-legacy${tcdsl_tool#iptables}") &&
             ln -s "$tcdsl_legacy" "$w/bin/$tcdsl_tool"
     done
+fi
+if ! command -v flock >/dev/null 2>&1; then
+    # The user-mode Linux guest has no flock; it runs one case at a time, so none is needed.
+    printf '#!/bin/sh\n:\n' >"$w/bin/flock" && chmod +x "$w/bin/flock"
 fi
 PATH="$w/bin:$PATH"
 export PATH
@@ -261,6 +269,8 @@ def apply_outcome(found: dict[str, Section]) -> ApplyOutcome | None:
     outcome = ApplyOutcome(stdout.status, stdout.text)
     for line in stderr.text.splitlines():
         if line.startswith(TRACE):
+            if line[len(TRACE) :] == FAILURE_HANDLER:
+                break  # the script's exit trap: what follows is its message, not a command
             outcome.steps.append(Step(line[len(TRACE) :]))
         elif outcome.steps:
             outcome.steps[-1].stderr.append(line)

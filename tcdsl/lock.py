@@ -1,0 +1,38 @@
+"""The per-interface lock that generated scripts and tcdsl take before they change a kernel.
+
+A generated script holds ``flock`` on ``/run/lock/tcdsl-IFACE.lock`` (or in
+``$TCDSL_LOCK_DIR``) while it tears down and rebuilds IFACE, so two runs at once (cron and a
+person) cannot interleave their commands. Whatever in tcdsl changes an interface of this
+host's kernel holds the same lock, through :func:`interface_locks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tcdsl.commands import LOCK_DIR, LOCK_DIR_VARIABLE, lock_name
+
+
+def lock_folder() -> Path:
+    """The folder of the lock files: ``$TCDSL_LOCK_DIR``, or ``/run/lock``."""
+    return Path(os.environ.get(LOCK_DIR_VARIABLE) or LOCK_DIR)
+
+
+@contextlib.contextmanager
+def interface_locks(interfaces: Iterable[str]) -> Iterator[None]:
+    """Hold the lock of every interface in ``interfaces`` until the block ends (waiting for it).
+
+    Locks are taken in sorted order, so two holders of several locks never wait for each
+    other in a circle; a generated script holds one at a time.
+    """
+    folder = lock_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        for name in sorted(set(interfaces)):
+            handle = stack.enter_context((folder / lock_name(name)).open("a"))
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
