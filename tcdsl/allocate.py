@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 from tcdsl import ir, lower
 from tcdsl.diagnostics import Diagnostic, Note, Span
-from tcdsl.tcmath import HTB_DEFAULT_R2Q, htb_quantum, htb_r2q_range
 from tcdsl.frontend.chains import default_chain
+from tcdsl.tcmath import HTB_DEFAULT_R2Q, htb_quantum, htb_r2q_range
 
 MAX = 0xFFFF
 DEFAULT_PREF = 1
