@@ -62,8 +62,10 @@ class FastContextualLexer(ContextualLexer):
         pos, line, line_start = counter.char_pos, counter.line, counter.line_start_pos
         lexers = self.lexers
         skip = _SKIP.match
-        user_callbacks = self.root_lexer.user_callbacks
-        trivia = {k: user_callbacks[k] for k in ("COMMENT", "CONTINUATION") if k in user_callbacks}
+        user_callbacks: dict[str, Any] = getattr(self.root_lexer, "user_callbacks", {})
+        trivia: dict[str, Any] = {
+            k: user_callbacks[k] for k in ("COMMENT", "CONTINUATION") if k in user_callbacks
+        }
         depth = 0
         while True:
             m = skip(text, pos, end)
