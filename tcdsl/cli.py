@@ -279,6 +279,8 @@ def policy_files(paths: Sequence[str]) -> list[tuple[str, str | None]]:
     """The policy files named by PATH arguments, each with the directory it was found in: a
     directory stands for every ``*.tcp`` below it (sorted, hidden directories and files
     skipped); other paths are taken as given (with None).
+
+    A directory without policies is a usage error (a mistyped path, most likely).
     """
     files: list[tuple[str, str | None]] = []
     for path in paths:
