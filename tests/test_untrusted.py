@@ -418,8 +418,6 @@ INCLUDES = st.lists(
                 [
                     "../secret.tcp",
                     "/proc/self/environ",
-                    "/dev/zero",
-                    "pipe.tcp",
                     "sub",
                     "link.tcp",
                     "missing.tcp",
@@ -443,10 +441,10 @@ INCLUDES = st.lists(
 )
 @given(INCLUDES, st.booleans())
 def test_fuzz_includes(tree: Path, graph: list[list[str]], anywhere: bool) -> None:
-    """Any include graph (cycles, repeats, files outside, devices, FIFOs, links, non-UTF-8)
-    ends with located diagnostics, and shows nothing from outside the tree unless allowed."""
-    if not (tree / "pipe.tcp").exists():
-        os.mkfifo(tree / "pipe.tcp")
+    """Any include graph (cycles, repeats, files outside, /proc, directories, links, non-UTF-8)
+    ends with located diagnostics, and shows nothing from outside the tree unless allowed.
+    (FIFOs and devices are tested in a subprocess, where a regression cannot hang the run.)"""
+    if not (tree / "sub").exists():
         (tree / "sub").mkdir()
         (tree / "link.tcp").symlink_to(tree.parent / "secret.tcp")
         (tree / "latin1.tcp").write_bytes(b"# \xe9\n")
