@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import traceback
@@ -15,8 +16,9 @@ import click
 from tcdsl import __version__, ir
 from tcdsl.backend import BackendOptions
 from tcdsl.backends import BACKENDS
-from tcdsl.diagnostics import Diagnostic, Severity, render, render_json
+from tcdsl.diagnostics import Diagnostic, Severity, Span, render, render_json
 from tcdsl.driver import Result, analyse, compile_policy
+from tcdsl.frontend.source import Access
 from tcdsl.kernel_target import KernelTarget, load_target
 from tcdsl.sarif import render_sarif
 from tcdsl.suppress import disable_problem
@@ -128,6 +130,33 @@ def _kernel_target(
         raise click.BadParameter(str(err), ctx, param) from err
 
 
+def _access_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add --include-path and --allow-include-anywhere; the command gets ``access``."""
+
+    @functools.wraps(command)
+    def wrapper(
+        *args: object, include_paths: tuple[str, ...], anywhere: bool, **kw: object
+    ) -> None:
+        command(*args, access=Access(include_paths, anywhere), **kw)
+
+    wrapper = click.option(
+        "--allow-include-anywhere",
+        "anywhere",
+        is_flag=True,
+        help="Let includes (and symlinks in a checked directory) read any regular file; do "
+        "not use on policies you do not trust.",
+    )(wrapper)
+    return click.option(
+        "--include-path",
+        "include_paths",
+        multiple=True,
+        metavar="DIR",
+        type=click.Path(file_okay=False),
+        help="Also let includes read files below DIR (repeatable). By default a policy's "
+        "includes stay below its own directory (or the directory being checked).",
+    )(wrapper)
+
+
 FORMAT = _format_option("text", "json")
 CHECK_FORMAT = _format_option("text", "json", "sarif")
 WERROR = click.option(
@@ -199,6 +228,7 @@ def cli() -> None:
 @INFO
 @DISABLE
 @KERNEL
+@_access_options
 def compile(
     policy: str,
     backend: str,
@@ -210,10 +240,13 @@ def compile(
     info: bool,
     disable: frozenset[str],
     kernel: KernelTarget | None,
+    access: Access,
 ) -> None:
     """Compile POLICY and print the generated output."""
     options = BackendOptions(marks="nft" if marks == "nft" else "iptables", batch=batch)
-    result = compile_policy(policy, backend, options=options, target=kernel, disabled=disable)
+    result = compile_policy(
+        policy, backend, options=options, target=kernel, disabled=disable, access=access
+    )
     _report(result, fmt, info)
     if result.output is None or _fails(result.diagnostics, werror):
         if fmt == "text":
@@ -242,16 +275,17 @@ def compile(
             path.write_text(text, encoding="utf-8")
 
 
-def policy_files(paths: Sequence[str]) -> list[str]:
-    """The policy files named by PATH arguments: a directory stands for every ``*.tcp`` below
-    it (sorted, hidden directories and files skipped); other paths are taken as given.
+def policy_files(paths: Sequence[str]) -> list[tuple[str, str | None]]:
+    """The policy files named by PATH arguments, each with the directory it was found in: a
+    directory stands for every ``*.tcp`` below it (sorted, hidden directories and files
+    skipped); other paths are taken as given (with None).
 
     A directory without policies is a usage error (a mistyped path, most likely).
     """
-    files: list[str] = []
+    files: list[tuple[str, str | None]] = []
     for path in paths:
         if not os.path.isdir(path):
-            files.append(path)
+            files.append((path, None))
             continue
         found: list[str] = []
         for root, dirs, names in os.walk(path):
@@ -263,8 +297,16 @@ def policy_files(paths: Sequence[str]) -> list[str]:
             ]
         if not found:
             raise click.UsageError(f"no .tcp files under the directory '{path}'")
-        files += sorted(found, key=lambda f: Path(f).parts)
+        files += [(f, path) for f in sorted(found, key=lambda f: Path(f).parts)]
     return files
+
+
+def _outside(path: str, tree: str | None, access: Access) -> Result | None:
+    """A file found below ``tree`` that leads outside it (a symlink): an E023 result."""
+    if tree is None or access.allows(path, tree):
+        return None
+    message = f"not reading {Access.refusal(path, tree)}"
+    return Result(None, None, [Diagnostic.error("E023", message, Span(path, 1, 1, 1, 1))])
 
 
 @cli.command(
@@ -287,6 +329,7 @@ def policy_files(paths: Sequence[str]) -> list[str]:
 @INFO
 @DISABLE
 @KERNEL
+@_access_options
 def check(
     policies: tuple[str, ...],
     fmt: str,
@@ -295,14 +338,20 @@ def check(
     info: bool,
     disable: frozenset[str],
     kernel: KernelTarget | None,
+    access: Access,
 ) -> None:
     """Check POLICIES (files, or directories of *.tcp files) and print diagnostics; exit 1 if
     any has errors."""
     failed = False
     every: list[Diagnostic] = []
     text: list[str] = []
-    for path in policy_files(policies):
-        result = analyse(path, target=kernel, disabled=disable)
+    for path, tree in policy_files(policies):
+        result = _outside(path, tree, access) or analyse(
+            path,
+            target=kernel,
+            disabled=disable,
+            access=access if tree is None else Access((*access.roots, tree), access.anywhere),
+        )
         failed |= _fails(result.diagnostics, werror)
         shown = result.diagnostics if fmt == "sarif" else _visible(result.diagnostics, info)
         every += shown
@@ -381,17 +430,6 @@ def verify_command(policies: tuple[str, ...], backend: str, kernel: str, fmt: st
     sys.exit(EXIT_OK if all(v.ok for v in results) else EXIT_POLICY)
 
 
-def _fmt_files(paths: Sequence[str]) -> list[str]:
-    """FILE arguments of ``fmt``: a directory stands for every ``*.tcp`` below it, sorted."""
-    files: list[str] = []
-    for path in paths:
-        if Path(path).is_dir():
-            files += sorted(str(p) for p in Path(path).rglob("*.tcp") if p.is_file())
-        else:
-            files.append(path)
-    return files
-
-
 @cli.command(
     epilog="Examples:\n\n\b\n  tcdsl fmt office.tcp\n  tcdsl fmt --check policies/\n"
     "  tcdsl fmt --diff office.tcp\n  tcdsl fmt < office.tcp\n\n"
@@ -410,21 +448,36 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
     import difflib
 
     from tcdsl.fmt import FormatError, format_source
+    from tcdsl.frontend.source import (
+        SourceError,
+        normalise_newlines,
+        read_policy,
+        read_stream,
+        source_diagnostic,
+    )
 
     failed = changed = False
-    for path in _fmt_files(files or ("-",)):
+    for path, tree in policy_files(files or ("-",)):
         stdin = path == "-"
+        name = "<stdin>" if stdin else path
+        refused = _outside(path, tree, Access())
         try:
-            text = sys.stdin.read() if stdin else Path(path).read_bytes().decode("utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            click.echo(f"tcdsl: cannot read '{path}': {reason}", err=True)
+            if refused is not None:
+                raise FormatError(refused.diagnostics[0])
+            text = read_stream(sys.stdin.buffer) if stdin else read_policy(path)
+            formatted = format_source(text, name)
+        except SourceError as err:
+            click.echo(render([source_diagnostic(err, name)], {}), nl=False, err=True)
             failed = True
             continue
-        try:
-            formatted = format_source(text, "<stdin>" if stdin else path)
+        except OSError as err:
+            click.echo(f"tcdsl: cannot read '{path}': {err.strerror or err}", err=True)
+            failed = True
+            continue
         except FormatError as err:
-            sources = {err.diagnostic.span.file: text}
+            sources = (
+                {err.diagnostic.span.file: normalise_newlines(text)} if refused is None else {}
+            )
             click.echo(render([err.diagnostic], sources), nl=False, err=True)
             failed = True
             continue
@@ -435,7 +488,6 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
             continue
         changed = True
         if show_diff:
-            name = "<stdin>" if stdin else path
             lines = difflib.unified_diff(
                 text.splitlines(keepends=True),
                 formatted.splitlines(keepends=True),
@@ -541,12 +593,13 @@ def classify_command(policy: str, packets: list[object], interface: str | None, 
 @click.option(
     "-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout."
 )
-def explain_command(policy: str, fmt: str, output: str | None) -> None:
+@_access_options
+def explain_command(policy: str, fmt: str, output: str | None, access: Access) -> None:
     """Explain POLICY in plain English, class by class: guarantees, borrowing, priorities,
     which traffic reaches each class, its queue, and what happens to unmatched traffic."""
     from tcdsl.teach.explain import explain
 
-    result = analyse(policy)
+    result = analyse(policy, access=access)
     shown = _visible(result.diagnostics, False)
     if shown:
         click.echo(render(shown, result.sources), nl=False, err=True)

@@ -45,6 +45,11 @@ _TABLE: dict[str, CodeInfo] = {
     "E019": CodeInfo(_E, "A required parameter is missing"),
     "E020": CodeInfo(_E, "Blocks or expressions nested too deeply"),
     "E021": CodeInfo(_E, "tcdsl fmt would move code away from its disable comment"),
+    "E022": CodeInfo(_E, "A file that is not UTF-8 text, or that holds NUL bytes"),
+    "E023": CodeInfo(_E, "An include or a linked file outside the policy's directory"),
+    "E024": CodeInfo(_E, "A policy or include that is not a regular file"),
+    "E025": CodeInfo(_E, "A policy or include larger than tcdsl reads"),
+    "E026": CodeInfo(_E, "A number with more digits than tcdsl reads"),
     # E1xx: names
     "E101": CodeInfo(_E, "A constant or class defined twice"),
     "E102": CodeInfo(_E, "An htb default that names no class of the htb"),

@@ -88,30 +88,92 @@ def sort_key(d: Diagnostic) -> tuple[str, int, int, str]:
     return (d.span.file, d.span.line, d.span.column, d.code)
 
 
-def _excerpt(span: Span, sources: Mapping[str, str]) -> list[str]:
-    text = sources.get(span.file)
-    if text is None:
+EXCERPT_WIDTH = 100
+"""Source lines longer than this are cut around the caret in excerpts."""
+_CONTEXT = 30  # columns kept before the caret when a line is cut
+
+
+def escape(text: str, keep: str = "") -> str:
+    """``text`` with every character that is not printable (control characters and escape
+    sequences, line and paragraph separators, bidi controls) spelled as ``\\x1b`` or
+    ``\\u2028``, except those in ``keep``: policy text must not drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else _escaped(c) for c in text)
+
+
+def _escaped(c: str) -> str:
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def _display(line: str) -> tuple[str, list[int]]:
+    """``line`` as shown (a tab as one blank, other unprintables escaped), and where each
+    character starts on screen (one entry more, for the end of the line)."""
+    if line.isprintable():
+        return line, list(range(len(line) + 1))
+    shown: list[str] = []
+    starts: list[int] = []
+    at = 0
+    for c in line:
+        starts.append(at)
+        piece = " " if c == "\t" else c if c.isprintable() else _escaped(c)
+        shown.append(piece)
+        at += len(piece)
+    starts.append(at)
+    return "".join(shown), starts
+
+
+def _excerpt(span: Span, lines: list[str] | None) -> list[str]:
+    """The source line of ``span`` and a caret line under it (``lines``: the file split at
+    LF only, as the lexer counts lines)."""
+    if lines is None or not 1 <= span.line <= len(lines):
         return []
-    lines = text.splitlines()
-    if not 1 <= span.line <= len(lines):
-        return []
-    line = lines[span.line - 1].expandtabs(1)
+    raw = lines[span.line - 1]
+    line, starts = _display(raw)
+    first = min(max(span.column, 1), len(raw) + 1) - 1
+    last = span.end_column - 1 if span.end_line == span.line else len(raw)
+    last = min(max(last, first + 1), len(raw) + 1)
+    start = starts[first]
+    end = starts[last] if last <= len(raw) else starts[-1] + 1
+    if len(line) > EXCERPT_WIDTH:
+        begin = 0 if start + _CONTEXT <= EXCERPT_WIDTH else start - _CONTEXT
+        begin = max(0, min(begin, len(line) - EXCERPT_WIDTH))
+        prefix = "..." if begin else ""
+        stop = begin + EXCERPT_WIDTH
+        suffix = "..." if stop < len(line) else ""
+        line = prefix + line[begin:stop] + suffix
+        start, end = start - begin + len(prefix), min(end, stop) - begin + len(prefix)
     width = len(str(span.line))
-    end = span.end_column if span.end_line == span.line else len(line) + 1
-    length = max(1, end - span.column)
-    caret = " " * (span.column - 1) + "^" + "~" * (length - 1)
+    caret = " " * start + "^" + "~" * max(0, end - start - 1)
     return [f" {span.line} | {line}", f" {' ' * width} | {caret}"]
 
 
 def render(diagnostics: Iterable[Diagnostic], sources: Mapping[str, str]) -> str:
-    """Render diagnostics as GNU-style text with source excerpts and carets."""
+    """Render diagnostics as GNU-style text with source excerpts and carets.
+
+    Each source is split into lines once, however many diagnostics it has; policy text in
+    excerpts, messages and file names is escaped (``escape``).
+    """
+    split: dict[str, list[str] | None] = {}
+
+    def excerpt(span: Span) -> list[str]:
+        if span.file not in split:
+            text = sources.get(span.file)
+            split[span.file] = None if text is None else text.split("\n")
+        return _excerpt(span, split[span.file])
+
+    def place(span: Span) -> str:
+        return f"{escape(span.file)}:{span.line}:{span.column}"
+
     out: list[str] = []
     for d in diagnostics:
-        out.append(f"{d.span}: {d.severity.value}: {d.message} [{d.code}]")
-        out.extend(_excerpt(d.span, sources))
+        out.append(
+            f"{place(d.span)}: {d.severity.value}: {escape(d.message, keep=chr(10))} [{d.code}]"
+        )
+        out.extend(excerpt(d.span))
         for note in d.notes:
-            out.append(f"{note.span}: note: {note.message}")
-            out.extend(_excerpt(note.span, sources))
+            out.append(f"{place(note.span)}: note: {escape(note.message, keep=chr(10))}")
+            out.extend(excerpt(note.span))
     return "".join(line + "\n" for line in out)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
@@ -20,6 +20,7 @@ from tcdsl.backends import BACKENDS
 from tcdsl.checks import run_checks
 from tcdsl.diagnostics import Diagnostic, Span, sort_key
 from tcdsl.frontend.reader import Reader
+from tcdsl.frontend.source import Access
 from tcdsl.kernel_target import KernelTarget, kernel_support
 from tcdsl.lint import run_lints
 from tcdsl.resolve import resolve
@@ -63,10 +64,8 @@ def _compiling() -> Iterator[None]:
             gc.enable()
 
 
-def _too_deep(path: str, loader: Callable[[str], str] | None) -> Result:
-    result = Result(None, None)
-    with suppress(OSError):
-        result.sources[path] = (loader or Reader().loader)(path)
+def _too_deep(path: str, reader: Reader) -> Result:
+    result = Result(None, None, sources=reader.sources)
     msg = "this policy nests blocks or expressions too deeply for tcdsl to follow"
     result.diagnostics.append(Diagnostic.error("E020", msg, Span(path, 1, 1, 1, 2)))
     return result
@@ -92,23 +91,23 @@ def analyse(
     loader: Callable[[str], str] | None = None,
     target: KernelTarget | None = None,
     disabled: Iterable[str] = (),
+    access: Access | None = None,
 ) -> Result:
     """Parse, resolve, check and allocate ``path``; no backend is involved.
 
     ``target`` is the kernel the policy is for (None: any current kernel); the codes in
-    ``disabled`` and those disabled by comments in the sources are left out of the result.
+    ``disabled`` and those disabled by comments in the sources are left out of the result;
+    ``access`` says where includes may read (default: below the policy's directory).
     """
+    reader = Reader(loader, access)
     with _compiling():
         try:
-            return _suppressed(_analyse(path, loader, target), disabled)
+            return _suppressed(_analyse(path, reader, target), disabled)
         except RecursionError:
-            return _too_deep(path, loader)
+            return _too_deep(path, reader)
 
 
-def _analyse(
-    path: str, loader: Callable[[str], str] | None, target: KernelTarget | None = None
-) -> Result:
-    reader = Reader(loader)
+def _analyse(path: str, reader: Reader, target: KernelTarget | None = None) -> Result:
     interfaces = reader.read(path)
     result = Result(None, None, reader.diagnostics, reader.sources)
 
@@ -152,15 +151,17 @@ def compile_policy(
     stem: str | None = None,
     target: KernelTarget | None = None,
     disabled: Iterable[str] = (),
+    access: Access | None = None,
 ) -> Result:
     """Compile ``path`` with the named backend; ``result.output`` is None if there were errors.
 
     ``stem`` names the output files (default: the policy's file name without extension);
-    ``target`` and ``disabled`` are as for ``analyse``.
+    ``target``, ``disabled`` and ``access`` are as for ``analyse``.
     """
+    reader = Reader(loader, access)
     with _compiling():
         try:
-            result = _analyse(path, loader, target)
+            result = _analyse(path, reader, target)
             if result.policy is None:
                 return _suppressed(result, disabled)
             emitter: Backend = BACKENDS[backend](options)
@@ -171,5 +172,5 @@ def compile_policy(
             result.files = emitter.emit_files(result.policy, path, name)
             result.output = next(iter(result.files.values()))
         except RecursionError:
-            return _too_deep(path, loader)
+            return _too_deep(path, reader)
         return _suppressed(result, disabled)

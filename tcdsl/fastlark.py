@@ -13,6 +13,11 @@ Profiling a 10,000-class policy showed Lark's per-token bookkeeping as the large
 
 Errors are handed back to Lark's own code at the failing position, so messages are unchanged.
 ``tests/test_fastlark.py`` checks tokens and parse results against stock Lark.
+
+This lexer is THE lexer of the language: the compiler and ``tcdsl fmt`` both read through it
+(fmt gets the comments and line continuations it skips through ``lexer_callbacks``), so they
+cannot disagree on what a text says. It also refuses blocks and parentheses nested more than
+``MAX_NESTING`` deep (``NestingTooDeep``), before anything walks them recursively.
 """
 
 from __future__ import annotations
@@ -30,6 +35,20 @@ from lark.parsers.lalr_parser import LALR_Parser, _Parser
 from lark.parsers.lalr_parser_state import ParserState
 
 _SKIP = re.compile(r"(?:[ \t\f]+|#[^\n]*|\\[ \t]*\r?\n)+")
+_TRIVIA = re.compile(r"(?P<COMMENT>#[^\n]*)|(?P<CONTINUATION>\\[ \t]*\r?\n)")
+
+MAX_NESTING = 100
+"""How deep blocks and parentheses may nest (htb itself allows 8 levels of classes)."""
+
+_OPENS = {"LBRACE": 1, "LPAR": 1, "RBRACE": -1, "RPAR": -1}
+
+
+class NestingTooDeep(Exception):
+    """Blocks or parentheses nest deeper than ``MAX_NESTING``; ``token`` opens one too many."""
+
+    def __init__(self, token: Token) -> None:
+        super().__init__(f"nesting deeper than {MAX_NESTING} at line {token.line}")
+        self.token = token
 
 
 class FastContextualLexer(ContextualLexer):
@@ -43,10 +62,17 @@ class FastContextualLexer(ContextualLexer):
         pos, line, line_start = counter.char_pos, counter.line, counter.line_start_pos
         lexers = self.lexers
         skip = _SKIP.match
+        user_callbacks: dict[str, Any] = getattr(self.root_lexer, "user_callbacks", {})
+        trivia: dict[str, Any] = {
+            k: user_callbacks[k] for k in ("COMMENT", "CONTINUATION") if k in user_callbacks
+        }
+        depth = 0
         while True:
             m = skip(text, pos, end)
             if m is not None:
                 blank = m.group()
+                if trivia and ("#" in blank or "\\" in blank):
+                    _report_trivia(trivia, text, pos, m.end(), line, line_start)
                 newlines = blank.count("\n")
                 if newlines:
                     line += newlines
@@ -81,12 +107,41 @@ class FastContextualLexer(ContextualLexer):
             token.end_line = line
             token.end_column = pos - line_start + 1
             token.end_pos = pos
+            if type_ in _OPENS:
+                depth += _OPENS[type_]
+                if depth > MAX_NESTING:
+                    raise NestingTooDeep(token)
             callback = lexer.callback.get(type_)
             if callback is not None:
                 token = callback(token)
             lexer_state.last_token = token
             counter.char_pos = pos
             yield token
+
+
+def _report_trivia(
+    callbacks: dict[str, Any], text: str, pos: int, end: int, line: int, line_start: int
+) -> None:
+    """Hand the comments and continuations in ``text[pos:end]`` (skipped blanks) to
+    ``callbacks``, as Lark's lexer does for ignored terminals with a callback."""
+    for m in _TRIVIA.finditer(text, pos, end):
+        start = m.start()
+        newlines = text.count("\n", pos, start)
+        if newlines:
+            line += newlines
+            line_start = text.rindex("\n", pos, start) + 1
+        pos = start
+        type_ = m.lastgroup
+        assert type_ is not None
+        token = Token(type_, m.group(), start, line, start - line_start + 1)
+        token.end_pos = m.end()
+        if type_ == "CONTINUATION":
+            token.end_line, token.end_column = line + 1, 1
+        else:
+            token.end_line, token.end_column = line, m.end() - line_start + 1
+        callback = callbacks.get(type_)
+        if callback is not None:
+            callback(token)
 
 
 # One parse-table entry: (True, next_state) to shift, or (False, size, callback, origin) to

@@ -1,7 +1,8 @@
 """``tcdsl fmt``: print a policy in its canonical layout, keeping every comment.
 
-The formatter works on the token stream of the real grammar, read by Lark's contextual lexer
-during an LALR parse, with the ignored comments and line continuations captured as well; it
+The formatter works on the token stream of the real grammar, read by the compiler's own lexer
+(``tcdsl.fastlark``) during an LALR parse, from text whose newlines are normalised as the
+compiler's are, with the ignored comments and line continuations captured as well; it
 never looks at raw text with regexes, so a ``#``, ``;`` or ``{`` inside a string or a comment
 is safe. The canonical layout:
 
@@ -36,9 +37,11 @@ from lark import Lark, Token
 from lark.exceptions import UnexpectedInput
 from lark.lark import PostLex
 
+from tcdsl import fastlark
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.frontend.errors import syntax_error
-from tcdsl.frontend.reader import grammar_text
+from tcdsl.frontend.reader import grammar_text, nesting_too_deep
+from tcdsl.frontend.source import normalise_newlines
 from tcdsl.suppress import Directive, parse_directives
 
 INDENT = "    "
@@ -96,15 +99,18 @@ def _parser() -> _Parser:
         maybe_placeholders=False,
         postlex=recorder,
         lexer_callbacks={name: recorder.trivia for name in _TRIVIA},
+        _plugins=fastlark.PLUGINS,
     )
     return _Parser(lark, recorder)
 
 
 def tokens(text: str, path: str = "<input>") -> list[Token]:
-    """Every token of ``text`` in order, comments and continuations included.
+    """Every token of ``text`` (newlines normalised) in order, comments and continuations
+    included.
 
     Raises ``FormatError`` with the parser's diagnostic when ``text`` does not parse.
     """
+    text = normalise_newlines(text)
     parser = _parser()
     with parser.lock:
         parser.recorder.tokens = []
@@ -112,6 +118,8 @@ def tokens(text: str, path: str = "<input>") -> list[Token]:
             parser.lark.parse(text)
         except UnexpectedInput as err:
             raise FormatError(syntax_error(err, path, text)) from None
+        except fastlark.NestingTooDeep as err:
+            raise FormatError(nesting_too_deep(err, path)) from None
         found = parser.recorder.tokens
         parser.recorder.tokens = []
     return sorted(found, key=lambda t: t.start_pos or 0)
@@ -338,8 +346,10 @@ def format_source(text: str, path: str = "<input>") -> str:
     """Return ``text`` in the canonical layout; ``path`` names it in diagnostics.
 
     Raises ``FormatError`` (with the same diagnostic ``tcdsl check`` gives) if ``text`` does
-    not parse. Pure: reads no files (``include`` is not followed) and is idempotent.
+    not parse. Pure: reads no files (``include`` is not followed) and is idempotent. CR LF and
+    lone CR become LF, as the compiler reads them.
     """
+    text = normalise_newlines(text)
     stream = tokens(text, path)
     result = _lay_out(stream, text)
     try:

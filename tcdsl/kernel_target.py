@@ -89,7 +89,7 @@ FEATURES: Mapping[str, Feature] = {
 """What each construct needs, by feature key (qdisc kinds are their own keys)."""
 
 
-_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?(?:[-+~_][\w.+~-]*)?")
+_VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?(?:[-+~_][\w.+~-]*)?")
 
 
 def parse_version(text: str) -> Version | None:

@@ -127,7 +127,7 @@ def format_time(microseconds: int) -> str:
 
 def _parse(text: str, table: dict[str, int]) -> int:
     i = 0
-    while i < len(text) and (text[i].isdigit() or text[i] == "."):
+    while i < len(text) and text[i] in "0123456789.":  # ASCII only: isdigit() takes "٣"
         i += 1
     number, unit = text[:i], text[i:]
     factor = table.get(unit.lower())

@@ -36,6 +36,7 @@ CHECK_ARGS = re.compile(r"# tcdsl-check-args:(.*)")
 _VERIFY = "reported by 'tcdsl verify' against a kernel, never by 'check' (tests/test_verify.py)"
 UNCOVERED = {
     "E021": "reported by 'tcdsl fmt', not by check (tests/test_fmt.py)",
+    "E025": "needs a file over 8 MiB; tests/test_untrusted.py makes a sparse one",
     "E210": "needs more than 65534 qdiscs or classes on one interface",
     **dict.fromkeys(("E401", "E402", "E403", "E404", "E405", "W406"), _VERIFY),
     "E501": "backend limits: check runs no backend; golden files and tests/test_tcng.py cover it",

@@ -1,6 +1,8 @@
 """Parse policy text into the IR: a Lark LALR parser whose Transformer runs during the parse.
 
 - ``reader``: reads a policy file and its includes (``Reader``), the one entry point;
+- ``source``: reads and decodes one file's text, safely (regular files of bounded size, strict
+  UTF-8, newlines normalised), and says where includes may read (``Access``); fmt uses it too;
 - ``builder``: the Transformer, rule by rule;
 - ``qdiscs``: each qdisc and class kind's parameters, flags and dimensions, and the builder
   of one qdisc's node;

@@ -36,6 +36,8 @@ from tcdsl.frontend.values import (
     Scope,
     evaluate,
     join,
+    parse_decimal,
+    parse_int,
     span_of,
 )
 from tcdsl.units import Dimension
@@ -135,28 +137,43 @@ class Builder(Transformer[Token, Any]):
             self.error(Diagnostic.error("E009", f"interface name '{name}' {problem}", span))
 
     # ---- values ----
+    def _whole(self, text: str, span: Span) -> int | None:
+        """A whole number (decimal or 0x hex), or None after reporting one too long."""
+        try:
+            return parse_int(text, span)
+        except EvalError as err:
+            self.error(err.diagnostic)
+            return None
+
+    def _decimal(self, text: str, span: Span) -> Fraction | int:
+        """A decimal number; one too long is reported, and read as 1 to go on."""
+        try:
+            return parse_decimal(text, span)
+        except EvalError as err:
+            self.error(err.diagnostic)
+            return 1
+
     def quantity(self, c: list[Token]) -> Lit:
         (tok,) = c
         text = str(tok)
-        i = 0
-        while i < len(text) and (text[i].isdigit() or text[i] == "."):
-            i += 1
-        digits = text[:i]
-        number = Fraction(digits) if "." in digits else int(digits)
-        return Lit(number, text[i:], text, self.sp(tok))
+        digits = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+        span = self.sp(tok)
+        return Lit(self._decimal(digits, span), text[len(digits) :], text, span)
 
     def number(self, c: list[Token]) -> Lit:
         (tok,) = c
         text = str(tok)
+        span = self.sp(tok)
         if text.lower().startswith("0x"):
-            value: Fraction | int = int(text, 16)
+            value: Fraction | int = self._whole(text, span) or 0
         else:
-            value = Fraction(text) if "." in text else int(text)
-        return Lit(value, None, text, self.sp(tok))
+            value = self._decimal(text, span)
+        return Lit(value, None, text, span)
 
     def percent(self, c: list[Token]) -> Pct:
         (tok,) = c
-        return Pct(Fraction(str(tok)[:-1]), self.sp(tok))
+        span = self.sp(tok)
+        return Pct(Fraction(self._decimal(str(tok)[:-1], span)), span)
 
     def ref(self, c: list[Token]) -> Ref:
         (tok,) = c
@@ -208,7 +225,7 @@ class Builder(Transformer[Token, Any]):
         return HandleOpt(str(kw), ir.HandleRef(ir.Handle(major, minor), span), span)
 
     def priomap_opt(self, c: list[Token]) -> PriomapOpt:
-        values = tuple(ir.Count(int(t), self.sp(t)) for t in c)
+        values = tuple(ir.Count(self._whole(t, self.sp(t)) or 0, self.sp(t)) for t in c)
         return PriomapOpt(values, join(values[0].span, values[-1].span))
 
     # ---- matches ----
@@ -266,7 +283,9 @@ class Builder(Transformer[Token, Any]):
         return ir.AddrCond(str(fld), nets, join(self.sp(fld), nets[-1][1]))  # type: ignore[arg-type]
 
     def _port_number(self, text: str, span: Span) -> int | None:
-        value = int(text)
+        value = self._whole(text, span)
+        if value is None:
+            return None
         if value > 65535:
             self.error(Diagnostic.error("E207", f"port {value} is out of range 0-65535", span))
             return None
@@ -296,8 +315,8 @@ class Builder(Transformer[Token, Any]):
         value_tok, mask_tok = c
         span = join(self.sp(value_tok), self.sp(mask_tok))
         value = self._port_number(str(value_tok), span)
-        mask = int(str(mask_tok), 16)
-        if value is None:
+        mask = self._whole(str(mask_tok), span)
+        if value is None or mask is None:
             return None
         if mask > 0xFFFF:
             self.error(
@@ -351,14 +370,17 @@ class Builder(Transformer[Token, Any]):
 
     def proto_number(self, c: list[Token]) -> tuple[int, Span] | None:
         (tok,) = c
-        if int(tok) > 255:
+        number = self._whole(tok, self.sp(tok))
+        if number is None:
+            return None
+        if number > 255:
             self.error(
                 Diagnostic.error(
                     "E015", f"protocol number {tok} is out of range 0-255", self.sp(tok)
                 )
             )
             return None
-        return int(tok), self.sp(tok)
+        return number, self.sp(tok)
 
     def proto_cond(self, c: list[Any]) -> ir.ProtoCond | None:
         good = tuple(p for p in c if p is not None)
@@ -370,7 +392,9 @@ class Builder(Transformer[Token, Any]):
         self, toks: list[Token], width: int, default_mask: int
     ) -> tuple[int, int, Span] | None:
         span = join(self.sp(toks[0]), self.sp(toks[-1]))
-        nums = [int(str(t), 0) for t in toks]
+        nums = [n for n in (self._whole(t, span) for t in toks) if n is not None]
+        if len(nums) != len(toks):
+            return None
         value, mask = nums[0], nums[1] if len(nums) > 1 else default_mask
         limit = (1 << width) - 1
         if value > limit or mask > limit:
@@ -402,7 +426,9 @@ class Builder(Transformer[Token, Any]):
                 )
                 return None
         else:
-            dscp = int(tok)
+            dscp = self._whole(tok, span)
+            if dscp is None:
+                return None
             if dscp > 63:
                 self.error(Diagnostic.error("E016", f"DSCP {dscp} is out of range 0-63", span))
                 return None
@@ -418,7 +444,9 @@ class Builder(Transformer[Token, Any]):
         parsed = self._mask_bits(bits, width, (1 << width) - 1)
         if parsed is None:
             return None
-        offset = int(at)
+        offset = self._whole(at, self.sp(at))
+        if offset is None:
+            return None
         span = join(self.sp(size), self.sp(at))
         # tc aligns keys silently: u16 at 1 would match bytes 0-1, u32 at 2 is refused.
         align = {8: 1, 16: 2, 32: 4}[width]
@@ -434,7 +462,9 @@ class Builder(Transformer[Token, Any]):
 
     def pref(self, c: list[Token]) -> ir.Count | None:
         (tok,) = c
-        value = int(tok)
+        value = self._whole(tok, self.sp(tok))
+        if value is None:
+            return None
         if not 1 <= value <= 0xFFFF:
             self.error(
                 Diagnostic.error(

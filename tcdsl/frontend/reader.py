@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +14,14 @@ from tcdsl import fastlark, ir
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.frontend.builder import Builder
 from tcdsl.frontend.errors import syntax_error
-from tcdsl.frontend.values import Scope
+from tcdsl.frontend.source import (
+    Access,
+    SourceError,
+    normalise_newlines,
+    read_policy,
+    source_diagnostic,
+)
+from tcdsl.frontend.values import Scope, span_of
 
 # ---- reading files -----------------------------------------------------------------------------
 
@@ -28,36 +36,74 @@ def grammar_text() -> str:
 MAX_INCLUDE_DEPTH = 32
 
 
-class Reader:
-    """Read a policy file and its includes; collect interfaces, diagnostics and sources."""
+def nesting_too_deep(err: fastlark.NestingTooDeep, path: str) -> Diagnostic:
+    """E020 at the brace or parenthesis of ``path`` that nests one level too deep."""
+    msg = (
+        f"blocks and parentheses nest more than {fastlark.MAX_NESTING} levels deep here; "
+        "tcdsl follows at most that many"
+    )
+    return Diagnostic.error("E020", msg, span_of(err.token, path))
 
-    def __init__(self, loader: Callable[[str], str] | None = None) -> None:
+
+class Reader:
+    """Read a policy file and its includes; collect interfaces, diagnostics and sources.
+
+    Files are read with ``tcdsl.frontend.source.read_policy`` unless a ``loader`` (path ->
+    text) is given; includes must stay where ``access`` allows (by default, below the main
+    policy's directory). A file is read once: including it again does nothing.
+    """
+
+    def __init__(
+        self, loader: Callable[[str], str] | None = None, access: Access | None = None
+    ) -> None:
         self.scope = Scope()
         self.diagnostics: list[Diagnostic] = []
         self.sources: dict[str, str] = {}
         self.stack: list[str] = []
-        self.loader = loader or (lambda p: Path(p).read_text(encoding="utf-8"))
+        self.loader = loader or read_policy
+        self.access = access or Access()
+        self.tree: str | None = None
+        """The main policy's directory: where includes may read."""
+        self.done: set[str] = set()
+        """The real paths of the files read so far."""
 
     def read(self, path: str, include_span: Span | None = None) -> list[ir.Interface]:
         """Parse ``path``; report problems at ``include_span`` when it cannot be read."""
-        if path in self.stack or len(self.stack) >= MAX_INCLUDE_DEPTH:
+        if self.tree is None:
+            self.tree = os.path.dirname(path) or "."
+        real = os.path.realpath(path)
+        if real in map(os.path.realpath, self.stack) or len(self.stack) >= MAX_INCLUDE_DEPTH:
             assert include_span is not None
-            if path in self.stack:
+            if real in map(os.path.realpath, self.stack):
                 msg = f"include cycle: {' -> '.join([*self.stack, path])}"
             else:
                 msg = f"includes nest more than {MAX_INCLUDE_DEPTH} deep"
             self.diagnostics.append(Diagnostic.error("E006", msg, include_span))
             return []
+        if real in self.done:
+            return []
+        span = include_span or Span(path, 1, 1, 1, 1)
+        if include_span is not None and not self.access.allows(path, self.tree):
+            msg = f"cannot include {self.access.refusal(path, self.tree)}"
+            self.diagnostics.append(Diagnostic.error("E023", msg, span))
+            return []
         try:
-            text = self.loader(path)
+            text = normalise_newlines(self.loader(path))
+        except SourceError as err:
+            self.diagnostics.append(source_diagnostic(err, path, include_span))
+            return []
         except (OSError, UnicodeDecodeError) as err:
             reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            span = include_span or Span(path, 1, 1, 1, 1)
             self.diagnostics.append(
                 Diagnostic.error("E006", f"cannot read '{path}': {reason.lower()}", span)
             )
             return []
-        return self.read_text(path, text)
+        self.done.add(real)
+        try:
+            return self.read_text(path, text)
+        except fastlark.NestingTooDeep as err:
+            self.diagnostics.append(nesting_too_deep(err, path))
+            return []
 
     def read_text(self, path: str, text: str) -> list[ir.Interface]:
         """Parse ``text`` as the file ``path``."""

@@ -72,6 +72,66 @@ class EvalError(Exception):
         self.diagnostic = diagnostic
 
 
+MAX_DIGITS = 100
+"""The most digits a number may have, as written or evaluated (tc takes at most 20)."""
+
+_LIMIT = 10**MAX_DIGITS
+
+
+def parse_int(text: str, span: Span) -> int:
+    """A whole number as the grammar reads it (``INT``: ASCII decimal, or hex with ``0x``).
+
+    Raises ``EvalError`` (E026) past ``MAX_DIGITS`` digits, before Python would refuse.
+    """
+    hex_ = text[:2].lower() == "0x"
+    digits = text[2:] if hex_ else text
+    if not digits.isascii() or not (digits.isalnum() if hex_ else digits.isdigit()):
+        raise ValueError(f"not a whole number: {text!r}")
+    _check_length(digits.lstrip("0"), text, span)
+    return int(digits, 16 if hex_ else 10)
+
+
+def parse_decimal(text: str, span: Span) -> Fraction | int:
+    """A number as the grammar reads it (``NUMBER``: ASCII decimal, maybe with a fraction).
+
+    Raises ``EvalError`` (E026) past ``MAX_DIGITS`` digits."""
+    whole, _, fraction = text.partition(".")
+    _check_length(whole.lstrip("0") + fraction, text, span)
+    return Fraction(text) if fraction else int(whole)
+
+
+def _check_length(digits: str, text: str, span: Span) -> None:
+    if len(digits) > MAX_DIGITS:
+        shown = text if len(text) <= 24 else f"{text[:10]}...{text[-10:]}"
+        raise EvalError(
+            Diagnostic.error(
+                "E026",
+                f"'{shown}' has {len(digits)} digits; tcdsl reads numbers of at most "
+                f"{MAX_DIGITS} digits (tc takes far smaller values)",
+                span,
+            )
+        )
+
+
+def bounded(value: Fraction | int, span: Span) -> Fraction | int:
+    """``value``, if it (and, for a fraction, its parts) has at most ``MAX_DIGITS`` digits.
+
+    Raises ``EvalError`` (E026): arithmetic on constants can build numbers that no message
+    could print and no float could hold.
+    """
+    parts = (value.numerator, value.denominator) if isinstance(value, Fraction) else (value,)
+    if any(abs(part) >= _LIMIT for part in parts):
+        raise EvalError(
+            Diagnostic.error(
+                "E026",
+                f"this value needs more than {MAX_DIGITS} digits; tcdsl takes values below "
+                f"10^{MAX_DIGITS} (tc takes far smaller ones)",
+                span,
+            )
+        )
+    return value
+
+
 RATE_HINT = "rates take bit, kbit, mbit, gbit, tbit (or bps, kbps, mbps: BYTES per second)"
 
 
@@ -99,16 +159,25 @@ def describe_dimension(dim: Dimension) -> str:
 # ---- evaluation --------------------------------------------------------------------------------
 
 
+Value = tuple[Fraction | int, tuple[Span, ...]]
+"""An evaluated value in base units, with the spans of the byte-rate units it was written in."""
+
+
 @dataclass
 class Scope:
     """Constants shared by a file and everything it includes."""
 
     constants: dict[str, tuple[Expr | Address, Span]] = field(default_factory=dict)
+    values: dict[tuple[str, Dimension, bool], Value | ir.Percent | EvalError] = field(
+        default_factory=dict
+    )
+    """Each constant evaluated once per dimension (``const C2 = C1 + C1`` chains would
+    otherwise take exponential time); a constant is never redefined, so this stays true."""
 
 
 def evaluate(
     expr: Expr, dim: Dimension, scope: Scope, *, percent: bool = False
-) -> tuple[Fraction | int, tuple[Span, ...]] | ir.Percent:
+) -> Value | ir.Percent:
     """Evaluate ``expr`` as ``dim`` in base units; return a Percent only when ``percent``."""
     if isinstance(expr, Pct):
         if not percent:
@@ -139,10 +208,16 @@ def evaluate(
                     Note(f"'{expr.name}' defined here", where),
                 )
             )
-        try:
-            result = evaluate(value, dim, scope, percent=percent)
-        except EvalError as err:
-            d = err.diagnostic
+        key = (expr.name, dim, percent)
+        result = scope.values.get(key)
+        if result is None:
+            try:
+                result = evaluate(value, dim, scope, percent=percent)
+            except EvalError as err:
+                result = err
+            scope.values[key] = result
+        if isinstance(result, EvalError):
+            d = result.diagnostic
             raise EvalError(
                 Diagnostic(
                     d.severity,
@@ -177,14 +252,14 @@ def _arith(
         if factor.number == 0 and expr.op == "/":
             raise EvalError(Diagnostic.error("E013", "division by zero", factor.span))
         value = left[0] * factor.number if expr.op == "*" else Fraction(left[0]) / factor.number
-        return value, left[1]
+        return bounded(value, expr.span), left[1]
     left = evaluate(expr.left, dim, scope)
     right = evaluate(expr.right, dim, scope)
     assert not isinstance(left, ir.Percent) and not isinstance(right, ir.Percent)
     value = left[0] + right[0] if expr.op == "+" else left[0] - right[0]
     if value < 0:
         raise EvalError(Diagnostic.error("E013", "this value is negative", expr.span))
-    return value, left[1] + right[1]
+    return bounded(value, expr.span), left[1] + tuple(s for s in right[1] if s not in left[1])
 
 
 def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction | int, tuple[Span, ...]]:
@@ -230,4 +305,4 @@ def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction | int, tuple[Span, ...]
     byte_units = (
         (lit.span,) if dim is Dimension.RATE and lit.unit.lower() in BYTE_RATE_UNITS else ()
     )
-    return lit.number * factor, byte_units
+    return bounded(lit.number * factor, lit.span), byte_units

@@ -92,7 +92,9 @@ class Flow:
 
 def _number(word: str, what: str, hi: int) -> int:
     try:
-        value = int(word, 0)
+        value = int(word, 16) if word[:2].lower() == "0x" else int(word)
+        if not word.isascii() or "_" in word:  # int() takes "٣" and "1_0"
+            raise ValueError(word)
     except ValueError:
         raise SpecError(f"{what} needs a number, found {word!r}") from None
     if not 0 <= value <= hi:
