@@ -17,6 +17,7 @@ from tcdsl.frontend.syntax import (
     Param,
     PriomapOpt,
     QdiscSyntax,
+    suggestion,
 )
 from tcdsl.frontend.values import EvalError, evaluate
 from tcdsl.units import Dimension
@@ -155,7 +156,7 @@ class QdiscBuilder:
         try:
             result = evaluate(opt.value, dim, self.b.scope, percent=percent)
         except EvalError as err:
-            self.error(err.diagnostic)
+            self.b.eval_error(err)
             return None
         if isinstance(result, ir.Percent):
             if dim is Dimension.COUNT and result.value > 100:
@@ -192,7 +193,10 @@ class QdiscBuilder:
     ) -> None:
         accepted = sorted({*params, *flags})
         takes = f"; it takes {', '.join(accepted)}" if accepted else "; it takes no parameters"
-        self.error(Diagnostic.error("E007", f"'{key}' is not a parameter of {what}{takes}", span))
+        hint = suggestion(key, accepted)
+        self.error(
+            Diagnostic.error("E007", f"'{key}' is not a parameter of {what}{hint}{takes}", span)
+        )
 
     # ---- qdiscs ----
     def build(self) -> QdiscSyntax:
