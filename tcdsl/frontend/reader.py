@@ -95,8 +95,7 @@ class Reader:
                 self.scope.broken.setdefault(str(name), span_of(name, path))
 
 
-def _parser(builder: Builder, plugins: dict[str, Any] | None = None) -> Lark:
-    """The grammar's LALR parser, building with ``builder``; ``plugins`` default to fastlark's."""
+def _parser(builder: Builder) -> Lark:
     return Lark(
         grammar_text(),
         parser="lalr",
@@ -104,7 +103,7 @@ def _parser(builder: Builder, plugins: dict[str, Any] | None = None) -> Lark:
         transformer=builder,
         maybe_placeholders=False,
         cache=_cache_path(),
-        _plugins=fastlark.PLUGINS if plugins is None else plugins,
+        _plugins=fastlark.PLUGINS,
     )
 
 

@@ -12,7 +12,7 @@ its ``{`` or its end) or, when nothing does, drops the whole statement with its 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,8 @@ _PIECE = re.compile(
       | (?P<word>"[^"\n]*"|[^\s{};"\#\\]+|.)""",
     re.X,
 )
+
+_SEPARATORS = re.compile(r"(?:[ \t\f\r;\n]+|\#[^\n]*|\\[ \t]*\r?\n)*")
 
 # Statement lists: parser states that can start a statement of the file or of a block.
 _TOP, _BLOCK = "_item", "_stmt"
@@ -168,6 +170,16 @@ class Taint:
                 p = stmts[s.parent]
                 regions.append((p.start, p.header_end))
 
+    def add_errors(self, errors: Iterable[Diagnostic], sources: Mapping[str, str]) -> None:
+        """Taint the statements that hold ``errors``, in whichever source each is."""
+        by_file: dict[str, list[Diagnostic]] = {}
+        for d in errors:
+            for span in (d.span, *(n.span for n in d.notes)):
+                by_file.setdefault(span.file, []).append(d)
+        for file, found in by_file.items():
+            if file in sources:
+                self.add(file, sources[file], found)
+
     def covers(self, d: Diagnostic) -> bool:
         """True if ``d`` or one of its notes is in a tainted place."""
         return any(self._covers(span) for span in (d.span, *(n.span for n in d.notes)))
@@ -217,8 +229,15 @@ def parse(
                 pos = resumed_at + 1  # a consequence of the last recovery: skip a character
             if isinstance(err, UnexpectedToken) and err.token.type == "$END":
                 return  # nothing left to go on with; an open block stays unbuilt
-            resumed_at = _recover(ip, text, pos)
+            resumed_at = _recover(ip, text, pos, _line_of(err, text))
     raise AssertionError("syntax-error recovery made no progress")  # pragma: no cover
+
+
+def _line_of(err: UnexpectedInput, text: str) -> tuple[int, int]:
+    """An offset and its line, from the error (the lexer does not keep its line count)."""
+    if isinstance(err, UnexpectedToken):
+        return err.token.start_pos or 0, err.token.line or 1
+    return _position(err, text), err.line
 
 
 def _position(err: UnexpectedInput, text: str) -> int:
@@ -231,8 +250,9 @@ def _position(err: UnexpectedInput, text: str) -> int:
     return len(text)  # pragma: no cover
 
 
-def _recover(ip: InteractiveParser, text: str, pos: int) -> int:
-    """Edit ``ip`` to go on after the error at ``pos``; return where it resumes."""
+def _recover(ip: InteractiveParser, text: str, pos: int, known: tuple[int, int]) -> int:
+    """Edit ``ip`` to go on after the error at ``pos``; return where it resumes. ``known`` is
+    an offset and its line, for the lexer's line count."""
     state = ip.parser_state
     table = state.parse_conf.parse_table.states
     stack = state.state_stack
@@ -253,19 +273,20 @@ def _recover(ip: InteractiveParser, text: str, pos: int) -> int:
             break
     if resume is None:
         keep, resume = top + 1, end
+        if end < len(text) and not _accepts(state, stack[:keep], _BOUNDARY_TOKENS[text[end]]):
+            # After a statement and its separators, the next statement must start.
+            resume = _SEPARATORS.match(text, end).end()
     del stack[keep:]
     del state.value_stack[keep - 1 :]
-    _move(ip, text, resume)
+    _move(ip, text, resume, known)
     return resume
 
 
-def _move(ip: InteractiveParser, text: str, pos: int) -> None:
-    """Point the lexer at ``pos``."""
+def _move(ip: InteractiveParser, text: str, pos: int, known: tuple[int, int]) -> None:
+    """Point the lexer at ``pos``, given the line of a ``known`` (offset, line)."""
     counter = ip.lexer_thread.state.line_ctr
-    if pos >= counter.char_pos:
-        counter.line += text.count("\n", counter.char_pos, pos)
-    else:
-        counter.line -= text.count("\n", pos, counter.char_pos)
+    at, line = known
+    counter.line = line + text.count("\n", at, pos)
     counter.char_pos = pos
     counter.line_start_pos = text.rfind("\n", 0, pos) + 1
     counter.column = pos - counter.line_start_pos + 1
