@@ -160,7 +160,7 @@ def _options(context: tuple[str, str] | None) -> list[str] | None:
         words = [*CLASS_PARAMS[kind], *sorted(CLASS_FLAGS[kind]), "id"]
     else:
         return None
-    return sorted(words, key=lambda w: (w != "rate", w))
+    return sorted(words, key=lambda w: (w != "rate", w in ("handle", "id"), w))
 
 
 _ALTERNATIVES = re.compile(r"\(([\w|-]+)\)\(\?!\[\\w-\]\)")
@@ -226,6 +226,8 @@ def _expected_words(expected: Iterable[str], context: tuple[str, str] | None = N
         options = _options(context)
         if options is None:
             words.append("a parameter such as rate")
+        elif len(options) == 1:
+            words.append(f"'{options[0]}'")
         elif options:
             words.append(f"a parameter such as {options[0]}")
         names -= set(_OPTIONS)
