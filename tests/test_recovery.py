@@ -3,6 +3,8 @@ and the later stages report only what those errors cannot have caused."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,9 +23,20 @@ MAIN = "policy.tcp"
 SYNTAX = ("E001", "E002")
 
 
+def loader_of(text: str) -> Callable[[str], str]:
+    """Read ``text`` as ``policy.tcp``; there is no other file."""
+
+    def load(path: str) -> str:
+        if path != MAIN:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return text
+
+    return load
+
+
 def check_text(text: str) -> Result:
     """``tcdsl check`` on ``text`` as ``policy.tcp``, without touching the disk."""
-    return analyse(MAIN, loader=lambda _path: text)
+    return analyse(MAIN, loader=loader_of(text))
 
 
 def codes(result: Result) -> list[tuple[str, int]]:
@@ -33,7 +46,7 @@ def codes(result: Result) -> list[tuple[str, int]]:
 
 def syntax_errors(text: str) -> list[Diagnostic]:
     """The syntax errors the reader reports for ``text``."""
-    reader = Reader(loader=lambda _path: text)
+    reader = Reader(loader=loader_of(text))
     reader.read(MAIN)
     return [d for d in reader.diagnostics if d.code in SYNTAX]
 
@@ -199,7 +212,7 @@ def test_one_error_of_each_stage_in_one_run() -> None:
         "}\n"
     )
     assert codes(check_text(text)) == [("E001", 2), ("E018", 5), ("E201", 9), ("W311", 11)]
-    assert compile_policy(MAIN, loader=lambda _path: text).output is None
+    assert compile_policy(MAIN, loader=loader_of(text)).output is None
 
 
 @pytest.mark.parametrize(

@@ -74,7 +74,7 @@ def syntax_error(
     text: str,
     accepted: Collection[str] | None = None,
     stack: Sequence[Any] = (),
-    terminals: Sequence[TerminalDef] = (),
+    terminals: Collection[TerminalDef] = (),
 ) -> Diagnostic:
     """Translate a Lark error into words, at the offending place.
 
@@ -180,7 +180,7 @@ def _terminal_words(terminals: tuple[TerminalDef, ...]) -> dict[str, tuple[str, 
 
 
 def _keywords(
-    names: Collection[str], context: tuple[str, str] | None, terminals: Sequence[TerminalDef]
+    names: Collection[str], context: tuple[str, str] | None, terminals: Collection[TerminalDef]
 ) -> list[str]:
     """The keywords that could have come where the error is."""
     by_terminal = _terminal_words(tuple(terminals))

@@ -237,7 +237,7 @@ def _line_of(err: UnexpectedInput, text: str) -> tuple[int, int]:
     """An offset and its line, from the error (the lexer does not keep its line count)."""
     if isinstance(err, UnexpectedToken):
         return err.token.start_pos or 0, err.token.line or 1
-    return _position(err, text), err.line
+    return _position(err, text), err.line or 1
 
 
 def _position(err: UnexpectedInput, text: str) -> int:
@@ -246,7 +246,7 @@ def _position(err: UnexpectedInput, text: str) -> int:
             return len(text)
         return err.token.start_pos or 0
     if isinstance(err, UnexpectedCharacters):
-        return err.pos_in_stream
+        return err.pos_in_stream or 0
     return len(text)  # pragma: no cover
 
 
@@ -260,22 +260,21 @@ def _recover(ip: InteractiveParser, text: str, pos: int, known: tuple[int, int])
     end, brace = boundary(text, pos, _TOP in table[stack[top]])
     # Keep the longest prefix of the statement that can go on with its '{' (so its block is
     # read), else with its end; else drop the statement and its block.
-    resume = None
+    keep, resume = top + 1, end
     for at in (brace, end):
         if at is None or at <= pos:
             continue
         ttype = _BOUNDARY_TOKENS.get(text[at], "") if at < len(text) else "$END"
-        keep = next(
-            (k for k in range(len(stack), top, -1) if _accepts(state, stack[:k], ttype)), None
+        prefix = next(
+            (k for k in range(len(stack), top, -1) if _accepts(state, stack[:k], ttype)), 0
         )
-        if keep is not None:
-            resume = at
+        if prefix:
+            keep, resume = prefix, at
             break
-    if resume is None:
-        keep, resume = top + 1, end
+    else:
         if end < len(text) and not _accepts(state, stack[:keep], _BOUNDARY_TOKENS[text[end]]):
             # After a statement and its separators, the next statement must start.
-            resume = _SEPARATORS.match(text, end).end()
+            resume = end + len(_SEPARATORS.match(text, end).group())  # type: ignore[union-attr]
     del stack[keep:]
     del state.value_stack[keep - 1 :]
     _move(ip, text, resume, known)
@@ -284,7 +283,9 @@ def _recover(ip: InteractiveParser, text: str, pos: int, known: tuple[int, int])
 
 def _move(ip: InteractiveParser, text: str, pos: int, known: tuple[int, int]) -> None:
     """Point the lexer at ``pos``, given the line of a ``known`` (offset, line)."""
-    counter = ip.lexer_thread.state.line_ctr
+    lexer_state = ip.lexer_thread.state
+    assert lexer_state is not None
+    counter = lexer_state.line_ctr
     at, line = known
     counter.line = line + text.count("\n", at, pos)
     counter.char_pos = pos
