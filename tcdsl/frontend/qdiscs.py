@@ -416,7 +416,7 @@ class QdiscBuilder:
             explicit_id=handle,
             matches=tuple(matches),
             children=tuple(children),
-            leaf=leaves[0] if leaves else None,
+            leaf=leaves[0] if leaves and not children else None,
             **flags,
             **fields,
         )

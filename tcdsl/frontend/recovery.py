@@ -11,6 +11,8 @@ its ``{`` or its end) or, when nothing does, drops the whole statement with its 
 
 from __future__ import annotations
 
+import bisect
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -139,6 +141,7 @@ class Taint:
     def __init__(self) -> None:
         self._regions: dict[str, list[tuple[int, int]]] = {}
         self._lines: dict[str, list[int]] = {}
+        self._merged: dict[str, list[tuple[int, int]]] = {}
 
     def __bool__(self) -> bool:
         return bool(self._regions)
@@ -151,6 +154,7 @@ class Taint:
         if not found:
             return
         regions = self._regions.setdefault(file, [])
+        self._merged.pop(file, None)
         stmts = statements(text)
         open_: list[int] = []
         i = 0
@@ -188,8 +192,23 @@ class Taint:
         regions = self._regions.get(span.file)
         if not regions:
             return False
+        merged = self._merged.get(span.file)
+        if merged is None:
+            merged = self._merged[span.file] = _union(regions)
         pos = _offset(self._lines[span.file], span)
-        return any(start <= pos <= end for start, end in regions)
+        at = bisect.bisect_right(merged, (pos, math.inf)) - 1
+        return at >= 0 and merged[at][1] >= pos
+
+
+def _union(regions: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The same places as disjoint regions, in order."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(regions):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def _line_starts(text: str) -> list[int]:
