@@ -7,11 +7,12 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from lark import Token
+from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.lexer import PatternRE, PatternStr, TerminalDef
 
 from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.frontend import recovery
 from tcdsl.frontend.qdiscs import CLASS_FLAGS, CLASS_PARAMS, QDISC_FLAGS, QDISC_PARAMS
 from tcdsl.frontend.syntax import suggestion
 from tcdsl.frontend.values import span_of
@@ -74,13 +75,15 @@ def syntax_error(
     text: str,
     accepted: Collection[str] | None = None,
     stack: Sequence[Any] = (),
-    terminals: Collection[TerminalDef] = (),
+    terminals: Collection[TerminalDef] | None = None,
 ) -> Diagnostic:
     """Translate a Lark error into words, at the offending place.
 
-    ``accepted`` is the set of terminals that could have come there (None: Lark's guess),
+    ``accepted`` is the set of terminals that could have come there (None: worked out from
+    the error's parser, or Lark's guess without one),
     ``stack`` the parser's values (they tell which qdisc or class a word was meant for) and
-    ``terminals`` the grammar's terminals (their keywords are what a misspelling may mean).
+    ``terminals`` the grammar's terminals (their keywords are what a misspelling may mean;
+    None: read from the grammar).
     """
     line = getattr(err, "line", 1) or 1
     column = getattr(err, "column", 1) or 1
@@ -97,12 +100,17 @@ def syntax_error(
                 span = Span(path, span.line, span.column, span.line, span.column + 1)
         if token.type == "LBRACE" and _first_on_its_line(token, text):
             return Diagnostic.error("E002", f"unexpected character '{{'{brace_hint}", span)
+        parser = getattr(err, "interactive_parser", None)
+        if accepted is None and parser is not None:
+            accepted = recovery.accepted(parser.parser_state)
+            stack = stack or list(parser.parser_state.value_stack)
         names = set(err.expected if accepted is None else accepted)
         context = _context(stack)
         word = str(token)
         hint = ""
         if re.fullmatch(r"[A-Za-z_][\w-]*", word):
-            hint = suggestion(word, _keywords(names, context, terminals))
+            known = _grammar_terminals() if terminals is None else tuple(terminals)
+            hint = suggestion(word, _keywords(names, context, known))
         expected = _expected_words(names, context)
         return Diagnostic.error(
             "E001", f"unexpected {_describe_token(token)}{hint}; expected {expected}", span
@@ -164,6 +172,14 @@ def _options(context: tuple[str, str] | None) -> list[str] | None:
 
 
 _ALTERNATIVES = re.compile(r"\(([\w|-]+)\)\(\?!\[\\w-\]\)")
+
+
+@functools.cache
+def _grammar_terminals() -> tuple[TerminalDef, ...]:
+    from tcdsl.frontend import reader  # the reader reports through this module
+
+    grammar = Lark(reader.grammar_text(), parser="lalr", lexer="contextual")
+    return tuple(grammar.terminals)
 
 
 @functools.cache
