@@ -127,6 +127,19 @@ def test_a_block_is_read_when_the_bad_words_come_before_its_brace() -> None:
     assert [d.span.line for d in errors] == [2, 3, 5]
 
 
+def test_a_block_is_read_when_the_error_is_at_its_brace() -> None:
+    text = (
+        "interface eth0 htb rate 10mbit default web {\n"
+        "    class web rate 5mbit ceil {\n"
+        "        clas inner rate 1mbit\n"
+        "    }\n"
+        "    class x rate 1mbit\n"
+        "    class x rate 1mbit\n"
+        "}\n"
+    )
+    assert codes(check_text(text)) == [("E001", 2), ("E001", 3), ("E101", 6)]
+
+
 def test_errors_after_a_nested_error_are_still_found() -> None:
     text = (
         "interface eth0 htb rate 10mbit {\n"

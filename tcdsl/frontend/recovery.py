@@ -281,7 +281,7 @@ def _recover(ip: InteractiveParser, text: str, pos: int, known: tuple[int, int])
     # read), else with its end; else drop the statement and its block.
     keep, resume = top + 1, end
     for at in (brace, end):
-        if at is None or at <= pos:
+        if at is None or at < pos:
             continue
         ttype = _BOUNDARY_TOKENS.get(text[at], "") if at < len(text) else "$END"
         prefix = next(
