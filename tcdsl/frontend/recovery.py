@@ -148,11 +148,13 @@ class Taint:
 
     def add(self, file: str, text: str, errors: Iterable[Diagnostic]) -> None:
         """Taint the statements of ``file`` (whose text is ``text``) that hold ``errors``."""
-        lines = self._lines.setdefault(file, _line_starts(text))
-        spans = [span for d in errors for span in (d.span, *(n.span for n in d.notes))]
-        found = sorted({_offset(lines, span) for span in spans if span.file == file})
-        if not found:
+        spans = [s for d in errors for s in (d.span, *(n.span for n in d.notes)) if s.file == file]
+        if not spans:
             return
+        if file not in self._lines:
+            self._lines[file] = _line_starts(text)
+        lines = self._lines[file]
+        found = sorted({_offset(lines, span) for span in spans})
         regions = self._regions.setdefault(file, [])
         self._merged.pop(file, None)
         stmts = statements(text)
@@ -275,7 +277,7 @@ def _recover(ip: InteractiveParser, text: str, pos: int, known: tuple[int, int])
     state = ip.parser_state
     table = state.parse_conf.parse_table.states
     stack = state.state_stack
-    top = max(i for i, s in enumerate(stack) if _TOP in table[s] or _BLOCK in table[s])
+    top = next(i for i in reversed(range(len(stack))) if {_TOP, _BLOCK} & table[stack[i]].keys())
     end, brace = boundary(text, pos, _TOP in table[stack[top]])
     # Keep the longest prefix of the statement that can go on with its '{' (so its block is
     # read), else with its end; else drop the statement and its block.
@@ -285,13 +287,13 @@ def _recover(ip: InteractiveParser, text: str, pos: int, known: tuple[int, int])
             continue
         ttype = _BOUNDARY_TOKENS.get(text[at], "") if at < len(text) else "$END"
         prefix = next(
-            (k for k in range(len(stack), top, -1) if _accepts(state, stack[:k], ttype)), 0
+            (k for k in range(len(stack), top, -1) if _accepts(state, stack, ttype, k)), 0
         )
         if prefix:
             keep, resume = prefix, at
             break
     else:
-        if end < len(text) and not _accepts(state, stack[:keep], _BOUNDARY_TOKENS[text[end]]):
+        if end < len(text) and not _accepts(state, stack, _BOUNDARY_TOKENS[text[end]], keep):
             # After a statement and its separators, the next statement must start.
             resume = end + len(_SEPARATORS.match(text, end).group())  # type: ignore[union-attr]
     del stack[keep:]
@@ -312,26 +314,28 @@ def _move(ip: InteractiveParser, text: str, pos: int, known: tuple[int, int]) ->
     counter.column = pos - counter.line_start_pos + 1
 
 
-def _accepts(state: Any, stack: list[int], ttype: str) -> bool:
-    """Whether the parser with ``stack`` would shift ``ttype`` (LALR, so after reductions)."""
+def _accepts(state: Any, stack: list[int], ttype: str, size: int | None = None) -> bool:
+    """Whether the parser with the first ``size`` entries of ``stack`` (all by default) would
+    shift ``ttype`` (LALR, so after reductions). ``stack`` is left as it is."""
     table = state.parse_conf.parse_table.states
     end_state = state.parse_conf.end_state
-    stack = list(stack)
+    kept = len(stack) if size is None else size
+    pushed: list[int] = []  # what reductions put on top of stack[:kept]
     while True:
-        action = table[stack[-1]].get(ttype)
+        action = table[pushed[-1] if pushed else stack[kept - 1]].get(ttype)
         if action is None:
             return False
         kind, arg = action
         if kind is Shift:
             return True
-        size = len(arg.expansion)
-        if size:
-            del stack[-size:]
-        goto = table[stack[-1]].get(arg.origin.name)
+        popped = min(len(arg.expansion), len(pushed))
+        del pushed[len(pushed) - popped :]
+        kept -= len(arg.expansion) - popped
+        goto = table[pushed[-1] if pushed else stack[kept - 1]].get(arg.origin.name)
         if goto is None:  # pragma: no cover - the table always has the goto
             return False
-        stack.append(goto[1])
-        if stack[-1] == end_state:
+        pushed.append(goto[1])
+        if goto[1] == end_state:
             return ttype == "$END"
 
 
