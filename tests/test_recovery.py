@@ -58,7 +58,7 @@ def first_error_without_recovery(text: str) -> Diagnostic | None:
     except UnexpectedInput as err:
         state = err.interactive_parser.parser_state
         values = list(state.value_stack)
-        return syntax_error(err, MAIN, text, recovery.accepted(state), values, parser.terminals)
+        return syntax_error(err, MAIN, text, recovery.accepted(err), values, parser.terminals)
     return None
 
 

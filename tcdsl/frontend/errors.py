@@ -102,7 +102,7 @@ def syntax_error(
             return Diagnostic.error("E002", f"unexpected character '{{'{brace_hint}", span)
         parser = getattr(err, "interactive_parser", None)
         if accepted is None and parser is not None:
-            accepted = recovery.accepted(parser.parser_state)
+            accepted = recovery.accepted(err)
             stack = stack or list(parser.parser_state.value_stack)
         names = set(err.expected if accepted is None else accepted)
         context = _context(stack)

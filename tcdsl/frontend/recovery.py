@@ -18,10 +18,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lark import Lark
+from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 from lark.parsers.lalr_analysis import Shift
 from lark.parsers.lalr_interactive_parser import InteractiveParser
+from lark.parsers.lalr_parser_state import ParserState
 
 from tcdsl.diagnostics import Diagnostic, Span
 
@@ -235,6 +236,8 @@ def parse(
     is not a consequence of an earlier one: ``accepted`` holds the terminals that could have
     come there, ``statement`` the parsed pieces of the failed statement and what holds it."""
     ip: InteractiveParser = parser.parse_interactive(text)
+    if not getattr(ip.parser, "records_before", False):
+        ip.parser_state.__class__ = _RecordingState
     resumed_at = -1
     for _ in range(len(text) + 2):
         try:
@@ -245,7 +248,7 @@ def parse(
             pos = _position(err, text)
             state = ip.parser_state
             if pos > resumed_at:
-                report(err, accepted(state), list(state.value_stack))
+                report(err, accepted(err), list(state.value_stack))
             elif pos < len(text):
                 pos = resumed_at + 1  # a consequence of the last recovery: skip a character
             if isinstance(err, UnexpectedToken) and err.token.type == "$END":
@@ -339,8 +342,26 @@ def _accepts(state: Any, stack: list[int], ttype: str, size: int | None = None) 
             return ttype == "$END"
 
 
-def accepted(state: Any) -> set[str]:
-    """The terminals the parser in ``state`` can take next (exact for LALR)."""
+def accepted(err: UnexpectedInput) -> set[str]:
+    """The terminals that could have come where ``err`` is (exact for LALR)."""
+    state = err.interactive_parser.parser_state
+    # LALR may have reduced on the failing token (a lookahead merged from elsewhere) before
+    # failing: what could have come is what the stack from before it takes.
+    stack = getattr(err, "states_before", None) or state.state_stack
     table = state.parse_conf.parse_table.states
-    stack = state.state_stack
     return {t for t in table[stack[-1]] if t.isupper() and _accepts(state, stack, t)}
+
+
+class _RecordingState(ParserState[int]):
+    """Lark's parser state, telling a syntax error the state stack from before the failing
+    token, as fastlark's loop does."""
+
+    __slots__ = ()
+
+    def feed_token(self, token: Token, is_end: bool = False) -> Any:
+        before = list(self.state_stack)
+        try:
+            return super().feed_token(token, is_end)
+        except UnexpectedInput as e:
+            e.states_before = before  # type: ignore[attr-defined]
+            raise
