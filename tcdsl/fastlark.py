@@ -11,8 +11,12 @@ Profiling a 10,000-class policy showed Lark's per-token bookkeeping as the large
   ``__eq__``) on every reduction; ``FastLALRParser`` runs the same parse table flattened into
   plain tuples.
 
-Errors are handed back to Lark's own code at the failing position, so messages are unchanged.
-``tests/test_fastlark.py`` checks tokens and parse results against stock Lark.
+Errors are handed back to Lark's own code at the failing position, so messages are unchanged;
+each tells, as ``states_before``, the state stack from before the failing token (LALR may
+reduce on a lookahead it then cannot shift), for the list of what could have come there.
+Syntax-error recovery (``tcdsl/frontend/recovery.py``) edits the parser's stacks and moves the
+lexer, then resumes this loop. ``tests/test_fastlark.py`` checks tokens, parse results and
+recovery against stock Lark.
 """
 
 from __future__ import annotations
