@@ -1,7 +1,9 @@
 """The pipeline, in one place: parse -> resolve -> check -> target kernel -> allocate -> lint
 -> backend support -> emit; then disabled warnings are dropped.
 
-Each stage adds its diagnostics; the driver stops after the first stage that reports an error.
+Each stage adds its diagnostics; the driver stops after the first stage that reports an error,
+except after the frontend's: its IR leaves out what had errors, so the later stages still run and
+report what they find outside the statements those errors touched (see ``recovery.Taint``).
 """
 
 from __future__ import annotations
@@ -107,37 +109,47 @@ def analyse(
             return _too_deep(path, reader)
 
 
+LINT_AFTER = frozenset({"E201", "E203"})
+"""Check errors that leave the IR as sound as lint needs (a sum of children's rates too high):
+after them, allocate and lint still run, away from the places of the errors."""
+
+
 def _analyse(path: str, reader: Reader, target: KernelTarget | None = None) -> Result:
     interfaces = reader.read(path)
     result = Result(None, None, reader.diagnostics, reader.sources)
+    taint = reader.taint
 
-    def done() -> bool:
+    def done(found: Iterable[Diagnostic] = ()) -> bool:
+        # After frontend errors, later stages report only what those errors cannot have caused.
+        found = list(found)
+        result.diagnostics += [d for d in found if not taint.covers(d)]
         # One mistake can surface more than once (a bad constant at each use): keep the first.
         unique: dict[tuple[str, str, object], Diagnostic] = {}
         for d in result.diagnostics:
             unique.setdefault((d.code, d.message, d.span), d)
         result.diagnostics[:] = sorted(unique.values(), key=sort_key)
-        return bool(result.errors)
+        return any(d.is_error for d in found) or (bool(result.errors) and not taint)
 
     if done():
         return result
+    # The frontend drops what it cannot build (a bad value, a bad statement), so the IR is
+    # well-formed even after errors: later stages go on while each finds none of its own.
     policy = ir.Policy(path, tuple(interfaces))
     policy, found = resolve(policy)
-    result.diagnostics += found
-    if done():
+    if done(found):
         return result
-    result.diagnostics += run_checks(policy)
-    if done():
-        return result
-    result.diagnostics += kernel_support(policy, target)
-    if done():
+    found = run_checks(policy)
+    if done(found):
+        errors = [d for d in found if d.is_error]
+        if not all(d.code in LINT_AFTER for d in errors):
+            return result
+        taint.add_errors(errors, result.sources)
+    if done(kernel_support(policy, target)):
         return result
     policy, found = allocate(policy)
-    result.diagnostics += found
-    if done():
+    if done(found):
         return result
-    result.diagnostics += run_lints(policy)
-    if done():
+    if done(run_lints(policy)) or result.errors:
         return result
     result.policy = policy
     return result

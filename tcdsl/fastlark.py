@@ -11,8 +11,12 @@ Profiling a 10,000-class policy showed Lark's per-token bookkeeping as the large
   ``__eq__``) on every reduction; ``FastLALRParser`` runs the same parse table flattened into
   plain tuples.
 
-Errors are handed back to Lark's own code at the failing position, so messages are unchanged.
-``tests/test_fastlark.py`` checks tokens and parse results against stock Lark.
+Errors are handed back to Lark's own code at the failing position, so messages are unchanged;
+each tells, as ``states_before``, the state stack from before the failing token (LALR may
+reduce on a lookahead it then cannot shift), for the list of what could have come there.
+Syntax-error recovery (``tcdsl/frontend/recovery.py``) edits the parser's stacks and moves the
+lexer, then resumes this loop. ``tests/test_fastlark.py`` checks tokens, parse results and
+recovery against stock Lark.
 
 This lexer is THE lexer of the language: the compiler and ``tcdsl fmt`` both read through it
 (fmt gets the comments and line continuations it skips through ``lexer_callbacks``), so they
@@ -154,6 +158,9 @@ def _same(children: list[Any]) -> list[Any]:
 
 
 class _FastParser(_Parser):
+    records_before = True
+    """A syntax error's ``states_before`` is the state stack from before the failing token."""
+
     def parse_from_state(self, state: ParserState[int], last_token: Token | None = None) -> Any:
         """Run the LALR loop over the flattened table; Lark's ``feed_token`` ends the parse
         and raises the errors."""
@@ -161,30 +168,41 @@ class _FastParser(_Parser):
         states = state.state_stack
         values = state.value_stack
         token = last_token
+        # The states each reduction for the current token removed, to tell an error the stack
+        # from before them (LALR may reduce on a lookahead it then cannot shift).
+        removed: list[list[int]] = []
         try:
             for token in state.lexer.lex(state):  # type: ignore[no-untyped-call]
                 ttype = token.type
                 while True:
                     action = table[states[-1]].get(ttype)
                     if action is None:
-                        state.feed_token(token)  # raises UnexpectedToken with Lark's details
+                        _feed_failing(state, token, _before(states, removed))
                         raise AssertionError("unreachable")  # pragma: no cover
                     if action[0]:
                         states.append(action[1])
                         values.append(action[2](token) if action[2] else token)
+                        if removed:
+                            removed.clear()
                         break
                     size = action[1]
                     if size:
                         children = values[-size:]
+                        removed.append(states[-size:])
                         del states[-size:]
                         del values[-size:]
                     else:
+                        removed.append([])
                         children = []
                     value = action[2](children)
                     states.append(table[states[-1]][action[3]][1])
                     values.append(value)
             end = Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
-            return state.feed_token(end, True)
+            try:
+                return state.feed_token(end, True)
+            except UnexpectedInput as e:
+                e.states_before = states[:]  # type: ignore[attr-defined]
+                raise
         except UnexpectedInput as e:
             e.interactive_parser = InteractiveParser(self, state, state.lexer)
             raise e
@@ -209,6 +227,24 @@ class _FastParser(_Parser):
             flat[number] = row
         self._flat = (callbacks, flat)
         return flat
+
+
+def _feed_failing(state: ParserState[int], token: Token, before: list[int]) -> None:
+    """Let Lark raise its error for ``token``, telling it the stack from ``before``."""
+    try:
+        state.feed_token(token)
+    except UnexpectedInput as e:
+        e.states_before = before  # type: ignore[attr-defined]
+        raise
+
+
+def _before(states: list[int], removed: list[list[int]]) -> list[int]:
+    """The state stack before the reductions that removed ``removed``, in order."""
+    before = states[:]
+    for slice_ in reversed(removed):
+        before.pop()
+        before.extend(slice_)
+    return before
 
 
 class FastLALRParser(LALR_Parser):

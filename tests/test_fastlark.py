@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from lark import Lark, Token
 from lark.exceptions import UnexpectedInput
 
+from tcdsl import fastlark
 from tcdsl.fastlark import PLUGINS, FastContextualLexer
-from tcdsl.frontend.reader import grammar_text
+from tcdsl.frontend.reader import Reader, grammar_text
 from tests.conftest import DIAGNOSTICS, POLICIES
 
 LARK = Lark(grammar_text(), parser="lalr", lexer="contextual")
@@ -117,3 +118,30 @@ def test_same_tokens_on_random_text(pieces: list[str]) -> None:
     text = "".join(pieces)
     assert tokens(FAST, text) == tokens(LARK, text)
     assert tree(FULL, text) == tree(LARK, text)
+
+
+def syntax_errors(text: str, plugins: dict[str, object]) -> list[object]:
+    """Every syntax error the reader reports on ``text`` (as ``policy.tcp``) with ``plugins``."""
+    saved = fastlark.PLUGINS
+    fastlark.PLUGINS = plugins  # read when the reader builds its parser
+    try:
+        reader = Reader(loader=lambda _path: text)
+        reader.read_text("policy.tcp", text)
+    finally:
+        fastlark.PLUGINS = saved
+    return [d for d in reader.diagnostics if d.code in ("E001", "E002")]
+
+
+@pytest.mark.parametrize("path", TEXTS, ids=[p.name for p in TEXTS])
+def test_same_recovery_on_every_policy_and_diagnostic_case(path: Path) -> None:
+    """Recovery edits the parser's stacks and moves its lexer: fastlark's loop and lexer must
+    go on from there exactly as Lark's own."""
+    text = path.read_text(encoding="utf-8")
+    assert syntax_errors(text, PLUGINS) == syntax_errors(text, {})
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=40))
+def test_same_recovery_on_random_text(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    assert syntax_errors(text, PLUGINS) == syntax_errors(text, {})

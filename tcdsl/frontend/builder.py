@@ -25,6 +25,7 @@ from tcdsl.frontend.syntax import (
     Param,
     PriomapOpt,
     QdiscSyntax,
+    suggestion,
 )
 from tcdsl.frontend.values import (
     Address,
@@ -65,6 +66,12 @@ class Builder(Transformer[Token, Any]):
     def error(self, d: Diagnostic) -> None:
         self.reader.diagnostics.append(d)
 
+    def eval_error(self, err: EvalError) -> None:
+        """Report a value that could not be evaluated (not if an earlier error caused it)."""
+        (self.reader.follow_ons if err.follow_on else self.reader.diagnostics).append(
+            err.diagnostic
+        )
+
     def sp(self, token: Token) -> Span:
         return span_of(token, self.file)
 
@@ -74,6 +81,7 @@ class Builder(Transformer[Token, Any]):
         span = self.sp(name)
         if str(name) in self.scope.constants:
             prev = self.scope.constants[str(name)][1]
+            self.scope.broken.setdefault(str(name), span)
             self.error(
                 Diagnostic.error(
                     "E101",
@@ -265,6 +273,8 @@ class Builder(Transformer[Token, Any]):
         (tok,) = c
         span = self.sp(tok)
         found = self.scope.constants.get(str(tok))
+        if str(tok) in self.scope.broken:
+            return None
         if found is None:
             msg = f"unknown constant '{tok}'; expected an IPv4 address"
             self.error(Diagnostic.error("E103", msg, span))
@@ -340,7 +350,7 @@ class Builder(Transformer[Token, Any]):
         try:
             value = evaluate(Ref(str(tok), span), Dimension.COUNT, self.scope)
         except EvalError as err:
-            self.error(err.diagnostic)
+            self.eval_error(err)
             return None
         assert not isinstance(value, ir.Percent)
         port = self._port_number(str(int(value[0])), span)
@@ -358,10 +368,11 @@ class Builder(Transformer[Token, Any]):
         number = PROTOCOLS.get(str(tok).lower())
         if number is None:
             known = ", ".join(PROTOCOLS)
+            hint = suggestion(str(tok), PROTOCOLS)
             self.error(
                 Diagnostic.error(
                     "E015",
-                    f"unknown protocol '{tok}'; use a number or one of {known}",
+                    f"unknown protocol '{tok}'{hint}; use a number or one of {known}",
                     self.sp(tok),
                 )
             )
@@ -421,7 +432,10 @@ class Builder(Transformer[Token, Any]):
             if dscp is None:
                 self.error(
                     Diagnostic.error(
-                        "E016", f"unknown DSCP name '{tok}'; use 0-63, ef, afXY or csN", span
+                        "E016",
+                        f"unknown DSCP name '{tok}'{suggestion(str(tok), DSCP_NAMES)}; "
+                        "use 0-63, ef, afXY or csN",
+                        span,
                     )
                 )
                 return None

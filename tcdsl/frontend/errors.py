@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import re
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
-from lark import Token
+from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.lexer import PatternRE, PatternStr, TerminalDef
 
 from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.frontend import recovery
+from tcdsl.frontend.qdiscs import CLASS_FLAGS, CLASS_PARAMS, QDISC_FLAGS, QDISC_PARAMS
+from tcdsl.frontend.syntax import suggestion
 from tcdsl.frontend.values import span_of
 
 # Grammar terminals in words, for syntax errors.
@@ -62,8 +69,22 @@ def _first_on_its_line(token: Token, text: str) -> bool:
     return not text[line_start:start].strip()
 
 
-def syntax_error(err: UnexpectedInput, path: str, text: str) -> Diagnostic:
-    """Translate a Lark error into words, at the offending place."""
+def syntax_error(
+    err: UnexpectedInput,
+    path: str,
+    text: str,
+    accepted: Collection[str] | None = None,
+    stack: Sequence[Any] = (),
+    terminals: Collection[TerminalDef] | None = None,
+) -> Diagnostic:
+    """Translate a Lark error into words, at the offending place.
+
+    ``accepted`` is the set of terminals that could have come there (None: worked out from
+    the error's parser, or Lark's guess without one),
+    ``stack`` the parser's values (they tell which qdisc or class a word was meant for) and
+    ``terminals`` the grammar's terminals (their keywords are what a misspelling may mean;
+    None: read from the grammar).
+    """
     line = getattr(err, "line", 1) or 1
     column = getattr(err, "column", 1) or 1
     brace_hint = "; a '{' must be on the same line as the statement it opens"
@@ -79,17 +100,20 @@ def syntax_error(err: UnexpectedInput, path: str, text: str) -> Diagnostic:
                 span = Span(path, span.line, span.column, span.line, span.column + 1)
         if token.type == "LBRACE" and _first_on_its_line(token, text):
             return Diagnostic.error("E002", f"unexpected character '{{'{brace_hint}", span)
-        try:
-            accepted = (
-                err.interactive_parser.accepts()  # type: ignore[no-untyped-call]
-                if err.interactive_parser
-                else err.expected
-            )
-        except UnexpectedInput:  # pragma: no cover - accepts() is best effort
-            accepted = err.expected
-        expected = _expected_words(accepted or err.expected)
+        parser = getattr(err, "interactive_parser", None)
+        if accepted is None and parser is not None:
+            accepted = recovery.accepted(err)
+            stack = stack or list(parser.parser_state.value_stack)
+        names = set(err.expected if accepted is None else accepted)
+        context = _context(stack)
+        word = str(token)
+        hint = ""
+        if re.fullmatch(r"[A-Za-z_][\w-]*", word):
+            known = _grammar_terminals() if terminals is None else tuple(terminals)
+            hint = suggestion(word, _keywords(names, context, known))
+        expected = _expected_words(names, context)
         return Diagnostic.error(
-            "E001", f"unexpected {_describe_token(token)}; expected {expected}", span
+            "E001", f"unexpected {_describe_token(token)}{hint}; expected {expected}", span
         )
     if isinstance(err, UnexpectedCharacters):
         pos = err.pos_in_stream or 0
@@ -108,28 +132,153 @@ def syntax_error(err: UnexpectedInput, path: str, text: str) -> Diagnostic:
     )
 
 
-# Listed last, in this order, so the words that say most survive the cut to six.
-_LAST = ("PLUS", "MINUS", "STAR", "SLASH", "_NL")
+# ---- what a word was meant for -------------------------------------------------------------
+
+_OPTIONS = ("PARAM", "FLAG", "HANDLE_KW", "DEFAULT", "PRIOMAP")
 
 
-def _expected_words(expected: Iterable[str]) -> str:
+def _context(stack: Sequence[Any]) -> tuple[str, str] | None:
+    """("qdisc", kind) or ("class", kind of its qdisc) when the failed words are options on a
+    qdisc's or a class's line; None elsewhere."""
+    owner = None
+    for value in reversed(stack):
+        if not isinstance(value, Token):
+            continue
+        if owner is None:
+            if value.type == "LBRACE":
+                return None
+            if value.type == "CLASS":
+                owner = "class"
+            elif value.type == "QDISC_KIND":
+                return ("qdisc", str(value))
+        elif value.type == "QDISC_KIND":
+            return (owner, str(value))
+    return None
+
+
+def _options(context: tuple[str, str] | None) -> list[str] | None:
+    """The options the context takes, "rate" first if it takes one; None when unknown."""
+    if context is None:
+        return None
+    owner, kind = context
+    if owner == "qdisc" and kind in QDISC_PARAMS:
+        extra = {"htb": ["default"], "prio": ["priomap"]}.get(kind, [])
+        words = [*QDISC_PARAMS[kind], *extra, *sorted(QDISC_FLAGS[kind]), "handle"]
+    elif owner == "class" and kind in CLASS_PARAMS:
+        words = [*CLASS_PARAMS[kind], *sorted(CLASS_FLAGS[kind]), "id"]
+    else:
+        return None
+    return sorted(words, key=lambda w: (w != "rate", w in ("handle", "id"), w))
+
+
+_ALTERNATIVES = re.compile(r"\(([\w|-]+)\)\(\?!\[\\w-\]\)")
+
+
+@functools.cache
+def _grammar_terminals() -> tuple[TerminalDef, ...]:
+    from tcdsl.frontend import reader  # the reader reports through this module
+
+    grammar = Lark(reader.grammar_text(), parser="lalr", lexer="contextual")
+    return tuple(grammar.terminals)
+
+
+@functools.cache
+def _terminal_words(terminals: tuple[TerminalDef, ...]) -> dict[str, tuple[str, ...]]:
+    words: dict[str, tuple[str, ...]] = {}
+    for t in terminals:
+        if isinstance(t.pattern, PatternStr) and t.pattern.value.replace("-", "").isalpha():
+            words[t.name] = (t.pattern.value,)
+        elif isinstance(t.pattern, PatternRE):
+            m = _ALTERNATIVES.fullmatch(t.pattern.value)
+            if m:
+                words[t.name] = tuple(m.group(1).split("|"))
+    return words
+
+
+def _keywords(
+    names: Collection[str], context: tuple[str, str] | None, terminals: Collection[TerminalDef]
+) -> list[str]:
+    """The keywords that could have come where the error is."""
+    by_terminal = _terminal_words(tuple(terminals))
+    options = _options(context)
+    words: list[str] = []
+    for name in sorted(names):
+        if name in _OPTIONS and options is not None:
+            continue
+        words.extend(by_terminal.get(name, ()))
+    if options is not None and any(n in names for n in _OPTIONS):
+        words.extend(options)
+    return words
+
+
+# ---- what could have come there, in words ----------------------------------------------------
+
+_VALUE_START = ("QUANTITY", "NUMBER", "HEX", "PERCENT", "LPAR")
+_CONDITIONS = (
+    "ADDR_FIELD",
+    "PORT_FIELD",
+    "PROTO",
+    "TOS",
+    "DSCP",
+    "TCP_ACK",
+    "RAW_SIZE",
+    "ALL",
+    "PREF",
+)
+_STATEMENTS = {"CLASS": "'class'", "MATCH": "'match'", "QDISC_KIND": "a qdisc such as htb"}
+_OPERATORS = {"PLUS": "+", "MINUS": "-", "STAR": "*", "SLASH": "/"}
+# Listed last, in this order.
+_LAST = ("COMMA", "LBRACE", "RBRACE", "_NL", "$END")
+
+
+def _expected_words(expected: Iterable[str], context: tuple[str, str] | None = None) -> str:
     names = set(expected)
     if len(names) > 1:
         names.discard("$END")
     if "_NL" in names:
         names.discard("SEMICOLON")
-    order = sorted(names, key=lambda n: (_LAST.index(n) if n in _LAST else -1, n))
     words: list[str] = []
-    for name in order:
-        word = EXPECTED_WORDS.get(name)
-        if word is None:
-            word = f"'{name.lower()}'" if name.isupper() else name
-        if word not in words:
-            words.append(word)
-    if len(words) > 6:
-        words = [*words[:6], "..."]
-    return (
-        ", ".join(words[:-1]) + (" or " if len(words) > 1 else "") + words[-1]
-        if words
-        else "something else"
-    )
+    if names & set(_OPTIONS):
+        options = _options(context)
+        if options is None:
+            words.append("a parameter such as rate")
+        elif len(options) == 1:
+            words.append(f"'{options[0]}'")
+        elif options:
+            words.append(f"a parameter such as {options[0]}")
+        names -= set(_OPTIONS)
+    if "MATCH" in names and context is not None:
+        if context[0] == "class":
+            words.append("a match")
+        names.discard("MATCH")
+    if "QUANTITY" in names:
+        words.append(
+            "a value such as 10mbit" + (" or a constant's name" if "NAME" in names else "")
+        )
+        names -= {*_VALUE_START, "NAME"}
+    conditions = names & set(_CONDITIONS)
+    if len(conditions) > 2:
+        words.append("a condition such as 'dport 80' or 'src 10.0.0.0/8'")
+        names -= conditions
+    if "QDISC_KIND" in names and len(names) > 1:
+        words.extend(word for name, word in _STATEMENTS.items() if name in names)
+        names -= set(_STATEMENTS)
+    operators = [op for name, op in _OPERATORS.items() if name in names]
+    names -= set(_OPERATORS)
+    last = [n for n in _LAST if n in names]
+    names -= set(_LAST)
+    for name in sorted(names):
+        words.append(EXPECTED_WORDS.get(name) or _keyword(name))
+    if len(operators) > 1:
+        words.append(f"an operator ({' '.join(operators)})")
+    elif operators:
+        words.append(f"'{operators[0]}'")
+    words.extend(EXPECTED_WORDS[n] for n in last)
+    unique = list(dict.fromkeys(words))
+    if not unique:
+        return "something else"
+    return ", ".join(unique[:-1]) + (" or " if len(unique) > 1 else "") + unique[-1]
+
+
+def _keyword(name: str) -> str:
+    return f"'{name.lower()}'" if name.isupper() else name

@@ -17,6 +17,7 @@ from tcdsl.frontend.syntax import (
     Param,
     PriomapOpt,
     QdiscSyntax,
+    suggestion,
 )
 from tcdsl.frontend.values import EvalError, evaluate
 from tcdsl.units import Dimension
@@ -151,7 +152,7 @@ class QdiscBuilder:
         try:
             result = evaluate(opt.value, dim, self.b.scope, percent=percent)
         except EvalError as err:
-            self.error(err.diagnostic)
+            self.b.eval_error(err)
             return None
         if isinstance(result, ir.Percent):
             if dim is Dimension.COUNT and result.value > 100:
@@ -197,10 +198,11 @@ class QdiscBuilder:
             self.error(Diagnostic.error("E007", text, span))
             return
         accepted = sorted({*params, *flags, handle_kw})
+        hint = suggestion(key, sorted({*params, *flags}))
         takes = ", ".join(accepted) if len(accepted) > 1 else f"only {handle_kw}"
         self.error(
             Diagnostic.error(
-                "E007", f"'{key}' is not a parameter of {what}; it takes {takes}", span
+                "E007", f"'{key}' is not a parameter of {what}{hint}; it takes {takes}", span
             )
         )
 
@@ -422,7 +424,7 @@ class QdiscBuilder:
             explicit_id=handle,
             matches=tuple(matches),
             children=tuple(children),
-            leaf=leaves[0] if leaves else None,
+            leaf=leaves[0] if leaves and not children else None,
             **flags,
             **fields,
         )

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from lark import Lark
+from lark import Lark, Token
 from lark.exceptions import UnexpectedInput
 
 from tcdsl import fastlark, ir
 from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.frontend import recovery
 from tcdsl.frontend.builder import Builder
 from tcdsl.frontend.errors import syntax_error
 from tcdsl.frontend.source import (
@@ -58,6 +61,10 @@ class Reader:
     ) -> None:
         self.scope = Scope()
         self.diagnostics: list[Diagnostic] = []
+        self.follow_ons: list[Diagnostic] = []
+        """Errors caused only by an earlier one: not reported, but they taint like errors."""
+        self.taint = recovery.Taint()
+        """Where errors are: later stages report nothing that depends on those places."""
         self.sources: dict[str, str] = {}
         self.stack: list[str] = []
         self.loader = loader or read_policy
@@ -106,17 +113,32 @@ class Reader:
             return []
 
     def read_text(self, path: str, text: str) -> list[ir.Interface]:
-        """Parse ``text`` as the file ``path``."""
+        """Parse ``text`` as the file ``path``, going on after syntax errors."""
         self.sources[path] = text
         self.stack.append(path)
+        first, first_follow_on = len(self.diagnostics), len(self.follow_ons)
         builder = Builder(self, path)
+        parser = _parser(builder)
+
+        def report(err: UnexpectedInput, accepted: set[str], stack: list[Any]) -> None:
+            self.diagnostics.append(
+                syntax_error(err, path, text, accepted, stack, parser.terminals)
+            )
+            self._mark_broken_constant(stack, path)
+
         try:
-            _parser(builder).parse(text)
-        except UnexpectedInput as err:
-            self.diagnostics.append(syntax_error(err, path, text))
+            recovery.parse(parser, text, report)
         finally:
             self.stack.pop()
+        errors = [d for d in self.diagnostics[first:] if d.is_error]
+        self.taint.add(path, text, [*errors, *self.follow_ons[first_follow_on:]])
         return builder.interfaces
+
+    def _mark_broken_constant(self, stack: list[Any], path: str) -> None:
+        """A constant whose declaration failed: its uses are follow-on errors."""
+        for keyword, name in itertools.pairwise(stack):
+            if isinstance(keyword, Token) and keyword.type == "CONST" and isinstance(name, Token):
+                self.scope.broken.setdefault(str(name), span_of(name, path))
 
 
 def _parser(builder: Builder) -> Lark:

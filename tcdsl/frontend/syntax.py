@@ -1,8 +1,10 @@
-"""The pieces of syntax the Transformer hands from rule to rule, and the names a match may use
-(protocols, DSCP classes)."""
+"""The pieces of syntax the Transformer hands from rule to rule, the names a match may use
+(protocols, DSCP classes), and the guess at what a misspelled word meant."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,3 +94,36 @@ DSCP_NAMES: dict[str, int] = {
     "ef": 46,
     "va": 44,
 }
+
+
+# ---- misspellings ------------------------------------------------------------------------------
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate ``word`` is most likely a misspelling of, if one is close."""
+    if len(word) > 40:
+        return None
+    choices = sorted(set(candidates) - {word})
+    close = difflib.get_close_matches(word.lower(), choices, n=5, cutoff=0.6)
+    if not close:
+        return None
+    # difflib ranks 'proto' above 'dport' for 'dprot'; a swapped pair of letters is one typo.
+    return min(close, key=lambda c: (_typos(word.lower(), c), close.index(c)))
+
+
+def suggestion(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for a close candidate, else nothing."""
+    guess = did_you_mean(word, candidates)
+    return f" (did you mean '{guess}'?)" if guess else ""
+
+
+def _typos(a: str, b: str) -> int:
+    """Edit distance counting a swap of neighbouring letters as one edit."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]

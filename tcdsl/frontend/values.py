@@ -67,9 +67,11 @@ class Address:
 class EvalError(Exception):
     """A value could not be evaluated; carries the diagnostic."""
 
-    def __init__(self, diagnostic: Diagnostic) -> None:
+    def __init__(self, diagnostic: Diagnostic, follow_on: bool = False) -> None:
         super().__init__(diagnostic.message)
         self.diagnostic = diagnostic
+        self.follow_on = follow_on
+        """Caused only by an earlier error (a constant whose declaration failed)."""
 
 
 MAX_DIGITS = 100
@@ -173,6 +175,9 @@ class Scope:
     )
     """Each constant evaluated once per dimension (``const C2 = C1 + C1`` chains would
     otherwise take exponential time); a constant is never redefined, so this stays true."""
+    broken: dict[str, Span] = field(default_factory=dict)
+    """Constants whose declaration has an error (a syntax error, or a second declaration): their
+    uses are left out, without an error of their own."""
 
 
 def evaluate(
@@ -191,6 +196,9 @@ def evaluate(
         return ir.Percent(expr.value, expr.span)
     if isinstance(expr, Ref):
         found = scope.constants.get(expr.name)
+        if expr.name in scope.broken:
+            msg = f"constant '{expr.name}' has an error in its declaration"  # never shown
+            raise EvalError(Diagnostic.error("E103", msg, expr.span), follow_on=True)
         if found is None:
             hint = ""
             if "-" in expr.name:
@@ -225,7 +233,8 @@ def evaluate(
                     d.message,
                     d.span,
                     (*d.notes, Note(f"'{expr.name}' used here", expr.span)),
-                )
+                ),
+                result.follow_on,
             ) from None
         return result
     return _arith(expr, dim, scope)
