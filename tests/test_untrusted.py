@@ -150,6 +150,26 @@ def test_a_proc_file_is_read_bounded_and_never_shown(
     assert SECRET not in out and "TCDSL_TEST_TOKEN" not in out
 
 
+@pytest.mark.parametrize(
+    "content",
+    [f"API_TOKEN={SECRET}\n", f"# comment\n\nexport KEY={SECRET}\nmore\n", f"{SECRET} x y\n"],
+)
+def test_an_included_file_that_is_not_a_policy_is_never_shown(tree: Path, content: str) -> None:
+    """Text that fails at its first statement is not a policy: one error at the include, and
+    none of its lines (in the tree, or anywhere with --allow-include-anywhere)."""
+    (tree / ".env").write_text(content, encoding="utf-8")
+    (tree / "main.tcp").write_text('include ".env"\n' + PFIFO, encoding="utf-8")
+    for args in (("check",), ("check", "--allow-include-anywhere"), ("compile",), ("explain",)):
+        code, out = tcdsl_process(*args, "main.tcp", cwd=tree)
+        assert code == 1 and "main.tcp:1:9: error: '.env' is not a tcdsl policy" in out
+        assert SECRET not in out and "KEY" not in out, out
+    # A policy with a mistake further down still shows it, as any policy does.
+    (tree / "common.tcp").write_text("const A = 1mbit\nconst B = = 2mbit\n", encoding="utf-8")
+    (tree / "main.tcp").write_text('include "common.tcp"\n' + PFIFO, encoding="utf-8")
+    code, out = tcdsl_process("check", "main.tcp", cwd=tree)
+    assert code == 1 and "common.tcp:2:" in out and "const B = = 2mbit" in out
+
+
 def test_huge_sparse_files_are_refused_before_reading(tree: Path) -> None:
     with open(tree / "huge.tcp", "wb") as f:
         f.truncate(64 * 1024**3)  # 64 GiB, sparse: reading it would take minutes and all RAM

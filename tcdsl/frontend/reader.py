@@ -106,11 +106,21 @@ class Reader:
             )
             return []
         self.done.add(real)
+        first = len(self.diagnostics)
         try:
-            return self.read_text(path, text)
+            interfaces = self.read_text(path, text)
         except fastlark.NestingTooDeep as err:
             self.diagnostics.append(nesting_too_deep(err, path))
             return []
+        if include_span is not None:
+            refusal = _not_a_policy(path, text, self.diagnostics[first:], include_span)
+            if refusal is not None:
+                # Anything more would show the text of a file that may hold secrets.
+                del self.diagnostics[first:]
+                self.sources.pop(path, None)
+                self.diagnostics.append(refusal)
+                return []
+        return interfaces
 
     def read_text(self, path: str, text: str) -> list[ir.Interface]:
         """Parse ``text`` as the file ``path``, going on after syntax errors."""
@@ -139,6 +149,32 @@ class Reader:
         for keyword, name in itertools.pairwise(stack):
             if isinstance(keyword, Token) and keyword.type == "CONST" and isinstance(name, Token):
                 self.scope.broken.setdefault(str(name), span_of(name, path))
+
+
+def _not_a_policy(
+    path: str, text: str, found: list[Diagnostic], include_span: Span
+) -> Diagnostic | None:
+    """An error at the include when the included file's first statement does not parse.
+
+    Such a file is not policy text (an ``include ".env"`` in an untrusted policy): its
+    diagnostics would echo its content, so they are replaced by this one, which shows none.
+    """
+    first_error = next((d for d in found if d.is_error and d.span.file == path), None)
+    if first_error is None or first_error.code not in ("E001", "E002"):
+        return None
+    code_line = next(
+        (n for n, line in enumerate(text.split("\n"), 1) if line.strip()[:1] not in ("", "#")),
+        1,
+    )
+    if first_error.span.line > code_line:
+        return None
+    where = f"line {first_error.span.line}, column {first_error.span.column}"
+    return Diagnostic.error(
+        first_error.code,
+        f"'{path}' is not a tcdsl policy: its first statement does not parse ({where}); "
+        "its text is not shown",
+        include_span,
+    )
 
 
 def _parser(builder: Builder) -> Lark:
