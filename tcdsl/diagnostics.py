@@ -123,13 +123,10 @@ def _display(line: str) -> tuple[str, list[int]]:
     return "".join(shown), starts
 
 
-def _excerpt(span: Span, lines: list[str] | None) -> list[str]:
-    """The source line of ``span`` and a caret line under it (``lines``: the file split at
-    LF only, as the lexer counts lines)."""
-    if lines is None or not 1 <= span.line <= len(lines):
-        return []
-    raw = lines[span.line - 1]
-    line, starts = _display(raw)
+def _excerpt(span: Span, raw: str, shown: tuple[str, list[int]]) -> list[str]:
+    """The source line of ``span`` and a caret line under it (``raw``: that line of the file,
+    split at LF only as the lexer counts lines; ``shown``: ``_display(raw)``)."""
+    line, starts = shown
     first = min(max(span.column, 1), len(raw) + 1) - 1
     last = span.end_column - 1 if span.end_line == span.line else len(raw)
     last = min(max(last, first + 1), len(raw) + 1)
@@ -151,16 +148,26 @@ def _excerpt(span: Span, lines: list[str] | None) -> list[str]:
 def render(diagnostics: Iterable[Diagnostic], sources: Mapping[str, str]) -> str:
     """Render diagnostics as GNU-style text with source excerpts and carets.
 
-    Each source is split into lines once, however many diagnostics it has; policy text in
+    Each source is split into lines once, and each line escaped once, however many
+    diagnostics it has; policy text in
     excerpts, messages and file names is escaped (``escape``).
     """
     split: dict[str, list[str] | None] = {}
+    # Many diagnostics can share one long line: each line is escaped and measured once.
+    shown: dict[tuple[str, int], tuple[str, list[int]]] = {}
 
     def excerpt(span: Span) -> list[str]:
         if span.file not in split:
             text = sources.get(span.file)
             split[span.file] = None if text is None else text.split("\n")
-        return _excerpt(span, split[span.file])
+        lines = split[span.file]
+        if lines is None or not 1 <= span.line <= len(lines):
+            return []
+        raw = lines[span.line - 1]
+        key = (span.file, span.line)
+        if key not in shown:
+            shown[key] = _display(raw)
+        return _excerpt(span, raw, shown[key])
 
     def place(span: Span) -> str:
         return f"{escape(span.file)}:{span.line}:{span.column}"
