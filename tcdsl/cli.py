@@ -278,14 +278,15 @@ def compile(
 def policy_files(paths: Sequence[str]) -> list[tuple[str, str | None]]:
     """The policy files named by PATH arguments, each with the directory it was found in: a
     directory stands for every ``*.tcp`` below it (sorted, hidden directories and files
-    skipped); other paths are taken as given (with None).
+    skipped); other paths are taken as given (with their own directory, which a symlink may
+    not leave; None for ``-``, standard input).
 
     A directory without policies is a usage error (a mistyped path, most likely).
     """
     files: list[tuple[str, str | None]] = []
     for path in paths:
         if not os.path.isdir(path):
-            files.append((path, None))
+            files.append((path, None if path == "-" else os.path.dirname(path) or "."))
             continue
         found: list[str] = []
         for root, dirs, names in os.walk(path):

@@ -83,6 +83,20 @@ def test_a_symlink_inside_the_tree_to_outside_is_refused(tree: Path) -> None:
     assert SECRET not in out
 
 
+def test_a_named_symlink_that_leaves_its_directory_is_refused(tree: Path) -> None:
+    """A pull request can add ``x.tcp -> /etc/shadow``; a pre-commit hook names it."""
+    (tree / "x.tcp").symlink_to(tree.parent / "secret.tcp")
+    (tree / "ok.tcp").write_text(PFIFO, encoding="utf-8")
+    (tree / "alias.tcp").symlink_to(tree / "ok.tcp")
+    for command in ("check", "compile", "explain", "fmt"):
+        code, out = tcdsl_process(command, "x.tcp", cwd=tree)
+        assert code == 1 and "not reading 'x.tcp' (a link to" in out and "[E023]" in out
+        assert SECRET not in out, command
+        assert tcdsl_process(command, "alias.tcp", cwd=tree)[0] == 0, command
+    code, out = tcdsl_process("check", "--allow-include-anywhere", "x.tcp", cwd=tree)
+    assert code == 1 and "[E001]" in out  # read as asked, and it is no policy
+
+
 def test_include_path_and_allow_anywhere_allow_more(tree: Path) -> None:
     shared = tree.parent / "shared"
     shared.mkdir()

@@ -90,8 +90,11 @@ class Reader:
         if real in self.done:
             return []
         span = include_span or Span(path, 1, 1, 1, 1)
-        if include_span is not None and not self.access.allows(path, self.tree):
-            msg = f"cannot include {self.access.refusal(path, self.tree)}"
+        if not self.access.allows(path, self.tree):
+            # For the policy itself: a symlink (named.tcp -> /etc/shadow) that leaves its own
+            # directory, as a pull request could add and a pre-commit hook would name.
+            verb = "cannot include" if include_span is not None else "not reading"
+            msg = f"{verb} {self.access.refusal(path, self.tree)}"
             self.diagnostics.append(Diagnostic.error("E023", msg, span))
             return []
         try:
