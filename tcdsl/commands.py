@@ -413,8 +413,10 @@ def nft_unquotable(name: str) -> str | None:
     """Why an interface name cannot be written in an nft ruleset, or None."""
     if '"' in name:
         return "an nft string cannot hold '\"'"
-    if "*" in name or "\\" in name:
+    if "*" in name:
         return "nft reads '*' in an interface name as a wildcard"
+    if "\\" in name:
+        return "nft reads '\\' in an interface name as an escape"
     return None
 
 

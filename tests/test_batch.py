@@ -140,6 +140,10 @@ def test_unspellable_interface_names_are_diagnosed(tmp_path: Path) -> None:
     assert compile_policy(path, "shell", options=BackendOptions(batch=True)).output is None
     star = compile_policy(_odd(tmp_path, "eth0", "eth*"), "nft")
     assert [(d.code, d.span.line) for d in star.diagnostics] == [("E502", 2)]
+    assert "'*' in an interface name as a wildcard" in star.diagnostics[0].message
+    slash = compile_policy(_odd(tmp_path, "eth0", "a\\b"), "nft")
+    assert [(d.code, d.span.line) for d in slash.diagnostics] == [("E502", 2)]
+    assert "'\\' in an interface name as an escape" in slash.diagnostics[0].message
 
 
 def test_shell_batch_and_nft_scripts_are_valid_sh() -> None:

@@ -97,6 +97,15 @@ def test_a_named_symlink_that_leaves_its_directory_is_refused(tree: Path) -> Non
     assert code == 1 and "[E001]" in out  # read as asked, and it is no policy
 
 
+def test_a_byte_order_mark_is_not_text(tree: Path) -> None:
+    """Notepad starts UTF-8 files with U+FEFF; it was 'unexpected \\ufeffinterface'."""
+    (tree / "bom.tcp").write_bytes(b"\xef\xbb\xbf" + PFIFO.encode())
+    assert tcdsl_process("check", "bom.tcp", cwd=tree) == (0, "")
+    code, out = tcdsl_process("compile", "bom.tcp", cwd=tree)
+    assert code == 0 and "pfifo limit 10" in out
+    assert tcdsl_process("fmt", "--check", "bom.tcp", cwd=tree) == (0, "")
+
+
 def test_include_path_and_allow_anywhere_allow_more(tree: Path) -> None:
     shared = tree.parent / "shared"
     shared.mkdir()

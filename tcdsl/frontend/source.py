@@ -106,7 +106,8 @@ def decode_policy(data: bytes) -> str:
             f"this file holds a NUL byte (at line {line}, column {column}): it is not policy text",
             (line, column),
         )
-    return text
+    # Some editors (Notepad) start UTF-8 files with a byte-order mark: it is no text.
+    return text.removeprefix("\ufeff")
 
 
 def _position(before: str) -> tuple[int, int]:
