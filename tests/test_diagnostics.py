@@ -170,6 +170,7 @@ def test_no_internals_reach_the_user(case: str) -> None:
 
 # Cases that show several mistakes reported at once, on purpose.
 MULTI_CODE_CASES = {
+    "E001-hex-number-with-unit.tcp",
     "E001-no-cascade.tcp",
     "E001-one-error-per-stage.tcp",
     "E004-many-errors-at-once.tcp",

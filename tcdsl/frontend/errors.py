@@ -108,7 +108,9 @@ def syntax_error(
         context = _context(stack)
         word = str(token)
         hint = ""
-        if re.fullmatch(r"[A-Za-z_][\w-]*", word):
+        if _after_hex(token, text):
+            hint = f"; {HEX_TAKES_NO_UNIT}"
+        elif re.fullmatch(r"[A-Za-z_][\w-]*", word):
             known = _grammar_terminals() if terminals is None else tuple(terminals)
             hint = suggestion(word, _keywords(names, context, known))
         expected = _expected_words(names, context)
@@ -130,6 +132,23 @@ def syntax_error(
     return Diagnostic.error(
         "E001", str(err).splitlines()[0], Span(path, line, column, line, column + 1)
     )
+
+
+HEX_TAKES_NO_UNIT = (
+    "a hex number takes no unit: write a rate, size or time in decimal with its unit "
+    "(100kbit, not 0x64kbit)"
+)
+
+
+def _after_hex(token: Token, text: str) -> bool:
+    """Whether ``token`` is glued to a hex number before it (``0x64`` + ``kbit``)."""
+    start = token.start_pos
+    if not start or not text[start - 1].isalnum():
+        return False
+    word = start
+    while word > 0 and text[word - 1].isalnum():
+        word -= 1
+    return re.fullmatch(r"0[xX][0-9a-fA-F]+", text[word:start]) is not None
 
 
 # ---- what a word was meant for -------------------------------------------------------------

@@ -134,6 +134,8 @@ def bounded(value: Fraction | int, span: Span) -> Fraction | int:
     return value
 
 
+HEX = ("0x", "0X")
+
 RATE_HINT = "rates take bit, kbit, mbit, gbit, tbit (or bps, kbps, mbps: BYTES per second)"
 
 
@@ -272,6 +274,15 @@ def _arith(
 
 
 def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction | int, tuple[Span, ...]]:
+    if lit.unit is None and dim in (Dimension.RATE, Dimension.TIME) and lit.text[:2] in HEX:
+        raise EvalError(
+            Diagnostic.error(
+                "E004",
+                f"'{lit.text}' has no unit, and a hex number takes none: write this "
+                f"{dim.value} in decimal with its unit, such as {dim.example}",
+                lit.span,
+            )
+        )
     if lit.unit is None:
         if dim is Dimension.RATE:
             raise EvalError(
