@@ -479,7 +479,7 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
             sources = (
                 {err.diagnostic.span.file: normalise_newlines(text)} if refused is None else {}
             )
-            click.echo(render([err.diagnostic], sources), nl=False, err=True)
+            click.echo(render(err.diagnostics, sources), nl=False, err=True)
             failed = True
             continue
         if stdin and not (check or show_diff):

@@ -32,6 +32,7 @@ import functools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from lark import Lark, Token
 from lark.exceptions import UnexpectedInput
@@ -39,6 +40,7 @@ from lark.lark import PostLex
 
 from tcdsl import fastlark
 from tcdsl.diagnostics import Diagnostic
+from tcdsl.frontend import recovery
 from tcdsl.frontend.errors import syntax_error
 from tcdsl.frontend.reader import grammar_text, nesting_too_deep
 from tcdsl.frontend.source import normalise_newlines
@@ -54,11 +56,13 @@ _TRIVIA = frozenset({"COMMENT", "CONTINUATION"})
 
 
 class FormatError(Exception):
-    """The text could not be formatted because it does not parse; carries the diagnostic."""
+    """The text could not be formatted because it does not parse; carries the diagnostic (the
+    first), and in ``diagnostics`` every syntax error, as ``tcdsl check`` reports them."""
 
-    def __init__(self, diagnostic: Diagnostic) -> None:
+    def __init__(self, diagnostic: Diagnostic, *more: Diagnostic) -> None:
         super().__init__(f"{diagnostic.span}: {diagnostic.message}")
         self.diagnostic = diagnostic
+        self.diagnostics = (diagnostic, *more)
 
 
 # ---- reading tokens ----------------------------------------------------------------------------
@@ -116,13 +120,24 @@ def tokens(text: str, path: str = "<input>") -> list[Token]:
         parser.recorder.tokens = []
         try:
             parser.lark.parse(text)
-        except UnexpectedInput as err:
-            raise FormatError(syntax_error(err, path, text)) from None
+        except UnexpectedInput:
+            raise FormatError(*_syntax_errors(parser.lark, text, path)) from None
         except fastlark.NestingTooDeep as err:
             raise FormatError(nesting_too_deep(err, path)) from None
         found = parser.recorder.tokens
         parser.recorder.tokens = []
     return sorted(found, key=lambda t: t.start_pos or 0)
+
+
+def _syntax_errors(lark: Lark, text: str, path: str) -> list[Diagnostic]:
+    """Every syntax error of ``text``, recovering as the compiler does."""
+    found: list[Diagnostic] = []
+
+    def report(err: UnexpectedInput, accepted: set[str], stack: list[Any]) -> None:
+        found.append(syntax_error(err, path, text, accepted, stack, lark.terminals))
+
+    recovery.parse(lark, text, report)
+    return found
 
 
 # ---- layout ------------------------------------------------------------------------------------
