@@ -8,9 +8,12 @@ prefixes of 1000 (``6Mbps`` is tc's ``6mbit``), sizes in ``B`` are bytes with pr
 Classification is done the way tcng intends for nested trees: one ``egress`` section at the
 interface lists ``class (<$x>) if EXPR;`` selectors, first match wins, in the order tc would try
 the filters (by pref, then as written); the qdisc tree follows, with ``$x = class (...)`` marking
-the classes the selectors name. tcng builds that with a dsmark qdisc and tcindex filters, so the
-kernel objects differ from the shell backend's while the classification is the same. Qdisc and
-class numbers are the handles tcdsl allocated, so classes keep their tc class ids.
+the classes the selectors name. The selectors of an inner qdisc (one held by a class) are
+written once, behind a cpp macro (tcc preprocesses its input) that says the packet ends in the
+outer class, so the text stays linear in the policy. tcng builds that with a dsmark qdisc and
+tcindex filters, so the kernel objects differ from the shell backend's while the classification
+is the same. Qdisc and class numbers are the handles tcdsl allocated, so classes keep their tc
+class ids.
 """
 
 from __future__ import annotations
@@ -237,6 +240,8 @@ class Plan:
     macros: list[tuple[str, str]] = field(default_factory=list)
     """``#define NAME BODY`` lines (cpp expands a macro where it is used, so their order
     does not matter as long as all come before the selectors)."""
+    reported: set[Span] = field(default_factory=set)
+    """Match lines already reported as below a prio band."""
     qdiscs: int = 0
     """Classful qdiscs visited, which number those without a handle."""
     problems: list[Diagnostic] = field(default_factory=list)
@@ -369,7 +374,9 @@ def selectors(q: ir.Qdisc, plan: Plan, guard: str | None = None) -> list[Selecto
             if cls.leaf is None:
                 continue
             found = inner[id(cls)] if id(cls) in inner else selectors(cls.leaf, plan, "0")
-            for s in found:
+            # a match line below several prio bands is reported once, at the nearest band
+            for s in (s for s in found if s.span not in plan.reported):
+                plan.reported.add(s.span)
                 plan.problems.append(
                     Diagnostic.error(
                         CODE,

@@ -242,6 +242,29 @@ def test_a_class_after_other_match_lines_excludes_them() -> None:
     assert "#define TCDSL_SEEN_1_1 (TCDSL_SEEN_1_0 || ip_dst:16 == 10.2.0.0)" in out
 
 
+def test_each_interface_has_its_own_macro_names() -> None:
+    one = "htb rate 10mbit { class a rate 1mbit match dport 1 { htb rate 1mbit {\n"
+    one += "class b rate 1mbit match dport 2 } } }\n"
+    out = emit(f"interface eth0 {one}interface eth1 {one}")
+    assert out.count("#define TCDSL_IN_a (raw[22].ns == 1)") == 1
+    assert "#define TCDSL2_IN_a (raw[22].ns == 1)" in out
+
+
+def test_a_match_line_below_nested_prio_bands_is_reported_once() -> None:
+    depth = 12
+    text = "interface eth0 prio {\n"
+    for level in range(depth):
+        text += f"class c{level} match dport {level + 1} {{\n" + (
+            "prio {\n" if level + 1 < depth else ""
+        )
+    text += "}\n" + "}\n}\n" * (depth - 1) + "}\n"
+    result = compile_text(text)
+    assert result.output is None
+    found = [d for d in result.diagnostics if d.code == "E501"]
+    assert len(found) == depth - 1  # each inner match line, at its nearest prio band
+    assert "reach class 'c0' of a prio" in render(found[:1], result.sources)
+
+
 # ---- rejections -----------------------------------------------------------------------------
 
 
