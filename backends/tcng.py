@@ -110,15 +110,16 @@ def variable_names(root: ir.Qdisc) -> dict[int, str]:
     """Map ``id(class)`` to a unique tcng variable name (without ``$``) for every class.
 
     A tcdsl name that is a tcng identifier is kept; other characters become ``_``, a leading
-    digit or double underscore (reserved for tcng's macros) gets a ``c_`` prefix, and clashes
-    get ``_2``, ``_3``, ... in tree order, so the spelling is deterministic.
+    digit, a double underscore (reserved for tcng's macros) or ``TCDSL`` (the backend's own
+    macros, which cpp would substitute) gets a ``c_`` prefix, and clashes get ``_2``, ``_3``,
+    ... in tree order, so the spelling is deterministic.
     """
     names: dict[int, str] = {}
     taken: set[str] = set()
     for q in ir.walk_qdiscs(root):
         for cls in ir.classes_of(q):
             base = re.sub(r"[^A-Za-z0-9_]", "_", cls.name) or "class"
-            if base[0].isdigit() or base.startswith("__"):
+            if base[0].isdigit() or base.startswith(("__", "TCDSL")):
                 base = "c_" + base
             name, n = base, 1
             while name in taken:

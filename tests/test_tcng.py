@@ -250,6 +250,14 @@ def test_each_interface_has_its_own_macro_names() -> None:
     assert "#define TCDSL2_IN_a (raw[22].ns == 1)" in out
 
 
+def test_a_class_named_like_a_macro_is_respelled() -> None:
+    out = emit(
+        "interface eth0 htb rate 10mbit { class a rate 1mbit match dport 1 { htb rate 1mbit {\n"
+        "class TCDSL_IN_a rate 1mbit match dport 2 } } }\n"
+    )
+    assert "class (<$c_TCDSL_IN_a>) if meta_protocol == ETH_P_IP && TCDSL_IN_a && " in out
+
+
 def test_a_match_line_below_nested_prio_bands_is_reported_once() -> None:
     depth = 12
     text = "interface eth0 prio {\n"
