@@ -8,9 +8,12 @@ prefixes of 1000 (``6Mbps`` is tc's ``6mbit``), sizes in ``B`` are bytes with pr
 Classification is done the way tcng intends for nested trees: one ``egress`` section at the
 interface lists ``class (<$x>) if EXPR;`` selectors, first match wins, in the order tc would try
 the filters (by pref, then as written); the qdisc tree follows, with ``$x = class (...)`` marking
-the classes the selectors name. tcng builds that with a dsmark qdisc and tcindex filters, so the
-kernel objects differ from the shell backend's while the classification is the same. Qdisc and
-class numbers are the handles tcdsl allocated, so classes keep their tc class ids.
+the classes the selectors name. The selectors of an inner qdisc (one held by a class) are
+written once, behind a cpp macro (tcc preprocesses its input) that says the packet ends in the
+outer class, so the text stays linear in the policy. tcng builds that with a dsmark qdisc and
+tcindex filters, so the kernel objects differ from the shell backend's while the classification
+is the same. Qdisc and class numbers are the handles tcdsl allocated, so classes keep their tc
+class ids.
 """
 
 from __future__ import annotations
@@ -107,15 +110,16 @@ def variable_names(root: ir.Qdisc) -> dict[int, str]:
     """Map ``id(class)`` to a unique tcng variable name (without ``$``) for every class.
 
     A tcdsl name that is a tcng identifier is kept; other characters become ``_``, a leading
-    digit or double underscore (reserved for tcng's macros) gets a ``c_`` prefix, and clashes
-    get ``_2``, ``_3``, ... in tree order, so the spelling is deterministic.
+    digit, a double underscore (reserved for tcng's macros) or ``TCDSL`` (the backend's own
+    macros, which cpp would substitute) gets a ``c_`` prefix, and clashes get ``_2``, ``_3``,
+    ... in tree order, so the spelling is deterministic.
     """
     names: dict[int, str] = {}
     taken: set[str] = set()
     for q in ir.walk_qdiscs(root):
         for cls in ir.classes_of(q):
             base = re.sub(r"[^A-Za-z0-9_]", "_", cls.name) or "class"
-            if base[0].isdigit() or base.startswith("__"):
+            if base[0].isdigit() or base.startswith(("__", "TCDSL")):
                 base = "c_" + base
             name, n = base, 1
             while name in taken:
@@ -193,32 +197,54 @@ def condition(cond: ir.Cond) -> str:
             assert_never(cond)
 
 
-def match_expression(conds: tuple[ir.Cond, ...]) -> str:
-    """The conditions of one match line (or a chain of them) ANDed, after the IP test."""
-    terms = [IP_ONLY]
-    for cond in conds:
-        text = condition(cond)
-        if text != "1":
-            terms.append(text)
-    return " && ".join(terms)
+def _conjunction(conds: tuple[ir.Cond, ...]) -> list[str]:
+    texts = [condition(cond) for cond in conds]
+    return [text for text in texts if text != "1"]
+
+
+def match_expression(conds: tuple[ir.Cond, ...], guard: str | None = None) -> str:
+    """The conditions of one match line ANDed, after the IP test and the ``guard`` macro (the
+    packet reaches the qdisc the match line belongs to)."""
+    return " && ".join([IP_ONLY, *([guard] if guard else []), *_conjunction(conds)])
+
+
+def _match_text(conds: tuple[ir.Cond, ...]) -> str:
+    """One match line as a parenthesised expression for a macro body (``1`` if it takes all)."""
+    terms = _conjunction(conds)
+    if not terms:
+        return "1"
+    return terms[0] if len(terms) == 1 else "(" + " && ".join(terms) + ")"
 
 
 @dataclass(frozen=True, slots=True)
 class Selector:
-    """One ``class (<$target>) if ...;`` line: the conditions of the matches on the way."""
+    """One ``class (<$target>) if ...;`` line: a match line of the qdisc holding ``target``,
+    behind the macro saying that a packet reaches that qdisc (None at the interface's)."""
 
     conds: tuple[ir.Cond, ...]
     target: ir.Class
     span: Span
+    guard: str | None = None
 
 
 @dataclass(slots=True)
 class Plan:
-    """Selectors of one interface in the order tc tries them, and what tcng cannot say."""
+    """Selectors of one interface in the order tc tries them, the cpp macros they use, and what
+    tcng cannot say."""
 
     prefs: dict[Span, int]
     """The pref of the filters each match line (by its span) became."""
+    prefix: str = "TCDSL_"
+    """Starts every macro name of this interface (they are global to tcc's cpp)."""
+    names: dict[int, str] = field(default_factory=dict)
     selectors: list[Selector] = field(default_factory=list)
+    macros: list[tuple[str, str]] = field(default_factory=list)
+    """``#define NAME BODY`` lines (cpp expands a macro where it is used, so their order
+    does not matter as long as all come before the selectors)."""
+    reported: set[Span] = field(default_factory=set)
+    """Match lines already reported as below a prio band."""
+    qdiscs: int = 0
+    """Classful qdiscs visited, which number those without a handle."""
     problems: list[Diagnostic] = field(default_factory=list)
 
 
@@ -256,32 +282,102 @@ def default_number(q: ir.Htb) -> int | None:
     return next((n for n in range(1, 10) if n not in used), None)
 
 
-def selectors(q: ir.Qdisc, plan: Plan) -> list[Selector]:
-    """The selectors that pick a class below ``q``, in the order tc's filters would decide."""
+class _Seen:
+    """The macros ``SEEN_i``: some of the first ``i + 1`` match lines of a qdisc take the packet
+    (a chain, each naming the one before, so the text stays linear); defined on first use."""
+
+    def __init__(self, plan: Plan, name: str, ordered: list[tuple[ir.Class, ir.Match]]) -> None:
+        self.plan = plan
+        self.name = name
+        self.ordered = ordered
+        self.defined = 0
+
+    def upto(self, index: int) -> str:
+        while self.defined <= index:
+            i = self.defined
+            term = _match_text(self.ordered[i][1].conds)
+            body = term if i == 0 else f"{self.name}{i - 1} || {term}"
+            self.plan.macros.append((f"{self.name}{i}", body))
+            self.defined += 1
+        return f"{self.name}{index}"
+
+
+def _reach_body(
+    guard: str | None,
+    positions: list[int],
+    ordered: list[tuple[ir.Class, ir.Match]],
+    seen: _Seen,
+    is_default: bool,
+) -> str:
+    """When a packet that reaches the qdisc ends in the class whose match lines are at
+    ``positions`` (in ``ordered``): one of them is the first to take it, or (for htb's default
+    class) none of the qdisc's does."""
+    ways = []
+    for i in positions:
+        term = _match_text(ordered[i][1].conds)
+        ways.append(term if i == 0 else f"{term} && !{seen.upto(i - 1)}")
+    if is_default:
+        ways.append(f"!{seen.upto(len(ordered) - 1)}" if ordered else "1")
+    if guard is None:
+        return " || ".join(ways)
+    return f"{guard} && " + (ways[0] if len(ways) == 1 else "(" + " || ".join(ways) + ")")
+
+
+def selectors(q: ir.Qdisc, plan: Plan, guard: str | None = None) -> list[Selector]:
+    """The selectors that pick a class below ``q``, in the order tc's filters would decide.
+
+    ``guard`` names the macro that holds when a packet reaches ``q`` (None at the interface's
+    root). Each classful qdisc's match lines appear once, behind its guard; a class whose own
+    qdisc picks further gets a macro for "the packet ends in this class", defined from its
+    match lines and the ones tried before them, so the text grows with the policy, not with
+    the number of paths through it.
+    """
     match q:
         case ir.Tbf() | ir.Netem():
-            return selectors(q.child, plan) if q.child is not None else []
+            return selectors(q.child, plan, guard) if q.child is not None else []
         case ir.Htb() | ir.Prio() | ir.Cbq():
             pass
         case _:
             return []
+    ordered = _ordered_matches(q, plan.prefs)
+    default = _default_class(q) if isinstance(q, ir.Htb) else None
+    plan.qdiscs += 1
+    number = q.handle.major if q.handle is not None else plan.qdiscs
+    seen = _Seen(plan, f"{plan.prefix}SEEN_{number:x}_", ordered)
+    inner: dict[int, list[Selector]] = {}
+    for cls in ir.classes_of(q):
+        positions = [i for i, (c, _) in enumerate(ordered) if c is cls]
+        if cls.leaf is None or not (positions or cls is default):
+            continue
+        reach = f"{plan.prefix}IN_{plan.names[id(cls)]}"
+        at = len(plan.macros)
+        found = selectors(cls.leaf, plan, reach)
+        # A prio's band is reached through its priomap too, which no macro can say (below).
+        if found and not isinstance(q, ir.Prio):
+            body = _reach_body(guard, positions, ordered, seen, cls is default)
+            plan.macros.insert(at, (reach, body))
+        inner[id(cls)] = found
     out: list[Selector] = []
-    for cls, m in _ordered_matches(q, plan.prefs):
-        inner = selectors(cls.leaf, plan) if cls.leaf is not None else []
-        out += [Selector(m.conds + s.conds, s.target, m.span) for s in inner]
-        out.append(Selector(m.conds, cls, m.span))
+    placed: set[int] = set()
+    for cls, m in ordered:
+        # a class's deeper selectors come before its first match line, which would end there
+        if id(cls) not in placed:
+            placed.add(id(cls))
+            out += inner.get(id(cls), [])
+        out.append(Selector(m.conds, cls, m.span, guard))
     # Packets no filter of q takes: htb sends them to its default class (whose own qdisc then
-    # classifies them) or to its direct queue; prio picks a band by the priomap, which tcng's
-    # interface-wide selectors cannot follow.
-    if isinstance(q, ir.Htb):
-        default = _default_class(q)
-        if default is not None and default.leaf is not None:
-            out += selectors(default.leaf, plan)
-    elif isinstance(q, ir.Prio):
+    # classifies them; its selectors say so with their macro) or to its direct queue; prio
+    # picks a band by the priomap, which tcng's interface-wide selectors cannot follow.
+    if default is not None and id(default) not in placed:
+        out += inner.get(id(default), [])
+    if isinstance(q, ir.Prio):
         for cls in ir.classes_of(q):
             if cls.leaf is None:
                 continue
-            for s in selectors(cls.leaf, plan):
+            found = inner[id(cls)] if id(cls) in inner else selectors(cls.leaf, plan, "0")
+            # a match line below several prio bands is reported once, at the nearest band
+            for s in (s for s in found if s.span not in plan.reported):
+                plan.reported.add(s.span)
                 plan.problems.append(
                     Diagnostic.error(
                         CODE,
@@ -294,9 +390,14 @@ def selectors(q: ir.Qdisc, plan: Plan) -> list[Selector]:
     return out
 
 
-def plan_interface(iface: ir.Interface) -> Plan:
-    """Collect the selectors of ``iface`` and the problems found on the way."""
-    plan = Plan({f.span: f.pref for f in iface.filters if isinstance(f, ir.U32Filter)})
+def plan_interface(iface: ir.Interface, index: int = 0) -> Plan:
+    """Collect the selectors of ``iface`` (the ``index``-th of its policy) and the problems
+    found on the way."""
+    plan = Plan(
+        {f.span: f.pref for f in iface.filters if isinstance(f, ir.U32Filter)},
+        prefix="TCDSL_" if index == 0 else f"TCDSL{index + 1}_",
+        names=variable_names(iface.root),
+    )
     plan.selectors = selectors(iface.root, plan)
     return plan
 
@@ -435,17 +536,21 @@ class TcngBackend(Backend):
         """Render every interface as a ``dev "NAME" { ... }`` section."""
         out = Writer()
         out.text(HEADER.format(version=__version__, source=comment(source_label), ip_only=IP_ONLY))
-        for iface in policy.interfaces:
+        for index, iface in enumerate(policy.interfaces):
             out.line()
-            _Interface(out, iface).emit()
+            _Interface(out, iface, index).emit()
         return out.getvalue()
 
 
 # ---- writing --------------------------------------------------------------------------------
 
 
+MAX_INDENT = 20
+"""Deeper blocks stay at this level, so deeply nested qdiscs do not make the text quadratic."""
+
+
 class Writer:
-    """Collect lines indented by four spaces per level."""
+    """Collect lines indented by four spaces per level (up to ``MAX_INDENT`` levels)."""
 
     def __init__(self) -> None:
         self._lines: list[str] = []
@@ -457,7 +562,7 @@ class Writer:
 
     def line(self, text: str = "") -> None:
         """Add one line at the current indentation (an empty one stays empty)."""
-        self._lines.append("    " * self._level + text if text else "")
+        self._lines.append("    " * min(self._level, MAX_INDENT) + text if text else "")
 
     def open(self, text: str) -> None:
         """Add ``text {`` and indent what follows."""
@@ -486,11 +591,11 @@ def _handle_number(q: ir.Qdisc) -> str | None:
 class _Interface:
     """Emit one interface; holds its variable names and the classes selectors name."""
 
-    def __init__(self, out: Writer, iface: ir.Interface) -> None:
+    def __init__(self, out: Writer, iface: ir.Interface, index: int) -> None:
         self.out = out
         self.iface = iface
-        self.names = variable_names(iface.root)
-        self.plan = plan_interface(iface)
+        self.plan = plan_interface(iface, index)
+        self.names = self.plan.names
         self.targets = {id(s.target) for s in self.plan.selectors}
 
     def var(self, cls: ir.Class) -> str:
@@ -503,10 +608,14 @@ class _Interface:
         out.open(f"dev {name}")
         if self.plan.selectors:
             out.open("egress")
+            if self.plan.macros:
+                out.line("// when a packet ends in a class whose own qdisc classifies further")
+                # cpp wants the '#' of a directive in the first column
+                out.text("".join(f"#define {name} ({body})\n" for name, body in self.plan.macros))
             for s in self.plan.selectors:
                 where = f"{s.span.line}:{s.span.column}"
                 out.line(f"// {where}: match for class {comment(s.target.name)}")
-                out.line(f"class (<{self.var(s.target)}>) if {match_expression(s.conds)};")
+                out.line(f"class (<{self.var(s.target)}>) if {match_expression(s.conds, s.guard)};")
             out.line()
             self.qdisc(self.iface.root)
             out.close()

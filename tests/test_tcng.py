@@ -197,6 +197,82 @@ def test_classes_under_a_chained_qdisc_are_reached_through_it() -> None:
     assert "tbf (0x1, rate 1Mbps, burst 10kB, limit 6514B, peakrate 2Mbps, mtu 1514B) {" in out
 
 
+def _nested(depth: int) -> str:
+    """An htb in the default class of an htb, ``depth`` times, each class also matched."""
+    text = "interface eth0 htb rate 100mbit default c0 {\n"
+    for level in range(depth):
+        text += f"class c{level} rate 1mbit ceil 100mbit match dport {level + 1} {{\n"
+        if level + 1 < depth:
+            text += f"htb rate 100mbit default c{level + 1} {{\n"
+    return text + "}\n" + "}\n}\n" * (depth - 1) + "}\n"
+
+
+def test_nested_classful_qdiscs_give_text_linear_in_the_depth() -> None:
+    sizes = {depth: len(emit(_nested(depth))) for depth in (10, 20, 40)}
+    # each level adds the same text: one macro, one selector, one qdisc and its classes
+    assert sizes[40] - sizes[20] == pytest.approx(2 * (sizes[20] - sizes[10]), rel=0.1)
+    assert sizes[40] < 100_000  # the old path-per-selector text doubled every level
+
+
+def test_inner_selectors_are_written_once_behind_the_outer_class_macro() -> None:
+    out = emit(_nested(3))
+    assert "#define TCDSL_IN_c0 (raw[22].ns == 1 || !TCDSL_SEEN_1_0)" in out
+    assert "#define TCDSL_SEEN_1_0 (raw[22].ns == 1)" in out
+    selectors = [line.strip() for line in out.splitlines() if "class (<" in line]
+    assert selectors == [
+        "class (<$c2>) if meta_protocol == ETH_P_IP && TCDSL_IN_c1 && raw[22].ns == 3;",
+        "class (<$c1>) if meta_protocol == ETH_P_IP && TCDSL_IN_c0 && raw[22].ns == 2;",
+        "class (<$c0>) if meta_protocol == ETH_P_IP && raw[22].ns == 1;",
+    ]
+
+
+def test_a_class_after_other_match_lines_excludes_them() -> None:
+    out = emit(
+        "interface eth0 htb rate 10mbit {\n"
+        "    class a rate 1mbit match dst 10.1.0.0/16\n"
+        "    class b rate 1mbit match dst 10.2.0.0/16 match dport 80 {\n"
+        "        htb rate 1mbit { class x rate 1mbit match sport 22 }\n"
+        "    }\n"
+        "}\n"
+    )
+    assert (
+        "#define TCDSL_IN_b (ip_dst:16 == 10.2.0.0 && !TCDSL_SEEN_1_0"
+        " || raw[22].ns == 80 && !TCDSL_SEEN_1_1)" in out
+    )
+    assert "#define TCDSL_SEEN_1_1 (TCDSL_SEEN_1_0 || ip_dst:16 == 10.2.0.0)" in out
+
+
+def test_each_interface_has_its_own_macro_names() -> None:
+    one = "htb rate 10mbit { class a rate 1mbit match dport 1 { htb rate 1mbit {\n"
+    one += "class b rate 1mbit match dport 2 } } }\n"
+    out = emit(f"interface eth0 {one}interface eth1 {one}")
+    assert out.count("#define TCDSL_IN_a (raw[22].ns == 1)") == 1
+    assert "#define TCDSL2_IN_a (raw[22].ns == 1)" in out
+
+
+def test_a_class_named_like_a_macro_is_respelled() -> None:
+    out = emit(
+        "interface eth0 htb rate 10mbit { class a rate 1mbit match dport 1 { htb rate 1mbit {\n"
+        "class TCDSL_IN_a rate 1mbit match dport 2 } } }\n"
+    )
+    assert "class (<$c_TCDSL_IN_a>) if meta_protocol == ETH_P_IP && TCDSL_IN_a && " in out
+
+
+def test_a_match_line_below_nested_prio_bands_is_reported_once() -> None:
+    depth = 12
+    text = "interface eth0 prio {\n"
+    for level in range(depth):
+        text += f"class c{level} match dport {level + 1} {{\n" + (
+            "prio {\n" if level + 1 < depth else ""
+        )
+    text += "}\n" + "}\n}\n" * (depth - 1) + "}\n"
+    result = compile_text(text)
+    assert result.output is None
+    found = [d for d in result.diagnostics if d.code == "E501"]
+    assert len(found) == depth - 1  # each inner match line, at its nearest prio band
+    assert "reach class 'c0' of a prio" in render(found[:1], result.sources)
+
+
 # ---- rejections -----------------------------------------------------------------------------
 
 
