@@ -4,6 +4,7 @@ and the later stages report only what those errors cannot have caused."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -325,3 +326,15 @@ def test_statement_extents() -> None:
     ]
     assert [text[s.start : s.header_end] for s in found] == ["a b ", 'c "}" # }', "d ", "e\n"]
     assert [s.parent for s in found] == [-1, 0, 0, -1]
+
+
+def test_includes_nested_too_deep_report_no_unknown_constants(tmp_path: Path) -> None:
+    """61 files each including the next, the last defining Z: one E006 at the 32nd level, not
+    32 more 'unknown constant' errors where Z is used."""
+    for i in range(61):
+        body = f'include "f{i + 1}.tcp"\n' if i < 60 else "const Z = 1mbit\n"
+        (tmp_path / f"f{i}.tcp").write_text(body, encoding="utf-8")
+    main = tmp_path / "main.tcp"
+    main.write_text('include "f0.tcp"\ninterface eth0 tbf rate Z burst 10k latency 50ms\n', "utf-8")
+    result = analyse(str(main))
+    assert [d.code for d in result.diagnostics] == ["E006"]

@@ -277,7 +277,7 @@ class Builder(Transformer[Token, Any]):
             return None
         if found is None:
             msg = f"unknown constant '{tok}'; expected an IPv4 address"
-            self.error(Diagnostic.error("E103", msg, span))
+            self.eval_error(EvalError(Diagnostic.error("E103", msg, span), self.scope.incomplete))
             return None
         if not isinstance(found[0], Address):
             msg = f"'{tok}' is not an address constant; expected an IPv4 address"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lark import Lark, Token
-from lark.exceptions import UnexpectedInput
+from lark.exceptions import UnexpectedInput, UnexpectedToken
 
 from tcdsl import fastlark, ir
 from tcdsl.diagnostics import Diagnostic, Span
@@ -86,7 +87,7 @@ class Reader:
             else:
                 msg = f"includes nest more than {MAX_INCLUDE_DEPTH} deep"
             self.diagnostics.append(Diagnostic.error("E006", msg, include_span))
-            return []
+            return self._unread(include_span)
         if real in self.done:
             return []
         span = include_span or Span(path, 1, 1, 1, 1)
@@ -96,25 +97,25 @@ class Reader:
             verb = "cannot include" if include_span is not None else "not reading"
             msg = f"{verb} {self.access.refusal(path, self.tree)}"
             self.diagnostics.append(Diagnostic.error("E023", msg, span))
-            return []
+            return self._unread(include_span)
         try:
             text = normalise_newlines(self.loader(path))
         except SourceError as err:
             self.diagnostics.append(source_diagnostic(err, path, include_span))
-            return []
+            return self._unread(include_span)
         except (OSError, UnicodeDecodeError) as err:
             reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
             self.diagnostics.append(
                 Diagnostic.error("E006", f"cannot read '{path}': {reason.lower()}", span)
             )
-            return []
+            return self._unread(include_span)
         self.done.add(real)
         first = len(self.diagnostics)
         try:
             interfaces = self.read_text(path, text)
         except fastlark.NestingTooDeep as err:
             self.diagnostics.append(nesting_too_deep(err, path))
-            return []
+            return self._unread(include_span)
         if include_span is not None:
             refusal = _not_a_policy(path, text, self.diagnostics[first:], include_span)
             if refusal is not None:
@@ -122,8 +123,15 @@ class Reader:
                 del self.diagnostics[first:]
                 self.sources.pop(path, None)
                 self.diagnostics.append(refusal)
-                return []
+                return self._unread(include_span)
         return interfaces
+
+    def _unread(self, include_span: Span | None) -> list[ir.Interface]:
+        """Nothing, for a file that could not be read; if it was included, the constants it
+        may define are missing, and unknown constants are no longer reported."""
+        if include_span is not None:
+            self.scope.incomplete = True
+        return []
 
     def read_text(self, path: str, text: str) -> list[ir.Interface]:
         """Parse ``text`` as the file ``path``, going on after syntax errors."""
@@ -138,6 +146,10 @@ class Reader:
                 syntax_error(err, path, text, accepted, stack, parser.terminals)
             )
             self._mark_broken_constant(stack, path)
+            misspelled = _MISSPELLED_CONST.match(_line_at(err, text))
+            if misspelled and isinstance(err, UnexpectedToken) and _starts_line(err, text):
+                # 'cosnt LINK = 10mbit': LINK's uses would each say it is unknown
+                self.scope.broken.setdefault(misspelled.group(1), span_of(err.token, path))
 
         try:
             recovery.parse(parser, text, report)
@@ -152,6 +164,25 @@ class Reader:
         for keyword, name in itertools.pairwise(stack):
             if isinstance(keyword, Token) and keyword.type == "CONST" and isinstance(name, Token):
                 self.scope.broken.setdefault(str(name), span_of(name, path))
+
+
+_MISSPELLED_CONST = re.compile(r"[ \t]*\S+[ \t]+([A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*)[ \t]*=")
+
+
+def _line_at(err: UnexpectedInput, text: str) -> str:
+    """The source line where ``err`` happened."""
+    pos = getattr(err, "pos_in_stream", None) or 0
+    if isinstance(err, UnexpectedToken):
+        pos = err.token.start_pos or 0
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def _starts_line(err: UnexpectedToken, text: str) -> bool:
+    """Whether the failing token is the first word of its line."""
+    pos = err.token.start_pos or 0
+    return not text[text.rfind("\n", 0, pos) + 1 : pos].strip()
 
 
 def _not_a_policy(

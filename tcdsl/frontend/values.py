@@ -180,6 +180,9 @@ class Scope:
     broken: dict[str, Span] = field(default_factory=dict)
     """Constants whose declaration has an error (a syntax error, or a second declaration): their
     uses are left out, without an error of their own."""
+    incomplete: bool = False
+    """An include could not be read: an unknown constant may be defined there, so its uses
+    are left out too."""
 
 
 def evaluate(
@@ -198,7 +201,7 @@ def evaluate(
         return ir.Percent(expr.value, expr.span)
     if isinstance(expr, Ref):
         found = scope.constants.get(expr.name)
-        if expr.name in scope.broken:
+        if expr.name in scope.broken or (found is None and scope.incomplete):
             msg = f"constant '{expr.name}' has an error in its declaration"  # never shown
             raise EvalError(Diagnostic.error("E103", msg, expr.span), follow_on=True)
         if found is None:
