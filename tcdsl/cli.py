@@ -346,6 +346,7 @@ def check(
     failed = False
     every: list[Diagnostic] = []
     text: list[str] = []
+    seen: set[tuple[str, str, Span]] = set()
     for path, tree in policy_files(policies):
         result = _outside(path, tree, access) or analyse(
             path,
@@ -355,6 +356,9 @@ def check(
         )
         failed |= _fails(result.diagnostics, werror)
         shown = result.diagnostics if fmt == "sarif" else _visible(result.diagnostics, info)
+        # A file that several checked policies include is reported once, not once for each.
+        shown = [d for d in shown if (d.code, d.message, d.span) not in seen]
+        seen.update((d.code, d.message, d.span) for d in shown)
         every += shown
         if fmt == "text" and shown:
             text.append(render(shown, result.sources))

@@ -589,3 +589,14 @@ def test_byte_units_warn_once_per_file(here: Path) -> None:
         ("rates.tcp", 1, 2),
     ]
     assert "this file uses byte units 3 times" in found[1]["message"]
+
+
+def test_an_include_shared_by_checked_policies_is_reported_once(here: Path) -> None:
+    """Twenty policies in one directory include the same broken file: its errors once, and
+    every policy still fails."""
+    write(here / "inc" / "bad.inc", "const X = 1mbit\nconst Y = 2mbit ciel\n")
+    for i in range(20):
+        write(here / "inc" / f"p{i}.tcp", 'include "bad.inc"\ninterface eth0 pfifo limit 10\n')
+    result = run("check", "inc")
+    assert result.exit_code == 1
+    assert result.stderr.count("error:") == 1 and "tcdsl: 1 error" in result.stderr
