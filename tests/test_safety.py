@@ -298,10 +298,13 @@ def test_failure_names_the_policy_line(
     result = _compile(tmp_path, TWO_INTERFACES, batch=batch)
     assert result.output is not None
     script = tmp_path / "apply.sh"
-    script.write_text(result.output, encoding="utf-8")
+    # eth9's first command is one tc refuses (an htb parameter that does not exist)
+    bad = result.output.replace("dev eth9 root handle 1: htb", "dev eth9 root handle 1: htb bogus")
+    assert bad != result.output
+    script.write_text(bad, encoding="utf-8")
     ns = make_netns()
     run(["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "p0"])
-    # eth9 does not exist: its first command fails (tc: Cannot find device "eth9").
+    run(["ip", "-n", ns, "link", "add", "eth9", "type", "veth", "peer", "name", "p9"])
     status, err = _apply(ns, script, tmp_path)
     assert status != 0
     last = err.splitlines()[-1]
@@ -311,6 +314,25 @@ def test_failure_names_the_policy_line(
         "tc qdisc del dev eth9 root"
     ), last
     assert "qdisc htb 1:" in run(["tc", "-n", ns, "qdisc", "show", "dev", "eth0"]).stdout
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_missing_interface_changes_nothing(
+    batch: bool, tmp_path: Path, make_netns: Callable[[], str]
+) -> None:
+    """Checked before anything changes: eth9 missing, eth0 (first in the script) keeps its
+    own qdisc and no error claims it was left partly configured."""
+    _need("flock")
+    result = _compile(tmp_path, TWO_INTERFACES, batch=batch)
+    assert result.output is not None
+    script = tmp_path / "apply.sh"
+    script.write_text(result.output, encoding="utf-8")
+    ns = make_netns()
+    run(["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "p0"])
+    run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "handle", "7:", "pfifo"])
+    status, err = _apply(ns, script, tmp_path)
+    assert (status, err) == (1, "tcdsl: there is no interface eth9 here; nothing was changed\n")
+    assert "qdisc pfifo 7:" in run(["tc", "-n", ns, "qdisc", "show", "dev", "eth0"]).stdout
 
 
 def test_batch_failure_in_the_middle_names_its_line(

@@ -121,7 +121,7 @@ def run_with_fake_tools(script: str, tmp_path: Path) -> list[tuple[str, list[str
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in [("tc", FAKE_TOOL), ("iptables", FAKE_TOOL)] + [
+    for name, text in [("tc", FAKE_TOOL), ("ip", FAKE_TOOL), ("iptables", FAKE_TOOL)] + [
         (s, SENTINEL) for s in ("reboot", "id", "whoami", "touch", "rm")
     ]:
         tool = bin_dir / name

@@ -967,16 +967,16 @@ def test_mutated_kernel_state_is_reported_at_the_policy_line(no_stray_namespaces
     ]
 
 
-def test_script_failure_is_reported_at_its_command(no_stray_namespaces: None) -> None:
-    """The kernel refuses the first command for real (its device is gone): E404 there."""
+def test_a_missing_interface_is_reported_at_its_line(no_stray_namespaces: None) -> None:
+    """The script checks its interfaces before changing anything: the device is gone, so it
+    stops at once, and verify says so at the interface's line."""
     lacks = _host_lacks(TOS_HTB)
     if lacks:
         pytest.skip(lacks)
     v = verifier.verify(TOS_HTB, kernel="host", before="ip link del eth0")
     assert _lines(v.diagnostics) == [
-        f"{TOS_HTB}:15:16: error: tc failed on interface eth0: htb qdisc (exit 1): Cannot find "
-        'device "eth0"; the script stopped there, so 7 objects of the policy are not checked '
-        "[E404]"
+        f"{TOS_HTB}:15:16: error: the script found no interface eth0 and changed nothing "
+        "(exit 1); the script stopped there, so 7 objects of the policy are not checked [E404]"
     ]
 
 

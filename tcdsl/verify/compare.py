@@ -210,6 +210,21 @@ def apply_diagnostics(
                 )
             )
     if outcome.failed:
+        missing = _missing_interface(outcome)
+        if missing is not None:
+            # The script's check before any change (every interface exists) stopped it.
+            span = next(
+                (o.span for o in origins if o.what.startswith(f"interface {missing}:")), fallback
+            )
+            out.append(
+                Diagnostic.error(
+                    APPLY_FAILED,
+                    f"the script found no interface {missing} and changed nothing "
+                    f"(exit {outcome.exit_code})",
+                    span,
+                )
+            )
+            return out
         if outcome.steps:
             step, origin = outcome.steps[-1], located[-1]
             said = _quote(step.stderr)
@@ -232,6 +247,19 @@ def apply_diagnostics(
                 )
             )
     return out
+
+
+_NO_INTERFACE = re.compile(r"tcdsl: there is no interface (.+) here; nothing was changed")
+
+
+def _missing_interface(outcome: ApplyOutcome) -> str | None:
+    """The interface the script's first check found missing, if that stopped it."""
+    for step in outcome.steps:
+        for line in step.stderr:
+            found = _NO_INTERFACE.fullmatch(line)
+            if found is not None:
+                return found.group(1)
+    return None
 
 
 # ==== tc parse check (for what no kernel has: cbq) ==============================================

@@ -5,7 +5,7 @@
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
 # Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
 # command fails, the script stops there and prints that text.
-# Needs: tc (iproute2), flock (util-linux), iptables.
+# Needs: tc and ip (iproute2), flock (util-linux), iptables.
 set -eu
 tcdsl_at=
 tcdsl_failed() {
@@ -17,6 +17,14 @@ tcdsl_failed() {
 trap tcdsl_failed EXIT
 tcdsl_locks=${TCDSL_LOCK_DIR:-/run/lock}
 mkdir -p "$tcdsl_locks"
+tcdsl_exists() {
+    if ! ip link show dev "$1" >/dev/null 2>&1; then
+        printf 'tcdsl: there is no interface %s here; nothing was changed\n' "$1" >&2
+        exit 1
+    fi
+}
+# Check before changing anything: every interface the policy shapes exists.
+tcdsl_exists eth0
 
 # ==== interface eth0 ====
 tcdsl_at=
