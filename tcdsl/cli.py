@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import click
 
@@ -24,6 +24,10 @@ from tcdsl.sarif import render_sarif
 from tcdsl.suppress import disable_problem
 from tcdsl.verify import KERNELS, KernelChoice, Verification, VerifyError, verify_many
 from tcdsl.verify.verifier import APPLIERS
+
+if TYPE_CHECKING:  # the teaching tools load on use
+    from tcdsl.teach.report import Run
+    from tcdsl.teach.traffic import Flow
 
 EXIT_OK, EXIT_POLICY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
@@ -647,9 +651,33 @@ def _unit_option(kind: str) -> Callable[..., int | None]:
             raise click.BadParameter(f"{value!r} is not a value with a unit", ctx, param) from None
         if number <= 0:
             raise click.BadParameter(f"{value!r} must be above 0", ctx, param)
+        if kind == "rate":
+            from tcdsl.teach.traffic import MAX_RATE
+            from tcdsl.units import format_rate
+
+            if number > MAX_RATE:
+                raise click.BadParameter(f"must be at most {format_rate(MAX_RATE)}", ctx, param)
         return number
 
     return convert
+
+
+def _simulate(
+    policy: ir.Policy,
+    flows: list[Flow],
+    duration: int,
+    interval: int | None,
+    link: int | None,
+    interface: str | None,
+) -> Run:
+    """``simulate``, with a run too large to model as a usage error (exit 2) on the option to
+    change; other ``SimulationError``s are for the caller."""
+    from tcdsl.teach.simulate import RunTooLarge, simulate
+
+    try:
+        return simulate(policy, flows, duration, interval, link, interface)
+    except RunTooLarge as err:
+        raise click.BadParameter(str(err), param_hint=f"'{err.option}'") from None
 
 
 # Options simulate and measure share (the same flows, sampled the same way).
@@ -719,14 +747,14 @@ def simulate_command(
     import json
 
     from tcdsl.teach import report
-    from tcdsl.teach.simulate import SimulationError, simulate
+    from tcdsl.teach.simulate import SimulationError
     from tcdsl.teach.traffic import Flow
 
     checked = _policy_or_exit(analyse(policy), "simulated")
     _check_interface(checked, interface)
     specs = [f for f in flows if isinstance(f, Flow)]
     try:
-        run = simulate(checked, specs, duration, interval, link, interface)
+        run = _simulate(checked, specs, duration, interval, link, interface)
     except SimulationError as err:
         click.echo(f"tcdsl: {err}", err=True)
         sys.exit(EXIT_POLICY)
@@ -791,7 +819,7 @@ def measure_command(
 
     from tcdsl.teach import report
     from tcdsl.teach.measure import MeasureError, compare_table, measure, plot_both
-    from tcdsl.teach.simulate import SimulationError, simulate
+    from tcdsl.teach.simulate import SimulationError
     from tcdsl.teach.traffic import Flow
 
     result = compile_policy(policy)
@@ -802,7 +830,7 @@ def measure_command(
     simulated = None
     try:
         if also_simulate:
-            simulated = simulate(checked, specs, duration, interval, None, interface)
+            simulated = _simulate(checked, specs, duration, interval, None, interface)
         run = measure(checked, result.output, specs, duration, interval, interface)
     except (MeasureError, SimulationError) as err:
         click.echo(f"tcdsl: {err}", err=True)

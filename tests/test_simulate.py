@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +20,14 @@ from tcdsl import ir
 from tcdsl.cli import cli
 from tcdsl.driver import analyse
 from tcdsl.teach.report import Run, plot, table
-from tcdsl.teach.simulate import SimulationError, simulate, xmit_ns
+from tcdsl.teach.simulate import (
+    MAX_PACKETS,
+    RunTooLarge,
+    SimulationError,
+    check_size,
+    simulate,
+    xmit_ns,
+)
 from tcdsl.teach.traffic import parse_flow
 from tests.conftest import ROOT
 
@@ -382,3 +391,73 @@ def test_a_full_fifo_shares_in_proportion_to_what_each_flow_offers(tmp_path: Pat
     run = run_flows(policy, "a: udp dport 1 rate 30mbit", "b: udp dport 2 rate 6mbit", seconds=5)
     assert mbit(run, "a", flow=True) == pytest.approx(10 * 30 / 36, abs=0.5)
     assert mbit(run, "b", flow=True) == pytest.approx(10 * 6 / 36, abs=0.5)
+
+
+# ---- runs too large to model: refused at once, never run ---------------------------------------
+
+OFFICE = str(ROOT / "policies" / "office.tcp")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        # 82 million packets: ran for minutes
+        (["--flow", "h1: udp rate 1tbit", "--duration", "1s"], ["flow 'h1'", "5,000,000"]),
+        (["--flow", "h1: udp rate 99999999999999999999999999tbit"], ["at most 1tbit"]),
+        (["--flow", "h1: udp rate 9" + "0" * 120 + "bit"], ["at most 1tbit"]),
+        (["--flow", "g: udp", "--duration", "1000s"], ["flow 'g' is greedy on a 100mbit link"]),
+        (["--flow", "g: udp", "--link", "2tbit"], ["'--link'", "at most 1tbit"]),
+        (["--flow", "g: udp", "--duration", "99999999999999999999s"], ["--duration"]),
+        (["--flow", "g: udp rate 1mbit", "--interval", "1us"], ["'--interval'", "samples"]),
+        (
+            [
+                *("--flow", "a: udp rate 1gbit", "--flow", "b: udp rate 1gbit"),
+                *("--flow", "c: udp", "--duration", "30s"),
+            ],
+            ["the flows together", "shorten --duration"],
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", [["simulate"], ["measure", "--simulate"]])
+def test_a_run_too_large_is_a_usage_error_at_once(
+    command: list[str], args: list[str], expected: list[str]
+) -> None:
+    """Each of these ran without bound (time or memory grew with rate x duration); now exit 2
+    names the flow or option and what to change. A subprocess with a timeout, so that a
+    regression fails instead of hanging the suite."""
+    if command[0] == "measure" and "--link" in args:
+        pytest.skip("measure has no --link")
+    code = "import sys; from tcdsl.cli import cli; sys.argv[0] = 'tcdsl'; cli()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, command[0], OFFICE, *command[1:], *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    for words in expected:
+        assert words in proc.stderr
+
+
+def test_the_packet_limit_is_what_flows_offer_and_the_link_sends() -> None:
+    """At the limit a run is allowed; a packet over it is refused (without running)."""
+    second = 1_000_000
+    size = 1250  # 10,000 bits: a rate of N * 10kbit offers N packets a second
+    at_limit = f"x: udp size {size} rate {MAX_PACKETS * 10}kbit"
+    check_size([parse_flow(at_limit)], second, second, 1000)  # a slow link: offered packets only
+    over = f"x: udp size {size} rate {MAX_PACKETS * 10 + 10}kbit"
+    with pytest.raises(RunTooLarge, match="about 5,000,001 packets"):
+        check_size([parse_flow(over)], second, second, 1000)
+    # a greedy flow counts what the link can send while it runs: half the run here
+    greedy = parse_flow(f"g: udp size {size} stop 1s")
+    link = MAX_PACKETS * 10_000
+    check_size([greedy], 2 * second, second, link)
+    with pytest.raises(RunTooLarge, match="greedy"):
+        check_size([greedy], 2 * second, second, link + 10_000)
+    # rate-limited flows below the link: what they offer, and what of it the link sends
+    half = parse_flow(f"h: udp size {size} rate {MAX_PACKETS * 5}kbit")
+    check_size([half], second, second, 10**12)
+    with pytest.raises(RunTooLarge, match="the flows together"):
+        check_size([half, parse_flow(f"i: udp size {size} rate 10kbit")], second, second, 10**12)

@@ -53,6 +53,7 @@ from tcdsl.tcmath import (
 from tcdsl.teach.classify import classify
 from tcdsl.teach.report import FlowInfo, Run, Series
 from tcdsl.teach.traffic import Flow, flows_problem
+from tcdsl.units import format_rate, format_time
 
 NS = 1_000_000_000
 """Nanoseconds per second."""
@@ -74,10 +75,25 @@ HTB_NUMPRIO = 8
 MBUFFER = 60 * NS
 """sch_htb's mbuffer: the most tokens a class may be owed or accumulate, 60 s."""
 CANT_SEND, MAY_BORROW, CAN_SEND = 0, 1, 2
+MAX_PACKETS = 5_000_000
+"""The most packets a run may model: what its rate-limited flows offer plus what the link can
+send (a few microseconds of wall time each, so under half a minute). A greedy flow at 1gbit for
+the default 30 s is 2.5 million."""
+MAX_SAMPLES = 100_000
+"""The most sampling intervals a run may keep counters for."""
 
 
 class SimulationError(ValueError):
     """The policy or the flows cannot be simulated; the message says why."""
+
+
+class RunTooLarge(SimulationError):
+    """A run over ``MAX_PACKETS`` or ``MAX_SAMPLES``: the command line asked for too much, and
+    ``option`` is the option to change (a usage error, not a problem of the policy)."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 def xmit_ns(size: int, rate_bytes: int) -> int:
@@ -894,6 +910,59 @@ def _rate_sum(classes: list[ir.Class]) -> int:
     return sum(r.bits_per_second for c in classes if (r := rate_of(c.rate)) is not None)
 
 
+def _packets(rate: int, size: int, microseconds: int) -> int:
+    return rate * microseconds // (size * 8 * 1_000_000)
+
+
+def check_size(flows: list[Flow], duration: int, interval: int, link: int) -> None:
+    """Raise ``RunTooLarge`` when ``flows`` for ``duration`` microseconds on a link of ``link``
+    bits/s could put more than ``MAX_PACKETS`` packets through the model, or when sampling every
+    ``interval`` microseconds takes more than ``MAX_SAMPLES`` samples.
+
+    A rate-limited flow counts what it offers (the model makes every packet, dropped or not);
+    a greedy flow what the link could send of its packets while it runs; all of them together at
+    most what the link can send in the run, plus what rate-limited flows offer.
+    """
+    bins = -(-duration // interval)
+    if bins > MAX_SAMPLES:
+        raise RunTooLarge(
+            f"sampling {format_time(duration)} every {format_time(interval)} takes {bins:,} "
+            f"samples, over the {MAX_SAMPLES:,} a run may keep: lengthen --interval or shorten "
+            "--duration",
+            "--interval",
+        )
+    speed = f"on a {format_rate(link)} link"
+    offered = greedy = 0
+    for flow in flows:
+        stop = duration if flow.stop is None else min(flow.stop, duration)
+        active = max(0, stop - flow.start)
+        size = flow.packet.size
+        if flow.rate is not None:
+            own = _packets(flow.rate, size, active)
+            offered += own
+            what, fix = f"offers {format_rate(flow.rate)}", "lower its rate"
+        else:
+            own = _packets(link, size, active)
+            greedy += own
+            what, fix = f"is greedy {speed}", "give it a rate, or lower --link"
+        if own > MAX_PACKETS:
+            raise RunTooLarge(
+                f"flow '{flow.name}' {what} for {format_time(active)}: about {own:,} packets of "
+                f"{size} bytes, over the {MAX_PACKETS:,} a run may simulate: shorten --duration "
+                f"or {fix}",
+                "--flow",
+            )
+    smallest = min(f.packet.size for f in flows)
+    total = offered + min(_packets(link, smallest, duration), offered + greedy)
+    if total > MAX_PACKETS:
+        raise RunTooLarge(
+            f"the flows together offer and send about {total:,} packets in "
+            f"{format_time(duration)} {speed}, over the {MAX_PACKETS:,} a run may simulate: "
+            "shorten --duration or lower the flows' rates",
+            "--flow",
+        )
+
+
 @dataclass
 class _FlowState:
     flow: Flow
@@ -941,6 +1010,7 @@ class Simulator(Engine):
         self.link = link or link_rate(iface)
         if self.link <= 0:
             raise SimulationError("the link rate must be above 0")
+        check_size(flows, duration, self.interval, self.link)
         builder = _Builder(self)
         self.root = builder.build(iface.root)
         self.notes = tuple(dict.fromkeys(builder.notes))
@@ -1220,6 +1290,6 @@ def simulate(
     thirtieth of a shorter run), on a link of ``link`` bits/s (default: ``link_rate``).
 
     Raises ``SimulationError`` for what the model cannot run (cbq, an unknown interface,
-    duplicate flow names).
+    duplicate flow names), ``RunTooLarge`` (one) for a run too large to model (``check_size``).
     """
     return Simulator(policy, flows, duration, interval, link, interface).run()

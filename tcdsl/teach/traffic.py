@@ -11,8 +11,8 @@ A packet spec is a few words, in any order (``tcp src 10.3.34.11 dport 5001 tos 
 - ``ack``: a TCP packet with only ACK set and no payload (what the ``tcp-ack`` match finds).
 
 A flow spec is ``[NAME:] PACKET-WORDS [rate R] [start T] [stop T]``: packets like that one,
-sent at rate R (greedy when no rate is given: as fast as the policy lets it) from time
-``start`` (default 0s) to ``stop`` (default: the end of the run).
+sent at rate R (at most ``MAX_RATE``, 1tbit; greedy when no rate is given: as fast as the
+policy lets it) from time ``start`` (default 0s) to ``stop`` (default: the end of the run).
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
-from tcdsl.units import parse_rate, parse_size, parse_time
+from tcdsl.units import format_rate, parse_rate, parse_size, parse_time
 
 ETHERNET_HEADER = 14
 DEFAULT_SIZE = 1514
 """A full-size Ethernet frame, the default packet size."""
+MAX_RATE = 10**12
+"""The highest rate a flow (or ``simulate --link``) may have, 1tbit: a hundred times the fastest
+common Ethernet port, and already more packets a second than the simulator runs in minutes."""
 
 
 class SpecError(ValueError):
@@ -219,6 +222,8 @@ def parse_flow(text: str, index: int = 0) -> Flow:
         i += 2
     if rate is not None and rate <= 0:
         raise SpecError("a flow's rate must be above 0")
+    if rate is not None and rate > MAX_RATE:
+        raise SpecError(f"a flow's rate must be at most {format_rate(MAX_RATE)}")
     if stop is not None and stop <= start:
         raise SpecError("a flow must stop after it starts")
     return Flow(name.strip(), packet, rate, start, stop)
