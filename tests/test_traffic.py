@@ -50,7 +50,13 @@ def test_iplen_is_the_ip_packets_length() -> None:
         ("iplen 39", "iplen 39 is outside 40-65535 bytes \\(an IP header and 20 bytes"),
         ("iplen 65536", "iplen 65536 is outside 40-65535 bytes$"),
         ("iplen many", "iplen needs a size such as 1500 or 1k, found 'many'"),
-        ("iplen 100 size 114", "give the packet's length once, as 'size' or as 'iplen'"),
+        ("iplen 100 size 114", "gives its size twice \\(as 'iplen' and as 'size'\\); give it once"),
+        ("tcp dport 80 dport 81", "gives its dport twice; give it once"),
+        ("udp tos 0x10 dscp ef", "gives its tos twice \\(as 'tos' and as 'dscp'\\)"),
+        ("tcp proto udp", "gives its protocol twice \\(as 'tcp' and as 'proto'\\)"),
+        ("icmp dport 80", "icmp has no ports: drop 'dport', or make it a tcp or udp packet"),
+        ("proto 47 sport 1", "gre has no ports: drop 'sport'"),
+        ("", "the packet spec is empty; describe a packet, such as 'tcp dport 80'"),
     ],
 )
 def test_bad_packets(text: str, message: str) -> None:

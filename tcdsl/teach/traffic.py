@@ -141,19 +141,35 @@ def _length(word: str, value: str) -> int:
 
 def parse_packet(text: str) -> Packet:
     """Parse a packet spec (see the module docstring); raises ``SpecError``."""
+    if not text.split():
+        raise SpecError("the packet spec is empty; describe a packet, such as 'tcp dport 80'")
     packet, rest = _parse_packet_words(text.split())
     if rest:
         raise SpecError(f"unexpected {rest[0]!r} in the packet spec")
     return packet
 
 
+PORTED = frozenset({6, 17, 33, 132, 136})
+"""The protocols whose header starts with source and destination ports (tcp, udp, dccp, sctp,
+udplite)."""
+
+
 def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
     fields: dict[str, object] = {}
+    given: dict[str, str] = {}  # field -> the word that gave it
+
+    def once(key: str, word: str) -> None:
+        if key in given:
+            same = "" if given[key] == word else f" (as '{given[key]}' and as '{word}')"
+            raise SpecError(f"the packet spec gives its {key} twice{same}; give it once")
+        given[key] = word
+
     i = 0
     while i < len(words):
         word = words[i].lower()
         value = words[i + 1] if i + 1 < len(words) else None
         if word in PROTOCOLS:
+            once("protocol", word)
             fields["proto"] = PROTOCOLS[word]
             i += 1
             continue
@@ -166,6 +182,10 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             break  # the flow's words start here
         if value is None:
             raise SpecError(f"'{word}' needs a value")
+        once(
+            {"proto": "protocol", "dscp": "tos", "iplen": "size"}.get(word, word),
+            word,
+        )
         if word == "proto":
             fields["proto"] = PROTOCOLS.get(value.lower()) or _number(value, "proto", 255)
         elif word in ("src", "dst"):
@@ -178,10 +198,13 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             code = DSCP_NAMES.get(value.lower())
             fields["tos"] = (code if code is not None else _number(value, "dscp", 63)) << 2
         else:
-            if "size" in fields:
-                raise SpecError("give the packet's length once, as 'size' or as 'iplen'")
             fields["size"] = _length(word, value)
         i += 2
+    ports = [p for p in ("sport", "dport") if p in fields]
+    proto = fields.get("proto", Packet.proto)
+    if ports and proto not in PORTED:
+        name = next((n for n, number in PROTOCOLS.items() if number == proto), f"protocol {proto}")
+        raise SpecError(f"{name} has no ports: drop '{ports[0]}', or make it a tcp or udp packet")
     if fields.get("ack_only"):
         if fields.get("proto") != 6:
             raise SpecError("'ack' is a TCP packet; it cannot have another protocol")
