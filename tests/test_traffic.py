@@ -104,3 +104,9 @@ def test_header_is_what_u32_reads(keys: tuple[U32Key, ...], packet: Packet, hit:
     header = packet.header()
     assert len(header) == 40
     assert all(_key_matches(k, header) for k in keys) == hit
+
+
+def test_ports_without_a_protocol_are_udp_ports() -> None:
+    """The default protocol (udp) has ports: 'dport 80' alone is a UDP packet to port 80."""
+    packet = parse_packet("dport 80")
+    assert (packet.proto, packet.dport) == (17, 80)

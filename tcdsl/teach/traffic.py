@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
 from tcdsl.units import format_rate, parse_rate, parse_size, parse_time
+from tcdsl.words import protocol_name
 
 ETHERNET_HEADER = 14
 DEFAULT_SIZE = 1514
@@ -36,11 +37,15 @@ class SpecError(ValueError):
     """A packet or flow spec that does not parse; the message says what is wrong."""
 
 
+DEFAULT_PROTO = 17
+"""A packet spec without a protocol is UDP."""
+
+
 @dataclass(frozen=True, slots=True)
 class Packet:
     """One IPv4 packet, as far as classification looks at it."""
 
-    proto: int = 17
+    proto: int = DEFAULT_PROTO
     src: int = int(ipaddress.IPv4Address("10.0.0.1"))
     dst: int = int(ipaddress.IPv4Address("10.0.0.2"))
     sport: int = 40000
@@ -201,9 +206,10 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             fields["size"] = _length(word, value)
         i += 2
     ports = [p for p in ("sport", "dport") if p in fields]
-    proto = fields.get("proto", Packet.proto)
+    proto = fields.get("proto", DEFAULT_PROTO)
+    assert isinstance(proto, int)
     if ports and proto not in PORTED:
-        name = next((n for n, number in PROTOCOLS.items() if number == proto), f"protocol {proto}")
+        name = protocol_name(proto).lower()
         raise SpecError(f"{name} has no ports: drop '{ports[0]}', or make it a tcp or udp packet")
     if fields.get("ack_only"):
         if fields.get("proto") != 6:
