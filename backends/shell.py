@@ -10,6 +10,9 @@ from tcdsl.backend import Backend, comment, shjoin, template_env
 from tcdsl.commands import (
     LOCK_DIR,
     LOCK_DIR_VARIABLE,
+    NO_INTERFACE,
+    SCRIPT_AT,
+    SCRIPT_FAILED,
     Command,
     batch_line,
     chain_teardown,
@@ -47,7 +50,6 @@ class InterfaceView:
 
     name: str
     chain: str | None
-    mark_from: str | None
     lock: str
     """The lock file's name (in the lock folder) that serialises changes to the interface."""
     undo: str
@@ -106,17 +108,17 @@ def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
     chain: tuple[tuple[str, ...], ...] = ()
     if iface.marking is not None and not nft:
         chain = chain_teardown(iface)
-    removal = [teardown_commands(iface), *chain]
+    tc_teardown = teardown_commands(iface)
+    removal = [tc_teardown, *chain]
     if iface.marking is not None and nft:
         removal.append(("nft", "delete", "table", "inet", nft_table(iface)))
     undo = "; ".join(shjoin(w) for w in removal)
     return InterfaceView(
         iface.name,
         iface.marking.chain if iface.marking else None,
-        iface.marking.from_interface if iface.marking else None,
         lock_name(iface.name),
         undo,
-        teardown_commands(iface),
+        tc_teardown,
         chain[0] if chain else (),
         chain[1:],
         tuple(run),
@@ -148,6 +150,9 @@ class ShellBackend(Backend):
             .render(
                 version=__version__,
                 source=source_label,
+                at=SCRIPT_AT,
+                failed=SCRIPT_FAILED,
+                no_interface=NO_INTERFACE,
                 lock_dir=LOCK_DIR,
                 lock_dir_variable=LOCK_DIR_VARIABLE,
                 lock_setting=f"${{{LOCK_DIR_VARIABLE}:-{LOCK_DIR}}}",

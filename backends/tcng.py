@@ -290,34 +290,36 @@ class _Seen:
         self.plan = plan
         self.name = name
         self.ordered = ordered
+        self.terms: dict[int, str] = {}
         self.defined = 0
+
+    def term(self, i: int) -> str:
+        """Match line ``i`` (in the order tried) as tcng text, written once."""
+        if i not in self.terms:
+            self.terms[i] = _match_text(self.ordered[i][1].conds)
+        return self.terms[i]
 
     def upto(self, index: int) -> str:
         while self.defined <= index:
             i = self.defined
-            term = _match_text(self.ordered[i][1].conds)
+            term = self.term(i)
             body = term if i == 0 else f"{self.name}{i - 1} || {term}"
             self.plan.macros.append((f"{self.name}{i}", body))
             self.defined += 1
         return f"{self.name}{index}"
 
 
-def _reach_body(
-    guard: str | None,
-    positions: list[int],
-    ordered: list[tuple[ir.Class, ir.Match]],
-    seen: _Seen,
-    is_default: bool,
-) -> str:
+def _reach_body(guard: str | None, positions: list[int], seen: _Seen, is_default: bool) -> str:
     """When a packet that reaches the qdisc ends in the class whose match lines are at
-    ``positions`` (in ``ordered``): one of them is the first to take it, or (for htb's default
-    class) none of the qdisc's does."""
+    ``positions`` (in the order tried): one of them is the first to take it, or (for htb's
+    default class) none of the qdisc's does."""
     ways = []
     for i in positions:
-        term = _match_text(ordered[i][1].conds)
+        term = seen.term(i)
         ways.append(term if i == 0 else f"{term} && !{seen.upto(i - 1)}")
     if is_default:
-        ways.append(f"!{seen.upto(len(ordered) - 1)}" if ordered else "1")
+        last = len(seen.ordered) - 1
+        ways.append(f"!{seen.upto(last)}" if seen.ordered else "1")
     if guard is None:
         return " || ".join(ways)
     return f"{guard} && " + (ways[0] if len(ways) == 1 else "(" + " || ".join(ways) + ")")
@@ -344,9 +346,12 @@ def selectors(q: ir.Qdisc, plan: Plan, guard: str | None = None) -> list[Selecto
     plan.qdiscs += 1
     number = q.handle.major if q.handle is not None else plan.qdiscs
     seen = _Seen(plan, f"{plan.prefix}SEEN_{number:x}_", ordered)
+    at_index: dict[int, list[int]] = {}
+    for i, (c, _) in enumerate(ordered):
+        at_index.setdefault(id(c), []).append(i)
     inner: dict[int, list[Selector]] = {}
     for cls in ir.classes_of(q):
-        positions = [i for i, (c, _) in enumerate(ordered) if c is cls]
+        positions = at_index.get(id(cls), [])
         if cls.leaf is None or not (positions or cls is default):
             continue
         reach = f"{plan.prefix}IN_{plan.names[id(cls)]}"
@@ -354,7 +359,7 @@ def selectors(q: ir.Qdisc, plan: Plan, guard: str | None = None) -> list[Selecto
         found = selectors(cls.leaf, plan, reach)
         # A prio's band is reached through its priomap too, which no macro can say (below).
         if found and not isinstance(q, ir.Prio):
-            body = _reach_body(guard, positions, ordered, seen, cls is default)
+            body = _reach_body(guard, positions, seen, cls is default)
             plan.macros.insert(at, (reach, body))
         inner[id(cls)] = found
     out: list[Selector] = []

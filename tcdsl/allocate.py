@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from tcdsl import ir, lower
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend.chains import default_chain
-from tcdsl.tcmath import HTB_DEFAULT_R2Q, htb_quantum, htb_r2q_range
+from tcdsl.tcmath import HTB_DEFAULT_R2Q, htb_quantum, htb_r2q_fits, htb_r2q_range
 
 MAX = 0xFFFF
 DEFAULT_PREF = 1
@@ -314,8 +314,9 @@ def choose_quanta(q: ir.Htb) -> ir.Htb:
     r2q = HTB_DEFAULT_R2Q
     fits = htb_r2q_range(leaves) if leaves else None
     if fits is not None and not fits[0] <= r2q <= fits[1]:
-        fits = htb_r2q_range([bits // 8 for bits in rates.values()]) or fits
-        r2q = _round_near(*fits, HTB_DEFAULT_R2Q)
+        suited = htb_r2q_fits(leaves, [bits // 8 for bits in rates.values()])
+        assert suited is not None  # the leaves' range exists: fits
+        r2q = _round_near(*suited, HTB_DEFAULT_R2Q)
     quanta: dict[int, int] = {}
     for key, bits in rates.items():
         computed, kept = htb_quantum(bits, r2q)

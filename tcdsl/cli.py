@@ -470,9 +470,11 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
         stdin = path == "-"
         name = "<stdin>" if stdin else path
         refused = _outside(path, tree, Access())
+        if refused is not None:
+            click.echo(render(refused.diagnostics, {}), nl=False, err=True)
+            failed = True
+            continue
         try:
-            if refused is not None:
-                raise FormatError(refused.diagnostics[0])
             text = read_stream(sys.stdin.buffer) if stdin else read_policy(path)
             formatted = format_source(text, name)
         except SourceError as err:
@@ -484,9 +486,7 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
             failed = True
             continue
         except FormatError as err:
-            sources = (
-                {err.diagnostic.span.file: normalise_newlines(text)} if refused is None else {}
-            )
+            sources = {err.diagnostic.span.file: normalise_newlines(text)}
             click.echo(render(err.diagnostics, sources), nl=False, err=True)
             failed = True
             continue

@@ -292,6 +292,14 @@ def chain_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
 
 # ==== the lock ================================================================================
 
+# Names the generated shell script uses and verify reads back from its trace and stderr.
+SCRIPT_AT = "tcdsl_at"
+"""The script's variable naming the policy text of the command that runs next."""
+SCRIPT_FAILED = "tcdsl_failed"
+"""The script's exit trap, which prints the failure message."""
+NO_INTERFACE = "tcdsl: there is no interface %s here; nothing was changed"
+"""What the script prints (a printf format) when an interface it shapes is missing."""
+
 LOCK_DIR = "/run/lock"
 LOCK_DIR_VARIABLE = "TCDSL_LOCK_DIR"
 """The environment variable that moves the lock folder (tests; systems without /run/lock)."""

@@ -16,7 +16,7 @@ from tcdsl import ir, lower
 from tcdsl.checks import effective_ceil, rate_of, sites
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.matching import Bits, filter_bits, kernel_order, match_pref
-from tcdsl.tcmath import HTB_QUANTUM, htb_quantum, htb_r2q_range
+from tcdsl.tcmath import HTB_QUANTUM, htb_quantum, htb_r2q_fits
 from tcdsl.units import format_rate, format_size, format_time
 
 Lint = Callable[[ir.Policy], Iterator[Diagnostic]]
@@ -287,10 +287,7 @@ def _quantum_warning(
     computed, quantum kept), ``rates`` every class's rate in bytes and whether it is a leaf."""
     lo, hi = HTB_QUANTUM
     leaves = [cls for cls, *_ in out if not cls.children]
-    leaf_rates = [b for b, leaf in rates if leaf]
-    fits = htb_r2q_range(leaf_rates) if leaf_rates else None
-    if fits is not None:  # as allocation chooses: one that suits the inner classes too if any
-        fits = htb_r2q_range([b for b, _ in rates]) or fits
+    fits = htb_r2q_fits([b for b, leaf in rates if leaf], [b for b, _ in rates])
     if not leaves:
         fix = "harmless, as only leaf classes use their quantum"
     elif fits is not None:

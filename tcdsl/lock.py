@@ -2,8 +2,9 @@
 
 A generated script holds ``flock`` on ``/run/lock/tcdsl-IFACE.lock`` (or in
 ``$TCDSL_LOCK_DIR``) while it tears down and rebuilds IFACE, so two runs at once (cron and a
-person) cannot interleave their commands. Whatever in tcdsl changes an interface of this
-host's kernel holds the same lock, through :func:`interface_locks`.
+person) cannot interleave their commands. Python code that changes a host's interfaces (the
+live operations to come; today only tcdsl's own tests) holds the same lock through
+:func:`interface_locks`.
 """
 
 from __future__ import annotations

@@ -75,6 +75,16 @@ def htb_r2q_range(rates_bytes: list[int]) -> tuple[int, int] | None:
     return (lowest, highest) if lowest <= highest else None
 
 
+def htb_r2q_fits(leaf_bytes: list[int], all_bytes: list[int]) -> tuple[int, int] | None:
+    """The r2q range to choose from for an htb: the one that suits its leaf classes (the only
+    ones that use their quantum), narrowed to one that suits every class where there is
+    one; None if no r2q suits the leaves (rates more than 200 times apart)."""
+    fits = htb_r2q_range(leaf_bytes) if leaf_bytes else None
+    if fits is None:
+        return None
+    return htb_r2q_range(all_bytes) or fits
+
+
 def htb_class_quantum(cls: ir.Class, r2q: int) -> int | None:
     """The quantum (bytes) sch_htb keeps for an htb class under an htb of this r2q: its
     ``quantum``, the one allocation chose, or rate / r2q clamped; None without a rate."""

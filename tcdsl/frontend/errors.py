@@ -7,12 +7,11 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
-from lark import Lark, Token
+from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.lexer import PatternRE, PatternStr, TerminalDef
 
 from tcdsl.diagnostics import Diagnostic, Span
-from tcdsl.frontend import recovery
 from tcdsl.frontend.qdiscs import CLASS_FLAGS, CLASS_PARAMS, QDISC_FLAGS, QDISC_PARAMS
 from tcdsl.frontend.syntax import suggestion
 from tcdsl.frontend.values import span_of
@@ -63,7 +62,8 @@ def _describe_token(token: Token) -> str:
     return f"'{token}'"
 
 
-def _first_on_its_line(token: Token, text: str) -> bool:
+def first_on_its_line(token: Token, text: str) -> bool:
+    """Whether only blanks come before ``token`` on its line."""
     start = token.start_pos or 0
     line_start = text.rfind("\n", 0, start) + 1
     return not text[line_start:start].strip()
@@ -73,17 +73,15 @@ def syntax_error(
     err: UnexpectedInput,
     path: str,
     text: str,
-    accepted: Collection[str] | None = None,
-    stack: Sequence[Any] = (),
-    terminals: Collection[TerminalDef] | None = None,
+    accepted: Collection[str],
+    stack: Sequence[Any],
+    terminals: Collection[TerminalDef],
 ) -> Diagnostic:
     """Translate a Lark error into words, at the offending place.
 
-    ``accepted`` is the set of terminals that could have come there (None: worked out from
-    the error's parser, or Lark's guess without one),
+    ``accepted`` is the set of terminals that could have come there (``recovery.accepted``),
     ``stack`` the parser's values (they tell which qdisc or class a word was meant for) and
-    ``terminals`` the grammar's terminals (their keywords are what a misspelling may mean;
-    None: read from the grammar).
+    ``terminals`` the grammar's terminals (their keywords are what a misspelling may mean).
     """
     line = getattr(err, "line", 1) or 1
     column = getattr(err, "column", 1) or 1
@@ -98,20 +96,16 @@ def syntax_error(
             span = span_of(token, path)
             if token.type == "_NL":
                 span = Span(path, span.line, span.column, span.line, span.column + 1)
-        if token.type == "LBRACE" and _first_on_its_line(token, text):
+        if token.type == "LBRACE" and first_on_its_line(token, text):
             return Diagnostic.error("E002", f"unexpected character '{{'{brace_hint}", span)
-        parser = getattr(err, "interactive_parser", None)
-        if accepted is None and parser is not None:
-            accepted = recovery.accepted(err)
-            stack = stack or list(parser.parser_state.value_stack)
-        names = set(err.expected if accepted is None else accepted)
+        names = set(accepted)
         context = _context(stack)
         word = str(token)
         hint = ""
         if _after_hex(token, text):
             hint = f"; {HEX_TAKES_NO_UNIT}"
         elif re.fullmatch(r"[A-Za-z_][\w-]*", word):
-            known = _grammar_terminals() if terminals is None else tuple(terminals)
+            known = tuple(terminals)
             hint = suggestion(word, _keywords(names, context, known))
         expected = _expected_words(names, context)
         return Diagnostic.error(
@@ -191,14 +185,6 @@ def _options(context: tuple[str, str] | None) -> list[str] | None:
 
 
 _ALTERNATIVES = re.compile(r"\(([\w|-]+)\)\(\?!\[\\w-\]\)")
-
-
-@functools.cache
-def _grammar_terminals() -> tuple[TerminalDef, ...]:
-    from tcdsl.frontend import reader  # the reader reports through this module
-
-    grammar = Lark(reader.grammar_text(), parser="lalr", lexer="contextual")
-    return tuple(grammar.terminals)
 
 
 @functools.cache

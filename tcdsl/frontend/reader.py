@@ -17,7 +17,7 @@ from tcdsl import fastlark, ir
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.frontend import recovery
 from tcdsl.frontend.builder import Builder
-from tcdsl.frontend.errors import syntax_error
+from tcdsl.frontend.errors import first_on_its_line, syntax_error
 from tcdsl.frontend.source import (
     Access,
     SourceError,
@@ -80,9 +80,10 @@ class Reader:
         if self.tree is None:
             self.tree = os.path.dirname(path) or "."
         real = os.path.realpath(path)
-        if real in map(os.path.realpath, self.stack) or len(self.stack) >= MAX_INCLUDE_DEPTH:
+        cycle = real in map(os.path.realpath, self.stack)
+        if cycle or len(self.stack) >= MAX_INCLUDE_DEPTH:
             assert include_span is not None
-            if real in map(os.path.realpath, self.stack):
+            if cycle:
                 msg = f"include cycle: {' -> '.join([*self.stack, path])}"
             else:
                 msg = f"includes nest more than {MAX_INCLUDE_DEPTH} deep"
@@ -147,7 +148,11 @@ class Reader:
             )
             self._mark_broken_constant(stack, path)
             misspelled = _MISSPELLED_CONST.match(_line_at(err, text))
-            if misspelled and isinstance(err, UnexpectedToken) and _starts_line(err, text):
+            if (
+                misspelled
+                and isinstance(err, UnexpectedToken)
+                and first_on_its_line(err.token, text)
+            ):
                 # 'cosnt LINK = 10mbit': LINK's uses would each say it is unknown
                 self.scope.broken.setdefault(misspelled.group(1), span_of(err.token, path))
 
@@ -177,12 +182,6 @@ def _line_at(err: UnexpectedInput, text: str) -> str:
     start = text.rfind("\n", 0, pos) + 1
     end = text.find("\n", pos)
     return text[start : end if end >= 0 else len(text)]
-
-
-def _starts_line(err: UnexpectedToken, text: str) -> bool:
-    """Whether the failing token is the first word of its line."""
-    pos = err.token.start_pos or 0
-    return not text[text.rfind("\n", 0, pos) + 1 : pos].strip()
 
 
 def _not_a_policy(

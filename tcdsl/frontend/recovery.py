@@ -142,6 +142,7 @@ class Taint:
     def __init__(self) -> None:
         self._regions: dict[str, list[tuple[int, int]]] = {}
         self._lines: dict[str, list[int]] = {}
+        self._statements: dict[str, list[Statement]] = {}
         self._merged: dict[str, list[tuple[int, int]]] = {}
 
     def __bool__(self) -> bool:
@@ -154,11 +155,12 @@ class Taint:
             return
         if file not in self._lines:
             self._lines[file] = _line_starts(text)
+            self._statements[file] = statements(text)
         lines = self._lines[file]
         found = sorted({_offset(lines, span) for span in spans})
         regions = self._regions.setdefault(file, [])
         self._merged.pop(file, None)
-        stmts = statements(text)
+        stmts = self._statements[file]
         open_: list[int] = []
         i = 0
         for pos in found:

@@ -21,6 +21,7 @@ from typing import Literal
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
+from tcdsl.matching import filters_at
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     HTB_DEFAULT_R2Q,
@@ -266,6 +267,21 @@ def _guaranteed(q: ir.ClassfulQdisc) -> int | None:
 
 
 # ---- the explainer -------------------------------------------------------------------------------
+
+
+def _class_index(
+    iface: ir.Interface,
+) -> tuple[dict[ir.Handle, ir.Class], dict[tuple[ir.Handle, object], ir.Match]]:
+    """Every class of ``iface`` by class id, and its match lines by (class id, span)."""
+    owners: dict[ir.Handle, ir.Class] = {}
+    lines: dict[tuple[ir.Handle, object], ir.Match] = {}
+    for each in ir.walk_qdiscs(iface.root):
+        for cls in ir.classes_of(each):
+            if cls.classid is not None:
+                owners[cls.classid] = cls
+                for m in cls.matches:
+                    lines[(cls.classid, m.span)] = m
+    return owners, lines
 
 
 class _Explainer:
@@ -905,14 +921,6 @@ class _Explainer:
     ) -> None:
         """The filters of ``q`` in the order the kernel tries them (or, at the root, the marking
         rules of the whole interface)."""
-        owners: dict[ir.Handle, ir.Class] = {}
-        lines: dict[tuple[ir.Handle, object], ir.Match] = {}
-        for each in ir.walk_qdiscs(iface.root):
-            for cls in ir.classes_of(each):
-                if cls.classid is not None:
-                    owners[cls.classid] = cls
-                    for m in cls.matches:
-                        lines[(cls.classid, m.span)] = m
         marking = iface.marking
         title = "How packets reach the classes"
         if holder is not None:
@@ -927,6 +935,7 @@ class _Explainer:
                     )
                 )
             return
+        owners, lines = _class_index(iface)
         if marking is not None:
             self.add(Heading(3, title))
             self.add(
@@ -941,6 +950,7 @@ class _Explainer:
                 )
             )
             by_mark = {c.fwmark: c for c in owners.values() if c.fwmark is not None}
+            by_span = {span: m for (_, span), m in reversed(lines.items())}
             steps: list[str] = []
             seen: set[object] = set()
             for rule in marking.rules:
@@ -953,16 +963,17 @@ class _Explainer:
                 if key in seen:
                     continue
                 seen.add(key)
-                line = next((m for (_, span), m in lines.items() if span == rule.span), None)
+                line = by_span.get(rule.span)
                 what = match_phrase(line) if line is not None else "?"
                 steps.append(f"{what}: mark {rule.mark}{where}")
             self.add(Steps(tuple(steps)))
             return
-        on = [f for f in iface.filters if isinstance(f, ir.U32Filter) and f.parent == q.handle]
+        if q.handle is None:  # allocate gives every qdisc one
+            return
+        on = [f for f in filters_at(iface, q.handle) if isinstance(f, ir.U32Filter)]
         if not on:
             return
         self.add(Heading(3, title))
-        ordered = sorted(range(len(on)), key=lambda i: (on[i].pref, i))
         show_pref = any(f.pref != on[0].pref for f in on)
         self.add(
             Para(
@@ -973,8 +984,7 @@ class _Explainer:
         )
         steps = []
         last: tuple[object, ir.Handle] | None = None
-        for i in ordered:
-            f = on[i]
+        for f in on:
             if last == (f.span, f.flowid):
                 continue
             last = (f.span, f.flowid)

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tcdsl.commands import NO_INTERFACE, SCRIPT_AT
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.verify.expect import (
     ExpectedChain,
@@ -58,7 +59,7 @@ TOOL_WARNED = "W406"
 # ==== the script: which command comes from which policy text ===================================
 
 _ORIGIN = re.compile(r"(?P<file>.+):(?P<line>\d+):(?P<column>\d+): (?P<what>.*)")
-AT = "tcdsl_at="
+AT = f"{SCRIPT_AT}="
 """How a generated script notes the policy text of the command that follows (the script's exit
 trap names it if the command fails)."""
 
@@ -249,7 +250,7 @@ def apply_diagnostics(
     return out
 
 
-_NO_INTERFACE = re.compile(r"tcdsl: there is no interface (.+) here; nothing was changed")
+_NO_INTERFACE = re.compile(re.escape(NO_INTERFACE).replace("%s", "(.+)"))
 
 
 def _missing_interface(outcome: ApplyOutcome) -> str | None:

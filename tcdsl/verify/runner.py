@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tcdsl.commands import SCRIPT_FAILED
 from tcdsl.verify.compare import ApplyOutcome, CommandRun, Origin, Step
 from tcdsl.verify.expect import Requirement
 from tcdsl.verify.readback import (
@@ -53,7 +54,7 @@ MARKER = "@@tcdsl@@"
 TRACE = "+tcdsl+ "
 """The xtrace prefix (PS4) of the applied script: a line starting with it is a command."""
 
-FAILURE_HANDLER = "tcdsl_failed"
+FAILURE_HANDLER = SCRIPT_FAILED
 """The generated script's exit trap, which names the policy line of a failed command."""
 
 TIMEOUT = 120
@@ -269,9 +270,10 @@ def apply_outcome(found: dict[str, Section]) -> ApplyOutcome | None:
     outcome = ApplyOutcome(stdout.status, stdout.text)
     for line in stderr.text.splitlines():
         if line.startswith(TRACE):
-            if line[len(TRACE) :] == FAILURE_HANDLER:
+            command = line[len(TRACE) :]
+            if command == FAILURE_HANDLER:
                 break  # the script's exit trap: what follows is its message, not a command
-            outcome.steps.append(Step(line[len(TRACE) :]))
+            outcome.steps.append(Step(command))
         elif outcome.steps:
             outcome.steps[-1].stderr.append(line)
         else:
