@@ -11,6 +11,7 @@ from tcdsl.commands import (
     LOCK_DIR,
     LOCK_DIR_VARIABLE,
     NO_INTERFACE,
+    NOT_IFB,
     SCRIPT_AT,
     SCRIPT_FAILED,
     Command,
@@ -49,13 +50,22 @@ class InterfaceView:
     """What the template needs of one interface."""
 
     name: str
+    """The interface as the policy names it: it must exist; its lock serialises changes."""
+    device: str
+    """The device the tree is on (the IFB of a download), for the failure message."""
+    heading: str
+    owned: str
+    """What the teardown removes, in words."""
+    ifb: str | None
+    """A download's IFB: created by the script, removed by its teardown (if it is an ifb)."""
     chain: str | None
     lock: str
     """The lock file's name (in the lock folder) that serialises changes to the interface."""
     undo: str
     """Shell that removes what the policy sets up on the interface (for the failure message)."""
-    teardown: tuple[str, ...]
-    """The tc command that removes the root qdisc."""
+    teardown: tuple[tuple[str, ...], ...]
+    """The commands that remove the tree (a root or ingress qdisc; a download's redirect and
+    IFB)."""
     teardown_jump: tuple[str, ...]
     """The iptables command that deletes one jump into the chain (run until it fails)."""
     teardown_chain: tuple[tuple[str, ...], ...]
@@ -109,16 +119,22 @@ def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
     if iface.marking is not None and not nft:
         chain = chain_teardown(iface)
     tc_teardown = teardown_commands(iface)
-    removal = [tc_teardown, *chain]
+    removal = [*tc_teardown, *chain]
     if iface.marking is not None and nft:
         removal.append(("nft", "delete", "table", "inet", nft_table(iface)))
     undo = "; ".join(shjoin(w) for w in removal)
     return InterfaceView(
+        iface.interface,
         iface.name,
+        iface.label,
+        {"egress": "root qdisc", "ingress": "ingress qdisc", "download": "redirect and ifb"}[
+            iface.direction
+        ],
+        iface.name if iface.download is not None else None,
         iface.marking.chain if iface.marking else None,
-        lock_name(iface.name),
+        lock_name(iface.interface),
         undo,
-        tc_teardown,
+        tuple(c for c in tc_teardown if c[0] == "tc"),
         chain[0] if chain else (),
         chain[1:],
         tuple(run),
@@ -153,10 +169,13 @@ class ShellBackend(Backend):
                 at=SCRIPT_AT,
                 failed=SCRIPT_FAILED,
                 no_interface=NO_INTERFACE,
+                not_ifb=NOT_IFB,
                 lock_dir=LOCK_DIR,
                 lock_dir_variable=LOCK_DIR_VARIABLE,
                 lock_setting=f"${{{LOCK_DIR_VARIABLE}:-{LOCK_DIR}}}",
                 interfaces=views,
+                interface_names=list(dict.fromkeys(v.name for v in views)),
+                ifbs=[v.ifb for v in views if v.ifb is not None],
                 uses_iptables=marking and not nft,
                 uses_nft=marking and nft,
             )

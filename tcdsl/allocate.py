@@ -60,6 +60,8 @@ class InterfaceAllocator:
         self.diagnostics.append(Diagnostic.error(code, message, span, *notes))
 
     def run(self) -> ir.Interface:
+        if isinstance(self.iface.root, ir.Ingress):
+            return self.ingress(self.iface.root)
         for q in ir.walk_qdiscs(self.iface.root):
             if q.explicit_handle is not None:
                 major = q.explicit_handle.handle.major
@@ -154,6 +156,14 @@ class InterfaceAllocator:
             cls, classid=ir.Handle(major, minor), leaf=leaf, children=children
         )
 
+    def ingress(self, q: ir.Ingress) -> ir.Interface:
+        root = dataclasses.replace(q, handle=ir.INGRESS_HANDLE)
+        # The ingress qdisc has no classes: a filter's class id only labels it (tc's own
+        # examples write ``flowid :1``).
+        flowid = ir.Handle(ir.INGRESS_HANDLE.major, 1)
+        filters = [f for m in q.matches for f in self._match_filters(m, ir.INGRESS_HANDLE, flowid)]
+        return dataclasses.replace(self.iface, root=root, filters=tuple(filters))
+
     # ---- filters ----
     def u32_filters(self, root: ir.Qdisc) -> Iterator[ir.Filter]:
         for q in ir.walk_qdiscs(root):
@@ -175,7 +185,7 @@ class InterfaceAllocator:
                 if lower.contradicts(keys):
                     dropped += 1
                 else:
-                    yield ir.U32Filter(parent, pref, keys, flowid, m.span)
+                    yield ir.U32Filter(parent, pref, keys, flowid, m.span, m.police)
         if dropped and dropped == total:
             self.error(
                 "E211",

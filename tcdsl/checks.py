@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tcdsl import ir
+from tcdsl import directions, ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -844,6 +844,7 @@ CHECKS: tuple[Check, ...] = (
     marks_expressible,
     marks_unique,
     values_kept_as_written,
+    *directions.CHECKS,
 )
 
 

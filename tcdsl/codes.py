@@ -73,6 +73,15 @@ _TABLE: dict[str, CodeInfo] = {
     "E215": CodeInfo(_E, "An iptables chain name that is a built-in chain or a target"),
     "E216": CodeInfo(_E, "An iptables chain name with characters or a length tcdsl does not take"),
     "E220": CodeInfo(_E, "A match or mark classify by mark cannot reach (a nested qdisc)"),
+    "E251": CodeInfo(_E, "Both a download and ingress policers on one interface"),
+    "E252": CodeInfo(
+        _E,
+        "A policer that cannot work: missing rate or burst, no policer on "
+        "an ingress match, or policing with classify by mark",
+    ),
+    "E253": CodeInfo(_E, "A policer burst below the largest packet it must pass"),
+    "E254": CodeInfo(_E, "A download's IFB that another tree of the policy uses"),
+    "E255": CodeInfo(_E, "A download classified by firewall mark without connmark"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
@@ -96,6 +105,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W321": CodeInfo(_W, "A netem limit below the packets its delay keeps inside"),
     "W322": CodeInfo(_W, "A class mark nothing in the policy sets"),
     "W330": CodeInfo(_W, "A value the kernel keeps, but not as written"),
+    "W360": CodeInfo(_W, "A download match on a private destination, which NAT hides on ingress"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),

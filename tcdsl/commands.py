@@ -25,7 +25,7 @@ from tcdsl.units import format_rate, format_size, format_time
 class Command:
     """One command: the tool, its arguments, and the policy text it comes from."""
 
-    tool: Literal["tc", "iptables"]
+    tool: Literal["tc", "iptables", "ip"]
     args: tuple[str, ...]
     span: Span
     what: str
@@ -130,22 +130,97 @@ def _label(q: ir.Qdisc) -> str:
 
 
 def interface_commands(iface: ir.Interface) -> Iterator[Command]:
-    """Yield the commands that build ``iface``, teardown excluded."""
+    """Yield the commands that build ``iface``, teardown excluded.
+
+    A download first creates its IFB and builds the tree on it, and only then redirects the
+    interface's arrivals to it, so no packet meets a half-built tree.
+    """
     dev = ("dev", iface.name)
     root = iface.root
     assert root.handle is not None
-    yield Command(
-        "tc",
-        ("qdisc", "add", *dev, "root", "handle", root.handle.qdisc, *qdisc_words(root)),
-        root.span,
-        f"interface {iface.name}: {_label(root)}",
-    )
+    download = iface.download
+    if download is not None:
+        what = f"interface {download.interface}: download via {iface.name}"
+        # ifb's default queue length (32 packets) would also be every default leaf queue's.
+        add = ("link", "add", iface.name, "txqueuelen", str(IFB_TXQUEUELEN), "type", "ifb")
+        yield Command("ip", add, download.span, what)
+        yield Command("ip", ("link", "set", "dev", iface.name, "up"), download.span, what)
+    if isinstance(root, ir.Ingress):
+        yield Command(
+            "tc",
+            ("qdisc", "add", *dev, "handle", root.handle.qdisc, "ingress"),
+            root.span,
+            f"interface {iface.name}: ingress qdisc",
+        )
+    else:
+        yield Command(
+            "tc",
+            ("qdisc", "add", *dev, "root", "handle", root.handle.qdisc, *qdisc_words(root)),
+            root.span,
+            f"interface {iface.name}: {_label(root)}",
+        )
     by_parent: dict[ir.Handle, list[ir.Filter]] = {}
     for f in iface.filters:
         by_parent.setdefault(f.parent, []).append(f)
     yield from _below(iface, root, by_parent)
     if iface.marking is not None:
         yield from marking_commands(iface)
+    if download is not None:
+        yield from redirect_commands(iface, download)
+
+
+REDIRECT_PREF = 1
+IFB_TXQUEUELEN = 1000
+"""The queue length tcdsl gives an IFB, an Ethernet device's (the kernel's default for ifb is
+32 packets, which default leaf qdiscs would take as their limit)."""
+
+
+def redirect_commands(iface: ir.Interface, download: ir.Download) -> Iterator[Command]:
+    """The ingress qdisc on the downloading interface and its one filter, which sends every
+    packet (every protocol, IPv6 and ARP too) to the IFB, restoring the connection's mark
+    first when the download classifies by connmark."""
+    dev = ("dev", download.interface)
+    what = f"interface {download.interface}: download via {iface.name}"
+    ingress = ir.INGRESS_HANDLE.qdisc
+    yield Command("tc", ("qdisc", "add", *dev, "handle", ingress, "ingress"), download.span, what)
+    actions: tuple[str, ...] = ("action", "connmark") if download.connmark else ()
+    yield Command(
+        "tc",
+        (
+            "filter",
+            "add",
+            *dev,
+            "parent",
+            ingress,
+            "protocol",
+            "all",
+            "prio",
+            str(REDIRECT_PREF),
+            "u32",
+            "match",
+            "u32",
+            "0",
+            "0",
+            *actions,
+            "action",
+            "mirred",
+            "egress",
+            "redirect",
+            "dev",
+            iface.name,
+        ),
+        download.span,
+        what,
+    )
+
+
+def police_words(p: ir.Police) -> list[str]:
+    """``police rate R burst B [mtu M] VERDICT`` as tc takes it in a filter."""
+    words = ["police", "rate", format_rate(p.rate.bits_per_second)]
+    words += ["burst", format_size(p.burst.bytes)]
+    if p.mtu is not None:
+        words += ["mtu", format_size(p.mtu.bytes)]
+    return [*words, p.exceed]
 
 
 def _below(
@@ -221,9 +296,10 @@ def _below(
         match f:
             case ir.U32Filter():
                 keys = [w for key in f.keys for w in ("match", *key.words)]
+                police = police_words(f.police) if f.police is not None else []
                 yield Command(
                     "tc",
-                    (*head, "u32", *keys, "flowid", str(f.flowid)),
+                    (*head, "u32", *keys, *police, "flowid", str(f.flowid)),
                     f.span,
                     f"filter to {f.flowid}",
                 )
@@ -272,9 +348,20 @@ def marking_commands(iface: ir.Interface) -> Iterator[Command]:
         )
 
 
-def teardown_commands(iface: ir.Interface) -> tuple[str, ...]:
-    """The command that removes what the policy owns in tc on ``iface``; it may fail harmlessly."""
-    return ("tc", "qdisc", "del", "dev", iface.name, "root")
+def teardown_commands(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
+    """The commands that remove what the policy owns in tc (and ip) for ``iface``; each may
+    fail harmlessly (when there is nothing to remove).
+
+    A download's redirect goes first, then its IFB (which takes its tree with it).
+    """
+    if iface.download is not None:
+        return (
+            ("tc", "qdisc", "del", "dev", iface.download.interface, "ingress"),
+            ("ip", "link", "del", "dev", iface.name),
+        )
+    if iface.direction == "ingress":
+        return (("tc", "qdisc", "del", "dev", iface.name, "ingress"),)
+    return (("tc", "qdisc", "del", "dev", iface.name, "root"),)
 
 
 def chain_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
@@ -299,6 +386,10 @@ SCRIPT_FAILED = "tcdsl_failed"
 """The script's exit trap, which prints the failure message."""
 NO_INTERFACE = "tcdsl: there is no interface %s here; nothing was changed"
 """What the script prints (a printf format) when an interface it shapes is missing."""
+NOT_IFB = (
+    "tcdsl: %s exists and is not an ifb device; a download needs its own ifb; nothing was changed"
+)
+"""What the script prints (a printf format) when the device a download names is not an IFB."""
 
 LOCK_DIR = "/run/lock"
 LOCK_DIR_VARIABLE = "TCDSL_LOCK_DIR"

@@ -168,6 +168,23 @@ class AllCond:
 Cond = AddrCond | PortCond | ProtoCond | TosCond | TcpAckCond | RawCond | AllCond
 
 
+Verdict = Literal["drop", "pass", "continue", "reclassify"]
+
+
+@dataclass(frozen=True, slots=True)
+class Police:
+    """``police rate R burst B [mtu M] [VERDICT]`` on a match: traffic within the rate (and
+    burst) is classified as the match says; what exceeds it gets ``exceed`` (tc's police
+    action, conform action ``ok``)."""
+
+    rate: Rate
+    burst: Size
+    span: Span
+    mtu: Size | None = None
+    exceed: Verdict = "drop"
+    exceed_span: Span | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Match:
     """One ``match`` line: its conditions AND; the values listed in one condition OR."""
@@ -175,6 +192,7 @@ class Match:
     conds: tuple[Cond, ...]
     span: Span
     pref: Count | None = None
+    police: Police | None = None
 
 
 # ---- classes and qdiscs ---------------------------------------------------------------------
@@ -369,9 +387,24 @@ class PfifoFast:
     kind: Literal["pfifo_fast"] = "pfifo_fast"
 
 
+@dataclass(frozen=True, slots=True)
+class Ingress:
+    """tc's ``ingress`` qdisc (handle ``ffff:``): no queue and no classes, only filters that
+    police arriving traffic (``interface eth0 { ingress { match ... police ... } }``)."""
+
+    span: Span
+    matches: tuple[Match, ...] = ()
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["ingress"] = "ingress"
+
+
+INGRESS_HANDLE = Handle(0xFFFF, 0)
+"""The ingress qdisc's handle, fixed by the kernel."""
+
 ClassfulQdisc = Htb | Prio | Cbq
 ChainQdisc = Tbf | Netem
-Qdisc = Htb | Prio | Cbq | Tbf | Netem | Sfq | FqCodel | Pfifo | Bfifo | PfifoFast
+Qdisc = Htb | Prio | Cbq | Tbf | Netem | Sfq | FqCodel | Pfifo | Bfifo | PfifoFast | Ingress
 
 # ---- classification (allocated) ---------------------------------------------------------------
 
@@ -385,13 +418,15 @@ class U32Key:
 
 @dataclass(frozen=True, slots=True)
 class U32Filter:
-    """A u32 filter: every key must match; the packet goes to ``flowid``."""
+    """A u32 filter: every key must match; the packet goes to ``flowid`` (through ``police``
+    when the match has one)."""
 
     parent: Handle
     pref: int
     keys: tuple[U32Key, ...]
     flowid: Handle
     span: Span
+    police: Police | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,15 +468,50 @@ class Marking:
 
 
 @dataclass(frozen=True, slots=True)
+class Download:
+    """How a download tree gets its packets: everything arriving on ``interface`` is
+    redirected (mirred, every protocol) to the IFB device the tree is on, through an
+    ingress qdisc on ``interface``; with ``connmark``, the redirect first restores the
+    connection's firewall mark (tc's connmark action)."""
+
+    interface: str
+    span: Span
+    connmark: bool = False
+    ifb_span: Span | None = None
+    """Where the policy names the IFB (``via NAME``); None when tcdsl derives the name."""
+
+
+Direction = Literal["egress", "download", "ingress"]
+
+
+@dataclass(frozen=True, slots=True)
 class Interface:
-    """A network interface and the tree of qdiscs on its egress."""
+    """A tree of qdiscs on one device: the egress of a network interface (``upload``, or the
+    classic ``interface eth0 htb ...``), the egress of the IFB that shapes its downloads,
+    or its ingress qdisc (policers only)."""
 
     name: str
+    """The device the tree is on: for a download, the IFB."""
     span: Span
     root: Qdisc
     marking: Marking | None = None
     filters: tuple[Filter, ...] = ()
     """Allocated."""
+    direction: Direction = "egress"
+    download: Download | None = None
+    """For ``direction == "download"``: the interface whose arrivals the IFB shapes."""
+
+    @property
+    def interface(self) -> str:
+        """The network interface the policy names (for a download, not the IFB)."""
+        return self.download.interface if self.download is not None else self.name
+
+    @property
+    def label(self) -> str:
+        """How messages name this tree: ``eth0``, ``eth0 download (ifb4eth0)``, ``eth0 ingress``."""
+        if self.download is not None:
+            return f"{self.download.interface} download (via {self.name})"
+        return f"{self.name} ingress" if self.direction == "ingress" else self.name
 
 
 @dataclass(frozen=True, slots=True)

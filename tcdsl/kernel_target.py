@@ -5,7 +5,8 @@ configuration) names the target; ``kernel_support(policy, target)`` reports E213
 construct the target lacks and, without a target, W306 for cbq (which no current kernel has).
 
 Versions: every feature the language expresses is older than Linux 2.6.12 (the start of the
-kernel's git history), except fq_codel (3.5) and netem's ``rate`` (3.3). cbq was removed in 6.3;
+kernel's git history), except fq_codel (3.5), netem's ``rate`` (3.3), the ifb device that
+downloads are shaped on (2.6.19) and the connmark action (4.0). cbq was removed in 6.3;
 the removal was also backported to the 6.1 stable kernels in 6.1.82 (Debian 12's kernels
 followed). A configuration file decides by its ``CONFIG_`` lines instead: ``=y`` or ``=m`` is
 present, ``is not set`` or no line at all is missing.
@@ -77,6 +78,16 @@ FEATURES: Mapping[str, Feature] = {
         since=(3, 5, 0),
         hint="use sfq, the fair queue older kernels have",
     ),
+    "ingress": Feature("ingress qdisc", (_SCHED, "CONFIG_NET_SCH_INGRESS")),
+    "ifb": Feature(
+        "ifb device (downloads are shaped on one)",
+        ("CONFIG_IFB", "CONFIG_NET_SCH_INGRESS", "CONFIG_NET_CLS_ACT", "CONFIG_NET_ACT_MIRRED"),
+        since=(2, 6, 19),
+    ),
+    "connmark": Feature(
+        "connmark action", ("CONFIG_NET_CLS_ACT", "CONFIG_NET_ACT_CONNMARK"), since=(4, 0, 0)
+    ),
+    "police": Feature("police action", ("CONFIG_NET_CLS_ACT", "CONFIG_NET_ACT_POLICE")),
     "u32": Feature("u32 classifier", (_CLS, "CONFIG_NET_CLS_U32")),
     "fw": Feature("fw classifier", (_CLS, "CONFIG_NET_CLS_FW"), hint="use u32 matches"),
     "iptables-mark": Feature(
@@ -176,13 +187,25 @@ def _needs(policy: ir.Policy) -> Iterator[tuple[str, Span]]:
     """Each feature the policy needs, at the construct that needs it (in source order)."""
     for iface in policy.interfaces:
         matched: Span | None = None
+        if iface.download is not None:
+            yield "ifb", iface.download.span
+            if iface.download.connmark:
+                yield "connmark", iface.download.span
         for q in ir.walk_qdiscs(iface.root):
             yield q.kind, q.span
+            if isinstance(q, ir.Ingress):
+                for m in q.matches:
+                    matched = matched or m.span
+                    if m.police is not None:
+                        yield "police", m.police.span
             if isinstance(q, ir.Netem) and q.rate is not None:
                 yield "netem-rate", q.rate.span
             for cls in ir.classes_of(q):
                 if matched is None and cls.matches:
                     matched = cls.matches[0].span
+                for m in cls.matches:
+                    if m.police is not None:
+                        yield "police", m.police.span
         if iface.marking is not None:
             yield "fw", iface.marking.span
             yield "iptables-mark", iface.marking.span

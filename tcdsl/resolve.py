@@ -15,24 +15,42 @@ def resolve(policy: ir.Policy) -> tuple[ir.Policy, list[Diagnostic]]:
     """Return the policy with percentages resolved, and every naming problem found."""
     diagnostics: list[Diagnostic] = []
     interfaces = []
-    seen: dict[str, ir.Interface] = {}
+    seen: dict[tuple[str, str], ir.Interface] = {}
     for iface in policy.interfaces:
-        if iface.name in seen:
-            diagnostics.append(
-                Diagnostic.error(
-                    "E104",
-                    f"interface '{iface.name}' is declared twice",
-                    iface.span,
-                    Note("first declared here", seen[iface.name].span),
-                )
-            )
+        clash = next((seen[slot] for slot in _slots(iface) if slot in seen), None)
+        if clash is not None:
+            diagnostics.append(_clash(iface, clash))
             continue
-        seen[iface.name] = iface
+        seen.update((slot, iface) for slot in _slots(iface))
         diagnostics.extend(unique_class_names(iface))
         diagnostics.extend(default_names_a_class(iface))
         root = _resolve_qdisc(iface.root, diagnostics)
         interfaces.append(dataclasses.replace(iface, root=root))
     return dataclasses.replace(policy, interfaces=tuple(interfaces)), diagnostics
+
+
+def _slots(iface: ir.Interface) -> tuple[tuple[str, str], ...]:
+    """What a tree occupies on which device: an egress root, an ingress qdisc (a download
+    takes both: its IFB's root and its interface's ingress)."""
+    if iface.download is not None:
+        return (("root", iface.name), ("ingress", iface.download.interface))
+    return (("ingress" if iface.direction == "ingress" else "root", iface.name),)
+
+
+def _clash(iface: ir.Interface, first: ir.Interface) -> Diagnostic:
+    note = Note("first declared here", first.span)
+    if iface.download is None and first.download is None:
+        what = "'s ingress" if iface.direction == "ingress" else ""
+        return Diagnostic.error(
+            "E104", f"interface '{iface.name}'{what} is declared twice", iface.span, note
+        )
+    download = iface if iface.download is not None else first
+    assert download.download is not None
+    msg = (
+        f"the download of '{download.download.interface}' is shaped on '{download.name}', "
+        f"which {first.label if first is not download else iface.label} also uses"
+    )
+    return Diagnostic.error("E254", msg, iface.span, note)
 
 
 def unique_class_names(iface: ir.Interface) -> Iterator[Diagnostic]:

@@ -156,6 +156,7 @@ SET_SCOPES = {
     "ADDR_FIELD": FIELD,
     "PORT_FIELD": FIELD,
     "RAW_SIZE": FIELD,
+    "VERDICT": "constant.language.verdict.",
 }
 FIELD_LITERALS = {"proto", "tos", "dscp"}
 VALUE_SCOPES: dict[str, tuple[str, ...]] = {
@@ -256,6 +257,13 @@ interface eth1 cbq bandwidth 10mbit avpkt 1000 {
     class x rate 1mbit allot 1514 bounded isolated { pfifo_fast }
 }
 interface "eth 2" prio { class z { bfifo limit 10k } }
+interface eth3 {
+    upload htb rate 10mbit { class up rate 1mbit }
+    download via ifb3 connmark htb rate 90mbit {
+        class down rate 1mbit match dport 80 police rate 1mbit burst 9k continue
+    }
+}
+interface eth4 { ingress { match all police rate 800kbit burst 10k drop } }
 """
 
 
@@ -269,6 +277,7 @@ def _keyword_samples() -> Iterator[tuple[str, str, str]]:
         "ADDR_FIELD": "interface eth0 htb {{\n  class c match {w} 10.0.0.1\n}}\n",
         "PORT_FIELD": "interface eth0 htb {{\n  class c match {w} 80\n}}\n",
         "RAW_SIZE": "interface eth0 htb {{\n  class c match {w} 0x1 at 0\n}}\n",
+        "VERDICT": "interface eth0 htb {{\n  class c match all police rate 1mbit burst 9k {w}\n}}\n",
     }
     for terminal, words in KEYWORD_SETS.items():
         assert terminal in templates, f"keyword set {terminal} is new: add a template here"

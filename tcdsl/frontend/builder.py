@@ -3,8 +3,10 @@ grammar rules. Constants are resolved as they are read, values evaluated as they
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
+import zlib
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,6 +25,7 @@ from tcdsl.frontend.syntax import (
     Flag,
     HandleOpt,
     Param,
+    PoliceSyntax,
     PriomapOpt,
     QdiscSyntax,
     suggestion,
@@ -45,6 +48,19 @@ from tcdsl.units import Dimension
 
 if TYPE_CHECKING:
     from tcdsl.frontend.reader import Reader
+
+
+POLICE_PARAMS = {"rate": Dimension.RATE, "burst": Dimension.SIZE, "mtu": Dimension.SIZE}
+IFB_PREFIX = "ifb4"
+
+
+def ifb_name_for(interface: str) -> str:
+    """The IFB a download of ``interface`` is shaped on when the policy names none:
+    ``ifb4eth0``, or (when that would pass Linux's 15 bytes) ``ifb`` and a checksum of the name."""
+    name = IFB_PREFIX + interface
+    if len(name.encode()) <= 15:
+        return name
+    return f"ifb{zlib.crc32(interface.encode()):08x}"
 
 
 # ---- the transformer ---------------------------------------------------------------------------
@@ -105,10 +121,45 @@ class Builder(Transformer[Token, Any]):
         self.interfaces.extend(self.reader.read(target, self.sp(path_token)))
 
     def interface(self, c: list[Any]) -> None:
-        (name, name_span), q = c
-        assert isinstance(q, QdiscSyntax)
+        (name, name_span), body = c
         self._check_ifname(name, name_span)
-        marking = None
+        if isinstance(body, QdiscSyntax):
+            self.interfaces.append(self._tree(name, name_span, body))
+            return
+        seen: dict[str, Span] = {}
+        for kw, span, item in body:
+            if kw in seen:
+                first = Note("first given here", seen[kw])
+                self.error(Diagnostic.error("E014", f"'{kw}' is given twice", span, first))
+                continue
+            seen[kw] = span
+            if kw == "upload":
+                self.interfaces.append(self._tree(name, name_span, item))
+            elif kw == "ingress":
+                self.interfaces.append(ir.Interface(name, span, item, direction="ingress"))
+            else:
+                via, connmark, q = item
+                ifb_name, ifb_span = via if via is not None else (ifb_name_for(name), None)
+                if ifb_span is not None:
+                    self._check_ifname(ifb_name, ifb_span)
+                tree = self._tree(ifb_name, span, q)
+                download = ir.Download(name, span, connmark, ifb_span)
+                self.interfaces.append(
+                    dataclasses.replace(tree, direction="download", download=download)
+                )
+        if "download" in seen and "ingress" in seen:
+            self.error(
+                Diagnostic.error(
+                    "E251",
+                    f"interface '{name}' has both 'download' and 'ingress': the download's "
+                    "redirect needs the interface's ingress qdisc; police downloads with "
+                    "'police' on the download's matches instead",
+                    seen["ingress"],
+                    Note("the download is here", seen["download"]),
+                )
+            )
+
+    def _tree(self, name: str, span: Span, q: QdiscSyntax) -> ir.Interface:
         for extra in q.classify[1:]:
             self.error(
                 Diagnostic.error(
@@ -118,9 +169,40 @@ class Builder(Transformer[Token, Any]):
                     Note("first given here", q.classify[0].span),
                 )
             )
-        if q.classify:
-            marking = q.classify[0]
-        self.interfaces.append(ir.Interface(name, name_span, q.qdisc, marking))
+        marking = q.classify[0] if q.classify else None
+        return ir.Interface(name, span, q.qdisc, marking)
+
+    def directions(self, c: list[Any]) -> list[tuple[str, Span, Any]]:
+        return c
+
+    def upload(self, c: list[Any]) -> tuple[str, Span, Any]:
+        kw, q = c
+        return "upload", self.sp(kw), q
+
+    def download(self, c: list[Any]) -> tuple[str, Span, Any]:
+        kw, *rest, q = c
+        via = next((r for r in rest if isinstance(r, tuple)), None)
+        connmark = any(isinstance(r, Token) and r.type == "CONNMARK" for r in rest)
+        return "download", self.sp(kw), (via, connmark, q)
+
+    def via(self, c: list[Any]) -> tuple[str, Span]:
+        (found,) = c
+        return found  # type: ignore[no-any-return]
+
+    def ingress(self, c: list[Any]) -> tuple[str, Span, ir.Ingress]:
+        kw, *matches = c
+        span = self.sp(kw)
+        for m in matches:
+            if m.police is None:
+                self.error(
+                    Diagnostic.error(
+                        "E252",
+                        "a match on ingress needs 'police': the ingress qdisc has no classes, "
+                        "so a match without a policer does nothing",
+                        m.span,
+                    )
+                )
+        return "ingress", span, ir.Ingress(span, tuple(matches))
 
     def ifname(self, c: list[Token]) -> tuple[str, Span]:
         (tok,) = c
@@ -241,6 +323,7 @@ class Builder(Transformer[Token, Any]):
         kw, *conds = c
         span = self.sp(kw)
         pref = None
+        police = None
         real: list[ir.Cond] = []
         for cond in conds:
             if isinstance(cond, ir.Count):
@@ -248,10 +331,90 @@ class Builder(Transformer[Token, Any]):
                     first = Note("first given here", pref.span)
                     self.error(Diagnostic.error("E014", "'pref' is given twice", cond.span, first))
                 pref = cond
+            elif isinstance(cond, PoliceSyntax):
+                police = self._police(cond)
             elif cond is not None:
                 real.append(cond)
         last = real[-1].span if real else span
-        return ir.Match(tuple(real), join(span, last), pref)
+        return ir.Match(tuple(real), join(span, last), pref, police)
+
+    def police(self, c: list[Any]) -> PoliceSyntax:
+        kw, *items = c
+        return PoliceSyntax(self.sp(kw), tuple(items))
+
+    def verdict(self, c: list[Token]) -> Flag:
+        (tok,) = c
+        return Flag(str(tok), self.sp(tok))
+
+    def _police(self, syn: PoliceSyntax) -> ir.Police | None:
+        values: dict[str, Any] = {}
+        seen: dict[str, Span] = {}
+        verdict: Flag | None = None
+        ok = True
+        for item in syn.items:
+            key = "verdict" if isinstance(item, Flag) else item.key
+            if key in seen:
+                first = Note("first given here", seen[key])
+                what = "what happens above the rate" if key == "verdict" else f"'{key}'"
+                self.error(Diagnostic.error("E014", f"{what} is given twice", item.span, first))
+                ok = False
+                continue
+            seen[key] = item.span
+            if isinstance(item, Flag):
+                verdict = item
+                continue
+            dim = POLICE_PARAMS.get(item.key)
+            if dim is None:
+                hint = suggestion(item.key, sorted(POLICE_PARAMS))
+                self.error(
+                    Diagnostic.error(
+                        "E007",
+                        f"'{item.key}' is not a parameter of police{hint}; it takes rate, burst, "
+                        "mtu and drop|pass|continue|reclassify (class parameters go before "
+                        "'match')",
+                        item.span,
+                    )
+                )
+                ok = False
+                continue
+            try:
+                result = evaluate(item.value, dim, self.scope)
+            except EvalError as err:
+                self.eval_error(err)
+                ok = False
+                continue
+            if isinstance(result, ir.Percent):
+                msg = f"police {item.key} takes an absolute value, not a percentage"
+                self.error(Diagnostic.error("E011", msg, result.span))
+                ok = False
+                continue
+            number, byte_units = result
+            span = item.value.span
+            values[item.key] = (
+                ir.Rate(int(number), span, byte_units)
+                if dim is Dimension.RATE
+                else ir.Size(int(number), span)
+            )
+        missing = [k for k in ("rate", "burst") if k not in seen]
+        if missing:
+            self.error(
+                Diagnostic.error(
+                    "E252",
+                    f"police needs {' and '.join(repr(k) for k in missing)}",
+                    syn.span,
+                )
+            )
+            return None
+        if not ok:
+            return None
+        return ir.Police(
+            values["rate"],
+            values["burst"],
+            syn.span,
+            values.get("mtu"),
+            verdict.key if verdict is not None else "drop",  # type: ignore[arg-type]
+            verdict.span if verdict is not None else None,
+        )
 
     def _network(self, tok: Token) -> ipaddress.IPv4Network | None:
         try:

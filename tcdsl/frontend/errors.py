@@ -108,6 +108,11 @@ def syntax_error(
             known = tuple(terminals)
             hint = suggestion(word, _keywords(names, context, known))
         expected = _expected_words(names, context)
+        if "UPLOAD" in names and token.type in ("CLASS", "MATCH", "QDISC_KIND"):
+            expected += (
+                "; a block right after the interface name holds its directions; for one "
+                "egress tree, name the qdisc first: 'interface eth0 htb rate 10mbit {'"
+            )
         return Diagnostic.error(
             "E001", f"unexpected {_describe_token(token)}{hint}; expected {expected}", span
         )

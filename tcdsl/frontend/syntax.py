@@ -66,6 +66,14 @@ class QdiscSyntax:
 
 
 @dataclass(frozen=True, slots=True)
+class PoliceSyntax:
+    """``police`` and its parameters (``Param``) and verdict (``Flag``), as written."""
+
+    span: Span
+    items: tuple[Param | Flag, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Body:
     items: tuple[Any, ...]
 

@@ -1,0 +1,115 @@
+"""Checks of the download and ingress sides of an interface and of policers: what the kernel
+would refuse, and what would silently do nothing (marks a download never sees, a policer no
+packet fits, addresses NAT hides)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from ipaddress import IPv4Network
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic, Note
+from tcdsl.units import format_size
+
+FRAME = 1514
+"""The largest packet a policer meets on an Ethernet device without GSO: 1500 bytes of IP and
+the 14-byte Ethernet header (the kernel counts it on egress)."""
+
+PRIVATE = tuple(IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+"""RFC 1918's private networks."""
+
+
+def _matches(q: ir.Qdisc) -> Iterator[tuple[ir.Class | None, ir.Match]]:
+    if isinstance(q, ir.Ingress):
+        for m in q.matches:
+            yield None, m
+    for cls in ir.classes_of(q):
+        for m in cls.matches:
+            yield cls, m
+
+
+def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """E253: a policer whose burst is below the largest packet it lets through (no such
+    packet ever conforms: tc-police(8) asks for a burst of at least the MTU); E252: a
+    policer where classification is by firewall mark (the fw filter is the class's, not the
+    match line's)."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            for _, m in _matches(q):
+                p = m.police
+                if p is None:
+                    continue
+                if iface.marking is not None and not isinstance(q, ir.Ingress):
+                    yield Diagnostic.error(
+                        "E252",
+                        "'police' needs u32 classification: with 'classify by mark', one fw "
+                        "filter per class classifies, and a match line becomes a firewall "
+                        "rule that cannot police; drop 'classify by mark' or the policer",
+                        p.span,
+                        Note("classification by mark is chosen here", iface.marking.span),
+                    )
+                    continue
+                largest = p.mtu.bytes if p.mtu is not None else FRAME
+                if p.burst.bytes < largest:
+                    what = (
+                        f"its mtu of {format_size(largest)}"
+                        if p.mtu is not None
+                        else f"a full-size Ethernet packet ({FRAME} bytes)"
+                    )
+                    yield Diagnostic.error(
+                        "E253",
+                        f"police burst {format_size(p.burst.bytes)} is smaller than {what}: "
+                        "such packets would never conform and always get the verdict for "
+                        f"traffic above the rate ({p.exceed}); give a burst of at least "
+                        f"{largest} bytes",
+                        p.burst.span,
+                    )
+
+
+def download_marks_need_connmark(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """E255: a download that classifies by firewall mark without ``connmark``: arriving
+    packets are redirected to the IFB on ingress, before netfilter has marked them."""
+    for iface in policy.interfaces:
+        d = iface.download
+        if d is None or d.connmark:
+            continue
+        spans = [iface.marking.span] if iface.marking is not None else []
+        spans += [
+            c.mark.span for q in ir.walk_qdiscs(iface.root) for c in ir.classes_of(q) if c.mark
+        ]
+        for span in spans[:1]:
+            yield Diagnostic.error(
+                "E255",
+                f"the download of '{d.interface}' is classified on ingress, before iptables or "
+                "nft see the packets, so a mark set in the firewall is not there yet; write "
+                f"'download connmark' to restore each connection's mark on the redirect",
+                span,
+                Note("the download is here", d.span),
+            )
+
+
+def download_nat(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """W360: a download u32 match on a private (RFC 1918) destination: on ingress a NAT
+    router's downloads are still addressed to its public address."""
+    for iface in policy.interfaces:
+        if iface.download is None or iface.marking is not None:
+            continue
+        for q in ir.walk_qdiscs(iface.root):
+            for _, m in _matches(q):
+                for cond in m.conds:
+                    if not isinstance(cond, ir.AddrCond) or cond.field != "dst":
+                        continue
+                    for net, span in cond.networks:
+                        if any(net.subnet_of(p) for p in PRIVATE):
+                            yield Diagnostic.warning(
+                                "W360",
+                                f"downloads are classified on ingress, before NAT is undone: "
+                                f"behind a NAT router they are addressed to its public "
+                                f"address, not to {net}; classify by mark with 'download "
+                                "connmark' (the marks are set after NAT) if this is a NAT "
+                                "router",
+                                span,
+                            )
+
+
+CHECKS = (policers_fit, download_marks_need_connmark, download_nat)
