@@ -70,6 +70,8 @@ class InterfaceView:
     """The iptables command that deletes one jump into the chain (run until it fails)."""
     teardown_chain: tuple[tuple[str, ...], ...]
     """The iptables commands that flush and delete the chain."""
+    setup: tuple[Line, ...]
+    """ip commands that create devices (a download's IFB), run first."""
     lines: tuple[Line, ...]
     """Commands run one by one: all of them, or (with ``--batch``) the iptables ones."""
     batch: HereDoc | None = None
@@ -102,7 +104,8 @@ def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
     commands = list(interface_commands(iface))
     if nft:
         commands = [c for c in commands if c.tool != "iptables"]
-    run = [_line(c) for c in commands if not batch or c.tool != "tc"]
+    setup = [_line(c) for c in commands if c.tool == "ip"]
+    run = [_line(c) for c in commands if c.tool != "ip" and (not batch or c.tool != "tc")]
     tc_batch: HereDoc | None = None
     if batch:
         lines: list[str] = []
@@ -137,6 +140,7 @@ def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
         tuple(c for c in tc_teardown if c[0] == "tc"),
         chain[0] if chain else (),
         chain[1:],
+        tuple(setup),
         tuple(run),
         tc_batch,
         table,

@@ -444,14 +444,28 @@ def batch_line(cmd: Command) -> str:
 
 
 def batch_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
-    """tc commands that remove ``iface``'s root qdisc and succeed whether or not there is one.
+    """tc commands that remove ``iface``'s tree and succeed whether or not there is one.
 
     ``qdisc del ... root`` fails on an interface with no qdisc of its own, which would make
     ``tc -batch`` report a failed command (and exit 1) on every first run; replacing the root
-    with a pfifo first gives the delete something to delete.
+    with a pfifo first gives the delete something to delete (an ingress qdisc likewise). A
+    download's redirect goes first; its IFB stays (tc cannot remove a device), its tree goes.
     """
     dev = ("dev", iface.name)
-    return (("qdisc", "replace", *dev, "root", "pfifo"), ("qdisc", "del", *dev, "root"))
+    root = (("qdisc", "replace", *dev, "root", "pfifo"), ("qdisc", "del", *dev, "root"))
+    if iface.download is not None:
+        return (*_ingress_teardown(iface.download.interface), *root)
+    if iface.direction == "ingress":
+        return _ingress_teardown(iface.name)
+    return root
+
+
+def _ingress_teardown(name: str) -> tuple[tuple[str, ...], ...]:
+    ingress = ir.INGRESS_HANDLE.qdisc
+    return (
+        ("qdisc", "replace", "dev", name, "handle", ingress, "ingress"),
+        ("qdisc", "del", "dev", name, "ingress"),
+    )
 
 
 # ==== iptables-restore and nft ==================================================================

@@ -24,6 +24,7 @@ from typing import Literal
 
 from tcdsl.commands import NO_INTERFACE, SCRIPT_AT
 from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.units import format_rate, format_size
 from tcdsl.verify.expect import (
     ExpectedChain,
     ExpectedClass,
@@ -38,6 +39,7 @@ from tcdsl.verify.expect import (
 )
 from tcdsl.verify.readback import (
     PROTOCOL_NUMBERS,
+    Action,
     DeviceState,
     IptablesState,
     IptRule,
@@ -531,12 +533,58 @@ def _compare_u32(
     for j in extra:
         yield _unexpected_filter(iface, parent, got[j])
     for i, j in matched:
-        if got[j].protocol != "ip":
+        if got[j].protocol != exp[i].protocol:
             yield Diagnostic.error(
                 DIFFERS,
-                f"{exp[i].label} protocol is {got[j].protocol} in the kernel, policy says ip",
+                f"{exp[i].label} protocol is {got[j].protocol} in the kernel, policy says "
+                f"{exp[i].protocol}",
                 exp[i].span,
             )
+        if not actions_agree(exp[i].actions, got[j].actions):
+            yield Diagnostic.error(
+                DIFFERS,
+                f"{exp[i].label} actions are {_spell_actions(got[j].actions)} in the kernel, "
+                f"policy says {_spell_actions(exp[i].actions)}",
+                exp[i].span,
+            )
+
+
+def actions_agree(want: Sequence[Action], got: Sequence[Action]) -> bool:
+    """Whether a filter's actions read back agree with the policy's: the same actions in the
+    same order; a policer's rate, burst and mtu within tc's display rounding."""
+    if len(want) != len(got):
+        return False
+    for w, g in zip(want, got, strict=True):
+        if w[0] != g[0] or len(w) != len(g):
+            return False
+        if w[0] != "police":
+            if w != g:
+                return False
+            continue
+        # tc prints rates to 3-4 digits and sizes in whole Kb.
+        for a, b, grain in zip(w[1:4], g[1:4], (1000, 1024, 1024), strict=True):
+            assert isinstance(a, int) and isinstance(b, int)
+            if abs(a - b) > max(a // 100, grain):
+                return False
+        if w[4] != g[4]:
+            return False
+    return True
+
+
+def _spell_actions(actions: Sequence[Action]) -> str:
+    if not actions:
+        return "none"
+    spelled = []
+    for a in actions:
+        if a[0] == "police":
+            rate, burst, mtu = (int(v) for v in a[1:4])
+            spelled.append(
+                f"police rate {format_rate(rate)} burst {format_size(burst)} "
+                f"mtu {format_size(mtu)} {a[4]}"
+            )
+        else:
+            spelled.append(" ".join(str(w) for w in a))
+    return ", ".join(spelled)
 
 
 def _unexpected_filter(iface: ExpectedInterface, parent: str, f: TcFilter) -> Diagnostic:

@@ -22,6 +22,7 @@ from fractions import Fraction
 from ipaddress import IPv4Network
 
 from tcdsl import ir
+from tcdsl.commands import REDIRECT_PREF
 from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -32,7 +33,7 @@ from tcdsl.tcmath import (
     tc_xmittime_ticks,
 )
 from tcdsl.units import format_rate, format_size, format_time
-from tcdsl.verify.readback import IptRule, Key, Value, parse_time
+from tcdsl.verify.readback import Action, IptRule, Key, Value, parse_time
 
 # ==== how tc shows what it was given ===========================================================
 
@@ -292,6 +293,9 @@ class ExpectedFilter:
     """The policy's condition as tc's words (``ip dport 5001 0xffff``), for messages."""
     unpackable: str | None = None
     """Why u32 cannot hold the keys as the policy means them (a compiler bug), or None."""
+    protocol: str = "ip"
+    actions: tuple[Action, ...] = ()
+    """The actions as readback parses them, with tc's rounding (see :func:`police_action`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -648,12 +652,55 @@ class _Builder:
 """The priomap of prio and pfifo_fast when none is given (TOS -> band)."""
 
 
+POLICE_DEFAULT_MTU = 2047
+"""The mtu tc gives a policer without one (m_police.c); tc shows it as 2Kb."""
+
+
+INGRESS_PARENT = "ffff:fff1"
+"""The parent tc shows for an ingress qdisc (TC_H_INGRESS)."""
+
+
+def police_action(p: ir.Police) -> Action:
+    """A policer as :func:`readback.parse_action` reads it back: the rate as tc shows it, the
+    burst after its round trip through a time at the rate, the mtu (tc's default if none)."""
+    rate = p.rate.bits_per_second
+    mtu = p.mtu.bytes if p.mtu is not None else POLICE_DEFAULT_MTU
+    return (
+        "police",
+        tc_shown_rate(rate),
+        htb_shown_burst(rate, p.burst.bytes),
+        tc_shown_size(mtu),
+        p.exceed,
+    )
+
+
+def redirect_filter(iface: ir.Interface) -> ExpectedFilter:
+    """The filter that sends a download's arrivals to its IFB."""
+    d = iface.download
+    assert d is not None
+    actions: tuple[Action, ...] = (("connmark",),) if d.connmark else ()
+    return ExpectedFilter(
+        f"redirect of {d.interface}'s arrivals to {iface.name}",
+        "u32",
+        ir.INGRESS_HANDLE.qdisc,
+        REDIRECT_PREF,
+        "",
+        d.span,
+        expected_keys((("u32", "0", "0", "at", "0"),)),
+        words="u32 0 0 at 0",
+        protocol="all",
+        actions=(*actions, ("mirred", "egress", "redirect", iface.name)),
+    )
+
+
 def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
     for f in iface.filters:
         match f:
             case ir.U32Filter():
                 words = " ".join(" ".join(k.words) for k in f.keys)
                 label = f"filter to {f.flowid} (pref {f.pref})"
+                if isinstance(iface.root, ir.Ingress):
+                    label = f"ingress policer (pref {f.pref})"
                 try:
                     keys = expected_keys(tuple(k.words for k in f.keys))
                 except UnpackableKey as exc:
@@ -668,8 +715,17 @@ def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
                         unpackable=str(exc),
                     )
                     continue
+                police = (police_action(f.police),) if f.police is not None else ()
                 yield ExpectedFilter(
-                    label, "u32", str(f.parent), f.pref, str(f.flowid), f.span, keys, words=words
+                    label,
+                    "u32",
+                    str(f.parent),
+                    f.pref,
+                    str(f.flowid),
+                    f.span,
+                    keys,
+                    words=words,
+                    actions=police,
                 )
             case ir.FwFilter():
                 label = f"fw filter for mark {f.mark} to {f.flowid} (pref {f.pref})"
@@ -744,6 +800,7 @@ _QDISC_WORDS = {
     "pfifo": "the pfifo qdisc",
     "bfifo": "the bfifo qdisc",
     "pfifo_fast": "the pfifo_fast qdisc",
+    "ingress": "the ingress qdisc",
 }
 
 
@@ -758,6 +815,18 @@ def _requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
                 found.setdefault("cls_u32", Requirement("cls_u32", "u32 filters", f.span))
             else:
                 found.setdefault("cls_fw", Requirement("cls_fw", "fw filters", f.span))
+        if iface.download is not None:
+            d = iface.download
+            found.setdefault("ifb", Requirement("ifb", "ifb devices", d.span))
+            found.setdefault("sch_ingress", Requirement("sch_ingress", "the ingress qdisc", d.span))
+            found.setdefault("act_mirred", Requirement("act_mirred", "the mirred action", d.span))
+            if d.connmark:
+                what = "the connmark action"
+                found.setdefault("act_connmark", Requirement("act_connmark", what, d.span))
+        for f in iface.filters:
+            if isinstance(f, ir.U32Filter) and f.police is not None:
+                what = "the police action"
+                found.setdefault("act_police", Requirement("act_police", what, f.police.span))
         if iface.marking is not None:
             what = "iptables (the mangle table, mark match and MARK target)"
             found.setdefault("iptables", Requirement("iptables", what, iface.marking.span))
@@ -770,11 +839,33 @@ def expected_policy(policy: ir.Policy, sources: Mapping[str, str] | None = None)
     ``sources`` (file -> text, as ``Result.sources``) lets messages quote how the policy wrote
     a value (``LINK (12mbit)``); without it values are spelled canonically.
     """
-    interfaces = []
+    devices: dict[str, ExpectedInterface] = {}
+
+    def add(found: ExpectedInterface) -> None:
+        # Trees on one device (an upload and its interface's ingress) are read back together.
+        old = devices.get(found.name)
+        if old is None:
+            devices[found.name] = found
+            return
+        devices[found.name] = replace(
+            old,
+            qdiscs=old.qdiscs + found.qdiscs,
+            classes=old.classes + found.classes,
+            filters=old.filters + found.filters,
+            chain=old.chain or found.chain,
+            mark_from=old.mark_from or found.mark_from,
+        )
+
     for iface in policy.interfaces:
         b = _Builder(sources or {})
-        b.qdisc(iface.root, "root", f"{iface.root.kind} qdisc of {iface.name}")
-        interfaces.append(
+        if isinstance(iface.root, ir.Ingress):
+            label = f"ingress qdisc of {iface.name}"
+            b.qdiscs.append(
+                ExpectedQdisc(label, "ingress", "ffff:", INGRESS_PARENT, iface.root.span)
+            )
+        else:
+            b.qdisc(iface.root, "root", f"{iface.root.kind} qdisc of {iface.name}")
+        add(
             ExpectedInterface(
                 iface.name,
                 iface.span,
@@ -785,6 +876,17 @@ def expected_policy(policy: ir.Policy, sources: Mapping[str, str] | None = None)
                 iface.marking.from_interface if iface.marking else None,
             )
         )
+        if iface.download is not None:
+            d = iface.download
+            ingress = ExpectedQdisc(
+                f"ingress qdisc of {d.interface} (for its download)",
+                "ingress",
+                "ffff:",
+                INGRESS_PARENT,
+                d.span,
+            )
+            add(ExpectedInterface(d.interface, d.span, (ingress,), (), (redirect_filter(iface),)))
+    interfaces = list(devices.values())
     return ExpectedPolicy(policy.source, tuple(interfaces), _requirements(policy))
 
 

@@ -404,6 +404,38 @@ class TcFilter:
     """The u32 node number (``fh 800::801`` -> 0x801): the order within one pref."""
     words: tuple[str, ...] = field(default=(), compare=False)
     """The filter's lines, as printed."""
+    actions: tuple[Action, ...] = ()
+    """The filter's actions in order (police, connmark, mirred), as :func:`parse_action` reads
+    them."""
+
+
+Action = tuple[str | int, ...]
+"""An action of a filter: ``("police", rate, burst, mtu, verdict)`` (bits/s, bytes),
+``("connmark",)``, ``("mirred", "egress", "redirect", DEVICE)``; another as its first word."""
+
+_MIRRED = re.compile(r"mirred \((Egress|Ingress) (Redirect|Mirror) to device (\S+)\)")
+
+
+def parse_action(line: str) -> Action | None:
+    """The action a line of ``tc filter show`` starts, or None (keys, counters)."""
+    text = re.sub(r"^action order \d+:\s*", "", line.strip())
+    if text == line.strip() and not text.startswith("police "):
+        return None
+    words = text.split()
+    if not words:
+        return None
+    if words[0] == "police":
+        verdict = _after(words, "action") or "?"
+        return (
+            "police",
+            parse_rate(_after(words, "rate") or "0bit"),
+            parse_size(_after(words, "burst") or "0b"),
+            parse_size(_after(words, "mtu") or "0b"),
+            verdict.split("/")[0],
+        )
+    if (m := _MIRRED.match(text)) is not None:
+        return ("mirred", m.group(1).lower(), m.group(2).lower(), m.group(3))
+    return (words[0],)
 
 
 def parse_qdiscs(text: str) -> list[TcQdisc]:
@@ -460,10 +492,15 @@ def parse_filters(text: str) -> list[TcFilter]:
             if m is None or not m.group(3) or int(m.group(3), 16) == 0:
                 continue  # the filter head or a hash table, not a rule
             flowid = _after(words, "*flowid") or _after(words, "flowid") or "?"
+            if flowid == "not_in_hw":  # "terminal flowid not_in_hw": no class id
+                flowid = ""
             keys = []
+            actions: list[Action] = []
             for line in body:
                 if (k := _KEY.search(line)) is not None:
                     keys.append((int(k.group(1), 16), int(k.group(2), 16), int(k.group(3))))
+                elif (action := parse_action(line)) is not None:
+                    actions.append(action)
             out.append(
                 TcFilter(
                     kind,
@@ -473,6 +510,7 @@ def parse_filters(text: str) -> list[TcFilter]:
                     tuple(keys),
                     node=int(m.group(3), 16),
                     words=tuple([" ".join(words), *body]),
+                    actions=tuple(actions),
                 )
             )
         elif kind == "fw":

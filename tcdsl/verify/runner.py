@@ -403,6 +403,8 @@ class HostSupport:
     filters: frozenset[str]
     iptables: bool
     veth: bool = True
+    actions: frozenset[str] = frozenset()
+    ifb: bool = False
     notes: tuple[str, ...] = field(default=())
 
     def lacks(self, requirements: Sequence[Requirement]) -> list[Requirement]:
@@ -416,6 +418,10 @@ class HostSupport:
                 ok = name in self.qdiscs
             elif kind == "cls":
                 ok = name in self.filters
+            elif kind == "act":
+                ok = name in self.actions
+            elif req.feature == "ifb":
+                ok = self.ifb
             else:
                 ok = False
             if not ok or not self.veth:
@@ -441,6 +447,13 @@ _PROBE_FILTERS = {
 }
 
 
+_PROBE_ACTIONS = {
+    "police": "police rate 1mbit burst 10k drop flowid 1:1",
+    "connmark": "action connmark",
+    "mirred": "action mirred egress mirror dev tcdslprobe1",
+}
+
+
 def probe_script() -> str:
     """A case that reports which qdiscs, classifiers and iptables features work."""
     lines = [_PRELUDE.replace("@LABEL@", "probe")]
@@ -463,6 +476,16 @@ def probe_script() -> str:
             f">/dev/null 2>&1 && echo 'filter {kind}'\n"
         )
     lines.append(
+        "ip link add tcdslprobe2 type ifb >/dev/null 2>&1 && echo ifb\n"
+        "tc qdisc add dev tcdslprobe0 handle ffff: ingress >/dev/null 2>&1 &&\n"
+        "    echo 'qdisc ingress'\n"
+    )
+    for n, (kind, spec) in enumerate(_PROBE_ACTIONS.items(), start=10):
+        lines.append(
+            f"tc filter add dev tcdslprobe0 parent 1: protocol ip prio {n} u32 match u32 0 0 "
+            f"{spec} >/dev/null 2>&1 && echo 'action {kind}'\n"
+        )
+    lines.append(
         "iptables -t mangle -N TCDSL-PROBE >/dev/null 2>&1 &&\n"
         "    iptables -t mangle -A TCDSL-PROBE -m mark --mark 0 -j MARK --set-mark 1 "
         ">/dev/null 2>&1 && echo iptables\n"
@@ -483,6 +506,8 @@ def host_support() -> HostSupport:
         frozenset(w[1] for w in words if len(w) == 2 and w[0] == "filter"),
         ["iptables"] in words,
         ["veth"] in words,
+        frozenset(w[1] for w in words if len(w) == 2 and w[0] == "action"),
+        ["ifb"] in words,
     )
 
 

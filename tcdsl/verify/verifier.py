@@ -111,8 +111,9 @@ def _features_of(expected: ExpectedPolicy) -> list[Requirement]:
 
 def _devices(policy: ir.Policy) -> tuple[list[str], list[str]]:
     """The interfaces to create (policy ones, then ``classify ... from`` ones) and to read."""
-    read = [i.name for i in policy.interfaces]
-    create = list(read)
+    create = list(dict.fromkeys(i.interface for i in policy.interfaces))
+    # A download's IFB is created by the script itself.
+    read = list(dict.fromkeys([*create, *(i.name for i in policy.interfaces)]))
     for iface in policy.interfaces:
         if iface.marking is not None and iface.marking.from_interface not in create:
             create.append(iface.marking.from_interface)
@@ -175,7 +176,11 @@ def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
 def batch_applier(policy: ir.Policy, files: Mapping[str, str]) -> tuple[str, dict[str, str]]:
     """A script that applies a tc-batch output the way its comments say, and its files."""
     names = {name.rsplit(".", 1)[-1]: name for name in files}
-    lines = ["set -eu", f"tc -batch {shlex.quote(names['batch'])}"]
+    lines = ["set -eu"]
+    if "ip" in names:
+        # As the batch's header says: an IFB that exists makes 'link add' fail harmlessly.
+        lines.append(f"ip -force -batch {shlex.quote(names['ip'])} || true")
+    lines.append(f"tc -batch {shlex.quote(names['batch'])}")
     if "iptables" in names:
         for iface in policy.interfaces:
             if iface.marking is not None:
@@ -347,7 +352,7 @@ def _judge(plan: _Plan, result: runner.CaseResult | None, where: str) -> None:
     if plan.batch:
         _name_batch_failure(outcome, plan.batch)
     applied = compare.apply_diagnostics(outcome, plan.origins, _first_span(expected))
-    state = runner.read_state(found, [i.name for i in plan.policy.interfaces])
+    state = runner.read_state(found, _devices(plan.policy)[1])
     differences = compare.compare_state(expected, state)
     if outcome.failed:
         # What the script never got to create is missing, of course: one count, not a list.
