@@ -2,9 +2,9 @@
 
 ``tcdsl compile -b tc-batch -o out/ office.tcp`` writes ``office.batch`` (for ``tc -batch``),
 ``office.ip`` (for ``ip -batch``: the ifb devices downloads are shaped on) when the policy
-shapes downloads, ``office.iptables`` (for ``iptables-restore --noflush``; ``office.nft`` for ``nft -f`` with
-``--marks nft``) when the policy marks packets, and ``office.map``, which gives the policy text
-of every batch line, since tc reports a failure as ``Command failed FILE:LINE``.
+shapes downloads, ``office.iptables`` (for ``iptables-restore --noflush``; ``office.nft`` for
+``nft -f`` with ``--marks nft``) when the policy marks packets, and ``office.map``, which gives
+the policy text of every batch line, since tc reports a failure as ``Command failed FILE:LINE``.
 """
 
 from __future__ import annotations

@@ -277,7 +277,7 @@ def _keyword_samples() -> Iterator[tuple[str, str, str]]:
         "ADDR_FIELD": "interface eth0 htb {{\n  class c match {w} 10.0.0.1\n}}\n",
         "PORT_FIELD": "interface eth0 htb {{\n  class c match {w} 80\n}}\n",
         "RAW_SIZE": "interface eth0 htb {{\n  class c match {w} 0x1 at 0\n}}\n",
-        "VERDICT": "interface eth0 htb {{\n  class c match all police rate 1mbit burst 9k {w}\n}}\n",
+        "VERDICT": "interface eth0 htb {{\n  class c match all police rate 1mbit burst 9k {w}\n}}",
     }
     for terminal, words in KEYWORD_SETS.items():
         assert terminal in templates, f"keyword set {terminal} is new: add a template here"
