@@ -71,15 +71,19 @@ def _policy_or_exit(result: Result, what: str) -> ir.Policy:
     return result.policy
 
 
-def _check_interface(policy: ir.Policy, interface: str | None) -> None:
-    """A usage error (exit 2) when ``--interface`` names no interface of ``policy``."""
-    names = [i.name for i in policy.interfaces]
-    if interface is not None and interface not in names:
-        known = ", ".join(names) or "none"
-        raise click.BadParameter(
-            f"the policy has no interface '{interface}' (it has: {known})",
-            param_hint="'--interface'",
-        )
+def _check_interface(
+    policy: ir.Policy, interface: str | None, direction: str | None = None
+) -> None:
+    """A usage error (exit 2) when ``--interface`` (and ``--direction``) name no tree of
+    ``policy``."""
+    from tcdsl.teach.classify import UnknownInterface, select_tree
+
+    if not policy.interfaces:
+        return
+    try:
+        select_tree(policy, interface, direction)
+    except UnknownInterface as err:
+        raise click.BadParameter(str(err), param_hint="'--interface'") from None
 
 
 @contextmanager
@@ -531,6 +535,15 @@ def _packet_specs(
     return packets
 
 
+# Options classify, simulate and measure share.
+DIRECTION = click.option(
+    "--direction",
+    type=click.Choice(["upload", "download", "ingress"]),
+    help="Which of the interface's trees: upload (what it sends), download (what it receives, "
+    "shaped on its ifb) or ingress (its policers). Default: upload, else its only tree.",
+)
+
+
 @cli.command(
     "classify",
     epilog="Examples:\n\n\b\n"
@@ -551,8 +564,11 @@ def _packet_specs(
     help="A packet, in words (repeatable).",
 )
 @click.option(
-    "--interface", metavar="NAME", help="The interface it leaves by (default: the first)."
+    "--interface",
+    metavar="NAME",
+    help="The interface it leaves by, or arrives on (default: the first).",
 )
+@DIRECTION
 @click.option(
     "--format",
     "fmt",
@@ -561,7 +577,9 @@ def _packet_specs(
     show_default=True,
     help="How to print the verdicts.",
 )
-def classify_command(policy: str, packets: list[object], interface: str | None, fmt: str) -> None:
+def classify_command(
+    policy: str, packets: list[object], interface: str | None, direction: str | None, fmt: str
+) -> None:
     """Say which class each packet ends in on POLICY, and why: the filters, default or
     priomap that decide, in the kernel's order, with their policy lines. No kernel needed."""
     import json
@@ -574,7 +592,7 @@ def classify_command(policy: str, packets: list[object], interface: str | None, 
     for packet in packets:
         assert isinstance(packet, Packet)
         try:
-            verdicts.append((classify(checked, packet, interface), packet))
+            verdicts.append((classify(checked, packet, interface, direction), packet))
         except UnknownInterface as err:
             raise click.BadParameter(str(err), param_hint="'--interface'") from None
     if fmt == "json":
@@ -669,13 +687,14 @@ def _simulate(
     interval: int | None,
     link: int | None,
     interface: str | None,
+    direction: str | None = None,
 ) -> Run:
     """``simulate``, with a run too large to model as a usage error (exit 2) on the option to
     change; other ``SimulationError``s are for the caller."""
     from tcdsl.teach.simulate import RunTooLarge, simulate
 
     try:
-        return simulate(policy, flows, duration, interval, link, interface)
+        return simulate(policy, flows, duration, interval, link, interface, direction)
     except RunTooLarge as err:
         raise click.BadParameter(str(err), param_hint=f"'{err.option}'") from None
 
@@ -732,6 +751,7 @@ INTERVAL = click.option(
     help="The table as text, or the whole run as JSON.",
 )
 @click.option("--interface", help="The interface to simulate  [default: the policy's first]")
+@DIRECTION
 def simulate_command(
     policy: str,
     flows: list[object],
@@ -741,6 +761,7 @@ def simulate_command(
     plot: str | None,
     fmt: str,
     interface: str | None,
+    direction: str | None,
 ) -> None:
     """Simulate FLOWS through POLICY's qdiscs (a model of the kernel's htb, prio, tbf, sfq and
     fifos) and print per-class and per-flow throughput and queueing delay."""
@@ -751,10 +772,10 @@ def simulate_command(
     from tcdsl.teach.traffic import Flow
 
     checked = _policy_or_exit(analyse(policy), "simulated")
-    _check_interface(checked, interface)
+    _check_interface(checked, interface, direction)
     specs = [f for f in flows if isinstance(f, Flow)]
     try:
-        run = _simulate(checked, specs, duration, interval, link, interface)
+        run = _simulate(checked, specs, duration, interval, link, interface, direction)
     except SimulationError as err:
         click.echo(f"tcdsl: {err}", err=True)
         sys.exit(EXIT_POLICY)

@@ -16,7 +16,7 @@ from tcdsl import ir
 from tcdsl.commands import qdisc_words
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
 from tcdsl.lower import PROTO_NAMES
-from tcdsl.units import format_rate
+from tcdsl.units import format_rate, format_size
 
 # ---- short words, close to how the policy is written -------------------------------------------
 
@@ -288,3 +288,24 @@ def match_text(match: ir.Match) -> str:
     if match.pref is not None:
         words.append(f"pref {match.pref.value}")
     return " ".join(words)
+
+
+EXCEED_WORDS = {
+    "drop": "packets above it are dropped",
+    "pass": "packets above it pass all the same (the policer only counts them)",
+    "continue": "packets above it go on to the next filter, as if this one had not matched",
+    "reclassify": (
+        "packets above it are classified again from the first filter, where this policer "
+        "meets them again; the kernel drops a packet after 16 such rounds"
+    ),
+}
+"""What a policer's verdict does with traffic above its rate, in words."""
+
+
+def police_words(p: ir.Police) -> str:
+    """A policer in words: ``policed at 4mbit (burst 10k): packets above it are dropped``."""
+    mtu = f", mtu {format_size(p.mtu.bytes)}" if p.mtu is not None else ""
+    return (
+        f"policed at {format_rate(p.rate.bits_per_second)} (burst {format_size(p.burst.bytes)}"
+        f"{mtu}): {EXCEED_WORDS[p.exceed]}"
+    )

@@ -106,20 +106,55 @@ class UnknownInterface(ValueError):
         )
 
 
-def classify(policy: ir.Policy, packet: Packet, interface: str | None = None) -> Verdict:
-    """Classify ``packet`` on ``interface`` (default: the policy's first) of an allocated
-    ``policy``; raises ``UnknownInterface``."""
-    names = tuple(i.name for i in policy.interfaces)
+DIRECTIONS = ("upload", "download", "ingress")
+"""How ``classify`` names an interface's trees (``upload`` is its egress)."""
+_DIRECTION_OF = {"egress": "upload", "download": "download", "ingress": "ingress"}
+
+
+def direction_of(iface: ir.Interface) -> str:
+    """``upload``, ``download`` or ``ingress``: which of its interface's trees ``iface`` is."""
+    return _DIRECTION_OF[iface.direction]
+
+
+def classify(
+    policy: ir.Policy,
+    packet: Packet,
+    interface: str | None = None,
+    direction: str | None = None,
+    skip: frozenset[Span] = frozenset(),
+) -> Verdict:
+    """Classify ``packet`` on ``interface`` (default: the policy's first; a download's IFB
+    names its download) in ``direction`` (``upload``, ``download`` or ``ingress``; default:
+    the upload, else the interface's only tree) of an allocated ``policy``; raises
+    ``UnknownInterface``. The filters of the match lines in ``skip`` are passed over (where
+    a policer's ``continue`` sends the traffic above its rate)."""
+    iface = select_tree(policy, interface, direction)
+    return Verdict(iface, tuple(_Walk(iface, packet, skip).start()))
+
+
+def select_tree(
+    policy: ir.Policy, interface: str | None = None, direction: str | None = None
+) -> ir.Interface:
+    """The tree of ``policy`` that ``interface`` (default: the first) has in ``direction``
+    (default: its upload, else its only tree); raises ``UnknownInterface``."""
+    trees = list(policy.interfaces)
+    names = tuple(dict.fromkeys(i.interface for i in trees))
     if interface is None:
-        if not policy.interfaces:
+        if not trees:
             raise UnknownInterface("(none)", names)
-        iface = policy.interfaces[0]
+        interface = trees[0].interface
+    found = [i for i in trees if interface in (i.interface, i.name)]
+    if not found:
+        raise UnknownInterface(interface, names)
+    if direction is not None:
+        chosen = [i for i in found if direction_of(i) == direction]
+        if not chosen:
+            has = ", ".join(direction_of(i) for i in found)
+            raise UnknownInterface(f"{interface} {direction}", (f"{interface} {has}",))
+        found = chosen
     else:
-        found = [i for i in policy.interfaces if i.name == interface]
-        if not found:
-            raise UnknownInterface(interface, names)
-        iface = found[0]
-    return Verdict(iface, tuple(_Walk(iface, packet).qdisc(iface.root)))
+        found.sort(key=lambda i: DIRECTIONS.index(direction_of(i)))
+    return found[0]
 
 
 # ---- the walk ---------------------------------------------------------------------------------
@@ -137,21 +172,47 @@ class _Hit:
 class _Walk:
     """Classify one packet on one interface."""
 
-    def __init__(self, iface: ir.Interface, packet: Packet) -> None:
+    def __init__(
+        self, iface: ir.Interface, packet: Packet, skip: frozenset[Span] = frozenset()
+    ) -> None:
         self.iface = iface
+        self.skip = skip
         self.packet = packet
         self.header = packet.header()
         self.matches = {
             m.span: m
             for q in ir.walk_qdiscs(iface.root)
+            for m in (q.matches if isinstance(q, ir.Ingress) else ())
+        }
+        self.matches.update(
+            (m.span, m)
+            for q in ir.walk_qdiscs(iface.root)
             for cls in ir.classes_of(q)
             for m in cls.matches
-        }
+        )
         self.mark = 0
         self.mark_why = ""
         self.mark_span: Span | None = None
         if iface.marking is not None:
             self._mark(iface.marking)
+
+    def start(self) -> list[Step]:
+        """The decisions from the root of the tree (after a download's redirect)."""
+        steps = self.qdisc(self.iface.root)
+        d = self.iface.download
+        if d is None:
+            return steps
+        why = (
+            f"arrives on {d.interface}; its ingress filter redirects every packet (every "
+            f"protocol) to {self.iface.name}, where this tree shapes it"
+        )
+        if d.connmark:
+            why += (
+                "; connmark restores the connection's firewall mark first (the mark the "
+                "firewall set on an earlier packet of the connection)"
+            )
+        redirect = Step(ir.Ingress(d.span, (), None, ir.INGRESS_HANDLE), None, why, d.span)
+        return [redirect, *steps]
 
     def _mark(self, marking: ir.Marking) -> None:
         chain = marking.chain or default_chain(self.iface.name)
@@ -181,6 +242,8 @@ class _Walk:
     # ---- filters ----
     def _first_hit(self, parent: ir.Handle) -> _Hit | None:
         for f in filters_at(self.iface, parent):
+            if f.span in self.skip:
+                continue
             if isinstance(f, ir.U32Filter):
                 bits = filter_bits(f.keys)
                 if bits is None or not bits_match(bits, self.header):
@@ -191,7 +254,10 @@ class _Walk:
                     if match is not None
                     else "match " + " ".join(w for k in f.keys for w in k.words)
                 )
-                return _Hit(f.flowid, f"filter pref {f.pref} matched ({text})", f.span)
+                why = f"filter pref {f.pref} matched ({text})"
+                if f.police is not None:
+                    why += f"; {words.police_words(f.police)}"
+                return _Hit(f.flowid, why, f.span)
             if f.mark == self.mark:
                 why = f"{self.mark_why}; fw filter pref {f.pref} maps mark {f.mark} to it"
                 return _Hit(f.flowid, why, self.mark_span or f.span)
@@ -219,6 +285,12 @@ class _Walk:
                     "(pfifo_fast's priomap)"
                 )
                 return [Step(q, None, why, q.span.prefix(len(q.kind)))]
+            case ir.Ingress():
+                hit = self._first_hit(ir.INGRESS_HANDLE)
+                if hit is None:
+                    why = "no policer's match takes it: it is accepted as it is"
+                    return [Step(q, None, why, q.span.prefix(len(q.kind)))]
+                return [Step(q, None, hit.why, hit.span)]
             case ir.Tbf() | ir.Netem() if q.child is not None:
                 why = f"{q.kind} has no classes: every packet goes to its child {q.child.kind}"
                 step = Step(q, None, why, q.span.prefix(len(q.kind)))
@@ -343,7 +415,9 @@ def outcome(verdict: Verdict) -> str:
 def render_text(verdict: Verdict, packet: Packet) -> str:
     """The verdict as ``tcdsl classify`` prints it: the packet and where it ends, then each
     decision with the policy line that made it."""
-    lines = [f"{packet.describe()} -> {outcome(verdict)}"]
+    iface = verdict.interface
+    where = "" if iface.direction == "egress" else f" ({direction_of(iface)} of {iface.interface})"
+    lines = [f"{packet.describe()}{where} -> {outcome(verdict)}"]
     for step in verdict.steps:
         where = f"{step.span}: " if step.span is not None else ""
         lines.append(f"    {where}{_qdisc_name(step.qdisc)} {step.why}")
@@ -364,7 +438,9 @@ def to_json(verdict: Verdict, packet: Packet) -> dict[str, object]:
     cls = verdict.cls
     return {
         "packet": packet.describe(),
-        "interface": verdict.interface.name,
+        "interface": verdict.interface.interface,
+        "direction": direction_of(verdict.interface),
+        "device": verdict.interface.name,
         "class": None if cls is None else cls.name,
         "classid": cls_id(cls),
         "leaf": None if verdict.leaf is None else verdict.leaf.kind,

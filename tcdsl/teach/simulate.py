@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from tcdsl import ir
 from tcdsl.checks import effective_ceil, rate_of
+from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     htb_class_quantum,
@@ -50,7 +51,7 @@ from tcdsl.tcmath import (
     tc_xmittime_ticks,
     tos_priority,
 )
-from tcdsl.teach.classify import classify
+from tcdsl.teach.classify import UnknownInterface, classify, direction_of, select_tree
 from tcdsl.teach.report import FlowInfo, Run, Series
 from tcdsl.teach.traffic import Flow, flows_problem
 from tcdsl.units import format_rate, format_time
@@ -774,6 +775,9 @@ class _Builder:
     def _build(self, q: ir.Qdisc, depth: int) -> Node:
         e = self.engine
         match q:
+            case ir.Ingress():
+                # No queue on ingress: packets are policed on arrival, then delivered.
+                return Fifo(e, 2**62)
             case ir.Pfifo():
                 return Fifo(e, q.limit.value if q.limit else TXQUEUELEN)
             case ir.Bfifo():
@@ -963,6 +967,44 @@ def check_size(flows: list[Flow], duration: int, interval: int, link: int) -> No
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Policed:
+    police: ir.Police
+    span_of: Span
+    """The match line the policer is on."""
+
+    @property
+    def exceed(self) -> str:
+        return self.police.exceed
+
+
+class Policer:
+    """act_police's token bucket (net/sched/act_police.c): tokens are nanoseconds of the
+    rate, at most the burst's; a packet conforms when the tokens after paying its length at
+    the rate stay at or above zero, and only a conforming packet takes them. Packets longer
+    than the policer's mtu (tc's default 2047) never conform."""
+
+    def __init__(self, p: _Policed) -> None:
+        self.verdict = p.exceed
+        self.rate = p.police.rate.bits_per_second
+        self.burst = p.police.burst.bytes * 8 * NS // self.rate
+        self.mtu = p.police.mtu.bytes if p.police.mtu is not None else POLICE_MTU
+        self.toks = self.burst
+        self.t_c = 0
+
+    def conforms(self, size: int, now: int) -> bool:
+        if size > self.mtu:
+            return False
+        toks = min(self.burst, self.toks + now - self.t_c) - size * 8 * NS // self.rate
+        if toks < 0:
+            return False
+        self.toks, self.t_c = toks, now
+        return True
+
+
+POLICE_MTU = 2047
+
+
 @dataclass
 class _FlowState:
     flow: Flow
@@ -978,6 +1020,10 @@ class _FlowState:
     clock: float = 0.0
     """A rate-limited flow: when its last packet left the sender (nanoseconds)."""
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    verdict_spans: tuple[Span | None, ...] = ()
+    policer: Policer | None = None
+    over: _FlowState | None = None
+    """With a policer whose verdict is ``continue``: where traffic above its rate goes."""
 
 
 class Simulator(Engine):
@@ -993,6 +1039,7 @@ class Simulator(Engine):
         interval: int | None = None,
         link: int | None = None,
         interface: str | None = None,
+        direction: str | None = None,
     ) -> None:
         if duration <= 0:
             raise SimulationError("the duration must be above 0")
@@ -1005,7 +1052,7 @@ class Simulator(Engine):
             raise SimulationError("the interval must be above 0")
         self.end = duration * US
         self.policy = policy
-        iface = self._interface(policy, interface)
+        iface = self._interface(policy, interface, direction)
         self.iface = iface
         self.link = link or link_rate(iface)
         if self.link <= 0:
@@ -1047,23 +1094,40 @@ class Simulator(Engine):
         """Packets each rate-limited flow has offered so far."""
 
     @staticmethod
-    def _interface(policy: ir.Policy, name: str | None) -> ir.Interface:
+    def _interface(policy: ir.Policy, name: str | None, direction: str | None) -> ir.Interface:
         if not policy.interfaces:
             raise SimulationError("the policy has no interface")
-        if name is None:
-            return policy.interfaces[0]
-        for iface in policy.interfaces:
-            if iface.name == name:
-                return iface
-        known = ", ".join(i.name for i in policy.interfaces)
-        raise SimulationError(f"the policy has no interface '{name}' (it has: {known})")
+        try:
+            return select_tree(policy, name, direction)
+        except UnknownInterface as err:
+            raise SimulationError(str(err)) from None
 
     @staticmethod
     def _class_order(iface: ir.Interface) -> list[str]:
         return [c.name or "link" for q in ir.walk_qdiscs(iface.root) for c in ir.classes_of(q)]
 
     def _flow(self, builder: _Builder, flow: Flow, index: int) -> _FlowState:
-        verdict = classify(self.policy, flow.packet, self.iface.name)
+        state = self._route(builder, flow, index, frozenset())
+        police = self._policer(state.verdict_spans)
+        if police is not None:
+            state.policer = Policer(police)
+            if police.exceed == "continue":
+                state.over = self._route(builder, flow, index, frozenset({police.span_of}))
+        return state
+
+    def _policer(self, spans: tuple[Span | None, ...]) -> _Policed | None:
+        """The first policer on the packet's way (its filter's, by the match line's span)."""
+        for span in spans:
+            for f in self.iface.filters:
+                if isinstance(f, ir.U32Filter) and f.police is not None and f.span == span:
+                    return _Policed(f.police, f.span)
+        return None
+
+    def _route(
+        self, builder: _Builder, flow: Flow, index: int, skip: frozenset[Span]
+    ) -> _FlowState:
+        where = self.iface.name, direction_of(self.iface)
+        verdict = classify(self.policy, flow.packet, *where, skip=skip)
         route: list[object] = []
         for step in verdict.steps:
             if isinstance(step.qdisc, ir.Htb):
@@ -1085,7 +1149,9 @@ class Simulator(Engine):
             cls = verdict.steps[-1].qdisc.kind
         probe = Packet(index, flow.packet.size, flow.packet.tos, tuple(route), 0)
         stop = self.end if flow.stop is None else min(flow.stop * US, self.end)
-        return _FlowState(flow, index, tuple(route), cls, self.root.store(probe), stop)
+        state = _FlowState(flow, index, tuple(route), cls, self.root.store(probe), stop)
+        state.verdict_spans = tuple(step.span for step in verdict.steps)
+        return state
 
     # ---- engine callbacks ----
     def drop(self, pkt: Packet, now: int) -> None:
@@ -1112,6 +1178,17 @@ class Simulator(Engine):
     def _packet(self, s: _FlowState, now: int) -> Packet:
         return Packet(s.index, s.flow.packet.size, s.flow.packet.tos, s.route, now)
 
+    def _offer(self, s: _FlowState, pkt: Packet, now: int) -> None:
+        """Enqueue a packet of ``s`` (counted in ``s.queued``), through its policer if any."""
+        p = s.policer
+        if p is not None and not p.conforms(pkt.size, now):
+            if p.verdict in ("drop", "reclassify"):
+                self.drop(pkt, now)
+                return
+            if p.verdict == "continue" and s.over is not None:
+                pkt.route = s.over.route
+        self.root.enqueue(pkt, now)
+
     def _refill(self, store: Node, now: int) -> None:
         group = self.greedy.get(id(store))
         if not group:
@@ -1126,7 +1203,7 @@ class Simulator(Engine):
             if s.queued < GREEDY_WINDOW and store.room(pkt) and s.index not in self.backing_off:
                 s.queued += 1
                 self.arriving = True
-                self.root.enqueue(pkt, now)
+                self._offer(s, pkt, now)
                 self.arriving = False
                 fails = 0
                 if s.index in self.refused:
@@ -1229,7 +1306,7 @@ class Simulator(Engine):
         if not s.active:
             return
         s.queued += 1
-        self.root.enqueue(self._packet(s, now), now)
+        self._offer(s, self._packet(s, now), now)
         count = self.sent.get(s.index, 0) + 1 if k is None else k + 1
         self.sent[s.index] = count
         at = self._emit_time(s, count)
@@ -1253,7 +1330,7 @@ class Simulator(Engine):
         )
         return Run(
             source=self.policy.source,
-            interface=self.iface.name,
+            interface=self.iface.label,
             link=self.link,
             duration=self.duration,
             interval=self.interval,
@@ -1284,12 +1361,14 @@ def simulate(
     interval: int | None = None,
     link: int | None = None,
     interface: str | None = None,
+    direction: str | None = None,
 ) -> Run:
-    """Simulate ``flows`` on ``interface`` (default: the first) of an allocated ``policy`` for
+    """Simulate ``flows`` on ``interface`` (default: the first) of an allocated ``policy``, in
+    ``direction`` (``upload``, ``download`` or ``ingress``, as ``classify`` takes it), for
     ``duration`` microseconds, sampling every ``interval`` microseconds (default: 1 s, or a
     thirtieth of a shorter run), on a link of ``link`` bits/s (default: ``link_rate``).
 
     Raises ``SimulationError`` for what the model cannot run (cbq, an unknown interface,
     duplicate flow names), ``RunTooLarge`` (one) for a run too large to model (``check_size``).
     """
-    return Simulator(policy, flows, duration, interval, link, interface).run()
+    return Simulator(policy, flows, duration, interval, link, interface, direction).run()
