@@ -824,6 +824,7 @@ def simulate_command(
     help="The table as text, or the whole run (and the simulation) as JSON.",
 )
 @click.option("--interface", help="The interface to measure  [default: the policy's first]")
+@DIRECTION
 def measure_command(
     policy: str,
     flows: list[object],
@@ -833,6 +834,7 @@ def measure_command(
     also_simulate: bool,
     fmt: str,
     interface: str | None,
+    direction: str | None,
 ) -> None:
     """Send FLOWS through POLICY applied on this host's kernel (sender, router and receiver
     namespaces) and print per-class and per-flow throughput from the kernel's counters."""
@@ -846,13 +848,15 @@ def measure_command(
     result = compile_policy(policy)
     checked = _policy_or_exit(result, "measured")
     assert result.output is not None  # the shell backend writes every policy that checks
-    _check_interface(checked, interface)
+    _check_interface(checked, interface, direction)
     specs = [f for f in flows if isinstance(f, Flow)]
     simulated = None
     try:
         if also_simulate:
-            simulated = _simulate(checked, specs, duration, interval, None, interface)
-        run = measure(checked, result.output, specs, duration, interval, interface)
+            simulated = _simulate(checked, specs, duration, interval, None, interface, direction)
+        run = measure(
+            checked, result.output, specs, duration, interval, interface, direction=direction
+        )
     except (MeasureError, SimulationError) as err:
         click.echo(f"tcdsl: {err}", err=True)
         sys.exit(EXIT_POLICY)

@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING
 
 from tcdsl import ir
 from tcdsl.checks import effective_ceil, rate_of
-from tcdsl.teach.classify import Verdict, classify
+from tcdsl.commands import IFB_TXQUEUELEN
+from tcdsl.teach.classify import UnknownInterface, Verdict, classify, direction_of, select_tree
 from tcdsl.teach.report import FlowInfo, Run, Series, finish_axes, new_figure, samples, save
 from tcdsl.teach.simulate import link_rate
 from tcdsl.teach.traffic import ETHERNET_HEADER, Flow, flows_problem
@@ -67,6 +68,8 @@ LEAD = 0.2
 """Seconds between the sender being ready and the start of the run."""
 TIMEOUT = 30
 INGRESS = "tcdsl-in"
+OUTGOING = "tcdsl-out"
+"""The router's egress when the policy shapes a download (on its arrival interface)."""
 
 
 class MeasureError(Exception):
@@ -240,7 +243,7 @@ def plan_flows(
         dst = IPv4Address(f.packet.dst)
         if dst.is_multicast or dst.is_loopback or dst.is_unspecified or dst.is_reserved:
             raise MeasureError(f"flow {f.name}: cannot route packets to {dst}")
-        verdict = classify(policy, f.packet, iface.name)
+        verdict = classify(policy, f.packet, iface.name, direction_of(iface))
         if f.rate is None:
             rate = min(int(_bound(verdict, link) * GREEDY_FACTOR), GREEDY_MAX)
         else:
@@ -393,13 +396,19 @@ _MAC |= {"rtr-out": "02:74:63:00:00:03", "rcv": "02:74:63:00:00:04"}
 
 
 def build(lab: Lab, policy: ir.Policy, iface: ir.Interface, dsts: Sequence[str], queue: int) -> str:
-    """Create the namespaces and links, routes and neighbours; returns the ingress name."""
-    names = {i.name for i in policy.interfaces}
+    """Create the namespaces and links, routes and neighbours; returns the ingress name.
+
+    For a download, the flows arrive on the policy's interface (the script redirects them to
+    its IFB) and leave by ``tcdsl-out``."""
+    names = {i.interface for i in policy.interfaces}
     marking = iface.marking.from_interface if iface.marking else None
     ingress = marking if marking and marking != iface.name else INGRESS
+    egress = iface.name
+    if iface.download is not None:
+        ingress, egress = iface.download.interface, OUTGOING
     for ns in (lab.snd, lab.rtr, lab.rcv):
         lab.add(ns)
-    rtr, egress = lab.rtr, iface.name
+    rtr = lab.rtr
     lab.ip(rtr, "link", "add", ingress, "type", "veth", "peer", "name", "snd0", "netns", lab.snd)
     lab.ip(rtr, "link", "add", egress, "type", "veth", "peer", "name", "rcv0", "netns", lab.rcv)
     lab.ip(lab.snd, "link", "set", "snd0", "address", _MAC["snd"])
@@ -567,7 +576,7 @@ def to_run(
     )
     return Run(
         source=policy.source,
-        interface=iface.name,
+        interface=iface.label,
         link=link,
         duration=duration,
         interval=interval,
@@ -593,14 +602,19 @@ def to_run(
 # ---- the measurement ---------------------------------------------------------------------------
 
 
-def _interface(policy: ir.Policy, name: str | None) -> ir.Interface:
+def _interface(policy: ir.Policy, name: str | None, direction: str | None) -> ir.Interface:
     if not policy.interfaces:
         raise MeasureError("the policy has no interface")
-    for iface in policy.interfaces:
-        if name is None or iface.name == name:
-            return iface
-    known = ", ".join(i.name for i in policy.interfaces)
-    raise MeasureError(f"the policy has no interface '{name}' (it has: {known})")
+    try:
+        iface = select_tree(policy, name, direction)
+    except UnknownInterface as err:
+        raise MeasureError(str(err)) from None
+    if isinstance(iface.root, ir.Ingress):
+        raise MeasureError(
+            "measure runs flows through a shaping tree; an ingress tree has only policers "
+            "(tcdsl simulate models them)"
+        )
+    return iface
 
 
 def measure(
@@ -612,10 +626,12 @@ def measure(
     interface: str | None = None,
     queue: int = QUEUE,
     lab: Lab | None = None,
+    direction: str | None = None,
 ) -> Run:
     """Send ``flows`` through ``policy`` (its compiled shell ``script``) on this host's kernel
     for ``duration`` microseconds, sampling every ``interval`` microseconds (default: 1 s, or
-    a thirtieth of a shorter run). ``interface`` (default: the first) is the router's egress.
+    a thirtieth of a shorter run). ``interface`` (default: the first) is the router's egress,
+    or with ``direction`` ``download`` the interface the flows arrive on.
 
     The namespaces are deleted before this returns, also on an error or KeyboardInterrupt.
     Raises ``MeasureError`` when the host cannot measure (not root, a missing qdisc) or the
@@ -627,7 +643,7 @@ def measure(
     if duration <= 0:
         raise MeasureError("the duration must be above 0")
     interval = interval or min(1_000_000, max(duration // 30, 1))
-    iface = _interface(policy, interface)
+    iface = _interface(policy, interface, direction)
     link = link_rate(iface)
     plans = plan_flows(policy, iface, flows, duration, link)
     lacks = missing_features(policy)
@@ -637,9 +653,11 @@ def measure(
             "only (use a copy of the policy without it)"
         )
     greedy = ", ".join(f"{p.flow.name} {format_rate(p.rate)}" for p in plans if p.flow.rate is None)
+    # A download's leaves take the txqueuelen the script gives its IFB.
+    held = IFB_TXQUEUELEN if iface.download is not None else queue
     notes = [
         "measured on this host's kernel" + (f"; greedy flows offered {greedy}" if greedy else ""),
-        f"queueing delay from tc's backlog / throughput; leaf pfifos hold {queue} packets",
+        f"queueing delay from tc's backlog / throughput; leaf pfifos hold {held} packets",
     ]
     edges = [*range(0, duration, interval), duration]
     dsts = sorted({str(IPv4Address(p.flow.packet.dst)) for p in plans})
