@@ -1026,6 +1026,11 @@ class _FlowState:
     """With a policer whose verdict is ``continue``: where traffic above its rate goes."""
 
 
+def _cls_of(s: _FlowState, pkt: Packet) -> str:
+    """The class a packet of ``s`` went to: past a ``continue`` policer, the next filter's."""
+    return s.over.cls if s.over is not None and pkt.route is s.over.route else s.cls
+
+
 class Simulator(Engine):
     """One run: the event heap, the link, the flows and the counters."""
 
@@ -1063,7 +1068,7 @@ class Simulator(Engine):
         self.notes = tuple(dict.fromkeys(builder.notes))
         self.flows = [self._flow(builder, f, i) for i, f in enumerate(flows)]
         order = self._class_order(iface)
-        used = {s.cls for s in self.flows}
+        used = {s.cls for s in self.flows} | {s.over.cls for s in self.flows if s.over}
         self.class_names = [n for n in order if n in used] + sorted(used - set(order))
         bins = len(range(0, duration, self.interval))
         self.bins = bins
@@ -1158,7 +1163,7 @@ class Simulator(Engine):
         b = min(now // US // self.interval, self.bins - 1)
         self.fdrops[pkt.flow][b] += 1
         s = self.flows[pkt.flow]
-        self.cdrops[s.cls][b] += 1
+        self.cdrops[_cls_of(s, pkt)][b] += 1
         s.queued -= 1
         if self.arriving:
             self.refused.add(s.index)  # _refill decides when to offer again
@@ -1250,9 +1255,10 @@ class Simulator(Engine):
         self.fbytes[pkt.flow][b] += pkt.size
         self.fpackets[pkt.flow][b] += 1
         self.fdelay[pkt.flow][b] += delay
-        self.cbytes[s.cls][b] += pkt.size
-        self.cpackets[s.cls][b] += 1
-        self.cdelay[s.cls][b] += delay
+        cls = _cls_of(s, pkt)
+        self.cbytes[cls][b] += pkt.size
+        self.cpackets[cls][b] += 1
+        self.cdelay[cls][b] += delay
         self._push(now + -(-pkt.size * 8 * NS // self.link), self.TXDONE, 0)
         self._refill(s.store, now)
 
