@@ -20,7 +20,7 @@ from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.kernels import uml
 from tcdsl.teach.classify import classify
 from tcdsl.teach.simulate import simulate
-from tcdsl.teach.traffic import Flow, Packet, parse_flow, parse_packet
+from tcdsl.teach.traffic import Flow, parse_flow, parse_packet
 from tcdsl.verify import runner, verifier
 
 HOME = """\
@@ -426,7 +426,7 @@ ip link add eth0 type veth peer name p0
 ip link set p0 netns "$peer"
 ip addr add 10.9.0.1/24 dev eth0
 ip link set eth0 up
-nsenter -t "$peer" -n sh -c 'ip addr add 10.9.0.2/24 dev p0 && ip link set p0 up && ip link set lo up'
+nsenter -t "$peer" -n sh -c 'ip addr add 10.9.0.2/24 dev p0 && ip link set p0 up'
 sleep 0.5
 iptables -A INPUT -i eth0 -p icmp
 sh ./apply.sh || exit 1
