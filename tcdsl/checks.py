@@ -595,26 +595,9 @@ def values_kept_as_written(policy: ir.Policy) -> Iterator[Diagnostic]:
 def _htb_class_values(cls: ir.Class) -> Iterator[Diagnostic]:
     ceil = rate_of(cls.ceil) or rate_of(cls.rate)
     for name, size, rate in (("burst", cls.burst, rate_of(cls.rate)), ("cburst", cls.cburst, ceil)):
-        if size is None or rate is None or not 0 < size.bytes <= U32_MAX:
-            continue
-        rate_bytes = rate.bits_per_second // 8
-        if rate_bytes == 0 or rate.bits_per_second > MAX_RATE:
-            continue
-        ticks = tc_xmittime_ticks(rate_bytes, size.bytes)
-        if ticks <= U32_MAX:
-            continue
-        us = int(1_000_000 * (size.bytes / rate_bytes)) & U32_MAX  # tc's unsigned int
-        held = int(us * TICKS_PER_US) & U32_MAX
-        kept = held * 64 * rate_bytes // 10**9
-        most = _largest(functools.partial(_ticks_fit, tc_xmittime_ticks, rate_bytes), 0, size.bytes)
-        yield Diagnostic.error(
-            "E208",
-            f"{name} {size.bytes} of {cls.label} takes {_seconds(size.bytes * 1e6 / rate_bytes)} "
-            f"at {_fmt(rate)}; tc hands the kernel that time in 64-ns ticks, a 32-bit count that "
-            f"wraps past about 274.9s, so the kernel would get {_bytes(kept)}; write {name} {most} "
-            f"or less, or raise the {'rate' if name == 'burst' else 'ceil'}",
-            size.span,
-        )
+        raise_ = "rate" if name == "burst" else "ceil"
+        yield from _ticks_wrap(name, size, rate, cls.label, raise_)
+
     if cls.quantum is not None and INT_MAX < cls.quantum.bytes <= U32_MAX:
         yield Diagnostic.error(
             "E205",
@@ -623,6 +606,45 @@ def _htb_class_values(cls: ir.Class) -> Iterator[Diagnostic]:
             f"{INT_MAX}",
             cls.quantum.span,
         )
+
+
+def _ticks_wrap(
+    name: str, size: ir.Size | None, rate: ir.Rate | None, owner: str, raise_: str
+) -> Iterator[Diagnostic]:
+    """E208 for a size that takes tc longer than its 32-bit count of 64-ns ticks holds at
+    ``rate`` (an htb burst, a policer's burst): tc wraps it silently."""
+    if size is None or rate is None or not 0 < size.bytes <= U32_MAX:
+        return
+    rate_bytes = rate.bits_per_second // 8
+    if rate_bytes == 0 or rate.bits_per_second > MAX_RATE:
+        return
+    ticks = tc_xmittime_ticks(rate_bytes, size.bytes)
+    if ticks <= U32_MAX:
+        return
+    us = int(1_000_000 * (size.bytes / rate_bytes)) & U32_MAX  # tc's unsigned int
+    held = int(us * TICKS_PER_US) & U32_MAX
+    kept = held * 64 * rate_bytes // 10**9
+    most = _largest(functools.partial(_ticks_fit, tc_xmittime_ticks, rate_bytes), 0, size.bytes)
+    yield Diagnostic.error(
+        "E208",
+        f"{name} {size.bytes} of {owner} takes {_seconds(size.bytes * 1e6 / rate_bytes)} "
+        f"at {_fmt(rate)}; tc hands the kernel that time in 64-ns ticks, a 32-bit count that "
+        f"wraps past about 274.9s, so the kernel would get {_bytes(kept)}; write {name} {most} "
+        f"or less, or raise the {raise_}",
+        size.span,
+    )
+
+
+def police_bursts_fit_tc(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """E208 for a policer's burst that wraps in tc's ticks (see ``_ticks_wrap``)."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            matches = list(q.matches) if isinstance(q, ir.Ingress) else []
+            matches += [m for cls in ir.classes_of(q) for m in cls.matches]
+            for m in matches:
+                if m.police is not None:
+                    p = m.police
+                    yield from _ticks_wrap("burst", p.burst, p.rate, "the policer", "rate")
 
 
 def _tbf_values(q: ir.Tbf) -> Iterator[Diagnostic]:
@@ -844,6 +866,7 @@ CHECKS: tuple[Check, ...] = (
     marks_expressible,
     marks_unique,
     values_kept_as_written,
+    police_bursts_fit_tc,
     *directions.CHECKS,
 )
 

@@ -106,6 +106,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W322": CodeInfo(_W, "A class mark nothing in the policy sets"),
     "W330": CodeInfo(_W, "A value the kernel keeps, but not as written"),
     "W360": CodeInfo(_W, "A download match on a private destination, which NAT hides on ingress"),
+    "W361": CodeInfo(_W, "A policer whose 'reclassify' loops until the kernel drops the packet"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),

@@ -508,6 +508,26 @@ def _netem_limit(q: ir.Netem, delay: ir.Time, feed: ir.Rate | None) -> Iterator[
     )
 
 
+def policers_do_not_reclassify(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """W361: ``reclassify`` starts classification again at the first filter; the policer that
+    sent the packet back meets it again (its tokens no fuller a moment later), and after 16
+    rounds the kernel drops the packet and logs "reclassify loop" (cls_api.c)."""
+    seen: set[Span] = set()
+    for iface in policy.interfaces:
+        for f in iface.filters:
+            p = f.police if isinstance(f, ir.U32Filter) else None
+            if p is None or p.exceed != "reclassify" or p.span in seen:
+                continue
+            seen.add(p.span)
+            yield Diagnostic.warning(
+                "W361",
+                "'reclassify' sends traffic above the rate back to the first filter, where this "
+                "policer meets it again; after 16 rounds the kernel drops it (and logs "
+                "'reclassify loop'): write 'drop', or 'continue' to go on to the next filter",
+                p.exceed_span or p.span,
+            )
+
+
 LINTS: tuple[Lint, ...] = (
     htb_has_default,
     leaves_reachable,
@@ -518,6 +538,7 @@ LINTS: tuple[Lint, ...] = (
     ceilings_share_sensibly,
     ports_need_a_port_protocol,
     leaf_queues_sensible,
+    policers_do_not_reclassify,
 )
 
 

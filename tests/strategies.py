@@ -429,7 +429,22 @@ class VGen:
             return None
         if not marking and self.chance(0.2):
             conds.append(f"pref {self.wide(1, 65535)}")
+        if not marking and self.uml and self.chance(0.15):
+            conds.append(self.police())
         return "match " + " ".join(conds)
+
+    def police(self) -> str:
+        """``police ...``: a burst of at least its mtu (or a full frame: E253)."""
+        rate = self.bits(8000, MAX_RATE)
+        mtu = self.wide(1514, 65535) if self.chance(0.3) else None
+        least = max(mtu or 1514, 1514)  # E253
+        burst = self.wide(least, max(least, min(1 << 20, rate // 8 * BURST_SECONDS)))  # E208
+        words = ["police", "rate", self.rate(rate), "burst", self.spell(burst)]
+        if mtu is not None:
+            words += ["mtu", self.spell(mtu)]
+        if self.chance(0.6):
+            words.append(self.pick(("drop", "pass", "continue", "reclassify")))
+        return " ".join(words)
 
     def raw(self, used: set[int]) -> str | None:
         """A raw key at an aligned offset whose bytes no other condition of the line tests."""
@@ -707,7 +722,29 @@ class VGen:
         return [head.rstrip()]
 
     def interface(self, ifname: str, index: int) -> list[str]:
-        """The lines of one interface."""
+        """The lines of one interface: one egress tree, or a block of directions (an upload,
+        a download through an IFB, ingress policers)."""
+        if not self.chance(0.25):
+            return self.tree(ifname, index)
+        parts: list[str] = []
+        upload = self.chance(0.6)
+        if upload:
+            parts += _direction("upload", self.tree(ifname, index))
+        if self.uml and self.chance(0.4):
+            lines = [f"        {m}" for _ in range(self.between(1, 3)) if (m := self.match(False))]
+            policed = [
+                f"{line} {self.police()}" if " police " not in line else line for line in lines
+            ]
+            parts += ["    ingress {", *policed, "    }"]
+        elif not upload or self.chance(0.7):
+            via = f" via ifb{index}{self.between(0, 9)}" if self.chance(0.3) else ""
+            connmark = " connmark" if self.uml and self.chance(0.3) else ""
+            tree = self.tree(ifname, index, marking=False)
+            parts += _direction(f"download{via}{connmark}", tree)
+        return [f"interface {ifname} {{", *parts, "}"]
+
+    def tree(self, ifname: str, index: int, marking: bool = True) -> list[str]:
+        """The lines of one tree: ``interface NAME QDISC ...`` and its block."""
         self.names, self.leaves, self.minors, self.marks = set(), [], set(), set()
         self.classes, self.r2q, self.netems, self.duplicating = 0, 10, 0, False
         self.majors = {1}  # the root's automatic handle is 1: unless 1: is taken explicitly
@@ -715,7 +752,7 @@ class VGen:
         kinds = ["htb", "htb", "prio", "prio", "tbf", "tbf"] if self.uml else ["htb"] * 6
         kind = self.pick([*kinds, "tbf", "fifo"])
         classify = ""
-        if self.uml and kind in ("htb", "prio") and self.chance(0.3):
+        if marking and self.uml and kind in ("htb", "prio") and self.chance(0.3):
             chain = self.pick(("", f" chain SHAPE{index}", f' chain "MARK-{index}"'))
             classify = f"classify by mark from {MARK_FROM}{chain}"
         if kind == "htb":
@@ -727,6 +764,13 @@ class VGen:
         fifo = self.pick(("pfifo", "bfifo", "pfifo_fast"))
         opts = self.qdisc_options(fifo) if fifo != "pfifo_fast" else []
         return [f"interface {ifname} {fifo}{self.handle()} " + " ".join(opts)]
+
+
+def _direction(word: str, tree: list[str]) -> list[str]:
+    """A tree written as ``interface NAME QDISC ...`` as one direction of a block."""
+    head, *body = tree
+    _, _, rest = head.split(" ", 2)
+    return [f"    {word} {rest}", *(f"    {line}" for line in body)]
 
 
 def _policy(gen: VGen) -> Policy:

@@ -181,6 +181,14 @@ CHECKED = [
         "E253",
     ),
     (
+        "interface eth0 {\n  ingress { match all police rate 8kbit burst 990265 }\n}\n",
+        "E208",
+    ),
+    (
+        "interface eth0 {\n  ingress { match all police rate 1mbit burst 9k reclassify }\n}\n",
+        "W361",
+    ),
+    (
         "interface eth0 htb { class a rate 1mbit }\n"
         "interface eth1 {\n  download via eth0 htb { class b rate 1mbit }\n}\n",
         "E254",

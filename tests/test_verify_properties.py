@@ -135,6 +135,9 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "tbf peakrate": r"tbf .*peakrate",
         "child of tbf": r"^ +tbf .*\{$",
         "two interfaces": r"(?s)^interface .*^interface ",
+        "upload": r"^    upload ",
+        "download": r"^    download ",
+        "download via": r"^    download via ",
     },
     "uml": {
         "prio root": r"^interface \S+ prio",
@@ -149,6 +152,11 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "chain": r"classify by mark from eth1 chain ",
         "mark": r"class .* mark \d+",
         "ports with marks": r"(?s)classify by mark.*match proto (tcp|udp).*port",
+        "ingress policers": r"(?s)^    ingress \{\n +match .* police ",
+        "police on a class": r"class .*match .* police ",
+        "police mtu": r" police .* mtu ",
+        "police continue": r" police .* continue$",
+        "connmark": r"^    download.* connmark ",
     },
 }
 
