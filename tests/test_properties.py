@@ -110,6 +110,11 @@ EXPECTED: dict[str, set[str] | None] = {
     "unknown protocol": {"E015"},
     "unknown rate unit": {"E005"},
     "zero rate": {"E208"},
+    "download and ingress": {"E251"},
+    "ingress match without police": {"E252"},
+    "police with marks": {"E252"},
+    "police burst below a packet": {"E253"},
+    "download marks without connmark": {"E255"},
 }
 
 
@@ -290,6 +295,7 @@ class Gen:
                 conds.append(f"u{width} 0x{self.int(0, 2**32) & mask:x}/0x{mask:x} at {at}")
             elif kind == "all":
                 conds.append("all")
+        police = self.police(marking) if self.chance(0.15) else ""
         if marking and ported and not self.mistake("ports without proto with marks"):
             conds.insert(0, f"proto {self.pick(PORT_PROTOS)}")
         if not marking and self.chance(0.2):
@@ -300,7 +306,25 @@ class Gen:
             conds.append("src 10.0.0.1, 10.0.0.2 src 10.0.0.3")
         if not conds:
             conds.append("all")
-        return "match " + " ".join(conds)
+        return "match " + " ".join(conds) + police
+
+    def police(self, marking: bool) -> str:
+        """`` police rate R burst B [mtu M] [VERDICT]``, or nothing (with marks, unless that is
+        the mistake to make)."""
+        if marking and not self.mistake("police with marks"):
+            return ""
+        words = [f"police rate {self.rate(self.int(10**5, 10**9))}"]
+        burst = self.pick(sorted(SIZES))
+        if self.mistake("police burst below a packet"):
+            burst = "1000"
+        words.append(f"burst {burst}")
+        if self.chance(0.3):
+            words.append(f"mtu {self.pick(('1500', '1514b', '1k'))}")
+        if self.chance(0.6):
+            words.append(self.pick(("drop", "pass", "continue", "reclassify")))
+        if self.chance(0.3):
+            self.draw(st.randoms(use_true_random=False)).shuffle(words[1:])
+        return " " + " ".join(words)
 
     # ---- qdiscs ----
     def handle(self) -> str:
@@ -463,6 +487,43 @@ class Gen:
         head = f"interface {ifname} htb{self.handle()} " + " ".join(opts)
         return [f"{head.rstrip()} {{", *body, "}"]
 
+    def directions(self, ifname: str, index: int, chain: str | None) -> list[str]:
+        """``interface NAME { upload ...; download ...; ingress { ... } }``: one tree as
+        ``interface`` writes it per direction, and never a download with ingress policers
+        (unless that is the mistake to make)."""
+        body: list[str] = []
+        which = self.pick(("upload", "download", "ingress", "both", "all"))
+        if which == "all" and not self.mistake("download and ingress"):
+            which = "both"
+        if which in ("upload", "both", "all"):
+            body += self.tree(ifname, "upload", chain if which == "upload" else None)
+        if which in ("download", "both", "all"):
+            words = ["download"]
+            if self.chance(0.4):
+                words.append(f"via ifb{index}")
+            if chain is None:
+                connmark = self.chance(0.2)
+            else:  # marks need connmark on a download
+                connmark = not self.mistake("download marks without connmark", 0.8)
+            if connmark:
+                words.append("connmark")
+            body += self.tree(ifname, " ".join(words), chain)
+        if which in ("ingress", "all") or (which == "upload" and self.chance(0.5)):
+            lines = []
+            for _ in range(self.int(1, 2)):
+                line = self.match(False)
+                if " police " not in line and not self.mistake("ingress match without police"):
+                    line += self.police(False)
+                lines.append(f"        {line}")
+            body += ["    ingress {", *lines, "    }"]
+        return [f"interface {ifname} {{", *body, "}"]
+
+    def tree(self, ifname: str, lead: str, chain: str | None) -> list[str]:
+        """One direction's tree: ``interface`` 's lines under ``lead``, one level deeper."""
+        lines = self.interface(ifname, chain)
+        head = lines[0].removeprefix(f"interface {ifname} ")
+        return [f"    {lead} {head}", *(f"    {line}" for line in lines[1:])]
+
 
 @st.composite
 def policies(draw: st.DrawFn) -> tuple[str, bool, list[str]]:
@@ -481,7 +542,10 @@ def policies(draw: st.DrawFn) -> tuple[str, bool, list[str]]:
         chain = None
         if gen.chance(0.3):
             chain = gen.pick(("", f" chain SHAPE{i}", f' chain "MARK-{i}"'))
-        lines += gen.interface(ifname, chain)
+        if gen.chance(0.3) and "interface declared twice" not in gen.mistakes:
+            lines += gen.directions(ifname, i, chain)
+        else:
+            lines += gen.interface(ifname, chain)
     if gen.mistake("stray character"):
         lines.insert(gen.int(0, len(lines)), "@")
     if gen.mistake("unbalanced brace"):
