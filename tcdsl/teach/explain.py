@@ -625,6 +625,8 @@ class _Explainer:
                 )
             case ir.PfifoFast():
                 return f"pfifo_fast {h}: three bands by TOS, as the kernel's default qdisc."
+            case ir.Ingress():  # only ever a root, explained by ingress()
+                return f"the ingress qdisc {h}: policers, and no queue."
 
     def sfq(self, q: ir.Sfq) -> str:
         divisor = q.divisor.value if q.divisor else 1024
