@@ -342,6 +342,16 @@ def test_ingress_policers_are_explained() -> None:
         "packets from 10.0.0.0/8: above 1mbit (burst 10k, packets up to 2k), they are let in "
         "all the same" in mtu
     )
+    ordered = _said(
+        _inline(
+            "interface eth0 {\n    ingress {\n"
+            "        match src 10.0.0.0/8 pref 20 police rate 1mbit burst 10k\n"
+            "        match src 10.1.0.0/16 pref 10 police rate 2mbit burst 10k continue\n"
+            "    }\n}\n"
+        )
+    )
+    assert "1. pref 10: packets from 10.1.0.0/16: above 2mbit" in ordered
+    assert "2. pref 20: packets from 10.0.0.0/8: above 1mbit" in ordered
 
 
 # ---- the TOS tables ----------------------------------------------------------------------------

@@ -426,7 +426,7 @@ class _Explainer:
                 "slow link short."
             )
         )
-        on = [f for f in iface.filters if isinstance(f, ir.U32Filter)]
+        on = [f for f in filters_at(iface, ir.INGRESS_HANDLE) if isinstance(f, ir.U32Filter)]
         if on:
             self.add(Heading(3, "Policers, in the order tried"))
             show_pref = any(f.pref != on[0].pref for f in on)
