@@ -296,6 +296,7 @@ def test_downloads_are_explained_with_their_ifb_nat_and_connmark() -> None:
     assert "the IFB device 'ifb9' and shaped" in marked
     assert "restores the connection's firewall mark" in marked
     assert "first packets arrive before the firewall has marked it" in marked
+    assert "A download's packets get those marks through their connection" in marked
 
 
 @pytest.mark.parametrize(

@@ -1054,15 +1054,23 @@ class _Explainer:
         owners, lines = _class_index(iface)
         if marking is not None:
             self.add(Heading(3, title))
+            through = ""
+            if iface.download is not None:
+                through = (
+                    " A download's packets get those marks through their connection: the "
+                    "mark saved on the connection is restored by the redirect on "
+                    f"{self.name(iface.download.interface)} (connmark), so a packet carries "
+                    "the mark the rules gave its connection's earlier packets."
+                )
             self.add(
                 Para(
                     f"By firewall mark. Packets arriving on {self.name(marking.from_interface)} "
                     f"pass the iptables chain {self.name(marking.chain or '?')} (mangle table, "
                     "PREROUTING), whose rules mark them; each rule marks only packets that are "
                     "still unmarked, so the first that matches wins. On "
-                    f"{self.name(iface.name)}, fw filters send each mark to its class. Packets "
-                    "that never pass that chain (this host's own traffic, for one) carry no "
-                    "mark and go where unmatched traffic goes. The rules, in order:"
+                    f"{self.name(iface.name)}, fw filters send each mark to its class.{through} "
+                    "Packets that never pass that chain (this host's own traffic, for one) "
+                    "carry no mark and go where unmatched traffic goes. The rules, in order:"
                 )
             )
             by_mark = {c.fwmark: c for c in owners.values() if c.fwmark is not None}
