@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
@@ -116,6 +117,16 @@ EXPECTED: dict[str, set[str] | None] = {
     "police burst below a packet": {"E253"},
     "download marks without connmark": {"E255"},
 }
+
+DIRECTIONS = {
+    "download and ingress",
+    "ingress match without police",
+    "download marks without connmark",
+}
+POLICE = {"police with marks", "police burst below a packet"}
+MARKS = {"police with marks", "download marks without connmark"}
+"""Mistakes of directions, policers and marks: drawn more often when they are the target, as
+they need a rare combination (a download or ingress block, a policer, classification by mark)."""
 
 
 @dataclass
@@ -295,7 +306,7 @@ class Gen:
                 conds.append(f"u{width} 0x{self.int(0, 2**32) & mask:x}/0x{mask:x} at {at}")
             elif kind == "all":
                 conds.append("all")
-        police = self.police(marking) if self.chance(0.15) else ""
+        police = self.police(marking) if self.chance(0.5 if self.target in POLICE else 0.15) else ""
         if marking and ported and not self.mistake("ports without proto with marks"):
             conds.insert(0, f"proto {self.pick(PORT_PROTOS)}")
         if not marking and self.chance(0.2):
@@ -526,9 +537,11 @@ class Gen:
 
 
 @st.composite
-def policies(draw: st.DrawFn) -> tuple[str, bool, list[str]]:
-    """A policy text, whether mistakes were allowed in it, and the mistakes injected."""
-    target = draw(st.none() | st.sampled_from(sorted(EXPECTED)))
+def policies(draw: st.DrawFn, target: str | None = None) -> tuple[str, bool, list[str]]:
+    """A policy text, whether mistakes were allowed in it, and the mistakes injected (the
+    ``target`` mistake if given, else one drawn or none)."""
+    if target is None:
+        target = draw(st.none() | st.sampled_from(sorted(EXPECTED)))
     gen = Gen(draw, target)
     ifnames = ["eth0", "wan0", "s2-eth2", '"br-lan"', "eth0.100"]
     count = gen.int(1, 2)
@@ -540,9 +553,9 @@ def policies(draw: st.DrawFn) -> tuple[str, bool, list[str]]:
     lines: list[str] = [f"# generated policy, {count} interface(s)"]
     for i, ifname in enumerate(chosen):
         chain = None
-        if gen.chance(0.3):
+        if gen.chance(0.8 if target in MARKS else 0.3):
             chain = gen.pick(("", f" chain SHAPE{i}", f' chain "MARK-{i}"'))
-        if gen.chance(0.3) and "interface declared twice" not in gen.mistakes:
+        if gen.chance(0.8 if target in DIRECTIONS else 0.3) and not gen.mistakes:
             lines += gen.directions(ifname, i, chain)
         else:
             lines += gen.interface(ifname, chain)
@@ -583,6 +596,26 @@ def test_generated_policies(case: tuple[str, bool, list[str]]) -> None:
             codes = {d.code for d in result.errors}
             assert codes & expected, f"{mistake}: expected {expected}\n{_report(text, result)}"
     assert all(re.fullmatch(r"[EWI]\d{3}", d.code) for d in result.diagnostics)
+
+
+@pytest.mark.parametrize("mistake", sorted(DIRECTIONS | POLICE))
+def test_direction_and_policer_mistakes_are_reported(mistake: str) -> None:
+    """The mistakes of directions and policers need rare combinations, which the 200 draws
+    above seldom make: each is drawn here until it is made, and must give its code."""
+    made: list[str] = []
+
+    @settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=SLOW)
+    @given(policies(mistake))
+    def run(case: tuple[str, bool, list[str]]) -> None:
+        text, _, mistakes = case
+        if mistakes:
+            result = compile_text(text)
+            codes = {d.code for d in result.errors}
+            assert codes & (EXPECTED[mistake] or set()), _report(text, result)
+            made.append(text)
+
+    run()
+    assert made, f"the generator never made the mistake {mistake!r}"
 
 
 # ---- from_lark: anything the grammar derives ----------------------------------------------------
