@@ -67,6 +67,8 @@ def qdisc_lines(q: ir.Qdisc) -> tuple[str, ...]:
         if q.r2q is not None:
             lines.append(f"r2q {q.r2q.value}")
         return tuple(lines)
+    if isinstance(q, ir.Ingress):
+        return tuple(f"match {match_words(m)}" for m in q.matches) or ("no policers",)
     options = " ".join(qdisc_words(q)[1:])
     return (options,) if options else ()
 
@@ -170,7 +172,7 @@ class _Builder:
             case ir.Tbf() | ir.Netem():
                 if q.child is not None:
                     self.qdisc(q.child, node.id, marking)
-            case ir.Sfq() | ir.FqCodel() | ir.Pfifo() | ir.Bfifo() | ir.PfifoFast():
+            case ir.Sfq() | ir.FqCodel() | ir.Pfifo() | ir.Bfifo() | ir.PfifoFast() | ir.Ingress():
                 pass
             case _:
                 assert_never(q)
@@ -200,9 +202,11 @@ class _Builder:
             self.qdisc(cls.leaf, node.id, marking)
 
 
-def interface_title(iface: ir.Interface) -> tuple[str, ...]:
-    """``interface eth0``, and how its packets are classified when that is by mark."""
-    title = [f"interface {iface.name}"]
+def interface_title(iface: ir.Interface, upload: bool = False) -> tuple[str, ...]:
+    """``interface eth0`` (``interface eth0 upload`` when ``upload`` says the policy also
+    shapes or polices its arrivals, ``interface eth0 download (via ifb4eth0)``, ``interface
+    eth0 ingress``), and how its packets are classified when that is by mark."""
+    title = [f"interface {iface.label}{' upload' if upload else ''}"]
     m = iface.marking
     if m is not None:
         chain = f", iptables chain {m.chain}" if m.chain else ""
@@ -210,16 +214,34 @@ def interface_title(iface: ir.Interface) -> tuple[str, ...]:
     return tuple(title)
 
 
+def redirect_node(node_id: str, iface: ir.Interface, download: ir.Download) -> Node:
+    """The ingress qdisc on the downloading interface, whose one filter redirects every
+    arriving packet to the IFB ``iface`` is on (restoring its connection mark first)."""
+    lines = [f"every protocol: mirred redirect to {iface.name}"]
+    if download.connmark:
+        lines.insert(0, "connmark: restores the connection's mark")
+    title = f"ingress {ir.INGRESS_HANDLE.qdisc} on {download.interface}"
+    return Node(node_id, "qdisc", title, tuple(lines))
+
+
 def clusters(policy: ir.Policy) -> Iterator[Cluster]:
-    """Yield one cluster per interface, in the order written; node ids are unique overall."""
+    """Yield one cluster per tree (an interface's egress, the IFB of its downloads with the
+    redirect into it, its ingress policers), in the order written; node ids are unique
+    overall."""
     builder = _Builder()
+    arriving = {i.interface for i in policy.interfaces if i.direction != "egress"}
     for index, iface in enumerate(policy.interfaces):
         first_node, first_edge = len(builder.nodes), len(builder.edges)
         builder.bounds = {id(q): bound for q, _, bound in ir.held_qdiscs(iface.root)}
-        builder.qdisc(iface.root, None, iface.marking is not None)
+        redirect = None
+        if iface.download is not None:
+            redirect = redirect_node(builder.new_id(), iface, iface.download)
+            builder.add(redirect, None)
+        builder.qdisc(iface.root, redirect.id if redirect else None, iface.marking is not None)
+        upload = iface.direction == "egress" and iface.name in arriving
         yield Cluster(
             f"if{index}",
-            interface_title(iface),
+            interface_title(iface, upload),
             tuple(builder.nodes[first_node:]),
             tuple(builder.edges[first_edge:]),
         )

@@ -18,7 +18,7 @@ from typing import Any, assert_never
 from tcdsl import ir
 from tcdsl.allocate import default_minor
 from tcdsl.backend import Backend
-from tcdsl.commands import qdisc_words
+from tcdsl.commands import police_words, qdisc_words
 from tcdsl.diagnostics import Span
 from tcdsl.lower import PROTO_NAMES, iptables_words, pack
 from tcdsl.units import format_rate, format_size, format_time
@@ -148,11 +148,27 @@ def cond_json(cond: ir.Cond) -> JSONObject:
     return {**head, "span": span_json(cond.span)}
 
 
+def police_json(police: ir.Police | None) -> JSONObject | None:
+    """A match's policer: rate, burst, mtu, what happens to traffic above the rate, and the
+    words tc takes in the filter."""
+    if police is None:
+        return None
+    return {
+        "rate": value_json(police.rate),
+        "burst": value_json(police.burst),
+        "mtu": value_json(police.mtu),
+        "exceed": police.exceed,
+        "tc": " ".join(police_words(police)),
+        "span": span_json(police.span),
+    }
+
+
 def match_json(match: ir.Match) -> JSONObject:
     """A ``match`` line: its conditions AND; the values of one condition OR."""
     return {
         "pref": value_json(match.pref),
         "conds": [cond_json(c) for c in match.conds],
+        "police": police_json(match.police),
         "span": span_json(match.span),
     }
 
@@ -207,6 +223,7 @@ _QDISC_VALUES: dict[str, tuple[str, ...]] = {
     "pfifo": ("limit",),
     "bfifo": ("limit",),
     "pfifo_fast": (),
+    "ingress": (),
 }
 
 
@@ -244,6 +261,8 @@ def qdisc_json(q: ir.Qdisc) -> JSONObject:
             out["child"] = None if q.child is None else qdisc_json(q.child)
         case ir.FqCodel():
             out["ecn"] = q.ecn
+        case ir.Ingress():
+            out["matches"] = [match_json(m) for m in q.matches]
         case ir.Sfq() | ir.Pfifo() | ir.Bfifo() | ir.PfifoFast():
             pass
         case _:
@@ -277,6 +296,7 @@ def filter_json(f: ir.Filter) -> JSONObject:
     match f:
         case ir.U32Filter():
             head["keys"] = [key_json(k) for k in f.keys]
+            head["police"] = police_json(f.police)
         case ir.FwFilter():
             head["mark"] = f.mark
         case _:
@@ -306,10 +326,28 @@ def marking_json(marking: ir.Marking | None) -> JSONObject | None:
     }
 
 
+def download_json(download: ir.Download | None, ifb: str) -> JSONObject | None:
+    """How a download tree gets its packets: the interface whose arrivals are redirected
+    (every protocol) to the IFB ``ifb``, and whether the redirect restores connection marks."""
+    if download is None:
+        return None
+    return {
+        "interface": download.interface,
+        "ifb": ifb,
+        "ifb_given": download.ifb_span is not None,
+        "connmark": download.connmark,
+        "span": span_json(download.span),
+    }
+
+
 def interface_json(iface: ir.Interface) -> JSONObject:
-    """An interface: its root qdisc tree, its filters, its marking."""
+    """A tree on one device: an interface's egress (``upload``), the IFB that shapes its
+    downloads, or its ingress qdisc; its root qdisc, its filters, its marking."""
     return {
         "name": iface.name,
+        "interface": iface.interface,
+        "direction": iface.direction,
+        "download": download_json(iface.download, iface.name),
         "root": qdisc_json(iface.root),
         "filters": [filter_json(f) for f in iface.filters],
         "marking": marking_json(iface.marking),

@@ -419,6 +419,12 @@ _NO_QDISC = {
     "(maxburst, ...), and Linux removed cbq in 6.3; use htb",
 }
 
+_NO_POLICE = (
+    "the tcng backend does not write policers: tcng polices with police() buckets tested in "
+    "its selectors, which tcdsl's first-match selectors do not combine with, and it has no "
+    "form for 'reclassify'; use the shell or tc-batch backend"
+)
+
 _INHERITED = ("quantum",)
 """Passed on by tcng and with no spelling for tc's default (tcc refuses ``quantum 0B``)."""
 
@@ -531,6 +537,21 @@ class TcngBackend(Backend):
                     "packet headers at this interface",
                     iface.marking.span,
                 )
+            if iface.download is not None:
+                yield Diagnostic.error(
+                    CODE,
+                    "tcng has no ifb device and no redirect action, so a download cannot be "
+                    "written in tcng; use the shell or tc-batch backend",
+                    iface.download.span,
+                )
+            if isinstance(iface.root, ir.Ingress):
+                yield Diagnostic.error(CODE, _NO_POLICE, iface.root.span)
+                continue
+            for q in ir.walk_qdiscs(iface.root):
+                for cls in ir.classes_of(q):
+                    for m in cls.matches:
+                        if m.police is not None:
+                            yield Diagnostic.error(CODE, _NO_POLICE, m.police.span)
             plan = plan_interface(iface)
             yield from plan.problems
             needs_egress = bool(plan.selectors)
@@ -680,7 +701,7 @@ class _Interface:
             case ir.Bfifo():
                 octets = f"limit {size(q.limit.bytes)}" if q.limit else None
                 out.line(f"fifo{_params(number, octets)};")
-            case ir.Cbq() | ir.Netem() | ir.FqCodel() | ir.PfifoFast():
+            case ir.Cbq() | ir.Netem() | ir.FqCodel() | ir.PfifoFast() | ir.Ingress():
                 raise AssertionError(f"unsupported() rejects {q.kind}")
             case _:
                 assert_never(q)

@@ -101,11 +101,12 @@ def download_nat(policy: ir.Policy) -> Iterator[Diagnostic]:
                         continue
                     for net, span in cond.networks:
                         if any(net.subnet_of(p) for p in PRIVATE):
+                            where = net.network_address if net.prefixlen == 32 else net
                             yield Diagnostic.warning(
                                 "W360",
                                 f"downloads are classified on ingress, before NAT is undone: "
                                 f"behind a NAT router they are addressed to its public "
-                                f"address, not to {net}; classify by mark with 'download "
+                                f"address, not to {where}; classify by mark with 'download "
                                 "connmark' (the marks are set after NAT) if this is a NAT "
                                 "router",
                                 span,

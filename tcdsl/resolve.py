@@ -46,11 +46,19 @@ def _clash(iface: ir.Interface, first: ir.Interface) -> Diagnostic:
         )
     download = iface if iface.download is not None else first
     assert download.download is not None
+    other = first if first is not download else iface
     msg = (
         f"the download of '{download.download.interface}' is shaped on '{download.name}', "
-        f"which {first.label if first is not download else iface.label} also uses"
+        f"which {_tree_words(other)} also uses"
     )
     return Diagnostic.error("E254", msg, iface.span, note)
+
+
+def _tree_words(iface: ir.Interface) -> str:
+    """A tree of the policy in words: ``the download of 'eth0'``, ``the egress of 'eth1'``."""
+    if iface.download is not None:
+        return f"the download of '{iface.download.interface}'"
+    return f"the {'ingress' if iface.direction == 'ingress' else 'egress'} of '{iface.name}'"
 
 
 def unique_class_names(iface: ir.Interface) -> Iterator[Diagnostic]:

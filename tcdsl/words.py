@@ -13,7 +13,7 @@ from ipaddress import IPv4Network
 from typing import assert_never
 
 from tcdsl import ir
-from tcdsl.commands import qdisc_words
+from tcdsl.commands import police_words, qdisc_words
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
 from tcdsl.lower import PROTO_NAMES
 from tcdsl.units import format_rate, format_size
@@ -65,6 +65,8 @@ def match_words(match: ir.Match) -> str:
     words = " ".join(cond_words(c) for c in match.conds) or "all traffic"
     if match.pref is not None:
         words += f" (pref {match.pref.value})"
+    if match.police is not None:
+        words += ", " + " ".join(police_words(match.police))
     return words
 
 
@@ -287,6 +289,8 @@ def match_text(match: ir.Match) -> str:
                 words.append(cond_words(cond))
     if match.pref is not None:
         words.append(f"pref {match.pref.value}")
+    if match.police is not None:
+        words += police_words(match.police)
     return " ".join(words)
 
 

@@ -14,6 +14,7 @@ from tcdsl.backends.dot import DotBackend
 from tcdsl.backends.mermaid import MermaidBackend
 
 from tcdsl import ir
+from tcdsl.backend import Backend
 from tcdsl.driver import analyse, compile_policy
 from tests.conftest import ROOT, policy_files
 
@@ -98,6 +99,49 @@ def test_dot_shows_borrowing_leaf_filters_and_default() -> None:
     marks = _compile(Path("policies/seeds/s000-10.1-marks.tcp"), "dot")
     assert "mark 10: tcp dport 5001" in marks
     assert "mark 30: unmarked traffic" in marks
+
+
+DIRECTIONS = """\
+interface eth0 {
+    upload htb rate 19mbit default bulk {
+        class voip rate 2mbit match dport 5060
+        class bulk rate 17mbit
+    }
+    download via ifbx connmark htb rate 95mbit default bulk {
+        class voip rate 5mbit match sport 5060 police rate 4mbit burst 10k continue
+        class bulk rate 90mbit
+    }
+}
+interface eth1 {
+    ingress {
+        match src 10.0.0.0/8 police rate 800kbit burst 10k mtu 2k
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("backend", [DotBackend(), MermaidBackend()], ids=["dot", "mermaid"])
+def test_diagrams_draw_directions_redirects_and_policers(backend: Backend) -> None:
+    result = analyse("dirs.tcp", lambda path: DIRECTIONS)
+    assert result.policy is not None, result.diagnostics
+    text = backend.emit(result.policy, "dirs.tcp")
+    for title in (
+        "interface eth0 upload",
+        "interface eth0 download (via ifbx)",
+        "interface eth1 ingress",
+        "ingress ffff: on eth0",
+        "connmark: restores the connection",
+        "every protocol: mirred redirect to ifbx",
+        "match sport 5060, police rate 4mbit burst 10k continue",
+        "match src 10.0.0.0/8, police rate 800kbit burst 10k mtu 2k drop",
+    ):
+        assert title in text
+    # The redirect feeds the download's root qdisc, the next node drawn.
+    redirect = re.search(r"\b(n(\d+))\b[^\n]*ingress ffff: on eth0", text)
+    assert redirect is not None
+    root = f"n{int(redirect[2]) + 1}"
+    assert re.search(rf"\b{root}\b[^\n]*htb 1:", text)
+    assert re.search(rf"{redirect[1]} -+> {root};?\n", text)
 
 
 def _node_lines(text: str, title: str) -> list[str]:

@@ -262,6 +262,99 @@ def test_src_matches_on_private_addresses_mention_nat() -> None:
     assert "NAT" not in explain(marked, "text")
 
 
+def _said(policy: ir.Policy) -> str:
+    return " ".join(explain(policy, "text").split())
+
+
+def test_egress_only_policies_say_traffic_control_acts_on_egress() -> None:
+    assert "Traffic control acts on egress" in _said(_policy("policies/office.tcp"))
+    home = _said(_policy("policies/home-ifb.tcp"))
+    assert "Traffic control acts on egress" not in home
+    assert "on one interface" in home
+    assert "a download is redirected as it arrives to an IFB device" in home
+
+
+def test_downloads_are_explained_with_their_ifb_nat_and_connmark() -> None:
+    home = _said(_policy("policies/home-ifb.tcp"))
+    assert "Interface 'eth0', upload" in home
+    assert "Interface 'eth0', download (via 'ifb4eth0')" in home
+    assert (
+        "Downloads arriving on 'eth0' are redirected (every protocol, IPv6 included) to the IFB "
+        "device 'ifb4eth0', named by tcdsl, and shaped there by the tree below" in home
+    )
+    assert "before the firewall" in home and "before NAT is undone" in home
+    assert "the router's public address" in home
+    assert "connmark" not in home
+    marked = _said(
+        _inline(
+            "interface eth0 {\n    download via ifb9 connmark htb rate 10mbit default b {\n"
+            "        classify by mark from eth1\n"
+            "        class a rate 1mbit match proto udp dport 5060\n        class b rate 9mbit\n"
+            "    }\n}\n"
+        )
+    )
+    assert "the IFB device 'ifb9' and shaped" in marked
+    assert "restores the connection's firewall mark" in marked
+    assert "first packets arrive before the firewall has marked it" in marked
+    assert "A download's packets get those marks through their connection" in marked
+
+
+@pytest.mark.parametrize(
+    ("verdict", "said"),
+    [
+        ("", "they are dropped"),
+        ("drop", "they are dropped"),
+        ("pass", "they are sent to 'a' (1:10) all the same (the policer only measures)"),
+        ("continue", "they go on to the next filter, as if this line did not match"),
+        (
+            "reclassify",
+            "they are classified again from the first filter; a packet still sent back after "
+            "16 restarts is dropped",
+        ),
+    ],
+)
+def test_police_verdicts_in_words(verdict: str, said: str) -> None:
+    text = _said(
+        _inline(
+            "interface eth0 htb rate 10mbit default b {\n"
+            f"    class a rate 1mbit match dport 80 police rate 1mbit burst 10k {verdict}\n"
+            "    class b rate 9mbit\n}\n"
+        )
+    )
+    assert f"match dport 80 police rate 1mbit burst 10k {verdict or 'drop'}:" in text
+    assert f"TCP or UDP packets to port 80 -> 'a' (1:10); above 1mbit (burst 10k), {said}" in text
+
+
+def test_ingress_policers_are_explained() -> None:
+    text = _said(_policy("policies/ingress-policer.tcp"))
+    assert "Interface 'eth0', ingress policers" in text
+    assert "It has no queue and no classes: it cannot delay or shape, only police" in text
+    assert (
+        "1. packets from any address: above 800kbit (burst 10k), they are dropped; below, let in"
+        in text
+    )
+    mtu = _said(
+        _inline(
+            "interface eth0 {\n    ingress {\n"
+            "        match src 10.0.0.0/8 police rate 1mbit burst 10k mtu 2k pass\n    }\n}\n"
+        )
+    )
+    assert (
+        "packets from 10.0.0.0/8: above 1mbit (burst 10k, packets up to 2k), they are let in "
+        "all the same" in mtu
+    )
+    ordered = _said(
+        _inline(
+            "interface eth0 {\n    ingress {\n"
+            "        match src 10.0.0.0/8 pref 20 police rate 1mbit burst 10k\n"
+            "        match src 10.1.0.0/16 pref 10 police rate 2mbit burst 10k continue\n"
+            "    }\n}\n"
+        )
+    )
+    assert "1. pref 10: packets from 10.1.0.0/16: above 2mbit" in ordered
+    assert "2. pref 20: packets from 10.0.0.0/8: above 1mbit" in ordered
+
+
 # ---- the TOS tables ----------------------------------------------------------------------------
 
 

@@ -176,6 +176,17 @@ CASES = {
         'interface "wan#1" htb default b {\n    classify by mark from "lan;0" chain "A-B"\n'
         "    class b rate 1mbit\n}\n",
     ),
+    "directions, via, connmark and police": (
+        "interface eth0 {upload htb rate 2mbit { class a rate 1mbit match dport 80  police"
+        " rate 1mbit   burst 10k continue }; download via   ifb0 connmark  htb rate 9mbit {"
+        " class b rate 1mbit }\n\n\n ingress { match src 0.0.0.0/0 police rate 800kbit burst"
+        " 10k mtu 2k drop }}\n",
+        "interface eth0 {\n    upload htb rate 2mbit {\n"
+        "        class a rate 1mbit match dport 80 police rate 1mbit burst 10k continue\n"
+        "    }\n    download via ifb0 connmark htb rate 9mbit {\n        class b rate 1mbit\n"
+        "    }\n\n    ingress {\n"
+        "        match src 0.0.0.0/0 police rate 800kbit burst 10k mtu 2k drop\n    }\n}\n",
+    ),
     "empty block": ("interface eth0 htb {}\n", "interface eth0 htb {\n}\n"),
     "only blank lines": ("\n \n\t\n", ""),
     "only comments": ("\n\n# one   \n\n\n#two\n\n", "# one\n\n#two\n"),

@@ -69,6 +69,9 @@ def test_every_node_has_a_span(policy: Path) -> None:
             assert (span["line"], span["column"]) <= (span["end_line"], span["end_column"])
 
 
+_SPAN = {"file": "f", "line": 1, "column": 1, "end_line": 1, "end_column": 2}
+
+
 def _root(doc: dict[str, Any]) -> dict[str, Any]:
     root: dict[str, Any] = doc["interfaces"][0]["root"]
     return root
@@ -79,6 +82,15 @@ def _web(doc: dict[str, Any]) -> dict[str, Any]:
     web: dict[str, Any] = _root(doc)["classes"][0]["children"][2]
     return web
 
+
+_POLICE = {
+    "rate": {"bits_per_second": 1000, "tc": "1kbit", "span": _SPAN},
+    "burst": {"bytes": 2000, "tc": "2000b", "span": _SPAN},
+    "mtu": None,
+    "exceed": "drop",
+    "tc": "police rate 1kbit burst 2000b drop",
+    "span": _SPAN,
+}
 
 BROKEN: dict[str, Callable[[dict[str, Any]], object]] = {
     "no format": lambda d: d.pop("format"),
@@ -91,6 +103,10 @@ BROKEN: dict[str, Callable[[dict[str, Any]], object]] = {
         offset=21
     ),
     "fq_codel options on an sfq": lambda d: _web(d)["leaf"].update(kind="sfq"),
+    "an unknown direction": lambda d: d["interfaces"][0].update(direction="sideways"),
+    "a police verdict tc lacks": lambda d: _web(d)["matches"][0].update(
+        police={**_POLICE, "exceed": "shape"}
+    ),
 }
 
 
@@ -148,3 +164,39 @@ def test_output_is_deterministic() -> None:
         finally:
             os.chdir(cwd)
         assert len(outputs) == 1
+
+
+def test_directions_download_and_ingress_policers() -> None:
+    doc = _document(Path("policies/home-ifb.tcp"))
+    upload, download = doc["interfaces"]
+    assert (upload["name"], upload["interface"], upload["direction"], upload["download"]) == (
+        "eth0",
+        "eth0",
+        "egress",
+        None,
+    )
+    assert (download["name"], download["interface"], download["direction"]) == (
+        "ifb4eth0",
+        "eth0",
+        "download",
+    )
+    assert {k: v for k, v in download["download"].items() if k != "span"} == {
+        "interface": "eth0",
+        "ifb": "ifb4eth0",
+        "ifb_given": False,
+        "connmark": False,
+    }
+    doc = _document(Path("policies/ingress-policer.tcp"))
+    ingress = doc["interfaces"][1]
+    assert (ingress["name"], ingress["direction"], ingress["root"]["kind"]) == (
+        "eth0",
+        "ingress",
+        "ingress",
+    )
+    assert ingress["root"]["handle"]["tc"] == "ffff:"
+    police = ingress["root"]["matches"][0]["police"]
+    assert (police["rate"]["bits_per_second"], police["burst"]["bytes"]) == (800_000, 10_240)
+    assert (police["exceed"], police["mtu"]) == ("drop", None)
+    (f,) = ingress["filters"]
+    assert f["police"]["tc"] == "police rate 800kbit burst 10k drop"
+    assert f["parent"]["tc"] == "ffff:"

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
@@ -110,7 +111,22 @@ EXPECTED: dict[str, set[str] | None] = {
     "unknown protocol": {"E015"},
     "unknown rate unit": {"E005"},
     "zero rate": {"E208"},
+    "download and ingress": {"E251"},
+    "ingress match without police": {"E252"},
+    "police with marks": {"E252"},
+    "police burst below a packet": {"E253"},
+    "download marks without connmark": {"E255"},
 }
+
+DIRECTIONS = {
+    "download and ingress",
+    "ingress match without police",
+    "download marks without connmark",
+}
+POLICE = {"police with marks", "police burst below a packet"}
+MARKS = {"police with marks", "download marks without connmark"}
+"""Mistakes of directions, policers and marks: drawn more often when they are the target, as
+they need a rare combination (a download or ingress block, a policer, classification by mark)."""
 
 
 @dataclass
@@ -290,6 +306,7 @@ class Gen:
                 conds.append(f"u{width} 0x{self.int(0, 2**32) & mask:x}/0x{mask:x} at {at}")
             elif kind == "all":
                 conds.append("all")
+        police = self.police(marking) if self.chance(0.5 if self.target in POLICE else 0.15) else ""
         if marking and ported and not self.mistake("ports without proto with marks"):
             conds.insert(0, f"proto {self.pick(PORT_PROTOS)}")
         if not marking and self.chance(0.2):
@@ -300,7 +317,25 @@ class Gen:
             conds.append("src 10.0.0.1, 10.0.0.2 src 10.0.0.3")
         if not conds:
             conds.append("all")
-        return "match " + " ".join(conds)
+        return "match " + " ".join(conds) + police
+
+    def police(self, marking: bool) -> str:
+        """`` police rate R burst B [mtu M] [VERDICT]``, or nothing (with marks, unless that is
+        the mistake to make)."""
+        if marking and not self.mistake("police with marks"):
+            return ""
+        words = [f"police rate {self.rate(self.int(10**5, 10**9))}"]
+        burst = self.pick(sorted(SIZES))
+        if self.mistake("police burst below a packet"):
+            burst = "1000"
+        words.append(f"burst {burst}")
+        if self.chance(0.3):
+            words.append(f"mtu {self.pick(('1500', '1514b', '1k'))}")
+        if self.chance(0.6):
+            words.append(self.pick(("drop", "pass", "continue", "reclassify")))
+        if self.chance(0.3):
+            self.draw(st.randoms(use_true_random=False)).shuffle(words[1:])
+        return " " + " ".join(words)
 
     # ---- qdiscs ----
     def handle(self) -> str:
@@ -463,11 +498,50 @@ class Gen:
         head = f"interface {ifname} htb{self.handle()} " + " ".join(opts)
         return [f"{head.rstrip()} {{", *body, "}"]
 
+    def directions(self, ifname: str, index: int, chain: str | None) -> list[str]:
+        """``interface NAME { upload ...; download ...; ingress { ... } }``: one tree as
+        ``interface`` writes it per direction, and never a download with ingress policers
+        (unless that is the mistake to make)."""
+        body: list[str] = []
+        which = self.pick(("upload", "download", "ingress", "both", "all"))
+        if which == "all" and not self.mistake("download and ingress"):
+            which = "both"
+        if which in ("upload", "both", "all"):
+            body += self.tree(ifname, "upload", chain if which == "upload" else None)
+        if which in ("download", "both", "all"):
+            words = ["download"]
+            if self.chance(0.4):
+                words.append(f"via ifb{index}")
+            if chain is None:
+                connmark = self.chance(0.2)
+            else:  # marks need connmark on a download
+                connmark = not self.mistake("download marks without connmark", 0.8)
+            if connmark:
+                words.append("connmark")
+            body += self.tree(ifname, " ".join(words), chain)
+        if which in ("ingress", "all") or (which == "upload" and self.chance(0.5)):
+            lines = []
+            for _ in range(self.int(1, 2)):
+                line = self.match(False)
+                if " police " not in line and not self.mistake("ingress match without police"):
+                    line += self.police(False)
+                lines.append(f"        {line}")
+            body += ["    ingress {", *lines, "    }"]
+        return [f"interface {ifname} {{", *body, "}"]
+
+    def tree(self, ifname: str, lead: str, chain: str | None) -> list[str]:
+        """One direction's tree: ``interface`` 's lines under ``lead``, one level deeper."""
+        lines = self.interface(ifname, chain)
+        head = lines[0].removeprefix(f"interface {ifname} ")
+        return [f"    {lead} {head}", *(f"    {line}" for line in lines[1:])]
+
 
 @st.composite
-def policies(draw: st.DrawFn) -> tuple[str, bool, list[str]]:
-    """A policy text, whether mistakes were allowed in it, and the mistakes injected."""
-    target = draw(st.none() | st.sampled_from(sorted(EXPECTED)))
+def policies(draw: st.DrawFn, target: str | None = None) -> tuple[str, bool, list[str]]:
+    """A policy text, whether mistakes were allowed in it, and the mistakes injected (the
+    ``target`` mistake if given, else one drawn or none)."""
+    if target is None:
+        target = draw(st.none() | st.sampled_from(sorted(EXPECTED)))
     gen = Gen(draw, target)
     ifnames = ["eth0", "wan0", "s2-eth2", '"br-lan"', "eth0.100"]
     count = gen.int(1, 2)
@@ -479,9 +553,12 @@ def policies(draw: st.DrawFn) -> tuple[str, bool, list[str]]:
     lines: list[str] = [f"# generated policy, {count} interface(s)"]
     for i, ifname in enumerate(chosen):
         chain = None
-        if gen.chance(0.3):
+        if gen.chance(0.8 if target in MARKS else 0.3):
             chain = gen.pick(("", f" chain SHAPE{i}", f' chain "MARK-{i}"'))
-        lines += gen.interface(ifname, chain)
+        if gen.chance(0.8 if target in DIRECTIONS else 0.3) and not gen.mistakes:
+            lines += gen.directions(ifname, i, chain)
+        else:
+            lines += gen.interface(ifname, chain)
     if gen.mistake("stray character"):
         lines.insert(gen.int(0, len(lines)), "@")
     if gen.mistake("unbalanced brace"):
@@ -519,6 +596,26 @@ def test_generated_policies(case: tuple[str, bool, list[str]]) -> None:
             codes = {d.code for d in result.errors}
             assert codes & expected, f"{mistake}: expected {expected}\n{_report(text, result)}"
     assert all(re.fullmatch(r"[EWI]\d{3}", d.code) for d in result.diagnostics)
+
+
+@pytest.mark.parametrize("mistake", sorted(DIRECTIONS | POLICE))
+def test_direction_and_policer_mistakes_are_reported(mistake: str) -> None:
+    """The mistakes of directions and policers need rare combinations, which the 200 draws
+    above seldom make: each is drawn here until it is made, and must give its code."""
+    made: list[str] = []
+
+    @settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=SLOW)
+    @given(policies(mistake))
+    def run(case: tuple[str, bool, list[str]]) -> None:
+        text, _, mistakes = case
+        if mistakes:
+            result = compile_text(text)
+            codes = {d.code for d in result.errors}
+            assert codes & (EXPECTED[mistake] or set()), _report(text, result)
+            made.append(text)
+
+    run()
+    assert made, f"the generator never made the mistake {mistake!r}"
 
 
 # ---- from_lark: anything the grammar derives ----------------------------------------------------

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tcdsl import ir
+from tcdsl.commands import teardown_commands
 from tcdsl.diagnostics import render
 from tcdsl.driver import Result, compile_policy
 from tests.conftest import ROOT, policy_files
@@ -74,14 +76,18 @@ def test_teardown_before_add(policy: Path) -> None:
     lines = [shlex.split(line) for line in _commands(result.output)]
     assert lines[0] == ["set", "-eu"], "the script must stop at the first failing command"
     for iface in result.policy.interfaces:
-        teardown = ["tc", "qdisc", "del", "dev", iface.name, "root"]
-        at = [i for i, words in enumerate(lines) if words[: len(teardown)] == teardown]
-        assert len(at) == 1, f"no single root-qdisc teardown for {iface.name}"
-        first = at[0]
-        assert lines[first][-2:] == ["||", "true"], "the teardown must tolerate absence"
+        at = []
+        for teardown in map(list, teardown_commands(iface)):
+            found = [i for i, words in enumerate(lines) if _holds(words, teardown)]
+            assert len(found) == 1, f"no single '{' '.join(teardown)}' for {iface.label}"
+            words = lines[found[0]]
+            tolerant = words[-2:] == ["||", "true"] or words[:1] == ["!"]
+            assert tolerant, f"the teardown must tolerate absence: {' '.join(words)}"
+            at += found
+        first = min(at)
         for i, words in enumerate(lines):
-            if words[:1] == ["tc"] and words[2] == "add" and words[3:5] == ["dev", iface.name]:
-                assert i > first, f"{' '.join(words)} comes before the teardown of {iface.name}"
+            if _builds(words, iface):
+                assert i > first, f"{' '.join(words)} comes before the teardown of {iface.label}"
         if iface.marking is not None:
             chain = iface.marking.chain
             assert chain is not None
@@ -96,6 +102,23 @@ def test_teardown_before_add(policy: Path) -> None:
             assert len(removals) == 3, f"chain {chain}: expected -D loop, -F, -X before -N"
             assert all(i < create for i in removals)
             assert all(lines[i][-2:] == ["||", "true"] for i in removals if "-D" not in lines[i])
+
+
+def _holds(words: list[str], command: list[str]) -> bool:
+    """``command`` is in the line ``words`` (a teardown may follow a guard: ``! test || cmd``)."""
+    n = len(command)
+    return any(words[i : i + n] == command for i in range(len(words) - n + 1))
+
+
+def _builds(words: list[str], iface: ir.Interface) -> bool:
+    """The line is a ``tc ... add`` on what the tree ``iface`` owns: its device's root, or
+    the ingress qdisc (``ffff:``) of the interface it polices or redirects downloads from."""
+    if words[:1] != ["tc"] or words[2] != "add" or words[3] != "dev":
+        return False
+    dev, ingress = words[4], "ffff:" in words
+    if iface.download is not None:
+        return dev == iface.name or (dev == iface.download.interface and ingress)
+    return dev == iface.name and ingress == (iface.direction == "ingress")
 
 
 # ==== hostile names =============================================================================

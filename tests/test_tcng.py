@@ -323,6 +323,21 @@ def test_sfq_limit_is_rejected_at_its_value() -> None:
             "    class a match dport 80\n    class b\n}\n",
             "tcng cannot combine a priomap with classification",
         ),
+        (
+            "interface eth0 {\n    download htb rate 10mbit {\n        class a rate 1mbit\n"
+            "    }\n}\n",
+            "t.tcp:2:5: error: tcng has no ifb device and no redirect action",
+        ),
+        (
+            "interface eth0 {\n    ingress {\n"
+            "        match src 0.0.0.0/0 police rate 800kbit burst 10k\n    }\n}\n",
+            "t.tcp:2:5: error: the tcng backend does not write policers",
+        ),
+        (
+            "interface eth0 htb rate 10mbit {\n"
+            "    class a rate 1mbit match dport 80 police rate 1mbit burst 10k continue\n}\n",
+            "t.tcp:2:39: error: the tcng backend does not write policers",
+        ),
     ],
 )
 def test_what_tcng_cannot_express_is_an_e501(policy: str, message: str) -> None:

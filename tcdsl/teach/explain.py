@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from ipaddress import IPv4Network
-from typing import Literal
+from typing import Literal, assert_never
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
+from tcdsl.commands import IFB_TXQUEUELEN
 from tcdsl.matching import filters_at
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -290,6 +291,8 @@ class _Explainer:
     def __init__(self, fmt: Format) -> None:
         self.fmt = fmt
         self.blocks: list[Block] = []
+        self.arriving: set[str] = set()
+        """Interfaces whose arrivals the policy shapes or polices."""
 
     # quoting
     def name(self, text: str) -> str:
@@ -316,23 +319,51 @@ class _Explainer:
     # ---- the whole policy
     def policy(self, policy: ir.Policy) -> list[Block]:
         self.add(Heading(1, f"What {policy.source} does"))
-        n = len(policy.interfaces)
+        n = len(dict.fromkeys(i.interface for i in policy.interfaces))
         count = (
             f"{_NUMBERS[n]} interface{'s' * (n != 1)}" if n < len(_NUMBERS) else f"{n} interfaces"
         )
-        self.add(
-            Para(
-                f"This policy sets up traffic control on {count}. Traffic control acts on "
-                "egress: on the packets each interface sends, not on those it receives."
+        self.arriving = {i.interface for i in policy.interfaces if i.direction != "egress"}
+        if not self.arriving:
+            intro = (
+                "Traffic control acts on egress: on the packets each interface sends, not on "
+                "those it receives."
             )
-        )
+        else:
+            intro = (
+                "Queues act on egress, on the packets a device sends: uploads are shaped "
+                "where the interface sends them."
+            )
+            if any(i.download is not None for i in policy.interfaces):
+                intro += (
+                    " Downloads arrive too late to be queued on the interface they arrive on, "
+                    "so a download is redirected as it arrives to an IFB device and shaped as "
+                    "the IFB sends it on."
+                )
+            if any(isinstance(i.root, ir.Ingress) for i in policy.interfaces):
+                intro += (
+                    " Ingress policers act on arriving packets directly: they cannot queue or "
+                    "delay, only let packets through or drop them."
+                )
+        self.add(Para(f"This policy sets up traffic control on {count}. {intro}"))
         for iface in policy.interfaces:
             self.interface(iface)
         return self.blocks
 
     def interface(self, iface: ir.Interface) -> None:
-        self.add(Heading(2, f"Interface {self.name(iface.name)}"))
+        dev = self.name(iface.interface)
+        if iface.download is not None:
+            title = f"Interface {dev}, download (via {self.name(iface.name)})"
+        elif isinstance(iface.root, ir.Ingress):
+            self.add(Heading(2, f"Interface {dev}, ingress policers"))
+            self.ingress(iface, iface.root)
+            return
+        else:
+            title = f"Interface {dev}{', upload' if iface.interface in self.arriving else ''}"
+        self.add(Heading(2, title))
         root = iface.root
+        if iface.download is not None:
+            self.add(Para(self.download_sentence(iface, iface.download)))
         self.add(Para(self.root_sentence(iface)))
         match root:
             case ir.Htb() | ir.Cbq() | ir.Prio():
@@ -353,6 +384,80 @@ class _Explainer:
         for q, holder in self.nested(root):
             self.inner_qdisc(q, holder, iface)
         self.notes(iface)
+
+    # ---- the directions: downloads through an IFB, ingress policers
+    def download_sentence(self, iface: ir.Interface, download: ir.Download) -> str:
+        """Where a download's packets come from, and what classification sees of them."""
+        dev, ifb = self.name(download.interface), self.name(iface.name)
+        given = "" if download.ifb_span is not None else ", named by tcdsl,"
+        text = (
+            f"Downloads arriving on {dev} are redirected (every protocol, IPv6 included) to "
+            f"the IFB device {ifb}{given} and shaped there by the tree below, as {ifb} sends "
+            f"them on. tcdsl creates {ifb} (with a queue length of {IFB_TXQUEUELEN} packets), "
+            f"the ingress qdisc on {dev} and its redirect filter, and removes all three when "
+            "the policy is torn down or applied again. The redirect happens as packets arrive, "
+            "before the firewall (iptables and nft, PREROUTING included) and before NAT is "
+            "undone: behind NAT, a download's destination is still the router's public "
+            "address, not the address of the LAN host it is for, so match downloads by their "
+            "source (the remote side), ports or DSCP, or by connection mark."
+        )
+        if download.connmark:
+            text += (
+                " The redirect first restores the connection's firewall mark (tc's connmark "
+                "action): the mark the firewall saved on the connection (CONNMARK "
+                "--save-mark) when it marked the connection's earlier packets. A "
+                "connection's first packets arrive before the firewall has marked it, carry "
+                "no mark, and go where unmatched traffic goes (the default class)."
+            )
+        return text
+
+    def ingress(self, iface: ir.Interface, q: ir.Ingress) -> None:
+        """An ingress qdisc: its policers, in the order the kernel tries them."""
+        dev = self.name(iface.name)
+        self.add(
+            Para(
+                f"The ingress qdisc (handle {_handle(q)}) on {dev} sees packets as they "
+                "arrive, before the firewall and routing. It has no queue and no classes: it "
+                "cannot delay or shape, only police. Each match line meters the packets it "
+                "matches against its rate; a policer lets a burst pass at once, then holds "
+                "traffic to its rate on average, and what exceeds it gets the policer's "
+                "verdict. Senders of TCP traffic slow down when their packets are dropped, so "
+                "a policer a little below the line's rate keeps the queue in front of the "
+                "slow link short."
+            )
+        )
+        on = [f for f in filters_at(iface, ir.INGRESS_HANDLE) if isinstance(f, ir.U32Filter)]
+        if on:
+            self.add(Heading(3, "Policers, in the order tried"))
+            show_pref = any(f.pref != on[0].pref for f in on)
+            by_span = {m.span: m for m in q.matches}
+            self.add(
+                Para(
+                    f"u32 filters on {_handle(q)} look at each arriving IPv4 packet in this "
+                    "order; the first that matches meters it"
+                    + (" (lower pref first, then the order written):" if show_pref else ":")
+                )
+            )
+            steps: list[str] = []
+            seen: set[object] = set()
+            for f in on:
+                if f.span in seen:
+                    continue
+                seen.add(f.span)
+                found = by_span.get(f.span)
+                what = match_phrase(found) if found is not None else "?"
+                prefix = f"pref {f.pref}: " if show_pref else ""
+                if f.police is None:  # the builder refuses such a line (E252)
+                    steps.append(f"{prefix}{what}: let in")
+                    continue
+                steps.append(f"{prefix}{what}: {police_phrase(f.police, None)}; below, let in")
+            self.add(Steps(tuple(steps)))
+        self.add(
+            Para(
+                "Packets no line matches, and everything that is not IPv4 (ARP, IPv6: the "
+                "filters look at IPv4 headers only), are let in unmetered."
+            )
+        )
 
     # ---- classful qdiscs inside classes or under tbf and netem
     def nested(self, root: ir.Qdisc) -> Iterator[tuple[ir.ClassfulQdisc, _Holder]]:
@@ -520,6 +625,8 @@ class _Explainer:
                 )
             case ir.PfifoFast():
                 return f"pfifo_fast {h}: three bands by TOS, as the kernel's default qdisc."
+            case ir.Ingress():  # only ever a root, explained by ingress()
+                return f"the ingress qdisc {h}: policers, and no queue."
 
     def sfq(self, q: ir.Sfq) -> str:
         divisor = q.divisor.value if q.divisor else 1024
@@ -860,7 +967,10 @@ class _Explainer:
         depth: int,
     ) -> None:
         marking = iface.marking
-        lines = tuple(f"{self.code(match_text(m))}: {match_phrase(m)}" for m in cls.matches)
+        lines = tuple(
+            f"{self.code(match_text(m))}: {match_phrase(m)}{self.policed(m, cls)}"
+            for m in cls.matches
+        )
         if marking is not None and cls.fwmark is not None and cls.matches:
             self.add(
                 Item(
@@ -915,6 +1025,12 @@ class _Explainer:
                 )
             )
 
+    def policed(self, m: ir.Match, cls: ir.Class) -> str:
+        """What a match line's policer does, after the line's phrase (empty without one)."""
+        if m.police is None:
+            return ""
+        return f"; {police_phrase(m.police, self.cls_ref(cls))}"
+
     # ---- classification order
     def classification(
         self, q: ir.Htb | ir.Cbq | ir.Prio, iface: ir.Interface, holder: _Holder | None
@@ -938,15 +1054,23 @@ class _Explainer:
         owners, lines = _class_index(iface)
         if marking is not None:
             self.add(Heading(3, title))
+            through = ""
+            if iface.download is not None:
+                through = (
+                    " A download's packets get those marks through their connection: the "
+                    "mark saved on the connection is restored by the redirect on "
+                    f"{self.name(iface.download.interface)} (connmark), so a packet carries "
+                    "the mark the rules gave its connection's earlier packets."
+                )
             self.add(
                 Para(
                     f"By firewall mark. Packets arriving on {self.name(marking.from_interface)} "
                     f"pass the iptables chain {self.name(marking.chain or '?')} (mangle table, "
                     "PREROUTING), whose rules mark them; each rule marks only packets that are "
                     "still unmarked, so the first that matches wins. On "
-                    f"{self.name(iface.name)}, fw filters send each mark to its class. Packets "
-                    "that never pass that chain (this host's own traffic, for one) carry no "
-                    "mark and go where unmatched traffic goes. The rules, in order:"
+                    f"{self.name(iface.name)}, fw filters send each mark to its class.{through} "
+                    "Packets that never pass that chain (this host's own traffic, for one) "
+                    "carry no mark and go where unmatched traffic goes. The rules, in order:"
                 )
             )
             by_mark = {c.fwmark: c for c in owners.values() if c.fwmark is not None}
@@ -993,7 +1117,8 @@ class _Explainer:
             target = owners.get(f.flowid)
             ref = self.cls_ref(target) if target is not None else str(f.flowid)
             prefix = f"pref {f.pref}: " if show_pref else ""
-            steps.append(f"{prefix}{what} -> {ref}")
+            police = f"; {police_phrase(f.police, ref)}" if f.police is not None else ""
+            steps.append(f"{prefix}{what} -> {ref}{police}")
         self.add(Steps(tuple(steps)))
 
     # ---- unmatched traffic
@@ -1171,6 +1296,38 @@ class _Explainer:
             self.add(Heading(3, "Good to know"))
             for note in notes:
                 self.add(Para(note))
+
+
+RECLASSIFY_LIMIT = 16
+"""How often the kernel restarts classification for one packet before it drops it
+(net/sched/cls_api.c, ``max_reclassify_loop``: 16 since Linux 5.14, 4 before)."""
+
+
+def police_phrase(p: ir.Police, target: str | None) -> str:
+    """What a policer does with the packets of its match line, in words (``above 800kbit
+    (burst 10k), they are dropped``); ``target`` is where the line sends packets (None on
+    ingress, where packets within the rate are simply let in)."""
+    mtu = f", packets up to {format_size(p.mtu.bytes)}" if p.mtu is not None else ""
+    above = f"above {format_rate(p.rate.bits_per_second)} (burst {format_size(p.burst.bytes)}{mtu})"
+    match p.exceed:
+        case "drop":
+            verdict = "they are dropped"
+        case "pass":
+            where = "let in" if target is None else f"sent to {target}"
+            verdict = f"they are {where} all the same (the policer only measures)"
+        case "continue":
+            verdict = (
+                "they go on to the next filter, as if this line did not match (and where no "
+                "filter takes them, where unmatched traffic goes)"
+            )
+        case "reclassify":
+            verdict = (
+                "they are classified again from the first filter; a packet still sent back "
+                f"after {RECLASSIFY_LIMIT} restarts is dropped (the kernel's loop limit)"
+            )
+        case _:
+            assert_never(p.exceed)
+    return f"{above}, {verdict}"
 
 
 RFC1918 = (
