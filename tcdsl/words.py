@@ -294,22 +294,33 @@ def match_text(match: ir.Match) -> str:
     return " ".join(words)
 
 
-EXCEED_WORDS = {
-    "drop": "packets above it are dropped",
-    "pass": "packets above it pass all the same (the policer only counts them)",
-    "continue": "packets above it go on to the next filter, as if this one had not matched",
-    "reclassify": (
-        "packets above it are classified again from the first filter, where this policer "
-        "meets them again; the kernel drops a packet after 16 such rounds"
-    ),
-}
-"""What a policer's verdict does with traffic above its rate, in words."""
+RECLASSIFY_LIMIT = 16
+"""How often the kernel restarts classification for one packet before it drops it
+(net/sched/cls_api.c, ``max_reclassify_loop``: 16 since Linux 5.14, 4 before)."""
 
 
-def police_words(p: ir.Police) -> str:
-    """A policer in words: ``policed at 4mbit (burst 10k): packets above it are dropped``."""
-    mtu = f", mtu {format_size(p.mtu.bytes)}" if p.mtu is not None else ""
-    return (
-        f"policed at {format_rate(p.rate.bits_per_second)} (burst {format_size(p.burst.bytes)}"
-        f"{mtu}): {EXCEED_WORDS[p.exceed]}"
-    )
+def police_phrase(p: ir.Police, target: str | None) -> str:
+    """What a policer does with the packets of its match line, in words (``above 800kbit
+    (burst 10k), they are dropped``); ``target`` is where the line sends packets (None on
+    ingress, where packets within the rate are simply let in)."""
+    mtu = f", packets up to {format_size(p.mtu.bytes)}" if p.mtu is not None else ""
+    above = f"above {format_rate(p.rate.bits_per_second)} (burst {format_size(p.burst.bytes)}{mtu})"
+    match p.exceed:
+        case "drop":
+            verdict = "they are dropped"
+        case "pass":
+            where = "let in" if target is None else f"sent to {target}"
+            verdict = f"they are {where} all the same (the policer only measures)"
+        case "continue":
+            verdict = (
+                "they go on to the next filter, as if this line did not match (and where no "
+                "filter takes them, where unmatched traffic goes)"
+            )
+        case "reclassify":
+            verdict = (
+                "they are classified again from the first filter; a packet still sent back "
+                f"after {RECLASSIFY_LIMIT} restarts is dropped (the kernel's loop limit)"
+            )
+        case _:
+            assert_never(p.exceed)
+    return f"{above}, {verdict}"

@@ -256,7 +256,8 @@ class _Walk:
                 )
                 why = f"filter pref {f.pref} matched ({text})"
                 if f.police is not None:
-                    why += f"; {words.police_words(f.police)}"
+                    target = None if f.parent == ir.INGRESS_HANDLE else str(f.flowid)
+                    why += f"; {words.police_phrase(f.police, target)}"
                 return _Hit(f.flowid, why, f.span)
             if f.mark == self.mark:
                 why = f"{self.mark_why}; fw filter pref {f.pref} maps mark {f.mark} to it"

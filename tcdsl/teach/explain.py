@@ -16,12 +16,12 @@ import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from ipaddress import IPv4Network
-from typing import Literal, assert_never
+from typing import Literal
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
 from tcdsl.commands import IFB_TXQUEUELEN
+from tcdsl.directions import PRIVATE
 from tcdsl.matching import filters_at
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -32,7 +32,7 @@ from tcdsl.tcmath import (
     tos_priority,
 )
 from tcdsl.units import format_rate, format_size, format_time
-from tcdsl.words import TOS_BITS, match_phrase, match_text, or_list
+from tcdsl.words import TOS_BITS, match_phrase, match_text, or_list, police_phrase
 
 Format = Literal["text", "markdown"]
 
@@ -1280,7 +1280,7 @@ class _Explainer:
                 for c in conds
                 if isinstance(c, ir.AddrCond) and c.field == "src"
                 for net, _ in c.networks
-                if any(net.subnet_of(block) for block in RFC1918)
+                if any(net.subnet_of(block) for block in PRIVATE)
             }
         )
         if private and iface.marking is None:
@@ -1296,46 +1296,6 @@ class _Explainer:
             self.add(Heading(3, "Good to know"))
             for note in notes:
                 self.add(Para(note))
-
-
-RECLASSIFY_LIMIT = 16
-"""How often the kernel restarts classification for one packet before it drops it
-(net/sched/cls_api.c, ``max_reclassify_loop``: 16 since Linux 5.14, 4 before)."""
-
-
-def police_phrase(p: ir.Police, target: str | None) -> str:
-    """What a policer does with the packets of its match line, in words (``above 800kbit
-    (burst 10k), they are dropped``); ``target`` is where the line sends packets (None on
-    ingress, where packets within the rate are simply let in)."""
-    mtu = f", packets up to {format_size(p.mtu.bytes)}" if p.mtu is not None else ""
-    above = f"above {format_rate(p.rate.bits_per_second)} (burst {format_size(p.burst.bytes)}{mtu})"
-    match p.exceed:
-        case "drop":
-            verdict = "they are dropped"
-        case "pass":
-            where = "let in" if target is None else f"sent to {target}"
-            verdict = f"they are {where} all the same (the policer only measures)"
-        case "continue":
-            verdict = (
-                "they go on to the next filter, as if this line did not match (and where no "
-                "filter takes them, where unmatched traffic goes)"
-            )
-        case "reclassify":
-            verdict = (
-                "they are classified again from the first filter; a packet still sent back "
-                f"after {RECLASSIFY_LIMIT} restarts is dropped (the kernel's loop limit)"
-            )
-        case _:
-            assert_never(p.exceed)
-    return f"{above}, {verdict}"
-
-
-RFC1918 = (
-    IPv4Network("10.0.0.0/8"),
-    IPv4Network("172.16.0.0/12"),
-    IPv4Network("192.168.0.0/16"),
-)
-"""The private address blocks: a WAN interface behind NAT never sends them as a source."""
 
 
 def _line_of(iface: ir.Interface, cond: ir.Cond) -> Iterator[ir.Cond]:
