@@ -84,3 +84,10 @@ def test_error_example_is_current(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     result = CliRunner().invoke(cli, ["check", "office.tcp"])
     assert result.exit_code == 1
     assert result.stderr == _block_after("Mistakes are reported like a compiler does")
+
+
+def test_both_directions_example_checks_clean(tmp_path: Path) -> None:
+    path = tmp_path / "home.tcp"
+    path.write_text(_block_after("Both directions of a link"), encoding="utf-8")
+    got = CliRunner().invoke(cli, ["check", str(path)])
+    assert got.exit_code == 0 and got.stderr == "", got.stderr
