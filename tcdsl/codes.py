@@ -73,6 +73,10 @@ _TABLE: dict[str, CodeInfo] = {
     "E215": CodeInfo(_E, "An iptables chain name that is a built-in chain or a target"),
     "E216": CodeInfo(_E, "An iptables chain name with characters or a length tcdsl does not take"),
     "E220": CodeInfo(_E, "A match or mark classify by mark cannot reach (a nested qdisc)"),
+    "E235": CodeInfo(_E, "An hfsc service curve tc refuses (two zero slopes, umax without dmax)"),
+    "E236": CodeInfo(_E, "An hfsc class without an rt or ls curve"),
+    "E237": CodeInfo(_E, "An hfsc ul curve without an ls curve"),
+    "E238": CodeInfo(_E, "An hfsc class with children but no ls curve"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
@@ -96,6 +100,11 @@ _TABLE: dict[str, CodeInfo] = {
     "W321": CodeInfo(_W, "A netem limit below the packets its delay keeps inside"),
     "W322": CodeInfo(_W, "A class mark nothing in the policy sets"),
     "W330": CodeInfo(_W, "A value the kernel keeps, but not as written"),
+    "W345": CodeInfo(_W, "An hfsc without a default class: it drops unclassified packets"),
+    "W346": CodeInfo(_W, "An rt curve on an hfsc class with children, which the kernel ignores"),
+    "W347": CodeInfo(_W, "Real-time guarantees above an hfsc ancestor's ul"),
+    "W348": CodeInfo(_W, "hfsc children whose ls curves sum above their parent's"),
+    "W349": CodeInfo(_W, "An hfsc ul below the class's rt, which the kernel serves anyway"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),

@@ -77,6 +77,7 @@ FEATURES: Mapping[str, Feature] = {
         since=(3, 5, 0),
         hint="use sfq, the fair queue older kernels have",
     ),
+    "hfsc": Feature("hfsc qdisc", (_SCHED, "CONFIG_NET_SCH_HFSC"), hint="use htb"),
     "u32": Feature("u32 classifier", (_CLS, "CONFIG_NET_CLS_U32")),
     "fw": Feature("fw classifier", (_CLS, "CONFIG_NET_CLS_FW"), hint="use u32 matches"),
     "iptables-mark": Feature(
