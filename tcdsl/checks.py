@@ -864,7 +864,7 @@ def hfsc_curves_complete(policy: ir.Policy) -> Iterator[Diagnostic]:
             yield Diagnostic.error(
                 "E238",
                 f"{cls.label} has child classes but no ls curve; the kernel refuses children "
-                "under a class without link-sharing (\"parent class must have FSC\")",
+                'under a class without link-sharing ("parent class must have FSC")',
                 head,
             )
 

@@ -550,18 +550,22 @@ def hfsc_curves_consistent(policy: ir.Policy) -> Iterator[Diagnostic]:
                     f"own ls {_rate(cls.ls.m2.bits_per_second)}: the kernel shares in proportion, "
                     "so each child gets less than its ls says",
                     cls.ls.span,
-                    *(Note(f"{c.label}: ls {_rate(c.ls.m2.bits_per_second)}", c.ls.span)
-                      for c in shares if c.ls is not None),
+                    *(
+                        Note(f"{c.label}: ls {_rate(c.ls.m2.bits_per_second)}", c.ls.span)
+                        for c in shares
+                        if c.ls is not None
+                    ),
                 )
-        if cls.ul is not None and cls.rt is not None and not cls.children:
-            if cls.ul.m2.bits_per_second < cls.rt.m2.bits_per_second:
-                yield Diagnostic.warning(
-                    "W349",
-                    f"ul {_rate(cls.ul.m2.bits_per_second)} of {cls.label} is below its rt "
-                    f"{_rate(cls.rt.m2.bits_per_second)}: the kernel serves the real-time curve "
-                    "even above ul, so the class sends up to its rt",
-                    cls.ul.span,
-                )
+        ul, rt = cls.ul, cls.rt
+        below = ul is not None and rt is not None and ul.m2.bits_per_second < rt.m2.bits_per_second
+        if below and ul is not None and rt is not None and not cls.children:
+            yield Diagnostic.warning(
+                "W349",
+                f"ul {_rate(ul.m2.bits_per_second)} of {cls.label} is below its rt "
+                f"{_rate(rt.m2.bits_per_second)}: the kernel serves the real-time curve "
+                "even above ul, so the class sends up to its rt",
+                ul.span,
+            )
         if cls.ul is not None and cls.children:
             leaves = [c for c in cls.walk() if not c.children and c.rt is not None]
             total = sum(c.rt.m2.bits_per_second for c in leaves if c.rt is not None)
@@ -572,8 +576,11 @@ def hfsc_curves_consistent(policy: ir.Policy) -> Iterator[Diagnostic]:
                     f"ul {_rate(cls.ul.m2.bits_per_second)}: the kernel serves rt curves even "
                     "above ul, so the link is over-booked and the guarantees cannot all be met",
                     cls.ul.span,
-                    *(Note(f"{c.label}: rt {_rate(c.rt.m2.bits_per_second)}", c.rt.span)
-                      for c in leaves if c.rt is not None),
+                    *(
+                        Note(f"{c.label}: rt {_rate(c.rt.m2.bits_per_second)}", c.rt.span)
+                        for c in leaves
+                        if c.rt is not None
+                    ),
                 )
 
 

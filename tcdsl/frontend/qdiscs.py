@@ -213,12 +213,13 @@ class QdiscBuilder:
                     Diagnostic.error("E235", f"{opt.key} {key} is above tc's limit {shown}", v.span)
                 )
                 return None
+        curve: ir.Curve | None
         if "m2" in got:
             curve = ir.Curve(got["m2"], opt.span, got.get("m1"), got.get("d"))
         else:
             curve = self._umax_curve(opt, got)
-            if curve is None:
-                return None
+        if curve is None:
+            return None
         if curve.m1_bits // 8 == 0 and curve.m2.bits_per_second // 8 == 0:
             self.error(
                 Diagnostic.error(
@@ -305,14 +306,15 @@ class QdiscBuilder:
                 )
             self.error(Diagnostic.error("E007", text, span))
             return
-        accepted = sorted({*params, *flags, handle_kw})
-        hint = suggestion(key, sorted({*params, *flags}))
+        curves = CLASS_CURVES.get(self.kind, frozenset()) if what.endswith("class") else set()
+        accepted = sorted({*params, *flags, *curves, handle_kw})
+        hint = suggestion(key, sorted({*params, *flags, *curves}))
         takes = ", ".join(accepted) if len(accepted) > 1 else f"only {handle_kw}"
-        self.error(
-            Diagnostic.error(
-                "E007", f"'{key}' is not a parameter of {what}{hint}; it takes {takes}", span
-            )
-        )
+        text = f"'{key}' is not a parameter of {what}{hint}; it takes {takes}"
+        if curves and key in ("rate", "ceil"):
+            text += " (an hfsc class has service curves: 'ls m2 RATE' shares, 'rt m2 RATE' "
+            text += "guarantees, 'ul m2 RATE' caps)"
+        self.error(Diagnostic.error("E007", text, span))
 
     # ---- qdiscs ----
     def build(self) -> QdiscSyntax:
