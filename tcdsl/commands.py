@@ -107,13 +107,13 @@ def qdisc_words(q: ir.Qdisc) -> list[str]:
 
 
 def curve_words(curve: ir.Curve) -> list[str]:
-    """One hfsc service curve's words after ``rt``/``ls``/``ul``/``sc``, in the form written."""
+    """One hfsc service curve's words after ``rt``/``ls``/``ul``/``sc``: always ``m1 d m2``.
+
+    A curve written as ``umax dmax rate`` is given to tc converted (by the frontend, as tc
+    converts it): tc 6.1 computes a convex curve's ``umax * 1000000 / rate`` in 32 bits, so a
+    umax above 4294 bytes would wrap and give another ``d`` than the one meant.
+    """
     words: list[str] = []
-    if curve.umax is not None or curve.dmax is not None:
-        _opt(words, "umax", curve.umax)
-        _opt(words, "dmax", curve.dmax)
-        _opt(words, "rate", curve.m2)
-        return words
     _opt(words, "m1", curve.m1)
     _opt(words, "d", curve.d)
     _opt(words, "m2", curve.m2)

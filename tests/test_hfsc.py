@@ -80,9 +80,30 @@ def test_both_curve_spellings_and_sc(tmp_path: Path) -> None:
         *("rt", "m1", "2mbit", "d", "10ms", "m2", "1mbit"),
         *("ls", "m2", "3mbit", "ul", "m2", "5mbit"),
     ]
-    assert class_words("hfsc", b) == ["hfsc", "sc", "umax", "1500", "dmax", "10ms", "rate", "2mbit"]
+    # given to tc converted (tc would compute a convex curve's umax * 10^6 in 32 bits)
+    assert class_words("hfsc", b) == ["hfsc", "sc", "m1", "0bit", "d", "4ms", "m2", "2mbit"]
     assert result.policy is not None
     assert qdisc_words(result.policy.interfaces[0].root) == ["hfsc", "default", "20"]
+
+
+def test_umax_curves_are_given_to_tc_converted(tmp_path: Path) -> None:
+    result = _compile(
+        tmp_path,
+        "interface eth0 hfsc default v {\n class v ls umax 65535 dmax 10ms rate 10gbit\n}\n",
+    )
+    ls = _classes(result)["v"].ls
+    # convex: 10ms - 65535 bytes / 1.25e9 B/s (52.4us) = 9948us; tc 6.1 would compute the
+    # 65535 * 10^6 in 32 bits and keep 10ms
+    assert ls is not None and (ls.m1_bits, ls.d_us) == (0, 9948)
+    assert class_words("hfsc", _classes(result)["v"])[1:] == [
+        "ls",
+        "m1",
+        "0bit",
+        "d",
+        "9948us",
+        "m2",
+        "10gbit",
+    ]
 
 
 def test_concave_umax_curve_is_converted_as_tc_does(tmp_path: Path) -> None:

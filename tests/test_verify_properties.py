@@ -149,6 +149,13 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "chain": r"classify by mark from eth1 chain ",
         "mark": r"class .* mark \d+",
         "ports with marks": r"(?s)classify by mark.*match proto (tcp|udp).*port",
+        "hfsc root": r"^interface \S+ hfsc",
+        "hfsc rt": r"class .* rt m",
+        "hfsc sc": r"class .* sc ",
+        "hfsc ul": r"class .* ul ",
+        "hfsc m1 d m2": r" m1 \S+ d \S+ m2 ",
+        "hfsc umax": r" umax \S+ dmax ",
+        "hfsc nested": r"(?s)hfsc.*\n {8}class ",
     },
 }
 

@@ -248,8 +248,19 @@ class QdiscBuilder:
             )
             return None
         per_second = rate.bits_per_second // 8
-        if dm and -(-u * 1_000_000 // dm) > per_second:  # concave: m1 = umax / dmax
-            m1 = ir.Rate(-(-u * 1_000_000 // dm) * 8, umax.span if umax else rate.span)
+        first = -(-u * 1_000_000 // dm) if dm else 0
+        if first > U32_MAX and umax is not None:
+            self.error(
+                Diagnostic.error(
+                    "E235",
+                    f"{opt.key}: umax {u} bytes in dmax {dm}us is {first} bytes/s, above tc's "
+                    f"32-bit limit {U32_MAX}",
+                    umax.span,
+                )
+            )
+            return None
+        if first > per_second:  # concave: m1 = umax / dmax
+            m1 = ir.Rate(first * 8, umax.span if umax else rate.span)
             return ir.Curve(rate, opt.span, m1, dmax, umax, dmax)
         if per_second == 0:
             return ir.Curve(rate, opt.span, None, None, umax, dmax)  # two zero slopes: refused

@@ -39,7 +39,7 @@ tc qdisc add dev eth0 root handle 1: hfsc default 50
 tcdsl_at='policies/hfsc-router.tcp:8:11: class link'
 tc class add dev eth0 parent 1: classid 1:10 hfsc ls m2 19mbit ul m2 19mbit
 tcdsl_at='policies/hfsc-router.tcp:10:15: class voip'
-tc class add dev eth0 parent 1:10 classid 1:20 hfsc rt umax 1500 dmax 5ms rate 1mbit ls m2 1mbit
+tc class add dev eth0 parent 1:10 classid 1:20 hfsc rt m1 2400kbit d 5ms m2 1mbit ls m2 1mbit
 tcdsl_at='policies/hfsc-router.tcp:15:15: class interactive'
 tc class add dev eth0 parent 1:10 classid 1:30 hfsc rt m1 4mbit d 20ms m2 2mbit ls m2 6mbit
 tcdsl_at='policies/hfsc-router.tcp:21:15: class web'
