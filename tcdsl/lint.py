@@ -494,6 +494,10 @@ def _rates_above(q: ir.Qdisc, rate: ir.Rate | None) -> dict[int, ir.Rate | None]
                 for cls in top.walk():
                     if cls.leaf is not None:
                         out |= _rates_above(cls.leaf, effective_ceil(cls) or rate)
+        case ir.Hfsc():
+            for cls in ir.classes_of(q):
+                if cls.leaf is not None:
+                    out |= _rates_above(cls.leaf, cls.ul.m2 if cls.ul is not None else rate)
         case ir.Tbf() | ir.Netem():
             if q.child is not None:
                 out |= _rates_above(q.child, q.rate or rate)

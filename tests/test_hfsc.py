@@ -126,6 +126,8 @@ def test_concave_umax_curve_is_converted_as_tc_does(tmp_path: Path) -> None:
         ("class b ls m2 0bit", "E235"),
         ("class b rt umax 1500b rate 1mbit", "E235"),
         ("class b ls m2 40gbit", "E235"),
+        ("class b ls m1 4bit d 1ms m2 1mbit", "E235"),
+        ("class b ls umax 65535 dmax 1us rate 1mbit", "E235"),
         ("class b ul m2 1mbit", "E236"),
         ("class b rt m2 1mbit ul m2 2mbit", "E237"),
         ("class a rt m2 1mbit {\n class b ls m2 1mbit\n }", "E238"),
@@ -276,3 +278,10 @@ def test_verify_reads_curves_back_in_user_mode_linux(tmp_path: Path) -> None:
     lines = [d.message for d in changed.errors]
     assert lines == ["class 'web' ls.m2 is 7Mbit in the kernel, policy says 8mbit (ls m2 8mbit)"]
     assert clean.ok, render(clean.diagnostics, clean.sources) + clean.output
+
+
+def test_a_leaf_qdisc_is_fed_at_most_the_class_ul(tmp_path: Path) -> None:
+    text = "interface eth0 hfsc default b {\n class b ls m2 1mbit ul m2 10mbit { netem delay 5s }}"
+    assert _codes(tmp_path, text) == ["W321"]  # 5s at 10mbit is more than netem's 1000 packets
+    text = text.replace("10mbit", "1mbit")
+    assert _codes(tmp_path, text) == []

@@ -207,6 +207,16 @@ class QdiscBuilder:
             amount = v.bits_per_second if isinstance(v, ir.Rate) else getattr(v, "bytes", None)
             if amount is None:
                 amount = v.microseconds
+            if isinstance(v, ir.Rate) and 0 < amount < 8:
+                self.error(
+                    Diagnostic.error(
+                        "E235",
+                        f"{opt.key} {key} {amount}bit is below 8bit; tc keeps rates in whole "
+                        "bytes per second",
+                        v.span,
+                    )
+                )
+                return None
             if amount > limit:
                 shown = "34.36gbit (tc's 32-bit bytes/s)" if isinstance(v, ir.Rate) else "2^32-1"
                 self.error(
