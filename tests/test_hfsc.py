@@ -271,13 +271,52 @@ def test_verify_reads_curves_back_in_user_mode_linux(tmp_path: Path) -> None:
         "}\n",
         encoding="utf-8",
     )
+    nested = tmp_path / "nested.tcp"
+    nested.write_text(NESTED_AND_MARKS, encoding="utf-8")
     change = "tc class change dev eth0 parent 1:10 classid 1:40 hfsc ls m2 7mbit"
-    changed, clean = verifier.verify_many(
-        [ROUTER, str(other)], kernel="uml", after={ROUTER: change}
-    )
+    paths = [ROUTER, str(other), str(nested)]
+    changed, *clean = verifier.verify_many(paths, kernel="uml", after={ROUTER: change})
     lines = [d.message for d in changed.errors]
     assert lines == ["class 'web' ls.m2 is 7Mbit in the kernel, policy says 8mbit (ls m2 8mbit)"]
-    assert clean.ok, render(clean.diagnostics, clean.sources) + clean.output
+    for v in clean:
+        assert v.ok, render(v.diagnostics, v.sources) + v.output
+
+
+NESTED_AND_MARKS = """\
+interface eth0 htb rate 10mbit default inner {
+    class inner rate 10mbit {
+        hfsc default b {
+            class a sc m2 2mbit match dport 22
+            class b ls m2 8mbit
+        }
+    }
+}
+interface eth1 hfsc default b {
+    classify by mark from eth2
+    class a rt m2 2mbit ls m2 1mbit match proto tcp dport 22
+    class b ls m2 8mbit
+}
+"""
+
+
+def test_an_hfsc_root_classifies_by_mark(tmp_path: Path) -> None:
+    result = _compile(tmp_path, NESTED_AND_MARKS)
+    assert result.policy is not None
+    eth1 = result.policy.interfaces[1]
+    assert eth1.marking is not None
+    assert [(f.mark, str(f.flowid)) for f in eth1.filters if isinstance(f, ir.FwFilter)] == [
+        (10, "1:10"),
+        (20, "1:20"),
+    ]
+    assert eth1.marking.rules[-1].unmarked and eth1.marking.rules[-1].mark == 20
+
+
+def test_an_hfsc_default_with_children_is_refused(tmp_path: Path) -> None:
+    text = "interface eth0 hfsc default a {\n class a ls m2 1mbit {\n class b ls m2 1mbit\n }\n}"
+    path = tmp_path / "policy.tcp"
+    path.write_text(text, encoding="utf-8")
+    (d,) = analyse(str(path)).diagnostics
+    assert d.code == "E102" and "be dropped (hfsc has no direct queue)" in d.message
 
 
 def test_a_leaf_qdisc_is_fed_at_most_the_class_ul(tmp_path: Path) -> None:
