@@ -13,7 +13,7 @@ from typing import Literal, assert_never
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
-from tcdsl.commands import qdisc_words
+from tcdsl.commands import curve_words, hfsc_curves, qdisc_words
 from tcdsl.units import format_rate, format_size
 from tcdsl.words import leaf_words, match_words, rate_line
 
@@ -59,12 +59,14 @@ def _qdisc_title(q: ir.Qdisc) -> str:
 
 def qdisc_lines(q: ir.Qdisc) -> tuple[str, ...]:
     """The options of a qdisc, as tc spells them; an htb's default class by name."""
-    if isinstance(q, ir.Htb):
+    if isinstance(q, ir.Htb | ir.Hfsc):
         lines: list[str] = []
         minor = default_minor(q)
         if q.default is not None and q.handle is not None and minor is not None:
             lines.append(f"default {q.default.name} ({ir.Handle(q.handle.major, minor)})")
-        if q.r2q is not None:
+        elif isinstance(q, ir.Hfsc):
+            lines.append("no default: drops unclassified packets")
+        if isinstance(q, ir.Htb) and q.r2q is not None:
             lines.append(f"r2q {q.r2q.value}")
         return tuple(lines)
     if isinstance(q, ir.Ingress):
@@ -109,6 +111,7 @@ def class_lines(
     rate = rate_line(kind, cls)
     if rate is not None:
         lines.append(rate)
+    lines.extend(" ".join([key, *curve_words(curve)]) for key, curve in hfsc_curves(cls))
     if capped is not None:
         lines.append(f"capped at {format_rate(capped.bits_per_second)} by {bound_words(capped)}")
     if cls.prio is not None:
@@ -116,7 +119,7 @@ def class_lines(
     extras = _extras(cls)
     if extras is not None:
         lines.append(extras)
-    if isinstance(cls.leaf, ir.Htb | ir.Prio | ir.Cbq):
+    if isinstance(cls.leaf, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
         lines.append(f"leaf: {_qdisc_title(cls.leaf)} (classful, below)")
     elif not cls.children:
         lines.append(f"leaf: {leaf_words(cls.leaf)}")
@@ -155,15 +158,15 @@ class _Builder:
     def qdisc(self, q: ir.Qdisc, parent: str | None, marking: bool) -> None:
         lines = qdisc_lines(q)
         bound = self.bounds.get(id(q))
-        if bound is not None and isinstance(q, ir.Htb | ir.Prio | ir.Cbq):
+        if bound is not None and isinstance(q, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
             rate = format_rate(bound.bits_per_second)
             lines += (f"sends at most {rate} ({bound_words(bound)})",)
         node = Node(self.new_id(), "qdisc", _qdisc_title(q), lines)
         self.add(node, parent)
         match q:
-            case ir.Htb() | ir.Prio() | ir.Cbq():
+            case ir.Htb() | ir.Prio() | ir.Cbq() | ir.Hfsc():
                 default = None
-                if isinstance(q, ir.Htb) and q.handle is not None:
+                if isinstance(q, ir.Htb | ir.Hfsc) and q.handle is not None:
                     minor = default_minor(q)
                     default = None if minor is None else ir.Handle(q.handle.major, minor)
                 parents = ir.parent_map(q)

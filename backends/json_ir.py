@@ -18,7 +18,7 @@ from typing import Any, assert_never
 from tcdsl import ir
 from tcdsl.allocate import default_minor
 from tcdsl.backend import Backend
-from tcdsl.commands import police_words, qdisc_words
+from tcdsl.commands import curve_words, police_words, qdisc_words
 from tcdsl.diagnostics import Span
 from tcdsl.lower import PROTO_NAMES, iptables_words, pack
 from tcdsl.units import format_rate, format_size, format_time
@@ -188,6 +188,21 @@ _CLASS_VALUES = (
 )
 
 
+def curve_json(curve: ir.Curve | None) -> JSONValue:
+    """An hfsc service curve: m1 for the first d, then m2 (umax/dmax as written, if so)."""
+    if curve is None:
+        return None
+    return {
+        "m1": value_json(curve.m1),
+        "d": value_json(curve.d),
+        "m2": value_json(curve.m2),
+        "umax": value_json(curve.umax),
+        "dmax": value_json(curve.dmax),
+        "tc": " ".join(curve_words(curve)),
+        "span": span_json(curve.span),
+    }
+
+
 def class_json(cls: ir.Class, parent: ir.Handle | None, default: ir.Handle | None) -> JSONObject:
     """A class with its allocated ids, options, matches, leaf qdisc and children."""
     out: JSONObject = {
@@ -203,6 +218,8 @@ def class_json(cls: ir.Class, parent: ir.Handle | None, default: ir.Handle | Non
     out["bounded"] = cls.bounded
     out["isolated"] = cls.isolated
     out["mark"] = value_json(cls.mark)
+    if cls.rt is not None or cls.ls is not None or cls.ul is not None:  # hfsc classes only
+        out["rt"], out["ls"], out["ul"] = (curve_json(c) for c in (cls.rt, cls.ls, cls.ul))
     out["fwmark"] = cls.fwmark
     out["chosen_quantum"] = cls.chosen_quantum
     out["matches"] = [match_json(m) for m in cls.matches]
@@ -224,6 +241,7 @@ _QDISC_VALUES: dict[str, tuple[str, ...]] = {
     "bfifo": ("limit",),
     "pfifo_fast": (),
     "ingress": (),
+    "hfsc": (),
 }
 
 
@@ -238,7 +256,7 @@ def qdisc_json(q: ir.Qdisc) -> JSONObject:
     for key in _QDISC_VALUES[q.kind]:
         out[key] = value_json(getattr(q, key))
     match q:
-        case ir.Htb():
+        case ir.Htb() | ir.Hfsc():
             minor = default_minor(q)
             default = (
                 None if minor is None or q.handle is None else ir.Handle(q.handle.major, minor)
@@ -250,7 +268,8 @@ def qdisc_json(q: ir.Qdisc) -> JSONObject:
                     "classid": handle_json(default),
                     "span": span_json(q.default.span),
                 }
-            out["chosen_r2q"] = q.chosen_r2q
+            if isinstance(q, ir.Htb):
+                out["chosen_r2q"] = q.chosen_r2q
             out["classes"] = [class_json(c, q.handle, default) for c in q.classes]
         case ir.Prio():
             out["priomap"] = None if q.priomap is None else [value_json(v) for v in q.priomap]

@@ -417,6 +417,7 @@ _NO_QDISC = {
     "prio with three bands, or fifo",
     "cbq": "the tcng backend does not emit cbq: tcng's cbq needs parameters tc derives itself "
     "(maxburst, ...), and Linux removed cbq in 6.3; use htb",
+    "hfsc": "tcng has no hfsc qdisc (it predates it); use the shell or tc-batch backend",
 }
 
 _NO_POLICE = (
@@ -701,7 +702,7 @@ class _Interface:
             case ir.Bfifo():
                 octets = f"limit {size(q.limit.bytes)}" if q.limit else None
                 out.line(f"fifo{_params(number, octets)};")
-            case ir.Cbq() | ir.Netem() | ir.FqCodel() | ir.PfifoFast() | ir.Ingress():
+            case ir.Cbq() | ir.Netem() | ir.FqCodel() | ir.PfifoFast() | ir.Ingress() | ir.Hfsc():
                 raise AssertionError(f"unsupported() rejects {q.kind}")
             case _:
                 assert_never(q)

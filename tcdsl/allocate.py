@@ -94,7 +94,7 @@ class InterfaceAllocator:
             case ir.Htb():
                 classes = self.classes(q, major)
                 return choose_quanta(dataclasses.replace(q, handle=handle, classes=classes))
-            case ir.Prio() | ir.Cbq():
+            case ir.Prio() | ir.Cbq() | ir.Hfsc():
                 classes = self.classes(q, major)
                 return dataclasses.replace(q, handle=handle, classes=classes)
             case ir.Tbf() | ir.Netem():
@@ -206,10 +206,10 @@ class InterfaceAllocator:
         marking = iface.marking
         assert marking is not None
         root = iface.root
-        if not isinstance(root, ir.Htb | ir.Prio | ir.Cbq):
+        if not isinstance(root, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
             self.error(
                 "E209",
-                "'classify by mark' needs a classful root qdisc (htb, prio, cbq)",
+                "'classify by mark' needs a classful root qdisc (htb, hfsc, prio, cbq)",
                 marking.span,
             )
             return iface
@@ -228,7 +228,7 @@ class InterfaceAllocator:
                     span,
                 )
         default = None
-        if isinstance(root, ir.Htb) and root.default is not None:
+        if isinstance(root, ir.Htb | ir.Hfsc) and root.default is not None:
             default = next(
                 (c for c in ir.classes_of(root) if c.name == root.default.name and not c.implicit),
                 None,
@@ -259,7 +259,7 @@ class InterfaceAllocator:
                         ir.MarkRule(alt, cls.fwmark, m.span) for alt in lower.alternatives(m)
                     )
         if default is not None:
-            assert isinstance(root, ir.Htb) and root.default is not None
+            assert isinstance(root, ir.Htb | ir.Hfsc) and root.default is not None
             rules.append(ir.MarkRule((), marked[id(default)], root.default.span, unmarked=True))
         chain = marking.explicit_chain or default_chain(iface.name)
         new_marking = dataclasses.replace(marking, chain=chain, rules=tuple(rules))
@@ -286,7 +286,7 @@ class InterfaceAllocator:
             )
             return dataclasses.replace(cls, fwmark=fwmark, children=children)
 
-        if isinstance(q, ir.Htb | ir.Prio | ir.Cbq):
+        if isinstance(q, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
             return dataclasses.replace(q, classes=tuple(visit(c, c) for c in q.classes))
         return q
 
@@ -364,8 +364,8 @@ def allocate(policy: ir.Policy) -> tuple[ir.Policy, list[Diagnostic]]:
     return dataclasses.replace(policy, interfaces=interfaces), diagnostics
 
 
-def default_minor(q: ir.Htb) -> int | None:
-    """The minor of an allocated htb's default class, or None."""
+def default_minor(q: ir.Htb | ir.Hfsc) -> int | None:
+    """The minor of an allocated htb's or hfsc's default class, or None."""
     if q.default is None:
         return None
     for cls in ir.classes_of(q):

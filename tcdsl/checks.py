@@ -42,7 +42,7 @@ def sites(policy: ir.Policy) -> tuple[Site, ...]:
     found: list[Site] = []
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
-            if isinstance(q, ir.Htb | ir.Prio | ir.Cbq):
+            if isinstance(q, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
                 parents = ir.parent_map(q)
                 found.extend(Site(iface, q, cls, parents[id(cls)]) for cls in ir.classes_of(q))
     # The checks all walk the same policy; keep the last walk (the policy is immutable).
@@ -372,6 +372,9 @@ def _all_rates(iface: ir.Interface) -> Iterator[ir.Rate]:
             for value in (cls.rate, cls.ceil, cls.weight):
                 if isinstance(value, ir.Rate):
                     yield value
+            for curve in (cls.rt, cls.ls, cls.ul):
+                if curve is not None:
+                    yield from (r for r in (curve.m1, curve.m2) if r is not None)
 
 
 # ---- classification ----------------------------------------------------------------------------
@@ -852,6 +855,42 @@ def _netems_mix(iface: ir.Interface) -> Iterator[Diagnostic]:
         )
 
 
+# ---- hfsc service curves -----------------------------------------------------------------------
+
+
+def hfsc_curves_complete(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """Every hfsc class has the curves tc and the kernel require: rt or ls (tc: "no parameters
+    given", the kernel: EINVAL), ls with ul (tc: "Upper-limit Service Curve without Link-Share
+    Service Curve"), and ls on a class with children (the kernel: "Invalid parent - parent class
+    must have FSC", since the fix for CVE-2023-4623)."""
+    for s in sites(policy):
+        cls = s.cls
+        if not isinstance(s.qdisc, ir.Hfsc):
+            continue
+        head = cls.span.prefix(len(f"class {cls.name}"))
+        if cls.rt is None and cls.ls is None:
+            hint = " (ul limits only what ls shares)" if cls.ul is not None else ""
+            yield Diagnostic.error(
+                "E236",
+                f"{cls.label} has no rt or ls curve; an hfsc class needs rt, ls or sc{hint}",
+                head,
+            )
+        elif cls.ul is not None and cls.ls is None:
+            yield Diagnostic.error(
+                "E237",
+                f"{cls.label} has ul but no ls: tc refuses an upper limit without a link-sharing "
+                "curve; add 'ls' (ul caps what ls shares)",
+                cls.ul.span,
+            )
+        if cls.children and cls.ls is None and (cls.rt is not None or cls.ul is not None):
+            yield Diagnostic.error(
+                "E238",
+                f"{cls.label} has child classes but no ls curve; the kernel refuses children "
+                'under a class without link-sharing ("parent class must have FSC")',
+                head,
+            )
+
+
 CHECKS: tuple[Check, ...] = (
     required_parameters_present,
     values_in_range,
@@ -868,6 +907,7 @@ CHECKS: tuple[Check, ...] = (
     values_kept_as_written,
     police_bursts_fit_tc,
     *directions.CHECKS,
+    hfsc_curves_complete,
 )
 
 

@@ -763,8 +763,8 @@ def simulate_command(
     interface: str | None,
     direction: str | None,
 ) -> None:
-    """Simulate FLOWS through POLICY's qdiscs (a model of the kernel's htb, prio, tbf, sfq and
-    fifos) and print per-class and per-flow throughput and queueing delay."""
+    """Simulate FLOWS through POLICY's qdiscs (a model of the kernel's htb, hfsc, prio, tbf, sfq
+    and fifos) and print per-class and per-flow throughput and queueing delay."""
     import json
 
     from tcdsl.teach import report

@@ -82,6 +82,10 @@ _TABLE: dict[str, CodeInfo] = {
     "E253": CodeInfo(_E, "A policer burst below the largest packet it must pass"),
     "E254": CodeInfo(_E, "A download's IFB that another tree of the policy uses"),
     "E255": CodeInfo(_E, "A download classified by firewall mark without connmark"),
+    "E235": CodeInfo(_E, "An hfsc service curve tc refuses (two zero slopes, umax without dmax)"),
+    "E236": CodeInfo(_E, "An hfsc class without an rt or ls curve"),
+    "E237": CodeInfo(_E, "An hfsc ul curve without an ls curve"),
+    "E238": CodeInfo(_E, "An hfsc class with children but no ls curve"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
@@ -107,6 +111,11 @@ _TABLE: dict[str, CodeInfo] = {
     "W330": CodeInfo(_W, "A value the kernel keeps, but not as written"),
     "W360": CodeInfo(_W, "A download match on a private destination, which NAT hides on ingress"),
     "W361": CodeInfo(_W, "A policer whose 'reclassify' loops until the kernel drops the packet"),
+    "W345": CodeInfo(_W, "An hfsc without a default class: it drops unclassified packets"),
+    "W346": CodeInfo(_W, "An rt curve on an hfsc class with children, which the kernel ignores"),
+    "W347": CodeInfo(_W, "Real-time guarantees above an hfsc ancestor's ul"),
+    "W348": CodeInfo(_W, "hfsc children whose ls curves sum above their parent's"),
+    "W349": CodeInfo(_W, "An hfsc ul below the class's rt, which the kernel serves anyway"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),

@@ -69,6 +69,10 @@ def qdisc_words(q: ir.Qdisc) -> list[str]:
             _opt(words, "r2q", q.r2q)
             if q.chosen_r2q is not None:
                 words += ["r2q", str(q.chosen_r2q)]
+        case ir.Hfsc():
+            minor = default_minor(q)
+            if minor is not None:
+                words += ["default", f"{minor:x}"]
         case ir.Prio():
             _opt(words, "bands", q.bands)
             if q.priomap is not None:
@@ -102,9 +106,36 @@ def qdisc_words(q: ir.Qdisc) -> list[str]:
     return words
 
 
+def curve_words(curve: ir.Curve) -> list[str]:
+    """One hfsc service curve's words after ``rt``/``ls``/``ul``/``sc``: always ``m1 d m2``.
+
+    A curve written as ``umax dmax rate`` is given to tc converted (by the frontend, as tc
+    converts it): tc 6.1 computes a convex curve's ``umax * 1000000 / rate`` in 32 bits, so a
+    umax above 4294 bytes would wrap and give another ``d`` than the one meant.
+    """
+    words: list[str] = []
+    _opt(words, "m1", curve.m1)
+    _opt(words, "d", curve.d)
+    _opt(words, "m2", curve.m2)
+    return words
+
+
+def hfsc_curves(cls: ir.Class) -> list[tuple[str, ir.Curve]]:
+    """A class's curves as tc takes them: ``sc`` for one curve given as both rt and ls."""
+    if cls.rt is not None and cls.rt is cls.ls:
+        named = [("sc", cls.rt)]
+    else:
+        named = [(k, c) for k, c in (("rt", cls.rt), ("ls", cls.ls)) if c is not None]
+    return named + ([("ul", cls.ul)] if cls.ul is not None else [])
+
+
 def class_words(kind: str, cls: ir.Class) -> list[str]:
     """The kind and options of a class."""
     words = [kind]
+    if kind == "hfsc":
+        for key, curve in hfsc_curves(cls):
+            words += [key, *curve_words(curve)]
+        return words
     keys: tuple[str, ...] = ("rate", "ceil", "burst", "cburst", "prio", "quantum")
     if kind == "cbq":
         keys = (
@@ -230,7 +261,7 @@ def _below(
     assert q.handle is not None
     children: list[tuple[ir.Handle, ir.Qdisc]] = []
     match q:
-        case ir.Htb() | ir.Cbq():
+        case ir.Htb() | ir.Cbq() | ir.Hfsc():
             parents = ir.parent_map(q)
             for cls in ir.classes_of(q):
                 parent = parents[id(cls)]

@@ -91,6 +91,33 @@ class HandleRef:
     span: Span
 
 
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """An hfsc service curve: slope ``m1`` for the first ``d``, then ``m2`` (tc's ``m1 d m2``).
+
+    Written as ``umax SIZE dmax TIME rate RATE``, ``umax`` and ``dmax`` keep the words and
+    ``m1``/``d`` hold tc's conversion (a concave curve, ``m1 = umax / dmax``, when that is
+    above ``rate``; else a convex one, ``m1 = 0``, ``d = dmax - umax / rate``).
+    """
+
+    m2: Rate
+    span: Span
+    m1: Rate | None = None
+    d: Time | None = None
+    umax: Size | None = None
+    dmax: Time | None = None
+
+    @property
+    def m1_bits(self) -> int:
+        """The first slope in bits/s (0 when not given)."""
+        return self.m1.bits_per_second if self.m1 is not None else 0
+
+    @property
+    def d_us(self) -> int:
+        """The length of the first segment in microseconds (0 when not given)."""
+        return self.d.microseconds if self.d is not None else 0
+
+
 # ---- matches --------------------------------------------------------------------------------
 
 
@@ -200,7 +227,7 @@ class Match:
 
 @dataclass(frozen=True, slots=True)
 class Class:
-    """A class of a classful qdisc (htb, cbq, prio), with its matches and children."""
+    """A class of a classful qdisc (htb, cbq, prio, hfsc), with its matches and children."""
 
     name: str
     span: Span
@@ -218,6 +245,12 @@ class Class:
     bounded: bool = False
     isolated: bool = False
     mark: Count | None = None
+    rt: Curve | None = None
+    """hfsc: the real-time service curve."""
+    ls: Curve | None = None
+    """hfsc: the link-sharing service curve (``sc`` sets rt and ls to one curve)."""
+    ul: Curve | None = None
+    """hfsc: the upper-limit service curve."""
     explicit_id: HandleRef | None = None
     matches: tuple[Match, ...] = ()
     children: tuple[Class, ...] = ()
@@ -286,6 +319,19 @@ class Cbq:
     explicit_handle: HandleRef | None = None
     handle: Handle | None = None
     kind: Literal["cbq"] = "cbq"
+
+
+@dataclass(frozen=True, slots=True)
+class Hfsc:
+    """Hierarchical fair service curve: classes with real-time, link-sharing and upper-limit
+    curves. Without ``default``, the kernel drops unclassified packets."""
+
+    span: Span
+    default: Name | None = None
+    classes: tuple[Class, ...] = ()
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["hfsc"] = "hfsc"
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,9 +448,9 @@ class Ingress:
 INGRESS_HANDLE = Handle(0xFFFF, 0)
 """The ingress qdisc's handle, fixed by the kernel."""
 
-ClassfulQdisc = Htb | Prio | Cbq
+ClassfulQdisc = Htb | Prio | Cbq | Hfsc
 ChainQdisc = Tbf | Netem
-Qdisc = Htb | Prio | Cbq | Tbf | Netem | Sfq | FqCodel | Pfifo | Bfifo | PfifoFast | Ingress
+Qdisc = Htb | Prio | Cbq | Tbf | Netem | Sfq | FqCodel | Pfifo | Bfifo | PfifoFast | Hfsc | Ingress
 
 # ---- classification (allocated) ---------------------------------------------------------------
 
@@ -528,7 +574,7 @@ class Policy:
 def child_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
     """Yield the qdiscs directly below ``qdisc`` (class leaves, or a chained child)."""
     match qdisc:
-        case Htb() | Prio() | Cbq():
+        case Htb() | Prio() | Cbq() | Hfsc():
             for top in qdisc.classes:
                 for cls in top.walk():
                     if cls.leaf is not None:
@@ -549,7 +595,7 @@ def walk_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
 
 def classes_of(qdisc: Qdisc) -> Iterator[Class]:
     """Yield the classes that belong to ``qdisc`` itself (not to nested qdiscs), pre-order."""
-    if isinstance(qdisc, Htb | Prio | Cbq):
+    if isinstance(qdisc, Htb | Prio | Cbq | Hfsc):
         for top in qdisc.classes:
             yield from top.walk()
 
@@ -585,8 +631,14 @@ def own_bound(qdisc: ClassfulQdisc, cls: Class, parents: dict[int, Class | None]
 
     An htb class never sends more than its ceil (its rate without one), and one with no parent
     never more than its rate, as it has nothing to borrow from; a bounded cbq class keeps to its
-    rate; a prio band has no rate of its own.
+    rate; a prio band has no rate of its own; an hfsc class keeps to its ul, except that its
+    real-time curve is served even above it.
     """
+    if isinstance(qdisc, Hfsc):
+        if cls.ul is None:
+            return None
+        rt = cls.rt.m2.bits_per_second if cls.rt is not None and not cls.children else 0
+        return Bound(max(cls.ul.m2.bits_per_second, rt), cls)
     rate = cls.rate.bits_per_second if isinstance(cls.rate, Rate) else None
     if isinstance(qdisc, Htb) and parents.get(id(cls)) is not None and isinstance(cls.ceil, Rate):
         return Bound(cls.ceil.bits_per_second, cls)
@@ -620,7 +672,7 @@ def held_qdiscs(
     """Yield every qdisc below ``qdisc`` (pre-order) with what holds it, a class or a chaining
     qdisc, and the most it can send (``outer`` bounds ``qdisc`` itself; None: unbounded)."""
     match qdisc:
-        case Htb() | Prio() | Cbq():
+        case Htb() | Prio() | Cbq() | Hfsc():
             parents = parent_map(qdisc)
             for cls in classes_of(qdisc):
                 if cls.leaf is not None:

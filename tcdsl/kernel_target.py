@@ -88,6 +88,7 @@ FEATURES: Mapping[str, Feature] = {
         "connmark action", ("CONFIG_NET_CLS_ACT", "CONFIG_NET_ACT_CONNMARK"), since=(4, 0, 0)
     ),
     "police": Feature("police action", ("CONFIG_NET_CLS_ACT", "CONFIG_NET_ACT_POLICE")),
+    "hfsc": Feature("hfsc qdisc", (_SCHED, "CONFIG_NET_SCH_HFSC"), hint="use htb"),
     "u32": Feature("u32 classifier", (_CLS, "CONFIG_NET_CLS_U32")),
     "fw": Feature("fw classifier", (_CLS, "CONFIG_NET_CLS_FW"), hint="use u32 matches"),
     "iptables-mark": Feature(

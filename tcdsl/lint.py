@@ -51,10 +51,24 @@ def htb_has_default(policy: ir.Policy) -> Iterator[Diagnostic]:
                 )
 
 
+def hfsc_has_default(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """An hfsc without ``default`` drops what no filter matches: the classic hfsc trap."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            if isinstance(q, ir.Hfsc) and q.default is None:
+                yield Diagnostic.warning(
+                    "W345",
+                    "hfsc has no 'default' class: the kernel DROPS every packet no filter "
+                    "matches (every packet that is not IPv4 too, ARP and IPv6 included, so the "
+                    "link may stop working); name a leaf class with 'default NAME'",
+                    q.span.prefix(len(q.kind)),
+                )
+
+
 def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """Every htb leaf class is reached by a filter, a mark, or the default."""
+    """Every htb or hfsc leaf class is reached by a filter, a mark, or the default."""
     for s in sites(policy):
-        if not isinstance(s.qdisc, ir.Htb) or s.cls.children or s.cls.implicit:
+        if not isinstance(s.qdisc, ir.Htb | ir.Hfsc) or s.cls.children or s.cls.implicit:
             continue
         default = s.qdisc.default
         if s.cls.matches or (default is not None and default.name == s.cls.name):
@@ -69,8 +83,8 @@ def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
             continue
         yield Diagnostic.warning(
             "W311",
-            f"no packet can reach {s.cls.label}: it has no match line and it is not the htb's "
-            "default",
+            f"no packet can reach {s.cls.label}: it has no match line and it is not the "
+            f"{s.qdisc.kind}'s default",
             s.cls.span.prefix(len(f"class {s.cls.name}")),
         )
 
@@ -480,6 +494,10 @@ def _rates_above(q: ir.Qdisc, rate: ir.Rate | None) -> dict[int, ir.Rate | None]
                 for cls in top.walk():
                     if cls.leaf is not None:
                         out |= _rates_above(cls.leaf, effective_ceil(cls) or rate)
+        case ir.Hfsc():
+            for cls in ir.classes_of(q):
+                if cls.leaf is not None:
+                    out |= _rates_above(cls.leaf, cls.ul.m2 if cls.ul is not None else rate)
         case ir.Tbf() | ir.Netem():
             if q.child is not None:
                 out |= _rates_above(q.child, q.rate or rate)
@@ -528,8 +546,71 @@ def policers_do_not_reclassify(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
 
 
+# ---- hfsc service curves -----------------------------------------------------------------------
+
+
+def hfsc_curves_consistent(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """hfsc curves the kernel accepts but cannot honour as written: rt on an inner class (only
+    leaves are served in real time), link shares of children above their parent's, ul below rt
+    (rt is served even above ul), and real-time guarantees above an ancestor's ul."""
+    for s in sites(policy):
+        cls = s.cls
+        if not isinstance(s.qdisc, ir.Hfsc):
+            continue
+        if cls.rt is not None and cls.children:
+            yield Diagnostic.warning(
+                "W346",
+                f"{cls.label} has child classes, so its rt curve is never used: the kernel "
+                "serves real-time curves of leaf classes only; give rt to the leaves",
+                cls.rt.span,
+            )
+        if cls.ls is not None and cls.children:
+            shares = [c for c in cls.children if c.ls is not None]
+            total = sum(c.ls.m2.bits_per_second for c in shares if c.ls is not None)
+            if total > cls.ls.m2.bits_per_second:
+                yield Diagnostic.warning(
+                    "W348",
+                    f"the ls curves of {cls.label}'s children sum to {_rate(total)}, above its "
+                    f"own ls {_rate(cls.ls.m2.bits_per_second)}: the kernel shares in proportion, "
+                    "so each child gets less than its ls says",
+                    cls.ls.span,
+                    *(
+                        Note(f"{c.label}: ls {_rate(c.ls.m2.bits_per_second)}", c.ls.span)
+                        for c in shares
+                        if c.ls is not None
+                    ),
+                )
+        ul, rt = cls.ul, cls.rt
+        below = ul is not None and rt is not None and ul.m2.bits_per_second < rt.m2.bits_per_second
+        if below and ul is not None and rt is not None and not cls.children:
+            yield Diagnostic.warning(
+                "W349",
+                f"ul {_rate(ul.m2.bits_per_second)} of {cls.label} is below its rt "
+                f"{_rate(rt.m2.bits_per_second)}: the kernel serves the real-time curve "
+                "even above ul, so the class sends up to its rt",
+                ul.span,
+            )
+        if cls.ul is not None and cls.children:
+            leaves = [c for c in cls.walk() if not c.children and c.rt is not None]
+            total = sum(c.rt.m2.bits_per_second for c in leaves if c.rt is not None)
+            if total > cls.ul.m2.bits_per_second:
+                yield Diagnostic.warning(
+                    "W347",
+                    f"the real-time guarantees below {cls.label} sum to {_rate(total)}, above its "
+                    f"ul {_rate(cls.ul.m2.bits_per_second)}: the kernel serves rt curves even "
+                    "above ul, so the link is over-booked and the guarantees cannot all be met",
+                    cls.ul.span,
+                    *(
+                        Note(f"{c.label}: rt {_rate(c.rt.m2.bits_per_second)}", c.rt.span)
+                        for c in leaves
+                        if c.rt is not None
+                    ),
+                )
+
+
 LINTS: tuple[Lint, ...] = (
     htb_has_default,
+    hfsc_has_default,
     leaves_reachable,
     filters_all_reachable,
     htb_quantum_in_range,
@@ -539,6 +620,7 @@ LINTS: tuple[Lint, ...] = (
     ports_need_a_port_protocol,
     leaf_queues_sensible,
     policers_do_not_reclassify,
+    hfsc_curves_consistent,
 )
 
 

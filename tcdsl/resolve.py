@@ -79,10 +79,16 @@ def unique_class_names(iface: ir.Interface) -> Iterator[Diagnostic]:
                 first[cls.name] = cls
 
 
+_UNCLASSIFIED = {
+    "htb": "leave unshaped through htb's direct queue",
+    "hfsc": "be dropped (hfsc has no direct queue)",
+}
+
+
 def default_names_a_class(iface: ir.Interface) -> Iterator[Diagnostic]:
-    """``default NAME`` on an htb qdisc names one of its own classes."""
+    """``default NAME`` on an htb or hfsc qdisc names one of its own leaf classes."""
     for q in ir.walk_qdiscs(iface.root):
-        if isinstance(q, ir.Htb) and q.default is not None:
+        if isinstance(q, ir.Htb | ir.Hfsc) and q.default is not None:
             by_name = {c.name: c for c in ir.classes_of(q) if not c.implicit}
             names = set(by_name)
             target = by_name.get(q.default.name)
@@ -90,8 +96,8 @@ def default_names_a_class(iface: ir.Interface) -> Iterator[Diagnostic]:
                 yield Diagnostic.error(
                     "E102",
                     f"default class '{q.default.name}' has child classes, so it cannot hold "
-                    "packets; unclassified traffic would leave unshaped through htb's direct "
-                    "queue: name a leaf class",
+                    f"packets; unclassified traffic would {_UNCLASSIFIED[q.kind]}: name a leaf "
+                    "class",
                     q.default.span,
                     Note("class declared here", target.span),
                 )
@@ -99,7 +105,7 @@ def default_names_a_class(iface: ir.Interface) -> Iterator[Diagnostic]:
                 known = ", ".join(sorted(names)) or "none"
                 yield Diagnostic.error(
                     "E102",
-                    f"default class '{q.default.name}' is not a class of this htb "
+                    f"default class '{q.default.name}' is not a class of this {q.kind} "
                     f"(classes: {known})",
                     q.default.span,
                 )
@@ -107,7 +113,7 @@ def default_names_a_class(iface: ir.Interface) -> Iterator[Diagnostic]:
 
 def _resolve_qdisc(q: ir.Qdisc, diagnostics: list[Diagnostic]) -> ir.Qdisc:
     match q:
-        case ir.Htb() | ir.Prio() | ir.Cbq():
+        case ir.Htb() | ir.Prio() | ir.Cbq() | ir.Hfsc():
             link: ir.Rate | None = q.bandwidth if isinstance(q, ir.Cbq) else None
             classes = tuple(_resolve_class(c, link, link, diagnostics) for c in q.classes)
             return dataclasses.replace(q, classes=classes)

@@ -16,7 +16,7 @@ from tcdsl import ir
 from tcdsl.commands import police_words, qdisc_words
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
 from tcdsl.lower import PROTO_NAMES
-from tcdsl.units import format_rate, format_size
+from tcdsl.units import format_rate, format_size, format_time
 
 # ---- short words, close to how the policy is written -------------------------------------------
 
@@ -98,6 +98,41 @@ def rate_line(kind: str, cls: ir.Class) -> str | None:
             flags.append("may borrow from its parent")
         return ", ".join([text, *flags])
     return text
+
+
+def _curve_phrase(curve: ir.Curve, what: str) -> str:
+    m2 = format_rate(curve.m2.bits_per_second)
+    if what != "guaranteed":  # link-sharing and upper limits: the long-run rate matters
+        if curve.d is None or curve.d.microseconds == 0:
+            return f"{what} {m2}"
+        d = format_time(curve.d.microseconds)
+        if curve.m1_bits == 0:
+            return f"{what} {m2} (nothing for the first {d})"
+        return f"{what} {m2} ({format_rate(curve.m1_bits)} for the first {d})"
+    if curve.umax is not None and curve.dmax is not None and curve.umax.bytes:
+        return (
+            f"{what} {m2} with {format_time(curve.dmax.microseconds)} delay for the first "
+            f"{curve.umax.bytes} bytes"
+        )
+    if curve.d is None or curve.d.microseconds == 0:
+        return f"{what} {m2}"
+    d = format_time(curve.d.microseconds)
+    if curve.m1_bits == 0:
+        return f"{what} {m2} after the first {d} of a backlog"
+    return f"{what} {format_rate(curve.m1_bits)} for the first {d} of a backlog, then {m2}"
+
+
+def curve_phrases(cls: ir.Class) -> list[str]:
+    """An hfsc class's curves in words: ``guaranteed 2mbit with 10ms delay for the first 1500
+    bytes``, ``shares the rest by 3mbit``, ``never more than 5mbit``."""
+    phrases: list[str] = []
+    if cls.rt is not None:
+        phrases.append(_curve_phrase(cls.rt, "guaranteed"))
+    if cls.ls is not None:
+        phrases.append(_curve_phrase(cls.ls, "shares the rest by"))
+    if cls.ul is not None:
+        phrases.append(_curve_phrase(cls.ul, "never more than"))
+    return phrases
 
 
 # ---- long words, for people ------------------------------------------------------------------

@@ -20,7 +20,8 @@ arithmetic) with stricter rules, since verify reports compiler warnings too.
 - pfifo, bfifo and tbf leaves (a tbf holding a child at times); tbf, pfifo, bfifo and
   pfifo_fast roots.
 
-``kernel="uml"`` adds what the host may lack: prio roots (``bands``, ``priomap``), netem roots
+``kernel="uml"`` adds what the host may lack: prio roots (``bands``, ``priomap``), hfsc roots
+(curves in both of tc's spellings, ``sc``, ``ul``, nested classes, ``default``), netem roots
 with a child, sfq, fq_codel and netem leaves, and ``classify by mark from eth1`` (iptables
 marks and fw filters) with the matches iptables can say (``proto tcp``/``udp`` with ports).
 
@@ -714,6 +715,68 @@ class VGen:
         head = f"interface {ifname} prio{self.handle()} " + " ".join(opts)
         return [f"{head.rstrip()} {{", *body, "}"]
 
+    # ---- hfsc ----
+    def curve(self) -> str:
+        """One hfsc service curve in either of tc's spellings, slopes in whole bytes/s."""
+        if self.chance(0.25):  # umax/dmax/rate; umax / dmax stays within tc's 32 bits
+            parts = []
+            if self.chance(0.7):
+                if self.chance(0.7):
+                    parts.append(f"umax {self.spell(self.wide(1, 65535))}")
+                parts.append(f"dmax {self.time(16, 10**6)}")
+            return " ".join([*parts, f"rate {self.rate(self.bits(8, MAX_RATE))}"])
+        parts = []
+        m1 = self.chance(0.4)
+        if m1:
+            parts.append(f"m1 {self.rate(self.bits(8, MAX_RATE)) if self.chance(0.9) else '0bit'}")
+        if m1 or self.chance(0.2):
+            parts.append(f"d {self.time(0, 10**7)}")
+        m2 = "0bit" if m1 and "0bit" not in parts[0] and self.chance(0.05) else None
+        return " ".join([*parts, f"m2 {m2 or self.rate(self.bits(8, MAX_RATE))}"])
+
+    def hfsc_class(self, depth: int, max_depth: int, marking: bool, indent: str) -> list[str]:
+        """One hfsc class and its subtree: curves the kernel takes (rt or ls; ls with ul and
+        on a class with children)."""
+        name = self.name()
+        self.classes += 1
+        opts: list[str] = []
+        if self.chance(0.1):
+            minor = self.between(2, 0xFFFF)
+            if minor not in self.minors:
+                self.minors.add(minor)
+                opts.append(f"id {self.root_major:x}:{minor:x}")
+        children = 0
+        if depth < max_depth and self.classes < MAX_CLASSES[self.kernel]:
+            children = self.between(0, 2)
+        inner = ("ls", "sc", "ls", "ls ul")
+        curves = self.pick(inner if children else ("rt", "ls", "rt ls", "sc", "ls ul", "sc ul"))
+        opts += [f"{key} {self.curve()}" for key in curves.split()]
+        body: list[str] = []
+        if children:
+            for _ in range(children):
+                body += self.hfsc_class(depth + 1, max_depth, marking, indent + "    ")
+        else:
+            self.leaves.append(name)
+            if marking and self.chance(0.15):
+                opts += self.mark()
+            for _ in range(self.between(0, MAX_MATCHES[self.kernel])):
+                if (m := self.match(marking)) is not None:
+                    body.append(f"{indent}    {m}")
+            if self.chance(0.5):
+                body += self.leaf_qdisc(indent + "    ")
+        head = f"{indent}class {name} " + " ".join(opts)
+        return [f"{head} {{", *body, f"{indent}}}"] if body else [head]
+
+    def hfsc(self, ifname: str, classify: str) -> list[str]:
+        handle = self.handle()
+        self.root_major = int(handle.split()[1][:-1], 16) if handle else 1
+        body = [f"    {classify}"] if classify else []
+        max_depth = self.between(1, 3)
+        for _ in range(self.between(1, 3)):
+            body += self.hfsc_class(1, max_depth, bool(classify), "    ")
+        default = f" default {self.pick(self.leaves)}" if self.chance(0.8) else ""
+        return [f"interface {ifname} hfsc{handle}{default} {{", *body, "}"]
+
     def chained_root(self, ifname: str) -> list[str]:
         kind = self.pick(("tbf", "netem") if self.uml else ("tbf",))
         head = f"interface {ifname} {kind}{self.handle()} " + " ".join(self.qdisc_options(kind))
@@ -749,16 +812,18 @@ class VGen:
         self.classes, self.r2q, self.netems, self.duplicating = 0, 10, 0, False
         self.majors = {1}  # the root's automatic handle is 1: unless 1: is taken explicitly
         # user-mode Linux: mostly what the host lacks (the host run covers htb at length)
-        kinds = ["htb", "htb", "prio", "prio", "tbf", "tbf"] if self.uml else ["htb"] * 6
+        kinds = ["htb", "hfsc", "prio", "prio", "tbf", "hfsc"] if self.uml else ["htb"] * 6
         kind = self.pick([*kinds, "tbf", "fifo"])
         classify = ""
-        if marking and self.uml and kind in ("htb", "prio") and self.chance(0.3):
+        if marking and self.uml and kind in ("htb", "prio", "hfsc") and self.chance(0.3):
             chain = self.pick(("", f" chain SHAPE{index}", f' chain "MARK-{index}"'))
             classify = f"classify by mark from {MARK_FROM}{chain}"
         if kind == "htb":
             return self.htb(ifname, classify)
         if kind == "prio":
             return self.prio(ifname, classify)
+        if kind == "hfsc":
+            return self.hfsc(ifname, classify)
         if kind == "tbf":
             return self.chained_root(ifname)
         fifo = self.pick(("pfifo", "bfifo", "pfifo_fast"))

@@ -157,6 +157,7 @@ SET_SCOPES = {
     "PORT_FIELD": FIELD,
     "RAW_SIZE": FIELD,
     "VERDICT": "constant.language.verdict.",
+    **dict.fromkeys(("CURVE", "M1", "M2", "D", "UMAX", "DMAX"), "variable.parameter.curve."),
 }
 FIELD_LITERALS = {"proto", "tos", "dscp"}
 VALUE_SCOPES: dict[str, tuple[str, ...]] = {
@@ -278,6 +279,12 @@ def _keyword_samples() -> Iterator[tuple[str, str, str]]:
         "PORT_FIELD": "interface eth0 htb {{\n  class c match {w} 80\n}}\n",
         "RAW_SIZE": "interface eth0 htb {{\n  class c match {w} 0x1 at 0\n}}\n",
         "VERDICT": "interface eth0 htb {{\n  class c match all police rate 1mbit burst 9k {w}\n}}",
+        "CURVE": "interface eth0 hfsc {{\n  class c {w} m2 1mbit\n}}\n",
+        "M1": "interface eth0 hfsc {{\n  class c rt {w} 2mbit d 10ms m2 1mbit\n}}\n",
+        "D": "interface eth0 hfsc {{\n  class c rt m1 2mbit {w} 10ms m2 1mbit\n}}\n",
+        "M2": "interface eth0 hfsc {{\n  class c rt {w} 1mbit\n}}\n",
+        "UMAX": "interface eth0 hfsc {{\n  class c rt {w} 1500b dmax 5ms rate 1mbit\n}}\n",
+        "DMAX": "interface eth0 hfsc {{\n  class c rt {w} 5ms rate 1mbit\n}}\n",
     }
     for terminal, words in KEYWORD_SETS.items():
         assert terminal in templates, f"keyword set {terminal} is new: add a template here"

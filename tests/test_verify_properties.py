@@ -157,6 +157,13 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "police mtu": r" police .* mtu ",
         "police continue": r" police .* continue$",
         "connmark": r"^    download.* connmark ",
+        "hfsc root": r"^interface \S+ hfsc",
+        "hfsc rt": r"class .* rt m",
+        "hfsc sc": r"class .* sc ",
+        "hfsc ul": r"class .* ul ",
+        "hfsc m1 d m2": r" m1 \S+ d \S+ m2 ",
+        "hfsc umax": r" umax \S+ dmax ",
+        "hfsc nested": r"(?s)hfsc.*\n {8}class ",
     },
 }
 

@@ -21,6 +21,7 @@ from tcdsl.frontend.syntax import (
     PROTOCOLS,
     Body,
     ClassSyntax,
+    CurveOpt,
     DefaultOpt,
     Flag,
     HandleOpt,
@@ -295,6 +296,15 @@ class Builder(Transformer[Token, Any]):
     def flag(self, c: list[Token]) -> Flag:
         (tok,) = c
         return Flag(str(tok), self.sp(tok))
+
+    def curve(self, c: list[Any]) -> CurveOpt:
+        kw, parts = c
+        return CurveOpt(str(kw), parts, join(self.sp(kw), parts[-1].span))
+
+    def curve_slopes(self, c: list[Any]) -> tuple[Param, ...]:
+        return tuple(self.param([k, v]) for k, v in zip(c[::2], c[1::2], strict=True))
+
+    curve_umax = curve_slopes
 
     def default_opt(self, c: list[Token]) -> DefaultOpt:
         (tok,) = c

@@ -12,7 +12,14 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from lark.lexer import PatternRE, PatternStr, TerminalDef
 
 from tcdsl.diagnostics import Diagnostic, Span
-from tcdsl.frontend.qdiscs import CLASS_FLAGS, CLASS_PARAMS, QDISC_FLAGS, QDISC_PARAMS
+from tcdsl.frontend.qdiscs import (
+    CLASS_CURVES,
+    CLASS_FLAGS,
+    CLASS_PARAMS,
+    QDISC_FLAGS,
+    QDISC_PARAMS,
+    WITH_DEFAULT,
+)
 from tcdsl.frontend.syntax import suggestion
 from tcdsl.frontend.values import span_of
 
@@ -32,6 +39,7 @@ EXPECTED_WORDS: dict[str, str] = {
     "QDISC_KIND": "a qdisc (htb, prio, tbf, netem, cbq, sfq, fq_codel, pfifo, bfifo, pfifo_fast)",
     "PARAM": "a parameter such as rate",
     "FLAG": "a flag",
+    "CURVE": "a service curve (rt, ls, ul or sc)",
     "_NL": "the end of the line",
     "LPAR": "'('",
     "RPAR": "')'",
@@ -152,7 +160,7 @@ def _after_hex(token: Token, text: str) -> bool:
 
 # ---- what a word was meant for -------------------------------------------------------------
 
-_OPTIONS = ("PARAM", "FLAG", "HANDLE_KW", "DEFAULT", "PRIOMAP")
+_OPTIONS = ("PARAM", "FLAG", "HANDLE_KW", "DEFAULT", "PRIOMAP", "CURVE")
 
 
 def _context(stack: Sequence[Any]) -> tuple[str, str] | None:
@@ -180,10 +188,11 @@ def _options(context: tuple[str, str] | None) -> list[str] | None:
         return None
     owner, kind = context
     if owner == "qdisc" and kind in QDISC_PARAMS:
-        extra = {"htb": ["default"], "prio": ["priomap"]}.get(kind, [])
+        extra = ["default"] if kind in WITH_DEFAULT else ["priomap"] if kind == "prio" else []
         words = [*QDISC_PARAMS[kind], *extra, *sorted(QDISC_FLAGS[kind]), "handle"]
     elif owner == "class" and kind in CLASS_PARAMS:
-        words = [*CLASS_PARAMS[kind], *sorted(CLASS_FLAGS[kind]), "id"]
+        curves = sorted(CLASS_CURVES.get(kind, ()))
+        words = [*CLASS_PARAMS[kind], *sorted(CLASS_FLAGS[kind]), *curves, "id"]
     else:
         return None
     return sorted(words, key=lambda w: (w != "rate", w in ("handle", "id"), w))

@@ -10,6 +10,7 @@ from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend.syntax import (
     ClassSyntax,
+    CurveOpt,
     DefaultOpt,
     Flag,
     HandleOpt,
@@ -45,11 +46,13 @@ CLASS_PARAMS: dict[str, dict[str, Dimension]] = {
         "mark": C,
     },
     "prio": {"mark": C},
+    "hfsc": {"mark": C},
 }
 CLASS_FLAGS: dict[str, frozenset[str]] = {
     "htb": frozenset(),
     "cbq": frozenset({"bounded", "isolated"}),
     "prio": frozenset(),
+    "hfsc": frozenset(),
 }
 QDISC_PARAMS: dict[str, dict[str, Dimension]] = {
     "htb": {**LINK_PARAMS, "r2q": C},
@@ -77,11 +80,18 @@ QDISC_PARAMS: dict[str, dict[str, Dimension]] = {
     "pfifo": {"limit": C},
     "bfifo": {"limit": S},
     "pfifo_fast": {},
+    "hfsc": {},
 }
 QDISC_FLAGS: dict[str, frozenset[str]] = {k: frozenset() for k in QDISC_PARAMS}
 QDISC_FLAGS["fq_codel"] = frozenset({"ecn", "noecn"})
 NETEM_PERCENT = frozenset({"loss", "duplicate", "corrupt"})
-CLASSFUL = frozenset({"htb", "prio", "cbq"})
+CLASSFUL = frozenset({"htb", "prio", "cbq", "hfsc"})
+WITH_DEFAULT = frozenset({"htb", "hfsc"})
+"""Qdiscs whose ``default NAME`` names the class for unclassified packets."""
+CLASS_CURVES: dict[str, frozenset[str]] = {"hfsc": frozenset({"rt", "ls", "ul", "sc"})}
+"""The service curves each class kind takes (``sc`` is rt and ls at once)."""
+CURVE_PARTS: dict[str, Dimension] = {"m1": R, "d": T, "m2": R, "umax": S, "dmax": T, "rate": R}
+U32_MAX = 0xFFFFFFFF
 CHAINING = frozenset({"tbf", "netem"})
 
 
@@ -115,6 +125,9 @@ class QdiscBuilder:
                 continue
             key = _opt_key(opt)
             span = opt.name.span if isinstance(opt, DefaultOpt) else opt.span
+            if isinstance(opt, CurveOpt):
+                self._curve_opt(opt, values, seen, params, flags, what, handle_kw)
+                continue
             if key in seen:
                 self.error(
                     Diagnostic.error(
@@ -147,6 +160,123 @@ class QdiscBuilder:
                 continue
             values[opt.key] = self._value(opt, dim, opt.key in percent)
         return values, handle, matches
+
+    def _curve_opt(
+        self,
+        opt: CurveOpt,
+        values: dict[str, Any],
+        seen: dict[str, Span],
+        params: Mapping[str, Dimension],
+        flags: frozenset[str],
+        what: str,
+        handle_kw: str,
+    ) -> None:
+        if opt.key not in CLASS_CURVES.get(self.kind, frozenset()) or not what.endswith("class"):
+            self._unknown(opt.key, opt.span, params, flags, what, handle_kw)
+            return
+        # sc is rt and ls at once: either of them with sc is the same curve given twice.
+        for key in ("rt", "ls") if opt.key == "sc" else (opt.key,):
+            if key in seen:
+                first = Note("first given here", seen[key])
+                self.error(Diagnostic.error("E014", f"'{key}' is given twice", opt.span, first))
+                return
+        curve = self._curve(opt)
+        for key in ("rt", "ls") if opt.key == "sc" else (opt.key,):
+            seen[key] = opt.span
+            values[key] = curve
+
+    def _curve(self, opt: CurveOpt) -> ir.Curve | None:
+        """Evaluate one service curve, converting tc's umax/dmax/rate form as tc does."""
+        got: dict[str, Any] = {}
+        for part in opt.parts:
+            if part.key not in CURVE_PARTS:
+                self.error(
+                    Diagnostic.error(
+                        "E007",
+                        f"'{part.key}' is not part of a service curve; after umax and dmax "
+                        "comes 'rate'",
+                        part.span.prefix(len(part.key)),
+                    )
+                )
+                return None
+            got[part.key] = self._value(part, CURVE_PARTS[part.key], False)
+        if any(v is None for v in got.values()):
+            return None
+        for key, v in got.items():
+            limit = U32_MAX * 8 if isinstance(v, ir.Rate) else U32_MAX
+            amount = v.bits_per_second if isinstance(v, ir.Rate) else getattr(v, "bytes", None)
+            if amount is None:
+                amount = v.microseconds
+            if isinstance(v, ir.Rate) and 0 < amount < 8:
+                self.error(
+                    Diagnostic.error(
+                        "E235",
+                        f"{opt.key} {key} {amount}bit is below 8bit; tc keeps rates in whole "
+                        "bytes per second",
+                        v.span,
+                    )
+                )
+                return None
+            if amount > limit:
+                shown = "34.36gbit (tc's 32-bit bytes/s)" if isinstance(v, ir.Rate) else "2^32-1"
+                self.error(
+                    Diagnostic.error("E235", f"{opt.key} {key} is above tc's limit {shown}", v.span)
+                )
+                return None
+        curve: ir.Curve | None
+        if "m2" in got:
+            curve = ir.Curve(got["m2"], opt.span, got.get("m1"), got.get("d"))
+        else:
+            curve = self._umax_curve(opt, got)
+        if curve is None:
+            return None
+        if curve.m1_bits // 8 == 0 and curve.m2.bits_per_second // 8 == 0:
+            self.error(
+                Diagnostic.error(
+                    "E235",
+                    f"{opt.key} has two zero slopes (below 8bit, a byte per second, counts as "
+                    "zero); tc refuses such a curve",
+                    opt.span,
+                )
+            )
+            return None
+        return curve
+
+    def _umax_curve(self, opt: CurveOpt, got: dict[str, Any]) -> ir.Curve | None:
+        rate: ir.Rate = got["rate"]
+        umax: ir.Size | None = got.get("umax")
+        dmax: ir.Time | None = got.get("dmax")
+        if umax is None and dmax is None:
+            return ir.Curve(rate, opt.span)
+        u = umax.bytes if umax is not None else 0
+        dm = dmax.microseconds if dmax is not None else 0
+        if umax is not None and u and not dm:
+            self.error(
+                Diagnostic.error(
+                    "E235", f"{opt.key} gives umax without dmax; tc refuses it", umax.span
+                )
+            )
+            return None
+        per_second = rate.bits_per_second // 8
+        first = -(-u * 1_000_000 // dm) if dm else 0
+        if first > U32_MAX and umax is not None:
+            self.error(
+                Diagnostic.error(
+                    "E235",
+                    f"{opt.key}: umax {u} bytes in dmax {dm}us is {first} bytes/s, above tc's "
+                    f"32-bit limit {U32_MAX}",
+                    umax.span,
+                )
+            )
+            return None
+        if first > per_second:  # concave: m1 = umax / dmax
+            m1 = ir.Rate(first * 8, umax.span if umax else rate.span)
+            return ir.Curve(rate, opt.span, m1, dmax, umax, dmax)
+        if per_second == 0:
+            return ir.Curve(rate, opt.span, None, None, umax, dmax)  # two zero slopes: refused
+        d = dm - u * 1_000_000 // per_second  # convex: ceil(dmax - umax / rate), as tc does
+        at = dmax.span if dmax is not None else rate.span
+        return ir.Curve(rate, opt.span, ir.Rate(0, at), ir.Time(d, at), umax, dmax)
 
     def _value(self, opt: Param, dim: Dimension, percent: bool) -> Any:
         try:
@@ -197,14 +327,15 @@ class QdiscBuilder:
                 )
             self.error(Diagnostic.error("E007", text, span))
             return
-        accepted = sorted({*params, *flags, handle_kw})
-        hint = suggestion(key, sorted({*params, *flags}))
+        curves = CLASS_CURVES.get(self.kind, frozenset()) if what.endswith("class") else set()
+        accepted = sorted({*params, *flags, *curves, handle_kw})
+        hint = suggestion(key, sorted({*params, *flags, *curves}))
         takes = ", ".join(accepted) if len(accepted) > 1 else f"only {handle_kw}"
-        self.error(
-            Diagnostic.error(
-                "E007", f"'{key}' is not a parameter of {what}{hint}; it takes {takes}", span
-            )
-        )
+        text = f"'{key}' is not a parameter of {what}{hint}; it takes {takes}"
+        if curves and key in ("rate", "ceil"):
+            text += " (an hfsc class has service curves: 'ls m2 RATE' shares, 'rt m2 RATE' "
+            text += "guarantees, 'ul m2 RATE' caps)"
+        self.error(Diagnostic.error("E007", text, span))
 
     # ---- qdiscs ----
     def build(self) -> QdiscSyntax:
@@ -214,7 +345,7 @@ class QdiscBuilder:
             self.opts,
             {
                 **QDISC_PARAMS[kind],
-                **({"default": C} if kind == "htb" else {}),
+                **({"default": C} if kind in WITH_DEFAULT else {}),
                 **({"priomap": C} if kind == "prio" else {}),
             },
             QDISC_FLAGS[kind],
@@ -253,7 +384,9 @@ class QdiscBuilder:
             for cls in classes:
                 self.error(
                     Diagnostic.error(
-                        "E018", f"{kind} has no classes; 'class' needs htb, prio or cbq", cls.span
+                        "E018",
+                        f"{kind} has no classes; 'class' needs htb, hfsc, prio or cbq",
+                        cls.span,
                     )
                 )
         child: ir.Qdisc | None = None
@@ -303,6 +436,8 @@ class QdiscBuilder:
                 return ir.Prio(span, v.get("bands"), v.get("priomap"), classes, handle)
             case "cbq":
                 return ir.Cbq(span, v.get("bandwidth"), v.get("avpkt"), classes, handle)
+            case "hfsc":
+                return ir.Hfsc(span, v.get("default"), classes, handle)
             case "tbf":
                 burst = v.get("burst")
                 if burst is not None and v.get("buffer") is not None:
@@ -372,7 +507,7 @@ class QdiscBuilder:
             syn.opts,
             CLASS_PARAMS[kind],
             CLASS_FLAGS[kind],
-            f"{'an' if kind == 'htb' else 'a'} {kind} class",
+            f"{'an' if kind in ('htb', 'hfsc') else 'a'} {kind} class",
             PERCENT_OK if kind != "prio" else frozenset(),
             handle_kw="id",
         )
@@ -430,9 +565,9 @@ class QdiscBuilder:
         )
 
 
-def _opt_key(opt: Param | Flag | DefaultOpt | HandleOpt | PriomapOpt) -> str:
+def _opt_key(opt: Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | CurveOpt) -> str:
     match opt:
-        case Param() | Flag():
+        case Param() | Flag() | CurveOpt():
             return opt.key
         case DefaultOpt():
             return "default"

@@ -46,7 +46,16 @@ class PriomapOpt:
     span: Span
 
 
-Opt = Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | ir.Match
+@dataclass(frozen=True, slots=True)
+class CurveOpt:
+    """An hfsc service curve as written: ``rt``/``ls``/``ul``/``sc`` and its keyed values."""
+
+    key: str
+    parts: tuple[Param, ...]
+    span: Span
+
+
+Opt = Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | CurveOpt | ir.Match
 
 
 @dataclass(frozen=True, slots=True)

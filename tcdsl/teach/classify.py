@@ -76,7 +76,7 @@ class Verdict:
         last = self.steps[-1]
         if last.cls is not None:
             return last.cls.leaf
-        if isinstance(last.qdisc, ir.Htb | ir.Prio | ir.Cbq):
+        if isinstance(last.qdisc, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
             return None
         return last.qdisc
 
@@ -93,6 +93,15 @@ class Verdict:
         """True if the packet ends in htb's direct queue (unshaped)."""
         last = self.steps[-1]
         return last.cls is None and isinstance(last.qdisc, ir.Htb)
+
+    @property
+    def dropped(self) -> bool:
+        """True if the packet is dropped: hfsc drops what reaches no leaf class."""
+        last = self.steps[-1]
+        return last.cls is None and isinstance(last.qdisc, ir.Hfsc)
+
+
+DROPPED = "DROPPED (hfsc has no direct queue)"
 
 
 class UnknownInterface(ValueError):
@@ -272,7 +281,7 @@ class _Walk:
     # ---- qdiscs ----
     def qdisc(self, q: ir.Qdisc) -> list[Step]:
         match q:
-            case ir.Htb():
+            case ir.Htb() | ir.Hfsc():
                 return self._htb(q)
             case ir.Prio():
                 return self._prio(q)
@@ -306,13 +315,16 @@ class _Walk:
             return [step, *self.qdisc(cls.leaf)]
         return [step]
 
-    def _htb(self, q: ir.Htb) -> list[Step]:
+    def _htb(self, q: ir.Htb | ir.Hfsc) -> list[Step]:
+        """htb and hfsc classify alike: filters from the root down to a leaf, then the default
+        class; what has no class goes to htb's direct queue (unshaped) or is dropped by hfsc."""
         assert q.handle is not None
+        nowhere = "the direct queue, unshaped" if isinstance(q, ir.Htb) else DROPPED
         classes = {c.classid: c for c in ir.classes_of(q)}
         parent, head = q.handle, self._no_hit()
         while (hit := self._first_hit(parent)) is not None:
             if hit.flowid == q.handle:
-                why = f"{hit.why} -> the htb itself ({q.handle}): the direct queue, unshaped"
+                why = f"{hit.why} -> the {q.kind} itself ({q.handle}): {nowhere}"
                 return [Step(q, None, why, hit.span)]
             cls = classes.get(hit.flowid)
             if cls is None:
@@ -329,12 +341,12 @@ class _Walk:
             None,
         )
         if q.default is None or default is None:
-            why = f"{head} and htb has no default: the direct queue, unshaped"
+            why = f"{head} and {q.kind} has no default: {nowhere}"
             return [Step(q, None, why, q.span.prefix(len(q.kind)))]
         if default.children:
-            why = f"{head}; htb's default '{default.name}' is not a leaf: the direct queue"
+            why = f"{head}; {q.kind}'s default '{default.name}' is not a leaf: {nowhere}"
             return [Step(q, None, why, q.default.span)]
-        return self._into(q, default, f"{head}: htb default '{default.name}'", q.default.span)
+        return self._into(q, default, f"{head}: {q.kind} default '{default.name}'", q.default.span)
 
     def _prio(self, q: ir.Prio) -> list[Step]:
         assert q.handle is not None
@@ -380,7 +392,7 @@ class _Walk:
 
 def _descends(q: ir.Qdisc) -> bool:
     """True if classification goes on inside ``q`` (it has classes or bands to choose)."""
-    if isinstance(q, ir.Htb | ir.Prio | ir.Cbq | ir.PfifoFast):
+    if isinstance(q, ir.Htb | ir.Prio | ir.Cbq | ir.PfifoFast | ir.Hfsc):
         return True
     if isinstance(q, ir.Tbf | ir.Netem) and q.child is not None:
         return _descends(q.child)
@@ -404,6 +416,8 @@ def outcome(verdict: Verdict) -> str:
     last = verdict.steps[-1]
     if verdict.direct:
         return f"the direct queue of {_qdisc_name(last.qdisc)} (unshaped)"
+    if verdict.dropped:
+        return f"dropped by {_qdisc_name(last.qdisc)} (no class takes it)"
     if last.cls is not None:
         return f"{last.cls.label} ({last.cls.classid}), leaf {words.leaf_words(last.cls.leaf)}"
     if isinstance(last.qdisc, ir.Prio | ir.Cbq):
@@ -446,6 +460,7 @@ def to_json(verdict: Verdict, packet: Packet) -> dict[str, object]:
         "classid": cls_id(cls),
         "leaf": None if verdict.leaf is None else verdict.leaf.kind,
         "direct": verdict.direct,
+        "dropped": verdict.dropped,
         "outcome": outcome(verdict),
         "steps": [
             {

@@ -32,7 +32,14 @@ from tcdsl.tcmath import (
     tos_priority,
 )
 from tcdsl.units import format_rate, format_size, format_time
-from tcdsl.words import TOS_BITS, match_phrase, match_text, or_list, police_phrase
+from tcdsl.words import (
+    TOS_BITS,
+    curve_phrases,
+    match_phrase,
+    match_text,
+    or_list,
+    police_phrase,
+)
 
 Format = Literal["text", "markdown"]
 
@@ -366,7 +373,7 @@ class _Explainer:
             self.add(Para(self.download_sentence(iface, iface.download)))
         self.add(Para(self.root_sentence(iface)))
         match root:
-            case ir.Htb() | ir.Cbq() | ir.Prio():
+            case ir.Htb() | ir.Cbq() | ir.Prio() | ir.Hfsc():
                 self.add(Heading(3, "Classes, in tree order"))
                 self.classes(root, iface, None)
                 self.classification(root, iface, None)
@@ -463,7 +470,7 @@ class _Explainer:
     def nested(self, root: ir.Qdisc) -> Iterator[tuple[ir.ClassfulQdisc, _Holder]]:
         """The classful qdiscs below ``root``, pre-order, with what holds each."""
         for q, by, bound in ir.held_qdiscs(root):
-            if isinstance(q, ir.Htb | ir.Prio | ir.Cbq):
+            if isinstance(q, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
                 if isinstance(by, ir.Class):
                     yield q, _Holder(self.cls_ref(by), False, bound)
                 else:
@@ -504,6 +511,11 @@ class _Explainer:
                 )
             case ir.Cbq():
                 text += " It sorts them again among its own classes, with its own filters."
+            case ir.Hfsc():
+                text += (
+                    " It sorts them again among its own classes, with its own filters, and "
+                    "serves them by their service curves, as in any hfsc."
+                )
         if holder.bound is not None:
             cap = holder.bound.bits_per_second
             text += f" It can send no more than {format_rate(cap)}, {self.why(holder.bound)}."
@@ -556,6 +568,16 @@ class _Explainer:
                     "the bands after it. Match lines choose a band; packets no filter takes get "
                     "a band from the priority Linux gave them, which comes from their TOS byte "
                     "(the table below)."
+                )
+            case ir.Hfsc():
+                return (
+                    f"The root qdisc is hfsc (hierarchical fair service curve, handle {h}). It "
+                    f"shapes what {dev} sends by class, each class by up to three service "
+                    "curves: rt (real-time) guarantees a leaf class its rate, and a lower delay "
+                    "for the first part of a backlog where the curve starts steeper; ls "
+                    "(link-sharing) shares the bandwidth left over between sibling classes in "
+                    "proportion to their ls rates; ul (upper limit) caps what a class gets by "
+                    "link-sharing. A real-time guarantee is served even above ul."
                 )
             case ir.Cbq():
                 bandwidth = format_rate(root.bandwidth.bits_per_second) if root.bandwidth else "?"
@@ -618,7 +640,7 @@ class _Explainer:
                 return self.tbf(q)
             case ir.Netem():
                 return self.netem(q)
-            case ir.Htb() | ir.Prio() | ir.Cbq():
+            case ir.Htb() | ir.Prio() | ir.Cbq() | ir.Hfsc():
                 return (
                     f"{q.kind} {h}, a classful qdisc of its own: its classes, filters and "
                     f"unmatched traffic are explained below, under {q.kind} {h}."
@@ -727,17 +749,15 @@ class _Explainer:
         return text
 
     # ---- classes
-    def classes(
-        self, q: ir.Htb | ir.Cbq | ir.Prio, iface: ir.Interface, holder: _Holder | None
-    ) -> None:
+    def classes(self, q: ir.ClassfulQdisc, iface: ir.Interface, holder: _Holder | None) -> None:
         parents = ir.parent_map(q)
-        default = default_minor(q) if isinstance(q, ir.Htb) else None
+        default = default_minor(q) if isinstance(q, ir.Htb | ir.Hfsc) else None
         for top in q.classes:
             self.klass(q, top, parents, default, iface, holder, 0)
 
     def klass(
         self,
-        q: ir.Htb | ir.Cbq | ir.Prio,
+        q: ir.ClassfulQdisc,
         cls: ir.Class,
         parents: dict[int, ir.Class | None],
         default: int | None,
@@ -762,11 +782,28 @@ class _Explainer:
                 self.cbq_items(cls, inner)
             case ir.Prio():
                 self.prio_items(q, cls, inner)
+            case ir.Hfsc():
+                self.hfsc_items(cls, inner)
         if not cls.children:
             self.traffic(q, cls, iface, is_default, holder is not None, inner)
             self.add(Item("Queue", self.queue(cls.leaf), inner))
         for child in cls.children:
             self.klass(q, child, parents, default, iface, holder, inner)
+
+    def hfsc_items(self, cls: ir.Class, depth: int) -> None:
+        phrases = curve_phrases(cls)
+        if phrases:
+            text = ", ".join(phrases[:-1]) + (", " if len(phrases) > 1 else "") + phrases[-1]
+            self.add(Item("Curves", text[0].upper() + text[1:] + ".", depth))
+        if cls.rt is not None and cls.children:
+            self.add(
+                Item(
+                    "Note",
+                    "its rt curve is never used: the kernel serves real-time curves of leaf "
+                    "classes only.",
+                    depth,
+                )
+            )
 
     def _ancestors(self, cls: ir.Class, parents: dict[int, ir.Class | None]) -> list[ir.Class]:
         chain: list[ir.Class] = []
@@ -959,7 +996,7 @@ class _Explainer:
     # ---- traffic
     def traffic(
         self,
-        q: ir.Htb | ir.Cbq | ir.Prio,
+        q: ir.ClassfulQdisc,
         cls: ir.Class,
         iface: ir.Interface,
         is_default: bool,
@@ -1004,18 +1041,18 @@ class _Explainer:
                 )
             )
         if is_default:
-            me = f"htb {_handle(q)}"
+            me = f"{q.kind} {_handle(q)}"
             text = (
                 f"this is the default class of {me}: packets that reach {me} and that none of "
                 "its filters matches come here, including those that are not IPv4 (ARP, IPv6)."
                 if nested
-                else "this is the htb's default class: packets no filter matches come here, "
+                else f"this is the {q.kind}'s default class: packets no filter matches come here, "
                 "including everything that is not IPv4 (ARP, IPv6)."
             )
             if marking is not None and cls.fwmark is not None and not nested:
                 text += f" The firewall gives still-unmarked packets mark {cls.fwmark}."
             self.add(Item("Default", text, depth))
-        elif not cls.matches and isinstance(q, ir.Htb | ir.Cbq) and cls.fwmark is None:
+        elif not cls.matches and isinstance(q, ir.Htb | ir.Cbq | ir.Hfsc) and cls.fwmark is None:
             self.add(
                 Item(
                     "Traffic",
@@ -1033,7 +1070,7 @@ class _Explainer:
 
     # ---- classification order
     def classification(
-        self, q: ir.Htb | ir.Cbq | ir.Prio, iface: ir.Interface, holder: _Holder | None
+        self, q: ir.ClassfulQdisc, iface: ir.Interface, holder: _Holder | None
     ) -> None:
         """The filters of ``q`` in the order the kernel tries them (or, at the root, the marking
         rules of the whole interface)."""
@@ -1122,7 +1159,7 @@ class _Explainer:
         self.add(Steps(tuple(steps)))
 
     # ---- unmatched traffic
-    def unmatched(self, root: ir.Htb | ir.Cbq | ir.Prio, holder: _Holder | None) -> None:
+    def unmatched(self, root: ir.ClassfulQdisc, holder: _Holder | None) -> None:
         me = f"{root.kind} {_handle(root)}"
         self.add(Heading(3, "Unmatched traffic" if holder is None else f"{me}, unmatched traffic"))
         # Below the root, only the packets the holder passes on reach the qdisc.
@@ -1184,6 +1221,24 @@ class _Explainer:
                     f"Packets{which}, and everything that is not IPv4, go to "
                     f"cbq's own root class {_handle(root)}, outside every class of this policy."
                 )
+            case ir.Hfsc():
+                minor = default_minor(root)
+                target = next(
+                    (c for c in ir.classes_of(root) if c.classid and c.classid.minor == minor),
+                    None,
+                )
+                if target is not None:
+                    text = (
+                        f"Packets{which} go to {self.cls_ref(target)}, the default class of "
+                        f"{me}. So does everything that is not IPv4, such as ARP and IPv6: the "
+                        "filters look at IPv4 headers only."
+                    )
+                else:
+                    text = (
+                        f"{me} has no default class: packets{which}, and everything that is "
+                        "not IPv4 (ARP and IPv6 included: the filters look at IPv4 headers "
+                        "only), are DROPPED. Add 'default CLASS' to its qdisc line."
+                    )
         self.add(Para(text))
 
     # ---- TOS -> priority -> band

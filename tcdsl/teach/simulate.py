@@ -744,6 +744,217 @@ class HtbNode(Node):
         return None
 
 
+# ---- hfsc ------------------------------------------------------------------------------------
+
+
+class Curve:
+    """A service curve anchored at (x ns, y bytes): slope ``m1`` bytes/s for ``d`` ns, then
+    ``m2`` (the kernel's ``struct runtime_sc``)."""
+
+    def __init__(self, m1: int, d: int, m2: int) -> None:
+        self.m1, self.d, self.m2 = m1, d, m2
+        self.dy = m1 * d // NS
+        self.x = 0
+        self.y = 0
+
+    def anchor(self, x: int, y: int) -> None:
+        """Start the curve at (``x``, ``y``)."""
+        self.x, self.y = x, y
+
+    def x2y(self, x: int) -> int:
+        """The service the curve gives by time ``x``."""
+        t = max(0, x - self.x)
+        if t <= self.d:
+            return self.y + self.m1 * t // NS
+        return self.y + self.dy + self.m2 * (t - self.d) // NS
+
+    def eligible(self, y: int) -> int:
+        """When service ``y`` becomes eligible: the curve itself when concave; a convex curve
+        without its first segment (the kernel's ``cl_eligible``)."""
+        if self.m1 > self.m2 or self.m2 <= 0:
+            return self.y2x(y)
+        return self.x + max(0, y - self.y) * NS // self.m2
+
+    def y2x(self, y: int) -> int:
+        """When the curve reaches service ``y`` (never: a far future)."""
+        dy = y - self.y
+        if dy <= 0:
+            return self.x
+        if dy <= self.dy and self.m1 > 0:
+            return self.x + dy * NS // self.m1
+        if self.m2 <= 0:
+            return self.x + 3600 * NS
+        first = self.d if self.dy > 0 or self.m1 == 0 else 0
+        return self.x + first + (dy - self.dy) * NS // self.m2
+
+
+def _curve(c: ir.Curve | None) -> Curve | None:
+    if c is None:
+        return None
+    return Curve(c.m1_bits // 8, c.d_us * US, c.m2.bits_per_second // 8)
+
+
+class HfscClass:
+    """One hfsc class's state (a simplified ``struct hfsc_class``)."""
+
+    def __init__(self, name: str, parent: HfscClass | None, cls: ir.Class | None) -> None:
+        self.name = name
+        self.parent = parent
+        self.children: list[HfscClass] = []
+        self.rt = _curve(cls.rt) if cls is not None else None
+        self.ul = _curve(cls.ul) if cls is not None else None
+        ls = cls.ls if cls is not None else None
+        self.ls_rate = ls.m2.bits_per_second // 8 if ls is not None else 0
+        self.leaf: Node | None = None
+        self.cumul = 0
+        """Bytes sent by the real-time criterion."""
+        self.total = 0
+        """Bytes sent in all (what link-sharing and ul count)."""
+        self.vt = 0.0
+        """Virtual time: link-sharing service over the ls rate, in seconds."""
+        self.active = 0
+        """Children with packets below them (leaves: 1 while backlogged)."""
+
+
+class HfscNode(Node):
+    """sch_hfsc, simplified: real-time service by deadline among eligible leaves, then
+    link-sharing by least virtual time among children whose ul lets them send."""
+
+    def __init__(self, engine: Engine, depth: int) -> None:
+        super().__init__(engine)
+        self.depth = depth
+        self.root = HfscClass("", None, None)
+        self.leaves: list[HfscClass] = []
+        self.nowhere = _Nowhere(engine)
+
+    def qlen(self) -> int:
+        return sum(cl.leaf.qlen() for cl in self.leaves if cl.leaf is not None)
+
+    def _class(self, pkt: Packet) -> HfscClass | None:
+        cl = pkt.route[self.depth]
+        assert cl is None or isinstance(cl, HfscClass)
+        return cl
+
+    def store(self, pkt: Packet) -> Node:
+        cl = self._class(pkt)
+        if cl is None:
+            return self.nowhere
+        assert cl.leaf is not None
+        return cl.leaf.store(pkt)
+
+    def room(self, pkt: Packet) -> bool:
+        return self._class(pkt) is not None and self.store(pkt).room(pkt)
+
+    def enqueue(self, pkt: Packet, now: int) -> None:
+        cl = self._class(pkt)
+        if cl is None:  # no class and no default: hfsc drops it
+            self.engine.drop(pkt, now)
+            return
+        assert cl.leaf is not None
+        was = cl.leaf.qlen()
+        cl.leaf.enqueue(pkt, now)
+        if was == 0 and cl.leaf.qlen() > 0:
+            self._activate(cl, now)
+
+    def _activate(self, cl: HfscClass, now: int) -> None:
+        # A curve starts again from here when the class has been idle long enough for it to
+        # have caught up (the kernel takes the minimum of the old and the new curve).
+        if cl.rt is not None and cl.rt.x2y(now) >= cl.cumul:
+            cl.rt.anchor(now, cl.cumul)
+        cl.active = 1
+        node = cl
+        while node.parent is not None:
+            if node.ul is not None and node.ul.x2y(now) >= node.total:
+                node.ul.anchor(now, node.total)
+            siblings = [c.vt for c in node.parent.children if c.active and c is not node]
+            if siblings:
+                node.vt = max(node.vt, min(siblings))
+            node.parent.active += 1
+            if node.parent.active > 1:
+                break
+            node = node.parent
+
+    def _deactivate(self, cl: HfscClass) -> None:
+        cl.active = 0
+        node = cl
+        while node.parent is not None:
+            node.parent.active -= 1
+            if node.parent.active > 0:
+                break
+            node = node.parent
+
+    def _fit(self, cl: HfscClass, now: int) -> bool:
+        return cl.ul is None or cl.ul.y2x(cl.total) <= now
+
+    def _link_share(self, now: int) -> HfscClass | None:
+        node = self.root
+        while node.children:
+            ready = [c for c in node.children if c.active and c.ls_rate > 0 and self._fit(c, now)]
+            if not ready:
+                return None
+            node = min(ready, key=lambda c: c.vt)
+        return node
+
+    def _next_time(self, now: int) -> int:
+        """The next time a backlogged class becomes eligible or fits under its ul again."""
+        times: list[int] = []
+        for cl in self.leaves:
+            if not cl.active:
+                continue
+            if cl.rt is not None:
+                times.append(cl.rt.eligible(cl.cumul))
+            node: HfscClass | None = cl
+            while node is not None and node.parent is not None:
+                if node.ul is not None:
+                    times.append(node.ul.y2x(node.total))
+                node = node.parent
+        later = [t for t in times if t > now]
+        return min(later) if later else now + NS
+
+    def dequeue(self, now: int) -> Packet | None:
+        eligible = [
+            cl
+            for cl in self.leaves
+            if cl.active and cl.rt is not None and cl.rt.eligible(cl.cumul) <= now
+        ]
+        realtime = bool(eligible)
+        if realtime:
+            cl = min(eligible, key=lambda c: c.rt.y2x(c.cumul + MTU) if c.rt else 0)
+        else:
+            found = self._link_share(now)
+            if found is None:
+                if any(cl.active for cl in self.leaves):
+                    self.engine.wake(self._next_time(now))
+                return None
+            cl = found
+        assert cl.leaf is not None
+        pkt = cl.leaf.dequeue(now)
+        if pkt is None:
+            self._deactivate(cl)
+            return None
+        if realtime:
+            cl.cumul += pkt.size
+        node: HfscClass | None = cl
+        while node is not None and node.parent is not None:
+            node.total += pkt.size
+            if node.ls_rate > 0:
+                node.vt += pkt.size / node.ls_rate
+            node = node.parent
+        if cl.leaf.qlen() == 0:
+            self._deactivate(cl)
+        return pkt
+
+
+class _Nowhere(Node):
+    """Where a packet no hfsc class takes would wait: nowhere (it is dropped)."""
+
+    def qlen(self) -> int:
+        return 0
+
+    def room(self, pkt: Packet) -> bool:
+        return False
+
+
 _BITS = tuple(tuple(i for i in range(HTB_NUMPRIO) if m >> i & 1) for m in range(256))
 
 
@@ -762,6 +973,8 @@ class _Builder:
         """id() of an ir qdisc -> its model."""
         self.htb_classes: dict[int, HtbClass] = {}
         """id() of an ir class -> its htb model."""
+        self.hfsc_classes: dict[int, HfscClass] = {}
+        """id() of an ir class -> its hfsc model."""
         self.notes: list[str] = []
 
     def build(self, q: ir.Qdisc, depth: int = 0) -> Node:
@@ -813,6 +1026,8 @@ class _Builder:
                 return PrioNode(e, nodes, depth)
             case ir.Htb():
                 return self._htb(q, depth)
+            case ir.Hfsc():
+                return self._hfsc(q, depth)
             case _:
                 raise SimulationError(f"{q.kind} is not modelled by the simulator")
 
@@ -882,13 +1097,33 @@ class _Builder:
         node.levels = tuple(sorted({cl.level for cl in node.classes}))
         return node
 
+    def _hfsc(self, q: ir.Hfsc, depth: int) -> Node:
+        node = HfscNode(self.engine, depth)
+        self.notes.append(
+            "hfsc is modelled at steady state: rt curves with their first segment, link-sharing "
+            "by ls m2 only, ul as a curve; see docs/simulate.md"
+        )
+
+        def make(c: ir.Class, parent: HfscClass) -> HfscClass:
+            cl = HfscClass(c.name, parent, c)
+            self.hfsc_classes[id(c)] = cl
+            cl.children = [make(k, cl) for k in c.children]
+            if not c.children:
+                cl.leaf = self._leaf(c.leaf, depth + 1)
+                node.leaves.append(cl)
+            return cl
+
+        node.root.children = [make(c, node.root) for c in q.classes]
+        return node
+
 
 # ---- the run -----------------------------------------------------------------------------------
 
 
 def link_rate(iface: ir.Interface) -> int:
     """The rate the interface transmits at when no ``--link`` is given: an htb's link class
-    ceiling, a tbf's rate (its peak rate if higher), a netem's rate, else 1gbit."""
+    ceiling, a tbf's rate (its peak rate if higher), a netem's rate, the sum of an hfsc's top
+    classes' ul (when each has one), else 1gbit."""
     root = iface.root
     match root:
         case ir.Htb():
@@ -905,6 +1140,10 @@ def link_rate(iface: ir.Interface) -> int:
         case ir.Netem():
             if root.rate is not None:
                 return root.rate.bits_per_second
+        case ir.Hfsc():
+            uls = [c.ul.m2.bits_per_second for c in root.classes if c.ul is not None]
+            if uls and len(uls) == len(root.classes):
+                return sum(uls)
         case _:
             pass
     return DEFAULT_LINK
@@ -1144,12 +1383,16 @@ class Simulator(Engine):
                     priomap = step.qdisc.priomap
                     table = [c.value for c in priomap] if priomap else list(DEFAULT_PRIOMAP)
                     route.append(table[tos_priority(flow.packet.tos)])
+            elif isinstance(step.qdisc, ir.Hfsc):
+                route.append(None if step.cls is None else builder.hfsc_classes[id(step.cls)])
             elif isinstance(step.qdisc, ir.Cbq):
                 raise SimulationError("cbq is not modelled by the simulator")
         if verdict.cls is not None:
             cls = verdict.cls.name or "link"
         elif verdict.direct:
             cls = "direct"
+        elif verdict.dropped:
+            cls = "dropped"
         else:
             cls = verdict.steps[-1].qdisc.kind
         probe = Packet(index, flow.packet.size, flow.packet.tos, tuple(route), 0)

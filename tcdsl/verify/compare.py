@@ -433,6 +433,8 @@ def _compare_classes(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Dia
     for c in dev.classes:
         if c.classid in wanted or c.kind in _IMPLIED_CLASS_KINDS:
             continue
+        if c.kind == "hfsc" and c.classid.endswith(":"):
+            continue  # hfsc's own root class (1:), which every hfsc qdisc has
         yield Diagnostic.error(
             UNEXPECTED,
             f"unexpected {c.kind} class {c.classid} under {c.parent} in the kernel",

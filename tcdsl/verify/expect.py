@@ -22,7 +22,7 @@ from fractions import Fraction
 from ipaddress import IPv4Network
 
 from tcdsl import ir
-from tcdsl.commands import REDIRECT_PREF
+from tcdsl.commands import REDIRECT_PREF, curve_words
 from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -391,16 +391,20 @@ class _Builder:
     qdiscs: list[ExpectedQdisc] = field(default_factory=list)
     classes: list[ExpectedClass] = field(default_factory=list)
 
+    def written(self, span: Span) -> str | None:
+        """The policy's text at ``span`` (one line), if the sources are at hand."""
+        text = self.sources.get(span.file)
+        if text is None or span.end_line != span.line:
+            return None
+        lines = text.splitlines()
+        if not 1 <= span.line <= len(lines):
+            return None
+        return lines[span.line - 1][span.column - 1 : span.end_column - 1].strip() or None
+
     def spell(self, span: Span, canonical: str) -> str:
         """How the policy says a value: its text at ``span``, with the canonical spelling when
         the text differs (``LINK (12mbit)``, ``60% (60mbit)``)."""
-        text = self.sources.get(span.file)
-        if text is None or span.end_line != span.line:
-            return canonical
-        lines = text.splitlines()
-        if not 1 <= span.line <= len(lines):
-            return canonical
-        written = lines[span.line - 1][span.column - 1 : span.end_column - 1].strip()
+        written = self.written(span)
         if not written or written.lower() == canonical.lower():
             return canonical
         return f"{written} ({canonical})"
@@ -450,11 +454,13 @@ class _Builder:
             ExpectedQdisc(label, q.kind, q.handle.qdisc, parent, q.span, tuple(wants))
         )
         match q:
-            case ir.Htb() | ir.Cbq():
+            case ir.Htb() | ir.Cbq() | ir.Hfsc():
                 parents = ir.parent_map(q)
+                # hfsc's top classes hang off its own root class, shown as the qdisc (1:)
+                top = q.handle.qdisc if isinstance(q, ir.Hfsc) else "root"
                 for cls in ir.classes_of(q):
                     up = parents[id(cls)]
-                    self.klass(q, cls, "root" if up is None else str(up.classid))
+                    self.klass(q, cls, top if up is None else str(up.classid))
             case ir.Prio():
                 for cls in q.classes:
                     self.band(q, cls)
@@ -521,8 +527,13 @@ class _Builder:
                 yield self.size("limit", q.limit)
             case ir.Cbq():
                 pass  # no kernel that runs tc 6.1's cbq is at hand: structure only
+            case ir.Hfsc():
+                if q.default is None:  # tc prints no default 0 for hfsc
+                    yield Want("default", 0, "none", q.span, absent=0)
+                else:
+                    yield self.htb_default(q)
 
-    def htb_default(self, q: ir.Htb) -> Want:
+    def htb_default(self, q: ir.Htb | ir.Hfsc) -> Want:
         if q.default is None:
             return Want("default", 0, "none (0)", q.span)
         minor = next(
@@ -597,10 +608,28 @@ class _Builder:
         return Want(key, value, f"{value} (chosen by tcdsl)", span)
 
     # ---- classes ----
-    def klass(self, q: ir.Htb | ir.Cbq, cls: ir.Class, parent: str) -> None:
+    def curves(self, cls: ir.Class) -> Iterator[Want]:
+        """An hfsc class's curves as the kernel keeps them (tc's umax/dmax form converted; the
+        kernel's internal slopes give back the bytes/s and microseconds it was given)."""
+        for key, curve in (("rt", cls.rt), ("ls", cls.ls), ("ul", cls.ul)):
+            if curve is None:
+                yield Want(f"{key}.m2", 0, "none", cls.span, absent=0)
+                continue
+            words = self.written(curve.span) or f"{key} {' '.join(curve_words(curve))}"
+            m1, m2, d = curve.m1_bits, curve.m2.bits_per_second, curve.d_us
+            for part, value, text in (
+                ("m1", tc_shown_rate(m1), format_rate(m1)),
+                ("d", tc_shown_time(d), format_time(d)),
+                ("m2", tc_shown_rate(m2), format_rate(m2)),
+            ):
+                yield Want(f"{key}.{part}", value, f"{text} ({words})", curve.span)
+
+    def klass(self, q: ir.Htb | ir.Cbq | ir.Hfsc, cls: ir.Class, parent: str) -> None:
         assert cls.classid is not None
         leaf = cls.leaf.handle.qdisc if cls.leaf is not None and cls.leaf.handle else None
         wants: list[Want | None] = []
+        if isinstance(q, ir.Hfsc):
+            wants.extend(self.curves(cls))
         if isinstance(q, ir.Htb):
             wants.append(self.rate("rate", cls.rate))
             if cls.ceil is not None:
@@ -801,6 +830,7 @@ _QDISC_WORDS = {
     "bfifo": "the bfifo qdisc",
     "pfifo_fast": "the pfifo_fast qdisc",
     "ingress": "the ingress qdisc",
+    "hfsc": "the hfsc qdisc",
 }
 
 

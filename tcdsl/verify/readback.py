@@ -183,6 +183,23 @@ def _scan(words: Sequence[str], spec: dict[str, str]) -> dict[str, Shown]:
     return out
 
 
+HFSC_CURVE_PARTS = {"m1": "rate", "d": "time", "m2": "rate"}
+
+
+def hfsc_curves(words: Sequence[str]) -> dict[str, Shown]:
+    """An hfsc class's curves (``rt m1 2Mbit d 10ms m2 1Mbit ls m1 0bit d 0us m2 1Mbit``) as
+    ``rt.m1``, ``rt.d``, ``rt.m2`` and so on; tc prints ``sc`` for equal rt and ls curves."""
+    out: dict[str, Shown] = {}
+    for i, word in enumerate(words):
+        if word not in ("rt", "ls", "ul", "sc"):
+            continue
+        part = _scan(words[i + 1 : i + 7], HFSC_CURVE_PARTS)
+        for curve in ("rt", "ls") if word == "sc" else (word,):
+            for key, shown in part.items():
+                out.setdefault(f"{curve}.{key}", shown)
+    return out
+
+
 def _bands_and_priomap(words: Sequence[str], out: dict[str, Shown]) -> None:
     """``bands 3 priomap 1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1`` (prio and pfifo_fast)."""
     bands = _after(words, "bands")
@@ -248,6 +265,7 @@ def _netem(words: Sequence[str]) -> dict[str, Shown]:
 
 QDISC_OPTIONS: dict[str, dict[str, str]] = {
     "htb": {"r2q": "int", "default": "hex", "direct_packets_stat": "int", "direct_qlen": "int"},
+    "hfsc": {"default": "hex"},
     "tbf": {
         "rate": "rate",
         "burst": "size",
@@ -380,6 +398,8 @@ class TcClass:
     def options(self) -> dict[str, Shown]:
         """The options this class kind prints, parsed."""
         _, words = _header(["class", self.kind, self.classid, *self.words])
+        if self.kind == "hfsc":
+            return hfsc_curves(words)
         return _scan(words, CLASS_OPTIONS.get(self.kind, {}))
 
 
