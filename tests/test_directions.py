@@ -263,7 +263,7 @@ def test_classify_cli_names_the_direction(tmp_path: Path) -> None:
     (verdict,) = json.loads(got.stdout)
     assert verdict["interface"] == "eth1" and verdict["direction"] == "ingress"
     assert (
-        "policed at 800kbit (burst 10k): packets above it are dropped"
+        "above 800kbit (burst 10k), they are dropped"
         in (verdict["steps"][0]["why"])
     )
     wrong = CliRunner().invoke(
