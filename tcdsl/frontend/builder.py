@@ -120,7 +120,7 @@ class Builder(Transformer[Token, Any]):
             )
         if q.classify:
             marking = q.classify[0]
-        self.interfaces.append(ir.Interface(name, name_span, q.qdisc, marking))
+        self.interfaces.append(ir.Interface(name, name_span, q.qdisc, marking, stab=q.stab))
 
     def ifname(self, c: list[Token]) -> tuple[str, Span]:
         (tok,) = c
