@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tcdsl import ir
+from tcdsl import ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -830,6 +830,113 @@ def _netems_mix(iface: ir.Interface) -> Iterator[Diagnostic]:
         )
 
 
+def link_layer_values_kept(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """Link-layer and cake values tc takes as written: E230 for what it refuses (cake's
+    overhead and mpu ranges, which tcdsl keeps a size table to as well), takes for 'not given'
+    and leaves out, or drops (a size table's mtu and tsize when it needs no table)."""
+    for iface in policy.interfaces:
+        if iface.stab is not None:
+            yield from _overhead_values(iface.stab, stab=True)
+        for q in ir.walk_qdiscs(iface.root):
+            if isinstance(q, ir.Cake):
+                yield from _cake_values(q)
+
+
+def _outside(value: ir.Count | ir.Size | None, lo: int, hi: int) -> bool:
+    if value is None:
+        return False
+    number = value.bytes if isinstance(value, ir.Size) else value.value
+    return not lo <= number <= hi
+
+
+def _overhead_values(o: ir.Overhead, stab: bool) -> Iterator[Diagnostic]:
+    lo, hi = linklayer.OVERHEAD_RANGE
+    if o.preset is None and _outside(o.overhead, lo, hi):
+        yield Diagnostic.error(
+            "E230",
+            f"overhead {o.overhead.value} is outside {lo} to {hi} bytes, what tc's cake takes "
+            "(tcdsl keeps a size table to it too; no link adds more)",
+            o.overhead.span,
+        )
+    lo, hi = linklayer.MPU_RANGE
+    if o.mpu is not None and _outside(o.mpu, lo, hi):
+        yield Diagnostic.error(
+            "E230",
+            f"mpu {o.mpu.value} is outside {lo} to {hi} bytes, what tc's cake takes (tcdsl keeps "
+            "a size table to it too)",
+            o.mpu.span,
+        )
+    if not stab:
+        return
+    for name, value, (lo, hi) in (
+        ("mtu", o.mtu, linklayer.STAB_MTU_RANGE),
+        ("tsize", o.tsize, linklayer.STAB_TSIZE_RANGE),
+    ):
+        if value is None:
+            continue
+        if _outside(value, lo, hi):
+            number = value.bytes if isinstance(value, ir.Size) else value.value
+            why = (
+                "tc takes 0 for 'not given'"
+                if number == 0
+                else "a larger table does not fit in tc's request"
+            )
+            yield Diagnostic.error(
+                "E230", f"size table {name} {number} is outside {lo}-{hi} ({why})", value.span
+            )
+        elif o.linklayer == "ethernet" and (o.mpu is None or o.mpu.value == 0):
+            yield Diagnostic.error(
+                "E230",
+                f"tc drops a size table's {name} when it needs no table (linklayer ethernet "
+                f"without mpu: the overhead alone is added); leave {name} out, or give an mpu",
+                value.span,
+            )
+
+
+def _cake_values(q: ir.Cake) -> Iterator[Diagnostic]:
+    if q.overhead is not None:
+        yield from _overhead_values(q.overhead, stab=False)
+    if q.bandwidth is not None and q.bandwidth.bits_per_second < 8:
+        yield Diagnostic.error(
+            "E230",
+            "tc takes a cake bandwidth of 0 for 'not given' and leaves it out (cake then does "
+            "not shape); write 'unlimited', or a bandwidth of 8bit or more",
+            q.bandwidth.span,
+        )
+    for name, number, span, most in (
+        ("rtt", q.rtt.microseconds if q.rtt else None, q.rtt.span if q.rtt else None, U32_MAX),
+        (
+            "memlimit",
+            q.memlimit.bytes if q.memlimit else None,
+            q.memlimit.span if q.memlimit else None,
+            U32_MAX,
+        ),
+        (
+            "fwmark",
+            q.fwmark.value if q.fwmark else None,
+            q.fwmark.span if q.fwmark else None,
+            U32_MAX,
+        ),
+    ):
+        if number is None or span is None:
+            continue
+        if number == 0 and name != "fwmark":
+            default = "100ms" if name == "rtt" else "a limit from the bandwidth"
+            yield Diagnostic.error(
+                "E230",
+                f"tc takes cake {name} 0 for 'not given' and leaves it out: the kernel keeps "
+                f"{default}; give {name} 1 or more",
+                span,
+            )
+        elif not 0 <= number <= most:
+            unit = "us" if name == "rtt" else ""
+            yield Diagnostic.error(
+                "E230",
+                f"cake {name} {number}{unit} is beyond its 32-bit field (at most {most}{unit})",
+                span,
+            )
+
+
 CHECKS: tuple[Check, ...] = (
     required_parameters_present,
     values_in_range,
@@ -844,6 +951,7 @@ CHECKS: tuple[Check, ...] = (
     marks_expressible,
     marks_unique,
     values_kept_as_written,
+    link_layer_values_kept,
 )
 
 

@@ -73,6 +73,10 @@ _TABLE: dict[str, CodeInfo] = {
     "E215": CodeInfo(_E, "An iptables chain name that is a built-in chain or a target"),
     "E216": CodeInfo(_E, "An iptables chain name with characters or a length tcdsl does not take"),
     "E220": CodeInfo(_E, "A match or mark classify by mark cannot reach (a nested qdisc)"),
+    "E230": CodeInfo(_E, "A link-layer or cake value tc refuses, leaves out or drops"),
+    "E231": CodeInfo(_E, "An unknown name where a preset, link layer, rtt or isolation goes"),
+    "E232": CodeInfo(_E, "Link-layer words where a size table cannot take them"),
+    "E233": CodeInfo(_E, "cake keywords that contradict each other"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
@@ -96,6 +100,8 @@ _TABLE: dict[str, CodeInfo] = {
     "W321": CodeInfo(_W, "A netem limit below the packets its delay keeps inside"),
     "W322": CodeInfo(_W, "A class mark nothing in the policy sets"),
     "W330": CodeInfo(_W, "A value the kernel keeps, but not as written"),
+    "W340": CodeInfo(_W, "Link-layer overhead on an interface where nothing shapes"),
+    "W341": CodeInfo(_W, "A cake with its own overhead below a size table: counted twice"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),

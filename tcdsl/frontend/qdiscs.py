@@ -280,7 +280,9 @@ class QdiscBuilder:
     def build(self) -> QdiscSyntax:
         kind = self.kind
         pct = NETEM_PERCENT if kind == "netem" else frozenset()
-        stab_params = {k: d for k, d in STAB_PARAMS.items() if kind not in ("tbf", "cake")}
+        stab_params = {
+            k: d for k, d in STAB_PARAMS.items() if kind != "cake" and (kind, k) != ("tbf", "mtu")
+        }
         values, handle, matches = self._values(
             self.opts,
             {
@@ -350,10 +352,11 @@ class QdiscBuilder:
 
     def _overhead(self, v: dict[str, Any], stab: bool) -> ir.Overhead | None:
         """Take the link-layer words out of ``v``: a preset fills in what is not given."""
-        words = {k: v.pop(k, None) for k in (*LINK_LAYER_PARAMS, *STAB_PARAMS)}
-        if not stab:
-            words["mtu"] = v.get("mtu")
-        given = [w for k, w in words.items() if w is not None and (stab or k != "mtu")]
+        own = [k for k in STAB_PARAMS if stab and (self.kind, k) != ("tbf", "mtu")]
+        words = {k: v.pop(k, None) for k in (*LINK_LAYER_PARAMS, *own)}
+        given = [w for w in words.values() if w is not None]
+        words.setdefault("mtu", None)
+        words.setdefault("tsize", None)
         if not given:
             return None
         first = min((w.span for w in given), key=lambda s: (s.line, s.column))
@@ -398,7 +401,7 @@ class QdiscBuilder:
             mpu,
             amount if isinstance(amount, ir.Word) else None,
             layer if isinstance(layer, ir.Word) else None,
-            words["mtu"] if stab else None,
+            words["mtu"],
             words["tsize"],
         )
 
@@ -510,7 +513,9 @@ class QdiscBuilder:
                     Diagnostic.error(
                         "E233",
                         f"'{word.value}' contradicts '{given[0].value}': cake takes one of "
-                        f"{', '.join(names)}" if len(names) > 1 else f"'{word.value}' twice",
+                        f"{', '.join(names)}"
+                        if len(names) > 1
+                        else f"'{word.value}' twice",
                         word.span,
                         Note("given here", given[0].span),
                     )

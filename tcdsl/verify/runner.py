@@ -434,6 +434,7 @@ _PROBE_QDISCS = (
     "pfifo",
     "bfifo",
     "pfifo_fast",
+    "cake",
 )
 _PROBE_FILTERS = {
     "u32": "u32 match u32 0 0 at 0 flowid 1:1",
