@@ -182,27 +182,31 @@ class QdiscBuilder:
                 self._unknown(opt.key, span, params, flags, what, handle_kw)
                 continue
             if opt.key in NAMED_VALUES:
-                word = self._named(opt)
-                if word is not None or opt.key in NAME_ONLY:
+                named, word = self._named(opt)
+                if named:
                     values[opt.key] = word
                     continue
             values[opt.key] = self._value(opt, dim, opt.key in percent)
         return values, handle, matches
 
-    def _named(self, opt: Param) -> ir.Word | None:
-        """The name ``opt`` gives from its fixed set; None for a value to evaluate (a number or
-        a constant), or after an error for a name-only parameter."""
+    def _named(self, opt: Param) -> tuple[bool, ir.Word | None]:
+        """(True, the name) when ``opt`` gives a name from its fixed set, (True, None) after
+        an error, (False, None) for a value to evaluate (a number or a constant)."""
         names = NAMED_VALUES[opt.key]
         value = opt.value
         if isinstance(value, Ref) and value.name in names:
-            return ir.Word(value.name, value.span)
+            return True, ir.Word(value.name, value.span)
         if opt.key not in NAME_ONLY and (
-            not isinstance(value, Ref) or value.name in self.b.scope.constants
+            not isinstance(value, Ref)
+            or value.name in self.b.scope.constants
+            or value.name in self.b.scope.broken
+            or self.b.scope.incomplete
         ):
-            return None
+            return False, None
+        shown = [n for n in names if n not in linklayer.PRESET_ALIASES]
         found = value.name if isinstance(value, Ref) else "a value"
         quoted = f"'{found}'" if isinstance(value, Ref) else found
-        hint = suggestion(found, list(names)) if isinstance(value, Ref) else ""
+        hint = suggestion(found, shown) if isinstance(value, Ref) else ""
         what = {
             "overhead": "an overhead in bytes or a preset",
             "linklayer": "a link layer",
@@ -212,11 +216,11 @@ class QdiscBuilder:
         self.error(
             Diagnostic.error(
                 "E231",
-                f"{opt.key} takes {what}, found {quoted}{hint}; names are {', '.join(names)}",
+                f"{opt.key} takes {what}, found {quoted}{hint}; names are {', '.join(shown)}",
                 value.span,
             )
         )
-        return None
+        return True, None
 
     def _value(self, opt: Param, dim: Dimension, percent: bool) -> Any:
         try:
@@ -267,6 +271,13 @@ class QdiscBuilder:
                 )
             self.error(Diagnostic.error("E007", text, span))
             return
+        if self.kind != "cake":  # the link-layer words belong to the root, not to its kind
+            params = {k: d for k, d in params.items() if k not in LINK_LAYER_PARAMS}
+            params = {
+                k: d
+                for k, d in params.items()
+                if k not in STAB_PARAMS or k in QDISC_PARAMS.get(self.kind, {})
+            }
         accepted = sorted({*params, *flags, handle_kw})
         hint = suggestion(key, sorted({*params, *flags}))
         takes = ", ".join(accepted) if len(accepted) > 1 else f"only {handle_kw}"
