@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Network
 
+from tcdsl.frontend.qdiscs import CAKE_FLAG_GROUPS, CAKE_ISOLATION
+
 # ==== values ===================================================================================
 
 _RATE = re.compile(r"(\d+)([KMGT]?)(i?)bit")
@@ -262,22 +264,9 @@ def _stab(words: Sequence[str]) -> dict[str, Shown]:
 
 
 _CAKE_WORDS = {
-    "diffserv": ("diffserv3", "diffserv4", "diffserv8", "besteffort", "precedence"),
-    "isolate": (
-        "flowblind",
-        "srchost",
-        "dsthost",
-        "hosts",
-        "flows",
-        "dual-srchost",
-        "dual-dsthost",
-        "triple-isolate",
-    ),
-    "nat": ("nat", "nonat"),
-    "wash": ("wash", "nowash"),
+    **{k: v for k, v in CAKE_FLAG_GROUPS.items() if k not in ("unlimited", "mode")},
+    "isolate": CAKE_ISOLATION,
     "mode": ("ingress",),
-    "ack_filter": ("ack-filter", "ack-filter-aggressive", "no-ack-filter"),
-    "split_gso": ("split-gso", "no-split-gso"),
     "atm": ("atm", "ptm", "noatm"),
     "raw": ("raw",),
 }
