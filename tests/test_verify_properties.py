@@ -135,6 +135,10 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "tbf peakrate": r"tbf .*peakrate",
         "child of tbf": r"^ +tbf .*\{$",
         "two interfaces": r"(?s)^interface .*^interface ",
+        "size table": r"^interface \S+ (htb|tbf).* overhead ",
+        "overhead preset": r"^interface .* overhead [a-z]",
+        "linklayer": r"^interface .* linklayer ",
+        "table tsize": r"^interface .* tsize ",
     },
     "uml": {
         "prio root": r"^interface \S+ prio",
@@ -149,6 +153,10 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "chain": r"classify by mark from eth1 chain ",
         "mark": r"class .* mark \d+",
         "ports with marks": r"(?s)classify by mark.*match proto (tcp|udp).*port",
+        "cake root": r"^interface \S+ cake",
+        "cake leaf": r"^ +(class .*\{ )?cake",
+        "cake overhead": r"cake .*overhead ",
+        "cake rtt": r"cake .*rtt ",
     },
 }
 
