@@ -903,37 +903,16 @@ def _cake_values(q: ir.Cake) -> Iterator[Diagnostic]:
             "not shape); write 'unlimited', or a bandwidth of 8bit or more",
             q.bandwidth.span,
         )
-    for name, number, span, most in (
-        ("rtt", q.rtt.microseconds if q.rtt else None, q.rtt.span if q.rtt else None, U32_MAX),
-        (
-            "memlimit",
-            q.memlimit.bytes if q.memlimit else None,
-            q.memlimit.span if q.memlimit else None,
-            U32_MAX,
-        ),
-        (
-            "fwmark",
-            q.fwmark.value if q.fwmark else None,
-            q.fwmark.span if q.fwmark else None,
-            U32_MAX,
-        ),
-    ):
-        if number is None or span is None:
-            continue
-        if number == 0 and name != "fwmark":
+    for name, value in (("rtt", q.rtt), ("memlimit", q.memlimit)):
+        zero = isinstance(value, ir.Time) and value.microseconds == 0
+        zero |= isinstance(value, ir.Size) and value.bytes == 0
+        if value is not None and zero:
             default = "100ms" if name == "rtt" else "a limit from the bandwidth"
             yield Diagnostic.error(
                 "E230",
                 f"tc takes cake {name} 0 for 'not given' and leaves it out: the kernel keeps "
                 f"{default}; give {name} 1 or more",
-                span,
-            )
-        elif not 0 <= number <= most:
-            unit = "us" if name == "rtt" else ""
-            yield Diagnostic.error(
-                "E230",
-                f"cake {name} {number}{unit} is beyond its 32-bit field (at most {most}{unit})",
-                span,
+                value.span,
             )
 
 

@@ -490,23 +490,23 @@ class VGen:
         names = [n for n, p in PRESETS.items() if not stab or p.linklayer != "ptm"]
         opts: list[str] = []
         layer, mpu = "ethernet", 0
-        if self.chance(0.5):
+        if self.chance(0.6):
             name = self.pick(names)
             opts.append(f"overhead {name}")
             layer, mpu = PRESETS[name].linklayer, PRESETS[name].mpu
         else:
             opts.append(f"overhead {self.wide(0, 256)}")
-        if self.chance(0.4):
+        if self.chance(0.7):
             word = self.pick(("ethernet", "atm", "adsl") if stab else ("ethernet", "atm", "ptm"))
             opts.append(f"linklayer {word}")
             layer = "atm" if word == "adsl" else word
-        if self.chance(0.4):
+        if self.chance(0.6):
             mpu = self.wide(0, 256)
             opts.append(f"mpu {mpu}")
         if stab and (layer == "atm" or mpu):  # tc keeps a table's mtu and tsize (E230)
-            if not tbf and self.chance(0.3):
+            if not tbf and self.chance(0.5):
                 opts.append(f"mtu {self.wide(1, 65535)}")
-            if self.chance(0.3):
+            if self.chance(0.8):
                 opts.append(f"tsize {self.wide(1, 16384)}")
         return opts
 
@@ -781,7 +781,7 @@ class VGen:
         # user-mode Linux: mostly what the host lacks (the host run covers htb at length)
         kinds = ["htb", "htb", "prio", "prio", "tbf", "tbf"] if self.uml else ["htb"] * 6
         kind = self.pick([*kinds, "tbf", "fifo", *(["cake"] if self.uml else [])])
-        self.stab = kind in ("htb", "tbf") and self.chance(0.2)
+        self.stab = kind in ("htb", "tbf") and self.chance(0.4)
         self.stab_words = self.link_layer(stab=True, tbf=kind == "tbf") if self.stab else []
         if kind == "cake":
             return [f"interface {ifname} cake{self.handle()} " + " ".join(self.cake_options())]
