@@ -306,3 +306,17 @@ def test_cake_verifies_in_user_mode_linux(tmp_path: Path) -> None:
         "(the default)",
         "cake qdisc of eth2 raw is off in the kernel, policy says no overhead (raw)",
     ]
+
+
+def test_kernel_target_knows_cake_and_size_tables() -> None:
+    got = CliRunner().invoke(cli, ["check", "--kernel", "4.18", "policies/home-cake.tcp"])
+    assert got.exit_code == 1
+    assert "the target kernel 4.18 has no cake qdisc (added in Linux 4.19)" in got.stderr
+    got = CliRunner().invoke(cli, ["check", "--kernel", "2.6.26", "policies/adsl-atm.tcp"])
+    assert "has no size tables (tc's stab, for link-layer overhead) (added in Linux 2.6.27)" in (
+        got.stderr
+    )
+    assert (
+        CliRunner().invoke(cli, ["check", "--kernel", "4.19", "policies/home-cake.tcp"]).exit_code
+        == 0
+    )

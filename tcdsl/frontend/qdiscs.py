@@ -518,21 +518,22 @@ class QdiscBuilder:
     def _cake(self, v: dict[str, Any], handle: ir.HandleRef | None) -> ir.Cake:
         groups: dict[str, ir.Word] = {}
         for group, names in CAKE_FLAG_GROUPS.items():
-            given = [self._flag_spans[n] for n in names if v.get(n)]
-            for word in sorted(given, key=lambda w: (w.span.line, w.span.column))[1:]:
+            given = sorted(
+                (self._flag_spans[n] for n in names if v.get(n)),
+                key=lambda w: (w.span.line, w.span.column),
+            )
+            for word in given[1:]:
                 self.error(
                     Diagnostic.error(
                         "E233",
                         f"'{word.value}' contradicts '{given[0].value}': cake takes one of "
-                        f"{', '.join(names)}"
-                        if len(names) > 1
-                        else f"'{word.value}' twice",
+                        f"{', '.join(names)}",
                         word.span,
                         Note("given here", given[0].span),
                     )
                 )
             if given:
-                groups[group] = min(given, key=lambda w: (w.span.line, w.span.column))
+                groups[group] = given[0]
         if "unlimited" in groups and v.get("bandwidth") is not None:
             self.error(
                 Diagnostic.error(
