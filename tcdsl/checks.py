@@ -854,7 +854,7 @@ def _overhead_values(o: ir.Overhead, stab: bool) -> Iterator[Diagnostic]:
     if o.preset is None and _outside(o.overhead, lo, hi):
         yield Diagnostic.error(
             "E230",
-            f"overhead {o.overhead.value} is outside {lo} to {hi} bytes, what tc's cake takes "
+            f"overhead {o.overhead.value} is above {hi} bytes, the most tc's cake takes "
             "(tcdsl keeps a size table to it too; no link adds more)",
             o.overhead.span,
         )
@@ -862,8 +862,8 @@ def _overhead_values(o: ir.Overhead, stab: bool) -> Iterator[Diagnostic]:
     if o.mpu is not None and _outside(o.mpu, lo, hi):
         yield Diagnostic.error(
             "E230",
-            f"mpu {o.mpu.value} is outside {lo} to {hi} bytes, what tc's cake takes (tcdsl keeps "
-            "a size table to it too)",
+            f"mpu {o.mpu.value} is above {hi} bytes, the most tc's cake takes (tcdsl keeps a "
+            "size table to it too)",
             o.mpu.span,
         )
     if not stab:
