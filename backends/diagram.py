@@ -13,7 +13,7 @@ from typing import Literal, assert_never
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
-from tcdsl.commands import curve_words, hfsc_curves, qdisc_words
+from tcdsl.commands import curve_words, hfsc_curves, qdisc_words, stab_words
 from tcdsl.units import format_rate, format_size
 from tcdsl.words import leaf_words, match_words, rate_line
 
@@ -175,7 +175,15 @@ class _Builder:
             case ir.Tbf() | ir.Netem():
                 if q.child is not None:
                     self.qdisc(q.child, node.id, marking)
-            case ir.Sfq() | ir.FqCodel() | ir.Pfifo() | ir.Bfifo() | ir.PfifoFast() | ir.Ingress():
+            case (
+                ir.Sfq()
+                | ir.FqCodel()
+                | ir.Pfifo()
+                | ir.Bfifo()
+                | ir.PfifoFast()
+                | ir.Ingress()
+                | ir.Cake()
+            ):
                 pass
             case _:
                 assert_never(q)
@@ -214,6 +222,8 @@ def interface_title(iface: ir.Interface, upload: bool = False) -> tuple[str, ...
     if m is not None:
         chain = f", iptables chain {m.chain}" if m.chain else ""
         title.append(f"classified by mark from {m.from_interface}{chain}")
+    if iface.stab is not None:
+        title.append(" ".join(stab_words(iface.stab)))
     return tuple(title)
 
 

@@ -18,7 +18,13 @@ from typing import Any, assert_never
 from tcdsl import ir
 from tcdsl.allocate import default_minor
 from tcdsl.backend import Backend
-from tcdsl.commands import curve_words, police_words, qdisc_words
+from tcdsl.commands import (
+    cake_overhead_words,
+    curve_words,
+    police_words,
+    qdisc_words,
+    stab_words,
+)
 from tcdsl.diagnostics import Span
 from tcdsl.lower import PROTO_NAMES, iptables_words, pack
 from tcdsl.units import format_rate, format_size, format_time
@@ -85,8 +91,26 @@ def value_json(value: object) -> JSONValue:
             return {"value": value.value, "span": span_json(value.span)}
         case ir.Percent():
             return {"percent": _percent(value.value), "span": span_json(value.span)}
+        case ir.Word():
+            return {"word": value.value, "span": span_json(value.span)}
         case _:
             raise TypeError(f"not an IR value: {value!r}")
+
+
+def overhead_json(o: ir.Overhead | None, tc: list[str]) -> JSONObject | None:
+    """Link-layer overhead (bytes beyond the IP packet) and how tc is told it (``tc``)."""
+    if o is None:
+        return None
+    return {
+        "overhead": value_json(o.overhead),
+        "linklayer": o.linklayer,
+        "mpu": value_json(o.mpu),
+        "preset": value_json(o.preset),
+        "mtu": value_json(o.mtu),
+        "tsize": value_json(o.tsize),
+        "tc": " ".join(tc),
+        "span": span_json(o.span),
+    }
 
 
 def _network(net: IPv4Network) -> str:
@@ -242,6 +266,21 @@ _QDISC_VALUES: dict[str, tuple[str, ...]] = {
     "pfifo_fast": (),
     "ingress": (),
     "hfsc": (),
+    "cake": (
+        "bandwidth",
+        "unlimited",
+        "diffserv",
+        "isolate",
+        "nat",
+        "wash",
+        "ack_filter",
+        "split_gso",
+        "mode",
+        "rtt",
+        "rtt_preset",
+        "memlimit",
+        "fwmark",
+    ),
 }
 
 
@@ -284,6 +323,9 @@ def qdisc_json(q: ir.Qdisc) -> JSONObject:
             out["matches"] = [match_json(m) for m in q.matches]
         case ir.Sfq() | ir.Pfifo() | ir.Bfifo() | ir.PfifoFast():
             pass
+        case ir.Cake():
+            o = q.overhead
+            out["overhead"] = overhead_json(o, cake_overhead_words(o) if o else [])
         case _:
             assert_never(q)
     out["span"] = span_json(q.span)
@@ -370,6 +412,7 @@ def interface_json(iface: ir.Interface) -> JSONObject:
         "root": qdisc_json(iface.root),
         "filters": [filter_json(f) for f in iface.filters],
         "marking": marking_json(iface.marking),
+        "stab": overhead_json(iface.stab, stab_words(iface.stab) if iface.stab else []),
         "span": span_json(iface.span),
     }
 

@@ -413,6 +413,7 @@ _NO_QDISC = {
     "netem": "tcng has no netem qdisc (it predates it); emulate delay and loss with the shell "
     "backend",
     "fq_codel": "tcng has no fq_codel qdisc; use sfq, or the shell backend",
+    "cake": "tcng has no cake qdisc (it predates it); use the shell backend",
     "pfifo_fast": "tcng has no pfifo_fast qdisc (it is what a device has without tcng); use "
     "prio with three bands, or fifo",
     "cbq": "the tcng backend does not emit cbq: tcng's cbq needs parameters tc derives itself "
@@ -553,6 +554,13 @@ class TcngBackend(Backend):
                     for m in cls.matches:
                         if m.police is not None:
                             yield Diagnostic.error(CODE, _NO_POLICE, m.police.span)
+            if iface.stab is not None:
+                yield Diagnostic.error(
+                    CODE,
+                    "tcng has no size tables (tc's stab, for link-layer overhead); drop the "
+                    "link-layer words, or use the shell backend",
+                    iface.stab.span,
+                )
             plan = plan_interface(iface)
             yield from plan.problems
             needs_egress = bool(plan.selectors)
@@ -702,7 +710,15 @@ class _Interface:
             case ir.Bfifo():
                 octets = f"limit {size(q.limit.bytes)}" if q.limit else None
                 out.line(f"fifo{_params(number, octets)};")
-            case ir.Cbq() | ir.Netem() | ir.FqCodel() | ir.PfifoFast() | ir.Ingress() | ir.Hfsc():
+            case (
+                ir.Cbq()
+                | ir.Netem()
+                | ir.FqCodel()
+                | ir.PfifoFast()
+                | ir.Ingress()
+                | ir.Hfsc()
+                | ir.Cake()
+            ):
                 raise AssertionError(f"unsupported() rejects {q.kind}")
             case _:
                 assert_never(q)

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tcdsl import directions, ir
+from tcdsl import directions, ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -891,6 +891,92 @@ def hfsc_curves_complete(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
 
 
+def link_layer_values_kept(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """Link-layer and cake values tc takes as written: E230 for what it refuses (cake's
+    overhead and mpu ranges, which tcdsl keeps a size table to as well), takes for 'not given'
+    and leaves out, or drops (a size table's mtu and tsize when it needs no table)."""
+    for iface in policy.interfaces:
+        if iface.stab is not None:
+            yield from _overhead_values(iface.stab, stab=True)
+        for q in ir.walk_qdiscs(iface.root):
+            if isinstance(q, ir.Cake):
+                yield from _cake_values(q)
+
+
+def _outside(value: ir.Count | ir.Size | None, lo: int, hi: int) -> bool:
+    if value is None:
+        return False
+    number = value.bytes if isinstance(value, ir.Size) else value.value
+    return not lo <= number <= hi
+
+
+def _overhead_values(o: ir.Overhead, stab: bool) -> Iterator[Diagnostic]:
+    lo, hi = linklayer.OVERHEAD_RANGE
+    if o.preset is None and _outside(o.overhead, lo, hi):
+        yield Diagnostic.error(
+            "E230",
+            f"overhead {o.overhead.value} is above {hi} bytes, the most tc's cake takes "
+            "(tcdsl keeps a size table to it too; no link adds more)",
+            o.overhead.span,
+        )
+    lo, hi = linklayer.MPU_RANGE
+    if o.mpu is not None and _outside(o.mpu, lo, hi):
+        yield Diagnostic.error(
+            "E230",
+            f"mpu {o.mpu.value} is above {hi} bytes, the most tc's cake takes (tcdsl keeps a "
+            "size table to it too)",
+            o.mpu.span,
+        )
+    if not stab:
+        return
+    for name, value, (lo, hi) in (
+        ("mtu", o.mtu, linklayer.STAB_MTU_RANGE),
+        ("tsize", o.tsize, linklayer.STAB_TSIZE_RANGE),
+    ):
+        if value is None:
+            continue
+        if _outside(value, lo, hi):
+            number = value.bytes if isinstance(value, ir.Size) else value.value
+            why = (
+                "tc takes 0 for 'not given'"
+                if number == 0
+                else "a larger table does not fit in tc's request"
+            )
+            yield Diagnostic.error(
+                "E230", f"size table {name} {number} is outside {lo}-{hi} ({why})", value.span
+            )
+        elif o.linklayer == "ethernet" and (o.mpu is None or o.mpu.value == 0):
+            yield Diagnostic.error(
+                "E230",
+                f"tc drops a size table's {name} when it needs no table (linklayer ethernet "
+                f"without mpu: the overhead alone is added); leave {name} out, or give an mpu",
+                value.span,
+            )
+
+
+def _cake_values(q: ir.Cake) -> Iterator[Diagnostic]:
+    if q.overhead is not None:
+        yield from _overhead_values(q.overhead, stab=False)
+    if q.bandwidth is not None and q.bandwidth.bits_per_second < 8:
+        yield Diagnostic.error(
+            "E230",
+            "tc takes a cake bandwidth of 0 for 'not given' and leaves it out (cake then does "
+            "not shape); write 'unlimited', or a bandwidth of 8bit or more",
+            q.bandwidth.span,
+        )
+    for name, value in (("rtt", q.rtt), ("memlimit", q.memlimit)):
+        zero = isinstance(value, ir.Time) and value.microseconds == 0
+        zero |= isinstance(value, ir.Size) and value.bytes == 0
+        if value is not None and zero:
+            default = "100ms" if name == "rtt" else "a limit from the bandwidth"
+            yield Diagnostic.error(
+                "E230",
+                f"tc takes cake {name} 0 for 'not given' and leaves it out: the kernel keeps "
+                f"{default}; give {name} 1 or more",
+                value.span,
+            )
+
+
 CHECKS: tuple[Check, ...] = (
     required_parameters_present,
     values_in_range,
@@ -908,6 +994,7 @@ CHECKS: tuple[Check, ...] = (
     police_bursts_fit_tc,
     *directions.CHECKS,
     hfsc_curves_complete,
+    link_layer_values_kept,
 )
 
 

@@ -86,6 +86,10 @@ _TABLE: dict[str, CodeInfo] = {
     "E236": CodeInfo(_E, "An hfsc class without an rt or ls curve"),
     "E237": CodeInfo(_E, "An hfsc ul curve without an ls curve"),
     "E238": CodeInfo(_E, "An hfsc class with children but no ls curve"),
+    "E230": CodeInfo(_E, "A link-layer or cake value tc refuses, leaves out or drops"),
+    "E231": CodeInfo(_E, "An unknown name where a preset, link layer, rtt or isolation goes"),
+    "E232": CodeInfo(_E, "Link-layer words where a size table cannot take them"),
+    "E233": CodeInfo(_E, "cake keywords that contradict each other"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
@@ -116,6 +120,8 @@ _TABLE: dict[str, CodeInfo] = {
     "W347": CodeInfo(_W, "Real-time guarantees above an hfsc ancestor's ul"),
     "W348": CodeInfo(_W, "hfsc children whose ls curves sum above their parent's"),
     "W349": CodeInfo(_W, "An hfsc ul below the class's rt, which the kernel serves anyway"),
+    "W340": CodeInfo(_W, "Link-layer overhead on an interface where nothing shapes"),
+    "W341": CodeInfo(_W, "A cake with its own overhead below a size table: counted twice"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),

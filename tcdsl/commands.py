@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from tcdsl import ir
+from tcdsl import ir, linklayer
 from tcdsl.allocate import default_minor
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.lower import iptables_words, nft_words
@@ -103,6 +103,52 @@ def qdisc_words(q: ir.Qdisc) -> list[str]:
             _opt(words, "limit", q.limit)
         case ir.PfifoFast():
             pass
+        case ir.Cake():
+            words += cake_words(q)
+    return words
+
+
+def cake_words(q: ir.Cake) -> list[str]:
+    """A cake's options; a link layer is always spelled with a number (``overhead 40 atm``)."""
+    words: list[str] = []
+    _opt(words, "bandwidth", q.bandwidth)
+    for word in (q.unlimited, q.diffserv, q.isolate, q.nat, q.wash, q.ack_filter, q.split_gso):
+        if word is not None:
+            words.append(word.value)
+    if q.mode is not None:
+        words.append(q.mode.value)
+    _opt(words, "rtt", q.rtt)
+    _opt(words, "memlimit", q.memlimit)
+    if q.fwmark is not None:
+        words += ["fwmark", f"{q.fwmark.value:#x}"]
+    if q.overhead is not None:
+        words += cake_overhead_words(q.overhead)
+    return words
+
+
+def cake_overhead_words(o: ir.Overhead) -> list[str]:
+    """A cake's link layer: ``overhead N`` (which makes cake count from the IP packet), the
+    framing, the mpu."""
+    words = ["overhead", str(o.overhead.value), CAKE_LINKLAYER[o.linklayer]]
+    if o.mpu is not None and o.mpu.value:
+        words += ["mpu", str(o.mpu.value)]
+    return words
+
+
+CAKE_LINKLAYER = {"ethernet": "noatm", "atm": "atm", "ptm": "ptm"}
+
+
+def stab_words(o: ir.Overhead) -> list[str]:
+    """A root qdisc's size table (tc-stab(8)), before its kind: the overhead is 14 bytes less
+    than tcdsl's, as the kernel adds it to a length that holds the Ethernet header."""
+    words = ["stab", "overhead", str(linklayer.stab_overhead(o.overhead.value))]
+    words += ["linklayer", o.linklayer]
+    if o.mpu is not None and o.mpu.value:
+        words += ["mpu", str(o.mpu.value)]
+    if o.mtu is not None:
+        words += ["mtu", str(o.mtu.bytes)]
+    if o.tsize is not None:
+        words += ["tsize", str(o.tsize.value)]
     return words
 
 
@@ -184,9 +230,10 @@ def interface_commands(iface: ir.Interface) -> Iterator[Command]:
             f"interface {iface.name}: ingress qdisc",
         )
     else:
+        stab = stab_words(iface.stab) if iface.stab is not None else []
         yield Command(
             "tc",
-            ("qdisc", "add", *dev, "root", "handle", root.handle.qdisc, *qdisc_words(root)),
+            ("qdisc", "add", *dev, "root", "handle", root.handle.qdisc, *stab, *qdisc_words(root)),
             root.span,
             f"interface {iface.name}: {_label(root)}",
         )

@@ -14,6 +14,7 @@ from ipaddress import IPv4Network
 from typing import Literal
 
 from tcdsl.diagnostics import Span
+from tcdsl.linklayer import LinkLayerName
 
 # ---- values --------------------------------------------------------------------------------
 
@@ -64,6 +65,14 @@ class Name:
     """A reference to a class by name."""
 
     name: str
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    """A keyword the user chose from a fixed set (``diffserv4``, ``dual-srchost``, ``atm``)."""
+
+    value: str
     span: Span
 
 
@@ -448,9 +457,73 @@ class Ingress:
 INGRESS_HANDLE = Handle(0xFFFF, 0)
 """The ingress qdisc's handle, fixed by the kernel."""
 
+
+@dataclass(frozen=True, slots=True)
+class Overhead:
+    """Link-layer overhead (``tcdsl.linklayer``): on a root qdisc, its size table (tc's stab); on
+    a cake, cake's own compensation. ``overhead`` is in bytes beyond the IP packet, whichever
+    way the kernel is told (a stab gets it 14 bytes smaller)."""
+
+    span: Span
+    """The first link-layer word written."""
+    overhead: Count
+    """The bytes added (a preset's, spanned at the preset's name); 0 when only a link layer or
+    an mpu is given."""
+    linklayer: LinkLayerName = "ethernet"
+    mpu: Count | None = None
+    preset: Word | None = None
+    linklayer_word: Word | None = None
+    mtu: Size | None = None
+    """A stab's table range (``mtu``), never a cake's."""
+    tsize: Count | None = None
+    """A stab's table size (``tsize``), never a cake's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cake:
+    """Common Applications Kept Enhanced: shaper, diffserv tins, flow isolation and AQM in one
+    classless qdisc. A keyword group left out is the kernel's default."""
+
+    span: Span
+    bandwidth: Rate | None = None
+    unlimited: Word | None = None
+    diffserv: Word | None = None
+    """diffserv3 (the kernel's default), diffserv4, diffserv8, besteffort or precedence."""
+    isolate: Word | None = None
+    """The flow isolation mode (triple-isolate by default)."""
+    nat: Word | None = None
+    wash: Word | None = None
+    ack_filter: Word | None = None
+    split_gso: Word | None = None
+    mode: Word | None = None
+    """``ingress`` or ``egress`` (the default)."""
+    rtt: Time | None = None
+    rtt_preset: Word | None = None
+    memlimit: Size | None = None
+    fwmark: Count | None = None
+    overhead: Overhead | None = None
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["cake"] = "cake"
+
+
 ClassfulQdisc = Htb | Prio | Cbq | Hfsc
 ChainQdisc = Tbf | Netem
-Qdisc = Htb | Prio | Cbq | Tbf | Netem | Sfq | FqCodel | Pfifo | Bfifo | PfifoFast | Hfsc | Ingress
+Qdisc = (
+    Htb
+    | Prio
+    | Cbq
+    | Tbf
+    | Netem
+    | Sfq
+    | FqCodel
+    | Pfifo
+    | Bfifo
+    | PfifoFast
+    | Hfsc
+    | Cake
+    | Ingress
+)
 
 # ---- classification (allocated) ---------------------------------------------------------------
 
@@ -546,6 +619,8 @@ class Interface:
     direction: Direction = "egress"
     download: Download | None = None
     """For ``direction == "download"``: the interface whose arrivals the IFB shapes."""
+    stab: Overhead | None = None
+    """Link-layer overhead on the root qdisc (a size table); a cake root keeps its own."""
 
     @property
     def interface(self) -> str:

@@ -89,6 +89,15 @@ FEATURES: Mapping[str, Feature] = {
     ),
     "police": Feature("police action", ("CONFIG_NET_CLS_ACT", "CONFIG_NET_ACT_POLICE")),
     "hfsc": Feature("hfsc qdisc", (_SCHED, "CONFIG_NET_SCH_HFSC"), hint="use htb"),
+    "cake": Feature(
+        "cake qdisc",
+        (_SCHED, "CONFIG_NET_SCH_CAKE"),
+        since=(4, 19, 0),
+        hint="use htb with fq_codel leaves, and a size table for the overhead",
+    ),
+    "stab": Feature(
+        "size tables (tc's stab, for link-layer overhead)", (_SCHED,), since=(2, 6, 27)
+    ),
     "u32": Feature("u32 classifier", (_CLS, "CONFIG_NET_CLS_U32")),
     "fw": Feature("fw classifier", (_CLS, "CONFIG_NET_CLS_FW"), hint="use u32 matches"),
     "iptables-mark": Feature(
@@ -187,6 +196,8 @@ def load_target(spec: str) -> KernelTarget:
 def _needs(policy: ir.Policy) -> Iterator[tuple[str, Span]]:
     """Each feature the policy needs, at the construct that needs it (in source order)."""
     for iface in policy.interfaces:
+        if iface.stab is not None:
+            yield "stab", iface.stab.span
         matched: Span | None = None
         if iface.download is not None:
             yield "ifb", iface.download.span

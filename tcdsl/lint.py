@@ -608,6 +608,37 @@ def hfsc_curves_consistent(policy: ir.Policy) -> Iterator[Diagnostic]:
                 )
 
 
+def overhead_counted_once(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """W340: link-layer overhead where nothing shapes (it changes no rate); W341: a cake with
+    its own overhead below a size table (cake adds its overhead to the size the table made)."""
+    for iface in policy.interfaces:
+        if iface.stab is None:
+            continue
+        shapers = [
+            q
+            for q in ir.walk_qdiscs(iface.root)
+            if isinstance(q, ir.Htb | ir.Tbf | ir.Cbq)
+            or (isinstance(q, ir.Netem) and q.rate is not None)
+            or (isinstance(q, ir.Cake) and q.bandwidth is not None)
+        ]
+        if not shapers:
+            yield Diagnostic.warning(
+                "W340",
+                f"nothing on {iface.name} shapes to a rate (no htb, tbf, cbq, netem rate or "
+                "cake bandwidth), so the link-layer overhead changes no rate",
+                iface.stab.span,
+            )
+        for q in ir.walk_qdiscs(iface.root):
+            if isinstance(q, ir.Cake) and q.overhead is not None:
+                yield Diagnostic.warning(
+                    "W341",
+                    "this cake adds its own overhead to the size the root's size table already "
+                    "made: the overhead is counted twice; give it once, on the root or here",
+                    q.overhead.span,
+                    Note("size table given here", iface.stab.span),
+                )
+
+
 LINTS: tuple[Lint, ...] = (
     htb_has_default,
     hfsc_has_default,
@@ -621,6 +652,7 @@ LINTS: tuple[Lint, ...] = (
     leaf_queues_sensible,
     policers_do_not_reclassify,
     hfsc_curves_consistent,
+    overhead_counted_once,
 )
 
 

@@ -20,10 +20,17 @@ arithmetic) with stricter rules, since verify reports compiler warnings too.
 - pfifo, bfifo and tbf leaves (a tbf holding a child at times); tbf, pfifo, bfifo and
   pfifo_fast roots.
 
+- link-layer overhead (a size table) on htb and tbf roots: a preset or a number, ``linklayer``,
+  ``mpu``, and the table's ``mtu`` and ``tsize`` where tc keeps them.
+
+- an interface's directions: an upload and a download (through an IFB, ``via`` a named one at
+  times), and in user-mode Linux ingress policers, ``connmark`` and policers on match lines.
+
 ``kernel="uml"`` adds what the host may lack: prio roots (``bands``, ``priomap``), hfsc roots
 (curves in both of tc's spellings, ``sc``, ``ul``, nested classes, ``default``), netem roots
-with a child, sfq, fq_codel and netem leaves, and ``classify by mark from eth1`` (iptables
-marks and fw filters) with the matches iptables can say (``proto tcp``/``udp`` with ports).
+with a child, sfq, fq_codel, netem and cake leaves, cake roots (every keyword group, rtt
+names, overhead presets and numbers), and ``classify by mark from eth1`` (iptables marks and fw
+filters) with the matches iptables can say (``proto tcp``/``udp`` with ports).
 
 Numbers are drawn over the whole range the compiler accepts, ends included (``wide``), except
 where the kernel or tc does not hold a value tcdsl accepts: those are compiler bugs, each
@@ -41,6 +48,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hypothesis import strategies as st
+
+from tcdsl.frontend.qdiscs import CAKE_FLAG_GROUPS, CAKE_ISOLATION
+from tcdsl.linklayer import PRESETS, RTT_PRESETS
 
 Kernel = Literal["host", "uml"]
 
@@ -75,6 +85,9 @@ NAMES = (
 IFNAMES = ("eth0", "wan0", "s2-eth2", '"br-lan"', "eth0.100", "lan-1")
 MARK_FROM = "eth1"
 """The interface ``classify by mark`` reads from (none of IFNAMES)."""
+
+CAKE_WORDS = tuple(words for group, words in CAKE_FLAG_GROUPS.items() if group != "unlimited")
+RTT_NAMES = tuple(RTT_PRESETS)
 
 MAX_CLASSES = {"host": 10, "uml": 4}
 """htb classes per interface. Policies for user-mode Linux are kept smaller: every program it
@@ -221,6 +234,9 @@ class VGen:
     netems: int = 0
     duplicating: bool = False
     """Whether one of the interface's netems duplicates packets."""
+    stab: bool = False
+    """Whether the interface's root has a size table (no cake with an overhead below: W341)."""
+    stab_words: list[str] = field(default_factory=list)
 
     # ---- drawing ----
     def chance(self, p: float) -> bool:
@@ -467,7 +483,7 @@ class VGen:
         """A leaf qdisc as lines (a tbf or netem holds a child of its own at times)."""
         kinds = ["pfifo", "bfifo", "tbf"]
         if self.uml:
-            kinds += ["sfq", "fq_codel"] + ([] if self.duplicating else ["netem"])
+            kinds += ["sfq", "fq_codel", "cake"] + ([] if self.duplicating else ["netem"])
         kind = self.pick(kinds)
         line = " ".join([kind + self.handle(), *self.qdisc_options(kind)])
         if kind in ("tbf", "netem") and depth < 1 and self.chance(0.3):
@@ -485,7 +501,59 @@ class VGen:
             "sfq": self.sfq_options,
             "fq_codel": self.fq_codel_options,
             "netem": self.netem_options,
+            "cake": self.cake_options,
         }[kind]()
+
+    def link_layer(self, stab: bool, tbf: bool = False) -> list[str]:
+        """Link-layer words: a size table's (``stab``) or a cake's."""
+        names = [n for n, p in PRESETS.items() if not stab or p.linklayer != "ptm"]
+        opts: list[str] = []
+        layer, mpu = "ethernet", 0
+        if self.chance(0.6):
+            name = self.pick(names)
+            opts.append(f"overhead {name}")
+            layer, mpu = PRESETS[name].linklayer, PRESETS[name].mpu
+        else:
+            opts.append(f"overhead {self.wide(0, 256)}")
+        if self.chance(0.7):
+            word = self.pick(("ethernet", "atm", "adsl") if stab else ("ethernet", "atm", "ptm"))
+            opts.append(f"linklayer {word}")
+            layer = "atm" if word == "adsl" else word
+        if self.chance(0.6):
+            mpu = self.wide(0, 256)
+            opts.append(f"mpu {mpu}")
+        if stab and (layer == "atm" or mpu):  # tc keeps a table's mtu and tsize (E230)
+            if not tbf and self.chance(0.5):
+                opts.append(f"mtu {self.wide(1, 65535)}")
+            if self.chance(0.8):
+                opts.append(f"tsize {self.wide(1, 16384)}")
+        return opts
+
+    def cake_options(self) -> list[str]:
+        opts: list[str] = []
+        if self.chance(0.6):
+            opts.append(f"bandwidth {self.rate(self.bits(8, MAX_RATE))}")
+        elif self.chance(0.5):
+            opts.append("unlimited")
+        for words in CAKE_WORDS:
+            if self.chance(0.3):
+                opts.append(self.pick(words))
+        if self.chance(0.3):
+            opts.append(f"isolate {self.pick(CAKE_ISOLATION)}")
+        if self.chance(0.3):
+            opts.append(
+                f"rtt {self.pick(RTT_NAMES)}"
+                if self.chance(0.5)
+                else f"rtt {self.time(1, U32_MAX)}"
+            )
+        if self.chance(0.2):
+            opts.append(f"memlimit {self.spell(self.wide(1, U32_MAX))}")
+        if self.chance(0.2):
+            mark = self.wide(0, U32_MAX)
+            opts.append(f"fwmark {mark:#x}" if self.chance(0.5) else f"fwmark {mark}")
+        if not self.stab and self.chance(0.5):
+            opts += self.link_layer(stab=False)
+        return opts
 
     def tbf_options(self) -> list[str]:
         rate = self.bits(8, MAX_RATE)
@@ -690,6 +758,7 @@ class VGen:
                 body += self.klass(r, c, None, 1, max_depth, marking, "    ")
         if self.chance(0.6):
             opts.insert(0, f"default {self.pick(self.leaves)}")
+        opts += self.stab_words
         head = f"interface {ifname} htb{handle} " + " ".join(opts)
         return [f"{head.rstrip()} {{", *body, "}"]
 
@@ -779,7 +848,8 @@ class VGen:
 
     def chained_root(self, ifname: str) -> list[str]:
         kind = self.pick(("tbf", "netem") if self.uml else ("tbf",))
-        head = f"interface {ifname} {kind}{self.handle()} " + " ".join(self.qdisc_options(kind))
+        opts = self.qdisc_options(kind) + (self.stab_words if kind == "tbf" else [])
+        head = f"interface {ifname} {kind}{self.handle()} " + " ".join(opts)
         if self.chance(0.7):
             return [f"{head.rstrip()} {{", *self.leaf_qdisc("    "), "}"]
         return [head.rstrip()]
@@ -813,7 +883,11 @@ class VGen:
         self.majors = {1}  # the root's automatic handle is 1: unless 1: is taken explicitly
         # user-mode Linux: mostly what the host lacks (the host run covers htb at length)
         kinds = ["htb", "hfsc", "prio", "prio", "tbf", "hfsc"] if self.uml else ["htb"] * 6
-        kind = self.pick([*kinds, "tbf", "fifo"])
+        kind = self.pick([*kinds, "tbf", "fifo", *(["cake"] if self.uml else [])])
+        self.stab = kind in ("htb", "tbf") and self.chance(0.4)
+        self.stab_words = self.link_layer(stab=True, tbf=kind == "tbf") if self.stab else []
+        if kind == "cake":
+            return [f"interface {ifname} cake{self.handle()} " + " ".join(self.cake_options())]
         classify = ""
         if marking and self.uml and kind in ("htb", "prio", "hfsc") and self.chance(0.3):
             chain = self.pick(("", f" chain SHAPE{index}", f' chain "MARK-{index}"'))

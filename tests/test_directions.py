@@ -262,10 +262,7 @@ def test_classify_cli_names_the_direction(tmp_path: Path) -> None:
     assert got.exit_code == 0, got.stderr
     (verdict,) = json.loads(got.stdout)
     assert verdict["interface"] == "eth1" and verdict["direction"] == "ingress"
-    assert (
-        "above 800kbit (burst 10k), they are dropped"
-        in (verdict["steps"][0]["why"])
-    )
+    assert "above 800kbit (burst 10k), they are dropped" in (verdict["steps"][0]["why"])
     wrong = CliRunner().invoke(
         cli, ["classify", path, "--interface", "eth1", "--direction", "download", "--packet", "udp"]
     )

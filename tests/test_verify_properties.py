@@ -138,6 +138,10 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "upload": r"^    upload ",
         "download": r"^    download ",
         "download via": r"^    download via ",
+        "size table": r"^interface \S+ (htb|tbf).* overhead ",
+        "overhead preset": r"^interface .* overhead [a-z]",
+        "linklayer": r"^interface .* linklayer ",
+        "table tsize": r"^interface .* tsize ",
     },
     "uml": {
         "prio root": r"^interface \S+ prio",
@@ -164,6 +168,10 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "hfsc m1 d m2": r" m1 \S+ d \S+ m2 ",
         "hfsc umax": r" umax \S+ dmax ",
         "hfsc nested": r"(?s)hfsc.*\n {8}class ",
+        "cake root": r"^interface \S+ cake",
+        "cake leaf": r"^ +(class .*\{ )?cake",
+        "cake overhead": r"cake .*overhead ",
+        "cake rtt": r"cake .*rtt ",
     },
 }
 

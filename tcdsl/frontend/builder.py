@@ -171,7 +171,7 @@ class Builder(Transformer[Token, Any]):
                 )
             )
         marking = q.classify[0] if q.classify else None
-        return ir.Interface(name, span, q.qdisc, marking)
+        return ir.Interface(name, span, q.qdisc, marking, stab=q.stab)
 
     def directions(self, c: list[Any]) -> list[tuple[str, Span, Any]]:
         return c

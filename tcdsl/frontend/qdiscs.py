@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tcdsl import ir
+from tcdsl import ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend.syntax import (
     ClassSyntax,
@@ -20,7 +20,7 @@ from tcdsl.frontend.syntax import (
     QdiscSyntax,
     suggestion,
 )
-from tcdsl.frontend.values import EvalError, evaluate
+from tcdsl.frontend.values import EvalError, Ref, evaluate
 from tcdsl.units import Dimension
 
 if TYPE_CHECKING:
@@ -82,8 +82,42 @@ QDISC_PARAMS: dict[str, dict[str, Dimension]] = {
     "pfifo_fast": {},
     "hfsc": {},
 }
+QDISC_PARAMS["cake"] = {"bandwidth": R, "rtt": T, "memlimit": S, "fwmark": C, "isolate": C}
 QDISC_FLAGS: dict[str, frozenset[str]] = {k: frozenset() for k in QDISC_PARAMS}
 QDISC_FLAGS["fq_codel"] = frozenset({"ecn", "noecn"})
+CAKE_FLAG_GROUPS: dict[str, tuple[str, ...]] = {
+    "unlimited": ("unlimited",),
+    "diffserv": ("diffserv3", "diffserv4", "diffserv8", "besteffort", "precedence"),
+    "nat": ("nat", "nonat"),
+    "wash": ("wash", "nowash"),
+    "ack_filter": ("ack-filter", "ack-filter-aggressive", "no-ack-filter"),
+    "split_gso": ("split-gso", "no-split-gso"),
+    "mode": ("ingress", "egress"),
+}
+"""cake's keyword groups: one word of a group at most (tc keeps the last, silently)."""
+QDISC_FLAGS["cake"] = frozenset(w for group in CAKE_FLAG_GROUPS.values() for w in group)
+CAKE_ISOLATION = (
+    "flowblind",
+    "srchost",
+    "dsthost",
+    "hosts",
+    "flows",
+    "dual-srchost",
+    "dual-dsthost",
+    "triple-isolate",
+)
+LINK_LAYER_PARAMS: dict[str, Dimension] = {"overhead": C, "linklayer": C, "mpu": C}
+"""On a root qdisc (its size table) or on a cake (its own compensation)."""
+STAB_PARAMS: dict[str, Dimension] = {"mtu": S, "tsize": C}
+"""A size table's own: on a root qdisc other than cake (a tbf's ``mtu`` stays the tbf's)."""
+NAMED_VALUES: dict[str, tuple[str, ...]] = {
+    "overhead": (*linklayer.PRESETS, *linklayer.PRESET_ALIASES),
+    "linklayer": tuple(linklayer.LINKLAYERS),
+    "rtt": tuple(linklayer.RTT_PRESETS),
+    "isolate": CAKE_ISOLATION,
+}
+"""Parameters that take a name from a fixed set where a value goes (``overhead pppoe-llc``)."""
+NAME_ONLY = frozenset({"linklayer", "isolate"})
 NETEM_PERCENT = frozenset({"loss", "duplicate", "corrupt"})
 CLASSFUL = frozenset({"htb", "prio", "cbq", "hfsc"})
 WITH_DEFAULT = frozenset({"htb", "hfsc"})
@@ -102,6 +136,7 @@ class QdiscBuilder:
         self, b: Builder, kind: str, span: Span, opts: tuple[Opt, ...], body: tuple[Any, ...] | None
     ):
         self.b, self.kind, self.span, self.opts, self.body = b, kind, span, opts, body
+        self._flag_spans: dict[str, ir.Word] = {}
 
     def error(self, d: Diagnostic) -> None:
         self.b.error(d)
@@ -147,6 +182,7 @@ class QdiscBuilder:
                     self._unknown(opt.key, span, params, flags, what, handle_kw)
                 else:
                     values[opt.key] = True
+                    self._flag_spans[opt.key] = ir.Word(opt.key, span)
                 continue
             if isinstance(opt, DefaultOpt | PriomapOpt):
                 if key not in params:
@@ -158,6 +194,11 @@ class QdiscBuilder:
             if dim is None:
                 self._unknown(opt.key, span, params, flags, what, handle_kw)
                 continue
+            if opt.key in NAMED_VALUES:
+                named, word = self._named(opt)
+                if named:
+                    values[opt.key] = word
+                    continue
             values[opt.key] = self._value(opt, dim, opt.key in percent)
         return values, handle, matches
 
@@ -278,6 +319,39 @@ class QdiscBuilder:
         at = dmax.span if dmax is not None else rate.span
         return ir.Curve(rate, opt.span, ir.Rate(0, at), ir.Time(d, at), umax, dmax)
 
+    def _named(self, opt: Param) -> tuple[bool, ir.Word | None]:
+        """(True, the name) when ``opt`` gives a name from its fixed set, (True, None) after
+        an error, (False, None) for a value to evaluate (a number or a constant)."""
+        names = NAMED_VALUES[opt.key]
+        value = opt.value
+        if isinstance(value, Ref) and value.name in names:
+            return True, ir.Word(value.name, value.span)
+        if opt.key not in NAME_ONLY and (
+            not isinstance(value, Ref)
+            or value.name in self.b.scope.constants
+            or value.name in self.b.scope.broken
+            or self.b.scope.incomplete
+        ):
+            return False, None
+        shown = [n for n in names if n not in linklayer.PRESET_ALIASES]
+        found = value.name if isinstance(value, Ref) else "a value"
+        quoted = f"'{found}'" if isinstance(value, Ref) else found
+        hint = suggestion(found, shown) if isinstance(value, Ref) else ""
+        what = {
+            "overhead": "an overhead in bytes or a preset",
+            "linklayer": "a link layer",
+            "rtt": "a time or a named rtt",
+            "isolate": "a flow isolation mode",
+        }[opt.key]
+        self.error(
+            Diagnostic.error(
+                "E231",
+                f"{opt.key} takes {what}, found {quoted}{hint}; names are {', '.join(shown)}",
+                value.span,
+            )
+        )
+        return True, None
+
     def _value(self, opt: Param, dim: Dimension, percent: bool) -> Any:
         try:
             result = evaluate(opt.value, dim, self.b.scope, percent=percent)
@@ -328,6 +402,13 @@ class QdiscBuilder:
             self.error(Diagnostic.error("E007", text, span))
             return
         curves = CLASS_CURVES.get(self.kind, frozenset()) if what.endswith("class") else set()
+        if self.kind != "cake":  # the link-layer words belong to the root, not to its kind
+            params = {k: d for k, d in params.items() if k not in LINK_LAYER_PARAMS}
+            params = {
+                k: d
+                for k, d in params.items()
+                if k not in STAB_PARAMS or k in QDISC_PARAMS.get(self.kind, {})
+            }
         accepted = sorted({*params, *flags, *curves, handle_kw})
         hint = suggestion(key, sorted({*params, *flags, *curves}))
         takes = ", ".join(accepted) if len(accepted) > 1 else f"only {handle_kw}"
@@ -341,12 +422,17 @@ class QdiscBuilder:
     def build(self) -> QdiscSyntax:
         kind = self.kind
         pct = NETEM_PERCENT if kind == "netem" else frozenset()
+        stab_params = {
+            k: d for k, d in STAB_PARAMS.items() if kind != "cake" and (kind, k) != ("tbf", "mtu")
+        }
         values, handle, matches = self._values(
             self.opts,
             {
                 **QDISC_PARAMS[kind],
                 **({"default": C} if kind in WITH_DEFAULT else {}),
                 **({"priomap": C} if kind == "prio" else {}),
+                **LINK_LAYER_PARAMS,
+                **stab_params,
             },
             QDISC_FLAGS[kind],
             f"{kind}",
@@ -398,9 +484,70 @@ class QdiscBuilder:
                     )
                 )
             child = children[0].qdisc if children else None
+            if children:
+                nested_stab(self.b, children[0])
+        overhead = self._overhead(values, stab=kind != "cake")
+        if kind == "cake":
+            values["overhead"] = overhead
+            overhead = None
         built = [self.klass(c) for c in classes] if kind in CLASSFUL else []
         q = self._make(kind, values, handle, tuple(built), child)
-        return QdiscSyntax(q, tuple(classify))
+        return QdiscSyntax(q, tuple(classify), overhead)
+
+    def _overhead(self, v: dict[str, Any], stab: bool) -> ir.Overhead | None:
+        """Take the link-layer words out of ``v``: a preset fills in what is not given."""
+        own = [k for k in STAB_PARAMS if stab and (self.kind, k) != ("tbf", "mtu")]
+        words = {k: v.pop(k, None) for k in (*LINK_LAYER_PARAMS, *own)}
+        given = [w for w in words.values() if w is not None]
+        words.setdefault("mtu", None)
+        words.setdefault("tsize", None)
+        if not given:
+            return None
+        first = min((w.span for w in given), key=lambda s: (s.line, s.column))
+        amount, layer, mpu = words["overhead"], words["linklayer"], words["mpu"]
+        preset = linklayer.preset(amount.value) if isinstance(amount, ir.Word) else None
+        if preset is not None:
+            assert isinstance(amount, ir.Word)
+            overhead = ir.Count(preset.overhead, amount.span)
+            layer_name = preset.linklayer
+            if mpu is None and preset.mpu:
+                mpu = ir.Count(preset.mpu, amount.span)
+        else:
+            overhead = amount if isinstance(amount, ir.Count) else ir.Count(0, first)
+            layer_name = "ethernet"
+        if isinstance(layer, ir.Word):
+            layer_name = linklayer.LINKLAYERS[layer.value]
+            if stab and layer_name == "ptm":
+                self.error(
+                    Diagnostic.error(
+                        "E232",
+                        "a size table (the link-layer words of a root qdisc other than cake) has "
+                        "no ptm: tc's stab takes ethernet or atm; use cake, or linklayer ethernet "
+                        "with a rate 64/65 of the line's",
+                        layer.span,
+                    )
+                )
+        if stab and preset is not None and preset.linklayer == "ptm" and layer is None:
+            self.error(
+                Diagnostic.error(
+                    "E232",
+                    f"{preset.name} is a PTM link, which a size table (tc's stab, the link-layer "
+                    "words of a root qdisc other than cake) cannot describe; use cake, or "
+                    f"overhead {preset.overhead} linklayer ethernet with a rate 64/65 of the "
+                    "line's",
+                    amount.span,
+                )
+            )
+        return ir.Overhead(
+            first,
+            overhead,
+            layer_name,
+            mpu,
+            amount if isinstance(amount, ir.Word) else None,
+            layer if isinstance(layer, ir.Word) else None,
+            words["mtu"],
+            words["tsize"],
+        )
 
     def _make(
         self,
@@ -498,8 +645,61 @@ class QdiscBuilder:
                 return ir.Pfifo(span, v.get("limit"), handle)
             case "bfifo":
                 return ir.Bfifo(span, v.get("limit"), handle)
+            case "cake":
+                return self._cake(v, handle)
             case _:
                 return ir.PfifoFast(span, handle)
+
+    def _cake(self, v: dict[str, Any], handle: ir.HandleRef | None) -> ir.Cake:
+        groups: dict[str, ir.Word] = {}
+        for group, names in CAKE_FLAG_GROUPS.items():
+            given = sorted(
+                (self._flag_spans[n] for n in names if v.get(n)),
+                key=lambda w: (w.span.line, w.span.column),
+            )
+            for word in given[1:]:
+                self.error(
+                    Diagnostic.error(
+                        "E233",
+                        f"'{word.value}' contradicts '{given[0].value}': cake takes one of "
+                        f"{', '.join(names)}",
+                        word.span,
+                        Note("given here", given[0].span),
+                    )
+                )
+            if given:
+                groups[group] = given[0]
+        if "unlimited" in groups and v.get("bandwidth") is not None:
+            self.error(
+                Diagnostic.error(
+                    "E233",
+                    "'unlimited' contradicts 'bandwidth': cake shapes at a bandwidth or not at all",
+                    groups["unlimited"].span,
+                    Note("bandwidth given here", v["bandwidth"].span),
+                )
+            )
+        rtt = v.get("rtt")
+        rtt_preset = rtt if isinstance(rtt, ir.Word) else None
+        if rtt_preset is not None:
+            rtt = ir.Time(linklayer.RTT_PRESETS[rtt_preset.value], rtt_preset.span)
+        return ir.Cake(
+            self.span,
+            v.get("bandwidth"),
+            groups.get("unlimited"),
+            groups.get("diffserv"),
+            v.get("isolate"),
+            groups.get("nat"),
+            groups.get("wash"),
+            groups.get("ack_filter"),
+            groups.get("split_gso"),
+            groups.get("mode"),
+            rtt,
+            rtt_preset,
+            v.get("memlimit"),
+            v.get("fwmark"),
+            v.get("overhead"),
+            handle,
+        )
 
     def klass(self, syn: ClassSyntax) -> ir.Class:
         kind = self.kind
@@ -520,6 +720,7 @@ class QdiscBuilder:
                 matches.append(item)
             elif isinstance(item, QdiscSyntax):
                 leaves.append(item.qdisc)
+                nested_stab(self.b, item)
                 for m in item.classify:
                     self.error(
                         Diagnostic.error(
@@ -575,6 +776,19 @@ def _opt_key(opt: Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | CurveOpt)
             return opt.keyword
         case PriomapOpt():
             return "priomap"
+
+
+def nested_stab(b: Builder, syn: QdiscSyntax) -> None:
+    """Report link-layer words on a qdisc below the root (a size table is the root's)."""
+    if syn.stab is not None:
+        b.error(
+            Diagnostic.error(
+                "E232",
+                f"link-layer words belong on the interface's root qdisc (its size table) or on "
+                f"a cake; this {syn.qdisc.kind} is below the root",
+                syn.stab.span,
+            )
+        )
 
 
 def syn_label(syn: ClassSyntax) -> str:

@@ -72,6 +72,8 @@ class QdiscSyntax:
 
     qdisc: ir.Qdisc
     classify: tuple[ir.Marking, ...]
+    stab: ir.Overhead | None = None
+    """Link-layer words on a qdisc other than cake: a size table, for a root qdisc only."""
 
 
 @dataclass(frozen=True, slots=True)

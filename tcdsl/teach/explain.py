@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from tcdsl import ir
+from tcdsl import ir, linklayer
 from tcdsl.allocate import default_minor
 from tcdsl.commands import IFB_TXQUEUELEN
 from tcdsl.directions import PRIVATE
@@ -372,6 +372,8 @@ class _Explainer:
         if iface.download is not None:
             self.add(Para(self.download_sentence(iface, iface.download)))
         self.add(Para(self.root_sentence(iface)))
+        if iface.stab is not None:
+            self.add(Para(self.link_layer(iface.stab, stab=True)))
         match root:
             case ir.Htb() | ir.Cbq() | ir.Prio() | ir.Hfsc():
                 self.add(Heading(3, "Classes, in tree order"))
@@ -649,6 +651,105 @@ class _Explainer:
                 return f"pfifo_fast {h}: three bands by TOS, as the kernel's default qdisc."
             case ir.Ingress():  # only ever a root, explained by ingress()
                 return f"the ingress qdisc {h}: policers, and no queue."
+            case ir.Cake():
+                return self.cake(q)
+
+    def link_layer(self, o: ir.Overhead, stab: bool) -> str:
+        """What a packet costs on the wire, and how the kernel is told."""
+        name = ""
+        if o.preset is not None:
+            found = linklayer.preset(o.preset.value)
+            name = f" ({o.preset.value}: {found.what})" if found else f" ({o.preset.value})"
+        n = o.overhead.value
+        text = f"Link-layer overhead{name}: every packet is charged as its IP size "
+        text += f"plus {_plural(n, 'byte')}" if n >= 0 else f"minus {_plural(-n, 'byte')}"
+        mpu = o.mpu.value if o.mpu is not None else 0
+        if mpu:
+            text += f", at least {_plural(mpu, 'byte')}"
+        big = linklayer.wire_size(1500, n, o.linklayer, mpu)
+        ack = linklayer.wire_size(40, n, o.linklayer, mpu)
+        if o.linklayer == "atm":
+            text += (
+                ", carried in 53-byte ATM cells of 48 bytes each: a 1500-byte IP packet costs "
+                f"{_plural(big // linklayer.ATM_CELL, 'cell')} ({big} bytes), a 40-byte ACK "
+                f"{_plural(ack // linklayer.ATM_CELL, 'cell')} ({ack} bytes)."
+            )
+        elif o.linklayer == "ptm":
+            text += (
+                ", plus one byte in 64 for PTM's 64b/65b coding: a 1500-byte IP packet costs "
+                f"{big} bytes, a 40-byte ACK {ack}."
+            )
+        else:
+            text += f": a 1500-byte IP packet costs {big} bytes, a 40-byte ACK {ack}."
+        if stab:
+            text += (
+                " Rates below are rates on the wire. The kernel is told this by a size table on "
+                f"the root qdisc (tc's stab, overhead {linklayer.stab_overhead(n)}: it counts "
+                f"from the frame, which holds the {linklayer.ETHERNET_HEADER}-byte Ethernet "
+                "header, as on an Ethernet device or an IFB fed from one)."
+            )
+        return text
+
+    def cake(self, q: ir.Cake) -> str:
+        h = _handle(q)
+        if q.bandwidth is not None:
+            shaper = f"shapes to {format_rate(q.bandwidth.bits_per_second)}"
+        else:
+            shaper = "does not shape (unlimited): it only queues, for a bottleneck elsewhere"
+        diffserv = q.diffserv.value if q.diffserv else "diffserv3"
+        tins = {
+            "besteffort": "one tin (no priorities)",
+            "precedence": "eight tins by IP precedence",
+            "diffserv8": "eight tins by DSCP",
+            "diffserv4": "four tins by DSCP (bulk, best effort, video, voice)",
+            "diffserv3": "three tins by DSCP (bulk, best effort, voice)",
+        }[diffserv]
+        isolate = q.isolate.value if q.isolate else "triple-isolate"
+        fairness = {
+            "flowblind": "no flow isolation: one queue per tin",
+            "srchost": "fairness between source addresses",
+            "dsthost": "fairness between destination addresses",
+            "hosts": "fairness between address pairs",
+            "flows": "fairness between flows",
+            "dual-srchost": "fairness between source addresses first, then their flows",
+            "dual-dsthost": "fairness between destination addresses first, then their flows",
+            "triple-isolate": "fairness between flows, and between hosts on either side",
+        }[isolate]
+        rtt = q.rtt.microseconds if q.rtt else 100_000
+        text = (
+            f"cake (Common Applications Kept Enhanced, handle {h}): it {shaper}; sorts packets "
+            f"into {tins} ({diffserv}); keeps {fairness} ({isolate}); and its AQM (COBALT) "
+            f"keeps queues short for a round-trip time of {format_time(rtt)}"
+            f"{f' ({q.rtt_preset.value})' if q.rtt_preset else ''}."
+        )
+        extras = []
+        if q.nat is not None and q.nat.value == "nat":
+            extras.append(
+                "nat: it looks up addresses behind NAT in conntrack, so hosts are told apart"
+            )
+        if q.wash is not None and q.wash.value == "wash":
+            extras.append("wash: it clears the DSCP of packets after sorting them")
+        if q.ack_filter is not None and q.ack_filter.value != "no-ack-filter":
+            extras.append(f"{q.ack_filter.value}: it drops TCP ACKs that later ACKs make redundant")
+        if q.mode is not None and q.mode.value == "ingress":
+            extras.append(
+                "ingress: it counts packets it drops as sent, as it shapes a download (on an "
+                "IFB) whose packets have already crossed the bottleneck"
+            )
+        if q.memlimit is not None:
+            extras.append(f"memlimit {_size(q.memlimit.bytes)} of queue memory")
+        if q.fwmark is not None:
+            extras.append(
+                f"fwmark {q.fwmark.value:#x}: the firewall mark under this mask picks the tin"
+            )
+        if q.split_gso is not None:
+            extras.append(f"{q.split_gso.value}")
+        if extras:
+            text += " Also " + "; ".join(extras) + "."
+        if q.overhead is not None:
+            text += " " + self.link_layer(q.overhead, stab=False)
+            text += " cake counts it itself, from the IP packet (it strips the MAC header)."
+        return text
 
     def sfq(self, q: ir.Sfq) -> str:
         divisor = q.divisor.value if q.divisor else 1024

@@ -41,7 +41,7 @@ from bisect import insort
 from collections import deque
 from dataclasses import dataclass, field
 
-from tcdsl import ir
+from tcdsl import ir, linklayer
 from tcdsl.checks import effective_ceil, rate_of
 from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
@@ -80,6 +80,9 @@ MAX_PACKETS = 5_000_000
 """The most packets a run may model: what its rate-limited flows offer plus what the link can
 send (a few microseconds of wall time each, so under half a minute). A greedy flow at 1gbit for
 the default 30 s is 2.5 million."""
+CAKE_LIMIT = 10240
+"""cake's packet limit (sch->limit); its memory limit is left out."""
+ETHERNET_HEADER = linklayer.ETHERNET_HEADER
 MAX_SAMPLES = 100_000
 """The most sampling intervals a run may keep counters for."""
 
@@ -114,11 +117,16 @@ def l2t(size: int, rate_bytes: int) -> int:
 class Packet:
     """One packet in the model."""
 
-    __slots__ = ("enqueued", "flow", "route", "size", "tos")
+    __slots__ = ("cost", "enqueued", "flow", "route", "size", "tos")
 
-    def __init__(self, flow: int, size: int, tos: int, route: tuple[object, ...], now: int):
+    def __init__(
+        self, flow: int, size: int, tos: int, route: tuple[object, ...], now: int, cost: int = 0
+    ):
         self.flow = flow
         self.size = size
+        self.cost = cost or size
+        """What the qdiscs charge for it (``qdisc_pkt_len``): ``size`` through the root's size
+        table, when the interface has link-layer overhead."""
         self.tos = tos
         self.route = route
         """Per classful qdisc on the way, in order: its choice (htb class, prio band)."""
@@ -177,7 +185,7 @@ class Fifo(Node):
 
     def room(self, pkt: Packet) -> bool:
         if self.in_bytes:
-            return self.backlog + pkt.size <= self.limit
+            return self.backlog + pkt.cost <= self.limit
         return len(self.q) < self.limit
 
     def enqueue(self, pkt: Packet, now: int) -> None:
@@ -185,13 +193,13 @@ class Fifo(Node):
             self.engine.drop(pkt, now)
             return
         self.q.append(pkt)
-        self.backlog += pkt.size
+        self.backlog += pkt.cost
 
     def dequeue(self, now: int) -> Packet | None:
         if not self.q:
             return None
         pkt = self.q.popleft()
-        self.backlog -= pkt.size
+        self.backlog -= pkt.cost
         return pkt
 
 
@@ -253,7 +261,7 @@ class Drr(Node):
             self.allot[pkt.flow] = self.quantum
             self.ring.append(pkt.flow)
         q.append(pkt)
-        self.bytes[pkt.flow] += pkt.size
+        self.bytes[pkt.flow] += pkt.cost
         self.count += 1
         if self.count > self.limit:
             self._drop(now)
@@ -265,7 +273,7 @@ class Drr(Node):
         else:
             victim = max(self.ring, key=lambda f: (len(self.flows[f]), -f))
             pkt = self.flows[victim].pop()
-        self.bytes[victim] -= pkt.size
+        self.bytes[victim] -= pkt.cost
         self.count -= 1
         if not self.flows[victim]:
             self._forget(victim)
@@ -284,11 +292,41 @@ class Drr(Node):
             self.ring.rotate(-1)
         flow = self.ring[0]
         pkt = self.flows[flow].popleft()
-        self.allot[flow] -= pkt.size
-        self.bytes[flow] -= pkt.size
+        self.allot[flow] -= pkt.cost
+        self.bytes[flow] -= pkt.cost
         self.count -= 1
         if not self.flows[flow]:
             self._forget(flow)
+        return pkt
+
+
+class CakeNode(Drr):
+    """cake as a shaper at its bandwidth (each packet charged with cake's own overhead, after
+    sch_cake.c's cake_calc_overhead) in front of per-flow round robin; no tins, no COBALT, no
+    host isolation."""
+
+    def __init__(self, engine: Engine, rate: int | None, overhead: ir.Overhead | None) -> None:
+        super().__init__(engine, MTU, CAKE_LIMIT, CAKE_LIMIT, fattest=True)
+        self.rate = (rate or 0) // 8
+        self.overhead = overhead
+        self.next = 0
+
+    def charge(self, pkt: Packet) -> int:
+        """The bytes cake charges ``pkt``: with an overhead, from the IP packet."""
+        o = self.overhead
+        if o is None:
+            return pkt.cost
+        mpu = o.mpu.value if o.mpu is not None else 0
+        ip_len = pkt.cost - ETHERNET_HEADER
+        return linklayer.wire_size(ip_len, o.overhead.value, o.linklayer, mpu)
+
+    def dequeue(self, now: int) -> Packet | None:
+        if self.rate and self.ring and now < self.next:
+            self.engine.wake(self.next)
+            return None
+        pkt = super().dequeue(now)
+        if pkt is not None and self.rate:
+            self.next = max(self.next, now) + l2t(self.charge(pkt), self.rate)
         return pkt
 
 
@@ -326,7 +364,7 @@ class TbfNode(Node):
         return self.child.store(pkt)
 
     def enqueue(self, pkt: Packet, now: int) -> None:
-        if pkt.size > self.max_size:
+        if pkt.cost > self.max_size:
             self.engine.drop(pkt, now)
             return
         self.child.enqueue(pkt, now)
@@ -340,8 +378,8 @@ class TbfNode(Node):
         toks = min(now - self.t_c, self.buffer)
         ptoks = 0
         if self.peak:
-            ptoks = min(toks + self.ptokens, self.mtu) - l2t(pkt.size, self.peak)
-        toks = min(toks + self.tokens, self.buffer) - l2t(pkt.size, self.rate)
+            ptoks = min(toks + self.ptokens, self.mtu) - l2t(pkt.cost, self.peak)
+        toks = min(toks + self.tokens, self.buffer) - l2t(pkt.cost, self.rate)
         if toks >= 0 and ptoks >= 0:
             self.peeked = None
             self.t_c, self.tokens, self.ptokens = now, toks, ptoks
@@ -376,7 +414,7 @@ class NetemNode(Node):
             return
         send = now + self.delay
         if self.rate:
-            send = max(send, self.last) + l2t(pkt.size, self.rate)
+            send = max(send, self.last) + l2t(pkt.cost, self.rate)
         self.last = send
         self.q.append((send, pkt))
 
@@ -713,13 +751,13 @@ class HtbNode(Node):
         if pkt is None or cl is None:
             return None
         assert cl.leaf is not None
-        cl.deficit[level] -= pkt.size
+        cl.deficit[level] -= pkt.cost
         if cl.deficit[level] < 0:
             cl.deficit[level] += cl.quantum
             (cl.parent.feeds[prio] if level and cl.parent else row).advance()
         if cl.leaf.qlen() == 0:
             self._deactivate(cl)
-        self._charge(cl, level, pkt.size, now)
+        self._charge(cl, level, pkt.cost, now)
         return pkt
 
     def dequeue(self, now: int) -> Packet | None:
@@ -1028,6 +1066,13 @@ class _Builder:
                 return self._htb(q, depth)
             case ir.Hfsc():
                 return self._hfsc(q, depth)
+            case ir.Cake():
+                self.notes.append(
+                    "cake is modelled as a shaper at its bandwidth with per-flow round robin: "
+                    "no tins, no COBALT, no host isolation"
+                )
+                rate = q.bandwidth.bits_per_second if q.bandwidth else None
+                return CakeNode(e, rate, q.overhead)
             case _:
                 raise SimulationError(f"{q.kind} is not modelled by the simulator")
 
@@ -1144,6 +1189,9 @@ def link_rate(iface: ir.Interface) -> int:
             uls = [c.ul.m2.bits_per_second for c in root.classes if c.ul is not None]
             if uls and len(uls) == len(root.classes):
                 return sum(uls)
+        case ir.Cake():
+            if root.bandwidth is not None:
+                return root.bandwidth.bits_per_second
         case _:
             pass
     return DEFAULT_LINK
@@ -1302,6 +1350,18 @@ class Simulator(Engine):
         if self.link <= 0:
             raise SimulationError("the link rate must be above 0")
         check_size(flows, duration, self.interval, self.link)
+        stab = iface.stab
+        self.stab = (
+            None
+            if stab is None
+            else linklayer.stab_for(
+                stab.overhead.value,
+                stab.linklayer,
+                stab.mpu.value if stab.mpu is not None else 0,
+                stab.mtu.bytes if stab.mtu is not None else None,
+                stab.tsize.value if stab.tsize is not None else None,
+            )
+        )
         builder = _Builder(self)
         self.root = builder.build(iface.root)
         self.notes = tuple(dict.fromkeys(builder.notes))
@@ -1395,7 +1455,7 @@ class Simulator(Engine):
             cls = "dropped"
         else:
             cls = verdict.steps[-1].qdisc.kind
-        probe = Packet(index, flow.packet.size, flow.packet.tos, tuple(route), 0)
+        probe = Packet(index, flow.packet.size, flow.packet.tos, tuple(route), 0, self.cost(flow))
         stop = self.end if flow.stop is None else min(flow.stop * US, self.end)
         state = _FlowState(flow, index, tuple(route), cls, self.root.store(probe), stop)
         state.verdict_spans = tuple(step.span for step in verdict.steps)
@@ -1424,7 +1484,14 @@ class Simulator(Engine):
 
     # ---- flows ----
     def _packet(self, s: _FlowState, now: int) -> Packet:
-        return Packet(s.index, s.flow.packet.size, s.flow.packet.tos, s.route, now)
+        return Packet(
+            s.index, s.flow.packet.size, s.flow.packet.tos, s.route, now, self.cost(s.flow)
+        )
+
+    def cost(self, flow: Flow) -> int:
+        """What the qdiscs charge for a packet of ``flow`` (the root's size table's size)."""
+        size = flow.packet.size
+        return size if self.stab is None else self.stab.cost(size)
 
     def _offer(self, s: _FlowState, pkt: Packet, now: int) -> None:
         """Enqueue a packet of ``s`` (counted in ``s.queued``), through its policer if any."""
@@ -1460,7 +1527,7 @@ class Simulator(Engine):
                     # offering the same packet again at the same instant, forever.
                     self.refused.discard(s.index)
                     self.backing_off.add(s.index)
-                    retry = now + -(-pkt.size * 8 * NS // self.link)
+                    retry = now + -(-pkt.cost * 8 * NS // self.link)
                     self._push(retry, self.RETRY, s.index)
                     fails += 1
             else:
@@ -1502,7 +1569,7 @@ class Simulator(Engine):
         self.cbytes[cls][b] += pkt.size
         self.cpackets[cls][b] += 1
         self.cdelay[cls][b] += delay
-        self._push(now + -(-pkt.size * 8 * NS // self.link), self.TXDONE, 0)
+        self._push(now + -(-pkt.cost * 8 * NS // self.link), self.TXDONE, 0)
         self._refill(s.store, now)
 
     def run(self) -> Run:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from ipaddress import IPv4Network
 
-from tcdsl import ir
-from tcdsl.commands import REDIRECT_PREF, curve_words
+from tcdsl import ir, linklayer
+from tcdsl.commands import CAKE_LINKLAYER, REDIRECT_PREF, curve_words
 from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -532,6 +532,83 @@ class _Builder:
                     yield Want("default", 0, "none", q.span, absent=0)
                 else:
                     yield self.htb_default(q)
+            case ir.Cake():
+                yield from self.cake(q)
+
+    def word(self, key: str, word: ir.Word | None, default: str, span: Span) -> Want:
+        """A keyword of a group (cake's), or the group's default when the policy has none."""
+        if word is None:
+            return Want(key, default, f"{default} (the default)", span)
+        return Want(key, word.value, word.value, word.span)
+
+    def cake(self, q: ir.Cake) -> Iterator[Want | None]:
+        if q.bandwidth is not None:
+            yield self.rate("bandwidth", q.bandwidth)
+        else:
+            span = q.unlimited.span if q.unlimited else q.span
+            yield Want("bandwidth", "unlimited", "unlimited", span)
+        yield self.word("diffserv", q.diffserv, "diffserv3", q.span)
+        yield self.word("isolate", q.isolate, "triple-isolate", q.span)
+        yield self.word("nat", q.nat, "nonat", q.span)
+        yield self.word("wash", q.wash, "nowash", q.span)
+        yield self.word("ack_filter", q.ack_filter, "no-ack-filter", q.span)
+        if q.split_gso is not None:  # the kernel's default changed over the years
+            yield self.word("split_gso", q.split_gso, "split-gso", q.span)
+        mode = self.word("mode", q.mode, "egress", q.span)
+        yield replace(mode, absent="egress", name="ingress mode")
+        us = q.rtt.microseconds if q.rtt is not None else 100_000
+        span = q.rtt.span if q.rtt is not None else q.span
+        policy = self.spell(span, format_time(us)) if q.rtt is not None else "100ms (the default)"
+        yield Want("rtt", tc_shown_time(us), policy, span, tolerance=us / 200)
+        if q.memlimit is not None:
+            m = q.memlimit
+            yield Want(
+                "memlimit", tc_shown_size(m.bytes), self.spell(m.span, format_size(m.bytes)), m.span
+            )
+        if q.fwmark is not None:
+            f = q.fwmark
+            yield Want("fwmark", f.value, f"{f.value:#x}", f.span, absent=0)
+        o = q.overhead
+        if o is None:
+            yield Want("raw", True, "no overhead (raw)", q.span, absent=False)
+            return
+        yield Want("raw", False, "an overhead", o.span, absent=False)
+        yield Want("overhead", o.overhead.value, self.overhead_text(o), o.overhead.span)
+        atm = CAKE_LINKLAYER[o.linklayer]
+        yield Want("atm", atm, atm, o.linklayer_word.span if o.linklayer_word else o.span)
+        mpu = o.mpu.value if o.mpu is not None else 0
+        yield Want("mpu", mpu, str(mpu), o.mpu.span if o.mpu else o.span, absent=0)
+
+    def overhead_text(self, o: ir.Overhead) -> str:
+        """``pppoe-llc (40)``, or the number as written."""
+        n = o.overhead.value
+        return f"{o.preset.value} ({n})" if o.preset else self.spell(o.overhead.span, str(n))
+
+    def stab(self, o: ir.Overhead | None, span: Span) -> Iterator[Want]:
+        """The root's size table as tc -d shows it (its overhead 14 bytes below tcdsl's)."""
+        if o is None:
+            yield Want("stab", False, "none", span, absent=False)
+            return
+        yield Want("stab", True, "a size table", o.span, absent=False)
+        n = linklayer.stab_overhead(o.overhead.value)
+        policy = f"{n} ({self.overhead_text(o)} beyond the IP packet, less the Ethernet header)"
+        yield Want("stab overhead", n, policy, o.overhead.span, absent=0)
+        where = o.linklayer_word.span if o.linklayer_word else o.span
+        yield Want("stab linklayer", o.linklayer, o.linklayer, where)
+        mpu = o.mpu.value if o.mpu is not None else 0
+        yield Want("stab mpu", mpu, str(mpu), o.mpu.span if o.mpu else o.span, absent=0)
+        table = linklayer.stab_for(o.overhead.value, o.linklayer, mpu, None, None).has_table
+        for key, given, default in (
+            ("mtu", o.mtu.bytes if o.mtu else None, linklayer.STAB_DEFAULT_MTU),
+            ("tsize", o.tsize.value if o.tsize else None, linklayer.STAB_DEFAULT_TSIZE),
+        ):
+            value = (given or default) if table else 0
+            text = (
+                str(value)
+                if given
+                else f"{value} (tc's {'default' if table else 'without a table'})"
+            )
+            yield Want(f"stab {key}", value, text, o.span, absent=0)
 
     def htb_default(self, q: ir.Htb | ir.Hfsc) -> Want:
         if q.default is None:
@@ -831,6 +908,7 @@ _QDISC_WORDS = {
     "pfifo_fast": "the pfifo_fast qdisc",
     "ingress": "the ingress qdisc",
     "hfsc": "the hfsc qdisc",
+    "cake": "the cake qdisc",
 }
 
 
@@ -895,6 +973,8 @@ def expected_policy(policy: ir.Policy, sources: Mapping[str, str] | None = None)
             )
         else:
             b.qdisc(iface.root, "root", f"{iface.root.kind} qdisc of {iface.name}")
+            root = b.qdiscs[0]
+            b.qdiscs[0] = replace(root, wants=root.wants + tuple(b.stab(iface.stab, root.span)))
         add(
             ExpectedInterface(
                 iface.name,

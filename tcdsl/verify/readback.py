@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Network
 
+from tcdsl.frontend.qdiscs import CAKE_FLAG_GROUPS, CAKE_ISOLATION
+
 # ==== values ===================================================================================
 
 _RATE = re.compile(r"(\d+)([KMGT]?)(i?)bit")
@@ -263,6 +265,51 @@ def _netem(words: Sequence[str]) -> dict[str, Shown]:
     return out
 
 
+STAB_KEYS = ("linklayer", "overhead", "mpu", "mtu", "tsize")
+"""What tc -d prints of a size table, on the line after its qdisc (tc_stab.c)."""
+
+
+def _stab(words: Sequence[str]) -> dict[str, Shown]:
+    """A size table's line (``linklayer atm overhead 26 mtu 2047 tsize 512``), keys prefixed
+    ``stab ``; ``stab`` itself says there is one."""
+    out = {"stab": Shown(" ".join(words), True)}
+    for key, shown in _scan(
+        words, {"linklayer": "text", **dict.fromkeys(STAB_KEYS[1:], "int")}
+    ).items():
+        out[f"stab {key}"] = shown
+    return out
+
+
+_CAKE_WORDS = {
+    **{k: v for k, v in CAKE_FLAG_GROUPS.items() if k not in ("unlimited", "mode")},
+    "isolate": CAKE_ISOLATION,
+    "mode": ("ingress",),
+    "atm": ("atm", "ptm", "noatm"),
+    "raw": ("raw",),
+}
+_CAKE_KEY = {word: key for key, words in _CAKE_WORDS.items() for word in words}
+
+
+def _cake(words: Sequence[str]) -> dict[str, Shown]:
+    """cake: ``bandwidth 20Mbit diffserv4 dual-srchost nat nowash ingress ack-filter split-gso
+    rtt 100ms noatm overhead 18 mpu 64 memlimit 32Mb fwmark 0xff`` (q_cake.c); the bare words
+    of one group are kept under the group's key."""
+    out = _scan(
+        words,
+        {"rtt": "time", "overhead": "int", "mpu": "int", "memlimit": "size", "fwmark": "hex"},
+    )
+    bandwidth = _after(words, "bandwidth")
+    if bandwidth == "unlimited":
+        out["bandwidth"] = Shown(bandwidth, bandwidth)
+    elif bandwidth is not None and _RATE.fullmatch(bandwidth):
+        out["bandwidth"] = Shown(bandwidth, parse_rate(bandwidth))
+    for word in words:
+        key = _CAKE_KEY.get(word)
+        if key is not None:
+            out.setdefault(key, Shown(word, True if key == "raw" else word))
+    return out
+
+
 QDISC_OPTIONS: dict[str, dict[str, str]] = {
     "htb": {"r2q": "int", "default": "hex", "direct_packets_stat": "int", "direct_qlen": "int"},
     "hfsc": {"default": "hex"},
@@ -358,6 +405,8 @@ class TcQdisc:
     """``root`` or a class id such as ``1:10``."""
     words: tuple[str, ...]
     """Everything after ``kind handle``, as printed."""
+    stab: tuple[str, ...] | None = None
+    """The size table's line below the qdisc's (``tc -d``), or None without one."""
 
     def opt(self, key: str) -> str | None:
         """The word after ``key``, as printed."""
@@ -365,17 +414,21 @@ class TcQdisc:
 
     @property
     def options(self) -> dict[str, Shown]:
-        """The options this kind prints, parsed (keys as tc prints them, e.g. ``lat``)."""
+        """The options this kind prints, parsed (keys as tc prints them, e.g. ``lat``), and
+        its size table's under ``stab ...`` keys."""
         _, words = _header(["qdisc", self.kind, self.handle, *self.words])
+        stab = _stab(self.stab) if self.stab is not None else {}
         match self.kind:
             case "prio" | "pfifo_fast":
                 out: dict[str, Shown] = {}
                 _bands_and_priomap(words, out)
-                return out
+                return out | stab
             case "netem":
-                return _netem(words)
+                return _netem(words) | stab
+            case "cake":
+                return _cake(words) | stab
             case _:
-                return _scan(words, QDISC_OPTIONS.get(self.kind, {}))
+                return _scan(words, QDISC_OPTIONS.get(self.kind, {})) | stab
 
 
 @dataclass(frozen=True)
@@ -459,10 +512,13 @@ def parse_action(line: str) -> Action | None:
 
 
 def parse_qdiscs(text: str) -> list[TcQdisc]:
-    """Parse ``tc -d qdisc show dev X``."""
-    out = []
+    """Parse ``tc -d qdisc show dev X`` (a size table's line joins the qdisc above it)."""
+    out: list[TcQdisc] = []
     for line in text.splitlines():
         words = line.split()
+        if words and words[0] in STAB_KEYS and line[:1].isspace() and out:
+            out[-1] = replace(out[-1], stab=tuple(words))
+            continue
         if len(words) < 3 or words[0] != "qdisc":
             continue
         parent, _ = _header(words)

@@ -441,6 +441,7 @@ _PROBE_QDISCS = (
     "bfifo",
     "pfifo_fast",
     "hfsc",
+    "cake",
 )
 _PROBE_FILTERS = {
     "u32": "u32 match u32 0 0 at 0 flowid 1:1",
