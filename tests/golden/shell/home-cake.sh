@@ -23,8 +23,22 @@ tcdsl_exists() {
         exit 1
     fi
 }
-# Check before changing anything: every interface the policy shapes exists.
+tcdsl_is_ifb() {
+    case $(ip -d -o link show dev "$1" 2>/dev/null) in
+    *" ifb "*) return 0 ;;
+    esac
+    return 1
+}
+tcdsl_ifb_free() {
+    if ip link show dev "$1" >/dev/null 2>&1 && ! tcdsl_is_ifb "$1"; then
+        printf 'tcdsl: %s exists and is not an ifb device; a download needs its own ifb; nothing was changed\n' "$1" >&2
+        exit 1
+    fi
+}
+# Check before changing anything: every interface the policy shapes exists, and the
+# devices downloads are shaped on are ifb devices or absent.
 tcdsl_exists eth0
+tcdsl_ifb_free ifb4eth0
 
 # ==== interface eth0 ====
 tcdsl_at=
@@ -34,5 +48,25 @@ exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
 # Teardown: remove this policy's root qdisc; absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
-tcdsl_at='policies/home-cake.tcp:8:16: interface eth0: cake qdisc'
+tcdsl_at='policies/home-cake.tcp:17:12: interface eth0: cake qdisc'
 tc qdisc add dev eth0 root handle 1: cake bandwidth 19mbit diffserv4 dual-srchost nat ack-filter overhead 30 ptm
+
+# ==== interface eth0 download (via ifb4eth0) ====
+tcdsl_at=
+tcdsl_dev=ifb4eth0
+tcdsl_undo='tc qdisc del dev eth0 ingress; ip link del dev ifb4eth0'
+exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
+flock 9
+# Teardown: remove this policy's redirect and ifb; absent is fine.
+tc qdisc del dev eth0 ingress 2>/dev/null || true
+! tcdsl_is_ifb ifb4eth0 || ip link del dev ifb4eth0
+tcdsl_at='policies/home-cake.tcp:19:5: interface eth0: download via ifb4eth0'
+ip link add ifb4eth0 txqueuelen 1000 type ifb
+tcdsl_at='policies/home-cake.tcp:19:5: interface eth0: download via ifb4eth0'
+ip link set dev ifb4eth0 up
+tcdsl_at='policies/home-cake.tcp:19:14: interface ifb4eth0: cake qdisc'
+tc qdisc add dev ifb4eth0 root handle 1: cake bandwidth 95mbit diffserv4 dual-dsthost nat wash ingress overhead 30 ptm
+tcdsl_at='policies/home-cake.tcp:19:5: interface eth0: download via ifb4eth0'
+tc qdisc add dev eth0 handle ffff: ingress
+tcdsl_at='policies/home-cake.tcp:19:5: interface eth0: download via ifb4eth0'
+tc filter add dev eth0 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ifb4eth0
