@@ -738,7 +738,7 @@ class VGen:
         marking = bool(classify)
         max_depth = self.between(1, 4)
         opts: list[str] = []
-        if self.chance(0.15):
+        if self.chance(0.25):
             self.r2q = self.wide(1, 1000)
             opts.append(f"r2q {self.r2q}")
         body = [f"    {classify}"] if marking else []
@@ -884,7 +884,7 @@ class VGen:
         # user-mode Linux: mostly what the host lacks (the host run covers htb at length)
         kinds = ["htb", "hfsc", "prio", "prio", "tbf", "hfsc"] if self.uml else ["htb"] * 6
         kind = self.pick([*kinds, "tbf", "fifo", *(["cake"] if self.uml else [])])
-        self.stab = kind in ("htb", "tbf") and self.chance(0.4)
+        self.stab = kind in ("htb", "tbf") and self.chance(0.5)
         self.stab_words = self.link_layer(stab=True, tbf=kind == "tbf") if self.stab else []
         if kind == "cake":
             return [f"interface {ifname} cake{self.handle()} " + " ".join(self.cake_options())]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tcdsl.driver import Result, compile_policy
-from tcdsl.verify import runner
+from tcdsl.verify import runner, verifier
 from tcdsl.verify.expect import expected_policy
 from tcdsl.verify.readback import KernelState
 from tcdsl.verify.verifier import batch_applier
@@ -55,11 +55,7 @@ def _cases(path: Path) -> tuple[runner.Case, runner.Case, list[str], bool]:
     """The shell case and the batch case of one policy, the devices to read, iptables or not."""
     shell, batch = _compile(path, "shell"), _compile(path, "tc-batch")
     assert shell.policy is not None and batch.policy is not None
-    read = [i.name for i in shell.policy.interfaces]
-    create = list(read)
-    for iface in shell.policy.interfaces:
-        if iface.marking is not None and iface.marking.from_interface not in create:
-            create.append(iface.marking.from_interface)
+    create, read = verifier.devices(shell.policy)
     ipt = any(i.marking is not None for i in shell.policy.interfaces)
     applier, files = batch_applier(batch.policy, batch.files)
     applier += applier  # applied twice: re-applying must change nothing

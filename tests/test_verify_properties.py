@@ -98,12 +98,15 @@ def _draw(kernel: Kernel, count: int) -> list[Policy]:
 
 # ==== the generator itself (no kernel) ========================================================
 
+ROOT = r"^(?:interface \S+|    (?:upload|download(?: via \S+)?(?: connmark)?))"
+"""The start of a root qdisc's line: an interface's, or one of its directions'."""
+
 FEATURES: dict[Kernel, dict[str, str]] = {
     "host": {
-        "htb root": r"^interface \S+ htb",
-        "tbf root": r"^interface \S+ tbf",
-        "fifo root": r"^interface \S+ (pfifo|bfifo|pfifo_fast)",
-        "link class": r"^interface \S+ htb.* rate ",
+        "htb root": ROOT + r" htb",
+        "tbf root": ROOT + r" tbf",
+        "fifo root": ROOT + r" (pfifo|bfifo|pfifo_fast)",
+        "link class": ROOT + r" htb.* rate ",
         "nested class": r"^ {8}class ",
         "three levels": r"^ {12}class ",
         "percentage": r"class .*(rate|ceil) [\d.]+%",
@@ -138,16 +141,16 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "upload": r"^    upload ",
         "download": r"^    download ",
         "download via": r"^    download via ",
-        "size table": r"^interface \S+ (htb|tbf).* overhead ",
-        "overhead preset": r"^interface .* overhead [a-z]",
-        "linklayer": r"^interface .* linklayer ",
-        "table tsize": r"^interface .* tsize ",
+        "size table": ROOT + r" (htb|tbf).* overhead ",
+        "overhead preset": ROOT + r".* overhead [a-z]",
+        "linklayer": ROOT + r".* linklayer ",
+        "table tsize": ROOT + r".* tsize ",
     },
     "uml": {
-        "prio root": r"^interface \S+ prio",
-        "bands": r"^interface \S+ prio.* bands ",
-        "priomap": r"^interface \S+ prio.* priomap ",
-        "netem root": r"^interface \S+ netem",
+        "prio root": ROOT + r" prio",
+        "bands": ROOT + r" prio.* bands ",
+        "priomap": ROOT + r" prio.* priomap ",
+        "netem root": ROOT + r" netem",
         "sfq leaf": r"^ +sfq",
         "fq_codel leaf": r"^ +fq_codel",
         "netem leaf": r"^ +netem",
@@ -161,14 +164,14 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "police mtu": r" police .* mtu ",
         "police continue": r" police .* continue$",
         "connmark": r"^    download.* connmark ",
-        "hfsc root": r"^interface \S+ hfsc",
+        "hfsc root": ROOT + r" hfsc",
         "hfsc rt": r"class .* rt m",
         "hfsc sc": r"class .* sc ",
         "hfsc ul": r"class .* ul ",
         "hfsc m1 d m2": r" m1 \S+ d \S+ m2 ",
         "hfsc umax": r" umax \S+ dmax ",
         "hfsc nested": r"(?s)hfsc.*\n {8}class ",
-        "cake root": r"^interface \S+ cake",
+        "cake root": ROOT + r" cake",
         "cake leaf": r"^ +(class .*\{ )?cake",
         "cake overhead": r"cake .*overhead ",
         "cake rtt": r"cake .*rtt ",

@@ -109,7 +109,7 @@ def _features_of(expected: ExpectedPolicy) -> list[Requirement]:
     return [r for r in expected.requirements if r.feature != "sch_cbq"]
 
 
-def _devices(policy: ir.Policy) -> tuple[list[str], list[str]]:
+def devices(policy: ir.Policy) -> tuple[list[str], list[str]]:
     """The interfaces to create (policy ones, then ``classify ... from`` ones) and to read."""
     create = list(dict.fromkeys(i.interface for i in policy.interfaces))
     # A download's IFB is created by the script itself.
@@ -144,7 +144,7 @@ def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
         sum(len(i.filters) for i in expected.interfaces),
         sum(len(i.chain.rules) + 1 for i in expected.interfaces if i.chain is not None),
     )
-    create, read = _devices(result.policy)
+    create, read = devices(result.policy)
     cbq = expected.needs("sch_cbq")
     if cbq is not None:
         v.diagnostics.append(
@@ -352,7 +352,7 @@ def _judge(plan: _Plan, result: runner.CaseResult | None, where: str) -> None:
     if plan.batch:
         _name_batch_failure(outcome, plan.batch)
     applied = compare.apply_diagnostics(outcome, plan.origins, _first_span(expected))
-    state = runner.read_state(found, _devices(plan.policy)[1])
+    state = runner.read_state(found, devices(plan.policy)[1])
     differences = compare.compare_state(expected, state)
     if outcome.failed:
         # What the script never got to create is missing, of course: one count, not a list.
