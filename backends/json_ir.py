@@ -186,6 +186,7 @@ def class_json(cls: ir.Class, parent: ir.Handle | None, default: ir.Handle | Non
         out[key] = value_json(getattr(cls, key))
     out["bounded"] = cls.bounded
     out["isolated"] = cls.isolated
+    out["overbook"] = cls.overbook
     out["mark"] = value_json(cls.mark)
     out["fwmark"] = cls.fwmark
     out["chosen_quantum"] = cls.chosen_quantum
@@ -239,6 +240,7 @@ def qdisc_json(q: ir.Qdisc) -> JSONObject:
             out["priomap"] = None if q.priomap is None else [value_json(v) for v in q.priomap]
             out["classes"] = [class_json(c, q.handle, None) for c in q.classes]
         case ir.Cbq():
+            out["overbook"] = q.overbook
             out["classes"] = [class_json(c, q.handle, None) for c in q.classes]
         case ir.Tbf() | ir.Netem():
             out["child"] = None if q.child is None else qdisc_json(q.child)

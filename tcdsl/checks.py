@@ -273,43 +273,84 @@ def ceil_not_below_rate(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
 
 
-def children_fit_parent(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """The guaranteed rates of a class's children add up to no more than its own rate."""
+@dataclass(frozen=True, slots=True)
+class Overbooking:
+    """Children guaranteed ``total`` bits/s under a parent that has ``limit`` for them."""
+
+    total: int
+    limit: ir.Rate
+    what: str
+    """How messages name the limit: ``its rate``, ``its ceil`` or ``the bandwidth``."""
+
+    def __str__(self) -> str:
+        share = self.limit.bits_per_second * 100 // self.total
+        return (
+            f"{_fmt(self.total - self.limit.bits_per_second)} above {self.what} "
+            f"{_fmt(self.limit)}: when only {_fmt(self.limit)} is there for them, under full "
+            f"load each gets about {share}% of its rate"
+        )
+
+
+def children_overbook(cls: ir.Class) -> Overbooking | None:
+    """How the children of ``cls`` over-book it (their rates add up to more than its rate; the
+    limit named is its ceil when they pass that too), or None."""
+    parent_rate = rate_of(cls.rate)
+    total = sum(r.bits_per_second for c in cls.children if (r := rate_of(c.rate)) is not None)
+    if parent_rate is None or total <= parent_rate.bits_per_second:
+        return None
+    ceil = effective_ceil(cls)
+    if ceil is not None and total > ceil.bits_per_second and ceil is not parent_rate:
+        return Overbooking(total, ceil, "its ceil")
+    return Overbooking(total, parent_rate, "its rate")
+
+
+def overbooking_is_declared(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """Children guaranteed more than their parent's rate (or ceil), or top-level cbq classes
+    more than the bandwidth, say ``overbook`` on the parent (warning W350); an ``overbook``
+    that over-books nothing is a warning too (W351)."""
     for s in sites(policy):
         parent_rate = rate_of(s.cls.rate)
-        children = [c for c in s.cls.children if rate_of(c.rate) is not None]
-        if parent_rate is None or not children:
+        if parent_rate is None or s.qdisc.kind == "prio":
             continue
-        total = sum(r.bits_per_second for c in children if (r := rate_of(c.rate)) is not None)
-        ceil = effective_ceil(s.cls)
-        if ceil is not None and total > ceil.bits_per_second and ceil is not parent_rate:
-            yield Diagnostic.error(
-                "E203",
-                f"children of {s.cls.label} are guaranteed {_fmt(total)} in all, "
-                f"above its ceil {_fmt(ceil)}",
-                children[-1].span,
-                Note("ceil given here", ceil.span),
+        over = children_overbook(s.cls)
+        if over is not None and not s.cls.overbook:
+            yield Diagnostic.warning(
+                "W350",
+                f"children of {s.cls.label} are guaranteed {_fmt(over.total)} in all, {over}; "
+                f"write 'overbook' on {'the interface line' if s.cls.implicit else 'the class'} "
+                "if this is on purpose",
+                s.cls.children[-1].span,
+                Note(f"{over.what[4:]} given here", over.limit.span),
             )
-        elif total > parent_rate.bits_per_second:
-            yield Diagnostic.error(
-                "E201",
-                f"children of {s.cls.label} are guaranteed {_fmt(total)} in all, "
-                f"above its rate {_fmt(parent_rate)}",
-                children[-1].span,
-                Note("rate given here", parent_rate.span),
+        elif over is None and s.cls.overbook:
+            total = sum(r.bits_per_second for c in s.cls.children if (r := rate_of(c.rate)))
+            yield Diagnostic.warning(
+                "W351",
+                f"'overbook' on {s.cls.label}, whose children are guaranteed {_fmt(total)} "
+                f"of its rate {_fmt(parent_rate)}: nothing is over-booked",
+                s.cls.span,
             )
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
             if isinstance(q, ir.Cbq) and q.bandwidth is not None:
                 tops = [r for c in q.classes if (r := rate_of(c.rate)) is not None]
                 total = sum(r.bits_per_second for r in tops)
-                if tops and total > q.bandwidth.bits_per_second:
-                    yield Diagnostic.error(
-                        "E201",
+                if tops and total > q.bandwidth.bits_per_second and not q.overbook:
+                    yield Diagnostic.warning(
+                        "W350",
                         f"top-level cbq classes are guaranteed {_fmt(total)} in all, "
-                        f"above the bandwidth {_fmt(q.bandwidth)}",
+                        f"{Overbooking(total, q.bandwidth, 'the bandwidth')}; write 'overbook' "
+                        "on the cbq's line if this is on purpose",
                         tops[-1].span,
                         Note("bandwidth given here", q.bandwidth.span),
+                    )
+                elif q.overbook and total <= q.bandwidth.bits_per_second:
+                    yield Diagnostic.warning(
+                        "W351",
+                        f"'overbook' on a cbq whose top-level classes are guaranteed "
+                        f"{_fmt(total)} of its bandwidth {_fmt(q.bandwidth)}: nothing is "
+                        "over-booked",
+                        q.span,
                     )
 
 
@@ -835,7 +876,7 @@ CHECKS: tuple[Check, ...] = (
     values_in_range,
     values_fit_the_kernel,
     ceil_not_below_rate,
-    children_fit_parent,
+    overbooking_is_declared,
     ceil_within_parent_ceil,
     rates_spelled_in_bits,
     htb_tree_fits,

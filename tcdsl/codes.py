@@ -56,9 +56,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E103": CodeInfo(_E, "An unknown constant"),
     "E104": CodeInfo(_E, "An interface declared twice"),
     # E2xx: semantics
-    "E201": CodeInfo(_E, "Children guaranteed more than the parent's rate"),
     "E202": CodeInfo(_E, "A class ceil below its rate"),
-    "E203": CodeInfo(_E, "Children guaranteed more than the parent's ceil"),
     "E204": CodeInfo(_E, "A handle or class id tc would reject, or that collides"),
     "E205": CodeInfo(_E, "A number outside the range the kernel takes"),
     "E206": CodeInfo(_E, "A match on a class that has child classes"),
@@ -96,6 +94,8 @@ _TABLE: dict[str, CodeInfo] = {
     "W321": CodeInfo(_W, "A netem limit below the packets its delay keeps inside"),
     "W322": CodeInfo(_W, "A class mark nothing in the policy sets"),
     "W330": CodeInfo(_W, "A value the kernel keeps, but not as written"),
+    "W350": CodeInfo(_W, "Children guaranteed more than their parent has, without 'overbook'"),
+    "W351": CodeInfo(_W, "An 'overbook' on a class whose children fit its rate"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),
@@ -110,3 +110,12 @@ _TABLE: dict[str, CodeInfo] = {
 
 CODES: Mapping[str, CodeInfo] = MappingProxyType(_TABLE)
 """Every diagnostic code tcdsl reports, by code."""
+
+RETIRED: Mapping[str, str] = MappingProxyType(
+    {
+        "E201": "over-booking a parent's rate is warning W350 now (the kernel accepts it)",
+        "E203": "over-booking a parent's ceil is warning W350 now (the kernel accepts it)",
+    }
+)
+"""Codes tcdsl no longer reports, with what took their place. A retired code keeps its number:
+it is never given a new meaning (docs/diagnostics.md, "Retired codes")."""

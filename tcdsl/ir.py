@@ -199,6 +199,8 @@ class Class:
     minburst: Count | None = None
     bounded: bool = False
     isolated: bool = False
+    overbook: bool = False
+    """The children's rates may add up to more than this class's (over-booking on purpose)."""
     mark: Count | None = None
     explicit_id: HandleRef | None = None
     matches: tuple[Match, ...] = ()
@@ -268,6 +270,8 @@ class Cbq:
     explicit_handle: HandleRef | None = None
     handle: Handle | None = None
     kind: Literal["cbq"] = "cbq"
+    overbook: bool = False
+    """The top-level classes' rates may add up to more than the bandwidth, on purpose."""
 
 
 @dataclass(frozen=True, slots=True)

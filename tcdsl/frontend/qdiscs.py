@@ -47,8 +47,8 @@ CLASS_PARAMS: dict[str, dict[str, Dimension]] = {
     "prio": {"mark": C},
 }
 CLASS_FLAGS: dict[str, frozenset[str]] = {
-    "htb": frozenset(),
-    "cbq": frozenset({"bounded", "isolated"}),
+    "htb": frozenset({"overbook"}),
+    "cbq": frozenset({"bounded", "isolated", "overbook"}),
     "prio": frozenset(),
 }
 QDISC_PARAMS: dict[str, dict[str, Dimension]] = {
@@ -80,6 +80,8 @@ QDISC_PARAMS: dict[str, dict[str, Dimension]] = {
 }
 QDISC_FLAGS: dict[str, frozenset[str]] = {k: frozenset() for k in QDISC_PARAMS}
 QDISC_FLAGS["fq_codel"] = frozenset({"ecn", "noecn"})
+QDISC_FLAGS["htb"] = frozenset({"overbook"})
+QDISC_FLAGS["cbq"] = frozenset({"overbook"})
 NETEM_PERCENT = frozenset({"loss", "duplicate", "corrupt"})
 CLASSFUL = frozenset({"htb", "prio", "cbq"})
 CHAINING = frozenset({"tbf", "netem"})
@@ -297,12 +299,33 @@ class QdiscBuilder:
                                 "E019", "the interface's link class needs a rate", span
                             )
                         )
-                    classes = (ir.Class("", span, children=classes, implicit=True, **link),)
+                    overbook = bool(v.get("overbook"))
+                    classes = (
+                        ir.Class(
+                            "", span, children=classes, implicit=True, overbook=overbook, **link
+                        ),
+                    )
+                elif v.get("overbook"):
+                    self.error(
+                        Diagnostic.error(
+                            "E007",
+                            "'overbook' needs the interface's link class: give this htb a rate, "
+                            "or write 'overbook' on the class whose children over-book it",
+                            self._flag_span("overbook"),
+                        )
+                    )
                 return ir.Htb(span, v.get("default"), v.get("r2q"), classes, handle)
             case "prio":
                 return ir.Prio(span, v.get("bands"), v.get("priomap"), classes, handle)
             case "cbq":
-                return ir.Cbq(span, v.get("bandwidth"), v.get("avpkt"), classes, handle)
+                return ir.Cbq(
+                    span,
+                    v.get("bandwidth"),
+                    v.get("avpkt"),
+                    classes,
+                    handle,
+                    overbook=bool(v.get("overbook")),
+                )
             case "tbf":
                 burst = v.get("burst")
                 if burst is not None and v.get("buffer") is not None:
@@ -366,6 +389,10 @@ class QdiscBuilder:
             case _:
                 return ir.PfifoFast(span, handle)
 
+    def _flag_span(self, key: str) -> Span:
+        """Where this qdisc's line gives the flag ``key`` (the qdisc's span if it does not)."""
+        return next((o.span for o in self.opts if isinstance(o, Flag) and o.key == key), self.span)
+
     def klass(self, syn: ClassSyntax) -> ir.Class:
         kind = self.kind
         values, handle, matches = self._values(
@@ -416,7 +443,7 @@ class QdiscBuilder:
                     leaves[0].span,
                 )
             )
-        flags = {k: values.pop(k, False) for k in ("bounded", "isolated")}
+        flags = {k: values.pop(k, False) for k in ("bounded", "isolated", "overbook")}
         fields = {k: val for k, val in values.items() if val is not None}
         return ir.Class(
             syn.name,

@@ -21,6 +21,7 @@ from typing import Literal
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
+from tcdsl.checks import children_overbook
 from tcdsl.matching import filters_at
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -724,6 +725,23 @@ class _Explainer:
         if cls.children and not cls.implicit:
             text += " The classes below share it."
         self.add(Item("Rate", text, depth))
+        over = children_overbook(cls)
+        if over is not None:
+            said = (
+                "on purpose: the policy says 'overbook'"
+                if cls.overbook
+                else "without saying so (W350)"
+            )
+            self.add(
+                Item(
+                    "Over-booked",
+                    f"{said}. The classes below are guaranteed {format_rate(over.total)} in "
+                    f"all, {over}. htb keeps each child's rate even past this class's, so they "
+                    "all get their rates while the link has room; when it is full, the lowest "
+                    "prio numbers get theirs first.",
+                    depth,
+                )
+            )
         for key, what in (
             ("burst", "how much it may send at once, at full speed, above its rate"),
             ("cburst", "how much it may send at once, at full speed, above its ceil"),

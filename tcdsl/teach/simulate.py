@@ -42,7 +42,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tcdsl import ir
-from tcdsl.checks import effective_ceil, rate_of
+from tcdsl.checks import children_overbook, effective_ceil, rate_of
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     htb_class_quantum,
@@ -858,6 +858,14 @@ class _Builder:
             )
             self.htb_classes[id(c)] = cl
             node.classes.append(cl)
+            over = children_overbook(c)
+            if over is not None:
+                self.notes.append(
+                    f"the children of {c.label} are guaranteed {format_rate(over.total)}, "
+                    f"over-booking {over.what} {format_rate(over.limit.bits_per_second)}: htb "
+                    "keeps each child's rate while the link has room, and the guarantees "
+                    "shrink (lowest prio numbers first served) when it is full"
+                )
             cl.children = [make(k, cl) for k in c.children]
             if not c.children:
                 cl.leaf = self._leaf(c.leaf, depth + 1)
