@@ -172,6 +172,8 @@ class _Builder:
                     self.qdisc(q.child, node.id, marking)
             case ir.Sfq() | ir.FqCodel() | ir.Pfifo() | ir.Bfifo() | ir.PfifoFast():
                 pass
+            case ir.Codel() | ir.Fq() | ir.FqPie() | ir.Red():
+                pass
             case _:
                 assert_never(q)
 

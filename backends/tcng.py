@@ -417,6 +417,11 @@ _NO_QDISC = {
     "prio with three bands, or fifo",
     "cbq": "the tcng backend does not emit cbq: tcng's cbq needs parameters tc derives itself "
     "(maxburst, ...), and Linux removed cbq in 6.3; use htb",
+    "codel": "tcng has no codel qdisc (it predates it); use the shell backend",
+    "fq": "tcng has no fq qdisc (it predates it); use sfq, or the shell backend",
+    "fq_pie": "tcng has no fq_pie qdisc (it predates it); use sfq, or the shell backend",
+    "red": "the tcng backend does not emit red: tcng spells red's burst in bytes and derives "
+    "what tc derives differently; use the shell backend",
 }
 
 _INHERITED = ("quantum",)
@@ -681,6 +686,8 @@ class _Interface:
                 octets = f"limit {size(q.limit.bytes)}" if q.limit else None
                 out.line(f"fifo{_params(number, octets)};")
             case ir.Cbq() | ir.Netem() | ir.FqCodel() | ir.PfifoFast():
+                raise AssertionError(f"unsupported() rejects {q.kind}")
+            case ir.Codel() | ir.Fq() | ir.FqPie() | ir.Red():
                 raise AssertionError(f"unsupported() rejects {q.kind}")
             case _:
                 assert_never(q)

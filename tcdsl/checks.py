@@ -17,6 +17,8 @@ from tcdsl.tcmath import (
     TICKS_PER_US,
     U32_MAX,
     psched_l2t_ns,
+    red_thresholds,
+    red_wlog,
     tc_xmittime_ticks,
 )
 from tcdsl.units import format_rate, format_time
@@ -105,8 +107,58 @@ def required_parameters_present(policy: ir.Policy) -> Iterator[Diagnostic]:
                         yield Diagnostic.error(
                             "E019", "netem 'jitter' needs a 'delay'", q.jitter.span
                         )
+                    yield from _netem_needs(q)
+                case ir.Red():
+                    missing = [k for k in ("limit", "avpkt") if getattr(q, k) is None]
+                    if missing:
+                        names = " and ".join(f"'{k}'" for k in missing)
+                        yield Diagnostic.error("E019", f"red needs {names}", q.span)
                 case _:
                     pass
+
+
+def _given(value: ir.Time | ir.Percent | None) -> bool:
+    """A netem value tc counts as given (tc takes 0 for 'not given')."""
+    match value:
+        case ir.Time():
+            return value.microseconds > 0
+        case ir.Percent():
+            return value.value > 0
+        case _:
+            return False
+
+
+def _netem_needs(q: ir.Netem) -> Iterator[Diagnostic]:
+    """netem options that only work with another one (tc refuses or has no place for them)."""
+    delay = "a 'delay'" if not _given(q.delay) else None
+    jitter = "a 'jitter'" if not _given(q.jitter) else None
+    needs: list[tuple[str, object, str | None]] = [
+        ("distribution", q.distribution, "a 'delay' and a 'jitter'" if delay or jitter else None),
+        ("delay_correlation", q.delay_correlation, jitter),
+        ("loss_correlation", q.loss_correlation, None if q.loss is not None else "a 'loss'"),
+        ("reorder", q.reorder, delay),
+        (
+            "reorder_correlation",
+            q.reorder_correlation,
+            None if _given(q.reorder) else "a 'reorder'",
+        ),
+        ("gap", q.gap, None if _given(q.reorder) else "a 'reorder'"),
+        ("slot_max", q.slot_max, None if q.slot is not None else "a 'slot'"),
+        ("packetoverhead", q.packetoverhead, None if q.rate is not None else "a 'rate'"),
+        ("cellsize", q.cellsize, None if q.rate is not None else "a 'rate'"),
+    ]
+    for name, value, missing in needs:
+        span = getattr(value, "span", None)
+        if span is not None and missing is not None:
+            yield Diagnostic.error("E019", f"netem '{name}' needs {missing} above 0", span)
+    if q.slot and q.slot_max and q.slot_max.microseconds < q.slot.microseconds:
+        yield Diagnostic.error(
+            "E240",
+            f"netem slot_max {format_time(q.slot_max.microseconds)} is below slot "
+            f"{format_time(q.slot.microseconds)}; tc refuses it",
+            q.slot_max.span,
+            Note("slot given here", q.slot.span),
+        )
 
 
 def values_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -223,7 +275,7 @@ def _fits(what: str, name: str, value: object, q: ir.Qdisc) -> Iterator[Diagnost
             msg = f"{name} {value.value} of {what} is above tc's limit of {U32_MAX}"
             yield Diagnostic.error("E208", msg, value.span)
         case ir.Count() if name == "flows" and not 1 <= value.value <= 65536:
-            msg = f"fq_codel flows {value.value} is outside 1-65536"
+            msg = f"{q.kind} flows {value.value} is outside 1-65536"
             yield Diagnostic.error("E205", msg, value.span)
         case _:
             pass
@@ -616,6 +668,10 @@ def values_kept_as_written(policy: ir.Policy) -> Iterator[Diagnostic]:
                     yield from _sfq_values(q)
                 case ir.Netem():
                     yield from _netem_values(q)
+                case ir.Codel() | ir.Fq() | ir.FqPie():
+                    yield from _aqm_values(q)
+                case ir.Red():
+                    yield from red_values(q)
                 case ir.Prio() if q.bands is not None and q.priomap is None:
                     # with more classes than bands (E205 above), more bands fix both
                     few = 2 <= q.bands.value < len(set(DEFAULT_PRIOMAP))
@@ -787,6 +843,131 @@ def _fq_codel_values(q: ir.FqCodel) -> Iterator[Diagnostic]:
             f"the kernel lowers an fq_codel memory_limit of {memory.bytes} bytes to "
             f"{FQ_CODEL_MEMORY} (2 GiB); write memory_limit 2g or less",
             memory.span,
+        )
+
+
+def _aqm_values(q: ir.Codel | ir.Fq | ir.FqPie) -> Iterator[Diagnostic]:
+    """codel, fq and fq_pie: zeros tc takes for 'not given', and what the kernel refuses."""
+    zeros: tuple[tuple[str, ir.Count | ir.Time | None], ...] = ()
+    match q:
+        case ir.Codel():
+            zeros = (("limit", q.limit), ("target", q.target), ("interval", q.interval))
+        case ir.Fq():
+            zeros = (("buckets", q.buckets),)
+        case ir.FqPie():
+            zeros = (("limit", q.limit), ("target", q.target), ("tupdate", q.tupdate))
+    for name, value in zeros:
+        zero = isinstance(value, ir.Count) and value.value == 0
+        zero |= isinstance(value, ir.Time) and value.microseconds == 0
+        if value is not None and zero:
+            yield Diagnostic.error(
+                "E208",
+                f"tc takes {q.kind} {name} 0 for 'not given' and leaves it out: the kernel keeps "
+                f"its default; give a {name} above 0",
+                value.span,
+            )
+    if isinstance(q, ir.Fq):
+        if (
+            q.buckets is not None
+            and q.buckets.value > 0
+            and q.buckets.value & (q.buckets.value - 1)
+        ):
+            kept = 1 << (q.buckets.value.bit_length() - 1)
+            yield Diagnostic.warning(
+                "W330",
+                f"tc rounds fq buckets {q.buckets.value} down to a power of two, {kept}; write "
+                f"buckets {kept}",
+                q.buckets.span,
+            )
+        for name in ("quantum", "initial_quantum"):
+            size = getattr(q, name)
+            if name == "quantum" and size is not None and not 0 < size.bytes <= FQ_QUANTUM_MAX:
+                yield Diagnostic.error(
+                    "E205",
+                    f"fq quantum {size.bytes} is outside 1-{FQ_QUANTUM_MAX} (1 MiB): the kernel "
+                    "refuses it",
+                    size.span,
+                )
+    if isinstance(q, ir.FqPie):
+        for name, value, hi in (
+            ("alpha", q.alpha, 32),
+            ("beta", q.beta, 32),
+            ("ecn_prob", q.ecn_prob, 99),
+        ):
+            if value is not None and value.value > hi:
+                yield Diagnostic.error(
+                    "E205", f"fq_pie {name} {value.value} is outside 0-{hi}", value.span
+                )
+
+
+FQ_QUANTUM_MAX = 1 << 20  # sch_fq.c refuses a quantum of 0 or above 1 MiB
+RED_WLOG_WARNED = 10  # q_red.c warns at an ewma of 10 or more
+
+
+def red_values(q: ir.Red) -> Iterator[Diagnostic]:
+    """red thresholds tc refuses (E240) or that leave RED nothing to do (W352); a missing
+    ``bandwidth`` (W353)."""
+    if q.limit is None or q.avpkt is None or q.avpkt.bytes == 0:
+        return
+    qmin, qmax, burst = red_thresholds(q)
+    where = q.max.span if q.max else q.min.span if q.min else q.span
+    if qmax < qmin:
+        assert q.max is not None
+        yield Diagnostic.error(
+            "E240",
+            f"red max {qmax} is below min {qmin} (bytes): tc refuses it ('failed to calculate "
+            "probability'); make max larger than min",
+            q.max.span,
+            *([Note("min given here", q.min.span)] if q.min is not None else []),
+        )
+        return
+    wlog = red_wlog(qmin, burst, q.avpkt.bytes)
+    if wlog is None:
+        span = q.burst.span if q.burst is not None else q.span
+        yield Diagnostic.error(
+            "E240",
+            f"red burst {burst} is too small for min {qmin} at avpkt {q.avpkt.bytes}: tc refuses "
+            f"it ('failed to calculate EWMA constant'); write burst {1 + qmin // q.avpkt.bytes} "
+            "or more, or leave it out (tc computes (2 min + max) / (3 avpkt))",
+            span,
+        )
+        return
+    if max(qmin, qmax).bit_length() + wlog >= 32:
+        yield Diagnostic.error(
+            "E240",
+            f"red max {qmax} with the averaging constant tc derives from burst {burst} "
+            f"(ewma {wlog}) is too large for the kernel's fixed-point average (it refuses it); "
+            "lower max or burst",
+            where,
+        )
+    if wlog >= RED_WLOG_WARNED:
+        yield Diagnostic.warning(
+            "W352",
+            f"red burst {burst} makes the average follow the queue very slowly (ewma {wlog}); "
+            f"tc warns 'Burst {burst} seems to be too large'; lower burst, or leave it out",
+            q.burst.span if q.burst is not None else q.span,
+        )
+    if qmin == qmax:
+        yield Diagnostic.warning(
+            "W352",
+            f"red min and max are both {qmin} bytes: there is no range where red drops early at "
+            "random, so it drops every packet above that average like a tail drop",
+            where,
+        )
+    elif q.limit.bytes <= qmax:
+        yield Diagnostic.warning(
+            "W352",
+            f"red limit {q.limit.bytes} is not above max {qmax} (bytes): the queue is full "
+            "before red's average reaches max; give a limit well above max (tc-red(8): "
+            "max + a few bursts)",
+            q.limit.span,
+        )
+    if q.bandwidth is None:
+        yield Diagnostic.warning(
+            "W353",
+            "red without 'bandwidth': tc assumes 10Mbit (and says so on stderr) to age the "
+            "average while the queue is idle; give the rate of the link it queues for",
+            q.span,
         )
 
 

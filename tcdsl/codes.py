@@ -71,6 +71,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E215": CodeInfo(_E, "An iptables chain name that is a built-in chain or a target"),
     "E216": CodeInfo(_E, "An iptables chain name with characters or a length tcdsl does not take"),
     "E220": CodeInfo(_E, "A match or mark classify by mark cannot reach (a nested qdisc)"),
+    "E240": CodeInfo(_E, "red thresholds or netem slots tc refuses"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
@@ -96,6 +97,8 @@ _TABLE: dict[str, CodeInfo] = {
     "W330": CodeInfo(_W, "A value the kernel keeps, but not as written"),
     "W350": CodeInfo(_W, "Children guaranteed more than their parent has, without 'overbook'"),
     "W351": CodeInfo(_W, "An 'overbook' on a class whose children fit its rate"),
+    "W352": CodeInfo(_W, "red thresholds that leave RED little to do, or a burst tc warns about"),
+    "W353": CodeInfo(_W, "A red without bandwidth, which tc replaces with 10Mbit"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),

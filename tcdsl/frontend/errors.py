@@ -29,7 +29,8 @@ EXPECTED_WORDS: dict[str, str] = {
     "HANDLE": "a handle such as 1:10",
     "IPV4": "an IPv4 address",
     "PORT_RANGE": "a port range such as 1024-2047",
-    "QDISC_KIND": "a qdisc (htb, prio, tbf, netem, cbq, sfq, fq_codel, pfifo, bfifo, pfifo_fast)",
+    "QDISC_KIND": "a qdisc (htb, prio, tbf, netem, cbq, sfq, fq_codel, pfifo, bfifo, pfifo_fast, "
+    "codel, fq, fq_pie, red)",
     "PARAM": "a parameter such as rate",
     "FLAG": "a flag",
     "_NL": "the end of the line",
