@@ -14,9 +14,11 @@ from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
+    RED_DEFAULT_BANDWIDTH,
     TICKS_PER_US,
     U32_MAX,
     psched_l2t_ns,
+    red_scell_log,
     red_thresholds,
     red_wlog,
     tc_xmittime_ticks,
@@ -117,12 +119,13 @@ def required_parameters_present(policy: ir.Policy) -> Iterator[Diagnostic]:
                     pass
 
 
-def _given(value: ir.Time | ir.Percent | None) -> bool:
-    """A netem value tc counts as given (tc takes 0 for 'not given')."""
+def _given(value: ir.Time | ir.Percent | ir.Count | None) -> bool:
+    """A netem value tc counts as given (tc takes 0 for 'not given'); a percentage may be
+    written without '%' (tc reads ``loss 1`` as 1%)."""
     match value:
         case ir.Time():
             return value.microseconds > 0
-        case ir.Percent():
+        case ir.Percent() | ir.Count():
             return value.value > 0
         case _:
             return False
@@ -798,22 +801,33 @@ def _tbf_latency_fits(q: ir.Tbf, rate: ir.Rate, peak: ir.Rate | None) -> Iterato
     )
 
 
-def _fq_codel_values(q: ir.FqCodel) -> Iterator[Diagnostic]:
-    defaults = (
-        ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
-        ("target", q.target, "5ms", "a target of 1us or more"),
-        ("interval", q.interval, "100ms", "an interval of 1us or more"),
-    )
+Default = tuple[str, ir.Count | ir.Time | None, str, str]
+"""A value tc leaves out when 0: its name, the value, the kernel's default, and the fix."""
+
+
+def _zeros_left_out(kind: str, defaults: tuple[Default, ...]) -> Iterator[Diagnostic]:
+    """E208 for each value of 0 that tc takes for 'not given' (the kernel keeps its default)."""
     for name, value, default, fix in defaults:
         zero = isinstance(value, ir.Count) and value.value == 0
         zero |= isinstance(value, ir.Time) and value.microseconds == 0
         if value is not None and zero:
             yield Diagnostic.error(
                 "E208",
-                f"tc takes fq_codel {name} 0 for 'not given' and leaves it out: the kernel keeps "
+                f"tc takes {kind} {name} 0 for 'not given' and leaves it out: the kernel keeps "
                 f"its default {name} of {default}; give {fix}",
                 value.span,
             )
+
+
+def _fq_codel_values(q: ir.FqCodel) -> Iterator[Diagnostic]:
+    yield from _zeros_left_out(
+        q.kind,
+        (
+            ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
+            ("target", q.target, "5ms", "a target of 1us or more"),
+            ("interval", q.interval, "100ms", "an interval of 1us or more"),
+        ),
+    )
     lo, hi = FQ_CODEL_QUANTUM
     if q.quantum is not None and 0 < q.quantum.bytes < lo:
         yield Diagnostic.warning(
@@ -848,28 +862,59 @@ def _fq_codel_values(q: ir.FqCodel) -> Iterator[Diagnostic]:
 
 def _aqm_values(q: ir.Codel | ir.Fq | ir.FqPie) -> Iterator[Diagnostic]:
     """codel, fq and fq_pie: zeros tc takes for 'not given', and what the kernel refuses."""
-    zeros: tuple[tuple[str, ir.Count | ir.Time | None], ...] = ()
     match q:
         case ir.Codel():
-            zeros = (("limit", q.limit), ("target", q.target), ("interval", q.interval))
+            defaults: tuple[Default, ...] = (
+                ("limit", q.limit, "1000 packets", "a limit of 1 or more"),
+                ("target", q.target, "5ms", "a target of 1us or more"),
+                ("interval", q.interval, "100ms", "an interval of 1us or more"),
+            )
         case ir.Fq():
-            zeros = (("buckets", q.buckets),)
+            defaults = (("buckets", q.buckets, "1024", "a power of two from 2 to 262144"),)
         case ir.FqPie():
-            zeros = (("limit", q.limit), ("target", q.target), ("tupdate", q.tupdate))
-    for name, value in zeros:
-        zero = isinstance(value, ir.Count) and value.value == 0
-        zero |= isinstance(value, ir.Time) and value.microseconds == 0
-        if value is not None and zero:
+            defaults = (
+                ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
+                ("target", q.target, "15ms", "a target of 1us or more"),
+                ("tupdate", q.tupdate, "15ms", "a tupdate of 1us or more"),
+            )
+    yield from _zeros_left_out(q.kind, defaults)
+    ce = q.ce_threshold if isinstance(q, ir.Codel | ir.Fq) else None
+    if ce is not None and ce.microseconds == U32_MAX:
+        yield Diagnostic.error(
+            "E208",
+            f"tc takes {q.kind} ce_threshold {U32_MAX}us for 'not given' and leaves it out; "
+            f"give at most {U32_MAX - 1}us",
+            ce.span,
+        )
+    if isinstance(q, ir.Fq):
+        buckets = q.buckets.value if q.buckets else 0
+        if q.buckets is not None and buckets > 0 and not 2 <= buckets < 2 * FQ_MAX_BUCKETS:
+            yield Diagnostic.error(
+                "E205",
+                f"fq buckets {buckets} is outside 2-{2 * FQ_MAX_BUCKETS - 1}: tc sends its log2, "
+                f"which the kernel takes from 1 to 18 (2 to {FQ_MAX_BUCKETS} buckets)",
+                q.buckets.span,
+            )
+        yield from _u32_rate(q.kind, "maxrate", q.maxrate)
+        yield from _u32_rate(q.kind, "low_rate_threshold", q.low_rate_threshold)
+        if q.maxrate is not None and q.maxrate.bits_per_second // 8 == U32_MAX:
             yield Diagnostic.error(
                 "E208",
-                f"tc takes {q.kind} {name} 0 for 'not given' and leaves it out: the kernel keeps "
-                f"its default; give a {name} above 0",
-                value.span,
+                f"fq takes maxrate {_fmt(q.maxrate)} ({U32_MAX} bytes/s) for 'no limit'; give "
+                "a lower maxrate, or none",
+                q.maxrate.span,
             )
-    if isinstance(q, ir.Fq):
+        initial = q.initial_quantum
+        if initial is not None and INT_MAX < initial.bytes <= U32_MAX:
+            yield Diagnostic.error(
+                "E205",
+                f"fq initial_quantum {initial.bytes} is above {INT_MAX}: the kernel refuses it "
+                "('Numerical result out of range')",
+                initial.span,
+            )
         if (
             q.buckets is not None
-            and q.buckets.value > 0
+            and 2 <= q.buckets.value < 2 * FQ_MAX_BUCKETS
             and q.buckets.value & (q.buckets.value - 1)
         ):
             kept = 1 << (q.buckets.value.bit_length() - 1)
@@ -879,15 +924,13 @@ def _aqm_values(q: ir.Codel | ir.Fq | ir.FqPie) -> Iterator[Diagnostic]:
                 f"buckets {kept}",
                 q.buckets.span,
             )
-        for name in ("quantum", "initial_quantum"):
-            size = getattr(q, name)
-            if name == "quantum" and size is not None and not 0 < size.bytes <= FQ_QUANTUM_MAX:
-                yield Diagnostic.error(
-                    "E205",
-                    f"fq quantum {size.bytes} is outside 1-{FQ_QUANTUM_MAX} (1 MiB): the kernel "
-                    "refuses it",
-                    size.span,
-                )
+        if q.quantum is not None and FQ_QUANTUM_MAX < q.quantum.bytes <= U32_MAX:
+            yield Diagnostic.error(
+                "E205",
+                f"fq quantum {q.quantum.bytes} is above {FQ_QUANTUM_MAX} (1 MiB): the kernel "
+                "refuses it",
+                q.quantum.span,
+            )
     if isinstance(q, ir.FqPie):
         for name, value, hi in (
             ("alpha", q.alpha, 32),
@@ -900,13 +943,26 @@ def _aqm_values(q: ir.Codel | ir.Fq | ir.FqPie) -> Iterator[Diagnostic]:
                 )
 
 
+def _u32_rate(kind: str, name: str, rate: ir.Rate | None) -> Iterator[Diagnostic]:
+    """A rate tc reads into 32 bits of bytes per second (``get_rate``), refusing more."""
+    if rate is not None and rate.bits_per_second // 8 > U32_MAX:
+        yield Diagnostic.error(
+            "E208",
+            f"{kind} {name} {_fmt(rate)} is above what tc takes for it, {_fmt(U32_MAX * 8)} "
+            "(32 bits of bytes per second)",
+            rate.span,
+        )
+
+
 FQ_QUANTUM_MAX = 1 << 20  # sch_fq.c refuses a quantum of 0 or above 1 MiB
+FQ_MAX_BUCKETS = 256 * 1024  # sch_fq.c takes a buckets log of 1 to ilog2(256k)
 RED_WLOG_WARNED = 10  # q_red.c warns at an ewma of 10 or more
 
 
 def red_values(q: ir.Red) -> Iterator[Diagnostic]:
     """red thresholds tc refuses (E240) or that leave RED nothing to do (W352); a missing
     ``bandwidth`` (W353)."""
+    yield from _u32_rate(q.kind, "bandwidth", q.bandwidth)
     if q.limit is None or q.avpkt is None or q.avpkt.bytes == 0:
         return
     qmin, qmax, burst = red_thresholds(q)
@@ -932,6 +988,15 @@ def red_values(q: ir.Red) -> Iterator[Diagnostic]:
             span,
         )
         return
+    bandwidth = q.bandwidth.bits_per_second if q.bandwidth else RED_DEFAULT_BANDWIDTH
+    if red_scell_log(wlog, q.avpkt.bytes, bandwidth) is None:
+        yield Diagnostic.error(
+            "E240",
+            f"red bandwidth {_fmt(bandwidth)} is too low for avpkt {q.avpkt.bytes}: the time "
+            "red must age its average over while idle does not fit tc's table, and tc refuses "
+            "it ('failed to calculate idle damping table'); raise bandwidth or lower avpkt",
+            q.bandwidth.span if q.bandwidth else q.avpkt.span,
+        )
     if max(qmin, qmax).bit_length() + wlog >= 32:
         yield Diagnostic.error(
             "E240",

@@ -7,6 +7,8 @@ Linux; each is written once here.
 
 from __future__ import annotations
 
+import math
+
 from tcdsl import ir
 
 U32_MAX = 2**32 - 1
@@ -148,4 +150,22 @@ def red_plog(qmin: int, qmax: int, probability: float) -> int | None:
         if prob > 1.0:
             return i
         prob *= 2
+    return None
+
+
+RED_DEFAULT_BANDWIDTH = 10_000_000
+"""The bandwidth (bits/s) tc gives a red without one (q_red.c)."""
+
+
+def red_scell_log(wlog: int, avpkt: int, bits_per_second: int) -> int | None:
+    """tc_red_eval_idle_damping's cell log (tc's ``Scell_log``), or None where tc refuses it
+    (the idle time red must cover needs a cell of 2^32 ticks or more)."""
+    xmit = tc_xmittime_ticks(bits_per_second // 8, avpkt) if bits_per_second >= 8 else 0
+    if xmit == 0:
+        return 0
+    lw = -math.log(1.0 - 1.0 / (1 << wlog)) / xmit
+    maxtime = 31 / lw
+    for clog in range(32):
+        if maxtime / (1 << clog) < 512:
+            return clog
     return None

@@ -41,6 +41,8 @@ from typing import Literal
 
 from hypothesis import strategies as st
 
+from tcdsl.driver import analyse
+
 Kernel = Literal["host", "uml"]
 
 U32_MAX = 2**32 - 1
@@ -160,6 +162,9 @@ that. Reported: W330."""
 # when the device's tree would hold a duplicating netem and another netem ("netem: cannot mix
 # duplicating netems with other netems in tree"): only an interface's first netem duplicates,
 # and no netem follows a duplicating one. Reported: E208 (with a note at the other netem).
+
+FQ_QUANTUM_MAX = 1 << 20
+"""The largest fq quantum the kernel takes (E205 above)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -452,6 +457,7 @@ class VGen:
         kinds = ["pfifo", "bfifo", "tbf"]
         if self.uml:
             kinds += ["sfq", "fq_codel"] + ([] if self.duplicating else ["netem"])
+            kinds += ["codel", "fq", "red"]
         kind = self.pick(kinds)
         line = " ".join([kind + self.handle(), *self.qdisc_options(kind)])
         if kind in ("tbf", "netem") and depth < 1 and self.chance(0.3):
@@ -469,6 +475,9 @@ class VGen:
             "sfq": self.sfq_options,
             "fq_codel": self.fq_codel_options,
             "netem": self.netem_options,
+            "codel": self.codel_options,
+            "fq": self.fq_options,
+            "red": self.red_options,
         }[kind]()
 
     def tbf_options(self) -> list[str]:
@@ -540,6 +549,64 @@ class VGen:
             opts.append(f"limit {self.wide(0, U32_MAX)}")
         if self.chance(0.3):
             opts.append(f"rate {self.rate(self.bits(8, 2 * MAX_RATE))}")
+        return opts
+
+    def codel_options(self) -> list[str]:
+        opts: list[str] = []
+        if self.chance(0.3):
+            opts.append(f"limit {self.wide(1, U32_MAX)}")
+        for key in ("target", "interval", "ce_threshold"):
+            if self.chance(0.3):
+                opts.append(f"{key} {self.time(1, U32_MAX - 1)}")
+        if self.chance(0.3):
+            opts.append(self.pick(("ecn", "noecn")))
+        return opts
+
+    def fq_options(self) -> list[str]:
+        opts: list[str] = []
+        for key in ("limit", "flow_limit", "orphan_mask"):
+            if self.chance(0.25):
+                opts.append(f"{key} {self.wide(0, U32_MAX)}")
+        if self.chance(0.25):
+            opts.append(f"quantum {self.plain_quantum(1, FQ_QUANTUM_MAX)}")
+        if self.chance(0.2):
+            opts.append(f"initial_quantum {self.plain_quantum(1, INT_MAX)}")
+        for key in ("maxrate", "low_rate_threshold"):
+            if self.chance(0.25):  # maxrate of U32_MAX bytes/s is 'no limit' (E208)
+                opts.append(f"{key} {self.rate(self.bits(8, (U32_MAX - 1) * 8))}")
+        if self.chance(0.25):
+            opts.append(f"buckets {1 << self.between(1, 18)}")
+        if self.chance(0.2):  # in whole jiffies at any HZ: the kernel keeps jiffies
+            opts.append(f"refill_delay {10_000 * self.between(0, 100)}us")
+        for key in ("ce_threshold", "horizon"):
+            if self.chance(0.25):
+                opts.append(f"{key} {self.time(0, U32_MAX - 1)}")
+        for flags in (("pacing", "nopacing"), ("horizon_drop", "horizon_cap")):
+            if self.chance(0.25):
+                opts.append(self.pick(flags))
+        return opts
+
+    def red_options(self) -> list[str]:
+        """red values tcdsl's checks take without a word (else a usual set)."""
+        avpkt = self.between(64, 9000)
+        qmin = avpkt * self.between(2, 200)
+        qmax = qmin * self.between(2, 6)
+        limit = qmax * self.between(2, 8)
+        bandwidth = self.bits(1_000_000, MAX_RATE)
+        opts = [f"limit {self.spell(limit)}", f"avpkt {avpkt}"]
+        if self.chance(0.7):
+            opts.append(f"min {self.spell(qmin)}")
+        if self.chance(0.7):
+            opts.append(f"max {self.spell(qmax)}")
+        opts.append(f"bandwidth {self.rate(bandwidth)}")
+        if self.chance(0.4):
+            opts.append(f"probability {self.between(1, 99)}%")
+        for flag in ("ecn", "harddrop", "adaptive"):
+            if self.chance(0.2):
+                opts.append(flag)
+        text = f"interface eth0 red {' '.join(opts)}\n"
+        if analyse("policy.tcp", loader=lambda path: text).diagnostics:
+            return ["limit 400k", "min 30k", "max 90k", "avpkt 1000", "bandwidth 10mbit"]
         return opts
 
     # ---- htb ----

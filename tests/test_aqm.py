@@ -17,7 +17,7 @@ from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse, compile_policy
 from tcdsl.kernel_target import load_target
 from tcdsl.kernels import uml
-from tcdsl.tcmath import red_thresholds, red_wlog
+from tcdsl.tcmath import red_scell_log, red_thresholds, red_wlog
 from tcdsl.teach.explain import explain
 from tcdsl.teach.simulate import simulate
 from tcdsl.teach.traffic import parse_flow
@@ -138,6 +138,9 @@ def test_red_completes_what_it_is_not_given_as_tc_does(
     assert isinstance(q, ir.Red) and q.avpkt is not None
     assert red_thresholds(q) == derived
     assert red_wlog(derived[0], derived[2], q.avpkt.bytes) == ewma
+    # Scell_log as the guest showed it: 15 at 10mbit, 12 at 100mbit (avpkt 1000, ewma 5)
+    assert red_scell_log(ewma, q.avpkt.bytes, 10_000_000) == 15
+    assert red_scell_log(ewma, q.avpkt.bytes, 100_000_000) == 12
 
 
 def test_red_values_tc_refuses_or_that_leave_red_nothing_to_do() -> None:
@@ -173,6 +176,15 @@ def test_aqm_values_tc_refuses_or_leaves_out() -> None:
     assert codes("interface eth0 fq_pie alpha 33 ecn_prob 100\n") == ["E205", "E205"]
     assert codes("interface eth0 fq_pie flows 0\n") == ["E205"]
     assert codes("interface eth0 codel ecn noecn\n") == ["E014"]
+    assert codes("interface eth0 fq buckets 1\n") == ["E205"]
+    assert codes("interface eth0 fq buckets 300000\n") == ["W330"]
+    assert codes("interface eth0 fq maxrate 40gbit\n") == ["E208"]
+    assert codes("interface eth0 fq maxrate 34359738360bit\n") == ["E208"]  # 'no limit'
+    assert codes("interface eth0 fq initial_quantum 2147483648\n") == ["E205"]
+    assert codes("interface eth0 fq initial_quantum 2147483647\n") == []
+    assert codes("interface eth0 fq maxrate 34gbit low_rate_threshold 1mbit\n") == []
+    assert codes("interface eth0 codel ce_threshold 4294967295us\n") == ["E208"]
+    assert codes(leaf("red limit 400k avpkt 65535 bandwidth 8bit")) == ["E240"]
 
 
 def test_target_kernels_lack_the_newer_qdiscs() -> None:
@@ -270,6 +282,7 @@ def test_the_captured_kernel_agrees_with_lab_aqm() -> None:
             "ewma 6",
             "red qdisc of 1:30 ewma is 6 in the kernel, policy says 5 (from burst 51)",
         ),
+        ("Scell_log 12", "Scell_log 13", "red qdisc of 1:30 Scell_log is 13 in the kernel"),
         ("min 30Kb", "min 31Kb", "red qdisc of 1:30 min is 31Kb in the kernel, policy says 30k"),
         ("target 5ms ce_threshold", "target 6ms ce_threshold", "codel qdisc of 1:10 target is 6ms"),
         ("2ms interval 100ms ecn", "2ms interval 100ms", "codel qdisc of 1:10 ecn"),

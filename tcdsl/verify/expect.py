@@ -26,9 +26,11 @@ from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     HTB_DEFAULT_R2Q,
+    RED_DEFAULT_BANDWIDTH,
     TICKS_PER_US,
     U32_MAX,
     psched_l2t_ns,
+    red_scell_log,
     red_thresholds,
     red_wlog,
     tc_xmittime_ticks,
@@ -553,11 +555,8 @@ class _Builder:
         else:
             yield self.default("buckets", 1024, q.span)
         yield self.count("orphan_mask", q.orphan_mask) or self.default("orphan_mask", 1023, q.span)
-        for key in ("quantum", "initial_quantum"):
-            size = getattr(q, key)
-            if size is not None:
-                spelled = self.spell(size.span, str(size.bytes))
-                yield Want(key, size.bytes, spelled, size.span)
+        yield self.size("quantum", q.quantum)
+        yield self.size("initial_quantum", q.initial_quantum)
         yield self.rate("maxrate", q.maxrate) or Want("maxrate", 0, "none", q.span, absent=0)
         yield self.rate("low_rate_threshold", q.low_rate_threshold)
         if q.refill_delay is not None:
@@ -598,9 +597,14 @@ class _Builder:
             yield Want(key, on, "on" if on else "off", q.span, absent=False)
         wlog = red_wlog(qmin, burst, q.avpkt.bytes)
         if wlog is not None:
-            yield Want(
-                "ewma", wlog, f"{wlog} (from burst {burst})", q.burst.span if q.burst else q.span
-            )
+            where = q.burst.span if q.burst else q.span
+            yield Want("ewma", wlog, f"{wlog} (from burst {burst})", where)
+            bandwidth = q.bandwidth.bits_per_second if q.bandwidth else RED_DEFAULT_BANDWIDTH
+            scell = red_scell_log(wlog, q.avpkt.bytes, bandwidth)
+            if scell is not None:
+                where = q.bandwidth.span if q.bandwidth else q.span
+                policy = f"{scell} (from bandwidth {format_rate(bandwidth)} and avpkt)"
+                yield Want("Scell_log", scell, policy, where)
         if not q.adaptive:  # adaptive red moves its probability at run time
             pct = q.probability.value if q.probability is not None else Fraction(2)
             max_p = int(float(pct) / 100 * 2**32) & U32_MAX
