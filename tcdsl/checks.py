@@ -138,7 +138,7 @@ def _netem_needs(q: ir.Netem) -> Iterator[Diagnostic]:
     needs: list[tuple[str, object, str | None]] = [
         ("distribution", q.distribution, "a 'delay' and a 'jitter'" if delay or jitter else None),
         ("delay_correlation", q.delay_correlation, jitter),
-        ("loss_correlation", q.loss_correlation, None if q.loss is not None else "a 'loss'"),
+        ("loss_correlation", q.loss_correlation, None if _given(q.loss) else "a 'loss'"),
         ("reorder", q.reorder, delay),
         (
             "reorder_correlation",

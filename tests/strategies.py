@@ -534,21 +534,46 @@ class VGen:
 
     def netem_options(self) -> list[str]:
         opts: list[str] = []
+        delayed = jittered = False
         if self.chance(0.6):
-            opts.append(f"delay {self.time(0, NETEM_MAX_DELAY)}")
+            delayed = self.chance(0.5)  # above 0: reorder and distribution need a delay
+            opts.append(f"delay {self.time(1 if delayed else 0, NETEM_MAX_DELAY)}")
             if self.chance(0.4):
-                opts.append(f"jitter {self.time(0, NETEM_MAX_JITTER)}")
+                jittered = delayed and self.chance(0.5)
+                opts.append(f"jitter {self.time(1 if jittered else 0, NETEM_MAX_JITTER)}")
+        if jittered and self.chance(0.3):
+            opts.append(f"delay_correlation {self.percent()}")
+        if jittered and self.chance(0.3):
+            opts.append(f"distribution {self.pick(('normal', 'pareto', 'paretonormal'))}")
         self.netems += 1
         for key in ("loss", "duplicate", "corrupt"):
             if key == "duplicate" and self.netems > 1:
                 continue  # KNOWN BUG (duplicating netem next to another netem)
             if self.chance(0.25):
-                opts.append(f"{key} {self.percent()}")
+                pct = self.percent()
+                opts.append(f"{key} {pct}")
                 self.duplicating |= key == "duplicate"
+                if key == "loss" and float(pct[:-1]) > 0 and self.chance(0.3):
+                    opts.append(f"loss_correlation {self.percent()}")
+        if delayed and self.chance(0.25):
+            opts.append(f"reorder {self.between(1, 100)}%")
+            if self.chance(0.3):
+                opts.append(f"reorder_correlation {self.percent()}")
+            if self.chance(0.3):
+                opts.append(f"gap {self.wide(1, U32_MAX)}")
         if self.chance(0.3):
             opts.append(f"limit {self.wide(0, U32_MAX)}")
         if self.chance(0.3):
             opts.append(f"rate {self.rate(self.bits(8, 2 * MAX_RATE))}")
+            if self.chance(0.3):
+                opts.append(f"packetoverhead {self.wide(0, INT_MAX)}")
+            if self.chance(0.3):
+                opts.append(f"cellsize {self.wide(0, U32_MAX)}")
+        if self.chance(0.2):
+            slot = self.wide(0, U32_MAX)
+            opts.append(f"slot {slot}us")
+            if self.chance(0.5):
+                opts.append(f"slot_max {self.wide(slot, U32_MAX)}us")
         return opts
 
     def codel_options(self) -> list[str]:

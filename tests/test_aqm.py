@@ -167,6 +167,9 @@ def test_netem_options_need_what_tc_needs() -> None:
     assert codes("interface eth0 netem delay 10ms delay_correlation 5%\n") == ["E019"]
     assert codes("interface eth0 netem slot 2ms slot_max 1ms\n") == ["E240"]
     assert codes("interface eth0 netem packetoverhead 20\n") == ["E019"]
+    # tc takes a loss of 0% but then shows (and keeps) no correlation
+    assert codes("interface eth0 netem loss 0% loss_correlation 5%\n") == ["E019"]
+    assert codes("interface eth0 netem loss 1 loss_correlation 5%\n") == []  # 1 is 1%
 
 
 def test_aqm_values_tc_refuses_or_leaves_out() -> None:

@@ -703,13 +703,10 @@ class _Builder:
                 us = time.microseconds
                 policy = self.spell(time.span, format_time(us))
                 yield Want(key, tc_shown_time(us), policy, time.span, absent=0)
-        if q.rate is not None:
-            yield self.count("packetoverhead", q.packetoverhead) or Want(
-                "packetoverhead", 0, "none", q.span, absent=0
-            )
-            yield self.count("cellsize", q.cellsize) or Want(
-                "cellsize", 0, "none", q.span, absent=0
-            )
+        if q.rate is not None:  # tc shows them only when not 0
+            for key, count in (("packetoverhead", q.packetoverhead), ("cellsize", q.cellsize)):
+                want = self.count(key, count)
+                yield replace(want, absent=0) if want else Want(key, 0, "none", q.span, absent=0)
 
     def default(self, key: str, value: int, span: Span) -> Want:
         """A value the policy leaves to tc's default, which the kernel must then show."""
