@@ -185,6 +185,8 @@ class _Builder:
                 | ir.Cake()
             ):
                 pass
+            case ir.Codel() | ir.Fq() | ir.FqPie() | ir.Red():
+                pass
             case _:
                 assert_never(q)
 

@@ -241,6 +241,7 @@ def class_json(cls: ir.Class, parent: ir.Handle | None, default: ir.Handle | Non
         out[key] = value_json(getattr(cls, key))
     out["bounded"] = cls.bounded
     out["isolated"] = cls.isolated
+    out["overbook"] = cls.overbook
     out["mark"] = value_json(cls.mark)
     if cls.rt is not None or cls.ls is not None or cls.ul is not None:  # hfsc classes only
         out["rt"], out["ls"], out["ul"] = (curve_json(c) for c in (cls.rt, cls.ls, cls.ul))
@@ -281,7 +282,45 @@ _QDISC_VALUES: dict[str, tuple[str, ...]] = {
         "memlimit",
         "fwmark",
     ),
+    "codel": ("limit", "target", "interval", "ce_threshold"),
+    "fq": (
+        "limit",
+        "flow_limit",
+        "quantum",
+        "initial_quantum",
+        "maxrate",
+        "buckets",
+        "refill_delay",
+        "low_rate_threshold",
+        "orphan_mask",
+        "ce_threshold",
+        "horizon",
+    ),
+    "fq_pie": (
+        "limit",
+        "flows",
+        "target",
+        "tupdate",
+        "alpha",
+        "beta",
+        "quantum",
+        "memory_limit",
+        "ecn_prob",
+    ),
+    "red": ("limit", "min", "max", "avpkt", "burst", "bandwidth", "probability"),
 }
+_NETEM_MORE = (
+    "delay_correlation",
+    "loss_correlation",
+    "reorder",
+    "reorder_correlation",
+    "gap",
+    "slot",
+    "slot_max",
+    "packetoverhead",
+    "cellsize",
+)
+"""netem's values beyond the first seven (appended: the first keep their place)."""
 
 
 def qdisc_json(q: ir.Qdisc) -> JSONObject:
@@ -314,13 +353,29 @@ def qdisc_json(q: ir.Qdisc) -> JSONObject:
             out["priomap"] = None if q.priomap is None else [value_json(v) for v in q.priomap]
             out["classes"] = [class_json(c, q.handle, None) for c in q.classes]
         case ir.Cbq():
+            out["overbook"] = q.overbook
             out["classes"] = [class_json(c, q.handle, None) for c in q.classes]
-        case ir.Tbf() | ir.Netem():
+        case ir.Netem():
+            for key in _NETEM_MORE:
+                out[key] = value_json(getattr(q, key))
+            out["distribution"] = None if q.distribution is None else q.distribution.name
             out["child"] = None if q.child is None else qdisc_json(q.child)
-        case ir.FqCodel():
+        case ir.Tbf():
+            out["child"] = None if q.child is None else qdisc_json(q.child)
+        case ir.FqCodel() | ir.Codel():
             out["ecn"] = q.ecn
         case ir.Ingress():
             out["matches"] = [match_json(m) for m in q.matches]
+        case ir.Fq():
+            out["pacing"] = q.pacing
+            out["horizon_drop"] = q.horizon_drop
+        case ir.FqPie():
+            out["ecn"] = q.ecn
+            out["bytemode"] = q.bytemode
+        case ir.Red():
+            out["ecn"] = q.ecn
+            out["harddrop"] = q.harddrop
+            out["adaptive"] = q.adaptive
         case ir.Sfq() | ir.Pfifo() | ir.Bfifo() | ir.PfifoFast():
             pass
         case ir.Cake():

@@ -419,6 +419,11 @@ _NO_QDISC = {
     "cbq": "the tcng backend does not emit cbq: tcng's cbq needs parameters tc derives itself "
     "(maxburst, ...), and Linux removed cbq in 6.3; use htb",
     "hfsc": "tcng has no hfsc qdisc (it predates it); use the shell or tc-batch backend",
+    "codel": "tcng has no codel qdisc (it predates it); use the shell backend",
+    "fq": "tcng has no fq qdisc (it predates it); use sfq, or the shell backend",
+    "fq_pie": "tcng has no fq_pie qdisc (it predates it); use sfq, or the shell backend",
+    "red": "the tcng backend does not emit red: tcng spells red's burst in bytes and derives "
+    "what tc derives differently; use the shell backend",
 }
 
 _NO_POLICE = (
@@ -719,6 +724,8 @@ class _Interface:
                 | ir.Hfsc()
                 | ir.Cake()
             ):
+                raise AssertionError(f"unsupported() rejects {q.kind}")
+            case ir.Codel() | ir.Fq() | ir.FqPie() | ir.Red():
                 raise AssertionError(f"unsupported() rejects {q.kind}")
             case _:
                 assert_never(q)

@@ -14,9 +14,13 @@ from tcdsl import directions, ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
+    RED_DEFAULT_BANDWIDTH,
     TICKS_PER_US,
     U32_MAX,
     psched_l2t_ns,
+    red_scell_log,
+    red_thresholds,
+    red_wlog,
     tc_xmittime_ticks,
 )
 from tcdsl.units import format_rate, format_time
@@ -105,8 +109,59 @@ def required_parameters_present(policy: ir.Policy) -> Iterator[Diagnostic]:
                         yield Diagnostic.error(
                             "E019", "netem 'jitter' needs a 'delay'", q.jitter.span
                         )
+                    yield from _netem_needs(q)
+                case ir.Red():
+                    missing = [k for k in ("limit", "avpkt") if getattr(q, k) is None]
+                    if missing:
+                        names = " and ".join(f"'{k}'" for k in missing)
+                        yield Diagnostic.error("E019", f"red needs {names}", q.span)
                 case _:
                     pass
+
+
+def _given(value: ir.Time | ir.Percent | ir.Count | None) -> bool:
+    """A netem value tc counts as given (tc takes 0 for 'not given'); a percentage may be
+    written without '%' (tc reads ``loss 1`` as 1%)."""
+    match value:
+        case ir.Time():
+            return value.microseconds > 0
+        case ir.Percent() | ir.Count():
+            return value.value > 0
+        case _:
+            return False
+
+
+def _netem_needs(q: ir.Netem) -> Iterator[Diagnostic]:
+    """netem options that only work with another one (tc refuses or has no place for them)."""
+    delay = "a 'delay'" if not _given(q.delay) else None
+    jitter = "a 'jitter'" if not _given(q.jitter) else None
+    needs: list[tuple[str, object, str | None]] = [
+        ("distribution", q.distribution, "a 'delay' and a 'jitter'" if delay or jitter else None),
+        ("delay_correlation", q.delay_correlation, jitter),
+        ("loss_correlation", q.loss_correlation, None if _given(q.loss) else "a 'loss'"),
+        ("reorder", q.reorder, delay),
+        (
+            "reorder_correlation",
+            q.reorder_correlation,
+            None if _given(q.reorder) else "a 'reorder'",
+        ),
+        ("gap", q.gap, None if _given(q.reorder) else "a 'reorder'"),
+        ("slot_max", q.slot_max, None if q.slot is not None else "a 'slot'"),
+        ("packetoverhead", q.packetoverhead, None if q.rate is not None else "a 'rate'"),
+        ("cellsize", q.cellsize, None if q.rate is not None else "a 'rate'"),
+    ]
+    for name, value, missing in needs:
+        span = getattr(value, "span", None)
+        if span is not None and missing is not None:
+            yield Diagnostic.error("E019", f"netem '{name}' needs {missing} above 0", span)
+    if q.slot and q.slot_max and q.slot_max.microseconds < q.slot.microseconds:
+        yield Diagnostic.error(
+            "E240",
+            f"netem slot_max {format_time(q.slot_max.microseconds)} is below slot "
+            f"{format_time(q.slot.microseconds)}; tc refuses it",
+            q.slot_max.span,
+            Note("slot given here", q.slot.span),
+        )
 
 
 def values_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -223,7 +278,7 @@ def _fits(what: str, name: str, value: object, q: ir.Qdisc) -> Iterator[Diagnost
             msg = f"{name} {value.value} of {what} is above tc's limit of {U32_MAX}"
             yield Diagnostic.error("E208", msg, value.span)
         case ir.Count() if name == "flows" and not 1 <= value.value <= 65536:
-            msg = f"fq_codel flows {value.value} is outside 1-65536"
+            msg = f"{q.kind} flows {value.value} is outside 1-65536"
             yield Diagnostic.error("E205", msg, value.span)
         case _:
             pass
@@ -273,43 +328,84 @@ def ceil_not_below_rate(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
 
 
-def children_fit_parent(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """The guaranteed rates of a class's children add up to no more than its own rate."""
+@dataclass(frozen=True, slots=True)
+class Overbooking:
+    """Children guaranteed ``total`` bits/s under a parent that has ``limit`` for them."""
+
+    total: int
+    limit: ir.Rate
+    what: str
+    """How messages name the limit: ``its rate``, ``its ceil`` or ``the bandwidth``."""
+
+    def __str__(self) -> str:
+        share = self.limit.bits_per_second * 100 // self.total
+        return (
+            f"{_fmt(self.total - self.limit.bits_per_second)} above {self.what} "
+            f"{_fmt(self.limit)}: when only {_fmt(self.limit)} is there for them, under full "
+            f"load each gets about {share}% of its rate"
+        )
+
+
+def children_overbook(cls: ir.Class) -> Overbooking | None:
+    """How the children of ``cls`` over-book it (their rates add up to more than its rate; the
+    limit named is its ceil when they pass that too), or None."""
+    parent_rate = rate_of(cls.rate)
+    total = sum(r.bits_per_second for c in cls.children if (r := rate_of(c.rate)) is not None)
+    if parent_rate is None or total <= parent_rate.bits_per_second:
+        return None
+    ceil = effective_ceil(cls)
+    if ceil is not None and total > ceil.bits_per_second and ceil is not parent_rate:
+        return Overbooking(total, ceil, "its ceil")
+    return Overbooking(total, parent_rate, "its rate")
+
+
+def overbooking_is_declared(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """Children guaranteed more than their parent's rate (or ceil), or top-level cbq classes
+    more than the bandwidth, say ``overbook`` on the parent (warning W350); an ``overbook``
+    that over-books nothing is a warning too (W351)."""
     for s in sites(policy):
         parent_rate = rate_of(s.cls.rate)
-        children = [c for c in s.cls.children if rate_of(c.rate) is not None]
-        if parent_rate is None or not children:
+        if parent_rate is None or s.qdisc.kind == "prio":
             continue
-        total = sum(r.bits_per_second for c in children if (r := rate_of(c.rate)) is not None)
-        ceil = effective_ceil(s.cls)
-        if ceil is not None and total > ceil.bits_per_second and ceil is not parent_rate:
-            yield Diagnostic.error(
-                "E203",
-                f"children of {s.cls.label} are guaranteed {_fmt(total)} in all, "
-                f"above its ceil {_fmt(ceil)}",
-                children[-1].span,
-                Note("ceil given here", ceil.span),
+        over = children_overbook(s.cls)
+        if over is not None and not s.cls.overbook:
+            yield Diagnostic.warning(
+                "W350",
+                f"children of {s.cls.label} are guaranteed {_fmt(over.total)} in all, {over}; "
+                f"write 'overbook' on {'the interface line' if s.cls.implicit else 'the class'} "
+                "if this is on purpose",
+                s.cls.children[-1].span,
+                Note(f"{over.what[4:]} given here", over.limit.span),
             )
-        elif total > parent_rate.bits_per_second:
-            yield Diagnostic.error(
-                "E201",
-                f"children of {s.cls.label} are guaranteed {_fmt(total)} in all, "
-                f"above its rate {_fmt(parent_rate)}",
-                children[-1].span,
-                Note("rate given here", parent_rate.span),
+        elif over is None and s.cls.overbook:
+            total = sum(r.bits_per_second for c in s.cls.children if (r := rate_of(c.rate)))
+            yield Diagnostic.warning(
+                "W351",
+                f"'overbook' on {s.cls.label}, whose children are guaranteed {_fmt(total)} "
+                f"of its rate {_fmt(parent_rate)}: nothing is over-booked",
+                s.cls.span,
             )
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
             if isinstance(q, ir.Cbq) and q.bandwidth is not None:
                 tops = [r for c in q.classes if (r := rate_of(c.rate)) is not None]
                 total = sum(r.bits_per_second for r in tops)
-                if tops and total > q.bandwidth.bits_per_second:
-                    yield Diagnostic.error(
-                        "E201",
+                if tops and total > q.bandwidth.bits_per_second and not q.overbook:
+                    yield Diagnostic.warning(
+                        "W350",
                         f"top-level cbq classes are guaranteed {_fmt(total)} in all, "
-                        f"above the bandwidth {_fmt(q.bandwidth)}",
+                        f"{Overbooking(total, q.bandwidth, 'the bandwidth')}; write 'overbook' "
+                        "on the cbq's line if this is on purpose",
                         tops[-1].span,
                         Note("bandwidth given here", q.bandwidth.span),
+                    )
+                elif q.overbook and total <= q.bandwidth.bits_per_second:
+                    yield Diagnostic.warning(
+                        "W351",
+                        f"'overbook' on a cbq whose top-level classes are guaranteed "
+                        f"{_fmt(total)} of its bandwidth {_fmt(q.bandwidth)}: nothing is "
+                        "over-booked",
+                        q.span,
                     )
 
 
@@ -578,6 +674,10 @@ def values_kept_as_written(policy: ir.Policy) -> Iterator[Diagnostic]:
                     yield from _sfq_values(q)
                 case ir.Netem():
                     yield from _netem_values(q)
+                case ir.Codel() | ir.Fq() | ir.FqPie():
+                    yield from _aqm_values(q)
+                case ir.Red():
+                    yield from red_values(q)
                 case ir.Prio() if q.bands is not None and q.priomap is None:
                     # with more classes than bands (E205 above), more bands fix both
                     few = 2 <= q.bands.value < len(set(DEFAULT_PRIOMAP))
@@ -726,22 +826,33 @@ def _tbf_latency_fits(q: ir.Tbf, rate: ir.Rate, peak: ir.Rate | None) -> Iterato
     )
 
 
-def _fq_codel_values(q: ir.FqCodel) -> Iterator[Diagnostic]:
-    defaults = (
-        ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
-        ("target", q.target, "5ms", "a target of 1us or more"),
-        ("interval", q.interval, "100ms", "an interval of 1us or more"),
-    )
+Default = tuple[str, ir.Count | ir.Time | None, str, str]
+"""A value tc leaves out when 0: its name, the value, the kernel's default, and the fix."""
+
+
+def _zeros_left_out(kind: str, defaults: tuple[Default, ...]) -> Iterator[Diagnostic]:
+    """E208 for each value of 0 that tc takes for 'not given' (the kernel keeps its default)."""
     for name, value, default, fix in defaults:
         zero = isinstance(value, ir.Count) and value.value == 0
         zero |= isinstance(value, ir.Time) and value.microseconds == 0
         if value is not None and zero:
             yield Diagnostic.error(
                 "E208",
-                f"tc takes fq_codel {name} 0 for 'not given' and leaves it out: the kernel keeps "
+                f"tc takes {kind} {name} 0 for 'not given' and leaves it out: the kernel keeps "
                 f"its default {name} of {default}; give {fix}",
                 value.span,
             )
+
+
+def _fq_codel_values(q: ir.FqCodel) -> Iterator[Diagnostic]:
+    yield from _zeros_left_out(
+        q.kind,
+        (
+            ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
+            ("target", q.target, "5ms", "a target of 1us or more"),
+            ("interval", q.interval, "100ms", "an interval of 1us or more"),
+        ),
+    )
     lo, hi = FQ_CODEL_QUANTUM
     if q.quantum is not None and 0 < q.quantum.bytes < lo:
         yield Diagnostic.warning(
@@ -771,6 +882,182 @@ def _fq_codel_values(q: ir.FqCodel) -> Iterator[Diagnostic]:
             f"the kernel lowers an fq_codel memory_limit of {memory.bytes} bytes to "
             f"{FQ_CODEL_MEMORY} (2 GiB); write memory_limit 2g or less",
             memory.span,
+        )
+
+
+def _aqm_values(q: ir.Codel | ir.Fq | ir.FqPie) -> Iterator[Diagnostic]:
+    """codel, fq and fq_pie: zeros tc takes for 'not given', and what the kernel refuses."""
+    match q:
+        case ir.Codel():
+            defaults: tuple[Default, ...] = (
+                ("limit", q.limit, "1000 packets", "a limit of 1 or more"),
+                ("target", q.target, "5ms", "a target of 1us or more"),
+                ("interval", q.interval, "100ms", "an interval of 1us or more"),
+            )
+        case ir.Fq():
+            defaults = (("buckets", q.buckets, "1024", "a power of two from 2 to 262144"),)
+        case ir.FqPie():
+            defaults = (
+                ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
+                ("target", q.target, "15ms", "a target of 1us or more"),
+                ("tupdate", q.tupdate, "15ms", "a tupdate of 1us or more"),
+            )
+    yield from _zeros_left_out(q.kind, defaults)
+    ce = q.ce_threshold if isinstance(q, ir.Codel | ir.Fq) else None
+    if ce is not None and ce.microseconds == U32_MAX:
+        yield Diagnostic.error(
+            "E208",
+            f"tc takes {q.kind} ce_threshold {U32_MAX}us for 'not given' and leaves it out; "
+            f"give at most {U32_MAX - 1}us",
+            ce.span,
+        )
+    if isinstance(q, ir.Fq):
+        buckets = q.buckets.value if q.buckets else 0
+        if q.buckets is not None and buckets > 0 and not 2 <= buckets < 2 * FQ_MAX_BUCKETS:
+            yield Diagnostic.error(
+                "E205",
+                f"fq buckets {buckets} is outside 2-{2 * FQ_MAX_BUCKETS - 1}: tc sends its log2, "
+                f"which the kernel takes from 1 to 18 (2 to {FQ_MAX_BUCKETS} buckets)",
+                q.buckets.span,
+            )
+        yield from _u32_rate(q.kind, "maxrate", q.maxrate)
+        yield from _u32_rate(q.kind, "low_rate_threshold", q.low_rate_threshold)
+        if q.maxrate is not None and q.maxrate.bits_per_second // 8 == U32_MAX:
+            yield Diagnostic.error(
+                "E208",
+                f"fq takes maxrate {_fmt(q.maxrate)} ({U32_MAX} bytes/s) for 'no limit'; give "
+                "a lower maxrate, or none",
+                q.maxrate.span,
+            )
+        initial = q.initial_quantum
+        if initial is not None and INT_MAX < initial.bytes <= U32_MAX:
+            yield Diagnostic.error(
+                "E205",
+                f"fq initial_quantum {initial.bytes} is above {INT_MAX}: the kernel refuses it "
+                "('Numerical result out of range')",
+                initial.span,
+            )
+        if (
+            q.buckets is not None
+            and 2 <= q.buckets.value < 2 * FQ_MAX_BUCKETS
+            and q.buckets.value & (q.buckets.value - 1)
+        ):
+            kept = 1 << (q.buckets.value.bit_length() - 1)
+            yield Diagnostic.warning(
+                "W330",
+                f"tc rounds fq buckets {q.buckets.value} down to a power of two, {kept}; write "
+                f"buckets {kept}",
+                q.buckets.span,
+            )
+        if q.quantum is not None and FQ_QUANTUM_MAX < q.quantum.bytes <= U32_MAX:
+            yield Diagnostic.error(
+                "E205",
+                f"fq quantum {q.quantum.bytes} is above {FQ_QUANTUM_MAX} (1 MiB): the kernel "
+                "refuses it",
+                q.quantum.span,
+            )
+    if isinstance(q, ir.FqPie):
+        for name, value, hi in (
+            ("alpha", q.alpha, 32),
+            ("beta", q.beta, 32),
+            ("ecn_prob", q.ecn_prob, 99),
+        ):
+            if value is not None and value.value > hi:
+                yield Diagnostic.error(
+                    "E205", f"fq_pie {name} {value.value} is outside 0-{hi}", value.span
+                )
+
+
+def _u32_rate(kind: str, name: str, rate: ir.Rate | None) -> Iterator[Diagnostic]:
+    """A rate tc reads into 32 bits of bytes per second (``get_rate``), refusing more."""
+    if rate is not None and rate.bits_per_second // 8 > U32_MAX:
+        yield Diagnostic.error(
+            "E208",
+            f"{kind} {name} {_fmt(rate)} is above what tc takes for it, {_fmt(U32_MAX * 8)} "
+            "(32 bits of bytes per second)",
+            rate.span,
+        )
+
+
+FQ_QUANTUM_MAX = 1 << 20  # sch_fq.c refuses a quantum of 0 or above 1 MiB
+FQ_MAX_BUCKETS = 256 * 1024  # sch_fq.c takes a buckets log of 1 to ilog2(256k)
+RED_WLOG_WARNED = 10  # q_red.c warns at an ewma of 10 or more
+
+
+def red_values(q: ir.Red) -> Iterator[Diagnostic]:
+    """red thresholds tc refuses (E240) or that leave RED nothing to do (W352); a missing
+    ``bandwidth`` (W353)."""
+    yield from _u32_rate(q.kind, "bandwidth", q.bandwidth)
+    if q.limit is None or q.avpkt is None or q.avpkt.bytes == 0:
+        return
+    qmin, qmax, burst = red_thresholds(q)
+    where = q.max.span if q.max else q.min.span if q.min else q.span
+    if qmax < qmin:
+        assert q.max is not None
+        yield Diagnostic.error(
+            "E240",
+            f"red max {qmax} is below min {qmin} (bytes): tc refuses it ('failed to calculate "
+            "probability'); make max larger than min",
+            q.max.span,
+            *([Note("min given here", q.min.span)] if q.min is not None else []),
+        )
+        return
+    wlog = red_wlog(qmin, burst, q.avpkt.bytes)
+    if wlog is None:
+        span = q.burst.span if q.burst is not None else q.span
+        yield Diagnostic.error(
+            "E240",
+            f"red burst {burst} is too small for min {qmin} at avpkt {q.avpkt.bytes}: tc refuses "
+            f"it ('failed to calculate EWMA constant'); write burst {1 + qmin // q.avpkt.bytes} "
+            "or more, or leave it out (tc computes (2 min + max) / (3 avpkt))",
+            span,
+        )
+        return
+    bandwidth = q.bandwidth.bits_per_second if q.bandwidth else RED_DEFAULT_BANDWIDTH
+    if red_scell_log(wlog, q.avpkt.bytes, bandwidth) is None:
+        yield Diagnostic.error(
+            "E240",
+            f"red bandwidth {_fmt(bandwidth)} is too low for avpkt {q.avpkt.bytes}: the time "
+            "red must age its average over while idle does not fit tc's table, and tc refuses "
+            "it ('failed to calculate idle damping table'); raise bandwidth or lower avpkt",
+            q.bandwidth.span if q.bandwidth else q.avpkt.span,
+        )
+    if max(qmin, qmax).bit_length() + wlog >= 32:
+        yield Diagnostic.error(
+            "E240",
+            f"red max {qmax} with the averaging constant tc derives from burst {burst} "
+            f"(ewma {wlog}) is too large for the kernel's fixed-point average (it refuses it); "
+            "lower max or burst",
+            where,
+        )
+    if wlog >= RED_WLOG_WARNED:
+        yield Diagnostic.warning(
+            "W352",
+            f"red burst {burst} makes the average follow the queue very slowly (ewma {wlog}); "
+            f"tc warns 'Burst {burst} seems to be too large'; lower burst, or leave it out",
+            q.burst.span if q.burst is not None else q.span,
+        )
+    if qmin == qmax:
+        yield Diagnostic.warning(
+            "W352",
+            f"red min and max are both {qmin} bytes: there is no range where red drops early at "
+            "random, so it drops every packet above that average like a tail drop",
+            where,
+        )
+    elif q.limit.bytes <= qmax:
+        yield Diagnostic.warning(
+            "W352",
+            f"red limit {q.limit.bytes} is not above max {qmax} (bytes): the queue is full "
+            "before red's average reaches max; give a limit well above max (tc-red(8): "
+            "max + a few bursts)",
+            q.limit.span,
+        )
+    if q.bandwidth is None:
+        yield Diagnostic.warning(
+            "W353",
+            "red without 'bandwidth': tc assumes 10Mbit (and says so on stderr) to age the "
+            "average while the queue is idle; give the rate of the link it queues for",
+            q.span,
         )
 
 
@@ -982,7 +1269,7 @@ CHECKS: tuple[Check, ...] = (
     values_in_range,
     values_fit_the_kernel,
     ceil_not_below_rate,
-    children_fit_parent,
+    overbooking_is_declared,
     ceil_within_parent_ceil,
     rates_spelled_in_bits,
     htb_tree_fits,

@@ -16,6 +16,7 @@ import click
 from tcdsl import __version__, ir
 from tcdsl.backend import BackendOptions
 from tcdsl.backends import BACKENDS
+from tcdsl.codes import RETIRED
 from tcdsl.diagnostics import Diagnostic, Severity, Span, render, render_json
 from tcdsl.driver import Result, analyse, compile_policy
 from tcdsl.frontend.source import Access
@@ -115,7 +116,7 @@ def _disabled_codes(
     codes = {c.strip().upper() for value in values for c in value.split(",") if c.strip()}
     for code in sorted(codes):
         problem = disable_problem(code)
-        if problem is not None and problem.startswith("unknown"):
+        if problem is not None and (problem.startswith("unknown") or code in RETIRED):
             raise click.BadParameter(f"{problem} (docs/diagnostics.md lists them)", ctx, param)
         if problem is not None:
             raise click.BadParameter(

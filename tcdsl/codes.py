@@ -56,9 +56,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E103": CodeInfo(_E, "An unknown constant"),
     "E104": CodeInfo(_E, "An interface declared twice"),
     # E2xx: semantics
-    "E201": CodeInfo(_E, "Children guaranteed more than the parent's rate"),
     "E202": CodeInfo(_E, "A class ceil below its rate"),
-    "E203": CodeInfo(_E, "Children guaranteed more than the parent's ceil"),
     "E204": CodeInfo(_E, "A handle or class id tc would reject, or that collides"),
     "E205": CodeInfo(_E, "A number outside the range the kernel takes"),
     "E206": CodeInfo(_E, "A match on a class that has child classes"),
@@ -90,6 +88,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E231": CodeInfo(_E, "An unknown name where a preset, link layer, rtt or isolation goes"),
     "E232": CodeInfo(_E, "Link-layer words where a size table cannot take them"),
     "E233": CodeInfo(_E, "cake keywords that contradict each other"),
+    "E240": CodeInfo(_E, "red thresholds or netem slots tc refuses"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
@@ -122,6 +121,10 @@ _TABLE: dict[str, CodeInfo] = {
     "W349": CodeInfo(_W, "An hfsc ul below the class's rt, which the kernel serves anyway"),
     "W340": CodeInfo(_W, "Link-layer overhead on an interface where nothing shapes"),
     "W341": CodeInfo(_W, "A cake with its own overhead below a size table: counted twice"),
+    "W350": CodeInfo(_W, "Children guaranteed more than their parent has, without 'overbook'"),
+    "W351": CodeInfo(_W, "An 'overbook' on a class whose children fit its rate"),
+    "W352": CodeInfo(_W, "red thresholds that leave RED little to do, or a burst tc warns about"),
+    "W353": CodeInfo(_W, "A red without bandwidth, which tc replaces with 10Mbit"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),
@@ -136,3 +139,12 @@ _TABLE: dict[str, CodeInfo] = {
 
 CODES: Mapping[str, CodeInfo] = MappingProxyType(_TABLE)
 """Every diagnostic code tcdsl reports, by code."""
+
+RETIRED: Mapping[str, str] = MappingProxyType(
+    {
+        "E201": "over-booking a parent's rate is warning W350 now (the kernel accepts it)",
+        "E203": "over-booking a parent's ceil is warning W350 now (the kernel accepts it)",
+    }
+)
+"""Codes tcdsl no longer reports, with what took their place. A retired code keeps its number:
+it is never given a new meaning (docs/diagnostics.md, "Retired codes")."""

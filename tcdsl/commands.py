@@ -43,8 +43,8 @@ def _opt(words: list[str], key: str, value: object) -> None:
             words.append(key)
         case ir.Rate():
             words += [key, format_rate(value.bits_per_second)]
-        case ir.Size() if key == "quantum":
-            # htb and fq_codel read quantum as a plain number ("quantum 2k" is Illegal).
+        case ir.Size() if key in ("quantum", "initial_quantum"):
+            # htb, fq_codel and fq read quantum as a plain number ("quantum 2k" is Illegal).
             words += [key, str(value.bytes)]
         case ir.Size():
             words += [key, format_size(value.bytes)]
@@ -84,13 +84,7 @@ def qdisc_words(q: ir.Qdisc) -> list[str]:
             for key in ("rate", "burst", "latency", "limit", "peakrate", "mtu"):
                 _opt(words, key, getattr(q, key))
         case ir.Netem():
-            _opt(words, "limit", q.limit)
-            if q.delay is not None:
-                words += ["delay", format_time(q.delay.microseconds)]
-                if q.jitter is not None:
-                    words.append(format_time(q.jitter.microseconds))
-            for key in ("loss", "duplicate", "corrupt", "rate"):
-                _opt(words, key, getattr(q, key))
+            _netem_words(words, q)
         case ir.Sfq():
             for key in ("limit", "perturb", "quantum", "depth", "divisor"):
                 _opt(words, key, getattr(q, key))
@@ -105,6 +99,33 @@ def qdisc_words(q: ir.Qdisc) -> list[str]:
             pass
         case ir.Cake():
             words += cake_words(q)
+        case ir.Codel():
+            for key in ("limit", "target", "interval", "ce_threshold"):
+                _opt(words, key, getattr(q, key))
+            _either(words, q.ecn, "ecn", "noecn")
+        case ir.Fq():
+            for key in ("limit", "flow_limit", "quantum", "initial_quantum", "maxrate"):
+                _opt(words, key, getattr(q, key))
+            for key in ("buckets", "refill_delay", "low_rate_threshold", "orphan_mask"):
+                _opt(words, key, getattr(q, key))
+            for key in ("ce_threshold", "horizon"):
+                _opt(words, key, getattr(q, key))
+            _either(words, q.pacing, "pacing", "nopacing")
+            _either(words, q.horizon_drop, "horizon_drop", "horizon_cap")
+        case ir.FqPie():
+            for key in ("limit", "flows", "target", "tupdate", "alpha", "beta", "quantum"):
+                _opt(words, key, getattr(q, key))
+            _opt(words, "memory_limit", q.memory_limit)
+            _opt(words, "ecn_prob", q.ecn_prob)
+            _either(words, q.ecn, "ecn", "noecn")
+            _either(words, q.bytemode, "bytemode", "nobytemode")
+        case ir.Red():
+            for key in ("limit", "min", "max", "avpkt", "burst", "bandwidth"):
+                _opt(words, key, getattr(q, key))
+            if q.probability is not None:
+                words += ["probability", f"{float(q.probability.value / 100):.12g}"]
+            for key in ("ecn", "harddrop", "adaptive"):
+                _opt(words, key, getattr(q, key))
     return words
 
 
@@ -173,6 +194,43 @@ def hfsc_curves(cls: ir.Class) -> list[tuple[str, ir.Curve]]:
     else:
         named = [(k, c) for k, c in (("rt", cls.rt), ("ls", cls.ls)) if c is not None]
     return named + ([("ul", cls.ul)] if cls.ul is not None else [])
+
+
+def _either(words: list[str], value: bool | None, on: str, off: str) -> None:
+    if value is not None:
+        words.append(on if value else off)
+
+
+def _netem_words(words: list[str], q: ir.Netem) -> None:
+    """netem's words: positional values follow their keyword (``delay 10ms 5ms 25%``)."""
+    _opt(words, "limit", q.limit)
+    if q.delay is not None:
+        words += ["delay", format_time(q.delay.microseconds)]
+        if q.jitter is not None:
+            words.append(format_time(q.jitter.microseconds))
+            if q.delay_correlation is not None:
+                words.append(_pct(q.delay_correlation.value))
+    if q.distribution is not None:
+        words += ["distribution", q.distribution.name]
+    for key in ("loss", "duplicate", "corrupt"):
+        _opt(words, key, getattr(q, key))
+        if key == "loss" and q.loss is not None and q.loss_correlation is not None:
+            words.append(_pct(q.loss_correlation.value))
+    if q.reorder is not None:
+        _opt(words, "reorder", q.reorder)
+        if q.reorder_correlation is not None:
+            words.append(_pct(q.reorder_correlation.value))
+        _opt(words, "gap", q.gap)
+    if q.rate is not None:
+        _opt(words, "rate", q.rate)
+        if q.packetoverhead is not None or q.cellsize is not None:
+            words.append(str(q.packetoverhead.value if q.packetoverhead else 0))
+        if q.cellsize is not None:
+            words.append(str(q.cellsize.value))
+    if q.slot is not None:
+        words += ["slot", format_time(q.slot.microseconds)]
+        if q.slot_max is not None:
+            words.append(format_time(q.slot_max.microseconds))
 
 
 def class_words(kind: str, cls: ir.Class) -> list[str]:

@@ -109,11 +109,6 @@ def analyse(
             return _too_deep(path, reader)
 
 
-LINT_AFTER = frozenset({"E201", "E203"})
-"""Check errors that leave the IR as sound as lint needs (a sum of children's rates too high):
-after them, allocate and lint still run, away from the places of the errors."""
-
-
 def _analyse(path: str, reader: Reader, target: KernelTarget | None = None) -> Result:
     interfaces = reader.read(path)
     result = Result(None, None, reader.diagnostics, reader.sources)
@@ -138,12 +133,8 @@ def _analyse(path: str, reader: Reader, target: KernelTarget | None = None) -> R
     policy, found = resolve(policy)
     if done(found):
         return result
-    found = run_checks(policy)
-    if done(found):
-        errors = [d for d in found if d.is_error]
-        if not all(d.code in LINT_AFTER for d in errors):
-            return result
-        taint.add_errors(errors, result.sources)
+    if done(run_checks(policy)):
+        return result
     if done(kernel_support(policy, target)):
         return result
     policy, found = allocate(policy)

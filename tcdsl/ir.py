@@ -253,6 +253,8 @@ class Class:
     minburst: Count | None = None
     bounded: bool = False
     isolated: bool = False
+    overbook: bool = False
+    """The children's rates may add up to more than this class's (over-booking on purpose)."""
     mark: Count | None = None
     rt: Curve | None = None
     """hfsc: the real-time service curve."""
@@ -328,6 +330,8 @@ class Cbq:
     explicit_handle: HandleRef | None = None
     handle: Handle | None = None
     kind: Literal["cbq"] = "cbq"
+    overbook: bool = False
+    """The top-level classes' rates may add up to more than the bandwidth, on purpose."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +380,19 @@ class Netem:
     explicit_handle: HandleRef | None = None
     handle: Handle | None = None
     kind: Literal["netem"] = "netem"
+    distribution: Name | None = None
+    """The jitter's distribution table: ``normal``, ``pareto`` or ``paretonormal``."""
+    delay_correlation: Percent | None = None
+    loss_correlation: Percent | None = None
+    reorder: Percent | None = None
+    reorder_correlation: Percent | None = None
+    gap: Count | None = None
+    slot: Time | None = None
+    """The shortest gap between transmission slots (``slot MIN [MAX]``)."""
+    slot_max: Time | None = None
+    packetoverhead: Count | None = None
+    """Bytes the ``rate`` adds to each packet."""
+    cellsize: Count | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,6 +425,86 @@ class FqCodel:
     explicit_handle: HandleRef | None = None
     handle: Handle | None = None
     kind: Literal["fq_codel"] = "fq_codel"
+
+
+@dataclass(frozen=True, slots=True)
+class Codel:
+    """Controlled delay AQM on one FIFO."""
+
+    span: Span
+    limit: Count | None = None
+    target: Time | None = None
+    interval: Time | None = None
+    ce_threshold: Time | None = None
+    ecn: bool | None = None
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["codel"] = "codel"
+
+
+@dataclass(frozen=True, slots=True)
+class Fq:
+    """Fair queueing per flow with pacing."""
+
+    span: Span
+    limit: Count | None = None
+    flow_limit: Count | None = None
+    quantum: Size | None = None
+    initial_quantum: Size | None = None
+    maxrate: Rate | None = None
+    buckets: Count | None = None
+    refill_delay: Time | None = None
+    low_rate_threshold: Rate | None = None
+    orphan_mask: Count | None = None
+    ce_threshold: Time | None = None
+    horizon: Time | None = None
+    pacing: bool | None = None
+    horizon_drop: bool | None = None
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["fq"] = "fq"
+
+
+@dataclass(frozen=True, slots=True)
+class FqPie:
+    """Fair queueing with PIE AQM per flow."""
+
+    span: Span
+    limit: Count | None = None
+    flows: Count | None = None
+    target: Time | None = None
+    tupdate: Time | None = None
+    alpha: Count | None = None
+    beta: Count | None = None
+    quantum: Size | None = None
+    memory_limit: Size | None = None
+    ecn_prob: Count | None = None
+    ecn: bool | None = None
+    bytemode: bool | None = None
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["fq_pie"] = "fq_pie"
+
+
+@dataclass(frozen=True, slots=True)
+class Red:
+    """Random early detection on a byte-limited queue."""
+
+    span: Span
+    limit: Size | None = None
+    min: Size | None = None
+    max: Size | None = None
+    avpkt: Size | None = None
+    burst: Count | None = None
+    """Packets; tc derives (2 min + max) / (3 avpkt) when not given."""
+    bandwidth: Rate | None = None
+    probability: Percent | None = None
+    ecn: bool = False
+    harddrop: bool = False
+    adaptive: bool = False
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["red"] = "red"
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,6 +619,10 @@ Qdisc = (
     | PfifoFast
     | Hfsc
     | Cake
+    | Codel
+    | Fq
+    | FqPie
+    | Red
     | Ingress
 )
 

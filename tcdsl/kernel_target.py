@@ -5,8 +5,9 @@ configuration) names the target; ``kernel_support(policy, target)`` reports E213
 construct the target lacks and, without a target, W306 for cbq (which no current kernel has).
 
 Versions: every feature the language expresses is older than Linux 2.6.12 (the start of the
-kernel's git history), except fq_codel (3.5), netem's ``rate`` (3.3), the ifb device that
-downloads are shaped on (2.6.19) and the connmark action (4.0). cbq was removed in 6.3;
+kernel's git history), except fq_codel and codel (3.5), netem's ``rate`` (3.3), fq (3.12),
+fq_pie (5.6; Debian 12's 6.1 kernels do not build it), the ifb device that downloads are shaped
+on (2.6.19) and the connmark action (4.0). cbq was removed in 6.3;
 the removal was also backported to the 6.1 stable kernels in 6.1.82 (Debian 12's kernels
 followed). A configuration file decides by its ``CONFIG_`` lines instead: ``=y`` or ``=m`` is
 present, ``is not set`` or no line at all is missing.
@@ -98,6 +99,19 @@ FEATURES: Mapping[str, Feature] = {
     "stab": Feature(
         "size tables (tc's stab, for link-layer overhead)", (_SCHED,), since=(2, 6, 27)
     ),
+    "codel": Feature(
+        "codel qdisc", (_SCHED, "CONFIG_NET_SCH_CODEL"), since=(3, 5, 0), hint="use red or pfifo"
+    ),
+    "fq": Feature(
+        "fq qdisc", (_SCHED, "CONFIG_NET_SCH_FQ"), since=(3, 12, 0), hint="use sfq or fq_codel"
+    ),
+    "fq_pie": Feature(
+        "fq_pie qdisc",
+        (_SCHED, "CONFIG_NET_SCH_FQ_PIE"),
+        since=(5, 6, 0),
+        hint="use fq_codel, the fair AQM queue older kernels have",
+    ),
+    "red": Feature("red qdisc", (_SCHED, "CONFIG_NET_SCH_RED")),
     "u32": Feature("u32 classifier", (_CLS, "CONFIG_NET_CLS_U32")),
     "fw": Feature("fw classifier", (_CLS, "CONFIG_NET_CLS_FW"), hint="use u32 matches"),
     "iptables-mark": Feature(

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from tcdsl.codes import CODES
+from tcdsl.codes import CODES, RETIRED
 from tcdsl.diagnostics import Diagnostic, Severity, Span
 
 DIRECTIVES = ("disable", "disable-next-line", "disable-file")
@@ -79,8 +79,10 @@ class Suppressions:
 
 
 def disable_problem(code: str) -> str | None:
-    """Why ``code`` cannot be disabled (unknown, or an error), or None if it can."""
+    """Why ``code`` cannot be disabled (unknown, retired, or an error), or None if it can."""
     info = CODES.get(code)
+    if code in RETIRED:
+        return f"{code} is retired: {RETIRED[code]}"
     if info is None:
         return f"unknown code '{code}'"
     if info.severity is Severity.ERROR:
@@ -123,7 +125,8 @@ def parse_directives(file: str, text: str) -> Suppressions:
             if problem is None:
                 found.directives.append(Directive(code, line, span))
             else:
-                text = problem if code in CODES else f"{problem} in a disable comment"
+                known = code in CODES or code in RETIRED
+                text = problem if known else f"{problem} in a disable comment"
                 found.problems.append(Diagnostic.warning("W307", text, span))
             comma = re.compile(r"\s*,\s*").match(rest, code_match.end())
             if comma is None:

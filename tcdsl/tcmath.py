@@ -7,6 +7,8 @@ Linux; each is written once here.
 
 from __future__ import annotations
 
+import math
+
 from tcdsl import ir
 
 U32_MAX = 2**32 - 1
@@ -103,3 +105,67 @@ def htb_quantum(rate_bits: int, r2q: int) -> tuple[int, int]:
     computed = rate_bits // 8 // r2q
     lo, hi = HTB_QUANTUM
     return computed, min(max(computed, lo), hi)
+
+
+def red_thresholds(q: ir.Red) -> tuple[int, int, int]:
+    """A red's min, max (bytes) and burst (packets) as tc completes them (q_red.c): max is
+    3 min, or limit / 4 without min; min is max / 3; burst is (2 min + max) / (3 avpkt)."""
+    limit = q.limit.bytes if q.limit is not None else 0
+    avpkt = q.avpkt.bytes if q.avpkt is not None else 0
+    qmin = q.min.bytes if q.min is not None else 0
+    qmax = q.max.bytes if q.max is not None else 0
+    if not qmax:
+        qmax = qmin * 3 if qmin else limit // 4
+    if not qmin:
+        qmin = qmax // 3
+    burst = q.burst.value if q.burst is not None and q.burst.value else 0
+    if not burst and avpkt:
+        burst = (2 * qmin + qmax) // (3 * avpkt)
+    return qmin, qmax, burst
+
+
+def red_wlog(qmin: int, burst: int, avpkt: int) -> int | None:
+    """tc_red_eval_ewma: the averaging constant's log (tc's ``ewma``), or None where tc refuses
+    the values (a burst below min / avpkt)."""
+    a = burst + 1 - qmin / avpkt
+    if a < 1.0:
+        return None
+    w = 0.5
+    for wlog in range(1, 32):
+        if a <= (1 - (1 - w) ** burst) / w:
+            return wlog
+        w /= 2
+    return None
+
+
+def red_plog(qmin: int, qmax: int, probability: float) -> int | None:
+    """tc_red_eval_P: the log of max probability / (max - min), or None where tc refuses it."""
+    span = qmax - qmin
+    if span == 0:
+        return 0
+    if span < 0:
+        return None
+    prob = probability / span
+    for i in range(32):
+        if prob > 1.0:
+            return i
+        prob *= 2
+    return None
+
+
+RED_DEFAULT_BANDWIDTH = 10_000_000
+"""The bandwidth (bits/s) tc gives a red without one (q_red.c)."""
+
+
+def red_scell_log(wlog: int, avpkt: int, bits_per_second: int) -> int | None:
+    """tc_red_eval_idle_damping's cell log (tc's ``Scell_log``), or None where tc refuses it
+    (the idle time red must cover needs a cell of 2^32 ticks or more)."""
+    xmit = tc_xmittime_ticks(bits_per_second // 8, avpkt) if bits_per_second >= 8 else 0
+    if xmit == 0:
+        return 0
+    lw = -math.log(1.0 - 1.0 / (1 << wlog)) / xmit
+    maxtime = 31 / lw
+    for clog in range(32):
+        if maxtime / (1 << clog) < 512:
+            return clog
+    return None

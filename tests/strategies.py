@@ -49,6 +49,7 @@ from typing import Literal
 
 from hypothesis import strategies as st
 
+from tcdsl.driver import analyse
 from tcdsl.frontend.qdiscs import CAKE_FLAG_GROUPS, CAKE_ISOLATION
 from tcdsl.linklayer import PRESETS, RTT_PRESETS
 
@@ -174,6 +175,9 @@ that. Reported: W330."""
 # when the device's tree would hold a duplicating netem and another netem ("netem: cannot mix
 # duplicating netems with other netems in tree"): only an interface's first netem duplicates,
 # and no netem follows a duplicating one. Reported: E208 (with a note at the other netem).
+
+FQ_QUANTUM_MAX = 1 << 20
+"""The largest fq quantum the kernel takes (E205 above)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -484,6 +488,7 @@ class VGen:
         kinds = ["pfifo", "bfifo", "tbf"]
         if self.uml:
             kinds += ["sfq", "fq_codel", "cake"] + ([] if self.duplicating else ["netem"])
+            kinds += ["codel", "fq", "red"]
         kind = self.pick(kinds)
         line = " ".join([kind + self.handle(), *self.qdisc_options(kind)])
         if kind in ("tbf", "netem") and depth < 1 and self.chance(0.3):
@@ -502,6 +507,9 @@ class VGen:
             "fq_codel": self.fq_codel_options,
             "netem": self.netem_options,
             "cake": self.cake_options,
+            "codel": self.codel_options,
+            "fq": self.fq_options,
+            "red": self.red_options,
         }[kind]()
 
     def link_layer(self, stab: bool, tbf: bool = False) -> list[str]:
@@ -609,21 +617,104 @@ class VGen:
 
     def netem_options(self) -> list[str]:
         opts: list[str] = []
+        delayed = jittered = False
         if self.chance(0.6):
-            opts.append(f"delay {self.time(0, NETEM_MAX_DELAY)}")
+            delayed = self.chance(0.5)  # above 0: reorder and distribution need a delay
+            opts.append(f"delay {self.time(1 if delayed else 0, NETEM_MAX_DELAY)}")
             if self.chance(0.4):
-                opts.append(f"jitter {self.time(0, NETEM_MAX_JITTER)}")
+                jittered = delayed and self.chance(0.5)
+                opts.append(f"jitter {self.time(1 if jittered else 0, NETEM_MAX_JITTER)}")
+        if jittered and self.chance(0.3):
+            opts.append(f"delay_correlation {self.percent()}")
+        if jittered and self.chance(0.3):
+            opts.append(f"distribution {self.pick(('normal', 'pareto', 'paretonormal'))}")
         self.netems += 1
         for key in ("loss", "duplicate", "corrupt"):
             if key == "duplicate" and self.netems > 1:
                 continue  # KNOWN BUG (duplicating netem next to another netem)
             if self.chance(0.25):
-                opts.append(f"{key} {self.percent()}")
+                pct = self.percent()
+                opts.append(f"{key} {pct}")
                 self.duplicating |= key == "duplicate"
+                if key == "loss" and float(pct[:-1]) > 0 and self.chance(0.3):
+                    opts.append(f"loss_correlation {self.percent()}")
+        if delayed and self.chance(0.25):
+            opts.append(f"reorder {self.between(1, 100)}%")
+            if self.chance(0.3):
+                opts.append(f"reorder_correlation {self.percent()}")
+            if self.chance(0.3):
+                opts.append(f"gap {self.wide(1, U32_MAX)}")
         if self.chance(0.3):
             opts.append(f"limit {self.wide(0, U32_MAX)}")
         if self.chance(0.3):
             opts.append(f"rate {self.rate(self.bits(8, 2 * MAX_RATE))}")
+            if self.chance(0.3):
+                opts.append(f"packetoverhead {self.wide(0, INT_MAX)}")
+            if self.chance(0.3):
+                opts.append(f"cellsize {self.wide(0, U32_MAX)}")
+        if self.chance(0.2):
+            slot = self.wide(0, U32_MAX)
+            opts.append(f"slot {slot}us")
+            if self.chance(0.5):
+                opts.append(f"slot_max {self.wide(slot, U32_MAX)}us")
+        return opts
+
+    def codel_options(self) -> list[str]:
+        opts: list[str] = []
+        if self.chance(0.3):
+            opts.append(f"limit {self.wide(1, U32_MAX)}")
+        for key in ("target", "interval", "ce_threshold"):
+            if self.chance(0.3):
+                opts.append(f"{key} {self.time(1, U32_MAX - 1)}")
+        if self.chance(0.3):
+            opts.append(self.pick(("ecn", "noecn")))
+        return opts
+
+    def fq_options(self) -> list[str]:
+        opts: list[str] = []
+        for key in ("limit", "flow_limit", "orphan_mask"):
+            if self.chance(0.25):
+                opts.append(f"{key} {self.wide(0, U32_MAX)}")
+        if self.chance(0.25):
+            opts.append(f"quantum {self.plain_quantum(1, FQ_QUANTUM_MAX)}")
+        if self.chance(0.2):
+            opts.append(f"initial_quantum {self.plain_quantum(1, INT_MAX)}")
+        for key in ("maxrate", "low_rate_threshold"):
+            if self.chance(0.25):  # maxrate of U32_MAX bytes/s is 'no limit' (E208)
+                opts.append(f"{key} {self.rate(self.bits(8, (U32_MAX - 1) * 8))}")
+        if self.chance(0.25):
+            opts.append(f"buckets {1 << self.between(1, 18)}")
+        if self.chance(0.2):  # in whole jiffies at any HZ: the kernel keeps jiffies
+            opts.append(f"refill_delay {10_000 * self.between(0, 100)}us")
+        for key in ("ce_threshold", "horizon"):
+            if self.chance(0.25):
+                opts.append(f"{key} {self.time(0, U32_MAX - 1)}")
+        for flags in (("pacing", "nopacing"), ("horizon_drop", "horizon_cap")):
+            if self.chance(0.25):
+                opts.append(self.pick(flags))
+        return opts
+
+    def red_options(self) -> list[str]:
+        """red values tcdsl's checks take without a word (else a usual set)."""
+        avpkt = self.between(64, 9000)
+        qmin = avpkt * self.between(2, 200)
+        qmax = qmin * self.between(2, 6)
+        limit = qmax * self.between(2, 8)
+        bandwidth = self.bits(1_000_000, MAX_RATE)
+        opts = [f"limit {self.spell(limit)}", f"avpkt {avpkt}"]
+        if self.chance(0.7):
+            opts.append(f"min {self.spell(qmin)}")
+        if self.chance(0.7):
+            opts.append(f"max {self.spell(qmax)}")
+        opts.append(f"bandwidth {self.rate(bandwidth)}")
+        if self.chance(0.4):
+            opts.append(f"probability {self.between(1, 99)}%")
+        for flag in ("ecn", "harddrop", "adaptive"):
+            if self.chance(0.2):
+                opts.append(flag)
+        text = f"interface eth0 red {' '.join(opts)}\n"
+        if analyse("policy.tcp", loader=lambda path: text).diagnostics:
+            return ["limit 400k", "min 30k", "max 90k", "avpkt 1000", "bandwidth 10mbit"]
         return opts
 
     # ---- htb ----

@@ -219,12 +219,12 @@ def test_one_error_of_each_stage_in_one_run() -> None:
         "    }\n"
         "    class big rate 5mbit {\n"
         "        class k1 rate 4mbit match dport 80\n"
-        "        class k2 rate 4mbit match dport 443\n"  # checks (E201)
+        "        class k2 rate 4mbit match dport 443\n"  # checks (W350, a warning)
         "    }\n"
         "    class lonely rate 1mbit\n"  # lint (W311)
         "}\n"
     )
-    assert codes(check_text(text)) == [("E001", 2), ("E018", 5), ("E201", 9), ("W311", 11)]
+    assert codes(check_text(text)) == [("E001", 2), ("E018", 5), ("W350", 9), ("W311", 11)]
     assert compile_policy(MAIN, loader=loader_of(text)).output is None
 
 

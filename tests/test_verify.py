@@ -582,7 +582,10 @@ CHANGED = [
         "delay 20ms  5ms 30% loss 1.6%",
         [
             f"{LEAF_QDISCS}:7:52: error: netem qdisc of 1:2 loss is 1.6% in the kernel, "
-            "policy says 1.5% [E402]"
+            "policy says 1.5% [E402]",
+            # a correlation the policy does not ask for is a difference too
+            f"{LEAF_QDISCS}:7:9: error: netem qdisc of 1:2 delay_correlation is 30% in the "
+            "kernel, policy says none [E402]",
         ],
         id="netem-loss",
     ),

@@ -37,7 +37,8 @@ EXPECTED_WORDS: dict[str, str] = {
     "IPV4": "an IPv4 address",
     "PORT_RANGE": "a port range such as 1024-2047",
     "QDISC_KIND": (
-        "a qdisc (htb, prio, tbf, netem, cbq, sfq, fq_codel, pfifo, bfifo, pfifo_fast, cake)"
+        "a qdisc (htb, prio, tbf, netem, cbq, sfq, fq_codel, pfifo, bfifo, pfifo_fast, hfsc, "
+        "cake, codel, fq, fq_pie, red)"
     ),
     "PARAM": "a parameter such as rate",
     "FLAG": "a flag",

@@ -4,6 +4,7 @@ dimension, and the builder that turns one qdisc's options and body into its IR n
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from tcdsl import ir, linklayer
@@ -49,8 +50,8 @@ CLASS_PARAMS: dict[str, dict[str, Dimension]] = {
     "hfsc": {"mark": C},
 }
 CLASS_FLAGS: dict[str, frozenset[str]] = {
-    "htb": frozenset(),
-    "cbq": frozenset({"bounded", "isolated"}),
+    "htb": frozenset({"overbook"}),
+    "cbq": frozenset({"bounded", "isolated", "overbook"}),
     "prio": frozenset(),
     "hfsc": frozenset(),
 }
@@ -67,6 +68,16 @@ QDISC_PARAMS: dict[str, dict[str, Dimension]] = {
         "corrupt": C,
         "limit": C,
         "rate": R,
+        "distribution": C,
+        "delay_correlation": C,
+        "loss_correlation": C,
+        "reorder": C,
+        "reorder_correlation": C,
+        "gap": C,
+        "slot": T,
+        "slot_max": T,
+        "packetoverhead": C,
+        "cellsize": C,
     },
     "sfq": {"perturb": C, "quantum": S, "limit": C, "depth": C, "divisor": C},
     "fq_codel": {
@@ -81,6 +92,40 @@ QDISC_PARAMS: dict[str, dict[str, Dimension]] = {
     "bfifo": {"limit": S},
     "pfifo_fast": {},
     "hfsc": {},
+    "codel": {"limit": C, "target": T, "interval": T, "ce_threshold": T},
+    "fq": {
+        "limit": C,
+        "flow_limit": C,
+        "quantum": S,
+        "initial_quantum": S,
+        "maxrate": R,
+        "buckets": C,
+        "refill_delay": T,
+        "low_rate_threshold": R,
+        "orphan_mask": C,
+        "ce_threshold": T,
+        "horizon": T,
+    },
+    "fq_pie": {
+        "limit": C,
+        "flows": C,
+        "target": T,
+        "tupdate": T,
+        "alpha": C,
+        "beta": C,
+        "quantum": S,
+        "memory_limit": S,
+        "ecn_prob": C,
+    },
+    "red": {
+        "limit": S,
+        "min": S,
+        "max": S,
+        "avpkt": S,
+        "burst": C,
+        "bandwidth": R,
+        "probability": C,
+    },
 }
 QDISC_PARAMS["cake"] = {"bandwidth": R, "rtt": T, "memlimit": S, "fwmark": C, "isolate": C}
 QDISC_FLAGS: dict[str, frozenset[str]] = {k: frozenset() for k in QDISC_PARAMS}
@@ -118,7 +163,6 @@ NAMED_VALUES: dict[str, tuple[str, ...]] = {
 }
 """Parameters that take a name from a fixed set where a value goes (``overhead pppoe-llc``)."""
 NAME_ONLY = frozenset({"linklayer", "isolate"})
-NETEM_PERCENT = frozenset({"loss", "duplicate", "corrupt"})
 CLASSFUL = frozenset({"htb", "prio", "cbq", "hfsc"})
 WITH_DEFAULT = frozenset({"htb", "hfsc"})
 """Qdiscs whose ``default NAME`` names the class for unclassified packets."""
@@ -126,6 +170,32 @@ CLASS_CURVES: dict[str, frozenset[str]] = {"hfsc": frozenset({"rt", "ls", "ul", 
 """The service curves each class kind takes (``sc`` is rt and ls at once)."""
 CURVE_PARTS: dict[str, Dimension] = {"m1": R, "d": T, "m2": R, "umax": S, "dmax": T, "rate": R}
 U32_MAX = 0xFFFFFFFF
+QDISC_FLAGS["codel"] = frozenset({"ecn", "noecn"})
+QDISC_FLAGS["fq"] = frozenset({"pacing", "nopacing", "horizon_drop", "horizon_cap"})
+QDISC_FLAGS["fq_pie"] = frozenset({"ecn", "noecn", "bytemode", "nobytemode"})
+QDISC_FLAGS["red"] = frozenset({"ecn", "harddrop", "adaptive"})
+QDISC_FLAGS["htb"] = frozenset({"overbook"})
+QDISC_FLAGS["cbq"] = frozenset({"overbook"})
+NETEM_PERCENT = frozenset(
+    {
+        "loss",
+        "duplicate",
+        "corrupt",
+        "delay_correlation",
+        "loss_correlation",
+        "reorder",
+        "reorder_correlation",
+    }
+)
+DISTRIBUTIONS = ("normal", "pareto", "paretonormal")
+"""netem's jitter distributions (the tables iproute2 installs in /usr/lib/tc)."""
+OPPOSITE_FLAGS: tuple[tuple[str, str], ...] = (
+    ("ecn", "noecn"),
+    ("pacing", "nopacing"),
+    ("horizon_drop", "horizon_cap"),
+    ("bytemode", "nobytemode"),
+)
+"""Flags that say opposite things; a qdisc gets at most one of each pair."""
 CHAINING = frozenset({"tbf", "netem"})
 
 
@@ -199,6 +269,12 @@ class QdiscBuilder:
                 if named:
                     values[opt.key] = word
                     continue
+            if self.kind == "netem" and opt.key == "distribution":
+                values[opt.key] = self._distribution(opt)
+                continue
+            if self.kind == "red" and opt.key == "probability":
+                values[opt.key] = self._probability(opt)
+                continue
             values[opt.key] = self._value(opt, dim, opt.key in percent)
         return values, handle, matches
 
@@ -383,6 +459,41 @@ class QdiscBuilder:
                     return None
                 return ir.Count(value, span)
 
+    def _distribution(self, opt: Param) -> ir.Name | None:
+        """netem's ``distribution NAME``: one of the tables tc installs, by name."""
+        value = opt.value
+        if isinstance(value, Ref) and value.name in DISTRIBUTIONS:
+            return ir.Name(value.name, value.span)
+        found = f"'{value.name}'" if isinstance(value, Ref) else "a value"
+        self.error(
+            Diagnostic.error(
+                "E011",
+                f"expected a distribution (normal, pareto or paretonormal), found {found}",
+                value.span,
+            )
+        )
+        return None
+
+    def _probability(self, opt: Param) -> ir.Percent | None:
+        """red's ``probability``: a fraction such as 0.02 (as tc reads it), or a percentage."""
+        try:
+            result = evaluate(opt.value, Dimension.COUNT, self.b.scope, percent=True)
+        except EvalError as err:
+            self.b.eval_error(err)
+            return None
+        fraction = result.value / 100 if isinstance(result, ir.Percent) else Fraction(result[0])
+        if not 0 < fraction < 1:
+            self.error(
+                Diagnostic.error(
+                    "E208",
+                    f"red probability {float(fraction):g} is not between 0 and 1 (tc reads 0.02 "
+                    "as 2%; the kernel keeps it as a fraction of 2^32, which 1 overflows)",
+                    opt.value.span,
+                )
+            )
+            return None
+        return ir.Percent(fraction * 100, opt.value.span)
+
     def _unknown(
         self,
         key: str,
@@ -440,6 +551,15 @@ class QdiscBuilder:
         )
         for m in matches:
             self.error(Diagnostic.error("E017", "a match belongs inside a class", m.span))
+        for on, off in OPPOSITE_FLAGS:
+            if values.get(on) and values.get(off):
+                self.error(
+                    Diagnostic.error(
+                        "E014",
+                        f"'{on}' and '{off}' contradict each other; keep one",
+                        self._flag_span(off),
+                    )
+                )
         classes: list[ClassSyntax] = []
         children: list[QdiscSyntax] = []
         classify: list[ir.Marking] = []
@@ -577,12 +697,33 @@ class QdiscBuilder:
                                 "E019", "the interface's link class needs a rate", span
                             )
                         )
-                    classes = (ir.Class("", span, children=classes, implicit=True, **link),)
+                    overbook = bool(v.get("overbook"))
+                    classes = (
+                        ir.Class(
+                            "", span, children=classes, implicit=True, overbook=overbook, **link
+                        ),
+                    )
+                elif v.get("overbook"):
+                    self.error(
+                        Diagnostic.error(
+                            "E007",
+                            "'overbook' needs the interface's link class: give this htb a rate, "
+                            "or write 'overbook' on the class whose children over-book it",
+                            self._flag_span("overbook"),
+                        )
+                    )
                 return ir.Htb(span, v.get("default"), v.get("r2q"), classes, handle)
             case "prio":
                 return ir.Prio(span, v.get("bands"), v.get("priomap"), classes, handle)
             case "cbq":
-                return ir.Cbq(span, v.get("bandwidth"), v.get("avpkt"), classes, handle)
+                return ir.Cbq(
+                    span,
+                    v.get("bandwidth"),
+                    v.get("avpkt"),
+                    classes,
+                    handle,
+                    overbook=bool(v.get("overbook")),
+                )
             case "hfsc":
                 return ir.Hfsc(span, v.get("default"), classes, handle)
             case "tbf":
@@ -617,6 +758,16 @@ class QdiscBuilder:
                     v.get("rate"),
                     child,
                     handle,
+                    distribution=v.get("distribution"),
+                    delay_correlation=v.get("delay_correlation"),
+                    loss_correlation=v.get("loss_correlation"),
+                    reorder=v.get("reorder"),
+                    reorder_correlation=v.get("reorder_correlation"),
+                    gap=v.get("gap"),
+                    slot=v.get("slot"),
+                    slot_max=v.get("slot_max"),
+                    packetoverhead=v.get("packetoverhead"),
+                    cellsize=v.get("cellsize"),
                 )
             case "sfq":
                 return ir.Sfq(
@@ -629,7 +780,7 @@ class QdiscBuilder:
                     handle,
                 )
             case "fq_codel":
-                ecn = True if v.get("ecn") else (False if v.get("noecn") else None)
+                ecn = _either(v, "ecn", "noecn")
                 return ir.FqCodel(
                     span,
                     v.get("limit"),
@@ -640,6 +791,41 @@ class QdiscBuilder:
                     v.get("memory_limit"),
                     ecn,
                     handle,
+                )
+            case "codel":
+                return ir.Codel(
+                    span,
+                    v.get("limit"),
+                    v.get("target"),
+                    v.get("interval"),
+                    v.get("ce_threshold"),
+                    _either(v, "ecn", "noecn"),
+                    handle,
+                )
+            case "fq":
+                return ir.Fq(
+                    span,
+                    **_fields(v, "fq"),
+                    pacing=_either(v, "pacing", "nopacing"),
+                    horizon_drop=_either(v, "horizon_drop", "horizon_cap"),
+                    explicit_handle=handle,
+                )
+            case "fq_pie":
+                return ir.FqPie(
+                    span,
+                    **_fields(v, "fq_pie"),
+                    ecn=_either(v, "ecn", "noecn"),
+                    bytemode=_either(v, "bytemode", "nobytemode"),
+                    explicit_handle=handle,
+                )
+            case "red":
+                return ir.Red(
+                    span,
+                    **_fields(v, "red"),
+                    ecn=bool(v.get("ecn")),
+                    harddrop=bool(v.get("harddrop")),
+                    adaptive=bool(v.get("adaptive")),
+                    explicit_handle=handle,
                 )
             case "pfifo":
                 return ir.Pfifo(span, v.get("limit"), handle)
@@ -701,6 +887,10 @@ class QdiscBuilder:
             handle,
         )
 
+    def _flag_span(self, key: str) -> Span:
+        """Where this qdisc's line gives the flag ``key`` (the qdisc's span if it does not)."""
+        return next((o.span for o in self.opts if isinstance(o, Flag) and o.key == key), self.span)
+
     def klass(self, syn: ClassSyntax) -> ir.Class:
         kind = self.kind
         values, handle, matches = self._values(
@@ -752,7 +942,7 @@ class QdiscBuilder:
                     leaves[0].span,
                 )
             )
-        flags = {k: values.pop(k, False) for k in ("bounded", "isolated")}
+        flags = {k: values.pop(k, False) for k in ("bounded", "isolated", "overbook")}
         fields = {k: val for k, val in values.items() if val is not None}
         return ir.Class(
             syn.name,
@@ -764,6 +954,16 @@ class QdiscBuilder:
             **flags,
             **fields,
         )
+
+
+def _fields(values: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """The values of ``kind``'s parameters, by name (None where not given)."""
+    return {key: values.get(key) for key in QDISC_PARAMS[kind]}
+
+
+def _either(values: Mapping[str, Any], on: str, off: str) -> bool | None:
+    """A pair of flags (``ecn``/``noecn``): True, False, or None when neither is given."""
+    return True if values.get(on) else (False if values.get(off) else None)
 
 
 def _opt_key(opt: Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | CurveOpt) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,16 +178,6 @@ class Taint:
             if s.parent >= 0:
                 p = stmts[s.parent]
                 regions.append((p.start, p.header_end))
-
-    def add_errors(self, errors: Iterable[Diagnostic], sources: Mapping[str, str]) -> None:
-        """Taint the statements that hold ``errors``, in whichever source each is."""
-        by_file: dict[str, list[Diagnostic]] = {}
-        for d in errors:
-            for span in (d.span, *(n.span for n in d.notes)):
-                by_file.setdefault(span.file, []).append(d)
-        for file, found in by_file.items():
-            if file in sources:
-                self.add(file, sources[file], found)
 
     def covers(self, d: Diagnostic) -> bool:
         """True if ``d`` or one of its notes is in a tainted place."""

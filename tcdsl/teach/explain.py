@@ -20,6 +20,7 @@ from typing import Literal
 
 from tcdsl import ir, linklayer
 from tcdsl.allocate import default_minor
+from tcdsl.checks import children_overbook
 from tcdsl.commands import IFB_TXQUEUELEN
 from tcdsl.directions import PRIVATE
 from tcdsl.matching import filters_at
@@ -29,6 +30,7 @@ from tcdsl.tcmath import (
     HTB_QUANTUM,
     htb_quantum,
     htb_r2q,
+    red_thresholds,
     tos_priority,
 )
 from tcdsl.units import format_rate, format_size, format_time
@@ -229,6 +231,15 @@ def _rate(value: ir.Rate | ir.Percent | None) -> int | None:
 
 def _pct(value: Fraction) -> str:
     return f"{float(value):.6g}%"
+
+
+def _ce_threshold(time: ir.Time | None) -> str:
+    if time is None:
+        return ""
+    return (
+        f" ce_threshold {format_time(time.microseconds)}: it marks ECN-capable packets that "
+        "waited longer than that (for DCTCP-style senders)."
+    )
 
 
 def _plural(n: int, word: str) -> str:
@@ -653,6 +664,14 @@ class _Explainer:
                 return f"the ingress qdisc {h}: policers, and no queue."
             case ir.Cake():
                 return self.cake(q)
+            case ir.Codel():
+                return self.codel(q)
+            case ir.Fq():
+                return self.fq(q)
+            case ir.FqPie():
+                return self.fq_pie(q)
+            case ir.Red():
+                return self.red(q)
 
     def link_layer(self, o: ir.Overhead, stab: bool) -> str:
         """What a packet costs on the wire, and how the kernel is told."""
@@ -751,6 +770,81 @@ class _Explainer:
             text += " cake counts it itself, from the IP packet (it strips the MAC header)."
         return text
 
+    def codel(self, q: ir.Codel) -> str:
+        target = format_time(q.target.microseconds) if q.target else "5ms"
+        interval = format_time(q.interval.microseconds) if q.interval else "100ms"
+        limit = q.limit.value if q.limit else 1000
+        action = "drops packets" if not q.ecn else "marks packets (ECN, when the flow supports it)"
+        text = (
+            f"codel (controlled delay, handle {_handle(q)}): one first-in, first-out queue of up "
+            f"to {_plural(limit, 'packet')} that keeps itself short: once packets have waited "
+            f"more than {target} (target) for {interval} (interval), it {action}, more often "
+            "the longer the delay lasts, until the delay falls again. It does not shape and it "
+            "does not separate flows."
+        )
+        return text + _ce_threshold(q.ce_threshold)
+
+    def fq(self, q: ir.Fq) -> str:
+        limit = q.limit.value if q.limit else 10000
+        flow_limit = q.flow_limit.value if q.flow_limit else 100
+        quantum = f"{q.quantum.bytes} bytes" if q.quantum else "two full-size packets"
+        text = (
+            f"fq (fair queueing, handle {_handle(q)}): one queue per flow (per socket for "
+            f"local traffic), taking turns sending {quantum} each; it holds up to "
+            f"{_plural(limit, 'packet')}, at most {flow_limit} per flow. "
+        )
+        if q.pacing is False:
+            text += "nopacing: it does not pace flows; packets leave as soon as their turn comes."
+        else:
+            text += (
+                "It paces each flow at the rate its sender asks for (TCP's pacing rate)"
+                + (
+                    f", and at most {format_rate(q.maxrate.bits_per_second)} (maxrate)"
+                    if q.maxrate
+                    else ""
+                )
+                + "."
+            )
+        if q.horizon is not None:
+            what = "drops" if q.horizon_drop is not False else "sends at the horizon"
+            text += (
+                f" A packet timestamped to leave more than {format_time(q.horizon.microseconds)} "
+                f"ahead (horizon) it {what}."
+            )
+        return text + _ce_threshold(q.ce_threshold)
+
+    def fq_pie(self, q: ir.FqPie) -> str:
+        flows = q.flows.value if q.flows else 1024
+        target = format_time(q.target.microseconds) if q.target else "15ms"
+        limit = q.limit.value if q.limit else 10240
+        action = "marks them (ECN)" if q.ecn else "drops them"
+        return (
+            f"fq_pie (fair queueing with PIE, handle {_handle(q)}): flows are hashed into "
+            f"{flows} queues that take turns, and PIE keeps each queue's delay near {target} "
+            f"(target) by picking packets at random with a probability it adjusts, and "
+            f"{action}. It holds up to {_plural(limit, 'packet')}. (Debian 12's 6.1 kernel "
+            "has no fq_pie; it needs a kernel that builds CONFIG_NET_SCH_FQ_PIE.)"
+        )
+
+    def red(self, q: ir.Red) -> str:
+        qmin, qmax, burst = red_thresholds(q)
+        limit = _size(q.limit.bytes) if q.limit else "?"
+        probability = _pct(q.probability.value) if q.probability else "2%"
+        action = "marks (ECN)" if q.ecn else "drops"
+        text = (
+            f"red (random early detection, handle {_handle(q)}): a first-in, first-out queue "
+            f"of up to {limit} (limit) that {action} packets at random before it is full: "
+            f"while the average queue lies between {_size(qmin)} (min) and {_size(qmax)} "
+            f"(max), the chance grows up to {probability} (probability); above max it "
+            f"{action} every packet. The average follows bursts of about {burst} packets "
+            "(burst)."
+        )
+        if q.ecn and q.harddrop:
+            text += " harddrop: above max it drops even packets it could mark."
+        if q.adaptive:
+            text += " adaptive: it tunes the probability to keep the average between min and max."
+        return text
+
     def sfq(self, q: ir.Sfq) -> str:
         divisor = q.divisor.value if q.divisor else 1024
         quantum = f"{q.quantum.bytes} bytes" if q.quantum else "one full-size packet (the MTU)"
@@ -827,6 +921,8 @@ class _Explainer:
             delay = f"delays every packet by {format_time(q.delay.microseconds)}"
             if q.jitter is not None:
                 delay += f", give or take up to {format_time(q.jitter.microseconds)} at random"
+                if q.distribution is not None:
+                    delay += f" ({q.distribution.name} distribution)"
             effects.append(delay)
         for value, word in (
             (q.loss, "drops"),
@@ -835,9 +931,26 @@ class _Explainer:
         ):
             if value is not None:
                 effects.append(f"{word} {_pct(value.value)} of the packets at random")
+        if q.reorder is not None:
+            gap = q.gap.value if q.gap else 1
+            which = (
+                f"{_pct(q.reorder.value)} of the packets"
+                if gap == 1
+                else f"every {gap}th packet, with a chance of {_pct(q.reorder.value)},"
+            )
+            effects.append(f"sends {which} at once, ahead of the delayed ones (reordering)")
         if q.rate is not None:
             effects.append(f"sends at most {format_rate(q.rate.bits_per_second)}")
-        what = or_list(effects).replace(" or ", " and ") if effects else "changes nothing"
+        if q.slot is not None:
+            most = format_time((q.slot_max or q.slot).microseconds)
+            effects.append(
+                f"sends in bursts (slots) {format_time(q.slot.microseconds)} to {most} apart, "
+                "as Wi-Fi and cellular links do"
+            )
+        what = (
+            or_list(effects) if len(effects) < 2 else f"{', '.join(effects[:-1])} and {effects[-1]}"
+        )
+        what = what or "changes nothing"
         limit = q.limit.value if q.limit is not None else 1000
         text = (
             f"netem (network emulator, handle {_handle(q)}) {what}. It holds up to "
@@ -969,6 +1082,23 @@ class _Explainer:
         if cls.children and not cls.implicit:
             text += " The classes below share it."
         self.add(Item("Rate", text, depth))
+        over = children_overbook(cls)
+        if over is not None:
+            said = (
+                "on purpose: the policy says 'overbook'"
+                if cls.overbook
+                else "without saying so (W350)"
+            )
+            self.add(
+                Item(
+                    "Over-booked",
+                    f"{said}. The classes below are guaranteed {format_rate(over.total)} in "
+                    f"all, {over}. htb keeps each child's rate even past this class's, so they "
+                    "all get their rates while the link has room; when it is full, the lowest "
+                    "prio numbers get theirs first.",
+                    depth,
+                )
+            )
         for key, what in (
             ("burst", "how much it may send at once, at full speed, above its rate"),
             ("cburst", "how much it may send at once, at full speed, above its ceil"),

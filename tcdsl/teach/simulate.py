@@ -23,8 +23,10 @@ tbf, netem) asks to be woken at the time it may (the kernel's qdisc watchdog).
   deficit round robin dropping from the fattest flow (no CoDel, no new-flow priority);
 - pfifo (packets), bfifo (bytes) and pfifo_fast (three bands by TOS) tail drop; a class
   without a leaf qdisc gets the kernel's pfifo of txqueuelen (1000) packets;
-- netem: a fixed delay (and its ``rate``); jitter, loss, duplication and corruption are left
-  out. cbq is not modelled.
+- codel and red as a fifo of their limit (without their early drops); fq and fq_pie as per-flow
+  deficit round robin like sfq and fq_codel (without pacing or PIE);
+- netem: a fixed delay (and its ``rate``); jitter, loss, duplication, corruption, reordering
+  and slots are left out. cbq is not modelled.
 
 A rate-limited flow sends packets at its rate on average from its start to its stop, with
 exponential gaps (a Poisson process from a seeded generator: deterministic). A greedy flow
@@ -42,7 +44,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tcdsl import ir, linklayer
-from tcdsl.checks import effective_ceil, rate_of
+from tcdsl.checks import children_overbook, effective_ceil, rate_of
 from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -66,6 +68,9 @@ MTU = 1514
 """psched_mtu of an Ethernet device: the default sfq and fq_codel quantum, and bfifo's unit."""
 TC_MTU = 1600
 """The mtu q_htb.c adds to rate / get_hz() for a default burst."""
+FQ_LIMIT = 10000
+"""sch_fq's default limit (packets); ``FQ_FLOW_LIMIT`` per flow."""
+FQ_FLOW_LIMIT = 100
 GET_HZ = 10**9
 """What tc's get_hz() reads from /proc/net/psched with high-resolution timers."""
 DEFAULT_LINK = 10**9
@@ -1045,11 +1050,30 @@ class _Builder:
                 quantum = q.quantum.bytes if q.quantum else MTU
                 self.notes.append("fq_codel is modelled without CoDel's drops")
                 return Drr(e, quantum, limit, limit, fattest=True)
+            case ir.Codel():
+                self.notes.append("codel is modelled as a pfifo of its limit, without its drops")
+                return Fifo(e, q.limit.value if q.limit else TXQUEUELEN)
+            case ir.Fq():
+                limit = q.limit.value if q.limit else FQ_LIMIT
+                flow_limit = q.flow_limit.value if q.flow_limit else FQ_FLOW_LIMIT
+                quantum = q.quantum.bytes if q.quantum else 2 * MTU
+                self.notes.append("fq is modelled without pacing (its flows take turns)")
+                return Drr(e, quantum, limit, min(flow_limit, limit), fattest=False)
+            case ir.FqPie():
+                limit = q.limit.value if q.limit else 10240
+                quantum = q.quantum.bytes if q.quantum else MTU
+                self.notes.append("fq_pie is modelled without PIE's drops")
+                return Drr(e, quantum, limit, limit, fattest=True)
+            case ir.Red():
+                self.notes.append("red is modelled as a bfifo of its limit, without early drops")
+                return Fifo(e, q.limit.bytes if q.limit else TXQUEUELEN * MTU, in_bytes=True)
             case ir.Tbf():
                 return self._tbf(q, depth)
             case ir.Netem():
-                if q.jitter or q.loss or q.duplicate or q.corrupt:
-                    self.notes.append("netem is modelled as a fixed delay: no jitter or loss")
+                if q.jitter or q.loss or q.duplicate or q.corrupt or q.reorder or q.slot:
+                    self.notes.append(
+                        "netem is modelled as a fixed delay: no jitter, loss, reordering or slots"
+                    )
                 delay = (q.delay.microseconds if q.delay else 0) * US
                 limit = q.limit.value if q.limit else TXQUEUELEN
                 child = None if q.child is None else self.build(q.child, depth)
@@ -1122,6 +1146,14 @@ class _Builder:
             )
             self.htb_classes[id(c)] = cl
             node.classes.append(cl)
+            over = children_overbook(c)
+            if over is not None:
+                self.notes.append(
+                    f"the children of {c.label} are guaranteed {format_rate(over.total)}, "
+                    f"over-booking {over.what} {format_rate(over.limit.bits_per_second)}: htb "
+                    "keeps each child's rate while the link has room, and the guarantees "
+                    "shrink (lowest prio numbers first served) when it is full"
+                )
             cl.children = [make(k, cl) for k in c.children]
             if not c.children:
                 cl.leaf = self._leaf(c.leaf, depth + 1)

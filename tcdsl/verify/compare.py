@@ -412,7 +412,9 @@ def _compare_qdisc(exp: ExpectedQdisc, got: TcQdisc) -> Iterator[Diagnostic]:
 
 # tc lists the classes of these kinds only because their qdisc has them (prio bands, the one
 # class of tbf and netem, sfq and fq_codel flows): the script never creates one.
-_IMPLIED_CLASS_KINDS = frozenset({"prio", "pfifo_fast", "tbf", "netem", "sfq", "fq_codel", "mq"})
+_IMPLIED_CLASS_KINDS = frozenset(
+    {"prio", "pfifo_fast", "tbf", "netem", "sfq", "fq_codel", "mq", "red", "fq_pie"}
+)
 
 
 def _compare_classes(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diagnostic]:

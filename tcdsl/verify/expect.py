@@ -27,9 +27,13 @@ from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     HTB_DEFAULT_R2Q,
+    RED_DEFAULT_BANDWIDTH,
     TICKS_PER_US,
     U32_MAX,
     psched_l2t_ns,
+    red_scell_log,
+    red_thresholds,
+    red_wlog,
     tc_xmittime_ticks,
 )
 from tcdsl.units import format_rate, format_size, format_time
@@ -534,6 +538,96 @@ class _Builder:
                     yield self.htb_default(q)
             case ir.Cake():
                 yield from self.cake(q)
+            case ir.Codel():
+                yield self.count("limit", q.limit) or self.default("limit", 1000, q.span)
+                yield self.codel_time("target", q.target, 5000, q.span)
+                yield self.codel_time("interval", q.interval, 100_000, q.span)
+                yield self.codel_time("ce_threshold", q.ce_threshold, None, q.span)
+                policy = "on (ecn)" if q.ecn else "off"
+                yield Want("ecn", bool(q.ecn), policy, q.span, absent=False)
+            case ir.Fq():
+                yield from self.fq(q)
+            case ir.FqPie():
+                pass  # no kernel at hand has fq_pie (Debian 12's 6.1 does not build it)
+            case ir.Red():
+                yield from self.red(q)
+
+    def codel_time(
+        self, key: str, time: ir.Time | None, default: int | None, span: Span
+    ) -> Want | None:
+        """A codel time as tc shows it (kept in 1024-ns units); ``default`` when not given."""
+        if time is None:
+            if default is None:
+                return Want(key, 0, "none", span, absent=0)
+            return Want(key, tc_shown_time(default), f"{format_time(default)} (the default)", span)
+        us = time.microseconds
+        return Want(key, codel_shown_time(us), self.spell(time.span, format_time(us)), time.span)
+
+    def fq(self, q: ir.Fq) -> Iterator[Want | None]:
+        yield self.count("limit", q.limit) or self.default("limit", 10000, q.span)
+        yield self.count("flow_limit", q.flow_limit) or self.default("flow_limit", 100, q.span)
+        if q.buckets is not None and q.buckets.value > 0:
+            kept = 1 << (q.buckets.value.bit_length() - 1)
+            yield Want("buckets", kept, self.spell(q.buckets.span, str(kept)), q.buckets.span)
+        else:
+            yield self.default("buckets", 1024, q.span)
+        yield self.count("orphan_mask", q.orphan_mask) or self.default("orphan_mask", 1023, q.span)
+        yield self.size("quantum", q.quantum)
+        yield self.size("initial_quantum", q.initial_quantum)
+        yield self.rate("maxrate", q.maxrate) or Want("maxrate", 0, "none", q.span, absent=0)
+        yield self.rate("low_rate_threshold", q.low_rate_threshold)
+        if q.refill_delay is not None:
+            # the kernel keeps it in jiffies: a tick either way (HZ 100 at the coarsest)
+            us = q.refill_delay.microseconds
+            policy = self.spell(q.refill_delay.span, format_time(us))
+            yield Want("refill_delay", tc_shown_time(us), policy, q.refill_delay.span, 10_000)
+        for key in ("ce_threshold", "horizon"):
+            time = getattr(q, key)
+            if time is not None:
+                us = time.microseconds
+                yield Want(
+                    key, tc_shown_time(us), self.spell(time.span, format_time(us)), time.span
+                )
+        yield Want(
+            "nopacing",
+            q.pacing is False,
+            "off (nopacing)" if q.pacing is False else "on",
+            q.span,
+            absent=False,
+        )
+        if q.horizon_drop is not None:
+            key = "horizon_drop" if q.horizon_drop else "horizon_cap"
+            yield Want(key, True, key, q.span, absent=False)
+
+    def red(self, q: ir.Red) -> Iterator[Want | None]:
+        if q.limit is None or q.avpkt is None:
+            return
+        qmin, qmax, burst = red_thresholds(q)
+        yield self.size("limit", q.limit)
+        for key, given, value in (("min", q.min, qmin), ("max", q.max, qmax)):
+            if given is not None:
+                yield self.size(key, given)
+            else:
+                yield Want(key, tc_shown_size(value), f"{value} (derived by tc)", q.span)
+        for key in ("ecn", "harddrop", "adaptive"):
+            on = bool(getattr(q, key))
+            yield Want(key, on, "on" if on else "off", q.span, absent=False)
+        wlog = red_wlog(qmin, burst, q.avpkt.bytes)
+        if wlog is not None:
+            where = q.burst.span if q.burst else q.span
+            yield Want("ewma", wlog, f"{wlog} (from burst {burst})", where)
+            bandwidth = q.bandwidth.bits_per_second if q.bandwidth else RED_DEFAULT_BANDWIDTH
+            scell = red_scell_log(wlog, q.avpkt.bytes, bandwidth)
+            if scell is not None:
+                where = q.bandwidth.span if q.bandwidth else q.span
+                policy = f"{scell} (from bandwidth {format_rate(bandwidth)} and avpkt)"
+                yield Want("Scell_log", scell, policy, where)
+        if not q.adaptive:  # adaptive red moves its probability at run time
+            pct = q.probability.value if q.probability is not None else Fraction(2)
+            max_p = int(float(pct) / 100 * 2**32) & U32_MAX
+            shown = float(f"{max_p / 2**32:g}")
+            where = q.probability.span if q.probability is not None else q.span
+            yield Want("probability", shown, f"{float(pct) / 100:g}", where, shown * 1e-5)
 
     def word(self, key: str, word: ir.Word | None, default: str, span: Span) -> Want:
         """A keyword of a group (cake's), or the group's default when the policy has none."""
@@ -673,6 +767,38 @@ class _Builder:
             policy = self.spell(pct.span, f"{float(pct.value):g}%")
             yield Want(key, shown, policy, pct.span, shown * 1e-6, absent=0.0)
         yield self.rate("rate", q.rate) or Want("rate", 0, "none", q.span, absent=0)
+        yield from self.netem_more(q)
+
+    def netem_more(self, q: ir.Netem) -> Iterator[Want | None]:
+        """netem's correlations, reordering, slots and rate overhead (its distribution table
+        is not shown: nothing to compare)."""
+        for key, pct in (
+            ("delay_correlation", q.delay_correlation),
+            ("loss_correlation", q.loss_correlation),
+            ("reorder", q.reorder),
+            ("reorder_correlation", q.reorder_correlation),
+        ):
+            if pct is None:
+                yield Want(key, 0.0, "none", q.span, absent=0.0)
+                continue
+            shown = netem_shown_percent(pct.value)
+            policy = self.spell(pct.span, f"{float(pct.value):g}%")
+            yield Want(key, shown, policy, pct.span, shown * 1e-6, absent=0.0)
+        if q.reorder is not None:
+            yield self.count("gap", q.gap) or Want("gap", 1, "1 (tc's default)", q.reorder.span)
+        else:
+            yield Want("gap", 0, "none", q.span, absent=0)
+        for key, time in (("slot", q.slot), ("slot_max", q.slot_max or q.slot)):
+            if time is None:
+                yield Want(key, 0, "none", q.span, absent=0)
+            else:
+                us = time.microseconds
+                policy = self.spell(time.span, format_time(us))
+                yield Want(key, tc_shown_time(us), policy, time.span, absent=0)
+        if q.rate is not None:  # tc shows them only when not 0
+            for key, count in (("packetoverhead", q.packetoverhead), ("cellsize", q.cellsize)):
+                want = self.count(key, count)
+                yield replace(want, absent=0) if want else Want(key, 0, "none", q.span, absent=0)
 
     def default(self, key: str, value: int, span: Span) -> Want:
         """A value the policy leaves to tc's default, which the kernel must then show."""
@@ -909,6 +1035,10 @@ _QDISC_WORDS = {
     "ingress": "the ingress qdisc",
     "hfsc": "the hfsc qdisc",
     "cake": "the cake qdisc",
+    "codel": "the codel qdisc",
+    "fq": "the fq qdisc",
+    "fq_pie": "the fq_pie qdisc",
+    "red": "the red qdisc",
 }
 
 

@@ -2,9 +2,9 @@
 
 The formats are iproute2 6.1's (``tc/q_*.c``, ``tc/f_*.c``, ``lib/json_print*.c``) and
 iptables 1.8's ``-save`` output, checked against real kernels where one was at hand (the host's
-htb, tbf, fifos and u32; a Debian 6.1 kernel for sfq, prio, netem, fq_codel and fw). Parsing is
-tolerant: an unknown word is kept (``TcQdisc.words``), never an exception, so a newer ``tc``
-that prints one more field still parses.
+htb, tbf, fifos and u32; a Debian 6.1 kernel for sfq, prio, netem, fq_codel, codel, fq, red and
+fw). Parsing is tolerant: an unknown word is kept (``TcQdisc.words``), never an exception, so a
+newer ``tc`` that prints one more field still parses.
 
 How tc prints values:
 
@@ -150,6 +150,7 @@ _PARSERS: dict[str, Callable[[str], Value]] = {
     "hex": _hexint,
     "perturb": _perturb,
     "text": str,
+    "float": float,
 }
 
 _VALUE_PATTERNS = {
@@ -161,6 +162,7 @@ _VALUE_PATTERNS = {
     "hex": re.compile(r"(?:0x)?[0-9a-fA-F]+"),
     "perturb": re.compile(r"\d+(?:sec)?"),
     "text": re.compile(r"\S+"),
+    "float": re.compile(r"\d+(?:\.\d+)?(?:e[+-]\d+)?"),
 }
 
 FLAG = "flag"
@@ -218,7 +220,8 @@ def _bands_and_priomap(words: Sequence[str], out: dict[str, Shown]) -> None:
 
 
 def _netem(words: Sequence[str]) -> dict[str, Shown]:
-    """netem: ``limit 1000 delay 20ms  5ms 25% loss 1% 25% duplicate 2% corrupt 0.1% rate 1Mbit``.
+    """netem: ``limit 1000 delay 20ms  5ms 25% loss 1% 25% reorder 25% 50% gap 5 rate 1Mbit
+    packetoverhead 20 cellsize 100 slot 800us 1ms`` (the distribution is not shown).
 
     The jitter and each correlation follow their value without a key of their own."""
     out: dict[str, Shown] = {}
@@ -256,9 +259,15 @@ def _netem(words: Sequence[str]) -> dict[str, Shown]:
         elif word == "rate" and (text := nxt(_RATE)) is not None:
             out["rate"] = Shown(text, parse_rate(text))
             i += 1
-        elif word == "gap" and i + 1 < n and words[i + 1].isdigit():
-            out["gap"] = Shown(words[i + 1], int(words[i + 1]))
+        elif word in ("gap", "packetoverhead", "cellsize") and (text := nxt(_SIGNED)) is not None:
+            out[word] = Shown(text, int(text))
             i += 1
+        elif word == "slot" and (text := nxt(_TIME)) is not None:
+            out["slot"] = Shown(text, parse_time(text))
+            i += 1
+            if (text := nxt(_TIME)) is not None:
+                out["slot_max"] = Shown(text, parse_time(text))
+                i += 1
         elif word == "ecn":
             out["ecn"] = Shown(word, True)
         i += 1
@@ -347,6 +356,43 @@ QDISC_OPTIONS: dict[str, dict[str, str]] = {
     },
     "pfifo": {"limit": "count"},
     "bfifo": {"limit": "size"},
+    "codel": {
+        "limit": "count",
+        "target": "time",
+        "ce_threshold": "time",
+        "interval": "time",
+        "ecn": FLAG,
+    },
+    "fq": {
+        "limit": "count",
+        "flow_limit": "count",
+        "buckets": "int",
+        "orphan_mask": "int",
+        "nopacing": FLAG,
+        "quantum": "size",
+        "initial_quantum": "size",
+        "maxrate": "rate",
+        "low_rate_threshold": "rate",
+        "refill_delay": "time",
+        "ce_threshold": "time",
+        "timer_slack": "time",
+        "horizon": "time",
+        "horizon_drop": FLAG,
+        "horizon_cap": FLAG,
+    },
+    "red": {
+        "limit": "size",
+        "min": "size",
+        "max": "size",
+        "ecn": FLAG,
+        "harddrop": FLAG,
+        "adaptive": FLAG,
+        "nodrop": FLAG,
+        "ewma": "int",
+        "probability": "float",
+        "Plog": "int",
+        "Scell_log": "int",
+    },
     "cbq": {"rate": "rate", "cell": "size", "mpu": "size", "prio": "text", "allot": "size"},
 }
 """What each qdisc kind prints after its header, key -> dimension (iproute2 6.1 ``*_print_opt``).

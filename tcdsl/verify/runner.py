@@ -442,6 +442,10 @@ _PROBE_QDISCS = (
     "pfifo_fast",
     "hfsc",
     "cake",
+    "codel",
+    "fq",
+    "fq_pie",
+    "red limit 400000 avpkt 1000 bandwidth 10mbit",
 )
 _PROBE_FILTERS = {
     "u32": "u32 match u32 0 0 at 0 flowid 1:1",

@@ -60,13 +60,13 @@ flock 9
 # Teardown: remove this policy's redirect and ifb; absent is fine.
 tc qdisc del dev eth0 ingress 2>/dev/null || true
 ! tcdsl_is_ifb ifb4eth0 || ip link del dev ifb4eth0
-tcdsl_at='policies/home-cake.tcp:19:5: interface eth0: download via ifb4eth0'
+tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
 ip link add ifb4eth0 txqueuelen 1000 type ifb
-tcdsl_at='policies/home-cake.tcp:19:5: interface eth0: download via ifb4eth0'
+tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
 ip link set dev ifb4eth0 up
-tcdsl_at='policies/home-cake.tcp:19:14: interface ifb4eth0: cake qdisc'
+tcdsl_at='policies/home-cake.tcp:18:14: interface ifb4eth0: cake qdisc'
 tc qdisc add dev ifb4eth0 root handle 1: cake bandwidth 95mbit diffserv4 dual-dsthost nat wash ingress overhead 30 ptm
-tcdsl_at='policies/home-cake.tcp:19:5: interface eth0: download via ifb4eth0'
+tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
 tc qdisc add dev eth0 handle ffff: ingress
-tcdsl_at='policies/home-cake.tcp:19:5: interface eth0: download via ifb4eth0'
+tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
 tc filter add dev eth0 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ifb4eth0
