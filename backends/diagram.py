@@ -206,7 +206,10 @@ def interface_title(iface: ir.Interface) -> tuple[str, ...]:
     m = iface.marking
     if m is not None:
         chain = f", iptables chain {m.chain}" if m.chain else ""
-        title.append(f"classified by mark from {m.from_interface}{chain}")
+        where = {"output": "from local", "postrouting": "at postrouting"}.get(
+            m.hook, f"from {m.from_interface or 'any'}"
+        )
+        title.append(f"classified by mark {where}{chain}")
     return tuple(title)
 
 

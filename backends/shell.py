@@ -10,9 +10,11 @@ from tcdsl.backend import Backend, comment, shjoin, template_env
 from tcdsl.commands import (
     LOCK_DIR,
     LOCK_DIR_VARIABLE,
+    MARK_HOOKS,
     NO_INTERFACE,
     SCRIPT_AT,
     SCRIPT_FAILED,
+    SCRIPT_UNMARK,
     Command,
     batch_line,
     chain_teardown,
@@ -20,6 +22,7 @@ from tcdsl.commands import (
     lock_name,
     nft_table,
     nft_table_lines,
+    owned_chains,
     teardown_commands,
     unspellable,
 )
@@ -56,10 +59,11 @@ class InterfaceView:
     """Shell that removes what the policy sets up on the interface (for the failure message)."""
     teardown: tuple[str, ...]
     """The tc command that removes the root qdisc."""
-    teardown_jump: tuple[str, ...]
-    """The iptables command that deletes one jump into the chain (run until it fails)."""
-    teardown_chain: tuple[tuple[str, ...], ...]
-    """The iptables commands that flush and delete the chain."""
+    unmark: str | None
+    """The iptables chain to remove with every jump into it (the policy's own chain, or the
+    default chain an earlier version of the policy may have left), or None."""
+    unnft: tuple[str, ...]
+    """With ``--marks nft`` and no marking: the command removing an earlier version's table."""
     lines: tuple[Line, ...]
     """Commands run one by one: all of them, or (with ``--batch``) the iptables ones."""
     batch: HereDoc | None = None
@@ -88,7 +92,7 @@ def _heredoc(
     return HereDoc(delimiter, tuple(lines), tuple(origins))
 
 
-def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
+def _view(iface: ir.Interface, batch: bool, nft: bool, owned: str | None) -> InterfaceView:
     commands = list(interface_commands(iface))
     if nft:
         commands = [c for c in commands if c.tool != "iptables"]
@@ -113,14 +117,18 @@ def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
     if iface.marking is not None and nft:
         removal.append(("nft", "delete", "table", "inet", nft_table(iface)))
     undo = "; ".join(shjoin(w) for w in removal)
+    unmark = owned if not nft else None
+    unnft: tuple[str, ...] = ()
+    if nft and iface.marking is None:
+        unnft = ("nft", "delete", "table", "inet", nft_table(iface))
     return InterfaceView(
         iface.name,
         iface.marking.chain if iface.marking else None,
         lock_name(iface.name),
         undo,
         tc_teardown,
-        chain[0] if chain else (),
-        chain[1:],
+        unmark,
+        unnft,
         tuple(run),
         tc_batch,
         table,
@@ -142,7 +150,10 @@ class ShellBackend(Backend):
     def emit(self, policy: ir.Policy, source_label: str) -> str:
         """The script."""
         nft = self.options.marks == "nft"
-        views = [_view(iface, self.options.batch, nft) for iface in policy.interfaces]
+        owned = owned_chains(policy)
+        views = [
+            _view(iface, self.options.batch, nft, owned[iface.name]) for iface in policy.interfaces
+        ]
         marking = any(v.chain for v in views)
         return (
             template_env()
@@ -158,6 +169,9 @@ class ShellBackend(Backend):
                 lock_setting=f"${{{LOCK_DIR_VARIABLE}:-{LOCK_DIR}}}",
                 interfaces=views,
                 uses_iptables=marking and not nft,
+                uses_unmark=not nft,
+                unmark=SCRIPT_UNMARK,
+                hooks=MARK_HOOKS,
                 uses_nft=marking and nft,
             )
         )

@@ -73,6 +73,11 @@ _TABLE: dict[str, CodeInfo] = {
     "E215": CodeInfo(_E, "An iptables chain name that is a built-in chain or a target"),
     "E216": CodeInfo(_E, "An iptables chain name with characters or a length tcdsl does not take"),
     "E220": CodeInfo(_E, "A match or mark classify by mark cannot reach (a nested qdisc)"),
+    "E245": CodeInfo(_E, "A mark mask of no bits or more than 32 bits"),
+    "E246": CodeInfo(_E, "A mark outside the mark mask, or a mask too narrow for the marks"),
+    "E247": CodeInfo(_E, "tcp-flags that cannot match (a set flag not examined, not TCP)"),
+    "E248": CodeInfo(_E, "set dscp that nothing applies (no classify by mark, no mark)"),
+    "E249": CodeInfo(_E, "A match line's pref equal to the fw filters' pref"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
@@ -96,6 +101,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W321": CodeInfo(_W, "A netem limit below the packets its delay keeps inside"),
     "W322": CodeInfo(_W, "A class mark nothing in the policy sets"),
     "W330": CodeInfo(_W, "A value the kernel keeps, but not as written"),
+    "W355": CodeInfo(_W, "A u32 match line after fw filters that take every packet"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),

@@ -49,6 +49,8 @@ def cond_words(cond: ir.Cond) -> str:
             return f"tos 0x{cond.value:02x}/0x{cond.mask:02x}"
         case ir.TcpAckCond():
             return "tcp-ack"
+        case ir.TcpFlagsCond():
+            return tcp_flags_text(cond)
         case ir.RawCond():
             digits = cond.bits // 4
             return (
@@ -201,6 +203,24 @@ def tos_words(cond: ir.TosCond) -> str:
     return f"{text} ({meaning})" if meaning else text
 
 
+def tcp_flags_text(cond: ir.TcpFlagsCond) -> str:
+    """A ``tcp-flags`` condition as the policy writes it."""
+    text = f"tcp-flags {','.join(cond.names(cond.value))}"
+    if cond.mask != cond.value:
+        text += f" of {','.join(cond.names(cond.mask))}"
+    return text
+
+
+def tcp_flags_words(cond: ir.TcpFlagsCond) -> str:
+    """A ``tcp-flags`` condition as a phrase (``with TCP flag SYN set and ACK clear``)."""
+    up = [n.upper() for n in cond.names(cond.value)]
+    down = [n.upper() for n in cond.names(cond.mask & ~cond.value)]
+    text = f"with TCP flag{'s' if len(up) > 1 else ''} {' and '.join(up)} set"
+    if down:
+        text += f" and {' and '.join(down)} clear"
+    return text + " (TCP, IP header without options)"
+
+
 def raw_words(cond: ir.RawCond) -> str:
     """A raw u32 key spelled out (``whose TTL (u8 at byte 8) is 0x40``)."""
     digits = cond.bits // 4
@@ -243,6 +263,8 @@ def match_phrase(match: ir.Match) -> str:
                 extra.append(tos_words(cond))
             case ir.TcpAckCond():
                 ack = True
+            case ir.TcpFlagsCond():
+                extra.append(tcp_flags_words(cond))
             case ir.RawCond():
                 extra.append(raw_words(cond))
             case ir.AllCond():

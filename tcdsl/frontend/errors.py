@@ -147,7 +147,7 @@ def _after_hex(token: Token, text: str) -> bool:
 
 # ---- what a word was meant for -------------------------------------------------------------
 
-_OPTIONS = ("PARAM", "FLAG", "HANDLE_KW", "DEFAULT", "PRIOMAP")
+_OPTIONS = ("PARAM", "FLAG", "HANDLE_KW", "DEFAULT", "PRIOMAP", "SET")
 
 
 def _context(stack: Sequence[Any]) -> tuple[str, str] | None:
@@ -226,6 +226,7 @@ _CONDITIONS = (
     "TOS",
     "DSCP",
     "TCP_ACK",
+    "TCP_FLAGS",
     "RAW_SIZE",
     "ALL",
     "PREF",

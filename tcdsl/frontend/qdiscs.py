@@ -17,6 +17,7 @@ from tcdsl.frontend.syntax import (
     Param,
     PriomapOpt,
     QdiscSyntax,
+    SetDscpOpt,
     suggestion,
 )
 from tcdsl.frontend.values import EvalError, evaluate
@@ -115,6 +116,11 @@ class QdiscBuilder:
                 continue
             key = _opt_key(opt)
             span = opt.name.span if isinstance(opt, DefaultOpt) else opt.span
+            if isinstance(opt, SetDscpOpt) and key not in params:
+                self.error(
+                    Diagnostic.error("E007", f"'set dscp' belongs on a class, not on {what}", span)
+                )
+                continue
             if key in seen:
                 self.error(
                     Diagnostic.error(
@@ -140,6 +146,9 @@ class QdiscBuilder:
                     self._unknown(key, span, params, flags, what, handle_kw)
                 else:
                     values[key] = opt.name if isinstance(opt, DefaultOpt) else opt.values
+                continue
+            if isinstance(opt, SetDscpOpt):
+                values[key] = opt.value
                 continue
             dim = params.get(opt.key)
             if dim is None:
@@ -370,7 +379,7 @@ class QdiscBuilder:
         kind = self.kind
         values, handle, matches = self._values(
             syn.opts,
-            CLASS_PARAMS[kind],
+            {**CLASS_PARAMS[kind], SET_DSCP: C},
             CLASS_FLAGS[kind],
             f"{'an' if kind == 'htb' else 'a'} {kind} class",
             PERCENT_OK if kind != "prio" else frozenset(),
@@ -417,6 +426,7 @@ class QdiscBuilder:
                 )
             )
         flags = {k: values.pop(k, False) for k in ("bounded", "isolated")}
+        values["set_dscp"] = values.pop(SET_DSCP, None)
         fields = {k: val for k, val in values.items() if val is not None}
         return ir.Class(
             syn.name,
@@ -430,8 +440,14 @@ class QdiscBuilder:
         )
 
 
-def _opt_key(opt: Param | Flag | DefaultOpt | HandleOpt | PriomapOpt) -> str:
+SET_DSCP = "set dscp"
+"""The key of a class's ``set dscp`` among its options (two words: never a parameter name)."""
+
+
+def _opt_key(opt: Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | SetDscpOpt) -> str:
     match opt:
+        case SetDscpOpt():
+            return SET_DSCP
         case Param() | Flag():
             return opt.key
         case DefaultOpt():

@@ -46,7 +46,15 @@ class PriomapOpt:
     span: Span
 
 
-Opt = Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | ir.Match
+@dataclass(frozen=True, slots=True)
+class SetDscpOpt:
+    """``set dscp CODE`` on a class (None: a bad code, already reported)."""
+
+    value: ir.Count | None
+    span: Span
+
+
+Opt = Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | SetDscpOpt | ir.Match
 
 
 @dataclass(frozen=True, slots=True)

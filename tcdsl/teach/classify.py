@@ -155,7 +155,7 @@ class _Walk:
 
     def _mark(self, marking: ir.Marking) -> None:
         chain = marking.chain or default_chain(self.iface.name)
-        where = f"iptables chain {chain} (packets arriving on {marking.from_interface})"
+        where = f"iptables chain {chain} ({marking.source(self.iface.name)})"
         for number, rule in enumerate(marking.rules, 1):
             if not self._conds_match(rule.conds):
                 continue

@@ -284,6 +284,15 @@ def _class_index(
     return owners, lines
 
 
+_UNSEEN = {
+    "prerouting": "Packets that never pass that chain (this host's own traffic, for one) "
+    "carry no mark and go where unmatched traffic goes.",
+    "output": "Forwarded packets never pass that chain: they carry no mark and go where "
+    "unmatched traffic goes.",
+    "postrouting": "Every packet leaving by the interface passes that chain.",
+}
+
+
 class _Explainer:
     """Builds the blocks of one policy; ``fmt`` only decides how names and code are quoted."""
 
@@ -866,8 +875,8 @@ class _Explainer:
                 Item(
                     "Traffic",
                     f"packets the firewall marks {cls.fwmark} (chain "
-                    f"{self.name(marking.chain or '?')}, for packets arriving on "
-                    f"{self.name(marking.from_interface)}): an fw filter sends mark "
+                    f"{self.name(marking.chain or '?')}, for "
+                    f"{self._source(marking, iface)}): an fw filter sends mark "
                     f"{cls.fwmark} here. The mark is set on packets matching "
                     + ("any of these lines:" if len(lines) > 1 else "this line:"),
                     depth,
@@ -915,6 +924,18 @@ class _Explainer:
                 )
             )
 
+    def _source(self, marking: ir.Marking, iface: ir.Interface) -> str:
+        """The packets the marking rules see, with interface names quoted as names."""
+        match marking.hook:
+            case "output":
+                return f"packets this host sends out of {self.name(iface.name)}"
+            case "postrouting":
+                return f"packets leaving by {self.name(iface.name)} (forwarded or this host's own)"
+            case _:
+                if marking.from_interface is None:
+                    return "packets arriving on any interface"
+                return f"packets arriving on {self.name(marking.from_interface)}"
+
     # ---- classification order
     def classification(
         self, q: ir.Htb | ir.Cbq | ir.Prio, iface: ir.Interface, holder: _Holder | None
@@ -940,13 +961,19 @@ class _Explainer:
             self.add(Heading(3, title))
             self.add(
                 Para(
-                    f"By firewall mark. Packets arriving on {self.name(marking.from_interface)} "
-                    f"pass the iptables chain {self.name(marking.chain or '?')} (mangle table, "
-                    "PREROUTING), whose rules mark them; each rule marks only packets that are "
-                    "still unmarked, so the first that matches wins. On "
-                    f"{self.name(iface.name)}, fw filters send each mark to its class. Packets "
-                    "that never pass that chain (this host's own traffic, for one) carry no "
-                    "mark and go where unmatched traffic goes. The rules, in order:"
+                    f"By firewall mark. P{self._source(marking, iface)[1:]} pass "
+                    f"the iptables chain {self.name(marking.chain or '?')} (mangle table, "
+                    f"{marking.hook.upper()}), whose rules mark them; each rule marks only "
+                    "packets that are still unmarked"
+                    + (
+                        f" (in the mark bits {marking.mask.value:#x}; the others are left alone)"
+                        if marking.mask is not None
+                        else ""
+                    )
+                    + ", so the first that matches wins. On "
+                    f"{self.name(iface.name)}, fw filters send each mark to its class. "
+                    + _UNSEEN[marking.hook]
+                    + " The rules, in order:"
                 )
             )
             by_mark = {c.fwmark: c for c in owners.values() if c.fwmark is not None}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tcdsl import ir
-from tcdsl.commands import jump_teardown
+from tcdsl.commands import owned_chains, unjump_shell
 from tcdsl.diagnostics import Diagnostic, Severity, Span, sort_key
 from tcdsl.driver import compile_policy
 from tcdsl.verify import compare, runner
@@ -114,8 +114,9 @@ def _devices(policy: ir.Policy) -> tuple[list[str], list[str]]:
     read = [i.name for i in policy.interfaces]
     create = list(read)
     for iface in policy.interfaces:
-        if iface.marking is not None and iface.marking.from_interface not in create:
-            create.append(iface.marking.from_interface)
+        named = iface.marking.from_interface if iface.marking is not None else None
+        if named is not None and named not in create:
+            create.append(named)
     return create, read
 
 
@@ -177,10 +178,9 @@ def batch_applier(policy: ir.Policy, files: Mapping[str, str]) -> tuple[str, dic
     names = {name.rsplit(".", 1)[-1]: name for name in files}
     lines = ["set -eu", f"tc -batch {shlex.quote(names['batch'])}"]
     if "iptables" in names:
-        for iface in policy.interfaces:
-            if iface.marking is not None:
-                words = shlex.join(jump_teardown(iface))
-                lines.append(f"while {words} 2>/dev/null; do :; done")
+        for chain in owned_chains(policy).values():
+            if chain is not None:
+                lines.append(unjump_shell(chain))
         lines.append(f"iptables-restore --noflush {shlex.quote(names['iptables'])}")
     if "nft" in names:
         lines.append(f"nft -f {shlex.quote(names['nft'])}")
