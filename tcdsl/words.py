@@ -158,11 +158,11 @@ def dscp_name(dscp: int) -> str:
     return f"{name} ({dscp})" if name else str(dscp)
 
 
-def or_list(items: list[str]) -> str:
-    """``a``, ``a or b``, ``a, b or c``."""
+def or_list(items: list[str], conjunction: str = "or") -> str:
+    """``a``, ``a or b``, ``a, b or c`` (or with ``and``)."""
     if len(items) <= 1:
         return "".join(items)
-    return f"{', '.join(items[:-1])} or {items[-1]}"
+    return f"{', '.join(items[:-1])} {conjunction} {items[-1]}"
 
 
 def _network_words(network: IPv4Network) -> str:
@@ -215,10 +215,10 @@ def tcp_flags_words(cond: ir.TcpFlagsCond) -> str:
     """A ``tcp-flags`` condition as a phrase (``with TCP flag SYN set and ACK clear``)."""
     up = [n.upper() for n in cond.names(cond.value)]
     down = [n.upper() for n in cond.names(cond.mask & ~cond.value)]
-    text = f"with TCP flag{'s' if len(up) > 1 else ''} {' and '.join(up)} set"
+    text = f"with TCP flag{'s' if len(up) > 1 else ''} {or_list(up, 'and')} set"
     if down:
-        text += f" and {' and '.join(down)} clear"
-    return text + " (TCP, IP header without options)"
+        text += f" and {or_list(down, 'and')} clear"
+    return text
 
 
 def raw_words(cond: ir.RawCond) -> str:

@@ -33,6 +33,7 @@ from typing import TypeVar
 
 from tcdsl import ir, lower, words
 from tcdsl.allocate import default_minor
+from tcdsl.commands import mark_text
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.chains import default_chain
 from tcdsl.matching import bits_match, filter_bits, filters_at
@@ -163,11 +164,12 @@ class _Walk:
             if rule.unmarked:
                 self.mark_why = (
                     f"no marking rule matched; {where} gives still-unmarked packets "
-                    f"the default's mark {rule.mark}"
+                    f"the default's mark {mark_text(marking, rule.mark)}"
                 )
             else:
                 self.mark_why = (
-                    f"{where}, rule {number} ({_conds(rule.conds)}) set mark {rule.mark}"
+                    f"{where}, rule {number} ({_conds(rule.conds)}) set mark "
+                    f"{mark_text(marking, rule.mark)}"
                 )
             return
         self.mark_why = f"no rule of {where} matched: the packet is unmarked"
@@ -193,7 +195,8 @@ class _Walk:
                 )
                 return _Hit(f.flowid, f"filter pref {f.pref} matched ({text})", f.span)
             if f.mark == self.mark:
-                why = f"{self.mark_why}; fw filter pref {f.pref} maps mark {f.mark} to it"
+                shown = mark_text(self.iface.marking, f.mark) if self.iface.marking else f.mark
+                why = f"{self.mark_why}; fw filter pref {f.pref} maps mark {shown} to it"
                 return _Hit(f.flowid, why, self.mark_span or f.span)
         return None
 

@@ -21,7 +21,8 @@ from typing import Literal
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
-from tcdsl.matching import filters_at
+from tcdsl.commands import mark_text
+from tcdsl.matching import filters_at, kernel_order
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     HTB_DEFAULT_R2Q,
@@ -31,7 +32,7 @@ from tcdsl.tcmath import (
     tos_priority,
 )
 from tcdsl.units import format_rate, format_size, format_time
-from tcdsl.words import TOS_BITS, match_phrase, match_text, or_list
+from tcdsl.words import TOS_BITS, dscp_name, match_phrase, match_text, or_list
 
 Format = Literal["text", "markdown"]
 
@@ -874,10 +875,10 @@ class _Explainer:
             self.add(
                 Item(
                     "Traffic",
-                    f"packets the firewall marks {cls.fwmark} (chain "
+                    f"packets the firewall marks {mark_text(marking, cls.fwmark)} (chain "
                     f"{self.name(marking.chain or '?')}, for "
                     f"{self._source(marking, iface)}): an fw filter sends mark "
-                    f"{cls.fwmark} here. The mark is set on packets matching "
+                    f"{mark_text(marking, cls.fwmark)} here. The mark is set on packets matching "
                     + ("any of these lines:" if len(lines) > 1 else "this line:"),
                     depth,
                     lines,
@@ -897,7 +898,8 @@ class _Explainer:
             self.add(
                 Item(
                     "Traffic",
-                    f"packets carrying mark {cls.fwmark}, which nothing in this policy sets: "
+                    f"packets carrying mark {mark_text(marking, cls.fwmark)}, which nothing in "
+                    "this policy sets: "
                     "only another firewall rule can send packets here.",
                     depth,
                 )
@@ -912,7 +914,10 @@ class _Explainer:
                 "including everything that is not IPv4 (ARP, IPv6)."
             )
             if marking is not None and cls.fwmark is not None and not nested:
-                text += f" The firewall gives still-unmarked packets mark {cls.fwmark}."
+                text += (
+                    " The firewall gives still-unmarked packets mark "
+                    f"{mark_text(marking, cls.fwmark)}."
+                )
             self.add(Item("Default", text, depth))
         elif not cls.matches and isinstance(q, ir.Htb | ir.Cbq) and cls.fwmark is None:
             self.add(
@@ -920,6 +925,16 @@ class _Explainer:
                     "Traffic",
                     "none: it has no match line and it is not the default class, so no packet "
                     "reaches it.",
+                    depth,
+                )
+            )
+        if marking is not None and cls.set_dscp is not None and cls.fwmark is not None:
+            self.add(
+                Item(
+                    "DSCP",
+                    f"the firewall rewrites the DSCP of this class's packets to "
+                    f"{dscp_name(cls.set_dscp.value)} (after marking them), so the next hops "
+                    "see it.",
                     depth,
                 )
             )
@@ -984,7 +999,8 @@ class _Explainer:
                 target = by_mark.get(rule.mark)
                 where = f" -> {self.cls_ref(target)}" if target is not None else ""
                 if rule.unmarked:
-                    steps.append(f"every packet still unmarked: mark {rule.mark}{where}")
+                    unmarked = mark_text(marking, rule.mark)
+                    steps.append(f"every packet still unmarked: mark {unmarked}{where}")
                     continue
                 key = (rule.span, rule.mark)
                 if key in seen:
@@ -992,8 +1008,31 @@ class _Explainer:
                 seen.add(key)
                 line = by_span.get(rule.span)
                 what = match_phrase(line) if line is not None else "?"
-                steps.append(f"{what}: mark {rule.mark}{where}")
+                steps.append(f"{what}: mark {mark_text(marking, rule.mark)}{where}")
             self.add(Steps(tuple(steps)))
+            for d in marking.dscp_rules:
+                target = by_mark.get(d.mark)
+                self.add(
+                    Para(
+                        f"Then the chain rewrites the DSCP of packets carrying mark "
+                        f"{mark_text(marking, d.mark)}"
+                        + (f" ({self.cls_ref(target)})" if target is not None else "")
+                        + f" to {dscp_name(d.dscp)}."
+                    )
+                )
+            u32 = [f for f in iface.filters if isinstance(f, ir.U32Filter) and f.parent == q.handle]
+            if u32:
+                fw_pref = marking.pref.value if marking.pref is not None else 1
+                self.add(
+                    Para(
+                        f"Match lines with a pref of their own stay u32 filters on {_handle(q)}, "
+                        f"tried by pref with the fw filters (pref {fw_pref}): a lower pref "
+                        "before the marks, a higher one only for packets whose mark no fw "
+                        "filter takes:"
+                    )
+                )
+                ordered = kernel_order(u32, lambda f: f.pref)
+                self.add(Steps(self._u32_steps(ordered, True, owners, lines)))
             return
         if q.handle is None:  # allocate gives every qdisc one
             return
@@ -1009,6 +1048,16 @@ class _Explainer:
                 + (" (lower pref first, then the order written):" if show_pref else ":")
             )
         )
+        self.add(Steps(self._u32_steps(on, show_pref, owners, lines)))
+
+    def _u32_steps(
+        self,
+        on: list[ir.U32Filter],
+        show_pref: bool,
+        owners: dict[ir.Handle, ir.Class],
+        lines: dict[tuple[ir.Handle, object], ir.Match],
+    ) -> tuple[str, ...]:
+        """One step per match line's filters, in the order tried (``on``)."""
         steps = []
         last: tuple[object, ir.Handle] | None = None
         for f in on:
@@ -1021,7 +1070,7 @@ class _Explainer:
             ref = self.cls_ref(target) if target is not None else str(f.flowid)
             prefix = f"pref {f.pref}: " if show_pref else ""
             steps.append(f"{prefix}{what} -> {ref}")
-        self.add(Steps(tuple(steps)))
+        return tuple(steps)
 
     # ---- unmatched traffic
     def unmatched(self, root: ir.Htb | ir.Cbq | ir.Prio, holder: _Holder | None) -> None:
