@@ -126,7 +126,7 @@ def test_restore_file_without_marking_removes_the_default_chain() -> None:
     text = _compile("policies/office.tcp", "tc-batch").files["office.iptables"]
     body = [line for line in text.splitlines() if not line.startswith("#")]
     assert body == ["*mangle", ":TCDSL-eth0 - [0:0]", "-X TCDSL-eth0", "COMMIT"]
-    assert "awk '$2 == \"TCDSL-eth0\"" in text  # how to delete the jumps first
+    assert 'awk \'$2 == "TCDSL-eth0"' in text  # how to delete the jumps first
 
 
 def test_nft_backend_on_a_policy_without_marking_removes_stale_tables() -> None:
@@ -169,7 +169,8 @@ def test_shell_batch_and_nft_scripts_are_valid_sh() -> None:
 
 @pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft (nftables)")
 def test_nft_accepts_the_rulesets() -> None:
-    for path in (MARKS, "policies/seeds/s000-10.2-marks-sharing.tcp", "policies/office.tcp"):
+    marking = (MARKS, "policies/seeds/s000-10.2-marks-sharing.tcp", "policies/router-marks.tcp")
+    for path in (*marking, "policies/office.tcp"):
         text = _compile(path, "nft").output or ""
         done = subprocess.run(["nft", "-c", "-f", "-"], input=text, text=True, capture_output=True)
         if done.returncode != 0 and "Operation not permitted" in done.stderr:
