@@ -118,13 +118,16 @@ def class_lines(
         lines.append(f"leaf: {_qdisc_title(cls.leaf)} (classful, below)")
     elif not cls.children:
         lines.append(f"leaf: {leaf_words(cls.leaf)}")
-    if marking and cls.fwmark is not None:
-        for m in cls.matches:
+    for m in cls.matches:
+        # With marks, a line that keeps its own pref is still a u32 filter.
+        if marking and cls.fwmark is not None and m.pref is None:
             lines.append(f"mark {cls.fwmark}: {match_words(m)}")
-        if default:
-            lines.append(f"mark {cls.fwmark}: unmarked traffic")
-    else:
-        lines.extend(f"match {match_words(m)}" for m in cls.matches)
+        else:
+            lines.append(f"match {match_words(m)}")
+    if marking and cls.fwmark is not None and default:
+        lines.append(f"mark {cls.fwmark}: unmarked traffic")
+    if marking and cls.set_dscp is not None:
+        lines.append(f"set dscp {cls.set_dscp.value}")
     if default:
         lines.append("default class")
     return tuple(lines)

@@ -483,17 +483,17 @@ class Marking:
         """The mask as a number (0xffffffff without ``mask``)."""
         return self.mask.value if self.mask is not None else 0xFFFFFFFF
 
-    def source(self, shaped: str) -> str:
+    def source(self, shaped: str, noun: str = "traffic") -> str:
         """How messages name the traffic the rules see (``shaped``: the shaped interface)."""
         match self.hook:
             case "output":
-                return f"traffic this host sends out of {shaped}"
+                return f"{noun} this host sends out of {shaped}"
             case "postrouting":
-                return f"traffic leaving by {shaped}"
+                return f"{noun} leaving by {shaped}"
             case _:
                 if self.from_interface is None:
-                    return "traffic arriving on any interface"
-                return f"traffic arriving on {self.from_interface}"
+                    return f"{noun} arriving on any interface"
+                return f"{noun} arriving on {self.from_interface}"
 
 
 @dataclass(frozen=True, slots=True)

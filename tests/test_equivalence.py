@@ -58,8 +58,9 @@ def _cases(path: Path) -> tuple[runner.Case, runner.Case, list[str], bool]:
     read = [i.name for i in shell.policy.interfaces]
     create = list(read)
     for iface in shell.policy.interfaces:
-        if iface.marking is not None and iface.marking.from_interface not in create:
-            create.append(iface.marking.from_interface)
+        named = iface.marking.from_interface if iface.marking is not None else None
+        if named is not None and named not in create:
+            create.append(named)
     ipt = any(i.marking is not None for i in shell.policy.interfaces)
     applier, files = batch_applier(batch.policy, batch.files)
     applier += applier  # applied twice: re-applying must change nothing

@@ -156,7 +156,7 @@ class _Walk:
 
     def _mark(self, marking: ir.Marking) -> None:
         chain = marking.chain or default_chain(self.iface.name)
-        where = f"iptables chain {chain} ({marking.source(self.iface.name)})"
+        where = f"iptables chain {chain} ({marking.source(self.iface.name, 'packets')})"
         for number, rule in enumerate(marking.rules, 1):
             if not self._conds_match(rule.conds):
                 continue
