@@ -26,6 +26,7 @@ tcdsl_exists() {
 tcdsl_unmark() {
     # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING; absent is fine.
     command -v iptables >/dev/null 2>&1 || return 0
+    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
     for tcdsl_hook in PREROUTING OUTPUT POSTROUTING; do
         while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
             awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
