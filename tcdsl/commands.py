@@ -234,7 +234,7 @@ def _below(
                     "tc",
                     (*head, "handle", handle, "fw", "flowid", str(f.flowid)),
                     f.span,
-                    f"mark {f.mark} to {f.flowid}",
+                    f"mark {f.mark if f.mask is None else hex(f.mark)} to {f.flowid}",
                 )
 
 
@@ -522,7 +522,7 @@ def nft_table_lines(iface: ir.Interface, indent: str = "    ") -> Iterator[str]:
     yield f"{indent * 2}type filter hook {hook} priority mangle; policy accept;"
     for rule in m.rules:
         s = rule.span
-        what = "unmarked traffic" if rule.unmarked else f"mark {rule.mark}"
+        what = "unmarked traffic" if rule.unmarked else f"mark {mark_text(m, rule.mark)}"
         yield f"{indent * 2}# {_comment(f'{s.file}:{s.line}:{s.column}: {what}')}"
         words = (*nft_words(rule.conds), unmarked, _nft_set_mark(m, rule.mark))
         yield f"{indent * 2}{where}{' '.join(words)}"

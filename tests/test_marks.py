@@ -196,3 +196,19 @@ def test_packet_flags() -> None:
         parse_packet("flags push")
     with pytest.raises(SpecError, match="TCP flags"):
         parse_packet("udp flags syn")
+
+
+def test_lint_sees_tcp_flags_as_the_kernel_does(tmp_path: Path) -> None:
+    """``tcp-flags syn`` takes every packet ``tcp-flags syn of syn, ack`` would: a later line
+    with the narrower flags never matches (W312); the other order is fine."""
+    broad, narrow = "match tcp-flags syn", "match tcp-flags syn of syn, ack"
+    head = "interface eth0 htb rate 10mbit default bulk {\n"
+    tail = "    class bulk rate 1mbit\n}\n"
+    first = _compile(
+        tmp_path, f"{head}    class a rate 1mbit {broad}\n    class b rate 1mbit {narrow}\n{tail}"
+    )
+    assert [d.code for d in first.diagnostics] == ["W312"]
+    second = _compile(
+        tmp_path, f"{head}    class a rate 1mbit {narrow}\n    class b rate 1mbit {broad}\n{tail}"
+    )
+    assert second.diagnostics == []

@@ -64,11 +64,11 @@ tcdsl_at='policies/router-marks.tcp:19:11: class bulk'
 tc class add dev eth0 parent 1:1 classid 1:40 htb rate 6mbit ceil 19mbit prio 2
 tcdsl_at='policies/router-marks.tcp:11:45: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 5 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
-tcdsl_at='policies/router-marks.tcp:12:11: mark 5120 to 1:20'
+tcdsl_at='policies/router-marks.tcp:12:11: mark 0x1400 to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x1400/0xff00 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:15:11: mark 7680 to 1:30'
+tcdsl_at='policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x1e00/0xff00 fw flowid 1:30
-tcdsl_at='policies/router-marks.tcp:19:11: mark 10240 to 1:40'
+tcdsl_at='policies/router-marks.tcp:19:11: mark 0x2800 to 1:40'
 tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x2800/0xff00 fw flowid 1:40
 tcdsl_at='policies/router-marks.tcp:10:5: chain TCDSL-eth0'
 iptables -t mangle -N TCDSL-eth0
