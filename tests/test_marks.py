@@ -212,3 +212,39 @@ def test_lint_sees_tcp_flags_as_the_kernel_does(tmp_path: Path) -> None:
         tmp_path, f"{head}    class a rate 1mbit {narrow}\n    class b rate 1mbit {broad}\n{tail}"
     )
     assert second.diagnostics == []
+
+
+def test_verify_compares_the_hook_and_the_mask(tmp_path: Path) -> None:
+    """verify's expectations name the hook of the jump and the fw mask: a jump in the wrong
+    built-in chain is missing, a rule or fw filter without the mask differs."""
+    from tcdsl.commands import restore_lines
+    from tcdsl.verify import compare
+    from tcdsl.verify.expect import expected_policy
+    from tcdsl.verify.readback import TcFilter, parse_iptables_save
+
+    result = _compile(tmp_path, _policy("from local mask 0xff00"))
+    assert result.policy is not None
+    iface = result.policy.interfaces[0]
+    expected = expected_policy(result.policy).interfaces[0]
+    assert expected.chain is not None
+    lines = [line.replace("-I ", "-A ", 1) for _, line in restore_lines(iface)]  # as saved
+    good = "*mangle\n" + "\n".join(lines) + "\nCOMMIT\n"
+    assert list(compare._compare_chain(expected.chain, parse_iptables_save(good))) == []
+    moved = good.replace("-A OUTPUT -o eth0", "-A PREROUTING -i eth0")
+    problems = [
+        d.message for d in compare._compare_chain(expected.chain, parse_iptables_save(moved))
+    ]
+    assert problems == [
+        "jump from OUTPUT out of eth0 to chain TCDSL-eth0 is missing in the kernel's mangle table"
+    ]
+    unmasked = good.replace("--set-xmark 0xa00/0xff00", "--set-xmark 0xa00/0xffffffff")
+    problems = [
+        d.message for d in compare._compare_chain(expected.chain, parse_iptables_save(unmasked))
+    ]
+    assert problems == [
+        "mark rule for 'web' set-mark is 0xa00/0xffffffff in the kernel, policy says 0xa00/0xff00"
+    ]
+    fw = [f for f in expected.filters if f.kind == "fw"]
+    got = [TcFilter("fw", "ip", f.pref, f.flowid, mark=f.mark, mask=None) for f in fw]
+    problems = [d.message for d in compare._compare_fw(expected, "1:", fw, got)]
+    assert problems[0].endswith("mask is 0xffffffff in the kernel, policy says 0xff00")

@@ -732,13 +732,13 @@ def _chain(iface: ir.Interface) -> ExpectedChain | None:
             if c.fwmark is not None and c.fwmark not in by_mark:
                 by_mark[c.fwmark] = c.label
     hook = m.hook.upper()
-    if m.hook == "prerouting":
-        jump_rule = IptRule(hook, in_iface=m.from_interface, target=m.chain)
-    else:
+    if m.hook != "prerouting":
         jump_rule = IptRule(hook, out_iface=iface.name, target=m.chain)
-    jump = ExpectedRule(
-        f"jump from {hook} ({m.source(iface.name)}) to chain {m.chain}", jump_rule, m.span
-    )
+        where = f"{hook} out of {iface.name}"
+    else:
+        jump_rule = IptRule(hook, in_iface=m.from_interface, target=m.chain)
+        where = f"{hook} on {m.from_interface or 'every interface'}"
+    jump = ExpectedRule(f"jump from {where} to chain {m.chain}", jump_rule, m.span)
     rules = []
     for rule in m.rules:
         if rule.unmarked:
