@@ -59,9 +59,9 @@ class InterfaceView:
     """Shell that removes what the policy sets up on the interface (for the failure message)."""
     teardown: tuple[str, ...]
     """The tc command that removes the root qdisc."""
-    unmark: str | None
-    """The iptables chain to remove with every jump into it (the policy's own chain, or the
-    default chain an earlier version of the policy may have left), or None."""
+    unmark: tuple[str, ...]
+    """The iptables chains to remove with every jump into them (the policy's own chain, and
+    the default chain an earlier version of the policy may have left)."""
     unnft: tuple[str, ...]
     """With ``--marks nft`` and no marking: the command removing an earlier version's table."""
     lines: tuple[Line, ...]
@@ -92,7 +92,7 @@ def _heredoc(
     return HereDoc(delimiter, tuple(lines), tuple(origins))
 
 
-def _view(iface: ir.Interface, batch: bool, nft: bool, owned: str | None) -> InterfaceView:
+def _view(iface: ir.Interface, batch: bool, nft: bool, owned: tuple[str, ...]) -> InterfaceView:
     commands = list(interface_commands(iface))
     if nft:
         commands = [c for c in commands if c.tool != "iptables"]
@@ -117,7 +117,7 @@ def _view(iface: ir.Interface, batch: bool, nft: bool, owned: str | None) -> Int
     if iface.marking is not None and nft:
         removal.append(("nft", "delete", "table", "inet", nft_table(iface)))
     undo = "; ".join(shjoin(w) for w in removal)
-    unmark = owned if not nft else None
+    unmark = owned if not nft else ()
     unnft: tuple[str, ...] = ()
     if nft and iface.marking is None:
         unnft = ("nft", "delete", "table", "inet", nft_table(iface))

@@ -439,20 +439,24 @@ def restore_lines(iface: ir.Interface) -> Iterator[tuple[Command | None, str]]:
         yield cmd, " ".join(restore_quote(w) for w in args)
 
 
-def owned_chains(policy: ir.Policy) -> dict[str, str | None]:
-    """The mangle chains a policy's scripts remove and re-create, by interface name: the
-    marking chain of each interface that marks, and for one that does not, the default chain
-    an earlier version of the policy may have left (None when another interface of the policy
-    uses that name for its own chain)."""
+def owned_chains(policy: ir.Policy) -> dict[str, tuple[str, ...]]:
+    """The mangle chains a policy's scripts remove (with every jump into them), by interface
+    name: the marking chain of an interface that marks, and the default chain
+    ``TCDSL-<interface>`` an earlier version of the policy may have left, unless that is the
+    interface's own chain or another interface of the policy uses that name."""
     taken = {i.marking.chain for i in policy.interfaces if i.marking and i.marking.chain}
-    out: dict[str, str | None] = {}
+    out: dict[str, tuple[str, ...]] = {}
     for iface in policy.interfaces:
-        if iface.marking is not None:
-            out[iface.name] = iface.marking.chain
-        else:
-            chain = default_chain(iface.name)
-            out[iface.name] = None if chain in taken else chain
+        own = (iface.marking.chain,) if iface.marking and iface.marking.chain else ()
+        default = default_chain(iface.name)
+        out[iface.name] = own if default in taken else (*own, default)
     return out
+
+
+def stale_chains(policy: ir.Policy) -> list[str]:
+    """The chains of :func:`owned_chains` that the policy does not build again."""
+    built = {i.marking.chain for i in policy.interfaces if i.marking and i.marking.chain}
+    return [c for chains in owned_chains(policy).values() for c in chains if c not in built]
 
 
 def unjump_shell(chain: str) -> str:

@@ -106,8 +106,9 @@ def test_restore_file_creates_or_flushes_the_chain() -> None:
     text = _compile(MARKS, "tc-batch").files["s000-10.1-marks.iptables"]
     body = [line for line in text.splitlines() if not line.startswith("#")]
     assert body[:3] == ["*mangle", ":INSHAPER - [0:0]", "-I PREROUTING -i eth1 -j INSHAPER"]
-    assert body[-1] == "COMMIT"
-    assert all("-m mark --mark 0 -j MARK" in line for line in body[3:-1])
+    # An earlier version without 'chain INSHAPER' used the default chain: removed.
+    assert body[-3:] == [":TCDSL-eth0 - [0:0]", "-X TCDSL-eth0", "COMMIT"]
+    assert all("-m mark --mark 0 -j MARK" in line for line in body[3:-3])
 
 
 def test_compile_to_a_directory_writes_every_file(tmp_path: Path) -> None:

@@ -178,9 +178,8 @@ def batch_applier(policy: ir.Policy, files: Mapping[str, str]) -> tuple[str, dic
     names = {name.rsplit(".", 1)[-1]: name for name in files}
     lines = ["set -eu", f"tc -batch {shlex.quote(names['batch'])}"]
     if "iptables" in names:
-        for chain in owned_chains(policy).values():
-            if chain is not None:
-                lines.append(unjump_shell(chain))
+        for chains in owned_chains(policy).values():
+            lines += [unjump_shell(chain) for chain in chains]
         lines.append(f"iptables-restore --noflush {shlex.quote(names['iptables'])}")
     if "nft" in names:
         lines.append(f"nft -f {shlex.quote(names['nft'])}")

@@ -45,9 +45,10 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j INSHAPER; iptables -t mangle -F INSHAPER; iptables -t mangle -X INSHAPER'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and its iptables chain (and the default one an earlier version may have left); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark INSHAPER
+tcdsl_unmark TCDSL-eth0
 tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:22:16: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 30
 tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:22:16: link class'
