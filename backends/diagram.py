@@ -123,13 +123,16 @@ def class_lines(
         lines.append(f"leaf: {_qdisc_title(cls.leaf)} (classful, below)")
     elif not cls.children:
         lines.append(f"leaf: {leaf_words(cls.leaf)}")
-    if marking and cls.fwmark is not None:
-        for m in cls.matches:
+    for m in cls.matches:
+        # With marks, a line that keeps its own pref is still a u32 filter.
+        if marking and cls.fwmark is not None and m.pref is None:
             lines.append(f"mark {cls.fwmark}: {match_words(m)}")
-        if default:
-            lines.append(f"mark {cls.fwmark}: unmarked traffic")
-    else:
-        lines.extend(f"match {match_words(m)}" for m in cls.matches)
+        else:
+            lines.append(f"match {match_words(m)}")
+    if marking and cls.fwmark is not None and default:
+        lines.append(f"mark {cls.fwmark}: unmarked traffic")
+    if marking and cls.set_dscp is not None:
+        lines.append(f"set dscp {cls.set_dscp.value}")
     if default:
         lines.append("default class")
     return tuple(lines)
@@ -223,7 +226,10 @@ def interface_title(iface: ir.Interface, upload: bool = False) -> tuple[str, ...
     m = iface.marking
     if m is not None:
         chain = f", iptables chain {m.chain}" if m.chain else ""
-        title.append(f"classified by mark from {m.from_interface}{chain}")
+        where = {"output": "from local", "postrouting": "at postrouting"}.get(
+            m.hook, f"from {m.from_interface or 'any'}"
+        )
+        title.append(f"classified by mark {where}{chain}")
     if iface.stab is not None:
         title.append(" ".join(stab_words(iface.stab)))
     return tuple(title)

@@ -157,6 +157,8 @@ def cond_json(cond: ir.Cond) -> JSONObject:
             head = {"kind": "tos", "value": cond.value, "mask": cond.mask, "dscp": cond.dscp}
         case ir.TcpAckCond():
             head = {"kind": "tcp-ack"}
+        case ir.TcpFlagsCond():
+            head = {"kind": "tcp-flags", "value": cond.value, "mask": cond.mask}
         case ir.RawCond():
             head = {
                 "kind": "raw",
@@ -245,6 +247,7 @@ def class_json(cls: ir.Class, parent: ir.Handle | None, default: ir.Handle | Non
     out["mark"] = value_json(cls.mark)
     if cls.rt is not None or cls.ls is not None or cls.ul is not None:  # hfsc classes only
         out["rt"], out["ls"], out["ul"] = (curve_json(c) for c in (cls.rt, cls.ls, cls.ul))
+    out["set_dscp"] = value_json(cls.set_dscp)
     out["fwmark"] = cls.fwmark
     out["chosen_quantum"] = cls.chosen_quantum
     out["matches"] = [match_json(m) for m in cls.matches]
@@ -415,6 +418,7 @@ def filter_json(f: ir.Filter) -> JSONObject:
             head["police"] = police_json(f.police)
         case ir.FwFilter():
             head["mark"] = f.mark
+            head["mask"] = f.mask
         case _:
             assert_never(f)
     return {**head, "flowid": handle_json(f.flowid), "span": span_json(f.span)}
@@ -426,6 +430,8 @@ def marking_json(marking: ir.Marking | None) -> JSONObject | None:
         return None
     return {
         "from_interface": marking.from_interface,
+        "hook": marking.hook,
+        "mask": marking.mask.value if marking.mask is not None else None,
         "chain": marking.chain,
         "explicit_chain": marking.explicit_chain is not None,
         "rules": [
@@ -437,6 +443,9 @@ def marking_json(marking: ir.Marking | None) -> JSONObject | None:
                 "span": span_json(rule.span),
             }
             for rule in marking.rules
+        ],
+        "dscp_rules": [
+            {"mark": d.mark, "dscp": d.dscp, "span": span_json(d.span)} for d in marking.dscp_rules
         ],
         "span": span_json(marking.span),
     }

@@ -10,10 +10,12 @@ from tcdsl.backend import Backend, comment, shjoin, template_env
 from tcdsl.commands import (
     LOCK_DIR,
     LOCK_DIR_VARIABLE,
+    MARK_HOOKS,
     NO_INTERFACE,
     NOT_IFB,
     SCRIPT_AT,
     SCRIPT_FAILED,
+    SCRIPT_UNMARK,
     Command,
     batch_line,
     chain_teardown,
@@ -21,6 +23,7 @@ from tcdsl.commands import (
     lock_name,
     nft_table,
     nft_table_lines,
+    owned_chains,
     teardown_commands,
     unspellable,
 )
@@ -64,12 +67,12 @@ class InterfaceView:
     undo: str
     """Shell that removes what the policy sets up on the interface (for the failure message)."""
     teardown: tuple[tuple[str, ...], ...]
-    """The commands that remove the tree (a root or ingress qdisc; a download's redirect and
-    IFB)."""
-    teardown_jump: tuple[str, ...]
-    """The iptables command that deletes one jump into the chain (run until it fails)."""
-    teardown_chain: tuple[tuple[str, ...], ...]
-    """The iptables commands that flush and delete the chain."""
+    """The tc commands that remove the tree (a root or ingress qdisc; a download's redirect)."""
+    unmark: tuple[str, ...]
+    """The iptables chains to remove with every jump into them (the policy's own chain, and
+    the default chain an earlier version of the policy may have left)."""
+    unnft: tuple[str, ...]
+    """With ``--marks nft`` and no marking: the command removing an earlier version's table."""
     setup: tuple[Line, ...]
     """ip commands that create devices (a download's IFB), run first."""
     lines: tuple[Line, ...]
@@ -100,7 +103,7 @@ def _heredoc(
     return HereDoc(delimiter, tuple(lines), tuple(origins))
 
 
-def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
+def _view(iface: ir.Interface, batch: bool, nft: bool, owned: tuple[str, ...]) -> InterfaceView:
     commands = list(interface_commands(iface))
     if nft:
         commands = [c for c in commands if c.tool != "iptables"]
@@ -126,6 +129,10 @@ def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
     if iface.marking is not None and nft:
         removal.append(("nft", "delete", "table", "inet", nft_table(iface)))
     undo = "; ".join(shjoin(w) for w in removal)
+    unmark = owned if not nft else ()
+    unnft: tuple[str, ...] = ()
+    if nft and iface.marking is None:
+        unnft = ("nft", "delete", "table", "inet", nft_table(iface))
     return InterfaceView(
         iface.interface,
         iface.name,
@@ -138,8 +145,8 @@ def _view(iface: ir.Interface, batch: bool, nft: bool) -> InterfaceView:
         lock_name(iface.interface),
         undo,
         tuple(c for c in tc_teardown if c[0] == "tc"),
-        chain[0] if chain else (),
-        chain[1:],
+        unmark,
+        unnft,
         tuple(setup),
         tuple(run),
         tc_batch,
@@ -162,7 +169,10 @@ class ShellBackend(Backend):
     def emit(self, policy: ir.Policy, source_label: str) -> str:
         """The script."""
         nft = self.options.marks == "nft"
-        views = [_view(iface, self.options.batch, nft) for iface in policy.interfaces]
+        owned = owned_chains(policy)
+        views = [
+            _view(iface, self.options.batch, nft, owned[iface.label]) for iface in policy.interfaces
+        ]
         marking = any(v.chain for v in views)
         return (
             template_env()
@@ -181,6 +191,9 @@ class ShellBackend(Backend):
                 interface_names=list(dict.fromkeys(v.name for v in views)),
                 ifbs=[v.ifb for v in views if v.ifb is not None],
                 uses_iptables=marking and not nft,
+                uses_unmark=not nft,
+                unmark=SCRIPT_UNMARK,
+                hooks=MARK_HOOKS,
                 uses_nft=marking and nft,
             )
         )

@@ -42,6 +42,11 @@ _TCP_ACK = (
     "(raw[2].ns & 0xffc0) == 0x0000",
     "raw[33] == 0x10",
 )
+_TCP_FLAGS = (
+    "ip_proto == IPPROTO_TCP",
+    "(raw[0] & 0x0f) == 0x05",
+    "(raw[6].ns & 0x1fff) == 0x0000",
+)
 _PROTO_NAMES = {1: "IPPROTO_ICMP", 6: "IPPROTO_TCP", 17: "IPPROTO_UDP"}
 _PORT_AT = {"sport": 20, "dport": 22}
 _RAW_SIZE = {8: "", 16: ".ns", 32: ".nl"}
@@ -185,6 +190,9 @@ def condition(cond: ir.Cond) -> str:
             return _masked("ip_tos", cond.value, cond.mask, 0xFF, 2)
         case ir.TcpAckCond():
             return " && ".join(_TCP_ACK)
+        case ir.TcpFlagsCond():
+            flags = f"(raw[33] & {cond.mask:#04x}) == {cond.value:#04x}"
+            return " && ".join((*_TCP_FLAGS, flags))
         case ir.RawCond():
             full = (1 << cond.bits) - 1
             if cond.mask == 0:

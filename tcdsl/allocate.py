@@ -31,12 +31,13 @@ def _decimal_looking_minors() -> Iterator[int]:
 class Pool:
     """Hands out free numbers: a preferred one if free, else the next candidate."""
 
-    def __init__(self, candidates: Iterator[int], used: set[int]) -> None:
+    def __init__(self, candidates: Iterator[int], used: set[int], limit: int = MAX) -> None:
         self.candidates = candidates
         self.used = used
+        self.limit = limit
 
     def take(self, preferred: int | None = None) -> int | None:
-        if preferred is not None and 0 < preferred <= MAX and preferred not in self.used:
+        if preferred is not None and 0 < preferred <= self.limit and preferred not in self.used:
             self.used.add(preferred)
             return preferred
         for value in self.candidates:
@@ -215,10 +216,10 @@ class InterfaceAllocator:
             return iface
         for inner, holder, _ in ir.held_qdiscs(root):
             for cls in ir.classes_of(inner):
-                if not cls.matches and cls.mark is None:
+                if not marked_lines(cls) and cls.mark is None:
                     continue
                 where = f"class '{holder.name}'" if isinstance(holder, ir.Class) else holder.kind
-                span = cls.matches[0].span if cls.matches else cls.span
+                span = marked_lines(cls)[0].span if marked_lines(cls) else cls.span
                 self.error(
                     "E220",
                     f"with 'classify by mark', marks classify only the root qdisc's classes: "
@@ -239,30 +240,61 @@ class InterfaceAllocator:
             for c in ir.classes_of(q)
             if c.mark is not None
         }
-        pool = Pool(iter(range(1, 0xFFFFFFFF)), used)
+        mask = marking.mask_value
+        width = mask.bit_count()
+        pool = Pool((deposit(k, mask) for k in range(1, 1 << width)), used, limit=mask)
         marked: dict[int, int] = {}
         filters: list[ir.Filter] = []
         rules: list[ir.MarkRule] = []
         new_root = self._with_marks(root, default, pool, marked)
+        fw_pref = marking.pref.value if marking.pref is not None else DEFAULT_PREF
+        fw_mask = marking.mask.value if marking.mask is not None else None
+        if marking.mask is not None and None in marked.values():
+            wanted = len(marked)
+            self.error(
+                "E246",
+                f"mark mask {mask:#x} holds {(1 << width) - 1} marks, and the interface needs "
+                f"{wanted}: widen the mask",
+                marking.mask.span,
+            )
+            return iface
         for q in ir.walk_qdiscs(new_root):
             if q.handle is None:
                 continue
             for cls in ir.classes_of(q):
+                assert cls.classid is not None
+                for m in cls.matches:
+                    if m.pref is not None:  # a u32 filter, ordered by its pref among the fw ones
+                        filters.extend(self._match_filters(m, q.handle, cls.classid))
                 if cls.fwmark is None:
                     continue
-                assert cls.classid is not None
                 filters.append(
-                    ir.FwFilter(q.handle, DEFAULT_PREF, cls.fwmark, cls.classid, cls.span)
+                    ir.FwFilter(q.handle, fw_pref, cls.fwmark, cls.classid, cls.span, fw_mask)
                 )
-                for m in cls.matches:
+                for m in marked_lines(cls):
                     rules.extend(
                         ir.MarkRule(alt, cls.fwmark, m.span) for alt in lower.alternatives(m)
                     )
         if default is not None:
             assert isinstance(root, ir.Htb | ir.Hfsc) and root.default is not None
             rules.append(ir.MarkRule((), marked[id(default)], root.default.span, unmarked=True))
+        for q in ir.walk_qdiscs(new_root):
+            for cls in ir.classes_of(q):
+                if cls.set_dscp is not None and cls.fwmark is None:
+                    self.error(
+                        "E248",
+                        f"no mark reaches {cls.label}, so 'set dscp' would change nothing: the "
+                        "marking rules write the DSCP of packets carrying a class's mark; give "
+                        "it a match line without 'pref', or a 'mark'",
+                        cls.set_dscp.span,
+                    )
+        dscp = tuple(
+            ir.DscpRule(cls.fwmark, cls.set_dscp.value, cls.set_dscp.span)
+            for cls in ir.classes_of(new_root)
+            if cls.set_dscp is not None and cls.fwmark is not None
+        )
         chain = marking.explicit_chain or default_chain(iface.name)
-        new_marking = dataclasses.replace(marking, chain=chain, rules=tuple(rules))
+        new_marking = dataclasses.replace(marking, chain=chain, rules=tuple(rules), dscp_rules=dscp)
         return dataclasses.replace(
             iface, root=new_root, marking=new_marking, filters=tuple(filters)
         )
@@ -274,11 +306,11 @@ class InterfaceAllocator:
             fwmark = None
             # An explicit mark gets its fw filter even without a match line: the mark may be
             # set by another firewall rule (the lints say so).
-            if cls.matches or original is default or cls.mark is not None:
+            if marked_lines(cls) or original is default or cls.mark is not None:
                 preferred = None
                 minor_text = f"{cls.classid.minor:x}" if cls.classid else ""
-                if minor_text.isdigit():
-                    preferred = int(minor_text)
+                if minor_text.isdigit() and int(minor_text) < 1 << pool.limit.bit_count():
+                    preferred = deposit(int(minor_text), pool.limit)
                 fwmark = cls.mark.value if cls.mark is not None else pool.take(preferred)
                 marked[id(original)] = fwmark  # type: ignore[assignment]
             children = tuple(
@@ -289,6 +321,27 @@ class InterfaceAllocator:
         if isinstance(q, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
             return dataclasses.replace(q, classes=tuple(visit(c, c) for c in q.classes))
         return q
+
+
+def marked_lines(cls: ir.Class) -> list[ir.Match]:
+    """The match lines of ``cls`` that marking rules carry on an interface that classifies by
+    mark: those without their own ``pref`` (a line with one stays a u32 filter)."""
+    return [m for m in cls.matches if m.pref is None]
+
+
+def deposit(value: int, mask: int) -> int:
+    """Spread the bits of ``value``, lowest first, over the set bits of ``mask`` (x86's pdep):
+    the ``value``-th mark that lives under ``mask``."""
+    out = 0
+    bit = 1
+    while value and mask:
+        low = mask & -mask
+        if value & bit:
+            out |= low
+        mask ^= low
+        value &= ~bit
+        bit <<= 1
+    return out
 
 
 def _round_near(lowest: int, highest: int, target: int) -> int:

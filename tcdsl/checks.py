@@ -530,6 +530,27 @@ def conditions_given_once(policy: ir.Policy) -> Iterator[Diagnostic]:
                     first[name] = cond
 
 
+def tcp_flags_only_on_tcp(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """``tcp-flags`` (which imply TCP) never share a match line with another protocol."""
+    for s in sites(policy):
+        for m in s.cls.matches:
+            flags = next((c for c in m.conds if isinstance(c, ir.TcpFlagsCond)), None)
+            if flags is None:
+                continue
+            for cond in m.conds:
+                if not isinstance(cond, ir.ProtoCond):
+                    continue
+                for number, span in cond.protocols:
+                    if number != 6:
+                        yield Diagnostic.error(
+                            "E247",
+                            "tcp-flags match TCP packets only, so this protocol never matches "
+                            "with them; put the other protocols on a match line of their own",
+                            span,
+                            Note("tcp-flags given here", flags.span),
+                        )
+
+
 def _cond_name(cond: ir.Cond) -> str:
     match cond:
         case ir.AddrCond() | ir.PortCond():
@@ -540,6 +561,8 @@ def _cond_name(cond: ir.Cond) -> str:
             return "tos" if cond.dscp is None else "dscp"
         case ir.TcpAckCond():
             return "tcp-ack"
+        case ir.TcpFlagsCond():
+            return "tcp-flags"
         case ir.RawCond():
             return f"u{cond.bits} at {cond.offset}"
         case ir.AllCond():
@@ -553,6 +576,13 @@ def marks_expressible(policy: ir.Policy) -> Iterator[Diagnostic]:
     """With ``classify by mark``, every match must be expressible as an iptables rule."""
     for s in sites(policy):
         if s.iface.marking is None:
+            if s.cls.set_dscp is not None:
+                yield Diagnostic.error(
+                    "E248",
+                    "'set dscp' needs 'classify by mark' on the interface: the marking rules "
+                    "write the DSCP of the class's packets",
+                    s.cls.set_dscp.span,
+                )
             if s.cls.mark is not None:
                 yield Diagnostic.warning(
                     "W303",
@@ -560,22 +590,40 @@ def marks_expressible(policy: ir.Policy) -> Iterator[Diagnostic]:
                     s.cls.mark.span,
                 )
             continue
+        mask = s.iface.marking.mask
+        mark = s.cls.mark
+        if mask is not None and mark is not None and mark.value & ~mask.value:
+            yield Diagnostic.error(
+                "E246",
+                f"mark {mark.value:#x} has bits outside the mark mask {mask.value:#x}; "
+                "a mark under the mask keeps to its bits",
+                mark.span,
+                Note("mask given here", mask.span),
+            )
+        fw_pref = s.iface.marking.pref
         for m in s.cls.matches:
             if m.pref is not None:
-                yield Diagnostic.error(
-                    "E209",
-                    "'pref' orders u32 filters; with 'classify by mark' the order is the "
-                    "order of the match lines",
-                    m.pref.span,
-                )
+                # A u32 filter at its own pref, tried in pref order with the fw filters.
+                if m.pref.value == (fw_pref.value if fw_pref is not None else 1):
+                    notes = (Note("the fw filters' pref", fw_pref.span),) if fw_pref else ()
+                    yield Diagnostic.error(
+                        "E249",
+                        f"pref {m.pref.value} is the pref of the fw filters 'classify by mark' "
+                        "makes, and one pref holds one kind of filter; give this line another "
+                        "pref (lower: tried before the marks; higher: after), or give the "
+                        "marks theirs with 'classify by mark ... pref N'",
+                        m.pref.span,
+                        *notes,
+                    )
+                continue
             protos = [c for c in m.conds if isinstance(c, ir.ProtoCond)]
             for cond in m.conds:
                 if isinstance(cond, ir.RawCond | ir.TcpAckCond):
                     what = "raw u32 keys" if isinstance(cond, ir.RawCond) else "tcp-ack"
                     yield Diagnostic.error(
                         "E209",
-                        f"{what} cannot be expressed as an iptables rule; "
-                        "use u32 classification (drop 'classify by mark')",
+                        f"{what} cannot be expressed as an iptables rule; give this match line "
+                        "its own 'pref' (it stays a u32 filter), or drop 'classify by mark'",
                         cond.span,
                     )
                 if isinstance(cond, ir.PortCond):
@@ -587,7 +635,8 @@ def marks_expressible(policy: ir.Policy) -> Iterator[Diagnostic]:
                                 f"{port.lo}-{port.hi}",
                                 port.span,
                             )
-                    if not protos or any(
+                    implied = any(isinstance(c, ir.TcpFlagsCond) for c in m.conds)
+                    if (not protos and not implied) or any(
                         n not in IPTABLES_PORT_PROTOS for p in protos for n, _ in p.protocols
                     ):
                         yield Diagnostic.error(
@@ -1275,6 +1324,7 @@ CHECKS: tuple[Check, ...] = (
     htb_tree_fits,
     matches_reach_leaves,
     conditions_given_once,
+    tcp_flags_only_on_tcp,
     marks_expressible,
     marks_unique,
     values_kept_as_written,

@@ -89,6 +89,11 @@ _TABLE: dict[str, CodeInfo] = {
     "E232": CodeInfo(_E, "Link-layer words where a size table cannot take them"),
     "E233": CodeInfo(_E, "cake keywords that contradict each other"),
     "E240": CodeInfo(_E, "red thresholds or netem slots tc refuses"),
+    "E245": CodeInfo(_E, "A mark mask of no bits or more than 32 bits"),
+    "E246": CodeInfo(_E, "A mark outside the mark mask, or a mask too narrow for the marks"),
+    "E247": CodeInfo(_E, "tcp-flags that cannot match (a set flag not examined, not TCP)"),
+    "E248": CodeInfo(_E, "set dscp that nothing applies (no classify by mark, no mark)"),
+    "E249": CodeInfo(_E, "A match line's pref equal to the fw filters' pref"),
     # W3xx: warnings
     "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
@@ -125,6 +130,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W351": CodeInfo(_W, "An 'overbook' on a class whose children fit its rate"),
     "W352": CodeInfo(_W, "red thresholds that leave RED little to do, or a burst tc warns about"),
     "W353": CodeInfo(_W, "A red without bandwidth, which tc replaces with 10Mbit"),
+    "W355": CodeInfo(_W, "A u32 match line after fw filters that take every packet"),
     # E4xx: kernel verification
     "E401": CodeInfo(_E, "An object of the policy is missing in the kernel"),
     "E402": CodeInfo(_E, "An object has another value in the kernel"),

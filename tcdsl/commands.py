@@ -17,6 +17,7 @@ from typing import Literal
 from tcdsl import ir, linklayer
 from tcdsl.allocate import default_minor
 from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.frontend.chains import default_chain as default_chain  # for the backends
 from tcdsl.lower import iptables_words, nft_words
 from tcdsl.units import format_rate, format_size, format_time
 
@@ -440,12 +441,51 @@ def _below(
                     f"filter to {f.flowid}",
                 )
             case ir.FwFilter():
+                handle = str(f.mark) if f.mask is None else f"{f.mark:#x}/{f.mask:#x}"
                 yield Command(
                     "tc",
-                    (*head, "handle", str(f.mark), "fw", "flowid", str(f.flowid)),
+                    (*head, "handle", handle, "fw", "flowid", str(f.flowid)),
                     f.span,
-                    f"mark {f.mark} to {f.flowid}",
+                    f"mark {f.mark if f.mask is None else hex(f.mark)} to {f.flowid}",
                 )
+
+
+_HOOK_CHAIN = {"prerouting": "PREROUTING", "output": "OUTPUT", "postrouting": "POSTROUTING"}
+MARK_HOOKS: tuple[str, ...] = tuple(_HOOK_CHAIN.values())
+"""The built-in mangle chains a marking jump can sit in (teardown looks in each)."""
+
+
+def jump_words(iface: ir.Interface) -> tuple[str, ...]:
+    """The built-in chain and the match of the jump into ``iface``'s marking chain, without
+    ``-j``: ``PREROUTING -i eth1``, ``PREROUTING`` (from any), ``OUTPUT -o eth0`` (from
+    local), ``POSTROUTING -o eth0``."""
+    m = iface.marking
+    assert m is not None
+    hook = _HOOK_CHAIN[m.hook]
+    if m.hook != "prerouting":
+        return (hook, "-o", iface.name)
+    if m.from_interface is None:
+        return (hook,)
+    return (hook, "-i", m.from_interface)
+
+
+def mark_match(m: ir.Marking, value: int) -> tuple[str, ...]:
+    """``-m mark --mark V`` for packets carrying ``value`` under the policy's mark mask."""
+    if m.mask is None:
+        return ("-m", "mark", "--mark", str(value))
+    return ("-m", "mark", "--mark", f"{value:#x}/{m.mask.value:#x}")
+
+
+def mark_text(m: ir.Marking, value: int) -> str:
+    """A mark as messages spell it: decimal, or hex under a mask (where its bits matter)."""
+    return str(value) if m.mask is None else f"{value:#x}"
+
+
+def set_mark(m: ir.Marking, value: int) -> tuple[str, ...]:
+    """The MARK target that sets ``value`` (under the mask, leaving other bits alone)."""
+    if m.mask is None:
+        return ("-j", "MARK", "--set-mark", str(value))
+    return ("-j", "MARK", "--set-xmark", f"{value:#x}/{m.mask.value:#x}")
 
 
 def marking_commands(iface: ir.Interface) -> Iterator[Command]:
@@ -456,31 +496,34 @@ def marking_commands(iface: ir.Interface) -> Iterator[Command]:
     yield Command("iptables", (*mangle, "-N", m.chain), m.span, f"chain {m.chain}")
     yield Command(
         "iptables",
-        (*mangle, "-I", "PREROUTING", "-i", m.from_interface, "-j", m.chain),
+        (*mangle, "-I", *jump_words(iface), "-j", m.chain),
         m.span,
-        f"traffic arriving on {m.from_interface}",
+        m.source(iface.name),
     )
     for rule in m.rules:
         # Every rule only marks unmarked packets, so the first matching line wins, as with u32.
         words = iptables_words(rule.conds)
         yield Command(
             "iptables",
+            (*mangle, "-A", m.chain, *words, *mark_match(m, 0), *set_mark(m, rule.mark)),
+            rule.span,
+            "unmarked traffic" if rule.unmarked else f"mark {mark_text(m, rule.mark)}",
+        )
+    for d in m.dscp_rules:
+        yield Command(
+            "iptables",
             (
                 *mangle,
                 "-A",
                 m.chain,
-                *words,
-                "-m",
-                "mark",
-                "--mark",
-                "0",
+                *mark_match(m, d.mark),
                 "-j",
-                "MARK",
-                "--set-mark",
-                str(rule.mark),
+                "DSCP",
+                "--set-dscp",
+                str(d.dscp),
             ),
-            rule.span,
-            "unmarked traffic" if rule.unmarked else f"mark {rule.mark}",
+            d.span,
+            f"DSCP {d.dscp} for mark {mark_text(m, d.mark)}",
         )
 
 
@@ -520,6 +563,8 @@ SCRIPT_AT = "tcdsl_at"
 """The script's variable naming the policy text of the command that runs next."""
 SCRIPT_FAILED = "tcdsl_failed"
 """The script's exit trap, which prints the failure message."""
+SCRIPT_UNMARK = "tcdsl_unmark"
+"""The script's function removing a marking chain and every jump into it."""
 NO_INTERFACE = "tcdsl: there is no interface %s here; nothing was changed"
 """What the script prints (a printf format) when an interface it shapes is missing."""
 NOT_IFB = (
@@ -635,11 +680,46 @@ def restore_lines(iface: ir.Interface) -> Iterator[tuple[Command | None, str]]:
         yield cmd, " ".join(restore_quote(w) for w in args)
 
 
+def owned_chains(policy: ir.Policy) -> dict[str, tuple[str, ...]]:
+    """The mangle chains a policy's scripts remove (with every jump into them), by tree
+    (``Interface.label``): the marking chain of a tree that marks, and the default chain
+    ``TCDSL-<device>`` an earlier version of the policy may have left, unless that is the
+    tree's own chain or another tree of the policy uses that name. An ingress tree owns none
+    (it never marks; the egress tree of its interface looks after that interface's chain)."""
+    taken = {i.marking.chain for i in policy.interfaces if i.marking and i.marking.chain}
+    out: dict[str, tuple[str, ...]] = {}
+    for iface in policy.interfaces:
+        if iface.direction == "ingress":
+            out[iface.label] = ()
+            continue
+        own = (iface.marking.chain,) if iface.marking and iface.marking.chain else ()
+        default = default_chain(iface.name)
+        out[iface.label] = own if default in taken else (*own, default)
+    return out
+
+
+def stale_chains(policy: ir.Policy) -> list[str]:
+    """The chains of :func:`owned_chains` that the policy does not build again."""
+    built = {i.marking.chain for i in policy.interfaces if i.marking and i.marking.chain}
+    return [c for chains in owned_chains(policy).values() for c in chains if c not in built]
+
+
+def unjump_shell(chain: str) -> str:
+    """A shell line that deletes every jump into mangle chain ``chain`` from the built-in
+    chains a marking jump can sit in, whatever its match (an earlier version of the policy
+    may have marked from another interface or hook)."""
+    return (
+        f"for c in {' '.join(MARK_HOOKS)}; do while n=$(iptables -t mangle -L $c -n "
+        f'--line-numbers | awk \'$2 == "{chain}" {{ print $1; exit }}\') && [ -n "$n" ]; do '
+        "iptables -t mangle -D $c $n; done; done"
+    )
+
+
 def jump_teardown(iface: ir.Interface) -> tuple[str, ...]:
     """The iptables command that deletes one jump into ``iface``'s chain (repeat until it fails)."""
     m = iface.marking
     assert m is not None and m.chain is not None
-    return ("iptables", "-t", "mangle", "-D", "PREROUTING", "-i", m.from_interface, "-j", m.chain)
+    return ("iptables", "-t", "mangle", "-D", *jump_words(iface), "-j", m.chain)
 
 
 _NFT_NAME_BAD = re.compile(r"[^A-Za-z0-9_]")
@@ -679,19 +759,41 @@ def nft_table_lines(iface: ir.Interface, indent: str = "    ") -> Iterator[str]:
     m = iface.marking
     assert m is not None
     table = nft_table(iface)
+    hook = m.hook
+    where = f'iifname "{m.from_interface}" ' if m.from_interface is not None else ""
+    if hook != "prerouting":
+        where = f'oifname "{iface.name}" '
+    unmarked = _nft_mark_is(m, 0)
     yield f"table inet {table}"
     yield f"delete table inet {table}"
     yield f"table inet {table} {{"
-    yield f"{indent}chain prerouting {{"
-    yield f"{indent * 2}type filter hook prerouting priority mangle; policy accept;"
+    yield f"{indent}chain {hook} {{"
+    yield f"{indent * 2}type filter hook {hook} priority mangle; policy accept;"
     for rule in m.rules:
         s = rule.span
-        what = "unmarked traffic" if rule.unmarked else f"mark {rule.mark}"
+        what = "unmarked traffic" if rule.unmarked else f"mark {mark_text(m, rule.mark)}"
         yield f"{indent * 2}# {_comment(f'{s.file}:{s.line}:{s.column}: {what}')}"
-        words = (*nft_words(rule.conds), "meta", "mark", "0", "meta", "mark", "set", str(rule.mark))
-        yield f'{indent * 2}iifname "{m.from_interface}" {" ".join(words)}'
+        words = (*nft_words(rule.conds), unmarked, _nft_set_mark(m, rule.mark))
+        yield f"{indent * 2}{where}{' '.join(words)}"
+    for d in m.dscp_rules:
+        s = d.span
+        yield f"{indent * 2}# {_comment(f'{s.file}:{s.line}:{s.column}: DSCP {d.dscp}')}"
+        yield f"{indent * 2}{where}meta nfproto ipv4 {_nft_mark_is(m, d.mark)} ip dscp set {d.dscp}"
     yield f"{indent}}}"
     yield "}"
+
+
+def _nft_mark_is(m: ir.Marking, value: int) -> str:
+    if m.mask is None:
+        return f"meta mark {value}"
+    return f"meta mark and {m.mask.value:#x} == {value:#x}"
+
+
+def _nft_set_mark(m: ir.Marking, value: int) -> str:
+    if m.mask is None:
+        return f"meta mark set {value}"
+    keep = ~m.mask.value & 0xFFFFFFFF
+    return f"meta mark set meta mark and {keep:#x} or {value:#x}"
 
 
 def nft_remove_lines(ifaces: Iterable[ir.Interface]) -> Iterator[str]:
@@ -726,7 +828,8 @@ def unspellable(policy: ir.Policy, *, batch: bool, nft: bool) -> Iterator[Diagno
                     )
                     yield Diagnostic.error(UNSPELLABLE, msg, cmd.span)
         m = iface.marking
-        why = nft_unquotable(m.from_interface) if m is not None and nft else None
+        named = m.from_interface if m is not None and m.hook == "prerouting" else iface.name
+        why = nft_unquotable(named) if m is not None and named is not None and nft else None
         if m is not None and why is not None:
-            msg = f"interface name '{m.from_interface}' cannot be written in an nft rule: {why}"
+            msg = f"interface name '{named}' cannot be written in an nft rule: {why}"
             yield Diagnostic.error(UNSPELLABLE, msg, m.span)

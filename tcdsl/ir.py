@@ -183,6 +183,33 @@ class TcpAckCond:
     span: Span
 
 
+TCP_FLAGS: dict[str, int] = {
+    "fin": 0x01,
+    "syn": 0x02,
+    "rst": 0x04,
+    "psh": 0x08,
+    "ack": 0x10,
+    "urg": 0x20,
+    "ece": 0x40,
+    "cwr": 0x80,
+}
+"""The TCP flags by name, as bits of the flags byte (byte 13 of the TCP header)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TcpFlagsCond:
+    """``tcp-flags F,... [of G,...]``: TCP, and of the flags in ``mask`` (G, or F without
+    ``of``) exactly those in ``value`` (F) are set."""
+
+    value: int
+    mask: int
+    span: Span
+
+    def names(self, bits: int) -> list[str]:
+        """The names of the flags in ``bits``, in header order (fin first)."""
+        return [name for name, bit in TCP_FLAGS.items() if bits & bit]
+
+
 @dataclass(frozen=True, slots=True)
 class RawCond:
     """A raw u32 key: ``u8|u16|u32 VALUE/MASK at OFFSET`` from the IP header."""
@@ -201,7 +228,7 @@ class AllCond:
     span: Span
 
 
-Cond = AddrCond | PortCond | ProtoCond | TosCond | TcpAckCond | RawCond | AllCond
+Cond = AddrCond | PortCond | ProtoCond | TosCond | TcpAckCond | RawCond | AllCond | TcpFlagsCond
 
 
 Verdict = Literal["drop", "pass", "continue", "reclassify"]
@@ -262,6 +289,8 @@ class Class:
     """hfsc: the link-sharing service curve (``sc`` sets rt and ls to one curve)."""
     ul: Curve | None = None
     """hfsc: the upper-limit service curve."""
+    set_dscp: Count | None = None
+    """``set dscp CODE``: the DSCP the marking rules write into the class's packets."""
     explicit_id: HandleRef | None = None
     matches: tuple[Match, ...] = ()
     children: tuple[Class, ...] = ()
@@ -658,6 +687,8 @@ class FwFilter:
     mark: int
     flowid: Handle
     span: Span
+    mask: int | None = None
+    """The mark bits the filter compares (``handle V/M``); None: all of them."""
 
 
 Filter = U32Filter | FwFilter
@@ -674,17 +705,59 @@ class MarkRule:
     """True for the rule giving still-unmarked traffic the default class's mark."""
 
 
+MarkHook = Literal["prerouting", "output", "postrouting"]
+"""Where marking rules run: the mangle table's PREROUTING (``from IFACE``, ``from any``),
+OUTPUT (``from local``: the host's own traffic) or POSTROUTING (``at postrouting``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Marking:
-    """``classify by mark from IFACE [chain NAME]``: classify with iptables marks and fw."""
+    """``classify by mark (from IFACE|any|local | at postrouting) [chain NAME] [mask M]``:
+    classify with iptables (or nft) marks and fw filters."""
 
-    from_interface: str
+    from_interface: str | None
+    """The input interface (PREROUTING); None for every input interface, or for the OUTPUT
+    and POSTROUTING hooks, whose rules select the shaped interface as output (``-o``)."""
     span: Span
     explicit_chain: str | None = None
     chain: str | None = None
     """Allocated."""
     rules: tuple[MarkRule, ...] = ()
     """Allocated."""
+    hook: MarkHook = "prerouting"
+    mask: Count | None = None
+    """The mark bits tcdsl owns (``mask 0xff``); None: all 32 bits."""
+    pref: Count | None = None
+    """The fw filters' pref (``pref N``), which orders them among match lines that keep
+    their own ``pref`` (u32 filters); None: 1."""
+    dscp_rules: tuple[DscpRule, ...] = ()
+    """Allocated: ``set dscp`` of the classes, one rule per marked class."""
+
+    @property
+    def mask_value(self) -> int:
+        """The mask as a number (0xffffffff without ``mask``)."""
+        return self.mask.value if self.mask is not None else 0xFFFFFFFF
+
+    def source(self, shaped: str, noun: str = "traffic") -> str:
+        """How messages name the traffic the rules see (``shaped``: the shaped interface)."""
+        match self.hook:
+            case "output":
+                return f"{noun} this host sends out of {shaped}"
+            case "postrouting":
+                return f"{noun} leaving by {shaped}"
+            case _:
+                if self.from_interface is None:
+                    return f"{noun} arriving on any interface"
+                return f"{noun} arriving on {self.from_interface}"
+
+
+@dataclass(frozen=True, slots=True)
+class DscpRule:
+    """Set the DSCP of packets carrying ``mark`` (a class's ``set dscp``)."""
+
+    mark: int
+    dscp: int
+    span: Span
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,6 +120,12 @@ FEATURES: Mapping[str, Feature] = {
         hint="use u32 matches (drop 'classify by mark')",
         alternatives=(("CONFIG_NF_TABLES", "CONFIG_NF_TABLES_INET"),),
     ),
+    "iptables-dscp": Feature(
+        "DSCP rewriting (iptables' DSCP target, or nftables)",
+        ("CONFIG_IP_NF_IPTABLES", "CONFIG_IP_NF_MANGLE", "CONFIG_NETFILTER_XT_TARGET_DSCP"),
+        hint="drop 'set dscp'",
+        alternatives=(("CONFIG_NF_TABLES", "CONFIG_NF_TABLES_INET"),),
+    ),
 }
 """What each construct needs, by feature key (qdisc kinds are their own keys)."""
 
@@ -235,6 +241,14 @@ def _needs(policy: ir.Policy) -> Iterator[tuple[str, Span]]:
         if iface.marking is not None:
             yield "fw", iface.marking.span
             yield "iptables-mark", iface.marking.span
+            classes = [c for q in ir.walk_qdiscs(iface.root) for c in ir.classes_of(q)]
+            for cls in classes:
+                if cls.set_dscp is not None:
+                    yield "iptables-dscp", cls.set_dscp.span
+            own = [m for c in classes for m in c.matches]
+            pref = next((m.span for m in own if m.pref is not None), None)
+            if pref is not None:  # a match line that keeps its pref stays a u32 filter
+                yield "u32", pref
         elif matched is not None:
             yield "u32", matched
 

@@ -115,20 +115,26 @@ def _classification_orders(policy: ir.Policy) -> Iterator[list[Alternative]]:
     u32 filters on one qdisc are tried by pref, then in the order they were added
     (``tcdsl.matching.kernel_order``, which ``classify`` uses too); iptables
     rules of ``classify by mark`` in the order of the match lines (each marks only unmarked
-    packets, so the first matching line wins there too).
+    packets, so the first matching line wins there too); match lines that keep their own
+    ``pref`` there are u32 filters, an order of their own.
     """
     for iface in policy.interfaces:
-        if iface.marking is not None:
+        marks = iface.marking is not None
+        if marks:
             ordered: list[Alternative] = []
             for q in ir.walk_qdiscs(iface.root):
                 for cls in ir.classes_of(q):
                     for m in cls.matches:
-                        ordered.extend(_alternatives(m, cls))
+                        if m.pref is None:
+                            ordered.extend(_alternatives(m, cls))
             yield ordered
-            continue
         for q in ir.walk_qdiscs(iface.root):
             added = [
-                a for cls in ir.classes_of(q) for m in cls.matches for a in _alternatives(m, cls)
+                a
+                for cls in ir.classes_of(q)
+                for m in cls.matches
+                if not marks or m.pref is not None
+                for a in _alternatives(m, cls)
             ]
             if added:
                 yield kernel_order(added, lambda a: match_pref(a.match))
@@ -429,6 +435,29 @@ PORTLESS = {
 }
 
 
+def u32_lines_before_marks(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """With marks set at POSTROUTING and a default class, every packet leaving carries a mark
+    an fw filter takes: a match line with its own pref after the fw filters sees nothing."""
+    for iface in policy.interfaces:
+        m = iface.marking
+        root = iface.root
+        if m is None or m.hook != "postrouting" or not isinstance(root, ir.Htb):
+            continue
+        if root.default is None:
+            continue
+        fw_pref = m.pref.value if m.pref is not None else 1
+        for cls in ir.classes_of(root):
+            for line in cls.matches:
+                if line.pref is not None and line.pref.value > fw_pref:
+                    yield Diagnostic.warning(
+                        "W355",
+                        f"this match line is tried after the fw filters (pref {fw_pref}), which "
+                        "take every packet: marking at postrouting gives each unmarked one the "
+                        "default class's mark; it never matches",
+                        line.pref.span,
+                    )
+
+
 def ports_need_a_port_protocol(policy: ir.Policy) -> Iterator[Diagnostic]:
     """A port condition next to a protocol that has no ports tests other header bytes."""
     for s in sites(policy):
@@ -648,6 +677,7 @@ LINTS: tuple[Lint, ...] = (
     htb_bursts_hold_a_frame,
     tbf_bursts_fit,
     ceilings_share_sensibly,
+    u32_lines_before_marks,
     ports_need_a_port_protocol,
     leaf_queues_sensible,
     policers_do_not_reclassify,

@@ -58,6 +58,17 @@ TCP_ACK_KEYS: tuple[ir.U32Key, ...] = (
 )
 
 
+def tcp_flags_keys(cond: ir.TcpFlagsCond) -> tuple[ir.U32Key, ...]:
+    """u32 keys for TCP flags: TCP, a 20-byte IP header (u32 reads the TCP header at a fixed
+    offset, as the tcp-ack idiom does), the first fragment, and the flags byte (33)."""
+    return (
+        ir.U32Key(("ip", "protocol", "6", "0xff")),
+        ir.U32Key(("u8", "0x05", "0x0f", "at", "0")),
+        ir.U32Key(("u16", "0x0000", "0x1fff", "at", "6")),
+        ir.U32Key(("u8", _hex(cond.value, 8), _hex(cond.mask, 8), "at", "33")),
+    )
+
+
 def u32_keys(conds: tuple[ir.Cond, ...]) -> Iterator[tuple[ir.U32Key, ...]]:
     """Yield the u32 key sets (one filter each) for one alternative of a match line."""
     choices: list[list[tuple[ir.U32Key, ...]]] = []
@@ -85,6 +96,8 @@ def u32_keys(conds: tuple[ir.Cond, ...]) -> Iterator[tuple[ir.U32Key, ...]]:
                 )
             case ir.TcpAckCond():
                 choices.append([TCP_ACK_KEYS])
+            case ir.TcpFlagsCond():
+                choices.append([tcp_flags_keys(cond)])
             case ir.RawCond():
                 key = (f"u{cond.bits}", _hex(cond.value, cond.bits), _hex(cond.mask, cond.bits))
                 choices.append([(ir.U32Key((*key, "at", str(cond.offset))),)])
@@ -112,6 +125,8 @@ def iptables_words(conds: tuple[ir.Cond, ...]) -> tuple[str, ...]:
             case ir.ProtoCond():
                 number = cond.protocols[0][0]
                 words += ["-p", PROTO_NAMES.get(number, str(number))]
+    if not words and any(isinstance(c, ir.TcpFlagsCond) for c in conds):
+        words += ["-p", "tcp"]
     for cond in conds:
         match cond:
             case ir.AddrCond():
@@ -127,6 +142,10 @@ def iptables_words(conds: tuple[ir.Cond, ...]) -> tuple[str, ...]:
                     words += ["-m", "dscp", "--dscp", str(cond.dscp)]
                 else:
                     words += ["-m", "tos", "--tos", f"{_hex(cond.value, 8)}/{_hex(cond.mask, 8)}"]
+            case ir.TcpFlagsCond():
+                examined = ",".join(cond.names(cond.mask)).upper()
+                comp = ",".join(cond.names(cond.value)).upper() or "NONE"
+                words += ["--tcp-flags", examined, comp]
             case _:
                 pass
     return tuple(words)
@@ -194,6 +213,8 @@ def nft_words(conds: tuple[ir.Cond, ...]) -> tuple[str, ...]:
             case ir.ProtoCond():
                 number = cond.protocols[0][0]
                 words += ["meta", "l4proto", PROTO_NAMES.get(number, str(number))]
+    if len(words) == 3 and any(isinstance(c, ir.TcpFlagsCond) for c in conds):
+        words += ["meta", "l4proto", "tcp"]
     for cond in conds:
         match cond:
             case ir.AddrCond():
@@ -210,6 +231,16 @@ def nft_words(conds: tuple[ir.Cond, ...]) -> tuple[str, ...]:
                 else:
                     # iptables' "--tos V/M" is (tos & M) == V: the second byte of the header.
                     words += ["@nh,8,8", "&", _hex(cond.mask, 8), "==", _hex(cond.value, 8)]
+            case ir.TcpFlagsCond():
+                examined = "|".join(cond.names(cond.mask))
+                words += ["tcp", "flags", "&", f"({examined})", "==", _nft_flags(cond)]
             case _:
                 pass
     return tuple(words)
+
+
+def _nft_flags(cond: ir.TcpFlagsCond) -> str:
+    names = cond.names(cond.value)
+    if not names:
+        return "0x0"
+    return names[0] if len(names) == 1 else f"({'|'.join(names)})"

@@ -49,6 +49,8 @@ def cond_words(cond: ir.Cond) -> str:
             return f"tos 0x{cond.value:02x}/0x{cond.mask:02x}"
         case ir.TcpAckCond():
             return "tcp-ack"
+        case ir.TcpFlagsCond():
+            return tcp_flags_text(cond)
         case ir.RawCond():
             digits = cond.bits // 4
             return (
@@ -193,11 +195,11 @@ def dscp_name(dscp: int) -> str:
     return f"{name} ({dscp})" if name else str(dscp)
 
 
-def or_list(items: list[str]) -> str:
-    """``a``, ``a or b``, ``a, b or c``."""
+def or_list(items: list[str], conjunction: str = "or") -> str:
+    """``a``, ``a or b``, ``a, b or c`` (or with ``and``)."""
     if len(items) <= 1:
         return "".join(items)
-    return f"{', '.join(items[:-1])} or {items[-1]}"
+    return f"{', '.join(items[:-1])} {conjunction} {items[-1]}"
 
 
 def _network_words(network: IPv4Network) -> str:
@@ -236,6 +238,24 @@ def tos_words(cond: ir.TosCond) -> str:
     meaning = tos_meaning(value) if cond.mask & 0x1E == 0x1E else None
     text = f"whose TOS byte, under mask 0x{cond.mask:02x}, is 0x{value:02x}"
     return f"{text} ({meaning})" if meaning else text
+
+
+def tcp_flags_text(cond: ir.TcpFlagsCond) -> str:
+    """A ``tcp-flags`` condition as the policy writes it."""
+    text = f"tcp-flags {','.join(cond.names(cond.value))}"
+    if cond.mask != cond.value:
+        text += f" of {','.join(cond.names(cond.mask))}"
+    return text
+
+
+def tcp_flags_words(cond: ir.TcpFlagsCond) -> str:
+    """A ``tcp-flags`` condition as a phrase (``with TCP flag SYN set and ACK clear``)."""
+    up = [n.upper() for n in cond.names(cond.value)]
+    down = [n.upper() for n in cond.names(cond.mask & ~cond.value)]
+    text = f"with TCP flag{'s' if len(up) > 1 else ''} {or_list(up, 'and')} set"
+    if down:
+        text += f" and {or_list(down, 'and')} clear"
+    return text
 
 
 def raw_words(cond: ir.RawCond) -> str:
@@ -280,6 +300,8 @@ def match_phrase(match: ir.Match) -> str:
                 extra.append(tos_words(cond))
             case ir.TcpAckCond():
                 ack = True
+            case ir.TcpFlagsCond():
+                extra.append(tcp_flags_words(cond))
             case ir.RawCond():
                 extra.append(raw_words(cond))
             case ir.AllCond():

@@ -99,15 +99,16 @@ def test_emit_files_and_the_map_point_at_the_right_lines() -> None:
     nft = _compile(MARKS, "tc-batch", marks="nft")
     assert list(nft.files)[1] == "s000-10.1-marks.nft"
     plain = _compile("policies/office.tcp", "tc-batch")
-    assert list(plain.files) == ["office.batch", "office.map"]
+    assert list(plain.files) == ["office.batch", "office.iptables", "office.map"]
 
 
 def test_restore_file_creates_or_flushes_the_chain() -> None:
     text = _compile(MARKS, "tc-batch").files["s000-10.1-marks.iptables"]
     body = [line for line in text.splitlines() if not line.startswith("#")]
     assert body[:3] == ["*mangle", ":INSHAPER - [0:0]", "-I PREROUTING -i eth1 -j INSHAPER"]
-    assert body[-1] == "COMMIT"
-    assert all("-m mark --mark 0 -j MARK" in line for line in body[3:-1])
+    # An earlier version without 'chain INSHAPER' used the default chain: removed.
+    assert body[-3:] == [":TCDSL-eth0 - [0:0]", "-X TCDSL-eth0", "COMMIT"]
+    assert all("-m mark --mark 0 -j MARK" in line for line in body[3:-3])
 
 
 def test_compile_to_a_directory_writes_every_file(tmp_path: Path) -> None:
@@ -120,6 +121,13 @@ def test_compile_to_a_directory_writes_every_file(tmp_path: Path) -> None:
     ]
     one = CliRunner().invoke(cli, ["compile", "-b", "tc-batch", MARKS])
     assert one.exit_code == 0 and one.output == (tmp_path / "s000-10.1-marks.batch").read_text()
+
+
+def test_restore_file_without_marking_removes_the_default_chain() -> None:
+    text = _compile("policies/office.tcp", "tc-batch").files["office.iptables"]
+    body = [line for line in text.splitlines() if not line.startswith("#")]
+    assert body == ["*mangle", ":TCDSL-eth0 - [0:0]", "-X TCDSL-eth0", "COMMIT"]
+    assert 'awk \'$2 == "TCDSL-eth0"' in text  # how to delete the jumps first
 
 
 def test_nft_backend_on_a_policy_without_marking_removes_stale_tables() -> None:
@@ -153,12 +161,17 @@ def test_shell_batch_and_nft_scripts_are_valid_sh() -> None:
             done = subprocess.run(["sh", "-n"], input=script, text=True, capture_output=True)
             assert done.returncode == 0, done.stderr
             assert ("tc -batch - 2>&1 <<'TCDSL_BATCH'" in script) == bool(options.get("batch"))
-            assert ("iptables" in script) == (path == MARKS and options.get("marks") != "nft")
+            # Without marks, iptables only removes an earlier version's chain (tcdsl_unmark).
+            marks = "iptables -t mangle -N" in script
+            assert marks == (path == MARKS and options.get("marks") != "nft")
+            assert ("tcdsl_unmark " in script) == (options.get("marks") != "nft")
+            assert ("nft delete table" in script) == (options.get("marks") == "nft")
 
 
 @pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft (nftables)")
 def test_nft_accepts_the_rulesets() -> None:
-    for path in (MARKS, "policies/seeds/s000-10.2-marks-sharing.tcp", "policies/office.tcp"):
+    marking = (MARKS, "policies/seeds/s000-10.2-marks-sharing.tcp", "policies/router-marks.tcp")
+    for path in (*marking, "policies/office.tcp"):
         text = _compile(path, "nft").output or ""
         done = subprocess.run(["nft", "-c", "-f", "-"], input=text, text=True, capture_output=True)
         if done.returncode != 0 and "Operation not permitted" in done.stderr:

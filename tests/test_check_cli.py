@@ -529,6 +529,18 @@ def test_kernel_config_file(here: Path) -> None:
     nft = CONFIG.replace("# CONFIG_NET_CLS_FW is not set", "CONFIG_NET_CLS_FW=m")
     write(here / "config-nft", nft + "CONFIG_NF_TABLES=m\nCONFIG_NF_TABLES_INET=y\n")
     assert run("check", "--kernel", "config-nft", "marks.tcp").exit_code == 0
+    # set dscp needs the DSCP target (or nftables); a line that keeps its pref needs u32.
+    xt = nft.replace("CONFIG_NET_CLS_U32=m\n", "")
+    xt += "CONFIG_IP_NF_IPTABLES=m\nCONFIG_IP_NF_MANGLE=m\nCONFIG_NETFILTER_XT_MARK=m\n"
+    write(here / "config-xt", xt)
+    dscp = marks.replace("class web rate 1mbit {", "class web rate 1mbit set dscp ef {")
+    dscp = dscp.replace("dport 80\n", "dport 80\n        match tcp-ack pref 5\n")
+    write(here / "dscp.tcp", dscp)
+    result = run("check", "--kernel", "config-xt", "dscp.tcp")
+    assert "no DSCP rewriting (iptables' DSCP target, or nftables)" in result.stderr
+    assert "no u32 classifier (CONFIG_NET_CLS_U32 not set)" in result.stderr
+    write(here / "config-dscp", xt + "CONFIG_NETFILTER_XT_TARGET_DSCP=m\nCONFIG_NET_CLS_U32=m\n")
+    assert run("check", "--kernel", "config-dscp", "dscp.tcp").exit_code == 0
 
 
 def test_fq_codel_needs_3_5(here: Path) -> None:

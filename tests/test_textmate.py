@@ -240,9 +240,10 @@ const SERVER = 10.0.0.0/24
 include "other#1.tcp" # a '#' in a string is no comment
 interface eth0.100 htb rate UPLINK handle 1: r2q 10 default bulk {
     classify by mark from "eth 1" chain "TC#1"; classify by mark from wg-0
-    class web-2 prio 1 rate (UPLINK / 2) ceil 90% mark 0x10 {
+    classify by mark at postrouting mask 0xff00 pref 2
+    class web-2 prio 1 rate (UPLINK / 2) ceil 90% mark 0x10 set dscp af41 {
         match src SERVER, 192.168.1.1 dst 10.1.2.3 sport 1024-2048, 80/0xfff0 pref 3
-        match proto tcp, 17 tos 0x10/0x1e dscp ef tcp-ack
+        match proto tcp, 17 tos 0x10/0x1e dscp ef tcp-ack tcp-flags syn of syn,ack
         match u32 0x06/0xff at 9 u16 80 at 22 \\
             u8 1 at 0
         match all

@@ -29,6 +29,7 @@ from tcdsl.frontend.syntax import (
     PoliceSyntax,
     PriomapOpt,
     QdiscSyntax,
+    SetDscpOpt,
     suggestion,
 )
 from tcdsl.frontend.values import (
@@ -600,6 +601,20 @@ class Builder(Transformer[Token, Any]):
     def dscp_cond(self, c: list[Token]) -> ir.TosCond | None:
         (tok,) = c
         span = self.sp(tok)
+        dscp = self._dscp(tok)
+        if dscp is None:
+            return None
+        return ir.TosCond(dscp << 2, 0xFC, span, dscp)
+
+    def set_dscp_opt(self, c: list[Token]) -> SetDscpOpt:
+        kw, tok = c
+        dscp = self._dscp(tok)
+        span = join(self.sp(kw), self.sp(tok))
+        return SetDscpOpt(ir.Count(dscp, self.sp(tok)) if dscp is not None else None, span)
+
+    def _dscp(self, tok: Token) -> int | None:
+        """A DSCP code point by name (``ef``, ``af41``, ``cs1``) or number 0-63."""
+        span = self.sp(tok)
         if tok.type == "NAME":
             dscp = DSCP_NAMES.get(str(tok).lower())
             if dscp is None:
@@ -619,11 +634,47 @@ class Builder(Transformer[Token, Any]):
             if dscp > 63:
                 self.error(Diagnostic.error("E016", f"DSCP {dscp} is out of range 0-63", span))
                 return None
-        return ir.TosCond(dscp << 2, 0xFC, span, dscp)
+        return dscp
 
     def tcp_ack(self, c: list[Token]) -> ir.TcpAckCond:
         (tok,) = c
         return ir.TcpAckCond(self.sp(tok))
+
+    def tcp_flags(self, c: list[Any]) -> ir.TcpFlagsCond | None:
+        kw, listed, *examined = c
+        if listed is None or (examined and examined[0] is None):
+            return None
+        value, value_span = listed
+        mask, mask_span = examined[0] if examined else listed
+        span = join(self.sp(kw), mask_span)
+        missing = value & ~mask
+        if missing:
+            names = ",".join(ir.TcpFlagsCond(0, 0, span).names(missing))
+            self.error(
+                Diagnostic.error(
+                    "E247",
+                    f"tcp-flags: {names} must be set but is not among the flags examined; add "
+                    "it to the 'of' list, or drop it",
+                    value_span,
+                )
+            )
+            return None
+        return ir.TcpFlagsCond(value, mask, span)
+
+    def flag_names(self, c: list[Token]) -> tuple[int, Span] | None:
+        bits = 0
+        for tok in c:
+            bit = ir.TCP_FLAGS.get(str(tok).lower())
+            if bit is None:
+                known = ", ".join(ir.TCP_FLAGS)
+                self.error(
+                    Diagnostic.error(
+                        "E247", f"unknown TCP flag '{tok}'; the flags are {known}", self.sp(tok)
+                    )
+                )
+                return None
+            bits |= bit
+        return bits, join(self.sp(c[0]), self.sp(c[-1]))
 
     def raw_cond(self, c: list[Token]) -> ir.RawCond | None:
         size, *bits, at = c
@@ -666,17 +717,57 @@ class Builder(Transformer[Token, Any]):
         return Body(tuple(c))
 
     def classify(self, c: list[Any]) -> ir.Marking:
-        kw, (name, span), *rest = c
-        self._check_ifname(name, span)
+        kw, (hook, name, span), *rest = c
         chain = None
-        if rest:
-            tok = rest[0]
+        mask = None
+        pref = None
+        for tok in rest:
+            if tok is None or isinstance(tok, ir.Count):
+                pref = tok
+                continue
+            if tok.type in ("INT", "HEX"):
+                mask = self._mark_mask(tok)
+                continue
             chain = str(tok)[1:-1] if tok.type == "STRING" else str(tok)
             problem = chain_name_problem(chain)
             if problem is not None:
                 self.error(Diagnostic.error(*problem, self.sp(tok)))
                 chain = None
-        return ir.Marking(name, join(self.sp(kw), span), chain)
+        return ir.Marking(name, join(self.sp(kw), span), chain, hook=hook, mask=mask, pref=pref)
+
+    def mark_from(self, c: list[Token]) -> tuple[ir.MarkHook, str | None, Span]:
+        """``from IFACE``; unquoted ``any`` is every input interface, ``local`` the host's own
+        traffic (a quoted ``"any"`` is an interface of that name)."""
+        (tok,) = c
+        span = self.sp(tok)
+        if tok.type == "IFNAME" and str(tok) == "any":
+            return "prerouting", None, span
+        if tok.type == "IFNAME" and str(tok) == "local":
+            return "output", None, span
+        name = str(tok)[1:-1] if tok.type == "STRING" else str(tok)
+        self._check_ifname(name, span)
+        return "prerouting", name, span
+
+    def mark_at(self, c: list[Token]) -> tuple[ir.MarkHook, str | None, Span]:
+        (tok,) = c
+        return "postrouting", None, self.sp(tok)
+
+    def _mark_mask(self, tok: Token) -> ir.Count | None:
+        span = self.sp(tok)
+        value = self._whole(str(tok), span)
+        if value is None:
+            return None
+        if not 0 < value <= 0xFFFFFFFF:
+            self.error(
+                Diagnostic.error(
+                    "E245",
+                    f"mark mask {tok!s} is out of range: a mask is 1-0xffffffff (32 bits, "
+                    "at least one of them)",
+                    span,
+                )
+            )
+            return None
+        return ir.Count(value, span)
 
     def chain_name(self, c: list[Token]) -> Token:
         return c[0]

@@ -163,7 +163,7 @@ def _after_hex(token: Token, text: str) -> bool:
 
 # ---- what a word was meant for -------------------------------------------------------------
 
-_OPTIONS = ("PARAM", "FLAG", "HANDLE_KW", "DEFAULT", "PRIOMAP", "CURVE")
+_OPTIONS = ("PARAM", "FLAG", "HANDLE_KW", "DEFAULT", "PRIOMAP", "CURVE", "SET")
 
 
 def _context(stack: Sequence[Any]) -> tuple[str, str] | None:
@@ -243,6 +243,7 @@ _CONDITIONS = (
     "TOS",
     "DSCP",
     "TCP_ACK",
+    "TCP_FLAGS",
     "RAW_SIZE",
     "ALL",
     "PREF",

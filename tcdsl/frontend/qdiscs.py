@@ -19,6 +19,7 @@ from tcdsl.frontend.syntax import (
     Param,
     PriomapOpt,
     QdiscSyntax,
+    SetDscpOpt,
     suggestion,
 )
 from tcdsl.frontend.values import EvalError, Ref, evaluate
@@ -233,6 +234,11 @@ class QdiscBuilder:
             if isinstance(opt, CurveOpt):
                 self._curve_opt(opt, values, seen, params, flags, what, handle_kw)
                 continue
+            if isinstance(opt, SetDscpOpt) and key not in params:
+                self.error(
+                    Diagnostic.error("E007", f"'set dscp' belongs on a class, not on {what}", span)
+                )
+                continue
             if key in seen:
                 self.error(
                     Diagnostic.error(
@@ -259,6 +265,9 @@ class QdiscBuilder:
                     self._unknown(key, span, params, flags, what, handle_kw)
                 else:
                     values[key] = opt.name if isinstance(opt, DefaultOpt) else opt.values
+                continue
+            if isinstance(opt, SetDscpOpt):
+                values[key] = opt.value
                 continue
             dim = params.get(opt.key)
             if dim is None:
@@ -895,7 +904,7 @@ class QdiscBuilder:
         kind = self.kind
         values, handle, matches = self._values(
             syn.opts,
-            CLASS_PARAMS[kind],
+            {**CLASS_PARAMS[kind], SET_DSCP: C},
             CLASS_FLAGS[kind],
             f"{'an' if kind in ('htb', 'hfsc') else 'a'} {kind} class",
             PERCENT_OK if kind != "prio" else frozenset(),
@@ -943,6 +952,7 @@ class QdiscBuilder:
                 )
             )
         flags = {k: values.pop(k, False) for k in ("bounded", "isolated", "overbook")}
+        values["set_dscp"] = values.pop(SET_DSCP, None)
         fields = {k: val for k, val in values.items() if val is not None}
         return ir.Class(
             syn.name,
@@ -966,8 +976,16 @@ def _either(values: Mapping[str, Any], on: str, off: str) -> bool | None:
     return True if values.get(on) else (False if values.get(off) else None)
 
 
-def _opt_key(opt: Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | CurveOpt) -> str:
+SET_DSCP = "set dscp"
+"""The key of a class's ``set dscp`` among its options (two words: never a parameter name)."""
+
+
+def _opt_key(
+    opt: Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | CurveOpt | SetDscpOpt,
+) -> str:
     match opt:
+        case SetDscpOpt():
+            return SET_DSCP
         case Param() | Flag() | CurveOpt():
             return opt.key
         case DefaultOpt():

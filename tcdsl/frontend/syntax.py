@@ -55,7 +55,15 @@ class CurveOpt:
     span: Span
 
 
-Opt = Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | CurveOpt | ir.Match
+@dataclass(frozen=True, slots=True)
+class SetDscpOpt:
+    """``set dscp CODE`` on a class (None: a bad code, already reported)."""
+
+    value: ir.Count | None
+    span: Span
+
+
+Opt = Param | Flag | DefaultOpt | HandleOpt | PriomapOpt | CurveOpt | SetDscpOpt | ir.Match
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from typing import TypeVar
 
 from tcdsl import ir, lower, words
 from tcdsl.allocate import default_minor
+from tcdsl.commands import mark_text
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.chains import default_chain
 from tcdsl.matching import bits_match, filter_bits, filters_at
@@ -225,7 +226,7 @@ class _Walk:
 
     def _mark(self, marking: ir.Marking) -> None:
         chain = marking.chain or default_chain(self.iface.name)
-        where = f"iptables chain {chain} (packets arriving on {marking.from_interface})"
+        where = f"iptables chain {chain} ({marking.source(self.iface.name, 'packets')})"
         for number, rule in enumerate(marking.rules, 1):
             if not self._conds_match(rule.conds):
                 continue
@@ -233,11 +234,12 @@ class _Walk:
             if rule.unmarked:
                 self.mark_why = (
                     f"no marking rule matched; {where} gives still-unmarked packets "
-                    f"the default's mark {rule.mark}"
+                    f"the default's mark {mark_text(marking, rule.mark)}"
                 )
             else:
                 self.mark_why = (
-                    f"{where}, rule {number} ({_conds(rule.conds)}) set mark {rule.mark}"
+                    f"{where}, rule {number} ({_conds(rule.conds)}) set mark "
+                    f"{mark_text(marking, rule.mark)}"
                 )
             return
         self.mark_why = f"no rule of {where} matched: the packet is unmarked"
@@ -269,7 +271,8 @@ class _Walk:
                     why += f"; {words.police_phrase(f.police, target)}"
                 return _Hit(f.flowid, why, f.span)
             if f.mark == self.mark:
-                why = f"{self.mark_why}; fw filter pref {f.pref} maps mark {f.mark} to it"
+                shown = mark_text(self.iface.marking, f.mark) if self.iface.marking else f.mark
+                why = f"{self.mark_why}; fw filter pref {f.pref} maps mark {shown} to it"
                 return _Hit(f.flowid, why, self.mark_span or f.span)
         return None
 

@@ -21,9 +21,9 @@ from typing import Literal
 from tcdsl import ir, linklayer
 from tcdsl.allocate import default_minor
 from tcdsl.checks import children_overbook
-from tcdsl.commands import IFB_TXQUEUELEN
+from tcdsl.commands import IFB_TXQUEUELEN, mark_text
 from tcdsl.directions import PRIVATE
-from tcdsl.matching import filters_at
+from tcdsl.matching import filters_at, kernel_order
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     HTB_DEFAULT_R2Q,
@@ -37,6 +37,7 @@ from tcdsl.units import format_rate, format_size, format_time
 from tcdsl.words import (
     TOS_BITS,
     curve_phrases,
+    dscp_name,
     match_phrase,
     match_text,
     or_list,
@@ -301,6 +302,15 @@ def _class_index(
                 for m in cls.matches:
                     lines[(cls.classid, m.span)] = m
     return owners, lines
+
+
+_UNSEEN = {
+    "prerouting": "Packets that never pass that chain (this host's own traffic, for one) "
+    "carry no mark and go where unmatched traffic goes.",
+    "output": "Forwarded packets never pass that chain: they carry no mark and go where "
+    "unmatched traffic goes.",
+    "postrouting": "Every packet leaving by the interface passes that chain.",
+}
 
 
 class _Explainer:
@@ -1243,10 +1253,10 @@ class _Explainer:
             self.add(
                 Item(
                     "Traffic",
-                    f"packets the firewall marks {cls.fwmark} (chain "
-                    f"{self.name(marking.chain or '?')}, for packets arriving on "
-                    f"{self.name(marking.from_interface)}): an fw filter sends mark "
-                    f"{cls.fwmark} here. The mark is set on packets matching "
+                    f"packets the firewall marks {mark_text(marking, cls.fwmark)} (chain "
+                    f"{self.name(marking.chain or '?')}, for "
+                    f"{self._source(marking, iface)}): an fw filter sends mark "
+                    f"{mark_text(marking, cls.fwmark)} here. The mark is set on packets matching "
                     + ("any of these lines:" if len(lines) > 1 else "this line:"),
                     depth,
                     lines,
@@ -1266,7 +1276,8 @@ class _Explainer:
             self.add(
                 Item(
                     "Traffic",
-                    f"packets carrying mark {cls.fwmark}, which nothing in this policy sets: "
+                    f"packets carrying mark {mark_text(marking, cls.fwmark)}, which nothing in "
+                    "this policy sets: "
                     "only another firewall rule can send packets here.",
                     depth,
                 )
@@ -1281,7 +1292,10 @@ class _Explainer:
                 "including everything that is not IPv4 (ARP, IPv6)."
             )
             if marking is not None and cls.fwmark is not None and not nested:
-                text += f" The firewall gives still-unmarked packets mark {cls.fwmark}."
+                text += (
+                    " The firewall gives still-unmarked packets mark "
+                    f"{mark_text(marking, cls.fwmark)}."
+                )
             self.add(Item("Default", text, depth))
         elif not cls.matches and isinstance(q, ir.Htb | ir.Cbq | ir.Hfsc) and cls.fwmark is None:
             self.add(
@@ -1292,6 +1306,28 @@ class _Explainer:
                     depth,
                 )
             )
+        if marking is not None and cls.set_dscp is not None and cls.fwmark is not None:
+            self.add(
+                Item(
+                    "DSCP",
+                    f"the firewall rewrites the DSCP of this class's packets to "
+                    f"{dscp_name(cls.set_dscp.value)} (after marking them), so the next hops "
+                    "see it.",
+                    depth,
+                )
+            )
+
+    def _source(self, marking: ir.Marking, iface: ir.Interface) -> str:
+        """The packets the marking rules see, with interface names quoted as names."""
+        match marking.hook:
+            case "output":
+                return f"packets this host sends out of {self.name(iface.name)}"
+            case "postrouting":
+                return f"packets leaving by {self.name(iface.name)} (forwarded or this host's own)"
+            case _:
+                if marking.from_interface is None:
+                    return "packets arriving on any interface"
+                return f"packets arriving on {self.name(marking.from_interface)}"
 
     def policed(self, m: ir.Match, cls: ir.Class) -> str:
         """What a match line's policer does, after the line's phrase (empty without one)."""
@@ -1332,13 +1368,19 @@ class _Explainer:
                 )
             self.add(
                 Para(
-                    f"By firewall mark. Packets arriving on {self.name(marking.from_interface)} "
-                    f"pass the iptables chain {self.name(marking.chain or '?')} (mangle table, "
-                    "PREROUTING), whose rules mark them; each rule marks only packets that are "
-                    "still unmarked, so the first that matches wins. On "
+                    f"By firewall mark. P{self._source(marking, iface)[1:]} pass "
+                    f"the iptables chain {self.name(marking.chain or '?')} (mangle table, "
+                    f"{marking.hook.upper()}), whose rules mark them; each rule marks only "
+                    "packets that are still unmarked"
+                    + (
+                        f" (in the mark bits {marking.mask.value:#x}; the others are left alone)"
+                        if marking.mask is not None
+                        else ""
+                    )
+                    + ", so the first that matches wins. On "
                     f"{self.name(iface.name)}, fw filters send each mark to its class.{through} "
-                    "Packets that never pass that chain (this host's own traffic, for one) "
-                    "carry no mark and go where unmatched traffic goes. The rules, in order:"
+                    + _UNSEEN[marking.hook]
+                    + " The rules, in order:"
                 )
             )
             by_mark = {c.fwmark: c for c in owners.values() if c.fwmark is not None}
@@ -1349,7 +1391,8 @@ class _Explainer:
                 target = by_mark.get(rule.mark)
                 where = f" -> {self.cls_ref(target)}" if target is not None else ""
                 if rule.unmarked:
-                    steps.append(f"every packet still unmarked: mark {rule.mark}{where}")
+                    unmarked = mark_text(marking, rule.mark)
+                    steps.append(f"every packet still unmarked: mark {unmarked}{where}")
                     continue
                 key = (rule.span, rule.mark)
                 if key in seen:
@@ -1357,8 +1400,31 @@ class _Explainer:
                 seen.add(key)
                 line = by_span.get(rule.span)
                 what = match_phrase(line) if line is not None else "?"
-                steps.append(f"{what}: mark {rule.mark}{where}")
+                steps.append(f"{what}: mark {mark_text(marking, rule.mark)}{where}")
             self.add(Steps(tuple(steps)))
+            for d in marking.dscp_rules:
+                target = by_mark.get(d.mark)
+                self.add(
+                    Para(
+                        f"Then the chain rewrites the DSCP of packets carrying mark "
+                        f"{mark_text(marking, d.mark)}"
+                        + (f" ({self.cls_ref(target)})" if target is not None else "")
+                        + f" to {dscp_name(d.dscp)}."
+                    )
+                )
+            u32 = [f for f in iface.filters if isinstance(f, ir.U32Filter) and f.parent == q.handle]
+            if u32:
+                fw_pref = marking.pref.value if marking.pref is not None else 1
+                self.add(
+                    Para(
+                        f"Match lines with a pref of their own stay u32 filters on {_handle(q)}, "
+                        f"tried by pref with the fw filters (pref {fw_pref}): a lower pref "
+                        "before the marks, a higher one only for packets whose mark no fw "
+                        "filter takes:"
+                    )
+                )
+                ordered = kernel_order(u32, lambda f: f.pref)
+                self.add(Steps(self._u32_steps(ordered, True, owners, lines)))
             return
         if q.handle is None:  # allocate gives every qdisc one
             return
@@ -1374,6 +1440,16 @@ class _Explainer:
                 + (" (lower pref first, then the order written):" if show_pref else ":")
             )
         )
+        self.add(Steps(self._u32_steps(on, show_pref, owners, lines)))
+
+    def _u32_steps(
+        self,
+        on: list[ir.U32Filter],
+        show_pref: bool,
+        owners: dict[ir.Handle, ir.Class],
+        lines: dict[tuple[ir.Handle, object], ir.Match],
+    ) -> tuple[str, ...]:
+        """One step per match line's filters, in the order tried (``on``)."""
         steps = []
         last: tuple[object, ir.Handle] | None = None
         for f in on:
@@ -1387,7 +1463,7 @@ class _Explainer:
             prefix = f"pref {f.pref}: " if show_pref else ""
             police = f"; {police_phrase(f.police, ref)}" if f.police is not None else ""
             steps.append(f"{prefix}{what} -> {ref}{police}")
-        self.add(Steps(tuple(steps)))
+        return tuple(steps)
 
     # ---- unmatched traffic
     def unmatched(self, root: ir.ClassfulQdisc, holder: _Holder | None) -> None:

@@ -8,7 +8,9 @@ A packet spec is a few words, in any order (``tcp src 10.3.34.11 dport 5001 tos 
 - ``size B`` (bytes on the wire, as tc counts them: the IP packet plus the 14-byte Ethernet
   header; ``1500b``, ``1k`` and bare numbers as in tc), or ``iplen B``, the IP packet's own
   length (its total-length field, what tcpdump and ``ip -s`` report): ``iplen 52`` is ``size 66``;
-- ``ack``: a TCP packet with only ACK set and no payload (what the ``tcp-ack`` match finds).
+- ``ack``: a TCP packet with only ACK set and no payload (what the ``tcp-ack`` match finds);
+- ``flags F,...``: a TCP packet with exactly these flags set (``flags syn``, ``flags syn,ack``;
+  a TCP packet without it has ACK and PSH set).
 
 A flow spec is ``[NAME:] PACKET-WORDS [rate R] [start T] [stop T]``: packets like that one,
 sent at rate R (at most ``MAX_RATE``, 1tbit; greedy when no rate is given: as fast as the
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
+from tcdsl.ir import TCP_FLAGS
 from tcdsl.units import format_rate, parse_rate, parse_size, parse_time
 from tcdsl.words import protocol_name
 
@@ -55,6 +58,8 @@ class Packet:
     """Bytes on the wire (IP packet + Ethernet header), as qdiscs count them."""
     ack_only: bool = False
     """TCP with only ACK set and a 20-byte header, no payload (the ``tcp-ack`` idiom)."""
+    tcp_flags: int | None = None
+    """The TCP flags byte (``flags syn``); None: ACK and PSH (or only ACK with ``ack``)."""
 
     def header(self) -> bytes:
         """The first 40 bytes of the IP packet (IP header without options, then the first
@@ -65,6 +70,8 @@ class Packet:
         transport = self.sport.to_bytes(2, "big") + self.dport.to_bytes(2, "big")
         if self.proto == 6:
             flags = 0x10 if self.ack_only else 0x18
+            if self.tcp_flags is not None:
+                flags = self.tcp_flags
             transport += bytes(8) + bytes([0x50, flags]) + bytes(6)
         else:
             transport += bytes(16)
@@ -82,6 +89,8 @@ class Packet:
             words += ["tos", f"0x{self.tos:02x}"]
         if self.ack_only:
             words.append("ack")
+        if self.tcp_flags is not None:
+            words += ["flags", ",".join(n for n, b in TCP_FLAGS.items() if self.tcp_flags & b)]
         words += ["size", str(self.size)]
         return " ".join(words)
 
@@ -144,6 +153,15 @@ def _length(word: str, value: str) -> int:
     )
 
 
+def _flags(text: str) -> int:
+    bits = 0
+    for name in text.lower().split(","):
+        if name not in TCP_FLAGS:
+            raise SpecError(f"unknown TCP flag {name!r}; the flags are {', '.join(TCP_FLAGS)}")
+        bits |= TCP_FLAGS[name]
+    return bits
+
+
 def parse_packet(text: str) -> Packet:
     """Parse a packet spec (see the module docstring); raises ``SpecError``."""
     if not text.split():
@@ -183,6 +201,12 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             fields.setdefault("proto", 6)
             i += 1
             continue
+        if word == "flags" and value is not None:
+            once("tcp flags", word)
+            fields["tcp_flags"] = _flags(value)
+            fields.setdefault("proto", 6)
+            i += 2
+            continue
         if word not in ("proto", "src", "dst", "sport", "dport", "tos", "dscp", "size", "iplen"):
             break  # the flow's words start here
         if value is None:
@@ -211,6 +235,8 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
     if ports and proto not in PORTED:
         name = protocol_name(proto).lower()
         raise SpecError(f"{name} has no ports: drop '{ports[0]}', or make it a tcp or udp packet")
+    if "tcp_flags" in fields and proto != 6:
+        raise SpecError("'flags' are TCP flags; the packet cannot have another protocol")
     if fields.get("ack_only"):
         if fields.get("proto") != 6:
             raise SpecError("'ack' is a TCP packet; it cannot have another protocol")

@@ -615,11 +615,11 @@ def _compare_fw(
                 f"{e.label} classid is {g.flowid} in the kernel, policy says {e.flowid}",
                 e.span,
             )
-        elif g.mask is not None:
+        elif g.mask != e.mask:
+            shown = f"{g.mask:#x}" if g.mask is not None else "0xffffffff"
+            want = f"{e.mask:#x}" if e.mask is not None else "0xffffffff"
             yield Diagnostic.error(
-                DIFFERS,
-                f"{e.label} mask is {g.mask:#x} in the kernel, policy says 0xffffffff",
-                e.span,
+                DIFFERS, f"{e.label} mask is {shown} in the kernel, policy says {want}", e.span
             )
     for g in actual.values():
         yield _unexpected_filter(iface, parent, g)
@@ -672,7 +672,7 @@ def _spell_field(name: str, value: object) -> str:
         return f"{value[0]:#x}/{value[1]:#x}"
     if name == "tos" and isinstance(value, tuple):
         return f"{value[0]:#04x}/{value[1]:#04x}"
-    if name == "dscp" and isinstance(value, int):
+    if name in ("dscp", "set-dscp") and isinstance(value, int):
         return f"{value:#04x}"
     if name == "other words" and isinstance(value, tuple):
         return " ".join(value) or "none"
@@ -700,7 +700,7 @@ def _rule_diffs(exp: ExpectedRule, got: IptRule) -> Iterator[Diagnostic]:
 
 
 def _compare_chain(chain: ExpectedChain, state: IptablesState) -> Iterator[Diagnostic]:
-    jumps = [r for r in state.chains.get("PREROUTING", []) if r == chain.jump.rule]
+    jumps = [r for r in state.chains.get(chain.jump.rule.chain, []) if r == chain.jump.rule]
     if not jumps:
         yield Diagnostic.error(
             MISSING,

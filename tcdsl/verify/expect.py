@@ -293,6 +293,8 @@ class ExpectedFilter:
     span: Span
     keys: tuple[Key, ...] = ()
     mark: int | None = None
+    mask: int | None = None
+    """fw only: the mark mask (``handle V/M``), None for all 32 bits."""
     words: str = ""
     """The policy's condition as tc's words (``ip dport 5001 0xffff``), for messages."""
     unpackable: str | None = None
@@ -962,13 +964,22 @@ def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
             case ir.FwFilter():
                 label = f"fw filter for mark {f.mark} to {f.flowid} (pref {f.pref})"
                 yield ExpectedFilter(
-                    label, "fw", str(f.parent), f.pref, str(f.flowid), f.span, mark=f.mark
+                    label,
+                    "fw",
+                    str(f.parent),
+                    f.pref,
+                    str(f.flowid),
+                    f.span,
+                    mark=f.mark,
+                    mask=f.mask,
                 )
 
 
-def expected_rule(chain: str, conds: tuple[ir.Cond, ...], mark: int) -> IptRule:
+def expected_rule(
+    chain: str, conds: tuple[ir.Cond, ...], mark: int, mask: int = U32_MAX
+) -> IptRule:
     """The rule the policy means for one mark rule, normalised like ``readback.parse_rule``."""
-    rule = IptRule(chain, mark=(0, U32_MAX), target="MARK", set_mark=(mark, U32_MAX))
+    rule = IptRule(chain, mark=(0, mask), target="MARK", set_mark=(mark, mask))
     values: dict[str, object] = {}
     for cond in conds:
         match cond:
@@ -982,6 +993,9 @@ def expected_rule(chain: str, conds: tuple[ir.Cond, ...], mark: int) -> IptRule:
             case ir.PortCond():
                 port = cond.ports[0]
                 values[cond.field] = (port.lo, port.hi)
+            case ir.TcpFlagsCond():
+                values.setdefault("protocol", 6)
+                values["tcp_flags"] = (cond.value, cond.mask)
             case ir.TosCond():
                 if cond.dscp is not None:
                     values["dscp"] = cond.dscp
@@ -1005,11 +1019,14 @@ def _chain(iface: ir.Interface) -> ExpectedChain | None:
         for c in ir.classes_of(q):
             if c.fwmark is not None and c.fwmark not in by_mark:
                 by_mark[c.fwmark] = c.label
-    jump = ExpectedRule(
-        f"jump from PREROUTING on {m.from_interface} to chain {m.chain}",
-        IptRule("PREROUTING", in_iface=m.from_interface, target=m.chain),
-        m.span,
-    )
+    hook = m.hook.upper()
+    if m.hook != "prerouting":
+        jump_rule = IptRule(hook, out_iface=iface.name, target=m.chain)
+        where = f"{hook} out of {iface.name}"
+    else:
+        jump_rule = IptRule(hook, in_iface=m.from_interface, target=m.chain)
+        where = f"{hook} on {m.from_interface or 'every interface'}"
+    jump = ExpectedRule(f"jump from {where} to chain {m.chain}", jump_rule, m.span)
     rules = []
     for rule in m.rules:
         if rule.unmarked:
@@ -1017,7 +1034,11 @@ def _chain(iface: ir.Interface) -> ExpectedChain | None:
         else:
             owner = by_mark.get(rule.mark)
             label = f"mark rule for {owner.removeprefix('class ')}" if owner else "mark rule"
-        rules.append(ExpectedRule(label, expected_rule(m.chain, rule.conds, rule.mark), rule.span))
+        rule_words = expected_rule(m.chain, rule.conds, rule.mark, m.mask_value)
+        rules.append(ExpectedRule(label, rule_words, rule.span))
+    for d in m.dscp_rules:
+        dscp_rule = IptRule(m.chain, mark=(d.mark, m.mask_value), target="DSCP", set_dscp=d.dscp)
+        rules.append(ExpectedRule(f"DSCP rule for mark {d.mark}", dscp_rule, d.span))
     return ExpectedChain(m.chain, m.span, jump, tuple(rules))
 
 

@@ -786,6 +786,10 @@ class IptRule:
     target: str | None = None
     set_mark: tuple[int, int] | None = None
     """``-j MARK --set-xmark V/M`` (``--set-mark V`` is V/0xffffffff)."""
+    set_dscp: int | None = None
+    """``-j DSCP --set-dscp N``."""
+    tcp_flags: tuple[int, int] | None = None
+    """``--tcp-flags MASK COMP`` as (flags that must be set, flags examined) bits."""
     other: tuple[str, ...] = ()
     """Words this parser does not model (negations, other matches): any makes a rule differ."""
     text: str = field(default="", compare=False)
@@ -806,12 +810,24 @@ class IptRule:
             "mark match": self.mark,
             "target": self.target,
             "set-mark": self.set_mark,
+            "set-dscp": self.set_dscp,
+            "tcp-flags": self.tcp_flags,
             "other words": self.other,
         }
 
 
 _FULL32 = 0xFFFFFFFF
-_MODULE_ONLY = frozenset({"tcp", "udp", "sctp", "udplite", "mark", "tos", "dscp", "MARK"})
+_MODULE_ONLY = frozenset({"tcp", "udp", "sctp", "udplite", "mark", "tos", "dscp", "MARK", "DSCP"})
+TCP_FLAG_BITS = {"FIN": 0x01, "SYN": 0x02, "RST": 0x04, "PSH": 0x08, "ACK": 0x10, "URG": 0x20}
+"""iptables' TCP flag names and their bits in the header's flags byte."""
+
+
+def _tcp_flags(text: str) -> int:
+    if text == "NONE":
+        return 0
+    if text == "ALL":
+        return sum(TCP_FLAG_BITS.values())
+    return sum(TCP_FLAG_BITS[name] for name in text.split(","))
 
 
 def parse_rule(words: Sequence[str]) -> IptRule:
@@ -856,6 +872,15 @@ def parse_rule(words: Sequence[str]) -> IptRule:
                 rule = replace(rule, target=arg)
             case "--set-xmark" | "--set-mark":
                 rule = replace(rule, set_mark=_value_mask(arg, _FULL32))
+            case "--set-dscp":
+                rule = replace(rule, set_dscp=int(arg, 0))
+            case "--tcp-flags":
+                comp = words[i + 2] if i + 2 < len(words) else ""
+                try:
+                    rule = replace(rule, tcp_flags=(_tcp_flags(comp), _tcp_flags(arg)))
+                except KeyError:  # ECE, CWR: never in a rule tcdsl writes
+                    other += [word, arg, comp]
+                step = 3
             case _:
                 other.append(word)
                 step = 1

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tcdsl import ir
-from tcdsl.commands import jump_teardown
+from tcdsl.commands import owned_chains, unjump_shell
 from tcdsl.diagnostics import Diagnostic, Severity, Span, sort_key
 from tcdsl.driver import compile_policy
 from tcdsl.verify import compare, runner
@@ -115,8 +115,9 @@ def devices(policy: ir.Policy) -> tuple[list[str], list[str]]:
     # A download's IFB is created by the script itself.
     read = list(dict.fromkeys([*create, *(i.name for i in policy.interfaces)]))
     for iface in policy.interfaces:
-        if iface.marking is not None and iface.marking.from_interface not in create:
-            create.append(iface.marking.from_interface)
+        named = iface.marking.from_interface if iface.marking is not None else None
+        if named is not None and named not in create:
+            create.append(named)
     return create, read
 
 
@@ -182,10 +183,8 @@ def batch_applier(policy: ir.Policy, files: Mapping[str, str]) -> tuple[str, dic
         lines.append(f"ip -force -batch {shlex.quote(names['ip'])} || true")
     lines.append(f"tc -batch {shlex.quote(names['batch'])}")
     if "iptables" in names:
-        for iface in policy.interfaces:
-            if iface.marking is not None:
-                words = shlex.join(jump_teardown(iface))
-                lines.append(f"while {words} 2>/dev/null; do :; done")
+        for chains in owned_chains(policy).values():
+            lines += [unjump_shell(chain) for chain in chains]
         lines.append(f"iptables-restore --noflush {shlex.quote(names['iptables'])}")
     if "nft" in names:
         lines.append(f"nft -f {shlex.quote(names['nft'])}")

@@ -23,6 +23,19 @@ tcdsl_exists() {
         exit 1
     fi
 }
+tcdsl_unmark() {
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING; absent is fine.
+    command -v iptables >/dev/null 2>&1 || return 0
+    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
+    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING; do
+        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+        done
+    done
+    iptables -t mangle -F "$1" 2>/dev/null || true
+    iptables -t mangle -X "$1" 2>/dev/null || true
+}
 tcdsl_is_ifb() {
     case $(ip -d -o link show dev "$1" 2>/dev/null) in
     *" ifb "*) return 0 ;;
@@ -46,8 +59,9 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
+tcdsl_unmark TCDSL-eth0
 tcdsl_at='policies/home-cake.tcp:17:12: interface eth0: cake qdisc'
 tc qdisc add dev eth0 root handle 1: cake bandwidth 19mbit diffserv4 dual-srchost nat ack-filter overhead 30 ptm
 
@@ -57,9 +71,10 @@ tcdsl_dev=ifb4eth0
 tcdsl_undo='tc qdisc del dev eth0 ingress; ip link del dev ifb4eth0'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's redirect and ifb; absent is fine.
+# Teardown: remove this policy's redirect and ifb and an earlier version's iptables chain; absent is fine.
 tc qdisc del dev eth0 ingress 2>/dev/null || true
 ! tcdsl_is_ifb ifb4eth0 || ip link del dev ifb4eth0
+tcdsl_unmark TCDSL-ifb4eth0
 tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
 ip link add ifb4eth0 txqueuelen 1000 type ifb
 tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'

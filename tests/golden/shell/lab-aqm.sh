@@ -23,6 +23,19 @@ tcdsl_exists() {
         exit 1
     fi
 }
+tcdsl_unmark() {
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING; absent is fine.
+    command -v iptables >/dev/null 2>&1 || return 0
+    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
+    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING; do
+        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+        done
+    done
+    iptables -t mangle -F "$1" 2>/dev/null || true
+    iptables -t mangle -X "$1" 2>/dev/null || true
+}
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists lab0
 
@@ -32,8 +45,9 @@ tcdsl_dev=lab0
 tcdsl_undo='tc qdisc del dev lab0 root'
 exec 9>"$tcdsl_locks"/tcdsl-lab0.lock
 flock 9
-# Teardown: remove this policy's root qdisc; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
 tc qdisc del dev lab0 root 2>/dev/null || true
+tcdsl_unmark TCDSL-lab0
 tcdsl_at='policies/lab-aqm.tcp:6:16: interface lab0: htb qdisc'
 tc qdisc add dev lab0 root handle 1: htb default 50 r2q 100
 tcdsl_at='policies/lab-aqm.tcp:6:16: link class'

@@ -23,6 +23,19 @@ tcdsl_exists() {
         exit 1
     fi
 }
+tcdsl_unmark() {
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING; absent is fine.
+    command -v iptables >/dev/null 2>&1 || return 0
+    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
+    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING; do
+        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+        done
+    done
+    iptables -t mangle -F "$1" 2>/dev/null || true
+    iptables -t mangle -X "$1" 2>/dev/null || true
+}
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists eth0
 
@@ -32,11 +45,10 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j INSHAPER; iptables -t mangle -F INSHAPER; iptables -t mangle -X INSHAPER'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and its iptables chain (and the default one an earlier version may have left); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
-while iptables -t mangle -D PREROUTING -i eth1 -j INSHAPER 2>/dev/null; do :; done
-iptables -t mangle -F INSHAPER 2>/dev/null || true
-iptables -t mangle -X INSHAPER 2>/dev/null || true
+tcdsl_unmark INSHAPER
+tcdsl_unmark TCDSL-eth0
 tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:22:16: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 30
 tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:22:16: link class'

@@ -23,6 +23,19 @@ tcdsl_exists() {
         exit 1
     fi
 }
+tcdsl_unmark() {
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING; absent is fine.
+    command -v iptables >/dev/null 2>&1 || return 0
+    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
+    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING; do
+        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+        done
+    done
+    iptables -t mangle -F "$1" 2>/dev/null || true
+    iptables -t mangle -X "$1" 2>/dev/null || true
+}
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists eth0
 
@@ -32,8 +45,9 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
+tcdsl_unmark TCDSL-eth0
 tcdsl_at='policies/seeds/s000-7.4-prio.tcp:10:16: interface eth0: prio qdisc'
 tc qdisc add dev eth0 root handle 1: prio
 tcdsl_at='policies/seeds/s000-7.4-prio.tcp:12:9: sfq qdisc of 1:1'

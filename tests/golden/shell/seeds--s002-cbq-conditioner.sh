@@ -23,6 +23,19 @@ tcdsl_exists() {
         exit 1
     fi
 }
+tcdsl_unmark() {
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING; absent is fine.
+    command -v iptables >/dev/null 2>&1 || return 0
+    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
+    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING; do
+        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+        done
+    done
+    iptables -t mangle -F "$1" 2>/dev/null || true
+    iptables -t mangle -X "$1" 2>/dev/null || true
+}
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists shaper0
 
@@ -32,8 +45,9 @@ tcdsl_dev=shaper0
 tcdsl_undo='tc qdisc del dev shaper0 root'
 exec 9>"$tcdsl_locks"/tcdsl-shaper0.lock
 flock 9
-# Teardown: remove this policy's root qdisc; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
 tc qdisc del dev shaper0 root 2>/dev/null || true
+tcdsl_unmark TCDSL-shaper0
 tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:33:19: interface shaper0: cbq qdisc'
 tc qdisc add dev shaper0 root handle 1: cbq bandwidth 10mbit avpkt 1000
 tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:34:11: class main'

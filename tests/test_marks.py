@@ -1,0 +1,250 @@
+"""Marking as routers need it, without a kernel: where the jump sits (``from IFACE``, ``from
+any``, ``from local``, ``at postrouting``), mark masks, ``tcp-flags``, ``set dscp``, u32 lines
+beside the marks, and the words every backend writes for them (tests/test_marks_kernel.py runs
+them on kernels)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tcdsl import ir
+from tcdsl.allocate import deposit
+from tcdsl.commands import interface_commands, nft_table_lines
+from tcdsl.diagnostics import render
+from tcdsl.driver import Result, compile_policy
+from tcdsl.teach.classify import classify
+from tcdsl.teach.explain import explain
+from tcdsl.teach.traffic import SpecError, parse_packet
+from tcdsl.verify.readback import parse_rule
+
+
+def _compile(tmp_path: Path, text: str, backend: str = "shell") -> Result:
+    path = tmp_path / "policy.tcp"
+    path.write_text(text, encoding="utf-8")
+    return compile_policy(str(path), backend)
+
+
+def _policy(source: str, extra: str = "", web: str = "match proto tcp dport 80") -> str:
+    return (
+        "interface eth0 htb rate 10mbit default bulk {\n"
+        f"    classify by mark {source}\n"
+        f"    class web rate 5mbit {web}\n"
+        f"{extra}"
+        "    class bulk rate 1mbit\n"
+        "}\n"
+    )
+
+
+def _iptables(result: Result) -> list[list[str]]:
+    assert result.policy is not None, render(result.diagnostics, result.sources)
+    return [
+        list(c.args[2:])
+        for c in interface_commands(result.policy.interfaces[0])
+        if c.tool == "iptables"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("source", "jump", "nft"),
+    [
+        ("from eth1", ["-I", "PREROUTING", "-i", "eth1"], ("prerouting", 'iifname "eth1" ')),
+        ("from any", ["-I", "PREROUTING"], ("prerouting", "")),
+        ('from "any"', ["-I", "PREROUTING", "-i", "any"], ("prerouting", 'iifname "any" ')),
+        ("from local", ["-I", "OUTPUT", "-o", "eth0"], ("output", 'oifname "eth0" ')),
+        ("at postrouting", ["-I", "POSTROUTING", "-o", "eth0"], ("postrouting", 'oifname "eth0" ')),
+    ],
+)
+def test_where_the_rules_see_the_packets(
+    source: str, jump: list[str], nft: tuple[str, str], tmp_path: Path
+) -> None:
+    """``from any`` is every input interface (no ``-i any``, which would match only a device
+    named "any"); ``from local`` and ``at postrouting`` select the shaped interface as output."""
+    result = _compile(tmp_path, _policy(source))
+    assert _iptables(result)[1] == [*jump, "-j", "TCDSL-eth0"]
+    assert result.policy is not None
+    lines = list(nft_table_lines(result.policy.interfaces[0]))
+    hook, where = nft
+    assert f"    chain {hook} {{" in lines
+    assert f"        type filter hook {hook} priority mangle; policy accept;" in lines
+    rules = [line.strip() for line in lines if "meta mark set" in line]
+    assert rules and all(r.startswith(f"{where}meta nfproto ipv4") for r in rules), rules
+
+
+def test_mark_mask_keeps_marks_and_rules_within_its_bits(tmp_path: Path) -> None:
+    result = _compile(tmp_path, _policy("from eth1 mask 0xff00"))
+    assert result.policy is not None
+    iface = result.policy.interfaces[0]
+    assert [(f.mark, f.mask) for f in iface.filters if isinstance(f, ir.FwFilter)] == [
+        (0x0A00, 0xFF00),
+        (0x1400, 0xFF00),
+    ]
+    rules = _iptables(result)[2:]
+    assert rules[0][-8:] == [
+        "-m", "mark", "--mark", "0x0/0xff00", "-j", "MARK", "--set-xmark", "0xa00/0xff00",
+    ]  # fmt: skip
+    out = result.output or ""
+    assert "handle 0xa00/0xff00 fw flowid 1:10" in out
+    nft = "\n".join(nft_table_lines(iface))
+    assert "meta mark and 0xff00 == 0x0 meta mark set meta mark and 0xffff00ff or 0xa00" in nft
+
+
+def test_deposit_counts_marks_in_the_mask_bits() -> None:
+    assert [deposit(k, 0xFF00) for k in (1, 2, 20)] == [0x100, 0x200, 0x1400]
+    assert [deposit(k, 0b1010) for k in (1, 2, 3)] == [0b0010, 0b1000, 0b1010]
+    assert deposit(5, 0xFFFFFFFF) == 5
+
+
+def test_mark_mask_errors(tmp_path: Path) -> None:
+    narrow = _compile(tmp_path, _policy("from eth1 mask 0x1", "    class x rate 1mbit match all\n"))
+    assert [d.code for d in narrow.errors] == ["E246"]
+    outside = _compile(tmp_path, _policy("from eth1 mask 0xf0", web="mark 0x10f match all"))
+    assert [d.code for d in outside.errors] == ["E246"]
+    inside = _compile(tmp_path, _policy("from eth1 mask 0xf0", web="mark 0x30 match all"))
+    assert inside.policy is not None and not inside.errors
+    assert "handle 0x30/0xf0 fw" in (inside.output or "")
+    too_wide = _compile(tmp_path, _policy("from eth1 mask 0x100000000"))
+    assert [d.code for d in too_wide.errors] == ["E245"]
+
+
+def test_tcp_flags_in_every_form(tmp_path: Path) -> None:
+    web = "match tcp-flags syn of syn, ack, rst, fin dport 22"
+    marked = _compile(tmp_path, _policy("from eth1", web=web))
+    assert _iptables(marked)[2][:6] == [
+        "-A",
+        "TCDSL-eth0",
+        "-p",
+        "tcp",
+        "--tcp-flags",
+        "FIN,SYN,RST,ACK",
+    ]
+    assert _iptables(marked)[2][6:9] == ["SYN", "--dport", "22"]
+    assert marked.policy is not None
+    nft = "\n".join(nft_table_lines(marked.policy.interfaces[0]))
+    assert "meta l4proto tcp tcp flags & (fin|syn|rst|ack) == syn th dport 22" in nft
+    u32 = _compile(
+        tmp_path, _policy("from eth1", web=web).replace("    classify by mark from eth1\n", "")
+    )
+    assert "match u8 0x02 0x17 at 33" in (u32.output or "")
+    assert "match u16 0x0000 0x1fff at 6" in (u32.output or "")  # first fragments only
+    saved = "-A X -p tcp -m tcp --tcp-flags FIN,SYN,RST,ACK SYN -j DSCP --set-dscp 0x2e"
+    rule = parse_rule(saved.split())
+    assert rule.tcp_flags == (0x02, 0x17) and rule.set_dscp == 46 and rule.other == ()
+
+
+def test_set_dscp_rewrites_after_marking(tmp_path: Path) -> None:
+    extra = "    class voip rate 1mbit set dscp ef match proto udp dport 5060\n"
+    result = _compile(tmp_path, _policy("at postrouting mask 0xff", extra))
+    rules = _iptables(result)
+    assert rules[-1] == [
+        "-A", "TCDSL-eth0", "-m", "mark", "--mark", "0x14/0xff", "-j", "DSCP", "--set-dscp", "46",
+    ]  # fmt: skip
+    assert all("MARK" in r for r in rules[2:-1])  # the rewrite comes after every marking rule
+    assert result.policy is not None
+    nft = "\n".join(nft_table_lines(result.policy.interfaces[0]))
+    assert 'oifname "eth0" meta nfproto ipv4 meta mark and 0xff == 0x14 ip dscp set 46' in nft
+    wash = _compile(
+        tmp_path,
+        _policy("from any").replace("class bulk rate 1mbit", "class bulk rate 1mbit set dscp 0"),
+    )
+    assert _iptables(wash)[-1][-4:] == ["-j", "DSCP", "--set-dscp", "0"]
+
+
+def test_u32_lines_beside_the_marks_follow_the_kernels_pref_order(tmp_path: Path) -> None:
+    extra = (
+        "    class ack rate 1mbit match tcp-ack pref 5\n"
+        "    class late rate 1mbit match proto icmp pref 20\n"
+    )
+    result = _compile(tmp_path, _policy("from eth1 pref 10", extra))
+    assert result.policy is not None and not result.errors
+    iface = result.policy.interfaces[0]
+    kinds = sorted((f.pref, type(f).__name__) for f in iface.filters)
+    assert kinds == [(5, "U32Filter"), (10, "FwFilter"), (10, "FwFilter"), (20, "U32Filter")]
+    ack = classify(result.policy, parse_packet("ack dport 80"))
+    assert ack.cls is not None and ack.cls.name == "ack"  # pref 5 before the marks
+    web = classify(result.policy, parse_packet("tcp dport 80"))
+    assert web.cls is not None and web.cls.name == "web"
+    # Every packet gets a mark (the default's for the rest), so pref 20 is reached only by
+    # packets the marking chain never saw; classify assumes the packet passed it.
+    icmp = classify(result.policy, parse_packet("icmp"))
+    assert icmp.cls is not None and icmp.cls.name == "bulk"
+    text = explain(result.policy)
+    assert "Match lines with a pref of their own stay u32 filters" in text
+    same = _compile(
+        tmp_path, _policy("from eth1", "    class ack rate 1mbit match tcp-ack pref 1\n")
+    )
+    assert [d.code for d in same.errors] == ["E249"]
+
+
+def test_explain_names_the_hook(tmp_path: Path) -> None:
+    for source, words in [
+        ("from any", "Packets arriving on any interface pass"),
+        ("from local", "Packets this host sends out of 'eth0' pass"),
+        ("at postrouting", "(mangle table, POSTROUTING)"),
+    ]:
+        result = _compile(tmp_path, _policy(source))
+        assert result.policy is not None
+        text = " ".join(explain(result.policy).split())
+        assert words in text, text
+
+
+def test_packet_flags() -> None:
+    assert parse_packet("flags syn,ack").header()[33] == 0x12
+    assert parse_packet("tcp").header()[33] == 0x18
+    with pytest.raises(SpecError, match="unknown TCP flag 'push'"):
+        parse_packet("flags push")
+    with pytest.raises(SpecError, match="TCP flags"):
+        parse_packet("udp flags syn")
+
+
+def test_lint_sees_tcp_flags_as_the_kernel_does(tmp_path: Path) -> None:
+    """``tcp-flags syn`` takes every packet ``tcp-flags syn of syn, ack`` would: a later line
+    with the narrower flags never matches (W312); the other order is fine."""
+    broad, narrow = "match tcp-flags syn", "match tcp-flags syn of syn, ack"
+    head = "interface eth0 htb rate 10mbit default bulk {\n"
+    tail = "    class bulk rate 1mbit\n}\n"
+    first = _compile(
+        tmp_path, f"{head}    class a rate 1mbit {broad}\n    class b rate 1mbit {narrow}\n{tail}"
+    )
+    assert [d.code for d in first.diagnostics] == ["W312"]
+    second = _compile(
+        tmp_path, f"{head}    class a rate 1mbit {narrow}\n    class b rate 1mbit {broad}\n{tail}"
+    )
+    assert second.diagnostics == []
+
+
+def test_verify_compares_the_hook_and_the_mask(tmp_path: Path) -> None:
+    """verify's expectations name the hook of the jump and the fw mask: a jump in the wrong
+    built-in chain is missing, a rule or fw filter without the mask differs."""
+    from tcdsl.commands import restore_lines
+    from tcdsl.verify import compare
+    from tcdsl.verify.expect import expected_policy
+    from tcdsl.verify.readback import TcFilter, parse_iptables_save
+
+    result = _compile(tmp_path, _policy("from local mask 0xff00"))
+    assert result.policy is not None
+    iface = result.policy.interfaces[0]
+    expected = expected_policy(result.policy).interfaces[0]
+    assert expected.chain is not None
+    lines = [line.replace("-I ", "-A ", 1) for _, line in restore_lines(iface)]  # as saved
+    good = "*mangle\n" + "\n".join(lines) + "\nCOMMIT\n"
+    assert list(compare._compare_chain(expected.chain, parse_iptables_save(good))) == []
+    moved = good.replace("-A OUTPUT -o eth0", "-A PREROUTING -i eth0")
+    problems = [
+        d.message for d in compare._compare_chain(expected.chain, parse_iptables_save(moved))
+    ]
+    assert problems == [
+        "jump from OUTPUT out of eth0 to chain TCDSL-eth0 is missing in the kernel's mangle table"
+    ]
+    unmasked = good.replace("--set-xmark 0xa00/0xff00", "--set-xmark 0xa00/0xffffffff")
+    problems = [
+        d.message for d in compare._compare_chain(expected.chain, parse_iptables_save(unmasked))
+    ]
+    assert problems == [
+        "mark rule for 'web' set-mark is 0xa00/0xffffffff in the kernel, policy says 0xa00/0xff00"
+    ]
+    fw = [f for f in expected.filters if f.kind == "fw"]
+    got = [TcFilter("fw", "ip", f.pref, f.flowid, mark=f.mark, mask=None) for f in fw]
+    problems = [d.message for d in compare._compare_fw(expected, "1:", fw, got)]
+    assert problems[0].endswith("mask is 0xffffffff in the kernel, policy says 0xff00")

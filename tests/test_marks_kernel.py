@@ -1,0 +1,268 @@
+"""Marking as routers need it (``classify by mark`` hooks, mark masks, ``tcp-flags``,
+``set dscp``, u32 lines beside the marks, removal of a previous version's chain), on kernels.
+
+- The host (u32 and htb, no fw): ``tcp-flags`` u32 keys against packets written on a raw
+  socket, compared with ``classify`` (``tests/test_classify_kernel.py``'s sender and counters);
+  the script of a policy that no longer marks removes the default chain and every jump into it
+  from a real mangle table, and nothing else.
+- The user-mode Linux guest (fw, iptables legacy): a whole marking script, packets this host
+  sends (ping, TCP SYNs from busybox's nc) counted per class and per rule, with another user
+  of the low mark bits beside tcdsl's mask; then the next version of the policy (no marking)
+  removes the chain.
+
+Skipped, with the reason, where the kernel in question cannot run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tcdsl.commands import interface_commands
+from tcdsl.driver import compile_policy
+from tcdsl.kernels import uml
+from tcdsl.teach.traffic import parse_packet
+from tcdsl.verify import runner
+from tcdsl.verify.runner import HostSupport
+from tests.test_apply import _compile_text, apply_for_traffic, run
+from tests.test_classify_kernel import _run_case, _sender, assert_agrees
+from tests.test_lint_kernel import host, make_netns
+
+__all__ = ["host", "make_netns"]  # fixtures, imported so that pytest finds them here
+
+FLAGS = (
+    "interface eth0 htb rate 100mbit r2q 100 default bulk {\n"
+    "    class first rate 1mbit match tcp-flags syn of syn, ack, rst, fin\n"
+    "    class reset rate 1mbit match tcp-flags rst\n"
+    "    class synack rate 1mbit match tcp-flags syn, ack dport 443\n"
+    "    class bulk rate 1mbit\n"
+    "}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("spec", "counter"),
+    [
+        ("tcp flags syn dport 80", "1:10"),
+        ("tcp flags syn,ece dport 80", "1:10"),  # ece is not examined
+        ("tcp flags syn,ack dport 80", "1:40"),
+        ("tcp flags syn,ack dport 443", "1:30"),
+        ("tcp flags rst,ack", "1:20"),
+        ("tcp flags fin,ack", "1:40"),
+        ("udp dport 80", "1:40"),
+        ("tcp flags syn dport 80 size 200", "1:10"),
+    ],
+)
+def test_tcp_flags_u32_keys_agree_with_the_kernel(
+    spec: str, counter: str, host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """The u32 keys read the flags byte where the kernel has it (byte 33 of a packet with a
+    20-byte IP header), and ``classify`` puts each packet where the kernel does."""
+    packet = parse_packet(spec)
+    ((_, kernel, verdict),) = _run_case(FLAGS, [packet], host, make_netns, tmp_path)
+    assert kernel == counter
+    assert_agrees(kernel, verdict, FLAGS, packet)
+
+
+def _mangle(ns: str) -> str:
+    return run(["ip", "netns", "exec", ns, "iptables-save", "-t", "mangle"]).stdout
+
+
+def _rules(save: str) -> list[str]:
+    return [line for line in save.splitlines() if line.startswith(("-A ", ":"))]
+
+
+def test_a_policy_without_marking_removes_the_earlier_chain(
+    host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """An earlier version marked (jumps into TCDSL-eth0 from PREROUTING and POSTROUTING); the
+    script of the version without marking removes that chain and those jumps, and leaves the
+    rest of the mangle table (another chain, its jump, another MARK rule) as it was."""
+    result = _compile_text(tmp_path, V2)
+    ns = make_netns()
+    ipt = ["ip", "netns", "exec", ns, "iptables", "-t", "mangle"]
+    for words in (
+        ["-N", "TCDSL-eth0"],
+        ["-A", "TCDSL-eth0", "-j", "MARK", "--set-mark", "10"],
+        ["-A", "PREROUTING", "-i", "eth9", "-j", "TCDSL-eth0"],
+        ["-A", "POSTROUTING", "-o", "eth0", "-j", "TCDSL-eth0"],
+        ["-A", "PREROUTING", "-i", "eth8", "-j", "TCDSL-eth0"],
+        ["-N", "TCDSL-eth0x"],
+        ["-A", "PREROUTING", "-j", "TCDSL-eth0x"],
+        ["-A", "OUTPUT", "-j", "MARK", "--set-xmark", "0x1/0xff"],
+    ):
+        run([*ipt, *words])
+    apply_for_traffic(ns, result, tmp_path)
+    rules = _rules(_mangle(ns))
+    assert not [r for r in rules if "TCDSL-eth0 " in f"{r} " or r == ":TCDSL-eth0 - [0:0]"]
+    assert ":TCDSL-eth0x - [0:0]" in rules
+    assert "-A PREROUTING -j TCDSL-eth0x" in rules
+    assert "-A OUTPUT -j MARK --set-xmark 0x1/0xff" in rules
+
+
+# ==== the user-mode Linux guest: fw and iptables together ========================================
+
+V1 = (
+    "interface eth0 htb rate 10mbit default bulk {\n"
+    "    classify by mark from local mask 0xff00 pref 10\n"
+    "    class ping rate 1mbit match proto icmp pref 5\n"
+    "    class syn rate 1mbit set dscp ef match tcp-flags syn of syn, ack\n"
+    "    class bulk rate 1mbit set dscp cs1\n"
+    "}\n"
+)
+"""Marks for the host's own traffic, in the bits 0xff00; pings by a u32 filter tried first."""
+
+V2 = "interface eth0 htb rate 10mbit default bulk {\n    class bulk rate 1mbit\n}\n"
+"""The next version: no marking."""
+
+GUEST = """\
+ip link add name eth0 type veth peer name peer0
+ip link set eth0 up
+ip link set peer0 up
+ip addr add 10.99.0.1/24 dev eth0
+ip neigh add 10.99.0.2 lladdr 02:00:00:00:00:02 dev eth0
+mkdir bin && printf '#!/bin/sh\\nexit 0\\n' > bin/flock && chmod +x bin/flock
+PATH=$PWD/bin:$PATH
+# An earlier version marked what arrived on eth9; another user of the mark owns the low byte.
+iptables -t mangle -N TCDSL-eth0
+iptables -t mangle -A PREROUTING -i eth9 -j TCDSL-eth0
+iptables -t mangle -A OUTPUT -j MARK --set-xmark 0x1/0xff
+cat > v1.sh <<'TCDSL_V1'
+{v1}TCDSL_V1
+cat > v2.sh <<'TCDSL_V2'
+{v2}TCDSL_V2
+sh v1.sh
+echo '== v1'
+iptables-save -t mangle
+ping -c 2 -W 1 10.99.0.2 >/dev/null 2>&1 || :
+nc -w 1 10.99.0.2 22 </dev/null >/dev/null 2>&1 || :
+nc -w 1 10.99.0.2 80 </dev/null >/dev/null 2>&1 || :
+echo '== counters'
+iptables-save -c -t mangle
+tc -s class show dev eth0
+sh v2.sh
+echo '== v2'
+iptables-save -t mangle
+"""
+
+
+def _script(text: str, tmp_path: Path, name: str) -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    result = compile_policy(str(path))
+    assert result.output is not None, result.diagnostics
+    return result.output
+
+
+def _section(out: str, name: str) -> str:
+    return out.split(f"== {name}\n", 1)[1].split("\n== ", 1)[0]
+
+
+def _sent(classes: str) -> dict[str, int]:
+    return {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"class htb (\S+) .*\n Sent \d+ bytes (\d+) pkt", classes)
+    }
+
+
+def test_marking_script_in_the_guest(tmp_path: Path) -> None:
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    v1, v2 = _script(V1, tmp_path, "v1.tcp"), _script(V2, tmp_path, "v2.tcp")
+    (res,) = uml.run_cases([uml.Case("marks", GUEST.format(v1=v1, v2=v2))], timeout=300)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    first = _rules(_section(res.stdout, "v1"))
+    # The earlier version's jump (from eth9) is gone; the other user's rule stays.
+    assert "-A PREROUTING -i eth9 -j TCDSL-eth0" not in first
+    assert "-A OUTPUT -j MARK --set-xmark 0x1/0xff" in first
+    assert "-A OUTPUT -o eth0 -j TCDSL-eth0" in first
+    counted = _section(res.stdout, "counters")
+    # Pings: a u32 filter (pref 5) before the fw filters (pref 10) takes them, though the
+    # chain gave them the default's mark; the SYNs of both connections: mark 0x1400, class syn.
+    assert _sent(counted) == {"1:1": 4, "1:10": 2, "1:20": 2, "1:30": 0}
+    rule = r"^\[(\d+):\d+\] -A TCDSL-eth0 -m mark --mark (\S+) -j DSCP"
+    dscp = {m.group(2): int(m.group(1)) for m in re.finditer(rule, counted, re.M)}
+    assert dscp == {"0x1400/0xff00": 2, "0x1e00/0xff00": 2}
+    after = _rules(_section(res.stdout, "v2"))
+    assert not [r for r in after if "TCDSL-eth0" in r]
+    assert "-A OUTPUT -j MARK --set-xmark 0x1/0xff" in after
+
+
+# ==== the host: the marking rules themselves, iptables and nft ===================================
+
+COUNT = """\
+table inet tcdsl_count {
+    chain post {
+        type filter hook postrouting priority 300; policy accept;
+        meta mark & 0x0000ff00 == 0x00001400 counter
+        meta mark & 0x0000ff00 == 0x00001e00 counter
+        meta mark & 0x000000ff == 0x00000001 counter
+        ip dscp ef counter
+        ip dscp cs1 counter
+    }
+}
+"""
+"""Counts, after the marking (mangle priority), what the packets leave with."""
+
+COUNTED = ("mark syn", "mark bulk", "other bits", "dscp ef", "dscp cs1")
+
+
+def _counts(ns: str) -> dict[str, int]:
+    listed = run(["ip", "netns", "exec", ns, "nft", "list", "table", "inet", "tcdsl_count"])
+    numbers = [int(n) for n in re.findall(r"counter packets (\d+)", listed.stdout)]
+    return dict(zip(COUNTED, numbers, strict=True))
+
+
+@pytest.mark.parametrize("marks", ["iptables", "nft"])
+def test_marking_rules_mark_and_rewrite_dscp_on_the_host(
+    marks: str, host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """V1's rules (OUTPUT, mask 0xff00, tcp-flags, set dscp) on the host's netfilter: each
+    packet this host sends leaves with its class's mark in the bits 0xff00, the other user's
+    bit 0x1 kept, and its class's DSCP. (The host has no fw: the tc side is the guest's test.)"""
+    if run(["sh", "-c", "command -v nft"], check=False).returncode != 0:
+        pytest.skip("needs nft (nftables) to count")
+    ns = make_netns()
+    apply_for_traffic(ns, _compile_text(tmp_path, V2), tmp_path)
+    run(["ip", "-n", ns, "route", "add", "default", "via", "10.99.0.2", "dev", "eth0"])
+    exec_ns = ["ip", "netns", "exec", ns]
+    policy = tmp_path / "v1.tcp"
+    policy.write_text(V1, encoding="utf-8")
+    if marks == "nft":
+        rules = compile_policy(str(policy), "nft").output
+        assert rules is not None
+        run([*exec_ns, "nft", "-f", str(_write(tmp_path / "v1.nft", rules))])
+    else:
+        result = compile_policy(str(policy))
+        assert result.policy is not None
+        for cmd in interface_commands(result.policy.interfaces[0]):
+            if cmd.tool == "iptables":
+                run([*exec_ns, "iptables", *cmd.args])
+    run([*exec_ns, "nft", "-f", str(_write(tmp_path / "count.nft", COUNT))])
+    # Another user of the mark: the low byte, set before tcdsl's rules see the packet.
+    run([*exec_ns, "nft", "add", "table", "inet", "other"])
+    run(
+        [*exec_ns, "nft", "add", "chain", "inet", "other", "out",
+         "{ type filter hook output priority -200 ; }"]
+    )  # fmt: skip
+    run([*exec_ns, "nft", "add", "rule", "inet", "other", "out", "meta", "mark", "set", "0x1"])
+    sends = ["tcp flags syn dport 80", "tcp flags syn,ack dport 80", "udp dport 53"]
+    with _sender(ns) as sender:
+        for spec in sends:
+            sender.send(parse_packet(spec))
+    assert _counts(ns) == {
+        "mark syn": 1,
+        "mark bulk": 2,
+        "other bits": 3,
+        "dscp ef": 1,
+        "dscp cs1": 2,
+    }
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
