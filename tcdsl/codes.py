@@ -80,6 +80,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E253": CodeInfo(_E, "A policer burst below the largest packet it must pass"),
     "E254": CodeInfo(_E, "A download's IFB that another tree of the policy uses"),
     "E255": CodeInfo(_E, "A download classified by firewall mark without connmark"),
+    "E256": CodeInfo(_E, "A download's marking rules set where the download never passes"),
     "E235": CodeInfo(_E, "An hfsc service curve tc refuses (two zero slopes, umax without dmax)"),
     "E236": CodeInfo(_E, "An hfsc class without an rt or ls curve"),
     "E237": CodeInfo(_E, "An hfsc ul curve without an ls curve"),

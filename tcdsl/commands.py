@@ -451,8 +451,31 @@ def _below(
 
 
 _HOOK_CHAIN = {"prerouting": "PREROUTING", "output": "OUTPUT", "postrouting": "POSTROUTING"}
-MARK_HOOKS: tuple[str, ...] = tuple(_HOOK_CHAIN.values())
+DOWNLOAD_HOOKS = ("FORWARD", "INPUT")
+"""Where a download's marking rules run: after routing, where NAT is undone, for the packets
+forwarded to the LAN and those for this host."""
+MARK_HOOKS: tuple[str, ...] = (*_HOOK_CHAIN.values(), *DOWNLOAD_HOOKS)
 """The built-in mangle chains a marking jump can sit in (teardown looks in each)."""
+
+
+def jumps(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
+    """Every jump into ``iface``'s marking chain, without ``-j`` (:func:`jump_words`). A
+    download marks in FORWARD and INPUT, for packets that arrived on its interface (or on
+    any, with ``from any``): there NAT is undone, and the mark it sets is saved on the
+    connection, which the redirect restores on the connection's later packets (connmark)."""
+    m = iface.marking
+    assert m is not None
+    if iface.download is None:
+        return (jump_words(iface),)
+    arriving = () if m.from_interface is None else ("-i", m.from_interface)
+    return tuple((hook, *arriving) for hook in DOWNLOAD_HOOKS)
+
+
+def save_mark_words(m: ir.Marking) -> tuple[str, ...]:
+    """``-j CONNMARK --save-mark``: the packet's mark (under the policy's mask) onto its
+    connection."""
+    mask = ("--mask", f"{m.mask.value:#x}") if m.mask is not None else ()
+    return ("-j", "CONNMARK", "--save-mark", *mask)
 
 
 def jump_words(iface: ir.Interface) -> tuple[str, ...]:
@@ -494,12 +517,10 @@ def marking_commands(iface: ir.Interface) -> Iterator[Command]:
     assert m is not None and m.chain is not None
     mangle = ("-t", "mangle")
     yield Command("iptables", (*mangle, "-N", m.chain), m.span, f"chain {m.chain}")
-    yield Command(
-        "iptables",
-        (*mangle, "-I", *jump_words(iface), "-j", m.chain),
-        m.span,
-        m.source(iface.name),
-    )
+    for jump in jumps(iface):
+        yield Command(
+            "iptables", (*mangle, "-I", *jump, "-j", m.chain), m.span, m.source(iface.name)
+        )
     for rule in m.rules:
         # Every rule only marks unmarked packets, so the first matching line wins, as with u32.
         words = iptables_words(rule.conds)
@@ -524,6 +545,13 @@ def marking_commands(iface: ir.Interface) -> Iterator[Command]:
             ),
             d.span,
             f"DSCP {d.dscp} for mark {mark_text(m, d.mark)}",
+        )
+    if iface.download is not None:
+        yield Command(
+            "iptables",
+            (*mangle, "-A", m.chain, *save_mark_words(m)),
+            m.span,
+            "the mark onto the connection (connmark restores it on the download's redirect)",
         )
 
 
@@ -553,7 +581,8 @@ def chain_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
     m = iface.marking
     assert m is not None and m.chain is not None
     mangle = ("iptables", "-t", "mangle")
-    return (jump_teardown(iface), (*mangle, "-F", m.chain), (*mangle, "-X", m.chain))
+    unjumps = tuple((*mangle, "-D", *jump, "-j", m.chain) for jump in jumps(iface))
+    return (*unjumps, (*mangle, "-F", m.chain), (*mangle, "-X", m.chain))
 
 
 # ==== the lock ================================================================================
@@ -668,7 +697,7 @@ def restore_lines(iface: ir.Interface) -> Iterator[tuple[Command | None, str]]:
     ``:CHAIN - [0:0]`` creates the chain, or with ``--noflush`` empties it if it exists; the
     jump from PREROUTING cannot be made idempotent in a restore file (a ``-D`` of an absent
     rule fails the whole file), so whoever applies it deletes old jumps first
-    (:func:`jump_teardown`).
+    (:func:`chain_teardown`).
     """
     m = iface.marking
     assert m is not None and m.chain is not None
@@ -715,13 +744,6 @@ def unjump_shell(chain: str) -> str:
     )
 
 
-def jump_teardown(iface: ir.Interface) -> tuple[str, ...]:
-    """The iptables command that deletes one jump into ``iface``'s chain (repeat until it fails)."""
-    m = iface.marking
-    assert m is not None and m.chain is not None
-    return ("iptables", "-t", "mangle", "-D", *jump_words(iface), "-j", m.chain)
-
-
 _NFT_NAME_BAD = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -759,27 +781,35 @@ def nft_table_lines(iface: ir.Interface, indent: str = "    ") -> Iterator[str]:
     m = iface.marking
     assert m is not None
     table = nft_table(iface)
-    hook = m.hook
+    hooks: tuple[str, ...] = (m.hook,)
     where = f'iifname "{m.from_interface}" ' if m.from_interface is not None else ""
-    if hook != "prerouting":
+    if iface.download is not None:
+        hooks = tuple(h.lower() for h in DOWNLOAD_HOOKS)
+    elif m.hook != "prerouting":
         where = f'oifname "{iface.name}" '
     unmarked = _nft_mark_is(m, 0)
     yield f"table inet {table}"
     yield f"delete table inet {table}"
     yield f"table inet {table} {{"
-    yield f"{indent}chain {hook} {{"
-    yield f"{indent * 2}type filter hook {hook} priority mangle; policy accept;"
-    for rule in m.rules:
-        s = rule.span
-        what = "unmarked traffic" if rule.unmarked else f"mark {mark_text(m, rule.mark)}"
-        yield f"{indent * 2}# {_comment(f'{s.file}:{s.line}:{s.column}: {what}')}"
-        words = (*nft_words(rule.conds), unmarked, _nft_set_mark(m, rule.mark))
-        yield f"{indent * 2}{where}{' '.join(words)}"
-    for d in m.dscp_rules:
-        s = d.span
-        yield f"{indent * 2}# {_comment(f'{s.file}:{s.line}:{s.column}: DSCP {d.dscp}')}"
-        yield f"{indent * 2}{where}meta nfproto ipv4 {_nft_mark_is(m, d.mark)} ip dscp set {d.dscp}"
-    yield f"{indent}}}"
+    for hook in hooks:
+        yield f"{indent}chain {hook} {{"
+        yield f"{indent * 2}type filter hook {hook} priority mangle; policy accept;"
+        for rule in m.rules:
+            s = rule.span
+            what = "unmarked traffic" if rule.unmarked else f"mark {mark_text(m, rule.mark)}"
+            yield f"{indent * 2}# {_comment(f'{s.file}:{s.line}:{s.column}: {what}')}"
+            words = (*nft_words(rule.conds), unmarked, _nft_set_mark(m, rule.mark))
+            yield f"{indent * 2}{where}{' '.join(words)}"
+        for d in m.dscp_rules:
+            s = d.span
+            yield f"{indent * 2}# {_comment(f'{s.file}:{s.line}:{s.column}: DSCP {d.dscp}')}"
+            dscp = f"meta nfproto ipv4 {_nft_mark_is(m, d.mark)} ip dscp set {d.dscp}"
+            yield f"{indent * 2}{where}{dscp}"
+        if iface.download is not None:
+            saved = "meta mark" if m.mask is None else f"meta mark and {m.mask.value:#x}"
+            yield f"{indent * 2}# the mark onto the connection (connmark restores it)"
+            yield f"{indent * 2}{where}ct mark set {saved}"
+        yield f"{indent}}}"
     yield "}"
 
 

@@ -88,6 +88,33 @@ def download_marks_need_connmark(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
 
 
+def download_marks_where_they_arrive(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """E256: a download's marking rules run on the packets that arrived on its interface (in
+    FORWARD and INPUT, after NAT is undone); ``from local``, ``at postrouting`` or another
+    interface would mark other packets, which the download never sees."""
+    for iface in policy.interfaces:
+        d, m = iface.download, iface.marking
+        if d is None or m is None:
+            continue
+        if m.hook != "prerouting":
+            where = "from local" if m.hook == "output" else "at postrouting"
+            why = f"'{where}' marks packets this host sends, which the download never sees"
+        elif m.from_interface not in (None, d.interface):
+            why = (
+                f"'from {m.from_interface}' marks packets arriving on {m.from_interface}, "
+                f"not the download's, which arrive on {d.interface}"
+            )
+        else:
+            continue
+        yield Diagnostic.error(
+            "E256",
+            f"{why}; a download marks what arrives on its interface: write 'classify by mark "
+            f"from {d.interface}' (or 'from any')",
+            m.span,
+            Note("the download is here", d.span),
+        )
+
+
 def download_nat(policy: ir.Policy) -> Iterator[Diagnostic]:
     """W360: a download u32 match on a private (RFC 1918) destination: on ingress a NAT
     router's downloads are still addressed to its public address."""
@@ -113,4 +140,9 @@ def download_nat(policy: ir.Policy) -> Iterator[Diagnostic]:
                             )
 
 
-CHECKS = (policers_fit, download_marks_need_connmark, download_nat)
+CHECKS = (
+    policers_fit,
+    download_marks_need_connmark,
+    download_marks_where_they_arrive,
+    download_nat,
+)

@@ -21,7 +21,7 @@ from typing import Literal
 from tcdsl import ir, linklayer
 from tcdsl.allocate import default_minor
 from tcdsl.checks import children_overbook
-from tcdsl.commands import IFB_TXQUEUELEN, mark_text
+from tcdsl.commands import DOWNLOAD_HOOKS, IFB_TXQUEUELEN, mark_text
 from tcdsl.directions import PRIVATE
 from tcdsl.matching import filters_at, kernel_order
 from tcdsl.tcmath import (
@@ -311,6 +311,12 @@ _UNSEEN = {
     "unmatched traffic goes.",
     "postrouting": "Every packet leaving by the interface passes that chain.",
 }
+
+
+_UNSEEN_DOWNLOAD = (
+    "The first packets of a connection reach the IFB before the firewall has marked the "
+    "connection: they carry no mark and go where unmatched traffic goes."
+)
 
 
 class _Explainer:
@@ -1319,6 +1325,16 @@ class _Explainer:
 
     def _source(self, marking: ir.Marking, iface: ir.Interface) -> str:
         """The packets the marking rules see, with interface names quoted as names."""
+        if iface.download is not None:
+            where = (
+                "any interface"
+                if marking.from_interface is None
+                else self.name(marking.from_interface)
+            )
+            return (
+                f"packets that arrived on {where}, once routed (forwarded or for this host, "
+                "after NAT is undone),"
+            )
         match marking.hook:
             case "output":
                 return f"packets this host sends out of {self.name(iface.name)}"
@@ -1359,7 +1375,9 @@ class _Explainer:
         if marking is not None:
             self.add(Heading(3, title))
             through = ""
+            hooks = marking.hook.upper()
             if iface.download is not None:
+                hooks = " and ".join(DOWNLOAD_HOOKS)
                 through = (
                     " A download's packets get those marks through their connection: the "
                     "mark saved on the connection is restored by the redirect on "
@@ -1370,7 +1388,7 @@ class _Explainer:
                 Para(
                     f"By firewall mark. P{self._source(marking, iface)[1:]} pass "
                     f"the iptables chain {self.name(marking.chain or '?')} (mangle table, "
-                    f"{marking.hook.upper()}), whose rules mark them; each rule marks only "
+                    f"{hooks}), whose rules mark them; each rule marks only "
                     "packets that are still unmarked"
                     + (
                         f" (in the mark bits {marking.mask.value:#x}; the others are left alone)"
@@ -1379,7 +1397,7 @@ class _Explainer:
                     )
                     + ", so the first that matches wins. On "
                     f"{self.name(iface.name)}, fw filters send each mark to its class.{through} "
-                    + _UNSEEN[marking.hook]
+                    + (_UNSEEN[marking.hook] if iface.download is None else _UNSEEN_DOWNLOAD)
                     + " The rules, in order:"
                 )
             )

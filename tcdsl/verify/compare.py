@@ -668,7 +668,7 @@ def _spell_field(name: str, value: object) -> str:
     if name in ("sport", "dport") and isinstance(value, tuple):
         lo, hi = value
         return str(lo) if lo == hi else f"{lo}:{hi}"
-    if name in ("mark match", "set-mark") and isinstance(value, tuple):
+    if name in ("mark match", "set-mark", "save-mark") and isinstance(value, tuple):
         return f"{value[0]:#x}/{value[1]:#x}"
     if name == "tos" and isinstance(value, tuple):
         return f"{value[0]:#04x}/{value[1]:#04x}"
@@ -700,20 +700,19 @@ def _rule_diffs(exp: ExpectedRule, got: IptRule) -> Iterator[Diagnostic]:
 
 
 def _compare_chain(chain: ExpectedChain, state: IptablesState) -> Iterator[Diagnostic]:
-    jumps = [r for r in state.chains.get(chain.jump.rule.chain, []) if r == chain.jump.rule]
-    if not jumps:
-        yield Diagnostic.error(
-            MISSING,
-            f"{chain.jump.label} is missing in the kernel's mangle table",
-            chain.jump.span,
-        )
-    elif len(jumps) > 1:
-        yield Diagnostic.error(
-            UNEXPECTED,
-            f"{chain.jump.label} appears {len(jumps)} times in the kernel's mangle table, "
-            "policy says once",
-            chain.jump.span,
-        )
+    for jump in chain.jumps:
+        jumps = [r for r in state.chains.get(jump.rule.chain, []) if r == jump.rule]
+        if not jumps:
+            yield Diagnostic.error(
+                MISSING, f"{jump.label} is missing in the kernel's mangle table", jump.span
+            )
+        elif len(jumps) > 1:
+            yield Diagnostic.error(
+                UNEXPECTED,
+                f"{jump.label} appears {len(jumps)} times in the kernel's mangle table, "
+                "policy says once",
+                jump.span,
+            )
     got = state.chains.get(chain.name)
     if got is None:
         yield Diagnostic.error(

@@ -22,7 +22,7 @@ from fractions import Fraction
 from ipaddress import IPv4Network
 
 from tcdsl import ir, linklayer
-from tcdsl.commands import CAKE_LINKLAYER, REDIRECT_PREF, curve_words
+from tcdsl.commands import CAKE_LINKLAYER, DOWNLOAD_HOOKS, REDIRECT_PREF, curve_words
 from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -321,6 +321,13 @@ class ExpectedChain:
     span: Span
     jump: ExpectedRule
     rules: tuple[ExpectedRule, ...]
+    more_jumps: tuple[ExpectedRule, ...] = ()
+    """A download's second jump (it marks in FORWARD and INPUT)."""
+
+    @property
+    def jumps(self) -> tuple[ExpectedRule, ...]:
+        """Every jump into the chain."""
+        return (self.jump, *self.more_jumps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1020,7 +1027,16 @@ def _chain(iface: ir.Interface) -> ExpectedChain | None:
             if c.fwmark is not None and c.fwmark not in by_mark:
                 by_mark[c.fwmark] = c.label
     hook = m.hook.upper()
-    if m.hook != "prerouting":
+    more: list[ExpectedRule] = []
+    if iface.download is not None:
+        first, *others = DOWNLOAD_HOOKS
+        on = m.from_interface or "every interface"
+        for other in others:
+            rule = IptRule(other, in_iface=m.from_interface, target=m.chain)
+            more.append(ExpectedRule(f"jump from {other} on {on} to chain {m.chain}", rule, m.span))
+        jump_rule = IptRule(first, in_iface=m.from_interface, target=m.chain)
+        where = f"{first} on {on}"
+    elif m.hook != "prerouting":
         jump_rule = IptRule(hook, out_iface=iface.name, target=m.chain)
         where = f"{hook} out of {iface.name}"
     else:
@@ -1039,7 +1055,11 @@ def _chain(iface: ir.Interface) -> ExpectedChain | None:
     for d in m.dscp_rules:
         dscp_rule = IptRule(m.chain, mark=(d.mark, m.mask_value), target="DSCP", set_dscp=d.dscp)
         rules.append(ExpectedRule(f"DSCP rule for mark {d.mark}", dscp_rule, d.span))
-    return ExpectedChain(m.chain, m.span, jump, tuple(rules))
+    if iface.download is not None:
+        mask = m.mask.value if m.mask is not None else 0xFFFFFFFF
+        save = IptRule(m.chain, target="CONNMARK", save_mark=(mask, mask))
+        rules.append(ExpectedRule("rule saving the mark on the connection", save, m.span))
+    return ExpectedChain(m.chain, m.span, jump, tuple(rules), tuple(more))
 
 
 _QDISC_WORDS = {

@@ -790,6 +790,8 @@ class IptRule:
     """``-j DSCP --set-dscp N``."""
     tcp_flags: tuple[int, int] | None = None
     """``--tcp-flags MASK COMP`` as (flags that must be set, flags examined) bits."""
+    save_mark: tuple[int, int] | None = None
+    """``-j CONNMARK --save-mark``: (nfmask, ctmask), 0xffffffff each unless given."""
     other: tuple[str, ...] = ()
     """Words this parser does not model (negations, other matches): any makes a rule differ."""
     text: str = field(default="", compare=False)
@@ -812,12 +814,15 @@ class IptRule:
             "set-mark": self.set_mark,
             "set-dscp": self.set_dscp,
             "tcp-flags": self.tcp_flags,
+            "save-mark": self.save_mark,
             "other words": self.other,
         }
 
 
 _FULL32 = 0xFFFFFFFF
-_MODULE_ONLY = frozenset({"tcp", "udp", "sctp", "udplite", "mark", "tos", "dscp", "MARK", "DSCP"})
+_MODULE_ONLY = frozenset(
+    {"tcp", "udp", "sctp", "udplite", "mark", "tos", "dscp", "MARK", "DSCP", "CONNMARK"}
+)
 TCP_FLAG_BITS = {"FIN": 0x01, "SYN": 0x02, "RST": 0x04, "PSH": 0x08, "ACK": 0x10, "URG": 0x20}
 """iptables' TCP flag names and their bits in the header's flags byte."""
 
@@ -874,6 +879,15 @@ def parse_rule(words: Sequence[str]) -> IptRule:
                 rule = replace(rule, set_mark=_value_mask(arg, _FULL32))
             case "--set-dscp":
                 rule = replace(rule, set_dscp=int(arg, 0))
+            case "--save-mark":
+                rule = replace(rule, save_mark=rule.save_mark or (_FULL32, _FULL32))
+                step = 1
+            case "--mask" | "--nfmask" | "--ctmask":
+                nf, ct = rule.save_mark or (_FULL32, _FULL32)
+                value = int(arg, 0)
+                nf = value if word != "--ctmask" else nf
+                ct = value if word != "--nfmask" else ct
+                rule = replace(rule, save_mark=(nf, ct))
             case "--tcp-flags":
                 comp = words[i + 2] if i + 2 < len(words) else ""
                 try:
