@@ -961,7 +961,7 @@ class VGen:
             ]
             parts += ["    ingress {", *policed, "    }"]
         elif not upload or self.chance(0.7):
-            via = f" via ifb{index}{self.between(0, 9)}" if self.chance(0.3) else ""
+            via = f" via ifb{index}{self.between(0, 9)}" if self.chance(0.8) else ""
             connmark = " connmark" if self.uml and self.chance(0.3) else ""
             tree = self.tree(ifname, index, marking=False)
             parts += _direction(f"download{via}{connmark}", tree)

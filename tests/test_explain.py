@@ -288,7 +288,7 @@ def test_downloads_are_explained_with_their_ifb_nat_and_connmark() -> None:
     marked = _said(
         _inline(
             "interface eth0 {\n    download via ifb9 connmark htb rate 10mbit default b {\n"
-            "        classify by mark from eth1\n"
+            "        classify by mark from eth0\n"
             "        class a rate 1mbit match proto udp dport 5060\n        class b rate 9mbit\n"
             "    }\n}\n"
         )

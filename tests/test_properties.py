@@ -468,7 +468,7 @@ class Gen:
             return [f"{head} {{ " + "; ".join(b.strip() for b in body) + " }"]
         return [f"{head} {{", *body, f"{indent}}}"]
 
-    def interface(self, ifname: str, chain: str | None) -> list[str]:
+    def interface(self, ifname: str, chain: str | None, mark_from: str = "eth1") -> list[str]:
         self.names, self.leaves, self.inner = set(), [], []  # names are per interface
         max_depth = self.int(1, 4)
         link: int | None = None
@@ -483,7 +483,7 @@ class Gen:
         body: list[str] = []
         marking = chain is not None
         if marking:
-            body.append(f"    classify by mark from eth1{chain}")
+            body.append(f"    classify by mark from {mark_from}{chain}")
         for _ in range(self.int(1, 4)):
             body += self.klass(1, max_depth, link, link, marking, "    ")
         if self.mistake("match outside a class"):
@@ -530,8 +530,10 @@ class Gen:
         return [f"interface {ifname} {{", *body, "}"]
 
     def tree(self, ifname: str, lead: str, chain: str | None) -> list[str]:
-        """One direction's tree: ``interface`` 's lines under ``lead``, one level deeper."""
-        lines = self.interface(ifname, chain)
+        """One direction's tree: ``interface`` 's lines under ``lead``, one level deeper (a
+        download marks what arrives on its own interface: E256)."""
+        mark_from = ifname if lead.startswith("download") else "eth1"
+        lines = self.interface(ifname, chain, mark_from)
         head = lines[0].removeprefix(f"interface {ifname} ")
         return [f"    {lead} {head}", *(f"    {line}" for line in lines[1:])]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tcdsl import ir
-from tcdsl.commands import default_chain, teardown_commands
+from tcdsl.commands import default_chain, owned_chains, teardown_commands
 from tcdsl.diagnostics import render
 from tcdsl.driver import Result, compile_policy
 from tests.conftest import ROOT, policy_files
@@ -89,14 +89,18 @@ def test_teardown_before_add(policy: Path) -> None:
             if _builds(words, iface):
                 assert i > first, f"{' '.join(words)} comes before the teardown of {iface.label}"
         # The chain (the policy's, or the default one an earlier version may have left) goes
-        # with every jump into it (tcdsl_unmark), before anything is added.
-        chain = iface.marking.chain if iface.marking is not None else default_chain(iface.name)
-        assert chain is not None
-        removals = [i for i, words in enumerate(lines) if words == ["tcdsl_unmark", chain]]
-        assert len(removals) == 1, f"chain {chain}: expected one tcdsl_unmark"
-        assert removals[0] > first
-        if iface.marking is not None:
-            assert removals[0] < lines.index(["iptables", "-t", "mangle", "-N", chain])
+        # with every jump into it (tcdsl_unmark), before anything is added; an ingress tree
+        # marks nothing and leaves its interface's chain to the interface's egress tree.
+        chains = owned_chains(result.policy)[iface.label]
+        if iface.direction != "ingress":
+            mine = iface.marking.chain if iface.marking is not None else default_chain(iface.name)
+            assert mine in chains
+        for chain in chains:
+            removals = [i for i, words in enumerate(lines) if words == ["tcdsl_unmark", chain]]
+            assert len(removals) == 1, f"chain {chain}: expected one tcdsl_unmark"
+            assert removals[0] > first
+            if iface.marking is not None and chain == iface.marking.chain:
+                assert removals[0] < lines.index(["iptables", "-t", "mangle", "-N", chain])
 
 
 def _holds(words: list[str], command: list[str]) -> bool:

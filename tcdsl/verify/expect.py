@@ -1032,8 +1032,12 @@ def _chain(iface: ir.Interface) -> ExpectedChain | None:
         first, *others = DOWNLOAD_HOOKS
         on = m.from_interface or "every interface"
         for other in others:
-            rule = IptRule(other, in_iface=m.from_interface, target=m.chain)
-            more.append(ExpectedRule(f"jump from {other} on {on} to chain {m.chain}", rule, m.span))
+            label = f"jump from {other} on {on} to chain {m.chain}"
+            more.append(
+                ExpectedRule(
+                    label, IptRule(other, in_iface=m.from_interface, target=m.chain), m.span
+                )
+            )
         jump_rule = IptRule(first, in_iface=m.from_interface, target=m.chain)
         where = f"{first} on {on}"
     elif m.hook != "prerouting":

@@ -24,10 +24,10 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING; absent is fine.
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
     command -v iptables >/dev/null 2>&1 || return 0
     iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING; do
+    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
         while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
             awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
             iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
