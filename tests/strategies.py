@@ -621,12 +621,12 @@ class VGen:
         if self.chance(0.6):
             delayed = self.chance(0.5)  # above 0: reorder and distribution need a delay
             opts.append(f"delay {self.time(1 if delayed else 0, NETEM_MAX_DELAY)}")
-            if self.chance(0.4):
-                jittered = delayed and self.chance(0.5)
+            if self.chance(0.6):
+                jittered = delayed and self.chance(0.7)
                 opts.append(f"jitter {self.time(1 if jittered else 0, NETEM_MAX_JITTER)}")
         if jittered and self.chance(0.3):
             opts.append(f"delay_correlation {self.percent()}")
-        if jittered and self.chance(0.3):
+        if jittered and self.chance(0.6):
             opts.append(f"distribution {self.pick(('normal', 'pareto', 'paretonormal'))}")
         self.netems += 1
         for key in ("loss", "duplicate", "corrupt"):

@@ -469,7 +469,8 @@ class Gen:
         return [f"{head} {{", *body, f"{indent}}}"]
 
     def interface(self, ifname: str, chain: str | None, mark_from: str = "eth1") -> list[str]:
-        self.names, self.leaves, self.inner = set(), [], []  # names are per interface
+        # names and handles are per tree (a download's IFB is a device of its own)
+        self.names, self.leaves, self.inner, self.handles = set(), [], [], set()
         max_depth = self.int(1, 4)
         link: int | None = None
         opts: list[str] = []
