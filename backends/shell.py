@@ -86,13 +86,8 @@ class InterfaceView:
     """What a failure of ``tc -batch`` (``nft -f``) is reported at, before the line is known."""
 
 
-def _origin(cmd: Command) -> str:
-    s = cmd.span
-    return f"{s.file}:{s.line}:{s.column}: {cmd.what}"
-
-
 def _line(cmd: Command) -> Line:
-    return Line(_origin(cmd), (cmd.tool, *cmd.args))
+    return Line(cmd.origin, (cmd.tool, *cmd.args))
 
 
 def _heredoc(
@@ -115,8 +110,8 @@ def _view(iface: ir.Interface, batch: bool, nft: bool, owned: tuple[str, ...]) -
         origins: list[tuple[int, str]] = []
         for c in commands:
             if c.tool == "tc":
-                lines += [f"# {comment(_origin(c))}", batch_line(c)]
-                origins.append((len(lines), _origin(c)))
+                lines += [f"# {comment(c.origin)}", batch_line(c)]
+                origins.append((len(lines), c.origin))
         tc_batch = _heredoc(lines, "TCDSL_BATCH", origins)
     table: HereDoc | None = None
     if nft and iface.marking is not None:

@@ -103,8 +103,7 @@ def iptables_text(policy: ir.Policy, source_label: str) -> str:
     for iface in marking:
         for cmd, line in restore_lines(iface):
             if cmd is not None:
-                s = cmd.span
-                out.append(f"# {comment(f'{s.file}:{s.line}:{s.column}: {cmd.what}')}\n")
+                out.append(f"# {comment(cmd.origin)}\n")
             out.append(f"{line}\n")
     if stale:
         out.append("# Chains an earlier version may have left, which this one does not use.\n")
@@ -125,8 +124,7 @@ def ip_text(policy: ir.Policy, source_label: str) -> str:
     for iface in policy.interfaces:
         for cmd in interface_commands(iface):
             if cmd.tool == "ip":
-                s = cmd.span
-                out.append(f"# {comment(f'{s.file}:{s.line}:{s.column}: {cmd.what}')}")
+                out.append(f"# {comment(cmd.origin)}")
                 out.append(" ".join(batch_quote(w) for w in cmd.args))
     return "".join(f"{line}\n" for line in out)
 

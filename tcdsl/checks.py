@@ -791,9 +791,7 @@ def police_bursts_fit_tc(policy: ir.Policy) -> Iterator[Diagnostic]:
     """E208 for a policer's burst that wraps in tc's ticks (see ``_ticks_wrap``)."""
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
-            matches = list(q.matches) if isinstance(q, ir.Ingress) else []
-            matches += [m for cls in ir.classes_of(q) for m in cls.matches]
-            for m in matches:
+            for _, m in ir.matches_of(q):
                 if m.police is not None:
                     p = m.police
                     yield from _ticks_wrap("burst", p.burst, p.rate, "the policer", "rate")

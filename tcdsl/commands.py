@@ -31,6 +31,12 @@ class Command:
     span: Span
     what: str
 
+    @property
+    def origin(self) -> str:
+        """The policy text it comes from, as scripts and files name it: ``FILE:LINE:COL: what``."""
+        s = self.span
+        return f"{s.file}:{s.line}:{s.column}: {self.what}"
+
 
 def _pct(value: Fraction) -> str:
     return f"{float(value):.12g}%"  # tc reads it with strtod: 1e-07% is fine

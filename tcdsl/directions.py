@@ -19,15 +19,6 @@ PRIVATE = tuple(IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168
 """RFC 1918's private networks."""
 
 
-def _matches(q: ir.Qdisc) -> Iterator[tuple[ir.Class | None, ir.Match]]:
-    if isinstance(q, ir.Ingress):
-        for m in q.matches:
-            yield None, m
-    for cls in ir.classes_of(q):
-        for m in cls.matches:
-            yield cls, m
-
-
 def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
     """E253: a policer whose burst is below the largest packet it lets through (no such
     packet ever conforms: tc-police(8) asks for a burst of at least the MTU); E252: a
@@ -35,7 +26,7 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
     match line's)."""
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
-            for _, m in _matches(q):
+            for _, m in ir.matches_of(q):
                 p = m.police
                 if p is None:
                     continue
@@ -73,11 +64,11 @@ def download_marks_need_connmark(policy: ir.Policy) -> Iterator[Diagnostic]:
         d = iface.download
         if d is None or d.connmark:
             continue
-        spans = [iface.marking.span] if iface.marking is not None else []
-        spans += [
+        marks = (
             c.mark.span for q in ir.walk_qdiscs(iface.root) for c in ir.classes_of(q) if c.mark
-        ]
-        for span in spans[:1]:
+        )
+        span = iface.marking.span if iface.marking is not None else next(marks, None)
+        if span is not None:
             yield Diagnostic.error(
                 "E255",
                 f"the download of '{d.interface}' is classified on ingress, before iptables or "
@@ -122,7 +113,7 @@ def download_nat(policy: ir.Policy) -> Iterator[Diagnostic]:
         if iface.download is None or iface.marking is not None:
             continue
         for q in ir.walk_qdiscs(iface.root):
-            for _, m in _matches(q):
+            for _, m in ir.matches_of(q):
                 for cond in m.conds:
                     if not isinstance(cond, ir.AddrCond) or cond.field != "dst":
                         continue

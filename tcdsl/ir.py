@@ -849,6 +849,17 @@ def classes_of(qdisc: Qdisc) -> Iterator[Class]:
             yield from top.walk()
 
 
+def matches_of(qdisc: Qdisc) -> Iterator[tuple[Class | None, Match]]:
+    """Yield the match lines of ``qdisc`` itself (not of nested qdiscs), in the order written,
+    each with the class it sends to (None on an ingress qdisc, whose lines only police)."""
+    if isinstance(qdisc, Ingress):
+        for m in qdisc.matches:
+            yield None, m
+    for cls in classes_of(qdisc):
+        for m in cls.matches:
+            yield cls, m
+
+
 def parent_map(qdisc: ClassfulQdisc) -> dict[int, Class | None]:
     """Map ``id(class)`` to its parent class (None for top-level classes)."""
     parents: dict[int, Class | None] = {id(top): None for top in qdisc.classes}

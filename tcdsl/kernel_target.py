@@ -225,19 +225,12 @@ def _needs(policy: ir.Policy) -> Iterator[tuple[str, Span]]:
                 yield "connmark", iface.download.span
         for q in ir.walk_qdiscs(iface.root):
             yield q.kind, q.span
-            if isinstance(q, ir.Ingress):
-                for m in q.matches:
-                    matched = matched or m.span
-                    if m.police is not None:
-                        yield "police", m.police.span
             if isinstance(q, ir.Netem) and q.rate is not None:
                 yield "netem-rate", q.rate.span
-            for cls in ir.classes_of(q):
-                if matched is None and cls.matches:
-                    matched = cls.matches[0].span
-                for m in cls.matches:
-                    if m.police is not None:
-                        yield "police", m.police.span
+            for _, m in ir.matches_of(q):
+                matched = matched or m.span
+                if m.police is not None:
+                    yield "police", m.police.span
         if iface.marking is not None:
             yield "fw", iface.marking.span
             yield "iptables-mark", iface.marking.span

@@ -189,17 +189,7 @@ class _Walk:
         self.skip = skip
         self.packet = packet
         self.header = packet.header()
-        self.matches = {
-            m.span: m
-            for q in ir.walk_qdiscs(iface.root)
-            for m in (q.matches if isinstance(q, ir.Ingress) else ())
-        }
-        self.matches.update(
-            (m.span, m)
-            for q in ir.walk_qdiscs(iface.root)
-            for cls in ir.classes_of(q)
-            for m in cls.matches
-        )
+        self.matches = {m.span: m for q in ir.walk_qdiscs(iface.root) for _, m in ir.matches_of(q)}
         self.mark = 0
         self.mark_why = ""
         self.mark_span: Span | None = None

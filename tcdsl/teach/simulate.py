@@ -1453,11 +1453,12 @@ class Simulator(Engine):
 
     def _policer(self, spans: tuple[Span | None, ...]) -> _Policed | None:
         """The first policer on the packet's way (its filter's, by the match line's span)."""
-        for span in spans:
-            for f in self.iface.filters:
-                if isinstance(f, ir.U32Filter) and f.police is not None and f.span == span:
-                    return _Policed(f.police, f.span)
-        return None
+        policed = {
+            f.span: f.police
+            for f in self.iface.filters
+            if isinstance(f, ir.U32Filter) and f.police is not None
+        }
+        return next((_Policed(policed[s], s) for s in spans if s in policed), None)
 
     def _route(
         self, builder: _Builder, flow: Flow, index: int, skip: frozenset[Span]
