@@ -20,6 +20,17 @@ from tcdsl.tcmath import HTB_DEFAULT_R2Q, htb_quantum, htb_r2q_fits, htb_r2q_ran
 
 MAX = 0xFFFF
 DEFAULT_PREF = 1
+IPV6_PREF_OFFSET = 0x8000
+"""An IPv6 filter's pref is its IPv4 counterpart's plus this: the kernel keeps one filter
+list per (pref, protocol) and refuses a second protocol at a pref in use, and the order among
+one family's filters is the order of their prefs."""
+MAX_PREF = IPV6_PREF_OFFSET - 1
+"""The largest ``pref`` a match line may give (its IPv6 filters are above it)."""
+
+
+def kernel_pref(pref: int, family: ir.Family) -> int:
+    """The pref a filter of ``family`` gets for the policy's ``pref``."""
+    return pref if family == "ipv4" else pref + IPV6_PREF_OFFSET
 
 
 def _decimal_looking_minors() -> Iterator[int]:
@@ -180,13 +191,24 @@ class InterfaceAllocator:
     ) -> Iterator[ir.Filter]:
         pref = m.pref.value if m.pref else DEFAULT_PREF
         total = dropped = 0
-        for alt in lower.alternatives(m):
-            for keys in lower.u32_keys(alt):
+        families = self.iface.families
+        classifier = self.iface.classifier
+        for family, alt in lower.filter_alternatives(m, families, classifier):
+            fpref = kernel_pref(pref, family)
+            if classifier == "flower":
+                total += 1
+                flower = lower.flower_filter(alt, family, parent, fpref, flowid, m.span, m.police)
+                if flower is None:
+                    dropped += 1
+                else:
+                    yield flower
+                continue
+            for keys in lower.u32_keys(alt, family):
                 total += 1
                 if lower.contradicts(keys):
                     dropped += 1
                 else:
-                    yield ir.U32Filter(parent, pref, keys, flowid, m.span, m.police)
+                    yield ir.U32Filter(parent, fpref, keys, flowid, m.span, m.police, family)
         if dropped and dropped == total:
             self.error(
                 "E211",
@@ -248,6 +270,7 @@ class InterfaceAllocator:
         rules: list[ir.MarkRule] = []
         new_root = self._with_marks(root, default, pool, marked)
         fw_pref = marking.pref.value if marking.pref is not None else DEFAULT_PREF
+        families = iface.families
         fw_mask = marking.mask.value if marking.mask is not None else None
         if marking.mask is not None and None in marked.values():
             wanted = len(marked)
@@ -268,16 +291,29 @@ class InterfaceAllocator:
                         filters.extend(self._match_filters(m, q.handle, cls.classid))
                 if cls.fwmark is None:
                     continue
-                filters.append(
-                    ir.FwFilter(q.handle, fw_pref, cls.fwmark, cls.classid, cls.span, fw_mask)
+                filters.extend(
+                    ir.FwFilter(
+                        q.handle,
+                        kernel_pref(fw_pref, family),
+                        cls.fwmark,
+                        cls.classid,
+                        cls.span,
+                        fw_mask,
+                        family,
+                    )
+                    for family in families
                 )
                 for m in marked_lines(cls):
                     rules.extend(
-                        ir.MarkRule(alt, cls.fwmark, m.span) for alt in lower.alternatives(m)
+                        ir.MarkRule(alt, cls.fwmark, m.span, family=family)
+                        for family, alt in lower.family_alternatives(m, families)
                     )
         if default is not None:
             assert isinstance(root, ir.Htb | ir.Hfsc) and root.default is not None
-            rules.append(ir.MarkRule((), marked[id(default)], root.default.span, unmarked=True))
+            rules.extend(
+                ir.MarkRule((), marked[id(default)], root.default.span, True, family)
+                for family in families
+            )
         for q in ir.walk_qdiscs(new_root):
             for cls in ir.classes_of(q):
                 if cls.set_dscp is not None and cls.fwmark is None:
@@ -289,7 +325,8 @@ class InterfaceAllocator:
                         cls.set_dscp.span,
                     )
         dscp = tuple(
-            ir.DscpRule(cls.fwmark, cls.set_dscp.value, cls.set_dscp.span)
+            ir.DscpRule(cls.fwmark, cls.set_dscp.value, cls.set_dscp.span, family)
+            for family in families
             for cls in ir.classes_of(new_root)
             if cls.set_dscp is not None and cls.fwmark is not None
         )

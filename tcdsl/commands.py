@@ -18,7 +18,7 @@ from tcdsl import ir, linklayer
 from tcdsl.allocate import default_minor
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.frontend.chains import default_chain as default_chain  # for the backends
-from tcdsl.lower import iptables_words, nft_words
+from tcdsl.lower import address_text, iptables_words, nft_words
 from tcdsl.units import format_rate, format_size, format_time
 
 
@@ -357,6 +357,33 @@ def redirect_commands(iface: ir.Interface, download: ir.Download) -> Iterator[Co
     )
 
 
+FILTER_PROTOCOL: dict[ir.Family, str] = {"ipv4": "ip", "ipv6": "ipv6"}
+"""A filter's ``protocol`` by family."""
+
+
+def flower_words(f: ir.FlowerFilter) -> list[str]:
+    """The match words of a flower filter (``ip_proto tcp dst_port 443 ...``)."""
+    words: list[str] = []
+    if f.ip_proto is not None:
+        words += ["ip_proto", FLOWER_PROTO_NAMES.get(f.ip_proto, str(f.ip_proto))]
+    for key, net in (("src_ip", f.src), ("dst_ip", f.dst)):
+        if net is not None:
+            words += [key, address_text(net)]
+    for key, port in (("src_port", f.sport), ("dst_port", f.dport)):
+        if port is not None:
+            lo, hi = port
+            words += [key, str(lo) if lo == hi else f"{lo}-{hi}"]
+    if f.tos is not None:
+        words += ["ip_tos", f"{f.tos[0]:#04x}/{f.tos[1]:#04x}"]
+    if f.tcp_flags is not None:
+        words += ["tcp_flags", f"{f.tcp_flags[0]:#x}/{f.tcp_flags[1]:#x}"]
+    return words
+
+
+FLOWER_PROTO_NAMES = {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 58: "icmpv6"}
+"""The ``ip_proto`` values tc's flower takes by name (others as numbers)."""
+
+
 def police_words(p: ir.Police) -> list[str]:
     """``police rate R burst B [mtu M] VERDICT`` as tc takes it in a filter."""
     words = ["police", "rate", format_rate(p.rate.bits_per_second)]
@@ -432,11 +459,19 @@ def _below(
             "parent",
             str(f.parent),
             "protocol",
-            "ip",
+            FILTER_PROTOCOL[f.family],
             "prio",
             str(f.pref),
         )
         match f:
+            case ir.FlowerFilter():
+                police = police_words(f.police) if f.police is not None else []
+                yield Command(
+                    "tc",
+                    (*head, "flower", *flower_words(f), *police, "classid", str(f.flowid)),
+                    f.span,
+                    f"filter to {f.flowid}",
+                )
             case ir.U32Filter():
                 keys = [w for key in f.keys for w in ("match", *key.words)]
                 police = police_words(f.police) if f.police is not None else []

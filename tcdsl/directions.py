@@ -118,7 +118,7 @@ def download_nat(policy: ir.Policy) -> Iterator[Diagnostic]:
                     if not isinstance(cond, ir.AddrCond) or cond.field != "dst":
                         continue
                     for net, span in cond.networks:
-                        if any(net.subnet_of(p) for p in PRIVATE):
+                        if net.version == 4 and any(net.subnet_of(p) for p in PRIVATE):
                             where = net.network_address if net.prefixlen == 32 else net
                             yield Diagnostic.warning(
                                 "W360",

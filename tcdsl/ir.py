@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, IPv6Network
 from typing import Literal
 
 from tcdsl.diagnostics import Span
@@ -140,12 +140,34 @@ class PortValue:
     span: Span
 
 
+Family = Literal["ipv4", "ipv6"]
+"""An address family: what a filter's ``protocol ip`` / ``protocol ipv6`` selects."""
+
+FAMILIES: tuple[Family, ...] = ("ipv4", "ipv6")
+"""Both families, in the order their filters are written."""
+
+Network = IPv4Network | IPv6Network
+
+
+def family_of(network: Network) -> Family:
+    """The family of an address or network."""
+    return "ipv4" if network.version == 4 else "ipv6"
+
+
+@dataclass(frozen=True, slots=True)
+class FamilySpec:
+    """``family ipv4|ipv6|both`` on an interface, a direction or a match line."""
+
+    families: tuple[Family, ...]
+    span: Span
+
+
 @dataclass(frozen=True, slots=True)
 class AddrCond:
-    """``src``/``dst`` address or network; several values OR."""
+    """``src``/``dst`` address or network (either family); several values OR."""
 
     field: Literal["src", "dst"]
-    networks: tuple[tuple[IPv4Network, Span], ...]
+    networks: tuple[tuple[Network, Span], ...]
     span: Span
 
 
@@ -256,6 +278,9 @@ class Match:
     span: Span
     pref: Count | None = None
     police: Police | None = None
+    family: FamilySpec | None = None
+    """``match family ...``: the families the line applies to; None: the tree's (see
+    :func:`tcdsl.lower.family_alternatives` for what addresses and protocols imply)."""
 
 
 # ---- classes and qdiscs ---------------------------------------------------------------------
@@ -668,13 +693,37 @@ class U32Key:
 @dataclass(frozen=True, slots=True)
 class U32Filter:
     """A u32 filter: every key must match; the packet goes to ``flowid`` (through ``police``
-    when the match has one)."""
+    when the match has one). ``protocol ip`` or ``protocol ipv6`` by ``family``."""
 
     parent: Handle
     pref: int
     keys: tuple[U32Key, ...]
     flowid: Handle
     span: Span
+    police: Police | None = None
+    family: Family = "ipv4"
+
+
+@dataclass(frozen=True, slots=True)
+class FlowerFilter:
+    """A flower filter (``classifier flower``): the kernel's flow dissector parses the headers
+    (past IPv6 extension headers), and every field given must match."""
+
+    parent: Handle
+    pref: int
+    family: Family
+    flowid: Handle
+    span: Span
+    ip_proto: int | None = None
+    src: Network | None = None
+    dst: Network | None = None
+    sport: tuple[int, int] | None = None
+    """A port or range, (lo, hi)."""
+    dport: tuple[int, int] | None = None
+    tos: tuple[int, int] | None = None
+    """(value, mask) of the TOS byte (IPv4) or traffic class (IPv6)."""
+    tcp_flags: tuple[int, int] | None = None
+    """(value, mask) of the TCP flags."""
     police: Police | None = None
 
 
@@ -689,9 +738,12 @@ class FwFilter:
     span: Span
     mask: int | None = None
     """The mark bits the filter compares (``handle V/M``); None: all of them."""
+    family: Family = "ipv4"
 
 
-Filter = U32Filter | FwFilter
+Filter = U32Filter | FwFilter | FlowerFilter
+
+Classifier = Literal["u32", "flower"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -703,6 +755,8 @@ class MarkRule:
     span: Span
     unmarked: bool = False
     """True for the rule giving still-unmarked traffic the default class's mark."""
+    family: Family = "ipv4"
+    """iptables (ipv4) or ip6tables (ipv6); nft says ``meta nfproto``."""
 
 
 MarkHook = Literal["prerouting", "output", "postrouting"]
@@ -758,6 +812,7 @@ class DscpRule:
     mark: int
     dscp: int
     span: Span
+    family: Family = "ipv4"
 
 
 @dataclass(frozen=True, slots=True)
@@ -795,6 +850,16 @@ class Interface:
     """For ``direction == "download"``: the interface whose arrivals the IFB shapes."""
     stab: Overhead | None = None
     """Link-layer overhead on the root qdisc (a size table); a cake root keeps its own."""
+    family: FamilySpec | None = None
+    """``family ipv4|ipv6|both`` on the interface or direction; None: both."""
+    classifier: Classifier = "u32"
+    classifier_span: Span | None = None
+    """Where the policy says ``classifier flower``; None when u32 by default."""
+
+    @property
+    def families(self) -> tuple[Family, ...]:
+        """The families this tree classifies (both unless ``family`` restricts it)."""
+        return self.family.families if self.family is not None else FAMILIES
 
     @property
     def interface(self) -> str:

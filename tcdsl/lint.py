@@ -102,9 +102,17 @@ class Alternative:
     filters: tuple[Bits, ...]
 
 
-def _alternatives(match: ir.Match, cls: ir.Class) -> Iterator[Alternative]:
-    for conds in lower.alternatives(match):
-        filters = tuple(b for keys in lower.u32_keys(conds) if (b := filter_bits(keys)) is not None)
+def _alternatives(
+    match: ir.Match, cls: ir.Class, iface: ir.Interface, family: ir.Family
+) -> Iterator[Alternative]:
+    """The alternatives of ``match`` that are filters of ``family``, as u32 bits (a flower
+    filter tests the same fields, so the same bits stand for it here)."""
+    for fam, conds in lower.filter_alternatives(match, iface.families, iface.classifier):
+        if fam != family:
+            continue
+        filters = tuple(
+            b for keys in lower.u32_keys(conds, family) if (b := filter_bits(keys)) is not None
+        )
         if filters:
             yield Alternative(match, cls, conds, filters)
 
@@ -120,24 +128,25 @@ def _classification_orders(policy: ir.Policy) -> Iterator[list[Alternative]]:
     """
     for iface in policy.interfaces:
         marks = iface.marking is not None
-        if marks:
-            ordered: list[Alternative] = []
+        for family in iface.families:
+            if marks:
+                ordered: list[Alternative] = []
+                for q in ir.walk_qdiscs(iface.root):
+                    for cls in ir.classes_of(q):
+                        for m in cls.matches:
+                            if m.pref is None:
+                                ordered.extend(_alternatives(m, cls, iface, family))
+                yield ordered
             for q in ir.walk_qdiscs(iface.root):
-                for cls in ir.classes_of(q):
-                    for m in cls.matches:
-                        if m.pref is None:
-                            ordered.extend(_alternatives(m, cls))
-            yield ordered
-        for q in ir.walk_qdiscs(iface.root):
-            added = [
-                a
-                for cls in ir.classes_of(q)
-                for m in cls.matches
-                if not marks or m.pref is not None
-                for a in _alternatives(m, cls)
-            ]
-            if added:
-                yield kernel_order(added, lambda a: match_pref(a.match))
+                added = [
+                    a
+                    for cls in ir.classes_of(q)
+                    for m in cls.matches
+                    if not marks or m.pref is not None
+                    for a in _alternatives(m, cls, iface, family)
+                ]
+                if added:
+                    yield kernel_order(added, lambda a: match_pref(a.match))
 
 
 class _Earlier:
@@ -182,8 +191,14 @@ def _is_catch_all(alt: Alternative) -> bool:
 
 def filters_all_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
     """No match line is hidden behind an earlier one that takes every packet it would match."""
+    seen: set[tuple[str, Span, str]] = set()
     for ordered in _classification_orders(policy):
-        yield from _shadowing(ordered)
+        for diagnostic in _shadowing(ordered):
+            # A line hidden in both families is said once.
+            key = (diagnostic.code, diagnostic.span, diagnostic.message)
+            if key not in seen:
+                seen.add(key)
+                yield diagnostic
 
 
 def _shadowing(ordered: Sequence[Alternative]) -> Iterator[Diagnostic]:

@@ -6,10 +6,12 @@ the cartesian product of its values. Port ranges become the fewest prefix-style 
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 from collections.abc import Iterator
 
 from tcdsl import ir
+from tcdsl.diagnostics import Span
 
 
 def range_to_masks(lo: int, hi: int, width: int = 16) -> list[tuple[int, int]]:
@@ -46,6 +48,85 @@ def alternatives(match: ir.Match) -> Iterator[tuple[ir.Cond, ...]]:
     yield from itertools.product(*(_split(c) for c in match.conds))
 
 
+FAMILY_PROTOCOLS: dict[int, ir.Family] = {1: "ipv4", 58: "ipv6"}
+"""Protocols that exist in one family only: ICMP (1) and ICMPv6 (58)."""
+
+
+def match_families(match: ir.Match, tree: tuple[ir.Family, ...]) -> tuple[ir.Family, ...]:
+    """The families a match line applies to before its values narrow it: its own ``family``,
+    else the tree's; a raw ``u8|u16|u32 ... at`` line reads offsets of the IPv4 header, so
+    without ``family`` it applies to IPv4 only."""
+    if match.family is not None:
+        return match.family.families
+    if any(isinstance(c, ir.RawCond) for c in match.conds):
+        return tuple(f for f in tree if f == "ipv4")
+    return tree
+
+
+def implied_families(conds: tuple[ir.Cond, ...]) -> tuple[ir.Family, ...]:
+    """The families one alternative can match at all: an address names its own; ICMP and
+    ICMPv6 exist in one family each; anything else exists in both."""
+    families = set(ir.FAMILIES)
+    for cond in conds:
+        match cond:
+            case ir.AddrCond():
+                families &= {ir.family_of(cond.networks[0][0])}
+            case ir.ProtoCond():
+                only = FAMILY_PROTOCOLS.get(cond.protocols[0][0])
+                if only is not None:
+                    families &= {only}
+            case _:
+                pass
+    return tuple(f for f in ir.FAMILIES if f in families)
+
+
+def family_alternatives(
+    match: ir.Match, tree: tuple[ir.Family, ...]
+) -> Iterator[tuple[ir.Family, tuple[ir.Cond, ...]]]:
+    """Yield (family, alternative) for every alternative of ``match`` and every family it
+    applies to (``tree``: the families of the tree the line is in), in order."""
+    wanted = match_families(match, tree)
+    for alt in alternatives(match):
+        for family in implied_families(alt):
+            if family in wanted:
+                yield family, alt
+
+
+GUARD_PROTOCOLS = (6, 17)
+"""What a port match without ``proto`` reads on IPv6 (and under flower): TCP and UDP."""
+
+
+def guarded(
+    family: ir.Family, conds: tuple[ir.Cond, ...], classifier: ir.Classifier
+) -> Iterator[tuple[ir.Cond, ...]]:
+    """``conds`` with the protocol a port needs, where the filter must name it.
+
+    u32 reads an IPv6 packet's ports 40 bytes in, whatever the next header is: without a
+    protocol key, bytes of an extension header or of ICMPv6 would be read as ports. flower
+    (either family) matches ports only under ``ip_proto``. A port match without ``proto``
+    becomes one alternative for TCP and one for UDP; IPv4 u32 filters keep reading the
+    ports of any protocol, as tc's ``ip dport`` does."""
+    needs = family == "ipv6" or classifier == "flower"
+    has_port = any(isinstance(c, ir.PortCond) for c in conds)
+    has_proto = any(isinstance(c, ir.ProtoCond | ir.TcpAckCond | ir.TcpFlagsCond) for c in conds)
+    if not (needs and has_port and not has_proto):
+        yield conds
+        return
+    span = next(c.span for c in conds if isinstance(c, ir.PortCond))
+    for number in GUARD_PROTOCOLS:
+        yield (ir.ProtoCond(((number, span),), span), *conds)
+
+
+def filter_alternatives(
+    match: ir.Match, tree: tuple[ir.Family, ...], classifier: ir.Classifier = "u32"
+) -> Iterator[tuple[ir.Family, tuple[ir.Cond, ...]]]:
+    """Yield (family, alternative) for each filter a match line becomes (before u32 splits
+    port ranges), with the protocol guards of :func:`guarded`."""
+    for family, alt in family_alternatives(match, tree):
+        for conds in guarded(family, alt, classifier):
+            yield family, conds
+
+
 def _hex(value: int, width: int) -> str:
     return f"0x{value:0{width // 4}x}"
 
@@ -69,15 +150,41 @@ def tcp_flags_keys(cond: ir.TcpFlagsCond) -> tuple[ir.U32Key, ...]:
     )
 
 
-def u32_keys(conds: tuple[ir.Cond, ...]) -> Iterator[tuple[ir.U32Key, ...]]:
-    """Yield the u32 key sets (one filter each) for one alternative of a match line."""
+TCP_ACK_KEYS_6: tuple[ir.U32Key, ...] = (
+    ir.U32Key(("ip6", "protocol", "6", "0xff")),
+    ir.U32Key(("u16", "0x0000", "0xffc0", "at", "4")),
+    ir.U32Key(("u8", "0x10", "0xff", "at", "53")),
+)
+"""The TCP-ACK idiom on IPv6: TCP right after the fixed header, a payload under 64 bytes,
+only ACK set (byte 13 of the TCP header, 40 bytes in)."""
+
+
+def tcp_flags_keys_6(cond: ir.TcpFlagsCond) -> tuple[ir.U32Key, ...]:
+    """u32 keys for TCP flags on IPv6: TCP right after the fixed header (an extension header,
+    a fragment's included, makes the next header something else), and the flags byte (53)."""
+    return (
+        ir.U32Key(("ip6", "protocol", "6", "0xff")),
+        ir.U32Key(("u8", _hex(cond.value, 8), _hex(cond.mask, 8), "at", "53")),
+    )
+
+
+def address_text(net: ir.Network) -> str:
+    """An address as tc and iptables take it: a host without its ``/32`` or ``/128``."""
+    return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+
+
+def u32_keys(
+    conds: tuple[ir.Cond, ...], family: ir.Family = "ipv4"
+) -> Iterator[tuple[ir.U32Key, ...]]:
+    """Yield the u32 key sets (one filter each) for one alternative of a match line, in
+    tc's ``ip`` or ``ip6`` words by ``family``."""
+    ip = "ip" if family == "ipv4" else "ip6"
     choices: list[list[tuple[ir.U32Key, ...]]] = []
     for cond in conds:
         match cond:
             case ir.AddrCond():
-                net = cond.networks[0][0]
-                text = str(net.network_address) if net.prefixlen == 32 else str(net)
-                choices.append([(ir.U32Key(("ip", cond.field, text)),)])
+                text = address_text(cond.networks[0][0])
+                choices.append([(ir.U32Key((ip, cond.field, text)),)])
             case ir.PortCond():
                 port = cond.ports[0]
                 if port.mask is not None:
@@ -85,19 +192,19 @@ def u32_keys(conds: tuple[ir.Cond, ...]) -> Iterator[tuple[ir.U32Key, ...]]:
                 else:
                     pairs = range_to_masks(port.lo, port.hi)
                 choices.append(
-                    [(ir.U32Key(("ip", cond.field, str(v), _hex(m, 16))),) for v, m in pairs]
+                    [(ir.U32Key((ip, cond.field, str(v), _hex(m, 16))),) for v, m in pairs]
                 )
             case ir.ProtoCond():
                 number = cond.protocols[0][0]
-                choices.append([(ir.U32Key(("ip", "protocol", str(number), "0xff")),)])
+                choices.append([(ir.U32Key((ip, "protocol", str(number), "0xff")),)])
             case ir.TosCond():
-                choices.append(
-                    [(ir.U32Key(("ip", "tos", _hex(cond.value, 8), _hex(cond.mask, 8))),)]
-                )
+                field = "tos" if family == "ipv4" else "priority"
+                choices.append([(ir.U32Key((ip, field, _hex(cond.value, 8), _hex(cond.mask, 8))),)])
             case ir.TcpAckCond():
-                choices.append([TCP_ACK_KEYS])
+                choices.append([TCP_ACK_KEYS if family == "ipv4" else TCP_ACK_KEYS_6])
             case ir.TcpFlagsCond():
-                choices.append([tcp_flags_keys(cond)])
+                flags = tcp_flags_keys(cond) if family == "ipv4" else tcp_flags_keys_6(cond)
+                choices.append([flags])
             case ir.RawCond():
                 key = (f"u{cond.bits}", _hex(cond.value, cond.bits), _hex(cond.mask, cond.bits))
                 choices.append([(ir.U32Key((*key, "at", str(cond.offset))),)])
@@ -152,6 +259,10 @@ def iptables_words(conds: tuple[ir.Cond, ...]) -> tuple[str, ...]:
 
 
 _FIELD_AT = {"src": 12, "dst": 16}
+_FIELD_AT_6 = {"src": 8, "dst": 24}
+_IP6_AT = {"sport": (40, 16), "dport": (40, 0), "protocol": (4, 8), "priority": (0, 20)}
+"""ip6 fields but addresses: (offset of the 32-bit word, shift in it), as tc's f_u32.c packs
+them (the next header is byte 6, the traffic class bits 20-27 of the first word)."""
 
 
 def _network(text: str) -> tuple[int, int]:
@@ -164,9 +275,41 @@ def _network(text: str) -> tuple[int, int]:
     return ((a << 24) | (b << 16) | (c << 8) | d) & mask, mask
 
 
-def pack(key: ir.U32Key) -> tuple[int, int, int]:
-    """The 32-bit word a u32 key tests, as tc packs it: (offset, value, mask)."""
+def _network6(text: str, at: int) -> tuple[tuple[int, int, int], ...]:
+    """An IPv6 address or prefix as the 32-bit words tc packs for it (only words the prefix
+    reaches: ``/64`` is two)."""
+    addr, _, length = text.partition("/")
+    bits = int(length) if length else 128
+    value = int(ipaddress.IPv6Address(addr))
+    mask = ((1 << 128) - 1) ^ ((1 << (128 - bits)) - 1)
+    words = []
+    for i in range(4):
+        m = (mask >> (96 - 32 * i)) & 0xFFFFFFFF
+        if m:
+            words.append((at + 4 * i, (value >> (96 - 32 * i)) & m, m))
+    return tuple(words)
+
+
+def pack_words(key: ir.U32Key) -> tuple[tuple[int, int, int], ...]:
+    """The 32-bit words a u32 key tests, as tc packs them: (offset, value, mask) each; an
+    IPv6 address takes up to four."""
     w = key.words
+    if w[0] == "ip6":
+        field = w[1]
+        if field in _FIELD_AT_6:
+            return _network6(w[2], _FIELD_AT_6[field])
+        offset, shift = _IP6_AT[field]
+        return ((offset, int(w[2], 0) << shift, int(w[3], 0) << shift),)
+    return (pack(key),)
+
+
+def pack(key: ir.U32Key) -> tuple[int, int, int]:
+    """The 32-bit word a u32 key of one word (every ``ip`` key, raw keys, ip6 keys but
+    addresses) tests, as tc packs it: (offset, value, mask)."""
+    w = key.words
+    if w[0] == "ip6":
+        (word,) = pack_words(key)
+        return word
     if w[0] == "ip":
         field = w[1]
         if field in _FIELD_AT:
@@ -189,14 +332,14 @@ def contradicts(keys: tuple[ir.U32Key, ...]) -> bool:
     tc refuses it)."""
     seen: dict[int, tuple[int, int]] = {}
     for key in keys:
-        offset, value, mask = pack(key)
-        if offset in seen:
-            v, m = seen[offset]
-            if (v ^ value) & m & mask:
-                return True
-            seen[offset] = (v | value, m | mask)
-        else:
-            seen[offset] = (value & mask, mask)
+        for offset, value, mask in pack_words(key):
+            if offset in seen:
+                v, m = seen[offset]
+                if (v ^ value) & m & mask:
+                    return True
+                seen[offset] = (v | value, m | mask)
+            else:
+                seen[offset] = (value & mask, mask)
     return False
 
 
@@ -244,3 +387,56 @@ def _nft_flags(cond: ir.TcpFlagsCond) -> str:
     if not names:
         return "0x0"
     return names[0] if len(names) == 1 else f"({'|'.join(names)})"
+
+
+def flower_port(port: ir.PortValue) -> tuple[int, int] | None:
+    """A port spec as flower takes it, a port or a range (lo, hi); None for a value/mask pair
+    whose ports are not one range (flower has no port masks)."""
+    if port.mask is not None and ((~port.mask & 0xFFFF) + 1) & (~port.mask & 0xFFFF):
+        return None
+    return port.lo, port.hi
+
+
+def flower_problem(conds: tuple[ir.Cond, ...]) -> ir.Cond | None:
+    """The first condition flower cannot say, or None: the TCP-ACK idiom (flower has no
+    packet length), raw offsets, port masks that are not a range."""
+    for cond in conds:
+        match cond:
+            case ir.TcpAckCond() | ir.RawCond():
+                return cond
+            case ir.PortCond() if flower_port(cond.ports[0]) is None:
+                return cond
+            case _:
+                pass
+    return None
+
+
+def flower_filter(
+    conds: tuple[ir.Cond, ...],
+    family: ir.Family,
+    parent: ir.Handle,
+    pref: int,
+    flowid: ir.Handle,
+    span: Span,
+    police: ir.Police | None,
+) -> ir.FlowerFilter | None:
+    """The flower filter for one alternative (:func:`flower_problem` is None for it), or None
+    when its conditions contradict each other (TCP flags on a UDP match)."""
+    fields: dict[str, object] = {}
+    for cond in conds:
+        match cond:
+            case ir.AddrCond():
+                fields[cond.field] = cond.networks[0][0]
+            case ir.PortCond():
+                fields[cond.field] = flower_port(cond.ports[0])
+            case ir.ProtoCond():
+                fields["ip_proto"] = cond.protocols[0][0]
+            case ir.TosCond():
+                fields["tos"] = (cond.value, cond.mask)
+            case ir.TcpFlagsCond():
+                fields["tcp_flags"] = (cond.value, cond.mask)
+            case _:
+                pass
+    if "tcp_flags" in fields and fields.setdefault("ip_proto", 6) != 6:
+        return None
+    return ir.FlowerFilter(parent, pref, family, flowid, span, police=police, **fields)  # type: ignore[arg-type]

@@ -20,16 +20,16 @@ Bits = tuple[tuple[int, int, int], ...]
 def filter_bits(keys: tuple[ir.U32Key, ...]) -> Bits | None:
     """The words a u32 filter with ``keys`` tests (() tests nothing: it matches every packet),
     or None when two keys contradict each other (allocate leaves such filters out)."""
-    if len(keys) == 1:  # the common case, on policies with thousands of classes
+    if len(keys) == 1 and keys[0].words[0] != "ip6":  # the common case, on large policies
         offset, value, mask = lower.pack(keys[0])
         return ((offset, value & mask, mask),) if mask else ()
     words: dict[int, tuple[int, int]] = {}
     for key in keys:
-        offset, value, mask = lower.pack(key)
-        v, m = words.get(offset, (0, 0))
-        if (v ^ value) & m & mask:
-            return None
-        words[offset] = (v | (value & mask), m | mask)
+        for offset, value, mask in lower.pack_words(key):
+            v, m = words.get(offset, (0, 0))
+            if (v ^ value) & m & mask:
+                return None
+            words[offset] = (v | (value & mask), m | mask)
     return tuple(sorted((o, v, m) for o, (v, m) in words.items() if m))
 
 

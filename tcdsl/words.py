@@ -9,13 +9,12 @@ lays out text: callers do that for their own format.
 
 from __future__ import annotations
 
-from ipaddress import IPv4Network
 from typing import assert_never
 
 from tcdsl import ir
 from tcdsl.commands import police_words, qdisc_words
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
-from tcdsl.lower import PROTO_NAMES
+from tcdsl.lower import PROTO_NAMES, address_text
 from tcdsl.units import format_rate, format_size, format_time
 
 # ---- short words, close to how the policy is written -------------------------------------------
@@ -27,8 +26,8 @@ def _port(p: ir.PortValue) -> str:
     return str(p.lo) if p.lo == p.hi else f"{p.lo}-{p.hi}"
 
 
-def _address(network: IPv4Network) -> str:
-    return str(network.network_address) if network.prefixlen == 32 else str(network)
+def _address(network: ir.Network) -> str:
+    return address_text(network)
 
 
 def cond_words(cond: ir.Cond) -> str:
@@ -202,7 +201,7 @@ def or_list(items: list[str], conjunction: str = "or") -> str:
     return f"{', '.join(items[:-1])} {conjunction} {items[-1]}"
 
 
-def _network_words(network: IPv4Network) -> str:
+def _network_words(network: ir.Network) -> str:
     if network.prefixlen == 0:
         return "any address"
     return _address(network)

@@ -65,6 +65,22 @@ def ifb_name_for(interface: str) -> str:
     return f"ifb{zlib.crc32(interface.encode()):08x}"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TreeOpts:
+    """A tree's ``family`` and ``classifier`` (an interface's, or a direction's own)."""
+
+    family: ir.FamilySpec | None = None
+    classifier: ir.Classifier = "u32"
+    classifier_span: Span | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Via:
+    """``via NAME`` on a download."""
+
+    name: tuple[str, Span]
+
+
 # ---- the transformer ---------------------------------------------------------------------------
 
 
@@ -123,28 +139,40 @@ class Builder(Transformer[Token, Any]):
         self.interfaces.extend(self.reader.read(target, self.sp(path_token)))
 
     def interface(self, c: list[Any]) -> None:
-        (name, name_span), body = c
+        (name, name_span), *opts, body = c
         self._check_ifname(name, name_span)
+        outer = self._tree_opts(opts, TreeOpts())
         if isinstance(body, QdiscSyntax):
-            self.interfaces.append(self._tree(name, name_span, body))
+            self.interfaces.append(self._tree(name, name_span, body, outer))
             return
         seen: dict[str, Span] = {}
-        for kw, span, item in body:
+        for kw, span, item, own in body:
             if kw in seen:
                 first = Note("first given here", seen[kw])
                 self.error(Diagnostic.error("E014", f"'{kw}' is given twice", span, first))
                 continue
             seen[kw] = span
+            here = self._tree_opts(own, outer)
             if kw == "upload":
-                self.interfaces.append(self._tree(name, name_span, item))
+                self.interfaces.append(self._tree(name, name_span, item, here))
             elif kw == "ingress":
-                self.interfaces.append(ir.Interface(name, span, item, direction="ingress"))
+                self.interfaces.append(
+                    ir.Interface(
+                        name,
+                        span,
+                        item,
+                        direction="ingress",
+                        family=here.family,
+                        classifier=here.classifier,
+                        classifier_span=here.classifier_span,
+                    )
+                )
             else:
                 via, connmark, q = item
                 ifb_name, ifb_span = via if via is not None else (ifb_name_for(name), None)
                 if ifb_span is not None:
                     self._check_ifname(ifb_name, ifb_span)
-                tree = self._tree(ifb_name, span, q)
+                tree = self._tree(ifb_name, span, q, here)
                 download = ir.Download(name, span, connmark, ifb_span)
                 self.interfaces.append(
                     dataclasses.replace(tree, direction="download", download=download)
@@ -161,7 +189,42 @@ class Builder(Transformer[Token, Any]):
                 )
             )
 
-    def _tree(self, name: str, span: Span, q: QdiscSyntax) -> ir.Interface:
+    def _tree_opts(self, items: list[Any], outer: TreeOpts) -> TreeOpts:
+        """The ``family`` and ``classifier`` given in ``items``; what is not given comes from
+        ``outer`` (a direction inherits the interface's)."""
+        family: ir.FamilySpec | None = None
+        classifier: tuple[ir.Classifier, Span] | None = None
+        for item in items:
+            if isinstance(item, ir.FamilySpec):
+                if family is not None:
+                    first = Note("first given here", family.span)
+                    msg = "'family' is given twice"
+                    self.error(Diagnostic.error("E014", msg, item.span, first))
+                family = item
+            else:
+                if classifier is not None:
+                    first = Note("first given here", classifier[1])
+                    msg = "'classifier' is given twice"
+                    self.error(Diagnostic.error("E014", msg, item[1], first))
+                classifier = item
+        return TreeOpts(
+            family if family is not None else outer.family,
+            classifier[0] if classifier is not None else outer.classifier,
+            classifier[1] if classifier is not None else outer.classifier_span,
+        )
+
+    def family_opt(self, c: list[Token]) -> ir.FamilySpec:
+        kw, name = c
+        span = join(self.sp(kw), self.sp(name))
+        if str(name) == "both":
+            return ir.FamilySpec(ir.FAMILIES, span)
+        return ir.FamilySpec((str(name),), span)  # type: ignore[arg-type]
+
+    def classifier_opt(self, c: list[Token]) -> tuple[ir.Classifier, Span]:
+        kw, name = c
+        return str(name), join(self.sp(kw), self.sp(name))  # type: ignore[return-value]
+
+    def _tree(self, name: str, span: Span, q: QdiscSyntax, opts: TreeOpts) -> ir.Interface:
         for extra in q.classify[1:]:
             self.error(
                 Diagnostic.error(
@@ -172,28 +235,40 @@ class Builder(Transformer[Token, Any]):
                 )
             )
         marking = q.classify[0] if q.classify else None
-        return ir.Interface(name, span, q.qdisc, marking, stab=q.stab)
+        return ir.Interface(
+            name,
+            span,
+            q.qdisc,
+            marking,
+            stab=q.stab,
+            family=opts.family,
+            classifier=opts.classifier,
+            classifier_span=opts.classifier_span,
+        )
 
     def directions(self, c: list[Any]) -> list[tuple[str, Span, Any]]:
         return c
 
-    def upload(self, c: list[Any]) -> tuple[str, Span, Any]:
-        kw, q = c
-        return "upload", self.sp(kw), q
+    def upload(self, c: list[Any]) -> tuple[str, Span, Any, list[Any]]:
+        kw, *opts, q = c
+        return "upload", self.sp(kw), q, opts
 
-    def download(self, c: list[Any]) -> tuple[str, Span, Any]:
+    def download(self, c: list[Any]) -> tuple[str, Span, Any, list[Any]]:
         kw, *rest, q = c
-        via = next((r for r in rest if isinstance(r, tuple)), None)
+        via = next((r for r in rest if isinstance(r, Via)), None)
         connmark = any(isinstance(r, Token) and r.type == "CONNMARK" for r in rest)
-        return "download", self.sp(kw), (via, connmark, q)
+        opts = [r for r in rest if not isinstance(r, Via | Token)]
+        return "download", self.sp(kw), (via.name if via else None, connmark, q), opts
 
-    def via(self, c: list[Any]) -> tuple[str, Span]:
+    def via(self, c: list[Any]) -> Via:
         (found,) = c
-        return found  # type: ignore[no-any-return]
+        return Via(found)
 
-    def ingress(self, c: list[Any]) -> tuple[str, Span, ir.Ingress]:
-        kw, *matches = c
+    def ingress(self, c: list[Any]) -> tuple[str, Span, ir.Ingress, list[Any]]:
+        kw, *items = c
         span = self.sp(kw)
+        matches = [m for m in items if isinstance(m, ir.Match)]
+        opts = [m for m in items if not isinstance(m, ir.Match)]
         for m in matches:
             if m.police is None:
                 self.error(
@@ -204,7 +279,7 @@ class Builder(Transformer[Token, Any]):
                         m.span,
                     )
                 )
-        return "ingress", span, ir.Ingress(span, tuple(matches))
+        return "ingress", span, ir.Ingress(span, tuple(matches)), opts
 
     def ifname(self, c: list[Token]) -> tuple[str, Span]:
         (tok,) = c
@@ -335,9 +410,16 @@ class Builder(Transformer[Token, Any]):
         span = self.sp(kw)
         pref = None
         police = None
+        family: ir.FamilySpec | None = None
         real: list[ir.Cond] = []
         for cond in conds:
-            if isinstance(cond, ir.Count):
+            if isinstance(cond, ir.FamilySpec):
+                if family is not None:
+                    first = Note("first given here", family.span)
+                    msg = "'family' is given twice"
+                    self.error(Diagnostic.error("E014", msg, cond.span, first))
+                family = cond
+            elif isinstance(cond, ir.Count):
                 if pref is not None:
                     first = Note("first given here", pref.span)
                     self.error(Diagnostic.error("E014", "'pref' is given twice", cond.span, first))
@@ -346,8 +428,8 @@ class Builder(Transformer[Token, Any]):
                 police = self._police(cond)
             elif cond is not None:
                 real.append(cond)
-        last = real[-1].span if real else span
-        return ir.Match(tuple(real), join(span, last), pref, police)
+        last = real[-1].span if real else (family.span if family else span)
+        return ir.Match(tuple(real), join(span, last), pref, police, family)
 
     def police(self, c: list[Any]) -> PoliceSyntax:
         kw, *items = c
@@ -427,34 +509,38 @@ class Builder(Transformer[Token, Any]):
             verdict.span if verdict is not None else None,
         )
 
-    def _network(self, tok: Token) -> ipaddress.IPv4Network | None:
+    def _network(self, tok: Token) -> ir.Network | None:
+        text = str(tok)
         try:
-            return ipaddress.IPv4Network(str(tok), strict=False)
+            if tok.type == "IPV6":
+                return ipaddress.IPv6Network(text, strict=False)
+            return ipaddress.IPv4Network(text, strict=False)
         except ValueError:
+            family = "IPv6" if tok.type == "IPV6" else "IPv4"
             self.error(
                 Diagnostic.error(
-                    "E010", f"'{tok}' is not a valid IPv4 address or network", self.sp(tok)
+                    "E010", f"'{tok}' is not a valid {family} address or network", self.sp(tok)
                 )
             )
             return None
 
-    def address(self, c: list[Token]) -> tuple[ipaddress.IPv4Network, Span] | None:
+    def address(self, c: list[Token]) -> tuple[ir.Network, Span] | None:
         (tok,) = c
         net = self._network(tok)
         return None if net is None else (net, self.sp(tok))
 
-    def address_ref(self, c: list[Token]) -> tuple[ipaddress.IPv4Network, Span] | None:
+    def address_ref(self, c: list[Token]) -> tuple[ir.Network, Span] | None:
         (tok,) = c
         span = self.sp(tok)
         found = self.scope.constants.get(str(tok))
         if str(tok) in self.scope.broken:
             return None
         if found is None:
-            msg = f"unknown constant '{tok}'; expected an IPv4 address"
+            msg = f"unknown constant '{tok}'; expected an IPv4 or IPv6 address"
             self.eval_error(EvalError(Diagnostic.error("E103", msg, span), self.scope.incomplete))
             return None
         if not isinstance(found[0], Address):
-            msg = f"'{tok}' is not an address constant; expected an IPv4 address"
+            msg = f"'{tok}' is not an address constant; expected an IPv4 or IPv6 address"
             self.error(Diagnostic.error("E011", msg, span, Note(f"'{tok}' defined here", found[1])))
             return None
         return found[0].network, span
@@ -539,6 +625,20 @@ class Builder(Transformer[Token, Any]):
 
     def proto_name(self, c: list[Token]) -> tuple[int, Span] | None:
         (tok,) = c
+        if str(tok).lower() in ("ipv6", "ip6", "ipv4", "ip"):
+            family = "ipv6" if "6" in str(tok) else "ipv4"
+            tunnel = 41 if family == "ipv6" else 4
+            what = "IPv6 tunnelled in IPv4, 6in4" if tunnel == 41 else "IPv4 in IPv4"
+            self.error(
+                Diagnostic.error(
+                    "E257",
+                    f"'proto {tok}' is not a protocol of the packet's own header: write "
+                    f"'family {family}' to match {family[:2].upper()}{family[2:]} packets (or "
+                    f"'proto {tunnel}' for {what})",
+                    self.sp(tok),
+                )
+            )
+            return None
         number = PROTOCOLS.get(str(tok).lower())
         if number is None:
             known = ", ".join(PROTOCOLS)

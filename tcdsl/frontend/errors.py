@@ -35,6 +35,11 @@ EXPECTED_WORDS: dict[str, str] = {
     "STRING": 'a quoted string such as "other.tcp"',
     "HANDLE": "a handle such as 1:10",
     "IPV4": "an IPv4 address",
+    "IPV6": "an IPv6 address",
+    "FAMILY": "'family'",
+    "FAMILY_NAME": "ipv4, ipv6 or both",
+    "CLASSIFIER_KW": "'classifier'",
+    "CLASSIFIER_NAME": "u32 or flower",
     "PORT_RANGE": "a port range such as 1024-2047",
     "QDISC_KIND": (
         "a qdisc (htb, prio, tbf, netem, cbq, sfq, fq_codel, pfifo, bfifo, pfifo_fast, hfsc, "
@@ -247,6 +252,7 @@ _CONDITIONS = (
     "RAW_SIZE",
     "ALL",
     "PREF",
+    "FAMILY",
 )
 _STATEMENTS = {"CLASS": "'class'", "MATCH": "'match'", "QDISC_KIND": "a qdisc such as htb"}
 _OPERATORS = {"PLUS": "+", "MINUS": "-", "STAR": "*", "SLASH": "/"}

@@ -58,9 +58,9 @@ Expr = Lit | Pct | Ref | Bin
 
 @dataclass(frozen=True, slots=True)
 class Address:
-    """An IPv4 constant."""
+    """An address constant (IPv4 or IPv6)."""
 
-    network: ipaddress.IPv4Network
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network
     span: Span
 
 

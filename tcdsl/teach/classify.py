@@ -260,7 +260,7 @@ class _Walk:
                     target = None if f.parent == ir.INGRESS_HANDLE else str(f.flowid)
                     why += f"; {words.police_phrase(f.police, target)}"
                 return _Hit(f.flowid, why, f.span)
-            if f.mark == self.mark:
+            if isinstance(f, ir.FwFilter) and f.mark == self.mark:
                 shown = mark_text(self.iface.marking, f.mark) if self.iface.marking else f.mark
                 why = f"{self.mark_why}; fw filter pref {f.pref} maps mark {shown} to it"
                 return _Hit(f.flowid, why, self.mark_span or f.span)

@@ -1660,7 +1660,7 @@ class _Explainer:
                 for c in conds
                 if isinstance(c, ir.AddrCond) and c.field == "src"
                 for net, _ in c.networks
-                if any(net.subnet_of(block) for block in PRIVATE)
+                if net.version == 4 and any(net.subnet_of(block) for block in PRIVATE)
             }
         )
         if private and iface.marking is None:

@@ -79,7 +79,7 @@ class Packet:
 
     def describe(self) -> str:
         """The packet in the spec's own words."""
-        names = {v: k for k, v in PROTOCOLS.items()}
+        names = {v: k for k, v in reversed(PROTOCOLS.items())}
         words = [names.get(self.proto, f"proto {self.proto}")]
         words += ["src", str(ipaddress.IPv4Address(self.src))]
         words += ["dst", str(ipaddress.IPv4Address(self.dst))]
