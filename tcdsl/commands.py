@@ -365,7 +365,8 @@ def flower_words(f: ir.FlowerFilter) -> list[str]:
     """The match words of a flower filter (``ip_proto tcp dst_port 443 ...``)."""
     words: list[str] = []
     if f.ip_proto is not None:
-        words += ["ip_proto", FLOWER_PROTO_NAMES.get(f.ip_proto, str(f.ip_proto))]
+        # tc reads a number here as hex (f_flower.c: get_u8(..., 16)): write it so.
+        words += ["ip_proto", FLOWER_PROTO_NAMES.get(f.ip_proto, f"{f.ip_proto:#04x}")]
     for key, net in (("src_ip", f.src), ("dst_ip", f.dst)):
         if net is not None:
             words += [key, address_text(net)]
