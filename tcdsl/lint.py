@@ -44,9 +44,9 @@ def htb_has_default(policy: ir.Policy) -> Iterator[Diagnostic]:
             if isinstance(q, ir.Htb) and q.default is None:
                 yield Diagnostic.warning(
                     "W310",
-                    "htb has no 'default' class: packets no filter matches (and every packet "
-                    "that is not IPv4, such as ARP and IPv6) leave through htb's direct queue, "
-                    "at line rate and ahead of every class",
+                    "htb has no 'default' class: packets no filter matches (ARP among them, "
+                    "and a family the tree does not classify) leave through htb's direct "
+                    "queue, at line rate and ahead of every class",
                     q.span.prefix(len(q.kind)),
                 )
 
@@ -59,8 +59,8 @@ def hfsc_has_default(policy: ir.Policy) -> Iterator[Diagnostic]:
                 yield Diagnostic.warning(
                     "W345",
                     "hfsc has no 'default' class: the kernel DROPS every packet no filter "
-                    "matches (every packet that is not IPv4 too, ARP and IPv6 included, so the "
-                    "link may stop working); name a leaf class with 'default NAME'",
+                    "matches (ARP too, so the link may stop working, and a family the tree "
+                    "does not classify); name a leaf class with 'default NAME'",
                     q.span.prefix(len(q.kind)),
                 )
 
