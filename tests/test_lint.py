@@ -4,8 +4,8 @@ The lints (``tcdsl.lint``) reason about u32 keys as header bits, per address fam
 sources are IPv4 and IPv6; a line without an address is a filter of each family). Here a plain
 first-match classifier over packet fields (written without u32 keys) is run on every packet of
 a small universe; a line the lints report as never matching (W312 for a whole line, W313,
-and every line after a W314 catch-all) must never be the first match of any packet. The kernel version
-of this claim, for a few policies, is in ``tests/test_lint_kernel.py``.
+and every line after a W314 catch-all) must never be the first match of any packet. The
+kernel version of this claim, for a few policies, is in ``tests/test_lint_kernel.py``.
 """
 
 from __future__ import annotations
