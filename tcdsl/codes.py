@@ -127,6 +127,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W361": CodeInfo(_W, "A policer whose 'reclassify' loops until the kernel drops the packet"),
     "W362": CodeInfo(_W, "An IPv6 port match u32 reads in an extension header"),
     "W363": CodeInfo(_W, "Values of a match line left out: their family cannot match there"),
+    "W364": CodeInfo(_W, "An IPv6 extension header as 'proto' under flower, which walks past it"),
     "W345": CodeInfo(_W, "An hfsc without a default class: it drops unclassified packets"),
     "W346": CodeInfo(_W, "An rt curve on an hfsc class with children, which the kernel ignores"),
     "W347": CodeInfo(_W, "Real-time guarantees above an hfsc ancestor's ul"),

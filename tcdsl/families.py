@@ -8,7 +8,7 @@ emits agree.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from tcdsl import allocate, ir, lower
@@ -325,36 +325,68 @@ EXTENSION_HEADERS = {
 """IPv6 next headers that are extension headers (ESP and AH have no ports: E214)."""
 
 
+def _ipv6_protocols(
+    iface: ir.Interface, numbers: Collection[int]
+) -> Iterator[tuple[ir.Match, ir.ProtoCond]]:
+    """The ``proto`` values in ``numbers`` of the filter lines of ``iface``, where the line
+    applies to IPv6, once each."""
+    for m in filter_lines(iface):
+        seen: set[Span] = set()
+        for family, alt in lower.family_alternatives(m, iface.families):
+            for cond in alt:
+                if family != "ipv6" or not isinstance(cond, ir.ProtoCond):
+                    continue
+                if cond.protocols[0][0] in numbers and cond.span not in seen:
+                    seen.add(cond.span)
+                    yield m, cond
+
+
 def ipv6_ports_where_u32_reads(policy: ir.Policy) -> Iterator[Diagnostic]:
     """W362: an IPv6 u32 filter reads ports right after the fixed header; with the next header
-    an extension header, those bytes are the extension header's, never the ports."""
+    an extension header, those bytes are the extension header's, never the ports (ip6tables,
+    for lines that become marking rules, finds ports past extension headers)."""
     for iface in policy.interfaces:
         if iface.classifier != "u32" or "ipv6" not in iface.families:
             continue
-        for m in filter_lines(iface):  # ip6tables finds ports past extension headers
+        for m, cond in _ipv6_protocols(iface, EXTENSION_HEADERS):
             ports = next((c for c in m.conds if isinstance(c, ir.PortCond)), None)
             if ports is None:
                 continue
-            seen: set[Span] = set()
-            for family, alt in lower.family_alternatives(m, iface.families):
-                for cond in alt:
-                    if family != "ipv6" or not isinstance(cond, ir.ProtoCond):
-                        continue
-                    number = cond.protocols[0][0]
-                    if number not in EXTENSION_HEADERS or cond.span in seen:
-                        continue
-                    seen.add(cond.span)
-                    yield Diagnostic.warning(
-                        "W362",
-                        f"next header {number} is the IPv6 {EXTENSION_HEADERS[number]} header: "
-                        "u32 reads the ports 40 bytes in, right after the fixed header, which "
-                        "are that header's bytes, never the ports; 'classifier flower' finds "
-                        "ports past hop-by-hop, routing and destination options headers (in no "
-                        "fragment), and ip6tables ('classify by mark') past every extension "
-                        "header (in first fragments)",
-                        ports.span,
-                        Note("the extension header given here", cond.span),
-                    )
+            number = cond.protocols[0][0]
+            yield Diagnostic.warning(
+                "W362",
+                f"next header {number} is the IPv6 {EXTENSION_HEADERS[number]} header: u32 "
+                "reads the ports 40 bytes in, right after the fixed header, which are that "
+                "header's bytes, never the ports; 'classifier flower' finds ports past "
+                "hop-by-hop, routing and destination options headers (in no fragment), and "
+                "ip6tables ('classify by mark') past every extension header (in first "
+                "fragments)",
+                ports.span,
+                Note("the extension header given here", cond.span),
+            )
+
+
+FLOWER_WALKS = (0, 43, 44, 60)
+"""The extension headers the flow dissector walks past on IPv6 (hop-by-hop, routing, fragment,
+destination options): flower's ``ip_proto`` is what follows them, never they."""
+
+
+def extension_headers_flower_sees(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """W364: under flower, ``proto`` of an extension header the flow dissector walks past never
+    matches an IPv6 packet."""
+    for iface in policy.interfaces:
+        if iface.classifier != "flower" or "ipv6" not in iface.families:
+            continue
+        for _, cond in _ipv6_protocols(iface, FLOWER_WALKS):
+            number = cond.protocols[0][0]
+            yield Diagnostic.warning(
+                "W364",
+                f"flower's protocol is the one after the IPv6 {EXTENSION_HEADERS[number]} "
+                f"header (the kernel's flow dissector walks past it), never {number}: this "
+                "value matches no IPv6 packet; 'classifier u32' compares the next header of "
+                "the fixed header",
+                cond.span,
+            )
 
 
 CHECKS = (
@@ -362,5 +394,6 @@ CHECKS = (
     flower_says_every_line,
     prefs_leave_room_for_ipv6,
     ipv6_ports_where_u32_reads,
+    extension_headers_flower_sees,
     ipv6_has_a_place,
 )
