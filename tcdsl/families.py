@@ -167,31 +167,29 @@ def match_families_meet(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
             continue
         conds = [_values(c) for c in m.conds]
-        possible = _possible(conds, wanted)
-        for values in conds:
-            for value in values:
-                if value.families == frozenset(ir.FAMILIES):
-                    continue
-                out = _left_out(value, conds, wanted)
-                if out is None:
-                    continue
-                message, notes = _reason(value, *out, m, iface)
-                if not possible:
-                    yield Diagnostic.error(
-                        "E258", f"this match line never matches: {message}", value.span, *notes
-                    )
-                    break
-                advice = "" if out[1] is None else ": write it on a match line of its own"
-                yield Diagnostic.warning(
-                    "W363",
-                    f"{message}; it is left out of this line (the line's other values still "
-                    f"match){advice}",
-                    value.span,
-                    *notes,
-                )
-            else:
-                continue
-            break
+        left_out = [
+            (value, out)
+            for values in conds
+            for value in values
+            if len(value.families) == 1 and (out := _left_out(value, conds, wanted))
+        ]
+        if left_out and not _possible(conds, wanted):
+            value, out = left_out[0]
+            message, notes = _reason(value, *out, m, iface)
+            yield Diagnostic.error(
+                "E258", f"this match line never matches: {message}", value.span, *notes
+            )
+            continue
+        for value, out in left_out:
+            message, notes = _reason(value, *out, m, iface)
+            advice = "" if out[1] is None else ": write it on a match line of its own"
+            yield Diagnostic.warning(
+                "W363",
+                f"{message}; it is left out of this line (the line's other values still "
+                f"match){advice}",
+                value.span,
+                *notes,
+            )
 
 
 # ---- E259: what flower cannot say -------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Dual-stack checks (tcdsl/families.py) and the checks that compare addresses across families.
 
-The corpus (tests/diagnostics/E258-*, W363-*, E259-*, E260-*, I321-*, W362-*) shows each
+The corpus (tests/diagnostics/E258-*, W363-*, E259-*, E260-*, I321-*, W362-*, W364-*) shows each
 message; here: no check crashes on policies mixing IPv4 and IPv6 wherever an address can be,
 E258 agrees with what allocation emits, and ordinary dual-stack policies stay quiet.
 """
@@ -75,7 +75,7 @@ def test_checks_never_crash_on_mixed_families(v4: str, v6: str, tmp_path: Path) 
     assert result.exception is None or isinstance(result.exception, SystemExit), result.stderr
     assert result.exit_code == 1, result.stderr
     assert "Traceback" not in result.stderr
-    for code in ("E258", "E259", "E260", "W363"):
+    for code in ("E258", "E259", "E260", "W363", "W364"):
         assert f"[{code}]" in result.stderr
 
 
