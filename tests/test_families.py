@@ -201,3 +201,40 @@ def test_a_catch_all_of_one_family_hides_no_line_of_the_other(tmp_path: Path) ->
     assert [c for c, _ in _shadowing_codes(lines, tmp_path)] == []
     lines = "    class a rate 1mbit match all\n    class b rate 1mbit match dport 80\n"
     assert [c for c, _ in _shadowing_codes(lines, tmp_path)] == ["W314"]
+
+
+I321_TREES = {
+    "interface eth0 family ipv4 htb rate 1mbit default b {\n class a rate 1mbit match dport 1\n"
+    " class b rate 1mbit\n}\n": "go to the default class 'b'",
+    "interface eth0 htb rate 1mbit {\n class a rate 1mbit match src 10.0.0.1\n}\n": (
+        "leave through htb's direct queue, unshaped"
+    ),
+    "interface eth0 hfsc {\n class a rt m2 1mbit match proto icmp\n}\n": "are dropped",
+    "interface eth0 prio {\n class a match u16 1/0xffff at 2\n}\n": "go to the band the priomap",
+    "interface eth0 family ipv4 {\n ingress { match all police rate 1mbit burst 9k drop }\n}\n": (
+        "pass unpoliced"
+    ),
+    "interface eth0 {\n download htb rate 1mbit default a {\n  class a rate 1mbit\n"
+    "  class b rate 1mbit match dst 10.0.0.1 sport 80\n }\n}\n": "go to the default class 'a'",
+}
+
+
+@pytest.mark.parametrize(("text", "where"), I321_TREES.items())
+def test_i321_says_where_ipv6_goes(text: str, where: str, tmp_path: Path) -> None:
+    path = tmp_path / "p.tcp"
+    path.write_text(text, encoding="utf-8")
+    found = [d for d in analyse(str(path)).diagnostics if d.code == "I321"]
+    assert len(found) == 1 and f"IPv6 packets {where}" in found[0].message
+
+
+@pytest.mark.parametrize(
+    "line", ["match dport 80", "match src 2001:db8::1", "match proto icmpv6", "match all"]
+)
+def test_no_i321_when_ipv6_has_a_line(line: str, tmp_path: Path) -> None:
+    path = tmp_path / "p.tcp"
+    path.write_text(
+        "interface eth0 htb rate 1mbit default b {\n class a rate 1mbit match src 10.0.0.1\n"
+        f" class c rate 1mbit {line}\n class b rate 1mbit\n}}\n",
+        encoding="utf-8",
+    )
+    assert "I321" not in {d.code for d in analyse(str(path)).diagnostics}
