@@ -297,7 +297,10 @@ def test_interfaces(tmp_path: Path) -> None:
 
 def test_every_example_policy_classifies() -> None:
     """No example policy makes classify fail, for a few packets."""
-    specs = ("udp", "tcp dport 80 tos 0x10", "icmp src 10.0.0.1", "ack", "udp dport 5001")
+    specs = (
+        *("udp", "tcp dport 80 tos 0x10", "icmp src 10.0.0.1", "ack", "udp dport 5001"),
+        *("ipv6 tcp dport 443", "ipv6 hbh udp dport 5001", "icmpv6", "ipv6 frag ack"),
+    )
     for path in sorted((ROOT / "policies").rglob("*.tcp")):
         policy = _policy(path)
         for iface in policy.interfaces:
@@ -357,6 +360,7 @@ def test_cli_json(monkeypatch: pytest.MonkeyPatch) -> None:
         ("app5002", "1:20", "sfq", False),
         ("others", "1:30", "pfifo", False),
     ]
+    assert [d["family"] for d in data] == ["ipv4", "ipv4"]
     (step,) = data[0]["steps"]
     assert step["qdisc"] == "htb" and step["handle"] == "1:" and "set mark 20" in step["why"]
     assert step["span"] == {"file": "policies/seeds/s000-10.1-marks.tcp", "line": 31, "column": 48}
@@ -595,3 +599,5 @@ def test_cli_ipv6(monkeypatch: pytest.MonkeyPatch) -> None:
         "class 'web' (1:30)"
     )
     assert "filter pref 32769 matched (IPv6: match dport 80, 443)" in result.stdout
+    result = _run(monkeypatch, str(OFFICE), "--packet", "icmpv6", "--format", "json")
+    assert json.loads(result.stdout)[0]["family"] == "ipv6"

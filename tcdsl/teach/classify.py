@@ -645,6 +645,7 @@ def to_json(verdict: Verdict, packet: Packet) -> dict[str, object]:
     cls = verdict.cls
     return {
         "packet": packet.describe(),
+        "family": packet.family,
         "interface": verdict.interface.interface,
         "direction": direction_of(verdict.interface),
         "device": verdict.interface.name,

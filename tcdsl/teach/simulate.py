@@ -1468,7 +1468,7 @@ class Simulator(Engine):
         policed = {
             f.span: f.police
             for f in self.iface.filters
-            if isinstance(f, ir.U32Filter) and f.police is not None
+            if isinstance(f, ir.U32Filter | ir.FlowerFilter) and f.police is not None
         }
         return next((_Policed(policed[s], s) for s in spans if s in policed), None)
 
