@@ -567,7 +567,7 @@ def test_ipv6_priority_is_zero(tmp_path: Path) -> None:
 
 def test_marks_per_family(tmp_path: Path) -> None:
     """'classify by mark': ip6tables marks IPv6 packets (finding the protocol past extension
-    headers, as ipv6_find_hdr does), and the fw filter of IPv6 maps the mark."""
+    headers but AH, as the host kernel does), and the fw filter of IPv6 maps the mark."""
     text = (
         "interface eth0 htb rate 10mbit default other {\n"
         "    classify by mark from eth1\n"
@@ -583,7 +583,8 @@ def test_marks_per_family(tmp_path: Path) -> None:
     assert "ip6tables chain" in why and "fw filter pref 32769 maps mark" in why
     assert _name(_verdict(policy, "tcp dport 22")) == "app"
     assert "fw filter pref 1 maps" in _verdict(policy, "tcp dport 22").steps[0].why
-    assert _name(_verdict(policy, "ipv6 hbh auth tcp src 2001:db9::1 dport 22")) == "app"
+    assert _name(_verdict(policy, "ipv6 hbh dstopt tcp src 2001:db9::1 dport 22")) == "app"
+    assert _name(_verdict(policy, "ipv6 auth tcp src 2001:db9::1 dport 22")) == "other"
     assert _name(_verdict(policy, "ipv6 frag tcp src 2001:db9::1 dport 22")) == "app"
     later = _verdict(policy, "ipv6 laterfrag tcp src 2001:db9::1 dport 22")
     assert _name(later) == "other"
