@@ -602,3 +602,19 @@ def test_cli_ipv6(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "filter pref 32769 matched (IPv6: match dport 80, 443)" in result.stdout
     result = _run(monkeypatch, str(OFFICE), "--packet", "icmpv6", "--format", "json")
     assert json.loads(result.stdout)[0]["family"] == "ipv6"
+
+
+def test_ingress_policer_per_family(tmp_path: Path) -> None:
+    """An ingress policer's line has a filter per family; an IPv4-only line meters no IPv6."""
+    text = (
+        "interface eth0 {\n  ingress {\n"
+        "    match dport 80 police rate 1mbit burst 10k drop\n"
+        "    match src 10.0.0.0/8 police rate 2mbit burst 10k drop\n  }\n}\n"
+    )
+    policy = _text_policy(tmp_path, text)
+    six = classify(policy, parse_packet("ipv6 tcp dport 80"), "eth0", "ingress")
+    assert "filter pref 32769 matched (IPv6: match dport 80); above 1mbit" in six.steps[0].why
+    four = classify(policy, parse_packet("tcp src 10.1.1.1"), "eth0", "ingress")
+    assert "filter pref 1 matched (match src 10.0.0.0/8); above 2mbit" in four.steps[0].why
+    other = classify(policy, parse_packet("ipv6 tcp src 2001:db8::5"), "eth0", "ingress")
+    assert other.steps[0].why == "no policer's match takes it: it is accepted as it is"
