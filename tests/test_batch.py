@@ -84,7 +84,8 @@ def nft_table_of(name: str) -> str:
 
 def test_emit_files_and_the_map_point_at_the_right_lines() -> None:
     result = _compile(MARKS, "tc-batch")
-    assert list(result.files) == [
+    # (and the .ip6tables file while the seed marks IPv6 too: see test_ip6tables_restore_file)
+    assert [f for f in result.files if not f.endswith(".ip6tables")] == [
         "s000-10.1-marks.batch",
         "s000-10.1-marks.iptables",
         "s000-10.1-marks.map",
@@ -114,13 +115,71 @@ def test_restore_file_creates_or_flushes_the_chain() -> None:
 def test_compile_to_a_directory_writes_every_file(tmp_path: Path) -> None:
     got = CliRunner().invoke(cli, ["compile", "-b", "tc-batch", "-o", f"{tmp_path}/", MARKS])
     assert got.exit_code == 0, got.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".ip6tables") == [
         "s000-10.1-marks.batch",
         "s000-10.1-marks.iptables",
         "s000-10.1-marks.map",
     ]
     one = CliRunner().invoke(cli, ["compile", "-b", "tc-batch", MARKS])
     assert one.exit_code == 0 and one.output == (tmp_path / "s000-10.1-marks.batch").read_text()
+
+
+DUAL = """\
+interface eth0 htb rate 10mbit default rest {
+    classify by mark from eth1 mask 0xff
+    class web rate 5mbit set dscp af41 { match proto tcp dport 443 }
+    class ping rate 1mbit match proto icmpv6
+    class rest rate 1mbit
+}
+"""
+
+
+def test_ip6tables_restore_file(tmp_path: Path) -> None:
+    """A tree that marks IPv6 gets an ip6tables-restore file: the same chain and jump, the
+    IPv6 rules (ICMPv6 as ip6tables spells it), the DSCP rules, the default; the .iptables
+    file keeps the IPv4 ones only."""
+    path = tmp_path / "dual.tcp"
+    path.write_text(DUAL, encoding="utf-8")
+    result = _compile(str(path), "tc-batch")
+    assert list(result.files) == ["dual.batch", "dual.iptables", "dual.ip6tables", "dual.map"]
+    v6 = result.files["dual.ip6tables"]
+    assert "#   ip6tables-restore --noflush FILE" in v6
+    assert 'n=$(ip6tables -t mangle -L $c -n --line-numbers | awk \'$2 == "TCDSL-eth0"' in v6
+    body = [line for line in v6.splitlines() if not line.startswith("#")]
+    assert body == [
+        "*mangle",
+        ":TCDSL-eth0 - [0:0]",
+        "-I PREROUTING -i eth1 -j TCDSL-eth0",
+        "-A TCDSL-eth0 -p tcp --dport 443 -m mark --mark 0x0/0xff -j MARK --set-xmark 0xa/0xff",
+        "-A TCDSL-eth0 -p icmpv6 -m mark --mark 0x0/0xff -j MARK --set-xmark 0x14/0xff",
+        "-A TCDSL-eth0 -m mark --mark 0x0/0xff -j MARK --set-xmark 0x1e/0xff",
+        "-A TCDSL-eth0 -m mark --mark 0xa/0xff -j DSCP --set-dscp 34",
+        "COMMIT",
+    ]
+    v4 = [line for line in result.files["dual.iptables"].splitlines() if "TCDSL" in line]
+    assert [line for line in v4 if "icmp" in line or "ip6tables" in line] == []
+    assert len([line for line in v4 if "-j MARK" in line]) == 2
+    assert "apply the .iptables and .ip6tables (or the .nft) files" in result.files["dual.batch"]
+    ipv4 = tmp_path / "v4.tcp"
+    ipv4.write_text(DUAL.replace("htb", "family ipv4 htb", 1).replace("icmpv6", "icmp"))
+    assert "v4.ip6tables" not in _compile(str(ipv4), "tc-batch").files
+
+
+def test_nft_marks_both_families_in_one_inet_table(tmp_path: Path) -> None:
+    path = tmp_path / "dual.tcp"
+    path.write_text(DUAL, encoding="utf-8")
+    text = _compile(str(path), "nft").output or ""
+    rules = [line.strip() for line in text.splitlines() if line.startswith("        iifname")]
+    mark = "meta mark and 0xff == 0x0 meta mark set meta mark and 0xffffff00 or"
+    assert rules == [
+        f'iifname "eth1" meta nfproto ipv4 meta l4proto tcp th dport 443 {mark} 0xa',
+        f'iifname "eth1" meta nfproto ipv6 meta l4proto tcp th dport 443 {mark} 0xa',
+        f'iifname "eth1" meta nfproto ipv6 meta l4proto icmpv6 {mark} 0x14',
+        f'iifname "eth1" meta nfproto ipv4 {mark} 0x1e',
+        f'iifname "eth1" meta nfproto ipv6 {mark} 0x1e',
+        'iifname "eth1" meta nfproto ipv4 meta mark and 0xff == 0xa ip dscp set 34',
+        'iifname "eth1" meta nfproto ipv6 meta mark and 0xff == 0xa ip6 dscp set 34',
+    ]
 
 
 def test_restore_file_without_marking_removes_the_default_chain() -> None:
