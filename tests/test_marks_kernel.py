@@ -119,6 +119,11 @@ V2 = "interface eth0 htb rate 10mbit default bulk {\n    class bulk rate 1mbit\n
 """The next version: no marking."""
 
 GUEST = """\
+# No IPv6 chatter (router solicitations, MLD) to count: the script's ip6tables would load
+# IPv6 (a module here) and eth0 would start talking while the counters run.
+modprobe ipv6
+echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6
+echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6
 ip link add name eth0 type veth peer name peer0
 ip link set eth0 up
 ip link set peer0 up
@@ -137,6 +142,8 @@ cat > v2.sh <<'TCDSL_V2'
 sh v1.sh
 echo '== v1'
 iptables-save -t mangle
+echo '== v1 ip6'
+ip6tables-save -t mangle
 ping -c 2 -W 1 10.99.0.2 >/dev/null 2>&1 || :
 nc -w 1 10.99.0.2 22 </dev/null >/dev/null 2>&1 || :
 nc -w 1 10.99.0.2 80 </dev/null >/dev/null 2>&1 || :
@@ -146,6 +153,8 @@ tc -s class show dev eth0
 sh v2.sh
 echo '== v2'
 iptables-save -t mangle
+echo '== v2 ip6'
+ip6tables-save -t mangle
 """
 
 
@@ -180,6 +189,8 @@ def test_marking_script_in_the_guest(tmp_path: Path) -> None:
     assert "-A PREROUTING -i eth9 -j TCDSL-eth0" not in first
     assert "-A OUTPUT -j MARK --set-xmark 0x1/0xff" in first
     assert "-A OUTPUT -o eth0 -j TCDSL-eth0" in first
+    # ip6tables (legacy) has the same chain and jump, with the IPv6 rules.
+    assert "-A OUTPUT -o eth0 -j TCDSL-eth0" in _rules(_section(res.stdout, "v1 ip6"))
     counted = _section(res.stdout, "counters")
     # Pings: a u32 filter (pref 5) before the fw filters (pref 10) takes them, though the
     # chain gave them the default's mark; the SYNs of both connections: mark 0x1400, class syn.
@@ -189,6 +200,7 @@ def test_marking_script_in_the_guest(tmp_path: Path) -> None:
     assert dscp == {"0x1400/0xff00": 2, "0x1e00/0xff00": 2}
     after = _rules(_section(res.stdout, "v2"))
     assert not [r for r in after if "TCDSL-eth0" in r]
+    assert not [r for r in _rules(_section(res.stdout, "v2 ip6")) if "TCDSL-eth0" in r]
     assert "-A OUTPUT -j MARK --set-xmark 0x1/0xff" in after
 
 
