@@ -196,7 +196,7 @@ def _assert_one_word(script: str, calls: list[tuple[str, list[str]]], names: set
     )
     for tool, argv in calls:
         for flag in ("dev", "-i", "-j", "-N", "-A", "-F", "-X"):
-            if flag in argv and tool == ("tc" if flag == "dev" else "iptables"):
+            if flag in argv and tool in (("tc",) if flag == "dev" else ("iptables", "ip6tables")):
                 word = argv[argv.index(flag) + 1]
                 if flag == "-j" and word == "MARK":
                     continue
@@ -242,7 +242,7 @@ def test_unusual_names_with_marking_are_one_word(tmp_path: Path) -> None:
     assert chain is not None and re.fullmatch(r"TCDSL-[A-Za-z0-9_.-]+", chain), chain
     calls = run_with_fake_tools(result.output, tmp_path)
     _assert_one_word(result.output, calls, {"o$(id)", "i;reboot", chain})
-    assert any(tool == "iptables" for tool, _ in calls)
+    assert {tool for tool, _ in calls} >= {"iptables", "ip6tables"}
     # A chain name that needs quoting is refused: an iptables-restore file cannot hold it.
     refused = _compile_text(tmp_path, text.replace('"i;reboot"', '"i;reboot" chain "C`id`"'))
     assert [d.code for d in refused.errors] == ["E216"], render(
