@@ -266,3 +266,28 @@ def test_verify_compares_the_hook_and_the_mask(tmp_path: Path) -> None:
     got = [TcFilter("fw", "ip", f.pref, f.flowid, mark=f.mark, mask=None) for f in fw]
     problems = [d.message for d in compare._compare_fw(expected, "1:", fw, got)]
     assert problems[0].endswith("mask is 0xffffffff in the kernel, policy says 0xff00")
+
+
+def test_download_marking_runs_in_both_tables(tmp_path: Path) -> None:
+    """A download's marking: ip6tables jumps from FORWARD and INPUT for packets arriving on
+    the interface and saves the mark onto the connection, as iptables does."""
+    text = (
+        "interface eth0 {\n"
+        "    download connmark htb rate 20mbit default bulk {\n"
+        "        classify by mark from eth0\n"
+        "        class web rate 10mbit match proto tcp sport 443\n"
+        "        class bulk rate 10mbit\n"
+        "    }\n"
+        "}\n"
+    )
+    result = _compile(tmp_path, text)
+    for tool in ("iptables", "ip6tables"):
+        rules = _iptables(result, tool)
+        assert rules[1:3] == [
+            ["-I", "FORWARD", "-i", "eth0", "-j", "TCDSL-ifb4eth0"],
+            ["-I", "INPUT", "-i", "eth0", "-j", "TCDSL-ifb4eth0"],
+        ], tool
+        assert rules[-1] == ["-A", "TCDSL-ifb4eth0", "-j", "CONNMARK", "--save-mark"], tool
+    assert result.policy is not None
+    nft = "\n".join(nft_table_lines(result.policy.interfaces[0]))
+    assert 'iifname "eth0" meta nfproto ipv6 meta l4proto tcp th sport 443 meta mark 0' in nft
