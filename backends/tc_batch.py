@@ -3,7 +3,7 @@
 ``tcdsl compile -b tc-batch -o out/ office.tcp`` writes ``office.batch`` (for ``tc -batch``),
 ``office.ip`` (for ``ip -batch``: the ifb devices downloads are shaped on) when the policy
 shapes downloads, ``office.iptables`` (for ``iptables-restore --noflush``; ``office.ip6tables``
-for ``ip6tables-restore --noflush`` when a tree marks IPv6; ``office.nft`` for
+for ``ip6tables-restore --noflush`` when a tree classifies IPv6; ``office.nft`` for
 ``nft -f`` with ``--marks nft``: the marking rules, and the removal of what an earlier version
 of the policy marked with on an interface that no longer marks), and ``office.map``, which
 gives the policy text of every batch line, since tc reports a failure as ``Command failed
@@ -48,6 +48,12 @@ class BatchLine:
 def marks_ipv6(policy: ir.Policy) -> bool:
     """Whether a tree of ``policy`` marks IPv6 packets (with ip6tables, unless nft)."""
     return any("ipv6" in mark_families(i) for i in policy.interfaces)
+
+
+def writes_ip6tables(policy: ir.Policy) -> bool:
+    """Whether the output has an ip6tables-restore file: a tree that marks IPv6, or one of
+    IPv6 that owns a chain an earlier version (marking IPv6 too) may have left."""
+    return any(i.direction != "ingress" and "ipv6" in i.families for i in policy.interfaces)
 
 
 def batch_lines(policy: ir.Policy, source_label: str) -> list[BatchLine]:
@@ -188,7 +194,7 @@ class TcBatchBackend(Backend):
             files[f"{stem}.nft"] = nft_text(policy, source_label)
         else:
             files[f"{stem}.iptables"] = iptables_text(policy, source_label)
-            if marks_ipv6(policy):
+            if writes_ip6tables(policy):
                 files[f"{stem}.ip6tables"] = iptables_text(policy, source_label, "ipv6")
         files[f"{stem}.map"] = map_text(lines, f"{stem}.batch")
         return files

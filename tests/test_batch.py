@@ -100,7 +100,12 @@ def test_emit_files_and_the_map_point_at_the_right_lines() -> None:
     nft = _compile(MARKS, "tc-batch", marks="nft")
     assert list(nft.files)[1] == "s000-10.1-marks.nft"
     plain = _compile("policies/office.tcp", "tc-batch")
-    assert list(plain.files) == ["office.batch", "office.iptables", "office.map"]
+    # (and office.ip6tables while office.tcp classifies IPv6: it removes a stale chain there)
+    assert [f for f in plain.files if not f.endswith(".ip6tables")] == [
+        "office.batch",
+        "office.iptables",
+        "office.map",
+    ]
 
 
 def test_restore_file_creates_or_flushes_the_chain() -> None:
@@ -182,11 +187,22 @@ def test_nft_marks_both_families_in_one_inet_table(tmp_path: Path) -> None:
     ]
 
 
-def test_restore_file_without_marking_removes_the_default_chain() -> None:
-    text = _compile("policies/office.tcp", "tc-batch").files["office.iptables"]
-    body = [line for line in text.splitlines() if not line.startswith("#")]
-    assert body == ["*mangle", ":TCDSL-eth0 - [0:0]", "-X TCDSL-eth0", "COMMIT"]
-    assert 'awk \'$2 == "TCDSL-eth0"' in text  # how to delete the jumps first
+@pytest.mark.parametrize("family", ["", "family ipv6 "])
+def test_restore_file_without_marking_removes_the_default_chain(
+    family: str, tmp_path: Path
+) -> None:
+    """A policy that no longer marks removes the chain an earlier version left, in the table
+    of each family it classifies (a tree of IPv4 only writes no .ip6tables file)."""
+    path = tmp_path / "plain.tcp"
+    path.write_text(f"interface eth0 {family}htb rate 1mbit default a {{ class a rate 1mbit }}\n")
+    files = _compile(str(path), "tc-batch").files
+    for name, tool in (("plain.iptables", "iptables"), ("plain.ip6tables", "ip6tables")):
+        text = files[name]
+        body = [line for line in text.splitlines() if not line.startswith("#")]
+        assert body == ["*mangle", ":TCDSL-eth0 - [0:0]", "-X TCDSL-eth0", "COMMIT"]
+        assert f'n=$({tool} -t mangle -L $c -n --line-numbers | awk \'$2 == "TCDSL-eth0"' in text
+    path.write_text("interface eth0 family ipv4 htb rate 1mbit default a { class a rate 1mbit }\n")
+    assert "plain.ip6tables" not in _compile(str(path), "tc-batch").files
 
 
 def test_nft_backend_on_a_policy_without_marking_removes_stale_tables() -> None:
