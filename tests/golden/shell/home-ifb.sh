@@ -62,7 +62,7 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 tcdsl_at='policies/home-ifb.tcp:8:12: interface eth0: htb qdisc'
@@ -104,7 +104,7 @@ tcdsl_dev=ifb4eth0
 tcdsl_undo='tc qdisc del dev eth0 ingress; ip link del dev ifb4eth0'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's redirect and ifb and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's redirect and ifb and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 ingress 2>/dev/null || true
 ! tcdsl_is_ifb ifb4eth0 || ip link del dev ifb4eth0
 tcdsl_unmark TCDSL-ifb4eth0

@@ -48,7 +48,7 @@ tcdsl_dev=isp0
 tcdsl_undo='tc qdisc del dev isp0 root'
 exec 9>"$tcdsl_locks"/tcdsl-isp0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev isp0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-isp0
 tcdsl_at='policies/isp-overbooked.tcp:7:16: interface isp0: htb qdisc'

@@ -48,7 +48,7 @@ tcdsl_dev=lab0
 tcdsl_undo='tc qdisc del dev lab0 root'
 exec 9>"$tcdsl_locks"/tcdsl-lab0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev lab0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-lab0
 tcdsl_at='policies/lab-aqm.tcp:6:16: interface lab0: htb qdisc'

@@ -48,7 +48,7 @@ tcdsl_dev=lan0
 tcdsl_undo='tc qdisc del dev lan0 root'
 exec 9>"$tcdsl_locks"/tcdsl-lan0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev lan0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-lan0
 tcdsl_at='policies/nested.tcp:7:16: interface lan0: htb qdisc'

@@ -48,7 +48,7 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:15:16: interface eth0: htb qdisc'

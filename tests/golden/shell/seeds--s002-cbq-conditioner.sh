@@ -48,7 +48,7 @@ tcdsl_dev=shaper0
 tcdsl_undo='tc qdisc del dev shaper0 root'
 exec 9>"$tcdsl_locks"/tcdsl-shaper0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev shaper0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-shaper0
 tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:33:19: interface shaper0: cbq qdisc'

@@ -49,7 +49,7 @@ tcdsl_dev=s1-eth1
 tcdsl_undo='tc qdisc del dev s1-eth1 root'
 exec 9>"$tcdsl_locks"/tcdsl-s1-eth1.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev s1-eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s1-eth1
 tcdsl_at='policies/seeds/s003-tbf-sfq.tcp:10:19: interface s1-eth1: netem qdisc'
@@ -61,7 +61,7 @@ tcdsl_dev=s2-eth2
 tcdsl_undo='tc qdisc del dev s2-eth2 root'
 exec 9>"$tcdsl_locks"/tcdsl-s2-eth2.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev s2-eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s2-eth2
 tcdsl_at='policies/seeds/s003-tbf-sfq.tcp:12:19: interface s2-eth2: tbf qdisc'

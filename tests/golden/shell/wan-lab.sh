@@ -48,7 +48,7 @@ tcdsl_dev=s1-eth1
 tcdsl_undo='tc qdisc del dev s1-eth1 root'
 exec 9>"$tcdsl_locks"/tcdsl-s1-eth1.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev s1-eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s1-eth1
 tcdsl_at='policies/wan-lab.tcp:4:19: interface s1-eth1: netem qdisc'
