@@ -426,3 +426,19 @@ def test_tcc_accepts_golden_output(golden: Path) -> None:
     done = subprocess.run([TCC, str(golden)], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and not done.stderr, done.stderr
     assert "tc qdisc add" in done.stdout
+
+
+@pytest.mark.skipif(not TCC, reason="set TCNG_TCC to tcng's tcc to check the golden files")
+def test_tcc_writes_ipv6_filters_for_the_ipv6_parts(tmp_path: Path) -> None:
+    """tcc writes a filter per protocol a selector tests: the IPv6 parts become 'protocol
+    ipv6' u32 filters reading the next header at 6, ports at 42, addresses at 8 and 24."""
+    path = tmp_path / "dual.tc"
+    path.write_text(emit(DUAL), encoding="utf-8")
+    done = subprocess.run([TCC, str(path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    v6 = [line for line in done.stdout.splitlines() if " protocol ipv6 " in line]
+    assert "match u16 0x1bb 0xffff at 42 match u8 0x6 0xff at 6 classid 2:1" in v6[0]
+    assert any("match u32 0x20010db8 0xffffffff at 24" in line for line in v6)
+    assert any("match u8 0x3a 0xff at 6" in line for line in v6)  # ICMPv6
+    v4 = [line for line in done.stdout.splitlines() if " protocol ip " in line]
+    assert any("match u8 0x1 0xff at 9" in line for line in v4)  # ICMP
