@@ -395,3 +395,16 @@ def test_flower_filters_in_a_batch_on_the_guest_kernel(tmp_path: Path) -> None:
         "eth_type ipv6 ip_tos 184/0xfc src_ip 2001:db8::/64",
     ):
         assert words in shown, res.stdout
+
+
+def test_nft_marking_script_needs_no_iptables(tmp_path: Path) -> None:
+    """With --marks nft the inet table marks both families: no iptables, no ip6tables, and no
+    check for them."""
+    path = tmp_path / "dual.tcp"
+    path.write_text(DUAL, encoding="utf-8")
+    script = _compile(str(path), "shell", marks="nft").output or ""
+    assert "tcdsl_needs" not in script and "iptables -t" not in script
+    assert "meta nfproto ipv6 meta l4proto icmpv6" in script
+    plain = _compile(str(path), "shell").output or ""
+    assert "tcdsl_needs iptables 'to mark IPv4 packets'" in plain
+    assert "tcdsl_needs ip6tables 'to mark IPv6 packets" in plain
