@@ -484,8 +484,23 @@ def test_expected_objects_carry_labels_and_spans() -> None:
     assert values["prio"] == (0, "0", "policies/office.tcp:10:21")
     sfq = next(q for q in eth0.qdiscs if q.kind == "sfq")
     assert (sfq.label, str(sfq.span)) == ("sfq qdisc of 1:10", "policies/office.tcp:8:9")
-    labels = [(f.label, str(f.span)) for f in eth0.filters]
-    assert labels[2] == ("filter to 1:20 (pref 1)", "policies/office.tcp:10:34")
+    labels = [(f.label, f.protocol, str(f.span)) for f in eth0.filters]
+    # every line has filters in both families (IPv6 ones 0x8000 prefs later); ICMP is IPv4's,
+    # ICMPv6 IPv6's; a port on IPv6 needs its protocol (TCP, then UDP); src 10.3.34.11 is IPv4
+    assert labels[:7] == [
+        ("IPv4 filter to 1:10 (pref 1)", "ip", "policies/office.tcp:6:9"),
+        ("IPv6 filter to 1:10 (pref 32769)", "ipv6", "policies/office.tcp:6:9"),
+        ("IPv4 filter to 1:10 (pref 1)", "ip", "policies/office.tcp:7:9"),
+        ("IPv6 filter to 1:10 (pref 32769)", "ipv6", "policies/office.tcp:7:9"),
+        ("IPv4 filter to 1:20 (pref 1)", "ip", "policies/office.tcp:10:34"),
+        ("IPv6 filter to 1:20 (pref 32769)", "ipv6", "policies/office.tcp:10:34"),
+        ("IPv6 filter to 1:20 (pref 32769)", "ipv6", "policies/office.tcp:10:34"),
+    ]
+    assert labels[-1] == ("IPv4 filter to 1:60 (pref 1)", "ip", "policies/office.tcp:17:41")
+    assert [f.keys for f in eth0.filters[5:7]] == [
+        ((0x600, 0xFF00, 4), (5001, 0xFFFF, 40)),
+        ((0x1100, 0xFF00, 4), (5001, 0xFFFF, 40)),
+    ]
 
 
 def test_expected_chain_of_a_marking_policy() -> None:
@@ -495,10 +510,12 @@ def test_expected_chain_of_a_marking_policy() -> None:
     assert eth0.chain is not None
     assert eth0.chain.jump.rule == IptRule("PREROUTING", in_iface="eth1", target="INSHAPER")
     assert [(r.label, str(r.span)) for r in eth0.chain.rules] == [
-        ("mark rule for 'app5001'", "policies/seeds/s000-10.1-marks.tcp:28:48"),
-        ("mark rule for 'app5002'", "policies/seeds/s000-10.1-marks.tcp:31:48"),
-        ("mark rule for unmarked traffic", "policies/seeds/s000-10.1-marks.tcp:26:40"),
+        ("mark rule for 'app5001'", "policies/seeds/s000-10.1-marks.tcp:29:48"),
+        ("mark rule for 'app5002'", "policies/seeds/s000-10.1-marks.tcp:32:48"),
+        ("mark rule for unmarked traffic", "policies/seeds/s000-10.1-marks.tcp:27:52"),
     ]
+    assert [c.family for c in eth0.chains] == ["ipv4"]  # the seed says 'family ipv4'
+
 
 
 def test_constants_are_quoted_as_written() -> None:
@@ -649,18 +666,18 @@ def test_captured_marks_with_changes() -> None:
         expected_policy(result.policy, result.sources), _state(found, result)
     )
     assert sorted(_lines(problems)) == [
-        f"{MARKS}:27:5: error: jump from PREROUTING on eth1 to chain INSHAPER is missing in "
+        f"{MARKS}:28:5: error: jump from PREROUTING on eth1 to chain INSHAPER is missing in "
         "the kernel's mangle table [E401]",
-        f"{MARKS}:31:11: error: fw filter for mark 20 to 1:20 (pref 1) classid is 1:30 in the "
-        "kernel, policy says 1:20 [E402]",
-        f"{MARKS}:31:48: error: mark rule for 'app5002' dport is 5003 in the kernel, policy "
+        f"{MARKS}:32:11: error: IPv4 fw filter for mark 20 to 1:20 (pref 1) classid is 1:30 in "
+        "the kernel, policy says 1:20 [E402]",
+        f"{MARKS}:32:48: error: mark rule for 'app5002' dport is 5003 in the kernel, policy "
         "says 5002 [E402]",
-        f"{MARKS}:34:45: error: class 'others' prio is 3 in the kernel, policy says 2 [E402]",
+        f"{MARKS}:35:45: error: class 'others' prio is 3 in the kernel, policy says 2 [E402]",
     ]
 
 
 HTB_TEXT = """\
-interface eth0 htb rate 100mbit default voip {
+interface eth0 family ipv4 htb rate 100mbit default voip {
     class voip prio 0 rate 6mbit ceil 8mbit match dport 5001
     class web rate 10mbit match dport 80, 443
 }
@@ -700,14 +717,14 @@ def test_wrong_kernel_state_reports_at_the_policy_line(tmp_path: Path) -> None:
         expected_policy(result.policy, result.sources), readback.KernelState({"eth0": dev})
     )
     assert render(sorted(problems, key=lambda d: (d.span.line, d.span.column)), result.sources) == (
-        f"{path}:1:16: error: unexpected u32 filter under 1: in the kernel: pref 1, "
+        f"{path}:1:28: error: unexpected u32 filter under 1: in the kernel: pref 1, "
         "match 00000016/0000ffff at 20, flowid 1:30 [E403]\n"
-        " 1 | interface eth0 htb rate 100mbit default voip {\n"
-        "   |                ^~~\n"
+        " 1 | interface eth0 family ipv4 htb rate 100mbit default voip {\n"
+        "   |                            ^~~\n"
         f"{path}:2:39: error: class 'voip' ceil is 6Mbit in the kernel, policy says 8mbit [E402]\n"
         " 2 |     class voip prio 0 rate 6mbit ceil 8mbit match dport 5001\n"
         "   |                                       ^~~~~\n"
-        f"{path}:3:27: error: filter to 1:20 (pref 1) for ip dport 443 0xffff comes 2nd of the "
+        f"{path}:3:27: error: IPv4 filter to 1:20 (pref 1) for ip dport 443 0xffff comes 2nd of the "
         "pref 1 filters under 1: in the kernel, policy puts it 3rd (the first match wins) [E402]\n"
         " 3 |     class web rate 10mbit match dport 80, 443\n"
         "   |                           ^~~~~~~~~~~~~~~~~~~\n"
@@ -722,7 +739,7 @@ def test_script_origins_map_commands_to_policy_text() -> None:
     assert result.policy is not None and result.output is not None
     expected = expected_policy(result.policy)
     origins = compare.script_origins(result.output, expected.spans())
-    assert len(origins) == 1 + 8 + 3 + 7  # root, classes, leaf qdiscs, filters
+    assert len(origins) == 1 + 8 + 3 + 15  # root, classes, leaf qdiscs, filters (8 IPv6)
     first = origins[0]
     assert (first.words, first.what) == (
         "tc qdisc add dev eth0 root handle 1: htb default 70 r2q 100",
@@ -824,7 +841,7 @@ def test_parse_check_reports_only_parse_errors() -> None:
         compare.CommandRun(origins[1].command, 1, 'What is "boundd"?\nUsage: ... cbq ...\n'),
     ]
     assert _lines(compare.parse_check_diagnostics(runs, origins)) == [
-        "policies/seeds/s002-cbq-conditioner.tcp:34:11: error: tc cannot parse the command for "
+        "policies/seeds/s002-cbq-conditioner.tcp:35:11: error: tc cannot parse the command for "
         'class main: What is "boundd"? [E404]'
     ]
 
@@ -958,14 +975,14 @@ def test_mutated_kernel_state_is_reported_at_the_policy_line(no_stray_namespaces
     v = verifier.verify(TOS_HTB, kernel="host", after=tamper)
     assert v.kernel is not None and not v.ok
     assert _lines(v.diagnostics) == [
-        f"{TOS_HTB}:15:16: error: unexpected u32 filter under 1: in the kernel: pref 1, "
+        f"{TOS_HTB}:16:28: error: unexpected u32 filter under 1: in the kernel: pref 1, "
         "match 00040000/00ff0000 at 0, flowid 1:20 [E403]",
-        f"{TOS_HTB}:16:28: error: class 'paid' rate is 5Mbit in the kernel, policy says "
+        f"{TOS_HTB}:17:28: error: class 'paid' rate is 5Mbit in the kernel, policy says "
         "6000kbit (6mbit) [E402]",
-        f"{TOS_HTB}:17:11: error: class 'normal' leaf is qdisc 20: in the kernel, policy says "
+        f"{TOS_HTB}:18:11: error: class 'normal' leaf is qdisc 20: in the kernel, policy says "
         "none (the kernel's default) [E402]",
-        f"{TOS_HTB}:17:11: error: unexpected pfifo qdisc 20: under 1:20 in the kernel [E403]",
-        f"{TOS_HTB}:18:56: error: filter to 1:30 (pref 1) is missing in the kernel (match ip "
+        f"{TOS_HTB}:18:11: error: unexpected pfifo qdisc 20: under 1:20 in the kernel [E403]",
+        f"{TOS_HTB}:19:56: error: IPv4 filter to 1:30 (pref 1) is missing in the kernel (match ip "
         "tos 0x08 0xff under 1:) [E401]",
     ]
 
@@ -978,7 +995,7 @@ def test_a_missing_interface_is_reported_at_its_line(no_stray_namespaces: None) 
         pytest.skip(lacks)
     v = verifier.verify(TOS_HTB, kernel="host", before="ip link del eth0")
     assert _lines(v.diagnostics) == [
-        f"{TOS_HTB}:15:16: error: the script found no interface eth0 and changed nothing "
+        f"{TOS_HTB}:16:28: error: the script found no interface eth0 and changed nothing "
         "(exit 1); the script stopped there, so 7 objects of the policy are not checked [E404]"
     ]
 
@@ -999,7 +1016,7 @@ def test_tc_parse_errors_are_found_without_a_cbq_kernel(no_stray_namespaces: Non
         compare.Origin(b, b, o.span, o.what) for b, o in zip(broken, origins, strict=True)
     ]
     assert _lines(compare.parse_check_diagnostics(runs, broken_origins)) == [
-        "policies/seeds/s002-cbq-conditioner.tcp:34:11: error: tc cannot parse the command for "
+        "policies/seeds/s002-cbq-conditioner.tcp:35:11: error: tc cannot parse the command for "
         'class main: What is "boundd"? [E404]'
     ]
 
