@@ -401,6 +401,124 @@ def test_filter_lines() -> None:
     assert (other.kind, other.protocol, other.pref) == ("matchall", "all", 49152)
 
 
+IPV6_U32 = """\
+filter parent 1: protocol ipv6 pref 2 u32 chain 0 
+filter parent 1: protocol ipv6 pref 2 u32 chain 0 fh 800: ht divisor 1 
+filter parent 1: protocol ipv6 pref 2 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 *flowid 1:1 not_in_hw 
+  match 20010db8/ffffffff at 8
+  match 00000000/ffffffff at 12
+  match 000001bb/0000ffff at 40
+  match 00000600/0000ff00 at 4
+  match 0b800000/0fc00000 at 0
+"""  # noqa: W291, E501
+"""The host kernel (6.18, iproute2 6.1) for ``protocol ipv6 pref 2 u32 match ip6 src
+2001:db8::/64 match ip6 dport 443 0xffff match ip6 protocol 6 0xff match ip6 priority 0xb8
+0xfc flowid 1:1`` (research notes of issue 11)."""
+
+
+def test_ipv6_u32_keys_pack_like_tc() -> None:
+    """ip6 words as tc packs them (each printed by the host kernel): an address in one key a
+    32-bit word its prefix reaches, the traffic class in bits 4-11 of the first word, the next
+    header at byte 6, ports 40 bytes in; keys in one word merged."""
+    (f,) = parse_filters(IPV6_U32)
+    assert (f.kind, f.protocol, f.pref, f.flowid) == ("u32", "ipv6", 2, "1:1")
+    words = (
+        ("ip6", "src", "2001:db8::/64"),
+        ("ip6", "dport", "443", "0xffff"),
+        ("ip6", "protocol", "6", "0xff"),
+        ("ip6", "priority", "0xb8", "0xfc"),
+    )
+    assert expected_keys(words) == f.keys
+    assert expected_keys(
+        (("ip6", "sport", "1024", "0xffff"), ("ip6", "dport", "443", "0xffff"))
+    ) == ((0x040001BB, 0xFFFFFFFF, 40),)
+    assert expected_keys((("ip6", "dst", "2001:db8:1:2:3:4:5:6/100"), ("ip6", "src", "::/0"))) == (
+        (0x20010DB8, 0xFFFFFFFF, 24),
+        (0x00010002, 0xFFFFFFFF, 28),
+        (0x00030004, 0xFFFFFFFF, 32),
+        (0x00000000, 0xF0000000, 36),
+    )
+    assert expected_keys((("ip6", "dst", "2001:db8::1"),))[-1] == (1, 0xFFFFFFFF, 36)
+    assert expected_keys((("u8", "0x10", "0xff", "at", "53"),)) == ((0x100000, 0xFF0000, 52),)
+    with pytest.raises(expect.UnpackableKey):
+        expected_keys((("ip6", "src", "2001:db8::1"), ("ip6", "src", "2001:db8::2")))
+
+
+FLOWER = """\
+filter protocol ip pref 1 flower chain 0 
+filter protocol ip pref 1 flower chain 0 handle 0x1 classid 1:3 
+  eth_type ipv4
+  ip_proto tcp
+  tcp_flags 0x10/17
+  not_in_hw
+filter protocol ip pref 1 flower chain 0 handle 0x2 classid 1:4 
+  eth_type ipv4
+  ip_proto 2f
+  not_in_hw
+filter protocol ip pref 1 flower chain 0 handle 0x3 classid 1:5 
+  eth_type ipv4
+  ip_proto tcp
+  dst_port 1-1023
+  not_in_hw
+filter protocol ip pref 1 flower chain 0 handle 0x4 classid 1:6 
+  eth_type ipv4
+  ip_proto tcp
+  ip_tos 16
+  dst_ip 10.0.0.0/8
+  not_in_hw
+\taction order 1:  police 0x1 rate 1Mbit burst 10Kb mtu 2Kb action drop overhead 0b 
+\tref 1 bind 1 
+
+filter protocol ipv6 pref 32769 flower chain 0 
+filter protocol ipv6 pref 32769 flower chain 0 handle 0x1 classid 1:1 
+  eth_type ipv6
+  ip_proto tcp
+  ip_tos 184/0xfc
+  dst_ip 2001:db8::/64
+  src_ip 2001:db8::1
+  dst_port 443
+  not_in_hw
+filter protocol ipv6 pref 32769 flower chain 0 handle 0x2 classid 1:2 
+  eth_type ipv6
+  ip_proto udp
+  dst_port 53
+  src_port 1024/0xfc00
+  ip_ttl 1
+  not_in_hw
+"""  # noqa: W291
+"""Debian's 6.1 in user-mode Linux (iproute2 6.1), for ``flower ip_proto tcp tcp_flags
+0x10/0x17``, ``ip_proto 0x2f``, ``dst_port 1-1023``, ``ip_tos 0x10 dst_ip 10.0.0.0/8 action
+police ...``, ``ip_proto tcp dst_ip 2001:db8::/64 src_ip 2001:db8::1 dst_port 443 ip_tos
+0xb8/0xfc`` and ``ip_proto udp src_port 1024/0xfc00 dst_port 53 ip_ttl 1``."""
+
+
+def test_flower_filter_lines() -> None:
+    """flower prints one key a line: ip_tos in decimal with a 0x mask, tcp_flags in hex with a
+    mask without 0x, a number protocol in hex, a host without /128; read back normalised."""
+    flags, gre, ports, policed, web, dns = parse_filters(FLOWER)
+    assert (flags.kind, flags.protocol, flags.pref, flags.flowid) == ("flower", "ip", 1, "1:3")
+    assert flags.flower == readback.FlowerMatch("ipv4", 6, tcp_flags=(0x10, 0x17))
+    assert gre.flower == readback.FlowerMatch("ipv4", 47)
+    assert ports.flower == readback.FlowerMatch("ipv4", 6, dport=(1, 1023))
+    assert policed.flower == readback.FlowerMatch("ipv4", 6, dst="10.0.0.0/8", tos=(16, 0xFF))
+    assert policed.actions == (("police", 1_000_000, 10240, 2048, "drop"),)
+    assert (web.protocol, web.pref, web.flowid) == ("ipv6", 32769, "1:1")
+    assert web.flower == readback.FlowerMatch(
+        "ipv6", 6, "2001:db8::1/128", "2001:db8::/64", dport=(443, 443), tos=(0xB8, 0xFC)
+    )
+    # a masked port is the range it spans; a key not modelled (ip_ttl) is kept, to differ
+    assert dns.flower == readback.FlowerMatch(
+        "ipv6", 17, sport=(1024, 2047), dport=(53, 53), other=("ip_ttl 1",)
+    )
+    # messages spell a match as tc prints it
+    assert web.flower is not None and web.flower.describe() == (
+        "eth_type ipv6 ip_proto tcp ip_tos 184/0xfc dst_ip 2001:db8::/64 src_ip 2001:db8::1 "
+        "dst_port 443"
+    )
+    assert gre.flower is not None and gre.flower.describe() == "eth_type ipv4 ip_proto 2f"
+    assert flags.flower is not None and flags.flower.describe().endswith("tcp_flags 0x10/17")
+
+
 # ==== iptables-save ============================================================================
 
 IPTABLES_LEGACY = """\
@@ -444,6 +562,32 @@ def test_iptables_save() -> None:
     )
     assert ipip == IptRule("INSHAPER", protocol=94, dscp=46, set_mark=(11, 0xFFFFFFFF), **mark)
     assert tos.protocol == 4 and tos.tos == (0x10, 0x1E)
+
+
+IP6TABLES_LEGACY = """\
+# Generated by ip6tables-save v1.8.9 on Wed Nov 25 03:22:00 2026
+*mangle
+:PREROUTING ACCEPT [0:0]
+:X - [0:0]
+-A PREROUTING -i a1 -j X
+-A X -s 2001:db8::1/128 -p tcp -m tcp --dport 443 -m mark --mark 0x0 -j MARK --set-xmark 0x5/0xffffffff
+-A X -d 2001:db8::/32 -p ipv6-icmp -m mark --mark 0x0 -j MARK --set-xmark 0x6/0xffffffff
+-A X -s ::/0 -m mark --mark 0x5 -j DSCP --set-dscp 0x0a
+COMMIT
+"""  # noqa: E501
+"""ip6tables 1.8.9 (legacy) in the UML guest (``-s 2001:db8::1``, ``-p icmpv6``)."""
+
+
+def test_ip6tables_save() -> None:
+    state = parse_iptables_save(IP6TABLES_LEGACY)
+    mark = dict(mark=(0, 0xFFFFFFFF), target="MARK")
+    web, icmp, dscp = state.chains["X"]
+    assert web == IptRule(
+        "X", src="2001:db8::1/128", protocol=6, dport=(443, 443), set_mark=(5, 0xFFFFFFFF), **mark
+    )
+    assert icmp == IptRule("X", dst="2001:db8::/32", protocol=58, set_mark=(6, 0xFFFFFFFF), **mark)
+    assert dscp == IptRule("X", mark=(5, 0xFFFFFFFF), target="DSCP", set_dscp=10)
+    assert readback.KernelState(ip6tables=state).table("ipv6") is state
 
 
 def test_iptables_spellings_compare_equal() -> None:
@@ -517,7 +661,6 @@ def test_expected_chain_of_a_marking_policy() -> None:
     assert [c.family for c in eth0.chains] == ["ipv4"]  # the seed says 'family ipv4'
 
 
-
 def test_constants_are_quoted_as_written() -> None:
     result = _compile("policies/seeds/s004-tos-htb.tcp")
     assert result.policy is not None
@@ -530,8 +673,8 @@ def test_constants_are_quoted_as_written() -> None:
 # ==== comparing captured kernel output with the policy ==========================================
 
 
-def _captured(name: str) -> dict[str, runner.Section]:
-    return runner.sections((DATA / f"{name}.uml.out").read_text(encoding="utf-8"))
+def _captured(name: str, kernel: str = "uml") -> dict[str, runner.Section]:
+    return runner.sections((DATA / f"{name}.{kernel}.out").read_text(encoding="utf-8"))
 
 
 def _state(found: dict[str, runner.Section], result: Result) -> readback.KernelState:
@@ -676,6 +819,133 @@ def test_captured_marks_with_changes() -> None:
     ]
 
 
+DUAL_U32 = "tests/verify_data/dual-stack-u32.tcp"
+DUAL_FLOWER = "tests/verify_data/dual-stack-flower.tcp"
+DUAL_MARKS = "tests/verify_data/dual-stack-marks.tcp"
+DUAL_STACK = [(DUAL_U32, "host"), (DUAL_FLOWER, "uml"), (DUAL_MARKS, "uml")]
+"""Dual-stack policies and the kernel they were captured on: u32 filters of both families on
+the host (6.18); flower filters, fw filters of both families, iptables and ip6tables marking
+and a policer on IPv6 filters in user-mode Linux (Debian's 6.1)."""
+
+
+@pytest.mark.parametrize(("name", "kernel"), DUAL_STACK)
+def test_captured_dual_stack_state_agrees_with_its_policy(name: str, kernel: str) -> None:
+    result = _compile(name)
+    assert result.policy is not None
+    found = _captured(Path(name).stem, kernel)
+    expected = expected_policy(result.policy, result.sources)
+    state = _state(found, result)
+    assert compare.compare_state(expected, state) == []
+    # not vacuous: both families' filters were read back and compared
+    protocols = {
+        f.protocol for dev in state.devices.values() for fs in dev.filters.values() for f in fs
+    }
+    assert protocols == {"ip", "ipv6"}
+    expected_protocols = {f.protocol for i in expected.interfaces for f in i.filters}
+    assert expected_protocols == {"ip", "ipv6"}
+
+
+def test_captured_dual_stack_u32_with_changes() -> None:
+    result = _compile(DUAL_U32)
+    assert result.policy is not None
+    found = _captured("dual-stack-u32", "host")
+    _tamper(found, "filter 0 1:", "0b800000/0fc00000 at 0", "0b000000/0fc00000 at 0")
+    _tamper(
+        found,
+        "filter 0 1:",
+        "protocol ipv6 pref 32769 u32 chain 0 fh 801::812",
+        "protocol ip pref 32769 u32 chain 0 fh 801::812",
+    )
+    _tamper(
+        found,
+        "filter 0 1:",
+        "00000080/ffffffff at 36\n  match 00500000",
+        "00000081/ffffffff at 36\n  match 00500000",
+    )
+    problems = compare.compare_state(
+        expected_policy(result.policy, result.sources), _state(found, result)
+    )
+    assert _lines(problems) == [
+        f"{DUAL_U32}:8:26: error: IPv6 filter to 1:40 (pref 32769) keys are match "
+        "0b000000/0fc00000 at 0 in the kernel, policy says ip6 priority 0xb8 0xfc (match "
+        "0b800000/0fc00000 at 0) [E402]",
+        *(
+            f"{DUAL_U32}:11:27: error: IPv6 filter to 1:70 (pref 32769) keys are match "
+            f"0000{p}00/0000ff00 at 4, match 20010db8/ffffffff at 24, match 00000000/ffffffff "
+            "at 28, match 00000000/ffffffff at 32, match 00000081/ffffffff at 36, match "
+            "00500000/ffff0000 at 40 in the kernel, policy says ip6 protocol "
+            f"{int(p, 16)} 0xff ip6 dst 2001:db8::80 ip6 sport 80 0xffff (match "
+            f"0000{p}00/0000ff00 at 4, match 20010db8/ffffffff at 24, match 00000000/ffffffff "
+            "at 28, match 00000000/ffffffff at 32, match 00000080/ffffffff at 36, match "
+            "00500000/ffff0000 at 40) [E402]"
+            for p in ("06", "11")
+        ),
+        f"{DUAL_U32}:10:26: error: IPv6 filter to 1:60 (pref 32769) protocol is ip in the "
+        "kernel, policy says ipv6 [E402]",
+    ]
+
+
+def test_captured_dual_stack_flower_with_changes() -> None:
+    result = _compile(DUAL_FLOWER)
+    assert result.policy is not None
+    found = _captured("dual-stack-flower")
+    _tamper(found, "filter 0 1:", "ip_proto icmpv6", "ip_proto icmp")
+    _tamper(found, "filter 0 1:", "src_port 1024-2047", "src_port 1024-2048")
+    _tamper(found, "filter 0 1:", "handle 0xa classid 1:70", "handle 0xa classid 1:80")
+    _tamper(
+        found,
+        "filter 1 1:",
+        "protocol ipv6 pref 32769 fw chain 0 handle 0x14",
+        "protocol ip pref 32769 fw chain 0 handle 0x14",
+    )
+    problems = compare.compare_state(
+        expected_policy(result.policy, result.sources), _state(found, result)
+    )
+    assert _lines(problems) == [
+        f"{DUAL_FLOWER}:7:26: error: IPv4 filter to 1:30 (pref 1) matches eth_type ipv4 "
+        "ip_proto udp dst_ip 192.0.2.0/24 src_port 1024-2048 in the kernel, policy says "
+        "eth_type ipv4 ip_proto udp dst_ip 192.0.2.0/24 src_port 1024-2047 [E402]",
+        f"{DUAL_FLOWER}:10:27: error: IPv6 filter to 1:60 (pref 32769) matches eth_type ipv6 "
+        "ip_proto icmp in the kernel, policy says eth_type ipv6 ip_proto icmpv6 [E402]",
+        f"{DUAL_FLOWER}:11:27: error: IPv6 filter to 1:70 (pref 32769) classid is 1:80 in the "
+        "kernel, policy says 1:70 [E402]",
+        f"{DUAL_FLOWER}:17:11: error: IPv6 fw filter for mark 20 to 1:20 (pref 32769) protocol "
+        "is ip in the kernel, policy says ipv6 [E402]",
+    ]
+
+
+def test_captured_dual_stack_marks_with_changes() -> None:
+    result = _compile(DUAL_MARKS)
+    assert result.policy is not None
+    found = _captured("dual-stack-marks")
+    _tamper(found, "ip6tables", "-s 2001:db8::/32", "-s 2001:db8::/48")
+    _tamper(found, "ip6tables", "-A PREROUTING -i eth1", "-A PREROUTING -i eth9")
+    _tamper(found, "iptables", "-s 10.0.0.0/8 ", "-s 2001:db8::/32 ")
+    _tamper(
+        found,
+        "filter 0 1:",
+        "protocol ipv6 pref 32769 fw chain 0 handle 0x1e classid 1:30",
+        "protocol ipv6 pref 32769 fw chain 0 handle 0x1e classid 1:20",
+    )
+    _tamper(found, "filter 1 1:", "police 0x2 rate 1Mbit", "police 0x2 rate 2Mbit")
+    problems = compare.compare_state(
+        expected_policy(result.policy, result.sources), _state(found, result)
+    )
+    assert _lines(problems) == [
+        f"{DUAL_MARKS}:8:11: error: IPv6 fw filter for mark 30 to 1:30 (pref 32769) classid is "
+        "1:20 in the kernel, policy says 1:30 [E402]",
+        f"{DUAL_MARKS}:8:26: error: mark rule for 'v4' src is 2001:db8::/32 in the kernel, "
+        "policy says 10.0.0.0/8 [E402]",
+        f"{DUAL_MARKS}:5:5: error: jump from PREROUTING on eth1 to ip6tables chain TCDSL-eth0 "
+        "is missing in the kernel's ip6tables mangle table [E401]",
+        f"{DUAL_MARKS}:7:26: error: IPv6 mark rule for 'v6' src is 2001:db8::/48 in the "
+        "kernel, policy says 2001:db8::/32 [E402]",
+        f"{DUAL_MARKS}:13:26: error: IPv6 filter to 1:10 (pref 32769) actions are police rate "
+        "2mbit burst 10k mtu 2k drop in the kernel, policy says police rate 1mbit burst 10k "
+        "mtu 2k drop [E402]",
+    ]
+
+
 HTB_TEXT = """\
 interface eth0 family ipv4 htb rate 100mbit default voip {
     class voip prio 0 rate 6mbit ceil 8mbit match dport 5001
@@ -724,8 +994,9 @@ def test_wrong_kernel_state_reports_at_the_policy_line(tmp_path: Path) -> None:
         f"{path}:2:39: error: class 'voip' ceil is 6Mbit in the kernel, policy says 8mbit [E402]\n"
         " 2 |     class voip prio 0 rate 6mbit ceil 8mbit match dport 5001\n"
         "   |                                       ^~~~~\n"
-        f"{path}:3:27: error: IPv4 filter to 1:20 (pref 1) for ip dport 443 0xffff comes 2nd of the "
-        "pref 1 filters under 1: in the kernel, policy puts it 3rd (the first match wins) [E402]\n"
+        f"{path}:3:27: error: IPv4 filter to 1:20 (pref 1) for ip dport 443 0xffff comes 2nd of "
+        "the pref 1 filters under 1: in the kernel, policy puts it 3rd (the first match wins) "
+        "[E402]\n"
         " 3 |     class web rate 10mbit match dport 80, 443\n"
         "   |                           ^~~~~~~~~~~~~~~~~~~\n"
     )

@@ -508,7 +508,8 @@ def _compare_ordered(
                 if (g.kind, g.keys, g.flower) == (e.kind, e.keys, e.flower):
                     yield Diagnostic.error(
                         DIFFERS,
-                        f"{e.label} flowid is {g.flowid} in the kernel, policy says {e.flowid}",
+                        f"{e.label} {'classid' if e.kind == 'flower' else 'flowid'} is "
+                        f"{g.flowid} in the kernel, policy says {e.flowid}",
                         e.span,
                     )
                 elif g.flowid != e.flowid or b[j1 + k] in a or a[i1 + k] in b:
