@@ -892,12 +892,6 @@ def test_captured_dual_stack_flower_with_changes() -> None:
     _tamper(found, "filter 0 1:", "ip_proto icmpv6", "ip_proto icmp")
     _tamper(found, "filter 0 1:", "src_port 1024-2047", "src_port 1024-2048")
     _tamper(found, "filter 0 1:", "handle 0xa classid 1:70", "handle 0xa classid 1:80")
-    _tamper(
-        found,
-        "filter 1 1:",
-        "protocol ipv6 pref 32769 fw chain 0 handle 0x14",
-        "protocol ip pref 32769 fw chain 0 handle 0x14",
-    )
     problems = compare.compare_state(
         expected_policy(result.policy, result.sources), _state(found, result)
     )
@@ -909,8 +903,6 @@ def test_captured_dual_stack_flower_with_changes() -> None:
         "ip_proto icmp in the kernel, policy says eth_type ipv6 ip_proto icmpv6 [E402]",
         f"{DUAL_FLOWER}:11:27: error: IPv6 filter to 1:70 (pref 32769) classid is 1:80 in the "
         "kernel, policy says 1:70 [E402]",
-        f"{DUAL_FLOWER}:17:11: error: IPv6 fw filter for mark 20 to 1:20 (pref 32769) protocol "
-        "is ip in the kernel, policy says ipv6 [E402]",
     ]
 
 
@@ -928,10 +920,18 @@ def test_captured_dual_stack_marks_with_changes() -> None:
         "protocol ipv6 pref 32769 fw chain 0 handle 0x1e classid 1:20",
     )
     _tamper(found, "filter 1 1:", "police 0x2 rate 1Mbit", "police 0x2 rate 2Mbit")
+    _tamper(
+        found,
+        "filter 0 1:",
+        "protocol ipv6 pref 32769 fw chain 0 handle 0x14",
+        "protocol ip pref 32769 fw chain 0 handle 0x14",
+    )
     problems = compare.compare_state(
         expected_policy(result.policy, result.sources), _state(found, result)
     )
     assert _lines(problems) == [
+        f"{DUAL_MARKS}:7:11: error: IPv6 fw filter for mark 20 to 1:20 (pref 32769) protocol "
+        "is ip in the kernel, policy says ipv6 [E402]",
         f"{DUAL_MARKS}:8:11: error: IPv6 fw filter for mark 30 to 1:30 (pref 32769) classid is "
         "1:20 in the kernel, policy says 1:30 [E402]",
         f"{DUAL_MARKS}:8:26: error: mark rule for 'v4' src is 2001:db8::/32 in the kernel, "
@@ -1258,6 +1258,33 @@ def test_mutated_kernel_state_is_reported_at_the_policy_line(no_stray_namespaces
     ]
 
 
+def test_dual_stack_u32_on_the_host(no_stray_namespaces: None) -> None:
+    """u32 filters of both families on the host kernel: the policy agrees; then an IPv6 filter
+    is deleted and a stray IPv6 one added, and verify names each by family and line."""
+    lacks = _host_lacks(DUAL_U32)
+    if lacks:
+        pytest.skip(lacks)
+    v = verifier.verify(DUAL_U32, kernel="host")
+    assert v.ok and not v.diagnostics, render(v.diagnostics, v.sources) + v.output
+    assert v.expected is not None
+    (eth0,) = v.expected.interfaces
+    assert {f.protocol for f in eth0.filters} == {"ip", "ipv6"}
+    assert v.checked.filters == len(eth0.filters) == 34
+    tamper = (
+        "tc filter del dev eth0 parent 1: protocol ipv6 prio 32769 handle 801::810 u32\n"
+        "tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 "
+        "match ip6 dst 2001:db8::1 flowid 1:20\n"
+    )
+    v = verifier.verify(DUAL_U32, kernel="host", after=tamper)
+    assert _lines(v.diagnostics) == [
+        f"{DUAL_U32}:4:16: error: unexpected u32 filter under 1: in the kernel: pref 32769, "
+        "match 20010db8/ffffffff at 24, match 00000000/ffffffff at 28, match 00000000/ffffffff "
+        "at 32, match 00000001/ffffffff at 36, flowid 1:20 [E403]",
+        f"{DUAL_U32}:8:26: error: IPv6 filter to 1:40 (pref 32769) is missing in the kernel "
+        "(match ip6 priority 0xb8 0xfc under 1:) [E401]",
+    ]
+
+
 def test_a_missing_interface_is_reported_at_its_line(no_stray_namespaces: None) -> None:
     """The script checks its interfaces before changing anything: the device is gone, so it
     stops at once, and verify says so at the interface's line."""
@@ -1454,3 +1481,55 @@ def test_verify_every_policy_with_one_uml_boot(no_stray_namespaces: None) -> Non
             assert [d.code for d in v.diagnostics] == ["E405"], render(v.diagnostics, v.sources)
         else:
             assert v.ok, render(v.diagnostics, v.sources) + v.output
+
+
+def test_dual_stack_flower_in_user_mode_linux(tmp_path: Path, no_stray_namespaces: None) -> None:
+    """flower filters of both families (the host kernel has no flower): the policy agrees in
+    the guest; a copy whose state is changed after the script ran reports each change."""
+    _uml()
+    changed = tmp_path / "changed.tcp"
+    changed.write_text(Path(DUAL_FLOWER).read_text(encoding="utf-8"), encoding="utf-8")
+    tamper = (
+        "tc filter del dev eth0 parent 1: protocol ipv6 prio 32769 handle 0x9 flower\n"
+        "tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 flower ip_proto udp "
+        "dst_port 53 classid 1:10\n"
+    )
+    auto, changes = verifier.verify_many(
+        [DUAL_FLOWER, str(changed)], kernel="auto", after={str(changed): tamper}
+    )
+    assert auto.ok and not auto.diagnostics, render(auto.diagnostics, auto.sources) + auto.output
+    assert auto.kernel is not None and auto.kernel.startswith("user-mode Linux")
+    assert auto.checked.filters == 18
+    assert _lines(changes.diagnostics) == [
+        f"{changed}:4:34: error: unexpected flower filter under 1: in the kernel: pref 32769, "
+        "eth_type ipv6 ip_proto udp dst_port 53, classid 1:10 [E403]",
+        f"{changed}:10:27: error: IPv6 filter to 1:60 (pref 32769) is missing in the kernel "
+        "(match eth_type ipv6 ip_proto icmpv6 under 1:) [E401]",
+    ]
+
+
+def test_dual_stack_marks_in_user_mode_linux(tmp_path: Path, no_stray_namespaces: None) -> None:
+    """Marking in both families (the host kernel has no fw): the same chain in iptables and
+    ip6tables, fw filters of both families, a policer on IPv6 u32 filters; a changed
+    ip6tables rule and a deleted IPv6 fw filter are reported."""
+    _uml()
+    if "ip6tables" not in (_compile(DUAL_MARKS).output or ""):
+        pytest.skip("the shell backend writes no ip6tables commands yet (before issue 11's merge)")
+    changed = tmp_path / "changed.tcp"
+    changed.write_text(Path(DUAL_MARKS).read_text(encoding="utf-8"), encoding="utf-8")
+    tamper = (
+        "ip6tables -t mangle -R TCDSL-eth0 2 -s 2001:db8::/48 -m mark --mark 0 "
+        "-j MARK --set-mark 20\n"
+        "tc filter del dev eth0 parent 1: protocol ipv6 prio 32769 handle 0xa fw\n"
+    )
+    plain, changes = verifier.verify_many(
+        [DUAL_MARKS, str(changed)], kernel="uml", after={str(changed): tamper}
+    )
+    assert plain.ok and not plain.diagnostics, render(plain.diagnostics, plain.sources)
+    assert plain.checked.rules == 2 * (1 + 4)  # a jump and four rules in each table
+    assert _lines(changes.diagnostics) == [
+        f"{changed}:6:11: error: IPv6 fw filter for mark 10 to 1:10 (pref 32769) is missing in "
+        "the kernel (under 1:) [E401]",
+        f"{changed}:7:26: error: IPv6 mark rule for 'v6' src is 2001:db8::/48 in the kernel, "
+        "policy says 2001:db8::/32 [E402]",
+    ]
