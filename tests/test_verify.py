@@ -1483,6 +1483,21 @@ def test_verify_every_policy_with_one_uml_boot(no_stray_namespaces: None) -> Non
             assert v.ok, render(v.diagnostics, v.sources) + v.output
 
 
+def test_batch_applier_restores_both_tables() -> None:
+    """A tc-batch output's .ip6tables file is applied with ip6tables-restore, after the jumps
+    into the policy's chain are removed from ip6tables' built-in chains."""
+    result = _compile(DUAL_MARKS)
+    assert result.policy is not None
+    files = {"p.batch": "", "p.iptables": "", "p.ip6tables": ""}
+    applier, written = verifier.batch_applier(result.policy, files)
+    assert written == files
+    lines = applier.splitlines()
+    assert "iptables-restore --noflush p.iptables" in lines
+    assert lines[-1] == "ip6tables-restore --noflush p.ip6tables"
+    unjump6 = next(line for line in lines if "ip6tables -t mangle -L" in line)
+    assert "ip6tables -t mangle -D $c $n" in unjump6 and " iptables" not in unjump6
+
+
 def test_dual_stack_flower_in_user_mode_linux(tmp_path: Path, no_stray_namespaces: None) -> None:
     """flower filters of both families (the host kernel has no flower): the policy agrees in
     the guest; a copy whose state is changed after the script ran reports each change."""
@@ -1526,7 +1541,11 @@ def test_dual_stack_marks_in_user_mode_linux(tmp_path: Path, no_stray_namespaces
         [DUAL_MARKS, str(changed)], kernel="uml", after={str(changed): tamper}
     )
     assert plain.ok and not plain.diagnostics, render(plain.diagnostics, plain.sources)
-    assert plain.checked.rules == 2 * (1 + 4)  # a jump and four rules in each table
+    assert (plain.checked.rules, plain.checked.rules6) == (1 + 4, 1 + 4)  # a jump, four rules
+    assert str(plain.checked).endswith("5 iptables rules, 5 ip6tables rules")
+    # the same through tc -batch, iptables-restore and ip6tables-restore
+    (batch,) = verifier.verify_many([DUAL_MARKS], backend="tc-batch", kernel="uml")
+    assert batch.ok and not batch.diagnostics, render(batch.diagnostics, batch.sources)
     assert _lines(changes.diagnostics) == [
         f"{changed}:6:11: error: IPv6 fw filter for mark 10 to 1:10 (pref 32769) is missing in "
         "the kernel (under 1:) [E401]",
