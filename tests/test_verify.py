@@ -1285,6 +1285,20 @@ def test_dual_stack_u32_on_the_host(no_stray_namespaces: None) -> None:
     ]
 
 
+def test_flower_on_a_host_without_it(no_stray_namespaces: None) -> None:
+    """The host kernel here has no flower: --kernel host says so at 'classifier flower' (auto
+    goes to user-mode Linux instead: test_dual_stack_flower_in_user_mode_linux)."""
+    support = _host()
+    if "flower" in support.filters:
+        pytest.skip(f"the host kernel ({support.release}) has flower")
+    v = verifier.verify(DUAL_FLOWER, kernel="host")
+    assert v.kernel is None
+    assert _lines(v.diagnostics) == [
+        f"{DUAL_FLOWER}:4:16: error: the host kernel ({support.release}) lacks flower filters "
+        "(cls_flower); verify with --kernel uml [E405]"
+    ]
+
+
 def test_a_missing_interface_is_reported_at_its_line(no_stray_namespaces: None) -> None:
     """The script checks its interfaces before changing anything: the device is gone, so it
     stops at once, and verify says so at the interface's line."""

@@ -1203,7 +1203,8 @@ def _requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
                 case ir.U32Filter():
                     found.setdefault("cls_u32", Requirement("cls_u32", "u32 filters", f.span))
                 case ir.FlowerFilter():
-                    req = Requirement("cls_flower", "flower filters", f.span)
+                    where = iface.classifier_span or f.span  # 'classifier flower'
+                    req = Requirement("cls_flower", "flower filters", where)
                     found.setdefault("cls_flower", req)
                 case ir.FwFilter():
                     found.setdefault("cls_fw", Requirement("cls_fw", "fw filters", f.span))
