@@ -1285,6 +1285,44 @@ def test_dual_stack_u32_on_the_host(no_stray_namespaces: None) -> None:
     ]
 
 
+def test_marks_of_both_families_read_back_on_the_host(no_stray_namespaces: None) -> None:
+    """The host has no fw classifier, so its kernel cannot verify a marking policy; but its
+    iptables and ip6tables (the nf_tables variants here; the guest's are legacy) take the
+    marking commands, and what their -save prints agrees with the expected chains."""
+    support = _host()
+    if not (support.iptables and support.ip6tables):
+        pytest.skip("the host has no iptables or no ip6tables")
+    from tcdsl.commands import Command, marking_commands
+
+    result = _compile(DUAL_MARKS)
+    assert result.policy is not None
+    eth0 = result.policy.interfaces[0]
+    marking: list[Command] = list(marking_commands(eth0))
+    if not any(c.tool == "ip6tables" for c in marking):
+        pytest.skip("the shell backend writes no ip6tables commands yet (before issue 11's merge)")
+    script = "set -e\n" + "".join(f"{shlex.join((c.tool, *c.args))}\n" for c in marking)
+    case = runner.case_script("marks", script, ["eth0", "eth1"], [], iptables=True, ip6tables=True)
+    (done,) = runner.run_on_host([runner.Case("marks", case)])
+    found = runner.sections(done.stdout)
+    outcome = runner.apply_outcome(found)
+    assert outcome is not None and not outcome.failed, done.stdout + done.stderr
+    state = runner.read_state(found, [])
+    (expected, _) = expected_policy(result.policy).interfaces
+    assert [c.family for c in expected.chains] == ["ipv4", "ipv6"]
+    assert state.iptables is not None and state.ip6tables is not None
+    for chain in expected.chains:
+        table = state.table(chain.family)
+        assert table is not None
+        assert list(compare._compare_chain(chain, table)) == [], table.text
+    # not vacuous: each table holds its own family's rules only
+    assert [r.src for r in state.ip6tables.chains["TCDSL-eth0"]] == [
+        None,
+        "2001:db8::/32",
+        None,
+        None,
+    ]
+
+
 def test_flower_on_a_host_without_it(no_stray_namespaces: None) -> None:
     """The host kernel here has no flower: --kernel host says so at 'classifier flower' (auto
     goes to user-mode Linux instead: test_dual_stack_flower_in_user_mode_linux)."""
