@@ -440,6 +440,14 @@ def test_ipv6_u32_keys_pack_like_tc() -> None:
     )
     assert expected_keys((("ip6", "dst", "2001:db8::1"),))[-1] == (1, 0xFFFFFFFF, 36)
     assert expected_keys((("u8", "0x10", "0xff", "at", "53"),)) == ((0x100000, 0xFF0000, 52),)
+    # ip6 icmp_code's key is relative to the next header: kept, and told apart from "at 40"
+    (code,) = parse_filters(
+        IPV6_U32.replace(
+            "  match 0b800000/0fc00000 at 0", "  match 00000000/00ff0000 at nexthdr+40"
+        )
+    )
+    assert code.keys[-1] == (0, 0xFF0000, readback.NEXTHDR + 40)
+    assert expect.describe_keys(code.keys[-1:]) == "match 00000000/00ff0000 at nexthdr+40"
     with pytest.raises(expect.UnpackableKey):
         expected_keys((("ip6", "src", "2001:db8::1"), ("ip6", "src", "2001:db8::2")))
 
