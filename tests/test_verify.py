@@ -830,7 +830,13 @@ def test_captured_marks_with_changes() -> None:
 DUAL_U32 = "tests/verify_data/dual-stack-u32.tcp"
 DUAL_FLOWER = "tests/verify_data/dual-stack-flower.tcp"
 DUAL_MARKS = "tests/verify_data/dual-stack-marks.tcp"
-DUAL_STACK = [(DUAL_U32, "host"), (DUAL_FLOWER, "uml"), (DUAL_MARKS, "uml")]
+FLOWER_POLICE = "tests/verify_data/flower-police.tcp"
+DUAL_STACK = [
+    (DUAL_U32, "host"),
+    (DUAL_FLOWER, "uml"),
+    (DUAL_MARKS, "uml"),
+    (FLOWER_POLICE, "uml"),
+]
 """Dual-stack policies and the kernel they were captured on: u32 filters of both families on
 the host (6.18); flower filters, fw filters of both families, iptables and ip6tables marking
 and a policer on IPv6 filters in user-mode Linux (Debian's 6.1)."""
@@ -911,6 +917,33 @@ def test_captured_dual_stack_flower_with_changes() -> None:
         "ip_proto icmp in the kernel, policy says eth_type ipv6 ip_proto icmpv6 [E402]",
         f"{DUAL_FLOWER}:11:27: error: IPv6 filter to 1:70 (pref 32769) classid is 1:80 in the "
         "kernel, policy says 1:70 [E402]",
+    ]
+
+
+def test_captured_flower_policers_with_changes() -> None:
+    """A policer on flower filters reads back as on u32 ones (captured with 'action police',
+    which flower needs: the shell backend writes it without 'action' before issue 11's
+    merge, and tc refuses that)."""
+    result = _compile(FLOWER_POLICE)
+    assert result.policy is not None
+    found = _captured("flower-police")
+    last_v4 = (
+        "drop overhead 0b \n\tref 1 bind 1 \n\nfilter protocol ipv6 pref 32769 flower chain 0 \n"
+    )
+    _tamper(found, "filter 0 1:", last_v4, last_v4.replace("drop", "pass"))
+    _tamper(
+        found, "filter 0 1:", "police 0x1 rate 1Mbit burst 10Kb", "police 0x1 rate 1Mbit burst 20Kb"
+    )
+    problems = compare.compare_state(
+        expected_policy(result.policy, result.sources), _state(found, result)
+    )
+    assert _lines(problems) == [
+        f"{FLOWER_POLICE}:4:26: error: IPv4 filter to 1:10 (pref 1) actions are police rate "
+        "1mbit burst 10k mtu 2k pass in the kernel, policy says police rate 1mbit burst 10k mtu "
+        "2k drop [E402]",
+        f"{FLOWER_POLICE}:4:26: error: IPv6 filter to 1:10 (pref 32769) actions are police "
+        "rate 1mbit burst 20k mtu 2k drop in the kernel, policy says police rate 1mbit burst "
+        "10k mtu 2k drop [E402]",
     ]
 
 
