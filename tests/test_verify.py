@@ -859,27 +859,35 @@ def test_captured_dual_stack_state_agrees_with_its_policy(name: str, kernel: str
     assert expected_protocols == {"ip", "ipv6"}
 
 
-def test_captured_dual_stack_u32_with_changes() -> None:
-    result = _compile(DUAL_U32)
+def _differences(policy: str, kernel: str, *changes: tuple[str, str, str]) -> list[str]:
+    """What verify says of ``policy`` against its state captured on ``kernel``, with each
+    (section, old, new) change made to the capture first."""
+    result = _compile(policy)
     assert result.policy is not None
-    found = _captured("dual-stack-u32", "host")
-    _tamper(found, "filter 0 1:", "0b800000/0fc00000 at 0", "0b000000/0fc00000 at 0")
-    _tamper(
-        found,
-        "filter 0 1:",
-        "protocol ipv6 pref 32769 u32 chain 0 fh 801::812",
-        "protocol ip pref 32769 u32 chain 0 fh 801::812",
+    found = _captured(Path(policy).stem, kernel)
+    for change in changes:
+        _tamper(found, *change)
+    expected = expected_policy(result.policy, result.sources)
+    return _lines(compare.compare_state(expected, _state(found, result)))
+
+
+def test_captured_dual_stack_u32_with_changes() -> None:
+    problems = _differences(
+        DUAL_U32,
+        "host",
+        ("filter 0 1:", "0b800000/0fc00000 at 0", "0b000000/0fc00000 at 0"),
+        (
+            "filter 0 1:",
+            "protocol ipv6 pref 32769 u32 chain 0 fh 801::812",
+            "protocol ip pref 32769 u32 chain 0 fh 801::812",
+        ),
+        (
+            "filter 0 1:",
+            "00000080/ffffffff at 36\n  match 00500000",
+            "00000081/ffffffff at 36\n  match 00500000",
+        ),
     )
-    _tamper(
-        found,
-        "filter 0 1:",
-        "00000080/ffffffff at 36\n  match 00500000",
-        "00000081/ffffffff at 36\n  match 00500000",
-    )
-    problems = compare.compare_state(
-        expected_policy(result.policy, result.sources), _state(found, result)
-    )
-    assert _lines(problems) == [
+    assert problems == [
         f"{DUAL_U32}:8:26: error: IPv6 filter to 1:40 (pref 32769) keys are match "
         "0b000000/0fc00000 at 0 in the kernel, policy says ip6 priority 0xb8 0xfc (match "
         "0b800000/0fc00000 at 0) [E402]",
@@ -900,16 +908,14 @@ def test_captured_dual_stack_u32_with_changes() -> None:
 
 
 def test_captured_dual_stack_flower_with_changes() -> None:
-    result = _compile(DUAL_FLOWER)
-    assert result.policy is not None
-    found = _captured("dual-stack-flower")
-    _tamper(found, "filter 0 1:", "ip_proto icmpv6", "ip_proto icmp")
-    _tamper(found, "filter 0 1:", "src_port 1024-2047", "src_port 1024-2048")
-    _tamper(found, "filter 0 1:", "handle 0xa classid 1:70", "handle 0xa classid 1:80")
-    problems = compare.compare_state(
-        expected_policy(result.policy, result.sources), _state(found, result)
+    problems = _differences(
+        DUAL_FLOWER,
+        "uml",
+        ("filter 0 1:", "ip_proto icmpv6", "ip_proto icmp"),
+        ("filter 0 1:", "src_port 1024-2047", "src_port 1024-2048"),
+        ("filter 0 1:", "handle 0xa classid 1:70", "handle 0xa classid 1:80"),
     )
-    assert _lines(problems) == [
+    assert problems == [
         f"{DUAL_FLOWER}:7:26: error: IPv4 filter to 1:30 (pref 1) matches eth_type ipv4 "
         "ip_proto udp dst_ip 192.0.2.0/24 src_port 1024-2048 in the kernel, policy says "
         "eth_type ipv4 ip_proto udp dst_ip 192.0.2.0/24 src_port 1024-2047 [E402]",
@@ -924,20 +930,16 @@ def test_captured_flower_policers_with_changes() -> None:
     """A policer on flower filters reads back as on u32 ones (captured with 'action police',
     which flower needs: the shell backend writes it without 'action' before issue 11's
     merge, and tc refuses that)."""
-    result = _compile(FLOWER_POLICE)
-    assert result.policy is not None
-    found = _captured("flower-police")
     last_v4 = (
         "drop overhead 0b \n\tref 1 bind 1 \n\nfilter protocol ipv6 pref 32769 flower chain 0 \n"
     )
-    _tamper(found, "filter 0 1:", last_v4, last_v4.replace("drop", "pass"))
-    _tamper(
-        found, "filter 0 1:", "police 0x1 rate 1Mbit burst 10Kb", "police 0x1 rate 1Mbit burst 20Kb"
+    problems = _differences(
+        FLOWER_POLICE,
+        "uml",
+        ("filter 0 1:", last_v4, last_v4.replace("drop", "pass")),
+        ("filter 0 1:", "police 0x1 rate 1Mbit burst 10Kb", "police 0x1 rate 1Mbit burst 20Kb"),
     )
-    problems = compare.compare_state(
-        expected_policy(result.policy, result.sources), _state(found, result)
-    )
-    assert _lines(problems) == [
+    assert problems == [
         f"{FLOWER_POLICE}:4:26: error: IPv4 filter to 1:10 (pref 1) actions are police rate "
         "1mbit burst 10k mtu 2k pass in the kernel, policy says police rate 1mbit burst 10k mtu "
         "2k drop [E402]",
@@ -948,29 +950,25 @@ def test_captured_flower_policers_with_changes() -> None:
 
 
 def test_captured_dual_stack_marks_with_changes() -> None:
-    result = _compile(DUAL_MARKS)
-    assert result.policy is not None
-    found = _captured("dual-stack-marks")
-    _tamper(found, "ip6tables", "-s 2001:db8::/32", "-s 2001:db8::/48")
-    _tamper(found, "ip6tables", "-A PREROUTING -i eth1", "-A PREROUTING -i eth9")
-    _tamper(found, "iptables", "-s 10.0.0.0/8 ", "-s 2001:db8::/32 ")
-    _tamper(
-        found,
-        "filter 0 1:",
-        "protocol ipv6 pref 32769 fw chain 0 handle 0x1e classid 1:30",
-        "protocol ipv6 pref 32769 fw chain 0 handle 0x1e classid 1:20",
+    problems = _differences(
+        DUAL_MARKS,
+        "uml",
+        ("ip6tables", "-s 2001:db8::/32", "-s 2001:db8::/48"),
+        ("ip6tables", "-A PREROUTING -i eth1", "-A PREROUTING -i eth9"),
+        ("iptables", "-s 10.0.0.0/8 ", "-s 2001:db8::/32 "),
+        (
+            "filter 0 1:",
+            "protocol ipv6 pref 32769 fw chain 0 handle 0x1e classid 1:30",
+            "protocol ipv6 pref 32769 fw chain 0 handle 0x1e classid 1:20",
+        ),
+        ("filter 1 1:", "police 0x2 rate 1Mbit", "police 0x2 rate 2Mbit"),
+        (
+            "filter 0 1:",
+            "protocol ipv6 pref 32769 fw chain 0 handle 0x14",
+            "protocol ip pref 32769 fw chain 0 handle 0x14",
+        ),
     )
-    _tamper(found, "filter 1 1:", "police 0x2 rate 1Mbit", "police 0x2 rate 2Mbit")
-    _tamper(
-        found,
-        "filter 0 1:",
-        "protocol ipv6 pref 32769 fw chain 0 handle 0x14",
-        "protocol ip pref 32769 fw chain 0 handle 0x14",
-    )
-    problems = compare.compare_state(
-        expected_policy(result.policy, result.sources), _state(found, result)
-    )
-    assert _lines(problems) == [
+    assert problems == [
         f"{DUAL_MARKS}:7:11: error: IPv6 fw filter for mark 20 to 1:20 (pref 32769) protocol "
         "is ip in the kernel, policy says ipv6 [E402]",
         f"{DUAL_MARKS}:8:11: error: IPv6 fw filter for mark 30 to 1:30 (pref 32769) classid is "
