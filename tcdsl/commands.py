@@ -372,13 +372,21 @@ def flower_words(f: ir.FlowerFilter) -> list[str]:
             words += [key, address_text(net)]
     for key, port in (("src_port", f.sport), ("dst_port", f.dport)):
         if port is not None:
-            lo, hi = port
-            words += [key, str(lo) if lo == hi else f"{lo}-{hi}"]
+            words += [key, flower_port_text(*port)]
     if f.tos is not None:
         words += ["ip_tos", f"{f.tos[0]:#04x}/{f.tos[1]:#04x}"]
     if f.tcp_flags is not None:
         words += ["tcp_flags", f"{f.tcp_flags[0]:#x}/{f.tcp_flags[1]:#x}"]
     return words
+
+
+def flower_port_text(lo: int, hi: int) -> str:
+    """A port or range as tc's flower takes it: tc refuses a range or port starting at 0
+    (``Illegal "dst_port"``), which is written as a value/mask block instead (``0/0xfc00``;
+    lower.flower_splits leaves no other range from 0)."""
+    if lo == 0:
+        return f"0/{0xFFFF ^ hi:#06x}"
+    return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 FLOWER_PROTO_NAMES = {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 58: "icmpv6"}
@@ -466,7 +474,8 @@ def _below(
         )
         match f:
             case ir.FlowerFilter():
-                police = police_words(f.police) if f.police is not None else []
+                # flower takes actions only after 'action' (a bare 'police' is u32's).
+                police = ["action", *police_words(f.police)] if f.police is not None else []
                 yield Command(
                     "tc",
                     (*head, "flower", *flower_words(f), *police, "classid", str(f.flowid)),

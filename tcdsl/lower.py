@@ -410,6 +410,28 @@ def flower_port(port: ir.PortValue) -> tuple[int, int] | None:
     return port.lo, port.hi
 
 
+def flower_splits(conds: tuple[ir.Cond, ...]) -> Iterator[tuple[ir.Cond, ...]]:
+    """``conds`` as flower filters can say them: tc refuses a flower port range that starts at
+    0 (``dst_port 0-1000``), so one that is not a block of the form 0/MASK becomes the block
+    below its first power of two and the rest (``0-511`` and ``512-1000``)."""
+    for i, cond in enumerate(conds):
+        if not isinstance(cond, ir.PortCond):
+            continue
+        port = cond.ports[0]
+        size = port.hi + 1
+        if port.lo != 0 or port.hi == 0 or size & (size - 1) == 0:
+            continue
+        block = 1 << (size.bit_length() - 1)
+        low = ir.PortValue(0, block - 1, 0xFFFF ^ (block - 1), port.span)
+        high = ir.PortValue(block, port.hi, None, port.span)
+        for part in (low, high):
+            yield from flower_splits(
+                (*conds[:i], ir.PortCond(cond.field, (part,), cond.span), *conds[i + 1 :])
+            )
+        return
+    yield conds
+
+
 def flower_problem(conds: tuple[ir.Cond, ...]) -> ir.Cond | None:
     """The first condition flower cannot say, or None: the TCP-ACK idiom (flower has no
     packet length), raw offsets, port masks that are not a range."""

@@ -913,15 +913,15 @@ def test_captured_dual_stack_flower_with_changes() -> None:
         "uml",
         ("filter 0 1:", "ip_proto icmpv6", "ip_proto icmp"),
         ("filter 0 1:", "src_port 1024-2047", "src_port 1024-2048"),
-        ("filter 0 1:", "handle 0xa classid 1:70", "handle 0xa classid 1:80"),
+        ("filter 0 1:", "handle 0x1 classid 1:70", "handle 0x1 classid 1:80"),
     )
     assert problems == [
-        f"{DUAL_FLOWER}:7:26: error: IPv4 filter to 1:30 (pref 1) matches eth_type ipv4 "
+        f"{DUAL_FLOWER}:7:26: error: IPv4 filter to 1:30 (pref 5) matches eth_type ipv4 "
         "ip_proto udp dst_ip 192.0.2.0/24 src_port 1024-2048 in the kernel, policy says "
         "eth_type ipv4 ip_proto udp dst_ip 192.0.2.0/24 src_port 1024-2047 [E402]",
-        f"{DUAL_FLOWER}:10:27: error: IPv6 filter to 1:60 (pref 32769) matches eth_type ipv6 "
+        f"{DUAL_FLOWER}:10:27: error: IPv6 filter to 1:60 (pref 32777) matches eth_type ipv6 "
         "ip_proto icmp in the kernel, policy says eth_type ipv6 ip_proto icmpv6 [E402]",
-        f"{DUAL_FLOWER}:11:27: error: IPv6 filter to 1:70 (pref 32769) classid is 1:80 in the "
+        f"{DUAL_FLOWER}:11:27: error: IPv6 filter to 1:70 (pref 32778) classid is 1:80 in the "
         "kernel, policy says 1:70 [E402]",
     ]
 
@@ -940,7 +940,7 @@ def test_captured_flower_policers_with_changes() -> None:
         ("filter 0 1:", "police 0x1 rate 1Mbit burst 10Kb", "police 0x1 rate 1Mbit burst 20Kb"),
     )
     assert problems == [
-        f"{FLOWER_POLICE}:4:26: error: IPv4 filter to 1:10 (pref 1) actions are police rate "
+        f"{FLOWER_POLICE}:4:26: error: IPv4 filter to 1:10 (pref 2) actions are police rate "
         "1mbit burst 10k mtu 2k pass in the kernel, policy says police rate 1mbit burst 10k mtu "
         "2k drop [E402]",
         f"{FLOWER_POLICE}:4:26: error: IPv6 filter to 1:10 (pref 32769) actions are police "
@@ -1596,7 +1596,7 @@ def test_dual_stack_flower_in_user_mode_linux(tmp_path: Path, no_stray_namespace
     changed = tmp_path / "changed.tcp"
     changed.write_text(Path(DUAL_FLOWER).read_text(encoding="utf-8"), encoding="utf-8")
     tamper = (
-        "tc filter del dev eth0 parent 1: protocol ipv6 prio 32769 handle 0x9 flower\n"
+        "tc filter del dev eth0 parent 1: protocol ipv6 prio 32777 handle 0x1 flower\n"
         "tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 flower ip_proto udp "
         "dst_port 53 classid 1:10\n"
     )
@@ -1609,7 +1609,7 @@ def test_dual_stack_flower_in_user_mode_linux(tmp_path: Path, no_stray_namespace
     assert _lines(changes.diagnostics) == [
         f"{changed}:4:34: error: unexpected flower filter under 1: in the kernel: pref 32769, "
         "eth_type ipv6 ip_proto udp dst_port 53, classid 1:10 [E403]",
-        f"{changed}:10:27: error: IPv6 filter to 1:60 (pref 32769) is missing in the kernel "
+        f"{changed}:10:27: error: IPv6 filter to 1:60 (pref 32777) is missing in the kernel "
         "(match eth_type ipv6 ip_proto icmpv6 under 1:) [E401]",
     ]
 
