@@ -77,6 +77,8 @@ tcdsl_at='policies/office.tcp:20:9: pfifo qdisc of 1:70'
 tc qdisc add dev eth0 parent 1:70 handle 70: pfifo limit 20
 tcdsl_at='policies/office.tcp:6:9: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
+tcdsl_at='policies/office.tcp:6:9: filter to 1:10'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
 tcdsl_at='policies/office.tcp:7:9: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
 tcdsl_at='policies/office.tcp:7:9: filter to 1:10'

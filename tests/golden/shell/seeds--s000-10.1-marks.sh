@@ -5,7 +5,7 @@
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
 # Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
 # command fails, the script stops there and prints that text.
-# Needs: tc and ip (iproute2), flock (util-linux), iptables, ip6tables.
+# Needs: tc and ip (iproute2), flock (util-linux), iptables.
 set -eu
 tcdsl_at=
 tcdsl_failed() {
@@ -48,64 +48,47 @@ tcdsl_needs() {
 # Check before changing anything: every interface the policy shapes exists.
 # And the tools the policy marks packets with are installed.
 tcdsl_needs iptables 'to mark IPv4 packets'
-tcdsl_needs ip6tables 'to mark IPv6 packets (a tree with "family ipv4" marks none)'
 tcdsl_exists eth0
 
 # ==== interface eth0 ====
 tcdsl_at=
 tcdsl_dev=eth0
-tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j INSHAPER; iptables -t mangle -F INSHAPER; iptables -t mangle -X INSHAPER; ip6tables -t mangle -D PREROUTING -i eth1 -j INSHAPER; ip6tables -t mangle -F INSHAPER; ip6tables -t mangle -X INSHAPER'
+tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j INSHAPER; iptables -t mangle -F INSHAPER; iptables -t mangle -X INSHAPER'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
 # Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) (and the default one an earlier version may have left); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark INSHAPER
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:26:16: interface eth0: htb qdisc'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:28: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 30
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:26:16: link class'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:28: link class'
 tc class add dev eth0 parent 1: classid 1:1 htb rate 15mbit
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:11: class app5001'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:29:11: class app5001'
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 6mbit ceil 6mbit prio 0
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:31:11: class app5002'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:32:11: class app5002'
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 4mbit ceil 8mbit prio 1
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:34:11: class others'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:35:11: class others'
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 1mbit ceil 1mbit prio 2
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:29:9: sfq qdisc of 1:10'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:30:9: sfq qdisc of 1:10'
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:32:9: sfq qdisc of 1:20'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:33:9: sfq qdisc of 1:20'
 tc qdisc add dev eth0 parent 1:20 handle 20: sfq perturb 10
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:35:9: pfifo qdisc of 1:30'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:36:9: pfifo qdisc of 1:30'
 tc qdisc add dev eth0 parent 1:30 handle 30: pfifo limit 20
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:11: mark 10 to 1:10'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:29:11: mark 10 to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:11: mark 10 to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 handle 10 fw flowid 1:10
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:31:11: mark 20 to 1:20'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:32:11: mark 20 to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:31:11: mark 20 to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:34:11: mark 30 to 1:30'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:35:11: mark 30 to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 30 fw flowid 1:30
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:34:11: mark 30 to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 handle 30 fw flowid 1:30
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:5: chain INSHAPER'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:5: chain INSHAPER'
 iptables -t mangle -N INSHAPER
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:5: traffic arriving on eth1'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:5: traffic arriving on eth1'
 iptables -t mangle -I PREROUTING -i eth1 -j INSHAPER
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:48: mark 10'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:29:48: mark 10'
 iptables -t mangle -A INSHAPER -p tcp --dport 5001 -m mark --mark 0 -j MARK --set-mark 10
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:31:48: mark 20'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:32:48: mark 20'
 iptables -t mangle -A INSHAPER -p tcp --dport 5002 -m mark --mark 0 -j MARK --set-mark 20
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:26:40: unmarked traffic'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:52: unmarked traffic'
 iptables -t mangle -A INSHAPER -m mark --mark 0 -j MARK --set-mark 30
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:5: chain INSHAPER'
-ip6tables -t mangle -N INSHAPER
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:5: traffic arriving on eth1'
-ip6tables -t mangle -I PREROUTING -i eth1 -j INSHAPER
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:48: mark 10'
-ip6tables -t mangle -A INSHAPER -p tcp --dport 5001 -m mark --mark 0 -j MARK --set-mark 10
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:31:48: mark 20'
-ip6tables -t mangle -A INSHAPER -p tcp --dport 5002 -m mark --mark 0 -j MARK --set-mark 20
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:26:40: unmarked traffic'
-ip6tables -t mangle -A INSHAPER -m mark --mark 0 -j MARK --set-mark 30

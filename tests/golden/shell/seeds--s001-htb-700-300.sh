@@ -51,15 +51,15 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev s2-eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s2-eth2
-tcdsl_at='policies/seeds/s001-htb-700-300.tcp:14:19: interface s2-eth2: htb qdisc'
+tcdsl_at='policies/seeds/s001-htb-700-300.tcp:15:31: interface s2-eth2: htb qdisc'
 tc qdisc add dev s2-eth2 root handle 1: htb r2q 10
-tcdsl_at='policies/seeds/s001-htb-700-300.tcp:14:19: link class'
+tcdsl_at='policies/seeds/s001-htb-700-300.tcp:15:31: link class'
 tc class add dev s2-eth2 parent 1: classid 1:1 htb rate 1gbit ceil 1gbit
-tcdsl_at='policies/seeds/s001-htb-700-300.tcp:15:11: class h1'
+tcdsl_at='policies/seeds/s001-htb-700-300.tcp:16:11: class h1'
 tc class add dev s2-eth2 parent 1:1 classid 1:10 htb rate 700mbit ceil 1gbit
-tcdsl_at='policies/seeds/s001-htb-700-300.tcp:16:11: class h2'
+tcdsl_at='policies/seeds/s001-htb-700-300.tcp:17:11: class h2'
 tc class add dev s2-eth2 parent 1:1 classid 1:20 htb rate 300mbit ceil 1gbit
-tcdsl_at='policies/seeds/s001-htb-700-300.tcp:15:38: filter to 1:10'
+tcdsl_at='policies/seeds/s001-htb-700-300.tcp:16:38: filter to 1:10'
 tc filter add dev s2-eth2 parent 1: protocol ip prio 1 u32 match ip src 10.0.0.1 flowid 1:10
-tcdsl_at='policies/seeds/s001-htb-700-300.tcp:16:38: filter to 1:20'
+tcdsl_at='policies/seeds/s001-htb-700-300.tcp:17:38: filter to 1:20'
 tc filter add dev s2-eth2 parent 1: protocol ip prio 1 u32 match ip src 10.0.0.2 flowid 1:20

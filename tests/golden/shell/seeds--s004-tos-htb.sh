@@ -51,21 +51,17 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:15:16: interface eth0: htb qdisc'
+tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:28: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 20
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:15:16: link class'
+tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:28: link class'
 tc class add dev eth0 parent 1: classid 1:1 htb rate 12mbit
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:11: class paid'
+tcdsl_at='policies/seeds/s004-tos-htb.tcp:17:11: class paid'
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 6mbit ceil 10800kbit prio 1
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:17:11: class normal'
+tcdsl_at='policies/seeds/s004-tos-htb.tcp:18:11: class normal'
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 4mbit ceil 10800kbit prio 2
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:18:11: class unpaid'
+tcdsl_at='policies/seeds/s004-tos-htb.tcp:19:11: class unpaid'
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 2mbit ceil 3800kbit prio 3
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:52: filter to 1:10'
+tcdsl_at='policies/seeds/s004-tos-htb.tcp:17:52: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x14 0xff flowid 1:10
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:52: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x14 0xff flowid 1:10
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:18:56: filter to 1:30'
+tcdsl_at='policies/seeds/s004-tos-htb.tcp:19:56: filter to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x08 0xff flowid 1:30
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:18:56: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x08 0xff flowid 1:30
