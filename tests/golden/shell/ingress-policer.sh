@@ -51,27 +51,29 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/ingress-policer.tcp:11:12: interface eth0: htb qdisc'
+tcdsl_at='policies/ingress-policer.tcp:12:12: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 20 r2q 5
-tcdsl_at='policies/ingress-policer.tcp:11:12: link class'
+tcdsl_at='policies/ingress-policer.tcp:12:12: link class'
 tc class add dev eth0 parent 1: classid 1:1 htb rate 180kbit
-tcdsl_at='policies/ingress-policer.tcp:12:15: class interactive'
+tcdsl_at='policies/ingress-policer.tcp:13:15: class interactive'
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 60kbit ceil 180kbit prio 0
-tcdsl_at='policies/ingress-policer.tcp:18:15: class bulk'
+tcdsl_at='policies/ingress-policer.tcp:19:15: class bulk'
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 120kbit ceil 180kbit prio 1
-tcdsl_at='policies/ingress-policer.tcp:16:13: sfq qdisc of 1:10'
+tcdsl_at='policies/ingress-policer.tcp:17:13: sfq qdisc of 1:10'
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
-tcdsl_at='policies/ingress-policer.tcp:19:13: sfq qdisc of 1:20'
+tcdsl_at='policies/ingress-policer.tcp:20:13: sfq qdisc of 1:20'
 tc qdisc add dev eth0 parent 1:20 handle 20: sfq perturb 10
-tcdsl_at='policies/ingress-policer.tcp:13:13: filter to 1:10'
+tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
 tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
+tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
-tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10'
+tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xff flowid 1:10
-tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10'
+tcdsl_at='policies/ingress-policer.tcp:16:13: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
-tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10'
+tcdsl_at='policies/ingress-policer.tcp:16:13: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
 
 # ==== interface eth0 ingress ====
@@ -82,7 +84,13 @@ exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
 # Teardown: remove this policy's ingress qdisc; absent is fine.
 tc qdisc del dev eth0 ingress 2>/dev/null || true
-tcdsl_at='policies/ingress-policer.tcp:22:5: interface eth0: ingress qdisc'
+tcdsl_at='policies/ingress-policer.tcp:23:5: interface eth0: ingress qdisc'
 tc qdisc add dev eth0 handle ffff: ingress
-tcdsl_at='policies/ingress-policer.tcp:23:9: filter to ffff:1'
-tc filter add dev eth0 parent ffff: protocol ip prio 50 u32 match ip src 0.0.0.0/0 police rate 800kbit burst 10k drop flowid ffff:1
+tcdsl_at='policies/ingress-policer.tcp:24:9: check that police index 466780161, this line'"'"'s policer, is no other action'"'"'s'
+tc actions add action police rate 8kbit burst 10k index 466780161
+tcdsl_at='policies/ingress-policer.tcp:24:9: check that police index 466780161, this line'"'"'s policer, is no other action'"'"'s'
+tc actions delete action police index 466780161
+tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1'
+tc filter add dev eth0 parent ffff: protocol ip prio 50 u32 match u32 0 0 at 0 police index 466780161 rate 800kbit burst 10k drop flowid ffff:1
+tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1'
+tc filter add dev eth0 parent ffff: protocol ipv6 prio 32818 u32 match u32 0 0 at 0 police index 466780161 flowid ffff:1
