@@ -422,7 +422,7 @@ def police_probes(iface: ir.Interface) -> Iterator[Command]:
         if f.police_binds:
             continue
         index = str(f.police_index)
-        what = f"check that police index {index}, this line's policer, is no other action's"
+        what = f"police index {index}, for the policer of this line, must be free"
         probe = ("police", "rate", "8kbit", "burst", "10k", "index", index)
         yield Command("tc", ("actions", "add", "action", *probe), f.span, what)
         yield Command("tc", ("actions", "delete", "action", "police", "index", index), f.span, what)

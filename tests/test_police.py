@@ -17,6 +17,9 @@ from tcdsl.kernels import uml
 from tcdsl.teach.simulate import simulate
 from tcdsl.teach.traffic import parse_flow
 from tcdsl.verify import runner
+from tcdsl.verify.compare import actions_agree
+from tcdsl.verify.expect import police_action
+from tcdsl.verify.readback import parse_action
 
 INGRESS = """\
 interface eth0 {
@@ -214,6 +217,7 @@ echo "seconds $start $end"
 iptables -nvxL INPUT | awk 'NR == 3 {print "passed4", $2}'
 ip6tables -nvxL INPUT | awk 'NR == 3 {print "passed6", $2}'
 tc actions list action police | tr '\n\t' '  ' | sed 's/^/actions /'; echo
+tc filter show dev eth0 ingress | sed 's/^/filter /'
 AFTER
 kill "$peer"
 """
@@ -281,6 +285,17 @@ def test_one_bucket_for_ipv4_and_ipv6_in_user_mode_linux(tmp_path: Path) -> None
     actions = next(line for line in shared.stdout.splitlines() if line.startswith("actions"))
     assert f"police {index:#x} rate 1Mbit" in actions and "ref 2 bind 2" in actions, actions
     assert "total acts 1" in actions, actions
+    # verify reads each filter's policer back with the shared action's parameters, which
+    # are the line's: its expectation (the line's policer on every filter) holds.
+    police = _policed(_compiled(tmp_path, SHARED))[0].police
+    assert police is not None
+    read = [
+        a
+        for line in shared.stdout.splitlines()
+        if line.startswith("filter ")
+        and (a := parse_action(line.removeprefix("filter "))) is not None
+    ]
+    assert len(read) == 2 and all(actions_agree([police_action(police)], [a]) for a in read), read
     gone = next(line for line in shared.stdout.splitlines() if line.startswith("gone"))
     assert "police" not in gone.removeprefix("gone"), gone
 
@@ -313,7 +328,9 @@ def test_a_foreign_action_at_the_index_stops_the_script_in_user_mode_linux(
     assert done.exit_code == 0, done.stderr
     out = done.stdout
     assert re.search(r"^script [1-9]", out, re.M) and re.search(r"^batch [1-9]", out, re.M), out
-    assert f"policy.tcp:2:13: check that police index {index}" in out, out
+    assert (
+        f"policy.tcp:2:13: police index {index}, for the policer of this line, must be free" in out
+    ), out
     line = next(n for n, text in enumerate(batch.splitlines(), 1) if text.startswith("actions"))
     assert f"Command failed policy.batch:{line}" in out, out
     assert "rate 5Mbit" in out and "ref 1 bind 0" in out, out
