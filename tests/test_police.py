@@ -335,3 +335,26 @@ def test_a_foreign_action_at_the_index_stops_the_script_in_user_mode_linux(
     assert f"Command failed policy.batch:{line}" in out, out
     assert "rate 5Mbit" in out and "ref 1 bind 0" in out, out
     assert not [t for t in out.splitlines() if t.startswith("filter") and "u32" in t], out
+
+
+def test_flower_filters_share_a_policer_in_user_mode_linux(tmp_path: Path) -> None:
+    """Under 'classifier flower' the line's filters bind one action ('action police index N')."""
+    _uml()
+    text = SHARED.replace("ingress {", "ingress classifier flower {")
+    script = _compiled(tmp_path, text).output or ""
+    index = police_block("eth0 ingress", set()) + 1
+    case = (
+        "modprobe ipv6\n"
+        "mkdir -p bin && printf '#!/bin/sh\\n:\\n' >bin/flock && chmod +x bin/flock\n"
+        "PATH=$PWD/bin:$PATH\n"
+        "ip link add eth0 type veth peer name p0\n"
+        f"cat >apply.sh <<'EOF'\n{script}EOF\n"
+        "sh ./apply.sh || exit 1\n"
+        "tc actions list action police | tr '\\n\\t' '  '; echo\n"
+        "tc filter show dev eth0 ingress\n"
+    )
+    (done,) = uml.run_cases([uml.Case("flower", case)], timeout=120)
+    assert done.exit_code == 0, done.stderr
+    assert f"police {index:#x} rate 1Mbit" in done.stdout, done.stdout
+    assert "ref 2 bind 2" in done.stdout and "total acts 1" in done.stdout, done.stdout
+    assert done.stdout.count("flower chain 0 handle") == 2, done.stdout
