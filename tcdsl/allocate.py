@@ -1,11 +1,13 @@
-"""Assign handles, class ids, firewall marks, filter prefs and chain names, once.
+"""Assign handles, class ids, firewall marks, filter prefs, police indexes and chain names,
+once.
 
 Explicit values are reserved first, so an automatic value never collides with one the user
 wrote. Automatic class ids follow the convention of the tc literature: the link class is
 ``1:1`` and the other classes get ``1:10``, ``1:20``, ... in the order they are written; the
 leaf qdisc of class ``1:20`` is ``20:`` (``N0:`` for single-digit minors, as prio bands are).
 With ``classify by mark`` the mark of class ``1:20`` is 20 where that is free. An htb without
-``r2q`` gets the r2q (or class quanta) that keep its quanta where the kernel keeps them.
+``r2q`` gets the r2q (or class quanta) that keep its quanta where the kernel keeps them. A
+policed match line of several filters gets one police index, which its filters share.
 """
 
 from __future__ import annotations
