@@ -22,6 +22,7 @@ from tcdsl.commands import (
     MARK_TOOL,
     cake_overhead_words,
     curve_words,
+    filter_police_words,
     flower_words,
     police_words,
     qdisc_words,
@@ -190,6 +191,20 @@ def police_json(police: ir.Police | None) -> JSONObject | None:
         "tc": " ".join(police_words(police)),
         "span": span_json(police.span),
     }
+
+
+def filter_police_json(f: ir.U32Filter | ir.FlowerFilter) -> JSONObject | None:
+    """A filter's policer: as its line's, with the words tc takes in this filter, and (when the
+    line's filters share one police action) the action's ``index`` and whether this filter
+    ``binds`` to it (names the index only) rather than creating it."""
+    police = police_json(f.police)
+    if police is None:
+        return None
+    police["tc"] = " ".join(filter_police_words(f))
+    if f.police_index is not None:
+        police["index"] = f.police_index
+        police["binds"] = f.police_binds
+    return police
 
 
 def match_json(match: ir.Match) -> JSONObject:
@@ -440,7 +455,7 @@ def filter_json(f: ir.Filter) -> JSONObject:
     match f:
         case ir.U32Filter():
             head["keys"] = [key_json(k) for k in f.keys]
-            head["police"] = police_json(f.police)
+            head["police"] = filter_police_json(f)
         case ir.FlowerFilter():
             head["ip_proto"] = f.ip_proto
             head["src"] = address_text(f.src) if f.src is not None else None
@@ -450,7 +465,7 @@ def filter_json(f: ir.Filter) -> JSONObject:
             head["tos"] = _masked_json(f.tos)
             head["tcp_flags"] = _masked_json(f.tcp_flags)
             head["tc"] = " ".join(flower_words(f))
-            head["police"] = police_json(f.police)
+            head["police"] = filter_police_json(f)
         case ir.FwFilter():
             head["mark"] = f.mark
             head["mask"] = f.mask

@@ -1,16 +1,19 @@
-"""Assign handles, class ids, firewall marks, filter prefs and chain names, once.
+"""Assign handles, class ids, firewall marks, filter prefs, police indexes and chain names,
+once.
 
 Explicit values are reserved first, so an automatic value never collides with one the user
 wrote. Automatic class ids follow the convention of the tc literature: the link class is
 ``1:1`` and the other classes get ``1:10``, ``1:20``, ... in the order they are written; the
 leaf qdisc of class ``1:20`` is ``20:`` (``N0:`` for single-digit minors, as prio bands are).
 With ``classify by mark`` the mark of class ``1:20`` is 20 where that is free. An htb without
-``r2q`` gets the r2q (or class quanta) that keep its quanta where the kernel keeps them.
+``r2q`` gets the r2q (or class quanta) that keep its quanta where the kernel keeps them. A
+policed match line of several filters gets one police index, which its filters share.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Iterator
 
 from tcdsl import ir, lower
@@ -26,6 +29,25 @@ list per (pref, protocol) and refuses a second protocol at a pref in use, and th
 one family's filters is the order of their prefs."""
 MAX_PREF = IPV6_PREF_OFFSET - 1
 """The largest ``pref`` a match line may give (its IPv6 filters are above it)."""
+
+
+POLICE_INDEX_BASE = 0x10000000
+POLICE_BLOCK = 0x1000
+"""A tree's shared police actions get the indexes ``block + 1 ..`` of a block of this size:
+block ``POLICE_INDEX_BASE + (crc32(label) & 0xffff) * POLICE_BLOCK``, so two trees (of one
+policy or two) rarely meet; the kernel numbers a filter's own policers from 1 up."""
+POLICE_INDEX_MAX = POLICE_BLOCK - 1
+
+
+def police_block(label: str, taken: set[int]) -> int:
+    """The first index of the block of shared policers of the tree labelled ``label``: from
+    its label's checksum, the next free one if another tree of the policy has that block."""
+    slot = zlib.crc32(label.encode()) & 0xFFFF
+    while POLICE_INDEX_BASE + slot * POLICE_BLOCK in taken:
+        slot = (slot + 1) & 0xFFFF
+    block = POLICE_INDEX_BASE + slot * POLICE_BLOCK
+    taken.add(block)
+    return block
 
 
 def kernel_pref(pref: int, family: ir.Family) -> int:
@@ -90,9 +112,14 @@ class Pool:
 class InterfaceAllocator:
     """Allocate everything on one interface."""
 
-    def __init__(self, iface: ir.Interface, diagnostics: list[Diagnostic]) -> None:
+    def __init__(
+        self, iface: ir.Interface, diagnostics: list[Diagnostic], blocks: set[int] | None = None
+    ) -> None:
         self.iface = iface
         self.diagnostics = diagnostics
+        self.blocks = blocks if blocks is not None else set()
+        self.police_block: int | None = None
+        self.police_count = 0
         self.majors: set[int] = {MAX}  # ffff: is the ingress qdisc
         self.major_owner: dict[int, Span] = {}
         self.major_pool = Pool(iter(range(2, MAX)), self.majors)
@@ -224,6 +251,31 @@ class InterfaceAllocator:
     def _match_filters(
         self, m: ir.Match, parent: ir.Handle, flowid: ir.Handle
     ) -> Iterator[ir.Filter]:
+        filters = list(self._line_filters(m, parent, flowid))
+        if m.police is None or len(filters) < 2:
+            yield from filters
+            return
+        index = self._police_index(m.police)
+        for n, f in enumerate(filters):
+            yield dataclasses.replace(f, police_index=index, police_binds=n > 0)
+
+    def _police_index(self, police: ir.Police) -> int:
+        """The index of a line's shared police action (E261 when the tree has no more)."""
+        if self.police_block is None:
+            self.police_block = police_block(self.iface.label, self.blocks)
+        self.police_count += 1
+        if self.police_count > POLICE_INDEX_MAX:
+            self.error(
+                "E261",
+                f"more than {POLICE_INDEX_MAX} match lines with a policer of several filters "
+                f"in the tree of {self.iface.label}: no police index is left for this one",
+                police.span,
+            )
+        return self.police_block + self.police_count
+
+    def _line_filters(
+        self, m: ir.Match, parent: ir.Handle, flowid: ir.Handle
+    ) -> Iterator[ir.U32Filter | ir.FlowerFilter]:
         pref = m.pref.value if m.pref else DEFAULT_PREF
         total = dropped = 0
         families = self.iface.families
@@ -474,7 +526,8 @@ def choose_quanta(q: ir.Htb) -> ir.Htb:
 def allocate(policy: ir.Policy) -> tuple[ir.Policy, list[Diagnostic]]:
     """Return the policy with every handle, class id, mark, pref and chain assigned."""
     diagnostics: list[Diagnostic] = []
-    interfaces = tuple(InterfaceAllocator(i, diagnostics).run() for i in policy.interfaces)
+    blocks: set[int] = set()
+    interfaces = tuple(InterfaceAllocator(i, diagnostics, blocks).run() for i in policy.interfaces)
     chains: dict[str, ir.Interface] = {}
     for iface in interfaces:
         if iface.marking is None or iface.marking.chain is None:

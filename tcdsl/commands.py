@@ -302,6 +302,7 @@ def interface_commands(iface: ir.Interface) -> Iterator[Command]:
             root.span,
             f"interface {iface.name}: {_label(root)}",
         )
+    yield from police_probes(iface)
     by_parent: dict[ir.Handle, list[ir.Filter]] = {}
     for f in iface.filters:
         by_parent.setdefault(f.parent, []).append(f)
@@ -402,6 +403,39 @@ def police_words(p: ir.Police) -> list[str]:
     return [*words, p.exceed]
 
 
+def filter_police_words(f: ir.U32Filter | ir.FlowerFilter) -> list[str]:
+    """A filter's policer: ``police ...`` (u32) or ``action police ...`` (flower takes only
+    actions). The first filter of a line whose policer spans several filters creates the
+    shared action (``police index N rate ...``); the others bind to it (``police index N``:
+    the kernel's tcf_police_init leaves a bound action's parameters as they are), so the
+    line has one token bucket."""
+    if f.police is None:
+        return []
+    words = police_words(f.police)
+    if f.police_index is not None:
+        index = ["index", str(f.police_index)]
+        words = ["police", *index] if f.police_binds else ["police", *index, *words[1:]]
+    return ["action", *words] if isinstance(f, ir.FlowerFilter) else words
+
+
+def police_probes(iface: ir.Interface) -> Iterator[Command]:
+    """For each shared police action of the tree: a police action added and deleted at its
+    index. The add fails (EEXIST) when another police action of the namespace holds the
+    index, which the line's filters would otherwise bind to, keeping its rate; the delete
+    frees it for the first filter, which creates the action bound to the filters (it goes
+    with them, where one ``tc actions add`` made would stay)."""
+    for f in iface.filters:
+        if not isinstance(f, ir.U32Filter | ir.FlowerFilter) or f.police_index is None:
+            continue
+        if f.police_binds:
+            continue
+        index = str(f.police_index)
+        what = f"police index {index}, for the policer of this line, must be free"
+        probe = ("police", "rate", "8kbit", "burst", "10k", "index", index)
+        yield Command("tc", ("actions", "add", "action", *probe), f.span, what)
+        yield Command("tc", ("actions", "delete", "action", "police", "index", index), f.span, what)
+
+
 def _below(
     iface: ir.Interface, q: ir.Qdisc, filters: dict[ir.Handle, list[ir.Filter]]
 ) -> Iterator[Command]:
@@ -474,8 +508,7 @@ def _below(
         )
         match f:
             case ir.FlowerFilter():
-                # flower takes actions only after 'action' (a bare 'police' is u32's).
-                police = ["action", *police_words(f.police)] if f.police is not None else []
+                police = filter_police_words(f)
                 yield Command(
                     "tc",
                     (*head, "flower", *flower_words(f), *police, "classid", str(f.flowid)),
@@ -484,7 +517,7 @@ def _below(
                 )
             case ir.U32Filter():
                 keys = [w for key in f.keys for w in ("match", *key.words)]
-                police = police_words(f.police) if f.police is not None else []
+                police = filter_police_words(f)
                 yield Command(
                     "tc",
                     (*head, "u32", *keys, *police, "flowid", str(f.flowid)),

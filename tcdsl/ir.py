@@ -702,6 +702,13 @@ class U32Filter:
     span: Span
     police: Police | None = None
     family: Family = "ipv4"
+    police_index: int | None = None
+    """Allocated when the line's policer spans several filters: the police action's index,
+    which every filter of the line names so that they share one token bucket; None: the
+    kernel picks one (a line of one filter)."""
+    police_binds: bool = False
+    """The filter names ``police_index`` only, binding to the action an earlier filter of the
+    line created (its rate and burst come from there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,6 +732,10 @@ class FlowerFilter:
     tcp_flags: tuple[int, int] | None = None
     """(value, mask) of the TCP flags."""
     police: Police | None = None
+    police_index: int | None = None
+    """As :attr:`U32Filter.police_index`."""
+    police_binds: bool = False
+    """As :attr:`U32Filter.police_binds`."""
 
 
 @dataclass(frozen=True, slots=True)

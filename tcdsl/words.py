@@ -14,6 +14,7 @@ from typing import assert_never
 
 from tcdsl import ir
 from tcdsl.commands import police_words, qdisc_words
+from tcdsl.diagnostics import Span
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
 from tcdsl.lower import FAMILY_PROTOCOLS, PROTO_NAMES, address_text, family_alternatives
 from tcdsl.units import format_rate, format_size, format_time
@@ -414,10 +415,28 @@ RECLASSIFY_LIMIT = 16
 (net/sched/cls_api.c, ``max_reclassify_loop``: 16 since Linux 5.14, 4 before)."""
 
 
-def police_phrase(p: ir.Police, target: str | None) -> str:
+def shared_filters(filters: Iterable[ir.Filter], span: Span) -> int:
+    """How many filters of the match line at ``span`` share its one police action (0 when
+    the line is one filter, whose policer is its own)."""
+    return sum(
+        1
+        for f in filters
+        if isinstance(f, ir.U32Filter | ir.FlowerFilter)
+        and f.span == span
+        and f.police_index is not None
+    )
+
+
+def police_phrase(p: ir.Police, target: str | None, shared: int = 0) -> str:
     """What a policer does with the packets of its match line, in words (``above 800kbit
     (burst 10k), they are dropped``); ``target`` is where the line sends packets (None on
-    ingress, where packets within the rate are simply let in)."""
+    ingress, where packets within the rate are simply let in); ``shared``: how many filters
+    the line's one policer meters together (:func:`shared_filters`)."""
+    if shared > 1:
+        return (
+            f"one policer for the line's {shared} filters, so what they match shares its "
+            f"rate: {police_phrase(p, target)}"
+        )
     mtu = f", packets up to {format_size(p.mtu.bytes)}" if p.mtu is not None else ""
     above = f"above {format_rate(p.rate.bits_per_second)} (burst {format_size(p.burst.bytes)}{mtu})"
     match p.exceed:

@@ -613,7 +613,10 @@ def test_ingress_policer_per_family(tmp_path: Path) -> None:
     )
     policy = _text_policy(tmp_path, text)
     six = classify(policy, parse_packet("ipv6 tcp dport 80"), "eth0", "ingress")
-    assert "filter pref 32769 matched (IPv6: match dport 80); above 1mbit" in six.steps[0].why
+    assert (
+        "filter pref 32769 matched (IPv6: match dport 80); one policer for the line's 3 "
+        "filters, so what they match shares its rate: above 1mbit" in six.steps[0].why
+    )
     four = classify(policy, parse_packet("tcp src 10.1.1.1"), "eth0", "ingress")
     assert "filter pref 1 matched (match src 10.0.0.0/8); above 2mbit" in four.steps[0].why
     other = classify(policy, parse_packet("ipv6 tcp src 2001:db8::5"), "eth0", "ingress")

@@ -39,6 +39,7 @@ UNCOVERED = {
     "E021": "reported by 'tcdsl fmt', not by check (tests/test_fmt.py)",
     "E025": "needs a file over 8 MiB; tests/test_untrusted.py makes a sparse one",
     "E210": "needs more than 65534 qdiscs or classes on one interface",
+    "E261": "needs 4096 policed lines of several filters; tests/test_police.py makes them",
     **dict.fromkeys(("E401", "E402", "E403", "E404", "E405", "W406"), _VERIFY),
     "E501": "backend limits: check runs no backend; golden files and tests/test_tcng.py cover it",
     "E502": "backend limits: check runs no backend; tests/test_batch.py covers it",

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from tcdsl import ir
+from tcdsl.allocate import police_block
 from tcdsl.cli import cli
 from tcdsl.commands import NOT_IFB
 from tcdsl.driver import Result, analyse, compile_policy
@@ -120,13 +121,18 @@ def test_connmark_restores_the_mark_before_the_redirect(tmp_path: Path) -> None:
 
 def test_policers_are_words_of_their_filters(tmp_path: Path) -> None:
     cmds = _commands(_compiled(tmp_path, POLICED).output or "")
+    # A line of several filters (IPv4, IPv6 TCP and UDP) shares one police action by index.
+    up, down = (
+        police_block("eth0", set()) + 1,
+        police_block("eth0 download (via ifb4eth0)", set()) + 1,
+    )
     assert (
         "tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 80 0xffff "
-        "police rate 2mbit burst 20k drop flowid 1:10"
+        f"police index {up} rate 2mbit burst 20k drop flowid 1:10"
     ) in cmds
     assert (
         "tc filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip sport 80 0xffff "
-        "police rate 4mbit burst 30k mtu 9k continue flowid 1:10"
+        f"police index {down} rate 4mbit burst 30k mtu 9k continue flowid 1:10"
     ) in cmds
     assert "tc qdisc add dev eth1 handle ffff: ingress" in cmds
     assert (

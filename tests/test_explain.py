@@ -340,8 +340,9 @@ def test_ingress_policers_are_explained() -> None:
     assert "Interface 'eth0', ingress policers" in text
     assert "It has no queue and no classes: it cannot delay or shape, only police" in text
     assert (
-        "1. every IPv6 and IPv4 packet: above 800kbit (burst 10k), they are dropped; below, "
-        "let in" in text
+        "1. every IPv6 and IPv4 packet: one policer for the line's 2 filters, so what they "
+        "match shares its rate: above 800kbit (burst 10k), they are dropped; below, let in"
+        in " ".join(text.split())
     )
     mtu = _said(
         _inline(

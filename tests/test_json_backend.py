@@ -291,6 +291,9 @@ def test_directions_download_and_ingress_policers() -> None:
     police = ingress["root"]["matches"][0]["police"]
     assert (police["rate"]["bits_per_second"], police["burst"]["bytes"]) == (800_000, 10_240)
     assert (police["exceed"], police["mtu"]) == ("drop", None)
-    (f,) = ingress["filters"]
-    assert f["police"]["tc"] == "police rate 800kbit burst 10k drop"
-    assert f["parent"]["tc"] == "ffff:"
+    # 'match all': an IPv4 and an IPv6 filter sharing one police action.
+    four, six = ingress["filters"]
+    index = four["police"]["index"]
+    assert four["police"]["tc"] == f"police index {index} rate 800kbit burst 10k drop"
+    assert (six["police"]["tc"], six["police"]["binds"]) == (f"police index {index}", True)
+    assert four["parent"]["tc"] == "ffff:"

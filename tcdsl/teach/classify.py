@@ -434,7 +434,8 @@ class _Walk:
             why += "s" if len(self.keys.walked) > 1 else ""
         if f.police is not None:
             target = None if f.parent == ir.INGRESS_HANDLE else str(f.flowid)
-            why += f"; {words.police_phrase(f.police, target)}"
+            shared = words.shared_filters(self.iface.filters, f.span)
+            why += f"; {words.police_phrase(f.police, target, shared)}"
         return _Hit(f.flowid, why, f.span)
 
     def _no_hit(self) -> str:

@@ -42,6 +42,7 @@ from tcdsl.words import (
     match_text,
     or_list,
     police_phrase,
+    shared_filters,
 )
 
 Format = Literal["text", "markdown"]
@@ -330,6 +331,8 @@ class _Explainer:
         self.tree: tuple[ir.Family, ...] = ir.FAMILIES
         """The families of the tree being explained: what its filters see."""
         self.classifier: ir.Classifier = "u32"
+        self.filters: tuple[ir.Filter, ...] = ()
+        """The filters of the tree being explained."""
         self.filtered: tuple[ir.Family, ...] = ir.FAMILIES
         """The families the tree has filters for (a dual-stack tree whose lines all name IPv4
         addresses has none for IPv6): what its filters see."""
@@ -406,6 +409,7 @@ class _Explainer:
     def interface(self, iface: ir.Interface) -> None:
         dev = self.name(iface.interface)
         self.tree, self.classifier = iface.families, iface.classifier
+        self.filters = iface.filters
         present = {f.family for f in iface.filters}
         self.filtered = tuple(f for f in ir.FAMILIES if f in present) or iface.families
         if iface.download is not None:
@@ -508,7 +512,9 @@ class _Explainer:
                 if f.police is None:  # the builder refuses such a line (E252)
                     steps.append(f"{prefix}{what}: let in")
                     continue
-                steps.append(f"{prefix}{what}: {police_phrase(f.police, None)}; below, let in")
+                shared = shared_filters(iface.filters, f.span)
+                police = police_phrase(f.police, None, shared)
+                steps.append(f"{prefix}{what}: {police}; below, let in")
             self.add(Steps(tuple(steps)))
         not_seen, such = self.unseen()
         self.add(
@@ -1373,7 +1379,8 @@ class _Explainer:
         """What a match line's policer does, after the line's phrase (empty without one)."""
         if m.police is None:
             return ""
-        return f"; {police_phrase(m.police, self.cls_ref(cls))}"
+        shared = shared_filters(self.filters, m.span)
+        return f"; {police_phrase(m.police, self.cls_ref(cls), shared)}"
 
     # ---- classification order
     def classification(
@@ -1521,7 +1528,9 @@ class _Explainer:
             target = owners.get(f.flowid)
             ref = self.cls_ref(target) if target is not None else str(f.flowid)
             prefix = f"pref {_user_pref(f)}: " if show_pref else ""
-            police = f"; {police_phrase(f.police, ref)}" if f.police is not None else ""
+            police = ""
+            if f.police is not None:
+                police = f"; {police_phrase(f.police, ref, shared_filters(on, f.span))}"
             steps.append(f"{prefix}{what} -> {ref}{police}")
         return tuple(steps)
 

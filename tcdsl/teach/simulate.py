@@ -1409,6 +1409,9 @@ class Simulator(Engine):
         builder = _Builder(self)
         self.root = builder.build(iface.root)
         self.notes = tuple(dict.fromkeys(builder.notes))
+        self.policers: dict[Span, Policer] = {}
+        """One token bucket per policed match line, whichever flows and filters (values,
+        families) reach it: the line's filters share one police action."""
         self.flows = [self._flow(builder, f, i) for i, f in enumerate(flows)]
         order = self._class_order(iface)
         used = {s.cls for s in self.flows} | {s.over.cls for s in self.flows if s.over}
@@ -1458,7 +1461,7 @@ class Simulator(Engine):
         state = self._route(builder, flow, index, frozenset())
         police = self._policer(state.verdict_spans)
         if police is not None:
-            state.policer = Policer(police)
+            state.policer = self.policers.setdefault(police.span_of, Policer(police))
             if police.exceed == "continue":
                 state.over = self._route(builder, flow, index, frozenset({police.span_of}))
         return state
