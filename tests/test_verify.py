@@ -927,26 +927,21 @@ def test_captured_dual_stack_flower_with_changes() -> None:
 
 
 def test_captured_flower_policers_with_changes() -> None:
-    """A policer on flower filters reads back as on u32 ones (captured with 'action police',
-    which flower needs: the shell backend writes it without 'action' before issue 11's
-    merge, and tc refuses that)."""
-    last_v4 = (
-        "drop overhead 0b \n\tref 1 bind 1 \n\nfilter protocol ipv6 pref 32769 flower chain 0 \n"
-    )
+    """A policer on flower filters reads back as on u32 ones: the line's four filters (TCP and
+    UDP, both families) share one police action (ref 4 bind 4), so a changed verdict shows on
+    each of them."""
     problems = _differences(
         FLOWER_POLICE,
         "uml",
-        ("filter 0 1:", last_v4, last_v4.replace("drop", "pass")),
-        ("filter 0 1:", "police 0x1 rate 1Mbit burst 10Kb", "police 0x1 rate 1Mbit burst 20Kb"),
+        ("filter 0 1:", "action drop overhead 0b", "action pass overhead 0b"),
     )
-    assert problems == [
-        f"{FLOWER_POLICE}:4:26: error: IPv4 filter to 1:10 (pref 2) actions are police rate "
-        "1mbit burst 10k mtu 2k pass in the kernel, policy says police rate 1mbit burst 10k mtu "
-        "2k drop [E402]",
-        f"{FLOWER_POLICE}:4:26: error: IPv6 filter to 1:10 (pref 32769) actions are police "
-        "rate 1mbit burst 20k mtu 2k drop in the kernel, policy says police rate 1mbit burst "
-        "10k mtu 2k drop [E402]",
-    ]
+    assert len(problems) == 4
+    for family, pref in (("IPv4", 1), ("IPv4", 2), ("IPv6", 32769), ("IPv6", 32770)):
+        assert (
+            f"{FLOWER_POLICE}:4:26: error: {family} filter to 1:10 (pref {pref}) actions are "
+            "police rate 1mbit burst 10k mtu 2k pass in the kernel, policy says police rate "
+            "1mbit burst 10k mtu 2k drop [E402]"
+        ) in problems
 
 
 def test_captured_dual_stack_marks_with_changes() -> None:
