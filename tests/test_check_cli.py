@@ -484,7 +484,7 @@ def test_cbq_seed_per_kernel_version(kernel: str, code: int) -> None:
         assert "use htb: a bounded cbq class is an htb class with ceil = rate [E213]" in (
             result.stderr
         )
-        assert ":33:19: error:" in result.stderr  # at the qdisc keyword
+        assert ":34:31: error:" in result.stderr  # at the qdisc keyword
     else:
         assert result.stderr == ""
 

@@ -363,7 +363,7 @@ def test_cli_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [d["family"] for d in data] == ["ipv4", "ipv4"]
     (step,) = data[0]["steps"]
     assert step["qdisc"] == "htb" and step["handle"] == "1:" and "set mark 20" in step["why"]
-    assert step["span"] == {"file": "policies/seeds/s000-10.1-marks.tcp", "line": 31, "column": 48}
+    assert step["span"] == {"file": "policies/seeds/s000-10.1-marks.tcp", "line": 32, "column": 48}
 
 
 def test_cli_bad_packet_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -162,7 +162,13 @@ def test_derived_ifb_names_fit_linux(name: str) -> None:
 
 def test_tc_batch_creates_the_ifb_with_ip_batch(tmp_path: Path) -> None:
     files = _compiled(tmp_path, HOME, "tc-batch").files
-    assert sorted(files) == ["policy.batch", "policy.ip", "policy.iptables", "policy.map"]
+    assert sorted(files) == [
+        "policy.batch",
+        "policy.ip",
+        "policy.ip6tables",
+        "policy.iptables",
+        "policy.map",
+    ]
     ip_lines = [
         line for line in files["policy.ip"].splitlines() if line and not line.startswith("#")
     ]
@@ -399,7 +405,8 @@ def test_verify_agrees_on_a_download_on_the_host(tmp_path: Path) -> None:
     _host()
     v = verifier.verify(_write(tmp_path, HOME), kernel="host")
     assert v.ok, [str(d) for d in v.diagnostics]
-    assert v.checked.qdiscs == 3 and v.checked.filters == 3
+    # two port lines, each an IPv4 filter and two IPv6 ones (TCP, UDP), and the redirect
+    assert v.checked.qdiscs == 3 and v.checked.filters == 7
 
 
 def test_verify_reports_a_policer_changed_by_hand(tmp_path: Path) -> None:

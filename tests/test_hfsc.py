@@ -304,9 +304,12 @@ def test_an_hfsc_root_classifies_by_mark(tmp_path: Path) -> None:
     assert result.policy is not None
     eth1 = result.policy.interfaces[1]
     assert eth1.marking is not None
-    assert [(f.mark, str(f.flowid)) for f in eth1.filters if isinstance(f, ir.FwFilter)] == [
-        (10, "1:10"),
-        (20, "1:20"),
+    fw = [(f.mark, str(f.flowid), f.family) for f in eth1.filters if isinstance(f, ir.FwFilter)]
+    assert fw == [
+        (10, "1:10", "ipv4"),
+        (10, "1:10", "ipv6"),
+        (20, "1:20", "ipv4"),
+        (20, "1:20", "ipv6"),
     ]
     assert eth1.marking.rules[-1].unmarked and eth1.marking.rules[-1].mark == 20
 

@@ -412,8 +412,10 @@ def _compare_qdisc(exp: ExpectedQdisc, got: TcQdisc) -> Iterator[Diagnostic]:
 
 # tc lists the classes of these kinds only because their qdisc has them (prio bands, the one
 # class of tbf and netem, sfq and fq_codel flows): the script never creates one.
+# Classes a qdisc shows of itself: bands, or flows while they hold packets (sfq, fq_codel and
+# cake list each active flow as a class: IPv6's own chatter, neighbour discovery, makes some).
 _IMPLIED_CLASS_KINDS = frozenset(
-    {"prio", "pfifo_fast", "tbf", "netem", "sfq", "fq_codel", "mq", "red", "fq_pie"}
+    {"prio", "pfifo_fast", "tbf", "netem", "sfq", "fq_codel", "mq", "red", "fq_pie", "cake"}
 )
 
 
