@@ -550,9 +550,15 @@ DIRECTION = click.option(
     epilog="Examples:\n\n\b\n"
     '  tcdsl classify office.tcp --packet "tcp src 10.3.34.11 dport 5001 tos 0x10"\n'
     '  tcdsl classify office.tcp --packet icmp --packet "udp dport 53" --format json\n'
-    '  tcdsl classify router.tcp --interface eth1 --packet "tcp dport 443"\n\n'
-    "Packet words: a protocol (tcp, udp, icmp, proto N), src A, dst A, sport N, dport N, "
-    "tos V, dscp X, size B, ack. Exit 0, 1 when the policy has errors, 2 on usage errors.",
+    '  tcdsl classify router.tcp --interface eth1 --packet "tcp dport 443"\n'
+    '  tcdsl classify office.tcp --packet "ipv6 tcp src 2001:db8::1 dport 443"\n'
+    '  tcdsl classify office.tcp --packet "ipv6 hbh udp dport 5001"\n\n'
+    "Packet words: a family (ipv4, ipv6; an address implies its own; default ipv4), a protocol "
+    "(tcp, udp, icmp, icmpv6, proto N), src A, dst A, sport N, dport N, tos V (IPv6: the "
+    "traffic class), dscp X, size B, iplen B, ack, flags F,...; IPv6 extension headers in "
+    "order, before the protocol's: hbh (hop-by-hop), rthdr (routing), dstopt (destination "
+    "options), auth (AH), frag (a first fragment), laterfrag (a later fragment; frag and "
+    "laterfrag on IPv4 too). Exit 0, 1 when the policy has errors, 2 on usage errors.",
 )
 @click.argument("policy", type=click.Path(dir_okay=False))
 @click.option(

@@ -9,15 +9,20 @@ lays out text: callers do that for their own format.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import assert_never
 
 from tcdsl import ir
 from tcdsl.commands import police_words, qdisc_words
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
-from tcdsl.lower import PROTO_NAMES, address_text
+from tcdsl.lower import FAMILY_PROTOCOLS, PROTO_NAMES, address_text, family_alternatives
 from tcdsl.units import format_rate, format_size, format_time
 
 # ---- short words, close to how the policy is written -------------------------------------------
+
+
+SHORT_PROTO_NAMES = {**PROTO_NAMES, 58: "icmpv6"}
+"""Protocols as the policy writes them."""
 
 
 def _port(p: ir.PortValue) -> str:
@@ -38,7 +43,7 @@ def cond_words(cond: ir.Cond) -> str:
         case ir.PortCond():
             return f"{cond.field} {', '.join(_port(p) for p in cond.ports)}"
         case ir.ProtoCond():
-            names = [PROTO_NAMES.get(n, f"proto {n}") for n, _ in cond.protocols]
+            names = [SHORT_PROTO_NAMES.get(n, f"proto {n}") for n, _ in cond.protocols]
             return ", ".join(names)
         case ir.TosCond():
             if cond.dscp is not None:
@@ -149,6 +154,7 @@ TOS_BITS: tuple[tuple[int, str], ...] = (
 _PROTOCOL_NAMES: dict[int, str] = {}
 for _name, _number in PROTOCOLS.items():
     _PROTOCOL_NAMES.setdefault(_number, _name.upper())
+_PROTOCOL_NAMES[58] = "ICMPv6"
 _DSCP_NAMES: dict[int, str] = {}
 for _name, _number in DSCP_NAMES.items():
     if _name != "be":
@@ -272,13 +278,62 @@ def raw_words(cond: ir.RawCond) -> str:
     return f"whose {field} ({where}) is 0x{value:0{digits}x}"
 
 
-def match_phrase(match: ir.Match) -> str:
-    """A match line in words for people (``TCP or UDP packets to port 80 or 443``).
+FAMILY_NAMES: dict[ir.Family, str] = {"ipv4": "IPv4", "ipv6": "IPv6"}
+
+
+def families_words(families: Iterable[ir.Family]) -> str:
+    """Families as an adjective: ``IPv4``, ``IPv6``, ``IPv6 and IPv4`` (IPv6 first: the
+    family a reader of an old IPv4-only tool does not expect)."""
+    present = set(families)
+    return " and ".join(FAMILY_NAMES[f] for f in ("ipv6", "ipv4") if f in present)
+
+
+def line_families(match: ir.Match, tree: tuple[ir.Family, ...]) -> tuple[ir.Family, ...]:
+    """The families a match line's filters are for, in a tree of families ``tree``: its own
+    ``family``, else the tree's, narrowed by its addresses and protocols."""
+    found = {family for family, _ in family_alternatives(match, tree)}
+    return tuple(f for f in ir.FAMILIES if f in found)
+
+
+def match_phrase(match: ir.Match, tree: tuple[ir.Family, ...] | None = None) -> str:
+    """A match line in words for people (``TCP or UDP packets to port 80 or 443``; with the
+    families of its tree, ``IPv6 and IPv4 TCP or UDP packets to port 80 or 443``).
 
     Conditions AND, so they become one noun phrase: the protocol makes the noun, addresses
     and ports say where packets come from and go to, the rest qualifies. A ``pref`` is left
-    to the caller, which knows the order filters are tried in.
+    to the caller, which knows the order filters are tried in. The family is left out when
+    the protocols name it (ICMP is IPv4's, ICMPv6 IPv6's).
     """
+    family = ""
+    if tree is not None:
+        families = line_families(match, tree)
+        named = {
+            FAMILY_PROTOCOLS.get(n)
+            for c in match.conds
+            if isinstance(c, ir.ProtoCond)
+            for n, _ in c.protocols
+        }
+        if None in named or not named:
+            family = families_words(families) + " " if families else "no "
+    phrase = _match_phrase(match)
+    if not family:
+        return phrase
+    if phrase == "every packet":
+        return f"every {family}packet"
+    if phrase.startswith("small TCP ACKs"):
+        if "ipv6" in families:
+            phrase = phrase.replace(ACK_WORDS, ACK_WORDS_6)
+        return phrase.replace("small TCP ACKs", f"small {family}TCP ACKs", 1)
+    return family + phrase
+
+
+ACK_WORDS = "TCP packets under 64 bytes with only the ACK flag set"
+ACK_WORDS_6 = (
+    "TCP packets with only the ACK flag set and under 64 bytes, not counting IPv6's 40-byte header"
+)
+
+
+def _match_phrase(match: ir.Match) -> str:
     protos: list[str] = []
     src: list[str] = []
     dst: list[str] = []
@@ -308,7 +363,7 @@ def match_phrase(match: ir.Match) -> str:
             case _:
                 assert_never(cond)
     if ack:
-        noun = "small TCP ACKs (TCP packets under 64 bytes with only the ACK flag set)"
+        noun = f"small TCP ACKs ({ACK_WORDS})"
         if protos:
             extra.insert(0, f"that are also {' and '.join(protos)}")
     elif protos:
@@ -331,11 +386,15 @@ def match_phrase(match: ir.Match) -> str:
 def match_text(match: ir.Match) -> str:
     """A match line as the policy writes it (``match proto tcp dport 5001 pref 2``)."""
     words = ["match"]
+    if match.family is not None:
+        families = match.family.families
+        words += ["family", "both" if len(families) == 2 else families[0]]
     for cond in match.conds:
         match cond:
             case ir.ProtoCond():
                 words.append(
-                    "proto " + ", ".join(PROTO_NAMES.get(n, str(n)) for n, _ in cond.protocols)
+                    "proto "
+                    + ", ".join(SHORT_PROTO_NAMES.get(n, str(n)) for n, _ in cond.protocols)
                 )
             case ir.TosCond() if cond.dscp is not None:
                 words.append(f"dscp {_DSCP_NAMES.get(cond.dscp, str(cond.dscp)).lower()}")

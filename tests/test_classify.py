@@ -297,7 +297,10 @@ def test_interfaces(tmp_path: Path) -> None:
 
 def test_every_example_policy_classifies() -> None:
     """No example policy makes classify fail, for a few packets."""
-    specs = ("udp", "tcp dport 80 tos 0x10", "icmp src 10.0.0.1", "ack", "udp dport 5001")
+    specs = (
+        *("udp", "tcp dport 80 tos 0x10", "icmp src 10.0.0.1", "ack", "udp dport 5001"),
+        *("ipv6 tcp dport 443", "ipv6 hbh udp dport 5001", "icmpv6", "ipv6 frag ack"),
+    )
     for path in sorted((ROOT / "policies").rglob("*.tcp")):
         policy = _policy(path)
         for iface in policy.interfaces:
@@ -357,6 +360,7 @@ def test_cli_json(monkeypatch: pytest.MonkeyPatch) -> None:
         ("app5002", "1:20", "sfq", False),
         ("others", "1:30", "pfifo", False),
     ]
+    assert [d["family"] for d in data] == ["ipv4", "ipv4"]
     (step,) = data[0]["steps"]
     assert step["qdisc"] == "htb" and step["handle"] == "1:" and "set mark 20" in step["why"]
     assert step["span"] == {"file": "policies/seeds/s000-10.1-marks.tcp", "line": 31, "column": 48}
@@ -432,3 +436,168 @@ def test_doc_example_is_the_commands_output(monkeypatch: pytest.MonkeyPatch) -> 
         result = _run(monkeypatch, *args[1:])
         assert result.exit_code == 0, result.output
         assert result.stdout == output
+
+
+# ---- IPv6 -------------------------------------------------------------------------------------
+
+DUAL = (
+    "interface eth0 classifier {classifier} htb rate 100mbit default bulk {{\n"
+    "    class web rate 10mbit match dport 443\n"
+    "    class lan rate 10mbit match src 2001:db8::/32\n"
+    "    class v4lan rate 10mbit match src 10.0.0.0/8 proto tcp\n"
+    "    class voice rate 10mbit match dscp ef\n"
+    "    class syn rate 10mbit match tcp-flags syn of syn, ack\n"
+    "    class ping rate 10mbit match proto icmpv6\n"
+    "    class v6only rate 10mbit match family ipv6 dport 22\n"
+    "    class bulk rate 10mbit\n"
+    "}}\n"
+)
+
+
+def _dual(tmp_path: Path, classifier: str = "u32") -> ir.Policy:
+    return _text_policy(tmp_path, DUAL.format(classifier=classifier))
+
+
+@pytest.mark.parametrize("classifier", ["u32", "flower"])
+@pytest.mark.parametrize(
+    ("spec", "name"),
+    [
+        ("ipv6 tcp src 2001:db9::1 dport 443", "web"),
+        ("tcp src 192.168.0.1 dport 443", "web"),
+        ("ipv6 udp src 2001:db8:1::5", "lan"),
+        ("tcp src 10.1.2.3", "v4lan"),
+        ("ipv6 tcp src 2001:db9::1 dscp ef", "voice"),
+        ("ipv6 tcp src 2001:db9::1 dport 80 flags syn", "syn"),
+        ("ipv6 icmpv6 src 2001:db9::1", "ping"),
+        ("ipv6 tcp src 2001:db9::1 dport 22", "v6only"),
+        ("tcp src 192.168.0.1 dport 22", "bulk"),  # 'family ipv6': not for IPv4
+        ("icmp", "bulk"),
+    ],
+)
+def test_dual_stack(tmp_path: Path, classifier: str, spec: str, name: str) -> None:
+    """A line without addresses matches both families, one with an address its own, and a
+    'family' line only that family; u32 and flower decide alike when no extension header
+    is in the way."""
+    assert _name(_verdict(_dual(tmp_path, classifier), spec)) == name
+
+
+def test_ipv6_decision_path_says_the_family_and_pref(tmp_path: Path) -> None:
+    verdict = _verdict(_dual(tmp_path), "ipv6 tcp src 2001:db9::1 dport 443")
+    assert "filter pref 32769 matched (IPv6: match dport 443)" in verdict.steps[0].why
+    verdict = _verdict(_dual(tmp_path, "flower"), "ipv6 tcp src 2001:db9::1 dport 443")
+    assert "flower filter pref 32769 matched (IPv6: match dport 443)" in verdict.steps[0].why
+    verdict = _verdict(_dual(tmp_path, "flower"), "tcp dport 443")
+    assert "flower filter pref 1 matched (IPv4: match dport 443)" in verdict.steps[0].why
+
+
+@pytest.mark.parametrize("header", ["hbh", "rthdr", "dstopt"])
+def test_extension_header_misses_u32_but_not_flower(tmp_path: Path, header: str) -> None:
+    """u32 reads the next header and ports right after the fixed header, so a packet with a
+    hop-by-hop, routing or destination-options header falls through; flower's dissector
+    walks those headers to TCP and matches."""
+    spec = f"ipv6 {header} tcp src 2001:db9::1 dport 443"
+    u32 = _verdict(_dual(tmp_path), spec)
+    assert _name(u32) == "bulk"
+    assert f"where this packet has its {header} header" in u32.steps[0].why
+    flower = _verdict(_dual(tmp_path, "flower"), spec)
+    assert _name(flower) == "web"
+    assert f"the flow dissector read past the {header} header" in flower.steps[0].why
+
+
+def test_address_and_dscp_need_no_walk(tmp_path: Path) -> None:
+    """Fields of the fixed header (addresses, traffic class) match past extension headers
+    under u32 as well."""
+    policy = _dual(tmp_path)
+    assert _name(_verdict(policy, "ipv6 hbh tcp src 2001:db8::9")) == "lan"
+    assert _name(_verdict(policy, "ipv6 hbh udp src 2001:db9::9 dscp ef")) == "voice"
+
+
+@pytest.mark.parametrize("fragment", ["frag", "laterfrag"])
+def test_fragments_under_flower(tmp_path: Path, fragment: str) -> None:
+    """The flow dissector stops at a fragment header: the protocol is known, the ports and TCP
+    flags are 0, so port and flag filters miss every fragment; a protocol filter matches."""
+    policy = _dual(tmp_path, "flower")
+    verdict = _verdict(policy, f"ipv6 {fragment} tcp src 2001:db9::1 dport 443")
+    assert _name(verdict) == "bulk"
+    assert "a fragment no ports and no TCP flags" in verdict.steps[0].why
+    verdict = _verdict(policy, f"ipv6 {fragment} tcp src 2001:db9::1 dport 80 flags syn")
+    assert _name(verdict) == "bulk"
+    text = "interface eth0 classifier flower htb rate 1mbit default b {\n" + (
+        "    class t rate 1mbit match proto tcp\n    class b rate 1mbit\n}\n"
+    )
+    proto = _text_policy(tmp_path, text)
+    assert _name(_verdict(proto, f"ipv6 {fragment} tcp")) == "t"
+    assert _name(_verdict(proto, f"tcp {fragment}")) == "t"  # IPv4 too
+    assert _name(_verdict(proto, "ipv6 auth tcp")) == "b"  # flower stops at AH
+
+
+def test_flower_ipv4_fragment_has_no_ports(tmp_path: Path) -> None:
+    policy = _dual(tmp_path, "flower")
+    assert _name(_verdict(policy, "tcp src 192.168.0.1 dport 443 frag")) == "bulk"
+    assert _name(_verdict(_dual(tmp_path), "tcp src 192.168.0.1 dport 443 frag")) == "web"
+
+
+@pytest.mark.parametrize(
+    ("family", "v4", "v6"),
+    [("ipv4", "web", "bulk"), ("ipv6", "bulk", "web"), ("both", "web", "web")],
+)
+def test_tree_family(tmp_path: Path, family: str, v4: str, v6: str) -> None:
+    """A tree restricted to one family has no filter for the other: it goes to the default,
+    and the decision says why."""
+    text = f"interface eth0 family {family} htb rate 1mbit default bulk {{\n" + (
+        "    class web rate 1mbit match dport 443\n    class bulk rate 1mbit\n}\n"
+    )
+    policy = _text_policy(tmp_path, text)
+    assert _name(_verdict(policy, "tcp dport 443")) == v4
+    verdict = _verdict(policy, "ipv6 tcp dport 443")
+    assert _name(verdict) == v6
+    if family == "ipv4":
+        assert "the tree classifies IPv4 only: no filter of it sees IPv6" in verdict.steps[0].why
+
+
+def test_ipv6_priority_is_zero(tmp_path: Path) -> None:
+    """prio and pfifo_fast read the priority; an IPv6 packet's traffic class sets none."""
+    policy = _text_policy(tmp_path, "interface eth0 pfifo_fast\n")
+    assert "band 0" in _verdict(policy, "udp tos 0x10").steps[0].why
+    verdict = _verdict(policy, "ipv6 udp tos 0x10")
+    assert "IPv6 (its traffic class sets no priority) -> priority 0 -> band 1" in (
+        verdict.steps[0].why
+    )
+
+
+def test_marks_per_family(tmp_path: Path) -> None:
+    """'classify by mark': ip6tables marks IPv6 packets (finding the protocol past extension
+    headers, as ipv6_find_hdr does), and the fw filter of IPv6 maps the mark."""
+    text = (
+        "interface eth0 htb rate 10mbit default other {\n"
+        "    classify by mark from eth1\n"
+        "    class app rate 2mbit match proto tcp dport 22\n"
+        "    class net6 rate 2mbit match src 2001:db8::/32\n"
+        "    class other rate 2mbit\n"
+        "}\n"
+    )
+    policy = _text_policy(tmp_path, text)
+    verdict = _verdict(policy, "ipv6 tcp src 2001:db9::1 dport 22")
+    assert _name(verdict) == "app"
+    why = verdict.steps[0].why
+    assert "ip6tables chain" in why and "fw filter pref 32769 maps mark" in why
+    assert _name(_verdict(policy, "tcp dport 22")) == "app"
+    assert "fw filter pref 1 maps" in _verdict(policy, "tcp dport 22").steps[0].why
+    assert _name(_verdict(policy, "ipv6 hbh auth tcp src 2001:db9::1 dport 22")) == "app"
+    assert _name(_verdict(policy, "ipv6 frag tcp src 2001:db9::1 dport 22")) == "app"
+    later = _verdict(policy, "ipv6 laterfrag tcp src 2001:db9::1 dport 22")
+    assert _name(later) == "other"
+    assert _name(_verdict(policy, "ipv6 udp src 2001:db8::7")) == "net6"
+    assert _name(_verdict(policy, "udp src 10.0.0.7")) == "other"
+
+
+def test_cli_ipv6(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _run(monkeypatch, str(OFFICE), "--packet", "ipv6 tcp src 2001:db8::1 dport 443")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(
+        "ipv6 tcp src 2001:db8::1 dst 2001:db8::2 sport 40000 dport 443 size 1514 -> "
+        "class 'web' (1:30)"
+    )
+    assert "filter pref 32769 matched (IPv6: match dport 80, 443)" in result.stdout
+    result = _run(monkeypatch, str(OFFICE), "--packet", "icmpv6", "--format", "json")
+    assert json.loads(result.stdout)[0]["family"] == "ipv6"

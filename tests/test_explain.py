@@ -20,7 +20,7 @@ from tcdsl.cli import cli
 from tcdsl.driver import analyse
 from tcdsl.tcmath import DEFAULT_PRIOMAP, IP_TOS2PRIO, tos_priority
 from tcdsl.teach.explain import WIDTH, explain, tos_band
-from tcdsl.words import match_phrase, match_text
+from tcdsl.words import families_words, match_phrase, match_text
 from tests.conftest import ROOT, golden_name, policy_files
 
 GOLDEN = ROOT / "tests" / "golden_explain"
@@ -90,7 +90,7 @@ def test_office_web_borrows_from_the_link() -> None:
     web = _class_section(text, "class 'web' (1:30)")
     assert "guaranteed 40mbit; may borrow up to 90mbit (50mbit more) from the link class 1:1" in web
     assert "Priority: 1." in web
-    assert "match dport 80, 443: TCP or UDP packets to port 80 or 443" in web
+    assert "match dport 80, 443: IPv6 and IPv4 TCP or UDP packets to port 80 or 443" in web
     assert "fq_codel" in web
     voip = _class_section(text, "class 'voip' (1:20)")
     assert "ceil = rate, so it never borrows" in voip
@@ -107,7 +107,7 @@ def test_office_classification_order() -> None:
     order = text[text.index("How packets reach the classes") :]
     steps = re.findall(r"^ *\d+\. (.*)$", order, flags=re.M)
     assert steps[0] == "ICMP packets -> 'interactive' (1:10)"
-    assert steps[2] == "TCP or UDP packets to port 5001 -> 'voip' (1:20)"
+    assert steps[2] == "IPv6 and IPv4 TCP or UDP packets to port 5001 -> 'voip' (1:20)"
     assert len(steps) == 6
 
 
@@ -134,7 +134,16 @@ def test_no_default_means_the_unshaped_direct_queue() -> None:
     text = " ".join(explain(_policy("policies/seeds/s001-htb-700-300.tcp"), "text").split())
     assert "There is no default class" in text
     assert "htb's direct queue: unshaped" in text
-    assert "not IPv4 (ARP, IPv6" in text
+    for family, unseen in (
+        ("", "neither IPv4 nor IPv6 (ARP; the filters look at IPv4 and IPv6 headers only)"),
+        ("family ipv4 ", "not IPv4 (ARP, IPv6; the filters look at IPv4 headers only)"),
+        ("family ipv6 ", "not IPv6 (ARP, IPv4; the filters look at IPv6 headers only)"),
+    ):
+        policy = _inline(
+            f"interface eth0 {family}htb rate 10mbit {{\n"
+            "    class a rate 1mbit match dport 22\n}\n"
+        )
+        assert unseen in " ".join(explain(policy, "text").split())
     with_default = " ".join(explain(_policy("policies/office.tcp"), "text").split())
     assert "direct queue" not in with_default
 
@@ -144,7 +153,8 @@ def test_marks_are_explained() -> None:
     assert (
         "packets the firewall marks 10 (chain 'INSHAPER', for packets arriving on 'eth1')" in text
     )
-    assert "1. TCP packets to port 5001: mark 10 -> 'app5001' (1:10)" in text
+    families = families_words(_policy("policies/seeds/s000-10.1-marks.tcp").interfaces[0].families)
+    assert f"1. {families} TCP packets to port 5001: mark 10 -> 'app5001' (1:10)" in text
     assert "3. every packet still unmarked: mark 30 -> 'others' (1:30)" in text
 
 
@@ -330,8 +340,8 @@ def test_ingress_policers_are_explained() -> None:
     assert "Interface 'eth0', ingress policers" in text
     assert "It has no queue and no classes: it cannot delay or shape, only police" in text
     assert (
-        "1. packets from any address: above 800kbit (burst 10k), they are dropped; below, let in"
-        in text
+        "1. IPv4 packets from any address: above 800kbit (burst 10k), they are dropped; below, "
+        "let in" in text
     )
     mtu = _said(
         _inline(
@@ -351,8 +361,8 @@ def test_ingress_policers_are_explained() -> None:
             "    }\n}\n"
         )
     )
-    assert "1. pref 10: packets from 10.1.0.0/16: above 2mbit" in ordered
-    assert "2. pref 20: packets from 10.0.0.0/8: above 1mbit" in ordered
+    assert "1. pref 10: IPv4 packets from 10.1.0.0/16: above 2mbit" in ordered
+    assert "2. pref 20: IPv4 packets from 10.0.0.0/8: above 1mbit" in ordered
 
 
 # ---- the TOS tables ----------------------------------------------------------------------------
@@ -424,6 +434,81 @@ def test_match_phrases(line: str, phrase: str) -> None:
     match = root.classes[0].children[0].matches[0]
     assert match_phrase(match) == phrase
     assert match_text(match) == line.replace("0x40 at", "0x40/0xff at")
+
+
+@pytest.mark.parametrize(
+    ("tree", "line", "phrase"),
+    [
+        ("", "match dport 443", "IPv6 and IPv4 TCP or UDP packets to port 443"),
+        ("", "match src 2001:db8::/32", "IPv6 packets from 2001:db8::/32"),
+        ("", "match dst 10.0.0.0/8", "IPv4 packets to 10.0.0.0/8"),
+        ("", "match family ipv6 dport 22", "IPv6 TCP or UDP packets to port 22"),
+        ("", "match proto icmpv6", "ICMPv6 packets"),
+        ("", "match proto icmp", "ICMP packets"),
+        ("", "match all", "every IPv6 and IPv4 packet"),
+        ("family ipv4 ", "match dport 443", "IPv4 TCP or UDP packets to port 443"),
+        ("family ipv6 ", "match dscp ef", "IPv6 packets with DSCP EF (46)"),
+        (
+            "",
+            "match tcp-ack",
+            "small IPv6 and IPv4 TCP ACKs (TCP packets with only the ACK flag set and under 64 "
+            "bytes, not counting IPv6's 40-byte header)",
+        ),
+    ],
+)
+def test_match_phrases_say_the_family(tree: str, line: str, phrase: str) -> None:
+    """With its tree's families, a line says which families its filters are for: both by
+    default, an address's own, the line's or the tree's 'family'."""
+    policy = _inline(
+        f"interface eth0 {tree}htb rate 10mbit default b {{\n    class a rate 1mbit {line}\n"
+        "    class b rate 1mbit\n}\n"
+    )
+    iface = policy.interfaces[0]
+    assert isinstance(iface.root, ir.Htb)
+    match = iface.root.classes[0].children[0].matches[0]
+    assert match_phrase(match, iface.families) == phrase
+    assert match_text(match) == line
+    said = _said(policy)
+    assert f"{line}: {phrase}" in said
+
+
+def test_where_ipv6_goes() -> None:
+    """The unmatched-traffic sentence says IPv6 goes to the default class only when the tree
+    has no IPv6 filters: restricted to IPv4, or every line naming an IPv4 address."""
+    for lines, unseen in (
+        ("match dport 22", "neither IPv4 nor IPv6, such as ARP"),
+        ("match src 10.0.0.0/8", "not IPv4, such as ARP and IPv6"),
+        ("match src 2001:db8::/32", "not IPv6, such as ARP and IPv4"),
+    ):
+        said = _said(
+            _inline(
+                f"interface eth0 htb rate 10mbit default b {{\n    class a rate 1mbit {lines}\n"
+                "    class b rate 1mbit\n}\n"
+            )
+        )
+        assert f"So does everything that is {unseen}" in said
+
+
+def test_ipv6_notes_per_classifier() -> None:
+    """The notes say what each classifier sees of IPv6 extension headers and fragments."""
+    text = "htb rate 10mbit default b {\n    class a rate 1mbit match proto tcp dport 22\n" + (
+        "    class b rate 1mbit\n}\n"
+    )
+    u32 = _said(_inline(f"interface eth0 {text}"))
+    assert "On IPv6, u32 reads the next header and the ports right after the 40-byte" in u32
+    assert "'classifier flower' reads past those headers" in u32
+    flower = _said(_inline(f"interface eth0 classifier flower {text}"))
+    assert "flower filters on 1: look at each IPv4 and IPv6 packet" in flower
+    assert "it reads no ports or TCP flags in a fragment" in flower
+    assert "On IPv6, u32" not in flower
+    v4 = _said(_inline(f"interface eth0 family ipv4 {text}"))
+    assert "On IPv6" not in v4 and "flower" not in v4
+
+
+def test_ipv6_priority_in_the_tos_table() -> None:
+    said = _said(_inline("interface eth0 pfifo_fast\n"))
+    assert "IPv6 packets have priority 0 (band 1)" in said
+    assert "IPv6 packets have" not in _said(_inline("interface eth0 family ipv4 pfifo_fast\n"))
 
 
 # ---- the command line --------------------------------------------------------------------------

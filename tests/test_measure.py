@@ -88,6 +88,35 @@ def test_one_rate_limited_flow_is_measured_at_its_rate(tmp_path: Path) -> None:
     assert sum(run.series("a").drops) == 0
 
 
+HTB6 = """interface eth0 htb rate 10mbit default b {
+    class a rate 2mbit ceil 4mbit match dport 5001
+    class b rate 1mbit ceil 10mbit
+}
+"""
+
+
+def test_an_ipv6_flow_is_held_at_its_class_ceiling(tmp_path: Path) -> None:
+    """A greedy IPv6 flow (raw IPv6 socket, addresses on the veth pairs) is classified by the
+    policy's IPv6 filter and held at its class's ceiling (4mbit) within 10%. An IPv6 flow
+    with a hop-by-hop header in front of UDP misses that u32 filter, as ``classify`` says,
+    and goes to the default class."""
+    result = compiled(tmp_path, HTB6)
+    assert result.policy is not None and result.output is not None
+    lab = Lab(prefix="tcdsl-m-v6")
+    flows = [
+        parse_flow("v6: ipv6 udp src 2001:db8:1::1 dst 2001:db8:2::1 dport 5001"),
+        parse_flow("hbh: ipv6 hbh udp dst 2001:db8:2::7 dport 5001 rate 3mbit"),
+    ]
+    run = measure(result.policy, result.output, flows, 4 * S, S // 2, lab=lab)
+    assert namespaces("tcdsl-m-v6") == []
+    print(compare_table(run, simulate(result.policy, flows, 4 * S, S // 2)))
+    for series in (run.series("a"), run.flow("v6")):
+        assert run.rate_between(series, S, 4 * S) / MBIT == pytest.approx(4.0, rel=TOLERANCE)
+    assert sum(run.series("a").drops) > 0  # greedy: held at the ceiling, not below it
+    for series in (run.series("b"), run.flow("hbh")):
+        assert run.rate_between(series, S, 4 * S) / MBIT == pytest.approx(3.0, rel=TOLERANCE)
+
+
 # ---- the seed scenarios ------------------------------------------------------------------------
 
 

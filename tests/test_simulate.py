@@ -145,6 +145,35 @@ def test_prio_serves_the_first_band_and_starves_the_others(tmp_path: Path) -> No
     assert sum(run.series("low").drops) == 0
 
 
+def test_ipv6_flows_classify_as_classify_says(tmp_path: Path) -> None:
+    """IPv6 flows take the class ``classify`` gives them: the IPv6 filter of a line without
+    addresses, the default for a hop-by-hop header in front of the port u32 reads."""
+    run = run_flows(
+        two_classes(tmp_path),
+        "v6: ipv6 udp dport 1",
+        "v4: udp dport 1",
+        "hbh: ipv6 hbh udp dport 1",
+        seconds=3,
+    )
+    assert mbit(run, "a", 1) == pytest.approx(2.0, abs=0.02)
+    assert mbit(run, "b", 1) == pytest.approx(2.0, abs=0.02)
+    assert mbit(run, "v6", 1, flow=True) + mbit(run, "v4", 1, flow=True) == pytest.approx(
+        2.0, abs=0.02
+    )
+    assert mbit(run, "hbh", 1, flow=True) == pytest.approx(2.0, abs=0.02)
+
+
+def test_ipv6_traffic_class_sets_no_priority(tmp_path: Path) -> None:
+    """prio's priomap: an IPv6 packet has priority 0 (band 1) whatever its traffic class, so
+    an IPv6 flow with TOS 0x10 does not starve the others as the IPv4 one does."""
+    policy = policy_text(
+        tmp_path, "interface eth0 prio {\n    class high\n    class low\n    class bulk\n}\n"
+    )
+    run = run_flows(policy, "hi: ipv6 udp tos 0x10", "lo: udp", link=10 * MBIT, seconds=3)
+    assert mbit(run, "low") == pytest.approx(10.0, abs=0.05)
+    assert mbit(run, "hi", 1, flow=True) == pytest.approx(5.0, abs=0.2)  # band 1, shared
+
+
 def test_sfq_splits_equally_among_greedy_flows(tmp_path: Path) -> None:
     policy = policy_text(tmp_path, "interface eth0 sfq\n")
     run = run_flows(policy, "a: udp sport 1", "b: udp sport 2", "c: udp sport 3", link=9 * MBIT)

@@ -36,7 +36,7 @@ def test_iplen_is_the_ip_packets_length() -> None:
     ("text", "message"),
     [
         ("tcp dport 70000", "dport 70000 is outside 0-65535"),
-        ("src 10.0.0.300", "src needs an IPv4 address"),
+        ("src 10.0.0.300", "src needs an IPv4 or IPv6 address"),
         ("udp ack", "'ack' is a TCP packet"),
         ("tcp dport", "'dport' needs a value"),
         ("tcp rate 1mbit", "unexpected 'rate'"),
@@ -110,3 +110,119 @@ def test_ports_without_a_protocol_are_udp_ports() -> None:
     """The default protocol (udp) has ports: 'dport 80' alone is a UDP packet to port 80."""
     packet = parse_packet("dport 80")
     assert (packet.proto, packet.dport) == (17, 80)
+
+
+# ---- IPv6 -------------------------------------------------------------------------------------
+
+
+def _v6(text: str) -> int:
+    return int(ipaddress.IPv6Address(text))
+
+
+def test_ipv6_packet_words() -> None:
+    """The family word, an IPv6 address, icmpv6 or an extension header make an IPv6 packet;
+    a spec that implies no family stays IPv4."""
+    p = parse_packet("ipv6 tcp src 2001:db8::1 dport 443")
+    assert (p.family, p.proto, p.src, p.dport) == ("ipv6", 6, _v6("2001:db8::1"), 443)
+    assert p.dst == _v6("2001:db8::2")  # the documentation prefix when not given
+    assert parse_packet("udp dst fe80::1").family == "ipv6"
+    assert parse_packet("icmpv6").family == "ipv6"
+    assert parse_packet("hbh tcp").family == "ipv6"
+    assert parse_packet("tcp dport 443").family == "ipv4"
+    assert parse_packet("ipv4 udp").family == "ipv4"
+    assert parse_packet("tcp frag").family == "ipv4"  # IPv4 fragments exist too
+    assert parse_packet("ipv6 ack").size == 14 + 40 + 20
+    assert parse_packet("ipv6 hbh ack").size == 14 + 40 + 8 + 20
+    assert parse_packet("ipv6 tcp iplen 60").size == 74
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ipv4 src 2001:db8::1", "'ipv4' is IPv4 and 'src 2001:db8::1' is IPv6"),
+        ("src 10.0.0.1 dst ::1", "'src 10.0.0.1' is IPv4 and 'dst ::1' is IPv6"),
+        ("icmp hbh", "'icmp' is IPv4 and 'hbh' is IPv6"),
+        ("ipv6 icmp", "'icmp' is IPv4 and 'ipv6' is IPv6"),
+        ("ipv6 ipv6 tcp", "gives its family twice"),
+        ("ipv6 hbh hbh", "gives 'hbh' twice"),
+        ("ipv6 frag laterfrag", "gives 'laterfrag' twice"),
+        ("ipv6 hbh iplen 60", "iplen 60 is outside 68-65575 bytes \\(the IPv6 headers"),
+        ("ipv6 size 60", "size 60 is outside 74-65589 bytes"),
+    ],
+)
+def test_bad_ipv6_packets(text: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_packet(text)
+
+
+def test_ipv6_header_bytes() -> None:
+    """The 40-byte fixed header (version 6, traffic class, payload length, next header, hop
+    limit, addresses), then the first 20 bytes of TCP: ports at 40, flags at 53."""
+    p = parse_packet("ipv6 tcp src 2001:db8::1 dst 2001:db8:1::9 sport 1024 dport 443 dscp ef")
+    h = p.header()
+    assert len(h) == 60
+    assert h[0] >> 4 == 6
+    assert (int.from_bytes(h[0:4], "big") >> 20) & 0xFF == 0xB8  # the traffic class
+    assert int.from_bytes(h[4:6], "big") == 1514 - 14 - 40  # payload length
+    assert (h[6], h[7]) == (6, 64)
+    assert h[8:24] == ipaddress.IPv6Address("2001:db8::1").packed
+    assert h[24:40] == ipaddress.IPv6Address("2001:db8:1::9").packed
+    assert (int.from_bytes(h[40:42], "big"), int.from_bytes(h[42:44], "big")) == (1024, 443)
+    assert h[53] == 0x18  # ACK and PSH
+    assert len(p.ip_packet()) == 1500
+    assert p.describe() == (
+        "ipv6 tcp src 2001:db8::1 dst 2001:db8:1::9 sport 1024 dport 443 tos 0xb8 size 1514"
+    )
+    assert parse_packet(p.describe()) == p
+
+
+def test_extension_headers_chain() -> None:
+    """Extension headers sit between the fixed header and TCP, in the order written, each
+    naming the next; the fixed header's next header is the first of them."""
+    p = parse_packet("ipv6 hbh dstopt rthdr frag tcp dport 443")
+    h = p.header()
+    assert h[6] == 0  # hop-by-hop first
+    assert [h[40], h[48], h[56], h[64]] == [60, 43, 44, 6]
+    assert h[41] == 0  # 8 bytes each
+    assert int.from_bytes(h[66:68], "big") == 1  # first fragment: offset 0, more fragments
+    assert int.from_bytes(h[72 + 2 : 72 + 4], "big") == 443  # TCP after 32 bytes of headers
+    assert parse_packet(p.describe()) == p
+    later = parse_packet("ipv6 laterfrag udp dport 53").header()
+    assert (later[6], later[40]) == (44, 17)
+    assert int.from_bytes(later[42:44], "big") >> 3 == 185  # a later fragment's offset
+    assert later[48:] == bytes(20)  # payload, no UDP header
+    ah = parse_packet("ipv6 auth tcp").header()
+    assert (ah[6], ah[40], ah[41]) == (51, 6, 4)  # AH: 24 bytes, (4 + 2) * 4
+    assert len(ah) == 40 + 24 + 20
+
+
+def test_ipv4_fragments() -> None:
+    """On IPv4, 'frag' sets more-fragments at offset 0, 'laterfrag' an offset (no DF)."""
+    assert parse_packet("tcp").header()[6:8] == bytes([0x40, 0])
+    assert parse_packet("tcp frag").header()[6:8] == bytes([0x20, 0])
+    later = parse_packet("udp laterfrag dport 53").header()
+    assert int.from_bytes(later[6:8], "big") == 185
+    assert later[20:] == bytes(20)
+
+
+@pytest.mark.parametrize(
+    ("keys", "spec", "hit"),
+    [
+        ((U32Key(("ip6", "src", "2001:db8::/32")),), "ipv6 src 2001:db8:5::1", True),
+        ((U32Key(("ip6", "src", "2001:db8::/32")),), "ipv6 src 2001:db9::1", False),
+        ((U32Key(("ip6", "dst", "2001:db8::2")),), "ipv6 udp", True),
+        ((U32Key(("ip6", "dport", "443", "0xffff")),), "ipv6 tcp dport 443", True),
+        ((U32Key(("ip6", "sport", "53", "0xffff")),), "ipv6 udp sport 53", True),
+        ((U32Key(("ip6", "protocol", "17", "0xff")),), "ipv6 udp", True),
+        ((U32Key(("ip6", "protocol", "17", "0xff")),), "ipv6 hbh udp", False),
+        ((U32Key(("ip6", "priority", "0xb8", "0xfc")),), "ipv6 dscp ef", True),
+        (lower.TCP_ACK_KEYS_6, "ipv6 ack", True),
+        (lower.TCP_ACK_KEYS_6, "ipv6 tcp", False),
+        (lower.TCP_ACK_KEYS_6, "ipv6 hbh ack", False),
+    ],
+)
+def test_ipv6_header_is_what_u32_reads(keys: tuple[U32Key, ...], spec: str, hit: bool) -> None:
+    """tc's ip6 keys find their fields in the IPv6 header bytes."""
+    header = parse_packet(spec).header()
+    words = [w for k in keys for w in lower.pack_words(k)]
+    assert all(int.from_bytes(header[o : o + 4], "big") & m == v & m for o, v, m in words) == hit

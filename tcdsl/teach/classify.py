@@ -21,9 +21,19 @@ What is modelled, after the kernel's code:
 - ``classify by mark``: the iptables rules in order (each marks only unmarked packets, so the
   first matching rule wins; the rule for unmarked packets gives the default class's mark),
   then each qdisc's fw filters map the mark to a class;
-- cbq: its filters; what cbq does when none matches (defmap, split) is not modelled.
+- cbq: its filters; what cbq does when none matches (defmap, split) is not modelled;
+- families: a filter sees the packets of its protocol only (``protocol ip`` IPv4,
+  ``protocol ipv6`` IPv6; the fw filters and the iptables / ip6tables rules too). u32 reads
+  fixed offsets: an IPv6 key reads the next header and ports right after the 40-byte fixed
+  header, whatever extension headers are there. flower filters see what the kernel's flow
+  dissector finds (``flow_keys``): it walks hop-by-hop, routing and destination-options
+  headers, stops at a fragment header (the protocol is known, the ports and TCP flags are 0
+  in every fragment) and at AH; its ``ip_tos`` is IPv6's traffic class. ip6tables finds the
+  protocol past every extension header, AH included, and a later fragment has no ports for it;
+- IPv6 packets have priority 0 (neither forwarding nor ``IPV6_TCLASS`` derives one from the
+  traffic class, as IPv4's TOS does), which the priomaps of prio and pfifo_fast read.
 
-Only IPv4 packets exist in the model; the packet's priority is never a class id.
+The packet's priority is never a class id.
 """
 
 from __future__ import annotations
@@ -31,14 +41,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tcdsl import ir, lower, words
+from tcdsl import commands, ir, lower, words
 from tcdsl.allocate import default_minor
 from tcdsl.commands import mark_text
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.chains import default_chain
 from tcdsl.matching import bits_match, filter_bits, filters_at
 from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
-from tcdsl.teach.traffic import Packet
+from tcdsl.teach.traffic import EXTENSION_NAMES, LATER_FRAGMENT, PORTED, Packet
 
 T = TypeVar("T")
 
@@ -167,6 +177,156 @@ def select_tree(
     return found[0]
 
 
+# ---- what the kernel reads past the IP header ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FlowKeys:
+    """A packet's fields as a parser past the IP header finds them (0: not found)."""
+
+    ip_proto: int
+    """The protocol found at the end of the extension headers walked."""
+    sport: int
+    dport: int
+    tcp_flags: int
+    fragment: bool
+    first_fragment: bool
+    walked: tuple[int, ...]
+    """The extension headers walked past (their next-header numbers)."""
+
+
+WALKED_BY_DISSECTOR = frozenset({0, 43, 60})
+"""The IPv6 extension headers the flow dissector walks: hop-by-hop, routing, destination
+options (``__skb_flow_dissect``, ``ip_proto_again``)."""
+_PORTS_AT = {6: 0, 17: 0, 33: 0, 50: 0, 132: 0, 136: 0, 51: 4}
+"""``proto_ports_offset``: where the dissector reads "ports" (AH: its SPI)."""
+MAX_DISSECT_HEADERS = 15
+"""``MAX_FLOW_DISSECT_HDRS``: how many headers the dissector walks at most."""
+
+
+def flow_keys(packet: Packet, netfilter: bool = False) -> FlowKeys:
+    """What the kernel finds in ``packet``'s bytes past the IP header.
+
+    The flow dissector (flower; ``netfilter`` False) walks the hop-by-hop, routing and
+    destination-options headers, stops at a fragment header with the fragment's protocol and
+    no ports or TCP flags (flower does not ask it to parse a first fragment), and stops at AH.
+    ip6tables (``netfilter`` True: ``ipv6_find_hdr``) walks AH too and reads a first
+    fragment's ports; a later fragment has none. IPv4: the protocol field, ports unless a
+    fragment (flower) or a later fragment (iptables)."""
+    header = packet.header()
+    fragment = first = False
+    walked: list[int] = []
+    if packet.family == "ipv4":
+        nh, off = header[9], (header[0] & 0x0F) * 4
+        frag_field = int.from_bytes(header[6:8], "big")
+        fragment = bool(frag_field & 0x3FFF)
+        first = fragment and not frag_field & 0x1FFF
+    else:
+        nh, off = header[6], 40
+        while len(walked) < MAX_DISSECT_HEADERS and off + 8 <= len(header):
+            if nh in WALKED_BY_DISSECTOR:
+                walked.append(nh)
+                nh, off = header[off], off + (header[off + 1] + 1) * 8
+            elif nh == 51 and netfilter:
+                walked.append(nh)
+                nh, off = header[off], off + (header[off + 1] + 2) * 4
+            elif nh == 44:
+                walked.append(nh)
+                fragment = True
+                first = not int.from_bytes(header[off + 2 : off + 4], "big") >> 3
+                nh, off = header[off], off + 8
+                if not (netfilter and first):
+                    break
+            else:
+                break
+    sport = dport = flags = 0
+    readable = not fragment or (netfilter and first)
+    at = _PORTS_AT.get(nh)
+    if readable and at is not None and off + at + 4 <= len(header):
+        sport = int.from_bytes(header[off + at : off + at + 2], "big")
+        dport = int.from_bytes(header[off + at + 2 : off + at + 4], "big")
+    if readable and nh == 6 and off + 14 <= len(header):
+        flags = int.from_bytes(header[off + 12 : off + 14], "big") & 0x0FFF
+    return FlowKeys(nh, sport, dport, flags, fragment, first, tuple(walked))
+
+
+def flower_matches(f: ir.FlowerFilter, packet: Packet, keys: FlowKeys) -> bool:
+    """True if flower filter ``f`` (of ``packet``'s family) matches: every field it gives
+    equals the dissected one, under its mask or within its range."""
+    if f.ip_proto is not None and keys.ip_proto != f.ip_proto:
+        return False
+    for net, address in ((f.src, packet.src), (f.dst, packet.dst)):
+        if net is not None and not _in_network(address, net):
+            return False
+    for ports, port in ((f.sport, keys.sport), (f.dport, keys.dport)):
+        if ports is not None and not ports[0] <= port <= ports[1]:
+            return False
+    if f.tos is not None and (packet.tos ^ f.tos[0]) & f.tos[1]:
+        return False
+    return f.tcp_flags is None or not (keys.tcp_flags ^ f.tcp_flags[0]) & f.tcp_flags[1]
+
+
+def _in_network(address: int, net: ir.Network) -> bool:
+    mask = int(net.netmask)
+    return address & mask == int(net.network_address)
+
+
+def _port_matches(port: ir.PortValue, value: int) -> bool:
+    if port.mask is not None:
+        return not (value ^ port.lo) & port.mask
+    return port.lo <= value <= port.hi
+
+
+def rule_matches(conds: tuple[ir.Cond, ...], packet: Packet) -> bool:
+    """True if an iptables / ip6tables rule with ``conds`` (one alternative of a marking line,
+    of ``packet``'s family) matches: the protocol past the extension headers, ports and TCP
+    flags but in a later fragment (``flow_keys(..., netfilter=True)``)."""
+    keys = flow_keys(packet, netfilter=True)
+    ported = keys.ip_proto in PORTED and not (keys.fragment and not keys.first_fragment)
+    for cond in conds:
+        match cond:
+            case ir.AddrCond():
+                for net, _ in cond.networks:
+                    if ir.family_of(net) != packet.family:
+                        return False
+                    address = packet.src if cond.field == "src" else packet.dst
+                    if not _in_network(address, net):
+                        return False
+            case ir.PortCond():
+                port = keys.sport if cond.field == "sport" else keys.dport
+                if not ported or not _port_matches(cond.ports[0], port):
+                    return False
+            case ir.ProtoCond():
+                if keys.ip_proto != cond.protocols[0][0]:
+                    return False
+            case ir.TosCond():
+                if (packet.tos ^ cond.value) & cond.mask:
+                    return False
+            case ir.TcpFlagsCond():
+                if keys.ip_proto != 6 or not ported or (keys.tcp_flags ^ cond.value) & cond.mask:
+                    return False
+            case ir.AllCond():
+                pass
+            case ir.TcpAckCond() | ir.RawCond():  # checks refuse them in marking lines
+                header = packet.header()
+                if not any(
+                    (bits := filter_bits(keys_)) is not None and bits_match(bits, header)
+                    for keys_ in lower.u32_keys((cond,), packet.family)
+                ):
+                    return False
+    return True
+
+
+def packet_priority(packet: Packet) -> int:
+    """The packet's priority (``skb->priority``) as the priomaps read it: IPv4's from its
+    TOS (``rt_tos2priority``); 0 on IPv6, whose traffic class sets none."""
+    return tos_priority(packet.tos) if packet.family == "ipv4" else 0
+
+
+def _family_words(family: ir.Family) -> str:
+    return "IPv4" if family == "ipv4" else "IPv6"
+
+
 # ---- the walk ---------------------------------------------------------------------------------
 
 
@@ -189,6 +349,7 @@ class _Walk:
         self.skip = skip
         self.packet = packet
         self.header = packet.header()
+        self.keys = flow_keys(packet)
         self.matches = {m.span: m for q in ir.walk_qdiscs(iface.root) for _, m in ir.matches_of(q)}
         self.mark = 0
         self.mark_why = ""
@@ -217,8 +378,11 @@ class _Walk:
     def _mark(self, marking: ir.Marking) -> None:
         chain = marking.chain or default_chain(self.iface.name)
         where = f"iptables chain {chain} ({marking.source(self.iface.name, 'packets')})"
-        for number, rule in enumerate(marking.rules, 1):
-            if not self._conds_match(rule.conds):
+        if self.packet.family == "ipv6":
+            where = where.replace("iptables", "ip6tables", 1)
+        rules = [r for r in marking.rules if r.family == self.packet.family]
+        for number, rule in enumerate(rules, 1):
+            if not rule_matches(rule.conds, self.packet):
                 continue
             self.mark, self.mark_span = rule.mark, rule.span
             if rule.unmarked:
@@ -234,42 +398,83 @@ class _Walk:
             return
         self.mark_why = f"no rule of {where} matched: the packet is unmarked"
 
-    def _conds_match(self, conds: tuple[ir.Cond, ...]) -> bool:
-        return any(
-            (bits := filter_bits(keys)) is not None and bits_match(bits, self.header)
-            for keys in lower.u32_keys(conds)
-        )
-
     # ---- filters ----
     def _first_hit(self, parent: ir.Handle) -> _Hit | None:
         for f in filters_at(self.iface, parent):
-            if f.span in self.skip:
+            if f.span in self.skip or f.family != self.packet.family:
                 continue
+            if isinstance(f, ir.FlowerFilter):
+                if not flower_matches(f, self.packet, self.keys):
+                    continue
+                return self._hit(f, f"flower filter pref {f.pref}")
             if isinstance(f, ir.U32Filter):
                 bits = filter_bits(f.keys)
                 if bits is None or not bits_match(bits, self.header):
                     continue
-                match = self.matches.get(f.span)
-                text = (
-                    _conds(match.conds)
-                    if match is not None
-                    else "match " + " ".join(w for k in f.keys for w in k.words)
-                )
-                why = f"filter pref {f.pref} matched ({text})"
-                if f.police is not None:
-                    target = None if f.parent == ir.INGRESS_HANDLE else str(f.flowid)
-                    why += f"; {words.police_phrase(f.police, target)}"
-                return _Hit(f.flowid, why, f.span)
+                return self._hit(f, f"filter pref {f.pref}")
             if isinstance(f, ir.FwFilter) and f.mark == self.mark:
                 shown = mark_text(self.iface.marking, f.mark) if self.iface.marking else f.mark
                 why = f"{self.mark_why}; fw filter pref {f.pref} maps mark {shown} to it"
                 return _Hit(f.flowid, why, self.mark_span or f.span)
         return None
 
+    def _hit(self, f: ir.U32Filter | ir.FlowerFilter, name: str) -> _Hit:
+        match = self.matches.get(f.span)
+        if match is not None:
+            text = _conds(match.conds)
+        elif isinstance(f, ir.U32Filter):
+            text = "match " + " ".join(w for k in f.keys for w in k.words)
+        else:
+            text = "match " + " ".join(commands.flower_words(f))
+        if f.family == "ipv6" or isinstance(f, ir.FlowerFilter):
+            text = f"{_family_words(f.family)}: {text}"
+        why = f"{name} matched ({text})"
+        if isinstance(f, ir.FlowerFilter) and self.keys.walked:
+            headers = words.or_list([EXTENSION_NAMES[h] for h in self.keys.walked], "and")
+            why += f"; the flow dissector read past the {headers} header"
+            why += "s" if len(self.keys.walked) > 1 else ""
+        if f.police is not None:
+            target = None if f.parent == ir.INGRESS_HANDLE else str(f.flowid)
+            why += f"; {words.police_phrase(f.police, target)}"
+        return _Hit(f.flowid, why, f.span)
+
     def _no_hit(self) -> str:
         if self.iface.marking is None:
-            return "no filter matched"
-        return f"{self.mark_why}; no fw filter maps mark {self.mark}"
+            why = "no filter matched"
+        else:
+            why = f"{self.mark_why}; no fw filter maps mark {self.mark}"
+        family = self.packet.family
+        if family not in self.iface.families:
+            only = _family_words(self.iface.families[0])
+            why += (
+                f" (the tree classifies {only} only: no filter of it sees {_family_words(family)})"
+            )
+        elif self.iface.marking is None:
+            why += self._fixed_offsets_note()
+        return why
+
+    def _priority_words(self) -> str:
+        prio = packet_priority(self.packet)
+        if self.packet.family == "ipv6":
+            return f"IPv6 (its traffic class sets no priority) -> priority {prio}"
+        return f"TOS 0x{self.packet.tos:02x} -> priority {prio}"
+
+    def _fixed_offsets_note(self) -> str:
+        """Why an IPv6 packet with extension headers, or a fragment, can miss what its
+        protocol and ports would match."""
+        packet = self.packet
+        first = packet.ext[0] if packet.ext else None
+        if self.iface.classifier == "u32" and packet.family == "ipv6" and first is not None:
+            name = EXTENSION_NAMES[first]
+            return (
+                f" (u32 reads IPv6's next header and ports right after the 40-byte header, "
+                f"where this packet has its {name} header)"
+            )
+        if self.iface.classifier == "flower" and packet.fragment:
+            return " (the flow dissector gives a fragment no ports and no TCP flags)"
+        if packet.ext and LATER_FRAGMENT in packet.ext:
+            return " (a later fragment holds no ports)"
+        return ""
 
     # ---- qdiscs ----
     def qdisc(self, q: ir.Qdisc) -> list[Step]:
@@ -281,12 +486,9 @@ class _Walk:
             case ir.Cbq():
                 return self._cbq(q)
             case ir.PfifoFast():
-                prio = tos_priority(self.packet.tos)
+                prio = packet_priority(self.packet)
                 band = DEFAULT_PRIOMAP[prio]
-                why = (
-                    f"TOS 0x{self.packet.tos:02x} -> priority {prio} -> band {band} "
-                    "(pfifo_fast's priomap)"
-                )
+                why = f"{self._priority_words()} -> band {band} (pfifo_fast's priomap)"
                 return [Step(q, None, why, q.span.prefix(len(q.kind)))]
             case ir.Ingress():
                 hit = self._first_hit(ir.INGRESS_HANDLE)
@@ -353,13 +555,10 @@ class _Walk:
                 band = priomap[0]
                 why += f"; {hit.flowid} is no band, so priomap[0]: band {band}"
         else:
-            prio = tos_priority(self.packet.tos)
+            prio = packet_priority(self.packet)
             band = priomap[prio]
             which = "priomap" if q.priomap else "the default priomap"
-            why = (
-                f"{self._no_hit()}: TOS 0x{self.packet.tos:02x} -> priority {prio} -> "
-                f"band {band} ({which})"
-            )
+            why = f"{self._no_hit()}: {self._priority_words()} -> band {band} ({which})"
             span = q.priomap[prio].span if q.priomap else q.span.prefix(len(q.kind))
         cls = next(
             (c for c in ir.classes_of(q) if c.classid is not None and c.classid.minor == band + 1),
@@ -446,6 +645,7 @@ def to_json(verdict: Verdict, packet: Packet) -> dict[str, object]:
     cls = verdict.cls
     return {
         "packet": packet.describe(),
+        "family": packet.family,
         "interface": verdict.interface.interface,
         "direction": direction_of(verdict.interface),
         "device": verdict.interface.name,

@@ -19,11 +19,10 @@ from fractions import Fraction
 from typing import Literal
 
 from tcdsl import ir, linklayer
-from tcdsl.allocate import default_minor
+from tcdsl.allocate import IPV6_PREF_OFFSET, default_minor
 from tcdsl.checks import children_overbook
 from tcdsl.commands import DOWNLOAD_HOOKS, IFB_TXQUEUELEN, mark_text
 from tcdsl.directions import PRIVATE
-from tcdsl.matching import filters_at, kernel_order
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     HTB_DEFAULT_R2Q,
@@ -35,6 +34,7 @@ from tcdsl.tcmath import (
 )
 from tcdsl.units import format_rate, format_size, format_time
 from tcdsl.words import (
+    FAMILY_NAMES,
     TOS_BITS,
     curve_phrases,
     dscp_name,
@@ -327,6 +327,25 @@ class _Explainer:
         self.blocks: list[Block] = []
         self.arriving: set[str] = set()
         """Interfaces whose arrivals the policy shapes or polices."""
+        self.tree: tuple[ir.Family, ...] = ir.FAMILIES
+        """The families of the tree being explained: what its filters see."""
+        self.classifier: ir.Classifier = "u32"
+        self.filtered: tuple[ir.Family, ...] = ir.FAMILIES
+        """The families the tree has filters for (a dual-stack tree whose lines all name IPv4
+        addresses has none for IPv6): what its filters see."""
+
+    # the families a tree's filters see, and what they do not
+    def seen(self) -> str:
+        """``IPv4``, ``IPv6`` or ``IPv4 and IPv6``: the packets the filters look at."""
+        return " and ".join(FAMILY_NAMES[f] for f in self.filtered)
+
+    def unseen(self) -> tuple[str, str]:
+        """What the filters never see: (``not IPv4``, ``ARP, IPv6``); with both families,
+        (``neither IPv4 nor IPv6``, ``ARP``)."""
+        if len(self.filtered) == 2:
+            return "neither IPv4 nor IPv6", "ARP"
+        other = "IPv6" if self.filtered == ("ipv4",) else "IPv4"
+        return f"not {self.seen()}", f"ARP, {other}"
 
     # quoting
     def name(self, text: str) -> str:
@@ -386,6 +405,9 @@ class _Explainer:
 
     def interface(self, iface: ir.Interface) -> None:
         dev = self.name(iface.interface)
+        self.tree, self.classifier = iface.families, iface.classifier
+        present = {f.family for f in iface.filters}
+        self.filtered = tuple(f for f in ir.FAMILIES if f in present) or iface.families
         if iface.download is not None:
             title = f"Interface {dev}, download (via {self.name(iface.name)})"
         elif isinstance(iface.root, ir.Ingress):
@@ -462,15 +484,15 @@ class _Explainer:
                 "slow link short."
             )
         )
-        on = [f for f in filters_at(iface, ir.INGRESS_HANDLE) if isinstance(f, ir.U32Filter)]
+        on = _one_per_line(iface, ir.INGRESS_HANDLE)
         if on:
             self.add(Heading(3, "Policers, in the order tried"))
-            show_pref = any(f.pref != on[0].pref for f in on)
+            show_pref = any(_user_pref(f) != _user_pref(on[0]) for f in on)
             by_span = {m.span: m for m in q.matches}
             self.add(
                 Para(
-                    f"u32 filters on {_handle(q)} look at each arriving IPv4 packet in this "
-                    "order; the first that matches meters it"
+                    f"{self.classifier} filters on {_handle(q)} look at each arriving "
+                    f"{self.seen()} packet in this order; the first that matches meters it"
                     + (" (lower pref first, then the order written):" if show_pref else ":")
                 )
             )
@@ -481,17 +503,18 @@ class _Explainer:
                     continue
                 seen.add(f.span)
                 found = by_span.get(f.span)
-                what = match_phrase(found) if found is not None else "?"
-                prefix = f"pref {f.pref}: " if show_pref else ""
+                what = match_phrase(found, self.tree) if found is not None else "?"
+                prefix = f"pref {_user_pref(f)}: " if show_pref else ""
                 if f.police is None:  # the builder refuses such a line (E252)
                     steps.append(f"{prefix}{what}: let in")
                     continue
                 steps.append(f"{prefix}{what}: {police_phrase(f.police, None)}; below, let in")
             self.add(Steps(tuple(steps)))
+        not_seen, such = self.unseen()
         self.add(
             Para(
-                "Packets no line matches, and everything that is not IPv4 (ARP, IPv6: the "
-                "filters look at IPv4 headers only), are let in unmetered."
+                f"Packets no line matches, and everything that is {not_seen} ({such}: the "
+                f"filters look at {self.seen()} headers only), are let in unmetered."
             )
         )
 
@@ -1252,7 +1275,7 @@ class _Explainer:
     ) -> None:
         marking = iface.marking
         lines = tuple(
-            f"{self.code(match_text(m))}: {match_phrase(m)}{self.policed(m, cls)}"
+            f"{self.code(match_text(m))}: {match_phrase(m, self.tree)}{self.policed(m, cls)}"
             for m in cls.matches
         )
         if marking is not None and cls.fwmark is not None and cls.matches:
@@ -1290,12 +1313,13 @@ class _Explainer:
             )
         if is_default:
             me = f"{q.kind} {_handle(q)}"
+            not_seen, such = self.unseen()
             text = (
                 f"this is the default class of {me}: packets that reach {me} and that none of "
-                "its filters matches come here, including those that are not IPv4 (ARP, IPv6)."
+                f"its filters matches come here, including those that are {not_seen} ({such})."
                 if nested
                 else f"this is the {q.kind}'s default class: packets no filter matches come here, "
-                "including everything that is not IPv4 (ARP, IPv6)."
+                f"including everything that is {not_seen} ({such})."
             )
             if marking is not None and cls.fwmark is not None and not nested:
                 text += (
@@ -1387,7 +1411,8 @@ class _Explainer:
             self.add(
                 Para(
                     f"By firewall mark. P{self._source(marking, iface)[1:]} pass "
-                    f"the iptables chain {self.name(marking.chain or '?')} (mangle table, "
+                    f"the {self.firewalls()} {self.name(marking.chain or '?')} "
+                    "(mangle table, "
                     f"{hooks}), whose rules mark them; each rule marks only "
                     "packets that are still unmarked"
                     + (
@@ -1408,29 +1433,29 @@ class _Explainer:
             for rule in marking.rules:
                 target = by_mark.get(rule.mark)
                 where = f" -> {self.cls_ref(target)}" if target is not None else ""
-                if rule.unmarked:
-                    unmarked = mark_text(marking, rule.mark)
-                    steps.append(f"every packet still unmarked: mark {unmarked}{where}")
-                    continue
                 key = (rule.span, rule.mark)
                 if key in seen:
                     continue
                 seen.add(key)
+                if rule.unmarked:
+                    unmarked = mark_text(marking, rule.mark)
+                    steps.append(f"every packet still unmarked: mark {unmarked}{where}")
+                    continue
                 line = by_span.get(rule.span)
-                what = match_phrase(line) if line is not None else "?"
+                what = match_phrase(line, self.tree) if line is not None else "?"
                 steps.append(f"{what}: mark {mark_text(marking, rule.mark)}{where}")
             self.add(Steps(tuple(steps)))
-            for d in marking.dscp_rules:
-                target = by_mark.get(d.mark)
+            for mark, dscp in dict.fromkeys((d.mark, d.dscp) for d in marking.dscp_rules):
+                target = by_mark.get(mark)
                 self.add(
                     Para(
                         f"Then the chain rewrites the DSCP of packets carrying mark "
-                        f"{mark_text(marking, d.mark)}"
+                        f"{mark_text(marking, mark)}"
                         + (f" ({self.cls_ref(target)})" if target is not None else "")
-                        + f" to {dscp_name(d.dscp)}."
+                        + f" to {dscp_name(dscp)}."
                     )
                 )
-            u32 = [f for f in iface.filters if isinstance(f, ir.U32Filter) and f.parent == q.handle]
+            u32 = _one_per_line(iface, q.handle) if q.handle is not None else []
             if u32:
                 fw_pref = marking.pref.value if marking.pref is not None else 1
                 self.add(
@@ -1441,28 +1466,45 @@ class _Explainer:
                         "filter takes:"
                     )
                 )
-                ordered = kernel_order(u32, lambda f: f.pref)
-                self.add(Steps(self._u32_steps(ordered, True, owners, lines)))
+                self.add(Steps(self._u32_steps(u32, True, owners, lines)))
             return
         if q.handle is None:  # allocate gives every qdisc one
             return
-        on = [f for f in filters_at(iface, q.handle) if isinstance(f, ir.U32Filter)]
+        on = _one_per_line(iface, q.handle)
         if not on:
             return
         self.add(Heading(3, title))
-        show_pref = any(f.pref != on[0].pref for f in on)
+        show_pref = any(_user_pref(f) != _user_pref(on[0]) for f in on)
         self.add(
             Para(
-                f"u32 filters on {_handle(q)} look at each IPv4 packet in this order; the "
-                "first that matches decides its class"
-                + (" (lower pref first, then the order written):" if show_pref else ":")
+                f"{self.classifier} filters on {_handle(q)} look at each {self.seen()} packet in "
+                "this order; the first that matches decides its class"
+                + (" (lower pref first, then the order written)" if show_pref else "")
+                + self.pref_note(iface)
+                + ":"
             )
         )
         self.add(Steps(self._u32_steps(on, show_pref, owners, lines)))
 
+    def firewalls(self) -> str:
+        """The marking rules' chains: ``iptables chain``, ``ip6tables chain`` or both."""
+        if len(self.tree) == 2:
+            return "iptables and ip6tables chains"
+        return "iptables chain" if self.tree == ("ipv4",) else "ip6tables chain"
+
+    def pref_note(self, iface: ir.Interface) -> str:
+        """Why IPv6 filters have other prefs, when a tree has filters of both families."""
+        if {f.family for f in iface.filters} != set(ir.FAMILIES):
+            return ""
+        return (
+            f" (each line is a filter of each family; the IPv6 ones have the line's pref + "
+            f"{IPV6_PREF_OFFSET}, since the kernel takes one protocol per pref, and an IPv4 "
+            "packet meets only IPv4 filters, an IPv6 packet only IPv6 ones)"
+        )
+
     def _u32_steps(
         self,
-        on: list[ir.U32Filter],
+        on: list[ir.U32Filter | ir.FlowerFilter],
         show_pref: bool,
         owners: dict[ir.Handle, ir.Class],
         lines: dict[tuple[ir.Handle, object], ir.Match],
@@ -1475,10 +1517,10 @@ class _Explainer:
                 continue
             last = (f.span, f.flowid)
             found = lines.get((f.flowid, f.span))
-            what = match_phrase(found) if found is not None else "?"
+            what = match_phrase(found, self.tree) if found is not None else "?"
             target = owners.get(f.flowid)
             ref = self.cls_ref(target) if target is not None else str(f.flowid)
-            prefix = f"pref {f.pref}: " if show_pref else ""
+            prefix = f"pref {_user_pref(f)}: " if show_pref else ""
             police = f"; {police_phrase(f.police, ref)}" if f.police is not None else ""
             steps.append(f"{prefix}{what} -> {ref}{police}")
         return tuple(steps)
@@ -1491,6 +1533,9 @@ class _Explainer:
         which = " no filter matches"
         if holder is not None:
             which = f" that reach {me} and that none of its filters matches"
+        not_seen, such = self.unseen()
+        such_and = or_list(such.split(", "), "and")
+        headers = f"the filters look at {self.seen()} headers only"
         match root:
             case ir.Htb():
                 minor = default_minor(root)
@@ -1505,20 +1550,19 @@ class _Explainer:
                 if target is not None and holder is None:
                     text = (
                         f"Packets no filter matches go to {self.cls_ref(target)}, the htb's "
-                        "default class. So does everything that is not IPv4, such as ARP and "
-                        "IPv6: the filters look at IPv4 headers only."
+                        f"default class. So does everything that is {not_seen}, such as "
+                        f"{such_and}: {headers}."
                     )
                 elif target is not None:
                     text = (
                         f"Packets that reach {me} and that none of its filters matches go to "
                         f"{self.cls_ref(target)}, its default class. So does every packet that "
-                        "reaches it and is not IPv4, such as ARP and IPv6: the filters look at "
-                        "IPv4 headers only."
+                        f"reaches it and is {not_seen}, such as {such_and}: {headers}."
                     )
                 elif holder is None:
                     text = (
                         "There is no default class: packets no filter matches, and everything "
-                        "that is not IPv4 (ARP, IPv6; the filters look at IPv4 headers only), "
+                        f"that is {not_seen} ({such}; {headers}), "
                         "leave through htb's direct queue: unshaped, at the full speed of the "
                         "link and ahead of every class. Add 'default CLASS' to the interface "
                         "line to shape them."
@@ -1529,8 +1573,8 @@ class _Explainer:
                         most = f" (never faster than {format_rate(holder.bound.bits_per_second)})"
                     text = (
                         f"{me} has no default class: packets that reach it and match none of its "
-                        "filters, and everything that is not IPv4 (ARP, IPv6; the filters look "
-                        "at IPv4 headers only), leave through its direct queue, unshaped by its "
+                        f"filters, and everything that is {not_seen} ({such}; {headers}), leave "
+                        "through its direct queue, unshaped by its "
                         f"classes and ahead of them{most}. Add 'default CLASS' to its qdisc line "
                         "to shape them."
                     )
@@ -1543,7 +1587,7 @@ class _Explainer:
                 )
             case ir.Cbq():
                 text = (
-                    f"Packets{which}, and everything that is not IPv4, go to "
+                    f"Packets{which}, and everything that is {not_seen}, go to "
                     f"cbq's own root class {_handle(root)}, outside every class of this policy."
                 )
             case ir.Hfsc():
@@ -1555,14 +1599,14 @@ class _Explainer:
                 if target is not None:
                     text = (
                         f"Packets{which} go to {self.cls_ref(target)}, the default class of "
-                        f"{me}. So does everything that is not IPv4, such as ARP and IPv6: the "
-                        "filters look at IPv4 headers only."
+                        f"{me}. So does everything that is {not_seen}, such as {such_and}: "
+                        f"{headers}."
                     )
                 else:
                     text = (
                         f"{me} has no default class: packets{which}, and everything that is "
-                        "not IPv4 (ARP and IPv6 included: the filters look at IPv4 headers "
-                        "only), are DROPPED. Add 'default CLASS' to its qdisc line."
+                        f"{not_seen} ({such_and} included: {headers}), are DROPPED. Add "
+                        "'default CLASS' to its qdisc line."
                     )
         self.add(Para(text))
 
@@ -1581,7 +1625,14 @@ class _Explainer:
                 "Linux gives a packet a priority from its TOS byte when it forwards it, and "
                 "when a local program sets the TOS with IP_TOS (the kernel's ip_tos2prio table, "
                 "indexed by the four TOS bits 0x1e; the precedence bits 0xe0 and the lowest "
-                f"bit 0x01 do not count). The band then comes from {origin}, "
+                "bit 0x01 do not count)"
+                + (
+                    "; an IPv6 packet's traffic class gives it none, so IPv6 packets have "
+                    f"priority 0 (band {priomap[0]})"
+                    if "ipv6" in self.tree
+                    else ""
+                )
+                + f". The band then comes from {origin}, "
                 + self.code("priomap " + " ".join(str(b) for b in priomap))
                 + ", read as band = priomap[priority]. Band 0 leaves first."
             )
@@ -1643,12 +1694,35 @@ class _Explainer:
             and not any(isinstance(o, ir.ProtoCond) for o in _line_of(iface, c))
             for c in conds
         )
-        if with_ports and iface.marking is None:
+        u32_ipv4 = iface.classifier == "u32" and "ipv4" in iface.families
+        if with_ports and iface.marking is None and u32_ipv4:
             notes.append(
-                "Port conditions read the bytes where TCP and UDP keep their ports, assuming an "
+                ("On IPv4, port" if "ipv6" in iface.families else "Port")
+                + " conditions read the bytes where TCP and UDP keep their ports, assuming an "
                 "IPv4 header without options (the usual 20 bytes); without 'proto', they do not "
                 "check that the packet is TCP or UDP."
             )
+        transport = any(
+            isinstance(c, ir.PortCond | ir.ProtoCond | ir.TcpAckCond | ir.TcpFlagsCond)
+            for c in conds
+        )
+        if transport and iface.marking is None and "ipv6" in iface.families:
+            if iface.classifier == "u32":
+                notes.append(
+                    "On IPv6, u32 reads the next header and the ports right after the 40-byte "
+                    "fixed header, so the IPv6 filters of lines naming a protocol, ports or TCP "
+                    "flags check that the next header is that protocol (TCP or UDP for a port "
+                    "alone): an IPv6 packet with an extension header in front (hop-by-hop "
+                    "options, a routing header, a fragment) matches none of them and goes where "
+                    "unmatched traffic goes. 'classifier flower' reads past those headers."
+                )
+            else:
+                notes.append(
+                    "flower's flow dissector finds the protocol and the ports past IPv4 options "
+                    "and past IPv6's hop-by-hop, routing and destination-options headers, but "
+                    "not past AH; and it reads no ports or TCP flags in a fragment, so fragments "
+                    "match only lines without ports and TCP flags."
+                )
         if any(isinstance(c, ir.TosCond) and c.dscp is None and c.mask & 0x03 for c in conds):
             notes.append(
                 "A 'tos' match compares the whole byte (unless a mask says otherwise), ECN bits "
@@ -1676,6 +1750,31 @@ class _Explainer:
             self.add(Heading(3, "Good to know"))
             for note in notes:
                 self.add(Para(note))
+
+
+def _user_pref(f: ir.Filter) -> int:
+    """The pref the policy gives a filter's line (an IPv6 filter's kernel pref, less
+    ``IPV6_PREF_OFFSET``)."""
+    return f.pref - IPV6_PREF_OFFSET if f.family == "ipv6" else f.pref
+
+
+def _one_per_line(iface: ir.Interface, parent: ir.Handle) -> list[ir.U32Filter | ir.FlowerFilter]:
+    """The u32 or flower filters on ``parent``, one per match line and class, in the order a
+    packet of any family meets its lines: by the line's pref, then in the order added."""
+    added = {id(f): i for i, f in enumerate(iface.filters)}
+    on = [
+        f
+        for f in iface.filters
+        if isinstance(f, ir.U32Filter | ir.FlowerFilter) and f.parent == parent
+    ]
+    ordered = sorted(on, key=lambda f: (_user_pref(f), added[id(f)]))
+    seen: set[tuple[object, ir.Handle]] = set()
+    lines = []
+    for f in ordered:
+        if (f.span, f.flowid) not in seen:
+            seen.add((f.span, f.flowid))
+            lines.append(f)
+    return lines
 
 
 def _line_of(iface: ir.Interface, cond: ir.Cond) -> Iterator[ir.Cond]:

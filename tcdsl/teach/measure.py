@@ -11,18 +11,22 @@
     +------------------+        |               eth0) + script |       +------------------+
                                 +------------------------------+
 
-The sender writes each flow's packet (``Packet.header()``: the same IP and transport header
-``classify`` and ``simulate`` read, padded to the flow's size) through a raw IP socket, paced
-by a token bucket on the monotonic clock. A rate-limited flow sends at its rate; a greedy flow
-offers ``GREEDY_FACTOR`` times the most its class can ever send (its ceilings, else the link),
-capped at ``GREEDY_MAX``, so its queue never runs dry and the router drops the excess, as the
-simulator's greedy flows. The router forwards (static routes and neighbours: no ARP, IPv6 off)
-and runs the compiled shell script; its egress device's txqueuelen is ``QUEUE`` packets, the
-limit of the default pfifo of every leaf class, so a stopped greedy flow drains quickly.
+The sender writes each flow's packet (``Packet.ip_packet()``: the same IP header (IPv6: and
+extension headers) and transport header ``classify`` and ``simulate`` read, padded to the
+flow's size) through a raw IP socket of its family, paced by a token bucket on the monotonic
+clock. A rate-limited flow sends at its rate; a greedy flow offers ``GREEDY_FACTOR`` times the
+most its class can ever send (its ceilings, else the link), capped at ``GREEDY_MAX``, so its
+queue never runs dry and the router drops the excess, as the simulator's greedy flows. The
+router forwards (static routes and neighbours: no ARP or neighbour discovery; IPv6 is off
+unless a flow is IPv6, then on with addresses on the veth pairs, without duplicate address
+detection) and runs the compiled shell script; its egress device's txqueuelen is ``QUEUE``
+packets, the limit of the default pfifo of every leaf class, so a stopped greedy flow drains
+quickly.
 
 Every ``interval`` the router's ``tc -s class show`` and ``tc -s qdisc show`` and the
-iptables counters of both ends are read; counter deltas become a ``report.Run`` with the
-classes named as in the policy and the flows' bytes as the receiver counted them.
+iptables (and ip6tables) counters of both ends are read; counter deltas become a
+``report.Run`` with the classes named as in the policy and the flows' bytes as the receiver
+counted them.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address
+from ipaddress import ip_address
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,23 +85,27 @@ class MeasureError(Exception):
 SENDER = r"""
 import json, socket, sys, time
 cfg = json.loads(sys.argv[1])
-sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
+socks = {}
+for family in sorted({f["family"] for f in cfg["flows"]}):
+    af = socket.AF_INET if family == "ipv4" else socket.AF_INET6
+    # IPPROTO_RAW: the packet is sent as written, IP header included (IPv6 too).
+    socks[family] = socket.socket(af, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    socks[family].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
 print("ready", flush=True)
 t0 = float(sys.stdin.readline())
 end, burst = t0 + cfg["duration"], cfg["burst"]
 flows = []
 for f in cfg["flows"]:
-    data = bytes.fromhex(f["header"])
-    data += bytes(max(f["size"] - 14 - len(data), 0))
-    flows.append([data, (f["dst"], 0), f["gap"], t0 + f["start"], t0 + f["stop"], 0])
+    data = bytes.fromhex(f["packet"])
+    sock = socks[f["family"]]
+    flows.append([data, (f["dst"], 0), f["gap"], t0 + f["start"], t0 + f["stop"], 0, sock])
 while True:
     now = time.monotonic()
     if now >= end:
         break
     wake = end
     for f in flows:
-        data, addr, gap, start, stop, sent = f
+        data, addr, gap, start, stop, sent, sock = f
         if now < start:
             wake = min(wake, start)
             continue
@@ -116,7 +124,8 @@ while True:
     time.sleep(max(wake - time.monotonic(), 0.0))
 print(json.dumps([f[5] for f in flows]))
 """
-"""Sends each flow's packet through a raw IP socket: a token bucket per flow (``burst``
+"""Sends each flow's packet through a raw IP socket of its family: a token bucket per flow
+(``burst``
 packets deep) on the monotonic clock, which all namespaces share. It says ``ready`` once
 started, then reads the start time of the run (monotonic seconds) from its stdin."""
 
@@ -152,6 +161,14 @@ def unavailable() -> str | None:
     for tool in ("ip", "tc", "iptables", "iptables-save"):
         if shutil.which(tool) is None:
             return f"measuring needs '{tool}'"
+    return None
+
+
+def _ipv6_unavailable() -> str | None:
+    """Why this host cannot measure IPv6 flows (no ip6tables), or None."""
+    for tool in ("ip6tables", "ip6tables-save"):
+        if shutil.which(tool) is None:
+            return f"measuring IPv6 flows needs '{tool}'"
     return None
 
 
@@ -240,9 +257,13 @@ def plan_flows(
                 f"flow {f.name}: packets of {f.packet.size} bytes do not fit the veth MTU "
                 f"(at most {MAX_SIZE} bytes with the Ethernet header)"
             )
-        dst = IPv4Address(f.packet.dst)
+        dst = ip_address(f.packet.address_text(f.packet.dst))
         if dst.is_multicast or dst.is_loopback or dst.is_unspecified or dst.is_reserved:
             raise MeasureError(f"flow {f.name}: cannot route packets to {dst}")
+        if dst.is_link_local:
+            raise MeasureError(f"flow {f.name}: the router does not forward to {dst}")
+        if f.packet.family == "ipv6" and (why := _ipv6_unavailable()) is not None:
+            raise MeasureError(why)
         verdict = classify(policy, f.packet, iface.name, direction_of(iface))
         if f.rate is None:
             rate = min(int(_bound(verdict, link) * GREEDY_FACTOR), GREEDY_MAX)
@@ -356,19 +377,27 @@ class Lab:
             )
         self.made.clear()
 
-    def add(self, ns: str) -> None:
-        """Create ``ns`` (IPv6 off, no reverse-path filter); raises MeasureError."""
+    def add(self, ns: str, ipv6: bool = False) -> None:
+        """Create ``ns`` (no reverse-path filter; IPv6 off, or with ``ipv6`` on without
+        duplicate address detection, router advertisements or autoconfiguration); raises
+        MeasureError."""
         made = _run(["ip", "netns", "add", ns], check=False)
         if made.returncode != 0:
             why = made.stderr.strip() or "ip failed"
             raise MeasureError(f"cannot create a network namespace: {why}")
         self.made.append(ns)
         sysctls = [
-            "net.ipv6.conf.all.disable_ipv6=1",
-            "net.ipv6.conf.default.disable_ipv6=1",
+            f"net.ipv6.conf.all.disable_ipv6={0 if ipv6 else 1}",
+            f"net.ipv6.conf.default.disable_ipv6={0 if ipv6 else 1}",
             "net.ipv4.conf.all.rp_filter=0",
             "net.ipv4.conf.default.rp_filter=0",
         ]
+        if ipv6:
+            sysctls += [
+                f"net.ipv6.conf.{which}.{key}=0"
+                for which in ("all", "default")
+                for key in ("accept_dad", "accept_ra", "autoconf")
+            ]
         _run(["ip", "netns", "exec", ns, "sysctl", "-qw", *sysctls])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
 
@@ -395,8 +424,18 @@ _MAC = {"snd": "02:74:63:00:00:01", "rtr-in": "02:74:63:00:00:02"}
 _MAC |= {"rtr-out": "02:74:63:00:00:03", "rcv": "02:74:63:00:00:04"}
 
 
+LAB_V6 = {
+    "snd": "fd74:6364:1::1/64",
+    "rtr-in": "fd74:6364:1::2/64",
+    "rtr-out": "fd74:6364:2::1/64",
+    "rcv": "fd74:6364:2::2/64",
+}
+"""The lab's own IPv6 addresses (unique local), when a flow is IPv6."""
+
+
 def build(lab: Lab, policy: ir.Policy, iface: ir.Interface, dsts: Sequence[str], queue: int) -> str:
     """Create the namespaces and links, routes and neighbours; returns the ingress name.
+    ``dsts``: the flows' destinations (IPv4 or IPv6; an IPv6 one turns IPv6 on).
 
     For a download, the flows arrive on the policy's interface (the script redirects them to
     its IFB) and leave by ``tcdsl-out``."""
@@ -406,8 +445,9 @@ def build(lab: Lab, policy: ir.Policy, iface: ir.Interface, dsts: Sequence[str],
     egress = iface.name
     if iface.download is not None:
         ingress, egress = iface.download.interface, OUTGOING
+    ipv6 = any(":" in d for d in dsts)
     for ns in (lab.snd, lab.rtr, lab.rcv):
-        lab.add(ns)
+        lab.add(ns, ipv6)
     rtr = lab.rtr
     lab.ip(rtr, "link", "add", ingress, "type", "veth", "peer", "name", "snd0", "netns", lab.snd)
     lab.ip(rtr, "link", "add", egress, "type", "veth", "peer", "name", "rcv0", "netns", lab.rcv)
@@ -425,16 +465,29 @@ def build(lab: Lab, policy: ir.Policy, iface: ir.Interface, dsts: Sequence[str],
     _run(["ip", "netns", "exec", rtr, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
     lab.ip(lab.snd, "route", "add", "default", "dev", "snd0")
     lab.ip(rtr, "route", "add", "default", "dev", ingress)
+    if ipv6:
+        _run(["ip", "netns", "exec", rtr, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
+        for ns, dev, key in (
+            (lab.snd, "snd0", "snd"),
+            (rtr, ingress, "rtr-in"),
+            (rtr, egress, "rtr-out"),
+            (lab.rcv, "rcv0", "rcv"),
+        ):
+            lab.ip(ns, "-6", "addr", "add", LAB_V6[key], "dev", dev, "nodad")
+        lab.ip(lab.snd, "-6", "route", "add", "default", "dev", "snd0")
+        lab.ip(rtr, "-6", "route", "add", "default", "dev", ingress)
     for dst in dsts:
+        host = "/128" if ":" in dst else "/32"
         lab.ip(lab.snd, "neigh", "replace", dst, "lladdr", _MAC["rtr-in"], "dev", "snd0")
-        lab.ip(rtr, "route", "replace", f"{dst}/32", "dev", egress)
+        lab.ip(rtr, "route", "replace", f"{dst}{host}", "dev", egress)
         lab.ip(rtr, "neigh", "replace", dst, "lladdr", _MAC["rcv"], "dev", egress)
     return ingress
 
 
 def _match(flow: Flow) -> list[str]:
     p = flow.packet
-    words = ["-s", f"{IPv4Address(p.src)}/32", "-d", f"{IPv4Address(p.dst)}/32"]
+    host = "/32" if p.family == "ipv4" else "/128"
+    words = ["-s", p.address_text(p.src) + host, "-d", p.address_text(p.dst) + host]
     words += ["-p", str(p.proto)]
     if p.proto in (6, 17):
         words += ["--sport", str(p.sport), "--dport", str(p.dport)]
@@ -446,18 +499,24 @@ def _count_rules(lab: Lab, plans: Sequence[_FlowPlan]) -> None:
     (received, then dropped: there is no socket to take the packets)."""
     for i, plan in enumerate(plans):
         comment = ["-m", "comment", "--comment", f"tcdsl-f{i}"]
+        tool = "iptables" if plan.flow.packet.family == "ipv4" else "ip6tables"
         for ns, target in ((lab.rtr, []), (lab.rcv, ["-j", "DROP"])):
-            rule = ["iptables", "-t", "raw", "-A", "PREROUTING", *_match(plan.flow)]
+            rule = [tool, "-t", "raw", "-A", "PREROUTING", *_match(plan.flow)]
             _run(["ip", "netns", "exec", ns, *rule, *comment, *target])
 
 
-def _sample(lab: Lab, dev: str) -> _Sample:
-    """Read every counter at once (four commands run side by side)."""
+def _sample(lab: Lab, dev: str, ipv6: bool = False) -> _Sample:
+    """Read every counter at once (four commands run side by side; six with ``ipv6``, the
+    ip6tables counters too)."""
+    saves = ["iptables-save", "ip6tables-save"] if ipv6 else ["iptables-save"]
     cmds = [
         ["tc", "-n", lab.rtr, "-s", "class", "show", "dev", dev],
         ["tc", "-n", lab.rtr, "-s", "qdisc", "show", "dev", dev],
-        ["ip", "netns", "exec", lab.rtr, "iptables-save", "-c", "-t", "raw"],
-        ["ip", "netns", "exec", lab.rcv, "iptables-save", "-c", "-t", "raw"],
+        *(
+            ["ip", "netns", "exec", ns, save, "-c", "-t", "raw"]
+            for ns in (lab.rtr, lab.rcv)
+            for save in saves
+        ),
     ]
     at = time.monotonic()
     procs = [
@@ -478,7 +537,11 @@ def _sample(lab: Lab, dev: str) -> _Sample:
         outs.append(out)
     stats = parse_tc_stats(outs[0])
     stats.update(parse_tc_stats(outs[1]))
-    return _Sample(at, stats, parse_iptables_counters(outs[2]), parse_iptables_counters(outs[3]))
+    counted = [parse_iptables_counters(out) for out in outs[2:]]
+    half = len(counted) // 2
+    offered = {k: v for c in counted[:half] for k, v in c.items()}
+    received = {k: v for c in counted[half:] for k, v in c.items()}
+    return _Sample(at, stats, offered, received)
 
 
 # ---- from samples to a run ---------------------------------------------------------------------
@@ -660,7 +723,8 @@ def measure(
         f"queueing delay from tc's backlog / throughput; leaf pfifos hold {held} packets",
     ]
     edges = [*range(0, duration, interval), duration]
-    dsts = sorted({str(IPv4Address(p.flow.packet.dst)) for p in plans})
+    dsts = sorted({p.flow.packet.address_text(p.flow.packet.dst) for p in plans})
+    ipv6 = any(p.flow.packet.family == "ipv6" for p in plans)
     with contextlib.ExitStack() as stack:
         if lab is None:
             lab = stack.enter_context(Lab())
@@ -675,9 +739,9 @@ def measure(
             "burst": 8,
             "flows": [
                 {
-                    "header": p.flow.packet.header().hex(),
-                    "size": p.flow.packet.size,
-                    "dst": str(IPv4Address(p.flow.packet.dst)),
+                    "packet": p.flow.packet.ip_packet().hex(),
+                    "family": p.flow.packet.family,
+                    "dst": p.flow.packet.address_text(p.flow.packet.dst),
                     "gap": p.flow.packet.size * 8 / p.rate,
                     "start": p.flow.start / 1e6,
                     "stop": p.stop / 1e6,
@@ -693,7 +757,7 @@ def measure(
             if sender.poll() is not None and sender.returncode != 0:
                 err = sender.stderr.read() if sender.stderr else ""
                 raise MeasureError(f"the sender failed: {err.strip()[-500:]}")
-            samples.append(_sample(lab, iface.name))
+            samples.append(_sample(lab, iface.name, ipv6))
     return to_run(policy, iface, plans, samples, duration, interval, link, notes)
 
 

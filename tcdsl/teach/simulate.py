@@ -51,9 +51,14 @@ from tcdsl.tcmath import (
     htb_class_quantum,
     htb_r2q,
     tc_xmittime_ticks,
-    tos_priority,
 )
-from tcdsl.teach.classify import UnknownInterface, classify, direction_of, select_tree
+from tcdsl.teach.classify import (
+    UnknownInterface,
+    classify,
+    direction_of,
+    packet_priority,
+    select_tree,
+)
 from tcdsl.teach.report import FlowInfo, Run, Series
 from tcdsl.teach.traffic import Flow, flows_problem
 from tcdsl.units import format_rate, format_time
@@ -122,17 +127,24 @@ def l2t(size: int, rate_bytes: int) -> int:
 class Packet:
     """One packet in the model."""
 
-    __slots__ = ("cost", "enqueued", "flow", "route", "size", "tos")
+    __slots__ = ("cost", "enqueued", "flow", "priority", "route", "size")
 
     def __init__(
-        self, flow: int, size: int, tos: int, route: tuple[object, ...], now: int, cost: int = 0
+        self,
+        flow: int,
+        size: int,
+        priority: int,
+        route: tuple[object, ...],
+        now: int,
+        cost: int = 0,
     ):
         self.flow = flow
         self.size = size
         self.cost = cost or size
         """What the qdiscs charge for it (``qdisc_pkt_len``): ``size`` through the root's size
         table, when the interface has link-layer overhead."""
-        self.tos = tos
+        self.priority = priority
+        """The packet's priority, which pfifo_fast's priomap reads (``packet_priority``)."""
         self.route = route
         """Per classful qdisc on the way, in order: its choice (htb class, prio band)."""
         self.enqueued = now
@@ -219,7 +231,7 @@ class PfifoFastNode(Node):
         return sum(len(b.q) for b in self.bands)
 
     def store(self, pkt: Packet) -> Node:
-        return self.bands[DEFAULT_PRIOMAP[tos_priority(pkt.tos)]]
+        return self.bands[DEFAULT_PRIOMAP[pkt.priority]]
 
     def enqueue(self, pkt: Packet, now: int) -> None:
         self.store(pkt).enqueue(pkt, now)
@@ -1456,7 +1468,7 @@ class Simulator(Engine):
         policed = {
             f.span: f.police
             for f in self.iface.filters
-            if isinstance(f, ir.U32Filter) and f.police is not None
+            if isinstance(f, ir.U32Filter | ir.FlowerFilter) and f.police is not None
         }
         return next((_Policed(policed[s], s) for s in spans if s in policed), None)
 
@@ -1475,7 +1487,7 @@ class Simulator(Engine):
                 else:
                     priomap = step.qdisc.priomap
                     table = [c.value for c in priomap] if priomap else list(DEFAULT_PRIOMAP)
-                    route.append(table[tos_priority(flow.packet.tos)])
+                    route.append(table[packet_priority(flow.packet)])
             elif isinstance(step.qdisc, ir.Hfsc):
                 route.append(None if step.cls is None else builder.hfsc_classes[id(step.cls)])
             elif isinstance(step.qdisc, ir.Cbq):
@@ -1488,7 +1500,8 @@ class Simulator(Engine):
             cls = "dropped"
         else:
             cls = verdict.steps[-1].qdisc.kind
-        probe = Packet(index, flow.packet.size, flow.packet.tos, tuple(route), 0, self.cost(flow))
+        priority = packet_priority(flow.packet)
+        probe = Packet(index, flow.packet.size, priority, tuple(route), 0, self.cost(flow))
         stop = self.end if flow.stop is None else min(flow.stop * US, self.end)
         state = _FlowState(flow, index, tuple(route), cls, self.root.store(probe), stop)
         state.verdict_spans = tuple(step.span for step in verdict.steps)
@@ -1518,7 +1531,12 @@ class Simulator(Engine):
     # ---- flows ----
     def _packet(self, s: _FlowState, now: int) -> Packet:
         return Packet(
-            s.index, s.flow.packet.size, s.flow.packet.tos, s.route, now, self.cost(s.flow)
+            s.index,
+            s.flow.packet.size,
+            packet_priority(s.flow.packet),
+            s.route,
+            now,
+            self.cost(s.flow),
         )
 
     def cost(self, flow: Flow) -> int:

@@ -1,16 +1,26 @@
 """Packets and flows as users describe them to ``classify``, ``simulate`` and ``measure``.
 
-A packet spec is a few words, in any order (``tcp src 10.3.34.11 dport 5001 tos 0x10``):
+A packet spec is a few words, in any order (``tcp src 10.3.34.11 dport 5001 tos 0x10``,
+``ipv6 tcp src 2001:db8::1 dport 443``):
 
-- a protocol: ``tcp``, ``udp``, ``icmp`` or any name of the language, or ``proto N``;
-- ``src A``, ``dst A`` (IPv4 addresses), ``sport N``, ``dport N``;
-- ``tos V`` (0-255, decimal or 0x..) or ``dscp X`` (a number or a name such as ``ef``);
+- a family: ``ipv4`` or ``ipv6``; an address implies its own, and so do ``icmp`` (IPv4) and
+  ``icmpv6`` and the extension headers (IPv6); a spec that implies neither is IPv4;
+- a protocol: ``tcp``, ``udp``, ``icmp``, ``icmpv6`` or any name of the language, or ``proto N``;
+- ``src A``, ``dst A`` (IPv4 or IPv6 addresses), ``sport N``, ``dport N``;
+- ``tos V`` (0-255, decimal or 0x..; on IPv6 the traffic class) or ``dscp X`` (a number or a
+  name such as ``ef``);
 - ``size B`` (bytes on the wire, as tc counts them: the IP packet plus the 14-byte Ethernet
   header; ``1500b``, ``1k`` and bare numbers as in tc), or ``iplen B``, the IP packet's own
-  length (its total-length field, what tcpdump and ``ip -s`` report): ``iplen 52`` is ``size 66``;
+  length (IPv4's total length, IPv6's 40-byte header plus its payload length; what tcpdump and
+  ``ip -s`` report): ``iplen 52`` is ``size 66``;
 - ``ack``: a TCP packet with only ACK set and no payload (what the ``tcp-ack`` match finds);
 - ``flags F,...``: a TCP packet with exactly these flags set (``flags syn``, ``flags syn,ack``;
-  a TCP packet without it has ACK and PSH set).
+  a TCP packet without it has ACK and PSH set);
+- IPv6 extension headers, in the order written, between the fixed header and the protocol's:
+  ``hbh`` (hop-by-hop options), ``rthdr`` (a routing header), ``dstopt`` (destination options),
+  ``auth`` (an IPsec authentication header), ``frag`` (a fragment header: the first fragment,
+  which holds the protocol's header) or ``laterfrag`` (a later fragment: payload only). On IPv4
+  ``frag`` and ``laterfrag`` set the header's fragment fields.
 
 A flow spec is ``[NAME:] PACKET-WORDS [rate R] [start T] [stop T]``: packets like that one,
 sent at rate R (at most ``MAX_RATE``, 1tbit; greedy when no rate is given: as fast as the
@@ -24,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
-from tcdsl.ir import TCP_FLAGS
+from tcdsl.ir import TCP_FLAGS, Family
 from tcdsl.units import format_rate, parse_rate, parse_size, parse_time
 from tcdsl.words import protocol_name
 
@@ -43,47 +53,142 @@ class SpecError(ValueError):
 DEFAULT_PROTO = 17
 """A packet spec without a protocol is UDP."""
 
+V4_SRC = int(ipaddress.IPv4Address("10.0.0.1"))
+V4_DST = int(ipaddress.IPv4Address("10.0.0.2"))
+V6_SRC = int(ipaddress.IPv6Address("2001:db8::1"))
+"""The addresses of a packet whose spec gives none (IPv6: the documentation prefix)."""
+V6_DST = int(ipaddress.IPv6Address("2001:db8::2"))
+
+HOP_BY_HOP, ROUTING, FRAGMENT, AUTH, DEST_OPTS = 0, 43, 44, 51, 60
+LATER_FRAGMENT = -44
+"""In ``Packet.ext``: a fragment header of a later fragment (the protocol's header is in the
+first)."""
+EXTENSION_WORDS: dict[str, int] = {
+    "hbh": HOP_BY_HOP,
+    "rthdr": ROUTING,
+    "dstopt": DEST_OPTS,
+    "auth": AUTH,
+    "frag": FRAGMENT,
+    "laterfrag": LATER_FRAGMENT,
+}
+"""The spec's words for IPv6 extension headers (``frag`` and ``laterfrag`` on IPv4 too)."""
+EXTENSION_NAMES = {v: k for k, v in EXTENSION_WORDS.items()}
+FRAGMENT_OFFSET = 185
+"""A later fragment's offset, in 8-byte units: right after a first fragment of 1480 bytes."""
+
+
+def extension_bytes(kind: int, next_header: int) -> bytes:
+    """One IPv6 extension header as sent, ``next_header`` the header after it: 8 bytes
+    (options are one PadN; the routing header is of the experimental type 253 with no segment
+    left, which every node skips), 24 for AH (an SPI of 0x100 and a 12-byte ICV)."""
+    if kind in (HOP_BY_HOP, DEST_OPTS):
+        return bytes([next_header, 0, 1, 4, 0, 0, 0, 0])
+    if kind == ROUTING:
+        return bytes([next_header, 0, 253, 0, 0, 0, 0, 0])
+    if kind == AUTH:
+        return (
+            bytes([next_header, 4, 0, 0])
+            + (0x100).to_bytes(4, "big")
+            + (1).to_bytes(4, "big")
+            + bytes(12)
+        )
+    offset, more = (0, 1) if kind == FRAGMENT else (FRAGMENT_OFFSET, 0)
+    return (
+        bytes([next_header, 0]) + (offset << 3 | more).to_bytes(2, "big") + (1).to_bytes(4, "big")
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class Packet:
-    """One IPv4 packet, as far as classification looks at it."""
+    """One IPv4 or IPv6 packet, as far as classification looks at it."""
 
     proto: int = DEFAULT_PROTO
-    src: int = int(ipaddress.IPv4Address("10.0.0.1"))
-    dst: int = int(ipaddress.IPv4Address("10.0.0.2"))
+    src: int = V4_SRC
+    """The source address as an integer (of ``family``: give both addresses for IPv6)."""
+    dst: int = V4_DST
     sport: int = 40000
     dport: int = 9
     tos: int = 0
+    """The TOS byte (IPv4) or traffic class (IPv6): DSCP << 2 | ECN."""
     size: int = DEFAULT_SIZE
     """Bytes on the wire (IP packet + Ethernet header), as qdiscs count them."""
     ack_only: bool = False
     """TCP with only ACK set and a 20-byte header, no payload (the ``tcp-ack`` idiom)."""
     tcp_flags: int | None = None
     """The TCP flags byte (``flags syn``); None: ACK and PSH (or only ACK with ``ack``)."""
+    family: Family = "ipv4"
+    ext: tuple[int, ...] = ()
+    """IPv6 extension headers in order (``HOP_BY_HOP``, ``ROUTING``, ``DEST_OPTS``, ``AUTH``,
+    ``FRAGMENT``, ``LATER_FRAGMENT``); on IPv4 at most one fragment marker."""
 
-    def header(self) -> bytes:
-        """The first 40 bytes of the IP packet (IP header without options, then the first
-        20 bytes of the transport header), which is all a u32 key of the language reads."""
-        total = max(self.size - ETHERNET_HEADER, 40)
-        ip = bytes([0x45, self.tos, total >> 8, total & 0xFF, 0, 0, 0x40, 0, 64, self.proto, 0, 0])
-        ip += self.src.to_bytes(4, "big") + self.dst.to_bytes(4, "big")
+    @property
+    def later_fragment(self) -> bool:
+        """True for a fragment after the first: it holds no header of ``proto``."""
+        return LATER_FRAGMENT in self.ext
+
+    @property
+    def fragment(self) -> bool:
+        """True for any fragment, the first included."""
+        return FRAGMENT in self.ext or self.later_fragment
+
+    def _transport(self) -> bytes:
+        """The first 20 bytes after the IP header and its extension headers: the protocol's
+        header (ports first), or payload (zeros) in a later fragment."""
+        if self.later_fragment:
+            return bytes(20)
         transport = self.sport.to_bytes(2, "big") + self.dport.to_bytes(2, "big")
         if self.proto == 6:
             flags = 0x10 if self.ack_only else 0x18
             if self.tcp_flags is not None:
                 flags = self.tcp_flags
-            transport += bytes(8) + bytes([0x50, flags]) + bytes(6)
-        else:
-            transport += bytes(16)
+            return transport + bytes(8) + bytes([0x50, flags]) + bytes(6)
+        return transport + bytes(16)
+
+    def header(self) -> bytes:
+        """The packet's bytes from the IP header on, as the kernel's u32 reads them: the IPv4
+        header without options, or IPv6's 40-byte fixed header and its extension headers;
+        then the first 20 bytes of the transport header (all a key of the language reads)."""
+        transport = self._transport()
+        if self.family == "ipv6":
+            chain = [*self.ext, self.proto]
+            exts = b"".join(
+                extension_bytes(kind, chain[i + 1] if chain[i + 1] >= 0 else FRAGMENT)
+                for i, kind in enumerate(self.ext)
+            )
+            first = chain[0] if chain[0] >= 0 else FRAGMENT
+            payload = max(self.size - ETHERNET_HEADER, 40 + len(exts) + 20) - 40
+            fixed = bytes([0x60 | self.tos >> 4, (self.tos & 0x0F) << 4, 0, 0])
+            fixed += payload.to_bytes(2, "big") + bytes([first, 64])
+            fixed += self.src.to_bytes(16, "big") + self.dst.to_bytes(16, "big")
+            return fixed + exts + transport
+        total = max(self.size - ETHERNET_HEADER, 40)
+        frag = 0x4000
+        if self.ext:
+            frag = 0x2000 if FRAGMENT in self.ext else FRAGMENT_OFFSET
+        ip = bytes([0x45, self.tos, total >> 8, total & 0xFF, 0, 0, frag >> 8, frag & 0xFF])
+        ip += bytes([64, self.proto, 0, 0])
+        ip += self.src.to_bytes(4, "big") + self.dst.to_bytes(4, "big")
         return ip + transport
+
+    def ip_packet(self) -> bytes:
+        """The whole IP packet as sent (a raw socket's ``IP_HDRINCL`` bytes, or an IPv6 packet
+        from its fixed header on): ``header()`` and zeros up to the packet's size."""
+        header = self.header()
+        return header + bytes(max(self.size - ETHERNET_HEADER - len(header), 0))
+
+    def address_text(self, address: int) -> str:
+        """``src`` or ``dst`` in the usual spelling of the packet's family."""
+        return str(
+            ipaddress.ip_address(address if self.family == "ipv4" else address.to_bytes(16, "big"))
+        )
 
     def describe(self) -> str:
         """The packet in the spec's own words."""
         names = {v: k for k, v in reversed(PROTOCOLS.items())}
-        words = [names.get(self.proto, f"proto {self.proto}")]
-        words += ["src", str(ipaddress.IPv4Address(self.src))]
-        words += ["dst", str(ipaddress.IPv4Address(self.dst))]
-        if self.proto in (6, 17, 132):
+        words = ["ipv6"] if self.family == "ipv6" else []
+        words.append(names.get(self.proto, f"proto {self.proto}"))
+        words += ["src", self.address_text(self.src), "dst", self.address_text(self.dst)]
+        if self.proto in PORTED:
             words += ["sport", str(self.sport), "dport", str(self.dport)]
         if self.tos:
             words += ["tos", f"0x{self.tos:02x}"]
@@ -91,6 +196,7 @@ class Packet:
             words.append("ack")
         if self.tcp_flags is not None:
             words += ["flags", ",".join(n for n, b in TCP_FLAGS.items() if self.tcp_flags & b)]
+        words += [EXTENSION_NAMES[kind] for kind in self.ext]
         words += ["size", str(self.size)]
         return " ".join(words)
 
@@ -119,32 +225,38 @@ def _number(word: str, what: str, hi: int) -> int:
     return value
 
 
-def _address(word: str, what: str) -> int:
+def _address(word: str, what: str) -> tuple[Family, int]:
     try:
-        return int(ipaddress.IPv4Address(word))
+        address = ipaddress.ip_address(word)
     except ValueError:
-        raise SpecError(f"{what} needs an IPv4 address, found {word!r}") from None
+        raise SpecError(f"{what} needs an IPv4 or IPv6 address, found {word!r}") from None
+    return ("ipv4" if address.version == 4 else "ipv6"), int(address)
 
 
 MIN_IP_LENGTH = 40
-"""The shortest packet modelled: an IP header and 20 bytes of transport header."""
+"""The shortest IPv4 packet modelled: an IP header and 20 bytes of transport header."""
 
 
-def _length(word: str, value: str) -> int:
-    """``size B`` (the frame, as tc counts it) or ``iplen B`` (the IP packet), as a size."""
+def _length(word: str, value: str, least: int) -> int:
+    """``size B`` (the frame, as tc counts it) or ``iplen B`` (the IP packet), as a size;
+    ``least``: the shortest IP packet of this spec (its headers and 20 bytes after them)."""
     try:
         number = int(str(parse_size(value)))
     except ValueError:
         raise SpecError(f"{word} needs a size such as 1500 or 1k, found {value!r}") from None
     extra = ETHERNET_HEADER if word == "iplen" else 0
-    lo, hi = MIN_IP_LENGTH + ETHERNET_HEADER - extra, 65535 + ETHERNET_HEADER - extra
+    lo, hi = least + ETHERNET_HEADER - extra, 65535 + ETHERNET_HEADER - extra
+    if least > MIN_IP_LENGTH:  # IPv6: the payload length has 16 bits, the fixed header apart
+        hi += 40
     if lo <= number <= hi:
         return number + extra
     if word == "iplen":
-        least = " (an IP header and 20 bytes of TCP or UDP header)" if number < lo else ""
-        raise SpecError(f"iplen {number} is outside {lo}-{hi} bytes{least}")
+        least_words = " (an IP header and 20 bytes of TCP or UDP header)" if number < lo else ""
+        if number < lo and least > MIN_IP_LENGTH:
+            least_words = " (the IPv6 headers and 20 bytes of TCP or UDP header)"
+        raise SpecError(f"iplen {number} is outside {lo}-{hi} bytes{least_words}")
     hint = ""
-    if MIN_IP_LENGTH <= number < lo:
+    if least <= number < lo:
         frame = number + ETHERNET_HEADER
         hint = f"; for an IP packet of {number} bytes write 'iplen {number}' (size {frame})"
     raise SpecError(
@@ -176,10 +288,23 @@ PORTED = frozenset({6, 17, 33, 132, 136})
 """The protocols whose header starts with source and destination ports (tcp, udp, dccp, sctp,
 udplite)."""
 
+FAMILY_WORDS: dict[str, Family] = {"ipv4": "ipv4", "ipv6": "ipv6"}
+_ONE_FAMILY: dict[int, Family] = {1: "ipv4", 58: "ipv6"}
+
+
+def _header_length(family: Family, ext: tuple[int, ...]) -> int:
+    """The shortest IP packet with these headers: IP (and extension) headers, 20 bytes more."""
+    if family == "ipv4":
+        return MIN_IP_LENGTH
+    return 40 + sum(24 if kind == AUTH else 8 for kind in ext) + 20
+
 
 def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
     fields: dict[str, object] = {}
     given: dict[str, str] = {}  # field -> the word that gave it
+    families: dict[Family, str] = {}  # family -> the word that implied it first
+    ext: list[int] = []
+    length: tuple[str, str] | None = None
 
     def once(key: str, word: str) -> None:
         if key in given:
@@ -191,6 +316,20 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
     while i < len(words):
         word = words[i].lower()
         value = words[i + 1] if i + 1 < len(words) else None
+        if word in FAMILY_WORDS:
+            once("family", word)
+            families.setdefault(FAMILY_WORDS[word], word)
+            i += 1
+            continue
+        if word in EXTENSION_WORDS:
+            kind = EXTENSION_WORDS[word]
+            if kind in ext or (kind in (FRAGMENT, LATER_FRAGMENT) and ext and -kind in ext):
+                raise SpecError(f"the packet spec gives '{word}' twice; give each header once")
+            if kind not in (FRAGMENT, LATER_FRAGMENT):
+                families.setdefault("ipv6", word)
+            ext.append(kind)
+            i += 1
+            continue
         if word in PROTOCOLS:
             once("protocol", word)
             fields["proto"] = PROTOCOLS[word]
@@ -218,7 +357,8 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
         if word == "proto":
             fields["proto"] = PROTOCOLS.get(value.lower()) or _number(value, "proto", 255)
         elif word in ("src", "dst"):
-            fields[word] = _address(value, word)
+            implied, fields[word] = _address(value, word)
+            families.setdefault(implied, f"{word} {value}")
         elif word in ("sport", "dport"):
             fields[word] = _number(value, word, 65535)
         elif word == "tos":
@@ -227,20 +367,34 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             code = DSCP_NAMES.get(value.lower())
             fields["tos"] = (code if code is not None else _number(value, "dscp", 63)) << 2
         else:
-            fields["size"] = _length(word, value)
+            length = (word, value)
         i += 2
-    ports = [p for p in ("sport", "dport") if p in fields]
     proto = fields.get("proto", DEFAULT_PROTO)
     assert isinstance(proto, int)
+    if proto in _ONE_FAMILY:
+        families.setdefault(_ONE_FAMILY[proto], protocol_name(proto).lower())
+    if len(families) > 1:
+        four, six = families["ipv4"], families["ipv6"]
+        raise SpecError(f"'{four}' is IPv4 and '{six}' is IPv6: a packet has one family")
+    family: Family = next(iter(families), "ipv4")
+    fields["family"] = family
+    fields["ext"] = tuple(ext)
+    if family == "ipv6":
+        fields.setdefault("src", V6_SRC)
+        fields.setdefault("dst", V6_DST)
+    ports = [p for p in ("sport", "dport") if p in fields]
     if ports and proto not in PORTED:
         name = protocol_name(proto).lower()
         raise SpecError(f"{name} has no ports: drop '{ports[0]}', or make it a tcp or udp packet")
     if "tcp_flags" in fields and proto != 6:
         raise SpecError("'flags' are TCP flags; the packet cannot have another protocol")
+    least = _header_length(family, tuple(ext))
+    if length is not None:
+        fields["size"] = _length(*length, least)
     if fields.get("ack_only"):
         if fields.get("proto") != 6:
             raise SpecError("'ack' is a TCP packet; it cannot have another protocol")
-        fields.setdefault("size", 40 + ETHERNET_HEADER)  # headers only
+        fields.setdefault("size", least + ETHERNET_HEADER)  # headers only
     return Packet(**fields), words[i:]  # type: ignore[arg-type]
 
 
