@@ -7,7 +7,8 @@ construct the target lacks and, without a target, W306 for cbq (which no current
 Versions: every feature the language expresses is older than Linux 2.6.12 (the start of the
 kernel's git history), except fq_codel and codel (3.5), netem's ``rate`` (3.3), fq (3.12),
 fq_pie (5.6; Debian 12's 6.1 kernels do not build it), the ifb device that downloads are shaped
-on (2.6.19) and the connmark action (4.0). cbq was removed in 6.3;
+on (2.6.19), the connmark action (4.0) and the flower classifier (``classifier flower``: 4.2;
+its port ranges 5.0; its TOS and TCP flags keys are in by 4.13). cbq was removed in 6.3;
 the removal was also backported to the 6.1 stable kernels in 6.1.82 (Debian 12's kernels
 followed). A configuration file decides by its ``CONFIG_`` lines instead: ``=y`` or ``=m`` is
 present, ``is not set`` or no line at all is missing.
@@ -113,6 +114,24 @@ FEATURES: Mapping[str, Feature] = {
     ),
     "red": Feature("red qdisc", (_SCHED, "CONFIG_NET_SCH_RED")),
     "u32": Feature("u32 classifier", (_CLS, "CONFIG_NET_CLS_U32")),
+    "flower": Feature(
+        "flower classifier",
+        (_CLS, "CONFIG_NET_CLS_FLOWER"),
+        since=(4, 2, 0),
+        hint="use 'classifier u32'",
+    ),
+    "flower-keys": Feature(
+        "TOS and TCP flags keys in flower",
+        (_CLS, "CONFIG_NET_CLS_FLOWER"),
+        since=(4, 13, 0),
+        hint="use 'classifier u32'",
+    ),
+    "flower-ranges": Feature(
+        "port ranges in flower",
+        (_CLS, "CONFIG_NET_CLS_FLOWER"),
+        since=(5, 0, 0),
+        hint="use 'classifier u32', or single ports",
+    ),
     "fw": Feature("fw classifier", (_CLS, "CONFIG_NET_CLS_FW"), hint="use u32 matches"),
     "iptables-mark": Feature(
         "firewall marking (iptables' mangle table and MARK target, or nftables)",
@@ -124,6 +143,18 @@ FEATURES: Mapping[str, Feature] = {
         "DSCP rewriting (iptables' DSCP target, or nftables)",
         ("CONFIG_IP_NF_IPTABLES", "CONFIG_IP_NF_MANGLE", "CONFIG_NETFILTER_XT_TARGET_DSCP"),
         hint="drop 'set dscp'",
+        alternatives=(("CONFIG_NF_TABLES", "CONFIG_NF_TABLES_INET"),),
+    ),
+    "ip6tables-mark": Feature(
+        "IPv6 firewall marking (ip6tables' mangle table and MARK target, or nftables)",
+        ("CONFIG_IP6_NF_IPTABLES", "CONFIG_IP6_NF_MANGLE", "CONFIG_NETFILTER_XT_MARK"),
+        hint="mark IPv4 only ('family ipv4'), or use u32 matches",
+        alternatives=(("CONFIG_NF_TABLES", "CONFIG_NF_TABLES_INET"),),
+    ),
+    "ip6tables-dscp": Feature(
+        "IPv6 DSCP rewriting (ip6tables' DSCP target, or nftables)",
+        ("CONFIG_IP6_NF_IPTABLES", "CONFIG_IP6_NF_MANGLE", "CONFIG_NETFILTER_XT_TARGET_DSCP"),
+        hint="mark IPv4 only ('family ipv4'), or drop 'set dscp'",
         alternatives=(("CONFIG_NF_TABLES", "CONFIG_NF_TABLES_INET"),),
     ),
 }
@@ -231,19 +262,42 @@ def _needs(policy: ir.Policy) -> Iterator[tuple[str, Span]]:
                 matched = matched or m.span
                 if m.police is not None:
                     yield "police", m.police.span
+        classifier = "flower" if iface.classifier == "flower" else "u32"
         if iface.marking is not None:
             yield "fw", iface.marking.span
-            yield "iptables-mark", iface.marking.span
+            tables = {"ipv4": "iptables", "ipv6": "ip6tables"}
+            for family in iface.families:
+                yield f"{tables[family]}-mark", iface.marking.span
             classes = [c for q in ir.walk_qdiscs(iface.root) for c in ir.classes_of(q)]
             for cls in classes:
                 if cls.set_dscp is not None:
-                    yield "iptables-dscp", cls.set_dscp.span
+                    for family in iface.families:
+                        yield f"{tables[family]}-dscp", cls.set_dscp.span
             own = [m for c in classes for m in c.matches]
             pref = next((m.span for m in own if m.pref is not None), None)
-            if pref is not None:  # a match line that keeps its pref stays a u32 filter
-                yield "u32", pref
+            if pref is not None:  # a match line that keeps its pref stays a filter of its own
+                yield classifier, pref
         elif matched is not None:
-            yield "u32", matched
+            # flower at the words that ask for it, u32 at the first match line
+            yield classifier, iface.classifier_span or matched
+        yield from _flower_keys(iface)
+
+
+def _flower_keys(iface: ir.Interface) -> Iterator[tuple[str, Span]]:
+    """The newer flower keys a ``classifier flower`` tree's match lines use (the TOS byte,
+    TCP flags; port ranges), at the condition that uses them."""
+    if iface.classifier != "flower":
+        return
+    for q in ir.walk_qdiscs(iface.root):
+        for _, m in ir.matches_of(q):
+            for cond in m.conds:
+                match cond:
+                    case ir.TosCond() | ir.TcpFlagsCond():
+                        yield "flower-keys", cond.span
+                    case ir.PortCond() if any(p.lo != p.hi for p in cond.ports):
+                        yield "flower-ranges", cond.span
+                    case _:
+                        pass
 
 
 def kernel_support(policy: ir.Policy, target: KernelTarget | None) -> Iterator[Diagnostic]:

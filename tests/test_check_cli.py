@@ -520,7 +520,7 @@ def test_kernel_config_file(here: Path) -> None:
         "the target kernel config-without has no cbq qdisc (CONFIG_NET_SCH_CBQ not set)"
         in result.stderr
     )
-    marks = "interface eth0 htb rate 10mbit default web {\n"
+    marks = "interface eth0 family ipv4 htb rate 10mbit default web {\n"  # IPv4 options only
     marks += "    classify by mark from eth1\n    class web rate 1mbit {\n"
     marks += "        match proto tcp dport 80\n    }\n}\n"
     write(here / "marks.tcp", marks)

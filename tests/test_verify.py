@@ -401,6 +401,124 @@ def test_filter_lines() -> None:
     assert (other.kind, other.protocol, other.pref) == ("matchall", "all", 49152)
 
 
+IPV6_U32 = """\
+filter parent 1: protocol ipv6 pref 2 u32 chain 0 
+filter parent 1: protocol ipv6 pref 2 u32 chain 0 fh 800: ht divisor 1 
+filter parent 1: protocol ipv6 pref 2 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 *flowid 1:1 not_in_hw 
+  match 20010db8/ffffffff at 8
+  match 00000000/ffffffff at 12
+  match 000001bb/0000ffff at 40
+  match 00000600/0000ff00 at 4
+  match 0b800000/0fc00000 at 0
+"""  # noqa: W291, E501
+"""The host kernel (6.18, iproute2 6.1) for ``protocol ipv6 pref 2 u32 match ip6 src
+2001:db8::/64 match ip6 dport 443 0xffff match ip6 protocol 6 0xff match ip6 priority 0xb8
+0xfc flowid 1:1`` (research notes of issue 11)."""
+
+
+def test_ipv6_u32_keys_pack_like_tc() -> None:
+    """ip6 words as tc packs them (each printed by the host kernel): an address in one key a
+    32-bit word its prefix reaches, the traffic class in bits 4-11 of the first word, the next
+    header at byte 6, ports 40 bytes in; keys in one word merged."""
+    (f,) = parse_filters(IPV6_U32)
+    assert (f.kind, f.protocol, f.pref, f.flowid) == ("u32", "ipv6", 2, "1:1")
+    words = (
+        ("ip6", "src", "2001:db8::/64"),
+        ("ip6", "dport", "443", "0xffff"),
+        ("ip6", "protocol", "6", "0xff"),
+        ("ip6", "priority", "0xb8", "0xfc"),
+    )
+    assert expected_keys(words) == f.keys
+    assert expected_keys(
+        (("ip6", "sport", "1024", "0xffff"), ("ip6", "dport", "443", "0xffff"))
+    ) == ((0x040001BB, 0xFFFFFFFF, 40),)
+    assert expected_keys((("ip6", "dst", "2001:db8:1:2:3:4:5:6/100"), ("ip6", "src", "::/0"))) == (
+        (0x20010DB8, 0xFFFFFFFF, 24),
+        (0x00010002, 0xFFFFFFFF, 28),
+        (0x00030004, 0xFFFFFFFF, 32),
+        (0x00000000, 0xF0000000, 36),
+    )
+    assert expected_keys((("ip6", "dst", "2001:db8::1"),))[-1] == (1, 0xFFFFFFFF, 36)
+    assert expected_keys((("u8", "0x10", "0xff", "at", "53"),)) == ((0x100000, 0xFF0000, 52),)
+    with pytest.raises(expect.UnpackableKey):
+        expected_keys((("ip6", "src", "2001:db8::1"), ("ip6", "src", "2001:db8::2")))
+
+
+FLOWER = """\
+filter protocol ip pref 1 flower chain 0 
+filter protocol ip pref 1 flower chain 0 handle 0x1 classid 1:3 
+  eth_type ipv4
+  ip_proto tcp
+  tcp_flags 0x10/17
+  not_in_hw
+filter protocol ip pref 1 flower chain 0 handle 0x2 classid 1:4 
+  eth_type ipv4
+  ip_proto 2f
+  not_in_hw
+filter protocol ip pref 1 flower chain 0 handle 0x3 classid 1:5 
+  eth_type ipv4
+  ip_proto tcp
+  dst_port 1-1023
+  not_in_hw
+filter protocol ip pref 1 flower chain 0 handle 0x4 classid 1:6 
+  eth_type ipv4
+  ip_proto tcp
+  ip_tos 16
+  dst_ip 10.0.0.0/8
+  not_in_hw
+\taction order 1:  police 0x1 rate 1Mbit burst 10Kb mtu 2Kb action drop overhead 0b 
+\tref 1 bind 1 
+
+filter protocol ipv6 pref 32769 flower chain 0 
+filter protocol ipv6 pref 32769 flower chain 0 handle 0x1 classid 1:1 
+  eth_type ipv6
+  ip_proto tcp
+  ip_tos 184/0xfc
+  dst_ip 2001:db8::/64
+  src_ip 2001:db8::1
+  dst_port 443
+  not_in_hw
+filter protocol ipv6 pref 32769 flower chain 0 handle 0x2 classid 1:2 
+  eth_type ipv6
+  ip_proto udp
+  dst_port 53
+  src_port 1024/0xfc00
+  ip_ttl 1
+  not_in_hw
+"""  # noqa: W291
+"""Debian's 6.1 in user-mode Linux (iproute2 6.1), for ``flower ip_proto tcp tcp_flags
+0x10/0x17``, ``ip_proto 0x2f``, ``dst_port 1-1023``, ``ip_tos 0x10 dst_ip 10.0.0.0/8 action
+police ...``, ``ip_proto tcp dst_ip 2001:db8::/64 src_ip 2001:db8::1 dst_port 443 ip_tos
+0xb8/0xfc`` and ``ip_proto udp src_port 1024/0xfc00 dst_port 53 ip_ttl 1``."""
+
+
+def test_flower_filter_lines() -> None:
+    """flower prints one key a line: ip_tos in decimal with a 0x mask, tcp_flags in hex with a
+    mask without 0x, a number protocol in hex, a host without /128; read back normalised."""
+    flags, gre, ports, policed, web, dns = parse_filters(FLOWER)
+    assert (flags.kind, flags.protocol, flags.pref, flags.flowid) == ("flower", "ip", 1, "1:3")
+    assert flags.flower == readback.FlowerMatch("ipv4", 6, tcp_flags=(0x10, 0x17))
+    assert gre.flower == readback.FlowerMatch("ipv4", 47)
+    assert ports.flower == readback.FlowerMatch("ipv4", 6, dport=(1, 1023))
+    assert policed.flower == readback.FlowerMatch("ipv4", 6, dst="10.0.0.0/8", tos=(16, 0xFF))
+    assert policed.actions == (("police", 1_000_000, 10240, 2048, "drop"),)
+    assert (web.protocol, web.pref, web.flowid) == ("ipv6", 32769, "1:1")
+    assert web.flower == readback.FlowerMatch(
+        "ipv6", 6, "2001:db8::1/128", "2001:db8::/64", dport=(443, 443), tos=(0xB8, 0xFC)
+    )
+    # a masked port is the range it spans; a key not modelled (ip_ttl) is kept, to differ
+    assert dns.flower == readback.FlowerMatch(
+        "ipv6", 17, sport=(1024, 2047), dport=(53, 53), other=("ip_ttl 1",)
+    )
+    # messages spell a match as tc prints it
+    assert web.flower is not None and web.flower.describe() == (
+        "eth_type ipv6 ip_proto tcp ip_tos 184/0xfc dst_ip 2001:db8::/64 src_ip 2001:db8::1 "
+        "dst_port 443"
+    )
+    assert gre.flower is not None and gre.flower.describe() == "eth_type ipv4 ip_proto 2f"
+    assert flags.flower is not None and flags.flower.describe().endswith("tcp_flags 0x10/17")
+
+
 # ==== iptables-save ============================================================================
 
 IPTABLES_LEGACY = """\
@@ -446,6 +564,32 @@ def test_iptables_save() -> None:
     assert tos.protocol == 4 and tos.tos == (0x10, 0x1E)
 
 
+IP6TABLES_LEGACY = """\
+# Generated by ip6tables-save v1.8.9 on Wed Nov 25 03:22:00 2026
+*mangle
+:PREROUTING ACCEPT [0:0]
+:X - [0:0]
+-A PREROUTING -i a1 -j X
+-A X -s 2001:db8::1/128 -p tcp -m tcp --dport 443 -m mark --mark 0x0 -j MARK --set-xmark 0x5/0xffffffff
+-A X -d 2001:db8::/32 -p ipv6-icmp -m mark --mark 0x0 -j MARK --set-xmark 0x6/0xffffffff
+-A X -s ::/0 -m mark --mark 0x5 -j DSCP --set-dscp 0x0a
+COMMIT
+"""  # noqa: E501
+"""ip6tables 1.8.9 (legacy) in the UML guest (``-s 2001:db8::1``, ``-p icmpv6``)."""
+
+
+def test_ip6tables_save() -> None:
+    state = parse_iptables_save(IP6TABLES_LEGACY)
+    mark = dict(mark=(0, 0xFFFFFFFF), target="MARK")
+    web, icmp, dscp = state.chains["X"]
+    assert web == IptRule(
+        "X", src="2001:db8::1/128", protocol=6, dport=(443, 443), set_mark=(5, 0xFFFFFFFF), **mark
+    )
+    assert icmp == IptRule("X", dst="2001:db8::/32", protocol=58, set_mark=(6, 0xFFFFFFFF), **mark)
+    assert dscp == IptRule("X", mark=(5, 0xFFFFFFFF), target="DSCP", set_dscp=10)
+    assert readback.KernelState(ip6tables=state).table("ipv6") is state
+
+
 def test_iptables_spellings_compare_equal() -> None:
     """A rule as the script writes it and as iptables-save prints it is the same rule."""
     written = [
@@ -484,8 +628,23 @@ def test_expected_objects_carry_labels_and_spans() -> None:
     assert values["prio"] == (0, "0", "policies/office.tcp:10:21")
     sfq = next(q for q in eth0.qdiscs if q.kind == "sfq")
     assert (sfq.label, str(sfq.span)) == ("sfq qdisc of 1:10", "policies/office.tcp:8:9")
-    labels = [(f.label, str(f.span)) for f in eth0.filters]
-    assert labels[2] == ("filter to 1:20 (pref 1)", "policies/office.tcp:10:34")
+    labels = [(f.label, f.protocol, str(f.span)) for f in eth0.filters]
+    # every line has filters in both families (IPv6 ones 0x8000 prefs later); ICMP is IPv4's,
+    # ICMPv6 IPv6's; a port on IPv6 needs its protocol (TCP, then UDP); src 10.3.34.11 is IPv4
+    assert labels[:7] == [
+        ("IPv4 filter to 1:10 (pref 1)", "ip", "policies/office.tcp:6:9"),
+        ("IPv6 filter to 1:10 (pref 32769)", "ipv6", "policies/office.tcp:6:9"),
+        ("IPv4 filter to 1:10 (pref 1)", "ip", "policies/office.tcp:7:9"),
+        ("IPv6 filter to 1:10 (pref 32769)", "ipv6", "policies/office.tcp:7:9"),
+        ("IPv4 filter to 1:20 (pref 1)", "ip", "policies/office.tcp:10:34"),
+        ("IPv6 filter to 1:20 (pref 32769)", "ipv6", "policies/office.tcp:10:34"),
+        ("IPv6 filter to 1:20 (pref 32769)", "ipv6", "policies/office.tcp:10:34"),
+    ]
+    assert labels[-1] == ("IPv4 filter to 1:60 (pref 1)", "ip", "policies/office.tcp:17:41")
+    assert [f.keys for f in eth0.filters[5:7]] == [
+        ((0x600, 0xFF00, 4), (5001, 0xFFFF, 40)),
+        ((0x1100, 0xFF00, 4), (5001, 0xFFFF, 40)),
+    ]
 
 
 def test_expected_chain_of_a_marking_policy() -> None:
@@ -495,10 +654,11 @@ def test_expected_chain_of_a_marking_policy() -> None:
     assert eth0.chain is not None
     assert eth0.chain.jump.rule == IptRule("PREROUTING", in_iface="eth1", target="INSHAPER")
     assert [(r.label, str(r.span)) for r in eth0.chain.rules] == [
-        ("mark rule for 'app5001'", "policies/seeds/s000-10.1-marks.tcp:28:48"),
-        ("mark rule for 'app5002'", "policies/seeds/s000-10.1-marks.tcp:31:48"),
-        ("mark rule for unmarked traffic", "policies/seeds/s000-10.1-marks.tcp:26:40"),
+        ("mark rule for 'app5001'", "policies/seeds/s000-10.1-marks.tcp:29:48"),
+        ("mark rule for 'app5002'", "policies/seeds/s000-10.1-marks.tcp:32:48"),
+        ("mark rule for unmarked traffic", "policies/seeds/s000-10.1-marks.tcp:27:52"),
     ]
+    assert [c.family for c in eth0.chains] == ["ipv4"]  # the seed says 'family ipv4'
 
 
 def test_constants_are_quoted_as_written() -> None:
@@ -513,8 +673,8 @@ def test_constants_are_quoted_as_written() -> None:
 # ==== comparing captured kernel output with the policy ==========================================
 
 
-def _captured(name: str) -> dict[str, runner.Section]:
-    return runner.sections((DATA / f"{name}.uml.out").read_text(encoding="utf-8"))
+def _captured(name: str, kernel: str = "uml") -> dict[str, runner.Section]:
+    return runner.sections((DATA / f"{name}.{kernel}.out").read_text(encoding="utf-8"))
 
 
 def _state(found: dict[str, runner.Section], result: Result) -> readback.KernelState:
@@ -649,18 +809,145 @@ def test_captured_marks_with_changes() -> None:
         expected_policy(result.policy, result.sources), _state(found, result)
     )
     assert sorted(_lines(problems)) == [
-        f"{MARKS}:27:5: error: jump from PREROUTING on eth1 to chain INSHAPER is missing in "
+        f"{MARKS}:28:5: error: jump from PREROUTING on eth1 to chain INSHAPER is missing in "
         "the kernel's mangle table [E401]",
-        f"{MARKS}:31:11: error: fw filter for mark 20 to 1:20 (pref 1) classid is 1:30 in the "
-        "kernel, policy says 1:20 [E402]",
-        f"{MARKS}:31:48: error: mark rule for 'app5002' dport is 5003 in the kernel, policy "
+        f"{MARKS}:32:11: error: IPv4 fw filter for mark 20 to 1:20 (pref 1) classid is 1:30 in "
+        "the kernel, policy says 1:20 [E402]",
+        f"{MARKS}:32:48: error: mark rule for 'app5002' dport is 5003 in the kernel, policy "
         "says 5002 [E402]",
-        f"{MARKS}:34:45: error: class 'others' prio is 3 in the kernel, policy says 2 [E402]",
+        f"{MARKS}:35:45: error: class 'others' prio is 3 in the kernel, policy says 2 [E402]",
+    ]
+
+
+DUAL_U32 = "tests/verify_data/dual-stack-u32.tcp"
+DUAL_FLOWER = "tests/verify_data/dual-stack-flower.tcp"
+DUAL_MARKS = "tests/verify_data/dual-stack-marks.tcp"
+DUAL_STACK = [(DUAL_U32, "host"), (DUAL_FLOWER, "uml"), (DUAL_MARKS, "uml")]
+"""Dual-stack policies and the kernel they were captured on: u32 filters of both families on
+the host (6.18); flower filters, fw filters of both families, iptables and ip6tables marking
+and a policer on IPv6 filters in user-mode Linux (Debian's 6.1)."""
+
+
+@pytest.mark.parametrize(("name", "kernel"), DUAL_STACK)
+def test_captured_dual_stack_state_agrees_with_its_policy(name: str, kernel: str) -> None:
+    result = _compile(name)
+    assert result.policy is not None
+    found = _captured(Path(name).stem, kernel)
+    expected = expected_policy(result.policy, result.sources)
+    state = _state(found, result)
+    assert compare.compare_state(expected, state) == []
+    # not vacuous: both families' filters were read back and compared
+    protocols = {
+        f.protocol for dev in state.devices.values() for fs in dev.filters.values() for f in fs
+    }
+    assert protocols == {"ip", "ipv6"}
+    expected_protocols = {f.protocol for i in expected.interfaces for f in i.filters}
+    assert expected_protocols == {"ip", "ipv6"}
+
+
+def test_captured_dual_stack_u32_with_changes() -> None:
+    result = _compile(DUAL_U32)
+    assert result.policy is not None
+    found = _captured("dual-stack-u32", "host")
+    _tamper(found, "filter 0 1:", "0b800000/0fc00000 at 0", "0b000000/0fc00000 at 0")
+    _tamper(
+        found,
+        "filter 0 1:",
+        "protocol ipv6 pref 32769 u32 chain 0 fh 801::812",
+        "protocol ip pref 32769 u32 chain 0 fh 801::812",
+    )
+    _tamper(
+        found,
+        "filter 0 1:",
+        "00000080/ffffffff at 36\n  match 00500000",
+        "00000081/ffffffff at 36\n  match 00500000",
+    )
+    problems = compare.compare_state(
+        expected_policy(result.policy, result.sources), _state(found, result)
+    )
+    assert _lines(problems) == [
+        f"{DUAL_U32}:8:26: error: IPv6 filter to 1:40 (pref 32769) keys are match "
+        "0b000000/0fc00000 at 0 in the kernel, policy says ip6 priority 0xb8 0xfc (match "
+        "0b800000/0fc00000 at 0) [E402]",
+        *(
+            f"{DUAL_U32}:11:27: error: IPv6 filter to 1:70 (pref 32769) keys are match "
+            f"0000{p}00/0000ff00 at 4, match 20010db8/ffffffff at 24, match 00000000/ffffffff "
+            "at 28, match 00000000/ffffffff at 32, match 00000081/ffffffff at 36, match "
+            "00500000/ffff0000 at 40 in the kernel, policy says ip6 protocol "
+            f"{int(p, 16)} 0xff ip6 dst 2001:db8::80 ip6 sport 80 0xffff (match "
+            f"0000{p}00/0000ff00 at 4, match 20010db8/ffffffff at 24, match 00000000/ffffffff "
+            "at 28, match 00000000/ffffffff at 32, match 00000080/ffffffff at 36, match "
+            "00500000/ffff0000 at 40) [E402]"
+            for p in ("06", "11")
+        ),
+        f"{DUAL_U32}:10:26: error: IPv6 filter to 1:60 (pref 32769) protocol is ip in the "
+        "kernel, policy says ipv6 [E402]",
+    ]
+
+
+def test_captured_dual_stack_flower_with_changes() -> None:
+    result = _compile(DUAL_FLOWER)
+    assert result.policy is not None
+    found = _captured("dual-stack-flower")
+    _tamper(found, "filter 0 1:", "ip_proto icmpv6", "ip_proto icmp")
+    _tamper(found, "filter 0 1:", "src_port 1024-2047", "src_port 1024-2048")
+    _tamper(found, "filter 0 1:", "handle 0xa classid 1:70", "handle 0xa classid 1:80")
+    problems = compare.compare_state(
+        expected_policy(result.policy, result.sources), _state(found, result)
+    )
+    assert _lines(problems) == [
+        f"{DUAL_FLOWER}:7:26: error: IPv4 filter to 1:30 (pref 1) matches eth_type ipv4 "
+        "ip_proto udp dst_ip 192.0.2.0/24 src_port 1024-2048 in the kernel, policy says "
+        "eth_type ipv4 ip_proto udp dst_ip 192.0.2.0/24 src_port 1024-2047 [E402]",
+        f"{DUAL_FLOWER}:10:27: error: IPv6 filter to 1:60 (pref 32769) matches eth_type ipv6 "
+        "ip_proto icmp in the kernel, policy says eth_type ipv6 ip_proto icmpv6 [E402]",
+        f"{DUAL_FLOWER}:11:27: error: IPv6 filter to 1:70 (pref 32769) classid is 1:80 in the "
+        "kernel, policy says 1:70 [E402]",
+    ]
+
+
+def test_captured_dual_stack_marks_with_changes() -> None:
+    result = _compile(DUAL_MARKS)
+    assert result.policy is not None
+    found = _captured("dual-stack-marks")
+    _tamper(found, "ip6tables", "-s 2001:db8::/32", "-s 2001:db8::/48")
+    _tamper(found, "ip6tables", "-A PREROUTING -i eth1", "-A PREROUTING -i eth9")
+    _tamper(found, "iptables", "-s 10.0.0.0/8 ", "-s 2001:db8::/32 ")
+    _tamper(
+        found,
+        "filter 0 1:",
+        "protocol ipv6 pref 32769 fw chain 0 handle 0x1e classid 1:30",
+        "protocol ipv6 pref 32769 fw chain 0 handle 0x1e classid 1:20",
+    )
+    _tamper(found, "filter 1 1:", "police 0x2 rate 1Mbit", "police 0x2 rate 2Mbit")
+    _tamper(
+        found,
+        "filter 0 1:",
+        "protocol ipv6 pref 32769 fw chain 0 handle 0x14",
+        "protocol ip pref 32769 fw chain 0 handle 0x14",
+    )
+    problems = compare.compare_state(
+        expected_policy(result.policy, result.sources), _state(found, result)
+    )
+    assert _lines(problems) == [
+        f"{DUAL_MARKS}:7:11: error: IPv6 fw filter for mark 20 to 1:20 (pref 32769) protocol "
+        "is ip in the kernel, policy says ipv6 [E402]",
+        f"{DUAL_MARKS}:8:11: error: IPv6 fw filter for mark 30 to 1:30 (pref 32769) classid is "
+        "1:20 in the kernel, policy says 1:30 [E402]",
+        f"{DUAL_MARKS}:8:26: error: mark rule for 'v4' src is 2001:db8::/32 in the kernel, "
+        "policy says 10.0.0.0/8 [E402]",
+        f"{DUAL_MARKS}:5:5: error: jump from PREROUTING on eth1 to ip6tables chain TCDSL-eth0 "
+        "is missing in the kernel's ip6tables mangle table [E401]",
+        f"{DUAL_MARKS}:7:26: error: IPv6 mark rule for 'v6' src is 2001:db8::/48 in the "
+        "kernel, policy says 2001:db8::/32 [E402]",
+        f"{DUAL_MARKS}:13:26: error: IPv6 filter to 1:10 (pref 32769) actions are police rate "
+        "2mbit burst 10k mtu 2k drop in the kernel, policy says police rate 1mbit burst 10k "
+        "mtu 2k drop [E402]",
     ]
 
 
 HTB_TEXT = """\
-interface eth0 htb rate 100mbit default voip {
+interface eth0 family ipv4 htb rate 100mbit default voip {
     class voip prio 0 rate 6mbit ceil 8mbit match dport 5001
     class web rate 10mbit match dport 80, 443
 }
@@ -700,15 +987,16 @@ def test_wrong_kernel_state_reports_at_the_policy_line(tmp_path: Path) -> None:
         expected_policy(result.policy, result.sources), readback.KernelState({"eth0": dev})
     )
     assert render(sorted(problems, key=lambda d: (d.span.line, d.span.column)), result.sources) == (
-        f"{path}:1:16: error: unexpected u32 filter under 1: in the kernel: pref 1, "
+        f"{path}:1:28: error: unexpected u32 filter under 1: in the kernel: pref 1, "
         "match 00000016/0000ffff at 20, flowid 1:30 [E403]\n"
-        " 1 | interface eth0 htb rate 100mbit default voip {\n"
-        "   |                ^~~\n"
+        " 1 | interface eth0 family ipv4 htb rate 100mbit default voip {\n"
+        "   |                            ^~~\n"
         f"{path}:2:39: error: class 'voip' ceil is 6Mbit in the kernel, policy says 8mbit [E402]\n"
         " 2 |     class voip prio 0 rate 6mbit ceil 8mbit match dport 5001\n"
         "   |                                       ^~~~~\n"
-        f"{path}:3:27: error: filter to 1:20 (pref 1) for ip dport 443 0xffff comes 2nd of the "
-        "pref 1 filters under 1: in the kernel, policy puts it 3rd (the first match wins) [E402]\n"
+        f"{path}:3:27: error: IPv4 filter to 1:20 (pref 1) for ip dport 443 0xffff comes 2nd of "
+        "the pref 1 filters under 1: in the kernel, policy puts it 3rd (the first match wins) "
+        "[E402]\n"
         " 3 |     class web rate 10mbit match dport 80, 443\n"
         "   |                           ^~~~~~~~~~~~~~~~~~~\n"
     )
@@ -722,7 +1010,7 @@ def test_script_origins_map_commands_to_policy_text() -> None:
     assert result.policy is not None and result.output is not None
     expected = expected_policy(result.policy)
     origins = compare.script_origins(result.output, expected.spans())
-    assert len(origins) == 1 + 8 + 3 + 7  # root, classes, leaf qdiscs, filters
+    assert len(origins) == 1 + 8 + 3 + 15  # root, classes, leaf qdiscs, filters (8 IPv6)
     first = origins[0]
     assert (first.words, first.what) == (
         "tc qdisc add dev eth0 root handle 1: htb default 70 r2q 100",
@@ -824,7 +1112,7 @@ def test_parse_check_reports_only_parse_errors() -> None:
         compare.CommandRun(origins[1].command, 1, 'What is "boundd"?\nUsage: ... cbq ...\n'),
     ]
     assert _lines(compare.parse_check_diagnostics(runs, origins)) == [
-        "policies/seeds/s002-cbq-conditioner.tcp:34:11: error: tc cannot parse the command for "
+        "policies/seeds/s002-cbq-conditioner.tcp:35:11: error: tc cannot parse the command for "
         'class main: What is "boundd"? [E404]'
     ]
 
@@ -958,15 +1246,42 @@ def test_mutated_kernel_state_is_reported_at_the_policy_line(no_stray_namespaces
     v = verifier.verify(TOS_HTB, kernel="host", after=tamper)
     assert v.kernel is not None and not v.ok
     assert _lines(v.diagnostics) == [
-        f"{TOS_HTB}:15:16: error: unexpected u32 filter under 1: in the kernel: pref 1, "
+        f"{TOS_HTB}:16:28: error: unexpected u32 filter under 1: in the kernel: pref 1, "
         "match 00040000/00ff0000 at 0, flowid 1:20 [E403]",
-        f"{TOS_HTB}:16:28: error: class 'paid' rate is 5Mbit in the kernel, policy says "
+        f"{TOS_HTB}:17:28: error: class 'paid' rate is 5Mbit in the kernel, policy says "
         "6000kbit (6mbit) [E402]",
-        f"{TOS_HTB}:17:11: error: class 'normal' leaf is qdisc 20: in the kernel, policy says "
+        f"{TOS_HTB}:18:11: error: class 'normal' leaf is qdisc 20: in the kernel, policy says "
         "none (the kernel's default) [E402]",
-        f"{TOS_HTB}:17:11: error: unexpected pfifo qdisc 20: under 1:20 in the kernel [E403]",
-        f"{TOS_HTB}:18:56: error: filter to 1:30 (pref 1) is missing in the kernel (match ip "
+        f"{TOS_HTB}:18:11: error: unexpected pfifo qdisc 20: under 1:20 in the kernel [E403]",
+        f"{TOS_HTB}:19:56: error: IPv4 filter to 1:30 (pref 1) is missing in the kernel (match ip "
         "tos 0x08 0xff under 1:) [E401]",
+    ]
+
+
+def test_dual_stack_u32_on_the_host(no_stray_namespaces: None) -> None:
+    """u32 filters of both families on the host kernel: the policy agrees; then an IPv6 filter
+    is deleted and a stray IPv6 one added, and verify names each by family and line."""
+    lacks = _host_lacks(DUAL_U32)
+    if lacks:
+        pytest.skip(lacks)
+    v = verifier.verify(DUAL_U32, kernel="host")
+    assert v.ok and not v.diagnostics, render(v.diagnostics, v.sources) + v.output
+    assert v.expected is not None
+    (eth0,) = v.expected.interfaces
+    assert {f.protocol for f in eth0.filters} == {"ip", "ipv6"}
+    assert v.checked.filters == len(eth0.filters) == 34
+    tamper = (
+        "tc filter del dev eth0 parent 1: protocol ipv6 prio 32769 handle 801::810 u32\n"
+        "tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 "
+        "match ip6 dst 2001:db8::1 flowid 1:20\n"
+    )
+    v = verifier.verify(DUAL_U32, kernel="host", after=tamper)
+    assert _lines(v.diagnostics) == [
+        f"{DUAL_U32}:4:16: error: unexpected u32 filter under 1: in the kernel: pref 32769, "
+        "match 20010db8/ffffffff at 24, match 00000000/ffffffff at 28, match 00000000/ffffffff "
+        "at 32, match 00000001/ffffffff at 36, flowid 1:20 [E403]",
+        f"{DUAL_U32}:8:26: error: IPv6 filter to 1:40 (pref 32769) is missing in the kernel "
+        "(match ip6 priority 0xb8 0xfc under 1:) [E401]",
     ]
 
 
@@ -978,7 +1293,7 @@ def test_a_missing_interface_is_reported_at_its_line(no_stray_namespaces: None) 
         pytest.skip(lacks)
     v = verifier.verify(TOS_HTB, kernel="host", before="ip link del eth0")
     assert _lines(v.diagnostics) == [
-        f"{TOS_HTB}:15:16: error: the script found no interface eth0 and changed nothing "
+        f"{TOS_HTB}:16:28: error: the script found no interface eth0 and changed nothing "
         "(exit 1); the script stopped there, so 7 objects of the policy are not checked [E404]"
     ]
 
@@ -999,7 +1314,7 @@ def test_tc_parse_errors_are_found_without_a_cbq_kernel(no_stray_namespaces: Non
         compare.Origin(b, b, o.span, o.what) for b, o in zip(broken, origins, strict=True)
     ]
     assert _lines(compare.parse_check_diagnostics(runs, broken_origins)) == [
-        "policies/seeds/s002-cbq-conditioner.tcp:34:11: error: tc cannot parse the command for "
+        "policies/seeds/s002-cbq-conditioner.tcp:35:11: error: tc cannot parse the command for "
         'class main: What is "boundd"? [E404]'
     ]
 
@@ -1166,3 +1481,55 @@ def test_verify_every_policy_with_one_uml_boot(no_stray_namespaces: None) -> Non
             assert [d.code for d in v.diagnostics] == ["E405"], render(v.diagnostics, v.sources)
         else:
             assert v.ok, render(v.diagnostics, v.sources) + v.output
+
+
+def test_dual_stack_flower_in_user_mode_linux(tmp_path: Path, no_stray_namespaces: None) -> None:
+    """flower filters of both families (the host kernel has no flower): the policy agrees in
+    the guest; a copy whose state is changed after the script ran reports each change."""
+    _uml()
+    changed = tmp_path / "changed.tcp"
+    changed.write_text(Path(DUAL_FLOWER).read_text(encoding="utf-8"), encoding="utf-8")
+    tamper = (
+        "tc filter del dev eth0 parent 1: protocol ipv6 prio 32769 handle 0x9 flower\n"
+        "tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 flower ip_proto udp "
+        "dst_port 53 classid 1:10\n"
+    )
+    auto, changes = verifier.verify_many(
+        [DUAL_FLOWER, str(changed)], kernel="auto", after={str(changed): tamper}
+    )
+    assert auto.ok and not auto.diagnostics, render(auto.diagnostics, auto.sources) + auto.output
+    assert auto.kernel is not None and auto.kernel.startswith("user-mode Linux")
+    assert auto.checked.filters == 18
+    assert _lines(changes.diagnostics) == [
+        f"{changed}:4:34: error: unexpected flower filter under 1: in the kernel: pref 32769, "
+        "eth_type ipv6 ip_proto udp dst_port 53, classid 1:10 [E403]",
+        f"{changed}:10:27: error: IPv6 filter to 1:60 (pref 32769) is missing in the kernel "
+        "(match eth_type ipv6 ip_proto icmpv6 under 1:) [E401]",
+    ]
+
+
+def test_dual_stack_marks_in_user_mode_linux(tmp_path: Path, no_stray_namespaces: None) -> None:
+    """Marking in both families (the host kernel has no fw): the same chain in iptables and
+    ip6tables, fw filters of both families, a policer on IPv6 u32 filters; a changed
+    ip6tables rule and a deleted IPv6 fw filter are reported."""
+    _uml()
+    if "ip6tables" not in (_compile(DUAL_MARKS).output or ""):
+        pytest.skip("the shell backend writes no ip6tables commands yet (before issue 11's merge)")
+    changed = tmp_path / "changed.tcp"
+    changed.write_text(Path(DUAL_MARKS).read_text(encoding="utf-8"), encoding="utf-8")
+    tamper = (
+        "ip6tables -t mangle -R TCDSL-eth0 2 -s 2001:db8::/48 -m mark --mark 0 "
+        "-j MARK --set-mark 20\n"
+        "tc filter del dev eth0 parent 1: protocol ipv6 prio 32769 handle 0xa fw\n"
+    )
+    plain, changes = verifier.verify_many(
+        [DUAL_MARKS, str(changed)], kernel="uml", after={str(changed): tamper}
+    )
+    assert plain.ok and not plain.diagnostics, render(plain.diagnostics, plain.sources)
+    assert plain.checked.rules == 2 * (1 + 4)  # a jump and four rules in each table
+    assert _lines(changes.diagnostics) == [
+        f"{changed}:6:11: error: IPv6 fw filter for mark 10 to 1:10 (pref 32769) is missing in "
+        "the kernel (under 1:) [E401]",
+        f"{changed}:7:26: error: IPv6 mark rule for 'v6' src is 2001:db8::/48 in the kernel, "
+        "policy says 2001:db8::/32 [E402]",
+    ]

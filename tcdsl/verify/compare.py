@@ -465,6 +465,8 @@ def _compare_class(exp: ExpectedClass, got: TcClass, present: set[str]) -> Itera
 def _describe(f: TcFilter) -> str:
     if f.kind == "u32":
         return f"{describe_keys(f.keys)}, flowid {f.flowid}"
+    if f.flower is not None:
+        return f"{f.flower.describe()}, classid {f.flowid}"
     if f.kind == "fw":
         return f"mark {f.mark:#x}, classid {f.flowid}" if f.mark is not None else f.flowid
     return f.words[0] if f.words else f.kind
@@ -475,12 +477,20 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _compare_u32(
+def _spell_match(f: ExpectedFilter | TcFilter) -> str:
+    """What a u32 or flower filter matches, as tc shows it."""
+    if f.flower is not None:
+        return f.flower.describe()
+    return describe_keys(f.keys)
+
+
+def _compare_ordered(
     iface: ExpectedInterface, parent: str, pref: int, exp: list[ExpectedFilter], got: list[TcFilter]
 ) -> Iterator[Diagnostic]:
-    """One pref of u32 filters under one parent: the kernel tries them in order."""
-    a = [(e.keys, e.flowid) for e in exp]
-    b = [(g.keys, g.flowid) for g in got]
+    """One pref of u32 (or flower) filters under one parent, in the order tc lists them (the
+    order u32 tries them in; flower lists them by handle, the order they were added)."""
+    a = [(e.kind, e.keys, e.flower, e.flowid) for e in exp]
+    b = [(g.kind, g.keys, g.flower, g.flowid) for g in got]
     matched: list[tuple[int, int]] = []
     missing: list[int] = []
     extra: list[int] = []
@@ -495,22 +505,18 @@ def _compare_u32(
             pairs = min(i2 - i1, j2 - j1)
             for k in range(pairs):
                 e, g = exp[i1 + k], got[j1 + k]
-                if g.keys == e.keys:
+                if (g.kind, g.keys, g.flower) == (e.kind, e.keys, e.flower):
                     yield Diagnostic.error(
                         DIFFERS,
-                        f"{e.label} flowid is {g.flowid} in the kernel, policy says {e.flowid}",
+                        f"{e.label} {'classid' if e.kind == 'flower' else 'flowid'} is "
+                        f"{g.flowid} in the kernel, policy says {e.flowid}",
                         e.span,
                     )
                 elif g.flowid != e.flowid or b[j1 + k] in a or a[i1 + k] in b:
                     missing.append(i1 + k)  # a move, or another filter in its place
                     extra.append(j1 + k)
                 else:
-                    yield Diagnostic.error(
-                        DIFFERS,
-                        f"{e.label} keys are {describe_keys(g.keys)} in the kernel, policy "
-                        f"says {e.words} ({describe_keys(e.keys)})",
-                        e.span,
-                    )
+                    yield _match_differs(e, g)
             missing += range(i1 + pairs, i2)
             extra += range(j1 + pairs, j2)
     # A filter both missing and extra was moved: report its place, once.
@@ -551,6 +557,21 @@ def _compare_u32(
                 f"policy says {_spell_actions(exp[i].actions)}",
                 exp[i].span,
             )
+
+
+def _match_differs(e: ExpectedFilter, g: TcFilter) -> Diagnostic:
+    if e.kind == "flower" and g.flower is not None:
+        said = f"{e.label} matches {g.flower.describe()} in the kernel, policy says {e.words}"
+    elif e.kind == g.kind == "u32":
+        said = (
+            f"{e.label} keys are {describe_keys(g.keys)} in the kernel, policy says {e.words} "
+            f"({describe_keys(e.keys)})"
+        )
+    else:
+        said = (
+            f"{e.label} is a {g.kind} filter in the kernel ({_describe(g)}), policy says {e.kind}"
+        )
+    return Diagnostic.error(DIFFERS, said, e.span)
 
 
 def actions_agree(want: Sequence[Action], got: Sequence[Action]) -> bool:
@@ -615,6 +636,12 @@ def _compare_fw(
                 f"{e.label} classid is {g.flowid} in the kernel, policy says {e.flowid}",
                 e.span,
             )
+        elif g.protocol != e.protocol:
+            yield Diagnostic.error(
+                DIFFERS,
+                f"{e.label} protocol is {g.protocol} in the kernel, policy says {e.protocol}",
+                e.span,
+            )
         elif g.mask != e.mask:
             shown = f"{g.mask:#x}" if g.mask is not None else "0xffffffff"
             want = f"{e.mask:#x}" if e.mask is not None else "0xffffffff"
@@ -623,6 +650,10 @@ def _compare_fw(
             )
     for g in actual.values():
         yield _unexpected_filter(iface, parent, g)
+
+
+ORDERED_KINDS = ("u32", "flower")
+"""Classifiers whose filters of one pref are compared as a sequence (match and class)."""
 
 
 def _compare_filters(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diagnostic]:
@@ -639,16 +670,16 @@ def _compare_filters(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Dia
         exp = [e for e in iface.filters if e.parent == parent and e.unpackable is None]
         got = dev.filters.get(parent, [])
         for g in got:
-            if g.kind not in ("u32", "fw"):
+            if g.kind not in ORDERED_KINDS and g.kind != "fw":
                 yield _unexpected_filter(iface, parent, g)
-        prefs = sorted({e.pref for e in exp} | {g.pref for g in got if g.kind == "u32"})
+        prefs = sorted({e.pref for e in exp} | {g.pref for g in got if g.kind in ORDERED_KINDS})
         for pref in prefs:
-            yield from _compare_u32(
+            yield from _compare_ordered(
                 iface,
                 parent,
                 pref,
-                [e for e in exp if e.kind == "u32" and e.pref == pref],
-                [g for g in got if g.kind == "u32" and g.pref == pref],
+                [e for e in exp if e.kind in ORDERED_KINDS and e.pref == pref],
+                [g for g in got if g.kind in ORDERED_KINDS and g.pref == pref],
             )
         yield from _compare_fw(
             iface, parent, [e for e in exp if e.kind == "fw"], [g for g in got if g.kind == "fw"]
@@ -700,23 +731,27 @@ def _rule_diffs(exp: ExpectedRule, got: IptRule) -> Iterator[Diagnostic]:
 
 
 def _compare_chain(chain: ExpectedChain, state: IptablesState) -> Iterator[Diagnostic]:
+    """The chain, its rules and the jumps into it, in its family's table (iptables' or
+    ip6tables' mangle table)."""
+    table = "mangle table" if chain.family == "ipv4" else "ip6tables mangle table"
+    where = "chain" if chain.family == "ipv4" else "ip6tables chain"
     for jump in chain.jumps:
         jumps = [r for r in state.chains.get(jump.rule.chain, []) if r == jump.rule]
         if not jumps:
             yield Diagnostic.error(
-                MISSING, f"{jump.label} is missing in the kernel's mangle table", jump.span
+                MISSING, f"{jump.label} is missing in the kernel's {table}", jump.span
             )
         elif len(jumps) > 1:
             yield Diagnostic.error(
                 UNEXPECTED,
-                f"{jump.label} appears {len(jumps)} times in the kernel's mangle table, "
+                f"{jump.label} appears {len(jumps)} times in the kernel's {table}, "
                 "policy says once",
                 jump.span,
             )
     got = state.chains.get(chain.name)
     if got is None:
         yield Diagnostic.error(
-            MISSING, f"iptables chain {chain.name} is missing in the mangle table", chain.span
+            MISSING, f"{chain.tool} chain {chain.name} is missing in the mangle table", chain.span
         )
         return
     a, b = [r.rule for r in chain.rules], got
@@ -730,13 +765,14 @@ def _compare_chain(chain: ExpectedChain, state: IptablesState) -> Iterator[Diagn
             e = chain.rules[i]
             yield Diagnostic.error(
                 MISSING,
-                f"{e.label} is missing in the kernel's chain {chain.name} ({_spell_rule(e.rule)})",
+                f"{e.label} is missing in the kernel's {where} {chain.name} "
+                f"({_spell_rule(e.rule)})",
                 e.span,
             )
         for j in range(j1 + pairs, j2):
             yield Diagnostic.error(
                 UNEXPECTED,
-                f"unexpected rule in the kernel's chain {chain.name}: {b[j].text}",
+                f"unexpected rule in the kernel's {where} {chain.name}: {b[j].text}",
                 chain.span,
             )
 
@@ -752,6 +788,6 @@ def compare_state(expected: ExpectedPolicy, state: KernelState) -> list[Diagnost
         out += _compare_qdiscs(iface, dev)
         out += _compare_classes(iface, dev)
         out += _compare_filters(iface, dev)
-        if iface.chain is not None:
-            out += _compare_chain(iface.chain, state.iptables or IptablesState())
+        for chain in iface.chains:
+            out += _compare_chain(chain, state.table(chain.family) or IptablesState())
     return out

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, IPv6Address, ip_network
 
 from tcdsl import ir, linklayer
 from tcdsl.commands import CAKE_LINKLAYER, DOWNLOAD_HOOKS, REDIRECT_PREF, curve_words
@@ -37,7 +37,7 @@ from tcdsl.tcmath import (
     tc_xmittime_ticks,
 )
 from tcdsl.units import format_rate, format_size, format_time
-from tcdsl.verify.readback import Action, IptRule, Key, Value, parse_time
+from tcdsl.verify.readback import Action, FlowerMatch, IptRule, Key, Value, parse_time
 
 # ==== how tc shows what it was given ===========================================================
 
@@ -200,9 +200,27 @@ def _field(value: int, mask: int, width: int, offset: int) -> tuple[int, int, in
 IP_FIELDS = {"tos": (8, 1), "protocol": (8, 9), "sport": (16, 20), "dport": (16, 22)}
 """``ip FIELD VALUE MASK`` -> (width in bits, byte offset in the IPv4 header, no options)."""
 
+IP6_FIELDS = {"protocol": (8, 6), "sport": (16, 40), "dport": (16, 42)}
+"""``ip6 FIELD VALUE MASK`` -> (width in bits, byte offset from the IPv6 header): the next
+header of the fixed header, and the ports 40 bytes in (whatever header is there)."""
+
+
+def _ip6_address(keys: list[list[int]], text: str, offset: int) -> None:
+    """An IPv6 address or prefix as tc packs it: one key per 32-bit word the prefix reaches
+    (``/64``: two, ``/0``: none)."""
+    address, _, length = text.partition("/")
+    bits = int(length) if length else 128
+    value = int(IPv6Address(address))
+    for word in range(4):
+        used = min(max(bits - 32 * word, 0), 32)
+        if used:
+            mask = (U32_MAX << (32 - used)) & U32_MAX
+            _pack(keys, (value >> (96 - 32 * word)) & U32_MAX, mask, offset + 4 * word)
+
 
 def expected_keys(words: tuple[tuple[str, ...], ...]) -> tuple[Key, ...]:
-    """The kernel keys for a filter's ``match`` words, as the policy means them."""
+    """The kernel keys for a filter's ``match`` words, as the policy means them (``ip``,
+    ``ip6`` and raw words, as tc's f_u32.c packs them)."""
     keys: list[list[int]] = []
     for w in words:
         if w[0] == "ip" and w[1] in ("src", "dst"):
@@ -210,8 +228,15 @@ def expected_keys(words: tuple[tuple[str, ...], ...]) -> tuple[Key, ...]:
             offset = 12 if w[1] == "src" else 16
             _pack(keys, int(net.network_address), int(net.netmask), offset)
             continue
-        if w[0] == "ip":
-            width, offset = IP_FIELDS[w[1]]
+        if w[0] == "ip6" and w[1] in ("src", "dst"):
+            _ip6_address(keys, w[2], 8 if w[1] == "src" else 24)
+            continue
+        if w[0] == "ip6" and w[1] == "priority":
+            # the traffic class: bits 4-11 of the first word (after the version)
+            _pack(keys, int(w[2], 0) << 20, int(w[3], 0) << 20, 0)
+            continue
+        if w[0] in ("ip", "ip6"):
+            width, offset = (IP_FIELDS if w[0] == "ip" else IP6_FIELDS)[w[1]]
             value, mask = int(w[2], 0), int(w[3], 0)
         else:
             assert w[0] in ("u8", "u16", "u32") and w[3] == "at", w
@@ -300,8 +325,11 @@ class ExpectedFilter:
     unpackable: str | None = None
     """Why u32 cannot hold the keys as the policy means them (a compiler bug), or None."""
     protocol: str = "ip"
+    """``ip`` or ``ipv6`` by the filter's family (``all`` for a download's redirect)."""
     actions: tuple[Action, ...] = ()
     """The actions as readback parses them, with tc's rounding (see :func:`police_action`)."""
+    flower: FlowerMatch | None = None
+    """flower only: what it should match, as readback normalises it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +343,8 @@ class ExpectedRule:
 
 @dataclass(frozen=True, slots=True)
 class ExpectedChain:
-    """The policy's iptables chain, the jump into it, and its rules in order."""
+    """The policy's iptables chain (ip6tables for ``family`` ipv6), the jump into it, and its
+    rules in order."""
 
     name: str
     span: Span
@@ -323,6 +352,12 @@ class ExpectedChain:
     rules: tuple[ExpectedRule, ...]
     more_jumps: tuple[ExpectedRule, ...] = ()
     """A download's second jump (it marks in FORWARD and INPUT)."""
+    family: ir.Family = "ipv4"
+
+    @property
+    def tool(self) -> str:
+        """``iptables`` or ``ip6tables``, as messages name the table."""
+        return "iptables" if self.family == "ipv4" else "ip6tables"
 
     @property
     def jumps(self) -> tuple[ExpectedRule, ...]:
@@ -339,9 +374,15 @@ class ExpectedInterface:
     qdiscs: tuple[ExpectedQdisc, ...]
     classes: tuple[ExpectedClass, ...]
     filters: tuple[ExpectedFilter, ...]
-    chain: ExpectedChain | None = None
+    chains: tuple[ExpectedChain, ...] = ()
+    """The marking chain in each table that marks a family of the tree (iptables first)."""
     mark_from: str | None = None
     """The interface ``classify by mark from`` names (the script's iptables rules use it)."""
+
+    @property
+    def chain(self) -> ExpectedChain | None:
+        """The first marking chain (iptables' when the tree marks IPv4), or None."""
+        return self.chains[0] if self.chains else None
 
     def owner_span(self, handle_or_class: str) -> Span:
         """The policy text that owns a kernel object hanging off ``handle_or_class``: the class
@@ -385,9 +426,9 @@ class ExpectedPolicy:
                 yield c.span
             for f in iface.filters:
                 yield f.span
-            if iface.chain is not None:
-                yield iface.chain.span
-                for r in iface.chain.rules:
+            for chain in iface.chains:
+                yield chain.span
+                for r in chain.rules:
                     yield r.span
 
     def needs(self, feature: str) -> Requirement | None:
@@ -934,14 +975,45 @@ def redirect_filter(iface: ir.Interface) -> ExpectedFilter:
     )
 
 
+FAMILY_WORDS: dict[ir.Family, str] = {"ipv4": "IPv4", "ipv6": "IPv6"}
+"""How messages name a family."""
+
+FILTER_PROTOCOLS: dict[ir.Family, str] = {"ipv4": "ip", "ipv6": "ipv6"}
+"""The ``protocol`` tc shows for a filter of each family."""
+
+
+def expected_flower(f: ir.FlowerFilter) -> FlowerMatch:
+    """What a flower filter should match, normalised as :func:`readback.parse_flower` reads
+    it back (an address prefix of length 0 is no key at all)."""
+
+    def net(n: ir.Network | None) -> str | None:
+        return None if n is None or n.prefixlen == 0 else str(ip_network(n, strict=False))
+
+    def masked(pair: tuple[int, int] | None) -> tuple[int, int] | None:
+        return None if pair is None else (pair[0] & pair[1], pair[1])
+
+    return FlowerMatch(
+        eth_type=f.family,
+        ip_proto=f.ip_proto,
+        src=net(f.src),
+        dst=net(f.dst),
+        sport=f.sport,
+        dport=f.dport,
+        tos=masked(f.tos),
+        tcp_flags=masked(f.tcp_flags),
+    )
+
+
 def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
     for f in iface.filters:
+        family = FAMILY_WORDS[f.family]
+        protocol = FILTER_PROTOCOLS[f.family]
+        label = f"{family} filter to {f.flowid} (pref {f.pref})"
+        if isinstance(iface.root, ir.Ingress):
+            label = f"{family} ingress policer (pref {f.pref})"
         match f:
             case ir.U32Filter():
                 words = " ".join(" ".join(k.words) for k in f.keys)
-                label = f"filter to {f.flowid} (pref {f.pref})"
-                if isinstance(iface.root, ir.Ingress):
-                    label = f"ingress policer (pref {f.pref})"
                 try:
                     keys = expected_keys(tuple(k.words for k in f.keys))
                 except UnpackableKey as exc:
@@ -954,6 +1026,7 @@ def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
                         f.span,
                         words=words,
                         unpackable=str(exc),
+                        protocol=protocol,
                     )
                     continue
                 police = (police_action(f.police),) if f.police is not None else ()
@@ -966,10 +1039,26 @@ def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
                     f.span,
                     keys,
                     words=words,
+                    protocol=protocol,
                     actions=police,
                 )
+            case ir.FlowerFilter():
+                police = (police_action(f.police),) if f.police is not None else ()
+                flower = expected_flower(f)
+                yield ExpectedFilter(
+                    label,
+                    "flower",
+                    str(f.parent),
+                    f.pref,
+                    str(f.flowid),
+                    f.span,
+                    words=flower.describe(),
+                    protocol=protocol,
+                    actions=police,
+                    flower=flower,
+                )
             case ir.FwFilter():
-                label = f"fw filter for mark {f.mark} to {f.flowid} (pref {f.pref})"
+                label = f"{family} fw filter for mark {f.mark} to {f.flowid} (pref {f.pref})"
                 yield ExpectedFilter(
                     label,
                     "fw",
@@ -979,6 +1068,7 @@ def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
                     f.span,
                     mark=f.mark,
                     mask=f.mask,
+                    protocol=protocol,
                 )
 
 
@@ -1017,53 +1107,68 @@ def _replace_rule(rule: IptRule, values: Mapping[str, object]) -> IptRule:
     return replace(rule, **values)  # type: ignore[arg-type]
 
 
-def _chain(iface: ir.Interface) -> ExpectedChain | None:
+def _chains(iface: ir.Interface) -> Iterator[ExpectedChain]:
+    """The marking chain in iptables (IPv4) and in ip6tables (IPv6), for each family the tree
+    marks: the same name, jumps and rules (each table's rules for its own family)."""
     m = iface.marking
     if m is None or m.chain is None:
-        return None
+        return
     by_mark: dict[int, str] = {}
     for q in ir.walk_qdiscs(iface.root):
         for c in ir.classes_of(q):
             if c.fwmark is not None and c.fwmark not in by_mark:
                 by_mark[c.fwmark] = c.label
-    hook = m.hook.upper()
-    more: list[ExpectedRule] = []
-    if iface.download is not None:
-        first, *others = DOWNLOAD_HOOKS
-        on = m.from_interface or "every interface"
-        for other in others:
-            label = f"jump from {other} on {on} to chain {m.chain}"
-            more.append(
-                ExpectedRule(
-                    label, IptRule(other, in_iface=m.from_interface, target=m.chain), m.span
+    for family in iface.families:
+        # An IPv4 object keeps its plain name; an IPv6 one says so.
+        prefix = "" if family == "ipv4" else "IPv6 "
+        tool = "" if family == "ipv4" else "ip6tables "
+        hook = m.hook.upper()
+        more: list[ExpectedRule] = []
+        if iface.download is not None:
+            first, *others = DOWNLOAD_HOOKS
+            on = m.from_interface or "every interface"
+            for other in others:
+                label = f"jump from {other} on {on} to {tool}chain {m.chain}"
+                more.append(
+                    ExpectedRule(
+                        label, IptRule(other, in_iface=m.from_interface, target=m.chain), m.span
+                    )
                 )
-            )
-        jump_rule = IptRule(first, in_iface=m.from_interface, target=m.chain)
-        where = f"{first} on {on}"
-    elif m.hook != "prerouting":
-        jump_rule = IptRule(hook, out_iface=iface.name, target=m.chain)
-        where = f"{hook} out of {iface.name}"
-    else:
-        jump_rule = IptRule(hook, in_iface=m.from_interface, target=m.chain)
-        where = f"{hook} on {m.from_interface or 'every interface'}"
-    jump = ExpectedRule(f"jump from {where} to chain {m.chain}", jump_rule, m.span)
-    rules = []
-    for rule in m.rules:
-        if rule.unmarked:
-            label = "mark rule for unmarked traffic"
+            jump_rule = IptRule(first, in_iface=m.from_interface, target=m.chain)
+            where = f"{first} on {on}"
+        elif m.hook != "prerouting":
+            jump_rule = IptRule(hook, out_iface=iface.name, target=m.chain)
+            where = f"{hook} out of {iface.name}"
         else:
-            owner = by_mark.get(rule.mark)
-            label = f"mark rule for {owner.removeprefix('class ')}" if owner else "mark rule"
-        rule_words = expected_rule(m.chain, rule.conds, rule.mark, m.mask_value)
-        rules.append(ExpectedRule(label, rule_words, rule.span))
-    for d in m.dscp_rules:
-        dscp_rule = IptRule(m.chain, mark=(d.mark, m.mask_value), target="DSCP", set_dscp=d.dscp)
-        rules.append(ExpectedRule(f"DSCP rule for mark {d.mark}", dscp_rule, d.span))
-    if iface.download is not None:
-        mask = m.mask.value if m.mask is not None else 0xFFFFFFFF
-        save = IptRule(m.chain, target="CONNMARK", save_mark=(mask, mask))
-        rules.append(ExpectedRule("rule saving the mark on the connection", save, m.span))
-    return ExpectedChain(m.chain, m.span, jump, tuple(rules), tuple(more))
+            jump_rule = IptRule(hook, in_iface=m.from_interface, target=m.chain)
+            where = f"{hook} on {m.from_interface or 'every interface'}"
+        jump = ExpectedRule(f"jump from {where} to {tool}chain {m.chain}", jump_rule, m.span)
+        rules = []
+        for rule in m.rules:
+            if rule.family != family:
+                continue
+            if rule.unmarked:
+                label = f"{prefix}mark rule for unmarked traffic"
+            else:
+                owner = by_mark.get(rule.mark)
+                label = f"{prefix}mark rule" + (
+                    f" for {owner.removeprefix('class ')}" if owner else ""
+                )
+            rule_words = expected_rule(m.chain, rule.conds, rule.mark, m.mask_value)
+            rules.append(ExpectedRule(label, rule_words, rule.span))
+        for d in m.dscp_rules:
+            if d.family != family:
+                continue
+            dscp_rule = IptRule(
+                m.chain, mark=(d.mark, m.mask_value), target="DSCP", set_dscp=d.dscp
+            )
+            rules.append(ExpectedRule(f"{prefix}DSCP rule for mark {d.mark}", dscp_rule, d.span))
+        if iface.download is not None:
+            mask = m.mask.value if m.mask is not None else 0xFFFFFFFF
+            save = IptRule(m.chain, target="CONNMARK", save_mark=(mask, mask))
+            label = f"{prefix}rule saving the mark on the connection"
+            rules.append(ExpectedRule(label, save, m.span))
+        yield ExpectedChain(m.chain, m.span, jump, tuple(rules), tuple(more), family)
 
 
 _QDISC_WORDS = {
@@ -1094,10 +1199,14 @@ def _requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
             feature = f"sch_{q.kind}"
             found.setdefault(feature, Requirement(feature, _QDISC_WORDS[q.kind], q.span))
         for f in iface.filters:
-            if isinstance(f, ir.U32Filter):
-                found.setdefault("cls_u32", Requirement("cls_u32", "u32 filters", f.span))
-            else:
-                found.setdefault("cls_fw", Requirement("cls_fw", "fw filters", f.span))
+            match f:
+                case ir.U32Filter():
+                    found.setdefault("cls_u32", Requirement("cls_u32", "u32 filters", f.span))
+                case ir.FlowerFilter():
+                    req = Requirement("cls_flower", "flower filters", f.span)
+                    found.setdefault("cls_flower", req)
+                case ir.FwFilter():
+                    found.setdefault("cls_fw", Requirement("cls_fw", "fw filters", f.span))
         if iface.download is not None:
             d = iface.download
             found.setdefault("ifb", Requirement("ifb", "ifb devices", d.span))
@@ -1107,12 +1216,14 @@ def _requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
                 what = "the connmark action"
                 found.setdefault("act_connmark", Requirement("act_connmark", what, d.span))
         for f in iface.filters:
-            if isinstance(f, ir.U32Filter) and f.police is not None:
+            if isinstance(f, ir.U32Filter | ir.FlowerFilter) and f.police is not None:
                 what = "the police action"
                 found.setdefault("act_police", Requirement("act_police", what, f.police.span))
         if iface.marking is not None:
-            what = "iptables (the mangle table, mark match and MARK target)"
-            found.setdefault("iptables", Requirement("iptables", what, iface.marking.span))
+            for family in iface.families:
+                tool = "iptables" if family == "ipv4" else "ip6tables"
+                what = f"{tool} (the mangle table, mark match and MARK target)"
+                found.setdefault(tool, Requirement(tool, what, iface.marking.span))
     return tuple(found.values())
 
 
@@ -1135,7 +1246,7 @@ def expected_policy(policy: ir.Policy, sources: Mapping[str, str] | None = None)
             qdiscs=old.qdiscs + found.qdiscs,
             classes=old.classes + found.classes,
             filters=old.filters + found.filters,
-            chain=old.chain or found.chain,
+            chains=old.chains or found.chains,
             mark_from=old.mark_from or found.mark_from,
         )
 
@@ -1157,7 +1268,7 @@ def expected_policy(policy: ir.Policy, sources: Mapping[str, str] | None = None)
                 tuple(b.qdiscs),
                 tuple(b.classes),
                 tuple(_filters(iface)),
-                _chain(iface),
+                tuple(_chains(iface)),
                 iface.marking.from_interface if iface.marking else None,
             )
         )

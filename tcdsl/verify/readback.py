@@ -16,7 +16,10 @@ How tc prints values:
 - netem percentages with ``%g`` (six significant digits);
 - u32 keys as 32-bit value/mask words at a word-aligned offset, the keys of one filter that fall
   in the same word merged into one;
-- fw marks in hex (``handle 0xa``).
+- fw marks in hex (``handle 0xa``);
+- a flower filter's keys one a line (``  ip_proto tcp``, ``  dst_port 1-1023``), in a fixed
+  order, ``ip_tos`` in decimal with a ``/0x`` mask, ``tcp_flags`` in hex with a mask without
+  ``0x``, ``ip_proto`` by name or in hex (iproute2's ``f_flower.c``, checked on Debian's 6.1).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import shlex
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from ipaddress import IPv4Network
+from ipaddress import ip_network
 
 from tcdsl.frontend.qdiscs import CAKE_FLAG_GROUPS, CAKE_ISOLATION
 
@@ -506,6 +509,113 @@ Key = tuple[int, int, int]
 """A u32 key as the kernel holds it: (value, mask, offset), value and mask in host order."""
 
 
+FLOWER_PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132, "icmp": 1, "icmpv6": 58}
+"""The ``ip_proto`` values tc prints by name (any other in hex: ``2f``)."""
+
+FLOWER_FLAGS = frozenset({"skip_hw", "skip_sw", "in_hw", "not_in_hw", "verbose"})
+"""Lines of a flower filter that say where it runs, not what it matches."""
+
+
+@dataclass(frozen=True)
+class FlowerMatch:
+    """What a flower filter matches, normalised so that equal matches compare equal: an
+    address as ``str(ip_network)`` (``2001:db8::1/128``), a port, a port range and a port
+    with a prefix mask all as (lo, hi), ``ip_tos`` and ``tcp_flags`` as (value & mask,
+    mask). A key this does not model is kept in ``other`` (it makes two matches differ)."""
+
+    eth_type: str | None = None
+    """``ipv4`` or ``ipv6`` (from the filter's protocol), as tc prints it."""
+    ip_proto: int | None = None
+    src: str | None = None
+    dst: str | None = None
+    sport: tuple[int, int] | None = None
+    dport: tuple[int, int] | None = None
+    tos: tuple[int, int] | None = None
+    """(value, mask) of the TOS byte (IPv4) or the traffic class (IPv6)."""
+    tcp_flags: tuple[int, int] | None = None
+    other: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """The match in tc's words, in the order tc prints them (``eth_type ipv6 ip_proto tcp
+        dst_port 443``)."""
+        words: list[str] = []
+        if self.eth_type is not None:
+            words += ["eth_type", self.eth_type]
+        if self.ip_proto is not None:
+            names = {n: name for name, n in FLOWER_PROTOCOLS.items()}
+            words += ["ip_proto", names.get(self.ip_proto, f"{self.ip_proto:02x}")]
+        if self.tos is not None:
+            value, mask = self.tos
+            words += ["ip_tos", str(value) if mask == 0xFF else f"{value}/{mask:#x}"]
+        for key, net in (("dst_ip", self.dst), ("src_ip", self.src)):
+            if net is not None:
+                words += [key, net.removesuffix("/32") if "." in net else net.removesuffix("/128")]
+        for key, port in (("dst_port", self.dport), ("src_port", self.sport)):
+            if port is not None:
+                words += [key, str(port[0]) if port[0] == port[1] else f"{port[0]}-{port[1]}"]
+        if self.tcp_flags is not None:
+            words += ["tcp_flags", f"{self.tcp_flags[0]:#x}/{self.tcp_flags[1]:x}"]
+        return " ".join([*words, *self.other]) or "everything"
+
+
+def flower_port(text: str) -> tuple[int, int] | None:
+    """``443`` -> (443, 443); ``1-1023`` -> (1, 1023); ``1024/0xfc00`` -> (1024, 2047); None
+    for a mask that is not a range (``1/0x0101``)."""
+    if "-" in text:
+        lo, _, hi = text.partition("-")
+        return int(lo), int(hi)
+    value, mask = _value_mask(text, 0xFFFF)
+    free = ~mask & 0xFFFF
+    if free & (free + 1):
+        return None
+    return value & mask, (value & mask) | free
+
+
+def _masked(text: str, value_base: int, full: int) -> tuple[int, int]:
+    """``184/0xfc`` (value in ``value_base``, mask in hex) -> (value & mask, mask)."""
+    value_text, _, mask_text = text.partition("/")
+    value = int(value_text, value_base)
+    mask = int(mask_text, 16) if mask_text else full
+    return value & mask, mask
+
+
+def parse_flower(lines: Sequence[str]) -> FlowerMatch:
+    """A flower filter's key lines (``eth_type ipv6``, ``ip_proto tcp``, ...), as
+    ``flower_print_opt`` prints them; flags (``not_in_hw``) and actions are not keys."""
+    values: dict[str, object] = {}
+    other: list[str] = []
+    for line in lines:
+        words = line.split()
+        if not words or words[0] in FLOWER_FLAGS or parse_action(line) is not None:
+            continue
+        if words[0] in ("ref", "used", "Sent", "backlog", "index"):
+            continue  # an action's counters (tc -s)
+        key, text = words[0], " ".join(words[1:])
+        try:
+            match key:
+                case "eth_type":
+                    values["eth_type"] = text
+                case "ip_proto":
+                    values["ip_proto"] = FLOWER_PROTOCOLS.get(text) or int(text, 16)
+                case "src_ip" | "dst_ip":
+                    values[key[:3]] = _network(text)
+                case "src_port" | "dst_port":
+                    port = flower_port(text)
+                    if port is None:
+                        other.append(line.strip())
+                    else:
+                        values[key[0] + "port"] = port
+                case "ip_tos":
+                    values["tos"] = _masked(text, 10, 0xFF)
+                case "tcp_flags":
+                    values["tcp_flags"] = _masked(text, 16, 0xFFF)
+                case _:
+                    other.append(line.strip())
+        except ValueError:
+            other.append(line.strip())
+    return FlowerMatch(**values, other=tuple(other))  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class TcFilter:
     """One filter node of ``tc filter show``: a u32 rule (with keys), an fw mapping, or another
@@ -526,6 +636,8 @@ class TcFilter:
     actions: tuple[Action, ...] = ()
     """The filter's actions in order (police, connmark, mirred), as :func:`parse_action` reads
     them."""
+    flower: FlowerMatch | None = None
+    """flower only: what it matches."""
 
 
 Action = tuple[str | int, ...]
@@ -653,14 +765,20 @@ def parse_filters(text: str) -> list[TcFilter]:
                 )
             )
         else:
-            # Another classifier (matchall, flower, bpf, ...): the script never adds one, so
-            # it is reported as it is; its head line (without handle) is skipped like u32's.
+            # flower, or another classifier (matchall, bpf, ...) that the script never adds
+            # (reported as it is); the head line of a pref (without handle) is skipped like u32's.
             if "handle" not in words and not body:
                 continue
             flowid = _after(words, "classid") or _after(words, "flowid") or "?"
             out.append(
                 TcFilter(
-                    kind, protocol, int(pref_text), flowid, words=tuple([" ".join(words), *body])
+                    kind,
+                    protocol,
+                    int(pref_text),
+                    flowid,
+                    words=tuple([" ".join(words), *body]),
+                    actions=tuple(a for line in body if (a := parse_action(line)) is not None),
+                    flower=parse_flower(body) if kind == "flower" else None,
                 )
             )
     return out
@@ -747,8 +865,9 @@ def protocol_number(text: str) -> int | None:
 
 
 def _network(text: str) -> str | None:
-    """``10.0.0.1/32`` -> itself; ``10.0.0.1`` -> ``10.0.0.1/32``; ``0.0.0.0/0`` -> None."""
-    net = IPv4Network(text, strict=False)
+    """``10.0.0.1/32`` -> itself; ``10.0.0.1`` -> ``10.0.0.1/32``; ``0.0.0.0/0`` -> None; the
+    same for IPv6 (``ip6tables-save``: ``2001:db8::1/128``, ``::/0``)."""
+    net = ip_network(text, strict=False)
     return None if net.prefixlen == 0 else str(net)
 
 
@@ -904,7 +1023,8 @@ def parse_rule(words: Sequence[str]) -> IptRule:
 
 @dataclass
 class IptablesState:
-    """The mangle table as ``iptables-save -t mangle`` shows it: chains and their rules."""
+    """The mangle table as ``iptables-save -t mangle`` (or ``ip6tables-save``) shows it:
+    chains and their rules."""
 
     chains: dict[str, list[IptRule]] = field(default_factory=dict)
     """Every chain (built-in and user-defined), with its rules in order."""
@@ -912,7 +1032,8 @@ class IptablesState:
 
 
 def parse_iptables_save(text: str, table: str = "mangle") -> IptablesState:
-    """Parse ``iptables-save -t TABLE``; other tables in the text are ignored."""
+    """Parse ``iptables-save -t TABLE`` (or ``ip6tables-save``, the same format); other
+    tables in the text are ignored."""
     state = IptablesState(text=text)
     current: str | None = None
     for line in text.splitlines():
@@ -955,3 +1076,9 @@ class KernelState:
     devices: dict[str, DeviceState] = field(default_factory=dict)
     iptables: IptablesState | None = None
     """None when the policy uses no iptables (it is then not read)."""
+    ip6tables: IptablesState | None = None
+    """ip6tables' mangle table; None when the policy marks no IPv6 packets."""
+
+    def table(self, family: str) -> IptablesState | None:
+        """The mangle table that marks ``family`` (``ipv4``: iptables, ``ipv6``: ip6tables)."""
+        return self.ip6tables if family == "ipv6" else self.iptables

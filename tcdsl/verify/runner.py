@@ -6,7 +6,8 @@ in a user-mode Linux guest (``tcdsl.kernels.uml``, many cases per boot). The sam
 both places. It
 
 1. puts a PATH shim first that names ``iptables-legacy`` ``iptables`` when there is no
-   ``iptables`` (and the same for ``-save`` and ``-restore``), and a ``flock`` that does
+   ``iptables`` (and the same for ``-save`` and ``-restore``, and for ``ip6tables``), and a
+   ``flock`` that does
    nothing where there is none (the guest: its cases run one at a time);
 2. creates a veth pair per interface the policy names (``classify by mark from`` ones too),
    peers named ``tv0p``, ``tv1p``, ..., all up, IPv6 off (no neighbour discovery traffic);
@@ -16,8 +17,8 @@ both places. It
    command, or to tamper with the state it left);
 5. prints the read-back: per interface ``tc -d qdisc show``, ``tc -d class show`` and
    ``tc filter show ... parent P`` for every qdisc handle and class id present; and, if the
-   policy uses iptables, ``iptables-save -t mangle`` of the same variant (legacy or nft) as the
-   ``iptables`` the script ran.
+   policy uses iptables (ip6tables), ``iptables-save -t mangle`` (``ip6tables-save``) of the
+   same variant (legacy or nft) as the ``iptables`` (``ip6tables``) the script ran.
 
 Everything is printed on stdout between marker lines (``@@tcdsl@@ begin NAME`` ...
 ``@@tcdsl@@ end NAME STATUS``), parsed back by :func:`sections`.
@@ -107,12 +108,13 @@ tcdsl_parents() {
 w=$(mktemp -d "${TMPDIR:-/tmp}/tcdsl-verify.XXXXXX") || exit 90
 trap 'rm -rf "$w"' EXIT
 mkdir "$w/bin"
-if ! command -v iptables >/dev/null 2>&1; then
-    for tcdsl_tool in iptables iptables-save iptables-restore; do
-        tcdsl_legacy=$(command -v "${tcdsl_tool%%-*}-legacy${tcdsl_tool#iptables}") &&
+for tcdsl_family in iptables ip6tables; do
+    command -v "$tcdsl_family" >/dev/null 2>&1 && continue
+    for tcdsl_tool in "$tcdsl_family" "$tcdsl_family-save" "$tcdsl_family-restore"; do
+        tcdsl_legacy=$(command -v "$tcdsl_family-legacy${tcdsl_tool#"$tcdsl_family"}") &&
             ln -s "$tcdsl_legacy" "$w/bin/$tcdsl_tool"
     done
-fi
+done
 if ! command -v flock >/dev/null 2>&1; then
     # The user-mode Linux guest has no flock; it runs one case at a time, so none is needed.
     printf '#!/bin/sh\n:\n' >"$w/bin/flock" && chmod +x "$w/bin/flock"
@@ -150,6 +152,7 @@ def case_script(
     read: Sequence[str],
     *,
     iptables: bool = False,
+    ip6tables: bool = False,
     before: str = "",
     after: str = "",
     commands: Sequence[str] = (),
@@ -158,9 +161,10 @@ def case_script(
     """The text of one case.
 
     ``script`` is the generated script, ``devices`` the interfaces to create, ``read`` those to
-    read back (section names use their index in ``read``), ``iptables`` whether to read the
-    mangle table, ``before`` and ``after`` shell to run before and after the script (tests
-    use them to make the kernel refuse a command, or to tamper with its state).
+    read back (section names use their index in ``read``), ``iptables`` and ``ip6tables``
+    whether to read their mangle table, ``before`` and ``after`` shell to run before and after
+    the script (tests use them to make the kernel refuse a command, or to tamper with its
+    state).
 
     With ``commands`` (lines of the script) the script is not run as a whole: each command
     runs on its own and its status and output are printed (section ``cmd N``), which is how a
@@ -214,16 +218,16 @@ def case_script(
             f'    tcdsl_section "filter {n} $p" "$w/o" $?\n'
             "done\n"
         )
-    if iptables:
+    for tool in [t for t, wanted in (("iptables", iptables), ("ip6tables", ip6tables)) if wanted]:
         out.append(
-            'case "$(iptables -V 2>/dev/null)" in\n'
-            "*legacy*) save=iptables-legacy-save ;;\n"
-            "*nf_tables*) save=iptables-nft-save ;;\n"
-            "*) save=iptables-save ;;\n"
+            f'case "$({tool} -V 2>/dev/null)" in\n'
+            f"*legacy*) save={tool}-legacy-save ;;\n"
+            f"*nf_tables*) save={tool}-nft-save ;;\n"
+            f"*) save={tool}-save ;;\n"
             "esac\n"
-            'command -v "$save" >/dev/null 2>&1 || save=iptables-save\n'
+            f'command -v "$save" >/dev/null 2>&1 || save={tool}-save\n'
             '"$save" -t mangle >"$w/o" 2>&1\n'
-            'tcdsl_section iptables "$w/o" $?\n'
+            f'tcdsl_section {tool} "$w/o" $?\n'
         )
     return "".join(out)
 
@@ -299,6 +303,8 @@ def read_state(found: dict[str, Section], read: Sequence[str]) -> KernelState:
         state.devices[dev] = device
     if "iptables" in found:
         state.iptables = parse_iptables_save(found["iptables"].text)
+    if "ip6tables" in found:
+        state.ip6tables = parse_iptables_save(found["ip6tables"].text)
     return state
 
 
@@ -406,6 +412,7 @@ class HostSupport:
     actions: frozenset[str] = frozenset()
     ifb: bool = False
     notes: tuple[str, ...] = field(default=())
+    ip6tables: bool = False
 
     def lacks(self, requirements: Sequence[Requirement]) -> list[Requirement]:
         """The requirements this host cannot meet."""
@@ -414,6 +421,8 @@ class HostSupport:
             kind, _, name = req.feature.partition("_")
             if req.feature == "iptables":
                 ok = self.iptables
+            elif req.feature == "ip6tables":
+                ok = self.ip6tables
             elif kind == "sch":
                 ok = name in self.qdiscs
             elif kind == "cls":
@@ -450,6 +459,7 @@ _PROBE_QDISCS = (
 _PROBE_FILTERS = {
     "u32": "u32 match u32 0 0 at 0 flowid 1:1",
     "fw": "handle 1 fw flowid 1:1",
+    "flower": "flower classid 1:1",
 }
 
 
@@ -491,11 +501,12 @@ def probe_script() -> str:
             f"tc filter add dev tcdslprobe0 parent 1: protocol ip prio {n} u32 match u32 0 0 "
             f"{spec} >/dev/null 2>&1 && echo 'action {kind}'\n"
         )
-    lines.append(
-        "iptables -t mangle -N TCDSL-PROBE >/dev/null 2>&1 &&\n"
-        "    iptables -t mangle -A TCDSL-PROBE -m mark --mark 0 -j MARK --set-mark 1 "
-        ">/dev/null 2>&1 && echo iptables\n"
-    )
+    for tool in ("iptables", "ip6tables"):
+        lines.append(
+            f"{tool} -t mangle -N TCDSL-PROBE >/dev/null 2>&1 &&\n"
+            f"    {tool} -t mangle -A TCDSL-PROBE -m mark --mark 0 -j MARK --set-mark 1 "
+            f">/dev/null 2>&1 && echo {tool}\n"
+        )
     return "".join(lines)
 
 
@@ -514,6 +525,7 @@ def host_support() -> HostSupport:
         ["veth"] in words,
         frozenset(w[1] for w in words if len(w) == 2 and w[0] == "action"),
         ["ifb"] in words,
+        ip6tables=["ip6tables"] in words,
     )
 
 

@@ -143,7 +143,7 @@ def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
         sum(len(i.qdiscs) for i in expected.interfaces),
         sum(len(i.classes) for i in expected.interfaces),
         sum(len(i.filters) for i in expected.interfaces),
-        sum(len(i.chain.rules) + 1 for i in expected.interfaces if i.chain is not None),
+        sum(len(c.rules) + 1 for i in expected.interfaces for c in i.chains),
     )
     create, read = devices(result.policy)
     cbq = expected.needs("sch_cbq")
@@ -159,13 +159,13 @@ def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
         plan.commands = runner.commands_of(plan.origins)
         script = runner.case_script(path, applier, create, read, commands=plan.commands)
     else:
-        uses_iptables = expected.needs("iptables") is not None
         script = runner.case_script(
             path,
             applier,
             create,
             read,
-            iptables=uses_iptables,
+            iptables=expected.needs("iptables") is not None,
+            ip6tables=expected.needs("ip6tables") is not None,
             before=before,
             after=after,
             files=files,
@@ -182,10 +182,13 @@ def batch_applier(policy: ir.Policy, files: Mapping[str, str]) -> tuple[str, dic
         # As the batch's header says: an IFB that exists makes 'link add' fail harmlessly.
         lines.append(f"ip -force -batch {shlex.quote(names['ip'])} || true")
     lines.append(f"tc -batch {shlex.quote(names['batch'])}")
-    if "iptables" in names:
+    for tool in ("iptables", "ip6tables"):
+        if tool not in names:
+            continue
         for chains in owned_chains(policy).values():
-            lines += [unjump_shell(chain) for chain in chains]
-        lines.append(f"iptables-restore --noflush {shlex.quote(names['iptables'])}")
+            # unjump_shell writes iptables commands: the same ones in the other table
+            lines += [unjump_shell(chain).replace("iptables", tool) for chain in chains]
+        lines.append(f"{tool}-restore --noflush {shlex.quote(names[tool])}")
     if "nft" in names:
         lines.append(f"nft -f {shlex.quote(names['nft'])}")
     return "".join(f"{line}\n" for line in lines), dict(files)
