@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tcdsl import directions, ir, linklayer
+from tcdsl import directions, families, ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -641,10 +641,15 @@ def marks_expressible(policy: ir.Policy) -> Iterator[Diagnostic]:
                     ):
                         yield Diagnostic.error(
                             "E209",
-                            "iptables matches ports only with 'proto tcp' or 'proto udp' "
-                            "on the same match line",
+                            f"{_firewall(s.iface)} can match ports only with 'proto tcp' or "
+                            "'proto udp' on the same match line",
                             cond.span,
                         )
+
+
+def _firewall(iface: ir.Interface) -> str:
+    """The tools that write the marking rules of ``iface``'s families."""
+    return " and ".join({"ipv4": "iptables", "ipv6": "ip6tables"}[f] for f in iface.families)
 
 
 def marks_unique(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -1328,6 +1333,7 @@ CHECKS: tuple[Check, ...] = (
     values_kept_as_written,
     police_bursts_fit_tc,
     *directions.CHECKS,
+    *families.CHECKS,
     hfsc_curves_complete,
     link_layer_values_kept,
 )

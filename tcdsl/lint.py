@@ -44,9 +44,9 @@ def htb_has_default(policy: ir.Policy) -> Iterator[Diagnostic]:
             if isinstance(q, ir.Htb) and q.default is None:
                 yield Diagnostic.warning(
                     "W310",
-                    "htb has no 'default' class: packets no filter matches (and every packet "
-                    "that is not IPv4, such as ARP and IPv6) leave through htb's direct queue, "
-                    "at line rate and ahead of every class",
+                    "htb has no 'default' class: packets no filter matches (ARP among them, "
+                    "and a family the tree does not classify) leave through htb's direct "
+                    "queue, at line rate and ahead of every class",
                     q.span.prefix(len(q.kind)),
                 )
 
@@ -59,8 +59,8 @@ def hfsc_has_default(policy: ir.Policy) -> Iterator[Diagnostic]:
                 yield Diagnostic.warning(
                     "W345",
                     "hfsc has no 'default' class: the kernel DROPS every packet no filter "
-                    "matches (every packet that is not IPv4 too, ARP and IPv6 included, so the "
-                    "link may stop working); name a leaf class with 'default NAME'",
+                    "matches (ARP too, so the link may stop working, and a family the tree "
+                    "does not classify); name a leaf class with 'default NAME'",
                     q.span.prefix(len(q.kind)),
                 )
 
@@ -117,14 +117,14 @@ def _alternatives(
             yield Alternative(match, cls, conds, filters)
 
 
-def _classification_orders(policy: ir.Policy) -> Iterator[list[Alternative]]:
-    """Each place packets are classified, its alternatives in the order they are tried.
+def _classification_orders(
+    policy: ir.Policy,
+) -> Iterator[tuple[tuple[int, int], ir.Family, list[Alternative]]]:
+    """Yield (where, family, alternatives in the order the kernel tries them) for every filter
+    list, ``where`` naming the list the same way for both families.
 
-    u32 filters on one qdisc are tried by pref, then in the order they were added
-    (``tcdsl.matching.kernel_order``, which ``classify`` uses too); iptables
-    rules of ``classify by mark`` in the order of the match lines (each marks only unmarked
-    packets, so the first matching line wins there too); match lines that keep their own
-    ``pref`` there are u32 filters, an order of their own.
+    With ``classify by mark`` the iptables rules are tried first, in the order written (first
+    mark wins); match lines that keep their own ``pref`` stay u32 filters at that qdisc.
     """
     for iface in policy.interfaces:
         marks = iface.marking is not None
@@ -136,7 +136,7 @@ def _classification_orders(policy: ir.Policy) -> Iterator[list[Alternative]]:
                         for m in cls.matches:
                             if m.pref is None:
                                 ordered.extend(_alternatives(m, cls, iface, family))
-                yield ordered
+                yield (id(iface), 0), family, ordered
             for q in ir.walk_qdiscs(iface.root):
                 added = [
                     a
@@ -146,7 +146,11 @@ def _classification_orders(policy: ir.Policy) -> Iterator[list[Alternative]]:
                     for a in _alternatives(m, cls, iface, family)
                 ]
                 if added:
-                    yield kernel_order(added, lambda a: match_pref(a.match))
+                    yield (
+                        (id(iface), id(q)),
+                        family,
+                        kernel_order(added, lambda a: match_pref(a.match)),
+                    )
 
 
 class _Earlier:
@@ -190,18 +194,35 @@ def _is_catch_all(alt: Alternative) -> bool:
 
 
 def filters_all_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """No match line is hidden behind an earlier one that takes every packet it would match."""
-    seen: set[tuple[str, Span, str]] = set()
-    for ordered in _classification_orders(policy):
-        for diagnostic in _shadowing(ordered):
-            # A line hidden in both families is said once.
-            key = (diagnostic.code, diagnostic.span, diagnostic.message)
-            if key not in seen:
-                seen.add(key)
-                yield diagnostic
+    """No match line is hidden behind an earlier one that takes every packet it would match.
+
+    Each family's filters are a list of their own: a line or value is said to be hidden when
+    it is in every family it has filters in (an IPv4 line cannot hide an IPv6 value)."""
+    lists: dict[tuple[int, int], list[_Shadows]] = {}
+    for where, family, ordered in _classification_orders(policy):
+        lists.setdefault(where, []).append(_shadowing(ordered, family))
+    for found in lists.values():
+        by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]] = {}
+        for shadows in found:
+            for match, alts in shadows.by_line.values():
+                by_line.setdefault(id(match), (match, []))[1].extend(alts)
+        for match, alts in by_line.values():
+            yield from _report_line(match, alts)
+        yield from _catch_all_warning(found)
 
 
-def _shadowing(ordered: Sequence[Alternative]) -> Iterator[Diagnostic]:
+@dataclass
+class _Shadows:
+    """What one family's filter list shows: each line's alternatives with the earlier one that
+    covers each (None: reachable), and the first catch-all with the lines tried after it."""
+
+    family: ir.Family
+    by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]]
+    catch_all: Alternative | None
+    after_catch_all: dict[int, ir.Match]
+
+
+def _shadowing(ordered: Sequence[Alternative], family: ir.Family) -> _Shadows:
     earlier = _Earlier()
     catch_all: Alternative | None = None
     after_catch_all: dict[int, ir.Match] = {}  # by id, in the order tried
@@ -222,16 +243,32 @@ def _shadowing(ordered: Sequence[Alternative]) -> Iterator[Diagnostic]:
         earlier.add(alt)
         if _is_catch_all(alt):
             catch_all = alt
-    for match, alts in by_line.values():
-        yield from _report_line(match, alts)
-    if catch_all is not None and after_catch_all:
-        n = len(after_catch_all)
+    return _Shadows(family, by_line, catch_all, after_catch_all)
+
+
+def _catch_all_warning(found: list[_Shadows]) -> Iterator[Diagnostic]:
+    """W314 for the first catch-all of the lists, naming the lines it hides in every family
+    they have filters in."""
+    firsts = [s for s in found if s.catch_all is not None]
+    if not firsts:
+        return
+    catch_all = firsts[0].catch_all
+    assert catch_all is not None
+    hidden = dict(firsts[0].after_catch_all)
+    for shadows in found:
+        if shadows.catch_all is None or shadows.catch_all.match is not catch_all.match:
+            # This family has no catch-all (or another one): its lines with filters are seen.
+            hidden = {k: m for k, m in hidden.items() if k not in shadows.by_line}
+        else:
+            hidden = {k: m for k, m in hidden.items() if k in shadows.after_catch_all}
+    if hidden:
+        n = len(hidden)
         yield Diagnostic.warning(
             "W314",
             f"this match line takes every packet for {catch_all.cls.label}, so the "
             f"{n} match line{'s' * (n != 1)} tried after it never see{'s' * (n == 1)} a packet",
             catch_all.match.span,
-            Note("for example this one", next(iter(after_catch_all.values())).span),
+            Note("for example this one", next(iter(hidden.values())).span),
         )
 
 
@@ -241,6 +278,12 @@ def _report_line(
     dead = [(a, c) for a, c in alts if c is not None and c.match is not match]
     if not dead:
         return
+    # A value is reported when it is hidden in every family it has filters in.
+    live = {_values_span(match, a) for a, c in alts if c is None or c.match is match}
+    if len(dead) != len(alts):
+        dead = [(a, c) for a, c in dead if _values_span(match, a) not in live]
+        if not dead:
+            return
     first, culprit = dead[0]
     assert culprit is not None
     if len(dead) == len(alts):
@@ -263,14 +306,19 @@ def _report_line(
             Note("that earlier line", culprit.match.span),
         )
         return
+    said: set[Span] = set()
     for alt, culprit in dead:
         assert culprit is not None
+        span = _values_span(match, alt)
+        if span in said:
+            continue
+        said.add(span)
         whom = "the same class" if culprit.cls is alt.cls else culprit.cls.label
         yield Diagnostic.warning(
             "W312",
             f"this value never matches: an earlier line sends every packet it would match "
             f"to {whom}",
-            _values_span(match, alt),
+            span,
             Note("that earlier line", culprit.match.span),
         )
 
@@ -281,7 +329,9 @@ def _same_packets(a: Alternative, b: Alternative) -> bool:
 
 def _values_span(match: ir.Match, alt: Alternative) -> Span:
     """The span of the listed value that makes this alternative (the first one from a list)."""
-    for original, single in zip(match.conds, alt.conds, strict=True):
+    # An IPv6 (or flower) port line's alternatives start with the TCP or UDP guard.
+    conds = alt.conds[len(alt.conds) - len(match.conds) :]
+    for original, single in zip(match.conds, conds, strict=True):
         if single is not original:
             return single.span
     return match.span

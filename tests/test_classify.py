@@ -567,7 +567,7 @@ def test_ipv6_priority_is_zero(tmp_path: Path) -> None:
 
 def test_marks_per_family(tmp_path: Path) -> None:
     """'classify by mark': ip6tables marks IPv6 packets (finding the protocol past extension
-    headers, as ipv6_find_hdr does), and the fw filter of IPv6 maps the mark."""
+    headers but AH, as the host kernel does), and the fw filter of IPv6 maps the mark."""
     text = (
         "interface eth0 htb rate 10mbit default other {\n"
         "    classify by mark from eth1\n"
@@ -583,7 +583,8 @@ def test_marks_per_family(tmp_path: Path) -> None:
     assert "ip6tables chain" in why and "fw filter pref 32769 maps mark" in why
     assert _name(_verdict(policy, "tcp dport 22")) == "app"
     assert "fw filter pref 1 maps" in _verdict(policy, "tcp dport 22").steps[0].why
-    assert _name(_verdict(policy, "ipv6 hbh auth tcp src 2001:db9::1 dport 22")) == "app"
+    assert _name(_verdict(policy, "ipv6 hbh dstopt tcp src 2001:db9::1 dport 22")) == "app"
+    assert _name(_verdict(policy, "ipv6 auth tcp src 2001:db9::1 dport 22")) == "other"
     assert _name(_verdict(policy, "ipv6 frag tcp src 2001:db9::1 dport 22")) == "app"
     later = _verdict(policy, "ipv6 laterfrag tcp src 2001:db9::1 dport 22")
     assert _name(later) == "other"
@@ -601,3 +602,19 @@ def test_cli_ipv6(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "filter pref 32769 matched (IPv6: match dport 80, 443)" in result.stdout
     result = _run(monkeypatch, str(OFFICE), "--packet", "icmpv6", "--format", "json")
     assert json.loads(result.stdout)[0]["family"] == "ipv6"
+
+
+def test_ingress_policer_per_family(tmp_path: Path) -> None:
+    """An ingress policer's line has a filter per family; an IPv4-only line meters no IPv6."""
+    text = (
+        "interface eth0 {\n  ingress {\n"
+        "    match dport 80 police rate 1mbit burst 10k drop\n"
+        "    match src 10.0.0.0/8 police rate 2mbit burst 10k drop\n  }\n}\n"
+    )
+    policy = _text_policy(tmp_path, text)
+    six = classify(policy, parse_packet("ipv6 tcp dport 80"), "eth0", "ingress")
+    assert "filter pref 32769 matched (IPv6: match dport 80); above 1mbit" in six.steps[0].why
+    four = classify(policy, parse_packet("tcp src 10.1.1.1"), "eth0", "ingress")
+    assert "filter pref 1 matched (match src 10.0.0.0/8); above 2mbit" in four.steps[0].why
+    other = classify(policy, parse_packet("ipv6 tcp src 2001:db8::5"), "eth0", "ingress")
+    assert other.steps[0].why == "no policer's match takes it: it is accepted as it is"

@@ -187,6 +187,29 @@ CASES = {
         "    }\n\n    ingress {\n"
         "        match src 0.0.0.0/0 police rate 800kbit burst 10k mtu 2k drop\n    }\n}\n",
     ),
+    "family, classifier and IPv6 addresses": (
+        "const  V6=2001:db8::/32\nconst H =  ::1\ninterface eth0   family  ipv6 classifier"
+        "   flower htb default b {\n  class b rate 1mbit match  family both src V6,::ffff:"
+        "192.0.2.1 , fe80::/10 dst ::1,10.0.0.1\n}\ninterface eth1 family ipv4 {upload  "
+        "family both classifier u32 htb {class u rate 1mbit}; download via ifb1 connmark "
+        "family ipv6 htb { class d rate 1mbit }\n ingress  family ipv6 { match all police "
+        "rate 1mbit burst 10k drop }}\n",
+        "const V6 = 2001:db8::/32\nconst H = ::1\n"
+        "interface eth0 family ipv6 classifier flower htb default b {\n"
+        "    class b rate 1mbit match family both src V6, ::ffff:192.0.2.1, fe80::/10 "
+        "dst ::1, 10.0.0.1\n}\ninterface eth1 family ipv4 {\n"
+        "    upload family both classifier u32 htb {\n        class u rate 1mbit\n    }\n"
+        "    download via ifb1 connmark family ipv6 htb {\n        class d rate 1mbit\n"
+        "    }\n    ingress family ipv6 {\n"
+        "        match all police rate 1mbit burst 10k drop\n    }\n}\n",
+    ),
+    "a long line is broken before 'family'": (
+        "interface eth0 htb default b {\n    class b rate 1mbit match src "
+        "2001:db8:aaaa:bbbb:cccc:dddd:eeee:ffff/128 dst 2001:db8::1 family ipv6\n}\n",
+        "interface eth0 htb default b {\n    class b rate 1mbit match src "
+        "2001:db8:aaaa:bbbb:cccc:dddd:eeee:ffff/128 dst 2001:db8::1 \\\n"
+        "            family ipv6\n}\n",
+    ),
     "empty block": ("interface eth0 htb {}\n", "interface eth0 htb {\n}\n"),
     "only blank lines": ("\n \n\t\n", ""),
     "only comments": ("\n\n# one   \n\n\n#two\n\n", "# one\n\n#two\n"),
@@ -206,6 +229,32 @@ def test_messy_policy_keeps_its_meaning() -> None:
     assert formatted == MESSY_FORMATTED.replace('include "x;#y.tcp"\n', "")
     assert meaning(original)[0] is not None
     assert_canonical(original, formatted)
+
+
+DUAL_STACK = """\
+const OFFICE6=2001:db8:10::/48
+const   PRINTER = ::ffff:192.0.2.9
+interface eth0  family both classifier u32 htb rate 10mbit default bulk {
+  class web rate 2mbit match dport 443 ;class v6 rate 2mbit match family ipv6 dscp ef
+  class office rate 2mbit match src OFFICE6,10.0.0.0/8 dst ::1 , 2001:db8::1
+  class ping rate 1mbit match proto icmp,icmpv6
+  class printer rate 1mbit match dst PRINTER
+  class bulk rate 1mbit
+}
+interface eth1 { upload family ipv4 htb rate 1mbit default a { class a rate 1mbit match dport 22 }
+  download via ifb1 classifier flower family ipv6 htb rate 1mbit default d {
+class d rate 1mbit match dport 80 } }
+"""
+
+
+def test_dual_stack_policy_keeps_its_meaning() -> None:
+    formatted = format_source(DUAL_STACK)
+    assert meaning(DUAL_STACK)[0] is not None
+    assert_canonical(DUAL_STACK, formatted)
+    assert "download via ifb1 classifier flower family ipv6 htb rate 1mbit default d {" in (
+        formatted
+    )
+    assert "match src OFFICE6, 10.0.0.0/8 dst ::1, 2001:db8::1\n" in formatted
 
 
 def test_long_lines_fit() -> None:

@@ -1,10 +1,11 @@
 """Lints against an independent model: a match line the lints call dead never classifies a packet.
 
-The lints (``tcdsl.lint``) reason about u32 keys as header bits. Here a plain first-match
-classifier over packet fields (written without u32 keys) is run on every packet of a small
-universe; a line the lints report as never matching (W312 for a whole line, W313, and every
-line after a W314 catch-all) must never be the first match of any packet. The kernel version
-of this claim, for a few policies, is in ``tests/test_lint_kernel.py``.
+The lints (``tcdsl.lint``) reason about u32 keys as header bits, per address family (the
+sources are IPv4 and IPv6; a line without an address is a filter of each family). Here a plain
+first-match classifier over packet fields (written without u32 keys) is run on every packet of
+a small universe; a line the lints report as never matching (W312 for a whole line, W313,
+and every line after a W314 catch-all) must never be the first match of any packet. The
+kernel version of this claim, for a few policies, is in ``tests/test_lint_kernel.py``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,16 @@ from hypothesis import strategies as st
 
 from tcdsl.driver import analyse
 
-SRCS = ("10.0.0.0/8", "10.1.0.0/16", "10.1.2.3", "192.168.0.0/16")
+SRCS = (
+    *("10.0.0.0/8", "10.1.0.0/16", "10.1.2.3", "192.168.0.0/16"),
+    *("2001:db8::/32", "2001:db8:1::/48", "2001:db8:1::5"),
+)
 PORTS = ("22", "53", "80", "443", "1500", "1024-2047", "0-1023", "80-90", "80-87", "88-90")
 PROTOS = {"tcp": 6, "udp": 17}
-PACKET_SRCS = ("10.1.2.3", "10.1.9.9", "10.9.9.9", "192.168.1.1", "8.8.8.8")
+PACKET_SRCS = (
+    *("10.1.2.3", "10.1.9.9", "10.9.9.9", "192.168.1.1", "8.8.8.8"),
+    *("2001:db8:1::5", "2001:db8:1::9", "2001:db8:9::9", "2001:db9::1"),
+)
 PACKET_PORTS = (22, 53, 80, 85, 88, 90, 443, 1023, 1024, 1500, 2047, 3000)
 
 
@@ -54,8 +61,8 @@ class Line:
         return " ".join(words)
 
     def matches(self, src: str, port: int, proto: int, tos: int) -> bool:
-        addr = ipaddress.IPv4Address(src)
-        if self.srcs and not any(addr in ipaddress.IPv4Network(s) for s in self.srcs):
+        addr = ipaddress.ip_address(src)  # an address is in no network of the other family
+        if self.srcs and not any(addr in ipaddress.ip_network(s) for s in self.srcs):
             return False
         if self.ports and not any(_port_in(port, p) for p in self.ports):
             return False

@@ -157,6 +157,8 @@ SET_SCOPES = {
     "PORT_FIELD": FIELD,
     "RAW_SIZE": FIELD,
     "VERDICT": "constant.language.verdict.",
+    "FAMILY_NAME": "constant.language.family.",
+    "CLASSIFIER_NAME": "support.type.classifier.",
     **dict.fromkeys(("CURVE", "M1", "M2", "D", "UMAX", "DMAX"), "variable.parameter.curve."),
 }
 FIELD_LITERALS = {"proto", "tos", "dscp"}
@@ -168,6 +170,7 @@ VALUE_SCOPES: dict[str, tuple[str, ...]] = {
     "HEX": ("constant.numeric.hex.",),
     "HANDLE": ("constant.numeric.handle.",),
     "IPV4": ("constant.numeric.ipv4.",),
+    "IPV6": ("constant.numeric.ipv6.",),
     "PORT_RANGE": ("constant.numeric.range.",),
     "STRING": ("string.quoted.double.", "punctuation.definition.string."),
     "IFNAME": ("entity.name.interface.",),
@@ -237,6 +240,7 @@ SAMPLE = """\
 # every keyword once
 const UPLINK = 100mbit - 10% * 2  # a constant
 const SERVER = 10.0.0.0/24
+const SERVER6 = 2001:db8::/32
 include "other#1.tcp" # a '#' in a string is no comment
 interface eth0.100 htb rate UPLINK handle 1: r2q 10 default bulk {
     classify by mark from "eth 1" chain "TC#1"; classify by mark from wg-0
@@ -266,6 +270,13 @@ interface eth3 {
     }
 }
 interface eth4 { ingress { match all police rate 800kbit burst 10k drop } }
+interface eth5 family ipv4 classifier flower {
+    upload family both classifier u32 htb rate 1mbit {
+        class v6 rate 1mbit match family ipv6 src SERVER6, ::1 dst fe80::/10, ::ffff:10.0.0.1
+    }
+    download via ifb5 connmark family ipv6 htb rate 1mbit { class d rate 1mbit }
+    ingress family ipv4 classifier u32 { match src 0.0.0.0/0 police rate 1mbit burst 9k drop }
+}
 """
 
 
@@ -280,6 +291,8 @@ def _keyword_samples() -> Iterator[tuple[str, str, str]]:
         "PORT_FIELD": "interface eth0 htb {{\n  class c match {w} 80\n}}\n",
         "RAW_SIZE": "interface eth0 htb {{\n  class c match {w} 0x1 at 0\n}}\n",
         "VERDICT": "interface eth0 htb {{\n  class c match all police rate 1mbit burst 9k {w}\n}}",
+        "FAMILY_NAME": "interface eth0 family {w} htb {{\n  class c match family {w} dport 1\n}}\n",
+        "CLASSIFIER_NAME": "interface eth0 {{\n  upload classifier {w} htb {{ class c }}\n}}\n",
         "CURVE": "interface eth0 hfsc {{\n  class c {w} m2 1mbit\n}}\n",
         "M1": "interface eth0 hfsc {{\n  class c rt {w} 2mbit d 10ms m2 1mbit\n}}\n",
         "D": "interface eth0 hfsc {{\n  class c rt m1 2mbit {w} 10ms m2 1mbit\n}}\n",
@@ -387,6 +400,42 @@ def test_values() -> None:
     ]
 
 
+def test_ipv6_addresses_and_handles() -> None:
+    line = (
+        "match src 2001:db8::/32, ::1, fe80::1 dst ::ffff:192.0.2.1, 1:2:3:4:5:6:7:8 classid 1:10"
+    )
+    assert tokens(line) == [
+        ("match", "keyword.other.tcdsl"),
+        ("src", "support.variable.field.tcdsl"),
+        ("2001:db8::/32", "constant.numeric.ipv6.tcdsl"),
+        (",", "punctuation.separator.comma.tcdsl"),
+        ("::1", "constant.numeric.ipv6.tcdsl"),
+        (",", "punctuation.separator.comma.tcdsl"),
+        ("fe80::1", "constant.numeric.ipv6.tcdsl"),
+        ("dst", "support.variable.field.tcdsl"),
+        ("::ffff:192.0.2.1", "constant.numeric.ipv6.tcdsl"),
+        (",", "punctuation.separator.comma.tcdsl"),
+        ("1:2:3:4:5:6:7:8", "constant.numeric.ipv6.tcdsl"),
+        ("classid", "variable.other.tcdsl"),
+        ("1:10", "constant.numeric.handle.tcdsl"),
+    ]
+    # A hex letter that is a keyword ('d' of a curve) does not split an address.
+    assert scope_of_word("match dst d::1", "d::1") == "constant.numeric.ipv6.tcdsl"
+    assert scope_of_word("handle 10:", "10:") == "constant.numeric.handle.tcdsl"
+
+
+def test_family_and_classifier() -> None:
+    line = "interface eth0 family ipv6 classifier u32 { match family both u32 1/0xff at 0"
+    assert ("u32", "support.type.classifier.tcdsl") in tokens(line)
+    assert ("u32", "support.variable.field.tcdsl") in tokens(line)
+    assert scope_of_word(line, "family") == "keyword.other.family.tcdsl"
+    assert scope_of_word(line, "ipv6") == "constant.language.family.tcdsl"
+    assert scope_of_word(line, "both") == "constant.language.family.tcdsl"
+    assert scope_of_word(line, "classifier") == "keyword.other.classifier.tcdsl"
+    # Elsewhere the words are names (a class may be called 'flower').
+    assert scope_of_word("class flower rate 1mbit", "flower") == "entity.name.type.class.tcdsl"
+
+
 def test_comments_and_strings() -> None:
     line = 'include "a#b.tcp" # the rest'
     assert tokens(line) == [
@@ -488,4 +537,5 @@ NEAR_MISSES = [
     'include "a#b" # c',
     'include "a # b',
     "const X = 10mbit-2mbit*3 + (1.5% / 2) 1024-2048 80/0xfff0 10.0.0.0/8",
+    "const Y = 2001:db8::/32 ::1 fe80::1 d::1 ::ffff:10.0.0.1 1:10 10: family ipv6 classifier u32",
 ]

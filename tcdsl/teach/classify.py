@@ -29,7 +29,8 @@ What is modelled, after the kernel's code:
   dissector finds (``flow_keys``): it walks hop-by-hop, routing and destination-options
   headers, stops at a fragment header (the protocol is known, the ports and TCP flags are 0
   in every fragment) and at AH; its ``ip_tos`` is IPv6's traffic class. ip6tables finds the
-  protocol past every extension header, AH included, and a later fragment has no ports for it;
+  protocol past those headers and a first fragment's ports, not past AH (the host kernel's
+  ``-p 51`` matches TCP behind AH), and a later fragment has no ports for it;
 - IPv6 packets have priority 0 (neither forwarding nor ``IPV6_TCLASS`` derives one from the
   traffic class, as IPv4's TOS does), which the priomaps of prio and pfifo_fast read.
 
@@ -207,11 +208,12 @@ MAX_DISSECT_HEADERS = 15
 def flow_keys(packet: Packet, netfilter: bool = False) -> FlowKeys:
     """What the kernel finds in ``packet``'s bytes past the IP header.
 
-    The flow dissector (flower; ``netfilter`` False) walks the hop-by-hop, routing and
-    destination-options headers, stops at a fragment header with the fragment's protocol and
-    no ports or TCP flags (flower does not ask it to parse a first fragment), and stops at AH.
-    ip6tables (``netfilter`` True: ``ipv6_find_hdr``) walks AH too and reads a first
-    fragment's ports; a later fragment has none. IPv4: the protocol field, ports unless a
+    Both walk the hop-by-hop, routing and destination-options headers and stop at AH (its
+    protocol is then AH's, 51). The flow dissector (flower; ``netfilter`` False) stops at a
+    fragment header with the fragment's protocol and no ports or TCP flags (flower does not
+    ask it to parse a first fragment). ip6tables (``netfilter`` True) reads a first fragment's
+    ports; a later fragment has none (measured on the host: ``-p 51`` matches TCP behind AH,
+    ``-p 6`` does not). IPv4: the protocol field, ports unless a
     fragment (flower) or a later fragment (iptables)."""
     header = packet.header()
     fragment = first = False
@@ -227,9 +229,6 @@ def flow_keys(packet: Packet, netfilter: bool = False) -> FlowKeys:
             if nh in WALKED_BY_DISSECTOR:
                 walked.append(nh)
                 nh, off = header[off], off + (header[off + 1] + 1) * 8
-            elif nh == 51 and netfilter:
-                walked.append(nh)
-                nh, off = header[off], off + (header[off + 1] + 2) * 4
             elif nh == 44:
                 walked.append(nh)
                 fragment = True
@@ -279,8 +278,8 @@ def _port_matches(port: ir.PortValue, value: int) -> bool:
 
 def rule_matches(conds: tuple[ir.Cond, ...], packet: Packet) -> bool:
     """True if an iptables / ip6tables rule with ``conds`` (one alternative of a marking line,
-    of ``packet``'s family) matches: the protocol past the extension headers, ports and TCP
-    flags but in a later fragment (``flow_keys(..., netfilter=True)``)."""
+    of ``packet``'s family) matches: the protocol past the extension headers (up to AH), ports
+    and TCP flags but in a later fragment (``flow_keys(..., netfilter=True)``)."""
     keys = flow_keys(packet, netfilter=True)
     ported = keys.ip_proto in PORTED and not (keys.fragment and not keys.first_fragment)
     for cond in conds:

@@ -50,7 +50,14 @@ from typing import TYPE_CHECKING
 from tcdsl import ir
 from tcdsl.checks import effective_ceil, rate_of
 from tcdsl.commands import IFB_TXQUEUELEN
-from tcdsl.teach.classify import UnknownInterface, Verdict, classify, direction_of, select_tree
+from tcdsl.teach.classify import (
+    UnknownInterface,
+    Verdict,
+    classify,
+    direction_of,
+    flow_keys,
+    select_tree,
+)
 from tcdsl.teach.report import FlowInfo, Run, Series, finish_axes, new_figure, samples, save
 from tcdsl.teach.simulate import link_rate
 from tcdsl.teach.traffic import ETHERNET_HEADER, Flow, flows_problem
@@ -488,8 +495,11 @@ def _match(flow: Flow) -> list[str]:
     p = flow.packet
     host = "/32" if p.family == "ipv4" else "/128"
     words = ["-s", p.address_text(p.src) + host, "-d", p.address_text(p.dst) + host]
-    words += ["-p", str(p.proto)]
-    if p.proto in (6, 17):
+    # The protocol and ports as iptables finds them: past IPv6 extension headers up to AH,
+    # no ports in a later fragment.
+    keys = flow_keys(p, netfilter=True)
+    words += ["-p", str(keys.ip_proto)]
+    if keys.ip_proto in (6, 17) and not p.later_fragment:
         words += ["--sport", str(p.sport), "--dport", str(p.dport)]
     return words
 
