@@ -322,7 +322,7 @@ class Gen:
     def line_family(self) -> tuple[str | None, str | None]:
         """The family a match line keeps to (None: every family of its tree), and the
         ``family`` word it writes (None: none)."""
-        if self.mistake("family outside the tree") and len(self.families) == 1:
+        if len(self.families) == 1 and self.mistake("family outside the tree"):
             other = "ipv6" if self.families == ("ipv4",) else "ipv4"
             return other, other
         if len(self.families) == 1:
@@ -360,9 +360,10 @@ class Gen:
             if kind in ("src", "dst"):
                 af = family or self.pick(self.families)
                 addresses = ", ".join(self.address(af) for _ in range(self.int(1, 2)))
-                if self.mistake("addresses of two families", 0.3):
+                field = "dst" if kind == "src" else "src"
+                if field not in kinds and self.mistake("addresses of two families", 0.3):
                     other = "ipv6" if af == "ipv4" else "ipv4"
-                    conds.append(f"{'dst' if kind == 'src' else 'src'} {self.address(other)}")
+                    conds.append(f"{field} {self.address(other)}")
                 conds.append(f"{kind} {addresses}")
             elif kind in ("sport", "dport"):
                 ports = ", ".join(self.port(not marking) for _ in range(self.int(1, 3)))
