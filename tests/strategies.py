@@ -559,7 +559,8 @@ class VGen:
         if word is not None:
             conds.insert(self.between(0, len(conds)), f"family {word}")
         if not marking and self.chance(0.2):
-            conds.append(f"pref {self.wide(1, MAX_PREF if 'ipv6' in families else 65535)}")
+            # E260 goes by the tree's families, not the line's
+            conds.append(f"pref {self.wide(1, MAX_PREF if 'ipv6' in self.families else 65535)}")
         if not marking and self.uml and self.chance(0.15):
             conds.append(self.police())
         return "match " + " ".join(conds)
