@@ -13,7 +13,8 @@ from typing import Literal, assert_never
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
-from tcdsl.commands import curve_words, hfsc_curves, qdisc_words, stab_words
+from tcdsl.commands import MARK_TOOL, curve_words, hfsc_curves, qdisc_words, stab_words
+from tcdsl.lower import family_alternatives
 from tcdsl.units import format_rate, format_size
 from tcdsl.words import leaf_words, match_words, rate_line
 
@@ -57,7 +58,28 @@ def _qdisc_title(q: ir.Qdisc) -> str:
     return f"{q.kind} {q.handle.qdisc}"
 
 
-def qdisc_lines(q: ir.Qdisc) -> tuple[str, ...]:
+FAMILY_WORDS: dict[tuple[ir.Family, ...], str] = {
+    ("ipv4",): "IPv4",
+    ("ipv6",): "IPv6",
+    ("ipv4", "ipv6"): "IPv4+IPv6",
+}
+
+
+def family_words(families: tuple[ir.Family, ...]) -> str:
+    """``IPv4``, ``IPv6``, ``IPv4+IPv6``."""
+    return FAMILY_WORDS.get(families, "no family")
+
+
+def line_words(m: ir.Match, families: tuple[ir.Family, ...]) -> str:
+    """A match line in short words, after the families it applies to when those are fewer
+    than the tree's (``families``): ``IPv6 src 2001:db8::/64``, ``IPv4 proto icmp``."""
+    own = {f for f, _ in family_alternatives(m, families)}
+    applies = tuple(f for f in ir.FAMILIES if f in own)
+    words = match_words(m)
+    return words if applies == families else f"{family_words(applies)} {words}"
+
+
+def qdisc_lines(q: ir.Qdisc, families: tuple[ir.Family, ...] = ir.FAMILIES) -> tuple[str, ...]:
     """The options of a qdisc, as tc spells them; an htb's default class by name."""
     if isinstance(q, ir.Htb | ir.Hfsc):
         lines: list[str] = []
@@ -70,7 +92,7 @@ def qdisc_lines(q: ir.Qdisc) -> tuple[str, ...]:
             lines.append(f"r2q {q.r2q.value}")
         return tuple(lines)
     if isinstance(q, ir.Ingress):
-        return tuple(f"match {match_words(m)}" for m in q.matches) or ("no policers",)
+        return tuple(f"match {line_words(m, families)}" for m in q.matches) or ("no policers",)
     options = " ".join(qdisc_words(q)[1:])
     return (options,) if options else ()
 
@@ -99,12 +121,18 @@ def bound_words(bound: ir.Bound) -> str:
 
 
 def class_lines(
-    kind: str, cls: ir.Class, marking: bool, default: bool, capped: ir.Bound | None = None
+    kind: str,
+    cls: ir.Class,
+    marking: bool,
+    default: bool,
+    capped: ir.Bound | None = None,
+    families: tuple[ir.Family, ...] = ir.FAMILIES,
 ) -> tuple[str, ...]:
     """The lines of a class box below its name: id, rates, prio, leaf qdisc, what reaches it.
 
     ``capped``: what keeps the class below its own ceiling (an ancestor, or what holds its
-    qdisc), if anything does.
+    qdisc), if anything does; ``families``: the tree's (a match line names its own when it
+    applies to fewer).
     """
     assert cls.classid is not None
     lines = [f"classid {cls.classid}"]
@@ -126,9 +154,9 @@ def class_lines(
     for m in cls.matches:
         # With marks, a line that keeps its own pref is still a u32 filter.
         if marking and cls.fwmark is not None and m.pref is None:
-            lines.append(f"mark {cls.fwmark}: {match_words(m)}")
+            lines.append(f"mark {cls.fwmark}: {line_words(m, families)}")
         else:
-            lines.append(f"match {match_words(m)}")
+            lines.append(f"match {line_words(m, families)}")
     if marking and cls.fwmark is not None and default:
         lines.append(f"mark {cls.fwmark}: unmarked traffic")
     if marking and cls.set_dscp is not None:
@@ -148,6 +176,8 @@ class _Builder:
     count: int = 0
     bounds: dict[int, ir.Bound | None] = field(default_factory=dict)
     """``id(qdisc)`` -> the most it can send, for the qdiscs below a root."""
+    families: tuple[ir.Family, ...] = ir.FAMILIES
+    """The families of the tree being built."""
 
     def new_id(self) -> str:
         self.count += 1
@@ -159,7 +189,7 @@ class _Builder:
             self.edges.append(Edge(parent, node.id))
 
     def qdisc(self, q: ir.Qdisc, parent: str | None, marking: bool) -> None:
-        lines = qdisc_lines(q)
+        lines = qdisc_lines(q, self.families)
         bound = self.bounds.get(id(q))
         if bound is not None and isinstance(q, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
             rate = format_rate(bound.bits_per_second)
@@ -209,7 +239,7 @@ class _Builder:
         bound = ir.class_bound(q, above, parents, outer) if above is not None else outer
         own = ir.own_bound(q, cls, parents)
         capped = bound if own and bound and bound.bits_per_second < own.bits_per_second else None
-        lines = class_lines(q.kind, cls, marking, is_default, capped)
+        lines = class_lines(q.kind, cls, marking, is_default, capped, self.families)
         node = Node(self.new_id(), "class", title, lines, is_default)
         self.add(node, parent)
         for child in cls.children:
@@ -221,11 +251,17 @@ class _Builder:
 def interface_title(iface: ir.Interface, upload: bool = False) -> tuple[str, ...]:
     """``interface eth0`` (``interface eth0 upload`` when ``upload`` says the policy also
     shapes or polices its arrivals, ``interface eth0 download (via ifb4eth0)``, ``interface
-    eth0 ingress``), and how its packets are classified when that is by mark."""
+    eth0 ingress``), the families it classifies (``IPv4+IPv6``; ``IPv6 only, flower filters``),
+    and how its packets are classified when that is by mark."""
     title = [f"interface {iface.label}{' upload' if upload else ''}"]
+    families = family_words(iface.families)
+    only = " only" if len(iface.families) == 1 else ""
+    flower = ", flower filters" if iface.classifier == "flower" else ""
+    title.append(f"{families}{only}{flower}")
     m = iface.marking
     if m is not None:
-        chain = f", iptables chain {m.chain}" if m.chain else ""
+        tables = " and ".join(MARK_TOOL[f] for f in iface.families)
+        chain = f", {tables} chain {m.chain}" if m.chain else ""
         where = {"output": "from local", "postrouting": "at postrouting"}.get(
             m.hook, f"from {m.from_interface or 'any'}"
         )
@@ -254,6 +290,7 @@ def clusters(policy: ir.Policy) -> Iterator[Cluster]:
     for index, iface in enumerate(policy.interfaces):
         first_node, first_edge = len(builder.nodes), len(builder.edges)
         builder.bounds = {id(q): bound for q, _, bound in ir.held_qdiscs(iface.root)}
+        builder.families = iface.families
         redirect = None
         if iface.download is not None:
             redirect = redirect_node(builder.new_id(), iface, iface.download)

@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
-from ipaddress import IPv4Network
 from typing import Any, assert_never
 
 from tcdsl import ir
 from tcdsl.allocate import default_minor
 from tcdsl.backend import Backend
 from tcdsl.commands import (
+    FILTER_PROTOCOL,
+    MARK_TOOL,
     cake_overhead_words,
     curve_words,
+    flower_words,
     police_words,
     qdisc_words,
     stab_words,
 )
 from tcdsl.diagnostics import Span
-from tcdsl.lower import PROTO_NAMES, iptables_words, pack
+from tcdsl.lower import PROTO_NAMES, PROTO_NAMES_6, address_text, iptables_words, pack_words
 from tcdsl.units import format_rate, format_size, format_time
 
 FORMAT = "tcdsl-ir"
@@ -113,10 +115,6 @@ def overhead_json(o: ir.Overhead | None, tc: list[str]) -> JSONObject | None:
     }
 
 
-def _network(net: IPv4Network) -> str:
-    return str(net.network_address) if net.prefixlen == 32 else str(net)
-
-
 def cond_json(cond: ir.Cond) -> JSONObject:
     """One condition of a match line, as written (before lowering to keys)."""
     head: JSONObject
@@ -127,10 +125,11 @@ def cond_json(cond: ir.Cond) -> JSONObject:
                 "field": cond.field,
                 "values": [
                     {
+                        "family": ir.family_of(net),
                         "network": str(net),
                         "address": int(net.network_address),
                         "prefix_length": net.prefixlen,
-                        "tc": _network(net),
+                        "tc": address_text(net),
                         "span": span_json(span),
                     }
                     for net, span in cond.networks
@@ -149,7 +148,11 @@ def cond_json(cond: ir.Cond) -> JSONObject:
             head = {
                 "kind": "proto",
                 "values": [
-                    {"number": number, "name": PROTO_NAMES.get(number), "span": span_json(span)}
+                    {
+                        "number": number,
+                        "name": PROTO_NAMES.get(number, PROTO_NAMES_6.get(number)),
+                        "span": span_json(span),
+                    }
                     for number, span in cond.protocols
                 ],
             }
@@ -193,6 +196,7 @@ def match_json(match: ir.Match) -> JSONObject:
     """A ``match`` line: its conditions AND; the values of one condition OR."""
     return {
         "pref": value_json(match.pref),
+        "family": list(match.family.families) if match.family is not None else None,
         "conds": [cond_json(c) for c in match.conds],
         "police": police_json(match.police),
         "span": span_json(match.span),
@@ -390,12 +394,8 @@ def qdisc_json(q: ir.Qdisc) -> JSONObject:
     return out
 
 
-def key_json(key: ir.U32Key) -> JSONObject:
-    """A u32 key as tc's words and as the 32-bit word it tests (offset from the IP header)."""
-    offset, value, mask = pack(key)
+def _word_json(offset: int, value: int, mask: int) -> JSONObject:
     return {
-        "words": list(key.words),
-        "tc": " ".join(key.words),
         "offset": offset,
         "value": value,
         "mask": mask,
@@ -404,17 +404,52 @@ def key_json(key: ir.U32Key) -> JSONObject:
     }
 
 
+def key_json(key: ir.U32Key) -> JSONObject:
+    """A u32 key as tc's words and as the 32-bit words it tests (offsets from the IP header):
+    ``packed`` lists them all (an IPv6 address takes up to four); ``offset``, ``value`` and
+    ``mask`` give the word of a one-word key (null for an address of several words)."""
+    packed = pack_words(key)
+    single = _word_json(*packed[0]) if len(packed) == 1 else dict.fromkeys(_word_json(0, 0, 0))
+    return {
+        "words": list(key.words),
+        "tc": " ".join(key.words),
+        **single,
+        "packed": [_word_json(*word) for word in packed],
+    }
+
+
+def _range_json(port: tuple[int, int] | None) -> JSONObject | None:
+    return None if port is None else {"lo": port[0], "hi": port[1]}
+
+
+def _masked_json(pair: tuple[int, int] | None) -> JSONObject | None:
+    return None if pair is None else {"value": pair[0], "mask": pair[1]}
+
+
 def filter_json(f: ir.Filter) -> JSONObject:
-    """An allocated filter: u32 keys, or the firewall mark of an fw filter."""
+    """An allocated filter: u32 keys, flower fields, or the firewall mark of an fw filter;
+    ``protocol`` ip or ipv6 by its ``family``."""
+    kind = {ir.U32Filter: "u32", ir.FwFilter: "fw", ir.FlowerFilter: "flower"}[type(f)]
     head: JSONObject = {
-        "kind": "u32" if isinstance(f, ir.U32Filter) else "fw",
+        "kind": kind,
         "parent": handle_json(f.parent),
-        "protocol": "ip",
+        "family": f.family,
+        "protocol": FILTER_PROTOCOL[f.family],
         "pref": f.pref,
     }
     match f:
         case ir.U32Filter():
             head["keys"] = [key_json(k) for k in f.keys]
+            head["police"] = police_json(f.police)
+        case ir.FlowerFilter():
+            head["ip_proto"] = f.ip_proto
+            head["src"] = address_text(f.src) if f.src is not None else None
+            head["dst"] = address_text(f.dst) if f.dst is not None else None
+            head["sport"] = _range_json(f.sport)
+            head["dport"] = _range_json(f.dport)
+            head["tos"] = _masked_json(f.tos)
+            head["tcp_flags"] = _masked_json(f.tcp_flags)
+            head["tc"] = " ".join(flower_words(f))
             head["police"] = police_json(f.police)
         case ir.FwFilter():
             head["mark"] = f.mark
@@ -438,14 +473,17 @@ def marking_json(marking: ir.Marking | None) -> JSONObject | None:
             {
                 "mark": rule.mark,
                 "unmarked": rule.unmarked,
+                "family": rule.family,
+                "tool": MARK_TOOL[rule.family],
                 "conds": [cond_json(c) for c in rule.conds],
-                "iptables": list(iptables_words(rule.conds)),
+                "iptables": list(iptables_words(rule.conds, rule.family)),
                 "span": span_json(rule.span),
             }
             for rule in marking.rules
         ],
         "dscp_rules": [
-            {"mark": d.mark, "dscp": d.dscp, "span": span_json(d.span)} for d in marking.dscp_rules
+            {"mark": d.mark, "dscp": d.dscp, "family": d.family, "span": span_json(d.span)}
+            for d in marking.dscp_rules
         ],
         "span": span_json(marking.span),
     }
@@ -472,6 +510,8 @@ def interface_json(iface: ir.Interface) -> JSONObject:
         "name": iface.name,
         "interface": iface.interface,
         "direction": iface.direction,
+        "families": list(iface.families),
+        "classifier": iface.classifier,
         "download": download_json(iface.download, iface.name),
         "root": qdisc_json(iface.root),
         "filters": [filter_json(f) for f in iface.filters],

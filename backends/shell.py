@@ -11,7 +11,9 @@ from tcdsl.commands import (
     LOCK_DIR,
     LOCK_DIR_VARIABLE,
     MARK_HOOKS,
+    MARK_TOOL,
     NO_INTERFACE,
+    NO_TOOL,
     NOT_IFB,
     SCRIPT_AT,
     SCRIPT_FAILED,
@@ -21,6 +23,7 @@ from tcdsl.commands import (
     chain_teardown,
     interface_commands,
     lock_name,
+    mark_families,
     nft_table,
     nft_table_lines,
     owned_chains,
@@ -101,7 +104,7 @@ def _heredoc(
 def _view(iface: ir.Interface, batch: bool, nft: bool, owned: tuple[str, ...]) -> InterfaceView:
     commands = list(interface_commands(iface))
     if nft:
-        commands = [c for c in commands if c.tool != "iptables"]
+        commands = [c for c in commands if c.tool not in MARK_TOOL.values()]
     setup = [_line(c) for c in commands if c.tool == "ip"]
     run = [_line(c) for c in commands if c.tool != "ip" and (not batch or c.tool != "tc")]
     tc_batch: HereDoc | None = None
@@ -151,6 +154,12 @@ def _view(iface: ir.Interface, batch: bool, nft: bool, owned: tuple[str, ...]) -
     )
 
 
+_NEEDED_FOR: dict[ir.Family, str] = {
+    "ipv4": "to mark IPv4 packets",
+    "ipv6": 'to mark IPv6 packets (a tree with "family ipv4" marks none)',
+}
+
+
 class ShellBackend(Backend):
     """Emit an idempotent ``set -eu`` shell script."""
 
@@ -169,6 +178,8 @@ class ShellBackend(Backend):
             _view(iface, self.options.batch, nft, owned[iface.label]) for iface in policy.interfaces
         ]
         marking = any(v.chain for v in views)
+        families = {f for i in policy.interfaces for f in mark_families(i)} if not nft else set()
+        needs = [(MARK_TOOL[f], _NEEDED_FOR[f]) for f in ir.FAMILIES if f in families]
         return (
             template_env()
             .get_template("shell.sh.j2")
@@ -178,6 +189,9 @@ class ShellBackend(Backend):
                 at=SCRIPT_AT,
                 failed=SCRIPT_FAILED,
                 no_interface=NO_INTERFACE,
+                no_tool=NO_TOOL,
+                needs=needs,
+                mark_tools=tuple(MARK_TOOL.values()),
                 not_ifb=NOT_IFB,
                 lock_dir=LOCK_DIR,
                 lock_dir_variable=LOCK_DIR_VARIABLE,
@@ -185,7 +199,6 @@ class ShellBackend(Backend):
                 interfaces=views,
                 interface_names=list(dict.fromkeys(v.name for v in views)),
                 ifbs=[v.ifb for v in views if v.ifb is not None],
-                uses_iptables=marking and not nft,
                 uses_unmark=not nft,
                 unmark=SCRIPT_UNMARK,
                 hooks=MARK_HOOKS,

@@ -33,6 +33,35 @@ def kernel_pref(pref: int, family: ir.Family) -> int:
     return pref if family == "ipv4" else pref + IPV6_PREF_OFFSET
 
 
+def flower_prefs(filters: tuple[ir.Filter, ...]) -> tuple[ir.Filter, ...]:
+    """Give every flower filter a pref of its own, in the order the kernel is to try them.
+
+    Within one pref, cls_flower tries its masks in the order they were first created, not
+    its filters in order (a later, more specific filter can win over an earlier one), and
+    refuses a second filter with the same keys: one filter per pref keeps "the first line
+    that matches wins". The prefs count up from 1 per parent and family (IPv6 from 0x8001),
+    in the order of the policy's prefs; fw filters in a row at one pref keep sharing one.
+    """
+    renumbered: dict[int, ir.Filter] = {}
+    groups: dict[tuple[ir.Handle, ir.Family], list[ir.Filter]] = {}
+    for f in filters:
+        groups.setdefault((f.parent, f.family), []).append(f)
+    for (_, family), group in groups.items():
+        n = 0
+        previous: ir.Filter | None = None
+        for f in sorted(group, key=lambda g: g.pref):
+            shares = (
+                isinstance(f, ir.FwFilter)
+                and isinstance(previous, ir.FwFilter)
+                and previous.pref == f.pref
+            )
+            if not shares:
+                n += 1
+            renumbered[id(f)] = dataclasses.replace(f, pref=kernel_pref(n, family))
+            previous = f
+    return tuple(renumbered[id(f)] for f in filters)
+
+
 def _decimal_looking_minors() -> Iterator[int]:
     for k in range(1, 1000):
         yield int(str(10 * k), 16)
@@ -72,6 +101,12 @@ class InterfaceAllocator:
         self.diagnostics.append(Diagnostic.error(code, message, span, *notes))
 
     def run(self) -> ir.Interface:
+        iface = self._run()
+        if iface.classifier == "flower":
+            return dataclasses.replace(iface, filters=flower_prefs(iface.filters))
+        return iface
+
+    def _run(self) -> ir.Interface:
         if isinstance(self.iface.root, ir.Ingress):
             return self.ingress(self.iface.root)
         for q in ir.walk_qdiscs(self.iface.root):
@@ -196,12 +231,15 @@ class InterfaceAllocator:
         for family, alt in lower.filter_alternatives(m, families, classifier):
             fpref = kernel_pref(pref, family)
             if classifier == "flower":
-                total += 1
-                flower = lower.flower_filter(alt, family, parent, fpref, flowid, m.span, m.police)
-                if flower is None:
-                    dropped += 1
-                else:
-                    yield flower
+                for part in lower.flower_splits(alt):
+                    total += 1
+                    flower = lower.flower_filter(
+                        part, family, parent, fpref, flowid, m.span, m.police
+                    )
+                    if flower is None:
+                        dropped += 1
+                    else:
+                        yield flower
                 continue
             for keys in lower.u32_keys(alt, family):
                 total += 1

@@ -26,7 +26,7 @@ from tcdsl.units import format_rate, format_size, format_time
 class Command:
     """One command: the tool, its arguments, and the policy text it comes from."""
 
-    tool: Literal["tc", "iptables", "ip"]
+    tool: Literal["tc", "iptables", "ip6tables", "ip"]
     args: tuple[str, ...]
     span: Span
     what: str
@@ -372,13 +372,21 @@ def flower_words(f: ir.FlowerFilter) -> list[str]:
             words += [key, address_text(net)]
     for key, port in (("src_port", f.sport), ("dst_port", f.dport)):
         if port is not None:
-            lo, hi = port
-            words += [key, str(lo) if lo == hi else f"{lo}-{hi}"]
+            words += [key, flower_port_text(*port)]
     if f.tos is not None:
         words += ["ip_tos", f"{f.tos[0]:#04x}/{f.tos[1]:#04x}"]
     if f.tcp_flags is not None:
         words += ["tcp_flags", f"{f.tcp_flags[0]:#x}/{f.tcp_flags[1]:#x}"]
     return words
+
+
+def flower_port_text(lo: int, hi: int) -> str:
+    """A port or range as tc's flower takes it: tc refuses a range or port starting at 0
+    (``Illegal "dst_port"``), which is written as a value/mask block instead (``0/0xfc00``;
+    lower.flower_splits leaves no other range from 0)."""
+    if lo == 0:
+        return f"0/{0xFFFF ^ hi:#06x}"
+    return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 FLOWER_PROTO_NAMES = {6: "tcp", 17: "udp", 132: "sctp", 1: "icmp", 58: "icmpv6"}
@@ -466,7 +474,8 @@ def _below(
         )
         match f:
             case ir.FlowerFilter():
-                police = police_words(f.police) if f.police is not None else []
+                # flower takes actions only after 'action' (a bare 'police' is u32's).
+                police = ["action", *police_words(f.police)] if f.police is not None else []
                 yield Command(
                     "tc",
                     (*head, "flower", *flower_words(f), *police, "classid", str(f.flowid)),
@@ -553,48 +562,66 @@ def set_mark(m: ir.Marking, value: int) -> tuple[str, ...]:
     return ("-j", "MARK", "--set-xmark", f"{value:#x}/{m.mask.value:#x}")
 
 
+MARK_TOOL: dict[ir.Family, Literal["iptables", "ip6tables"]] = {
+    "ipv4": "iptables",
+    "ipv6": "ip6tables",
+}
+"""The tool that marks a family's packets; both have a mangle chain of the policy's name."""
+
+
+def mark_families(iface: ir.Interface) -> tuple[ir.Family, ...]:
+    """The families whose packets ``iface``'s marking marks (and whose tool it needs): the
+    tree's."""
+    return iface.families if iface.marking is not None else ()
+
+
 def marking_commands(iface: ir.Interface) -> Iterator[Command]:
-    """Yield the iptables commands that mark packets for ``iface``'s fw filters."""
+    """Yield the iptables (IPv4) and ip6tables (IPv6) commands that mark packets for
+    ``iface``'s fw filters: the same chain, jumps and rules in each table, for its family."""
     m = iface.marking
     assert m is not None and m.chain is not None
     mangle = ("-t", "mangle")
-    yield Command("iptables", (*mangle, "-N", m.chain), m.span, f"chain {m.chain}")
-    for jump in jumps(iface):
-        yield Command(
-            "iptables", (*mangle, "-I", *jump, "-j", m.chain), m.span, m.source(iface.name)
-        )
-    for rule in m.rules:
-        # Every rule only marks unmarked packets, so the first matching line wins, as with u32.
-        words = iptables_words(rule.conds)
-        yield Command(
-            "iptables",
-            (*mangle, "-A", m.chain, *words, *mark_match(m, 0), *set_mark(m, rule.mark)),
-            rule.span,
-            "unmarked traffic" if rule.unmarked else f"mark {mark_text(m, rule.mark)}",
-        )
-    for d in m.dscp_rules:
-        yield Command(
-            "iptables",
-            (
-                *mangle,
-                "-A",
-                m.chain,
-                *mark_match(m, d.mark),
-                "-j",
-                "DSCP",
-                "--set-dscp",
-                str(d.dscp),
-            ),
-            d.span,
-            f"DSCP {d.dscp} for mark {mark_text(m, d.mark)}",
-        )
-    if iface.download is not None:
-        yield Command(
-            "iptables",
-            (*mangle, "-A", m.chain, *save_mark_words(m)),
-            m.span,
-            "the mark onto the connection (connmark restores it on the download's redirect)",
-        )
+    for family in mark_families(iface):
+        tool = MARK_TOOL[family]
+        yield Command(tool, (*mangle, "-N", m.chain), m.span, f"chain {m.chain}")
+        for jump in jumps(iface):
+            yield Command(tool, (*mangle, "-I", *jump, "-j", m.chain), m.span, m.source(iface.name))
+        for rule in m.rules:
+            if rule.family != family:
+                continue
+            # Every rule only marks unmarked packets, so the first matching line wins, as u32.
+            words = iptables_words(rule.conds, family)
+            yield Command(
+                tool,
+                (*mangle, "-A", m.chain, *words, *mark_match(m, 0), *set_mark(m, rule.mark)),
+                rule.span,
+                "unmarked traffic" if rule.unmarked else f"mark {mark_text(m, rule.mark)}",
+            )
+        for d in m.dscp_rules:
+            if d.family != family:
+                continue
+            yield Command(
+                tool,
+                (
+                    *mangle,
+                    "-A",
+                    m.chain,
+                    *mark_match(m, d.mark),
+                    "-j",
+                    "DSCP",
+                    "--set-dscp",
+                    str(d.dscp),
+                ),
+                d.span,
+                f"DSCP {d.dscp} for mark {mark_text(m, d.mark)}",
+            )
+        if iface.download is not None:
+            yield Command(
+                tool,
+                (*mangle, "-A", m.chain, *save_mark_words(m)),
+                m.span,
+                "the mark onto the connection (connmark restores it on the download's redirect)",
+            )
 
 
 def teardown_commands(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
@@ -614,17 +641,21 @@ def teardown_commands(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
 
 
 def chain_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
-    """The iptables commands that remove ``iface``'s marking: one jump into its chain (repeat
-    it until it fails), then the chain's rules, then the chain; each may fail harmlessly.
+    """The iptables and ip6tables commands that remove ``iface``'s marking: one jump into its
+    chain (repeat it until it fails), then the chain's rules, then the chain, in each table
+    it marks in; each may fail harmlessly.
 
     They touch only what the policy made: the jump it inserted and the chain it names (never
     a built-in chain: E215).
     """
     m = iface.marking
     assert m is not None and m.chain is not None
-    mangle = ("iptables", "-t", "mangle")
-    unjumps = tuple((*mangle, "-D", *jump, "-j", m.chain) for jump in jumps(iface))
-    return (*unjumps, (*mangle, "-F", m.chain), (*mangle, "-X", m.chain))
+    out: list[tuple[str, ...]] = []
+    for family in mark_families(iface):
+        mangle = (MARK_TOOL[family], "-t", "mangle")
+        out += [(*mangle, "-D", *jump, "-j", m.chain) for jump in jumps(iface)]
+        out += [(*mangle, "-F", m.chain), (*mangle, "-X", m.chain)]
+    return tuple(out)
 
 
 # ==== the lock ================================================================================
@@ -638,6 +669,9 @@ SCRIPT_UNMARK = "tcdsl_unmark"
 """The script's function removing a marking chain and every jump into it."""
 NO_INTERFACE = "tcdsl: there is no interface %s here; nothing was changed"
 """What the script prints (a printf format) when an interface it shapes is missing."""
+NO_TOOL = "tcdsl: %s is missing, and this policy needs it %s; nothing was changed"
+"""What the script prints (a printf format: the tool, why) when a tool it marks with is
+missing."""
 NOT_IFB = (
     "tcdsl: %s exists and is not an ifb device; a download needs its own ifb; nothing was changed"
 )
@@ -732,9 +766,12 @@ def restore_quote(word: str) -> str:
     return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def restore_lines(iface: ir.Interface) -> Iterator[tuple[Command | None, str]]:
-    """The ``*mangle`` lines of an iptables-restore file for ``iface``'s marking (no
-    ``*mangle``/``COMMIT``), each with the command it stands for (None for the chain line).
+def restore_lines(
+    iface: ir.Interface, family: ir.Family = "ipv4"
+) -> Iterator[tuple[Command | None, str]]:
+    """The ``*mangle`` lines of an iptables-restore (``family`` ipv6: ip6tables-restore) file
+    for ``iface``'s marking (no ``*mangle``/``COMMIT``), each with the command it stands for
+    (None for the chain line); nothing when the tree does not mark that family.
 
     ``:CHAIN - [0:0]`` creates the chain, or with ``--noflush`` empties it if it exists; the
     jump from PREROUTING cannot be made idempotent in a restore file (a ``-D`` of an absent
@@ -743,8 +780,12 @@ def restore_lines(iface: ir.Interface) -> Iterator[tuple[Command | None, str]]:
     """
     m = iface.marking
     assert m is not None and m.chain is not None
+    if family not in mark_families(iface):
+        return
     yield None, f":{restore_quote(m.chain)} - [0:0]"
     for cmd in marking_commands(iface):
+        if cmd.tool != MARK_TOOL[family]:
+            continue
         args = cmd.args[2:]  # without "-t mangle": the file's *mangle says it
         if args[0] == "-N":
             continue
@@ -775,14 +816,14 @@ def stale_chains(policy: ir.Policy) -> list[str]:
     return [c for chains in owned_chains(policy).values() for c in chains if c not in built]
 
 
-def unjump_shell(chain: str) -> str:
-    """A shell line that deletes every jump into mangle chain ``chain`` from the built-in
-    chains a marking jump can sit in, whatever its match (an earlier version of the policy
-    may have marked from another interface or hook)."""
+def unjump_shell(chain: str, tool: str = "iptables") -> str:
+    """A shell line that deletes every jump into mangle chain ``chain`` (of ``tool``:
+    iptables or ip6tables) from the built-in chains a marking jump can sit in, whatever its
+    match (an earlier version of the policy may have marked from another interface or hook)."""
     return (
-        f"for c in {' '.join(MARK_HOOKS)}; do while n=$(iptables -t mangle -L $c -n "
+        f"for c in {' '.join(MARK_HOOKS)}; do while n=$({tool} -t mangle -L $c -n "
         f'--line-numbers | awk \'$2 == "{chain}" {{ print $1; exit }}\') && [ -n "$n" ]; do '
-        "iptables -t mangle -D $c $n; done; done"
+        f"{tool} -t mangle -D $c $n; done; done"
     )
 
 
@@ -840,12 +881,13 @@ def nft_table_lines(iface: ir.Interface, indent: str = "    ") -> Iterator[str]:
             s = rule.span
             what = "unmarked traffic" if rule.unmarked else f"mark {mark_text(m, rule.mark)}"
             yield f"{indent * 2}# {_comment(f'{s.file}:{s.line}:{s.column}: {what}')}"
-            words = (*nft_words(rule.conds), unmarked, _nft_set_mark(m, rule.mark))
+            words = (*nft_words(rule.conds, rule.family), unmarked, _nft_set_mark(m, rule.mark))
             yield f"{indent * 2}{where}{' '.join(words)}"
         for d in m.dscp_rules:
             s = d.span
             yield f"{indent * 2}# {_comment(f'{s.file}:{s.line}:{s.column}: DSCP {d.dscp}')}"
-            dscp = f"meta nfproto ipv4 {_nft_mark_is(m, d.mark)} ip dscp set {d.dscp}"
+            ip = "ip" if d.family == "ipv4" else "ip6"
+            dscp = f"meta nfproto {d.family} {_nft_mark_is(m, d.mark)} {ip} dscp set {d.dscp}"
             yield f"{indent * 2}{where}{dscp}"
         if iface.download is not None:
             saved = "meta mark" if m.mask is None else f"meta mark and {m.mask.value:#x}"

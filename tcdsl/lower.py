@@ -224,21 +224,26 @@ def u32_keys(
 PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 132: "sctp", 47: "gre", 50: "esp", 51: "ah"}
 
 
-def iptables_words(conds: tuple[ir.Cond, ...]) -> tuple[str, ...]:
-    """The iptables match words for one alternative (checks reject what iptables can't say)."""
+PROTO_NAMES_6 = {**{n: w for n, w in PROTO_NAMES.items() if n != 1}, 58: "icmpv6"}
+"""Protocol names as ip6tables and nft take them for IPv6 (ICMPv6 is ``icmpv6``)."""
+
+
+def iptables_words(conds: tuple[ir.Cond, ...], family: ir.Family = "ipv4") -> tuple[str, ...]:
+    """The iptables (ip6tables for ``family`` ipv6) match words for one alternative (checks
+    reject what iptables can't say). ``-m tos``/``-m dscp`` read the traffic class on IPv6."""
+    names = PROTO_NAMES if family == "ipv4" else PROTO_NAMES_6
     words: list[str] = []
     for cond in conds:
         match cond:
             case ir.ProtoCond():
                 number = cond.protocols[0][0]
-                words += ["-p", PROTO_NAMES.get(number, str(number))]
+                words += ["-p", names.get(number, str(number))]
     if not words and any(isinstance(c, ir.TcpFlagsCond) for c in conds):
         words += ["-p", "tcp"]
     for cond in conds:
         match cond:
             case ir.AddrCond():
-                net = cond.networks[0][0]
-                text = str(net.network_address) if net.prefixlen == 32 else str(net)
+                text = address_text(cond.networks[0][0])
                 words += ["-s" if cond.field == "src" else "-d", text]
             case ir.PortCond():
                 port = cond.ports[0]
@@ -343,37 +348,45 @@ def contradicts(keys: tuple[ir.U32Key, ...]) -> bool:
     return False
 
 
-def nft_words(conds: tuple[ir.Cond, ...]) -> tuple[str, ...]:
+def nft_words(conds: tuple[ir.Cond, ...], family: ir.Family = "ipv4") -> tuple[str, ...]:
     """The nft match words for one alternative, the same packets as :func:`iptables_words`.
 
-    iptables rules see IPv4 only; in an ``inet`` table the rule says so (``meta nfproto
-    ipv4``). A port needs a protocol (the checks see to it), so ``th`` (the transport header)
-    is always defined.
+    In an ``inet`` table the rule names its family (``meta nfproto ipv4|ipv6``). A port needs
+    a protocol (the checks see to it), so ``th`` (the transport header) is always defined;
+    ``meta l4proto`` is the protocol found past IPv6 extension headers, as ip6tables' ``-p``.
     """
-    words: list[str] = ["meta", "nfproto", "ipv4"]
+    v4 = family == "ipv4"
+    ip = "ip" if v4 else "ip6"
+    names = PROTO_NAMES if v4 else PROTO_NAMES_6
+    words: list[str] = ["meta", "nfproto", family]
     for cond in conds:
         match cond:
             case ir.ProtoCond():
                 number = cond.protocols[0][0]
-                words += ["meta", "l4proto", PROTO_NAMES.get(number, str(number))]
+                words += ["meta", "l4proto", names.get(number, str(number))]
     if len(words) == 3 and any(isinstance(c, ir.TcpFlagsCond) for c in conds):
         words += ["meta", "l4proto", "tcp"]
     for cond in conds:
         match cond:
             case ir.AddrCond():
-                net = cond.networks[0][0]
-                text = str(net.network_address) if net.prefixlen == 32 else str(net)
-                words += ["ip", "saddr" if cond.field == "src" else "daddr", text]
+                text = address_text(cond.networks[0][0])
+                words += [ip, "saddr" if cond.field == "src" else "daddr", text]
             case ir.PortCond():
                 port = cond.ports[0]
                 text = str(port.lo) if port.lo == port.hi else f"{port.lo}-{port.hi}"
                 words += ["th", cond.field, text]
             case ir.TosCond():
                 if cond.dscp is not None:
-                    words += ["ip", "dscp", str(cond.dscp)]
+                    words += [ip, "dscp", str(cond.dscp)]
                 else:
-                    # iptables' "--tos V/M" is (tos & M) == V: the second byte of the header.
-                    words += ["@nh,8,8", "&", _hex(cond.mask, 8), "==", _hex(cond.value, 8)]
+                    # iptables' "--tos V/M" is (tos & M) == V: the second byte of an IPv4
+                    # header. An IPv6 traffic class is bits 4..11: read 16 bits (nft 1.0.6
+                    # compiles an unaligned "@nh,4,8" into a comparison that never holds).
+                    if v4:
+                        words += ["@nh,8,8", "&", _hex(cond.mask, 8), "==", _hex(cond.value, 8)]
+                    else:
+                        mask, value = _hex(cond.mask << 4, 16), _hex(cond.value << 4, 16)
+                        words += ["@nh,0,16", "&", mask, "==", value]
             case ir.TcpFlagsCond():
                 examined = "|".join(cond.names(cond.mask))
                 words += ["tcp", "flags", "&", f"({examined})", "==", _nft_flags(cond)]
@@ -395,6 +408,28 @@ def flower_port(port: ir.PortValue) -> tuple[int, int] | None:
     if port.mask is not None and ((~port.mask & 0xFFFF) + 1) & (~port.mask & 0xFFFF):
         return None
     return port.lo, port.hi
+
+
+def flower_splits(conds: tuple[ir.Cond, ...]) -> Iterator[tuple[ir.Cond, ...]]:
+    """``conds`` as flower filters can say them: tc refuses a flower port range that starts at
+    0 (``dst_port 0-1000``), so one that is not a block of the form 0/MASK becomes the block
+    below its first power of two and the rest (``0-511`` and ``512-1000``)."""
+    for i, cond in enumerate(conds):
+        if not isinstance(cond, ir.PortCond):
+            continue
+        port = cond.ports[0]
+        size = port.hi + 1
+        if port.lo != 0 or port.hi == 0 or size & (size - 1) == 0:
+            continue
+        block = 1 << (size.bit_length() - 1)
+        low = ir.PortValue(0, block - 1, 0xFFFF ^ (block - 1), port.span)
+        high = ir.PortValue(block, port.hi, None, port.span)
+        for part in (low, high):
+            yield from flower_splits(
+                (*conds[:i], ir.PortCond(cond.field, (part,), cond.span), *conds[i + 1 :])
+            )
+        return
+    yield conds
 
 
 def flower_problem(conds: tuple[ir.Cond, ...]) -> ir.Cond | None:

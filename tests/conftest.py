@@ -34,3 +34,24 @@ def policy_files() -> list[Path]:
 def golden_name(policy: Path) -> str:
     """``policies/seeds/x.tcp`` -> ``seeds--x`` (golden files live in one flat folder)."""
     return "--".join(policy.relative_to("policies").with_suffix("").parts)
+
+
+def flower_batch_in_guest(batch: str) -> str:
+    """Apply ``batch`` (a tc-batch file for ``eth0``) in the user-mode Linux guest, whose kernel
+    has flower (the host's has not), and return ``tc filter show dev eth0 parent 1:``; skip
+    with the reason when the guest cannot run."""
+    from tcdsl.kernels import uml
+    from tcdsl.verify import runner
+
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    guest = (
+        "ip link add name eth0 type veth peer name peer0\n"
+        "cat > flower.batch <<'TCDSL_BATCH'\n" + batch + "TCDSL_BATCH\n"
+        "tc -batch flower.batch\n"
+        "tc filter show dev eth0 parent 1:\n"
+    )
+    (res,) = uml.run_cases([uml.Case("flower", guest)], timeout=300)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    return res.stdout

@@ -4,6 +4,7 @@ on the text, and runs of the real tools (tc's batch parser, nft's checker) where
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,7 +18,7 @@ from tcdsl.commands import batch_quote, batch_unquotable, nft_table, restore_quo
 from tcdsl.diagnostics import render
 from tcdsl.driver import Result, compile_policy
 from tcdsl.verify import runner, verifier
-from tests.conftest import ROOT
+from tests.conftest import ROOT, flower_batch_in_guest
 
 MARKS = "policies/seeds/s000-10.1-marks.tcp"
 TOS_HTB = "policies/seeds/s004-tos-htb.tcp"
@@ -84,7 +85,8 @@ def nft_table_of(name: str) -> str:
 
 def test_emit_files_and_the_map_point_at_the_right_lines() -> None:
     result = _compile(MARKS, "tc-batch")
-    assert list(result.files) == [
+    # (and the .ip6tables file while the seed marks IPv6 too: see test_ip6tables_restore_file)
+    assert [f for f in result.files if not f.endswith(".ip6tables")] == [
         "s000-10.1-marks.batch",
         "s000-10.1-marks.iptables",
         "s000-10.1-marks.map",
@@ -99,7 +101,12 @@ def test_emit_files_and_the_map_point_at_the_right_lines() -> None:
     nft = _compile(MARKS, "tc-batch", marks="nft")
     assert list(nft.files)[1] == "s000-10.1-marks.nft"
     plain = _compile("policies/office.tcp", "tc-batch")
-    assert list(plain.files) == ["office.batch", "office.iptables", "office.map"]
+    # (and office.ip6tables while office.tcp classifies IPv6: it removes a stale chain there)
+    assert [f for f in plain.files if not f.endswith(".ip6tables")] == [
+        "office.batch",
+        "office.iptables",
+        "office.map",
+    ]
 
 
 def test_restore_file_creates_or_flushes_the_chain() -> None:
@@ -114,7 +121,7 @@ def test_restore_file_creates_or_flushes_the_chain() -> None:
 def test_compile_to_a_directory_writes_every_file(tmp_path: Path) -> None:
     got = CliRunner().invoke(cli, ["compile", "-b", "tc-batch", "-o", f"{tmp_path}/", MARKS])
     assert got.exit_code == 0, got.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".ip6tables") == [
         "s000-10.1-marks.batch",
         "s000-10.1-marks.iptables",
         "s000-10.1-marks.map",
@@ -123,11 +130,80 @@ def test_compile_to_a_directory_writes_every_file(tmp_path: Path) -> None:
     assert one.exit_code == 0 and one.output == (tmp_path / "s000-10.1-marks.batch").read_text()
 
 
-def test_restore_file_without_marking_removes_the_default_chain() -> None:
-    text = _compile("policies/office.tcp", "tc-batch").files["office.iptables"]
-    body = [line for line in text.splitlines() if not line.startswith("#")]
-    assert body == ["*mangle", ":TCDSL-eth0 - [0:0]", "-X TCDSL-eth0", "COMMIT"]
-    assert 'awk \'$2 == "TCDSL-eth0"' in text  # how to delete the jumps first
+DUAL = """\
+interface eth0 htb rate 10mbit default rest {
+    classify by mark from eth1 mask 0xff
+    class web rate 5mbit set dscp af41 { match proto tcp dport 443 }
+    class ping rate 1mbit match proto icmpv6
+    class rest rate 1mbit
+}
+"""
+
+
+def test_ip6tables_restore_file(tmp_path: Path) -> None:
+    """A tree that marks IPv6 gets an ip6tables-restore file: the same chain and jump, the
+    IPv6 rules (ICMPv6 as ip6tables spells it), the DSCP rules, the default; the .iptables
+    file keeps the IPv4 ones only."""
+    path = tmp_path / "dual.tcp"
+    path.write_text(DUAL, encoding="utf-8")
+    result = _compile(str(path), "tc-batch")
+    assert list(result.files) == ["dual.batch", "dual.iptables", "dual.ip6tables", "dual.map"]
+    v6 = result.files["dual.ip6tables"]
+    assert "#   ip6tables-restore --noflush FILE" in v6
+    assert 'n=$(ip6tables -t mangle -L $c -n --line-numbers | awk \'$2 == "TCDSL-eth0"' in v6
+    body = [line for line in v6.splitlines() if not line.startswith("#")]
+    assert body == [
+        "*mangle",
+        ":TCDSL-eth0 - [0:0]",
+        "-I PREROUTING -i eth1 -j TCDSL-eth0",
+        "-A TCDSL-eth0 -p tcp --dport 443 -m mark --mark 0x0/0xff -j MARK --set-xmark 0xa/0xff",
+        "-A TCDSL-eth0 -p icmpv6 -m mark --mark 0x0/0xff -j MARK --set-xmark 0x14/0xff",
+        "-A TCDSL-eth0 -m mark --mark 0x0/0xff -j MARK --set-xmark 0x1e/0xff",
+        "-A TCDSL-eth0 -m mark --mark 0xa/0xff -j DSCP --set-dscp 34",
+        "COMMIT",
+    ]
+    v4 = [line for line in result.files["dual.iptables"].splitlines() if "TCDSL" in line]
+    assert [line for line in v4 if "icmp" in line or "ip6tables" in line] == []
+    assert len([line for line in v4 if "-j MARK" in line]) == 2
+    assert "apply the .iptables and .ip6tables (or the .nft) files" in result.files["dual.batch"]
+    ipv4 = tmp_path / "v4.tcp"
+    ipv4.write_text(DUAL.replace("htb", "family ipv4 htb", 1).replace("icmpv6", "icmp"))
+    assert "v4.ip6tables" not in _compile(str(ipv4), "tc-batch").files
+
+
+def test_nft_marks_both_families_in_one_inet_table(tmp_path: Path) -> None:
+    path = tmp_path / "dual.tcp"
+    path.write_text(DUAL, encoding="utf-8")
+    text = _compile(str(path), "nft").output or ""
+    rules = [line.strip() for line in text.splitlines() if line.startswith("        iifname")]
+    mark = "meta mark and 0xff == 0x0 meta mark set meta mark and 0xffffff00 or"
+    assert rules == [
+        f'iifname "eth1" meta nfproto ipv4 meta l4proto tcp th dport 443 {mark} 0xa',
+        f'iifname "eth1" meta nfproto ipv6 meta l4proto tcp th dport 443 {mark} 0xa',
+        f'iifname "eth1" meta nfproto ipv6 meta l4proto icmpv6 {mark} 0x14',
+        f'iifname "eth1" meta nfproto ipv4 {mark} 0x1e',
+        f'iifname "eth1" meta nfproto ipv6 {mark} 0x1e',
+        'iifname "eth1" meta nfproto ipv4 meta mark and 0xff == 0xa ip dscp set 34',
+        'iifname "eth1" meta nfproto ipv6 meta mark and 0xff == 0xa ip6 dscp set 34',
+    ]
+
+
+@pytest.mark.parametrize("family", ["", "family ipv6 "])
+def test_restore_file_without_marking_removes_the_default_chain(
+    family: str, tmp_path: Path
+) -> None:
+    """A policy that no longer marks removes the chain an earlier version left, in the table
+    of each family it classifies (a tree of IPv4 only writes no .ip6tables file)."""
+    path = tmp_path / "plain.tcp"
+    path.write_text(f"interface eth0 {family}htb rate 1mbit default a {{ class a rate 1mbit }}\n")
+    files = _compile(str(path), "tc-batch").files
+    for name, tool in (("plain.iptables", "iptables"), ("plain.ip6tables", "ip6tables")):
+        text = files[name]
+        body = [line for line in text.splitlines() if not line.startswith("#")]
+        assert body == ["*mangle", ":TCDSL-eth0 - [0:0]", "-X TCDSL-eth0", "COMMIT"]
+        assert f'n=$({tool} -t mangle -L $c -n --line-numbers | awk \'$2 == "TCDSL-eth0"' in text
+    path.write_text("interface eth0 family ipv4 htb rate 1mbit default a { class a rate 1mbit }\n")
+    assert "plain.ip6tables" not in _compile(str(path), "tc-batch").files
 
 
 def test_nft_backend_on_a_policy_without_marking_removes_stale_tables() -> None:
@@ -177,6 +253,20 @@ def test_nft_accepts_the_rulesets() -> None:
         if done.returncode != 0 and "Operation not permitted" in done.stderr:
             pytest.skip("nft -c needs root here")
         assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(shutil.which("nft") is None, reason="needs nft (nftables)")
+def test_nft_accepts_the_dual_stack_ruleset(tmp_path: Path) -> None:
+    """IPv6 addresses, ICMPv6, a traffic class (read 16 bits in: nft 1.0.6 cannot say
+    "@nh,4,8") and ip6 dscp in one inet table."""
+    path = tmp_path / "dual.tcp"
+    path.write_text(DUAL.replace("match proto icmpv6", "match proto icmpv6 tos 0xb8/0xfc"))
+    text = _compile(str(path), "nft").output or ""
+    assert "meta nfproto ipv6 meta l4proto icmpv6 @nh,0,16 & 0x0fc0 == 0x0b80" in text
+    done = subprocess.run(["nft", "-c", "-f", "-"], input=text, text=True, capture_output=True)
+    if done.returncode != 0 and "Operation not permitted" in done.stderr:
+        pytest.skip("nft -c needs root here")
+    assert done.returncode == 0, done.stderr
 
 
 # ==== on the host kernel ========================================================================
@@ -237,3 +327,75 @@ def test_verify_tc_batch_reports_a_failure_at_the_policy_line() -> None:
     )
     ok = verifier.verify(TOS_HTB, backend="tc-batch", kernel="host")
     assert ok.ok, render(ok.diagnostics, ok.sources)
+
+
+U32_DUAL = """\
+interface eth0 htb rate 10mbit default rest {
+    class web rate 4mbit match proto tcp dport 443, 8000-8080
+    class v6 rate 2mbit match src 2001:db8::/64 dscp ef
+    class ack rate 1mbit match tcp-ack
+    class rest rate 1mbit
+}
+"""
+
+FLOWER_DUAL = U32_DUAL.replace("htb rate", "classifier flower htb rate").replace(
+    "    class ack rate 1mbit match tcp-ack\n", ""
+)
+
+
+@needs_root
+def test_dual_stack_batch_applies_like_the_plain_script(tmp_path: Path) -> None:
+    """IPv6 u32 filters (protocol ipv6, prefs 0x8000 up) as tc -batch lines and as commands
+    give the same kernel state on the host."""
+    _host()
+    path = tmp_path / "dual.tcp"
+    path.write_text(U32_DUAL, encoding="utf-8")
+    plain, batch = _compile(str(path), "shell"), _compile(str(path), "shell", batch=True)
+    cases = [
+        runner.Case(n, runner.case_script(n, r.output or "", ["eth0"], ["eth0"]))
+        for n, r in (("plain", plain), ("batch", batch))
+    ]
+    shown = []
+    for result in runner.run_on_host(cases):
+        found = runner.sections(result.stdout)
+        assert found["apply-stderr"].status == 0, result.stdout
+        shown.append("".join(v.text for k, v in found.items() if k.startswith("filter 0")))
+    assert shown[0] == shown[1]
+    assert "protocol ipv6 pref 32769 u32" in shown[0]
+    assert "match 20010db8/ffffffff at 8" in shown[0]
+
+
+def test_flower_filters_in_a_batch_on_the_guest_kernel(tmp_path: Path) -> None:
+    """The host has no flower; the user-mode Linux guest does: a tc-batch file of flower
+    filters for both families is taken as written (names for ip_proto, port ranges, the
+    traffic class, IPv6 prefixes)."""
+    path = tmp_path / "flower.tcp"
+    path.write_text(FLOWER_DUAL, encoding="utf-8")
+    batch = _compile(str(path), "tc-batch").files["flower.batch"]
+    assert re.search(
+        r"protocol ipv6 prio 327\d\d flower ip_proto tcp dst_port 8000-8080 classid 1:10", batch
+    )
+    stdout = flower_batch_in_guest(batch)
+    shown = " ".join(stdout.split())
+    for words in (
+        "protocol ip pref 1 flower chain 0 handle 0x1 classid 1:10 eth_type ipv4 ip_proto tcp"
+        " dst_port 443",
+        "protocol ipv6 pref 32769 flower chain 0 handle 0x1 classid 1:10 eth_type ipv6"
+        " ip_proto tcp dst_port 443",
+        "eth_type ipv6 ip_proto tcp dst_port 8000-8080",
+        "eth_type ipv6 ip_tos 184/0xfc src_ip 2001:db8::/64",
+    ):
+        assert words in shown, stdout
+
+
+def test_nft_marking_script_needs_no_iptables(tmp_path: Path) -> None:
+    """With --marks nft the inet table marks both families: no iptables, no ip6tables, and no
+    check for them."""
+    path = tmp_path / "dual.tcp"
+    path.write_text(DUAL, encoding="utf-8")
+    script = _compile(str(path), "shell", marks="nft").output or ""
+    assert "tcdsl_needs" not in script and "iptables -t" not in script
+    assert "meta nfproto ipv6 meta l4proto icmpv6" in script
+    plain = _compile(str(path), "shell").output or ""
+    assert "tcdsl_needs iptables 'to mark IPv4 packets'" in plain
+    assert "tcdsl_needs ip6tables 'to mark IPv6 packets" in plain

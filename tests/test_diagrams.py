@@ -93,8 +93,10 @@ def test_dot_shows_borrowing_leaf_filters_and_default() -> None:
     assert "rate 6mbit, no borrowing" in text
     assert "leaf: pfifo (kernel default)" in text
     assert "leaf: sfq perturb 10" in text
-    assert "match dport 80, 443" in text
-    assert "match src 10.3.34.11" in text
+    # A line applies to both families unless it says less (an IPv4 address: IPv4 only).
+    assert "interface eth0<BR" in text and ">IPv4+IPv6<BR" in text
+    assert "match dport 80, 443<BR" in text
+    assert "match IPv4 src 10.3.34.11<BR" in text
     assert "default class" in text
     marks = _compile(Path("policies/seeds/s000-10.1-marks.tcp"), "dot")
     assert "mark 10: tcp dport 5001" in marks
@@ -133,7 +135,7 @@ def test_diagrams_draw_directions_redirects_and_policers(backend: Backend) -> No
         "connmark: restores the connection",
         "every protocol: mirred redirect to ifbx",
         "match sport 5060, police rate 4mbit burst 10k continue",
-        "match src 10.0.0.0/8, police rate 800kbit burst 10k mtu 2k drop",
+        "match IPv4 src 10.0.0.0/8, police rate 800kbit burst 10k mtu 2k drop",
     ):
         assert title in text
     # The redirect feeds the download's root qdisc, the next node drawn.
@@ -263,3 +265,35 @@ def test_mermaid_checker_catches_mistakes() -> None:
     ):
         with pytest.raises(AssertionError):
             check_mermaid(bad)
+
+
+def test_diagrams_say_the_families_of_trees_and_lines(tmp_path: Path) -> None:
+    """The title says what a tree classifies (both families unless restricted, flower when
+    chosen, both marking tables); a line applying to fewer families than its tree says so."""
+    path = tmp_path / "dual.tcp"
+    path.write_text(
+        "interface eth0 htb rate 10mbit default rest {\n"
+        "    classify by mark from eth1\n"
+        "    class web rate 5mbit match src 2001:db8::/64 proto tcp dport 443\n"
+        "    class ping rate 1mbit match proto icmp\n"
+        "    class ssh rate 1mbit match family ipv6 proto tcp dport 22\n"
+        "    class rest rate 1mbit match proto udp dport 53\n"
+        "}\n"
+        "interface eth1 classifier flower family ipv6 htb rate 10mbit default rest {\n"
+        "    class web rate 5mbit match proto tcp dport 443\n"
+        "    class rest rate 5mbit\n"
+        "}\n",
+        encoding="utf-8",
+    )
+    text = _compile(path, "mermaid")
+    for words in (
+        'subgraph if0["interface eth0<br/>IPv4+IPv6<br/>classified by mark from eth1, '
+        'iptables and ip6tables chain TCDSL-eth0"]',
+        "mark 10: IPv6 src 2001:db8::/64 tcp dport 443",
+        "mark 20: IPv4 icmp",
+        "mark 30: IPv6 tcp dport 22",
+        "mark 40: udp dport 53",
+        'subgraph if1["interface eth1<br/>IPv6 only, flower filters"]',
+        "match tcp dport 443",
+    ):
+        assert words in text, words

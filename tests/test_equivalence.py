@@ -208,11 +208,23 @@ def namespaces() -> Iterator[tuple[str, str]]:
             subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
 
 
+XTABLES = ("iptables", "ip6tables")
+
+
 def _counts(ns: str, marks: list[int], tool: str) -> dict[int, int]:
     if tool == "iptables":
-        text = _sh(ns, "iptables -t mangle -nvxL TCDSL-COUNT")
-        rows = [line.split() for line in text.splitlines()[2:]]
-        return {m: int(row[0]) for m, row in zip(marks, rows, strict=True)}
+        got = dict.fromkeys(marks, 0)
+        for table in XTABLES:
+            listed = subprocess.run(
+                ["ip", "netns", "exec", ns, table, "-t", "mangle", "-nvxL", "TCDSL-COUNT"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            rows = [line.split() for line in listed.stdout.splitlines()[2:]]
+            for m, row in zip(marks, rows, strict=len(rows) > 0):
+                got[m] += int(row[0])
+        return got
     text = _sh(ns, "nft list table inet tcdsl_count")
     got = {}
     for line in text.splitlines():
@@ -224,7 +236,7 @@ def _counts(ns: str, marks: list[int], tool: str) -> dict[int, int]:
 
 @pytest.mark.parametrize("path", MARKING, ids=lambda p: p.name)
 def test_iptables_and_nft_set_the_same_marks(path: Path, namespaces: tuple[str, str]) -> None:
-    for tool in ("iptables", "iptables-restore", "nft", "python3"):
+    for tool in ("iptables", "iptables-restore", "ip6tables-restore", "nft", "python3"):
         if shutil.which(tool) is None:
             pytest.skip(f"needs '{tool}'")
     ns, peer = namespaces
@@ -233,19 +245,26 @@ def test_iptables_and_nft_set_the_same_marks(path: Path, namespaces: tuple[str, 
     marking = [i.marking for i in ipt.policy.interfaces if i.marking is not None]
     marks = sorted({r.mark for m in marking for r in m.rules})
     src = marking[0].from_interface
+    # The packets sent are IPv4: no IPv6 chatter, whose timing would make the counts differ.
+    off = "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
+    for name in (ns, peer):
+        _sh(name, off)
     link = f"ip link add {src} type veth peer name tvp netns {peer}"
     _sh(ns, f"{link}; ip addr add 10.99.0.1/24 dev {src}; ip link set {src} up")
     _sh(peer, "ip addr add 10.99.0.2/24 dev tvp; ip link set tvp up; ip link set lo up")
     results: dict[str, dict[int, int]] = {}
     for tool in ("iptables", "nft"):
         if tool == "iptables":
-            restore = next(t for n, t in batch.files.items() if n.endswith(".iptables"))
-            _sh(ns, "iptables-restore --noflush", restore)
-            count = ["-N TCDSL-COUNT", "-A PREROUTING -j TCDSL-COUNT"]
-            count += [f"-A TCDSL-COUNT -m mark --mark {m}" for m in marks]
-            _sh(ns, "; ".join(f"iptables -t mangle {c}" for c in count))
+            # iptables for IPv4, ip6tables for IPv6
+            for name, text in batch.files.items():
+                for family in XTABLES:
+                    if name.endswith(f".{family}"):
+                        _sh(ns, f"{family}-restore --noflush", text)
+                        count = ["-N TCDSL-COUNT", "-A PREROUTING -j TCDSL-COUNT"]
+                        count += [f"-A TCDSL-COUNT -m mark --mark {m}" for m in marks]
+                        _sh(ns, "; ".join(f"{family} -t mangle {c}" for c in count))
         else:
-            _sh(ns, "iptables -t mangle -F; iptables -t mangle -X")
+            _sh(ns, "; ".join(f"{t} -t mangle -F; {t} -t mangle -X" for t in XTABLES))
             try:
                 _sh(ns, "nft -f -", nft.output)
             except AssertionError as exc:

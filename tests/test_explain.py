@@ -106,7 +106,7 @@ def test_office_classification_order() -> None:
     text = explain(_policy("policies/office.tcp"), "text")
     order = text[text.index("How packets reach the classes") :]
     steps = re.findall(r"^ *\d+\. (.*)$", order, flags=re.M)
-    assert steps[0] == "ICMP packets -> 'interactive' (1:10)"
+    assert steps[0] == "ICMP or ICMPv6 packets -> 'interactive' (1:10)"
     assert steps[2] == "IPv6 and IPv4 TCP or UDP packets to port 5001 -> 'voip' (1:20)"
     assert len(steps) == 6
 
@@ -340,7 +340,7 @@ def test_ingress_policers_are_explained() -> None:
     assert "Interface 'eth0', ingress policers" in text
     assert "It has no queue and no classes: it cannot delay or shape, only police" in text
     assert (
-        "1. IPv4 packets from any address: above 800kbit (burst 10k), they are dropped; below, "
+        "1. every IPv6 and IPv4 packet: above 800kbit (burst 10k), they are dropped; below, "
         "let in" in text
     )
     mtu = _said(

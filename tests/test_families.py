@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from tcdsl import ir, lower
 from tcdsl.cli import cli
-from tcdsl.driver import analyse
+from tcdsl.driver import analyse, compile_policy
 from tcdsl.frontend.reader import Reader
 
 V4 = ("10.0.0.0/8", "192.0.2.1", "0.0.0.0/0")
@@ -238,3 +238,26 @@ def test_no_i321_when_ipv6_has_a_line(line: str, tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert "I321" not in {d.code for d in analyse(str(path)).diagnostics}
+
+
+def test_family_before_a_prio_root_and_before_a_class_prio(tmp_path: Path) -> None:
+    """`family ipv4 prio` on an interface is a family and a prio qdisc, and `family ipv6
+    dport 2 prio 1` in a match line is followed by a class's prio (LALR once shared the state
+    after `family F` between the two, and the lexer took the qdisc for a parameter)."""
+    path = tmp_path / "p.tcp"
+    path.write_text(
+        "interface eth0 family ipv4 prio {\n"
+        "    class a match dport 1\n"
+        "}\n"
+        "interface eth1 htb rate 1mbit {\n"
+        "    class b rate 1mbit match family ipv6 dport 2 prio 1\n"
+        "}\n",
+        encoding="utf-8",
+    )
+    result = compile_policy(str(path))
+    assert result.policy is not None, [d.message for d in result.diagnostics]
+    eth0, eth1 = result.policy.interfaces
+    assert isinstance(eth0.root, ir.Prio) and eth0.families == ("ipv4",)
+    (cls,) = [c for c in ir.classes_of(eth1.root) if c.name == "b"]
+    assert cls.prio is not None and cls.prio.value == 1
+    assert cls.matches[0].family is not None and cls.matches[0].family.families == ("ipv6",)

@@ -83,6 +83,16 @@ def _web(doc: dict[str, Any]) -> dict[str, Any]:
     return web
 
 
+def _first_addr(doc: dict[str, Any]) -> dict[str, Any]:
+    """The first address value of office.tcp (an IPv4 one)."""
+    for obj in _objects(doc):
+        if obj.get("kind") == "addr":
+            value: dict[str, Any] = obj["values"][0]
+            assert value["family"] == "ipv4"
+            return value
+    raise AssertionError("office.tcp has no address")
+
+
 _POLICE = {
     "rate": {"bits_per_second": 1000, "tc": "1kbit", "span": _SPAN},
     "burst": {"bytes": 2000, "tc": "2000b", "span": _SPAN},
@@ -104,6 +114,11 @@ BROKEN: dict[str, Callable[[dict[str, Any]], object]] = {
     ),
     "fq_codel options on an sfq": lambda d: _web(d)["leaf"].update(kind="sfq"),
     "an unknown direction": lambda d: d["interfaces"][0].update(direction="sideways"),
+    "an IPv4 filter said as protocol ipv6": lambda d: d["interfaces"][0]["filters"][0].update(
+        protocol="ipv6"
+    ),
+    "an IPv4 prefix longer than 32": lambda d: _first_addr(d).update(prefix_length=64),
+    "an unknown family": lambda d: d["interfaces"][0].update(families=["ipx"]),
     "a police verdict tc lacks": lambda d: _web(d)["matches"][0].update(
         police={**_POLICE, "exceed": "shape"}
     ),
@@ -128,31 +143,110 @@ def test_values_are_in_base_units_with_tc_spelling() -> None:
     assert web["ceil"]["bits_per_second"] == 90_000_000
     assert web["leaf"]["kind"] == "fq_codel"
     filters = [f for f in doc["interfaces"][0]["filters"] if f["flowid"]["tc"] == "1:30"]
-    assert [f["keys"][0]["words"] for f in filters] == [
+    v4 = [f for f in filters if f["family"] == "ipv4"]
+    assert [f["keys"][0]["words"] for f in v4] == [
         ["ip", "dport", "80", "0xffff"],
         ["ip", "dport", "443", "0xffff"],
     ]
-    key = filters[0]["keys"][0]
+    key = v4[0]["keys"][0]
     assert (key["offset"], key["value"], key["mask"]) == (20, 80, 0xFFFF)
     assert (key["value_hex"], key["mask_hex"]) == ("0x00000050", "0x0000ffff")
+    assert key["packed"] == [
+        {k: key[k] for k in ("offset", "value", "mask", "value_hex", "mask_hex")}
+    ]
+    # The same ports for IPv6, TCP then UDP (u32 reads ports 40 bytes in, after the next header).
+    v6 = [f for f in filters if f["family"] == "ipv6"]
+    assert {(f["protocol"], f["pref"]) for f in v6} == {("ipv6", v4[0]["pref"] + 0x8000)}
+    assert [[k["tc"] for k in f["keys"]] for f in v6][:2] == [
+        ["ip6 protocol 6 0xff", "ip6 dport 80 0xffff"],
+        ["ip6 protocol 17 0xff", "ip6 dport 80 0xffff"],
+    ]
 
 
 def test_marking_and_fw_filters() -> None:
     doc = _document(Path("policies/seeds/s000-10.1-marks.tcp"))
     iface = doc["interfaces"][0]
-    assert [(f["kind"], f["mark"], f["flowid"]["tc"]) for f in iface["filters"]] == [
+    v4 = [f for f in iface["filters"] if f["family"] == "ipv4"]
+    assert [(f["kind"], f["mark"], f["flowid"]["tc"]) for f in v4] == [
         ("fw", 10, "1:10"),
         ("fw", 20, "1:20"),
         ("fw", 30, "1:30"),
     ]
     marking = iface["marking"]
     assert marking["chain"] == "INSHAPER"
-    assert [(r["mark"], r["unmarked"]) for r in marking["rules"]] == [
-        (10, False),
-        (20, False),
-        (30, True),
+    rules = [r for r in marking["rules"] if r["family"] == "ipv4"]
+    assert [(r["mark"], r["unmarked"], r["tool"]) for r in rules] == [
+        (10, False, "iptables"),
+        (20, False, "iptables"),
+        (30, True, "iptables"),
     ]
-    assert marking["rules"][0]["iptables"] == ["-p", "tcp", "--dport", "5001"]
+    assert rules[0]["iptables"] == ["-p", "tcp", "--dport", "5001"]
+
+
+DUAL = """\
+interface eth0 htb rate 10mbit default rest {
+    classify by mark from eth1
+    class web rate 5mbit match src 2001:db8::/64 proto tcp dport 443
+    class ping rate 1mbit set dscp ef { match proto icmpv6 }
+    class rest rate 4mbit
+}
+interface eth1 classifier flower htb rate 10mbit default rest {
+    class web rate 5mbit match dst 2001:db8:1::/48 proto tcp dport 1000-2000
+    class rest rate 5mbit
+}
+"""
+
+
+def _source_document(tmp_path: Path, text: str) -> dict[str, Any]:
+    path = tmp_path / "p.tcp"
+    path.write_text(text, encoding="utf-8")
+    result = compile_policy(str(path), "json")
+    assert result.output is not None, [d.message for d in result.diagnostics]
+    doc: dict[str, Any] = json.loads(result.output)
+    return doc
+
+
+def test_ipv6_marking_flower_and_addresses(
+    tmp_path: Path, validator: jsonschema.Draft202012Validator
+) -> None:
+    doc = _source_document(tmp_path, DUAL)
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
+    assert not errors, "\n".join(errors[:10])
+    marks, flower = doc["interfaces"]
+    assert (marks["families"], marks["classifier"]) == (["ipv4", "ipv6"], "u32")
+    assert [(f["kind"], f["family"], f["protocol"]) for f in marks["filters"]][:2] == [
+        ("fw", "ipv4", "ip"),
+        ("fw", "ipv6", "ipv6"),
+    ]
+    rules = marks["marking"]["rules"]
+    assert [(r["family"], r["tool"], r["iptables"]) for r in rules if not r["unmarked"]] == [
+        ("ipv6", "ip6tables", ["-p", "tcp", "-s", "2001:db8::/64", "--dport", "443"]),
+        ("ipv6", "ip6tables", ["-p", "icmpv6"]),
+    ]
+    assert [r["family"] for r in rules if r["unmarked"]] == ["ipv4", "ipv6"]
+    assert [d["family"] for d in marks["marking"]["dscp_rules"]] == ["ipv4", "ipv6"]
+    addr = rules[0]["conds"][0]["values"][0]
+    assert (addr["family"], addr["prefix_length"], addr["tc"]) == ("ipv6", 64, "2001:db8::/64")
+    assert addr["address"] == 0x20010DB8 << 96
+    (f,) = [f for f in flower["filters"] if f["flowid"]["tc"] == "1:10"]
+    assert (f["kind"], f["family"], f["protocol"], f["pref"]) == ("flower", "ipv6", "ipv6", 0x8001)
+    assert (f["ip_proto"], f["dst"], f["dport"]) == (6, "2001:db8:1::/48", {"lo": 1000, "hi": 2000})
+    assert f["tc"] == "ip_proto tcp dst_ip 2001:db8:1::/48 dst_port 1000-2000"
+
+
+def test_ipv6_address_keys_pack_into_words(tmp_path: Path) -> None:
+    text = "interface eth0 htb rate 1mbit default b {\n"
+    text += "    class a rate 1kbit match dst 2001:db8:1:2:3:4:5:6/100\n    class b rate 1kbit\n}\n"
+    doc = _source_document(tmp_path, text)
+    (f,) = [f for f in doc["interfaces"][0]["filters"] if f["flowid"]["tc"] == "1:10"]
+    (key,) = f["keys"]
+    assert key["offset"] is None and key["value"] is None
+    assert [(w["offset"], w["value_hex"], w["mask_hex"]) for w in key["packed"]] == [
+        (24, "0x20010db8", "0xffffffff"),
+        (28, "0x00010002", "0xffffffff"),
+        (32, "0x00030004", "0xffffffff"),
+        (36, "0x00000000", "0xf0000000"),
+    ]
 
 
 def test_output_is_deterministic() -> None:

@@ -37,12 +37,10 @@ def _policy(source: str, extra: str = "", web: str = "match proto tcp dport 80")
     )
 
 
-def _iptables(result: Result) -> list[list[str]]:
+def _iptables(result: Result, tool: str = "iptables") -> list[list[str]]:
     assert result.policy is not None, render(result.diagnostics, result.sources)
     return [
-        list(c.args[2:])
-        for c in interface_commands(result.policy.interfaces[0])
-        if c.tool == "iptables"
+        list(c.args[2:]) for c in interface_commands(result.policy.interfaces[0]) if c.tool == tool
     ]
 
 
@@ -69,23 +67,33 @@ def test_where_the_rules_see_the_packets(
     assert f"    chain {hook} {{" in lines
     assert f"        type filter hook {hook} priority mangle; policy accept;" in lines
     rules = [line.strip() for line in lines if "meta mark set" in line]
-    assert rules and all(r.startswith(f"{where}meta nfproto ipv4") for r in rules), rules
+    families = [r.removeprefix(f"{where}meta nfproto ").split()[0] for r in rules]
+    assert families == ["ipv4", "ipv6", "ipv4", "ipv6"], rules
+    # ip6tables jumps from the same place into a chain of the same name.
+    assert _iptables(result, "ip6tables")[1] == [*jump, "-j", "TCDSL-eth0"]
 
 
 def test_mark_mask_keeps_marks_and_rules_within_its_bits(tmp_path: Path) -> None:
     result = _compile(tmp_path, _policy("from eth1 mask 0xff00"))
     assert result.policy is not None
     iface = result.policy.interfaces[0]
-    assert [(f.mark, f.mask) for f in iface.filters if isinstance(f, ir.FwFilter)] == [
-        (0x0A00, 0xFF00),
-        (0x1400, 0xFF00),
+    # One fw filter per family and mark: protocol ip at the pref, ipv6 at the pref + 0x8000.
+    assert [
+        (f.family, f.pref, f.mark, f.mask) for f in iface.filters if isinstance(f, ir.FwFilter)
+    ] == [
+        ("ipv4", 1, 0x0A00, 0xFF00),
+        ("ipv6", 0x8001, 0x0A00, 0xFF00),
+        ("ipv4", 1, 0x1400, 0xFF00),
+        ("ipv6", 0x8001, 0x1400, 0xFF00),
     ]
-    rules = _iptables(result)[2:]
-    assert rules[0][-8:] == [
-        "-m", "mark", "--mark", "0x0/0xff00", "-j", "MARK", "--set-xmark", "0xa00/0xff00",
-    ]  # fmt: skip
+    for tool in ("iptables", "ip6tables"):
+        rules = _iptables(result, tool)[2:]
+        assert rules[0][-8:] == [
+            "-m", "mark", "--mark", "0x0/0xff00", "-j", "MARK", "--set-xmark", "0xa00/0xff00",
+        ]  # fmt: skip
     out = result.output or ""
-    assert "handle 0xa00/0xff00 fw flowid 1:10" in out
+    assert "protocol ip prio 1 handle 0xa00/0xff00 fw flowid 1:10" in out
+    assert "protocol ipv6 prio 32769 handle 0xa00/0xff00 fw flowid 1:10" in out
     nft = "\n".join(nft_table_lines(iface))
     assert "meta mark and 0xff00 == 0x0 meta mark set meta mark and 0xffff00ff or 0xa00" in nft
 
@@ -160,7 +168,16 @@ def test_u32_lines_beside_the_marks_follow_the_kernels_pref_order(tmp_path: Path
     assert result.policy is not None and not result.errors
     iface = result.policy.interfaces[0]
     kinds = sorted((f.pref, type(f).__name__) for f in iface.filters)
-    assert kinds == [(5, "U32Filter"), (10, "FwFilter"), (10, "FwFilter"), (20, "U32Filter")]
+    # IPv6 filters keep the same order 0x8000 higher; ICMP exists in IPv4 only.
+    assert kinds == [
+        (5, "U32Filter"),
+        (10, "FwFilter"),
+        (10, "FwFilter"),
+        (20, "U32Filter"),
+        (0x8005, "U32Filter"),
+        (0x800A, "FwFilter"),
+        (0x800A, "FwFilter"),
+    ]
     ack = classify(result.policy, parse_packet("ack dport 80"))
     assert ack.cls is not None and ack.cls.name == "ack"  # pref 5 before the marks
     web = classify(result.policy, parse_packet("tcp dport 80"))
@@ -222,7 +239,8 @@ def test_verify_compares_the_hook_and_the_mask(tmp_path: Path) -> None:
     from tcdsl.verify.expect import expected_policy
     from tcdsl.verify.readback import TcFilter, parse_iptables_save
 
-    result = _compile(tmp_path, _policy("from local mask 0xff00"))
+    v4 = _policy("from local mask 0xff00").replace("htb", "family ipv4 htb", 1)
+    result = _compile(tmp_path, v4)
     assert result.policy is not None
     iface = result.policy.interfaces[0]
     expected = expected_policy(result.policy).interfaces[0]
@@ -248,3 +266,28 @@ def test_verify_compares_the_hook_and_the_mask(tmp_path: Path) -> None:
     got = [TcFilter("fw", "ip", f.pref, f.flowid, mark=f.mark, mask=None) for f in fw]
     problems = [d.message for d in compare._compare_fw(expected, "1:", fw, got)]
     assert problems[0].endswith("mask is 0xffffffff in the kernel, policy says 0xff00")
+
+
+def test_download_marking_runs_in_both_tables(tmp_path: Path) -> None:
+    """A download's marking: ip6tables jumps from FORWARD and INPUT for packets arriving on
+    the interface and saves the mark onto the connection, as iptables does."""
+    text = (
+        "interface eth0 {\n"
+        "    download connmark htb rate 20mbit default bulk {\n"
+        "        classify by mark from eth0\n"
+        "        class web rate 10mbit match proto tcp sport 443\n"
+        "        class bulk rate 10mbit\n"
+        "    }\n"
+        "}\n"
+    )
+    result = _compile(tmp_path, text)
+    for tool in ("iptables", "ip6tables"):
+        rules = _iptables(result, tool)
+        assert rules[1:3] == [
+            ["-I", "FORWARD", "-i", "eth0", "-j", "TCDSL-ifb4eth0"],
+            ["-I", "INPUT", "-i", "eth0", "-j", "TCDSL-ifb4eth0"],
+        ], tool
+        assert rules[-1] == ["-A", "TCDSL-ifb4eth0", "-j", "CONNMARK", "--save-mark"], tool
+    assert result.policy is not None
+    nft = "\n".join(nft_table_lines(result.policy.interfaces[0]))
+    assert 'iifname "eth0" meta nfproto ipv6 meta l4proto tcp th sport 443 meta mark 0' in nft

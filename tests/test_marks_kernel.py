@@ -119,6 +119,11 @@ V2 = "interface eth0 htb rate 10mbit default bulk {\n    class bulk rate 1mbit\n
 """The next version: no marking."""
 
 GUEST = """\
+# No IPv6 chatter (router solicitations, MLD) to count: the script's ip6tables would load
+# IPv6 (a module here) and eth0 would start talking while the counters run.
+modprobe ipv6
+echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6
+echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6
 ip link add name eth0 type veth peer name peer0
 ip link set eth0 up
 ip link set peer0 up
@@ -137,6 +142,8 @@ cat > v2.sh <<'TCDSL_V2'
 sh v1.sh
 echo '== v1'
 iptables-save -t mangle
+echo '== v1 ip6'
+ip6tables-save -t mangle
 ping -c 2 -W 1 10.99.0.2 >/dev/null 2>&1 || :
 nc -w 1 10.99.0.2 22 </dev/null >/dev/null 2>&1 || :
 nc -w 1 10.99.0.2 80 </dev/null >/dev/null 2>&1 || :
@@ -146,6 +153,8 @@ tc -s class show dev eth0
 sh v2.sh
 echo '== v2'
 iptables-save -t mangle
+echo '== v2 ip6'
+ip6tables-save -t mangle
 """
 
 
@@ -180,6 +189,8 @@ def test_marking_script_in_the_guest(tmp_path: Path) -> None:
     assert "-A PREROUTING -i eth9 -j TCDSL-eth0" not in first
     assert "-A OUTPUT -j MARK --set-xmark 0x1/0xff" in first
     assert "-A OUTPUT -o eth0 -j TCDSL-eth0" in first
+    # ip6tables (legacy) has the same chain and jump, with the IPv6 rules.
+    assert "-A OUTPUT -o eth0 -j TCDSL-eth0" in _rules(_section(res.stdout, "v1 ip6"))
     counted = _section(res.stdout, "counters")
     # Pings: a u32 filter (pref 5) before the fw filters (pref 10) takes them, though the
     # chain gave them the default's mark; the SYNs of both connections: mark 0x1400, class syn.
@@ -189,6 +200,7 @@ def test_marking_script_in_the_guest(tmp_path: Path) -> None:
     assert dscp == {"0x1400/0xff00": 2, "0x1e00/0xff00": 2}
     after = _rules(_section(res.stdout, "v2"))
     assert not [r for r in after if "TCDSL-eth0" in r]
+    assert not [r for r in _rules(_section(res.stdout, "v2 ip6")) if "TCDSL-eth0" in r]
     assert "-A OUTPUT -j MARK --set-xmark 0x1/0xff" in after
 
 
@@ -266,3 +278,100 @@ def test_marking_rules_mark_and_rewrite_dscp_on_the_host(
 def _write(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
+
+
+# ==== the host: both families' tables ============================================================
+
+DUAL = (
+    "interface eth0 htb rate 10mbit default bulk {\n"
+    "    classify by mark from eth1 mask 0xff\n"
+    "    class web rate 1mbit set dscp af41 match proto tcp dport 443\n"
+    "    class lan rate 1mbit match src 2001:db8::/64, 10.1.0.0/16 proto udp\n"
+    "    class ping rate 1mbit match proto icmp, icmpv6\n"
+    "    class bulk rate 1mbit\n"
+    "}\n"
+)
+"""Marks for both families: lines for both, an address of each, ICMP and ICMPv6."""
+
+FOREIGN = (
+    ["-N", "theirs"],
+    ["-A", "theirs", "-p", "tcp", "--dport", "25", "-j", "MARK", "--set-mark", "9"],
+    ["-A", "PREROUTING", "-i", "eth9", "-j", "theirs"],
+    ["-A", "OUTPUT", "-j", "MARK", "--set-xmark", "0x100/0xff00"],
+)
+"""Someone else's mangle rules, in both tables: they must outlive tcdsl's teardown."""
+
+MARK = "-m mark --mark 0x0/0xff -j MARK --set-xmark"
+DUAL_SAVED = {
+    "iptables": [
+        "-A PREROUTING -i eth1 -j TCDSL-eth0",
+        f"-A TCDSL-eth0 -p tcp -m tcp --dport 443 {MARK} 0xa/0xff",
+        f"-A TCDSL-eth0 -s 10.1.0.0/16 -p udp {MARK} 0x14/0xff",
+        f"-A TCDSL-eth0 -p icmp {MARK} 0x1e/0xff",
+        f"-A TCDSL-eth0 {MARK} 0x28/0xff",
+        "-A TCDSL-eth0 -m mark --mark 0xa/0xff -j DSCP --set-dscp 0x22",
+    ],
+    "ip6tables": [
+        "-A PREROUTING -i eth1 -j TCDSL-eth0",
+        f"-A TCDSL-eth0 -p tcp -m tcp --dport 443 {MARK} 0xa/0xff",
+        f"-A TCDSL-eth0 -s 2001:db8::/64 -p udp {MARK} 0x14/0xff",
+        f"-A TCDSL-eth0 -p ipv6-icmp {MARK} 0x1e/0xff",
+        f"-A TCDSL-eth0 {MARK} 0x28/0xff",
+        "-A TCDSL-eth0 -m mark --mark 0xa/0xff -j DSCP --set-dscp 0x22",
+    ],
+}
+"""What iptables-save and ip6tables-save print for DUAL's chain (the kernel's spelling: the
+jump appended, as the first one inserted; DSCP in hex; ICMPv6 as ip6tables names it)."""
+
+
+def _saved(ns: str, tool: str) -> list[str]:
+    save = run(["ip", "netns", "exec", ns, f"{tool}-save", "-t", "mangle"]).stdout
+    return [line for line in save.splitlines() if line.startswith(("-A ", ":"))]
+
+
+def _foreign(rules: list[str]) -> list[str]:
+    return [r for r in rules if "TCDSL-eth0" not in r]
+
+
+def test_dual_stack_marking_in_both_tables_and_its_teardown(
+    make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """DUAL's marking commands make the same chain in iptables' and ip6tables' mangle tables,
+    each with its own family's rules (read back from the kernel); the removal the script
+    offers (tcdsl_undo), and the script of the next version without marking (tcdsl_unmark),
+    remove both chains and their jumps, and nothing of anyone else's, in either table."""
+    tools = ("iptables", "ip6tables")
+    for tool in (*tools, "iptables-save", "ip6tables-save"):
+        if run(["sh", "-c", f"command -v {tool}"], check=False).returncode != 0:
+            pytest.skip(f"needs {tool}")
+    ns = make_netns()
+    exec_ns = ["ip", "netns", "exec", ns]
+    for tool in tools:
+        for words in FOREIGN:
+            run([*exec_ns, tool, "-t", "mangle", *words])
+    before = {tool: _saved(ns, tool) for tool in tools}
+    result = _compile_text(tmp_path, DUAL)
+    assert result.policy is not None and result.output is not None
+    commands = list(interface_commands(result.policy.interfaces[0]))
+    assert {c.tool for c in commands} >= set(tools)
+
+    def mark() -> None:
+        for cmd in commands:
+            if cmd.tool in tools:
+                run([*exec_ns, cmd.tool, *cmd.args])
+
+    mark()
+    for tool in tools:
+        saved = _saved(ns, tool)
+        assert [r for r in saved if "TCDSL-eth0" in r and r.startswith("-A")] == DUAL_SAVED[tool]
+        assert ":TCDSL-eth0 - [0:0]" in saved
+        assert _foreign(saved) == before[tool]
+    # The script's failure message offers this removal: both tables, only what it made.
+    undo = next(line for line in result.output.splitlines() if line.startswith("tcdsl_undo='"))
+    assert "ip6tables -t mangle -X TCDSL-eth0" in undo
+    run([*exec_ns, "sh", "-c", f'{undo}; eval "$tcdsl_undo" 2>/dev/null || true'])
+    assert {tool: _saved(ns, tool) for tool in tools} == before
+    # Marked again, then the next version (no marking) removes the chain from both tables.
+    mark()
+    apply_for_traffic(ns, _compile_text(tmp_path, V2), tmp_path)
+    assert {tool: _saved(ns, tool) for tool in tools} == before

@@ -149,8 +149,12 @@ FOREIGN_IPTABLES = [
 
 
 def _mangle(ns: str) -> list[str]:
-    saved = run(["ip", "netns", "exec", ns, "iptables-save", "-t", "mangle"]).stdout
-    return [line for line in saved.splitlines() if line.startswith(("-A", ":theirs"))]
+    """The rules and foreign chain of the mangle tables, iptables' then ip6tables'."""
+    lines = []
+    for tool in ("iptables-save", "ip6tables-save"):
+        saved = run(["ip", "netns", "exec", ns, tool, "-t", "mangle"]).stdout
+        lines += [f"{tool}: {line}" for line in saved.splitlines()]
+    return [line for line in lines if line.split(": ", 1)[1].startswith(("-A", ":theirs"))]
 
 
 def _without_fw_filters(tmp_path: Path) -> Path:
@@ -173,7 +177,7 @@ def test_teardown_leaves_other_rules_alone(
     marks: str, tmp_path: Path, make_netns: Callable[[], str], host: HostSupport
 ) -> None:
     """Running the script twice keeps every rule, chain and table it did not make."""
-    _need("iptables", "nft", "flock")
+    _need("iptables", "ip6tables", "nft", "flock")
     result = _compile(tmp_path, _marking(), marks=marks)
     assert result.output is not None and result.policy is not None
     shim = ""
@@ -185,7 +189,8 @@ def test_teardown_leaves_other_rules_alone(
     ns = make_netns()
     create_links(ns, result.policy)
     for rule in FOREIGN_IPTABLES:
-        run(["ip", "netns", "exec", ns, "iptables", "-t", "mangle", *rule])
+        for tool in ("iptables", "ip6tables"):
+            run(["ip", "netns", "exec", ns, tool, "-t", "mangle", *rule])
     run(["ip", "netns", "exec", ns, "nft", "add", "table", "inet", "theirs"])
     before = _mangle(ns)
     for _ in range(2):
@@ -194,7 +199,8 @@ def test_teardown_leaves_other_rules_alone(
     after = _mangle(ns)
     assert [line for line in after if "TCDSL-eth0" not in line] == before
     if marks == "iptables":
-        assert any("-j TCDSL-eth0" in line for line in after)
+        for tool in ("iptables-save", "ip6tables-save"):
+            assert any(line.startswith(tool) and "-j TCDSL-eth0" in line for line in after)
     tables = run(["ip", "netns", "exec", ns, "nft", "list", "tables"]).stdout
     assert "table inet theirs" in tables
     assert ("table inet tcdsl_eth0" in tables) == (marks == "nft")
@@ -238,7 +244,7 @@ def test_two_runs_at_once_leave_the_policy(
     result = _compile(tmp_path, EIGHT_U32, batch=batch)
     assert result.output is not None and result.policy is not None
     want = len(result.policy.interfaces[0].filters)
-    assert want == 7
+    assert want == 21  # per port: one IPv4 filter, IPv6 ones for TCP and UDP
     script = tmp_path / "apply.sh"
     script.write_text(result.output, encoding="utf-8")
     ns = make_netns()
@@ -272,7 +278,7 @@ def test_script_waits_for_tcdsl_lock(tmp_path: Path, make_netns: Callable[[], st
         del os.environ["TCDSL_LOCK_DIR"]
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert _filter_count(ns, "eth0") == 7
+    assert _filter_count(ns, "eth0") == 21
     assert (locks / "tcdsl-eth0.lock").exists()
 
 

@@ -135,17 +135,19 @@ echo "${0##*/}" >> "$PWNED"
 """
 
 
-def run_with_fake_tools(script: str, tmp_path: Path) -> list[tuple[str, list[str]]]:
-    """Run ``script`` with ``sh -x`` against fake tc/iptables; return the recorded calls.
+def run_with_fake_tools(
+    script: str, tmp_path: Path, missing: tuple[str, ...] = (), status: int = 0
+) -> list[tuple[str, list[str]]]:
+    """Run ``script`` with ``sh -x`` against fake tc/ip/iptables/ip6tables (but the
+    ``missing`` ones); check it exits with ``status``; return the recorded calls.
 
     Commands an injection would reach for (``reboot``, ``id``, ...) are sentinels that leave a
     trace; the test fails if any of them ran.
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in [("tc", FAKE_TOOL), ("ip", FAKE_TOOL), ("iptables", FAKE_TOOL)] + [
-        (s, SENTINEL) for s in ("reboot", "id", "whoami", "touch", "rm")
-    ]:
+    real = [(t, FAKE_TOOL) for t in ("tc", "ip", "iptables", "ip6tables") if t not in missing]
+    for name, text in real + [(s, SENTINEL) for s in ("reboot", "id", "whoami", "touch", "rm")]:
         tool = bin_dir / name
         tool.write_text(text, encoding="utf-8")
         tool.chmod(0o755)
@@ -170,7 +172,8 @@ def run_with_fake_tools(script: str, tmp_path: Path) -> list[tuple[str, list[str
         check=False,
         timeout=20,
     )
-    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "said").write_text(proc.stderr, encoding="utf-8")
+    assert proc.returncode == status, proc.stderr
     assert not pwned.exists(), f"the script ran {pwned.read_text()}; trace:\n{proc.stderr}"
     calls: list[tuple[str, list[str]]] = []
     lines = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
@@ -193,7 +196,7 @@ def _assert_one_word(script: str, calls: list[tuple[str, list[str]]], names: set
     )
     for tool, argv in calls:
         for flag in ("dev", "-i", "-j", "-N", "-A", "-F", "-X"):
-            if flag in argv and tool == ("tc" if flag == "dev" else "iptables"):
+            if flag in argv and tool in (("tc",) if flag == "dev" else ("iptables", "ip6tables")):
                 word = argv[argv.index(flag) + 1]
                 if flag == "-j" and word == "MARK":
                     continue
@@ -239,7 +242,7 @@ def test_unusual_names_with_marking_are_one_word(tmp_path: Path) -> None:
     assert chain is not None and re.fullmatch(r"TCDSL-[A-Za-z0-9_.-]+", chain), chain
     calls = run_with_fake_tools(result.output, tmp_path)
     _assert_one_word(result.output, calls, {"o$(id)", "i;reboot", chain})
-    assert any(tool == "iptables" for tool, _ in calls)
+    assert {tool for tool, _ in calls} >= {"iptables", "ip6tables"}
     # A chain name that needs quoting is refused: an iptables-restore file cannot hold it.
     refused = _compile_text(tmp_path, text.replace('"i;reboot"', '"i;reboot" chain "C`id`"'))
     assert [d.code for d in refused.errors] == ["E216"], render(
@@ -379,3 +382,63 @@ def test_default_chain_is_derived_from_the_interface(tmp_path: Path) -> None:
         chains.append(chain)
     assert chains[0] == "TCDSL-eth0"
     assert len(set(chains)) == len(chains), chains
+
+
+DUAL_MARKS = """\
+interface eth0 htb rate 10mbit default rest {
+    classify by mark from eth1
+    class web rate 5mbit match proto tcp dport 443
+    class v6 rate 1mbit match src 2001:db8::/64
+    class rest rate 1mbit
+}
+"""
+
+
+def test_ipv6_marking_runs_ip6tables_with_the_same_chain(tmp_path: Path) -> None:
+    """A dual-stack tree marks with iptables and ip6tables: the same chain and jump in each,
+    each table with its own family's rules."""
+    result = _compile_text(tmp_path, DUAL_MARKS)
+    assert result.output is not None, render(result.diagnostics, result.sources)
+    calls = run_with_fake_tools(result.output, tmp_path)
+    by_tool = {
+        tool: [argv for t, argv in calls if t == tool and "-S" not in argv and "-L" not in argv]
+        for tool in ("iptables", "ip6tables")
+    }
+    for tool in ("iptables", "ip6tables"):
+        made = [argv for argv in by_tool[tool] if "-F" not in argv and "-X" not in argv]
+        assert made[:2] == [
+            ["-t", "mangle", "-N", "TCDSL-eth0"],
+            ["-t", "mangle", "-I", "PREROUTING", "-i", "eth1", "-j", "TCDSL-eth0"],
+        ], tool
+    rules = {tool: [a for a in by_tool[tool] if "-A" in a] for tool in by_tool}
+    assert [a for a in rules["iptables"] if "-s" in a] == []
+    assert [a[a.index("-s") + 1] for a in rules["ip6tables"] if "-s" in a] == ["2001:db8::/64"]
+    assert all(len(rules[t]) == n for t, n in (("iptables", 2), ("ip6tables", 3))), rules
+    # tcdsl_unmark looked in both tables before building.
+    assert {t for t, argv in calls if argv[:3] == ["-t", "mangle", "-S"]} == {
+        "iptables",
+        "ip6tables",
+    }
+
+
+def test_missing_ip6tables_refuses_before_changing_anything(tmp_path: Path) -> None:
+    result = _compile_text(tmp_path, DUAL_MARKS)
+    assert result.output is not None
+    calls = run_with_fake_tools(result.output, tmp_path, missing=("ip6tables",), status=1)
+    assert calls == [], "the script changed something before refusing"
+    said = (tmp_path / "said").read_text(encoding="utf-8")
+    assert "tcdsl: ip6tables is missing, and this policy needs it to mark IPv6 packets" in said
+    assert "nothing was changed" in said
+
+
+def test_ipv4_only_marking_needs_no_ip6tables(tmp_path: Path) -> None:
+    """A tree restricted to IPv4 emits no ip6tables command and runs without ip6tables."""
+    text = DUAL_MARKS.replace("interface eth0 htb", "interface eth0 family ipv4 htb")
+    text = text.replace("    class v6 rate 1mbit match src 2001:db8::/64\n", "")
+    result = _compile_text(tmp_path, text)
+    assert result.output is not None, render(result.diagnostics, result.sources)
+    assert "ip6tables -t" not in result.output and "tcdsl_needs ip6tables" not in result.output
+    assert "protocol ipv6" not in result.output
+    calls = run_with_fake_tools(result.output, tmp_path, missing=("ip6tables",))
+    assert any(tool == "iptables" for tool, _ in calls)
+    assert not any(tool == "ip6tables" for tool, _ in calls)

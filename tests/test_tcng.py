@@ -86,7 +86,7 @@ def test_tbf_latency_becomes_the_limit_tc_derives() -> None:
 # ---- mapping --------------------------------------------------------------------------------
 
 MATCHES = """\
-interface eth1 htb rate 100mbit default bulk {
+interface eth1 family ipv4 htb rate 100mbit default bulk {
     class web prio 1 rate 40mbit ceil 90mbit {
         match dport 80, 443 proto tcp
         match sport 1024-2047 pref 5
@@ -197,9 +197,9 @@ def test_classes_under_a_chained_qdisc_are_reached_through_it() -> None:
     assert "tbf (0x1, rate 1Mbps, burst 10kB, limit 6514B, peakrate 2Mbps, mtu 1514B) {" in out
 
 
-def _nested(depth: int) -> str:
+def _nested(depth: int, family: str = "ipv4") -> str:
     """An htb in the default class of an htb, ``depth`` times, each class also matched."""
-    text = "interface eth0 htb rate 100mbit default c0 {\n"
+    text = f"interface eth0 family {family} htb rate 100mbit default c0 {{\n"
     for level in range(depth):
         text += f"class c{level} rate 1mbit ceil 100mbit match dport {level + 1} {{\n"
         if level + 1 < depth:
@@ -208,10 +208,11 @@ def _nested(depth: int) -> str:
 
 
 def test_nested_classful_qdiscs_give_text_linear_in_the_depth() -> None:
-    sizes = {depth: len(emit(_nested(depth))) for depth in (10, 20, 40)}
-    # each level adds the same text: one macro, one selector, one qdisc and its classes
-    assert sizes[40] - sizes[20] == pytest.approx(2 * (sizes[20] - sizes[10]), rel=0.1)
-    assert sizes[40] < 100_000  # the old path-per-selector text doubled every level
+    for family in ("ipv4", "both"):
+        sizes = {depth: len(emit(_nested(depth, family))) for depth in (10, 20, 40)}
+        # each level adds the same text: one macro, one selector, one qdisc and its classes
+        assert sizes[40] - sizes[20] == pytest.approx(2 * (sizes[20] - sizes[10]), rel=0.1)
+        assert sizes[40] < 100_000  # the old path-per-selector text doubled every level
 
 
 def test_inner_selectors_are_written_once_behind_the_outer_class_macro() -> None:
@@ -228,7 +229,7 @@ def test_inner_selectors_are_written_once_behind_the_outer_class_macro() -> None
 
 def test_a_class_after_other_match_lines_excludes_them() -> None:
     out = emit(
-        "interface eth0 htb rate 10mbit {\n"
+        "interface eth0 family ipv4 htb rate 10mbit {\n"
         "    class a rate 1mbit match dst 10.1.0.0/16\n"
         "    class b rate 1mbit match dst 10.2.0.0/16 match dport 80 {\n"
         "        htb rate 1mbit { class x rate 1mbit match sport 22 }\n"
@@ -243,7 +244,7 @@ def test_a_class_after_other_match_lines_excludes_them() -> None:
 
 
 def test_each_interface_has_its_own_macro_names() -> None:
-    one = "htb rate 10mbit { class a rate 1mbit match dport 1 { htb rate 1mbit {\n"
+    one = "family ipv4 htb rate 10mbit { class a rate 1mbit match dport 1 { htb rate 1mbit {\n"
     one += "class b rate 1mbit match dport 2 } } }\n"
     out = emit(f"interface eth0 {one}interface eth1 {one}")
     assert out.count("#define TCDSL_IN_a (raw[22].ns == 1)") == 1
@@ -252,10 +253,69 @@ def test_each_interface_has_its_own_macro_names() -> None:
 
 def test_a_class_named_like_a_macro_is_respelled() -> None:
     out = emit(
-        "interface eth0 htb rate 10mbit { class a rate 1mbit match dport 1 { htb rate 1mbit {\n"
+        "interface eth0 family ipv4 htb rate 10mbit {\n"
+        "class a rate 1mbit match dport 1 { htb rate 1mbit {\n"
         "class TCDSL_IN_a rate 1mbit match dport 2 } } }\n"
     )
     assert "class (<$c_TCDSL_IN_a>) if meta_protocol == ETH_P_IP && TCDSL_IN_a && " in out
+
+
+DUAL = """\
+interface eth0 htb rate 10mbit default bulk {
+    class web rate 4mbit match dport 443 proto tcp
+    class lan rate 2mbit match src 10.0.0.0/8, 2001:db8::/32 dport 53
+    class v6 rate 1mbit match dst 2001:db8::1 tos 0xb8/0xfc
+    class ping rate 1mbit match proto icmp, icmpv6
+    class ack rate 1mbit match tcp-ack pref 2
+    class bulk rate 1mbit
+}
+"""
+
+
+def test_dual_stack_selectors_test_each_family_at_its_offsets() -> None:
+    """A line applies to both families: one part per family, each after its protocol test,
+    IPv6 read at its own offsets (ports 40 bytes in, behind a TCP or UDP next header);
+    addresses and protocols of one family only restrict the line to it."""
+    v4, v6 = "meta_protocol == ETH_P_IP", "meta_protocol == ETH_P_IPV6"
+    tcp_or_udp = "(ip6_nxt == IPPROTO_TCP || ip6_nxt == IPPROTO_UDP)"
+    selectors = [line for line in body(DUAL) if line.startswith("class (<")]
+    assert selectors == [
+        f"class (<$web>) if ({v4} && raw[22].ns == 443 && ip_proto == IPPROTO_TCP"
+        f" || {v6} && raw[42].ns == 443 && ip6_nxt == IPPROTO_TCP);",
+        f"class (<$lan>) if ({v4} && ip_src:8 == 10.0.0.0 && raw[22].ns == 53"
+        f" || {v6} && {tcp_or_udp} && ip6_src:32 == 2001:0db8:0000:0000:0000:0000:0000:0000"
+        " && raw[42].ns == 53);",
+        f"class (<$v6>) if {v6} && ip6_dst == 2001:0db8:0000:0000:0000:0000:0000:0001"
+        " && (raw[0].ns & 0x0fc0) == 0x0b80;",
+        f"class (<$ping>) if ({v4} && ip_proto == IPPROTO_ICMP"
+        f" || {v6} && ip6_nxt == IPPROTO_ICMPV6);",
+        f"class (<$ack>) if ({v4} && ip_proto == IPPROTO_TCP && (raw[0] & 0x0f) == 0x05"
+        " && (raw[2].ns & 0xffc0) == 0x0000 && raw[33] == 0x10"
+        f" || {v6} && ip6_nxt == IPPROTO_TCP && (raw[4].ns & 0xffc0) == 0x0000"
+        " && raw[53] == 0x10);",
+    ]
+
+
+def test_dual_stack_macros_test_the_family_of_each_line() -> None:
+    """A macro is read for packets of either family, so each line's part names its own."""
+    out = emit(_nested(2, "both"))
+    v4, v6 = "meta_protocol == ETH_P_IP", "meta_protocol == ETH_P_IPV6"
+    guard = "(ip6_nxt == IPPROTO_TCP || ip6_nxt == IPPROTO_UDP)"
+    assert (
+        f"#define TCDSL_SEEN_1_0 ((({v4} && raw[22].ns == 1) || ({v6} && {guard} && raw[42].ns"
+        " == 1)))" in out
+    ), out
+    ipv6_only = emit(_nested(2, "ipv6"))
+    assert f"#define TCDSL_SEEN_1_0 (({v6} && {guard} && raw[42].ns == 1))" in ipv6_only
+    assert f"{v4} " not in ipv6_only.split("#define", 1)[1]
+
+
+def test_flower_is_refused_in_tcng() -> None:
+    text = errors(
+        "interface eth0 classifier flower htb rate 1mbit default a {\n    class a rate 1mbit\n}\n"
+    )
+    assert text.startswith("t.tcp:1:16: error: tcng writes u32 filters (its tcc has no flower)")
+    assert "[E501]" in text
 
 
 def test_a_match_line_below_nested_prio_bands_is_reported_once() -> None:
@@ -366,3 +426,19 @@ def test_tcc_accepts_golden_output(golden: Path) -> None:
     done = subprocess.run([TCC, str(golden)], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and not done.stderr, done.stderr
     assert "tc qdisc add" in done.stdout
+
+
+@pytest.mark.skipif(not TCC, reason="set TCNG_TCC to tcng's tcc to check the golden files")
+def test_tcc_writes_ipv6_filters_for_the_ipv6_parts(tmp_path: Path) -> None:
+    """tcc writes a filter per protocol a selector tests: the IPv6 parts become 'protocol
+    ipv6' u32 filters reading the next header at 6, ports at 42, addresses at 8 and 24."""
+    path = tmp_path / "dual.tc"
+    path.write_text(emit(DUAL), encoding="utf-8")
+    done = subprocess.run([TCC, str(path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    v6 = [line for line in done.stdout.splitlines() if " protocol ipv6 " in line]
+    assert "match u16 0x1bb 0xffff at 42 match u8 0x6 0xff at 6 classid 2:1" in v6[0]
+    assert any("match u32 0x20010db8 0xffffffff at 24" in line for line in v6)
+    assert any("match u8 0x3a 0xff at 6" in line for line in v6)  # ICMPv6
+    v4 = [line for line in done.stdout.splitlines() if " protocol ip " in line]
+    assert any("match u8 0x1 0xff at 9" in line for line in v4)  # ICMP

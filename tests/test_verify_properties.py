@@ -145,6 +145,10 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "overhead preset": ROOT + r".* overhead [a-z]",
         "linklayer": ROOT + r".* linklayer ",
         "table tsize": ROOT + r".* tsize ",
+        # dual stack (issue 11): u32 filters of both families, and of one
+        "IPv6 address": r"(?:match .*(?:src|dst) |^const \S+ = )[0-9a-fA-F.]*:",
+        "family on a tree": ROOT + r" family (?:ipv4|ipv6|both)",
+        "family on a match line": r"match .*family (?:ipv4|ipv6|both)",
     },
     "uml": {
         "prio root": ROOT + r" prio",
@@ -181,6 +185,9 @@ FEATURES: dict[Kernel, dict[str, str]] = {
         "cake leaf": r"^ +(class .*\{ )?cake",
         "cake overhead": r"cake .*overhead ",
         "cake rtt": r"cake .*rtt ",
+        # dual stack (issue 11): flower filters of both families (the host has no flower)
+        "classifier flower": r" classifier flower",
+        "flower port": r"(?s)classifier flower.*\n +(?:class .*)?match .*port \d",
     },
 }
 

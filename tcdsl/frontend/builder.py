@@ -220,6 +220,8 @@ class Builder(Transformer[Token, Any]):
             return ir.FamilySpec(ir.FAMILIES, span)
         return ir.FamilySpec((str(name),), span)  # type: ignore[arg-type]
 
+    family_cond = family_opt
+
     def classifier_opt(self, c: list[Token]) -> tuple[ir.Classifier, Span]:
         kw, name = c
         return str(name), join(self.sp(kw), self.sp(name))  # type: ignore[return-value]

@@ -37,7 +37,7 @@ from tcdsl.tcmath import (
     tc_xmittime_ticks,
 )
 from tcdsl.units import format_rate, format_size, format_time
-from tcdsl.verify.readback import Action, FlowerMatch, IptRule, Key, Value, parse_time
+from tcdsl.verify.readback import NEXTHDR, Action, FlowerMatch, IptRule, Key, Value, parse_time
 
 # ==== how tc shows what it was given ===========================================================
 
@@ -247,7 +247,11 @@ def expected_keys(words: tuple[tuple[str, ...], ...]) -> tuple[Key, ...]:
 
 def describe_keys(keys: tuple[Key, ...]) -> str:
     """Keys as tc prints them: ``match 00001389/0000ffff at 20``, comma-separated."""
-    return ", ".join(f"match {v:08x}/{m:08x} at {o}" for v, m, o in keys) or "no keys"
+
+    def at(offset: int) -> str:
+        return f"nexthdr+{offset - NEXTHDR}" if offset >= NEXTHDR else str(offset)
+
+    return ", ".join(f"match {v:08x}/{m:08x} at {at(o)}" for v, m, o in keys) or "no keys"
 
 
 # ==== the expected objects =====================================================================
@@ -1203,7 +1207,8 @@ def _requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
                 case ir.U32Filter():
                     found.setdefault("cls_u32", Requirement("cls_u32", "u32 filters", f.span))
                 case ir.FlowerFilter():
-                    req = Requirement("cls_flower", "flower filters", f.span)
+                    where = iface.classifier_span or f.span  # 'classifier flower'
+                    req = Requirement("cls_flower", "flower filters", where)
                     found.setdefault("cls_flower", req)
                 case ir.FwFilter():
                     found.setdefault("cls_fw", Requirement("cls_fw", "fw filters", f.span))

@@ -41,7 +41,10 @@ _TIME = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]\d+)?)(s|ms|us|ns)")
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]\d+)?)%")
 _COUNT = re.compile(r"(\d+)p?")
 _SIGNED = re.compile(r"-?\d+")
-_KEY = re.compile(r"match ([0-9a-f]{8})/([0-9a-f]{8}) at (-?\d+)")
+_KEY = re.compile(r"match ([0-9a-f]{8})/([0-9a-f]{8}) at (nexthdr\+)?(-?\d+)")
+NEXTHDR = 0x10000
+"""Added to the offset of a key tc prints ``at nexthdr+N`` (relative to the header a hash
+table's link found; ``ip6 icmp_code`` makes one): never equal to a plain offset."""
 _FH = re.compile(r"([0-9a-f]*):([0-9a-f]*):([0-9a-f]*)")
 
 
@@ -732,7 +735,8 @@ def parse_filters(text: str) -> list[TcFilter]:
             actions: list[Action] = []
             for line in body:
                 if (k := _KEY.search(line)) is not None:
-                    keys.append((int(k.group(1), 16), int(k.group(2), 16), int(k.group(3))))
+                    offset = int(k.group(4)) + (NEXTHDR if k.group(3) else 0)
+                    keys.append((int(k.group(1), 16), int(k.group(2), 16), offset))
                 elif (action := parse_action(line)) is not None:
                     actions.append(action)
             out.append(

@@ -50,6 +50,9 @@ class Checked:
     classes: int = 0
     filters: int = 0
     rules: int = 0
+    """iptables rules (the jump into the chain counts as one)."""
+    rules6: int = 0
+    """ip6tables rules."""
 
     def __str__(self) -> str:
         parts = [
@@ -59,6 +62,7 @@ class Checked:
                 (self.classes, "class"),
                 (self.filters, "filter"),
                 (self.rules, "iptables rule"),
+                (self.rules6, "ip6tables rule"),
             )
             if n
         ]
@@ -143,7 +147,8 @@ def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
         sum(len(i.qdiscs) for i in expected.interfaces),
         sum(len(i.classes) for i in expected.interfaces),
         sum(len(i.filters) for i in expected.interfaces),
-        sum(len(c.rules) + 1 for i in expected.interfaces for c in i.chains),
+        sum(len(c.rules) + 1 for i in expected.interfaces for c in i.chains if c.family == "ipv4"),
+        sum(len(c.rules) + 1 for i in expected.interfaces for c in i.chains if c.family == "ipv6"),
     )
     create, read = devices(result.policy)
     cbq = expected.needs("sch_cbq")

@@ -24,17 +24,20 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
-    command -v iptables >/dev/null 2>&1 || return 0
-    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
-        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
-            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
-            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
+    # in iptables and ip6tables, where installed; absent is fine.
+    for tcdsl_tool in iptables ip6tables; do
+        command -v "$tcdsl_tool" >/dev/null 2>&1 || continue
+        "$tcdsl_tool" -t mangle -S "$1" >/dev/null 2>&1 || continue  # no chain, no jump into it
+        for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
+            while tcdsl_n=$("$tcdsl_tool" -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+                awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+                "$tcdsl_tool" -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+            done
         done
+        "$tcdsl_tool" -t mangle -F "$1" 2>/dev/null || true
+        "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
-    iptables -t mangle -F "$1" 2>/dev/null || true
-    iptables -t mangle -X "$1" 2>/dev/null || true
 }
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists eth0
@@ -45,7 +48,7 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 tcdsl_at='policies/hfsc-router.tcp:7:16: interface eth0: hfsc qdisc'
@@ -71,6 +74,8 @@ tc qdisc add dev eth0 parent 1:50 handle 50: fq_codel
 tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 5060 0xffff flowid 1:20
 tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5060 0xffff flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10000 0xfff0 flowid 1:20
 tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10016 0xffe0 flowid 1:20
@@ -92,15 +97,47 @@ tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 19968 0xffe0 flowid 1:20
 tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 20000 0xffff flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10000 0xfff0 flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10016 0xffe0 flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10048 0xffc0 flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10112 0xff80 flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10240 0xf800 flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 12288 0xf000 flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 16384 0xf800 flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 18432 0xfc00 flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 19456 0xfe00 flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 19968 0xffe0 flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 20000 0xffff flowid 1:20
 tcdsl_at='policies/hfsc-router.tcp:12:13: filter to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:20
+tcdsl_at='policies/hfsc-router.tcp:12:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:20
 tcdsl_at='policies/hfsc-router.tcp:16:13: filter to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 22 0xffff flowid 1:30
+tcdsl_at='policies/hfsc-router.tcp:16:13: filter to 1:30'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 22 0xffff flowid 1:30
 tcdsl_at='policies/hfsc-router.tcp:17:13: filter to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 53 0xffff flowid 1:30
+tcdsl_at='policies/hfsc-router.tcp:17:13: filter to 1:30'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 53 0xffff flowid 1:30
 tcdsl_at='policies/hfsc-router.tcp:18:13: filter to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:30
 tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 80 0xffff flowid 1:40
 tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 80 0xffff flowid 1:40
+tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 443 0xffff flowid 1:40
+tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:40

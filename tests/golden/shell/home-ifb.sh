@@ -24,17 +24,20 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
-    command -v iptables >/dev/null 2>&1 || return 0
-    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
-        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
-            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
-            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
+    # in iptables and ip6tables, where installed; absent is fine.
+    for tcdsl_tool in iptables ip6tables; do
+        command -v "$tcdsl_tool" >/dev/null 2>&1 || continue
+        "$tcdsl_tool" -t mangle -S "$1" >/dev/null 2>&1 || continue  # no chain, no jump into it
+        for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
+            while tcdsl_n=$("$tcdsl_tool" -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+                awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+                "$tcdsl_tool" -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+            done
         done
+        "$tcdsl_tool" -t mangle -F "$1" 2>/dev/null || true
+        "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
-    iptables -t mangle -F "$1" 2>/dev/null || true
-    iptables -t mangle -X "$1" 2>/dev/null || true
 }
 tcdsl_is_ifb() {
     case $(ip -d -o link show dev "$1" 2>/dev/null) in
@@ -59,7 +62,7 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 tcdsl_at='policies/home-ifb.tcp:8:12: interface eth0: htb qdisc'
@@ -84,10 +87,16 @@ tcdsl_at='policies/home-ifb.tcp:22:13: fq_codel qdisc of 1:40'
 tc qdisc add dev eth0 parent 1:40 handle 40: fq_codel
 tcdsl_at='policies/home-ifb.tcp:10:13: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10
+tcdsl_at='policies/home-ifb.tcp:10:13: filter to 1:10'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:10
 tcdsl_at='policies/home-ifb.tcp:14:13: filter to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x88 0xfc flowid 1:20
+tcdsl_at='policies/home-ifb.tcp:14:13: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x88 0xfc flowid 1:20
 tcdsl_at='policies/home-ifb.tcp:21:13: filter to 1:40'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x20 0xfc flowid 1:40
+tcdsl_at='policies/home-ifb.tcp:21:13: filter to 1:40'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x20 0xfc flowid 1:40
 
 # ==== interface eth0 download (via ifb4eth0) ====
 tcdsl_at=
@@ -95,7 +104,7 @@ tcdsl_dev=ifb4eth0
 tcdsl_undo='tc qdisc del dev eth0 ingress; ip link del dev ifb4eth0'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's redirect and ifb and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's redirect and ifb and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 ingress 2>/dev/null || true
 ! tcdsl_is_ifb ifb4eth0 || ip link del dev ifb4eth0
 tcdsl_unmark TCDSL-ifb4eth0
@@ -125,10 +134,16 @@ tcdsl_at='policies/home-ifb.tcp:39:13: fq_codel qdisc of 1:40'
 tc qdisc add dev ifb4eth0 parent 1:40 handle 40: fq_codel
 tcdsl_at='policies/home-ifb.tcp:27:13: filter to 1:10'
 tc filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10
+tcdsl_at='policies/home-ifb.tcp:27:13: filter to 1:10'
+tc filter add dev ifb4eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:10
 tcdsl_at='policies/home-ifb.tcp:31:13: filter to 1:20'
 tc filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x88 0xfc flowid 1:20
+tcdsl_at='policies/home-ifb.tcp:31:13: filter to 1:20'
+tc filter add dev ifb4eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x88 0xfc flowid 1:20
 tcdsl_at='policies/home-ifb.tcp:38:13: filter to 1:40'
 tc filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x20 0xfc flowid 1:40
+tcdsl_at='policies/home-ifb.tcp:38:13: filter to 1:40'
+tc filter add dev ifb4eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x20 0xfc flowid 1:40
 tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0'
 tc qdisc add dev eth0 handle ffff: ingress
 tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0'

@@ -24,17 +24,20 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
-    command -v iptables >/dev/null 2>&1 || return 0
-    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
-        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
-            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
-            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
+    # in iptables and ip6tables, where installed; absent is fine.
+    for tcdsl_tool in iptables ip6tables; do
+        command -v "$tcdsl_tool" >/dev/null 2>&1 || continue
+        "$tcdsl_tool" -t mangle -S "$1" >/dev/null 2>&1 || continue  # no chain, no jump into it
+        for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
+            while tcdsl_n=$("$tcdsl_tool" -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+                awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+                "$tcdsl_tool" -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+            done
         done
+        "$tcdsl_tool" -t mangle -F "$1" 2>/dev/null || true
+        "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
-    iptables -t mangle -F "$1" 2>/dev/null || true
-    iptables -t mangle -X "$1" 2>/dev/null || true
 }
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists eth0
@@ -45,27 +48,33 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/ingress-policer.tcp:11:12: interface eth0: htb qdisc'
+tcdsl_at='policies/ingress-policer.tcp:12:12: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 20 r2q 5
-tcdsl_at='policies/ingress-policer.tcp:11:12: link class'
+tcdsl_at='policies/ingress-policer.tcp:12:12: link class'
 tc class add dev eth0 parent 1: classid 1:1 htb rate 180kbit
-tcdsl_at='policies/ingress-policer.tcp:12:15: class interactive'
+tcdsl_at='policies/ingress-policer.tcp:13:15: class interactive'
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 60kbit ceil 180kbit prio 0
-tcdsl_at='policies/ingress-policer.tcp:18:15: class bulk'
+tcdsl_at='policies/ingress-policer.tcp:19:15: class bulk'
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 120kbit ceil 180kbit prio 1
-tcdsl_at='policies/ingress-policer.tcp:16:13: sfq qdisc of 1:10'
+tcdsl_at='policies/ingress-policer.tcp:17:13: sfq qdisc of 1:10'
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
-tcdsl_at='policies/ingress-policer.tcp:19:13: sfq qdisc of 1:20'
+tcdsl_at='policies/ingress-policer.tcp:20:13: sfq qdisc of 1:20'
 tc qdisc add dev eth0 parent 1:20 handle 20: sfq perturb 10
-tcdsl_at='policies/ingress-policer.tcp:13:13: filter to 1:10'
+tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
 tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
+tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
 tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xff flowid 1:10
+tcdsl_at='policies/ingress-policer.tcp:16:13: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
+tcdsl_at='policies/ingress-policer.tcp:16:13: filter to 1:10'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
 
 # ==== interface eth0 ingress ====
 tcdsl_at=
@@ -75,7 +84,9 @@ exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
 # Teardown: remove this policy's ingress qdisc; absent is fine.
 tc qdisc del dev eth0 ingress 2>/dev/null || true
-tcdsl_at='policies/ingress-policer.tcp:22:5: interface eth0: ingress qdisc'
+tcdsl_at='policies/ingress-policer.tcp:23:5: interface eth0: ingress qdisc'
 tc qdisc add dev eth0 handle ffff: ingress
-tcdsl_at='policies/ingress-policer.tcp:23:9: filter to ffff:1'
-tc filter add dev eth0 parent ffff: protocol ip prio 50 u32 match ip src 0.0.0.0/0 police rate 800kbit burst 10k drop flowid ffff:1
+tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1'
+tc filter add dev eth0 parent ffff: protocol ip prio 50 u32 match u32 0 0 at 0 police rate 800kbit burst 10k drop flowid ffff:1
+tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1'
+tc filter add dev eth0 parent ffff: protocol ipv6 prio 32818 u32 match u32 0 0 at 0 police rate 800kbit burst 10k drop flowid ffff:1

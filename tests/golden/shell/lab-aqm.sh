@@ -24,17 +24,20 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
-    command -v iptables >/dev/null 2>&1 || return 0
-    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
-        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
-            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
-            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
+    # in iptables and ip6tables, where installed; absent is fine.
+    for tcdsl_tool in iptables ip6tables; do
+        command -v "$tcdsl_tool" >/dev/null 2>&1 || continue
+        "$tcdsl_tool" -t mangle -S "$1" >/dev/null 2>&1 || continue  # no chain, no jump into it
+        for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
+            while tcdsl_n=$("$tcdsl_tool" -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+                awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+                "$tcdsl_tool" -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+            done
         done
+        "$tcdsl_tool" -t mangle -F "$1" 2>/dev/null || true
+        "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
-    iptables -t mangle -F "$1" 2>/dev/null || true
-    iptables -t mangle -X "$1" 2>/dev/null || true
 }
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists lab0
@@ -45,7 +48,7 @@ tcdsl_dev=lab0
 tcdsl_undo='tc qdisc del dev lab0 root'
 exec 9>"$tcdsl_locks"/tcdsl-lab0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev lab0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-lab0
 tcdsl_at='policies/lab-aqm.tcp:6:16: interface lab0: htb qdisc'
@@ -74,9 +77,25 @@ tcdsl_at='policies/lab-aqm.tcp:21:9: fq_codel qdisc of 1:50'
 tc qdisc add dev lab0 parent 1:50 handle 50: fq_codel
 tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10'
 tc filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5001 0xffff flowid 1:10
+tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10'
+tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5001 0xffff flowid 1:10
+tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10'
+tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5001 0xffff flowid 1:10
 tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20'
 tc filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5002 0xffff flowid 1:20
+tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20'
+tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5002 0xffff flowid 1:20
+tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20'
+tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5002 0xffff flowid 1:20
 tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30'
 tc filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5003 0xffff flowid 1:30
+tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30'
+tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5003 0xffff flowid 1:30
+tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30'
+tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5003 0xffff flowid 1:30
 tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40'
 tc filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5004 0xffff flowid 1:40
+tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40'
+tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5004 0xffff flowid 1:40
+tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40'
+tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5004 0xffff flowid 1:40

@@ -24,17 +24,20 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
-    command -v iptables >/dev/null 2>&1 || return 0
-    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
-        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
-            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
-            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
+    # in iptables and ip6tables, where installed; absent is fine.
+    for tcdsl_tool in iptables ip6tables; do
+        command -v "$tcdsl_tool" >/dev/null 2>&1 || continue
+        "$tcdsl_tool" -t mangle -S "$1" >/dev/null 2>&1 || continue  # no chain, no jump into it
+        for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
+            while tcdsl_n=$("$tcdsl_tool" -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+                awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+                "$tcdsl_tool" -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+            done
         done
+        "$tcdsl_tool" -t mangle -F "$1" 2>/dev/null || true
+        "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
-    iptables -t mangle -F "$1" 2>/dev/null || true
-    iptables -t mangle -X "$1" 2>/dev/null || true
 }
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists lan0
@@ -45,7 +48,7 @@ tcdsl_dev=lan0
 tcdsl_undo='tc qdisc del dev lan0 root'
 exec 9>"$tcdsl_locks"/tcdsl-lan0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev lan0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-lan0
 tcdsl_at='policies/nested.tcp:7:16: interface lan0: htb qdisc'
@@ -68,14 +71,22 @@ tcdsl_at='policies/nested.tcp:14:19: class office'
 tc class add dev lan0 parent 10:1 classid 10:20 htb rate 5mbit ceil 10mbit prio 1
 tcdsl_at='policies/nested.tcp:11:17: filter to 10:10'
 tc filter add dev lan0 parent 10: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 5060 0xffff flowid 10:10
+tcdsl_at='policies/nested.tcp:11:17: filter to 10:10'
+tc filter add dev lan0 parent 10: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5060 0xffff flowid 10:10
 tcdsl_at='policies/nested.tcp:12:17: filter to 10:10'
 tc filter add dev lan0 parent 10: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 10:10
+tcdsl_at='policies/nested.tcp:12:17: filter to 10:10'
+tc filter add dev lan0 parent 10: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 10:10
 tcdsl_at='policies/nested.tcp:18:9: prio qdisc of 1:20'
 tc qdisc add dev lan0 parent 1:20 handle 20: prio
 tcdsl_at='policies/nested.tcp:19:23: filter to 20:1'
 tc filter add dev lan0 parent 20: protocol ip prio 1 u32 match ip protocol 17 0xff match ip sport 53 0xffff flowid 20:1
+tcdsl_at='policies/nested.tcp:19:23: filter to 20:1'
+tc filter add dev lan0 parent 20: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 sport 53 0xffff flowid 20:1
 tcdsl_at='policies/nested.tcp:20:23: filter to 20:2'
 tc filter add dev lan0 parent 20: protocol ip prio 1 u32 match ip protocol 6 0xff match ip sport 22 0xffff flowid 20:2
+tcdsl_at='policies/nested.tcp:20:23: filter to 20:2'
+tc filter add dev lan0 parent 20: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 22 0xffff flowid 20:2
 tcdsl_at='policies/nested.tcp:25:9: sfq qdisc of 1:30'
 tc qdisc add dev lan0 parent 1:30 handle 30: sfq perturb 10
 tcdsl_at='policies/nested.tcp:8:37: filter to 1:10'

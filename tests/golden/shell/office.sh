@@ -24,17 +24,20 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
-    command -v iptables >/dev/null 2>&1 || return 0
-    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
-        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
-            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
-            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
+    # in iptables and ip6tables, where installed; absent is fine.
+    for tcdsl_tool in iptables ip6tables; do
+        command -v "$tcdsl_tool" >/dev/null 2>&1 || continue
+        "$tcdsl_tool" -t mangle -S "$1" >/dev/null 2>&1 || continue  # no chain, no jump into it
+        for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
+            while tcdsl_n=$("$tcdsl_tool" -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+                awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+                "$tcdsl_tool" -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+            done
         done
+        "$tcdsl_tool" -t mangle -F "$1" 2>/dev/null || true
+        "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
-    iptables -t mangle -F "$1" 2>/dev/null || true
-    iptables -t mangle -X "$1" 2>/dev/null || true
 }
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists eth0
@@ -45,7 +48,7 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 tcdsl_at='policies/office.tcp:4:16: interface eth0: htb qdisc'
@@ -74,14 +77,30 @@ tcdsl_at='policies/office.tcp:20:9: pfifo qdisc of 1:70'
 tc qdisc add dev eth0 parent 1:70 handle 70: pfifo limit 20
 tcdsl_at='policies/office.tcp:6:9: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
+tcdsl_at='policies/office.tcp:6:9: filter to 1:10'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
 tcdsl_at='policies/office.tcp:7:9: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
+tcdsl_at='policies/office.tcp:7:9: filter to 1:10'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xff flowid 1:10
 tcdsl_at='policies/office.tcp:10:34: filter to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 5001 0xffff flowid 1:20
+tcdsl_at='policies/office.tcp:10:34: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5001 0xffff flowid 1:20
+tcdsl_at='policies/office.tcp:10:34: filter to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5001 0xffff flowid 1:20
 tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 80 0xffff flowid 1:30
 tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 80 0xffff flowid 1:30
+tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 80 0xffff flowid 1:30
+tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 443 0xffff flowid 1:30
+tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:30
+tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 443 0xffff flowid 1:30
 tcdsl_at='policies/office.tcp:16:43: filter to 1:50'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:50
 tcdsl_at='policies/office.tcp:17:41: filter to 1:60'

@@ -5,7 +5,7 @@
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
 # Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
 # command fails, the script stops there and prints that text.
-# Needs: tc and ip (iproute2), flock (util-linux), iptables.
+# Needs: tc and ip (iproute2), flock (util-linux), iptables, ip6tables.
 set -eu
 tcdsl_at=
 tcdsl_failed() {
@@ -24,19 +24,31 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
-    command -v iptables >/dev/null 2>&1 || return 0
-    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
-        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
-            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
-            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
+    # in iptables and ip6tables, where installed; absent is fine.
+    for tcdsl_tool in iptables ip6tables; do
+        command -v "$tcdsl_tool" >/dev/null 2>&1 || continue
+        "$tcdsl_tool" -t mangle -S "$1" >/dev/null 2>&1 || continue  # no chain, no jump into it
+        for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
+            while tcdsl_n=$("$tcdsl_tool" -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+                awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+                "$tcdsl_tool" -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+            done
         done
+        "$tcdsl_tool" -t mangle -F "$1" 2>/dev/null || true
+        "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
-    iptables -t mangle -F "$1" 2>/dev/null || true
-    iptables -t mangle -X "$1" 2>/dev/null || true
+}
+tcdsl_needs() {
+    if ! command -v "$1" >/dev/null 2>&1; then
+        printf 'tcdsl: %s is missing, and this policy needs it %s; nothing was changed\n' "$1" "$2" >&2
+        exit 1
+    fi
 }
 # Check before changing anything: every interface the policy shapes exists.
+# And the tools the policy marks packets with are installed.
+tcdsl_needs iptables 'to mark IPv4 packets'
+tcdsl_needs ip6tables 'to mark IPv6 packets (a tree with "family ipv4" marks none)'
 tcdsl_exists eth0
 tcdsl_exists eth1
 tcdsl_exists eth2
@@ -44,10 +56,10 @@ tcdsl_exists eth2
 # ==== interface eth0 ====
 tcdsl_at=
 tcdsl_dev=eth0
-tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j TCDSL-eth0; iptables -t mangle -F TCDSL-eth0; iptables -t mangle -X TCDSL-eth0'
+tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j TCDSL-eth0; iptables -t mangle -F TCDSL-eth0; iptables -t mangle -X TCDSL-eth0; ip6tables -t mangle -D PREROUTING -i eth1 -j TCDSL-eth0; ip6tables -t mangle -F TCDSL-eth0; ip6tables -t mangle -X TCDSL-eth0'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 tcdsl_at='policies/router-marks.tcp:9:16: interface eth0: htb qdisc'
@@ -64,12 +76,20 @@ tcdsl_at='policies/router-marks.tcp:19:11: class bulk'
 tc class add dev eth0 parent 1:1 classid 1:40 htb rate 6mbit ceil 19mbit prio 2
 tcdsl_at='policies/router-marks.tcp:11:45: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 5 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
+tcdsl_at='policies/router-marks.tcp:11:45: filter to 1:10'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32773 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
 tcdsl_at='policies/router-marks.tcp:12:11: mark 0x1400 to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x1400/0xff00 fw flowid 1:20
+tcdsl_at='policies/router-marks.tcp:12:11: mark 0x1400 to 1:20'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x1400/0xff00 fw flowid 1:20
 tcdsl_at='policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x1e00/0xff00 fw flowid 1:30
+tcdsl_at='policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x1e00/0xff00 fw flowid 1:30
 tcdsl_at='policies/router-marks.tcp:19:11: mark 0x2800 to 1:40'
 tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x2800/0xff00 fw flowid 1:40
+tcdsl_at='policies/router-marks.tcp:19:11: mark 0x2800 to 1:40'
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x2800/0xff00 fw flowid 1:40
 tcdsl_at='policies/router-marks.tcp:10:5: chain TCDSL-eth0'
 iptables -t mangle -N TCDSL-eth0
 tcdsl_at='policies/router-marks.tcp:10:5: traffic arriving on eth1'
@@ -88,14 +108,32 @@ tcdsl_at='policies/router-marks.tcp:12:54: DSCP 46 for mark 0x1400'
 iptables -t mangle -A TCDSL-eth0 -m mark --mark 0x1400/0xff00 -j DSCP --set-dscp 46
 tcdsl_at='policies/router-marks.tcp:19:55: DSCP 0 for mark 0x2800'
 iptables -t mangle -A TCDSL-eth0 -m mark --mark 0x2800/0xff00 -j DSCP --set-dscp 0
+tcdsl_at='policies/router-marks.tcp:10:5: chain TCDSL-eth0'
+ip6tables -t mangle -N TCDSL-eth0
+tcdsl_at='policies/router-marks.tcp:10:5: traffic arriving on eth1'
+ip6tables -t mangle -I PREROUTING -i eth1 -j TCDSL-eth0
+tcdsl_at='policies/router-marks.tcp:13:9: mark 0x1400'
+ip6tables -t mangle -A TCDSL-eth0 -p udp --dport 5060 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1400/0xff00
+tcdsl_at='policies/router-marks.tcp:13:9: mark 0x1400'
+ip6tables -t mangle -A TCDSL-eth0 -p udp --dport 10000:20000 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1400/0xff00
+tcdsl_at='policies/router-marks.tcp:16:9: mark 0x1e00'
+ip6tables -t mangle -A TCDSL-eth0 -p tcp --dport 22 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1e00/0xff00
+tcdsl_at='policies/router-marks.tcp:17:9: mark 0x1e00'
+ip6tables -t mangle -A TCDSL-eth0 -p tcp --tcp-flags FIN,SYN,RST,ACK SYN -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1e00/0xff00
+tcdsl_at='policies/router-marks.tcp:9:40: unmarked traffic'
+ip6tables -t mangle -A TCDSL-eth0 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x2800/0xff00
+tcdsl_at='policies/router-marks.tcp:12:54: DSCP 46 for mark 0x1400'
+ip6tables -t mangle -A TCDSL-eth0 -m mark --mark 0x1400/0xff00 -j DSCP --set-dscp 46
+tcdsl_at='policies/router-marks.tcp:19:55: DSCP 0 for mark 0x2800'
+ip6tables -t mangle -A TCDSL-eth0 -m mark --mark 0x2800/0xff00 -j DSCP --set-dscp 0
 
 # ==== interface eth1 ====
 tcdsl_at=
 tcdsl_dev=eth1
-tcdsl_undo='tc qdisc del dev eth1 root; iptables -t mangle -D POSTROUTING -o eth1 -j TCDSL-eth1; iptables -t mangle -F TCDSL-eth1; iptables -t mangle -X TCDSL-eth1'
+tcdsl_undo='tc qdisc del dev eth1 root; iptables -t mangle -D POSTROUTING -o eth1 -j TCDSL-eth1; iptables -t mangle -F TCDSL-eth1; iptables -t mangle -X TCDSL-eth1; ip6tables -t mangle -D POSTROUTING -o eth1 -j TCDSL-eth1; ip6tables -t mangle -F TCDSL-eth1; ip6tables -t mangle -X TCDSL-eth1'
 exec 9>"$tcdsl_locks"/tcdsl-eth1.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth1
 tcdsl_at='policies/router-marks.tcp:24:16: interface eth1: htb qdisc'
@@ -108,8 +146,12 @@ tcdsl_at='policies/router-marks.tcp:27:11: class rest'
 tc class add dev eth1 parent 1:1 classid 1:20 htb rate 30mbit ceil 95mbit
 tcdsl_at='policies/router-marks.tcp:26:11: mark 10 to 1:10'
 tc filter add dev eth1 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
+tcdsl_at='policies/router-marks.tcp:26:11: mark 10 to 1:10'
+tc filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 10 fw flowid 1:10
 tcdsl_at='policies/router-marks.tcp:27:11: mark 20 to 1:20'
 tc filter add dev eth1 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
+tcdsl_at='policies/router-marks.tcp:27:11: mark 20 to 1:20'
+tc filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
 tcdsl_at='policies/router-marks.tcp:25:5: chain TCDSL-eth1'
 iptables -t mangle -N TCDSL-eth1
 tcdsl_at='policies/router-marks.tcp:25:5: traffic leaving by eth1'
@@ -118,14 +160,20 @@ tcdsl_at='policies/router-marks.tcp:26:41: mark 10'
 iptables -t mangle -A TCDSL-eth1 -p tcp --sport 443 -s 203.0.113.0/24 -m mark --mark 0 -j MARK --set-mark 10
 tcdsl_at='policies/router-marks.tcp:24:40: unmarked traffic'
 iptables -t mangle -A TCDSL-eth1 -m mark --mark 0 -j MARK --set-mark 20
+tcdsl_at='policies/router-marks.tcp:25:5: chain TCDSL-eth1'
+ip6tables -t mangle -N TCDSL-eth1
+tcdsl_at='policies/router-marks.tcp:25:5: traffic leaving by eth1'
+ip6tables -t mangle -I POSTROUTING -o eth1 -j TCDSL-eth1
+tcdsl_at='policies/router-marks.tcp:24:40: unmarked traffic'
+ip6tables -t mangle -A TCDSL-eth1 -m mark --mark 0 -j MARK --set-mark 20
 
 # ==== interface eth2 ====
 tcdsl_at=
 tcdsl_dev=eth2
-tcdsl_undo='tc qdisc del dev eth2 root; iptables -t mangle -D OUTPUT -o eth2 -j TCDSL-eth2; iptables -t mangle -F TCDSL-eth2; iptables -t mangle -X TCDSL-eth2'
+tcdsl_undo='tc qdisc del dev eth2 root; iptables -t mangle -D OUTPUT -o eth2 -j TCDSL-eth2; iptables -t mangle -F TCDSL-eth2; iptables -t mangle -X TCDSL-eth2; ip6tables -t mangle -D OUTPUT -o eth2 -j TCDSL-eth2; ip6tables -t mangle -F TCDSL-eth2; ip6tables -t mangle -X TCDSL-eth2'
 exec 9>"$tcdsl_locks"/tcdsl-eth2.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth2
 tcdsl_at='policies/router-marks.tcp:31:16: interface eth2: htb qdisc'
@@ -138,8 +186,12 @@ tcdsl_at='policies/router-marks.tcp:34:11: class other'
 tc class add dev eth2 parent 1:1 classid 1:20 htb rate 8mbit ceil 10mbit
 tcdsl_at='policies/router-marks.tcp:33:11: mark 10 to 1:10'
 tc filter add dev eth2 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
+tcdsl_at='policies/router-marks.tcp:33:11: mark 10 to 1:10'
+tc filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 10 fw flowid 1:10
 tcdsl_at='policies/router-marks.tcp:34:11: mark 20 to 1:20'
 tc filter add dev eth2 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
+tcdsl_at='policies/router-marks.tcp:34:11: mark 20 to 1:20'
+tc filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
 tcdsl_at='policies/router-marks.tcp:32:5: chain TCDSL-eth2'
 iptables -t mangle -N TCDSL-eth2
 tcdsl_at='policies/router-marks.tcp:32:5: traffic this host sends out of eth2'
@@ -148,3 +200,11 @@ tcdsl_at='policies/router-marks.tcp:33:40: mark 10'
 iptables -t mangle -A TCDSL-eth2 -p tcp --dport 873 -m mark --mark 0 -j MARK --set-mark 10
 tcdsl_at='policies/router-marks.tcp:31:40: unmarked traffic'
 iptables -t mangle -A TCDSL-eth2 -m mark --mark 0 -j MARK --set-mark 20
+tcdsl_at='policies/router-marks.tcp:32:5: chain TCDSL-eth2'
+ip6tables -t mangle -N TCDSL-eth2
+tcdsl_at='policies/router-marks.tcp:32:5: traffic this host sends out of eth2'
+ip6tables -t mangle -I OUTPUT -o eth2 -j TCDSL-eth2
+tcdsl_at='policies/router-marks.tcp:33:40: mark 10'
+ip6tables -t mangle -A TCDSL-eth2 -p tcp --dport 873 -m mark --mark 0 -j MARK --set-mark 10
+tcdsl_at='policies/router-marks.tcp:31:40: unmarked traffic'
+ip6tables -t mangle -A TCDSL-eth2 -m mark --mark 0 -j MARK --set-mark 20

@@ -24,19 +24,30 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
-    command -v iptables >/dev/null 2>&1 || return 0
-    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
-        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
-            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
-            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
+    # in iptables and ip6tables, where installed; absent is fine.
+    for tcdsl_tool in iptables ip6tables; do
+        command -v "$tcdsl_tool" >/dev/null 2>&1 || continue
+        "$tcdsl_tool" -t mangle -S "$1" >/dev/null 2>&1 || continue  # no chain, no jump into it
+        for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
+            while tcdsl_n=$("$tcdsl_tool" -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+                awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+                "$tcdsl_tool" -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+            done
         done
+        "$tcdsl_tool" -t mangle -F "$1" 2>/dev/null || true
+        "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
-    iptables -t mangle -F "$1" 2>/dev/null || true
-    iptables -t mangle -X "$1" 2>/dev/null || true
+}
+tcdsl_needs() {
+    if ! command -v "$1" >/dev/null 2>&1; then
+        printf 'tcdsl: %s is missing, and this policy needs it %s; nothing was changed\n' "$1" "$2" >&2
+        exit 1
+    fi
 }
 # Check before changing anything: every interface the policy shapes exists.
+# And the tools the policy marks packets with are installed.
+tcdsl_needs iptables 'to mark IPv4 packets'
 tcdsl_exists eth0
 
 # ==== interface eth0 ====
@@ -45,39 +56,39 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j INSHAPER; iptables -t mangle -F INSHAPER; iptables -t mangle -X INSHAPER'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its iptables chain (and the default one an earlier version may have left); absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) (and the default one an earlier version may have left); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark INSHAPER
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:26:16: interface eth0: htb qdisc'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:28: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 30
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:26:16: link class'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:28: link class'
 tc class add dev eth0 parent 1: classid 1:1 htb rate 15mbit
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:11: class app5001'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:29:11: class app5001'
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 6mbit ceil 6mbit prio 0
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:31:11: class app5002'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:32:11: class app5002'
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 4mbit ceil 8mbit prio 1
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:34:11: class others'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:35:11: class others'
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 1mbit ceil 1mbit prio 2
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:29:9: sfq qdisc of 1:10'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:30:9: sfq qdisc of 1:10'
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:32:9: sfq qdisc of 1:20'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:33:9: sfq qdisc of 1:20'
 tc qdisc add dev eth0 parent 1:20 handle 20: sfq perturb 10
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:35:9: pfifo qdisc of 1:30'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:36:9: pfifo qdisc of 1:30'
 tc qdisc add dev eth0 parent 1:30 handle 30: pfifo limit 20
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:11: mark 10 to 1:10'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:29:11: mark 10 to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:31:11: mark 20 to 1:20'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:32:11: mark 20 to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:34:11: mark 30 to 1:30'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:35:11: mark 30 to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 1 handle 30 fw flowid 1:30
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:5: chain INSHAPER'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:5: chain INSHAPER'
 iptables -t mangle -N INSHAPER
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:5: traffic arriving on eth1'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:5: traffic arriving on eth1'
 iptables -t mangle -I PREROUTING -i eth1 -j INSHAPER
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:28:48: mark 10'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:29:48: mark 10'
 iptables -t mangle -A INSHAPER -p tcp --dport 5001 -m mark --mark 0 -j MARK --set-mark 10
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:31:48: mark 20'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:32:48: mark 20'
 iptables -t mangle -A INSHAPER -p tcp --dport 5002 -m mark --mark 0 -j MARK --set-mark 20
-tcdsl_at='policies/seeds/s000-10.1-marks.tcp:26:40: unmarked traffic'
+tcdsl_at='policies/seeds/s000-10.1-marks.tcp:27:52: unmarked traffic'
 iptables -t mangle -A INSHAPER -m mark --mark 0 -j MARK --set-mark 30

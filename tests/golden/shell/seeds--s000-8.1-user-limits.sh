@@ -24,17 +24,20 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
-    command -v iptables >/dev/null 2>&1 || return 0
-    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
-        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
-            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
-            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
+    # in iptables and ip6tables, where installed; absent is fine.
+    for tcdsl_tool in iptables ip6tables; do
+        command -v "$tcdsl_tool" >/dev/null 2>&1 || continue
+        "$tcdsl_tool" -t mangle -S "$1" >/dev/null 2>&1 || continue  # no chain, no jump into it
+        for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
+            while tcdsl_n=$("$tcdsl_tool" -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+                awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+                "$tcdsl_tool" -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+            done
         done
+        "$tcdsl_tool" -t mangle -F "$1" 2>/dev/null || true
+        "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
-    iptables -t mangle -F "$1" 2>/dev/null || true
-    iptables -t mangle -X "$1" 2>/dev/null || true
 }
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists eth0
@@ -45,26 +48,26 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:14:16: interface eth0: htb qdisc'
+tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:15:28: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 30
-tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:14:16: link class'
+tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:15:28: link class'
 tc class add dev eth0 parent 1: classid 1:1 htb rate 10mbit burst 15k
-tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:15:11: class u5'
+tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:16:11: class u5'
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 6mbit ceil 6mbit
-tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:18:11: class u6'
+tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:19:11: class u6'
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 3mbit ceil 3mbit
-tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:21:11: class others'
+tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:22:11: class others'
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 1mbit ceil 1mbit
-tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:16:9: sfq qdisc of 1:10'
+tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:17:9: sfq qdisc of 1:10'
 tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
-tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:19:9: sfq qdisc of 1:20'
+tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:20:9: sfq qdisc of 1:20'
 tc qdisc add dev eth0 parent 1:20 handle 20: sfq perturb 10
-tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:22:9: sfq qdisc of 1:30'
+tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:23:9: sfq qdisc of 1:30'
 tc qdisc add dev eth0 parent 1:30 handle 30: sfq perturb 10
-tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:15:36: filter to 1:10'
+tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:16:36: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:10
-tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:18:36: filter to 1:20'
+tcdsl_at='policies/seeds/s000-8.1-user-limits.tcp:19:36: filter to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:20

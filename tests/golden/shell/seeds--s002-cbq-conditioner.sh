@@ -24,17 +24,20 @@ tcdsl_exists() {
     fi
 }
 tcdsl_unmark() {
-    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT; absent is fine.
-    command -v iptables >/dev/null 2>&1 || return 0
-    iptables -t mangle -S "$1" >/dev/null 2>&1 || return 0  # no chain, so no jump into it
-    for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
-        while tcdsl_n=$(iptables -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
-            awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
-            iptables -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+    # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
+    # in iptables and ip6tables, where installed; absent is fine.
+    for tcdsl_tool in iptables ip6tables; do
+        command -v "$tcdsl_tool" >/dev/null 2>&1 || continue
+        "$tcdsl_tool" -t mangle -S "$1" >/dev/null 2>&1 || continue  # no chain, no jump into it
+        for tcdsl_hook in PREROUTING OUTPUT POSTROUTING FORWARD INPUT; do
+            while tcdsl_n=$("$tcdsl_tool" -t mangle -L "$tcdsl_hook" -n --line-numbers 2>/dev/null |
+                awk -v c="$1" '$2 == c { print $1; exit }') && [ -n "$tcdsl_n" ]; do
+                "$tcdsl_tool" -t mangle -D "$tcdsl_hook" "$tcdsl_n" || break
+            done
         done
+        "$tcdsl_tool" -t mangle -F "$1" 2>/dev/null || true
+        "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
-    iptables -t mangle -F "$1" 2>/dev/null || true
-    iptables -t mangle -X "$1" 2>/dev/null || true
 }
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists shaper0
@@ -45,38 +48,38 @@ tcdsl_dev=shaper0
 tcdsl_undo='tc qdisc del dev shaper0 root'
 exec 9>"$tcdsl_locks"/tcdsl-shaper0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's iptables chain; absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev shaper0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-shaper0
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:33:19: interface shaper0: cbq qdisc'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:34:31: interface shaper0: cbq qdisc'
 tc qdisc add dev shaper0 root handle 1: cbq bandwidth 10mbit avpkt 1000
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:34:11: class main'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:35:11: class main'
 tc class add dev shaper0 parent 1: classid 1:1 cbq rate 530kbit allot 1600 prio 5 bounded isolated
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:35:15: class interactive'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:36:15: class interactive'
 tc class add dev shaper0 parent 1:1 classid 1:10 cbq rate 53kbit allot 1600 prio 1 avpkt 1528
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:41:15: class normal'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:42:15: class normal'
 tc class add dev shaper0 parent 1:1 classid 1:20 cbq rate 339kbit allot 1600 prio 2 avpkt 1528
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:45:15: class downloads'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:46:15: class downloads'
 tc class add dev shaper0 parent 1:1 classid 1:30 cbq rate 69kbit allot 1600 prio 3 avpkt 1528
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:49:15: class p2p'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:50:15: class p2p'
 tc class add dev shaper0 parent 1:1 classid 1:40 cbq rate 69kbit allot 1600 prio 4 avpkt 1528
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:39:13: sfq qdisc of 1:10'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:40:13: sfq qdisc of 1:10'
 tc qdisc add dev shaper0 parent 1:10 handle 10: sfq perturb 10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:43:13: sfq qdisc of 1:20'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:44:13: sfq qdisc of 1:20'
 tc qdisc add dev shaper0 parent 1:20 handle 20: sfq perturb 10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:47:13: sfq qdisc of 1:30'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:48:13: sfq qdisc of 1:30'
 tc qdisc add dev shaper0 parent 1:30 handle 30: sfq perturb 10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:51:13: sfq qdisc of 1:40'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:52:13: sfq qdisc of 1:40'
 tc qdisc add dev shaper0 parent 1:40 handle 40: sfq perturb 10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:36:13: filter to 1:10'
-tc filter add dev shaper0 parent 1: protocol ip prio 11 u32 match ip protocol 1 0xff flowid 1:10
 tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:37:13: filter to 1:10'
-tc filter add dev shaper0 parent 1: protocol ip prio 10 u32 match ip tos 0x10 0xff flowid 1:10
+tc filter add dev shaper0 parent 1: protocol ip prio 11 u32 match ip protocol 1 0xff flowid 1:10
 tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:38:13: filter to 1:10'
+tc filter add dev shaper0 parent 1: protocol ip prio 10 u32 match ip tos 0x10 0xff flowid 1:10
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:39:13: filter to 1:10'
 tc filter add dev shaper0 parent 1: protocol ip prio 12 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:42:13: filter to 1:20'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:43:13: filter to 1:20'
 tc filter add dev shaper0 parent 1: protocol ip prio 40 u32 match ip dst 0.0.0.0/0 flowid 1:20
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:46:13: filter to 1:30'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:47:13: filter to 1:30'
 tc filter add dev shaper0 parent 1: protocol ip prio 13 u32 match ip src 209.180.104.203 flowid 1:30
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:50:13: filter to 1:40'
+tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:51:13: filter to 1:40'
 tc filter add dev shaper0 parent 1: protocol ip prio 26 u32 match ip sport 3072 0xfc00 flowid 1:40
