@@ -103,7 +103,7 @@ MAX_CLASSES = {"host": 10, "uml": 4}
 """htb classes per interface. Policies for user-mode Linux are kept smaller: every program it
 runs costs ~15 ms there (0.5 ms on the host), and each tc command is one."""
 MAX_FILTERS = {"host": 12, "uml": 4}
-"""u32 filters (or iptables rules) one match line may stand for."""
+"""u32 filters (or iptables rules) one match line may stand for, per family it applies to."""
 MAX_MATCHES = {"host": 2, "uml": 1}
 """Match lines per class."""
 HTB_QUANTUM = (1000, 200_000)
@@ -431,9 +431,9 @@ class VGen:
             return const
         return text
 
-    def tree_options(self, marking: bool, kind: str) -> str:
+    def tree_options(self, marking: bool) -> str:
         """``family`` and (user-mode Linux, not with marks) ``classifier flower`` of a tree, as
-        words before its ``kind`` of qdisc; sets ``families`` and ``classifier``."""
+        words before its qdisc; sets ``families`` and ``classifier``."""
         self.families, self.classifier = FAMILIES["both"], "u32"
         words: list[str] = []
         if self.chance(0.3):
@@ -445,13 +445,6 @@ class VGen:
             words.append("classifier flower")
         if len(words) == 2 and self.chance(0.5):
             words.reverse()
-        if kind == "prio" and words and words[-1].startswith("family"):
-            # KNOWN BUG (family right before prio): the grammar refuses 'family ipv6 prio'
-            # (E001, "unexpected 'prio'"), and takes 'family ipv6 classifier u32 prio'.
-            if len(words) == 2:
-                words.reverse()
-            else:
-                words.append(f"classifier {self.classifier}")
         return "".join(f"{w} " for w in words)
 
     def port(self, masks: bool, flower: bool = False) -> tuple[str, int]:
@@ -554,14 +547,14 @@ class VGen:
         total = sum(
             2 * filters if guarded and (f == "ipv6" or flower) else filters for f in families
         )
-        if not conds or total > MAX_FILTERS[self.kernel]:
+        if not conds or total > MAX_FILTERS[self.kernel] * len(families):
             return None
         if word is not None:
             conds.insert(self.between(0, len(conds)), f"family {word}")
         if not marking and self.chance(0.2):
             # E260 goes by the tree's families, not the line's
             conds.append(f"pref {self.wide(1, MAX_PREF if 'ipv6' in self.families else 65535)}")
-        if not marking and self.uml and self.chance(0.15):
+        if not marking and self.uml and self.chance(0.25):
             conds.append(self.police())
         return "match " + " ".join(conds)
 
@@ -730,14 +723,14 @@ class VGen:
         opts: list[str] = []
         delayed = jittered = False
         if self.chance(0.6):
-            delayed = self.chance(0.5)  # above 0: reorder and distribution need a delay
+            delayed = self.chance(0.8)  # above 0: reorder and distribution need a delay
             opts.append(f"delay {self.time(1 if delayed else 0, NETEM_MAX_DELAY)}")
             if self.chance(0.6):
                 jittered = delayed and self.chance(0.7)
                 opts.append(f"jitter {self.time(1 if jittered else 0, NETEM_MAX_JITTER)}")
         if jittered and self.chance(0.3):
             opts.append(f"delay_correlation {self.percent()}")
-        if jittered and self.chance(0.6):
+        if jittered and self.chance(0.8):
             opts.append(f"distribution {self.pick(('normal', 'pareto', 'paretonormal'))}")
         self.netems += 1
         for key in ("loss", "duplicate", "corrupt"):
@@ -749,7 +742,7 @@ class VGen:
                 self.duplicating |= key == "duplicate"
                 if key == "loss" and float(pct[:-1]) > 0 and self.chance(0.3):
                     opts.append(f"loss_correlation {self.percent()}")
-        if delayed and self.chance(0.25):
+        if delayed and self.chance(0.4):
             opts.append(f"reorder {self.between(1, 100)}%")
             if self.chance(0.3):
                 opts.append(f"reorder_correlation {self.percent()}")
@@ -1101,7 +1094,7 @@ class VGen:
         self.tree_words = ""
         self.families, self.classifier = FAMILIES["both"], "u32"
         if kind in ("htb", "prio", "hfsc"):
-            self.tree_words = self.tree_options(bool(classify), kind)
+            self.tree_words = self.tree_options(bool(classify))
         if kind == "htb":
             return self.htb(ifname, classify)
         if kind == "prio":
