@@ -778,8 +778,9 @@ def test_filters_keep_to_their_family(case: tuple[str, bool, list[str]]) -> None
     """Per family: every filter's keys are of its own family's header (a ``protocol ipv6`` u32
     filter tests ``ip6`` words or raw offsets only, a flower filter's addresses and ICMP are of
     its family), the filters of the two families never share a pref on one parent (the kernel
-    refuses a second protocol at a pref), each family's filters keep the policy's order, and a
-    line has filters in exactly the families it applies to."""
+    refuses a second protocol at a pref), IPv6 prefs are above 32767 and IPv4 ones below in a
+    tree of both, flower reads ports under TCP, UDP or SCTP only, and a line has filters (or
+    firewall rules) in exactly the families it applies to."""
     text, _, _ = case
     result = _valid(text)
     assert result.policy is not None
