@@ -7,7 +7,9 @@ injected on purpose), and ``from_lark`` writes anything the real grammar derives
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -17,8 +19,10 @@ from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 from lark import Lark
 
+from tcdsl import allocate, ir, lower
 from tcdsl.diagnostics import render
 from tcdsl.driver import Result, compile_policy
+from tcdsl.fmt import format_source
 from tcdsl.frontend.syntax import DSCP_NAMES
 
 MAIN = "policy.tcp"
@@ -116,6 +120,12 @@ EXPECTED: dict[str, set[str] | None] = {
     "police with marks": {"E252"},
     "police burst below a packet": {"E253"},
     "download marks without connmark": {"E255"},
+    "bad ipv6 address": {"E010"},
+    "proto ipv6": {"E257"},
+    "addresses of two families": {"E258"},
+    "family outside the tree": {"E258"},
+    "tcp-ack under flower": {"E259"},
+    "pref above 32767 with ipv6": {"E260"},
 }
 
 DIRECTIONS = {
@@ -125,8 +135,33 @@ DIRECTIONS = {
 }
 POLICE = {"police with marks", "police burst below a packet"}
 MARKS = {"police with marks", "download marks without connmark"}
-"""Mistakes of directions, policers and marks: drawn more often when they are the target, as
-they need a rare combination (a download or ingress block, a policer, classification by mark)."""
+FAMILY_MISTAKES = {"family outside the tree", "tcp-ack under flower"}
+IPV6_MISTAKES = FAMILY_MISTAKES | {
+    "bad ipv6 address",
+    "proto ipv6",
+    "addresses of two families",
+    "pref above 32767 with ipv6",
+}
+"""Mistakes of directions, policers and marks, and those needing a tree of one family or of
+flower: drawn more often when they are the target, as they need a rare combination (a download
+or ingress block, a policer, classification by mark, a tree option)."""
+
+FAMILY_WORDS: dict[str, tuple[str, ...]] = {
+    "ipv4": ("ipv4",),
+    "ipv6": ("ipv6",),
+    "both": ("ipv4", "ipv6"),
+}
+IPV6_SPELLINGS = (
+    *("::1", "::", "::/0", "fe80::/10", "2001:db8::/32", "2001:db8:0:1::/64", "2001:DB8::1"),
+    *("::ffff:192.0.2.1", "ff02::1", "2001:db8::1:0:0:1/112", "fd00::/8", "64:ff9b::/96"),
+)
+"""IPv6 spellings as people write them: compressed, upper case, IPv4-mapped, with host bits
+under the prefix."""
+PROTOS_OF = {
+    "ipv4": ("tcp", "udp", "icmp", "gre", "TCP", "17"),
+    "ipv6": ("tcp", "udp", "icmpv6", "ipv6-icmp", "gre", "TCP", "17"),
+}
+"""The protocols a line of one family draws (ICMP exists in IPv4, ICMPv6 in IPv6 only)."""
 
 
 @dataclass
@@ -142,6 +177,9 @@ class Gen:
     leaves: list[str] = field(default_factory=list)
     inner: list[str] = field(default_factory=list)
     mistakes: list[str] = field(default_factory=list)
+    families: tuple[str, ...] = ("ipv4", "ipv6")
+    """The families of the tree being written (``family``)."""
+    classifier: str = "u32"
 
     def chance(self, p: float) -> bool:
         """True with probability about ``p`` (hypothesis shrinks towards False)."""
@@ -223,11 +261,45 @@ class Gen:
         return self.pick(("50ms", "5ms", "100us", "1s", "20msec", "1500usecs"))
 
     # ---- matches ----
-    def address(self) -> str:
-        if self.mistake("bad address"):
-            return "300.1.2.3"
-        octets = ".".join(str(self.int(0, 255)) for _ in range(4))
-        return octets if self.chance(0.4) else f"{octets}/{self.int(0, 32)}"
+    def address(self, family: str = "ipv4") -> str:
+        """An address or network of ``family``, as written or through a constant."""
+        if family == "ipv6":
+            if self.mistake("bad ipv6 address"):
+                return "1:2:3:4:5:6:7:8:9"
+            if self.chance(0.4):
+                text = self.pick(IPV6_SPELLINGS)
+            else:
+                value = self.int(0, 2**128 - 1) >> self.int(0, 128)
+                text = str(ipaddress.IPv6Address(value))
+                text = text if self.chance(0.3) else f"{text}/{self.int(0, 128)}"
+        else:
+            if self.mistake("bad address"):
+                return "300.1.2.3"
+            octets = ".".join(str(self.int(0, 255)) for _ in range(4))
+            text = octets if self.chance(0.4) else f"{octets}/{self.int(0, 32)}"
+        if self.chance(0.1):  # a constant holds either family
+            const = f"net{len(self.consts)}_{self.int(0, 99)}"
+            self.consts.append(f"const {const} = {text}")
+            return const
+        return text
+
+    def tree_options(self, marking: bool) -> str:
+        """``family F`` and ``classifier C`` of a tree (either, both or none), as words before
+        its qdisc; sets ``families`` and ``classifier``."""
+        self.families, self.classifier = FAMILY_WORDS["both"], "u32"
+        words: list[str] = []
+        one_family = self.target == "family outside the tree"
+        if self.chance(0.6 if one_family else 0.25):
+            name = "ipv4" if one_family and self.chance(0.8) else self.pick(tuple(FAMILY_WORDS))
+            self.families = FAMILY_WORDS[name]
+            words.append(f"family {name}")
+        flower = self.target == "tcp-ack under flower"
+        if not marking and self.chance(0.6 if flower else 0.15):
+            self.classifier = "flower" if flower or self.chance(0.7) else "u32"
+            words.append(f"classifier {self.classifier}")
+        if self.chance(0.5):
+            words.reverse()
+        return "".join(f"{w} " for w in words)
 
     def port(self, masks: bool) -> str:
         if self.mistake("port out of range"):
@@ -247,20 +319,51 @@ class Gen:
             return f"{value}/0x{mask:04x}"
         return str(self.int(0, 65535))
 
+    def line_family(self) -> tuple[str | None, str | None]:
+        """The family a match line keeps to (None: every family of its tree), and the
+        ``family`` word it writes (None: none)."""
+        if len(self.families) == 1 and self.mistake("family outside the tree"):
+            other = "ipv6" if self.families == ("ipv4",) else "ipv4"
+            return other, other
+        if len(self.families) == 1:
+            family = self.families[0]
+            return family, (family if self.chance(0.1) else None)
+        if self.chance(0.5):
+            return None, ("both" if self.chance(0.1) else None)
+        family = self.pick(self.families)
+        return family, (family if self.chance(0.3) else None)
+
     def match(self, marking: bool) -> str:
-        """One match line; each field at most once, and never contradicting itself."""
+        """One match line; each field at most once, never contradicting itself, and keeping to
+        one family where it names addresses (or ICMP, or a raw offset)."""
         conds: list[str] = []
         kinds = self.draw(KINDS)
+        family, word = self.line_family()
+        flower = self.classifier == "flower"
         if "tos" in kinds and "dscp" in kinds and not self.mistake("tos and dscp on one line"):
             kinds.remove("dscp")  # both test the tos byte
         if "tcp-ack" in kinds and marking and not self.mistake("tcp-ack with marks"):
             kinds.remove("tcp-ack")
         if "raw" in kinds and marking and not self.mistake("raw u32 with marks"):
             kinds.remove("raw")
+        if flower and self.mistake("tcp-ack under flower", 0.8):
+            kinds = [k for k in kinds if k not in ("raw", "all")] + ["tcp-ack"]
+            kinds = list(dict.fromkeys(kinds))
+        elif flower:  # flower cannot say these (E259)
+            kinds = [k for k in kinds if k not in ("tcp-ack", "raw")] or ["all"]
+        if family is None and ({"src", "dst"} & set(kinds) or self.families == ("ipv6",)):
+            family = self.pick(self.families)  # addresses keep the line to their family
+        if "raw" in kinds and family == "ipv6":
+            word = "ipv6"  # a raw offset without 'family' reads IPv4's header (E258 otherwise)
         ported = bool({"sport", "dport"} & set(kinds))
         for kind in kinds:
             if kind in ("src", "dst"):
-                addresses = ", ".join(self.address() for _ in range(self.int(1, 2)))
+                af = family or self.pick(self.families)
+                addresses = ", ".join(self.address(af) for _ in range(self.int(1, 2)))
+                field = "dst" if kind == "src" else "src"
+                if field not in kinds and self.mistake("addresses of two families", 0.3):
+                    other = "ipv6" if af == "ipv4" else "ipv4"
+                    conds.append(f"{field} {self.address(other)}")
                 conds.append(f"{kind} {addresses}")
             elif kind in ("sport", "dport"):
                 ports = ", ".join(self.port(not marking) for _ in range(self.int(1, 3)))
@@ -270,8 +373,11 @@ class Gen:
                     conds.append("proto tcpp")
                 elif self.mistake("protocol number out of range"):
                     conds.append("proto 300")
+                elif self.mistake("proto ipv6"):
+                    conds.append(f"proto {self.pick(('ipv6', 'ip6', 'ipv4', 'ip'))}")
                 elif not marking:  # with marks, ports decide the protocol (below)
-                    names = ("tcp", "udp", "icmp", "gre", "TCP", "17")
+                    wanted = (family,) if family else self.families
+                    names = tuple(dict.fromkeys(n for f in wanted for n in PROTOS_OF[f]))
                     if ported:  # ports next to a protocol without ports: E214
                         names = ("tcp", "udp", "TCP", "17")
                     protos = {self.pick(names) for _ in range(self.int(1, 2))}
@@ -296,11 +402,13 @@ class Gen:
             elif kind == "tcp-ack":
                 conds.append("tcp-ack")
             elif kind == "raw":
-                # past the fields the other conditions test (ports at 20-23, tcp flags at 33)
+                # past the fields the other conditions test (IPv4: ports at 20-23, tcp flags at
+                # 33; IPv6: ports at 40-43, the flags at 53)
                 bits = self.int(0, 2)
                 width, step = (8, 16, 32)[bits], (1, 2, 4)[bits]
                 mask = self.int(0, (1 << width) - 1)
-                at = self.int(40 // step, 60 // step) * step
+                lo, hi = (56, 80) if family == "ipv6" else (40, 60)
+                at = self.int(lo // step, hi // step) * step
                 if step > 1 and self.mistake("misaligned raw offset"):
                     at += 1
                 conds.append(f"u{width} 0x{self.int(0, 2**32) & mask:x}/0x{mask:x} at {at}")
@@ -309,12 +417,17 @@ class Gen:
         police = self.police(marking) if self.chance(0.5 if self.target in POLICE else 0.15) else ""
         if marking and ported and not self.mistake("ports without proto with marks"):
             conds.insert(0, f"proto {self.pick(PORT_PROTOS)}")
-        if not marking and self.chance(0.2):
-            conds.append(f"pref {self.int(1, 65535)}")
+        ipv6 = "ipv6" in self.families
+        if not marking and (ipv6 and self.mistake("pref above 32767 with ipv6")):
+            conds.append(f"pref {self.int(32768, 65535)}")
+        elif not marking and self.chance(0.2):
+            conds.append(f"pref {self.int(1, 32767 if ipv6 else 65535)}")
         elif marking and self.mistake("pref with marks"):
             conds.append("pref 3")
         if self.mistake("field given twice"):
             conds.append("src 10.0.0.1, 10.0.0.2 src 10.0.0.3")
+        if word is not None:
+            conds.insert(self.int(0, len(conds)), f"family {word}")
         if not conds:
             conds.append("all")
         return "match " + " ".join(conds) + police
@@ -474,6 +587,7 @@ class Gen:
         max_depth = self.int(1, 4)
         link: int | None = None
         opts: list[str] = []
+        tree_words = self.tree_options(chain is not None)
         if self.chance(0.7):
             link = self.draw(LINK_BITS)
             opts.append(f"rate {self.rate(link)}")
@@ -496,7 +610,7 @@ class Gen:
                 opts.insert(0, f"default {self.pick(self.inner)}")
             else:
                 opts.insert(0, f"default {self.pick(self.leaves)}")
-        head = f"interface {ifname} htb{self.handle()} " + " ".join(opts)
+        head = f"interface {ifname} {tree_words}htb{self.handle()} " + " ".join(opts)
         return [f"{head.rstrip()} {{", *body, "}"]
 
     def directions(self, ifname: str, index: int, chain: str | None) -> list[str]:
@@ -521,13 +635,14 @@ class Gen:
                 words.append("connmark")
             body += self.tree(ifname, " ".join(words), chain)
         if which in ("ingress", "all") or (which == "upload" and self.chance(0.5)):
+            tree_words = self.tree_options(False)
             lines = []
             for _ in range(self.int(1, 2)):
                 line = self.match(False)
                 if " police " not in line and not self.mistake("ingress match without police"):
                     line += self.police(False)
                 lines.append(f"        {line}")
-            body += ["    ingress {", *lines, "    }"]
+            body += [f"    ingress {tree_words}{{", *lines, "    }"]
         return [f"interface {ifname} {{", *body, "}"]
 
     def tree(self, ifname: str, lead: str, chain: str | None) -> list[str]:
@@ -601,10 +716,11 @@ def test_generated_policies(case: tuple[str, bool, list[str]]) -> None:
     assert all(re.fullmatch(r"[EWI]\d{3}", d.code) for d in result.diagnostics)
 
 
-@pytest.mark.parametrize("mistake", sorted(DIRECTIONS | POLICE))
+@pytest.mark.parametrize("mistake", sorted(DIRECTIONS | POLICE | IPV6_MISTAKES))
 def test_direction_and_policer_mistakes_are_reported(mistake: str) -> None:
-    """The mistakes of directions and policers need rare combinations, which the 200 draws
-    above seldom make: each is drawn here until it is made, and must give its code."""
+    """The mistakes of directions, policers and address families need rare combinations,
+    which the 200 draws above seldom make: each is drawn here until it is made, and must give
+    its code."""
     made: list[str] = []
 
     @settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=SLOW)
@@ -619,6 +735,121 @@ def test_direction_and_policer_mistakes_are_reported(mistake: str) -> None:
 
     run()
     assert made, f"the generator never made the mistake {mistake!r}"
+
+
+# ---- both families ------------------------------------------------------------------------------
+
+NO_MISTAKE = ""
+"""A target no mistake has: the policy is drawn valid."""
+
+PROTOCOL_WORDS = {"ipv4": "ip", "ipv6": "ipv6"}
+KEY_HEADS = {"ipv4": {"ip", "u8", "u16", "u32"}, "ipv6": {"ip6", "u8", "u16", "u32"}}
+"""The words a u32 key of each family may start with: its own header's, or raw offsets."""
+
+
+def _valid(text: str) -> Result:
+    result = compile_text(text)
+    assert not result.errors, _report(text, result)
+    assert result.policy is not None
+    return result
+
+
+def _line_families(policy: ir.Policy) -> Iterator[tuple[ir.Interface, ir.Match, set[str]]]:
+    """Each match line with the families ``lower.family_alternatives`` says it applies to."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            for _, m in ir.matches_of(q):
+                wanted = {f for f, _ in lower.family_alternatives(m, iface.families)}
+                yield iface, m, wanted
+
+
+def _commands(output: str) -> list[str]:
+    """The commands of a shell script (no comments, no ``tcdsl_at=`` lines)."""
+    return [
+        line.strip()
+        for line in output.splitlines()
+        if line.strip() and not line.lstrip().startswith(("#", "tcdsl_at="))
+    ]
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=SLOW)
+@given(policies(NO_MISTAKE))
+def test_filters_keep_to_their_family(case: tuple[str, bool, list[str]]) -> None:
+    """Per family: every filter's keys are of its own family's header (a ``protocol ipv6`` u32
+    filter tests ``ip6`` words or raw offsets only, a flower filter's addresses and ICMP are of
+    its family), the filters of the two families never share a pref on one parent (the kernel
+    refuses a second protocol at a pref), IPv6 prefs are above 32767 and IPv4 ones below in a
+    tree of both, flower reads ports under TCP, UDP or SCTP only, and a line has filters (or
+    firewall rules) in exactly the families it applies to."""
+    text, _, _ = case
+    result = _valid(text)
+    assert result.policy is not None
+    for iface in result.policy.interfaces:
+        protocols: dict[tuple[object, int], set[str]] = {}
+        for f in iface.filters:
+            assert f.family in iface.families, f
+            protocols.setdefault((f.parent, f.pref), set()).add(f.family)
+            if f.family == "ipv6":
+                assert f.pref > allocate.MAX_PREF, f
+            elif "ipv6" in iface.families:
+                assert f.pref <= allocate.MAX_PREF, f
+            if isinstance(f, ir.U32Filter):
+                heads = {key.words[0] for key in f.keys}
+                assert heads <= KEY_HEADS[f.family], (f.family, f.keys)
+            elif isinstance(f, ir.FlowerFilter):
+                for net in (f.src, f.dst):
+                    assert net is None or ir.family_of(net) == f.family, f
+                assert f.ip_proto not in {"ipv4": (58,), "ipv6": (1,)}[f.family], f
+                if f.sport or f.dport:  # flower reads ports under ip_proto only
+                    assert f.ip_proto in (6, 17, 132), f
+        shared = {k: v for k, v in protocols.items() if len(v) > 1}
+        assert not shared, f"two families at one pref: {shared}\n{text}"
+    for iface, m, wanted in _line_families(result.policy):
+        if iface.marking is None:
+            made = {f.family for f in iface.filters if f.span == m.span}
+        else:  # a marked line is firewall rules, iptables and ip6tables
+            made = {r.family for r in iface.marking.rules if r.span == m.span}
+        assert made == wanted, f"{m.span}: filters for {made}, the line applies to {wanted}"
+        fws = {f.family for f in iface.filters if isinstance(f, ir.FwFilter)}
+        assert not fws or fws == set(iface.families), (fws, iface.families)
+    assert result.output is not None
+    for command in _commands(result.output):
+        if " filter add " not in command or " protocol " not in command:
+            continue
+        protocol = command.split(" protocol ", 1)[1].split()[0]
+        assert protocol in ("ip", "ipv6", "all"), command
+        other = " match ip " if protocol == "ipv6" else " match ip6 "
+        assert other not in command, command
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=SLOW)
+@given(policies(NO_MISTAKE))
+def test_every_valid_line_applies_to_some_family(case: tuple[str, bool, list[str]]) -> None:
+    """The generator's own rule (what E258 refuses): a line of a valid policy applies to at
+    least one family of its tree, and no alternative ANDs addresses of two families."""
+    text, _, _ = case
+    result = _valid(text)
+    assert result.policy is not None
+    for iface, m, wanted in _line_families(result.policy):
+        assert wanted and wanted <= set(iface.families), (m.span, wanted, iface.families)
+        for alt in lower.alternatives(m):
+            names = {ir.family_of(c.networks[0][0]) for c in alt if isinstance(c, ir.AddrCond)}
+            assert len(names) <= 1, (m.span, names)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=SLOW)
+@given(policies(NO_MISTAKE))
+def test_formatting_keeps_the_commands(case: tuple[str, bool, list[str]]) -> None:
+    """``tcdsl fmt`` round trip: the formatted policy compiles to the same commands, in both
+    families, and formatting it again changes nothing."""
+    text, _, _ = case
+    result = _valid(text)
+    formatted = format_source(text)
+    assert format_source(formatted) == formatted
+    again = compile_text(formatted)
+    assert again.output is not None, _report(formatted, again)
+    assert result.output is not None
+    assert _commands(again.output) == _commands(result.output)
 
 
 # ---- from_lark: anything the grammar derives ----------------------------------------------------
