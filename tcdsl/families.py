@@ -213,6 +213,10 @@ def _flower_words(cond: ir.Cond) -> str:
                 f"flower takes a port or a range of ports, and {port.lo:#06x}/{port.mask:#06x} "
                 "is neither; write the ports as ranges"
             )
+        case ir.ProtoCond():
+            number = cond.protocols[0][0]
+            name = lower.PROTO_NAMES.get(number, f"protocol {number}")
+            return f"flower reads ports of TCP, UDP and SCTP only, not of {name}"
         case _:
             return "flower cannot say this condition"
 

@@ -434,16 +434,24 @@ def flower_splits(conds: tuple[ir.Cond, ...]) -> Iterator[tuple[ir.Cond, ...]]:
 
 def flower_problem(conds: tuple[ir.Cond, ...]) -> ir.Cond | None:
     """The first condition flower cannot say, or None: the TCP-ACK idiom (flower has no
-    packet length), raw offsets, port masks that are not a range."""
+    packet length), raw offsets, port masks that are not a range, and a protocol other than
+    TCP, UDP or SCTP on a line with ports (the ProtoCond)."""
+    ported = any(isinstance(c, ir.PortCond) for c in conds)
     for cond in conds:
         match cond:
             case ir.TcpAckCond() | ir.RawCond():
                 return cond
             case ir.PortCond() if flower_port(cond.ports[0]) is None:
                 return cond
+            case ir.ProtoCond() if ported and cond.protocols[0][0] not in FLOWER_PORTED:
+                return cond
             case _:
                 pass
     return None
+
+
+FLOWER_PORTED = frozenset({6, 17, 132})
+"""The protocols flower reads ports of: TCP, UDP, SCTP (tc: ``Illegal "dst_port"`` else)."""
 
 
 def flower_filter(
@@ -463,7 +471,11 @@ def flower_filter(
             case ir.AddrCond():
                 fields[cond.field] = cond.networks[0][0]
             case ir.PortCond():
-                fields[cond.field] = flower_port(cond.ports[0])
+                # Every port is no port key at all (tc would write a mask of 0, which the
+                # kernel keeps as nothing).
+                port = flower_port(cond.ports[0])
+                if port != (0, 0xFFFF):
+                    fields[cond.field] = port
             case ir.ProtoCond():
                 fields["ip_proto"] = cond.protocols[0][0]
             case ir.TosCond():

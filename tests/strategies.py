@@ -210,13 +210,9 @@ that. Reported: W330."""
 # and no netem follows a duplicating one. Reported: E208 (with a note at the other netem).
 
 FLOWER_PORTED = frozenset({"tcp", "udp", "sctp", "6", "17", "132"})
-"""KNOWN BUG (flower: ports of other protocols): tc's flower takes ports under ``ip_proto``
-tcp, udp or sctp only (``Illegal "dst_port"``, the script stops), and tcdsl writes a port match
-with ``proto 200`` under ``classifier flower`` without a word. Flower lines with ports name
-these protocols only."""
-# KNOWN BUG (flower: every port): ``sport 0-65535`` (or a mask of 0) under flower is written as
-# ``src_port 0-65535``, which the kernel keeps as no port key at all, so verify reports a
-# difference (E402); a flower port spec never covers every port here.
+"""tc's flower takes ports under ``ip_proto`` tcp, udp or sctp only (``Illegal "dst_port"``);
+tcdsl refuses a port line of another protocol under flower (E259). Flower lines with ports
+name these protocols only."""
 
 FQ_QUANTUM_MAX = 1 << 20
 """The largest fq quantum the kernel takes (E205 above)."""
@@ -463,14 +459,10 @@ class VGen:
         if kind == 1:
             lo = self.between(0, 65535)
             hi = self.between(lo, min(65535, lo + int(self.pick(("0", "1", "7", "1000", "65535")))))
-            if flower and (lo, hi) == (0, 65535):
-                hi -= 1  # KNOWN BUG (flower: every port), below
             return f"{lo}-{hi}", 1 if flower else range_keys(lo, hi)
         if kind == 2 and masks:
             prefix = flower or self.chance(0.7)
             mask = (0xFFFF << self.between(0, 16)) & 0xFFFF if prefix else self.between(0, 0xFFFF)
-            if flower and mask == 0:
-                mask = 0x8000  # KNOWN BUG (flower: every port), below
             return f"{self.between(0, 65535) & mask}/0x{mask:04x}", 1
         return str(self.between(1 if flower else 0, 65535)), 1
 
@@ -523,7 +515,7 @@ class VGen:
                     protos = [self.pick(TCP)]  # another protocol would contradict tcp-ack
                 else:
                     choices = PORTED if ported else PROTOCOLS
-                    if ported and flower:  # KNOWN BUG (flower: ports of other protocols)
+                    if ported and flower:  # E259: flower has no ports of other protocols
                         choices = tuple(p for p in choices if p.lower() in FLOWER_PORTED)
                     if not ported and family == "ipv6":
                         choices = (*(p for p in choices if p != "icmp"), "icmpv6", "ipv6-icmp")

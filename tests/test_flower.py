@@ -10,6 +10,7 @@ classify property test.
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,11 @@ def test_flower_words_police_after_action_and_ports_from_zero(tmp_path: Path) ->
     _, script = _compile(tmp_path, ORDERED)
     filters = [line for line in script.splitlines() if line.startswith("tc filter")]
     https = [f for f in filters if "dst_port 443" in f]
-    assert len(https) == 2 and all(" action police rate 1mbit burst 10k " in f for f in https)
+    # one policer for the line: the first filter creates it at an index, the other binds to it
+    assert len(https) == 2
+    first, second = https
+    assert re.search(r" action police index \d+ rate 1mbit burst 10k drop classid", first)
+    assert re.search(r" action police index \d+ classid", second)
     low = [f.split(" flower ", 1)[1] for f in filters if "classid 1:40" in f]
     # 0-1000 is not a block of the form 0/MASK: 0-511 as a mask, 512-1000 as a range
     assert (
@@ -112,3 +117,26 @@ def test_flower_policy_applies_in_user_mode_linux(tmp_path: Path) -> None:
     heads = [line for line in stdout.splitlines() if " handle 0x" in line]
     assert heads and all(" handle 0x1 " in line for line in heads), stdout
     assert sum("classid 1:40" in line for line in heads) == 8
+
+
+def test_flower_refuses_ports_of_other_protocols_and_drops_every_port(tmp_path: Path) -> None:
+    """tc's flower reads ports under tcp, udp and sctp only (E259 for the others, not a
+    script that stops at 'Illegal "dst_port"'); a port spec covering every port is no port
+    key (the kernel would keep a mask of 0 as none, and verify would see a difference)."""
+    path = tmp_path / "p.tcp"
+    path.write_text(
+        "interface eth0 classifier flower htb rate 10mbit default c {\n"
+        "    class a rate 1mbit match proto 200 dport 5\n"
+        "    class c rate 1mbit\n"
+        "}\n",
+        encoding="utf-8",
+    )
+    result = compile_policy(str(path))
+    assert [(d.code, d.span.line, d.span.column) for d in result.diagnostics] == [("E259", 2, 36)]
+    policy, _ = _compile(
+        tmp_path, ORDERED.replace("match dport 0-1000", "match proto tcp sport 0-65535")
+    )
+    low = [f for f in policy.interfaces[0].filters if str(f.flowid) == "1:40"]
+    assert len(low) == 2 and all(
+        isinstance(f, ir.FlowerFilter) and f.sport is None and f.ip_proto == 6 for f in low
+    )
