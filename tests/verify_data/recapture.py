@@ -6,8 +6,8 @@ Usage (as root, from the repository root)::
     python tests/verify_data/recapture.py tests/verify_data/dual-stack-u32.tcp host
 
 writes ``tests/verify_data/<name>.<kernel>.out`` (for a policy anywhere): what ``tcdsl
-verify`` reads from the kernel after applying the policy's shell script there. Run it when the compiler's output for the
-policy changes on purpose, and review the diff.
+verify`` reads from the kernel after applying the policy's shell script there. Run it when
+the compiler's output for the policy changes on purpose, and review the diff.
 """
 
 from __future__ import annotations
