@@ -97,7 +97,7 @@ def test_emit_files_and_the_map_point_at_the_right_lines() -> None:
     assert [int(r[0]) for r in rows] == commands
     by_line = {int(r[0]): (r[1], r[2]) for r in rows}
     at = batch.index("class add dev eth0 parent 1:1 classid 1:10 htb rate 6mbit ceil 6mbit prio 0")
-    assert by_line[at + 1] == (f"{MARKS}:28:11", "class app5001")
+    assert by_line[at + 1] == (f"{MARKS}:29:11", "class app5001")
     nft = _compile(MARKS, "tc-batch", marks="nft")
     assert list(nft.files)[1] == "s000-10.1-marks.nft"
     plain = _compile("policies/office.tcp", "tc-batch")
@@ -321,7 +321,7 @@ def test_verify_tc_batch_reports_a_failure_at_the_policy_line() -> None:
     _host()
     v = verifier.verify(TOS_HTB, backend="tc-batch", kernel="host", before="ip link del eth0")
     # The batch's first line (the teardown) already needs the device: reported at the interface.
-    assert [f"{d.span.line}:{d.span.column} {d.code}" for d in v.diagnostics] == ["15:11 E404"]
+    assert [f"{d.span.line}:{d.span.column} {d.code}" for d in v.diagnostics] == ["16:11 E404"]
     assert v.diagnostics[0].message.startswith(
         'tc failed on teardown of interface eth0 (exit 1): Cannot find device "eth0"'
     )

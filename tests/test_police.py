@@ -88,9 +88,9 @@ def test_the_emitted_words_create_then_bind(tmp_path: Path) -> None:
     tc = [" ".join(c.args) for c in interface_commands(result.policy.interfaces[0])]
     probes = [i for i, line in enumerate(tc) if line.startswith("actions")]
     assert [tc[i] for i in probes] == [
-        f"actions add action police rate 8kbit burst 10k index {block + 1}",
+        f"actions add action police rate 8kbit burst 10k drop index {block + 1}",
         f"actions delete action police index {block + 1}",
-        f"actions add action police rate 8kbit burst 10k index {block + 2}",
+        f"actions add action police rate 8kbit burst 10k drop index {block + 2}",
         f"actions delete action police index {block + 2}",
     ]
     assert probes[-1] < min(i for i, line in enumerate(tc) if line.startswith("filter"))
@@ -147,7 +147,7 @@ def test_batch_and_map_name_the_probe(tmp_path: Path) -> None:
     assert files.output is not None
     lines = files.output.splitlines()
     n = next(i for i, line in enumerate(lines, 1) if line.startswith("actions add"))
-    assert re.match(r"actions add action police rate 8kbit burst 10k index \d+$", lines[n - 1])
+    assert re.match(r"actions add action police rate 8kbit burst 10k drop index \d+$", lines[n - 1])
 
 
 def _mbit(run_json: dict[str, object], name: str) -> float:

@@ -87,7 +87,7 @@ tc qdisc del dev eth0 ingress 2>/dev/null || true
 tcdsl_at='policies/ingress-policer.tcp:23:5: interface eth0: ingress qdisc'
 tc qdisc add dev eth0 handle ffff: ingress
 tcdsl_at='policies/ingress-policer.tcp:24:9: police index 466780161, for the policer of this line, must be free'
-tc actions add action police rate 8kbit burst 10k index 466780161
+tc actions add action police rate 8kbit burst 10k drop index 466780161
 tcdsl_at='policies/ingress-policer.tcp:24:9: police index 466780161, for the policer of this line, must be free'
 tc actions delete action police index 466780161
 tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1'
