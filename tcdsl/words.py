@@ -32,15 +32,11 @@ def _port(p: ir.PortValue) -> str:
     return str(p.lo) if p.lo == p.hi else f"{p.lo}-{p.hi}"
 
 
-def _address(network: ir.Network) -> str:
-    return address_text(network)
-
-
 def cond_words(cond: ir.Cond) -> str:
     """A condition in short words, close to how it is written (``dport 80, 443``)."""
     match cond:
         case ir.AddrCond():
-            return f"{cond.field} {', '.join(_address(n) for n, _ in cond.networks)}"
+            return f"{cond.field} {', '.join(address_text(n) for n, _ in cond.networks)}"
         case ir.PortCond():
             return f"{cond.field} {', '.join(_port(p) for p in cond.ports)}"
         case ir.ProtoCond():
@@ -211,7 +207,7 @@ def or_list(items: list[str], conjunction: str = "or") -> str:
 def _network_words(network: ir.Network) -> str:
     if network.prefixlen == 0:
         return "any address"
-    return _address(network)
+    return address_text(network)
 
 
 def _port_words(p: ir.PortValue) -> tuple[str, bool]:
