@@ -195,15 +195,13 @@ def police_json(police: ir.Police | None) -> JSONObject | None:
 
 def filter_police_json(f: ir.U32Filter | ir.FlowerFilter) -> JSONObject | None:
     """A filter's policer: as its line's, with the words tc takes in this filter, and (when the
-    line's filters share one police action) the action's ``index`` and whether this filter
-    ``binds`` to it (names the index only) rather than creating it."""
+    line's filters share one police action) the action's ``index``."""
     police = police_json(f.police)
     if police is None:
         return None
     police["tc"] = " ".join(filter_police_words(f))
     if f.police_index is not None:
         police["index"] = f.police_index
-        police["binds"] = f.police_binds
     return police
 
 

@@ -256,8 +256,8 @@ class InterfaceAllocator:
             yield from filters
             return
         index = self._police_index(m.police)
-        for n, f in enumerate(filters):
-            yield dataclasses.replace(f, police_index=index, police_binds=n > 0)
+        for f in filters:
+            yield dataclasses.replace(f, police_index=index)
 
     def _police_index(self, police: ir.Police) -> int:
         """The index of a line's shared police action (E261 when the tree has no more)."""

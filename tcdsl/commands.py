@@ -302,7 +302,7 @@ def interface_commands(iface: ir.Interface) -> Iterator[Command]:
             root.span,
             f"interface {iface.name}: {_label(root)}",
         )
-    yield from police_probes(iface)
+    yield from shared_police_actions(iface)
     by_parent: dict[ir.Handle, list[ir.Filter]] = {}
     for f in iface.filters:
         by_parent.setdefault(f.parent, []).append(f)
@@ -405,37 +405,43 @@ def police_words(p: ir.Police) -> list[str]:
 
 def filter_police_words(f: ir.U32Filter | ir.FlowerFilter) -> list[str]:
     """A filter's policer: ``police ...`` (u32) or ``action police ...`` (flower takes only
-    actions). The first filter of a line whose policer spans several filters creates the
-    shared action (``police index N rate ...``); the others bind to it (``police index N``:
-    the kernel's tcf_police_init leaves a bound action's parameters as they are), so the
-    line has one token bucket."""
+    actions). A line whose policer spans several filters binds each of them to the tree's
+    shared action (``police index N``, made by :func:`shared_police_actions`), so the line has
+    one token bucket."""
     if f.police is None:
         return []
     words = police_words(f.police)
     if f.police_index is not None:
-        index = ["index", str(f.police_index)]
-        words = ["police", *index] if f.police_binds else ["police", *index, *words[1:]]
+        words = ["police", "index", str(f.police_index)]
     return ["action", *words] if isinstance(f, ir.FlowerFilter) else words
 
 
-def police_probes(iface: ir.Interface) -> Iterator[Command]:
-    """For each shared police action of the tree: a police action added and deleted at its
-    index. The add fails (EEXIST) when another police action of the namespace holds the
-    index, which the line's filters would otherwise bind to, keeping its rate; the delete
-    frees it for the first filter, which creates the action bound to the filters (it goes
-    with them, where one ``tc actions add`` made would stay)."""
+def shared_police(iface: ir.Interface) -> dict[int, ir.Police]:
+    """The tree's shared police actions: index -> the policer of the line that owns it."""
+    out: dict[int, ir.Police] = {}
     for f in iface.filters:
-        if not isinstance(f, ir.U32Filter | ir.FlowerFilter) or f.police_index is None:
-            continue
-        if f.police_binds:
-            continue
-        index = str(f.police_index)
-        what = f"police index {index}, for the policer of this line, must be free"
-        # 'drop': with the default verdict (reclassify) Linux warns that it cannot offload
-        # the action ("Failed to setup tc actions for offload"), which is noise here.
-        probe = ("police", "rate", "8kbit", "burst", "10k", "drop", "index", index)
-        yield Command("tc", ("actions", "add", "action", *probe), f.span, what)
-        yield Command("tc", ("actions", "delete", "action", "police", "index", index), f.span, what)
+        if isinstance(f, ir.U32Filter | ir.FlowerFilter) and f.police_index is not None:
+            assert f.police is not None
+            out.setdefault(f.police_index, f.police)
+    return out
+
+
+def shared_police_actions(iface: ir.Interface) -> Iterator[Command]:
+    """For each shared police action of the tree, before its filters:
+    ``tc actions replace action police RATE ... index N``, which makes it or gives the one a
+    previous apply left its rate, burst and verdict.
+
+    The index is the tree's own (its block comes from the tree's label), and ``replace``
+    is what keeps re-applying safe: a filter that names an existing index binds to that
+    action as it is (tcf_police_init ignores a bound filter's parameters), and the action of
+    the filters a moment ago deleted goes only when the kernel has freed them, later (an RCU
+    grace period), so an ``add`` there fails with EEXIST and a filter's own parameters would
+    not count. The action stays when the tree goes (it holds a reference of its own);
+    :func:`teardown_commands` deletes it."""
+    for index, police in shared_police(iface).items():
+        what = f"police index {index}: the one policer of the filters of this line"
+        words = ("actions", "replace", "action", *police_words(police), "index", str(index))
+        yield Command("tc", words, police.span, what)
 
 
 def _below(
@@ -663,16 +669,23 @@ def teardown_commands(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
     """The commands that remove what the policy owns in tc (and ip) for ``iface``; each may
     fail harmlessly (when there is nothing to remove).
 
-    A download's redirect goes first, then its IFB (which takes its tree with it).
+    A download's redirect goes first, then its IFB (which takes its tree with it), then the
+    tree's shared police actions (whose delete fails while the kernel has not yet freed the
+    filters bound to them; the next apply's ``replace`` takes them over).
     """
+    actions = tuple(
+        ("tc", "actions", "delete", "action", "police", "index", str(index))
+        for index in shared_police(iface)
+    )
     if iface.download is not None:
         return (
             ("tc", "qdisc", "del", "dev", iface.download.interface, "ingress"),
             ("ip", "link", "del", "dev", iface.name),
+            *actions,
         )
     if iface.direction == "ingress":
-        return (("tc", "qdisc", "del", "dev", iface.name, "ingress"),)
-    return (("tc", "qdisc", "del", "dev", iface.name, "root"),)
+        return (("tc", "qdisc", "del", "dev", iface.name, "ingress"), *actions)
+    return (("tc", "qdisc", "del", "dev", iface.name, "root"), *actions)
 
 
 def chain_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:

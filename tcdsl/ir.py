@@ -703,12 +703,9 @@ class U32Filter:
     police: Police | None = None
     family: Family = "ipv4"
     police_index: int | None = None
-    """Allocated when the line's policer spans several filters: the police action's index,
-    which every filter of the line names so that they share one token bucket; None: the
-    kernel picks one (a line of one filter)."""
-    police_binds: bool = False
-    """The filter names ``police_index`` only, binding to the action an earlier filter of the
-    line created (its rate and burst come from there)."""
+    """Allocated when the line's policer spans several filters: the index of the tree's police
+    action (made before the filters) that every filter of the line binds to, so that they
+    share one token bucket; None: the filter's own policer (a line of one filter)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -734,8 +731,6 @@ class FlowerFilter:
     police: Police | None = None
     police_index: int | None = None
     """As :attr:`U32Filter.police_index`."""
-    police_binds: bool = False
-    """As :attr:`U32Filter.police_binds`."""
 
 
 @dataclass(frozen=True, slots=True)

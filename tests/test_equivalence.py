@@ -120,7 +120,11 @@ def _same(shell: KernelState, batch: KernelState) -> None:
         majors = {q.handle for q in [*dev.qdiscs, *other.qdiscs] if q.kind in _FLOW_KINDS}
         flows = frozenset(
             key
-            for key in [*dev.filters, *other.filters, *(c.classid for c in dev.classes)]
+            for key in [
+                *dev.filters,
+                *other.filters,
+                *(c.classid for c in [*dev.classes, *other.classes]),
+            ]
             if key.split(":")[0] + ":" in majors and not key.endswith(":")
         )
         configured = [c for c in dev.classes if c.kind not in _FLOW_KINDS]

@@ -11,7 +11,7 @@ import pytest
 
 from tcdsl import ir
 from tcdsl.allocate import POLICE_BLOCK, POLICE_INDEX_BASE, police_block
-from tcdsl.commands import filter_police_words, interface_commands
+from tcdsl.commands import filter_police_words, interface_commands, teardown_commands
 from tcdsl.driver import Result, analyse, compile_policy
 from tcdsl.kernels import uml
 from tcdsl.teach.simulate import simulate
@@ -54,46 +54,53 @@ def _policed(result: Result, index: int = 0) -> list[ir.U32Filter | ir.FlowerFil
 
 
 def test_a_line_of_several_filters_shares_one_index(tmp_path: Path) -> None:
-    """'match all': IPv4 and IPv6 filters, one index, the first creates; a line of one filter
-    (an IPv4 source) keeps the kernel's own index; 'dport 80, 443': four filters, one index."""
+    """'match all': IPv4 and IPv6 filters, one index; a line of one filter (an IPv4 source)
+    keeps a policer of its own; 'dport 80, 443': six filters (TCP and UDP guards on IPv6), one
+    index."""
     filters = _policed(_compiled(tmp_path, INGRESS))
     block = police_block("eth0 ingress", set())
-    got = [(f.span.line, f.family, f.police_index, f.police_binds) for f in filters]
+    got = [(f.span.line, f.family, f.police_index) for f in filters]
     assert got == [
-        (3, "ipv4", block + 1, False),
-        (3, "ipv6", block + 1, True),
-        (4, "ipv4", None, False),
-        (5, "ipv4", block + 2, False),
-        (5, "ipv6", block + 2, True),
-        (5, "ipv6", block + 2, True),
-        (5, "ipv4", block + 2, True),
-        (5, "ipv6", block + 2, True),
-        (5, "ipv6", block + 2, True),
+        (3, "ipv4", block + 1),
+        (3, "ipv6", block + 1),
+        (4, "ipv4", None),
+        (5, "ipv4", block + 2),
+        (5, "ipv6", block + 2),
+        (5, "ipv6", block + 2),
+        (5, "ipv4", block + 2),
+        (5, "ipv6", block + 2),
+        (5, "ipv6", block + 2),
     ]
 
 
-def test_the_emitted_words_create_then_bind(tmp_path: Path) -> None:
-    """The first filter says the rate and the index; the others name the index only; a probe
-    (add and delete a police action at the index) comes before the filters."""
+def test_the_tree_makes_the_action_and_every_filter_binds(tmp_path: Path) -> None:
+    """Before the filters, 'tc actions replace' makes each shared action with its line's
+    rate, burst and verdict; every filter of the line names the index only; a line of one
+    filter keeps its own policer. The teardown deletes the shared actions after the tree."""
     result = _compiled(tmp_path, INGRESS)
     assert result.policy is not None
     block = police_block("eth0 ingress", set())
     words = [" ".join(filter_police_words(f)) for f in _policed(result)]
-    assert words[:3] == [
-        f"police index {block + 1} rate 1mbit burst 10k drop",
+    assert words[:4] == [
+        f"police index {block + 1}",
         f"police index {block + 1}",
         "police rate 800kbit burst 10k drop",
+        f"police index {block + 2}",
     ]
-    assert words[3] == f"police index {block + 2} rate 2mbit burst 20k mtu 9k continue"
-    tc = [" ".join(c.args) for c in interface_commands(result.policy.interfaces[0])]
-    probes = [i for i, line in enumerate(tc) if line.startswith("actions")]
-    assert [tc[i] for i in probes] == [
-        f"actions add action police rate 8kbit burst 10k drop index {block + 1}",
-        f"actions delete action police index {block + 1}",
-        f"actions add action police rate 8kbit burst 10k drop index {block + 2}",
-        f"actions delete action police index {block + 2}",
+    assert set(words[3:]) == {f"police index {block + 2}"}
+    iface = result.policy.interfaces[0]
+    tc = [" ".join(c.args) for c in interface_commands(iface)]
+    made = [i for i, line in enumerate(tc) if line.startswith("actions")]
+    assert [tc[i] for i in made] == [
+        f"actions replace action police rate 1mbit burst 10k drop index {block + 1}",
+        f"actions replace action police rate 2mbit burst 20k mtu 9k continue index {block + 2}",
     ]
-    assert probes[-1] < min(i for i, line in enumerate(tc) if line.startswith("filter"))
+    assert made[-1] < min(i for i, line in enumerate(tc) if line.startswith("filter"))
+    assert teardown_commands(iface) == (
+        ("tc", "qdisc", "del", "dev", "eth0", "ingress"),
+        ("tc", "actions", "delete", "action", "police", "index", str(block + 1)),
+        ("tc", "actions", "delete", "action", "police", "index", str(block + 2)),
+    )
 
 
 def test_flower_polices_with_an_action(tmp_path: Path) -> None:
@@ -101,9 +108,13 @@ def test_flower_polices_with_an_action(tmp_path: Path) -> None:
     text = INGRESS.replace("ingress {", "ingress classifier flower {")
     filters = _policed(_compiled(tmp_path, text))
     assert all(isinstance(f, ir.FlowerFilter) for f in filters)
-    first, second = (" ".join(filter_police_words(f)) for f in filters[:2])
-    assert first.startswith("action police index ") and first.endswith("burst 10k drop")
-    assert second == first.split(" rate ")[0]
+    words = [" ".join(filter_police_words(f)) for f in filters[:3]]
+    index = police_block("eth0 ingress", set()) + 1
+    assert words == [
+        f"action police index {index}",
+        f"action police index {index}",
+        "action police rate 800kbit burst 10k drop",
+    ]
 
 
 def test_two_trees_get_two_blocks() -> None:
@@ -142,12 +153,17 @@ def test_more_policed_lines_than_a_block_is_e261(tmp_path: Path) -> None:
     assert "more than 4095" in last.message and last.span.line == 4098
 
 
-def test_batch_and_map_name_the_probe(tmp_path: Path) -> None:
-    files = compile_policy(_write(tmp_path, INGRESS), "tc-batch")
-    assert files.output is not None
-    lines = files.output.splitlines()
-    n = next(i for i, line in enumerate(lines, 1) if line.startswith("actions add"))
-    assert re.match(r"actions add action police rate 8kbit burst 10k drop index \d+$", lines[n - 1])
+def test_the_batch_makes_the_action_and_its_map_names_the_line(tmp_path: Path) -> None:
+    result = compile_policy(_write(tmp_path, INGRESS), "tc-batch")
+    assert result.output is not None
+    lines = result.output.splitlines()
+    n = next(i for i, line in enumerate(lines, 1) if line.startswith("actions"))
+    index = police_block("eth0 ingress", set()) + 1
+    assert lines[n - 1] == f"actions replace action police rate 1mbit burst 10k drop index {index}"
+    assert n < next(i for i, line in enumerate(lines, 1) if line.startswith("filter"))
+    rows = next(t for name, t in result.files.items() if name.endswith(".map")).splitlines()
+    row = next(r.split("\t") for r in rows if r.startswith(f"{n}\t"))
+    assert row[1].endswith("policy.tcp:3:19") and f"police index {index}" in row[2], row
 
 
 def _mbit(run_json: dict[str, object], name: str) -> float:
@@ -244,7 +260,6 @@ def _rates(stdout: str) -> dict[str, float]:
 
 def _unshared(script: str) -> str:
     """The script as it was before lines shared a policer: each filter its own."""
-    script = re.sub(r"police index \d+ rate", "police rate", script)
     script = re.sub(r"police index \d+ flowid", "police rate 1mbit burst 10k drop flowid", script)
     return "\n".join(line for line in script.splitlines() if "tc actions " not in line) + "\n"
 
@@ -257,13 +272,16 @@ def _lab(script: str, after: str = "") -> str:
 def test_one_bucket_for_ipv4_and_ipv6_in_user_mode_linux(tmp_path: Path) -> None:
     """Measured: IPv4 and IPv6 pings sent into eth0 together, each at Mbit/s; 'match all
     police rate 1mbit' passes about 1mbit in all (its two filters share one action: 'ref 2
-    bind 2'), where a policer per filter passed about 2mbit; removing the ingress qdisc frees
-    the action."""
+    bind 2', and one reference the action holds), where a policer per filter passed about
+    2mbit; the action stays when the ingress qdisc goes, and the teardown's delete frees it."""
     _uml()
     script = _compiled(tmp_path, SHARED).output or ""
     index = police_block("eth0 ingress", set()) + 1
     after = (
         "tc qdisc del dev eth0 ingress\n"
+        "sleep 0.5\n"
+        "printf 'left %s\\n' \"$(tc actions list action police | tr '\\n\\t' '  ')\"\n"
+        f"tc actions delete action police index {index}\n"
         "printf 'gone %s\\n' \"$(tc actions list action police | tr '\\n\\t' '  ')\"\n"
     )
     shared, unshared = uml.run_cases(
@@ -283,7 +301,7 @@ def test_one_bucket_for_ipv4_and_ipv6_in_user_mode_linux(tmp_path: Path) -> None
     assert one["passed"] == pytest.approx(1e6, rel=0.15), one
     assert two["passed"] == pytest.approx(2e6, rel=0.15), two
     actions = next(line for line in shared.stdout.splitlines() if line.startswith("actions"))
-    assert f"police {index:#x} rate 1Mbit" in actions and "ref 2 bind 2" in actions, actions
+    assert f"police {index:#x} rate 1Mbit" in actions and "ref 3 bind 2" in actions, actions
     assert "total acts 1" in actions, actions
     # verify reads each filter's policer back with the shared action's parameters, which
     # are the line's: its expectation (the line's policer on every filter) holds.
@@ -296,16 +314,17 @@ def test_one_bucket_for_ipv4_and_ipv6_in_user_mode_linux(tmp_path: Path) -> None
         and (a := parse_action(line.removeprefix("filter "))) is not None
     ]
     assert len(read) == 2 and all(actions_agree([police_action(police)], [a]) for a in read), read
+    left = next(line for line in shared.stdout.splitlines() if line.startswith("left"))
+    assert "ref 1 bind 0" in left, left
     gone = next(line for line in shared.stdout.splitlines() if line.startswith("gone"))
     assert "police" not in gone.removeprefix("gone"), gone
 
 
-def test_a_foreign_action_at_the_index_stops_the_script_in_user_mode_linux(
-    tmp_path: Path,
-) -> None:
-    """Another police action at the line's index (made with 'tc actions add'): the shell
-    script and the batch stop at the probe, naming the line, and leave that action as it was
-    (without the probe the filters would bind to it and take its rate)."""
+def test_re_applying_at_once_takes_the_action_over_in_user_mode_linux(tmp_path: Path) -> None:
+    """The batch applied twice in a row (its second run's teardown leaves the first run's
+    action, bound to filters the kernel frees later), then the script twice, over an action
+    made by hand at the line's index with another rate: every run succeeds, and the end state
+    is one action with the line's rate, bound by the tree's two filters."""
     _uml()
     path = _write(tmp_path, SHARED)
     script = compile_policy(path, "shell").output or ""
@@ -318,23 +337,21 @@ def test_a_foreign_action_at_the_index_stops_the_script_in_user_mode_linux(
         f"tc actions add action police rate 5mbit burst 20k index {index}\n"
         f"cat >apply.sh <<'EOF'\n{script}EOF\n"
         f"cat >policy.batch <<'EOF'\n{batch}EOF\n"
-        'sh ./apply.sh 2>script.err; echo "script $?"\n'
-        'tc -batch policy.batch 2>batch.err; echo "batch $?"\n'
-        "sed 's/^/script-err /' script.err; sed 's/^/batch-err /' batch.err\n"
+        'tc -batch policy.batch && tc -batch policy.batch; echo "batch $?"\n'
+        'sh ./apply.sh && sh ./apply.sh; echo "script $?"\n'
         "tc actions list action police | tr '\\n\\t' '  ' | sed 's/^/actions /'; echo\n"
         "tc filter show dev eth0 ingress | sed 's/^/filter /'\n"
     )
-    (done,) = uml.run_cases([uml.Case("probe", case)], timeout=120)
+    (done,) = uml.run_cases([uml.Case("again", case)], timeout=120)
     assert done.exit_code == 0, done.stderr
     out = done.stdout
-    assert re.search(r"^script [1-9]", out, re.M) and re.search(r"^batch [1-9]", out, re.M), out
-    assert (
-        f"policy.tcp:2:13: police index {index}, for the policer of this line, must be free" in out
-    ), out
-    line = next(n for n, text in enumerate(batch.splitlines(), 1) if text.startswith("actions"))
-    assert f"Command failed policy.batch:{line}" in out, out
-    assert "rate 5Mbit" in out and "ref 1 bind 0" in out, out
-    assert not [t for t in out.splitlines() if t.startswith("filter") and "u32" in t], out
+    assert re.search(r"^batch 0$", out, re.M) and re.search(r"^script 0$", out, re.M), (
+        out + done.stderr
+    )
+    actions = next(line for line in out.splitlines() if line.startswith("actions"))
+    assert f"police {index:#x} rate 1Mbit burst 10Kb" in actions, actions
+    assert "ref 3 bind 2" in actions and "total acts 1" in actions, actions
+    assert len([t for t in out.splitlines() if t.startswith("filter") and "*flowid" in t]) == 2
 
 
 def test_flower_filters_share_a_policer_in_user_mode_linux(tmp_path: Path) -> None:
@@ -356,5 +373,5 @@ def test_flower_filters_share_a_policer_in_user_mode_linux(tmp_path: Path) -> No
     (done,) = uml.run_cases([uml.Case("flower", case)], timeout=120)
     assert done.exit_code == 0, done.stderr
     assert f"police {index:#x} rate 1Mbit" in done.stdout, done.stdout
-    assert "ref 2 bind 2" in done.stdout and "total acts 1" in done.stdout, done.stdout
+    assert "ref 3 bind 2" in done.stdout and "total acts 1" in done.stdout, done.stdout
     assert done.stdout.count("flower chain 0 handle") == 2, done.stdout

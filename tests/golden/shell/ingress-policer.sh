@@ -79,18 +79,17 @@ tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol
 # ==== interface eth0 ingress ====
 tcdsl_at=
 tcdsl_dev=eth0
-tcdsl_undo='tc qdisc del dev eth0 ingress'
+tcdsl_undo='tc qdisc del dev eth0 ingress; tc actions delete action police index 466780161'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
 # Teardown: remove this policy's ingress qdisc; absent is fine.
 tc qdisc del dev eth0 ingress 2>/dev/null || true
+tc actions delete action police index 466780161 2>/dev/null || true
 tcdsl_at='policies/ingress-policer.tcp:23:5: interface eth0: ingress qdisc'
 tc qdisc add dev eth0 handle ffff: ingress
-tcdsl_at='policies/ingress-policer.tcp:24:9: police index 466780161, for the policer of this line, must be free'
-tc actions add action police rate 8kbit burst 10k drop index 466780161
-tcdsl_at='policies/ingress-policer.tcp:24:9: police index 466780161, for the policer of this line, must be free'
-tc actions delete action police index 466780161
+tcdsl_at='policies/ingress-policer.tcp:24:27: police index 466780161: the one policer of the filters of this line'
+tc actions replace action police rate 800kbit burst 10k drop index 466780161
 tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1'
-tc filter add dev eth0 parent ffff: protocol ip prio 50 u32 match u32 0 0 at 0 police index 466780161 rate 800kbit burst 10k drop flowid ffff:1
+tc filter add dev eth0 parent ffff: protocol ip prio 50 u32 match u32 0 0 at 0 police index 466780161 flowid ffff:1
 tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1'
 tc filter add dev eth0 parent ffff: protocol ipv6 prio 32818 u32 match u32 0 0 at 0 police index 466780161 flowid ffff:1
