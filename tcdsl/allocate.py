@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from tcdsl import ir, lower
 from tcdsl.diagnostics import Diagnostic, Note, Span
@@ -113,9 +113,15 @@ class InterfaceAllocator:
     """Allocate everything on one interface."""
 
     def __init__(
-        self, iface: ir.Interface, diagnostics: list[Diagnostic], blocks: set[int] | None = None
+        self,
+        iface: ir.Interface,
+        diagnostics: list[Diagnostic],
+        blocks: set[int] | None = None,
+        pins: Mapping[str, ir.Handle] | None = None,
     ) -> None:
         self.iface = iface
+        self.pins = pins or {}
+        self.pinned: dict[str, int] = {}
         self.diagnostics = diagnostics
         self.blocks = blocks if blocks is not None else set()
         self.police_block: int | None = None
@@ -207,6 +213,12 @@ class InterfaceAllocator:
                 self.error("E204", f"class id {h} is not a band of this prio", ref.span)
             used.add(h.minor)
             owner[h.minor] = ref.span
+        for cls in ir.classes_of(q):
+            pin = self.pins.get(cls.name)
+            free = pin is not None and pin.major == major and pin.minor not in used
+            if cls.explicit_id is None and pin is not None and free:
+                used.add(pin.minor)
+                self.pinned[cls.name] = pin.minor
         if isinstance(q, ir.Prio):
             bands = q.bands.value if q.bands else 3
             pool = Pool(iter(range(1, bands + 1)), used)
@@ -217,6 +229,8 @@ class InterfaceAllocator:
     def klass(self, cls: ir.Class, q: ir.ClassfulQdisc, major: int, pool: Pool) -> ir.Class:
         if cls.explicit_id is not None:
             minor = cls.explicit_id.handle.minor
+        elif cls.name in self.pinned and not cls.implicit:
+            minor = self.pinned[cls.name]
         else:
             taken = pool.take(1 if cls.implicit else None)
             if taken is None:
@@ -523,11 +537,22 @@ def choose_quanta(q: ir.Htb) -> ir.Htb:
     return dataclasses.replace(q, chosen_r2q=chosen, classes=tuple(visit(c) for c in q.classes))
 
 
-def allocate(policy: ir.Policy) -> tuple[ir.Policy, list[Diagnostic]]:
-    """Return the policy with every handle, class id, mark, pref and chain assigned."""
+Pins = Mapping[str, Mapping[str, ir.Handle]]
+"""Class ids to keep: tree label -> class name -> the id it had (``tcdsl apply`` pins those of
+the policy live now, so that adding or removing a class leaves its siblings' ids alone)."""
+
+
+def allocate(policy: ir.Policy, pins: Pins | None = None) -> tuple[ir.Policy, list[Diagnostic]]:
+    """Return the policy with every handle, class id, mark, pref and chain assigned; a class
+    named in ``pins`` (by its tree's label) keeps its id when that id is free and of its
+    qdisc (an explicit id wins)."""
     diagnostics: list[Diagnostic] = []
     blocks: set[int] = set()
-    interfaces = tuple(InterfaceAllocator(i, diagnostics, blocks).run() for i in policy.interfaces)
+    pins = pins or {}
+    interfaces = tuple(
+        InterfaceAllocator(i, diagnostics, blocks, pins.get(i.label)).run()
+        for i in policy.interfaces
+    )
     chains: dict[str, ir.Interface] = {}
     for iface in interfaces:
         if iface.marking is None or iface.marking.chain is None:

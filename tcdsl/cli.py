@@ -887,6 +887,15 @@ def measure_command(
         click.echo(compare_table(run, simulated), nl=False)
 
 
+def _live_operations() -> None:
+    from tcdsl.ops.cli import register
+
+    register(cli)
+
+
+_live_operations()
+
+
 def main() -> None:
     """Run the CLI; an unexpected exception is an internal error (exit 3, with a traceback)."""
     try:

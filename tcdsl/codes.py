@@ -148,6 +148,10 @@ _TABLE: dict[str, CodeInfo] = {
     "E404": CodeInfo(_E, "The script failed"),
     "E405": CodeInfo(_E, "The kernel lacks a feature the policy needs"),
     "W406": CodeInfo(_W, "A tool warned while applying a command"),
+    # E6xx: live operations (plan, apply, rollback, down)
+    "E601": CodeInfo(_E, "A command of apply failed; the previous state was restored"),
+    "E602": CodeInfo(_E, "A device the policy shapes does not exist; nothing was changed"),
+    "E603": CodeInfo(_E, "No policy is applied (or waits) under that name"),
     # E5xx: backend limits
     "E501": CodeInfo(_E, "The backend cannot express a construct of the policy"),
     "E502": CodeInfo(_E, "A word or command has no spelling in the output format"),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 
 from tcdsl import ir
-from tcdsl.allocate import allocate
+from tcdsl.allocate import Pins, allocate
 from tcdsl.backend import Backend, BackendOptions
 from tcdsl.backends import BACKENDS
 from tcdsl.checks import run_checks
@@ -94,22 +94,26 @@ def analyse(
     target: KernelTarget | None = None,
     disabled: Iterable[str] = (),
     access: Access | None = None,
+    pins: Pins | None = None,
 ) -> Result:
     """Parse, resolve, check and allocate ``path``; no backend is involved.
 
     ``target`` is the kernel the policy is for (None: any current kernel); the codes in
     ``disabled`` and those disabled by comments in the sources are left out of the result;
-    ``access`` says where includes may read (default: below the policy's directory).
+    ``access`` says where includes may read (default: below the policy's directory);
+    ``pins`` keeps class ids a live policy has (see :data:`tcdsl.allocate.Pins`).
     """
     reader = Reader(loader, access)
     with _compiling():
         try:
-            return _suppressed(_analyse(path, reader, target), disabled)
+            return _suppressed(_analyse(path, reader, target, pins), disabled)
         except RecursionError:
             return _too_deep(path, reader)
 
 
-def _analyse(path: str, reader: Reader, target: KernelTarget | None = None) -> Result:
+def _analyse(
+    path: str, reader: Reader, target: KernelTarget | None = None, pins: Pins | None = None
+) -> Result:
     interfaces = reader.read(path)
     result = Result(None, None, reader.diagnostics, reader.sources)
     taint = reader.taint
@@ -137,7 +141,7 @@ def _analyse(path: str, reader: Reader, target: KernelTarget | None = None) -> R
         return result
     if done(kernel_support(policy, target)):
         return result
-    policy, found = allocate(policy)
+    policy, found = allocate(policy, pins)
     if done(found):
         return result
     if done(run_lints(policy)) or result.errors:

@@ -165,6 +165,9 @@ NAMED_VALUES: dict[str, tuple[str, ...]] = {
 """Parameters that take a name from a fixed set where a value goes (``overhead pppoe-llc``)."""
 NAME_ONLY = frozenset({"linklayer", "isolate"})
 CLASSFUL = frozenset({"htb", "prio", "cbq", "hfsc"})
+CHANGE_IN_PLACE = frozenset({"tbf", "pfifo", "bfifo", "sfq", "fq_codel", "cake", "netem", "red"})
+"""Kinds whose parameters ``tc qdisc change`` sets on the live qdisc (their sch_*.c has a change
+operation), keeping its queue and counters; htb's (default, r2q) cannot change: a new tree."""
 WITH_DEFAULT = frozenset({"htb", "hfsc"})
 """Qdiscs whose ``default NAME`` names the class for unclassified packets."""
 CLASS_CURVES: dict[str, frozenset[str]] = {"hfsc": frozenset({"rt", "ls", "ul", "sc"})}

@@ -1,0 +1,155 @@
+"""The kernel objects a compiled policy wants, each with an identity, so that two versions of a
+policy can be compared object by object.
+
+The objects come from the commands the backends emit (``tcdsl.commands``), so what ``apply``
+changes is exactly what the script would build: a qdisc (by device and parent), a class (by
+device and class id), a filter group (by device, parent, protocol and pref: the kernel keeps
+one classifier instance per pref, and its filters in creation order), a shared police action
+(by index), and a tree's marking rules and download link (changed as a whole).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from tcdsl import ir
+from tcdsl.commands import Command, interface_commands
+from tcdsl.diagnostics import Span
+from tcdsl.frontend.qdiscs import QDISC_PARAMS
+
+QDISC_KINDS = frozenset({*QDISC_PARAMS, "ingress"})
+
+Kind = Literal["qdisc", "class", "filters", "action", "marking", "link"]
+
+Key = tuple[str, ...]
+"""An object's identity: ``("qdisc", dev, parent)``, ``("class", dev, classid)``,
+``("filters", dev, parent, protocol, pref)``, ``("action", "police", index)``,
+``("marking", tree)``, ``("link", dev)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Obj:
+    """One kernel object (or a group changed together) and the commands that make it."""
+
+    key: Key
+    tree: str
+    """The label of the tree it belongs to (``eth0``, ``eth0 ingress``, ...)."""
+    commands: tuple[Command, ...]
+
+    @property
+    def kind(self) -> Kind:
+        """What it is."""
+        kind: Kind = self.key[0]  # type: ignore[assignment]
+        return kind
+
+    @property
+    def dev(self) -> str:
+        """The device it lives on ("" for actions and marking)."""
+        return self.key[1] if self.kind in ("qdisc", "class", "filters", "link") else ""
+
+    @property
+    def words(self) -> tuple[tuple[str, ...], ...]:
+        """What is compared between two versions: the words of its commands."""
+        return tuple((c.tool, *c.args) for c in self.commands)
+
+    @property
+    def span(self) -> Span:
+        """Where the policy says it (its first command's origin)."""
+        return self.commands[0].span
+
+    @property
+    def what(self) -> str:
+        """The policy's name for it (``class voip``, ``filter to 1:10``)."""
+        return self.commands[0].what
+
+    @property
+    def handle(self) -> str | None:
+        """A qdisc's handle (``1:``), a class's id; None for the rest."""
+        if self.kind == "qdisc":
+            return _after(self.commands[0].args, "handle")
+        if self.kind == "class":
+            return self.key[2]
+        return None
+
+    @property
+    def parent(self) -> str | None:
+        """A class's parent (``1:`` or ``1:1``), a qdisc's parent (``root``, ``ingress`` or a
+        class id), a filter group's parent; None for the rest."""
+        if self.kind == "class":
+            return _after(self.commands[0].args, "parent")
+        if self.kind in ("qdisc", "filters"):
+            return self.key[2]
+        return None
+
+    @property
+    def qdisc_kind(self) -> str | None:
+        """A qdisc's kind (``htb``); a class's (its qdisc's) kind."""
+        args = self.commands[0].args
+        if self.kind == "qdisc":
+            start = args.index("handle") + 2
+            return next((w for w in args[start:] if w in QDISC_KINDS), None)
+        if self.kind == "class":
+            return args[args.index("classid") + 2]
+        return None
+
+
+def _after(args: tuple[str, ...], word: str) -> str | None:
+    try:
+        return args[args.index(word) + 1]
+    except (ValueError, IndexError):
+        return None
+
+
+def _key(cmd: Command, tree: str) -> Key:
+    """The identity of the object a command makes or belongs to."""
+    args = cmd.args
+    if cmd.tool == "ip":
+        return ("link", _after(args, "add") or _after(args, "dev") or "")
+    if cmd.tool != "tc":
+        return ("marking", tree)
+    dev = _after(args, "dev") or ""
+    match args[0]:
+        case "qdisc":
+            if "root" in args:
+                where = "root"
+            elif args[-1] == "ingress":
+                where = "ingress"
+            else:
+                where = _after(args, "parent") or ""
+            return ("qdisc", dev, where)
+        case "class":
+            return ("class", dev, _after(args, "classid") or "")
+        case "filter":
+            parent = _after(args, "parent") or ""
+            return (
+                "filters",
+                dev,
+                parent,
+                _after(args, "protocol") or "",
+                _after(args, "prio") or "",
+            )
+        case "actions":
+            return ("action", "police", _after(args, "index") or "")
+    raise ValueError(f"no identity for {args}")
+
+
+def tree_objects(iface: ir.Interface) -> Iterator[Obj]:
+    """The objects of one tree, in the order its commands make them (a filter group where
+    its first filter is)."""
+    groups: dict[Key, list[Command]] = {}
+    for cmd in interface_commands(iface):
+        groups.setdefault(_key(cmd, iface.label), []).append(cmd)
+    for key, cmds in groups.items():
+        yield Obj(key, iface.label, tuple(cmds))
+
+
+def policy_objects(policy: ir.Policy) -> tuple[Obj, ...]:
+    """Every object of every tree of ``policy``, tree by tree."""
+    return tuple(o for iface in policy.interfaces for o in tree_objects(iface))
+
+
+def by_key(objects: Iterable[Obj]) -> dict[Key, Obj]:
+    """Objects by identity."""
+    return {o.key: o for o in objects}

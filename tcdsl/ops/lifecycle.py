@@ -1,0 +1,212 @@
+"""The live operations end to end: plan, apply (with ``--confirm``), confirm, rollback, down.
+
+Each works on a policy *name* (the state's folder: the policy file's stem unless given): the
+policy live under that name is compiled again from the state's copy of its text, compared
+with the kernel (drift) and with the new policy (the plan), and the plan run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from tcdsl import ir
+from tcdsl.allocate import Pins
+from tcdsl.diagnostics import Diagnostic
+from tcdsl.driver import Result, analyse
+from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
+from tcdsl.ops.live import device_exists, drift
+from tcdsl.ops.plan import Change, Plan, make_plan
+from tcdsl.ops.state import Applied, Pending, Store
+
+
+class OpsError(Exception):
+    """An operation refused before changing anything (the message says why)."""
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A compiled new policy, the one live now, and the plan between them."""
+
+    store: Store
+    new: ir.Policy | None
+    result: Result | None
+    old: ir.Policy | None
+    applied: Applied | None
+    plan: Plan
+
+
+def policy_name(path: str, name: str | None) -> str:
+    """The state name of a policy: ``name``, else the file's stem."""
+    return name or PurePath(path).stem
+
+
+def compile_applied(applied: Applied) -> ir.Policy:
+    """The policy of a state record, compiled again from its saved text."""
+    pins = {
+        label: {name: _handle(text) for name, text in ids.items()}
+        for label, ids in applied.classids.items()
+    }
+    result = analyse(applied.path, loader=lambda p: applied.sources[p], pins=pins)
+    if result.policy is None:
+        raise OpsError(f"the saved policy {applied.path} (generation {applied.generation}) "
+                       "no longer compiles")  # fmt: skip
+    return result.policy
+
+
+def _handle(text: str) -> ir.Handle:
+    major, _, minor = text.partition(":")
+    return ir.Handle(int(major, 16), int(minor or "0", 16))
+
+
+def pins_of(policy: ir.Policy | None) -> Pins:
+    """The class ids of a live policy, by tree label and class name, for the next one."""
+    if policy is None:
+        return {}
+    out: dict[str, dict[str, ir.Handle]] = {}
+    for iface in policy.interfaces:
+        ids = out.setdefault(iface.label, {})
+        for q in ir.walk_qdiscs(iface.root):
+            for cls in ir.classes_of(q):
+                if cls.classid is not None and not cls.implicit:
+                    ids.setdefault(cls.name, cls.classid)
+    return out
+
+
+def compile_new(store: Store, path: str) -> Result:
+    """``path`` compiled with the class ids of the policy live under ``store``'s name."""
+    applied = store.current()
+    old = compile_applied(applied) if applied is not None else None
+    return analyse(path, pins=pins_of(old))
+
+
+def _devices(policy: ir.Policy) -> tuple[str, ...]:
+    out: list[str] = []
+    for iface in policy.interfaces:
+        for dev in (iface.download.interface if iface.download else iface.name,):
+            if dev not in out:
+                out.append(dev)
+    return tuple(out)
+
+
+def missing_devices(policy: ir.Policy) -> list[str]:
+    """The devices a policy shapes that do not exist (an IFB a download makes excepted)."""
+    return [d for d in _devices(policy) if not device_exists(d)]
+
+
+def prepare(store: Store, new: ir.Policy | None, result: Result | None = None) -> Prepared:
+    """The plan from the policy live under ``store``'s name to ``new`` (None: remove it)."""
+    applied = store.current()
+    old = compile_applied(applied) if applied is not None else None
+    changed: dict[str, list[Diagnostic]] = {}
+    if old is not None and applied is not None:
+        changed = drift(old, dict(applied.sources))
+    target = new if new is not None else dataclasses.replace(old or _nothing(), interfaces=())
+    plan = make_plan(old, target, rebuild=changed)
+    for label, found in sorted(changed.items()):
+        for d in found[:5]:
+            plan.drift.append(Change("!", f"drift in {label}: {d.message}", d.span))
+    return Prepared(store, new, result, old, applied, plan)
+
+
+def _nothing() -> ir.Policy:
+    return ir.Policy("", ())
+
+
+def apply(
+    prepared: Prepared,
+    path: str,
+    sources: dict[str, str],
+    confirm: float | None = None,
+    runner: Runner = run_command,
+) -> Applied:
+    """Run a prepared plan; remember the new policy; with ``confirm`` (seconds), start the
+    timer that rolls back unless ``tcdsl confirm`` comes first."""
+    new = prepared.new
+    assert new is not None
+    missing = missing_devices(new)
+    if missing:
+        raise OpsError(f"no such device: {', '.join(missing)}; nothing was changed")
+    apply_policy(prepared.old, new, prepared.plan, runner)
+    store = prepared.store
+    previous = prepared.applied.generation if prepared.applied is not None else None
+    ids = {t: {n: str(h) for n, h in v.items()} for t, v in pins_of(new).items()}
+    applied = store.record(path, sources, _devices(new), ids)
+    if confirm is not None:
+        store.set_pending(Pending(applied.generation, previous, time.time() + confirm))
+        _start_timer(store, applied.generation, confirm)
+    else:
+        store.set_pending(None)
+    return applied
+
+
+def _start_timer(store: Store, generation: int, seconds: float) -> None:
+    """A detached process that rolls back after ``seconds`` unless confirmed."""
+    env = dict(os.environ, TCDSL_STATE_DIR=str(store.folder.parent))
+    subprocess.Popen(
+        [sys.executable, "-m", "tcdsl.ops.timer", store.name, str(generation), str(seconds)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
+
+
+def confirm(store: Store) -> Pending:
+    """Keep the applied policy: stop the rollback timer."""
+    pending = store.pending()
+    if pending is None:
+        raise OpsError(f"nothing waits for confirmation under the name {store.name!r}")
+    store.set_pending(None)
+    return pending
+
+
+def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
+    """Go back to the policy applied before the live one (None: there was none, and the
+    live one is removed). The live one's record is dropped."""
+    applied = store.current()
+    if applied is None:
+        raise OpsError(f"no policy is applied under the name {store.name!r}")
+    earlier = [g for g in store.generations() if g < applied.generation]
+    target = compile_applied(store.load(earlier[-1])) if earlier else None
+    prepared = prepare(store, target)
+    old = prepared.old
+    apply_policy(old, target or dataclasses.replace(old or _nothing(), interfaces=()),
+                 prepared.plan, runner)  # fmt: skip
+    store.set_pending(None)
+    if target is None:
+        store.remove()
+        return None
+    store.forget(applied.generation)
+    return store.load(earlier[-1])
+
+
+def down(store: Store, runner: Runner = run_command) -> Plan:
+    """Remove everything the policy live under the name owns, and its state."""
+    prepared = prepare(store, None)
+    if prepared.applied is None:
+        raise OpsError(f"no policy is applied under the name {store.name!r}")
+    old = prepared.old
+    assert old is not None
+    apply_policy(old, dataclasses.replace(old, interfaces=()), prepared.plan, runner)
+    store.remove()
+    return prepared.plan
+
+
+__all__ = [
+    "ApplyFailed",
+    "OpsError",
+    "Prepared",
+    "apply",
+    "confirm",
+    "down",
+    "policy_name",
+    "prepare",
+    "rollback",
+]

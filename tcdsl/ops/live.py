@@ -1,0 +1,90 @@
+"""The live kernel's state, read here and now with tc (and iptables-save), parsed by verify's
+read-back, and compared with what a policy builds (verify's comparison): what ``plan`` calls
+drift.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from collections.abc import Iterable
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic
+from tcdsl.verify.compare import compare_state
+from tcdsl.verify.expect import expected_policy
+from tcdsl.verify.readback import (
+    DeviceState,
+    KernelState,
+    parse_classes,
+    parse_filters,
+    parse_iptables_save,
+    parse_qdiscs,
+)
+
+
+def _tc(*args: str) -> str:
+    done = subprocess.run(["tc", *args], capture_output=True, text=True, check=False, timeout=120)
+    return done.stdout if done.returncode == 0 else ""
+
+
+def device_exists(name: str) -> bool:
+    """Whether the network device exists (in this namespace)."""
+    done = subprocess.run(
+        ["ip", "link", "show", "dev", name], capture_output=True, text=True, check=False
+    )
+    return done.returncode == 0
+
+
+def read_device(name: str) -> DeviceState:
+    """What tc shows for one device: qdiscs, classes, the filters of every parent."""
+    qdiscs, classes = (
+        _tc("-d", "qdisc", "show", "dev", name),
+        _tc("-d", "class", "show", "dev", name),
+    )
+    device = DeviceState(name, parse_qdiscs(qdiscs), parse_classes(classes), text=qdiscs + classes)
+    parents = [q.handle for q in device.qdiscs if q.handle != "0:"]
+    parents += [c.classid for c in device.classes]
+    for parent in parents:
+        text = _tc("filter", "show", "dev", name, "parent", parent)
+        device.text += f"== filters of {parent}\n{text}"
+        filters = parse_filters(text)
+        if filters:
+            device.filters[parent] = filters
+    return device
+
+
+def _save(tool: str) -> str:
+    done = subprocess.run(
+        [f"{tool}-save", "-t", "mangle"], capture_output=True, text=True, check=False
+    )
+    return done.stdout if done.returncode == 0 else ""
+
+
+def read_state(
+    devices: Iterable[str], iptables: bool = False, ip6tables: bool = False
+) -> KernelState:
+    """The live state of ``devices`` (and the mangle tables, when asked)."""
+    state = KernelState({d: read_device(d) for d in devices})
+    if iptables:
+        state.iptables = parse_iptables_save(_save("iptables"))
+    if ip6tables:
+        state.ip6tables = parse_iptables_save(_save("ip6tables"))
+    return state
+
+
+def drift(policy: ir.Policy, sources: dict[str, str] | None = None) -> dict[str, list[Diagnostic]]:
+    """Where the kernel differs from ``policy`` (applied earlier), by tree label: the
+    differences of each device, given to every tree on that device."""
+    expected = expected_policy(policy, sources)
+    marks = {f for i in policy.interfaces if i.marking is not None for f in i.families}
+    state = read_state([e.name for e in expected.interfaces], "ipv4" in marks, "ipv6" in marks)
+    out: dict[str, list[Diagnostic]] = {}
+    for device in expected.interfaces:
+        found = compare_state(dataclasses.replace(expected, interfaces=(device,)), state)
+        if not found:
+            continue
+        for iface in policy.interfaces:
+            if device.name in (iface.name, iface.download.interface if iface.download else None):
+                out.setdefault(iface.label, []).extend(found)
+    return out

@@ -1,0 +1,409 @@
+"""What applying a policy changes, and in which order: the difference between the objects of
+the policy live now (``old``, compiled again from the state's copy of its text) and those of
+the new one, as changes a person reads (``+ class guest``, ``~ class voip: rate 6mbit ->
+8mbit``, ``- filter to 1:30``, ``! qdisc eth0 root: htb -> cake (rebuild)``) and as the steps
+``apply`` runs.
+
+The order keeps every packet classified and shaped: shared police actions first (filters bind
+to them), then new classes and their leaf qdiscs with parameter changes in place (``class
+change``, ``qdisc change``: no counter reset, no queue flush), then filters (a changed group of
+filters is built at a free pref next to its own, so that it is tried in the same place, before
+the old group goes and the group is built again at its own pref), and only then deletions
+(filters before the classes they send to, children before parents). A tree the kernel cannot
+change in place (an htb root's ``default``, a class moving to another parent, marking rules,
+drift) is built again: its teardown and build in one ``tc -batch``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tcdsl import ir
+from tcdsl.commands import (
+    Command,
+    batch_teardown,
+    chain_teardown,
+    interface_commands,
+    teardown_commands,
+)
+from tcdsl.diagnostics import Span
+from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
+from tcdsl.ops.desired import Key, Obj, by_key, tree_objects
+
+Sign = Literal["+", "~", "-", "!"]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One line of the plan as a person reads it."""
+
+    sign: Sign
+    text: str
+    span: Span | None = None
+
+    def render(self) -> str:
+        """``~ class voip: rate 6mbit -> 8mbit  (office.tcp:5)``."""
+        where = f"  ({self.span.file}:{self.span.line})" if self.span is not None else ""
+        return f"{self.sign} {self.text}{where}"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Commands run together: ``tc`` ones as one ``tc -batch`` (stopping at the first that
+    fails, when ``fatal``), others one by one. ``origins`` name each command's policy text."""
+
+    tool: Literal["tc", "ip", "iptables", "ip6tables"]
+    commands: tuple[tuple[str, ...], ...]
+    origins: tuple[str, ...]
+    fatal: bool = True
+
+
+@dataclass(slots=True)
+class Plan:
+    """The changes and the steps that make them."""
+
+    changes: list[Change] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    drift: list[Change] = field(default_factory=list)
+    """What differs between the kernel and the policy live now (changed by hand)."""
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to change."""
+        return not self.changes
+
+    def render(self) -> str:
+        """The plan as text: drift first, then the changes, or that there are none."""
+        lines = [c.render() for c in self.drift]
+        lines += [c.render() for c in self.changes] or ["no changes"]
+        return "\n".join(lines) + "\n"
+
+
+def _option_diff(old: Sequence[str], new: Sequence[str]) -> str:
+    """``rate 6mbit -> 8mbit, +prio 1``: what differs between two commands' words."""
+    parts = []
+    matcher = difflib.SequenceMatcher(a=list(old), b=list(new), autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            continue
+        key = old[i1 - 1] + " " if i1 > 0 and op == "replace" else ""
+        was, now = " ".join(old[i1:i2]), " ".join(new[j1:j2])
+        if op == "replace":
+            parts.append(f"{key}{was} -> {now}")
+        elif op == "insert":
+            parts.append(f"+{now}")
+        else:
+            parts.append(f"-{was}")
+    return ", ".join(parts)
+
+
+def _what(o: Obj) -> str:
+    """The plan's name for an object."""
+    match o.kind:
+        case "qdisc":
+            return f"qdisc {o.dev} {o.parent}: {o.qdisc_kind} ({o.what})"
+        case "class":
+            return o.what if o.what.startswith("class ") else f"class {o.handle} ({o.what})"
+        case "filters":
+            _, dev, parent, protocol, pref = o.key
+            return f"filters of {dev} {parent} protocol {protocol} pref {pref}"
+        case "action":
+            return f"police action {o.key[2]}"
+        case "marking":
+            return f"marking of {o.tree}"
+        case _:
+            return f"device {o.dev}"
+
+
+def _tc(commands: Iterable[Command]) -> Step:
+    cmds = [c for c in commands if c.tool == "tc"]
+    return Step("tc", tuple(c.args for c in cmds), tuple(c.origin for c in cmds))
+
+
+def _subtree(objects: dict[Key, Obj], top: Obj) -> list[Obj]:
+    """A replaced qdisc and everything below it (classes, qdiscs and filters of its major)."""
+    majors = {top.handle}
+    out = [top]
+    for o in objects.values():
+        if o is top:
+            continue
+        if o.kind == "class" and f"{(o.handle or '').split(':')[0]}:" in majors:
+            out.append(o)
+        elif o.kind in ("qdisc", "filters") and f"{(o.parent or '').split(':')[0]}:" in majors:
+            out.append(o)
+            if o.kind == "qdisc":
+                majors.add(o.handle)
+    return out
+
+
+def _changed_filters(old: Obj, new: Obj, taken: set[int]) -> list[Command]:
+    """A filter group changed in place: built at a free pref beside its own (tried where it
+    stands), the old group deleted, built again at its own pref, the copy deleted. Without a
+    free pref beside it: deleted and built again."""
+    _, dev, parent, protocol, pref_text = new.key
+    pref = int(pref_text)
+    free = next((p for p in (pref - 1, pref + 1) if 0 < p < 0x10000 and p not in taken), None)
+    delete = ("filter", "del", "dev", dev, "parent", parent, "protocol", protocol)
+    out: list[Command] = []
+    if free is not None:
+        for c in new.commands:
+            args = list(c.args)
+            args[args.index("prio") + 1] = str(free)
+            out.append(Command("tc", tuple(args), c.span, c.what))
+    out.append(Command("tc", (*delete, "prio", str(pref)), old.span, old.what))
+    out += new.commands
+    if free is not None:
+        out.append(Command("tc", (*delete, "prio", str(free)), new.span, new.what))
+    return out
+
+
+def _tree_rebuild(iface: ir.Interface, why: str, plan: Plan) -> None:
+    """Tear ``iface``'s tree down and build it again, as the script would."""
+    plan.changes.append(Change("!", f"tree {iface.label}: {why} (rebuild)", iface.root.span))
+    commands = list(interface_commands(iface))
+    ip = [c for c in commands if c.tool == "ip"]
+    if ip:
+        plan.steps.append(Step("ip", tuple(c.args for c in ip), tuple(c.origin for c in ip), False))
+    if iface.marking is not None:
+        _chain_steps(iface, plan, chain_teardown(iface), fatal=False)
+    teardown = tuple(batch_teardown(iface))
+    tc = [c for c in commands if c.tool == "tc"]
+    plan.steps.append(
+        Step(
+            "tc",
+            (*teardown, *(c.args for c in tc)),
+            (*(f"teardown of {iface.label}" for _ in teardown), *(c.origin for c in tc)),
+        )
+    )
+    marks = [c for c in commands if c.tool in ("iptables", "ip6tables")]
+    for tool in ("iptables", "ip6tables"):
+        mine = [c for c in marks if c.tool == tool]
+        if mine:
+            plan.steps.append(
+                Step(tool, tuple(c.args for c in mine), tuple(c.origin for c in mine))
+            )
+
+
+def _chain_steps(
+    iface: ir.Interface, plan: Plan, commands: Iterable[tuple[str, ...]], fatal: bool
+) -> None:
+    for tool in ("iptables", "ip6tables"):
+        mine = tuple(c[1:] for c in commands if c[0] == tool)
+        if mine:
+            plan.steps.append(Step(tool, mine, tuple("" for _ in mine), fatal))
+
+
+def _removed_tree(iface: ir.Interface, plan: Plan) -> None:
+    plan.changes.append(Change("-", f"tree {iface.label}", iface.root.span))
+    removal = [*teardown_commands(iface), *(chain_teardown(iface) if iface.marking else ())]
+    for tool in ("tc", "ip", "iptables", "ip6tables"):
+        mine = tuple(c[1:] for c in removal if c[0] == tool)
+        if mine:
+            plan.steps.append(Step(tool, mine, tuple("" for _ in mine), fatal=False))
+
+
+def _why_rebuild(old: dict[Key, Obj], new: dict[Key, Obj]) -> str | None:
+    """Why a tree cannot change in place, or None."""
+    for key, n in new.items():
+        o = old.get(key)
+        if o is None or o.words == n.words:
+            continue
+        if n.kind in ("marking", "link"):
+            return f"{_what(n)} changed"
+        if n.kind == "qdisc" and n.parent in ("root", "ingress"):
+            if o.handle != n.handle or o.qdisc_kind != n.qdisc_kind:
+                return f"root qdisc {o.qdisc_kind} {o.handle} -> {n.qdisc_kind} {n.handle}"
+            if n.qdisc_kind not in CHANGE_IN_PLACE:
+                diff = _option_diff(o.commands[0].args, n.commands[0].args)
+                return f"{n.qdisc_kind} root cannot change in place ({diff})"
+        if n.kind == "class" and (o.parent != n.parent or o.qdisc_kind != n.qdisc_kind):
+            return f"{_what(n)} moves from {o.parent} to {n.parent}"
+    for key, o in old.items():
+        if key not in new and o.kind in ("marking", "link"):
+            return f"{_what(o)} removed"
+    return None
+
+
+def _in_place(
+    old: dict[Key, Obj], new: dict[Key, Obj], plan: Plan
+) -> tuple[list[Command], list[Command]]:
+    """The commands that change one tree in place: (build and change, delete)."""
+    build: list[Command] = []
+    replaced: set[Key] = set()
+    for key, n in new.items():
+        if key in replaced or n.kind in ("filters", "action"):
+            continue
+        o = old.get(key)
+        if o is None:
+            plan.changes.append(Change("+", _what(n), n.span))
+            build += n.commands
+        elif o.words != n.words:
+            if n.kind == "qdisc" and (
+                o.handle != n.handle
+                or o.qdisc_kind != n.qdisc_kind
+                or n.qdisc_kind not in CHANGE_IN_PLACE
+            ):
+                below_new = _subtree(new, n)
+                below_old = _subtree(old, o)
+                plan.changes.append(
+                    Change(
+                        "!",
+                        f"{_what(n)}: {o.qdisc_kind} {o.handle} -> {n.qdisc_kind} "
+                        f"{n.handle} (its subtree is built again)",
+                        n.span,
+                    )
+                )
+                build.append(
+                    Command(
+                        "tc",
+                        ("qdisc", "del", "dev", n.dev, "parent", n.parent or ""),
+                        n.span,
+                        n.what,
+                    )
+                )
+                for s in below_new:
+                    build += s.commands
+                replaced |= {s.key for s in below_new} | {s.key for s in below_old}
+                continue
+            diff = _option_diff(o.commands[0].args, n.commands[0].args)
+            plan.changes.append(Change("~", f"{_what(n)}: {diff}", n.span))
+            change = n.commands[0]
+            build.append(
+                Command(
+                    "tc", (change.args[0], "change", *change.args[2:]), change.span, change.what
+                )
+            )
+    filters: list[Command] = []
+    taken = {int(k[4]) for k in [*old, *new] if k[0] == "filters"}
+    for key, n in new.items():
+        if key in replaced or n.kind != "filters":
+            continue
+        o = old.get(key)
+        if o is None:
+            plan.changes.append(Change("+", _what(n), n.span))
+            filters += n.commands
+        elif o.words != n.words:
+            plan.changes.append(Change("~", f"{_what(n)}: {_filter_diff(o, n)}", n.span))
+            filters += _changed_filters(o, n, taken)
+    delete: list[Command] = []
+    for key, o in old.items():
+        if key in new or key in replaced or o.kind != "filters":
+            continue
+        plan.changes.append(Change("-", _what(o), o.span))
+        _, dev, parent, protocol, pref = o.key
+        args = ("filter", "del", "dev", dev, "parent", parent, "protocol", protocol, "prio", pref)
+        delete.append(Command("tc", args, o.span, o.what))
+    gone = [o for key, o in old.items() if key not in new and key not in replaced]
+    removed_classes = {o.handle for o in gone if o.kind == "class"}
+    for o in reversed(gone):  # children before parents
+        if o.kind == "class":
+            plan.changes.append(Change("-", _what(o), o.span))
+            delete.append(
+                Command(
+                    "tc", ("class", "del", "dev", o.dev, "classid", o.handle or ""), o.span, o.what
+                )
+            )
+        elif o.kind == "qdisc" and o.parent not in removed_classes:
+            plan.changes.append(Change("-", _what(o), o.span))
+            delete.append(
+                Command(
+                    "tc", ("qdisc", "del", "dev", o.dev, "parent", o.parent or ""), o.span, o.what
+                )
+            )
+    return build + filters, delete
+
+
+def _filter_diff(old: Obj, new: Obj) -> str:
+    a = [c.what for c in old.commands]
+    b = [c.what for c in new.commands]
+    if a == b:
+        return f"{len(b)} filters, keys changed"
+    return f"{len(a)} -> {len(b)} filters"
+
+
+def _actions(
+    old: dict[Key, Obj], new: dict[Key, Obj], plan: Plan
+) -> tuple[list[Command], list[tuple[str, ...]]]:
+    made: list[Command] = []
+    for key, n in new.items():
+        o = old.get(key)
+        if o is not None and o.words == n.words:
+            continue
+        if o is None:
+            plan.changes.append(Change("+", _what(n), n.span))
+        else:
+            plan.changes.append(
+                Change(
+                    "~",
+                    f"{_what(n)}: {_option_diff(o.commands[0].args, n.commands[0].args)}",
+                    n.span,
+                )
+            )
+        made += n.commands
+    gone: list[tuple[str, ...]] = [
+        ("actions", "delete", "action", "police", "index", key[2]) for key in old if key not in new
+    ]
+    for key in old:
+        if key not in new:
+            plan.changes.append(Change("-", _what(old[key]), old[key].span))
+    return made, gone
+
+
+def make_plan(old: ir.Policy | None, new: ir.Policy, rebuild: Iterable[str] = ()) -> Plan:
+    """The plan that takes the kernel from ``old`` (None: nothing of ours) to ``new``;
+    trees labelled in ``rebuild`` (drift) are built again whatever changed."""
+    plan = Plan()
+    forced = set(rebuild)
+    olds = {i.label: i for i in old.interfaces} if old is not None else {}
+    news = {i.label: i for i in new.interfaces}
+    old_actions: dict[Key, Obj] = {}
+    new_actions: dict[Key, Obj] = {}
+    build: list[Command] = []
+    delete: list[Command] = []
+    for label, iface in news.items():
+        before = olds.get(label)
+        new_objs = by_key(tree_objects(iface))
+        if before is None:
+            plan.changes.append(Change("+", f"tree {label}", iface.root.span))
+            _tree_rebuild_quiet(iface, plan)
+            continue
+        old_objs = by_key(tree_objects(before))
+        why = "drift" if label in forced else _why_rebuild(old_objs, new_objs)
+        if why is not None:
+            _tree_rebuild(iface, why, plan)
+            continue
+        old_actions |= {k: o for k, o in old_objs.items() if o.kind == "action"}
+        new_actions |= {k: o for k, o in new_objs.items() if o.kind == "action"}
+        tree_build, tree_delete = _in_place(
+            {k: o for k, o in old_objs.items() if o.kind != "action"},
+            {k: o for k, o in new_objs.items() if o.kind != "action"},
+            plan,
+        )
+        build += tree_build
+        delete += tree_delete
+    made, gone = _actions(old_actions, new_actions, plan)
+    if made or build:
+        plan.steps.append(_tc([*made, *build]))
+    if delete:
+        plan.steps.append(_tc(delete))
+    if gone:
+        plan.steps.append(Step("tc", tuple(gone), tuple("" for _ in gone), fatal=False))
+    for label, iface in olds.items():
+        if label not in news:
+            _removed_tree(iface, plan)
+    return plan
+
+
+def _tree_rebuild_quiet(iface: ir.Interface, plan: Plan) -> None:
+    """A tree applied for the first time: built as the script builds it."""
+    before = len(plan.changes)
+    _tree_rebuild(iface, "", plan)
+    del plan.changes[before:]
+
+
+def tree_labels(policy: ir.Policy) -> Iterator[str]:
+    """The labels of a policy's trees."""
+    return (i.label for i in policy.interfaces)

@@ -1,0 +1,176 @@
+"""What ``apply`` remembers: per policy name, the policies it applied (their source text, so a
+rollback compiles the same policy again) and which one is live.
+
+The state lives in ``/var/lib/tcdsl`` (``TCDSL_STATE_DIR`` moves it: tests, namespaces), one
+folder per policy name (the policy file's stem unless ``--name`` says otherwise)::
+
+    <state>/<name>/applied/<generation>.json    the last KEEP applies, newest highest
+    <state>/<name>/pending.json                 an apply waiting for ``tcdsl confirm``
+
+Files are written whole and renamed into place, so a killed apply leaves the old file or the
+new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_DIR = "/var/lib/tcdsl"
+STATE_DIR_VARIABLE = "TCDSL_STATE_DIR"
+KEEP = 5
+"""How many applied policies a name keeps (``rollback`` goes back through them)."""
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def state_dir() -> Path:
+    """Where the state lives."""
+    return Path(os.environ.get(STATE_DIR_VARIABLE) or STATE_DIR)
+
+
+def valid_name(name: str) -> bool:
+    """A policy name usable as a folder name (letters, digits, ``_ . -``; not ``.``/``..``)."""
+    return bool(_NAME.fullmatch(name)) and name not in (".", "..")
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """One applied policy: its generation number, the path it was compiled from, the text
+    of every file it read (path -> text), the devices it owns, when, and the class ids it
+    was given (tree label -> class name -> ``1:10``), which compiling it again needs: they
+    were pinned from the policy before it."""
+
+    generation: int
+    path: str
+    sources: Mapping[str, str]
+    devices: tuple[str, ...]
+    applied_at: float
+    classids: Mapping[str, Mapping[str, str]]
+
+    def to_json(self) -> dict[str, object]:
+        """The record as JSON."""
+        return {
+            "generation": self.generation,
+            "path": self.path,
+            "sources": dict(sorted(self.sources.items())),
+            "devices": list(self.devices),
+            "applied_at": self.applied_at,
+            "classids": {k: dict(sorted(v.items())) for k, v in sorted(self.classids.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> Applied:
+        """A record read back."""
+        sources, devices, ids = data["sources"], data["devices"], data["classids"]
+        assert isinstance(sources, dict) and isinstance(devices, list) and isinstance(ids, dict)
+        return cls(
+            int(str(data["generation"])),
+            str(data["path"]),
+            {str(k): str(v) for k, v in sources.items()},
+            tuple(str(d) for d in devices),
+            float(str(data["applied_at"])),
+            {str(k): {str(n): str(c) for n, c in v.items()} for k, v in ids.items()},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An apply waiting for ``confirm``: the generation applied, the one to go back to (None:
+    remove the policy), and the deadline (seconds since the epoch)."""
+
+    generation: int
+    previous: int | None
+    deadline: float
+
+
+def _write(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class Store:
+    """The state of one policy name."""
+
+    def __init__(self, name: str, root: Path | None = None) -> None:
+        if not valid_name(name):
+            raise ValueError(f"not a usable policy name: {name!r}")
+        self.name = name
+        self.folder = (root or state_dir()) / name
+
+    def _applied(self) -> Path:
+        return self.folder / "applied"
+
+    def generations(self) -> list[int]:
+        """The generations kept, oldest first."""
+        folder = self._applied()
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
+
+    def load(self, generation: int) -> Applied:
+        """One applied policy."""
+        path = self._applied() / f"{generation}.json"
+        return Applied.from_json(json.loads(path.read_text(encoding="utf-8")))
+
+    def current(self) -> Applied | None:
+        """The policy live now (the newest kept), or None."""
+        kept = self.generations()
+        return self.load(kept[-1]) if kept else None
+
+    def record(
+        self,
+        path: str,
+        sources: Mapping[str, str],
+        devices: tuple[str, ...],
+        classids: Mapping[str, Mapping[str, str]],
+    ) -> Applied:
+        """Remember a policy as applied (the newest), dropping all but the last KEEP."""
+        kept = self.generations()
+        number = (kept[-1] + 1) if kept else 1
+        applied = Applied(number, path, sources, devices, time.time(), classids)
+        _write(self._applied() / f"{applied.generation}.json", applied.to_json())
+        for old in kept[: max(0, len(kept) + 1 - KEEP)]:
+            (self._applied() / f"{old}.json").unlink(missing_ok=True)
+        return applied
+
+    def forget(self, generation: int) -> None:
+        """Drop one generation (a rollback drops the one it leaves)."""
+        (self._applied() / f"{generation}.json").unlink(missing_ok=True)
+
+    def pending(self) -> Pending | None:
+        """The apply waiting for ``confirm``, if any."""
+        path = self.folder / "pending.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        previous = data["previous"]
+        return Pending(int(data["generation"]), None if previous is None else int(previous),
+                       float(data["deadline"]))  # fmt: skip
+
+    def set_pending(self, pending: Pending | None) -> None:
+        """Start (or with None, end) waiting for ``confirm``."""
+        path = self.folder / "pending.json"
+        if pending is None:
+            path.unlink(missing_ok=True)
+            return
+        _write(path, {"generation": pending.generation, "previous": pending.previous,
+                      "deadline": pending.deadline})  # fmt: skip
+
+    def remove(self) -> None:
+        """Forget the name entirely (``down``)."""
+        for path in sorted(self.folder.rglob("*"), reverse=True):
+            if path.is_dir():
+                path.rmdir()
+            else:
+                path.unlink()
+        if self.folder.exists():
+            self.folder.rmdir()

@@ -1,0 +1,32 @@
+"""The ``--confirm`` timer: ``python -m tcdsl.ops.timer NAME GENERATION SECONDS``, started
+detached by ``apply``; after SECONDS, if generation GENERATION of NAME still waits for
+``tcdsl confirm``, it rolls back."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tcdsl.ops.lifecycle import rollback
+from tcdsl.ops.state import Store
+
+
+def main(argv: list[str]) -> int:
+    """Wait, then roll back unless confirmed; 0 when nothing was left to do."""
+    name, generation, seconds = argv[0], int(argv[1]), float(argv[2])
+    store = Store(name)
+    deadline = time.time() + seconds
+    while True:
+        pending = store.pending()
+        if pending is None or pending.generation != generation:
+            return 0  # confirmed, or a later apply took over
+        left = deadline - time.time()
+        if left <= 0:
+            break
+        time.sleep(min(left, 0.5))
+    rollback(store)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
