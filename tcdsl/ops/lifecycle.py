@@ -46,8 +46,20 @@ def policy_name(path: str, name: str | None) -> str:
     return name or PurePath(path).stem
 
 
+_COMPILED: dict[tuple[str, int, float], ir.Policy] = {}
+"""Policies of state records compiled in this process (a plan compiles the live one for its
+class ids and again for the comparison)."""
+
+
 def compile_applied(applied: Applied) -> ir.Policy:
     """The policy of a state record, compiled again from its saved text."""
+    key = (applied.path, applied.generation, applied.applied_at)
+    if key not in _COMPILED:
+        _COMPILED[key] = _compile_applied(applied)
+    return _COMPILED[key]
+
+
+def _compile_applied(applied: Applied) -> ir.Policy:
     pins = {
         label: {name: _handle(text) for name, text in ids.items()}
         for label, ids in applied.classids.items()
