@@ -1019,7 +1019,7 @@ def status_command(
     seconds = interval or every or 1.0
     samples = count if count is not None else (None if every is not None else 1)
     tty = output is None and sys.stdout.isatty()
-    width = shutil.get_terminal_size().columns if tty else 160
+    width = shutil.get_terminal_size().columns if tty else st.WIDTH
     utf8 = tty and (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
     try:
         for n, readings in enumerate(st.watch(devices, seconds, samples)):

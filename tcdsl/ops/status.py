@@ -586,27 +586,34 @@ def render_prometheus(report: Report) -> str:
 
 BAR = 10
 """Characters of a load bar."""
+WIDTH = 180
+"""Columns of the text table when the output is not a terminal."""
+
+
+def _three_digits(n: int, scales: Sequence[tuple[str, int]]) -> str | None:
+    """``n`` in three significant digits of the largest scale it reaches, or None."""
+    for suffix, scale in scales:
+        value = float(f"{n / scale:.3g}")
+        if abs(value) >= 1:
+            return (f"{value:g}" if abs(value) < 1000 else f"{value:.0f}") + suffix
+    return None
 
 
 def approx_rate(bits_per_second: int | None) -> str:
     """A measured rate in three significant digits (``3.46mbit``); ``-`` for None."""
     if bits_per_second is None:
         return "-"
-    for unit, scale in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
-        if bits_per_second >= scale:
-            value = bits_per_second / scale
-            return f"{value:.3g}{unit}" if value < 1000 else f"{value:.0f}{unit}"
-    return f"{bits_per_second}bit"
+    scales = (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3))
+    return _three_digits(bits_per_second, scales) or f"{bits_per_second}bit"
 
 
 def approx_count(n: int | None, unit: str = "") -> str:
-    """A count in at most four digits and a decimal suffix (``38.9k``); ``-`` for None."""
+    """A count exactly below 10000, else in three significant digits and a decimal suffix
+    (``38.9k``, ``3.74M``); ``-`` for None."""
     if n is None:
         return "-"
-    for suffix, scale in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
-        if abs(n) >= 10 * scale:
-            return f"{n / scale:.3g}{suffix}{unit}"
-    return f"{n}{unit}"
+    short = _three_digits(n, (("G", 10**9), ("M", 10**6), ("k", 10**3)))
+    return f"{short}{unit}" if abs(n) >= 10_000 and short is not None else f"{n}{unit}"
 
 
 def bar(row: ClassStatus, width: int = BAR) -> str:
@@ -651,11 +658,11 @@ def _leaf_text(leaf: QdiscCounters | None) -> str:
 
 
 COLUMNS = (
-    "class", "id", "line", "rate/ceil", "now", "load", "avg", "packets", "bytes", "drops",
-    "overlimits", "backlog", "lent/borrowed", "tokens/ctokens", "leaf",
+    "class", "id", "line", "rate/ceil", "now", "load", "avg", "pkts", "bytes", "drops",
+    "overlim", "backlog", "lent/borr", "tok/ctok", "leaf",
 )  # fmt: skip
 """The text table's columns."""
-_RIGHT = frozenset({"now", "avg", "packets", "bytes", "drops", "overlimits", "backlog"})
+_RIGHT = frozenset({"now", "avg", "pkts", "bytes", "drops", "overlim", "backlog"})
 
 
 def _pair(a: int | None, b: int | None, text: Callable[[int | None], str]) -> str:
@@ -702,7 +709,7 @@ def _tree_title(report: Report, tree: TreeStatus) -> str:
     return f"{head}  " + ", ".join(parts) + (f"  ({leaf})" if leaf else "")
 
 
-def render_text(report: Report, width: int = 160, unicode: bool = False) -> str:
+def render_text(report: Report, width: int = WIDTH, unicode: bool = False) -> str:
     """The report as tables, one per tree, ``width`` columns wide (box lines in ASCII unless
     ``unicode``), without colours or terminal codes."""
     from rich import box
@@ -728,7 +735,8 @@ def render_text(report: Report, width: int = 160, unicode: bool = False) -> str:
         )  # fmt: skip
         for column in COLUMNS:
             justify: Literal["left", "right"] = "right" if column in _RIGHT else "left"
-            table.add_column(column, justify=justify, no_wrap=True)
+            # folded, never cut with an ellipsis (not ASCII); the leaf's words may wrap
+            table.add_column(column, justify=justify, no_wrap=column != "leaf", overflow="fold")
         for row in tree.classes:
             table.add_row(*(Text(cell) for cell in _cells(row)))
         if not tree.classes:
