@@ -118,6 +118,40 @@ def test_unreadable_qdisc_output() -> None:
         parse_qdisc_json("qdisc htb 1: root")
 
 
+def _sections(text: str) -> dict[str, str]:
+    """The ``==NAME`` sections of capture-guest.sh's output, by NAME."""
+    parts = re.split(r"^==(\S+)\n", text, flags=re.MULTILINE)
+    pairs = zip(parts[1::2], parts[2::2], strict=True)
+    return {name: body.strip("\n") + "\n" for name, body in pairs}
+
+
+def test_the_guest_prints_what_the_captures_hold() -> None:
+    """Run capture-guest.sh in the Debian 6.1 guest again: what its tc prints today parses to
+    the same kinds, flows, tins and packet counts as the captures."""
+    from tcdsl.kernels import uml
+
+    reason = uml.available()
+    if reason is not None:
+        pytest.skip(reason)
+    script = (DATA / "capture-guest.sh").read_text(encoding="utf-8")
+    (result,) = uml.run_cases([uml.Case("status-capture", script)])
+    assert result.exit_code == 0, result.stderr
+    fresh = _sections(result.stdout)
+    assert set(fresh) == {p.name for p in DATA.glob("uml-*")}
+
+    def summary(reading: DeviceCounters) -> object:
+        qdiscs = [(q.kind, q.handle, q.parent, q.flows, len(q.tins), q.stats.packets)
+                  for q in reading.qdiscs]  # fmt: skip
+        classes = [(c.classid, c.leaf, c.stats.packets) for c in reading.classes]
+        keys = [tuple(k for k, _ in q.xstats) for q in reading.qdiscs]
+        return qdiscs, classes, keys
+
+    for stem in ("uml-htb-leaves", "uml-cake-root", "uml-fq_codel-root"):
+        classes = fresh.get(f"{stem}.class.txt", "")
+        now = device_counters("d0", 0.0, fresh[f"{stem}.qdisc.json"], classes)
+        assert summary(now) == summary(capture(stem)), stem
+
+
 # ==== joining and rendering (captured readings) ================================================
 
 LEAVES_POLICY = """\
@@ -607,3 +641,22 @@ def test_missing_interface_in_the_namespace(shaped: tuple[str, Path], tmp_path: 
     assert proc.returncode == 1 and proc.stdout == ""
     assert f"{other}:1:11: error: device 'eth7' does not exist here" in proc.stderr
     assert proc.stderr.splitlines()[0].endswith("[E280]")
+
+
+@kernel
+def test_missing_ifb_of_a_download(shaped: tuple[str, Path], tmp_path: Path) -> None:
+    """A download's IFB that is not there (the policy's script makes it): E280 at the download."""
+    ns, _ = shaped
+    both = tmp_path / "both.tcp"
+    both.write_text(
+        "interface eth0 {\n"
+        "    upload htb rate 10mbit {\n        class a rate 1mbit\n    }\n"
+        "    download htb rate 20mbit {\n        class b rate 1mbit\n    }\n"
+        "}\n",
+        encoding="utf-8",
+    )
+    proc = tcdsl_in(ns, "status", str(both), "--interval", "0.1")
+    assert proc.returncode == 1 and proc.stdout == ""
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith(f"{both}:5:5: error: the IFB 'ifb4eth0' that shapes the download")
+    assert first.endswith("apply the policy first (its script creates the IFB) [E280]")

@@ -234,20 +234,38 @@ def _bits(value: ir.Rate | ir.Percent | None) -> int | None:
     return value.bits_per_second if isinstance(value, ir.Rate) else None
 
 
-def _kernel_row(
-    cls: ClassCounters,
-    depth: int,
-    parent: str | None,
+def _row(
+    facts: tuple[str, str, str | None, int],
+    declared: tuple[str | None, int | None, int | None, int | None],
     state: State,
+    counters: ClassCounters | None,
     device: str,
     readings: tuple[Readings, Readings, Readings],
 ) -> ClassStatus:
-    now_rate, avg = _class_rates(cls.classid, device, *readings)
-    leaf = readings[2][device].qdisc(cls.leaf) if cls.leaf is not None else None
+    """A row from its (name, classid, parent, depth), what declares it (file, line, rate,
+    ceil) and the kernel's ``counters`` (None: the class is not applied)."""
+    name, classid, parent, depth = facts
+    file, line, rate, ceil = declared
+    now_rate = avg = leaf = None
+    if counters is not None:
+        now_rate, avg = _class_rates(classid, device, *readings)
+        if counters.leaf is not None:
+            leaf = readings[2][device].qdisc(counters.leaf)
     return ClassStatus(
-        cls.classid, cls.classid, parent, depth, None, None, cls.rate, cls.ceil,
-        state, cls, now_rate, avg, leaf,
-    )  # fmt: skip
+        name=name,
+        classid=classid,
+        parent=parent,
+        depth=depth,
+        file=file,
+        line=line,
+        rate=rate,
+        ceil=ceil,
+        state=state if counters is not None else "not applied",
+        counters=counters,
+        rate_now=now_rate,
+        rate_avg=avg,
+        leaf=leaf,
+    )
 
 
 def _kernel_tree_rows(
@@ -264,7 +282,8 @@ def _kernel_tree_rows(
     rows: list[ClassStatus] = []
 
     def visit(c: ClassCounters, depth: int, parent: str | None) -> None:
-        rows.append(_kernel_row(c, depth, parent, state, device, readings))
+        facts = (c.classid, c.classid, parent, depth)
+        rows.append(_row(facts, (None, None, c.rate, c.ceil), state, c, device, readings))
         for child in children.get(c.classid, []):
             visit(child, depth + 1, c.classid)
 
@@ -286,31 +305,12 @@ def _policy_tree(
     rows: list[ClassStatus] = []
     for d in _declared(root, 0, None):
         classid = str(d.cls.classid) if d.cls.classid is not None else "?"
+        parent = _name(d.parent) if d.parent is not None else None
+        facts = (_name(d.cls), classid, parent, d.depth)
+        span = d.cls.span
+        declared = (span.file, span.line, _bits(d.cls.rate), _bits(d.cls.ceil))
         counters = now.klass(classid) if applied else None
-        if counters is None:
-            now_rate: int | None = None
-            avg: int | None = None
-            leaf = None
-        else:
-            now_rate, avg = _class_rates(classid, iface.name, *readings)
-            leaf = now.qdisc(counters.leaf) if counters.leaf is not None else None
-        rows.append(
-            ClassStatus(
-                name=_name(d.cls),
-                classid=classid,
-                parent=_name(d.parent) if d.parent is not None else None,
-                depth=d.depth,
-                file=d.cls.span.file,
-                line=d.cls.span.line,
-                rate=_bits(d.cls.rate),
-                ceil=_bits(d.cls.ceil),
-                state="ok" if counters is not None else "not applied",
-                counters=counters,
-                rate_now=now_rate,
-                rate_avg=avg,
-                leaf=leaf,
-            )
-        )
+        rows.append(_row(facts, declared, "ok", counters, iface.name, readings))
     rows += _kernel_tree_rows(extra, "not in policy", iface.name, readings)
     now_rate, avg = _qdisc_rates(handle, iface.name, *readings) if applied else (None, None)
     return TreeStatus(
@@ -545,11 +545,19 @@ def render_prometheus(report: Report) -> str:
     collector): each family's ``# HELP`` and ``# TYPE``, then its samples."""
     policy = report.policy or ""
     rows = [
-        (t, row, [("interface", t.device), ("class", row.name), ("classid", row.classid),
-                  ("policy", policy)])
+        (
+            t,
+            row,
+            [
+                ("interface", t.device),
+                ("class", row.name),
+                ("classid", row.classid),
+                ("policy", policy),
+            ],
+        )
         for t in report.trees
         for row in t.classes
-    ]  # fmt: skip
+    ]
     out: list[str] = []
 
     def family(name: str, kind: str, text: str, samples: list[str]) -> None:
@@ -690,7 +698,7 @@ def _cells(row: ClassStatus) -> list[str]:
     ]  # fmt: skip
 
 
-def _tree_title(report: Report, tree: TreeStatus) -> str:
+def _tree_title(tree: TreeStatus) -> str:
     head = f"{tree.label}: {tree.kind} {tree.handle}"
     if tree.state != "ok":
         return f"{head} not applied"
@@ -719,20 +727,30 @@ def render_text(report: Report, width: int = WIDTH, unicode: bool = False) -> st
 
     buffer = StringIO()
     console = Console(
-        file=buffer, width=width, color_system=None, force_terminal=False,
-        force_jupyter=False, force_interactive=False, legacy_windows=False, emoji=False,
-        highlight=False, markup=False,
-    )  # fmt: skip
+        file=buffer,
+        width=width,
+        color_system=None,
+        force_terminal=False,
+        force_jupyter=False,
+        force_interactive=False,
+        legacy_windows=False,
+        emoji=False,
+        highlight=False,
+        markup=False,
+    )
     what = report.policy if report.policy is not None else "the kernel's tree"
     console.print(
         Text(f"tcdsl status: {what}, over {report.interval:.1f}s (session {report.elapsed:.1f}s)")
     )
     for tree in report.trees:
         table = Table(
-            title=Text(_tree_title(report, tree)), title_justify="left",
-            box=box.SIMPLE_HEAD if unicode else box.ASCII2, safe_box=not unicode,
-            show_edge=False, collapse_padding=True,
-        )  # fmt: skip
+            title=Text(_tree_title(tree)),
+            title_justify="left",
+            box=box.SIMPLE_HEAD if unicode else box.ASCII2,
+            safe_box=not unicode,
+            show_edge=False,
+            collapse_padding=True,
+        )
         for column in COLUMNS:
             justify: Literal["left", "right"] = "right" if column in _RIGHT else "left"
             # folded, never cut with an ellipsis (not ASCII); the leaf's words may wrap
