@@ -398,6 +398,34 @@ def test_missing_device_without_a_policy() -> None:
     assert result.stderr == f"tcdsl: error: device '{NO_DEVICE}' does not exist [E280]\n"
 
 
+@needs_tc
+def test_watch_redraws_on_a_terminal() -> None:
+    """On a terminal (a pseudo-terminal made here) each sample clears the screen first and the
+    table has box lines; without one (every other test) it is plain ASCII."""
+    import pty
+
+    ours, theirs = pty.openpty()
+    main = [sys.executable, "-c", "from tcdsl.cli import main; main()"]
+    env = {**os.environ, "COLUMNS": "120", "PYTHONIOENCODING": "utf-8"}
+    args = ["status", "-i", "lo", "--watch", "0.05", "--count", "2"]
+    with subprocess.Popen([*main, *args], stdout=theirs, stderr=subprocess.PIPE, env=env) as proc:
+        os.close(theirs)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(ours, 65536)
+            except OSError:  # EIO: the other side is closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(ours)
+        assert proc.wait(timeout=60) == 0
+    out = b"".join(chunks).decode("utf-8")
+    assert out.count("\x1b[2J") == 2 and out.count("lo: noqueue") == 2
+    assert "\u2500" in out  # a box line
+
+
 def test_usage_errors(tmp_path: Path) -> None:
     assert CliRunner().invoke(cli, ["status"]).exit_code == 2
     path = tmp_path / "p.tcp"
