@@ -1008,12 +1008,7 @@ def status_command(
             raise click.BadParameter(
                 f"the policy has no tree on '{unknown[0]}'", param_hint="'--interface'"
             )
-        devices = [
-            iface.name
-            for iface in checked.interfaces
-            if not devices or iface.name in devices or iface.interface in devices
-        ]
-        devices = list(dict.fromkeys(devices))
+        devices = st.devices_of(checked, devices)
     elif not devices:
         raise click.UsageError("give a POLICY, or a device with -i IFACE")
     seconds = interval or every or 1.0

@@ -359,6 +359,16 @@ def test_prometheus_escapes_label_values() -> None:
     assert sample(samples, "tcdsl_class_drops_total", classid="1:20", policy=odd) == 2937
 
 
+def test_devices_of_a_policy(tmp_path: Path) -> None:
+    """A download's tree is on its IFB; -i takes the interface or the device."""
+    policy = _policy(
+        tmp_path, (Path(__file__).parent.parent / "policies" / "home-ifb.tcp").read_text()
+    )
+    assert st.devices_of(policy) == ["eth0", "ifb4eth0"]
+    assert st.devices_of(policy, ["eth0"]) == ["eth0", "ifb4eth0"]
+    assert st.devices_of(policy, ["ifb4eth0"]) == ["ifb4eth0"]
+
+
 # ==== the kernel's tree, without a policy ======================================================
 
 

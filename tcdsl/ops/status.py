@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from io import StringIO
 from typing import Literal
@@ -133,9 +133,14 @@ def watch(
         done += 1
 
 
-def devices_of(policy: ir.Policy) -> list[str]:
-    """The devices a policy's trees are on (IFBs for downloads), in order, once each."""
-    return list(dict.fromkeys(iface.name for iface in policy.interfaces))
+def devices_of(policy: ir.Policy, only: Collection[str] = ()) -> list[str]:
+    """The devices a policy's trees are on (IFBs for downloads), in order, once each; with
+    ``only``, of the trees whose device or interface is in it."""
+    return list(
+        dict.fromkeys(
+            i.name for i in policy.interfaces if not only or i.name in only or i.interface in only
+        )
+    )
 
 
 def missing_device(policy: ir.Policy | None, error: NoSuchDevice) -> Diagnostic | None:
