@@ -896,6 +896,167 @@ def _live_operations() -> None:
 _live_operations()
 
 
+def _replace_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a reader such as node_exporter's textfile
+    collector sees the old file or the new one, never a part)."""
+    target = Path(path)
+    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with _writing(path):
+        try:
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+
+
+def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """A duration for status: a time with a unit (``500ms``, ``2s``) or bare seconds (``0.2``,
+    as watch(1) takes them)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value) if value.replace(".", "", 1).isdigit() else None
+    except ValueError:
+        seconds = None
+    if seconds is None:
+        micros = _unit_option("time")(ctx, param, value)
+        seconds = micros / 1e6 if micros is not None else None
+    if seconds is None or seconds <= 0:
+        raise click.BadParameter(f"{value!r} must be above 0", ctx, param)
+    return seconds
+
+
+@cli.command(
+    "status",
+    epilog="Examples:\n\n\b\n"
+    "  sudo tcdsl status office.tcp\n"
+    "  sudo tcdsl status -i eth0 --watch 2s\n"
+    "  sudo tcdsl status office.tcp --format json --watch 1s --count 60 > samples.jsonl\n"
+    "  sudo tcdsl status office.tcp --format prometheus --watch 15s "
+    "-o /var/lib/node_exporter/textfile/tcdsl.prom\n\n"
+    "Each sample reads the kernel's counters twice, --interval apart, for the rate now; the "
+    "average is over the whole session. docs/operations.md describes the columns, JSON keys "
+    "and metrics. Exit 0 (also when Ctrl-C ends --watch), 1 when the policy has errors or a "
+    "device does not exist (E602), 2 on usage errors.",
+)
+@click.argument("policy", required=False, type=click.Path(dir_okay=False))
+@click.option(
+    "-i",
+    "--interface",
+    "interfaces",
+    multiple=True,
+    metavar="IFACE",
+    help="The device to show (repeatable): without POLICY, its kernel tree with tc's ids; with "
+    "POLICY, only the policy's trees on it.",
+)
+@click.option(
+    "--watch",
+    "every",
+    is_flag=False,
+    flag_value="1s",
+    callback=_seconds,
+    metavar="INTERVAL",
+    help="Show a new sample every INTERVAL (1s when not given) until Ctrl-C or --count.",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    help="Stop after this many samples  [default: 1 without --watch]",
+)
+@click.option(
+    "--interval",
+    callback=_seconds,
+    metavar="INTERVAL",
+    help="Time between a sample's two readings (500ms, 2s, or seconds: 0.5)  [default: the "
+    "--watch interval, else 1s]",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "prometheus"]),
+    default="text",
+    show_default=True,
+    help="A table with load bars, one JSON object per sample and line, or Prometheus text.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Write each sample to this file, replacing it atomically, instead of stdout.",
+)
+@_access_options
+def status_command(
+    policy: str | None,
+    interfaces: tuple[str, ...],
+    every: float | None,
+    count: int | None,
+    interval: float | None,
+    fmt: str,
+    output: str | None,
+    access: Access,
+) -> None:
+    """Show the live traffic-control tree by POLICY's class names (or, with -i and no
+    POLICY, the kernel's tree by tc's ids): rate now and average against each class's rate
+    and ceil, packets, bytes, drops, overlimits, backlog, htb's lending and tokens, and the
+    flow statistics of sfq, fq_codel and cake leaves."""
+    import shutil
+
+    from tcdsl.ops import status as st
+    from tcdsl.ops.counters import CountersError, NoSuchDevice
+
+    checked: ir.Policy | None = None
+    sources: dict[str, str] = {}
+    devices = list(dict.fromkeys(interfaces))
+    if policy is not None:
+        result = analyse(policy, access=access)
+        checked = _policy_or_exit(result, "shown")
+        sources = result.sources
+        names = {n for iface in checked.interfaces for n in (iface.name, iface.interface)}
+        unknown = [name for name in devices if name not in names]
+        if unknown:
+            raise click.BadParameter(
+                f"the policy has no tree on '{unknown[0]}'", param_hint="'--interface'"
+            )
+        devices = st.devices_of(checked, devices)
+    elif not devices:
+        raise click.UsageError("give a POLICY, or a device with -i IFACE")
+    seconds = interval or every or 1.0
+    samples = count if count is not None else (None if every is not None else 1)
+    tty = output is None and sys.stdout.isatty()
+    width = shutil.get_terminal_size().columns if tty else st.WIDTH
+    utf8 = tty and (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
+    try:
+        for n, readings in enumerate(st.watch(devices, seconds, samples)):
+            report = st.build(checked, devices, *readings, source=policy)
+            if fmt == "json":
+                text = st.render_json(report)
+            elif fmt == "prometheus":
+                text = st.render_prometheus(report)
+            else:
+                text = st.render_text(report, width, utf8)
+            if output is not None:
+                _replace_file(output, text)
+                continue
+            if fmt == "text":
+                if tty and every is not None:
+                    click.clear()
+                elif n:
+                    click.echo()
+            click.echo(text, nl=False)
+    except NoSuchDevice as err:
+        found = st.missing_device(checked, err)
+        if found is not None:
+            click.echo(render([found], sources), nl=False, err=True)
+        else:
+            click.echo(f"tcdsl: error: {err} [{st.MISSING_DEVICE}]", err=True)
+        sys.exit(EXIT_POLICY)
+    except CountersError as err:
+        click.echo(f"tcdsl: cannot read the kernel's counters: {err}", err=True)
+        sys.exit(EXIT_POLICY)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_OK)
+
+
 def main() -> None:
     """Run the CLI; an unexpected exception is an internal error (exit 3, with a traceback)."""
     try:

@@ -86,6 +86,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E259": CodeInfo(_E, "A condition flower cannot say under 'classifier flower'"),
     "E260": CodeInfo(_E, "A pref above 32767 in a tree with IPv6 filters"),
     "E261": CodeInfo(_E, "More policed lines of several filters than a tree's police indexes"),
+    # E28x: live operations (tcdsl status, plan, apply, down, import)
     "E235": CodeInfo(_E, "An hfsc service curve tc refuses (two zero slopes, umax without dmax)"),
     "E236": CodeInfo(_E, "An hfsc class without an rt or ls curve"),
     "E237": CodeInfo(_E, "An hfsc ul curve without an ls curve"),
@@ -150,7 +151,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W406": CodeInfo(_W, "A tool warned while applying a command"),
     # E6xx: live operations (plan, apply, rollback, down)
     "E601": CodeInfo(_E, "A command of apply failed; the previous state was restored"),
-    "E602": CodeInfo(_E, "A device the policy shapes does not exist; nothing was changed"),
+    "E602": CodeInfo(_E, "A device the policy (or -i) names does not exist here"),
     "E603": CodeInfo(_E, "No policy is applied (or waits) under that name"),
     # E5xx: backend limits
     "E501": CodeInfo(_E, "The backend cannot express a construct of the policy"),

@@ -1,0 +1,768 @@
+"""``tcdsl status``: the live tree by the policy's names, with rates measured from the counters.
+
+A report joins the trees of a compiled policy (``ir.Policy.interfaces``: each class with its
+name, line, rate, ceil and allocated class id) with the kernel's counters
+(``tcdsl.ops.counters``) by class id. Without a policy it shows the kernel's tree with tc's own
+ids. A class of the policy the kernel lacks is reported as ``not applied``; a class the kernel
+has on a policy's device and the policy does not, as ``not in policy``.
+
+Rates come from two readings: "now" is the byte delta of the last two over the time between
+them, the average the delta since the session's first reading. ``watch`` takes the readings;
+``build`` makes a report of three of them; ``render_text``, ``render_json`` and
+``render_prometheus`` print it (docs/operations.md describes the keys and metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from io import StringIO
+from typing import Literal
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic
+from tcdsl.ops.counters import (
+    ClassCounters,
+    DeviceCounters,
+    NoSuchDevice,
+    QdiscCounters,
+    XStats,
+    read_device,
+)
+from tcdsl.units import format_rate
+
+MISSING_DEVICE = "E602"
+
+State = Literal["ok", "not applied", "not in policy"]
+LINK = "(link)"
+"""The name shown for the link class tcdsl makes from ``interface eth0 htb rate ...``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClassStatus:
+    """One class: what the policy says of it and what the kernel counts."""
+
+    name: str
+    """The policy's name (``LINK`` for the link class); the class id without a policy."""
+    classid: str
+    parent: str | None
+    """The parent class's name (or id), None at the top of a tree."""
+    depth: int
+    file: str | None
+    line: int | None
+    """Where the policy declares the class; None without a policy."""
+    rate: int | None
+    """bits/s: the policy's rate (the kernel's without a policy); None for kinds without."""
+    ceil: int | None
+    state: State
+    counters: ClassCounters | None
+    """The kernel's counters now; None when the class is not applied."""
+    rate_now: int | None
+    """bits/s between the last two readings; None when not applied or the counters reset."""
+    rate_avg: int | None
+    """bits/s since the first reading of the session."""
+    leaf: QdiscCounters | None
+    """The qdisc below the class in the kernel (its flow statistics), if one was added."""
+
+    @property
+    def limit(self) -> int | None:
+        """What the class may send at most: its ceil, else its rate (bits/s)."""
+        return self.ceil if self.ceil is not None else self.rate
+
+
+@dataclass(frozen=True, slots=True)
+class TreeStatus:
+    """One tree: a policy interface (or a device without a policy) and its classes."""
+
+    device: str
+    label: str
+    kind: str
+    """The root qdisc's kind (the policy's; the kernel's without a policy, or ``none``)."""
+    handle: str
+    state: State
+    root: QdiscCounters | None
+    rate_now: int | None
+    rate_avg: int | None
+    classes: tuple[ClassStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One status sample of every tree."""
+
+    policy: str | None
+    """The policy's path, None for the kernel's tree."""
+    elapsed: float
+    """Seconds from the session's first reading to this sample's last."""
+    interval: float
+    """Seconds between this sample's two readings."""
+    trees: tuple[TreeStatus, ...]
+
+
+Readings = Mapping[str, DeviceCounters]
+"""One reading of every device, by name."""
+
+
+# ==== readings =================================================================================
+
+
+def read_all(devices: Iterable[str], netns: str | None = None) -> dict[str, DeviceCounters]:
+    """Read every device once (``NoSuchDevice`` for the first that does not exist)."""
+    return {device: read_device(device, netns) for device in dict.fromkeys(devices)}
+
+
+def watch(
+    devices: Sequence[str],
+    interval: float,
+    count: int | None,
+    read: Callable[[Sequence[str]], Readings] = read_all,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[tuple[Readings, Readings, Readings]]:
+    """Yield (first, previous, now) readings every ``interval`` seconds, ``count`` times (None:
+    until stopped). The first sample needs two readings: one is taken, then one after
+    ``interval``."""
+    first = previous = read(devices)
+    done = 0
+    while count is None or done < count:
+        sleep(interval)
+        now = read(devices)
+        yield first, previous, now
+        previous = now
+        done += 1
+
+
+def devices_of(policy: ir.Policy, only: Collection[str] = ()) -> list[str]:
+    """The devices a policy's trees are on (IFBs for downloads), in order, once each; with
+    ``only``, of the trees whose device or interface is in it."""
+    return list(
+        dict.fromkeys(
+            i.name for i in policy.interfaces if not only or i.name in only or i.interface in only
+        )
+    )
+
+
+def missing_device(policy: ir.Policy | None, error: NoSuchDevice) -> Diagnostic | None:
+    """E602 at the first policy tree on the device that does not exist (None without a
+    policy: the caller names the ``-i`` device)."""
+    if policy is None:
+        return None
+    iface = next((i for i in policy.interfaces if i.name == error.device), None)
+    if iface is None:
+        return None
+    if iface.download is not None:
+        what = f"the IFB '{iface.name}' that shapes the download of '{iface.download.interface}'"
+        hint = "apply the policy first (its script creates the IFB)"
+    else:
+        what = f"device '{iface.name}'"
+        hint = "check the name with 'ip link', or run in the namespace that has it"
+    return Diagnostic.error(MISSING_DEVICE, f"{what} does not exist here; {hint}", iface.span)
+
+
+# ==== joining ==================================================================================
+
+
+def _rate(new: int, old: int, seconds: float) -> int | None:
+    if seconds <= 0 or new < old:
+        return None
+    return round((new - old) * 8 / seconds)
+
+
+def _rates(
+    get: Callable[[DeviceCounters], ClassCounters | QdiscCounters | None],
+    device: str,
+    first: Readings,
+    previous: Readings,
+    now: Readings,
+) -> tuple[int | None, int | None]:
+    """(rate now, average) in bits/s of what ``get`` picks out of a device's readings."""
+    cur = get(now[device])
+    if cur is None:
+        return None, None
+    out: list[int | None] = []
+    for old in (previous[device], first[device]):
+        before = get(old)
+        start = before.stats.bytes if before is not None else 0
+        out.append(_rate(cur.stats.bytes, start, now[device].at - old.at))
+    return out[0], out[1]
+
+
+def _class_rates(classid: str, device: str, *readings: Readings) -> tuple[int | None, int | None]:
+    return _rates(lambda d: d.klass(classid), device, *readings)
+
+
+def _qdisc_rates(handle: str, device: str, *readings: Readings) -> tuple[int | None, int | None]:
+    return _rates(lambda d: d.qdisc(handle), device, *readings)
+
+
+def _id_key(classid: str) -> tuple[int, int]:
+    major, _, minor = classid.partition(":")
+    try:
+        return int(major or "0", 16), int(minor or "0", 16)
+    except ValueError:
+        return (1 << 32, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Declared:
+    cls: ir.Class
+    depth: int
+    parent: ir.Class | None
+
+
+def _declared(qdisc: ir.Qdisc, depth: int, parent: ir.Class | None) -> Iterator[_Declared]:
+    """The classes of ``qdisc`` and of the qdiscs below it, pre-order, with depth and parent."""
+    if isinstance(qdisc, ir.Tbf | ir.Netem):
+        if qdisc.child is not None:
+            yield from _declared(qdisc.child, depth, parent)
+        return
+    if not isinstance(qdisc, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
+        return
+
+    def visit(cls: ir.Class, level: int, up: ir.Class | None) -> Iterator[_Declared]:
+        yield _Declared(cls, level, up)
+        for child in cls.children:
+            yield from visit(child, level + 1, cls)
+        if cls.leaf is not None:
+            yield from _declared(cls.leaf, level + 1, cls)
+
+    for top in qdisc.classes:
+        yield from visit(top, depth, parent)
+
+
+def _name(cls: ir.Class) -> str:
+    return LINK if cls.implicit else cls.name
+
+
+def _bits(value: ir.Rate | ir.Percent | None) -> int | None:
+    return value.bits_per_second if isinstance(value, ir.Rate) else None
+
+
+def _row(
+    facts: tuple[str, str, str | None, int],
+    declared: tuple[str | None, int | None, int | None, int | None],
+    state: State,
+    counters: ClassCounters | None,
+    device: str,
+    readings: tuple[Readings, Readings, Readings],
+) -> ClassStatus:
+    """A row from its (name, classid, parent, depth), what declares it (file, line, rate,
+    ceil) and the kernel's ``counters`` (None: the class is not applied)."""
+    name, classid, parent, depth = facts
+    file, line, rate, ceil = declared
+    now_rate = avg = leaf = None
+    if counters is not None:
+        now_rate, avg = _class_rates(classid, device, *readings)
+        if counters.leaf is not None:
+            leaf = readings[2][device].qdisc(counters.leaf)
+    return ClassStatus(
+        name=name,
+        classid=classid,
+        parent=parent,
+        depth=depth,
+        file=file,
+        line=line,
+        rate=rate,
+        ceil=ceil,
+        state=state if counters is not None else "not applied",
+        counters=counters,
+        rate_now=now_rate,
+        rate_avg=avg,
+        leaf=leaf,
+    )
+
+
+def _kernel_tree_rows(
+    classes: Sequence[ClassCounters],
+    state: State,
+    device: str,
+    readings: tuple[Readings, Readings, Readings],
+) -> list[ClassStatus]:
+    """``classes`` as a tree by their parents (tc's ids), pre-order, siblings by id."""
+    ids = {c.classid for c in classes}
+    children: dict[str | None, list[ClassCounters]] = {}
+    for c in sorted(classes, key=lambda c: _id_key(c.classid)):
+        children.setdefault(c.parent if c.parent in ids else None, []).append(c)
+    rows: list[ClassStatus] = []
+
+    def visit(c: ClassCounters, depth: int, parent: str | None) -> None:
+        facts = (c.classid, c.classid, parent, depth)
+        rows.append(_row(facts, (None, None, c.rate, c.ceil), state, c, device, readings))
+        for child in children.get(c.classid, []):
+            visit(child, depth + 1, c.classid)
+
+    for top in children.get(None, []):
+        visit(top, 0, None)
+    return rows
+
+
+def _policy_tree(
+    iface: ir.Interface,
+    readings: tuple[Readings, Readings, Readings],
+    extra: Sequence[ClassCounters],
+) -> TreeStatus:
+    now = readings[2][iface.name]
+    root = iface.root
+    handle = root.handle.qdisc if root.handle is not None else "?"
+    kernel_root = now.qdisc(handle)
+    applied = kernel_root is not None and kernel_root.kind == root.kind
+    rows: list[ClassStatus] = []
+    for d in _declared(root, 0, None):
+        classid = str(d.cls.classid) if d.cls.classid is not None else "?"
+        parent = _name(d.parent) if d.parent is not None else None
+        facts = (_name(d.cls), classid, parent, d.depth)
+        span = d.cls.span
+        declared = (span.file, span.line, _bits(d.cls.rate), _bits(d.cls.ceil))
+        counters = now.klass(classid) if applied else None
+        rows.append(_row(facts, declared, "ok", counters, iface.name, readings))
+    rows += _kernel_tree_rows(extra, "not in policy", iface.name, readings)
+    now_rate, avg = _qdisc_rates(handle, iface.name, *readings) if applied else (None, None)
+    return TreeStatus(
+        device=iface.name,
+        label=iface.label,
+        kind=root.kind,
+        handle=handle,
+        state="ok" if applied else "not applied",
+        root=kernel_root if applied else None,
+        rate_now=now_rate,
+        rate_avg=avg,
+        classes=tuple(rows),
+    )
+
+
+def _kernel_tree(device: str, readings: tuple[Readings, Readings, Readings]) -> TreeStatus:
+    now = readings[2][device]
+    root = next((q for q in now.qdiscs if q.parent == "root"), None)
+    handle = root.handle if root is not None else "?"
+    now_rate, avg = _qdisc_rates(handle, device, *readings) if root else (None, None)
+    return TreeStatus(
+        device=device,
+        label=device,
+        kind=root.kind if root is not None else "none",
+        handle=handle,
+        state="ok",
+        root=root,
+        rate_now=now_rate,
+        rate_avg=avg,
+        classes=tuple(_kernel_tree_rows(now.classes, "ok", device, readings)),
+    )
+
+
+def build(
+    policy: ir.Policy | None,
+    devices: Sequence[str],
+    first: Readings,
+    previous: Readings,
+    now: Readings,
+    source: str | None = None,
+) -> Report:
+    """The report of one sample: ``policy``'s trees (only those on ``devices``), or without
+    a policy the kernel's tree of each device."""
+    readings = (first, previous, now)
+    trees: list[TreeStatus] = []
+    if policy is None:
+        trees = [_kernel_tree(device, readings) for device in devices]
+    else:
+        ifaces = [i for i in policy.interfaces if i.name in devices]
+        claimed = {(i.name, str(d.cls.classid)) for i in ifaces for d in _declared(i.root, 0, None)}
+        placed: set[str] = set()
+        for iface in ifaces:
+            extra: list[ClassCounters] = []
+            if iface.name not in placed:  # the device's unknown classes go to its first tree
+                placed.add(iface.name)
+                extra = [
+                    c for c in now[iface.name].classes if (iface.name, c.classid) not in claimed
+                ]
+            trees.append(_policy_tree(iface, readings, extra))
+    some = next(iter(now.values()), None)
+    elapsed = interval = 0.0
+    if some is not None:
+        elapsed = some.at - first[some.device].at
+        interval = some.at - previous[some.device].at
+    return Report(source, elapsed, interval, tuple(trees))
+
+
+# ==== rendering: JSON ==========================================================================
+
+
+def _xstats_json(xstats: XStats) -> dict[str, int]:
+    return dict(xstats)
+
+
+def _leaf_json(leaf: QdiscCounters | None) -> dict[str, object] | None:
+    if leaf is None:
+        return None
+    s = leaf.stats
+    return {
+        "kind": leaf.kind,
+        "handle": leaf.handle,
+        "bytes": s.bytes,
+        "packets": s.packets,
+        "drops": s.drops,
+        "overlimits": s.overlimits,
+        "requeues": s.requeues,
+        "backlog_bytes": s.backlog_bytes,
+        "backlog_packets": s.backlog_packets,
+        "flows": leaf.flows,
+        "xstats": _xstats_json(leaf.xstats),
+        "tins": [_xstats_json(t) for t in leaf.tins],
+    }
+
+
+def _class_json(row: ClassStatus) -> dict[str, object]:
+    c = row.counters
+    htb = c.htb if c is not None else None
+    out: dict[str, object] = {
+        "name": row.name,
+        "classid": row.classid,
+        "parent": row.parent,
+        "depth": row.depth,
+        "file": row.file,
+        "line": row.line,
+        "state": row.state,
+        "kind": c.kind if c is not None else None,
+        "rate": row.rate,
+        "ceil": row.ceil,
+        "rate_now": row.rate_now,
+        "rate_avg": row.rate_avg,
+    }
+    for key in ("bytes", "packets", "drops", "overlimits", "requeues"):
+        out[key] = getattr(c.stats, key) if c is not None else None
+    out["backlog_bytes"] = c.stats.backlog_bytes if c is not None else None
+    out["backlog_packets"] = c.stats.backlog_packets if c is not None else None
+    out["htb"] = (
+        None
+        if htb is None
+        else {
+            "lended": htb.lended,
+            "borrowed": htb.borrowed,
+            "giants": htb.giants,
+            "tokens": htb.tokens,
+            "ctokens": htb.ctokens,
+        }
+    )
+    out["leaf"] = _leaf_json(row.leaf)
+    return out
+
+
+def report_json(report: Report) -> dict[str, object]:
+    """The report as JSON data (keys in docs/operations.md)."""
+    return {
+        "policy": report.policy,
+        "elapsed": round(report.elapsed, 3),
+        "interval": round(report.interval, 3),
+        "trees": [
+            {
+                "device": t.device,
+                "label": t.label,
+                "kind": t.kind,
+                "handle": t.handle,
+                "state": t.state,
+                "rate_now": t.rate_now,
+                "rate_avg": t.rate_avg,
+                "qdisc": _leaf_json(t.root),
+                "classes": [_class_json(row) for row in t.classes],
+            }
+            for t in report.trees
+        ],
+    }
+
+
+def render_json(report: Report) -> str:
+    """One line of JSON (sorted keys) and a newline."""
+    return json.dumps(report_json(report), sort_keys=True, separators=(",", ":")) + "\n"
+
+
+# ==== rendering: Prometheus ====================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One metric family of the Prometheus output."""
+
+    name: str
+    kind: Literal["counter", "gauge"]
+    help: str
+    value: Callable[[ClassStatus], int | None]
+
+
+def _stat(key: str) -> Callable[[ClassStatus], int | None]:
+    def value(row: ClassStatus) -> int | None:
+        return getattr(row.counters.stats, key) if row.counters is not None else None
+
+    return value
+
+
+def _htb(key: str) -> Callable[[ClassStatus], int | None]:
+    def value(row: ClassStatus) -> int | None:
+        htb = row.counters.htb if row.counters is not None else None
+        return getattr(htb, key) if htb is not None else None
+
+    return value
+
+
+CLASS_METRICS = (
+    Metric("tcdsl_class_applied", "gauge", "1 if the kernel has the class, 0 if the policy's "
+           "class is not applied", lambda r: int(r.counters is not None)),
+    Metric("tcdsl_class_bytes_total", "counter", "Bytes the class sent", _stat("bytes")),
+    Metric("tcdsl_class_packets_total", "counter", "Packets the class sent", _stat("packets")),
+    Metric("tcdsl_class_drops_total", "counter", "Packets the class dropped", _stat("drops")),
+    Metric("tcdsl_class_overlimits_total", "counter", "Times the class was over its limit",
+           _stat("overlimits")),
+    Metric("tcdsl_class_requeues_total", "counter", "Packets requeued", _stat("requeues")),
+    Metric("tcdsl_class_backlog_bytes", "gauge", "Bytes queued", _stat("backlog_bytes")),
+    Metric("tcdsl_class_backlog_packets", "gauge", "Packets queued", _stat("backlog_packets")),
+    Metric("tcdsl_class_rate_bits_per_second", "gauge", "The rate the policy gives the class",
+           lambda r: r.rate),
+    Metric("tcdsl_class_ceil_bits_per_second", "gauge", "The ceil the policy gives the class",
+           lambda r: r.ceil),
+    Metric("tcdsl_class_throughput_bits_per_second", "gauge",
+           "What the class sent per second over the last interval", lambda r: r.rate_now),
+    Metric("tcdsl_class_lended_total", "counter", "htb: packets sent on the class's own rate",
+           _htb("lended")),
+    Metric("tcdsl_class_borrowed_total", "counter", "htb: packets sent on borrowed tokens",
+           _htb("borrowed")),
+    Metric("tcdsl_class_giants_total", "counter", "htb: packets larger than the class's mtu",
+           _htb("giants")),
+    Metric("tcdsl_class_tokens", "gauge", "htb: rate tokens left (kernel units)", _htb("tokens")),
+    Metric("tcdsl_class_ctokens", "gauge", "htb: ceil tokens left (kernel units)",
+           _htb("ctokens")),
+)  # fmt: skip
+"""The per-class metrics, in the order they are written."""
+
+LEAF_STAT = "tcdsl_leaf_stat"
+LEAF_TIN_STAT = "tcdsl_leaf_tin_stat"
+LEAF_FLOWS = "tcdsl_leaf_flows"
+
+
+def escape_label(value: str) -> str:
+    """A label value as the exposition format writes it: ``\\``, ``"`` and newlines escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(pairs: Sequence[tuple[str, str]]) -> str:
+    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in pairs) + "}"
+
+
+def render_prometheus(report: Report) -> str:
+    """The report in the Prometheus text exposition format (node_exporter's textfile
+    collector): each family's ``# HELP`` and ``# TYPE``, then its samples."""
+    policy = report.policy or ""
+    rows = [
+        (
+            t,
+            row,
+            [
+                ("interface", t.device),
+                ("class", row.name),
+                ("classid", row.classid),
+                ("policy", policy),
+            ],
+        )
+        for t in report.trees
+        for row in t.classes
+    ]
+    out: list[str] = []
+
+    def family(name: str, kind: str, text: str, samples: list[str]) -> None:
+        if samples:
+            out.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}", *samples])
+
+    for m in CLASS_METRICS:
+        samples = []
+        for _, row, labels in rows:
+            value = m.value(row)
+            if value is not None:
+                samples.append(f"{m.name}{_labels(labels)} {value}")
+        family(m.name, m.kind, m.help, samples)
+    flows, stats, tins = [], [], []
+    for _, row, labels in rows:
+        if row.leaf is None:
+            continue
+        leaf = [*labels, ("kind", row.leaf.kind)]
+        if row.leaf.kind in ("sfq", "fq_codel", "cake"):
+            flows.append(f"{LEAF_FLOWS}{_labels(leaf)} {row.leaf.flows}")
+        for key, value in row.leaf.xstats:
+            stats.append(f"{LEAF_STAT}{_labels([*leaf, ('stat', key)])} {value}")
+        for i, tin in enumerate(row.leaf.tins):
+            for key, value in tin:
+                tin_labels = [*leaf, ("tin", str(i)), ("stat", key)]
+                tins.append(f"{LEAF_TIN_STAT}{_labels(tin_labels)} {value}")
+    family(LEAF_FLOWS, "gauge", "Flows the class's sfq, fq_codel or cake lists as active", flows)
+    family(LEAF_STAT, "gauge", "The leaf qdisc's extended statistics, as tc names them", stats)
+    family(LEAF_TIN_STAT, "gauge", "cake: each tin's statistics, as tc names them", tins)
+    return "\n".join(out) + "\n" if out else ""
+
+
+# ==== rendering: text ==========================================================================
+
+BAR = 10
+"""Characters of a load bar."""
+WIDTH = 180
+"""Columns of the text table when the output is not a terminal."""
+
+
+def _three_digits(n: int, scales: Sequence[tuple[str, int]]) -> str | None:
+    """``n`` in three significant digits of the largest scale it reaches, or None."""
+    for suffix, scale in scales:
+        value = float(f"{n / scale:.3g}")
+        if abs(value) >= 1:
+            return (f"{value:g}" if abs(value) < 1000 else f"{value:.0f}") + suffix
+    return None
+
+
+def approx_rate(bits_per_second: int | None) -> str:
+    """A measured rate in three significant digits (``3.46mbit``); ``-`` for None."""
+    if bits_per_second is None:
+        return "-"
+    scales = (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3))
+    return _three_digits(bits_per_second, scales) or f"{bits_per_second}bit"
+
+
+def approx_count(n: int | None, unit: str = "") -> str:
+    """A count exactly below 10000, else in three significant digits and a decimal suffix
+    (``38.9k``, ``3.74M``); ``-`` for None."""
+    if n is None:
+        return "-"
+    short = _three_digits(n, (("G", 10**9), ("M", 10**6), ("k", 10**3)))
+    return f"{short}{unit}" if abs(n) >= 10_000 and short is not None else f"{n}{unit}"
+
+
+def bar(row: ClassStatus, width: int = BAR) -> str:
+    """``[#####|....]``: the rate now against the class's ceil (or rate), ``|`` at its rate
+    when it has a ceil above it; empty without a limit or a measured rate."""
+    limit = row.limit
+    if limit is None or limit <= 0 or row.rate_now is None:
+        return ""
+    filled = min(width, round(row.rate_now * width / limit))
+    cells = ["#"] * filled + ["."] * (width - filled)
+    if row.rate is not None and row.ceil is not None and row.rate < row.ceil:
+        at = min(width - 1, row.rate * width // row.ceil)
+        if cells[at] == ".":
+            cells[at] = "|"
+    return "[" + "".join(cells) + "]"
+
+
+FQ_CODEL_SUMMARY = (("new", "new_flows_len"), ("old", "old_flows_len"), ("ecn", "ecn_mark"))
+"""What the text table shows of an fq_codel's statistics (word, tc's key)."""
+CAKE_SUMMARY = (
+    ("sparse", "sparse_flows"),
+    ("bulk", "bulk_flows"),
+    ("unresp", "unresponsive_flows"),
+    ("ecn", "ecn_mark"),
+)
+"""What the text table shows of a cake's statistics, summed over its tins."""
+
+
+def _leaf_text(leaf: QdiscCounters | None) -> str:
+    if leaf is None:
+        return ""
+    parts = [leaf.kind]
+    if leaf.kind in ("sfq", "fq_codel"):
+        parts.append(f"flows {leaf.flows}")
+    if leaf.kind == "fq_codel":
+        xs = dict(leaf.xstats)
+        parts += [f"{word} {xs.get(key, 0)}" for word, key in FQ_CODEL_SUMMARY]
+    if leaf.kind == "cake":
+        tins = [dict(t) for t in leaf.tins]
+        parts += [f"{word} {sum(t.get(key, 0) for t in tins)}" for word, key in CAKE_SUMMARY]
+    return " ".join(parts)
+
+
+COLUMNS = (
+    "class", "id", "line", "rate/ceil", "now", "load", "avg", "pkts", "bytes", "drops",
+    "overlim", "backlog", "lent/borr", "tok/ctok", "leaf",
+)  # fmt: skip
+"""The text table's columns."""
+_RIGHT = frozenset({"now", "avg", "pkts", "bytes", "drops", "overlim", "backlog"})
+
+
+def _pair(a: int | None, b: int | None, text: Callable[[int | None], str]) -> str:
+    return f"{text(a)}/{text(b)}"
+
+
+def _cells(row: ClassStatus) -> list[str]:
+    c = row.counters
+    name = "  " * row.depth + row.name
+    if row.state == "not in policy":
+        name += " (not in policy)"
+    limits = _pair(row.rate, row.ceil, lambda v: format_rate(v) if v is not None else "-")
+    line = str(row.line) if row.line is not None else "-"
+    if c is None:
+        return [name, row.classid, line, limits, "not applied", *[""] * 10]
+    s, htb = c.stats, c.htb
+    return [
+        name, row.classid, line, limits, approx_rate(row.rate_now), bar(row),
+        approx_rate(row.rate_avg), approx_count(s.packets), approx_count(s.bytes, "B"),
+        approx_count(s.drops), approx_count(s.overlimits),
+        f"{approx_count(s.backlog_bytes, 'B')}/{s.backlog_packets}p",
+        _pair(htb.lended, htb.borrowed, approx_count) if htb else "-",
+        _pair(htb.tokens, htb.ctokens, approx_count) if htb else "-",
+        _leaf_text(row.leaf),
+    ]  # fmt: skip
+
+
+def _tree_title(tree: TreeStatus) -> str:
+    head = f"{tree.label}: {tree.kind} {tree.handle}"
+    if tree.state != "ok":
+        return f"{head} not applied"
+    root = tree.root
+    if root is None:
+        return f"{head} (no qdisc)"
+    s = root.stats
+    parts = [
+        f"now {approx_rate(tree.rate_now)}",
+        f"avg {approx_rate(tree.rate_avg)}",
+        f"{approx_count(s.packets)} packets",
+        f"{approx_count(s.drops)} dropped",
+        f"backlog {approx_count(s.backlog_bytes, 'B')}/{s.backlog_packets}p",
+    ]
+    leaf = _leaf_text(root) if root.kind in ("sfq", "fq_codel", "cake") else ""
+    return f"{head}  " + ", ".join(parts) + (f"  ({leaf})" if leaf else "")
+
+
+def render_text(report: Report, width: int = WIDTH, unicode: bool = False) -> str:
+    """The report as tables, one per tree, ``width`` columns wide (box lines in ASCII unless
+    ``unicode``), without colours or terminal codes."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    buffer = StringIO()
+    console = Console(
+        file=buffer,
+        width=width,
+        color_system=None,
+        force_terminal=False,
+        force_jupyter=False,
+        force_interactive=False,
+        legacy_windows=False,
+        emoji=False,
+        highlight=False,
+        markup=False,
+    )
+    what = report.policy if report.policy is not None else "the kernel's tree"
+    console.print(
+        Text(f"tcdsl status: {what}, over {report.interval:.1f}s (session {report.elapsed:.1f}s)")
+    )
+    for tree in report.trees:
+        table = Table(
+            title=Text(_tree_title(tree)),
+            title_justify="left",
+            box=box.SIMPLE_HEAD if unicode else box.ASCII2,
+            safe_box=not unicode,
+            show_edge=False,
+            collapse_padding=True,
+        )
+        for column in COLUMNS:
+            justify: Literal["left", "right"] = "right" if column in _RIGHT else "left"
+            # folded, never cut with an ellipsis (not ASCII); the leaf's words may wrap
+            table.add_column(column, justify=justify, no_wrap=column != "leaf", overflow="fold")
+        for row in tree.classes:
+            table.add_row(*(Text(cell) for cell in _cells(row)))
+        if not tree.classes:
+            table.add_row(Text("(no classes)"), *[""] * (len(COLUMNS) - 1))
+        console.print(table)
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
