@@ -86,7 +86,6 @@ _TABLE: dict[str, CodeInfo] = {
     "E259": CodeInfo(_E, "A condition flower cannot say under 'classifier flower'"),
     "E260": CodeInfo(_E, "A pref above 32767 in a tree with IPv6 filters"),
     "E261": CodeInfo(_E, "More policed lines of several filters than a tree's police indexes"),
-    # E28x: live operations (tcdsl status, plan, apply, down, import)
     "E235": CodeInfo(_E, "An hfsc service curve tc refuses (two zero slopes, umax without dmax)"),
     "E236": CodeInfo(_E, "An hfsc class without an rt or ls curve"),
     "E237": CodeInfo(_E, "An hfsc ul curve without an ls curve"),
