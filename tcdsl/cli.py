@@ -1008,7 +1008,10 @@ def status_command(
     sources: dict[str, str] = {}
     devices = list(dict.fromkeys(interfaces))
     if policy is not None:
-        result = analyse(policy, access=access)
+        from tcdsl.ops.lifecycle import live_pins
+
+        # the class ids 'tcdsl apply' gave the policy live under its name, if it is
+        result = analyse(policy, access=access, pins=live_pins(policy))
         checked = _policy_or_exit(result, "shown")
         sources = result.sources
         names = {n for iface in checked.interfaces for n in (iface.name, iface.interface)}

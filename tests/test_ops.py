@@ -147,6 +147,11 @@ def test_a_class_change_keeps_counters_and_siblings_ids(tcdsl: Tcdsl, host: Host
     after = tcdsl.tc("-s", "class", "show", "dev", "d0", "classid", "1:30")
     assert "rate 2Mbit" in after and int(after.split("Sent ")[1].split()[0]) >= sent > 0, after
     assert "1:40" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:40")  # 'first'
+    # status reads the kernel by the names of the ids apply gave, not by a fresh numbering
+    shown = tcdsl("status", "--format", "json", "--count", "1", "--interval", "0.1", a)
+    assert shown.code == 0, shown
+    rows = {c["name"]: c["classid"] for i in json.loads(shown.out)["trees"] for c in i["classes"]}
+    assert rows["first"] == "1:40" and rows["bulk"] == "1:30", rows
 
 
 def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:

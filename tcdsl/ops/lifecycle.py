@@ -22,7 +22,7 @@ from tcdsl.driver import Result, analyse
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.live import device_exists, drift
 from tcdsl.ops.plan import Change, Plan, make_plan
-from tcdsl.ops.state import Applied, Pending, Store
+from tcdsl.ops.state import Applied, Pending, Store, valid_name
 
 
 class OpsError(Exception):
@@ -95,6 +95,19 @@ def compile_new(store: Store, path: str) -> Result:
     applied = store.current()
     old = compile_applied(applied) if applied is not None else None
     return analyse(path, pins=pins_of(old))
+
+
+def live_pins(path: str, name: str | None = None) -> Pins:
+    """The class ids of the policy live under ``path``'s name ({} when none is), so that a
+    command reading the kernel by the policy's names (``status``) finds what apply made."""
+    state_name = policy_name(path, name)
+    if not valid_name(state_name):
+        return {}
+    applied = Store(state_name).current()
+    try:
+        return pins_of(compile_applied(applied)) if applied is not None else {}
+    except OpsError:
+        return {}
 
 
 def _devices(policy: ir.Policy) -> tuple[str, ...]:
