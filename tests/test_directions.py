@@ -126,13 +126,16 @@ def test_policers_are_words_of_their_filters(tmp_path: Path) -> None:
         police_block("eth0", set()) + 1,
         police_block("eth0 download (via ifb4eth0)", set()) + 1,
     )
+    assert f"tc actions replace action police rate 2mbit burst 20k drop index {up}" in cmds
     assert (
         "tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 80 0xffff "
-        f"police index {up} rate 2mbit burst 20k drop flowid 1:10"
+        f"police index {up} flowid 1:10"
     ) in cmds
+    made = f"tc actions replace action police rate 4mbit burst 30k mtu 9k continue index {down}"
+    assert made in cmds
     assert (
         "tc filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip sport 80 0xffff "
-        f"police index {down} rate 4mbit burst 30k mtu 9k continue flowid 1:10"
+        f"police index {down} flowid 1:10"
     ) in cmds
     assert "tc qdisc add dev eth1 handle ffff: ingress" in cmds
     assert (

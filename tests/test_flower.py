@@ -67,11 +67,13 @@ def test_flower_words_police_after_action_and_ports_from_zero(tmp_path: Path) ->
     _, script = _compile(tmp_path, ORDERED)
     filters = [line for line in script.splitlines() if line.startswith("tc filter")]
     https = [f for f in filters if "dst_port 443" in f]
-    # one policer for the line: the first filter creates it at an index, the other binds to it
+    # one policer for the line: made before the filters at an index, both bind to it
     assert len(https) == 2
-    first, second = https
-    assert re.search(r" action police index \d+ rate 1mbit burst 10k drop classid", first)
-    assert re.search(r" action police index \d+ classid", second)
+    made = re.search(r"^tc actions replace action police rate 1mbit burst 10k drop index (\d+)$",
+                     script, re.M)  # fmt: skip
+    assert made is not None and script.index(made.group(0)) < script.index(https[0])
+    for f in https:
+        assert f" action police index {made.group(1)} classid" in f, f
     low = [f.split(" flower ", 1)[1] for f in filters if "classid 1:40" in f]
     # 0-1000 is not a block of the form 0/MASK: 0-511 as a mask, 512-1000 as a range
     assert (

@@ -190,6 +190,13 @@ def _missing_kind(command: str) -> str:
     return "what this command needs"
 
 
+HARMLESS_WARNINGS = frozenset({"Warning: act_api: Failed to setup tc actions for offload."})
+"""What the kernel says that changes nothing here: a police action whose verdict above the rate
+is ``reclassify`` (the default), made on its own (a tree's shared policer), cannot be offloaded
+to a NIC; the action works in software as asked. (``skip_hw`` would silence it, but kernels
+before 5.17 refuse that flag on an action.)"""
+
+
 def apply_diagnostics(
     outcome: ApplyOutcome, origins: Sequence[Origin], fallback: Span
 ) -> list[Diagnostic]:
@@ -204,11 +211,12 @@ def apply_diagnostics(
         last = i == len(outcome.steps) - 1
         if last and outcome.failed:
             continue
-        if origin is not None and step.stderr:
+        said = [line for line in step.stderr if line.strip() not in HARMLESS_WARNINGS]
+        if origin is not None and said:
             out.append(
                 Diagnostic.warning(
                     TOOL_WARNED,
-                    f"{origin.tool} warned on {origin.what}: {_quote(step.stderr)}",
+                    f"{origin.tool} warned on {origin.what}: {_quote(said)}",
                     origin.span,
                 )
             )
