@@ -211,12 +211,12 @@ def apply_diagnostics(
         last = i == len(outcome.steps) - 1
         if last and outcome.failed:
             continue
-        said = [line for line in step.stderr if line.strip() not in HARMLESS_WARNINGS]
-        if origin is not None and said:
+        heard = [line for line in step.stderr if line.strip() not in HARMLESS_WARNINGS]
+        if origin is not None and heard:
             out.append(
                 Diagnostic.warning(
                     TOOL_WARNED,
-                    f"{origin.tool} warned on {origin.what}: {_quote(said)}",
+                    f"{origin.tool} warned on {origin.what}: {_quote(heard)}",
                     origin.span,
                 )
             )
