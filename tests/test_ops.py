@@ -236,3 +236,21 @@ def test_random_edits_apply_in_place(
     assert found["problems"] == [], "\n\n".join(found["problems"][:3])
     assert found["edits"] == 200 and found["renumbered"] == 0
     assert found["in_place"] > 3 * found["rebuilds"] > 0
+
+
+def test_an_apply_killed_at_every_command_recovers(
+    make_netns: Callable[[], str], tmp_path: Path, host: HostSupport
+) -> None:
+    """Random (A, B) pairs; the apply of B killed after each of its tc commands in turn (and
+    once after all of them, before the state is written): 'plan' says the apply did not
+    finish, and the next 'apply B' reaches B or 'rollback' reaches A, never a mix."""
+    ns = _netns(make_netns)
+    args = ["ip", "netns", "exec", ns, sys.executable, "-m", "tests.ops_faults", "1", "8"]
+    done = subprocess.run(
+        [*args, str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=900, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    print({"kills": found["kills"]})
+    assert found["problems"] == [], "\n\n".join(found["problems"][:3])
+    assert found["kills"] >= 60

@@ -136,6 +136,14 @@ def prepare(store: Store, new: ir.Policy | None, result: Result | None = None) -
     for label, found in sorted(changed.items()):
         for d in found[:5]:
             plan.drift.append(Change("!", f"drift in {label}: {d.message}", d.span))
+    killed = store.applying()
+    if killed is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(killed.applied_at))
+        plan.drift.insert(
+            0,
+            Change("!", f"an apply of {killed.path} (started {when}) did not finish: the kernel "
+                   "may hold part of it; what differs from the live policy is built again"),
+        )  # fmt: skip
     return Prepared(store, new, result, old, applied, plan)
 
 
@@ -157,10 +165,15 @@ def apply(
     missing = missing_devices(new)
     if missing:
         raise OpsError(f"no such device: {', '.join(missing)}; nothing was changed")
-    apply_policy(prepared.old, new, prepared.plan, runner)
     store = prepared.store
-    previous = prepared.applied.generation if prepared.applied is not None else None
     ids = {t: {n: str(h) for n, h in v.items()} for t, v in pins_of(new).items()}
+    store.start(path, sources, _devices(new), ids)
+    try:
+        apply_policy(prepared.old, new, prepared.plan, runner)
+    except ApplyFailed:
+        store.finish()  # the old policy was built again
+        raise
+    previous = prepared.applied.generation if prepared.applied is not None else None
     applied = store.record(path, sources, _devices(new), ids)
     if confirm is not None:
         store.set_pending(Pending(applied.generation, previous, time.time() + confirm))
@@ -194,22 +207,38 @@ def confirm(store: Store) -> Pending:
 
 def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
     """Go back to the policy applied before the live one (None: there was none, and the
-    live one is removed). The live one's record is dropped."""
+    live one is removed). The live one's record is dropped. After an apply that did not
+    finish (killed), go back to the live one instead: the kernel may hold part of the other."""
     applied = store.current()
-    if applied is None:
+    interrupted = store.applying() is not None
+    if applied is None and not interrupted:
         raise OpsError(f"no policy is applied under the name {store.name!r}")
-    earlier = [g for g in store.generations() if g < applied.generation]
-    target = compile_applied(store.load(earlier[-1])) if earlier else None
+    if interrupted:
+        target = compile_applied(applied) if applied is not None else None
+        back = applied
+    else:
+        assert applied is not None
+        earlier = [g for g in store.generations() if g < applied.generation]
+        back = store.load(earlier[-1]) if earlier else None
+        target = compile_applied(back) if back is not None else None
     prepared = prepare(store, target)
     old = prepared.old
-    apply_policy(old, target or dataclasses.replace(old or _nothing(), interfaces=()),
-                 prepared.plan, runner)  # fmt: skip
+    empty = dataclasses.replace(old or _nothing(), interfaces=())
+    if interrupted and applied is None:
+        # a first apply was killed: remove every tree it may have made
+        killed = store.applying()
+        assert killed is not None
+        old = compile_applied(killed)
+        prepared.plan = make_plan(old, empty, rebuild=())
+    apply_policy(old, target or empty, prepared.plan, runner)
     store.set_pending(None)
+    store.finish()
     if target is None:
         store.remove()
         return None
-    store.forget(applied.generation)
-    return store.load(earlier[-1])
+    if not interrupted and applied is not None:
+        store.forget(applied.generation)
+    return back
 
 
 def down(store: Store, runner: Runner = run_command) -> Plan:

@@ -6,6 +6,7 @@ folder per policy name (the policy file's stem unless ``--name`` says otherwise)
 
     <state>/<name>/applied/<generation>.json    the last KEEP applies, newest highest
     <state>/<name>/pending.json                 an apply waiting for ``tcdsl confirm``
+    <state>/<name>/applying.json                an apply under way (left by one that was killed)
 
 Files are written whole and renamed into place, so a killed apply leaves the old file or the
 new one, never half of one.
@@ -139,7 +140,27 @@ class Store:
         _write(self._applied() / f"{applied.generation}.json", applied.to_json())
         for old in kept[: max(0, len(kept) + 1 - KEEP)]:
             (self._applied() / f"{old}.json").unlink(missing_ok=True)
+        self.finish()
         return applied
+
+    def start(self, path: str, sources: Mapping[str, str], devices: tuple[str, ...],
+              classids: Mapping[str, Mapping[str, str]]) -> None:  # fmt: skip
+        """Note an apply under way (until :meth:`record` or :meth:`finish`): a later command
+        that finds it knows the kernel may hold part of it."""
+        applied = Applied(0, path, sources, devices, time.time(), classids)
+        _write(self.folder / "applying.json", applied.to_json())
+
+    def applying(self) -> Applied | None:
+        """The apply a killed command left under way, if any (generation 0)."""
+        try:
+            text = (self.folder / "applying.json").read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        return Applied.from_json(json.loads(text))
+
+    def finish(self) -> None:
+        """No apply is under way any more."""
+        (self.folder / "applying.json").unlink(missing_ok=True)
 
     def forget(self, generation: int) -> None:
         """Drop one generation (a rollback drops the one it leaves)."""
