@@ -152,6 +152,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E601": CodeInfo(_E, "A command of apply failed; the previous state was restored"),
     "E602": CodeInfo(_E, "A device the policy (or -i) names does not exist here"),
     "E603": CodeInfo(_E, "No policy is applied (or waits) under that name"),
+    "E604": CodeInfo(_E, "The kernel or its tools lack what the policy needs; nothing changed"),
     # E5xx: backend limits
     "E501": CodeInfo(_E, "The backend cannot express a construct of the policy"),
     "E502": CodeInfo(_E, "A word or command has no spelling in the output format"),

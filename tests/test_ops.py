@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -154,18 +155,59 @@ def test_a_class_change_keeps_counters_and_siblings_ids(tcdsl: Tcdsl, host: Host
     assert rows["first"] == "1:40" and rows["bulk"] == "1:30", rows
 
 
-def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:
-    """B's leaf sfq is not in this kernel: apply stops there, says so at the policy line
-    (E601) and the kernel holds A again."""
+def test_what_the_kernel_lacks_is_refused_before_any_change(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """B's leaf sfq is not in this kernel: apply probes first and refuses at the policy line
+    (E604); the kernel still holds A."""
     if "sfq" in host.qdiscs:
         pytest.skip("needs a qdisc the host lacks (sfq is here)")
     a = tcdsl.write("p.tcp", A)
     assert tcdsl("apply", "--yes", a).code == 0
     bad = A.replace("voip rate 2mbit", "voip rate 5mbit").replace("pfifo limit 20", "sfq")
-    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", bad))
-    assert failed.code == 1 and "[E601]" in failed.err, failed
-    assert "p.tcp:5:9" in failed.err and "previous state was restored" in failed.err, failed
+    refused = tcdsl("apply", "--yes", tcdsl.write("p.tcp", bad))
+    assert refused.code == 1 and "[E604]" in refused.err and "p.tcp:5:9" in refused.err, refused
+    assert "the sfq qdisc" in refused.err and "nothing was changed" in refused.err, refused
     assert "rate 2Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
+    assert tcdsl("plan", tcdsl.write("p.tcp", A)).out == "no changes\n"
+
+
+FAILING_TC = """#!/bin/sh
+# tc, except that a batch with 'limit 30' in it stops there as the kernel would refuse it
+if [ "$1" = -batch ]; then
+    input=$(cat)
+    n=$(printf '%s\\n' "$input" | grep -n 'limit 30' | head -n 1 | cut -d: -f1)
+    if [ -n "$n" ]; then
+        printf '%s\\n' "$input" | head -n $((n - 1)) | REAL -batch - || exit 1
+        echo 'RTNETLINK answers: Invalid argument' >&2
+        echo "Command failed -:$n" >&2
+        exit 1
+    fi
+    printf '%s\\n' "$input" | exec REAL -batch -
+fi
+exec REAL "$@"
+"""
+
+
+def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """The kernel refuses a command half-way through B (a tc that fails on B's 'limit 30'):
+    apply builds A again, and says which command failed, with tc's words, at its policy
+    line (E601)."""
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    real = shutil.which("tc")
+    assert real is not None
+    shim = tcdsl.folder / "bin"
+    shim.mkdir()
+    (shim / "tc").write_text(FAILING_TC.replace("REAL", real), encoding="utf-8")
+    (shim / "tc").chmod(0o755)
+    tcdsl.env["PATH"] = f"{shim}:{tcdsl.env['PATH']}"
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", B))
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    assert "p.tcp:6:9" in failed.err and "Invalid argument" in failed.err, failed
+    assert "previous state was restored" in failed.err, failed
+    assert "rate 2Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
+    assert "1:40" not in tcdsl.tc("class", "show", "dev", "d0")  # B's guest is not there
     assert tcdsl("plan", tcdsl.write("p.tcp", A)).out == "no changes\n"
 
 

@@ -16,6 +16,7 @@ from tcdsl.ops.apply import ApplyFailed
 from tcdsl.ops.lifecycle import (
     OpsError,
     Prepared,
+    Unsupported,
     apply,
     compile_new,
     confirm,
@@ -31,6 +32,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHANGES = 0, 1, 2, 4
 FAILED = "E601"
 NO_DEVICE = "E602"
 NO_STATE = "E603"
+UNSUPPORTED = "E604"
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
 _ORIGIN = re.compile(r"(?P<file>.+):(?P<line>\d+):(?P<column>\d+): (?P<what>.*)")
@@ -166,6 +168,9 @@ def apply_command(policy: str, name: str | None, yes: bool, within: str | None) 
         applied = apply(prepared, policy, result.sources, seconds)
     except ApplyFailed as e:
         _failed(e, result.sources)
+    except Unsupported as e:
+        first = e.lacking[0]
+        _fail(UNSUPPORTED, str(e), first.span, result.sources)
     except OpsError as e:
         _fail(NO_DEVICE, str(e))
     note = f"; rolled back in {within} unless 'tcdsl confirm {store.name}'" if within else ""

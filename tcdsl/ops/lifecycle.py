@@ -23,10 +23,38 @@ from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.live import device_exists, drift
 from tcdsl.ops.plan import Change, Plan, make_plan
 from tcdsl.ops.state import Applied, Pending, Store, valid_name
+from tcdsl.verify.expect import Requirement, expected_policy
+from tcdsl.verify.runner import KernelUnavailable, host_support
 
 
 class OpsError(Exception):
     """An operation refused before changing anything (the message says why)."""
+
+
+class Unsupported(OpsError):
+    """The kernel or tools here lack what the new policy needs; nothing was changed."""
+
+    def __init__(self, lacking: list[Requirement]) -> None:
+        words = ", ".join(r.what for r in lacking)
+        super().__init__(f"this kernel or its tools lack {words}; nothing was changed")
+        self.lacking = lacking
+
+
+def check_support(old: ir.Policy | None, new: ir.Policy) -> None:
+    """Refuse (:class:`Unsupported`) when this host lacks a kernel feature or tool ``new``
+    needs that ``old`` (live, so evidently there) did not: probed in a scratch namespace,
+    as ``verify`` does."""
+    had = {r.feature for r in expected_policy(old).requirements} if old is not None else set()
+    fresh = [r for r in expected_policy(new).requirements if r.feature not in had]
+    if not fresh:
+        return
+    try:
+        host = dataclasses.replace(host_support(), veth=True)
+    except KernelUnavailable:
+        return  # no scratch namespace to probe in: the apply itself will tell
+    lacking = host.lacks(fresh)
+    if lacking:
+        raise Unsupported(lacking)
 
 
 @dataclass(slots=True)
@@ -165,6 +193,8 @@ def apply(
     missing = missing_devices(new)
     if missing:
         raise OpsError(f"no such device: {', '.join(missing)}; nothing was changed")
+    if not prepared.plan.empty or prepared.plan.drift:
+        check_support(prepared.old, new)
     store = prepared.store
     ids = {t: {n: str(h) for n, h in v.items()} for t, v in pins_of(new).items()}
     store.start(path, sources, _devices(new), ids)
