@@ -246,7 +246,11 @@ def test_plan_words(tmp_path: Path) -> None:
     new = _policy(tmp_path, "b.tcp", B, pins_of(old))
     text = make_plan(old, new).render()
     assert "~ class voip: rate 2mbit -> 4mbit" in text and "+ class guest" in text, text
+    assert "+ filter guest (match ip src 10.9.0.0/16)" in text, text
     assert "! " not in text, text
+    moved = make_plan(old, _policy(tmp_path, "d.tcp", A.replace("80, 443", "80, 8080"))).render()
+    assert "- filter web (match ip dport 443 0xffff)" in moved, moved
+    assert "+ filter web (match ip dport 8080 0xffff)" in moved, moved
     rebuilt = _policy(tmp_path, "c.tcp", A.replace("default bulk", "default web"))
     text = make_plan(old, rebuilt).render()
     assert text.startswith("! tree d0: htb root cannot change in place (default 30 -> 20)"), text
@@ -316,7 +320,7 @@ def test_a_class_keeps_its_shaping_while_others_change(
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     samples = found["samples"]
-    assert found["applies"] >= 10 and any("filters of d0" in c for c in found["changes"])
+    assert found["applies"] >= 10 and any("filter web (" in c for c in found["changes"])
     assert all(voip is not None for _, voip, _ in samples), samples
     assert max(other for _, _, other in samples) == 0, samples
     rates = [

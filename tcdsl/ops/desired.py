@@ -10,7 +10,7 @@ one classifier instance per pref, and its filters in creation order), a shared p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,7 +68,7 @@ class Obj:
     def handle(self) -> str | None:
         """A qdisc's handle (``1:``), a class's id; None for the rest."""
         if self.kind == "qdisc":
-            return _after(self.commands[0].args, "handle")
+            return word_after(self.commands[0].args, "handle")
         if self.kind == "class":
             return self.key[2]
         return None
@@ -78,7 +78,7 @@ class Obj:
         """A class's parent (``1:`` or ``1:1``), a qdisc's parent (``root``, ``ingress`` or a
         class id), a filter group's parent; None for the rest."""
         if self.kind == "class":
-            return _after(self.commands[0].args, "parent")
+            return word_after(self.commands[0].args, "parent")
         if self.kind in ("qdisc", "filters"):
             return self.key[2]
         return None
@@ -95,7 +95,8 @@ class Obj:
         return None
 
 
-def _after(args: tuple[str, ...], word: str) -> str | None:
+def word_after(args: Sequence[str], word: str) -> str | None:
+    """The word after ``word`` in a command, or None."""
     try:
         return args[args.index(word) + 1]
     except (ValueError, IndexError):
@@ -106,10 +107,10 @@ def _key(cmd: Command, tree: str) -> Key:
     """The identity of the object a command makes or belongs to."""
     args = cmd.args
     if cmd.tool == "ip":
-        return ("link", _after(args, "add") or _after(args, "dev") or "")
+        return ("link", word_after(args, "add") or word_after(args, "dev") or "")
     if cmd.tool != "tc":
         return ("marking", tree)
-    dev = _after(args, "dev") or ""
+    dev = word_after(args, "dev") or ""
     match args[0]:
         case "qdisc":
             if "root" in args:
@@ -117,21 +118,21 @@ def _key(cmd: Command, tree: str) -> Key:
             elif args[-1] == "ingress":
                 where = "ingress"
             else:
-                where = _after(args, "parent") or ""
+                where = word_after(args, "parent") or ""
             return ("qdisc", dev, where)
         case "class":
-            return ("class", dev, _after(args, "classid") or "")
+            return ("class", dev, word_after(args, "classid") or "")
         case "filter":
-            parent = _after(args, "parent") or ""
+            parent = word_after(args, "parent") or ""
             return (
                 "filters",
                 dev,
                 parent,
-                _after(args, "protocol") or "",
-                _after(args, "prio") or "",
+                word_after(args, "protocol") or "",
+                word_after(args, "prio") or "",
             )
         case "actions":
-            return ("action", "police", _after(args, "index") or "")
+            return ("action", "police", word_after(args, "index") or "")
     raise ValueError(f"no identity for {args}")
 
 

@@ -17,7 +17,7 @@ drift) is built again: its teardown and build in one ``tc -batch``.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,7 +31,7 @@ from tcdsl.commands import (
 )
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
-from tcdsl.ops.desired import Key, Obj, by_key, tree_objects
+from tcdsl.ops.desired import Key, Obj, by_key, tree_objects, word_after
 
 Sign = Literal["+", "~", "-", "!"]
 
@@ -228,7 +228,7 @@ def _why_rebuild(old: dict[Key, Obj], new: dict[Key, Obj]) -> str | None:
 
 
 def _in_place(
-    old: dict[Key, Obj], new: dict[Key, Obj], plan: Plan
+    old: dict[Key, Obj], new: dict[Key, Obj], plan: Plan, names: Mapping[str, str]
 ) -> tuple[list[Command], list[Command]]:
     """The commands that change one tree in place: (build and change, delete)."""
     build: list[Command] = []
@@ -283,16 +283,16 @@ def _in_place(
             continue
         o = old.get(key)
         if o is None:
-            plan.changes.append(Change("+", _what(n), n.span))
+            plan.changes += _filter_changes((), n.commands, names)
             filters += n.commands
         elif o.words != n.words:
-            plan.changes.append(Change("~", f"{_what(n)}: {_filter_diff(o, n)}", n.span))
+            plan.changes += _filter_changes(o.commands, n.commands, names)
             filters += _changed_filters(o, n, taken)
     delete: list[Command] = []
     for key, o in old.items():
         if key in new or key in replaced or o.kind != "filters":
             continue
-        plan.changes.append(Change("-", _what(o), o.span))
+        plan.changes += _filter_changes(o.commands, (), names)
         _, dev, parent, protocol, pref = o.key
         args = ("filter", "del", "dev", dev, "parent", parent, "protocol", protocol, "prio", pref)
         delete.append(Command("tc", args, o.span, o.what))
@@ -316,12 +316,45 @@ def _in_place(
     return build + filters, delete
 
 
-def _filter_diff(old: Obj, new: Obj) -> str:
-    a = [c.what for c in old.commands]
-    b = [c.what for c in new.commands]
-    if a == b:
-        return f"{len(b)} filters, keys changed"
-    return f"{len(a)} -> {len(b)} filters"
+def _filter_text(c: Command, names: Mapping[str, str]) -> str:
+    """``filter web (match ip dport 8080 0xffff)``: the class it sends to, by name, and its
+    keys as tc takes them."""
+    args = c.args
+    flow = word_after(args, "flowid") or word_after(args, "classid") or ""
+    start = next((i + 1 for i, w in enumerate(args) if w in ("u32", "flower", "fw")), len(args))
+    ends = ("flowid", "classid", "police", "action")
+    end = next((i for i in range(start, len(args)) if args[i] in ends), len(args))
+    keys = " ".join(args[start:end])
+    return f"filter {names.get(flow, flow)}" + (f" ({keys})" if keys else "")
+
+
+def _filter_changes(
+    old: Sequence[Command], new: Sequence[Command], names: Mapping[str, str]
+) -> list[Change]:
+    """The filters a group gains, loses or changes, one line each."""
+    a, b = [_filter_text(c, names) for c in old], [_filter_text(c, names) for c in new]
+    out: list[Change] = []
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            continue
+        out += [Change("-", a[i], old[i].span) for i in range(i1, i2)]
+        out += [Change("+", b[j], new[j].span) for j in range(j1, j2)]
+    if not out and [c.args for c in old] != [c.args for c in new]:
+        out += [Change("~", f"{b[j]}: its action", new[j].span) for j in range(len(new))
+                if j >= len(old) or old[j].args != new[j].args]  # fmt: skip
+    return out
+
+
+def _names(policy: ir.Policy | None) -> dict[str, str]:
+    """Class id -> class name, every tree of ``policy``."""
+    out: dict[str, str] = {}
+    for iface in policy.interfaces if policy is not None else ():
+        for q in ir.walk_qdiscs(iface.root):
+            for cls in ir.classes_of(q):
+                if cls.classid is not None and cls.name:
+                    out.setdefault(str(cls.classid), cls.name)
+    return out
 
 
 def _actions(
@@ -356,6 +389,7 @@ def make_plan(old: ir.Policy | None, new: ir.Policy, rebuild: Iterable[str] = ()
     """The plan that takes the kernel from ``old`` (None: nothing of ours) to ``new``;
     trees labelled in ``rebuild`` (drift) are built again whatever changed."""
     plan = Plan()
+    names = _names(old) | _names(new)
     forced = set(rebuild)
     olds = {i.label: i for i in old.interfaces} if old is not None else {}
     news = {i.label: i for i in new.interfaces}
@@ -381,6 +415,7 @@ def make_plan(old: ir.Policy | None, new: ir.Policy, rebuild: Iterable[str] = ()
             {k: o for k, o in old_objs.items() if o.kind != "action"},
             {k: o for k, o in new_objs.items() if o.kind != "action"},
             plan,
+            names,
         )
         build += tree_build
         delete += tree_delete
