@@ -885,9 +885,14 @@ def nft_table(iface: ir.Interface) -> str:
     characters nft does not take in a name become ``_``, plus a checksum of the real name
     when any did (so ``eth-0`` and ``eth_0`` stay apart).
     """
-    name = _NFT_NAME_BAD.sub("_", iface.name)
-    if name != iface.name:
-        name += f"_{zlib.crc32(iface.name.encode()):08x}"
+    return nft_table_name(iface.name)
+
+
+def nft_table_name(device: str) -> str:
+    """:func:`nft_table` of the tree shaped on ``device``."""
+    name = _NFT_NAME_BAD.sub("_", device)
+    if name != device:
+        name += f"_{zlib.crc32(device.encode()):08x}"
     return f"tcdsl_{name}"
 
 

@@ -328,3 +328,51 @@ def test_a_class_keeps_its_shaping_while_others_change(
     ]
     print(f"voip Mbit/s per second of the run: {[round(r, 2) for r in rates[::5]]}")
     assert all(1.8 <= r <= 2.2 for r in rates[3:]), rates
+
+
+FULL = """\
+interface d0 {
+    upload htb rate 10mbit default bulk {
+        class voip rate 2mbit match dport 5001
+        class bulk rate 1mbit
+    }
+    download htb rate 20mbit default rest {
+        class fast rate 5mbit match sport 80
+        class rest rate 1mbit
+    }
+}
+"""
+"""Both directions: a root qdisc on d0, an IFB with its tree, the redirect on d0's ingress."""
+
+
+def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """What apply made for both directions (qdiscs, the IFB and its tree, the redirect),
+    removed by 'down NAME', then again by 'down -i' (whatever made it), which also removes
+    an earlier script's marking chain TCDSL-d0 and its jumps in both tables (the host has no
+    fw classifier to apply a marking policy); the state goes; other chains stay."""
+    if not (host.ifb and host.iptables and host.ip6tables and "mirred" in host.actions):
+        pytest.skip("needs ifb, mirred, iptables and ip6tables")
+    policy = tcdsl.write("full.tcp", FULL)
+    ns = ["ip", "netns", "exec", tcdsl.ns]
+    run([*ns, "iptables", "-t", "mangle", "-N", "theirs"])
+    for way in ("name", "interface"):
+        done = tcdsl("apply", "--yes", policy)
+        assert done.code == 0, done
+        assert "ifb4d0" in run([*ns, "ip", "link", "show"]).stdout
+        if way == "interface":
+            for tool in ("iptables", "ip6tables"):
+                run([*ns, tool, "-t", "mangle", "-N", "TCDSL-d0"])
+                run([*ns, tool, "-t", "mangle", "-A", "TCDSL-d0", "-j", "MARK", "--set-mark", "1"])
+                run([*ns, tool, "-t", "mangle", "-I", "POSTROUTING", "-o", "d0", "-j", "TCDSL-d0"])
+        gone = tcdsl("down", "full") if way == "name" else tcdsl("down", "-i", "d0")
+        assert gone.code == 0, gone
+        assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d0"), way
+        assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0"), way
+        assert "ifb4d0" not in run([*ns, "ip", "link", "show"]).stdout, way
+        for tool in ("iptables", "ip6tables"):
+            assert "TCDSL-d0" not in run([*ns, f"{tool}-save", "-t", "mangle"]).stdout, way
+        assert ":theirs" in run([*ns, "iptables-save", "-t", "mangle"]).stdout
+        assert not (tcdsl.folder / "state" / "full").exists(), way
+    nothing = tcdsl("down", "-i", "d0")
+    assert nothing.code == 0 and "nothing of tcdsl's on d0" in nothing.out, nothing
+    assert tcdsl("down", "-i", "d9").code == 1

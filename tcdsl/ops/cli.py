@@ -21,6 +21,7 @@ from tcdsl.ops.lifecycle import (
     compile_new,
     confirm,
     down,
+    down_interface,
     policy_name,
     prepare,
     rollback,
@@ -205,11 +206,28 @@ def rollback_command(name: str) -> None:
         click.echo(f"rolled back {name} to generation {back.generation} ({back.path})")
 
 
-@click.command("down", epilog="Example:\n\n\b\n  tcdsl down office")
-@click.argument("name")
-def down_command(name: str) -> None:
+@click.command(
+    "down",
+    epilog="Examples:\n\n\b\n  tcdsl down office\n"
+    "  tcdsl down -i eth0      (whatever policy shaped eth0)",
+)
+@click.argument("name", required=False)
+@click.option("-i", "--interface", help="Remove what tcdsl made on this device instead.")
+def down_command(name: str | None, interface: str | None) -> None:
     """Remove everything the policy applied under NAME owns (qdiscs of both directions,
-    IFBs' trees, marking chains) and its state."""
+    IFBs' trees, shared policers, marking chains) and its state; or with -i, what tcdsl
+    makes on that device (root and ingress qdiscs, its IFB, chain TCDSL-IFACE, nft table
+    tcdsl_IFACE) whatever policy made it."""
+    if (name is None) == (interface is None):
+        raise click.UsageError("give a policy NAME or -i IFACE")
+    if interface is not None:
+        try:
+            removed = down_interface(interface)
+        except OpsError as e:
+            _fail(NO_DEVICE, str(e))
+        click.echo("\n".join(removed) if removed else f"nothing of tcdsl's on {interface}")
+        return
+    assert name is not None
     try:
         plan = down(_store(Path(name).stem if name.endswith(".tcp") else name))
     except OpsError as e:

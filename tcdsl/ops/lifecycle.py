@@ -17,12 +17,14 @@ from pathlib import PurePath
 
 from tcdsl import ir
 from tcdsl.allocate import Pins
+from tcdsl.commands import default_chain, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
+from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.live import device_exists, drift
 from tcdsl.ops.plan import Change, Plan, make_plan
-from tcdsl.ops.state import Applied, Pending, Store, valid_name
+from tcdsl.ops.state import Applied, Pending, Store, state_dir, valid_name
 from tcdsl.verify.expect import Requirement, expected_policy
 from tcdsl.verify.runner import KernelUnavailable, host_support
 
@@ -283,6 +285,56 @@ def down(store: Store, runner: Runner = run_command) -> Plan:
     return prepared.plan
 
 
+def _quiet(runner: Runner, argv: list[str]) -> bool:
+    """Whether a command succeeds (a tool that is not installed does not)."""
+    try:
+        return runner(argv, None).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+def down_interface(device: str, runner: Runner = run_command) -> list[str]:
+    """Remove what tcdsl makes on ``device`` whatever policy made it: its root and ingress
+    qdiscs, the IFB a download of it is shaped on (``ifb4DEV``), the marking chain
+    ``TCDSL-DEV`` (and every jump into it) in iptables and ip6tables, the nft table
+    ``tcdsl_DEV``; and the state of policies that shaped only it. What was removed, one line
+    each."""
+    if not device_exists(device):
+        raise OpsError(f"no such device: {device}; nothing was changed")
+    removed: list[str] = []
+    shown = runner(["tc", "qdisc", "show", "dev", device], None).stdout
+    for where, word in (("root", " root "), ("ingress", "ingress")):
+        ours = word in shown and (where == "ingress" or "qdisc noqueue" not in shown)
+        if ours and _quiet(runner, ["tc", "qdisc", "del", "dev", device, where]):
+            removed.append(f"- {where} qdisc of {device}")
+    ifb = ifb_name_for(device)
+    is_ifb = "ifb" in runner(["ip", "-d", "link", "show", "dev", ifb], None).stdout
+    if is_ifb and _quiet(runner, ["ip", "link", "del", "dev", ifb]):
+        removed.append(f"- {ifb} (the IFB of {device}'s downloads) and its tree")
+    chain = default_chain(device)
+    for tool in ("iptables", "ip6tables"):
+        if not _quiet(runner, [tool, "-t", "mangle", "-S", chain]):
+            continue
+        _quiet(runner, ["sh", "-c", unjump_shell(chain, tool)])
+        _quiet(runner, [tool, "-t", "mangle", "-F", chain])
+        if _quiet(runner, [tool, "-t", "mangle", "-X", chain]):
+            removed.append(f"- {tool} chain {chain} and its jumps")
+    table = nft_table_name(device)
+    listed = _quiet(runner, ["nft", "list", "table", "inet", table])
+    if listed and _quiet(runner, ["nft", "delete", "table", "inet", table]):
+        removed.append(f"- nft table inet {table}")
+    root = state_dir()
+    for folder in sorted(root.iterdir()) if root.is_dir() else ():
+        if not valid_name(folder.name):
+            continue
+        store = Store(folder.name, root)
+        applied = store.current()
+        if applied is not None and set(applied.devices) <= {device}:
+            store.remove()
+            removed.append(f"- the state of {folder.name}")
+    return removed
+
+
 __all__ = [
     "ApplyFailed",
     "OpsError",
@@ -290,6 +342,7 @@ __all__ = [
     "apply",
     "confirm",
     "down",
+    "down_interface",
     "policy_name",
     "prepare",
     "rollback",
