@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tcdsl.ops.lifecycle import apply, compile_new, prepare
+from tcdsl.ops.lifecycle import apply, compile_new, down, prepare
 from tcdsl.ops.state import Store
 from tcdsl.verify.compare import compare_state
 from tcdsl.verify.expect import expected_policy
@@ -42,12 +42,15 @@ class Cls:
 
 @dataclass(frozen=True)
 class Pol:
+    """One htb tree: the upload (``interface d0 htb``), or with ``down`` also a download."""
+
     link: int  # kbit
     default: str
     classes: tuple[Cls, ...] = field(default_factory=tuple)
+    down: Pol | None = None
 
-    def text(self) -> str:
-        lines = [f"interface {DEV} htb rate {self.link}kbit default {self.default} {{"]
+    def body(self, indent: str) -> list[str]:
+        lines = []
         for c in self.classes:
             words = [f"class {c.name} rate {c.rate}kbit"]
             if c.ceil is not None:
@@ -57,10 +60,20 @@ class Pol:
             if c.match is not None:
                 words.append(f"match {c.match}")
             if c.leaf is None:
-                lines.append("    " + " ".join(words))
+                lines.append(indent + " ".join(words))
             else:
-                lines += ["    " + " ".join(words) + " {", f"        {c.leaf}", "    }"]
-        lines.append("}")
+                lines += [indent + " ".join(words) + " {", f"{indent}    {c.leaf}", indent + "}"]
+        return lines
+
+    def text(self) -> str:
+        head = f"htb rate {self.link}kbit default {self.default} {{"
+        if self.down is None:
+            lines = [f"interface {DEV} {head}", *self.body("    "), "}"]
+        else:
+            d = self.down
+            lines = [f"interface {DEV} {{", f"    upload {head}", *self.body("        "), "    }"]
+            lines += [f"    download htb rate {d.link}kbit default {d.default} {{"]
+            lines += [*d.body("        "), "    }", "}"]
         return "\n".join(lines) + "\n"
 
 
@@ -79,7 +92,7 @@ def _cls(rng: random.Random, name: str) -> Cls:
     )
 
 
-def random_policy(rng: random.Random, serial: list[int]) -> Pol:
+def random_tree(rng: random.Random, serial: list[int]) -> Pol:
     classes = []
     for _ in range(rng.randint(2, 5)):
         serial[0] += 1
@@ -87,8 +100,28 @@ def random_policy(rng: random.Random, serial: list[int]) -> Pol:
     return Pol(10000, classes[-1].name, tuple(classes))
 
 
+def random_policy(rng: random.Random, serial: list[int]) -> Pol:
+    up = random_tree(rng, serial)
+    return replace(up, down=random_tree(rng, serial)) if rng.random() < 0.3 else up
+
+
 def edit(rng: random.Random, pol: Pol, serial: list[int]) -> tuple[Pol, set[str], str]:
-    """A random edit: the new policy, the classes it touches, what it did."""
+    """A random edit: the new policy, the classes it touches, what it did. A fifth of the
+    edits add or remove the download tree; with one, half the others edit it."""
+    if rng.random() < 0.2:
+        if pol.down is None:
+            down = random_tree(rng, serial)
+            return replace(pol, down=down), {c.name for c in down.classes}, "add download"
+        return replace(pol, down=None), {c.name for c in pol.down.classes}, "remove download"
+    if pol.down is not None and rng.random() < 0.5:
+        down, touched, kind = edit_tree(rng, pol.down, serial)
+        return replace(pol, down=down), touched, f"download {kind}"
+    up, touched, kind = edit_tree(rng, replace(pol, down=None), serial)
+    return replace(up, down=pol.down), touched, kind
+
+
+def edit_tree(rng: random.Random, pol: Pol, serial: list[int]) -> tuple[Pol, set[str], str]:
+    """A random edit of one tree."""
     classes = list(pol.classes)
     i = rng.randrange(len(classes))
     c = classes[i]
@@ -123,14 +156,16 @@ def _policy(path: Path, text: str, store: Store):  # type: ignore[no-untyped-def
     return result
 
 
-def class_bytes() -> dict[str, int]:
-    shown = subprocess.run(
-        ["tc", "-s", "class", "show", "dev", DEV], capture_output=True, text=True, check=True
-    ).stdout
-    return {
-        m.group(1): int(m.group(2))
-        for m in re.finditer(r"class htb (\S+) .*\n Sent (\d+) bytes", shown)
-    }
+def class_bytes(devices: list[str]) -> dict[tuple[str, str], int]:
+    """(device, class id) -> bytes sent."""
+    out = {}
+    for dev in devices:
+        shown = subprocess.run(
+            ["tc", "-s", "class", "show", "dev", dev], capture_output=True, text=True, check=True
+        ).stdout
+        for m in re.finditer(r"class htb (\S+) .*\n Sent (\d+) bytes", shown):
+            out[(dev, m.group(1))] = int(m.group(2))
+    return out
 
 
 def send_some() -> None:
@@ -156,6 +191,10 @@ def send_some() -> None:
     s.close()
 
 
+def devices(policy) -> list[str]:  # type: ignore[no-untyped-def]
+    return sorted({i.name for i in policy.interfaces})
+
+
 def live(devices: list[str]) -> KernelState:
     from tcdsl.ops.live import read_state
 
@@ -179,19 +218,23 @@ def main(argv: list[str]) -> int:
             send_some()
             old_policy = result.policy
             assert old_policy is not None
-            ids = {c.name: c.classid for c in _classes(old_policy)}
-            before = class_bytes()
+            ids = _classes(old_policy)
+            before = class_bytes(devices(old_policy))
             result = _policy(path, new.text(), store)
             prepared = prepare(store, result.policy, result)
-            rebuilt = any(c.sign == "!" for c in prepared.plan.changes)
+            rebuilt = {
+                c.text.split(":")[0].removeprefix("tree ")
+                for c in prepared.plan.changes
+                if c.sign == "!" and c.text.startswith("tree ")
+            }
             apply(prepared, str(path), result.sources)
             counts["edits"] += 1
             counts["rebuilds" if rebuilt else "in_place"] += 1
-            after = class_bytes()
             assert result.policy is not None
-            new_ids = {c.name: c.classid for c in _classes(result.policy)}
+            after = class_bytes(devices(result.policy))
+            new_ids = _classes(result.policy)
             where = f"chain {chain} edit {kind}:\n{pol.text()}->\n{new.text()}"
-            found = compare_state(expected_policy(result.policy), live([DEV]))
+            found = compare_state(expected_policy(result.policy), live(devices(result.policy)))
             if found:
                 problems.append(f"{where}kernel differs from B: {[d.message for d in found]}")
             again = prepare(store, result.policy, result).plan
@@ -200,21 +243,27 @@ def main(argv: list[str]) -> int:
             counts["renumbered"] += sum(
                 1 for n, c in ids.items() if n in new_ids and new_ids[n] != c
             )
-            if not rebuilt:
-                for name, classid in ids.items():
-                    same = new_ids.get(name) == classid and name not in touched
-                    if same and after.get(str(classid), 0) < before.get(str(classid), 0):
-                        was, now = before.get(str(classid)), after.get(str(classid))
-                        problems.append(f"{where}counters of {name} went down: {was} -> {now}")
+            for name, (tree, key) in ids.items():
+                same = new_ids.get(name) == (tree, key) and name not in touched
+                if same and tree not in rebuilt and after.get(key, 0) < before.get(key, 0):
+                    was, now = before.get(key), after.get(key)
+                    problems.append(f"{where}counters of {name} went down: {was} -> {now}")
             pol = new
+        down(store)  # the next chain starts on a device with nothing of this one's
     print(json.dumps({**counts, "problems": problems}))
     return 0
 
 
 def _classes(policy):  # type: ignore[no-untyped-def]
+    """Class name -> (its tree's label, (device, class id))."""
     from tcdsl import ir
 
-    return [c for i in policy.interfaces for c in ir.classes_of(i.root)]
+    return {
+        c.name: (i.label, (i.name, str(c.classid)))
+        for i in policy.interfaces
+        for c in ir.classes_of(i.root)
+        if c.name
+    }
 
 
 if __name__ == "__main__":

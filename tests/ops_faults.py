@@ -28,7 +28,7 @@ from tcdsl.ops.lifecycle import apply, prepare, rollback
 from tcdsl.ops.state import Store
 from tcdsl.verify.compare import compare_state
 from tcdsl.verify.expect import expected_policy
-from tests.ops_edits import DEV, _policy, edit, live, random_policy
+from tests.ops_edits import DEV, _policy, devices, down, edit, live, random_policy
 
 
 class Killed(BaseException):
@@ -61,7 +61,7 @@ def _dies(*args: object) -> None:
 
 
 def _differs(policy: ir.Policy) -> list[str]:
-    return [d.message for d in compare_state(expected_policy(policy), live([DEV]))]
+    return [d.message for d in compare_state(expected_policy(policy), live(devices(policy)))]
 
 
 def main(argv: list[str]) -> int:
@@ -79,7 +79,11 @@ def main(argv: list[str]) -> int:
         while True:
             store = Store(f"f{pair}-{k}", state)
             path = state / f"f{pair}-{k}.tcp"
-            subprocess.run(["tc", "qdisc", "del", "dev", DEV, "root"], capture_output=True)
+            for gone in (
+                ["qdisc", "del", "dev", DEV, "root"],
+                ["qdisc", "del", "dev", DEV, "ingress"],
+            ):
+                subprocess.run(["tc", *gone], capture_output=True, check=False)
             ra = _policy(path, a.text(), store)
             apply(prepare(store, ra.policy, ra), str(path), ra.sources)
             rb = _policy(path, b.text(), store)
@@ -117,6 +121,7 @@ def main(argv: list[str]) -> int:
             after = prepare(store, result.policy, result).plan
             if not after.empty or after.drift:
                 problems.append(f"{where}plan after the recovery: {after.render()}")
+            down(store)  # the next k starts on a device with nothing of this one's
             k += 1
     print(json.dumps({"kills": kills, "problems": problems}))
     return 0

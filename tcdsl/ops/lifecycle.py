@@ -23,7 +23,7 @@ from tcdsl.driver import Result, analyse
 from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.live import device_exists, drift
-from tcdsl.ops.plan import Change, Plan, make_plan
+from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree
 from tcdsl.ops.state import Applied, Pending, Store, state_dir, valid_name
 from tcdsl.verify.expect import Requirement, expected_policy
 from tcdsl.verify.runner import KernelUnavailable, host_support
@@ -168,6 +168,12 @@ def prepare(store: Store, new: ir.Policy | None, result: Result | None = None) -
             plan.drift.append(Change("!", f"drift in {label}: {d.message}", d.span))
     killed = store.applying()
     if killed is not None:
+        # trees only the unfinished apply made: remove whatever part of them it built
+        keep = {i.label for i in target.interfaces}
+        keep |= {i.label for i in old.interfaces} if old is not None else set()
+        for iface in compile_applied(killed).interfaces:
+            if iface.label not in keep:
+                remove_tree(iface, plan)
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(killed.applied_at))
         plan.drift.insert(
             0,

@@ -196,7 +196,8 @@ def _chain_steps(
             plan.steps.append(Step(tool, mine, tuple("" for _ in mine), fatal))
 
 
-def _removed_tree(iface: ir.Interface, plan: Plan) -> None:
+def remove_tree(iface: ir.Interface, plan: Plan) -> None:
+    """Add the removal of ``iface``'s tree (its teardown and marking chains) to ``plan``."""
     plan.changes.append(Change("-", f"tree {iface.label}", iface.root.span))
     removal = [*teardown_commands(iface), *(chain_teardown(iface) if iface.marking else ())]
     for tool in ("tc", "ip", "iptables", "ip6tables"):
@@ -428,7 +429,7 @@ def make_plan(old: ir.Policy | None, new: ir.Policy, rebuild: Iterable[str] = ()
         plan.steps.append(Step("tc", tuple(gone), tuple("" for _ in gone), fatal=False))
     for label, iface in olds.items():
         if label not in news:
-            _removed_tree(iface, plan)
+            remove_tree(iface, plan)
     return plan
 
 
