@@ -355,6 +355,8 @@ class Gen:
             family = self.pick(self.families)  # addresses keep the line to their family
         if "raw" in kinds and family == "ipv6":
             word = "ipv6"  # a raw offset without 'family' reads IPv4's header (E258 otherwise)
+        elif "raw" in kinds and family is None:
+            family = "ipv4"  # ... so the line is IPv4's: no ICMPv6 beside it
         ported = bool({"sport", "dport"} & set(kinds))
         for kind in kinds:
             if kind in ("src", "dst"):
