@@ -60,7 +60,7 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
         n = min(max(n, 0), len(step.commands) - 1)
         return Failure("tc " + " ".join(step.commands[n]), done.stderr.strip(), step.origins[n])
     for command, origin in zip(step.commands, step.origins, strict=True):
-        done = runner([step.tool, *command], None)
+        done = runner([step.tool, *command], step.stdin)
         if done.returncode != 0 and step.fatal:
             return Failure(f"{step.tool} " + " ".join(command), done.stderr.strip(), origin)
     return None

@@ -23,10 +23,14 @@ from typing import Literal
 
 from tcdsl import ir
 from tcdsl.commands import (
+    MARK_TOOL,
     Command,
     batch_teardown,
     chain_teardown,
     interface_commands,
+    mark_families,
+    marking_commands,
+    restore_lines,
     teardown_commands,
 )
 from tcdsl.diagnostics import Span
@@ -55,10 +59,12 @@ class Step:
     """Commands run together: ``tc`` ones as one ``tc -batch`` (stopping at the first that
     fails, when ``fatal``), others one by one. ``origins`` name each command's policy text."""
 
-    tool: Literal["tc", "ip", "iptables", "ip6tables"]
+    tool: Literal["tc", "ip", "iptables", "ip6tables", "iptables-restore", "ip6tables-restore"]
     commands: tuple[tuple[str, ...], ...]
     origins: tuple[str, ...]
     fatal: bool = True
+    stdin: str | None = None
+    """What a ``-restore`` step's one command reads."""
 
 
 @dataclass(slots=True)
@@ -206,13 +212,37 @@ def remove_tree(iface: ir.Interface, plan: Plan) -> None:
             plan.steps.append(Step(tool, mine, tuple("" for _ in mine), fatal=False))
 
 
+def _jumps(o: Obj) -> list[tuple[str, ...]]:
+    """The jumps into a marking chain (and which tables have the chain)."""
+    return [(c.tool, *c.args) for c in o.commands if "-I" in c.args or "-N" in c.args]
+
+
+def _marking_in_place(iface: ir.Interface, old: Obj, plan: Plan) -> None:
+    """The rules of a marking chain changed, its jumps did not: each table's chain replaced
+    in one ``iptables-restore --noflush`` (one commit: no packet sees it half-written)."""
+    a = [" ".join(c.args) for c in old.commands if "-A" in c.args]
+    b = [" ".join(c.args) for c in marking_commands(iface) if "-A" in c.args]
+    plan.changes.append(Change("~", f"marking of {iface.label}: {len(a)} -> {len(b)} rules",
+                               iface.marking.span if iface.marking else None))  # fmt: skip
+    for family in mark_families(iface):
+        # the jumps stay as they are (unchanged, and a restore file cannot delete them first)
+        lines = [
+            line for c, line in restore_lines(iface, family) if c is None or "-I" not in c.args
+        ]
+        text = "*mangle\n" + "".join(f"{line}\n" for line in lines) + "COMMIT\n"
+        tool: Literal["iptables-restore", "ip6tables-restore"] = (
+            "iptables-restore" if MARK_TOOL[family] == "iptables" else "ip6tables-restore"
+        )
+        plan.steps.append(Step(tool, (("--noflush",),), (f"marking of {iface.label}",), True, text))
+
+
 def _why_rebuild(old: dict[Key, Obj], new: dict[Key, Obj]) -> str | None:
     """Why a tree cannot change in place, or None."""
     for key, n in new.items():
         o = old.get(key)
         if o is None or o.words == n.words:
             continue
-        if n.kind in ("marking", "link"):
+        if n.kind == "link" or (n.kind == "marking" and _jumps(o) != _jumps(n)):
             return f"{_what(n)} changed"
         if n.kind == "qdisc" and n.parent in ("root", "ingress"):
             if o.handle != n.handle or o.qdisc_kind != n.qdisc_kind:
@@ -235,7 +265,7 @@ def _in_place(
     build: list[Command] = []
     replaced: set[Key] = set()
     for key, n in new.items():
-        if key in replaced or n.kind in ("filters", "action"):
+        if key in replaced or n.kind in ("filters", "action", "marking", "link"):
             continue
         o = old.get(key)
         if o is None:
@@ -398,6 +428,7 @@ def make_plan(old: ir.Policy | None, new: ir.Policy, rebuild: Iterable[str] = ()
     new_actions: dict[Key, Obj] = {}
     build: list[Command] = []
     delete: list[Command] = []
+    marks: list[tuple[ir.Interface, Obj]] = []
     for label, iface in news.items():
         before = olds.get(label)
         new_objs = by_key(tree_objects(iface))
@@ -420,9 +451,15 @@ def make_plan(old: ir.Policy | None, new: ir.Policy, rebuild: Iterable[str] = ()
         )
         build += tree_build
         delete += tree_delete
+        marking = next((o for o in new_objs.values() if o.kind == "marking"), None)
+        before_marks = next((o for o in old_objs.values() if o.kind == "marking"), None)
+        if marking is not None and before_marks is not None and marking.words != before_marks.words:
+            marks.append((iface, before_marks))
     made, gone = _actions(old_actions, new_actions, plan)
     if made or build:
         plan.steps.append(_tc([*made, *build]))
+    for marked, was in marks:
+        _marking_in_place(marked, was, plan)
     if delete:
         plan.steps.append(_tc(delete))
     if gone:
