@@ -102,6 +102,10 @@ def test_plan_apply_in_place_drift_rollback_down(tcdsl: Tcdsl, host: HostSupport
     assert first.code == 4 and "+ tree d0" in first.out, first
     assert tcdsl("apply", a).code == 2  # no terminal, no --yes: refused
     assert "noqueue" in tcdsl.tc("qdisc", "show", "dev", "d0")
+    # an old script's tree, which no state records: the plan says it replaces it
+    tcdsl.tc("qdisc", "add", "dev", "d0", "root", "handle", "5:", "htb")
+    adopted = tcdsl("plan", a)
+    assert "! tree d0: replaces the htb qdisc 5: on d0 (no state)" in adopted.out, adopted
     done = tcdsl("apply", "--yes", a)
     assert done.code == 0 and "generation 1" in done.out, done
     assert tcdsl("plan", a).out == "no changes\n"

@@ -22,7 +22,7 @@ from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
 from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
-from tcdsl.ops.live import device_exists, drift
+from tcdsl.ops.live import device_exists, drift, live_qdisc
 from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree
 from tcdsl.ops.state import Applied, Pending, Store, state_dir, valid_name
 from tcdsl.verify.expect import Requirement, expected_policy
@@ -163,6 +163,7 @@ def prepare(store: Store, new: ir.Policy | None, result: Result | None = None) -
         changed = drift(old, dict(applied.sources))
     target = new if new is not None else dataclasses.replace(old or _nothing(), interfaces=())
     plan = make_plan(old, target, rebuild=changed)
+    _foreign(old, target, plan)
     for label, found in sorted(changed.items()):
         for d in found[:5]:
             plan.drift.append(Change("!", f"drift in {label}: {d.message}", d.span))
@@ -181,6 +182,23 @@ def prepare(store: Store, new: ir.Policy | None, result: Result | None = None) -
                    "may hold part of it; what differs from the live policy is built again"),
         )  # fmt: skip
     return Prepared(store, new, result, old, applied, plan)
+
+
+def _foreign(old: ir.Policy | None, new: ir.Policy, plan: Plan) -> None:
+    """A new tree on a device that already has a tree no applied policy records (an old
+    script's): its plan line says that it replaces it."""
+    known = {i.label for i in old.interfaces} if old is not None else set()
+    for iface in new.interfaces:
+        if iface.label in known or iface.download is not None:
+            continue
+        where = "ingress" if iface.direction == "ingress" else "root"
+        shown = live_qdisc(iface.name, where)
+        if shown is None:
+            continue
+        for n, change in enumerate(plan.changes):
+            if change.sign == "+" and change.text == f"tree {iface.label}":
+                text = f"tree {iface.label}: replaces the {shown} on {iface.name} (no state)"
+                plan.changes[n] = Change("!", text, change.span)
 
 
 def _nothing() -> ir.Policy:

@@ -36,6 +36,15 @@ def device_exists(name: str) -> bool:
     return done.returncode == 0
 
 
+def live_qdisc(device: str, where: str) -> str | None:
+    """``htb qdisc 1:``: the device's root (``where`` root) or ingress qdisc when it is one
+    somebody made (a handle of its own), else None (the kernel's default, or none)."""
+    for q in parse_qdiscs(_tc("qdisc", "show", "dev", device, where)):
+        if q.handle != "0:" and (q.parent == "root") == (where == "root"):
+            return f"{q.kind} qdisc {q.handle}"
+    return None
+
+
 def read_device(name: str) -> DeviceState:
     """What tc shows for one device: qdiscs, classes, the filters of every parent (listed by
     one ``tc -batch`` process, where a process per parent took seconds on big trees)."""
