@@ -8,12 +8,13 @@ with the kernel (drift) and with the new policy (the plan), and the plan run.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 from tcdsl import ir
 from tcdsl.allocate import Pins
@@ -26,7 +27,7 @@ from tcdsl.ops.live import device_exists, drift, live_qdisc
 from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree
 from tcdsl.ops.state import Applied, Pending, Store, state_dir, valid_name
 from tcdsl.verify.expect import Requirement, expected_policy
-from tcdsl.verify.runner import KernelUnavailable, host_support
+from tcdsl.verify.runner import HostSupport, KernelUnavailable, host_support
 
 
 class OpsError(Exception):
@@ -50,13 +51,62 @@ def check_support(old: ir.Policy | None, new: ir.Policy) -> None:
     fresh = [r for r in expected_policy(new).requirements if r.feature not in had]
     if not fresh:
         return
+    known = _probed()
+    if known is not None and not known.lacks(fresh):
+        return  # this kernel had them at the last probe since it booted
     try:
         host = dataclasses.replace(host_support(), veth=True)
     except KernelUnavailable:
         return  # no scratch namespace to probe in: the apply itself will tell
+    _remember_probe(host)
     lacking = host.lacks(fresh)
     if lacking:
         raise Unsupported(lacking)
+
+
+def _probe_file() -> Path:
+    """Where the last probe of this kernel boot is kept: a module loaded since may add a
+    feature (a probe that lacks one is made again), none goes away."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    key = boot.read_text(encoding="utf-8").strip() if boot.exists() else "unknown"
+    return state_dir() / f".probe-{key}.json"
+
+
+def _probed() -> HostSupport | None:
+    try:
+        data = json.loads(_probe_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return HostSupport(
+        str(data["release"]),
+        frozenset(data["qdiscs"]),
+        frozenset(data["filters"]),
+        bool(data["iptables"]),
+        True,
+        frozenset(data["actions"]),
+        bool(data["ifb"]),
+        ip6tables=bool(data["ip6tables"]),
+    )
+
+
+def _remember_probe(host: HostSupport) -> None:
+    data = {
+        "release": host.release,
+        "qdiscs": sorted(host.qdiscs),
+        "filters": sorted(host.filters),
+        "iptables": host.iptables,
+        "actions": sorted(host.actions),
+        "ifb": host.ifb,
+        "ip6tables": host.ip6tables,
+    }
+    path = _probe_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache: without it the next apply probes again
 
 
 @dataclass(slots=True)
