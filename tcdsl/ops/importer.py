@@ -1,0 +1,1299 @@
+"""``tcdsl import``: a policy that builds the kernel state tc shows of an interface.
+
+The input is what ``tc`` shows of the interface (:mod:`tcdsl.ops.tctext`, parsed by
+:mod:`tcdsl.verify.readback`); the output is a policy in which every qdisc keeps its handle and
+every class its id (``class c1_10 id 1:10``: names are derived from the ids), with the
+parameters tc shows, and the u32 and fw filters written back as match lines and ``classify by
+mark``. IPv4 and IPv6 filters that are exactly what one dual-stack line gives become one line.
+
+What the language cannot say (a qdisc kind it lacks, a parameter it cannot set, a filter kind
+or an action it has not, hash tables) is a warning located at the line of tc's text (W370-W379)
+and a comment at its place in the policy: nothing is dropped silently. Problems that leave
+nothing to write are errors (E270-E279). The output is deterministic: the same text gives the
+same policy.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tcdsl import __version__
+from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.ops.tctext import DeviceObjects, DeviceText, FilterEntry, objects
+from tcdsl.ops.u32decode import Cond, Undecodable, decode, has_ports, has_proto, key_order, ordered
+from tcdsl.tcmath import HTB_QUANTUM, red_scell_log, red_wlog
+from tcdsl.units import format_rate, format_size, format_time
+from tcdsl.verify.expect import htb_shown_burst, tbf_shown_size
+from tcdsl.verify.readback import Shown, TcClass, TcQdisc, parse_size
+
+INDENT = "    "
+CLASSFUL = frozenset({"htb", "hfsc", "prio"})
+CHAINING = frozenset({"tbf", "netem"})
+LEAVES = frozenset(
+    {"pfifo", "bfifo", "sfq", "fq_codel", "codel", "fq", "red", "cake", "tbf", "netem"}
+)
+"""Kinds the language takes below a class (classful kinds too: they nest)."""
+ROOTS = CLASSFUL | LEAVES | {"pfifo_fast"}
+V6_PREF = 32768
+"""tcdsl gives a line's IPv6 filters the line's pref + 32768 (one protocol per pref)."""
+PRIOMAP = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+STAB_OVERHEAD = 14
+"""A root's ``overhead N`` is a size table of N - 14 (the Ethernet header the kernel counts)."""
+
+
+# ==== problems and the written policy ==========================================================
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Something the policy cannot say, at a line of tc's text."""
+
+    code: str
+    message: str
+    line: int
+
+
+@dataclass
+class Line:
+    """A match line: its conditions, family, pref, policer and the filters it stands for."""
+
+    conds: list[Cond]
+    family: str
+    """``ipv4``, ``ipv6`` or ``both``."""
+    pref: int
+    police: tuple[str, ...]
+    classid: str
+    seq: tuple[float, int]
+    filters: list[tuple[str, int, int]]
+    """(protocol, kernel pref, index in the parent's filter list), in the kernel's order."""
+    police_index: str | None
+    line: int
+
+
+@dataclass
+class Comment:
+    """A problem, written where the construct would be."""
+
+    problem: Problem
+
+
+Item = Line | Comment
+
+
+@dataclass
+class Marks:
+    """fw filters, written as ``classify by mark``."""
+
+    pref: int
+    mask: int | None
+    families: set[str] = field(default_factory=set)
+    marks: dict[str, int] = field(default_factory=dict)
+    line: int = 0
+
+
+@dataclass
+class ClassNode:
+    """A class of the tree being written."""
+
+    cls: TcClass
+    line: int
+    children: list[ClassNode] = field(default_factory=list)
+    leaf: QdiscNode | None = None
+    items: list[Item] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+
+
+@dataclass
+class QdiscNode:
+    """A qdisc of the tree being written."""
+
+    q: TcQdisc
+    line: int
+    classes: list[ClassNode] = field(default_factory=list)
+    child: QdiscNode | None = None
+    notes: list[Problem] = field(default_factory=list)
+    """Problems written as comments above it."""
+    body_notes: list[Problem] = field(default_factory=list)
+    """Problems written as comments at the top of its body."""
+    marks: Marks | None = None
+    family: str = "both"
+
+
+@dataclass
+class ImportResult:
+    """A policy's text (None after errors), and the diagnostics, located in ``sources``."""
+
+    policy: str | None
+    diagnostics: list[Diagnostic]
+    sources: dict[str, str]
+
+
+def class_name(classid: str) -> str:
+    """The name a class gets from its id: ``1:10`` -> ``c1_10`` (hex digits as tc prints)."""
+    major, _, minor = classid.partition(":")
+    return f"c{major or '0'}_{minor or '0'}"
+
+
+def _major(handle: str) -> str:
+    return handle.partition(":")[0]
+
+
+def _hex(text: str) -> int:
+    return int(text, 16) if text else 0
+
+
+def _value(options: dict[str, Shown], key: str) -> object:
+    shown = options.get(key)
+    return None if shown is None else shown.value
+
+
+# ==== values ===================================================================================
+
+
+def _burst_size(rate_bits: int, shown: int, show: Callable[[int, int], int]) -> int:
+    """A size that tc shows as ``shown`` after its round trip through a time at the rate
+    (``show`` models it): ``shown`` itself where it does, else the nearest that does."""
+    for delta in range(0, 4096):
+        for size in (shown - delta, shown + delta):
+            if size > 0 and show(rate_bits, size) == shown:
+                return size
+    return shown
+
+
+def _htb_default_burst(rate_bits: int) -> int:
+    """The burst tc gives an htb class without one: rate / hz + 1600 (hz is 10^9 since
+    Linux's high-resolution psched clock)."""
+    return htb_shown_burst(rate_bits, rate_bits // 8 // 1_000_000_000 + 1600)
+
+
+def _pct(shown: Shown) -> str:
+    return shown.text if shown.text.endswith("%") else f"{shown.value}%"
+
+
+# ==== qdisc parameters =========================================================================
+
+
+class _Params:
+    """The words of one qdisc's line, and what could not be said."""
+
+    def __init__(self, q: TcQdisc, line: int) -> None:
+        self.q = q
+        self.line = line
+        self.options = q.options
+        self.words: list[str] = []
+        self.problems: list[Problem] = []
+
+    def add(self, *words: str) -> None:
+        self.words += words
+
+    def problem(self, message: str, code: str = "W371") -> None:
+        self.problems.append(Problem(code, f"{self.q.kind} {self.q.handle}: {message}", self.line))
+
+    def unless(self, key: str, default: object, render: Callable[[Shown], str]) -> None:
+        shown = self.options.get(key)
+        if shown is not None and shown.value != default:
+            self.add(key, render(shown))
+
+    def unsupported(self, key: str, default: object, what: str | None = None) -> None:
+        shown = self.options.get(key)
+        if shown is not None and shown.value != default:
+            self.problem(f"'{what or key} {shown.text}' has no word in the language; left out")
+
+
+def _size(shown: Shown) -> str:
+    assert isinstance(shown.value, int)
+    return format_size(shown.value)
+
+
+def _time(shown: Shown) -> str:
+    assert isinstance(shown.value, int)
+    return format_time(shown.value)
+
+
+def _rate(shown: Shown) -> str:
+    assert isinstance(shown.value, int)
+    return format_rate(shown.value)
+
+
+def _int(shown: Shown) -> str:
+    return str(shown.value)
+
+
+def _stab(p: _Params) -> None:
+    """A root's size table as the link-layer words (``overhead`` counts the IP packet)."""
+    o = p.options
+    if "stab" not in o:
+        return
+    overhead = _value(o, "stab overhead")
+    linklayer = _value(o, "stab linklayer")
+    if isinstance(overhead, int):
+        p.add("overhead", str(overhead + STAB_OVERHEAD))
+    if isinstance(linklayer, str) and linklayer != "ethernet":
+        p.add("linklayer", linklayer)
+    p.unless("stab mpu", 0, _int)
+    if (mpu := o.get("stab mpu")) is not None and mpu.value != 0:
+        p.words[-2] = "mpu"
+    for key, default in (("mtu", 2047), ("tsize", 512)):
+        shown = o.get(f"stab {key}")
+        if shown is not None and shown.value != default:
+            p.add(key, str(shown.value))
+
+
+def _htb(p: _Params, names: dict[str, str]) -> None:
+    r2q = _value(p.options, "r2q")
+    if isinstance(r2q, int):
+        p.add("r2q", str(r2q))
+    default = _value(p.options, "default")
+    if isinstance(default, int) and default:
+        classid = f"{_major(p.q.handle)}:{default:x}"
+        if classid in names:
+            p.add("default", names[classid])
+        else:
+            p.problem(f"'default {default:#x}' names no class ({classid}): left out")
+    p.unsupported("direct_qlen", 1000)
+
+
+def _hfsc(p: _Params, names: dict[str, str]) -> None:
+    default = _value(p.options, "default")
+    if isinstance(default, int) and default:
+        classid = f"{_major(p.q.handle)}:{default:x}"
+        if classid in names:
+            p.add("default", names[classid])
+        else:
+            p.problem(f"'default {default:x}' names no class ({classid}): left out")
+
+
+def _prio(p: _Params) -> None:
+    bands = _value(p.options, "bands")
+    if isinstance(bands, int) and bands != 3:
+        p.add("bands", str(bands))
+    priomap = _value(p.options, "priomap")
+    if isinstance(priomap, tuple) and priomap != PRIOMAP:
+        p.add("priomap", *map(str, priomap))
+
+
+def _tbf(p: _Params) -> None:
+    rate = _value(p.options, "rate")
+    burst = _value(p.options, "burst")
+    if not isinstance(rate, int) or not isinstance(burst, int):
+        p.problem("no rate or burst shown: written without them")
+        return
+    p.add("rate", format_rate(rate))
+    p.add("burst", format_size(_burst_size(rate, burst, tbf_shown_size)))
+    peak = _value(p.options, "peakrate")
+    if isinstance(peak, int):
+        p.add("peakrate", format_rate(peak))
+        mtu = _value(p.options, "minburst")
+        if isinstance(mtu, int):
+            p.add("mtu", format_size(_burst_size(peak, mtu, tbf_shown_size)))
+    limit = _value(p.options, "limit")
+    if isinstance(limit, int):
+        p.add("limit", format_size(limit))
+    else:
+        p.unless("lat", None, _time)
+        if p.words[-2] == "lat":
+            p.words[-2] = "latency"
+    p.unsupported("overhead", 0)
+    p.unsupported("linklayer", "ethernet")
+
+
+NETEM_TIMES = ("delay", "jitter", "slot", "slot_max")
+NETEM_PERCENTS = (
+    "delay_correlation",
+    "loss",
+    "loss_correlation",
+    "duplicate",
+    "duplicate_correlation",
+    "corrupt",
+    "corrupt_correlation",
+    "reorder",
+    "reorder_correlation",
+)
+
+
+def _netem(p: _Params) -> None:
+    o = p.options
+    p.unless("limit", 1000, _int)
+    for key in ("delay", "jitter"):
+        p.unless(key, None, _time)
+    for key in NETEM_PERCENTS:
+        shown = o.get(key)
+        if shown is None or shown.value == 0:
+            continue
+        if key in ("duplicate_correlation", "corrupt_correlation"):
+            p.problem(f"'{key.replace('_', ' ')} {shown.text}' has no word in the language")
+            continue
+        p.add(key, _pct(shown))
+    for key in ("gap", "packetoverhead", "cellsize"):
+        p.unless(key, 0, _int)
+    p.unless("rate", None, _rate)
+    for key in ("slot", "slot_max"):
+        p.unless(key, None, _time)
+    if "ecn" in o:
+        p.problem("'ecn' has no word in the language; left out")
+    if "loss_model" in o:
+        p.problem(f"'loss {o['loss_model'].text}' (a loss model) has no word in the language")
+
+
+def _sfq(p: _Params) -> None:
+    p.unless("perturb", 0, _int)
+    p.unless("quantum", 1514, _size)
+    p.unless("limit", 127, _int)
+    p.unless("depth", 127, _int)
+    p.unless("divisor", 1024, _int)
+    p.unsupported("flows", 128)
+    if "headdrop" in p.options:
+        p.problem("'headdrop' has no word in the language; left out")
+
+
+def _fq_codel(p: _Params) -> None:
+    p.unless("limit", 10240, _int)
+    p.unless("flows", 1024, _int)
+    p.unless("target", 5000, _time)
+    p.unless("interval", 100000, _time)
+    p.unless("quantum", 1514, _int)
+    p.unless("memory_limit", 32 * 1024 * 1024, _size)
+    if "ecn" not in p.options:
+        p.add("noecn")
+    p.unsupported("drop_batch", 64)
+    p.unsupported("ce_threshold", None)
+
+
+def _codel(p: _Params) -> None:
+    p.unless("limit", 1000, _int)
+    p.unless("target", 5000, _time)
+    p.unless("interval", 100000, _time)
+    p.unless("ce_threshold", None, _time)
+    if "ecn" in p.options:
+        p.add("ecn")
+
+
+def _fq(p: _Params) -> None:
+    p.unless("limit", 10000, _int)
+    p.unless("flow_limit", 100, _int)
+    p.unless("quantum", 3028, _size)
+    p.unless("initial_quantum", 15140, _size)
+    p.unless("maxrate", None, _rate)
+    p.unless("buckets", 1024, _int)
+    p.unless("refill_delay", 40000, _time)
+    p.unless("low_rate_threshold", 550000, _rate)
+    p.unless("orphan_mask", 1023, _int)
+    p.unless("ce_threshold", None, _time)
+    p.unless("horizon", 10_000_000, _time)
+    if "nopacing" in p.options:
+        p.add("nopacing")
+    if "horizon_cap" in p.options:
+        p.add("horizon_cap")
+    p.unsupported("timer_slack", 10)
+
+
+RED_AVPKT = (1000, 1500, 1514, 500, 600, 256, 1024, 2000)
+RED_BANDWIDTHS = (10**7, 10**8, 10**9, 10**6, 2 * 10**7, 5 * 10**7, 10**10, 5 * 10**6)
+
+
+def _red(p: _Params, rates: Sequence[int]) -> None:
+    o = p.options
+    limit, qmin, qmax = (_value(o, k) for k in ("limit", "min", "max"))
+    if not (isinstance(limit, int) and isinstance(qmin, int) and isinstance(qmax, int)):
+        p.problem("no limit, min or max shown: written as shown")
+        return
+    p.add("limit", format_size(limit), "min", format_size(qmin), "max", format_size(qmax))
+    probability = o.get("probability")
+    if probability is not None:
+        p.add("probability", probability.text)
+    ewma, scell = _value(o, "ewma"), _value(o, "Scell_log")
+    found: tuple[int, int] | None = None
+    for avpkt in RED_AVPKT:
+        burst = (2 * qmin + qmax) // (3 * avpkt)
+        if red_wlog(qmin, burst, avpkt) != ewma:
+            continue
+        for bandwidth in (*RED_BANDWIDTHS, *rates):
+            if red_scell_log(red_wlog(qmin, burst, avpkt) or 1, avpkt, bandwidth) == scell:
+                found = (avpkt, bandwidth)
+                break
+        if found:
+            break
+    if found is None:
+        found = (1000, 10**7)
+        p.problem(
+            "tc does not show red's avpkt, burst and bandwidth, and no usual value gives its "
+            f"ewma {ewma} and Scell_log {scell}: written as avpkt 1000 bandwidth 10mbit"
+        )
+    p.add("avpkt", format_size(found[0]), "bandwidth", format_rate(found[1]))
+    for flag in ("ecn", "harddrop", "adaptive"):
+        if flag in o:
+            p.add(flag)
+    if "nodrop" in o:
+        p.problem("'nodrop' has no word in the language; left out")
+
+
+def _cake(p: _Params) -> None:
+    o = p.options
+    bandwidth = o.get("bandwidth")
+    if bandwidth is not None:
+        p.add("unlimited" if bandwidth.value == "unlimited" else "bandwidth")
+        if bandwidth.value != "unlimited":
+            p.add(_rate(bandwidth))
+    for key in ("diffserv", "nat", "wash", "ack_filter", "split_gso"):
+        shown = o.get(key)
+        if shown is not None:
+            p.add(str(shown.value))
+    isolate = o.get("isolate")
+    if isolate is not None:
+        p.add("isolate", str(isolate.value))
+    if _value(o, "mode") == "ingress":
+        p.add("ingress")
+    p.unless("rtt", 100000, _time)
+    if "raw" not in o:
+        overhead = o.get("overhead")
+        if overhead is not None:
+            p.add("overhead", str(overhead.value))
+        atm = _value(o, "atm")
+        if atm in ("atm", "ptm"):
+            p.add("linklayer", str(atm))
+        p.unless("mpu", 0, _int)
+    p.unless("memlimit", None, _size)
+    fwmark = _value(o, "fwmark")
+    if isinstance(fwmark, int) and fwmark:
+        p.add("fwmark", f"{fwmark:#x}")
+
+
+def _fifo(p: _Params) -> None:
+    limit = p.options.get("limit")
+    if limit is not None:
+        p.add("limit", _size(limit) if p.q.kind == "bfifo" else str(limit.value))
+
+
+def qdisc_words(
+    q: TcQdisc, line: int, names: dict[str, str], root: bool, rates: Sequence[int] = ()
+) -> tuple[list[str], list[Problem]]:
+    """The words of a qdisc's line (``htb handle 1: r2q 10 default c1_20``) and the problems."""
+    p = _Params(q, line)
+    p.add(q.kind, "handle", q.handle)
+    match q.kind:
+        case "htb":
+            _htb(p, names)
+        case "hfsc":
+            _hfsc(p, names)
+        case "prio":
+            _prio(p)
+        case "tbf":
+            _tbf(p)
+        case "netem":
+            _netem(p)
+        case "sfq":
+            _sfq(p)
+        case "fq_codel":
+            _fq_codel(p)
+        case "codel":
+            _codel(p)
+        case "fq":
+            _fq(p)
+        case "red":
+            _red(p, rates)
+        case "cake":
+            _cake(p)
+        case "pfifo" | "bfifo":
+            _fifo(p)
+        case _:
+            pass
+    if root:
+        _stab(p)
+    elif "stab" in p.options:
+        p.problem("a size table below the root has no word in the language; left out")
+    return p.words, p.problems
+
+
+# ==== class parameters =========================================================================
+
+
+def _curve(words: list[str], kind: str, options: dict[str, Shown]) -> None:
+    m1, d, m2 = (options.get(f"{kind}.{k}") for k in ("m1", "d", "m2"))
+    if m2 is None:
+        return
+    words.append(kind)
+    if (m1 is not None and m1.value) or (d is not None and d.value):
+        assert m1 is not None and d is not None
+        words += ["m1", _rate(m1), "d", _time(d)]
+    words += ["m2", _rate(m2)]
+
+
+def class_words(c: TcClass, line: int, r2q: int | None) -> tuple[list[str], list[Problem]]:
+    """The parameters of a class's line (``rate 10mbit ceil 100mbit prio 1``)."""
+    o = c.options
+    words: list[str] = []
+    problems: list[Problem] = []
+    if c.kind == "htb":
+        rate, ceil = _value(o, "rate"), _value(o, "ceil")
+        if not isinstance(rate, int):
+            return words, [Problem("W371", f"class {c.classid}: no rate shown", line)]
+        words += ["rate", format_rate(rate)]
+        if isinstance(ceil, int) and ceil != rate:
+            words += ["ceil", format_rate(ceil)]
+        for key, at in (("burst", rate), ("cburst", ceil if isinstance(ceil, int) else rate)):
+            shown = _value(o, key)
+            if isinstance(shown, int) and shown != _htb_default_burst(at):
+                words += [key, format_size(_burst_size(at, shown, htb_shown_burst))]
+        prio = _value(o, "prio")
+        if isinstance(prio, int) and prio:
+            words += ["prio", str(prio)]
+        quantum = _value(o, "quantum")
+        if isinstance(quantum, int) and r2q:
+            low, high = HTB_QUANTUM
+            if quantum != min(max(rate // 8 // r2q, low), high):
+                words += ["quantum", str(quantum)]
+        overhead = _value(o, "overhead")
+        if isinstance(overhead, int) and overhead:
+            problems.append(
+                Problem("W371", f"class {c.classid}: 'overhead {overhead}' left out", line)
+            )
+    elif c.kind == "hfsc":
+        words_in = c.words
+        if "sc" in words_in:
+            _curve(words, "rt", o)
+            words[words.index("rt")] = "sc"
+            for kind in ("ul",):
+                _curve(words, kind, o)
+        else:
+            for kind in ("rt", "ls", "ul"):
+                _curve(words, kind, o)
+    return words, problems
+
+
+# ==== filters ==================================================================================
+
+_POLICE_INDEX = re.compile(r"\bpolice (0x[0-9a-f]+)")
+_VERDICTS = {"drop": "drop", "pass": "pass", "continue": "continue", "reclassify": "reclassify"}
+
+
+def _police(entry: FilterEntry) -> tuple[tuple[str, ...], str | None, str | None]:
+    """The ``police ...`` words of a filter's policer, its index, and a problem (an action
+    other than police, a verdict the language has not)."""
+    f = entry.filter
+    others = [a for a in f.actions if a[0] != "police"]
+    if others:
+        return (), None, f"its action '{others[0][0]}' has no word in the language"
+    police = [a for a in f.actions if a[0] == "police"]
+    if not police:
+        return (), None, None
+    if len(police) > 1:
+        return (), None, "it has several policers"
+    _, rate, burst, mtu, verdict = police[0]
+    assert isinstance(rate, int) and isinstance(burst, int) and isinstance(mtu, int)
+    if verdict not in _VERDICTS:
+        return (), None, f"its policer's verdict '{verdict}' has no word in the language"
+    words = ["police", "rate", format_rate(rate)]
+    words += ["burst", format_size(_burst_size(rate, burst, htb_shown_burst))]
+    if mtu and mtu != parse_size("2Kb"):
+        words += ["mtu", format_size(mtu)]
+    if verdict != "drop":
+        words.append(str(verdict))
+    index = None
+    for text in f.words:
+        if (m := _POLICE_INDEX.search(text)) is not None:
+            index = m.group(1)
+    return tuple(words), index, None
+
+
+def _fh_table(words: Sequence[str]) -> int | None:
+    for i, word in enumerate(words[:-1]):
+        if word == "fh":
+            table = words[i + 1].split(":")[0]
+            return int(table, 16) if table else None
+    return None
+
+
+@dataclass
+class _Decoded:
+    index: int
+    entry: FilterEntry
+    family: str
+    conds: list[Cond]
+    police: tuple[str, ...]
+    police_index: str | None
+
+
+def _family_only(conds: Sequence[Cond]) -> str | None:
+    """The family a line's conditions imply by themselves, or None (family-neutral)."""
+    for c in conds:
+        if c.identity[0] in ("src", "dst", "raw"):
+            return str(c.identity[1])
+        if c.identity == ("proto", 1):
+            return "ipv4"
+        if c.identity == ("proto", 58):
+            return "ipv6"
+    return None
+
+
+def _neutral(conds: Sequence[Cond]) -> list[tuple[object, ...]]:
+    return sorted((c.identity for c in conds), key=repr)
+
+
+def _pairs_with(four: _Decoded, six: Sequence[_Decoded]) -> bool:
+    """Whether IPv6 filters ``six`` are exactly what ``four``'s line gives for IPv6."""
+    conds = four.conds
+    auto = has_ports(conds) and not has_proto(conds)
+    want = [6, 17] if auto else [None]
+    if len(six) != len(want):
+        return False
+    f4 = four.entry.filter
+    for proto, d in zip(want, six, strict=True):
+        f = d.entry.filter
+        if f.flowid != f4.flowid or d.police != four.police:
+            return False
+        got = list(d.conds)
+        if proto is not None:
+            first = [c for c in got if c.identity == ("proto", proto)]
+            if not first:
+                return False
+            got.remove(first[0])
+        if _neutral(got) != _neutral(conds):
+            return False
+        by_identity = {c.identity: c for c in got}
+        six_order = [by_identity[c.identity] for c in conds]
+        keys = [o for _, m, o in f.keys if m or len(f.keys) == 1]
+        if key_order(six_order, auto) != list(dict.fromkeys(keys)):
+            return False
+    if four.police:
+        indexes = {four.police_index, *(d.police_index for d in six)}
+        if len(indexes) != 1:
+            return False
+    return True
+
+
+@dataclass
+class FilterSet:
+    """What a qdisc's filters become: match lines, ``classify by mark``, and problems (each
+    with the class id it is about, or None)."""
+
+    lines: list[Line] = field(default_factory=list)
+    marks: Marks | None = None
+    problems: list[tuple[Problem, str | None]] = field(default_factory=list)
+
+
+def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool) -> FilterSet:
+    """Decode a qdisc's filters (in tc's order) into lines."""
+    out = FilterSet()
+    decoded: list[_Decoded] = []
+
+    def problem(entry: FilterEntry, message: str, code: str = "W373") -> None:
+        f = entry.filter
+        where = f.flowid if f.flowid in classes else None
+        text = f"filter pref {f.pref} ({f.protocol}, {f.kind}) to {f.flowid or 'no class'}"
+        out.problems.append((Problem(code, f"{text}: {message}", entry.line), where))
+
+    for index, entry in enumerate(entries):
+        f = entry.filter
+        if f.kind == "fw":
+            _fw(out, entry, classes, problem)
+            continue
+        if f.kind != "u32":
+            problem(entry, f"the language has no '{f.kind}' filter; left out", "W372")
+            continue
+        if f.protocol not in ("ip", "ipv6"):
+            problem(entry, f"protocol '{f.protocol}': the language writes ip and ipv6 only")
+            continue
+        table = _fh_table(entry.head)
+        if "link" in entry.head or (table is not None and table < 0x800):
+            problem(entry, "a u32 hash table or link has no word in the language; left out")
+            continue
+        if not ingress and f.flowid not in classes:
+            problem(entry, f"it sends to {f.flowid or 'no class'}, no class of this qdisc")
+            continue
+        family = "ipv4" if f.protocol == "ip" else "ipv6"
+        try:
+            conds = decode(f.keys, family)
+        except Undecodable as err:
+            problem(entry, f"{err} has no word in the language; left out")
+            continue
+        police, police_index, why = _police(entry)
+        if why is not None:
+            problem(entry, f"{why}; left out", "W374")
+            continue
+        if ingress and not police:
+            problem(entry, "an ingress line needs a policer (the filter has none); left out")
+            continue
+        decoded.append(_Decoded(index, entry, family, ordered(conds, f.keys), police, police_index))
+    _lines(out, decoded)
+    return out
+
+
+def _fw(
+    out: FilterSet,
+    entry: FilterEntry,
+    classes: set[str],
+    problem: Callable[[FilterEntry, str, str], None],
+) -> None:
+    f = entry.filter
+    if f.mark is None or f.flowid not in classes or f.protocol not in ("ip", "ipv6"):
+        problem(entry, "an fw filter without a mark, a class of this qdisc or ip/ipv6", "W376")
+        return
+    family = "ipv4" if f.protocol == "ip" else "ipv6"
+    pref = f.pref - V6_PREF if family == "ipv6" else f.pref
+    if out.marks is None:
+        out.marks = Marks(pref, f.mask, line=entry.line)
+        out.problems.append(
+            (
+                Problem(
+                    "W376",
+                    "fw filters are written as 'classify by mark from any': the firewall rules "
+                    "that set the marks are not read (tcdsl writes its own chain, which also "
+                    "gives unmarked packets the default class's mark); write the match lines, "
+                    "or keep your rules and change 'from'",
+                    entry.line,
+                ),
+                None,
+            )
+        )
+    m = out.marks
+    if pref != m.pref or f.mask != m.mask or pref < 1:
+        problem(entry, "fw filters at another pref or mask than the first ones", "W376")
+        return
+    m.families.add(family)
+    if m.marks.setdefault(f.flowid, f.mark) != f.mark:
+        problem(entry, f"a second mark for {f.flowid}", "W376")
+
+
+def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
+    """Pair IPv4 and IPv6 filters into lines and order the lines as the kernel holds them."""
+    v6_by_pref: dict[int, list[_Decoded]] = {}
+    for d in decoded:
+        if d.family == "ipv6":
+            v6_by_pref.setdefault(d.entry.filter.pref, []).append(d)
+    used: set[int] = set()
+    start: dict[int, int] = {}
+    pairs: dict[int, list[_Decoded]] = {}
+    for d in decoded:
+        if d.family != "ipv4" or _family_only(d.conds) is not None:
+            continue
+        pref = d.entry.filter.pref + V6_PREF
+        cands = v6_by_pref.get(pref, [])
+        need = 2 if has_ports(d.conds) and not has_proto(d.conds) else 1
+        for at in range(start.get(pref, 0), len(cands) - need + 1):
+            run = cands[at : at + need]
+            if any(r.index in used for r in run):
+                continue
+            if _pairs_with(d, run):
+                pairs[d.index] = run
+                used.update(r.index for r in run)
+                start[pref] = at + need
+                break
+    v6_pos = {d.index: n for n, d in enumerate(x for x in decoded if x.family == "ipv6")}
+    dual_marks = sorted((v6_pos[run[0].index], index) for index, run in pairs.items())
+    for d in decoded:
+        f = d.entry.filter
+        if d.index in used:
+            continue
+        if d.family == "ipv4":
+            run = pairs.get(d.index, [])
+            family = "both" if run else "ipv4"
+            filters = [(f.protocol, f.pref, d.index)]
+            filters += [(r.entry.filter.protocol, r.entry.filter.pref, r.index) for r in run]
+            seq: tuple[float, int] = (float(d.index), 0)
+            pref = f.pref
+        else:
+            if f.pref <= V6_PREF:
+                out.problems.append(
+                    (
+                        Problem(
+                            "W373",
+                            f"IPv6 filter at pref {f.pref}: tcdsl puts a line's IPv6 filters at "
+                            "its pref + 32768, so prefs up to 32768 are IPv4's; left out",
+                            d.entry.line,
+                        ),
+                        f.flowid,
+                    )
+                )
+                continue
+            family = "ipv6"
+            filters = [(f.protocol, f.pref, d.index)]
+            pos = v6_pos[d.index]
+            after = [four for six, four in dual_marks if six > pos]
+            seq = (min(after) - 0.5 if after else float("inf"), pos)
+            pref = f.pref - V6_PREF
+        out.lines.append(
+            Line(
+                d.conds,
+                family,
+                pref,
+                d.police,
+                f.flowid,
+                seq,
+                filters,
+                d.police_index,
+                d.entry.line,
+            )
+        )
+    shared: dict[str, list[Line]] = {}
+    for line in out.lines:
+        if line.police_index is not None:
+            shared.setdefault(line.police_index, []).append(line)
+    for index, lines in sorted(shared.items()):
+        if len(lines) > 1:
+            out.problems.append(
+                (
+                    Problem(
+                        "W377",
+                        f"{len(lines)} lines share one policer (police {index}); each line "
+                        "gets a policer of its own",
+                        lines[0].line,
+                    ),
+                    lines[0].classid,
+                )
+            )
+
+
+# ==== the tree =================================================================================
+
+
+@dataclass
+class _Device:
+    """One device's objects, looked up."""
+
+    text: DeviceText
+    objs: DeviceObjects
+    root: tuple[TcQdisc, int] | None
+    ingress: tuple[TcQdisc, int] | None
+    below: dict[str, tuple[TcQdisc, int]]
+    """class id -> the qdisc below it (a leaf, or a chaining qdisc's child)."""
+    filters: dict[str, list[FilterEntry]]
+    problems: list[Problem]
+
+
+def _device(text: DeviceText) -> _Device:
+    objs = objects(text.text)
+    problems = [
+        Problem("W379", f"not a line of tc's qdisc, class or filter output: {line!r}", n)
+        for line, n in objs.unknown
+    ]
+    root = ingress = None
+    below: dict[str, tuple[TcQdisc, int]] = {}
+    for q, line in objs.qdiscs:
+        if q.parent == "root":
+            root = (q, line)
+        elif q.kind in ("ingress", "clsact"):
+            ingress = (q, line)
+        else:
+            below[q.parent] = (q, line)
+    majors = {_major(q.handle) for q, _ in objs.qdiscs}
+    filters: dict[str, list[FilterEntry]] = {}
+    for entry in objs.filters:
+        parent = entry.parent
+        if parent is None:
+            major = _major(entry.filter.flowid)
+            if major in majors:
+                parent = f"{major}:"
+            elif ingress is not None and not entry.filter.flowid.strip("?"):
+                parent = ingress[0].handle
+            else:
+                parent = root[0].handle if root is not None else "?"
+        filters.setdefault(parent, []).append(entry)
+    for table, line in objs.hash_tables:
+        problems.append(
+            Problem("W373", f"a u32 hash table ({table}) has no word in the language", line)
+        )
+    return _Device(text, objs, root, ingress, below, filters, problems)
+
+
+def _names(dev: _Device) -> dict[str, str]:
+    return {c.classid: class_name(c.classid) for c, _ in dev.objs.classes}
+
+
+def _build(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> QdiscNode:
+    """The node of qdisc ``q`` with its classes, filters and the qdiscs below."""
+    node = QdiscNode(q, line)
+    major = _major(q.handle)
+    if q.kind in CHAINING:
+        child = dev.below.get(f"{major}:1")
+        if child is not None:
+            node.child = _leaf(dev, child, problems)
+        return node
+    if q.kind not in CLASSFUL:
+        return node
+    mine = [(c, n) for c, n in dev.objs.classes if _major(c.classid) == major and c.kind == q.kind]
+    nodes = {c.classid: ClassNode(c, n) for c, n in mine if c.classid != q.handle}
+    top: list[ClassNode] = []
+    for cn in nodes.values():
+        parent = cn.cls.parent
+        if parent in nodes:
+            nodes[parent].children.append(cn)
+        else:
+            top.append(cn)
+        below = dev.below.get(cn.cls.classid)
+        if below is not None:
+            cn.leaf = _leaf(dev, below, cn.notes)
+    node.classes = top
+    fs = filter_set(dev.filters.get(q.handle, []), set(nodes), ingress=False)
+    for problem, classid in fs.problems:
+        if classid is not None and classid in nodes:
+            nodes[classid].items.append(Comment(problem))
+        else:
+            node.body_notes.append(problem)
+    for fl in fs.lines:
+        nodes[fl.classid].items.append(fl)
+    node.marks = fs.marks
+    node.family = _tree_family(fs)
+    _order(node, fs, problems)
+    return node
+
+
+def _leaf(dev: _Device, found: tuple[TcQdisc, int], notes: list[Problem]) -> QdiscNode | None:
+    q, line = found
+    if q.kind not in LEAVES | CLASSFUL:
+        notes.append(
+            Problem("W370", f"the language has no '{q.kind}' qdisc ({q.handle}); left out", line)
+        )
+        return None
+    return _build(dev, q, line, notes)
+
+
+def _tree_family(fs: FilterSet) -> str:
+    families = {line.family for line in fs.lines}
+    if fs.marks is not None:
+        families |= fs.marks.families
+    if families == {"ipv4"}:
+        return "ipv4"
+    if families == {"ipv6"}:
+        return "ipv6"
+    return "both"
+
+
+def _classes(nodes: Sequence[ClassNode]) -> list[ClassNode]:
+    out: list[ClassNode] = []
+    for n in nodes:
+        out.append(n)
+        out += _classes(n.children)
+    return out
+
+
+def _first(node: ClassNode) -> tuple[float, int]:
+    seqs = [i.seq for i in node.items if isinstance(i, Line)]
+    seqs += [_first(c) for c in node.children]
+    return min(seqs, default=(float("inf"), 0))
+
+
+def _minor(classid: str) -> int:
+    return _hex(classid.partition(":")[2])
+
+
+def _sort(nodes: list[ClassNode]) -> None:
+    nodes.sort(key=lambda n: (_first(n), _minor(n.cls.classid)))
+    for n in nodes:
+        n.items.sort(key=lambda i: i.seq if isinstance(i, Line) else (float("inf"), 0))
+        _sort(n.children)
+
+
+def _order(node: QdiscNode, fs: FilterSet, problems: list[Problem]) -> None:
+    """Order classes and lines as the kernel tries the filters; warn where no order does."""
+    _sort(node.classes)
+    got: dict[tuple[str, int], list[int]] = {}
+    for cn in _classes(node.classes):
+        for item in cn.items:
+            if isinstance(item, Line):
+                for protocol, pref, index in item.filters:
+                    got.setdefault((protocol, pref), []).append(index)
+    for key, indexes in sorted(got.items()):
+        if indexes != sorted(indexes):
+            line = min(fl.line for fl in fs.lines if any(f[:2] == key for f in fl.filters))
+            problems.append(
+                Problem(
+                    "W375",
+                    f"the {key[0]} filters at pref {key[1]} of {node.q.handle} alternate between "
+                    "classes: a policy tries a class's lines together, so they are written in "
+                    "another order, which matters only where they overlap",
+                    line,
+                )
+            )
+
+
+# ==== writing ==================================================================================
+
+
+class _Writer:
+    """An indenting writer that records every problem it writes as a comment (so that each
+    warning is also a comment, and each comment a warning)."""
+
+    def __init__(self, source: str) -> None:
+        self.lines: list[str] = []
+        self.source = source
+        self.written: list[tuple[Problem, str]] = []
+
+    def line(self, depth: int, text: str) -> None:
+        self.lines.append(f"{INDENT * depth}{text}")
+
+    def comment(self, depth: int, problem: Problem) -> None:
+        self.written.append((problem, self.source))
+        message = problem.message.replace("\n", " ")
+        self.line(depth, f"# tcdsl import: {problem.code} at line {problem.line}: {message}")
+
+
+def _match_text(line: Line, tree_family: str, marking: bool) -> str:
+    words = ["match"]
+    implied = _family_only(line.conds)
+    raw = any(c.identity[0] == "raw" for c in line.conds)
+    if line.family != "both" and (
+        (tree_family == "both" and implied != line.family) or (line.family == "ipv6" and raw)
+    ):
+        words += ["family", line.family]
+    words += [c.text for c in line.conds]
+    if line.pref != 1 or marking:
+        words += ["pref", str(line.pref)]
+    words += line.police
+    return " ".join(words)
+
+
+def _write_qdisc(
+    w: _Writer,
+    depth: int,
+    node: QdiscNode,
+    names: dict[str, str],
+    root: bool,
+    head: str = "",
+    rates: Sequence[int] = (),
+) -> None:
+    words, problems = qdisc_words(node.q, node.line, names, root, rates)
+    for problem in node.notes + problems:
+        w.comment(depth, problem)
+    text = f"{head}{' '.join(words)}"
+    body = node.classes or node.child or node.body_notes or node.marks
+    if not body:
+        w.line(depth, text)
+        return
+    w.line(depth, f"{text} {{")
+    for problem in node.body_notes:
+        w.comment(depth + 1, problem)
+    if node.marks is not None:
+        m = node.marks
+        words = ["classify by mark from any"]
+        if m.mask is not None:
+            words.append(f"mask {m.mask:#x}")
+        if m.pref != 1:
+            words.append(f"pref {m.pref}")
+        w.line(depth + 1, " ".join(words))
+    if node.child is not None:
+        _write_qdisc(w, depth + 1, node.child, names, False, rates=rates)
+    r2q = node.q.options.get("r2q")
+    for cn in node.classes:
+        _write_class(w, depth + 1, cn, node, names, r2q.value if r2q is not None else None)
+    w.line(depth, "}")
+
+
+def _write_class(
+    w: _Writer, depth: int, cn: ClassNode, q: QdiscNode, names: dict[str, str], r2q: object
+) -> None:
+    words, problems = class_words(cn.cls, cn.line, r2q if isinstance(r2q, int) else None)
+    for problem in problems:
+        w.comment(depth, problem)
+    head = ["class", names[cn.cls.classid], "id", cn.cls.classid, *words]
+    if q.marks is not None and cn.cls.classid in q.marks.marks:
+        head += ["mark", f"{q.marks.marks[cn.cls.classid]:#x}"]
+    text = " ".join(head)
+    if not (cn.children or cn.leaf or cn.items or cn.notes):
+        w.line(depth, text)
+        return
+    w.line(depth, f"{text} {{")
+    for item in cn.items:
+        if isinstance(item, Line):
+            w.line(depth + 1, _match_text(item, q.family, q.marks is not None))
+        else:
+            w.comment(depth + 1, item.problem)
+    for child in cn.children:
+        _write_class(w, depth + 1, child, q, names, r2q)
+    for problem in cn.notes:
+        w.comment(depth + 1, problem)
+    if cn.leaf is not None:
+        rates = [v for k in ("rate", "ceil") if isinstance(v := _value(cn.cls.options, k), int)]
+        _write_qdisc(w, depth + 1, cn.leaf, names, False, rates=rates)
+    w.line(depth, "}")
+
+
+@dataclass
+class _Redirect:
+    device: str
+    connmark: bool
+
+
+def _redirect(entry: FilterEntry) -> _Redirect | None:
+    """The download redirect tcdsl writes (``protocol all u32 match u32 0 0 [action connmark]
+    action mirred egress redirect dev IFB``), or None."""
+    f = entry.filter
+    if f.kind != "u32" or f.protocol != "all" or any(m for _, m, _ in f.keys):
+        return None
+    actions = list(f.actions)
+    connmark = bool(actions) and actions[0] == ("connmark",)
+    if connmark:
+        actions = actions[1:]
+    if len(actions) != 1 or actions[0][:3] != ("mirred", "egress", "redirect"):
+        return None
+    return _Redirect(str(actions[0][3]), connmark)
+
+
+def import_policy(
+    main: DeviceText, read_other: Callable[[str], DeviceText | None] | None = None
+) -> ImportResult:
+    """The policy that builds what ``main`` shows; ``read_other`` gives the text of the IFB a
+    download redirects to (None where it cannot be read)."""
+    sources = {main.source: main.text}
+    dev = _device(main)
+    root = dev.root if dev.root is not None and dev.root[0].handle != "0:" else None
+    errors: list[Diagnostic] = []
+    if root is not None and root[0].kind not in ROOTS:
+        message = (
+            f"the root qdisc of {main.device} is '{root[0].kind}', which the language has "
+            "not: there is no tree to write"
+        )
+        errors.append(_located(Problem("E273", message, root[1]), main.source, sources))
+    if root is None and dev.ingress is None:
+        what = (
+            f"its root qdisc is the kernel's default ({dev.root[0].kind})"
+            if dev.root is not None
+            else "the text shows no qdisc"
+        )
+        message = f"{main.device} has no traffic-control configuration to import: {what}"
+        line = dev.root[1] if dev.root is not None else 1
+        errors.append(_located(Problem("E272", message, line), main.source, sources))
+    if errors:
+        return ImportResult(None, errors, sources)
+    w = _Writer(main.source)
+    w.line(
+        0,
+        f"# Imported by tcdsl {__version__} ('tcdsl import') from the tc state of "
+        f"{main.device} ({main.source}).",
+    )
+    w.line(
+        0,
+        "# Classes are named after their tc ids (c1_10 is 1:10); ids and handles are written, "
+        "so renaming a class changes nothing in the kernel.",
+    )
+    problems = list(dev.problems)
+    upload = _build(dev, root[0], root[1], problems) if root is not None else None
+    ingress: FilterSet | None = None
+    download: tuple[_Redirect, _Device, QdiscNode, list[Problem]] | None = None
+    ingress_notes: list[Problem] = []
+    if dev.ingress is not None:
+        ingress, download = _ingress(dev, read_other, ingress_notes, sources)
+    names = _names(dev)
+    if upload is not None and download is None and ingress is None and not ingress_notes:
+        for p in problems:
+            w.comment(0, p)
+        head = f"interface {_ifname(main.device)} {_family(upload.family)}"
+        _write_qdisc(w, 0, upload, names, True, head=head)
+    else:
+        w.line(0, f"interface {_ifname(main.device)} {{")
+        for p in problems:
+            w.comment(1, p)
+        if upload is not None:
+            head = f"upload {_family(upload.family)}"
+            _write_qdisc(w, 1, upload, names, True, head=head)
+        if download is not None:
+            redirect, ifb, node, ifb_problems = download
+            w.source = ifb.text.source
+            for p in ifb_problems:
+                w.comment(1, p)
+            head = f"download via {_ifname(redirect.device)} "
+            head += "connmark " if redirect.connmark else ""
+            head += _family(node.family)
+            _write_qdisc(w, 1, node, _names(ifb), True, head=head)
+            w.source = main.source
+        for p in ingress_notes:
+            w.comment(1, p)
+        if ingress is not None and ingress.lines:
+            family = _tree_family(ingress)
+            w.line(1, f"ingress {_family(family)}{{")
+            for fl in sorted(ingress.lines, key=lambda x: x.seq):
+                w.line(2, _match_text(fl, family, False))
+            w.line(1, "}")
+        w.line(0, "}")
+    diagnostics = [_located(p, source, sources) for p, source in w.written]
+    diagnostics.sort(key=lambda d: (d.span.file != main.source, d.span.file, d.span.line, d.code))
+    return ImportResult("\n".join(w.lines) + "\n", diagnostics, sources)
+
+
+def _located(problem: Problem, source: str, sources: dict[str, str]) -> Diagnostic:
+    """A problem as a diagnostic at its line of ``source``'s text."""
+    lines = sources.get(source, "").splitlines()
+    width = len(lines[problem.line - 1]) if 0 < problem.line <= len(lines) else 0
+    span = Span(source, problem.line, 1, problem.line, max(width, 1) + 1)
+    if problem.code.startswith("E"):
+        return Diagnostic.error(problem.code, problem.message, span)
+    return Diagnostic.warning(problem.code, problem.message, span)
+
+
+def _ingress(
+    dev: _Device,
+    read_other: Callable[[str], DeviceText | None] | None,
+    notes: list[Problem],
+    sources: dict[str, str],
+) -> tuple[FilterSet | None, tuple[_Redirect, _Device, QdiscNode, list[Problem]] | None]:
+    """The ingress qdisc's filters: police lines, or the redirect of a download (with the
+    IFB's tree, where ``read_other`` can read it)."""
+    assert dev.ingress is not None
+    q, line = dev.ingress
+    entries = dev.filters.get(q.handle, [])
+    if q.kind != "ingress":
+        notes.append(
+            Problem("W370", f"the language has no '{q.kind}' qdisc ({q.handle}); left out", line)
+        )
+        return None, None
+    redirects = [(e, r) for e in entries if (r := _redirect(e)) is not None]
+    if not redirects:
+        lines = filter_set(entries, set(), ingress=True)
+        notes += [p for p, _ in lines.problems]
+        return lines, None
+    entry, redirect = redirects[0]
+    download = None
+    other = read_other(redirect.device) if read_other is not None else None
+    if other is not None:
+        sources[other.source] = other.text
+        ifb = _device(other)
+        if ifb.root is not None and ifb.root[0].handle != "0:" and ifb.root[0].kind in ROOTS:
+            ifb_problems = list(ifb.problems)
+            node = _build(ifb, ifb.root[0], ifb.root[1], ifb_problems)
+            download = (redirect, ifb, node, ifb_problems)
+    if download is None:
+        notes.append(
+            Problem(
+                "W378",
+                f"ingress redirects to {redirect.device}, whose tree is not in the text read: "
+                f"import {redirect.device} on its own and write it as 'download via "
+                f"{redirect.device}'",
+                entry.line,
+            )
+        )
+    for e in entries:
+        if e is not entry:
+            notes.append(
+                Problem(
+                    "W373",
+                    f"filter pref {e.filter.pref} on the ingress of an interface with a "
+                    "download: the language puts no other filter there; left out",
+                    e.line,
+                )
+            )
+    return None, download
+
+
+def _all_qdiscs(node: QdiscNode | None) -> list[QdiscNode]:
+    if node is None:
+        return []
+    out = [node]
+    if node.child is not None:
+        out += _all_qdiscs(node.child)
+    for cn in _classes(node.classes):
+        out += _all_qdiscs(cn.leaf)
+    return out
+
+
+def _family(family: str) -> str:
+    return "" if family == "both" else f"family {family} "
+
+
+_BARE_IFNAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def _ifname(name: str) -> str:
+    if _BARE_IFNAME.fullmatch(name):
+        return name
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
