@@ -14,15 +14,12 @@ what the language cannot say gives the warnings and the comments; errors are loc
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from tcdsl.cli import cli
 from tcdsl.diagnostics import render
 from tcdsl.driver import Result, compile_policy
 from tcdsl.ops.importer import import_policy
@@ -116,29 +113,57 @@ def round_trip(planned: list[Planned], run: Run, tmp: Path) -> int:
 
     first = run([_case(p, p.result.output or "", "original") for p in planned])
     imported: list[tuple[Planned, Planned, str]] = []
+    failures: list[str] = []
     for n, (p, result) in enumerate(zip(planned, first, strict=True)):
         texts = device_texts(_applied(result, p), p.read)
         text = imported_text(p, texts)
         path = tmp / f"imported-{n}.tcp"
         path.write_text(text, encoding="utf-8")
         again = _compile(path)
-        assert again.output is not None, (
-            f"{p.name}: the imported policy does not compile:\n{text}\n"
-            + render(again.diagnostics, again.sources)
-        )
+        if again.output is None:
+            said = render(again.diagnostics, again.sources)
+            failures.append(f"{p.name}: the imported policy does not compile:\n{text}\n{said}")
+            continue
         imported.append((p, Planned(p.name, again, p.create, p.read), text))
     second = run([_case(q, q.result.output or "", "imported") for _, q, _ in imported])
-    for (p, q, text), result, before in zip(imported, second, first, strict=True):
-        a = runner.read_state(_applied(before, p), p.read)
-        b = runner.read_state(_applied(result, q), q.read)
+    done = {p.name: r for p, r in zip(planned, first, strict=True)}
+    for (p, q, text), result in zip(imported, second, strict=True):
+        a = _without_flows(runner.read_state(_applied(done[p.name], p), p.read))
+        b = _without_flows(runner.read_state(_applied(result, q), q.read))
         try:
             _same(a, b)
         except AssertionError as err:
-            raise AssertionError(
-                f"{p.name}: the imported policy builds another state:\n{text}\n"
+            failures.append(
+                f"{p.name}: the imported policy builds another state ({err}):\n{text}\n"
                 f"---- original\n{_dump(a)}---- imported\n{_dump(b)}"
-            ) from err
+            )
+    assert not failures, f"{len(failures)} of {len(planned)} failed:\n" + "\n\n".join(failures)
     return len(planned)
+
+
+FLOW_KINDS = ("sfq", "fq_codel", "cake")
+
+
+def _without_flows(state: KernelState) -> KernelState:
+    """``state`` without the filter sections of flow classes (sfq, fq_codel and cake show a
+    class per active flow: one that comes and goes between two ``tc`` runs of the read-back
+    leaves a section that ``_same`` cannot match to a class)."""
+    for dev in state.devices.values():
+        flows = {q.handle for q in dev.qdiscs if q.kind in FLOW_KINDS}
+        keep, skipping = [], False
+        for line in dev.text.splitlines(keepends=True):
+            if line.startswith("== filters of "):
+                parent = line[len("== filters of ") :].strip()
+                skipping = parent.partition(":")[0] + ":" in flows and not parent.endswith(":")
+            if not skipping:
+                keep.append(line)
+        dev.text = "".join(keep)
+        dev.filters = {
+            k: v
+            for k, v in dev.filters.items()
+            if k.endswith(":") or k[: k.index(":") + 1] not in flows
+        }
+    return state
 
 
 def _dump(state: KernelState) -> str:
@@ -195,3 +220,32 @@ def test_examples_round_trip(tmp_path: Path) -> None:
     done += _guest(guest, tmp_path)
     print(f"user-mode Linux: {', '.join(p.name for p in guest)}")
     assert done == len(host) + len(guest)
+
+
+GENERATED_HOST = 80
+GENERATED_UML = 20
+SEED = 12
+
+
+def _generated(kernel: str, count: int, tmp: Path) -> list[tuple[str, Path]]:
+    from tests.strategies import random_policies
+
+    out = []
+    for n, policy in enumerate(random_policies(kernel, count, SEED)):  # type: ignore[arg-type]
+        path = tmp / f"generated-{kernel}-{n}.tcp"
+        path.write_text(policy.text, encoding="utf-8")
+        out.append((f"generated {kernel} {n}", path))
+    return out
+
+
+def test_generated_policies_round_trip(tmp_path: Path) -> None:
+    """tests/strategies.py's policies (the ones the verify property tests draw, the same ones
+    every run): 80 for the host kernel, 20 for the guest's."""
+    support = _support()
+    if support is None:
+        pytest.skip("the host part needs root and network namespaces")
+    host, _ = _split(_generated("host", GENERATED_HOST, tmp_path))
+    done = round_trip(host, runner.run_on_host, tmp_path)
+    _, guest = _split(_generated("uml", GENERATED_UML, tmp_path))
+    done += _guest(guest, tmp_path)
+    print(f"{done} generated policies round-trip")

@@ -23,9 +23,9 @@ from tcdsl import __version__
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.ops.tctext import DeviceObjects, DeviceText, FilterEntry, objects
 from tcdsl.ops.u32decode import Cond, Undecodable, decode, has_ports, has_proto, key_order, ordered
-from tcdsl.tcmath import HTB_QUANTUM, red_scell_log, red_wlog
+from tcdsl.tcmath import HTB_QUANTUM, TICKS_PER_US, U32_MAX, red_scell_log, red_wlog
 from tcdsl.units import format_rate, format_size, format_time
-from tcdsl.verify.expect import htb_shown_burst, tbf_shown_size
+from tcdsl.verify.expect import htb_shown_burst, tbf_shown_size, tbf_ticks, tc_shown_time
 from tcdsl.verify.readback import Shown, TcClass, TcQdisc, parse_size
 
 INDENT = "    "
@@ -118,7 +118,7 @@ class QdiscNode:
     body_notes: list[Problem] = field(default_factory=list)
     """Problems written as comments at the top of its body."""
     marks: Marks | None = None
-    family: str = "both"
+    family: str = "none"
 
 
 @dataclass
@@ -154,12 +154,14 @@ def _value(options: dict[str, Shown], key: str) -> object:
 
 def _burst_size(rate_bits: int, shown: int, show: Callable[[int, int], int]) -> int:
     """A size that tc shows as ``shown`` after its round trip through a time at the rate
-    (``show`` models it): ``shown`` itself where it does, else the nearest that does."""
+    (``show`` models it): ``shown`` itself where it does, else the nearest that does (at most
+    2^32 - 1, tc's limit)."""
+    shown_at = min(shown, U32_MAX)
     for delta in range(0, 4096):
-        for size in (shown - delta, shown + delta):
-            if size > 0 and show(rate_bits, size) == shown:
+        for size in (shown_at - delta, shown_at + delta):
+            if 0 < size <= U32_MAX and show(rate_bits, size) == shown:
                 return size
-    return shown
+    return shown_at
 
 
 def _htb_default_burst(rate_bits: int) -> int:
@@ -274,27 +276,57 @@ def _prio(p: _Params) -> None:
         p.add("priomap", *map(str, priomap))
 
 
+def _tbf_latency(rate_bits: int, burst: int, peak: int, mtu: int, limit: int) -> int:
+    """The ``lat`` tc prints for a tbf of that limit (bytes), in microseconds (as
+    ``tcdsl.verify.expect.tbf_shown_latency`` models it, from the values tc shows)."""
+    rate = rate_bits // 8
+    latency = 1_000_000 * (limit / rate) - int(tbf_ticks(rate_bits, burst) / TICKS_PER_US)
+    if peak:
+        prate = peak // 8
+        lat2 = 1_000_000 * (limit / prate) - int(tbf_ticks(peak, mtu) / TICKS_PER_US)
+        latency = max(latency, lat2)
+    return tc_shown_time(latency) if latency >= 0 else -1
+
+
+def _tbf_limit(rate_bits: int, burst: int, peak: int, mtu: int, lat: int) -> int | None:
+    """The smallest limit (bytes) that tc shows as latency ``lat``, or None."""
+    if rate_bits < 8 or (peak and peak < 8):
+        return None
+    low, high = 0, U32_MAX
+    while low < high:
+        mid = (low + high) // 2
+        if _tbf_latency(rate_bits, burst, peak, mtu, mid) < lat:
+            low = mid + 1
+        else:
+            high = mid
+    return low if _tbf_latency(rate_bits, burst, peak, mtu, low) == lat else None
+
+
 def _tbf(p: _Params) -> None:
     rate = _value(p.options, "rate")
     burst = _value(p.options, "burst")
     if not isinstance(rate, int) or not isinstance(burst, int):
         p.problem("no rate or burst shown: written without them")
         return
-    p.add("rate", format_rate(rate))
-    p.add("burst", format_size(_burst_size(rate, burst, tbf_shown_size)))
+    burst = _burst_size(rate, burst, tbf_shown_size)
+    p.add("rate", format_rate(rate), "burst", format_size(burst))
     peak = _value(p.options, "peakrate")
+    mtu = 0
     if isinstance(peak, int):
         p.add("peakrate", format_rate(peak))
-        mtu = _value(p.options, "minburst")
-        if isinstance(mtu, int):
-            p.add("mtu", format_size(_burst_size(peak, mtu, tbf_shown_size)))
+        shown = _value(p.options, "mtu")
+        shown = shown if isinstance(shown, int) else _value(p.options, "minburst")
+        if isinstance(shown, int):
+            mtu = _burst_size(peak, shown, tbf_shown_size)
+            p.add("mtu", format_size(mtu))
     limit = _value(p.options, "limit")
+    lat = _value(p.options, "lat")
+    if not isinstance(limit, int) and isinstance(lat, int):
+        limit = _tbf_limit(rate, burst, peak if isinstance(peak, int) else 0, mtu, lat)
+        if limit is None:
+            p.add("latency", format_time(lat))
     if isinstance(limit, int):
-        p.add("limit", format_size(limit))
-    else:
-        p.unless("lat", None, _time)
-        if p.words[-2] == "lat":
-            p.words[-2] = "latency"
+        p.add("limit", format_size(min(limit, U32_MAX)))
     p.unsupported("overhead", 0)
     p.unsupported("linklayer", "ethernet")
 
@@ -461,9 +493,9 @@ def _cake(p: _Params) -> None:
 
 
 def _fifo(p: _Params) -> None:
-    limit = p.options.get("limit")
-    if limit is not None:
-        p.add("limit", _size(limit) if p.q.kind == "bfifo" else str(limit.value))
+    limit = _value(p.options, "limit")
+    if isinstance(limit, int):
+        p.add("limit", format_size(min(limit, U32_MAX)) if p.q.kind == "bfifo" else str(limit))
 
 
 def qdisc_words(
@@ -939,6 +971,15 @@ def _build(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> Qdis
     return node
 
 
+def _one_family(root: QdiscNode) -> None:
+    """Give every qdisc of a tree the tree's family: one family word covers them all."""
+    nodes = _all_qdiscs(root)
+    families = {n.family for n in nodes if n.family != "none"}
+    family = families.pop() if len(families) == 1 else "both"
+    for n in nodes:
+        n.family = family
+
+
 def _leaf(dev: _Device, found: tuple[TcQdisc, int], notes: list[Problem]) -> QdiscNode | None:
     q, line = found
     if q.kind not in LEAVES | CLASSFUL:
@@ -950,9 +991,13 @@ def _leaf(dev: _Device, found: tuple[TcQdisc, int], notes: list[Problem]) -> Qdi
 
 
 def _tree_family(fs: FilterSet) -> str:
+    """``ipv4`` or ``ipv6`` when every filter is of that family, ``none`` without filters,
+    else ``both``."""
     families = {line.family for line in fs.lines}
     if fs.marks is not None:
         families |= fs.marks.families
+    if not families:
+        return "none"
     if families == {"ipv4"}:
         return "ipv4"
     if families == {"ipv6"}:
@@ -1034,7 +1079,8 @@ def _match_text(line: Line, tree_family: str, marking: bool) -> str:
     implied = _family_only(line.conds)
     raw = any(c.identity[0] == "raw" for c in line.conds)
     if line.family != "both" and (
-        (tree_family == "both" and implied != line.family) or (line.family == "ipv6" and raw)
+        (tree_family in ("both", "none") and implied != line.family)
+        or (line.family == "ipv6" and raw)
     ):
         words += ["family", line.family]
     words += [c.text for c in line.conds]
@@ -1169,6 +1215,8 @@ def import_policy(
     )
     problems = list(dev.problems)
     upload = _build(dev, root[0], root[1], problems) if root is not None else None
+    if upload is not None:
+        _one_family(upload)
     ingress: FilterSet | None = None
     download: tuple[_Redirect, _Device, QdiscNode, list[Problem]] | None = None
     ingress_notes: list[Problem] = []
@@ -1251,6 +1299,7 @@ def _ingress(
         if ifb.root is not None and ifb.root[0].handle != "0:" and ifb.root[0].kind in ROOTS:
             ifb_problems = list(ifb.problems)
             node = _build(ifb, ifb.root[0], ifb.root[1], ifb_problems)
+            _one_family(node)
             download = (redirect, ifb, node, ifb_problems)
     if download is None:
         notes.append(
@@ -1287,7 +1336,7 @@ def _all_qdiscs(node: QdiscNode | None) -> list[QdiscNode]:
 
 
 def _family(family: str) -> str:
-    return "" if family == "both" else f"family {family} "
+    return "" if family in ("both", "none") else f"family {family} "
 
 
 _BARE_IFNAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
