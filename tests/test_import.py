@@ -95,10 +95,12 @@ def imported_text(p: Planned, texts: dict[str, DeviceText]) -> str:
     """The policy ``tcdsl import`` writes for every interface of ``p``'s policy."""
     assert p.result.policy is not None
     out = []
-    # a download's IFB is an interface of the IR, made by the script: imported with its
-    # interface's download
-    for name in dict.fromkeys(i.name for i in p.result.policy.interfaces if i.name in p.create):
+    # every device the case made (a download's IFB, made by the script, is imported with its
+    # interface's download), but those with nothing to import: 'classify by mark from' ones
+    for name in p.create:
         got = import_policy(texts[name], texts.get)
+        if got.policy is None and [d.code for d in got.diagnostics] == ["E272"]:
+            continue
         assert got.policy is not None, render(got.diagnostics, got.sources)
         out.append(got.policy)
     return "\n".join(out)

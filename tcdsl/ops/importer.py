@@ -25,8 +25,8 @@ from tcdsl.ops.tctext import DeviceObjects, DeviceText, FilterEntry, objects
 from tcdsl.ops.u32decode import Cond, Undecodable, decode, has_ports, has_proto, key_order, ordered
 from tcdsl.tcmath import HTB_QUANTUM, TICKS_PER_US, U32_MAX, red_scell_log, red_wlog
 from tcdsl.units import format_rate, format_size, format_time
-from tcdsl.verify.expect import htb_shown_burst, tbf_shown_size, tbf_ticks, tc_shown_time
-from tcdsl.verify.readback import Shown, TcClass, TcQdisc, parse_size
+from tcdsl.verify.expect import htb_shown_burst, sprint_time, tbf_shown_size, tbf_ticks
+from tcdsl.verify.readback import Shown, TcClass, TcQdisc, parse_size, parse_time
 
 INDENT = "    "
 CLASSFUL = frozenset({"htb", "hfsc", "prio"})
@@ -276,30 +276,45 @@ def _prio(p: _Params) -> None:
         p.add("priomap", *map(str, priomap))
 
 
-def _tbf_latency(rate_bits: int, burst: int, peak: int, mtu: int, limit: int) -> int:
-    """The ``lat`` tc prints for a tbf of that limit (bytes), in microseconds (as
-    ``tcdsl.verify.expect.tbf_shown_latency`` models it, from the values tc shows)."""
+def _tbf_latency(rate_bits: int, burst: int, peak: int, mtu: int, limit: int) -> float:
+    """The latency (microseconds, before tc rounds it to print it) of a tbf of that limit
+    (bytes), as ``tcdsl.verify.expect.tbf_shown_latency`` models it."""
     rate = rate_bits // 8
     latency = 1_000_000 * (limit / rate) - int(tbf_ticks(rate_bits, burst) / TICKS_PER_US)
     if peak:
         prate = peak // 8
         lat2 = 1_000_000 * (limit / prate) - int(tbf_ticks(peak, mtu) / TICKS_PER_US)
         latency = max(latency, lat2)
-    return tc_shown_time(latency) if latency >= 0 else -1
+    return latency
 
 
-def _tbf_limit(rate_bits: int, burst: int, peak: int, mtu: int, lat: int) -> int | None:
-    """The smallest limit (bytes) that tc shows as latency ``lat``, or None."""
-    if rate_bits < 8 or (peak and peak < 8):
-        return None
-    low, high = 0, U32_MAX
+def _least(predicate: Callable[[int], bool], high: int = U32_MAX) -> int:
+    """The least n in [0, high] for which a monotone ``predicate`` holds (high if none)."""
+    low = 0
     while low < high:
         mid = (low + high) // 2
-        if _tbf_latency(rate_bits, burst, peak, mtu, mid) < lat:
-            low = mid + 1
-        else:
+        if predicate(mid):
             high = mid
-    return low if _tbf_latency(rate_bits, burst, peak, mtu, low) == lat else None
+        else:
+            low = mid + 1
+    return low
+
+
+def _tbf_limit(rate_bits: int, burst: int, peak: int, mtu: int, lat: Shown) -> int | None:
+    """The least limit (bytes) for which tc prints the latency ``lat`` as it did, or None."""
+    if rate_bits < 8 or (peak and peak < 8) or not isinstance(lat.value, int):
+        return None
+    value = lat.value
+    # the least whole microsecond tc prints as this text
+    first = _least(lambda t: parse_time(sprint_time(t)) >= value)
+    for t in range(first, first + 2000):
+        if sprint_time(t) == lat.text:
+            break
+    else:
+        return None
+    limit = _least(lambda n: _tbf_latency(rate_bits, burst, peak, mtu, n) >= t)
+    latency = _tbf_latency(rate_bits, burst, peak, mtu, limit)
+    return limit if latency >= 0 and sprint_time(latency) == lat.text else None
 
 
 def _tbf(p: _Params) -> None:
@@ -320,11 +335,11 @@ def _tbf(p: _Params) -> None:
             mtu = _burst_size(peak, shown, tbf_shown_size)
             p.add("mtu", format_size(mtu))
     limit = _value(p.options, "limit")
-    lat = _value(p.options, "lat")
-    if not isinstance(limit, int) and isinstance(lat, int):
+    lat = p.options.get("lat")
+    if not isinstance(limit, int) and lat is not None and isinstance(lat.value, int):
         limit = _tbf_limit(rate, burst, peak if isinstance(peak, int) else 0, mtu, lat)
         if limit is None:
-            p.add("latency", format_time(lat))
+            p.add("latency", format_time(lat.value))
     if isinstance(limit, int):
         p.add("limit", format_size(min(limit, U32_MAX)))
     p.unsupported("overhead", 0)
