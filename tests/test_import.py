@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from tcdsl.cli import cli
 from tcdsl.diagnostics import render
 from tcdsl.driver import Result, compile_policy
 from tcdsl.ops.importer import import_policy
@@ -251,3 +253,151 @@ def test_generated_policies_round_trip(tmp_path: Path) -> None:
     _, guest = _split(_generated("uml", GENERATED_UML, tmp_path))
     done += _guest(guest, tmp_path)
     print(f"{done} generated policies round-trip")
+
+
+# ==== unit tests: saved text, warnings, errors =================================================
+
+DATA = HERE / "import_data"
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["import", *args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _check(text: str, tmp: Path) -> Result:
+    path = tmp / "imported.tcp"
+    path.write_text(text, encoding="utf-8")
+    result = _compile(path)
+    assert result.output is not None, render(result.diagnostics, result.sources)
+    return result
+
+
+def test_wondershaper_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hand-written script's saved text (wondershaper): the policy is the golden one, IPv4
+    only as the script was, and it compiles to the script's tc objects."""
+    monkeypatch.chdir(ROOT)
+    code, out, err = _cli("-i", "eth0", "--from", "tests/import_data/wondershaper.txt")
+    assert code == 0 and err == ""
+    assert out == (DATA / "wondershaper.tcp").read_text(encoding="utf-8")
+    assert "upload family ipv4 htb handle 1: r2q 10 default c1_20" in out
+    assert "ingress family ipv4 {" in out
+    assert "match tcp-ack pref 10" in out and "match all pref 50 police rate 8mbit burst 10k" in out
+    result = _check(out, tmp_path)
+    script = result.output or ""
+    for words in (
+        "classid 1:1 htb rate 800kbit burst 6k",
+        "handle 10: sfq perturb 10",
+        "protocol ip prio 14 u32 match ip dport 873 0xffff flowid 1:30",
+        "protocol ip prio 15 u32 match ip sport 873 0xffff flowid 1:30",
+    ):
+        assert words in script
+    assert "protocol ipv6" not in script
+    again = _cli("-i", "eth0", "--from", "tests/import_data/wondershaper.txt", "-o", "-")
+    assert again[0] == 0
+
+
+def test_import_writes_the_output_file(tmp_path: Path) -> None:
+    out = tmp_path / "eth0.tcp"
+    code, stdout, _ = _cli("-i", "eth0", "--from", str(DATA / "wondershaper.txt"), "-o", str(out))
+    assert code == 0 and stdout == ""
+    assert out.read_text(encoding="utf-8").endswith("}\n")
+
+
+UNSUPPORTED = {
+    "W370": ("sfb", 4),
+    "W371": ("direct_qlen 50", 3),
+    "W372": ("matchall", 23),
+    "W373": ("hash table", 26),
+    "W374": ("gact", 30),
+    "W375": ("alternate between classes", 13),
+    "W376": ("classify by mark from any", 37),
+    "W377": ("share one policer", 44),
+    "W378": ("ifb0", 56),
+}
+
+
+def test_what_the_language_cannot_say_is_a_warning_and_a_comment(tmp_path: Path) -> None:
+    path = DATA / "unsupported.txt"
+    code, out, err = _cli("-i", "eth0", "--from", str(path))
+    assert code == 0
+    for code_, (words, line) in UNSUPPORTED.items():
+        located = [x for x in err.splitlines() if x.startswith(f"{path}:{line}:1: warning: ")]
+        assert any(words in x and x.endswith(f"[{code_}]") for x in located), (code_, err)
+        assert any(
+            x.strip().startswith(f"# tcdsl import: {code_} at line {line}: ") and words in x
+            for x in out.splitlines()
+        ), (code_, out)
+    warnings = err.count(": warning: ")
+    assert warnings == out.count("# tcdsl import: W37"), "each warning is one comment"
+    result = _check(out, tmp_path)
+    assert not [d for d in result.diagnostics if d.is_error]
+    # what could be said is there
+    assert "match dport 22 pref 1" in out and "class c1_20 id 1:20" in out
+    assert "mark 0x7" in out
+
+
+def test_a_line_that_is_not_tc_output_is_reported(tmp_path: Path) -> None:
+    text = (DATA / "wondershaper.txt").read_text(encoding="utf-8") + "Error: something\n"
+    path = tmp_path / "saved.txt"
+    path.write_text(text, encoding="utf-8")
+    code, out, err = _cli("-i", "eth0", "--from", str(path))
+    line = len(text.splitlines())
+    assert code == 0 and f"{path}:{line}:1: warning: " in err and "[W379]" in err
+    assert f"# tcdsl import: W379 at line {line}: " in out
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "words"),
+    [
+        ("qdisc noqueue 0: root refcnt 2\n", "E272", "kernel's default (noqueue)"),
+        ("", "E272", "shows no qdisc"),
+        ("qdisc drr 1: root refcnt 2\nclass drr 1:1 root quantum 1514b\n", "E273", "'drr'"),
+    ],
+    ids=["default-root", "empty", "unknown-root"],
+)
+def test_nothing_to_import_is_a_located_error(
+    text: str, code: str, words: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "saved.txt"
+    path.write_text(text, encoding="utf-8")
+    status, out, err = _cli("-i", "eth0", "--from", str(path))
+    assert status == 1 and out == ""
+    assert err.startswith(f"{path}:1:1: error: ") and f"[{code}]" in err and words in err
+    assert err.endswith("tcdsl: 1 error; nothing imported\n")
+
+
+def test_unreadable_files_are_located_errors(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"qdisc htb 1: root\xff\n")
+    for path, words in (
+        (tmp_path / "missing.txt", "No such file"),
+        (binary, "not UTF-8"),
+        (tmp_path, "Is a directory"),
+    ):
+        status, out, err = _cli("-i", "eth0", "--from", str(path))
+        assert status in (1, 2) and out == "" and "Traceback" not in err
+        if status == 1:
+            assert f"{path}:1:1: error: " in err and "[E271]" in err and words in err
+
+
+def test_a_missing_interface_is_a_located_error() -> None:
+    status, out, err = _cli("-i", "tcdsl-none0")
+    assert status == 1 and out == ""
+    assert err.startswith("tc:tcdsl-none0:1:1: error: there is no network interface 'tcdsl-none0'")
+    assert "[E270]" in err
+
+
+def test_import_is_deterministic() -> None:
+    text = DeviceText("eth0", "saved", (DATA / "unsupported.txt").read_text(encoding="utf-8"))
+    first, second = import_policy(text), import_policy(text)
+    assert first.policy == second.policy and first.diagnostics == second.diagnostics
+
+
+def test_help_has_examples() -> None:
+    result = CliRunner().invoke(cli, ["import", "--help"])
+    assert result.exit_code == 0
+    assert "tcdsl import -i eth0 --from saved.txt" in result.output
+    assert "tc filter show dev eth0 parent ffff:" in result.output

@@ -191,7 +191,7 @@ class _Params:
         self.words += words
 
     def problem(self, message: str, code: str = "W371") -> None:
-        self.problems.append(Problem(code, f"{self.q.kind} {self.q.handle}: {message}", self.line))
+        self.problems.append(Problem(code, f"{self.q.kind} {self.q.handle} {message}", self.line))
 
     def unless(self, key: str, default: object, render: Callable[[Shown], str]) -> None:
         shown = self.options.get(key)
@@ -764,6 +764,14 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
             continue
         decoded.append(_Decoded(index, entry, family, ordered(conds, f.keys), police, police_index))
     _lines(out, decoded)
+    if out.marks is not None:
+        for line in [fl for fl in out.lines if fl.police]:
+            out.lines.remove(line)
+            message = (
+                f"a policed filter (pref {line.pref}) on a qdisc with fw filters: with "
+                "'classify by mark' a match line cannot police; left out"
+            )
+            out.problems.append((Problem("W374", message, line.line), line.classid))
     return out
 
 
@@ -929,11 +937,12 @@ def _device(text: DeviceText) -> _Device:
     for entry in objs.filters:
         parent = entry.parent
         if parent is None:
-            major = _major(entry.filter.flowid)
-            if major in majors:
-                parent = f"{major}:"
-            elif ingress is not None and not entry.filter.flowid.strip("?"):
+            # tc names no parent when asked for one: the flowid's major tells the qdisc
+            major = _major(entry.filter.flowid.strip("?"))
+            if ingress is not None and major in ("", "ffff"):
                 parent = ingress[0].handle
+            elif major in majors:
+                parent = f"{major}:"
             else:
                 parent = root[0].handle if root is not None else "?"
         filters.setdefault(parent, []).append(entry)
@@ -1148,6 +1157,10 @@ def _write_class(
     for problem in problems:
         w.comment(depth, problem)
     head = ["class", names[cn.cls.classid], "id", cn.cls.classid, *words]
+    rate = _value(cn.cls.options, "rate")
+    children = [_value(c.cls.options, "rate") for c in cn.children]
+    if isinstance(rate, int) and sum(r for r in children if isinstance(r, int)) > rate:
+        head.append("overbook")  # the kernel shows no such thing: it only silences W350
     if q.marks is not None and cn.cls.classid in q.marks.marks:
         head += ["mark", f"{q.marks.marks[cn.cls.classid]:#x}"]
     text = " ".join(head)
