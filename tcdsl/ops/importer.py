@@ -154,14 +154,20 @@ def _value(options: dict[str, Shown], key: str) -> object:
 
 def _burst_size(rate_bits: int, shown: int, show: Callable[[int, int], int]) -> int:
     """A size that tc shows as ``shown`` after its round trip through a time at the rate
-    (``show`` models it): ``shown`` itself where it does, else the nearest that does (at most
-    2^32 - 1, tc's limit)."""
+    (``show`` models it): ``shown`` itself where it does, else the nearest that does, else
+    the one shown nearest to it (the model's floating point may be a byte off the kernel's);
+    at most 2^32 - 1, tc's limit."""
     shown_at = min(shown, U32_MAX)
+    best, best_distance = shown_at, abs(show(rate_bits, shown_at) - shown)
     for delta in range(0, 4096):
         for size in (shown_at - delta, shown_at + delta):
-            if 0 < size <= U32_MAX and show(rate_bits, size) == shown:
-                return size
-    return shown_at
+            if 0 < size <= U32_MAX:
+                distance = abs(show(rate_bits, size) - shown)
+                if distance == 0:
+                    return size
+                if distance < best_distance:
+                    best, best_distance = size, distance
+    return best
 
 
 def _htb_default_burst(rate_bits: int) -> int:
@@ -700,8 +706,7 @@ def _pairs_with(four: _Decoded, six: Sequence[_Decoded]) -> bool:
             return False
         by_identity = {c.identity: c for c in got}
         six_order = [by_identity[c.identity] for c in conds]
-        keys = [o for _, m, o in f.keys if m or len(f.keys) == 1]
-        if key_order(six_order, auto) != list(dict.fromkeys(keys)):
+        if key_order(six_order, auto) != list(dict.fromkeys(o for _, _, o in f.keys)):
             return False
     if four.police:
         indexes = {four.police_index, *(d.police_index for d in six)}

@@ -108,10 +108,7 @@ def _port(value: int, mask: int) -> str:
 def decode(keys: Sequence[Key], family: str) -> list[Cond]:
     """The conditions of a match line of ``family`` (``ipv4`` or ``ipv6``) whose filter has
     ``keys``; Undecodable when no line gives them."""
-    if all(m == 0 for _, m, _ in keys):
-        for _, _, offset in keys:
-            if offset >= NEXTHDR or offset < 0:
-                raise Undecodable(f"a key at offset {offset}")
+    if [(m, o) for _, m, o in keys] == [(0, 0)]:
         return [Cond("all", (0,), ("all",))]
     words = _Words(keys)
     v6 = family == "ipv6"
@@ -186,8 +183,12 @@ def decode(keys: Sequence[Key], family: str) -> list[Cond]:
         if mask:
             out.append(Cond(f"{field} {_port(value, mask)}", (port_word,), (field, value, mask)))
             words.take(port_word, shift, 16)
-    for value, mask, offset in words.left():
-        text = f"u32 {value:#010x}/{mask:#010x} at {offset}"
+    left = words.left()
+    used = {w for c in out for w in c.words} | {o for _, _, o in left}
+    # a key that tests nothing (mask 0) is still a key of the filter: kept, as tc keeps it
+    left += [(0, 0, o) for _, m, o in keys if m == 0 and o not in used]
+    for value, mask, offset in left:
+        text = f"u32 {value:#x}/{mask:#x} at {offset}"
         out.append(Cond(text, (offset,), ("raw", family, value, mask, offset)))
     return out
 
@@ -216,7 +217,7 @@ def key_order(conds: Sequence[Cond], auto_proto: bool = False) -> list[int]:
 def ordered(conds: list[Cond], keys: Sequence[Key], limit: int = 7) -> list[Cond]:
     """``conds`` in an order whose keys come out in the order of ``keys`` (the first such
     order, trying the order found first); as found when none does."""
-    want = list(dict.fromkeys(o for _, m, o in keys if m or len(keys) == 1))
+    want = list(dict.fromkeys(o for _, _, o in keys))
     if key_order(conds) == want or len(conds) > limit:
         return conds
     for perm in itertools.permutations(conds):
