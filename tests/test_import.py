@@ -90,7 +90,7 @@ def _applied(result: runner.CaseResult | None, p: Planned) -> dict[str, runner.S
     found = runner.sections(result.stdout)
     applied = found.get("apply-stderr")
     assert applied is not None and applied.status == 0, (
-        f"{result.name} failed:\n{result.stdout[-3000:]}{result.stderr[-2000:]}"
+        f"{result.name} failed:\n{applied.text[-3000:] if applied else result.stdout[-3000:]}"
     )
     return found
 

@@ -334,12 +334,15 @@ def _tbf(p: _Params) -> None:
     peak = _value(p.options, "peakrate")
     mtu = 0
     if isinstance(peak, int):
+        # the kernel takes a peak rate above the rate only: equal as shown (tc shows rates
+        # rounded down), it was above by less than the last digit shown
+        peak = max(peak, rate + 8)
         p.add("peakrate", format_rate(peak))
         shown = _value(p.options, "mtu")
         shown = shown if isinstance(shown, int) else _value(p.options, "minburst")
-        if isinstance(shown, int):
-            mtu = _burst_size(peak, shown, tbf_shown_size)
-            p.add("mtu", format_size(mtu))
+        # tc shows no mtu when it is under a tick at the peak rate: the least mtu is that
+        mtu = _burst_size(peak, shown, tbf_shown_size) if isinstance(shown, int) else 1
+        p.add("mtu", format_size(mtu))
     limit = _value(p.options, "limit")
     lat = p.options.get("lat")
     if not isinstance(limit, int) and lat is not None and isinstance(lat.value, int):
@@ -347,7 +350,7 @@ def _tbf(p: _Params) -> None:
         if limit is None:
             p.add("latency", format_time(lat.value))
     if isinstance(limit, int):
-        p.add("limit", format_size(min(limit, U32_MAX)))
+        p.add("limit", format_size(min(max(limit, 1), U32_MAX)))
     p.unsupported("overhead", 0)
     p.unsupported("linklayer", "ethernet")
 

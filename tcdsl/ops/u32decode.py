@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
 
+from tcdsl.lint import PORTLESS
 from tcdsl.verify.readback import NEXTHDR, Key
 
 FULL = 0xFFFFFFFF
@@ -178,7 +179,8 @@ def decode(keys: Sequence[Key], family: str) -> list[Cond]:
         if address is not None:
             out.append(Cond(f"{field} {address}", used, (field, family, address)))
     port_word = 40 if v6 else 20
-    for field, shift in (("sport", 16), ("dport", 0)):
+    portless = proto[1] == 0xFF and proto[0] in PORTLESS
+    for field, shift in () if portless else (("sport", 16), ("dport", 0)):
         value, mask = words.peek(port_word, shift, 16)
         if mask:
             out.append(Cond(f"{field} {_port(value, mask)}", (port_word,), (field, value, mask)))
