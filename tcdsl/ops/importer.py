@@ -15,9 +15,12 @@ same policy.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from tcdsl import __version__
 from tcdsl.diagnostics import Diagnostic, Span
@@ -28,6 +31,7 @@ from tcdsl.units import format_rate, format_size, format_time
 from tcdsl.verify.expect import htb_shown_burst, sprint_time, tbf_shown_size, tbf_ticks
 from tcdsl.verify.readback import Shown, TcClass, TcQdisc, parse_size, parse_time
 
+T = TypeVar("T")
 INDENT = "    "
 CLASSFUL = frozenset({"htb", "hfsc", "prio"})
 CHAINING = frozenset({"tbf", "netem"})
@@ -1055,16 +1059,75 @@ def _minor(classid: str) -> int:
     return _hex(classid.partition(":")[2])
 
 
-def _sort(nodes: list[ClassNode]) -> None:
-    nodes.sort(key=lambda n: (_first(n), _minor(n.cls.classid)))
-    for n in nodes:
-        n.items.sort(key=lambda i: i.seq if isinstance(i, Line) else (float("inf"), 0))
-        _sort(n.children)
+def _topological(items: list[T], edges: set[tuple[int, int]], key: Callable[[T], Any]) -> list[T]:
+    """``items`` in an order where item j comes after item i for each (i, j) in ``edges``
+    (indexes), ties broken by ``key``; a cycle, which no order satisfies, is broken at the
+    item of the least key."""
+    n = len(items)
+    after: dict[int, list[int]] = {}
+    waiting = [0] * n
+    for i, j in edges:
+        if i != j:
+            after.setdefault(i, []).append(j)
+            waiting[j] += 1
+    heap = [(key(items[i]), i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(heap)
+    out: list[T] = []
+    placed = [False] * n
+    while len(out) < n:
+        if not heap:
+            i = min((i for i in range(n) if not placed[i]), key=lambda i: (key(items[i]), i))
+            heapq.heappush(heap, (key(items[i]), i))
+        _, i = heapq.heappop(heap)
+        if placed[i]:
+            continue
+        placed[i] = True
+        out.append(items[i])
+        for j in after.get(i, []):
+            waiting[j] -= 1
+            if waiting[j] == 0 and not placed[j]:
+                heapq.heappush(heap, (key(items[j]), j))
+    return out
+
+
+def _lines_below(node: ClassNode) -> list[Line]:
+    return [i for c in _classes([node]) for i in c.items if isinstance(i, Line)]
+
+
+def _sort(nodes: list[ClassNode], edges: set[tuple[int, int]]) -> None:
+    """Order sibling classes, and each class's lines, so that every line comes after those
+    whose filters the kernel tries before its own (``edges``: pairs of ``id(line)``)."""
+    owner = {id(x): n for n, node in enumerate(nodes) for x in _lines_below(node)}
+    between = {(owner[a], owner[b]) for a, b in edges if a in owner and b in owner}
+    nodes[:] = _topological(nodes, between, lambda n: (_first(n), _minor(n.cls.classid)))
+    for node in nodes:
+        lines = [i for i in node.items if isinstance(i, Line)]
+        comments = [i for i in node.items if not isinstance(i, Line)]
+        at = {id(x): n for n, x in enumerate(lines)}
+        among = {(at[a], at[b]) for a, b in edges if a in at and b in at}
+        node.items = [*_topological(lines, among, lambda x: x.seq), *comments]
+        _sort(node.children, edges)
+
+
+def _edges(lines: Sequence[Line]) -> set[tuple[int, int]]:
+    """(line, line) pairs where the first line's filter comes right before the second's in
+    a pref of one protocol, as the kernel lists them."""
+    at: dict[tuple[str, int], list[tuple[int, Line]]] = {}
+    for line in lines:
+        for protocol, pref, index in line.filters:
+            at.setdefault((protocol, pref), []).append((index, line))
+    out: set[tuple[int, int]] = set()
+    for listed in at.values():
+        listed.sort(key=lambda x: x[0])
+        for (_, a), (_, b) in itertools.pairwise(listed):
+            if a is not b:
+                out.add((id(a), id(b)))
+    return out
 
 
 def _order(node: QdiscNode, fs: FilterSet, problems: list[Problem]) -> None:
     """Order classes and lines as the kernel tries the filters; warn where no order does."""
-    _sort(node.classes)
+    _sort(node.classes, _edges(fs.lines))
     got: dict[tuple[str, int], list[int]] = {}
     for cn in _classes(node.classes):
         for item in cn.items:

@@ -180,6 +180,8 @@ def decode(keys: Sequence[Key], family: str) -> list[Cond]:
             out.append(Cond(f"{field} {address}", used, (field, family, address)))
     port_word = 40 if v6 else 20
     portless = proto[1] == 0xFF and proto[0] in PORTLESS
+    # on IPv6, tcdsl tests the next header next to a port: ports without one stay raw keys
+    portless = portless or (v6 and not has_proto(out))
     for field, shift in () if portless else (("sport", 16), ("dport", 0)):
         value, mask = words.peek(port_word, shift, 16)
         if mask:
