@@ -101,7 +101,7 @@ def imported_text(p: Planned, texts: dict[str, DeviceText]) -> str:
     out = []
     # every device the case made (a download's IFB, made by the script, is imported with its
     # interface's download), but those with nothing to import: 'classify by mark from' ones
-    for name in p.create:
+    for name in [n for n in p.create if n in texts]:
         got = import_policy(texts[name], texts.get)
         if got.policy is None and [d.code for d in got.diagnostics] == ["E272"]:
             continue

@@ -240,8 +240,8 @@ def _stab(p: _Params) -> None:
         return
     overhead = _value(o, "stab overhead")
     linklayer = _value(o, "stab linklayer")
-    if isinstance(overhead, int):
-        p.add("overhead", str(overhead + STAB_OVERHEAD))
+    # tc leaves out an overhead of 0: the table is there all the same
+    p.add("overhead", str((overhead if isinstance(overhead, int) else 0) + STAB_OVERHEAD))
     if isinstance(linklayer, str) and linklayer != "ethernet":
         p.add("linklayer", linklayer)
     p.unless("stab mpu", 0, _int)
@@ -774,7 +774,9 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
         if ingress and not police:
             problem(entry, "an ingress line needs a policer (the filter has none); left out")
             continue
-        decoded.append(_Decoded(index, entry, family, ordered(conds, f.keys), police, police_index))
+        decoded.append(
+            _Decoded(index, entry, family, ordered(conds, f.keys, family), police, police_index)
+        )
     _lines(out, decoded)
     if out.marks is not None:
         for line in [fl for fl in out.lines if fl.police]:

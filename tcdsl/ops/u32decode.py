@@ -218,13 +218,27 @@ def key_order(conds: Sequence[Cond], auto_proto: bool = False) -> list[int]:
     return order
 
 
-def ordered(conds: list[Cond], keys: Sequence[Key], limit: int = 7) -> list[Cond]:
+def ordered(conds: list[Cond], keys: Sequence[Key], family: str, limit: int = 6) -> list[Cond]:
     """``conds`` in an order whose keys come out in the order of ``keys`` (the first such
     order, trying the order found first); as found when none does."""
     want = list(dict.fromkeys(o for _, _, o in keys))
     if key_order(conds) == want or len(conds) > limit:
         return conds
-    for perm in itertools.permutations(conds):
-        if key_order(perm) == want:
-            return list(perm)
+    tcp = [c for c in conds if c.identity[0] in ("tcp-ack", "tcp-flags")]
+    tries = [conds]
+    if tcp and not any(c.identity[0] == "proto" for c in conds):
+        # 'proto tcp' written before tcp-ack puts the protocol's key first
+        tries.append([Cond("proto tcp", tcp[0].words[:1], ("proto", 6)), *conds])
+    # a key that tests nothing, written before the condition that shares its word, puts the
+    # word first: merged into that condition's key, it leaves no trace but the order
+    if len(conds) < limit:
+        tries += [
+            [*t, Cond(f"u32 0x0/0x0 at {word}", (word,), ("raw", family, 0, 0, word))]
+            for word in want
+            for t in list(tries)
+        ]
+    for candidate in tries:
+        for perm in itertools.permutations(candidate):
+            if key_order(perm) == want:
+                return list(perm)
     return conds
