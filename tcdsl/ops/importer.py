@@ -28,7 +28,14 @@ from tcdsl.ops.tctext import DeviceObjects, DeviceText, FilterEntry, objects
 from tcdsl.ops.u32decode import Cond, Undecodable, decode, has_ports, has_proto, key_order, ordered
 from tcdsl.tcmath import HTB_QUANTUM, TICKS_PER_US, U32_MAX, red_scell_log, red_wlog
 from tcdsl.units import format_rate, format_size, format_time
-from tcdsl.verify.expect import htb_shown_burst, sprint_time, tbf_shown_size, tbf_ticks
+from tcdsl.verify.expect import (
+    codel_shown_time,
+    htb_shown_burst,
+    netem_shown_time,
+    sprint_time,
+    tbf_shown_size,
+    tbf_ticks,
+)
 from tcdsl.verify.readback import Shown, TcClass, TcQdisc, parse_size, parse_time
 
 T = TypeVar("T")
@@ -376,8 +383,8 @@ NETEM_PERCENTS = (
 def _netem(p: _Params) -> None:
     o = p.options
     p.unless("limit", 1000, _int)
-    for key in ("delay", "jitter"):
-        p.unless(key, None, _time)
+    p.unless("delay", None, _through(netem_shown_time))
+    p.unless("jitter", None, _through(netem_shown_time))
     for key in NETEM_PERCENTS:
         shown = o.get(key)
         if shown is None or shown.value == 0:
@@ -408,11 +415,27 @@ def _sfq(p: _Params) -> None:
         p.problem("'headdrop' has no word in the language; left out")
 
 
+def _through(show: Callable[[int], int]) -> Callable[[Shown], str]:
+    """A time the kernel keeps in its own units (``show`` models what tc then prints): the
+    nearest that tc prints as it did (at least 1us)."""
+
+    def render(shown: Shown) -> str:
+        assert isinstance(shown.value, int)
+        value = shown.value
+        for delta in range(0, 4096):
+            for t in (value + delta, value - delta):
+                if t > 0 and show(t) == value:
+                    return format_time(t)
+        return format_time(max(value, 1))
+
+    return render
+
+
 def _fq_codel(p: _Params) -> None:
     p.unless("limit", 10240, _int)
     p.unless("flows", 1024, _int)
-    p.unless("target", 5000, _time)
-    p.unless("interval", 100000, _time)
+    p.unless("target", 5000, _through(codel_shown_time))
+    p.unless("interval", 100000, _through(codel_shown_time))
     p.unless("quantum", 1514, _int)
     p.unless("memory_limit", 32 * 1024 * 1024, _size)
     if "ecn" not in p.options:
@@ -423,8 +446,8 @@ def _fq_codel(p: _Params) -> None:
 
 def _codel(p: _Params) -> None:
     p.unless("limit", 1000, _int)
-    p.unless("target", 5000, _time)
-    p.unless("interval", 100000, _time)
+    p.unless("target", 5000, _through(codel_shown_time))
+    p.unless("interval", 100000, _through(codel_shown_time))
     p.unless("ce_threshold", None, _time)
     if "ecn" in p.options:
         p.add("ecn")

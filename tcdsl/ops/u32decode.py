@@ -188,9 +188,9 @@ def decode(keys: Sequence[Key], family: str) -> list[Cond]:
             out.append(Cond(f"{field} {_port(value, mask)}", (port_word,), (field, value, mask)))
             words.take(port_word, shift, 16)
     left = words.left()
-    used = {w for c in out for w in c.words} | {o for _, _, o in left}
+    taken = {w for c in out for w in c.words} | {o for _, _, o in left}
     # a key that tests nothing (mask 0) is still a key of the filter: kept, as tc keeps it
-    left += [(0, 0, o) for _, m, o in keys if m == 0 and o not in used]
+    left += [(0, 0, o) for _, m, o in keys if m == 0 and o not in taken]
     for value, mask, offset in left:
         text = f"u32 {value:#x}/{mask:#x} at {offset}"
         out.append(Cond(text, (offset,), ("raw", family, value, mask, offset)))
