@@ -288,7 +288,7 @@ def test_examples_round_trip(tmp_path: Path) -> None:
 
 
 GENERATED_HOST = 80
-GENERATED_UML = 20
+GENERATED_UML = 24
 SEED = 12
 
 
