@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -462,3 +464,55 @@ def test_help_has_examples() -> None:
     assert result.exit_code == 0
     assert "tcdsl import -i eth0 --from saved.txt" in result.output
     assert "tc filter show dev eth0 parent ffff:" in result.output
+
+
+HAND_SCRIPT = """\
+tc qdisc add dev eth0 root handle 1: htb default 30
+tc class add dev eth0 parent 1: classid 1:1 htb rate 10mbit burst 15k
+tc class add dev eth0 parent 1:1 classid 1:10 htb rate 5mbit ceil 10mbit prio 0
+tc class add dev eth0 parent 1:1 classid 1:20 htb rate 3mbit ceil 8mbit prio 1 quantum 3000
+tc class add dev eth0 parent 1:1 classid 1:30 htb rate 2mbit ceil 10mbit prio 2
+tc qdisc add dev eth0 parent 1:10 handle 10: pfifo limit 50
+tc qdisc add dev eth0 parent 1:20 handle 20: tbf rate 3mbit burst 10k latency 50ms
+tc qdisc add dev eth0 parent 1:30 handle 30: bfifo limit 30k
+tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 22 0xffff flowid 1:10
+tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 192.168.1.0/24 \\
+    match ip dport 80 0xffff flowid 1:20
+tc filter add dev eth0 parent 1: protocol ip prio 3 u32 match ip tos 0x10 0xff flowid 1:10
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32770 u32 match ip6 dst 2001:db8::/32 \\
+    flowid 1:20
+"""
+"""A hand-written script of what the host kernel has (htb, tbf, fifos, u32), IPv4 and IPv6."""
+
+
+def test_live_import_of_a_hand_written_script(tmp_path: Path) -> None:
+    """``tcdsl import -i eth0`` run in the namespace where a hand-written script shaped eth0:
+    the policy it writes, compiled and applied in a fresh namespace, builds the same state."""
+    if _support() is None:
+        pytest.skip("needs root and network namespaces")
+    from tests.test_equivalence import _same
+
+    command = f"{shlex.quote(sys.executable)} -c 'from tcdsl.cli import main; main()'"
+    live = Planned("hand-written", Result(output=HAND_SCRIPT, policy=None), ["eth0"], ["eth0"])
+    case = runner.case_script(
+        "hand", HAND_SCRIPT, live.create, live.read, after=f"{command} import -i eth0"
+    )
+    first = runner.run_on_host([runner.Case("hand", case)])[0]
+    found = _applied(first, live)
+    text = found["after"].text
+    assert found["after"].status == 0 and text.startswith("# Imported by tcdsl"), text
+    assert "interface eth0 htb" in text and "match dst 2001:db8::/32 pref 2" in text
+    assert "match family ipv4 dport 22" in text  # an IPv4-only line in a dual-stack tree
+    assert "match src 192.168.1.0/24 dport 80" in text and "quantum 3000" in text
+    again = _check(text, tmp_path)
+    second = runner.run_on_host(
+        [
+            runner.Case(
+                "imported", runner.case_script("imported", again.output or "", ["eth0"], ["eth0"])
+            )
+        ]
+    )[0]
+    _same(
+        runner.read_state(found, live.read),
+        runner.read_state(_applied(second, live), live.read),
+    )
