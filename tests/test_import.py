@@ -402,6 +402,18 @@ def test_what_the_language_cannot_say_is_a_warning_and_a_comment(tmp_path: Path)
     assert "mark 0x7" in out
 
 
+def test_filters_listed_without_their_parent_go_to_the_qdisc_of_their_flowid() -> None:
+    """'tc filter show dev X parent 10:' names no parent: the flowid's major tells it."""
+    code, out, err = _cli("-i", "lan0", "--from", str(DATA / "nested.txt"))
+    assert code == 0 and err == ""
+    inner = out[out.index("htb handle 10:") : out.index("prio handle 20:")]
+    assert "class c10_10 id 10:10 rate 1mbit ceil 10mbit {\n" in inner
+    assert "match proto udp dport 5060" in inner and "match dscp 46" in inner
+    bands = out[out.index("prio handle 20:") :]
+    assert "match proto udp sport 53" in bands and "match proto tcp sport 22" in bands
+    assert "interface lan0 htb" in out  # the nested trees classify IPv6 too: no family
+
+
 def test_a_line_that_is_not_tc_output_is_reported(tmp_path: Path) -> None:
     text = (DATA / "wondershaper.txt").read_text(encoding="utf-8") + "Error: something\n"
     path = tmp_path / "saved.txt"

@@ -43,7 +43,7 @@ INDENT = "    "
 CLASSFUL = frozenset({"htb", "hfsc", "prio"})
 CHAINING = frozenset({"tbf", "netem"})
 LEAVES = frozenset(
-    {"pfifo", "bfifo", "sfq", "fq_codel", "codel", "fq", "red", "cake", "tbf", "netem"}
+    {"pfifo", "bfifo", "sfq", "fq_codel", "codel", "fq", "fq_pie", "red", "cake", "tbf", "netem"}
 )
 """Kinds the language takes below a class (classful kinds too: they nest)."""
 ROOTS = CLASSFUL | LEAVES | {"pfifo_fast"}
@@ -580,6 +580,8 @@ def qdisc_words(
             _cake(p)
         case "pfifo" | "bfifo":
             _fifo(p)
+        case "fq_pie":
+            p.problem("tcdsl import does not read fq_pie's parameters yet: written without them")
         case _:
             pass
     if root:
@@ -1044,9 +1046,12 @@ def _one_family(root: QdiscNode) -> None:
 def _leaf(dev: _Device, found: tuple[TcQdisc, int], notes: list[Problem]) -> QdiscNode | None:
     q, line = found
     if q.kind not in LEAVES | CLASSFUL:
-        notes.append(
-            Problem("W370", f"the language has no '{q.kind}' qdisc ({q.handle}); left out", line)
+        what = (
+            "tcdsl import does not read cbq (removed from Linux in 6.3)"
+            if q.kind == "cbq"
+            else f"the language has no '{q.kind}' qdisc"
         )
+        notes.append(Problem("W370", f"{what} ({q.handle}); left out", line))
         return None
     return _build(dev, q, line, notes)
 
