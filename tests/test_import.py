@@ -36,6 +36,7 @@ from tcdsl.verify.readback import KernelState
 from tests.conftest import ROOT, policy_files
 
 HERE = Path(__file__).parent
+DATA = HERE / "import_data"
 
 
 # ==== round trips ==============================================================================
@@ -266,7 +267,10 @@ def _split(paths: list[tuple[str, Path]]) -> tuple[list[Planned], list[Planned]]
 
 
 def _examples() -> list[tuple[str, Path]]:
-    return [(str(p), ROOT / p) for p in policy_files()]
+    """Every example policy, and those of tests/import_data (flower; the wondershaper script's
+    imported policy)."""
+    extra = sorted(DATA.glob("*.tcp"))
+    return [(str(p), ROOT / p) for p in policy_files()] + [(str(p), p) for p in extra]
 
 
 def _guest(planned: list[Planned], tmp: Path, exact: bool = True) -> int:
@@ -319,9 +323,6 @@ def test_generated_policies_round_trip(tmp_path: Path) -> None:
 
 
 # ==== unit tests: saved text, warnings, errors =================================================
-
-DATA = HERE / "import_data"
-
 
 def _cli(*args: str) -> tuple[int, str, str]:
     result = CliRunner().invoke(cli, ["import", *args])

@@ -25,7 +25,16 @@ from typing import Any, TypeVar
 from tcdsl import __version__
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.ops.tctext import DeviceObjects, DeviceText, FilterEntry, objects
-from tcdsl.ops.u32decode import Cond, Undecodable, decode, has_ports, has_proto, key_order, ordered
+from tcdsl.ops.u32decode import (
+    Cond,
+    Undecodable,
+    decode,
+    flower_conds,
+    has_ports,
+    has_proto,
+    key_order,
+    ordered,
+)
 from tcdsl.tcmath import HTB_QUANTUM, TICKS_PER_US, U32_MAX, red_scell_log, red_wlog
 from tcdsl.units import format_rate, format_size, format_time
 from tcdsl.verify.expect import (
@@ -130,6 +139,7 @@ class QdiscNode:
     """Problems written as comments at the top of its body."""
     marks: Marks | None = None
     family: str = "none"
+    flower: bool = False
 
 
 @dataclass
@@ -698,6 +708,7 @@ class _Decoded:
     conds: list[Cond]
     police: tuple[str, ...]
     police_index: str | None
+    flower: bool = False
 
 
 def _family_only(conds: Sequence[Cond]) -> str | None:
@@ -755,6 +766,8 @@ class FilterSet:
     lines: list[Line] = field(default_factory=list)
     marks: Marks | None = None
     problems: list[tuple[Problem, str | None]] = field(default_factory=list)
+    flower: bool = False
+    """Its filters are flower filters (the tree's ``classifier flower``)."""
 
 
 def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool) -> FilterSet:
@@ -768,13 +781,19 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
         text = f"filter pref {f.pref} ({f.protocol}, {f.kind}) to {f.flowid or 'no class'}"
         out.problems.append((Problem(code, f"{text}: {message}", entry.line), where))
 
+    kinds = {e.filter.kind for e in entries if e.filter.kind in ("u32", "flower")}
+    out.flower = kinds == {"flower"}
     for index, entry in enumerate(entries):
         f = entry.filter
         if f.kind == "fw":
             _fw(out, entry, classes, problem)
             continue
+        if f.kind == "flower" and out.flower:
+            _flower(out, decoded, index, entry, classes, ingress, problem)
+            continue
         if f.kind != "u32":
-            problem(entry, f"the language has no '{f.kind}' filter; left out", "W372")
+            beside = " beside u32 ones (a tree has one classifier)" if f.kind == "flower" else ""
+            problem(entry, f"the language has no '{f.kind}' filter{beside}; left out", "W372")
             continue
         if f.protocol not in ("ip", "ipv6"):
             problem(entry, f"protocol '{f.protocol}': the language writes ip and ipv6 only")
@@ -812,6 +831,34 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
             )
             out.problems.append((Problem("W374", message, line.line), line.classid))
     return out
+
+
+def _flower(
+    out: FilterSet,
+    decoded: list[_Decoded],
+    index: int,
+    entry: FilterEntry,
+    classes: set[str],
+    ingress: bool,
+    problem: Callable[..., None],
+) -> None:
+    f = entry.filter
+    if f.protocol not in ("ip", "ipv6") or f.flower is None:
+        problem(entry, f"protocol '{f.protocol}': the language writes ip and ipv6 only")
+        return
+    if not ingress and f.flowid not in classes:
+        problem(entry, f"it sends to {f.flowid or 'no class'}, no class of this qdisc")
+        return
+    family = "ipv4" if f.protocol == "ip" else "ipv6"
+    conds = flower_conds(f.flower, family)
+    if isinstance(conds, str):
+        problem(entry, f"{conds}; left out", "W372")
+        return
+    police, police_index, why = _police(entry)
+    if why is not None or (ingress and not police):
+        problem(entry, f"{why or 'an ingress line needs a policer'}; left out", "W374")
+        return
+    decoded.append(_Decoded(index, entry, family, conds, police, police_index, flower=True))
 
 
 def _fw(
@@ -860,7 +907,7 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
     start: dict[int, int] = {}
     pairs: dict[int, list[_Decoded]] = {}
     for d in decoded:
-        if d.family != "ipv4" or _family_only(d.conds) is not None:
+        if d.family != "ipv4" or _family_only(d.conds) is not None or d.flower:
             continue
         pref = d.entry.filter.pref + V6_PREF
         cands = v6_by_pref.get(pref, [])
@@ -880,12 +927,16 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
         f = d.entry.filter
         if d.index in used:
             continue
-        if d.family == "ipv4":
+        if d.flower:
+            # flower's prefs are counted, one per filter, in the order of the lines
+            family, filters, pref = d.family, [(f.protocol, 0, d.index)], 1
+            seq: tuple[float, int] = (float(d.index), 0)
+        elif d.family == "ipv4":
             run = pairs.get(d.index, [])
             family = "both" if run else "ipv4"
             filters = [(f.protocol, f.pref, d.index)]
             filters += [(r.entry.filter.protocol, r.entry.filter.pref, r.index) for r in run]
-            seq: tuple[float, int] = (float(d.index), 0)
+            seq = (float(d.index), 0)
             pref = f.pref
         else:
             if f.pref <= V6_PREF:
@@ -1029,6 +1080,7 @@ def _build(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> Qdis
     for fl in fs.lines:
         nodes[fl.classid].items.append(fl)
     node.marks = fs.marks
+    node.flower = fs.flower
     node.family = _tree_family(fs)
     _order(node, fs, problems)
     return node
@@ -1039,8 +1091,10 @@ def _one_family(root: QdiscNode) -> None:
     nodes = _all_qdiscs(root)
     families = {n.family for n in nodes if n.family != "none"}
     family = families.pop() if len(families) == 1 else "both"
+    flower = any(n.flower for n in nodes)
     for n in nodes:
         n.family = family
+        n.flower = flower
 
 
 def _leaf(dev: _Device, found: tuple[TcQdisc, int], notes: list[Problem]) -> QdiscNode | None:
@@ -1170,7 +1224,8 @@ def _order(node: QdiscNode, fs: FilterSet, problems: list[Problem]) -> None:
             problems.append(
                 Problem(
                     "W375",
-                    f"the {key[0]} filters at pref {key[1]} of {node.q.handle} alternate between "
+                    f"the {key[0]} filters at pref {key[1] or '(flower: all)'} of "
+                    f"{node.q.handle} alternate between "
                     "classes: a policy tries a class's lines together, so they are written in "
                     "another order, which matters only where they overlap",
                     line,
@@ -1355,14 +1410,14 @@ def import_policy(
     if upload is not None and download is None and ingress is None and not ingress_notes:
         for p in problems:
             w.comment(0, p)
-        head = f"interface {_ifname(main.device)} {_family(upload.family)}"
+        head = f"interface {_ifname(main.device)} {_family(upload.family, upload.flower)}"
         _write_qdisc(w, 0, upload, names, True, head=head)
     else:
         w.line(0, f"interface {_ifname(main.device)} {{")
         for p in problems:
             w.comment(1, p)
         if upload is not None:
-            head = f"upload {_family(upload.family)}"
+            head = f"upload {_family(upload.family, upload.flower)}"
             _write_qdisc(w, 1, upload, names, True, head=head)
         if download is not None:
             redirect, ifb, node, ifb_problems = download
@@ -1371,14 +1426,14 @@ def import_policy(
                 w.comment(1, p)
             head = f"download via {_ifname(redirect.device)} "
             head += "connmark " if redirect.connmark else ""
-            head += _family(node.family)
+            head += _family(node.family, node.flower)
             _write_qdisc(w, 1, node, _names(ifb), True, head=head)
             w.source = main.source
         for p in ingress_notes:
             w.comment(1, p)
         if ingress is not None and ingress.lines:
             family = _tree_family(ingress)
-            w.line(1, f"ingress {_family(family)}{{")
+            w.line(1, f"ingress {_family(family, ingress.flower)}{{")
             for fl in sorted(ingress.lines, key=lambda x: x.seq):
                 w.line(2, _match_text(fl, family, False))
             w.line(1, "}")
@@ -1464,8 +1519,10 @@ def _all_qdiscs(node: QdiscNode | None) -> list[QdiscNode]:
     return out
 
 
-def _family(family: str) -> str:
-    return "" if family in ("both", "none") else f"family {family} "
+def _family(family: str, flower: bool = False) -> str:
+    """The words of a tree's family (and classifier) after its name."""
+    words = "" if family in ("both", "none") else f"family {family} "
+    return words + ("classifier flower " if flower else "")
 
 
 _BARE_IFNAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")

@@ -1,4 +1,4 @@
-"""u32 keys back into the conditions of a match line.
+"""u32 keys (and flower's keys) back into the conditions of a match line.
 
 A u32 filter holds 32-bit value/mask keys at word offsets (tc merges the keys of one word);
 this module finds in them the fields tcdsl's conditions write (addresses, ports, protocol,
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
 
 from tcdsl.lint import PORTLESS
-from tcdsl.verify.readback import NEXTHDR, Key
+from tcdsl.verify.readback import NEXTHDR, FlowerMatch, Key
 
 FULL = 0xFFFFFFFF
 TCP_FLAG_NAMES = ("fin", "syn", "rst", "psh", "ack", "urg", "ece", "cwr")
@@ -157,13 +157,7 @@ def decode(keys: Sequence[Key], family: str) -> list[Cond]:
             words.take(4, 0, 13)
     tos = words.peek(0, 20, 8) if v6 else words.peek(0, 16, 8)
     if tos[1]:
-        value, mask = tos
-        if mask == 0xFC and value & 3 == 0:
-            out.append(Cond(f"dscp {value >> 2}", (0,), ("tos", value, mask)))
-        elif mask == 0xFF:
-            out.append(Cond(f"tos {value:#04x}", (0,), ("tos", value, mask)))
-        else:
-            out.append(Cond(f"tos {value:#04x}/{mask:#04x}", (0,), ("tos", value, mask)))
+        out.append(_tos(*tos, (0,)))
         words.take(0, 20 if v6 else 16, 8)
     proto = words.peek(*proto_at)
     if proto[1] == 0xFF:
@@ -242,3 +236,39 @@ def ordered(conds: list[Cond], keys: Sequence[Key], family: str, limit: int = 6)
             if key_order(perm) == want:
                 return list(perm)
     return conds
+
+
+def _tos(value: int, mask: int, words: tuple[int, ...]) -> Cond:
+    if mask == 0xFC and value & 3 == 0:
+        return Cond(f"dscp {value >> 2}", words, ("tos", value, mask))
+    if mask == 0xFF:
+        return Cond(f"tos {value:#04x}", words, ("tos", value, mask))
+    return Cond(f"tos {value:#04x}/{mask:#04x}", words, ("tos", value, mask))
+
+
+def flower_conds(m: FlowerMatch, family: str) -> list[Cond] | str:
+    """The conditions of a flower filter's match, or why there are none (a key the language
+    has no word for)."""
+    if m.other:
+        return f"flower's '{m.other[0]}' has no word in the language"
+    out: list[Cond] = []
+    for field, net in (("src", m.src), ("dst", m.dst)):
+        if net is not None:
+            text = net.removesuffix("/128" if ":" in net else "/32")
+            out.append(Cond(f"{field} {text}", (), (field, family, text)))
+    if m.ip_proto is not None and not (m.ip_proto == 6 and m.tcp_flags is not None):
+        name = PROTO_NAMES.get(m.ip_proto, str(m.ip_proto))
+        out.append(Cond(f"proto {name}", (), ("proto", m.ip_proto)))
+    for field, port in (("sport", m.sport), ("dport", m.dport)):
+        if port is not None:
+            text = str(port[0]) if port[0] == port[1] else f"{port[0]}-{port[1]}"
+            out.append(Cond(f"{field} {text}", (), (field, *port)))
+    if m.tos is not None:
+        out.append(_tos(*m.tos, ()))
+    if m.tcp_flags is not None:
+        set_bits, of = m.tcp_flags
+        if not set_bits or set_bits & ~of:
+            return f"flower's tcp_flags {set_bits:#x}/{of:#x} have no word in the language"
+        text = f"tcp-flags {_flags(set_bits)}" + (f" of {_flags(of)}" if of != set_bits else "")
+        out.append(Cond(text, (), ("tcp-flags", set_bits, of)))
+    return out or [Cond("all", (), ("all",))]
