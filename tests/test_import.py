@@ -324,6 +324,7 @@ def test_generated_policies_round_trip(tmp_path: Path) -> None:
 
 # ==== unit tests: saved text, warnings, errors =================================================
 
+
 def _cli(*args: str) -> tuple[int, str, str]:
     result = CliRunner().invoke(cli, ["import", *args])
     if result.exception is not None and not isinstance(result.exception, SystemExit):

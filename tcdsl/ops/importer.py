@@ -175,20 +175,15 @@ def _value(options: dict[str, Shown], key: str) -> object:
 
 def _burst_size(rate_bits: int, shown: int, show: Callable[[int, int], int]) -> int:
     """A size that tc shows as ``shown`` after its round trip through a time at the rate
-    (``show`` models it): ``shown`` itself where it does, else the nearest that does, else
-    the one shown nearest to it (the model's floating point may be a byte off the kernel's);
-    at most 2^32 - 1, tc's limit."""
+    (``show`` models it, non-decreasing in the size): ``shown`` itself where it does, else the
+    least that does, else the one shown nearest to it (the model's floating point may be a
+    byte off the kernel's); at most 2^32 - 1, tc's limit."""
     shown_at = min(shown, U32_MAX)
-    best, best_distance = shown_at, abs(show(rate_bits, shown_at) - shown)
-    for delta in range(0, 4096):
-        for size in (shown_at - delta, shown_at + delta):
-            if 0 < size <= U32_MAX:
-                distance = abs(show(rate_bits, size) - shown)
-                if distance == 0:
-                    return size
-                if distance < best_distance:
-                    best, best_distance = size, distance
-    return best
+    if shown_at > 0 and show(rate_bits, shown_at) == shown:
+        return shown_at
+    least = max(_least(lambda n: show(rate_bits, n) >= shown), 1)
+    candidates = [n for n in (least - 1, least) if 0 < n <= U32_MAX]
+    return min(candidates, key=lambda n: (abs(show(rate_bits, n) - shown), n), default=shown_at)
 
 
 def _htb_default_burst(rate_bits: int) -> int:
@@ -1178,34 +1173,35 @@ def _lines_below(node: ClassNode) -> list[Line]:
     return [i for c in _classes([node]) for i in c.items if isinstance(i, Line)]
 
 
-def _sort(nodes: list[ClassNode], edges: set[tuple[int, int]]) -> None:
+def _sort(nodes: list[ClassNode], succ: dict[int, list[int]]) -> None:
     """Order sibling classes, and each class's lines, so that every line comes after those
-    whose filters the kernel tries before its own (``edges``: pairs of ``id(line)``)."""
+    whose filters the kernel tries before its own (``succ``: ``id(line)`` -> the ids of the
+    lines that come right after it)."""
     owner = {id(x): n for n, node in enumerate(nodes) for x in _lines_below(node)}
-    between = {(owner[a], owner[b]) for a, b in edges if a in owner and b in owner}
+    between = {(owner[a], owner[b]) for a in owner for b in succ.get(a, ()) if b in owner}
     nodes[:] = _topological(nodes, between, lambda n: (_first(n), _minor(n.cls.classid)))
     for node in nodes:
         lines = [i for i in node.items if isinstance(i, Line)]
         comments = [i for i in node.items if not isinstance(i, Line)]
         at = {id(x): n for n, x in enumerate(lines)}
-        among = {(at[a], at[b]) for a, b in edges if a in at and b in at}
+        among = {(at[a], at[b]) for a in at for b in succ.get(a, ()) if b in at}
         node.items = [*_topological(lines, among, lambda x: x.seq), *comments]
-        _sort(node.children, edges)
+        _sort(node.children, succ)
 
 
-def _edges(lines: Sequence[Line]) -> set[tuple[int, int]]:
-    """(line, line) pairs where the first line's filter comes right before the second's in
+def _edges(lines: Sequence[Line]) -> dict[int, list[int]]:
+    """For each line (by ``id``), the lines whose filter comes right after one of its own in
     a pref of one protocol, as the kernel lists them."""
     at: dict[tuple[str, int], list[tuple[int, Line]]] = {}
     for line in lines:
         for protocol, pref, index in line.filters:
             at.setdefault((protocol, pref), []).append((index, line))
-    out: set[tuple[int, int]] = set()
+    out: dict[int, list[int]] = {}
     for listed in at.values():
         listed.sort(key=lambda x: x[0])
         for (_, a), (_, b) in itertools.pairwise(listed):
             if a is not b:
-                out.add((id(a), id(b)))
+                out.setdefault(id(a), []).append(id(b))
     return out
 
 
