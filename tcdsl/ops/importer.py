@@ -415,7 +415,9 @@ def _sfq(p: _Params) -> None:
     p.unless("limit", 127, _int)
     p.unless("depth", 127, _int)
     p.unless("divisor", 1024, _int)
-    p.unsupported("flows", 128)
+    limit = _value(p.options, "limit")
+    # the kernel keeps no more flows than a limit given
+    p.unsupported("flows", min(128, limit) if isinstance(limit, int) and limit != 127 else 128)
     if "headdrop" in p.options:
         p.problem("'headdrop' has no word in the language; left out")
 
@@ -966,6 +968,7 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
                 d.entry.line,
             )
         )
+    out.lines = _one_policer_one_line(out.lines)
     shared: dict[str, list[Line]] = {}
     for line in out.lines:
         if line.police_index is not None:
@@ -983,6 +986,60 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
                     lines[0].classid,
                 )
             )
+
+
+LISTED = ("src", "dst", "sport", "dport", "proto")
+"""The conditions a line may give several values of (``dport 80, 443``)."""
+
+
+def _merged(group: list[Line]) -> Line | None:
+    """One line for lines that differ in the values of one condition only, or None."""
+    first = group[0]
+    if any(
+        len(x.conds) != len(first.conds) or (x.family, x.pref) != (first.family, first.pref)
+        for x in group
+    ):
+        return None
+    differ = [
+        n for n, cond in enumerate(first.conds) if any(x.conds[n].text != cond.text for x in group)
+    ]
+    if len(differ) != 1:
+        return None
+    n = differ[0]
+    field = first.conds[n].text.split()[0]
+    if field not in LISTED or any(x.conds[n].text.split()[0] != field for x in group):
+        return None
+    values = ", ".join(x.conds[n].text.split(" ", 1)[1] for x in group)
+    conds = [
+        *first.conds[:n],
+        Cond(f"{field} {values}", first.conds[n].words, first.conds[n].identity),
+        *first.conds[n + 1 :],
+    ]
+    filters = [f for x in group for f in x.filters]
+    return Line(
+        conds,
+        first.family,
+        first.pref,
+        first.police,
+        first.classid,
+        first.seq,
+        filters,
+        first.police_index,
+        first.line,
+    )
+
+
+def _one_policer_one_line(lines: list[Line]) -> list[Line]:
+    """Lines next to each other that share a police action (one policer of a line with a
+    list of values, in tcdsl's words) as that one line, where they differ in one list."""
+    out: list[Line] = []
+    for _, run in itertools.groupby(
+        lines, key=lambda x: (x.police_index, x.classid) if x.police_index else id(x)
+    ):
+        group = list(run)
+        merged = _merged(group) if len(group) > 1 else None
+        out += [merged] if merged is not None else group
+    return out
 
 
 # ==== the tree =================================================================================
