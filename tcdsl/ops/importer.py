@@ -20,10 +20,11 @@ import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from tcdsl import __version__
 from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.lower import range_to_masks
 from tcdsl.ops.tctext import DeviceObjects, DeviceText, FilterEntry, objects
 from tcdsl.ops.u32decode import (
     Cond,
@@ -968,7 +969,7 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
                 d.entry.line,
             )
         )
-    out.lines = _one_policer_one_line(out.lines)
+    out.lines = _one_policer_one_line(_port_ranges(out.lines))
     shared: dict[str, list[Line]] = {}
     for line in out.lines:
         if line.police_index is not None:
@@ -1027,6 +1028,114 @@ def _merged(group: list[Line]) -> Line | None:
         first.police_index,
         first.line,
     )
+
+
+def _port_at(line: Line) -> int | None:
+    """Where a line's only port condition is, or None."""
+    at = [n for n, c in enumerate(line.conds) if c.identity[0] in ("sport", "dport")]
+    return at[0] if len(at) == 1 else None
+
+
+def _but_port(a: Line, b: Line, n: int) -> bool:
+    """Whether lines ``a`` and ``b`` are alike but for the value of their port condition n."""
+    return (
+        len(a.conds) == len(b.conds)
+        and _port_at(b) == n
+        and a.conds[n].identity[0] == b.conds[n].identity[0]
+        and all(
+            x.text == y.text
+            for k, (x, y) in enumerate(zip(a.conds, b.conds, strict=True))
+            if k != n
+        )
+        and (a.family, a.pref, a.police, a.police_index, a.classid)
+        == (b.family, b.pref, b.police, b.police_index, b.classid)
+    )
+
+
+def _as_range(run: Sequence[Line], n: int) -> tuple[int, int] | None:
+    """The port range whose blocks tcdsl writes as the port values of ``run``, or None."""
+    blocks = [cast(tuple[int, int], x.conds[n].identity[1:3]) for x in run]
+    lo = blocks[0][0]
+    hi = blocks[-1][0] | (~blocks[-1][1] & 0xFFFF)
+    return (lo, hi) if range_to_masks(lo, hi) == blocks else None
+
+
+def _six_of(lines: Sequence[Line], run: Sequence[Line], used: set[int]) -> list[Line] | None:
+    """The IPv6 lines that the IPv4 lines ``run`` of one range have beside them, in the order
+    tcdsl gives a range's filters (its TCP ones, then its UDP ones, on a line without a
+    protocol), or None."""
+    auto = not has_proto(run[0].conds)
+    want = [(p, x) for p in ((6, 17) if auto else (None,)) for x in run]
+    six = [x for x in lines if x.family == "ipv6" and id(x) not in used]
+
+    def fits(line: Line, proto: int | None, four: Line) -> bool:
+        got = [c.identity for c in line.conds]
+        if proto is not None:
+            if ("proto", proto) not in got:
+                return False
+            got.remove(("proto", proto))
+        return sorted(got, key=repr) == sorted((c.identity for c in four.conds), key=repr) and (
+            line.pref,
+            line.police,
+            line.police_index,
+            line.classid,
+        ) == (four.pref, four.police, four.police_index, four.classid)
+
+    for start in range(len(six) - len(want) + 1):
+        if all(fits(six[start + k], p, x) for k, (p, x) in enumerate(want)):
+            return six[start : start + len(want)]
+    return None
+
+
+def _port_ranges(lines: list[Line]) -> list[Line]:
+    """Lines of one port range (the value/mask blocks tcdsl compiles a range to, IPv4 and,
+    beside them, IPv6) as that one line: ``dport 1000-2000``."""
+    out: list[Line] = []
+    used: set[int] = set()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        n = _port_at(line)
+        if id(line) in used or line.family == "ipv6" or n is None:
+            if id(line) not in used:
+                out.append(line)
+            i += 1
+            continue
+        run = [line]
+        while i + len(run) < len(lines) and _but_port(line, lines[i + len(run)], n):
+            run.append(lines[i + len(run)])
+        for k in range(len(run), 1, -1):
+            found = _as_range(run[:k], n)
+            six = _six_of(lines, run[:k], used) if found and line.family == "ipv4" else []
+            if found is not None and six is not None:
+                break
+        else:
+            out.append(line)
+            i += 1
+            continue
+        lo, hi = found
+        cond = line.conds[n]
+        field = str(cond.identity[0])
+        conds = [*line.conds[:n], Cond(f"{field} {lo}-{hi}", cond.words, (field, lo, hi))]
+        conds += line.conds[n + 1 :]
+        used.update(id(x) for x in six)
+        family = "both" if six else line.family
+        filters = [f for x in [*run[:k], *six] for f in x.filters]
+        out.append(
+            Line(
+                conds,
+                family,
+                line.pref,
+                line.police,
+                line.classid,
+                line.seq,
+                filters,
+                line.police_index,
+                line.line,
+            )
+        )
+        i += k
+    return out
 
 
 def _one_policer_one_line(lines: list[Line]) -> list[Line]:
