@@ -662,6 +662,67 @@ def _flow_specs(
     return flows
 
 
+@cli.command(
+    "import",
+    epilog="Examples:\n\n\b\n  sudo tcdsl import -i eth0 > eth0.tcp\n"
+    "  tcdsl import -i eth0 --from saved.txt -o eth0.tcp\n\n"
+    "Save the text on the router with:\n\n\b\n"
+    "  { tc -d qdisc show dev eth0; tc -d class show dev eth0;\n"
+    "    tc filter show dev eth0; tc filter show dev eth0 parent ffff:; } > saved.txt\n\n"
+    "What the language cannot say is a warning (W610-W619) at the line of tc's text and a "
+    "comment in the policy. Exit 0 when a policy was written (warnings allowed), 1 when "
+    "nothing could be imported.",
+)
+@click.option(
+    "-i", "--interface", required=True, help="The interface whose configuration to import."
+)
+@click.option(
+    "--from",
+    "from_file",
+    type=click.Path(dir_okay=False, allow_dash=False),
+    help="Read the saved output of tc's qdisc, class and filter show for the interface "
+    "instead of the live kernel (docs/operations.md, 'import').",
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout."
+)
+@FORMAT
+def import_command(interface: str, from_file: str | None, output: str | None, fmt: str) -> None:
+    """Write a policy that builds the traffic-control state of INTERFACE (live, or saved with
+    --from): qdiscs with their handles, classes by id, filters as match lines."""
+    from tcdsl.ops.importer import ImportResult, import_policy
+    from tcdsl.ops.tctext import DeviceText, ReadError, read_file, read_live
+
+    def read_other(device: str) -> DeviceText | None:
+        try:
+            return read_live(device)
+        except ReadError:
+            return None
+
+    try:
+        if from_file is not None:
+            result = import_policy(read_file(from_file, interface))
+        else:
+            result = import_policy(read_live(interface), read_other)
+    except ReadError as err:
+        where = from_file if from_file is not None else f"tc:{interface}"
+        diagnostic = Diagnostic.error(err.code, err.message, Span(where, 1, 1, 1, 1))
+        result = ImportResult(None, [diagnostic], {})
+    if fmt == "json":
+        click.echo(render_json(result.diagnostics), nl=False, err=True)
+    elif result.diagnostics:
+        click.echo(render(result.diagnostics, result.sources), nl=False, err=True)
+    if result.policy is None:
+        if fmt == "text":
+            click.echo(f"tcdsl: {_summary(result.diagnostics)}; nothing imported", err=True)
+        sys.exit(EXIT_POLICY)
+    if output is None:
+        click.echo(result.policy, nl=False)
+        return
+    with _writing(output):
+        Path(output).write_text(result.policy, encoding="utf-8")
+
+
 def _unit_option(kind: str) -> Callable[..., int | None]:
     """A click callback reading a time (microseconds) or a rate (bits/s) as tc does."""
 

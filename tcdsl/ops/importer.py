@@ -1,0 +1,1696 @@
+"""``tcdsl import``: a policy that builds the kernel state tc shows of an interface.
+
+The input is what ``tc`` shows of the interface (:mod:`tcdsl.ops.tctext`, parsed by
+:mod:`tcdsl.verify.readback`); the output is a policy in which every qdisc keeps its handle and
+every class its id (``class c1_10 id 1:10``: names are derived from the ids), with the
+parameters tc shows, and the u32 and fw filters written back as match lines and ``classify by
+mark``. IPv4 and IPv6 filters that are exactly what one dual-stack line gives become one line.
+
+What the language cannot say (a qdisc kind it lacks, a parameter it cannot set, a filter kind
+or an action it has not, hash tables) is a warning located at the line of tc's text (W610-W619)
+and a comment at its place in the policy: nothing is dropped silently. Problems that leave
+nothing to write are errors (E602, E605-E608). The output is deterministic: the same text gives the
+same policy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+from tcdsl import __version__
+from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.lower import range_to_masks
+from tcdsl.ops.tctext import DeviceObjects, DeviceText, FilterEntry, objects
+from tcdsl.ops.u32decode import (
+    Cond,
+    Undecodable,
+    decode,
+    flower_conds,
+    has_ports,
+    has_proto,
+    key_order,
+    ordered,
+)
+from tcdsl.tcmath import HTB_QUANTUM, TICKS_PER_US, U32_MAX, red_scell_log, red_wlog
+from tcdsl.units import format_rate, format_size, format_time
+from tcdsl.verify.expect import (
+    codel_shown_time,
+    htb_shown_burst,
+    netem_shown_time,
+    sprint_time,
+    tbf_shown_size,
+    tbf_ticks,
+)
+from tcdsl.verify.readback import Shown, TcClass, TcQdisc, parse_size, parse_time
+
+T = TypeVar("T")
+INDENT = "    "
+CLASSFUL = frozenset({"htb", "hfsc", "prio"})
+CHAINING = frozenset({"tbf", "netem"})
+LEAVES = frozenset(
+    {"pfifo", "bfifo", "sfq", "fq_codel", "codel", "fq", "fq_pie", "red", "cake", "tbf", "netem"}
+)
+"""Kinds the language takes below a class (classful kinds too: they nest)."""
+ROOTS = CLASSFUL | LEAVES | {"pfifo_fast"}
+V6_PREF = 32768
+"""tcdsl gives a line's IPv6 filters the line's pref + 32768 (one protocol per pref)."""
+PRIOMAP = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+STAB_OVERHEAD = 14
+"""A root's ``overhead N`` is a size table of N - 14 (the Ethernet header the kernel counts)."""
+
+
+# ==== problems and the written policy ==========================================================
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Something the policy cannot say, at a line of tc's text."""
+
+    code: str
+    message: str
+    line: int
+
+
+@dataclass
+class Line:
+    """A match line: its conditions, family, pref, policer and the filters it stands for."""
+
+    conds: list[Cond]
+    family: str
+    """``ipv4``, ``ipv6`` or ``both``."""
+    pref: int
+    police: tuple[str, ...]
+    classid: str
+    seq: tuple[float, int]
+    filters: list[tuple[str, int, int]]
+    """(protocol, kernel pref, index in the parent's filter list), in the kernel's order."""
+    police_index: str | None
+    line: int
+
+
+@dataclass
+class Comment:
+    """A problem, written where the construct would be."""
+
+    problem: Problem
+
+
+Item = Line | Comment
+
+
+@dataclass
+class Marks:
+    """fw filters, written as ``classify by mark``."""
+
+    pref: int
+    mask: int | None
+    families: set[str] = field(default_factory=set)
+    marks: dict[str, int] = field(default_factory=dict)
+    line: int = 0
+
+
+@dataclass
+class ClassNode:
+    """A class of the tree being written."""
+
+    cls: TcClass
+    line: int
+    children: list[ClassNode] = field(default_factory=list)
+    leaf: QdiscNode | None = None
+    items: list[Item] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
+
+
+@dataclass
+class QdiscNode:
+    """A qdisc of the tree being written."""
+
+    q: TcQdisc
+    line: int
+    classes: list[ClassNode] = field(default_factory=list)
+    child: QdiscNode | None = None
+    notes: list[Problem] = field(default_factory=list)
+    """Problems written as comments above it."""
+    body_notes: list[Problem] = field(default_factory=list)
+    """Problems written as comments at the top of its body."""
+    marks: Marks | None = None
+    family: str = "none"
+    flower: bool = False
+
+
+@dataclass
+class ImportResult:
+    """A policy's text (None after errors), and the diagnostics, located in ``sources``."""
+
+    policy: str | None
+    diagnostics: list[Diagnostic]
+    sources: dict[str, str]
+
+
+def class_name(classid: str) -> str:
+    """The name a class gets from its id: ``1:10`` -> ``c1_10`` (hex digits as tc prints)."""
+    major, _, minor = classid.partition(":")
+    return f"c{major or '0'}_{minor or '0'}"
+
+
+def _major(handle: str) -> str:
+    return handle.partition(":")[0]
+
+
+def _hex(text: str) -> int:
+    return int(text, 16) if text else 0
+
+
+def _value(options: dict[str, Shown], key: str) -> object:
+    shown = options.get(key)
+    return None if shown is None else shown.value
+
+
+# ==== values ===================================================================================
+
+
+def _burst_size(rate_bits: int, shown: int, show: Callable[[int, int], int]) -> int:
+    """A size that tc shows as ``shown`` after its round trip through a time at the rate
+    (``show`` models it, non-decreasing in the size): ``shown`` itself where it does, else the
+    least that does, else the one shown nearest to it (the model's floating point may be a
+    byte off the kernel's); at most 2^32 - 1, tc's limit."""
+    shown_at = min(shown, U32_MAX)
+    if shown_at > 0 and show(rate_bits, shown_at) == shown:
+        return shown_at
+    least = max(_least(lambda n: show(rate_bits, n) >= shown), 1)
+    candidates = [n for n in (least - 1, least) if 0 < n <= U32_MAX]
+    return min(candidates, key=lambda n: (abs(show(rate_bits, n) - shown), n), default=shown_at)
+
+
+def _htb_default_burst(rate_bits: int) -> int:
+    """The burst tc gives an htb class without one: rate / hz + 1600 (hz is 10^9 since
+    Linux's high-resolution psched clock)."""
+    return htb_shown_burst(rate_bits, rate_bits // 8 // 1_000_000_000 + 1600)
+
+
+def _pct(shown: Shown) -> str:
+    return shown.text if shown.text.endswith("%") else f"{shown.value}%"
+
+
+# ==== qdisc parameters =========================================================================
+
+
+class _Params:
+    """The words of one qdisc's line, and what could not be said."""
+
+    def __init__(self, q: TcQdisc, line: int) -> None:
+        self.q = q
+        self.line = line
+        self.options = q.options
+        self.words: list[str] = []
+        self.problems: list[Problem] = []
+
+    def add(self, *words: str) -> None:
+        self.words += words
+
+    def problem(self, message: str, code: str = "W611") -> None:
+        self.problems.append(Problem(code, f"{self.q.kind} {self.q.handle} {message}", self.line))
+
+    def unless(self, key: str, default: object, render: Callable[[Shown], str]) -> None:
+        shown = self.options.get(key)
+        if shown is not None and shown.value != default:
+            self.add(key, render(shown))
+
+    def unsupported(self, key: str, default: object, what: str | None = None) -> None:
+        shown = self.options.get(key)
+        if shown is not None and shown.value != default:
+            self.problem(f"'{what or key} {shown.text}' has no word in the language; left out")
+
+
+def _size(shown: Shown) -> str:
+    assert isinstance(shown.value, int)
+    return format_size(shown.value)
+
+
+def _time(shown: Shown) -> str:
+    assert isinstance(shown.value, int)
+    return format_time(shown.value)
+
+
+def _rate(shown: Shown) -> str:
+    assert isinstance(shown.value, int)
+    return format_rate(shown.value)
+
+
+def _int(shown: Shown) -> str:
+    return str(shown.value)
+
+
+def _stab(p: _Params) -> None:
+    """A root's size table as the link-layer words (``overhead`` counts the IP packet)."""
+    o = p.options
+    if "stab" not in o:
+        return
+    overhead = _value(o, "stab overhead")
+    linklayer = _value(o, "stab linklayer")
+    # tc leaves out an overhead of 0: the table is there all the same
+    p.add("overhead", str((overhead if isinstance(overhead, int) else 0) + STAB_OVERHEAD))
+    if isinstance(linklayer, str) and linklayer != "ethernet":
+        p.add("linklayer", linklayer)
+    p.unless("stab mpu", 0, _int)
+    if (mpu := o.get("stab mpu")) is not None and mpu.value != 0:
+        p.words[-2] = "mpu"
+    for key, default in (("mtu", 2047), ("tsize", 512)):
+        shown = o.get(f"stab {key}")
+        if shown is not None and shown.value != default:
+            p.add(key, str(shown.value))
+
+
+def _htb(p: _Params, names: dict[str, str]) -> None:
+    r2q = _value(p.options, "r2q")
+    if isinstance(r2q, int):
+        p.add("r2q", str(r2q))
+    default = _value(p.options, "default")
+    if isinstance(default, int) and default:
+        classid = f"{_major(p.q.handle)}:{default:x}"
+        if classid in names:
+            p.add("default", names[classid])
+        else:
+            p.problem(f"'default {default:#x}' names no class ({classid}): left out")
+    p.unsupported("direct_qlen", 1000)
+
+
+def _hfsc(p: _Params, names: dict[str, str]) -> None:
+    default = _value(p.options, "default")
+    if isinstance(default, int) and default:
+        classid = f"{_major(p.q.handle)}:{default:x}"
+        if classid in names:
+            p.add("default", names[classid])
+        else:
+            p.problem(f"'default {default:x}' names no class ({classid}): left out")
+
+
+def _prio(p: _Params) -> None:
+    bands = _value(p.options, "bands")
+    if isinstance(bands, int) and bands != 3:
+        p.add("bands", str(bands))
+    priomap = _value(p.options, "priomap")
+    if isinstance(priomap, tuple) and priomap != PRIOMAP:
+        p.add("priomap", *map(str, priomap))
+
+
+def _tbf_latency(rate_bits: int, burst: int, peak: int, mtu: int, limit: int) -> float:
+    """The latency (microseconds, before tc rounds it to print it) of a tbf of that limit
+    (bytes), as ``tcdsl.verify.expect.tbf_shown_latency`` models it."""
+    rate = rate_bits // 8
+    latency = 1_000_000 * (limit / rate) - int(tbf_ticks(rate_bits, burst) / TICKS_PER_US)
+    if peak:
+        prate = peak // 8
+        lat2 = 1_000_000 * (limit / prate) - int(tbf_ticks(peak, mtu) / TICKS_PER_US)
+        latency = max(latency, lat2)
+    return latency
+
+
+def _least(predicate: Callable[[int], bool], high: int = U32_MAX) -> int:
+    """The least n in [0, high] for which a monotone ``predicate`` holds (high if none)."""
+    low = 0
+    while low < high:
+        mid = (low + high) // 2
+        if predicate(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def _tbf_limit(rate_bits: int, burst: int, peak: int, mtu: int, lat: Shown) -> int | None:
+    """The least limit (bytes) for which tc prints the latency ``lat`` as it did, or None."""
+    if rate_bits < 8 or (peak and peak < 8) or not isinstance(lat.value, int):
+        return None
+    value = lat.value
+    # the least whole microsecond tc prints as this text
+    first = _least(lambda t: parse_time(sprint_time(t)) >= value)
+    for t in range(first, first + 2000):
+        if sprint_time(t) == lat.text:
+            break
+    else:
+        return None
+    limit = _least(lambda n: _tbf_latency(rate_bits, burst, peak, mtu, n) >= t)
+    latency = _tbf_latency(rate_bits, burst, peak, mtu, limit)
+    return limit if latency >= 0 and sprint_time(latency) == lat.text else None
+
+
+def _tbf(p: _Params) -> None:
+    rate = _value(p.options, "rate")
+    burst = _value(p.options, "burst")
+    if not isinstance(rate, int) or not isinstance(burst, int):
+        p.problem("no rate or burst shown: written without them")
+        return
+    burst = _burst_size(rate, burst, tbf_shown_size)
+    p.add("rate", format_rate(rate), "burst", format_size(burst))
+    peak = _value(p.options, "peakrate")
+    mtu = 0
+    if isinstance(peak, int):
+        # the kernel takes a peak rate above the rate only: equal as shown (tc shows rates
+        # rounded down), it was above by less than the last digit shown
+        peak = max(peak, rate + 8)
+        p.add("peakrate", format_rate(peak))
+        shown = _value(p.options, "mtu")
+        shown = shown if isinstance(shown, int) else _value(p.options, "minburst")
+        # tc shows no mtu when it is under a tick at the peak rate: the least mtu is that
+        mtu = _burst_size(peak, shown, tbf_shown_size) if isinstance(shown, int) else 1
+        p.add("mtu", format_size(mtu))
+    limit = _value(p.options, "limit")
+    lat = p.options.get("lat")
+    if not isinstance(limit, int) and lat is not None and isinstance(lat.value, int):
+        limit = _tbf_limit(rate, burst, peak if isinstance(peak, int) else 0, mtu, lat)
+        if limit is None:
+            p.add("latency", format_time(lat.value))
+    if isinstance(limit, int):
+        p.add("limit", format_size(min(max(limit, 1), U32_MAX)))
+    p.unsupported("overhead", 0)
+    p.unsupported("linklayer", "ethernet")
+
+
+NETEM_TIMES = ("delay", "jitter", "slot", "slot_max")
+NETEM_PERCENTS = (
+    "delay_correlation",
+    "loss",
+    "loss_correlation",
+    "duplicate",
+    "duplicate_correlation",
+    "corrupt",
+    "corrupt_correlation",
+    "reorder",
+    "reorder_correlation",
+)
+
+
+def _netem(p: _Params) -> None:
+    o = p.options
+    p.unless("limit", 1000, _int)
+    p.unless("delay", None, _through(netem_shown_time))
+    p.unless("jitter", None, _through(netem_shown_time))
+    for key in NETEM_PERCENTS:
+        shown = o.get(key)
+        if shown is None or shown.value == 0:
+            continue
+        if key in ("duplicate_correlation", "corrupt_correlation"):
+            p.problem(f"'{key.replace('_', ' ')} {shown.text}' has no word in the language")
+            continue
+        p.add(key, _pct(shown))
+    for key in ("gap", "packetoverhead", "cellsize"):
+        p.unless(key, 0, _int)
+    p.unless("rate", None, _rate)
+    for key in ("slot", "slot_max"):
+        p.unless(key, None, _time)
+    if "ecn" in o:
+        p.problem("'ecn' has no word in the language; left out")
+    if "loss_model" in o:
+        p.problem(f"'loss {o['loss_model'].text}' (a loss model) has no word in the language")
+
+
+def _sfq(p: _Params) -> None:
+    p.unless("perturb", 0, _int)
+    p.unless("quantum", 1514, _size)
+    p.unless("limit", 127, _int)
+    p.unless("depth", 127, _int)
+    p.unless("divisor", 1024, _int)
+    limit = _value(p.options, "limit")
+    # the kernel keeps no more flows than a limit given
+    p.unsupported("flows", min(128, limit) if isinstance(limit, int) and limit != 127 else 128)
+    if "headdrop" in p.options:
+        p.problem("'headdrop' has no word in the language; left out")
+
+
+def _through(show: Callable[[int], int]) -> Callable[[Shown], str]:
+    """A time the kernel keeps in its own units (``show`` models what tc then prints): the
+    nearest that tc prints as it did (at least 1us)."""
+
+    def render(shown: Shown) -> str:
+        assert isinstance(shown.value, int)
+        value = shown.value
+        for delta in range(0, 4096):
+            for t in (value + delta, value - delta):
+                if t > 0 and show(t) == value:
+                    return format_time(t)
+        return format_time(max(value, 1))
+
+    return render
+
+
+def _fq_codel(p: _Params) -> None:
+    p.unless("limit", 10240, _int)
+    p.unless("flows", 1024, _int)
+    p.unless("target", 5000, _through(codel_shown_time))
+    p.unless("interval", 100000, _through(codel_shown_time))
+    p.unless("quantum", 1514, _int)
+    p.unless("memory_limit", 32 * 1024 * 1024, _size)
+    if "ecn" not in p.options:
+        p.add("noecn")
+    p.unsupported("drop_batch", 64)
+    p.unsupported("ce_threshold", None)
+
+
+def _codel(p: _Params) -> None:
+    p.unless("limit", 1000, _int)
+    p.unless("target", 5000, _through(codel_shown_time))
+    p.unless("interval", 100000, _through(codel_shown_time))
+    p.unless("ce_threshold", None, _time)
+    if "ecn" in p.options:
+        p.add("ecn")
+
+
+def _fq(p: _Params) -> None:
+    p.unless("limit", 10000, _int)
+    p.unless("flow_limit", 100, _int)
+    p.unless("quantum", 3028, _size)
+    p.unless("initial_quantum", 15140, _size)
+    p.unless("maxrate", None, _rate)
+    p.unless("buckets", 1024, _int)
+    p.unless("refill_delay", 40000, _time)
+    p.unless("low_rate_threshold", 550000, _rate)
+    p.unless("orphan_mask", 1023, _int)
+    p.unless("ce_threshold", None, _time)
+    p.unless("horizon", 10_000_000, _time)
+    if "nopacing" in p.options:
+        p.add("nopacing")
+    if "horizon_cap" in p.options:
+        p.add("horizon_cap")
+    p.unsupported("timer_slack", 10)
+
+
+RED_AVPKT = (1000, 1500, 1514, 500, 600, 256, 1024, 2000)
+RED_BANDWIDTHS = (10**7, 10**8, 10**9, 10**6, 2 * 10**7, 5 * 10**7, 10**10, 5 * 10**6)
+
+
+def _red(p: _Params, rates: Sequence[int]) -> None:
+    o = p.options
+    limit, qmin, qmax = (_value(o, k) for k in ("limit", "min", "max"))
+    if not (isinstance(limit, int) and isinstance(qmin, int) and isinstance(qmax, int)):
+        p.problem("no limit, min or max shown: written as shown")
+        return
+    p.add("limit", format_size(limit), "min", format_size(qmin), "max", format_size(qmax))
+    probability = o.get("probability")
+    if probability is not None:
+        p.add("probability", probability.text)
+    ewma, scell = _value(o, "ewma"), _value(o, "Scell_log")
+    found: tuple[int, int] | None = None
+    for avpkt in RED_AVPKT:
+        burst = (2 * qmin + qmax) // (3 * avpkt)
+        if red_wlog(qmin, burst, avpkt) != ewma:
+            continue
+        for bandwidth in (*RED_BANDWIDTHS, *rates):
+            if red_scell_log(red_wlog(qmin, burst, avpkt) or 1, avpkt, bandwidth) == scell:
+                found = (avpkt, bandwidth)
+                break
+        if found:
+            break
+    if found is None:
+        found = (1000, 10**7)
+        p.problem(
+            "tc does not show red's avpkt, burst and bandwidth, and no usual value gives its "
+            f"ewma {ewma} and Scell_log {scell}: written as avpkt 1000 bandwidth 10mbit"
+        )
+    p.add("avpkt", format_size(found[0]), "bandwidth", format_rate(found[1]))
+    for flag in ("ecn", "harddrop", "adaptive"):
+        if flag in o:
+            p.add(flag)
+    if "nodrop" in o:
+        p.problem("'nodrop' has no word in the language; left out")
+
+
+def _cake(p: _Params) -> None:
+    o = p.options
+    bandwidth = o.get("bandwidth")
+    if bandwidth is not None:
+        p.add("unlimited" if bandwidth.value == "unlimited" else "bandwidth")
+        if bandwidth.value != "unlimited":
+            p.add(_rate(bandwidth))
+    for key in ("diffserv", "nat", "wash", "ack_filter", "split_gso"):
+        shown = o.get(key)
+        if shown is not None:
+            p.add(str(shown.value))
+    isolate = o.get("isolate")
+    if isolate is not None:
+        p.add("isolate", str(isolate.value))
+    if _value(o, "mode") == "ingress":
+        p.add("ingress")
+    p.unless("rtt", 100000, _time)
+    if "raw" not in o:
+        overhead = o.get("overhead")
+        if overhead is not None:
+            p.add("overhead", str(overhead.value))
+        atm = _value(o, "atm")
+        if atm in ("atm", "ptm"):
+            p.add("linklayer", str(atm))
+        p.unless("mpu", 0, _int)
+    p.unless("memlimit", None, _size)
+    fwmark = _value(o, "fwmark")
+    if isinstance(fwmark, int) and fwmark:
+        p.add("fwmark", f"{fwmark:#x}")
+
+
+def _fifo(p: _Params) -> None:
+    limit = _value(p.options, "limit")
+    if isinstance(limit, int):
+        p.add("limit", format_size(min(limit, U32_MAX)) if p.q.kind == "bfifo" else str(limit))
+
+
+def qdisc_words(
+    q: TcQdisc, line: int, names: dict[str, str], root: bool, rates: Sequence[int] = ()
+) -> tuple[list[str], list[Problem]]:
+    """The words of a qdisc's line (``htb handle 1: r2q 10 default c1_20``) and the problems."""
+    p = _Params(q, line)
+    p.add(q.kind, "handle", q.handle)
+    match q.kind:
+        case "htb":
+            _htb(p, names)
+        case "hfsc":
+            _hfsc(p, names)
+        case "prio":
+            _prio(p)
+        case "tbf":
+            _tbf(p)
+        case "netem":
+            _netem(p)
+        case "sfq":
+            _sfq(p)
+        case "fq_codel":
+            _fq_codel(p)
+        case "codel":
+            _codel(p)
+        case "fq":
+            _fq(p)
+        case "red":
+            _red(p, rates)
+        case "cake":
+            _cake(p)
+        case "pfifo" | "bfifo":
+            _fifo(p)
+        case "fq_pie":
+            p.problem("tcdsl import does not read fq_pie's parameters yet: written without them")
+        case _:
+            pass
+    if root:
+        _stab(p)
+    elif "stab" in p.options:
+        p.problem("a size table below the root has no word in the language; left out")
+    return p.words, p.problems
+
+
+# ==== class parameters =========================================================================
+
+
+def _curve(words: list[str], kind: str, options: dict[str, Shown]) -> None:
+    m1, d, m2 = (options.get(f"{kind}.{k}") for k in ("m1", "d", "m2"))
+    if m2 is None:
+        return
+    words.append(kind)
+    if (m1 is not None and m1.value) or (d is not None and d.value):
+        assert m1 is not None and d is not None
+        words += ["m1", _rate(m1), "d", _time(d)]
+    words += ["m2", _rate(m2)]
+
+
+def class_words(c: TcClass, line: int, r2q: int | None) -> tuple[list[str], list[Problem]]:
+    """The parameters of a class's line (``rate 10mbit ceil 100mbit prio 1``)."""
+    o = c.options
+    words: list[str] = []
+    problems: list[Problem] = []
+    if c.kind == "htb":
+        rate, ceil = _value(o, "rate"), _value(o, "ceil")
+        if not isinstance(rate, int):
+            return words, [Problem("W611", f"class {c.classid}: no rate shown", line)]
+        words += ["rate", format_rate(rate)]
+        if isinstance(ceil, int) and ceil != rate:
+            words += ["ceil", format_rate(ceil)]
+        for key, at in (("burst", rate), ("cburst", ceil if isinstance(ceil, int) else rate)):
+            shown = _value(o, key)
+            if isinstance(shown, int) and shown != _htb_default_burst(at):
+                words += [key, format_size(_burst_size(at, shown, htb_shown_burst))]
+        prio = _value(o, "prio")
+        if isinstance(prio, int) and prio:
+            words += ["prio", str(prio)]
+        quantum = _value(o, "quantum")
+        if isinstance(quantum, int) and r2q:
+            low, high = HTB_QUANTUM
+            if quantum != min(max(rate // 8 // r2q, low), high):
+                words += ["quantum", str(quantum)]
+        overhead = _value(o, "overhead")
+        if isinstance(overhead, int) and overhead:
+            problems.append(
+                Problem("W611", f"class {c.classid}: 'overhead {overhead}' left out", line)
+            )
+    elif c.kind == "hfsc":
+        words_in = c.words
+        if "sc" in words_in:
+            _curve(words, "rt", o)
+            words[words.index("rt")] = "sc"
+            for kind in ("ul",):
+                _curve(words, kind, o)
+        else:
+            for kind in ("rt", "ls", "ul"):
+                _curve(words, kind, o)
+    return words, problems
+
+
+# ==== filters ==================================================================================
+
+_POLICE_INDEX = re.compile(r"\bpolice (0x[0-9a-f]+)")
+_VERDICTS = {"drop": "drop", "pass": "pass", "continue": "continue", "reclassify": "reclassify"}
+
+
+def _police(entry: FilterEntry) -> tuple[tuple[str, ...], str | None, str | None]:
+    """The ``police ...`` words of a filter's policer, its index, and a problem (an action
+    other than police, a verdict the language has not)."""
+    f = entry.filter
+    others = [a for a in f.actions if a[0] != "police"]
+    if others:
+        return (), None, f"its action '{others[0][0]}' has no word in the language"
+    police = [a for a in f.actions if a[0] == "police"]
+    if not police:
+        return (), None, None
+    if len(police) > 1:
+        return (), None, "it has several policers"
+    _, rate, burst, mtu, verdict = police[0]
+    assert isinstance(rate, int) and isinstance(burst, int) and isinstance(mtu, int)
+    if verdict not in _VERDICTS:
+        return (), None, f"its policer's verdict '{verdict}' has no word in the language"
+    words = ["police", "rate", format_rate(rate)]
+    words += ["burst", format_size(_burst_size(rate, burst, htb_shown_burst))]
+    if mtu and mtu != parse_size("2Kb"):
+        words += ["mtu", format_size(mtu)]
+    if verdict != "drop":
+        words.append(str(verdict))
+    index = None
+    for text in f.words:
+        if (m := _POLICE_INDEX.search(text)) is not None:
+            index = m.group(1)
+    return tuple(words), index, None
+
+
+def _fh_table(words: Sequence[str]) -> int | None:
+    for i, word in enumerate(words[:-1]):
+        if word == "fh":
+            table = words[i + 1].split(":")[0]
+            return int(table, 16) if table else None
+    return None
+
+
+@dataclass
+class _Decoded:
+    index: int
+    entry: FilterEntry
+    family: str
+    conds: list[Cond]
+    police: tuple[str, ...]
+    police_index: str | None
+    flower: bool = False
+
+
+def _family_only(conds: Sequence[Cond]) -> str | None:
+    """The family a line's conditions imply by themselves, or None (family-neutral)."""
+    for c in conds:
+        if c.identity[0] in ("src", "dst", "raw"):
+            return str(c.identity[1])
+        if c.identity == ("proto", 1):
+            return "ipv4"
+        if c.identity == ("proto", 58):
+            return "ipv6"
+    return None
+
+
+def _neutral(conds: Sequence[Cond]) -> list[tuple[object, ...]]:
+    return sorted((c.identity for c in conds), key=repr)
+
+
+def _pairs_with(four: _Decoded, six: Sequence[_Decoded]) -> bool:
+    """Whether IPv6 filters ``six`` are exactly what ``four``'s line gives for IPv6."""
+    conds = four.conds
+    auto = has_ports(conds) and not has_proto(conds)
+    want = [6, 17] if auto else [None]
+    if len(six) != len(want):
+        return False
+    f4 = four.entry.filter
+    for proto, d in zip(want, six, strict=True):
+        f = d.entry.filter
+        if f.flowid != f4.flowid or d.police != four.police:
+            return False
+        got = list(d.conds)
+        if proto is not None:
+            first = [c for c in got if c.identity == ("proto", proto)]
+            if not first:
+                return False
+            got.remove(first[0])
+        if _neutral(got) != _neutral(conds):
+            return False
+        by_identity = {c.identity: c for c in got}
+        six_order = [by_identity[c.identity] for c in conds]
+        if key_order(six_order, auto) != list(dict.fromkeys(o for _, _, o in f.keys)):
+            return False
+    if four.police:
+        indexes = {four.police_index, *(d.police_index for d in six)}
+        if len(indexes) != 1:
+            return False
+    return True
+
+
+@dataclass
+class FilterSet:
+    """What a qdisc's filters become: match lines, ``classify by mark``, and problems (each
+    with the class id it is about, or None)."""
+
+    lines: list[Line] = field(default_factory=list)
+    marks: Marks | None = None
+    problems: list[tuple[Problem, str | None]] = field(default_factory=list)
+    flower: bool = False
+    """Its filters are flower filters (the tree's ``classifier flower``)."""
+
+
+def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool) -> FilterSet:
+    """Decode a qdisc's filters (in tc's order) into lines."""
+    out = FilterSet()
+    decoded: list[_Decoded] = []
+
+    def problem(entry: FilterEntry, message: str, code: str = "W613") -> None:
+        f = entry.filter
+        where = f.flowid if f.flowid in classes else None
+        text = f"filter pref {f.pref} ({f.protocol}, {f.kind}) to {f.flowid or 'no class'}"
+        out.problems.append((Problem(code, f"{text}: {message}", entry.line), where))
+
+    kinds = {e.filter.kind for e in entries if e.filter.kind in ("u32", "flower")}
+    out.flower = kinds == {"flower"}
+    for index, entry in enumerate(entries):
+        f = entry.filter
+        if f.kind == "fw":
+            _fw(out, entry, classes, problem)
+            continue
+        if f.kind == "flower" and out.flower:
+            _flower(out, decoded, index, entry, classes, ingress, problem)
+            continue
+        if f.kind != "u32":
+            beside = " beside u32 ones (a tree has one classifier)" if f.kind == "flower" else ""
+            problem(entry, f"the language has no '{f.kind}' filter{beside}; left out", "W612")
+            continue
+        if f.protocol not in ("ip", "ipv6"):
+            problem(entry, f"protocol '{f.protocol}': the language writes ip and ipv6 only")
+            continue
+        table = _fh_table(entry.head)
+        if "link" in entry.head or (table is not None and table < 0x800):
+            problem(entry, "a u32 hash table or link has no word in the language; left out")
+            continue
+        if not ingress and f.flowid not in classes:
+            problem(entry, f"it sends to {f.flowid or 'no class'}, no class of this qdisc")
+            continue
+        family = "ipv4" if f.protocol == "ip" else "ipv6"
+        try:
+            conds = decode(f.keys, family)
+        except Undecodable as err:
+            problem(entry, f"{err} has no word in the language; left out")
+            continue
+        police, police_index, why = _police(entry)
+        if why is not None:
+            problem(entry, f"{why}; left out", "W614")
+            continue
+        if ingress and not police:
+            problem(entry, "an ingress line needs a policer (the filter has none); left out")
+            continue
+        decoded.append(
+            _Decoded(index, entry, family, ordered(conds, f.keys, family), police, police_index)
+        )
+    _lines(out, decoded)
+    if out.marks is not None:
+        for line in [fl for fl in out.lines if fl.police]:
+            out.lines.remove(line)
+            message = (
+                f"a policed filter (pref {line.pref}) on a qdisc with fw filters: with "
+                "'classify by mark' a match line cannot police; left out"
+            )
+            out.problems.append((Problem("W614", message, line.line), line.classid))
+    return out
+
+
+def _flower(
+    out: FilterSet,
+    decoded: list[_Decoded],
+    index: int,
+    entry: FilterEntry,
+    classes: set[str],
+    ingress: bool,
+    problem: Callable[..., None],
+) -> None:
+    f = entry.filter
+    if f.protocol not in ("ip", "ipv6") or f.flower is None:
+        problem(entry, f"protocol '{f.protocol}': the language writes ip and ipv6 only")
+        return
+    if not ingress and f.flowid not in classes:
+        problem(entry, f"it sends to {f.flowid or 'no class'}, no class of this qdisc")
+        return
+    family = "ipv4" if f.protocol == "ip" else "ipv6"
+    conds = flower_conds(f.flower, family)
+    if isinstance(conds, str):
+        problem(entry, f"{conds}; left out", "W612")
+        return
+    police, police_index, why = _police(entry)
+    if why is not None or (ingress and not police):
+        problem(entry, f"{why or 'an ingress line needs a policer'}; left out", "W614")
+        return
+    decoded.append(_Decoded(index, entry, family, conds, police, police_index, flower=True))
+
+
+def _fw(
+    out: FilterSet,
+    entry: FilterEntry,
+    classes: set[str],
+    problem: Callable[[FilterEntry, str, str], None],
+) -> None:
+    f = entry.filter
+    if f.mark is None or f.flowid not in classes or f.protocol not in ("ip", "ipv6"):
+        problem(entry, "an fw filter without a mark, a class of this qdisc or ip/ipv6", "W616")
+        return
+    family = "ipv4" if f.protocol == "ip" else "ipv6"
+    pref = f.pref - V6_PREF if family == "ipv6" else f.pref
+    if out.marks is None:
+        out.marks = Marks(pref, f.mask, line=entry.line)
+        out.problems.append(
+            (
+                Problem(
+                    "W616",
+                    "fw filters are written as 'classify by mark from any': the firewall rules "
+                    "that set the marks are not read (tcdsl writes its own chain, which also "
+                    "gives unmarked packets the default class's mark); write the match lines, "
+                    "or keep your rules and change 'from'",
+                    entry.line,
+                ),
+                None,
+            )
+        )
+    m = out.marks
+    if pref != m.pref or f.mask != m.mask or pref < 1:
+        problem(entry, "fw filters at another pref or mask than the first ones", "W616")
+        return
+    m.families.add(family)
+    if m.marks.setdefault(f.flowid, f.mark) != f.mark:
+        problem(entry, f"a second mark for {f.flowid}", "W616")
+
+
+def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
+    """Pair IPv4 and IPv6 filters into lines and order the lines as the kernel holds them."""
+    v6_by_pref: dict[int, list[_Decoded]] = {}
+    for d in decoded:
+        if d.family == "ipv6":
+            v6_by_pref.setdefault(d.entry.filter.pref, []).append(d)
+    used: set[int] = set()
+    start: dict[int, int] = {}
+    pairs: dict[int, list[_Decoded]] = {}
+    for d in decoded:
+        if d.family != "ipv4" or _family_only(d.conds) is not None or d.flower:
+            continue
+        pref = d.entry.filter.pref + V6_PREF
+        cands = v6_by_pref.get(pref, [])
+        need = 2 if has_ports(d.conds) and not has_proto(d.conds) else 1
+        for at in range(start.get(pref, 0), len(cands) - need + 1):
+            run = cands[at : at + need]
+            if any(r.index in used for r in run):
+                continue
+            if _pairs_with(d, run):
+                pairs[d.index] = run
+                used.update(r.index for r in run)
+                start[pref] = at + need
+                break
+    v6_pos = {d.index: n for n, d in enumerate(x for x in decoded if x.family == "ipv6")}
+    dual_marks = sorted((v6_pos[run[0].index], index) for index, run in pairs.items())
+    for d in decoded:
+        f = d.entry.filter
+        if d.index in used:
+            continue
+        if d.flower:
+            # flower's prefs are counted, one per filter, in the order of the lines
+            family, filters, pref = d.family, [(f.protocol, 0, d.index)], 1
+            seq: tuple[float, int] = (float(d.index), 0)
+        elif d.family == "ipv4":
+            run = pairs.get(d.index, [])
+            family = "both" if run else "ipv4"
+            filters = [(f.protocol, f.pref, d.index)]
+            filters += [(r.entry.filter.protocol, r.entry.filter.pref, r.index) for r in run]
+            seq = (float(d.index), 0)
+            pref = f.pref
+        else:
+            if f.pref <= V6_PREF:
+                out.problems.append(
+                    (
+                        Problem(
+                            "W613",
+                            f"IPv6 filter at pref {f.pref}: tcdsl puts a line's IPv6 filters at "
+                            "its pref + 32768, so prefs up to 32768 are IPv4's; left out",
+                            d.entry.line,
+                        ),
+                        f.flowid,
+                    )
+                )
+                continue
+            family = "ipv6"
+            filters = [(f.protocol, f.pref, d.index)]
+            pos = v6_pos[d.index]
+            after = [four for six, four in dual_marks if six > pos]
+            seq = (min(after) - 0.5 if after else float("inf"), pos)
+            pref = f.pref - V6_PREF
+        out.lines.append(
+            Line(
+                d.conds,
+                family,
+                pref,
+                d.police,
+                f.flowid,
+                seq,
+                filters,
+                d.police_index,
+                d.entry.line,
+            )
+        )
+    out.lines = _one_policer_one_line(_port_ranges(out.lines))
+    shared: dict[str, list[Line]] = {}
+    for line in out.lines:
+        if line.police_index is not None:
+            shared.setdefault(line.police_index, []).append(line)
+    for index, lines in sorted(shared.items()):
+        if len(lines) > 1:
+            out.problems.append(
+                (
+                    Problem(
+                        "W617",
+                        f"{len(lines)} lines share one policer (police {index}); each line "
+                        "gets a policer of its own",
+                        lines[0].line,
+                    ),
+                    lines[0].classid,
+                )
+            )
+
+
+LISTED = ("src", "dst", "sport", "dport", "proto")
+"""The conditions a line may give several values of (``dport 80, 443``)."""
+
+
+def _merged(group: list[Line]) -> Line | None:
+    """One line for lines that differ in the values of one condition only, or None."""
+    first = group[0]
+    if any(
+        len(x.conds) != len(first.conds) or (x.family, x.pref) != (first.family, first.pref)
+        for x in group
+    ):
+        return None
+    differ = [
+        n for n, cond in enumerate(first.conds) if any(x.conds[n].text != cond.text for x in group)
+    ]
+    if len(differ) != 1:
+        return None
+    n = differ[0]
+    field = first.conds[n].text.split()[0]
+    if field not in LISTED or any(x.conds[n].text.split()[0] != field for x in group):
+        return None
+    values = ", ".join(x.conds[n].text.split(" ", 1)[1] for x in group)
+    conds = [
+        *first.conds[:n],
+        Cond(f"{field} {values}", first.conds[n].words, first.conds[n].identity),
+        *first.conds[n + 1 :],
+    ]
+    filters = [f for x in group for f in x.filters]
+    return Line(
+        conds,
+        first.family,
+        first.pref,
+        first.police,
+        first.classid,
+        first.seq,
+        filters,
+        first.police_index,
+        first.line,
+    )
+
+
+def _port_at(line: Line) -> int | None:
+    """Where a line's only port condition is, or None."""
+    at = [n for n, c in enumerate(line.conds) if c.identity[0] in ("sport", "dport")]
+    return at[0] if len(at) == 1 else None
+
+
+def _but_port(a: Line, b: Line, n: int) -> bool:
+    """Whether lines ``a`` and ``b`` are alike but for the value of their port condition n."""
+    return (
+        len(a.conds) == len(b.conds)
+        and _port_at(b) == n
+        and a.conds[n].identity[0] == b.conds[n].identity[0]
+        and all(
+            x.text == y.text
+            for k, (x, y) in enumerate(zip(a.conds, b.conds, strict=True))
+            if k != n
+        )
+        and (a.family, a.pref, a.police, a.police_index, a.classid)
+        == (b.family, b.pref, b.police, b.police_index, b.classid)
+    )
+
+
+def _as_range(run: Sequence[Line], n: int) -> tuple[int, int] | None:
+    """The port range whose blocks tcdsl writes as the port values of ``run``, or None."""
+    blocks = [cast(tuple[int, int], x.conds[n].identity[1:3]) for x in run]
+    lo = blocks[0][0]
+    hi = blocks[-1][0] | (~blocks[-1][1] & 0xFFFF)
+    return (lo, hi) if range_to_masks(lo, hi) == blocks else None
+
+
+def _six_of(lines: Sequence[Line], run: Sequence[Line], used: set[int]) -> list[Line] | None:
+    """The IPv6 lines that the IPv4 lines ``run`` of one range have beside them, in the order
+    tcdsl gives a range's filters (its TCP ones, then its UDP ones, on a line without a
+    protocol), or None."""
+    auto = not has_proto(run[0].conds)
+    want = [(p, x) for p in ((6, 17) if auto else (None,)) for x in run]
+    six = [x for x in lines if x.family == "ipv6" and id(x) not in used]
+
+    def fits(line: Line, proto: int | None, four: Line) -> bool:
+        got = [c.identity for c in line.conds]
+        if proto is not None:
+            if ("proto", proto) not in got:
+                return False
+            got.remove(("proto", proto))
+        return sorted(got, key=repr) == sorted((c.identity for c in four.conds), key=repr) and (
+            line.pref,
+            line.police,
+            line.police_index,
+            line.classid,
+        ) == (four.pref, four.police, four.police_index, four.classid)
+
+    for start in range(len(six) - len(want) + 1):
+        if all(fits(six[start + k], p, x) for k, (p, x) in enumerate(want)):
+            return six[start : start + len(want)]
+    return None
+
+
+def _port_ranges(lines: list[Line]) -> list[Line]:
+    """Lines of one port range (the value/mask blocks tcdsl compiles a range to, IPv4 and,
+    beside them, IPv6) as that one line: ``dport 1000-2000``."""
+    out: list[Line] = []
+    used: set[int] = set()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        n = _port_at(line)
+        if id(line) in used or line.family == "ipv6" or n is None:
+            if id(line) not in used:
+                out.append(line)
+            i += 1
+            continue
+        run = [line]
+        while i + len(run) < len(lines) and _but_port(line, lines[i + len(run)], n):
+            run.append(lines[i + len(run)])
+        for k in range(len(run), 1, -1):
+            found = _as_range(run[:k], n)
+            six = _six_of(lines, run[:k], used) if found and line.family == "ipv4" else []
+            if found is not None and six is not None:
+                break
+        else:
+            out.append(line)
+            i += 1
+            continue
+        lo, hi = found
+        cond = line.conds[n]
+        field = str(cond.identity[0])
+        conds = [*line.conds[:n], Cond(f"{field} {lo}-{hi}", cond.words, (field, lo, hi))]
+        conds += line.conds[n + 1 :]
+        used.update(id(x) for x in six)
+        family = "both" if six else line.family
+        filters = [f for x in [*run[:k], *six] for f in x.filters]
+        out.append(
+            Line(
+                conds,
+                family,
+                line.pref,
+                line.police,
+                line.classid,
+                line.seq,
+                filters,
+                line.police_index,
+                line.line,
+            )
+        )
+        i += k
+    return out
+
+
+def _one_policer_one_line(lines: list[Line]) -> list[Line]:
+    """Lines next to each other that share a police action (one policer of a line with a
+    list of values, in tcdsl's words) as that one line, where they differ in one list."""
+    out: list[Line] = []
+    for _, run in itertools.groupby(
+        lines, key=lambda x: (x.police_index, x.classid) if x.police_index else id(x)
+    ):
+        group = list(run)
+        merged = _merged(group) if len(group) > 1 else None
+        out += [merged] if merged is not None else group
+    return out
+
+
+# ==== the tree =================================================================================
+
+
+@dataclass
+class _Device:
+    """One device's objects, looked up."""
+
+    text: DeviceText
+    objs: DeviceObjects
+    root: tuple[TcQdisc, int] | None
+    ingress: tuple[TcQdisc, int] | None
+    below: dict[str, tuple[TcQdisc, int]]
+    """class id -> the qdisc below it (a leaf, or a chaining qdisc's child)."""
+    filters: dict[str, list[FilterEntry]]
+    problems: list[Problem]
+
+
+def _device(text: DeviceText) -> _Device:
+    objs = objects(text.text)
+    problems = [
+        Problem("W619", f"not a line of tc's qdisc, class or filter output: {line!r}", n)
+        for line, n in objs.unknown
+    ]
+    root = ingress = None
+    below: dict[str, tuple[TcQdisc, int]] = {}
+    for q, line in objs.qdiscs:
+        if q.parent == "root":
+            root = (q, line)
+        elif q.kind in ("ingress", "clsact"):
+            ingress = (q, line)
+        else:
+            below[q.parent] = (q, line)
+    majors = {_major(q.handle) for q, _ in objs.qdiscs}
+    filters: dict[str, list[FilterEntry]] = {}
+    for entry in objs.filters:
+        parent = entry.parent
+        if parent is None:
+            # tc names no parent when asked for one: the flowid's major tells the qdisc
+            major = _major(entry.filter.flowid.strip("?"))
+            if ingress is not None and major in ("", "ffff"):
+                parent = ingress[0].handle
+            elif major in majors:
+                parent = f"{major}:"
+            else:
+                parent = root[0].handle if root is not None else "?"
+        filters.setdefault(parent, []).append(entry)
+    for table, line in objs.hash_tables:
+        problems.append(
+            Problem("W613", f"a u32 hash table ({table}) has no word in the language", line)
+        )
+    return _Device(text, objs, root, ingress, below, filters, problems)
+
+
+def _names(dev: _Device) -> dict[str, str]:
+    return {c.classid: class_name(c.classid) for c, _ in dev.objs.classes}
+
+
+def _build(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> QdiscNode:
+    """The node of qdisc ``q`` with its classes, filters and the qdiscs below."""
+    node = QdiscNode(q, line)
+    major = _major(q.handle)
+    if q.kind in CHAINING:
+        child = dev.below.get(f"{major}:1")
+        if child is not None:
+            node.child = _leaf(dev, child, problems)
+        return node
+    if q.kind not in CLASSFUL:
+        return node
+    mine = [(c, n) for c, n in dev.objs.classes if _major(c.classid) == major and c.kind == q.kind]
+    nodes = {c.classid: ClassNode(c, n) for c, n in mine if c.classid != q.handle}
+    top: list[ClassNode] = []
+    for cn in nodes.values():
+        parent = cn.cls.parent
+        if parent in nodes:
+            nodes[parent].children.append(cn)
+        else:
+            top.append(cn)
+        below = dev.below.get(cn.cls.classid)
+        if below is not None:
+            cn.leaf = _leaf(dev, below, cn.notes)
+    node.classes = top
+    fs = filter_set(dev.filters.get(q.handle, []), set(nodes), ingress=False)
+    for problem, classid in fs.problems:
+        if classid is not None and classid in nodes:
+            nodes[classid].items.append(Comment(problem))
+        else:
+            node.body_notes.append(problem)
+    for fl in fs.lines:
+        nodes[fl.classid].items.append(fl)
+    node.marks = fs.marks
+    node.flower = fs.flower
+    node.family = _tree_family(fs)
+    _order(node, fs, problems)
+    return node
+
+
+def _one_family(root: QdiscNode) -> None:
+    """Give every qdisc of a tree the tree's family: one family word covers them all."""
+    nodes = _all_qdiscs(root)
+    families = {n.family for n in nodes if n.family != "none"}
+    family = families.pop() if len(families) == 1 else "both"
+    flower = any(n.flower for n in nodes)
+    for n in nodes:
+        n.family = family
+        n.flower = flower
+
+
+def _leaf(dev: _Device, found: tuple[TcQdisc, int], notes: list[Problem]) -> QdiscNode | None:
+    q, line = found
+    if q.kind not in LEAVES | CLASSFUL:
+        what = (
+            "tcdsl import does not read cbq (removed from Linux in 6.3)"
+            if q.kind == "cbq"
+            else f"the language has no '{q.kind}' qdisc"
+        )
+        notes.append(Problem("W610", f"{what} ({q.handle}); left out", line))
+        return None
+    return _build(dev, q, line, notes)
+
+
+def _tree_family(fs: FilterSet) -> str:
+    """``ipv4`` or ``ipv6`` when every filter is of that family, ``none`` without filters,
+    else ``both``."""
+    families = {line.family for line in fs.lines}
+    if fs.marks is not None:
+        families |= fs.marks.families
+    if not families:
+        return "none"
+    if families == {"ipv4"}:
+        return "ipv4"
+    if families == {"ipv6"}:
+        return "ipv6"
+    return "both"
+
+
+def _classes(nodes: Sequence[ClassNode]) -> list[ClassNode]:
+    out: list[ClassNode] = []
+    for n in nodes:
+        out.append(n)
+        out += _classes(n.children)
+    return out
+
+
+def _first(node: ClassNode) -> tuple[float, int]:
+    seqs = [i.seq for i in node.items if isinstance(i, Line)]
+    seqs += [_first(c) for c in node.children]
+    return min(seqs, default=(float("inf"), 0))
+
+
+def _minor(classid: str) -> int:
+    return _hex(classid.partition(":")[2])
+
+
+def _topological(items: list[T], edges: set[tuple[int, int]], key: Callable[[T], Any]) -> list[T]:
+    """``items`` in an order where item j comes after item i for each (i, j) in ``edges``
+    (indexes), ties broken by ``key``; a cycle, which no order satisfies, is broken at the
+    item of the least key."""
+    n = len(items)
+    after: dict[int, list[int]] = {}
+    waiting = [0] * n
+    for i, j in edges:
+        if i != j:
+            after.setdefault(i, []).append(j)
+            waiting[j] += 1
+    heap = [(key(items[i]), i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(heap)
+    out: list[T] = []
+    placed = [False] * n
+    while len(out) < n:
+        if not heap:
+            i = min((i for i in range(n) if not placed[i]), key=lambda i: (key(items[i]), i))
+            heapq.heappush(heap, (key(items[i]), i))
+        _, i = heapq.heappop(heap)
+        if placed[i]:
+            continue
+        placed[i] = True
+        out.append(items[i])
+        for j in after.get(i, []):
+            waiting[j] -= 1
+            if waiting[j] == 0 and not placed[j]:
+                heapq.heappush(heap, (key(items[j]), j))
+    return out
+
+
+def _lines_below(node: ClassNode) -> list[Line]:
+    return [i for c in _classes([node]) for i in c.items if isinstance(i, Line)]
+
+
+def _sort(nodes: list[ClassNode], succ: dict[int, list[int]]) -> None:
+    """Order sibling classes, and each class's lines, so that every line comes after those
+    whose filters the kernel tries before its own (``succ``: ``id(line)`` -> the ids of the
+    lines that come right after it)."""
+    owner = {id(x): n for n, node in enumerate(nodes) for x in _lines_below(node)}
+    between = {(owner[a], owner[b]) for a in owner for b in succ.get(a, ()) if b in owner}
+    nodes[:] = _topological(nodes, between, lambda n: (_first(n), _minor(n.cls.classid)))
+    for node in nodes:
+        lines = [i for i in node.items if isinstance(i, Line)]
+        comments = [i for i in node.items if not isinstance(i, Line)]
+        at = {id(x): n for n, x in enumerate(lines)}
+        among = {(at[a], at[b]) for a in at for b in succ.get(a, ()) if b in at}
+        node.items = [*_topological(lines, among, lambda x: x.seq), *comments]
+        _sort(node.children, succ)
+
+
+def _edges(lines: Sequence[Line]) -> dict[int, list[int]]:
+    """For each line (by ``id``), the lines whose filter comes right after one of its own in
+    a pref of one protocol, as the kernel lists them."""
+    at: dict[tuple[str, int], list[tuple[int, Line]]] = {}
+    for line in lines:
+        for protocol, pref, index in line.filters:
+            at.setdefault((protocol, pref), []).append((index, line))
+    out: dict[int, list[int]] = {}
+    for listed in at.values():
+        listed.sort(key=lambda x: x[0])
+        for (_, a), (_, b) in itertools.pairwise(listed):
+            if a is not b:
+                out.setdefault(id(a), []).append(id(b))
+    return out
+
+
+def _order(node: QdiscNode, fs: FilterSet, problems: list[Problem]) -> None:
+    """Order classes and lines as the kernel tries the filters; warn where no order does."""
+    _sort(node.classes, _edges(fs.lines))
+    got: dict[tuple[str, int], list[int]] = {}
+    for cn in _classes(node.classes):
+        for item in cn.items:
+            if isinstance(item, Line):
+                for protocol, pref, index in item.filters:
+                    got.setdefault((protocol, pref), []).append(index)
+    for key, indexes in sorted(got.items()):
+        if indexes != sorted(indexes):
+            line = min(fl.line for fl in fs.lines if any(f[:2] == key for f in fl.filters))
+            problems.append(
+                Problem(
+                    "W615",
+                    f"the {key[0]} filters at pref {key[1] or '(flower: all)'} of "
+                    f"{node.q.handle} alternate between "
+                    "classes: a policy tries a class's lines together, so they are written in "
+                    "another order, which matters only where they overlap",
+                    line,
+                )
+            )
+
+
+# ==== writing ==================================================================================
+
+
+class _Writer:
+    """An indenting writer that records every problem it writes as a comment (so that each
+    warning is also a comment, and each comment a warning)."""
+
+    def __init__(self, source: str) -> None:
+        self.lines: list[str] = []
+        self.source = source
+        self.written: list[tuple[Problem, str]] = []
+
+    def line(self, depth: int, text: str) -> None:
+        self.lines.append(f"{INDENT * depth}{text}")
+
+    def comment(self, depth: int, problem: Problem) -> None:
+        self.written.append((problem, self.source))
+        message = problem.message.replace("\n", " ")
+        self.line(depth, f"# tcdsl import: {problem.code} at line {problem.line}: {message}")
+
+
+def _match_text(line: Line, tree_family: str, marking: bool) -> str:
+    words = ["match"]
+    implied = _family_only(line.conds)
+    raw = any(c.identity[0] == "raw" for c in line.conds)
+    if line.family != "both" and (
+        (tree_family in ("both", "none") and implied != line.family)
+        or (line.family == "ipv6" and raw)
+    ):
+        words += ["family", line.family]
+    words += [c.text for c in line.conds]
+    if line.pref != 1 or marking:
+        words += ["pref", str(line.pref)]
+    words += line.police
+    return " ".join(words)
+
+
+def _write_qdisc(
+    w: _Writer,
+    depth: int,
+    node: QdiscNode,
+    names: dict[str, str],
+    root: bool,
+    head: str = "",
+    rates: Sequence[int] = (),
+) -> None:
+    words, problems = qdisc_words(node.q, node.line, names, root, rates)
+    for problem in node.notes + problems:
+        w.comment(depth, problem)
+    text = f"{head}{' '.join(words)}"
+    body = node.classes or node.child or node.body_notes or node.marks
+    if not body:
+        w.line(depth, text)
+        return
+    w.line(depth, f"{text} {{")
+    for problem in node.body_notes:
+        w.comment(depth + 1, problem)
+    if node.marks is not None:
+        m = node.marks
+        words = ["classify by mark from any"]
+        if m.mask is not None:
+            words.append(f"mask {m.mask:#x}")
+        if m.pref != 1:
+            words.append(f"pref {m.pref}")
+        w.line(depth + 1, " ".join(words))
+    if node.child is not None:
+        _write_qdisc(w, depth + 1, node.child, names, False, rates=rates)
+    r2q = node.q.options.get("r2q")
+    for cn in node.classes:
+        _write_class(w, depth + 1, cn, node, names, r2q.value if r2q is not None else None)
+    w.line(depth, "}")
+
+
+def _write_class(
+    w: _Writer, depth: int, cn: ClassNode, q: QdiscNode, names: dict[str, str], r2q: object
+) -> None:
+    words, problems = class_words(cn.cls, cn.line, r2q if isinstance(r2q, int) else None)
+    for problem in problems:
+        w.comment(depth, problem)
+    head = ["class", names[cn.cls.classid], "id", cn.cls.classid, *words]
+    rate = _value(cn.cls.options, "rate")
+    children = [_value(c.cls.options, "rate") for c in cn.children]
+    if isinstance(rate, int) and sum(r for r in children if isinstance(r, int)) > rate:
+        head.append("overbook")  # the kernel shows no such thing: it only silences W350
+    if q.marks is not None and cn.cls.classid in q.marks.marks:
+        head += ["mark", f"{q.marks.marks[cn.cls.classid]:#x}"]
+    text = " ".join(head)
+    if not (cn.children or cn.leaf or cn.items or cn.notes):
+        w.line(depth, text)
+        return
+    w.line(depth, f"{text} {{")
+    for item in cn.items:
+        if isinstance(item, Line):
+            w.line(depth + 1, _match_text(item, q.family, q.marks is not None))
+        else:
+            w.comment(depth + 1, item.problem)
+    for child in cn.children:
+        _write_class(w, depth + 1, child, q, names, r2q)
+    for problem in cn.notes:
+        w.comment(depth + 1, problem)
+    if cn.leaf is not None:
+        rates = [v for k in ("rate", "ceil") if isinstance(v := _value(cn.cls.options, k), int)]
+        _write_qdisc(w, depth + 1, cn.leaf, names, False, rates=rates)
+    w.line(depth, "}")
+
+
+@dataclass
+class _Redirect:
+    device: str
+    connmark: bool
+
+
+def _redirect(entry: FilterEntry) -> _Redirect | None:
+    """The download redirect tcdsl writes (``protocol all u32 match u32 0 0 [action connmark]
+    action mirred egress redirect dev IFB``), or None."""
+    f = entry.filter
+    if f.kind != "u32" or f.protocol != "all" or any(m for _, m, _ in f.keys):
+        return None
+    actions = list(f.actions)
+    connmark = bool(actions) and actions[0] == ("connmark",)
+    if connmark:
+        actions = actions[1:]
+    if len(actions) != 1 or actions[0][:3] != ("mirred", "egress", "redirect"):
+        return None
+    return _Redirect(str(actions[0][3]), connmark)
+
+
+def import_policy(
+    main: DeviceText, read_other: Callable[[str], DeviceText | None] | None = None
+) -> ImportResult:
+    """The policy that builds what ``main`` shows; ``read_other`` gives the text of the IFB a
+    download redirects to (None where it cannot be read)."""
+    sources = {main.source: main.text}
+    dev = _device(main)
+    root = dev.root if dev.root is not None and dev.root[0].handle != "0:" else None
+    errors: list[Diagnostic] = []
+    if root is not None and root[0].kind not in ROOTS:
+        message = (
+            f"the root qdisc of {main.device} is '{root[0].kind}', which the language has "
+            "not: there is no tree to write"
+        )
+        errors.append(_located(Problem("E607", message, root[1]), main.source, sources))
+    if root is None and dev.ingress is None:
+        what = (
+            f"its root qdisc is the kernel's default ({dev.root[0].kind})"
+            if dev.root is not None
+            else "the text shows no qdisc"
+        )
+        message = f"{main.device} has no traffic-control configuration to import: {what}"
+        line = dev.root[1] if dev.root is not None else 1
+        errors.append(_located(Problem("E606", message, line), main.source, sources))
+    if errors:
+        return ImportResult(None, errors, sources)
+    w = _Writer(main.source)
+    w.line(
+        0,
+        f"# Imported by tcdsl {__version__} ('tcdsl import') from the tc state of "
+        f"{main.device} ({main.source}).",
+    )
+    w.line(
+        0,
+        "# Classes are named after their tc ids (c1_10 is 1:10); ids and handles are written, "
+        "so renaming a class changes nothing in the kernel.",
+    )
+    problems = list(dev.problems)
+    upload = _build(dev, root[0], root[1], problems) if root is not None else None
+    if upload is not None:
+        _one_family(upload)
+    ingress: FilterSet | None = None
+    download: tuple[_Redirect, _Device, QdiscNode, list[Problem]] | None = None
+    ingress_notes: list[Problem] = []
+    if dev.ingress is not None:
+        ingress, download = _ingress(dev, read_other, ingress_notes, sources)
+    names = _names(dev)
+    if upload is not None and download is None and ingress is None and not ingress_notes:
+        for p in problems:
+            w.comment(0, p)
+        head = f"interface {_ifname(main.device)} {_family(upload.family, upload.flower)}"
+        _write_qdisc(w, 0, upload, names, True, head=head)
+    else:
+        w.line(0, f"interface {_ifname(main.device)} {{")
+        for p in problems:
+            w.comment(1, p)
+        if upload is not None:
+            head = f"upload {_family(upload.family, upload.flower)}"
+            _write_qdisc(w, 1, upload, names, True, head=head)
+        if download is not None:
+            redirect, ifb, node, ifb_problems = download
+            w.source = ifb.text.source
+            for p in ifb_problems:
+                w.comment(1, p)
+            head = f"download via {_ifname(redirect.device)} "
+            head += "connmark " if redirect.connmark else ""
+            head += _family(node.family, node.flower)
+            _write_qdisc(w, 1, node, _names(ifb), True, head=head)
+            w.source = main.source
+        for p in ingress_notes:
+            w.comment(1, p)
+        if ingress is not None and ingress.lines:
+            family = _tree_family(ingress)
+            w.line(1, f"ingress {_family(family, ingress.flower)}{{")
+            for fl in sorted(ingress.lines, key=lambda x: x.seq):
+                w.line(2, _match_text(fl, family, False))
+            w.line(1, "}")
+        w.line(0, "}")
+    diagnostics = [_located(p, source, sources) for p, source in w.written]
+    diagnostics.sort(key=lambda d: (d.span.file != main.source, d.span.file, d.span.line, d.code))
+    return ImportResult("\n".join(w.lines) + "\n", diagnostics, sources)
+
+
+def _located(problem: Problem, source: str, sources: dict[str, str]) -> Diagnostic:
+    """A problem as a diagnostic at its line of ``source``'s text."""
+    lines = sources.get(source, "").splitlines()
+    width = len(lines[problem.line - 1]) if 0 < problem.line <= len(lines) else 0
+    span = Span(source, problem.line, 1, problem.line, max(width, 1) + 1)
+    if problem.code.startswith("E"):
+        return Diagnostic.error(problem.code, problem.message, span)
+    return Diagnostic.warning(problem.code, problem.message, span)
+
+
+def _ingress(
+    dev: _Device,
+    read_other: Callable[[str], DeviceText | None] | None,
+    notes: list[Problem],
+    sources: dict[str, str],
+) -> tuple[FilterSet | None, tuple[_Redirect, _Device, QdiscNode, list[Problem]] | None]:
+    """The ingress qdisc's filters: police lines, or the redirect of a download (with the
+    IFB's tree, where ``read_other`` can read it)."""
+    assert dev.ingress is not None
+    q, line = dev.ingress
+    entries = dev.filters.get(q.handle, [])
+    if q.kind != "ingress":
+        notes.append(
+            Problem("W610", f"the language has no '{q.kind}' qdisc ({q.handle}); left out", line)
+        )
+        return None, None
+    redirects = [(e, r) for e in entries if (r := _redirect(e)) is not None]
+    if not redirects:
+        lines = filter_set(entries, set(), ingress=True)
+        notes += [p for p, _ in lines.problems]
+        return lines, None
+    entry, redirect = redirects[0]
+    download = None
+    other = read_other(redirect.device) if read_other is not None else None
+    if other is not None:
+        sources[other.source] = other.text
+        ifb = _device(other)
+        if ifb.root is not None and ifb.root[0].handle != "0:" and ifb.root[0].kind in ROOTS:
+            ifb_problems = list(ifb.problems)
+            node = _build(ifb, ifb.root[0], ifb.root[1], ifb_problems)
+            _one_family(node)
+            download = (redirect, ifb, node, ifb_problems)
+    if download is None:
+        notes.append(
+            Problem(
+                "W618",
+                f"ingress redirects to {redirect.device}, whose tree is not in the text read: "
+                f"import {redirect.device} on its own and write it as 'download via "
+                f"{redirect.device}'",
+                entry.line,
+            )
+        )
+    for e in entries:
+        if e is not entry:
+            notes.append(
+                Problem(
+                    "W613",
+                    f"filter pref {e.filter.pref} on the ingress of an interface with a "
+                    "download: the language puts no other filter there; left out",
+                    e.line,
+                )
+            )
+    return None, download
+
+
+def _all_qdiscs(node: QdiscNode | None) -> list[QdiscNode]:
+    if node is None:
+        return []
+    out = [node]
+    if node.child is not None:
+        out += _all_qdiscs(node.child)
+    for cn in _classes(node.classes):
+        out += _all_qdiscs(cn.leaf)
+    return out
+
+
+def _family(family: str, flower: bool = False) -> str:
+    """The words of a tree's family (and classifier) after its name."""
+    words = "" if family in ("both", "none") else f"family {family} "
+    return words + ("classifier flower " if flower else "")
+
+
+_BARE_IFNAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def _ifname(name: str) -> str:
+    if _BARE_IFNAME.fullmatch(name):
+        return name
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,532 @@
+"""``tcdsl import``: a policy read back from the kernel builds the same kernel state.
+
+Round trip, on real kernels: each example policy (and a batch of generated ones) is compiled
+and applied in a fresh network namespace; what tc shows of it is imported into a policy; that
+policy is compiled and applied in a second namespace; the two read-backs (qdiscs, classes with
+their parameters, filters in order, as ``tests/test_equivalence.py`` compares them) must be
+equal. Policies the host kernel cannot hold run in the user-mode Linux guest, all cases of a
+batch in one boot.
+
+Unit tests: a hand-written script's saved tc text (wondershaper style) imported from a file;
+what the language cannot say gives the warnings and the comments; errors are located and exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tcdsl.cli import cli
+from tcdsl.diagnostics import render
+from tcdsl.driver import Result, compile_policy
+from tcdsl.ops.importer import import_policy
+from tcdsl.ops.tctext import DeviceText, with_parent
+from tcdsl.verify import runner, verifier
+from tcdsl.verify.compare import compare_state
+from tcdsl.verify.expect import expected_policy
+from tcdsl.verify.readback import KernelState
+from tests.conftest import ROOT, policy_files
+
+HERE = Path(__file__).parent
+DATA = HERE / "import_data"
+
+
+# ==== round trips ==============================================================================
+
+
+@dataclass
+class Planned:
+    """A policy to round-trip: its name, compiled result, devices to make and to read."""
+
+    name: str
+    result: Result
+    create: list[str]
+    read: list[str]
+
+
+def _compile(path: Path) -> Result:
+    cwd = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        return compile_policy(path.name, "shell")
+    finally:
+        os.chdir(cwd)
+
+
+def _plan(name: str, path: Path) -> Planned:
+    result = _compile(path)
+    assert result.policy is not None and result.output is not None, render(
+        result.diagnostics, result.sources
+    )
+    create, read = verifier.devices(result.policy)
+    return Planned(name, result, list(create), list(read))
+
+
+def _case(p: Planned, script: str, label: str) -> runner.Case:
+    return runner.Case(f"{p.name} {label}", runner.case_script(label, script, p.create, p.read))
+
+
+def device_texts(found: dict[str, runner.Section], read: Sequence[str]) -> dict[str, DeviceText]:
+    """What a case printed of each device, as ``tcdsl import`` reads it."""
+    out = {}
+    for n, dev in enumerate(read):
+        text = found.get(f"qdisc {n}", runner.Section("", 1)).text
+        text += found.get(f"class {n}", runner.Section("", 1)).text
+        prefix = f"filter {n} "
+        for name, section in found.items():
+            if name.startswith(prefix):
+                text += with_parent(name[len(prefix) :], section.text)
+        out[dev] = DeviceText(dev, f"tc:{dev}", text)
+    return out
+
+
+def _applied(result: runner.CaseResult | None, p: Planned) -> dict[str, runner.Section]:
+    assert result is not None, f"{p.name}: the guest stopped before this case"
+    found = runner.sections(result.stdout)
+    applied = found.get("apply-stderr")
+    assert applied is not None and applied.status == 0, (
+        f"{result.name} failed:\n{applied.text[-3000:] if applied else result.stdout[-3000:]}"
+    )
+    return found
+
+
+def imported_text(p: Planned, texts: dict[str, DeviceText]) -> tuple[str, set[str]]:
+    """The policy ``tcdsl import`` writes for every interface of ``p``'s policy, and the codes
+    of its warnings."""
+    assert p.result.policy is not None
+    out = []
+    codes: set[str] = set()
+    # every device the case made (a download's IFB, made by the script, is imported with its
+    # interface's download), but those with nothing to import: 'classify by mark from' ones
+    for name in [n for n in p.create if n in texts]:
+        got = import_policy(texts[name], texts.get)
+        if got.policy is None and [d.code for d in got.diagnostics] == ["E606"]:
+            continue
+        assert got.policy is not None, render(got.diagnostics, got.sources)
+        out.append(got.policy)
+        codes |= {d.code for d in got.diagnostics}
+    return "\n".join(out), codes
+
+
+Run = Callable[[list[runner.Case]], Sequence[runner.CaseResult | None]]
+
+
+def _describes(policy: Result, state: KernelState) -> list[str]:
+    """How ``state`` differs from what ``policy`` creates, as ``tcdsl verify`` compares them
+    (values through tc's rounding), iptables left out (import reads tc's state only)."""
+    assert policy.policy is not None
+    expected = expected_policy(policy.policy, policy.sources)
+    expected = replace(
+        expected, interfaces=tuple(replace(i, chains=()) for i in expected.interfaces)
+    )
+    return [f"{d.code} {d.message}" for d in compare_state(expected, state)]
+
+
+ROUNDED = re.compile(r"^E402 .* (burst|cburst|mtu) is \S+ in the kernel, policy says ")
+"""A burst tc prints from a time at the class's true rate, which it prints rounded down to
+four digits (``1690Mbit`` for 1690999999bit): from the text, the imported class gets the rate
+shown, so its burst, at a rate up to 0.1% lower, can show a microsecond's bytes less."""
+
+
+ALIKE = frozenset({"W616"})
+"""Warnings of an import that still builds the same tc state (fw filters: the firewall rules
+behind them are not tc's)."""
+
+
+def round_trip(planned: list[Planned], run: Run, tmp: Path, exact: bool = True) -> int:
+    """Apply, import, compile, apply again, compare; returns the policies done.
+
+    ``exact``: the two read-backs must be equal (``_same``). Otherwise each policy must
+    describe the other's state as ``tcdsl verify`` compares them: generated policies have
+    values (a 2 GB burst at 4 Gbit/s) that tc shows rounded, so that the kernel can hold
+    another value than the one shown."""
+    from tests.test_equivalence import _same
+
+    first = run([_case(p, p.result.output or "", "original") for p in planned])
+    identical = 0
+    unsaid: list[str] = []
+    imported: list[tuple[Planned, Planned, str]] = []
+    failures: list[str] = []
+    for n, (p, result) in enumerate(zip(planned, first, strict=True)):
+        texts = device_texts(_applied(result, p), p.read)
+        text, codes = imported_text(p, texts)
+        if not exact and codes - ALIKE:
+            # what the import says it cannot express: no comparison (but it must compile)
+            unsaid.append(f"{p.name} ({', '.join(sorted(codes))})")
+        path = tmp / f"imported-{n}.tcp"
+        path.write_text(text, encoding="utf-8")
+        again = _compile(path)
+        if again.output is None:
+            said = render(again.diagnostics, again.sources)
+            failures.append(f"{p.name}: the imported policy does not compile:\n{text}\n{said}")
+            continue
+        if not exact and codes - ALIKE:
+            continue
+        imported.append((p, Planned(p.name, again, p.create, p.read), text))
+    second = run([_case(q, q.result.output or "", "imported") for _, q, _ in imported])
+    done = {p.name: r for p, r in zip(planned, first, strict=True)}
+    for (p, q, text), result in zip(imported, second, strict=True):
+        a = _without_flows(runner.read_state(_applied(done[p.name], p), p.read))
+        b = _without_flows(runner.read_state(_applied(result, q), q.read))
+        if exact:
+            try:
+                _same(a, b)
+            except AssertionError as err:
+                failures.append(
+                    f"{p.name}: the imported policy builds another state ({err}):\n{text}\n"
+                    f"---- original\n{_dump(a)}---- imported\n{_dump(b)}"
+                )
+            continue
+        try:
+            _same(a, b)
+            identical += 1
+            continue
+        except AssertionError:
+            pass
+        differences = [
+            d for d in _describes(q.result, a) + _describes(p.result, b) if not ROUNDED.search(d)
+        ]
+        if differences:
+            failures.append(
+                f"{p.name}: the policies do not describe each other's state:\n"
+                + "\n".join(differences[:20])
+                + f"\n---- imported\n{text}---- original\n{_dump(a)}---- imported\n{_dump(b)}"
+            )
+    assert not failures, f"{len(failures)} of {len(planned)} failed:\n" + "\n\n".join(failures)
+    if not exact:
+        print(
+            f"{identical} of {len(imported)} read back identical, the others but for bursts; "
+            f"not compared, as the import warns it cannot say everything: {', '.join(unsaid)}"
+        )
+    return len(planned)
+
+
+FLOW_KINDS = ("sfq", "fq_codel", "cake")
+
+
+def _without_flows(state: KernelState) -> KernelState:
+    """``state`` without the filter sections of flow classes (sfq, fq_codel and cake show a
+    class per active flow: one that comes and goes between two ``tc`` runs of the read-back
+    leaves a section that ``_same`` cannot match to a class)."""
+    for dev in state.devices.values():
+        flows = {q.handle for q in dev.qdiscs if q.kind in FLOW_KINDS}
+        keep, skipping = [], False
+        for line in dev.text.splitlines(keepends=True):
+            if line.startswith("== filters of "):
+                parent = line[len("== filters of ") :].strip()
+                skipping = parent.partition(":")[0] + ":" in flows and not parent.endswith(":")
+            if not skipping:
+                keep.append(line)
+        dev.text = "".join(keep)
+        dev.filters = {
+            k: v
+            for k, v in dev.filters.items()
+            if k.endswith(":") or k[: k.index(":") + 1] not in flows
+        }
+    return state
+
+
+def _dump(state: KernelState) -> str:
+    return "".join(f"== {name}\n{dev.text}" for name, dev in state.devices.items())
+
+
+def _support() -> runner.HostSupport | None:
+    if os.geteuid() != 0:
+        return None
+    try:
+        return runner.host_support()
+    except runner.KernelUnavailable:
+        return None
+
+
+def _split(paths: list[tuple[str, Path]]) -> tuple[list[Planned], list[Planned]]:
+    """Policies the host can hold, and those for the guest (cbq, which no kernel has, left
+    out)."""
+    support = _support()
+    host, guest = [], []
+    for name, path in paths:
+        p = _plan(name, path)
+        assert p.result.policy is not None
+        expected = expected_policy(p.result.policy, p.result.sources)
+        if expected.needs("sch_cbq") is not None:
+            print(f"skipped {name}: cbq (no kernel here has it)")
+            continue
+        if support is not None and not support.lacks(expected.requirements):
+            host.append(p)
+        else:
+            guest.append(p)
+    return host, guest
+
+
+def _examples() -> list[tuple[str, Path]]:
+    """Every example policy, and those of tests/import_data (flower; the wondershaper script's
+    imported policy)."""
+    extra = sorted(DATA.glob("*.tcp"))
+    return [(str(p), ROOT / p) for p in policy_files()] + [(str(p), p) for p in extra]
+
+
+def _guest(planned: list[Planned], tmp: Path, exact: bool = True) -> int:
+    if not planned:
+        return 0
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable for {len(planned)} policies: {why}")
+    return round_trip(planned, runner.run_on_uml, tmp, exact)
+
+
+def test_examples_round_trip(tmp_path: Path) -> None:
+    host, guest = _split(_examples())
+    done = 0
+    if host:
+        done += round_trip(host, runner.run_on_host, tmp_path)
+        print(f"host: {', '.join(p.name for p in host)}")
+    done += _guest(guest, tmp_path)
+    print(f"user-mode Linux: {', '.join(p.name for p in guest)}")
+    assert done == len(host) + len(guest)
+
+
+GENERATED_HOST = 80
+GENERATED_UML = 24
+SEED = 12
+
+
+def _generated(kernel: str, count: int, tmp: Path) -> list[tuple[str, Path]]:
+    from tests.strategies import random_policies
+
+    out = []
+    for n, policy in enumerate(random_policies(kernel, count, SEED)):  # type: ignore[arg-type]
+        path = tmp / f"generated-{kernel}-{n}.tcp"
+        path.write_text(policy.text, encoding="utf-8")
+        out.append((f"generated {kernel} {n}", path))
+    return out
+
+
+def test_generated_policies_round_trip(tmp_path: Path) -> None:
+    """tests/strategies.py's policies (the ones the verify property tests draw, the same ones
+    every run): 80 for the host kernel, 20 for the guest's."""
+    support = _support()
+    if support is None:
+        pytest.skip("the host part needs root and network namespaces")
+    host, _ = _split(_generated("host", GENERATED_HOST, tmp_path))
+    done = round_trip(host, runner.run_on_host, tmp_path, exact=False)
+    _, guest = _split(_generated("uml", GENERATED_UML, tmp_path))
+    done += _guest(guest, tmp_path, exact=False)
+    print(f"{done} generated policies round-trip")
+
+
+# ==== unit tests: saved text, warnings, errors =================================================
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["import", *args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _check(text: str, tmp: Path) -> Result:
+    path = tmp / "imported.tcp"
+    path.write_text(text, encoding="utf-8")
+    result = _compile(path)
+    assert result.output is not None, render(result.diagnostics, result.sources)
+    return result
+
+
+def test_wondershaper_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hand-written script's saved text (wondershaper): the policy is the golden one, IPv4
+    only as the script was, and it compiles to the script's tc objects."""
+    monkeypatch.chdir(ROOT)
+    code, out, err = _cli("-i", "eth0", "--from", "tests/import_data/wondershaper.txt")
+    assert code == 0 and err == ""
+    assert out == (DATA / "wondershaper.tcp").read_text(encoding="utf-8")
+    assert "upload family ipv4 htb handle 1: r2q 10 default c1_20" in out
+    assert "ingress family ipv4 {" in out
+    assert "match tcp-ack pref 10" in out and "match u32 0x0/0x0 at 12 pref 50 police" in out
+    result = _check(out, tmp_path)
+    script = result.output or ""
+    for words in (
+        "classid 1:1 htb rate 800kbit burst 6k",
+        "handle 10: sfq perturb 10",
+        "protocol ip prio 14 u32 match ip dport 873 0xffff flowid 1:30",
+        "protocol ip prio 15 u32 match ip sport 873 0xffff flowid 1:30",
+    ):
+        assert words in script
+    assert "protocol ipv6" not in script
+    again = _cli("-i", "eth0", "--from", "tests/import_data/wondershaper.txt", "-o", "-")
+    assert again[0] == 0
+
+
+def test_import_writes_the_output_file(tmp_path: Path) -> None:
+    out = tmp_path / "eth0.tcp"
+    code, stdout, _ = _cli("-i", "eth0", "--from", str(DATA / "wondershaper.txt"), "-o", str(out))
+    assert code == 0 and stdout == ""
+    assert out.read_text(encoding="utf-8").endswith("}\n")
+
+
+UNSUPPORTED = {
+    "W610": ("sfb", 4),
+    "W611": ("direct_qlen 50", 3),
+    "W612": ("matchall", 23),
+    "W613": ("hash table", 26),
+    "W614": ("gact", 30),
+    "W615": ("alternate between classes", 13),
+    "W616": ("classify by mark from any", 37),
+    "W617": ("share one policer", 44),
+    "W618": ("ifb0", 56),
+}
+
+
+def test_what_the_language_cannot_say_is_a_warning_and_a_comment(tmp_path: Path) -> None:
+    path = DATA / "unsupported.txt"
+    code, out, err = _cli("-i", "eth0", "--from", str(path))
+    assert code == 0
+    for code_, (words, line) in UNSUPPORTED.items():
+        located = [x for x in err.splitlines() if x.startswith(f"{path}:{line}:1: warning: ")]
+        assert any(words in x and x.endswith(f"[{code_}]") for x in located), (code_, err)
+        assert any(
+            x.strip().startswith(f"# tcdsl import: {code_} at line {line}: ") and words in x
+            for x in out.splitlines()
+        ), (code_, out)
+    warnings = err.count(": warning: ")
+    assert warnings == out.count("# tcdsl import: W37"), "each warning is one comment"
+    result = _check(out, tmp_path)
+    assert not [d for d in result.diagnostics if d.is_error]
+    # what could be said is there
+    assert "match dport 22 pref 1" in out and "class c1_20 id 1:20" in out
+    assert "mark 0x7" in out
+
+
+def test_filters_listed_without_their_parent_go_to_the_qdisc_of_their_flowid() -> None:
+    """'tc filter show dev X parent 10:' names no parent: the flowid's major tells it."""
+    code, out, err = _cli("-i", "lan0", "--from", str(DATA / "nested.txt"))
+    assert code == 0 and err == ""
+    inner = out[out.index("htb handle 10:") : out.index("prio handle 20:")]
+    assert "class c10_10 id 10:10 rate 1mbit ceil 10mbit {\n" in inner
+    assert "match proto udp dport 5060" in inner and "match dscp 46" in inner
+    bands = out[out.index("prio handle 20:") :]
+    assert "match proto udp sport 53" in bands and "match proto tcp sport 22" in bands
+    assert "interface lan0 htb" in out  # the nested trees classify IPv6 too: no family
+
+
+def test_a_line_that_is_not_tc_output_is_reported(tmp_path: Path) -> None:
+    text = (DATA / "wondershaper.txt").read_text(encoding="utf-8") + "Error: something\n"
+    path = tmp_path / "saved.txt"
+    path.write_text(text, encoding="utf-8")
+    code, out, err = _cli("-i", "eth0", "--from", str(path))
+    line = len(text.splitlines())
+    assert code == 0 and f"{path}:{line}:1: warning: " in err and "[W619]" in err
+    assert f"# tcdsl import: W619 at line {line}: " in out
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "words"),
+    [
+        ("qdisc noqueue 0: root refcnt 2\n", "E606", "kernel's default (noqueue)"),
+        ("", "E606", "shows no qdisc"),
+        ("qdisc drr 1: root refcnt 2\nclass drr 1:1 root quantum 1514b\n", "E607", "'drr'"),
+    ],
+    ids=["default-root", "empty", "unknown-root"],
+)
+def test_nothing_to_import_is_a_located_error(
+    text: str, code: str, words: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "saved.txt"
+    path.write_text(text, encoding="utf-8")
+    status, out, err = _cli("-i", "eth0", "--from", str(path))
+    assert status == 1 and out == ""
+    assert err.startswith(f"{path}:1:1: error: ") and f"[{code}]" in err and words in err
+    assert err.endswith("tcdsl: 1 error; nothing imported\n")
+
+
+def test_unreadable_files_are_located_errors(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"qdisc htb 1: root\xff\n")
+    for path, words in (
+        (tmp_path / "missing.txt", "No such file"),
+        (binary, "not UTF-8"),
+        (tmp_path, "Is a directory"),
+    ):
+        status, out, err = _cli("-i", "eth0", "--from", str(path))
+        assert status in (1, 2) and out == "" and "Traceback" not in err
+        if status == 1:
+            assert f"{path}:1:1: error: " in err and "[E605]" in err and words in err
+
+
+def test_a_missing_interface_is_a_located_error() -> None:
+    status, out, err = _cli("-i", "tcdsl-none0")
+    assert status == 1 and out == ""
+    assert err.startswith("tc:tcdsl-none0:1:1: error: there is no network interface 'tcdsl-none0'")
+    assert "[E602]" in err
+
+
+def test_import_is_deterministic() -> None:
+    text = DeviceText("eth0", "saved", (DATA / "unsupported.txt").read_text(encoding="utf-8"))
+    first, second = import_policy(text), import_policy(text)
+    assert first.policy == second.policy and first.diagnostics == second.diagnostics
+
+
+def test_help_has_examples() -> None:
+    result = CliRunner().invoke(cli, ["import", "--help"])
+    assert result.exit_code == 0
+    assert "tcdsl import -i eth0 --from saved.txt" in result.output
+    assert "tc filter show dev eth0 parent ffff:" in result.output
+
+
+HAND_SCRIPT = """\
+tc qdisc add dev eth0 root handle 1: htb default 30
+tc class add dev eth0 parent 1: classid 1:1 htb rate 10mbit burst 15k
+tc class add dev eth0 parent 1:1 classid 1:10 htb rate 5mbit ceil 10mbit prio 0
+tc class add dev eth0 parent 1:1 classid 1:20 htb rate 3mbit ceil 8mbit prio 1 quantum 3000
+tc class add dev eth0 parent 1:1 classid 1:30 htb rate 2mbit ceil 10mbit prio 2
+tc qdisc add dev eth0 parent 1:10 handle 10: pfifo limit 50
+tc qdisc add dev eth0 parent 1:20 handle 20: tbf rate 3mbit burst 10k latency 50ms
+tc qdisc add dev eth0 parent 1:30 handle 30: bfifo limit 30k
+tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 22 0xffff flowid 1:10
+tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 192.168.1.0/24 \\
+    match ip dport 80 0xffff flowid 1:20
+tc filter add dev eth0 parent 1: protocol ip prio 3 u32 match ip tos 0x10 0xff flowid 1:10
+tc filter add dev eth0 parent 1: protocol ipv6 prio 32770 u32 match ip6 dst 2001:db8::/32 \\
+    flowid 1:20
+"""
+"""A hand-written script of what the host kernel has (htb, tbf, fifos, u32), IPv4 and IPv6."""
+
+
+def test_live_import_of_a_hand_written_script(tmp_path: Path) -> None:
+    """``tcdsl import -i eth0`` run in the namespace where a hand-written script shaped eth0:
+    the policy it writes, compiled and applied in a fresh namespace, builds the same state."""
+    if _support() is None:
+        pytest.skip("needs root and network namespaces")
+    from tests.test_equivalence import _same
+
+    command = f"{shlex.quote(sys.executable)} -c 'from tcdsl.cli import main; main()'"
+    live = Planned("hand-written", Result(output=HAND_SCRIPT, policy=None), ["eth0"], ["eth0"])
+    case = runner.case_script(
+        "hand", HAND_SCRIPT, live.create, live.read, after=f"{command} import -i eth0"
+    )
+    first = runner.run_on_host([runner.Case("hand", case)])[0]
+    found = _applied(first, live)
+    text = found["after"].text
+    assert found["after"].status == 0 and text.startswith("# Imported by tcdsl"), text
+    assert "interface eth0 htb" in text and "match dst 2001:db8::/32 pref 2" in text
+    assert "match family ipv4 dport 22" in text  # an IPv4-only line in a dual-stack tree
+    assert "match src 192.168.1.0/24 dport 80" in text and "quantum 3000" in text
+    again = _check(text, tmp_path)
+    second = runner.run_on_host(
+        [
+            runner.Case(
+                "imported", runner.case_script("imported", again.output or "", ["eth0"], ["eth0"])
+            )
+        ]
+    )[0]
+    _same(
+        runner.read_state(found, live.read),
+        runner.read_state(_applied(second, live), live.read),
+    )
