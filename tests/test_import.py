@@ -396,7 +396,7 @@ def test_what_the_language_cannot_say_is_a_warning_and_a_comment(tmp_path: Path)
             for x in out.splitlines()
         ), (code_, out)
     warnings = err.count(": warning: ")
-    assert warnings == out.count("# tcdsl import: W37"), "each warning is one comment"
+    assert warnings == out.count("# tcdsl import: W61"), "each warning is one comment"
     result = _check(out, tmp_path)
     assert not [d for d in result.diagnostics if d.is_error]
     # what could be said is there
