@@ -99,7 +99,7 @@ EXPECTED: dict[str, set[str] | None] = {
     "tcp-ack with proto udp": None,  # contradicts unless tcp is among the protocols
     "misaligned raw offset": {"E016"},
     "field given twice": {"E211"},
-    "pref with marks": {"E209"},
+    "pref with marks": {"E249"},
     "prio out of range": {"E205"},
     "protocol number out of range": {"E015"},
     "raw u32 with marks": {"E209"},
@@ -425,7 +425,7 @@ class Gen:
         elif not marking and self.chance(0.2):
             conds.append(f"pref {self.int(1, 32767 if ipv6 else 65535)}")
         elif marking and self.mistake("pref with marks"):
-            conds.append("pref 3")
+            conds.append("pref 1")  # the fw filters' pref ('classify by mark' gives none here)
         if self.mistake("field given twice"):
             conds.append("src 10.0.0.1, 10.0.0.2 src 10.0.0.3")
         if word is not None:
