@@ -973,16 +973,15 @@ def _replace_file(path: str, text: str) -> None:
 def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     """A duration for status: a time with a unit (``500ms``, ``2s``) or bare seconds (``0.2``,
     as watch(1) takes them)."""
+    from tcdsl.units import parse_seconds
+
     if value is None:
         return None
     try:
-        seconds = float(value) if value.replace(".", "", 1).isdigit() else None
+        seconds = parse_seconds(value)
     except ValueError:
-        seconds = None
-    if seconds is None:
-        micros = _unit_option("time")(ctx, param, value)
-        seconds = micros / 1e6 if micros is not None else None
-    if seconds is None or seconds <= 0:
+        raise click.BadParameter(f"{value!r} is not a value with a unit", ctx, param) from None
+    if seconds <= 0:
         raise click.BadParameter(f"{value!r} must be above 0", ctx, param)
     return seconds
 

@@ -149,3 +149,10 @@ def parse_size(text: str) -> int:
 def parse_time(text: str) -> int:
     """Parse a time with a unit into microseconds."""
     return _parse(text, TIME_UNITS)
+
+
+def parse_seconds(text: str) -> float:
+    """A duration for the command line, in seconds: bare seconds (``0.2``, as watch(1) takes
+    them), minutes or hours (``2m``, ``1h``), or a time as tc writes it (``500ms``, ``60s``)."""
+    return float(_parse(text, {"": 1_000_000, "m": 60_000_000, "h": 3_600_000_000,
+                               **TIME_UNITS})) / 1e6  # fmt: skip

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tcdsl import ir
-from tcdsl.commands import batch_quote
+from tcdsl.commands import Command, batch_quote
 from tcdsl.ops.plan import Plan, Step, make_plan
 
 Runner = Callable[[Sequence[str], str | None], subprocess.CompletedProcess[str]]
@@ -30,11 +30,12 @@ _FAILED = re.compile(r"Command failed -:(\d+)")
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A command that failed: the command, what the tool said, the policy text it is for."""
+    """A command that failed: the command, what the tool said, the policy's command it is
+    (None: a cleanup no policy line asks for)."""
 
     command: str
     message: str
-    origin: str
+    origin: Command | None
 
 
 class ApplyFailed(Exception):

@@ -3,7 +3,6 @@ added to the ``tcdsl`` command group by :func:`register`."""
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -28,6 +27,7 @@ from tcdsl.ops.lifecycle import (
 )
 from tcdsl.ops.plan import Plan
 from tcdsl.ops.state import Store, valid_name
+from tcdsl.units import parse_seconds
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHANGES = 0, 1, 2, 4
 FAILED = "E601"
@@ -35,17 +35,13 @@ NO_DEVICE = "E602"
 NO_STATE = "E603"
 UNSUPPORTED = "E604"
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
-_ORIGIN = re.compile(r"(?P<file>.+):(?P<line>\d+):(?P<column>\d+): (?P<what>.*)")
-
 
 def parse_duration(text: str) -> float:
     """Seconds from ``60s``, ``2m``, ``500ms``, ``1h`` or a bare number of seconds."""
-    found = _DURATION.fullmatch(text.strip())
-    if found is None:
-        raise click.BadParameter(f"not a duration: {text!r} (say 60s, 2m, 500ms)")
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[found.group(2) or "s"]
-    return float(found.group(1)) * scale
+    try:
+        return parse_seconds(text.strip())
+    except ValueError:
+        raise click.BadParameter(f"not a duration: {text!r} (say 60s, 2m, 500ms)") from None
 
 
 def _store(name: str) -> Store:
@@ -81,14 +77,6 @@ def _fail(
     sys.exit(EXIT_FAILED)
 
 
-def _span(origin: str) -> Span | None:
-    found = _ORIGIN.fullmatch(origin)
-    if found is None:
-        return None
-    line, column = int(found.group("line")), int(found.group("column"))
-    return Span(found.group("file"), line, column, line, column + 1)
-
-
 def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
     f = e.failure
     then = (
@@ -96,9 +84,9 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
         if e.restored
         else "restoring the previous state failed too"
     )
-    what = _ORIGIN.fullmatch(f.origin)
-    name = what.group("what") if what else f.origin or "the change"
-    _fail(FAILED, f"{f.command!r} failed for {name}: {f.message}; {then}", _span(f.origin), sources)
+    name = f.origin.what if f.origin is not None else "the change"
+    span = f.origin.span if f.origin is not None else None
+    _fail(FAILED, f"{f.command!r} failed for {name}: {f.message}; {then}", span, sources)
 
 
 def _prepared(policy: str, name: str | None) -> Prepared:

@@ -154,3 +154,16 @@ def policy_objects(policy: ir.Policy) -> tuple[Obj, ...]:
 def by_key(objects: Iterable[Obj]) -> dict[Key, Obj]:
     """Objects by identity."""
     return {o.key: o for o in objects}
+
+
+def class_ids(policy: ir.Policy) -> dict[str, dict[str, ir.Handle]]:
+    """Every named class's id, by tree label and class name (the link class tcdsl makes for
+    ``interface eth0 htb rate ...`` left out)."""
+    out: dict[str, dict[str, ir.Handle]] = {}
+    for iface in policy.interfaces:
+        ids = out.setdefault(iface.label, {})
+        for q in ir.walk_qdiscs(iface.root):
+            for cls in ir.classes_of(q):
+                if cls.classid is not None and not cls.implicit and cls.name:
+                    ids.setdefault(cls.name, cls.classid)
+    return out

@@ -7,6 +7,7 @@ with the kernel (drift) and with the new policy (the plan), and the plan run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,10 +24,11 @@ from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
 from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
+from tcdsl.ops.desired import class_ids
 from tcdsl.ops.live import device_exists, drift, live_qdisc
 from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree
-from tcdsl.ops.state import Applied, Pending, Store, state_dir, valid_name
-from tcdsl.verify.expect import Requirement, expected_policy
+from tcdsl.ops.state import Applied, Pending, Store, state_dir, valid_name, write_json
+from tcdsl.verify.expect import Requirement, requirements
 from tcdsl.verify.runner import HostSupport, KernelUnavailable, host_support
 
 
@@ -47,8 +49,8 @@ def check_support(old: ir.Policy | None, new: ir.Policy) -> None:
     """Refuse (:class:`Unsupported`) when this host lacks a kernel feature or tool ``new``
     needs that ``old`` (live, so evidently there) did not: probed in a scratch namespace,
     as ``verify`` does."""
-    had = {r.feature for r in expected_policy(old).requirements} if old is not None else set()
-    fresh = [r for r in expected_policy(new).requirements if r.feature not in had]
+    had = {r.feature for r in requirements(old)} if old is not None else set()
+    fresh = [r for r in requirements(new) if r.feature not in had]
     if not fresh:
         return
     known = _probed()
@@ -99,14 +101,8 @@ def _remember_probe(host: HostSupport) -> None:
         "ifb": host.ifb,
         "ip6tables": host.ip6tables,
     }
-    path = _probe_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(data, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a cache: without it the next apply probes again
+    with contextlib.suppress(OSError):  # a cache: without it the next apply probes again
+        write_json(_probe_file(), data)
 
 
 @dataclass(slots=True)
@@ -140,11 +136,7 @@ def compile_applied(applied: Applied) -> ir.Policy:
 
 
 def _compile_applied(applied: Applied) -> ir.Policy:
-    pins = {
-        label: {name: _handle(text) for name, text in ids.items()}
-        for label, ids in applied.classids.items()
-    }
-    result = analyse(applied.path, loader=lambda p: applied.sources[p], pins=pins)
+    result = analyse(applied.path, loader=lambda p: applied.sources[p], pins=stored_pins(applied))
     if result.policy is None:
         raise OpsError(f"the saved policy {applied.path} (generation {applied.generation}) "
                        "no longer compiles")  # fmt: skip
@@ -156,25 +148,24 @@ def _handle(text: str) -> ir.Handle:
     return ir.Handle(int(major, 16), int(minor or "0", 16))
 
 
+def stored_pins(applied: Applied | None) -> Pins:
+    """The class ids a state record kept (those its policy was given), as pins."""
+    if applied is None:
+        return {}
+    return {
+        label: {name: _handle(text) for name, text in ids.items()}
+        for label, ids in applied.classids.items()
+    }
+
+
 def pins_of(policy: ir.Policy | None) -> Pins:
     """The class ids of a live policy, by tree label and class name, for the next one."""
-    if policy is None:
-        return {}
-    out: dict[str, dict[str, ir.Handle]] = {}
-    for iface in policy.interfaces:
-        ids = out.setdefault(iface.label, {})
-        for q in ir.walk_qdiscs(iface.root):
-            for cls in ir.classes_of(q):
-                if cls.classid is not None and not cls.implicit:
-                    ids.setdefault(cls.name, cls.classid)
-    return out
+    return class_ids(policy) if policy is not None else {}
 
 
 def compile_new(store: Store, path: str) -> Result:
     """``path`` compiled with the class ids of the policy live under ``store``'s name."""
-    applied = store.current()
-    old = compile_applied(applied) if applied is not None else None
-    return analyse(path, pins=pins_of(old))
+    return analyse(path, pins=stored_pins(store.current()))
 
 
 def live_pins(path: str, name: str | None = None) -> Pins:
@@ -183,11 +174,7 @@ def live_pins(path: str, name: str | None = None) -> Pins:
     state_name = policy_name(path, name)
     if not valid_name(state_name):
         return {}
-    applied = Store(state_name).current()
-    try:
-        return pins_of(compile_applied(applied)) if applied is not None else {}
-    except OpsError:
-        return {}
+    return stored_pins(Store(state_name).current())
 
 
 def _devices(policy: ir.Policy) -> tuple[str, ...]:

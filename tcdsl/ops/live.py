@@ -6,8 +6,9 @@ drift.
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic
@@ -22,9 +23,14 @@ from tcdsl.verify.readback import (
     parse_qdiscs,
 )
 
+_C = {**os.environ, "LC_ALL": "C"}
+"""tc's environment: its words in any locale."""
+
 
 def _tc(*args: str) -> str:
-    done = subprocess.run(["tc", *args], capture_output=True, text=True, check=False, timeout=120)
+    done = subprocess.run(
+        ["tc", *args], capture_output=True, text=True, check=False, timeout=120, env=_C
+    )
     return done.stdout if done.returncode == 0 else ""
 
 
@@ -46,8 +52,7 @@ def live_qdisc(device: str, where: str) -> str | None:
 
 
 def read_device(name: str) -> DeviceState:
-    """What tc shows for one device: qdiscs, classes, the filters of every parent (listed by
-    one ``tc -batch`` process, where a process per parent took seconds on big trees)."""
+    """What tc shows for one device: qdiscs, classes, the filters of every parent."""
     qdiscs, classes = (
         _tc("-d", "qdisc", "show", "dev", name),
         _tc("-d", "class", "show", "dev", name),
@@ -55,15 +60,28 @@ def read_device(name: str) -> DeviceState:
     device = DeviceState(name, parse_qdiscs(qdiscs), parse_classes(classes), text=qdiscs + classes)
     parents = [q.handle for q in device.qdiscs if q.handle != "0:"]
     parents += [c.classid for c in device.classes]
+    texts = [device.text]  # joined once: adding to a string per parent is quadratic
+    for parent, text in zip(parents, filter_listings(name, parents), strict=True):
+        texts.append(f"== filters of {parent}\n{text}")
+        filters = parse_filters(text)
+        if filters:
+            device.filters[parent] = filters
+    device.text = "".join(texts)
+    return device
+
+
+def filter_listings(name: str, parents: Sequence[str]) -> list[str]:
+    """``tc filter show dev NAME parent P`` for each of ``parents``, in order, listed by one
+    ``tc -batch`` process (a process per parent took seconds on big trees)."""
     if not parents:
-        return device
+        return []
     # Between two listings, 'qdisc show' of the device: its lines (as many as it has qdiscs)
     # start with "qdisc", which no filter listing's do, so the output splits there.
     mark = f"qdisc show dev {name}"
     count = sum(1 for line in _tc(*mark.split()).splitlines() if line.startswith("qdisc "))
     script = "".join(f"filter show dev {name} parent {p}\n{mark}\n" for p in parents)
     done = subprocess.run(
-        ["tc", "-batch", "-"], input=script, capture_output=True, text=True, check=False
+        ["tc", "-batch", "-"], input=script, capture_output=True, text=True, check=False, env=_C
     )
     listings: list[list[str]] = [[]]
     seen = 0
@@ -75,15 +93,8 @@ def read_device(name: str) -> DeviceState:
         if seen == count:
             listings.append([])
             seen = 0
-    texts = [device.text]  # joined once: adding to a string per parent is quadratic
-    for parent, lines in zip(parents, listings, strict=False):
-        text = "".join(lines)
-        texts.append(f"== filters of {parent}\n{text}")
-        filters = parse_filters(text)
-        if filters:
-            device.filters[parent] = filters
-    device.text = "".join(texts)
-    return device
+    listings += [[] for _ in range(len(parents) - len(listings))]  # tc stopped early
+    return ["".join(lines) for lines in listings[: len(parents)]]
 
 
 def _save(tool: str) -> str:

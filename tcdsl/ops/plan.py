@@ -35,9 +35,10 @@ from tcdsl.commands import (
 )
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
-from tcdsl.ops.desired import Key, Obj, by_key, tree_objects, word_after
+from tcdsl.ops.desired import Key, Obj, by_key, class_ids, tree_objects, word_after
 
 Sign = Literal["+", "~", "-", "!"]
+Tool = Literal["tc", "ip", "iptables", "ip6tables"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +58,12 @@ class Change:
 @dataclass(frozen=True, slots=True)
 class Step:
     """Commands run together: ``tc`` ones as one ``tc -batch`` (stopping at the first that
-    fails, when ``fatal``), others one by one. ``origins`` name each command's policy text."""
+    fails, when ``fatal``), others one by one. ``origins``: the command each one is (for its
+    policy text), None for a cleanup no policy line asks for."""
 
     tool: Literal["tc", "ip", "iptables", "ip6tables", "iptables-restore", "ip6tables-restore"]
     commands: tuple[tuple[str, ...], ...]
-    origins: tuple[str, ...]
+    origins: tuple[Command | None, ...]
     fatal: bool = True
     stdin: str | None = None
     """What a ``-restore`` step's one command reads."""
@@ -124,9 +126,19 @@ def _what(o: Obj) -> str:
             return f"device {o.dev}"
 
 
+def _step(tool: Tool, commands: Iterable[Command], fatal: bool = True) -> Step:
+    """The commands of ``tool`` among ``commands``, as one step."""
+    mine = [c for c in commands if c.tool == tool]
+    return Step(tool, tuple(c.args for c in mine), tuple(mine), fatal)
+
+
+def _cleanup(tool: Tool, commands: Sequence[tuple[str, ...]]) -> Step:
+    """Commands no policy line asks for (a teardown), whose failure is harmless."""
+    return Step(tool, tuple(commands), tuple(None for _ in commands), fatal=False)
+
+
 def _tc(commands: Iterable[Command]) -> Step:
-    cmds = [c for c in commands if c.tool == "tc"]
-    return Step("tc", tuple(c.args for c in cmds), tuple(c.origin for c in cmds))
+    return _step("tc", commands)
 
 
 def _subtree(objects: dict[Key, Obj], top: Obj) -> list[Obj]:
@@ -170,46 +182,30 @@ def _tree_rebuild(iface: ir.Interface, why: str, plan: Plan) -> None:
     """Tear ``iface``'s tree down and build it again, as the script would."""
     plan.changes.append(Change("!", f"tree {iface.label}: {why} (rebuild)", iface.root.span))
     commands = list(interface_commands(iface))
-    ip = [c for c in commands if c.tool == "ip"]
-    if ip:
-        plan.steps.append(Step("ip", tuple(c.args for c in ip), tuple(c.origin for c in ip), False))
+    if any(c.tool == "ip" for c in commands):
+        plan.steps.append(_step("ip", commands, fatal=False))  # an IFB that exists is fine
     if iface.marking is not None:
-        _chain_steps(iface, plan, chain_teardown(iface), fatal=False)
-    teardown = tuple(batch_teardown(iface))
-    tc = [c for c in commands if c.tool == "tc"]
-    plan.steps.append(
-        Step(
-            "tc",
-            (*teardown, *(c.args for c in tc)),
-            (*(f"teardown of {iface.label}" for _ in teardown), *(c.origin for c in tc)),
-        )
-    )
-    marks = [c for c in commands if c.tool in ("iptables", "ip6tables")]
-    for tool in ("iptables", "ip6tables"):
-        mine = [c for c in marks if c.tool == tool]
-        if mine:
-            plan.steps.append(
-                Step(tool, tuple(c.args for c in mine), tuple(c.origin for c in mine))
-            )
+        _cleanups(plan, chain_teardown(iface))
+    what = f"teardown of {iface.label}"
+    teardown = [Command("tc", c, iface.root.span, what) for c in batch_teardown(iface)]
+    plan.steps.append(_tc([*teardown, *commands]))
+    for tool in MARK_TOOL.values():
+        if any(c.tool == tool for c in commands):
+            plan.steps.append(_step(tool, commands))
 
 
-def _chain_steps(
-    iface: ir.Interface, plan: Plan, commands: Iterable[tuple[str, ...]], fatal: bool
-) -> None:
-    for tool in ("iptables", "ip6tables"):
-        mine = tuple(c[1:] for c in commands if c[0] == tool)
+def _cleanups(plan: Plan, commands: Sequence[tuple[str, ...]]) -> None:
+    """Cleanup steps for commands given as words, the tool first, one step per tool."""
+    for tool in ("tc", "ip", "iptables", "ip6tables"):
+        mine = [c[1:] for c in commands if c[0] == tool]
         if mine:
-            plan.steps.append(Step(tool, mine, tuple("" for _ in mine), fatal))
+            plan.steps.append(_cleanup(tool, mine))
 
 
 def remove_tree(iface: ir.Interface, plan: Plan) -> None:
     """Add the removal of ``iface``'s tree (its teardown and marking chains) to ``plan``."""
     plan.changes.append(Change("-", f"tree {iface.label}", iface.root.span))
-    removal = [*teardown_commands(iface), *(chain_teardown(iface) if iface.marking else ())]
-    for tool in ("tc", "ip", "iptables", "ip6tables"):
-        mine = tuple(c[1:] for c in removal if c[0] == tool)
-        if mine:
-            plan.steps.append(Step(tool, mine, tuple("" for _ in mine), fatal=False))
+    _cleanups(plan, [*teardown_commands(iface), *(chain_teardown(iface) if iface.marking else ())])
 
 
 def _jumps(o: Obj) -> list[tuple[str, ...]]:
@@ -222,8 +218,9 @@ def _marking_in_place(iface: ir.Interface, old: Obj, plan: Plan) -> None:
     in one ``iptables-restore --noflush`` (one commit: no packet sees it half-written)."""
     a = [" ".join(c.args) for c in old.commands if "-A" in c.args]
     b = [" ".join(c.args) for c in marking_commands(iface) if "-A" in c.args]
-    plan.changes.append(Change("~", f"marking of {iface.label}: {len(a)} -> {len(b)} rules",
-                               iface.marking.span if iface.marking else None))  # fmt: skip
+    assert iface.marking is not None
+    span = iface.marking.span
+    plan.changes.append(Change("~", f"marking of {iface.label}: {len(a)} -> {len(b)} rules", span))
     for family in mark_families(iface):
         # the jumps stay as they are (unchanged, and a restore file cannot delete them first)
         lines = [
@@ -233,7 +230,8 @@ def _marking_in_place(iface: ir.Interface, old: Obj, plan: Plan) -> None:
         tool: Literal["iptables-restore", "ip6tables-restore"] = (
             "iptables-restore" if MARK_TOOL[family] == "iptables" else "ip6tables-restore"
         )
-        plan.steps.append(Step(tool, (("--noflush",),), (f"marking of {iface.label}",), True, text))
+        origin = Command(MARK_TOOL[family], ("--noflush",), span, f"marking of {iface.label}")
+        plan.steps.append(Step(tool, (origin.args,), (origin,), True, text))
 
 
 def _why_rebuild(old: dict[Key, Obj], new: dict[Key, Obj]) -> str | None:
@@ -379,13 +377,8 @@ def _filter_changes(
 
 def _names(policy: ir.Policy | None) -> dict[str, str]:
     """Class id -> class name, every tree of ``policy``."""
-    out: dict[str, str] = {}
-    for iface in policy.interfaces if policy is not None else ():
-        for q in ir.walk_qdiscs(iface.root):
-            for cls in ir.classes_of(q):
-                if cls.classid is not None and cls.name:
-                    out.setdefault(str(cls.classid), cls.name)
-    return out
+    ids = class_ids(policy) if policy is not None else {}
+    return {str(h): name for tree in ids.values() for name, h in tree.items()}
 
 
 def _actions(
@@ -463,7 +456,7 @@ def make_plan(old: ir.Policy | None, new: ir.Policy, rebuild: Iterable[str] = ()
     if delete:
         plan.steps.append(_tc(delete))
     if gone:
-        plan.steps.append(Step("tc", tuple(gone), tuple("" for _ in gone), fatal=False))
+        plan.steps.append(_cleanup("tc", gone))
     for label, iface in olds.items():
         if label not in news:
             remove_tree(iface, plan)

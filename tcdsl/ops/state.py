@@ -90,7 +90,8 @@ class Pending:
     deadline: float
 
 
-def _write(path: Path, data: object) -> None:
+def write_json(path: Path, data: object) -> None:
+    """Write ``data`` as JSON whole: to a file beside ``path``, renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
@@ -137,7 +138,7 @@ class Store:
         kept = self.generations()
         number = (kept[-1] + 1) if kept else 1
         applied = Applied(number, path, sources, devices, time.time(), classids)
-        _write(self._applied() / f"{applied.generation}.json", applied.to_json())
+        write_json(self._applied() / f"{applied.generation}.json", applied.to_json())
         for old in kept[: max(0, len(kept) + 1 - KEEP)]:
             (self._applied() / f"{old}.json").unlink(missing_ok=True)
         self.finish()
@@ -148,7 +149,7 @@ class Store:
         """Note an apply under way (until :meth:`record` or :meth:`finish`): a later command
         that finds it knows the kernel may hold part of it."""
         applied = Applied(0, path, sources, devices, time.time(), classids)
-        _write(self.folder / "applying.json", applied.to_json())
+        write_json(self.folder / "applying.json", applied.to_json())
 
     def applying(self) -> Applied | None:
         """The apply a killed command left under way, if any (generation 0)."""
@@ -183,7 +184,7 @@ class Store:
         if pending is None:
             path.unlink(missing_ok=True)
             return
-        _write(path, {"generation": pending.generation, "previous": pending.previous,
+        write_json(path, {"generation": pending.generation, "previous": pending.previous,
                       "deadline": pending.deadline})  # fmt: skip
 
     def remove(self) -> None:

@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from tcdsl.ops.live import device_exists, filter_listings
 from tcdsl.verify.readback import (
     TcClass,
     TcFilter,
@@ -159,26 +160,6 @@ def _tc(*args: str) -> str:
     return done.stdout
 
 
-def device_exists(device: str) -> bool:
-    """Whether this network namespace has a device of that name."""
-    return os.path.exists(f"/sys/class/net/{device}") or _ip_link_ok(device)
-
-
-def _ip_link_ok(device: str) -> bool:
-    ip = shutil.which("ip")
-    if ip is None:
-        return False
-    done = subprocess.run(
-        [ip, "link", "show", "dev", device],
-        capture_output=True,
-        text=True,
-        timeout=TC_TIMEOUT,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
-    return done.returncode == 0
-
-
 def read_live(device: str) -> DeviceText:
     """What the kernel holds for ``device``: its qdiscs and classes (``tc -d``), and the
     filters of every qdisc and class, each line naming its parent. ReadError (E602) when
@@ -192,9 +173,10 @@ def read_live(device: str) -> DeviceText:
         if q.handle != "0:":
             parents.append(q.handle)
     parents += [c.classid for c in parse_classes(classes)]
+    unique = list(dict.fromkeys(parents))
     filters = "".join(
-        with_parent(p, _tc("filter", "show", "dev", device, "parent", p))
-        for p in dict.fromkeys(parents)
+        with_parent(p, text)
+        for p, text in zip(unique, filter_listings(device, unique), strict=True)
     )
     return DeviceText(device, f"tc:{device}", qdiscs + classes + filters)
 

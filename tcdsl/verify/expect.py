@@ -1196,7 +1196,8 @@ _QDISC_WORDS = {
 }
 
 
-def _requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
+def requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
+    """The kernel features and tools ``policy`` needs, each with the first text needing it."""
     found: dict[str, Requirement] = {}
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
@@ -1288,7 +1289,7 @@ def expected_policy(policy: ir.Policy, sources: Mapping[str, str] | None = None)
             )
             add(ExpectedInterface(d.interface, d.span, (ingress,), (), (redirect_filter(iface),)))
     interfaces = list(devices.values())
-    return ExpectedPolicy(policy.source, tuple(interfaces), _requirements(policy))
+    return ExpectedPolicy(policy.source, tuple(interfaces), requirements(policy))
 
 
 def approx_equal(shown: Value, want: Want) -> bool:
