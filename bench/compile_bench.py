@@ -36,8 +36,10 @@ PATH = "bench.tcp"
 TARGETS = {10_000: (1.5, 300.0), 50_000: (8.0, None)}  # classes: (seconds, MB)
 
 
-def policy(n: int) -> str:
-    """An htb policy with ``n`` leaf classes in groups of ``GROUP`` under parent classes."""
+def policy(n: int, pref_every: int | None = None) -> str:
+    """An htb policy with ``n`` leaf classes in groups of ``GROUP`` under parent classes;
+    with ``pref_every``, each run of that many match lines has a pref of its own (the kernel
+    keeps the order of at most 2,048 u32 filters at one pref)."""
     groups = (n + GROUP - 1) // GROUP
     group_kbit = GROUP * LEAF_KBIT
     lines = [
@@ -52,6 +54,8 @@ def policy(n: int) -> str:
             else:
                 match = f"match src 10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
             ceil = 4 * LEAF_KBIT
+            if pref_every:
+                match += f" pref {1 + i // pref_every}"
             lines.append(f"        class c{i} rate {LEAF_KBIT}kbit ceil {ceil}kbit {match}")
         lines.append("    }")
     lines.append("}")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -16,6 +14,20 @@ import click
 from tcdsl import __version__, ir
 from tcdsl.backend import BackendOptions
 from tcdsl.backends import BACKENDS
+from tcdsl.cliutil import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_POLICY,
+    EXIT_USAGE,
+    FORMAT,
+)
+from tcdsl.cliutil import access_options as _access_options
+from tcdsl.cliutil import format_option as _format_option
+from tcdsl.cliutil import policy_or_exit as _policy_or_exit
+from tcdsl.cliutil import summary as _summary
+from tcdsl.cliutil import visible as _visible
+from tcdsl.cliutil import writing as _writing
 from tcdsl.codes import RETIRED
 from tcdsl.diagnostics import Diagnostic, Severity, Span, render, render_json
 from tcdsl.driver import Result, analyse, compile_policy
@@ -29,14 +41,6 @@ from tcdsl.verify.verifier import APPLIERS
 if TYPE_CHECKING:  # the teaching tools load on use
     from tcdsl.teach.report import Run
     from tcdsl.teach.traffic import Flow
-
-EXIT_OK, EXIT_POLICY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
-EXIT_INTERRUPTED = 130
-
-
-def _visible(diagnostics: Sequence[Diagnostic], info: bool) -> list[Diagnostic]:
-    """The diagnostics to show: infos only with ``--info``."""
-    return [d for d in diagnostics if info or d.severity is not Severity.INFO]
 
 
 def _fails(diagnostics: Sequence[Diagnostic], werror: bool) -> bool:
@@ -52,26 +56,6 @@ def _report(result: Result, fmt: str, info: bool = False) -> None:
         click.echo(render(shown, result.sources), nl=False, err=True)
 
 
-def _summary(diagnostics: Sequence[Diagnostic]) -> str:
-    counts = (
-        (sum(d.is_error for d in diagnostics), "error"),
-        (sum(d.severity is Severity.WARNING for d in diagnostics), "warning"),
-        (sum(d.severity is Severity.INFO for d in diagnostics), "info"),
-    )
-    return ", ".join(f"{n} {word}{'s' * (n != 1)}" for n, word in counts if n)
-
-
-def _policy_or_exit(result: Result, what: str) -> ir.Policy:
-    """The checked policy of ``result``; if it has errors, print them as ``check`` does, say
-    that nothing was ``what`` (simulated, measured, ...) and exit 1."""
-    if result.policy is None:
-        shown = _visible(result.diagnostics, False)
-        click.echo(render(shown, result.sources), nl=False, err=True)
-        click.echo(f"tcdsl: {_summary(shown)}; nothing {what}", err=True)
-        sys.exit(EXIT_POLICY)
-    return result.policy
-
-
 def _check_interface(
     policy: ir.Policy, interface: str | None, direction: str | None = None
 ) -> None:
@@ -85,29 +69,6 @@ def _check_interface(
         select_tree(policy, interface, direction)
     except UnknownInterface as err:
         raise click.BadParameter(str(err), param_hint="'--interface'") from None
-
-
-@contextmanager
-def _writing(path: str | Path) -> Iterator[None]:
-    """Turn an OSError while writing ``path`` into a message and exit 1."""
-    try:
-        yield
-    except OSError as err:
-        click.echo(f"tcdsl: cannot write '{path}': {err.strerror or err}", err=True)
-        sys.exit(EXIT_POLICY)
-
-
-def _format_option(*choices: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    where = "SARIF on stdout, the others on stderr" if "sarif" in choices else "on stderr"
-    return click.option(
-        "--format",
-        "--diagnostics",
-        "fmt",
-        type=click.Choice(choices),
-        default="text",
-        show_default=True,
-        help=f"How to print diagnostics ({where}); --diagnostics is the old name.",
-    )
 
 
 def _disabled_codes(
@@ -139,34 +100,6 @@ def _kernel_target(
         raise click.BadParameter(str(err), ctx, param) from err
 
 
-def _access_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Add --include-path and --allow-include-anywhere; the command gets ``access``."""
-
-    @functools.wraps(command)
-    def wrapper(
-        *args: object, include_paths: tuple[str, ...], anywhere: bool, **kw: object
-    ) -> None:
-        command(*args, access=Access(include_paths, anywhere), **kw)
-
-    wrapper = click.option(
-        "--allow-include-anywhere",
-        "anywhere",
-        is_flag=True,
-        help="Let includes (and symlinks in a checked directory) read any regular file; do "
-        "not use on policies you do not trust.",
-    )(wrapper)
-    return click.option(
-        "--include-path",
-        "include_paths",
-        multiple=True,
-        metavar="DIR",
-        type=click.Path(file_okay=False),
-        help="Also let includes read files below DIR (repeatable). By default a policy's "
-        "includes stay below its own directory (or the directory being checked).",
-    )(wrapper)
-
-
-FORMAT = _format_option("text", "json")
 CHECK_FORMAT = _format_option("text", "json", "sarif")
 WERROR = click.option(
     "--werror", is_flag=True, help="Treat warnings as errors (exit 1); infos never fail."
@@ -662,67 +595,6 @@ def _flow_specs(
     return flows
 
 
-@cli.command(
-    "import",
-    epilog="Examples:\n\n\b\n  sudo tcdsl import -i eth0 > eth0.tcp\n"
-    "  tcdsl import -i eth0 --from saved.txt -o eth0.tcp\n\n"
-    "Save the text on the router with:\n\n\b\n"
-    "  { tc -d qdisc show dev eth0; tc -d class show dev eth0;\n"
-    "    tc filter show dev eth0; tc filter show dev eth0 parent ffff:; } > saved.txt\n\n"
-    "What the language cannot say is a warning (W610-W619) at the line of tc's text and a "
-    "comment in the policy. Exit 0 when a policy was written (warnings allowed), 1 when "
-    "nothing could be imported.",
-)
-@click.option(
-    "-i", "--interface", required=True, help="The interface whose configuration to import."
-)
-@click.option(
-    "--from",
-    "from_file",
-    type=click.Path(dir_okay=False, allow_dash=False),
-    help="Read the saved output of tc's qdisc, class and filter show for the interface "
-    "instead of the live kernel (docs/operations.md, 'import').",
-)
-@click.option(
-    "-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout."
-)
-@FORMAT
-def import_command(interface: str, from_file: str | None, output: str | None, fmt: str) -> None:
-    """Write a policy that builds the traffic-control state of INTERFACE (live, or saved with
-    --from): qdiscs with their handles, classes by id, filters as match lines."""
-    from tcdsl.ops.importer import ImportResult, import_policy
-    from tcdsl.ops.tctext import DeviceText, ReadError, read_file, read_live
-
-    def read_other(device: str) -> DeviceText | None:
-        try:
-            return read_live(device)
-        except ReadError:
-            return None
-
-    try:
-        if from_file is not None:
-            result = import_policy(read_file(from_file, interface))
-        else:
-            result = import_policy(read_live(interface), read_other)
-    except ReadError as err:
-        where = from_file if from_file is not None else f"tc:{interface}"
-        diagnostic = Diagnostic.error(err.code, err.message, Span(where, 1, 1, 1, 1))
-        result = ImportResult(None, [diagnostic], {})
-    if fmt == "json":
-        click.echo(render_json(result.diagnostics), nl=False, err=True)
-    elif result.diagnostics:
-        click.echo(render(result.diagnostics, result.sources), nl=False, err=True)
-    if result.policy is None:
-        if fmt == "text":
-            click.echo(f"tcdsl: {_summary(result.diagnostics)}; nothing imported", err=True)
-        sys.exit(EXIT_POLICY)
-    if output is None:
-        click.echo(result.policy, nl=False)
-        return
-    with _writing(output):
-        Path(output).write_text(result.policy, encoding="utf-8")
-
-
 def _unit_option(kind: str) -> Callable[..., int | None]:
     """A click callback reading a time (microseconds) or a rate (bits/s) as tc does."""
 
@@ -955,169 +827,6 @@ def _live_operations() -> None:
 
 
 _live_operations()
-
-
-def _replace_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (a reader such as node_exporter's textfile
-    collector sees the old file or the new one, never a part)."""
-    target = Path(path)
-    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    with _writing(path):
-        try:
-            temp.write_text(text, encoding="utf-8")
-            os.replace(temp, target)
-        finally:
-            temp.unlink(missing_ok=True)
-
-
-def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    """A duration for status: a time with a unit (``500ms``, ``2s``) or bare seconds (``0.2``,
-    as watch(1) takes them)."""
-    from tcdsl.units import parse_seconds
-
-    if value is None:
-        return None
-    try:
-        seconds = parse_seconds(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a value with a unit", ctx, param) from None
-    if seconds <= 0:
-        raise click.BadParameter(f"{value!r} must be above 0", ctx, param)
-    return seconds
-
-
-@cli.command(
-    "status",
-    epilog="Examples:\n\n\b\n"
-    "  sudo tcdsl status office.tcp\n"
-    "  sudo tcdsl status -i eth0 --watch 2s\n"
-    "  sudo tcdsl status office.tcp --format json --watch 1s --count 60 > samples.jsonl\n"
-    "  sudo tcdsl status office.tcp --format prometheus --watch 15s "
-    "-o /var/lib/node_exporter/textfile/tcdsl.prom\n\n"
-    "Each sample reads the kernel's counters twice, --interval apart, for the rate now; the "
-    "average is over the whole session. docs/operations.md describes the columns, JSON keys "
-    "and metrics. Exit 0 (also when Ctrl-C ends --watch), 1 when the policy has errors or a "
-    "device does not exist (E602), 2 on usage errors.",
-)
-@click.argument("policy", required=False, type=click.Path(dir_okay=False))
-@click.option(
-    "-i",
-    "--interface",
-    "interfaces",
-    multiple=True,
-    metavar="IFACE",
-    help="The device to show (repeatable): without POLICY, its kernel tree with tc's ids; with "
-    "POLICY, only the policy's trees on it.",
-)
-@click.option(
-    "--watch",
-    "every",
-    is_flag=False,
-    flag_value="1s",
-    callback=_seconds,
-    metavar="INTERVAL",
-    help="Show a new sample every INTERVAL (1s when not given) until Ctrl-C or --count.",
-)
-@click.option(
-    "--count",
-    type=click.IntRange(min=1),
-    help="Stop after this many samples  [default: 1 without --watch]",
-)
-@click.option(
-    "--interval",
-    callback=_seconds,
-    metavar="INTERVAL",
-    help="Time between a sample's two readings (500ms, 2s, or seconds: 0.5)  [default: the "
-    "--watch interval, else 1s]",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json", "prometheus"]),
-    default="text",
-    show_default=True,
-    help="A table with load bars, one JSON object per sample and line, or Prometheus text.",
-)
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(dir_okay=False),
-    help="Write each sample to this file, replacing it atomically, instead of stdout.",
-)
-@_access_options
-def status_command(
-    policy: str | None,
-    interfaces: tuple[str, ...],
-    every: float | None,
-    count: int | None,
-    interval: float | None,
-    fmt: str,
-    output: str | None,
-    access: Access,
-) -> None:
-    """Show the live traffic-control tree by POLICY's class names (or, with -i and no
-    POLICY, the kernel's tree by tc's ids): rate now and average against each class's rate
-    and ceil, packets, bytes, drops, overlimits, backlog, htb's lending and tokens, and the
-    flow statistics of sfq, fq_codel and cake leaves."""
-    import shutil
-
-    from tcdsl.ops import status as st
-    from tcdsl.ops.counters import CountersError, NoSuchDevice
-
-    checked: ir.Policy | None = None
-    sources: dict[str, str] = {}
-    devices = list(dict.fromkeys(interfaces))
-    if policy is not None:
-        from tcdsl.ops.lifecycle import live_pins
-
-        # the class ids 'tcdsl apply' gave the policy live under its name, if it is
-        result = analyse(policy, access=access, pins=live_pins(policy))
-        checked = _policy_or_exit(result, "shown")
-        sources = result.sources
-        names = {n for iface in checked.interfaces for n in (iface.name, iface.interface)}
-        unknown = [name for name in devices if name not in names]
-        if unknown:
-            raise click.BadParameter(
-                f"the policy has no tree on '{unknown[0]}'", param_hint="'--interface'"
-            )
-        devices = st.devices_of(checked, devices)
-    elif not devices:
-        raise click.UsageError("give a POLICY, or a device with -i IFACE")
-    seconds = interval or every or 1.0
-    samples = count if count is not None else (None if every is not None else 1)
-    tty = output is None and sys.stdout.isatty()
-    width = shutil.get_terminal_size().columns if tty else st.WIDTH
-    utf8 = tty and (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
-    try:
-        for n, readings in enumerate(st.watch(devices, seconds, samples)):
-            report = st.build(checked, devices, *readings, source=policy)
-            if fmt == "json":
-                text = st.render_json(report)
-            elif fmt == "prometheus":
-                text = st.render_prometheus(report)
-            else:
-                text = st.render_text(report, width, utf8)
-            if output is not None:
-                _replace_file(output, text)
-                continue
-            if fmt == "text":
-                if tty and every is not None:
-                    click.clear()
-                elif n:
-                    click.echo()
-            click.echo(text, nl=False)
-    except NoSuchDevice as err:
-        found = st.missing_device(checked, err)
-        if found is not None:
-            click.echo(render([found], sources), nl=False, err=True)
-        else:
-            click.echo(f"tcdsl: error: {err} [{st.MISSING_DEVICE}]", err=True)
-        sys.exit(EXIT_POLICY)
-    except CountersError as err:
-        click.echo(f"tcdsl: cannot read the kernel's counters: {err}", err=True)
-        sys.exit(EXIT_POLICY)
-    except KeyboardInterrupt:
-        sys.exit(EXIT_OK)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ Prints one JSON object: {"edits": N, "in_place": N, "rebuilds": N, "problems": [
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import socket
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tcdsl.ops.lifecycle import apply, compile_new, down, prepare
-from tcdsl.ops.state import Store
+from tcdsl.ops.state import STATE_DIR_VARIABLE, Store
 from tcdsl.verify.compare import compare_state
 from tcdsl.verify.expect import expected_policy
 from tcdsl.verify.readback import KernelState
@@ -203,6 +204,7 @@ def live(devices: list[str]) -> KernelState:
 
 def main(argv: list[str]) -> int:
     seed, chains, edits, state = int(argv[0]), int(argv[1]), int(argv[2]), Path(argv[3])
+    os.environ[STATE_DIR_VARIABLE] = str(state)  # the kernel probe's cache too
     rng = random.Random(seed)
     serial = [0]
     problems: list[str] = []

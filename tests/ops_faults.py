@@ -16,6 +16,7 @@ Prints one JSON object: {"kills": N, "problems": [...]}.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 from tcdsl import ir
 from tcdsl.ops.apply import run_command
 from tcdsl.ops.lifecycle import apply, prepare, rollback
-from tcdsl.ops.state import Store
+from tcdsl.ops.state import STATE_DIR_VARIABLE, Store
 from tcdsl.verify.compare import compare_state
 from tcdsl.verify.expect import expected_policy
 from tests.ops_edits import DEV, _policy, devices, down, edit, live, random_policy
@@ -66,6 +67,7 @@ def _differs(policy: ir.Policy) -> list[str]:
 
 def main(argv: list[str]) -> int:
     seed, pairs, state = int(argv[0]), int(argv[1]), Path(argv[2])
+    os.environ[STATE_DIR_VARIABLE] = str(state)  # the kernel probe's cache too
     rng = random.Random(seed)
     serial = [0]
     problems: list[str] = []

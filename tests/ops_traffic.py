@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import socket
 import subprocess
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 from tcdsl.ops.lifecycle import apply, compile_new, prepare
-from tcdsl.ops.state import Store
+from tcdsl.ops.state import STATE_DIR_VARIABLE, Store
 
 DEV = "d0"
 VOIP = "    class voip rate 1mbit ceil 2mbit match dport 5001 {\n        pfifo limit 30\n    }\n"
@@ -93,6 +94,7 @@ _CLASS = re.compile(r"class htb (\S+) .*\n Sent (\d+) bytes")
 
 def main(argv: list[str]) -> int:
     state, seconds = Path(argv[0]), float(argv[1])
+    os.environ[STATE_DIR_VARIABLE] = str(state)  # the kernel probe's cache too
     store = Store("traffic", state)
     path = state / "traffic.tcp"
     path.write_text(version(0), encoding="utf-8")

@@ -19,8 +19,9 @@ import pytest
 from tcdsl import ir
 from tcdsl.allocate import Pins
 from tcdsl.driver import analyse
+from tcdsl.ops.desired import trees_from_json, trees_json, trees_of
 from tcdsl.ops.lifecycle import pins_of
-from tcdsl.ops.plan import make_plan
+from tcdsl.ops.plan import Plan, make_plan
 from tcdsl.verify.runner import HostSupport
 from tests.test_apply import host, make_netns, run
 
@@ -245,20 +246,29 @@ def test_plan_words(tmp_path: Path) -> None:
     """Without a kernel: what the plan says for changes in place and for a rebuild."""
     old = _policy(tmp_path, "a.tcp", A)
     # without the live ids, 'guest' before 'bulk' would take bulk's id and move the default
-    unpinned = make_plan(old, _policy(tmp_path, "b.tcp", B)).render()
+    unpinned = _plan(old, _policy(tmp_path, "b.tcp", B)).render()
     assert unpinned.startswith("! tree d0: htb root cannot change in place (default 30 -> 40)")
     new = _policy(tmp_path, "b.tcp", B, pins_of(old))
-    text = make_plan(old, new).render()
+    text = _plan(old, new).render()
     assert "~ class voip: rate 2mbit -> 4mbit" in text and "+ class guest" in text, text
     assert "+ filter guest (match ip src 10.9.0.0/16)" in text, text
     assert "! " not in text, text
-    moved = make_plan(old, _policy(tmp_path, "d.tcp", A.replace("80, 443", "80, 8080"))).render()
+    moved = _plan(old, _policy(tmp_path, "d.tcp", A.replace("80, 443", "80, 8080"))).render()
     assert "- filter web (match ip dport 443 0xffff)" in moved, moved
     assert "+ filter web (match ip dport 8080 0xffff)" in moved, moved
     rebuilt = _policy(tmp_path, "c.tcp", A.replace("default bulk", "default web"))
-    text = make_plan(old, rebuilt).render()
+    text = _plan(old, rebuilt).render()
     assert text.startswith("! tree d0: htb root cannot change in place (default 30 -> 20)"), text
-    assert make_plan(old, old).render() == "no changes\n"
+    assert _plan(old, old).render() == "no changes\n"
+    # what an apply records of the old policy plans as the old policy compiled again does
+    recorded = trees_from_json(json.loads(json.dumps(trees_json(trees_of(old)))))
+    assert recorded is not None
+    assert make_plan(recorded, trees_of(new)).render() == _plan(old, new).render()
+    assert trees_from_json({"format": 0, "trees": []}) is None
+
+
+def _plan(old: ir.Policy, new: ir.Policy) -> Plan:
+    return make_plan(trees_of(old), trees_of(new))
 
 
 def _policy(folder: Path, name: str, text: str, pins: Pins | None = None) -> ir.Policy:
@@ -395,13 +405,15 @@ import sys
 from tcdsl.driver import analyse
 from tcdsl.commands import interface_commands
 from tcdsl.ops.apply import run_step
-from tcdsl.ops.plan import make_plan
+from tcdsl.ops.desired import trees_from_json, trees_json, trees_of
+from tcdsl.ops.plan import Plan, make_plan
+from tcdsl.ops.desired import trees_of
 import subprocess
 a, b = (analyse(p).policy for p in sys.argv[1:3])
 for c in interface_commands(a.interfaces[0]):
     if c.tool in ("iptables", "ip6tables"):
         subprocess.run([c.tool, *c.args], check=True)
-plan = make_plan(a, b)
+plan = make_plan(trees_of(a), trees_of(b))
 print("\\n".join(c.render() for c in plan.changes))
 for step in plan.steps:
     if step.tool.endswith("-restore"):

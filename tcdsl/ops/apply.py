@@ -10,9 +10,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tcdsl import ir
 from tcdsl.commands import Command, batch_quote
-from tcdsl.ops.plan import Plan, Step, make_plan
+from tcdsl.ops.plan import Plan, Step
 
 Runner = Callable[[Sequence[str], str | None], subprocess.CompletedProcess[str]]
 """Runs a command (argv, stdin text) and returns how it went; tests wrap it to fail on cue."""
@@ -76,26 +75,11 @@ def run_plan(plan: Plan, runner: Runner = run_command) -> Failure | None:
     return None
 
 
-def apply_policy(
-    old: ir.Policy | None, new: ir.Policy, plan: Plan, runner: Runner = run_command
-) -> None:
-    """Run ``plan`` (from ``old`` to ``new``); on a failure, build ``old`` again (or remove
-    ``new``'s trees when there was no ``old``) and raise :class:`ApplyFailed`."""
+def apply_policy(plan: Plan, restore: Callable[[], Plan], runner: Runner = run_command) -> None:
+    """Run ``plan``; on a failure, run the plan ``restore`` makes (the old policy built
+    again) and raise :class:`ApplyFailed`."""
     failure = run_plan(plan, runner)
     if failure is None:
         return
-    if old is not None:
-        restore = make_plan(None, old)
-        # every tree of the old policy, built again; the new policy's other trees removed
-        extra = make_plan(new, old)
-        restore.steps += [s for s in extra.steps if not s.fatal]
-    else:
-        restore = make_plan(new, _empty(new))
-    restored = run_plan(restore, run_command if runner is run_command else runner) is None
+    restored = run_plan(restore(), run_command if runner is run_command else runner) is None
     raise ApplyFailed(failure, restored)
-
-
-def _empty(policy: ir.Policy) -> ir.Policy:
-    import dataclasses
-
-    return dataclasses.replace(policy, interfaces=())

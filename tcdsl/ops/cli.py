@@ -1,16 +1,20 @@
-"""The live operations' commands (``plan``, ``apply``, ``confirm``, ``rollback``, ``down``),
-added to the ``tcdsl`` command group by :func:`register`."""
+"""The live operations' commands (``plan``, ``apply``, ``confirm``, ``rollback``, ``down``,
+``status``, ``import``), added to the ``tcdsl`` command group by :func:`register`."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
 import click
 
-from tcdsl.diagnostics import Diagnostic, Span, render
-from tcdsl.driver import Result
+from tcdsl import ir
+from tcdsl.cliutil import EXIT_POLICY, FORMAT, access_options, policy_or_exit, summary, writing
+from tcdsl.diagnostics import Diagnostic, Span, render, render_json
+from tcdsl.driver import Result, analyse
+from tcdsl.frontend.source import Access
 from tcdsl.ops.apply import ApplyFailed
 from tcdsl.ops.lifecycle import (
     OpsError,
@@ -225,7 +229,239 @@ def down_command(name: str | None, interface: str | None) -> None:
     _print(plan)
 
 
+@click.command(
+    "import",
+    epilog="Examples:\n\n\b\n  sudo tcdsl import -i eth0 > eth0.tcp\n"
+    "  tcdsl import -i eth0 --from saved.txt -o eth0.tcp\n\n"
+    "Save the text on the router with:\n\n\b\n"
+    "  { tc -d qdisc show dev eth0; tc -d class show dev eth0;\n"
+    "    tc filter show dev eth0; tc filter show dev eth0 parent ffff:; } > saved.txt\n\n"
+    "What the language cannot say is a warning (W610-W619) at the line of tc's text and a "
+    "comment in the policy. Exit 0 when a policy was written (warnings allowed), 1 when "
+    "nothing could be imported.",
+)
+@click.option(
+    "-i", "--interface", required=True, help="The interface whose configuration to import."
+)
+@click.option(
+    "--from",
+    "from_file",
+    type=click.Path(dir_okay=False, allow_dash=False),
+    help="Read the saved output of tc's qdisc, class and filter show for the interface "
+    "instead of the live kernel (docs/operations.md, 'import').",
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout."
+)
+@FORMAT
+def import_command(interface: str, from_file: str | None, output: str | None, fmt: str) -> None:
+    """Write a policy that builds the traffic-control state of INTERFACE (live, or saved with
+    --from): qdiscs with their handles, classes by id, filters as match lines."""
+    from tcdsl.ops.importer import ImportResult, import_policy
+    from tcdsl.ops.tctext import DeviceText, ReadError, read_file, read_live
+
+    def read_other(device: str) -> DeviceText | None:
+        try:
+            return read_live(device)
+        except ReadError:
+            return None
+
+    try:
+        if from_file is not None:
+            result = import_policy(read_file(from_file, interface))
+        else:
+            result = import_policy(read_live(interface), read_other)
+    except ReadError as err:
+        where = from_file if from_file is not None else f"tc:{interface}"
+        diagnostic = Diagnostic.error(err.code, err.message, Span(where, 1, 1, 1, 1))
+        result = ImportResult(None, [diagnostic], {})
+    if fmt == "json":
+        click.echo(render_json(result.diagnostics), nl=False, err=True)
+    elif result.diagnostics:
+        click.echo(render(result.diagnostics, result.sources), nl=False, err=True)
+    if result.policy is None:
+        if fmt == "text":
+            click.echo(f"tcdsl: {summary(result.diagnostics)}; nothing imported", err=True)
+        sys.exit(EXIT_POLICY)
+    if output is None:
+        click.echo(result.policy, nl=False)
+        return
+    with writing(output):
+        Path(output).write_text(result.policy, encoding="utf-8")
+
+
+def _replace_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a reader such as node_exporter's textfile
+    collector sees the old file or the new one, never a part)."""
+    target = Path(path)
+    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with writing(path):
+        try:
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+
+
+def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """A duration for status: a time with a unit (``500ms``, ``2s``) or bare seconds (``0.2``,
+    as watch(1) takes them)."""
+    from tcdsl.units import parse_seconds
+
+    if value is None:
+        return None
+    try:
+        seconds = parse_seconds(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a value with a unit", ctx, param) from None
+    if seconds <= 0:
+        raise click.BadParameter(f"{value!r} must be above 0", ctx, param)
+    return seconds
+
+
+@click.command(
+    "status",
+    epilog="Examples:\n\n\b\n"
+    "  sudo tcdsl status office.tcp\n"
+    "  sudo tcdsl status -i eth0 --watch 2s\n"
+    "  sudo tcdsl status office.tcp --format json --watch 1s --count 60 > samples.jsonl\n"
+    "  sudo tcdsl status office.tcp --format prometheus --watch 15s "
+    "-o /var/lib/node_exporter/textfile/tcdsl.prom\n\n"
+    "Each sample reads the kernel's counters twice, --interval apart, for the rate now; the "
+    "average is over the whole session. docs/operations.md describes the columns, JSON keys "
+    "and metrics. Exit 0 (also when Ctrl-C ends --watch), 1 when the policy has errors or a "
+    "device does not exist (E602), 2 on usage errors.",
+)
+@click.argument("policy", required=False, type=click.Path(dir_okay=False))
+@click.option(
+    "-i",
+    "--interface",
+    "interfaces",
+    multiple=True,
+    metavar="IFACE",
+    help="The device to show (repeatable): without POLICY, its kernel tree with tc's ids; with "
+    "POLICY, only the policy's trees on it.",
+)
+@click.option(
+    "--watch",
+    "every",
+    is_flag=False,
+    flag_value="1s",
+    callback=_seconds,
+    metavar="INTERVAL",
+    help="Show a new sample every INTERVAL (1s when not given) until Ctrl-C or --count.",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    help="Stop after this many samples  [default: 1 without --watch]",
+)
+@click.option(
+    "--interval",
+    callback=_seconds,
+    metavar="INTERVAL",
+    help="Time between a sample's two readings (500ms, 2s, or seconds: 0.5)  [default: the "
+    "--watch interval, else 1s]",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "prometheus"]),
+    default="text",
+    show_default=True,
+    help="A table with load bars, one JSON object per sample and line, or Prometheus text.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Write each sample to this file, replacing it atomically, instead of stdout.",
+)
+@access_options
+def status_command(
+    policy: str | None,
+    interfaces: tuple[str, ...],
+    every: float | None,
+    count: int | None,
+    interval: float | None,
+    fmt: str,
+    output: str | None,
+    access: Access,
+) -> None:
+    """Show the live traffic-control tree by POLICY's class names (or, with -i and no
+    POLICY, the kernel's tree by tc's ids): rate now and average against each class's rate
+    and ceil, packets, bytes, drops, overlimits, backlog, htb's lending and tokens, and the
+    flow statistics of sfq, fq_codel and cake leaves."""
+    import shutil
+
+    from tcdsl.ops import status as st
+    from tcdsl.ops.counters import CountersError, NoSuchDevice
+
+    checked: ir.Policy | None = None
+    sources: dict[str, str] = {}
+    devices = list(dict.fromkeys(interfaces))
+    if policy is not None:
+        from tcdsl.ops.lifecycle import live_pins
+
+        # the class ids 'tcdsl apply' gave the policy live under its name, if it is
+        result = analyse(policy, access=access, pins=live_pins(policy))
+        checked = policy_or_exit(result, "shown")
+        sources = result.sources
+        names = {n for iface in checked.interfaces for n in (iface.name, iface.interface)}
+        unknown = [name for name in devices if name not in names]
+        if unknown:
+            raise click.BadParameter(
+                f"the policy has no tree on '{unknown[0]}'", param_hint="'--interface'"
+            )
+        devices = st.devices_of(checked, devices)
+    elif not devices:
+        raise click.UsageError("give a POLICY, or a device with -i IFACE")
+    seconds = interval or every or 1.0
+    samples = count if count is not None else (None if every is not None else 1)
+    tty = output is None and sys.stdout.isatty()
+    width = shutil.get_terminal_size().columns if tty else st.WIDTH
+    utf8 = tty and (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
+    try:
+        for n, readings in enumerate(st.watch(devices, seconds, samples)):
+            report = st.build(checked, devices, *readings, source=policy)
+            if fmt == "json":
+                text = st.render_json(report)
+            elif fmt == "prometheus":
+                text = st.render_prometheus(report)
+            else:
+                text = st.render_text(report, width, utf8)
+            if output is not None:
+                _replace_file(output, text)
+                continue
+            if fmt == "text":
+                if tty and every is not None:
+                    click.clear()
+                elif n:
+                    click.echo()
+            click.echo(text, nl=False)
+    except NoSuchDevice as err:
+        found = st.missing_device(checked, err)
+        if found is not None:
+            click.echo(render([found], sources), nl=False, err=True)
+        else:
+            click.echo(f"tcdsl: error: {err} [{st.MISSING_DEVICE}]", err=True)
+        sys.exit(EXIT_POLICY)
+    except CountersError as err:
+        click.echo(f"tcdsl: cannot read the kernel's counters: {err}", err=True)
+        sys.exit(EXIT_POLICY)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_OK)
+
+
 def register(group: click.Group) -> None:
     """Add the commands to the ``tcdsl`` group."""
-    for command in (plan_command, apply_command, confirm_command, rollback_command, down_command):
+    for command in (
+        plan_command,
+        apply_command,
+        confirm_command,
+        rollback_command,
+        down_command,
+        status_command,
+        import_command,
+    ):
         group.add_command(command)

@@ -10,12 +10,12 @@ one classifier instance per pref, and its filters in creation order), a shared p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from tcdsl import ir
-from tcdsl.commands import Command, interface_commands
+from tcdsl.commands import Command, chain_teardown, interface_commands, teardown_commands
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.qdiscs import QDISC_PARAMS
 
@@ -167,3 +167,105 @@ def class_ids(policy: ir.Policy) -> dict[str, dict[str, ir.Handle]]:
                 if cls.classid is not None and not cls.implicit and cls.name:
                     ids.setdefault(cls.name, cls.classid)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """One tree of a policy as the live operations see it: its objects, its class names, the
+    commands that remove it; and its IR when it was compiled here (None when it was read
+    from the state, which records what an apply built)."""
+
+    label: str
+    span: Span
+    objects: tuple[Obj, ...]
+    names: Mapping[str, str]
+    """Class id (``1:10``) -> the policy's name for the class."""
+    removal: tuple[tuple[str, ...], ...]
+    """The commands that remove it, the tool first (each may fail harmlessly)."""
+    iface: ir.Interface | None = None
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices its objects are on, in order of first use."""
+        return tuple(dict.fromkeys(o.dev for o in self.objects if o.dev))
+
+
+def trees_of(policy: ir.Policy | None) -> tuple[Tree, ...]:
+    """The trees of a compiled policy (none for None)."""
+    if policy is None:
+        return ()
+    ids = class_ids(policy)
+    return tuple(
+        Tree(
+            iface.label,
+            iface.root.span,
+            tuple(tree_objects(iface)),
+            {str(h): name for name, h in ids.get(iface.label, {}).items()},
+            (*teardown_commands(iface), *(chain_teardown(iface) if iface.marking else ())),
+            iface,
+        )
+        for iface in policy.interfaces
+    )
+
+
+TREES_FORMAT = 1
+"""The version of :func:`trees_json`'s layout (a record of another is compiled again)."""
+
+
+def trees_json(trees: Sequence[Tree]) -> dict[str, Any]:
+    """Trees as JSON (their IR left out), for the state."""
+
+    def span(s: Span) -> list[object]:
+        return [s.file, s.line, s.column, s.end_line, s.end_column]
+
+    return {
+        "format": TREES_FORMAT,
+        "trees": [
+            {
+                "label": t.label,
+                "span": span(t.span),
+                "names": dict(t.names),
+                "removal": [list(c) for c in t.removal],
+                "objects": [
+                    [
+                        list(o.key),
+                        [[c.tool, list(c.args), span(c.span), c.what] for c in o.commands],
+                    ]
+                    for o in t.objects
+                ],
+            }
+            for t in trees
+        ],
+    }
+
+
+def trees_from_json(data: Mapping[str, Any]) -> tuple[Tree, ...] | None:
+    """Trees read back from :func:`trees_json`; None for another format."""
+    if data.get("format") != TREES_FORMAT:
+        return None
+    spans: dict[tuple[object, ...], Span] = {}
+
+    def span(words: list[Any]) -> Span:
+        key = tuple(words)
+        if key not in spans:
+            spans[key] = Span(str(words[0]), *(int(w) for w in words[1:]))
+        return spans[key]
+
+    out = []
+    for t in data["trees"]:
+        label = str(t["label"])
+        objects = tuple(
+            Obj(
+                tuple(key),
+                label,
+                tuple(
+                    Command(tool, tuple(args), span(where), what)
+                    for tool, args, where, what in commands
+                ),
+            )
+            for key, commands in t["objects"]
+        )
+        names = {str(k): str(v) for k, v in t["names"].items()}
+        removal = tuple(tuple(str(w) for w in c) for c in t["removal"])
+        out.append(Tree(label, span(t["span"]), objects, names, removal))
+    return tuple(out)

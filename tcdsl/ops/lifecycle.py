@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -24,9 +25,9 @@ from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
 from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
-from tcdsl.ops.desired import class_ids
-from tcdsl.ops.live import device_exists, drift, live_qdisc
-from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree
+from tcdsl.ops.desired import Tree, class_ids, trees_from_json, trees_json, trees_of
+from tcdsl.ops.live import device_exists, drift, fingerprint, live_qdisc
+from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree, restore_plan
 from tcdsl.ops.state import Applied, Pending, Store, state_dir, valid_name, write_json
 from tcdsl.verify.expect import Requirement, requirements
 from tcdsl.verify.runner import HostSupport, KernelUnavailable, host_support
@@ -45,11 +46,11 @@ class Unsupported(OpsError):
         self.lacking = lacking
 
 
-def check_support(old: ir.Policy | None, new: ir.Policy) -> None:
+def check_support(had: Iterable[str], new: ir.Policy) -> None:
     """Refuse (:class:`Unsupported`) when this host lacks a kernel feature or tool ``new``
-    needs that ``old`` (live, so evidently there) did not: probed in a scratch namespace,
-    as ``verify`` does."""
-    had = {r.feature for r in requirements(old)} if old is not None else set()
+    needs that the live policy (whose features are ``had``: evidently there) did not:
+    probed in a scratch namespace, as ``verify`` does."""
+    had = set(had)
     fresh = [r for r in requirements(new) if r.feature not in had]
     if not fresh:
         return
@@ -107,14 +108,77 @@ def _remember_probe(host: HostSupport) -> None:
 
 @dataclass(slots=True)
 class Prepared:
-    """A compiled new policy, the one live now, and the plan between them."""
+    """A compiled new policy, the one live now (its record, what it built), and the plan
+    between them."""
 
     store: Store
     new: ir.Policy | None
     result: Result | None
-    old: ir.Policy | None
     applied: Applied | None
+    live: Live
     plan: Plan
+    new_trees: tuple[Tree, ...] = ()
+
+    @property
+    def old(self) -> ir.Policy | None:
+        """The live policy compiled again (only where its IR is needed: a restore)."""
+        return compile_applied(self.applied) if self.applied is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """What the live policy built, as its apply recorded it (or as compiling its text
+    again gives it, for a record without), and the kernel features it uses."""
+
+    trees: tuple[Tree, ...]
+    features: frozenset[str]
+    kernel: Mapping[str, str] | None
+    """The kernel's digest (:func:`fingerprint`) right after it was applied."""
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices its trees are on."""
+        return tuple(dict.fromkeys(d for t in self.trees for d in t.devices))
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The iptables tools whose mangle table it changes."""
+        tools = {c.tool for t in self.trees for o in t.objects if o.kind == "marking"
+                 for c in o.commands}  # fmt: skip
+        return tuple(tool for tool in ("iptables", "ip6tables") if tool in tools)
+
+
+_NO_LIVE = Live((), frozenset(), None)
+
+
+def live_of(store: Store, applied: Applied | None) -> Live:
+    """What the policy of ``applied`` built: from its record, else compiled again."""
+    if applied is None:
+        return _NO_LIVE
+    data = store.read_extra(applied.generation, "trees")
+    trees = trees_from_json(data) if isinstance(data, dict) else None
+    if trees is None or not isinstance(data, dict):
+        policy = compile_applied(applied)
+        return Live(trees_of(policy), frozenset(r.feature for r in requirements(policy)), None)
+    kernel = store.read_extra(applied.generation, "kernel")
+    return Live(
+        trees,
+        frozenset(str(f) for f in data.get("features", ())),
+        {str(k): str(v) for k, v in kernel.items()} if isinstance(kernel, dict) else None,
+    )
+
+
+def remember(store: Store, generation: int, policy: ir.Policy, trees: Sequence[Tree]) -> None:
+    """Record what ``policy`` (applied as ``generation``) built, and the kernel after it."""
+    data = trees_json(trees)
+    data["features"] = sorted({r.feature for r in requirements(policy)})
+    store.write_extra(generation, "trees", data)
+    remember_kernel(store, generation, Live(tuple(trees), frozenset(), None))
+
+
+def remember_kernel(store: Store, generation: int, live: Live) -> None:
+    """Record the kernel's digest now, for the policy of ``generation`` (live now)."""
+    store.write_extra(generation, "kernel", fingerprint(live.devices, live.tables))
 
 
 def policy_name(path: str, name: str | None) -> str:
@@ -194,39 +258,42 @@ def missing_devices(policy: ir.Policy) -> list[str]:
 def prepare(store: Store, new: ir.Policy | None, result: Result | None = None) -> Prepared:
     """The plan from the policy live under ``store``'s name to ``new`` (None: remove it)."""
     applied = store.current()
-    old = compile_applied(applied) if applied is not None else None
+    live = live_of(store, applied)
     changed: dict[str, list[Diagnostic]] = {}
-    if old is not None and applied is not None:
-        changed = drift(old, dict(applied.sources))
-    target = new if new is not None else dataclasses.replace(old or _nothing(), interfaces=())
-    plan = make_plan(old, target, rebuild=changed)
-    _foreign(old, target, plan)
+    if applied is not None and (
+        live.kernel is None or fingerprint(live.devices, live.tables) != live.kernel
+    ):
+        # the kernel is not as the apply left it (or nobody noted how it was): compare
+        changed = drift(compile_applied(applied), dict(applied.sources))
+    new_trees = trees_of(new)
+    plan = make_plan(live.trees, new_trees, rebuild=changed)
+    _foreign(live.trees, new_trees, plan)
     for label, found in sorted(changed.items()):
         for d in found[:5]:
             plan.drift.append(Change("!", f"drift in {label}: {d.message}", d.span))
     killed = store.applying()
     if killed is not None:
         # trees only the unfinished apply made: remove whatever part of them it built
-        keep = {i.label for i in target.interfaces}
-        keep |= {i.label for i in old.interfaces} if old is not None else set()
-        for iface in compile_applied(killed).interfaces:
-            if iface.label not in keep:
-                remove_tree(iface, plan)
+        keep = {t.label for t in [*new_trees, *live.trees]}
+        for tree in trees_of(compile_applied(killed)):
+            if tree.label not in keep:
+                remove_tree(tree, plan)
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(killed.applied_at))
         plan.drift.insert(
             0,
             Change("!", f"an apply of {killed.path} (started {when}) did not finish: the kernel "
                    "may hold part of it; what differs from the live policy is built again"),
         )  # fmt: skip
-    return Prepared(store, new, result, old, applied, plan)
+    return Prepared(store, new, result, applied, live, plan, new_trees)
 
 
-def _foreign(old: ir.Policy | None, new: ir.Policy, plan: Plan) -> None:
+def _foreign(old: Sequence[Tree], new: Sequence[Tree], plan: Plan) -> None:
     """A new tree on a device that already has a tree no applied policy records (an old
     script's): its plan line says that it replaces it."""
-    known = {i.label for i in old.interfaces} if old is not None else set()
-    for iface in new.interfaces:
-        if iface.label in known or iface.download is not None:
+    known = {t.label for t in old}
+    for tree in new:
+        iface = tree.iface
+        if tree.label in known or iface is None or iface.download is not None:
             continue
         where = "ingress" if iface.direction == "ingress" else "root"
         shown = live_qdisc(iface.name, where)
@@ -257,17 +324,18 @@ def apply(
     if missing:
         raise OpsError(f"no such device: {', '.join(missing)}; nothing was changed")
     if not prepared.plan.empty or prepared.plan.drift:
-        check_support(prepared.old, new)
+        check_support(prepared.live.features, new)
     store = prepared.store
     ids = {t: {n: str(h) for n, h in v.items()} for t, v in pins_of(new).items()}
     store.start(path, sources, _devices(new), ids)
     try:
-        apply_policy(prepared.old, new, prepared.plan, runner)
+        apply_policy(prepared.plan, lambda: restore_plan(prepared.old, new), runner)
     except ApplyFailed:
         store.finish()  # the old policy was built again
         raise
     previous = prepared.applied.generation if prepared.applied is not None else None
     applied = store.record(path, sources, _devices(new), ids)
+    remember(store, applied.generation, new, prepared.new_trees)
     if confirm is not None:
         store.set_pending(Pending(applied.generation, previous, time.time() + confirm))
         _start_timer(store, applied.generation, confirm)
@@ -316,21 +384,25 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
         target = compile_applied(back) if back is not None else None
     prepared = prepare(store, target)
     old = prepared.old
-    empty = dataclasses.replace(old or _nothing(), interfaces=())
     if interrupted and applied is None:
         # a first apply was killed: remove every tree it may have made
         killed = store.applying()
         assert killed is not None
         old = compile_applied(killed)
-        prepared.plan = make_plan(old, empty, rebuild=())
-    apply_policy(old, target or empty, prepared.plan, runner)
+        prepared.plan = make_plan(trees_of(old), (), rebuild=())
+    empty = dataclasses.replace(old or _nothing(), interfaces=())
+    apply_policy(prepared.plan, lambda: restore_plan(old, target or empty), runner)
     store.set_pending(None)
     store.finish()
-    if target is None:
+    if target is None or back is None:
         store.remove()
         return None
     if not interrupted and applied is not None:
         store.forget(applied.generation)
+    if store.read_extra(back.generation, "trees") is None:
+        remember(store, back.generation, target, trees_of(target))
+    else:
+        remember_kernel(store, back.generation, live_of(store, back))
     return back
 
 
@@ -341,7 +413,8 @@ def down(store: Store, runner: Runner = run_command) -> Plan:
         raise OpsError(f"no policy is applied under the name {store.name!r}")
     old = prepared.old
     assert old is not None
-    apply_policy(old, dataclasses.replace(old, interfaces=()), prepared.plan, runner)
+    empty = dataclasses.replace(old, interfaces=())
+    apply_policy(prepared.plan, lambda: restore_plan(old, empty), runner)
     store.remove()
     return prepared.plan
 

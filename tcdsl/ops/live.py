@@ -6,7 +6,9 @@ drift.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import re
 import subprocess
 from collections.abc import Iterable, Sequence
 
@@ -53,15 +55,10 @@ def live_qdisc(device: str, where: str) -> str | None:
 
 def read_device(name: str) -> DeviceState:
     """What tc shows for one device: qdiscs, classes, the filters of every parent."""
-    qdiscs, classes = (
-        _tc("-d", "qdisc", "show", "dev", name),
-        _tc("-d", "class", "show", "dev", name),
-    )
-    device = DeviceState(name, parse_qdiscs(qdiscs), parse_classes(classes), text=qdiscs + classes)
-    parents = [q.handle for q in device.qdiscs if q.handle != "0:"]
-    parents += [c.classid for c in device.classes]
-    texts = [device.text]  # joined once: adding to a string per parent is quadratic
-    for parent, text in zip(parents, filter_listings(name, parents), strict=True):
+    qdiscs, classes, listings = _listing(name)
+    device = DeviceState(name, parse_qdiscs(qdiscs), parse_classes(classes))
+    texts = [qdiscs, classes]  # joined once: adding to a string per parent is quadratic
+    for parent, text in listings:
         texts.append(f"== filters of {parent}\n{text}")
         filters = parse_filters(text)
         if filters:
@@ -70,13 +67,72 @@ def read_device(name: str) -> DeviceState:
     return device
 
 
+def _listing(name: str) -> tuple[str, str, list[tuple[str, str]]]:
+    """tc's text for a device: its qdiscs, its classes, and each parent's filters."""
+    qdiscs, classes = (
+        _tc("-d", "qdisc", "show", "dev", name),
+        _tc("-d", "class", "show", "dev", name),
+    )
+    parents = [h for h in _HANDLE.findall(qdiscs) if h != "0:"] + _HANDLE.findall(classes)
+    return qdiscs, classes, list(zip(parents, filter_listings(name, parents), strict=True))
+
+
+_HANDLE = re.compile(r"^(?:qdisc|class) \S+ (\S+)", re.MULTILINE)
+"""A qdisc's handle, a class's id, in tc's listing."""
+_COUNTS = re.compile(r"direct_packets_stat \d+ |\[\d+:\d+\]|^#.*\n", re.MULTILINE)
+"""What changes in the listings without anybody changing the configuration: htb's count of
+unclassified packets, iptables-save's counters and its dated comments."""
+
+
+def fingerprint(devices: Iterable[str], tables: Iterable[str] = ()) -> dict[str, str]:
+    """A digest of the configuration of each device (and each of the ``tables``,
+    ``iptables``/``ip6tables``, whose mangle table is read): equal digests, equal states.
+    Read after an apply and again before the next, they skip parsing and comparing the
+    kernel's state when nobody changed it."""
+    out: dict[str, str] = {}
+    for name in devices:
+        qdiscs, classes, listings = _listing(name)
+        # a class's place in tc's listing is its place in a hash bucket, which depends on
+        # the order the classes were made in; the filters' order is their meaning
+        lines = sorted([*qdiscs.splitlines(keepends=True), *classes.splitlines(keepends=True)])
+        texts = [*lines, *(f"== {p}\n{t}" for p, t in sorted(listings) if t)]
+        out[name] = _digest("".join(texts))
+    for tool in tables:
+        out[tool] = _digest(_save(tool))
+    return out
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(_COUNTS.sub("", text).encode()).hexdigest()
+
+
 def filter_listings(name: str, parents: Sequence[str]) -> list[str]:
-    """``tc filter show dev NAME parent P`` for each of ``parents``, in order, listed by one
-    ``tc -batch`` process (a process per parent took seconds on big trees)."""
+    """``tc filter show dev NAME parent P`` for each of ``parents``, in order, listed by
+    ``tc -batch`` (a process per parent took seconds on big trees)."""
     if not parents:
         return []
-    # Between two listings, 'qdisc show' of the device: its lines (as many as it has qdiscs)
-    # start with "qdisc", which no filter listing's do, so the output splits there.
+    # tc does not print the parent it was asked for, so a listing's end needs a separator
+    # line; one costs as much as ten listings, so a JSON pass (one line per command, "[]"
+    # when empty) first finds the few parents that have filters.
+    script = "".join(f"filter show dev {name} parent {p}\n" for p in parents)
+    done = subprocess.run(
+        ["tc", "-j", "-force", "-batch", "-"], input=script, capture_output=True, text=True,
+        check=False, env=_C,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    if len(lines) == len(parents):
+        listed = [p for p, line in zip(parents, lines, strict=True) if line.strip() != "[]"]
+    else:
+        listed = list(parents)  # an answer not one line per command: ask every parent
+    texts = dict(zip(listed, _separated(name, listed), strict=True))
+    return [texts.get(p, "") for p in parents]
+
+
+def _separated(name: str, parents: Sequence[str]) -> list[str]:
+    """The text listings of ``parents``, split at a ``qdisc show`` of the device between two
+    (its lines, as many as it has qdiscs, start with "qdisc", which no filter listing's do)."""
+    if not parents:
+        return []
     mark = f"qdisc show dev {name}"
     count = sum(1 for line in _tc(*mark.split()).splitlines() if line.startswith("qdisc "))
     script = "".join(f"filter show dev {name} parent {p}\n{mark}\n" for p in parents)

@@ -1,8 +1,8 @@
 """What applying a policy changes, and in which order: the difference between the objects of
-the policy live now (``old``, compiled again from the state's copy of its text) and those of
-the new one, as changes a person reads (``+ class guest``, ``~ class voip: rate 6mbit ->
-8mbit``, ``- filter to 1:30``, ``! qdisc eth0 root: htb -> cake (rebuild)``) and as the steps
-``apply`` runs.
+the policy live now (``old``: what the state recorded the last apply built, or its text
+compiled again) and those of the new one, as changes a person reads (``+ class guest``,
+``~ class voip: rate 6mbit -> 8mbit``, ``- filter to 1:30``, ``! qdisc eth0 root: htb -> cake
+(rebuild)``) and as the steps ``apply`` runs.
 
 The order keeps every packet classified and shaped: shared police actions first (filters bind
 to them), then new classes and their leaf qdiscs with parameter changes in place (``class
@@ -17,7 +17,7 @@ drift) is built again: its teardown and build in one ``tc -batch``.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,11 +31,10 @@ from tcdsl.commands import (
     mark_families,
     marking_commands,
     restore_lines,
-    teardown_commands,
 )
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
-from tcdsl.ops.desired import Key, Obj, by_key, class_ids, tree_objects, word_after
+from tcdsl.ops.desired import Key, Obj, Tree, by_key, trees_of, word_after
 
 Sign = Literal["+", "~", "-", "!"]
 Tool = Literal["tc", "ip", "iptables", "ip6tables"]
@@ -202,10 +201,10 @@ def _cleanups(plan: Plan, commands: Sequence[tuple[str, ...]]) -> None:
             plan.steps.append(_cleanup(tool, mine))
 
 
-def remove_tree(iface: ir.Interface, plan: Plan) -> None:
-    """Add the removal of ``iface``'s tree (its teardown and marking chains) to ``plan``."""
-    plan.changes.append(Change("-", f"tree {iface.label}", iface.root.span))
-    _cleanups(plan, [*teardown_commands(iface), *(chain_teardown(iface) if iface.marking else ())])
+def remove_tree(tree: Tree, plan: Plan) -> None:
+    """Add the removal of a tree (its teardown and marking chains) to ``plan``."""
+    plan.changes.append(Change("-", f"tree {tree.label}", tree.span))
+    _cleanups(plan, tree.removal)
 
 
 def _jumps(o: Obj) -> list[tuple[str, ...]]:
@@ -375,12 +374,6 @@ def _filter_changes(
     return out
 
 
-def _names(policy: ir.Policy | None) -> dict[str, str]:
-    """Class id -> class name, every tree of ``policy``."""
-    ids = class_ids(policy) if policy is not None else {}
-    return {str(h): name for tree in ids.values() for name, h in tree.items()}
-
-
 def _actions(
     old: dict[Key, Obj], new: dict[Key, Obj], plan: Plan
 ) -> tuple[list[Command], list[tuple[str, ...]]]:
@@ -409,27 +402,30 @@ def _actions(
     return made, gone
 
 
-def make_plan(old: ir.Policy | None, new: ir.Policy, rebuild: Iterable[str] = ()) -> Plan:
-    """The plan that takes the kernel from ``old`` (None: nothing of ours) to ``new``;
-    trees labelled in ``rebuild`` (drift) are built again whatever changed."""
+def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] = ()) -> Plan:
+    """The plan that takes the kernel from the trees ``old`` (live: read from the state, or
+    compiled) to the compiled trees ``new``; trees labelled in ``rebuild`` (drift) are built
+    again whatever changed."""
     plan = Plan()
-    names = _names(old) | _names(new)
+    names = {k: v for tree in [*old, *new] for k, v in tree.names.items()}
     forced = set(rebuild)
-    olds = {i.label: i for i in old.interfaces} if old is not None else {}
-    news = {i.label: i for i in new.interfaces}
+    olds = {t.label: t for t in old}
     old_actions: dict[Key, Obj] = {}
     new_actions: dict[Key, Obj] = {}
     build: list[Command] = []
     delete: list[Command] = []
     marks: list[tuple[ir.Interface, Obj]] = []
-    for label, iface in news.items():
+    for tree in new:
+        iface = tree.iface
+        assert iface is not None, "a new tree is a compiled one"
+        label = tree.label
         before = olds.get(label)
-        new_objs = by_key(tree_objects(iface))
+        new_objs = by_key(tree.objects)
         if before is None:
             plan.changes.append(Change("+", f"tree {label}", iface.root.span))
             _tree_rebuild_quiet(iface, plan)
             continue
-        old_objs = by_key(tree_objects(before))
+        old_objs = by_key(before.objects)
         why = "drift" if label in forced else _why_rebuild(old_objs, new_objs)
         if why is not None:
             _tree_rebuild(iface, why, plan)
@@ -457,10 +453,22 @@ def make_plan(old: ir.Policy | None, new: ir.Policy, rebuild: Iterable[str] = ()
         plan.steps.append(_tc(delete))
     if gone:
         plan.steps.append(_cleanup("tc", gone))
-    for label, iface in olds.items():
-        if label not in news:
-            remove_tree(iface, plan)
+    kept = {t.label for t in new}
+    for tree in old:
+        if tree.label not in kept:
+            remove_tree(tree, plan)
     return plan
+
+
+def restore_plan(old: ir.Policy | None, new: ir.Policy) -> Plan:
+    """After a failed apply from ``old`` to ``new``: every tree of ``old`` built again and
+    ``new``'s other trees removed (or, without ``old``, ``new``'s trees removed)."""
+    if old is None:
+        return make_plan(trees_of(new), ())
+    restore = make_plan((), trees_of(old))
+    extra = make_plan(trees_of(new), trees_of(old))
+    restore.steps += [s for s in extra.steps if not s.fatal]
+    return restore
 
 
 def _tree_rebuild_quiet(iface: ir.Interface, plan: Plan) -> None:
@@ -468,8 +476,3 @@ def _tree_rebuild_quiet(iface: ir.Interface, plan: Plan) -> None:
     before = len(plan.changes)
     _tree_rebuild(iface, "", plan)
     del plan.changes[before:]
-
-
-def tree_labels(policy: ir.Policy) -> Iterator[str]:
-    """The labels of a policy's trees."""
-    return (i.label for i in policy.interfaces)

@@ -5,6 +5,7 @@ The state lives in ``/var/lib/tcdsl`` (``TCDSL_STATE_DIR`` moves it: tests, name
 folder per policy name (the policy file's stem unless ``--name`` says otherwise)::
 
     <state>/<name>/applied/<generation>.json    the last KEEP applies, newest highest
+    <state>/<name>/applied/<generation>.*.json  what each built, the kernel's digest after it
     <state>/<name>/pending.json                 an apply waiting for ``tcdsl confirm``
     <state>/<name>/applying.json                an apply under way (left by one that was killed)
 
@@ -21,6 +22,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 STATE_DIR = "/var/lib/tcdsl"
 STATE_DIR_VARIABLE = "TCDSL_STATE_DIR"
@@ -90,11 +92,11 @@ class Pending:
     deadline: float
 
 
-def write_json(path: Path, data: object) -> None:
+def write_json(path: Path, data: object, indent: int | None = 1) -> None:
     """Write ``data`` as JSON whole: to a file beside ``path``, renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(data, indent=indent, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -140,9 +142,22 @@ class Store:
         applied = Applied(number, path, sources, devices, time.time(), classids)
         write_json(self._applied() / f"{applied.generation}.json", applied.to_json())
         for old in kept[: max(0, len(kept) + 1 - KEEP)]:
-            (self._applied() / f"{old}.json").unlink(missing_ok=True)
+            self.forget(old)
         self.finish()
         return applied
+
+    def write_extra(self, generation: int, kind: str, data: object) -> None:
+        """Keep more about a generation (``trees``: what it built; ``kernel``: the kernel's
+        digest after it), dropped with it."""
+        write_json(self._applied() / f"{generation}.{kind}.json", data, indent=None)
+
+    def read_extra(self, generation: int, kind: str) -> Any:
+        """What :meth:`write_extra` kept, or None (none kept, or unreadable)."""
+        try:
+            text = (self._applied() / f"{generation}.{kind}.json").read_text(encoding="utf-8")
+            return json.loads(text)
+        except (OSError, ValueError):
+            return None
 
     def start(self, path: str, sources: Mapping[str, str], devices: tuple[str, ...],
               classids: Mapping[str, Mapping[str, str]]) -> None:  # fmt: skip
@@ -164,8 +179,10 @@ class Store:
         (self.folder / "applying.json").unlink(missing_ok=True)
 
     def forget(self, generation: int) -> None:
-        """Drop one generation (a rollback drops the one it leaves)."""
+        """Drop one generation (a rollback drops the one it leaves) and what it kept."""
         (self._applied() / f"{generation}.json").unlink(missing_ok=True)
+        for extra in self._applied().glob(f"{generation}.*.json"):
+            extra.unlink(missing_ok=True)
 
     def pending(self) -> Pending | None:
         """The apply waiting for ``confirm``, if any."""

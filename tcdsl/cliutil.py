@@ -1,0 +1,98 @@
+"""What the command-line modules share: exit codes, the diagnostics' format option, include
+access, and the ways a command reports a policy with errors or a file it cannot write."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic, Severity, render
+from tcdsl.driver import Result
+from tcdsl.frontend.source import Access
+
+EXIT_OK, EXIT_POLICY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130
+
+
+def visible(diagnostics: Sequence[Diagnostic], info: bool) -> list[Diagnostic]:
+    """The diagnostics to show: infos only with ``--info``."""
+    return [d for d in diagnostics if info or d.severity is not Severity.INFO]
+
+
+def summary(diagnostics: Sequence[Diagnostic]) -> str:
+    counts = (
+        (sum(d.is_error for d in diagnostics), "error"),
+        (sum(d.severity is Severity.WARNING for d in diagnostics), "warning"),
+        (sum(d.severity is Severity.INFO for d in diagnostics), "info"),
+    )
+    return ", ".join(f"{n} {word}{'s' * (n != 1)}" for n, word in counts if n)
+
+
+def policy_or_exit(result: Result, what: str) -> ir.Policy:
+    """The checked policy of ``result``; if it has errors, print them as ``check`` does, say
+    that nothing was ``what`` (simulated, measured, ...) and exit 1."""
+    if result.policy is None:
+        shown = visible(result.diagnostics, False)
+        click.echo(render(shown, result.sources), nl=False, err=True)
+        click.echo(f"tcdsl: {summary(shown)}; nothing {what}", err=True)
+        sys.exit(EXIT_POLICY)
+    return result.policy
+
+
+@contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Turn an OSError while writing ``path`` into a message and exit 1."""
+    try:
+        yield
+    except OSError as err:
+        click.echo(f"tcdsl: cannot write '{path}': {err.strerror or err}", err=True)
+        sys.exit(EXIT_POLICY)
+
+
+def format_option(*choices: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    where = "SARIF on stdout, the others on stderr" if "sarif" in choices else "on stderr"
+    return click.option(
+        "--format",
+        "--diagnostics",
+        "fmt",
+        type=click.Choice(choices),
+        default="text",
+        show_default=True,
+        help=f"How to print diagnostics ({where}); --diagnostics is the old name.",
+    )
+
+
+def access_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add --include-path and --allow-include-anywhere; the command gets ``access``."""
+
+    @functools.wraps(command)
+    def wrapper(
+        *args: object, include_paths: tuple[str, ...], anywhere: bool, **kw: object
+    ) -> None:
+        command(*args, access=Access(include_paths, anywhere), **kw)
+
+    wrapper = click.option(
+        "--allow-include-anywhere",
+        "anywhere",
+        is_flag=True,
+        help="Let includes (and symlinks in a checked directory) read any regular file; do "
+        "not use on policies you do not trust.",
+    )(wrapper)
+    return click.option(
+        "--include-path",
+        "include_paths",
+        multiple=True,
+        metavar="DIR",
+        type=click.Path(file_okay=False),
+        help="Also let includes read files below DIR (repeatable). By default a policy's "
+        "includes stay below its own directory (or the directory being checked).",
+    )(wrapper)
+
+
+FORMAT = format_option("text", "json")
