@@ -196,10 +196,14 @@ def test_marking_script_in_the_guest(tmp_path: Path) -> None:
     counted = _section(res.stdout, "counters")
     # Pings: a u32 filter (pref 5) before the fw filters (pref 10) takes them, though the
     # chain gave them the default's mark; the SYNs of both connections: mark 0x1400, class syn.
-    assert _sent(counted) == {"1:1": 4, "1:10": 2, "1:20": 2, "1:30": 0}
+    # (a SYN nobody answers is sent again after 1 s, which nc's 1 s may outlast on a slow
+    # machine: each connection's SYNs are at least one)
+    sent = _sent(counted)
+    assert sent["1:10"] == 2 and sent["1:30"] == 0 and sent["1:20"] >= 2, sent
+    assert sent["1:1"] == sent["1:10"] + sent["1:20"], sent
     rule = r"^\[(\d+):\d+\] -A TCDSL-eth0 -m mark --mark (\S+) -j DSCP"
     dscp = {m.group(2): int(m.group(1)) for m in re.finditer(rule, counted, re.M)}
-    assert dscp == {"0x1400/0xff00": 2, "0x1e00/0xff00": 2}
+    assert dscp == {"0x1400/0xff00": sent["1:20"], "0x1e00/0xff00": 2}
     after = _rules(_section(res.stdout, "v2"))
     assert not [r for r in after if "TCDSL-eth0" in r]
     assert not [r for r in _rules(_section(res.stdout, "v2 ip6")) if "TCDSL-eth0" in r]
