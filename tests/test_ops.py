@@ -236,6 +236,43 @@ def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:
     assert tcdsl("confirm", "p").code == 1  # nothing waits any more
 
 
+def test_plan_starts_from_the_record_of_the_apply(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """An apply records what it built and the kernel's digest; the next plan uses them and
+    compiles the live policy only when the kernel changed since (drift)."""
+    p = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", p).code == 0
+    applied = tcdsl.folder / "state" / "p" / "applied"
+    record = applied / "1.json"
+    saved = record.read_text(encoding="utf-8")
+    assert (applied / "1.trees.json").is_file() and (applied / "1.kernel.json").is_file()
+    # the saved text no longer compiles: only a plan that compiles it would notice
+    broken = json.loads(saved)
+    broken["sources"] = {k: "interface {\n" for k in broken["sources"]}
+    record.write_text(json.dumps(broken), encoding="utf-8")
+    assert tcdsl("plan", p).code == 0
+    changed = tcdsl("plan", tcdsl.write("p.tcp", B))
+    assert changed.code == 4 and "~ class voip: rate 2mbit -> 4mbit" in changed.out, changed
+    # traffic changes counters, not the digest
+    run(["ip", "-n", tcdsl.ns, "addr", "add", "10.9.0.1/24", "dev", "d0"])
+    ping = ["ip", "netns", "exec", tcdsl.ns, "ping", "-c", "3", "-i", "0.2", "10.9.0.2"]
+    subprocess.run(ping, capture_output=True, check=False)
+    assert "Sent 0 bytes" not in tcdsl.tc("-s", "class", "show", "dev", "d0", "classid", "1:30")
+    assert tcdsl("plan", tcdsl.write("p.tcp", A)).code == 0
+    # a change by hand: the digest differs and the live policy is compiled (here it cannot be)
+    tcdsl.tc("class", "change", "dev", "d0", "classid", "1:20", "htb", "rate", "5mbit")
+    refused = tcdsl("plan", p)
+    assert refused.code == 1 and "no longer compiles" in refused.err, refused
+    record.write_text(saved, encoding="utf-8")
+    assert "! drift in d0: class 'web' rate is 5Mbit" in tcdsl("plan", p).out
+    assert tcdsl("apply", "--yes", p).code == 0
+    # a state an older tcdsl wrote (no record): an apply with nothing to change writes one
+    for extra in applied.glob("*.*.json"):
+        extra.unlink()
+    assert tcdsl("apply", "--yes", p).code == 0
+    kept = sorted(f.name for f in applied.iterdir())
+    assert kept == ["1.json", "2.json", "2.kernel.json", "2.trees.json"], kept
+
+
 def test_a_missing_device_changes_nothing(tcdsl: Tcdsl, host: HostSupport) -> None:
     missing = tcdsl("apply", "--yes", tcdsl.write("p.tcp", A.replace("d0", "d9")))
     assert missing.code == 1 and "[E602]" in missing.err and "d9" in missing.err, missing

@@ -25,6 +25,7 @@ from tcdsl.ops.lifecycle import (
     confirm,
     down,
     down_interface,
+    keep_record,
     policy_name,
     prepare,
     rollback,
@@ -149,6 +150,7 @@ def apply_command(policy: str, name: str | None, yes: bool, within: str | None) 
     assert result is not None
     _print(prepared.plan)
     if prepared.plan.empty and not prepared.plan.drift and seconds is None:
+        keep_record(prepared)
         return
     if not yes:
         if not sys.stdin.isatty():

@@ -176,6 +176,20 @@ def remember(store: Store, generation: int, policy: ir.Policy, trees: Sequence[T
     remember_kernel(store, generation, Live(tuple(trees), frozenset(), None))
 
 
+def keep_record(prepared: Prepared) -> None:
+    """With nothing to change: record what the live policy built and the kernel's digest,
+    where its apply did not (an older tcdsl), so that the next plan starts from them."""
+    applied = prepared.applied
+    if applied is None or prepared.new is None or prepared.live.kernel is not None:
+        return
+    if prepared.plan.drift or not prepared.plan.empty or prepared.result is None:
+        return
+    if dict(prepared.result.sources) != dict(applied.sources):
+        return  # the same objects from other text: its lines would not be the record's
+    with contextlib.suppress(OSError):  # a cache: without it the next plan compiles again
+        remember(prepared.store, applied.generation, prepared.new, prepared.new_trees)
+
+
 def remember_kernel(store: Store, generation: int, live: Live) -> None:
     """Record the kernel's digest now, for the policy of ``generation`` (live now)."""
     store.write_extra(generation, "kernel", fingerprint(live.devices, live.tables))
@@ -477,6 +491,7 @@ __all__ = [
     "confirm",
     "down",
     "down_interface",
+    "keep_record",
     "policy_name",
     "prepare",
     "rollback",
