@@ -485,7 +485,7 @@ def _below(
                 target = by_id.get(f.flowid)
                 if target is not None:
                     yield from build(target)
-                yield _filter(iface, f)
+                yield filter_command(iface, f)
             for cls in classes:
                 yield from build(cls)
             return
@@ -495,7 +495,7 @@ def _below(
         case _:
             pass
     for f in filters.get(q.handle, ()):
-        yield _filter(iface, f)
+        yield filter_command(iface, f)
 
 
 def _class(
@@ -550,7 +550,7 @@ def _qdisc_below(
     yield from _below(iface, child, filters)
 
 
-def _filter(iface: ir.Interface, f: ir.Filter) -> Command:
+def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
     """The command that adds filter ``f``."""
     head = (
         "filter",
