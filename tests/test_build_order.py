@@ -19,7 +19,6 @@ order (every class, then the leaf qdiscs, then the filters) breaks these rules.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -169,12 +168,7 @@ def _interfaces(text: str, name: str = "generated.tcp") -> tuple[ir.Interface, .
 
 
 def _example(path: Path) -> tuple[ir.Interface, ...]:
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        result = compile_policy(path.as_posix(), "tc-batch")
-    finally:
-        os.chdir(cwd)
+    result = compile_policy(str(ROOT / path), "tc-batch")
     assert result.policy is not None, render(result.diagnostics, result.sources)
     return result.policy.interfaces
 
