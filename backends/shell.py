@@ -1,9 +1,10 @@
-"""The default backend: a POSIX sh script of tc and iptables (or nft) commands."""
+"""The default backend: a POSIX sh script of tc and iptables (or nft) commands; the tc
+commands of each interface go to one ``tc -batch`` (or, with ``--per-command``, one tc each)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tcdsl import __version__, ir
 from tcdsl.backend import Backend, comment, shjoin, template_env
@@ -79,9 +80,9 @@ class InterfaceView:
     setup: tuple[Line, ...]
     """ip commands that create devices (a download's IFB), run first."""
     lines: tuple[Line, ...]
-    """Commands run one by one: all of them, or (with ``--batch``) the iptables ones."""
+    """Commands run one by one: the iptables ones, or (``--per-command``) all of them."""
     batch: HereDoc | None = None
-    """With ``--batch``: the tc commands, for one ``tc -batch -``."""
+    """The tc commands, for one ``tc -batch -`` (None with ``--per-command``)."""
     nft: HereDoc | None = None
     """With ``--marks nft``: the marking table, for ``nft -f -``."""
     batch_at: str = ""
@@ -167,8 +168,12 @@ class ShellBackend(Backend):
     extension = "sh"
 
     def unsupported(self, policy: ir.Policy) -> Iterator[Diagnostic]:
-        """With ``--batch`` or ``--marks nft``: E502 for what those inputs cannot spell."""
-        return unspellable(policy, batch=self.options.batch, nft=self.options.marks == "nft")
+        """E502 for what ``tc -batch`` lines (unless ``--per-command``) or, with
+        ``--marks nft``, nft rules cannot spell."""
+        for d in unspellable(policy, batch=self.options.batch, nft=self.options.marks == "nft"):
+            if self.options.batch and "tc -batch" in d.message:
+                d = replace(d, message=f"{d.message} (or compile with --per-command)")
+            yield d
 
     def emit(self, policy: ir.Policy, source_label: str) -> str:
         """The script."""
@@ -197,6 +202,7 @@ class ShellBackend(Backend):
                 lock_dir_variable=LOCK_DIR_VARIABLE,
                 lock_setting=f"${{{LOCK_DIR_VARIABLE}:-{LOCK_DIR}}}",
                 interfaces=views,
+                batched=self.options.batch,
                 interface_names=list(dict.fromkeys(v.name for v in views)),
                 ifbs=[v.ifb for v in views if v.ifb is not None],
                 uses_unmark=not nft,

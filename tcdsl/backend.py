@@ -21,8 +21,9 @@ class BackendOptions:
 
     marks: Literal["iptables", "nft"] = "iptables"
     """How packets are marked for ``classify by mark``."""
-    batch: bool = False
-    """Shell backend: feed the tc commands to one ``tc -batch`` instead of one tc per command."""
+    batch: bool = True
+    """Shell backend: feed the tc commands to one ``tc -batch`` (13-59 times faster to apply);
+    False: one tc process per command (``--per-command``), for readers."""
 
 
 class Backend:

@@ -137,7 +137,8 @@ def cli() -> None:
 @cli.command(
     epilog="Examples:\n\n\b\n  tcdsl compile office.tcp > apply.sh\n"
     "  tcdsl compile -o apply.sh office.tcp && sudo sh apply.sh\n"
-    "  tcdsl compile -o out/ office.tcp      (every file of the output, into out/)"
+    "  tcdsl compile -o out/ office.tcp      (every file of the output, into out/)\n"
+    "  tcdsl compile --per-command office.tcp   (one tc per line, to read)"
 )
 @click.argument("policy", type=click.Path(dir_okay=False))
 @click.option(
@@ -163,7 +164,11 @@ def cli() -> None:
     help="How 'classify by mark' marks packets.",
 )
 @click.option(
-    "--batch", is_flag=True, help="Shell: feed the tc commands to one 'tc -batch' process."
+    "--batch/--per-command",
+    default=True,
+    show_default=True,
+    help="Shell: feed the tc commands to one 'tc -batch' process (fast), or run one tc per "
+    "command (slow: for reading).",
 )
 @FORMAT
 @WERROR

@@ -1,8 +1,10 @@
 """The tc and iptables commands that build an allocated policy, shared by the backends that
 drive those tools (the shell script, ``tc -batch`` files).
 
-Commands come in kernel order: a qdisc, then its classes (parents first), then the leaf
-qdiscs below them, then the qdisc's filters. Every word is a plain string; backends quote.
+Commands come in an order that never leaves a packet unshaped or in a wrong class while
+they run: a qdisc, the path to its default class, its filters in their final order (each
+once the class it sends to is complete), then the classes no filter names (see ``_below``).
+Every word is a plain string; backends quote.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Literal, assert_never
 
 from tcdsl import ir, linklayer
 from tcdsl.allocate import default_minor
@@ -447,99 +449,149 @@ def shared_police_actions(iface: ir.Interface) -> Iterator[Command]:
 def _below(
     iface: ir.Interface, q: ir.Qdisc, filters: dict[ir.Handle, list[ir.Filter]]
 ) -> Iterator[Command]:
-    dev = ("dev", iface.name)
+    """What is below qdisc ``q`` (which exists), in the order that never leaves a packet
+    unshaped or in a wrong class while it runs (docs/backends.md, "The order of the commands").
+
+    First the path to the default class (its ancestors, itself, what is below it): until it
+    exists htb sends every unfiltered packet direct, unshaped (htb_classify: HTB_DIRECT when
+    the default class is missing), and hfsc drops it. Then ``q``'s filters in their final
+    order, each once the class it sends to is complete (a filter to a missing class falls
+    through to the default class). Then the classes no filter names. A class is complete when
+    its ancestors, itself and its leaf qdisc, with everything below that, exist.
+    """
     assert q.handle is not None
-    children: list[tuple[ir.Handle, ir.Qdisc]] = []
     match q:
-        case ir.Htb() | ir.Cbq() | ir.Hfsc():
+        case ir.Htb() | ir.Cbq() | ir.Hfsc() | ir.Prio():
+            classes = list(ir.classes_of(q))
             parents = ir.parent_map(q)
-            for cls in ir.classes_of(q):
-                parent = parents[id(cls)]
-                parent_id = parent.classid if parent is not None else q.handle
-                assert cls.classid is not None and parent_id is not None
-                what = f"class {cls.name}" if not cls.implicit else "link class"
-                yield Command(
-                    "tc",
-                    (
-                        "class",
-                        "add",
-                        *dev,
-                        "parent",
-                        str(parent_id),
-                        "classid",
-                        str(cls.classid),
-                        *class_words(q.kind, cls),
-                    ),
-                    cls.span,
-                    what,
-                )
-                if cls.leaf is not None:
-                    children.append((cls.classid, cls.leaf))
-        case ir.Prio():
-            for cls in q.classes:
-                if cls.leaf is not None and cls.classid is not None:
-                    children.append((cls.classid, cls.leaf))
+            by_id = {cls.classid: cls for cls in classes if cls.classid is not None}
+            built: set[int] = set()
+
+            def build(cls: ir.Class) -> Iterator[Command]:
+                path: list[ir.Class] = []
+                at: ir.Class | None = cls
+                while at is not None and id(at) not in built:
+                    path.append(at)
+                    at = parents[id(at)]
+                for c in reversed(path):
+                    built.add(id(c))
+                    yield from _class(iface, q, c, parents[id(c)], filters)
+
+            if isinstance(q, ir.Htb | ir.Hfsc):
+                minor = default_minor(q)
+                if minor is not None:
+                    yield from build(by_id[ir.Handle(q.handle.major, minor)])
+            for f in filters.get(q.handle, ()):
+                target = by_id.get(f.flowid)
+                if target is not None:
+                    yield from build(target)
+                yield filter_command(iface, f)
+            for cls in classes:
+                yield from build(cls)
+            return
         case ir.Tbf() | ir.Netem():
             if q.child is not None:
-                children.append((ir.Handle(q.handle.major, 1), q.child))
+                yield from _qdisc_below(iface, ir.Handle(q.handle.major, 1), q.child, filters)
         case _:
             pass
-    for parent_id, child in children:
-        assert child.handle is not None
+    for f in filters.get(q.handle, ()):
+        yield filter_command(iface, f)
+
+
+def _class(
+    iface: ir.Interface,
+    q: ir.Htb | ir.Cbq | ir.Hfsc | ir.Prio,
+    cls: ir.Class,
+    parent: ir.Class | None,
+    filters: dict[ir.Handle, list[ir.Filter]],
+) -> Iterator[Command]:
+    """A class of ``q`` (a prio band exists with its qdisc), then its leaf qdisc and what is
+    below that."""
+    assert cls.classid is not None and q.handle is not None
+    if not isinstance(q, ir.Prio):
+        parent_id = parent.classid if parent is not None else q.handle
+        assert parent_id is not None
+        what = f"class {cls.name}" if not cls.implicit else "link class"
+        words = ("parent", str(parent_id), "classid", str(cls.classid))
         yield Command(
             "tc",
-            (
-                "qdisc",
-                "add",
-                *dev,
-                "parent",
-                str(parent_id),
-                "handle",
-                child.handle.qdisc,
-                *qdisc_words(child),
-            ),
-            child.span,
-            f"{_label(child)} of {parent_id}",
+            ("class", "add", "dev", iface.name, *words, *class_words(q.kind, cls)),
+            cls.span,
+            what,
         )
-        yield from _below(iface, child, filters)
-    for f in filters.get(q.handle, ()):
-        head = (
-            "filter",
+    if cls.leaf is not None:
+        yield from _qdisc_below(iface, cls.classid, cls.leaf, filters)
+
+
+def _qdisc_below(
+    iface: ir.Interface,
+    parent_id: ir.Handle,
+    child: ir.Qdisc,
+    filters: dict[ir.Handle, list[ir.Filter]],
+) -> Iterator[Command]:
+    """A qdisc held by a class (or by a tbf or netem), then what is below it."""
+    assert child.handle is not None
+    yield Command(
+        "tc",
+        (
+            "qdisc",
             "add",
-            *dev,
+            "dev",
+            iface.name,
             "parent",
-            str(f.parent),
-            "protocol",
-            FILTER_PROTOCOL[f.family],
-            "prio",
-            str(f.pref),
-        )
-        match f:
-            case ir.FlowerFilter():
-                police = filter_police_words(f)
-                yield Command(
-                    "tc",
-                    (*head, "flower", *flower_words(f), *police, "classid", str(f.flowid)),
-                    f.span,
-                    f"filter to {f.flowid}",
-                )
-            case ir.U32Filter():
-                keys = [w for key in f.keys for w in ("match", *key.words)]
-                police = filter_police_words(f)
-                yield Command(
-                    "tc",
-                    (*head, "u32", *keys, *police, "flowid", str(f.flowid)),
-                    f.span,
-                    f"filter to {f.flowid}",
-                )
-            case ir.FwFilter():
-                handle = str(f.mark) if f.mask is None else f"{f.mark:#x}/{f.mask:#x}"
-                yield Command(
-                    "tc",
-                    (*head, "handle", handle, "fw", "flowid", str(f.flowid)),
-                    f.span,
-                    f"mark {f.mark if f.mask is None else hex(f.mark)} to {f.flowid}",
-                )
+            str(parent_id),
+            "handle",
+            child.handle.qdisc,
+            *qdisc_words(child),
+        ),
+        child.span,
+        f"{_label(child)} of {parent_id}",
+    )
+    yield from _below(iface, child, filters)
+
+
+def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
+    """The command that adds filter ``f``."""
+    head = (
+        "filter",
+        "add",
+        "dev",
+        iface.name,
+        "parent",
+        str(f.parent),
+        "protocol",
+        FILTER_PROTOCOL[f.family],
+        "prio",
+        str(f.pref),
+    )
+    match f:
+        case ir.FlowerFilter():
+            police = filter_police_words(f)
+            return Command(
+                "tc",
+                (*head, "flower", *flower_words(f), *police, "classid", str(f.flowid)),
+                f.span,
+                f"filter to {f.flowid}",
+            )
+        case ir.U32Filter():
+            keys = [w for key in f.keys for w in ("match", *key.words)]
+            police = filter_police_words(f)
+            return Command(
+                "tc",
+                (*head, "u32", *keys, *police, "flowid", str(f.flowid)),
+                f.span,
+                f"filter to {f.flowid}",
+            )
+        case ir.FwFilter():
+            handle = str(f.mark) if f.mask is None else f"{f.mark:#x}/{f.mask:#x}"
+            return Command(
+                "tc",
+                (*head, "handle", handle, "fw", "flowid", str(f.flowid)),
+                f.span,
+                f"mark {f.mark if f.mask is None else hex(f.mark)} to {f.flowid}",
+            )
+        case _:
+            assert_never(f)
 
 
 _HOOK_CHAIN = {"prerouting": "PREROUTING", "output": "OUTPUT", "postrouting": "POSTROUTING"}

@@ -114,7 +114,7 @@ def test_the_new_qdiscs_can_be_the_root() -> None:
     for kind in ("codel", "fq", "fq_pie"):
         result = compile_policy(MAIN, loader=loader_of(f"interface eth0 {kind}\n"))
         assert result.output is not None
-        assert f"tc qdisc add dev eth0 root handle 1: {kind}\n" in result.output
+        assert f"\nqdisc add dev eth0 root handle 1: {kind}\n" in result.output  # tc -batch
 
 
 # ---- what tc derives for red ------------------------------------------------------------------

@@ -220,8 +220,10 @@ def test_unspellable_interface_names_are_diagnosed(tmp_path: Path) -> None:
     assert result.output is None
     assert [(d.code, d.span.line) for d in result.diagnostics] == [("E502", 1)]
     assert "comment" in result.diagnostics[0].message
-    assert compile_policy(path, "shell").output is not None
-    assert compile_policy(path, "shell", options=BackendOptions(batch=True)).output is None
+    assert compile_policy(path, "shell", options=BackendOptions(batch=False)).output is not None
+    batch = compile_policy(path, "shell")  # the script's default form feeds tc -batch
+    assert batch.output is None
+    assert batch.diagnostics[0].message.endswith("(or compile with --per-command)")
     star = compile_policy(_odd(tmp_path, "eth0", "eth*"), "nft")
     assert [(d.code, d.span.line) for d in star.diagnostics] == [("E502", 2)]
     assert "'*' in an interface name as a wildcard" in star.diagnostics[0].message
@@ -232,11 +234,12 @@ def test_unspellable_interface_names_are_diagnosed(tmp_path: Path) -> None:
 
 def test_shell_batch_and_nft_scripts_are_valid_sh() -> None:
     for path in (MARKS, "policies/office.tcp"):
-        for options in ({"batch": True}, {"marks": "nft"}, {"batch": True, "marks": "nft"}):
+        for options in ({"batch": False}, {"marks": "nft"}, {"batch": False, "marks": "nft"}, {}):
             script = _compile(path, "shell", **options).output or ""
             done = subprocess.run(["sh", "-n"], input=script, text=True, capture_output=True)
             assert done.returncode == 0, done.stderr
-            assert ("tc -batch - 2>&1 <<'TCDSL_BATCH'" in script) == bool(options.get("batch"))
+            batch = options.get("batch", True)
+            assert ("tc -batch - 2>&1 <<'TCDSL_BATCH'" in script) == batch
             # Without marks, iptables only removes an earlier version's chain (tcdsl_unmark).
             marks = "iptables -t mangle -N" in script
             assert marks == (path == MARKS and options.get("marks") != "nft")
@@ -284,7 +287,7 @@ def _host() -> runner.HostSupport:
 @needs_root
 def test_shell_batch_script_applies_like_the_plain_script() -> None:
     _host()
-    plain, batch = _compile(TOS_HTB, "shell"), _compile(TOS_HTB, "shell", batch=True)
+    plain, batch = _compile(TOS_HTB, "shell", batch=False), _compile(TOS_HTB, "shell")
     cases = [
         runner.Case(n, runner.case_script(n, r.output or "", ["eth0"], ["eth0"]))
         for n, r in (("plain", plain), ("batch", batch))
@@ -350,7 +353,7 @@ def test_dual_stack_batch_applies_like_the_plain_script(tmp_path: Path) -> None:
     _host()
     path = tmp_path / "dual.tcp"
     path.write_text(U32_DUAL, encoding="utf-8")
-    plain, batch = _compile(str(path), "shell"), _compile(str(path), "shell", batch=True)
+    plain, batch = _compile(str(path), "shell", batch=False), _compile(str(path), "shell")
     cases = [
         runner.Case(n, runner.case_script(n, r.output or "", ["eth0"], ["eth0"]))
         for n, r in (("plain", plain), ("batch", batch))

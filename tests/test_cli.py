@@ -86,15 +86,36 @@ def test_help_lists_commands_and_options() -> None:
 # ---- compile -------------------------------------------------------------------------------------
 
 
+def _tc_lines(script: str) -> list[str]:
+    """The script's lines that run tc (its teardown, guarded by ``|| true``, left out)."""
+    return [x for x in script.splitlines() if re.match(r"(if ! \S+=\$\()?tc ", x) and "||" not in x]
+
+
 def test_compile_prints_the_script(in_root: Path) -> None:
+    """By default every tc command goes to one tc -batch (a here-document, no tc per line)."""
     result = run("compile", OFFICE)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith("#!/bin/sh\n")
-    assert "tc qdisc add dev eth0 root handle 1: htb default" in result.stdout
+    assert _tc_lines(result.stdout) == ["if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'"]
+    assert "\nqdisc add dev eth0 root handle 1: htb default" in result.stdout
     assert result.stderr == ""
     golden = in_root / "tests" / "golden" / "shell" / "office.sh"
-    if golden.exists():
-        assert result.stdout == golden.read_text(encoding="utf-8")
+    assert result.stdout == golden.read_text(encoding="utf-8")
+    assert run("compile", "--batch", OFFICE).stdout == result.stdout
+
+
+def test_compile_per_command_runs_one_tc_per_command(in_root: Path) -> None:
+    result = run("compile", "--per-command", OFFICE)
+    assert result.exit_code == 0, result.stderr
+    assert "tc -batch" not in result.stdout and "TCDSL_BATCH" not in result.stdout
+    tc = _tc_lines(result.stdout)
+    batch = run("compile", OFFICE).stdout
+    body = batch[batch.index("<<'TCDSL_BATCH'\n") : batch.index("\nTCDSL_BATCH\n")]
+    commands = [x for x in body.splitlines()[1:] if not x.startswith("#")]
+    assert tc == [f"tc {x}" for x in commands]  # the same commands, in the same order
+    assert tc[0] == "tc qdisc add dev eth0 root handle 1: htb default 70 r2q 100"
+    golden = in_root / "tests" / "golden" / "shell-per-command" / "office.sh"
+    assert result.stdout == golden.read_text(encoding="utf-8")
 
 
 def test_compile_output_file(in_root: Path, tmp_path: Path) -> None:

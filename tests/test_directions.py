@@ -71,12 +71,20 @@ def _compiled(tmp_path: Path, text: str, backend: str = "shell") -> Result:
 
 
 def _commands(script: str) -> list[str]:
-    """The script's commands, without its comments, trace lines and boilerplate."""
-    return [
-        line
-        for line in script.splitlines()
-        if line.startswith(("tc ", "ip ", "iptables ")) and "2>/dev/null" not in line
-    ]
+    """The script's commands, without its comments, trace lines and boilerplate; the lines
+    of its ``tc -batch`` input as ``tc`` commands."""
+    out: list[str] = []
+    batch = False
+    for line in script.splitlines():
+        if line == "TCDSL_BATCH":
+            batch = False
+        elif batch and not line.startswith("#"):
+            out.append(f"tc {line}")
+        elif line.endswith("<<'TCDSL_BATCH'"):
+            batch = True
+        elif line.startswith(("tc ", "ip ", "iptables ")) and "2>/dev/null" not in line:
+            out.append(line)
+    return out
 
 
 # ---- what the compiler emits ---------------------------------------------------------------

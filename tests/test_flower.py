@@ -64,12 +64,12 @@ def test_every_flower_filter_has_a_pref_of_its_own_in_the_policys_order(tmp_path
 
 
 def test_flower_words_police_after_action_and_ports_from_zero(tmp_path: Path) -> None:
-    _, script = _compile(tmp_path, ORDERED)
-    filters = [line for line in script.splitlines() if line.startswith("tc filter")]
+    _, script = _compile(tmp_path, ORDERED, "tc-batch")
+    filters = [line for line in script.splitlines() if line.startswith("filter")]
     https = [f for f in filters if "dst_port 443" in f]
     # one policer for the line: made before the filters at an index, both bind to it
     assert len(https) == 2
-    made = re.search(r"^tc actions replace action police rate 1mbit burst 10k drop index (\d+)$",
+    made = re.search(r"^actions replace action police rate 1mbit burst 10k drop index (\d+)$",
                      script, re.M)  # fmt: skip
     assert made is not None and script.index(made.group(0)) < script.index(https[0])
     for f in https:

@@ -1,4 +1,5 @@
-"""Golden tests: every policy x every backend -> tests/golden/<backend>/<name>.<ext>."""
+"""Golden tests: every policy x every backend -> tests/golden/<backend>/<name>.<ext>, and a few
+policies in the shell script's per-command form -> tests/golden/shell-per-command/."""
 
 from __future__ import annotations
 
@@ -8,19 +9,36 @@ from pathlib import Path
 import pytest
 from tcdsl.backends import BACKENDS
 
+from tcdsl.backend import BackendOptions
 from tcdsl.diagnostics import Severity, render
 from tcdsl.driver import compile_policy
 from tests.conftest import GOLDEN, ROOT, golden_name, policy_files
 
-CASES = [(b, p) for b in sorted(BACKENDS) for p in policy_files()]
+VARIANTS: dict[str, tuple[str, BackendOptions, tuple[Path, ...]]] = {
+    "shell-per-command": (
+        "shell",
+        BackendOptions(batch=False),
+        tuple(Path("policies", n) for n in ("office.tcp", "home-ifb.tcp", "router-marks.tcp")),
+    ),
+}
+"""Golden folders of a backend's other forms: folder -> (backend, options, policies)."""
+
+OUTPUTS: dict[str, tuple[str, BackendOptions | None, tuple[Path, ...]]] = {
+    **{b: (b, None, tuple(policy_files())) for b in sorted(BACKENDS)},
+    **VARIANTS,
+}
+CASES = [(o, p) for o, (_, _, policies) in OUTPUTS.items() for p in policies]
 
 
-def _compile_files(backend: str, policy: Path) -> dict[str, str]:
+def _compile_files(output: str, policy: Path) -> dict[str, str]:
     """Every output file by name; a rejected policy gives one file with its diagnostics."""
+    backend, options, _ = OUTPUTS[output]
     cwd = os.getcwd()
     os.chdir(ROOT)  # golden output names the policy by its repository path
     try:
-        result = compile_policy(policy.as_posix(), backend, stem=golden_name(policy))
+        result = compile_policy(
+            policy.as_posix(), backend, options=options, stem=golden_name(policy)
+        )
     finally:
         os.chdir(cwd)
     if result.output is None:
@@ -33,10 +51,10 @@ def _compile(backend: str, policy: Path) -> str:
     return next(iter(_compile_files(backend, policy).values()))
 
 
-@pytest.mark.parametrize(("backend", "policy"), CASES, ids=[f"{b}-{p}" for b, p in CASES])
-def test_golden(backend: str, policy: Path, update_golden: bool) -> None:
-    for name, actual in _compile_files(backend, policy).items():
-        golden = GOLDEN / backend / name
+@pytest.mark.parametrize(("output", "policy"), CASES, ids=[f"{o}-{p}" for o, p in CASES])
+def test_golden(output: str, policy: Path, update_golden: bool) -> None:
+    for name, actual in _compile_files(output, policy).items():
+        golden = GOLDEN / output / name
         if update_golden:
             golden.parent.mkdir(parents=True, exist_ok=True)
             golden.write_text(actual, encoding="utf-8")
@@ -48,9 +66,7 @@ def test_golden(backend: str, policy: Path, update_golden: bool) -> None:
 
 
 def test_no_orphan_golden_files() -> None:
-    expected = {
-        GOLDEN / b / name for b in BACKENDS for p in policy_files() for name in _compile_files(b, p)
-    }
+    expected = {GOLDEN / o / name for o, p in CASES for name in _compile_files(o, p)}
     present = {p for p in GOLDEN.rglob("*") if p.is_file()}
     orphans = sorted(str(p.relative_to(ROOT)) for p in present - expected)
     assert not orphans, f"golden files without a policy: {orphans}"

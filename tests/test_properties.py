@@ -704,7 +704,7 @@ def test_generated_policies(case: tuple[str, bool, list[str]]) -> None:
     assert again.diagnostics == result.diagnostics
     if not result.errors:
         assert result.output is not None and result.output.startswith("#!/bin/sh\n")
-        assert "tc qdisc add dev" in result.output
+        assert "\nqdisc add dev" in result.output  # a line of the script's tc -batch input
     else:
         assert result.output is None
     if not mistakes:
@@ -766,11 +766,14 @@ def _line_families(policy: ir.Policy) -> Iterator[tuple[ir.Interface, ir.Match, 
 
 
 def _commands(output: str) -> list[str]:
-    """The commands of a shell script (no comments, no ``tcdsl_at=`` lines)."""
+    """The commands of a shell script (no comments, no ``tcdsl_at=`` lines, nor the lines
+    mapping a failed tc -batch line to its policy text)."""
     return [
         line.strip()
         for line in output.splitlines()
-        if line.strip() and not line.lstrip().startswith(("#", "tcdsl_at="))
+        if line.strip()
+        and not line.lstrip().startswith(("#", "tcdsl_at="))
+        and not re.match(r"\s*\d+\) tcdsl_at=", line)
     ]
 
 

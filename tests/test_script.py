@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tcdsl import ir
+from tcdsl.backend import BackendOptions
 from tcdsl.commands import default_chain, owned_chains, teardown_commands
 from tcdsl.diagnostics import render
 from tcdsl.driver import Result, compile_policy
@@ -32,10 +33,10 @@ def _compile(policy: Path) -> Result:
     return result
 
 
-def _compile_text(tmp_path: Path, text: str) -> Result:
+def _compile_text(tmp_path: Path, text: str, per_command: bool = False) -> Result:
     path = tmp_path / "policy.tcp"
     path.write_text(text, encoding="utf-8")
-    return compile_policy(str(path))
+    return compile_policy(str(path), options=BackendOptions(batch=not per_command))
 
 
 def _commands(script: str) -> list[str]:
@@ -208,13 +209,20 @@ UNUSUAL_NAMES = ["e-th.0@x", "$(id)", "it's", "`id`", "a\\b", "*", "eth0;reboot"
 
 @pytest.mark.parametrize("name", UNUSUAL_NAMES)
 def test_unusual_interface_name_is_one_word(name: str, tmp_path: Path) -> None:
-    result = _compile_text(
-        tmp_path,
+    """Each command of the per-command form gets the name as one word; the default form's
+    tc -batch input (a quoted here-document, which the shell leaves alone) runs nothing else."""
+    text = (
         f'interface "{name}" htb rate 10mbit default rest {{\n'
         "    class web rate 5mbit match dport 80\n"
         "    class rest rate 1mbit { pfifo limit 10 }\n"
-        "}\n",
+        "}\n"
     )
+    batch = _compile_text(tmp_path, text)
+    if batch.output is not None:
+        (tmp_path / "batch").mkdir()
+        calls = run_with_fake_tools(batch.output, tmp_path / "batch")
+        assert [argv for tool, argv in calls if tool == "tc"][-1] == ["-batch", "-"]
+    result = _compile_text(tmp_path, text, per_command=True)
     if result.output is None:
         assert {d.code for d in result.errors} == {"E009"}, render(
             result.diagnostics, result.sources
@@ -236,7 +244,7 @@ def test_unusual_names_with_marking_are_one_word(tmp_path: Path) -> None:
         "    class rest rate 1mbit\n"
         "}\n"
     )
-    result = _compile_text(tmp_path, text)
+    result = _compile_text(tmp_path, text, per_command=True)
     assert result.policy is not None and result.output is not None
     chain = result.policy.interfaces[0].marking.chain  # type: ignore[union-attr]
     assert chain is not None and re.fullmatch(r"TCDSL-[A-Za-z0-9_.-]+", chain), chain

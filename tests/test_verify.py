@@ -25,6 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from tcdsl import ir
+from tcdsl.backend import BackendOptions
 from tcdsl.cli import cli
 from tcdsl.diagnostics import Diagnostic, render
 from tcdsl.driver import Result, compile_policy
@@ -66,7 +67,8 @@ def _at_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _compile(path: str | Path) -> Result:
-    result = compile_policy(str(path))
+    """The shell script as verify applies it: one tc per command."""
+    result = compile_policy(str(path), options=BackendOptions(batch=False))
     assert result.policy is not None and result.output is not None, render(
         result.diagnostics, result.sources
     )

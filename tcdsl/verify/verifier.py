@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tcdsl import ir
+from tcdsl.backend import BackendOptions
 from tcdsl.commands import owned_chains, unjump_shell
 from tcdsl.diagnostics import Diagnostic, Severity, Span, sort_key
 from tcdsl.driver import compile_policy
@@ -126,7 +127,9 @@ def devices(policy: ir.Policy) -> tuple[list[str], list[str]]:
 
 
 def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
-    result = compile_policy(path, backend)
+    # The shell script's per-command form: a failing command is then named by its own line
+    # (the batch form runs the same commands in the same order through one tc -batch).
+    result = compile_policy(path, backend, options=BackendOptions(batch=False))
     # Advice (infos) is for 'check --info'; verify reports what the kernel does.
     found = [d for d in result.diagnostics if d.severity is not Severity.INFO]
     v = Verification(path, found, dict(result.sources), script=result.output)

@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,37 +53,66 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/adsl-atm.tcp:7:16: interface eth0: htb qdisc'
-tc qdisc add dev eth0 root handle 1: stab overhead 26 linklayer atm htb default 30
-tcdsl_at='policies/adsl-atm.tcp:7:16: link class'
-tc class add dev eth0 parent 1: classid 1:1 htb rate 950kbit
-tcdsl_at='policies/adsl-atm.tcp:8:11: class interactive'
-tc class add dev eth0 parent 1:1 classid 1:10 htb rate 300kbit ceil 950kbit prio 0
-tcdsl_at='policies/adsl-atm.tcp:13:11: class web'
-tc class add dev eth0 parent 1:1 classid 1:20 htb rate 400kbit ceil 950kbit prio 1
-tcdsl_at='policies/adsl-atm.tcp:17:11: class bulk'
-tc class add dev eth0 parent 1:1 classid 1:30 htb rate 250kbit ceil 950kbit prio 2
-tcdsl_at='policies/adsl-atm.tcp:15:9: fq_codel qdisc of 1:20'
-tc qdisc add dev eth0 parent 1:20 handle 20: fq_codel
-tcdsl_at='policies/adsl-atm.tcp:18:9: fq_codel qdisc of 1:30'
-tc qdisc add dev eth0 parent 1:30 handle 30: fq_codel
-tcdsl_at='policies/adsl-atm.tcp:9:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 53 0xffff flowid 1:10
-tcdsl_at='policies/adsl-atm.tcp:9:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 53 0xffff flowid 1:10
-tcdsl_at='policies/adsl-atm.tcp:10:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10
-tcdsl_at='policies/adsl-atm.tcp:10:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:10
-tcdsl_at='policies/adsl-atm.tcp:11:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
-tcdsl_at='policies/adsl-atm.tcp:11:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
-tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 80 0xffff flowid 1:20
-tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 80 0xffff flowid 1:20
-tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 443 0xffff flowid 1:20
-tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:20
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/adsl-atm.tcp:7:16: interface eth0: htb qdisc
+qdisc add dev eth0 root handle 1: stab overhead 26 linklayer atm htb default 30
+# policies/adsl-atm.tcp:7:16: link class
+class add dev eth0 parent 1: classid 1:1 htb rate 950kbit
+# policies/adsl-atm.tcp:17:11: class bulk
+class add dev eth0 parent 1:1 classid 1:30 htb rate 250kbit ceil 950kbit prio 2
+# policies/adsl-atm.tcp:18:9: fq_codel qdisc of 1:30
+qdisc add dev eth0 parent 1:30 handle 30: fq_codel
+# policies/adsl-atm.tcp:8:11: class interactive
+class add dev eth0 parent 1:1 classid 1:10 htb rate 300kbit ceil 950kbit prio 0
+# policies/adsl-atm.tcp:9:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 53 0xffff flowid 1:10
+# policies/adsl-atm.tcp:9:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 53 0xffff flowid 1:10
+# policies/adsl-atm.tcp:10:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10
+# policies/adsl-atm.tcp:10:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:10
+# policies/adsl-atm.tcp:11:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
+# policies/adsl-atm.tcp:11:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
+# policies/adsl-atm.tcp:13:11: class web
+class add dev eth0 parent 1:1 classid 1:20 htb rate 400kbit ceil 950kbit prio 1
+# policies/adsl-atm.tcp:15:9: fq_codel qdisc of 1:20
+qdisc add dev eth0 parent 1:20 handle 20: fq_codel
+# policies/adsl-atm.tcp:14:9: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 80 0xffff flowid 1:20
+# policies/adsl-atm.tcp:14:9: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 80 0xffff flowid 1:20
+# policies/adsl-atm.tcp:14:9: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 443 0xffff flowid 1:20
+# policies/adsl-atm.tcp:14:9: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:20
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/adsl-atm.tcp:7:16: interface eth0: htb qdisc' ;;
+    4) tcdsl_at='policies/adsl-atm.tcp:7:16: link class' ;;
+    6) tcdsl_at='policies/adsl-atm.tcp:17:11: class bulk' ;;
+    8) tcdsl_at='policies/adsl-atm.tcp:18:9: fq_codel qdisc of 1:30' ;;
+    10) tcdsl_at='policies/adsl-atm.tcp:8:11: class interactive' ;;
+    12) tcdsl_at='policies/adsl-atm.tcp:9:9: filter to 1:10' ;;
+    14) tcdsl_at='policies/adsl-atm.tcp:9:9: filter to 1:10' ;;
+    16) tcdsl_at='policies/adsl-atm.tcp:10:9: filter to 1:10' ;;
+    18) tcdsl_at='policies/adsl-atm.tcp:10:9: filter to 1:10' ;;
+    20) tcdsl_at='policies/adsl-atm.tcp:11:9: filter to 1:10' ;;
+    22) tcdsl_at='policies/adsl-atm.tcp:11:9: filter to 1:10' ;;
+    24) tcdsl_at='policies/adsl-atm.tcp:13:11: class web' ;;
+    26) tcdsl_at='policies/adsl-atm.tcp:15:9: fq_codel qdisc of 1:20' ;;
+    28) tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20' ;;
+    30) tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20' ;;
+    32) tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20' ;;
+    34) tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,103 +53,165 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/dual-stack-office.tcp:10:16: interface eth0: htb qdisc'
-tc qdisc add dev eth0 root handle 1: htb default 60 r2q 200
-tcdsl_at='policies/dual-stack-office.tcp:10:16: link class'
-tc class add dev eth0 parent 1: classid 1:1 htb rate 200mbit
-tcdsl_at='policies/dual-stack-office.tcp:11:11: class interactive'
-tc class add dev eth0 parent 1:1 classid 1:10 htb rate 10mbit ceil 200mbit prio 0
-tcdsl_at='policies/dual-stack-office.tcp:17:11: class voip'
-tc class add dev eth0 parent 1:1 classid 1:20 htb rate 10mbit ceil 50mbit prio 0
-tcdsl_at='policies/dual-stack-office.tcp:18:11: class web'
-tc class add dev eth0 parent 1:1 classid 1:30 htb rate 100mbit ceil 190mbit prio 1
-tcdsl_at='policies/dual-stack-office.tcp:23:11: class alice'
-tc class add dev eth0 parent 1:1 classid 1:40 htb rate 20mbit ceil 100mbit
-tcdsl_at='policies/dual-stack-office.tcp:24:11: class guests'
-tc class add dev eth0 parent 1:1 classid 1:50 htb rate 10mbit ceil 40mbit
-tcdsl_at='policies/dual-stack-office.tcp:25:11: class bulk'
-tc class add dev eth0 parent 1:1 classid 1:60 htb rate 40mbit ceil 190mbit prio 2
-tcdsl_at='policies/dual-stack-office.tcp:15:9: fq_codel qdisc of 1:10'
-tc qdisc add dev eth0 parent 1:10 handle 10: fq_codel
-tcdsl_at='policies/dual-stack-office.tcp:21:9: fq_codel qdisc of 1:30'
-tc qdisc add dev eth0 parent 1:30 handle 30: fq_codel
-tcdsl_at='policies/dual-stack-office.tcp:26:9: fq_codel qdisc of 1:60'
-tc qdisc add dev eth0 parent 1:60 handle 60: fq_codel
-tcdsl_at='policies/dual-stack-office.tcp:12:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
-tcdsl_at='policies/dual-stack-office.tcp:12:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
-tcdsl_at='policies/dual-stack-office.tcp:13:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10
-tcdsl_at='policies/dual-stack-office.tcp:13:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:10
-tcdsl_at='policies/dual-stack-office.tcp:14:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
-tcdsl_at='policies/dual-stack-office.tcp:14:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 5060 0xffff flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5060 0xffff flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10000 0xfff0 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10016 0xffe0 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10048 0xffc0 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10112 0xff80 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10240 0xf800 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 12288 0xf000 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 16384 0xf800 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 18432 0xfc00 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 19456 0xfe00 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 19968 0xffe0 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 20000 0xffff flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10000 0xfff0 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10016 0xffe0 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10048 0xffc0 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10112 0xff80 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10240 0xf800 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 12288 0xf000 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 16384 0xf800 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 18432 0xfc00 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 19456 0xfe00 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 19968 0xffe0 flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 20000 0xffff flowid 1:20
-tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 80 0xffff flowid 1:30
-tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 80 0xffff flowid 1:30
-tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 443 0xffff flowid 1:30
-tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:30
-tcdsl_at='policies/dual-stack-office.tcp:20:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 443 0xffff flowid 1:30
-tcdsl_at='policies/dual-stack-office.tcp:20:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 443 0xffff flowid 1:30
-tcdsl_at='policies/dual-stack-office.tcp:23:42: filter to 1:40'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:40
-tcdsl_at='policies/dual-stack-office.tcp:23:42: filter to 1:40'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 src 2001:db8:42:1::11 flowid 1:40
-tcdsl_at='policies/dual-stack-office.tcp:24:42: filter to 1:50'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 src 2001:db8:42:99::/64 flowid 1:50
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/dual-stack-office.tcp:10:16: interface eth0: htb qdisc
+qdisc add dev eth0 root handle 1: htb default 60 r2q 200
+# policies/dual-stack-office.tcp:10:16: link class
+class add dev eth0 parent 1: classid 1:1 htb rate 200mbit
+# policies/dual-stack-office.tcp:25:11: class bulk
+class add dev eth0 parent 1:1 classid 1:60 htb rate 40mbit ceil 190mbit prio 2
+# policies/dual-stack-office.tcp:26:9: fq_codel qdisc of 1:60
+qdisc add dev eth0 parent 1:60 handle 60: fq_codel
+# policies/dual-stack-office.tcp:11:11: class interactive
+class add dev eth0 parent 1:1 classid 1:10 htb rate 10mbit ceil 200mbit prio 0
+# policies/dual-stack-office.tcp:15:9: fq_codel qdisc of 1:10
+qdisc add dev eth0 parent 1:10 handle 10: fq_codel
+# policies/dual-stack-office.tcp:12:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
+# policies/dual-stack-office.tcp:12:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
+# policies/dual-stack-office.tcp:13:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10
+# policies/dual-stack-office.tcp:13:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:10
+# policies/dual-stack-office.tcp:14:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
+# policies/dual-stack-office.tcp:14:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
+# policies/dual-stack-office.tcp:17:11: class voip
+class add dev eth0 parent 1:1 classid 1:20 htb rate 10mbit ceil 50mbit prio 0
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 5060 0xffff flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5060 0xffff flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10000 0xfff0 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10016 0xffe0 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10048 0xffc0 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10112 0xff80 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10240 0xf800 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 12288 0xf000 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 16384 0xf800 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 18432 0xfc00 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 19456 0xfe00 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 19968 0xffe0 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 20000 0xffff flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10000 0xfff0 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10016 0xffe0 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10048 0xffc0 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10112 0xff80 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10240 0xf800 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 12288 0xf000 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 16384 0xf800 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 18432 0xfc00 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 19456 0xfe00 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 19968 0xffe0 flowid 1:20
+# policies/dual-stack-office.tcp:17:47: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 20000 0xffff flowid 1:20
+# policies/dual-stack-office.tcp:18:11: class web
+class add dev eth0 parent 1:1 classid 1:30 htb rate 100mbit ceil 190mbit prio 1
+# policies/dual-stack-office.tcp:21:9: fq_codel qdisc of 1:30
+qdisc add dev eth0 parent 1:30 handle 30: fq_codel
+# policies/dual-stack-office.tcp:19:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 80 0xffff flowid 1:30
+# policies/dual-stack-office.tcp:19:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 80 0xffff flowid 1:30
+# policies/dual-stack-office.tcp:19:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 443 0xffff flowid 1:30
+# policies/dual-stack-office.tcp:19:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:30
+# policies/dual-stack-office.tcp:20:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 443 0xffff flowid 1:30
+# policies/dual-stack-office.tcp:20:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 443 0xffff flowid 1:30
+# policies/dual-stack-office.tcp:23:11: class alice
+class add dev eth0 parent 1:1 classid 1:40 htb rate 20mbit ceil 100mbit
+# policies/dual-stack-office.tcp:23:42: filter to 1:40
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:40
+# policies/dual-stack-office.tcp:23:42: filter to 1:40
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 src 2001:db8:42:1::11 flowid 1:40
+# policies/dual-stack-office.tcp:24:11: class guests
+class add dev eth0 parent 1:1 classid 1:50 htb rate 10mbit ceil 40mbit
+# policies/dual-stack-office.tcp:24:42: filter to 1:50
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 src 2001:db8:42:99::/64 flowid 1:50
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/dual-stack-office.tcp:10:16: interface eth0: htb qdisc' ;;
+    4) tcdsl_at='policies/dual-stack-office.tcp:10:16: link class' ;;
+    6) tcdsl_at='policies/dual-stack-office.tcp:25:11: class bulk' ;;
+    8) tcdsl_at='policies/dual-stack-office.tcp:26:9: fq_codel qdisc of 1:60' ;;
+    10) tcdsl_at='policies/dual-stack-office.tcp:11:11: class interactive' ;;
+    12) tcdsl_at='policies/dual-stack-office.tcp:15:9: fq_codel qdisc of 1:10' ;;
+    14) tcdsl_at='policies/dual-stack-office.tcp:12:9: filter to 1:10' ;;
+    16) tcdsl_at='policies/dual-stack-office.tcp:12:9: filter to 1:10' ;;
+    18) tcdsl_at='policies/dual-stack-office.tcp:13:9: filter to 1:10' ;;
+    20) tcdsl_at='policies/dual-stack-office.tcp:13:9: filter to 1:10' ;;
+    22) tcdsl_at='policies/dual-stack-office.tcp:14:9: filter to 1:10' ;;
+    24) tcdsl_at='policies/dual-stack-office.tcp:14:9: filter to 1:10' ;;
+    26) tcdsl_at='policies/dual-stack-office.tcp:17:11: class voip' ;;
+    28) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    30) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    32) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    34) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    36) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    38) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    40) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    42) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    44) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    46) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    48) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    50) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    52) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    54) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    56) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    58) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    60) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    62) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    64) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    66) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    68) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    70) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    72) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    74) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
+    76) tcdsl_at='policies/dual-stack-office.tcp:18:11: class web' ;;
+    78) tcdsl_at='policies/dual-stack-office.tcp:21:9: fq_codel qdisc of 1:30' ;;
+    80) tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30' ;;
+    82) tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30' ;;
+    84) tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30' ;;
+    86) tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30' ;;
+    88) tcdsl_at='policies/dual-stack-office.tcp:20:9: filter to 1:30' ;;
+    90) tcdsl_at='policies/dual-stack-office.tcp:20:9: filter to 1:30' ;;
+    92) tcdsl_at='policies/dual-stack-office.tcp:23:11: class alice' ;;
+    94) tcdsl_at='policies/dual-stack-office.tcp:23:42: filter to 1:40' ;;
+    96) tcdsl_at='policies/dual-stack-office.tcp:23:42: filter to 1:40' ;;
+    98) tcdsl_at='policies/dual-stack-office.tcp:24:11: class guests' ;;
+    100) tcdsl_at='policies/dual-stack-office.tcp:24:42: filter to 1:50' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

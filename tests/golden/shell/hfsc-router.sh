@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,93 +53,150 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/hfsc-router.tcp:7:16: interface eth0: hfsc qdisc'
-tc qdisc add dev eth0 root handle 1: hfsc default 50
-tcdsl_at='policies/hfsc-router.tcp:8:11: class link'
-tc class add dev eth0 parent 1: classid 1:10 hfsc ls m2 19mbit ul m2 19mbit
-tcdsl_at='policies/hfsc-router.tcp:10:15: class voip'
-tc class add dev eth0 parent 1:10 classid 1:20 hfsc rt m1 2400kbit d 5ms m2 1mbit ls m2 1mbit
-tcdsl_at='policies/hfsc-router.tcp:15:15: class interactive'
-tc class add dev eth0 parent 1:10 classid 1:30 hfsc rt m1 4mbit d 20ms m2 2mbit ls m2 6mbit
-tcdsl_at='policies/hfsc-router.tcp:21:15: class web'
-tc class add dev eth0 parent 1:10 classid 1:40 hfsc ls m2 8mbit
-tcdsl_at='policies/hfsc-router.tcp:25:15: class bulk'
-tc class add dev eth0 parent 1:10 classid 1:50 hfsc ls m2 4mbit ul m2 15mbit
-tcdsl_at='policies/hfsc-router.tcp:13:13: pfifo qdisc of 1:20'
-tc qdisc add dev eth0 parent 1:20 handle 20: pfifo limit 30
-tcdsl_at='policies/hfsc-router.tcp:19:13: fq_codel qdisc of 1:30'
-tc qdisc add dev eth0 parent 1:30 handle 30: fq_codel
-tcdsl_at='policies/hfsc-router.tcp:23:13: fq_codel qdisc of 1:40'
-tc qdisc add dev eth0 parent 1:40 handle 40: fq_codel
-tcdsl_at='policies/hfsc-router.tcp:26:13: fq_codel qdisc of 1:50'
-tc qdisc add dev eth0 parent 1:50 handle 50: fq_codel
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 5060 0xffff flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5060 0xffff flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10000 0xfff0 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10016 0xffe0 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10048 0xffc0 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10112 0xff80 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10240 0xf800 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 12288 0xf000 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 16384 0xf800 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 18432 0xfc00 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 19456 0xfe00 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 19968 0xffe0 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 20000 0xffff flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10000 0xfff0 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10016 0xffe0 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10048 0xffc0 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10112 0xff80 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10240 0xf800 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 12288 0xf000 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 16384 0xf800 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 18432 0xfc00 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 19456 0xfe00 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 19968 0xffe0 flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 20000 0xffff flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:12:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:12:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:20
-tcdsl_at='policies/hfsc-router.tcp:16:13: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 22 0xffff flowid 1:30
-tcdsl_at='policies/hfsc-router.tcp:16:13: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 22 0xffff flowid 1:30
-tcdsl_at='policies/hfsc-router.tcp:17:13: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 53 0xffff flowid 1:30
-tcdsl_at='policies/hfsc-router.tcp:17:13: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 53 0xffff flowid 1:30
-tcdsl_at='policies/hfsc-router.tcp:18:13: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:30
-tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 80 0xffff flowid 1:40
-tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 80 0xffff flowid 1:40
-tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 443 0xffff flowid 1:40
-tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:40
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/hfsc-router.tcp:7:16: interface eth0: hfsc qdisc
+qdisc add dev eth0 root handle 1: hfsc default 50
+# policies/hfsc-router.tcp:8:11: class link
+class add dev eth0 parent 1: classid 1:10 hfsc ls m2 19mbit ul m2 19mbit
+# policies/hfsc-router.tcp:25:15: class bulk
+class add dev eth0 parent 1:10 classid 1:50 hfsc ls m2 4mbit ul m2 15mbit
+# policies/hfsc-router.tcp:26:13: fq_codel qdisc of 1:50
+qdisc add dev eth0 parent 1:50 handle 50: fq_codel
+# policies/hfsc-router.tcp:10:15: class voip
+class add dev eth0 parent 1:10 classid 1:20 hfsc rt m1 2400kbit d 5ms m2 1mbit ls m2 1mbit
+# policies/hfsc-router.tcp:13:13: pfifo qdisc of 1:20
+qdisc add dev eth0 parent 1:20 handle 20: pfifo limit 30
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 5060 0xffff flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5060 0xffff flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10000 0xfff0 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10016 0xffe0 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10048 0xffc0 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10112 0xff80 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 10240 0xf800 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 12288 0xf000 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 16384 0xf800 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 18432 0xfc00 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 19456 0xfe00 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 19968 0xffe0 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 20000 0xffff flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10000 0xfff0 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10016 0xffe0 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10048 0xffc0 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10112 0xff80 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 10240 0xf800 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 12288 0xf000 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 16384 0xf800 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 18432 0xfc00 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 19456 0xfe00 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 19968 0xffe0 flowid 1:20
+# policies/hfsc-router.tcp:11:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 20000 0xffff flowid 1:20
+# policies/hfsc-router.tcp:12:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:20
+# policies/hfsc-router.tcp:12:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:20
+# policies/hfsc-router.tcp:15:15: class interactive
+class add dev eth0 parent 1:10 classid 1:30 hfsc rt m1 4mbit d 20ms m2 2mbit ls m2 6mbit
+# policies/hfsc-router.tcp:19:13: fq_codel qdisc of 1:30
+qdisc add dev eth0 parent 1:30 handle 30: fq_codel
+# policies/hfsc-router.tcp:16:13: filter to 1:30
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 22 0xffff flowid 1:30
+# policies/hfsc-router.tcp:16:13: filter to 1:30
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 22 0xffff flowid 1:30
+# policies/hfsc-router.tcp:17:13: filter to 1:30
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 53 0xffff flowid 1:30
+# policies/hfsc-router.tcp:17:13: filter to 1:30
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 53 0xffff flowid 1:30
+# policies/hfsc-router.tcp:18:13: filter to 1:30
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:30
+# policies/hfsc-router.tcp:21:15: class web
+class add dev eth0 parent 1:10 classid 1:40 hfsc ls m2 8mbit
+# policies/hfsc-router.tcp:23:13: fq_codel qdisc of 1:40
+qdisc add dev eth0 parent 1:40 handle 40: fq_codel
+# policies/hfsc-router.tcp:22:13: filter to 1:40
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 80 0xffff flowid 1:40
+# policies/hfsc-router.tcp:22:13: filter to 1:40
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 80 0xffff flowid 1:40
+# policies/hfsc-router.tcp:22:13: filter to 1:40
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 443 0xffff flowid 1:40
+# policies/hfsc-router.tcp:22:13: filter to 1:40
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:40
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/hfsc-router.tcp:7:16: interface eth0: hfsc qdisc' ;;
+    4) tcdsl_at='policies/hfsc-router.tcp:8:11: class link' ;;
+    6) tcdsl_at='policies/hfsc-router.tcp:25:15: class bulk' ;;
+    8) tcdsl_at='policies/hfsc-router.tcp:26:13: fq_codel qdisc of 1:50' ;;
+    10) tcdsl_at='policies/hfsc-router.tcp:10:15: class voip' ;;
+    12) tcdsl_at='policies/hfsc-router.tcp:13:13: pfifo qdisc of 1:20' ;;
+    14) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    16) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    18) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    20) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    22) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    24) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    26) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    28) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    30) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    32) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    34) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    36) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    38) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    40) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    42) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    44) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    46) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    48) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    50) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    52) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    54) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    56) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    58) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    60) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
+    62) tcdsl_at='policies/hfsc-router.tcp:12:13: filter to 1:20' ;;
+    64) tcdsl_at='policies/hfsc-router.tcp:12:13: filter to 1:20' ;;
+    66) tcdsl_at='policies/hfsc-router.tcp:15:15: class interactive' ;;
+    68) tcdsl_at='policies/hfsc-router.tcp:19:13: fq_codel qdisc of 1:30' ;;
+    70) tcdsl_at='policies/hfsc-router.tcp:16:13: filter to 1:30' ;;
+    72) tcdsl_at='policies/hfsc-router.tcp:16:13: filter to 1:30' ;;
+    74) tcdsl_at='policies/hfsc-router.tcp:17:13: filter to 1:30' ;;
+    76) tcdsl_at='policies/hfsc-router.tcp:17:13: filter to 1:30' ;;
+    78) tcdsl_at='policies/hfsc-router.tcp:18:13: filter to 1:30' ;;
+    80) tcdsl_at='policies/hfsc-router.tcp:21:15: class web' ;;
+    82) tcdsl_at='policies/hfsc-router.tcp:23:13: fq_codel qdisc of 1:40' ;;
+    84) tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40' ;;
+    86) tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40' ;;
+    88) tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40' ;;
+    90) tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

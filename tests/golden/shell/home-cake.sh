@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -65,8 +67,21 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/home-cake.tcp:17:12: interface eth0: cake qdisc'
-tc qdisc add dev eth0 root handle 1: cake bandwidth 19mbit diffserv4 dual-srchost nat ack-filter overhead 30 ptm
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/home-cake.tcp:17:12: interface eth0: cake qdisc
+qdisc add dev eth0 root handle 1: cake bandwidth 19mbit diffserv4 dual-srchost nat ack-filter overhead 30 ptm
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/home-cake.tcp:17:12: interface eth0: cake qdisc' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 
 # ==== interface eth0 download (via ifb4eth0) ====
 tcdsl_at=
@@ -82,9 +97,24 @@ tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
 ip link add ifb4eth0 txqueuelen 1000 type ifb
 tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
 ip link set dev ifb4eth0 up
-tcdsl_at='policies/home-cake.tcp:18:14: interface ifb4eth0: cake qdisc'
-tc qdisc add dev ifb4eth0 root handle 1: cake bandwidth 95mbit diffserv4 dual-dsthost nat wash ingress overhead 30 ptm
-tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
-tc qdisc add dev eth0 handle ffff: ingress
-tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
-tc filter add dev eth0 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ifb4eth0
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface ifb4eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/home-cake.tcp:18:14: interface ifb4eth0: cake qdisc
+qdisc add dev ifb4eth0 root handle 1: cake bandwidth 95mbit diffserv4 dual-dsthost nat wash ingress overhead 30 ptm
+# policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0
+qdisc add dev eth0 handle ffff: ingress
+# policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0
+filter add dev eth0 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ifb4eth0
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/home-cake.tcp:18:14: interface ifb4eth0: cake qdisc' ;;
+    4) tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0' ;;
+    6) tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -65,38 +67,66 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/home-ifb.tcp:8:12: interface eth0: htb qdisc'
-tc qdisc add dev eth0 root handle 1: htb default 30
-tcdsl_at='policies/home-ifb.tcp:8:12: link class'
-tc class add dev eth0 parent 1: classid 1:1 htb rate 19mbit quantum 200000
-tcdsl_at='policies/home-ifb.tcp:9:15: class voice'
-tc class add dev eth0 parent 1:1 classid 1:10 htb rate 2mbit ceil 19mbit prio 0
-tcdsl_at='policies/home-ifb.tcp:13:15: class video'
-tc class add dev eth0 parent 1:1 classid 1:20 htb rate 6mbit ceil 19mbit prio 1
-tcdsl_at='policies/home-ifb.tcp:17:15: class bulk'
-tc class add dev eth0 parent 1:1 classid 1:30 htb rate 10mbit ceil 19mbit prio 2
-tcdsl_at='policies/home-ifb.tcp:20:15: class background'
-tc class add dev eth0 parent 1:1 classid 1:40 htb rate 1mbit ceil 19mbit prio 3
-tcdsl_at='policies/home-ifb.tcp:11:13: fq_codel qdisc of 1:10'
-tc qdisc add dev eth0 parent 1:10 handle 10: fq_codel
-tcdsl_at='policies/home-ifb.tcp:15:13: fq_codel qdisc of 1:20'
-tc qdisc add dev eth0 parent 1:20 handle 20: fq_codel
-tcdsl_at='policies/home-ifb.tcp:18:13: fq_codel qdisc of 1:30'
-tc qdisc add dev eth0 parent 1:30 handle 30: fq_codel
-tcdsl_at='policies/home-ifb.tcp:22:13: fq_codel qdisc of 1:40'
-tc qdisc add dev eth0 parent 1:40 handle 40: fq_codel
-tcdsl_at='policies/home-ifb.tcp:10:13: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10
-tcdsl_at='policies/home-ifb.tcp:10:13: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:10
-tcdsl_at='policies/home-ifb.tcp:14:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x88 0xfc flowid 1:20
-tcdsl_at='policies/home-ifb.tcp:14:13: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x88 0xfc flowid 1:20
-tcdsl_at='policies/home-ifb.tcp:21:13: filter to 1:40'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x20 0xfc flowid 1:40
-tcdsl_at='policies/home-ifb.tcp:21:13: filter to 1:40'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x20 0xfc flowid 1:40
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/home-ifb.tcp:8:12: interface eth0: htb qdisc
+qdisc add dev eth0 root handle 1: htb default 30
+# policies/home-ifb.tcp:8:12: link class
+class add dev eth0 parent 1: classid 1:1 htb rate 19mbit quantum 200000
+# policies/home-ifb.tcp:17:15: class bulk
+class add dev eth0 parent 1:1 classid 1:30 htb rate 10mbit ceil 19mbit prio 2
+# policies/home-ifb.tcp:18:13: fq_codel qdisc of 1:30
+qdisc add dev eth0 parent 1:30 handle 30: fq_codel
+# policies/home-ifb.tcp:9:15: class voice
+class add dev eth0 parent 1:1 classid 1:10 htb rate 2mbit ceil 19mbit prio 0
+# policies/home-ifb.tcp:11:13: fq_codel qdisc of 1:10
+qdisc add dev eth0 parent 1:10 handle 10: fq_codel
+# policies/home-ifb.tcp:10:13: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10
+# policies/home-ifb.tcp:10:13: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:10
+# policies/home-ifb.tcp:13:15: class video
+class add dev eth0 parent 1:1 classid 1:20 htb rate 6mbit ceil 19mbit prio 1
+# policies/home-ifb.tcp:15:13: fq_codel qdisc of 1:20
+qdisc add dev eth0 parent 1:20 handle 20: fq_codel
+# policies/home-ifb.tcp:14:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x88 0xfc flowid 1:20
+# policies/home-ifb.tcp:14:13: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x88 0xfc flowid 1:20
+# policies/home-ifb.tcp:20:15: class background
+class add dev eth0 parent 1:1 classid 1:40 htb rate 1mbit ceil 19mbit prio 3
+# policies/home-ifb.tcp:22:13: fq_codel qdisc of 1:40
+qdisc add dev eth0 parent 1:40 handle 40: fq_codel
+# policies/home-ifb.tcp:21:13: filter to 1:40
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x20 0xfc flowid 1:40
+# policies/home-ifb.tcp:21:13: filter to 1:40
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x20 0xfc flowid 1:40
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/home-ifb.tcp:8:12: interface eth0: htb qdisc' ;;
+    4) tcdsl_at='policies/home-ifb.tcp:8:12: link class' ;;
+    6) tcdsl_at='policies/home-ifb.tcp:17:15: class bulk' ;;
+    8) tcdsl_at='policies/home-ifb.tcp:18:13: fq_codel qdisc of 1:30' ;;
+    10) tcdsl_at='policies/home-ifb.tcp:9:15: class voice' ;;
+    12) tcdsl_at='policies/home-ifb.tcp:11:13: fq_codel qdisc of 1:10' ;;
+    14) tcdsl_at='policies/home-ifb.tcp:10:13: filter to 1:10' ;;
+    16) tcdsl_at='policies/home-ifb.tcp:10:13: filter to 1:10' ;;
+    18) tcdsl_at='policies/home-ifb.tcp:13:15: class video' ;;
+    20) tcdsl_at='policies/home-ifb.tcp:15:13: fq_codel qdisc of 1:20' ;;
+    22) tcdsl_at='policies/home-ifb.tcp:14:13: filter to 1:20' ;;
+    24) tcdsl_at='policies/home-ifb.tcp:14:13: filter to 1:20' ;;
+    26) tcdsl_at='policies/home-ifb.tcp:20:15: class background' ;;
+    28) tcdsl_at='policies/home-ifb.tcp:22:13: fq_codel qdisc of 1:40' ;;
+    30) tcdsl_at='policies/home-ifb.tcp:21:13: filter to 1:40' ;;
+    32) tcdsl_at='policies/home-ifb.tcp:21:13: filter to 1:40' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 
 # ==== interface eth0 download (via ifb4eth0) ====
 tcdsl_at=
@@ -112,39 +142,69 @@ tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0'
 ip link add ifb4eth0 txqueuelen 1000 type ifb
 tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0'
 ip link set dev ifb4eth0 up
-tcdsl_at='policies/home-ifb.tcp:25:14: interface ifb4eth0: htb qdisc'
-tc qdisc add dev ifb4eth0 root handle 1: htb default 30 r2q 100
-tcdsl_at='policies/home-ifb.tcp:25:14: link class'
-tc class add dev ifb4eth0 parent 1: classid 1:1 htb rate 95mbit
-tcdsl_at='policies/home-ifb.tcp:26:15: class voice'
-tc class add dev ifb4eth0 parent 1:1 classid 1:10 htb rate 5mbit ceil 95mbit prio 0
-tcdsl_at='policies/home-ifb.tcp:30:15: class video'
-tc class add dev ifb4eth0 parent 1:1 classid 1:20 htb rate 30mbit ceil 95mbit prio 1
-tcdsl_at='policies/home-ifb.tcp:34:15: class bulk'
-tc class add dev ifb4eth0 parent 1:1 classid 1:30 htb rate 55mbit ceil 95mbit prio 2
-tcdsl_at='policies/home-ifb.tcp:37:15: class background'
-tc class add dev ifb4eth0 parent 1:1 classid 1:40 htb rate 5mbit ceil 95mbit prio 3
-tcdsl_at='policies/home-ifb.tcp:28:13: fq_codel qdisc of 1:10'
-tc qdisc add dev ifb4eth0 parent 1:10 handle 10: fq_codel
-tcdsl_at='policies/home-ifb.tcp:32:13: fq_codel qdisc of 1:20'
-tc qdisc add dev ifb4eth0 parent 1:20 handle 20: fq_codel
-tcdsl_at='policies/home-ifb.tcp:35:13: fq_codel qdisc of 1:30'
-tc qdisc add dev ifb4eth0 parent 1:30 handle 30: fq_codel
-tcdsl_at='policies/home-ifb.tcp:39:13: fq_codel qdisc of 1:40'
-tc qdisc add dev ifb4eth0 parent 1:40 handle 40: fq_codel
-tcdsl_at='policies/home-ifb.tcp:27:13: filter to 1:10'
-tc filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10
-tcdsl_at='policies/home-ifb.tcp:27:13: filter to 1:10'
-tc filter add dev ifb4eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:10
-tcdsl_at='policies/home-ifb.tcp:31:13: filter to 1:20'
-tc filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x88 0xfc flowid 1:20
-tcdsl_at='policies/home-ifb.tcp:31:13: filter to 1:20'
-tc filter add dev ifb4eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x88 0xfc flowid 1:20
-tcdsl_at='policies/home-ifb.tcp:38:13: filter to 1:40'
-tc filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x20 0xfc flowid 1:40
-tcdsl_at='policies/home-ifb.tcp:38:13: filter to 1:40'
-tc filter add dev ifb4eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x20 0xfc flowid 1:40
-tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0'
-tc qdisc add dev eth0 handle ffff: ingress
-tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0'
-tc filter add dev eth0 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ifb4eth0
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface ifb4eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/home-ifb.tcp:25:14: interface ifb4eth0: htb qdisc
+qdisc add dev ifb4eth0 root handle 1: htb default 30 r2q 100
+# policies/home-ifb.tcp:25:14: link class
+class add dev ifb4eth0 parent 1: classid 1:1 htb rate 95mbit
+# policies/home-ifb.tcp:34:15: class bulk
+class add dev ifb4eth0 parent 1:1 classid 1:30 htb rate 55mbit ceil 95mbit prio 2
+# policies/home-ifb.tcp:35:13: fq_codel qdisc of 1:30
+qdisc add dev ifb4eth0 parent 1:30 handle 30: fq_codel
+# policies/home-ifb.tcp:26:15: class voice
+class add dev ifb4eth0 parent 1:1 classid 1:10 htb rate 5mbit ceil 95mbit prio 0
+# policies/home-ifb.tcp:28:13: fq_codel qdisc of 1:10
+qdisc add dev ifb4eth0 parent 1:10 handle 10: fq_codel
+# policies/home-ifb.tcp:27:13: filter to 1:10
+filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10
+# policies/home-ifb.tcp:27:13: filter to 1:10
+filter add dev ifb4eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 1:10
+# policies/home-ifb.tcp:30:15: class video
+class add dev ifb4eth0 parent 1:1 classid 1:20 htb rate 30mbit ceil 95mbit prio 1
+# policies/home-ifb.tcp:32:13: fq_codel qdisc of 1:20
+qdisc add dev ifb4eth0 parent 1:20 handle 20: fq_codel
+# policies/home-ifb.tcp:31:13: filter to 1:20
+filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x88 0xfc flowid 1:20
+# policies/home-ifb.tcp:31:13: filter to 1:20
+filter add dev ifb4eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x88 0xfc flowid 1:20
+# policies/home-ifb.tcp:37:15: class background
+class add dev ifb4eth0 parent 1:1 classid 1:40 htb rate 5mbit ceil 95mbit prio 3
+# policies/home-ifb.tcp:39:13: fq_codel qdisc of 1:40
+qdisc add dev ifb4eth0 parent 1:40 handle 40: fq_codel
+# policies/home-ifb.tcp:38:13: filter to 1:40
+filter add dev ifb4eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x20 0xfc flowid 1:40
+# policies/home-ifb.tcp:38:13: filter to 1:40
+filter add dev ifb4eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x20 0xfc flowid 1:40
+# policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0
+qdisc add dev eth0 handle ffff: ingress
+# policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0
+filter add dev eth0 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ifb4eth0
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/home-ifb.tcp:25:14: interface ifb4eth0: htb qdisc' ;;
+    4) tcdsl_at='policies/home-ifb.tcp:25:14: link class' ;;
+    6) tcdsl_at='policies/home-ifb.tcp:34:15: class bulk' ;;
+    8) tcdsl_at='policies/home-ifb.tcp:35:13: fq_codel qdisc of 1:30' ;;
+    10) tcdsl_at='policies/home-ifb.tcp:26:15: class voice' ;;
+    12) tcdsl_at='policies/home-ifb.tcp:28:13: fq_codel qdisc of 1:10' ;;
+    14) tcdsl_at='policies/home-ifb.tcp:27:13: filter to 1:10' ;;
+    16) tcdsl_at='policies/home-ifb.tcp:27:13: filter to 1:10' ;;
+    18) tcdsl_at='policies/home-ifb.tcp:30:15: class video' ;;
+    20) tcdsl_at='policies/home-ifb.tcp:32:13: fq_codel qdisc of 1:20' ;;
+    22) tcdsl_at='policies/home-ifb.tcp:31:13: filter to 1:20' ;;
+    24) tcdsl_at='policies/home-ifb.tcp:31:13: filter to 1:20' ;;
+    26) tcdsl_at='policies/home-ifb.tcp:37:15: class background' ;;
+    28) tcdsl_at='policies/home-ifb.tcp:39:13: fq_codel qdisc of 1:40' ;;
+    30) tcdsl_at='policies/home-ifb.tcp:38:13: filter to 1:40' ;;
+    32) tcdsl_at='policies/home-ifb.tcp:38:13: filter to 1:40' ;;
+    34) tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0' ;;
+    36) tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,30 +53,54 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/ingress-policer.tcp:12:12: interface eth0: htb qdisc'
-tc qdisc add dev eth0 root handle 1: htb default 20 r2q 5
-tcdsl_at='policies/ingress-policer.tcp:12:12: link class'
-tc class add dev eth0 parent 1: classid 1:1 htb rate 180kbit
-tcdsl_at='policies/ingress-policer.tcp:13:15: class interactive'
-tc class add dev eth0 parent 1:1 classid 1:10 htb rate 60kbit ceil 180kbit prio 0
-tcdsl_at='policies/ingress-policer.tcp:19:15: class bulk'
-tc class add dev eth0 parent 1:1 classid 1:20 htb rate 120kbit ceil 180kbit prio 1
-tcdsl_at='policies/ingress-policer.tcp:17:13: sfq qdisc of 1:10'
-tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
-tcdsl_at='policies/ingress-policer.tcp:20:13: sfq qdisc of 1:20'
-tc qdisc add dev eth0 parent 1:20 handle 20: sfq perturb 10
-tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
-tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
-tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
-tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xff flowid 1:10
-tcdsl_at='policies/ingress-policer.tcp:16:13: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
-tcdsl_at='policies/ingress-policer.tcp:16:13: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/ingress-policer.tcp:12:12: interface eth0: htb qdisc
+qdisc add dev eth0 root handle 1: htb default 20 r2q 5
+# policies/ingress-policer.tcp:12:12: link class
+class add dev eth0 parent 1: classid 1:1 htb rate 180kbit
+# policies/ingress-policer.tcp:19:15: class bulk
+class add dev eth0 parent 1:1 classid 1:20 htb rate 120kbit ceil 180kbit prio 1
+# policies/ingress-policer.tcp:20:13: sfq qdisc of 1:20
+qdisc add dev eth0 parent 1:20 handle 20: sfq perturb 10
+# policies/ingress-policer.tcp:13:15: class interactive
+class add dev eth0 parent 1:1 classid 1:10 htb rate 60kbit ceil 180kbit prio 0
+# policies/ingress-policer.tcp:17:13: sfq qdisc of 1:10
+qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
+# policies/ingress-policer.tcp:14:13: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
+# policies/ingress-policer.tcp:14:13: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
+# policies/ingress-policer.tcp:15:13: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
+# policies/ingress-policer.tcp:15:13: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xff flowid 1:10
+# policies/ingress-policer.tcp:16:13: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
+# policies/ingress-policer.tcp:16:13: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/ingress-policer.tcp:12:12: interface eth0: htb qdisc' ;;
+    4) tcdsl_at='policies/ingress-policer.tcp:12:12: link class' ;;
+    6) tcdsl_at='policies/ingress-policer.tcp:19:15: class bulk' ;;
+    8) tcdsl_at='policies/ingress-policer.tcp:20:13: sfq qdisc of 1:20' ;;
+    10) tcdsl_at='policies/ingress-policer.tcp:13:15: class interactive' ;;
+    12) tcdsl_at='policies/ingress-policer.tcp:17:13: sfq qdisc of 1:10' ;;
+    14) tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10' ;;
+    16) tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10' ;;
+    18) tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10' ;;
+    20) tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10' ;;
+    22) tcdsl_at='policies/ingress-policer.tcp:16:13: filter to 1:10' ;;
+    24) tcdsl_at='policies/ingress-policer.tcp:16:13: filter to 1:10' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 
 # ==== interface eth0 ingress ====
 tcdsl_at=
@@ -85,11 +111,27 @@ flock 9
 # Teardown: remove this policy's ingress qdisc; absent is fine.
 tc qdisc del dev eth0 ingress 2>/dev/null || true
 tc actions delete action police index 466780161 2>/dev/null || true
-tcdsl_at='policies/ingress-policer.tcp:23:5: interface eth0: ingress qdisc'
-tc qdisc add dev eth0 handle ffff: ingress
-tcdsl_at='policies/ingress-policer.tcp:24:27: police index 466780161: the one policer of the filters of this line'
-tc actions replace action police rate 800kbit burst 10k drop index 466780161
-tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1'
-tc filter add dev eth0 parent ffff: protocol ip prio 50 u32 match u32 0 0 at 0 police index 466780161 flowid ffff:1
-tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1'
-tc filter add dev eth0 parent ffff: protocol ipv6 prio 32818 u32 match u32 0 0 at 0 police index 466780161 flowid ffff:1
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/ingress-policer.tcp:23:5: interface eth0: ingress qdisc
+qdisc add dev eth0 handle ffff: ingress
+# policies/ingress-policer.tcp:24:27: police index 466780161: the one policer of the filters of this line
+actions replace action police rate 800kbit burst 10k drop index 466780161
+# policies/ingress-policer.tcp:24:9: filter to ffff:1
+filter add dev eth0 parent ffff: protocol ip prio 50 u32 match u32 0 0 at 0 police index 466780161 flowid ffff:1
+# policies/ingress-policer.tcp:24:9: filter to ffff:1
+filter add dev eth0 parent ffff: protocol ipv6 prio 32818 u32 match u32 0 0 at 0 police index 466780161 flowid ffff:1
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/ingress-policer.tcp:23:5: interface eth0: ingress qdisc' ;;
+    4) tcdsl_at='policies/ingress-policer.tcp:24:27: police index 466780161: the one policer of the filters of this line' ;;
+    6) tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1' ;;
+    8) tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

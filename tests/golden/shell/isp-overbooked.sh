@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,33 +53,60 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev isp0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-isp0
-tcdsl_at='policies/isp-overbooked.tcp:7:16: interface isp0: htb qdisc'
-tc qdisc add dev isp0 root handle 1: htb default 70 r2q 1000
-tcdsl_at='policies/isp-overbooked.tcp:7:16: link class'
-tc class add dev isp0 parent 1: classid 1:1 htb rate 1gbit
-tcdsl_at='policies/isp-overbooked.tcp:8:11: class business'
-tc class add dev isp0 parent 1:1 classid 1:10 htb rate 600mbit ceil 1gbit prio 1
-tcdsl_at='policies/isp-overbooked.tcp:9:15: class acme'
-tc class add dev isp0 parent 1:10 classid 1:20 htb rate 300mbit ceil 800mbit prio 1
-tcdsl_at='policies/isp-overbooked.tcp:10:15: class globex'
-tc class add dev isp0 parent 1:10 classid 1:30 htb rate 200mbit ceil 500mbit prio 1
-tcdsl_at='policies/isp-overbooked.tcp:11:15: class initech'
-tc class add dev isp0 parent 1:10 classid 1:40 htb rate 200mbit ceil 500mbit prio 1
-tcdsl_at='policies/isp-overbooked.tcp:13:11: class residential'
-tc class add dev isp0 parent 1:1 classid 1:50 htb rate 500mbit ceil 1gbit prio 2
-tcdsl_at='policies/isp-overbooked.tcp:14:15: class fiber'
-tc class add dev isp0 parent 1:50 classid 1:60 htb rate 400mbit ceil 1gbit prio 2
-tcdsl_at='policies/isp-overbooked.tcp:18:15: class dsl'
-tc class add dev isp0 parent 1:50 classid 1:70 htb rate 200mbit ceil 300mbit prio 2
-tcdsl_at='policies/isp-overbooked.tcp:16:13: fq_codel qdisc of 1:60'
-tc qdisc add dev isp0 parent 1:60 handle 60: fq_codel
-tcdsl_at='policies/isp-overbooked.tcp:19:13: fq_codel qdisc of 1:70'
-tc qdisc add dev isp0 parent 1:70 handle 70: fq_codel
-tcdsl_at='policies/isp-overbooked.tcp:9:53: filter to 1:20'
-tc filter add dev isp0 parent 1: protocol ip prio 1 u32 match ip dst 198.51.100.0/26 flowid 1:20
-tcdsl_at='policies/isp-overbooked.tcp:10:55: filter to 1:30'
-tc filter add dev isp0 parent 1: protocol ip prio 1 u32 match ip dst 198.51.100.64/26 flowid 1:30
-tcdsl_at='policies/isp-overbooked.tcp:11:56: filter to 1:40'
-tc filter add dev isp0 parent 1: protocol ip prio 1 u32 match ip dst 198.51.100.128/26 flowid 1:40
-tcdsl_at='policies/isp-overbooked.tcp:15:13: filter to 1:60'
-tc filter add dev isp0 parent 1: protocol ip prio 1 u32 match ip dst 203.0.113.0/25 flowid 1:60
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface isp0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/isp-overbooked.tcp:7:16: interface isp0: htb qdisc
+qdisc add dev isp0 root handle 1: htb default 70 r2q 1000
+# policies/isp-overbooked.tcp:7:16: link class
+class add dev isp0 parent 1: classid 1:1 htb rate 1gbit
+# policies/isp-overbooked.tcp:13:11: class residential
+class add dev isp0 parent 1:1 classid 1:50 htb rate 500mbit ceil 1gbit prio 2
+# policies/isp-overbooked.tcp:18:15: class dsl
+class add dev isp0 parent 1:50 classid 1:70 htb rate 200mbit ceil 300mbit prio 2
+# policies/isp-overbooked.tcp:19:13: fq_codel qdisc of 1:70
+qdisc add dev isp0 parent 1:70 handle 70: fq_codel
+# policies/isp-overbooked.tcp:8:11: class business
+class add dev isp0 parent 1:1 classid 1:10 htb rate 600mbit ceil 1gbit prio 1
+# policies/isp-overbooked.tcp:9:15: class acme
+class add dev isp0 parent 1:10 classid 1:20 htb rate 300mbit ceil 800mbit prio 1
+# policies/isp-overbooked.tcp:9:53: filter to 1:20
+filter add dev isp0 parent 1: protocol ip prio 1 u32 match ip dst 198.51.100.0/26 flowid 1:20
+# policies/isp-overbooked.tcp:10:15: class globex
+class add dev isp0 parent 1:10 classid 1:30 htb rate 200mbit ceil 500mbit prio 1
+# policies/isp-overbooked.tcp:10:55: filter to 1:30
+filter add dev isp0 parent 1: protocol ip prio 1 u32 match ip dst 198.51.100.64/26 flowid 1:30
+# policies/isp-overbooked.tcp:11:15: class initech
+class add dev isp0 parent 1:10 classid 1:40 htb rate 200mbit ceil 500mbit prio 1
+# policies/isp-overbooked.tcp:11:56: filter to 1:40
+filter add dev isp0 parent 1: protocol ip prio 1 u32 match ip dst 198.51.100.128/26 flowid 1:40
+# policies/isp-overbooked.tcp:14:15: class fiber
+class add dev isp0 parent 1:50 classid 1:60 htb rate 400mbit ceil 1gbit prio 2
+# policies/isp-overbooked.tcp:16:13: fq_codel qdisc of 1:60
+qdisc add dev isp0 parent 1:60 handle 60: fq_codel
+# policies/isp-overbooked.tcp:15:13: filter to 1:60
+filter add dev isp0 parent 1: protocol ip prio 1 u32 match ip dst 203.0.113.0/25 flowid 1:60
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/isp-overbooked.tcp:7:16: interface isp0: htb qdisc' ;;
+    4) tcdsl_at='policies/isp-overbooked.tcp:7:16: link class' ;;
+    6) tcdsl_at='policies/isp-overbooked.tcp:13:11: class residential' ;;
+    8) tcdsl_at='policies/isp-overbooked.tcp:18:15: class dsl' ;;
+    10) tcdsl_at='policies/isp-overbooked.tcp:19:13: fq_codel qdisc of 1:70' ;;
+    12) tcdsl_at='policies/isp-overbooked.tcp:8:11: class business' ;;
+    14) tcdsl_at='policies/isp-overbooked.tcp:9:15: class acme' ;;
+    16) tcdsl_at='policies/isp-overbooked.tcp:9:53: filter to 1:20' ;;
+    18) tcdsl_at='policies/isp-overbooked.tcp:10:15: class globex' ;;
+    20) tcdsl_at='policies/isp-overbooked.tcp:10:55: filter to 1:30' ;;
+    22) tcdsl_at='policies/isp-overbooked.tcp:11:15: class initech' ;;
+    24) tcdsl_at='policies/isp-overbooked.tcp:11:56: filter to 1:40' ;;
+    26) tcdsl_at='policies/isp-overbooked.tcp:14:15: class fiber' ;;
+    28) tcdsl_at='policies/isp-overbooked.tcp:16:13: fq_codel qdisc of 1:60' ;;
+    30) tcdsl_at='policies/isp-overbooked.tcp:15:13: filter to 1:60' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,51 +53,87 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev lab0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-lab0
-tcdsl_at='policies/lab-aqm.tcp:6:16: interface lab0: htb qdisc'
-tc qdisc add dev lab0 root handle 1: htb default 50 r2q 100
-tcdsl_at='policies/lab-aqm.tcp:6:16: link class'
-tc class add dev lab0 parent 1: classid 1:1 htb rate 100mbit
-tcdsl_at='policies/lab-aqm.tcp:7:11: class controlled'
-tc class add dev lab0 parent 1:1 classid 1:10 htb rate 20mbit ceil 100mbit
-tcdsl_at='policies/lab-aqm.tcp:10:11: class paced'
-tc class add dev lab0 parent 1:1 classid 1:20 htb rate 20mbit ceil 100mbit
-tcdsl_at='policies/lab-aqm.tcp:13:11: class early'
-tc class add dev lab0 parent 1:1 classid 1:30 htb rate 20mbit ceil 100mbit
-tcdsl_at='policies/lab-aqm.tcp:16:11: class wifi'
-tc class add dev lab0 parent 1:1 classid 1:40 htb rate 20mbit ceil 100mbit
-tcdsl_at='policies/lab-aqm.tcp:20:11: class bulk'
-tc class add dev lab0 parent 1:1 classid 1:50 htb rate 20mbit ceil 100mbit
-tcdsl_at='policies/lab-aqm.tcp:8:9: codel qdisc of 1:10'
-tc qdisc add dev lab0 parent 1:10 handle 10: codel target 5ms interval 100ms ce_threshold 2ms ecn
-tcdsl_at='policies/lab-aqm.tcp:11:9: fq qdisc of 1:20'
-tc qdisc add dev lab0 parent 1:20 handle 20: fq flow_limit 50 maxrate 10mbit buckets 256 refill_delay 40ms horizon 2s horizon_drop
-tcdsl_at='policies/lab-aqm.tcp:14:9: red qdisc of 1:30'
-tc qdisc add dev lab0 parent 1:30 handle 30: red limit 400k min 30k max 90k avpkt 1000 bandwidth 100mbit probability 0.02 ecn
-tcdsl_at='policies/lab-aqm.tcp:17:9: netem qdisc of 1:40'
-tc qdisc add dev lab0 parent 1:40 handle 40: netem delay 20ms 5ms distribution normal loss 0.5% 25% reorder 10% gap 5 slot 800us 2ms
-tcdsl_at='policies/lab-aqm.tcp:21:9: fq_codel qdisc of 1:50'
-tc qdisc add dev lab0 parent 1:50 handle 50: fq_codel
-tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10'
-tc filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5001 0xffff flowid 1:10
-tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10'
-tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5001 0xffff flowid 1:10
-tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10'
-tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5001 0xffff flowid 1:10
-tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20'
-tc filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5002 0xffff flowid 1:20
-tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20'
-tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5002 0xffff flowid 1:20
-tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20'
-tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5002 0xffff flowid 1:20
-tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30'
-tc filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5003 0xffff flowid 1:30
-tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30'
-tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5003 0xffff flowid 1:30
-tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30'
-tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5003 0xffff flowid 1:30
-tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40'
-tc filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5004 0xffff flowid 1:40
-tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40'
-tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5004 0xffff flowid 1:40
-tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40'
-tc filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5004 0xffff flowid 1:40
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface lab0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/lab-aqm.tcp:6:16: interface lab0: htb qdisc
+qdisc add dev lab0 root handle 1: htb default 50 r2q 100
+# policies/lab-aqm.tcp:6:16: link class
+class add dev lab0 parent 1: classid 1:1 htb rate 100mbit
+# policies/lab-aqm.tcp:20:11: class bulk
+class add dev lab0 parent 1:1 classid 1:50 htb rate 20mbit ceil 100mbit
+# policies/lab-aqm.tcp:21:9: fq_codel qdisc of 1:50
+qdisc add dev lab0 parent 1:50 handle 50: fq_codel
+# policies/lab-aqm.tcp:7:11: class controlled
+class add dev lab0 parent 1:1 classid 1:10 htb rate 20mbit ceil 100mbit
+# policies/lab-aqm.tcp:8:9: codel qdisc of 1:10
+qdisc add dev lab0 parent 1:10 handle 10: codel target 5ms interval 100ms ce_threshold 2ms ecn
+# policies/lab-aqm.tcp:7:47: filter to 1:10
+filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5001 0xffff flowid 1:10
+# policies/lab-aqm.tcp:7:47: filter to 1:10
+filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5001 0xffff flowid 1:10
+# policies/lab-aqm.tcp:7:47: filter to 1:10
+filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5001 0xffff flowid 1:10
+# policies/lab-aqm.tcp:10:11: class paced
+class add dev lab0 parent 1:1 classid 1:20 htb rate 20mbit ceil 100mbit
+# policies/lab-aqm.tcp:11:9: fq qdisc of 1:20
+qdisc add dev lab0 parent 1:20 handle 20: fq flow_limit 50 maxrate 10mbit buckets 256 refill_delay 40ms horizon 2s horizon_drop
+# policies/lab-aqm.tcp:10:42: filter to 1:20
+filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5002 0xffff flowid 1:20
+# policies/lab-aqm.tcp:10:42: filter to 1:20
+filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5002 0xffff flowid 1:20
+# policies/lab-aqm.tcp:10:42: filter to 1:20
+filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5002 0xffff flowid 1:20
+# policies/lab-aqm.tcp:13:11: class early
+class add dev lab0 parent 1:1 classid 1:30 htb rate 20mbit ceil 100mbit
+# policies/lab-aqm.tcp:14:9: red qdisc of 1:30
+qdisc add dev lab0 parent 1:30 handle 30: red limit 400k min 30k max 90k avpkt 1000 bandwidth 100mbit probability 0.02 ecn
+# policies/lab-aqm.tcp:13:42: filter to 1:30
+filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5003 0xffff flowid 1:30
+# policies/lab-aqm.tcp:13:42: filter to 1:30
+filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5003 0xffff flowid 1:30
+# policies/lab-aqm.tcp:13:42: filter to 1:30
+filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5003 0xffff flowid 1:30
+# policies/lab-aqm.tcp:16:11: class wifi
+class add dev lab0 parent 1:1 classid 1:40 htb rate 20mbit ceil 100mbit
+# policies/lab-aqm.tcp:17:9: netem qdisc of 1:40
+qdisc add dev lab0 parent 1:40 handle 40: netem delay 20ms 5ms distribution normal loss 0.5% 25% reorder 10% gap 5 slot 800us 2ms
+# policies/lab-aqm.tcp:16:41: filter to 1:40
+filter add dev lab0 parent 1: protocol ip prio 1 u32 match ip dport 5004 0xffff flowid 1:40
+# policies/lab-aqm.tcp:16:41: filter to 1:40
+filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5004 0xffff flowid 1:40
+# policies/lab-aqm.tcp:16:41: filter to 1:40
+filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5004 0xffff flowid 1:40
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/lab-aqm.tcp:6:16: interface lab0: htb qdisc' ;;
+    4) tcdsl_at='policies/lab-aqm.tcp:6:16: link class' ;;
+    6) tcdsl_at='policies/lab-aqm.tcp:20:11: class bulk' ;;
+    8) tcdsl_at='policies/lab-aqm.tcp:21:9: fq_codel qdisc of 1:50' ;;
+    10) tcdsl_at='policies/lab-aqm.tcp:7:11: class controlled' ;;
+    12) tcdsl_at='policies/lab-aqm.tcp:8:9: codel qdisc of 1:10' ;;
+    14) tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10' ;;
+    16) tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10' ;;
+    18) tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10' ;;
+    20) tcdsl_at='policies/lab-aqm.tcp:10:11: class paced' ;;
+    22) tcdsl_at='policies/lab-aqm.tcp:11:9: fq qdisc of 1:20' ;;
+    24) tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20' ;;
+    26) tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20' ;;
+    28) tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20' ;;
+    30) tcdsl_at='policies/lab-aqm.tcp:13:11: class early' ;;
+    32) tcdsl_at='policies/lab-aqm.tcp:14:9: red qdisc of 1:30' ;;
+    34) tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30' ;;
+    36) tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30' ;;
+    38) tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30' ;;
+    40) tcdsl_at='policies/lab-aqm.tcp:16:11: class wifi' ;;
+    42) tcdsl_at='policies/lab-aqm.tcp:17:9: netem qdisc of 1:40' ;;
+    44) tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40' ;;
+    46) tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40' ;;
+    48) tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,45 +53,78 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev lan0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-lan0
-tcdsl_at='policies/nested.tcp:7:16: interface lan0: htb qdisc'
-tc qdisc add dev lan0 root handle 1: htb default 30
-tcdsl_at='policies/nested.tcp:7:16: link class'
-tc class add dev lan0 parent 1: classid 1:1 htb rate 10mbit
-tcdsl_at='policies/nested.tcp:8:11: class hq'
-tc class add dev lan0 parent 1:1 classid 1:10 htb rate 6mbit ceil 10mbit
-tcdsl_at='policies/nested.tcp:17:11: class branch'
-tc class add dev lan0 parent 1:1 classid 1:20 htb rate 3mbit ceil 5mbit
-tcdsl_at='policies/nested.tcp:24:11: class guests'
-tc class add dev lan0 parent 1:1 classid 1:30 htb rate 1mbit ceil 2mbit
-tcdsl_at='policies/nested.tcp:9:9: htb qdisc of 1:10'
-tc qdisc add dev lan0 parent 1:10 handle 10: htb default 20
-tcdsl_at='policies/nested.tcp:9:9: link class'
-tc class add dev lan0 parent 10: classid 10:1 htb rate 10mbit
-tcdsl_at='policies/nested.tcp:10:19: class voip'
-tc class add dev lan0 parent 10:1 classid 10:10 htb rate 1mbit ceil 10mbit prio 0
-tcdsl_at='policies/nested.tcp:14:19: class office'
-tc class add dev lan0 parent 10:1 classid 10:20 htb rate 5mbit ceil 10mbit prio 1
-tcdsl_at='policies/nested.tcp:11:17: filter to 10:10'
-tc filter add dev lan0 parent 10: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 5060 0xffff flowid 10:10
-tcdsl_at='policies/nested.tcp:11:17: filter to 10:10'
-tc filter add dev lan0 parent 10: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5060 0xffff flowid 10:10
-tcdsl_at='policies/nested.tcp:12:17: filter to 10:10'
-tc filter add dev lan0 parent 10: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 10:10
-tcdsl_at='policies/nested.tcp:12:17: filter to 10:10'
-tc filter add dev lan0 parent 10: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 10:10
-tcdsl_at='policies/nested.tcp:18:9: prio qdisc of 1:20'
-tc qdisc add dev lan0 parent 1:20 handle 20: prio
-tcdsl_at='policies/nested.tcp:19:23: filter to 20:1'
-tc filter add dev lan0 parent 20: protocol ip prio 1 u32 match ip protocol 17 0xff match ip sport 53 0xffff flowid 20:1
-tcdsl_at='policies/nested.tcp:19:23: filter to 20:1'
-tc filter add dev lan0 parent 20: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 sport 53 0xffff flowid 20:1
-tcdsl_at='policies/nested.tcp:20:23: filter to 20:2'
-tc filter add dev lan0 parent 20: protocol ip prio 1 u32 match ip protocol 6 0xff match ip sport 22 0xffff flowid 20:2
-tcdsl_at='policies/nested.tcp:20:23: filter to 20:2'
-tc filter add dev lan0 parent 20: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 22 0xffff flowid 20:2
-tcdsl_at='policies/nested.tcp:25:9: sfq qdisc of 1:30'
-tc qdisc add dev lan0 parent 1:30 handle 30: sfq perturb 10
-tcdsl_at='policies/nested.tcp:8:37: filter to 1:10'
-tc filter add dev lan0 parent 1: protocol ip prio 1 u32 match ip dst 10.1.0.0/16 flowid 1:10
-tcdsl_at='policies/nested.tcp:17:40: filter to 1:20'
-tc filter add dev lan0 parent 1: protocol ip prio 1 u32 match ip dst 10.2.0.0/16 flowid 1:20
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface lan0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/nested.tcp:7:16: interface lan0: htb qdisc
+qdisc add dev lan0 root handle 1: htb default 30
+# policies/nested.tcp:7:16: link class
+class add dev lan0 parent 1: classid 1:1 htb rate 10mbit
+# policies/nested.tcp:24:11: class guests
+class add dev lan0 parent 1:1 classid 1:30 htb rate 1mbit ceil 2mbit
+# policies/nested.tcp:25:9: sfq qdisc of 1:30
+qdisc add dev lan0 parent 1:30 handle 30: sfq perturb 10
+# policies/nested.tcp:8:11: class hq
+class add dev lan0 parent 1:1 classid 1:10 htb rate 6mbit ceil 10mbit
+# policies/nested.tcp:9:9: htb qdisc of 1:10
+qdisc add dev lan0 parent 1:10 handle 10: htb default 20
+# policies/nested.tcp:9:9: link class
+class add dev lan0 parent 10: classid 10:1 htb rate 10mbit
+# policies/nested.tcp:14:19: class office
+class add dev lan0 parent 10:1 classid 10:20 htb rate 5mbit ceil 10mbit prio 1
+# policies/nested.tcp:10:19: class voip
+class add dev lan0 parent 10:1 classid 10:10 htb rate 1mbit ceil 10mbit prio 0
+# policies/nested.tcp:11:17: filter to 10:10
+filter add dev lan0 parent 10: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 5060 0xffff flowid 10:10
+# policies/nested.tcp:11:17: filter to 10:10
+filter add dev lan0 parent 10: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5060 0xffff flowid 10:10
+# policies/nested.tcp:12:17: filter to 10:10
+filter add dev lan0 parent 10: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 10:10
+# policies/nested.tcp:12:17: filter to 10:10
+filter add dev lan0 parent 10: protocol ipv6 prio 32769 u32 match ip6 priority 0xb8 0xfc flowid 10:10
+# policies/nested.tcp:8:37: filter to 1:10
+filter add dev lan0 parent 1: protocol ip prio 1 u32 match ip dst 10.1.0.0/16 flowid 1:10
+# policies/nested.tcp:17:11: class branch
+class add dev lan0 parent 1:1 classid 1:20 htb rate 3mbit ceil 5mbit
+# policies/nested.tcp:18:9: prio qdisc of 1:20
+qdisc add dev lan0 parent 1:20 handle 20: prio
+# policies/nested.tcp:19:23: filter to 20:1
+filter add dev lan0 parent 20: protocol ip prio 1 u32 match ip protocol 17 0xff match ip sport 53 0xffff flowid 20:1
+# policies/nested.tcp:19:23: filter to 20:1
+filter add dev lan0 parent 20: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 sport 53 0xffff flowid 20:1
+# policies/nested.tcp:20:23: filter to 20:2
+filter add dev lan0 parent 20: protocol ip prio 1 u32 match ip protocol 6 0xff match ip sport 22 0xffff flowid 20:2
+# policies/nested.tcp:20:23: filter to 20:2
+filter add dev lan0 parent 20: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 22 0xffff flowid 20:2
+# policies/nested.tcp:17:40: filter to 1:20
+filter add dev lan0 parent 1: protocol ip prio 1 u32 match ip dst 10.2.0.0/16 flowid 1:20
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/nested.tcp:7:16: interface lan0: htb qdisc' ;;
+    4) tcdsl_at='policies/nested.tcp:7:16: link class' ;;
+    6) tcdsl_at='policies/nested.tcp:24:11: class guests' ;;
+    8) tcdsl_at='policies/nested.tcp:25:9: sfq qdisc of 1:30' ;;
+    10) tcdsl_at='policies/nested.tcp:8:11: class hq' ;;
+    12) tcdsl_at='policies/nested.tcp:9:9: htb qdisc of 1:10' ;;
+    14) tcdsl_at='policies/nested.tcp:9:9: link class' ;;
+    16) tcdsl_at='policies/nested.tcp:14:19: class office' ;;
+    18) tcdsl_at='policies/nested.tcp:10:19: class voip' ;;
+    20) tcdsl_at='policies/nested.tcp:11:17: filter to 10:10' ;;
+    22) tcdsl_at='policies/nested.tcp:11:17: filter to 10:10' ;;
+    24) tcdsl_at='policies/nested.tcp:12:17: filter to 10:10' ;;
+    26) tcdsl_at='policies/nested.tcp:12:17: filter to 10:10' ;;
+    28) tcdsl_at='policies/nested.tcp:8:37: filter to 1:10' ;;
+    30) tcdsl_at='policies/nested.tcp:17:11: class branch' ;;
+    32) tcdsl_at='policies/nested.tcp:18:9: prio qdisc of 1:20' ;;
+    34) tcdsl_at='policies/nested.tcp:19:23: filter to 20:1' ;;
+    36) tcdsl_at='policies/nested.tcp:19:23: filter to 20:1' ;;
+    38) tcdsl_at='policies/nested.tcp:20:23: filter to 20:2' ;;
+    40) tcdsl_at='policies/nested.tcp:20:23: filter to 20:2' ;;
+    42) tcdsl_at='policies/nested.tcp:17:40: filter to 1:20' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,57 +53,96 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/office.tcp:4:16: interface eth0: htb qdisc'
-tc qdisc add dev eth0 root handle 1: htb default 70 r2q 100
-tcdsl_at='policies/office.tcp:4:16: link class'
-tc class add dev eth0 parent 1: classid 1:1 htb rate 100mbit
-tcdsl_at='policies/office.tcp:5:11: class interactive'
-tc class add dev eth0 parent 1:1 classid 1:10 htb rate 10mbit ceil 100mbit prio 0
-tcdsl_at='policies/office.tcp:10:11: class voip'
-tc class add dev eth0 parent 1:1 classid 1:20 htb rate 6mbit prio 0
-tcdsl_at='policies/office.tcp:11:11: class web'
-tc class add dev eth0 parent 1:1 classid 1:30 htb rate 40mbit ceil 90mbit prio 1
-tcdsl_at='policies/office.tcp:15:11: class staff'
-tc class add dev eth0 parent 1:1 classid 1:40 htb rate 30mbit ceil 100mbit
-tcdsl_at='policies/office.tcp:16:15: class alice'
-tc class add dev eth0 parent 1:40 classid 1:50 htb rate 6mbit ceil 6mbit
-tcdsl_at='policies/office.tcp:17:15: class bob'
-tc class add dev eth0 parent 1:40 classid 1:60 htb rate 3mbit ceil 3mbit
-tcdsl_at='policies/office.tcp:19:11: class bulk'
-tc class add dev eth0 parent 1:1 classid 1:70 htb rate 1mbit ceil 5mbit prio 2
-tcdsl_at='policies/office.tcp:8:9: sfq qdisc of 1:10'
-tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
-tcdsl_at='policies/office.tcp:13:9: fq_codel qdisc of 1:30'
-tc qdisc add dev eth0 parent 1:30 handle 30: fq_codel
-tcdsl_at='policies/office.tcp:20:9: pfifo qdisc of 1:70'
-tc qdisc add dev eth0 parent 1:70 handle 70: pfifo limit 20
-tcdsl_at='policies/office.tcp:6:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
-tcdsl_at='policies/office.tcp:6:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
-tcdsl_at='policies/office.tcp:7:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
-tcdsl_at='policies/office.tcp:7:9: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xff flowid 1:10
-tcdsl_at='policies/office.tcp:10:34: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 5001 0xffff flowid 1:20
-tcdsl_at='policies/office.tcp:10:34: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5001 0xffff flowid 1:20
-tcdsl_at='policies/office.tcp:10:34: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5001 0xffff flowid 1:20
-tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 80 0xffff flowid 1:30
-tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 80 0xffff flowid 1:30
-tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 80 0xffff flowid 1:30
-tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 443 0xffff flowid 1:30
-tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:30
-tcdsl_at='policies/office.tcp:12:9: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 443 0xffff flowid 1:30
-tcdsl_at='policies/office.tcp:16:43: filter to 1:50'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:50
-tcdsl_at='policies/office.tcp:17:41: filter to 1:60'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:60
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/office.tcp:4:16: interface eth0: htb qdisc
+qdisc add dev eth0 root handle 1: htb default 70 r2q 100
+# policies/office.tcp:4:16: link class
+class add dev eth0 parent 1: classid 1:1 htb rate 100mbit
+# policies/office.tcp:19:11: class bulk
+class add dev eth0 parent 1:1 classid 1:70 htb rate 1mbit ceil 5mbit prio 2
+# policies/office.tcp:20:9: pfifo qdisc of 1:70
+qdisc add dev eth0 parent 1:70 handle 70: pfifo limit 20
+# policies/office.tcp:5:11: class interactive
+class add dev eth0 parent 1:1 classid 1:10 htb rate 10mbit ceil 100mbit prio 0
+# policies/office.tcp:8:9: sfq qdisc of 1:10
+qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
+# policies/office.tcp:6:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff flowid 1:10
+# policies/office.tcp:6:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
+# policies/office.tcp:7:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
+# policies/office.tcp:7:9: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xff flowid 1:10
+# policies/office.tcp:10:11: class voip
+class add dev eth0 parent 1:1 classid 1:20 htb rate 6mbit prio 0
+# policies/office.tcp:10:34: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 5001 0xffff flowid 1:20
+# policies/office.tcp:10:34: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 5001 0xffff flowid 1:20
+# policies/office.tcp:10:34: filter to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5001 0xffff flowid 1:20
+# policies/office.tcp:11:11: class web
+class add dev eth0 parent 1:1 classid 1:30 htb rate 40mbit ceil 90mbit prio 1
+# policies/office.tcp:13:9: fq_codel qdisc of 1:30
+qdisc add dev eth0 parent 1:30 handle 30: fq_codel
+# policies/office.tcp:12:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 80 0xffff flowid 1:30
+# policies/office.tcp:12:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 80 0xffff flowid 1:30
+# policies/office.tcp:12:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 80 0xffff flowid 1:30
+# policies/office.tcp:12:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dport 443 0xffff flowid 1:30
+# policies/office.tcp:12:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:30
+# policies/office.tcp:12:9: filter to 1:30
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 443 0xffff flowid 1:30
+# policies/office.tcp:15:11: class staff
+class add dev eth0 parent 1:1 classid 1:40 htb rate 30mbit ceil 100mbit
+# policies/office.tcp:16:15: class alice
+class add dev eth0 parent 1:40 classid 1:50 htb rate 6mbit ceil 6mbit
+# policies/office.tcp:16:43: filter to 1:50
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:50
+# policies/office.tcp:17:15: class bob
+class add dev eth0 parent 1:40 classid 1:60 htb rate 3mbit ceil 3mbit
+# policies/office.tcp:17:41: filter to 1:60
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:60
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/office.tcp:4:16: interface eth0: htb qdisc' ;;
+    4) tcdsl_at='policies/office.tcp:4:16: link class' ;;
+    6) tcdsl_at='policies/office.tcp:19:11: class bulk' ;;
+    8) tcdsl_at='policies/office.tcp:20:9: pfifo qdisc of 1:70' ;;
+    10) tcdsl_at='policies/office.tcp:5:11: class interactive' ;;
+    12) tcdsl_at='policies/office.tcp:8:9: sfq qdisc of 1:10' ;;
+    14) tcdsl_at='policies/office.tcp:6:9: filter to 1:10' ;;
+    16) tcdsl_at='policies/office.tcp:6:9: filter to 1:10' ;;
+    18) tcdsl_at='policies/office.tcp:7:9: filter to 1:10' ;;
+    20) tcdsl_at='policies/office.tcp:7:9: filter to 1:10' ;;
+    22) tcdsl_at='policies/office.tcp:10:11: class voip' ;;
+    24) tcdsl_at='policies/office.tcp:10:34: filter to 1:20' ;;
+    26) tcdsl_at='policies/office.tcp:10:34: filter to 1:20' ;;
+    28) tcdsl_at='policies/office.tcp:10:34: filter to 1:20' ;;
+    30) tcdsl_at='policies/office.tcp:11:11: class web' ;;
+    32) tcdsl_at='policies/office.tcp:13:9: fq_codel qdisc of 1:30' ;;
+    34) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
+    36) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
+    38) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
+    40) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
+    42) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
+    44) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
+    46) tcdsl_at='policies/office.tcp:15:11: class staff' ;;
+    48) tcdsl_at='policies/office.tcp:16:15: class alice' ;;
+    50) tcdsl_at='policies/office.tcp:16:43: filter to 1:50' ;;
+    52) tcdsl_at='policies/office.tcp:17:15: class bob' ;;
+    54) tcdsl_at='policies/office.tcp:17:41: filter to 1:60' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

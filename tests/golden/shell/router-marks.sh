@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux), iptables, ip6tables.
 set -eu
 tcdsl_at=
@@ -62,34 +64,60 @@ flock 9
 # Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/router-marks.tcp:9:16: interface eth0: htb qdisc'
-tc qdisc add dev eth0 root handle 1: htb default 40
-tcdsl_at='policies/router-marks.tcp:9:16: link class'
-tc class add dev eth0 parent 1: classid 1:1 htb rate 19mbit quantum 200000
-tcdsl_at='policies/router-marks.tcp:11:11: class ack'
-tc class add dev eth0 parent 1:1 classid 1:10 htb rate 2mbit ceil 19mbit prio 0
-tcdsl_at='policies/router-marks.tcp:12:11: class voip'
-tc class add dev eth0 parent 1:1 classid 1:20 htb rate 2mbit ceil 4mbit prio 0
-tcdsl_at='policies/router-marks.tcp:15:11: class interactive'
-tc class add dev eth0 parent 1:1 classid 1:30 htb rate 4mbit ceil 19mbit prio 1
-tcdsl_at='policies/router-marks.tcp:19:11: class bulk'
-tc class add dev eth0 parent 1:1 classid 1:40 htb rate 6mbit ceil 19mbit prio 2
-tcdsl_at='policies/router-marks.tcp:11:45: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 5 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
-tcdsl_at='policies/router-marks.tcp:11:45: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32773 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
-tcdsl_at='policies/router-marks.tcp:12:11: mark 0x1400 to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x1400/0xff00 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:12:11: mark 0x1400 to 1:20'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x1400/0xff00 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30'
-tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x1e00/0xff00 fw flowid 1:30
-tcdsl_at='policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x1e00/0xff00 fw flowid 1:30
-tcdsl_at='policies/router-marks.tcp:19:11: mark 0x2800 to 1:40'
-tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x2800/0xff00 fw flowid 1:40
-tcdsl_at='policies/router-marks.tcp:19:11: mark 0x2800 to 1:40'
-tc filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x2800/0xff00 fw flowid 1:40
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/router-marks.tcp:9:16: interface eth0: htb qdisc
+qdisc add dev eth0 root handle 1: htb default 40
+# policies/router-marks.tcp:9:16: link class
+class add dev eth0 parent 1: classid 1:1 htb rate 19mbit quantum 200000
+# policies/router-marks.tcp:19:11: class bulk
+class add dev eth0 parent 1:1 classid 1:40 htb rate 6mbit ceil 19mbit prio 2
+# policies/router-marks.tcp:11:11: class ack
+class add dev eth0 parent 1:1 classid 1:10 htb rate 2mbit ceil 19mbit prio 0
+# policies/router-marks.tcp:11:45: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 5 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
+# policies/router-marks.tcp:11:45: filter to 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32773 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
+# policies/router-marks.tcp:12:11: class voip
+class add dev eth0 parent 1:1 classid 1:20 htb rate 2mbit ceil 4mbit prio 0
+# policies/router-marks.tcp:12:11: mark 0x1400 to 1:20
+filter add dev eth0 parent 1: protocol ip prio 10 handle 0x1400/0xff00 fw flowid 1:20
+# policies/router-marks.tcp:12:11: mark 0x1400 to 1:20
+filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x1400/0xff00 fw flowid 1:20
+# policies/router-marks.tcp:15:11: class interactive
+class add dev eth0 parent 1:1 classid 1:30 htb rate 4mbit ceil 19mbit prio 1
+# policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30
+filter add dev eth0 parent 1: protocol ip prio 10 handle 0x1e00/0xff00 fw flowid 1:30
+# policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30
+filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x1e00/0xff00 fw flowid 1:30
+# policies/router-marks.tcp:19:11: mark 0x2800 to 1:40
+filter add dev eth0 parent 1: protocol ip prio 10 handle 0x2800/0xff00 fw flowid 1:40
+# policies/router-marks.tcp:19:11: mark 0x2800 to 1:40
+filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x2800/0xff00 fw flowid 1:40
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/router-marks.tcp:9:16: interface eth0: htb qdisc' ;;
+    4) tcdsl_at='policies/router-marks.tcp:9:16: link class' ;;
+    6) tcdsl_at='policies/router-marks.tcp:19:11: class bulk' ;;
+    8) tcdsl_at='policies/router-marks.tcp:11:11: class ack' ;;
+    10) tcdsl_at='policies/router-marks.tcp:11:45: filter to 1:10' ;;
+    12) tcdsl_at='policies/router-marks.tcp:11:45: filter to 1:10' ;;
+    14) tcdsl_at='policies/router-marks.tcp:12:11: class voip' ;;
+    16) tcdsl_at='policies/router-marks.tcp:12:11: mark 0x1400 to 1:20' ;;
+    18) tcdsl_at='policies/router-marks.tcp:12:11: mark 0x1400 to 1:20' ;;
+    20) tcdsl_at='policies/router-marks.tcp:15:11: class interactive' ;;
+    22) tcdsl_at='policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30' ;;
+    24) tcdsl_at='policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30' ;;
+    26) tcdsl_at='policies/router-marks.tcp:19:11: mark 0x2800 to 1:40' ;;
+    28) tcdsl_at='policies/router-marks.tcp:19:11: mark 0x2800 to 1:40' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at='policies/router-marks.tcp:10:5: chain TCDSL-eth0'
 iptables -t mangle -N TCDSL-eth0
 tcdsl_at='policies/router-marks.tcp:10:5: traffic arriving on eth1'
@@ -136,22 +164,42 @@ flock 9
 # Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth1
-tcdsl_at='policies/router-marks.tcp:24:16: interface eth1: htb qdisc'
-tc qdisc add dev eth1 root handle 1: htb default 20 r2q 100
-tcdsl_at='policies/router-marks.tcp:24:16: link class'
-tc class add dev eth1 parent 1: classid 1:1 htb rate 95mbit
-tcdsl_at='policies/router-marks.tcp:26:11: class video'
-tc class add dev eth1 parent 1:1 classid 1:10 htb rate 60mbit ceil 95mbit
-tcdsl_at='policies/router-marks.tcp:27:11: class rest'
-tc class add dev eth1 parent 1:1 classid 1:20 htb rate 30mbit ceil 95mbit
-tcdsl_at='policies/router-marks.tcp:26:11: mark 10 to 1:10'
-tc filter add dev eth1 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
-tcdsl_at='policies/router-marks.tcp:26:11: mark 10 to 1:10'
-tc filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 10 fw flowid 1:10
-tcdsl_at='policies/router-marks.tcp:27:11: mark 20 to 1:20'
-tc filter add dev eth1 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:27:11: mark 20 to 1:20'
-tc filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth1: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/router-marks.tcp:24:16: interface eth1: htb qdisc
+qdisc add dev eth1 root handle 1: htb default 20 r2q 100
+# policies/router-marks.tcp:24:16: link class
+class add dev eth1 parent 1: classid 1:1 htb rate 95mbit
+# policies/router-marks.tcp:27:11: class rest
+class add dev eth1 parent 1:1 classid 1:20 htb rate 30mbit ceil 95mbit
+# policies/router-marks.tcp:26:11: class video
+class add dev eth1 parent 1:1 classid 1:10 htb rate 60mbit ceil 95mbit
+# policies/router-marks.tcp:26:11: mark 10 to 1:10
+filter add dev eth1 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
+# policies/router-marks.tcp:26:11: mark 10 to 1:10
+filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 10 fw flowid 1:10
+# policies/router-marks.tcp:27:11: mark 20 to 1:20
+filter add dev eth1 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
+# policies/router-marks.tcp:27:11: mark 20 to 1:20
+filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/router-marks.tcp:24:16: interface eth1: htb qdisc' ;;
+    4) tcdsl_at='policies/router-marks.tcp:24:16: link class' ;;
+    6) tcdsl_at='policies/router-marks.tcp:27:11: class rest' ;;
+    8) tcdsl_at='policies/router-marks.tcp:26:11: class video' ;;
+    10) tcdsl_at='policies/router-marks.tcp:26:11: mark 10 to 1:10' ;;
+    12) tcdsl_at='policies/router-marks.tcp:26:11: mark 10 to 1:10' ;;
+    14) tcdsl_at='policies/router-marks.tcp:27:11: mark 20 to 1:20' ;;
+    16) tcdsl_at='policies/router-marks.tcp:27:11: mark 20 to 1:20' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at='policies/router-marks.tcp:25:5: chain TCDSL-eth1'
 iptables -t mangle -N TCDSL-eth1
 tcdsl_at='policies/router-marks.tcp:25:5: traffic leaving by eth1'
@@ -176,22 +224,42 @@ flock 9
 # Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth2
-tcdsl_at='policies/router-marks.tcp:31:16: interface eth2: htb qdisc'
-tc qdisc add dev eth2 root handle 1: htb default 20
-tcdsl_at='policies/router-marks.tcp:31:16: link class'
-tc class add dev eth2 parent 1: classid 1:1 htb rate 10mbit
-tcdsl_at='policies/router-marks.tcp:33:11: class backup'
-tc class add dev eth2 parent 1:1 classid 1:10 htb rate 2mbit ceil 8mbit
-tcdsl_at='policies/router-marks.tcp:34:11: class other'
-tc class add dev eth2 parent 1:1 classid 1:20 htb rate 8mbit ceil 10mbit
-tcdsl_at='policies/router-marks.tcp:33:11: mark 10 to 1:10'
-tc filter add dev eth2 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
-tcdsl_at='policies/router-marks.tcp:33:11: mark 10 to 1:10'
-tc filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 10 fw flowid 1:10
-tcdsl_at='policies/router-marks.tcp:34:11: mark 20 to 1:20'
-tc filter add dev eth2 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:34:11: mark 20 to 1:20'
-tc filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth2: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/router-marks.tcp:31:16: interface eth2: htb qdisc
+qdisc add dev eth2 root handle 1: htb default 20
+# policies/router-marks.tcp:31:16: link class
+class add dev eth2 parent 1: classid 1:1 htb rate 10mbit
+# policies/router-marks.tcp:34:11: class other
+class add dev eth2 parent 1:1 classid 1:20 htb rate 8mbit ceil 10mbit
+# policies/router-marks.tcp:33:11: class backup
+class add dev eth2 parent 1:1 classid 1:10 htb rate 2mbit ceil 8mbit
+# policies/router-marks.tcp:33:11: mark 10 to 1:10
+filter add dev eth2 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
+# policies/router-marks.tcp:33:11: mark 10 to 1:10
+filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 10 fw flowid 1:10
+# policies/router-marks.tcp:34:11: mark 20 to 1:20
+filter add dev eth2 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
+# policies/router-marks.tcp:34:11: mark 20 to 1:20
+filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/router-marks.tcp:31:16: interface eth2: htb qdisc' ;;
+    4) tcdsl_at='policies/router-marks.tcp:31:16: link class' ;;
+    6) tcdsl_at='policies/router-marks.tcp:34:11: class other' ;;
+    8) tcdsl_at='policies/router-marks.tcp:33:11: class backup' ;;
+    10) tcdsl_at='policies/router-marks.tcp:33:11: mark 10 to 1:10' ;;
+    12) tcdsl_at='policies/router-marks.tcp:33:11: mark 10 to 1:10' ;;
+    14) tcdsl_at='policies/router-marks.tcp:34:11: mark 20 to 1:20' ;;
+    16) tcdsl_at='policies/router-marks.tcp:34:11: mark 20 to 1:20' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at='policies/router-marks.tcp:32:5: chain TCDSL-eth2'
 iptables -t mangle -N TCDSL-eth2
 tcdsl_at='policies/router-marks.tcp:32:5: traffic this host sends out of eth2'

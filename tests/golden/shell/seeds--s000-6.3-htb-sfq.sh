@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,9 +53,24 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/seeds/s000-6.3-htb-sfq.tcp:8:16: interface eth0: htb qdisc'
-tc qdisc add dev eth0 root handle 1: htb default 10
-tcdsl_at='policies/seeds/s000-6.3-htb-sfq.tcp:9:11: class limited'
-tc class add dev eth0 parent 1: classid 1:10 htb rate 10mbit ceil 10mbit burst 15k
-tcdsl_at='policies/seeds/s000-6.3-htb-sfq.tcp:10:9: sfq qdisc of 1:10'
-tc qdisc add dev eth0 parent 1:10 handle 20: sfq
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/seeds/s000-6.3-htb-sfq.tcp:8:16: interface eth0: htb qdisc
+qdisc add dev eth0 root handle 1: htb default 10
+# policies/seeds/s000-6.3-htb-sfq.tcp:9:11: class limited
+class add dev eth0 parent 1: classid 1:10 htb rate 10mbit ceil 10mbit burst 15k
+# policies/seeds/s000-6.3-htb-sfq.tcp:10:9: sfq qdisc of 1:10
+qdisc add dev eth0 parent 1:10 handle 20: sfq
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/seeds/s000-6.3-htb-sfq.tcp:8:16: interface eth0: htb qdisc' ;;
+    4) tcdsl_at='policies/seeds/s000-6.3-htb-sfq.tcp:9:11: class limited' ;;
+    6) tcdsl_at='policies/seeds/s000-6.3-htb-sfq.tcp:10:9: sfq qdisc of 1:10' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,23 +53,45 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:16:28: interface eth0: htb qdisc'
-tc qdisc add dev eth0 root handle 1: htb default 30
-tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:16:28: link class'
-tc class add dev eth0 parent 1: classid 1:1 htb rate 40mbit burst 15k quantum 200000
-tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:17:11: class u5'
-tc class add dev eth0 parent 1:1 classid 1:10 htb rate 10mbit ceil 15mbit
-tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:20:11: class u6'
-tc class add dev eth0 parent 1:1 classid 1:20 htb rate 5mbit ceil 10mbit
-tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:23:11: class others'
-tc class add dev eth0 parent 1:1 classid 1:30 htb rate 3mbit ceil 5mbit
-tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:18:9: sfq qdisc of 1:10'
-tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
-tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:21:9: sfq qdisc of 1:20'
-tc qdisc add dev eth0 parent 1:20 handle 20: sfq
-tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:24:9: pfifo qdisc of 1:30'
-tc qdisc add dev eth0 parent 1:30 handle 30: pfifo limit 20
-tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:17:38: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:10
-tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:20:37: filter to 1:20'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:20
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/seeds/s000-8.2-borrowing.tcp:16:28: interface eth0: htb qdisc
+qdisc add dev eth0 root handle 1: htb default 30
+# policies/seeds/s000-8.2-borrowing.tcp:16:28: link class
+class add dev eth0 parent 1: classid 1:1 htb rate 40mbit burst 15k quantum 200000
+# policies/seeds/s000-8.2-borrowing.tcp:23:11: class others
+class add dev eth0 parent 1:1 classid 1:30 htb rate 3mbit ceil 5mbit
+# policies/seeds/s000-8.2-borrowing.tcp:24:9: pfifo qdisc of 1:30
+qdisc add dev eth0 parent 1:30 handle 30: pfifo limit 20
+# policies/seeds/s000-8.2-borrowing.tcp:17:11: class u5
+class add dev eth0 parent 1:1 classid 1:10 htb rate 10mbit ceil 15mbit
+# policies/seeds/s000-8.2-borrowing.tcp:18:9: sfq qdisc of 1:10
+qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10
+# policies/seeds/s000-8.2-borrowing.tcp:17:38: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.11 flowid 1:10
+# policies/seeds/s000-8.2-borrowing.tcp:20:11: class u6
+class add dev eth0 parent 1:1 classid 1:20 htb rate 5mbit ceil 10mbit
+# policies/seeds/s000-8.2-borrowing.tcp:21:9: sfq qdisc of 1:20
+qdisc add dev eth0 parent 1:20 handle 20: sfq
+# policies/seeds/s000-8.2-borrowing.tcp:20:37: filter to 1:20
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:20
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:16:28: interface eth0: htb qdisc' ;;
+    4) tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:16:28: link class' ;;
+    6) tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:23:11: class others' ;;
+    8) tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:24:9: pfifo qdisc of 1:30' ;;
+    10) tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:17:11: class u5' ;;
+    12) tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:18:9: sfq qdisc of 1:10' ;;
+    14) tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:17:38: filter to 1:10' ;;
+    16) tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:20:11: class u6' ;;
+    18) tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:21:9: sfq qdisc of 1:20' ;;
+    20) tcdsl_at='policies/seeds/s000-8.2-borrowing.tcp:20:37: filter to 1:20' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,35 +53,63 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev shaper0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-shaper0
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:34:31: interface shaper0: cbq qdisc'
-tc qdisc add dev shaper0 root handle 1: cbq bandwidth 10mbit avpkt 1000
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:35:11: class main'
-tc class add dev shaper0 parent 1: classid 1:1 cbq rate 530kbit allot 1600 prio 5 bounded isolated
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:36:15: class interactive'
-tc class add dev shaper0 parent 1:1 classid 1:10 cbq rate 53kbit allot 1600 prio 1 avpkt 1528
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:42:15: class normal'
-tc class add dev shaper0 parent 1:1 classid 1:20 cbq rate 339kbit allot 1600 prio 2 avpkt 1528
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:46:15: class downloads'
-tc class add dev shaper0 parent 1:1 classid 1:30 cbq rate 69kbit allot 1600 prio 3 avpkt 1528
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:50:15: class p2p'
-tc class add dev shaper0 parent 1:1 classid 1:40 cbq rate 69kbit allot 1600 prio 4 avpkt 1528
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:40:13: sfq qdisc of 1:10'
-tc qdisc add dev shaper0 parent 1:10 handle 10: sfq perturb 10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:44:13: sfq qdisc of 1:20'
-tc qdisc add dev shaper0 parent 1:20 handle 20: sfq perturb 10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:48:13: sfq qdisc of 1:30'
-tc qdisc add dev shaper0 parent 1:30 handle 30: sfq perturb 10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:52:13: sfq qdisc of 1:40'
-tc qdisc add dev shaper0 parent 1:40 handle 40: sfq perturb 10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:37:13: filter to 1:10'
-tc filter add dev shaper0 parent 1: protocol ip prio 11 u32 match ip protocol 1 0xff flowid 1:10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:38:13: filter to 1:10'
-tc filter add dev shaper0 parent 1: protocol ip prio 10 u32 match ip tos 0x10 0xff flowid 1:10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:39:13: filter to 1:10'
-tc filter add dev shaper0 parent 1: protocol ip prio 12 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:43:13: filter to 1:20'
-tc filter add dev shaper0 parent 1: protocol ip prio 40 u32 match ip dst 0.0.0.0/0 flowid 1:20
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:47:13: filter to 1:30'
-tc filter add dev shaper0 parent 1: protocol ip prio 13 u32 match ip src 209.180.104.203 flowid 1:30
-tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:51:13: filter to 1:40'
-tc filter add dev shaper0 parent 1: protocol ip prio 26 u32 match ip sport 3072 0xfc00 flowid 1:40
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface shaper0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/seeds/s002-cbq-conditioner.tcp:34:31: interface shaper0: cbq qdisc
+qdisc add dev shaper0 root handle 1: cbq bandwidth 10mbit avpkt 1000
+# policies/seeds/s002-cbq-conditioner.tcp:35:11: class main
+class add dev shaper0 parent 1: classid 1:1 cbq rate 530kbit allot 1600 prio 5 bounded isolated
+# policies/seeds/s002-cbq-conditioner.tcp:36:15: class interactive
+class add dev shaper0 parent 1:1 classid 1:10 cbq rate 53kbit allot 1600 prio 1 avpkt 1528
+# policies/seeds/s002-cbq-conditioner.tcp:40:13: sfq qdisc of 1:10
+qdisc add dev shaper0 parent 1:10 handle 10: sfq perturb 10
+# policies/seeds/s002-cbq-conditioner.tcp:37:13: filter to 1:10
+filter add dev shaper0 parent 1: protocol ip prio 11 u32 match ip protocol 1 0xff flowid 1:10
+# policies/seeds/s002-cbq-conditioner.tcp:38:13: filter to 1:10
+filter add dev shaper0 parent 1: protocol ip prio 10 u32 match ip tos 0x10 0xff flowid 1:10
+# policies/seeds/s002-cbq-conditioner.tcp:39:13: filter to 1:10
+filter add dev shaper0 parent 1: protocol ip prio 12 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
+# policies/seeds/s002-cbq-conditioner.tcp:42:15: class normal
+class add dev shaper0 parent 1:1 classid 1:20 cbq rate 339kbit allot 1600 prio 2 avpkt 1528
+# policies/seeds/s002-cbq-conditioner.tcp:44:13: sfq qdisc of 1:20
+qdisc add dev shaper0 parent 1:20 handle 20: sfq perturb 10
+# policies/seeds/s002-cbq-conditioner.tcp:43:13: filter to 1:20
+filter add dev shaper0 parent 1: protocol ip prio 40 u32 match ip dst 0.0.0.0/0 flowid 1:20
+# policies/seeds/s002-cbq-conditioner.tcp:46:15: class downloads
+class add dev shaper0 parent 1:1 classid 1:30 cbq rate 69kbit allot 1600 prio 3 avpkt 1528
+# policies/seeds/s002-cbq-conditioner.tcp:48:13: sfq qdisc of 1:30
+qdisc add dev shaper0 parent 1:30 handle 30: sfq perturb 10
+# policies/seeds/s002-cbq-conditioner.tcp:47:13: filter to 1:30
+filter add dev shaper0 parent 1: protocol ip prio 13 u32 match ip src 209.180.104.203 flowid 1:30
+# policies/seeds/s002-cbq-conditioner.tcp:50:15: class p2p
+class add dev shaper0 parent 1:1 classid 1:40 cbq rate 69kbit allot 1600 prio 4 avpkt 1528
+# policies/seeds/s002-cbq-conditioner.tcp:52:13: sfq qdisc of 1:40
+qdisc add dev shaper0 parent 1:40 handle 40: sfq perturb 10
+# policies/seeds/s002-cbq-conditioner.tcp:51:13: filter to 1:40
+filter add dev shaper0 parent 1: protocol ip prio 26 u32 match ip sport 3072 0xfc00 flowid 1:40
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:34:31: interface shaper0: cbq qdisc' ;;
+    4) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:35:11: class main' ;;
+    6) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:36:15: class interactive' ;;
+    8) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:40:13: sfq qdisc of 1:10' ;;
+    10) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:37:13: filter to 1:10' ;;
+    12) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:38:13: filter to 1:10' ;;
+    14) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:39:13: filter to 1:10' ;;
+    16) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:42:15: class normal' ;;
+    18) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:44:13: sfq qdisc of 1:20' ;;
+    20) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:43:13: filter to 1:20' ;;
+    22) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:46:15: class downloads' ;;
+    24) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:48:13: sfq qdisc of 1:30' ;;
+    26) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:47:13: filter to 1:30' ;;
+    28) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:50:15: class p2p' ;;
+    30) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:52:13: sfq qdisc of 1:40' ;;
+    32) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:51:13: filter to 1:40' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

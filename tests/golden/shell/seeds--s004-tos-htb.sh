@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,17 +53,36 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:28: interface eth0: htb qdisc'
-tc qdisc add dev eth0 root handle 1: htb default 20
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:28: link class'
-tc class add dev eth0 parent 1: classid 1:1 htb rate 12mbit
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:17:11: class paid'
-tc class add dev eth0 parent 1:1 classid 1:10 htb rate 6mbit ceil 10800kbit prio 1
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:18:11: class normal'
-tc class add dev eth0 parent 1:1 classid 1:20 htb rate 4mbit ceil 10800kbit prio 2
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:19:11: class unpaid'
-tc class add dev eth0 parent 1:1 classid 1:30 htb rate 2mbit ceil 3800kbit prio 3
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:17:52: filter to 1:10'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x14 0xff flowid 1:10
-tcdsl_at='policies/seeds/s004-tos-htb.tcp:19:56: filter to 1:30'
-tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x08 0xff flowid 1:30
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface eth0: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/seeds/s004-tos-htb.tcp:16:28: interface eth0: htb qdisc
+qdisc add dev eth0 root handle 1: htb default 20
+# policies/seeds/s004-tos-htb.tcp:16:28: link class
+class add dev eth0 parent 1: classid 1:1 htb rate 12mbit
+# policies/seeds/s004-tos-htb.tcp:18:11: class normal
+class add dev eth0 parent 1:1 classid 1:20 htb rate 4mbit ceil 10800kbit prio 2
+# policies/seeds/s004-tos-htb.tcp:17:11: class paid
+class add dev eth0 parent 1:1 classid 1:10 htb rate 6mbit ceil 10800kbit prio 1
+# policies/seeds/s004-tos-htb.tcp:17:52: filter to 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x14 0xff flowid 1:10
+# policies/seeds/s004-tos-htb.tcp:19:11: class unpaid
+class add dev eth0 parent 1:1 classid 1:30 htb rate 2mbit ceil 3800kbit prio 3
+# policies/seeds/s004-tos-htb.tcp:19:56: filter to 1:30
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x08 0xff flowid 1:30
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:28: interface eth0: htb qdisc' ;;
+    4) tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:28: link class' ;;
+    6) tcdsl_at='policies/seeds/s004-tos-htb.tcp:18:11: class normal' ;;
+    8) tcdsl_at='policies/seeds/s004-tos-htb.tcp:17:11: class paid' ;;
+    10) tcdsl_at='policies/seeds/s004-tos-htb.tcp:17:52: filter to 1:10' ;;
+    12) tcdsl_at='policies/seeds/s004-tos-htb.tcp:19:11: class unpaid' ;;
+    14) tcdsl_at='policies/seeds/s004-tos-htb.tcp:19:56: filter to 1:30' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,5 +53,18 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev s2-eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s2-eth2
-tcdsl_at='policies/tutorial/s003-tbf-fifo-10mbit.tcp:4:19: interface s2-eth2: tbf qdisc'
-tc qdisc add dev s2-eth2 root handle 1: tbf rate 10mbit burst 5000 limit 26214
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface s2-eth2: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/tutorial/s003-tbf-fifo-10mbit.tcp:4:19: interface s2-eth2: tbf qdisc
+qdisc add dev s2-eth2 root handle 1: tbf rate 10mbit burst 5000 limit 26214
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/tutorial/s003-tbf-fifo-10mbit.tcp:4:19: interface s2-eth2: tbf qdisc' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

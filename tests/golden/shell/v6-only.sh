@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,29 +53,54 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev ens3 root 2>/dev/null || true
 tcdsl_unmark TCDSL-ens3
-tcdsl_at='policies/v6-only.tcp:5:28: interface ens3: htb qdisc'
-tc qdisc add dev ens3 root handle 1: htb default 40 r2q 1000
-tcdsl_at='policies/v6-only.tcp:5:28: link class'
-tc class add dev ens3 parent 1: classid 1:1 htb rate 1gbit
-tcdsl_at='policies/v6-only.tcp:6:11: class ssh'
-tc class add dev ens3 parent 1:1 classid 1:10 htb rate 10mbit ceil 1gbit prio 0
-tcdsl_at='policies/v6-only.tcp:7:11: class web'
-tc class add dev ens3 parent 1:1 classid 1:20 htb rate 600mbit ceil 1gbit prio 1
-tcdsl_at='policies/v6-only.tcp:12:11: class backup'
-tc class add dev ens3 parent 1:1 classid 1:30 htb rate 50mbit ceil 400mbit prio 3
-tcdsl_at='policies/v6-only.tcp:13:11: class other'
-tc class add dev ens3 parent 1:1 classid 1:40 htb rate 100mbit ceil 1gbit prio 2
-tcdsl_at='policies/v6-only.tcp:10:9: fq_codel qdisc of 1:20'
-tc qdisc add dev ens3 parent 1:20 handle 20: fq_codel
-tcdsl_at='policies/v6-only.tcp:14:9: fq_codel qdisc of 1:40'
-tc qdisc add dev ens3 parent 1:40 handle 40: fq_codel
-tcdsl_at='policies/v6-only.tcp:6:45: filter to 1:10'
-tc filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 22 0xffff flowid 1:10
-tcdsl_at='policies/v6-only.tcp:8:9: filter to 1:20'
-tc filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 80 0xffff flowid 1:20
-tcdsl_at='policies/v6-only.tcp:8:9: filter to 1:20'
-tc filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 443 0xffff flowid 1:20
-tcdsl_at='policies/v6-only.tcp:9:9: filter to 1:20'
-tc filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 sport 443 0xffff flowid 1:20
-tcdsl_at='policies/v6-only.tcp:12:50: filter to 1:30'
-tc filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 dst 2001:db8:b::/48 flowid 1:30
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface ens3: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/v6-only.tcp:5:28: interface ens3: htb qdisc
+qdisc add dev ens3 root handle 1: htb default 40 r2q 1000
+# policies/v6-only.tcp:5:28: link class
+class add dev ens3 parent 1: classid 1:1 htb rate 1gbit
+# policies/v6-only.tcp:13:11: class other
+class add dev ens3 parent 1:1 classid 1:40 htb rate 100mbit ceil 1gbit prio 2
+# policies/v6-only.tcp:14:9: fq_codel qdisc of 1:40
+qdisc add dev ens3 parent 1:40 handle 40: fq_codel
+# policies/v6-only.tcp:6:11: class ssh
+class add dev ens3 parent 1:1 classid 1:10 htb rate 10mbit ceil 1gbit prio 0
+# policies/v6-only.tcp:6:45: filter to 1:10
+filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 22 0xffff flowid 1:10
+# policies/v6-only.tcp:7:11: class web
+class add dev ens3 parent 1:1 classid 1:20 htb rate 600mbit ceil 1gbit prio 1
+# policies/v6-only.tcp:10:9: fq_codel qdisc of 1:20
+qdisc add dev ens3 parent 1:20 handle 20: fq_codel
+# policies/v6-only.tcp:8:9: filter to 1:20
+filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 80 0xffff flowid 1:20
+# policies/v6-only.tcp:8:9: filter to 1:20
+filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 443 0xffff flowid 1:20
+# policies/v6-only.tcp:9:9: filter to 1:20
+filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 sport 443 0xffff flowid 1:20
+# policies/v6-only.tcp:12:11: class backup
+class add dev ens3 parent 1:1 classid 1:30 htb rate 50mbit ceil 400mbit prio 3
+# policies/v6-only.tcp:12:50: filter to 1:30
+filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 dst 2001:db8:b::/48 flowid 1:30
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/v6-only.tcp:5:28: interface ens3: htb qdisc' ;;
+    4) tcdsl_at='policies/v6-only.tcp:5:28: link class' ;;
+    6) tcdsl_at='policies/v6-only.tcp:13:11: class other' ;;
+    8) tcdsl_at='policies/v6-only.tcp:14:9: fq_codel qdisc of 1:40' ;;
+    10) tcdsl_at='policies/v6-only.tcp:6:11: class ssh' ;;
+    12) tcdsl_at='policies/v6-only.tcp:6:45: filter to 1:10' ;;
+    14) tcdsl_at='policies/v6-only.tcp:7:11: class web' ;;
+    16) tcdsl_at='policies/v6-only.tcp:10:9: fq_codel qdisc of 1:20' ;;
+    18) tcdsl_at='policies/v6-only.tcp:8:9: filter to 1:20' ;;
+    20) tcdsl_at='policies/v6-only.tcp:8:9: filter to 1:20' ;;
+    22) tcdsl_at='policies/v6-only.tcp:9:9: filter to 1:20' ;;
+    24) tcdsl_at='policies/v6-only.tcp:12:11: class backup' ;;
+    26) tcdsl_at='policies/v6-only.tcp:12:50: filter to 1:30' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

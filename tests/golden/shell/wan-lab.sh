@@ -3,8 +3,10 @@
 # Run as root. Re-running is safe: it first removes what this policy set up before.
 # One run at a time changes an interface: each interface's part holds a lock (flock on
 # /run/lock/tcdsl-INTERFACE.lock, or in $TCDSL_LOCK_DIR), which tcdsl takes too.
-# Each command comes after a tcdsl_at= line naming the policy text it comes from; if the
-# command fails, the script stops there and prints that text.
+# Each command comes after the policy text it comes from (a tcdsl_at= line; a comment in the
+# tc -batch input); if the command fails, the script stops there and prints that text.
+# The tc commands build each tree in an order that never sends a packet unshaped or to a
+# wrong class: the default class first, then each filter once the class it sends to is built.
 # Needs: tc and ip (iproute2), flock (util-linux).
 set -eu
 tcdsl_at=
@@ -51,21 +53,42 @@ flock 9
 # Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
 tc qdisc del dev s1-eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s1-eth1
-tcdsl_at='policies/wan-lab.tcp:4:19: interface s1-eth1: netem qdisc'
-tc qdisc add dev s1-eth1 root handle 1: netem delay 20ms
-tcdsl_at='policies/wan-lab.tcp:5:5: tbf qdisc of 1:1'
-tc qdisc add dev s1-eth1 parent 1:1 handle 2: tbf rate 10mbit burst 32k limit 256k
-tcdsl_at='policies/wan-lab.tcp:6:9: htb qdisc of 2:1'
-tc qdisc add dev s1-eth1 parent 2:1 handle 3: htb default 20
-tcdsl_at='policies/wan-lab.tcp:6:9: link class'
-tc class add dev s1-eth1 parent 3: classid 3:1 htb rate 10mbit
-tcdsl_at='policies/wan-lab.tcp:7:19: class ssh'
-tc class add dev s1-eth1 parent 3:1 classid 3:10 htb rate 2mbit ceil 10mbit prio 0
-tcdsl_at='policies/wan-lab.tcp:8:19: class bulk'
-tc class add dev s1-eth1 parent 3:1 classid 3:20 htb rate 8mbit ceil 10mbit
-tcdsl_at='policies/wan-lab.tcp:9:17: fq_codel qdisc of 3:20'
-tc qdisc add dev s1-eth1 parent 3:20 handle 20: fq_codel
-tcdsl_at='policies/wan-lab.tcp:7:53: filter to 3:10'
-tc filter add dev s1-eth1 parent 3: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 22 0xffff flowid 3:10
-tcdsl_at='policies/wan-lab.tcp:7:53: filter to 3:10'
-tc filter add dev s1-eth1 parent 3: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 22 0xffff flowid 3:10
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+tcdsl_at='interface s1-eth1: tc -batch'
+if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+# policies/wan-lab.tcp:4:19: interface s1-eth1: netem qdisc
+qdisc add dev s1-eth1 root handle 1: netem delay 20ms
+# policies/wan-lab.tcp:5:5: tbf qdisc of 1:1
+qdisc add dev s1-eth1 parent 1:1 handle 2: tbf rate 10mbit burst 32k limit 256k
+# policies/wan-lab.tcp:6:9: htb qdisc of 2:1
+qdisc add dev s1-eth1 parent 2:1 handle 3: htb default 20
+# policies/wan-lab.tcp:6:9: link class
+class add dev s1-eth1 parent 3: classid 3:1 htb rate 10mbit
+# policies/wan-lab.tcp:8:19: class bulk
+class add dev s1-eth1 parent 3:1 classid 3:20 htb rate 8mbit ceil 10mbit
+# policies/wan-lab.tcp:9:17: fq_codel qdisc of 3:20
+qdisc add dev s1-eth1 parent 3:20 handle 20: fq_codel
+# policies/wan-lab.tcp:7:19: class ssh
+class add dev s1-eth1 parent 3:1 classid 3:10 htb rate 2mbit ceil 10mbit prio 0
+# policies/wan-lab.tcp:7:53: filter to 3:10
+filter add dev s1-eth1 parent 3: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 22 0xffff flowid 3:10
+# policies/wan-lab.tcp:7:53: filter to 3:10
+filter add dev s1-eth1 parent 3: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 22 0xffff flowid 3:10
+TCDSL_BATCH
+); then
+    printf '%s\n' "$tcdsl_said" >&2
+    tcdsl_line=${tcdsl_said##*Command failed -:}
+    case ${tcdsl_line%%[!0-9]*} in
+    2) tcdsl_at='policies/wan-lab.tcp:4:19: interface s1-eth1: netem qdisc' ;;
+    4) tcdsl_at='policies/wan-lab.tcp:5:5: tbf qdisc of 1:1' ;;
+    6) tcdsl_at='policies/wan-lab.tcp:6:9: htb qdisc of 2:1' ;;
+    8) tcdsl_at='policies/wan-lab.tcp:6:9: link class' ;;
+    10) tcdsl_at='policies/wan-lab.tcp:8:19: class bulk' ;;
+    12) tcdsl_at='policies/wan-lab.tcp:9:17: fq_codel qdisc of 3:20' ;;
+    14) tcdsl_at='policies/wan-lab.tcp:7:19: class ssh' ;;
+    16) tcdsl_at='policies/wan-lab.tcp:7:53: filter to 3:10' ;;
+    18) tcdsl_at='policies/wan-lab.tcp:7:53: filter to 3:10' ;;
+    esac
+    exit 1
+fi
+[ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

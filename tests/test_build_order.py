@@ -1,0 +1,251 @@
+"""The order of the commands that build a tree (tcdsl.commands.interface_commands, which the
+script, the tc-batch file and the live apply's rebuild share) never leaves a packet unshaped or
+in a wrong class while they run: at every prefix of the list
+
+- the default class of an htb or hfsc exists before the first filter of that qdisc and before
+  any class that is not its ancestor (htb sends packets direct, unshaped, while it is missing;
+  hfsc drops them);
+- a filter's target class is complete (its ancestors, itself, its leaf qdisc and everything
+  below) and so is the class or qdisc it is attached to; a shared police action it binds exists;
+- per attach point (device, parent, protocol) the filters made are a prefix of the final list,
+  in the final order (u32 tries filters of one pref in the order they were made);
+- a download's redirect comes after the whole IFB tree; marking (iptables) after the tc
+  commands of its tree.
+
+Over every example policy and generated ones (tests/strategies.py), and a check that the old
+order (every class, then the leaf qdiscs, then the filters) breaks these rules.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tcdsl import ir
+from tcdsl.allocate import default_minor
+from tcdsl.commands import FILTER_PROTOCOL, Command, filter_command, interface_commands
+from tcdsl.diagnostics import render
+from tcdsl.driver import compile_policy
+from tests.conftest import ROOT, policy_files
+from tests.strategies import random_policies
+
+Obj = tuple[str, int, int]
+"""A qdisc (device, major, 0) or a class (device, major, minor)."""
+
+
+def _handle(dev: str, text: str) -> Obj:
+    major, _, minor = text.partition(":")
+    return (dev, int(major or "0", 16), int(minor or "0", 16))
+
+
+def _after(args: Sequence[str], key: str) -> str | None:
+    return args[args.index(key) + 1] if key in args else None
+
+
+def _target(args: Sequence[str]) -> str | None:
+    """A filter's class: ``flowid`` (u32, fw) or ``classid`` (flower)."""
+    return _after(args, "flowid") or _after(args, "classid")
+
+
+def order_problems(iface: ir.Interface, commands: Sequence[Command]) -> list[str]:
+    """Every rule of the module's doc that some prefix of ``commands`` breaks."""
+    problems: list[str] = []
+    parent_of: dict[Obj, Obj] = {}  # the final tree, from the commands themselves
+    final: dict[tuple[str, str, str], list[tuple[str, ...]]] = {}  # in the allocated order
+    for f in iface.filters:
+        key = (iface.name, str(f.parent), FILTER_PROTOCOL[f.family])
+        final.setdefault(key, []).append(filter_command(iface, f).args)
+    tc_devices: dict[str, int] = {}  # device -> index of its last tc command
+    for i, c in enumerate(commands):
+        if c.tool != "tc" or c.args[0] == "actions":
+            continue
+        dev = _after(c.args, "dev")
+        assert dev is not None
+        tc_devices[dev] = i
+        if c.args[0] == "class":
+            here = _handle(dev, _after(c.args, "classid") or "")
+            parent_of[here] = _handle(dev, _after(c.args, "parent") or "")
+        elif c.args[0] == "qdisc" and "parent" in c.args:  # below a class, a band, a tbf
+            here = _handle(dev, (_after(c.args, "handle") or "").rstrip(":") + ":")
+            parent_of[here] = _handle(dev, _after(c.args, "parent") or "")
+
+    def ancestors(obj: Obj) -> list[Obj]:
+        out = []
+        while obj in parent_of:
+            obj = parent_of[obj]
+            out.append(obj)
+        return out
+
+    def below(obj: Obj) -> set[Obj]:
+        return {o for o in parent_of if obj in ancestors(o)}
+
+    kinds: dict[Obj, ir.Qdisc] = {}
+    defaults: dict[Obj, Obj] = {}
+    for q in ir.walk_qdiscs(iface.root):
+        assert q.handle is not None
+        qid = (iface.name, q.handle.major, 0)
+        kinds[qid] = q
+        minor = default_minor(q) if isinstance(q, ir.Htb | ir.Hfsc) else None
+        if minor is not None:
+            defaults[qid] = (iface.name, q.handle.major, minor)
+
+    made: set[Obj] = set()
+    actions: set[str] = set()
+    filters: dict[tuple[str, str, str], int] = {}
+    classful = ir.Htb | ir.Hfsc | ir.Cbq
+
+    def exists(obj: Obj) -> bool:
+        qdisc = (obj[0], obj[1], 0)
+        if obj[2] and not isinstance(kinds.get(qdisc), classful):
+            return qdisc in made  # a prio band, a tbf's or ingress's class: made with the qdisc
+        return obj in made
+
+    def complete(obj: Obj) -> bool:
+        return exists(obj) and all(o in made for o in below(obj))
+
+    for i, c in enumerate(commands):
+        where = f"command {i + 1} ({c.what}: {' '.join(c.args)})"
+        if c.tool in ("iptables", "ip6tables"):
+            if i < tc_devices.get(iface.name, -1):
+                problems.append(f"{where}: marks before the tc commands of its tree")
+            continue
+        if c.tool != "tc":
+            continue
+        if c.args[0] == "actions":
+            actions.add(_after(c.args, "index") or "")
+            continue
+        dev = _after(c.args, "dev") or ""
+        if dev != iface.name:  # a download's redirect, on the interface
+            if i < tc_devices[iface.name]:
+                problems.append(f"{where}: redirect before the IFB's tree is complete")
+            continue
+        if c.args[0] == "qdisc":
+            if "parent" in c.args:
+                here = _handle(dev, (_after(c.args, "handle") or "").rstrip(":") + ":")
+                if not exists(parent_of[here]):
+                    problems.append(f"{where}: its parent does not exist")
+            else:
+                here = _handle(dev, (_after(c.args, "handle") or "").rstrip(":") + ":")
+            made.add(here)
+        elif c.args[0] == "class":
+            here = _handle(dev, _after(c.args, "classid") or "")
+            qdisc = (dev, here[1], 0)
+            if not exists(parent_of[here]):
+                problems.append(f"{where}: its parent does not exist")
+            default = defaults.get(qdisc)
+            early = default is not None and not exists(default) and here != default
+            if early and here not in ancestors(default):
+                problems.append(f"{where}: a class before the default class {default}")
+            made.add(here)
+        elif c.args[0] == "filter":
+            attached = _handle(dev, _after(c.args, "parent") or "")
+            key = (dev, _after(c.args, "parent") or "", _after(c.args, "protocol") or "")
+            n = filters.get(key, 0)
+            if n >= len(final[key]) or final[key][n] != c.args:
+                problems.append(f"{where}: not the next filter of {key} in the final order")
+            filters[key] = n + 1
+            if not exists(attached):
+                problems.append(f"{where}: what it is attached to does not exist")
+            target = _target(c.args)
+            if target is not None and not complete(_handle(dev, target)):
+                problems.append(f"{where}: its class {target} is not complete")
+            default = defaults.get((dev, attached[1], 0))
+            if default is not None and not complete(default):
+                problems.append(f"{where}: before the default class {default} is complete")
+            index = _after(c.args, "index")
+            if index is not None and index not in actions:
+                problems.append(f"{where}: police action {index} does not exist yet")
+    return problems
+
+
+def _interfaces(text: str, name: str = "generated.tcp") -> tuple[ir.Interface, ...]:
+    result = compile_policy(name, "tc-batch", loader=lambda _path: text)
+    assert result.policy is not None, render(result.diagnostics, result.sources)
+    return result.policy.interfaces
+
+
+def _example(path: Path) -> tuple[ir.Interface, ...]:
+    result = compile_policy(str(ROOT / path), "tc-batch")
+    assert result.policy is not None, render(result.diagnostics, result.sources)
+    return result.policy.interfaces
+
+
+@pytest.mark.parametrize("path", policy_files(), ids=str)
+def test_example_policies_build_in_a_safe_order(path: Path) -> None:
+    for iface in _example(path):
+        assert order_problems(iface, list(interface_commands(iface))) == []
+
+
+@pytest.mark.parametrize("kernel", ["host", "uml"])
+def test_generated_policies_build_in_a_safe_order(kernel: str) -> None:
+    checked = 0
+    for policy in random_policies(kernel, 150, seed=12):  # type: ignore[arg-type]
+        for iface in _interfaces(policy.text):
+            commands = list(interface_commands(iface))
+            assert order_problems(iface, commands) == [], policy.text
+            checked += sum(c.args[0] == "filter" for c in commands if c.tool == "tc")
+    assert checked > 200  # the generator wrote filters to check
+
+
+NESTED = """\
+interface eth0 htb rate 100mbit default rest {
+    class a rate 50mbit {
+        htb default x {
+            class y rate 10mbit match dport 22
+            class x rate 10mbit
+        }
+    }
+    class web rate 10mbit match dport 80
+    class rest rate 1mbit
+}
+"""
+
+
+def test_nested_trees_and_defaults_build_in_a_safe_order() -> None:
+    (iface,) = _interfaces(NESTED)
+    commands = list(interface_commands(iface))
+    assert order_problems(iface, commands) == []
+    what = [c.what for c in commands]
+    # the default class, the class a filter names with its filter, then the others: the
+    # inner htb's default class before its filter's class
+    assert what.index("class rest") < what.index("class web") < what.index("filter to 1:20")
+    assert what.index("filter to 1:20") < what.index("class a") < what.index("class x")
+    assert what.index("class x") < what.index("class y") < what.index("filter to 10:10")
+
+
+def _ranked(commands: list[Command], ranks: dict[str, int]) -> list[Command]:
+    """``commands`` sorted by kind (the root qdisc and actions first), classes and qdiscs in
+    the order the policy writes them (pre-order), filters in their order."""
+
+    def rank(c: Command) -> tuple[int, int, int]:
+        if c.tool != "tc" or c.args[0] == "actions" or "root" in c.args:
+            return (0, 0, 0)
+        if c.args[0] == "filter":
+            return (ranks["filter"], 0, 0)
+        return (ranks[c.args[0]], c.span.line, c.span.column)
+
+    return sorted(commands, key=rank)
+
+
+def test_the_checker_finds_unsafe_orders() -> None:
+    """The checker is not vacuous: the order before issue 12 (every class, then the leaf
+    qdiscs, then the filters) makes classes before the default class; filters first send
+    packets to classes not there yet; a filter out of its place changes u32's order."""
+    (iface,) = _example(Path("policies/office.tcp"))
+    commands = list(interface_commands(iface))
+    old = order_problems(iface, _ranked(commands, {"class": 1, "qdisc": 2, "filter": 3}))
+    assert any("a class before the default class" in p for p in old), old
+    early = order_problems(iface, _ranked(commands, {"filter": 1, "class": 2, "qdisc": 3}))
+    assert any("its class 1:10 is not complete" in p for p in early), early
+    assert any("before the default class" in p for p in early), early
+    a = next(  # two filters in a row at one attach point (the ipv6 pair to 1:20)
+        i
+        for i, (c, d) in enumerate(itertools.pairwise(commands))
+        if c.args[0] == d.args[0] == "filter" and c.args[:8] == d.args[:8]
+    )
+    swapped = [*commands[:a], commands[a + 1], commands[a], *commands[a + 2 :]]
+    moved = order_problems(iface, swapped)
+    assert any("not the next filter" in p for p in moved), moved
