@@ -7,12 +7,13 @@ import re
 import shlex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
-
-import jinja2
+from typing import TYPE_CHECKING, Literal
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic
+
+if TYPE_CHECKING:  # jinja2 loads with the first template: check and most backends need none
+    import jinja2
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,8 @@ def comment(text: object) -> str:
 @functools.cache
 def template_env() -> jinja2.Environment:
     """The environment for backend templates: strict, unescaped, with shell filters."""
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("tcdsl.backends", "templates"),
         undefined=jinja2.StrictUndefined,

@@ -25,12 +25,12 @@ from tcdsl.frontend.source import Access
 from tcdsl.kernel_target import KernelTarget, load_target
 from tcdsl.sarif import render_sarif
 from tcdsl.suppress import disable_problem
-from tcdsl.verify import KERNELS, KernelChoice, Verification, VerifyError, verify_many
-from tcdsl.verify.verifier import APPLIERS
+from tcdsl.verify import APPLIERS, KERNELS, KernelChoice
 
-if TYPE_CHECKING:  # the teaching tools load on use
+if TYPE_CHECKING:  # the teaching tools, the verifier and the live operations load on use
     from tcdsl.teach.report import Run
     from tcdsl.teach.traffic import Flow
+    from tcdsl.verify import Verification
 
 EXIT_OK, EXIT_POLICY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
@@ -193,7 +193,29 @@ KERNEL = click.option(
 )
 
 
+class _Group(click.Group):
+    """The ``tcdsl`` group; the live operations' commands (``tcdsl.ops.cli``) join it the
+    first time a command it does not have yet is asked for, or all are listed."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            _live_operations(self)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        _live_operations(self)
+        return super().list_commands(ctx)
+
+
+@functools.cache
+def _live_operations(group: click.Group) -> None:
+    from tcdsl.ops.cli import register
+
+    register(group)
+
+
 @click.group(
+    cls=_Group,
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="Examples:\n\n\b\n  tcdsl compile office.tcp > apply.sh\n  tcdsl check policies/*.tcp\n"
     "  sudo tcdsl verify office.tcp",
@@ -390,6 +412,13 @@ def check(
     sys.exit(EXIT_POLICY if failed else EXIT_OK)
 
 
+def verify_many(policies: list[str], backend: str, kernel: KernelChoice) -> list[Verification]:
+    """:func:`tcdsl.verify.verify_many`, loaded on use."""
+    from tcdsl.verify import verify_many as run
+
+    return run(policies, backend, kernel)
+
+
 def _verdict(v: Verification) -> str:
     if v.kernel is None:
         return f"tcdsl: {v.path}: not verified ({_summary(v.diagnostics) or 'no kernel'})"
@@ -428,6 +457,8 @@ def _verdict(v: Verification) -> str:
 def verify_command(policies: tuple[str, ...], backend: str, kernel: str, fmt: str) -> None:
     """Apply POLICIES to a real kernel in a throwaway network namespace, read the state back
     and report every difference at the policy line it comes from."""
+    from tcdsl.verify import VerifyError
+
     try:
         results = verify_many(list(policies), backend, cast(KernelChoice, kernel))
     except VerifyError as e:
@@ -948,15 +979,6 @@ def measure_command(
         click.echo(report.table(run), nl=False)
     else:
         click.echo(compare_table(run, simulated), nl=False)
-
-
-def _live_operations() -> None:
-    from tcdsl.ops.cli import register
-
-    register(cli)
-
-
-_live_operations()
 
 
 def _replace_file(path: str, text: str) -> None:

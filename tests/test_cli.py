@@ -343,6 +343,25 @@ def test_entry_flushes_what_main_left_buffered(code: int) -> None:
     assert (proc.returncode, len(proc.stdout), proc.stderr) == (code, 100, "e" * 10)
 
 
+def test_check_loads_neither_the_verifier_nor_the_live_operations_nor_jinja2() -> None:
+    """Start-up time: what ``check`` never uses loads on use (the group still lists it all)."""
+    program = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from tcdsl.cli import cli\n"
+        f"result = CliRunner().invoke(cli, ['check', {OFFICE!r}])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('tcdsl.verify.', 'tcdsl.ops', "
+        "'tcdsl.teach', 'jinja2'))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "[]\n", "")
+    listed = CliRunner().invoke(cli, ["--help"]).output
+    assert all(f"  {name} " in listed for name in ("plan", "apply", "verify", "check"))
+
+
 COMPLEX = """\
 const LINK = 100mbit
 interface eth0 htb rate LINK default bulk {
