@@ -7,11 +7,13 @@ carries the ``Span`` it came from. Fields marked "allocated" are ``None`` until
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from ipaddress import IPv4Network, IPv6Network
-from typing import Literal
+from operator import attrgetter
+from typing import Any, Literal, TypeVar
 
 from tcdsl.diagnostics import Span
 from tcdsl.linklayer import LinkLayerName
@@ -886,6 +888,35 @@ class Policy:
 
     source: str
     interfaces: tuple[Interface, ...]
+
+
+# ---- copying ----------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def replace(node: T, /, **changes: Any) -> T:
+    """``dataclasses.replace(node, **changes)`` in half the time, for the passes that copy
+    every class of a large policy: IR classes have no ``__post_init__`` and no field outside
+    ``__init__``, so building the class from all its fields' values is the same thing."""
+    cls: type[Any] = type(node)
+    fields, index = _FIELDS.get(cls) or _fields(cls)
+    values = list(fields(node))
+    for name, value in changes.items():
+        values[index[name]] = value
+    return cls(*values)  # type: ignore[no-any-return]
+
+
+_Fields = tuple[Callable[[Any], tuple[Any, ...]], dict[str, int]]
+_FIELDS: dict[type, _Fields] = {}
+
+
+def _fields(cls: type) -> _Fields:
+    names = [f.name for f in dataclasses.fields(cls)]
+    assert not hasattr(cls, "__post_init__") and all(f.init for f in dataclasses.fields(cls))
+    get = attrgetter(*names) if len(names) > 1 else lambda node: (getattr(node, names[0]),)
+    found = _FIELDS[cls] = (get, {name: i for i, name in enumerate(names)})
+    return found
 
 
 # ---- traversal helpers -------------------------------------------------------------------------

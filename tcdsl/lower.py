@@ -6,12 +6,46 @@ the cartesian product of its values. Port ranges become the fewest prefix-style 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Concatenate, ParamSpec, TypeVar
 
 from tcdsl import ir
 from tcdsl.diagnostics import Span
+
+N = TypeVar("N")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+MEMO_SIZE = 1 << 17
+"""How many results each memoised function below keeps (then it starts again)."""
+
+
+def _per_node(f: Callable[Concatenate[N, P], R]) -> Callable[Concatenate[N, P], R]:
+    """Memoise ``f(node, *args)`` (pure, returning something immutable) by the identity of
+    ``node``: checks, allocation, lints and backends split the same match lines into the
+    same filters, and identity costs nothing to hash. The node is kept with its result, so
+    its id cannot be another object's while the entry lives; a value-equal node elsewhere
+    (the same policy parsed again) gets results of its own, whose conditions are its own."""
+    entries: dict[tuple[object, ...], tuple[N, R]] = {}
+
+    def memoised(node: N, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if kwargs:
+            return f(node, *args, **kwargs)
+        key = (id(node), *args)
+        hit = entries.get(key)
+        if hit is not None:
+            return hit[1]
+        if len(entries) >= MEMO_SIZE:
+            entries.clear()
+        result = f(node, *args, **kwargs)
+        entries[key] = (node, result)
+        return result
+
+    functools.update_wrapper(memoised, f)
+    return memoised
 
 
 def range_to_masks(lo: int, hi: int, width: int = 16) -> list[tuple[int, int]]:
@@ -80,16 +114,19 @@ def implied_families(conds: tuple[ir.Cond, ...]) -> tuple[ir.Family, ...]:
     return tuple(f for f in ir.FAMILIES if f in families)
 
 
+@_per_node
 def family_alternatives(
     match: ir.Match, tree: tuple[ir.Family, ...]
-) -> Iterator[tuple[ir.Family, tuple[ir.Cond, ...]]]:
-    """Yield (family, alternative) for every alternative of ``match`` and every family it
-    applies to (``tree``: the families of the tree the line is in), in order."""
+) -> tuple[tuple[ir.Family, tuple[ir.Cond, ...]], ...]:
+    """(family, alternative) for every alternative of ``match`` and every family it applies
+    to (``tree``: the families of the tree the line is in), in order."""
     wanted = match_families(match, tree)
-    for alt in alternatives(match):
-        for family in implied_families(alt):
-            if family in wanted:
-                yield family, alt
+    return tuple(
+        (family, alt)
+        for alt in alternatives(match)
+        for family in implied_families(alt)
+        if family in wanted
+    )
 
 
 GUARD_PROTOCOLS = (6, 17)
@@ -117,14 +154,17 @@ def guarded(
         yield (ir.ProtoCond(((number, span),), span), *conds)
 
 
+@_per_node
 def filter_alternatives(
     match: ir.Match, tree: tuple[ir.Family, ...], classifier: ir.Classifier = "u32"
-) -> Iterator[tuple[ir.Family, tuple[ir.Cond, ...]]]:
-    """Yield (family, alternative) for each filter a match line becomes (before u32 splits
-    port ranges), with the protocol guards of :func:`guarded`."""
-    for family, alt in family_alternatives(match, tree):
-        for conds in guarded(family, alt, classifier):
-            yield family, conds
+) -> tuple[tuple[ir.Family, tuple[ir.Cond, ...]], ...]:
+    """(family, alternative) for each filter a match line becomes (before u32 splits port
+    ranges), with the protocol guards of :func:`guarded`."""
+    return tuple(
+        (family, conds)
+        for family, alt in family_alternatives(match, tree)
+        for conds in guarded(family, alt, classifier)
+    )
 
 
 def _hex(value: int, width: int) -> str:
@@ -173,11 +213,16 @@ def address_text(net: ir.Network) -> str:
     return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
 
 
+@_per_node
 def u32_keys(
     conds: tuple[ir.Cond, ...], family: ir.Family = "ipv4"
-) -> Iterator[tuple[ir.U32Key, ...]]:
-    """Yield the u32 key sets (one filter each) for one alternative of a match line, in
-    tc's ``ip`` or ``ip6`` words by ``family``."""
+) -> tuple[tuple[ir.U32Key, ...], ...]:
+    """The u32 key sets (one filter each) for one alternative of a match line, in tc's
+    ``ip`` or ``ip6`` words by ``family``."""
+    return tuple(_u32_keys(conds, family))
+
+
+def _u32_keys(conds: tuple[ir.Cond, ...], family: ir.Family) -> Iterator[tuple[ir.U32Key, ...]]:
     ip = "ip" if family == "ipv4" else "ip6"
     choices: list[list[tuple[ir.U32Key, ...]]] = []
     for cond in conds:
