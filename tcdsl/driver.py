@@ -62,6 +62,7 @@ def _compiling() -> Iterator[None]:
         yield
     finally:
         sys.setrecursionlimit(limit)
+        ir.forget()
         if enabled:
             if not gc.get_freeze_count():
                 # The collector counted every object made meanwhile: enabled as it is, it

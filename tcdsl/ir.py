@@ -8,15 +8,59 @@ carries the ``Span`` it came from. Fields marked "allocated" are ``None`` until
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from ipaddress import IPv4Network, IPv6Network
 from operator import attrgetter
-from typing import Any, Literal, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from tcdsl.diagnostics import Span
 from tcdsl.linklayer import LinkLayerName
+
+N = TypeVar("N")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+MEMO_SIZE = 1 << 17
+"""How many results each :func:`per_node` function keeps (then it starts again)."""
+
+_MEMOS: list[dict[tuple[object, ...], Any]] = []
+
+
+def per_node(f: Callable[Concatenate[N, P], R]) -> Callable[Concatenate[N, P], R]:
+    """Memoise ``f(node, *args)`` (pure, returning something immutable) by the identity of
+    ``node``: the stages walk the same trees and split the same match lines again and again,
+    and identity costs nothing to hash. The node is kept with its result, so its id cannot be
+    another object's while the entry lives; a value-equal node elsewhere (the same policy
+    parsed again) gets results of its own, made of its own objects."""
+    entries: dict[tuple[object, ...], tuple[N, R]] = {}
+    _MEMOS.append(entries)
+
+    def memoised(node: N, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if kwargs:
+            return f(node, *args, **kwargs)
+        key = (id(node), *args)
+        hit = entries.get(key)
+        if hit is not None:
+            return hit[1]
+        if len(entries) >= MEMO_SIZE:
+            entries.clear()
+        result = f(node, *args, **kwargs)
+        entries[key] = (node, result)
+        return result
+
+    functools.update_wrapper(memoised, f)
+    return memoised
+
+
+def forget() -> None:
+    """Drop what every :func:`per_node` function remembers, and the nodes it holds (the
+    driver does, after each compile)."""
+    for entries in _MEMOS:
+        entries.clear()
+
 
 # ---- values --------------------------------------------------------------------------------
 
@@ -339,11 +383,7 @@ class Class:
 
     def walk(self) -> Iterator[Class]:
         """Yield this class and its descendants in pre-order."""
-        stack = [self]
-        while stack:
-            cls = stack.pop()
-            yield cls
-            stack.extend(reversed(cls.children))
+        return iter(_subtree(self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -922,33 +962,56 @@ def _fields(cls: type) -> _Fields:
 # ---- traversal helpers -------------------------------------------------------------------------
 
 
+@per_node
+def _subtree(top: Class) -> tuple[Class, ...]:
+    found = []
+    stack = [top]
+    while stack:
+        cls = stack.pop()
+        found.append(cls)
+        stack.extend(reversed(cls.children))
+    return tuple(found)
+
+
 def child_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
     """Yield the qdiscs directly below ``qdisc`` (class leaves, or a chained child)."""
+    return iter(_child_qdiscs(qdisc))
+
+
+@per_node
+def _child_qdiscs(qdisc: Qdisc) -> tuple[Qdisc, ...]:
     match qdisc:
         case Htb() | Prio() | Cbq() | Hfsc():
-            for top in qdisc.classes:
-                for cls in top.walk():
-                    if cls.leaf is not None:
-                        yield cls.leaf
+            return tuple(cls.leaf for cls in _own_classes(qdisc) if cls.leaf is not None)
         case Tbf() | Netem():
-            if qdisc.child is not None:
-                yield qdisc.child
+            return () if qdisc.child is None else (qdisc.child,)
         case _:
-            pass
+            return ()
 
 
 def walk_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
     """Yield ``qdisc`` and every qdisc below it, in pre-order."""
-    yield qdisc
-    for child in child_qdiscs(qdisc):
-        yield from walk_qdiscs(child)
+    return iter(_qdisc_tree(qdisc))
+
+
+@per_node
+def _qdisc_tree(qdisc: Qdisc) -> tuple[Qdisc, ...]:
+    found = [qdisc]
+    for child in _child_qdiscs(qdisc):
+        found += _qdisc_tree(child)
+    return tuple(found)
 
 
 def classes_of(qdisc: Qdisc) -> Iterator[Class]:
     """Yield the classes that belong to ``qdisc`` itself (not to nested qdiscs), pre-order."""
+    return iter(_own_classes(qdisc))
+
+
+@per_node
+def _own_classes(qdisc: Qdisc) -> tuple[Class, ...]:
     if isinstance(qdisc, Htb | Prio | Cbq | Hfsc):
-        for top in qdisc.classes:
-            yield from top.walk()
+        return tuple(cls for top in qdisc.classes for cls in _subtree(top))
+    return ()
 
 
 def matches_of(qdisc: Qdisc) -> Iterator[tuple[Class | None, Match]]:

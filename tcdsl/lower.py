@@ -6,46 +6,12 @@ the cartesian product of its values. Port ranges become the fewest prefix-style 
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import itertools
-from collections.abc import Callable, Iterator
-from typing import Concatenate, ParamSpec, TypeVar
+from collections.abc import Iterator
 
 from tcdsl import ir
 from tcdsl.diagnostics import Span
-
-N = TypeVar("N")
-P = ParamSpec("P")
-R = TypeVar("R")
-
-MEMO_SIZE = 1 << 17
-"""How many results each memoised function below keeps (then it starts again)."""
-
-
-def _per_node(f: Callable[Concatenate[N, P], R]) -> Callable[Concatenate[N, P], R]:
-    """Memoise ``f(node, *args)`` (pure, returning something immutable) by the identity of
-    ``node``: checks, allocation, lints and backends split the same match lines into the
-    same filters, and identity costs nothing to hash. The node is kept with its result, so
-    its id cannot be another object's while the entry lives; a value-equal node elsewhere
-    (the same policy parsed again) gets results of its own, whose conditions are its own."""
-    entries: dict[tuple[object, ...], tuple[N, R]] = {}
-
-    def memoised(node: N, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        if kwargs:
-            return f(node, *args, **kwargs)
-        key = (id(node), *args)
-        hit = entries.get(key)
-        if hit is not None:
-            return hit[1]
-        if len(entries) >= MEMO_SIZE:
-            entries.clear()
-        result = f(node, *args, **kwargs)
-        entries[key] = (node, result)
-        return result
-
-    functools.update_wrapper(memoised, f)
-    return memoised
 
 
 def range_to_masks(lo: int, hi: int, width: int = 16) -> list[tuple[int, int]]:
@@ -114,7 +80,7 @@ def implied_families(conds: tuple[ir.Cond, ...]) -> tuple[ir.Family, ...]:
     return tuple(f for f in ir.FAMILIES if f in families)
 
 
-@_per_node
+@ir.per_node
 def family_alternatives(
     match: ir.Match, tree: tuple[ir.Family, ...]
 ) -> tuple[tuple[ir.Family, tuple[ir.Cond, ...]], ...]:
@@ -154,7 +120,7 @@ def guarded(
         yield (ir.ProtoCond(((number, span),), span), *conds)
 
 
-@_per_node
+@ir.per_node
 def filter_alternatives(
     match: ir.Match, tree: tuple[ir.Family, ...], classifier: ir.Classifier = "u32"
 ) -> tuple[tuple[ir.Family, tuple[ir.Cond, ...]], ...]:
@@ -213,7 +179,7 @@ def address_text(net: ir.Network) -> str:
     return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
 
 
-@_per_node
+@ir.per_node
 def u32_keys(
     conds: tuple[ir.Cond, ...], family: ir.Family = "ipv4"
 ) -> tuple[tuple[ir.U32Key, ...], ...]:
