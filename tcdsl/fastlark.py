@@ -201,35 +201,34 @@ class _FastParser(_Parser):
         states = state.state_stack
         values = state.value_stack
         token = last_token
-        # The states each reduction for the current token removed, to tell an error the stack
-        # from before them (LALR may reduce on a lookahead it then cannot shift).
-        removed: list[list[int]] = []
+        # The stack from before the current token's first reduction, to tell an error (LALR
+        # may reduce on a lookahead it then cannot shift); None while there was none.
+        before: list[int] | None = None
         try:
             for token in state.lexer.lex(state):  # type: ignore[no-untyped-call]
                 ttype = token.type
                 while True:
                     action = table[states[-1]].get(ttype)
                     if action is None:
-                        _feed_failing(state, token, _before(states, removed))
+                        _feed_failing(state, token, states[:] if before is None else before)
                         raise AssertionError("unreachable")  # pragma: no cover
                     if action[0]:
                         states.append(action[1])
                         values.append(action[2](token) if action[2] else token)
-                        if removed:
-                            removed.clear()
+                        before = None
                         break
+                    if before is None:
+                        before = states[:]
                     size = action[1]
                     callback = action[2]
                     if callback is None:  # one child, passed up as it is
-                        removed.append([states.pop()])
+                        del states[-1]
                     else:
                         if size:
                             children = values[-size:]
-                            removed.append(states[-size:])
                             del states[-size:]
                             del values[-size:]
                         else:
-                            removed.append([])
                             children = []
                         values.append(callback(children))
                     states.append(gotos[states[-1]][action[3]])
@@ -341,15 +340,6 @@ def _feed_failing(state: ParserState[int], token: Token, before: list[int]) -> N
     except UnexpectedInput as e:
         e.states_before = before  # type: ignore[attr-defined]
         raise
-
-
-def _before(states: list[int], removed: list[list[int]]) -> list[int]:
-    """The state stack before the reductions that removed ``removed``, in order."""
-    before = states[:]
-    for slice_ in reversed(removed):
-        before.pop()
-        before.extend(slice_)
-    return before
 
 
 class FastLALRParser(LALR_Parser):
