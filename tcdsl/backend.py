@@ -71,7 +71,7 @@ def shquote(word: object) -> str:
 
 def shjoin(words: Iterable[object]) -> str:
     """Quote and join words into one command line."""
-    return " ".join(shquote(w) for w in words)
+    return " ".join(map(_quote, map(str, words)))  # shquote on each, without a Python loop
 
 
 def comment(text: object) -> str:
