@@ -346,6 +346,8 @@ def pack(key: ir.U32Key) -> tuple[int, int, int]:
 def contradicts(keys: tuple[ir.U32Key, ...]) -> bool:
     """True if two keys demand different values of the same bits (the filter can never match;
     tc refuses it)."""
+    if len(keys) < 2:
+        return False  # the words of one key are at different offsets
     seen: dict[int, tuple[int, int]] = {}
     for key in keys:
         for offset, value, mask in pack_words(key):
