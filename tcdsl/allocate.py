@@ -13,6 +13,7 @@ policed match line of several filters gets one police index, which its filters s
 from __future__ import annotations
 
 import dataclasses
+import operator
 import zlib
 from collections.abc import Iterator, Mapping
 
@@ -79,7 +80,7 @@ def flower_prefs(filters: tuple[ir.Filter, ...]) -> tuple[ir.Filter, ...]:
             )
             if not shares:
                 n += 1
-            renumbered[id(f)] = dataclasses.replace(f, pref=kernel_pref(n, family))
+            renumbered[id(f)] = ir.replace(f, pref=kernel_pref(n, family))
             previous = f
     return tuple(renumbered[id(f)] for f in filters)
 
@@ -240,9 +241,7 @@ class InterfaceAllocator:
         if cls.leaf is not None:
             leaf = self.qdisc(cls.leaf, minor if minor >= 0x10 else minor * 0x10)
         children = tuple(self.klass(c, q, major, pool) for c in cls.children)
-        return dataclasses.replace(
-            cls, classid=ir.Handle(major, minor), leaf=leaf, children=children
-        )
+        return ir.replace(cls, classid=ir.Handle(major, minor), leaf=leaf, children=children)
 
     def ingress(self, q: ir.Ingress) -> ir.Interface:
         root = dataclasses.replace(q, handle=ir.INGRESS_HANDLE)
@@ -271,7 +270,7 @@ class InterfaceAllocator:
             return
         index = self._police_index(m.police)
         for f in filters:
-            yield dataclasses.replace(f, police_index=index)
+            yield ir.replace(f, police_index=index)
 
     def _police_index(self, police: ir.Police) -> int:
         """The index of a line's shared police action (E261 when the tree has no more)."""
@@ -457,7 +456,7 @@ class InterfaceAllocator:
             children = tuple(
                 visit(c, o) for c, o in zip(cls.children, original.children, strict=True)
             )
-            return dataclasses.replace(cls, fwmark=fwmark, children=children)
+            return ir.replace(cls, fwmark=fwmark, children=children)
 
         if isinstance(q, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
             return dataclasses.replace(q, classes=tuple(visit(c, c) for c in q.classes))
@@ -529,7 +528,10 @@ def choose_quanta(q: ir.Htb) -> ir.Htb:
 
     def visit(cls: ir.Class) -> ir.Class:
         children = tuple(visit(c) for c in cls.children)
-        return dataclasses.replace(cls, chosen_quantum=quanta.get(id(cls)), children=children)
+        quantum = quanta.get(id(cls))
+        if quantum == cls.chosen_quantum and all(map(operator.is_, children, cls.children)):
+            return cls  # nothing to change here or below: no copy
+        return ir.replace(cls, chosen_quantum=quantum, children=children)
 
     chosen = None if r2q == HTB_DEFAULT_R2Q else r2q
     if chosen is None and not quanta:

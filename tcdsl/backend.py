@@ -7,12 +7,13 @@ import re
 import shlex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
-
-import jinja2
+from typing import TYPE_CHECKING, Literal
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic
+
+if TYPE_CHECKING:  # jinja2 loads with the first template: check and most backends need none
+    import jinja2
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,7 @@ def shquote(word: object) -> str:
 
 def shjoin(words: Iterable[object]) -> str:
     """Quote and join words into one command line."""
-    return " ".join(shquote(w) for w in words)
+    return " ".join(map(_quote, map(str, words)))  # shquote on each, without a Python loop
 
 
 def comment(text: object) -> str:
@@ -85,6 +86,8 @@ def comment(text: object) -> str:
 @functools.cache
 def template_env() -> jinja2.Environment:
     """The environment for backend templates: strict, unescaped, with shell filters."""
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("tcdsl.backends", "templates"),
         undefined=jinja2.StrictUndefined,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,12 +38,12 @@ from tcdsl.frontend.source import Access
 from tcdsl.kernel_target import KernelTarget, load_target
 from tcdsl.sarif import render_sarif
 from tcdsl.suppress import disable_problem
-from tcdsl.verify import KERNELS, KernelChoice, Verification, VerifyError, verify_many
-from tcdsl.verify.verifier import APPLIERS
+from tcdsl.verify import APPLIERS, KERNELS, KernelChoice
 
-if TYPE_CHECKING:  # the teaching tools load on use
+if TYPE_CHECKING:  # the teaching tools, the verifier and the live operations load on use
     from tcdsl.teach.report import Run
     from tcdsl.teach.traffic import Flow
+    from tcdsl.verify import Verification
 
 
 def _fails(diagnostics: Sequence[Diagnostic], werror: bool) -> bool:
@@ -124,7 +127,29 @@ KERNEL = click.option(
 )
 
 
+class _Group(click.Group):
+    """The ``tcdsl`` group; the live operations' commands (``tcdsl.ops.cli``) join it the
+    first time a command it does not have yet is asked for, or all are listed."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            _live_operations(self)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        _live_operations(self)
+        return super().list_commands(ctx)
+
+
+@functools.cache
+def _live_operations(group: click.Group) -> None:
+    from tcdsl.ops.cli import register
+
+    register(group)
+
+
 @click.group(
+    cls=_Group,
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="Examples:\n\n\b\n  tcdsl compile office.tcp > apply.sh\n  tcdsl check policies/*.tcp\n"
     "  sudo tcdsl verify office.tcp",
@@ -326,6 +351,13 @@ def check(
     sys.exit(EXIT_POLICY if failed else EXIT_OK)
 
 
+def verify_many(policies: list[str], backend: str, kernel: KernelChoice) -> list[Verification]:
+    """:func:`tcdsl.verify.verify_many`, loaded on use."""
+    from tcdsl.verify import verify_many as run
+
+    return run(policies, backend, kernel)
+
+
 def _verdict(v: Verification) -> str:
     if v.kernel is None:
         return f"tcdsl: {v.path}: not verified ({_summary(v.diagnostics) or 'no kernel'})"
@@ -364,6 +396,8 @@ def _verdict(v: Verification) -> str:
 def verify_command(policies: tuple[str, ...], backend: str, kernel: str, fmt: str) -> None:
     """Apply POLICIES to a real kernel in a throwaway network namespace, read the state back
     and report every difference at the policy line it comes from."""
+    from tcdsl.verify import VerifyError
+
     try:
         results = verify_many(list(policies), backend, cast(KernelChoice, kernel))
     except VerifyError as e:
@@ -825,15 +859,6 @@ def measure_command(
         click.echo(compare_table(run, simulated), nl=False)
 
 
-def _live_operations() -> None:
-    from tcdsl.ops.cli import register
-
-    register(cli)
-
-
-_live_operations()
-
-
 def main() -> None:
     """Run the CLI; an unexpected exception is an internal error (exit 3, with a traceback)."""
     try:
@@ -859,3 +884,28 @@ def main() -> None:
             err=True,
         )
         sys.exit(EXIT_INTERNAL)
+
+
+def entry() -> None:
+    """The console script: :func:`main`, then leave without freeing what the run built.
+
+    Freeing a 10,000-class policy object by object, and the modules at interpreter shutdown,
+    takes a quarter of a second that nobody waits for: once the exit handlers have run and
+    stdout and stderr are flushed, the process ends with ``os._exit`` and ``main``'s exit code.
+    Anything unusual (a non-numeric exit, a thread still running, a failing flush) takes
+    Python's own way out instead.
+    """
+    try:
+        main()
+        code: str | int | None = None
+    except SystemExit as exit_:
+        code = exit_.code
+    if isinstance(code, str) or threading.active_count() > 1:
+        sys.exit(code)
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        sys.exit(code)
+    os._exit(code or 0)

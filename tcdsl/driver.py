@@ -62,7 +62,15 @@ def _compiling() -> Iterator[None]:
         yield
     finally:
         sys.setrecursionlimit(limit)
+        ir.forget()
         if enabled:
+            if not gc.get_freeze_count():
+                # The collector counted every object made meanwhile: enabled as it is, it
+                # would scan them all at the next allocation (0.2 s for 10,000 classes).
+                # Freezing and unfreezing moves them to the oldest generation, unscanned,
+                # where a full collection still frees what becomes garbage.
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

@@ -26,13 +26,16 @@ cannot disagree on what a text says. It also refuses blocks and parentheses nest
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
-from lark import Token
+from lark import Token, Transformer, Tree
 from lark.exceptions import UnexpectedInput
 from lark.lexer import ContextualLexer, LexerState
+from lark.parse_tree_builder import ChildFilterLALR_NoPlaceholders, ExpandSingleChild
 from lark.parsers.lalr_analysis import Shift
 from lark.parsers.lalr_interactive_parser import InteractiveParser
 from lark.parsers.lalr_parser import LALR_Parser, _Parser
@@ -64,7 +67,7 @@ class FastContextualLexer(ContextualLexer):
         end: int = text_slice.end
         counter = lexer_state.line_ctr
         pos, line, line_start = counter.char_pos, counter.line, counter.line_start_pos
-        lexers = self.lexers
+        scanners = self._scanners()
         skip = _SKIP.match
         user_callbacks: dict[str, Any] = getattr(self.root_lexer, "user_callbacks", {})
         trivia: dict[str, Any] = {
@@ -86,9 +89,9 @@ class FastContextualLexer(ContextualLexer):
                 counter.char_pos, counter.line, counter.line_start_pos = pos, line, line_start
                 counter.column = pos - line_start + 1
                 return
-            lexer: Any = lexers[parser_state.position]
+            mres, newline_types, callbacks = scanners[parser_state.state_stack[-1]]
             match = None
-            for mre in lexer.scanner._mres:
+            for mre in mres:
                 match = mre.match(text, pos, end)
                 if match is not None:
                     break
@@ -101,9 +104,15 @@ class FastContextualLexer(ContextualLexer):
             value = match.group()
             type_ = match.lastgroup
             assert type_ is not None
-            token = Token(type_, value, pos, line, pos - line_start + 1)
+            # What Token(type_, value, pos, line, column) does, without its two Python calls.
+            token = _new_str(Token, value)
+            token.type = type_
+            token.value = value
+            token.start_pos = pos
+            token.line = line
+            token.column = pos - line_start + 1
             pos = match.end()
-            if type_ in lexer.newline_types:
+            if type_ in newline_types:
                 newlines = value.count("\n")
                 if newlines:
                     line += newlines
@@ -115,12 +124,36 @@ class FastContextualLexer(ContextualLexer):
                 depth += _OPENS[type_]
                 if depth > MAX_NESTING:
                     raise NestingTooDeep(token)
-            callback = lexer.callback.get(type_)
+            callback = callbacks.get(type_)
             if callback is not None:
                 token = callback(token)
             lexer_state.last_token = token
             counter.char_pos = pos
             yield token
+
+    def _scanners(self) -> _Scanners:
+        cached: _Scanners | None = getattr(self, "_by_state", None)
+        if cached is None:
+            cached = self._by_state = _Scanners(self.lexers)
+        return cached
+
+
+class _Scanners(dict[int, tuple[list[Any], Any, dict[str, Any]]]):
+    """Each parser state's regexes, newline terminals and callbacks, looked up once (a
+    state's regexes are compiled when the lexer first meets it, as in Lark)."""
+
+    def __init__(self, lexers: dict[int, Any]) -> None:
+        super().__init__()
+        self.lexers = lexers
+
+    def __missing__(self, state: int) -> tuple[list[Any], Any, dict[str, Any]]:
+        lexer = self.lexers[state]
+        scanner = lexer.scanner
+        found = self[state] = (scanner._mres, lexer.newline_types, lexer.callback)
+        return found
+
+
+_new_str = str.__new__
 
 
 def _report_trivia(
@@ -164,39 +197,41 @@ class _FastParser(_Parser):
     def parse_from_state(self, state: ParserState[int], last_token: Token | None = None) -> Any:
         """Run the LALR loop over the flattened table; Lark's ``feed_token`` ends the parse
         and raises the errors."""
-        table = self._table(state.parse_conf.callbacks)
+        table, gotos = self._table(state.parse_conf.callbacks)
         states = state.state_stack
         values = state.value_stack
         token = last_token
-        # The states each reduction for the current token removed, to tell an error the stack
-        # from before them (LALR may reduce on a lookahead it then cannot shift).
-        removed: list[list[int]] = []
+        # The stack from before the current token's first reduction, to tell an error (LALR
+        # may reduce on a lookahead it then cannot shift); None while there was none.
+        before: list[int] | None = None
         try:
             for token in state.lexer.lex(state):  # type: ignore[no-untyped-call]
                 ttype = token.type
                 while True:
                     action = table[states[-1]].get(ttype)
                     if action is None:
-                        _feed_failing(state, token, _before(states, removed))
+                        _feed_failing(state, token, states[:] if before is None else before)
                         raise AssertionError("unreachable")  # pragma: no cover
                     if action[0]:
                         states.append(action[1])
                         values.append(action[2](token) if action[2] else token)
-                        if removed:
-                            removed.clear()
+                        before = None
                         break
+                    if before is None:
+                        before = states[:]
                     size = action[1]
-                    if size:
-                        children = values[-size:]
-                        removed.append(states[-size:])
-                        del states[-size:]
-                        del values[-size:]
+                    callback = action[2]
+                    if callback is None:  # one child, passed up as it is
+                        del states[-1]
                     else:
-                        removed.append([])
-                        children = []
-                    value = action[2](children)
-                    states.append(table[states[-1]][action[3]][1])
-                    values.append(value)
+                        if size:
+                            children = values[-size:]
+                            del states[-size:]
+                            del values[-size:]
+                        else:
+                            children = []
+                        values.append(callback(children))
+                    states.append(gotos[states[-1]][action[3]])
             end = Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
             try:
                 return state.feed_token(end, True)
@@ -207,26 +242,95 @@ class _FastParser(_Parser):
             e.interactive_parser = InteractiveParser(self, state, state.lexer)
             raise e
 
-    def _table(self, callbacks: Any) -> dict[int, dict[str, Action]]:
-        cached: tuple[Any, dict[int, dict[str, Action]]] | None = getattr(self, "_flat", None)
+    def _table(
+        self, callbacks: Any
+    ) -> tuple[dict[int, dict[str, Action]], dict[int, dict[str, int]]]:
+        """The parse table as plain tuples, and the state each state goes to after a rule."""
+        cached: tuple[Any, Any] | None = getattr(self, "_flat", None)
         if cached is not None and cached[0] is callbacks:
-            return cached[1]
+            return cached[1]  # type: ignore[no-any-return]
         flat: dict[int, dict[str, Action]] = {}
+        gotos: dict[int, dict[str, int]] = {}
         for number, actions in self.parse_table.states.items():
             row: dict[str, Action] = {}
+            goto: dict[str, int] = {}
             for symbol, (kind, arg) in actions.items():
                 if kind is Shift:
                     row[symbol] = (True, arg, callbacks.get(symbol))
+                    goto[symbol] = arg
                 else:
                     row[symbol] = (
                         False,
                         len(arg.expansion),
-                        callbacks.get(arg, _same),
+                        _lean(callbacks.get(arg, _same), len(arg.expansion)),
                         arg.origin.name,
                     )
             flat[number] = row
-        self._flat = (callbacks, flat)
-        return flat
+            gotos[number] = goto
+        self._flat = (callbacks, (flat, gotos))
+        return flat, gotos
+
+
+def _lean(callback: Any, size: int) -> Any:
+    """``callback`` (Lark's, for a rule of ``size`` symbols) with the same result in fewer
+    Python calls: None for a ``?rule`` of one symbol (its one child is its value); a generated
+    function for Lark's child filter, which picks children and splices inlined ``_rule``
+    children in a loop interpreted on each reduction; ``Tree(name, children)`` directly where
+    the transformer's ``__default__`` would be reached through two more calls."""
+    if isinstance(callback, ExpandSingleChild) and size == 1:
+        return None
+    if isinstance(callback, ChildFilterLALR_NoPlaceholders):
+        return _child_filter(callback.to_include, _lean_builder(callback.node_builder))
+    return _lean_builder(callback)
+
+
+def _lean_builder(builder: Any) -> Any:
+    if isinstance(builder, ExpandSingleChild):
+        inner = _lean_builder(builder.node_builder)
+        if inner is not builder.node_builder:
+            return ExpandSingleChild(inner)  # type: ignore[no-untyped-call]
+        return builder
+    if isinstance(builder, partial) and not builder.keywords and len(builder.args) == 1:
+        handler = _default_handler(builder.func)
+        if handler is not None and getattr(handler, "__func__", None) is Transformer.__default__:
+            return partial(Tree, builder.args[0])
+    return builder
+
+
+def _default_handler(func: Any) -> Any:
+    """The transformer's ``__default__`` that Lark's ``default_callback`` closure calls."""
+    code = getattr(func, "__code__", None)
+    if code is None or func.__name__ != "default_callback" or func.__closure__ is None:
+        return None
+    cells = dict(zip(code.co_freevars, func.__closure__, strict=True))
+    cell = cells.get("default_handler")
+    return None if cell is None else cell.cell_contents
+
+
+def _child_filter(to_include: list[tuple[int, bool]], builder: Any) -> Any:
+    """A function doing what ``ChildFilterLALR_NoPlaceholders(to_include, builder)`` does."""
+    return _child_filter_maker(tuple(to_include))(builder)
+
+
+@functools.cache
+def _child_filter_maker(to_include: tuple[tuple[int, bool], ...]) -> Any:
+    lines = ["def make(builder):", "  def child_filter(children):"]
+    started = False
+    for i, inlined in to_include:
+        if inlined:
+            # Lark reuses the first inlined child's list too (LALR shares no subtree).
+            lines.append(f"    filtered {'+=' if started else '='} children[{i}].children")
+        elif started:
+            lines.append(f"    filtered.append(children[{i}])")
+        else:
+            lines.append(f"    filtered = [children[{i}]]")
+        started = True
+    if not started:
+        lines.append("    filtered = []")
+    lines += ["    return builder(filtered)", "  return child_filter"]
+    namespace: dict[str, Any] = {}
+    exec("\n".join(lines), namespace)  # our own text, made from the grammar's rules
+    return namespace["make"]
 
 
 def _feed_failing(state: ParserState[int], token: Token, before: list[int]) -> None:
@@ -236,15 +340,6 @@ def _feed_failing(state: ParserState[int], token: Token, before: list[int]) -> N
     except UnexpectedInput as e:
         e.states_before = before  # type: ignore[attr-defined]
         raise
-
-
-def _before(states: list[int], removed: list[list[int]]) -> list[int]:
-    """The state stack before the reductions that removed ``removed``, in order."""
-    before = states[:]
-    for slice_ in reversed(removed):
-        before.pop()
-        before.extend(slice_)
-    return before
 
 
 class FastLALRParser(LALR_Parser):

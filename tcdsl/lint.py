@@ -103,18 +103,18 @@ class Alternative:
 
 
 def _alternatives(
-    match: ir.Match, cls: ir.Class, iface: ir.Interface, family: ir.Family
-) -> Iterator[Alternative]:
-    """The alternatives of ``match`` that are filters of ``family``, as u32 bits (a flower
+    match: ir.Match, cls: ir.Class, iface: ir.Interface
+) -> dict[ir.Family, list[Alternative]]:
+    """The alternatives of ``match`` that are filters, by family, as u32 bits (a flower
     filter tests the same fields, so the same bits stand for it here)."""
-    for fam, conds in lower.filter_alternatives(match, iface.families, iface.classifier):
-        if fam != family:
-            continue
+    by_family: dict[ir.Family, list[Alternative]] = {}
+    for family, conds in lower.filter_alternatives(match, iface.families, iface.classifier):
         filters = tuple(
             b for keys in lower.u32_keys(conds, family) if (b := filter_bits(keys)) is not None
         )
         if filters:
-            yield Alternative(match, cls, conds, filters)
+            by_family.setdefault(family, []).append(Alternative(match, cls, conds, filters))
+    return by_family
 
 
 def _classification_orders(
@@ -128,22 +128,34 @@ def _classification_orders(
     """
     for iface in policy.interfaces:
         marks = iface.marking is not None
-        for family in iface.families:
-            if marks:
-                ordered: list[Alternative] = []
-                for q in ir.walk_qdiscs(iface.root):
-                    for cls in ir.classes_of(q):
-                        for m in cls.matches:
-                            if m.pref is None:
-                                ordered.extend(_alternatives(m, cls, iface, family))
-                yield (id(iface), 0), family, ordered
-            for q in ir.walk_qdiscs(iface.root):
-                added = [
-                    a
+        # Each line's alternatives, worked out once for all the families.
+        lines = [
+            (
+                q,
+                [
+                    (m, _alternatives(m, cls, iface))
                     for cls in ir.classes_of(q)
                     for m in cls.matches
+                ],
+            )
+            for q in ir.walk_qdiscs(iface.root)
+        ]
+        for family in iface.families:
+            if marks:
+                ordered = [
+                    a
+                    for _, found in lines
+                    for m, by_family in found
+                    if m.pref is None
+                    for a in by_family.get(family, ())
+                ]
+                yield (id(iface), 0), family, ordered
+            for q, found in lines:
+                added = [
+                    a
+                    for m, by_family in found
                     if not marks or m.pref is not None
-                    for a in _alternatives(m, cls, iface, family)
+                    for a in by_family.get(family, ())
                 ]
                 if added:
                     yield (

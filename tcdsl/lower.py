@@ -80,16 +80,19 @@ def implied_families(conds: tuple[ir.Cond, ...]) -> tuple[ir.Family, ...]:
     return tuple(f for f in ir.FAMILIES if f in families)
 
 
+@ir.per_node
 def family_alternatives(
     match: ir.Match, tree: tuple[ir.Family, ...]
-) -> Iterator[tuple[ir.Family, tuple[ir.Cond, ...]]]:
-    """Yield (family, alternative) for every alternative of ``match`` and every family it
-    applies to (``tree``: the families of the tree the line is in), in order."""
+) -> tuple[tuple[ir.Family, tuple[ir.Cond, ...]], ...]:
+    """(family, alternative) for every alternative of ``match`` and every family it applies
+    to (``tree``: the families of the tree the line is in), in order."""
     wanted = match_families(match, tree)
-    for alt in alternatives(match):
-        for family in implied_families(alt):
-            if family in wanted:
-                yield family, alt
+    return tuple(
+        (family, alt)
+        for alt in alternatives(match)
+        for family in implied_families(alt)
+        if family in wanted
+    )
 
 
 GUARD_PROTOCOLS = (6, 17)
@@ -117,14 +120,17 @@ def guarded(
         yield (ir.ProtoCond(((number, span),), span), *conds)
 
 
+@ir.per_node
 def filter_alternatives(
     match: ir.Match, tree: tuple[ir.Family, ...], classifier: ir.Classifier = "u32"
-) -> Iterator[tuple[ir.Family, tuple[ir.Cond, ...]]]:
-    """Yield (family, alternative) for each filter a match line becomes (before u32 splits
-    port ranges), with the protocol guards of :func:`guarded`."""
-    for family, alt in family_alternatives(match, tree):
-        for conds in guarded(family, alt, classifier):
-            yield family, conds
+) -> tuple[tuple[ir.Family, tuple[ir.Cond, ...]], ...]:
+    """(family, alternative) for each filter a match line becomes (before u32 splits port
+    ranges), with the protocol guards of :func:`guarded`."""
+    return tuple(
+        (family, conds)
+        for family, alt in family_alternatives(match, tree)
+        for conds in guarded(family, alt, classifier)
+    )
 
 
 def _hex(value: int, width: int) -> str:
@@ -173,11 +179,16 @@ def address_text(net: ir.Network) -> str:
     return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
 
 
+@ir.per_node
 def u32_keys(
     conds: tuple[ir.Cond, ...], family: ir.Family = "ipv4"
-) -> Iterator[tuple[ir.U32Key, ...]]:
-    """Yield the u32 key sets (one filter each) for one alternative of a match line, in
-    tc's ``ip`` or ``ip6`` words by ``family``."""
+) -> tuple[tuple[ir.U32Key, ...], ...]:
+    """The u32 key sets (one filter each) for one alternative of a match line, in tc's
+    ``ip`` or ``ip6`` words by ``family``."""
+    return tuple(_u32_keys(conds, family))
+
+
+def _u32_keys(conds: tuple[ir.Cond, ...], family: ir.Family) -> Iterator[tuple[ir.U32Key, ...]]:
     ip = "ip" if family == "ipv4" else "ip6"
     choices: list[list[tuple[ir.U32Key, ...]]] = []
     for cond in conds:
@@ -335,6 +346,8 @@ def pack(key: ir.U32Key) -> tuple[int, int, int]:
 def contradicts(keys: tuple[ir.U32Key, ...]) -> bool:
     """True if two keys demand different values of the same bits (the filter can never match;
     tc refuses it)."""
+    if len(keys) < 2:
+        return False  # the words of one key are at different offsets
     seen: dict[int, tuple[int, int]] = {}
     for key in keys:
         for offset, value, mask in pack_words(key):

@@ -242,7 +242,7 @@ def _entry_point() -> list[str]:
     script = shutil.which("tcdsl", path=str(Path(sys.executable).parent))
     if script:
         return [script]
-    return [sys.executable, "-c", "from tcdsl.cli import main; main()"]
+    return [sys.executable, "-c", "from tcdsl.cli import entry; entry()"]
 
 
 def _run_entry(*args: str) -> subprocess.CompletedProcess[str]:
@@ -271,6 +271,116 @@ def test_entry_point_exit_codes(args: list[str], code: int) -> None:
         assert "Usage:" in proc.stderr or "Error:" in proc.stderr
     if args == ["compile", OFFICE]:
         assert proc.stdout == _run_entry("compile", OFFICE).stdout  # deterministic
+
+
+def _buffered_env() -> dict[str, str]:
+    """The environment, with stdout and stderr buffered as for a user (not as in CI)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+
+def _big_policy(classes: int) -> str:
+    lines = [f"interface eth0 htb rate {classes}mbit default c0 {{"]
+    lines += [f"    class c{i} rate 1mbit match dport {1024 + i}" for i in range(classes)]
+    return "\n".join([*lines, "}", ""])
+
+
+def test_console_script_is_the_fast_exit() -> None:
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="tcdsl")
+    assert script.value == "tcdsl.cli:entry"
+
+
+@pytest.mark.parametrize("to_file", [False, True], ids=["pipe", "file"])
+def test_entry_point_output_complete_before_its_quick_exit(tmp_path: Path, to_file: bool) -> None:
+    """``entry`` ends the process with ``os._exit``: what it printed must all be there, on a
+    pipe and in a file, well past a pipe's buffer, with the exit codes of ``main``."""
+    policy = tmp_path / "big.tcp"
+    policy.write_text(_big_policy(1500), encoding="utf-8")
+    broken = tmp_path / "broken.tcp"
+    broken.write_text(BROKEN, encoding="utf-8")
+    cases = [
+        (["compile", str(policy)], 0),
+        (["check", str(broken), str(policy)], 1),
+        (["compile", "--frobnicate", str(policy)], 2),
+    ]
+    for args, code in cases:
+        if to_file:
+            out, err = tmp_path / "out", tmp_path / "err"
+            with out.open("w") as stdout, err.open("w") as stderr:
+                proc = subprocess.run(
+                    [*_entry_point(), *args],
+                    cwd=ROOT,
+                    stdout=stdout,
+                    stderr=stderr,
+                    env=_buffered_env(),
+                    timeout=120,
+                )
+            stdout_text, stderr_text = out.read_text(), err.read_text()
+        else:
+            piped = subprocess.run(
+                [*_entry_point(), *args],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                env=_buffered_env(),
+                timeout=120,
+            )
+            proc, stdout_text, stderr_text = piped, piped.stdout, piped.stderr
+        assert proc.returncode == code, stderr_text
+        if code == 2:
+            assert "Usage:" in stderr_text and "--frobnicate" in stderr_text
+            continue
+        expected = CliRunner().invoke(cli, args)  # main's own output, in this process
+        assert expected.exit_code == code
+        assert stdout_text == expected.stdout
+        assert stderr_text == expected.stderr
+        if code == 0:
+            assert len(stdout_text) > 200_000  # far more than a pipe holds
+        else:
+            assert "[E202]" in stderr_text
+
+
+@pytest.mark.parametrize("code", [0, 1, 2, 3])
+def test_entry_flushes_what_main_left_buffered(code: int) -> None:
+    """Output written without click (which flushes each echo) is not lost by ``os._exit``."""
+    program = (
+        "import sys\n"
+        "from tcdsl import cli\n"
+        "def main():\n"
+        "    sys.stdout.write('o' * 100)\n"
+        "    sys.stderr.write('e' * 10)\n"
+        f"    sys.exit({code} or None)\n"
+        "cli.main = main\n"
+        "cli.entry()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        env=_buffered_env(),
+        timeout=60,
+    )
+    assert (proc.returncode, len(proc.stdout), proc.stderr) == (code, 100, "e" * 10)
+
+
+def test_check_loads_neither_the_verifier_nor_the_live_operations_nor_jinja2() -> None:
+    """Start-up time: what ``check`` never uses loads on use (the group still lists it all)."""
+    program = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from tcdsl.cli import cli\n"
+        f"result = CliRunner().invoke(cli, ['check', {OFFICE!r}])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('tcdsl.verify.', 'tcdsl.ops', "
+        "'tcdsl.teach', 'jinja2'))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "[]\n", "")
+    listed = CliRunner().invoke(cli, ["--help"]).output
+    assert all(f"  {name} " in listed for name in ("plan", "apply", "verify", "check"))
 
 
 COMPLEX = """\

@@ -145,3 +145,22 @@ def test_same_recovery_on_every_policy_and_diagnostic_case(path: Path) -> None:
 def test_same_recovery_on_random_text(pieces: list[str]) -> None:
     text = "".join(pieces)
     assert syntax_errors(text, PLUGINS) == syntax_errors(text, {})
+
+
+def test_reductions_take_the_lean_callbacks() -> None:
+    """The flattened table calls generated child filters and ``Tree`` directly, and passes a
+    one-symbol ``?rule``'s child up: a Lark upgrade that renames its builders fails here."""
+    from lark import Tree
+    from lark.parse_tree_builder import ChildFilterLALR_NoPlaceholders
+
+    from tcdsl.frontend.builder import Builder
+    from tcdsl.frontend.reader import _parser
+
+    parser = _parser(Builder(Reader(), "x.tcp"))
+    inner = parser.parser.parser.parser
+    flat, _ = inner._table(inner.callbacks)
+    reductions = {(a[3], a[1]): a[2] for row in flat.values() for a in row.values() if not a[0]}
+    assert not any(isinstance(f, ChildFilterLALR_NoPlaceholders) for f in reductions.values())
+    assert reductions[("term", 1)] is None
+    opt = reductions[("_opt", 1)]
+    assert getattr(opt, "func", None) is Tree and opt(["x"]) == Tree("_opt", ["x"])

@@ -14,17 +14,33 @@ marking chain in iptables and in ip6tables. Messages name the family (``IPv6 fil
 
 from __future__ import annotations
 
-from tcdsl.verify.verifier import (
-    KERNELS,
-    Checked,
-    KernelChoice,
-    Verification,
-    VerifyError,
-    verify,
-    verify_many,
-)
+from typing import TYPE_CHECKING, Any, Literal
+
+KernelChoice = Literal["host", "uml", "auto"]
+KERNELS: tuple[KernelChoice, ...] = ("auto", "host", "uml")
+
+APPLIERS = frozenset({"shell", "tc-batch"})
+"""Backends whose output the runner knows how to apply (``sh``; ``tc -batch`` and
+``iptables-restore`` through a small script, :func:`verifier.batch_applier`)."""
+
+if TYPE_CHECKING:
+    from tcdsl.verify.verifier import Checked, Verification, VerifyError, verify, verify_many
+
+_VERIFIER = ("Checked", "Verification", "VerifyError", "verify", "verify_many")
+
+
+def __getattr__(name: str) -> Any:
+    # The verifier (and the readback, expectations and runners it imports) loads on first use:
+    # the CLI names the kernels and appliers in its options, and check or compile needs no more.
+    if name in _VERIFIER:
+        from tcdsl.verify import verifier
+
+        return getattr(verifier, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
+    "APPLIERS",
     "KERNELS",
     "Checked",
     "KernelChoice",

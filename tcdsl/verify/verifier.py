@@ -25,16 +25,9 @@ from tcdsl.backend import BackendOptions
 from tcdsl.commands import owned_chains, unjump_shell
 from tcdsl.diagnostics import Diagnostic, Severity, Span, sort_key
 from tcdsl.driver import compile_policy
-from tcdsl.verify import compare, runner
+from tcdsl.verify import APPLIERS, KernelChoice, compare, runner
 from tcdsl.verify.compare import MISSING, NO_FEATURE, Origin
 from tcdsl.verify.expect import ExpectedPolicy, Requirement, expected_policy
-
-KernelChoice = Literal["host", "uml", "auto"]
-KERNELS: tuple[KernelChoice, ...] = ("auto", "host", "uml")
-
-APPLIERS = frozenset({"shell", "tc-batch"})
-"""Backends whose output the runner knows how to apply (``sh``; ``tc -batch`` and
-``iptables-restore`` through a small script, :func:`batch_applier`)."""
 
 _BATCH_FAILED = re.compile(r"Command failed (?P<file>.*):(?P<line>\d+)$")
 
