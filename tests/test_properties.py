@@ -98,7 +98,7 @@ EXPECTED: dict[str, set[str] | None] = {
     "tos and dscp on one line": None,  # may contradict (E211), or not
     "tcp-ack with proto udp": None,  # contradicts unless tcp is among the protocols
     "misaligned raw offset": {"E016"},
-    "field given twice": {"E211"},
+    "field given twice": {"E211", "E258"},  # E258 when the line is also IPv6 only
     "pref with marks": {"E249"},
     "prio out of range": {"E205"},
     "protocol number out of range": {"E015"},
