@@ -36,10 +36,10 @@ PATH = "bench.tcp"
 TARGETS = {10_000: (1.5, 300.0), 50_000: (8.0, None)}  # classes: (seconds, MB)
 
 
-def policy(n: int, pref_every: int | None = None) -> str:
+def policy(n: int, pref_every: int | None = 2000) -> str:
     """An htb policy with ``n`` leaf classes in groups of ``GROUP`` under parent classes;
-    with ``pref_every``, each run of that many match lines has a pref of its own (the kernel
-    keeps the order of at most 2,048 u32 filters at one pref)."""
+    each run of ``pref_every`` match lines has a pref of its own (the kernel keeps the order
+    of at most 2,048 u32 filters at one pref: E262); None: every line at the default pref."""
     groups = (n + GROUP - 1) // GROUP
     group_kbit = GROUP * LEAF_KBIT
     lines = [

@@ -84,9 +84,7 @@ def main() -> None:
     for n in args.sizes:
         with tempfile.TemporaryDirectory(prefix="tcdsl-ops-bench-") as tmp:
             env = dict(os.environ, TCDSL_STATE_DIR=f"{tmp}/state")
-            # the kernel misorders more than 2,048 filters at one pref (issue 13): apply's
-            # drift check would see it and rebuild, so every 2,000 lines get a pref
-            text = policy(n, pref_every=2000)
+            text = policy(n)  # a pref every 2,000 lines (E262)
             path = Path(tmp) / "bench.tcp"
             path.write_text(text, encoding="utf-8")
             (Path(tmp) / "hand.batch").write_text(hand_written(_batch(text)))

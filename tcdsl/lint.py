@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from tcdsl import ir, lower
+from tcdsl.allocate import IPV6_PREF_OFFSET
 from tcdsl.checks import effective_ceil, rate_of, sites
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.matching import Bits, filter_bits, kernel_order, match_pref
@@ -535,6 +536,36 @@ def u32_lines_before_marks(policy: ir.Policy) -> Iterator[Diagnostic]:
                     )
 
 
+U32_ORDERED = 2048
+"""How many u32 filters one pref keeps in their order: u32 numbers a pref's filters 0x800 to
+0xfff as they are made, then goes on from 0x001 (and past 0xfff gives every further one the
+same number), and tries them by number."""
+
+
+def u32_order_kept(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """More u32 filters at one parent, protocol and pref than the kernel keeps in order: the
+    2,049th would be tried before the first, so the first match would not win."""
+    for iface in policy.interfaces:
+        counts: dict[tuple[ir.Handle, str, int], int] = {}
+        for f in iface.filters:
+            if not isinstance(f, ir.U32Filter):
+                continue
+            key = (f.parent, f.family, f.pref)
+            counts[key] = counts.get(key, 0) + 1
+            if counts[key] != U32_ORDERED + 1:
+                continue
+            pref = f.pref - IPV6_PREF_OFFSET if f.family == "ipv6" else f.pref
+            family = "IPv6" if f.family == "ipv6" else "IPv4"
+            yield Diagnostic.error(
+                "E262",
+                f"more than {U32_ORDERED} {family} u32 filters at pref {pref} under {f.parent} "
+                f"of {iface.label}: the kernel numbers this one and those after it below the "
+                "first and tries them first, so the first line that matches would not win; "
+                "give later match lines a pref of their own ('pref 2')",
+                f.span,
+            )
+
+
 def ports_need_a_port_protocol(policy: ir.Policy) -> Iterator[Diagnostic]:
     """A port condition next to a protocol that has no ports tests other header bytes."""
     for s in sites(policy):
@@ -755,6 +786,7 @@ LINTS: tuple[Lint, ...] = (
     tbf_bursts_fit,
     ceilings_share_sensibly,
     u32_lines_before_marks,
+    u32_order_kept,
     ports_need_a_port_protocol,
     leaf_queues_sensible,
     policers_do_not_reclassify,

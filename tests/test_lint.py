@@ -139,3 +139,26 @@ def test_dead_lines_never_classify_a_packet(
             f"line {first} is reported dead but classifies {src} dport {port} proto {proto} "
             f"tos {tos:#x}:\n" + "\n".join(text)
         )
+
+
+def _many(lines: list[str]) -> str:
+    body = "".join(f"    class c{i} rate 1kbit {line}\n" for i, line in enumerate(lines))
+    return "interface eth0 htb rate 100mbit default c0 {\n" + body + "}\n"
+
+
+def test_more_u32_filters_at_one_pref_than_the_kernel_orders_is_e262() -> None:
+    """u32 tries the 2,049th filter of a pref first (E262 at its line); a pref every 2,000
+    lines keeps the order; a port line is two IPv6 filters (TCP, UDP)."""
+    addresses = [f"match src 10.{i >> 8}.{i & 255}.1" for i in range(2049)]
+    result = analyse("many.tcp", loader=lambda _p: _many(addresses))
+    found = [d for d in result.diagnostics if d.code == "E262"]
+    assert len(found) == 1 and found[0].span.line == 2050, found
+    assert "2048 IPv4 u32 filters at pref 1 under 1:" in found[0].message
+    assert result.policy is None
+    kept = [f"{line} pref {1 + i // 2000}" for i, line in enumerate(addresses)]
+    assert not analyse("kept.tcp", loader=lambda _p: _many(kept)).errors
+    fewer = analyse("few.tcp", loader=lambda _p: _many(addresses[:2048]))
+    assert not [d for d in fewer.diagnostics if d.code == "E262"]
+    ports = [f"match dport {1000 + i}" for i in range(1025)]
+    six = [d for d in analyse("p.tcp", loader=lambda _p: _many(ports)).errors if d.code == "E262"]
+    assert len(six) == 1 and six[0].span.line == 1026 and "IPv6" in six[0].message, six
