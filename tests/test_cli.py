@@ -280,7 +280,11 @@ def _buffered_env() -> dict[str, str]:
 
 def _big_policy(classes: int) -> str:
     lines = [f"interface eth0 htb rate {classes}mbit default c0 {{"]
-    lines += [f"    class c{i} rate 1mbit match dport {1024 + i}" for i in range(classes)]
+    # a pref every 1,000 lines: a port line is two IPv6 filters, and one pref keeps 2,048 (E262)
+    lines += [
+        f"    class c{i} rate 1mbit match dport {1024 + i} pref {1 + i // 1000}"
+        for i in range(classes)
+    ]
     return "\n".join([*lines, "}", ""])
 
 
