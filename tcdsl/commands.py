@@ -273,7 +273,14 @@ def _label(q: ir.Qdisc) -> str:
     return f"{q.kind} qdisc"
 
 
-def interface_commands(iface: ir.Interface) -> Iterator[Command]:
+@ir.per_node
+def interface_commands(iface: ir.Interface) -> tuple[Command, ...]:
+    """The commands that build ``iface``, teardown excluded (remembered: a backend's
+    ``unsupported`` and its ``emit`` both go through them)."""
+    return tuple(_interface_commands(iface))
+
+
+def _interface_commands(iface: ir.Interface) -> Iterator[Command]:
     """Yield the commands that build ``iface``, teardown excluded.
 
     A download first creates its IFB and builds the tree on it, and only then redirects the
@@ -798,6 +805,7 @@ BATCH_MAX_WORDS = 99
 """tc splits a batch line into at most 100 words (with the program name) and exits on more."""
 
 _BATCH_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_BATCH_SAFE_LINE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+(?: [A-Za-z0-9_@%+=:,./-]+)*")
 
 
 def batch_unquotable(word: str) -> str | None:
@@ -826,6 +834,11 @@ def batch_quote(word: str) -> str:
 def batch_line(cmd: Command) -> str:
     """A tc command as one ``tc -batch`` line: no ``tc``, words quoted for tc's parser."""
     assert cmd.tool == "tc"
+    line = " ".join(cmd.args)
+    # Nearly every line needs no quotes: one match of the whole line (as many spaces as word
+    # breaks, so no word holds a space) instead of one per word.
+    if line.count(" ") == len(cmd.args) - 1 and _BATCH_SAFE_LINE.fullmatch(line):
+        return line
     return " ".join(batch_quote(w) for w in cmd.args)
 
 

@@ -28,7 +28,7 @@ def _policy(tmp_path: Path, text: str) -> ir.Policy:
 
 
 def _root_words(policy: ir.Policy, index: int = 0) -> str:
-    return " ".join(next(interface_commands(policy.interfaces[index])).args)
+    return " ".join(interface_commands(policy.interfaces[index])[0].args)
 
 
 # ---- the cost of a packet ------------------------------------------------------------------
