@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
-from tcdsl.backends.dot import DotBackend
-from tcdsl.backends.json_ir import JsonBackend
-from tcdsl.backends.mermaid import MermaidBackend
-from tcdsl.backends.nft import NftBackend
-from tcdsl.backends.shell import ShellBackend
-from tcdsl.backends.tc_batch import TcBatchBackend
-from tcdsl.backends.tcng import TcngBackend
+import importlib
+from collections.abc import Iterator, Mapping
 
 from tcdsl.backend import Backend
 
-BACKENDS: dict[str, type[Backend]] = {
-    "shell": ShellBackend,
-    "tcng": TcngBackend,
-    "tc-batch": TcBatchBackend,
-    "nft": NftBackend,
-    "json": JsonBackend,
-    "dot": DotBackend,
-    "mermaid": MermaidBackend,
+_WHERE: dict[str, tuple[str, str]] = {
+    "shell": ("shell", "ShellBackend"),
+    "tcng": ("tcng", "TcngBackend"),
+    "tc-batch": ("tc_batch", "TcBatchBackend"),
+    "nft": ("nft", "NftBackend"),
+    "json": ("json_ir", "JsonBackend"),
+    "dot": ("dot", "DotBackend"),
+    "mermaid": ("mermaid", "MermaidBackend"),
 }
+
+
+class _Registry(Mapping[str, type[Backend]]):
+    """Backend classes by name, each module imported when its backend is first asked for
+    (a compile to shell need not load the diagram backends)."""
+
+    def __getitem__(self, name: str) -> type[Backend]:
+        module, cls = _WHERE[name]
+        found: type[Backend] = getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_WHERE)
+
+    def __len__(self) -> int:
+        return len(_WHERE)
+
+
+BACKENDS: Mapping[str, type[Backend]] = _Registry()

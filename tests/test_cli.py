@@ -369,7 +369,8 @@ def test_entry_flushes_what_main_left_buffered(code: int) -> None:
 
 
 def test_check_loads_neither_the_verifier_nor_the_live_operations_nor_jinja2() -> None:
-    """Start-up time: what ``check`` never uses loads on use (the group still lists it all)."""
+    """Start-up time: what ``check`` never uses loads on use (the group still lists it all;
+    the backends registry still names every backend)."""
     program = (
         "import sys\n"
         "from click.testing import CliRunner\n"
@@ -377,7 +378,7 @@ def test_check_loads_neither_the_verifier_nor_the_live_operations_nor_jinja2() -
         f"result = CliRunner().invoke(cli, ['check', {OFFICE!r}])\n"
         "assert result.exit_code == 0, result.output\n"
         "print(sorted(m for m in sys.modules if m.startswith(('tcdsl.verify.', 'tcdsl.ops', "
-        "'tcdsl.teach', 'jinja2'))))\n"
+        "'tcdsl.teach', 'jinja2', 'tcdsl.backends.'))))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -385,6 +386,8 @@ def test_check_loads_neither_the_verifier_nor_the_live_operations_nor_jinja2() -
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "[]\n", "")
     listed = CliRunner().invoke(cli, ["--help"]).output
     assert all(f"  {name} " in listed for name in ("plan", "apply", "verify", "check"))
+    helped = CliRunner().invoke(cli, ["compile", "--help"]).output
+    assert all(name in helped for name in ("shell", "tc-batch", "mermaid", "json"))
 
 
 COMPLEX = """\
