@@ -25,53 +25,65 @@ def _spec_text(spec: ir.FamilySpec) -> str:
     return "both" if len(spec.families) == 2 else spec.families[0]
 
 
-def lines_of(iface: ir.Interface) -> list[ir.Match]:
+@ir.per_node
+def lines_of(iface: ir.Interface) -> tuple[ir.Match, ...]:
     """Every match line of a tree (classes' lines and ingress policers), in order."""
-    return [m for q in ir.walk_qdiscs(iface.root) for _, m in ir.matches_of(q)]
+    return tuple(m for q in ir.walk_qdiscs(iface.root) for _, m in ir.matches_of(q))
 
 
-def filter_lines(iface: ir.Interface) -> list[ir.Match]:
+@ir.per_node
+def filter_lines(iface: ir.Interface) -> tuple[ir.Match, ...]:
     """The match lines of a tree that become filters (with ``classify by mark``, those with
     their own ``pref``; the others become firewall rules)."""
     marks = iface.marking is not None
-    return [m for m in lines_of(iface) if not marks or m.pref is not None]
+    return tuple(m for m in lines_of(iface) if not marks or m.pref is not None)
 
 
 # ---- E258 / W363: families that cannot meet ---------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Value:
-    """One value of a condition, with the families it can match (both for most)."""
+    """One value of a condition (the ``index``-th of ``cond``), with the families it can match
+    (both for most); its words are made only for a message."""
 
-    text: str
     families: frozenset[ir.Family]
     span: Span
+    cond: ir.Cond
+    index: int = 0
+
+    @property
+    def text(self) -> str:
+        match self.cond:
+            case ir.AddrCond():
+                net = self.cond.networks[self.index][0]
+                return f"{self.cond.field} {lower.address_text(net)}"
+            case ir.ProtoCond():
+                number = self.cond.protocols[self.index][0]
+                return f"proto {_PROTO_NAMES.get(number, number)}"
+            case _:
+                return ""
+
+
+_BOTH = frozenset(ir.FAMILIES)
+_ONLY: dict[ir.Family, frozenset[ir.Family]] = {f: frozenset({f}) for f in ir.FAMILIES}
 
 
 def _values(cond: ir.Cond) -> tuple[_Value, ...]:
-    both = frozenset(ir.FAMILIES)
     match cond:
         case ir.AddrCond():
             return tuple(
-                _Value(
-                    f"{cond.field} {lower.address_text(net)}",
-                    frozenset({ir.family_of(net)}),
-                    span,
-                )
-                for net, span in cond.networks
+                _Value(_ONLY[ir.family_of(net)], span, cond, i)
+                for i, (net, span) in enumerate(cond.networks)
             )
         case ir.ProtoCond():
             return tuple(
-                _Value(
-                    f"proto {_PROTO_NAMES.get(number, number)}",
-                    frozenset({only}) if (only := lower.FAMILY_PROTOCOLS.get(number)) else both,
-                    span,
-                )
-                for number, span in cond.protocols
-            )
+                _Value(_ONLY[only] if (only := lower.FAMILY_PROTOCOLS.get(number)) else _BOTH,
+                       span, cond, i)
+                for i, (number, span) in enumerate(cond.protocols)
+            )  # fmt: skip
         case _:
-            return (_Value("", both, cond.span),)
+            return (_Value(_BOTH, cond.span, cond),)
 
 
 _PROTO_NAMES = {1: "icmp", 58: "icmpv6"}

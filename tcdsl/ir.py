@@ -26,7 +26,7 @@ R = TypeVar("R")
 MEMO_SIZE = 1 << 17
 """How many results each :func:`per_node` function keeps (then it starts again)."""
 
-_MEMOS: list[dict[tuple[object, ...], Any]] = []
+_MEMOS: list[dict[object, Any]] = []
 
 
 def per_node(f: Callable[Concatenate[N, P], R]) -> Callable[Concatenate[N, P], R]:
@@ -35,13 +35,14 @@ def per_node(f: Callable[Concatenate[N, P], R]) -> Callable[Concatenate[N, P], R
     and identity costs nothing to hash. The node is kept with its result, so its id cannot be
     another object's while the entry lives; a value-equal node elsewhere (the same policy
     parsed again) gets results of its own, made of its own objects."""
-    entries: dict[tuple[object, ...], tuple[N, R]] = {}
+    entries: dict[object, tuple[N, R]] = {}
     _MEMOS.append(entries)
 
     def memoised(node: N, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if kwargs:
             return f(node, *args, **kwargs)
-        key = (id(node), *args)
+        # most calls pass the node alone: its id is the key (never equal to a tuple key)
+        key = (id(node), *args) if args else id(node)
         hit = entries.get(key)
         if hit is not None:
             return hit[1]
@@ -1018,11 +1019,10 @@ def matches_of(qdisc: Qdisc) -> Iterator[tuple[Class | None, Match]]:
     """Yield the match lines of ``qdisc`` itself (not of nested qdiscs), in the order written,
     each with the class it sends to (None on an ingress qdisc, whose lines only police)."""
     if isinstance(qdisc, Ingress):
-        for m in qdisc.matches:
-            yield None, m
-    for cls in classes_of(qdisc):
-        for m in cls.matches:
-            yield cls, m
+        return iter([(None, m) for m in qdisc.matches])
+    if not isinstance(qdisc, Htb | Prio | Cbq | Hfsc):
+        return iter(())  # a leaf (a subscriber's pfifo): no classes, no lines
+    return iter([(cls, m) for cls in _own_classes(qdisc) for m in cls.matches])
 
 
 def parent_map(qdisc: ClassfulQdisc) -> dict[int, Class | None]:
