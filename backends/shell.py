@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from tcdsl import __version__, ir
-from tcdsl.backend import Backend, comment, shjoin, template_env
+from tcdsl.backend import Backend, comment, shjoin, shquote, template_env
 from tcdsl.commands import (
     LOCK_DIR,
     LOCK_DIR_VARIABLE,
@@ -51,6 +51,21 @@ class HereDoc:
     origins: tuple[tuple[int, str], ...] = ()
     """The policy text of each command line, by its line number in the here-document."""
 
+    @property
+    def body(self) -> str:
+        """The lines, each ending in a newline (a loop in the template costs more than the
+        rest of a big policy's script)."""
+        return "".join(f"{line}\n" for line in self.lines)
+
+    @property
+    def cases(self) -> str:
+        """The ``case`` arms that set the script's location variable from a failed line's
+        number, each ending in a newline."""
+        return "".join(
+            f"    {number}) {SCRIPT_AT}={shquote(comment(origin))} ;;\n"
+            for number, origin in self.origins
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class InterfaceView:
@@ -89,6 +104,24 @@ class InterfaceView:
     nft_at: str = ""
     """What a failure of ``tc -batch`` (``nft -f``) is reported at, before the line is known."""
 
+    @property
+    def setup_text(self) -> str:
+        """The ``setup`` commands as script lines."""
+        return located(self.setup)
+
+    @property
+    def run_text(self) -> str:
+        """The ``lines`` commands as script lines."""
+        return located(self.lines)
+
+
+def located(lines: Sequence[Line]) -> str:
+    """Each command after the line that sets the script's location variable to where it
+    comes from, each line ending in a newline."""
+    return "".join(
+        f"{SCRIPT_AT}={shquote(comment(line.origin))}\n{shjoin(line.words)}\n" for line in lines
+    )
+
 
 def _line(cmd: Command) -> Line:
     return Line(cmd.origin, (cmd.tool, *cmd.args))
@@ -114,8 +147,9 @@ def _view(iface: ir.Interface, batch: bool, nft: bool, owned: tuple[str, ...]) -
         origins: list[tuple[int, str]] = []
         for c in commands:
             if c.tool == "tc":
-                lines += [f"# {comment(c.origin)}", batch_line(c)]
-                origins.append((len(lines), c.origin))
+                origin = c.origin
+                lines += [f"# {comment(origin)}", batch_line(c)]
+                origins.append((len(lines), origin))
         tc_batch = _heredoc(lines, "TCDSL_BATCH", origins)
     table: HereDoc | None = None
     if nft and iface.marking is not None:

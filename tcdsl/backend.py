@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import re
-import shlex
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -58,11 +57,10 @@ class Backend:
 _SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def _quote(text: str) -> str:
     if _SAFE.fullmatch(text):
         return text
-    return shlex.quote(text)
+    return "'" + text.replace("'", "'\"'\"'") + "'"  # shlex.quote, without its second scan
 
 
 def shquote(word: object) -> str:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tcdsl import diagnostics
+from tcdsl.backend import shquote
 from tcdsl.cli import cli
 from tcdsl.diagnostics import Diagnostic, Span, render
 from tcdsl.driver import analyse
@@ -527,3 +528,16 @@ def test_fuzz_includes(tree: Path, graph: list[list[str]], anywhere: bool) -> No
     assert "Traceback" not in out
     for line in out.splitlines():
         assert line.startswith((" ", "tcdsl:", "/")), line
+
+
+@given(st.text(max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_a_quoted_word_is_read_back_by_sh_as_itself(word: str) -> None:
+    """shquote (every user string in a script goes through it): sh reads back the same word."""
+    if "\0" in word:
+        return  # no shell word can hold a NUL
+    quoted = shquote(word)
+    done = subprocess.run(
+        ["sh", "-c", f"printf '%s' {quoted}"], capture_output=True, check=True, timeout=10
+    )
+    assert done.stdout == word.encode("utf-8", "surrogateescape")
