@@ -26,6 +26,7 @@ import csv
 import ipaddress
 import os
 import re
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -121,6 +122,8 @@ class Row:
     networks: tuple[tuple[ir.Network, Span], ...]
     span: Span
     """From its first address to its last (the row's start when it has none)."""
+    order: int = 0
+    """Its place among the table's good rows."""
 
 
 @dataclass(slots=True)
@@ -131,6 +134,18 @@ class Table:
     headers: list[str]
     columns: dict[str, int]
     rows: list[Row] = field(default_factory=list)
+    indexes: dict[int, dict[str, list[Row]]] = field(default_factory=dict)
+    """The rows by the value of a column, for the columns ``where ==`` has used."""
+
+    def index(self, column: int) -> dict[str, list[Row]]:
+        """The rows by their (stripped) value in ``column``, in table order."""
+        found = self.indexes.get(column)
+        if found is None:
+            found = self.indexes[column] = {}
+            for row in self.rows:
+                value = row.cells[column].strip() if column < len(row.cells) else ""
+                found.setdefault(value, []).append(row)
+        return found
 
 
 @dataclass(slots=True)
@@ -235,43 +250,33 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             continue
         row = _row(reading, table, first, last, cells, lines, circuits, names, seen)
         if row is not None:
+            row.order = len(table.rows)
             table.rows.append(row)
     return table
 
 
-def _cell_starts(raw: str) -> list[tuple[int, int]]:
-    """(line offset, column) where each cell's text starts in ``raw`` (a record's lines)."""
-    if '"' not in raw:
-        starts, at = [], 1
-        for cell in raw.split(","):
-            starts.append((0, at))
-            at += len(cell) + 1
-        return starts
+def _cell_starts(raw: str, cells: list[str]) -> list[tuple[int, int]]:
+    """(line offset, column) where each of ``cells`` starts in ``raw`` (its record's lines):
+    a quoted cell takes its quotes and doubled quotes more than its text."""
     starts = []
-    line, col, i, quoted, begin = 0, 1, 0, False, True
-    while i <= len(raw):
-        ch = raw[i] if i < len(raw) else ","
-        if begin:
-            begin = False
-            if ch == '"':
-                starts.append((line, col + 1))
-                quoted = True
-                i, col = i + 1, col + 1
-                continue
-            starts.append((line, col))
-        if quoted:
-            if ch == '"':
-                if raw[i + 1 : i + 2] == '"':
-                    i, col = i + 2, col + 2
-                    continue
-                quoted = False
-        elif ch == ",":
-            begin = True
-        if ch == "\n":
-            line, col = line + 1, 1
+    at = 0
+    multiline = "\n" in raw
+    for cell in cells:
+        if raw.startswith('"', at):
+            begin = at + 1
+            at = begin + len(cell) + cell.count('"') + 1
         else:
-            col += 1
-        i += 1
+            begin = at
+            at += len(cell)
+        if multiline:
+            before = raw.count("\n", 0, begin)
+            starts.append((before, begin - raw.rfind("\n", 0, begin)))
+        else:
+            starts.append((0, begin + 1))
+        at = raw.find(",", at)
+        if at < 0:
+            break
+        at += 1
     return starts
 
 
@@ -287,35 +292,32 @@ def _row(
     seen: dict[ir.Network, Span],
 ) -> Row | None:
     path = reading.path
-    starts = _cell_starts("\n".join(lines[first - 1 : last]))
+    raw = lines[first - 1] if first == last else "\n".join(lines[first - 1 : last])
+    starts = _cell_starts(raw, cells)
     width = len(lines[last - 1]) + 1
 
     def span(index: int, offset: int = 0, length: int | None = None) -> Span:
         if index >= len(starts):  # a missing cell: the end of the row
             return Span(path, last, width, last, width + 1)
         dl, col = starts[index]
-        text = cells[index] if index < len(cells) else ""
-        n = max(1, len(text) if length is None else length)
+        n = max(1, len(cells[index]) if length is None else length)
         return Span(path, first + dl, col + offset, first + dl, col + offset + n)
 
-    def cell(key: str) -> tuple[str, int] | None:
-        index = table.columns.get(key)
-        if index is None:
-            return None
-        return (cells[index] if index < len(cells) else ""), index
-
+    columns = table.columns
+    n_cells = len(cells)
     ok = True
-    key, key_index = cell("circuit_id") or ("", 0)
-    key = key.strip()
+    key_index = columns["circuit_id"]
+    key = cells[key_index].strip() if key_index < n_cells else ""
     if not key:
         reading.error("E028", "this row has no circuit id", span(key_index))
         return None
     rates: dict[str, tuple[Decimal, Span]] = {}
     for name in RATES:
-        text, index = cell(name) or ("", 0)
+        index = columns[name]
+        text = cells[index] if index < n_cells else ""
         value = _mbps(text)
         if value is None:
-            header = table.headers[table.columns[name]]
+            header = table.headers[index]
             shown = f"'{text.strip()}'" if text.strip() else "an empty cell"
             reading.error(
                 "E030",
@@ -336,14 +338,16 @@ def _row(
                 Note("the min is here", low[1]),
             )
             ok = False
-    parent_cell = cell("parent_node")
-    parent = (parent_cell[0].strip(), span(parent_cell[1])) if parent_cell else None
+    parent_index = columns.get("parent_node")
+    parent = None
+    if parent_index is not None and parent_index < n_cells:
+        parent = (cells[parent_index].strip(), span(parent_index))
     networks: list[tuple[ir.Network, Span]] = []
     for family in ("ipv4", "ipv6"):
-        found = cell(family)
-        if found is None:
+        index = columns.get(family, n_cells)
+        if index >= n_cells or not cells[index]:
             continue
-        text, index = found
+        text = cells[index]
         offset = 0
         for piece in text.split(","):
             address = piece.strip()
@@ -364,8 +368,7 @@ def _row(
                 )
                 ok = False
                 continue
-            earlier = seen.get(net)
-            if earlier is not None:
+            if net in seen:
                 reading.warning(
                     "W373",
                     f"{address} is given twice in this table: the first row that matches it "
@@ -389,19 +392,12 @@ def _row(
             f"device of circuit '{key}' has no IPv4 or IPv6 address: no traffic is matched for it",
             span(key_index),
         )
-    row_span = (
-        Span(
-            path,
-            networks[0][1].line,
-            networks[0][1].column,
-            networks[0][1].line,
-            networks[-1][1].end_column,
-        )
-        if networks and networks[0][1].line == networks[-1][1].line
-        else networks[0][1]
-        if networks
-        else span(key_index)
-    )
+        row_span = span(key_index)
+    else:
+        head, tail = networks[0][1], networks[-1][1]
+        row_span = head
+        if head.line == tail.line:
+            row_span = Span(path, head.line, head.column, head.line, tail.end_column)
     return Row(first, cells, circuit, tuple(networks), row_span)
 
 
@@ -452,6 +448,25 @@ def _mbps(text: str) -> Decimal | None:
 
 
 def _network(text: str, family: str) -> ir.Network | None:
+    """``text`` as an IPv4 or IPv6 network (host bits cleared), as the policy's addresses
+    are read; the socket module parses the common forms at twice ``ipaddress``'s speed."""
+    address, slash, length = text.partition("/")
+    if not slash or (length.isdigit() and length.isascii() and len(length) <= 3):
+        bits = int(length) if slash else None
+        try:
+            if family == "ipv4":
+                packed = socket.inet_pton(socket.AF_INET, address)
+                # inet_pton takes leading zeros (010.0.0.1), which ipaddress refuses.
+                if socket.inet_ntop(socket.AF_INET, packed) == address and (bits or 0) <= 32:
+                    whole = int.from_bytes(packed, "big")
+                    return ipaddress.IPv4Network((whole, 32 if bits is None else bits), False)
+            elif "%" not in address:
+                packed = socket.inet_pton(socket.AF_INET6, address)
+                if (bits or 0) <= 128:
+                    whole = int.from_bytes(packed, "big")
+                    return ipaddress.IPv6Network((whole, 128 if bits is None else bits), False)
+        except OSError:
+            pass
     try:
         if family == "ipv4":
             return ipaddress.IPv4Network(text, strict=False)
@@ -550,7 +565,18 @@ def select(
         parsed.append(Condition(index, equal, frozenset(values)))
     if not ok:
         return (), None, False
-    rows = tuple(r for r in table.rows if all(_meets(r, c) for c in parsed))
+    first_column = parsed[0].column if parsed else None
+    candidates: list[Row] = table.rows
+    equal = next((c for c in parsed if c.equal), None)
+    if equal is not None:
+        # Each site's statement takes its rows from an index, not from a walk of the table.
+        index = table.index(equal.column)
+        found = [r for value in sorted(equal.values) for r in index.get(value, ())]
+        if len(equal.values) > 1:
+            found.sort(key=lambda r: r.order)
+        candidates = found
+        parsed.remove(equal)
+    rows = tuple(r for r in candidates if all(_meets(r, c) for c in parsed))
     if not rows and table.rows:
         b.error(
             Diagnostic.error(
@@ -561,7 +587,7 @@ def select(
             )
         )
         return (), None, False
-    return rows, parsed[0].column if parsed else None, True
+    return rows, first_column, True
 
 
 def where_names(table: Table) -> list[str]:
@@ -784,15 +810,17 @@ def _unshaped(
 
 def _cell_span(table: Table, lines: list[str], row: Row, column: int) -> Span:
     """The span of a row's cell."""
+    cells = row.cells
     last = row.line
-    starts = _cell_starts(lines[row.line - 1])
-    while len(starts) <= column and last < len(lines):  # a quoted line break
+    raw = lines[row.line - 1]
+    while raw.count('"') % 2 and last < len(lines):  # a quoted line break
         last += 1
-        starts = _cell_starts("\n".join(lines[row.line - 1 : last]))
+        raw += "\n" + lines[last - 1]
+    starts = _cell_starts(raw, cells)
     if column >= len(starts):
         return Span(table.path, row.line, 1, row.line, 2)
     dl, col = starts[column]
-    width = len(row.cells[column]) if column < len(row.cells) else 0
+    width = len(cells[column])
     return Span(table.path, row.line + dl, col, row.line + dl, col + max(width, 1))
 
 
