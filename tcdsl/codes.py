@@ -146,7 +146,6 @@ _TABLE: dict[str, CodeInfo] = {
     "W364": CodeInfo(_W, "An IPv6 extension header as 'proto' under flower, which walks past it"),
     "W371": CodeInfo(_W, "Rows of a subscriber table that no statement of the tree takes"),
     "W372": CodeInfo(_W, "A device in a subscriber table without an address"),
-    "W373": CodeInfo(_W, "An address given twice in a subscriber table"),
     # W37x: tcdsl import, what the language cannot say (also a comment in the policy)
     "W345": CodeInfo(_W, "An hfsc without a default class: it drops unclassified packets"),
     "W346": CodeInfo(_W, "An rt curve on an hfsc class with children, which the kernel ignores"),

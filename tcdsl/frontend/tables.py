@@ -23,6 +23,7 @@ source on an upload), so everything after the frontend sees only classes and mat
 from __future__ import annotations
 
 import csv
+import dataclasses
 import ipaddress
 import os
 import re
@@ -183,7 +184,9 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
     try:
         text = normalise_newlines(decode_policy(read_policy_bytes(path, MAX_TABLE_BYTES)))
     except SourceError as err:
-        b.error(source_diagnostic(err, path, at))
+        found = source_diagnostic(err, path, at)
+        notes = tuple(Note("in the table read here", n.span) for n in found.notes)
+        b.error(dataclasses.replace(found, notes=notes))
         return None
     except OSError as err:
         reason = (err.strerror or str(err)).lower()
@@ -244,11 +247,10 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
     lines = reading.text.split("\n")
     circuits: dict[str, Circuit] = {}
     names: set[str] = set()
-    seen: dict[ir.Network, Span] = {}
     for first, last, cells in records:
         if not cells or not any(c.strip() for c in cells) or cells[0].lstrip().startswith("#"):
             continue
-        row = _row(reading, table, first, last, cells, lines, circuits, names, seen)
+        row = _row(reading, table, first, last, cells, lines, circuits, names)
         if row is not None:
             row.order = len(table.rows)
             table.rows.append(row)
@@ -289,7 +291,6 @@ def _row(
     lines: list[str],
     circuits: dict[str, Circuit],
     names: set[str],
-    seen: dict[ir.Network, Span],
 ) -> Row | None:
     path = reading.path
     raw = lines[first - 1] if first == last else "\n".join(lines[first - 1 : last])
@@ -368,15 +369,6 @@ def _row(
                 )
                 ok = False
                 continue
-            if net in seen:
-                reading.warning(
-                    "W373",
-                    f"{address} is given twice in this table: the first row that matches it "
-                    "takes its traffic",
-                    at,
-                )
-            else:
-                seen[net] = at
             networks.append((net, at))
     if not ok:
         return None
