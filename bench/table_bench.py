@@ -60,8 +60,17 @@ def table(n: int, site: int = SITE, seed: int = 13, multi: int = 10) -> str:
             device += 1
             v4 = f"100.{64 + (device >> 16)}.{device >> 8 & 255}.{device & 255}"
             v6 = f"2001:db8:{device >> 8:x}:{(device & 255) << 8:x}::/56"
-            mac = ":".join(f"{b:02x}" for b in (2, 0, device >> 24 & 255, device >> 16 & 255,
-                                                    device >> 8 & 255, device & 255))
+            mac = ":".join(
+                f"{b:02x}"
+                for b in (
+                    2,
+                    0,
+                    device >> 24 & 255,
+                    device >> 16 & 255,
+                    device >> 8 & 255,
+                    device & 255,
+                )
+            )
             writer.writerow(
                 [
                     f"{100000 + i}",
