@@ -25,12 +25,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import ipaddress
+import itertools
 import os
 import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -81,10 +82,12 @@ as LibreQoS reads them."""
 REQUIRED = ("circuit_id", "download_min", "upload_min", "download_max", "upload_max")
 RATES = ("download_min", "download_max", "upload_min", "upload_max")
 MBPS = 1_000_000
-MAX_MBPS = Decimal(34_359_738)
+MAX_MBPS = 34_359_738
 """tc keeps rates as 32-bit bytes/s unless told otherwise: 34.36 gbit (34,359,738 Mbps is far
 above; the checks say what tc takes)."""
 
+_FIELD = re.compile(r'(?:"(?:[^"]|"")*"[^,]*|[^,]*)(?:,|$)')
+"""A cell of a CSV line and the comma after it (quoted, or not)."""
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_]+")
 _COMPACT = re.compile(r"[^a-z0-9]+")
 
@@ -109,7 +112,7 @@ class Circuit:
     """Its class name: the circuit id made a name, unique in the table."""
     span: Span
     """The circuit id's cell in its first row."""
-    rates: dict[str, tuple[Decimal, Span]]
+    rates: dict[str, tuple[Decimal | int, Span]]
     parent: tuple[str, Span] | None
 
 
@@ -262,7 +265,16 @@ def _cell_starts(raw: str, cells: list[str]) -> list[tuple[int, int]]:
     a quoted cell takes its quotes and doubled quotes more than its text."""
     starts = []
     at = 0
-    multiline = "\n" in raw
+    if '"' not in raw:  # most rows: the cells and the commas between them
+        for cell in cells:
+            starts.append((0, at + 1))
+            at += len(cell) + 1
+        return starts
+    if "\n" not in raw:
+        return [
+            (0, m.start() + 2 if raw.startswith('"', m.start()) else m.start() + 1)
+            for m in itertools.islice(_FIELD.finditer(raw), len(cells))
+        ]
     for cell in cells:
         if raw.startswith('"', at):
             begin = at + 1
@@ -270,11 +282,8 @@ def _cell_starts(raw: str, cells: list[str]) -> list[tuple[int, int]]:
         else:
             begin = at
             at += len(cell)
-        if multiline:
-            before = raw.count("\n", 0, begin)
-            starts.append((before, begin - raw.rfind("\n", 0, begin)))
-        else:
-            starts.append((0, begin + 1))
+        before = raw.count("\n", 0, begin)
+        starts.append((before, begin - raw.rfind("\n", 0, begin)))
         at = raw.find(",", at)
         if at < 0:
             break
@@ -312,7 +321,7 @@ def _row(
     if not key:
         reading.error("E028", "this row has no circuit id", span(key_index))
         return None
-    rates: dict[str, tuple[Decimal, Span]] = {}
+    rates: dict[str, tuple[Decimal | int, Span]] = {}
     for name in RATES:
         index = columns[name]
         text = cells[index] if index < n_cells else ""
@@ -396,7 +405,7 @@ def _row(
 def _agree(
     reading: _Reading,
     circuit: Circuit,
-    rates: dict[str, tuple[Decimal, Span]],
+    rates: dict[str, tuple[Decimal | int, Span]],
     parent: tuple[str, Span] | None,
 ) -> bool:
     """Whether another row of ``circuit`` gives the same rates and parent (E032 if not)."""
@@ -425,17 +434,17 @@ def _agree(
     return ok
 
 
-def _mbps(text: str) -> Decimal | None:
+def _mbps(text: str) -> Decimal | int | None:
+    """A number of Mbps (a whole number, or a decimal kept exact), or None."""
+    if text.isdigit() and text.isascii() and len(text) <= 30:
+        whole = int(text)
+        return whole if whole <= MAX_MBPS else None
     text = text.strip()
-    if text.isdigit() and text.isascii():
-        value = Decimal(int(text))
-    else:
-        if not text or not all(c in "0123456789." for c in text) or len(text) > 30:
-            return None
-        try:
-            value = Decimal(text)
-        except InvalidOperation:
-            return None
+    if not text or len(text) > 30 or text.strip("0123456789.") or text.count(".") > 1:
+        return None
+    if text == ".":
+        return None
+    value = Decimal(text)
     return value if value <= MAX_MBPS else None
 
 
