@@ -340,3 +340,16 @@ def test_every_backend_takes_a_table(tmp_path: Path, backend: str) -> None:
     (tmp_path / "p.tcp").write_text(policy(SITES), encoding="utf-8")
     result = compile_policy(str(tmp_path / "p.tcp"), backend)
     assert result.output is not None, render(result.diagnostics, result.sources)
+
+
+def test_the_example_verifies_in_user_mode_linux() -> None:
+    """The example applied in user-mode Linux (the host may lack fq_codel and sfq) reads back
+    as the policy says: every subscriber's class, leaf and filters."""
+    from tcdsl.verify import runner, verifier
+
+    why = runner.uml_unavailable()
+    if why:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    (v,) = verifier.verify_many([str(ROOT / "policies" / "isp-subscribers.tcp")], kernel="uml")
+    assert v.kernel is not None
+    assert not [d for d in v.diagnostics if d.is_error], render(v.diagnostics, {})

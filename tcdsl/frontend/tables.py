@@ -568,15 +568,15 @@ def select(
         return (), None, False
     first_column = parsed[0].column if parsed else None
     candidates: list[Row] = table.rows
-    equal = next((c for c in parsed if c.equal), None)
-    if equal is not None:
+    chosen = next((c for c in parsed if c.equal), None)
+    if chosen is not None:
         # Each site's statement takes its rows from an index, not from a walk of the table.
-        index = table.index(equal.column)
-        found = [r for value in sorted(equal.values) for r in index.get(value, ())]
-        if len(equal.values) > 1:
+        by_value = table.index(chosen.column)
+        found = [r for value in sorted(chosen.values) for r in by_value.get(value, ())]
+        if len(chosen.values) > 1:
             found.sort(key=lambda r: r.order)
         candidates = found
-        parsed.remove(equal)
+        parsed.remove(chosen)
     rows = tuple(r for r in candidates if all(_meets(r, c) for c in parsed))
     if not rows and table.rows:
         b.error(
