@@ -6,6 +6,7 @@ Usage::
     python bench/table_bench.py                 # 50,000 subscribers (issue 13's figure)
     python bench/table_bench.py 1000 10000 50000
     python bench/table_bench.py --profile 50000 # cProfile of tcdsl.cli.main, top functions
+    python bench/table_bench.py --stages 50000  # seconds per stage, in process
 
 Each N is compiled by a fresh ``tcdsl compile`` process (the console script, as a user runs
 it), timed from outside: wall time, CPU time (user + system) and max RSS of the child
@@ -191,11 +192,55 @@ def profile(n: int, top: int = 25) -> None:
     stats.sort_stats("tottime").print_stats(top)
 
 
+def stages(n: int) -> dict[str, float]:
+    """Seconds per stage of one in-process compile of ``n`` subscribers (the driver's stages,
+    run one by one, the cyclic collector off as the driver has it)."""
+    import gc
+
+    from tcdsl.backends import BACKENDS
+
+    from tcdsl import ir
+    from tcdsl.allocate import allocate
+    from tcdsl.checks import run_checks
+    from tcdsl.frontend.reader import Reader
+    from tcdsl.lint import run_lints
+    from tcdsl.resolve import resolve
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(write(n, Path(tmp)))
+        gc.disable()
+        times: dict[str, float] = {}
+        start = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal start
+            now = time.perf_counter()
+            times[name] = now - start
+            start = now
+
+        reader = Reader()
+        interfaces = reader.read(path)
+        lap("frontend (table read and expanded)")
+        policy, _ = resolve(ir.Policy(path, tuple(interfaces)))
+        lap("resolve")
+        list(run_checks(policy))
+        lap("checks")
+        policy, _ = allocate(policy)
+        lap("allocate")
+        list(run_lints(policy))
+        lap("lints")
+        BACKENDS["shell"](None).emit_files(policy, path, "subscribers")
+        lap("emit (shell)")
+        gc.enable()
+    return times
+
+
 def main() -> None:
     """Print the figures for each N asked for."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sizes", nargs="*", type=int, default=[50_000])
     parser.add_argument("--profile", action="store_true", help="cProfile the largest size too")
+    parser.add_argument("--stages", action="store_true", help="time each stage of the largest")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -213,6 +258,10 @@ def main() -> None:
             f"{n:>11,} {row['csv_bytes'] / 2**20:>7.1f} {row['wall_s']:>7.2f} "  # type: ignore[operator]
             f"{row['cpu_s']:>6.2f} {row['max_rss_mb']:>7.0f}  {verdict}"
         )
+    if args.stages:
+        print(f"\nstages, {max(args.sizes):,} subscribers, in process:")
+        for name, seconds in stages(max(args.sizes)).items():
+            print(f"  {name:<36} {seconds:6.2f} s")
     if args.profile:
         profile(max(args.sizes))
 

@@ -353,3 +353,13 @@ def test_the_example_verifies_in_user_mode_linux() -> None:
     (v,) = verifier.verify_many([str(ROOT / "policies" / "isp-subscribers.tcp")], kernel="uml")
     assert v.kernel is not None
     assert not [d for d in v.diagnostics if d.is_error], render(v.diagnostics, {})
+
+
+def test_explain_tells_each_subscriber_with_its_direction_rates() -> None:
+    result = CliRunner().invoke(cli, ["explain", str(ROOT / "policies" / "isp-subscribers.tcp")])
+    assert result.exit_code == 0, result.output
+    upload, heading, download = result.stdout.partition("Interface 'wan0', download")
+    assert heading
+    # circuit 1001: Download Min/Max 2/25 Mbps, Upload 0.5/5 Mbps
+    assert "class 'c1001' (1:20)\n      Rate: guaranteed 500kbit; may borrow up to 5mbit" in upload
+    assert "class 'c1001' (1:20)\n      Rate: guaranteed 2mbit; may borrow up to 25mbit" in download

@@ -25,7 +25,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import ipaddress
-import itertools
 import os
 import re
 import socket
@@ -86,8 +85,6 @@ MAX_MBPS = 34_359_738
 """tc keeps rates as 32-bit bytes/s unless told otherwise: 34.36 gbit (34,359,738 Mbps is far
 above; the checks say what tc takes)."""
 
-_FIELD = re.compile(r'(?:"(?:[^"]|"")*"[^,]*|[^,]*)(?:,|$)')
-"""A cell of a CSV line and the comma after it (quoted, or not)."""
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_]+")
 _COMPACT = re.compile(r"[^a-z0-9]+")
 
@@ -105,15 +102,44 @@ _ALIASES = {alias: key for key, aliases in COLUMNS.items() for alias in aliases}
 
 @dataclass(slots=True)
 class Circuit:
-    """One subscriber: the rows (devices) with one circuit id."""
+    """One subscriber: the rows (devices) with one circuit id; the cells of its first row
+    give its rates and parent node."""
 
     key: str
     name: str
     """Its class name: the circuit id made a name, unique in the table."""
     span: Span
     """The circuit id's cell in its first row."""
-    rates: dict[str, tuple[Decimal | int, Span]]
-    parent: tuple[str, Span] | None
+    rates: dict[str, Decimal | int]
+    """Mbps by column name (``download_min``, ...)."""
+    parent: str | None
+    first: _Place
+    """Where its first row's cells are, for the spans of its rates."""
+
+    def rate(self, name: str, columns: dict[str, int]) -> tuple[Decimal | int, Span]:
+        """The rate of column ``name`` and the span of its cell."""
+        return self.rates[name], self.first.span(columns[name])
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Where a row's cells are: its file, first and last line, the cells and their starts."""
+
+    path: str
+    first: int
+    last: int
+    width: int
+    cells: list[str]
+    starts: tuple[int, ...]
+
+    def span(self, index: int, offset: int = 0, length: int | None = None) -> Span:
+        """The span of cell ``index`` (from ``offset``, ``length`` characters), or of the row's
+        end for a cell the row lacks."""
+        if index >= len(self.starts):
+            return Span(self.path, self.last, self.width, self.last, self.width + 1)
+        dl, col = divmod(self.starts[index], LINE_STEP)
+        n = max(1, len(self.cells[index]) if length is None else length)
+        return Span(self.path, self.first + dl, col + offset, self.first + dl, col + offset + n)
 
 
 @dataclass(slots=True)
@@ -251,7 +277,7 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
     circuits: dict[str, Circuit] = {}
     names: set[str] = set()
     for first, last, cells in records:
-        if not cells or not any(c.strip() for c in cells) or cells[0].lstrip().startswith("#"):
+        if not cells or cells[0].lstrip().startswith("#") or not "".join(cells).strip():
             continue
         row = _row(reading, table, first, last, cells, lines, circuits, names)
         if row is not None:
@@ -260,21 +286,31 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
     return table
 
 
-def _cell_starts(raw: str, cells: list[str]) -> list[tuple[int, int]]:
-    """(line offset, column) where each of ``cells`` starts in ``raw`` (its record's lines):
+LINE_STEP = 1_000_000
+"""A cell's start is ``line offset * LINE_STEP + column`` (one small int a cell)."""
+
+
+def _cell_starts(raw: str, cells: list[str]) -> tuple[int, ...]:
+    """Where each of ``cells`` starts in ``raw`` (its record's lines), as ``LINE_STEP`` says:
     a quoted cell takes its quotes and doubled quotes more than its text."""
+    if '"' not in raw:  # most rows: the cells and the commas between them
+        starts, at = [], 1
+        for cell in cells:
+            starts.append(at)
+            at += len(cell) + 1
+        return tuple(starts)
+    if "\n" not in raw:
+        starts, at = [], 0
+        for cell in cells:
+            if raw.startswith('"', at):  # "text", with each " inside doubled
+                starts.append(at + 2)
+                at += len(cell) + cell.count('"') + 3
+            else:
+                starts.append(at + 1)
+                at += len(cell) + 1
+        return tuple(starts)
     starts = []
     at = 0
-    if '"' not in raw:  # most rows: the cells and the commas between them
-        for cell in cells:
-            starts.append((0, at + 1))
-            at += len(cell) + 1
-        return starts
-    if "\n" not in raw:
-        return [
-            (0, m.start() + 2 if raw.startswith('"', m.start()) else m.start() + 1)
-            for m in itertools.islice(_FIELD.finditer(raw), len(cells))
-        ]
     for cell in cells:
         if raw.startswith('"', at):
             begin = at + 1
@@ -283,12 +319,12 @@ def _cell_starts(raw: str, cells: list[str]) -> list[tuple[int, int]]:
             begin = at
             at += len(cell)
         before = raw.count("\n", 0, begin)
-        starts.append((before, begin - raw.rfind("\n", 0, begin)))
+        starts.append(before * LINE_STEP + begin - raw.rfind("\n", 0, begin))
         at = raw.find(",", at)
         if at < 0:
             break
         at += 1
-    return starts
+    return tuple(starts)
 
 
 def _row(
@@ -303,16 +339,8 @@ def _row(
 ) -> Row | None:
     path = reading.path
     raw = lines[first - 1] if first == last else "\n".join(lines[first - 1 : last])
-    starts = _cell_starts(raw, cells)
-    width = len(lines[last - 1]) + 1
-
-    def span(index: int, offset: int = 0, length: int | None = None) -> Span:
-        if index >= len(starts):  # a missing cell: the end of the row
-            return Span(path, last, width, last, width + 1)
-        dl, col = starts[index]
-        n = max(1, len(cells[index]) if length is None else length)
-        return Span(path, first + dl, col + offset, first + dl, col + offset + n)
-
+    place = _Place(path, first, last, len(lines[last - 1]) + 1, cells, _cell_starts(raw, cells))
+    span = place.span
     columns = table.columns
     n_cells = len(cells)
     ok = True
@@ -321,43 +349,46 @@ def _row(
     if not key:
         reading.error("E028", "this row has no circuit id", span(key_index))
         return None
-    rates: dict[str, tuple[Decimal | int, Span]] = {}
+    rates: dict[str, Decimal | int] = {}
     for name in RATES:
         index = columns[name]
         text = cells[index] if index < n_cells else ""
         value = _mbps(text)
         if value is None:
-            header = table.headers[index]
             shown = f"'{text.strip()}'" if text.strip() else "an empty cell"
             reading.error(
                 "E030",
-                f"{header}: expected a number of Mbps (such as 25 or 2.5), found {shown}",
+                f"{table.headers[index]}: expected a number of Mbps (such as 25 or 2.5), "
+                f"found {shown}",
                 span(index),
             )
             ok = False
         else:
-            rates[name] = (value, span(index))
+            rates[name] = value
     for direction in ("download", "upload"):
         low, high = rates.get(f"{direction}_min"), rates.get(f"{direction}_max")
-        if low is not None and high is not None and low[0] > high[0]:
+        if low is not None and high is not None and low > high:
             reading.error(
                 "E031",
-                f"{direction} min {low[0]} Mbps is above its max {high[0]} Mbps; a class's "
-                "rate cannot be above its ceil",
-                high[1],
-                Note("the min is here", low[1]),
+                f"{direction} min {low} Mbps is above its max {high} Mbps; a class's rate "
+                "cannot be above its ceil",
+                span(columns[f"{direction}_max"]),
+                Note("the min is here", span(columns[f"{direction}_min"])),
             )
             ok = False
-    parent_index = columns.get("parent_node")
-    parent = None
-    if parent_index is not None and parent_index < n_cells:
-        parent = (cells[parent_index].strip(), span(parent_index))
+    parent_index = columns.get("parent_node", n_cells)
+    parent = cells[parent_index].strip() if parent_index < n_cells else None
     networks: list[tuple[ir.Network, Span]] = []
     for family in ("ipv4", "ipv6"):
         index = columns.get(family, n_cells)
         if index >= n_cells or not cells[index]:
             continue
         text = cells[index]
+        if "," not in text and text.strip() == text:  # one address, the common case
+            net = _network(text, family)
+            if net is not None:
+                networks.append((net, span(index)))
+                continue
         offset = 0
         for piece in text.split(","):
             address = piece.strip()
@@ -383,9 +414,10 @@ def _row(
         return None
     circuit = circuits.get(key)
     if circuit is None:
-        circuit = Circuit(key, _unique_name(key, names), span(key_index), rates, parent)
+        name = _unique_name(key, names)
+        circuit = Circuit(key, name, span(key_index), rates, parent, place)
         circuits[key] = circuit
-    elif not _agree(reading, circuit, rates, parent):
+    elif not _agree(reading, table, circuit, place, rates, parent):
         return None
     if not networks:
         reading.warning(
@@ -397,38 +429,42 @@ def _row(
     else:
         head, tail = networks[0][1], networks[-1][1]
         row_span = head
-        if head.line == tail.line:
+        if head.line == tail.line and len(networks) > 1:
             row_span = Span(path, head.line, head.column, head.line, tail.end_column)
     return Row(first, cells, circuit, tuple(networks), row_span)
 
 
 def _agree(
     reading: _Reading,
+    table: Table,
     circuit: Circuit,
-    rates: dict[str, tuple[Decimal | int, Span]],
-    parent: tuple[str, Span] | None,
+    place: _Place,
+    rates: dict[str, Decimal | int],
+    parent: str | None,
 ) -> bool:
     """Whether another row of ``circuit`` gives the same rates and parent (E032 if not)."""
     ok = True
-    for name, (value, at) in rates.items():
-        first, first_at = circuit.rates[name]
+    for name, value in rates.items():
+        first = circuit.rates[name]
         if value != first:
             what = name.replace("_", " ")
+            index = table.columns[name]
             reading.error(
                 "E032",
                 f"circuit '{circuit.key}' has {what} {first} Mbps in its first row and {value} "
                 "here; the rows of a circuit are one subscriber, with one set of rates",
-                at,
-                Note("the first row's is here", first_at),
+                place.span(index),
+                Note("the first row's is here", circuit.first.span(index)),
             )
             ok = False
-    if parent is not None and circuit.parent is not None and parent[0] != circuit.parent[0]:
+    if parent is not None and circuit.parent is not None and parent != circuit.parent:
+        index = table.columns["parent_node"]
         reading.error(
             "E032",
-            f"circuit '{circuit.key}' has parent node '{circuit.parent[0]}' in its first row "
-            f"and '{parent[0]}' here; a circuit hangs from one node",
-            parent[1],
-            Note("the first row's is here", circuit.parent[1]),
+            f"circuit '{circuit.key}' has parent node '{circuit.parent}' in its first row "
+            f"and '{parent}' here; a circuit hangs from one node",
+            place.span(index),
+            Note("the first row's is here", circuit.first.span(index)),
         )
         ok = False
     return ok
@@ -670,6 +706,8 @@ def _mentions_column(expr: Expr) -> bool:
 def expand(pending: Pending, direction: Direction) -> tuple[ir.Class, ...]:
     """The classes of a statement for a tree of ``direction``."""
     syn = pending.syntax
+    assert syn.table is not None
+    columns = syn.table.columns
     field_: Literal["src", "dst"] = "dst" if direction == "download" else "src"
     by_circuit: dict[int, list[Row]] = {}
     circuits: list[Circuit] = []
@@ -691,8 +729,8 @@ def expand(pending: Pending, direction: Direction) -> tuple[ir.Class, ...]:
             ir.Class(
                 circuit.name,
                 circuit.span,
-                rate=_rate(pending.rate, circuit, direction),
-                ceil=_rate(pending.ceil, circuit, direction),
+                rate=_rate(pending.rate, circuit, direction, columns),
+                ceil=_rate(pending.ceil, circuit, direction, columns),
                 matches=matches,
                 leaf=ir.replace(leaf) if leaf is not None else None,
                 **pending.fields,
@@ -701,11 +739,13 @@ def expand(pending: Pending, direction: Direction) -> tuple[ir.Class, ...]:
     return tuple(classes)
 
 
-def _rate(spec: RateSpec, circuit: Circuit, direction: Direction) -> ir.Rate | ir.Percent:
+def _rate(
+    spec: RateSpec, circuit: Circuit, direction: Direction, columns: dict[str, int]
+) -> ir.Rate | ir.Percent:
     if isinstance(spec, ir.Rate | ir.Percent):
         return spec
     column, factor = spec
-    value, at = circuit.rates[f"{direction}_{column}"]
+    value, at = circuit.rate(f"{direction}_{column}", columns)
     bits = int(value * MBPS) if factor == 1 else int(Fraction(value) * MBPS * factor)
     return ir.Rate(bits, at)
 
@@ -811,18 +851,13 @@ def _unshaped(
 
 def _cell_span(table: Table, lines: list[str], row: Row, column: int) -> Span:
     """The span of a row's cell."""
-    cells = row.cells
     last = row.line
     raw = lines[row.line - 1]
     while raw.count('"') % 2 and last < len(lines):  # a quoted line break
         last += 1
         raw += "\n" + lines[last - 1]
-    starts = _cell_starts(raw, cells)
-    if column >= len(starts):
-        return Span(table.path, row.line, 1, row.line, 2)
-    dl, col = starts[column]
-    width = len(cells[column])
-    return Span(table.path, row.line + dl, col, row.line + dl, col + max(width, 1))
+    place = _Place(table.path, row.line, last, len(lines[last - 1]) + 1, row.cells, ())
+    return dataclasses.replace(place, starts=_cell_starts(raw, row.cells)).span(column)
 
 
 def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
