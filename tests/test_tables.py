@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -363,3 +364,17 @@ def test_explain_tells_each_subscriber_with_its_direction_rates() -> None:
     # circuit 1001: Download Min/Max 2/25 Mbps, Upload 0.5/5 Mbps
     assert "class 'c1001' (1:20)\n      Rate: guaranteed 500kbit; may borrow up to 5mbit" in upload
     assert "class 'c1001' (1:20)\n      Rate: guaranteed 2mbit; may borrow up to 25mbit" in download
+
+
+def test_table_bench_prints_its_figures() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "table_bench.py"), "300", "--stages"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    row = next(line.split() for line in done.stdout.splitlines() if line.split()[:1] == ["300"])
+    wall, cpu, rss = (float(x) for x in row[2:5])
+    assert wall > 0 and cpu > 0 and rss > 10
+    assert "frontend (table read and expanded)" in done.stdout
