@@ -378,3 +378,18 @@ def test_table_bench_prints_its_figures() -> None:
     wall, cpu, rss = (float(x) for x in row[2:5])
     assert wall > 0 and cpu > 0 and rss > 10
     assert "frontend (table read and expanded)" in done.stdout
+
+
+def test_an_empty_table_makes_no_class(tmp_path: Path) -> None:
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), HEADER)
+    assert [d.code for d in result.errors] == ["E034"]
+    assert "the table is empty" in result.errors[0].message
+
+
+def test_warnings_are_capped(tmp_path: Path) -> None:
+    table = HEADER + "".join(f"{i},a,{i},d,north,,,,1,1,10,5,\n" for i in range(1, 61))
+    table += "61,a,61,d,north,,100.64.0.1,,1,1,10,5,\n"
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    w372 = [d for d in result.diagnostics if d.code == "W372"]
+    assert len(w372) == 51
+    assert sum(d.message.startswith("10 more device(s)") for d in w372) == 1

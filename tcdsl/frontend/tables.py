@@ -166,6 +166,8 @@ class Table:
     rows: list[Row] = field(default_factory=list)
     indexes: dict[int, dict[str, list[Row]]] = field(default_factory=dict)
     """The rows by the value of a column, for the columns ``where ==`` has used."""
+    errors: int = 0
+    """How many errors its rows had."""
 
     def index(self, column: int) -> dict[str, list[Row]]:
         """The rows by their (stripped) value in ``column``, in table order."""
@@ -187,6 +189,7 @@ class _Reading:
     note: Note
     diagnostics: list[Diagnostic]
     errors: int = 0
+    warnings: int = 0
 
     def error(self, code: str, message: str, span: Span, *notes: Note) -> None:
         self.errors += 1
@@ -194,7 +197,9 @@ class _Reading:
             self.diagnostics.append(Diagnostic.error(code, message, span, *notes, self.note))
 
     def warning(self, code: str, message: str, span: Span) -> None:
-        self.diagnostics.append(Diagnostic.warning(code, message, span))
+        self.warnings += 1
+        if self.warnings <= MAX_TABLE_ERRORS:
+            self.diagnostics.append(Diagnostic.warning(code, message, span))
 
 
 def read_table(b: Builder, path: str, at: Span) -> Table | None:
@@ -225,10 +230,15 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
     table = _parse(reading, at)
     if table is not None:
         reader.sources[path] = text
+        table.errors = reading.errors
         if reading.errors > MAX_TABLE_ERRORS:
             more = reading.errors - MAX_TABLE_ERRORS
             msg = f"{more} more error(s) in table '{path}' are not shown"
             reader.diagnostics.append(Diagnostic.error("E027", msg, at))
+        if reading.warnings > MAX_TABLE_ERRORS:
+            more = reading.warnings - MAX_TABLE_ERRORS
+            msg = f"{more} more device(s) of table '{path}' have no address"
+            reader.diagnostics.append(Diagnostic.warning("W372", msg, at))
     reader.tables[real] = table
     return table
 
@@ -614,12 +624,12 @@ def select(
         candidates = found
         parsed.remove(chosen)
     rows = tuple(r for r in candidates if all(_meets(r, c) for c in parsed))
-    if not rows and table.rows:
+    if not rows and not table.errors:  # (rows with errors are left out, and reported)
+        what = "meets this condition" if conditions else "is left: the table is empty"
         b.error(
             Diagnostic.error(
                 "E034",
-                f"no row of table '{table.path}' meets this condition; the statement would "
-                "make no class",
+                f"no row of table '{table.path}' {what}; the statement would make no class",
                 at,
             )
         )
