@@ -13,10 +13,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tcdsl import ir
 from tcdsl.cli import cli
@@ -393,3 +396,44 @@ def test_warnings_are_capped(tmp_path: Path) -> None:
     w372 = [d for d in result.diagnostics if d.code == "W372"]
     assert len(w372) == 51
     assert sum(d.message.startswith("10 more device(s)") for d in w372) == 1
+
+
+CELLS = st.sampled_from(
+    [
+        "",
+        "101",
+        "a b",
+        '"x, y"',
+        '"two\nlines"',
+        '"say ""hi"""',
+        "100.64.0.1",
+        "100.64.0.1/33",
+        "2001:db8::/56",
+        "2001:db8::1, 100.64.0.2",
+        "10",
+        "2.5",
+        "-1",
+        "1e3",
+        ".",
+        "北",
+        "#c",
+        "\t",
+    ]
+)
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(
+    st.lists(st.lists(CELLS, min_size=0, max_size=15), max_size=6), st.sampled_from(["\n", "\r\n"])
+)
+def test_no_table_crashes_the_compiler(rows: list[list[str]], newline: str) -> None:
+    """Whatever the rows, the compile reports diagnostics at real places of the table (or
+    compiles), and never raises."""
+    table = HEADER + "".join(",".join(row) + newline for row in rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = build(Path(tmp), policy('        subscribers from "subs.csv"\n'), table)
+        lines = table.replace("\r\n", "\n").split("\n")
+        for d in result.diagnostics:
+            if d.span.file.endswith("subs.csv"):
+                assert 1 <= d.span.line <= len(lines), d
+                assert 1 <= d.span.column <= len(lines[d.span.line - 1]) + 1, d
