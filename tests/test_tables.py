@@ -437,3 +437,8 @@ def test_no_table_crashes_the_compiler(rows: list[list[str]], newline: str) -> N
             if d.span.file.endswith("subs.csv"):
                 assert 1 <= d.span.line <= len(lines), d
                 assert 1 <= d.span.column <= len(lines[d.span.line - 1]) + 1, d
+
+
+def test_a_template_that_divides_by_zero(tmp_path: Path) -> None:
+    result = build(tmp_path, policy('        subscribers from "subs.csv" ceil max / 0\n'))
+    assert [(d.code, d.message) for d in result.errors] == [("E013", "division by zero")]

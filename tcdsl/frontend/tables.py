@@ -683,7 +683,10 @@ def _rate_spec(b: Builder, param: Param | None, default: Literal["min", "max"]) 
         and value.left.name in ("min", "max")
     ):
         number = Fraction(value.right.number)
-        factor = number if value.op == "*" else 1 / number if number else Fraction(0)
+        if value.op == "/" and not number:
+            b.error(Diagnostic.error("E013", "division by zero", value.right.span))
+            return default, Fraction(1)
+        factor = number if value.op == "*" else 1 / number
         value = value.left
     if isinstance(value, Ref) and value.name in ("min", "max"):
         return value.name, factor  # type: ignore[return-value]
