@@ -50,6 +50,16 @@ _TABLE: dict[str, CodeInfo] = {
     "E024": CodeInfo(_E, "A policy or include that is not a regular file"),
     "E025": CodeInfo(_E, "A policy or include larger than tcdsl reads"),
     "E026": CodeInfo(_E, "A number with more digits than tcdsl reads"),
+    "E027": CodeInfo(_E, "A subscriber table that cannot be read"),
+    "E028": CodeInfo(
+        _E, "A subscriber table without a column it needs, or a row without a circuit id"
+    ),
+    "E029": CodeInfo(_E, "An address in a subscriber table that does not parse"),
+    "E030": CodeInfo(_E, "A rate in a subscriber table that is not a number of Mbps"),
+    "E031": CodeInfo(_E, "A subscriber whose min rate is above its max"),
+    "E032": CodeInfo(_E, "Rows of one circuit with different rates or parent nodes"),
+    "E033": CodeInfo(_E, "A 'where' on a column the subscriber table does not have"),
+    "E034": CodeInfo(_E, "A subscribers statement that selects no row of its table"),
     # E1xx: names
     "E101": CodeInfo(_E, "A constant or class defined twice"),
     "E102": CodeInfo(_E, "An htb default that names no class of the htb"),
@@ -87,6 +97,9 @@ _TABLE: dict[str, CodeInfo] = {
     "E260": CodeInfo(_E, "A pref above 32767 in a tree with IPv6 filters"),
     "E261": CodeInfo(_E, "More policed lines of several filters than a tree's police indexes"),
     "E262": CodeInfo(_E, "More u32 filters at one pref than the kernel keeps in order (2048)"),
+    "E270": CodeInfo(_E, "A subscribers statement's template that cannot apply to every row"),
+    "E271": CodeInfo(_E, "A subscribers statement outside an htb"),
+    "E272": CodeInfo(_E, "A subscribers statement in a tree whose direction it cannot know"),
     # E27x: tcdsl import
     "E235": CodeInfo(_E, "An hfsc service curve tc refuses (two zero slopes, umax without dmax)"),
     "E236": CodeInfo(_E, "An hfsc class without an rt or ls curve"),
@@ -131,6 +144,8 @@ _TABLE: dict[str, CodeInfo] = {
     "W362": CodeInfo(_W, "An IPv6 port match u32 reads in an extension header"),
     "W363": CodeInfo(_W, "Values of a match line left out: their family cannot match there"),
     "W364": CodeInfo(_W, "An IPv6 extension header as 'proto' under flower, which walks past it"),
+    "W371": CodeInfo(_W, "Rows of a subscriber table that no statement of the tree takes"),
+    "W372": CodeInfo(_W, "A device in a subscriber table without an address"),
     # W37x: tcdsl import, what the language cannot say (also a comment in the policy)
     "W345": CodeInfo(_W, "An hfsc without a default class: it drops unclassified packets"),
     "W346": CodeInfo(_W, "An rt curve on an hfsc class with children, which the kernel ignores"),

@@ -180,7 +180,11 @@ def compile_policy(
             if result.policy is None:
                 return _suppressed(result, disabled)
             emitter: Backend = BACKENDS[backend](options)
-            result.diagnostics += sorted(emitter.unsupported(result.policy), key=sort_key)
+            # Classes made from one template (a subscribers statement) share its leaf's span.
+            unsupported = {
+                (d.code, d.message, d.span): d for d in emitter.unsupported(result.policy)
+            }
+            result.diagnostics += sorted(unsupported.values(), key=sort_key)
             if result.errors:
                 return _suppressed(result, disabled)
             name = stem if stem is not None else PurePath(path).stem

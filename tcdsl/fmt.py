@@ -178,7 +178,7 @@ _PHRASE_START = frozenset(
     {
         *("PARAM", "FLAG", "MATCH", "HANDLE_KW", "DEFAULT", "PRIOMAP", "CHAIN", "PREF"),
         *("ADDR_FIELD", "PORT_FIELD", "PROTO", "TOS", "DSCP", "TCP_ACK", "RAW_SIZE", "ALL"),
-        *("FAMILY", "CLASSIFIER_KW"),
+        *("FAMILY", "CLASSIFIER_KW", "WHERE", "AND"),
     }
 )
 

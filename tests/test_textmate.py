@@ -188,6 +188,8 @@ PUNCTUATION = {
     "}": "punctuation.section.block.end.",
     "(": "punctuation.section.parens.begin.",
     ")": "punctuation.section.parens.end.",
+    "==": "keyword.operator.comparison.",
+    "!=": "keyword.operator.comparison.",
 }
 SKIPPED_TERMINALS = {"_NL"}
 
@@ -264,7 +266,12 @@ interface eth1 cbq bandwidth 10mbit avpkt 1000 {
 }
 interface "eth 2" prio { class z { bfifo limit 10k } }
 interface eth3 {
-    upload htb rate 10mbit { class up rate 1mbit }
+    upload htb rate 10mbit {
+        class up rate 1mbit
+        subscribers from "subs.csv" where parent_node == "a", "b" and "Device Name" != "x" \\
+            pref 4 prio 2 rate min ceil max * 1.05 { fq_codel }
+        subscribers download from "subs.csv"
+    }
     download via ifb3 connmark htb rate 90mbit {
         class down rate 1mbit match dport 80 police rate 1mbit burst 9k continue
     }

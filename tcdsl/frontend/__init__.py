@@ -10,6 +10,8 @@
   units;
 - ``syntax``: the pieces handed from rule to rule, and the names a match may use;
 - ``errors``: syntax errors in words.
+- ``tables``: subscriber tables (``subscribers from "FILE.csv"``): the csv read once, each
+  circuit made a class of the tree that reads it.
 
 Class names (``default bulk``) and percentages are left for ``tcdsl.resolve``. Every problem
 becomes a ``Diagnostic``; nothing here raises for bad input.

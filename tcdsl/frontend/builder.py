@@ -14,6 +14,7 @@ from lark import Token, Transformer
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.frontend import tables
 from tcdsl.frontend.chains import chain_name_problem
 from tcdsl.frontend.qdiscs import QdiscBuilder
 from tcdsl.frontend.syntax import (
@@ -92,6 +93,8 @@ class Builder(Transformer[Token, Any]):
         self.reader = reader
         self.file = file
         self.interfaces: list[ir.Interface] = []
+        self.pending: dict[int, tuple[ir.Class, tables.Pending]] = {}
+        """The stand-ins of subscribers statements, until their tree is built."""
 
     @property
     def scope(self) -> Scope:
@@ -154,7 +157,7 @@ class Builder(Transformer[Token, Any]):
             seen[kw] = span
             here = self._tree_opts(own, outer)
             if kw == "upload":
-                self.interfaces.append(self._tree(name, name_span, item, here))
+                self.interfaces.append(self._tree(name, name_span, item, here, "upload"))
             elif kw == "ingress":
                 self.interfaces.append(
                     ir.Interface(
@@ -172,7 +175,7 @@ class Builder(Transformer[Token, Any]):
                 ifb_name, ifb_span = via if via is not None else (ifb_name_for(name), None)
                 if ifb_span is not None:
                     self._check_ifname(ifb_name, ifb_span)
-                tree = self._tree(ifb_name, span, q, here)
+                tree = self._tree(ifb_name, span, q, here, "download")
                 download = ir.Download(name, span, connmark, ifb_span)
                 self.interfaces.append(
                     dataclasses.replace(tree, direction="download", download=download)
@@ -226,7 +229,17 @@ class Builder(Transformer[Token, Any]):
         kw, name = c
         return str(name), join(self.sp(kw), self.sp(name))  # type: ignore[return-value]
 
-    def _tree(self, name: str, span: Span, q: QdiscSyntax, opts: TreeOpts) -> ir.Interface:
+    def _tree(
+        self,
+        name: str,
+        span: Span,
+        q: QdiscSyntax,
+        opts: TreeOpts,
+        direction: tables.Direction | None = None,
+    ) -> ir.Interface:
+        root = q.qdisc
+        if self.pending:
+            root = tables.expand_tree(self, root, direction, name)
         for extra in q.classify[1:]:
             self.error(
                 Diagnostic.error(
@@ -240,7 +253,7 @@ class Builder(Transformer[Token, Any]):
         return ir.Interface(
             name,
             span,
-            q.qdisc,
+            root,
             marking,
             stab=q.stab,
             family=opts.family,
@@ -873,6 +886,49 @@ class Builder(Transformer[Token, Any]):
 
     def chain_name(self, c: list[Token]) -> Token:
         return c[0]
+
+    def subscribers(self, c: list[Any]) -> tables.SubscribersSyntax:
+        kw, *rest = c
+        direction: tables.Direction | None = None
+        if isinstance(rest[0], Token) and rest[0].type in ("UPLOAD", "DOWNLOAD"):
+            direction = "upload" if rest[0].type == "UPLOAD" else "download"
+            rest = rest[1:]
+        path_token, *rest = rest
+        body: tuple[Any, ...] = ()
+        if rest and isinstance(rest[-1], Body):
+            body = rest.pop().items
+        where: tables.Where | None = None
+        if rest and isinstance(rest[0], tables.Where):
+            where = rest.pop(0)
+        pref: ir.Count | None = None
+        if rest and (rest[0] is None or isinstance(rest[0], ir.Count)):
+            pref = rest.pop(0)
+        at = self.sp(path_token)
+        span = join(self.sp(kw), at)
+        target = os.path.normpath(os.path.join(os.path.dirname(self.file), str(path_token)[1:-1]))
+        table = tables.read_table(self, target, at)
+        rows: tuple[tables.Row, ...] = ()
+        column = None
+        if table is not None:
+            rows, column, ok = tables.select(
+                self, table, where.conditions if where else [], where.span if where else at
+            )
+            if not ok:
+                table = None
+        return tables.SubscribersSyntax(
+            span, direction, table, rows, column, tuple(rest), body, pref
+        )
+
+    def where(self, c: list[Any]) -> tables.Where:
+        kw, *conds = c
+        found = [x for x in conds if isinstance(x, tuple)]
+        return tables.Where(found, join(self.sp(kw), found[-1][1] if found else self.sp(kw)))
+
+    def where_cond(self, c: list[Token]) -> tuple[str, Span, bool, list[str]]:
+        column, op, *values = c
+        name = str(column)[1:-1] if column.type == "STRING" else str(column)
+        span = join(self.sp(column), self.sp(values[-1]))
+        return name, span, str(op) == "==", [str(v)[1:-1] for v in values]
 
     def class_decl(self, c: list[Any]) -> ClassSyntax:
         name, *rest = c

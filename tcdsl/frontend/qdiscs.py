@@ -22,6 +22,7 @@ from tcdsl.frontend.syntax import (
     SetDscpOpt,
     suggestion,
 )
+from tcdsl.frontend.tables import SubscribersSyntax, placeholder
 from tcdsl.frontend.values import EvalError, Ref, evaluate
 from tcdsl.units import Dimension
 
@@ -572,11 +573,11 @@ class QdiscBuilder:
                         self._flag_span(off),
                     )
                 )
-        classes: list[ClassSyntax] = []
+        classes: list[ClassSyntax | SubscribersSyntax] = []
         children: list[QdiscSyntax] = []
         classify: list[ir.Marking] = []
         for item in self.body or ():
-            if isinstance(item, ClassSyntax):
+            if isinstance(item, ClassSyntax | SubscribersSyntax):
                 classes.append(item)
             elif isinstance(item, QdiscSyntax):
                 children.append(item)
@@ -622,8 +623,8 @@ class QdiscBuilder:
         if kind == "cake":
             values["overhead"] = overhead
             overhead = None
-        built = [self.klass(c) for c in classes] if kind in CLASSFUL else []
-        q = self._make(kind, values, handle, tuple(built), child)
+        built = [self._member(c) for c in classes] if kind in CLASSFUL else []
+        q = self._make(kind, values, handle, tuple(c for c in built if c is not None), child)
         return QdiscSyntax(q, tuple(classify), overhead)
 
     def _overhead(self, v: dict[str, Any], stab: bool) -> ir.Overhead | None:
@@ -903,6 +904,12 @@ class QdiscBuilder:
         """Where this qdisc's line gives the flag ``key`` (the qdisc's span if it does not)."""
         return next((o.span for o in self.opts if isinstance(o, Flag) and o.key == key), self.span)
 
+    def _member(self, syn: ClassSyntax | SubscribersSyntax) -> ir.Class | None:
+        """A class of the body, or the stand-in of a subscribers statement."""
+        if isinstance(syn, SubscribersSyntax):
+            return placeholder(self, syn)
+        return self.klass(syn)
+
     def klass(self, syn: ClassSyntax) -> ir.Class:
         kind = self.kind
         values, handle, matches = self._values(
@@ -918,6 +925,10 @@ class QdiscBuilder:
         for item in syn.body:
             if isinstance(item, ClassSyntax):
                 children.append(self.klass(item))
+            elif isinstance(item, SubscribersSyntax):
+                stand_in = placeholder(self, item)
+                if stand_in is not None:
+                    children.append(stand_in)
             elif isinstance(item, ir.Match):
                 matches.append(item)
             elif isinstance(item, QdiscSyntax):

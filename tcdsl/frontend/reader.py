@@ -15,7 +15,7 @@ from lark.exceptions import UnexpectedInput, UnexpectedToken
 
 from tcdsl import fastlark, ir
 from tcdsl.diagnostics import Diagnostic, Span
-from tcdsl.frontend import recovery
+from tcdsl.frontend import recovery, tables
 from tcdsl.frontend.builder import Builder
 from tcdsl.frontend.errors import first_on_its_line, syntax_error
 from tcdsl.frontend.source import (
@@ -74,6 +74,8 @@ class Reader:
         """The main policy's directory: where includes may read."""
         self.done: set[str] = set()
         """The real paths of the files read so far."""
+        self.tables: dict[str, tables.Table | None] = {}
+        """The subscriber tables read so far, by real path (None: unusable, reported)."""
 
     def read(self, path: str, include_span: Span | None = None) -> list[ir.Interface]:
         """Parse ``path``; report problems at ``include_span`` when it cannot be read."""

@@ -1,0 +1,954 @@
+"""Subscriber tables: ``subscribers from "FILE.csv" [where ...] [options] [{ leaf }]``.
+
+A table is an ISP's list of shaped devices in the layout of LibreQoS's ``ShapedDevices.csv``
+(``Circuit ID, Circuit Name, Device ID, Device Name, Parent Node, MAC, IPv4, IPv6, Download
+Min Mbps, Upload Min Mbps, Download Max Mbps, Upload Max Mbps, Comment``): one row per device,
+the rows of one circuit id one subscriber. Each selected circuit becomes an ordinary htb class
+(its rate from the direction's Min column, its ceil from its Max column, the statement's options
+and leaf qdisc), with one ``match`` per device on its addresses (destination on a download,
+source on an upload), so everything after the frontend sees only classes and match lines.
+
+- The file is read as a policy is (``tcdsl.frontend.source``: a regular file below the policy's
+  tree, strict UTF-8) up to ``MAX_TABLE_BYTES``, once per run however many statements read it,
+  and split into cells by the csv module; nothing of it goes through the policy's parser.
+- Every generated node has the ``Span`` of its cell (``FILE:LINE:COL``), so diagnostics show
+  the row with a caret under the cell. A file whose header lacks the table's columns is not
+  shown at all (it may not be a table).
+- A row with an error is left out (its error taints the statement that reads it).
+- The tree's direction (upload, download) is known only once its interface is parsed: the
+  frontend puts a placeholder class where the statement is (``Pending``) and ``expand``
+  replaces it by the classes when the tree is built.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import ipaddress
+import os
+import re
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Literal
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.frontend.source import (
+    SourceError,
+    decode_policy,
+    normalise_newlines,
+    read_policy_bytes,
+    source_diagnostic,
+)
+from tcdsl.frontend.syntax import Param, QdiscSyntax, suggestion
+from tcdsl.frontend.values import Bin, Expr, Lit, Ref
+from tcdsl.units import Dimension
+
+if TYPE_CHECKING:
+    from tcdsl.frontend.builder import Builder
+    from tcdsl.frontend.qdiscs import QdiscBuilder
+
+MAX_TABLE_BYTES = 64 * 1024 * 1024
+"""The largest table tcdsl reads (64 MiB; a 50,000-row ShapedDevices.csv takes about 7 MiB)."""
+
+MAX_TABLE_ERRORS = 50
+"""Errors reported per table; the rest are counted in one more."""
+
+Direction = Literal["upload", "download"]
+
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "circuit_id": ("circuitid",),
+    "circuit_name": ("circuitname",),
+    "device_id": ("deviceid",),
+    "device_name": ("devicename",),
+    "parent_node": ("parentnode", "parent"),
+    "mac": ("mac",),
+    "ipv4": ("ipv4",),
+    "ipv6": ("ipv6",),
+    "download_min": ("downloadmin", "downloadminmbps"),
+    "upload_min": ("uploadmin", "uploadminmbps"),
+    "download_max": ("downloadmax", "downloadmaxmbps"),
+    "upload_max": ("uploadmax", "uploadmaxmbps"),
+    "comment": ("comment",),
+}
+"""The columns tcdsl knows, by the name ``where`` uses, and the spellings of a header that
+name them (lower case, letters and digits only: ``Download Min Mbps`` is ``downloadminmbps``),
+as LibreQoS reads them."""
+
+REQUIRED = ("circuit_id", "download_min", "upload_min", "download_max", "upload_max")
+RATES = ("download_min", "download_max", "upload_min", "upload_max")
+MBPS = 1_000_000
+MAX_MBPS = 34_359_738
+"""tc keeps rates as 32-bit bytes/s unless told otherwise: 34.36 gbit (34,359,738 Mbps is far
+above; the checks say what tc takes)."""
+
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_]+")
+_COMPACT = re.compile(r"[^a-z0-9]+")
+
+
+def compact(name: str) -> str:
+    """A column's name as tables and ``where`` match it: lower case, letters and digits."""
+    return _COMPACT.sub("", name.lower())
+
+
+_ALIASES = {alias: key for key, aliases in COLUMNS.items() for alias in aliases}
+
+
+# ---- the table -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Circuit:
+    """One subscriber: the rows (devices) with one circuit id; the cells of its first row
+    give its rates and parent node."""
+
+    key: str
+    name: str
+    """Its class name: the circuit id made a name, unique in the table."""
+    span: Span
+    """The circuit id's cell in its first row."""
+    rates: dict[str, Decimal | int]
+    """Mbps by column name (``download_min``, ...)."""
+    parent: str | None
+    first: _Place
+    """Where its first row's cells are, for the spans of its rates."""
+
+    def rate(self, name: str, columns: dict[str, int]) -> tuple[Decimal | int, Span]:
+        """The rate of column ``name`` and the span of its cell."""
+        return self.rates[name], self.first.span(columns[name])
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Where a row's cells are: its file, first and last line, the cells and their starts."""
+
+    path: str
+    first: int
+    last: int
+    width: int
+    cells: list[str]
+    starts: tuple[int, ...]
+
+    def span(self, index: int, offset: int = 0, length: int | None = None) -> Span:
+        """The span of cell ``index`` (from ``offset``, ``length`` characters), or of the row's
+        end for a cell the row lacks."""
+        if index >= len(self.starts):
+            return Span(self.path, self.last, self.width, self.last, self.width + 1)
+        dl, col = divmod(self.starts[index], LINE_STEP)
+        n = max(1, len(self.cells[index]) if length is None else length)
+        return Span(self.path, self.first + dl, col + offset, self.first + dl, col + offset + n)
+
+
+@dataclass(slots=True)
+class Row:
+    """One device: its cells, its circuit, and its addresses with their spans."""
+
+    line: int
+    cells: list[str]
+    circuit: Circuit
+    networks: tuple[tuple[ir.Network, Span], ...]
+    span: Span
+    """From its first address to its last (the row's start when it has none)."""
+    order: int = 0
+    """Its place among the table's good rows."""
+
+
+@dataclass(slots=True)
+class Table:
+    """A table read from ``path``: its columns (by compact name) and its good rows."""
+
+    path: str
+    headers: list[str]
+    columns: dict[str, int]
+    rows: list[Row] = field(default_factory=list)
+    indexes: dict[int, dict[str, list[Row]]] = field(default_factory=dict)
+    """The rows by the value of a column, for the columns ``where ==`` has used."""
+    errors: int = 0
+    """How many errors its rows had."""
+
+    def index(self, column: int) -> dict[str, list[Row]]:
+        """The rows by their (stripped) value in ``column``, in table order."""
+        found = self.indexes.get(column)
+        if found is None:
+            found = self.indexes[column] = {}
+            for row in self.rows:
+                value = row.cells[column].strip() if column < len(row.cells) else ""
+                found.setdefault(value, []).append(row)
+        return found
+
+
+@dataclass(slots=True)
+class _Reading:
+    """The state of reading one table: the diagnostics it reports, capped."""
+
+    path: str
+    text: str
+    note: Note
+    diagnostics: list[Diagnostic]
+    errors: int = 0
+    warnings: int = 0
+
+    def error(self, code: str, message: str, span: Span, *notes: Note) -> None:
+        self.errors += 1
+        if self.errors <= MAX_TABLE_ERRORS:
+            self.diagnostics.append(Diagnostic.error(code, message, span, *notes, self.note))
+
+    def warning(self, code: str, message: str, span: Span) -> None:
+        self.warnings += 1
+        if self.warnings <= MAX_TABLE_ERRORS:
+            self.diagnostics.append(Diagnostic.warning(code, message, span))
+
+
+def read_table(b: Builder, path: str, at: Span) -> Table | None:
+    """The table at ``path`` (relative to the policy file already resolved), read once per
+    run; None (after reporting why) when it cannot be used."""
+    reader = b.reader
+    real = os.path.realpath(path)
+    if real in reader.tables:
+        return reader.tables[real]
+    reader.tables[real] = None
+    tree = reader.tree or "."
+    if not reader.access.allows(path, tree):
+        msg = f"cannot read table {reader.access.refusal(path, tree)}"
+        b.error(Diagnostic.error("E023", msg, at))
+        return None
+    try:
+        text = normalise_newlines(decode_policy(read_policy_bytes(path, MAX_TABLE_BYTES)))
+    except SourceError as err:
+        found = source_diagnostic(err, path, at)
+        notes = tuple(Note("in the table read here", n.span) for n in found.notes)
+        b.error(dataclasses.replace(found, notes=notes))
+        return None
+    except OSError as err:
+        reason = (err.strerror or str(err)).lower()
+        b.error(Diagnostic.error("E027", f"cannot read table '{path}': {reason}", at))
+        return None
+    reading = _Reading(path, text, Note("in the table read here", at), reader.diagnostics)
+    table = _parse(reading, at)
+    if table is not None:
+        reader.sources[path] = text
+        table.errors = reading.errors
+        if reading.errors > MAX_TABLE_ERRORS:
+            more = reading.errors - MAX_TABLE_ERRORS
+            msg = f"{more} more error(s) in table '{path}' are not shown"
+            reader.diagnostics.append(Diagnostic.error("E027", msg, at))
+        if reading.warnings > MAX_TABLE_ERRORS:
+            more = reading.warnings - MAX_TABLE_ERRORS
+            msg = f"{more} more device(s) of table '{path}' have no address"
+            reader.diagnostics.append(Diagnostic.warning("W372", msg, at))
+    reader.tables[real] = table
+    return table
+
+
+def _records(text: str) -> Iterator[tuple[int, int, list[str]]]:
+    """(first line, last line, cells) of each record of ``text``."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    rows = csv.reader(lines, strict=False)
+    end = 0
+    for cells in rows:
+        start, end = end + 1, rows.line_num
+        yield start, end, cells
+
+
+def _parse(reading: _Reading, at: Span) -> Table | None:
+    path = reading.path
+    records = _records(reading.text)
+    header: list[str] | None = None
+    for _, _, cells in records:
+        if cells and any(c.strip() for c in cells) and not cells[0].lstrip().startswith("#"):
+            header = cells
+            break
+    if header is None:
+        msg = f"table '{path}' has no header row; tcdsl reads ShapedDevices.csv's columns"
+        reading.diagnostics.append(Diagnostic.error("E028", msg, at))
+        return None
+    columns: dict[str, int] = {}
+    for i, name in enumerate(header):
+        key = compact(name)
+        columns.setdefault(_ALIASES.get(key, key), i)
+    missing = [k for k in REQUIRED if k not in columns]
+    if "ipv4" not in columns and "ipv6" not in columns:
+        missing.append("ipv4 or ipv6")
+    if missing:
+        # Its rows are not shown: a file without a table's header may hold anything.
+        msg = (
+            f"table '{path}' has no column {', '.join(missing)}; its header must name Circuit "
+            "ID, IPv4 and/or IPv6, and Download/Upload Min/Max Mbps (as ShapedDevices.csv)"
+        )
+        reading.diagnostics.append(Diagnostic.error("E028", msg, at))
+        return None
+    table = Table(path, header, columns)
+    lines = reading.text.split("\n")
+    circuits: dict[str, Circuit] = {}
+    names: set[str] = set()
+    for first, last, cells in records:
+        if not cells or cells[0].lstrip().startswith("#") or not "".join(cells).strip():
+            continue
+        row = _row(reading, table, first, last, cells, lines, circuits, names)
+        if row is not None:
+            row.order = len(table.rows)
+            table.rows.append(row)
+    return table
+
+
+LINE_STEP = 1_000_000
+"""A cell's start is ``line offset * LINE_STEP + column`` (one small int a cell)."""
+
+
+def _cell_starts(raw: str, cells: list[str]) -> tuple[int, ...]:
+    """Where each of ``cells`` starts in ``raw`` (its record's lines), as ``LINE_STEP`` says:
+    a quoted cell takes its quotes and doubled quotes more than its text."""
+    if '"' not in raw:  # most rows: the cells and the commas between them
+        starts, at = [], 1
+        for cell in cells:
+            starts.append(at)
+            at += len(cell) + 1
+        return tuple(starts)
+    if "\n" not in raw:
+        starts, at = [], 0
+        for cell in cells:
+            if raw.startswith('"', at):  # "text", with each " inside doubled
+                starts.append(at + 2)
+                at += len(cell) + cell.count('"') + 3
+            else:
+                starts.append(at + 1)
+                at += len(cell) + 1
+        return tuple(starts)
+    starts = []
+    at = 0
+    for cell in cells:
+        if raw.startswith('"', at):
+            begin = at + 1
+            at = begin + len(cell) + cell.count('"') + 1
+        else:
+            begin = at
+            at += len(cell)
+        before = raw.count("\n", 0, begin)
+        starts.append(before * LINE_STEP + begin - raw.rfind("\n", 0, begin))
+        at = raw.find(",", at)
+        if at < 0:
+            break
+        at += 1
+    return tuple(starts)
+
+
+def _row(
+    reading: _Reading,
+    table: Table,
+    first: int,
+    last: int,
+    cells: list[str],
+    lines: list[str],
+    circuits: dict[str, Circuit],
+    names: set[str],
+) -> Row | None:
+    path = reading.path
+    raw = lines[first - 1] if first == last else "\n".join(lines[first - 1 : last])
+    place = _Place(path, first, last, len(lines[last - 1]) + 1, cells, _cell_starts(raw, cells))
+    span = place.span
+    columns = table.columns
+    n_cells = len(cells)
+    ok = True
+    key_index = columns["circuit_id"]
+    key = cells[key_index].strip() if key_index < n_cells else ""
+    if not key:
+        reading.error("E028", "this row has no circuit id", span(key_index))
+        return None
+    rates: dict[str, Decimal | int] = {}
+    for name in RATES:
+        index = columns[name]
+        text = cells[index] if index < n_cells else ""
+        value = _mbps(text)
+        if value is None:
+            shown = f"'{text.strip()}'" if text.strip() else "an empty cell"
+            reading.error(
+                "E030",
+                f"{table.headers[index]}: expected a number of Mbps (such as 25 or 2.5), "
+                f"found {shown}",
+                span(index),
+            )
+            ok = False
+        else:
+            rates[name] = value
+    for direction in ("download", "upload"):
+        low, high = rates.get(f"{direction}_min"), rates.get(f"{direction}_max")
+        if low is not None and high is not None and low > high:
+            reading.error(
+                "E031",
+                f"{direction} min {low} Mbps is above its max {high} Mbps; a class's rate "
+                "cannot be above its ceil",
+                span(columns[f"{direction}_max"]),
+                Note("the min is here", span(columns[f"{direction}_min"])),
+            )
+            ok = False
+    parent_index = columns.get("parent_node", n_cells)
+    parent = cells[parent_index].strip() if parent_index < n_cells else None
+    networks: list[tuple[ir.Network, Span]] = []
+    for family in ("ipv4", "ipv6"):
+        index = columns.get(family, n_cells)
+        if index >= n_cells or not cells[index]:
+            continue
+        text = cells[index]
+        if "," not in text and text.strip() == text:  # one address, the common case
+            net = _network(text, family)
+            if net is not None:
+                networks.append((net, span(index)))
+                continue
+        offset = 0
+        for piece in text.split(","):
+            address = piece.strip()
+            where = offset + len(piece) - len(piece.lstrip())
+            offset += len(piece) + 1
+            if not address:
+                continue
+            at = span(index, where, len(address))
+            net = _network(address, family)
+            if net is None:
+                what = "IPv4" if family == "ipv4" else "IPv6"
+                reading.error(
+                    "E029",
+                    f"'{address}' is not a valid {what} address or network "
+                    f"({table.headers[index]} holds {what} addresses and prefixes, separated "
+                    "by commas)",
+                    at,
+                )
+                ok = False
+                continue
+            networks.append((net, at))
+    if not ok:
+        return None
+    circuit = circuits.get(key)
+    if circuit is None:
+        name = _unique_name(key, names)
+        circuit = Circuit(key, name, span(key_index), rates, parent, place)
+        circuits[key] = circuit
+    elif not _agree(reading, table, circuit, place, rates, parent):
+        return None
+    if not networks:
+        reading.warning(
+            "W372",
+            f"device of circuit '{key}' has no IPv4 or IPv6 address: no traffic is matched for it",
+            span(key_index),
+        )
+        row_span = span(key_index)
+    else:
+        head, tail = networks[0][1], networks[-1][1]
+        row_span = head
+        if head.line == tail.line and len(networks) > 1:
+            row_span = Span(path, head.line, head.column, head.line, tail.end_column)
+    return Row(first, cells, circuit, tuple(networks), row_span)
+
+
+def _agree(
+    reading: _Reading,
+    table: Table,
+    circuit: Circuit,
+    place: _Place,
+    rates: dict[str, Decimal | int],
+    parent: str | None,
+) -> bool:
+    """Whether another row of ``circuit`` gives the same rates and parent (E032 if not)."""
+    ok = True
+    for name, value in rates.items():
+        first = circuit.rates[name]
+        if value != first:
+            what = name.replace("_", " ")
+            index = table.columns[name]
+            reading.error(
+                "E032",
+                f"circuit '{circuit.key}' has {what} {first} Mbps in its first row and {value} "
+                "here; the rows of a circuit are one subscriber, with one set of rates",
+                place.span(index),
+                Note("the first row's is here", circuit.first.span(index)),
+            )
+            ok = False
+    if parent is not None and circuit.parent is not None and parent != circuit.parent:
+        index = table.columns["parent_node"]
+        reading.error(
+            "E032",
+            f"circuit '{circuit.key}' has parent node '{circuit.parent}' in its first row "
+            f"and '{parent}' here; a circuit hangs from one node",
+            place.span(index),
+            Note("the first row's is here", circuit.first.span(index)),
+        )
+        ok = False
+    return ok
+
+
+def _mbps(text: str) -> Decimal | int | None:
+    """A number of Mbps (a whole number, or a decimal kept exact), or None."""
+    if text.isdigit() and text.isascii() and len(text) <= 30:
+        whole = int(text)
+        return whole if whole <= MAX_MBPS else None
+    text = text.strip()
+    if not text or len(text) > 30 or text.strip("0123456789.") or text.count(".") > 1:
+        return None
+    if text == ".":
+        return None
+    value = Decimal(text)
+    return value if value <= MAX_MBPS else None
+
+
+def _network(text: str, family: str) -> ir.Network | None:
+    """``text`` as an IPv4 or IPv6 network (host bits cleared), as the policy's addresses
+    are read; the socket module parses the common forms at twice ``ipaddress``'s speed."""
+    address, slash, length = text.partition("/")
+    if not slash or (length.isdigit() and length.isascii() and len(length) <= 3):
+        bits = int(length) if slash else None
+        try:
+            if family == "ipv4":
+                packed = socket.inet_pton(socket.AF_INET, address)
+                # inet_pton takes leading zeros (010.0.0.1), which ipaddress refuses.
+                if socket.inet_ntop(socket.AF_INET, packed) == address and (bits or 0) <= 32:
+                    whole = int.from_bytes(packed, "big")
+                    return ipaddress.IPv4Network((whole, 32 if bits is None else bits), False)
+            elif "%" not in address:
+                packed = socket.inet_pton(socket.AF_INET6, address)
+                if (bits or 0) <= 128:
+                    whole = int.from_bytes(packed, "big")
+                    return ipaddress.IPv6Network((whole, 128 if bits is None else bits), False)
+        except OSError:
+            pass
+    try:
+        if family == "ipv4":
+            return ipaddress.IPv4Network(text, strict=False)
+        return ipaddress.IPv6Network(text, strict=False)
+    except ValueError:
+        return None
+
+
+def _unique_name(key: str, names: set[str]) -> str:
+    """A class name for the circuit id ``key``: letters, digits and ``_`` (so no generated
+    word ever needs quoting), starting with a letter, unique among ``names``."""
+    base = _NOT_NAME.sub("_", key).strip("_") or "circuit"
+    if not base[0].isalpha() or not base.isascii():
+        base = "c" + base if base[0].isdigit() else "c_" + base
+    name, n = base, 1
+    while name in names:
+        n += 1
+        name = f"{base}_{n}"
+    names.add(name)
+    return name
+
+
+# ---- the statement ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """``where COND and ...``: (column, its span, ``==``, values) each."""
+
+    conditions: list[tuple[str, Span, bool, list[str]]]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """``COLUMN == "a", "b"`` (or ``!=``) in a ``where``."""
+
+    column: int
+    equal: bool
+    values: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribersSyntax:
+    """``subscribers [upload|download] from "FILE" [where ...] [options] [{ leaf }]``, with its
+    table read and its rows selected (None: an error was reported)."""
+
+    span: Span
+    direction: Direction | None
+    table: Table | None
+    rows: tuple[Row, ...]
+    where_column: int | None
+    """The column of the first ``where`` condition (the one W371 names)."""
+    opts: tuple[Any, ...]
+    body: tuple[Any, ...]
+    pref: ir.Count | None = None
+    """The pref of every match line the statement makes."""
+
+
+RateSpec = tuple[Literal["min", "max"], Fraction] | ir.Rate | ir.Percent
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A statement's template, to expand when its tree's direction is known."""
+
+    syntax: SubscribersSyntax
+    rate: RateSpec
+    ceil: RateSpec
+    fields: dict[str, Any]
+    leaf: ir.Qdisc | None
+
+
+def select(
+    b: Builder, table: Table, conditions: list[tuple[str, Span, bool, list[str]]], at: Span
+) -> tuple[tuple[Row, ...], int | None, bool]:
+    """The rows of ``table`` that meet every condition (column, its span, ``==``, values);
+    the first condition's column; False after reporting an unknown column or no row."""
+    parsed: list[Condition] = []
+    ok = True
+    for column, span, equal, values in conditions:
+        key = compact(column)
+        index = table.columns.get(_ALIASES.get(key, key))
+        if index is None:
+            names = where_names(table)
+            b.error(
+                Diagnostic.error(
+                    "E033",
+                    f"table '{table.path}' has no column '{column}'{suggestion(column, names)}; "
+                    f"'where' takes {', '.join(names)}",
+                    span,
+                )
+            )
+            ok = False
+            continue
+        parsed.append(Condition(index, equal, frozenset(values)))
+    if not ok:
+        return (), None, False
+    first_column = parsed[0].column if parsed else None
+    candidates: list[Row] = table.rows
+    chosen = next((c for c in parsed if c.equal), None)
+    if chosen is not None:
+        # Each site's statement takes its rows from an index, not from a walk of the table.
+        by_value = table.index(chosen.column)
+        found = [r for value in sorted(chosen.values) for r in by_value.get(value, ())]
+        if len(chosen.values) > 1:
+            found.sort(key=lambda r: r.order)
+        candidates = found
+        parsed.remove(chosen)
+    rows = tuple(r for r in candidates if all(_meets(r, c) for c in parsed))
+    if not rows and not table.errors:  # (rows with errors are left out, and reported)
+        what = "meets this condition" if conditions else "is left: the table is empty"
+        b.error(
+            Diagnostic.error(
+                "E034",
+                f"no row of table '{table.path}' {what}; the statement would make no class",
+                at,
+            )
+        )
+        return (), None, False
+    return rows, first_column, True
+
+
+def where_names(table: Table) -> list[str]:
+    """The names ``where`` takes for ``table``'s columns: tcdsl's for the columns it knows
+    (``parent_node``), the compacted header for the others."""
+    known = {index: key for key, index in table.columns.items() if key in COLUMNS}
+    return [known.get(i, compact(h)) for i, h in enumerate(table.headers)]
+
+
+def _meets(row: Row, cond: Condition) -> bool:
+    value = row.cells[cond.column].strip() if cond.column < len(row.cells) else ""
+    return (value in cond.values) == cond.equal
+
+
+def template(
+    b: Builder,
+    syn: SubscribersSyntax,
+    common: dict[str, Any],
+    rate: Param | None,
+    ceil: Param | None,
+    leaf: QdiscSyntax | None,
+) -> Pending:
+    """The template of a statement: its rate and ceil (the Min and Max columns unless given),
+    the class options every subscriber shares, its leaf qdisc."""
+    return Pending(
+        syn,
+        _rate_spec(b, rate, "min"),
+        _rate_spec(b, ceil, "max"),
+        common,
+        leaf.qdisc if leaf is not None else None,
+    )
+
+
+def _rate_spec(b: Builder, param: Param | None, default: Literal["min", "max"]) -> RateSpec:
+    """``rate``/``ceil`` of a template: ``min`` or ``max`` (the direction's column), either
+    times or divided by a number, or a value every subscriber gets."""
+    if param is None:
+        return default, Fraction(1)
+    value: Expr = param.value
+    factor = Fraction(1)
+    if (
+        isinstance(value, Bin)
+        and value.op in ("*", "/")
+        and isinstance(value.right, Lit)
+        and isinstance(value.left, Ref)
+        and value.left.name in ("min", "max")
+    ):
+        number = Fraction(value.right.number)
+        if value.op == "/" and not number:
+            b.error(Diagnostic.error("E013", "division by zero", value.right.span))
+            return default, Fraction(1)
+        factor = number if value.op == "*" else 1 / number
+        value = value.left
+    if isinstance(value, Ref) and value.name in ("min", "max"):
+        return value.name, factor  # type: ignore[return-value]
+    if _mentions_column(value):
+        b.error(
+            Diagnostic.error(
+                "E270",
+                f"{param.key} takes min or max (the table's Min or Max Mbps of the direction), "
+                "either times or divided by a number, or a rate every subscriber gets",
+                param.value.span,
+            )
+        )
+        return default, Fraction(1)
+    from tcdsl.frontend.qdiscs import QdiscBuilder
+
+    fixed = QdiscBuilder(b, "htb", param.span, (), None)._value(param, Dimension.RATE, True)
+    if fixed is None:
+        return default, Fraction(1)
+    return fixed  # type: ignore[no-any-return]
+
+
+def _mentions_column(expr: Expr) -> bool:
+    if isinstance(expr, Ref):
+        return expr.name in ("min", "max")
+    if isinstance(expr, Bin):
+        return _mentions_column(expr.left) or _mentions_column(expr.right)
+    return False
+
+
+def expand(pending: Pending, direction: Direction) -> tuple[ir.Class, ...]:
+    """The classes of a statement for a tree of ``direction``."""
+    syn = pending.syntax
+    assert syn.table is not None
+    columns = syn.table.columns
+    field_: Literal["src", "dst"] = "dst" if direction == "download" else "src"
+    by_circuit: dict[int, list[Row]] = {}
+    circuits: list[Circuit] = []
+    for row in syn.rows:
+        rows = by_circuit.get(id(row.circuit))
+        if rows is None:
+            by_circuit[id(row.circuit)] = rows = []
+            circuits.append(row.circuit)
+        rows.append(row)
+    leaf = pending.leaf
+    classes = []
+    for circuit in circuits:
+        matches = tuple(
+            ir.Match((ir.AddrCond(field_, row.networks, row.span),), row.span, syn.pref)
+            for row in by_circuit[id(circuit)]
+            if row.networks
+        )
+        classes.append(
+            ir.Class(
+                circuit.name,
+                circuit.span,
+                rate=_rate(pending.rate, circuit, direction, columns),
+                ceil=_rate(pending.ceil, circuit, direction, columns),
+                matches=matches,
+                leaf=ir.replace(leaf) if leaf is not None else None,
+                **pending.fields,
+            )
+        )
+    return tuple(classes)
+
+
+def _rate(
+    spec: RateSpec, circuit: Circuit, direction: Direction, columns: dict[str, int]
+) -> ir.Rate | ir.Percent:
+    if isinstance(spec, ir.Rate | ir.Percent):
+        return spec
+    column, factor = spec
+    value, at = circuit.rate(f"{direction}_{column}", columns)
+    bits = int(value * MBPS) if factor == 1 else int(Fraction(value) * MBPS * factor)
+    return ir.Rate(bits, at)
+
+
+def expand_tree(b: Builder, qdisc: ir.Qdisc, direction: Direction | None, device: str) -> ir.Qdisc:
+    """``qdisc`` with the placeholders of its statements replaced by their classes (a
+    statement's own ``upload``/``download`` wins over the tree's ``direction``; None: the
+    egress of ``device``, which says neither, E272); warns (W371) about the rows of a table
+    the tree reads that none of its statements takes."""
+    taken: dict[str, tuple[Table, set[int], list[SubscribersSyntax]]] = {}
+
+    def classes(items: tuple[ir.Class, ...]) -> tuple[ir.Class, ...]:
+        out: list[ir.Class] = []
+        changed = False
+        for cls in items:
+            found = b.pending.pop(id(cls), None)
+            if found is not None:
+                pending = found[1]
+                syn = pending.syntax
+                changed = True
+                way = syn.direction or direction
+                if way is None:
+                    b.error(
+                        Diagnostic.error(
+                            "E272",
+                            f"this tree is the egress of '{device}', which may face the "
+                            "subscribers or the Internet: write 'subscribers download from' "
+                            "(subscribers' downloads: by destination, the Download columns) or "
+                            "'subscribers upload from' (by source, the Upload columns), or put "
+                            "the tree in an upload or download block",
+                            syn.span,
+                        )
+                    )
+                    continue
+                out.extend(expand(pending, way))
+                if syn.table is not None:
+                    entry = taken.setdefault(syn.table.path, (syn.table, set(), []))
+                    entry[1].update(id(r) for r in syn.rows)
+                    entry[2].append(syn)
+                continue
+            new = klass(cls)
+            changed = changed or new is not cls
+            out.append(new)
+        return tuple(out) if changed else items
+
+    def klass(cls: ir.Class) -> ir.Class:
+        children = classes(cls.children)
+        leaf = walk(cls.leaf) if cls.leaf is not None else None
+        if children is cls.children and leaf is cls.leaf:
+            return cls
+        return ir.replace(cls, children=children, leaf=leaf)
+
+    def walk(q: ir.Qdisc) -> ir.Qdisc:
+        own = getattr(q, "classes", None)
+        if own is not None:
+            new = classes(own)
+            return q if new is own else ir.replace(q, classes=new)
+        child = getattr(q, "child", None)
+        if child is not None:
+            new_child = walk(child)
+            return q if new_child is child else ir.replace(q, child=new_child)
+        return q
+
+    result = walk(qdisc)
+    for table, rows, statements in taken.values():
+        _unshaped(b, table, rows, statements)
+    return result
+
+
+def _unshaped(
+    b: Builder, table: Table, rows: set[int], statements: list[SubscribersSyntax]
+) -> None:
+    """W371 for the rows of ``table`` no statement of a tree takes, one per value of the first
+    ``where`` column (the parent node, most often) at its first row."""
+    column = next((s.where_column for s in statements if s.where_column is not None), None)
+    groups: dict[str, list[Row]] = {}
+    for row in table.rows:
+        if id(row) not in rows:
+            value = (
+                row.cells[column].strip() if column is not None and column < len(row.cells) else ""
+            )
+            groups.setdefault(value, []).append(row)
+    lines = b.reader.sources[table.path].split("\n") if groups else []
+    for value, left in groups.items():
+        first = left[0]
+        if column is not None:
+            name = table.headers[column]
+            what = f"{len(left)} row(s) with {name} '{value}'"
+            at = _cell_span(table, lines, first, column)
+        else:
+            what = f"{len(left)} row(s)"
+            at = first.circuit.span
+        b.error(
+            Diagnostic.warning(
+                "W371",
+                f"{what} of table '{table.path}' are taken by no subscribers statement of "
+                "this tree: their traffic goes where unclassified traffic goes",
+                at,
+                Note("the tree's statement is here", statements[0].span),
+            )
+        )
+
+
+def _cell_span(table: Table, lines: list[str], row: Row, column: int) -> Span:
+    """The span of a row's cell."""
+    last = row.line
+    raw = lines[row.line - 1]
+    while raw.count('"') % 2 and last < len(lines):  # a quoted line break
+        last += 1
+        raw += "\n" + lines[last - 1]
+    place = _Place(table.path, row.line, last, len(lines[last - 1]) + 1, row.cells, ())
+    return dataclasses.replace(place, starts=_cell_starts(raw, row.cells)).span(column)
+
+
+def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
+    """The class that stands for ``syn`` in its parent until its tree is built (None after
+    reporting a statement that cannot be one)."""
+    from tcdsl.frontend.qdiscs import CLASS_FLAGS, CLASS_PARAMS, nested_stab
+
+    b = qb.b
+    if qb.kind != "htb":
+        b.error(
+            Diagnostic.error(
+                "E271",
+                f"subscribers need an htb (a class for each circuit, with a rate and a ceil); "
+                f"this is {'an' if qb.kind == 'hfsc' else 'a'} {qb.kind}",
+                syn.span,
+            )
+        )
+        return None
+    rate = ceil = None
+    rest = []
+    for opt in syn.opts:
+        if isinstance(opt, ir.Match):
+            b.error(
+                Diagnostic.error(
+                    "E270",
+                    "a subscribers statement takes its matches from the table (each device's "
+                    "addresses); write other matches on classes of their own",
+                    opt.span,
+                )
+            )
+        elif isinstance(opt, Param) and opt.key == "rate":
+            rate = opt
+        elif isinstance(opt, Param) and opt.key == "ceil":
+            ceil = opt
+        else:
+            rest.append(opt)
+    params = {k: d for k, d in CLASS_PARAMS["htb"].items() if k not in ("rate", "ceil")}
+    values, handle, _ = qb._values(
+        rest, params, CLASS_FLAGS["htb"], "a subscriber's class", handle_kw="id"
+    )
+    if handle is not None:
+        b.error(
+            Diagnostic.error(
+                "E270",
+                "the classes of a subscribers statement are numbered by tcdsl; an 'id' would "
+                "give them all one",
+                handle.span,
+            )
+        )
+    leaves: list[QdiscSyntax] = []
+    for item in syn.body:
+        if isinstance(item, QdiscSyntax):
+            leaves.append(item)
+            nested_stab(b, item)
+        else:
+            at = getattr(item, "span", syn.span)
+            b.error(
+                Diagnostic.error(
+                    "E270",
+                    "the block of a subscribers statement holds one leaf qdisc (each "
+                    "subscriber's), nothing else",
+                    at,
+                )
+            )
+    if len(leaves) > 1:
+        b.error(
+            Diagnostic.error(
+                "E018",
+                "a subscribers statement has more than one leaf qdisc",
+                leaves[1].qdisc.span,
+            )
+        )
+    if syn.table is None:
+        return None
+    flags = {k: values.pop(k, False) for k in ("bounded", "isolated", "overbook")}
+    common = {k: v for k, v in values.items() if v is not None}
+    common.update({k: v for k, v in flags.items() if v})
+    pending = template(b, syn, common, rate, ceil, leaves[0] if leaves else None)
+    stand_in = ir.Class("", syn.span)
+    b.pending[id(stand_in)] = (stand_in, pending)
+    return stand_in

@@ -1,0 +1,444 @@
+"""Subscriber tables: ``subscribers from "FILE.csv"`` (tcdsl/frontend/tables.py).
+
+The statement's parsing and expansion into classes and match lines (where filters,
+multi-device circuits, both families, both directions, names), errors at the table's cells,
+determinism, fmt, and classify on the example policy. The corpus cases are in
+tests/diagnostics/ (E027-E034, E270-E272, W371, W372), the goldens of
+policies/isp-subscribers.tcp in tests/golden/, the kernel test in
+tests/test_classify_kernel.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tcdsl import ir
+from tcdsl.cli import cli
+from tcdsl.diagnostics import Diagnostic, render
+from tcdsl.driver import Result, analyse, compile_policy
+from tcdsl.fmt import format_source
+from tests.conftest import ROOT
+
+HEADER = (
+    "Circuit ID,Circuit Name,Device ID,Device Name,Parent Node,MAC,IPv4,IPv6,"
+    "Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps,Comment\n"
+)
+ROWS = (
+    '101,"Smith, J.",1,cpe-1,north,,100.64.0.1,2001:db8:1::/56,2,1,20,5,\n'
+    '102,Jones,2,cpe-2,north,,"100.64.0.2, 100.64.0.3",,4,2,40,10,\n'
+    "102,Jones,3,router-3,north,,100.64.0.9,2001:db8:2::/64,4,2,40,10,\n"
+    "103,Brown,4,cpe-4,south,,100.64.1.4,,1.5,0.5,10.5,2.5,vip\n"
+)
+
+
+def policy(body: str, tree: str = "download") -> str:
+    return (
+        "interface eth0 {\n"
+        f"    {tree} htb rate 1gbit default other {{\n"
+        f"{body}"
+        "        class other rate 10mbit\n"
+        "    }\n"
+        "}\n"
+    )
+
+
+SITES = (
+    "        class north rate 100mbit {\n"
+    '            subscribers from "subs.csv" where parent_node == "north" { fq_codel }\n'
+    "        }\n"
+    "        class south rate 100mbit {\n"
+    '            subscribers from "subs.csv" where parent_node == "south"\n'
+    "        }\n"
+)
+
+
+def build(tmp_path: Path, text: str, table: str = HEADER + ROWS) -> Result:
+    (tmp_path / "subs.csv").write_text(table, encoding="utf-8")
+    path = tmp_path / "p.tcp"
+    path.write_text(text, encoding="utf-8")
+    return analyse(str(path))
+
+
+def ok(result: Result) -> ir.Policy:
+    assert result.policy is not None, render(result.diagnostics, result.sources)
+    return result.policy
+
+
+def classes(policy: ir.Policy, tree: int = 0) -> dict[str, ir.Class]:
+    root = policy.interfaces[tree].root
+    return {c.name: c for q in ir.walk_qdiscs(root) for c in ir.classes_of(q)}
+
+
+def addresses(cls: ir.Class) -> list[tuple[str, str]]:
+    return [
+        (cond.field, str(net))
+        for m in cls.matches
+        for cond in m.conds
+        if isinstance(cond, ir.AddrCond)
+        for net, _ in cond.networks
+    ]
+
+
+def errors(result: Result) -> list[tuple[str, str, int, int]]:
+    return [(d.code, Path(d.span.file).name, d.span.line, d.span.column) for d in result.errors]
+
+
+# ---- expansion -------------------------------------------------------------------------------
+
+
+def test_circuits_become_classes_under_their_site(tmp_path: Path) -> None:
+    found = classes(ok(build(tmp_path, policy(SITES))))
+    north = found["north"]
+    assert [c.name for c in north.children] == ["c101", "c102"]
+    assert [c.name for c in found["south"].children] == ["c103"]
+    c101 = north.children[0]
+    assert c101.rate is not None and c101.ceil is not None
+    assert (c101.rate.bits_per_second, c101.ceil.bits_per_second) == (2_000_000, 20_000_000)
+    assert isinstance(c101.leaf, ir.FqCodel)
+    assert found["c103"].leaf is None
+    # decimal Mbps are exact
+    rate = found["c103"].rate
+    assert isinstance(rate, ir.Rate) and rate.bits_per_second == 1_500_000
+
+
+def test_a_multi_device_circuit_is_one_class_with_a_match_per_device(tmp_path: Path) -> None:
+    c102 = classes(ok(build(tmp_path, policy(SITES))))["c102"]
+    assert len(c102.matches) == 2
+    assert addresses(c102) == [
+        ("dst", "100.64.0.2/32"),
+        ("dst", "100.64.0.3/32"),
+        ("dst", "100.64.0.9/32"),
+        ("dst", "2001:db8:2::/64"),
+    ]
+
+
+def test_both_families_become_filters(tmp_path: Path) -> None:
+    (tmp_path / "subs.csv").write_text(HEADER + ROWS, encoding="utf-8")
+    (tmp_path / "p.tcp").write_text(policy(SITES), encoding="utf-8")
+    result = compile_policy(str(tmp_path / "p.tcp"), "tc-batch")
+    assert result.output is not None
+    assert "protocol ip prio 1 u32 match ip dst 100.64.0.1 flowid" in result.output
+    assert "protocol ipv6 prio 32769 u32 match ip6 dst 2001:db8:1::/56 flowid" in result.output
+
+
+def test_upload_matches_sources_with_the_upload_columns(tmp_path: Path) -> None:
+    found = classes(ok(build(tmp_path, policy(SITES, tree="upload"))))
+    c101 = found["c101"]
+    assert addresses(c101) == [("src", "100.64.0.1/32"), ("src", "2001:db8:1::/56")]
+    assert c101.rate is not None and c101.ceil is not None
+    assert (c101.rate.bits_per_second, c101.ceil.bits_per_second) == (1_000_000, 5_000_000)
+
+
+def test_the_statement_may_say_its_direction(tmp_path: Path) -> None:
+    text = (
+        "interface eth1 htb rate 1gbit default other {\n"
+        '    subscribers download from "subs.csv"\n'
+        '    subscribers upload from "subs.csv" where circuit_id == "101"\n'
+        "    class other rate 10mbit\n"
+        "}\n"
+    )
+    result = build(tmp_path, text)
+    # the same circuit twice in one tree: one class name twice
+    assert [d.code for d in result.errors] == ["E101"]
+    text = text.replace('    subscribers upload from "subs.csv" where circuit_id == "101"\n', "")
+    found = classes(ok(build(tmp_path, text)))
+    assert addresses(found["c103"]) == [("dst", "100.64.1.4/32")]
+
+
+def test_where_conditions(tmp_path: Path) -> None:
+    def names(where: str) -> list[str]:
+        body = f'        subscribers from "subs.csv" {where}\n'
+        found = classes(ok(build(tmp_path, policy(body))))
+        return [n for n in found if n.startswith("c")]
+
+    assert names('where parent_node == "north", "south"') == ["c101", "c102", "c103"]
+    assert names('where "Parent Node" != "north"') == ["c103"]
+    # several conditions AND; a device's row is selected, then grouped by circuit
+    assert names('where parent == "north" and "Device Name" == "router-3"') == ["c102"]
+    assert names('where comment == "vip"') == ["c103"]
+    assert names("") == ["c101", "c102", "c103"]
+
+
+def test_template(tmp_path: Path) -> None:
+    body = (
+        '        subscribers from "subs.csv" prio 3 rate max / 2 ceil max * 1.05 burst 15k {\n'
+        "            sfq perturb 10\n"
+        "        }\n"
+    )
+    found = classes(ok(build(tmp_path, policy(body))))
+    c101 = found["c101"]
+    assert c101.rate is not None and c101.ceil is not None
+    assert (c101.rate.bits_per_second, c101.ceil.bits_per_second) == (10_000_000, 21_000_000)
+    assert c101.prio is not None and c101.prio.value == 3
+    assert c101.burst is not None and c101.burst.bytes == 15 * 1024
+    body = '        subscribers from "subs.csv" rate 1mbit ceil 50%\n'
+    c103 = classes(ok(build(tmp_path, policy(body))))["c103"]
+    assert isinstance(c103.rate, ir.Rate) and c103.rate.bits_per_second == 1_000_000
+    assert isinstance(c103.ceil, ir.Rate) and c103.ceil.bits_per_second == 500_000_000
+
+
+def test_every_subscriber_has_a_leaf_of_its_own(tmp_path: Path) -> None:
+    policy_ = ok(build(tmp_path, policy(SITES)))
+    leaves = [c.leaf for c in classes(policy_).values() if c.leaf is not None]
+    assert len(leaves) == 2
+    assert len({id(q) for q in leaves}) == 2
+    assert [q.handle for q in leaves] == [ir.Handle(0x20, 0), ir.Handle(0x30, 0)]
+
+
+def test_spans_point_into_the_table(tmp_path: Path) -> None:
+    found = classes(ok(build(tmp_path, policy(SITES))))
+    c102 = found["c102"]
+    assert (Path(c102.span.file).name, c102.span.line, c102.span.column) == ("subs.csv", 3, 1)
+    assert c102.rate is not None
+    assert (c102.rate.span.line, c102.rate.span.column) == (3, 52)  # Download Min Mbps
+    first, second = c102.matches
+    spans = [(s.line, s.column, s.end_column) for (_, s) in first.conds[0].networks]  # type: ignore[union-attr]
+    assert spans == [(3, 27, 37), (3, 39, 49)]  # inside the quoted cell
+    assert (second.span.line, second.span.column) == (4, 29)
+
+
+def test_names_are_made_safe_and_unique(tmp_path: Path) -> None:
+    table = HEADER + (
+        '"$(touch pwned); rm -rf /",evil,1,d,north,,100.64.0.1,,1,1,10,5,\n'
+        "a b,x,2,d,north,,100.64.0.2,,1,1,10,5,\n"
+        "a_b,x,3,d,north,,100.64.0.3,,1,1,10,5,\n"
+        "'quoted',x,4,d,north,,100.64.0.4,,1,1,10,5,\n"
+        "Zürich-1,x,5,d,north,,100.64.0.5,,1,1,10,5,\n"
+    )
+    body = '        subscribers from "subs.csv"\n'
+    result = build(tmp_path, policy(body), table)
+    names = [n for n in classes(ok(result)) if n not in ("", "other")]
+    assert names == ["touch_pwned_rm_rf", "a_b", "a_b_2", "quoted", "Z_rich_1"]
+    (tmp_path / "p.tcp").write_text(policy(body), encoding="utf-8")
+    script = compile_policy(str(tmp_path / "p.tcp"), "shell").output
+    assert script is not None
+    assert "$(touch" not in script
+    subprocess.run(["sh", "-n"], input=script, text=True, check=True)
+
+
+def test_a_table_is_read_once(tmp_path: Path) -> None:
+    table = HEADER + ROWS.replace("100.64.0.9", "100.64.0.999")
+    result = build(tmp_path, policy(SITES), table)
+    assert errors(result) == [("E029", "subs.csv", 4, 29)]
+
+
+# ---- errors at the cells ---------------------------------------------------------------------
+
+
+def test_errors_are_at_their_cells_and_the_rows_are_left_out(tmp_path: Path) -> None:
+    table = HEADER + (
+        "101,a,1,d,north,,100.64.0.1,2001:db8::/33x,1,1,10,5,\n"
+        '102,"two\nlines",2,d,north,,100.64.0.2,,x,1,10,5,\n'
+        "103,c,3,d,north,,100.64.0.3,,1,1,0.5,5,\n"
+        "104,c,4,d,north,,100.64.0.4,,1,1,10,5,\n"
+    )
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [
+        ("E029", "subs.csv", 2, 29),
+        ("E030", "subs.csv", 4, 31),  # the row's second line
+        ("E031", "subs.csv", 5, 34),
+    ]
+    text = render(result.diagnostics, result.sources)
+    assert ' 4 | lines",2,d,north,,100.64.0.2,,x,1,10,5,\n' in text
+    assert "note: in the table read here" in text
+
+
+def test_errors_are_capped(tmp_path: Path) -> None:
+    table = HEADER + "".join(f"{i},a,{i},d,north,,100.64.0.{i},,x,1,10,5,\n" for i in range(1, 61))
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    codes = [d.code for d in result.errors]
+    assert codes.count("E030") == 50
+    assert any("10 more error(s)" in d.message for d in result.errors)
+
+
+def test_a_file_that_is_not_a_table_is_not_shown(tmp_path: Path) -> None:
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), "PASSWORD=x,y\n")
+    assert [d.code for d in result.errors] == ["E028"]
+    assert "PASSWORD" not in render(result.diagnostics, result.sources)
+
+
+def test_check_exits_1_without_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "subs.csv").write_text(HEADER + "1,a,1,d,n,,1.2.3,,1,1,1,1,\n", encoding="utf-8")
+    (tmp_path / "p.tcp").write_text(
+        policy('        subscribers from "subs.csv"\n'), encoding="utf-8"
+    )
+    result = CliRunner().invoke(cli, ["check", str(tmp_path / "p.tcp")])
+    assert result.exit_code == 1
+    assert "subs.csv:2:12: error: '1.2.3' is not a valid IPv4" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ---- output --------------------------------------------------------------------------------
+
+
+def test_compile_is_deterministic() -> None:
+    path = str(ROOT / "policies" / "isp-subscribers.tcp")
+    first = compile_policy(path, "shell").output
+    second = compile_policy(path, "shell").output
+    assert first is not None and first == second
+
+
+def test_fmt_keeps_the_statement() -> None:
+    text = (
+        "interface eth0 {\n"
+        "  download htb rate 1gbit default other {\n"
+        '   subscribers download  from "subs.csv" where parent_node=="a","b" and comment!=""'
+        " pref 3 prio 2 ceil max*1.05 { fq_codel }\n"
+        "   class other rate 1mbit\n"
+        "  }\n"
+        "}\n"
+    )
+    assert format_source(text) == (
+        "interface eth0 {\n"
+        "    download htb rate 1gbit default other {\n"
+        '        subscribers download from "subs.csv" where parent_node == "a", "b" and '
+        'comment != "" \\\n'
+        "                pref 3 prio 2 ceil max * 1.05 {\n"
+        "            fq_codel\n"
+        "        }\n"
+        "        class other rate 1mbit\n"
+        "    }\n"
+        "}\n"
+    )
+
+
+def test_classify_knows_the_subscribers() -> None:
+    result = CliRunner().invoke(
+        cli,
+        [
+            "classify",
+            str(ROOT / "policies" / "isp-subscribers.tcp"),
+            "--direction",
+            "download",
+            "--packet",
+            "tcp dst 100.65.0.3 dport 443",
+            "--packet",
+            "ipv6 tcp dst 2001:db8:1003::99 dport 443",
+            "--format",
+            "json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    verdicts = json.loads(result.stdout)
+    assert [v["class"] for v in verdicts] == ["c1003", "c1003"]
+
+
+def test_the_example_warns_nothing() -> None:
+    result = analyse(str(ROOT / "policies" / "isp-subscribers.tcp"))
+    shown: list[Diagnostic] = [d for d in result.diagnostics if d.severity.value != "info"]
+    assert not shown, render(shown, result.sources)
+
+
+@pytest.mark.parametrize("backend", ["shell", "tc-batch", "json", "nft", "dot", "mermaid"])
+def test_every_backend_takes_a_table(tmp_path: Path, backend: str) -> None:
+    (tmp_path / "subs.csv").write_text(HEADER + ROWS, encoding="utf-8")
+    (tmp_path / "p.tcp").write_text(policy(SITES), encoding="utf-8")
+    result = compile_policy(str(tmp_path / "p.tcp"), backend)
+    assert result.output is not None, render(result.diagnostics, result.sources)
+
+
+def test_the_example_verifies_in_user_mode_linux() -> None:
+    """The example applied in user-mode Linux (the host may lack fq_codel and sfq) reads back
+    as the policy says: every subscriber's class, leaf and filters."""
+    from tcdsl.verify import runner, verifier
+
+    why = runner.uml_unavailable()
+    if why:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    (v,) = verifier.verify_many([str(ROOT / "policies" / "isp-subscribers.tcp")], kernel="uml")
+    assert v.kernel is not None
+    assert not [d for d in v.diagnostics if d.is_error], render(v.diagnostics, {})
+
+
+def test_explain_tells_each_subscriber_with_its_direction_rates() -> None:
+    result = CliRunner().invoke(cli, ["explain", str(ROOT / "policies" / "isp-subscribers.tcp")])
+    assert result.exit_code == 0, result.output
+    upload, heading, download = result.stdout.partition("Interface 'wan0', download")
+    assert heading
+    # circuit 1001: Download Min/Max 2/25 Mbps, Upload 0.5/5 Mbps
+    assert "class 'c1001' (1:20)\n      Rate: guaranteed 500kbit; may borrow up to 5mbit" in upload
+    assert "class 'c1001' (1:20)\n      Rate: guaranteed 2mbit; may borrow up to 25mbit" in download
+
+
+def test_table_bench_prints_its_figures() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "table_bench.py"), "300", "--stages"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    row = next(line.split() for line in done.stdout.splitlines() if line.split()[:1] == ["300"])
+    wall, cpu, rss = (float(x) for x in row[2:5])
+    assert wall > 0 and cpu > 0 and rss > 10
+    assert "frontend (table read and expanded)" in done.stdout
+
+
+def test_an_empty_table_makes_no_class(tmp_path: Path) -> None:
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), HEADER)
+    assert [d.code for d in result.errors] == ["E034"]
+    assert "the table is empty" in result.errors[0].message
+
+
+def test_warnings_are_capped(tmp_path: Path) -> None:
+    table = HEADER + "".join(f"{i},a,{i},d,north,,,,1,1,10,5,\n" for i in range(1, 61))
+    table += "61,a,61,d,north,,100.64.0.1,,1,1,10,5,\n"
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    w372 = [d for d in result.diagnostics if d.code == "W372"]
+    assert len(w372) == 51
+    assert sum(d.message.startswith("10 more device(s)") for d in w372) == 1
+
+
+CELLS = st.sampled_from(
+    [
+        "",
+        "101",
+        "a b",
+        '"x, y"',
+        '"two\nlines"',
+        '"say ""hi"""',
+        "100.64.0.1",
+        "100.64.0.1/33",
+        "2001:db8::/56",
+        "2001:db8::1, 100.64.0.2",
+        "10",
+        "2.5",
+        "-1",
+        "1e3",
+        ".",
+        "北",
+        "#c",
+        "\t",
+    ]
+)
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(
+    st.lists(st.lists(CELLS, min_size=0, max_size=15), max_size=6), st.sampled_from(["\n", "\r\n"])
+)
+def test_no_table_crashes_the_compiler(rows: list[list[str]], newline: str) -> None:
+    """Whatever the rows, the compile reports diagnostics at real places of the table (or
+    compiles), and never raises."""
+    table = HEADER + "".join(",".join(row) + newline for row in rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = build(Path(tmp), policy('        subscribers from "subs.csv"\n'), table)
+        lines = table.replace("\r\n", "\n").split("\n")
+        for d in result.diagnostics:
+            if d.span.file.endswith("subs.csv"):
+                assert 1 <= d.span.line <= len(lines), d
+                assert 1 <= d.span.column <= len(lines[d.span.line - 1]) + 1, d
+
+
+def test_a_template_that_divides_by_zero(tmp_path: Path) -> None:
+    result = build(tmp_path, policy('        subscribers from "subs.csv" ceil max / 0\n'))
+    assert [(d.code, d.message) for d in result.errors] == [("E013", "division by zero")]
