@@ -29,6 +29,7 @@ from tcdsl.ops.lifecycle import (
     policy_name,
     prepare,
     rollback,
+    start_reading,
 )
 from tcdsl.ops.plan import Plan
 from tcdsl.ops.state import Store, valid_name
@@ -98,9 +99,13 @@ def _prepared(policy: str, name: str | None) -> Prepared:
     """POLICY compiled (with the live class ids) and planned against the policy live under
     its name; exits with the diagnostic on errors."""
     store = _store(policy_name(policy, name))
+    try:
+        reading = start_reading(store)
+    except OpsError as e:
+        _fail(NO_STATE, str(e))
     result = _compiled(policy, store)
     try:
-        return prepare(store, result.policy, result)
+        return prepare(store, result.policy, result, reading)
     except OpsError as e:
         _fail(NO_STATE, str(e))
 

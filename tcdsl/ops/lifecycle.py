@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -269,14 +270,61 @@ def missing_devices(policy: ir.Policy) -> list[str]:
     return [d for d in _devices(policy) if not device_exists(d)]
 
 
-def prepare(store: Store, new: ir.Policy | None, result: Result | None = None) -> Prepared:
-    """The plan from the policy live under ``store``'s name to ``new`` (None: remove it)."""
+@dataclass(slots=True)
+class Reading:
+    """The record of the policy live under a name, and the kernel's digest being read in a
+    thread meanwhile (tc runs as processes of their own, on another core, while this one
+    compiles the new policy)."""
+
+    applied: Applied | None
+    live: Live
+    _thread: threading.Thread | None = None
+    _digest: dict[str, str] | None = None
+    _failed: BaseException | None = None
+
+    def kernel_now(self) -> dict[str, str]:
+        """The digest of the live policy's devices, as the kernel has them now."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._failed is not None:
+            raise self._failed
+        if self._digest is None:
+            self._digest = fingerprint(self.live.devices, self.live.tables)
+        return self._digest
+
+    def _read(self) -> None:
+        try:
+            self._digest = fingerprint(self.live.devices, self.live.tables)
+        except BaseException as e:  # raised again in kernel_now, in the caller's thread
+            self._failed = e
+
+
+def start_reading(store: Store) -> Reading:
+    """Read the live policy's record, and start reading the kernel's digest where the record
+    has one to compare with."""
     applied = store.current()
-    live = live_of(store, applied)
+    reading = Reading(applied, live_of(store, applied))
+    if applied is not None and reading.live.kernel is not None:
+        reading._thread = threading.Thread(target=reading._read, daemon=True)
+        reading._thread.start()
+    return reading
+
+
+def prepare(
+    store: Store,
+    new: ir.Policy | None,
+    result: Result | None = None,
+    reading: Reading | None = None,
+) -> Prepared:
+    """The plan from the policy live under ``store``'s name to ``new`` (None: remove it);
+    ``reading``: the record and the kernel read while ``new`` compiled (else read now)."""
+    reading = reading if reading is not None else Reading(store.current(), _NO_LIVE)
+    if reading.live is _NO_LIVE:
+        reading.live = live_of(store, reading.applied)
+    applied, live = reading.applied, reading.live
     changed: dict[str, list[Diagnostic]] = {}
-    if applied is not None and (
-        live.kernel is None or fingerprint(live.devices, live.tables) != live.kernel
-    ):
+    if applied is not None and (live.kernel is None or reading.kernel_now() != live.kernel):
         # the kernel is not as the apply left it (or nobody noted how it was): compare
         changed = drift(compile_applied(applied), dict(applied.sources))
     new_trees = trees_of(new)
