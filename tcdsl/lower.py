@@ -6,8 +6,8 @@ the cartesian product of its values. Port ranges become the fewest prefix-style 
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
+import socket
 from collections.abc import Iterator
 
 from tcdsl import ir
@@ -296,7 +296,7 @@ def _network6(text: str, at: int) -> tuple[tuple[int, int, int], ...]:
     reaches: ``/64`` is two)."""
     addr, _, length = text.partition("/")
     bits = int(length) if length else 128
-    value = int(ipaddress.IPv6Address(addr))
+    value = int.from_bytes(socket.inet_pton(socket.AF_INET6, addr), "big")  # ipaddress: 10x
     mask = ((1 << 128) - 1) ^ ((1 << (128 - bits)) - 1)
     words = []
     for i in range(4):
