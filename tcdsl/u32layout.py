@@ -279,3 +279,45 @@ def _place(group: list[ir.U32Filter], hash_min: int, used: set[int]) -> _Placer 
     except _IdsExhausted:
         return None
     return placer
+
+
+Node = ir.U32Filter | ir.U32Table
+"""What a bucket holds: a filter, or the node linking to a table."""
+Buckets = dict[tuple[int | None, int], list[Node]]
+"""(table, bucket) -> its nodes in the order tried (table None: the pref's root table)."""
+
+
+def buckets(iface: ir.Interface) -> dict[tuple[ir.Handle, ir.Family, int], Buckets]:
+    """The laid-out prefs of ``iface`` (those with tables), keyed by (parent, family, pref):
+    every bucket's nodes by node id, as u32 tries them."""
+    out: dict[tuple[ir.Handle, ir.Family, int], Buckets] = {}
+    for t in iface.u32_tables:
+        group = out.setdefault((t.parent, t.family, t.pref), {})
+        group.setdefault((t.link.table, t.link.bucket), []).append(t)
+    for f in iface.filters:
+        if isinstance(f, ir.U32Filter) and f.place is not None:
+            group = out.get((f.parent, f.family, f.pref))
+            if group is not None:
+                group.setdefault((f.place.table, f.place.bucket), []).append(f)
+    for group in out.values():
+        for nodes in group.values():
+            nodes.sort(key=lambda n: n.link.node if isinstance(n, ir.U32Table) else _node(n))
+    return out
+
+
+def _node(f: ir.U32Filter) -> int:
+    assert f.place is not None
+    return f.place.node
+
+
+def bucket_of(t: ir.U32Table, header: bytes) -> int | None:
+    """The bucket of table ``t`` u32 takes a packet with ``header`` (from the network header
+    on) to: 0 for divisor 1, the hashed byte's value; None when the header is too short (u32
+    then gives up on the whole pref)."""
+    if t.hashkey is None:
+        return 0
+    mask, offset = t.hashkey
+    if offset + 4 > len(header):
+        return None
+    word = int.from_bytes(header[offset : offset + 4], "big") & mask
+    return (word >> ((mask & -mask).bit_length() - 1)) & (t.divisor - 1)
