@@ -56,7 +56,7 @@ def address(i: int) -> str:
 def policy(n: int) -> str:
     """``n`` classes with one /32 each, then a /8 class, the default last."""
     lines = [f"interface {DEV} htb rate 100gbit default other {{"]
-    lines += [f"    class c{i} rate 8kbit match dst {address(i)}" for i in range(n)]
+    lines += [f"    class c{i} rate 8kbit ceil 100gbit match dst {address(i)}" for i in range(n)]
     lines += ["    class wide rate 8kbit match dst 10.0.0.0/8", "    class other rate 8kbit", "}"]
     return "\n".join(lines) + "\n"
 
@@ -86,7 +86,7 @@ def raw_batch(n: int) -> tuple[str, str]:
     out = [f"qdisc add dev {DEV} root handle 1: htb default {n + 2:x}"]
     out.append(f"class add dev {DEV} parent 1: classid 1:ffff htb rate 100gbit")
     for i in range(n + 2):
-        out.append(f"class add dev {DEV} parent 1:ffff classid 1:{i + 1:x} htb rate 8kbit")
+        out.append(f"class add dev {DEV} parent 1:ffff classid 1:{i + 1:x} htb rate 8kbit ceil 100gbit")
     head = f"filter add dev {DEV} parent 1: protocol ip prio 1"
     out.append(f"{head} handle 1: u32 divisor 256")
     inner = sorted({i & 255 for i in range(n)})
