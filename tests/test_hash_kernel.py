@@ -27,7 +27,10 @@ from hypothesis import strategies as st
 from tcdsl import ir, u32layout
 from tcdsl.teach.classify import classify
 from tcdsl.teach.traffic import Packet, parse_packet
+from tcdsl.verify import compare, readback
+from tcdsl.verify.expect import expected_policy
 from tcdsl.verify.runner import HostSupport
+from tests.test_apply import run
 from tests.test_classify_kernel import (
     _leaves,
     _sender,
@@ -37,6 +40,7 @@ from tests.test_classify_kernel import (
 from tests.test_lint_kernel import _applied, host, make_netns
 
 __all__ = ["host", "make_netns"]  # fixtures, imported so that pytest finds them here
+
 
 def _address(i: int) -> str:
     return f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}"
@@ -213,3 +217,43 @@ def test_hashed_agrees(
 
 def _name(cls: ir.Class | None) -> str:
     return cls.name if cls is not None else "-"
+
+
+# ---- verify's readback --------------------------------------------------------------------------
+
+
+def _read(ns: str) -> readback.KernelState:
+    def tc(*words: str) -> str:
+        return run(["tc", "-n", ns, *words, "show", "dev", "eth0"]).stdout
+
+    filters = readback.parse_filters(
+        run(["tc", "-n", ns, "filter", "show", "dev", "eth0", "parent", "1:"]).stdout
+    )
+    dev = readback.DeviceState(
+        "eth0",
+        readback.parse_qdiscs(tc("qdisc")),
+        readback.parse_classes(tc("class")),
+        {"1:": filters},
+    )
+    return readback.KernelState({"eth0": dev})
+
+
+def test_verify_reads_hashed_tables_back(
+    host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """The hashed state read back agrees with the policy, links and hash keys included; a
+    filter moved to another bucket is reported at its line."""
+    lines = [f"    class c{i} rate 1mbit match dst 10.0.0.{i}" for i in range(40)]
+    text = "interface eth0 htb rate 1gbit default c0 {\n" + "\n".join(lines) + "\n}\n"
+    result, ns = _applied(text, host, make_netns, tmp_path)
+    assert result.policy is not None and result.policy.interfaces[0].u32_tables
+    expected = expected_policy(result.policy, result.sources)
+    assert compare.compare_state(expected, _read(ns)) == []
+    head = ["tc", "-n", ns, "filter"]
+    where = ["dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1"]
+    run([*head, "del", *where, "handle", "1:7:1", "u32"])
+    match = ["match", "ip", "dst", "10.0.0.7/32", "flowid", "1:80"]
+    run([*head, "add", *where, "handle", "1:8:2", "u32", "ht", "1:8:", *match])
+    problems = compare.compare_state(expected, _read(ns))
+    assert {d.span.line for d in problems} == {9, 1}, problems  # its line; the stray: the tree
+    assert any("1:8:2" in d.message or "missing" in d.message for d in problems), problems
