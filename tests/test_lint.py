@@ -177,3 +177,14 @@ def test_no_table_id_left_is_e262(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(found) == 1 and found[0].span.line == 2050, found
     assert "no u32 table id is left under 1:" in found[0].message
     assert result.policy is None
+
+
+def test_shadowing_is_found_in_hashed_prefs() -> None:
+    """Lines hashed into u32 tables are still every filter, in the order tried: a /32 after
+    a /24 that takes its packets is shadowed (W312), hashed or not."""
+    lines = [f"match dst 10.0.0.{i}" for i in range(40)]
+    lines.insert(0, "match dst 10.0.0.0/24")
+    result = analyse("hashed.tcp", loader=lambda _p: _many(lines))
+    assert result.policy is not None and result.policy.interfaces[0].u32_tables
+    shadowed = {d.span.line for d in result.diagnostics if d.code == "W312"}
+    assert shadowed == set(range(3, 43)), shadowed
