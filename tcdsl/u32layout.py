@@ -297,9 +297,9 @@ def buckets(iface: ir.Interface) -> dict[tuple[ir.Handle, ir.Family, int], Bucke
         group.setdefault((t.link.table, t.link.bucket), []).append(t)
     for f in iface.filters:
         if isinstance(f, ir.U32Filter) and f.place is not None:
-            group = out.get((f.parent, f.family, f.pref))
-            if group is not None:
-                group.setdefault((f.place.table, f.place.bucket), []).append(f)
+            found = out.get((f.parent, f.family, f.pref))
+            if found is not None:
+                found.setdefault((f.place.table, f.place.bucket), []).append(f)
     for group in out.values():
         for nodes in group.values():
             nodes.sort(key=lambda n: n.link.node if isinstance(n, ir.U32Table) else _node(n))

@@ -155,7 +155,8 @@ def hash_policies(draw: st.DrawFn) -> tuple[str, list[str]]:
     return text, targets
 
 
-def _complete(spec: str, draw: st.DrawFn) -> Packet:
+def _complete(spec: str, data: st.DataObject) -> Packet:
+    draw = data.draw
     family = spec.split()[0]
     words = spec.split()
     pool = [str(V4[draw(st.integers(0, 1023))])] if family == "ipv4" else []
@@ -189,7 +190,7 @@ def test_hashed_agrees(
     and both forms classify every packet alike."""
     text, targets = case
     specs = [data.draw(st.sampled_from(targets)) for _ in range(12)]
-    sends = [_complete(s, data.draw) for s in specs]
+    sends = [_complete(s, data) for s in specs]
     verdicts: dict[int, list[str]] = {}
     for hash_min in (4, 0):
         saved = u32layout.HASH_MIN
