@@ -22,7 +22,6 @@ the tables.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -206,7 +205,7 @@ class _Placer:
         fill(table)
         inside = list(self.places)[before:]
         span = self.filters[min(inside)].span
-        self.tables[slot] = dataclasses.replace(
+        self.tables[slot] = ir.replace(
             self.tables[slot], span=span, hashkey=hashkey, count=len(inside)
         )
 
@@ -262,7 +261,7 @@ def layout(
             continue
         taken[group[0].parent] = used
         for local, place in placer.places.items():
-            placed[indexes[local]] = dataclasses.replace(group[local], place=place)
+            placed[indexes[local]] = ir.replace(group[local], place=place)
         tables.extend(placer.tables)
     return tuple(placed), tuple(tables)
 
