@@ -43,7 +43,8 @@ DIVISOR = 256
 HEADER = {"ipv4": 20, "ipv6": 40}
 """Bytes of the fixed header, where every packet of the family has the byte hashed on."""
 LEVELS = 2
-"""Hash tables one inside the other at most (u32 follows links 7 deep)."""
+"""Hash tables one inside the other at most (u32 follows links up to TC_U32_MAXDEPTH, 8,
+deep; sub-lists of divisor 1 add a level per 4,095 nodes)."""
 
 
 @dataclass(frozen=True, slots=True)
