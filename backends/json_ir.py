@@ -454,6 +454,8 @@ def filter_json(f: ir.Filter) -> JSONObject:
         case ir.U32Filter():
             head["keys"] = [key_json(k) for k in f.keys]
             head["police"] = filter_police_json(f)
+            if f.place is not None:
+                head["place"] = place_json(f.place)
         case ir.FlowerFilter():
             head["ip_proto"] = f.ip_proto
             head["src"] = address_text(f.src) if f.src is not None else None
@@ -470,6 +472,35 @@ def filter_json(f: ir.Filter) -> JSONObject:
         case _:
             assert_never(f)
     return {**head, "flowid": handle_json(f.flowid), "span": span_json(f.span)}
+
+
+def place_json(place: ir.U32Place) -> JSONObject:
+    """Where a u32 node sits."""
+    return {
+        "table": place.table,
+        "bucket": place.bucket,
+        "node": place.node,
+        "handle": place.handle,
+    }
+
+
+def u32_table_json(t: ir.U32Table) -> JSONObject:
+    """A u32 table and where its link sits."""
+    hashkey: JSONObject | None = None
+    if t.hashkey is not None:
+        hashkey = {"mask": t.hashkey[0], "offset": t.hashkey[1], "byte": t.hashed_byte}
+    return {
+        "parent": handle_json(t.parent),
+        "family": t.family,
+        "protocol": FILTER_PROTOCOL[t.family],
+        "pref": t.pref,
+        "table": t.table,
+        "divisor": t.divisor,
+        "link": place_json(t.link),
+        "hashkey": hashkey,
+        "count": t.count,
+        "span": span_json(t.span),
+    }
 
 
 def marking_json(marking: ir.Marking | None) -> JSONObject | None:
@@ -519,7 +550,7 @@ def download_json(download: ir.Download | None, ifb: str) -> JSONObject | None:
 def interface_json(iface: ir.Interface) -> JSONObject:
     """A tree on one device: an interface's egress (``upload``), the IFB that shapes its
     downloads, or its ingress qdisc; its root qdisc, its filters, its marking."""
-    return {
+    out: JSONObject = {
         "name": iface.name,
         "interface": iface.interface,
         "direction": iface.direction,
@@ -532,6 +563,9 @@ def interface_json(iface: ir.Interface) -> JSONObject:
         "stab": overhead_json(iface.stab, stab_words(iface.stab) if iface.stab else []),
         "span": span_json(iface.span),
     }
+    if iface.u32_tables:
+        out["u32_tables"] = [u32_table_json(t) for t in iface.u32_tables]
+    return out
 
 
 def policy_json(policy: ir.Policy) -> JSONObject:

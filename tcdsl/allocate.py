@@ -17,7 +17,7 @@ import operator
 import zlib
 from collections.abc import Iterator, Mapping
 
-from tcdsl import ir, lower
+from tcdsl import ir, lower, u32layout
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend.chains import default_chain
 from tcdsl.tcmath import HTB_DEFAULT_R2Q, htb_quantum, htb_r2q_fits, htb_r2q_range
@@ -119,8 +119,10 @@ class InterfaceAllocator:
         diagnostics: list[Diagnostic],
         blocks: set[int] | None = None,
         pins: Mapping[str, ir.Handle] | None = None,
+        hash_min: int | None = None,
     ) -> None:
         self.iface = iface
+        self.hash_min = hash_min
         self.pins = pins or {}
         self.pinned: dict[str, int] = {}
         self.diagnostics = diagnostics
@@ -138,7 +140,10 @@ class InterfaceAllocator:
         iface = self._run()
         if iface.classifier == "flower":
             return dataclasses.replace(iface, filters=flower_prefs(iface.filters))
-        return iface
+        filters, tables = u32layout.layout(iface.filters, self.hash_min)
+        if not tables:
+            return iface
+        return dataclasses.replace(iface, filters=filters, u32_tables=tables)
 
     def _run(self) -> ir.Interface:
         if isinstance(self.iface.root, ir.Ingress):
@@ -544,15 +549,18 @@ Pins = Mapping[str, Mapping[str, ir.Handle]]
 the policy live now, so that adding or removing a class leaves its siblings' ids alone)."""
 
 
-def allocate(policy: ir.Policy, pins: Pins | None = None) -> tuple[ir.Policy, list[Diagnostic]]:
+def allocate(
+    policy: ir.Policy, pins: Pins | None = None, hash_min: int | None = None
+) -> tuple[ir.Policy, list[Diagnostic]]:
     """Return the policy with every handle, class id, mark, pref and chain assigned; a class
     named in ``pins`` (by its tree's label) keeps its id when that id is free and of its
-    qdisc (an explicit id wins)."""
+    qdisc (an explicit id wins). ``hash_min``: the shortest run of u32 filters put in a hash
+    table (0: none, None: ``u32layout.HASH_MIN``; tests compare both forms)."""
     diagnostics: list[Diagnostic] = []
     blocks: set[int] = set()
     pins = pins or {}
     interfaces = tuple(
-        InterfaceAllocator(i, diagnostics, blocks, pins.get(i.label)).run()
+        InterfaceAllocator(i, diagnostics, blocks, pins.get(i.label), hash_min).run()
         for i in policy.interfaces
     )
     chains: dict[str, ir.Interface] = {}

@@ -96,7 +96,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E259": CodeInfo(_E, "A condition flower cannot say under 'classifier flower'"),
     "E260": CodeInfo(_E, "A pref above 32767 in a tree with IPv6 filters"),
     "E261": CodeInfo(_E, "More policed lines of several filters than a tree's police indexes"),
-    "E262": CodeInfo(_E, "More u32 filters at one pref than the kernel keeps in order (2048)"),
+    "E262": CodeInfo(_E, "More u32 filters at one pref than kept in order, no table id left"),
     "E270": CodeInfo(_E, "A subscribers statement's template that cannot apply to every row"),
     "E271": CodeInfo(_E, "A subscribers statement outside an htb"),
     "E272": CodeInfo(_E, "A subscribers statement in a tree whose direction it cannot know"),

@@ -315,7 +315,7 @@ def _interface_commands(iface: ir.Interface) -> Iterator[Command]:
     by_parent: dict[ir.Handle, list[ir.Filter]] = {}
     for f in iface.filters:
         by_parent.setdefault(f.parent, []).append(f)
-    yield from _below(iface, root, by_parent)
+    yield from _below(iface, root, by_parent, U32Tables(iface))
     if iface.marking is not None:
         yield from marking_commands(iface)
     if download is not None:
@@ -454,7 +454,10 @@ def shared_police_actions(iface: ir.Interface) -> Iterator[Command]:
 
 
 def _below(
-    iface: ir.Interface, q: ir.Qdisc, filters: dict[ir.Handle, list[ir.Filter]]
+    iface: ir.Interface,
+    q: ir.Qdisc,
+    filters: dict[ir.Handle, list[ir.Filter]],
+    tables: U32Tables,
 ) -> Iterator[Command]:
     """What is below qdisc ``q`` (which exists), in the order that never leaves a packet
     unshaped or in a wrong class while it runs (docs/backends.md, "The order of the commands").
@@ -482,7 +485,7 @@ def _below(
                     at = parents[id(at)]
                 for c in reversed(path):
                     built.add(id(c))
-                    yield from _class(iface, q, c, parents[id(c)], filters)
+                    yield from _class(iface, q, c, parents[id(c)], filters, tables)
 
             if isinstance(q, ir.Htb | ir.Hfsc):
                 minor = default_minor(q)
@@ -492,17 +495,18 @@ def _below(
                 target = by_id.get(f.flowid)
                 if target is not None:
                     yield from build(target)
-                yield filter_command(iface, f)
+                yield from tables.around(f)
             for cls in classes:
                 yield from build(cls)
             return
         case ir.Tbf() | ir.Netem():
             if q.child is not None:
-                yield from _qdisc_below(iface, ir.Handle(q.handle.major, 1), q.child, filters)
+                child = ir.Handle(q.handle.major, 1)
+                yield from _qdisc_below(iface, child, q.child, filters, tables)
         case _:
             pass
     for f in filters.get(q.handle, ()):
-        yield filter_command(iface, f)
+        yield from tables.around(f)
 
 
 def _class(
@@ -511,6 +515,7 @@ def _class(
     cls: ir.Class,
     parent: ir.Class | None,
     filters: dict[ir.Handle, list[ir.Filter]],
+    tables: U32Tables,
 ) -> Iterator[Command]:
     """A class of ``q`` (a prio band exists with its qdisc), then its leaf qdisc and what is
     below that."""
@@ -527,7 +532,7 @@ def _class(
             what,
         )
     if cls.leaf is not None:
-        yield from _qdisc_below(iface, cls.classid, cls.leaf, filters)
+        yield from _qdisc_below(iface, cls.classid, cls.leaf, filters, tables)
 
 
 def _qdisc_below(
@@ -535,6 +540,7 @@ def _qdisc_below(
     parent_id: ir.Handle,
     child: ir.Qdisc,
     filters: dict[ir.Handle, list[ir.Filter]],
+    tables: U32Tables,
 ) -> Iterator[Command]:
     """A qdisc held by a class (or by a tbf or netem), then what is below it."""
     assert child.handle is not None
@@ -554,12 +560,54 @@ def _qdisc_below(
         child.span,
         f"{_label(child)} of {parent_id}",
     )
-    yield from _below(iface, child, filters)
+    yield from _below(iface, child, filters, tables)
 
 
-def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
-    """The command that adds filter ``f``."""
-    head = (
+class U32Tables:
+    """The u32 tables of an interface (``ir.Interface.u32_tables``), for commands made in the
+    order of the filters: each table just before its first filter, and the node linking to
+    it just after its last (so no packet enters a half-filled table)."""
+
+    def __init__(self, iface: ir.Interface) -> None:
+        self.iface = iface
+        self.tables = {(t.parent, t.table): t for t in iface.u32_tables}
+        self.made: set[tuple[ir.Handle, int]] = set()
+        self.last: dict[tuple[ir.Handle, int], int] = {}
+        if self.tables:
+            for i, f in enumerate(iface.filters):
+                for key in self._enclosing(f):
+                    self.last[key] = i
+        self.index = {id(f): i for i, f in enumerate(iface.filters)} if self.tables else {}
+
+    def _enclosing(self, f: ir.Filter) -> list[tuple[ir.Handle, int]]:
+        """The tables holding ``f``, innermost first."""
+        out: list[tuple[ir.Handle, int]] = []
+        table = f.place.table if isinstance(f, ir.U32Filter) and f.place is not None else None
+        while table is not None:
+            out.append((f.parent, table))
+            table = self.tables[(f.parent, table)].link.table
+        return out
+
+    def around(self, f: ir.Filter) -> Iterator[Command]:
+        """The commands for ``f``: the tables it is in not made yet, ``f``, then the links of
+        the tables it is the last filter of."""
+        if not self.tables:
+            yield filter_command(self.iface, f)
+            return
+        enclosing = self._enclosing(f)
+        for key in reversed(enclosing):
+            if key not in self.made:
+                self.made.add(key)
+                yield table_command(self.iface, self.tables[key])
+        yield filter_command(self.iface, f)
+        i = self.index[id(f)]
+        for key in enclosing:
+            if self.last[key] == i:
+                yield link_command(self.iface, self.tables[key])
+
+
+def _filter_head(iface: ir.Interface, f: ir.Filter | ir.U32Table) -> tuple[str, ...]:
+    return (
         "filter",
         "add",
         "dev",
@@ -571,6 +619,59 @@ def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
         "prio",
         str(f.pref),
     )
+
+
+def u32_place_words(place: ir.U32Place | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The words before ``u32`` (``handle H``) and after it (``ht T:B:``) that make a node at
+    ``place`` (none for a node the kernel numbers)."""
+    if place is None:
+        return (), ()
+    if place.table is None:
+        return ("handle", place.handle), ()
+    return ("handle", place.handle), ("ht", f"{place.table:x}:{place.bucket:x}:")
+
+
+def table_words(t: ir.U32Table) -> tuple[str, ...]:
+    """``handle 100: u32 divisor 256``."""
+    return ("handle", f"{t.table:x}:", "u32", "divisor", str(t.divisor))
+
+
+def link_words(t: ir.U32Table) -> tuple[str, ...]:
+    """The words of the node linking to ``t``, from its handle on."""
+    before, after = u32_place_words(t.link)
+    hashkey: tuple[str, ...] = ()
+    if t.hashkey is not None:
+        hashkey = ("hashkey", "mask", f"0x{t.hashkey[0]:08x}", "at", str(t.hashkey[1]))
+    return (*before, "u32", *after, "link", f"{t.table:x}:", *hashkey, *LINK_KEY)
+
+
+LINK_KEY = ("match", "u32", "0", "0", "at", "0")
+"""A link node's key: it takes every packet into its table."""
+
+
+def table_text(t: ir.U32Table) -> str:
+    """How comments name table ``t``: ``u32 table 100: (256 buckets on byte 19)``."""
+    if t.hashed_byte is None:
+        return f"u32 table {t.table:x}: ({t.count} filters in order)"
+    return (
+        f"u32 table {t.table:x}: ({t.count} filters in {t.divisor} buckets by byte {t.hashed_byte})"
+    )
+
+
+def table_command(iface: ir.Interface, t: ir.U32Table) -> Command:
+    """The command that makes table ``t`` (empty)."""
+    return Command("tc", (*_filter_head(iface, t), *table_words(t)), t.span, table_text(t))
+
+
+def link_command(iface: ir.Interface, t: ir.U32Table) -> Command:
+    """The command that links table ``t`` (full) into its place."""
+    what = f"link to {table_text(t)}"
+    return Command("tc", (*_filter_head(iface, t), *link_words(t)), t.span, what)
+
+
+def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
+    """The command that adds filter ``f``."""
+    head = _filter_head(iface, f)
     match f:
         case ir.FlowerFilter():
             police = filter_police_words(f)
@@ -583,9 +684,10 @@ def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
         case ir.U32Filter():
             keys = [w for key in f.keys for w in ("match", *key.words)]
             police = filter_police_words(f)
+            before, after = u32_place_words(f.place)
             return Command(
                 "tc",
-                (*head, "u32", *keys, *police, "flowid", str(f.flowid)),
+                (*head, *before, "u32", *after, *keys, *police, "flowid", str(f.flowid)),
                 f.span,
                 f"filter to {f.flowid}",
             )

@@ -734,6 +734,58 @@ class U32Key:
 
 
 @dataclass(frozen=True, slots=True)
+class U32Place:
+    """Where a u32 node sits: ``handle TABLE:BUCKET:NODE``. u32 tries the nodes of one bucket
+    by node id."""
+
+    table: int | None
+    """The hash table's id (``100:`` is 0x100); None: the pref's root table (``800:``, or
+    ``801:`` and on for later prefs), which commands leave out."""
+    bucket: int
+    node: int
+    """1 to 0xfff."""
+
+    @property
+    def handle(self) -> str:
+        """The handle as tc spells it (``100:7:3``, ``::3`` in the root table)."""
+        if self.table is None:
+            return f"::{self.node:x}"
+        return f"{self.table:x}:{self.bucket:x}:{self.node:x}"
+
+
+@dataclass(frozen=True, slots=True)
+class U32Table:
+    """A u32 hash table tcdsl makes (``handle 100: u32 divisor 256``) and the node linking to
+    it (``link 100: hashkey mask M at OFF``): a run of filters kept in their order, spread
+    over buckets by one byte every filter of the run fixes (``hashkey``), or, with divisor
+    1, a sub-list of a bucket too long for u32's node ids."""
+
+    parent: Handle
+    pref: int
+    family: Family
+    table: int
+    """Its id, 0x1 to 0x7ff, unique under ``parent``."""
+    divisor: int
+    """1 (a sub-list) or 256 (hashed)."""
+    link: U32Place
+    """Where the node that links to it sits."""
+    span: Span
+    """The first filter's match line."""
+    hashkey: tuple[int, int] | None = None
+    """(mask, offset) of the 32-bit word whose masked byte picks the bucket; None: divisor 1."""
+    count: int = 0
+    """How many filters are in it (its sub-tables' included)."""
+
+    @property
+    def hashed_byte(self) -> int | None:
+        """The offset from the network header of the byte the bucket is (None: divisor 1)."""
+        if self.hashkey is None:
+            return None
+        mask, offset = self.hashkey
+        return offset + 3 - (mask.bit_length() - 1) // 8
+
+
+@dataclass(frozen=True, slots=True)
 class U32Filter:
     """A u32 filter: every key must match; the packet goes to ``flowid`` (through ``police``
     when the match has one). ``protocol ip`` or ``protocol ipv6`` by ``family``."""
@@ -749,6 +801,10 @@ class U32Filter:
     """Allocated when the line's policer spans several filters: the index of the tree's police
     action (made before the filters) that every filter of the line binds to, so that they
     share one token bucket; None: the filter's own policer (a line of one filter)."""
+    place: U32Place | None = None
+    """Allocated (``tcdsl.u32layout``) when its pref's filters are laid out in u32 tables:
+    the table, bucket and node id it is made at; None: made without a handle, in the pref's
+    root table, tried in the order made."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -904,6 +960,10 @@ class Interface:
     classifier: Classifier = "u32"
     classifier_span: Span | None = None
     """Where the policy says ``classifier flower``; None when u32 by default."""
+    u32_tables: tuple[U32Table, ...] = ()
+    """Allocated: the u32 tables its filters are laid out in (``tcdsl.u32layout``), each made
+    before its filters and linked after them; ``filters`` stays every filter in the order
+    tried."""
 
     @property
     def families(self) -> tuple[Family, ...]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from tcdsl import ir, lower
+from tcdsl import ir, lower, u32layout
 from tcdsl.allocate import IPV6_PREF_OFFSET
 from tcdsl.checks import effective_ceil, rate_of, sites
 from tcdsl.diagnostics import Diagnostic, Note, Span
@@ -536,19 +536,21 @@ def u32_lines_before_marks(policy: ir.Policy) -> Iterator[Diagnostic]:
                     )
 
 
-U32_ORDERED = 2048
-"""How many u32 filters one pref keeps in their order: u32 numbers a pref's filters 0x800 to
-0xfff as they are made, then goes on from 0x001 (and past 0xfff gives every further one the
-same number), and tries them by number."""
+U32_ORDERED = u32layout.ORDER_KEPT
+"""How many u32 filters one pref keeps in their order without handles: u32 numbers a pref's
+filters 0x800 to 0xfff as they are made, then goes on from 0x001 (and past 0xfff gives every
+further one the same number), and tries them by number. Allocate gives a longer pref's
+filters handles and tables (``tcdsl.u32layout``) unless the parent has no table id left."""
 
 
 def u32_order_kept(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """More u32 filters at one parent, protocol and pref than the kernel keeps in order: the
-    2,049th would be tried before the first, so the first match would not win."""
+    """A pref of more u32 filters than the kernel keeps in order, left without handles
+    (``u32layout`` found no table id left under its parent): the 2,049th would be tried
+    before the first, so the first match would not win."""
     for iface in policy.interfaces:
         counts: dict[tuple[ir.Handle, str, int], int] = {}
         for f in iface.filters:
-            if not isinstance(f, ir.U32Filter):
+            if not isinstance(f, ir.U32Filter) or f.place is not None:
                 continue
             key = (f.parent, f.family, f.pref)
             counts[key] = counts.get(key, 0) + 1
@@ -559,9 +561,10 @@ def u32_order_kept(policy: ir.Policy) -> Iterator[Diagnostic]:
             yield Diagnostic.error(
                 "E262",
                 f"more than {U32_ORDERED} {family} u32 filters at pref {pref} under {f.parent} "
-                f"of {iface.label}: the kernel numbers this one and those after it below the "
-                "first and tries them first, so the first line that matches would not win; "
-                "give later match lines a pref of their own ('pref 2')",
+                f"of {iface.label}, and no u32 table id is left under {f.parent} to keep them "
+                "in order: the kernel would number this one and those after it below the "
+                "first and try them first; give later match lines a pref of their own "
+                "('pref 2')",
                 f.span,
             )
 

@@ -80,3 +80,18 @@ def test_apply_bench_imports_against_a_regular_install(installed: Path, tmp_path
         check=True,
     )
     assert where.stdout.startswith(str(installed)), "the regular install is the one imported"
+
+
+def test_hash_bench_imports_against_a_regular_install(installed: Path, tmp_path: Path) -> None:
+    """bench/hash_bench.py --help needs no root: its imports (tcdsl.u32layout among them)
+    resolve in a regular install."""
+    done = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "bench" / "hash_bench.py"), "--help"],
+        cwd=tmp_path,
+        env=_env(installed),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--threshold" in done.stdout

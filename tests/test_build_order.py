@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tcdsl import ir
+from tcdsl import ir, u32layout
 from tcdsl.allocate import default_minor
 from tcdsl.commands import FILTER_PROTOCOL, Command, filter_command, interface_commands
 from tcdsl.diagnostics import render
@@ -94,6 +94,7 @@ def order_problems(iface: ir.Interface, commands: Sequence[Command]) -> list[str
 
     made: set[Obj] = set()
     actions: set[str] = set()
+    tables: dict[tuple[str, str], str] = {}  # (parent, table id) -> "made" or "linked"
     filters: dict[tuple[str, str, str], int] = {}
     classful = ir.Htb | ir.Hfsc | ir.Cbq
 
@@ -140,9 +141,14 @@ def order_problems(iface: ir.Interface, commands: Sequence[Command]) -> list[str
             if early and here not in ancestors(default):
                 problems.append(f"{where}: a class before the default class {default}")
             made.add(here)
+        elif c.args[0] == "filter" and ("divisor" in c.args or "link" in c.args):
+            problems += _table_problems(iface, c, where, tables, filters, final)
         elif c.args[0] == "filter":
             attached = _handle(dev, _after(c.args, "parent") or "")
             key = (dev, _after(c.args, "parent") or "", _after(c.args, "protocol") or "")
+            ht = _after(c.args, "ht")
+            if ht is not None and tables.get((key[1], ht.split(":")[0])) != "made":
+                problems.append(f"{where}: its table is not made, or already linked")
             n = filters.get(key, 0)
             if n >= len(final[key]) or final[key][n] != c.args:
                 problems.append(f"{where}: not the next filter of {key} in the final order")
@@ -159,6 +165,54 @@ def order_problems(iface: ir.Interface, commands: Sequence[Command]) -> list[str
             if index is not None and index not in actions:
                 problems.append(f"{where}: police action {index} does not exist yet")
     return problems
+
+
+def _table_problems(
+    iface: ir.Interface,
+    c: Command,
+    where: str,
+    tables: dict[tuple[str, str], str],
+    added: dict[tuple[str, str, str], int],
+    final: dict[tuple[str, str, str], list[tuple[str, ...]]],
+) -> list[str]:
+    """A u32 table is made before its filters and linked once all of them (its sub-tables'
+    too, linked) are in: no packet enters a half-filled table."""
+    parent = _after(c.args, "parent") or ""
+    if "divisor" in c.args:
+        table = (_after(c.args, "handle") or "").split(":")[0]
+        if (parent, table) in tables:
+            return [f"{where}: the table is made twice"]
+        tables[(parent, table)] = "made"
+        return []
+    table = (_after(c.args, "link") or "").split(":")[0]
+    if tables.get((parent, table)) != "made":
+        return [f"{where}: links a table not made, or linked already"]
+    tables[(parent, table)] = "linked"
+    by_id = {(str(t.parent), f"{t.table:x}"): t for t in iface.u32_tables}
+    problems = []
+    for t in iface.u32_tables:  # the tables inside it are linked
+        up = t.link.table
+        inner = str(t.parent) == parent and up is not None and f"{up:x}" == table
+        if inner and tables.get((parent, f"{t.table:x}")) != "linked":
+            problems.append(f"{where}: table {t.table:x}: inside it is not linked yet")
+    for f in iface.filters:  # and every filter inside it is in
+        t = by_id.get((str(f.parent), table))
+        place = f.place if isinstance(f, ir.U32Filter) else None
+        if t is None or place is None or not _inside(place, t, by_id):
+            continue
+        key = (iface.name, parent, FILTER_PROTOCOL[f.family])
+        if final[key].index(filter_command(iface, f).args) >= added.get(key, 0):
+            problems.append(f"{where}: linked before its filter at {f.span.line}")
+    return problems
+
+
+def _inside(place: ir.U32Place, t: ir.U32Table, by_id: dict[tuple[str, str], ir.U32Table]) -> bool:
+    table = place.table
+    while table is not None:
+        if table == t.table:
+            return True
+        table = by_id[(str(t.parent), f"{table:x}")].link.table
+    return False
 
 
 def _interfaces(text: str, name: str = "generated.tcp") -> tuple[ir.Interface, ...]:
@@ -249,3 +303,20 @@ def test_the_checker_finds_unsafe_orders() -> None:
     swapped = [*commands[:a], commands[a + 1], commands[a], *commands[a + 2 :]]
     moved = order_problems(iface, swapped)
     assert any("not the next filter" in p for p in moved), moved
+
+
+def test_u32_tables_build_in_a_safe_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hash tables two deep and sub-lists of divisor 1 (``u32layout`` made small): each table
+    before its filters, each link after them and after the links inside it."""
+    monkeypatch.setattr(u32layout, "HASH_MIN", 4)
+    monkeypatch.setattr(u32layout, "NODES", 5)
+    lines = [
+        f"    class c{x}_{y} rate 1kbit match dst 10.0.{x}.{y}" for x in range(8) for y in range(8)
+    ]
+    lines += [f"    class p{i} rate 1kbit match dport {1000 + i}" for i in range(12)]
+    text = "interface eth0 htb rate 100mbit default p0 {\n" + "\n".join(lines) + "\n}\n"
+    (iface,) = _interfaces(text)
+    divisors = sorted(t.divisor for t in iface.u32_tables)
+    assert divisors.count(256) >= 9 and 1 in divisors, divisors  # 10.0.X. then 10.0.x.Y
+    assert {t.link.table for t in iface.u32_tables if t.divisor == 256} > {None}
+    assert order_problems(iface, list(interface_commands(iface))) == []

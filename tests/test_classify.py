@@ -621,3 +621,29 @@ def test_ingress_policer_per_family(tmp_path: Path) -> None:
     assert "filter pref 1 matched (match src 10.0.0.0/8); above 2mbit" in four.steps[0].why
     other = classify(policy, parse_packet("ipv6 tcp src 2001:db8::5"), "eth0", "ingress")
     assert other.steps[0].why == "no policer's match takes it: it is accepted as it is"
+
+
+HASHED_LINES = [f"    class c{i} rate 1mbit match dst 10.0.{i % 2}.{i}" for i in range(80)]
+HASHED = (
+    "interface eth0 htb rate 1gbit default rest {\n"
+    + "\n".join(HASHED_LINES)
+    + "\n    class wide rate 1mbit match dst 10.0.0.0/8\n    class rest rate 1mbit\n}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("dst", "name", "path"),
+    [
+        ("10.0.1.41", "c41", "table 1: bucket 0x29 (byte 19 of the IP header)"),
+        ("10.0.0.41", "wide", None),  # bucket 0x29 holds 10.0.1.41 only: back after the link
+        ("10.9.9.9", "wide", None),
+        ("11.0.0.1", "rest", None),
+    ],
+)
+def test_classify_walks_hashed_tables(dst: str, name: str, path: str | None) -> None:
+    result = analyse("hashed.tcp", loader=lambda _p: HASHED)
+    assert result.policy is not None and result.policy.interfaces[0].u32_tables
+    verdict = classify(result.policy, parse_packet(f"ipv4 udp dst {dst}"))
+    assert verdict.cls is not None and verdict.cls.name == name
+    why = verdict.steps[-1].why
+    assert (f"u32 went to {path}" in why) if path else ("u32 went to" not in why), why

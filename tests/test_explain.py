@@ -575,3 +575,15 @@ def test_docs_example_is_current() -> None:
     assert block is not None
     code, out, _ = _run("explain", "policies/seeds/s000-8.2-borrowing.tcp")
     assert code == 0 and block.group(1) == out
+
+
+def test_explain_says_which_lines_are_hashed() -> None:
+    lines = [f"    class c{i} rate 1mbit match dst 2001:db8::{i:x}" for i in range(40)]
+    text = "interface eth0 htb rate 1gbit default c0 {\n" + "\n".join(lines) + "\n}\n"
+    result = analyse("hashed.tcp", loader=lambda _p: text)
+    assert result.policy is not None
+    said = " ".join(explain(result.policy, result.sources).split())
+    assert (
+        "The 40 IPv6 filters from line 2 on are hashed on byte 16 of the destination address "
+        "(u32 table 1:, 256 buckets)" in said
+    ), said

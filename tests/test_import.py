@@ -530,3 +530,21 @@ def test_live_import_of_a_hand_written_script(tmp_path: Path) -> None:
         runner.read_state(found, live.read),
         runner.read_state(_applied(second, live), live.read),
     )
+
+
+def test_a_hashed_layout_round_trips(tmp_path: Path) -> None:
+    """A pref tcdsl laid out in u32 hash tables imports as its lines (the links and tables
+    left out, the buckets one after the other: the first match is the same), which compile
+    to the same kernel state."""
+    lines = [f"    class c{i} rate 1mbit match dst 10.0.{i % 3}.{i}" for i in range(40)]
+    lines.append("    class wide rate 1mbit match dst 10.0.0.0/8")
+    path = tmp_path / "hashed.tcp"
+    path.write_text(
+        "interface eth0 htb rate 1gbit default wide {\n" + "\n".join(lines) + "\n}\n",
+        encoding="utf-8",
+    )
+    planned = _plan("hashed", path)
+    assert planned.result.policy is not None and planned.result.policy.interfaces[0].u32_tables
+    if runner.host_unavailable() is not None or _support() is None:
+        pytest.skip("needs the host kernel")
+    assert round_trip([planned], runner.run_on_host, tmp_path) == 1

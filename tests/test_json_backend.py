@@ -297,3 +297,18 @@ def test_directions_download_and_ingress_policers() -> None:
     assert four["police"]["tc"] == six["police"]["tc"] == f"police index {index}"
     assert six["police"]["index"] == index and "binds" not in six["police"]
     assert four["parent"]["tc"] == "ffff:"
+
+
+def test_hashed_u32_tables_validate(validator: jsonschema.Draft202012Validator) -> None:
+    """A pref hashed into u32 tables: its filters' places and the tables are in the document."""
+    lines = [f"    class c{i} rate 1kbit match dst 10.0.0.{i}" for i in range(40)]
+    text = "interface eth0 htb rate 100mbit default c0 {\n" + "\n".join(lines) + "\n}\n"
+    result = compile_policy("hashed.tcp", "json", loader=lambda _p: text)
+    assert result.output is not None
+    doc = json.loads(result.output)
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
+    assert not errors, "\n".join(errors[:10])
+    (iface,) = doc["interfaces"]
+    (table,) = iface["u32_tables"]
+    assert (table["divisor"], table["hashkey"]["byte"], table["count"]) == (256, 19, 40)
+    assert iface["filters"][7]["place"] == {"table": 1, "bucket": 7, "node": 1, "handle": "1:7:1"}

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from tcdsl import ir, u32layout
 from tcdsl.driver import analyse
 
 SRCS = (
@@ -146,19 +147,44 @@ def _many(lines: list[str]) -> str:
     return "interface eth0 htb rate 100mbit default c0 {\n" + body + "}\n"
 
 
-def test_more_u32_filters_at_one_pref_than_the_kernel_orders_is_e262() -> None:
-    """u32 tries the 2,049th filter of a pref first (E262 at its line); a pref every 2,000
-    lines keeps the order; a port line is two IPv6 filters (TCP, UDP)."""
-    addresses = [f"match src 10.{i >> 8}.{i & 255}.1" for i in range(2049)]
+def test_more_u32_filters_at_one_pref_than_the_kernel_orders_keeps_their_order() -> None:
+    """Past 2,048 filters at one pref, allocate numbers the nodes itself (u32 would try the
+    2,049th first); E262 only where the parent has no u32 table id left for a pref that needs
+    one (its 2,049th line)."""
+    ports = [f"match dport {1000 + i}" for i in range(2049)]  # past the hashed header
+    result = analyse("many.tcp", loader=lambda _p: _many(ports))
+    assert not result.errors and result.policy is not None
+    filters = result.policy.interfaces[0].filters
+    places = [f.place for f in filters if isinstance(f, ir.U32Filter) and f.family == "ipv4"]
+    assert [(p.table, p.node) for p in places if p is not None] == [
+        (None, n) for n in range(1, 2050)
+    ]
+    fewer = analyse("few.tcp", loader=lambda _p: _many(ports[:2048]))
+    assert fewer.policy is not None
+    assert not any(
+        isinstance(f, ir.U32Filter) and f.family == "ipv4" and f.place
+        for f in fewer.policy.interfaces[0].filters
+    )
+
+
+def test_no_table_id_left_is_e262(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pref of more than 4,095 filters needs a table; none left under the parent: E262 at
+    the 2,049th line."""
+    monkeypatch.setattr(u32layout, "TABLE_IDS", 0)
+    addresses = [f"match src 10.{i >> 8}.{i & 255}.1" for i in range(4096)]
     result = analyse("many.tcp", loader=lambda _p: _many(addresses))
     found = [d for d in result.diagnostics if d.code == "E262"]
     assert len(found) == 1 and found[0].span.line == 2050, found
-    assert "2048 IPv4 u32 filters at pref 1 under 1:" in found[0].message
+    assert "no u32 table id is left under 1:" in found[0].message
     assert result.policy is None
-    kept = [f"{line} pref {1 + i // 2000}" for i, line in enumerate(addresses)]
-    assert not analyse("kept.tcp", loader=lambda _p: _many(kept)).errors
-    fewer = analyse("few.tcp", loader=lambda _p: _many(addresses[:2048]))
-    assert not [d for d in fewer.diagnostics if d.code == "E262"]
-    ports = [f"match dport {1000 + i}" for i in range(1025)]
-    six = [d for d in analyse("p.tcp", loader=lambda _p: _many(ports)).errors if d.code == "E262"]
-    assert len(six) == 1 and six[0].span.line == 1026 and "IPv6" in six[0].message, six
+
+
+def test_shadowing_is_found_in_hashed_prefs() -> None:
+    """Lines hashed into u32 tables are still every filter, in the order tried: a /32 after
+    a /24 that takes its packets is shadowed (W312), hashed or not."""
+    lines = [f"match dst 10.0.0.{i}" for i in range(40)]
+    lines.insert(0, "match dst 10.0.0.0/24")
+    result = analyse("hashed.tcp", loader=lambda _p: _many(lines))
+    assert result.policy is not None and result.policy.interfaces[0].u32_tables
+    shadowed = {d.span.line for d in result.diagnostics if d.code == "W312"}
+    assert shadowed == set(range(3, 43)), shadowed

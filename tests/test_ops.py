@@ -485,3 +485,34 @@ def test_a_changed_mark_rule_replaces_the_chain_in_one_commit(
         assert "--dport 5002" in saved and "--dport 5001" not in saved, saved
         assert saved.count("-j TCDSL-d0") == 1, saved
     assert ":theirs" in run(["ip", "netns", "exec", ns, "iptables-save", "-t", "mangle"]).stdout
+
+
+HASHED = (
+    "interface d0 htb rate 1gbit default rest {\n"
+    + "".join(f"    class c{i} rate 1mbit match dst 10.0.0.{i}\n" for i in range(40))
+    + "    class wide rate 1mbit match dst 10.0.0.0/8\n    class rest rate 1mbit\n}\n"
+)
+
+
+def test_a_hashed_pref_changes_in_place_and_goes(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """A pref laid out in u32 hash tables (tcdsl.u32layout): applied, changed (its tree built
+    again: u32 keeps a deleted pref's tables a while, under ids the new one needs), its lines
+    all removed, and the tree taken down."""
+    a = tcdsl.write("hashed.tcp", HASHED)
+    assert tcdsl("apply", "--yes", a).code == 0
+    assert "divisor 256" in tcdsl.tc("filter", "show", "dev", "d0")
+    b = tcdsl.write("hashed.tcp", HASHED.replace("dst 10.0.0.5\n", "dst 10.0.1.5\n"))
+    planned = tcdsl("plan", b)
+    assert "changed, in u32 tables (rebuild)" in planned.out, planned
+    changed = tcdsl("apply", "--yes", b)
+    assert changed.code == 0, changed
+    assert tcdsl("plan", b).out == "no changes\n"
+    shown = tcdsl.tc("filter", "show", "dev", "d0")
+    assert shown.count("divisor 256") == 1 and "0a000105/ffffffff" in shown, shown
+    assert "0a000005/ffffffff" not in shown, shown
+    few = "interface d0 htb rate 1gbit default rest {\n    class rest rate 1mbit\n}\n"
+    c = tcdsl.write("hashed.tcp", few)
+    assert tcdsl("apply", "--yes", c).code == 0
+    assert "u32" not in tcdsl.tc("filter", "show", "dev", "d0")
+    assert tcdsl("apply", "--yes", a).code == 0
+    assert tcdsl("down", "hashed").code == 0

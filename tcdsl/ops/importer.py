@@ -690,6 +690,73 @@ def _police(entry: FilterEntry) -> tuple[tuple[str, ...], str | None, str | None
     return tuple(words), index, None
 
 
+def unhashed(entries: Sequence[FilterEntry]) -> tuple[list[FilterEntry], set[int]]:
+    """``entries`` with each pref laid out in u32 tables the way tcdsl makes them (links that
+    match every packet; in a hashed bucket, filters that fix the hashed byte to the bucket)
+    in an order the first match is the same in: u32's walk, a table's buckets one after the
+    other (a packet can only match filters of its own bucket), the links left out; and the
+    ids of the entries so placed. Other layouts are left as they are."""
+    groups: dict[tuple[str, int], list[FilterEntry]] = {}
+    for e in entries:
+        if e.filter.kind == "u32":
+            groups.setdefault((e.filter.protocol, e.filter.pref), []).append(e)
+    done: dict[int, list[FilterEntry]] = {}
+    for group in groups.values():
+        if not any(e.filter.link for e in group):
+            continue
+        order = _walk(group)
+        if order is not None:
+            done[id(group[0])] = order
+            done.update({id(e): [] for e in group[1:]})
+    if not done:
+        return list(entries), set()
+    out = [x for e in entries for x in done.get(id(e), [e])]
+    return out, {id(e) for order in done.values() for e in order}
+
+
+def _walk(group: list[FilterEntry]) -> list[FilterEntry] | None:
+    nodes: dict[tuple[str, int], list[FilterEntry]] = {}
+    for e in group:
+        table, bucket, _ = e.filter.place.split(":")
+        nodes.setdefault((table, int(bucket or "0", 16)), []).append(e)
+    for members in nodes.values():
+        members.sort(key=lambda e: int(e.filter.place.split(":")[2] or "0", 16))
+    out: list[FilterEntry] = []
+    seen: set[str] = set()
+
+    def walk(table: str, bucket: int, fixed: tuple[tuple[int, int, int], ...]) -> bool:
+        for e in nodes.get((table, bucket), []):
+            f = e.filter
+            if not f.link:
+                if not all(_fixes(f.keys, mask, offset, value) for mask, offset, value in fixed):
+                    return False
+                out.append(e)
+                continue
+            inner = f.link.rstrip(":")
+            if f.keys not in ((), ((0, 0, 0),)) or inner in seen:
+                return False
+            seen.add(inner)
+            buckets = sorted(b for t, b in nodes if t == inner)
+            for b in buckets:
+                more = ((*f.hashkey, b),) if f.hashkey is not None else ()
+                if not walk(inner, b, fixed + more):
+                    return False
+        return True
+
+    if not walk("", 0, ()) or len(out) + len(seen) != len(group):
+        return None
+    return out
+
+
+def _fixes(keys: Sequence[tuple[int, int, int]], mask: int, offset: int, bucket: int) -> bool:
+    """Whether ``keys`` only match packets whose word at ``offset``, masked, picks ``bucket``."""
+    shift = (mask & -mask).bit_length() - 1
+    for value, key_mask, key_offset in keys:
+        if key_offset == offset and key_mask & mask == mask:
+            return (value & mask) >> shift == bucket
+    return False
+
+
 def _fh_table(words: Sequence[str]) -> int | None:
     for i, word in enumerate(words[:-1]):
         if word == "fh":
@@ -781,6 +848,7 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
 
     kinds = {e.filter.kind for e in entries if e.filter.kind in ("u32", "flower")}
     out.flower = kinds == {"flower"}
+    entries, tabled = unhashed(entries)
     for index, entry in enumerate(entries):
         f = entry.filter
         if f.kind == "fw":
@@ -797,7 +865,8 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
             problem(entry, f"protocol '{f.protocol}': the language writes ip and ipv6 only")
             continue
         table = _fh_table(entry.head)
-        if "link" in entry.head or (table is not None and table < 0x800):
+        laid_out = id(entry) in tabled
+        if not laid_out and ("link" in entry.head or (table is not None and table < 0x800)):
             problem(entry, "a u32 hash table or link has no word in the language; left out")
             continue
         if not ingress and f.flowid not in classes:

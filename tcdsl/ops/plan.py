@@ -249,10 +249,22 @@ def _why_rebuild(old: dict[Key, Obj], new: dict[Key, Obj]) -> str | None:
                 return f"{n.qdisc_kind} root cannot change in place ({diff})"
         if n.kind == "class" and (o.parent != n.parent or o.qdisc_kind != n.qdisc_kind):
             return f"{_what(n)} moves from {o.parent} to {n.parent}"
+        if n.kind == "filters" and (has_u32_tables(o) or has_u32_tables(n)):
+            return f"{_what(n)} changed, in u32 tables"
     for key, o in old.items():
         if key not in new and o.kind in ("marking", "link"):
             return f"{_what(o)} removed"
+        if key not in new and has_u32_tables(o):
+            return f"{_what(o)} removed, with their u32 tables"
     return None
+
+
+def has_u32_tables(o: Obj) -> bool:
+    """Whether a filter group makes u32 tables (``tcdsl.u32layout``). Such a group is not
+    changed in place: u32 keeps a deleted pref's tables, under ids that are the parent's,
+    while the parent has other u32 filters, and frees them only after an RCU grace period, so
+    the same ids cannot be made again in the same batch; its tree is built again."""
+    return o.kind == "filters" and any("divisor" in c.args for c in o.commands)
 
 
 def _in_place(

@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tcdsl import commands, ir, lower, words
+from tcdsl import commands, ir, lower, u32layout, words
 from tcdsl.allocate import default_minor
 from tcdsl.commands import mark_text
 from tcdsl.diagnostics import Span
@@ -350,6 +350,7 @@ class _Walk:
         self.header = packet.header()
         self.keys = flow_keys(packet)
         self.matches = {m.span: m for q in ir.walk_qdiscs(iface.root) for _, m in ir.matches_of(q)}
+        self.tables = u32layout.buckets(iface) if iface.u32_tables else {}
         self.mark = 0
         self.mark_why = ""
         self.mark_span: Span | None = None
@@ -399,8 +400,18 @@ class _Walk:
 
     # ---- filters ----
     def _first_hit(self, parent: ir.Handle) -> _Hit | None:
+        walked: set[tuple[ir.Handle, ir.Family, int]] = set()
         for f in filters_at(self.iface, parent):
             if f.span in self.skip or f.family != self.packet.family:
+                continue
+            group = (f.parent, f.family, f.pref)
+            if isinstance(f, ir.U32Filter) and group in self.tables:
+                if group in walked:
+                    continue
+                walked.add(group)
+                hit = self._u32_walk(self.tables[group], None, 0, [])
+                if hit is not None:
+                    return hit
                 continue
             if isinstance(f, ir.FlowerFilter):
                 if not flower_matches(f, self.packet, self.keys):
@@ -417,7 +428,34 @@ class _Walk:
                 return _Hit(f.flowid, why, self.mark_span or f.span)
         return None
 
-    def _hit(self, f: ir.U32Filter | ir.FlowerFilter, name: str) -> _Hit:
+    def _u32_walk(
+        self, group: u32layout.Buckets, table: int | None, bucket: int, path: list[str]
+    ) -> _Hit | None:
+        """u32's walk of a laid-out pref: a bucket's nodes by node id, into a linked table's
+        bucket (the hashed byte's value), back to the node after the link when nothing in
+        it matches."""
+        for node in group.get((table, bucket), ()):
+            if isinstance(node, ir.U32Table):
+                inner = u32layout.bucket_of(node, self.header)
+                if inner is None:
+                    return None
+                step = f"table {node.table:x}: bucket {inner:#04x}"
+                if node.hashed_byte is not None:
+                    step += f" (byte {node.hashed_byte} of the {_header_name(node.family)})"
+                hit = self._u32_walk(group, node.table, inner, [*path, step])
+                if hit is not None:
+                    return hit
+                continue
+            if node.span in self.skip:
+                continue
+            bits = filter_bits(node.keys)
+            if bits is None or not bits_match(bits, self.header):
+                continue
+            where = f"; u32 went to {', then '.join(path)}" if path else ""
+            return self._hit(node, f"filter pref {node.pref}", where)
+        return None
+
+    def _hit(self, f: ir.U32Filter | ir.FlowerFilter, name: str, where: str = "") -> _Hit:
         match = self.matches.get(f.span)
         if match is not None:
             text = _conds(match.conds)
@@ -427,7 +465,7 @@ class _Walk:
             text = "match " + " ".join(commands.flower_words(f))
         if f.family == "ipv6" or isinstance(f, ir.FlowerFilter):
             text = f"{_family_words(f.family)}: {text}"
-        why = f"{name} matched ({text})"
+        why = f"{name} matched ({text}){where}"
         if isinstance(f, ir.FlowerFilter) and self.keys.walked:
             headers = words.or_list([EXTENSION_NAMES[h] for h in self.keys.walked], "and")
             why += f"; the flow dissector read past the {headers} header"
@@ -589,6 +627,10 @@ def _descends(q: ir.Qdisc) -> bool:
     if isinstance(q, ir.Tbf | ir.Netem) and q.child is not None:
         return _descends(q.child)
     return False
+
+
+def _header_name(family: ir.Family) -> str:
+    return "IPv6 header" if family == "ipv6" else "IP header"
 
 
 def _conds(conds: tuple[ir.Cond, ...]) -> str:

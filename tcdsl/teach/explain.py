@@ -1492,6 +1492,9 @@ class _Explainer:
             )
         )
         self.add(Steps(self._u32_steps(on, show_pref, owners, lines)))
+        hashed = hashed_text(iface, q.handle)
+        if hashed:
+            self.add(Para(hashed))
 
     def firewalls(self) -> str:
         """The marking rules' chains: ``iptables chain``, ``ip6tables chain`` or both."""
@@ -1804,3 +1807,47 @@ def explain(policy: ir.Policy, fmt: Format = "text") -> str:
     """
     blocks = _Explainer(fmt).policy(policy)
     return render_markdown(blocks) if fmt == "markdown" else render_text(blocks)
+
+
+BYTE_NAMES: dict[ir.Family, dict[int, str]] = {
+    "ipv4": {
+        **{12 + i: f"byte {i + 1} of the source address" for i in range(4)},
+        **{16 + i: f"byte {i + 1} of the destination address" for i in range(4)},
+        9: "the protocol",
+        1: "the TOS byte",
+    },
+    "ipv6": {
+        **{8 + i: f"byte {i + 1} of the source address" for i in range(16)},
+        **{24 + i: f"byte {i + 1} of the destination address" for i in range(16)},
+        6: "the next header",
+    },
+}
+
+
+def hashed_text(iface: ir.Interface, parent: ir.Handle | None) -> str:
+    """What the hashed u32 tables under ``parent`` do, in words ("" when there are none)."""
+    tables = [t for t in iface.u32_tables if t.parent == parent and t.link.table is None]
+    parts = []
+    for t in tables:
+        family = "IPv6" if t.family == "ipv6" else "IPv4"
+        byte = t.hashed_byte
+        if byte is None:
+            parts.append(
+                f"{t.count} {family} filters from line {t.span.line} on are kept in order in "
+                f"u32 table {t.table:x}: (u32 keeps at most 2,048 in order by itself)"
+            )
+            continue
+        name = BYTE_NAMES[t.family].get(byte, f"byte {byte} of the header")
+        inner = [u for u in iface.u32_tables if u.parent == parent and u.link.table == t.table]
+        deeper = ""
+        if any(u.hashed_byte is not None for u in inner):
+            deeper = ", long buckets hashed again on another byte"
+        parts.append(
+            f"the {t.count} {family} filters from line {t.span.line} on are hashed on {name} "
+            f"(u32 table {t.table:x}:, {t.divisor} buckets{deeper}): u32 tries only the "
+            "lines of the packet's bucket, in this order, so the first that matches is the same"
+        )
+    if not parts:
+        return ""
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."

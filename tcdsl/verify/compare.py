@@ -487,6 +487,10 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
+def _layout(f: ExpectedFilter | TcFilter, laid_out: bool) -> tuple[object, ...]:
+    return (f.place, f.link, f.hashkey) if laid_out else ()
+
+
 def _spell_match(f: ExpectedFilter | TcFilter) -> str:
     """What a u32 or flower filter matches, as tc shows it."""
     if f.flower is not None:
@@ -494,13 +498,25 @@ def _spell_match(f: ExpectedFilter | TcFilter) -> str:
     return describe_keys(f.keys)
 
 
+def _place_key(place: str) -> tuple[int, int, int]:
+    """Order u32 nodes by table (the root first), bucket and node id."""
+    table, bucket, node = (int(part or "0", 16) for part in place.split(":"))
+    return (table if place[:1] != ":" else -1, bucket, node)
+
+
 def _compare_ordered(
     iface: ExpectedInterface, parent: str, pref: int, exp: list[ExpectedFilter], got: list[TcFilter]
 ) -> Iterator[Diagnostic]:
     """One pref of u32 (or flower) filters under one parent, in the order tc lists them (the
-    order u32 tries them in; flower lists them by handle, the order they were added)."""
-    a = [(e.kind, e.keys, e.flower, e.flowid) for e in exp]
-    b = [(g.kind, g.keys, g.flower, g.flowid) for g in got]
+    order u32 tries them in; flower lists them by handle, the order they were added). A pref
+    tcdsl laid out in u32 tables (``tcdsl.u32layout``) is compared node by node, by handle:
+    the handles are the order, links and hash keys included."""
+    laid_out = any(e.place for e in exp)
+    if laid_out:
+        exp = sorted(exp, key=lambda e: _place_key(e.place))
+        got = sorted(got, key=lambda g: _place_key(g.place or "::0"))
+    a = [(e.kind, e.keys, e.flower, e.flowid, *_layout(e, laid_out)) for e in exp]
+    b = [(g.kind, g.keys, g.flower, g.flowid, *_layout(g, laid_out)) for g in got]
     matched: list[tuple[int, int]] = []
     missing: list[int] = []
     extra: list[int] = []

@@ -22,7 +22,15 @@ from fractions import Fraction
 from ipaddress import IPv4Network, IPv6Address, ip_network
 
 from tcdsl import ir, linklayer
-from tcdsl.commands import CAKE_LINKLAYER, DOWNLOAD_HOOKS, REDIRECT_PREF, curve_words
+from tcdsl.commands import (
+    CAKE_LINKLAYER,
+    DOWNLOAD_HOOKS,
+    LINK_KEY,
+    REDIRECT_PREF,
+    curve_words,
+    link_words,
+    table_text,
+)
 from tcdsl.diagnostics import Span
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
@@ -334,6 +342,12 @@ class ExpectedFilter:
     """The actions as readback parses them, with tc's rounding (see :func:`police_action`)."""
     flower: FlowerMatch | None = None
     """flower only: what it should match, as readback normalises it."""
+    place: str = ""
+    """u32, in a laid-out pref: the node's handle (``::N``, ``T:B:N``); "" otherwise."""
+    link: str = ""
+    """A u32 link node: the table it jumps to (``1:``)."""
+    hashkey: tuple[int, int] | None = None
+    """A u32 link node's (mask, offset), or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1045,6 +1059,7 @@ def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
                     words=words,
                     protocol=protocol,
                     actions=police,
+                    place=f.place.handle if f.place is not None else "",
                 )
             case ir.FlowerFilter():
                 police = (police_action(f.police),) if f.police is not None else ()
@@ -1074,6 +1089,21 @@ def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
                     mask=f.mask,
                     protocol=protocol,
                 )
+    for t in iface.u32_tables:
+        yield ExpectedFilter(
+            f"{FAMILY_WORDS[t.family]} link to {table_text(t)} (pref {t.pref})",
+            "u32",
+            str(t.parent),
+            t.pref,
+            "",
+            t.span,
+            expected_keys((LINK_KEY[1:],)),
+            words=" ".join(link_words(t)),
+            protocol=FILTER_PROTOCOLS[t.family],
+            place=t.link.handle,
+            link=f"{t.table:x}:",
+            hashkey=t.hashkey,
+        )
 
 
 def expected_rule(

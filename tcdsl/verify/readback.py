@@ -641,6 +641,29 @@ class TcFilter:
     them."""
     flower: FlowerMatch | None = None
     """flower only: what it matches."""
+    place: str = field(default="", compare=False)
+    """u32 only: the node's handle, ``::N`` in the pref's root table (800:, 801:, ...),
+    ``T:B:N`` in a table tcdsl made (as :attr:`tcdsl.ir.U32Place.handle` spells it)."""
+    link: str = field(default="", compare=False)
+    """u32 only: the table a link node jumps to (``1:``), or ""."""
+    hashkey: tuple[int, int] | None = field(default=None, compare=False)
+    """u32 only: a link node's (mask, offset), or None."""
+
+
+ROOT_TABLES = 0x800
+"""u32 numbers the root table of each pref 800:, 801:, ...; tables tcdsl makes are below."""
+
+
+def u32_place(fh: re.Match[str]) -> str:
+    """A node's handle as :attr:`tcdsl.ir.U32Place.handle` spells it (the root table left out:
+    its id depends on the order prefs were made)."""
+    table, bucket, node = (int(fh.group(i) or "0", 16) for i in (1, 2, 3))
+    if table >= ROOT_TABLES:
+        return f"::{node:x}"
+    return f"{table:x}:{bucket:x}:{node:x}"
+
+
+_HASHKEY = re.compile(r"hash mask ([0-9a-f]{8}) at (\d+)")
 
 
 Action = tuple[str | int, ...]
@@ -731,10 +754,16 @@ def parse_filters(text: str) -> list[TcFilter]:
             flowid = _after(words, "*flowid") or _after(words, "flowid") or "?"
             if flowid == "not_in_hw":  # "terminal flowid not_in_hw": no class id
                 flowid = ""
+            link = _after(words, "link") or ""
+            if link:
+                flowid = ""
+            hashkey: tuple[int, int] | None = None
             keys = []
             actions: list[Action] = []
             for line in body:
-                if (k := _KEY.search(line)) is not None:
+                if (h := _HASHKEY.search(line)) is not None:
+                    hashkey = (int(h.group(1), 16), int(h.group(2)))
+                elif (k := _KEY.search(line)) is not None:
                     offset = int(k.group(4)) + (NEXTHDR if k.group(3) else 0)
                     keys.append((int(k.group(1), 16), int(k.group(2), 16), offset))
                 elif (action := parse_action(line)) is not None:
@@ -749,6 +778,9 @@ def parse_filters(text: str) -> list[TcFilter]:
                     node=int(m.group(3), 16),
                     words=tuple([" ".join(words), *body]),
                     actions=tuple(actions),
+                    place=u32_place(m),
+                    link=link,
+                    hashkey=hashkey,
                 )
             )
         elif kind == "fw":
