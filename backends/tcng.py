@@ -660,6 +660,13 @@ class TcngBackend(Backend):
                     "flower', or use the shell or tc-batch backend",
                     iface.classifier_span,
                 )
+            if isinstance(iface.root, ir.Mq):
+                yield Diagnostic.error(
+                    CODE,
+                    "tcng has no mq qdisc and no way to pick a packet's TX queue; use the shell "
+                    "or tc-batch backend for an mq tree",
+                    iface.root.span,
+                )
             if iface.marking is not None:
                 yield Diagnostic.error(
                     CODE,

@@ -87,6 +87,10 @@ _TABLE: dict[str, CodeInfo] = {
     "E260": CodeInfo(_E, "A pref above 32767 in a tree with IPv6 filters"),
     "E261": CodeInfo(_E, "More policed lines of several filters than a tree's police indexes"),
     "E262": CodeInfo(_E, "More u32 filters at one pref than the kernel keeps in order (2048)"),
+    "E266": CodeInfo(_E, "mq, or a 'queue N', somewhere other than an interface's root mq"),
+    "E267": CodeInfo(_E, "An mq spreading a tree it cannot spread (not htb, no queue count)"),
+    "E268": CodeInfo(_E, "An mq tree with marks, ingress policers or a download (clsact's slot)"),
+    "E269": CodeInfo(_E, "An mq queue number out of range or given twice"),
     # E27x: tcdsl import
     "E235": CodeInfo(_E, "An hfsc service curve tc refuses (two zero slopes, umax without dmax)"),
     "E236": CodeInfo(_E, "An hfsc class without an rt or ls curve"),
@@ -131,6 +135,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W362": CodeInfo(_W, "An IPv6 port match u32 reads in an extension header"),
     "W363": CodeInfo(_W, "Values of a match line left out: their family cannot match there"),
     "W364": CodeInfo(_W, "An IPv6 extension header as 'proto' under flower, which walks past it"),
+    "W368": CodeInfo(_W, "mq queues N with fewer top-level classes than queues"),
     # W37x: tcdsl import, what the language cannot say (also a comment in the policy)
     "W345": CodeInfo(_W, "An hfsc without a default class: it drops unclassified packets"),
     "W346": CodeInfo(_W, "An rt curve on an hfsc class with children, which the kernel ignores"),

@@ -492,6 +492,12 @@ def _below(
         case ir.Tbf() | ir.Netem():
             if q.child is not None:
                 yield from _qdisc_below(iface, ir.Handle(q.handle.major, 1), q.child, filters)
+        case ir.Mq():
+            for queue in q.queues:
+                parent = ir.Handle(q.handle.major, queue.number)
+                yield from _qdisc_below(iface, parent, queue.qdisc, filters)
+            yield from steering_commands(iface, q, filters.get(ir.CLSACT_EGRESS, ()))
+            return
         case _:
             pass
     for f in filters.get(q.handle, ()):
@@ -550,20 +556,43 @@ def _qdisc_below(
     yield from _below(iface, child, filters)
 
 
+def steering_commands(
+    iface: ir.Interface, q: ir.Mq, steering: Iterable[ir.Filter]
+) -> Iterator[Command]:
+    """An mq tree's clsact qdisc and its egress filters, which pick each packet's TX queue;
+    made once every queue's tree exists, so no packet goes to a queue still unshaped."""
+    what = f"interface {iface.name}: the clsact qdisc whose filters pick the TX queue"
+    yield Command("tc", ("qdisc", "add", "dev", iface.name, "clsact"), q.span, what)
+    for f in steering:
+        yield filter_command(iface, f)
+
+
+def queue_mapping(flowid: ir.Handle) -> int:
+    """The TX queue (from 0) of an mq class ``M:N``: N - 1."""
+    return flowid.minor - 1
+
+
 def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
-    """The command that adds filter ``f``."""
+    """The command that adds filter ``f`` (on a clsact's egress: setting the TX queue)."""
+    steer = f.parent == ir.CLSACT_EGRESS
     head = (
         "filter",
         "add",
         "dev",
         iface.name,
-        "parent",
-        str(f.parent),
+        *(("egress",) if steer else ("parent", str(f.parent))),
         "protocol",
         FILTER_PROTOCOL[f.family],
         "prio",
         str(f.pref),
     )
+    if steer and not isinstance(f, ir.FwFilter):
+        body = ["u32", *(w for key in f.keys for w in ("match", *key.words))]
+        if isinstance(f, ir.FlowerFilter):
+            body = ["flower", *flower_words(f)]
+        queue = queue_mapping(f.flowid)
+        action = ("action", "skbedit", "queue_mapping", str(queue))
+        return Command("tc", (*head, *body, *action), f.span, f"TX queue {queue} ({f.flowid})")
     match f:
         case ir.FlowerFilter():
             police = filter_police_words(f)
@@ -737,7 +766,10 @@ def teardown_commands(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
         )
     if iface.direction == "ingress":
         return (("tc", "qdisc", "del", "dev", iface.name, "ingress"), *actions)
-    return (("tc", "qdisc", "del", "dev", iface.name, "root"), *actions)
+    root = ("tc", "qdisc", "del", "dev", iface.name, "root")
+    if isinstance(iface.root, ir.Mq):
+        return (("tc", "qdisc", "del", "dev", iface.name, "clsact"), root, *actions)
+    return (root, *actions)
 
 
 def chain_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
@@ -843,6 +875,9 @@ def batch_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
         return (*_ingress_teardown(iface.download.interface), *root)
     if iface.direction == "ingress":
         return _ingress_teardown(iface.name)
+    if isinstance(iface.root, ir.Mq):  # the tree owns the clsact qdisc it steers with
+        clsact = (("qdisc", "replace", *dev, "clsact"), ("qdisc", "del", *dev, "clsact"))
+        return (*clsact, *root)
     return root
 
 

@@ -15,6 +15,7 @@ from lark import Token, Transformer
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend.chains import chain_name_problem
+from tcdsl.frontend.mq import MqQueueSyntax, build_mq, mq_queue
 from tcdsl.frontend.qdiscs import QdiscBuilder
 from tcdsl.frontend.syntax import (
     DSCP_NAMES,
@@ -885,6 +886,26 @@ class Builder(Transformer[Token, Any]):
         kind_tok, *rest = c
         kind = str(kind_tok)
         body: tuple[Any, ...] | None = None
+        inner: QdiscSyntax | None = None
         if rest and isinstance(rest[-1], Body):
             body = rest.pop().items
+        elif rest and isinstance(rest[-1], QdiscSyntax):
+            inner = rest.pop()
+        if kind == "mq":
+            return build_mq(self, self.sp(kind_tok), tuple(rest), body, inner)
+        if inner is not None:
+            self.error(
+                Diagnostic.error(
+                    "E267",
+                    f"only mq takes a qdisc after its options ('mq queues 16 {inner.qdisc.kind} "
+                    f"...'); {kind} holds qdiscs in its classes",
+                    inner.qdisc.span,
+                )
+            )
         return QdiscBuilder(self, kind, self.sp(kind_tok), tuple(rest), body).build()
+
+    def mq_queue(self, c: list[Token | QdiscSyntax]) -> MqQueueSyntax:
+        kw, number, tree = c
+        assert isinstance(kw, Token) and isinstance(number, Token)
+        assert isinstance(tree, QdiscSyntax)
+        return mq_queue(self, str(number), join(self.sp(kw), self.sp(number)), tree)

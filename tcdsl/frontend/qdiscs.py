@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tcdsl import ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.frontend.mq import MqQueueSyntax
 from tcdsl.frontend.syntax import (
     ClassSyntax,
     CurveOpt,
@@ -128,6 +129,8 @@ QDISC_PARAMS: dict[str, dict[str, Dimension]] = {
         "probability": C,
     },
 }
+QDISC_PARAMS["mq"] = {"queues": C}
+"""mq: ``queues N`` spreads the tree after it (``tcdsl.frontend.mq``, which builds mq)."""
 QDISC_PARAMS["cake"] = {"bandwidth": R, "rtt": T, "memlimit": S, "fwmark": C, "isolate": C}
 QDISC_FLAGS: dict[str, frozenset[str]] = {k: frozenset() for k in QDISC_PARAMS}
 QDISC_FLAGS["fq_codel"] = frozenset({"ecn", "noecn"})
@@ -585,6 +588,10 @@ class QdiscBuilder:
                 self.error(Diagnostic.error("E017", "a match belongs inside a class", item.span))
             elif isinstance(item, ir.Marking):
                 classify.append(item)
+            elif isinstance(item, MqQueueSyntax):
+                self.error(
+                    Diagnostic.error("E266", "'queue N' belongs in an mq's block", item.span)
+                )
         if self.body is not None and kind not in CLASSFUL | CHAINING:
             self.error(
                 Diagnostic.error("E018", f"{kind} is classless and takes no block", self.span)
@@ -929,6 +936,10 @@ class QdiscBuilder:
                             "E014", "'classify' belongs at the top of an interface", m.span
                         )
                     )
+            elif isinstance(item, MqQueueSyntax):
+                self.error(
+                    Diagnostic.error("E266", "'queue N' belongs in an mq's block", item.span)
+                )
             elif isinstance(item, ir.Marking):
                 self.error(
                     Diagnostic.error(
