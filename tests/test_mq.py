@@ -191,6 +191,13 @@ def test_steering_reaches_each_class_in_the_guest(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.stdout + res.stderr
     sent = class_packets(res.stdout)
     assert [sent[f"{n}:10"] for n in range(2, 6)] == [2, 2, 2, 2], res.stdout
+    from tcdsl.teach.classify import classify
+    from tcdsl.teach.traffic import parse_packet
+
+    assert result.policy is not None
+    for n in range(1, 5):  # classify says the class whose counter the kernel moved
+        last = classify(result.policy, parse_packet(f"icmp dst 10.0.0.{n}")).steps[-1]
+        assert last.cls is not None and sent[str(last.cls.classid)] == 2
     defaults = [sent[f"{n}:20"] for n in range(2, 6)]
     assert sum(defaults) == 2, res.stdout
 
@@ -256,3 +263,72 @@ def test_host_builds_the_queues_and_classifies_within_them(tmp_path: Path) -> No
     assert total >= 10, done.stdout  # 5 addresses, 2 pings each (ARP is not IP: no class)
     if skbedit.returncode == 0:  # each address in its own class, on the queue steered to
         assert sorted(v for v in sent.values() if v)[-5:] == [2] * 5, done.stdout
+
+
+# ---- the rest of the product -----------------------------------------------------------------
+
+
+def test_classify_picks_the_queue_then_the_class(tmp_path: Path) -> None:
+    from tcdsl.teach.classify import classify
+    from tcdsl.teach.traffic import parse_packet
+
+    result = compiled(tmp_path, AUTO)
+    assert result.policy is not None
+    verdict = classify(result.policy, parse_packet("udp dst 10.0.0.3"))
+    first, last = verdict.steps[0], verdict.steps[-1]
+    assert isinstance(first.qdisc, ir.Mq) and "-> TX queue 2 (1:3)" in first.why
+    assert last.cls is not None and last.cls.name == "c" and str(last.cls.classid) == "4:10"
+    unmatched = classify(result.policy, parse_packet("udp dst 10.9.9.9"))
+    assert "kernel picks the TX queue" in unmatched.steps[0].why
+    assert unmatched.steps[-1].cls is not None
+    assert unmatched.steps[-1].cls.name == "unknown@1"
+
+
+def test_explain_describes_the_queues(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tcdsl.cli import cli
+
+    path = tmp_path / "p.tcp"
+    path.write_text(AUTO)
+    out = CliRunner().invoke(cli, ["explain", str(path)])
+    assert out.exit_code == 0, out.output
+    assert "The root qdisc is mq (handle 1:)" in out.output
+    assert "spread over 4 queues" in out.output
+    for n in range(4):
+        assert f"TX queue {n} (mq class 1:{n + 1})" in out.output
+    assert "class 'c' (4:10)" in out.output
+
+
+def test_live_objects_key_the_steering(tmp_path: Path) -> None:
+    """plan and apply see the clsact qdisc in the ingress slot and its filters at ffff:fff3,
+    so a change there is a change of those objects (and their removal commands exist)."""
+    from tcdsl.ops.desired import trees_of
+
+    result = compiled(tmp_path, AUTO)
+    (tree,) = trees_of(result.policy)
+    keys = {o.key for o in tree.objects}
+    assert ("qdisc", "eth0", "ingress") in keys
+    assert ("filters", "eth0", "ffff:fff3", "ip", "1") in keys
+    assert ("qdisc", "eth0", "1:3") in keys
+    assert ("tc", "qdisc", "del", "dev", "eth0", "clsact") in tree.removal
+
+
+def test_verify_reads_back_queues_and_steering_in_the_guest(tmp_path: Path) -> None:
+    """verify on the 6.1 guest: the mq, its queues' qdiscs and classes, the clsact qdisc and
+    the steering filters' skbedit actions all agree."""
+    from tcdsl.verify import runner
+    from tcdsl.verify.verifier import verify_many
+
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    good, tampered = tmp_path / "good.tcp", tmp_path / "tampered.tcp"
+    good.write_text(AUTO)
+    tampered.write_text(AUTO)
+    after = {str(tampered): "tc filter del dev eth0 egress protocol ip pref 1\n"}
+    found, lost = verify_many([str(good), str(tampered)], "tc-batch", "uml", after=after)
+    assert not [d for d in found.diagnostics if d.is_error], [d.message for d in found.diagnostics]
+    assert found.checked is not None and found.checked.filters == 8
+    missing = [d.message for d in lost.diagnostics if d.is_error]
+    assert any("TX queue" in m for m in missing), missing

@@ -217,6 +217,10 @@ def _declared(qdisc: ir.Qdisc, depth: int, parent: ir.Class | None) -> Iterator[
         if qdisc.child is not None:
             yield from _declared(qdisc.child, depth, parent)
         return
+    if isinstance(qdisc, ir.Mq):
+        for queue in qdisc.queues:
+            yield from _declared(queue.qdisc, depth, parent)
+        return
     if not isinstance(qdisc, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
         return
 

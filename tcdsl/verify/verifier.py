@@ -170,6 +170,11 @@ def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
             before=before,
             after=after,
             files=files,
+            queues={
+                i.name: max(q.number for q in i.root.queues)
+                for i in result.policy.interfaces
+                if isinstance(i.root, ir.Mq) and i.root.queues
+            },
         )
     plan.case = runner.Case(path, script)
     return plan
