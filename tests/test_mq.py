@@ -120,13 +120,14 @@ def test_class_ids_are_per_queue(tmp_path: Path) -> None:
         ("interface eth0 mq htb rate 1gbit default a { class a rate 1mbit }\n", "E267"),
         ("interface eth0 mq queues 0 htb rate 1gbit default a { class a rate 1mbit }\n", "E267"),
         ("interface eth0 mq queues 2 { queue 1 fq_codel }\n", "E267"),
-        ("interface eth0 htb rate 1gbit fq_codel\n", "E267"),
+        ("interface eth0 htb rate 1gbit fq_codel\n", "E001"),
         ("interface eth0 mq { queue 1 sfq\n queue 1 fq_codel }\n", "E269"),
         ("interface eth0 mq { queue 0 sfq }\n", "E269"),
         (
             "interface eth0 htb rate 1gbit default a { class a rate 1mbit { queue 1 sfq } }\n",
-            "E266",
+            "E001",
         ),
+        ("interface eth0 mq { queue 1 mq { queue 1 sfq } }\n", "E266"),
         ("interface eth0 mq { }\n", "E266"),
         ("interface eth0 mq queues 3 htb rate 1gbit default a { class a rate 1mbit }\n", "W368"),
     ],
@@ -332,3 +333,54 @@ def test_verify_reads_back_queues_and_steering_in_the_guest(tmp_path: Path) -> N
     assert found.checked is not None and found.checked.filters == 8
     missing = [d.message for d in lost.diagnostics if d.is_error]
     assert any("TX queue" in m for m in missing), missing
+
+
+def test_a_kernel_before_5_18_has_no_queue_steering(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tcdsl.cli import cli
+
+    path = tmp_path / "p.tcp"
+    path.write_text(AUTO)
+    old = CliRunner().invoke(cli, ["check", "--kernel", "5.10", str(path)])
+    assert old.exit_code == 1 and "[E213]" in old.output and "skbedit" in old.output
+    new = CliRunner().invoke(cli, ["check", "--kernel", "6.1", str(path)])
+    assert new.exit_code == 0, new.output
+
+
+OPS = """\
+interface eth0 mq {
+    queue 1 htb rate 1gbit default a {
+        class a rate 500mbit
+    }
+    queue 2 htb rate 1gbit default b {
+        class b rate RATE
+    }
+}
+"""
+
+
+def test_apply_changes_a_queue_in_place_and_status_names_it(tmp_path: Path) -> None:
+    """On the host (no steering filters in this tree, so no act_skbedit needed): a class's
+    rate changes in place, and status shows the queues' classes by name."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    (tmp_path / "one.tcp").write_text(OPS.replace("RATE", "500mbit"))
+    (tmp_path / "two.tcp").write_text(OPS.replace("RATE", "400mbit"))
+    tcdsl = Path(sys.executable).parent / "tcdsl"
+    script = (
+        f"cd {tmp_path} && export TCDSL_STATE_DIR={tmp_path} TCDSL_LOCK_DIR={tmp_path} && "
+        "ip link add name eth0 numtxqueues 4 type veth peer name peer0 numtxqueues 4 && "
+        "ip link set dev eth0 up && "
+        f"{tcdsl} apply --yes --name m one.tcp && "
+        f"{tcdsl} apply --yes --name m two.tcp && "
+        f"{tcdsl} status two.tcp && tc class show dev eth0"
+    )
+    done = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "~ class b: rate 500mbit -> 400mbit" in done.stdout
+    assert "class htb 3:10 parent 3:1 prio 0 rate 400Mbit" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if "|3:10 " in line]
+    assert rows and rows[0].split()[0] == "b", done.stdout
+    assert "1:1 (not in policy)" not in done.stdout

@@ -891,18 +891,12 @@ class Builder(Transformer[Token, Any]):
             body = rest.pop().items
         elif rest and isinstance(rest[-1], QdiscSyntax):
             inner = rest.pop()
-        if kind == "mq":
+        if kind == "mq":  # the grammar gives only mq a tree after its options
             return build_mq(self, self.sp(kind_tok), tuple(rest), body, inner)
-        if inner is not None:
-            self.error(
-                Diagnostic.error(
-                    "E267",
-                    f"only mq takes a qdisc after its options ('mq queues 16 {inner.qdisc.kind} "
-                    f"...'); {kind} holds qdiscs in its classes",
-                    inner.qdisc.span,
-                )
-            )
         return QdiscBuilder(self, kind, self.sp(kind_tok), tuple(rest), body).build()
+
+    def mq_body(self, c: list[MqQueueSyntax]) -> Body:
+        return Body(tuple(c))
 
     def mq_queue(self, c: list[Token | QdiscSyntax]) -> MqQueueSyntax:
         kw, number, tree = c

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
-from tcdsl.frontend.syntax import Body, DefaultOpt, HandleOpt, Param, QdiscSyntax
+from tcdsl.frontend.syntax import DefaultOpt, HandleOpt, Param, QdiscSyntax
 from tcdsl.units import Dimension
 
 if TYPE_CHECKING:
@@ -99,14 +99,12 @@ def _queues(b: Builder, opt: Param) -> ir.Count | None:
     return count
 
 
-def _explicit(b: Builder, span: Span, body: tuple[Any, ...] | None) -> tuple[ir.MqQueue, ...]:
+def _explicit(
+    b: Builder, span: Span, body: tuple[MqQueueSyntax, ...] | None
+) -> tuple[ir.MqQueue, ...]:
     queues: list[ir.MqQueue] = []
     seen: dict[int, Span] = {}
-    for item in body or ():
-        if not isinstance(item, MqQueueSyntax):
-            at = getattr(item, "span", None) or getattr(getattr(item, "qdisc", None), "span", span)
-            b.error(Diagnostic.error("E266", "an mq's block holds only 'queue N QDISC'", at))
-            continue
+    for item in body or ():  # the grammar lets only `queue N QDISC` lines in
         if item.number is None:
             continue
         for m in item.tree.classify:
@@ -250,6 +248,3 @@ def _find(classes: tuple[ir.Class, ...], name: str) -> ir.Class | None:
 
 def _holds(top: ir.Class, cls: ir.Class) -> bool:
     return any(c is cls for c in top.walk())
-
-
-__all__ = ["Body", "MqQueueSyntax", "build_mq", "mq_queue", "pack", "spread"]

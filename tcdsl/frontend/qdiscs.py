@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from tcdsl import ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
-from tcdsl.frontend.mq import MqQueueSyntax
 from tcdsl.frontend.syntax import (
     ClassSyntax,
     CurveOpt,
@@ -588,10 +587,6 @@ class QdiscBuilder:
                 self.error(Diagnostic.error("E017", "a match belongs inside a class", item.span))
             elif isinstance(item, ir.Marking):
                 classify.append(item)
-            elif isinstance(item, MqQueueSyntax):
-                self.error(
-                    Diagnostic.error("E266", "'queue N' belongs in an mq's block", item.span)
-                )
         if self.body is not None and kind not in CLASSFUL | CHAINING:
             self.error(
                 Diagnostic.error("E018", f"{kind} is classless and takes no block", self.span)
@@ -936,10 +931,6 @@ class QdiscBuilder:
                             "E014", "'classify' belongs at the top of an interface", m.span
                         )
                     )
-            elif isinstance(item, MqQueueSyntax):
-                self.error(
-                    Diagnostic.error("E266", "'queue N' belongs in an mq's block", item.span)
-                )
             elif isinstance(item, ir.Marking):
                 self.error(
                     Diagnostic.error(
