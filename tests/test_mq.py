@@ -384,3 +384,18 @@ def test_apply_changes_a_queue_in_place_and_status_names_it(tmp_path: Path) -> N
     rows = [line for line in done.stdout.splitlines() if "|3:10 " in line]
     assert rows and rows[0].split()[0] == "b", done.stdout
     assert "1:1 (not in policy)" not in done.stdout
+
+
+def test_import_says_it_cannot_write_an_mq_tree(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tcdsl.cli import cli
+
+    saved = tmp_path / "saved.txt"
+    saved.write_text(
+        "qdisc mq 1: root\n"
+        "qdisc htb 2: parent 1:1 r2q 10 default 0x10 direct_packets_stat 0 direct_qlen 1000\n"
+    )
+    out = CliRunner().invoke(cli, ["import", "-i", "eth0", "--from", str(saved)])
+    assert out.exit_code == 1, out.output
+    assert "[E607]" in out.output and "cannot write an mq tree yet" in out.output
