@@ -123,7 +123,9 @@ def order_problems(iface: ir.Interface, commands: Sequence[Command]) -> list[str
                 problems.append(f"{where}: redirect before the IFB's tree is complete")
             continue
         if c.args[0] == "qdisc":
-            if "parent" in c.args:
+            if c.args[-1] == "clsact":  # an mq tree's steering: the ingress slot, ffff:
+                here = (dev, ir.CLSACT_EGRESS.major, 0)
+            elif "parent" in c.args:
                 here = _handle(dev, (_after(c.args, "handle") or "").rstrip(":") + ":")
                 if not exists(parent_of[here]):
                     problems.append(f"{where}: its parent does not exist")
@@ -141,8 +143,9 @@ def order_problems(iface: ir.Interface, commands: Sequence[Command]) -> list[str
                 problems.append(f"{where}: a class before the default class {default}")
             made.add(here)
         elif c.args[0] == "filter":
-            attached = _handle(dev, _after(c.args, "parent") or "")
-            key = (dev, _after(c.args, "parent") or "", _after(c.args, "protocol") or "")
+            parent = str(ir.CLSACT_EGRESS) if "egress" in c.args else _after(c.args, "parent")
+            attached = _handle(dev, parent or "")
+            key = (dev, parent or "", _after(c.args, "protocol") or "")
             n = filters.get(key, 0)
             if n >= len(final[key]) or final[key][n] != c.args:
                 problems.append(f"{where}: not the next filter of {key} in the final order")
@@ -150,6 +153,9 @@ def order_problems(iface: ir.Interface, commands: Sequence[Command]) -> list[str
             if not exists(attached):
                 problems.append(f"{where}: what it is attached to does not exist")
             target = _target(c.args)
+            queue = _after(c.args, "queue_mapping")
+            if queue is not None and iface.root.handle is not None:  # steered: the whole queue
+                target = f"{iface.root.handle.major:x}:{int(queue) + 1:x}"
             if target is not None and not complete(_handle(dev, target)):
                 problems.append(f"{where}: its class {target} is not complete")
             default = defaults.get((dev, attached[1], 0))
@@ -249,3 +255,15 @@ def test_the_checker_finds_unsafe_orders() -> None:
     swapped = [*commands[:a], commands[a + 1], commands[a], *commands[a + 2 :]]
     moved = order_problems(iface, swapped)
     assert any("not the next filter" in p for p in moved), moved
+
+
+def test_steering_before_its_queue_is_complete_is_caught() -> None:
+    """An mq tree's clsact and steering filters come last: moved right after the mq root, the
+    first steering filter would send packets to a queue whose tree does not exist yet."""
+    (iface,) = _example(Path("policies/isp-mq.tcp"))
+    commands = list(interface_commands(iface))
+    assert order_problems(iface, commands) == []
+    steering = [c for c in commands if "clsact" in c.args or "egress" in c.args]
+    rest = [c for c in commands if c not in steering]
+    early = [rest[0], *steering, *rest[1:]]
+    assert any("is not complete" in p for p in order_problems(iface, early))
