@@ -856,7 +856,7 @@ class _Interface:
                 | ir.Cake()
             ):
                 raise AssertionError(f"unsupported() rejects {q.kind}")
-            case ir.Codel() | ir.Fq() | ir.FqPie() | ir.Red():
+            case ir.Codel() | ir.Fq() | ir.FqPie() | ir.Red() | ir.Mq():
                 raise AssertionError(f"unsupported() rejects {q.kind}")
             case _:
                 assert_never(q)

@@ -587,9 +587,10 @@ def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
         str(f.pref),
     )
     if steer and not isinstance(f, ir.FwFilter):
-        body = ["u32", *(w for key in f.keys for w in ("match", *key.words))]
         if isinstance(f, ir.FlowerFilter):
             body = ["flower", *flower_words(f)]
+        else:
+            body = ["u32", *(w for key in f.keys for w in ("match", *key.words))]
         queue = queue_mapping(f.flowid)
         action = ("action", "skbedit", "queue_mapping", str(queue))
         return Command("tc", (*head, *body, *action), f.span, f"TX queue {queue} ({f.flowid})")

@@ -399,3 +399,13 @@ def test_import_says_it_cannot_write_an_mq_tree(tmp_path: Path) -> None:
     out = CliRunner().invoke(cli, ["import", "-i", "eth0", "--from", str(saved)])
     assert out.exit_code == 1, out.output
     assert "[E607]" in out.output and "cannot write an mq tree yet" in out.output
+
+
+def test_flower_trees_steer_with_flower(tmp_path: Path) -> None:
+    text = AUTO.replace("interface eth0 mq", "interface eth0 classifier flower mq")
+    steering = [line for line in batch(tmp_path, text) if " egress " in line]
+    assert steering == [
+        f"filter add dev eth0 egress protocol ip prio {n} flower dst_ip 10.0.0.{n} "
+        f"action skbedit queue_mapping {n - 1}"
+        for n in range(1, 5)
+    ]
