@@ -409,3 +409,16 @@ def test_flower_trees_steer_with_flower(tmp_path: Path) -> None:
         f"action skbedit queue_mapping {n - 1}"
         for n in range(1, 5)
     ]
+
+
+def test_percentages_resolve_inside_the_queues(tmp_path: Path) -> None:
+    """A spread tree's percentages are of its link's rate, as in one htb."""
+    text = (
+        "interface eth0 mq queues 2 htb rate 1gbit default b {\n"
+        "    class a rate 50% match dst 10.0.0.1\n"
+        "    class b rate 40%\n"
+        "}\n"
+    )
+    lines = batch(tmp_path, text)
+    assert any(" htb rate 500mbit" in line for line in lines), lines
+    assert not any("%" in line for line in lines)
