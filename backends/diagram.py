@@ -208,6 +208,9 @@ class _Builder:
             case ir.Tbf() | ir.Netem():
                 if q.child is not None:
                     self.qdisc(q.child, node.id, marking)
+            case ir.Mq():
+                for queue in q.queues:
+                    self.qdisc(queue.qdisc, node.id, marking)
             case (
                 ir.Sfq()
                 | ir.FqCodel()

@@ -276,6 +276,7 @@ def class_json(cls: ir.Class, parent: ir.Handle | None, default: ir.Handle | Non
 
 _QDISC_VALUES: dict[str, tuple[str, ...]] = {
     "htb": ("r2q",),
+    "mq": ("shards",),
     "prio": ("bands",),
     "cbq": ("bandwidth", "avpkt"),
     "tbf": ("rate", "burst", "latency", "limit", "peakrate", "mtu"),
@@ -382,6 +383,18 @@ def qdisc_json(q: ir.Qdisc) -> JSONObject:
             out["child"] = None if q.child is None else qdisc_json(q.child)
         case ir.Tbf():
             out["child"] = None if q.child is None else qdisc_json(q.child)
+        case ir.Mq():
+            major = q.handle.major if q.handle is not None else 0
+            out["queues"] = [
+                {
+                    "number": queue.number,
+                    "tx_queue": queue.number - 1,
+                    "classid": handle_json(ir.Handle(major, queue.number)),
+                    "span": span_json(queue.span),
+                    "qdisc": qdisc_json(queue.qdisc),
+                }
+                for queue in q.queues
+            ]
         case ir.FqCodel() | ir.Codel():
             out["ecn"] = q.ecn
         case ir.Ingress():

@@ -660,6 +660,13 @@ class TcngBackend(Backend):
                     "flower', or use the shell or tc-batch backend",
                     iface.classifier_span,
                 )
+            if isinstance(iface.root, ir.Mq):
+                yield Diagnostic.error(
+                    CODE,
+                    "tcng has no mq qdisc and no way to pick a packet's TX queue; use the shell "
+                    "or tc-batch backend for an mq tree",
+                    iface.root.span,
+                )
             if iface.marking is not None:
                 yield Diagnostic.error(
                     CODE,
@@ -849,7 +856,7 @@ class _Interface:
                 | ir.Cake()
             ):
                 raise AssertionError(f"unsupported() rejects {q.kind}")
-            case ir.Codel() | ir.Fq() | ir.FqPie() | ir.Red():
+            case ir.Codel() | ir.Fq() | ir.FqPie() | ir.Red() | ir.Mq():
                 raise AssertionError(f"unsupported() rejects {q.kind}")
             case _:
                 assert_never(q)

@@ -56,6 +56,43 @@ def kernel_pref(pref: int, family: ir.Family) -> int:
     return pref if family == "ipv4" else pref + IPV6_PREF_OFFSET
 
 
+STEER_GROUP = 2000
+"""The most steering filters of one family at one pref (u32 keeps the order of at most 2,048
+filters at one pref: E262)."""
+
+
+def steering_filters(mq: ir.Mq, filters: tuple[ir.Filter, ...]) -> tuple[ir.Filter, ...]:
+    """The filters on the clsact egress hook that pick each packet's TX queue (flowid: the
+    mq's class of the queue, ``M:N`` for TX queue N-1): one per filter of a queue's own qdisc,
+    in the order the policy's lines are tried (their pref, then where they are written), a
+    new pref at each pref of the policy's and every :data:`STEER_GROUP` filters."""
+    assert mq.handle is not None
+    queue_of: dict[ir.Handle, ir.Handle] = {}
+    for q in mq.queues:
+        assert q.qdisc.handle is not None
+        queue_of[q.qdisc.handle] = ir.Handle(mq.handle.major, q.number)
+    picked = [f for f in filters if f.parent in queue_of and not isinstance(f, ir.FwFilter)]
+    picked.sort(key=lambda f: (f.pref, f.span.line, f.span.column))
+    steering: list[ir.Filter] = []
+    group: dict[ir.Family, tuple[int, int, int]] = {}  # family -> (policy pref, pref, count)
+    for f in picked:
+        was, pref, count = group.get(f.family, (f.pref, DEFAULT_PREF, 0))
+        if was != f.pref or count == STEER_GROUP:
+            pref, count = pref + 1, 0
+        group[f.family] = (f.pref, pref, count + 1)
+        steering.append(
+            ir.replace(
+                f,
+                parent=ir.CLSACT_EGRESS,
+                pref=kernel_pref(pref, f.family),
+                flowid=queue_of[f.parent],
+                police=None,
+                police_index=None,
+            )
+        )
+    return tuple(steering)
+
+
 def flower_prefs(filters: tuple[ir.Filter, ...]) -> tuple[ir.Filter, ...]:
     """Give every flower filter a pref of its own, in the order the kernel is to try them.
 
@@ -164,7 +201,10 @@ class InterfaceAllocator:
         iface = dataclasses.replace(self.iface, root=root)
         if iface.marking is not None:
             return self.marks(iface)
-        return dataclasses.replace(iface, filters=tuple(self.u32_filters(root)))
+        filters = tuple(self.u32_filters(root))
+        if isinstance(root, ir.Mq):
+            filters += steering_filters(root, filters)
+        return dataclasses.replace(iface, filters=filters)
 
     # ---- handles and class ids ----
     def qdisc(self, q: ir.Qdisc, preferred: int | None) -> ir.Qdisc:
@@ -186,6 +226,12 @@ class InterfaceAllocator:
             case ir.Tbf() | ir.Netem():
                 child = None if q.child is None else self.qdisc(q.child, major + 1)
                 return dataclasses.replace(q, handle=handle, child=child)
+            case ir.Mq():
+                # queue N's qdisc prefers N+1: (mq is 1:, its classes 1:1 .. 1:N)
+                queues = tuple(
+                    ir.replace(mq, qdisc=self.qdisc(mq.qdisc, major + mq.number)) for mq in q.queues
+                )
+                return dataclasses.replace(q, handle=handle, queues=queues)
             case _:
                 return dataclasses.replace(q, handle=handle)
 

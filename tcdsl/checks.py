@@ -1316,6 +1316,47 @@ def _cake_values(q: ir.Cake) -> Iterator[Diagnostic]:
             )
 
 
+def mq_only_at_the_root(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """mq is a device's root (one qdisc per TX queue), on an interface's egress."""
+    for iface in policy.interfaces:
+        for q in ir.walk_qdiscs(iface.root):
+            if isinstance(q, ir.Mq) and (q is not iface.root or iface.download is not None):
+                where = "a download's IFB" if q is iface.root else "a class or a tbf/netem"
+                yield Diagnostic.error(
+                    "E266",
+                    f"mq is only a root qdisc, on an interface's egress: it holds one qdisc per "
+                    f"TX queue of the device, and cannot be under {where}",
+                    q.span,
+                )
+
+
+def mq_steering_owns_clsact(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """An mq tree picks TX queues with the filters of a clsact qdisc, which takes the
+    device's ingress slot (ffff:), and with its match lines (not marks)."""
+    ingress = {i.name: i for i in policy.interfaces if i.direction == "ingress"}
+    downloads = {i.download.interface: i for i in policy.interfaces if i.download is not None}
+    for iface in policy.interfaces:
+        if not isinstance(iface.root, ir.Mq):
+            continue
+        if iface.marking is not None:
+            yield Diagnostic.error(
+                "E268",
+                "an mq tree picks each packet's TX queue with its match lines, not by mark; "
+                "drop 'classify by mark'",
+                iface.marking.span,
+            )
+        other = ingress.get(iface.name) or downloads.get(iface.name)
+        if other is not None:
+            what = "its ingress policers" if other.direction == "ingress" else "its download"
+            yield Diagnostic.error(
+                "E268",
+                f"the mq tree of '{iface.name}' steers packets to TX queues from a clsact "
+                f"qdisc, which takes the ingress qdisc's place (ffff:) that {what} need",
+                other.span,
+                Note("the mq tree is here", iface.root.span),
+            )
+
+
 CHECKS: tuple[Check, ...] = (
     required_parameters_present,
     values_in_range,
@@ -1336,6 +1377,8 @@ CHECKS: tuple[Check, ...] = (
     *families.CHECKS,
     hfsc_curves_complete,
     link_layer_values_kept,
+    mq_only_at_the_root,
+    mq_steering_owns_clsact,
 )
 
 

@@ -97,6 +97,10 @@ _TABLE: dict[str, CodeInfo] = {
     "E260": CodeInfo(_E, "A pref above 32767 in a tree with IPv6 filters"),
     "E261": CodeInfo(_E, "More policed lines of several filters than a tree's police indexes"),
     "E262": CodeInfo(_E, "More u32 filters at one pref than kept in order, no table id left"),
+    "E266": CodeInfo(_E, "mq, or a 'queue N', somewhere other than an interface's root mq"),
+    "E267": CodeInfo(_E, "An mq spreading a tree it cannot spread (not htb, no queue count)"),
+    "E268": CodeInfo(_E, "An mq tree with marks, ingress policers or a download (clsact's slot)"),
+    "E269": CodeInfo(_E, "An mq queue number out of range or given twice"),
     "E270": CodeInfo(_E, "A subscribers statement's template that cannot apply to every row"),
     "E271": CodeInfo(_E, "A subscribers statement outside an htb"),
     "E272": CodeInfo(_E, "A subscribers statement in a tree whose direction it cannot know"),
@@ -146,6 +150,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W364": CodeInfo(_W, "An IPv6 extension header as 'proto' under flower, which walks past it"),
     "W371": CodeInfo(_W, "Rows of a subscriber table that no statement of the tree takes"),
     "W372": CodeInfo(_W, "A device in a subscriber table without an address"),
+    "W368": CodeInfo(_W, "mq queues N with fewer top-level classes than queues"),
     # W37x: tcdsl import, what the language cannot say (also a comment in the policy)
     "W345": CodeInfo(_W, "An hfsc without a default class: it drops unclassified packets"),
     "W346": CodeInfo(_W, "An rt curve on an hfsc class with children, which the kernel ignores"),

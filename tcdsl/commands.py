@@ -503,6 +503,13 @@ def _below(
             if q.child is not None:
                 child = ir.Handle(q.handle.major, 1)
                 yield from _qdisc_below(iface, child, q.child, filters, tables)
+        case ir.Mq():
+            for queue in q.queues:
+                parent = ir.Handle(q.handle.major, queue.number)
+                yield from _qdisc_below(iface, parent, queue.qdisc, filters, tables)
+            steering = filters.get(ir.CLSACT_EGRESS, ())
+            yield from steering_commands(iface, q, steering, tables)
+            return
         case _:
             pass
     for f in filters.get(q.handle, ()):
@@ -606,14 +613,30 @@ class U32Tables:
                 yield link_command(self.iface, self.tables[key])
 
 
+def steering_commands(
+    iface: ir.Interface, q: ir.Mq, steering: Iterable[ir.Filter], tables: U32Tables
+) -> Iterator[Command]:
+    """An mq tree's clsact qdisc and its egress filters, which pick each packet's TX queue;
+    made once every queue's tree exists, so no packet goes to a queue still unshaped."""
+    what = f"interface {iface.name}: the clsact qdisc whose filters pick the TX queue"
+    yield Command("tc", ("qdisc", "add", "dev", iface.name, "clsact"), q.span, what)
+    for f in steering:
+        yield from tables.around(f)
+
+
+def queue_mapping(flowid: ir.Handle) -> int:
+    """The TX queue (from 0) of an mq class ``M:N``: N - 1."""
+    return flowid.minor - 1
+
+
 def _filter_head(iface: ir.Interface, f: ir.Filter | ir.U32Table) -> tuple[str, ...]:
+    steer = f.parent == ir.CLSACT_EGRESS
     return (
         "filter",
         "add",
         "dev",
         iface.name,
-        "parent",
-        str(f.parent),
+        *(("egress",) if steer else ("parent", str(f.parent))),
         "protocol",
         FILTER_PROTOCOL[f.family],
         "prio",
@@ -672,6 +695,16 @@ def link_command(iface: ir.Interface, t: ir.U32Table) -> Command:
 def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
     """The command that adds filter ``f``."""
     head = _filter_head(iface, f)
+    if f.parent == ir.CLSACT_EGRESS and not isinstance(f, ir.FwFilter):
+        if isinstance(f, ir.FlowerFilter):
+            body = ["flower", *flower_words(f)]
+        else:
+            before, after = u32_place_words(f.place)
+            keys = (w for key in f.keys for w in ("match", *key.words))
+            body = [*before, "u32", *after, *keys]
+        queue = queue_mapping(f.flowid)
+        action = ("action", "skbedit", "queue_mapping", str(queue))
+        return Command("tc", (*head, *body, *action), f.span, f"TX queue {queue} ({f.flowid})")
     match f:
         case ir.FlowerFilter():
             police = filter_police_words(f)
@@ -846,7 +879,10 @@ def teardown_commands(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
         )
     if iface.direction == "ingress":
         return (("tc", "qdisc", "del", "dev", iface.name, "ingress"), *actions)
-    return (("tc", "qdisc", "del", "dev", iface.name, "root"), *actions)
+    root = ("tc", "qdisc", "del", "dev", iface.name, "root")
+    if isinstance(iface.root, ir.Mq):
+        return (("tc", "qdisc", "del", "dev", iface.name, "clsact"), root, *actions)
+    return (root, *actions)
 
 
 def chain_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
@@ -958,6 +994,9 @@ def batch_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
         return (*_ingress_teardown(iface.download.interface), *root)
     if iface.direction == "ingress":
         return _ingress_teardown(iface.name)
+    if isinstance(iface.root, ir.Mq):  # the tree owns the clsact qdisc it steers with
+        clsact = (("qdisc", "replace", *dev, "clsact"), ("qdisc", "del", *dev, "clsact"))
+        return (*clsact, *root)
     return root
 
 

@@ -650,6 +650,9 @@ class Ingress:
 
 INGRESS_HANDLE = Handle(0xFFFF, 0)
 """The ingress qdisc's handle, fixed by the kernel."""
+CLSACT_EGRESS = Handle(0xFFFF, 0xFFF3)
+"""The egress hook of a clsact qdisc (tc's ``egress``), where an mq tree's filters pick the
+TX queue (``TC_H_MIN_EGRESS``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -701,6 +704,33 @@ class Cake:
     kind: Literal["cake"] = "cake"
 
 
+@dataclass(frozen=True, slots=True)
+class MqQueue:
+    """One TX queue of an mq root and the qdisc on it (``queue N QDISC``): the mq's class
+    ``M:N``, the device's TX queue ``N - 1``."""
+
+    number: int
+    qdisc: Qdisc
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Mq:
+    """A root ``mq``: one qdisc per TX queue of the device, each shaping on its own (its own
+    lock, its own CPU). Written queue by queue, or ``mq queues N TREE``: the frontend spreads
+    the top-level classes of one htb tree over N queues (see docs/scale.md, "mq sharding").
+    Match lines also pick the queue: the tree adds a clsact qdisc whose egress filters set
+    the packet's TX queue (``Interface.filters`` with parent :data:`CLSACT_EGRESS`)."""
+
+    span: Span
+    queues: tuple[MqQueue, ...] = ()
+    shards: Count | None = None
+    """``queues N`` of the automatic form (the queues are already spread); None: explicit."""
+    explicit_handle: HandleRef | None = None
+    handle: Handle | None = None
+    kind: Literal["mq"] = "mq"
+
+
 ClassfulQdisc = Htb | Prio | Cbq | Hfsc
 ChainQdisc = Tbf | Netem
 Qdisc = (
@@ -721,6 +751,7 @@ Qdisc = (
     | FqPie
     | Red
     | Ingress
+    | Mq
 )
 
 # ---- classification (allocated) ---------------------------------------------------------------
@@ -1046,6 +1077,8 @@ def _child_qdiscs(qdisc: Qdisc) -> tuple[Qdisc, ...]:
             return tuple(cls.leaf for cls in _own_classes(qdisc) if cls.leaf is not None)
         case Tbf() | Netem():
             return () if qdisc.child is None else (qdisc.child,)
+        case Mq():
+            return tuple(q.qdisc for q in qdisc.queues)
         case _:
             return ()
 

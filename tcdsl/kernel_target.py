@@ -81,6 +81,12 @@ FEATURES: Mapping[str, Feature] = {
         hint="use sfq, the fair queue older kernels have",
     ),
     "ingress": Feature("ingress qdisc", (_SCHED, "CONFIG_NET_SCH_INGRESS")),
+    "mq": Feature(
+        "mq qdisc with queue steering (a clsact qdisc whose filters' skbedit queue_mapping picks "
+        "the TX queue, kept since 5.18)",
+        (_SCHED, "CONFIG_NET_SCH_INGRESS", "CONFIG_NET_CLS_ACT", "CONFIG_NET_ACT_SKBEDIT"),
+        since=(5, 18, 0),
+    ),
     "ifb": Feature(
         "ifb device (downloads are shaped on one)",
         ("CONFIG_IFB", "CONFIG_NET_SCH_INGRESS", "CONFIG_NET_CLS_ACT", "CONFIG_NET_ACT_MIRRED"),

@@ -641,6 +641,9 @@ def _rates_above(q: ir.Qdisc, rate: ir.Rate | None) -> dict[int, ir.Rate | None]
         case ir.Tbf() | ir.Netem():
             if q.child is not None:
                 out |= _rates_above(q.child, q.rate or rate)
+        case ir.Mq():
+            for queue in q.queues:
+                out |= _rates_above(queue.qdisc, rate)
         case _:
             pass
     return out

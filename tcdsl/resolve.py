@@ -121,6 +121,12 @@ def _resolve_qdisc(q: ir.Qdisc, diagnostics: list[Diagnostic]) -> ir.Qdisc:
             if q.child is None:
                 return q
             return dataclasses.replace(q, child=_resolve_qdisc(q.child, diagnostics))
+        case ir.Mq():
+            queues = tuple(
+                dataclasses.replace(mq, qdisc=_resolve_qdisc(mq.qdisc, diagnostics))
+                for mq in q.queues
+            )
+            return dataclasses.replace(q, queues=queues)
         case _:
             return q
 

@@ -124,7 +124,9 @@ def order_problems(iface: ir.Interface, commands: Sequence[Command]) -> list[str
                 problems.append(f"{where}: redirect before the IFB's tree is complete")
             continue
         if c.args[0] == "qdisc":
-            if "parent" in c.args:
+            if c.args[-1] == "clsact":  # an mq tree's steering: the ingress slot, ffff:
+                here = (dev, ir.CLSACT_EGRESS.major, 0)
+            elif "parent" in c.args:
                 here = _handle(dev, (_after(c.args, "handle") or "").rstrip(":") + ":")
                 if not exists(parent_of[here]):
                     problems.append(f"{where}: its parent does not exist")
@@ -144,8 +146,9 @@ def order_problems(iface: ir.Interface, commands: Sequence[Command]) -> list[str
         elif c.args[0] == "filter" and ("divisor" in c.args or "link" in c.args):
             problems += _table_problems(iface, c, where, tables, filters, final)
         elif c.args[0] == "filter":
-            attached = _handle(dev, _after(c.args, "parent") or "")
-            key = (dev, _after(c.args, "parent") or "", _after(c.args, "protocol") or "")
+            parent = str(ir.CLSACT_EGRESS) if "egress" in c.args else _after(c.args, "parent")
+            attached = _handle(dev, parent or "")
+            key = (dev, parent or "", _after(c.args, "protocol") or "")
             ht = _after(c.args, "ht")
             if ht is not None and tables.get((key[1], ht.split(":")[0])) != "made":
                 problems.append(f"{where}: its table is not made, or already linked")
@@ -156,6 +159,9 @@ def order_problems(iface: ir.Interface, commands: Sequence[Command]) -> list[str
             if not exists(attached):
                 problems.append(f"{where}: what it is attached to does not exist")
             target = _target(c.args)
+            queue = _after(c.args, "queue_mapping")
+            if queue is not None and iface.root.handle is not None:  # steered: the whole queue
+                target = f"{iface.root.handle.major:x}:{int(queue) + 1:x}"
             if target is not None and not complete(_handle(dev, target)):
                 problems.append(f"{where}: its class {target} is not complete")
             default = defaults.get((dev, attached[1], 0))
@@ -177,7 +183,7 @@ def _table_problems(
 ) -> list[str]:
     """A u32 table is made before its filters and linked once all of them (its sub-tables'
     too, linked) are in: no packet enters a half-filled table."""
-    parent = _after(c.args, "parent") or ""
+    parent = str(ir.CLSACT_EGRESS) if "egress" in c.args else _after(c.args, "parent") or ""
     if "divisor" in c.args:
         table = (_after(c.args, "handle") or "").split(":")[0]
         if (parent, table) in tables:
@@ -320,3 +326,15 @@ def test_u32_tables_build_in_a_safe_order(monkeypatch: pytest.MonkeyPatch) -> No
     assert divisors.count(256) >= 9 and 1 in divisors, divisors  # 10.0.X. then 10.0.x.Y
     assert {t.link.table for t in iface.u32_tables if t.divisor == 256} > {None}
     assert order_problems(iface, list(interface_commands(iface))) == []
+
+
+def test_steering_before_its_queue_is_complete_is_caught() -> None:
+    """An mq tree's clsact and steering filters come last: moved right after the mq root, the
+    first steering filter would send packets to a queue whose tree does not exist yet."""
+    (iface,) = _example(Path("policies/isp-mq.tcp"))
+    commands = list(interface_commands(iface))
+    assert order_problems(iface, commands) == []
+    steering = [c for c in commands if "clsact" in c.args or "egress" in c.args]
+    rest = [c for c in commands if c not in steering]
+    early = [rest[0], *steering, *rest[1:]]
+    assert any("is not complete" in p for p in order_problems(iface, early))

@@ -57,17 +57,22 @@ def _cases(path: Path) -> tuple[runner.Case, runner.Case, list[str], bool]:
     shell, batch = _compile(path, "shell"), _compile(path, "tc-batch")
     assert shell.policy is not None and batch.policy is not None
     create, read = verifier.devices(shell.policy)
+    queues = verifier.tx_queues(shell.policy)
     ipt = any(i.marking is not None for i in shell.policy.interfaces)
     applier, files = batch_applier(batch.policy, batch.files)
     applier += applier  # applied twice: re-applying must change nothing
     return (
         runner.Case(
             f"{path.name} shell",
-            runner.case_script("shell", shell.output or "", create, read, iptables=ipt),
+            runner.case_script(
+                "shell", shell.output or "", create, read, iptables=ipt, queues=queues
+            ),
         ),
         runner.Case(
             f"{path.name} batch",
-            runner.case_script("batch", applier, create, read, iptables=ipt, files=files),
+            runner.case_script(
+                "batch", applier, create, read, iptables=ipt, files=files, queues=queues
+            ),
         ),
         read,
         ipt,

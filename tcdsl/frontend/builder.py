@@ -16,6 +16,7 @@ from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend import tables
 from tcdsl.frontend.chains import chain_name_problem
+from tcdsl.frontend.mq import MqQueueSyntax, build_mq, mq_queue
 from tcdsl.frontend.qdiscs import QdiscBuilder
 from tcdsl.frontend.syntax import (
     DSCP_NAMES,
@@ -941,6 +942,20 @@ class Builder(Transformer[Token, Any]):
         kind_tok, *rest = c
         kind = str(kind_tok)
         body: tuple[Any, ...] | None = None
+        inner: QdiscSyntax | None = None
         if rest and isinstance(rest[-1], Body):
             body = rest.pop().items
+        elif rest and isinstance(rest[-1], QdiscSyntax):
+            inner = rest.pop()
+        if kind == "mq":  # the grammar gives only mq a tree after its options
+            return build_mq(self, self.sp(kind_tok), tuple(rest), body, inner)
         return QdiscBuilder(self, kind, self.sp(kind_tok), tuple(rest), body).build()
+
+    def mq_body(self, c: list[MqQueueSyntax]) -> Body:
+        return Body(tuple(c))
+
+    def mq_queue(self, c: list[Token | QdiscSyntax]) -> MqQueueSyntax:
+        kw, number, tree = c
+        assert isinstance(kw, Token) and isinstance(number, Token)
+        assert isinstance(tree, QdiscSyntax)
+        return mq_queue(self, str(number), join(self.sp(kw), self.sp(number)), tree)

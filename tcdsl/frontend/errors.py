@@ -124,7 +124,7 @@ def syntax_error(
             known = tuple(terminals)
             hint = suggestion(word, _keywords(names, context, known))
         expected = _expected_words(names, context)
-        if "UPLOAD" in names and token.type in ("CLASS", "MATCH", "QDISC_KIND"):
+        if "UPLOAD" in names and token.type in ("CLASS", "MATCH", *_KINDS):
             expected += (
                 "; a block right after the interface name holds its directions; for one "
                 "egress tree, name the qdisc first: 'interface eth0 htb rate 10mbit {'"
@@ -183,9 +183,9 @@ def _context(stack: Sequence[Any]) -> tuple[str, str] | None:
                 return None
             if value.type == "CLASS":
                 owner = "class"
-            elif value.type == "QDISC_KIND":
+            elif value.type in _KINDS:
                 return ("qdisc", str(value))
-        elif value.type == "QDISC_KIND":
+        elif value.type in _KINDS:
             return (owner, str(value))
     return None
 
@@ -260,8 +260,14 @@ _OPERATORS = {"PLUS": "+", "MINUS": "-", "STAR": "*", "SLASH": "/"}
 _LAST = ("COMMA", "LBRACE", "RBRACE", "_NL", "$END")
 
 
+_KINDS = ("QDISC_KIND", "MQ")
+"""The terminals that name a qdisc (mq has its own: only it takes a qdisc after its options)."""
+
+
 def _expected_words(expected: Iterable[str], context: tuple[str, str] | None = None) -> str:
     names = set(expected)
+    if "MQ" in names:
+        names = (names - {"MQ"}) | {"QDISC_KIND"}
     if len(names) > 1:
         names.discard("$END")
     if "_NL" in names:

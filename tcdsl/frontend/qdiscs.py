@@ -129,6 +129,8 @@ QDISC_PARAMS: dict[str, dict[str, Dimension]] = {
         "probability": C,
     },
 }
+QDISC_PARAMS["mq"] = {"queues": C}
+"""mq: ``queues N`` spreads the tree after it (``tcdsl.frontend.mq``, which builds mq)."""
 QDISC_PARAMS["cake"] = {"bandwidth": R, "rtt": T, "memlimit": S, "fwmark": C, "isolate": C}
 QDISC_FLAGS: dict[str, frozenset[str]] = {k: frozenset() for k in QDISC_PARAMS}
 QDISC_FLAGS["fq_codel"] = frozenset({"ecn", "noecn"})

@@ -19,7 +19,7 @@ from tcdsl.commands import Command, chain_teardown, interface_commands, teardown
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.qdiscs import QDISC_PARAMS
 
-QDISC_KINDS = frozenset({*QDISC_PARAMS, "ingress"})
+QDISC_KINDS = frozenset({*QDISC_PARAMS, "ingress", "clsact"})
 
 Kind = Literal["qdisc", "class", "filters", "action", "marking", "link"]
 
@@ -115,7 +115,7 @@ def _key(cmd: Command, tree: str) -> Key:
         case "qdisc":
             if "root" in args:
                 where = "root"
-            elif args[-1] == "ingress":
+            elif args[-1] in ("ingress", "clsact"):  # both take the ingress slot, ffff:
                 where = "ingress"
             else:
                 where = word_after(args, "parent") or ""
@@ -123,7 +123,7 @@ def _key(cmd: Command, tree: str) -> Key:
         case "class":
             return ("class", dev, word_after(args, "classid") or "")
         case "filter":
-            parent = word_after(args, "parent") or ""
+            parent = str(ir.CLSACT_EGRESS) if "egress" in args else word_after(args, "parent") or ""
             return (
                 "filters",
                 dev,

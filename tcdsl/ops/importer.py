@@ -1605,6 +1605,12 @@ def import_policy(
             f"the root qdisc of {main.device} is '{root[0].kind}', which the language has "
             "not: there is no tree to write"
         )
+        if root[0].kind == "mq":
+            message = (
+                f"the root qdisc of {main.device} is mq: import cannot write an mq tree yet "
+                "(its queues and the clsact filters that steer packets to them); write "
+                "'mq { queue N ... }' by hand"
+            )
         errors.append(_located(Problem("E607", message, root[1]), main.source, sources))
     if root is None and dev.ingress is None:
         what = (

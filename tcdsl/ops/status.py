@@ -217,6 +217,10 @@ def _declared(qdisc: ir.Qdisc, depth: int, parent: ir.Class | None) -> Iterator[
         if qdisc.child is not None:
             yield from _declared(qdisc.child, depth, parent)
         return
+    if isinstance(qdisc, ir.Mq):
+        for queue in qdisc.queues:
+            yield from _declared(queue.qdisc, depth, parent)
+        return
     if not isinstance(qdisc, ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc):
         return
 
@@ -366,6 +370,11 @@ def build(
     else:
         ifaces = [i for i in policy.interfaces if i.name in devices]
         claimed = {(i.name, str(d.cls.classid)) for i in ifaces for d in _declared(i.root, 0, None)}
+        for i in ifaces:  # an mq's classes are its TX queues, which the kernel makes
+            if isinstance(i.root, ir.Mq) and i.root.handle is not None:
+                claimed |= {
+                    (i.name, f"{i.root.handle.major:x}:{q.number:x}") for q in i.root.queues
+                }
         placed: set[str] = set()
         for iface in ifaces:
             extra: list[ClassCounters] = []

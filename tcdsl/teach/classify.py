@@ -534,6 +534,8 @@ class _Walk:
                     why = "no policer's match takes it: it is accepted as it is"
                     return [Step(q, None, why, q.span.prefix(len(q.kind)))]
                 return [Step(q, None, hit.why, hit.span)]
+            case ir.Mq():
+                return self._mq(q)
             case ir.Tbf() | ir.Netem() if q.child is not None:
                 why = f"{q.kind} has no classes: every packet goes to its child {q.child.kind}"
                 step = Step(q, None, why, q.span.prefix(len(q.kind)))
@@ -541,6 +543,31 @@ class _Walk:
             case _:
                 why = f"{q.kind} has no classes: every packet is queued here"
                 return [Step(q, None, why, q.span.prefix(len(q.kind)))]
+
+    def _mq(self, q: ir.Mq) -> list[Step]:
+        """The clsact's egress filters pick the TX queue (the first that matches), then that
+        queue's qdisc classifies; a packet none matches stays on the queue the kernel picked
+        (XPS, or a hash of its flow), shown on the first queue."""
+        at = q.span.prefix(len(q.kind))
+        if not q.queues:
+            return [Step(q, None, "mq with no queue of the policy's: the device's defaults", at)]
+        hit = self._first_hit(ir.CLSACT_EGRESS)
+        queue = q.queues[0]
+        if hit is not None:
+            queue = next((mq for mq in q.queues if mq.number == hit.flowid.minor), queue)
+            why = f"clsact egress: {hit.why} -> TX queue {queue.number - 1} ({hit.flowid})"
+            span: Span | None = hit.span
+        else:
+            why = (
+                "no steering filter matched: the kernel picks the TX queue (XPS, or a hash of "
+                f"the flow); shown on TX queue {queue.number - 1} ({q.handle.major:x}:"
+                f"{queue.number:x})"
+                if q.handle is not None
+                else "no steering filter matched"
+            )
+            span = at
+        step = Step(q, None, why, span)
+        return [step, *self.qdisc(queue.qdisc)] if _descends(queue.qdisc) else [step]
 
     def _into(self, q: ir.Qdisc, cls: ir.Class, why: str, span: Span | None) -> list[Step]:
         step = Step(q, cls, f"{why} -> {cls.label} ({cls.classid})", span)

@@ -441,11 +441,29 @@ class _Explainer:
                 if root.child is not None:
                     self.add(Heading(3, "Its child qdisc"))
                     self.add(Para(self.queue(root.child)))
+            case ir.Mq():
+                self.mq_queues(root, iface)
             case _:
                 pass
         for q, holder in self.nested(root):
             self.inner_qdisc(q, holder, iface)
         self.notes(iface)
+
+    def mq_queues(self, root: ir.Mq, iface: ir.Interface) -> None:
+        """Each TX queue of an mq root: its qdisc, and for a classful one its classes."""
+        for queue in root.queues:
+            q = queue.qdisc
+            mq_class = f"{_handle(root).rstrip(':')}:{queue.number:x}"
+            self.add(Heading(3, f"TX queue {queue.number - 1} (mq class {mq_class})"))
+            if not isinstance(q, ir.Htb | ir.Cbq | ir.Prio | ir.Hfsc):
+                self.add(Para(f"Its qdisc is {self.queue(q)}"))
+            else:
+                self.add(Para(f"Its qdisc is {q.kind} {_handle(q)}, with these classes:"))
+                self.classes(q, iface, None)
+                self.classification(q, iface, None)
+                self.unmatched(q, None)
+            for inner, holder in self.nested(q):
+                self.inner_qdisc(inner, holder, iface)
 
     # ---- the directions: downloads through an IFB, ingress policers
     def download_sentence(self, iface: ir.Interface, download: ir.Download) -> str:
@@ -665,6 +683,22 @@ class _Explainer:
                     "comes from its TOS byte (the table below). Each band holds up to "
                     f"{TXQUEUELEN}."
                 )
+            case ir.Mq():
+                spread = (
+                    f" The policy's one htb tree is spread over {root.shards.value} queues: its "
+                    "top-level classes are packed by rate, largest first onto the least-loaded "
+                    "queue, and each queue's htb has the whole link's rate and the default class."
+                    if root.shards is not None
+                    else ""
+                )
+                return (
+                    f"The root qdisc is mq (handle {h}): one qdisc per TX queue of {dev}, each "
+                    "with its own lock, so several CPUs shape at once; the queues do not share "
+                    f"bandwidth with each other.{spread} A clsact qdisc's egress filters, one per "
+                    "filter of a queue's qdisc and in the policy's order, set each matching "
+                    "packet's TX queue (skbedit queue_mapping); a packet none matches stays on "
+                    "the queue the kernel picks (XPS, or a hash of its flow)."
+                )
             case _:
                 return f"The root qdisc is {self.queue(root)}"
 
@@ -707,6 +741,8 @@ class _Explainer:
                 return f"pfifo_fast {h}: three bands by TOS, as the kernel's default qdisc."
             case ir.Ingress():  # only ever a root, explained by ingress()
                 return f"the ingress qdisc {h}: policers, and no queue."
+            case ir.Mq():  # only ever a root, explained by root_sentence()
+                return f"mq {h}: one qdisc per TX queue."
             case ir.Cake():
                 return self.cake(q)
             case ir.Codel():

@@ -540,6 +540,20 @@ class _Builder:
                 if q.child is not None:
                     below = f"{q.handle.major:x}:1"
                     self.qdisc(q.child, below, f"{q.child.kind} qdisc of {below}")
+            case ir.Mq():
+                self.qdiscs.append(
+                    ExpectedQdisc(
+                        "clsact qdisc (TX queue steering)",
+                        "clsact",
+                        "ffff:",
+                        "ffff:fff1",
+                        q.span,
+                        (),
+                    )
+                )
+                for queue in q.queues:
+                    below = f"{q.handle.major:x}:{queue.number:x}"
+                    self.qdisc(queue.qdisc, below, f"{queue.qdisc.kind} qdisc of {below}")
             case _:
                 pass
 
@@ -1048,12 +1062,17 @@ def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
                     )
                     continue
                 police = (police_action(f.police),) if f.police is not None else ()
+                flowid = str(f.flowid)
+                if f.parent == ir.CLSACT_EGRESS:  # an mq tree's: sets the TX queue, no class
+                    queue = str(f.flowid.minor - 1)
+                    label = f"{family} filter to TX queue {queue} (pref {f.pref})"
+                    flowid, police = "", (("skbedit", "queue_mapping", queue),)
                 yield ExpectedFilter(
                     label,
                     "u32",
                     str(f.parent),
                     f.pref,
-                    str(f.flowid),
+                    flowid,
                     f.span,
                     keys,
                     words=words,
@@ -1223,6 +1242,7 @@ _QDISC_WORDS = {
     "fq": "the fq qdisc",
     "fq_pie": "the fq_pie qdisc",
     "red": "the red qdisc",
+    "mq": "the mq qdisc",
 }
 
 
@@ -1233,6 +1253,13 @@ def requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
         for q in ir.walk_qdiscs(iface.root):
             feature = f"sch_{q.kind}"
             found.setdefault(feature, Requirement(feature, _QDISC_WORDS[q.kind], q.span))
+        if isinstance(iface.root, ir.Mq):
+            span = iface.root.span
+            found.setdefault("sch_clsact", Requirement("sch_clsact", "the clsact qdisc", span))
+            steering = next((f for f in iface.filters if f.parent == ir.CLSACT_EGRESS), None)
+            if steering is not None:
+                what = "the skbedit action (queue_mapping)"
+                found.setdefault("act_skbedit", Requirement("act_skbedit", what, steering.span))
         for f in iface.filters:
             match f:
                 case ir.U32Filter():

@@ -692,6 +692,8 @@ def parse_action(line: str) -> Action | None:
         )
     if (m := _MIRRED.match(text)) is not None:
         return ("mirred", m.group(1).lower(), m.group(2).lower(), m.group(3))
+    if words[0] == "skbedit" and (queue := _after(words, "queue_mapping")) is not None:
+        return ("skbedit", "queue_mapping", queue)
     return (words[0],)
 
 

@@ -100,8 +100,9 @@ tcdsl_section() {
 tcdsl_parents() {
     { tc qdisc show dev "$1"; tc class show dev "$1"; } 2>/dev/null |
     while read -r tcdsl_what tcdsl_kind tcdsl_id tcdsl_rest; do
-        case "$tcdsl_what" in
-        qdisc | class) [ "$tcdsl_id" = 0: ] || printf '%s\n' "$tcdsl_id" ;;
+        case "$tcdsl_what $tcdsl_kind" in
+        "qdisc clsact") printf 'ffff:fff3\n' ;;
+        qdisc* | class*) [ "$tcdsl_id" = 0: ] || printf '%s\n' "$tcdsl_id" ;;
         esac
     done
 }
@@ -157,6 +158,7 @@ def case_script(
     after: str = "",
     commands: Sequence[str] = (),
     files: Mapping[str, str] | None = None,
+    queues: Mapping[str, int] | None = None,
 ) -> str:
     """The text of one case.
 
@@ -171,12 +173,15 @@ def case_script(
     script for a kernel that cannot run it (cbq) is checked for tc's parse errors.
 
     ``files`` (name -> text) are written next to the script, which then runs in their
-    directory: how the files of a ``tc -batch`` output are applied.
+    directory: how the files of a ``tc -batch`` output are applied. ``queues`` gives the
+    devices that need several TX queues (an mq root) their number.
     """
+    queues = queues or {}
     out = [_PRELUDE.replace("@LABEL@", label.replace("\n", " "))]
     setup = []
     for dev, peer in zip(devices, peer_names(devices), strict=True):
-        setup.append(f"ip link add {_q(dev)} type veth peer name {_q(peer)}")
+        many = f" numtxqueues {queues[dev]}" if dev in queues else ""
+        setup.append(f"ip link add {_q(dev)}{many} type veth peer name {_q(peer)}{many}")
         setup.append(f"ip link set {_q(dev)} up")
         setup.append(f"ip link set {_q(peer)} up")
     out.append(
@@ -464,6 +469,7 @@ _PROBE_FILTERS = {
 
 
 _PROBE_ACTIONS = {
+    "skbedit": "action skbedit queue_mapping 0",
     "police": "police rate 1mbit burst 10k drop flowid 1:1",
     "connmark": "action connmark",
     "mirred": "action mirred egress mirror dev tcdslprobe1",
@@ -495,6 +501,9 @@ def probe_script() -> str:
         "ip link add tcdslprobe2 type ifb >/dev/null 2>&1 && echo ifb\n"
         "tc qdisc add dev tcdslprobe0 handle ffff: ingress >/dev/null 2>&1 &&\n"
         "    echo 'qdisc ingress'\n"
+        "tc qdisc add dev tcdslprobe1 clsact >/dev/null 2>&1 && echo 'qdisc clsact'\n"
+        "ip link add tcdslprobe3 numtxqueues 2 type veth peer name tcdslprobe4 >/dev/null 2>&1 &&\n"
+        "    tc qdisc add dev tcdslprobe3 root handle 1: mq >/dev/null 2>&1 && echo 'qdisc mq'\n"
     )
     for n, (kind, spec) in enumerate(_PROBE_ACTIONS.items(), start=10):
         lines.append(

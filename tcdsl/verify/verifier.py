@@ -119,6 +119,15 @@ def devices(policy: ir.Policy) -> tuple[list[str], list[str]]:
     return create, read
 
 
+def tx_queues(policy: ir.Policy) -> dict[str, int]:
+    """The TX queues each device needs (an mq root: its highest queue number)."""
+    return {
+        i.name: max(q.number for q in i.root.queues)
+        for i in policy.interfaces
+        if isinstance(i.root, ir.Mq) and i.root.queues
+    }
+
+
 def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
     # The shell script's per-command form: a failing command is then named by its own line
     # (the batch form runs the same commands in the same order through one tc -batch).
@@ -170,6 +179,7 @@ def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
             before=before,
             after=after,
             files=files,
+            queues=tx_queues(result.policy),
         )
     plan.case = runner.Case(path, script)
     return plan

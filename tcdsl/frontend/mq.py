@@ -1,0 +1,250 @@
+"""The ``mq`` root: its queues as written (``mq { queue 1 htb ... }``), or one htb tree spread
+over N TX queues (``mq queues N htb ...``) by bin-packing its top-level classes by rate,
+largest first onto the least-loaded queue (as LibreQoS spreads circuits over CPUs).
+
+Each queue gets an htb of its own: a copy of the tree's link class (the whole link's rate, as
+any one queue may carry all the traffic), the top-level classes packed onto it, and the
+default class (the original on its own queue, a copy ``NAME@Q`` on every other one, since a
+packet no line matches stays on the queue the kernel picked for it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tcdsl import ir
+from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.frontend.syntax import DefaultOpt, HandleOpt, Param, QdiscSyntax
+from tcdsl.units import Dimension
+
+if TYPE_CHECKING:
+    from tcdsl.frontend.builder import Builder
+
+MAX_QUEUES = 4096
+"""The most TX queues tcdsl spreads a tree over, or numbers a queue up to."""
+
+
+class MqQueueSyntax:
+    """``queue N QDISC`` as written (``number`` None: a bad number, already reported)."""
+
+    __slots__ = ("number", "span", "tree")
+
+    def __init__(self, number: int | None, span: Span, tree: QdiscSyntax) -> None:
+        self.number, self.span, self.tree = number, span, tree
+
+
+def build_mq(
+    b: Builder,
+    span: Span,
+    opts: tuple[Any, ...],
+    body: tuple[Any, ...] | None,
+    inner: QdiscSyntax | None,
+) -> QdiscSyntax:
+    """The IR of one ``mq``: its options, then its queues (explicit) or its spread tree."""
+    shards: ir.Count | None = None
+    handle: ir.HandleRef | None = None
+    for opt in opts:
+        if isinstance(opt, Param) and opt.key == "queues" and shards is None:
+            shards = _queues(b, opt)
+        elif isinstance(opt, HandleOpt) and opt.keyword == "handle" and handle is None:
+            handle = opt.ref
+        else:
+            at = opt.name.span if isinstance(opt, DefaultOpt) else opt.span
+            word = getattr(opt, "key", None) or getattr(opt, "keyword", None) or "this"
+            b.error(
+                Diagnostic.error(
+                    "E007",
+                    f"'{word}' is not a parameter of mq; it takes queues and handle (the "
+                    "shaping belongs to the qdisc of each queue)",
+                    at,
+                )
+            )
+    if inner is not None and body is not None:  # the grammar allows one of them only
+        raise AssertionError("mq with both a block and a tree")
+    if inner is not None:
+        if shards is None:
+            b.error(
+                Diagnostic.error(
+                    "E267",
+                    "a tree after mq is spread over its queues: say how many, as "
+                    f"'mq queues 16 {inner.qdisc.kind} ...'",
+                    span,
+                )
+            )
+            return QdiscSyntax(ir.Mq(span, (), None, handle), inner.classify)
+        queues = spread(b, inner.qdisc, shards)
+        return QdiscSyntax(ir.Mq(span, queues, shards, handle), inner.classify)
+    if shards is not None:
+        b.error(
+            Diagnostic.error(
+                "E267",
+                f"mq queues {shards.value} spreads a tree: write the tree after it "
+                f"('mq queues {shards.value} htb rate 1gbit default NAME {{ ... }}'), or "
+                "number each queue in a block without 'queues'",
+                shards.span,
+            )
+        )
+    return QdiscSyntax(ir.Mq(span, _explicit(b, span, body), None, handle), ())
+
+
+def _queues(b: Builder, opt: Param) -> ir.Count | None:
+    from tcdsl.frontend.qdiscs import QdiscBuilder  # which imports this module
+
+    count = QdiscBuilder(b, "mq", opt.span, (), None)._value(opt, Dimension.COUNT, False)
+    if not isinstance(count, ir.Count):
+        return None
+    if not 1 <= count.value <= MAX_QUEUES:
+        msg = f"queues {count.value} is not between 1 and {MAX_QUEUES}"
+        b.error(Diagnostic.error("E267", msg, count.span))
+        return None
+    return count
+
+
+def _explicit(
+    b: Builder, span: Span, body: tuple[MqQueueSyntax, ...] | None
+) -> tuple[ir.MqQueue, ...]:
+    queues: list[ir.MqQueue] = []
+    seen: dict[int, Span] = {}
+    for item in body or ():  # the grammar lets only `queue N QDISC` lines in
+        if item.number is None:
+            continue
+        for m in item.tree.classify:
+            b.error(
+                Diagnostic.error(
+                    "E268", "an mq tree classifies with its match lines, not by mark", m.span
+                )
+            )
+        if item.number in seen:
+            first = Note("first given here", seen[item.number])
+            msg = f"queue {item.number} is given twice"
+            b.error(Diagnostic.error("E269", msg, item.span, first))
+            continue
+        seen[item.number] = item.span
+        queues.append(ir.MqQueue(item.number, item.tree.qdisc, item.span))
+    if body is not None and not queues and not seen:
+        b.error(Diagnostic.error("E266", "an mq needs at least one 'queue N QDISC'", span))
+    return tuple(queues)
+
+
+def mq_queue(b: Builder, number: str, span: Span, tree: QdiscSyntax) -> MqQueueSyntax:
+    """One ``queue N QDISC`` line, its number checked."""
+    value = int(number, 0)
+    if not 1 <= value <= MAX_QUEUES:
+        b.error(
+            Diagnostic.error(
+                "E269",
+                f"queue {value} is not between 1 and {MAX_QUEUES} (queue N is the device's TX "
+                "queue N-1, the mq's class M:N)",
+                span,
+            )
+        )
+        return MqQueueSyntax(None, span, tree)
+    return MqQueueSyntax(value, span, tree)
+
+
+def _weight(cls: ir.Class, link: ir.Class | None) -> int:
+    """The rate a top-level class is packed by (a percentage of the link's)."""
+    rate = cls.rate
+    if isinstance(rate, ir.Rate):
+        return rate.bits_per_second
+    if isinstance(rate, ir.Percent) and link is not None and isinstance(link.rate, ir.Rate):
+        return int(link.rate.bits_per_second * rate.value / 100)
+    return 0
+
+
+def pack(weights: list[int], bins: int) -> list[int]:
+    """The bin of each weight: largest first (ties in the order given) onto the least-loaded
+    bin (ties to the lowest-numbered), deterministic."""
+    load = [0] * bins
+    placed = [0] * len(weights)
+    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        target = min(range(bins), key=lambda n: (load[n], n))
+        placed[i] = target
+        load[target] += weights[i]
+    return placed
+
+
+def spread(b: Builder, tree: ir.Qdisc, shards: ir.Count) -> tuple[ir.MqQueue, ...]:
+    """Spread ``tree``'s top-level classes over ``shards`` queues, each an htb of its own."""
+    if not isinstance(tree, ir.Htb):
+        b.error(
+            Diagnostic.error(
+                "E267",
+                f"mq queues N spreads an htb tree over the queues; found {tree.kind} (write "
+                "each queue's qdisc in a block instead: 'mq { queue 1 ... }')",
+                tree.span,
+            )
+        )
+        return ()
+    if tree.explicit_handle is not None:
+        b.error(
+            Diagnostic.error(
+                "E267",
+                "a spread tree gets one handle per queue; remove 'handle' (or number each "
+                "queue's qdisc in a block)",
+                tree.explicit_handle.span,
+            )
+        )
+    top = tree.classes
+    link = top[0] if len(top) == 1 and top[0].implicit else None
+    tops = link.children if link is not None else top
+    default = _find(tops, tree.default.name) if tree.default is not None else None
+    count = shards.value
+    home = pack([_weight(c, link) for c in tops], count)
+    holder = next(
+        (i for i, c in enumerate(tops) if default is not None and _holds(c, default)), None
+    )
+    if len(tops) < count:
+        b.error(
+            Diagnostic.warning(
+                "W368",
+                f"mq queues {count} spreads {len(tops)} top-level class"
+                f"{'es' if len(tops) != 1 else ''}: {_idle(len(tops) + 1, count)} only the "
+                "default class",
+                shards.span,
+            )
+        )
+    queues: list[ir.MqQueue] = []
+    for n in range(count):
+        mine = tuple(c for i, c in zip(range(len(tops)), tops, strict=True) if home[i] == n)
+        name = tree.default
+        if (
+            default is not None
+            and tree.default is not None
+            and (holder is None or home[holder] != n)
+        ):
+            copy = ir.replace(
+                default,
+                name=f"{default.name}@{n + 1}",
+                matches=(),
+                children=(),
+                explicit_id=None,
+                leaf=_copy_leaf(default.leaf),
+            )
+            mine += (copy,)
+            name = ir.Name(copy.name, tree.default.span)
+        classes = (ir.replace(link, children=mine),) if link is not None else mine
+        shard = ir.replace(tree, classes=classes, default=name, explicit_handle=None)
+        queues.append(ir.MqQueue(n + 1, shard, shards.span))
+    return tuple(queues)
+
+
+def _idle(first: int, last: int) -> str:
+    return f"queue {last} holds" if first == last else f"queues {first} to {last} hold"
+
+
+def _copy_leaf(leaf: ir.Qdisc | None) -> ir.Qdisc | None:
+    if leaf is None or leaf.explicit_handle is None:
+        return leaf
+    return ir.replace(leaf, explicit_handle=None)
+
+
+def _find(classes: tuple[ir.Class, ...], name: str) -> ir.Class | None:
+    for top in classes:
+        for cls in top.walk():
+            if cls.name == name and not cls.implicit:
+                return cls
+    return None
+
+
+def _holds(top: ir.Class, cls: ir.Class) -> bool:
+    return any(c is cls for c in top.walk())

@@ -1,0 +1,424 @@
+"""The ``mq`` root: its two forms, the spreading of a tree over TX queues, the commands, and
+the queue steering, proved with packets in the user-mode Linux guest (its 6.1 kernel has
+act_skbedit) and, as far as the host kernel allows, on the host."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tcdsl import ir
+from tcdsl.driver import Result, compile_policy
+from tcdsl.frontend.mq import pack
+
+AUTO = """\
+interface eth0 mq queues 4 htb rate 1gbit default unknown {
+    class a rate 300mbit match dst 10.0.0.1
+    class b rate 200mbit match dst 10.0.0.2
+    class c rate 100mbit match dst 10.0.0.3
+    class d rate 50mbit match dst 10.0.0.4 {
+        pfifo limit 100
+    }
+    class unknown rate 10mbit ceil 1gbit
+}
+"""
+
+EXPLICIT = """\
+interface eth0 mq {
+    queue 1 htb rate 1gbit default a {
+        class a rate 500mbit match dst 10.0.0.1
+        class b rate 500mbit match dst 10.0.0.2
+    }
+    queue 3 htb rate 1gbit default c {
+        class c rate 500mbit match dst 10.0.0.3
+    }
+    queue 2 fq_codel
+}
+"""
+
+
+def compiled(tmp_path: Path, text: str, backend: str = "tc-batch") -> Result:
+    path = tmp_path / "p.tcp"
+    path.write_text(text)
+    return compile_policy(str(path), backend)
+
+
+def batch(tmp_path: Path, text: str) -> list[str]:
+    result = compiled(tmp_path, text)
+    assert result.output is not None, [d.message for d in result.diagnostics]
+    return [line for line in result.output.splitlines() if not line.startswith("#")]
+
+
+def test_pack_puts_the_largest_first_onto_the_least_loaded_queue() -> None:
+    assert pack([300, 200, 100, 50, 10], 4) == [0, 1, 2, 3, 3]
+    assert pack([5, 5, 5, 5], 2) == [0, 1, 0, 1]
+    assert pack([1, 9, 9], 2) == [0, 0, 1]
+
+
+def test_auto_form_gives_each_queue_an_htb_with_the_default_class(tmp_path: Path) -> None:
+    lines = batch(tmp_path, AUTO)
+    assert "qdisc add dev eth0 root handle 1: mq" in lines
+    shards = [
+        line for line in lines if re.match(r"qdisc add dev eth0 parent 1:\d handle \w+: htb", line)
+    ]
+    assert [line.split()[5] for line in shards] == ["1:1", "1:2", "1:3", "1:4"]
+    # every queue's link class has the whole link's rate, and a default class of 10mbit
+    for n in range(2, 6):
+        assert f"class add dev eth0 parent {n}: classid {n}:1 htb rate 1gbit" in lines
+        assert f"class add dev eth0 parent {n}:1 classid {n}:20 htb rate 10mbit ceil 1gbit" in lines
+    steering = [line for line in lines if " egress " in line]
+    assert steering == [
+        f"filter add dev eth0 egress protocol ip prio 1 u32 match ip dst 10.0.0.{n} "
+        f"action skbedit queue_mapping {n - 1}"
+        for n in range(1, 5)
+    ]
+    assert lines.index("qdisc add dev eth0 clsact") > max(lines.index(s) for s in shards)
+
+
+def test_teardown_removes_the_clsact_the_tree_owns(tmp_path: Path) -> None:
+    lines = batch(tmp_path, AUTO)
+    assert lines[:4] == [
+        "qdisc replace dev eth0 clsact",
+        "qdisc del dev eth0 clsact",
+        "qdisc replace dev eth0 root pfifo",
+        "qdisc del dev eth0 root",
+    ]
+    plain = batch(tmp_path, "interface eth0 htb rate 1gbit default a { class a rate 1mbit }\n")
+    assert not any("clsact" in line for line in plain)
+
+
+def test_explicit_form_keeps_each_queue_as_written(tmp_path: Path) -> None:
+    lines = batch(tmp_path, EXPLICIT)
+    assert "qdisc add dev eth0 parent 1:3 handle 4: htb default 10 r2q 1000" in lines
+    assert "qdisc add dev eth0 parent 1:2 handle 3: fq_codel" in lines
+    steering = [line.split()[-1] for line in lines if " egress " in line]
+    assert steering == ["0", "0", "2"]
+
+
+def test_class_ids_are_per_queue(tmp_path: Path) -> None:
+    """E210's 16-bit class ids are per queue's htb: 70,000 classes over 2 queues fit."""
+    n = 70_000
+    body = "".join(f"    class c{i} rate 1kbit\n" for i in range(n))
+    result = compiled(
+        tmp_path, f"interface eth0 mq queues 2 htb rate 1gbit default c0 {{\n{body}}}\n", "json"
+    )
+    assert result.policy is not None and not result.errors, [d.message for d in result.errors[:3]]
+    root = result.policy.interfaces[0].root
+    assert isinstance(root, ir.Mq)
+    counts = [len(list(ir.classes_of(q.qdisc))) for q in root.queues]
+    assert sum(counts) == n + 2 + 1  # two link classes and one copy of the default
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("interface eth0 mq queues 2 sfq\n", "E267"),
+        ("interface eth0 mq htb rate 1gbit default a { class a rate 1mbit }\n", "E267"),
+        ("interface eth0 mq queues 0 htb rate 1gbit default a { class a rate 1mbit }\n", "E267"),
+        ("interface eth0 mq queues 2 { queue 1 fq_codel }\n", "E267"),
+        ("interface eth0 htb rate 1gbit fq_codel\n", "E001"),
+        ("interface eth0 mq { queue 1 sfq\n queue 1 fq_codel }\n", "E269"),
+        ("interface eth0 mq { queue 0 sfq }\n", "E269"),
+        (
+            "interface eth0 htb rate 1gbit default a { class a rate 1mbit { queue 1 sfq } }\n",
+            "E001",
+        ),
+        ("interface eth0 mq { queue 1 mq { queue 1 sfq } }\n", "E266"),
+        ("interface eth0 mq { }\n", "E266"),
+        ("interface eth0 mq queues 3 htb rate 1gbit default a { class a rate 1mbit }\n", "W368"),
+    ],
+)
+def test_mq_diagnostics(tmp_path: Path, text: str, code: str) -> None:
+    result = compiled(tmp_path, text)
+    assert code in [d.code for d in result.diagnostics], [
+        (d.code, d.message) for d in result.diagnostics
+    ]
+
+
+def test_tcng_says_it_has_no_mq(tmp_path: Path) -> None:
+    result = compiled(tmp_path, AUTO, "tcng")
+    assert result.output is None
+    assert any("no mq" in d.message for d in result.errors)
+
+
+@pytest.mark.parametrize("backend", ["json", "dot", "mermaid", "shell"])
+def test_other_backends_emit_mq(tmp_path: Path, backend: str) -> None:
+    result = compiled(tmp_path, AUTO, backend)
+    assert result.output is not None and "5:10" in result.output
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+
+GUEST = """\
+ip link add name eth0 numtxqueues 4 type veth peer name peer0 numtxqueues 4
+ip link set dev eth0 up
+ip link set dev peer0 up
+ip addr add 10.0.0.254/24 dev eth0
+for n in 1 2 3 4 5; do ip neigh add 10.0.0.$n lladdr 02:00:00:00:00:0$n dev eth0 nud permanent; done
+cat > p.batch <<'TCDSL_BATCH'
+{batch}TCDSL_BATCH
+tc -batch p.batch || exit 9
+{send}
+tc -s class show dev eth0
+"""
+
+
+def class_packets(show: str) -> dict[str, int]:
+    """``tc -s class show``: class id -> packets sent (htb classes only)."""
+    found: dict[str, int] = {}
+    for m in re.finditer(r"class htb (\S+) .*?\n Sent \d+ bytes (\d+) pkt", show):
+        found[m.group(1)] = int(m.group(2))
+    return found
+
+
+def test_steering_reaches_each_class_in_the_guest(tmp_path: Path) -> None:
+    """In the 6.1 guest, each address's packets leave by its queue and land in its class;
+    10.0.0.5, matched by no line, lands in a default class (whichever queue it hashes to)."""
+    from tcdsl.kernels import uml
+    from tcdsl.verify import runner
+
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    result = compiled(tmp_path, AUTO)
+    assert result.output is not None
+    ping = "for n in 1 2 3 4 5; do ping -c 2 -W 1 10.0.0.$n >/dev/null 2>&1; done"
+    guest = GUEST.format(batch=result.output, send=ping)
+    (res,) = uml.run_cases([uml.Case("mq", guest)], timeout=300)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    sent = class_packets(res.stdout)
+    assert [sent[f"{n}:10"] for n in range(2, 6)] == [2, 2, 2, 2], res.stdout
+    from tcdsl.teach.classify import classify
+    from tcdsl.teach.traffic import parse_packet
+
+    assert result.policy is not None
+    for n in range(1, 5):  # classify says the class whose counter the kernel moved
+        last = classify(result.policy, parse_packet(f"icmp dst 10.0.0.{n}")).steps[-1]
+        assert last.cls is not None and sent[str(last.cls.classid)] == 2
+    defaults = [sent[f"{n}:20"] for n in range(2, 6)]
+    assert sum(defaults) == 2, res.stdout
+
+
+def _host_can_mq() -> str | None:
+    probe = (
+        "ip link add name t0 numtxqueues 2 type veth peer name t1 && "
+        "tc qdisc add dev t0 root handle 1: mq"
+    )
+    done = subprocess.run(["unshare", "-n", "sh", "-c", probe], capture_output=True, text=True)
+    return None if done.returncode == 0 else f"no mq on veth here: {done.stderr.strip()}"
+
+
+def test_host_builds_the_queues_and_classifies_within_them(tmp_path: Path) -> None:
+    """On the host: the mq root and its 16 htbs on a veth with 16 TX queues, and a packet
+    classified within the queue it leaves by. Steering needs act_skbedit, which the host may
+    lack: then the clsact part is left out, and the packets' queue is the kernel's pick, so
+    only the policy's default classes (on every queue) can be checked."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    body = "".join(f"    class s{i} rate 10mbit match dst 10.0.1.{i}\n" for i in range(1, 33))
+    rest = "    class rest rate 1mbit ceil 1gbit\n"
+    text = f"interface eth0 mq queues 16 htb rate 1gbit default rest {{\n{body}{rest}}}\n"
+    result = compiled(tmp_path, text)
+    assert result.output is not None
+    skbedit = subprocess.run(
+        [
+            "unshare",
+            "-n",
+            "sh",
+            "-c",
+            "ip link add name t0 type veth peer name t1 && "
+            "tc qdisc add dev t0 clsact && tc filter add dev t0 egress protocol ip prio 1 "
+            "u32 match u32 0 0 action skbedit queue_mapping 0",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    text_batch = result.output
+    if skbedit.returncode != 0:
+        print(f"host: no act_skbedit ({skbedit.stderr.strip()}); steering left out")
+        text_batch = "".join(
+            line + "\n"
+            for line in result.output.splitlines()
+            if "clsact" not in line and " egress " not in line
+        )
+    send = (
+        f"{sys.executable} -c 'import socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        'for n in range(1, 6):\n for _ in range(2): s.sendto(b"x", (f"10.0.1.{n}", 9))\''
+    )
+    script = GUEST.replace("numtxqueues 4", "numtxqueues 16").format(batch=text_batch, send=send)
+    script = script.replace("10.0.0.", "10.0.1.").replace("10.0.1.254/24", "10.0.1.254/24")
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f"cd {tmp_path} && {script}"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    sent = class_packets(done.stdout)
+    shards = {cid.split(":")[0] for cid in sent}
+    assert len(shards) == 16
+    total = sum(sent[c] for c in sent if not c.endswith(":1"))
+    assert total >= 10, done.stdout  # 5 addresses, 2 pings each (ARP is not IP: no class)
+    if skbedit.returncode == 0:  # each address in its own class, on the queue steered to
+        assert sorted(v for v in sent.values() if v)[-5:] == [2] * 5, done.stdout
+
+
+# ---- the rest of the product -----------------------------------------------------------------
+
+
+def test_classify_picks_the_queue_then_the_class(tmp_path: Path) -> None:
+    from tcdsl.teach.classify import classify
+    from tcdsl.teach.traffic import parse_packet
+
+    result = compiled(tmp_path, AUTO)
+    assert result.policy is not None
+    verdict = classify(result.policy, parse_packet("udp dst 10.0.0.3"))
+    first, last = verdict.steps[0], verdict.steps[-1]
+    assert isinstance(first.qdisc, ir.Mq) and "-> TX queue 2 (1:3)" in first.why
+    assert last.cls is not None and last.cls.name == "c" and str(last.cls.classid) == "4:10"
+    unmatched = classify(result.policy, parse_packet("udp dst 10.9.9.9"))
+    assert "kernel picks the TX queue" in unmatched.steps[0].why
+    assert unmatched.steps[-1].cls is not None
+    assert unmatched.steps[-1].cls.name == "unknown@1"
+
+
+def test_explain_describes_the_queues(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tcdsl.cli import cli
+
+    path = tmp_path / "p.tcp"
+    path.write_text(AUTO)
+    out = CliRunner().invoke(cli, ["explain", str(path)])
+    assert out.exit_code == 0, out.output
+    assert "The root qdisc is mq (handle 1:)" in out.output
+    assert "spread over 4 queues" in out.output
+    for n in range(4):
+        assert f"TX queue {n} (mq class 1:{n + 1})" in out.output
+    assert "class 'c' (4:10)" in out.output
+
+
+def test_live_objects_key_the_steering(tmp_path: Path) -> None:
+    """plan and apply see the clsact qdisc in the ingress slot and its filters at ffff:fff3,
+    so a change there is a change of those objects (and their removal commands exist)."""
+    from tcdsl.ops.desired import trees_of
+
+    result = compiled(tmp_path, AUTO)
+    (tree,) = trees_of(result.policy)
+    keys = {o.key for o in tree.objects}
+    assert ("qdisc", "eth0", "ingress") in keys
+    assert ("filters", "eth0", "ffff:fff3", "ip", "1") in keys
+    assert ("qdisc", "eth0", "1:3") in keys
+    assert ("tc", "qdisc", "del", "dev", "eth0", "clsact") in tree.removal
+
+
+def test_verify_reads_back_queues_and_steering_in_the_guest(tmp_path: Path) -> None:
+    """verify on the 6.1 guest: the mq, its queues' qdiscs and classes, the clsact qdisc and
+    the steering filters' skbedit actions all agree."""
+    from tcdsl.verify import runner
+    from tcdsl.verify.verifier import verify_many
+
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    good, tampered = tmp_path / "good.tcp", tmp_path / "tampered.tcp"
+    good.write_text(AUTO)
+    tampered.write_text(AUTO)
+    after = {str(tampered): "tc filter del dev eth0 egress protocol ip pref 1\n"}
+    found, lost = verify_many([str(good), str(tampered)], "tc-batch", "uml", after=after)
+    assert not [d for d in found.diagnostics if d.is_error], [d.message for d in found.diagnostics]
+    assert found.checked is not None and found.checked.filters == 8
+    missing = [d.message for d in lost.diagnostics if d.is_error]
+    assert any("TX queue" in m for m in missing), missing
+
+
+def test_a_kernel_before_5_18_has_no_queue_steering(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tcdsl.cli import cli
+
+    path = tmp_path / "p.tcp"
+    path.write_text(AUTO)
+    old = CliRunner().invoke(cli, ["check", "--kernel", "5.10", str(path)])
+    assert old.exit_code == 1 and "[E213]" in old.output and "skbedit" in old.output
+    new = CliRunner().invoke(cli, ["check", "--kernel", "6.1", str(path)])
+    assert new.exit_code == 0, new.output
+
+
+OPS = """\
+interface eth0 mq {
+    queue 1 htb rate 1gbit default a {
+        class a rate 500mbit
+    }
+    queue 2 htb rate 1gbit default b {
+        class b rate RATE
+    }
+}
+"""
+
+
+def test_apply_changes_a_queue_in_place_and_status_names_it(tmp_path: Path) -> None:
+    """On the host (no steering filters in this tree, so no act_skbedit needed): a class's
+    rate changes in place, and status shows the queues' classes by name."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    (tmp_path / "one.tcp").write_text(OPS.replace("RATE", "500mbit"))
+    (tmp_path / "two.tcp").write_text(OPS.replace("RATE", "400mbit"))
+    tcdsl = Path(sys.executable).parent / "tcdsl"
+    script = (
+        f"cd {tmp_path} && export TCDSL_STATE_DIR={tmp_path} TCDSL_LOCK_DIR={tmp_path} && "
+        "ip link add name eth0 numtxqueues 4 type veth peer name peer0 numtxqueues 4 && "
+        "ip link set dev eth0 up && "
+        f"{tcdsl} apply --yes --name m one.tcp && "
+        f"{tcdsl} apply --yes --name m two.tcp && "
+        f"{tcdsl} status two.tcp && tc class show dev eth0"
+    )
+    done = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "~ class b: rate 500mbit -> 400mbit" in done.stdout
+    assert "class htb 3:10 parent 3:1 prio 0 rate 400Mbit" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if "|3:10 " in line]
+    assert rows and rows[0].split()[0] == "b", done.stdout
+    assert "1:1 (not in policy)" not in done.stdout
+
+
+def test_import_says_it_cannot_write_an_mq_tree(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tcdsl.cli import cli
+
+    saved = tmp_path / "saved.txt"
+    saved.write_text(
+        "qdisc mq 1: root\n"
+        "qdisc htb 2: parent 1:1 r2q 10 default 0x10 direct_packets_stat 0 direct_qlen 1000\n"
+    )
+    out = CliRunner().invoke(cli, ["import", "-i", "eth0", "--from", str(saved)])
+    assert out.exit_code == 1, out.output
+    assert "[E607]" in out.output and "cannot write an mq tree yet" in out.output
+
+
+def test_flower_trees_steer_with_flower(tmp_path: Path) -> None:
+    text = AUTO.replace("interface eth0 mq", "interface eth0 classifier flower mq")
+    steering = [line for line in batch(tmp_path, text) if " egress " in line]
+    assert steering == [
+        f"filter add dev eth0 egress protocol ip prio {n} flower dst_ip 10.0.0.{n} "
+        f"action skbedit queue_mapping {n - 1}"
+        for n in range(1, 5)
+    ]
+
+
+def test_percentages_resolve_inside_the_queues(tmp_path: Path) -> None:
+    """A spread tree's percentages are of its link's rate, as in one htb."""
+    text = (
+        "interface eth0 mq queues 2 htb rate 1gbit default b {\n"
+        "    class a rate 50% match dst 10.0.0.1\n"
+        "    class b rate 40%\n"
+        "}\n"
+    )
+    lines = batch(tmp_path, text)
+    assert any(" htb rate 500mbit" in line for line in lines), lines
+    assert not any("%" in line for line in lines)
