@@ -150,6 +150,8 @@ KEYWORD_SETS = {
 FIELD = "support.variable.field."
 SET_SCOPES = {
     "QDISC_KIND": "support.type.qdisc.",
+    "MQ": "support.type.qdisc.",
+    "QUEUE": "keyword.",
     "PARAM": "variable.parameter.",
     "FLAG": "constant.language.flag.",
     "HANDLE_KW": "keyword.",
@@ -291,6 +293,8 @@ def _keyword_samples() -> Iterator[tuple[str, str, str]]:
     """(terminal, word, policy) with the word of a keyword set where the grammar takes it."""
     templates = {
         "QDISC_KIND": "interface eth0 {w}\ninterface eth0 htb {{\n  class c {{ {w} }}\n}}\n",
+        "MQ": "interface eth0 {w} {{\n  queue 1 htb {{ class c }}\n}}\n",
+        "QUEUE": "interface eth0 mq {{\n  {w} 1 htb {{ class c }}\n}}\n",
         "PARAM": "interface eth0 htb {{\n  class c {w} 1\n}}\n",
         "FLAG": "interface eth0 htb {{\n  class c {w}\n}}\n",
         "HANDLE_KW": "interface eth0 htb {w} 1: {{\n  class c {w} 1:10\n}}\n",
