@@ -562,8 +562,11 @@ def run_on_uml(cases: Sequence[Case]) -> list[CaseResult | None]:
     from tcdsl.kernels import uml
 
     jobs = [uml.Case(c.name, c.script) for c in cases]
+    # A guest process costs about 0.1 s (more on a busy host), and a case runs about a
+    # command per line of its script: a big tree (a subscriber table) takes minutes.
+    lines = sum(c.script.count("\n") for c in cases)
     try:
-        done = list(uml.run_cases(jobs, timeout=max(120.0, 10.0 * len(jobs))))
+        done = list(uml.run_cases(jobs, timeout=max(120.0, 10.0 * len(jobs) + 0.2 * lines)))
     except uml.UmlUnavailable as exc:
         raise KernelUnavailable(str(exc)) from exc
     except uml.UmlError as exc:
