@@ -33,8 +33,16 @@ typecheck:
 
 check: lint typecheck test
 
+# Each prints its figures against its target (docs/scale.md, "Figures"); the kernel ones need
+# root, and take about half an hour together on a 2-core machine.
 bench:
 	$(PY) bench/compile_bench.py 1000 10000 50000
+	$(PY) bench/table_bench.py 1000 10000 50000
+	$(PY) bench/hash_bench.py
+	$(PY) bench/ops_bench.py 1000 10000
+	$(PY) bench/apply_bench.py --no-shell-above 2000 1000 10000
+	$(PY) bench/mq_bench.py 50000 10000
+	TCDSL_BENCH=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/test_hash_kernel.py
 
 # Generated policies against real kernels, many more than CI's 200 (host) and 100 (user-mode
 # Linux), with fresh randomness each run: FUZZ_EXAMPLES host policies (~0.2 s each), a quarter
