@@ -442,3 +442,46 @@ def test_no_table_crashes_the_compiler(rows: list[list[str]], newline: str) -> N
 def test_a_template_that_divides_by_zero(tmp_path: Path) -> None:
     result = build(tmp_path, policy('        subscribers from "subs.csv" ceil max / 0\n'))
     assert [(d.code, d.message) for d in result.errors] == [("E013", "division by zero")]
+
+
+def test_subscribers_in_a_spread_mq_tree(tmp_path: Path) -> None:
+    """'subscribers' under the sites of 'mq queues N htb ...': every circuit is a class in
+    exactly one queue's htb (its site's), and classify sends its packets to that queue and
+    class (the steering filter and the queue's htb both match its address)."""
+    text = (
+        "interface eth0 mq queues 2 htb rate 1gbit default other {\n"
+        "    class north rate 300mbit {\n"
+        '        subscribers download from "subs.csv" where parent_node == "north" { fq_codel }\n'
+        "    }\n"
+        "    class south rate 200mbit {\n"
+        '        subscribers download from "subs.csv" where parent_node == "south"\n'
+        "    }\n"
+        "    class other rate 10mbit\n"
+        "}\n"
+    )
+    policy = ok(build(tmp_path, text))
+    root = policy.interfaces[0].root
+    assert isinstance(root, ir.Mq)
+    where = {
+        c.name: queue.number
+        for queue in root.queues
+        for q in ir.walk_qdiscs(queue.qdisc)
+        for c in ir.classes_of(q)
+        if not c.implicit  # each queue's link class
+    }
+    assert "" not in where, where  # no placeholder left
+    assert where["c101"] == where["c102"] == where["north"] != where["c103"] == where["south"]
+    result = CliRunner().invoke(
+        cli,
+        [
+            "classify",
+            str(tmp_path / "p.tcp"),
+            *("--packet", "tcp dst 100.64.0.9 dport 443"),
+            *("--packet", "ipv6 tcp dst 2001:db8:1::7 dport 443"),
+            *("--packet", "udp dst 100.64.1.4 dport 53"),
+            *("--format", "json"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    verdicts = json.loads(result.stdout)
+    assert [v["class"] for v in verdicts] == ["c102", "c101", "c103"]

@@ -812,6 +812,13 @@ def expand_tree(b: Builder, qdisc: ir.Qdisc, direction: Direction | None, device
         return ir.replace(cls, children=children, leaf=leaf)
 
     def walk(q: ir.Qdisc) -> ir.Qdisc:
+        if isinstance(q, ir.Mq):  # a spread tree: each queue's htb holds some of the sites
+            queues = tuple(
+                queue if (new := walk(queue.qdisc)) is queue.qdisc else ir.replace(queue, qdisc=new)
+                for queue in q.queues
+            )
+            same = all(a is b for a, b in zip(queues, q.queues, strict=True))
+            return q if same else ir.replace(q, queues=queues)
         own = getattr(q, "classes", None)
         if own is not None:
             new = classes(own)
