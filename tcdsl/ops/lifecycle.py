@@ -319,9 +319,9 @@ def prepare(
 ) -> Prepared:
     """The plan from the policy live under ``store``'s name to ``new`` (None: remove it);
     ``reading``: the record and the kernel read while ``new`` compiled (else read now)."""
-    reading = reading if reading is not None else Reading(store.current(), _NO_LIVE)
-    if reading.live is _NO_LIVE:
-        reading.live = live_of(store, reading.applied)
+    if reading is None:
+        applied = store.current()
+        reading = Reading(applied, live_of(store, applied))
     applied, live = reading.applied, reading.live
     changed: dict[str, list[Diagnostic]] = {}
     if applied is not None and (live.kernel is None or reading.kernel_now() != live.kernel):
