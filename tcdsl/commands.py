@@ -700,8 +700,8 @@ def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
             body = ["flower", *flower_words(f)]
         else:
             before, after = u32_place_words(f.place)
-            keys = (w for key in f.keys for w in ("match", *key.words))
-            body = [*before, "u32", *after, *keys]
+            matches = (w for key in f.keys for w in ("match", *key.words))
+            body = [*before, "u32", *after, *matches]
         queue = queue_mapping(f.flowid)
         action = ("action", "skbedit", "queue_mapping", str(queue))
         return Command("tc", (*head, *body, *action), f.span, f"TX queue {queue} ({f.flowid})")

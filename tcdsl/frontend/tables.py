@@ -814,7 +814,7 @@ def expand_tree(b: Builder, qdisc: ir.Qdisc, direction: Direction | None, device
     def walk(q: ir.Qdisc) -> ir.Qdisc:
         if isinstance(q, ir.Mq):  # a spread tree: each queue's htb holds some of the sites
             queues = tuple(
-                queue if (new := walk(queue.qdisc)) is queue.qdisc else ir.replace(queue, qdisc=new)
+                queue if (t := walk(queue.qdisc)) is queue.qdisc else ir.replace(queue, qdisc=t)
                 for queue in q.queues
             )
             same = all(a is b for a, b in zip(queues, q.queues, strict=True))
