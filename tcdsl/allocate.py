@@ -271,6 +271,9 @@ class InterfaceAllocator:
             if cls.explicit_id is None and pin is not None and free:
                 used.add(pin.minor)
                 self.pinned[cls.name] = pin.minor
+        # The ids of live classes this policy removes are not given to its new ones: a new
+        # class would take over the removed one's counters, and the plan would not show it.
+        used |= {p.minor for p in self.pins.values() if p.major == major}
         if isinstance(q, ir.Prio):
             bands = q.bands.value if q.bands else 3
             pool = Pool(iter(range(1, bands + 1)), used)

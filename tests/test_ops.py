@@ -503,25 +503,68 @@ HASHED = (
 )
 
 
+def _udp_to(ns: str, address: str, count: int) -> None:
+    """``count`` UDP packets out of d0 to ``address`` (a static neighbour: no ARP)."""
+    run(["ip", "-n", ns, "neigh", "replace", address, "lladdr", "02:00:00:00:00:02", "dev", "d0"])
+    send = f"import socket\nfor _ in range({count}):\n"
+    send += f"    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('{address}', 9))"
+    run(["ip", "netns", "exec", ns, sys.executable, "-c", send])
+
+
+def _packets(tcdsl: Tcdsl, classid: str) -> int:
+    shown = tcdsl.tc("-s", "class", "show", "dev", "d0", "classid", classid)
+    return int(shown.split(" pkt")[0].rsplit(" ", 1)[1])
+
+
 def test_a_hashed_pref_changes_in_place_and_goes(tcdsl: Tcdsl, host: HostSupport) -> None:
-    """A pref laid out in u32 hash tables (tcdsl.u32layout): applied, changed (its tree built
-    again: u32 keeps a deleted pref's tables a while, under ids the new one needs), its lines
+    """A pref laid out in u32 hash tables (tcdsl.u32layout): applied; subscribers added,
+    removed, moved inside the tables node by node (no rebuild: the other classes keep their
+    counters, and packets reach the new lines); a change of the tables themselves built
+    again (u32 keeps a deleted pref's tables a while, under ids the new one needs); its lines
     all removed, and the tree taken down."""
+    run(["ip", "-n", tcdsl.ns, "addr", "add", "10.0.0.254/8", "dev", "d0"])
     a = tcdsl.write("hashed.tcp", HASHED)
     assert tcdsl("apply", "--yes", a).code == 0
     assert "divisor 256" in tcdsl.tc("filter", "show", "dev", "d0")
-    b = tcdsl.write("hashed.tcp", HASHED.replace("dst 10.0.0.5\n", "dst 10.0.1.5\n"))
+    _udp_to(tcdsl.ns, "10.0.0.3", 5)
+    kept = _packets(tcdsl, "1:40")  # c3
+    assert kept == 5
+    edited = HASHED.replace("dst 10.0.0.5\n", "dst 10.0.1.5\n")
+    edited = edited.replace("    class c7 rate 1mbit match dst 10.0.0.7\n", "")
+    edited = edited.replace(
+        "    class c20", "    class n1 rate 1mbit match dst 10.0.2.20\n    class c20"
+    )
+    b = tcdsl.write("hashed.tcp", edited)
     planned = tcdsl("plan", b)
-    assert "changed, in u32 tables (rebuild)" in planned.out, planned
+    assert "rebuild" not in planned.out and "+ class n1" in planned.out, planned
+    assert (
+        "- class c7" in planned.out and "+ filter c5 (ht 1:5: match ip dst 10.0.1.5)" in planned.out
+    )
     changed = tcdsl("apply", "--yes", b)
     assert changed.code == 0, changed
     assert tcdsl("plan", b).out == "no changes\n"
+    assert "the kernel agrees" in tcdsl("verify", b).err
     shown = tcdsl.tc("filter", "show", "dev", "d0")
     assert shown.count("divisor 256") == 1 and "0a000105/ffffffff" in shown, shown
-    assert "0a000005/ffffffff" not in shown, shown
-    few = "interface d0 htb rate 1gbit default rest {\n    class rest rate 1mbit\n}\n"
-    c = tcdsl.write("hashed.tcp", few)
+    assert "0a000005/ffffffff" not in shown and "0a000007/ffffffff" not in shown, shown
+    assert _packets(tcdsl, "1:40") == kept  # not built again
+    _udp_to(tcdsl.ns, "10.0.1.5", 3)
+    _udp_to(tcdsl.ns, "10.0.2.20", 2)
+    assert _packets(tcdsl, "1:60") == 3  # c5
+    shown = tcdsl("status", "--format", "json", "--count", "1", "--interval", "0.1", b)
+    ids = {c["name"]: c["classid"] for i in json.loads(shown.out)["trees"] for c in i["classes"]}
+    assert _packets(tcdsl, ids["n1"]) == 2
+    split = edited.replace(
+        "    class c30", "    class wide24 rate 1mbit match dst 10.0.0.0/24\n    class c30"
+    )
+    c = tcdsl.write("hashed.tcp", split)
+    planned = tcdsl("plan", c)
+    assert "changed, in u32 tables (rebuild)" in planned.out, planned
     assert tcdsl("apply", "--yes", c).code == 0
+    assert tcdsl("plan", c).out == "no changes\n"
+    few = "interface d0 htb rate 1gbit default rest {\n    class rest rate 1mbit\n}\n"
+    d = tcdsl.write("hashed.tcp", few)
+    assert tcdsl("apply", "--yes", d).code == 0
     assert "u32" not in tcdsl.tc("filter", "show", "dev", "d0")
     assert tcdsl("apply", "--yes", a).code == 0
     assert tcdsl("down", "hashed").code == 0

@@ -8,7 +8,8 @@ The order keeps every packet classified and shaped: shared police actions first 
 to them), then new classes and their leaf qdiscs with parameter changes in place (``class
 change``, ``qdisc change``: no counter reset, no queue flush), then filters (a changed group of
 filters is built at a free pref next to its own, so that it is tried in the same place, before
-the old group goes and the group is built again at its own pref), and only then deletions
+the old group goes and the group is built again at its own pref; one in u32 hash tables is
+changed node by node inside them, ``tcdsl.ops.u32nodes``), and only then deletions
 (filters before the classes they send to, children before parents). A tree the kernel cannot
 change in place (an htb root's ``default``, a class moving to another parent, marking rules,
 drift) is built again: its teardown and build in one ``tc -batch``.
@@ -35,6 +36,7 @@ from tcdsl.commands import (
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
 from tcdsl.ops.desired import Key, Obj, Tree, by_key, trees_of, word_after
+from tcdsl.ops.u32nodes import node_changes
 
 Sign = Literal["+", "~", "-", "!"]
 Tool = Literal["tc", "ip", "iptables", "ip6tables"]
@@ -249,7 +251,8 @@ def _why_rebuild(old: dict[Key, Obj], new: dict[Key, Obj]) -> str | None:
                 return f"{n.qdisc_kind} root cannot change in place ({diff})"
         if n.kind == "class" and (o.parent != n.parent or o.qdisc_kind != n.qdisc_kind):
             return f"{_what(n)} moves from {o.parent} to {n.parent}"
-        if n.kind == "filters" and (has_u32_tables(o) or has_u32_tables(n)):
+        in_tables = n.kind == "filters" and (has_u32_tables(o) or has_u32_tables(n))
+        if in_tables and node_changes(o, n) is None:
             return f"{_what(n)} changed, in u32 tables"
     for key, o in old.items():
         if key not in new and o.kind in ("marking", "link"):
@@ -260,10 +263,11 @@ def _why_rebuild(old: dict[Key, Obj], new: dict[Key, Obj]) -> str | None:
 
 
 def has_u32_tables(o: Obj) -> bool:
-    """Whether a filter group makes u32 tables (``tcdsl.u32layout``). Such a group is not
-    changed in place: u32 keeps a deleted pref's tables, under ids that are the parent's,
-    while the parent has other u32 filters, and frees them only after an RCU grace period, so
-    the same ids cannot be made again in the same batch; its tree is built again."""
+    """Whether a filter group makes u32 tables (``tcdsl.u32layout``). Such a group is changed
+    node by node where its tables stay (``tcdsl.ops.u32nodes``), else its tree is built
+    again: it cannot be built beside itself, as u32 keeps a deleted pref's tables, under ids
+    that are the parent's, while the parent has other u32 filters, and frees them only after
+    an RCU grace period, so the same ids cannot be made again in the same batch."""
     return o.kind == "filters" and any("divisor" in c.args for c in o.commands)
 
 
@@ -327,7 +331,8 @@ def _in_place(
             filters += n.commands
         elif o.words != n.words:
             plan.changes += _filter_changes(o.commands, n.commands, names)
-            filters += _changed_filters(o, n, taken)
+            in_tables = node_changes(o, n) if has_u32_tables(o) else None
+            filters += _changed_filters(o, n, taken) if in_tables is None else in_tables
     delete: list[Command] = []
     for key, o in old.items():
         if key in new or key in replaced or o.kind != "filters":
