@@ -11,6 +11,11 @@ one class's rate changed: ``tcdsl apply --yes`` again end to end (compile with t
 compile the live policy again, read the kernel back for drift, plan, one ``class change``),
 with the counters of another class checked not to reset, and (d) ``tcdsl plan`` with no
 change. Goals (issue 12): (c) < 1 s at N = 10,000; (a)/(b) <= 1.1.
+
+Then, for issue 13, N subscribers (one ``/32`` each, as ``bench/mq_bench.py`` writes them, on
+one htb: their lines go into u32 hash tables): (e) one subscriber added in the middle and
+applied (node by node inside the tables, ``tcdsl/ops/u32nodes.py``), end to end, with another
+subscriber's counters checked not to reset.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from pathlib import Path
 
 from apply_bench import hand_written  # the sibling scripts (their folder is on sys.path)
 from compile_bench import policy
+from mq_bench import address
+from mq_bench import policy as subscribers
 
 from tcdsl.diagnostics import render
 from tcdsl.driver import compile_policy
@@ -38,6 +45,7 @@ def _ns(name: str) -> str:
     for args in (
         ["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "tv0p"],
         ["ip", "link", "set", "eth0", "up"],
+        ["ip", "link", "set", "tv0p", "up"],  # a carrier: a qdisc without one sees no packet
     ):
         subprocess.run(["ip", "netns", "exec", name, *args], check=True)
     return name
@@ -70,6 +78,49 @@ def _sent(ns: str, classid: str) -> int:
     return int(found.group(1)) if found else -1
 
 
+def _udp(ns: str, to: str, count: int = 3) -> None:
+    """UDP packets out of eth0 to ``to``, a static neighbour (no ARP, no ping needed)."""
+    subprocess.run(["ip", "-n", ns, "addr", "replace", "10.0.0.254/8", "dev", "eth0"], check=True)
+    subprocess.run(
+        ["ip", "-n", ns, "neigh", "replace", to, "lladdr", "02:00:00:00:00:02", "dev", "eth0"],
+        check=True,
+    )
+    send = "import socket,sys\nfor _ in range(int(sys.argv[2])):\n"
+    send += "    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', (sys.argv[1], 9))"
+    subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", send, to, str(count)], check=True
+    )
+
+
+def _subscriber_added(n: int, tmp: str, env: dict[str, str]) -> tuple[float, bool]:
+    """(e): seconds for ``tcdsl apply`` of one subscriber added to N hashed ones, and whether
+    another subscriber's counters were kept."""
+    text = subscribers(n, mq=False)
+    path = Path(tmp) / "subscribers.tcp"
+    path.write_text(text, encoding="utf-8")
+    ns = _ns(f"tcdsl-os-{os.getpid()}")
+    try:
+        _timed(ns, [TCDSL, "apply", "--yes", str(path)], env)
+        _udp(ns, address(7))
+        shown = subprocess.run(
+            ["ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", "eth0"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        busy = re.search(r"class htb (\S+) .*\n Sent (\d+) bytes [1-9]", shown)
+        assert busy is not None, "the subscriber's packets reached no class"
+        before = _sent(ns, busy.group(1))
+        middle = f"match dst {address(n // 2)}"
+        new = f"class added rate 1mbit ceil 100mbit match dst {address(n + 1)} {{ pfifo }}\n"
+        at = text.index("    class", text.index(middle))
+        path.write_text(text[:at] + "    " + new + text[at:], encoding="utf-8")
+        seconds, said = _timed(ns, [TCDSL, "apply", "--yes", str(path)], env)
+        if "+ class added" not in said or "! " in said:
+            sys.exit(f"the subscriber was not added in place:\n{said[-2000:]}")
+        return seconds, _sent(ns, busy.group(1)) >= before > 0
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
 def main() -> None:
     """Time each step for each N and print a table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -94,10 +145,7 @@ def main() -> None:
                 raw, _ = _timed(raw_ns, ["tc", "-batch", f"{tmp}/hand.batch"], env)
                 first, _ = _timed(ns, [TCDSL, "apply", "--yes", str(path)], env)
                 # traffic in the default class, so that its counters have something to lose
-                subprocess.run(
-                    ["ip", "netns", "exec", ns, "ping", "-c", "2", "-i", "0.2", "-W", "1",
-                     "-I", "eth0", "10.255.255.1"], capture_output=True, check=False,
-                )  # fmt: skip
+                _udp(ns, "10.255.255.1")
                 watched = "1:1"
                 before = _sent(ns, watched)
                 leaf = re.search(r"class (\w+) rate (\d+)kbit", text)
@@ -107,7 +155,7 @@ def main() -> None:
                 one, said = _timed(ns, [TCDSL, "apply", "--yes", str(path)], env)
                 if "~ class" not in said or "! " in said:
                     sys.exit(f"the change was not made in place:\n{said[-2000:]}")
-                kept = _sent(ns, watched) >= before
+                kept = _sent(ns, watched) >= before > 0
                 plan, _ = _timed(ns, [TCDSL, "plan", str(path)], env)
             finally:
                 for name in (raw_ns, ns):
@@ -117,6 +165,12 @@ def main() -> None:
             f"{'yes' if kept else 'NO':>5}",
             flush=True,
         )
+    print(f"\n{'N':>7} {'one subscriber added s':>23} {'kept':>5}")
+    for n in args.sizes:
+        with tempfile.TemporaryDirectory(prefix="tcdsl-ops-bench-") as tmp:
+            env = dict(os.environ, TCDSL_STATE_DIR=f"{tmp}/state")
+            added, kept = _subscriber_added(n, tmp, env)
+        print(f"{n:>7} {added:>23.2f} {'yes' if kept else 'NO':>5}", flush=True)
 
 
 if __name__ == "__main__":

@@ -162,6 +162,13 @@ class InterfaceAllocator:
         self.hash_min = hash_min
         self.pins = pins or {}
         self.pinned: dict[str, int] = {}
+        self.leaf_pins = {
+            name.removesuffix(LEAF_PIN): h.major
+            for name, h in self.pins.items()
+            if name.endswith(LEAF_PIN)
+        }
+        """Class name -> the major its leaf qdisc had; kept free for it (unless an explicit
+        handle takes it), so that a new qdisc made before it cannot take it."""
         self.diagnostics = diagnostics
         self.blocks = blocks if blocks is not None else set()
         self.police_block: int | None = None
@@ -197,6 +204,8 @@ class InterfaceAllocator:
                     )
                 self.majors.add(major)
                 self.major_owner[major] = q.explicit_handle.span
+        self.leaf_pins = {n: m for n, m in self.leaf_pins.items() if m not in self.majors}
+        self.majors |= set(self.leaf_pins.values())
         root = self.qdisc(self.iface.root, preferred=1)
         iface = dataclasses.replace(self.iface, root=root)
         if iface.marking is not None:
@@ -207,9 +216,11 @@ class InterfaceAllocator:
         return dataclasses.replace(iface, filters=filters)
 
     # ---- handles and class ids ----
-    def qdisc(self, q: ir.Qdisc, preferred: int | None) -> ir.Qdisc:
+    def qdisc(self, q: ir.Qdisc, preferred: int | None, kept: bool = False) -> ir.Qdisc:
         if q.explicit_handle is not None:
             major = q.explicit_handle.handle.major
+        elif kept and preferred is not None:
+            major = preferred  # a pinned leaf's major, kept free for it
         else:
             taken = self.major_pool.take(preferred)
             if taken is None:
@@ -273,7 +284,9 @@ class InterfaceAllocator:
                 self.pinned[cls.name] = pin.minor
         # The ids of live classes this policy removes are not given to its new ones: a new
         # class would take over the removed one's counters, and the plan would not show it.
-        used |= {p.minor for p in self.pins.values() if p.major == major}
+        used |= {
+            p.minor for n, p in self.pins.items() if p.major == major and not n.endswith(LEAF_PIN)
+        }
         if isinstance(q, ir.Prio):
             bands = q.bands.value if q.bands else 3
             pool = Pool(iter(range(1, bands + 1)), used)
@@ -293,7 +306,9 @@ class InterfaceAllocator:
             minor = taken or 0
         leaf = None
         if cls.leaf is not None:
-            leaf = self.qdisc(cls.leaf, minor if minor >= 0x10 else minor * 0x10)
+            kept = None if cls.implicit else self.leaf_pins.pop(cls.name, None)
+            preferred = minor if minor >= 0x10 else minor * 0x10
+            leaf = self.qdisc(cls.leaf, preferred if kept is None else kept, kept is not None)
         children = tuple(self.klass(c, q, major, pool) for c in cls.children)
         return ir.replace(cls, classid=ir.Handle(major, minor), leaf=leaf, children=children)
 
@@ -595,7 +610,11 @@ def choose_quanta(q: ir.Htb) -> ir.Htb:
 
 Pins = Mapping[str, Mapping[str, ir.Handle]]
 """Class ids to keep: tree label -> class name -> the id it had (``tcdsl apply`` pins those of
-the policy live now, so that adding or removing a class leaves its siblings' ids alone)."""
+the policy live now, so that adding or removing a class leaves its siblings' ids alone); and,
+under the class's name with ``LEAF_PIN`` after it, the handle of its leaf qdisc."""
+
+LEAF_PIN = " leaf"
+"""After a class name in ``Pins``: its leaf qdisc's handle (no class name has a blank)."""
 
 
 def allocate(

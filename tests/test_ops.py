@@ -313,6 +313,26 @@ def test_plan_words(tmp_path: Path) -> None:
     assert trees_from_json({"format": 0, "trees": []}) is None
 
 
+def test_a_new_class_takes_no_live_leafs_handle(tmp_path: Path) -> None:
+    """Past 999 classes, class ids and leaf handles come from pools; a class added early in
+    the policy must not take a handle a live leaf qdisc has (the plan would add a qdisc under
+    a handle the kernel has: 'Cannot move an existing qdisc'), nor a removed class's id."""
+    lines = [f"    class s{i} rate 1mbit match dst 10.0.{i >> 8}.{i & 255} {{ pfifo }}\n"
+             for i in range(1010)]  # fmt: skip
+    text = "interface d0 htb rate 10gbit default rest {\n%s    class rest rate 1mbit\n}\n"
+    old = _policy(tmp_path, "p.tcp", text % "".join(lines))
+    edited = [*lines[:5], "    class added rate 1mbit match dst 10.9.0.1 { pfifo }\n", *lines[6:]]
+    new = _policy(tmp_path, "p.tcp", text % "".join(edited), pins_of(old))
+    plan = _plan(old, new).render()
+    assert "!" not in plan, plan
+    assert plan.count("+ ") == 3 and plan.count("- ") == 2, plan  # its leaf goes with s5
+    before, after = trees_of(old)[0], trees_of(new)[0]
+    kept = {o.key: o.handle for o in before.objects if o.kind == "qdisc"}
+    now = {o.key: o.handle for o in after.objects if o.kind == "qdisc"}
+    assert all(now[k] == h for k, h in kept.items() if k in now)
+    assert set(now.values()).isdisjoint(h for k, h in kept.items() if k not in now)
+
+
 def _plan(old: ir.Policy, new: ir.Policy) -> Plan:
     return make_plan(trees_of(old), trees_of(new))
 

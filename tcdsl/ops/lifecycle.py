@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from tcdsl import ir
-from tcdsl.allocate import Pins
+from tcdsl.allocate import LEAF_PIN, Pins
 from tcdsl.commands import default_chain, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
@@ -238,8 +238,18 @@ def stored_pins(applied: Applied | None) -> Pins:
 
 
 def pins_of(policy: ir.Policy | None) -> Pins:
-    """The class ids of a live policy, by tree label and class name, for the next one."""
-    return class_ids(policy) if policy is not None else {}
+    """The class ids of a live policy, by tree label and class name, and its classes' leaf
+    qdisc handles (``tcdsl.allocate.LEAF_PIN``), for the next one."""
+    if policy is None:
+        return {}
+    pins = class_ids(policy)
+    for iface in policy.interfaces:
+        ids = pins.setdefault(iface.label, {})
+        for q in ir.walk_qdiscs(iface.root):
+            for cls in ir.classes_of(q):
+                if cls.leaf is not None and cls.leaf.handle is not None and cls.name:
+                    ids.setdefault(f"{cls.name}{LEAF_PIN}", cls.leaf.handle)
+    return pins
 
 
 def compile_new(store: Store, path: str) -> Result:
