@@ -234,6 +234,29 @@ def test_a_table_is_read_once(tmp_path: Path) -> None:
 # ---- errors at the cells ---------------------------------------------------------------------
 
 
+def test_the_rows_are_freed_once_read() -> None:
+    """The compile runs with the cyclic collector off: once the policy is read, nothing keeps
+    the table's rows (80 MB at 50,000 rows) but reference counts, so none is left over."""
+    import gc
+
+    from tcdsl.frontend import tables
+    from tcdsl.frontend.reader import Reader
+
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        reader = Reader()
+        interfaces = reader.read(str(ROOT / "policies" / "isp-subscribers.tcp"))
+        made = [c for i in interfaces for q in ir.walk_qdiscs(i.root) for c in ir.classes_of(q)]
+        assert len(made) > 192  # a class per circuit, in each direction
+        left = [o for o in gc.get_objects() if isinstance(o, tables.Row | tables.Table)]
+        assert left == [], f"{len(left)} rows or tables kept"
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_errors_are_at_their_cells_and_the_rows_are_left_out(tmp_path: Path) -> None:
     table = HEADER + (
         "101,a,1,d,north,,100.64.0.1,2001:db8::/33x,1,1,10,5,\n"

@@ -119,6 +119,8 @@ class Reader:
         except fastlark.NestingTooDeep as err:
             self.diagnostics.append(nesting_too_deep(err, path))
             return self._unread(include_span)
+        if include_span is None:
+            self.tables.clear()  # read by now: the classes have what they need of the rows
         if include_span is not None:
             refusal = _not_a_policy(path, text, self.diagnostics[first:], include_span)
             if refusal is not None:

@@ -832,6 +832,10 @@ def expand_tree(b: Builder, qdisc: ir.Qdisc, direction: Direction | None, device
     result = walk(qdisc)
     for table, rows, statements in taken.values():
         _unshaped(b, table, rows, statements)
+    # The three closures above refer to each other: a cycle, which only the collector (off
+    # while compiling) would free, and with it the rows of the tables and the tree as built.
+    taken.clear()
+    del classes, klass, walk
     return result
 
 
