@@ -768,9 +768,24 @@ def expand_tree(b: Builder, qdisc: ir.Qdisc, direction: Direction | None, device
     statement's own ``upload``/``download`` wins over the tree's ``direction``; None: the
     egress of ``device``, which says neither, E272); warns (W371) about the rows of a table
     the tree reads that none of its statements takes."""
-    taken: dict[str, tuple[Table, set[int], list[SubscribersSyntax]]] = {}
+    expander = _Expander(b, direction, device)
+    result = expander.walk(qdisc)
+    for table, rows, statements in expander.taken.values():
+        _unshaped(b, table, rows, statements)
+    return result
 
-    def classes(items: tuple[ir.Class, ...]) -> tuple[ir.Class, ...]:
+
+class _Expander:
+    """The walk of ``expand_tree``: methods rather than closures calling each other, which
+    would make a reference cycle (only the collector, off while compiling, frees one) holding
+    the tables' rows and the tree as built."""
+
+    def __init__(self, b: Builder, direction: Direction | None, device: str) -> None:
+        self.b, self.direction, self.device = b, direction, device
+        self.taken: dict[str, tuple[Table, set[int], list[SubscribersSyntax]]] = {}
+
+    def classes(self, items: tuple[ir.Class, ...]) -> tuple[ir.Class, ...]:
+        b = self.b
         out: list[ir.Class] = []
         changed = False
         for cls in items:
@@ -779,12 +794,12 @@ def expand_tree(b: Builder, qdisc: ir.Qdisc, direction: Direction | None, device
                 pending = found[1]
                 syn = pending.syntax
                 changed = True
-                way = syn.direction or direction
+                way = syn.direction or self.direction
                 if way is None:
                     b.error(
                         Diagnostic.error(
                             "E272",
-                            f"this tree is the egress of '{device}', which may face the "
+                            f"this tree is the egress of '{self.device}', which may face the "
                             "subscribers or the Internet: write 'subscribers download from' "
                             "(subscribers' downloads: by destination, the Download columns) or "
                             "'subscribers upload from' (by source, the Upload columns), or put "
@@ -795,48 +810,41 @@ def expand_tree(b: Builder, qdisc: ir.Qdisc, direction: Direction | None, device
                     continue
                 out.extend(expand(pending, way))
                 if syn.table is not None:
-                    entry = taken.setdefault(syn.table.path, (syn.table, set(), []))
+                    entry = self.taken.setdefault(syn.table.path, (syn.table, set(), []))
                     entry[1].update(id(r) for r in syn.rows)
                     entry[2].append(syn)
                 continue
-            new = klass(cls)
+            new = self.klass(cls)
             changed = changed or new is not cls
             out.append(new)
         return tuple(out) if changed else items
 
-    def klass(cls: ir.Class) -> ir.Class:
-        children = classes(cls.children)
-        leaf = walk(cls.leaf) if cls.leaf is not None else None
+    def klass(self, cls: ir.Class) -> ir.Class:
+        children = self.classes(cls.children)
+        leaf = self.walk(cls.leaf) if cls.leaf is not None else None
         if children is cls.children and leaf is cls.leaf:
             return cls
         return ir.replace(cls, children=children, leaf=leaf)
 
-    def walk(q: ir.Qdisc) -> ir.Qdisc:
+    def walk(self, q: ir.Qdisc) -> ir.Qdisc:
         if isinstance(q, ir.Mq):  # a spread tree: each queue's htb holds some of the sites
             queues = tuple(
-                queue if (t := walk(queue.qdisc)) is queue.qdisc else ir.replace(queue, qdisc=t)
+                queue
+                if (t := self.walk(queue.qdisc)) is queue.qdisc
+                else ir.replace(queue, qdisc=t)
                 for queue in q.queues
             )
             same = all(a is b for a, b in zip(queues, q.queues, strict=True))
             return q if same else ir.replace(q, queues=queues)
         own = getattr(q, "classes", None)
         if own is not None:
-            new = classes(own)
+            new = self.classes(own)
             return q if new is own else ir.replace(q, classes=new)
         child = getattr(q, "child", None)
         if child is not None:
-            new_child = walk(child)
+            new_child = self.walk(child)
             return q if new_child is child else ir.replace(q, child=new_child)
         return q
-
-    result = walk(qdisc)
-    for table, rows, statements in taken.values():
-        _unshaped(b, table, rows, statements)
-    # The three closures above refer to each other: a cycle, which only the collector (off
-    # while compiling) would free, and with it the rows of the tables and the tree as built.
-    taken.clear()
-    del classes, klass, walk
-    return result
 
 
 def _unshaped(
