@@ -6,7 +6,8 @@ in one batch. But when its tables stay as they were (the same table and link com
 only filters inside hash buckets change, as when a subscriber is added, removed or given
 another class, the change can be made inside the live tables, bucket by bucket:
 
-1. each new or changed filter is added at a spare node id past the end of its bucket;
+1. each new or changed filter is added at a spare node id past the end of its bucket (at its
+   own node id, when the bucket had no node there);
 2. the old filters of the changed nodes are deleted;
 3. the new filters are added at their own node ids;
 4. the spare copies are deleted.
@@ -56,15 +57,17 @@ def node_changes(old: Obj, new: Obj) -> list[Command] | None:
     deletes: list[Command] = []
     adds: list[Command] = []
     spare_deletes: list[Command] = []
+    old_buckets, new_buckets = _by_bucket(old_nodes, changed), _by_bucket(new_nodes, changed)
     for where, nodes in sorted(changed.items()):
-        old_bucket = {h[2]: c for h, c in old_nodes.items() if h[:2] == where}
-        new_bucket = {h[2]: c for h, c in new_nodes.items() if h[:2] == where}
+        old_bucket, new_bucket = old_buckets.get(where, {}), new_buckets.get(where, {})
         if where in linking or not _disjoint(list(old_bucket.values()), list(new_bucket.values())):
             return None
         spare = max([*old_bucket, *new_bucket]) + 1
         for node in sorted(nodes):
             made = new_bucket.get(node)
-            if made is not None:
+            if made is not None and node not in old_bucket:
+                spare_adds.append(made)  # a free node id: added where it goes, at once
+            elif made is not None:
                 if spare > NODE_IDS:
                     return None
                 spare_adds.append(_at(made, where, spare))
@@ -74,6 +77,17 @@ def node_changes(old: Obj, new: Obj) -> list[Command] | None:
             if node in old_bucket:
                 deletes.append(_delete(old_bucket[node]))
     return [*spare_adds, *deletes, *adds, *spare_deletes]
+
+
+def _by_bucket(
+    nodes: dict[tuple[str, str, int], Command], wanted: dict[Bucket, list[int]]
+) -> dict[Bucket, dict[int, Command]]:
+    """The nodes of the ``wanted`` buckets, by bucket and node id."""
+    out: dict[Bucket, dict[int, Command]] = {}
+    for (table, bucket, node), c in nodes.items():
+        if (table, bucket) in wanted:
+            out.setdefault((table, bucket), {})[node] = c
+    return out
 
 
 def _split(
