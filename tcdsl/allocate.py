@@ -230,7 +230,11 @@ class InterfaceAllocator:
         match q:
             case ir.Htb():
                 classes = self.classes(q, major)
-                return choose_quanta(dataclasses.replace(q, handle=handle, classes=classes))
+                live_r2q = self.pins.get(f"{major:x}:{R2Q_PIN}")
+                return choose_quanta(
+                    dataclasses.replace(q, handle=handle, classes=classes),
+                    None if live_r2q is None else live_r2q.major,
+                )
             case ir.Prio() | ir.Cbq() | ir.Hfsc():
                 classes = self.classes(q, major)
                 return dataclasses.replace(q, handle=handle, classes=classes)
@@ -564,9 +568,11 @@ def _round_near(lowest: int, highest: int, target: int) -> int:
     return next((r for r in reversed(rounds) if lowest <= r <= highest), highest)
 
 
-def choose_quanta(q: ir.Htb) -> ir.Htb:
+def choose_quanta(q: ir.Htb, kept: int | None = None) -> ir.Htb:
     """Give an htb without ``r2q`` the r2q, or class quanta, that keep every class's quantum
     (rate / r2q, in bytes) inside the kernel's 1000..200000, changing as little as possible.
+    ``kept``: the r2q the htb has live (``tcdsl apply`` pins it: a live htb cannot change its
+    r2q, so choosing another would build the tree again), kept as it is.
 
     Only leaf classes take turns by quantum, so only their rates choose: tc's default r2q if
     it suits them all, else the round number nearest to it that does (one that suits the inner
@@ -583,9 +589,9 @@ def choose_quanta(q: ir.Htb) -> ir.Htb:
         if c.quantum is None and isinstance(c.rate, ir.Rate)
     }
     leaves = [rates[id(c)] // 8 for c in ir.classes_of(q) if not c.children and id(c) in rates]
-    r2q = HTB_DEFAULT_R2Q
+    r2q = HTB_DEFAULT_R2Q if kept is None else kept
     fits = htb_r2q_range(leaves) if leaves else None
-    if fits is not None and not fits[0] <= r2q <= fits[1]:
+    if kept is None and fits is not None and not fits[0] <= r2q <= fits[1]:
         suited = htb_r2q_fits(leaves, [bits // 8 for bits in rates.values()])
         assert suited is not None  # the leaves' range exists: fits
         r2q = _round_near(*suited, HTB_DEFAULT_R2Q)
@@ -610,11 +616,15 @@ def choose_quanta(q: ir.Htb) -> ir.Htb:
 
 Pins = Mapping[str, Mapping[str, ir.Handle]]
 """Class ids to keep: tree label -> class name -> the id it had (``tcdsl apply`` pins those of
-the policy live now, so that adding or removing a class leaves its siblings' ids alone); and,
-under the class's name with ``LEAF_PIN`` after it, the handle of its leaf qdisc."""
+the policy live now, so that adding or removing a class leaves its siblings' ids alone); under
+the class's name with ``LEAF_PIN`` after it, the handle of its leaf qdisc; and the r2q of each
+htb (``R2Q_PIN``)."""
 
 LEAF_PIN = " leaf"
 """After a class name in ``Pins``: its leaf qdisc's handle (no class name has a blank)."""
+R2Q_PIN = " r2q"
+"""After an htb's handle (``1:``) in ``Pins``: the r2q it was given, as the major of a handle
+(``5:``), when the policy did not say one."""
 
 
 def allocate(

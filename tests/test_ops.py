@@ -333,6 +333,22 @@ def test_a_new_class_takes_no_live_leafs_handle(tmp_path: Path) -> None:
     assert set(now.values()).isdisjoint(h for k, h in kept.items() if k not in now)
 
 
+def test_a_rate_change_keeps_the_live_r2q(tmp_path: Path) -> None:
+    """A live htb cannot change its r2q (tc has no 'qdisc change' for htb): a new rate that
+    would have chosen another r2q keeps the live one, the class out of its range given the
+    quantum the kernel clamps it to, and the change stays in place."""
+    lines = "".join(f"    class c{i} rate {100 + i}kbit\n" for i in range(30))
+    text = "interface d0 htb rate 100mbit default c0 {\n%s}\n"
+    old = _policy(tmp_path, "p.tcp", text % lines)
+    edited = lines.replace("class c5 rate 105kbit", "class c5 rate 60kbit")
+    fresh = _policy(tmp_path, "p.tcp", text % edited)
+    root = fresh.interfaces[0].root
+    assert isinstance(root, ir.Htb) and root.chosen_r2q not in (None, 10)  # chosen afresh
+    new = _policy(tmp_path, "p.tcp", text % edited, pins_of(old))
+    plan = _plan(old, new).render()
+    assert "!" not in plan and "~ class c5: rate 105kbit -> 60kbit quantum 1000" in plan, plan
+
+
 def _plan(old: ir.Policy, new: ir.Policy) -> Plan:
     return make_plan(trees_of(old), trees_of(new))
 

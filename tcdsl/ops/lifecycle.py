@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from tcdsl import ir
-from tcdsl.allocate import LEAF_PIN, Pins
+from tcdsl.allocate import LEAF_PIN, R2Q_PIN, Pins
 from tcdsl.commands import default_chain, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
@@ -30,6 +30,7 @@ from tcdsl.ops.desired import Tree, class_ids, trees_from_json, trees_json, tree
 from tcdsl.ops.live import device_exists, drift, fingerprint, live_qdisc
 from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree, restore_plan
 from tcdsl.ops.state import Applied, Pending, Store, state_dir, valid_name, write_json
+from tcdsl.tcmath import HTB_DEFAULT_R2Q
 from tcdsl.verify.expect import Requirement, requirements
 from tcdsl.verify.runner import HostSupport, KernelUnavailable, host_support
 
@@ -238,14 +239,17 @@ def stored_pins(applied: Applied | None) -> Pins:
 
 
 def pins_of(policy: ir.Policy | None) -> Pins:
-    """The class ids of a live policy, by tree label and class name, and its classes' leaf
-    qdisc handles (``tcdsl.allocate.LEAF_PIN``), for the next one."""
+    """The class ids of a live policy, by tree label and class name, its classes' leaf qdisc
+    handles (``tcdsl.allocate.LEAF_PIN``) and its htbs' r2q (``R2Q_PIN``), for the next one."""
     if policy is None:
         return {}
     pins = class_ids(policy)
     for iface in policy.interfaces:
         ids = pins.setdefault(iface.label, {})
         for q in ir.walk_qdiscs(iface.root):
+            r2q = q.chosen_r2q or HTB_DEFAULT_R2Q if isinstance(q, ir.Htb) else 0
+            if isinstance(q, ir.Htb) and q.r2q is None and q.handle and 0 < r2q <= 0xFFFF:
+                ids.setdefault(f"{q.handle}{R2Q_PIN}", ir.Handle(r2q, 0))
             for cls in ir.classes_of(q):
                 if cls.leaf is not None and cls.leaf.handle is not None and cls.name:
                     ids.setdefault(f"{cls.name}{LEAF_PIN}", cls.leaf.handle)
