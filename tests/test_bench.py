@@ -95,3 +95,18 @@ def test_hash_bench_imports_against_a_regular_install(installed: Path, tmp_path:
     )
     assert done.returncode == 0, done.stderr
     assert "--threshold" in done.stdout
+
+
+def test_ops_bench_imports_against_a_regular_install(installed: Path, tmp_path: Path) -> None:
+    """bench/ops_bench.py --help needs no root: its sibling scripts (apply_bench,
+    compile_bench, mq_bench) and tcdsl resolve in a regular install."""
+    done = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "bench" / "ops_bench.py"), "--help"],
+        cwd=tmp_path,
+        env=_env(installed),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
