@@ -72,7 +72,16 @@ def steering_filters(mq: ir.Mq, filters: tuple[ir.Filter, ...]) -> tuple[ir.Filt
         assert q.qdisc.handle is not None
         queue_of[q.qdisc.handle] = ir.Handle(mq.handle.major, q.number)
     picked = [f for f in filters if f.parent in queue_of and not isinstance(f, ir.FwFilter)]
-    picked.sort(key=lambda f: (f.pref, f.span.line, f.span.column))
+    # The tree as written, not the lines' spans: a table's rows are in another file.
+    order = ir.mq_line_order(mq)
+    by_classid = {
+        c.classid: order[id(c)]
+        for q in mq.queues
+        for c in ir.classes_of(q.qdisc)
+        if c.classid is not None and id(c) in order
+    }
+    last = (len(mq.queues) + 1, 0, 0)
+    picked.sort(key=lambda f: (f.pref, by_classid.get(f.flowid, last)))
     steering: list[ir.Filter] = []
     group: dict[ir.Family, tuple[int, int, int]] = {}  # family -> (policy pref, pref, count)
     for f in picked:

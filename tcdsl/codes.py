@@ -60,6 +60,9 @@ _TABLE: dict[str, CodeInfo] = {
     "E032": CodeInfo(_E, "Rows of one circuit with different rates or parent nodes"),
     "E033": CodeInfo(_E, "A 'where' on a column the subscriber table does not have"),
     "E034": CodeInfo(_E, "A subscribers statement that selects no row of its table"),
+    "E035": CodeInfo(_E, "A quote in a subscriber table left open over lines that look like rows"),
+    "E036": CodeInfo(_E, "A subscriber's address inside the prefix of another tried before it"),
+    "E037": CodeInfo(_E, "A circuit taken by two subscribers statements of one tree"),
     # E1xx: names
     "E101": CodeInfo(_E, "A constant or class defined twice"),
     "E102": CodeInfo(_E, "An htb default that names no class of the htb"),

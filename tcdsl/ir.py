@@ -712,6 +712,9 @@ class MqQueue:
     number: int
     qdisc: Qdisc
     span: Span
+    ranks: tuple[int, ...] = ()
+    """``mq queues N``: the place of each of the qdisc's top-level classes among the spread
+    tree's, which is the order their lines are tried in (:func:`mq_line_order`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1063,6 +1066,27 @@ def _subtree(top: Class) -> tuple[Class, ...]:
         found.append(cls)
         stack.extend(reversed(cls.children))
     return tuple(found)
+
+
+def mq_line_order(mq: Mq) -> dict[int, tuple[int, int, int]]:
+    """Where each class of ``mq``'s queues (by id) stands in the order the policy's lines are
+    tried at one pref: the tree as written. A spread tree's top-level classes in their
+    places before the spread (``MqQueue.ranks``), queues written out one after the other;
+    within a top-level class, the classes in pre-order."""
+    order: dict[int, tuple[int, int, int]] = {}
+    for index, queue in enumerate(mq.queues):
+        q = queue.qdisc
+        if not isinstance(q, Htb | Prio | Cbq | Hfsc):
+            continue
+        tops = q.classes
+        if len(tops) == 1 and tops[0].implicit:
+            order[id(tops[0])] = (-1, index, 0)
+            tops = tops[0].children
+        for place, top in enumerate(tops):
+            rank = queue.ranks[place] if place < len(queue.ranks) else len(queue.ranks)
+            for position, cls in enumerate(_subtree(top)):
+                order[id(cls)] = (rank, index, position)
+    return order
 
 
 def child_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:

@@ -147,8 +147,8 @@ def test_the_statement_may_say_its_direction(tmp_path: Path) -> None:
         "}\n"
     )
     result = build(tmp_path, text)
-    # the same circuit twice in one tree: one class name twice
-    assert [d.code for d in result.errors] == ["E101"]
+    # the same circuit twice in one tree: one subscriber, one class
+    assert [d.code for d in result.errors] == ["E037"]
     text = text.replace('    subscribers upload from "subs.csv" where circuit_id == "101"\n', "")
     found = classes(ok(build(tmp_path, text)))
     assert addresses(found["c103"]) == [("dst", "100.64.1.4/32")]
@@ -508,3 +508,186 @@ def test_subscribers_in_a_spread_mq_tree(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     verdicts = json.loads(result.stdout)
     assert [v["class"] for v in verdicts] == ["c102", "c101", "c103"]
+
+
+# ---- what real tables hold (LibreQoS's reader as the reference) --------------------------------
+
+
+def _row(cid: str, ipv4: str, parent: str = "north", comment: str = "") -> str:
+    return f"{cid},n{cid},{cid},d,{parent},,{ipv4},,1,1,10,5,{comment}\n"
+
+
+def test_a_quote_in_a_comment_line_opens_nothing(tmp_path: Path) -> None:
+    """'#' lines are dropped before quotes are read, as LibreQoS's reader does: a stray quote
+    in one does not swallow the rows after it."""
+    table = HEADER + '# TODO,"check this\n' + _row("1", "100.64.0.1") + _row("2", "100.64.0.2")
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert [n for n in classes(ok(result)) if n.startswith("c")] == ["c1", "c2"]
+
+
+def test_a_quote_left_open_over_rows_is_an_error(tmp_path: Path) -> None:
+    table = (
+        HEADER
+        + _row("1", "100.64.0.1")
+        + _row("2", "100.64.0.2", comment='"forgot to close')
+        + _row("3", "100.64.0.3")
+        + _row("4", "100.64.0.4")
+    )
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E035", "subs.csv", 3, 38)]
+    assert "(line 4 first)" in result.errors[0].message
+    # a quoted line break inside a row is a cell, not an error
+    table = HEADER + '1,"two\nlines",1,d,north,,100.64.0.1,,1,1,10,5,"ok"\n'
+    assert classes(ok(build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)))
+
+
+def test_a_cell_longer_than_the_csv_modules_default_limit(tmp_path: Path) -> None:
+    table = HEADER + _row("1", "100.64.0.1", comment='"' + "x" * 200_000 + '"')
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert "c1" in classes(ok(result))
+
+
+def test_a_prefix_with_host_bits_is_an_error(tmp_path: Path) -> None:
+    """LibreQoS refuses '100.64.0.5/24'; widened to the /24 it would take others' traffic."""
+    table = HEADER + _row("1", "100.64.0.5/24") + _row("2", '"100.64.0.9, 10.0.0.0/255.0.0.0"')
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E029", "subs.csv", 2, 17)]
+    assert "host bits set: write the network, 100.64.0.0/24, or one host, 100.64.0.5/32" in (
+        result.errors[0].message
+    )
+    six = HEADER + "1,a,1,d,north,,,2001:db8::1/64,1,1,10,5,\n"
+    assert errors(build(tmp_path, policy('        subscribers from "subs.csv"\n'), six)) == [
+        ("E029", "subs.csv", 2, 17)
+    ]
+
+
+def test_blanks_inside_an_address_and_rates_as_floats(tmp_path: Path) -> None:
+    """As LibreQoS reads them: blanks dropped from an address, a rate as Python's float."""
+    table = HEADER + "1,a,1,d,north,,100.64.0.1 /32,,1e1,0.5,1E2,2.5e0,\n"
+    cls = classes(ok(build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)))["c1"]
+    assert addresses(cls) == [("dst", "100.64.0.1/32")]
+    assert cls.rate.bits_per_second == 10_000_000  # type: ignore[union-attr]
+    assert cls.ceil is not None and cls.ceil.bits_per_second == 100_000_000  # type: ignore[union-attr]
+
+
+def test_a_rate_above_the_limit_says_so(tmp_path: Path) -> None:
+    table = HEADER + "1,a,1,d,north,,100.64.0.1,,1,1,99999999,5,\n"
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E030", "subs.csv", 2, 32)]
+    assert "'99999999' Mbps is more than tcdsl takes (34,359,738 Mbps)" in result.errors[0].message
+
+
+def test_a_row_of_another_width_than_the_header_is_noted(tmp_path: Path) -> None:
+    table = HEADER + "1,a,1,d,north,,100.64.0.1,,x,1,10\n"
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert [d.code for d in result.errors] == ["E030", "E030"]
+    notes = [n.message for n in result.errors[0].notes]
+    assert "this row has 11 cells and the header 13" in notes
+    assert all("cells and the header" not in n.message for n in result.errors[1].notes)
+
+
+def test_an_address_inside_an_earlier_circuits_prefix_is_an_error(tmp_path: Path) -> None:
+    """First match (tcdsl) and longest prefix (LibreQoS) must agree on a table."""
+    body = '        subscribers from "subs.csv"\n'
+    table = HEADER + _row("1", "100.64.0.0/24") + _row("2", "100.64.0.5")
+    result = build(tmp_path, policy(body), table)
+    assert errors(result) == [("E036", "subs.csv", 3, 17)]
+    (note,) = result.errors[0].notes
+    assert (note.span.line, note.span.column) == (2, 17)
+    # the more specific first: both agree, and classify says the /32's circuit
+    table = HEADER + _row("2", "100.64.0.5") + _row("1", "100.64.0.0/24")
+    ok(build(tmp_path, policy(body), table))
+    verdict = CliRunner().invoke(
+        cli, ["classify", str(tmp_path / "p.tcp"), "--packet", "udp dst 100.64.0.5 dport 53"]
+    )
+    assert verdict.exit_code == 0 and "c2" in verdict.stdout, verdict.output
+    # a circuit's lines come where its first row is: its later device is tried early
+    table = (
+        HEADER
+        + _row("1", "100.64.1.1")
+        + _row("2", "100.64.0.5")
+        + "1,n1,9,d,north,,100.64.0.0/24,,1,1,10,5,\n"
+    )
+    assert errors(build(tmp_path, policy(body), table)) == [("E036", "subs.csv", 3, 17)]
+    # IPv6 too, across two statements (the lower pref is tried first)
+    two = (
+        "        class north rate 100mbit {\n"
+        '            subscribers from "subs.csv" where parent_node == "north" pref 2\n'
+        "        }\n"
+        "        class south rate 100mbit {\n"
+        '            subscribers from "subs.csv" where parent_node == "south" pref 1\n'
+        "        }\n"
+    )
+    table = (
+        HEADER
+        + "1,a,1,d,north,,,2001:db8:1::/64,1,1,10,5,\n"
+        + "2,b,2,d,south,,,2001:db8::/32,1,1,10,5,\n"
+    )
+    assert errors(build(tmp_path, policy(two), table)) == [("E036", "subs.csv", 2, 17)]
+
+
+def test_circuit_names_do_not_collide_with_the_trees_other_classes(tmp_path: Path) -> None:
+    """A circuit id that is a written class's name, or another table's circuit's, gets _2."""
+    (tmp_path / "more.csv").write_text(HEADER + _row("1", "100.64.1.1"), encoding="utf-8")
+    body = (
+        "        class north rate 100mbit {\n"
+        '            subscribers from "subs.csv"\n'
+        '            subscribers from "more.csv"\n'
+        "        }\n"
+    )
+    table = (
+        HEADER + _row("other", "100.64.0.1") + _row("north", "100.64.0.2") + _row("1", "100.64.0.3")
+    )
+    made = classes(ok(build(tmp_path, policy(body), table)))
+    assert [n for n in made if n not in ("", "north", "other")] == [
+        "other_2",
+        "north_2",
+        "c1",
+        "c1_2",
+    ]
+    assert addresses(made["c1_2"]) == [("dst", "100.64.1.1/32")]
+
+
+def test_a_circuit_taken_by_two_statements_is_an_error(tmp_path: Path) -> None:
+    body = (
+        '        subscribers from "subs.csv" where parent_node == "north"\n'
+        '        subscribers from "subs.csv" where circuit_id == "102"\n'
+    )
+    result = build(tmp_path, policy(body))
+    assert [(d.code, d.span.line) for d in result.errors] == [("E037", 4)]
+    assert [(Path(n.span.file).name, n.span.line) for n in result.errors[0].notes] == [
+        ("subs.csv", 3),
+        ("p.tcp", 3),
+    ]
+
+
+def test_steering_follows_the_tree_not_the_tables_rows(tmp_path: Path) -> None:
+    """In an mq tree the steering filters are tried in the tree's order, as each queue's htb
+    tries its own: a table's rows are in another file, so their lines' places there say
+    nothing about it. Here the south site's row comes first in the table but the north site
+    first in the tree, and its address lies in south's prefix."""
+    text = (
+        "interface eth0 mq queues 2 htb rate 1gbit default other {\n"
+        "    class north rate 300mbit {\n"
+        '        subscribers download from "subs.csv" where parent_node == "north"\n'
+        "    }\n"
+        "    class south rate 200mbit {\n"
+        '        subscribers download from "subs.csv" where parent_node == "south"\n'
+        "    }\n"
+        "    class other rate 10mbit\n"
+        "}\n"
+    )
+    table = HEADER + _row("2", "100.64.0.0/24", parent="south") + _row("1", "100.64.0.5")
+    ok(build(tmp_path, text, table))
+    verdict = CliRunner().invoke(
+        cli,
+        [
+            "classify",
+            str(tmp_path / "p.tcp"),
+            *("--packet", "udp dst 100.64.0.5 dport 53"),
+            *("--packet", "udp dst 100.64.0.6 dport 53"),
+            *("--format", "json"),
+        ],
+    )
+    assert verdict.exit_code == 0, verdict.output
+    assert [v["class"] for v in json.loads(verdict.stdout)] == ["c1", "c2"]

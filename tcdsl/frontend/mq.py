@@ -224,7 +224,8 @@ def spread(b: Builder, tree: ir.Qdisc, shards: ir.Count) -> tuple[ir.MqQueue, ..
             name = ir.Name(copy.name, tree.default.span)
         classes = (ir.replace(link, children=mine),) if link is not None else mine
         shard = ir.replace(tree, classes=classes, default=name, explicit_handle=None)
-        queues.append(ir.MqQueue(n + 1, shard, shards.span))
+        ranks = tuple(i for i in range(len(tops)) if home[i] == n)
+        queues.append(ir.MqQueue(n + 1, shard, shards.span, ranks))
     return tuple(queues)
 
 

@@ -28,7 +28,7 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -163,6 +163,9 @@ class Table:
     path: str
     headers: list[str]
     columns: dict[str, int]
+    commas: int = 0
+    """The commas a line needs to reach every required column: a line inside a quoted cell
+    with that many is most likely rows swallowed by a quote left open."""
     rows: list[Row] = field(default_factory=list)
     indexes: dict[int, dict[str, list[Row]]] = field(default_factory=dict)
     """The rows by the value of a column, for the columns ``where ==`` has used."""
@@ -244,15 +247,48 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
 
 
 def _records(text: str) -> Iterator[tuple[int, int, list[str]]]:
-    """(first line, last line, cells) of each record of ``text``."""
+    """(first line, last line, cells) of each record of ``text``; a line starting with ``#``
+    where a record would start is a comment, read as an empty record before any quote in it
+    is looked at (as LibreQoS's reader does: a stray quote in a comment must not swallow the
+    rows after it). Last, for a record the csv module refuses: (its first line, 0, [why])."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    rows = csv.reader(lines, strict=False)
+    # A cell may be as long as the table (the csv module stops at 128 KiB by default).
+    csv.field_size_limit(max(csv.field_size_limit(), MAX_TABLE_BYTES))
+    state = _Lines(lines)
+    rows = csv.reader(state, strict=False)
     end = 0
-    for cells in rows:
+    while True:
+        try:
+            cells = next(rows)
+        except StopIteration:
+            return
+        except csv.Error as err:  # none is known with strict=False and the limit raised
+            yield end + 1, 0, [str(err).lower()]
+            return
         start, end = end + 1, rows.line_num
+        state.at_start = True
         yield start, end, cells
+
+
+class _Lines:
+    """The lines of a table for the csv module, a comment line (at a record's start) given as
+    an empty line."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = iter(lines)
+        self.at_start = True
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.lines)
+        if self.at_start and line.lstrip().startswith("#"):
+            return ""
+        self.at_start = False
+        return line
 
 
 def _parse(reading: _Reading, at: Span) -> Table | None:
@@ -282,11 +318,15 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
         )
         reading.diagnostics.append(Diagnostic.error("E028", msg, at))
         return None
-    table = Table(path, header, columns)
+    table = Table(path, header, columns, commas=max(columns[k] for k in REQUIRED))
     lines = reading.text.split("\n")
     circuits: dict[str, Circuit] = {}
     names: set[str] = set()
     for first, last, cells in records:
+        if not last:
+            msg = f"table '{path}' cannot be read as CSV from here: {cells[0]}"
+            reading.error("E028", msg, Span(path, first, 1, first, 2))
+            break
         if not cells or cells[0].lstrip().startswith("#") or not "".join(cells).strip():
             continue
         row = _row(reading, table, first, last, cells, lines, circuits, names)
@@ -353,25 +393,46 @@ def _row(
     span = place.span
     columns = table.columns
     n_cells = len(cells)
+    if first != last:
+        # A quote left open reads the rows after it as one cell's text: a line inside the
+        # record without a quote, with the commas of a row, is most likely one of them.
+        inside = [n for n in range(first, last) if _row_like(lines[n], table.commas)]
+        if inside:
+            opening = lines[first - 1].rfind('"') + 1
+            reading.error(
+                "E035",
+                f"a quoted cell runs on from here over {last - first} line(s), "
+                f"{len(inside)} of which look like rows of the table (line {inside[0] + 1} "
+                "first): is its closing quote missing? (they are not read as rows)",
+                Span(path, first, max(opening, 1), first, max(opening, 1) + 1),
+            )
+            return None
+    # A row whose cells do not line up with the header: say so with its first error.
+    width = (
+        (Note(f"this row has {n_cells} cells and the header {len(table.headers)}", span(0)),)
+        if n_cells != len(table.headers)
+        else ()
+    )
     ok = True
     key_index = columns["circuit_id"]
     key = cells[key_index].strip() if key_index < n_cells else ""
     if not key:
-        reading.error("E028", "this row has no circuit id", span(key_index))
+        reading.error("E028", "this row has no circuit id", span(key_index), *width)
         return None
     rates: dict[str, Decimal | int] = {}
     for name in RATES:
         index = columns[name]
         text = cells[index] if index < n_cells else ""
         value = _mbps(text)
-        if value is None:
+        if value is None or value > MAX_MBPS:
             shown = f"'{text.strip()}'" if text.strip() else "an empty cell"
-            reading.error(
-                "E030",
-                f"{table.headers[index]}: expected a number of Mbps (such as 25 or 2.5), "
-                f"found {shown}",
-                span(index),
+            why = (
+                f"expected a number of Mbps (such as 25 or 2.5), found {shown}"
+                if value is None
+                else f"{shown} Mbps is more than tcdsl takes ({MAX_MBPS:,} Mbps)"
             )
+            reading.error("E030", f"{table.headers[index]}: {why}", span(index), *width)
+            width = ()
             ok = False
         else:
             rates[name] = value
@@ -384,7 +445,9 @@ def _row(
                 "cannot be above its ceil",
                 span(columns[f"{direction}_max"]),
                 Note("the min is here", span(columns[f"{direction}_min"])),
+                *width,
             )
+            width = ()
             ok = False
     parent_index = columns.get("parent_node", n_cells)
     parent = cells[parent_index].strip() if parent_index < n_cells else None
@@ -396,27 +459,27 @@ def _row(
         text = cells[index]
         if "," not in text and text.strip() == text:  # one address, the common case
             net = _network(text, family)
-            if net is not None:
+            if not isinstance(net, str):
                 networks.append((net, span(index)))
                 continue
         offset = 0
         for piece in text.split(","):
-            address = piece.strip()
             where = offset + len(piece) - len(piece.lstrip())
             offset += len(piece) + 1
+            # blanks inside an address are dropped, as LibreQoS does ('100.64.0.1 /32')
+            address = "".join(piece.split())
             if not address:
                 continue
-            at = span(index, where, len(address))
+            at = span(index, where, len(piece.strip()))
             net = _network(address, family)
-            if net is None:
+            if isinstance(net, str):
                 what = "IPv4" if family == "ipv4" else "IPv6"
-                reading.error(
-                    "E029",
-                    f"'{address}' is not a valid {what} address or network "
-                    f"({table.headers[index]} holds {what} addresses and prefixes, separated "
-                    "by commas)",
-                    at,
+                why = net or (
+                    f"is not a valid {what} address or network ({table.headers[index]} holds "
+                    f"{what} addresses and prefixes, separated by commas)"
                 )
+                reading.error("E029", f"'{address}' {why}", at, *width)
+                width = ()
                 ok = False
                 continue
             networks.append((net, at))
@@ -442,6 +505,10 @@ def _row(
         if head.line == tail.line and len(networks) > 1:
             row_span = Span(path, head.line, head.column, head.line, tail.end_column)
     return Row(first, cells, circuit, tuple(networks), row_span)
+
+
+def _row_like(line: str, commas: int) -> bool:
+    return '"' not in line and line.count(",") >= commas
 
 
 def _agree(
@@ -480,23 +547,25 @@ def _agree(
     return ok
 
 
+_NUMBER = re.compile(r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d{1,3})?")
+
+
 def _mbps(text: str) -> Decimal | int | None:
-    """A number of Mbps (a whole number, or a decimal kept exact), or None."""
+    """A number of Mbps (a whole number, or a decimal kept exact; ``1e3`` as Python's
+    ``float``, which LibreQoS reads them with, takes it), or None."""
     if text.isdigit() and text.isascii() and len(text) <= 30:
-        whole = int(text)
-        return whole if whole <= MAX_MBPS else None
+        return int(text)
     text = text.strip()
-    if not text or len(text) > 30 or text.strip("0123456789.") or text.count(".") > 1:
-        return None
-    if text == ".":
+    if not text or len(text) > 30 or not _NUMBER.fullmatch(text):
         return None
     value = Decimal(text)
-    return value if value <= MAX_MBPS else None
+    return int(value) if value == value.to_integral_value() else value
 
 
-def _network(text: str, family: str) -> ir.Network | None:
-    """``text`` as an IPv4 or IPv6 network (host bits cleared), as the policy's addresses
-    are read; the socket module parses the common forms at twice ``ipaddress``'s speed."""
+def _network(text: str, family: str) -> ir.Network | str:
+    """``text`` as an IPv4 or IPv6 network, or why not: a message for one with host bits
+    set, which LibreQoS refuses as well ('' for one that does not parse). The socket module
+    parses the common forms at twice ``ipaddress``'s speed."""
     address, slash, length = text.partition("/")
     if not slash or (length.isdigit() and length.isascii() and len(length) <= 3):
         bits = int(length) if slash else None
@@ -506,20 +575,36 @@ def _network(text: str, family: str) -> ir.Network | None:
                 # inet_pton takes leading zeros (010.0.0.1), which ipaddress refuses.
                 if socket.inet_ntop(socket.AF_INET, packed) == address and (bits or 0) <= 32:
                     whole = int.from_bytes(packed, "big")
-                    return ipaddress.IPv4Network((whole, 32 if bits is None else bits), False)
+                    if bits is not None and whole & ((1 << (32 - bits)) - 1):
+                        return _host_bits(ipaddress.IPv4Network((whole, bits), False), address)
+                    return ipaddress.IPv4Network((whole, 32 if bits is None else bits))
             elif "%" not in address:
                 packed = socket.inet_pton(socket.AF_INET6, address)
                 if (bits or 0) <= 128:
                     whole = int.from_bytes(packed, "big")
-                    return ipaddress.IPv6Network((whole, 128 if bits is None else bits), False)
+                    if bits is not None and whole & ((1 << (128 - bits)) - 1):
+                        return _host_bits(ipaddress.IPv6Network((whole, bits), False), address)
+                    return ipaddress.IPv6Network((whole, 128 if bits is None else bits))
         except OSError:
             pass
     try:
+        net: ir.Network
         if family == "ipv4":
-            return ipaddress.IPv4Network(text, strict=False)
-        return ipaddress.IPv6Network(text, strict=False)
+            net = ipaddress.IPv4Network(text, strict=False)
+        else:
+            net = ipaddress.IPv6Network(text, strict=False)
     except ValueError:
-        return None
+        return ""
+    if slash and ipaddress.ip_address(address) != net.network_address:
+        return _host_bits(net, address)
+    return net
+
+
+def _host_bits(net: ir.Network, address: str) -> str:
+    return (
+        f"has host bits set: write the network, {net}, or one host, "
+        f"{address}/{net.max_prefixlen} (LibreQoS refuses it too)"
+    )
 
 
 def _unique_name(key: str, names: set[str]) -> str:
@@ -716,8 +801,11 @@ def _mentions_column(expr: Expr) -> bool:
     return False
 
 
-def expand(pending: Pending, direction: Direction) -> tuple[ir.Class, ...]:
-    """The classes of a statement for a tree of ``direction``."""
+def expand(
+    pending: Pending, direction: Direction, name: Callable[[Circuit], str | None]
+) -> list[tuple[Circuit, ir.Class]]:
+    """The classes of a statement for a tree of ``direction``, with their circuits; ``name``
+    gives a circuit's class name in the tree (None: leave the circuit out)."""
     syn = pending.syntax
     assert syn.table is not None
     columns = syn.table.columns
@@ -733,23 +821,27 @@ def expand(pending: Pending, direction: Direction) -> tuple[ir.Class, ...]:
     leaf = pending.leaf
     classes = []
     for circuit in circuits:
+        class_name = name(circuit)
+        if class_name is None:
+            continue
         matches = tuple(
             ir.Match((ir.AddrCond(field_, row.networks, row.span),), row.span, syn.pref)
             for row in by_circuit[id(circuit)]
             if row.networks
         )
-        classes.append(
+        made = (
             ir.Class(
-                circuit.name,
+                class_name,
                 circuit.span,
                 rate=_rate(pending.rate, circuit, direction, columns),
                 ceil=_rate(pending.ceil, circuit, direction, columns),
                 matches=matches,
                 leaf=ir.replace(leaf) if leaf is not None else None,
                 **pending.fields,
-            )
+            ),
         )
-    return tuple(classes)
+        classes.append((circuit, made[0]))
+    return classes
 
 
 def _rate(
@@ -768,11 +860,18 @@ def expand_tree(b: Builder, qdisc: ir.Qdisc, direction: Direction | None, device
     statement's own ``upload``/``download`` wins over the tree's ``direction``; None: the
     egress of ``device``, which says neither, E272); warns (W371) about the rows of a table
     the tree reads that none of its statements takes."""
-    expander = _Expander(b, direction, device)
+    expander = _Expander(b, direction, device, _class_names(qdisc))
     result = expander.walk(qdisc)
     for table, rows, statements in expander.taken.values():
         _unshaped(b, table, rows, statements)
+    if expander.made:
+        _longest_prefix_first(b, result, expander.made)
     return result
+
+
+def _class_names(qdisc: ir.Qdisc) -> set[str]:
+    """The names of the classes written in the tree of ``qdisc``."""
+    return {c.name for q in ir.walk_qdiscs(qdisc) for c in ir.classes_of(q) if c.name}
 
 
 class _Expander:
@@ -780,9 +879,46 @@ class _Expander:
     would make a reference cycle (only the collector, off while compiling, frees one) holding
     the tables' rows and the tree as built."""
 
-    def __init__(self, b: Builder, direction: Direction | None, device: str) -> None:
+    def __init__(
+        self, b: Builder, direction: Direction | None, device: str, names: set[str]
+    ) -> None:
         self.b, self.direction, self.device = b, direction, device
         self.taken: dict[str, tuple[Table, set[int], list[SubscribersSyntax]]] = {}
+        self.names = names
+        """The class names of the tree: the written ones, then each subscriber's."""
+        self.made: dict[int, Circuit] = {}
+        """The subscribers' classes (by id) and their circuits."""
+        self.circuits: dict[int, SubscribersSyntax] = {}
+        """The statement that took each circuit (by id)."""
+        self.syntax: SubscribersSyntax | None = None
+
+    def name(self, circuit: Circuit) -> str | None:
+        """The class name of ``circuit`` in this tree: its own, or with ``_2``, ``_3``... when
+        a written class or another table's circuit has it; None (E037) when an earlier
+        statement of the tree took the circuit already."""
+        syn = self.syntax
+        assert syn is not None
+        earlier = self.circuits.get(id(circuit))
+        if earlier is not None:
+            self.b.error(
+                Diagnostic.error(
+                    "E037",
+                    f"circuit '{circuit.key}' is taken by two subscribers statements of this "
+                    "tree; a subscriber is one class: make the statements' 'where' conditions "
+                    "exclusive",
+                    syn.span,
+                    Note("the circuit's row is here", circuit.span),
+                    Note("the statement that took it first is here", earlier.span),
+                )
+            )
+            return None
+        self.circuits[id(circuit)] = syn
+        name, n = circuit.name, 1
+        while name in self.names:
+            n += 1
+            name = f"{circuit.name}_{n}"
+        self.names.add(name)
+        return name
 
     def classes(self, items: tuple[ir.Class, ...]) -> tuple[ir.Class, ...]:
         b = self.b
@@ -808,7 +944,10 @@ class _Expander:
                         )
                     )
                     continue
-                out.extend(expand(pending, way))
+                self.syntax = syn
+                for circuit, made in expand(pending, way, self.name):
+                    self.made[id(made)] = circuit
+                    out.append(made)
                 if syn.table is not None:
                     entry = self.taken.setdefault(syn.table.path, (syn.table, set(), []))
                     entry[1].update(id(r) for r in syn.rows)
@@ -845,6 +984,86 @@ class _Expander:
             new_child = self.walk(child)
             return q if new_child is child else ir.replace(q, child=new_child)
         return q
+
+
+_DEFAULT_PREF = 1
+"""The pref of a line that gives none (``tcdsl.allocate.DEFAULT_PREF``)."""
+
+
+def _longest_prefix_first(b: Builder, tree: ir.Qdisc, made: dict[int, Circuit]) -> None:
+    """E036 for a subscriber's address inside the prefix of another subscriber tried before it.
+
+    tcdsl tries the lines of a qdisc in order (their pref, then the tree's order) and the
+    first that matches wins; LibreQoS looks addresses up by longest prefix. The two agree
+    unless a more specific address comes after a prefix holding it: then the same table
+    would shape differently, so that is an error (put the more specific circuit first)."""
+    found = 0
+    for lines in _subscriber_lines(tree, made):
+        for version in (4, 6):
+            family = [line for line in lines if line[1].version == version]
+            lengths = sorted({line[1].prefixlen for line in family})
+            if len(lengths) < 2:
+                continue
+            first: dict[tuple[int, int], tuple[ir.Network, Span, Circuit]] = {}
+            for _, net, at, circuit in family:
+                whole, bits = int(net.network_address), net.max_prefixlen
+                for length in lengths:
+                    if length >= net.prefixlen:
+                        break
+                    hit = first.get((length, whole >> (bits - length)))
+                    if hit is not None and hit[2] is not circuit:
+                        found += 1
+                        if found <= MAX_TABLE_ERRORS:
+                            b.error(_shadowed(net, at, circuit, *hit))
+                        break
+                key = (net.prefixlen, whole >> (bits - net.prefixlen))
+                first.setdefault(key, (net, at, circuit))
+    if found > MAX_TABLE_ERRORS:
+        more = found - MAX_TABLE_ERRORS
+        msg = f"{more} more subscriber address(es) inside an earlier subscriber's prefix"
+        b.error(Diagnostic.error("E036", msg, next(iter(made.values())).span))
+
+
+_Line = tuple[tuple[int, ...], ir.Network, Span, Circuit]
+
+
+def _subscriber_lines(tree: ir.Qdisc, made: dict[int, Circuit]) -> Iterator[list[_Line]]:
+    """The addresses of the subscribers' lines of each group of lines tried in turn (a
+    qdisc's, or all the queues' of an mq, whose steering filters try them in one list), in
+    that order, each with its circuit."""
+    if isinstance(tree, ir.Mq):
+        order = ir.mq_line_order(tree)
+        groups = [[(c, order[id(c)]) for q in tree.queues for c in ir.classes_of(q.qdisc)]]
+    else:
+        groups = [[(c, (i,)) for i, c in enumerate(ir.classes_of(q))] for q in ir.walk_qdiscs(tree)]
+    for group in groups:
+        lines: list[_Line] = []
+        for cls, place in group:
+            circuit = made.get(id(cls))
+            if circuit is None:
+                continue
+            for m in cls.matches:
+                pref = m.pref.value if m.pref is not None else _DEFAULT_PREF
+                for cond in m.conds:
+                    if isinstance(cond, ir.AddrCond):
+                        lines += [((pref, *place), n, at, circuit) for n, at in cond.networks]
+        if lines:
+            lines.sort(key=lambda line: line[0])
+            yield lines
+
+
+def _shadowed(
+    net: ir.Network, at: Span, circuit: Circuit, wide: ir.Network, wide_at: Span, other: Circuit
+) -> Diagnostic:
+    return Diagnostic.error(
+        "E036",
+        f"{net} of circuit '{circuit.key}' lies inside {wide} of circuit '{other.key}', which "
+        f"is tried first: its packets would go to '{other.key}' (tcdsl takes the first line "
+        f"that matches), where LibreQoS gives them to '{circuit.key}' (the longest prefix); "
+        f"list circuit '{circuit.key}' before '{other.key}', or split {wide}",
+        at,
+        Note(f"{wide} of circuit '{other.key}' is here", wide_at),
+    )
 
 
 def _unshaped(
