@@ -569,6 +569,50 @@ def u32_order_kept(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
 
 
+U32_PREFS = 2047
+"""u32 instances (a protocol and a pref each) one parent holds: each makes a root table whose
+id the kernel takes from 0x801 to 0xfff (``gen_new_htid``, net/sched/cls_u32.c); the next
+is refused with "Filter already exists" (measured on 6.1 and 6.18). Tables made with a
+handle (1: to 7ff:) do not count."""
+PREF_MAX = 0xFFFF
+
+
+def prefs_fit_their_parent(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """No parent holds more u32 prefs (IPv4 and IPv6 apart) than the kernel makes, and no
+    flower filter gets a pref past its family's range."""
+    for iface in policy.interfaces:
+        u32: dict[ir.Handle, set[tuple[str, int]]] = {}
+        # IPv4's flower prefs stop below IPv6's first where the parent has IPv6 filters too
+        v6 = {g.parent for g in iface.filters if g.family == "ipv6"}
+        for f in iface.filters:
+            if isinstance(f, ir.U32Filter):
+                seen = u32.setdefault(f.parent, set())
+                if (f.family, f.pref) in seen:
+                    continue
+                seen.add((f.family, f.pref))
+                if len(seen) == U32_PREFS + 1:
+                    yield Diagnostic.error(
+                        "E263",
+                        f"more than {U32_PREFS} u32 prefs under {f.parent} of {iface.label} "
+                        "(IPv4 and IPv6 prefs count apart): the kernel makes a root table for "
+                        "each and has no table id left for this one; use fewer prefs (hashed "
+                        "filters keep the order of any number of lines at one pref)",
+                        f.span,
+                    )
+            elif isinstance(f, ir.FlowerFilter):
+                top = IPV6_PREF_OFFSET if f.family != "ipv6" and f.parent in v6 else PREF_MAX
+                if f.pref > top:
+                    yield Diagnostic.error(
+                        "E263",
+                        f"more flower filters under {f.parent} of {iface.label} than prefs: "
+                        f"each takes a pref of its own, this one {f.pref}, past the last one "
+                        f"its family has ({top}; IPv4 counts from 1, IPv6 from "
+                        f"{IPV6_PREF_OFFSET + 1}); classify these lines with u32",
+                        f.span,
+                    )
+                    break
+
+
 def ports_need_a_port_protocol(policy: ir.Policy) -> Iterator[Diagnostic]:
     """A port condition next to a protocol that has no ports tests other header bytes."""
     for s in sites(policy):
@@ -793,6 +837,7 @@ LINTS: tuple[Lint, ...] = (
     ceilings_share_sensibly,
     u32_lines_before_marks,
     u32_order_kept,
+    prefs_fit_their_parent,
     ports_need_a_port_protocol,
     leaf_queues_sensible,
     policers_do_not_reclassify,

@@ -41,6 +41,8 @@ UNCOVERED = {
     "E210": "needs more than 65534 qdiscs or classes on one interface",
     "E261": "needs 4096 policed lines of several filters; tests/test_police.py makes them",
     "E262": "needs 2049 filters at one pref and no u32 table id left; tests/test_lint.py",
+    "E263": "needs 2048 u32 prefs under one parent or 32769 flower filters; tests/test_lint.py "
+    "and tests/test_lint_kernel.py (where the kernel refuses the 2048th)",
     **dict.fromkeys(("E401", "E402", "E403", "E404", "E405", "W406"), _VERIFY),
     **dict.fromkeys(
         ("E601", "E602", "E603", "E604"),

@@ -188,3 +188,21 @@ def test_shadowing_is_found_in_hashed_prefs() -> None:
     assert result.policy is not None and result.policy.interfaces[0].u32_tables
     shadowed = {d.span.line for d in result.diagnostics if d.code == "W312"}
     assert shadowed == set(range(3, 43)), shadowed
+
+
+def test_flower_filters_past_their_familys_prefs(tmp_path: Path) -> None:
+    """Each flower filter takes a pref of its own: IPv4's 32,769th would share IPv6's first
+    (the kernel refuses a second protocol at one pref), so it is E263."""
+    lines = "".join(f"        match dst 10.0.{i >> 8 & 255}.{i & 255}\n" for i in range(32769))
+    text = (
+        "interface eth0 classifier flower htb rate 10mbit default bulk {\n"
+        f"    class a rate 1mbit {{\n{lines}        match dst 2001:db8::1\n    }}\n"
+        "    class bulk rate 1mbit\n}\n"
+    )
+    path = tmp_path / "p.tcp"
+    path.write_text(text, encoding="utf-8")
+    result = analyse(str(path))
+    assert [(d.code, d.span.line) for d in result.errors] == [("E263", 2 + 32769)]
+    # without IPv6 filters under the parent, IPv4 may use the whole range
+    path.write_text(text.replace("        match dst 2001:db8::1\n", ""), encoding="utf-8")
+    assert analyse(str(path)).errors == []

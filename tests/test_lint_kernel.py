@@ -184,3 +184,41 @@ def test_fifo_limit_zero_drops_everything(
     stats = run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", "eth0"]).stdout
     found = re.search(r"qdisc pfifo [^\n]*\n\s*Sent 0 bytes 0 pkt \(dropped (\d+)", stats)
     assert found is not None and int(found.group(1)) >= COUNT, stats
+
+
+def _prefs_policy(prefs: int) -> str:
+    """An IPv4 policy whose match lines take ``prefs`` u32 prefs under the root."""
+    lines = "".join(
+        f"        match dst 10.0.{i // 256}.{i % 256} pref {i}\n" for i in range(1, prefs + 1)
+    )
+    return (
+        "interface eth0 family ipv4 htb rate 10mbit default bulk {\n"
+        f"    class a rate 1mbit {{\n{lines}    }}\n"
+        "    class bulk rate 1mbit\n}\n"
+    )
+
+
+def test_the_u32_prefs_a_parent_holds(
+    host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """E263's limit is the kernel's: tcdsl's 2,047 u32 prefs under one parent apply, and of
+    2,048 written by hand the kernel refuses the last (each pref makes a root table, ids
+    0x801 to 0xfff), which tcdsl reports before anything runs."""
+    from tcdsl.lint import U32_PREFS
+
+    result, _ = _applied(_prefs_policy(U32_PREFS), host, make_netns, tmp_path)
+    assert "E263" not in _codes(result)
+    over = _compile_text(tmp_path, _prefs_policy(U32_PREFS + 1))
+    assert [d.code for d in over.errors] == ["E263"] and over.output is None
+    assert over.errors[0].span.line == 2 + U32_PREFS + 1
+    ns = make_netns()
+    run(["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0"])
+    batch = tmp_path / "over.batch"
+    commands = ["qdisc add dev eth0 root handle 1: htb default 1"] + [
+        f"filter add dev eth0 parent 1: protocol ip prio {i} u32 match ip dst 10.0.0.1 flowid 1:1"
+        for i in range(1, U32_PREFS + 2)
+    ]
+    batch.write_text("\n".join(commands) + "\n", encoding="utf-8")
+    refused = run(["tc", "-n", ns, "-batch", str(batch)], check=False)
+    assert refused.returncode != 0
+    assert f"Command failed {batch}:{U32_PREFS + 2}" in refused.stderr, refused.stderr
