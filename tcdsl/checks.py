@@ -1357,6 +1357,29 @@ def mq_steering_owns_clsact(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
 
 
+def mq_policers_end_classification(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """A policer in an mq tree drops or passes what exceeds it: its steering filter picked
+    the queue before anything policed, so 'continue' or 'reclassify' could not reach a line
+    of another queue."""
+    for iface in policy.interfaces:
+        if not isinstance(iface.root, ir.Mq):
+            continue
+        for queue in iface.root.queues:
+            for q in ir.walk_qdiscs(queue.qdisc):
+                for _, m in ir.matches_of(q):
+                    police = m.police
+                    if police is not None and police.exceed in ("continue", "reclassify"):
+                        yield Diagnostic.error(
+                            "E264",
+                            f"'{police.exceed}' on a policer of an mq tree: the steering "
+                            "filters pick each packet's TX queue before any policer runs, so "
+                            "what exceeds the rate would go on only among the lines of this "
+                            "line's queue, not to the next line of the policy; use 'drop' or "
+                            "'pass'",
+                            police.exceed_span or police.span,
+                        )
+
+
 CHECKS: tuple[Check, ...] = (
     required_parameters_present,
     values_in_range,
@@ -1379,6 +1402,7 @@ CHECKS: tuple[Check, ...] = (
     link_layer_values_kept,
     mq_only_at_the_root,
     mq_steering_owns_clsact,
+    mq_policers_end_classification,
 )
 
 

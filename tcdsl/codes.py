@@ -101,6 +101,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E261": CodeInfo(_E, "More policed lines of several filters than a tree's police indexes"),
     "E262": CodeInfo(_E, "More u32 filters at one pref than kept in order, no table id left"),
     "E263": CodeInfo(_E, "More u32 prefs under one parent, or flower filters, than the kernel has"),
+    "E264": CodeInfo(_E, "A policer that continues or reclassifies in an mq tree"),
     "E266": CodeInfo(_E, "mq, or a 'queue N', somewhere other than an interface's root mq"),
     "E267": CodeInfo(_E, "An mq spreading a tree it cannot spread (not htb, no queue count)"),
     "E268": CodeInfo(_E, "An mq tree with marks, ingress policers or a download (clsact's slot)"),

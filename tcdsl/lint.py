@@ -164,6 +164,25 @@ def _classification_orders(
                         family,
                         kernel_order(added, lambda a: match_pref(a.match)),
                     )
+            if isinstance(iface.root, ir.Mq) and not marks:
+                # the steering filters try every queue's lines in one list, in the tree's order
+                order = ir.mq_line_order(iface.root)
+                steered = sorted(
+                    (
+                        a
+                        for _, found in lines
+                        for _, by_family in found
+                        for a in by_family.get(family, ())
+                        if id(a.cls) in order
+                    ),
+                    key=lambda a: order[id(a.cls)],
+                )
+                if steered:
+                    yield (
+                        (id(iface), id(iface.root)),
+                        family,
+                        kernel_order(steered, lambda a: match_pref(a.match)),
+                    )
 
 
 class _Earlier:

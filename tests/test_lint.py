@@ -206,3 +206,24 @@ def test_flower_filters_past_their_familys_prefs(tmp_path: Path) -> None:
     # without IPv6 filters under the parent, IPv4 may use the whole range
     path.write_text(text.replace("        match dst 2001:db8::1\n", ""), encoding="utf-8")
     assert analyse(str(path)).errors == []
+
+
+def test_shadowing_across_the_queues_of_an_mq_tree(tmp_path: Path) -> None:
+    """The steering filters try every queue's lines in one list: a line of one queue is
+    hidden by an earlier line of another (W312), as in the tree written without mq."""
+    text = (
+        "interface eth0 mq queues 2 htb rate 1gbit default other {\n"
+        "    class big rate 500mbit match dst 10.0.0.0/8\n"
+        "    class site rate 400mbit match dst 10.0.0.1\n"
+        "    class other rate 1mbit\n"
+        "}\n"
+    )
+    path = tmp_path / "p.tcp"
+    path.write_text(text, encoding="utf-8")
+    result = analyse(str(path))
+    assert result.policy is not None
+    root = result.policy.interfaces[0].root
+    assert isinstance(root, ir.Mq) and len(root.queues) == 2  # big and site on two queues
+    assert [(d.code, d.span.line) for d in result.diagnostics] == [("W312", 3)]
+    path.write_text(text.replace("10.0.0.0/8", "10.1.0.0/16"), encoding="utf-8")
+    assert analyse(str(path)).diagnostics == []
