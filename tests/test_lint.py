@@ -224,6 +224,6 @@ def test_shadowing_across_the_queues_of_an_mq_tree(tmp_path: Path) -> None:
     assert result.policy is not None
     root = result.policy.interfaces[0].root
     assert isinstance(root, ir.Mq) and len(root.queues) == 2  # big and site on two queues
-    assert [(d.code, d.span.line) for d in result.diagnostics] == [("W312", 3)]
+    assert [(d.code, d.span.line) for d in result.diagnostics if d.code[0] != "I"] == [("W312", 3)]
     path.write_text(text.replace("10.0.0.0/8", "10.1.0.0/16"), encoding="utf-8")
-    assert analyse(str(path)).diagnostics == []
+    assert [d.code for d in analyse(str(path)).diagnostics if d.code[0] != "I"] == []
