@@ -551,3 +551,34 @@ def test_a_hashed_layout_round_trips(tmp_path: Path) -> None:
     if runner.host_unavailable() is not None or _support() is None:
         pytest.skip("needs the host kernel")
     assert round_trip([planned], runner.run_on_host, tmp_path) == 1
+
+
+def test_a_hashed_layout_imports_with_each_class_s_lines_together(tmp_path: Path) -> None:
+    """Lines in different buckets of a hash table never match the same packet, so their order
+    across buckets is free: the import groups them by class, without a W615 (which a walk of
+    the buckets one after the other gave here, x y x, and whose regrouping put x's 10.0.0.2
+    before y's narrower line) or a W613 for tcdsl's own tables."""
+    lines = [
+        "    class y rate 1mbit match dst 10.0.0.2 dport 80",
+        "    class x rate 1mbit match dst 10.0.0.1, 10.0.0.2",
+        *(f"    class f{i} rate 1mbit match dst 10.0.0.{100 + i}" for i in range(32)),
+    ]
+    path = tmp_path / "hashed.tcp"
+    path.write_text(
+        "interface eth0 family ipv4 htb rate 1gbit default other {\n"
+        + "\n".join(lines)
+        + "\n    class other rate 1mbit\n}\n",
+        encoding="utf-8",
+    )
+    planned = _plan("hashed", path)
+    assert planned.result.policy is not None and planned.result.policy.interfaces[0].u32_tables
+    if runner.host_unavailable() is not None or _support() is None:
+        pytest.skip("needs the host kernel")
+    (result,) = runner.run_on_host([_case(planned, planned.result.output or "", "original")])
+    text, codes = imported_text(planned, device_texts(_applied(result, planned), planned.read))
+    assert not codes & {"W613", "W615"}, (codes, text)
+    imported = tmp_path / "imported.tcp"
+    imported.write_text(text, encoding="utf-8")
+    for packet, want in (("udp dst 10.0.0.2 dport 80", "1:10"), ("udp dst 10.0.0.2", "1:20")):
+        verdict = CliRunner().invoke(cli, ["classify", str(imported), "--packet", packet])
+        assert verdict.exit_code == 0 and f"({want})" in verdict.stdout, verdict.output

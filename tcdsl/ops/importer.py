@@ -723,29 +723,75 @@ def _walk(group: list[FilterEntry]) -> list[FilterEntry] | None:
         members.sort(key=lambda e: int(e.filter.place.split(":")[2] or "0", 16))
     out: list[FilterEntry] = []
     seen: set[str] = set()
+    # e -> the filters u32 must try before it: the nodes before it in its bucket, and before
+    # the link into its table; the buckets of one table are tried side by side (a packet
+    # can only match filters of its own bucket)
+    before: dict[int, list[FilterEntry]] = {}
 
-    def walk(table: str, bucket: int, fixed: tuple[tuple[int, int, int], ...]) -> bool:
+    def walk(
+        table: str, bucket: int, fixed: tuple[tuple[int, int, int], ...], last: list[FilterEntry]
+    ) -> list[FilterEntry] | None:
         for e in nodes.get((table, bucket), []):
             f = e.filter
             if not f.link:
                 if not all(_fixes(f.keys, mask, offset, value) for mask, offset, value in fixed):
-                    return False
+                    return None
                 out.append(e)
+                before[id(e)] = last
+                last = [e]
                 continue
             inner = f.link.rstrip(":")
             if f.keys not in ((), ((0, 0, 0),)) or inner in seen:
-                return False
+                return None
             seen.add(inner)
             buckets = sorted(b for t, b in nodes if t == inner)
+            tails: list[FilterEntry] = []
             for b in buckets:
                 more = ((*f.hashkey, b),) if f.hashkey is not None else ()
-                if not walk(inner, b, fixed + more):
-                    return False
-        return True
+                tail = walk(inner, b, fixed + more, last)
+                if tail is None:
+                    return None
+                tails += tail
+            last = tails or last
+        return last
 
-    if not walk("", 0, ()) or len(out) + len(seen) != len(group):
+    if walk("", 0, (), []) is None or len(out) + len(seen) != len(group):
         return None
-    return out
+    return _by_class(out, before)
+
+
+def _by_class(out: list[FilterEntry], before: dict[int, list[FilterEntry]]) -> list[FilterEntry]:
+    """``out`` (an order u32 may try the filters in) with each class's filters together, in
+    an order of the classes that keeps every filter after those it must come after; ``out``
+    itself when there is none (the lines alternate between classes: W615)."""
+    first: dict[str, int] = {}
+    for n, e in enumerate(out):
+        first.setdefault(e.filter.flowid, n)
+    after: dict[str, set[str]] = {c: set() for c in first}
+    for e in out:
+        for b in before[id(e)]:
+            if b.filter.flowid != e.filter.flowid:
+                after[e.filter.flowid].add(b.filter.flowid)
+    # Kahn's algorithm, the class first met in ``out`` first among those free to go
+    blocking = {c: len(a) for c, a in after.items()}
+    freed: dict[str, list[str]] = {c: [] for c in first}
+    for c, a in after.items():
+        for b in a:
+            freed[b].append(c)
+    ready = [(first[c], c) for c, n in blocking.items() if not n]
+    heapq.heapify(ready)
+    done: list[str] = []
+    while ready:
+        _, c = heapq.heappop(ready)
+        done.append(c)
+        for d in freed[c]:
+            blocking[d] -= 1
+            if not blocking[d]:
+                heapq.heappush(ready, (first[d], d))
+    if len(done) != len(first):
+        return out
+    rank = {c: n for n, c in enumerate(done)}
+    return sorted(out, key=lambda e: rank[e.filter.flowid])
 
 
 def _fixes(keys: Sequence[tuple[int, int, int]], mask: int, offset: int, bucket: int) -> bool:
@@ -1266,11 +1312,25 @@ def _device(text: DeviceText) -> _Device:
             else:
                 parent = root[0].handle if root is not None else "?"
         filters.setdefault(parent, []).append(entry)
+    # tcdsl's own layouts are read back into lines: their tables need no word
+    walked: set[tuple[str, int]] = set()
+    for entries in filters.values():
+        _, placed = unhashed(entries)
+        walked |= {(e.filter.protocol, e.filter.pref) for e in entries if id(e) in placed}
     for table, line in objs.hash_tables:
+        words = table.split()
+        pref = _word_after(words, "pref")
+        key = (_word_after(words, "protocol") or "", int(pref) if pref and pref.isdigit() else -1)
+        if key in walked:
+            continue
         problems.append(
             Problem("W613", f"a u32 hash table ({table}) has no word in the language", line)
         )
     return _Device(text, objs, root, ingress, below, filters, problems)
+
+
+def _word_after(words: Sequence[str], key: str) -> str | None:
+    return words[words.index(key) + 1] if key in words[:-1] else None
 
 
 def _names(dev: _Device) -> dict[str, str]:
