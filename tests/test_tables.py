@@ -691,3 +691,10 @@ def test_steering_follows_the_tree_not_the_tables_rows(tmp_path: Path) -> None:
     )
     assert verdict.exit_code == 0, verdict.output
     assert [v["class"] for v in json.loads(verdict.stdout)] == ["c1", "c2"]
+
+
+def test_an_error_on_a_later_line_of_a_quoted_cell_is_shown_there(tmp_path: Path) -> None:
+    table = HEADER + '1,a,1,d,north,,"100.64.0.1,\n 100.64.0.993",,1,1,10,5,\n'
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E029", "subs.csv", 3, 2)]
+    assert (result.errors[0].span.end_column - result.errors[0].span.column) == len("100.64.0.993")

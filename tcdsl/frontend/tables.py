@@ -138,8 +138,15 @@ class _Place:
         if index >= len(self.starts):
             return Span(self.path, self.last, self.width, self.last, self.width + 1)
         dl, col = divmod(self.starts[index], LINE_STEP)
-        n = max(1, len(self.cells[index]) if length is None else length)
-        return Span(self.path, self.first + dl, col + offset, self.first + dl, col + offset + n)
+        cell = self.cells[index]
+        n = max(1, len(cell) if length is None else length)
+        if offset and "\n" in cell[:offset]:  # on a later line of a quoted cell
+            dl += cell.count("\n", 0, offset)
+            col, offset = 1, offset - cell.rfind("\n", 0, offset) - 1
+        if length is None and "\n" in cell:  # the whole cell: its part on its first line
+            n = max(1, cell.index("\n"))
+        col += offset
+        return Span(self.path, self.first + dl, col, self.first + dl, col + n)
 
 
 @dataclass(slots=True)
@@ -286,9 +293,10 @@ class _Lines:
     def __next__(self) -> str:
         line = next(self.lines)
         if self.at_start and line.lstrip().startswith("#"):
-            return ""
+            return "\n"
         self.at_start = False
-        return line
+        # with its line break, which a quoted cell that goes on keeps (without, "a\nb" is "ab")
+        return line + "\n"
 
 
 def _parse(reading: _Reading, at: Span) -> Table | None:
