@@ -138,13 +138,14 @@ class _Place:
         if index >= len(self.starts):
             return Span(self.path, self.last, self.width, self.last, self.width + 1)
         dl, col = divmod(self.starts[index], LINE_STEP)
-        cell = self.cells[index]
-        n = max(1, len(cell) if length is None else length)
-        if offset and "\n" in cell[:offset]:  # on a later line of a quoted cell
-            dl += cell.count("\n", 0, offset)
-            col, offset = 1, offset - cell.rfind("\n", 0, offset) - 1
-        if length is None and "\n" in cell:  # the whole cell: its part on its first line
-            n = max(1, cell.index("\n"))
+        n = max(1, len(self.cells[index]) if length is None else length)
+        if self.first != self.last:  # a record over several lines: a cell may be too
+            cell = self.cells[index]
+            if offset and "\n" in cell[:offset]:  # on a later line of the cell
+                dl += cell.count("\n", 0, offset)
+                col, offset = 1, offset - cell.rfind("\n", 0, offset) - 1
+            if length is None and "\n" in cell:  # the whole cell: its part on its first line
+                n = max(1, cell.index("\n"))
         col += offset
         return Span(self.path, self.first + dl, col, self.first + dl, col + n)
 
@@ -174,6 +175,8 @@ class Table:
     """The commas a line needs to reach every required column: a line inside a quoted cell
     with that many is most likely rows swallowed by a quote left open."""
     rows: list[Row] = field(default_factory=list)
+    lengths: set[tuple[int, int]] = field(default_factory=set)
+    """(IP version, prefix length) of its addresses: one length a family, no overlap."""
     indexes: dict[int, dict[str, list[Row]]] = field(default_factory=dict)
     """The rows by the value of a column, for the columns ``where ==`` has used."""
     errors: int = 0
@@ -416,16 +419,17 @@ def _row(
             )
             return None
     # A row whose cells do not line up with the header: say so with its first error.
-    width = (
-        (Note(f"this row has {n_cells} cells and the header {len(table.headers)}", span(0)),)
-        if n_cells != len(table.headers)
-        else ()
-    )
+    width: tuple[Note, ...] | None = None if n_cells != len(table.headers) else ()
     ok = True
     key_index = columns["circuit_id"]
     key = cells[key_index].strip() if key_index < n_cells else ""
     if not key:
-        reading.error("E028", "this row has no circuit id", span(key_index), *width)
+        reading.error(
+            "E028",
+            "this row has no circuit id",
+            span(key_index),
+            *_width(width, place, n_cells, table),
+        )
         return None
     rates: dict[str, Decimal | int] = {}
     for name in RATES:
@@ -439,7 +443,12 @@ def _row(
                 if value is None
                 else f"{shown} Mbps is more than tcdsl takes ({MAX_MBPS:,} Mbps)"
             )
-            reading.error("E030", f"{table.headers[index]}: {why}", span(index), *width)
+            reading.error(
+                "E030",
+                f"{table.headers[index]}: {why}",
+                span(index),
+                *_width(width, place, n_cells, table),
+            )
             width = ()
             ok = False
         else:
@@ -453,7 +462,7 @@ def _row(
                 "cannot be above its ceil",
                 span(columns[f"{direction}_max"]),
                 Note("the min is here", span(columns[f"{direction}_min"])),
-                *width,
+                *_width(width, place, n_cells, table),
             )
             width = ()
             ok = False
@@ -486,7 +495,9 @@ def _row(
                     f"is not a valid {what} address or network ({table.headers[index]} holds "
                     f"{what} addresses and prefixes, separated by commas)"
                 )
-                reading.error("E029", f"'{address}' {why}", at, *width)
+                reading.error(
+                    "E029", f"'{address}' {why}", at, *_width(width, place, n_cells, table)
+                )
                 width = ()
                 ok = False
                 continue
@@ -508,11 +519,24 @@ def _row(
         )
         row_span = span(key_index)
     else:
+        table.lengths.update((net.version, net.prefixlen) for net, _ in networks)
         head, tail = networks[0][1], networks[-1][1]
         row_span = head
         if head.line == tail.line and len(networks) > 1:
             row_span = Span(path, head.line, head.column, head.line, tail.end_column)
     return Row(first, cells, circuit, tuple(networks), row_span)
+
+
+def _width(
+    width: tuple[Note, ...] | None, place: _Place, n_cells: int, table: Table
+) -> tuple[Note, ...]:
+    """The note that a row has another number of cells than the header (``width`` None),
+    for its first error; ``width`` itself otherwise."""
+    if width is not None:
+        return width
+    return (
+        Note(f"this row has {n_cells} cells and the header {len(table.headers)}", place.span(0)),
+    )
 
 
 def _row_like(line: str, commas: int) -> bool:
@@ -872,7 +896,9 @@ def expand_tree(b: Builder, qdisc: ir.Qdisc, direction: Direction | None, device
     result = expander.walk(qdisc)
     for table, rows, statements in expander.taken.values():
         _unshaped(b, table, rows, statements)
-    if expander.made:
+    # addresses can only hold one another where a family has two prefix lengths
+    lengths = set().union(*(table.lengths for table, _, _ in expander.taken.values()))
+    if expander.made and len(lengths) > len({version for version, _ in lengths}):
         _longest_prefix_first(b, result, expander.made)
     return result
 
