@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import ipaddress
 import os
 import re
@@ -175,8 +176,8 @@ class Table:
     """The commas a line needs to reach every required column: a line inside a quoted cell
     with that many is most likely rows swallowed by a quote left open."""
     rows: list[Row] = field(default_factory=list)
-    lengths: set[tuple[int, int]] = field(default_factory=set)
-    """(IP version, prefix length) of its addresses: one length a family, no overlap."""
+    lengths: set[tuple[str, int]] = field(default_factory=set)
+    """(family, prefix length) of its addresses: one length a family, no overlap."""
     indexes: dict[int, dict[str, list[Row]]] = field(default_factory=dict)
     """The rows by the value of a column, for the columns ``where ==`` has used."""
     errors: int = 0
@@ -261,13 +262,17 @@ def _records(text: str) -> Iterator[tuple[int, int, list[str]]]:
     where a record would start is a comment, read as an empty record before any quote in it
     is looked at (as LibreQoS's reader does: a stray quote in a comment must not swallow the
     rows after it). Last, for a record the csv module refuses: (its first line, 0, [why])."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
     # A cell may be as long as the table (the csv module stops at 128 KiB by default).
     csv.field_size_limit(max(csv.field_size_limit(), MAX_TABLE_BYTES))
-    state = _Lines(lines)
-    rows = csv.reader(state, strict=False)
+    if _QUOTED_COMMENT.search(text):
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        state: _Lines | None = _Lines(lines)
+        rows = csv.reader(state, strict=False)
+    else:  # no comment holds a quote: the csv module reads the text itself, line breaks kept
+        state = None
+        rows = csv.reader(io.StringIO(text), strict=False)
     end = 0
     while True:
         try:
@@ -278,8 +283,12 @@ def _records(text: str) -> Iterator[tuple[int, int, list[str]]]:
             yield end + 1, 0, [str(err).lower()]
             return
         start, end = end + 1, rows.line_num
-        state.at_start = True
+        if state is not None:
+            state.at_start = True
         yield start, end, cells
+
+
+_QUOTED_COMMENT = re.compile(r'^[ \t]*#[^\n]*"', re.MULTILINE)
 
 
 class _Lines:
@@ -469,6 +478,7 @@ def _row(
     parent_index = columns.get("parent_node", n_cells)
     parent = cells[parent_index].strip() if parent_index < n_cells else None
     networks: list[tuple[ir.Network, Span]] = []
+    lengths = table.lengths
     for family in ("ipv4", "ipv6"):
         index = columns.get(family, n_cells)
         if index >= n_cells or not cells[index]:
@@ -478,6 +488,7 @@ def _row(
             net = _network(text, family)
             if not isinstance(net, str):
                 networks.append((net, span(index)))
+                lengths.add((family, net.prefixlen))
                 continue
         offset = 0
         for piece in text.split(","):
@@ -502,6 +513,7 @@ def _row(
                 ok = False
                 continue
             networks.append((net, at))
+            lengths.add((family, net.prefixlen))
     if not ok:
         return None
     circuit = circuits.get(key)
@@ -519,7 +531,6 @@ def _row(
         )
         row_span = span(key_index)
     else:
-        table.lengths.update((net.version, net.prefixlen) for net, _ in networks)
         head, tail = networks[0][1], networks[-1][1]
         row_span = head
         if head.line == tail.line and len(networks) > 1:
