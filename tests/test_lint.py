@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import event, given, settings

@@ -29,7 +29,7 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -268,11 +268,13 @@ def _records(text: str) -> Iterator[tuple[int, int, list[str]]]:
         lines = text.split("\n")
         if lines and lines[-1] == "":
             lines.pop()
-        state: _Lines | None = _Lines(lines)
-        rows = csv.reader(state, strict=False)
+        lines_state = _Lines(lines)
+        state: _Lines | None = lines_state
+        source: Iterable[str] = lines_state
     else:  # no comment holds a quote: the csv module reads the text itself, line breaks kept
         state = None
-        rows = csv.reader(io.StringIO(text), strict=False)
+        source = io.StringIO(text)
+    rows = csv.reader(source, strict=False)
     end = 0
     while True:
         try:
@@ -1076,6 +1078,7 @@ def _subscriber_lines(tree: ir.Qdisc, made: dict[int, Circuit]) -> Iterator[list
     """The addresses of the subscribers' lines of each group of lines tried in turn (a
     qdisc's, or all the queues' of an mq, whose steering filters try them in one list), in
     that order, each with its circuit."""
+    groups: list[list[tuple[ir.Class, tuple[int, ...]]]]
     if isinstance(tree, ir.Mq):
         order = ir.mq_line_order(tree)
         groups = [[(c, order[id(c)]) for q in tree.queues for c in ir.classes_of(q.qdisc)]]

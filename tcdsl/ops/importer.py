@@ -776,8 +776,8 @@ def _by_class(out: list[FilterEntry], before: dict[int, list[FilterEntry]]) -> l
     blocking = {c: len(a) for c, a in after.items()}
     freed: dict[str, list[str]] = {c: [] for c in first}
     for c, a in after.items():
-        for b in a:
-            freed[b].append(c)
+        for earlier in a:
+            freed[earlier].append(c)
     ready = [(first[c], c) for c, n in blocking.items() if not n]
     heapq.heapify(ready)
     done: list[str] = []
