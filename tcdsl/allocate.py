@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import sys
 import zlib
 from collections.abc import Iterator, Mapping
 
@@ -80,7 +81,7 @@ def steering_filters(mq: ir.Mq, filters: tuple[ir.Filter, ...]) -> tuple[ir.Filt
         for c in ir.classes_of(q.qdisc)
         if c.classid is not None and id(c) in order
     }
-    last = (len(mq.queues) + 1, 0, 0)
+    last = (sys.maxsize, 0, 0)
     picked.sort(key=lambda f: (f.pref, by_classid.get(f.flowid, last)))
     steering: list[ir.Filter] = []
     group: dict[ir.Family, tuple[int, int, int]] = {}  # family -> (policy pref, pref, count)

@@ -1365,19 +1365,19 @@ def mq_policers_end_classification(policy: ir.Policy) -> Iterator[Diagnostic]:
         if not isinstance(iface.root, ir.Mq):
             continue
         for queue in iface.root.queues:
-            for q in ir.walk_qdiscs(queue.qdisc):
-                for _, m in ir.matches_of(q):
-                    police = m.police
-                    if police is not None and police.exceed in ("continue", "reclassify"):
-                        yield Diagnostic.error(
-                            "E264",
-                            f"'{police.exceed}' on a policer of an mq tree: the steering "
-                            "filters pick each packet's TX queue before any policer runs, so "
-                            "what exceeds the rate would go on only among the lines of this "
-                            "line's queue, not to the next line of the policy; use 'drop' or "
-                            "'pass'",
-                            police.exceed_span or police.span,
-                        )
+            # (a qdisc below a queue's own tries its lines as without mq)
+            for _, m in ir.matches_of(queue.qdisc):
+                police = m.police
+                if police is not None and police.exceed in ("continue", "reclassify"):
+                    yield Diagnostic.error(
+                        "E264",
+                        f"'{police.exceed}' on a policer of an mq tree: the steering "
+                        "filters pick each packet's TX queue before any policer runs, so "
+                        "what exceeds the rate would go on only among the lines of this "
+                        "line's queue, not to the next line of the policy; use 'drop' or "
+                        "'pass'",
+                        police.exceed_span or police.span,
+                    )
 
 
 CHECKS: tuple[Check, ...] = (

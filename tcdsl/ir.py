@@ -1068,6 +1068,15 @@ def _subtree(top: Class) -> tuple[Class, ...]:
     return tuple(found)
 
 
+def queue_tops(q: Qdisc) -> tuple[Class, ...]:
+    """The top-level classes of an mq queue's qdisc: below its link class, if it has one
+    (a spread tree's queues have the tree's)."""
+    tops = getattr(q, "classes", ())
+    if len(tops) == 1 and tops[0].implicit:
+        return tops[0].children  # type: ignore[no-any-return]
+    return tops  # type: ignore[no-any-return]
+
+
 def mq_line_order(mq: Mq) -> dict[int, tuple[int, int, int]]:
     """Where each class of ``mq``'s queues (by id) stands in the order the policy's lines are
     tried at one pref: the tree as written. A spread tree's top-level classes in their
@@ -1078,10 +1087,9 @@ def mq_line_order(mq: Mq) -> dict[int, tuple[int, int, int]]:
         q = queue.qdisc
         if not isinstance(q, Htb | Prio | Cbq | Hfsc):
             continue
-        tops = q.classes
-        if len(tops) == 1 and tops[0].implicit:
-            order[id(tops[0])] = (-1, index, 0)
-            tops = tops[0].children
+        tops = queue_tops(q)
+        if tops is not q.classes:
+            order[id(q.classes[0])] = (-1, index, 0)
         for place, top in enumerate(tops):
             rank = queue.ranks[place] if place < len(queue.ranks) else len(queue.ranks)
             for position, cls in enumerate(_subtree(top)):

@@ -228,3 +228,28 @@ def test_shadowing_across_the_queues_of_an_mq_tree(tmp_path: Path) -> None:
     assert [(d.code, d.span.line) for d in result.diagnostics if d.code[0] != "I"] == [("W312", 3)]
     path.write_text(text.replace("10.0.0.0/8", "10.1.0.0/16"), encoding="utf-8")
     assert [d.code for d in analyse(str(path)).diagnostics if d.code[0] != "I"] == []
+
+
+def test_a_continuing_policer_below_a_queues_own_qdisc_is_fine(tmp_path: Path) -> None:
+    """E264 is for the lines the steering filters copy (each queue's own qdisc); an htb
+    below a queue's class tries its own lines, continue included, as without mq."""
+    inner = (
+        "        htb rate 300mbit default rest {\n"
+        "            class fast rate 100mbit match proto udp police rate 1mbit burst 10k continue\n"
+        "            class rest rate 100mbit match proto udp\n"
+        "        }\n"
+    )
+    text = (
+        "interface eth0 mq queues 2 htb rate 1gbit default other {\n"
+        f"    class a rate 300mbit match dst 10.0.0.0/24 {{\n{inner}    }}\n"
+        "    class other rate 10mbit\n"
+        "}\n"
+    )
+    path = tmp_path / "p.tcp"
+    path.write_text(text, encoding="utf-8")
+    assert [d.code for d in analyse(str(path)).errors] == []
+    top = text.replace(
+        "match dst 10.0.0.0/24 {", "match dst 10.0.0.0/24 police rate 1mbit burst 10k continue {"
+    )
+    path.write_text(top, encoding="utf-8")
+    assert [d.code for d in analyse(str(path)).errors] == ["E264"]

@@ -698,3 +698,83 @@ def test_an_error_on_a_later_line_of_a_quoted_cell_is_shown_there(tmp_path: Path
     result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
     assert errors(result) == [("E029", "subs.csv", 3, 2)]
     assert (result.errors[0].span.end_column - result.errors[0].span.column) == len("100.64.0.993")
+
+
+def test_a_top_level_statement_of_a_spread_tree_keeps_its_place(tmp_path: Path) -> None:
+    """The steering tries the subscribers of a statement written among the top-level classes
+    where the statement is: before the class written after it, whose /24 holds them."""
+    text = (
+        "interface eth0 mq queues 2 htb rate 1gbit default other {\n"
+        "    class a rate 400mbit match dst 10.9.9.9\n"
+        '    subscribers download from "subs.csv"\n'
+        "    class b rate 500mbit match dst 100.64.0.0/24\n"
+        "    class other rate 10mbit\n"
+        "}\n"
+    )
+    table = HEADER + _row("1", "100.64.0.1") + _row("2", "100.64.0.2") + _row("3", "100.64.0.3")
+    result = build(tmp_path, text, table)
+    ok(result)
+    assert not [d for d in result.diagnostics if d.code == "W312"]
+    verdict = CliRunner().invoke(
+        cli,
+        [
+            "classify",
+            str(tmp_path / "p.tcp"),
+            *(arg for n in (1, 2, 3, 4) for arg in ("--packet", f"udp dst 100.64.0.{n} dport 5")),
+            *("--format", "json"),
+        ],
+    )
+    assert verdict.exit_code == 0, verdict.output
+    assert [v["class"] for v in json.loads(verdict.stdout)] == ["c1", "c2", "c3", "b"]
+
+
+def test_the_longest_prefix_check_knows_marks_nested_qdiscs_and_the_first_line(
+    tmp_path: Path,
+) -> None:
+    # classify by mark: lines without a pref are fw filters at the marking's pref (10), so
+    # south's 'pref 2' /32 is tried before north's /24: longest prefix first, no error
+    by_mark = (
+        "interface eth0 htb rate 1gbit default other {\n"
+        "    classify by mark from eth1 pref 10\n"
+        '    subscribers download from "subs.csv" where parent_node == "north"\n'
+        '    subscribers download from "subs.csv" where parent_node == "south" pref 2\n'
+        "    class other rate 1mbit\n"
+        "}\n"
+    )
+    table = HEADER + _row("1", "100.64.0.0/24") + _row("2", "100.64.0.5", parent="south")
+    ok(build(tmp_path, by_mark, table))
+    swapped = HEADER + _row("1", "100.64.0.5") + _row("2", "100.64.0.0/24", parent="south")
+    assert errors(build(tmp_path, by_mark, swapped)) == [("E036", "subs.csv", 2, 17)]
+    # a table in an htb below a queue of an mq tree: its own list, as without mq
+    nested = (
+        "interface eth0 mq queues 2 htb rate 1gbit default other {\n"
+        "    class site rate 500mbit match dst 100.64.0.0/16 {\n"
+        "        htb rate 500mbit default rest {\n"
+        '            subscribers download from "subs.csv"\n'
+        "            class rest rate 1mbit\n"
+        "        }\n"
+        "    }\n"
+        "    class other rate 1mbit\n"
+        "}\n"
+    )
+    table = HEADER + _row("1", "100.64.0.0/24") + _row("2", "100.64.0.5")
+    assert errors(build(tmp_path, nested, table)) == [("E036", "subs.csv", 3, 17)]
+    # the error names the line a packet meets first, not the widest prefix
+    table = (
+        HEADER + _row("1", "100.64.1.0/24") + _row("2", "100.64.0.0/16") + _row("3", "100.64.1.5")
+    )
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E036", "subs.csv", 4, 17)]
+    assert "would go to '1'" in result.errors[0].message
+
+
+def test_two_statements_sharing_many_circuits_is_one_error(tmp_path: Path) -> None:
+    body = (
+        '        subscribers from "subs.csv"\n'
+        '        subscribers from "subs.csv" where parent_node != "south"\n'
+    )
+    result = build(tmp_path, policy(body))
+    assert [(d.code, d.span.line) for d in result.errors] == [("E037", 4)]
+    assert "2 circuits (first '101') are taken by two subscribers statements" in (
+        result.errors[0].message
+    )

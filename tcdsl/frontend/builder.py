@@ -240,7 +240,8 @@ class Builder(Transformer[Token, Any]):
     ) -> ir.Interface:
         root = q.qdisc
         if self.pending:
-            root = tables.expand_tree(self, root, direction, name)
+            by_mark = q.classify[0] if q.classify else None
+            root = tables.expand_tree(self, root, direction, name, by_mark)
         for extra in q.classify[1:]:
             self.error(
                 Diagnostic.error(

@@ -900,20 +900,48 @@ def _rate(
     return ir.Rate(bits, at)
 
 
-def expand_tree(b: Builder, qdisc: ir.Qdisc, direction: Direction | None, device: str) -> ir.Qdisc:
+def expand_tree(
+    b: Builder,
+    qdisc: ir.Qdisc,
+    direction: Direction | None,
+    device: str,
+    marking: ir.Marking | None = None,
+) -> ir.Qdisc:
     """``qdisc`` with the placeholders of its statements replaced by their classes (a
     statement's own ``upload``/``download`` wins over the tree's ``direction``; None: the
     egress of ``device``, which says neither, E272); warns (W371) about the rows of a table
-    the tree reads that none of its statements takes."""
+    the tree reads that none of its statements takes. ``marking``: the tree's ``classify by
+    mark``, whose fw filters' pref is that of the lines without one."""
     expander = _Expander(b, direction, device, _class_names(qdisc))
     result = expander.walk(qdisc)
+    for syn, earlier, count, circuit in expander.conflicts.values():
+        b.error(_taken_twice(syn, earlier, count, circuit))
     for table, rows, statements in expander.taken.values():
         _unshaped(b, table, rows, statements)
     # addresses can only hold one another where a family has two prefix lengths
     lengths = set().union(*(table.lengths for table, _, _ in expander.taken.values()))
     if expander.made and len(lengths) > len({version for version, _ in lengths}):
-        _longest_prefix_first(b, result, expander.made)
+        fw_pref = marking.pref.value if marking is not None and marking.pref else _DEFAULT_PREF
+        _longest_prefix_first(b, result, expander.made, fw_pref)
     return result
+
+
+def _taken_twice(
+    syn: SubscribersSyntax, earlier: SubscribersSyntax, count: int, circuit: Circuit
+) -> Diagnostic:
+    what = (
+        f"circuit '{circuit.key}' is"
+        if count == 1
+        else f"{count} circuits (first '{circuit.key}') are"
+    )
+    return Diagnostic.error(
+        "E037",
+        f"{what} taken by two subscribers statements of this tree; a subscriber is one "
+        "class: make the statements' 'where' conditions exclusive",
+        syn.span,
+        Note("the circuit's row is here", circuit.span),
+        Note("the statement that took it first is here", earlier.span),
+    )
 
 
 def _class_names(qdisc: ir.Qdisc) -> set[str]:
@@ -938,6 +966,12 @@ class _Expander:
         self.circuits: dict[int, SubscribersSyntax] = {}
         """The statement that took each circuit (by id)."""
         self.syntax: SubscribersSyntax | None = None
+        self.conflicts: dict[
+            tuple[int, int], tuple[SubscribersSyntax, SubscribersSyntax, int, Circuit]
+        ] = {}
+        """(statement, the earlier one that took its circuits) -> (how many, the first)."""
+        self.produced: dict[int, int] = {}
+        """How many classes each statement's placeholder became (by its id)."""
 
     def name(self, circuit: Circuit) -> str | None:
         """The class name of ``circuit`` in this tree: its own, or with ``_2``, ``_3``... when
@@ -947,17 +981,9 @@ class _Expander:
         assert syn is not None
         earlier = self.circuits.get(id(circuit))
         if earlier is not None:
-            self.b.error(
-                Diagnostic.error(
-                    "E037",
-                    f"circuit '{circuit.key}' is taken by two subscribers statements of this "
-                    "tree; a subscriber is one class: make the statements' 'where' conditions "
-                    "exclusive",
-                    syn.span,
-                    Note("the circuit's row is here", circuit.span),
-                    Note("the statement that took it first is here", earlier.span),
-                )
-            )
+            key = (id(syn), id(earlier))
+            _, _, count, first = self.conflicts.get(key, (syn, earlier, 0, circuit))
+            self.conflicts[key] = (syn, earlier, count + 1, first)
             return None
         self.circuits[id(circuit)] = syn
         name, n = circuit.name, 1
@@ -992,9 +1018,11 @@ class _Expander:
                     )
                     continue
                 self.syntax = syn
+                before = len(out)
                 for circuit, made in expand(pending, way, self.name):
                     self.made[id(made)] = circuit
                     out.append(made)
+                self.produced[id(cls)] = len(out) - before
                 if syn.table is not None:
                     entry = self.taken.setdefault(syn.table.path, (syn.table, set(), []))
                     entry[1].update(id(r) for r in syn.rows)
@@ -1012,14 +1040,23 @@ class _Expander:
             return cls
         return ir.replace(cls, children=children, leaf=leaf)
 
+    def queue(self, queue: ir.MqQueue) -> ir.MqQueue:
+        """``queue`` with its statements expanded; a statement among its top-level classes
+        becomes as many of them, each in the statement's place in the spread tree."""
+        before = ir.queue_tops(queue.qdisc)
+        qdisc = self.walk(queue.qdisc)
+        if qdisc is queue.qdisc:
+            return queue
+        ranks = tuple(
+            rank
+            for top, rank in zip(before, queue.ranks, strict=False)
+            for _ in range(self.produced.get(id(top), 1))
+        )
+        return ir.replace(queue, qdisc=qdisc, ranks=ranks)
+
     def walk(self, q: ir.Qdisc) -> ir.Qdisc:
         if isinstance(q, ir.Mq):  # a spread tree: each queue's htb holds some of the sites
-            queues = tuple(
-                queue
-                if (t := self.walk(queue.qdisc)) is queue.qdisc
-                else ir.replace(queue, qdisc=t)
-                for queue in q.queues
-            )
+            queues = tuple(self.queue(queue) for queue in q.queues)
             same = all(a is b for a, b in zip(queues, q.queues, strict=True))
             return q if same else ir.replace(q, queues=queues)
         own = getattr(q, "classes", None)
@@ -1037,34 +1074,41 @@ _DEFAULT_PREF = 1
 """The pref of a line that gives none (``tcdsl.allocate.DEFAULT_PREF``)."""
 
 
-def _longest_prefix_first(b: Builder, tree: ir.Qdisc, made: dict[int, Circuit]) -> None:
+def _longest_prefix_first(
+    b: Builder, tree: ir.Qdisc, made: dict[int, Circuit], fw_pref: int = 1
+) -> None:
     """E036 for a subscriber's address inside the prefix of another subscriber tried before it.
 
     tcdsl tries the lines of a qdisc in order (their pref, then the tree's order) and the
     first that matches wins; LibreQoS looks addresses up by longest prefix. The two agree
     unless a more specific address comes after a prefix holding it: then the same table
-    would shape differently, so that is an error (put the more specific circuit first)."""
+    would shape differently, so that is an error (put the more specific circuit first).
+    ``fw_pref``: the pref of lines without one (the fw filters' under ``classify by mark``)."""
     found = 0
-    for lines in _subscriber_lines(tree, made):
+    for lines in _subscriber_lines(tree, made, fw_pref):
         for version in (4, 6):
             family = [line for line in lines if line[1].version == version]
             lengths = sorted({line[1].prefixlen for line in family})
             if len(lengths) < 2:
                 continue
-            first: dict[tuple[int, int], tuple[ir.Network, Span, Circuit]] = {}
-            for _, net, at, circuit in family:
+            # (length, network) -> the first line with it: (its place, network, cell, circuit)
+            first: dict[tuple[int, int], tuple[int, ir.Network, Span, Circuit]] = {}
+            for place, (_, net, at, circuit) in enumerate(family):
                 whole, bits = int(net.network_address), net.max_prefixlen
-                for length in lengths:
-                    if length >= net.prefixlen:
-                        break
-                    hit = first.get((length, whole >> (bits - length)))
-                    if hit is not None and hit[2] is not circuit:
+                hits = [
+                    hit
+                    for length in lengths[: lengths.index(net.prefixlen)]
+                    if (hit := first.get((length, whole >> (bits - length)))) is not None
+                ]
+                if hits:
+                    # the line a packet of this address meets first
+                    _, wide, wide_at, other = min(hits, key=lambda hit: hit[0])
+                    if other is not circuit:
                         found += 1
                         if found <= MAX_TABLE_ERRORS:
-                            b.error(_shadowed(net, at, circuit, *hit))
-                        break
+                            b.error(_shadowed(net, at, circuit, wide, wide_at, other))
                 key = (net.prefixlen, whole >> (bits - net.prefixlen))
-                first.setdefault(key, (net, at, circuit))
+                first.setdefault(key, (place, net, at, circuit))
     if found > MAX_TABLE_ERRORS:
         more = found - MAX_TABLE_ERRORS
         msg = f"{more} more subscriber address(es) inside an earlier subscriber's prefix"
@@ -1074,16 +1118,22 @@ def _longest_prefix_first(b: Builder, tree: ir.Qdisc, made: dict[int, Circuit]) 
 _Line = tuple[tuple[int, ...], ir.Network, Span, Circuit]
 
 
-def _subscriber_lines(tree: ir.Qdisc, made: dict[int, Circuit]) -> Iterator[list[_Line]]:
+def _subscriber_lines(
+    tree: ir.Qdisc, made: dict[int, Circuit], fw_pref: int
+) -> Iterator[list[_Line]]:
     """The addresses of the subscribers' lines of each group of lines tried in turn (a
     qdisc's, or all the queues' of an mq, whose steering filters try them in one list), in
     that order, each with its circuit."""
-    groups: list[list[tuple[ir.Class, tuple[int, ...]]]]
+    groups: list[list[tuple[ir.Class, tuple[int, ...]]]] = []
+    nested = [tree]
     if isinstance(tree, ir.Mq):
         order = ir.mq_line_order(tree)
-        groups = [[(c, order[id(c)]) for q in tree.queues for c in ir.classes_of(q.qdisc)]]
-    else:
-        groups = [[(c, (i,)) for i, c in enumerate(ir.classes_of(q))] for q in ir.walk_qdiscs(tree)]
+        groups.append([(c, order[id(c)]) for q in tree.queues for c in ir.classes_of(q.qdisc)])
+        # the qdiscs below each queue's own: lists of their own, as without mq
+        nested = [child for q in tree.queues for child in ir.child_qdiscs(q.qdisc)]
+    for top in nested:
+        for q in ir.walk_qdiscs(top):
+            groups.append([(c, (i,)) for i, c in enumerate(ir.classes_of(q))])
     for group in groups:
         lines: list[_Line] = []
         for cls, place in group:
@@ -1091,7 +1141,7 @@ def _subscriber_lines(tree: ir.Qdisc, made: dict[int, Circuit]) -> Iterator[list
             if circuit is None:
                 continue
             for m in cls.matches:
-                pref = m.pref.value if m.pref is not None else _DEFAULT_PREF
+                pref = m.pref.value if m.pref is not None else fw_pref
                 for cond in m.conds:
                     if isinstance(cond, ir.AddrCond):
                         lines += [((pref, *place), n, at, circuit) for n, at in cond.networks]

@@ -1313,14 +1313,23 @@ def _device(text: DeviceText) -> _Device:
                 parent = root[0].handle if root is not None else "?"
         filters.setdefault(parent, []).append(entry)
     # tcdsl's own layouts are read back into lines: their tables need no word
-    walked: set[tuple[str, int]] = set()
-    for entries in filters.values():
+    walked: set[tuple[str | None, str, int]] = set()
+    for parent, entries in filters.items():
         _, placed = unhashed(entries)
-        walked |= {(e.filter.protocol, e.filter.pref) for e in entries if id(e) in placed}
+        for e in entries:
+            if id(e) in placed:
+                walked |= {
+                    (parent, e.filter.protocol, e.filter.pref),
+                    (None, e.filter.protocol, e.filter.pref),
+                }
     for table, line in objs.hash_tables:
         words = table.split()
         pref = _word_after(words, "pref")
-        key = (_word_after(words, "protocol") or "", int(pref) if pref and pref.isdigit() else -1)
+        key = (
+            _word_after(words, "parent"),  # None: tc named no parent, listing one
+            _word_after(words, "protocol") or "",
+            int(pref) if pref and pref.isdigit() else -1,
+        )
         if key in walked:
             continue
         problems.append(
