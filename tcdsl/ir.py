@@ -1071,10 +1071,12 @@ def _subtree(top: Class) -> tuple[Class, ...]:
 def queue_tops(q: Qdisc) -> tuple[Class, ...]:
     """The top-level classes of an mq queue's qdisc: below its link class, if it has one
     (a spread tree's queues have the tree's)."""
-    tops = getattr(q, "classes", ())
+    if not isinstance(q, Htb | Prio | Cbq | Hfsc):
+        return ()
+    tops = q.classes
     if len(tops) == 1 and tops[0].implicit:
-        return tops[0].children  # type: ignore[no-any-return]
-    return tops  # type: ignore[no-any-return]
+        return tops[0].children
+    return tops
 
 
 def mq_line_order(mq: Mq) -> dict[int, tuple[int, int, int]]:
