@@ -24,7 +24,7 @@ from tcdsl.frontend.chains import default_chain
 from tcdsl.tcmath import HTB_DEFAULT_R2Q, htb_quantum, htb_r2q_fits, htb_r2q_range
 
 MAX = 0xFFFF
-DEFAULT_PREF = 1
+DEFAULT_PREF = ir.DEFAULT_PREF
 IPV6_PREF_OFFSET = 0x8000
 """An IPv6 filter's pref is its IPv4 counterpart's plus this: the kernel keeps one filter
 list per (pref, protocol) and refuses a second protocol at a pref in use, and the order among
@@ -455,7 +455,7 @@ class InterfaceAllocator:
         filters: list[ir.Filter] = []
         rules: list[ir.MarkRule] = []
         new_root = self._with_marks(root, default, pool, marked)
-        fw_pref = marking.pref.value if marking.pref is not None else DEFAULT_PREF
+        fw_pref = marking.fw_pref
         families = iface.families
         fw_mask = marking.mask.value if marking.mask is not None else None
         if marking.mask is not None and None in marked.values():

@@ -604,7 +604,7 @@ def marks_expressible(policy: ir.Policy) -> Iterator[Diagnostic]:
         for m in s.cls.matches:
             if m.pref is not None:
                 # A u32 filter at its own pref, tried in pref order with the fw filters.
-                if m.pref.value == (fw_pref.value if fw_pref is not None else 1):
+                if m.pref.value == s.iface.marking.fw_pref:
                     notes = (Note("the fw filters' pref", fw_pref.span),) if fw_pref else ()
                     yield Diagnostic.error(
                         "E249",

@@ -903,6 +903,10 @@ MarkHook = Literal["prerouting", "output", "postrouting"]
 OUTPUT (``from local``: the host's own traffic) or POSTROUTING (``at postrouting``)."""
 
 
+DEFAULT_PREF = 1
+"""The pref of a match line that gives none (and of the fw filters without ``pref``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Marking:
     """``classify by mark (from IFACE|any|local | at postrouting) [chain NAME] [mask M]``:
@@ -925,6 +929,11 @@ class Marking:
     their own ``pref`` (u32 filters); None: 1."""
     dscp_rules: tuple[DscpRule, ...] = ()
     """Allocated: ``set dscp`` of the classes, one rule per marked class."""
+
+    @property
+    def fw_pref(self) -> int:
+        """The fw filters' pref: ``pref N``, or :data:`DEFAULT_PREF`."""
+        return self.pref.value if self.pref is not None else DEFAULT_PREF
 
     @property
     def mask_value(self) -> int:

@@ -921,7 +921,7 @@ def expand_tree(
     # addresses can only hold one another where a family has two prefix lengths
     lengths = set().union(*(table.lengths for table, _, _ in expander.taken.values()))
     if expander.made and len(lengths) > len({version for version, _ in lengths}):
-        fw_pref = marking.pref.value if marking is not None and marking.pref else _DEFAULT_PREF
+        fw_pref = marking.fw_pref if marking is not None else ir.DEFAULT_PREF
         _longest_prefix_first(b, result, expander.made, fw_pref)
     return result
 
@@ -1070,12 +1070,8 @@ class _Expander:
         return q
 
 
-_DEFAULT_PREF = 1
-"""The pref of a line that gives none (``tcdsl.allocate.DEFAULT_PREF``)."""
-
-
 def _longest_prefix_first(
-    b: Builder, tree: ir.Qdisc, made: dict[int, Circuit], fw_pref: int = 1
+    b: Builder, tree: ir.Qdisc, made: dict[int, Circuit], fw_pref: int = ir.DEFAULT_PREF
 ) -> None:
     """E036 for a subscriber's address inside the prefix of another subscriber tried before it.
 
