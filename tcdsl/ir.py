@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from ipaddress import IPv4Network, IPv6Network
 from operator import attrgetter
-from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, cast
 
 from tcdsl.diagnostics import Span
 from tcdsl.linklayer import LinkLayerName
@@ -27,6 +28,7 @@ MEMO_SIZE = 1 << 17
 """How many results each :func:`per_node` function keeps (then it starts again)."""
 
 _MEMOS: list[dict[object, Any]] = []
+_VARIADIC = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
 
 def per_node(f: Callable[Concatenate[N, P], R]) -> Callable[Concatenate[N, P], R]:
@@ -37,6 +39,23 @@ def per_node(f: Callable[Concatenate[N, P], R]) -> Callable[Concatenate[N, P], R
     parsed again) gets results of its own, made of its own objects."""
     entries: dict[object, tuple[N, R]] = {}
     _MEMOS.append(entries)
+    code = f.__code__
+    if code.co_argcount == 1 and not code.co_kwonlyargcount and not code.co_flags & _VARIADIC:
+        # The node alone (the traversal helpers, called a million times on large policies):
+        # no argument tuple to build, the id is the key.
+        def memoised_node(node: N, /) -> R:
+            key = id(node)
+            hit = entries.get(key)
+            if hit is not None:
+                return hit[1]
+            if len(entries) >= MEMO_SIZE:
+                entries.clear()
+            result = f(node)  # type: ignore[call-arg]
+            entries[key] = (node, result)
+            return result
+
+        functools.update_wrapper(memoised_node, f)
+        return cast(Callable[Concatenate[N, P], R], memoised_node)
 
     def memoised(node: N, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if kwargs:
@@ -1108,8 +1127,17 @@ def mq_line_order(mq: Mq) -> dict[int, tuple[int, int, int]]:
     return order
 
 
+# A large policy's qdiscs are mostly leaves (a subscriber's fq_codel): the walkers answer for
+# them without remembering anything, which keeps the memos (and their memory) to the few
+# qdiscs that hold others.
+_CLASSFUL = (Htb, Prio, Cbq, Hfsc)
+_HOLDERS = (Htb, Prio, Cbq, Hfsc, Tbf, Netem, Mq)
+
+
 def child_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
     """Yield the qdiscs directly below ``qdisc`` (class leaves, or a chained child)."""
+    if not isinstance(qdisc, _HOLDERS):
+        return iter(())
     return iter(_child_qdiscs(qdisc))
 
 
@@ -1128,6 +1156,8 @@ def _child_qdiscs(qdisc: Qdisc) -> tuple[Qdisc, ...]:
 
 def walk_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
     """Yield ``qdisc`` and every qdisc below it, in pre-order."""
+    if not isinstance(qdisc, _HOLDERS):
+        return iter((qdisc,))
     return iter(_qdisc_tree(qdisc))
 
 
@@ -1135,18 +1165,23 @@ def walk_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
 def _qdisc_tree(qdisc: Qdisc) -> tuple[Qdisc, ...]:
     found = [qdisc]
     for child in _child_qdiscs(qdisc):
-        found += _qdisc_tree(child)
+        if isinstance(child, _HOLDERS):
+            found += _qdisc_tree(child)
+        else:
+            found.append(child)
     return tuple(found)
 
 
 def classes_of(qdisc: Qdisc) -> Iterator[Class]:
     """Yield the classes that belong to ``qdisc`` itself (not to nested qdiscs), pre-order."""
+    if not isinstance(qdisc, _CLASSFUL):
+        return iter(())
     return iter(_own_classes(qdisc))
 
 
 @per_node
 def _own_classes(qdisc: Qdisc) -> tuple[Class, ...]:
-    if isinstance(qdisc, Htb | Prio | Cbq | Hfsc):
+    if isinstance(qdisc, _CLASSFUL):
         return tuple(cls for top in qdisc.classes for cls in _subtree(top))
     return ()
 
