@@ -242,23 +242,23 @@ class InterfaceAllocator:
                 classes = self.classes(q, major)
                 live_r2q = self.pins.get(f"{major:x}:{R2Q_PIN}")
                 return choose_quanta(
-                    dataclasses.replace(q, handle=handle, classes=classes),
+                    ir.replace(q, handle=handle, classes=classes),
                     None if live_r2q is None else live_r2q.major,
                 )
             case ir.Prio() | ir.Cbq() | ir.Hfsc():
                 classes = self.classes(q, major)
-                return dataclasses.replace(q, handle=handle, classes=classes)
+                return ir.replace(q, handle=handle, classes=classes)
             case ir.Tbf() | ir.Netem():
                 child = None if q.child is None else self.qdisc(q.child, major + 1)
-                return dataclasses.replace(q, handle=handle, child=child)
+                return ir.replace(q, handle=handle, child=child)
             case ir.Mq():
                 # queue N's qdisc prefers N+1: (mq is 1:, its classes 1:1 .. 1:N)
                 queues = tuple(
                     ir.replace(mq, qdisc=self.qdisc(mq.qdisc, major + mq.number)) for mq in q.queues
                 )
-                return dataclasses.replace(q, handle=handle, queues=queues)
+                return ir.replace(q, handle=handle, queues=queues)
             case _:
-                return dataclasses.replace(q, handle=handle)
+                return ir.replace(q, handle=handle)
 
     def classes(self, q: ir.ClassfulQdisc, major: int) -> tuple[ir.Class, ...]:
         used: set[int] = set()
@@ -335,25 +335,23 @@ class InterfaceAllocator:
         return dataclasses.replace(self.iface, root=root, filters=tuple(filters))
 
     # ---- filters ----
-    def u32_filters(self, root: ir.Qdisc) -> Iterator[ir.Filter]:
+    def u32_filters(self, root: ir.Qdisc) -> list[ir.Filter]:
+        filters: list[ir.Filter] = []
         for q in ir.walk_qdiscs(root):
             if q.handle is None:
                 continue
             for cls in ir.classes_of(q):
                 assert cls.classid is not None
                 for m in cls.matches:
-                    yield from self._match_filters(m, q.handle, cls.classid)
+                    filters += self._match_filters(m, q.handle, cls.classid)
+        return filters
 
-    def _match_filters(
-        self, m: ir.Match, parent: ir.Handle, flowid: ir.Handle
-    ) -> Iterator[ir.Filter]:
-        filters = list(self._line_filters(m, parent, flowid))
+    def _match_filters(self, m: ir.Match, parent: ir.Handle, flowid: ir.Handle) -> list[ir.Filter]:
+        filters = self._line_filters(m, parent, flowid)
         if m.police is None or len(filters) < 2:
-            yield from filters
-            return
+            return filters
         index = self._police_index(m.police)
-        for f in filters:
-            yield ir.replace(f, police_index=index)
+        return [ir.replace(f, police_index=index) for f in filters]
 
     def _police_index(self, police: ir.Police) -> int:
         """The index of a line's shared police action (E261 when the tree has no more)."""
@@ -369,13 +367,12 @@ class InterfaceAllocator:
             )
         return self.police_block + self.police_count
 
-    def _line_filters(
-        self, m: ir.Match, parent: ir.Handle, flowid: ir.Handle
-    ) -> Iterator[ir.U32Filter | ir.FlowerFilter]:
+    def _line_filters(self, m: ir.Match, parent: ir.Handle, flowid: ir.Handle) -> list[ir.Filter]:
         pref = m.pref.value if m.pref else DEFAULT_PREF
         total = dropped = 0
         families = self.iface.families
         classifier = self.iface.classifier
+        filters: list[ir.Filter] = []
         for family, alt in lower.filter_alternatives(m, families, classifier):
             fpref = kernel_pref(pref, family)
             if classifier == "flower":
@@ -387,14 +384,16 @@ class InterfaceAllocator:
                     if flower is None:
                         dropped += 1
                     else:
-                        yield flower
+                        filters.append(flower)
                 continue
             for keys in lower.u32_keys(alt, family):
                 total += 1
-                if lower.contradicts(keys):
+                if len(keys) > 1 and lower.contradicts(keys):
                     dropped += 1
                 else:
-                    yield ir.U32Filter(parent, fpref, keys, flowid, m.span, m.police, family)
+                    filters.append(
+                        ir.U32Filter(parent, fpref, keys, flowid, m.span, m.police, family)
+                    )
         if dropped and dropped == total:
             self.error(
                 "E211",
@@ -410,6 +409,7 @@ class InterfaceAllocator:
                     m.span,
                 )
             )
+        return filters
 
     def marks(self, iface: ir.Interface) -> ir.Interface:
         marking = iface.marking

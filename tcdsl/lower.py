@@ -99,6 +99,16 @@ GUARD_PROTOCOLS = (6, 17)
 """What a port match without ``proto`` reads on IPv6 (and under flower): TCP and UDP."""
 
 
+def _needs_guard(family: ir.Family, conds: tuple[ir.Cond, ...], classifier: ir.Classifier) -> bool:
+    """Whether :func:`guarded` adds protocols to ``conds``."""
+    if family != "ipv6" and classifier != "flower":
+        return False
+    has_port = any(isinstance(c, ir.PortCond) for c in conds)
+    return has_port and not any(
+        isinstance(c, ir.ProtoCond | ir.TcpAckCond | ir.TcpFlagsCond) for c in conds
+    )
+
+
 def guarded(
     family: ir.Family, conds: tuple[ir.Cond, ...], classifier: ir.Classifier
 ) -> Iterator[tuple[ir.Cond, ...]]:
@@ -109,10 +119,7 @@ def guarded(
     (either family) matches ports only under ``ip_proto``. A port match without ``proto``
     becomes one alternative for TCP and one for UDP; IPv4 u32 filters keep reading the
     ports of any protocol, as tc's ``ip dport`` does."""
-    needs = family == "ipv6" or classifier == "flower"
-    has_port = any(isinstance(c, ir.PortCond) for c in conds)
-    has_proto = any(isinstance(c, ir.ProtoCond | ir.TcpAckCond | ir.TcpFlagsCond) for c in conds)
-    if not (needs and has_port and not has_proto):
+    if not _needs_guard(family, conds, classifier):
         yield conds
         return
     span = next(c.span for c in conds if isinstance(c, ir.PortCond))
@@ -126,10 +133,11 @@ def filter_alternatives(
 ) -> tuple[tuple[ir.Family, tuple[ir.Cond, ...]], ...]:
     """(family, alternative) for each filter a match line becomes (before u32 splits port
     ranges), with the protocol guards of :func:`guarded`."""
+    pairs = family_alternatives(match, tree)
+    if not any(_needs_guard(family, alt, classifier) for family, alt in pairs):
+        return pairs  # the same pairs (most lines): kept once
     return tuple(
-        (family, conds)
-        for family, alt in family_alternatives(match, tree)
-        for conds in guarded(family, alt, classifier)
+        (family, conds) for family, alt in pairs for conds in guarded(family, alt, classifier)
     )
 
 
@@ -176,7 +184,17 @@ def tcp_flags_keys_6(cond: ir.TcpFlagsCond) -> tuple[ir.U32Key, ...]:
 
 def address_text(net: ir.Network) -> str:
     """An address as tc and iptables take it: a host without its ``/32`` or ``/128``."""
-    return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+    addr = net.network_address
+    # ``str`` of an ipaddress object costs 5-15 us (IPv6 most); the C formatters spell the
+    # same text (RFC 5952 for IPv6), but for IPv6 addresses holding IPv4 ones
+    # (``::ffff:1.2.3.4``, which ipaddress writes in hex) and scoped ones: those keep ``str``.
+    if net.version == 4:
+        text = socket.inet_ntoa(addr.packed)
+    else:
+        text = socket.inet_ntop(socket.AF_INET6, addr.packed)
+        if "." in text or addr.scope_id is not None:  # type: ignore[union-attr]
+            text = str(addr)
+    return text if net.prefixlen == net.max_prefixlen else f"{text}/{net.prefixlen}"
 
 
 @ir.per_node
@@ -184,52 +202,69 @@ def u32_keys(
     conds: tuple[ir.Cond, ...], family: ir.Family = "ipv4"
 ) -> tuple[tuple[ir.U32Key, ...], ...]:
     """The u32 key sets (one filter each) for one alternative of a match line, in tc's
-    ``ip`` or ``ip6`` words by ``family``."""
-    return tuple(_u32_keys(conds, family))
-
-
-def _u32_keys(conds: tuple[ir.Cond, ...], family: ir.Family) -> Iterator[tuple[ir.U32Key, ...]]:
+    ``ip`` or ``ip6`` words by ``family``: one set per combination of the conditions' key
+    sets (a port range is several), each key once, in order."""
     ip = "ip" if family == "ipv4" else "ip6"
-    choices: list[list[tuple[ir.U32Key, ...]]] = []
-    for cond in conds:
-        match cond:
-            case ir.AddrCond():
-                text = address_text(cond.networks[0][0])
-                choices.append([(ir.U32Key((ip, cond.field, text)),)])
-            case ir.PortCond():
-                port = cond.ports[0]
-                if port.mask is not None:
-                    pairs = [(port.lo, port.mask)]
-                else:
-                    pairs = range_to_masks(port.lo, port.hi)
-                choices.append(
-                    [(ir.U32Key((ip, cond.field, str(v), _hex(m, 16))),) for v, m in pairs]
+    choices = [keys for cond in conds if (keys := _cond_keys(cond, ip, family))]
+    if len(choices) == 1:
+        return choices[0]  # one condition (most lines): its key sets repeat no key
+    if not choices:
+        return ((ALL_KEY,),)
+    return tuple(_key_union(combo) for combo in itertools.product(*choices))
+
+
+ALL_KEY = ir.U32Key(("u32", "0", "0", "at", "0"))
+"""The key every packet matches."""
+
+
+def _key_union(groups: tuple[tuple[ir.U32Key, ...], ...]) -> tuple[ir.U32Key, ...]:
+    """The keys of ``groups`` in order, each once."""
+    keys: dict[tuple[str, ...], ir.U32Key] = {}
+    for group in groups:
+        for key in group:
+            keys.setdefault(key.words, key)
+    return tuple(keys.values())
+
+
+_PROTOCOL_KEYS: dict[tuple[str, int], tuple[ir.U32Key, ...]] = {}
+"""``ip[6] protocol N 0xff`` keys by (ip, N): one object each, shared by every filter."""
+
+
+def _cond_keys(
+    cond: ir.Cond, ip: str, family: ir.Family
+) -> tuple[tuple[ir.U32Key, ...], ...] | None:
+    """The key sets one (single-valued) condition may take, one of which a filter has."""
+    match cond:
+        case ir.AddrCond():
+            return ((ir.U32Key((ip, cond.field, address_text(cond.networks[0][0]))),),)
+        case ir.PortCond():
+            port = cond.ports[0]
+            if port.mask is not None:
+                pairs = [(port.lo, port.mask)]
+            else:
+                pairs = range_to_masks(port.lo, port.hi)
+            return tuple((ir.U32Key((ip, cond.field, str(v), _hex(m, 16))),) for v, m in pairs)
+        case ir.ProtoCond():
+            number = cond.protocols[0][0]
+            found = _PROTOCOL_KEYS.get((ip, number))
+            if found is None:
+                found = _PROTOCOL_KEYS[ip, number] = (
+                    ir.U32Key((ip, "protocol", str(number), "0xff")),
                 )
-            case ir.ProtoCond():
-                number = cond.protocols[0][0]
-                choices.append([(ir.U32Key((ip, "protocol", str(number), "0xff")),)])
-            case ir.TosCond():
-                field = "tos" if family == "ipv4" else "priority"
-                choices.append([(ir.U32Key((ip, field, _hex(cond.value, 8), _hex(cond.mask, 8))),)])
-            case ir.TcpAckCond():
-                choices.append([TCP_ACK_KEYS if family == "ipv4" else TCP_ACK_KEYS_6])
-            case ir.TcpFlagsCond():
-                flags = tcp_flags_keys(cond) if family == "ipv4" else tcp_flags_keys_6(cond)
-                choices.append([flags])
-            case ir.RawCond():
-                key = (f"u{cond.bits}", _hex(cond.value, cond.bits), _hex(cond.mask, cond.bits))
-                choices.append([(ir.U32Key((*key, "at", str(cond.offset))),)])
-            case ir.AllCond():
-                choices.append([(ir.U32Key(("u32", "0", "0", "at", "0")),)])
-    for combo in itertools.product(*choices):
-        keys: list[ir.U32Key] = []
-        for group in combo:
-            for u32key in group:
-                if u32key not in keys:
-                    keys.append(u32key)
-        if not keys:
-            keys.append(ir.U32Key(("u32", "0", "0", "at", "0")))
-        yield tuple(keys)
+            return (found,)
+        case ir.TosCond():
+            field = "tos" if family == "ipv4" else "priority"
+            return ((ir.U32Key((ip, field, _hex(cond.value, 8), _hex(cond.mask, 8))),),)
+        case ir.TcpAckCond():
+            return (TCP_ACK_KEYS if family == "ipv4" else TCP_ACK_KEYS_6,)
+        case ir.TcpFlagsCond():
+            return (tcp_flags_keys(cond) if family == "ipv4" else tcp_flags_keys_6(cond),)
+        case ir.RawCond():
+            key = (f"u{cond.bits}", _hex(cond.value, cond.bits), _hex(cond.mask, cond.bits))
+            return ((ir.U32Key((*key, "at", str(cond.offset))),),)
+        case ir.AllCond():
+            return ((ALL_KEY,),)
+    return None
 
 
 PROTO_NAMES = {1: "icmp", 6: "tcp", 17: "udp", 132: "sctp", 47: "gre", 50: "esp", 51: "ah"}
@@ -285,10 +320,9 @@ def _network(text: str) -> tuple[int, int]:
     """``a.b.c.d[/len]`` (as :func:`u32_keys` writes it) as (address, netmask) integers; a
     hand parse, since ``ipaddress`` costs tens of microseconds per call on large policies."""
     addr, _, length = text.partition("/")
-    a, b, c, d = (int(x) for x in addr.split("."))
     bits = int(length) if length else 32
     mask = (0xFFFFFFFF << (32 - bits)) & 0xFFFFFFFF
-    return ((a << 24) | (b << 16) | (c << 8) | d) & mask, mask
+    return int.from_bytes(socket.inet_aton(addr), "big") & mask, mask
 
 
 def _network6(text: str, at: int) -> tuple[tuple[int, int, int], ...]:

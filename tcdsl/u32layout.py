@@ -22,8 +22,10 @@ the tables.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass
+from operator import itemgetter
 
 from tcdsl import ir, lower
 from tcdsl.diagnostics import Span
@@ -69,11 +71,19 @@ _Item = _Leaf | _Hash | _List
 def fixed_bytes(f: ir.U32Filter) -> dict[int, int]:
     """The bytes of the fixed header (offset -> value) that every packet ``f`` matches has."""
     fixed: dict[int, int] = {}
-    for offset, value, mask in (word for key in f.keys for word in lower.pack_words(key)):
-        for i in range(4):
-            shift = 24 - 8 * i
-            if (mask >> shift) & 0xFF == 0xFF and offset + i < HEADER[f.family]:
-                fixed[offset + i] = (value >> shift) & 0xFF
+    header = HEADER[f.family]
+    for key in f.keys:
+        for offset, value, mask in lower.pack_words(key):
+            if mask == 0xFFFFFFFF and offset + 4 <= header:  # a whole word (an address's)
+                fixed[offset] = (value >> 24) & 0xFF
+                fixed[offset + 1] = (value >> 16) & 0xFF
+                fixed[offset + 2] = (value >> 8) & 0xFF
+                fixed[offset + 3] = value & 0xFF
+                continue
+            for i in range(4):
+                shift = 24 - 8 * i
+                if (mask >> shift) & 0xFF == 0xFF and offset + i < header:
+                    fixed[offset + i] = (value >> shift) & 0xFF
     return fixed
 
 
@@ -123,9 +133,7 @@ class _Planner:
         longest bucket, or None when not worth it."""
         if end - start < self.hash_min:
             return None
-        sizes: dict[int, int] = {}
-        for f in fixed[start:end]:
-            sizes[f[byte]] = sizes.get(f[byte], 0) + 1
+        sizes = Counter(map(itemgetter(byte), fixed[start:end]))
         saved = end - start - max(sizes.values())
         return saved if saved >= self.hash_min // 2 else None
 
@@ -146,13 +154,26 @@ class _Planner:
 def _run_ends(fixed: list[dict[int, int]], used: frozenset[int]) -> dict[int, list[int]]:
     """For each byte some filter fixes: at each index, where the run of filters fixing it
     from there ends."""
-    bytes_ = {b for f in fixed for b in f} - used
-    ends: dict[int, list[int]] = {}
+    # Consecutive filters mostly fix the same bytes (a table's lines differ in values only):
+    # work on the stretches of filters fixing the same bytes, not filter by filter.
+    stretches: list[tuple[int, int, Set[int]]] = []
     n = len(fixed)
+    start = 0
+    for i in range(1, n + 1):
+        if i == n or fixed[i].keys() != fixed[start].keys():
+            stretches.append((start, i, fixed[start].keys()))
+            start = i
+    bytes_ = {b for _, _, keys in stretches for b in keys} - used
+    ends: dict[int, list[int]] = {}
     for b in bytes_:
         column = [n] * (n + 1)
-        for i in range(n - 1, -1, -1):
-            column[i] = column[i + 1] if b in fixed[i] else i
+        end = n  # the first filter not fixing b after the stretch
+        for first, after, keys in reversed(stretches):
+            if b in keys:
+                column[first:after] = [end] * (after - first)
+            else:
+                column[first:after] = range(first, after)
+                end = first
         ends[b] = column
     return ends
 
@@ -262,9 +283,25 @@ def layout(
             continue
         taken[group[0].parent] = used
         for local, place in placer.places.items():
-            placed[indexes[local]] = ir.replace(group[local], place=place)
+            f = group[local]
+            # ir.replace(f, place=place), spelt out (once per filter): _U32_FIELDS
+            placed[indexes[local]] = ir.U32Filter(
+                f.parent,
+                f.pref,
+                f.keys,
+                f.flowid,
+                f.span,
+                f.police,
+                f.family,
+                f.police_index,
+                place,
+            )
         tables.extend(placer.tables)
     return tuple(placed), tuple(tables)
+
+
+_U32_FIELDS = ("parent", "pref", "keys", "flowid", "span", "police", "family", "police_index")
+assert ir.U32Filter.__match_args__ == (*_U32_FIELDS, "place"), "layout() builds U32Filters"
 
 
 def _place(group: list[ir.U32Filter], hash_min: int, used: set[int]) -> _Placer | None:
