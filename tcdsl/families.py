@@ -168,6 +168,10 @@ def match_families_meet(policy: ir.Policy) -> Iterator[Diagnostic]:
                 )
                 continue
         wanted = lower.match_families(m, iface.families)
+        if len(m.conds) < 2 and len(wanted) == len(ir.FAMILIES):
+            # (most lines) the values of one condition, under both families: each matches
+            # a family the line applies to, and no other condition rules it out
+            continue
         if not wanted:
             yield Diagnostic.error(
                 "E258",
@@ -305,7 +309,11 @@ def ipv6_has_a_place(policy: ir.Policy) -> Iterator[Diagnostic]:
         lines = lines_of(iface)
         if not lines:
             continue
-        families = {f for m in lines for f, _ in lower.family_alternatives(m, iface.families)}
+        families: set[ir.Family] = set()
+        for m in lines:  # until a line has an IPv6 filter (the first, mostly)
+            families.update(f for f, _ in lower.family_alternatives(m, iface.families))
+            if "ipv6" in families:
+                break
         if "ipv6" in families or not families:
             continue
         where = _unclassified(iface.root)
@@ -345,6 +353,8 @@ def _ipv6_protocols(
     """The ``proto`` values in ``numbers`` of the filter lines of ``iface``, where the line
     applies to IPv6, once each."""
     for m in filter_lines(iface):
+        if not any(isinstance(c, ir.ProtoCond) for c in m.conds):
+            continue  # (most lines) no proto value in any alternative
         seen: set[Span] = set()
         for family, alt in lower.family_alternatives(m, iface.families):
             for cond in alt:

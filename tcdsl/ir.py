@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from ipaddress import IPv4Network, IPv6Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Network
 from operator import attrgetter
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, cast
 
@@ -28,6 +28,9 @@ MEMO_SIZE = 1 << 17
 """How many results each :func:`per_node` function keeps (then it starts again)."""
 
 _MEMOS: list[dict[object, Any]] = []
+_HANDLE_TEXT: dict[tuple[int, int], str] = {}
+"""``str`` of the handles made so far (forgotten with the memos)."""
+_MEMOS.append(_HANDLE_TEXT)  # type: ignore[arg-type]
 _VARIADIC = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
 
@@ -150,7 +153,16 @@ class Handle:
     minor: int
 
     def __str__(self) -> str:
-        return f"{self.major:x}:{self.minor:x}" if self.minor else f"{self.major:x}:"
+        # The backends spell every filter's parent and class id: the same few texts, each
+        # made once (and shared) per compile.
+        key = (self.major, self.minor)
+        text = _HANDLE_TEXT.get(key)
+        if text is None:
+            if len(_HANDLE_TEXT) >= MEMO_SIZE:
+                _HANDLE_TEXT.clear()
+            text = f"{self.major:x}:{self.minor:x}" if self.minor else f"{self.major:x}:"
+            _HANDLE_TEXT[key] = text
+        return text
 
     @property
     def qdisc(self) -> str:
@@ -217,7 +229,7 @@ Network = IPv4Network | IPv6Network
 
 def family_of(network: Network) -> Family:
     """The family of an address or network."""
-    return "ipv4" if network.version == 4 else "ipv6"
+    return "ipv4" if isinstance(network, IPv4Network | IPv4Address) else "ipv6"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import itertools
 import socket
+import struct
 from collections.abc import Iterator
+from ipaddress import IPv4Network
 
 from tcdsl import ir
 from tcdsl.diagnostics import Span
@@ -66,18 +68,16 @@ def match_families(match: ir.Match, tree: tuple[ir.Family, ...]) -> tuple[ir.Fam
 def implied_families(conds: tuple[ir.Cond, ...]) -> tuple[ir.Family, ...]:
     """The families one alternative can match at all: an address names its own; ICMP and
     ICMPv6 exist in one family each; anything else exists in both."""
-    families = set(ir.FAMILIES)
+    families = ir.FAMILIES
     for cond in conds:
-        match cond:
-            case ir.AddrCond():
-                families &= {ir.family_of(cond.networks[0][0])}
-            case ir.ProtoCond():
-                only = FAMILY_PROTOCOLS.get(cond.protocols[0][0])
-                if only is not None:
-                    families &= {only}
-            case _:
-                pass
-    return tuple(f for f in ir.FAMILIES if f in families)
+        if isinstance(cond, ir.AddrCond):
+            only = ir.family_of(cond.networks[0][0])
+        elif isinstance(cond, ir.ProtoCond) and cond.protocols[0][0] in FAMILY_PROTOCOLS:
+            only = FAMILY_PROTOCOLS[cond.protocols[0][0]]
+        else:
+            continue
+        families = (only,) if only in families else ()
+    return families
 
 
 @ir.per_node
@@ -185,16 +185,17 @@ def tcp_flags_keys_6(cond: ir.TcpFlagsCond) -> tuple[ir.U32Key, ...]:
 def address_text(net: ir.Network) -> str:
     """An address as tc and iptables take it: a host without its ``/32`` or ``/128``."""
     addr = net.network_address
+    length = net.prefixlen
     # ``str`` of an ipaddress object costs 5-15 us (IPv6 most); the C formatters spell the
     # same text (RFC 5952 for IPv6), but for IPv6 addresses holding IPv4 ones
     # (``::ffff:1.2.3.4``, which ipaddress writes in hex) and scoped ones: those keep ``str``.
-    if net.version == 4:
+    if isinstance(net, IPv4Network):
         text = socket.inet_ntoa(addr.packed)
-    else:
-        text = socket.inet_ntop(socket.AF_INET6, addr.packed)
-        if "." in text or addr.scope_id is not None:  # type: ignore[union-attr]
-            text = str(addr)
-    return text if net.prefixlen == net.max_prefixlen else f"{text}/{net.prefixlen}"
+        return text if length == 32 else f"{text}/{length}"
+    text = socket.inet_ntop(socket.AF_INET6, addr.packed)
+    if "." in text or addr.scope_id is not None:  # type: ignore[union-attr]
+        text = str(addr)
+    return text if length == 128 else f"{text}/{length}"
 
 
 @ir.per_node
@@ -325,18 +326,22 @@ def _network(text: str) -> tuple[int, int]:
     return int.from_bytes(socket.inet_aton(addr), "big") & mask, mask
 
 
+_WORDS6 = struct.Struct(">4I")
+
+
 def _network6(text: str, at: int) -> tuple[tuple[int, int, int], ...]:
     """An IPv6 address or prefix as the 32-bit words tc packs for it (only words the prefix
     reaches: ``/64`` is two)."""
     addr, _, length = text.partition("/")
     bits = int(length) if length else 128
-    value = int.from_bytes(socket.inet_pton(socket.AF_INET6, addr), "big")  # ipaddress: 10x
-    mask = ((1 << 128) - 1) ^ ((1 << (128 - bits)) - 1)
+    packed = socket.inet_pton(socket.AF_INET6, addr)  # ipaddress: 10x
     words = []
-    for i in range(4):
-        m = (mask >> (96 - 32 * i)) & 0xFFFFFFFF
-        if m:
-            words.append((at + 4 * i, (value >> (96 - 32 * i)) & m, m))
+    for i, value in enumerate(_WORDS6.unpack(packed)):
+        left = bits - 32 * i  # bits of the prefix in this word and after it
+        if left <= 0:
+            break
+        mask = 0xFFFFFFFF if left >= 32 else (0xFFFFFFFF << (32 - left)) & 0xFFFFFFFF
+        words.append((at + 4 * i, value & mask, mask))
     return tuple(words)
 
 
@@ -351,6 +356,24 @@ def pack_words(key: ir.U32Key) -> tuple[tuple[int, int, int], ...]:
         offset, shift = _IP6_AT[field]
         return ((offset, int(w[2], 0) << shift, int(w[3], 0) << shift),)
     return (pack(key),)
+
+
+def address_bytes(key: ir.U32Key) -> tuple[int, bytes] | None:
+    """For an address key, where its address starts (from the IP header) and the bytes its
+    prefix fixes whole (a ``/56`` fixes 7): what :func:`pack_words` says under masks of
+    0xff, without making the words; None for other keys."""
+    w = key.words
+    if w[0] == "ip":
+        at, family, width = _FIELD_AT.get(w[1]), socket.AF_INET, 32
+    elif w[0] == "ip6":
+        at, family, width = _FIELD_AT_6.get(w[1]), socket.AF_INET6, 128
+    else:
+        return None
+    if at is None:
+        return None
+    addr, _, length = w[2].partition("/")
+    bits = int(length) if length else width
+    return at, socket.inet_pton(family, addr)[: bits // 8]
 
 
 def pack(key: ir.U32Key) -> tuple[int, int, int]:

@@ -20,9 +20,12 @@ Bits = tuple[tuple[int, int, int], ...]
 def filter_bits(keys: tuple[ir.U32Key, ...]) -> Bits | None:
     """The words a u32 filter with ``keys`` tests (() tests nothing: it matches every packet),
     or None when two keys contradict each other (allocate leaves such filters out)."""
-    if len(keys) == 1 and keys[0].words[0] != "ip6":  # the common case, on large policies
-        offset, value, mask = lower.pack(keys[0])
-        return ((offset, value & mask, mask),) if mask else ()
+    if len(keys) == 1:  # the common case, on large policies
+        if keys[0].words[0] != "ip6":
+            offset, value, mask = lower.pack(keys[0])
+            return ((offset, value & mask, mask),) if mask else ()
+        # the words of one key are at different offsets: nothing to merge
+        return tuple(sorted((o, v & m, m) for o, v, m in lower.pack_words(keys[0]) if m))
     words: dict[int, tuple[int, int]] = {}
     for key in keys:
         for offset, value, mask in lower.pack_words(key):

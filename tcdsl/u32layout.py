@@ -25,7 +25,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass
+from itertools import groupby
 from operator import itemgetter
+from typing import cast
 
 from tcdsl import ir, lower
 from tcdsl.diagnostics import Span
@@ -73,6 +75,11 @@ def fixed_bytes(f: ir.U32Filter) -> dict[int, int]:
     fixed: dict[int, int] = {}
     header = HEADER[f.family]
     for key in f.keys:
+        address = lower.address_bytes(key)  # most keys of long runs: no words to make
+        if address is not None and address[0] + len(address[1]) <= header:
+            at, whole = address
+            fixed.update(zip(range(at, at + len(whole)), whole, strict=True))
+            continue
         for offset, value, mask in lower.pack_words(key):
             if mask == 0xFFFFFFFF and offset + 4 <= header:  # a whole word (an address's)
                 fixed[offset] = (value >> 24) & 0xFF
@@ -157,19 +164,18 @@ def _run_ends(fixed: list[dict[int, int]], used: frozenset[int]) -> dict[int, li
     # Consecutive filters mostly fix the same bytes (a table's lines differ in values only):
     # work on the stretches of filters fixing the same bytes, not filter by filter.
     stretches: list[tuple[int, int, Set[int]]] = []
-    n = len(fixed)
-    start = 0
-    for i in range(1, n + 1):
-        if i == n or fixed[i].keys() != fixed[start].keys():
-            stretches.append((start, i, fixed[start].keys()))
-            start = i
-    bytes_ = {b for _, _, keys in stretches for b in keys} - used
+    n = start = 0
+    for shape, members in groupby(fixed, key=dict.keys):  # dict views compare as sets
+        n += len(list(members))
+        stretches.append((start, n, shape))
+        start = n
+    bytes_ = {b for _, _, fixes in stretches for b in fixes} - used
     ends: dict[int, list[int]] = {}
     for b in bytes_:
         column = [n] * (n + 1)
         end = n  # the first filter not fixing b after the stretch
-        for first, after, keys in reversed(stretches):
-            if b in keys:
+        for first, after, fixes in reversed(stretches):
+            if b in fixes:
                 column[first:after] = [end] * (after - first)
             else:
                 column[first:after] = range(first, after)
@@ -273,7 +279,7 @@ def layout(
     tables: list[ir.U32Table] = []
     taken: dict[ir.Handle, set[int]] = {}
     for indexes in groups.values():
-        group = [f for f in (filters[i] for i in indexes) if isinstance(f, ir.U32Filter)]
+        group = [cast(ir.U32Filter, filters[i]) for i in indexes]
         for attempt in (hash_min, 0) if hash_min > 0 else (0,):
             used = set(taken.get(group[0].parent, set()))
             placer = _place(group, attempt, used)
