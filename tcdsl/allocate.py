@@ -186,6 +186,7 @@ class InterfaceAllocator:
         self.majors: set[int] = {MAX}  # ffff: is the ingress qdisc
         self.major_owner: dict[int, Span] = {}
         self.major_pool = Pool(iter(range(2, MAX)), self.majors)
+        self.families = iface.families
 
     def error(self, code: str, message: str, span: Span, *notes: Note) -> None:
         self.diagnostics.append(Diagnostic.error(code, message, span, *notes))
@@ -323,7 +324,7 @@ class InterfaceAllocator:
             kept = None if cls.implicit else self.leaf_pins.pop(cls.name, None)
             preferred = minor if minor >= 0x10 else minor * 0x10
             leaf = self.qdisc(cls.leaf, preferred if kept is None else kept, kept is not None)
-        children = tuple(self.klass(c, q, major, pool) for c in cls.children)
+        children = tuple([self.klass(c, q, major, pool) for c in cls.children])
         return ir.replace(cls, classid=ir.Handle(major, minor), leaf=leaf, children=children)
 
     def ingress(self, q: ir.Ingress) -> ir.Interface:
@@ -370,7 +371,7 @@ class InterfaceAllocator:
     def _line_filters(self, m: ir.Match, parent: ir.Handle, flowid: ir.Handle) -> list[ir.Filter]:
         pref = m.pref.value if m.pref else DEFAULT_PREF
         total = dropped = 0
-        families = self.iface.families
+        families = self.families
         classifier = self.iface.classifier
         filters: list[ir.Filter] = []
         for family, alt in lower.filter_alternatives(m, families, classifier):
