@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tcdsl import ir, lower, u32layout
 from tcdsl.allocate import IPV6_PREF_OFFSET
@@ -93,9 +94,11 @@ def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
 # ---- filter order: shadowed, duplicate and catch-all matches -----------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Alternative:
-    """One alternative of a match line (one value of each comma list), as its filters."""
+class Alternative(NamedTuple):
+    """One alternative of a match line (one value of each comma list), as its filters.
+
+    (A named tuple, not a frozen dataclass: there is one for each filter of a large policy,
+    and a tuple is made several times faster.)"""
 
     match: ir.Match
     cls: ir.Class
@@ -114,7 +117,12 @@ def _alternatives(
             b for keys in lower.u32_keys(conds, family) if (b := filter_bits(keys)) is not None
         )
         if filters:
-            by_family.setdefault(family, []).append(Alternative(match, cls, conds, filters))
+            alt = Alternative(match, cls, conds, filters)
+            found = by_family.get(family)
+            if found is None:
+                by_family[family] = [alt]
+            else:
+                found.append(alt)
     return by_family
 
 
@@ -185,44 +193,82 @@ def _classification_orders(
                     )
 
 
+Masks = tuple[tuple[int, ...], tuple[int, ...]]
+"""The words a filter tests without their values: (offsets, masks)."""
+
+
+def _split(f: Bits) -> tuple[Masks, tuple[int, ...]]:
+    """A filter's tested bits and their values (the values are already masked)."""
+    if not f:
+        return ((), ()), ()
+    offsets, values, masks = zip(*f, strict=True)
+    return (offsets, masks), values
+
+
+_Table = dict[tuple[int, ...], tuple[int, Alternative]]
+"""Filters testing the same bits, by their values: (the order added, the alternative)."""
+_Reading = tuple[tuple[int, int], ...]
+"""How to read another set of bits' values from a filter's: (position, mask) per word."""
+
+
 class _Earlier:
     """The filters seen so far, indexed so that finding one that matches a superset of a new
     filter's packets costs one lookup per distinct set of tested bits, not one per filter."""
 
     def __init__(self) -> None:
         # tested bits -> their values -> (the order the alternative was added in, it)
-        self.by_masks: dict[
-            tuple[tuple[int, int], ...], dict[tuple[int, ...], tuple[int, Alternative]]
-        ] = {}
+        self.by_masks: dict[Masks, _Table] = {}
         self.added = 0
+        # A filter's tested bits -> for each earlier set of tested bits that tests a subset
+        # of them, its table and how to read its values from the filter's: the positions of
+        # its words among the filter's, with their masks (None: the same bits). Worked out
+        # once per pair of bit sets, not per filter; forgotten when a new set is added.
+        self._plans: dict[Masks, list[tuple[_Table, _Reading | None]]] = {}
 
-    def covering(self, f: Bits) -> Alternative | None:
-        """The first earlier alternative with a filter matching every packet ``f`` matches."""
-        mine = {o: (v, m) for o, v, m in f}
-        hits: list[tuple[int, Alternative]] = []
-        for masks, table in self.by_masks.items():
-            values: list[int] = []
-            for o, m in masks:
-                if o not in mine or m & ~mine[o][1]:
-                    break
-                values.append(mine[o][0] & m)
+    def _plan(self, masks: Masks) -> list[tuple[_Table, _Reading | None]]:
+        plan = self._plans.get(masks)
+        if plan is None:
+            at = {o: (i, m) for i, (o, m) in enumerate(zip(*masks, strict=True))}
+            plan = []
+            for theirs, table in self.by_masks.items():
+                where: list[int] = []
+                for o, m in zip(*theirs, strict=True):
+                    if o not in at or m & ~at[o][1]:
+                        break
+                    where.append(at[o][0])
+                else:
+                    reading = tuple(zip(where, theirs[1], strict=True))
+                    plan.append((table, None if theirs == masks else reading))
+            self._plans[masks] = plan
+        return plan
+
+    def covering(self, masks: Masks, values: tuple[int, ...]) -> Alternative | None:
+        """The first earlier alternative with a filter matching every packet the filter
+        testing ``masks`` for ``values`` matches."""
+        best: tuple[int, Alternative] | None = None
+        for table, reading in self._plan(masks):
+            if reading is None:
+                hit = table.get(values)
             else:
-                hit = table.get(tuple(values))
-                if hit is not None:
-                    hits.append(hit)
-        return min(hits, key=lambda h: h[0])[1] if hits else None
+                hit = table.get(tuple(values[i] & m for i, m in reading))
+            if hit is not None and (best is None or hit[0] < best[0]):
+                best = hit
+        return best[1] if best is not None else None
 
-    def add(self, alt: Alternative) -> None:
-        """Remember ``alt``'s filters (an earlier one wins for identical bits)."""
-        for f in alt.filters:
-            masks = tuple((o, m) for o, _, m in f)
-            values = tuple(v for _, v, _ in f)
-            self.by_masks.setdefault(masks, {}).setdefault(values, (self.added, alt))
+    def add(self, alt: Alternative, split: list[tuple[Masks, tuple[int, ...]]]) -> None:
+        """Remember ``alt``'s filters, ``split`` by :func:`_split` (an earlier one wins for
+        identical bits)."""
+        for masks, values in split:
+            table = self.by_masks.get(masks)
+            if table is None:
+                table = self.by_masks[masks] = {}
+                self._plans.clear()
+            table.setdefault(values, (self.added, alt))
         self.added += 1
 
 
 def _is_catch_all(alt: Alternative) -> bool:
-    return any(not f for f in alt.filters)
+    return () in alt.filters  # a filter testing no bits
 
 
 def filters_all_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -234,10 +280,16 @@ def filters_all_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
     for where, family, ordered in _classification_orders(policy):
         lists.setdefault(where, []).append(_shadowing(ordered, family))
     for found in lists.values():
-        by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]] = {}
+        # Only a line with an alternative another line covers can be reported: gather the
+        # alternatives of every family for those lines alone.
+        dead: set[int] = set()
         for shadows in found:
-            for match, alts in shadows.by_line.values():
-                by_line.setdefault(id(match), (match, []))[1].extend(alts)
+            dead |= shadows.dead
+        by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]] = {}
+        for shadows in found if dead else ():
+            for key, (match, alts) in shadows.by_line.items():
+                if key in dead:
+                    by_line.setdefault(key, (match, []))[1].extend(alts)
         for match, alts in by_line.values():
             yield from _report_line(match, alts)
         yield from _catch_all_warning(found)
@@ -252,6 +304,9 @@ class _Shadows:
     by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]]
     catch_all: Alternative | None
     after_catch_all: dict[int, ir.Match]
+    dead: set[int]
+    """The lines (by id) with an alternative covered by another line's: the only ones
+    :func:`_report_line` can report."""
 
 
 def _shadowing(ordered: Sequence[Alternative], family: ir.Family) -> _Shadows:
@@ -259,23 +314,32 @@ def _shadowing(ordered: Sequence[Alternative], family: ir.Family) -> _Shadows:
     catch_all: Alternative | None = None
     after_catch_all: dict[int, ir.Match] = {}  # by id, in the order tried
     by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]] = {}
+    dead: set[int] = set()
+    covering = earlier.covering
     for alt in ordered:
         if catch_all is not None:
             if alt.match is not catch_all.match:
                 after_catch_all.setdefault(id(alt.match), alt.match)
             continue
-        covers: list[Alternative] = []
-        for f in alt.filters:
-            cover = earlier.covering(f)
-            if cover is None:
-                break
-            covers.append(cover)
-        culprit = covers[0] if len(covers) == len(alt.filters) else None
-        by_line.setdefault(id(alt.match), (alt.match, []))[1].append((alt, culprit))
-        earlier.add(alt)
+        split = [_split(f) for f in alt.filters]
+        # the alternative is hidden if each of its filters is: by the cover of its first
+        culprit = covering(*split[0])
+        if culprit is not None:
+            for masks, values in split[1:]:
+                if covering(masks, values) is None:
+                    culprit = None
+                    break
+        match = alt.match
+        line = by_line.get(id(match))
+        if line is None:
+            line = by_line[id(match)] = (match, [])
+        line[1].append((alt, culprit))
+        if culprit is not None and culprit.match is not match:
+            dead.add(id(match))
+        earlier.add(alt, split)
         if _is_catch_all(alt):
             catch_all = alt
-    return _Shadows(family, by_line, catch_all, after_catch_all)
+    return _Shadows(family, by_line, catch_all, after_catch_all, dead)
 
 
 def _catch_all_warning(found: list[_Shadows]) -> Iterator[Diagnostic]:
