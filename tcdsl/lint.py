@@ -113,9 +113,13 @@ def _alternatives(
     filter tests the same fields, so the same bits stand for it here)."""
     by_family: dict[ir.Family, list[Alternative]] = {}
     for family, conds in lower.filter_alternatives(match, iface.families, iface.classifier):
-        filters = tuple(
-            b for keys in lower.u32_keys(conds, family) if (b := filter_bits(keys)) is not None
-        )
+        keysets = lower.u32_keys(conds, family)
+        filters: tuple[Bits, ...]
+        if len(keysets) == 1:  # the common case: one filter (no port range to split)
+            bits = filter_bits(keysets[0])
+            filters = () if bits is None else (bits,)
+        else:
+            filters = tuple(b for keys in keysets if (b := filter_bits(keys)) is not None)
         if filters:
             alt = Alternative(match, cls, conds, filters)
             found = by_family.get(family)
@@ -666,13 +670,17 @@ def prefs_fit_their_parent(policy: ir.Policy) -> Iterator[Diagnostic]:
     for iface in policy.interfaces:
         u32: dict[ir.Handle, set[tuple[str, int]]] = {}
         # IPv4's flower prefs stop below IPv6's first where the parent has IPv6 filters too
-        v6 = {g.parent for g in iface.filters if g.family == "ipv6"}
+        # (worked out at the first flower filter: most large policies have none)
+        v6: set[ir.Handle] | None = None
         for f in iface.filters:
             if isinstance(f, ir.U32Filter):
-                seen = u32.setdefault(f.parent, set())
-                if (f.family, f.pref) in seen:
+                seen = u32.get(f.parent)
+                if seen is None:
+                    seen = u32[f.parent] = set()
+                key = (f.family, f.pref)
+                if key in seen:
                     continue
-                seen.add((f.family, f.pref))
+                seen.add(key)
                 if len(seen) == U32_PREFS + 1:
                     yield Diagnostic.error(
                         "E263",
@@ -683,6 +691,8 @@ def prefs_fit_their_parent(policy: ir.Policy) -> Iterator[Diagnostic]:
                         f.span,
                     )
             elif isinstance(f, ir.FlowerFilter):
+                if v6 is None:
+                    v6 = {g.parent for g in iface.filters if g.family == "ipv6"}
                 top = IPV6_PREF_OFFSET if f.family != "ipv6" and f.parent in v6 else PREF_MAX
                 if f.pref > top:
                     yield Diagnostic.error(
@@ -725,7 +735,7 @@ def ports_need_a_port_protocol(policy: ir.Policy) -> Iterator[Diagnostic]:
 def leaf_queues_sensible(policy: ir.Policy) -> Iterator[Diagnostic]:
     """Teaching warnings on leaf queues: sfq perturbation, fifo limit 0, small netem limits."""
     for iface in policy.interfaces:
-        rates = _rates_above(iface.root, None)
+        rates: dict[int, ir.Rate | None] | None = None  # worked out at the first netem
         for q in ir.walk_qdiscs(iface.root):
             match q:
                 case ir.Sfq(perturb=ir.Count(value=v, span=span)) if 0 < v < SFQ_MIN_PERTURB:
@@ -747,6 +757,8 @@ def leaf_queues_sensible(policy: ir.Policy) -> Iterator[Diagnostic]:
                         span,
                     )
                 case ir.Netem(delay=ir.Time() as delay):
+                    if rates is None:
+                        rates = _rates_above(iface.root, None)
                     yield from _netem_limit(q, delay, rates.get(id(q)))
                 case _:
                     pass
