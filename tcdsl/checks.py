@@ -564,6 +564,8 @@ def conditions_given_once(policy: ir.Policy) -> Iterator[Diagnostic]:
     """A match line names each field once; alternatives are listed with commas."""
     for s in sites(policy):
         for m in s.cls.matches:
+            if len(m.conds) < 2:
+                continue  # one condition: nothing given twice
             first: dict[str, ir.Cond] = {}
             for cond in m.conds:
                 name = _cond_name(cond)
@@ -583,6 +585,8 @@ def tcp_flags_only_on_tcp(policy: ir.Policy) -> Iterator[Diagnostic]:
     """``tcp-flags`` (which imply TCP) never share a match line with another protocol."""
     for s in sites(policy):
         for m in s.cls.matches:
+            if len(m.conds) < 2:
+                continue  # no room for tcp-flags and a protocol
             flags = next((c for c in m.conds if isinstance(c, ir.TcpFlagsCond)), None)
             if flags is None:
                 continue

@@ -130,6 +130,10 @@ def _alternatives(
     return by_family
 
 
+_Line = tuple[ir.Match, dict[ir.Family, list[Alternative]]]
+"""A match line with its alternatives by family."""
+
+
 def _classification_orders(
     policy: ir.Policy,
 ) -> Iterator[tuple[tuple[int, int], ir.Family, list[Alternative]]]:
@@ -141,48 +145,42 @@ def _classification_orders(
     """
     for iface in policy.interfaces:
         marks = iface.marking is not None
-        # Each line's alternatives, worked out once for all the families.
-        lines = [
-            (
-                q,
-                [
-                    (m, _alternatives(m, cls, iface))
-                    for cls in ir.classes_of(q)
-                    for m in cls.matches
-                ],
-            )
-            for q in ir.walk_qdiscs(iface.root)
-        ]
+        # Each line's alternatives, worked out once for all the families, and the lines of
+        # each qdisc that has some in the order the kernel tries them (all the alternatives
+        # of a line share its pref, so sorting the lines sorts their alternatives).
+        lines: list[tuple[ir.Qdisc, list[_Line], list[_Line]]] = []
+        for q in ir.walk_qdiscs(iface.root):
+            found = [
+                (m, _alternatives(m, cls, iface)) for cls in ir.classes_of(q) for m in cls.matches
+            ]
+            if found:
+                lines.append((q, found, kernel_order(found, lambda line: match_pref(line[0]))))
         for family in iface.families:
             if marks:
                 ordered = [
                     a
-                    for _, found in lines
+                    for _, found, _ in lines
                     for m, by_family in found
                     if m.pref is None
                     for a in by_family.get(family, ())
                 ]
                 yield (id(iface), 0), family, ordered
-            for q, found in lines:
+            for q, _, tried in lines:
                 added = [
                     a
-                    for m, by_family in found
+                    for m, by_family in tried
                     if not marks or m.pref is not None
                     for a in by_family.get(family, ())
                 ]
                 if added:
-                    yield (
-                        (id(iface), id(q)),
-                        family,
-                        kernel_order(added, lambda a: match_pref(a.match)),
-                    )
+                    yield (id(iface), id(q)), family, added
             if isinstance(iface.root, ir.Mq) and not marks:
                 # the steering filters try every queue's lines in one list, in the tree's order
                 order = ir.mq_line_order(iface.root)
                 steered = sorted(
                     (
                         a
-                        for _, found in lines
+                        for _, found, _ in lines
                         for _, by_family in found
                         for a in by_family.get(family, ())
                         if id(a.cls) in order
@@ -710,6 +708,8 @@ def ports_need_a_port_protocol(policy: ir.Policy) -> Iterator[Diagnostic]:
     """A port condition next to a protocol that has no ports tests other header bytes."""
     for s in sites(policy):
         for m in s.cls.matches:
+            if len(m.conds) < 2:
+                continue  # no room for a port and a protocol
             ports = [c for c in m.conds if isinstance(c, ir.PortCond)]
             if not ports:
                 continue
