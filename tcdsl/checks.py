@@ -952,14 +952,16 @@ def _zeros_left_out(kind: str, defaults: tuple[Default, ...]) -> Iterator[Diagno
 
 
 def _fq_codel_values(q: ir.FqCodel) -> Iterator[Diagnostic]:
-    yield from _zeros_left_out(
-        q.kind,
-        (
-            ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
-            ("target", q.target, "5ms", "a target of 1us or more"),
-            ("interval", q.interval, "100ms", "an interval of 1us or more"),
-        ),
-    )
+    if q.limit is not None or q.target is not None or q.interval is not None:
+        # (a subscriber's fq_codel usually gives none: nothing to leave out)
+        yield from _zeros_left_out(
+            q.kind,
+            (
+                ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
+                ("target", q.target, "5ms", "a target of 1us or more"),
+                ("interval", q.interval, "100ms", "an interval of 1us or more"),
+            ),
+        )
     lo, hi = FQ_CODEL_QUANTUM
     if q.quantum is not None and 0 < q.quantum.bytes < lo:
         yield Diagnostic.warning(
