@@ -7,8 +7,10 @@ for the invariant they enforce; ``CHECKS`` lists them in the order the driver ru
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tcdsl import directions, families, ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
@@ -28,9 +30,11 @@ from tcdsl.units import format_rate, format_time
 Check = Callable[[ir.Policy], Iterator[Diagnostic]]
 
 
-@dataclass(frozen=True, slots=True)
-class Site:
-    """A class in context: its interface, the qdisc that owns it, and its parent class."""
+class Site(NamedTuple):
+    """A class in context: its interface, the qdisc that owns it, and its parent class.
+
+    (A named tuple, not a frozen dataclass: there is one for each class of a large policy,
+    and a tuple is made several times faster.)"""
 
     iface: ir.Interface
     qdisc: ir.ClassfulQdisc
@@ -232,12 +236,37 @@ _SKIP_FIELDS = frozenset({"span", "explicit_handle", "explicit_id", "handle", "c
 CLASS_VALUE_FIELDS = ("rate", "ceil", "burst", "cburst", "prio", "quantum", "allot", "avpkt")
 
 
+_VALUES = (ir.Rate, ir.Size, ir.Time, ir.Count)
+
+
 def _node_values(node: object) -> Iterator[tuple[str, object]]:
-    for name in getattr(node, "__slots__", ()):
-        if name not in _SKIP_FIELDS:
-            value = getattr(node, name)
-            if isinstance(value, ir.Rate | ir.Size | ir.Time | ir.Count):
-                yield name, value
+    fields, read = _value_fields(type(node))
+    for name, value in zip(fields, read(node), strict=True):
+        if value is not None and isinstance(value, _VALUES):
+            yield name, value
+
+
+_Reader = Callable[[object], tuple[object, ...]]
+_FIELDS: dict[type, tuple[tuple[str, ...], _Reader]] = {}
+
+
+def _value_fields(kind: type) -> tuple[tuple[str, ...], _Reader]:
+    """The fields of a node type that may hold a value, and a function reading them all from
+    a node at once (worked out once per type, not per node: most of a node's fields are
+    None, and a large policy has tens of thousands of leaf qdiscs)."""
+    found = _FIELDS.get(kind)
+    if found is None:
+        fields = tuple(n for n in getattr(kind, "__slots__", ()) if n not in _SKIP_FIELDS)
+        read: _Reader
+        if len(fields) == 1:  # attrgetter of one name returns the value, not a 1-tuple
+            read = lambda node: (getattr(node, fields[0]),)  # noqa: E731
+        else:
+            read = operator.attrgetter(*fields) if fields else lambda node: ()
+        found = _FIELDS[kind] = (fields, read)
+    return found
+
+
+_CLASS_VALUES = operator.attrgetter(*CLASS_VALUE_FIELDS)
 
 
 def values_fit_the_kernel(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -245,43 +274,60 @@ def values_fit_the_kernel(policy: ir.Policy) -> Iterator[Diagnostic]:
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
             for name, value in _node_values(q):
-                yield from _fits(q.kind, name, value, q)
+                if (found := _misfit(q, name, value, q)) is not None:
+                    yield found
             for cls in ir.classes_of(q):
-                for name in CLASS_VALUE_FIELDS:
-                    value = getattr(cls, name)
-                    if value is not None:
-                        yield from _fits(cls.label, name, value, q)
+                values = _CLASS_VALUES(cls)
+                for name, value in zip(CLASS_VALUE_FIELDS, values, strict=True):
+                    if value is not None and (found := _misfit(cls, name, value, q)) is not None:
+                        yield found
 
 
-def _fits(what: str, name: str, value: object, q: ir.Qdisc) -> Iterator[Diagnostic]:
+def _misfit(owner: ir.Qdisc | ir.Class, name: str, value: object, q: ir.Qdisc) -> Diagnostic | None:
+    """The diagnostic for a value of ``owner`` (``q`` or one of its classes) that does not
+    fit, if it does not (a function, not a generator: it runs for every value of a policy)."""
+    if type(value) is ir.Rate and 8 <= value.bits_per_second <= MAX_RATE:
+        return None  # the common case, which no case below reports
     match value:
         case ir.Rate() if value.bits_per_second > MAX_RATE:
-            yield Diagnostic.error("E208", f"{name} of {what} is too large for tc", value.span)
+            return Diagnostic.error(
+                "E208", f"{name} of {_what(owner)} is too large for tc", value.span
+            )
         case ir.Rate() if 0 < value.bits_per_second < 8:
-            yield Diagnostic.error(
+            return Diagnostic.error(
                 "E208",
-                f"{name} {value.bits_per_second}bit of {what} is below 8bit; "
+                f"{name} {value.bits_per_second}bit of {_what(owner)} is below 8bit; "
                 "tc keeps rates in whole bytes per second",
                 value.span,
             )
         case ir.Rate() if value.bits_per_second == 0 and isinstance(q, ir.Tbf | ir.Netem | ir.Cbq):
-            yield Diagnostic.error("E208", f"{name} of {what} must be above 0bit", value.span)
+            return Diagnostic.error(
+                "E208", f"{name} of {_what(owner)} must be above 0bit", value.span
+            )
         case ir.Size() if value.bytes > U32_MAX:
-            msg = f"{name} of {what} is {value.bytes} bytes; tc takes at most {U32_MAX} (4g - 1)"
-            yield Diagnostic.error("E208", msg, value.span)
+            msg = (
+                f"{name} of {_what(owner)} is {value.bytes} bytes; tc takes at most {U32_MAX} "
+                "(4g - 1)"
+            )
+            return Diagnostic.error("E208", msg, value.span)
         case ir.Size() if value.bytes == 0 and name in ("burst", "cburst", "quantum", "mtu"):
-            yield Diagnostic.error("E208", f"{name} of {what} must be above 0", value.span)
+            return Diagnostic.error("E208", f"{name} of {_what(owner)} must be above 0", value.span)
         case ir.Time() if value.microseconds > U32_MAX:
-            msg = f"{name} of {what} is above tc's limit of {U32_MAX}us (about 71 minutes)"
-            yield Diagnostic.error("E208", msg, value.span)
+            msg = f"{name} of {_what(owner)} is above tc's limit of {U32_MAX}us (about 71 minutes)"
+            return Diagnostic.error("E208", msg, value.span)
         case ir.Count() if value.value > U32_MAX:
-            msg = f"{name} {value.value} of {what} is above tc's limit of {U32_MAX}"
-            yield Diagnostic.error("E208", msg, value.span)
+            msg = f"{name} {value.value} of {_what(owner)} is above tc's limit of {U32_MAX}"
+            return Diagnostic.error("E208", msg, value.span)
         case ir.Count() if name == "flows" and not 1 <= value.value <= 65536:
             msg = f"{q.kind} flows {value.value} is outside 1-65536"
-            yield Diagnostic.error("E205", msg, value.span)
+            return Diagnostic.error("E205", msg, value.span)
         case _:
-            pass
+            return None
+
+
+def _what(owner: ir.Qdisc | ir.Class) -> str:
+    """How a value's message names its owner: a class by its label, a qdisc by its kind."""
+    return owner.label if isinstance(owner, ir.Class) else owner.kind
 
 
 SFQ_MAX_DEPTH = 127  # packets per flow (SFQ_MAX_DEPTH in sch_sfq.c)
@@ -367,7 +413,8 @@ def overbooking_is_declared(policy: ir.Policy) -> Iterator[Diagnostic]:
         parent_rate = rate_of(s.cls.rate)
         if parent_rate is None or s.qdisc.kind == "prio":
             continue
-        over = children_overbook(s.cls)
+        # a leaf class over-books nothing (its children's rates add up to 0)
+        over = children_overbook(s.cls) if s.cls.children else None
         if over is not None and not s.cls.overbook:
             yield Diagnostic.warning(
                 "W350",
@@ -468,6 +515,8 @@ def _all_rates(iface: ir.Interface) -> Iterator[ir.Rate]:
             for value in (cls.rate, cls.ceil, cls.weight):
                 if isinstance(value, ir.Rate):
                     yield value
+            if cls.rt is None and cls.ls is None and cls.ul is None:
+                continue  # not an hfsc class
             for curve in (cls.rt, cls.ls, cls.ul):
                 if curve is not None:
                     yield from (r for r in (curve.m1, curve.m2) if r is not None)
@@ -515,6 +564,8 @@ def conditions_given_once(policy: ir.Policy) -> Iterator[Diagnostic]:
     """A match line names each field once; alternatives are listed with commas."""
     for s in sites(policy):
         for m in s.cls.matches:
+            if len(m.conds) < 2:
+                continue  # one condition: nothing given twice
             first: dict[str, ir.Cond] = {}
             for cond in m.conds:
                 name = _cond_name(cond)
@@ -534,6 +585,8 @@ def tcp_flags_only_on_tcp(policy: ir.Policy) -> Iterator[Diagnostic]:
     """``tcp-flags`` (which imply TCP) never share a match line with another protocol."""
     for s in sites(policy):
         for m in s.cls.matches:
+            if len(m.conds) < 2:
+                continue  # no room for tcp-flags and a protocol
             flags = next((c for c in m.conds if isinstance(c, ir.TcpFlagsCond)), None)
             if flags is None:
                 continue
@@ -750,10 +803,12 @@ def values_kept_as_written(policy: ir.Policy) -> Iterator[Diagnostic]:
 
 
 def _htb_class_values(cls: ir.Class) -> Iterator[Diagnostic]:
-    ceil = rate_of(cls.ceil) or rate_of(cls.rate)
-    for name, size, rate in (("burst", cls.burst, rate_of(cls.rate)), ("cburst", cls.cburst, ceil)):
-        raise_ = "rate" if name == "burst" else "ceil"
-        yield from _ticks_wrap(name, size, rate, cls.label, raise_)
+    if cls.burst is not None or cls.cburst is not None:  # most classes give neither
+        ceil = rate_of(cls.ceil) or rate_of(cls.rate)
+        pairs = (("burst", cls.burst, rate_of(cls.rate)), ("cburst", cls.cburst, ceil))
+        for name, size, rate in pairs:
+            raise_ = "rate" if name == "burst" else "ceil"
+            yield from _ticks_wrap(name, size, rate, cls.label, raise_)
 
     if cls.quantum is not None and INT_MAX < cls.quantum.bytes <= U32_MAX:
         yield Diagnostic.error(
@@ -897,14 +952,16 @@ def _zeros_left_out(kind: str, defaults: tuple[Default, ...]) -> Iterator[Diagno
 
 
 def _fq_codel_values(q: ir.FqCodel) -> Iterator[Diagnostic]:
-    yield from _zeros_left_out(
-        q.kind,
-        (
-            ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
-            ("target", q.target, "5ms", "a target of 1us or more"),
-            ("interval", q.interval, "100ms", "an interval of 1us or more"),
-        ),
-    )
+    if q.limit is not None or q.target is not None or q.interval is not None:
+        # (a subscriber's fq_codel usually gives none: nothing to leave out)
+        yield from _zeros_left_out(
+            q.kind,
+            (
+                ("limit", q.limit, "10240 packets", "a limit of 1 or more"),
+                ("target", q.target, "5ms", "a target of 1us or more"),
+                ("interval", q.interval, "100ms", "an interval of 1us or more"),
+            ),
+        )
     lo, hi = FQ_CODEL_QUANTUM
     if q.quantum is not None and 0 < q.quantum.bytes < lo:
         yield Diagnostic.warning(

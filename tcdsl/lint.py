@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tcdsl import ir, lower, u32layout
 from tcdsl.allocate import IPV6_PREF_OFFSET
@@ -93,9 +94,11 @@ def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
 # ---- filter order: shadowed, duplicate and catch-all matches -----------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Alternative:
-    """One alternative of a match line (one value of each comma list), as its filters."""
+class Alternative(NamedTuple):
+    """One alternative of a match line (one value of each comma list), as its filters.
+
+    (A named tuple, not a frozen dataclass: there is one for each filter of a large policy,
+    and a tuple is made several times faster.)"""
 
     match: ir.Match
     cls: ir.Class
@@ -110,12 +113,25 @@ def _alternatives(
     filter tests the same fields, so the same bits stand for it here)."""
     by_family: dict[ir.Family, list[Alternative]] = {}
     for family, conds in lower.filter_alternatives(match, iface.families, iface.classifier):
-        filters = tuple(
-            b for keys in lower.u32_keys(conds, family) if (b := filter_bits(keys)) is not None
-        )
+        keysets = lower.u32_keys(conds, family)
+        filters: tuple[Bits, ...]
+        if len(keysets) == 1:  # the common case: one filter (no port range to split)
+            bits = filter_bits(keysets[0])
+            filters = () if bits is None else (bits,)
+        else:
+            filters = tuple(b for keys in keysets if (b := filter_bits(keys)) is not None)
         if filters:
-            by_family.setdefault(family, []).append(Alternative(match, cls, conds, filters))
+            alt = Alternative(match, cls, conds, filters)
+            found = by_family.get(family)
+            if found is None:
+                by_family[family] = [alt]
+            else:
+                found.append(alt)
     return by_family
+
+
+_Line = tuple[ir.Match, dict[ir.Family, list[Alternative]]]
+"""A match line with its alternatives by family."""
 
 
 def _classification_orders(
@@ -129,48 +145,42 @@ def _classification_orders(
     """
     for iface in policy.interfaces:
         marks = iface.marking is not None
-        # Each line's alternatives, worked out once for all the families.
-        lines = [
-            (
-                q,
-                [
-                    (m, _alternatives(m, cls, iface))
-                    for cls in ir.classes_of(q)
-                    for m in cls.matches
-                ],
-            )
-            for q in ir.walk_qdiscs(iface.root)
-        ]
+        # Each line's alternatives, worked out once for all the families, and the lines of
+        # each qdisc that has some in the order the kernel tries them (all the alternatives
+        # of a line share its pref, so sorting the lines sorts their alternatives).
+        lines: list[tuple[ir.Qdisc, list[_Line], list[_Line]]] = []
+        for q in ir.walk_qdiscs(iface.root):
+            found = [
+                (m, _alternatives(m, cls, iface)) for cls in ir.classes_of(q) for m in cls.matches
+            ]
+            if found:
+                lines.append((q, found, kernel_order(found, lambda line: match_pref(line[0]))))
         for family in iface.families:
             if marks:
                 ordered = [
                     a
-                    for _, found in lines
+                    for _, found, _ in lines
                     for m, by_family in found
                     if m.pref is None
                     for a in by_family.get(family, ())
                 ]
                 yield (id(iface), 0), family, ordered
-            for q, found in lines:
+            for q, _, tried in lines:
                 added = [
                     a
-                    for m, by_family in found
+                    for m, by_family in tried
                     if not marks or m.pref is not None
                     for a in by_family.get(family, ())
                 ]
                 if added:
-                    yield (
-                        (id(iface), id(q)),
-                        family,
-                        kernel_order(added, lambda a: match_pref(a.match)),
-                    )
+                    yield (id(iface), id(q)), family, added
             if isinstance(iface.root, ir.Mq) and not marks:
                 # the steering filters try every queue's lines in one list, in the tree's order
                 order = ir.mq_line_order(iface.root)
                 steered = sorted(
                     (
                         a
-                        for _, found in lines
+                        for _, found, _ in lines
                         for _, by_family in found
                         for a in by_family.get(family, ())
                         if id(a.cls) in order
@@ -185,44 +195,82 @@ def _classification_orders(
                     )
 
 
+Masks = tuple[tuple[int, ...], tuple[int, ...]]
+"""The words a filter tests without their values: (offsets, masks)."""
+
+
+def _split(f: Bits) -> tuple[Masks, tuple[int, ...]]:
+    """A filter's tested bits and their values (the values are already masked)."""
+    if not f:
+        return ((), ()), ()
+    offsets, values, masks = zip(*f, strict=True)
+    return (offsets, masks), values
+
+
+_Table = dict[tuple[int, ...], tuple[int, Alternative]]
+"""Filters testing the same bits, by their values: (the order added, the alternative)."""
+_Reading = tuple[tuple[int, int], ...]
+"""How to read another set of bits' values from a filter's: (position, mask) per word."""
+
+
 class _Earlier:
     """The filters seen so far, indexed so that finding one that matches a superset of a new
     filter's packets costs one lookup per distinct set of tested bits, not one per filter."""
 
     def __init__(self) -> None:
         # tested bits -> their values -> (the order the alternative was added in, it)
-        self.by_masks: dict[
-            tuple[tuple[int, int], ...], dict[tuple[int, ...], tuple[int, Alternative]]
-        ] = {}
+        self.by_masks: dict[Masks, _Table] = {}
         self.added = 0
+        # A filter's tested bits -> for each earlier set of tested bits that tests a subset
+        # of them, its table and how to read its values from the filter's: the positions of
+        # its words among the filter's, with their masks (None: the same bits). Worked out
+        # once per pair of bit sets, not per filter; forgotten when a new set is added.
+        self._plans: dict[Masks, list[tuple[_Table, _Reading | None]]] = {}
 
-    def covering(self, f: Bits) -> Alternative | None:
-        """The first earlier alternative with a filter matching every packet ``f`` matches."""
-        mine = {o: (v, m) for o, v, m in f}
-        hits: list[tuple[int, Alternative]] = []
-        for masks, table in self.by_masks.items():
-            values: list[int] = []
-            for o, m in masks:
-                if o not in mine or m & ~mine[o][1]:
-                    break
-                values.append(mine[o][0] & m)
+    def _plan(self, masks: Masks) -> list[tuple[_Table, _Reading | None]]:
+        plan = self._plans.get(masks)
+        if plan is None:
+            at = {o: (i, m) for i, (o, m) in enumerate(zip(*masks, strict=True))}
+            plan = []
+            for theirs, table in self.by_masks.items():
+                where: list[int] = []
+                for o, m in zip(*theirs, strict=True):
+                    if o not in at or m & ~at[o][1]:
+                        break
+                    where.append(at[o][0])
+                else:
+                    reading = tuple(zip(where, theirs[1], strict=True))
+                    plan.append((table, None if theirs == masks else reading))
+            self._plans[masks] = plan
+        return plan
+
+    def covering(self, masks: Masks, values: tuple[int, ...]) -> Alternative | None:
+        """The first earlier alternative with a filter matching every packet the filter
+        testing ``masks`` for ``values`` matches."""
+        best: tuple[int, Alternative] | None = None
+        for table, reading in self._plan(masks):
+            if reading is None:
+                hit = table.get(values)
             else:
-                hit = table.get(tuple(values))
-                if hit is not None:
-                    hits.append(hit)
-        return min(hits, key=lambda h: h[0])[1] if hits else None
+                hit = table.get(tuple(values[i] & m for i, m in reading))
+            if hit is not None and (best is None or hit[0] < best[0]):
+                best = hit
+        return best[1] if best is not None else None
 
-    def add(self, alt: Alternative) -> None:
-        """Remember ``alt``'s filters (an earlier one wins for identical bits)."""
-        for f in alt.filters:
-            masks = tuple((o, m) for o, _, m in f)
-            values = tuple(v for _, v, _ in f)
-            self.by_masks.setdefault(masks, {}).setdefault(values, (self.added, alt))
+    def add(self, alt: Alternative, split: list[tuple[Masks, tuple[int, ...]]]) -> None:
+        """Remember ``alt``'s filters, ``split`` by :func:`_split` (an earlier one wins for
+        identical bits)."""
+        for masks, values in split:
+            table = self.by_masks.get(masks)
+            if table is None:
+                table = self.by_masks[masks] = {}
+                self._plans.clear()
+            table.setdefault(values, (self.added, alt))
         self.added += 1
 
 
 def _is_catch_all(alt: Alternative) -> bool:
-    return any(not f for f in alt.filters)
+    return () in alt.filters  # a filter testing no bits
 
 
 def filters_all_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -234,10 +282,16 @@ def filters_all_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
     for where, family, ordered in _classification_orders(policy):
         lists.setdefault(where, []).append(_shadowing(ordered, family))
     for found in lists.values():
-        by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]] = {}
+        # Only a line with an alternative another line covers can be reported: gather the
+        # alternatives of every family for those lines alone.
+        dead: set[int] = set()
         for shadows in found:
-            for match, alts in shadows.by_line.values():
-                by_line.setdefault(id(match), (match, []))[1].extend(alts)
+            dead |= shadows.dead
+        by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]] = {}
+        for shadows in found if dead else ():
+            for key, (match, alts) in shadows.by_line.items():
+                if key in dead:
+                    by_line.setdefault(key, (match, []))[1].extend(alts)
         for match, alts in by_line.values():
             yield from _report_line(match, alts)
         yield from _catch_all_warning(found)
@@ -252,6 +306,9 @@ class _Shadows:
     by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]]
     catch_all: Alternative | None
     after_catch_all: dict[int, ir.Match]
+    dead: set[int]
+    """The lines (by id) with an alternative covered by another line's: the only ones
+    :func:`_report_line` can report."""
 
 
 def _shadowing(ordered: Sequence[Alternative], family: ir.Family) -> _Shadows:
@@ -259,23 +316,32 @@ def _shadowing(ordered: Sequence[Alternative], family: ir.Family) -> _Shadows:
     catch_all: Alternative | None = None
     after_catch_all: dict[int, ir.Match] = {}  # by id, in the order tried
     by_line: dict[int, tuple[ir.Match, list[tuple[Alternative, Alternative | None]]]] = {}
+    dead: set[int] = set()
+    covering = earlier.covering
     for alt in ordered:
         if catch_all is not None:
             if alt.match is not catch_all.match:
                 after_catch_all.setdefault(id(alt.match), alt.match)
             continue
-        covers: list[Alternative] = []
-        for f in alt.filters:
-            cover = earlier.covering(f)
-            if cover is None:
-                break
-            covers.append(cover)
-        culprit = covers[0] if len(covers) == len(alt.filters) else None
-        by_line.setdefault(id(alt.match), (alt.match, []))[1].append((alt, culprit))
-        earlier.add(alt)
+        split = [_split(f) for f in alt.filters]
+        # the alternative is hidden if each of its filters is: by the cover of its first
+        culprit = covering(*split[0])
+        if culprit is not None:
+            for masks, values in split[1:]:
+                if covering(masks, values) is None:
+                    culprit = None
+                    break
+        match = alt.match
+        line = by_line.get(id(match))
+        if line is None:
+            line = by_line[id(match)] = (match, [])
+        line[1].append((alt, culprit))
+        if culprit is not None and culprit.match is not match:
+            dead.add(id(match))
+        earlier.add(alt, split)
         if _is_catch_all(alt):
             catch_all = alt
-    return _Shadows(family, by_line, catch_all, after_catch_all)
+    return _Shadows(family, by_line, catch_all, after_catch_all, dead)
 
 
 def _catch_all_warning(found: list[_Shadows]) -> Iterator[Diagnostic]:
@@ -602,13 +668,17 @@ def prefs_fit_their_parent(policy: ir.Policy) -> Iterator[Diagnostic]:
     for iface in policy.interfaces:
         u32: dict[ir.Handle, set[tuple[str, int]]] = {}
         # IPv4's flower prefs stop below IPv6's first where the parent has IPv6 filters too
-        v6 = {g.parent for g in iface.filters if g.family == "ipv6"}
+        # (worked out at the first flower filter: most large policies have none)
+        v6: set[ir.Handle] | None = None
         for f in iface.filters:
             if isinstance(f, ir.U32Filter):
-                seen = u32.setdefault(f.parent, set())
-                if (f.family, f.pref) in seen:
+                seen = u32.get(f.parent)
+                if seen is None:
+                    seen = u32[f.parent] = set()
+                key = (f.family, f.pref)
+                if key in seen:
                     continue
-                seen.add((f.family, f.pref))
+                seen.add(key)
                 if len(seen) == U32_PREFS + 1:
                     yield Diagnostic.error(
                         "E263",
@@ -619,6 +689,8 @@ def prefs_fit_their_parent(policy: ir.Policy) -> Iterator[Diagnostic]:
                         f.span,
                     )
             elif isinstance(f, ir.FlowerFilter):
+                if v6 is None:
+                    v6 = {g.parent for g in iface.filters if g.family == "ipv6"}
                 top = IPV6_PREF_OFFSET if f.family != "ipv6" and f.parent in v6 else PREF_MAX
                 if f.pref > top:
                     yield Diagnostic.error(
@@ -636,6 +708,8 @@ def ports_need_a_port_protocol(policy: ir.Policy) -> Iterator[Diagnostic]:
     """A port condition next to a protocol that has no ports tests other header bytes."""
     for s in sites(policy):
         for m in s.cls.matches:
+            if len(m.conds) < 2:
+                continue  # no room for a port and a protocol
             ports = [c for c in m.conds if isinstance(c, ir.PortCond)]
             if not ports:
                 continue
@@ -661,7 +735,7 @@ def ports_need_a_port_protocol(policy: ir.Policy) -> Iterator[Diagnostic]:
 def leaf_queues_sensible(policy: ir.Policy) -> Iterator[Diagnostic]:
     """Teaching warnings on leaf queues: sfq perturbation, fifo limit 0, small netem limits."""
     for iface in policy.interfaces:
-        rates = _rates_above(iface.root, None)
+        rates: dict[int, ir.Rate | None] | None = None  # worked out at the first netem
         for q in ir.walk_qdiscs(iface.root):
             match q:
                 case ir.Sfq(perturb=ir.Count(value=v, span=span)) if 0 < v < SFQ_MIN_PERTURB:
@@ -683,6 +757,8 @@ def leaf_queues_sensible(policy: ir.Policy) -> Iterator[Diagnostic]:
                         span,
                     )
                 case ir.Netem(delay=ir.Time() as delay):
+                    if rates is None:
+                        rates = _rates_above(iface.root, None)
                     yield from _netem_limit(q, delay, rates.get(id(q)))
                 case _:
                     pass

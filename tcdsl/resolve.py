@@ -111,7 +111,13 @@ def default_names_a_class(iface: ir.Interface) -> Iterator[Diagnostic]:
                 )
 
 
+_NESTING = ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc | ir.Tbf | ir.Netem | ir.Mq
+"""The qdiscs with classes or qdiscs below them: the others resolve to themselves."""
+
+
 def _resolve_qdisc(q: ir.Qdisc, diagnostics: list[Diagnostic]) -> ir.Qdisc:
+    if not isinstance(q, _NESTING):
+        return q  # a leaf qdisc (a subscriber's fq_codel): nothing below it to resolve
     match q:
         case ir.Htb() | ir.Prio() | ir.Cbq() | ir.Hfsc():
             link: ir.Rate | None = q.bandwidth if isinstance(q, ir.Cbq) else None
@@ -179,9 +185,11 @@ def _resolve_class(
     rate = _absolute(cls.rate, parent_rate, "rate", diagnostics)
     ceil = _absolute(cls.ceil, parent_ceil or parent_rate, "ceil", diagnostics)
     leaf = None if cls.leaf is None else _resolve_qdisc(cls.leaf, diagnostics)
+    unchanged = rate is cls.rate and ceil is cls.ceil and leaf is cls.leaf
+    if not cls.children:  # a leaf class: most classes of a large policy
+        return cls if unchanged else dataclasses.replace(cls, rate=rate, ceil=ceil, leaf=leaf)
     own_ceil = ceil if ceil is not None else rate
     children = tuple(_resolve_class(c, rate, own_ceil, diagnostics) for c in cls.children)
-    unchanged = rate is cls.rate and ceil is cls.ceil and leaf is cls.leaf
     if unchanged and all(a is b for a, b in zip(children, cls.children, strict=True)):
         return cls
     return dataclasses.replace(cls, rate=rate, ceil=ceil, leaf=leaf, children=children)
