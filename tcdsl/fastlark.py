@@ -78,7 +78,7 @@ class FastContextualLexer(ContextualLexer):
             state = parser_state.state_stack[-1]
             scanner = scanners[state]
             # The common case: one regex skips the blanks and matches the token.
-            match = scanner[0](text, pos, end) if scanner[0] is not None else None
+            match = scanner.combined(text, pos, end) if scanner.combined is not None else None
             if match is not None:
                 type_ = match.lastgroup
                 assert type_ is not None
@@ -95,8 +95,8 @@ class FastContextualLexer(ContextualLexer):
                             line_start = pos + blank.rindex("\n") + 1
                     pos = start
             else:
-                # Lark split this state's terminals in several regexes, or no terminal
-                # matches: skip the blanks and try each regex.
+                # No combined regex (yet, or Lark split the terminals in several regexes),
+                # or no terminal matches: skip the blanks and try each of Lark's regexes.
                 m = skip(text, pos, end)
                 if m is not None:
                     blank = m.group()
@@ -111,7 +111,8 @@ class FastContextualLexer(ContextualLexer):
                     counter.char_pos, counter.line, counter.line_start_pos = pos, line, line_start
                     counter.column = pos - line_start + 1
                     return
-                for mre in scanner[1]:
+                scanner.used()
+                for mre in scanner.mres:
                     match = mre.match(text, pos, end)
                     if match is not None:
                         break
@@ -132,7 +133,7 @@ class FastContextualLexer(ContextualLexer):
             token.line = line
             token.column = pos - line_start + 1
             pos = match.end()
-            if type_ in scanner[2]:  # a terminal that may hold newlines
+            if type_ in scanner.newline_types:  # a terminal that may hold newlines
                 newlines = value.count("\n")
                 if newlines:
                     line += newlines
@@ -144,7 +145,7 @@ class FastContextualLexer(ContextualLexer):
                 depth += _OPENS[type_]
                 if depth > MAX_NESTING:
                     raise NestingTooDeep(token)
-            callback = scanner[3].get(type_)
+            callback = scanner.callbacks.get(type_)
             if callback is not None:
                 token = callback(token)
             lexer_state.last_token = token
@@ -158,14 +159,38 @@ class FastContextualLexer(ContextualLexer):
         return cached
 
 
-_Scanner = tuple[Any, list[Any], Any, dict[str, Any]]
-"""A parser state's lexer: the skip-and-match function (None if Lark split the terminals in
-several regexes), Lark's regexes, the terminals that may hold newlines, the callbacks."""
+COMBINE_AFTER = 16
+"""Tokens a state's lexer reads before it gets its one regex for blanks and token (compiling
+it costs more than it saves on a short policy)."""
+
+
+class _Scanner:
+    """A parser state's lexer: Lark's regexes, the terminals that may hold newlines, the
+    callbacks; and, once it has read ``COMBINE_AFTER`` tokens, one regex that skips the blanks
+    and matches the token (unless Lark split the terminals in several regexes)."""
+
+    __slots__ = ("callbacks", "combined", "mres", "newline_types", "uses")
+
+    def __init__(self, lexer: Any) -> None:
+        self.combined: Any = None
+        self.mres: list[Any] = lexer.scanner._mres
+        self.newline_types: Any = lexer.newline_types
+        self.callbacks: dict[str, Any] = lexer.callback
+        self.uses = 0
+
+    def used(self) -> None:
+        """Count a token read without the combined regex; make it when it is time."""
+        self.uses += 1
+        if self.uses == COMBINE_AFTER and len(self.mres) == 1:
+            # The blanks, then the terminals: possessive, so that when no terminal matches
+            # after the blanks the regex does not back into them, and fails.
+            pattern = f"{_SKIP.pattern[:-1]}*+(?:{self.mres[0].pattern})"
+            self.combined = re.compile(pattern, self.mres[0].flags).match
 
 
 class _Scanners(dict[int, _Scanner]):
-    """Each parser state's regexes, newline terminals and callbacks, looked up once (a
-    state's regexes are compiled when the lexer first meets it, as in Lark)."""
+    """Each parser state's lexer, looked up once (a state's regexes are compiled when the
+    lexer first meets it, as in Lark)."""
 
     def __init__(self, lexers: dict[int, Any]) -> None:
         super().__init__()
@@ -176,15 +201,7 @@ class _Scanners(dict[int, _Scanner]):
         lexer = self.lexers[state]
         found = self.by_lexer.get(id(lexer))  # states with the same terminals share a lexer
         if found is None:
-            mres = lexer.scanner._mres
-            combined = None
-            if len(mres) == 1:
-                # The blanks, then the terminals: possessive, so that when no terminal matches
-                # after the blanks the regex does not back into them, and fails.
-                pattern = f"{_SKIP.pattern[:-1]}*+(?:{mres[0].pattern})"
-                combined = re.compile(pattern, mres[0].flags).match
-            found = (combined, mres, lexer.newline_types, lexer.callback)
-            self.by_lexer[id(lexer)] = found
+            found = self.by_lexer[id(lexer)] = _Scanner(lexer)
         self[state] = found
         return found
 
