@@ -141,6 +141,10 @@ class Builder(Transformer[Token, Any]):
             token.end_column or column + len(str(token)),
         )
 
+    def sp_to(self, token: Token, end: Span) -> Span:
+        """``join(self.sp(token), end)``: from ``token`` to the end of ``end``."""
+        return Span(self.file, token.line or 1, token.column or 1, end.end_line, end.end_column)
+
     # ---- top level ----
     def const_decl(self, c: list[Any]) -> None:
         name, value = c
@@ -412,7 +416,7 @@ class Builder(Transformer[Token, Any]):
     # ---- options ----
     def param(self, c: list[Any]) -> Param:
         key, value = c
-        return Param(str(key), value, join(self.sp(key), value.span))
+        return Param(str(key), value, self.sp_to(key, value.span))
 
     def flag(self, c: list[Token]) -> Flag:
         (tok,) = c
@@ -595,7 +599,7 @@ class Builder(Transformer[Token, Any]):
         nets = tuple(a for a in addrs if a is not None)
         if len(nets) != len(addrs):
             return None
-        return ir.AddrCond(str(fld), nets, join(self.sp(fld), nets[-1][1]))  # type: ignore[arg-type]
+        return ir.AddrCond(str(fld), nets, self.sp_to(fld, nets[-1][1]))  # type: ignore[arg-type]
 
     def _port_number(self, text: str, span: Span) -> int | None:
         value = self._whole(text, span)
@@ -666,7 +670,7 @@ class Builder(Transformer[Token, Any]):
         good = tuple(p for p in ports if p is not None)
         if len(good) != len(ports):
             return None
-        return ir.PortCond(str(fld), good, join(self.sp(fld), good[-1].span))  # type: ignore[arg-type]
+        return ir.PortCond(str(fld), good, self.sp_to(fld, good[-1].span))  # type: ignore[arg-type]
 
     def proto_name(self, c: list[Token]) -> tuple[int, Span] | None:
         (tok,) = c
