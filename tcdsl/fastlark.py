@@ -75,35 +75,56 @@ class FastContextualLexer(ContextualLexer):
         }
         depth = 0
         while True:
-            m = skip(text, pos, end)
-            if m is not None:
-                blank = m.group()
-                if trivia and ("#" in blank or "\\" in blank):
-                    _report_trivia(trivia, text, pos, m.end(), line, line_start)
-                newlines = blank.count("\n")
-                if newlines:
-                    line += newlines
-                    line_start = pos + blank.rindex("\n") + 1
-                pos = m.end()
-            if pos >= end:
-                counter.char_pos, counter.line, counter.line_start_pos = pos, line, line_start
-                counter.column = pos - line_start + 1
-                return
-            mres, newline_types, callbacks = scanners[parser_state.state_stack[-1]]
-            match = None
-            for mre in mres:
-                match = mre.match(text, pos, end)
-                if match is not None:
-                    break
-            if match is None:
-                # Let Lark raise its own, well-described error from this position.
-                counter.char_pos, counter.line, counter.line_start_pos = pos, line, line_start
-                counter.column = pos - line_start + 1
-                yield from ContextualLexer.lex(self, lexer_state, parser_state)
-                return
-            value = match.group()
-            type_ = match.lastgroup
-            assert type_ is not None
+            state = parser_state.state_stack[-1]
+            scanner = scanners[state]
+            # The common case: one regex skips the blanks and matches the token.
+            match = scanner.combined(text, pos, end) if scanner.combined is not None else None
+            if match is not None:
+                type_ = match.lastgroup
+                assert type_ is not None
+                start = match.start(type_)
+                if start != pos:
+                    blank = text[pos:start]
+                    # Only comments and line continuations hold a '#', a '\\' or a newline.
+                    if "\\" in blank or "#" in blank:
+                        if trivia:
+                            _report_trivia(trivia, text, pos, start, line, line_start)
+                        newlines = blank.count("\n")
+                        if newlines:
+                            line += newlines
+                            line_start = pos + blank.rindex("\n") + 1
+                    pos = start
+            else:
+                # No combined regex (yet, or Lark split the terminals in several regexes),
+                # or no terminal matches: skip the blanks and try each of Lark's regexes.
+                m = skip(text, pos, end)
+                if m is not None:
+                    blank = m.group()
+                    if trivia and ("#" in blank or "\\" in blank):
+                        _report_trivia(trivia, text, pos, m.end(), line, line_start)
+                    newlines = blank.count("\n")
+                    if newlines:
+                        line += newlines
+                        line_start = pos + blank.rindex("\n") + 1
+                    pos = m.end()
+                if pos >= end:
+                    counter.char_pos, counter.line, counter.line_start_pos = pos, line, line_start
+                    counter.column = pos - line_start + 1
+                    return
+                scanner.used()
+                for mre in scanner.mres:
+                    match = mre.match(text, pos, end)
+                    if match is not None:
+                        break
+                if match is None:
+                    # Let Lark raise its own, well-described error from this position.
+                    counter.char_pos, counter.line, counter.line_start_pos = pos, line, line_start
+                    counter.column = pos - line_start + 1
+                    yield from ContextualLexer.lex(self, lexer_state, parser_state)
+                    return
+                type_ = match.lastgroup
+                assert type_ is not None
+            value = match.group(type_)
             # What Token(type_, value, pos, line, column) does, without its two Python calls.
             token = _new_str(Token, value)
             token.type = type_
@@ -112,7 +133,7 @@ class FastContextualLexer(ContextualLexer):
             token.line = line
             token.column = pos - line_start + 1
             pos = match.end()
-            if type_ in newline_types:
+            if type_ in scanner.newline_types:  # a terminal that may hold newlines
                 newlines = value.count("\n")
                 if newlines:
                     line += newlines
@@ -124,7 +145,7 @@ class FastContextualLexer(ContextualLexer):
                 depth += _OPENS[type_]
                 if depth > MAX_NESTING:
                     raise NestingTooDeep(token)
-            callback = callbacks.get(type_)
+            callback = scanner.callbacks.get(type_)
             if callback is not None:
                 token = callback(token)
             lexer_state.last_token = token
@@ -138,18 +159,51 @@ class FastContextualLexer(ContextualLexer):
         return cached
 
 
-class _Scanners(dict[int, tuple[list[Any], Any, dict[str, Any]]]):
-    """Each parser state's regexes, newline terminals and callbacks, looked up once (a
-    state's regexes are compiled when the lexer first meets it, as in Lark)."""
+COMBINE_AFTER = 1000
+"""Tokens a state's lexer reads before it gets its one regex for blanks and token: compiling
+one costs about what it saves on a thousand tokens (a policy of 100 lines has about as many
+in all)."""
+
+
+class _Scanner:
+    """A parser state's lexer: Lark's regexes, the terminals that may hold newlines, the
+    callbacks; and, once it has read ``COMBINE_AFTER`` tokens, one regex that skips the blanks
+    and matches the token (unless Lark split the terminals in several regexes)."""
+
+    __slots__ = ("callbacks", "combined", "mres", "newline_types", "uses")
+
+    def __init__(self, lexer: Any) -> None:
+        self.combined: Any = None
+        self.mres: list[Any] = lexer.scanner._mres
+        self.newline_types: Any = lexer.newline_types
+        self.callbacks: dict[str, Any] = lexer.callback
+        self.uses = 0
+
+    def used(self) -> None:
+        """Count a token read without the combined regex; make it when it is time."""
+        self.uses += 1
+        if self.uses == COMBINE_AFTER and len(self.mres) == 1:
+            # The blanks, then the terminals: possessive, so that when no terminal matches
+            # after the blanks the regex does not back into them, and fails.
+            pattern = f"{_SKIP.pattern[:-1]}*+(?:{self.mres[0].pattern})"
+            self.combined = re.compile(pattern, self.mres[0].flags).match
+
+
+class _Scanners(dict[int, _Scanner]):
+    """Each parser state's lexer, looked up once (a state's regexes are compiled when the
+    lexer first meets it, as in Lark)."""
 
     def __init__(self, lexers: dict[int, Any]) -> None:
         super().__init__()
         self.lexers = lexers
+        self.by_lexer: dict[int, _Scanner] = {}
 
-    def __missing__(self, state: int) -> tuple[list[Any], Any, dict[str, Any]]:
+    def __missing__(self, state: int) -> _Scanner:
         lexer = self.lexers[state]
-        scanner = lexer.scanner
-        found = self[state] = (scanner._mres, lexer.newline_types, lexer.callback)
+        found = self.by_lexer.get(id(lexer))  # states with the same terminals share a lexer
+        if found is None:
+            found = self.by_lexer[id(lexer)] = _Scanner(lexer)
+        self[state] = found
         return found
 
 
@@ -197,9 +251,11 @@ class _FastParser(_Parser):
     def parse_from_state(self, state: ParserState[int], last_token: Token | None = None) -> Any:
         """Run the LALR loop over the flattened table; Lark's ``feed_token`` ends the parse
         and raises the errors."""
-        table, gotos = self._table(state.parse_conf.callbacks)
+        rows, gotos, shift_callbacks = self._loop_table(state.parse_conf.callbacks)
         states = state.state_stack
         values = state.value_stack
+        push_state = states.append
+        push_value = values.append
         token = last_token
         # The stack from before the current token's first reduction, to tell an error (LALR
         # may reduce on a lookahead it then cannot shift); None while there was none.
@@ -207,22 +263,14 @@ class _FastParser(_Parser):
         try:
             for token in state.lexer.lex(state):  # type: ignore[no-untyped-call]
                 ttype = token.type
-                while True:
-                    action = table[states[-1]].get(ttype)
-                    if action is None:
-                        _feed_failing(state, token, states[:] if before is None else before)
-                        raise AssertionError("unreachable")  # pragma: no cover
-                    if action[0]:
-                        states.append(action[1])
-                        values.append(action[2](token) if action[2] else token)
-                        before = None
-                        break
+                action = rows[states[-1]].get(ttype)
+                # A reduction is a tuple (size, callback, origin); a shift the next state.
+                while action.__class__ is tuple:
                     if before is None:
                         before = states[:]
-                    size = action[1]
-                    callback = action[2]
+                    size, callback, origin = action
                     if callback is None:  # one child, passed up as it is
-                        del states[-1]
+                        top = states[-1] = gotos[states[-2]][origin]
                     else:
                         if size:
                             children = values[-size:]
@@ -230,8 +278,16 @@ class _FastParser(_Parser):
                             del values[-size:]
                         else:
                             children = []
-                        values.append(callback(children))
-                    states.append(gotos[states[-1]][action[3]])
+                        push_value(callback(children))
+                        top = gotos[states[-1]][origin]
+                        push_state(top)
+                    action = rows[top].get(ttype)
+                if action is None:
+                    _feed_failing(state, token, states[:] if before is None else before)
+                    raise AssertionError("unreachable")  # pragma: no cover
+                push_state(action)
+                push_value(shift_callbacks[ttype](token) if ttype in shift_callbacks else token)
+                before = None
             end = Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
             try:
                 return state.feed_token(end, True)
@@ -241,6 +297,32 @@ class _FastParser(_Parser):
         except UnexpectedInput as e:
             e.interactive_parser = InteractiveParser(self, state, state.lexer)
             raise e
+
+    def _loop_table(
+        self, callbacks: Any
+    ) -> tuple[list[dict[str, Any]], list[dict[str, int]], dict[str, Any]]:
+        """``_table`` as the loop reads it: rows and gotos in lists indexed by state, a shift
+        as its next state (an int), a reduction as (size, callback, origin); the terminals'
+        callbacks apart."""
+        cached: tuple[Any, Any] | None = getattr(self, "_loop", None)
+        if cached is not None and cached[0] is callbacks:
+            return cached[1]  # type: ignore[no-any-return]
+        flat, goto_by_state = self._table(callbacks)
+        size = max(flat) + 1
+        rows: list[dict[str, Any]] = [{} for _ in range(size)]
+        gotos: list[dict[str, int]] = [{} for _ in range(size)]
+        shift_callbacks: dict[str, Any] = {}
+        for number, row in flat.items():
+            gotos[number] = goto_by_state[number]
+            for symbol, action in row.items():
+                if action[0]:
+                    rows[number][symbol] = action[1]
+                    if action[2]:
+                        shift_callbacks[symbol] = action[2]
+                else:
+                    rows[number][symbol] = action[1:]
+        self._loop = (callbacks, (rows, gotos, shift_callbacks))
+        return rows, gotos, shift_callbacks
 
     def _table(
         self, callbacks: Any
@@ -309,11 +391,26 @@ def _default_handler(func: Any) -> Any:
 
 def _child_filter(to_include: list[tuple[int, bool]], builder: Any) -> Any:
     """A function doing what ``ChildFilterLALR_NoPlaceholders(to_include, builder)`` does."""
-    return _child_filter_maker(tuple(to_include))(builder)
+    if isinstance(builder, partial) and builder.func is Tree:
+        # Most are the inlined repetitions (``_opt*``): build the Tree in the same function.
+        return _child_filter_maker(tuple(to_include), True)(builder.args[0])
+    return _child_filter_maker(tuple(to_include), False)(builder)
+
+
+# ``Tree(builder, filtered)`` as generated code: the attributes Tree.__init__ sets, in its order.
+_NEW_TREE = [
+    "    tree = new(Tree)",
+    "    tree.data = builder",
+    "    tree.children = filtered",
+    "    tree._meta = None",
+    "    return tree",
+]
 
 
 @functools.cache
-def _child_filter_maker(to_include: tuple[tuple[int, bool], ...]) -> Any:
+def _child_filter_maker(to_include: tuple[tuple[int, bool], ...], tree: bool) -> Any:
+    """The maker of a child filter for ``to_include``; with ``tree``, the filter builds
+    ``Tree(builder, filtered)`` itself (``builder`` is then the rule's name)."""
     lines = ["def make(builder):", "  def child_filter(children):"]
     started = False
     for i, inlined in to_include:
@@ -327,8 +424,9 @@ def _child_filter_maker(to_include: tuple[tuple[int, bool], ...]) -> Any:
         started = True
     if not started:
         lines.append("    filtered = []")
-    lines += ["    return builder(filtered)", "  return child_filter"]
-    namespace: dict[str, Any] = {}
+    lines += _NEW_TREE if tree else ["    return builder(filtered)"]
+    lines.append("  return child_filter")
+    namespace: dict[str, Any] = {"Tree": Tree, "new": object.__new__}
     exec("\n".join(lines), namespace)  # our own text, made from the grammar's rules
     return namespace["make"]
 

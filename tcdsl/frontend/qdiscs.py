@@ -3,6 +3,7 @@ dimension, and the builder that turns one qdisc's options and body into its IR n
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -235,16 +236,21 @@ class QdiscBuilder:
             if isinstance(opt, ir.Match):
                 matches.append(opt)
                 continue
-            key = _opt_key(opt)
-            span = opt.name.span if isinstance(opt, DefaultOpt) else opt.span
-            if isinstance(opt, CurveOpt):
-                self._curve_opt(opt, values, seen, params, flags, what, handle_kw)
-                continue
-            if isinstance(opt, SetDscpOpt) and key not in params:
-                self.error(
-                    Diagnostic.error("E007", f"'set dscp' belongs on a class, not on {what}", span)
-                )
-                continue
+            if isinstance(opt, Param):  # the common case: straight to the parameter's checks
+                key, span = opt.key, opt.span
+            else:
+                key = _opt_key(opt)
+                span = opt.name.span if isinstance(opt, DefaultOpt) else opt.span
+                if isinstance(opt, CurveOpt):
+                    self._curve_opt(opt, values, seen, params, flags, what, handle_kw)
+                    continue
+                if isinstance(opt, SetDscpOpt) and key not in params:
+                    self.error(
+                        Diagnostic.error(
+                            "E007", f"'set dscp' belongs on a class, not on {what}", span
+                        )
+                    )
+                    continue
             if key in seen:
                 self.error(
                     Diagnostic.error(
@@ -253,27 +259,25 @@ class QdiscBuilder:
                 )
                 continue
             seen[key] = span
-            if isinstance(opt, HandleOpt):
-                if opt.keyword != handle_kw:
-                    self._unknown(opt.keyword, span, params, flags, what, handle_kw)
-                else:
-                    handle = opt.ref
-                continue
-            if isinstance(opt, Flag):
-                if opt.key not in flags:
-                    self._unknown(opt.key, span, params, flags, what, handle_kw)
-                else:
-                    values[opt.key] = True
-                    self._flag_spans[opt.key] = ir.Word(opt.key, span)
-                continue
-            if isinstance(opt, DefaultOpt | PriomapOpt):
-                if key not in params:
-                    self._unknown(key, span, params, flags, what, handle_kw)
-                else:
-                    values[key] = opt.name if isinstance(opt, DefaultOpt) else opt.values
-                continue
-            if isinstance(opt, SetDscpOpt):
-                values[key] = opt.value
+            if not isinstance(opt, Param):
+                if isinstance(opt, HandleOpt):
+                    if opt.keyword != handle_kw:
+                        self._unknown(opt.keyword, span, params, flags, what, handle_kw)
+                    else:
+                        handle = opt.ref
+                elif isinstance(opt, Flag):
+                    if opt.key not in flags:
+                        self._unknown(opt.key, span, params, flags, what, handle_kw)
+                    else:
+                        values[opt.key] = True
+                        self._flag_spans[opt.key] = ir.Word(opt.key, span)
+                elif isinstance(opt, DefaultOpt | PriomapOpt):
+                    if key not in params:
+                        self._unknown(key, span, params, flags, what, handle_kw)
+                    else:
+                        values[key] = opt.name if isinstance(opt, DefaultOpt) else opt.values
+                elif isinstance(opt, SetDscpOpt):
+                    values[key] = opt.value
                 continue
             dim = params.get(opt.key)
             if dim is None:
@@ -916,7 +920,7 @@ class QdiscBuilder:
         kind = self.kind
         values, handle, matches = self._values(
             syn.opts,
-            {**CLASS_PARAMS[kind], SET_DSCP: C},
+            _class_params(kind),
             CLASS_FLAGS[kind],
             f"{'an' if kind in ('htb', 'hfsc') else 'a'} {kind} class",
             PERCENT_OK if kind != "prio" else frozenset(),
@@ -994,6 +998,12 @@ def _either(values: Mapping[str, Any], on: str, off: str) -> bool | None:
 
 SET_DSCP = "set dscp"
 """The key of a class's ``set dscp`` among its options (two words: never a parameter name)."""
+
+
+@functools.cache
+def _class_params(kind: str) -> Mapping[str, Dimension]:
+    """The parameters of a class of ``kind``, with its ``set dscp`` (made once per kind)."""
+    return {**CLASS_PARAMS[kind], SET_DSCP: C}
 
 
 def _opt_key(

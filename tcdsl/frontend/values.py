@@ -85,6 +85,8 @@ def parse_int(text: str, span: Span) -> int:
 
     Raises ``EvalError`` (E026) past ``MAX_DIGITS`` digits, before Python would refuse.
     """
+    if len(text) <= MAX_DIGITS and text.isdigit() and text.isascii():
+        return int(text)  # the common case: a short decimal number
     hex_ = text[:2].lower() == "0x"
     digits = text[2:] if hex_ else text
     if not digits.isascii() or not (digits.isalnum() if hex_ else digits.isdigit()):
@@ -97,6 +99,8 @@ def parse_decimal(text: str, span: Span) -> Fraction | int:
     """A number as the grammar reads it (``NUMBER``: ASCII decimal, maybe with a fraction).
 
     Raises ``EvalError`` (E026) past ``MAX_DIGITS`` digits."""
+    if len(text) <= MAX_DIGITS and text.isdigit():
+        return int(text)  # the common case: a short whole number
     whole, _, fraction = text.partition(".")
     _check_length(whole.lstrip("0") + fraction, text, span)
     return Fraction(text) if fraction else int(whole)
@@ -121,6 +125,8 @@ def bounded(value: Fraction | int, span: Span) -> Fraction | int:
     Raises ``EvalError`` (E026): arithmetic on constants can build numbers that no message
     could print and no float could hold.
     """
+    if value.__class__ is int and -_LIMIT < value < _LIMIT:
+        return value  # the common case
     parts = (value.numerator, value.denominator) if isinstance(value, Fraction) else (value,)
     if any(abs(part) >= _LIMIT for part in parts):
         raise EvalError(
