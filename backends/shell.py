@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from itertools import islice
 
 from tcdsl import __version__, ir
-from tcdsl.backend import Backend, comment, shjoin, shquote, template_env
+from tcdsl.backend import (
+    TEXT_LINES,
+    Backend,
+    comment,
+    shjoin,
+    shquote,
+    template_env,
+    text_blocks,
+)
 from tcdsl.commands import (
     LOCK_DIR,
     LOCK_DIR_VARIABLE,
@@ -33,21 +40,6 @@ from tcdsl.commands import (
     unspellable,
 )
 from tcdsl.diagnostics import Diagnostic
-
-TEXT_LINES = 4096
-"""Lines per string of the script's long parts: a big policy's script has hundreds of
-thousands of lines, and a string for each would take more memory than the text itself (and a
-loop over them in the template more time than the rest of the script)."""
-
-
-def _text(lines: Iterable[str]) -> tuple[str, ...]:
-    """``lines``, each ending in a newline, as a few long strings."""
-    rest = iter(lines)
-    out: list[str] = []
-    while block := list(islice(rest, TEXT_LINES)):
-        block.append("")
-        out.append("\n".join(block))
-    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +77,11 @@ def _batch(commands: Iterable[Command]) -> HereDoc:
         number += 2
         arms.append(f"    {number}) {SCRIPT_AT}={shquote(origin)} ;;")
         if len(lines) >= TEXT_LINES:
-            body += _text(lines)
-            cases += _text(arms)
+            body += text_blocks(lines)
+            cases += text_blocks(arms)
             lines, arms = [], []
-    body += _text(lines)
-    cases += _text(arms)
+    body += text_blocks(lines)
+    cases += text_blocks(arms)
     return _heredoc(tuple(body), "TCDSL_BATCH", tuple(cases))
 
 
@@ -136,7 +128,7 @@ class InterfaceView:
 def located(commands: Iterable[Command]) -> tuple[str, ...]:
     """Each command after the line that sets the script's location variable to where it
     comes from, each line ending in a newline (as :func:`_text`)."""
-    return _text(
+    return text_blocks(
         f"{SCRIPT_AT}={shquote(comment(c.origin))}\n{shjoin((c.tool, *c.args))}" for c in commands
     )
 
@@ -150,7 +142,7 @@ def _view(iface: ir.Interface, batch: bool, nft: bool, owned: tuple[str, ...]) -
     tc_batch = _batch(commands) if batch else None
     table: HereDoc | None = None
     if nft and iface.marking is not None:
-        table = _heredoc(_text(nft_table_lines(iface)), "TCDSL_NFT")
+        table = _heredoc(text_blocks(nft_table_lines(iface)), "TCDSL_NFT")
     chain: tuple[tuple[str, ...], ...] = ()
     if iface.marking is not None and not nft:
         chain = chain_teardown(iface)
