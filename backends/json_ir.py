@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
+from json.encoder import encode_basestring
 from typing import Any, assert_never
 
 from tcdsl import ir
@@ -595,27 +596,46 @@ def _scalar(value: JSONValue) -> bool:
     return not isinstance(value, dict | list)
 
 
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+"""``json.dumps(value, ensure_ascii=False)``, with one encoder for every value."""
+_ENCODE_FLAT = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": ")).encode
+"""The same, for an object or array written on one line."""
+
+
 def dumps(value: JSONValue, indent: str = "") -> str:
     """Write JSON with two-space indents; objects and arrays of scalars only (spans, handles,
     key words) stay on one line, so a node reads as one line per field."""
+    out: list[str] = []
+    _dump(value, indent, out)
+    return "".join(out)
+
+
+def _dump(value: JSONValue, indent: str, out: list[str]) -> None:
+    """:func:`dumps` into ``out``, piece by piece: the text is joined once, not once per level
+    of nesting (a big policy's document is tens of megabytes)."""
+    if isinstance(value, str):  # what _ENCODE does with a string, without its dispatch
+        out.append(encode_basestring(value))
+        return
     if _scalar(value):
-        return json.dumps(value, ensure_ascii=False)
+        out.append(_ENCODE(value))
+        return
     children = value.values() if isinstance(value, dict) else value
-    if all(_scalar(v) for v in children):
-        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    if all(_scalar(v) for v in children):  # an empty object or array too
+        out.append(_ENCODE_FLAT(value))
+        return
     inner = indent + "  "
     if isinstance(value, dict):
-        items = [
-            f"{inner}{json.dumps(k, ensure_ascii=False)}: {dumps(v, inner)}"
-            for k, v in value.items()
-        ]
-        open_, close = "{", "}"
+        out.append("{")
+        for n, (k, v) in enumerate(value.items()):
+            out.append(f"{',' if n else ''}\n{inner}{_ENCODE(k)}: ")
+            _dump(v, inner, out)
+        out.append(f"\n{indent}}}")
     else:
-        items = [f"{inner}{dumps(v, inner)}" for v in value]
-        open_, close = "[", "]"
-    if not items:
-        return open_ + close
-    return open_ + "\n" + ",\n".join(items) + "\n" + indent + close
+        out.append("[")
+        for n, v in enumerate(value):
+            out.append(f"{',' if n else ''}\n{inner}")
+            _dump(v, inner, out)
+        out.append(f"\n{indent}]")
 
 
 class JsonBackend(Backend):

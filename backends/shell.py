@@ -3,11 +3,19 @@ commands of each interface go to one ``tc -batch`` (or, with ``--per-command``, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from tcdsl import __version__, ir
-from tcdsl.backend import Backend, comment, shjoin, shquote, template_env
+from tcdsl.backend import (
+    TEXT_LINES,
+    Backend,
+    comment,
+    shjoin,
+    shquote,
+    template_env,
+    text_blocks,
+)
 from tcdsl.commands import (
     LOCK_DIR,
     LOCK_DIR_VARIABLE,
@@ -35,36 +43,46 @@ from tcdsl.diagnostics import Diagnostic
 
 
 @dataclass(frozen=True, slots=True)
-class Line:
-    """One command of the script, with the policy location it comes from."""
-
-    origin: str
-    words: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class HereDoc:
     """Lines fed to a command's stdin (``tc -batch -``, ``nft -f -``) by a here-document."""
 
     delimiter: str
-    lines: tuple[str, ...]
-    origins: tuple[tuple[int, str], ...] = ()
-    """The policy text of each command line, by its line number in the here-document."""
+    body: tuple[str, ...]
+    """The lines, each ending in a newline, as a few long strings (see :func:`_text`)."""
+    cases: tuple[str, ...] = ()
+    """The ``case`` arms that set the script's location variable from a failed line's number
+    (each ending in a newline), likewise."""
 
-    @property
-    def body(self) -> str:
-        """The lines, each ending in a newline (a loop in the template costs more than the
-        rest of a big policy's script)."""
-        return "".join(f"{line}\n" for line in self.lines)
 
-    @property
-    def cases(self) -> str:
-        """The ``case`` arms that set the script's location variable from a failed line's
-        number, each ending in a newline."""
-        return "".join(
-            f"    {number}) {SCRIPT_AT}={shquote(comment(origin))} ;;\n"
-            for number, origin in self.origins
-        )
+def _heredoc(body: tuple[str, ...], delimiter: str, cases: tuple[str, ...] = ()) -> HereDoc:
+    """A here-document of ``body``, its delimiter made longer until no line is it."""
+    while any(t.startswith(f"{delimiter}\n") or f"\n{delimiter}\n" in t for t in body):
+        delimiter += "_"
+    return HereDoc(delimiter, body, cases)
+
+
+def _batch(commands: Iterable[Command]) -> HereDoc:
+    """The tc commands for ``tc -batch -``, each after a comment naming the policy text it
+    comes from, and the ``case`` arms naming that text by the command's line number."""
+    body: list[str] = []
+    cases: list[str] = []
+    lines: list[str] = []
+    arms: list[str] = []
+    number = 0  # the here-document's last line
+    for c in commands:
+        if c.tool != "tc":
+            continue
+        origin = comment(c.origin)
+        lines += (f"# {origin}", batch_line(c))
+        number += 2
+        arms.append(f"    {number}) {SCRIPT_AT}={shquote(origin)} ;;")
+        if len(lines) >= TEXT_LINES:
+            body += text_blocks(lines)
+            cases += text_blocks(arms)
+            lines, arms = [], []
+    body += text_blocks(lines)
+    cases += text_blocks(arms)
+    return _heredoc(tuple(body), "TCDSL_BATCH", tuple(cases))
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +110,12 @@ class InterfaceView:
     the default chain an earlier version of the policy may have left)."""
     unnft: tuple[str, ...]
     """With ``--marks nft`` and no marking: the command removing an earlier version's table."""
-    setup: tuple[Line, ...]
-    """ip commands that create devices (a download's IFB), run first."""
-    lines: tuple[Line, ...]
-    """Commands run one by one: the iptables ones, or (``--per-command``) all of them."""
+    setup: tuple[str, ...]
+    """ip commands that create devices (a download's IFB), run first, as script text (see
+    :func:`located`)."""
+    run: tuple[str, ...]
+    """Commands run one by one: the iptables ones, or (``--per-command``) all of them, as
+    script text."""
     batch: HereDoc | None = None
     """The tc commands, for one ``tc -batch -`` (None with ``--per-command``)."""
     nft: HereDoc | None = None
@@ -104,56 +124,25 @@ class InterfaceView:
     nft_at: str = ""
     """What a failure of ``tc -batch`` (``nft -f``) is reported at, before the line is known."""
 
-    @property
-    def setup_text(self) -> str:
-        """The ``setup`` commands as script lines."""
-        return located(self.setup)
 
-    @property
-    def run_text(self) -> str:
-        """The ``lines`` commands as script lines."""
-        return located(self.lines)
-
-
-def located(lines: Sequence[Line]) -> str:
+def located(commands: Iterable[Command]) -> tuple[str, ...]:
     """Each command after the line that sets the script's location variable to where it
-    comes from, each line ending in a newline."""
-    return "".join(
-        f"{SCRIPT_AT}={shquote(comment(line.origin))}\n{shjoin(line.words)}\n" for line in lines
+    comes from, each line ending in a newline (as :func:`_text`)."""
+    return text_blocks(
+        f"{SCRIPT_AT}={shquote(comment(c.origin))}\n{shjoin((c.tool, *c.args))}" for c in commands
     )
 
 
-def _line(cmd: Command) -> Line:
-    return Line(cmd.origin, (cmd.tool, *cmd.args))
-
-
-def _heredoc(
-    lines: Sequence[str], delimiter: str, origins: Sequence[tuple[int, str]] = ()
-) -> HereDoc:
-    while delimiter in lines:
-        delimiter += "_"
-    return HereDoc(delimiter, tuple(lines), tuple(origins))
-
-
 def _view(iface: ir.Interface, batch: bool, nft: bool, owned: tuple[str, ...]) -> InterfaceView:
-    commands = list(interface_commands(iface))
+    commands: Sequence[Command] = interface_commands(iface)
     if nft:
         commands = [c for c in commands if c.tool not in MARK_TOOL.values()]
-    setup = [_line(c) for c in commands if c.tool == "ip"]
-    run = [_line(c) for c in commands if c.tool != "ip" and (not batch or c.tool != "tc")]
-    tc_batch: HereDoc | None = None
-    if batch:
-        lines: list[str] = []
-        origins: list[tuple[int, str]] = []
-        for c in commands:
-            if c.tool == "tc":
-                origin = c.origin
-                lines += [f"# {comment(origin)}", batch_line(c)]
-                origins.append((len(lines), origin))
-        tc_batch = _heredoc(lines, "TCDSL_BATCH", origins)
+    setup = located(c for c in commands if c.tool == "ip")
+    run = located(c for c in commands if c.tool != "ip" and (not batch or c.tool != "tc"))
+    tc_batch = _batch(commands) if batch else None
     table: HereDoc | None = None
     if nft and iface.marking is not None:
-        table = _heredoc(list(nft_table_lines(iface)), "TCDSL_NFT")
+        table = _heredoc(text_blocks(nft_table_lines(iface)), "TCDSL_NFT")
     chain: tuple[tuple[str, ...], ...] = ()
     if iface.marking is not None and not nft:
         chain = chain_teardown(iface)
@@ -180,8 +169,8 @@ def _view(iface: ir.Interface, batch: bool, nft: bool, owned: tuple[str, ...]) -
         tuple(c for c in tc_teardown if c[0] == "tc"),
         unmark,
         unnft,
-        tuple(setup),
-        tuple(run),
+        setup,
+        run,
         tc_batch,
         table,
         f"interface {iface.name}: tc -batch",

@@ -6,6 +6,7 @@ import functools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Literal
 
 from tcdsl import ir
@@ -79,6 +80,23 @@ def comment(text: object) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+TEXT_LINES = 4096
+"""Lines per string of a long text: a big policy's output has hundreds of thousands of lines,
+and a string for each would take more memory than the text itself (and a loop over them in a
+template more time than the rest of the output)."""
+
+
+def text_blocks(lines: Iterable[str]) -> tuple[str, ...]:
+    """``lines``, each ending in a newline, as a few long strings (:data:`TEXT_LINES` lines
+    each)."""
+    rest = iter(lines)
+    out: list[str] = []
+    while block := list(islice(rest, TEXT_LINES)):
+        block.append("")
+        out.append("\n".join(block))
+    return tuple(out)
 
 
 @functools.cache

@@ -67,6 +67,14 @@ def _opt(words: list[str], key: str, value: object) -> None:
             raise TypeError(f"cannot spell {value!r}")
 
 
+def _opts(words: list[str], node: object, keys: tuple[str, ...]) -> None:
+    """``_opt`` for each of ``node``'s attributes ``keys`` (most are None: skipped here)."""
+    for key in keys:
+        value = getattr(node, key)
+        if value is not None:
+            _opt(words, key, value)
+
+
 def qdisc_words(q: ir.Qdisc) -> list[str]:
     """The kind and options of a qdisc, as tc takes them after ``handle N:``."""
     words: list[str] = [q.kind]
@@ -90,16 +98,13 @@ def qdisc_words(q: ir.Qdisc) -> list[str]:
             _opt(words, "bandwidth", q.bandwidth)
             _opt(words, "avpkt", q.avpkt)
         case ir.Tbf():
-            for key in ("rate", "burst", "latency", "limit", "peakrate", "mtu"):
-                _opt(words, key, getattr(q, key))
+            _opts(words, q, ("rate", "burst", "latency", "limit", "peakrate", "mtu"))
         case ir.Netem():
             _netem_words(words, q)
         case ir.Sfq():
-            for key in ("limit", "perturb", "quantum", "depth", "divisor"):
-                _opt(words, key, getattr(q, key))
+            _opts(words, q, ("limit", "perturb", "quantum", "depth", "divisor"))
         case ir.FqCodel():
-            for key in ("limit", "flows", "target", "interval", "quantum", "memory_limit"):
-                _opt(words, key, getattr(q, key))
+            _opts(words, q, ("limit", "flows", "target", "interval", "quantum", "memory_limit"))
             if q.ecn is not None:
                 words.append("ecn" if q.ecn else "noecn")
         case ir.Pfifo() | ir.Bfifo():
@@ -109,32 +114,25 @@ def qdisc_words(q: ir.Qdisc) -> list[str]:
         case ir.Cake():
             words += cake_words(q)
         case ir.Codel():
-            for key in ("limit", "target", "interval", "ce_threshold"):
-                _opt(words, key, getattr(q, key))
+            _opts(words, q, ("limit", "target", "interval", "ce_threshold"))
             _either(words, q.ecn, "ecn", "noecn")
         case ir.Fq():
-            for key in ("limit", "flow_limit", "quantum", "initial_quantum", "maxrate"):
-                _opt(words, key, getattr(q, key))
-            for key in ("buckets", "refill_delay", "low_rate_threshold", "orphan_mask"):
-                _opt(words, key, getattr(q, key))
-            for key in ("ce_threshold", "horizon"):
-                _opt(words, key, getattr(q, key))
+            _opts(words, q, ("limit", "flow_limit", "quantum", "initial_quantum", "maxrate"))
+            _opts(words, q, ("buckets", "refill_delay", "low_rate_threshold", "orphan_mask"))
+            _opts(words, q, ("ce_threshold", "horizon"))
             _either(words, q.pacing, "pacing", "nopacing")
             _either(words, q.horizon_drop, "horizon_drop", "horizon_cap")
         case ir.FqPie():
-            for key in ("limit", "flows", "target", "tupdate", "alpha", "beta", "quantum"):
-                _opt(words, key, getattr(q, key))
+            _opts(words, q, ("limit", "flows", "target", "tupdate", "alpha", "beta", "quantum"))
             _opt(words, "memory_limit", q.memory_limit)
             _opt(words, "ecn_prob", q.ecn_prob)
             _either(words, q.ecn, "ecn", "noecn")
             _either(words, q.bytemode, "bytemode", "nobytemode")
         case ir.Red():
-            for key in ("limit", "min", "max", "avpkt", "burst", "bandwidth"):
-                _opt(words, key, getattr(q, key))
+            _opts(words, q, ("limit", "min", "max", "avpkt", "burst", "bandwidth"))
             if q.probability is not None:
                 words += ["probability", f"{float(q.probability.value / 100):.12g}"]
-            for key in ("ecn", "harddrop", "adaptive"):
-                _opt(words, key, getattr(q, key))
+            _opts(words, q, ("ecn", "harddrop", "adaptive"))
     return words
 
 
@@ -262,8 +260,7 @@ def class_words(kind: str, cls: ir.Class) -> list[str]:
             "bounded",
             "isolated",
         )
-    for key in keys:
-        _opt(words, key, getattr(cls, key))
+    _opts(words, cls, keys)
     if cls.chosen_quantum is not None:
         words += ["quantum", str(cls.chosen_quantum)]
     return words
@@ -312,10 +309,9 @@ def _interface_commands(iface: ir.Interface) -> Iterator[Command]:
             f"interface {iface.name}: {_label(root)}",
         )
     yield from shared_police_actions(iface)
-    by_parent: dict[ir.Handle, list[ir.Filter]] = {}
-    for f in iface.filters:
-        by_parent.setdefault(f.parent, []).append(f)
-    yield from _below(iface, root, by_parent, U32Tables(iface))
+    tree: list[Command] = []
+    _Tree(iface, tree).below(root)
+    yield from tree
     if iface.marking is not None:
         yield from marking_commands(iface)
     if download is not None:
@@ -453,121 +449,240 @@ def shared_police_actions(iface: ir.Interface) -> Iterator[Command]:
         yield Command("tc", words, police.span, what)
 
 
-def _below(
-    iface: ir.Interface,
-    q: ir.Qdisc,
-    filters: dict[ir.Handle, list[ir.Filter]],
-    tables: U32Tables,
-) -> Iterator[Command]:
-    """What is below qdisc ``q`` (which exists), in the order that never leaves a packet
-    unshaped or in a wrong class while it runs (docs/backends.md, "The order of the commands").
+class _Words:
+    """What the commands of one interface share, spelled once: the device, each handle, each
+    filter's head (``filter add dev D parent P protocol ip prio N``), each u32 bucket.
 
-    First the path to the default class (its ancestors, itself, what is below it): until it
-    exists htb sends every unfiltered packet direct, unshaped (htb_classify: HTB_DIRECT when
-    the default class is missing), and hfsc drops it. Then ``q``'s filters in their final
-    order, each once the class it sends to is complete (a filter to a missing class falls
-    through to the default class). Then the classes no filter names. A class is complete when
-    its ancestors, itself and its leaf qdisc, with everything below that, exist.
+    A big tree has a class, a qdisc and a filter or two per subscriber, all naming the same
+    parents, prefs and buckets: spelling those once makes the commands cheaper to build and
+    lets them share the strings (keys are values, so two equal handles share one spelling).
     """
-    assert q.handle is not None
-    match q:
-        case ir.Htb() | ir.Cbq() | ir.Hfsc() | ir.Prio():
-            classes = list(ir.classes_of(q))
-            parents = ir.parent_map(q)
-            by_id = {cls.classid: cls for cls in classes if cls.classid is not None}
-            built: set[int] = set()
 
-            def build(cls: ir.Class) -> Iterator[Command]:
-                path: list[ir.Class] = []
-                at: ir.Class | None = cls
-                while at is not None and id(at) not in built:
-                    path.append(at)
-                    at = parents[id(at)]
-                for c in reversed(path):
-                    built.add(id(c))
-                    yield from _class(iface, q, c, parents[id(c)], filters, tables)
+    def __init__(self, iface: ir.Interface) -> None:
+        self.dev = iface.name
+        self._handles: dict[tuple[int, int], str] = {}
+        self._heads: dict[tuple[int, int, ir.Family, int], tuple[tuple[str, ...], bool]] = {}
+        self._buckets: dict[tuple[int, int], tuple[str, str]] = {}
+        self._targets: dict[str, str] = {}
 
-            if isinstance(q, ir.Htb | ir.Hfsc):
-                minor = default_minor(q)
-                if minor is not None:
-                    yield from build(by_id[ir.Handle(q.handle.major, minor)])
-            for f in filters.get(q.handle, ()):
-                target = by_id.get(f.flowid)
-                if target is not None:
-                    yield from build(target)
-                yield from tables.around(f)
-            for cls in classes:
-                yield from build(cls)
-            return
-        case ir.Tbf() | ir.Netem():
-            if q.child is not None:
-                child = ir.Handle(q.handle.major, 1)
-                yield from _qdisc_below(iface, child, q.child, filters, tables)
-        case ir.Mq():
-            for queue in q.queues:
-                parent = ir.Handle(q.handle.major, queue.number)
-                yield from _qdisc_below(iface, parent, queue.qdisc, filters, tables)
-            steering = filters.get(ir.CLSACT_EGRESS, ())
-            yield from steering_commands(iface, q, steering, tables)
-            return
-        case _:
-            pass
-    for f in filters.get(q.handle, ()):
-        yield from tables.around(f)
+    def handle(self, h: ir.Handle) -> str:
+        """``str(h)``."""
+        key = (h.major, h.minor)
+        text = self._handles.get(key)
+        if text is None:
+            text = self._handles[key] = str(h)
+        return text
+
+    def head(self, f: ir.Filter | ir.U32Table) -> tuple[tuple[str, ...], bool]:
+        """The words of a filter (or u32 table) up to its classifier, and whether it is an mq
+        tree's steering filter (on the clsact qdisc's egress hook)."""
+        parent = f.parent
+        key = (parent.major, parent.minor, f.family, f.pref)
+        found = self._heads.get(key)
+        if found is None:
+            steer = parent == ir.CLSACT_EGRESS
+            where = ("egress",) if steer else ("parent", self.handle(parent))
+            words = ("filter", "add", "dev", self.dev, *where)
+            words += ("protocol", FILTER_PROTOCOL[f.family], "prio", str(f.pref))
+            found = self._heads[key] = (words, steer)
+        return found
+
+    def place(self, place: ir.U32Place | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """:func:`u32_place_words`, with each bucket's ``ht`` spelled once."""
+        if place is None or place.table is None:
+            return u32_place_words(place)
+        key = (place.table, place.bucket)
+        ht = self._buckets.get(key)
+        if ht is None:
+            ht = self._buckets[key] = ("ht", f"{place.table:x}:{place.bucket:x}:")
+        return ("handle", place.handle), ht
+
+    def filter(self, f: ir.Filter) -> Command:
+        """:func:`filter_command`."""
+        head, steer = self.head(f)
+        if steer and not isinstance(f, ir.FwFilter):
+            if isinstance(f, ir.FlowerFilter):
+                body = ["flower", *flower_words(f)]
+            else:
+                before, after = self.place(f.place)
+                matches = (w for key in f.keys for w in ("match", *key.words))
+                body = [*before, "u32", *after, *matches]
+            queue = queue_mapping(f.flowid)
+            action = ("action", "skbedit", "queue_mapping", str(queue))
+            return Command("tc", (*head, *body, *action), f.span, f"TX queue {queue} ({f.flowid})")
+        flowid = self.handle(f.flowid)
+        match f:
+            case ir.U32Filter():
+                keys = [w for key in f.keys for w in ("match", *key.words)]
+                police = filter_police_words(f)
+                before, after = self.place(f.place)
+                return Command(
+                    "tc",
+                    (*head, *before, "u32", *after, *keys, *police, "flowid", flowid),
+                    f.span,
+                    self._target(flowid),
+                )
+            case ir.FlowerFilter():
+                police = filter_police_words(f)
+                return Command(
+                    "tc",
+                    (*head, "flower", *flower_words(f), *police, "classid", flowid),
+                    f.span,
+                    self._target(flowid),
+                )
+            case ir.FwFilter():
+                handle = str(f.mark) if f.mask is None else f"{f.mark:#x}/{f.mask:#x}"
+                return Command(
+                    "tc",
+                    (*head, "handle", handle, "fw", "flowid", flowid),
+                    f.span,
+                    f"mark {f.mark if f.mask is None else hex(f.mark)} to {flowid}",
+                )
+            case _:
+                assert_never(f)
+
+    def _target(self, flowid: str) -> str:
+        what = self._targets.get(flowid)
+        if what is None:
+            what = self._targets[flowid] = f"filter to {flowid}"
+        return what
 
 
-def _class(
-    iface: ir.Interface,
-    q: ir.Htb | ir.Cbq | ir.Hfsc | ir.Prio,
-    cls: ir.Class,
-    parent: ir.Class | None,
-    filters: dict[ir.Handle, list[ir.Filter]],
-    tables: U32Tables,
-) -> Iterator[Command]:
-    """A class of ``q`` (a prio band exists with its qdisc), then its leaf qdisc and what is
-    below that."""
-    assert cls.classid is not None and q.handle is not None
-    if not isinstance(q, ir.Prio):
-        parent_id = parent.classid if parent is not None else q.handle
-        assert parent_id is not None
-        what = f"class {cls.name}" if not cls.implicit else "link class"
-        words = ("parent", str(parent_id), "classid", str(cls.classid))
-        yield Command(
-            "tc",
-            ("class", "add", "dev", iface.name, *words, *class_words(q.kind, cls)),
-            cls.span,
-            what,
+class _Tree:
+    """Appends the commands below an interface's root qdisc to ``out``, in the order that
+    never leaves a packet unshaped or in a wrong class while they run (see :meth:`below`)."""
+
+    def __init__(self, iface: ir.Interface, out: list[Command]) -> None:
+        self.iface = iface
+        self.out = out
+        self.words = _Words(iface)
+        self.tables = U32Tables(iface, self.words)
+        self.filters: dict[tuple[int, int], list[ir.Filter]] = {}
+        for f in iface.filters:
+            self.filters.setdefault((f.parent.major, f.parent.minor), []).append(f)
+
+    def below(self, q: ir.Qdisc) -> None:
+        """What is below qdisc ``q`` (which exists), in the order that never leaves a packet
+        unshaped or in a wrong class while it runs (docs/backends.md, "The order of the
+        commands").
+
+        First the path to the default class (its ancestors, itself, what is below it): until
+        it exists htb sends every unfiltered packet direct, unshaped (htb_classify: HTB_DIRECT
+        when the default class is missing), and hfsc drops it. Then ``q``'s filters in their
+        final order, each once the class it sends to is complete (a filter to a missing class
+        falls through to the default class). Then the classes no filter names. A class is
+        complete when its ancestors, itself and its leaf qdisc, with everything below that,
+        exist.
+        """
+        handle = q.handle
+        assert handle is not None
+        match q:
+            case ir.Htb() | ir.Cbq() | ir.Hfsc() | ir.Prio():
+                self._classes(q)
+                return
+            case ir.Tbf() | ir.Netem():
+                if q.child is not None:
+                    self._qdisc(ir.Handle(handle.major, 1), q.child)
+            case ir.Mq():
+                for queue in q.queues:
+                    self._qdisc(ir.Handle(handle.major, queue.number), queue.qdisc)
+                self._steering(q)
+                return
+            case _:
+                pass
+        for f in self.filters.get((handle.major, handle.minor), ()):
+            self.tables.add(f, self.out)
+
+    def _classes(self, q: ir.Htb | ir.Cbq | ir.Hfsc | ir.Prio) -> None:
+        assert q.handle is not None
+        classes = list(ir.classes_of(q))
+        parents = ir.parent_map(q)
+        by_id = {(c.classid.major, c.classid.minor): c for c in classes if c.classid is not None}
+        built: set[int] = set()
+
+        def build(cls: ir.Class) -> None:
+            path: list[ir.Class] = []
+            at: ir.Class | None = cls
+            while at is not None and id(at) not in built:
+                path.append(at)
+                at = parents[id(at)]
+            for c in reversed(path):
+                built.add(id(c))
+                self._class(q, c, parents[id(c)])
+
+        if isinstance(q, ir.Htb | ir.Hfsc):
+            minor = default_minor(q)
+            if minor is not None:
+                build(by_id[(q.handle.major, minor)])
+        for f in self.filters.get((q.handle.major, q.handle.minor), ()):
+            target = by_id.get((f.flowid.major, f.flowid.minor))
+            if target is not None:
+                build(target)
+            self.tables.add(f, self.out)
+        for cls in classes:
+            build(cls)
+
+    def _class(
+        self, q: ir.Htb | ir.Cbq | ir.Hfsc | ir.Prio, cls: ir.Class, parent: ir.Class | None
+    ) -> None:
+        """A class of ``q`` (a prio band exists with its qdisc), then its leaf qdisc and what
+        is below that."""
+        assert cls.classid is not None and q.handle is not None
+        if not isinstance(q, ir.Prio):
+            parent_id = parent.classid if parent is not None else q.handle
+            assert parent_id is not None
+            what = f"class {cls.name}" if not cls.implicit else "link class"
+            words = self.words
+            ids = ("parent", words.handle(parent_id), "classid", words.handle(cls.classid))
+            self.out.append(
+                Command(
+                    "tc",
+                    ("class", "add", "dev", words.dev, *ids, *class_words(q.kind, cls)),
+                    cls.span,
+                    what,
+                )
+            )
+        if cls.leaf is not None:
+            self._qdisc(cls.classid, cls.leaf)
+
+    def _qdisc(self, parent_id: ir.Handle, child: ir.Qdisc) -> None:
+        """A qdisc held by a class (or by a tbf or netem), then what is below it."""
+        assert child.handle is not None
+        parent = self.words.handle(parent_id)
+        self.out.append(
+            Command(
+                "tc",
+                (
+                    "qdisc",
+                    "add",
+                    "dev",
+                    self.words.dev,
+                    "parent",
+                    parent,
+                    "handle",
+                    child.handle.qdisc,
+                    *qdisc_words(child),
+                ),
+                child.span,
+                f"{_label(child)} of {parent}",
+            )
         )
-    if cls.leaf is not None:
-        yield from _qdisc_below(iface, cls.classid, cls.leaf, filters, tables)
+        self.below(child)
+
+    def _steering(self, q: ir.Mq) -> None:
+        """An mq tree's clsact qdisc and its egress filters, which pick each packet's TX
+        queue; made once every queue's tree exists, so no packet goes to a queue still
+        unshaped."""
+        name = self.iface.name
+        what = f"interface {name}: the clsact qdisc whose filters pick the TX queue"
+        self.out.append(Command("tc", ("qdisc", "add", "dev", name, "clsact"), q.span, what))
+        egress = ir.CLSACT_EGRESS
+        for f in self.filters.get((egress.major, egress.minor), ()):
+            self.tables.add(f, self.out)
 
 
-def _qdisc_below(
-    iface: ir.Interface,
-    parent_id: ir.Handle,
-    child: ir.Qdisc,
-    filters: dict[ir.Handle, list[ir.Filter]],
-    tables: U32Tables,
-) -> Iterator[Command]:
-    """A qdisc held by a class (or by a tbf or netem), then what is below it."""
-    assert child.handle is not None
-    yield Command(
-        "tc",
-        (
-            "qdisc",
-            "add",
-            "dev",
-            iface.name,
-            "parent",
-            str(parent_id),
-            "handle",
-            child.handle.qdisc,
-            *qdisc_words(child),
-        ),
-        child.span,
-        f"{_label(child)} of {parent_id}",
-    )
-    yield from _below(iface, child, filters, tables)
+_TableKey = tuple[int, int, int]
+"""A u32 table: its parent's major and minor, and its id."""
 
 
 class U32Tables:
@@ -575,73 +690,69 @@ class U32Tables:
     order of the filters: each table just before its first filter, and the node linking to
     it just after its last (so no packet enters a half-filled table)."""
 
-    def __init__(self, iface: ir.Interface) -> None:
-        self.iface = iface
-        self.tables = {(t.parent, t.table): t for t in iface.u32_tables}
-        self.made: set[tuple[ir.Handle, int]] = set()
-        self.last: dict[tuple[ir.Handle, int], int] = {}
-        if self.tables:
-            for i, f in enumerate(iface.filters):
-                for key in self._enclosing(f):
-                    self.last[key] = i
-        self.index = {id(f): i for i, f in enumerate(iface.filters)} if self.tables else {}
-
-    def _enclosing(self, f: ir.Filter) -> list[tuple[ir.Handle, int]]:
-        """The tables holding ``f``, innermost first."""
-        out: list[tuple[ir.Handle, int]] = []
-        table = f.place.table if isinstance(f, ir.U32Filter) and f.place is not None else None
-        while table is not None:
-            out.append((f.parent, table))
-            table = self.tables[(f.parent, table)].link.table
-        return out
-
-    def around(self, f: ir.Filter) -> Iterator[Command]:
-        """The commands for ``f``: the tables it is in not made yet, ``f``, then the links of
-        the tables it is the last filter of."""
+    def __init__(self, iface: ir.Interface, words: _Words) -> None:
+        self.words = words
+        self.tables = {(t.parent.major, t.parent.minor, t.table): t for t in iface.u32_tables}
+        self.made: set[_TableKey] = set()
+        self.last: dict[_TableKey, int] = {}
+        self.enclosing: dict[int, tuple[int, tuple[_TableKey, ...]]] = {}
+        """By ``id(filter)``: its index in the interface's filters, and the tables holding it,
+        innermost first."""
         if not self.tables:
-            yield filter_command(self.iface, f)
             return
-        enclosing = self._enclosing(f)
+        chains: dict[_TableKey, tuple[_TableKey, ...]] = {}
+        for i, f in enumerate(iface.filters):
+            enclosing: tuple[_TableKey, ...] = ()
+            if isinstance(f, ir.U32Filter) and f.place is not None and f.place.table is not None:
+                key = (f.parent.major, f.parent.minor, f.place.table)
+                found = chains.get(key)
+                if found is None:
+                    found = chains[key] = self._chain(key)
+                enclosing = found
+                for k in enclosing:
+                    self.last[k] = i
+            self.enclosing[id(f)] = (i, enclosing)
+
+    def _chain(self, key: _TableKey) -> tuple[_TableKey, ...]:
+        """Table ``key`` and the tables holding it, innermost first."""
+        major, minor, table = key
+        out: list[_TableKey] = []
+        at: int | None = table
+        while at is not None:
+            out.append((major, minor, at))
+            at = self.tables[(major, minor, at)].link.table
+        return tuple(out)
+
+    def add(self, f: ir.Filter, out: list[Command]) -> None:
+        """Append the commands for ``f``: the tables it is in not made yet, ``f``, then the
+        links of the tables it is the last filter of."""
+        if not self.tables:
+            out.append(self.words.filter(f))
+            return
+        i, enclosing = self.enclosing[id(f)]
         for key in reversed(enclosing):
             if key not in self.made:
                 self.made.add(key)
-                yield table_command(self.iface, self.tables[key])
-        yield filter_command(self.iface, f)
-        i = self.index[id(f)]
+                out.append(self._table_command(self.tables[key]))
+        out.append(self.words.filter(f))
         for key in enclosing:
             if self.last[key] == i:
-                yield link_command(self.iface, self.tables[key])
+                out.append(self._link_command(self.tables[key]))
 
+    def _table_command(self, t: ir.U32Table) -> Command:
+        """The command that makes table ``t`` (empty)."""
+        head, _ = self.words.head(t)
+        return Command("tc", (*head, *table_words(t)), t.span, table_text(t))
 
-def steering_commands(
-    iface: ir.Interface, q: ir.Mq, steering: Iterable[ir.Filter], tables: U32Tables
-) -> Iterator[Command]:
-    """An mq tree's clsact qdisc and its egress filters, which pick each packet's TX queue;
-    made once every queue's tree exists, so no packet goes to a queue still unshaped."""
-    what = f"interface {iface.name}: the clsact qdisc whose filters pick the TX queue"
-    yield Command("tc", ("qdisc", "add", "dev", iface.name, "clsact"), q.span, what)
-    for f in steering:
-        yield from tables.around(f)
+    def _link_command(self, t: ir.U32Table) -> Command:
+        """The command that links table ``t`` (full) into its place."""
+        head, _ = self.words.head(t)
+        return Command("tc", (*head, *link_words(t)), t.span, f"link to {table_text(t)}")
 
 
 def queue_mapping(flowid: ir.Handle) -> int:
     """The TX queue (from 0) of an mq class ``M:N``: N - 1."""
     return flowid.minor - 1
-
-
-def _filter_head(iface: ir.Interface, f: ir.Filter | ir.U32Table) -> tuple[str, ...]:
-    steer = f.parent == ir.CLSACT_EGRESS
-    return (
-        "filter",
-        "add",
-        "dev",
-        iface.name,
-        *(("egress",) if steer else ("parent", str(f.parent))),
-        "protocol",
-        FILTER_PROTOCOL[f.family],
-        "prio",
-        str(f.pref),
-    )
 
 
 def u32_place_words(place: ir.U32Place | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -681,59 +792,9 @@ def table_text(t: ir.U32Table) -> str:
     )
 
 
-def table_command(iface: ir.Interface, t: ir.U32Table) -> Command:
-    """The command that makes table ``t`` (empty)."""
-    return Command("tc", (*_filter_head(iface, t), *table_words(t)), t.span, table_text(t))
-
-
-def link_command(iface: ir.Interface, t: ir.U32Table) -> Command:
-    """The command that links table ``t`` (full) into its place."""
-    what = f"link to {table_text(t)}"
-    return Command("tc", (*_filter_head(iface, t), *link_words(t)), t.span, what)
-
-
 def filter_command(iface: ir.Interface, f: ir.Filter) -> Command:
     """The command that adds filter ``f``."""
-    head = _filter_head(iface, f)
-    if f.parent == ir.CLSACT_EGRESS and not isinstance(f, ir.FwFilter):
-        if isinstance(f, ir.FlowerFilter):
-            body = ["flower", *flower_words(f)]
-        else:
-            before, after = u32_place_words(f.place)
-            matches = (w for key in f.keys for w in ("match", *key.words))
-            body = [*before, "u32", *after, *matches]
-        queue = queue_mapping(f.flowid)
-        action = ("action", "skbedit", "queue_mapping", str(queue))
-        return Command("tc", (*head, *body, *action), f.span, f"TX queue {queue} ({f.flowid})")
-    match f:
-        case ir.FlowerFilter():
-            police = filter_police_words(f)
-            return Command(
-                "tc",
-                (*head, "flower", *flower_words(f), *police, "classid", str(f.flowid)),
-                f.span,
-                f"filter to {f.flowid}",
-            )
-        case ir.U32Filter():
-            keys = [w for key in f.keys for w in ("match", *key.words)]
-            police = filter_police_words(f)
-            before, after = u32_place_words(f.place)
-            return Command(
-                "tc",
-                (*head, *before, "u32", *after, *keys, *police, "flowid", str(f.flowid)),
-                f.span,
-                f"filter to {f.flowid}",
-            )
-        case ir.FwFilter():
-            handle = str(f.mark) if f.mask is None else f"{f.mark:#x}/{f.mask:#x}"
-            return Command(
-                "tc",
-                (*head, "handle", handle, "fw", "flowid", str(f.flowid)),
-                f.span,
-                f"mark {f.mark if f.mask is None else hex(f.mark)} to {f.flowid}",
-            )
-        case _:
-            assert_never(f)
+    return _Words(iface).filter(f)
 
 
 _HOOK_CHAIN = {"prerouting": "PREROUTING", "output": "OUTPUT", "postrouting": "POSTROUTING"}
@@ -943,7 +1004,8 @@ BATCH_MAX_WORDS = 99
 """tc splits a batch line into at most 100 words (with the program name) and exits on more."""
 
 _BATCH_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
-_BATCH_SAFE_LINE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+(?: [A-Za-z0-9_@%+=:,./-]+)*")
+_BATCH_SAFE_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-"
+"""The characters of :data:`_BATCH_SAFE`."""
 
 
 def batch_unquotable(word: str) -> str | None:
@@ -972,12 +1034,20 @@ def batch_quote(word: str) -> str:
 def batch_line(cmd: Command) -> str:
     """A tc command as one ``tc -batch`` line: no ``tc``, words quoted for tc's parser."""
     assert cmd.tool == "tc"
-    line = " ".join(cmd.args)
-    # Nearly every line needs no quotes: one match of the whole line (as many spaces as word
-    # breaks, so no word holds a space) instead of one per word.
-    if line.count(" ") == len(cmd.args) - 1 and _BATCH_SAFE_LINE.fullmatch(line):
+    args = cmd.args
+    line = " ".join(args)
+    # Nearly every line needs no quotes: one check of the whole line instead of one per word.
+    # No word is empty, none holds a space (as many spaces as word breaks), and deleting the
+    # safe characters and the spaces from the line's bytes leaves nothing (a regex over the
+    # line takes several times longer).
+    if (
+        all(args)
+        and line.count(" ") == len(args) - 1
+        and line.isascii()
+        and not line.encode().translate(None, _BATCH_SAFE_BYTES + b" ")
+    ):
         return line
-    return " ".join(batch_quote(w) for w in cmd.args)
+    return " ".join(batch_quote(w) for w in args)
 
 
 def batch_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
