@@ -82,6 +82,7 @@ as LibreQoS reads them."""
 
 REQUIRED = ("circuit_id", "download_min", "upload_min", "download_max", "upload_max")
 RATES = ("download_min", "download_max", "upload_min", "upload_max")
+_MIN_MAX = (("download", "download_min", "download_max"), ("upload", "upload_min", "upload_max"))
 MBPS = 1_000_000
 MAX_MBPS = 34_359_738
 """tc keeps rates as 32-bit bytes/s unless told otherwise: 34.36 gbit (34,359,738 Mbps is far
@@ -461,15 +462,15 @@ def _row(
             ok = False
         else:
             rates[name] = value
-    for direction in ("download", "upload"):
-        low, high = rates.get(f"{direction}_min"), rates.get(f"{direction}_max")
+    for direction, min_name, max_name in _MIN_MAX:
+        low, high = rates.get(min_name), rates.get(max_name)
         if low is not None and high is not None and low > high:
             reading.error(
                 "E031",
                 f"{direction} min {low} Mbps is above its max {high} Mbps; a class's rate "
                 "cannot be above its ceil",
-                span(columns[f"{direction}_max"]),
-                Note("the min is here", span(columns[f"{direction}_min"])),
+                span(columns[max_name]),
+                Note("the min is here", span(columns[min_name])),
                 *_width(width, place, n_cells, table),
             )
             width = ()
