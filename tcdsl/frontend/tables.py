@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Literal
 
 from tcdsl import ir
@@ -81,6 +82,7 @@ as LibreQoS reads them."""
 
 REQUIRED = ("circuit_id", "download_min", "upload_min", "download_max", "upload_max")
 RATES = ("download_min", "download_max", "upload_min", "upload_max")
+_MIN_MAX = (("download", "download_min", "download_max"), ("upload", "upload_min", "upload_max"))
 MBPS = 1_000_000
 MAX_MBPS = 34_359_738
 """tc keeps rates as 32-bit bytes/s unless told otherwise: 34.36 gbit (34,359,738 Mbps is far
@@ -117,10 +119,6 @@ class Circuit:
     first: _Place
     """Where its first row's cells are, for the spans of its rates."""
 
-    def rate(self, name: str, columns: dict[str, int]) -> tuple[Decimal | int, Span]:
-        """The rate of column ``name`` and the span of its cell."""
-        return self.rates[name], self.first.span(columns[name])
-
 
 @dataclass(frozen=True, slots=True)
 class _Place:
@@ -136,6 +134,10 @@ class _Place:
     def span(self, index: int, offset: int = 0, length: int | None = None) -> Span:
         """The span of cell ``index`` (from ``offset``, ``length`` characters), or of the row's
         end for a cell the row lacks."""
+        if self.first == self.last and index < len(self.starts):  # most spans: one line
+            col = self.starts[index] + offset
+            n = len(self.cells[index]) if length is None else length
+            return Span(self.path, self.first, col, self.first, col + (n or 1))
         if index >= len(self.starts):
             return Span(self.path, self.last, self.width, self.last, self.width + 1)
         dl, col = divmod(self.starts[index], LINE_STEP)
@@ -365,12 +367,8 @@ LINE_STEP = 1_000_000
 def _cell_starts(raw: str, cells: list[str]) -> tuple[int, ...]:
     """Where each of ``cells`` starts in ``raw`` (its record's lines), as ``LINE_STEP`` says:
     a quoted cell takes its quotes and doubled quotes more than its text."""
-    if '"' not in raw:  # most rows: the cells and the commas between them
-        starts, at = [], 1
-        for cell in cells:
-            starts.append(at)
-            at += len(cell) + 1
-        return tuple(starts)
+    if '"' not in raw and cells:  # most rows: the cells and the commas between them
+        return tuple(accumulate([len(cell) + 1 for cell in cells[:-1]], initial=1))
     if "\n" not in raw:
         starts, at = [], 0
         for cell in cells:
@@ -464,15 +462,15 @@ def _row(
             ok = False
         else:
             rates[name] = value
-    for direction in ("download", "upload"):
-        low, high = rates.get(f"{direction}_min"), rates.get(f"{direction}_max")
+    for direction, min_name, max_name in _MIN_MAX:
+        low, high = rates.get(min_name), rates.get(max_name)
         if low is not None and high is not None and low > high:
             reading.error(
                 "E031",
                 f"{direction} min {low} Mbps is above its max {high} Mbps; a class's rate "
                 "cannot be above its ceil",
-                span(columns[f"{direction}_max"]),
-                Note("the min is here", span(columns[f"{direction}_min"])),
+                span(columns[max_name]),
+                Note("the min is here", span(columns[min_name])),
                 *_width(width, place, n_cells, table),
             )
             width = ()
@@ -864,40 +862,50 @@ def expand(
             circuits.append(row.circuit)
         rows.append(row)
     leaf = pending.leaf
+    rate = _rate(pending.rate, direction, columns)
+    ceil = _rate(pending.ceil, direction, columns)
+    pref = syn.pref
+    fields = pending.fields
     classes = []
     for circuit in circuits:
         class_name = name(circuit)
         if class_name is None:
             continue
         matches = tuple(
-            ir.Match((ir.AddrCond(field_, row.networks, row.span),), row.span, syn.pref)
+            ir.Match((ir.AddrCond(field_, row.networks, row.span),), row.span, pref)
             for row in by_circuit[id(circuit)]
             if row.networks
         )
-        made = (
-            ir.Class(
-                class_name,
-                circuit.span,
-                rate=_rate(pending.rate, circuit, direction, columns),
-                ceil=_rate(pending.ceil, circuit, direction, columns),
-                matches=matches,
-                leaf=ir.replace(leaf) if leaf is not None else None,
-                **pending.fields,
-            ),
+        made = ir.Class(
+            class_name,
+            circuit.span,
+            rate=rate(circuit),
+            ceil=ceil(circuit),
+            matches=matches,
+            leaf=ir.replace(leaf) if leaf is not None else None,
+            **fields,
         )
-        classes.append((circuit, made[0]))
+        classes.append((circuit, made))
     return classes
 
 
 def _rate(
-    spec: RateSpec, circuit: Circuit, direction: Direction, columns: dict[str, int]
-) -> ir.Rate | ir.Percent:
+    spec: RateSpec, direction: Direction, columns: dict[str, int]
+) -> Callable[[Circuit], ir.Rate | ir.Percent]:
+    """What a circuit's rate (or ceil) is in the classes of ``direction``."""
     if isinstance(spec, ir.Rate | ir.Percent):
-        return spec
+        return lambda circuit: spec
     column, factor = spec
-    value, at = circuit.rate(f"{direction}_{column}", columns)
-    bits = int(value * MBPS) if factor == 1 else int(Fraction(value) * MBPS * factor)
-    return ir.Rate(bits, at)
+    name = f"{direction}_{column}"
+    index = columns[name]
+
+    def rate(circuit: Circuit) -> ir.Rate:
+        value = circuit.rates[name]
+        bits = int(value * MBPS) if one else int(Fraction(value) * MBPS * factor)
+        return ir.Rate(bits, circuit.first.span(index))
+
+    one = factor == 1
+    return rate
 
 
 def expand_tree(

@@ -13,7 +13,7 @@ import click
 from tcdsl import ir
 from tcdsl.cliutil import EXIT_POLICY, FORMAT, access_options, policy_or_exit, summary, writing
 from tcdsl.diagnostics import Diagnostic, Span, render, render_json
-from tcdsl.driver import Result, analyse
+from tcdsl.driver import Result, analyse, collector_paused
 from tcdsl.frontend.source import Access
 from tcdsl.ops.apply import ApplyFailed
 from tcdsl.ops.lifecycle import (
@@ -105,7 +105,8 @@ def _prepared(policy: str, name: str | None) -> Prepared:
         _fail(NO_STATE, str(e))
     result = _compiled(policy, store)
     try:
-        return prepare(store, result.policy, result, reading)
+        with collector_paused():  # (the kernel objects of both policies, the plan)
+            return prepare(store, result.policy, result, reading)
     except OpsError as e:
         _fail(NO_STATE, str(e))
 
@@ -165,7 +166,8 @@ def apply_command(policy: str, name: str | None, yes: bool, within: str | None) 
             click.echo("tcdsl: nothing was changed", err=True)
             sys.exit(EXIT_FAILED)
     try:
-        applied = apply(prepared, policy, result.sources, seconds)
+        with collector_paused():
+            applied = apply(prepared, policy, result.sources, seconds)
     except ApplyFailed as e:
         _failed(e, result.sources)
     except Unsupported as e:
