@@ -120,6 +120,44 @@ def test_same_tokens_on_random_text(pieces: list[str]) -> None:
     assert tree(FULL, text) == tree(LARK, text)
 
 
+# Every state of this parser's lexer makes its combined regex (blanks and token in one match)
+# on its first token, as a big policy's busy states do after fastlark.COMBINE_AFTER tokens:
+# the policies here are too small to reach that path otherwise.
+COMBINED = Lark(grammar_text(), parser="lalr", lexer="contextual", _plugins=PLUGINS)
+
+
+@pytest.mark.parametrize("path", TEXTS, ids=[p.name for p in TEXTS])
+def test_same_tokens_through_the_combined_regexes(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fastlark, "COMBINE_AFTER", 1)
+    text = path.read_text(encoding="utf-8")
+    assert tokens(COMBINED, text) == tokens(LARK, text)
+    assert tree(COMBINED, text) == tree(LARK, text)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=40))
+def test_same_tokens_on_random_text_through_the_combined_regexes(pieces: list[str]) -> None:
+    saved = fastlark.COMBINE_AFTER
+    fastlark.COMBINE_AFTER = 1  # (hypothesis runs the examples in one call of the test)
+    try:
+        text = "".join(pieces)
+        assert tokens(COMBINED, text) == tokens(LARK, text)
+        assert tree(COMBINED, text) == tree(LARK, text)
+    finally:
+        fastlark.COMBINE_AFTER = saved
+
+
+def test_the_combined_regexes_are_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two tests above do go through the combined regexes."""
+    monkeypatch.setattr(fastlark, "COMBINE_AFTER", 1)
+    tree(COMBINED, TEXTS[0].read_text(encoding="utf-8"))
+    lexer = COMBINED.parser.lexer
+    assert isinstance(lexer, FastContextualLexer)
+    assert any(s.combined is not None for s in lexer._scanners().values())
+
+
 def syntax_errors(text: str, plugins: dict[str, object]) -> list[object]:
     """Every syntax error the reader reports on ``text`` (as ``policy.tcp``) with ``plugins``."""
     saved = fastlark.PLUGINS
