@@ -1143,12 +1143,13 @@ def mq_line_order(mq: Mq) -> dict[int, tuple[int, int, int]]:
 # them without remembering anything, which keeps the memos (and their memory) to the few
 # qdiscs that hold others.
 _CLASSFUL = (Htb, Prio, Cbq, Hfsc)
-_HOLDERS = (Htb, Prio, Cbq, Hfsc, Tbf, Netem, Mq)
+NESTING = (*_CLASSFUL, Tbf, Netem, Mq)
+"""The qdisc kinds with classes or qdiscs below them (the others are leaves)."""
 
 
 def child_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
     """Yield the qdiscs directly below ``qdisc`` (class leaves, or a chained child)."""
-    if not isinstance(qdisc, _HOLDERS):
+    if not isinstance(qdisc, NESTING):
         return iter(())
     return iter(_child_qdiscs(qdisc))
 
@@ -1168,7 +1169,7 @@ def _child_qdiscs(qdisc: Qdisc) -> tuple[Qdisc, ...]:
 
 def walk_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
     """Yield ``qdisc`` and every qdisc below it, in pre-order."""
-    if not isinstance(qdisc, _HOLDERS):
+    if not isinstance(qdisc, NESTING):
         return iter((qdisc,))
     return iter(_qdisc_tree(qdisc))
 
@@ -1177,7 +1178,7 @@ def walk_qdiscs(qdisc: Qdisc) -> Iterator[Qdisc]:
 def _qdisc_tree(qdisc: Qdisc) -> tuple[Qdisc, ...]:
     found = [qdisc]
     for child in _child_qdiscs(qdisc):
-        if isinstance(child, _HOLDERS):
+        if isinstance(child, NESTING):
             found += _qdisc_tree(child)
         else:
             found.append(child)

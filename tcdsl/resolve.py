@@ -111,12 +111,8 @@ def default_names_a_class(iface: ir.Interface) -> Iterator[Diagnostic]:
                 )
 
 
-_NESTING = ir.Htb | ir.Prio | ir.Cbq | ir.Hfsc | ir.Tbf | ir.Netem | ir.Mq
-"""The qdiscs with classes or qdiscs below them: the others resolve to themselves."""
-
-
 def _resolve_qdisc(q: ir.Qdisc, diagnostics: list[Diagnostic]) -> ir.Qdisc:
-    if not isinstance(q, _NESTING):
+    if not isinstance(q, ir.NESTING):
         return q  # a leaf qdisc (a subscriber's fq_codel): nothing below it to resolve
     match q:
         case ir.Htb() | ir.Prio() | ir.Cbq() | ir.Hfsc():

@@ -898,13 +898,13 @@ def _rate(
     column, factor = spec
     name = f"{direction}_{column}"
     index = columns[name]
+    one = factor == 1
 
     def rate(circuit: Circuit) -> ir.Rate:
         value = circuit.rates[name]
         bits = int(value * MBPS) if one else int(Fraction(value) * MBPS * factor)
         return ir.Rate(bits, circuit.first.span(index))
 
-    one = factor == 1
     return rate
 
 
