@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 
 from tcdsl import __version__, ir
 from tcdsl.backend import (
-    TEXT_LINES,
     Backend,
+    TextBlocks,
     comment,
     shjoin,
     shquote,
@@ -64,25 +64,18 @@ def _heredoc(body: tuple[str, ...], delimiter: str, cases: tuple[str, ...] = ())
 def _batch(commands: Iterable[Command]) -> HereDoc:
     """The tc commands for ``tc -batch -``, each after a comment naming the policy text it
     comes from, and the ``case`` arms naming that text by the command's line number."""
-    body: list[str] = []
-    cases: list[str] = []
-    lines: list[str] = []
-    arms: list[str] = []
+    body = TextBlocks()
+    cases = TextBlocks()
     number = 0  # the here-document's last line
     for c in commands:
         if c.tool != "tc":
             continue
         origin = comment(c.origin)
-        lines += (f"# {origin}", batch_line(c))
+        body.append(f"# {origin}")
+        body.append(batch_line(c))
         number += 2
-        arms.append(f"    {number}) {SCRIPT_AT}={shquote(origin)} ;;")
-        if len(lines) >= TEXT_LINES:
-            body += text_blocks(lines)
-            cases += text_blocks(arms)
-            lines, arms = [], []
-    body += text_blocks(lines)
-    cases += text_blocks(arms)
-    return _heredoc(tuple(body), "TCDSL_BATCH", tuple(cases))
+        cases.append(f"    {number}) {SCRIPT_AT}={shquote(origin)} ;;")
+    return _heredoc(body.text(), "TCDSL_BATCH", cases.text())
 
 
 @dataclass(frozen=True, slots=True)

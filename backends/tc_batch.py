@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tcdsl import __version__, ir
-from tcdsl.backend import TEXT_LINES, Backend, comment, text_blocks
+from tcdsl.backend import Backend, TextBlocks, comment
 from tcdsl.commands import (
     MARK_TOOL,
     batch_line,
@@ -72,24 +72,18 @@ def batch_files(policy: ir.Policy, source_label: str, batch_name: str) -> tuple[
         lines.append(
             "# This policy marks packets: apply the .iptables (or .nft) file after this one."
         )
-    where = [f"# {comment(batch_name)} line -> policy text (tcdsl {__version__})"]
-    # Both texts are kept as a few long strings, not a string per line (see text_blocks).
-    batch: list[str] = []
-    places: list[str] = []
+    where = TextBlocks([f"# {comment(batch_name)} line -> policy text (tcdsl {__version__})"])
     number = len(lines)  # the batch's last line
+    batch = TextBlocks(lines)
 
     def add(line: str, span: Span, what: str) -> None:
-        nonlocal lines, where, number
-        lines.append(line)
+        nonlocal number
+        batch.append(line)
         number += 1
         where.append(f"{number}\t{comment(span.file)}:{span.line}:{span.column}\t{comment(what)}")
-        if len(lines) >= TEXT_LINES:
-            batch.extend(text_blocks(lines))
-            places.extend(text_blocks(where))
-            lines, where = [], []
 
     for iface in policy.interfaces:
-        lines.append(f"# ==== interface {comment(iface.label)} ====")
+        batch.append(f"# ==== interface {comment(iface.label)} ====")
         number += 1
         for args in batch_teardown(iface):
             line = " ".join(batch_quote(w) for w in args)
@@ -97,9 +91,7 @@ def batch_files(policy: ir.Policy, source_label: str, batch_name: str) -> tuple[
         for cmd in interface_commands(iface):
             if cmd.tool == "tc":
                 add(batch_line(cmd), cmd.span, cmd.what)
-    batch += text_blocks(lines)
-    places += text_blocks(where)
-    return "".join(batch), "".join(places)
+    return "".join(batch.text()), "".join(where.text())
 
 
 def iptables_text(policy: ir.Policy, source_label: str, family: ir.Family = "ipv4") -> str:

@@ -99,6 +99,26 @@ def text_blocks(lines: Iterable[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+class TextBlocks:
+    """Lines gathered as they come into a few long strings (see :func:`text_blocks`), so that
+    no string per line is kept for the whole output."""
+
+    def __init__(self, lines: Iterable[str] = ()) -> None:
+        self.blocks: list[str] = []
+        self.lines: list[str] = list(lines)
+
+    def append(self, line: str) -> None:
+        """Add ``line`` (without its newline)."""
+        self.lines.append(line)
+        if len(self.lines) >= TEXT_LINES:
+            self.blocks += text_blocks(self.lines)
+            self.lines = []
+
+    def text(self) -> tuple[str, ...]:
+        """Every line so far, each ending in a newline, as a few long strings."""
+        return (*self.blocks, *text_blocks(self.lines))
+
+
 @functools.cache
 def template_env() -> jinja2.Environment:
     """The environment for backend templates: strict, unescaped, with shell filters."""
