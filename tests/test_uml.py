@@ -11,6 +11,7 @@ import os
 import platform
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,30 @@ def test_timeout_keeps_the_finished_cases() -> None:
 
 
 # ==== without booting ===========================================================================
+
+
+def test_a_slow_boot_does_not_eat_the_cases_time(tmp_path: Path) -> None:
+    # A stand-in kernel (a real process) that takes 3 s to "boot" and then runs 0.2 s: a
+    # 2-second timeout counts from the boot mark, so it is not a timeout.
+    booted = tmp_path / "booted"
+    proc = subprocess.Popen(["sh", "-c", f"sleep 3; : > '{booted}'; sleep 0.2"])
+    try:
+        assert uml._wait(proc, 2, booted)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_boot_that_never_comes_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(uml, "BOOT_TIMEOUT", 0.5)
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        started = time.monotonic()
+        assert not uml._wait(proc, 100, tmp_path / "booted")
+        assert time.monotonic() - started < 20
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_image_dir_follows_tcdsl_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

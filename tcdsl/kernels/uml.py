@@ -88,6 +88,12 @@ GUEST_PACKAGES = ("busybox-static", "dash", "iproute2", "iptables", "netbase", "
 MEMORY = "256M"
 """Guest RAM. UML maps it from a sparse file, so what the guest does not touch costs nothing."""
 
+BOOT_TIMEOUT = 60.0
+"""Seconds the kernel has to reach the guest's /init (under a second on an idle host), before
+and apart from a run's own timeout."""
+
+_BOOT_POLL = 0.05
+
 GLIBC_TUNABLES = (
     "glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD,-FMA,-FMA4,"
     "-AVX_Fast_Unaligned_Load"
@@ -664,8 +670,9 @@ def run_cases(cases: Sequence[Case], timeout: float = 120) -> list[CaseResult]:
 
     Returns one result per case, in order; builds the image first if needed
     (:func:`prepare`). Raises :class:`UmlUnavailable` if the kernel does not get as far as
-    the guest's /init, and :class:`UmlError` (holding the results that finished) if the
-    guest stops before the last case is done or ``timeout`` seconds pass. With
+    the guest's /init within :data:`BOOT_TIMEOUT` seconds, and :class:`UmlError` (holding the
+    results that finished) if the guest stops before the last case is done or ``timeout``
+    seconds pass after it started (a loaded host's slow boot does not eat the cases' time). With
     ``TCDSL_UML_KEEP=1`` in the environment the job's folder (cases, results, the kernel's
     log) is kept in ``jobs/`` of the image folder.
     """
@@ -692,12 +699,12 @@ def run_cases(cases: Sequence[Case], timeout: float = 120) -> list[CaseResult]:
             *KERNEL_ARGS,
             f"tcdsl_job=jobs/{job.name}",
         ]
-        status = _boot(argv, job / "console.log", job, timeout)
+        status = _boot(argv, job / "console.log", job, timeout, results_dir / "booted")
         timed_out = status is None
         console = (job / "console.log").read_text(errors="replace")
         tail = "\n".join(console.strip().splitlines()[-15:])
         if not (results_dir / "booted").exists():
-            how = f"within {timeout:g} s" if timed_out else f"(it exited with status {status})"
+            how = f"within {BOOT_TIMEOUT:g} s" if timed_out else f"(it exited with status {status})"
             raise UmlUnavailable(
                 f"the UML kernel did not start its guest {how}; its log ends:\n{tail}"
             )
@@ -788,9 +795,10 @@ def _child_setup() -> Callable[[], None]:
     return setup
 
 
-def _boot(argv: list[str], console: Path, cwd: Path, timeout: float) -> int | None:
-    """Run the kernel until it exits, or for ``timeout`` seconds; return its exit status,
-    ``None`` if it timed out. Its stdout and stderr (the kernel's log) go to ``console``."""
+def _boot(argv: list[str], console: Path, cwd: Path, timeout: float, booted: Path) -> int | None:
+    """Run the kernel until it exits, or time out; return its exit status, ``None`` if it timed
+    out. It has :data:`BOOT_TIMEOUT` seconds to create ``booted`` (the guest's /init does), then
+    ``timeout`` seconds more. Its stdout and stderr (the kernel's log) go to ``console``."""
     with console.open("wb") as log:
         try:
             proc = subprocess.Popen(
@@ -806,7 +814,7 @@ def _boot(argv: list[str], console: Path, cwd: Path, timeout: float) -> int | No
             raise UmlUnavailable(f"cannot run {argv[0]}: {exc}") from exc
         exited = False
         try:
-            exited = _wait(proc, timeout)
+            exited = _wait(proc, timeout, booted)
         finally:
             # UML's helpers and guest processes are host processes of its session.
             with contextlib.suppress(ProcessLookupError):
@@ -815,21 +823,36 @@ def _boot(argv: list[str], console: Path, cwd: Path, timeout: float) -> int | No
         return status if exited else None
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Wait for ``proc`` to exit, at most ``timeout`` seconds; return whether it did."""
+def _wait(proc: subprocess.Popen[bytes], timeout: float, booted: Path) -> bool:
+    """Wait for ``proc`` to exit: at most :data:`BOOT_TIMEOUT` seconds until ``booted``
+    exists, then at most ``timeout`` seconds more; return whether it exited."""
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    started = False
     try:
-        pidfd = os.pidfd_open(proc.pid)
+        pidfd: int | None = os.pidfd_open(proc.pid)
     except OSError:  # before Linux 5.3: Popen.wait polls, up to 50 ms late
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
+        pidfd = None
     try:
-        ready, _, _ = select.select([pidfd], [], [], timeout)
+        while True:
+            if not started and booted.exists():
+                started = True
+                deadline = time.monotonic() + timeout
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            # Until the guest has started, look for its mark every 50 ms.
+            step = left if started else min(left, _BOOT_POLL)
+            if pidfd is None:
+                try:
+                    proc.wait(timeout=step)
+                except subprocess.TimeoutExpired:
+                    continue
+                return True
+            if select.select([pidfd], [], [], step)[0]:
+                return True
     finally:
-        os.close(pidfd)
-    return bool(ready)
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 @functools.cache
