@@ -24,6 +24,7 @@ from tcdsl.lower import address_text, iptables_words, nft_words
 from tcdsl.units import format_rate, format_size, format_time
 
 
+@ir.quick_init
 @dataclass(frozen=True, slots=True)
 class Command:
     """One command: the tool, its arguments, and the policy text it comes from."""

@@ -1296,3 +1296,46 @@ def held_qdiscs(
                 yield from held_qdiscs(qdisc.child, bound)
         case _:
             pass
+
+
+# ---- construction --------------------------------------------------------------------------------
+
+
+def quick_init(cls: type[N]) -> type[N]:
+    """Give the frozen, slotted dataclass ``cls`` an ``__init__`` that sets each field through
+    its slot's own setter: the same object, made in about a third less time than by the
+    generated one (which goes through ``object.__setattr__`` for a frozen class). A large
+    policy makes millions of nodes, so every stage gains. Classes this cannot copy exactly
+    (a ``__post_init__``, a default factory, an init-only or keyword-only field) are left as
+    they are."""
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen or "__slots__" not in vars(cls):
+        return cls
+    fields = dataclasses.fields(cast(Any, cls))
+    if hasattr(cls, "__post_init__") or any(
+        not f.init or f.kw_only or f.default_factory is not dataclasses.MISSING for f in fields
+    ):
+        return cls
+    namespace: dict[str, Any] = {}
+    args, body = [], []
+    for f in fields:
+        namespace[f"_set_{f.name}"] = vars(cls)[f.name].__set__
+        if f.default is dataclasses.MISSING:
+            args.append(f.name)
+        else:
+            namespace[f"_default_{f.name}"] = f.default
+            args.append(f"{f.name}=_default_{f.name}")
+        body.append(f"    _set_{f.name}(self, {f.name})")
+    source = f"def __init__(self, {', '.join(args)}):\n" + "\n".join(body or ["    pass"])
+    exec(source, namespace)  # our own text, made from the class's fields
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
+
+
+for _node in list(globals().values()):  # every node type of the IR
+    if isinstance(_node, type) and _node.__module__ == __name__ and dataclasses.is_dataclass(_node):
+        quick_init(_node)
+del _node
