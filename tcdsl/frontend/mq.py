@@ -42,26 +42,35 @@ def build_mq(
     """The IR of one ``mq``: its options, then its queues (explicit) or its spread tree."""
     shards: ir.Count | None = None
     handle: ir.HandleRef | None = None
+    seen: dict[str, Span] = {}  # the options given, even with a bad value
     for opt in opts:
-        if isinstance(opt, Param) and opt.key == "queues" and shards is None:
-            shards = _queues(b, opt)
-        elif isinstance(opt, HandleOpt) and opt.keyword == "handle" and handle is None:
-            handle = opt.ref
-        else:
-            at = opt.name.span if isinstance(opt, DefaultOpt) else opt.span
-            word = getattr(opt, "key", None) or getattr(opt, "keyword", None) or "this"
-            b.error(
-                Diagnostic.error(
-                    "E007",
-                    f"'{word}' is not a parameter of mq; it takes queues and handle (the "
-                    "shaping belongs to the qdisc of each queue)",
-                    at,
-                )
+        if (isinstance(opt, Param) and opt.key == "queues") or (
+            isinstance(opt, HandleOpt) and opt.keyword == "handle"
+        ):
+            key = "queues" if isinstance(opt, Param) else "handle"
+            if key in seen:
+                first = Note("first given here", seen[key])
+                b.error(Diagnostic.error("E014", f"'{key}' is given twice", opt.span, first))
+            elif isinstance(opt, Param):
+                shards = _queues(b, opt)
+            else:
+                handle = opt.ref
+            seen.setdefault(key, opt.span)
+            continue
+        at = opt.name.span if isinstance(opt, DefaultOpt) else opt.span
+        word = getattr(opt, "key", None) or getattr(opt, "keyword", None) or "this"
+        b.error(
+            Diagnostic.error(
+                "E007",
+                f"'{word}' is not a parameter of mq; it takes queues and handle (the "
+                "shaping belongs to the qdisc of each queue)",
+                at,
             )
+        )
     if inner is not None and body is not None:  # the grammar allows one of them only
         raise AssertionError("mq with both a block and a tree")
     if inner is not None:
-        if shards is None:
+        if shards is None and "queues" not in seen:
             b.error(
                 Diagnostic.error(
                     "E267",
@@ -70,6 +79,7 @@ def build_mq(
                     span,
                 )
             )
+        if shards is None:
             return QdiscSyntax(ir.Mq(span, (), None, handle), inner.classify)
         queues = spread(b, inner.qdisc, shards)
         return QdiscSyntax(ir.Mq(span, queues, shards, handle), inner.classify)
