@@ -1404,11 +1404,15 @@ def mq_steering_owns_clsact(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
         other = ingress.get(iface.name) or downloads.get(iface.name)
         if other is not None:
-            what = "its ingress policers" if other.direction == "ingress" else "its download"
+            what = (
+                "its ingress policers need"
+                if other.direction == "ingress"
+                else "its download needs"
+            )
             yield Diagnostic.error(
                 "E268",
                 f"the mq tree of '{iface.name}' steers packets to TX queues from a clsact "
-                f"qdisc, which takes the ingress qdisc's place (ffff:) that {what} need",
+                f"qdisc, which takes the ingress qdisc's place (ffff:) that {what}",
                 other.span,
                 Note("the mq tree is here", iface.root.span),
             )
