@@ -561,6 +561,16 @@ def test_a_prefix_with_host_bits_is_an_error(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("cell", ["fe80::1%eth0", "fe80::%1/64", "2001:db8::1%25"])
+def test_an_ipv6_address_with_a_zone_is_an_error(tmp_path: Path, cell: str) -> None:
+    """ipaddress takes a zone ('%eth0', Python 3.9+) that no filter can match; the lowering
+    refused it with a traceback. LibreQoS's parser refuses it too."""
+    table = HEADER + f"1,a,1,d,north,,100.64.0.1,{cell},1,1,10,5,\n"
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E029", "subs.csv", 2, 27)]
+    assert "zone" in result.errors[0].message
+
+
 def test_blanks_inside_an_address_and_rates_as_floats(tmp_path: Path) -> None:
     """As LibreQoS reads them: blanks dropped from an address, a rate as Python's float."""
     table = HEADER + "1,a,1,d,north,,100.64.0.1 /32,,1e1,0.5,1E2,2.5e0,\n"

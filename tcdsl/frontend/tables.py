@@ -638,6 +638,9 @@ def _network(text: str, family: str) -> ir.Network | str:
             net = ipaddress.IPv6Network(text, strict=False)
     except ValueError:
         return ""
+    if "%" in address:  # ipaddress takes a zone (fe80::1%eth0), which no filter matches
+        zone = address[address.index("%") :]
+        return f"has a zone ('{zone}'), which a filter cannot match: write the address without it"
     if slash and ipaddress.ip_address(address) != net.network_address:
         return _host_bits(net, address)
     return net
