@@ -710,6 +710,40 @@ def test_an_error_on_a_later_line_of_a_quoted_cell_is_shown_there(tmp_path: Path
     assert (result.errors[0].span.end_column - result.errors[0].span.column) == len("100.64.0.993")
 
 
+def test_a_top_level_statement_of_a_spread_tree_spreads_its_circuits(tmp_path: Path) -> None:
+    """Each circuit of a statement among the top-level classes of 'mq queues N' is a
+    top-level class, packed by its rate like a written one: the statement is not one unit
+    (it was: every circuit on one queue, so one CPU, and W368 counted it as one class)."""
+    text = (
+        "interface eth0 mq queues 4 htb rate 1gbit default other {\n"
+        '    subscribers download from "subs.csv" { pfifo }\n'
+        "    class other rate 10mbit\n"
+        "}\n"
+    )
+    table = HEADER + "".join(_row(str(n), f"100.64.0.{n}") for n in range(1, 9))
+    result = build(tmp_path, text, table)
+    root = ok(result).interfaces[0].root
+    assert isinstance(root, ir.Mq)
+    per_queue = [
+        sorted(c.name for c in ir.queue_tops(queue.qdisc) if c.name.startswith("c"))
+        for queue in root.queues
+    ]
+    # largest first onto the least-loaded queue: 'other' (10mbit), then the 1mbit circuits
+    assert per_queue == [[], ["c1", "c4", "c7"], ["c2", "c5", "c8"], ["c3", "c6"]]
+    assert not [d for d in result.diagnostics if d.code == "W368"]
+    verdict = CliRunner().invoke(
+        cli,
+        [
+            "classify",
+            str(tmp_path / "p.tcp"),
+            *(arg for n in (1, 4, 8, 9) for arg in ("--packet", f"udp dst 100.64.0.{n} dport 5")),
+            *("--format", "json"),
+        ],
+    )
+    assert verdict.exit_code == 0, verdict.output
+    assert [v["class"] for v in json.loads(verdict.stdout)] == ["c1", "c4", "c8", "other"]
+
+
 def test_a_top_level_statement_of_a_spread_tree_keeps_its_place(tmp_path: Path) -> None:
     """The steering tries the subscribers of a statement written among the top-level classes
     where the statement is: before the class written after it, whose /24 holds them."""

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.frontend.mq import spread
 from tcdsl.frontend.source import (
     SourceError,
     decode_policy,
@@ -923,7 +924,7 @@ def expand_tree(
     egress of ``device``, which says neither, E272); warns (W371) about the rows of a table
     the tree reads that none of its statements takes. ``marking``: the tree's ``classify by
     mark``, whose fw filters' pref is that of the lines without one."""
-    expander = _Expander(b, direction, device, _class_names(qdisc))
+    expander = _Expander(b, direction, device, _class_names(b, qdisc))
     result = expander.walk(qdisc)
     for syn, earlier, count, circuit in expander.conflicts.values():
         b.error(_taken_twice(syn, earlier, count, circuit))
@@ -955,9 +956,12 @@ def _taken_twice(
     )
 
 
-def _class_names(qdisc: ir.Qdisc) -> set[str]:
-    """The names of the classes written in the tree of ``qdisc``."""
-    return {c.name for q in ir.walk_qdiscs(qdisc) for c in ir.classes_of(q) if c.name}
+def _class_names(b: Builder, qdisc: ir.Qdisc) -> set[str]:
+    """The names of the classes written in the tree of ``qdisc`` (and in a tree an mq of it
+    spreads once expanded)."""
+    trees = [qdisc]
+    trees += [b.unspread[id(q)][1] for q in ir.walk_qdiscs(qdisc) if id(q) in b.unspread]
+    return {c.name for t in trees for q in ir.walk_qdiscs(t) for c in ir.classes_of(q) if c.name}
 
 
 class _Expander:
@@ -981,8 +985,6 @@ class _Expander:
             tuple[int, int], tuple[SubscribersSyntax, SubscribersSyntax, int, Circuit]
         ] = {}
         """(statement, the earlier one that took its circuits) -> (how many, the first)."""
-        self.produced: dict[int, int] = {}
-        """How many classes each statement's placeholder became (by its id)."""
 
     def name(self, circuit: Circuit) -> str | None:
         """The class name of ``circuit`` in this tree: its own, or with ``_2``, ``_3``... when
@@ -1029,11 +1031,9 @@ class _Expander:
                     )
                     continue
                 self.syntax = syn
-                before = len(out)
                 for circuit, made in expand(pending, way, self.name):
                     self.made[id(made)] = circuit
                     out.append(made)
-                self.produced[id(cls)] = len(out) - before
                 if syn.table is not None:
                     entry = self.taken.setdefault(syn.table.path, (syn.table, set(), []))
                     entry[1].update(id(r) for r in syn.rows)
@@ -1052,21 +1052,18 @@ class _Expander:
         return ir.replace(cls, children=children, leaf=leaf)
 
     def queue(self, queue: ir.MqQueue) -> ir.MqQueue:
-        """``queue`` with its statements expanded; a statement among its top-level classes
-        becomes as many of them, each in the statement's place in the spread tree."""
-        before = ir.queue_tops(queue.qdisc)
+        """``queue`` with its statements expanded (one among a spread tree's top-level
+        classes is expanded before the spread, so that each circuit is packed on its own:
+        ``walk``)."""
         qdisc = self.walk(queue.qdisc)
-        if qdisc is queue.qdisc:
-            return queue
-        ranks = tuple(
-            rank
-            for top, rank in zip(before, queue.ranks, strict=False)
-            for _ in range(self.produced.get(id(top), 1))
-        )
-        return ir.replace(queue, qdisc=qdisc, ranks=ranks)
+        return queue if qdisc is queue.qdisc else ir.replace(queue, qdisc=qdisc)
 
     def walk(self, q: ir.Qdisc) -> ir.Qdisc:
         if isinstance(q, ir.Mq):  # a spread tree: each queue's htb holds some of the sites
+            unspread = self.b.unspread.pop(id(q), None)
+            if unspread is not None and q.shards is not None:  # statements among its tops:
+                # their circuits are top-level classes, spread like written ones
+                return ir.replace(q, queues=spread(self.b, self.walk(unspread[1]), q.shards))
             queues = tuple(self.queue(queue) for queue in q.queues)
             same = all(a is b for a, b in zip(queues, q.queues, strict=True))
             return q if same else ir.replace(q, queues=queues)
