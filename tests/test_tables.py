@@ -571,6 +571,15 @@ def test_an_ipv6_address_with_a_zone_is_an_error(tmp_path: Path, cell: str) -> N
     assert "zone" in result.errors[0].message
 
 
+def test_a_bad_address_is_quoted_as_written(tmp_path: Path) -> None:
+    """Blanks are dropped inside an address, but the error quotes the cell's text: two
+    addresses separated by a blank were shown as one run of digits ('100.64.0.1100.64.0.2')."""
+    table = HEADER + _row("1", "100.64.0.1 100.64.0.2")
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E029", "subs.csv", 2, 17)]
+    assert result.errors[0].message.startswith("'100.64.0.1 100.64.0.2' is not a valid IPv4")
+
+
 def test_blanks_inside_an_address_and_rates_as_floats(tmp_path: Path) -> None:
     """As LibreQoS reads them: blanks dropped from an address, a rate as Python's float."""
     table = HEADER + "1,a,1,d,north,,100.64.0.1 /32,,1e1,0.5,1E2,2.5e0,\n"

@@ -507,9 +507,8 @@ def _row(
                     f"is not a valid {what} address or network ({table.headers[index]} holds "
                     f"{what} addresses and prefixes, separated by commas)"
                 )
-                reading.error(
-                    "E029", f"'{address}' {why}", at, *_width(width, place, n_cells, table)
-                )
+                shown = piece.strip()  # as written: '100.64.0.1 100.64.0.2', not '...1100...'
+                reading.error("E029", f"'{shown}' {why}", at, *_width(width, place, n_cells, table))
                 width = ()
                 ok = False
                 continue
