@@ -580,6 +580,19 @@ def test_a_bad_address_is_quoted_as_written(tmp_path: Path) -> None:
     assert result.errors[0].message.startswith("'100.64.0.1 100.64.0.2' is not a valid IPv4")
 
 
+@pytest.mark.parametrize("separator", [";", "\t"])
+def test_a_table_separated_by_another_character_says_so(tmp_path: Path, separator: str) -> None:
+    """A spreadsheet saved as CSV in a locale whose decimal mark is a comma separates cells by
+    ';': the header is one cell, and E028 says which separator it seems to use."""
+    table = (HEADER + _row("1", "100.64.0.1")).replace(",", separator)
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert [d.code for d in result.errors] == ["E028"]
+    name = "';'" if separator == ";" else "tabs"
+    message = result.errors[0].message
+    assert message.endswith(f"; its first row holds no comma but {name}: separate cells by commas")
+    assert "Circuit Name" not in render(result.diagnostics, result.sources)  # not shown
+
+
 def test_blanks_inside_an_address_and_rates_as_floats(tmp_path: Path) -> None:
     """As LibreQoS reads them: blanks dropped from an address, a rate as Python's float."""
     table = HEADER + "1,a,1,d,north,,100.64.0.1 /32,,1e1,0.5,1E2,2.5e0,\n"

@@ -341,6 +341,10 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             f"table '{path}' has no column {', '.join(missing)}; its header must name Circuit "
             "ID, IPv4 and/or IPv6, and Download/Upload Min/Max Mbps (as ShapedDevices.csv)"
         )
+        if len(header) == 1:  # a spreadsheet's CSV in a locale whose decimal mark is ','
+            other = next((name for c, name in _SEPARATORS if c in header[0]), None)
+            if other is not None:
+                msg += f"; its first row holds no comma but {other}: separate cells by commas"
         reading.diagnostics.append(Diagnostic.error("E028", msg, at))
         return None
     table = Table(path, header, columns, commas=max(columns[k] for k in REQUIRED))
@@ -360,6 +364,9 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             table.rows.append(row)
     return table
 
+
+_SEPARATORS = ((";", "';'"), ("\t", "tabs"), ("|", "'|'"))
+"""Other cell separators a header may use, and how E028 names them."""
 
 LINE_STEP = 1_000_000
 """A cell's start is ``line offset * LINE_STEP + column`` (one small int a cell)."""
