@@ -602,6 +602,16 @@ def test_blanks_inside_an_address_and_rates_as_floats(tmp_path: Path) -> None:
     assert cls.ceil is not None and cls.ceil.bits_per_second == 100_000_000  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("cell", ["\u0663", "\uff12", "2\u0660", "\u0661.5"])
+def test_a_rate_is_written_in_ascii_digits(tmp_path: Path, cell: str) -> None:
+    """'٣' (Arabic-Indic three) or a fullwidth '２' is not a number of Mbps: the regex's \\d
+    took any Unicode digit, and Decimal read them (as the fast path for whole numbers,
+    which asks for ASCII, did not)."""
+    table = HEADER + f"1,a,1,d,north,,100.64.0.1,,{cell},1,10,5,\n"
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E030", "subs.csv", 2, 28)]
+
+
 def test_a_rate_above_the_limit_says_so(tmp_path: Path) -> None:
     table = HEADER + "1,a,1,d,north,,100.64.0.1,,1,1,99999999,5,\n"
     result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
