@@ -186,6 +186,26 @@ def test_template(tmp_path: Path) -> None:
     assert isinstance(c103.ceil, ir.Rate) and c103.ceil.bits_per_second == 500_000_000
 
 
+def test_set_dscp_is_every_subscribers(tmp_path: Path) -> None:
+    """docs/language.md lists 'set dscp' among the statement's options; it was refused as
+    E007 ("belongs on a class, not on a subscriber's class")."""
+    text = (
+        "interface eth0 htb rate 1gbit default other {\n"
+        "    classify by mark from eth1\n"
+        '    subscribers download from "subs.csv" where parent_node == "north" set dscp af21\n'
+        "    class other rate 1mbit\n"
+        "}\n"
+    )
+    made = classes(ok(build(tmp_path, text)))
+    assert [(c.set_dscp.value if c.set_dscp else None) for c in (made["c101"], made["c102"])] == [
+        18,
+        18,
+    ]
+    assert made["other"].set_dscp is None
+    shell = compile_policy(str(tmp_path / "p.tcp"), "shell").output
+    assert shell is not None and shell.count("-j DSCP --set-dscp 18") == 4  # ip6tables too
+
+
 def test_every_subscriber_has_a_leaf_of_its_own(tmp_path: Path) -> None:
     policy_ = ok(build(tmp_path, policy(SITES)))
     leaves = [c.leaf for c in classes(policy_).values() if c.leaf is not None]

@@ -1222,7 +1222,7 @@ def _cell_span(table: Table, lines: list[str], row: Row, column: int) -> Span:
 def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
     """The class that stands for ``syn`` in its parent until its tree is built (None after
     reporting a statement that cannot be one)."""
-    from tcdsl.frontend.qdiscs import CLASS_FLAGS, CLASS_PARAMS, nested_stab
+    from tcdsl.frontend.qdiscs import CLASS_FLAGS, SET_DSCP, _class_params, nested_stab
 
     b = qb.b
     if qb.kind != "htb":
@@ -1253,7 +1253,7 @@ def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
             ceil = opt
         else:
             rest.append(opt)
-    params = {k: d for k, d in CLASS_PARAMS["htb"].items() if k not in ("rate", "ceil")}
+    params = {k: d for k, d in _class_params("htb").items() if k not in ("rate", "ceil")}
     values, handle, _ = qb._values(
         rest, params, CLASS_FLAGS["htb"], "a subscriber's class", handle_kw="id"
     )
@@ -1292,6 +1292,7 @@ def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
     if syn.table is None:
         return None
     flags = {k: values.pop(k, False) for k in ("bounded", "isolated", "overbook")}
+    values["set_dscp"] = values.pop(SET_DSCP, None)
     common = {k: v for k, v in values.items() if v is not None}
     common.update({k: v for k, v in flags.items() if v})
     pending = template(b, syn, common, rate, ceil, leaves[0] if leaves else None)
