@@ -206,6 +206,21 @@ def test_set_dscp_is_every_subscribers(tmp_path: Path) -> None:
     assert shell is not None and shell.count("-j DSCP --set-dscp 18") == 4  # ip6tables too
 
 
+def test_a_mark_on_the_statement_is_an_error(tmp_path: Path) -> None:
+    """A 'mark' would give every circuit the same mark: E270 at it, as for 'id' (it was E207
+    'mark 5 is already used by class c101', with a note at the same place)."""
+    text = (
+        "interface eth0 htb rate 1gbit default other {\n"
+        "    classify by mark from eth1\n"
+        '    subscribers download from "subs.csv" where parent_node == "north" mark 5\n'
+        "    class other rate 1mbit\n"
+        "}\n"
+    )
+    result = build(tmp_path, text)
+    assert errors(result) == [("E270", "p.tcp", 3, 71)]
+    assert "'mark' would give them all one" in result.errors[0].message
+
+
 def test_every_subscriber_has_a_leaf_of_its_own(tmp_path: Path) -> None:
     policy_ = ok(build(tmp_path, policy(SITES)))
     leaves = [c.leaf for c in classes(policy_).values() if c.leaf is not None]

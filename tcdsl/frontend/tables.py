@@ -1247,13 +1247,22 @@ def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
                     opt.span,
                 )
             )
+        elif isinstance(opt, Param) and opt.key == "mark":
+            b.error(
+                Diagnostic.error(
+                    "E270",
+                    "the classes of a subscribers statement are marked by tcdsl (under "
+                    "'classify by mark'); a 'mark' would give them all one",
+                    opt.span,
+                )
+            )
         elif isinstance(opt, Param) and opt.key == "rate":
             rate = opt
         elif isinstance(opt, Param) and opt.key == "ceil":
             ceil = opt
         else:
             rest.append(opt)
-    params = {k: d for k, d in _class_params("htb").items() if k not in ("rate", "ceil")}
+    params = {k: d for k, d in _class_params("htb").items() if k not in ("rate", "ceil", "mark")}
     values, handle, _ = qb._values(
         rest, params, CLASS_FLAGS["htb"], "a subscriber's class", handle_kw="id"
     )
