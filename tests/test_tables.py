@@ -879,6 +879,32 @@ def test_the_longest_prefix_check_knows_marks_nested_qdiscs_and_the_first_line(
     assert "would go to '1'" in result.errors[0].message
 
 
+def test_an_address_inside_a_prefix_of_an_earlier_statement(tmp_path: Path) -> None:
+    """When the two circuits are taken by two statements, the order is the statements', not
+    the table's: E036 says to give the later statement a lower pref (it said 'list circuit 2
+    before 1', which it already was), and points at that statement."""
+    text = (
+        "interface eth0 htb rate 1gbit default other {\n"
+        '    subscribers download from "subs.csv" where parent_node == "north"\n'
+        '    subscribers download from "subs.csv" where parent_node == "south"\n'
+        "    class other rate 1mbit\n"
+        "}\n"
+    )
+    table = HEADER + _row("2", "100.64.0.5", parent="south") + _row("1", "100.64.0.0/24")
+    result = build(tmp_path, text, table)
+    assert errors(result) == [("E036", "subs.csv", 2, 17)]
+    message = result.errors[0].message
+    assert "list circuit" not in message
+    assert "give the statement that takes '2' a lower pref than the one that takes '1'" in message
+    assert [(n.span.file.endswith("p.tcp"), n.span.line) for n in result.errors[0].notes] == [
+        (False, 3),
+        (True, 3),
+    ]
+    # with those prefs, both agree
+    prefs = text.replace('"south"\n', '"south" pref 1\n').replace('"north"\n', '"north" pref 2\n')
+    ok(build(tmp_path, prefs, table))
+
+
 def test_two_statements_sharing_many_circuits_is_one_error(tmp_path: Path) -> None:
     body = (
         '        subscribers from "subs.csv"\n'

@@ -940,7 +940,7 @@ def expand_tree(
     lengths = set().union(*(table.lengths for table, _, _ in expander.taken.values()))
     if expander.made and len(lengths) > len({version for version, _ in lengths}):
         fw_pref = marking.fw_pref if marking is not None else ir.DEFAULT_PREF
-        _longest_prefix_first(b, result, expander.made, fw_pref)
+        _longest_prefix_first(b, result, expander.made, expander.circuits, fw_pref)
     return result
 
 
@@ -1085,7 +1085,11 @@ class _Expander:
 
 
 def _longest_prefix_first(
-    b: Builder, tree: ir.Qdisc, made: dict[int, Circuit], fw_pref: int = ir.DEFAULT_PREF
+    b: Builder,
+    tree: ir.Qdisc,
+    made: dict[int, Circuit],
+    statements: dict[int, SubscribersSyntax],
+    fw_pref: int = ir.DEFAULT_PREF,
 ) -> None:
     """E036 for a subscriber's address inside the prefix of another subscriber tried before it.
 
@@ -1093,7 +1097,8 @@ def _longest_prefix_first(
     first that matches wins; LibreQoS looks addresses up by longest prefix. The two agree
     unless a more specific address comes after a prefix holding it: then the same table
     would shape differently, so that is an error (put the more specific circuit first).
-    ``fw_pref``: the pref of lines without one (the fw filters' under ``classify by mark``)."""
+    ``statements``: the statement that took each circuit (by id); ``fw_pref``: the pref of
+    lines without one (the fw filters' under ``classify by mark``)."""
     found = 0
     for lines in _subscriber_lines(tree, made, fw_pref):
         for version in (4, 6):
@@ -1116,7 +1121,7 @@ def _longest_prefix_first(
                     if other is not circuit:
                         found += 1
                         if found <= MAX_TABLE_ERRORS:
-                            b.error(_shadowed(net, at, circuit, wide, wide_at, other))
+                            b.error(_shadowed(net, at, circuit, wide, wide_at, other, statements))
                 key = (net.prefixlen, whole >> (bits - net.prefixlen))
                 first.setdefault(key, (place, net, at, circuit))
     if found > MAX_TABLE_ERRORS:
@@ -1161,16 +1166,33 @@ def _subscriber_lines(
 
 
 def _shadowed(
-    net: ir.Network, at: Span, circuit: Circuit, wide: ir.Network, wide_at: Span, other: Circuit
+    net: ir.Network,
+    at: Span,
+    circuit: Circuit,
+    wide: ir.Network,
+    wide_at: Span,
+    other: Circuit,
+    statements: dict[int, SubscribersSyntax],
 ) -> Diagnostic:
+    mine, theirs = statements.get(id(circuit)), statements.get(id(other))
+    notes = [Note(f"{wide} of circuit '{other.key}' is here", wide_at)]
+    if mine is not None and theirs is not None and mine is not theirs:
+        # the order is the statements' (their prefs, then the tree's), not the table's
+        fix = (
+            f"the statement that takes '{circuit.key}' is tried after the one that takes "
+            f"'{other.key}': give the statement that takes '{circuit.key}' a lower pref than "
+            f"the one that takes '{other.key}' (such as pref 1 and pref 2), or split {wide}"
+        )
+        notes.append(Note(f"the statement that takes '{circuit.key}' is here", mine.span))
+    else:
+        fix = f"list circuit '{circuit.key}' before '{other.key}', or split {wide}"
     return Diagnostic.error(
         "E036",
         f"{net} of circuit '{circuit.key}' lies inside {wide} of circuit '{other.key}', which "
         f"is tried first: its packets would go to '{other.key}' (tcdsl takes the first line "
-        f"that matches), where LibreQoS gives them to '{circuit.key}' (the longest prefix); "
-        f"list circuit '{circuit.key}' before '{other.key}', or split {wide}",
+        f"that matches), where LibreQoS gives them to '{circuit.key}' (the longest prefix); " + fix,
         at,
-        Note(f"{wide} of circuit '{other.key}' is here", wide_at),
+        *notes,
     )
 
 
