@@ -809,6 +809,11 @@ def test_a_top_level_statement_of_a_spread_tree_spreads_its_circuits(tmp_path: P
     )
     assert verdict.exit_code == 0, verdict.output
     assert [v["class"] for v in json.loads(verdict.stdout)] == ["c1", "c4", "c8", "other"]
+    # the default may be a circuit, as in a tree without mq (it was E102 'classes: none')
+    text = text.replace("default other", "default c1").replace("    class other rate 10mbit\n", "")
+    root = ok(build(tmp_path, text, table)).interfaces[0].root
+    assert isinstance(root, ir.Mq)
+    assert [q.qdisc.default.name for q in root.queues] == ["c1", "c1@2", "c1@3", "c1@4"]  # type: ignore[union-attr]
 
 
 def test_a_top_level_statement_of_a_spread_tree_keeps_its_place(tmp_path: Path) -> None:
