@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,26 @@ def test_names_are_made_safe_and_unique(tmp_path: Path) -> None:
     assert script is not None
     assert "$(touch" not in script
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
+
+
+def test_names_that_collide_are_made_in_linear_time() -> None:
+    """Ids without a letter or digit of ASCII (Cyrillic names, say) all make 'circuit', then
+    'circuit_2', ...: each name searched its suffix from 2, so 20,000 such ids took minutes
+    (n^2/2 lookups). The names are the same as that search's, made in one step each."""
+    from tcdsl.frontend.tables import _unique_name
+
+    def cyrillic(n: int) -> str:  # 0 -> 'а', 33 -> 'бб': a word of Cyrillic letters
+        return "".join(chr(0x430 + int(d, 32)) for d in f"{n:x}".zfill(4))
+
+    names: dict[str, int] = {}
+    ids = ["a_b", "a b", "a_b_2", "a-b", "1", "c1", *(cyrillic(i) for i in range(20_000))]
+    start = time.perf_counter()
+    made = [_unique_name(key, names) for key in ids]
+    assert time.perf_counter() - start < 2.0
+    assert made[:6] == ["a_b", "a_b_2", "a_b_2_2", "a_b_3", "c1", "c1_2"]
+    assert made[6:9] == ["circuit", "circuit_2", "circuit_3"]
+    assert made[-1] == "circuit_20000"
+    assert len(set(made)) == len(made)
 
 
 def test_a_table_is_read_once(tmp_path: Path) -> None:

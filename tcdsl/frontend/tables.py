@@ -350,7 +350,7 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
     table = Table(path, header, columns, commas=max(columns[k] for k in REQUIRED))
     lines = reading.text.split("\n")
     circuits: dict[str, Circuit] = {}
-    names: set[str] = set()
+    names: dict[str, int] = {}
     for first, last, cells in records:
         if not last:
             msg = f"table '{path}' cannot be read as CSV from here: {cells[0]}"
@@ -413,7 +413,7 @@ def _row(
     cells: list[str],
     lines: list[str],
     circuits: dict[str, Circuit],
-    names: set[str],
+    names: dict[str, int],
 ) -> Row | None:
     path = reading.path
     raw = lines[first - 1] if first == last else "\n".join(lines[first - 1 : last])
@@ -660,17 +660,24 @@ def _host_bits(net: ir.Network, address: str) -> str:
     )
 
 
-def _unique_name(key: str, names: set[str]) -> str:
+def _unique_name(key: str, names: dict[str, int]) -> str:
     """A class name for the circuit id ``key``: letters, digits and ``_`` (so no generated
-    word ever needs quoting), starting with a letter, unique among ``names``."""
+    word ever needs quoting), starting with a letter, unique among ``names``: the base
+    itself, or ``base_N`` with the smallest N from 2 that is free. ``names`` maps each name
+    taken to the N to try first when it is a base again (every smaller one is taken), so
+    that many ids of one base (all-Cyrillic ids are all 'circuit') take linear time."""
     base = _NOT_NAME.sub("_", key).strip("_") or "circuit"
     if not base[0].isalpha() or not base.isascii():
         base = "c" + base if base[0].isdigit() else "c_" + base
-    name, n = base, 1
-    while name in names:
+    n = names.get(base)
+    if n is None:
+        names[base] = 2
+        return base
+    while f"{base}_{n}" in names:
         n += 1
-        name = f"{base}_{n}"
-    names.add(name)
+    name = f"{base}_{n}"
+    names[base] = n + 1
+    names[name] = 2
     return name
 
 
