@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,41 @@ def test_template(tmp_path: Path) -> None:
     assert isinstance(c103.ceil, ir.Rate) and c103.ceil.bits_per_second == 500_000_000
 
 
+def test_set_dscp_is_every_subscribers(tmp_path: Path) -> None:
+    """docs/language.md lists 'set dscp' among the statement's options; it was refused as
+    E007 ("belongs on a class, not on a subscriber's class")."""
+    text = (
+        "interface eth0 htb rate 1gbit default other {\n"
+        "    classify by mark from eth1\n"
+        '    subscribers download from "subs.csv" where parent_node == "north" set dscp af21\n'
+        "    class other rate 1mbit\n"
+        "}\n"
+    )
+    made = classes(ok(build(tmp_path, text)))
+    assert [(c.set_dscp.value if c.set_dscp else None) for c in (made["c101"], made["c102"])] == [
+        18,
+        18,
+    ]
+    assert made["other"].set_dscp is None
+    shell = compile_policy(str(tmp_path / "p.tcp"), "shell").output
+    assert shell is not None and shell.count("-j DSCP --set-dscp 18") == 4  # ip6tables too
+
+
+def test_a_mark_on_the_statement_is_an_error(tmp_path: Path) -> None:
+    """A 'mark' would give every circuit the same mark: E270 at it, as for 'id' (it was E207
+    'mark 5 is already used by class c101', with a note at the same place)."""
+    text = (
+        "interface eth0 htb rate 1gbit default other {\n"
+        "    classify by mark from eth1\n"
+        '    subscribers download from "subs.csv" where parent_node == "north" mark 5\n'
+        "    class other rate 1mbit\n"
+        "}\n"
+    )
+    result = build(tmp_path, text)
+    assert errors(result) == [("E270", "p.tcp", 3, 71)]
+    assert "'mark' would give them all one" in result.errors[0].message
+
+
 def test_every_subscriber_has_a_leaf_of_its_own(tmp_path: Path) -> None:
     policy_ = ok(build(tmp_path, policy(SITES)))
     leaves = [c.leaf for c in classes(policy_).values() if c.leaf is not None]
@@ -223,6 +259,26 @@ def test_names_are_made_safe_and_unique(tmp_path: Path) -> None:
     assert script is not None
     assert "$(touch" not in script
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
+
+
+def test_names_that_collide_are_made_in_linear_time() -> None:
+    """Ids without a letter or digit of ASCII (Cyrillic names, say) all make 'circuit', then
+    'circuit_2', ...: each name searched its suffix from 2, so 20,000 such ids took minutes
+    (n^2/2 lookups). The names are the same as that search's, made in one step each."""
+    from tcdsl.frontend.tables import _unique_name
+
+    def cyrillic(n: int) -> str:  # 0 -> 'а', 33 -> 'бб': a word of Cyrillic letters
+        return "".join(chr(0x430 + int(d, 32)) for d in f"{n:x}".zfill(4))
+
+    names: dict[str, int] = {}
+    ids = ["a_b", "a b", "a_b_2", "a-b", "1", "c1", *(cyrillic(i) for i in range(20_000))]
+    start = time.perf_counter()
+    made = [_unique_name(key, names) for key in ids]
+    assert time.perf_counter() - start < 2.0
+    assert made[:6] == ["a_b", "a_b_2", "a_b_2_2", "a_b_3", "c1", "c1_2"]
+    assert made[6:9] == ["circuit", "circuit_2", "circuit_3"]
+    assert made[-1] == "circuit_20000"
+    assert len(set(made)) == len(made)
 
 
 def test_a_table_is_read_once(tmp_path: Path) -> None:
@@ -561,6 +617,38 @@ def test_a_prefix_with_host_bits_is_an_error(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("cell", ["fe80::1%eth0", "fe80::%1/64", "2001:db8::1%25"])
+def test_an_ipv6_address_with_a_zone_is_an_error(tmp_path: Path, cell: str) -> None:
+    """ipaddress takes a zone ('%eth0', Python 3.9+) that no filter can match; the lowering
+    refused it with a traceback. LibreQoS's parser refuses it too."""
+    table = HEADER + f"1,a,1,d,north,,100.64.0.1,{cell},1,1,10,5,\n"
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E029", "subs.csv", 2, 27)]
+    assert "zone" in result.errors[0].message
+
+
+def test_a_bad_address_is_quoted_as_written(tmp_path: Path) -> None:
+    """Blanks are dropped inside an address, but the error quotes the cell's text: two
+    addresses separated by a blank were shown as one run of digits ('100.64.0.1100.64.0.2')."""
+    table = HEADER + _row("1", "100.64.0.1 100.64.0.2")
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E029", "subs.csv", 2, 17)]
+    assert result.errors[0].message.startswith("'100.64.0.1 100.64.0.2' is not a valid IPv4")
+
+
+@pytest.mark.parametrize("separator", [";", "\t"])
+def test_a_table_separated_by_another_character_says_so(tmp_path: Path, separator: str) -> None:
+    """A spreadsheet saved as CSV in a locale whose decimal mark is a comma separates cells by
+    ';': the header is one cell, and E028 says which separator it seems to use."""
+    table = (HEADER + _row("1", "100.64.0.1")).replace(",", separator)
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert [d.code for d in result.errors] == ["E028"]
+    name = "';'" if separator == ";" else "tabs"
+    message = result.errors[0].message
+    assert message.endswith(f"; its first row holds no comma but {name}: separate cells by commas")
+    assert "Circuit Name" not in render(result.diagnostics, result.sources)  # not shown
+
+
 def test_blanks_inside_an_address_and_rates_as_floats(tmp_path: Path) -> None:
     """As LibreQoS reads them: blanks dropped from an address, a rate as Python's float."""
     table = HEADER + "1,a,1,d,north,,100.64.0.1 /32,,1e1,0.5,1E2,2.5e0,\n"
@@ -568,6 +656,16 @@ def test_blanks_inside_an_address_and_rates_as_floats(tmp_path: Path) -> None:
     assert addresses(cls) == [("dst", "100.64.0.1/32")]
     assert cls.rate.bits_per_second == 10_000_000  # type: ignore[union-attr]
     assert cls.ceil is not None and cls.ceil.bits_per_second == 100_000_000  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("cell", ["\u0663", "\uff12", "2\u0660", "\u0661.5"])
+def test_a_rate_is_written_in_ascii_digits(tmp_path: Path, cell: str) -> None:
+    """'٣' (Arabic-Indic three) or a fullwidth '２' is not a number of Mbps: the regex's \\d
+    took any Unicode digit, and Decimal read them (as the fast path for whole numbers,
+    which asks for ASCII, did not)."""
+    table = HEADER + f"1,a,1,d,north,,100.64.0.1,,{cell},1,10,5,\n"
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E030", "subs.csv", 2, 28)]
 
 
 def test_a_rate_above_the_limit_says_so(tmp_path: Path) -> None:
@@ -700,6 +798,45 @@ def test_an_error_on_a_later_line_of_a_quoted_cell_is_shown_there(tmp_path: Path
     assert (result.errors[0].span.end_column - result.errors[0].span.column) == len("100.64.0.993")
 
 
+def test_a_top_level_statement_of_a_spread_tree_spreads_its_circuits(tmp_path: Path) -> None:
+    """Each circuit of a statement among the top-level classes of 'mq queues N' is a
+    top-level class, packed by its rate like a written one: the statement is not one unit
+    (it was: every circuit on one queue, so one CPU, and W368 counted it as one class)."""
+    text = (
+        "interface eth0 mq queues 4 htb rate 1gbit default other {\n"
+        '    subscribers download from "subs.csv" { pfifo }\n'
+        "    class other rate 10mbit\n"
+        "}\n"
+    )
+    table = HEADER + "".join(_row(str(n), f"100.64.0.{n}") for n in range(1, 9))
+    result = build(tmp_path, text, table)
+    root = ok(result).interfaces[0].root
+    assert isinstance(root, ir.Mq)
+    per_queue = [
+        sorted(c.name for c in ir.queue_tops(queue.qdisc) if c.name.startswith("c"))
+        for queue in root.queues
+    ]
+    # largest first onto the least-loaded queue: 'other' (10mbit), then the 1mbit circuits
+    assert per_queue == [[], ["c1", "c4", "c7"], ["c2", "c5", "c8"], ["c3", "c6"]]
+    assert not [d for d in result.diagnostics if d.code == "W368"]
+    verdict = CliRunner().invoke(
+        cli,
+        [
+            "classify",
+            str(tmp_path / "p.tcp"),
+            *(arg for n in (1, 4, 8, 9) for arg in ("--packet", f"udp dst 100.64.0.{n} dport 5")),
+            *("--format", "json"),
+        ],
+    )
+    assert verdict.exit_code == 0, verdict.output
+    assert [v["class"] for v in json.loads(verdict.stdout)] == ["c1", "c4", "c8", "other"]
+    # the default may be a circuit, as in a tree without mq (it was E102 'classes: none')
+    text = text.replace("default other", "default c1").replace("    class other rate 10mbit\n", "")
+    root = ok(build(tmp_path, text, table)).interfaces[0].root
+    assert isinstance(root, ir.Mq)
+    assert [q.qdisc.default.name for q in root.queues] == ["c1", "c1@2", "c1@3", "c1@4"]  # type: ignore[union-attr]
+
+
 def test_a_top_level_statement_of_a_spread_tree_keeps_its_place(tmp_path: Path) -> None:
     """The steering tries the subscribers of a statement written among the top-level classes
     where the statement is: before the class written after it, whose /24 holds them."""
@@ -766,6 +903,32 @@ def test_the_longest_prefix_check_knows_marks_nested_qdiscs_and_the_first_line(
     result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
     assert errors(result) == [("E036", "subs.csv", 4, 17)]
     assert "would go to '1'" in result.errors[0].message
+
+
+def test_an_address_inside_a_prefix_of_an_earlier_statement(tmp_path: Path) -> None:
+    """When the two circuits are taken by two statements, the order is the statements', not
+    the table's: E036 says to give the later statement a lower pref (it said 'list circuit 2
+    before 1', which it already was), and points at that statement."""
+    text = (
+        "interface eth0 htb rate 1gbit default other {\n"
+        '    subscribers download from "subs.csv" where parent_node == "north"\n'
+        '    subscribers download from "subs.csv" where parent_node == "south"\n'
+        "    class other rate 1mbit\n"
+        "}\n"
+    )
+    table = HEADER + _row("2", "100.64.0.5", parent="south") + _row("1", "100.64.0.0/24")
+    result = build(tmp_path, text, table)
+    assert errors(result) == [("E036", "subs.csv", 2, 17)]
+    message = result.errors[0].message
+    assert "list circuit" not in message
+    assert "give the statement that takes '2' a lower pref than the one that takes '1'" in message
+    assert [(n.span.file.endswith("p.tcp"), n.span.line) for n in result.errors[0].notes] == [
+        (False, 3),
+        (True, 3),
+    ]
+    # with those prefs, both agree
+    prefs = text.replace('"south"\n', '"south" pref 1\n').replace('"north"\n', '"north" pref 2\n')
+    ok(build(tmp_path, prefs, table))
 
 
 def test_two_statements_sharing_many_circuits_is_one_error(tmp_path: Path) -> None:

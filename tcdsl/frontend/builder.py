@@ -115,6 +115,9 @@ class Builder(Transformer[Token, Any]):
         self.interfaces: list[ir.Interface] = []
         self.pending: dict[int, tuple[ir.Class, tables.Pending]] = {}
         """The stand-ins of subscribers statements, until their tree is built."""
+        self.unspread: dict[int, tuple[ir.Mq, ir.Qdisc]] = {}
+        """The ``mq queues N`` (by id) with a subscribers statement among the top-level
+        classes of their tree, and that tree: spread once the statement is classes."""
 
     @property
     def scope(self) -> Scope:

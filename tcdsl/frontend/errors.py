@@ -66,6 +66,7 @@ EXPECTED_WORDS: dict[str, str] = {
     "ADDR_FIELD": "'src' or 'dst'",
     "PORT_FIELD": "'sport' or 'dport'",
     "RAW_SIZE": "u8, u16 or u32",
+    "WHERE_OP": "'==' or '!='",
     "$END": "the end of the file",
 }
 

@@ -81,6 +81,12 @@ def build_mq(
             )
         if shards is None:
             return QdiscSyntax(ir.Mq(span, (), None, handle), inner.classify)
+        if _statement_on_top(b, inner.qdisc):
+            # Its circuits are top-level classes, each packed by its own rate: the tree is
+            # spread when its statements are expanded (tables.expand_tree), not as one class.
+            mq = ir.Mq(span, (), shards, handle)
+            b.unspread[id(mq)] = (mq, inner.qdisc)
+            return QdiscSyntax(mq, inner.classify)
         queues = spread(b, inner.qdisc, shards)
         return QdiscSyntax(ir.Mq(span, queues, shards, handle), inner.classify)
     if shards is not None:
@@ -149,6 +155,16 @@ def mq_queue(b: Builder, number: str, span: Span, tree: QdiscSyntax) -> MqQueueS
         )
         return MqQueueSyntax(None, span, tree)
     return MqQueueSyntax(value, span, tree)
+
+
+def _statement_on_top(b: Builder, tree: ir.Qdisc) -> bool:
+    """Whether a subscribers statement stands among the top-level classes of ``tree``."""
+    if not b.pending or not isinstance(tree, ir.Htb):
+        return False
+    tops = tree.classes
+    if len(tops) == 1 and tops[0].implicit:
+        tops = tops[0].children
+    return any(id(c) in b.pending for c in tops)
 
 
 def _weight(cls: ir.Class, link: ir.Class | None) -> int:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.frontend.mq import spread
 from tcdsl.frontend.source import (
     SourceError,
     decode_policy,
@@ -340,12 +341,16 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             f"table '{path}' has no column {', '.join(missing)}; its header must name Circuit "
             "ID, IPv4 and/or IPv6, and Download/Upload Min/Max Mbps (as ShapedDevices.csv)"
         )
+        if len(header) == 1:  # a spreadsheet's CSV in a locale whose decimal mark is ','
+            other = next((name for c, name in _SEPARATORS if c in header[0]), None)
+            if other is not None:
+                msg += f"; its first row holds no comma but {other}: separate cells by commas"
         reading.diagnostics.append(Diagnostic.error("E028", msg, at))
         return None
     table = Table(path, header, columns, commas=max(columns[k] for k in REQUIRED))
     lines = reading.text.split("\n")
     circuits: dict[str, Circuit] = {}
-    names: set[str] = set()
+    names: dict[str, int] = {}
     for first, last, cells in records:
         if not last:
             msg = f"table '{path}' cannot be read as CSV from here: {cells[0]}"
@@ -359,6 +364,9 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             table.rows.append(row)
     return table
 
+
+_SEPARATORS = ((";", "';'"), ("\t", "tabs"), ("|", "'|'"))
+"""Other cell separators a header may use, and how E028 names them."""
 
 LINE_STEP = 1_000_000
 """A cell's start is ``line offset * LINE_STEP + column`` (one small int a cell)."""
@@ -405,7 +413,7 @@ def _row(
     cells: list[str],
     lines: list[str],
     circuits: dict[str, Circuit],
-    names: set[str],
+    names: dict[str, int],
 ) -> Row | None:
     path = reading.path
     raw = lines[first - 1] if first == last else "\n".join(lines[first - 1 : last])
@@ -506,9 +514,8 @@ def _row(
                     f"is not a valid {what} address or network ({table.headers[index]} holds "
                     f"{what} addresses and prefixes, separated by commas)"
                 )
-                reading.error(
-                    "E029", f"'{address}' {why}", at, *_width(width, place, n_cells, table)
-                )
+                shown = piece.strip()  # as written: '100.64.0.1 100.64.0.2', not '...1100...'
+                reading.error("E029", f"'{shown}' {why}", at, *_width(width, place, n_cells, table))
                 width = ()
                 ok = False
                 continue
@@ -590,7 +597,7 @@ def _agree(
     return ok
 
 
-_NUMBER = re.compile(r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d{1,3})?")
+_NUMBER = re.compile(r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d{1,3})?", re.ASCII)
 
 
 def _mbps(text: str) -> Decimal | int | None:
@@ -638,6 +645,9 @@ def _network(text: str, family: str) -> ir.Network | str:
             net = ipaddress.IPv6Network(text, strict=False)
     except ValueError:
         return ""
+    if "%" in address:  # ipaddress takes a zone (fe80::1%eth0), which no filter matches
+        zone = address[address.index("%") :]
+        return f"has a zone ('{zone}'), which a filter cannot match: write the address without it"
     if slash and ipaddress.ip_address(address) != net.network_address:
         return _host_bits(net, address)
     return net
@@ -650,17 +660,24 @@ def _host_bits(net: ir.Network, address: str) -> str:
     )
 
 
-def _unique_name(key: str, names: set[str]) -> str:
+def _unique_name(key: str, names: dict[str, int]) -> str:
     """A class name for the circuit id ``key``: letters, digits and ``_`` (so no generated
-    word ever needs quoting), starting with a letter, unique among ``names``."""
+    word ever needs quoting), starting with a letter, unique among ``names``: the base
+    itself, or ``base_N`` with the smallest N from 2 that is free. ``names`` maps each name
+    taken to the N to try first when it is a base again (every smaller one is taken), so
+    that many ids of one base (all-Cyrillic ids are all 'circuit') take linear time."""
     base = _NOT_NAME.sub("_", key).strip("_") or "circuit"
     if not base[0].isalpha() or not base.isascii():
         base = "c" + base if base[0].isdigit() else "c_" + base
-    name, n = base, 1
-    while name in names:
+    n = names.get(base)
+    if n is None:
+        names[base] = 2
+        return base
+    while f"{base}_{n}" in names:
         n += 1
-        name = f"{base}_{n}"
-    names.add(name)
+    name = f"{base}_{n}"
+    names[base] = n + 1
+    names[name] = 2
     return name
 
 
@@ -920,7 +937,7 @@ def expand_tree(
     egress of ``device``, which says neither, E272); warns (W371) about the rows of a table
     the tree reads that none of its statements takes. ``marking``: the tree's ``classify by
     mark``, whose fw filters' pref is that of the lines without one."""
-    expander = _Expander(b, direction, device, _class_names(qdisc))
+    expander = _Expander(b, direction, device, _class_names(b, qdisc))
     result = expander.walk(qdisc)
     for syn, earlier, count, circuit in expander.conflicts.values():
         b.error(_taken_twice(syn, earlier, count, circuit))
@@ -930,7 +947,7 @@ def expand_tree(
     lengths = set().union(*(table.lengths for table, _, _ in expander.taken.values()))
     if expander.made and len(lengths) > len({version for version, _ in lengths}):
         fw_pref = marking.fw_pref if marking is not None else ir.DEFAULT_PREF
-        _longest_prefix_first(b, result, expander.made, fw_pref)
+        _longest_prefix_first(b, result, expander.made, expander.circuits, fw_pref)
     return result
 
 
@@ -952,9 +969,12 @@ def _taken_twice(
     )
 
 
-def _class_names(qdisc: ir.Qdisc) -> set[str]:
-    """The names of the classes written in the tree of ``qdisc``."""
-    return {c.name for q in ir.walk_qdiscs(qdisc) for c in ir.classes_of(q) if c.name}
+def _class_names(b: Builder, qdisc: ir.Qdisc) -> set[str]:
+    """The names of the classes written in the tree of ``qdisc`` (and in a tree an mq of it
+    spreads once expanded)."""
+    trees = [qdisc]
+    trees += [b.unspread[id(q)][1] for q in ir.walk_qdiscs(qdisc) if id(q) in b.unspread]
+    return {c.name for t in trees for q in ir.walk_qdiscs(t) for c in ir.classes_of(q) if c.name}
 
 
 class _Expander:
@@ -978,8 +998,6 @@ class _Expander:
             tuple[int, int], tuple[SubscribersSyntax, SubscribersSyntax, int, Circuit]
         ] = {}
         """(statement, the earlier one that took its circuits) -> (how many, the first)."""
-        self.produced: dict[int, int] = {}
-        """How many classes each statement's placeholder became (by its id)."""
 
     def name(self, circuit: Circuit) -> str | None:
         """The class name of ``circuit`` in this tree: its own, or with ``_2``, ``_3``... when
@@ -1026,11 +1044,9 @@ class _Expander:
                     )
                     continue
                 self.syntax = syn
-                before = len(out)
                 for circuit, made in expand(pending, way, self.name):
                     self.made[id(made)] = circuit
                     out.append(made)
-                self.produced[id(cls)] = len(out) - before
                 if syn.table is not None:
                     entry = self.taken.setdefault(syn.table.path, (syn.table, set(), []))
                     entry[1].update(id(r) for r in syn.rows)
@@ -1049,21 +1065,18 @@ class _Expander:
         return ir.replace(cls, children=children, leaf=leaf)
 
     def queue(self, queue: ir.MqQueue) -> ir.MqQueue:
-        """``queue`` with its statements expanded; a statement among its top-level classes
-        becomes as many of them, each in the statement's place in the spread tree."""
-        before = ir.queue_tops(queue.qdisc)
+        """``queue`` with its statements expanded (one among a spread tree's top-level
+        classes is expanded before the spread, so that each circuit is packed on its own:
+        ``walk``)."""
         qdisc = self.walk(queue.qdisc)
-        if qdisc is queue.qdisc:
-            return queue
-        ranks = tuple(
-            rank
-            for top, rank in zip(before, queue.ranks, strict=False)
-            for _ in range(self.produced.get(id(top), 1))
-        )
-        return ir.replace(queue, qdisc=qdisc, ranks=ranks)
+        return queue if qdisc is queue.qdisc else ir.replace(queue, qdisc=qdisc)
 
     def walk(self, q: ir.Qdisc) -> ir.Qdisc:
         if isinstance(q, ir.Mq):  # a spread tree: each queue's htb holds some of the sites
+            unspread = self.b.unspread.pop(id(q), None)
+            if unspread is not None and q.shards is not None:  # statements among its tops:
+                # their circuits are top-level classes, spread like written ones
+                return ir.replace(q, queues=spread(self.b, self.walk(unspread[1]), q.shards))
             queues = tuple(self.queue(queue) for queue in q.queues)
             same = all(a is b for a, b in zip(queues, q.queues, strict=True))
             return q if same else ir.replace(q, queues=queues)
@@ -1079,7 +1092,11 @@ class _Expander:
 
 
 def _longest_prefix_first(
-    b: Builder, tree: ir.Qdisc, made: dict[int, Circuit], fw_pref: int = ir.DEFAULT_PREF
+    b: Builder,
+    tree: ir.Qdisc,
+    made: dict[int, Circuit],
+    statements: dict[int, SubscribersSyntax],
+    fw_pref: int = ir.DEFAULT_PREF,
 ) -> None:
     """E036 for a subscriber's address inside the prefix of another subscriber tried before it.
 
@@ -1087,7 +1104,8 @@ def _longest_prefix_first(
     first that matches wins; LibreQoS looks addresses up by longest prefix. The two agree
     unless a more specific address comes after a prefix holding it: then the same table
     would shape differently, so that is an error (put the more specific circuit first).
-    ``fw_pref``: the pref of lines without one (the fw filters' under ``classify by mark``)."""
+    ``statements``: the statement that took each circuit (by id); ``fw_pref``: the pref of
+    lines without one (the fw filters' under ``classify by mark``)."""
     found = 0
     for lines in _subscriber_lines(tree, made, fw_pref):
         for version in (4, 6):
@@ -1110,7 +1128,7 @@ def _longest_prefix_first(
                     if other is not circuit:
                         found += 1
                         if found <= MAX_TABLE_ERRORS:
-                            b.error(_shadowed(net, at, circuit, wide, wide_at, other))
+                            b.error(_shadowed(net, at, circuit, wide, wide_at, other, statements))
                 key = (net.prefixlen, whole >> (bits - net.prefixlen))
                 first.setdefault(key, (place, net, at, circuit))
     if found > MAX_TABLE_ERRORS:
@@ -1155,16 +1173,33 @@ def _subscriber_lines(
 
 
 def _shadowed(
-    net: ir.Network, at: Span, circuit: Circuit, wide: ir.Network, wide_at: Span, other: Circuit
+    net: ir.Network,
+    at: Span,
+    circuit: Circuit,
+    wide: ir.Network,
+    wide_at: Span,
+    other: Circuit,
+    statements: dict[int, SubscribersSyntax],
 ) -> Diagnostic:
+    mine, theirs = statements.get(id(circuit)), statements.get(id(other))
+    notes = [Note(f"{wide} of circuit '{other.key}' is here", wide_at)]
+    if mine is not None and theirs is not None and mine is not theirs:
+        # the order is the statements' (their prefs, then the tree's), not the table's
+        fix = (
+            f"the statement that takes '{circuit.key}' is tried after the one that takes "
+            f"'{other.key}': give the statement that takes '{circuit.key}' a lower pref than "
+            f"the one that takes '{other.key}' (such as pref 1 and pref 2), or split {wide}"
+        )
+        notes.append(Note(f"the statement that takes '{circuit.key}' is here", mine.span))
+    else:
+        fix = f"list circuit '{circuit.key}' before '{other.key}', or split {wide}"
     return Diagnostic.error(
         "E036",
         f"{net} of circuit '{circuit.key}' lies inside {wide} of circuit '{other.key}', which "
         f"is tried first: its packets would go to '{other.key}' (tcdsl takes the first line "
-        f"that matches), where LibreQoS gives them to '{circuit.key}' (the longest prefix); "
-        f"list circuit '{circuit.key}' before '{other.key}', or split {wide}",
+        f"that matches), where LibreQoS gives them to '{circuit.key}' (the longest prefix); " + fix,
         at,
-        Note(f"{wide} of circuit '{other.key}' is here", wide_at),
+        *notes,
     )
 
 
@@ -1216,7 +1251,7 @@ def _cell_span(table: Table, lines: list[str], row: Row, column: int) -> Span:
 def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
     """The class that stands for ``syn`` in its parent until its tree is built (None after
     reporting a statement that cannot be one)."""
-    from tcdsl.frontend.qdiscs import CLASS_FLAGS, CLASS_PARAMS, nested_stab
+    from tcdsl.frontend.qdiscs import CLASS_FLAGS, SET_DSCP, _class_params, nested_stab
 
     b = qb.b
     if qb.kind != "htb":
@@ -1241,13 +1276,22 @@ def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
                     opt.span,
                 )
             )
+        elif isinstance(opt, Param) and opt.key == "mark":
+            b.error(
+                Diagnostic.error(
+                    "E270",
+                    "the classes of a subscribers statement are marked by tcdsl (under "
+                    "'classify by mark'); a 'mark' would give them all one",
+                    opt.span,
+                )
+            )
         elif isinstance(opt, Param) and opt.key == "rate":
             rate = opt
         elif isinstance(opt, Param) and opt.key == "ceil":
             ceil = opt
         else:
             rest.append(opt)
-    params = {k: d for k, d in CLASS_PARAMS["htb"].items() if k not in ("rate", "ceil")}
+    params = {k: d for k, d in _class_params("htb").items() if k not in ("rate", "ceil", "mark")}
     values, handle, _ = qb._values(
         rest, params, CLASS_FLAGS["htb"], "a subscriber's class", handle_kw="id"
     )
@@ -1286,6 +1330,7 @@ def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
     if syn.table is None:
         return None
     flags = {k: values.pop(k, False) for k in ("bounded", "isolated", "overbook")}
+    values["set_dscp"] = values.pop(SET_DSCP, None)
     common = {k: v for k, v in values.items() if v is not None}
     common.update({k: v for k, v in flags.items() if v})
     pending = template(b, syn, common, rate, ceil, leaves[0] if leaves else None)
