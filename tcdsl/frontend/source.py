@@ -82,9 +82,9 @@ def normalise_newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
-def decode_policy(data: bytes) -> str:
-    """Decode a policy's bytes: strict UTF-8, no NUL (newlines are left as they are, for
-    ``normalise_newlines``).
+def decode_policy(data: bytes, kind: str = "policy") -> str:
+    """Decode a policy's bytes (or a ``kind`` of file read as policies are, a "table"):
+    strict UTF-8, no NUL (newlines are left as they are, for ``normalise_newlines``).
 
     Raises ``SourceError`` (E022) at the line and column of the first bad byte.
     """
@@ -95,7 +95,7 @@ def decode_policy(data: bytes) -> str:
         raise SourceError(
             "E022",
             f"this file is not UTF-8 text (byte 0x{data[err.start]:02x} at line {line}, "
-            f"column {column}); tcdsl reads policies as UTF-8",
+            f"column {column}); tcdsl reads {kind} files as UTF-8",
             (line, column),
         ) from None
     nul = text.find("\0")
@@ -103,7 +103,7 @@ def decode_policy(data: bytes) -> str:
         line, column = _position(text[:nul])
         raise SourceError(
             "E022",
-            f"this file holds a NUL byte (at line {line}, column {column}): it is not policy text",
+            f"this file holds a NUL byte (at line {line}, column {column}): it is not {kind} text",
             (line, column),
         )
     # Some editors (Notepad) start UTF-8 files with a byte-order mark: it is no text.
@@ -128,19 +128,20 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _not_regular(path: str, mode: int) -> SourceError:
-    return SourceError("E024", f"'{path}' is {_kind(mode)}; a policy must be a regular file")
+def _not_regular(path: str, mode: int, kind: str = "policy") -> SourceError:
+    return SourceError("E024", f"'{path}' is {_kind(mode)}; a {kind} must be a regular file")
 
 
-def _too_large(path: str, size: int | None, limit: int) -> SourceError:
+def _too_large(path: str, size: int | None, limit: int, kind: str = "policy") -> SourceError:
     what = f"{size} bytes" if size is not None else f"more than {limit} bytes"
     return SourceError(
-        "E025", f"'{path}' is {what}; tcdsl reads policy files of at most {limit} bytes"
+        "E025", f"'{path}' is {what}; tcdsl reads {kind} files of at most {limit} bytes"
     )
 
 
-def read_policy_bytes(path: str, limit: int = MAX_POLICY_BYTES) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them.
+def read_policy_bytes(path: str, limit: int = MAX_POLICY_BYTES, kind: str = "policy") -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them (``kind``: what the
+    file is to the messages, "policy" or "table").
 
     Raises ``SourceError`` for a file that is not regular or too large, ``OSError`` when the
     file cannot be read. Never blocks on a FIFO or a device, never reads more than ``limit + 1``
@@ -148,15 +149,15 @@ def read_policy_bytes(path: str, limit: int = MAX_POLICY_BYTES) -> bytes:
     """
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
-        raise _not_regular(path, mode)
+        raise _not_regular(path, mode, kind)
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # replaced between stat and open
-            raise _not_regular(path, info.st_mode)
+            raise _not_regular(path, info.st_mode, kind)
         if info.st_size > limit:
-            raise _too_large(path, info.st_size, limit)
+            raise _too_large(path, info.st_size, limit, kind)
         chunks: list[bytes] = []
         total = 0
         while total <= limit:
@@ -166,7 +167,7 @@ def read_policy_bytes(path: str, limit: int = MAX_POLICY_BYTES) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
         if total > limit:
-            raise _too_large(path, None, limit)
+            raise _too_large(path, None, limit, kind)
         return b"".join(chunks)
     finally:
         os.close(fd)

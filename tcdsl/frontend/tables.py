@@ -233,7 +233,9 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
         b.error(Diagnostic.error("E023", msg, at))
         return None
     try:
-        text = normalise_newlines(decode_policy(read_policy_bytes(path, MAX_TABLE_BYTES)))
+        text = normalise_newlines(
+            decode_policy(read_policy_bytes(path, MAX_TABLE_BYTES, "table"), "table")
+        )
     except SourceError as err:
         found = source_diagnostic(err, path, at)
         notes = tuple(Note("in the table read here", n.span) for n in found.notes)
