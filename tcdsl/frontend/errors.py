@@ -125,6 +125,8 @@ def syntax_error(
             known = tuple(terminals)
             hint = suggestion(word, _keywords(names, context, known))
         expected = _expected_words(names, context)
+        if "STRING" in names:  # an example that fits what the string is for
+            expected = _string_expected(stack, names) or expected
         if "UPLOAD" in names and token.type in ("CLASS", "MATCH", *_KINDS):
             expected += (
                 "; a block right after the interface name holds its directions; for one "
@@ -148,6 +150,26 @@ def syntax_error(
     return Diagnostic.error(
         "E001", str(err).splitlines()[0], Span(path, line, column, line, column + 1)
     )
+
+
+def _string_expected(stack: Sequence[Any], names: set[str]) -> str | None:
+    """What a subscribers statement expected where only a quoted string (or a column's
+    name) could come, after the words on ``stack``: a file, a column or a ``where`` value."""
+    last = stack[-1] if stack else None
+    if not isinstance(last, Token) or not names <= {"STRING", "NAME"}:
+        return None
+    if last.type in ("WHERE", "AND"):
+        return 'a column, such as parent_node or "Parent Node"'
+    if names != {"STRING"}:
+        return None
+    if last.type == "WHERE_OP" or (
+        last.type == "COMMA"
+        and any(isinstance(v, Token) and v.type == "WHERE_OP" for v in stack[-3:])
+    ):
+        return 'a quoted value such as "north-tower"'
+    if str(last) == "from":
+        return 'a quoted file name such as "subscribers.csv"'
+    return None
 
 
 HEX_TAKES_NO_UNIT = (

@@ -166,6 +166,12 @@ class Reader:
             self.stack.pop()
         errors = [d for d in self.diagnostics[first:] if d.is_error]
         self.taint.add(path, text, [*errors, *self.follow_ons[first_follow_on:]])
+        if errors:
+            # A warning in a statement an error broke speaks of what the error left (W371:
+            # rows that a half-parsed 'where' no longer takes); later stages' are dropped too.
+            self.diagnostics[first:] = [
+                d for d in self.diagnostics[first:] if d.is_error or not self.taint.covers(d)
+            ]
         return builder.interfaces
 
     def _mark_broken_constant(self, stack: list[Any], path: str) -> None:
