@@ -976,6 +976,12 @@ SCRIPT_UNMARK = "tcdsl_unmark"
 """The script's function removing a marking chain and every jump into it."""
 NO_INTERFACE = "tcdsl: there is no interface %s here; nothing was changed"
 """What the script prints (a printf format) when an interface it shapes is missing."""
+TOO_FEW_QUEUES = (
+    "tcdsl: interface %s has fewer TX queues than the %s its mq tree uses; give it more "
+    "(ethtool -L, or numtxqueues for a veth) or use fewer queues; nothing was changed"
+)
+"""What the script prints (a printf format: the device, the number of queues) when the
+device has fewer TX queues than its mq tree uses."""
 NO_TOOL = "tcdsl: %s is missing, and this policy needs it %s; nothing was changed"
 """What the script prints (a printf format: the tool, why) when a tool it marks with is
 missing."""

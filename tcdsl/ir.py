@@ -1108,6 +1108,14 @@ def _subtree(top: Class) -> tuple[Class, ...]:
     return tuple(found)
 
 
+def tx_queues_used(iface: Interface) -> int:
+    """How many TX queues the device of ``iface`` needs: the highest queue its mq root puts
+    a qdisc on (0 without an mq root). mq makes one class per TX queue the device has, so a
+    queue beyond them has nowhere to go."""
+    root = iface.root
+    return max((q.number for q in root.queues), default=0) if isinstance(root, Mq) else 0
+
+
 def queue_tops(q: Qdisc) -> tuple[Class, ...]:
     """The top-level classes of an mq queue's qdisc: below its link class, if it has one
     (a spread tree's queues have the tree's)."""

@@ -386,6 +386,49 @@ def test_apply_changes_a_queue_in_place_and_status_names_it(tmp_path: Path) -> N
     assert "1:1 (not in policy)" not in done.stdout
 
 
+FOUR = """\
+interface eth0 mq {
+    queue 1 htb rate 1gbit default a {
+        class a rate 500mbit
+    }
+    queue 4 pfifo
+}
+"""
+
+
+@pytest.mark.parametrize("how", ["apply", "script"])
+def test_too_few_tx_queues_are_refused_before_any_change(tmp_path: Path, how: str) -> None:
+    """A device with 2 TX queues and a tree that uses 4: `tcdsl apply` (E602) and the script
+    refuse before touching the device, whose qdisc stays; with 4 queues both go through."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    (tmp_path / "four.tcp").write_text(FOUR)
+    tcdsl = Path(sys.executable).parent / "tcdsl"
+    run = f"{tcdsl} apply --yes four.tcp" if how == "apply" else "sh four.sh"
+    if how == "script":
+        done = subprocess.run([tcdsl, "compile", tmp_path / "four.tcp", "-o", tmp_path / "four.sh"])
+        assert done.returncode == 0
+    for queues, refused in ((2, True), (4, False)):
+        script = (
+            f"cd {tmp_path} && export TCDSL_STATE_DIR={tmp_path}/s{queues} "
+            f"TCDSL_LOCK_DIR={tmp_path} && "
+            f"ip link add name eth0 numtxqueues {queues} type veth peer name peer0 && "
+            "ip link set dev eth0 up && tc qdisc add dev eth0 root handle 7: htb && "
+            f"{{ {run}; echo rc=$?; }} && tc qdisc show dev eth0"
+        )
+        done = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True)
+        said = done.stdout + done.stderr
+        if refused:
+            assert "rc=1" in said and "fewer" in said and "nothing was changed" in said, said
+            assert "qdisc htb 7: root" in said and "qdisc mq" not in said, said
+            if how == "apply":
+                assert "[E602]" in said and "eth0 has 2 TX queues" in said, said
+        else:
+            assert "rc=0" in said and "qdisc mq 1: root" in said, said
+            assert "qdisc pfifo" in said and "parent 1:4" in said, said
+
+
 def test_import_says_it_cannot_write_an_mq_tree(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

@@ -27,7 +27,7 @@ from tcdsl.driver import Result, analyse
 from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.desired import Tree, class_ids, trees_from_json, trees_json, trees_of
-from tcdsl.ops.live import device_exists, drift, fingerprint, live_qdisc
+from tcdsl.ops.live import device_exists, drift, fingerprint, live_qdisc, tx_queue_count
 from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree, restore_plan
 from tcdsl.ops.state import Applied, Pending, Store, state_dir, valid_name, write_json
 from tcdsl.tcmath import HTB_DEFAULT_R2Q
@@ -284,6 +284,22 @@ def missing_devices(policy: ir.Policy) -> list[str]:
     return [d for d in _devices(policy) if not device_exists(d)]
 
 
+def short_of_queues(policy: ir.Policy) -> list[str]:
+    """What is wrong with each device that has fewer TX queues than its mq tree uses (mq
+    gives it a class per queue it has: a queue's tree beyond them has nowhere to go)."""
+    out = []
+    for iface in policy.interfaces:
+        used = ir.tx_queues_used(iface)
+        have = tx_queue_count(iface.name) if used > 1 else None
+        if have is not None and have < used:
+            out.append(
+                f"{iface.name} has {have} TX queue{'s' if have != 1 else ''}, fewer than the "
+                f"{used} its mq tree uses: give it more (ethtool -L {iface.name} combined "
+                f"{used}; numtxqueues for a veth) or use fewer queues"
+            )
+    return out
+
+
 @dataclass(slots=True)
 class Reading:
     """The record of the policy live under a name, and the kernel's digest being read in a
@@ -399,6 +415,9 @@ def apply(
     missing = missing_devices(new)
     if missing:
         raise OpsError(f"no such device: {', '.join(missing)}; nothing was changed")
+    short = short_of_queues(new)
+    if short:
+        raise OpsError(f"{'; '.join(short)}; nothing was changed")
     if not prepared.plan.empty or prepared.plan.drift:
         check_support(prepared.live.features, new)
     store = prepared.store

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -42,6 +43,21 @@ def device_exists(name: str) -> bool:
         ["ip", "link", "show", "dev", name], capture_output=True, text=True, check=False
     )
     return done.returncode == 0
+
+
+def tx_queue_count(name: str) -> int | None:
+    """How many TX queues the device has, as the kernel tells this namespace (``ip -d``'s
+    ``num_tx_queues``; not /sys, which shows the namespace it was mounted in); None when
+    that cannot be read."""
+    done = subprocess.run(
+        ["ip", "-d", "-j", "link", "show", "dev", name], capture_output=True, text=True,
+        check=False, env=_C,
+    )  # fmt: skip
+    try:
+        count = json.loads(done.stdout)[0]["num_tx_queues"] if done.returncode == 0 else None
+    except (ValueError, LookupError, TypeError):
+        return None
+    return count if isinstance(count, int) else None
 
 
 def live_qdisc(device: str, where: str) -> str | None:

@@ -121,11 +121,7 @@ def devices(policy: ir.Policy) -> tuple[list[str], list[str]]:
 
 def tx_queues(policy: ir.Policy) -> dict[str, int]:
     """The TX queues each device needs (an mq root: its highest queue number)."""
-    return {
-        i.name: max(q.number for q in i.root.queues)
-        for i in policy.interfaces
-        if isinstance(i.root, ir.Mq) and i.root.queues
-    }
+    return {i.name: n for i in policy.interfaces if (n := ir.tx_queues_used(i))}
 
 
 def _plan(path: str, backend: str, before: str, after: str) -> _Plan:

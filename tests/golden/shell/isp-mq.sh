@@ -25,6 +25,14 @@ tcdsl_exists() {
         exit 1
     fi
 }
+tcdsl_queues() {
+    # ip -d link says "numtxqueues N" (an ip that does not: unknown, go on)
+    tcdsl_n=$(ip -d link show dev "$1" 2>/dev/null | sed -n 's/.* numtxqueues \([0-9][0-9]*\).*/\1/p')
+    if [ -n "$tcdsl_n" ] && [ "$tcdsl_n" -lt "$2" ]; then
+        printf 'tcdsl: interface %s has fewer TX queues than the %s its mq tree uses; give it more (ethtool -L, or numtxqueues for a veth) or use fewer queues; nothing was changed\n' "$1" "$2" >&2
+        exit 1
+    fi
+}
 tcdsl_unmark() {
     # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
     # in iptables and ip6tables, where installed; absent is fine.
@@ -41,8 +49,10 @@ tcdsl_unmark() {
         "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
 }
-# Check before changing anything: every interface the policy shapes exists.
+# Check before changing anything: every interface the policy shapes exists (with
+# the TX queues its mq tree uses).
 tcdsl_exists isp0
+tcdsl_queues isp0 4
 
 # ==== interface isp0 ====
 tcdsl_at=
