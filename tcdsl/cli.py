@@ -30,6 +30,7 @@ from tcdsl.cliutil import format_option as _format_option
 from tcdsl.cliutil import policy_or_exit as _policy_or_exit
 from tcdsl.cliutil import summary as _summary
 from tcdsl.cliutil import visible as _visible
+from tcdsl.cliutil import write_text as _write_text
 from tcdsl.cliutil import writing as _writing
 from tcdsl.codes import RETIRED
 from tcdsl.diagnostics import Diagnostic, Severity, Span, render, render_json
@@ -244,7 +245,7 @@ def compile(
     with _writing(output):
         for path, text in files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            _write_text(path, text)
 
 
 def policy_files(paths: Sequence[str]) -> list[tuple[str, str | None]]:
