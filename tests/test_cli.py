@@ -493,3 +493,18 @@ def test_compile_into_a_directory(in_root: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["office.sh"]
     assert (out / "office.sh").read_text(encoding="utf-8").startswith("#!/bin/sh\n")
+
+
+def test_output_written_in_pieces_is_the_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compile -o`` writes a piece at a time (no second copy of a 48 MB script): pieces
+    that split the text anywhere, multi-byte characters included, give the same file."""
+    from tcdsl import cliutil
+
+    text = "# €uro ünïcode\n" * 50 + "tail"
+    for size in (1, 3, 7, len(text), len(text) + 5):
+        monkeypatch.setattr(cliutil, "WRITE_CHUNK", size)
+        out = tmp_path / f"out{size}.sh"
+        cliutil.write_text(out, text)
+        assert out.read_bytes() == text.encode("utf-8")
