@@ -232,9 +232,12 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
         msg = f"cannot read table {reader.access.refusal(path, tree)}"
         b.error(Diagnostic.error("E023", msg, at))
         return None
+    saved = reader.table_loader(path) if reader.table_loader is not None else None
     try:
         text = normalise_newlines(
-            decode_policy(read_policy_bytes(path, MAX_TABLE_BYTES, "table"), "table")
+            saved
+            if saved is not None
+            else decode_policy(read_policy_bytes(path, MAX_TABLE_BYTES, "table"), "table")
         )
     except SourceError as err:
         found = source_diagnostic(err, path, at)

@@ -216,7 +216,14 @@ def compile_applied(applied: Applied) -> ir.Policy:
 
 
 def _compile_applied(applied: Applied) -> ir.Policy:
-    result = analyse(applied.path, loader=lambda p: applied.sources[p], pins=stored_pins(applied))
+    # Its tables too are read from the record: the files may have changed since, or be gone
+    # (a record of an older tcdsl may lack a table's text: that one is read from the disk).
+    result = analyse(
+        applied.path,
+        loader=lambda p: applied.sources[p],
+        pins=stored_pins(applied),
+        tables=applied.sources.get,
+    )
     if result.policy is None:
         raise OpsError(f"the saved policy {applied.path} (generation {applied.generation}) "
                        "no longer compiles")  # fmt: skip
