@@ -675,3 +675,28 @@ def test_rollback_restores_the_previous_table(tcdsl: Tcdsl, host: HostSupport) -
     assert tcdsl("rollback", "p").code == 0
     assert tcdsl.tc("class", "show", "dev", "d0") == first
     assert "0a630109" not in tcdsl.tc("filter", "show", "dev", "d0")
+
+
+def test_classify_gives_the_ids_apply_gave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A class added before others in a live policy takes a free id and leaves theirs (the
+    state keeps them): ``classify`` names the ids the kernel counts under, as ``status``."""
+    from click.testing import CliRunner
+
+    from tcdsl.cli import cli
+    from tcdsl.ops.state import Store
+
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
+    path = tmp_path / "p.tcp"
+    path.write_text(A, encoding="utf-8")
+    result = analyse(str(path))
+    assert result.policy is not None
+    ids = {"voip": "1:10", "web": "1:20", "bulk": "1:30"}
+    Store("p").record(str(path), result.sources, ("d0",), {"d0": ids})
+    added = A.replace("    class web", "    class ssh rate 1mbit match dport 22\n    class web")
+    path.write_text(added, encoding="utf-8")
+    shown = CliRunner().invoke(
+        cli, ["classify", str(path), "--packet", "tcp dport 80", "--packet", "tcp dport 22"]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "-> class 'web' (1:20)" in shown.output, shown.output
+    assert "-> class 'ssh' (1:20)" not in shown.output and "-> class 'ssh' (1:" in shown.output
