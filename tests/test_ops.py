@@ -700,3 +700,51 @@ def test_classify_gives_the_ids_apply_gave(tmp_path: Path, monkeypatch: pytest.M
     assert shown.exit_code == 0, shown.output
     assert "-> class 'web' (1:20)" in shown.output, shown.output
     assert "-> class 'ssh' (1:20)" not in shown.output and "-> class 'ssh' (1:" in shown.output
+
+
+SITES = """\
+interface d0 htb rate 100mbit default other {
+    class north rate 10mbit ceil 100mbit {
+        subscribers download from "subs.csv" where parent_node == "north" { pfifo }
+    }
+    class south rate 10mbit ceil 100mbit {
+        subscribers download from "subs.csv" where parent_node == "south" pref 2 { pfifo }
+    }
+    class other rate 1mbit
+}
+"""
+
+
+def test_a_subscriber_moved_to_another_site_moves_in_place(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """A circuit moved to another parent node: htb cannot move a class, so the subscriber
+    gets a new class under its new site (a new id), its filters move to it and the old class
+    goes; the tree is not built again (the other subscribers keep their counters)."""
+    table = tcdsl.folder / "subs.csv"
+    rows = SUBSCRIBERS + "103,Brown,3,cpe-3,south,,10.99.1.3,,1,1,5,1,\n"
+    table.write_text(rows, encoding="utf-8")
+    p = tcdsl.write("p.tcp", SITES)
+    assert tcdsl("apply", "--yes", p).code == 0
+    run(["ip", "-n", tcdsl.ns, "addr", "add", "10.99.0.1/16", "dev", "d0"])
+    _udp_to(tcdsl.ns, "10.99.1.1", 3)
+    shown = tcdsl("status", "--format", "json", "--count", "1", "--interval", "0.1", p)
+    ids = {c["name"]: c["classid"] for i in json.loads(shown.out)["trees"] for c in i["classes"]}
+    assert _packets(tcdsl, ids["c101"]) == 3
+    table.write_text(rows.replace(",cpe-2,north,", ",cpe-2,south,"), encoding="utf-8")
+    planned = tcdsl("plan", p)
+    assert "rebuild" not in planned.out and "+ class c102" in planned.out, planned
+    moved = tcdsl("apply", "--yes", p)
+    assert moved.code == 0, moved
+    assert tcdsl("plan", p).out == "no changes\n"
+    assert _packets(tcdsl, ids["c101"]) == 3  # not built again
+    shown = tcdsl("status", "--format", "json", "--count", "1", "--interval", "0.1", p)
+    now = {c["name"]: c["classid"] for i in json.loads(shown.out)["trees"] for c in i["classes"]}
+    assert now["c101"] == ids["c101"] and now["c102"] != ids["c102"], now
+    assert f"parent {ids['south']}" in tcdsl.tc(
+        "class", "show", "dev", "d0", "classid", now["c102"]
+    )
+    assert ids["c102"] + " " not in tcdsl.tc("class", "show", "dev", "d0") + " "
+    _udp_to(tcdsl.ns, "10.99.1.2", 2)
+    assert _packets(tcdsl, now["c102"]) == 2
+    assert tcdsl("rollback", "p").code == 0
+    back = tcdsl.tc("class", "show", "dev", "d0", "classid", ids["c102"])
+    assert f"parent {ids['north']}" in back, back

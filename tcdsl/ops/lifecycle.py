@@ -263,9 +263,47 @@ def pins_of(policy: ir.Policy | None) -> Pins:
     return pins
 
 
+MOVED_PIN = " moved"
+"""After a class name in ``Pins``: the id (and leaf handle) of a class that moved to another
+parent, kept from the classes the apply adds (no class name has a blank)."""
+
+
 def compile_new(store: Store, path: str) -> Result:
-    """``path`` compiled with the class ids of the policy live under ``store``'s name."""
-    return analyse(path, pins=stored_pins(store.current()))
+    """``path`` compiled with the class ids of the policy live under ``store``'s name. A class
+    that moved to another parent (a subscriber to another site) is given a new id and leaf
+    handle: htb cannot move a class, so the plan builds the new one beside the live one, moves
+    its filters to it and deletes the old (its counters start again), rather than building
+    the whole tree again. Its children move with it, so they are given new ids too."""
+    applied = store.current()
+    pins = {label: dict(ids) for label, ids in stored_pins(applied).items()}
+    result = analyse(path, pins=pins)
+    if applied is None:
+        return result
+    parents = {
+        (t.label, t.names[o.key[2]]): o.parent
+        for t in live_of(store, applied).trees
+        for o in t.objects
+        if o.kind == "class" and o.key[2] in t.names
+    }
+    moved: set[tuple[str, str]] = set()
+    while result.policy is not None:
+        found = {
+            (t.label, t.names[o.key[2]])
+            for t in trees_of(result.policy)
+            for o in t.objects
+            if o.kind == "class" and o.key[2] in t.names
+            and parents.get((t.label, t.names[o.key[2]]), o.parent) != o.parent
+        } - moved  # fmt: skip
+        if not found:
+            break
+        for label, name in found:
+            ids = pins.get(label, {})
+            for pin in (name, f"{name}{LEAF_PIN}"):
+                if pin in ids:
+                    ids[pin.replace(name, f"{name}{MOVED_PIN}", 1)] = ids.pop(pin)
+        moved |= found
+        result = analyse(path, pins=pins)
+    return result
 
 
 def live_pins(path: str, name: str | None = None) -> Pins:
