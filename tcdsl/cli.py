@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, cast
 import click
 
 from tcdsl import __version__, ir
+from tcdsl.allocate import Pins
 from tcdsl.backend import BackendOptions
 from tcdsl.backends import BACKENDS
 from tcdsl.cliutil import (
@@ -518,6 +519,23 @@ DIRECTION = click.option(
 )
 
 
+def _applied_ids(policy: str) -> Pins:
+    """The class ids ``tcdsl apply`` gave ``policy`` if it is the file live under its name
+    ({} when it is not, or the state cannot be read): a class added before others has the
+    free id apply chose, not the one compiling the policy alone would give it."""
+    from tcdsl.ops.lifecycle import policy_name, stored_pins
+    from tcdsl.ops.state import Store, valid_name
+
+    name = policy_name(policy, None)
+    try:
+        applied = Store(name).current() if valid_name(name) else None
+    except (OSError, ValueError, KeyError, AssertionError):
+        return {}
+    if applied is None or os.path.realpath(applied.path) != os.path.realpath(policy):
+        return {}
+    return stored_pins(applied)
+
+
 @cli.command(
     "classify",
     epilog="Examples:\n\n\b\n"
@@ -567,7 +585,7 @@ def classify_command(
     from tcdsl.teach.classify import UnknownInterface, classify, render_text, to_json
     from tcdsl.teach.traffic import Packet
 
-    checked = _policy_or_exit(analyse(policy), "classified")
+    checked = _policy_or_exit(analyse(policy, pins=_applied_ids(policy)), "classified")
     verdicts = []
     for packet in packets:
         assert isinstance(packet, Packet)

@@ -113,15 +113,17 @@ def analyse(
     disabled: Iterable[str] = (),
     access: Access | None = None,
     pins: Pins | None = None,
+    tables: Callable[[str], str | None] | None = None,
 ) -> Result:
     """Parse, resolve, check and allocate ``path``; no backend is involved.
 
     ``target`` is the kernel the policy is for (None: any current kernel); the codes in
     ``disabled`` and those disabled by comments in the sources are left out of the result;
     ``access`` says where includes may read (default: below the policy's directory);
-    ``pins`` keeps class ids a live policy has (see :data:`tcdsl.allocate.Pins`).
+    ``pins`` keeps class ids a live policy has (see :data:`tcdsl.allocate.Pins`);
+    ``tables`` gives subscriber tables' text (None for one: read from the disk).
     """
-    reader = Reader(loader, access)
+    reader = Reader(loader, access, tables)
     with _compiling():
         try:
             return _suppressed(_analyse(path, reader, target, pins), disabled)

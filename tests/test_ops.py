@@ -4,6 +4,7 @@ edits applied in place (``tests/ops_edits.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -604,3 +605,146 @@ def test_a_hashed_pref_changes_in_place_and_goes(tcdsl: Tcdsl, host: HostSupport
     assert "u32" not in tcdsl.tc("filter", "show", "dev", "d0")
     assert tcdsl("apply", "--yes", a).code == 0
     assert tcdsl("down", "hashed").code == 0
+
+
+SUBSCRIBERS = (
+    "Circuit ID,Circuit Name,Device ID,Device Name,Parent Node,MAC,IPv4,IPv6,"
+    "Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps,Comment\n"
+    "101,Smith,1,cpe-1,north,,10.99.1.1,,1,1,5,1,\n"
+    "102,Jones,2,cpe-2,north,,10.99.1.2,,2,1,10,1,\n"
+)
+TABLE_POLICY = """\
+interface d0 htb rate 100mbit default other {
+    subscribers download from "subs.csv" { pfifo }
+    class other rate 1mbit
+}
+"""
+
+
+def test_a_saved_policy_compiles_with_its_saved_table(tmp_path: Path) -> None:
+    """A state record's policy is compiled again from the record's text, its subscriber
+    tables too: not from the file as it is now (edited since, or gone)."""
+    from tcdsl.ops.lifecycle import compile_applied
+    from tcdsl.ops.state import Store
+
+    (tmp_path / "subs.csv").write_text(SUBSCRIBERS, encoding="utf-8")
+    path = tmp_path / "p.tcp"
+    path.write_text(TABLE_POLICY, encoding="utf-8")
+    result = analyse(str(path))
+    assert result.policy is not None, result.diagnostics
+    store = Store("p", tmp_path / "state")
+    applied = store.record(str(path), result.sources, ("d0",), {})
+    assert str(tmp_path / "subs.csv") in applied.sources
+
+    def names() -> list[str]:
+        policy = compile_applied(dataclasses.replace(applied, applied_at=time.time()))
+        return [c.name for c in ir.classes_of(policy.interfaces[0].root) if c.name]
+
+    assert names() == ["c101", "c102", "other"]
+    added = SUBSCRIBERS + "103,Brown,3,cpe-3,north,,10.99.1.3,,1,1,5,1,\n"
+    (tmp_path / "subs.csv").write_text(added, encoding="utf-8")
+    assert names() == ["c101", "c102", "other"]  # not the edited file's c103
+    (tmp_path / "subs.csv").unlink()
+    assert names() == ["c101", "c102", "other"]
+
+
+def test_rollback_restores_the_previous_table(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """A table edited and applied, then rolled back: the kernel is the first table's again
+    (the rollback compiles the saved table, not the file as it is now, which may have changed
+    again or be gone), and the next plan of the first table is empty."""
+    table = tcdsl.folder / "subs.csv"
+    table.write_text(SUBSCRIBERS, encoding="utf-8")
+    p = tcdsl.write("p.tcp", TABLE_POLICY)
+    assert tcdsl("apply", "--yes", p).code == 0
+    first = tcdsl.tc("class", "show", "dev", "d0")
+    added = SUBSCRIBERS + "103,Brown,3,cpe-3,north,,10.99.1.3,,1,1,5,1,\n"
+    table.write_text(added.replace(",2,1,10,1,", ",4,1,20,1,"), encoding="utf-8")
+    applied = tcdsl("apply", "--yes", p)
+    assert applied.code == 0 and "+ class c103" in applied.out, applied
+    table.unlink()  # moved away after the apply
+    back = tcdsl("rollback", "p")
+    assert back.code == 0, back
+    assert tcdsl.tc("class", "show", "dev", "d0") == first
+    assert "10.99.1.3" not in tcdsl.tc("filter", "show", "dev", "d0")
+    table.write_text(SUBSCRIBERS, encoding="utf-8")
+    assert tcdsl("plan", p).code == 0
+    # and with the file edited (not applied) instead of gone
+    table.write_text(added, encoding="utf-8")
+    assert tcdsl("apply", "--yes", p).code == 0
+    table.write_text(added.replace("10.99.1.2", "10.99.1.9"), encoding="utf-8")
+    assert tcdsl("rollback", "p").code == 0
+    assert tcdsl.tc("class", "show", "dev", "d0") == first
+    assert "0a630109" not in tcdsl.tc("filter", "show", "dev", "d0")
+
+
+def test_classify_gives_the_ids_apply_gave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A class added before others in a live policy takes a free id and leaves theirs (the
+    state keeps them): ``classify`` names the ids the kernel counts under, as ``status``."""
+    from click.testing import CliRunner
+
+    from tcdsl.cli import cli
+    from tcdsl.ops.state import Store
+
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
+    path = tmp_path / "p.tcp"
+    path.write_text(A, encoding="utf-8")
+    result = analyse(str(path))
+    assert result.policy is not None
+    ids = {"voip": "1:10", "web": "1:20", "bulk": "1:30"}
+    Store("p").record(str(path), result.sources, ("d0",), {"d0": ids})
+    added = A.replace("    class web", "    class ssh rate 1mbit match dport 22\n    class web")
+    path.write_text(added, encoding="utf-8")
+    shown = CliRunner().invoke(
+        cli, ["classify", str(path), "--packet", "tcp dport 80", "--packet", "tcp dport 22"]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "-> class 'web' (1:20)" in shown.output, shown.output
+    assert "-> class 'ssh' (1:20)" not in shown.output and "-> class 'ssh' (1:" in shown.output
+
+
+SITES = """\
+interface d0 htb rate 100mbit default other {
+    class north rate 10mbit ceil 100mbit {
+        subscribers download from "subs.csv" where parent_node == "north" { pfifo }
+    }
+    class south rate 10mbit ceil 100mbit {
+        subscribers download from "subs.csv" where parent_node == "south" pref 2 { pfifo }
+    }
+    class other rate 1mbit
+}
+"""
+
+
+def test_a_subscriber_moved_to_another_site_moves_in_place(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """A circuit moved to another parent node: htb cannot move a class, so the subscriber
+    gets a new class under its new site (a new id), its filters move to it and the old class
+    goes; the tree is not built again (the other subscribers keep their counters)."""
+    table = tcdsl.folder / "subs.csv"
+    rows = SUBSCRIBERS + "103,Brown,3,cpe-3,south,,10.99.1.3,,1,1,5,1,\n"
+    table.write_text(rows, encoding="utf-8")
+    p = tcdsl.write("p.tcp", SITES)
+    assert tcdsl("apply", "--yes", p).code == 0
+    run(["ip", "-n", tcdsl.ns, "addr", "add", "10.99.0.1/16", "dev", "d0"])
+    _udp_to(tcdsl.ns, "10.99.1.1", 3)
+    shown = tcdsl("status", "--format", "json", "--count", "1", "--interval", "0.1", p)
+    ids = {c["name"]: c["classid"] for i in json.loads(shown.out)["trees"] for c in i["classes"]}
+    assert _packets(tcdsl, ids["c101"]) == 3
+    table.write_text(rows.replace(",cpe-2,north,", ",cpe-2,south,"), encoding="utf-8")
+    planned = tcdsl("plan", p)
+    assert "rebuild" not in planned.out and "+ class c102" in planned.out, planned
+    moved = tcdsl("apply", "--yes", p)
+    assert moved.code == 0, moved
+    assert tcdsl("plan", p).out == "no changes\n"
+    assert _packets(tcdsl, ids["c101"]) == 3  # not built again
+    shown = tcdsl("status", "--format", "json", "--count", "1", "--interval", "0.1", p)
+    now = {c["name"]: c["classid"] for i in json.loads(shown.out)["trees"] for c in i["classes"]}
+    assert now["c101"] == ids["c101"] and now["c102"] != ids["c102"], now
+    assert f"parent {ids['south']}" in tcdsl.tc(
+        "class", "show", "dev", "d0", "classid", now["c102"]
+    )
+    assert ids["c102"] + " " not in tcdsl.tc("class", "show", "dev", "d0") + " "
+    _udp_to(tcdsl.ns, "10.99.1.2", 2)
+    assert _packets(tcdsl, now["c102"]) == 2
+    assert tcdsl("rollback", "p").code == 0
+    back = tcdsl.tc("class", "show", "dev", "d0", "classid", ids["c102"])
+    assert f"parent {ids['north']}" in back, back

@@ -941,3 +941,14 @@ def test_two_statements_sharing_many_circuits_is_one_error(tmp_path: Path) -> No
     assert "2 circuits (first '101') are taken by two subscribers statements" in (
         result.errors[0].message
     )
+
+
+def test_a_table_that_cannot_be_read_is_one_error_and_no_follow_ons(tmp_path: Path) -> None:
+    """Two statements read a table that is gone: E027 once, at the first; the second's
+    parent class, left without subscribers, is not said to be unreachable (W311)."""
+    path = tmp_path / "p.tcp"
+    path.write_text(policy(SITES), encoding="utf-8")
+    result = analyse(str(path))
+    assert [(d.code, d.span.line) for d in result.diagnostics] == [("E027", 4)], render(
+        result.diagnostics, result.sources
+    )

@@ -54,11 +54,16 @@ class Reader:
 
     Files are read with ``tcdsl.frontend.source.read_policy`` unless a ``loader`` (path ->
     text) is given; includes must stay where ``access`` allows (by default, below the main
-    policy's directory). A file is read once: including it again does nothing.
+    policy's directory). A file is read once: including it again does nothing. Subscriber
+    tables are read from the disk unless ``table_loader`` (path -> text, or None: read the
+    disk) has them: the saved text of an applied policy, compiled again as it was applied.
     """
 
     def __init__(
-        self, loader: Callable[[str], str] | None = None, access: Access | None = None
+        self,
+        loader: Callable[[str], str] | None = None,
+        access: Access | None = None,
+        table_loader: Callable[[str], str | None] | None = None,
     ) -> None:
         self.scope = Scope()
         self.diagnostics: list[Diagnostic] = []
@@ -69,6 +74,7 @@ class Reader:
         self.sources: dict[str, str] = {}
         self.stack: list[str] = []
         self.loader = loader or read_policy
+        self.table_loader = table_loader
         self.access = access or Access()
         self.tree: str | None = None
         """The main policy's directory: where includes may read."""

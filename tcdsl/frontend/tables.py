@@ -225,6 +225,11 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
     reader = b.reader
     real = os.path.realpath(path)
     if real in reader.tables:
+        if reader.tables[real] is None:
+            # Reported where a statement first read it; this one is left as empty, so what
+            # later stages would say of it (W311, no packet reaches its parent) is not said.
+            msg = f"table '{path}' cannot be used (reported where it is first read)"
+            reader.follow_ons.append(Diagnostic.error("E027", msg, at))
         return reader.tables[real]
     reader.tables[real] = None
     tree = reader.tree or "."
@@ -232,9 +237,12 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
         msg = f"cannot read table {reader.access.refusal(path, tree)}"
         b.error(Diagnostic.error("E023", msg, at))
         return None
+    saved = reader.table_loader(path) if reader.table_loader is not None else None
     try:
         text = normalise_newlines(
-            decode_policy(read_policy_bytes(path, MAX_TABLE_BYTES, "table"), "table")
+            saved
+            if saved is not None
+            else decode_policy(read_policy_bytes(path, MAX_TABLE_BYTES, "table"), "table")
         )
     except SourceError as err:
         found = source_diagnostic(err, path, at)

@@ -19,6 +19,7 @@ from tcdsl.ops.apply import ApplyFailed
 from tcdsl.ops.lifecycle import (
     OpsError,
     Prepared,
+    Reading,
     Unsupported,
     apply,
     compile_new,
@@ -58,9 +59,9 @@ def _store(name: str) -> Store:
     return Store(name)
 
 
-def _compiled(path: str, store: Store) -> Result:
+def _compiled(path: str, store: Store, reading: Reading | None = None) -> Result:
     try:
-        result = compile_new(store, path)
+        result = compile_new(store, path, reading)
     except OpsError as e:
         _fail(NO_STATE, str(e))
     shown = [d for d in result.diagnostics if d.is_error]
@@ -103,7 +104,7 @@ def _prepared(policy: str, name: str | None) -> Prepared:
         reading = start_reading(store)
     except OpsError as e:
         _fail(NO_STATE, str(e))
-    result = _compiled(policy, store)
+    result = _compiled(policy, store, reading)
     try:
         with collector_paused():  # (the kernel objects of both policies, the plan)
             return prepare(store, result.policy, result, reading)

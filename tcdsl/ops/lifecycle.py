@@ -216,7 +216,14 @@ def compile_applied(applied: Applied) -> ir.Policy:
 
 
 def _compile_applied(applied: Applied) -> ir.Policy:
-    result = analyse(applied.path, loader=lambda p: applied.sources[p], pins=stored_pins(applied))
+    # Its tables too are read from the record: the files may have changed since, or be gone
+    # (a record of an older tcdsl may lack a table's text: that one is read from the disk).
+    result = analyse(
+        applied.path,
+        loader=lambda p: applied.sources[p],
+        pins=stored_pins(applied),
+        tables=applied.sources.get,
+    )
     if result.policy is None:
         raise OpsError(f"the saved policy {applied.path} (generation {applied.generation}) "
                        "no longer compiles")  # fmt: skip
@@ -256,9 +263,62 @@ def pins_of(policy: ir.Policy | None) -> Pins:
     return pins
 
 
-def compile_new(store: Store, path: str) -> Result:
-    """``path`` compiled with the class ids of the policy live under ``store``'s name."""
-    return analyse(path, pins=stored_pins(store.current()))
+_LAST_TREES: list[tuple[ir.Policy, tuple[Tree, ...]]] = []
+"""The trees of the policy compile_new made last (prepare plans them next)."""
+
+
+def _trees_of(policy: ir.Policy | None) -> tuple[Tree, ...]:
+    """``trees_of``, made once for the policy compile_new compared and prepare plans."""
+    if _LAST_TREES and _LAST_TREES[0][0] is policy:
+        return _LAST_TREES[0][1]
+    trees = trees_of(policy)
+    if policy is not None:
+        _LAST_TREES[:] = [(policy, trees)]
+    return trees
+
+
+MOVED_PIN = " moved"
+"""After a class name in ``Pins``: the id (and leaf handle) of a class that moved to another
+parent, kept from the classes the apply adds (no class name has a blank)."""
+
+
+def compile_new(store: Store, path: str, reading: Reading | None = None) -> Result:
+    """``path`` compiled with the class ids of the policy live under ``store``'s name. A class
+    that moved to another parent (a subscriber to another site) is given a new id and leaf
+    handle: htb cannot move a class, so the plan builds the new one beside the live one, moves
+    its filters to it and deletes the old (its counters start again), rather than building
+    the whole tree again. Its children move with it, so they are given new ids too.
+    ``reading``: the live record already read (else read now)."""
+    applied = store.current() if reading is None else reading.applied
+    pins = {label: dict(ids) for label, ids in stored_pins(applied).items()}
+    result = analyse(path, pins=pins)
+    if applied is None:
+        return result
+    parents = {
+        (t.label, t.names[o.key[2]]): o.parent
+        for t in (live_of(store, applied) if reading is None else reading.live).trees
+        for o in t.objects
+        if o.kind == "class" and o.key[2] in t.names
+    }
+    moved: set[tuple[str, str]] = set()
+    while result.policy is not None:
+        found = {
+            (t.label, t.names[o.key[2]])
+            for t in _trees_of(result.policy)
+            for o in t.objects
+            if o.kind == "class" and o.key[2] in t.names
+            and parents.get((t.label, t.names[o.key[2]]), o.parent) != o.parent
+        } - moved  # fmt: skip
+        if not found:
+            break
+        for label, name in found:
+            ids = pins.get(label, {})
+            for pin in (name, f"{name}{LEAF_PIN}"):
+                if pin in ids:
+                    ids[pin.replace(name, f"{name}{MOVED_PIN}", 1)] = ids.pop(pin)
+        moved |= found
+        result = analyse(path, pins=pins)
+    return result
 
 
 def live_pins(path: str, name: str | None = None) -> Pins:
@@ -357,7 +417,7 @@ def prepare(
     if applied is not None and (live.kernel is None or reading.kernel_now() != live.kernel):
         # the kernel is not as the apply left it (or nobody noted how it was): compare
         changed = drift(compile_applied(applied), dict(applied.sources))
-    new_trees = trees_of(new)
+    new_trees = _trees_of(new)
     plan = make_plan(live.trees, new_trees, rebuild=changed)
     _foreign(live.trees, new_trees, plan)
     for label, found in sorted(changed.items()):
