@@ -819,22 +819,22 @@ def test_a_top_level_statement_of_a_spread_tree_spreads_its_circuits(tmp_path: P
     # largest first onto the least-loaded queue: 'other' (10mbit), then the 1mbit circuits
     assert per_queue == [[], ["c1", "c4", "c7"], ["c2", "c5", "c8"], ["c3", "c6"]]
     assert not [d for d in result.diagnostics if d.code == "W368"]
-    verdict = CliRunner().invoke(
-        cli,
-        [
-            "classify",
-            str(tmp_path / "p.tcp"),
-            *(arg for n in (1, 4, 8, 9) for arg in ("--packet", f"udp dst 100.64.0.{n} dport 5")),
-            *("--format", "json"),
-        ],
-    )
-    assert verdict.exit_code == 0, verdict.output
-    assert [v["class"] for v in json.loads(verdict.stdout)] == ["c1", "c4", "c8", "other"]
+    assert _classified(tmp_path, (1, 4, 8, 9)) == ["c1", "c4", "c8", "other"]
     # the default may be a circuit, as in a tree without mq (it was E102 'classes: none')
     text = text.replace("default other", "default c1").replace("    class other rate 10mbit\n", "")
     root = ok(build(tmp_path, text, table)).interfaces[0].root
     assert isinstance(root, ir.Mq)
     assert [q.qdisc.default.name for q in root.queues] == ["c1", "c1@2", "c1@3", "c1@4"]  # type: ignore[union-attr]
+
+
+def _classified(tmp_path: Path, hosts: tuple[int, ...]) -> list[str]:
+    """The classes ``tcdsl classify`` gives UDP packets to 100.64.0.N of the policy p.tcp."""
+    packets = (arg for n in hosts for arg in ("--packet", f"udp dst 100.64.0.{n} dport 5"))
+    verdict = CliRunner().invoke(
+        cli, ["classify", str(tmp_path / "p.tcp"), *packets, "--format", "json"]
+    )
+    assert verdict.exit_code == 0, verdict.output
+    return [v["class"] for v in json.loads(verdict.stdout)]
 
 
 def test_a_top_level_statement_of_a_spread_tree_keeps_its_place(tmp_path: Path) -> None:
@@ -852,17 +852,7 @@ def test_a_top_level_statement_of_a_spread_tree_keeps_its_place(tmp_path: Path) 
     result = build(tmp_path, text, table)
     ok(result)
     assert not [d for d in result.diagnostics if d.code == "W312"]
-    verdict = CliRunner().invoke(
-        cli,
-        [
-            "classify",
-            str(tmp_path / "p.tcp"),
-            *(arg for n in (1, 2, 3, 4) for arg in ("--packet", f"udp dst 100.64.0.{n} dport 5")),
-            *("--format", "json"),
-        ],
-    )
-    assert verdict.exit_code == 0, verdict.output
-    assert [v["class"] for v in json.loads(verdict.stdout)] == ["c1", "c2", "c3", "b"]
+    assert _classified(tmp_path, (1, 2, 3, 4)) == ["c1", "c2", "c3", "b"]
 
 
 def test_the_longest_prefix_check_knows_marks_nested_qdiscs_and_the_first_line(
