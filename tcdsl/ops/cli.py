@@ -104,7 +104,8 @@ def _prepared(policy: str, name: str | None) -> Prepared:
         reading = start_reading(store)
     except OpsError as e:
         _fail(NO_STATE, str(e))
-    result = _compiled(policy, store, reading)
+    with collector_paused():  # (the new policy's kernel objects, compared with the live ones)
+        result = _compiled(policy, store, reading)
     try:
         with collector_paused():  # (the kernel objects of both policies, the plan)
             return prepare(store, result.policy, result, reading)
