@@ -523,17 +523,12 @@ def _applied_ids(policy: str) -> Pins:
     """The class ids ``tcdsl apply`` gave ``policy`` if it is the file live under its name
     ({} when it is not, or the state cannot be read): a class added before others has the
     free id apply chose, not the one compiling the policy alone would give it."""
-    from tcdsl.ops.lifecycle import policy_name, stored_pins
-    from tcdsl.ops.state import Store, valid_name
+    from tcdsl.ops.lifecycle import live_pins
 
-    name = policy_name(policy, None)
     try:
-        applied = Store(name).current() if valid_name(name) else None
+        return live_pins(policy, same_file=True)
     except (OSError, ValueError, KeyError, AssertionError):
         return {}
-    if applied is None or os.path.realpath(applied.path) != os.path.realpath(policy):
-        return {}
-    return stored_pins(applied)
 
 
 @cli.command(

@@ -321,13 +321,17 @@ def compile_new(store: Store, path: str, reading: Reading | None = None) -> Resu
     return result
 
 
-def live_pins(path: str, name: str | None = None) -> Pins:
+def live_pins(path: str, name: str | None = None, *, same_file: bool = False) -> Pins:
     """The class ids of the policy live under ``path``'s name ({} when none is), so that a
-    command reading the kernel by the policy's names (``status``) finds what apply made."""
+    command reading the kernel by the policy's names (``status``) finds what apply made.
+    With ``same_file``, {} too unless the live policy was applied from ``path`` itself."""
     state_name = policy_name(path, name)
     if not valid_name(state_name):
         return {}
-    return stored_pins(Store(state_name).current())
+    applied = Store(state_name).current()
+    if same_file and (applied is None or os.path.realpath(applied.path) != os.path.realpath(path)):
+        return {}
+    return stored_pins(applied)
 
 
 def _devices(policy: ir.Policy) -> tuple[str, ...]:
