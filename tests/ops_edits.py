@@ -152,7 +152,7 @@ def edit_tree(rng: random.Random, pol: Pol, serial: list[int]) -> tuple[Pol, set
 
 def _policy(path: Path, text: str, store: Store):  # type: ignore[no-untyped-def]
     path.write_text(text, encoding="utf-8")
-    result = compile_new(store, str(path))
+    result, _ = compile_new(store, str(path))
     assert result.policy is not None, [str(d) for d in result.diagnostics]
     return result
 

@@ -98,8 +98,8 @@ def main(argv: list[str]) -> int:
     store = Store("traffic", state)
     path = state / "traffic.tcp"
     path.write_text(version(0), encoding="utf-8")
-    result = compile_new(store, str(path))
-    apply(prepare(store, result.policy, result), str(path), result.sources)
+    result, trees = compile_new(store, str(path))
+    apply(prepare(store, result.policy, result, new_trees=trees), str(path), result.sources)
     start = time.monotonic()
     sender = threading.Thread(target=send, args=(start + seconds,))
     sender.start()
@@ -113,8 +113,8 @@ def main(argv: list[str]) -> int:
         if now >= next_apply:
             applies += 1
             path.write_text(version(applies), encoding="utf-8")
-            result = compile_new(store, str(path))
-            prepared = prepare(store, result.policy, result)
+            result, trees = compile_new(store, str(path))
+            prepared = prepare(store, result.policy, result, new_trees=trees)
             changes += [c.render() for c in prepared.plan.changes]
             apply(prepared, str(path), result.sources)
             next_apply += 0.5

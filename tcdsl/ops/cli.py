@@ -16,6 +16,7 @@ from tcdsl.diagnostics import Diagnostic, Span, render, render_json
 from tcdsl.driver import Result, analyse, collector_paused
 from tcdsl.frontend.source import Access
 from tcdsl.ops.apply import ApplyFailed
+from tcdsl.ops.desired import Tree
 from tcdsl.ops.lifecycle import (
     OpsError,
     Prepared,
@@ -59,9 +60,11 @@ def _store(name: str) -> Store:
     return Store(name)
 
 
-def _compiled(path: str, store: Store, reading: Reading | None = None) -> Result:
+def _compiled(
+    path: str, store: Store, reading: Reading | None = None
+) -> tuple[Result, tuple[Tree, ...]]:
     try:
-        result = compile_new(store, path, reading)
+        result, trees = compile_new(store, path, reading)
     except OpsError as e:
         _fail(NO_STATE, str(e))
     shown = [d for d in result.diagnostics if d.is_error]
@@ -69,7 +72,7 @@ def _compiled(path: str, store: Store, reading: Reading | None = None) -> Result
         click.echo(render(shown, result.sources), nl=False, err=True)
         click.echo("tcdsl: the policy has errors; nothing was changed", err=True)
         sys.exit(EXIT_FAILED)
-    return result
+    return result, trees
 
 
 def _fail(
@@ -105,10 +108,10 @@ def _prepared(policy: str, name: str | None) -> Prepared:
     except OpsError as e:
         _fail(NO_STATE, str(e))
     with collector_paused():  # (the new policy's kernel objects, compared with the live ones)
-        result = _compiled(policy, store, reading)
+        result, trees = _compiled(policy, store, reading)
     try:
         with collector_paused():  # (the kernel objects of both policies, the plan)
-            return prepare(store, result.policy, result, reading)
+            return prepare(store, result.policy, result, reading, trees)
     except OpsError as e:
         _fail(NO_STATE, str(e))
 

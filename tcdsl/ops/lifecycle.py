@@ -263,37 +263,26 @@ def pins_of(policy: ir.Policy | None) -> Pins:
     return pins
 
 
-_LAST_TREES: list[tuple[ir.Policy, tuple[Tree, ...]]] = []
-"""The trees of the policy compile_new made last (prepare plans them next)."""
-
-
-def _trees_of(policy: ir.Policy | None) -> tuple[Tree, ...]:
-    """``trees_of``, made once for the policy compile_new compared and prepare plans."""
-    if _LAST_TREES and _LAST_TREES[0][0] is policy:
-        return _LAST_TREES[0][1]
-    trees = trees_of(policy)
-    if policy is not None:
-        _LAST_TREES[:] = [(policy, trees)]
-    return trees
-
-
 MOVED_PIN = " moved"
 """After a class name in ``Pins``: the id (and leaf handle) of a class that moved to another
 parent, kept from the classes the apply adds (no class name has a blank)."""
 
 
-def compile_new(store: Store, path: str, reading: Reading | None = None) -> Result:
+def compile_new(
+    store: Store, path: str, reading: Reading | None = None
+) -> tuple[Result, tuple[Tree, ...]]:
     """``path`` compiled with the class ids of the policy live under ``store``'s name. A class
     that moved to another parent (a subscriber to another site) is given a new id and leaf
     handle: htb cannot move a class, so the plan builds the new one beside the live one, moves
     its filters to it and deletes the old (its counters start again), rather than building
     the whole tree again. Its children move with it, so they are given new ids too.
-    ``reading``: the live record already read (else read now)."""
+    ``reading``: the live record already read (else read now). With the result, the kernel
+    objects of its policy (made to compare them; ``prepare`` plans them)."""
     applied = store.current() if reading is None else reading.applied
     pins = {label: dict(ids) for label, ids in stored_pins(applied).items()}
     result = analyse(path, pins=pins)
     if applied is None:
-        return result
+        return result, trees_of(result.policy)
     parents = {
         (t.label, t.names[o.key[2]]): o.parent
         for t in (live_of(store, applied) if reading is None else reading.live).trees
@@ -301,10 +290,11 @@ def compile_new(store: Store, path: str, reading: Reading | None = None) -> Resu
         if o.kind == "class" and o.key[2] in t.names
     }
     moved: set[tuple[str, str]] = set()
+    trees = trees_of(result.policy)
     while result.policy is not None:
         found = {
             (t.label, t.names[o.key[2]])
-            for t in _trees_of(result.policy)
+            for t in trees
             for o in t.objects
             if o.kind == "class" and o.key[2] in t.names
             and parents.get((t.label, t.names[o.key[2]]), o.parent) != o.parent
@@ -318,7 +308,8 @@ def compile_new(store: Store, path: str, reading: Reading | None = None) -> Resu
                     ids[pin.replace(name, f"{name}{MOVED_PIN}", 1)] = ids.pop(pin)
         moved |= found
         result = analyse(path, pins=pins)
-    return result
+        trees = trees_of(result.policy)
+    return result, trees
 
 
 def live_pins(path: str, name: str | None = None, *, same_file: bool = False) -> Pins:
@@ -410,9 +401,11 @@ def prepare(
     new: ir.Policy | None,
     result: Result | None = None,
     reading: Reading | None = None,
+    new_trees: tuple[Tree, ...] | None = None,
 ) -> Prepared:
     """The plan from the policy live under ``store``'s name to ``new`` (None: remove it);
-    ``reading``: the record and the kernel read while ``new`` compiled (else read now)."""
+    ``reading``: the record and the kernel read while ``new`` compiled (else read now);
+    ``new_trees``: ``new``'s kernel objects if already made (``compile_new`` makes them)."""
     if reading is None:
         applied = store.current()
         reading = Reading(applied, live_of(store, applied))
@@ -421,7 +414,8 @@ def prepare(
     if applied is not None and (live.kernel is None or reading.kernel_now() != live.kernel):
         # the kernel is not as the apply left it (or nobody noted how it was): compare
         changed = drift(compile_applied(applied), dict(applied.sources))
-    new_trees = _trees_of(new)
+    if new_trees is None:
+        new_trees = trees_of(new)
     plan = make_plan(live.trees, new_trees, rebuild=changed)
     _foreign(live.trees, new_trees, plan)
     for label, found in sorted(changed.items()):
