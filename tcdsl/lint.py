@@ -336,7 +336,7 @@ def _shadowing(ordered: Sequence[Alternative], family: ir.Family) -> _Shadows:
         if line is None:
             line = by_line[id(match)] = (match, [])
         line[1].append((alt, culprit))
-        if culprit is not None and culprit.match is not match:
+        if _hidden(match, alt, culprit):
             dead.add(id(match))
         earlier.add(alt, split)
         if _is_catch_all(alt):
@@ -373,11 +373,11 @@ def _catch_all_warning(found: list[_Shadows]) -> Iterator[Diagnostic]:
 def _report_line(
     match: ir.Match, alts: list[tuple[Alternative, Alternative | None]]
 ) -> Iterator[Diagnostic]:
-    dead = [(a, c) for a, c in alts if c is not None and c.match is not match]
+    dead = [(a, c) for a, c in alts if _hidden(match, a, c)]
     if not dead:
         return
     # A value is reported when it is hidden in every family it has filters in.
-    live = {_values_span(match, a) for a, c in alts if c is None or c.match is match}
+    live = {_values_span(match, a) for a, c in alts if not _hidden(match, a, c)}
     if len(dead) != len(alts):
         dead = [(a, c) for a, c in dead if _values_span(match, a) not in live]
         if not dead:
@@ -411,6 +411,15 @@ def _report_line(
         if span in said:
             continue
         said.add(span)
+        if culprit.match is match:
+            yield Diagnostic.warning(
+                "W312",
+                "this value never matches: an earlier value of this line takes every packet "
+                "it would match",
+                span,
+                Note("that earlier value", _values_span(match, culprit)),
+            )
+            continue
         whom = "the same class" if culprit.cls is alt.cls else culprit.cls.label
         yield Diagnostic.warning(
             "W312",
@@ -419,6 +428,15 @@ def _report_line(
             span,
             Note("that earlier line", culprit.match.span),
         )
+
+
+def _hidden(match: ir.Match, alt: Alternative, culprit: Alternative | None) -> bool:
+    """Whether ``culprit`` (what covers ``alt``, a filter of ``match``) hides it: another
+    line, or another value of this line (``dst 10.0.0.0/8, 10.1.2.3``; a value is not hidden
+    by its own combinations with other lists' values)."""
+    if culprit is None:
+        return False
+    return culprit.match is not match or _values_span(match, culprit) != _values_span(match, alt)
 
 
 def _same_packets(a: Alternative, b: Alternative) -> bool:
