@@ -172,6 +172,8 @@ class InterfaceAllocator:
         self.hash_min = hash_min
         self.pins = pins or {}
         self.pinned: dict[str, int] = {}
+        self.moved: set[str] = set()
+        """Classes pinned to an id they cannot keep (moved): their leaf handle is not kept."""
         self.leaf_pins = {
             name.removesuffix(LEAF_PIN): h.major
             for name, h in self.pins.items()
@@ -291,16 +293,13 @@ class InterfaceAllocator:
                 self.error("E204", f"class id {h} is not a band of this prio", ref.span)
             used.add(h.minor)
             owner[h.minor] = ref.span
-        for cls in ir.classes_of(q):
-            pin = self.pins.get(cls.name)
-            free = pin is not None and pin.major == major and pin.minor not in used
-            if cls.explicit_id is None and pin is not None and free:
-                used.add(pin.minor)
-                self.pinned[cls.name] = pin.minor
+        self._pin(q.classes, ir.Handle(major, 0), used)
         # The ids of live classes this policy removes are not given to its new ones: a new
         # class would take over the removed one's counters, and the plan would not show it.
         used |= {
-            p.minor for n, p in self.pins.items() if p.major == major and not n.endswith(LEAF_PIN)
+            p.minor
+            for n, p in self.pins.items()
+            if p.major == major and not n.endswith((LEAF_PIN, PARENT_PIN))
         }
         if isinstance(q, ir.Prio):
             bands = q.bands.value if q.bands else 3
@@ -308,6 +307,35 @@ class InterfaceAllocator:
         else:
             pool = Pool(_decimal_looking_minors(), used)
         return tuple(self.klass(c, q, major, pool) for c in q.classes)
+
+    def _pin(self, classes: tuple[ir.Class, ...], parent: ir.Handle | None, used: set[int]) -> None:
+        """Give ``classes`` (under ``parent``, None when its id is not known yet) the ids
+        pinned for them that are free, unless a class moved: its live parent (pinned too) is
+        not its parent now. htb cannot move a class, so a moved one (and its subtree) is a new
+        class: it gets a new id and leaf handle; its old ones stay reserved."""
+        for cls in classes:
+            pin = self.pins.get(cls.name)
+            if pin is None:
+                kept = None
+            elif cls.explicit_id is not None:
+                kept = pin if pin == cls.explicit_id.handle else None
+            else:
+                live_parent = self.pins.get(f"{cls.name}{PARENT_PIN}", parent)
+                free = parent is not None and pin.major == parent.major and pin.minor not in used
+                kept = pin if free and live_parent == parent else None
+                if kept is not None:
+                    used.add(pin.minor)
+                    self.pinned[cls.name] = pin.minor
+            if pin is not None and kept is None:
+                self.moved.add(cls.name)
+            if cls.explicit_id is not None:
+                here: ir.Handle | None = cls.explicit_id.handle
+            elif cls.implicit and parent is not None:
+                # the link class takes the first free minor from 1 (``klass``)
+                here = ir.Handle(parent.major, 1) if 1 not in used else None
+            else:
+                here = kept
+            self._pin(cls.children, here, used)
 
     def klass(self, cls: ir.Class, q: ir.ClassfulQdisc, major: int, pool: Pool) -> ir.Class:
         if cls.explicit_id is not None:
@@ -321,7 +349,8 @@ class InterfaceAllocator:
             minor = taken or 0
         leaf = None
         if cls.leaf is not None:
-            kept = None if cls.implicit else self.leaf_pins.pop(cls.name, None)
+            moved = cls.implicit or cls.name in self.moved
+            kept = None if moved else self.leaf_pins.pop(cls.name, None)
             preferred = minor if minor >= 0x10 else minor * 0x10
             leaf = self.qdisc(cls.leaf, preferred if kept is None else kept, kept is not None)
         children = tuple([self.klass(c, q, major, pool) for c in cls.children])
@@ -633,6 +662,9 @@ htb (``R2Q_PIN``)."""
 
 LEAF_PIN = " leaf"
 """After a class name in ``Pins``: its leaf qdisc's handle (no class name has a blank)."""
+PARENT_PIN = " parent"
+"""After a class name in ``Pins``: the id of its live parent (``1:`` for a top class); a class
+whose parent is another now moved, and is given a new id."""
 R2Q_PIN = " r2q"
 """After an htb's handle (``1:``) in ``Pins``: the r2q it was given, as the major of a handle
 (``5:``), when the policy did not say one."""

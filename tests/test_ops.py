@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tcdsl import ir
-from tcdsl.allocate import Pins
+from tcdsl.allocate import PARENT_PIN, Pins
 from tcdsl.driver import analyse
 from tcdsl.ops.desired import trees_from_json, trees_json, trees_of
 from tcdsl.ops.lifecycle import pins_of
@@ -348,6 +348,46 @@ def test_a_rate_change_keeps_the_live_r2q(tmp_path: Path) -> None:
     new = _policy(tmp_path, "p.tcp", text % edited, pins_of(old))
     plan = _plan(old, new).render()
     assert "!" not in plan and "~ class c5: rate 105kbit -> 60kbit quantum 1000" in plan, plan
+
+
+def test_a_class_pinned_under_another_parent_is_allocated_as_new(tmp_path: Path) -> None:
+    """Pins with the live parents (compile_new gives them): a class now under another parent
+    gets a new id and leaf handle at once (htb cannot move it), and so do its children;
+    the old ids stay reserved; the classes that did not move keep theirs."""
+    x = "        class x rate 1mbit {\n            class y rate 1mbit { pfifo }\n        }\n"
+    text = (
+        "interface d0 htb rate 100mbit default z {\n"
+        "    class a rate 10mbit {\n%s    }\n"
+        "    class b rate 10mbit {\n        class w rate 1mbit { pfifo }\n%s    }\n"
+        "    class z rate 1mbit\n}\n"
+    )
+    old = _policy(tmp_path, "p.tcp", text % (x, ""))
+    pins = {label: dict(ids) for label, ids in pins_of(old).items()}
+    for tree in trees_of(old):
+        for o in tree.objects:
+            if o.kind == "class" and o.key[2] in tree.names and o.parent:
+                major, _, minor = o.parent.partition(":")
+                parent = ir.Handle(int(major, 16), int(minor or "0", 16))
+                pins[tree.label][f"{tree.names[o.key[2]]}{PARENT_PIN}"] = parent
+    moved = text % ("        class v rate 1mbit\n", x)
+    new = _policy(tmp_path, "p.tcp", moved, pins)
+
+    def ids(policy: ir.Policy) -> dict[str, tuple[ir.Handle | None, ir.Handle | None]]:
+        return {
+            c.name: (c.classid, c.leaf.handle if c.leaf else None)
+            for q in ir.walk_qdiscs(policy.interfaces[0].root)
+            for c in ir.classes_of(q)
+        }
+
+    before, after = ids(old), ids(new)
+    for name in ("a", "b", "w", "z"):
+        assert after[name] == before[name], name
+    taken = {h for pair in before.values() for h in pair}
+    for name in ("v", "x", "y"):
+        assert after[name][0] not in taken, (name, after, before)
+    assert after["y"][1] not in taken
+    plan = _plan(old, new).render()
+    assert "rebuild" not in plan and "+ class x" in plan and "- class x" in plan, plan
 
 
 def _plan(old: ir.Policy, new: ir.Policy) -> Plan:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from tcdsl import ir
-from tcdsl.allocate import LEAF_PIN, R2Q_PIN, Pins
+from tcdsl.allocate import LEAF_PIN, PARENT_PIN, R2Q_PIN, Pins
 from tcdsl.commands import default_chain, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
@@ -275,29 +275,37 @@ def compile_new(
     that moved to another parent (a subscriber to another site) is given a new id and leaf
     handle: htb cannot move a class, so the plan builds the new one beside the live one, moves
     its filters to it and deletes the old (its counters start again), rather than building
-    the whole tree again. Its children move with it, so they are given new ids too.
-    ``reading``: the live record already read (else read now). With the result, the kernel
-    objects of its policy (made to compare them; ``prepare`` plans them)."""
+    the whole tree again. Its children move with it, so they are given new ids too (by
+    ``PARENT_PIN``s: the live parents). ``reading``: the live record already read (else read
+    now). With the result, the kernel objects of its policy (made to compare them;
+    ``prepare`` plans them)."""
     applied = store.current() if reading is None else reading.applied
     pins = {label: dict(ids) for label, ids in stored_pins(applied).items()}
-    result = analyse(path, pins=pins)
     if applied is None:
+        result = analyse(path, pins=pins)
         return result, trees_of(result.policy)
-    parents = {
-        (t.label, t.names[o.key[2]]): o.parent
+    live = {  # (tree, class name) -> (its live id, its live parent)
+        (t.label, t.names[o.key[2]]): (o.key[2], o.parent)
         for t in (live_of(store, applied) if reading is None else reading.live).trees
         for o in t.objects
         if o.kind == "class" and o.key[2] in t.names
     }
+    for (label, name), (_, parent) in live.items():
+        if parent is not None:
+            pins.setdefault(label, {})[f"{name}{PARENT_PIN}"] = _handle(parent)
+    result = analyse(path, pins=pins)
     moved: set[tuple[str, str]] = set()
     trees = trees_of(result.policy)
+    # allocate gives a moved class a new id (by PARENT_PIN); a class that kept its live id
+    # under another parent all the same is caught here and compiled again
     while result.policy is not None:
         found = {
             (t.label, t.names[o.key[2]])
             for t in trees
             for o in t.objects
             if o.kind == "class" and o.key[2] in t.names
-            and parents.get((t.label, t.names[o.key[2]]), o.parent) != o.parent
+            and live.get((t.label, t.names[o.key[2]]), (o.key[2], o.parent))[0] == o.key[2]
+            and live.get((t.label, t.names[o.key[2]]), (o.key[2], o.parent))[1] != o.parent
         } - moved  # fmt: skip
         if not found:
             break
