@@ -717,6 +717,30 @@ def test_rollback_restores_the_previous_table(tcdsl: Tcdsl, host: HostSupport) -
     assert "0a630109" not in tcdsl.tc("filter", "show", "dev", "d0")
 
 
+def test_status_shows_the_policy_as_applied(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """status names what is live: the policy and its table as applied, not the table as
+    edited since (not applied) or gone; it says on stderr which files changed."""
+    table = tcdsl.folder / "subs.csv"
+    table.write_text(SUBSCRIBERS, encoding="utf-8")
+    p = tcdsl.write("p.tcp", TABLE_POLICY)
+    assert tcdsl("apply", "--yes", p).code == 0
+
+    def names() -> tuple[list[str], str]:
+        shown = tcdsl("status", "--format", "json", "--count", "1", "--interval", "0.1", p)
+        assert shown.code == 0, shown
+        trees = json.loads(shown.out)["trees"]
+        return sorted(c["name"] for t in trees for c in t["classes"] if c["name"] != "(link)"), shown.err
+
+    assert names() == (["c101", "c102", "other"], "")
+    table.write_text(SUBSCRIBERS + "103,Brown,3,cpe-3,north,,10.99.1.3,,1,1,5,1,\n", "utf-8")
+    found, err = names()
+    assert found == ["c101", "c102", "other"] and f"{table} changed since" in err, err
+    table.unlink()
+    found, err = names()
+    assert found == ["c101", "c102", "other"] and f"{table} changed since" in err, err
+    assert "generation 1" in err and f"{p} changed" not in err, err
+
+
 def test_classify_gives_the_ids_apply_gave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A class added before others in a live policy takes a free id and leaves theirs (the
     state keeps them): ``classify`` names the ids the kernel counts under, as ``status``."""

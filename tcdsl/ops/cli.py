@@ -415,12 +415,25 @@ def status_command(
     sources: dict[str, str] = {}
     devices = list(dict.fromkeys(interfaces))
     if policy is not None:
-        from tcdsl.ops.lifecycle import live_pins
+        from tcdsl.ops.lifecycle import applied_policy, changed_since, live_pins
 
-        # the class ids 'tcdsl apply' gave the policy live under its name, if it is
-        result = analyse(policy, access=access, pins=live_pins(policy))
-        checked = policy_or_exit(result, "shown")
-        sources = result.sources
+        live = applied_policy(policy)
+        if live is not None:
+            # what is live: the policy (and its tables) as applied, not as edited since
+            applied, checked = live
+            sources = dict(applied.sources)
+            changed = changed_since(applied)
+            if changed:
+                click.echo(
+                    f"tcdsl: showing {policy} as applied (generation {applied.generation}): "
+                    f"{', '.join(changed)} changed since (tcdsl plan {policy} shows how)",
+                    err=True,
+                )
+        else:
+            # the class ids 'tcdsl apply' gave the policy live under its name, if it is
+            result = analyse(policy, access=access, pins=live_pins(policy))
+            checked = policy_or_exit(result, "shown")
+            sources = result.sources
         names = {n for iface in checked.interfaces for n in (iface.name, iface.interface)}
         unknown = [name for name in devices if name not in names]
         if unknown:

@@ -333,6 +333,36 @@ def live_pins(path: str, name: str | None = None, *, same_file: bool = False) ->
     return stored_pins(applied)
 
 
+def applied_policy(path: str) -> tuple[Applied, ir.Policy] | None:
+    """The policy live under ``path``'s name as it was applied (from the record's text, its
+    tables too), when it was applied from ``path`` itself; None when not, or when the record
+    cannot be read or compiled again."""
+    state_name = policy_name(path, None)
+    if not valid_name(state_name):
+        return None
+    try:
+        applied = Store(state_name).current()
+        if applied is None or os.path.realpath(applied.path) != os.path.realpath(path):
+            return None
+        return applied, compile_applied(applied)
+    except (OpsError, OSError, ValueError, KeyError):
+        return None
+
+
+def changed_since(applied: Applied) -> list[str]:
+    """The files an applied policy read that differ now from the text it was applied with
+    (or are gone)."""
+    out = []
+    for name, text in sorted(applied.sources.items()):
+        try:
+            now = Path(name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            now = None
+        if now != text:
+            out.append(name)
+    return out
+
+
 def _devices(policy: ir.Policy) -> tuple[str, ...]:
     out: list[str] = []
     for iface in policy.interfaces:
