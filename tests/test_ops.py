@@ -75,13 +75,13 @@ class Tcdsl:
         path.write_text(text, encoding="utf-8")
         return str(path)
 
-    def __call__(self, *args: str) -> Ran:
+    def __call__(self, *args: str, cwd: Path = ROOT) -> Ran:
         done = subprocess.run(
             ["ip", "netns", "exec", self.ns, *TCDSL, *args],
             capture_output=True,
             text=True,
             env=self.env,
-            cwd=ROOT,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             timeout=120,
             check=False,
@@ -739,6 +739,49 @@ def test_status_shows_the_policy_as_applied(tcdsl: Tcdsl, host: HostSupport) -> 
     found, err = names()
     assert found == ["c101", "c102", "other"] and f"{table} changed since" in err, err
     assert "generation 1" in err and f"{p} changed" not in err, err
+
+
+def test_status_finds_a_policy_applied_under_another_name(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """apply --name keeps the state under that name: status --name reads it, so a class
+    added before the others is shown with the id apply gave it, not a fresh numbering."""
+    text = "interface d0 htb rate 100mbit default ssh {\n%s    class ssh rate 10mbit\n}\n"
+    web = "    class web rate 10mbit match dport 80\n"
+    p = tcdsl.write("n.tcp", text % web)
+    assert tcdsl("apply", "--yes", "--name", "site1", p).code == 0
+    p = tcdsl.write("n.tcp", text % ("    class voip rate 1mbit match dport 5060\n" + web))
+    assert tcdsl("apply", "--yes", "--name", "site1", p).code == 0
+    shown = tcdsl("status", "--name", "site1", "--format", "json", "--count", "1",
+                  "--interval", "0.1", p)  # fmt: skip
+    assert shown.code == 0, shown
+    ids = {c["name"]: c["classid"] for t in json.loads(shown.out)["trees"] for c in t["classes"]}
+    web_shown = tcdsl.tc("class", "show", "dev", "d0", "classid", ids["web"])
+    assert "rate 10Mbit" in web_shown, (ids, web_shown)
+    voip = tcdsl.tc("class", "show", "dev", "d0", "classid", ids["voip"])
+    assert "rate 1Mbit" in voip, (ids, voip)
+
+
+def test_status_knows_the_applied_file_from_any_directory(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """The record names files as apply was given them (relative to where it ran): status
+    run elsewhere still knows the applied file by its own path, and does not take another
+    file of the same relative name for it."""
+    table = tcdsl.folder / "subs.csv"
+    table.write_text(SUBSCRIBERS, encoding="utf-8")
+    p = tcdsl.write("p.tcp", TABLE_POLICY)
+    assert tcdsl("apply", "--yes", "p.tcp", cwd=tcdsl.folder).code == 0
+    table.rename(tcdsl.folder / "subs.bak")
+    args = ("status", "--format", "json", "--count", "1", "--interval", "0.1")
+    shown = tcdsl(*args, p)  # from the repository's root, by its absolute path
+    assert shown.code == 0 and "subs.csv changed since" in shown.err, shown
+    other = tcdsl.folder / "other"
+    other.mkdir()
+    (other / "p.tcp").write_text(
+        "interface d0 htb rate 100mbit default other {\n    class other rate 1mbit\n}\n",
+        encoding="utf-8",
+    )
+    shown = tcdsl(*args, "p.tcp", cwd=other)  # the same relative name, another file
+    assert shown.code == 0 and shown.err == "", shown
+    names = [c["name"] for t in json.loads(shown.out)["trees"] for c in t["classes"]]
+    assert "c101" not in names and "other" in names, names
 
 
 def test_classify_gives_the_ids_apply_gave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

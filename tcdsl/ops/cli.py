@@ -347,6 +347,7 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     "device does not exist (E602), 2 on usage errors.",
 )
 @click.argument("policy", required=False, type=click.Path(dir_okay=False))
+@NAME
 @click.option(
     "-i",
     "--interface",
@@ -394,6 +395,7 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
 @access_options
 def status_command(
     policy: str | None,
+    name: str | None,
     interfaces: tuple[str, ...],
     every: float | None,
     count: int | None,
@@ -417,7 +419,9 @@ def status_command(
     if policy is not None:
         from tcdsl.ops.lifecycle import applied_policy, changed_since, live_pins
 
-        live = applied_policy(policy)
+        if name is not None:
+            _store(name)  # (a usable name)
+        live = applied_policy(policy, name)
         if live is not None:
             # what is live: the policy (and its tables) as applied, not as edited since
             applied, checked = live
@@ -431,7 +435,7 @@ def status_command(
                 )
         else:
             # the class ids 'tcdsl apply' gave the policy live under its name, if it is
-            result = analyse(policy, access=access, pins=live_pins(policy))
+            result = analyse(policy, access=access, pins=live_pins(policy, name))
             checked = policy_or_exit(result, "shown")
             sources = result.sources
         names = {n for iface in checked.interfaces for n in (iface.name, iface.interface)}

@@ -320,6 +320,11 @@ def compile_new(
     return result, trees
 
 
+def _elsewhere(applied: Applied, path: str) -> bool:
+    """Whether ``applied`` was applied from another file than ``path`` (named from here)."""
+    return os.path.realpath(applied.where(applied.path)) != os.path.realpath(path)
+
+
 def live_pins(path: str, name: str | None = None, *, same_file: bool = False) -> Pins:
     """The class ids of the policy live under ``path``'s name ({} when none is), so that a
     command reading the kernel by the policy's names (``status``) finds what apply made.
@@ -328,21 +333,21 @@ def live_pins(path: str, name: str | None = None, *, same_file: bool = False) ->
     if not valid_name(state_name):
         return {}
     applied = Store(state_name).current()
-    if same_file and (applied is None or os.path.realpath(applied.path) != os.path.realpath(path)):
+    if same_file and (applied is None or _elsewhere(applied, path)):
         return {}
     return stored_pins(applied)
 
 
-def applied_policy(path: str) -> tuple[Applied, ir.Policy] | None:
-    """The policy live under ``path``'s name as it was applied (from the record's text, its
-    tables too), when it was applied from ``path`` itself; None when not, or when the record
-    cannot be read or compiled again."""
-    state_name = policy_name(path, None)
+def applied_policy(path: str, name: str | None = None) -> tuple[Applied, ir.Policy] | None:
+    """The policy live under ``path``'s name (or ``name``) as it was applied (from the
+    record's text, its tables too), when it was applied from ``path`` itself; None when not,
+    or when the record cannot be read or compiled again."""
+    state_name = policy_name(path, name)
     if not valid_name(state_name):
         return None
     try:
         applied = Store(state_name).current()
-        if applied is None or os.path.realpath(applied.path) != os.path.realpath(path):
+        if applied is None or _elsewhere(applied, path):
             return None
         return applied, compile_applied(applied)
     except (OpsError, OSError, ValueError, KeyError):
@@ -355,7 +360,7 @@ def changed_since(applied: Applied) -> list[str]:
     out = []
     for name, text in sorted(applied.sources.items()):
         try:
-            now = Path(name).read_text(encoding="utf-8")
+            now = Path(applied.where(name)).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             now = None
         if now != text:

@@ -55,10 +55,13 @@ class Applied:
     devices: tuple[str, ...]
     applied_at: float
     classids: Mapping[str, Mapping[str, str]]
+    folder: str = ""
+    """The working directory it was applied from, which its relative paths are relative to
+    ("" in a record of an older tcdsl: the current one is taken)."""
 
     def to_json(self) -> dict[str, object]:
         """The record as JSON."""
-        return {
+        data: dict[str, object] = {
             "generation": self.generation,
             "path": self.path,
             "sources": dict(sorted(self.sources.items())),
@@ -66,6 +69,13 @@ class Applied:
             "applied_at": self.applied_at,
             "classids": {k: dict(sorted(v.items())) for k, v in sorted(self.classids.items())},
         }
+        if self.folder:
+            data["folder"] = self.folder
+        return data
+
+    def where(self, name: str) -> str:
+        """The absolute path of a file it read, named as it was (``path``, a source)."""
+        return os.path.abspath(os.path.join(self.folder or os.getcwd(), name))
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Applied:
@@ -79,6 +89,7 @@ class Applied:
             tuple(str(d) for d in devices),
             float(str(data["applied_at"])),
             {str(k): {str(n): str(c) for n, c in v.items()} for k, v in ids.items()},
+            str(data.get("folder", "")),
         )
 
 
@@ -139,7 +150,7 @@ class Store:
         """Remember a policy as applied (the newest), dropping all but the last KEEP."""
         kept = self.generations()
         number = (kept[-1] + 1) if kept else 1
-        applied = Applied(number, path, sources, devices, time.time(), classids)
+        applied = Applied(number, path, sources, devices, time.time(), classids, os.getcwd())
         write_json(self._applied() / f"{applied.generation}.json", applied.to_json())
         for old in kept[: max(0, len(kept) + 1 - KEEP)]:
             self.forget(old)
@@ -163,7 +174,7 @@ class Store:
               classids: Mapping[str, Mapping[str, str]]) -> None:  # fmt: skip
         """Note an apply under way (until :meth:`record` or :meth:`finish`): a later command
         that finds it knows the kernel may hold part of it."""
-        applied = Applied(0, path, sources, devices, time.time(), classids)
+        applied = Applied(0, path, sources, devices, time.time(), classids, os.getcwd())
         write_json(self.folder / "applying.json", applied.to_json())
 
     def applying(self) -> Applied | None:
