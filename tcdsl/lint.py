@@ -377,9 +377,16 @@ def _report_line(
     if not dead:
         return
     # A value is reported when it is hidden in every family it has filters in.
-    live = {_values_span(match, a) for a, c in alts if not _hidden(match, a, c)}
+    seen = [a for a, c in alts if not _hidden(match, a, c)]
+    live = {_values_span(match, a) for a in seen}
+    live_values = {span for a in seen for span in _value_spans(match, a)}
     if len(dead) != len(alts):
-        dead = [(a, c) for a, c in dead if _values_span(match, a) not in live]
+        dead = [
+            (a, c)
+            for a, c in dead
+            if (_values_span(match, a) not in live if c is None or c.match is not match
+                else _differing(match, a, c)[0] not in live_values)
+        ]  # fmt: skip
         if not dead:
             return
     first, culprit = dead[0]
@@ -407,19 +414,23 @@ def _report_line(
     said: set[Span] = set()
     for alt, culprit in dead:
         assert culprit is not None
-        span = _values_span(match, alt)
-        if span in said:
-            continue
-        said.add(span)
         if culprit.match is match:
+            span, earlier = _differing(match, alt, culprit)
+            if span in said:
+                continue
+            said.add(span)
             yield Diagnostic.warning(
                 "W312",
                 "this value never matches: an earlier value of this line takes every packet "
                 "it would match",
                 span,
-                Note("that earlier value", _values_span(match, culprit)),
+                Note("that earlier value", earlier),
             )
             continue
+        span = _values_span(match, alt)
+        if span in said:
+            continue
+        said.add(span)
         whom = "the same class" if culprit.cls is alt.cls else culprit.cls.label
         yield Diagnostic.warning(
             "W312",
@@ -436,7 +447,20 @@ def _hidden(match: ir.Match, alt: Alternative, culprit: Alternative | None) -> b
     by its own combinations with other lists' values)."""
     if culprit is None:
         return False
-    return culprit.match is not match or _values_span(match, culprit) != _values_span(match, alt)
+    return culprit.match is not match or _value_spans(match, culprit) != _value_spans(match, alt)
+
+
+def _value_spans(match: ir.Match, alt: Alternative) -> tuple[Span, ...]:
+    """The spans of the values that make this alternative, one for each condition."""
+    return tuple(c.span for c in alt.conds[len(alt.conds) - len(match.conds) :])
+
+
+def _differing(match: ir.Match, alt: Alternative, culprit: Alternative) -> tuple[Span, Span]:
+    """Where two alternatives of one line differ first: ``alt``'s value, ``culprit``'s."""
+    for mine, theirs in zip(_value_spans(match, alt), _value_spans(match, culprit), strict=True):
+        if mine != theirs:
+            return mine, theirs
+    return match.span, match.span
 
 
 def _same_packets(a: Alternative, b: Alternative) -> bool:
