@@ -338,6 +338,10 @@ def _shadowing(ordered: Sequence[Alternative], family: ir.Family) -> _Shadows:
         line[1].append((alt, culprit))
         if _hidden(match, alt, culprit):
             dead.add(id(match))
+        police = match.police
+        if police is not None and police.exceed == "continue":
+            # what exceeds the rate goes on to the lines after: they are not hidden
+            continue
         earlier.add(alt, split)
         if _is_catch_all(alt):
             catch_all = alt
