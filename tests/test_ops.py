@@ -647,6 +647,35 @@ def test_a_hashed_pref_changes_in_place_and_goes(tcdsl: Tcdsl, host: HostSupport
     assert tcdsl("down", "hashed").code == 0
 
 
+def test_a_leaf_that_gets_children_applies_in_place(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """A leaf class with its own qdisc that becomes a parent: htb destroys the leaf qdisc
+    when the first child is added, so the plan removes it first (deleting it after failed,
+    and the apply rolled back); the tree is not built again."""
+    old = (
+        "interface d0 htb rate 100mbit default z {\n"
+        "    class a rate 10mbit match dst 10.0.0.7 { pfifo limit 4 }\n"
+        "    class z rate 1mbit\n}\n"
+    )
+    p = tcdsl.write("leaf.tcp", old)
+    assert tcdsl("apply", "--yes", p).code == 0
+    new = old.replace(
+        "    class a rate 10mbit match dst 10.0.0.7 { pfifo limit 4 }\n",
+        "    class a rate 10mbit {\n"
+        "        class a2 rate 1mbit match dst 10.0.0.7 { pfifo limit 4 }\n"
+        "    }\n",
+    )
+    p = tcdsl.write("leaf.tcp", new)
+    planned = tcdsl("plan", p)
+    assert "rebuild" not in planned.out and "+ class a2" in planned.out, planned
+    applied = tcdsl("apply", "--yes", p)
+    assert applied.code == 0, applied
+    assert tcdsl("plan", p).out == "no changes\n"
+    shown = tcdsl("status", "--format", "json", "--count", "1", "--interval", "0.1", p)
+    ids = {c["name"]: c["classid"] for t in json.loads(shown.out)["trees"] for c in t["classes"]}
+    qdiscs = tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert f"parent {ids['a2']} limit 4p" in qdiscs and qdiscs.count("pfifo") == 1, qdiscs
+
+
 SUBSCRIBERS = (
     "Circuit ID,Circuit Name,Device ID,Device Name,Parent Node,MAC,IPv4,IPv6,"
     "Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps,Comment\n"

@@ -343,6 +343,23 @@ def _in_place(
         delete.append(Command("tc", args, o.span, o.what))
     gone = [o for key, o in old.items() if key not in new and key not in replaced]
     removed_classes = {o.handle for o in gone if o.kind == "class"}
+    # A leaf class that gets children: htb destroys its leaf qdisc as the first child is
+    # added, so that qdisc goes first (its class holds the default fifo a moment).
+    # (A classful leaf keeps the order below: its classes go before it.)
+    parents_now = {n.parent for n in new.values() if n.kind == "class"}
+    holding = {x.parent.partition(":")[0] for x in old.values() if x.parent and x.kind != "qdisc"}
+    first: list[Command] = []
+    for o in gone:
+        if (
+            o.kind == "qdisc"
+            and o.parent in parents_now
+            and o.parent not in removed_classes
+            and (o.handle or "").partition(":")[0] not in holding
+        ):
+            plan.changes.append(Change("-", _what(o), o.span))
+            del_args = ("qdisc", "del", "dev", o.dev, "parent", o.parent or "")
+            first.append(Command("tc", del_args, o.span, o.what))
+    early = {c.args[-1] for c in first}
     for o in reversed(gone):  # children before parents
         if o.kind == "class":
             plan.changes.append(Change("-", _what(o), o.span))
@@ -351,14 +368,14 @@ def _in_place(
                     "tc", ("class", "del", "dev", o.dev, "classid", o.handle or ""), o.span, o.what
                 )
             )
-        elif o.kind == "qdisc" and o.parent not in removed_classes:
+        elif o.kind == "qdisc" and o.parent not in removed_classes and o.parent not in early:
             plan.changes.append(Change("-", _what(o), o.span))
             delete.append(
                 Command(
                     "tc", ("qdisc", "del", "dev", o.dev, "parent", o.parent or ""), o.span, o.what
                 )
             )
-    return build + filters, delete
+    return first + build + filters, delete
 
 
 def _filter_text(c: Command, names: Mapping[str, str]) -> str:
