@@ -173,6 +173,10 @@ class InterfaceAllocator:
         self.pins = pins or {}
         self.pinned: dict[str, int] = {}
         self.moved: set[str] = set()
+        self.reserved = {
+            h for n, h in self.pins.items() if not n.endswith((LEAF_PIN, PARENT_PIN, R2Q_PIN))
+        }
+        """The ids of the live classes (and link classes): not given to a new class."""
         """Classes pinned to an id they cannot keep (moved): their leaf handle is not kept."""
         self.leaf_pins = {
             name.removesuffix(LEAF_PIN): h.major
@@ -296,11 +300,7 @@ class InterfaceAllocator:
         self._pin(q.classes, ir.Handle(major, 0), used)
         # The ids of live classes this policy removes are not given to its new ones: a new
         # class would take over the removed one's counters, and the plan would not show it.
-        used |= {
-            p.minor
-            for n, p in self.pins.items()
-            if p.major == major and not n.endswith((LEAF_PIN, PARENT_PIN))
-        }
+        used |= {p.minor for p in self.reserved if p.major == major}
         if isinstance(q, ir.Prio):
             bands = q.bands.value if q.bands else 3
             pool = Pool(iter(range(1, bands + 1)), used)
@@ -331,8 +331,15 @@ class InterfaceAllocator:
             if cls.explicit_id is not None:
                 here: ir.Handle | None = cls.explicit_id.handle
             elif cls.implicit and parent is not None:
-                # the link class takes the first free minor from 1 (``klass``)
-                here = ir.Handle(parent.major, 1) if 1 not in used else None
+                # the link class keeps its live id, else takes the first free minor from 1
+                link = self.pins.get(f"{parent.major:x}:{LINK_PIN}")
+                if link is not None and link.major == parent.major and link.minor not in used:
+                    used.add(link.minor)
+                    self.pinned[f"{parent.major:x}:{LINK_PIN}"] = link.minor
+                    here = link
+                else:  # (as klass will: the ids of live classes are reserved by then)
+                    free = 1 not in used and ir.Handle(parent.major, 1) not in self.reserved
+                    here = ir.Handle(parent.major, 1) if free else None
             else:
                 here = kept
             self._pin(cls.children, here, used)
@@ -342,6 +349,8 @@ class InterfaceAllocator:
             minor = cls.explicit_id.handle.minor
         elif cls.name in self.pinned and not cls.implicit:
             minor = self.pinned[cls.name]
+        elif cls.implicit and f"{major:x}:{LINK_PIN}" in self.pinned:
+            minor = self.pinned[f"{major:x}:{LINK_PIN}"]
         else:
             taken = pool.take(1 if cls.implicit else None)
             if taken is None:
@@ -662,6 +671,9 @@ htb (``R2Q_PIN``)."""
 
 LEAF_PIN = " leaf"
 """After a class name in ``Pins``: its leaf qdisc's handle (no class name has a blank)."""
+LINK_PIN = " link"
+"""After an htb's handle (``1:``) in ``Pins``: the id of the link class tcdsl made for it
+(``interface eth0 htb rate ...``), which has no name of its own."""
 PARENT_PIN = " parent"
 """After a class name in ``Pins``: the id of its live parent (``1:`` for a top class); a class
 whose parent is another now moved, and is given a new id."""

@@ -390,6 +390,24 @@ def test_a_class_pinned_under_another_parent_is_allocated_as_new(tmp_path: Path)
     assert "rebuild" not in plan and "+ class x" in plan and "- class x" in plan, plan
 
 
+def test_the_link_class_keeps_its_id(tmp_path: Path) -> None:
+    """The link class of 'interface d0 htb rate ...' has no name, but apply pins its id too:
+    after an explicit 'class link id 1:1' gave way to it (it could not take the live 1:1),
+    the next compile keeps the id it got instead of going back to 1:1 and rebuilding."""
+    body = "    class web rate 10mbit match dport 80\n    class z rate 1mbit\n"
+    explicit = (
+        "interface d0 htb rate 100mbit default z {\n"
+        f"    class link id 1:1 rate 100mbit {{\n{body}    }}\n}}\n"
+    )
+    implicit = f"interface d0 htb rate 100mbit default z {{\n{body}}}\n"
+    first = _policy(tmp_path, "p.tcp", explicit)
+    second = _policy(tmp_path, "p.tcp", implicit, pins_of(first))
+    third = _policy(tmp_path, "p.tcp", implicit, pins_of(second))
+    link = next(ir.classes_of(second.interfaces[0].root))
+    assert link.implicit and link.classid != ir.Handle(1, 1), link.classid
+    assert _plan(second, third).render() == "no changes\n", _plan(second, third).render()
+
+
 def _plan(old: ir.Policy, new: ir.Policy) -> Plan:
     return make_plan(trees_of(old), trees_of(new))
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from tcdsl import ir
-from tcdsl.allocate import LEAF_PIN, PARENT_PIN, R2Q_PIN, Pins
+from tcdsl.allocate import LEAF_PIN, LINK_PIN, PARENT_PIN, R2Q_PIN, Pins
 from tcdsl.commands import default_chain, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
@@ -260,6 +260,8 @@ def pins_of(policy: ir.Policy | None) -> Pins:
             for cls in ir.classes_of(q):
                 if cls.leaf is not None and cls.leaf.handle is not None and cls.name:
                     ids.setdefault(f"{cls.name}{LEAF_PIN}", cls.leaf.handle)
+                if cls.implicit and q.handle and cls.classid is not None:
+                    ids.setdefault(f"{q.handle}{LINK_PIN}", cls.classid)
     return pins
 
 

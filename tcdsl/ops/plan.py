@@ -5,7 +5,8 @@ compiled again) and those of the new one, as changes a person reads (``+ class g
 (rebuild)``) and as the steps ``apply`` runs.
 
 The order keeps every packet classified and shaped: shared police actions first (filters bind
-to them), then new classes and their leaf qdiscs with parameter changes in place (``class
+to them; and the leaf qdisc of a class that gets children, which htb destroys as the first
+child comes), then new classes and their leaf qdiscs with parameter changes in place (``class
 change``, ``qdisc change``: no counter reset, no queue flush), then filters (a changed group of
 filters is built at a free pref next to its own, so that it is tried in the same place, before
 the old group goes and the group is built again at its own pref; one in u32 hash tables is
