@@ -776,7 +776,9 @@ def test_status_shows_the_policy_as_applied(tcdsl: Tcdsl, host: HostSupport) -> 
         shown = tcdsl("status", "--format", "json", "--count", "1", "--interval", "0.1", p)
         assert shown.code == 0, shown
         trees = json.loads(shown.out)["trees"]
-        return sorted(c["name"] for t in trees for c in t["classes"] if c["name"] != "(link)"), shown.err
+        return sorted(
+            c["name"] for t in trees for c in t["classes"] if c["name"] != "(link)"
+        ), shown.err
 
     assert names() == (["c101", "c102", "other"], "")
     table.write_text(SUBSCRIBERS + "103,Brown,3,cpe-3,north,,10.99.1.3,,1,1,5,1,\n", "utf-8")
