@@ -10,11 +10,11 @@ tests/test_classify_kernel.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from tcdsl.cli import cli
 from tcdsl.diagnostics import Diagnostic, render
 from tcdsl.driver import Result, analyse, compile_policy
 from tcdsl.fmt import format_source
+from tcdsl.frontend.tables import circuit_name
 from tests.conftest import ROOT
 
 HEADER = (
@@ -253,7 +254,15 @@ def test_names_are_made_safe_and_unique(tmp_path: Path) -> None:
     body = '        subscribers from "subs.csv"\n'
     result = build(tmp_path, policy(body), table)
     names = [n for n in classes(ok(result)) if n not in ("", "other")]
-    assert names == ["touch_pwned_rm_rf", "a_b", "a_b_2", "quoted", "Z_rich_1"]
+    assert names == [
+        circuit_name("$(touch pwned); rm -rf /"),
+        "a_b_" + hashlib.blake2s(b"a b", digest_size=5).hexdigest(),
+        "a_b",
+        circuit_name("'quoted'"),
+        circuit_name("Zürich-1"),
+    ]
+    assert names[0].startswith("touch_pwned_rm_rf_") and names[3].startswith("quoted_")
+    assert names[4].startswith("Z_rich_1_")
     (tmp_path / "p.tcp").write_text(policy(body), encoding="utf-8")
     script = compile_policy(str(tmp_path / "p.tcp"), "shell").output
     assert script is not None
@@ -261,24 +270,34 @@ def test_names_are_made_safe_and_unique(tmp_path: Path) -> None:
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
 
 
-def test_names_that_collide_are_made_in_linear_time() -> None:
-    """Ids without a letter or digit of ASCII (Cyrillic names, say) all make 'circuit', then
-    'circuit_2', ...: each name searched its suffix from 2, so 20,000 such ids took minutes
-    (n^2/2 lookups). The names are the same as that search's, made in one step each."""
-    from tcdsl.frontend.tables import _unique_name
+def test_a_name_depends_on_its_circuit_id_alone(tmp_path: Path) -> None:
+    """A subscriber keeps its class name (its class, its counters) whatever other rows come
+    and go: ids that make the same name are told apart by a digest of the id, not by their
+    order ('A-1' removed, 'A 1' took its name and its class before); a numeric id is 'c'
+    and the number, and an id 'c1001' does not take numeric 1001's name."""
+    rows = [
+        _row("A-1", "100.64.0.1"),
+        _row("A 1", "100.64.0.2"),
+        _row("B", "100.64.0.3"),
+        _row("1001", "100.64.0.4"),
+        _row("c1001", "100.64.0.5"),
+    ]
+    body = '        subscribers from "subs.csv"\n'
 
-    def cyrillic(n: int) -> str:  # 0 -> 'а', 33 -> 'бб': a word of Cyrillic letters
-        return "".join(chr(0x430 + int(d, 32)) for d in f"{n:x}".zfill(4))
+    def names(chosen: list[str]) -> dict[str, str]:
+        made = classes(ok(build(tmp_path, policy(body), HEADER + "".join(chosen))))
+        return {addresses(c)[0][1]: n for n, c in made.items() if n not in ("", "other")}
 
-    names: dict[str, int] = {}
-    ids = ["a_b", "a b", "a_b_2", "a-b", "1", "c1", *(cyrillic(i) for i in range(20_000))]
-    start = time.perf_counter()
-    made = [_unique_name(key, names) for key in ids]
-    assert time.perf_counter() - start < 2.0
-    assert made[:6] == ["a_b", "a_b_2", "a_b_2_2", "a_b_3", "c1", "c1_2"]
-    assert made[6:9] == ["circuit", "circuit_2", "circuit_3"]
-    assert made[-1] == "circuit_20000"
-    assert len(set(made)) == len(made)
+    every = names(rows)
+    assert len(set(every.values())) == 5 and every["100.64.0.4/32"] == "c1001"
+    assert every["100.64.0.3/32"] == "B"
+    assert names(rows[1:]) == {k: v for k, v in every.items() if k != "100.64.0.1/32"}
+    assert names(rows[::-1]) == every
+    assert names([rows[4]]) == {"100.64.0.5/32": every["100.64.0.5/32"]}
+    assert every["100.64.0.5/32"].startswith("c1001_")
+    cyrillic = [circuit_name("".join(chr(0x430 + (i >> k) % 32) for k in (0, 5, 10))) for i in
+                range(20_000)]  # fmt: skip
+    assert len(set(cyrillic)) == 20_000 and all(n.startswith("circuit_") for n in cyrillic)
 
 
 def test_a_table_is_read_once(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import io
 import ipaddress
 import os
@@ -535,7 +536,7 @@ def _row(
         return None
     circuit = circuits.get(key)
     if circuit is None:
-        name = _unique_name(key, names)
+        name = _unique_name(circuit_name(key), names)
         circuit = Circuit(key, name, span(key_index), rates, parent, place)
         circuits[key] = circuit
     elif not _agree(reading, table, circuit, place, rates, parent):
@@ -668,6 +669,28 @@ def _host_bits(net: ir.Network, address: str) -> str:
         f"has host bits set: write the network, {net}, or one host, "
         f"{address}/{net.max_prefixlen} (LibreQoS refuses it too)"
     )
+
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]*", re.ASCII)
+_C_NUMBER = re.compile(r"c[0-9]+", re.ASCII)
+
+
+def circuit_name(key: str) -> str:
+    """The class name of the circuit id ``key``, which depends on the id alone (so that a
+    subscriber keeps its class, and its counters, whatever other rows come and go): an id
+    that is a name already as it is (``north_7``); ``c`` and a numeric id (``c1001``); else the
+    id made a name (letters, digits and ``_``, starting with a letter) and a digest of the id,
+    which tells apart ids that make the same name (``a-b``, ``a b``: ``a_b_3f09c1d2e5``,
+    ``a_b_8a6e0b4c17``). An id of the form ``c1001`` is one of the last kind: ``c1001`` is
+    numeric id 1001's."""
+    if key.isascii() and key.isdigit():
+        return "c" + key
+    if _WORD.fullmatch(key) and not _C_NUMBER.fullmatch(key):
+        return key
+    base = _NOT_NAME.sub("_", key).strip("_") or "circuit"
+    if not base[0].isalpha() or not base.isascii():
+        base = "c" + base if base[0].isdigit() else "c_" + base
+    return f"{base}_{hashlib.blake2s(key.encode(), digest_size=5).hexdigest()}"
 
 
 def _unique_name(key: str, names: dict[str, int]) -> str:
