@@ -735,6 +735,26 @@ def test_a_saved_policy_compiles_with_its_saved_table(tmp_path: Path) -> None:
     assert names() == ["c101", "c102", "other"]
 
 
+def test_changed_since_reads_files_as_the_compiler_does(tmp_path: Path) -> None:
+    """What status reports as changed since the apply: a table saved with a byte-order mark
+    (as Excel writes it) or CR LF line ends is not changed; an edited or removed one is."""
+    from tcdsl.ops.lifecycle import changed_since
+    from tcdsl.ops.state import Store
+
+    table = tmp_path / "subs.csv"
+    table.write_bytes(b"\xef\xbb\xbf" + SUBSCRIBERS.replace("\n", "\r\n").encode())
+    path = tmp_path / "p.tcp"
+    path.write_text(TABLE_POLICY, encoding="utf-8")
+    result = analyse(str(path))
+    assert result.policy is not None, result.diagnostics
+    applied = Store("p", tmp_path / "state").record(str(path), result.sources, ("d0",), {})
+    assert changed_since(applied) == []
+    table.write_text(SUBSCRIBERS.replace("10.99.1.2", "10.99.1.9"), encoding="utf-8")
+    assert changed_since(applied) == [str(table)]
+    table.unlink()
+    assert changed_since(applied) == [str(table)]
+
+
 def test_rollback_restores_the_previous_table(tcdsl: Tcdsl, host: HostSupport) -> None:
     """A table edited and applied, then rolled back: the kernel is the first table's again
     (the rollback compiles the saved table, not the file as it is now, which may have changed

@@ -25,6 +25,7 @@ from tcdsl.commands import default_chain, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
 from tcdsl.frontend.builder import ifb_name_for
+from tcdsl.frontend.source import SourceError, decode_policy, normalise_newlines
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.desired import Tree, class_ids, trees_from_json, trees_json, trees_of
 from tcdsl.ops.live import device_exists, drift, fingerprint, live_qdisc, tx_queue_count
@@ -361,11 +362,11 @@ def changed_since(applied: Applied) -> list[str]:
     (or are gone)."""
     out = []
     for name, text in sorted(applied.sources.items()):
-        try:
-            now = Path(applied.where(name)).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+        try:  # read as the compiler reads it (a byte-order mark is no text)
+            now: str | None = decode_policy(Path(applied.where(name)).read_bytes())
+        except (OSError, SourceError):
             now = None
-        if now != text:
+        if now is None or normalise_newlines(now) != normalise_newlines(text):
             out.append(name)
     return out
 
