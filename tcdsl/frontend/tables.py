@@ -208,6 +208,8 @@ class _Reading:
     diagnostics: list[Diagnostic]
     errors: int = 0
     warnings: int = 0
+    shown: bool = False
+    """Whether its lines may be shown though it is not read (its header is a table's)."""
 
     def error(self, code: str, message: str, span: Span, *notes: Note) -> None:
         self.errors += 1
@@ -256,6 +258,8 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
         return None
     reading = _Reading(path, text, Note("in the table read here", at), reader.diagnostics)
     table = _parse(reading, at)
+    if reading.shown:
+        reader.sources[path] = text
     if table is not None:
         reader.sources[path] = text
         table.errors = reading.errors
@@ -331,9 +335,11 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
     path = reading.path
     records = _records(reading.text)
     header: list[str] | None = None
-    for _, _, cells in records:
+    header_line = 0
+    for first, last, cells in records:
         if cells and any(c.strip() for c in cells) and not cells[0].lstrip().startswith("#"):
             header = cells
+            header_line = first if first == last else 0
             break
     if header is None:
         msg = f"table '{path}' has no header row; tcdsl reads ShapedDevices.csv's columns"
@@ -342,7 +348,26 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
     columns: dict[str, int] = {}
     for i, name in enumerate(header):
         key = compact(name)
-        columns.setdefault(_ALIASES.get(key, key), i)
+        column = _ALIASES.get(key, key)
+        if column in COLUMNS and column in columns:
+            # a second IPv4 (say) would be dropped without a word: its addresses never matched
+            msg = (
+                f"table '{path}' has two columns '{header[columns[column]].strip()}' and "
+                f"'{name.strip()}' for {column}: tcdsl would read only the first; merge them "
+                "(a cell holds several addresses, separated by commas)"
+            )
+            if not header_line:
+                reading.diagnostics.append(Diagnostic.error("E028", msg, at))
+                return None
+            raw = reading.text.split("\n", header_line)[header_line - 1]
+            place = _Place(path, header_line, header_line, len(raw) + 1, header,
+                           _cell_starts(raw, header))  # fmt: skip
+            reading.shown = True
+            reading.error(
+                "E028", msg, place.span(i), Note("the first", place.span(columns[column]))
+            )
+            return None
+        columns.setdefault(column, i)
     missing = [k for k in REQUIRED if k not in columns]
     if "ipv4" not in columns and "ipv6" not in columns:
         missing.append("ipv4 or ipv6")
