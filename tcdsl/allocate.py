@@ -173,11 +173,11 @@ class InterfaceAllocator:
         self.pins = pins or {}
         self.pinned: dict[str, int] = {}
         self.moved: set[str] = set()
+        """Classes pinned to an id they cannot keep (moved): their leaf handle is not kept."""
         self.reserved = {
             h for n, h in self.pins.items() if not n.endswith((LEAF_PIN, PARENT_PIN, R2Q_PIN))
         }
         """The ids of the live classes (and link classes): not given to a new class."""
-        """Classes pinned to an id they cannot keep (moved): their leaf handle is not kept."""
         self.leaf_pins = {
             name.removesuffix(LEAF_PIN): h.major
             for name, h in self.pins.items()

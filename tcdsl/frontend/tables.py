@@ -258,10 +258,9 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
         return None
     reading = _Reading(path, text, Note("in the table read here", at), reader.diagnostics)
     table = _parse(reading, at)
-    if reading.shown:
+    if table is not None or reading.shown:
         reader.sources[path] = text
     if table is not None:
-        reader.sources[path] = text
         table.errors = reading.errors
         if reading.errors > MAX_TABLE_ERRORS:
             more = reading.errors - MAX_TABLE_ERRORS

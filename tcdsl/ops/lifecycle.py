@@ -307,8 +307,7 @@ def compile_new(
             for t in trees
             for o in t.objects
             if o.kind == "class" and o.key[2] in t.names
-            and live.get((t.label, t.names[o.key[2]]), (o.key[2], o.parent))[0] == o.key[2]
-            and live.get((t.label, t.names[o.key[2]]), (o.key[2], o.parent))[1] != o.parent
+            and _kept_elsewhere(live.get((t.label, t.names[o.key[2]])), o.key[2], o.parent)
         } - moved  # fmt: skip
         if not found:
             break
@@ -321,6 +320,11 @@ def compile_new(
         result = analyse(path, pins=pins)
         trees = trees_of(result.policy)
     return result, trees
+
+
+def _kept_elsewhere(was: tuple[str, str | None] | None, classid: str, parent: str | None) -> bool:
+    """Whether a class has its live id (``was``: its live id and parent) under another parent."""
+    return was is not None and was[0] == classid and was[1] != parent
 
 
 def _elsewhere(applied: Applied, path: str) -> bool:

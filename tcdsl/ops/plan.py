@@ -350,6 +350,7 @@ def _in_place(
     parents_now = {n.parent for n in new.values() if n.kind == "class"}
     holding = {x.parent.partition(":")[0] for x in old.values() if x.parent and x.kind != "qdisc"}
     first: list[Command] = []
+    early: set[str | None] = set()
     for o in gone:
         if (
             o.kind == "qdisc"
@@ -360,7 +361,7 @@ def _in_place(
             plan.changes.append(Change("-", _what(o), o.span))
             del_args = ("qdisc", "del", "dev", o.dev, "parent", o.parent or "")
             first.append(Command("tc", del_args, o.span, o.what))
-    early = {c.args[-1] for c in first}
+            early.add(o.parent)
     for o in reversed(gone):  # children before parents
         if o.kind == "class":
             plan.changes.append(Change("-", _what(o), o.span))
