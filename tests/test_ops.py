@@ -654,15 +654,47 @@ def test_a_hashed_pref_changes_in_place_and_goes(tcdsl: Tcdsl, host: HostSupport
     )
     c = tcdsl.write("hashed.tcp", split)
     planned = tcdsl("plan", c)
-    assert "changed, in u32 tables (rebuild)" in planned.out, planned
-    assert tcdsl("apply", "--yes", c).code == 0
+    assert "rebuild" not in planned.out and "+ filter wide24" in planned.out, planned
+    for text in (split, edited, split):  # the tables change: swapped, ids used again
+        assert tcdsl("apply", "--yes", tcdsl.write("hashed.tcp", text)).code == 0
+        assert tcdsl("plan", c).out.endswith("\n"), "planned"
     assert tcdsl("plan", c).out == "no changes\n"
+    assert "the kernel agrees" in tcdsl("verify", c).err
+    assert _packets(tcdsl, "1:40") == kept  # not built again
+    _udp_to(tcdsl.ns, "10.0.0.3", 4)
+    assert _packets(tcdsl, "1:40") == kept + 4
     few = "interface d0 htb rate 1gbit default rest {\n    class rest rate 1mbit\n}\n"
     d = tcdsl.write("hashed.tcp", few)
+    planned = tcdsl("plan", d)
+    assert "rebuild" not in planned.out and "- class c3" in planned.out, planned
     assert tcdsl("apply", "--yes", d).code == 0
     assert "u32" not in tcdsl.tc("filter", "show", "dev", "d0")
-    assert tcdsl("apply", "--yes", a).code == 0
+    # the tables went with their group: the same ids are made again
+    back = tcdsl("apply", "--yes", a)
+    assert back.code == 0, back
+    assert "the kernel agrees" in tcdsl("verify", a).err
     assert tcdsl("down", "hashed").code == 0
+
+
+def test_hashed_tables_are_swapped_with_every_subscriber_classified(
+    make_netns: Callable[[], str], tmp_path: Path, host: HostSupport
+) -> None:
+    """Applies that change u32 hash tables themselves (subscribers added in one bucket's
+    range, both families; rows reordered around a wider prefix; most removed; back), run one
+    tc command at a time with frames to unchanged subscribers after each: every frame counted
+    by its subscriber's class (tests/ops_swap.py), no rebuild, the kernel the policy after
+    each apply, and the tables of old groups and copies gone (their ids are made again)."""
+    ns = _netns(make_netns)
+    quiet = Path("/proc/sys/net/ipv6/conf")
+    if quiet.exists():  # d0's own IPv6 packets (router solicitations) would be counted too
+        run(["ip", "netns", "exec", ns, "sh", "-c", f"echo 1 > {quiet}/d0/disable_ipv6"])
+    args = ["ip", "netns", "exec", ns, sys.executable, "-m", "tests.ops_swap", str(tmp_path)]
+    done = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    print({k: v for k, v in found.items() if k != "problems"})
+    assert found["problems"] == [], "\n".join(found["problems"][:10])
+    assert found["swaps"] >= 4 and found["probes"] > 5000
 
 
 def test_a_leaf_that_gets_children_applies_in_place(tcdsl: Tcdsl, host: HostSupport) -> None:

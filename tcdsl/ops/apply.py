@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,19 +47,32 @@ class ApplyFailed(Exception):
         self.restored = restored
 
 
+SETTLE_WAITS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0)
+"""Seconds between the tries of a settling step's command the kernel says is in use (a u32
+table whose last link went: it is let go of after an RCU grace period, milliseconds)."""
+
+
 def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
     """Run one step; the failure of a fatal one, else None."""
     if not step.commands:
         return None
     if step.tool == "tc":
-        text = "".join(" ".join(batch_quote(w) for w in c) + "\n" for c in step.commands)
-        done = runner(["tc", "-batch", "-"], text)
-        if done.returncode == 0 or not step.fatal:
-            return None
-        found = _FAILED.search(done.stderr)
-        n = int(found.group(1)) - 1 if found else len(step.commands) - 1
-        n = min(max(n, 0), len(step.commands) - 1)
-        return Failure("tc " + " ".join(step.commands[n]), done.stderr.strip(), step.origins[n])
+        commands = step.commands
+        waits = iter(SETTLE_WAITS if step.settle else ())
+        start = 0
+        while True:
+            text = "".join(" ".join(batch_quote(w) for w in c) + "\n" for c in commands[start:])
+            done = runner(["tc", "-batch", "-"], text)
+            if done.returncode == 0 or not step.fatal:
+                return None
+            found = _FAILED.search(done.stderr)
+            n = start + int(found.group(1)) - 1 if found else len(commands) - 1
+            n = min(max(n, start), len(commands) - 1)
+            wait = next(waits, None) if "in-use" in done.stderr else None
+            if wait is None:
+                return Failure("tc " + " ".join(commands[n]), done.stderr.strip(), step.origins[n])
+            time.sleep(wait)
+            start = n  # the commands before it were made
     for command, origin in zip(step.commands, step.origins, strict=True):
         done = runner([step.tool, *command], step.stdin)
         if done.returncode != 0 and step.fatal:

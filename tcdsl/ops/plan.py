@@ -10,7 +10,8 @@ child comes), then new classes and their leaf qdiscs with parameter changes in p
 change``, ``qdisc change``: no counter reset, no queue flush), then filters (a changed group of
 filters is built at a free pref next to its own, so that it is tried in the same place, before
 the old group goes and the group is built again at its own pref; one in u32 hash tables is
-changed node by node inside them, ``tcdsl.ops.u32nodes``), and only then deletions
+changed node by node inside them, ``tcdsl.ops.u32nodes``, or, when its tables change,
+swapped in two more steps, ``tcdsl.ops.u32swap``), and only then deletions
 (filters before the classes they send to, children before parents). A tree the kernel cannot
 change in place (an htb root's ``default``, a class moving to another parent, marking rules,
 drift) is built again: its teardown and build in one ``tc -batch``.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tcdsl import ir
@@ -38,6 +39,7 @@ from tcdsl.diagnostics import Span
 from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
 from tcdsl.ops.desired import Key, Obj, Tree, by_key, trees_of, word_after
 from tcdsl.ops.u32nodes import node_changes
+from tcdsl.ops.u32swap import TABLE_IDS, Swaps, is_u32, table_ids
 
 Sign = Literal["+", "~", "-", "!"]
 Tool = Literal["tc", "ip", "iptables", "ip6tables"]
@@ -69,6 +71,9 @@ class Step:
     fatal: bool = True
     stdin: str | None = None
     """What a ``-restore`` step's one command reads."""
+    settle: bool = False
+    """A step of a u32 swap (``tcdsl.ops.u32swap``): a command the kernel says is in use (a
+    table whose last link went, not yet let go of) is tried again a moment later."""
 
 
 @dataclass(slots=True)
@@ -252,30 +257,70 @@ def _why_rebuild(old: dict[Key, Obj], new: dict[Key, Obj]) -> str | None:
                 return f"{n.qdisc_kind} root cannot change in place ({diff})"
         if n.kind == "class" and (o.parent != n.parent or o.qdisc_kind != n.qdisc_kind):
             return f"{_what(n)} moves from {o.parent} to {n.parent}"
-        in_tables = n.kind == "filters" and (has_u32_tables(o) or has_u32_tables(n))
-        if in_tables and node_changes(o, n) is None:
-            return f"{_what(n)} changed, in u32 tables"
     for key, o in old.items():
         if key not in new and o.kind in ("marking", "link"):
             return f"{_what(o)} removed"
-        if key not in new and has_u32_tables(o):
-            return f"{_what(o)} removed, with their u32 tables"
     return None
 
 
 def has_u32_tables(o: Obj) -> bool:
     """Whether a filter group makes u32 tables (``tcdsl.u32layout``). Such a group is changed
-    node by node where its tables stay (``tcdsl.ops.u32nodes``), else its tree is built
-    again: it cannot be built beside itself, as u32 keeps a deleted pref's tables, under ids
-    that are the parent's, while the parent has other u32 filters, and frees them only after
-    an RCU grace period, so the same ids cannot be made again in the same batch."""
+    node by node where its tables stay (``tcdsl.ops.u32nodes``), else swapped for the new one
+    in steps (``tcdsl.ops.u32swap``): u32 keeps a deleted pref's tables, under ids that are
+    the qdisc's, while the qdisc has other u32 filters."""
     return o.kind == "filters" and any("divisor" in c.args for c in o.commands)
 
 
+class _NoCopy(Exception):
+    """No free pref next to a group, or no free table ids, for the copy of a swap."""
+
+
+def _table_ids(objects: Iterable[Obj]) -> dict[tuple[str, str], set[int]]:
+    """The u32 table ids of each (device, parent) among ``objects``."""
+    out: dict[tuple[str, str], set[int]] = {}
+    for o in objects:
+        if o.kind == "filters":
+            out.setdefault((o.dev, o.key[2]), set()).update(table_ids(o))
+    return out
+
+
+def _swap(o: Obj, n: Obj, taken: set[int], used: set[int], swaps: Swaps) -> None:
+    """Swap the group ``o`` for ``n`` by way of a copy at a free pref next to it, under table
+    ids no one uses (``taken`` prefs, ``used`` ids: updated)."""
+    pref = int(n.key[4])
+    free = next((p for p in (pref - 1, pref + 1) if 0 < p < 0x10000 and p not in taken), None)
+    ids = [i for i in range(1, TABLE_IDS + 1) if i not in used][: len(table_ids(n))]
+    if free is None or len(ids) < len(table_ids(n)) or not is_u32(n):
+        raise _NoCopy(f"{_what(n)} changed, in u32 tables, with no free pref or table ids")
+    taken.add(free)
+    used.update(ids)
+    swaps.swap(o, n, free, ids)
+
+
+def _through(o: Obj, old: dict[Key, Obj], new: dict[Key, Obj], swaps: Swaps) -> Key | None:
+    """A u32 pref of ``o``'s qdisc that is there while the removed group's tables are
+    deleted (step 2 of a swap), or None when none is: a copy, or one in both versions."""
+    qdisc = o.key[1:3]
+    for key in swaps.copies:
+        if key[1:3] == qdisc:
+            return key
+    for key, n in new.items():
+        was = old.get(key)
+        both = was is not None and is_u32(n) and is_u32(was)
+        if key[1:3] == qdisc and both and key not in swaps.swapped:
+            return key
+    return None
+
+
 def _in_place(
-    old: dict[Key, Obj], new: dict[Key, Obj], plan: Plan, names: Mapping[str, str]
+    old: dict[Key, Obj],
+    new: dict[Key, Obj],
+    plan: Plan,
+    names: Mapping[str, str],
+    swaps: Swaps,
 ) -> tuple[list[Command], list[Command]]:
-    """The commands that change one tree in place: (build and change, delete)."""
+    """The commands that change one tree in place: (build and change, delete); the swaps of
+    groups in u32 tables go to ``swaps``. Raises _NoCopy when a swap cannot be made."""
     build: list[Command] = []
     replaced: set[Key] = set()
     for key, n in new.items():
@@ -323,22 +368,35 @@ def _in_place(
             )
     filters: list[Command] = []
     taken = {int(k[4]) for k in [*old, *new] if k[0] == "filters"}
+    live_ids = _table_ids(old.values())
+    used = _table_ids([*old.values(), *new.values()])
     for key, n in new.items():
         if key in replaced or n.kind != "filters":
             continue
         o = old.get(key)
         if o is None:
             plan.changes += _filter_changes((), n.commands, names)
-            filters += n.commands
+            if table_ids(n) & live_ids.get((n.dev, key[2]), set()):
+                swaps.add_late(n)
+            else:
+                filters += n.commands
         elif o.words != n.words:
             plan.changes += _filter_changes(o.commands, n.commands, names)
             in_tables = node_changes(o, n) if has_u32_tables(o) else None
-            filters += _changed_filters(o, n, taken) if in_tables is None else in_tables
+            if in_tables is not None:
+                filters += in_tables
+            elif has_u32_tables(o) or has_u32_tables(n):
+                _swap(o, n, taken, used.setdefault((n.dev, key[2]), set()), swaps)
+            else:
+                filters += _changed_filters(o, n, taken)
     delete: list[Command] = []
     for key, o in old.items():
         if key in new or key in replaced or o.kind != "filters":
             continue
         plan.changes += _filter_changes(o.commands, (), names)
+        if has_u32_tables(o):
+            swaps.remove(o, _through(o, old, new, swaps))
+            continue
         _, dev, parent, protocol, pref = o.key
         args = ("filter", "del", "dev", dev, "parent", parent, "protocol", protocol, "prio", pref)
         delete.append(Command("tc", args, o.span, o.what))
@@ -451,6 +509,7 @@ def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] =
     build: list[Command] = []
     delete: list[Command] = []
     marks: list[tuple[ir.Interface, Obj]] = []
+    swaps = Swaps()
     for tree in new:
         iface = tree.iface
         assert iface is not None, "a new tree is a compiled one"
@@ -466,14 +525,23 @@ def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] =
         if why is not None:
             _tree_rebuild(iface, why, plan)
             continue
+        said = len(plan.changes)
+        tree_swaps = Swaps()
+        try:
+            tree_build, tree_delete = _in_place(
+                {k: o for k, o in old_objs.items() if o.kind != "action"},
+                {k: o for k, o in new_objs.items() if o.kind != "action"},
+                plan,
+                names,
+                tree_swaps,
+            )
+        except _NoCopy as e:
+            del plan.changes[said:]
+            _tree_rebuild(iface, str(e), plan)
+            continue
+        swaps.extend(tree_swaps)
         old_actions |= {k: o for k, o in old_objs.items() if o.kind == "action"}
         new_actions |= {k: o for k, o in new_objs.items() if o.kind == "action"}
-        tree_build, tree_delete = _in_place(
-            {k: o for k, o in old_objs.items() if o.kind != "action"},
-            {k: o for k, o in new_objs.items() if o.kind != "action"},
-            plan,
-            names,
-        )
         build += tree_build
         delete += tree_delete
         marking = next((o for o in new_objs.values() if o.kind == "marking"), None)
@@ -481,8 +549,11 @@ def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] =
         if marking is not None and before_marks is not None and marking.words != before_marks.words:
             marks.append((iface, before_marks))
     made, gone = _actions(old_actions, new_actions, plan)
-    if made or build:
-        plan.steps.append(_tc([*made, *build]))
+    if made or build or swaps.copy:
+        plan.steps.append(_tc([*made, *build, *swaps.copy]))
+    for commands in swaps.steps():
+        if commands:
+            plan.steps.append(replace(_tc(commands), settle=True))
     for marked, was in marks:
         _marking_in_place(marked, was, plan)
     if delete:

@@ -1,0 +1,94 @@
+"""A filter group whose u32 tables change, swapped make-before-break (tcdsl.ops.u32swap): the
+steps' order and words; the kernel side is tests/test_ops.py's, frames probed after every
+command (tests/ops_swap.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tcdsl import ir
+from tcdsl.driver import analyse
+from tcdsl.ops.desired import Obj, class_ids, trees_of, word_after
+from tcdsl.ops.plan import _NoCopy, _swap, make_plan
+from tcdsl.ops.u32swap import Swaps, table_ids
+
+
+def _compiled(
+    folder: Path, lines: list[tuple[str, str]], old: ir.Policy | None = None
+) -> ir.Policy:
+    body = "".join(f"    class {name} rate 1mbit match dst {addr}\n" for name, addr in lines)
+    path = folder / "p.tcp"
+    path.write_text(
+        f"interface d0 htb rate 1gbit default rest {{\n{body}    class rest rate 1mbit\n}}\n",
+        encoding="utf-8",
+    )
+    result = analyse(str(path), pins=class_ids(old) if old is not None else None)
+    assert result.policy is not None, result.diagnostics
+    return result.policy
+
+
+def _group(policy: ir.Policy) -> Obj:
+    (group,) = [o for o in trees_of(policy)[0].objects if o.kind == "filters"]
+    return group
+
+
+BASE = [(f"s{i}", f"10.0.0.{i}") for i in range(1, 41)]
+SAME_BUCKET = [(f"t{j}", f"10.0.{j}.7") for j in range(1, 41)]
+"""40 more lines in BASE's bucket 7: it gets a table of its own."""
+
+
+def test_a_change_of_the_tables_is_swapped_in_three_steps(tmp_path: Path) -> None:
+    a = _compiled(tmp_path, BASE)
+    b = _compiled(tmp_path, BASE + SAME_BUCKET, a)
+    old, new = _group(a), _group(b)
+    assert table_ids(old) == {1} and len(table_ids(new)) == 2  # a second level appeared
+    plan = make_plan(trees_of(a), trees_of(b))
+    assert "rebuild" not in plan.render()
+    build, settle, clear = plan.steps
+    assert not build.settle and settle.settle and clear.settle
+    copy = [c for c in build.commands if c[0] == "filter"]
+    assert {word_after(c, "prio") for c in copy} == {"2"}  # next to pref 1, nothing between
+    copied = {int(word_after(c, "handle").split(":")[0], 16) for c in copy if "divisor" in c}
+    assert len(copied) == 2 and not copied & (table_ids(old) | table_ids(new))
+    words = [" ".join(c) for c in settle.commands]
+    gone = "filter del dev d0 parent 1: protocol ip prio"
+    assert words[0] == f"{gone} 1"  # the old group goes whole, at once
+    assert words[1] == f"{gone} 2 handle 1: u32"  # its table, through the copy
+    assert settle.commands[2:-1] == tuple(c.args for c in new.commands)
+    assert words[-1] == f"{gone} 2"
+    top = {
+        int((word_after(c, "link") or "").split(":")[0], 16)
+        for c in copy
+        if "link" in c and (word_after(c, "handle") or "").startswith("::")
+    }
+    assert len(top) == 1, "one table linked from the pref's root, one inside it"
+    assert [" ".join(c) for c in clear.commands] == [
+        f"{gone} 1 handle {t:x}: u32" for t in [*top, *(copied - top)]
+    ], "the top table first: the inner one is let go of when the top one goes"
+
+
+def test_a_group_with_tables_that_goes_takes_them_with_it(tmp_path: Path) -> None:
+    a = _compiled(tmp_path, BASE)
+    b = _compiled(tmp_path, [], a)
+    plan = make_plan(trees_of(a), trees_of(b))
+    assert "rebuild" not in plan.render() and "- filter s7 (" in plan.render()
+    settle = next(s for s in plan.steps if s.settle)
+    # no other u32 pref stays: the qdisc's table pool goes with its last one
+    assert [" ".join(c) for c in settle.commands] == [
+        "filter del dev d0 parent 1: protocol ip prio 1"
+    ]
+
+
+def test_without_a_free_pref_or_table_ids_the_tree_is_built_again(tmp_path: Path) -> None:
+    a = _compiled(tmp_path, BASE)
+    b = _compiled(tmp_path, BASE + SAME_BUCKET, a)
+    old, new = _group(a), _group(b)
+    with pytest.raises(_NoCopy):
+        _swap(old, new, {0, 2}, set(), Swaps())  # prefs 0 (none) and 2 taken
+    with pytest.raises(_NoCopy):
+        _swap(old, new, set(), set(range(1, 0x7FF)), Swaps())  # one id left, two tables
+    swaps = Swaps()
+    _swap(old, new, set(), set(range(1, 0x7FE)), swaps)  # two ids left
+    assert swaps.copies == [("filters", "d0", "1:", "ip", "2")]
