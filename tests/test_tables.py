@@ -646,6 +646,26 @@ def test_an_ipv6_address_with_a_zone_is_an_error(tmp_path: Path, cell: str) -> N
     assert "zone" in result.errors[0].message
 
 
+@pytest.mark.parametrize(
+    ("cell", "meant"),
+    [("::ffff:100.64.0.1", "100.64.0.1"), ("::FFFF:6440:0/120", "100.64.0.0/24")],
+)
+def test_an_ipv4_mapped_ipv6_address_is_an_error(tmp_path: Path, cell: str, meant: str) -> None:
+    """No IPv6 packet carries ::ffff:a.b.c.d (a socket sends IPv4 to it): the filter would
+    never match, and the subscriber's traffic would go unshaped by its class."""
+    table = HEADER + f"1,a,1,d,north,,,{cell},1,1,10,5,\n"
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E029", "subs.csv", 2, 17)]
+    assert (
+        "IPv4-mapped IPv6 address, which no IPv6 packet carries (a socket sends IPv4 to "
+        f"it): write {meant} in the IPv4 column" in result.errors[0].message
+    )
+    near = HEADER + "1,a,1,d,north,,,::fffe:100.64.0.1,1,1,10,5,\n"  # not mapped: fine
+    assert "c1" in classes(
+        ok(build(tmp_path, policy('        subscribers from "subs.csv"\n'), near))
+    )
+
+
 def test_a_bad_address_is_quoted_as_written(tmp_path: Path) -> None:
     """Blanks are dropped inside an address, but the error quotes the cell's text: two
     addresses separated by a blank were shown as one run of digits ('100.64.0.1100.64.0.2')."""

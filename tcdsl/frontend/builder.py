@@ -166,7 +166,8 @@ class Builder(Transformer[Token, Any]):
             return
         if isinstance(value, Token):  # an address
             net = self._network(value)
-            if net is None:
+            if net is None:  # said why; its uses say nothing more
+                self.scope.broken.setdefault(str(name), span)
                 return
             self.scope.constants[str(name)] = (Address(net, self.sp(value)), span)
             return

@@ -669,7 +669,8 @@ def _network(text: str, family: str) -> ir.Network | str:
                     whole = int.from_bytes(packed, "big")
                     if bits is not None and whole & ((1 << (128 - bits)) - 1):
                         return _host_bits(ipaddress.IPv6Network((whole, bits), False), address)
-                    return ipaddress.IPv6Network((whole, 128 if bits is None else bits))
+                    six = ipaddress.IPv6Network((whole, 128 if bits is None else bits))
+                    return _mapped(six) if whole >> 32 == 0xFFFF else six
         except OSError:
             pass
     try:
@@ -685,7 +686,20 @@ def _network(text: str, family: str) -> ir.Network | str:
         return f"has a zone ('{zone}'), which a filter cannot match: write the address without it"
     if slash and ipaddress.ip_address(address) != net.network_address:
         return _host_bits(net, address)
-    return net
+    return _mapped(net) if isinstance(net, ipaddress.IPv6Network) else net
+
+
+def _mapped(net: ipaddress.IPv6Network) -> ipaddress.IPv6Network | str:
+    """``net``, or why not when it is IPv4-mapped (``::ffff:100.64.0.1``): no IPv6 packet
+    carries such an address (a socket sends IPv4 to it), so its filter would never match."""
+    mapped = net.network_address.ipv4_mapped
+    if mapped is None or net.prefixlen < 96:
+        return net
+    v4 = ipaddress.IPv4Network((mapped, net.prefixlen - 96))
+    return (
+        f"is an IPv4-mapped IPv6 address, which no IPv6 packet carries (a socket sends IPv4 "
+        f"to it): write {v4.network_address if v4.prefixlen == 32 else v4} in the IPv4 column"
+    )
 
 
 def _host_bits(net: ir.Network, address: str) -> str:
