@@ -15,7 +15,9 @@ change. Goals (issue 12): (c) < 1 s at N = 10,000; (a)/(b) <= 1.1.
 Then, for issue 13, N subscribers (one ``/32`` each, as ``bench/mq_bench.py`` writes them, on
 one htb: their lines go into u32 hash tables): (e) one subscriber added in the middle and
 applied (node by node inside the tables, ``tcdsl/ops/u32nodes.py``), end to end, with another
-subscriber's counters checked not to reset.
+subscriber's counters checked not to reset; (f) a customer with a /24 added in the middle
+(it splits the hashed run: the pref's tables change, and the pref is swapped make-before-break,
+``tcdsl/ops/u32swap.py``), end to end, counters checked the same way.
 """
 
 from __future__ import annotations
@@ -92,9 +94,11 @@ def _udp(ns: str, to: str, count: int = 3) -> None:
     )
 
 
-def _subscriber_added(n: int, tmp: str, env: dict[str, str]) -> tuple[float, bool]:
+def _subscriber_added(
+    n: int, tmp: str, env: dict[str, str], wide: bool = False
+) -> tuple[float, bool]:
     """(e): seconds for ``tcdsl apply`` of one subscriber added to N hashed ones, and whether
-    another subscriber's counters were kept."""
+    another subscriber's counters were kept; (f) with ``wide``: a /24 customer instead."""
     text = subscribers(n, mq=False)
     path = Path(tmp) / "subscribers.tcp"
     path.write_text(text, encoding="utf-8")
@@ -110,7 +114,8 @@ def _subscriber_added(n: int, tmp: str, env: dict[str, str]) -> tuple[float, boo
         assert busy is not None, "the subscriber's packets reached no class"
         before = _sent(ns, busy.group(1))
         middle = f"match dst {address(n // 2)}"
-        new = f"class added rate 1mbit ceil 100mbit match dst {address(n + 1)} {{ pfifo }}\n"
+        added = "10.250.0.0/24" if wide else address(n + 1)
+        new = f"class added rate 1mbit ceil 100mbit match dst {added} {{ pfifo }}\n"
         at = text.index("    class", text.index(middle))
         path.write_text(text[:at] + "    " + new + text[at:], encoding="utf-8")
         seconds, said = _timed(ns, [TCDSL, "apply", "--yes", str(path)], env)
@@ -165,12 +170,21 @@ def main() -> None:
             f"{'yes' if kept else 'NO':>5}",
             flush=True,
         )
-    print(f"\n{'N':>7} {'one subscriber added s':>23} {'kept':>5}")
+    print(
+        f"\n{'N':>7} {'one subscriber added s':>23} {'kept':>5} {'a /24 added s':>14} {'kept':>5}"
+    )
     for n in args.sizes:
         with tempfile.TemporaryDirectory(prefix="tcdsl-ops-bench-") as tmp:
             env = dict(os.environ, TCDSL_STATE_DIR=f"{tmp}/state")
             added, kept = _subscriber_added(n, tmp, env)
-        print(f"{n:>7} {added:>23.2f} {'yes' if kept else 'NO':>5}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="tcdsl-ops-bench-") as tmp:
+            env = dict(os.environ, TCDSL_STATE_DIR=f"{tmp}/state")
+            wide, wide_kept = _subscriber_added(n, tmp, env, wide=True)
+        print(
+            f"{n:>7} {added:>23.2f} {'yes' if kept else 'NO':>5} {wide:>14.2f} "
+            f"{'yes' if wide_kept else 'NO':>5}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -676,6 +676,31 @@ def test_a_hashed_pref_changes_in_place_and_goes(tcdsl: Tcdsl, host: HostSupport
     assert tcdsl("down", "hashed").code == 0
 
 
+def test_hashed_tables_without_a_free_pref_change_in_place(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Tables that change in a pref with no free pref next to it (ssh at pref 2): the pref is
+    deleted and built again, not the tree (the other classes keep their counters), its
+    tables deleted through ssh's pref, so that the same ids are made again later."""
+    run(["ip", "-n", tcdsl.ns, "addr", "add", "10.0.0.254/8", "dev", "d0"])
+    ssh = "    class ssh rate 1mbit match dport 22 pref 2\n    class rest"
+    grown = HASHED.replace("    class wide", "".join(
+        f"    class t{j} rate 1mbit match dst 10.0.{j}.7\n" for j in range(1, 41)
+    ) + "    class wide")  # fmt: skip
+    texts = [t.replace("    class rest", ssh) for t in (HASHED, grown, HASHED, grown)]
+    assert tcdsl("apply", "--yes", tcdsl.write("hashed.tcp", texts[0])).code == 0
+    _udp_to(tcdsl.ns, "10.0.0.3", 5)
+    for text in texts[1:]:
+        path = tcdsl.write("hashed.tcp", text)
+        planned = tcdsl("plan", path)
+        assert "rebuild" not in planned.out and "filter t1 (" in planned.out, planned
+        done = tcdsl("apply", "--yes", path)
+        assert done.code == 0, done
+        assert tcdsl("plan", path).out == "no changes\n"
+        assert "the kernel agrees" in tcdsl("verify", path).err
+    assert _packets(tcdsl, "1:40") == 5  # c3's: not built again
+    _udp_to(tcdsl.ns, "10.0.0.3", 2)
+    assert _packets(tcdsl, "1:40") == 7
+
+
 def test_hashed_tables_are_swapped_with_every_subscriber_classified(
     make_netns: Callable[[], str], tmp_path: Path, host: HostSupport
 ) -> None:

@@ -6,19 +6,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tcdsl import ir
 from tcdsl.driver import analyse
 from tcdsl.ops.desired import Obj, class_ids, trees_of, word_after
-from tcdsl.ops.plan import _NoCopy, _swap, make_plan
+from tcdsl.ops.plan import _swap, make_plan
 from tcdsl.ops.u32swap import Swaps, table_ids
 
 
 def _compiled(
-    folder: Path, lines: list[tuple[str, str]], old: ir.Policy | None = None
+    folder: Path, lines: list[tuple[str, str]], old: ir.Policy | None = None, extra: str = ""
 ) -> ir.Policy:
     body = "".join(f"    class {name} rate 1mbit match dst {addr}\n" for name, addr in lines)
+    body += extra
     path = folder / "p.tcp"
     path.write_text(
         f"interface d0 htb rate 1gbit default rest {{\n{body}    class rest rate 1mbit\n}}\n",
@@ -81,14 +80,30 @@ def test_a_group_with_tables_that_goes_takes_them_with_it(tmp_path: Path) -> Non
     ]
 
 
-def test_without_a_free_pref_or_table_ids_the_tree_is_built_again(tmp_path: Path) -> None:
+def test_without_a_free_pref_the_group_is_deleted_and_built_again(tmp_path: Path) -> None:
+    """No tree rebuild: the old pref goes (its tables through another u32 pref of the qdisc
+    that stays), then the new one is built; without a copy, so no table ids are needed."""
     a = _compiled(tmp_path, BASE)
     b = _compiled(tmp_path, BASE + SAME_BUCKET, a)
     old, new = _group(a), _group(b)
-    with pytest.raises(_NoCopy):
-        _swap(old, new, {0, 2}, set(), Swaps())  # prefs 0 (none) and 2 taken
-    with pytest.raises(_NoCopy):
-        _swap(old, new, set(), set(range(1, 0x7FF)), Swaps())  # one id left, two tables
+    assert not _swap(old, new, {0, 2}, set(), Swaps())  # prefs 0 (none) and 2 taken
+    assert not _swap(old, new, set(), set(range(1, 0x7FF)), Swaps())  # one id, two tables
     swaps = Swaps()
-    _swap(old, new, set(), set(range(1, 0x7FE)), swaps)  # two ids left
+    assert _swap(old, new, set(), set(range(1, 0x7FE)), swaps)  # two ids left
     assert swaps.copies == [("filters", "d0", "1:", "ip", "2")]
+    ssh = "    class ssh rate 1mbit match dport 22 pref 2\n"  # next to the tables' pref 1
+    c = _compiled(tmp_path, BASE + SAME_BUCKET, extra=ssh)
+    d = _compiled(tmp_path, BASE, c, extra=ssh)
+    assert {_prefs(c), _prefs(d)} == {("1", "2", "32770")}  # ssh for IPv6 too
+    plan = make_plan(trees_of(c), trees_of(d))
+    assert "rebuild" not in plan.render()
+    (settle,) = [s for s in plan.steps if s.settle]
+    words = [" ".join(c) for c in settle.commands]
+    gone = "filter del dev d0 parent 1: protocol ip prio"
+    assert words[:3] == [f"{gone} 1", f"{gone} 2 handle 1: u32", f"{gone} 2 handle 2: u32"]
+    (tables,) = [o for o in trees_of(d)[0].objects if o.kind == "filters" and o.key[4] == "1"]
+    assert settle.commands[3:] == tuple(c.args for c in tables.commands)
+
+
+def _prefs(policy: ir.Policy) -> tuple[str, ...]:
+    return tuple(sorted(o.key[4] for o in trees_of(policy)[0].objects if o.kind == "filters"))

@@ -271,10 +271,6 @@ def has_u32_tables(o: Obj) -> bool:
     return o.kind == "filters" and any("divisor" in c.args for c in o.commands)
 
 
-class _NoCopy(Exception):
-    """No free pref next to a group, or no free table ids, for the copy of a swap."""
-
-
 def _table_ids(objects: Iterable[Obj]) -> dict[tuple[str, str], set[int]]:
     """The u32 table ids of each (device, parent) among ``objects``."""
     out: dict[tuple[str, str], set[int]] = {}
@@ -284,30 +280,34 @@ def _table_ids(objects: Iterable[Obj]) -> dict[tuple[str, str], set[int]]:
     return out
 
 
-def _swap(o: Obj, n: Obj, taken: set[int], used: set[int], swaps: Swaps) -> None:
+def _swap(o: Obj, n: Obj, taken: set[int], used: set[int], swaps: Swaps) -> bool:
     """Swap the group ``o`` for ``n`` by way of a copy at a free pref next to it, under table
-    ids no one uses (``taken`` prefs, ``used`` ids: updated)."""
+    ids no one uses (``taken`` prefs, ``used`` ids: updated); False when there is no such
+    pref or not enough ids (the caller deletes and builds it in place)."""
     pref = int(n.key[4])
     free = next((p for p in (pref - 1, pref + 1) if 0 < p < 0x10000 and p not in taken), None)
     ids = [i for i in range(1, TABLE_IDS + 1) if i not in used][: len(table_ids(n))]
     if free is None or len(ids) < len(table_ids(n)) or not is_u32(n):
-        raise _NoCopy(f"{_what(n)} changed, in u32 tables, with no free pref or table ids")
+        return False
     taken.add(free)
     used.update(ids)
     swaps.swap(o, n, free, ids)
+    return True
 
 
-def _through(o: Obj, old: dict[Key, Obj], new: dict[Key, Obj], swaps: Swaps) -> Key | None:
-    """A u32 pref of ``o``'s qdisc that is there while the removed group's tables are
-    deleted (step 2 of a swap), or None when none is: a copy, or one in both versions."""
+def _through(
+    o: Obj, there: Iterable[Key], old: dict[Key, Obj], new: dict[Key, Obj], swaps: Swaps
+) -> Key | None:
+    """A u32 pref of ``o``'s qdisc that is there while the tables of ``o`` (whose pref is
+    deleted) are deleted (step 2 of a swap), or None when there is none (the qdisc's table
+    pool then goes with its last u32 pref): a copy, or one of the groups ``there``."""
     qdisc = o.key[1:3]
     for key in swaps.copies:
         if key[1:3] == qdisc:
             return key
-    for key, n in new.items():
-        was = old.get(key)
-        both = was is not None and is_u32(n) and is_u32(was)
-        if key[1:3] == qdisc and both and key not in swaps.swapped:
+    for key in there:
+        group = new.get(key) or old[key]
+        if key[1:3] == qdisc and is_u32(group):
             return key
     return None
 
@@ -320,7 +320,7 @@ def _in_place(
     swaps: Swaps,
 ) -> tuple[list[Command], list[Command]]:
     """The commands that change one tree in place: (build and change, delete); the swaps of
-    groups in u32 tables go to ``swaps``. Raises _NoCopy when a swap cannot be made."""
+    groups in u32 tables go to ``swaps``."""
     build: list[Command] = []
     replaced: set[Key] = set()
     for key, n in new.items():
@@ -370,6 +370,8 @@ def _in_place(
     taken = {int(k[4]) for k in [*old, *new] if k[0] == "filters"}
     live_ids = _table_ids(old.values())
     used = _table_ids([*old.values(), *new.values()])
+    unmade: list[Obj] = []
+    """Old groups in tables deleted whole in step 2 without a copy (removed, or no copy)."""
     for key, n in new.items():
         if key in replaced or n.kind != "filters":
             continue
@@ -386,7 +388,11 @@ def _in_place(
             if in_tables is not None:
                 filters += in_tables
             elif has_u32_tables(o) or has_u32_tables(n):
-                _swap(o, n, taken, used.setdefault((n.dev, key[2]), set()), swaps)
+                if not _swap(o, n, taken, used.setdefault((n.dev, key[2]), set()), swaps):
+                    # no pref free next to it: deleted and built again (for that moment its
+                    # packets meet the prefs after it), its tables deleted with it
+                    unmade.append(o)
+                    swaps.add_late(n)
             else:
                 filters += _changed_filters(o, n, taken)
     delete: list[Command] = []
@@ -395,11 +401,18 @@ def _in_place(
             continue
         plan.changes += _filter_changes(o.commands, (), names)
         if has_u32_tables(o):
-            swaps.remove(o, _through(o, old, new, swaps))
+            unmade.append(o)
             continue
         _, dev, parent, protocol, pref = o.key
         args = ("filter", "del", "dev", dev, "parent", parent, "protocol", protocol, "prio", pref)
         delete.append(Command("tc", args, o.span, o.what))
+    # the groups there in step 2: each old one not deleted in it (removed ones without tables
+    # go later), each new one built before it
+    deleted = {o.key for o in unmade} | set(swaps.swapped)
+    late = set(swaps.late)
+    there = [k for k in [*old, *new] if k[0] == "filters" and k not in deleted | late]
+    for o in unmade:
+        swaps.remove(o, _through(o, there, old, new, swaps))
     gone = [o for key, o in old.items() if key not in new and key not in replaced]
     removed_classes = {o.handle for o in gone if o.kind == "class"}
     # A leaf class that gets children: htb destroys its leaf qdisc as the first child is
@@ -525,21 +538,13 @@ def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] =
         if why is not None:
             _tree_rebuild(iface, why, plan)
             continue
-        said = len(plan.changes)
-        tree_swaps = Swaps()
-        try:
-            tree_build, tree_delete = _in_place(
-                {k: o for k, o in old_objs.items() if o.kind != "action"},
-                {k: o for k, o in new_objs.items() if o.kind != "action"},
-                plan,
-                names,
-                tree_swaps,
-            )
-        except _NoCopy as e:
-            del plan.changes[said:]
-            _tree_rebuild(iface, str(e), plan)
-            continue
-        swaps.extend(tree_swaps)
+        tree_build, tree_delete = _in_place(
+            {k: o for k, o in old_objs.items() if o.kind != "action"},
+            {k: o for k, o in new_objs.items() if o.kind != "action"},
+            plan,
+            names,
+            swaps,
+        )
         old_actions |= {k: o for k, o in old_objs.items() if o.kind == "action"}
         new_actions |= {k: o for k, o in new_objs.items() if o.kind == "action"}
         build += tree_build

@@ -24,13 +24,16 @@ Every packet is classified as the old policy or the new one says, and the tables
 group and of the copy are gone at the end. A group that goes has its pref deleted in step 2
 and its tables through another u32 pref of the qdisc that stays (with none, the qdisc's
 table pool goes with its last u32 pref); one that comes whose table ids the live policy holds
-is built in step 2, after the old tables are gone.
+is built in step 2, after the old tables are gone. Without a free pref next to a changed
+group (prefs 1, 2, 3 all taken), or table ids for its copy, it is deleted and built again at
+its own pref in step 2, as a group without tables is: for that moment its packets meet the
+prefs after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from tcdsl.commands import Command
 from tcdsl.ops.desired import Key, Obj, word_after
@@ -66,6 +69,7 @@ class Swaps:
     clear: list[Command] = field(default_factory=list)
     copies: list[Key] = field(default_factory=list)
     swapped: list[Key] = field(default_factory=list)
+    late: list[Key] = field(default_factory=list)
 
     def swap(self, old: Obj, new: Obj, pref: int, ids: Iterable[int]) -> None:
         """``old`` swapped for the u32 group ``new``, by way of a copy at ``pref`` whose
@@ -89,13 +93,10 @@ class Swaps:
             self.orphans += _tables_gone(old, through)
 
     def add_late(self, new: Obj) -> None:
-        """``new`` built once the old tables are gone (its table ids are live)."""
+        """``new`` built once the old tables are gone (its table ids are live, or it is
+        deleted and built again at its own pref, with no copy)."""
         self.builds += new.commands
-
-    def extend(self, other: Swaps) -> None:
-        """``other``'s commands after these (another tree's)."""
-        for f in fields(self):
-            getattr(self, f.name).extend(getattr(other, f.name))
+        self.late.append(new.key)
 
     def steps(self) -> list[list[Command]]:
         """The commands of steps 2 and 3 (step 1's, ``copy``, go with the plan's other
