@@ -4,12 +4,18 @@ command (tests/ops_swap.py)."""
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+
+import pytest
 
 from tcdsl import ir
 from tcdsl.driver import analyse
+from tcdsl.ops import apply as apply_module
+from tcdsl.ops.apply import SETTLE_WAITS, run_step
 from tcdsl.ops.desired import Obj, class_ids, trees_of, word_after
-from tcdsl.ops.plan import _swap, make_plan
+from tcdsl.ops.plan import Step, _swap, make_plan
 from tcdsl.ops.u32swap import Swaps, table_ids
 
 
@@ -107,3 +113,45 @@ def test_without_a_free_pref_the_group_is_deleted_and_built_again(tmp_path: Path
 
 def _prefs(policy: ir.Policy) -> tuple[str, ...]:
     return tuple(sorted(o.key[4] for o in trees_of(policy)[0].objects if o.kind == "filters"))
+
+
+def test_a_settling_step_tries_each_command_again_while_it_is_in_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each command the kernel says is in use is tried again from where the batch stopped,
+    with the waits starting again for each command it gets to; another error, or one in use
+    past the waits, fails at that command."""
+    monkeypatch.setattr(apply_module.time, "sleep", lambda seconds: None)
+    commands = tuple(("filter", "del", "dev", "d0", "handle", f"{i}:", "u32") for i in range(12))
+    step = Step("tc", commands, tuple(None for _ in commands), settle=True)
+    tried: list[str] = []
+
+    def busy_once(argv: Sequence[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
+        assert stdin is not None
+        lines = stdin.splitlines()
+        for n, line in enumerate(lines, 1):
+            if line not in tried:  # in use on its first try
+                tried.append(line)
+                said = f"Error: cls_u32: Can not delete in-use filter.\nCommand failed -:{n}\n"
+                return subprocess.CompletedProcess(argv, 1, "", said)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    assert run_step(step, busy_once) is None
+    assert len(tried) == 12
+
+    def busy_always(argv: Sequence[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
+        said = "Error: cls_u32: Can not delete in-use filter.\nCommand failed -:1\n"
+        calls.append(1)
+        return subprocess.CompletedProcess(argv, 1, "", said)
+
+    calls: list[int] = []
+    failed = run_step(step, busy_always)
+    assert failed is not None and failed.command.endswith("handle 0: u32")
+    assert len(calls) == len(SETTLE_WAITS) + 1
+
+    def gone(argv: Sequence[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
+        said = "Error: Filter with specified priority/protocol not found.\nCommand failed -:3\n"
+        return subprocess.CompletedProcess(argv, 1, "", said)
+
+    failed = run_step(step, gone)
+    assert failed is not None and failed.command.endswith("handle 2: u32")

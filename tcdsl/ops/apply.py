@@ -49,7 +49,8 @@ class ApplyFailed(Exception):
 
 SETTLE_WAITS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0)
 """Seconds between the tries of a settling step's command the kernel says is in use (a u32
-table whose last link went: it is let go of after an RCU grace period, milliseconds)."""
+table whose last link went: it is let go of after an RCU grace period, milliseconds); each
+command the step gets to has them all."""
 
 
 def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
@@ -68,6 +69,8 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
             found = _FAILED.search(done.stderr)
             n = start + int(found.group(1)) - 1 if found else len(commands) - 1
             n = min(max(n, start), len(commands) - 1)
+            if n > start:  # further on: the waits start again for this command
+                waits = iter(SETTLE_WAITS if step.settle else ())
             wait = next(waits, None) if "in-use" in done.stderr else None
             if wait is None:
                 return Failure("tc " + " ".join(commands[n]), done.stderr.strip(), step.origins[n])
