@@ -39,7 +39,7 @@ from tcdsl.diagnostics import Span
 from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
 from tcdsl.ops.desired import Key, Obj, Tree, by_key, trees_of, word_after
 from tcdsl.ops.u32nodes import node_changes
-from tcdsl.ops.u32swap import TABLE_IDS, Swaps, is_u32, table_ids
+from tcdsl.ops.u32swap import TABLE_IDS, Swaps, at_pref, is_u32, pref_deletion, table_ids
 
 Sign = Literal["+", "~", "-", "!"]
 Tool = Literal["tc", "ip", "iptables", "ip6tables"]
@@ -168,21 +168,20 @@ def _changed_filters(old: Obj, new: Obj, taken: set[int]) -> list[Command]:
     """A filter group changed in place: built at a free pref beside its own (tried where it
     stands), the old group deleted, built again at its own pref, the copy deleted. Without a
     free pref beside it: deleted and built again."""
-    _, dev, parent, protocol, pref_text = new.key
-    pref = int(pref_text)
-    free = next((p for p in (pref - 1, pref + 1) if 0 < p < 0x10000 and p not in taken), None)
-    delete = ("filter", "del", "dev", dev, "parent", parent, "protocol", protocol)
+    free = _free_beside(int(new.key[4]), taken)
     out: list[Command] = []
     if free is not None:
-        for c in new.commands:
-            args = list(c.args)
-            args[args.index("prio") + 1] = str(free)
-            out.append(Command("tc", tuple(args), c.span, c.what))
-    out.append(Command("tc", (*delete, "prio", str(pref)), old.span, old.what))
+        out += [at_pref(c, free) for c in new.commands]
+    out.append(pref_deletion(old))
     out += new.commands
     if free is not None:
-        out.append(Command("tc", (*delete, "prio", str(free)), new.span, new.what))
+        out.append(pref_deletion(new, str(free)))
     return out
+
+
+def _free_beside(pref: int, taken: set[int]) -> int | None:
+    """A pref next to ``pref`` that is not ``taken`` (nothing lies between them), or None."""
+    return next((p for p in (pref - 1, pref + 1) if 0 < p < 0x10000 and p not in taken), None)
 
 
 def _tree_rebuild(iface: ir.Interface, why: str, plan: Plan) -> None:
@@ -284,10 +283,10 @@ def _swap(o: Obj, n: Obj, taken: set[int], used: set[int], swaps: Swaps) -> bool
     """Swap the group ``o`` for ``n`` by way of a copy at a free pref next to it, under table
     ids no one uses (``taken`` prefs, ``used`` ids: updated); False when there is no such
     pref or not enough ids (the caller deletes and builds it in place)."""
-    pref = int(n.key[4])
-    free = next((p for p in (pref - 1, pref + 1) if 0 < p < 0x10000 and p not in taken), None)
-    ids = [i for i in range(1, TABLE_IDS + 1) if i not in used][: len(table_ids(n))]
-    if free is None or len(ids) < len(table_ids(n)) or not is_u32(n):
+    free = _free_beside(int(n.key[4]), taken)
+    wanted = len(table_ids(n))
+    ids = [i for i in range(1, TABLE_IDS + 1) if i not in used][:wanted]
+    if free is None or len(ids) < wanted or not is_u32(n):
         return False
     taken.add(free)
     used.update(ids)
@@ -295,9 +294,7 @@ def _swap(o: Obj, n: Obj, taken: set[int], used: set[int], swaps: Swaps) -> bool
     return True
 
 
-def _through(
-    o: Obj, there: Iterable[Key], old: dict[Key, Obj], new: dict[Key, Obj], swaps: Swaps
-) -> Key | None:
+def _through(o: Obj, there: Iterable[Obj], swaps: Swaps) -> Key | None:
     """A u32 pref of ``o``'s qdisc that is there while the tables of ``o`` (whose pref is
     deleted) are deleted (step 2 of a swap), or None when there is none (the qdisc's table
     pool then goes with its last u32 pref): a copy, or one of the groups ``there``."""
@@ -305,11 +302,7 @@ def _through(
     for key in swaps.copies:
         if key[1:3] == qdisc:
             return key
-    for key in there:
-        group = new.get(key) or old[key]
-        if key[1:3] == qdisc and is_u32(group):
-            return key
-    return None
+    return next((g.key for g in there if g.key[1:3] == qdisc and is_u32(g)), None)
 
 
 def _in_place(
@@ -403,16 +396,15 @@ def _in_place(
         if has_u32_tables(o):
             unmade.append(o)
             continue
-        _, dev, parent, protocol, pref = o.key
-        args = ("filter", "del", "dev", dev, "parent", parent, "protocol", protocol, "prio", pref)
-        delete.append(Command("tc", args, o.span, o.what))
+        delete.append(pref_deletion(o))
     # the groups there in step 2: each old one not deleted in it (removed ones without tables
     # go later), each new one built before it
-    deleted = {o.key for o in unmade} | set(swaps.swapped)
-    late = set(swaps.late)
-    there = [k for k in [*old, *new] if k[0] == "filters" and k not in deleted | late]
+    absent = {o.key for o in unmade} | set(swaps.swapped) | set(swaps.late)
+    there = [
+        g for g in [*old.values(), *new.values()] if g.kind == "filters" and g.key not in absent
+    ]
     for o in unmade:
-        swaps.remove(o, _through(o, there, old, new, swaps))
+        swaps.remove(o, _through(o, there, swaps))
     gone = [o for key, o in old.items() if key not in new and key not in replaced]
     removed_classes = {o.handle for o in gone if o.kind == "class"}
     # A leaf class that gets children: htb destroys its leaf qdisc as the first child is
@@ -538,6 +530,8 @@ def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] =
         if why is not None:
             _tree_rebuild(iface, why, plan)
             continue
+        old_actions |= {k: o for k, o in old_objs.items() if o.kind == "action"}
+        new_actions |= {k: o for k, o in new_objs.items() if o.kind == "action"}
         tree_build, tree_delete = _in_place(
             {k: o for k, o in old_objs.items() if o.kind != "action"},
             {k: o for k, o in new_objs.items() if o.kind != "action"},
@@ -545,8 +539,6 @@ def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] =
             names,
             swaps,
         )
-        old_actions |= {k: o for k, o in old_objs.items() if o.kind == "action"}
-        new_actions |= {k: o for k, o in new_objs.items() if o.kind == "action"}
         build += tree_build
         delete += tree_delete
         marking = next((o for o in new_objs.values() if o.kind == "marking"), None)

@@ -76,19 +76,19 @@ class Swaps:
         tables take the ``ids`` (as many as ``new`` has tables)."""
         mapping = dict(zip(sorted(table_ids(new)), ids, strict=True))
         key = (*new.key[:-1], str(pref))
-        copy = Obj(key, new.tree, tuple(_moved(c, pref, mapping) for c in new.commands))
+        copy = Obj(key, new.tree, tuple(at_pref(c, pref, mapping) for c in new.commands))
         self.copy += copy.commands
         self.copies.append(copy.key)
         self.swapped.append(new.key)
         self.remove(old, copy.key)
         self.builds += new.commands
-        self.uncopy.append(_pref_gone(copy))
+        self.uncopy.append(pref_deletion(copy))
         self.clear += _tables_gone(copy, new.key)
 
     def remove(self, old: Obj, through: Key | None) -> None:
         """``old`` removed, its tables deleted through the u32 group ``through`` (None: no
         u32 pref of the qdisc stays, and the tables go with the last)."""
-        self.unmake.append(_pref_gone(old))
+        self.unmake.append(pref_deletion(old))
         if through is not None:
             self.orphans += _tables_gone(old, through)
 
@@ -105,10 +105,11 @@ class Swaps:
         return [[*self.unmake, *self.orphans, *self.builds, *self.uncopy], self.clear]
 
 
-def _pref_gone(o: Obj) -> Command:
-    _, dev, parent, protocol, pref = o.key
-    args = ("filter", "del", "dev", dev, "parent", parent, "protocol", protocol, "prio", pref)
-    return Command("tc", args, o.span, o.what)
+def pref_deletion(o: Obj, pref: str | None = None) -> Command:
+    """The command deleting filter group ``o``'s pref (or ``pref`` of its parent, protocol)."""
+    _, dev, parent, protocol, own = o.key
+    where = ("dev", dev, "parent", parent, "protocol", protocol, "prio", pref or own)
+    return Command("tc", ("filter", "del", *where), o.span, o.what)
 
 
 def _tables_gone(o: Obj, through: Key) -> list[Command]:
@@ -136,8 +137,9 @@ def _tables_gone(o: Obj, through: Key) -> list[Command]:
     ]  # fmt: skip
 
 
-def _moved(c: Command, pref: int, tables: dict[int, int]) -> Command:
+def at_pref(c: Command, pref: int, tables: dict[int, int] | None = None) -> Command:
     """``c`` at ``pref``, its table ids (in handle, ht and link) mapped by ``tables``."""
+    mapping = tables or {}  # a group without tables names none
     args = list(c.args)
     args[args.index("prio") + 1] = str(pref)
     for word in ("handle", "ht", "link"):
@@ -145,5 +147,5 @@ def _moved(c: Command, pref: int, tables: dict[int, int]) -> Command:
             at = args.index(word) + 1
             table, colon, rest = args[at].partition(":")
             if table and colon:
-                args[at] = f"{tables[int(table, 16)]:x}:{rest}"
+                args[at] = f"{mapping[int(table, 16)]:x}:{rest}"
     return Command(c.tool, tuple(args), c.span, c.what)
