@@ -74,6 +74,27 @@ def test_a_change_of_the_tables_is_swapped_in_three_steps(tmp_path: Path) -> Non
     ], "the top table first: the inner one is let go of when the top one goes"
 
 
+def test_the_plan_of_a_swap_reads_as_the_lines_that_change(tmp_path: Path) -> None:
+    """Tables numbered again by a swap are no change to read: the plan names the lines added
+    (without table ids or buckets), the table and link made, and the swap itself; the lines
+    kept are not listed."""
+    a = _compiled(tmp_path, BASE)
+    b = _compiled(tmp_path, BASE + SAME_BUCKET[:34], a)
+    assert table_ids(_group(a)) != table_ids(_group(b))
+    text = make_plan(trees_of(a), trees_of(b)).render()
+    lines = [line.split("  (")[0] for line in text.splitlines()]
+    added = [f"+ filter {n} (match ip dst {addr})" for n, addr in SAME_BUCKET[:34]]
+    assert [line for line in lines if line.startswith(("+ filter", "- filter"))] == added
+    assert lines.count("+ hash table (divisor 256)") == 1
+    assert [line for line in lines if "hash link" in line] == [
+        "+ hash link (hashkey mask 0x0000ff00 at 16)"
+    ]
+    swap = "~ filters of d0 1: protocol ip pref 1: its hash tables are made again"
+    assert lines.count(f"{swap}, a copy at pref 2 meanwhile") == 1
+    assert not any("ht " in line or "10.0.0." in line for line in lines), text
+    assert len(lines) == 34 + 34 + 3  # the classes, their lines, table, link and swap
+
+
 def test_a_group_with_tables_that_goes_takes_them_with_it(tmp_path: Path) -> None:
     a = _compiled(tmp_path, BASE)
     b = _compiled(tmp_path, [], a)
@@ -92,10 +113,10 @@ def test_without_a_free_pref_the_group_is_deleted_and_built_again(tmp_path: Path
     a = _compiled(tmp_path, BASE)
     b = _compiled(tmp_path, BASE + SAME_BUCKET, a)
     old, new = _group(a), _group(b)
-    assert not _swap(old, new, {0, 2}, set(), Swaps())  # prefs 0 (none) and 2 taken
-    assert not _swap(old, new, set(), set(range(1, 0x7FF)), Swaps())  # one id, two tables
+    assert _swap(old, new, {0, 2}, set(), Swaps()) is None  # prefs 0 (none) and 2 taken
+    assert _swap(old, new, set(), set(range(1, 0x7FF)), Swaps()) is None  # one id, two tables
     swaps = Swaps()
-    assert _swap(old, new, set(), set(range(1, 0x7FE)), swaps)  # two ids left
+    assert _swap(old, new, set(), set(range(1, 0x7FE)), swaps) == 2  # two ids left
     assert swaps.copies == [("filters", "d0", "1:", "ip", "2")]
     ssh = "    class ssh rate 1mbit match dport 22 pref 2\n"  # next to the tables' pref 1
     c = _compiled(tmp_path, BASE + SAME_BUCKET, extra=ssh)
@@ -103,6 +124,7 @@ def test_without_a_free_pref_the_group_is_deleted_and_built_again(tmp_path: Path
     assert {_prefs(c), _prefs(d)} == {("1", "2", "32770")}  # ssh for IPv6 too
     plan = make_plan(trees_of(c), trees_of(d))
     assert "rebuild" not in plan.render()
+    assert "! filters of d0 1: protocol ip pref 1: deleted and built again" in plan.render()
     (settle,) = [s for s in plan.steps if s.settle]
     words = [" ".join(c) for c in settle.commands]
     gone = "filter del dev d0 parent 1: protocol ip prio"

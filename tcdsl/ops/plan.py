@@ -26,6 +26,7 @@ from typing import Literal
 
 from tcdsl import ir
 from tcdsl.commands import (
+    LINK_KEY,
     MARK_TOOL,
     Command,
     batch_teardown,
@@ -279,19 +280,19 @@ def _table_ids(objects: Iterable[Obj]) -> dict[tuple[str, str], set[int]]:
     return out
 
 
-def _swap(o: Obj, n: Obj, taken: set[int], used: set[int], swaps: Swaps) -> bool:
+def _swap(o: Obj, n: Obj, taken: set[int], used: set[int], swaps: Swaps) -> int | None:
     """Swap the group ``o`` for ``n`` by way of a copy at a free pref next to it, under table
-    ids no one uses (``taken`` prefs, ``used`` ids: updated); False when there is no such
-    pref or not enough ids (the caller deletes and builds it in place)."""
+    ids no one uses (``taken`` prefs, ``used`` ids: updated): that pref, or None when there is
+    no such pref or not enough ids (the caller deletes and builds it in place)."""
     free = _free_beside(int(n.key[4]), taken)
     wanted = len(table_ids(n))
     ids = [i for i in range(1, TABLE_IDS + 1) if i not in used][:wanted]
     if free is None or len(ids) < wanted or not is_u32(n):
-        return False
+        return None
     taken.add(free)
     used.update(ids)
     swaps.swap(o, n, free, ids)
-    return True
+    return free
 
 
 def _through(o: Obj, there: Iterable[Obj], swaps: Swaps) -> Key | None:
@@ -381,9 +382,18 @@ def _in_place(
             if in_tables is not None:
                 filters += in_tables
             elif has_u32_tables(o) or has_u32_tables(n):
-                if not _swap(o, n, taken, used.setdefault((n.dev, key[2]), set()), swaps):
+                copy = _swap(o, n, taken, used.setdefault((n.dev, key[2]), set()), swaps)
+                if copy is not None:
+                    why = f"its hash tables are made again, a copy at pref {copy} meanwhile"
+                    plan.changes.append(Change("~", f"{_what(n)}: {why}", n.span))
+                else:
                     # no pref free next to it: deleted and built again (for that moment its
                     # packets meet the prefs after it), its tables deleted with it
+                    why = (
+                        "deleted and built again with its hash tables (no pref free beside "
+                        "it for a copy: for that moment its packets meet the prefs after it)"
+                    )
+                    plan.changes.append(Change("!", f"{_what(n)}: {why}", n.span))
                     unmade.append(o)
                     swaps.add_late(n)
             else:
@@ -444,15 +454,43 @@ def _in_place(
 
 
 def _filter_text(c: Command, names: Mapping[str, str]) -> str:
-    """``filter web (match ip dport 8080 0xffff)``: the class it sends to, by name, and its
-    keys as tc takes them."""
-    args = c.args
+    """``filter web (match ip dst 10.0.0.7)``: the class it sends to, by name, and its keys
+    as tc takes them; a u32 hash table's own nodes as ``hash table (divisor 256)`` and ``hash
+    link (hashkey mask 0x000000ff at 16)``. Table ids and buckets are left out: they follow
+    from the keys, and a swap numbers the tables again (a line there before and after is no
+    change to read)."""
+    args = _sans_ids(c.args)
+    if "divisor" in args:
+        return f"hash table (divisor {word_after(args, 'divisor')})"
     flow = word_after(args, "flowid") or word_after(args, "classid") or ""
     start = next((i + 1 for i, w in enumerate(args) if w in ("u32", "flower", "fw")), len(args))
     ends = ("flowid", "classid", "police", "action")
     end = next((i for i in range(start, len(args)) if args[i] in ends), len(args))
-    keys = " ".join(args[start:end])
-    return f"filter {names.get(flow, flow)}" + (f" ({keys})" if keys else "")
+    keys = args[start:end]
+    if "link" in keys:
+        keys = keys[: len(keys) - len(LINK_KEY)] if keys[-len(LINK_KEY) :] == LINK_KEY else keys
+        return f"hash link ({' '.join(w for w in keys if w != 'link')})"
+    return f"filter {names.get(flow, flow)}" + (f" ({' '.join(keys)})" if keys else "")
+
+
+def _sans_ids(args: tuple[str, ...]) -> tuple[str, ...]:
+    """A u32 filter's words without its node's and its tables' ids (``handle``, ``ht``, the
+    table after ``link``); another filter's as they are (a fw ``handle`` is its mark)."""
+    if "u32" not in args:
+        return args
+    out: list[str] = []
+    skip = False
+    for w in args:
+        if skip:
+            skip = False
+        elif w in ("handle", "ht", "link"):
+            skip = w != "link"
+            if w == "link":
+                out.append(w)
+                skip = True
+        else:
+            out.append(w)
+    return tuple(out)
 
 
 def _filter_changes(
@@ -467,9 +505,10 @@ def _filter_changes(
             continue
         out += [Change("-", a[i], old[i].span) for i in range(i1, i2)]
         out += [Change("+", b[j], new[j].span) for j in range(j1, j2)]
-    if not out and [c.args for c in old] != [c.args for c in new]:
+    if not out:
+        was, now = [_sans_ids(c.args) for c in old], [_sans_ids(c.args) for c in new]
         out += [Change("~", f"{b[j]}: its action", new[j].span) for j in range(len(new))
-                if j >= len(old) or old[j].args != new[j].args]  # fmt: skip
+                if j >= len(was) or was[j] != now[j]]  # fmt: skip
     return out
 
 
