@@ -1263,7 +1263,7 @@ def hfsc_curves_complete(policy: ir.Policy) -> Iterator[Diagnostic]:
         cls = s.cls
         if not isinstance(s.qdisc, ir.Hfsc):
             continue
-        head = cls.span.prefix(len(f"class {cls.name}"))
+        head = cls.head
         if cls.rt is None and cls.ls is None:
             hint = " (ul limits only what ls shares)" if cls.ul is not None else ""
             yield Diagnostic.error(

@@ -359,6 +359,9 @@ class Match:
     family: FamilySpec | None = None
     """``match family ...``: the families the line applies to; None: the tree's (see
     :func:`tcdsl.lower.family_alternatives` for what addresses and protocols imply)."""
+    broken: bool = False
+    """A condition of the line was in error and is left out: what is left is not what the
+    line says (lints leave the line alone; the policy is not emitted)."""
 
 
 # ---- classes and qdiscs ---------------------------------------------------------------------
@@ -400,6 +403,8 @@ class Class:
     leaf: Qdisc | None = None
     implicit: bool = False
     """True for the link class tcdsl creates from ``interface eth0 htb rate ...``."""
+    from_table: bool = False
+    """Made from a subscriber table's rows: its span is the circuit id's cell, not ``class``."""
     classid: Handle | None = None
     """Allocated."""
     fwmark: int | None = None
@@ -412,6 +417,12 @@ class Class:
     def label(self) -> str:
         """How messages name this class."""
         return "the interface's link class" if self.implicit else f"class '{self.name}'"
+
+    @property
+    def head(self) -> Span:
+        """Where a message about the class as a whole points: ``class NAME`` as written, or
+        the circuit id of a subscriber table's class."""
+        return self.span if self.from_table else self.span.prefix(len(f"class {self.name}"))
 
     def walk(self) -> Iterator[Class]:
         """Yield this class and its descendants in pre-order."""

@@ -75,6 +75,8 @@ def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
         default = s.qdisc.default
         if s.cls.matches or (default is not None and default.name == s.cls.name):
             continue
+        if s.cls.from_table:  # its devices have no address: W372 said so where they are
+            continue
         if s.iface.marking is not None and s.cls.mark is not None:
             yield Diagnostic.warning(
                 "W322",
@@ -87,7 +89,7 @@ def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
             "W311",
             f"no packet can reach {s.cls.label}: it has no match line and it is not the "
             f"{s.qdisc.kind}'s default",
-            s.cls.span.prefix(len(f"class {s.cls.name}")),
+            s.cls.head,
         )
 
 
@@ -112,6 +114,8 @@ def _alternatives(
     """The alternatives of ``match`` that are filters, by family, as u32 bits (a flower
     filter tests the same fields, so the same bits stand for it here)."""
     by_family: dict[ir.Family, list[Alternative]] = {}
+    if match.broken:  # without its failed condition it may look a catch-all (W314)
+        return by_family
     for family, conds in lower.filter_alternatives(match, iface.families, iface.classifier):
         keysets = lower.u32_keys(conds, family)
         filters: tuple[Bits, ...]

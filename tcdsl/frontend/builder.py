@@ -465,6 +465,7 @@ class Builder(Transformer[Token, Any]):
         police = None
         family: ir.FamilySpec | None = None
         real: list[ir.Cond] = []
+        broken = False
         for cond in conds:
             if isinstance(cond, ir.FamilySpec):
                 if family is not None:
@@ -481,8 +482,10 @@ class Builder(Transformer[Token, Any]):
                 police = self._police(cond)
             elif cond is not None:
                 real.append(cond)
+            else:  # reported where it failed
+                broken = True
         last = real[-1].span if real else (family.span if family else span)
-        return ir.Match(tuple(real), join(span, last), pref, police, family)
+        return ir.Match(tuple(real), join(span, last), pref, police, family, broken)
 
     def police(self, c: list[Any]) -> PoliceSyntax:
         kw, *items = c

@@ -971,6 +971,7 @@ def expand(
             ceil=ceil(circuit),
             matches=matches,
             leaf=ir.replace(leaf) if leaf is not None else None,
+            from_table=True,
             **fields,
         )
         classes.append((circuit, made))
