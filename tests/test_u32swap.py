@@ -133,6 +133,26 @@ def test_without_a_free_pref_the_group_is_deleted_and_built_again(tmp_path: Path
     assert settle.commands[3:] == tuple(c.args for c in tables.commands)
 
 
+def test_the_copy_takes_a_pref_free_on_its_own_qdisc(tmp_path: Path) -> None:
+    """Prefs are a qdisc's own: pref 2 taken by an inner htb's filter leaves pref 2 of the
+    root free for the copy (it was counted taken, and the group deleted and built again)."""
+    inner = (
+        "    class hq rate 1mbit match dst 10.9.0.0/16 {\n"
+        "        htb rate 1mbit default office {\n"
+        "            class ssh rate 1mbit match dport 22 pref 2\n"
+        "            class office rate 1mbit\n"
+        "        }\n"
+        "    }\n"
+    )
+    a = _compiled(tmp_path, BASE, extra=inner)
+    b = _compiled(tmp_path, BASE + SAME_BUCKET, a, extra=inner)
+    groups = [o.key for o in trees_of(a)[0].objects if o.kind == "filters"]
+    assert any(k[4] == "2" and k[2] != "1:" for k in groups), groups
+    text = make_plan(trees_of(a), trees_of(b)).render()
+    assert "its hash tables are made again, a copy at pref 2 meanwhile" in text, text
+    assert "deleted and built again" not in text
+
+
 def _prefs(policy: ir.Policy) -> tuple[str, ...]:
     return tuple(sorted(o.key[4] for o in trees_of(policy)[0].objects if o.kind == "filters"))
 

@@ -361,7 +361,11 @@ def _in_place(
                 )
             )
     filters: list[Command] = []
-    taken = {int(k[4]) for k in [*old, *new] if k[0] == "filters"}
+    # prefs are a qdisc's own: each filter's pref is free or taken among its qdisc's filters
+    taken: dict[tuple[str, str], set[int]] = {}
+    for k in [*old, *new]:
+        if k[0] == "filters":
+            taken.setdefault((k[1], k[2]), set()).add(int(k[4]))
     live_ids = _table_ids(old.values())
     used = _table_ids([*old.values(), *new.values()])
     unmade: list[Obj] = []
@@ -382,7 +386,8 @@ def _in_place(
             if in_tables is not None:
                 filters += in_tables
             elif has_u32_tables(o) or has_u32_tables(n):
-                copy = _swap(o, n, taken, used.setdefault((n.dev, key[2]), set()), swaps)
+                qdisc = (n.dev, key[2])
+                copy = _swap(o, n, taken[qdisc], used.setdefault(qdisc, set()), swaps)
                 if copy is not None:
                     why = f"its hash tables are made again, a copy at pref {copy} meanwhile"
                     plan.changes.append(Change("~", f"{_what(n)}: {why}", n.span))
@@ -397,7 +402,7 @@ def _in_place(
                     unmade.append(o)
                     swaps.add_late(n)
             else:
-                filters += _changed_filters(o, n, taken)
+                filters += _changed_filters(o, n, taken[n.dev, key[2]])
     delete: list[Command] = []
     for key, o in old.items():
         if key in new or key in replaced or o.kind != "filters":
