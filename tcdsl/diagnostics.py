@@ -120,6 +120,12 @@ def escape(text: str, keep: str = "") -> str:
     return "".join(c if c.isprintable() or c in keep else _escaped(c) for c in text)
 
 
+def _message(text: str) -> str:
+    """A message as shown: escaped, its later lines indented, so that no line of it (a
+    table's cell may hold a line break) reads as a diagnostic of its own."""
+    return escape(text, keep="\n").replace("\n", "\n    ")
+
+
 def _escaped(c: str) -> str:
     return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
 
@@ -192,12 +198,10 @@ def render(diagnostics: Iterable[Diagnostic], sources: Mapping[str, str]) -> str
 
     out: list[str] = []
     for d in diagnostics:
-        out.append(
-            f"{place(d.span)}: {d.severity.value}: {escape(d.message, keep=chr(10))} [{d.code}]"
-        )
+        out.append(f"{place(d.span)}: {d.severity.value}: {_message(d.message)} [{d.code}]")
         out.extend(excerpt(d.span))
         for note in d.notes:
-            out.append(f"{place(note.span)}: note: {escape(note.message, keep=chr(10))}")
+            out.append(f"{place(note.span)}: note: {_message(note.message)}")
             out.extend(excerpt(note.span))
     return "".join(line + "\n" for line in out)
 

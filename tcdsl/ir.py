@@ -420,9 +420,9 @@ class Class:
 
     @property
     def head(self) -> Span:
-        """Where a message about the class as a whole points: ``class NAME`` as written, or
-        the circuit id of a subscriber table's class."""
-        return self.span if self.from_table else self.span.prefix(len(f"class {self.name}"))
+        """Where a message about the class as a whole points: its name as written (where
+        its span starts), or the circuit id of a subscriber table's class."""
+        return self.span if self.from_table else self.span.prefix(len(self.name))
 
     def walk(self) -> Iterator[Class]:
         """Yield this class and its descendants in pre-order."""

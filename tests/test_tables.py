@@ -616,6 +616,30 @@ def test_a_quote_left_open_over_rows_is_an_error(tmp_path: Path) -> None:
     assert classes(ok(build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)))
 
 
+def test_a_quote_left_open_before_a_row_with_quoted_cells_is_an_error(tmp_path: Path) -> None:
+    """The row after an open quote quotes its name (as LibreQoS writes a name holding a
+    comma): it was read into the open cell, its address and rates given to the first circuit's
+    class, with no word said."""
+    opened = (
+        ('1,n1,1,d,north,,100.64.0.1,,1,1,10,5,"VIP\n', 38),  # in the last cell
+        ('1,"Bob,1,d,north,,100.64.0.1,,1,1,10,5,\n', 3),  # in the name
+    )
+    for first, column in opened:
+        table = (
+            HEADER
+            + first
+            + '2,"Smith, J.",2,cpe-2,north,,100.64.0.2,,4,2,40,10,\n'
+            + _row("3", "100.64.0.3")
+        )
+        result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+        assert errors(result) == [("E035", "subs.csv", 2, column)], table
+    # a name over two lines: its second line closes the quote inside a cell, no row
+    table = HEADER + '1,"Bob\nSmith",1,d,north,,100.64.0.1,,1,1,10,5,\n' + _row("2", "100.64.0.2")
+    assert "c1" in classes(
+        ok(build(tmp_path, policy('        subscribers from "subs.csv"\n'), table))
+    )
+
+
 def test_a_cell_longer_than_the_csv_modules_default_limit(tmp_path: Path) -> None:
     table = HEADER + _row("1", "100.64.0.1", comment='"' + "x" * 200_000 + '"')
     result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
@@ -981,3 +1005,16 @@ def test_a_table_that_cannot_be_read_is_one_error_and_no_follow_ons(tmp_path: Pa
     assert [(d.code, d.span.line) for d in result.diagnostics] == [("E027", 4)], render(
         result.diagnostics, result.sources
     )
+
+
+def test_a_line_break_in_a_cell_cannot_forge_a_diagnostic(tmp_path: Path) -> None:
+    """A quoted cell may hold a line break, and messages quote cells: the message's later
+    lines are indented, so none reads as a diagnostic of its own (a CI problem matcher's
+    ``^file:line:col: error:``)."""
+    forged = "subs.csv:1:1: error: forged [E999]"
+    table = HEADER + f'"x\n{forged}",a,1,d,north,,,,2,1,20,5,\n' + _row("2", "100.64.0.2")
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    shown = render(result.diagnostics, result.sources)
+    assert "W372" in [d.code for d in result.diagnostics]
+    assert f"    {forged}" in shown
+    assert not any(line.startswith("subs.csv:1:1") for line in shown.splitlines()), shown

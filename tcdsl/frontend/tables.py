@@ -593,7 +593,19 @@ def _width(
 
 
 def _row_like(line: str, commas: int) -> bool:
-    return '"' not in line and line.count(",") >= commas
+    """Whether a line inside a quoted cell reads as a row of its own: the commas of a row
+    and, with quotes, quoted cells that open and close on it (LibreQoS quotes a name holding
+    a comma: ``2,"Smith, J",...``). The last line of a cell that does run over lines holds its
+    closing quote inside a cell (``Smith",1,...``): not a row."""
+    if line.count(",") < commas:
+        return False
+    if '"' not in line:
+        return True
+    try:
+        cells = next(csv.reader([line], strict=True), [])
+    except csv.Error:  # a quote opened and not closed on the line
+        return False
+    return len(cells) > commas and not any('"' in cell for cell in cells)
 
 
 def _agree(
@@ -863,6 +875,29 @@ def where_names(table: Table) -> list[str]:
 def _meets(row: Row, cond: Condition) -> bool:
     value = row.cells[cond.column].strip() if cond.column < len(row.cells) else ""
     return (value in cond.values) == cond.equal
+
+
+def _copied_alike(b: Builder, leaf: ir.Qdisc) -> bool:
+    """E270 (and True) for what the leaf of a subscribers statement names: it is made again
+    for each subscriber, so a handle or a class written in it would be the same in every
+    copy (and reported as used twice at itself)."""
+    for q in ir.walk_qdiscs(leaf):
+        if q.explicit_handle is not None:
+            msg = (
+                "the leaf qdisc of a subscribers statement is made for each subscriber and "
+                "numbered by tcdsl; a 'handle' would give them all one"
+            )
+            b.error(Diagnostic.error("E270", msg, q.explicit_handle.span))
+            return True
+        for cls in ir.classes_of(q):
+            msg = (
+                f"the leaf qdisc of a subscribers statement is made for each subscriber: its "
+                f"class '{cls.name}' would be made again, under the same name, in every one; "
+                "leave classes out of the leaf (each subscriber is a class already)"
+            )
+            b.error(Diagnostic.error("E270", msg, cls.head))
+            return True
+    return False
 
 
 def template(
@@ -1399,6 +1434,8 @@ def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
                 leaves[1].qdisc.span,
             )
         )
+    if leaves and _copied_alike(b, leaves[0].qdisc):
+        leaves = []  # its copies would each be reported again
     if syn.table is None:
         return None
     flags = {k: values.pop(k, False) for k in ("bounded", "isolated", "overbook")}
