@@ -1018,3 +1018,41 @@ def test_a_line_break_in_a_cell_cannot_forge_a_diagnostic(tmp_path: Path) -> Non
     assert "W372" in [d.code for d in result.diagnostics]
     assert f"    {forged}" in shown
     assert not any(line.startswith("subs.csv:1:1") for line in shown.splitlines()), shown
+
+
+@pytest.mark.parametrize("family", ["ipv4", "ipv6"])
+def test_a_tree_of_one_family_takes_that_familys_addresses(tmp_path: Path, family: str) -> None:
+    """A shaper of one family from a dual-stack table: each class matches its addresses of
+    that family, a device with none is left unmatched, and one W363 says so (it was a W363
+    for each row and E258 for a device of the other family alone)."""
+    table = (
+        HEADER
+        + "1,a,1,d,north,,100.64.0.1,2001:db8:1::/56,1,1,10,5,\n"
+        + "2,b,2,d,north,,,2001:db8:2::/56,1,1,10,5,\n"
+        + "3,c,3,d,north,,100.64.0.3,,1,1,10,5,\n"
+    )
+    text = policy('        subscribers from "subs.csv"\n').replace(
+        "interface eth0 {", f"interface eth0 family {family} {{"
+    )
+    result = build(tmp_path, text, table)
+    found = classes(ok(result))
+    if family == "ipv4":
+        want = {"c1": [("dst", "100.64.0.1/32")], "c2": [], "c3": [("dst", "100.64.0.3/32")]}
+        told = "2 IPv6 address(es) of the table are left out: this tree classifies IPv4 only; "
+        told += "1 device(s) have no IPv4 address"
+    else:
+        want = {"c1": [("dst", "2001:db8:1::/56")], "c2": [("dst", "2001:db8:2::/56")], "c3": []}
+        told = "2 IPv4 address(es) of the table are left out: this tree classifies IPv6 only; "
+        told += "1 device(s) have no IPv6 address"
+    assert {n: addresses(found[n]) for n in want} == want
+    (w363,) = [d for d in result.diagnostics if d.code == "W363"]
+    assert told in w363.message
+
+
+def test_two_columns_for_one_non_address_field_are_not_told_to_merge(tmp_path: Path) -> None:
+    header = HEADER.replace("Parent Node,", "Parent,Parent Node,")
+    table = header + "1,a,1,d,x,north,,100.64.0.1,,1,1,10,5,\n"
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    (error,) = result.errors
+    assert error.code == "E028" and "'Parent' and 'Parent Node' for parent_node" in error.message
+    assert error.message.endswith("remove or rename one"), error.message

@@ -277,7 +277,7 @@ class Builder(Transformer[Token, Any]):
         root = q.qdisc
         if self.pending:
             by_mark = q.classify[0] if q.classify else None
-            root = tables.expand_tree(self, root, direction, name, by_mark)
+            root = tables.expand_tree(self, root, direction, name, by_mark, opts.family)
         for extra in q.classify[1:]:
             self.error(
                 Diagnostic.error(

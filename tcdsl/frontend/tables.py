@@ -352,8 +352,12 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             # a second IPv4 (say) would be dropped without a word: its addresses never matched
             msg = (
                 f"table '{path}' has two columns '{header[columns[column]].strip()}' and "
-                f"'{name.strip()}' for {column}: tcdsl would read only the first; merge them "
-                "(a cell holds several addresses, separated by commas)"
+                f"'{name.strip()}' for {column}: tcdsl would read only the first; "
+                + (
+                    "merge them (a cell holds several addresses, separated by commas)"
+                    if column in ("ipv4", "ipv6")
+                    else "remove or rename one"
+                )
             )
             if not header_line:
                 reading.diagnostics.append(Diagnostic.error("E028", msg, at))
@@ -545,9 +549,14 @@ def _row(
             net = _network(address, family)
             if isinstance(net, str):
                 what = "IPv4" if family == "ipv4" else "IPv6"
+                other = "ipv6" if family == "ipv4" else "ipv4"
                 why = net or (
-                    f"is not a valid {what} address or network ({table.headers[index]} holds "
-                    f"{what} addresses and prefixes, separated by commas)"
+                    f"is an {'IPv6' if family == 'ipv4' else 'IPv4'} address, in the "
+                    f"{table.headers[index]} column: put it in the "
+                    f"{'IPv6' if family == 'ipv4' else 'IPv4'} one"
+                    if not isinstance(_network(address, other), str)
+                    else f"is not a valid {what} address or network ({table.headers[index]} "
+                    f"holds {what} addresses and prefixes, separated by commas)"
                 )
                 shown = piece.strip()  # as written: '100.64.0.1 100.64.0.2', not '...1100...'
                 reading.error("E029", f"'{shown}' {why}", at, *_width(width, place, n_cells, table))
@@ -967,11 +976,26 @@ def _mentions_column(expr: Expr) -> bool:
     return False
 
 
+@dataclass(slots=True)
+class LeftOut:
+    """What a tree of one family leaves out of a statement's rows (``family ipv4`` on a
+    dual-stack table): the other family's addresses, and the devices with none of its own."""
+
+    addresses: int = 0
+    devices: int = 0
+    first: Span | None = None
+
+
 def expand(
-    pending: Pending, direction: Direction, name: Callable[[Circuit], str | None]
+    pending: Pending,
+    direction: Direction,
+    name: Callable[[Circuit], str | None],
+    family: ir.FamilySpec | None = None,
+    left_out: LeftOut | None = None,
 ) -> list[tuple[Circuit, ir.Class]]:
     """The classes of a statement for a tree of ``direction``, with their circuits; ``name``
-    gives a circuit's class name in the tree (None: leave the circuit out)."""
+    gives a circuit's class name in the tree (None: leave the circuit out). A tree of one
+    ``family`` matches its addresses alone; what it leaves out is counted in ``left_out``."""
     syn = pending.syntax
     assert syn.table is not None
     columns = syn.table.columns
@@ -990,13 +1014,17 @@ def expand(
     pref = syn.pref
     fields = pending.fields
     classes = []
+    only = family.families[0] if family is not None and len(family.families) == 1 else None
     for circuit in circuits:
         class_name = name(circuit)
         if class_name is None:
             continue
+        rows = by_circuit[id(circuit)]
+        if only is not None:
+            rows = [_of_family(row, only, left_out) for row in rows]
         matches = tuple(
             ir.Match((ir.AddrCond(field_, row.networks, row.span),), row.span, pref)
-            for row in by_circuit[id(circuit)]
+            for row in rows
             if row.networks
         )
         made = ir.Class(
@@ -1011,6 +1039,24 @@ def expand(
         )
         classes.append((circuit, made))
     return classes
+
+
+def _of_family(row: Row, family: ir.Family, left_out: LeftOut | None) -> Row:
+    """``row`` with the addresses of ``family`` alone, counting what goes in ``left_out``."""
+    kept = tuple(n for n in row.networks if ir.family_of(n[0]) == family)
+    if len(kept) == len(row.networks):
+        return row
+    if left_out is not None:
+        left_out.addresses += len(row.networks) - len(kept)
+        left_out.devices += not kept
+        if left_out.first is None:
+            left_out.first = next(span for n, span in row.networks if ir.family_of(n) != family)
+    if not kept:
+        return dataclasses.replace(row, networks=())
+    head, tail = kept[0][1], kept[-1][1]
+    span = head if head.line != tail.line else Span(head.file, head.line, head.column,
+                                                    head.line, tail.end_column)  # fmt: skip
+    return dataclasses.replace(row, networks=kept, span=span)
 
 
 def _rate(
@@ -1038,14 +1084,18 @@ def expand_tree(
     direction: Direction | None,
     device: str,
     marking: ir.Marking | None = None,
+    family: ir.FamilySpec | None = None,
 ) -> ir.Qdisc:
     """``qdisc`` with the placeholders of its statements replaced by their classes (a
     statement's own ``upload``/``download`` wins over the tree's ``direction``; None: the
     egress of ``device``, which says neither, E272); warns (W371) about the rows of a table
     the tree reads that none of its statements takes. ``marking``: the tree's ``classify by
-    mark``, whose fw filters' pref is that of the lines without one."""
-    expander = _Expander(b, direction, device, _class_names(b, qdisc))
+    mark``, whose fw filters' pref is that of the lines without one. ``family``: the tree's,
+    whose addresses alone its classes match (W363 once for what that leaves out)."""
+    expander = _Expander(b, direction, device, _class_names(b, qdisc), family)
     result = expander.walk(qdisc)
+    for syn, left in expander.left_out:
+        b.reader.diagnostics.append(_other_family(syn, left, family))
     for syn, earlier, count, circuit in expander.conflicts.values():
         b.error(_taken_twice(syn, earlier, count, circuit))
     for table, rows, statements in expander.taken.values():
@@ -1056,6 +1106,29 @@ def expand_tree(
         fw_pref = marking.fw_pref if marking is not None else ir.DEFAULT_PREF
         _longest_prefix_first(b, result, expander.made, expander.circuits, fw_pref)
     return result
+
+
+def _other_family(
+    syn: SubscribersSyntax, left: LeftOut, family: ir.FamilySpec | None
+) -> Diagnostic:
+    """W363 for the addresses of a statement's rows that its tree's family leaves out."""
+    assert family is not None and left.first is not None
+    (only,) = family.families
+    other = "IPv6" if only == "ipv4" else "IPv4"
+    none = (
+        f"; {left.devices} device(s) have no {'IPv4' if only == 'ipv4' else 'IPv6'} address "
+        "and are not matched"
+        if left.devices
+        else ""
+    )
+    return Diagnostic.warning(
+        "W363",
+        f"{left.addresses} {other} address(es) of the table are left out: this tree classifies "
+        f"{'IPv4' if only == 'ipv4' else 'IPv6'} only{none}",
+        syn.span,
+        Note(f"the first {other} address", left.first),
+        Note("the tree's family", family.span),
+    )
 
 
 def _taken_twice(
@@ -1090,9 +1163,16 @@ class _Expander:
     the tables' rows and the tree as built."""
 
     def __init__(
-        self, b: Builder, direction: Direction | None, device: str, names: set[str]
+        self,
+        b: Builder,
+        direction: Direction | None,
+        device: str,
+        names: set[str],
+        family: ir.FamilySpec | None = None,
     ) -> None:
-        self.b, self.direction, self.device = b, direction, device
+        self.b, self.direction, self.device, self.family = b, direction, device, family
+        self.left_out: list[tuple[SubscribersSyntax, LeftOut]] = []
+        """What each statement's rows lose to the tree's family."""
         self.taken: dict[str, tuple[Table, set[int], list[SubscribersSyntax]]] = {}
         self.names = names
         """The class names of the tree: the written ones, then each subscriber's."""
@@ -1151,9 +1231,12 @@ class _Expander:
                     )
                     continue
                 self.syntax = syn
-                for circuit, made in expand(pending, way, self.name):
+                left = LeftOut()
+                for circuit, made in expand(pending, way, self.name, self.family, left):
                     self.made[id(made)] = circuit
                     out.append(made)
+                if left.addresses:
+                    self.left_out.append((syn, left))
                 if syn.table is not None:
                     entry = self.taken.setdefault(syn.table.path, (syn.table, set(), []))
                     entry[1].update(id(r) for r in syn.rows)
