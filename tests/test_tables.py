@@ -1056,3 +1056,15 @@ def test_two_columns_for_one_non_address_field_are_not_told_to_merge(tmp_path: P
     (error,) = result.errors
     assert error.code == "E028" and "'Parent' and 'Parent Node' for parent_node" in error.message
     assert error.message.endswith("remove or rename one"), error.message
+
+
+def test_rows_taken_by_no_statement_are_told_of_at_most_fifty_times(tmp_path: Path) -> None:
+    """W371 is one warning per value of the first where column, up to 50, then one for the
+    rest (a where on circuit ids took 1 of 300 rows: 299 warnings)."""
+    table = HEADER + "".join(_row(str(i), f"100.64.1.{i % 250}") for i in range(1, 121))
+    body = '        subscribers from "subs.csv" where circuit_id == "1"\n'
+    result = build(tmp_path, policy(body), table)
+    w371 = [d for d in result.diagnostics if d.code == "W371"]
+    assert len(w371) == 51
+    (rest,) = [d for d in w371 if d.message.startswith("69 more row(s) of table")]
+    assert "with 69 more values of Circuit ID" in rest.message

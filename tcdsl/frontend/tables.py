@@ -1407,7 +1407,8 @@ def _unshaped(
             )
             groups.setdefault(value, []).append(row)
     lines = b.reader.sources[table.path].split("\n") if groups else []
-    for value, left in groups.items():
+    shown = list(groups.items())[:MAX_TABLE_ERRORS]
+    for value, left in shown:
         first = left[0]
         if column is not None:
             name = table.headers[column]
@@ -1425,6 +1426,14 @@ def _unshaped(
                 Note("the tree's statement is here", statements[0].span),
             )
         )
+    if len(groups) > len(shown):
+        more = sum(len(left) for _, left in list(groups.items())[len(shown) :])
+        msg = (
+            f"{more} more row(s) of table '{table.path}', with {len(groups) - len(shown)} "
+            f"more values of {table.headers[column] if column is not None else 'a column'}, "
+            "are taken by no subscribers statement of this tree"
+        )
+        b.error(Diagnostic.warning("W371", msg, statements[0].span))
 
 
 def _cell_span(table: Table, lines: list[str], row: Row, column: int) -> Span:
