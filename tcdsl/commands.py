@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal, assert_never
@@ -21,6 +21,7 @@ from tcdsl.allocate import default_minor
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.frontend.chains import default_chain as default_chain  # for the backends
 from tcdsl.lower import address_text, iptables_words, nft_words
+from tcdsl.matching import kernel_order
 from tcdsl.units import format_rate, format_size, format_time
 
 
@@ -549,6 +550,24 @@ class _Words:
         return what
 
 
+def made_order(filters: Sequence[ir.Filter]) -> list[ir.Filter]:
+    """``filters`` (of one parent) in the order the kernel tries them, family by family:
+    each family's by pref (as allocated within a pref), in the places that family's filters
+    hold among the others (a class's IPv4 and IPv6 filters stay side by side). Made in that
+    order, what exists of a family's filters at any moment is a prefix of what it will be: a
+    line of a later pref written first (``pref 2`` on the first class) would otherwise take,
+    while the rest is built, the packets of lines of pref 1 still to come."""
+    by_family: dict[ir.Family, list[ir.Filter]] = {}
+    for f in filters:
+        by_family.setdefault(f.family, []).append(f)
+    ordered = {family: iter(kernel_order(fs, _pref)) for family, fs in by_family.items()}
+    return [next(ordered[f.family]) for f in filters]
+
+
+def _pref(f: ir.Filter) -> int:
+    return f.pref
+
+
 class _Tree:
     """Appends the commands below an interface's root qdisc to ``out``, in the order that
     never leaves a packet unshaped or in a wrong class while they run (see :meth:`below`)."""
@@ -561,6 +580,8 @@ class _Tree:
         self.filters: dict[tuple[int, int], list[ir.Filter]] = {}
         for f in iface.filters:
             self.filters.setdefault((f.parent.major, f.parent.minor), []).append(f)
+        for key, found in self.filters.items():
+            self.filters[key] = made_order(found)
 
     def below(self, q: ir.Qdisc) -> None:
         """What is below qdisc ``q`` (which exists), in the order that never leaves a packet

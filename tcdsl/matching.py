@@ -26,6 +26,18 @@ def filter_bits(keys: tuple[ir.U32Key, ...]) -> Bits | None:
             return ((offset, value & mask, mask),) if mask else ()
         # the words of one key are at different offsets: nothing to merge
         return tuple(sorted((o, v & m, m) for o, v, m in lower.pack_words(keys[0]) if m))
+    words = kernel_words(keys)
+    return None if words is None else tuple(sorted(w for w in words if w[2]))
+
+
+Words = tuple[tuple[int, int, int], ...]
+"""A u32 filter's keys as the kernel holds them: (offset, value, mask) in tc's order."""
+
+
+def kernel_words(keys: tuple[ir.U32Key, ...]) -> Words | None:
+    """The keys of a u32 filter as tc packs them for the kernel, in order: a word for each
+    offset, where its first key put it, later keys at that offset merged in (masks of 0
+    kept: the kernel still reads the word); None when two keys contradict each other."""
     words: dict[int, tuple[int, int]] = {}
     for key in keys:
         for offset, value, mask in lower.pack_words(key):
@@ -33,20 +45,27 @@ def filter_bits(keys: tuple[ir.U32Key, ...]) -> Bits | None:
             if (v ^ value) & m & mask:
                 return None
             words[offset] = (v | (value & mask), m | mask)
-    return tuple(sorted((o, v, m) for o, (v, m) in words.items() if m))
+    return tuple((o, v, m) for o, (v, m) in words.items())
 
 
-def bits_match(bits: Bits, header: bytes) -> bool:
-    """True if ``header`` (the packet's bytes from the IP header on) has every word of ``bits``.
-
-    As u32 does, a word past the end of the header fails the whole filter.
-    """
-    for offset, value, mask in bits:
-        if offset + 4 > len(header):
-            return False
-        if int.from_bytes(header[offset : offset + 4], "big") & mask != value:
+def words_verdict(words: Words, packet: bytes) -> bool | None:
+    """Whether u32 finds ``words`` in ``packet`` (its bytes from the IP header to its end):
+    True, False, or None when a word lies past the packet's end before one fails, on which
+    u32 gives up its whole pref (``u32_classify``: ``if (!data) goto out``), not just the
+    filter, and the kernel goes on at the next pref."""
+    for offset, value, mask in words:
+        if offset + 4 > len(packet):
+            return None
+        if int.from_bytes(packet[offset : offset + 4], "big") & mask != value:
             return False
     return True
+
+
+def bits_match(bits: Bits, packet: bytes) -> bool:
+    """True if ``packet`` (its bytes from the IP header on) has every word of ``bits``; a
+    word past its end fails the match alone (an iptables rule's; a u32 filter gives up its
+    pref: :func:`words_verdict`)."""
+    return bool(words_verdict(bits, packet))
 
 
 def match_pref(match: ir.Match) -> int:

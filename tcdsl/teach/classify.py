@@ -8,7 +8,10 @@ What is modelled, after the kernel's code:
 
 - u32 filters of a classful qdisc are tried by pref, then in the order they were added
   (``kernel_order``, which the lints share); a filter matches when every key's 32-bit word,
-  under its mask, equals its value in the packet's header (``filter_bits``, ``bits_match``);
+  under its mask, equals its value in the packet (its bytes from the IP header to its end,
+  the payload zeros), read in tc's order of the keys (``kernel_words``); a word past the
+  packet's end, read before one fails, makes u32 give up the whole pref, its tables too
+  (``words_verdict``; the kernel goes on at the next pref);
 - htb (``htb_classify``): a filter's flowid names a leaf class, which takes the packet; an
   inner class goes on with the filters attached to that class (tcdsl attaches none there); no
   match: the ``default`` class, or htb's direct queue when there is none (or it is not a leaf);
@@ -47,7 +50,7 @@ from tcdsl.allocate import default_minor
 from tcdsl.commands import mark_text
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.chains import default_chain
-from tcdsl.matching import bits_match, filter_bits, filters_at
+from tcdsl.matching import bits_match, filter_bits, filters_at, kernel_words, words_verdict
 from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
 from tcdsl.teach.traffic import EXTENSION_NAMES, LATER_FRAGMENT, PORTED, Packet
 
@@ -307,7 +310,7 @@ def rule_matches(conds: tuple[ir.Cond, ...], packet: Packet) -> bool:
             case ir.AllCond():
                 pass
             case ir.TcpAckCond() | ir.RawCond():  # checks refuse them in marking lines
-                header = packet.header()
+                header = packet.ip_packet()
                 if not any(
                     (bits := filter_bits(keys_)) is not None and bits_match(bits, header)
                     for keys_ in lower.u32_keys((cond,), packet.family)
@@ -329,6 +332,10 @@ def _family_words(family: ir.Family) -> str:
 # ---- the walk ---------------------------------------------------------------------------------
 
 
+class _GiveUp(Exception):
+    """u32 read past the packet's end: it gives up the pref it is walking (tables and all)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Hit:
     """A filter that matched: the class id it names and the words saying why."""
@@ -347,10 +354,12 @@ class _Walk:
         self.iface = iface
         self.skip = skip
         self.packet = packet
-        self.header = packet.header()
+        self.header = packet.ip_packet()
         self.keys = flow_keys(packet)
         self.matches = {m.span: m for q in ir.walk_qdiscs(iface.root) for _, m in ir.matches_of(q)}
         self.tables = u32layout.buckets(iface) if iface.u32_tables else {}
+        self.gave_up: list[int] = []
+        """The prefs u32 gave up on, reading past the packet's end."""
         self.mark = 0
         self.mark_why = ""
         self.mark_span: Span | None = None
@@ -405,11 +414,15 @@ class _Walk:
             if f.span in self.skip or f.family != self.packet.family:
                 continue
             group = (f.parent, f.family, f.pref)
+            if group in walked:  # laid out in tables and walked, or given up
+                continue
             if isinstance(f, ir.U32Filter) and group in self.tables:
-                if group in walked:
-                    continue
                 walked.add(group)
-                hit = self._u32_walk(self.tables[group], None, 0, [])
+                try:
+                    hit = self._u32_walk(self.tables[group], None, 0, [])
+                except _GiveUp:
+                    self.gave_up.append(f.pref)
+                    continue
                 if hit is not None:
                     return hit
                 continue
@@ -418,8 +431,11 @@ class _Walk:
                     continue
                 return self._hit(f, f"flower filter pref {f.pref}")
             if isinstance(f, ir.U32Filter):
-                bits = filter_bits(f.keys)
-                if bits is None or not bits_match(bits, self.header):
+                found = self._found(f)
+                if found is None:
+                    walked.add(group)
+                    self.gave_up.append(f.pref)
+                if not found:
                     continue
                 return self._hit(f, f"filter pref {f.pref}")
             if isinstance(f, ir.FwFilter) and f.mark == self.mark:
@@ -437,8 +453,8 @@ class _Walk:
         for node in group.get((table, bucket), ()):
             if isinstance(node, ir.U32Table):
                 inner = u32layout.bucket_of(node, self.header)
-                if inner is None:
-                    return None
+                if inner is None:  # the hashed word lies past the packet's end
+                    raise _GiveUp
                 step = f"table {node.table:x}: bucket {inner:#04x}"
                 if node.hashed_byte is not None:
                     step += f" (byte {node.hashed_byte} of the {_header_name(node.family)})"
@@ -448,12 +464,20 @@ class _Walk:
                 continue
             if node.span in self.skip:
                 continue
-            bits = filter_bits(node.keys)
-            if bits is None or not bits_match(bits, self.header):
+            found = self._found(node)
+            if found is None:
+                raise _GiveUp
+            if not found:
                 continue
             where = f"; u32 went to {', then '.join(path)}" if path else ""
             return self._hit(node, f"filter pref {node.pref}", where)
         return None
+
+    def _found(self, f: ir.U32Filter) -> bool | None:
+        """Whether u32 finds ``f``'s keys in the packet; None: it read past the packet's end
+        first, and gives up the filter's whole pref."""
+        words = kernel_words(f.keys)
+        return False if words is None else words_verdict(words, self.header)
 
     def _hit(self, f: ir.U32Filter | ir.FlowerFilter, name: str, where: str = "") -> _Hit:
         match = self.matches.get(f.span)
@@ -465,7 +489,7 @@ class _Walk:
             text = "match " + " ".join(commands.flower_words(f))
         if f.family == "ipv6" or isinstance(f, ir.FlowerFilter):
             text = f"{_family_words(f.family)}: {text}"
-        why = f"{name} matched ({text}){where}"
+        why = f"{name} matched ({text}){where}{self._gave_up_note()}"
         if isinstance(f, ir.FlowerFilter) and self.keys.walked:
             headers = words.or_list([EXTENSION_NAMES[h] for h in self.keys.walked], "and")
             why += f"; the flow dissector read past the {headers} header"
@@ -488,8 +512,17 @@ class _Walk:
                 f" (the tree classifies {only} only: no filter of it sees {_family_words(family)})"
             )
         elif self.iface.marking is None:
-            why += self._fixed_offsets_note()
+            why += self._gave_up_note() + self._fixed_offsets_note()
         return why
+
+    def _gave_up_note(self) -> str:
+        if not self.gave_up:
+            return ""
+        prefs = ", ".join(str(p) for p in self.gave_up)
+        return (
+            f" (u32 gave up pref {prefs}: a key of it lies past the end of this "
+            f"{len(self.header)}-byte packet, and u32 then tries no other filter of that pref)"
+        )
 
     def _priority_words(self) -> str:
         prio = packet_priority(self.packet)
@@ -581,7 +614,7 @@ class _Walk:
         assert q.handle is not None
         nowhere = "the direct queue, unshaped" if isinstance(q, ir.Htb) else DROPPED
         classes = {c.classid: c for c in ir.classes_of(q)}
-        parent, head = q.handle, self._no_hit()
+        parent, head = q.handle, ""
         while (hit := self._first_hit(parent)) is not None:
             if hit.flowid == q.handle:
                 why = f"{hit.why} -> the {q.kind} itself ({q.handle}): {nowhere}"
@@ -595,6 +628,7 @@ class _Walk:
             assert cls.classid is not None
             head = f"{hit.why} -> {cls.label}, an inner class, and no filter below it matched"
             parent = cls.classid
+        head = head or self._no_hit()
         minor = default_minor(q)
         default = next(
             (c for c in classes.values() if c.classid is not None and c.classid.minor == minor),

@@ -64,18 +64,12 @@ class add dev shaper0 parent 1: classid 1:1 cbq rate 530kbit allot 1600 prio 5 b
 class add dev shaper0 parent 1:1 classid 1:10 cbq rate 53kbit allot 1600 prio 1 avpkt 1528
 # policies/seeds/s002-cbq-conditioner.tcp:40:13: sfq qdisc of 1:10
 qdisc add dev shaper0 parent 1:10 handle 10: sfq perturb 10
-# policies/seeds/s002-cbq-conditioner.tcp:37:13: filter to 1:10
-filter add dev shaper0 parent 1: protocol ip prio 11 u32 match ip protocol 1 0xff flowid 1:10
 # policies/seeds/s002-cbq-conditioner.tcp:38:13: filter to 1:10
 filter add dev shaper0 parent 1: protocol ip prio 10 u32 match ip tos 0x10 0xff flowid 1:10
+# policies/seeds/s002-cbq-conditioner.tcp:37:13: filter to 1:10
+filter add dev shaper0 parent 1: protocol ip prio 11 u32 match ip protocol 1 0xff flowid 1:10
 # policies/seeds/s002-cbq-conditioner.tcp:39:13: filter to 1:10
 filter add dev shaper0 parent 1: protocol ip prio 12 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
-# policies/seeds/s002-cbq-conditioner.tcp:42:15: class normal
-class add dev shaper0 parent 1:1 classid 1:20 cbq rate 339kbit allot 1600 prio 2 avpkt 1528
-# policies/seeds/s002-cbq-conditioner.tcp:44:13: sfq qdisc of 1:20
-qdisc add dev shaper0 parent 1:20 handle 20: sfq perturb 10
-# policies/seeds/s002-cbq-conditioner.tcp:43:13: filter to 1:20
-filter add dev shaper0 parent 1: protocol ip prio 40 u32 match ip dst 0.0.0.0/0 flowid 1:20
 # policies/seeds/s002-cbq-conditioner.tcp:46:15: class downloads
 class add dev shaper0 parent 1:1 classid 1:30 cbq rate 69kbit allot 1600 prio 3 avpkt 1528
 # policies/seeds/s002-cbq-conditioner.tcp:48:13: sfq qdisc of 1:30
@@ -88,6 +82,12 @@ class add dev shaper0 parent 1:1 classid 1:40 cbq rate 69kbit allot 1600 prio 4 
 qdisc add dev shaper0 parent 1:40 handle 40: sfq perturb 10
 # policies/seeds/s002-cbq-conditioner.tcp:51:13: filter to 1:40
 filter add dev shaper0 parent 1: protocol ip prio 26 u32 match ip sport 3072 0xfc00 flowid 1:40
+# policies/seeds/s002-cbq-conditioner.tcp:42:15: class normal
+class add dev shaper0 parent 1:1 classid 1:20 cbq rate 339kbit allot 1600 prio 2 avpkt 1528
+# policies/seeds/s002-cbq-conditioner.tcp:44:13: sfq qdisc of 1:20
+qdisc add dev shaper0 parent 1:20 handle 20: sfq perturb 10
+# policies/seeds/s002-cbq-conditioner.tcp:43:13: filter to 1:20
+filter add dev shaper0 parent 1: protocol ip prio 40 u32 match ip dst 0.0.0.0/0 flowid 1:20
 TCDSL_BATCH
 ); then
     printf '%s\n' "$tcdsl_said" >&2
@@ -97,18 +97,18 @@ TCDSL_BATCH
     4) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:35:11: class main' ;;
     6) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:36:15: class interactive' ;;
     8) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:40:13: sfq qdisc of 1:10' ;;
-    10) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:37:13: filter to 1:10' ;;
-    12) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:38:13: filter to 1:10' ;;
+    10) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:38:13: filter to 1:10' ;;
+    12) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:37:13: filter to 1:10' ;;
     14) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:39:13: filter to 1:10' ;;
-    16) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:42:15: class normal' ;;
-    18) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:44:13: sfq qdisc of 1:20' ;;
-    20) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:43:13: filter to 1:20' ;;
-    22) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:46:15: class downloads' ;;
-    24) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:48:13: sfq qdisc of 1:30' ;;
-    26) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:47:13: filter to 1:30' ;;
-    28) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:50:15: class p2p' ;;
-    30) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:52:13: sfq qdisc of 1:40' ;;
-    32) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:51:13: filter to 1:40' ;;
+    16) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:46:15: class downloads' ;;
+    18) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:48:13: sfq qdisc of 1:30' ;;
+    20) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:47:13: filter to 1:30' ;;
+    22) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:50:15: class p2p' ;;
+    24) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:52:13: sfq qdisc of 1:40' ;;
+    26) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:51:13: filter to 1:40' ;;
+    28) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:42:15: class normal' ;;
+    30) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:44:13: sfq qdisc of 1:20' ;;
+    32) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:43:13: filter to 1:20' ;;
     esac
     exit 1
 fi
