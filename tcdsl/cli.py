@@ -523,11 +523,11 @@ def _applied_ids(policy: str) -> Pins:
     """The class ids ``tcdsl apply`` gave ``policy`` if it is the file live under its name
     ({} when it is not, or the state cannot be read): a class added before others has the
     free id apply chose, not the one compiling the policy alone would give it."""
-    from tcdsl.ops.lifecycle import live_pins
+    from tcdsl.ops.lifecycle import OpsError, live_pins
 
     try:
         return live_pins(policy, same_file=True)
-    except (OSError, ValueError, KeyError, AssertionError):
+    except (OSError, ValueError, KeyError, AssertionError, OpsError):  # a damaged record
         return {}
 
 

@@ -2,9 +2,10 @@
 
 A generated script holds ``flock`` on ``/run/lock/tcdsl-IFACE.lock`` (or in
 ``$TCDSL_LOCK_DIR``) while it tears down and rebuilds IFACE, so two runs at once (cron and a
-person) cannot interleave their commands. Python code that changes a host's interfaces (the
-live operations to come; today only tcdsl's own tests) holds the same lock through
-:func:`interface_locks`.
+person) cannot interleave their commands. The live operations (``apply``, ``rollback``,
+``down``) hold the same locks through :func:`interface_locks` while they change the kernel,
+inside the lock of the policy name (``tcdsl.ops.state.Store.locked``), which they hold from
+reading the state to writing it.
 """
 
 from __future__ import annotations

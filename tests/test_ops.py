@@ -23,6 +23,7 @@ from tcdsl.driver import analyse
 from tcdsl.ops.desired import trees_from_json, trees_json, trees_of
 from tcdsl.ops.lifecycle import pins_of
 from tcdsl.ops.plan import Plan, make_plan
+from tcdsl.ops.state import Store
 from tcdsl.verify.runner import HostSupport
 from tests.test_apply import host, make_netns, run
 
@@ -980,3 +981,46 @@ def test_a_subscriber_moved_to_another_site_moves_in_place(tcdsl: Tcdsl, host: H
     assert tcdsl("rollback", "p").code == 0
     back = tcdsl.tc("class", "show", "dev", "d0", "classid", ids["c102"])
     assert f"parent {ids['north']}" in back, back
+
+
+def _many(n: int) -> str:
+    body = "".join(
+        f"    class s{i} rate 1mbit match dst 10.7.{i // 200}.{i % 200 + 1}\n" for i in range(n)
+    )
+    return f"interface d0 htb rate 1gbit default other {{\n{body}    class other rate 1mbit\n}}\n"
+
+
+def test_applies_of_one_name_wait_for_each_other(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """An apply holds its name's lock from reading the state to writing the record: one that
+    comes meanwhile waits, then plans against what the first made (found by a helper's
+    review: two applies at once both exited 0, the kernel a mix of both policies, the record
+    one of them, and plan said "no changes")."""
+    first = tcdsl.write("one.tcp", _many(3))
+    store = Store("one", Path(tcdsl.env["TCDSL_STATE_DIR"]))
+
+    def start(path: str) -> subprocess.Popen[str]:
+        argv = ["ip", "netns", "exec", tcdsl.ns, *TCDSL, "apply", "--yes", path]
+        return subprocess.Popen(
+            argv, env=tcdsl.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    with store.locked():
+        waiting = start(first)
+        time.sleep(1.5)
+        assert waiting.poll() is None, "the apply ran while the name's lock was held"
+        assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert waiting.wait(timeout=120) == 0, waiting.communicate()
+    other = tcdsl.folder / "other"
+    other.mkdir()
+    big = tcdsl.write("one.tcp", _many(300))
+    small = str(other / "one.tcp")
+    Path(small).write_text(_many(20), encoding="utf-8")
+    runs = [start(big), start(small)]
+    assert [r.wait(timeout=300) for r in runs] == [0, 0], [r.communicate() for r in runs]
+    plans = {path: tcdsl("plan", path) for path in (big, small)}
+    live = [path for path, ran in plans.items() if ran.out == "no changes\n"]
+    assert len(live) == 1, plans
+    classes = tcdsl.tc("class", "show", "dev", "d0").count("class htb")
+    assert classes == (302 if live[0] == big else 22), classes
+    assert "the kernel agrees" in tcdsl("verify", live[0]).err

@@ -29,6 +29,7 @@ from tcdsl.ops.lifecycle import (
     down_interface,
     keep_record,
     policy_name,
+    preflight,
     prepare,
     rollback,
     start_reading,
@@ -67,9 +68,11 @@ def _compiled(
         result, trees = compile_new(store, path, reading)
     except OpsError as e:
         _fail(NO_STATE, str(e))
-    shown = [d for d in result.diagnostics if d.is_error]
-    if result.policy is None or shown:
-        click.echo(render(shown, result.sources), nl=False, err=True)
+    # the warnings too, as 'check' shows them: a subscriber in the default class (W371), a
+    # line that never matches (W312) are worth knowing before the kernel changes
+    if result.diagnostics:
+        click.echo(render(result.diagnostics, result.sources), nl=False, err=True)
+    if result.policy is None or any(d.is_error for d in result.diagnostics):
         click.echo("tcdsl: the policy has errors; nothing was changed", err=True)
         sys.exit(EXIT_FAILED)
     return result, trees
@@ -99,10 +102,11 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
     _fail(FAILED, f"{f.command!r} failed for {name}: {f.message}; {then}", span, sources)
 
 
-def _prepared(policy: str, name: str | None) -> Prepared:
+def _prepared(policy: str, name: str | None, store: Store | None = None) -> Prepared:
     """POLICY compiled (with the live class ids) and planned against the policy live under
-    its name; exits with the diagnostic on errors."""
-    store = _store(policy_name(policy, name))
+    its name (``store``, when the caller holds its lock); exits with the diagnostic on
+    errors."""
+    store = store or _store(policy_name(policy, name))
     try:
         reading = start_reading(store)
     except OpsError as e:
@@ -138,8 +142,21 @@ def plan_command(policy: str, name: str | None) -> None:
     """Show what applying POLICY would change in the kernel, by the policy's names and lines,
     and what was changed by hand since the last apply (drift)."""
     prepared = _prepared(policy, name)
+    _preflight(prepared)
     _print(prepared.plan)
     sys.exit(EXIT_CHANGES if not prepared.plan.empty or prepared.plan.drift else EXIT_OK)
+
+
+def _preflight(prepared: Prepared) -> None:
+    """Exit with apply's error when apply would refuse the plan (E602, E604)."""
+    result = prepared.result
+    try:
+        preflight(prepared)
+    except Unsupported as e:
+        first = e.lacking[0]
+        _fail(UNSUPPORTED, str(e), first.span, result.sources if result else {})
+    except OpsError as e:
+        _fail(NO_DEVICE, str(e))
 
 
 @click.command(
@@ -156,8 +173,15 @@ def plan_command(policy: str, name: str | None) -> None:
 def apply_command(policy: str, name: str | None, yes: bool, within: str | None) -> None:
     """Make the kernel equal to POLICY with the smallest safe change."""
     seconds = parse_duration(within) if within is not None else None
-    prepared = _prepared(policy, name)
-    store, result = prepared.store, prepared.result
+    store = _store(policy_name(policy, name))
+    with store.locked():
+        _apply(policy, store, yes, seconds, within)
+
+
+def _apply(policy: str, store: Store, yes: bool, seconds: float | None, within: str | None) -> None:
+    prepared = _prepared(policy, None, store)
+    _preflight(prepared)
+    result = prepared.result
     assert result is not None
     _print(prepared.plan)
     if prepared.plan.empty and not prepared.plan.drift and seconds is None:
@@ -188,8 +212,10 @@ def apply_command(policy: str, name: str | None, yes: bool, within: str | None) 
 @click.argument("name")
 def confirm_command(name: str) -> None:
     """Keep the policy applied with --confirm under NAME (stop its rollback timer)."""
+    store = _store(name)
     try:
-        pending = confirm(_store(name))
+        with store.locked():
+            pending = confirm(store)
     except OpsError as e:
         _fail(NO_STATE, str(e))
     click.echo(f"confirmed {name} (generation {pending.generation})")
@@ -200,8 +226,10 @@ def confirm_command(name: str) -> None:
 def rollback_command(name: str) -> None:
     """Go back to the policy applied under NAME before the live one (or remove it, if there
     was none)."""
+    store = _store(name)
     try:
-        back = rollback(_store(name))
+        with store.locked():
+            back = rollback(store)
     except OpsError as e:
         _fail(NO_STATE, str(e))
     except ApplyFailed as e:
@@ -234,8 +262,10 @@ def down_command(name: str | None, interface: str | None) -> None:
         click.echo("\n".join(removed) if removed else f"nothing of tcdsl's on {interface}")
         return
     assert name is not None
+    store = _store(Path(name).stem if name.endswith(".tcp") else name)
     try:
-        plan = down(_store(Path(name).stem if name.endswith(".tcp") else name))
+        with store.locked():
+            plan = down(store)
     except OpsError as e:
         _fail(NO_STATE, str(e))
     except ApplyFailed as e:
@@ -421,7 +451,11 @@ def status_command(
 
         if name is not None:
             _store(name)  # (a usable name)
-        live = applied_policy(policy, name)
+        try:
+            live = applied_policy(policy, name)
+            pins = live_pins(policy, name) if live is None else {}
+        except OpsError as e:
+            _fail(NO_STATE, str(e))
         if live is not None:
             # what is live: the policy (and its tables) as applied, not as edited since
             applied, checked = live
@@ -435,7 +469,7 @@ def status_command(
                 )
         else:
             # the class ids 'tcdsl apply' gave the policy live under its name, if it is
-            result = analyse(policy, access=access, pins=live_pins(policy, name))
+            result = analyse(policy, access=access, pins=pins)
             checked = policy_or_exit(result, "shown")
             sources = result.sources
         names = {n for iface in checked.interfaces for n in (iface.name, iface.interface)}

@@ -26,18 +26,24 @@ from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
 from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.frontend.source import SourceError, decode_policy, normalise_newlines
+from tcdsl.lock import interface_locks
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.desired import Tree, class_ids, trees_from_json, trees_json, trees_of
 from tcdsl.ops.live import device_exists, drift, fingerprint, live_qdisc, tx_queue_count
 from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree, restore_plan
-from tcdsl.ops.state import Applied, Pending, Store, state_dir, valid_name, write_json
+from tcdsl.ops.state import (
+    KEEP,
+    Applied,
+    OpsError,
+    Pending,
+    Store,
+    state_dir,
+    valid_name,
+    write_json,
+)
 from tcdsl.tcmath import HTB_DEFAULT_R2Q
 from tcdsl.verify.expect import Requirement, requirements
 from tcdsl.verify.runner import HostSupport, KernelUnavailable, host_support
-
-
-class OpsError(Exception):
-    """An operation refused before changing anything (the message says why)."""
 
 
 class Unsupported(OpsError):
@@ -384,6 +390,12 @@ def _devices(policy: ir.Policy) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _interfaces(*policies: ir.Policy | None) -> set[str]:
+    """The interfaces (as policies name them) whose locks a change of ``policies`` holds:
+    the ones the generated scripts take, so a script and tcdsl never interleave."""
+    return {i.interface for p in policies if p is not None for i in p.interfaces}
+
+
 def missing_devices(policy: ir.Policy) -> list[str]:
     """The devices a policy shapes that do not exist (an IFB a download makes excepted)."""
     return [d for d in _devices(policy) if not device_exists(d)]
@@ -509,6 +521,23 @@ def _nothing() -> ir.Policy:
     return ir.Policy("", ())
 
 
+def preflight(prepared: Prepared) -> None:
+    """What ``apply`` checks before it changes anything, and ``plan`` too (so that it does
+    not show a change that apply would refuse): the devices exist, have the TX queues an mq
+    tree uses, and the kernel and tools have what the change needs (OpsError, Unsupported)."""
+    new = prepared.new
+    if new is None:
+        return
+    missing = missing_devices(new)
+    if missing:
+        raise OpsError(f"no such device: {', '.join(missing)}; nothing was changed")
+    short = short_of_queues(new)
+    if short:
+        raise OpsError(f"{'; '.join(short)}; nothing was changed")
+    if not prepared.plan.empty or prepared.plan.drift:
+        check_support(prepared.live.features, new)
+
+
 def apply(
     prepared: Prepared,
     path: str,
@@ -520,19 +549,13 @@ def apply(
     timer that rolls back unless ``tcdsl confirm`` comes first."""
     new = prepared.new
     assert new is not None
-    missing = missing_devices(new)
-    if missing:
-        raise OpsError(f"no such device: {', '.join(missing)}; nothing was changed")
-    short = short_of_queues(new)
-    if short:
-        raise OpsError(f"{'; '.join(short)}; nothing was changed")
-    if not prepared.plan.empty or prepared.plan.drift:
-        check_support(prepared.live.features, new)
+    preflight(prepared)
     store = prepared.store
     ids = {t: {n: str(h) for n, h in v.items()} for t, v in pins_of(new).items()}
     store.start(path, sources, _devices(new), ids)
     try:
-        apply_policy(prepared.plan, lambda: restore_plan(prepared.old, new), runner)
+        with interface_locks(_interfaces(prepared.old, new)):
+            apply_policy(prepared.plan, lambda: restore_plan(prepared.old, new), runner)
     except ApplyFailed:
         store.finish()  # the old policy was built again
         raise
@@ -583,6 +606,14 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
     else:
         assert applied is not None
         earlier = [g for g in store.generations() if g < applied.generation]
+        if not earlier and applied.generation > 1:
+            # generation 1 went first: the ones before this are no longer kept, and going
+            # "back" to nothing would remove a policy that had one before it
+            raise OpsError(
+                f"the policies applied under {store.name!r} before generation "
+                f"{applied.generation} are no longer kept (the last {KEEP} are); nothing was "
+                f"changed (apply the policy you want, or 'tcdsl down {store.name}' to remove it)"
+            )
         back = store.load(earlier[-1]) if earlier else None
         target = compile_applied(back) if back is not None else None
     prepared = prepare(store, target)
@@ -594,7 +625,8 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
         old = compile_applied(killed)
         prepared.plan = make_plan(trees_of(old), (), rebuild=())
     empty = dataclasses.replace(old or _nothing(), interfaces=())
-    apply_policy(prepared.plan, lambda: restore_plan(old, target or empty), runner)
+    with interface_locks(_interfaces(old, target)):
+        apply_policy(prepared.plan, lambda: restore_plan(old, target or empty), runner)
     store.set_pending(None)
     store.finish()
     if target is None or back is None:
@@ -617,7 +649,8 @@ def down(store: Store, runner: Runner = run_command) -> Plan:
     old = prepared.old
     assert old is not None
     empty = dataclasses.replace(old, interfaces=())
-    apply_policy(prepared.plan, lambda: restore_plan(old, empty), runner)
+    with interface_locks(_interfaces(old)):
+        apply_policy(prepared.plan, lambda: restore_plan(old, empty), runner)
     store.remove()
     return prepared.plan
 
@@ -682,6 +715,7 @@ __all__ = [
     "down_interface",
     "keep_record",
     "policy_name",
+    "preflight",
     "prepare",
     "rollback",
 ]

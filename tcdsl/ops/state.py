@@ -8,6 +8,7 @@ folder per policy name (the policy file's stem unless ``--name`` says otherwise)
     <state>/<name>/applied/<generation>.*.json  what each built, the kernel's digest after it
     <state>/<name>/pending.json                 an apply waiting for ``tcdsl confirm``
     <state>/<name>/applying.json                an apply under way (left by one that was killed)
+    <state>/+locks/<name>                       ``flock``ed by whoever changes the name's state
 
 Files are written whole and renamed into place, so a killed apply leaves the old file or the
 new one, never half of one.
@@ -15,11 +16,13 @@ new one, never half of one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +114,26 @@ def write_json(path: Path, data: object, indent: int | None = 1) -> None:
     os.replace(tmp, path)
 
 
+class OpsError(Exception):
+    """An operation refused before changing anything (the message says why)."""
+
+
+class DamagedRecord(OpsError):
+    """A state file that cannot be read (cut short, edited by hand)."""
+
+
+def _read(path: Path, name: str) -> Any:
+    """The JSON of a state file, or DamagedRecord saying what to do about it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DamagedRecord(
+            f"the state file {path} is damaged ({e}): move it away, or remove what tcdsl "
+            f"made on the interfaces with 'tcdsl down -i IFACE' (the state of {name} is "
+            "kept in that folder)"
+        ) from None
+
+
 class Store:
     """The state of one policy name."""
 
@@ -123,6 +146,18 @@ class Store:
     def _applied(self) -> Path:
         return self.folder / "applied"
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the name's lock until the block ends (waiting for it): one apply, rollback,
+        confirm or down of a name at a time, each reading the state and the kernel after the
+        one before has finished with them (two applies at once left the kernel a mix of both
+        policies, and the record one of them). In a folder no policy name can be (``+``)."""
+        folder = self.folder.parent / "+locks"
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / self.name).open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
     def generations(self) -> list[int]:
         """The generations kept, oldest first."""
         folder = self._applied()
@@ -133,7 +168,17 @@ class Store:
     def load(self, generation: int) -> Applied:
         """One applied policy."""
         path = self._applied() / f"{generation}.json"
-        return Applied.from_json(json.loads(path.read_text(encoding="utf-8")))
+        return self._applied_from(path)
+
+    def _applied_from(self, path: Path) -> Applied:
+        data = _read(path, self.name)
+        try:
+            return Applied.from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DamagedRecord(
+                f"the state file {path} is damaged (no {e} in it): move it away, or remove "
+                "what tcdsl made on the interfaces with 'tcdsl down -i IFACE'"
+            ) from None
 
     def current(self) -> Applied | None:
         """The policy live now (the newest kept), or None."""
@@ -179,11 +224,10 @@ class Store:
 
     def applying(self) -> Applied | None:
         """The apply a killed command left under way, if any (generation 0)."""
-        try:
-            text = (self.folder / "applying.json").read_text(encoding="utf-8")
-        except FileNotFoundError:
+        path = self.folder / "applying.json"
+        if not path.exists():
             return None
-        return Applied.from_json(json.loads(text))
+        return self._applied_from(path)
 
     def finish(self) -> None:
         """No apply is under way any more."""
@@ -198,13 +242,15 @@ class Store:
     def pending(self) -> Pending | None:
         """The apply waiting for ``confirm``, if any."""
         path = self.folder / "pending.json"
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        if not path.exists():
             return None
-        previous = data["previous"]
-        return Pending(int(data["generation"]), None if previous is None else int(previous),
-                       float(data["deadline"]))  # fmt: skip
+        data = _read(path, self.name)
+        try:
+            previous = data["previous"]
+            return Pending(int(data["generation"]), None if previous is None else int(previous),
+                           float(data["deadline"]))  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise DamagedRecord(f"the state file {path} is damaged ({e!r}): move it away") from None
 
     def set_pending(self, pending: Pending | None) -> None:
         """Start (or with None, end) waiting for ``confirm``."""

@@ -24,7 +24,11 @@ def main(argv: list[str]) -> int:
         if left <= 0:
             break
         time.sleep(min(left, 0.5))
-    rollback(store)
+    with store.locked():  # an apply or confirm may have come meanwhile: look again
+        pending = store.pending()
+        if pending is None or pending.generation != generation:
+            return 0
+        rollback(store)
     return 0
 
 

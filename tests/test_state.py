@@ -1,0 +1,111 @@
+"""The state records of the live operations, without a kernel: a damaged record is refused
+with a message (exit 1), never a traceback; a rollback past the generations kept is refused;
+the name's lock is one holder at a time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tcdsl.cli import cli
+from tcdsl.ops.lifecycle import OpsError, rollback
+from tcdsl.ops.state import KEEP, DamagedRecord, Store
+
+POLICY = "interface d0 htb rate 10mbit default a {\n    class a rate 1mbit\n}\n"
+
+
+def _store(tmp_path: Path, applies: int) -> tuple[Store, Path]:
+    path = tmp_path / "p.tcp"
+    path.write_text(POLICY, encoding="utf-8")
+    store = Store("p", tmp_path / "state")
+    for _ in range(applies):
+        store.record(str(path), {str(path): POLICY}, ("d0",), {})
+    return store, path
+
+
+@pytest.mark.parametrize("damage", ["cut", "not json", "no field"])
+@pytest.mark.parametrize("command", ["plan", "apply", "rollback", "down", "status"])
+def test_a_damaged_record_is_refused_with_a_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, damage: str
+) -> None:
+    """Found by a helper's review: a record cut short crashed every command, down included,
+    with a traceback (exit 3)."""
+    store, path = _store(tmp_path, 1)
+    record = store.folder / "applied" / "1.json"
+    text = record.read_text(encoding="utf-8")
+    record.write_text(
+        {"cut": text[:40], "not json": "\x00garbage", "no field": "{}"}[damage], encoding="utf-8"
+    )
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
+    args = {
+        "plan": ["plan", str(path)],
+        "apply": ["apply", "--yes", str(path)],
+        "rollback": ["rollback", "p"],
+        "down": ["down", "p"],
+        "status": ["status", "--count", "1", str(path)],
+    }[command]
+    done = CliRunner().invoke(cli, args)
+    assert not isinstance(done.exception, DamagedRecord | KeyError | ValueError), done.output
+    assert done.exit_code == 1, done.output
+    assert "is damaged" in done.output and str(record) in done.output, done.output
+
+
+def test_a_rollback_past_the_kept_generations_is_refused(tmp_path: Path) -> None:
+    """Seven applies keep the last five: rolling back from the oldest kept one went "back" to
+    nothing, removing all shaping ("nothing was applied before")."""
+    store, _ = _store(tmp_path, KEEP + 2)
+    assert store.generations() == list(range(3, KEEP + 3))
+    for g in range(KEEP + 2, 3, -1):
+        store.forget(g)  # what each rollback drops
+    with pytest.raises(OpsError, match="before generation 3 are no longer kept"):
+        rollback(store)
+    assert store.generations() == [3]
+
+
+def test_the_name_lock_has_one_holder_at_a_time(tmp_path: Path) -> None:
+    store = Store("p", tmp_path / "state")
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from tcdsl.ops.state import Store\n"
+        "with Store('p', Path(sys.argv[1])).locked():\n"
+        "    print(time.monotonic(), flush=True)\n"
+    )
+    with store.locked():
+        held = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path / "state")],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
+        time.sleep(1.0)
+        released = time.monotonic()
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert float(out) >= released > held
+
+
+def test_plan_shows_the_warnings_and_refuses_what_apply_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plan and apply showed no warning (a subscriber left to the default class went
+    unsaid); plan showed '+ tree' for what apply then refused (E602)."""
+    path = tmp_path / "w.tcp"
+    path.write_text(
+        "interface tcdslnone0 htb rate 10mbit default a {\n"
+        "    class a rate 1mbit\n    class lonely rate 1mbit\n}\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
+    for args in (["plan", str(path)], ["apply", "--yes", str(path)]):
+        done = CliRunner().invoke(cli, args)
+        assert done.exit_code == 1, done.output
+        assert "[W311]" in done.output and "no such device: tcdslnone0" in done.output
+        assert "+ tree" not in done.output, done.output
