@@ -258,3 +258,31 @@ def test_verify_reads_hashed_tables_back(
     problems = compare.compare_state(expected, _read(ns))
     assert {d.span.line for d in problems} == {9, 1}, problems  # its line; the stray: the tree
     assert any("1:8:2" in d.message or "missing" in d.message for d in problems), problems
+
+
+def test_a_link_changed_by_hand_is_reported_by_what_it_links(
+    host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """A hash link pointed at another table by hand: the drift names the node, the table it
+    links and its hash key, in the kernel and in the policy (a helper's review found it said
+    "flowid is  in the kernel, policy says  ")."""
+    lines = [f"    class c{i} rate 1mbit match dst 10.0.{i}.7" for i in range(40)]
+    lines += [f"    class d{i} rate 1mbit match dst 10.0.0.{i + 100}" for i in range(40)]
+    text = "interface eth0 htb rate 1gbit default c0 {\n" + "\n".join(lines) + "\n}\n"
+    result, ns = _applied(text, host, make_netns, tmp_path)
+    assert result.policy is not None and len(result.policy.interfaces[0].u32_tables) >= 2
+    expected = expected_policy(result.policy, result.sources)
+    shown = run(["tc", "-n", ns, "filter", "show", "dev", "eth0", "parent", "1:"]).stdout
+    link = next(line for line in shown.splitlines() if " link " in line and "fh 800::" in line)
+    handle = link.split(" fh ")[1].split()[0]
+    to = link.split(" link ")[1].split()[0]
+    other = next(f"{t.table:x}:" for t in result.policy.interfaces[0].u32_tables
+                 if f"{t.table:x}:" != to)  # fmt: skip
+    where = ["dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "handle", handle]
+    hashkey = ["hashkey", "mask", "0x0000ff00", "at", "16", "match", "u32", "0", "0", "at", "0"]
+    run(["tc", "-n", ns, "filter", "replace", *where, "u32", "link", other, *hashkey])
+    problems = [d.message for d in compare.compare_state(expected, _read(ns))]
+    node = "::" + handle.split("::")[1]  # as verify names it: in the pref's root table
+    said = [m for m in problems if f"is node {node}, link {other}" in m]
+    assert said and f"policy says node {node}, link {to}" in said[0], problems
+    assert not any("flowid is  in the kernel" in m for m in problems), problems

@@ -20,6 +20,7 @@ drift) is built again: its teardown and build in one ``tc -batch``.
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -375,13 +376,13 @@ def _in_place(
             continue
         o = old.get(key)
         if o is None:
-            plan.changes += _filter_changes((), n.commands, names)
+            plan.changes += _filter_changes((), n.commands, names, _what(n))
             if table_ids(n) & live_ids.get((n.dev, key[2]), set()):
                 swaps.add_late(n)
             else:
                 filters += n.commands
         elif o.words != n.words:
-            plan.changes += _filter_changes(o.commands, n.commands, names)
+            plan.changes += _filter_changes(o.commands, n.commands, names, _what(n))
             in_tables = node_changes(o, n) if has_u32_tables(o) else None
             if in_tables is not None:
                 filters += in_tables
@@ -407,7 +408,7 @@ def _in_place(
     for key, o in old.items():
         if key in new or key in replaced or o.kind != "filters":
             continue
-        plan.changes += _filter_changes(o.commands, (), names)
+        plan.changes += _filter_changes(o.commands, (), names, _what(o))
         if has_u32_tables(o):
             unmade.append(o)
             continue
@@ -499,9 +500,10 @@ def _sans_ids(args: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _filter_changes(
-    old: Sequence[Command], new: Sequence[Command], names: Mapping[str, str]
+    old: Sequence[Command], new: Sequence[Command], names: Mapping[str, str], label: str = ""
 ) -> list[Change]:
-    """The filters a group gains, loses or changes, one line each."""
+    """The filters a group (``label``) gains, loses or changes, one line each; the lines
+    only tried in another order (rows of a table reordered) as one line saying how many."""
     a, b = [_filter_text(c, names) for c in old], [_filter_text(c, names) for c in new]
     out: list[Change] = []
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
@@ -510,11 +512,37 @@ def _filter_changes(
             continue
         out += [Change("-", a[i], old[i].span) for i in range(i1, i2)]
         out += [Change("+", b[j], new[j].span) for j in range(j1, j2)]
+    out, moved = _moves(out)
+    if moved:
+        text = f"{label}: " if label else ""
+        out.append(Change("~", f"{text}{len(moved)} line(s) tried in another order", moved[0].span))
     if not out:
         was, now = [_sans_ids(c.args) for c in old], [_sans_ids(c.args) for c in new]
         out += [Change("~", f"{b[j]}: its action", new[j].span) for j in range(len(new))
                 if j >= len(was) or was[j] != now[j]]  # fmt: skip
     return out
+
+
+def _moves(changes: list[Change]) -> tuple[list[Change], list[Change]]:
+    """``changes`` without the lines both removed and added as they are (moved), and those
+    lines (as added)."""
+    both = Counter(c.text for c in changes if c.sign == "-") & Counter(
+        c.text for c in changes if c.sign == "+"
+    )
+    if not both:
+        return changes, []
+    pools = {"-": Counter(both), "+": Counter(both)}
+    out: list[Change] = []
+    moved: list[Change] = []
+    for c in changes:
+        pool = pools.get(c.sign)
+        if pool is not None and pool[c.text] > 0:
+            pool[c.text] -= 1
+            if c.sign == "+":
+                moved.append(c)
+            continue
+        out.append(c)
+    return out, moved
 
 
 def _actions(

@@ -491,6 +491,17 @@ def _layout(f: ExpectedFilter | TcFilter, laid_out: bool) -> tuple[object, ...]:
     return (f.place, f.link, f.hashkey) if laid_out else ()
 
 
+def _spell_layout(f: ExpectedFilter | TcFilter) -> str:
+    """Where a u32 node is and what it links to: ``node 800::1, link 2:, hashkey mask
+    0x0000ff00 at 16``."""
+    parts = [f"node {f.place}" if f.place else "a node tc numbered"]
+    if f.link:
+        parts.append(f"link {f.link}")
+    if f.hashkey:
+        parts.append(f"hashkey mask {f.hashkey[0]:#010x} at {f.hashkey[1]}")
+    return ", ".join(parts)
+
+
 def _spell_match(f: ExpectedFilter | TcFilter) -> str:
     """What a u32 or flower filter matches, as tc shows it."""
     if f.flower is not None:
@@ -531,7 +542,15 @@ def _compare_ordered(
             pairs = min(i2 - i1, j2 - j1)
             for k in range(pairs):
                 e, g = exp[i1 + k], got[j1 + k]
-                if (g.kind, g.keys, g.flower) == (e.kind, e.keys, e.flower):
+                same = (g.kind, g.keys, g.flower) == (e.kind, e.keys, e.flower)
+                if same and g.flowid == e.flowid:  # its place, link or hash key then
+                    yield Diagnostic.error(
+                        DIFFERS,
+                        f"{e.label} is {_spell_layout(g)} in the kernel, policy says "
+                        f"{_spell_layout(e)}",
+                        e.span,
+                    )
+                elif same:
                     yield Diagnostic.error(
                         DIFFERS,
                         f"{e.label} {'classid' if e.kind == 'flower' else 'flowid'} is "
