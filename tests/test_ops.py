@@ -1024,3 +1024,32 @@ def test_applies_of_one_name_wait_for_each_other(tcdsl: Tcdsl, host: HostSupport
     classes = tcdsl.tc("class", "show", "dev", "d0").count("class htb")
     assert classes == (302 if live[0] == big else 22), classes
     assert "the kernel agrees" in tcdsl("verify", live[0]).err
+
+
+def test_an_apply_killed_before_its_record_is_finished_without_a_rebuild(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """An apply killed after its last kernel change, before it wrote its record: the kernel
+    is the new policy already, so the next apply changes nothing there and keeps the
+    counters (found by a helper's review: it built the whole tree again, every counter reset
+    and the device unshaped meanwhile)."""
+    run(["ip", "-n", tcdsl.ns, "addr", "add", "10.7.0.254/16", "dev", "d0"])
+    old = tcdsl.write("k.tcp", _many(20))
+    assert tcdsl("apply", "--yes", old).code == 0
+    new = tcdsl.write("k.tcp", _many(25))
+    assert tcdsl("apply", "--yes", new).code == 0
+    store = Store("k", Path(tcdsl.env["TCDSL_STATE_DIR"]))
+    done = store.current()
+    assert done is not None and done.generation == 2
+    # as if killed between the kernel's last change and the record: generation 2 unwritten
+    store.forget(2)
+    store.start(done.path, done.sources, done.devices, done.classids)
+    _udp_to(tcdsl.ns, "10.7.0.3", 4)
+    sent = _packets(tcdsl, "1:1")  # the link class: every packet, since the first apply
+    assert sent >= 4
+    planned = tcdsl("plan", new)
+    assert "did not finish" in planned.out and "rebuild" not in planned.out, planned
+    assert "+ class" not in planned.out and "drift in" not in planned.out, planned
+    assert tcdsl("apply", "--yes", new).code == 0
+    assert _packets(tcdsl, "1:1") >= sent, "the tree was built again"
+    assert tcdsl("plan", new).out == "no changes\n"

@@ -12,7 +12,7 @@ import click
 
 from tcdsl import ir
 from tcdsl.cliutil import EXIT_POLICY, FORMAT, access_options, policy_or_exit, summary, writing
-from tcdsl.diagnostics import Diagnostic, Span, render, render_json
+from tcdsl.diagnostics import Diagnostic, Severity, Span, render, render_json
 from tcdsl.driver import Result, analyse, collector_paused
 from tcdsl.frontend.source import Access
 from tcdsl.ops.apply import ApplyFailed
@@ -70,8 +70,9 @@ def _compiled(
         _fail(NO_STATE, str(e))
     # the warnings too, as 'check' shows them: a subscriber in the default class (W371), a
     # line that never matches (W312) are worth knowing before the kernel changes
-    if result.diagnostics:
-        click.echo(render(result.diagnostics, result.sources), nl=False, err=True)
+    shown = [d for d in result.diagnostics if d.severity is not Severity.INFO]
+    if shown:
+        click.echo(render(shown, result.sources), nl=False, err=True)
     if result.policy is None or any(d.is_error for d in result.diagnostics):
         click.echo("tcdsl: the policy has errors; nothing was changed", err=True)
         sys.exit(EXIT_FAILED)

@@ -478,7 +478,19 @@ def prepare(
         changed = drift(compile_applied(applied), dict(applied.sources))
     if new_trees is None:
         new_trees = trees_of(new)
-    plan = make_plan(live.trees, new_trees, rebuild=changed)
+    old_trees = live.trees
+    if changed and new is not None and store.applying() is not None:
+        # A killed apply may have got far, or all the way, before the record: a tree the
+        # kernel holds as the new policy says needs nothing (it was built again, counters
+        # reset and the device unshaped a moment, when only its record was missing).
+        done = {t.label for t in new_trees} & set(changed) - set(drift(new))
+        if done:
+            old_trees = tuple(
+                next(n for n in new_trees if n.label == t.label) if t.label in done else t
+                for t in live.trees
+            )
+            changed = {label: found for label, found in changed.items() if label not in done}
+    plan = make_plan(old_trees, new_trees, rebuild=changed)
     _foreign(live.trees, new_trees, plan)
     for label, found in sorted(changed.items()):
         for d in found[:5]:
