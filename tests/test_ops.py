@@ -1053,3 +1053,23 @@ def test_an_apply_killed_before_its_record_is_finished_without_a_rebuild(
     assert tcdsl("apply", "--yes", new).code == 0
     assert _packets(tcdsl, "1:1") >= sent, "the tree was built again"
     assert tcdsl("plan", new).out == "no changes\n"
+
+
+def test_a_value_left_to_tc_changed_by_hand_is_noted_once(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """A class's burst set by hand, which the policy leaves to tc: not drift tcdsl can
+    compare, but the kernel's digest differs from the last apply's, so plan says so (exit
+    4; it said "no changes"), and apply takes it as it is without a new generation."""
+    p = tcdsl.write("b.tcp", _many(3))
+    assert tcdsl("apply", "--yes", p).code == 0
+    shown = tcdsl.tc("class", "show", "dev", "d0")
+    line = next(x for x in shown.splitlines() if "parent 1:1 " in x)
+    classid = line.split()[2]
+    words = ["class", "change", "dev", "d0", "parent", "1:1", "classid", classid, "htb"]
+    run(["ip", "netns", "exec", tcdsl.ns, "tc", *words, "rate", "1mbit", "burst", "20k"])
+    planned = tcdsl("plan", p)
+    assert planned.code == 4 and "in what tcdsl does not compare" in planned.out, planned
+    assert "no changes" in planned.out and "drift in" not in planned.out, planned
+    assert tcdsl("apply", "--yes", p).code == 0
+    store = Store("b", Path(tcdsl.env["TCDSL_STATE_DIR"]))
+    assert store.generations() == [1]
+    assert tcdsl("plan", p).out == "no changes\n"

@@ -145,7 +145,8 @@ def plan_command(policy: str, name: str | None) -> None:
     prepared = _prepared(policy, name)
     _preflight(prepared)
     _print(prepared.plan)
-    sys.exit(EXIT_CHANGES if not prepared.plan.empty or prepared.plan.drift else EXIT_OK)
+    plan = prepared.plan
+    sys.exit(EXIT_CHANGES if not plan.empty or plan.drift or plan.notes else EXIT_OK)
 
 
 def _preflight(prepared: Prepared) -> None:

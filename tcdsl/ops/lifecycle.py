@@ -187,8 +187,13 @@ def remember(store: Store, generation: int, policy: ir.Policy, trees: Sequence[T
 
 def keep_record(prepared: Prepared) -> None:
     """With nothing to change: record what the live policy built and the kernel's digest,
-    where its apply did not (an older tcdsl), so that the next plan starts from them."""
+    where its apply did not (an older tcdsl), or the kernel's digest again where the plan
+    noted a change tcdsl does not compare, so that the next plan starts from them."""
     applied = prepared.applied
+    if applied is not None and prepared.plan.notes and not prepared.plan.drift:
+        with contextlib.suppress(OSError):
+            remember_kernel(prepared.store, applied.generation, prepared.live)
+        return
     if applied is None or prepared.new is None or prepared.live.kernel is not None:
         return
     if prepared.plan.drift or not prepared.plan.empty or prepared.result is None:
@@ -473,9 +478,13 @@ def prepare(
         reading = Reading(applied, live_of(store, applied))
     applied, live = reading.applied, reading.live
     changed: dict[str, list[Diagnostic]] = {}
+    unexplained: list[str] = []
     if applied is not None and (live.kernel is None or reading.kernel_now() != live.kernel):
         # the kernel is not as the apply left it (or nobody noted how it was): compare
         changed = drift(compile_applied(applied), dict(applied.sources))
+        if not changed and live.kernel is not None:
+            now = reading.kernel_now()
+            unexplained = sorted(k for k, v in live.kernel.items() if now.get(k) != v)
     if new_trees is None:
         new_trees = trees_of(new)
     old_trees = live.trees
@@ -495,6 +504,18 @@ def prepare(
     for label, found in sorted(changed.items()):
         for d in found[:5]:
             plan.drift.append(Change("!", f"drift in {label}: {d.message}", d.span))
+    if unexplained:
+        # what the policy leaves to tc (a class's burst, cburst or quantum) set by hand, or
+        # what the policy does not own: shown, and the next apply takes it as it is
+        plan.notes.append(
+            Change(
+                "!",
+                f"{', '.join(unexplained)} changed since the last apply in what tcdsl does not "
+                "compare: a value the policy leaves to tc (a class's burst, cburst or "
+                "quantum), or something the policy does not own; apply leaves it as it is "
+                "(a value written in the policy, tcdsl sets and checks)",
+            )
+        )
     killed = store.applying()
     if killed is not None:
         # trees only the unfinished apply made: remove whatever part of them it built

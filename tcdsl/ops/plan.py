@@ -86,6 +86,8 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     drift: list[Change] = field(default_factory=list)
     """What differs between the kernel and the policy live now (changed by hand)."""
+    notes: list[Change] = field(default_factory=list)
+    """What changed in the kernel that the policy does not say (no drift: apply keeps it)."""
 
     @property
     def empty(self) -> bool:
@@ -94,7 +96,7 @@ class Plan:
 
     def render(self) -> str:
         """The plan as text: drift first, then the changes, or that there are none."""
-        lines = [c.render() for c in self.drift]
+        lines = [c.render() for c in [*self.drift, *self.notes]]
         lines += [c.render() for c in self.changes] or ["no changes"]
         return "\n".join(lines) + "\n"
 
