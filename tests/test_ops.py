@@ -247,6 +247,15 @@ def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:
             break
     assert "rate 4Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
     assert tcdsl("confirm", "p").code == 1  # nothing waits any more
+    # a plain apply over one waiting for confirmation says that it calls the rollback off,
+    # with changes or without
+    five = B.replace("voip rate 4mbit", "voip rate 5mbit")
+    for first, then in ((five, five), (five, B)):
+        assert tcdsl("apply", "--yes", "--confirm", "1h", tcdsl.write("p.tcp", first)).code == 0
+        over = tcdsl("apply", "--yes", tcdsl.write("p.tcp", then))
+        assert over.code == 0 and "is no longer rolled back" in over.err, over
+        assert ("no changes" in over.out) == (first == then), over
+        assert tcdsl("confirm", "p").code == 1
 
 
 def test_plan_starts_from_the_record_of_the_apply(tcdsl: Tcdsl, host: HostSupport) -> None:

@@ -186,8 +186,12 @@ def _apply(policy: str, store: Store, yes: bool, seconds: float | None, within: 
     result = prepared.result
     assert result is not None
     _print(prepared.plan)
+    waiting = store.pending()  # a --confirm apply whose rollback this one calls off
     if prepared.plan.empty and not prepared.plan.drift and seconds is None:
         keep_record(prepared)
+        if waiting is not None:  # the policy live is the one to keep: no rollback
+            store.set_pending(None)
+            _called_off(waiting.generation)
         return
     if not yes:
         if not sys.stdin.isatty():
@@ -208,6 +212,16 @@ def _apply(policy: str, store: Store, yes: bool, seconds: float | None, within: 
         _fail(NO_DEVICE, str(e))
     note = f"; rolled back in {within} unless 'tcdsl confirm {store.name}'" if within else ""
     click.echo(f"applied {policy} as {store.name} (generation {applied.generation}){note}")
+    if waiting is not None and waiting.generation != applied.generation:
+        _called_off(waiting.generation)
+
+
+def _called_off(generation: int) -> None:
+    click.echo(
+        f"tcdsl: generation {generation}, applied with --confirm, is no longer rolled back: "
+        "this apply keeps the policy it applies",
+        err=True,
+    )
 
 
 @click.command("confirm", epilog="Example:\n\n\b\n  tcdsl confirm office")
