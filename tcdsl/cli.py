@@ -25,6 +25,7 @@ from tcdsl.cliutil import (
     EXIT_POLICY,
     EXIT_USAGE,
     FORMAT,
+    dash_is_stdout,
 )
 from tcdsl.cliutil import access_options as _access_options
 from tcdsl.cliutil import format_option as _format_option
@@ -180,6 +181,7 @@ def cli() -> None:
     "-o",
     "--output",
     type=click.Path(),
+    callback=dash_is_stdout,
     help="Write to this file instead of stdout; a directory (or a path ending in '/') gets "
     "every file of the output.",
 )
@@ -298,6 +300,7 @@ def _outside(path: str, tree: str | None, access: Access) -> Result | None:
     "-o",
     "--output",
     type=click.Path(dir_okay=False),
+    callback=dash_is_stdout,
     help="Write the diagnostics (in the chosen format) to this file instead.",
 )
 @WERROR
@@ -611,7 +614,11 @@ def classify_command(
     help="Plain text (wrapped at 100 columns) or Markdown (for handouts).",
 )
 @click.option(
-    "-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout."
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    callback=dash_is_stdout,
+    help="Write to this file instead of stdout ('-': stdout).",
 )
 @_access_options
 def explain_command(policy: str, fmt: str, output: str | None, access: Access) -> None:

@@ -45,6 +45,12 @@ def policy_or_exit(result: Result, what: str) -> ir.Policy:
     return result.policy
 
 
+def dash_is_stdout(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An ``-o``/``--output`` option's value: ``-`` is stdout, as for most tools (it wrote a
+    file named ``-``)."""
+    return None if value == "-" else value
+
+
 @contextmanager
 def writing(path: str | Path) -> Iterator[None]:
     """Turn an OSError while writing ``path`` into a message and exit 1."""

@@ -126,6 +126,23 @@ def test_compile_output_file(in_root: Path, tmp_path: Path) -> None:
     assert target.read_text(encoding="utf-8") == run("compile", OFFICE).stdout
 
 
+@pytest.mark.parametrize(
+    "args", [["compile", OFFICE], ["explain", OFFICE], ["check", "--format", "json", OFFICE]]
+)
+def test_output_dash_is_stdout(in_root: Path, tmp_path: Path, args: list[str]) -> None:
+    """``-o -`` writes to stdout, as for most tools (it wrote a file named ``-``)."""
+    args = [str(in_root / a) if a == OFFICE else a for a in args]
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        dashed = CliRunner().invoke(cli, [args[0], "-o", "-", *args[1:]])
+        plain = CliRunner().invoke(cli, args)
+    finally:
+        os.chdir(cwd)
+    assert dashed.exit_code == plain.exit_code == 0, dashed.output
+    assert dashed.output == plain.output and not (tmp_path / "-").exists()
+
+
 def test_compile_error(files: dict[str, Path], tmp_path: Path) -> None:
     target = tmp_path / "apply.sh"
     result = run("compile", "-o", str(target), str(files["broken"]))

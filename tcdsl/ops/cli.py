@@ -11,7 +11,15 @@ from typing import NoReturn
 import click
 
 from tcdsl import ir
-from tcdsl.cliutil import EXIT_POLICY, FORMAT, access_options, policy_or_exit, summary, writing
+from tcdsl.cliutil import (
+    EXIT_POLICY,
+    FORMAT,
+    access_options,
+    dash_is_stdout,
+    policy_or_exit,
+    summary,
+    writing,
+)
 from tcdsl.diagnostics import Diagnostic, Severity, Span, render, render_json
 from tcdsl.driver import Result, analyse, collector_paused
 from tcdsl.frontend.source import Access
@@ -311,7 +319,11 @@ def down_command(name: str | None, interface: str | None) -> None:
     "instead of the live kernel (docs/operations.md, 'import').",
 )
 @click.option(
-    "-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout."
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    callback=dash_is_stdout,
+    help="Write to this file instead of stdout ('-': stdout).",
 )
 @FORMAT
 def import_command(interface: str, from_file: str | None, output: str | None, fmt: str) -> None:
@@ -436,6 +448,7 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     "-o",
     "--output",
     type=click.Path(dir_okay=False),
+    callback=dash_is_stdout,
     help="Write each sample to this file, replacing it atomically, instead of stdout.",
 )
 @access_options
