@@ -698,3 +698,19 @@ def test_missing_ifb_of_a_download(shaped: tuple[str, Path], tmp_path: Path) -> 
     first = proc.stderr.splitlines()[0]
     assert first.startswith(f"{both}:5:5: error: the IFB 'ifb4eth0' that shapes the download")
     assert first.endswith("apply the policy first (its script creates the IFB) [E602]")
+
+
+def test_the_line_of_a_class_from_a_table_names_its_file() -> None:
+    """A subscriber's class is declared at its table's row: the text table's line column
+    says ``subs.csv:12`` (a bare 12 read as a line of the policy)."""
+    from tcdsl.ops.status import ClassStatus, _cells
+
+    def row(file: str) -> ClassStatus:
+        return ClassStatus(
+            name="c1001", classid="1:10", parent=None, depth=0, file=file, line=12,
+            rate=1_000_000, ceil=None, state="ok", counters=None, rate_now=None,
+            rate_avg=None, leaf=None,
+        )  # fmt: skip
+
+    assert _cells(row("/srv/isp/subs.csv"), "/srv/isp/isp.tcp")[2] == "subs.csv:12"
+    assert _cells(row("/srv/isp/isp.tcp"), "/srv/isp/isp.tcp")[2] == "12"

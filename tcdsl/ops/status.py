@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from io import StringIO
+from pathlib import PurePath
 from typing import Literal
 
 from tcdsl import ir
@@ -691,13 +692,16 @@ def _pair(a: int | None, b: int | None, text: Callable[[int | None], str]) -> st
     return f"{text(a)}/{text(b)}"
 
 
-def _cells(row: ClassStatus) -> list[str]:
+def _cells(row: ClassStatus, policy: str | None = None) -> list[str]:
     c = row.counters
     name = "  " * row.depth + row.name
     if row.state == "not in policy":
         name += " (not in policy)"
     limits = _pair(row.rate, row.ceil, lambda v: format_rate(v) if v is not None else "-")
-    line = str(row.line) if row.line is not None else "-"
+    line = "-" if row.line is None else str(row.line)
+    if row.line is not None and row.file is not None and row.file != policy:
+        # a subscriber table's row (or an included file's line): its file names it
+        line = f"{PurePath(row.file).name}:{row.line}"
     if c is None:
         return [name, row.classid, line, limits, "not applied", *[""] * 10]
     s, htb = c.stats, c.htb
@@ -770,7 +774,7 @@ def render_text(report: Report, width: int = WIDTH, unicode: bool = False) -> st
             # folded, never cut with an ellipsis (not ASCII); the leaf's words may wrap
             table.add_column(column, justify=justify, no_wrap=column != "leaf", overflow="fold")
         for row in tree.classes:
-            table.add_row(*(Text(cell) for cell in _cells(row)))
+            table.add_row(*(Text(cell) for cell in _cells(row, report.policy)))
         if not tree.classes:
             table.add_row(Text("(no classes)"), *[""] * (len(COLUMNS) - 1))
         console.print(table)
