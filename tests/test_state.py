@@ -109,3 +109,24 @@ def test_plan_shows_the_warnings_and_refuses_what_apply_would(
         assert done.exit_code == 1, done.output
         assert "[W311]" in done.output and "no such device: tcdslnone0" in done.output
         assert "+ tree" not in done.output, done.output
+
+
+def test_down_of_an_interface_gets_past_a_damaged_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'down -i' is the way out of a damaged record (E603 says so): it must not stop at it."""
+    from tcdsl.ops.lifecycle import down_interface
+
+    store, _ = _store(tmp_path, 1)
+    (store.folder / "applied" / "1.json").write_text("{", encoding="utf-8")
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
+    ran: list[list[str]] = []
+
+    def runner(argv: list[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "")
+
+    monkeypatch.setattr("tcdsl.ops.lifecycle.device_exists", lambda name: True)
+    removed = down_interface("d0", runner)
+    assert removed == ["- (the state of p cannot be read: left as it is)"], removed
+    assert ran, "the device's qdiscs were looked at"

@@ -731,7 +731,11 @@ def down_interface(device: str, runner: Runner = run_command) -> list[str]:
         if not valid_name(folder.name):
             continue
         store = Store(folder.name, root)
-        applied = store.current()
+        try:
+            applied = store.current()
+        except OpsError:  # a damaged record: this is the way out of it, so not a failure
+            removed.append(f"- (the state of {folder.name} cannot be read: left as it is)")
+            continue
         if applied is not None and set(applied.devices) <= {device}:
             store.remove()
             removed.append(f"- the state of {folder.name}")
