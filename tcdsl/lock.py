@@ -25,6 +25,16 @@ def lock_folder() -> Path:
 
 
 @contextlib.contextmanager
+def held(path: Path) -> Iterator[None]:
+    """Hold the ``flock`` of the file ``path`` (made, with its folder, if missing) until the
+    block ends, waiting for it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
 def interface_locks(interfaces: Iterable[str]) -> Iterator[None]:
     """Hold the lock of every interface in ``interfaces`` until the block ends (waiting for it).
 
@@ -32,9 +42,7 @@ def interface_locks(interfaces: Iterable[str]) -> Iterator[None]:
     other in a circle; a generated script holds one at a time.
     """
     folder = lock_folder()
-    folder.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         for name in sorted(set(interfaces)):
-            handle = stack.enter_context((folder / lock_name(name)).open("a"))
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            stack.enter_context(held(folder / lock_name(name)))
         yield

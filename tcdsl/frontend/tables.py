@@ -30,7 +30,7 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -582,11 +582,18 @@ def _row(
         )
         row_span = span(key_index)
     else:
-        head, tail = networks[0][1], networks[-1][1]
-        row_span = head
-        if head.line == tail.line and len(networks) > 1:
-            row_span = Span(path, head.line, head.column, head.line, tail.end_column)
+        row_span = _addresses_span(networks)
     return Row(first, cells, circuit, tuple(networks), row_span)
+
+
+def _addresses_span(
+    networks: Sequence[tuple[ir.Network, Span]],
+) -> Span:
+    """From a row's first address to its last, when they are on one line; else the first."""
+    head, tail = networks[0][1], networks[-1][1]
+    if head.line != tail.line:
+        return head
+    return Span(head.file, head.line, head.column, head.line, tail.end_column)
 
 
 def _width(
@@ -1053,10 +1060,7 @@ def _of_family(row: Row, family: ir.Family, left_out: LeftOut | None) -> Row:
             left_out.first = next(span for n, span in row.networks if ir.family_of(n) != family)
     if not kept:
         return dataclasses.replace(row, networks=())
-    head, tail = kept[0][1], kept[-1][1]
-    span = head if head.line != tail.line else Span(head.file, head.line, head.column,
-                                                    head.line, tail.end_column)  # fmt: skip
-    return dataclasses.replace(row, networks=kept, span=span)
+    return dataclasses.replace(row, networks=kept, span=_addresses_span(kept))
 
 
 def _rate(

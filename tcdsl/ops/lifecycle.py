@@ -488,16 +488,15 @@ def prepare(
     if new_trees is None:
         new_trees = trees_of(new)
     old_trees = live.trees
-    if changed and new is not None and store.applying() is not None:
+    killed = store.applying()
+    if changed and new is not None and killed is not None:
         # A killed apply may have got far, or all the way, before the record: a tree the
         # kernel holds as the new policy says needs nothing (it was built again, counters
         # reset and the device unshaped a moment, when only its record was missing).
         done = {t.label for t in new_trees} & set(changed) - set(drift(new))
         if done:
-            old_trees = tuple(
-                next(n for n in new_trees if n.label == t.label) if t.label in done else t
-                for t in live.trees
-            )
+            by_label = {n.label: n for n in new_trees}
+            old_trees = tuple(by_label[t.label] if t.label in done else t for t in live.trees)
             changed = {label: found for label, found in changed.items() if label not in done}
     plan = make_plan(old_trees, new_trees, rebuild=changed)
     _foreign(live.trees, new_trees, plan)
@@ -516,7 +515,6 @@ def prepare(
                 "(a value written in the policy, tcdsl sets and checks)",
             )
         )
-    killed = store.applying()
     if killed is not None:
         # trees only the unfinished apply made: remove whatever part of them it built
         keep = {t.label for t in [*new_trees, *live.trees]}

@@ -489,14 +489,11 @@ def _sans_ids(args: tuple[str, ...]) -> tuple[str, ...]:
     out: list[str] = []
     skip = False
     for w in args:
-        if skip:
+        if skip:  # the id after one of them
             skip = False
-        elif w in ("handle", "ht", "link"):
-            skip = w != "link"
-            if w == "link":
-                out.append(w)
-                skip = True
-        else:
+            continue
+        skip = w in ("handle", "ht", "link")
+        if not skip or w == "link":  # 'link' itself stays: the node is a link
             out.append(w)
     return tuple(out)
 

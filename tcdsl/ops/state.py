@@ -17,20 +17,23 @@ new one, never half of one.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from tcdsl.lock import held
 
 STATE_DIR = "/var/lib/tcdsl"
 STATE_DIR_VARIABLE = "TCDSL_STATE_DIR"
 KEEP = 5
 """How many applied policies a name keeps (``rollback`` goes back through them)."""
+
+T = TypeVar("T")
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -122,16 +125,23 @@ class DamagedRecord(OpsError):
     """A state file that cannot be read (cut short, edited by hand)."""
 
 
-def _read(path: Path, name: str) -> Any:
-    """The JSON of a state file, or DamagedRecord saying what to do about it."""
+def _load(path: Path, convert: Callable[[Any], T]) -> T:
+    """A state file's JSON made into what it holds, or DamagedRecord saying what to do
+    about it (FileNotFoundError when there is none)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        return convert(json.loads(text))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DamagedRecord(
-            f"the state file {path} is damaged ({e}): move it away, or remove what tcdsl "
-            f"made on the interfaces with 'tcdsl down -i IFACE' (the state of {name} is "
-            "kept in that folder)"
+            f"the state file {path} is damaged ({e!r}): move it away, or remove what tcdsl "
+            "made on the interfaces with 'tcdsl down -i IFACE'"
         ) from None
+
+
+def _pending(data: Any) -> Pending:
+    previous = data["previous"]
+    return Pending(int(data["generation"]), None if previous is None else int(previous),
+                   float(data["deadline"]))  # fmt: skip
 
 
 class Store:
@@ -152,10 +162,7 @@ class Store:
         confirm or down of a name at a time, each reading the state and the kernel after the
         one before has finished with them (two applies at once left the kernel a mix of both
         policies, and the record one of them). In a folder no policy name can be (``+``)."""
-        folder = self.folder.parent / "+locks"
-        folder.mkdir(parents=True, exist_ok=True)
-        with (folder / self.name).open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        with held(self.folder.parent / "+locks" / self.name):
             yield
 
     def generations(self) -> list[int]:
@@ -167,18 +174,7 @@ class Store:
 
     def load(self, generation: int) -> Applied:
         """One applied policy."""
-        path = self._applied() / f"{generation}.json"
-        return self._applied_from(path)
-
-    def _applied_from(self, path: Path) -> Applied:
-        data = _read(path, self.name)
-        try:
-            return Applied.from_json(data)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise DamagedRecord(
-                f"the state file {path} is damaged (no {e} in it): move it away, or remove "
-                "what tcdsl made on the interfaces with 'tcdsl down -i IFACE'"
-            ) from None
+        return _load(self._applied() / f"{generation}.json", Applied.from_json)
 
     def current(self) -> Applied | None:
         """The policy live now (the newest kept), or None."""
@@ -224,10 +220,10 @@ class Store:
 
     def applying(self) -> Applied | None:
         """The apply a killed command left under way, if any (generation 0)."""
-        path = self.folder / "applying.json"
-        if not path.exists():
+        try:
+            return _load(self.folder / "applying.json", Applied.from_json)
+        except FileNotFoundError:
             return None
-        return self._applied_from(path)
 
     def finish(self) -> None:
         """No apply is under way any more."""
@@ -241,16 +237,10 @@ class Store:
 
     def pending(self) -> Pending | None:
         """The apply waiting for ``confirm``, if any."""
-        path = self.folder / "pending.json"
-        if not path.exists():
-            return None
-        data = _read(path, self.name)
         try:
-            previous = data["previous"]
-            return Pending(int(data["generation"]), None if previous is None else int(previous),
-                           float(data["deadline"]))  # fmt: skip
-        except (KeyError, TypeError, ValueError) as e:
-            raise DamagedRecord(f"the state file {path} is damaged ({e!r}): move it away") from None
+            return _load(self.folder / "pending.json", _pending)
+        except FileNotFoundError:
+            return None
 
     def set_pending(self, pending: Pending | None) -> None:
         """Start (or with None, end) waiting for ``confirm``."""
