@@ -397,7 +397,15 @@ def test_a_class_pinned_under_another_parent_is_allocated_as_new(tmp_path: Path)
         assert after[name][0] not in taken, (name, after, before)
     assert after["y"][1] not in taken
     plan = _plan(old, new).render()
-    assert "rebuild" not in plan and "+ class x" in plan and "- class x" in plan, plan
+    assert "rebuild" not in plan and "+ class v" in plan, plan
+    # a move is one line, not the class removed and added; its child moves with it
+    assert "~ class x moves from a to b: made again as" in plan, plan
+    assert "~ class y moves with x: made again as" in plan, plan
+    assert (
+        "+ class x" not in plan
+        and "- class x" not in plan
+        and "class y" not in plan.replace("~ class y moves with x", "")
+    ), plan
 
 
 def test_the_link_class_keeps_its_id(tmp_path: Path) -> None:
@@ -973,7 +981,12 @@ def test_a_subscriber_moved_to_another_site_moves_in_place(tcdsl: Tcdsl, host: H
     assert _packets(tcdsl, ids["c101"]) == 3
     table.write_text(rows.replace(",cpe-2,north,", ",cpe-2,south,"), encoding="utf-8")
     planned = tcdsl("plan", p)
-    assert "rebuild" not in planned.out and "+ class c102" in planned.out, planned
+    assert "rebuild" not in planned.out, planned
+    # one line for the move, not the class added and removed (its leaf neither)
+    moving = "~ class c102 moves from north to south: made again as 1:"
+    assert moving in planned.out and f"(was {ids['c102']})" in planned.out, planned
+    assert "+ class c102" not in planned.out and "- class c102" not in planned.out, planned
+    assert "qdisc" not in planned.out, planned
     moved = tcdsl("apply", "--yes", p)
     assert moved.code == 0, moved
     assert tcdsl("plan", p).out == "no changes\n"

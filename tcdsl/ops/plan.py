@@ -320,12 +320,18 @@ def _in_place(
     groups in u32 tables go to ``swaps``."""
     build: list[Command] = []
     replaced: set[Key] = set()
+    moves = _class_moves(old, new)
+    moved_from = {o.handle for o, _ in moves.values()}
+    moved_to = {n.handle for _, n in moves.values()}
     for key, n in new.items():
         if key in replaced or n.kind in ("filters", "action", "marking", "link"):
             continue
         o = old.get(key)
         if o is None:
-            plan.changes.append(Change("+", _what(n), n.span))
+            if n.kind == "class" and n.what in moves:
+                plan.changes.append(Change("~", _move_text(*moves[n.what], names), n.span))
+            elif not (n.kind == "qdisc" and n.parent in moved_to):  # a moved class's leaf
+                plan.changes.append(Change("+", _what(n), n.span))
             build += n.commands
         elif o.words != n.words:
             if n.kind == "qdisc" and (
@@ -445,7 +451,8 @@ def _in_place(
             early.add(o.parent)
     for o in reversed(gone):  # children before parents
         if o.kind == "class":
-            plan.changes.append(Change("-", _what(o), o.span))
+            if o.handle not in moved_from:
+                plan.changes.append(Change("-", _what(o), o.span))
             delete.append(
                 Command(
                     "tc", ("class", "del", "dev", o.dev, "classid", o.handle or ""), o.span, o.what
@@ -542,6 +549,28 @@ def _moves(changes: list[Change]) -> tuple[list[Change], list[Change]]:
             continue
         out.append(c)
     return out, moved
+
+
+def _class_moves(old: Mapping[Key, Obj], new: Mapping[Key, Obj]) -> dict[str, tuple[Obj, Obj]]:
+    """Classes of one name that go under one id and come under another, by name: a
+    subscriber moved to another parent node (htb cannot move a class: it is made again)."""
+    gone = {o.what: o for k, o in old.items() if o.kind == "class" and k not in new}
+    return {
+        n.what: (gone[n.what], n)
+        for k, n in new.items()
+        if n.kind == "class" and k not in old and n.what in gone and n.what.startswith("class ")
+    }
+
+
+def _move_text(o: Obj, n: Obj, names: Mapping[str, str]) -> str:
+    """``class c102 moves from north to south: ...``, for a class made again elsewhere."""
+    was, now = (names.get(p or "", p) for p in (o.parent, n.parent))
+    # the same parent's name under a new id: the parent moved, and this class with it
+    where = f"from {was} to {now}" if was != now else f"with {now}"
+    return (
+        f"{n.what} moves {where}: made again as {n.handle} (was {o.handle}), with its leaf, "
+        "before the old one goes; its counters start from 0"
+    )
 
 
 def _actions(
