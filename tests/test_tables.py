@@ -787,6 +787,19 @@ def test_an_address_inside_an_earlier_circuits_prefix_is_an_error(tmp_path: Path
     assert errors(build(tmp_path, policy(two), table)) == [("E036", "subs.csv", 2, 17)]
 
 
+def test_past_fifty_addresses_inside_a_prefix_one_error_says_how_many_more(
+    tmp_path: Path,
+) -> None:
+    """The summary of the E036s not shown sits at the first of them (it sat at the table's
+    first circuit, a row with nothing wrong)."""
+    rows = [_row("100", "100.64.0.0/24")]
+    rows += [_row(str(100 + i), f"100.64.0.{i}") for i in range(1, 60)]
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), HEADER + "".join(rows))
+    column = errors(result)[0][3]
+    assert errors(result) == [("E036", "subs.csv", line, column) for line in range(3, 54)]
+    assert result.errors[-1].message.startswith("9 more subscriber address(es) inside")
+
+
 def test_circuit_names_do_not_collide_with_the_trees_other_classes(tmp_path: Path) -> None:
     """A circuit id that is a written class's name, or another table's circuit's, gets _2."""
     (tmp_path / "more.csv").write_text(HEADER + _row("1", "100.64.1.1"), encoding="utf-8")

@@ -1301,6 +1301,7 @@ def _longest_prefix_first(
     ``statements``: the statement that took each circuit (by id); ``fw_pref``: the pref of
     lines without one (the fw filters' under ``classify by mark``)."""
     found = 0
+    unshown: Span | None = None  # the first address past MAX_TABLE_ERRORS
     for lines in _subscriber_lines(tree, made, fw_pref):
         for version in (4, 6):
             family = [line for line in lines if line[1].version == version]
@@ -1323,12 +1324,17 @@ def _longest_prefix_first(
                         found += 1
                         if found <= MAX_TABLE_ERRORS:
                             b.error(_shadowed(net, at, circuit, wide, wide_at, other, statements))
+                        elif unshown is None:
+                            unshown = at
                 key = (net.prefixlen, whole >> (bits - net.prefixlen))
                 first.setdefault(key, (place, net, at, circuit))
-    if found > MAX_TABLE_ERRORS:
+    if unshown is not None:
         more = found - MAX_TABLE_ERRORS
-        msg = f"{more} more subscriber address(es) inside an earlier subscriber's prefix"
-        b.error(Diagnostic.error("E036", msg, next(iter(made.values())).span))
+        msg = (
+            f"{more} more subscriber address(es) inside an earlier subscriber's prefix, "
+            "this one first, are not shown"
+        )
+        b.error(Diagnostic.error("E036", msg, unshown))
 
 
 _Line = tuple[tuple[int, ...], ir.Network, Span, Circuit]
