@@ -794,7 +794,8 @@ def test_past_fifty_addresses_inside_a_prefix_one_error_says_how_many_more(
     first circuit, a row with nothing wrong)."""
     rows = [_row("100", "100.64.0.0/24")]
     rows += [_row(str(100 + i), f"100.64.0.{i}") for i in range(1, 60)]
-    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), HEADER + "".join(rows))
+    body = policy('        subscribers from "subs.csv"\n')
+    result = build(tmp_path, body, HEADER + "".join(rows))
     column = errors(result)[0][3]
     assert errors(result) == [("E036", "subs.csv", line, column) for line in range(3, 54)]
     assert result.errors[-1].message.startswith("9 more subscriber address(es) inside")
