@@ -207,12 +207,8 @@ exec REAL "$@"
 """
 
 
-def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:
-    """The kernel refuses a command half-way through B (a tc that fails on B's 'limit 30'):
-    apply builds A again, and says which command failed, with tc's words, at its policy
-    line (E601)."""
-    a = tcdsl.write("p.tcp", A)
-    assert tcdsl("apply", "--yes", a).code == 0
+def _tc_failing_on_limit_30(tcdsl: Tcdsl) -> None:
+    """From now on, ``tcdsl`` runs a tc that refuses a batch's 'limit 30' (FAILING_TC)."""
     real = shutil.which("tc")
     assert real is not None
     shim = tcdsl.folder / "bin"
@@ -220,6 +216,15 @@ def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSuppo
     (shim / "tc").write_text(FAILING_TC.replace("REAL", real), encoding="utf-8")
     (shim / "tc").chmod(0o755)
     tcdsl.env["PATH"] = f"{shim}:{tcdsl.env['PATH']}"
+
+
+def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """The kernel refuses a command half-way through B (a tc that fails on B's 'limit 30'):
+    apply builds A again, and says which command failed, with tc's words, at its policy
+    line (E601)."""
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    _tc_failing_on_limit_30(tcdsl)
     failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", B))
     assert failed.code == 1 and "[E601]" in failed.err, failed
     assert "p.tcp:6:9" in failed.err and "Invalid argument" in failed.err, failed
@@ -227,6 +232,33 @@ def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSuppo
     assert "rate 2Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
     assert "1:40" not in tcdsl.tc("class", "show", "dev", "d0")  # B's guest is not there
     assert tcdsl("plan", tcdsl.write("p.tcp", A)).out == "no changes\n"
+
+
+def test_apply_does_not_compile_the_live_policy_again(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """The live policy is compiled again only to restore it: an apply that goes well reads
+    what it built (and the interfaces it holds) from its record, so a record whose text no
+    longer compiles (a newer tcdsl refusing it) does not stop it; a failing one says that it
+    could not restore, at the failing command's line, with no traceback."""
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    record = tcdsl.folder / "state" / "p" / "applied" / "1.json"
+    data = json.loads(record.read_text(encoding="utf-8"))
+    data["sources"] = {k: v.replace("htb rate 10mbit", "htb rate 10 mbits") for k, v in
+                       data["sources"].items()}  # fmt: skip
+    record.write_text(json.dumps(data), encoding="utf-8")
+    done = tcdsl("apply", "--yes", tcdsl.write("p.tcp", B.replace("limit 30", "limit 25")))
+    assert done.code == 0 and "generation 2" in done.out, done
+    assert "rate 4Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
+    record = tcdsl.folder / "state" / "p" / "applied" / "2.json"
+    data = json.loads(record.read_text(encoding="utf-8"))
+    data["sources"] = {k: v.replace("htb rate 10mbit", "htb rate 10 mbits") for k, v in
+                       data["sources"].items()}  # fmt: skip
+    record.write_text(json.dumps(data), encoding="utf-8")
+    _tc_failing_on_limit_30(tcdsl)
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", B))
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    assert "restoring the previous state failed too" in failed.err, failed
+    assert "Traceback" not in failed.err, failed
 
 
 def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tcdsl.commands import Command, batch_quote
 from tcdsl.ops.plan import Plan, Step
+from tcdsl.ops.state import OpsError
 
 Runner = Callable[[Sequence[str], str | None], subprocess.CompletedProcess[str]]
 """Runs a command (argv, stdin text) and returns how it went; tests wrap it to fail on cue."""
@@ -94,9 +95,13 @@ def run_plan(plan: Plan, runner: Runner = run_command) -> Failure | None:
 
 def apply_policy(plan: Plan, restore: Callable[[], Plan], runner: Runner = run_command) -> None:
     """Run ``plan``; on a failure, run the plan ``restore`` makes (the old policy built
-    again) and raise :class:`ApplyFailed`."""
+    again; made only then, as it compiles the old policy) and raise :class:`ApplyFailed`."""
     failure = run_plan(plan, runner)
     if failure is None:
         return
-    restored = run_plan(restore(), run_command if runner is run_command else runner) is None
+    try:
+        back = restore()
+    except OpsError:  # the live policy's saved text no longer compiles: nothing to build
+        raise ApplyFailed(failure, False) from None
+    restored = run_plan(back, run_command if runner is run_command else runner) is None
     raise ApplyFailed(failure, restored)

@@ -387,18 +387,15 @@ def changed_since(applied: Applied) -> list[str]:
 
 
 def _devices(policy: ir.Policy) -> tuple[str, ...]:
-    out: list[str] = []
-    for iface in policy.interfaces:
-        for dev in (iface.download.interface if iface.download else iface.name,):
-            if dev not in out:
-                out.append(dev)
-    return tuple(out)
+    """The network interfaces a policy names (for a download, not the IFB), in order: its
+    state record's devices, and the locks a change of it holds (the ones the generated
+    scripts take, so a script and tcdsl never interleave)."""
+    return tuple(dict.fromkeys(iface.interface for iface in policy.interfaces))
 
 
 def _interfaces(*policies: ir.Policy | None) -> set[str]:
-    """The interfaces (as policies name them) whose locks a change of ``policies`` holds:
-    the ones the generated scripts take, so a script and tcdsl never interleave."""
-    return {i.interface for p in policies if p is not None for i in p.interfaces}
+    """The locks a change between ``policies`` holds: the interfaces of each."""
+    return {d for p in policies if p is not None for d in _devices(p)}
 
 
 def missing_devices(policy: ir.Policy) -> list[str]:
@@ -584,8 +581,11 @@ def apply(
     store = prepared.store
     ids = {t: {n: str(h) for n, h in v.items()} for t, v in pins_of(new).items()}
     store.start(path, sources, _devices(new), ids)
+    # the live policy's interfaces are its record's devices: it is compiled again only to
+    # be restored (a failure), not for its locks
+    held = _interfaces(new) | set(prepared.applied.devices if prepared.applied else ())
     try:
-        with interface_locks(_interfaces(prepared.old, new)):
+        with interface_locks(held):
             apply_policy(prepared.plan, lambda: restore_plan(prepared.old, new), runner)
     except ApplyFailed:
         store.finish()  # the old policy was built again
