@@ -17,7 +17,9 @@ one htb: their lines go into u32 hash tables): (e) one subscriber added in the m
 applied (node by node inside the tables, ``tcdsl/ops/u32nodes.py``), end to end, with another
 subscriber's counters checked not to reset; (f) a customer with a /24 added in the middle
 (it splits the hashed run: the pref's tables change, and the pref is swapped make-before-break,
-``tcdsl/ops/u32swap.py``), end to end, counters checked the same way.
+``tcdsl/ops/u32swap.py``), end to end, counters checked the same way; (g) N subscribers from a
+table (``bench/table_bench.py``'s, pfifo leaves, both families), one of them moved to another
+site: ``tcdsl apply --yes`` end to end, the default class's counters checked not to reset.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from apply_bench import hand_written  # the sibling scripts (their folder is on 
 from compile_bench import policy
 from mq_bench import address
 from mq_bench import policy as subscribers
+from table_bench import write as write_table
 
 from tcdsl.diagnostics import render
 from tcdsl.driver import compile_policy
@@ -126,6 +129,39 @@ def _subscriber_added(
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
+def _subscriber_moved(n: int, tmp: str, env: dict[str, str]) -> tuple[float, bool]:
+    """(g): seconds for ``tcdsl apply`` of one table row moved to the next site, and whether
+    the default class's counters were kept."""
+    path = write_table(n, Path(tmp), leaf="pfifo")
+    path.write_text(path.read_text().replace("interface wan0", "interface eth0"))
+    table = Path(tmp) / "subscribers.csv"
+    rows = table.read_text(encoding="utf-8").split("\n")
+    ns = _ns(f"tcdsl-om-{os.getpid()}")
+    try:
+        _timed(ns, [TCDSL, "apply", "--yes", str(path)], env)
+        _udp(ns, "10.255.255.1")  # from no subscriber's address: the default class
+        shown = subprocess.run(
+            ["ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", "eth0"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        busy = re.search(r"class htb (\S+) .*\n Sent (\d+) bytes [1-9]", shown)
+        assert busy is not None, "the packets reached no class"
+        before = _sent(ns, busy.group(1))
+        circuits = [r.split(",", 1)[0] for r in rows]
+        middle = next(i for i in range(n // 2, len(rows)) if circuits.count(circuits[i]) == 1)
+        site = re.search(r",site(\d+),", rows[middle])
+        assert site is not None
+        to = (int(site.group(1)) + 1) % ((n + 999) // 1000)
+        rows[middle] = rows[middle].replace(site.group(0), f",site{to},")
+        table.write_text("\n".join(rows), encoding="utf-8")
+        seconds, said = _timed(ns, [TCDSL, "apply", "--yes", str(path)], env)
+        if " moves from " not in said or "! " in said:
+            sys.exit(f"the subscriber was not moved in place:\n{said[-2000:]}")
+        return seconds, _sent(ns, busy.group(1)) >= before > 0
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
 def main() -> None:
     """Time each step for each N and print a table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -185,6 +221,12 @@ def main() -> None:
             f"{'yes' if wide_kept else 'NO':>5}",
             flush=True,
         )
+    print(f"\n{'N':>7} {'one subscriber moved (table) s':>31} {'kept':>5}")
+    for n in args.sizes:
+        with tempfile.TemporaryDirectory(prefix="tcdsl-ops-bench-") as tmp:
+            env = dict(os.environ, TCDSL_STATE_DIR=f"{tmp}/state")
+            moved, kept = _subscriber_moved(n, tmp, env)
+        print(f"{n:>7} {moved:>31.2f} {'yes' if kept else 'NO':>5}", flush=True)
 
 
 if __name__ == "__main__":
