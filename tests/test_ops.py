@@ -234,6 +234,26 @@ def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSuppo
     assert tcdsl("plan", tcdsl.write("p.tcp", A)).out == "no changes\n"
 
 
+def _spoil_record(tcdsl: Tcdsl, generation: int) -> None:
+    """Make the saved text of policy p's ``generation`` one that no longer compiles."""
+    record = tcdsl.folder / "state" / "p" / "applied" / f"{generation}.json"
+    data = json.loads(record.read_text(encoding="utf-8"))
+    data["sources"] = {k: v.replace("htb rate 10mbit", "htb rate 10 mbits") for k, v in
+                       data["sources"].items()}  # fmt: skip
+    record.write_text(json.dumps(data), encoding="utf-8")
+
+
+def test_down_does_not_compile_the_live_policy_again(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """'down' removes what the record says the policy built, even when its saved text no
+    longer compiles."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    _spoil_record(tcdsl, 1)
+    done = tcdsl("down", "p")
+    assert done.code == 0, done
+    assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert not (tcdsl.folder / "state" / "p" / "applied").exists()
+
+
 def test_apply_does_not_compile_the_live_policy_again(tcdsl: Tcdsl, host: HostSupport) -> None:
     """The live policy is compiled again only to restore it: an apply that goes well reads
     what it built (and the interfaces it holds) from its record, so a record whose text no
@@ -241,19 +261,11 @@ def test_apply_does_not_compile_the_live_policy_again(tcdsl: Tcdsl, host: HostSu
     could not restore, at the failing command's line, with no traceback."""
     a = tcdsl.write("p.tcp", A)
     assert tcdsl("apply", "--yes", a).code == 0
-    record = tcdsl.folder / "state" / "p" / "applied" / "1.json"
-    data = json.loads(record.read_text(encoding="utf-8"))
-    data["sources"] = {k: v.replace("htb rate 10mbit", "htb rate 10 mbits") for k, v in
-                       data["sources"].items()}  # fmt: skip
-    record.write_text(json.dumps(data), encoding="utf-8")
+    _spoil_record(tcdsl, 1)
     done = tcdsl("apply", "--yes", tcdsl.write("p.tcp", B.replace("limit 30", "limit 25")))
     assert done.code == 0 and "generation 2" in done.out, done
     assert "rate 4Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
-    record = tcdsl.folder / "state" / "p" / "applied" / "2.json"
-    data = json.loads(record.read_text(encoding="utf-8"))
-    data["sources"] = {k: v.replace("htb rate 10mbit", "htb rate 10 mbits") for k, v in
-                       data["sources"].items()}  # fmt: skip
-    record.write_text(json.dumps(data), encoding="utf-8")
+    _spoil_record(tcdsl, 2)
     _tc_failing_on_limit_30(tcdsl)
     failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", B))
     assert failed.code == 1 and "[E601]" in failed.err, failed

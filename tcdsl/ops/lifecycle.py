@@ -677,11 +677,9 @@ def down(store: Store, runner: Runner = run_command) -> Plan:
     prepared = prepare(store, None)
     if prepared.applied is None:
         raise OpsError(f"no policy is applied under the name {store.name!r}")
-    old = prepared.old
-    assert old is not None
-    empty = dataclasses.replace(old, interfaces=())
-    with interface_locks(_interfaces(old)):
-        apply_policy(prepared.plan, lambda: restore_plan(old, empty), runner)
+    # as for apply: the live policy is compiled again only to restore it after a failure
+    with interface_locks(prepared.applied.devices):
+        apply_policy(prepared.plan, lambda: restore_plan(prepared.old, _nothing()), runner)
     store.remove()
     return prepared.plan
 
