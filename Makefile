@@ -36,7 +36,7 @@ check: lint typecheck test
 # Each prints its figures against its target (docs/scale.md, "Figures"); the kernel ones need
 # root, and take about half an hour together on a 2-core machine.
 bench:
-	$(PY) bench/compile_bench.py 1000 10000 50000
+	$(PY) bench/compile_bench.py --process 10000 1000 10000 50000
 	$(PY) bench/table_bench.py 1000 10000 50000
 	$(PY) bench/hash_bench.py
 	$(PY) bench/ops_bench.py 1000 10000

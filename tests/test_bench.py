@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -53,6 +54,27 @@ def test_compile_bench_runs_against_a_regular_install(installed: Path, tmp_path:
     assert "tcdsl compile benchmark" in done.stdout
     row = next(line for line in done.stdout.splitlines() if line.split()[:1] == ["20"])
     assert float(row.split()[1]) > 0
+
+
+def test_compile_bench_times_tcdsl_as_a_process(installed: Path, tmp_path: Path) -> None:
+    """--process N runs tcdsl check and compile on a file of N classes, each a process of its
+    own, from bytecode it writes first (even with PYTHONDONTWRITEBYTECODE set)."""
+    env = {**_env(installed), "PYTHONDONTWRITEBYTECODE": "1"}
+    shutil.rmtree(installed / "tcdsl" / "__pycache__")  # pip wrote it
+    done = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "bench" / "compile_bench.py"), "--process", "30", "20"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for command in ("check", "compile"):
+        head = f"tcdsl {command} of 30 classes, whole process: "
+        line = next(x for x in done.stdout.splitlines() if x.startswith(head))
+        assert float(line.removeprefix(head).split()[0]) > 0
+    assert list(installed.glob("tcdsl/__pycache__/driver.*.pyc")), "bytecode was written"
 
 
 def test_apply_bench_imports_against_a_regular_install(installed: Path, tmp_path: Path) -> None:
