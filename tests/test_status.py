@@ -249,6 +249,62 @@ def test_text_shows_names_bars_and_flow_statistics(leaves_report: st.Report) -> 
     assert "not applied" in lines["guest"]
 
 
+def _status_tree(*rows: tuple[str, int, int | None]) -> st.TreeStatus:
+    """A tree of classes given as (name, depth, rate now), in pre-order; ids 1:1, 1:2, ..."""
+    classes = tuple(
+        st.ClassStatus(name=name, classid=f"1:{i + 1:x}", parent=None, depth=depth, file=None,
+                       line=None, rate=None, ceil=None, state="ok", counters=None,
+                       rate_now=now, rate_avg=None, leaf=None)
+        for i, (name, depth, now) in enumerate(rows)
+    )  # fmt: skip
+    return st.TreeStatus("d0", "d0", "htb", "1:", "ok", None, None, None, classes)
+
+
+SITES = _status_tree(
+    ("link", 0, 900), ("north", 1, 500), ("c1", 2, 100), ("c2", 2, 400),
+    ("south", 1, 400), ("c3", 2, 390), ("x", 3, 390), ("unknown", 1, 0),
+)  # fmt: skip
+
+
+def _shown(report: st.Report) -> list[list[str]]:
+    return [[row.name for row in tree.classes] for tree in report.trees]
+
+
+def test_select_shows_the_matched_classes_below_and_above() -> None:
+    report = st.Report("p.tcp", 2.0, 1.0, (SITES,))
+    assert _shown(st.select(report, ["c3"])) == [["link", "south", "c3", "x"]]
+    assert _shown(st.select(report, ["north"])) == [["link", "north", "c1", "c2"]]
+    assert _shown(st.select(report, ["c[13]"])) == [["link", "north", "c1", "south", "c3", "x"]]
+    assert _shown(st.select(report, ["1:8"])) == [["link", "unknown"]]  # by class id
+    assert st.select(report, ["c3"]).trees[0].hidden == 4
+    assert st.select(report) is report
+    other = dataclasses.replace(SITES, label="d1", classes=SITES.classes[:2])
+    both = st.Report("p.tcp", 2.0, 1.0, (SITES, other))
+    assert _shown(st.select(both, ["c*"])) == [["link", "north", "c1", "c2", "south", "c3", "x"]]
+    with pytest.raises(st.NoSuchClass, match="'c9'"):
+        st.select(both, ["c*", "c9"])
+
+
+def test_select_top_keeps_the_busiest_leaves_of_each_tree() -> None:
+    report = st.Report("p.tcp", 2.0, 1.0, (SITES,))
+    # c3 (390) is no leaf: x below it is
+    assert _shown(st.select(report, top=2)) == [["link", "north", "c2", "south", "c3", "x"]]
+    assert _shown(st.select(report, ["north"], top=1)) == [["link", "north", "c2"]]
+    tied = _status_tree(("link", 0, 0), ("a", 1, None), ("b", 1, 0), ("c", 1, 0))
+    # no rate measured is below 0; ties keep the tree's order
+    assert _shown(st.select(st.Report(None, 1.0, 1.0, (tied,)), top=1)) == [["link", "b"]]
+
+
+def test_selected_report_says_how_many_classes_it_leaves_out(leaves_report: st.Report) -> None:
+    chosen = st.select(leaves_report, ["fast"])
+    assert _shown(chosen) == [[st.LINK, "fast"]]
+    assert "(2 of 5 classes shown)" in st.render_text(chosen).splitlines()[1]
+    assert "classes shown" not in st.render_text(leaves_report)
+    (tree,) = json.loads(st.render_json(chosen))["trees"]
+    assert tree["hidden"] == 3 and [c["name"] for c in tree["classes"]] == [st.LINK, "fast"]
+    assert json.loads(st.render_json(leaves_report))["trees"][0]["hidden"] == 0
+
+
 def test_bar_marks_the_rate_and_fills_to_the_rate_now() -> None:
     row = st.ClassStatus(
         "a", "1:10", None, 0, None, None, 2_000_000, 8_000_000, "ok", None, 4_000_000, None, None
@@ -444,6 +500,7 @@ def test_usage_errors(tmp_path: Path) -> None:
     assert other.exit_code == 2 and "no tree on 'eth1'" in other.stderr
     for bad in ("0", "-1", "fast"):
         assert CliRunner().invoke(cli, ["status", "-i", "lo", "--interval", bad]).exit_code == 2
+    assert CliRunner().invoke(cli, ["status", "-i", "lo", "--top", "0"]).exit_code == 2
 
 
 def test_ctrl_c_during_watch_ends_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -566,6 +623,22 @@ def test_packets_by_class_name(shaped: tuple[str, Path]) -> None:
     assert classes["voip"]["htb"]["lended"] == 7  # type: ignore[index]
     assert classes["voip"]["bytes"] == 7 * (14 + 20 + 8 + 5)  # Ethernet, IP, UDP, "tcdsl"
     assert {c["state"] for c in classes.values()} == {"ok"}
+
+
+@kernel
+def test_classes_chosen_by_name_and_by_load(shaped: tuple[str, Path]) -> None:
+    ns, path = shaped
+    args = ("status", str(path), "--format", "json", "--interval", "0.1")
+    (line,) = _ok(tcdsl_in(ns, *args, "--class", "web")).splitlines()
+    data = json.loads(line)
+    assert list(_classes(data)) == [st.LINK, "web"] and data["trees"][0]["hidden"] == 2
+    # no packets between the readings: the bytes decide (voip 7 packets, web 4)
+    busiest = tcdsl_in(ns, *args, "--class", "w*", "--class", "voip", "--top", "1")
+    (line,) = _ok(busiest).splitlines()
+    assert list(_classes(json.loads(line))) == [st.LINK, "voip"]
+    unknown = tcdsl_in(ns, *args, "--class", "vo1p")
+    assert unknown.returncode == 2 and "no class shown here is named 'vo1p'" in unknown.stderr
+    assert unknown.stdout == "" and "Traceback" not in unknown.stderr
 
 
 @kernel

@@ -396,6 +396,7 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     epilog="Examples:\n\n\b\n"
     "  sudo tcdsl status office.tcp\n"
     "  sudo tcdsl status -i eth0 --watch 2s\n"
+    "  sudo tcdsl status isp.tcp --class 'c10*' --top 20 --watch 5s\n"
     "  sudo tcdsl status office.tcp --format json --watch 1s --count 60 > samples.jsonl\n"
     "  sudo tcdsl status office.tcp --format prometheus --watch 15s "
     "-o /var/lib/node_exporter/textfile/tcdsl.prom\n\n"
@@ -414,6 +415,21 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     metavar="IFACE",
     help="The device to show (repeatable): without POLICY, its kernel tree with tc's ids; with "
     "POLICY, only the policy's trees on it.",
+)
+@click.option(
+    "--class",
+    "patterns",
+    multiple=True,
+    metavar="PATTERN",
+    help="Show only the classes whose name or id matches PATTERN, a shell-style pattern "
+    "('c1001', 'c10*', 'north'), with the classes below and above them (repeatable).",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Show only the N leaf classes of each tree busiest now (by the rate now, then the "
+    "average, then bytes), with the classes above them.",
 )
 @click.option(
     "--watch",
@@ -456,6 +472,8 @@ def status_command(
     policy: str | None,
     name: str | None,
     interfaces: tuple[str, ...],
+    patterns: tuple[str, ...],
+    top: int | None,
     every: float | None,
     count: int | None,
     interval: float | None,
@@ -518,6 +536,10 @@ def status_command(
     try:
         for n, readings in enumerate(st.watch(devices, seconds, samples)):
             report = st.build(checked, devices, *readings, source=policy)
+            try:
+                report = st.select(report, patterns, top)
+            except st.NoSuchClass as err:
+                raise click.BadParameter(str(err), param_hint="'--class'") from None
             if fmt == "json":
                 text = st.render_json(report)
             elif fmt == "prometheus":

@@ -14,10 +14,12 @@ them, the average the delta since the session's first reading. ``watch`` takes t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from io import StringIO
 from pathlib import PurePath
 from typing import Literal
@@ -87,6 +89,8 @@ class TreeStatus:
     rate_now: int | None
     rate_avg: int | None
     classes: tuple[ClassStatus, ...]
+    hidden: int = 0
+    """Classes of the tree that ``select`` left out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +397,85 @@ def build(
     return Report(source, elapsed, interval, tuple(trees))
 
 
+# ==== selecting =================================================================================
+
+
+class NoSuchClass(ValueError):
+    """A pattern of ``select`` that matches no class of the report."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__(f"no class shown here is named {pattern!r} or has that id")
+        self.pattern = pattern
+
+
+def select(report: Report, patterns: Sequence[str] = (), top: int | None = None) -> Report:
+    """The report with the classes asked for: those whose name or class id matches one of
+    the shell-style ``patterns`` (``c10*``, ``north``), with the classes below them (every
+    class without patterns); with ``top``, only the ``top`` leaf classes of those in each
+    tree that are busiest now (by the rate now, then the average, then bytes). The classes
+    above a class shown are shown too, so that it shows where it sits; a tree with none of
+    its classes matched is left out. ``NoSuchClass`` for a pattern that matches nothing."""
+    if not patterns and top is None:
+        return report
+    trees: list[TreeStatus] = []
+    matched: set[str] = set()
+    for tree in report.trees:
+        rows = tree.classes
+        chosen = _matching(rows, patterns, matched) if patterns else set(range(len(rows)))
+        if patterns and not chosen:
+            continue
+        if top is not None:
+            leaves = [i for i in sorted(chosen) if not _has_children(rows, i)]
+            leaves.sort(key=lambda i: _busy(rows[i]), reverse=True)  # stable: tree order
+            chosen = set(leaves[:top])
+        shown = _with_parents(rows, chosen)
+        classes = tuple(rows[i] for i in sorted(shown))
+        trees.append(dataclasses.replace(tree, classes=classes, hidden=len(rows) - len(classes)))
+    missing = [p for p in patterns if p not in matched]
+    if missing:
+        raise NoSuchClass(missing[0])
+    return dataclasses.replace(report, trees=tuple(trees))
+
+
+def _matching(rows: Sequence[ClassStatus], patterns: Sequence[str], matched: set[str]) -> set[int]:
+    """The rows a pattern matches and the rows below them; the patterns that matched go
+    into ``matched``."""
+    chosen: set[int] = set()
+    below: int | None = None  # the depth of the matched row whose subtree this is
+    for i, row in enumerate(rows):
+        if below is not None and row.depth <= below:
+            below = None
+        hits = [p for p in patterns if fnmatchcase(row.name, p) or fnmatchcase(row.classid, p)]
+        matched.update(hits)
+        if hits and below is None:
+            below = row.depth
+        if below is not None:
+            chosen.add(i)
+    return chosen
+
+
+def _has_children(rows: Sequence[ClassStatus], i: int) -> bool:
+    return i + 1 < len(rows) and rows[i + 1].depth > rows[i].depth
+
+
+def _busy(row: ClassStatus) -> tuple[int, int, int]:
+    bytes_ = row.counters.stats.bytes if row.counters is not None else -1
+    now = row.rate_now if row.rate_now is not None else -1
+    return now, row.rate_avg if row.rate_avg is not None else -1, bytes_
+
+
+def _with_parents(rows: Sequence[ClassStatus], chosen: set[int]) -> set[int]:
+    """``chosen`` and the rows above each (rows are in pre-order, with their depth)."""
+    shown = set(chosen)
+    path: list[int] = []  # the rows above the current one, one per depth
+    for i, row in enumerate(rows):
+        del path[row.depth :]
+        if i in chosen:
+            shown.update(path)
+        path.append(i)
+    return shown
+
+
 # ==== rendering: JSON ==========================================================================
 
 
@@ -473,6 +556,7 @@ def report_json(report: Report) -> dict[str, object]:
                 "rate_avg": t.rate_avg,
                 "qdisc": _leaf_json(t.root),
                 "classes": [_class_json(row) for row in t.classes],
+                "hidden": t.hidden,
             }
             for t in report.trees
         ],
@@ -717,6 +801,14 @@ def _cells(row: ClassStatus, policy: str | None = None) -> list[str]:
 
 
 def _tree_title(tree: TreeStatus) -> str:
+    return _tree_head(tree) + (
+        f"  ({len(tree.classes)} of {len(tree.classes) + tree.hidden} classes shown)"
+        if tree.hidden
+        else ""
+    )
+
+
+def _tree_head(tree: TreeStatus) -> str:
     head = f"{tree.label}: {tree.kind} {tree.handle}"
     if tree.state != "ok":
         return f"{head} not applied"
