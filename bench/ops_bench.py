@@ -19,7 +19,8 @@ subscriber's counters checked not to reset; (f) a customer with a /24 added in t
 (it splits the hashed run: the pref's tables change, and the pref is swapped make-before-break,
 ``tcdsl/ops/u32swap.py``), end to end, counters checked the same way; (g) N subscribers from a
 table (``bench/table_bench.py``'s, pfifo leaves, both families), one of them moved to another
-site: ``tcdsl apply --yes`` end to end, the default class's counters checked not to reset.
+site: ``tcdsl apply --yes`` end to end, the default class's counters checked not to reset; (h)
+then ``tcdsl status`` of them all, and of that subscriber alone (``--class``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from apply_bench import hand_written  # the sibling scripts (their folder is on 
 from compile_bench import policy
 from mq_bench import address
 from mq_bench import policy as subscribers
+from table_bench import SITE
 from table_bench import write as write_table
 
 from tcdsl.diagnostics import render
@@ -130,9 +132,10 @@ def _subscriber_added(
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
-def _subscriber_moved(n: int, tmp: str, env: dict[str, str]) -> tuple[float, bool]:
+def _subscriber_moved(n: int, tmp: str, env: dict[str, str]) -> tuple[float, bool, float, float]:
     """(g): seconds for ``tcdsl apply`` of one table row moved to the next site, and whether
-    the default class's counters were kept."""
+    the default class's counters were kept; (h): seconds for ``tcdsl status`` of the whole
+    policy then, and of the moved subscriber alone (``--class``)."""
     path = write_table(n, Path(tmp), leaf="pfifo")
     path.write_text(path.read_text().replace("interface wan0", "interface eth0"))
     table = Path(tmp) / "subscribers.csv"
@@ -152,13 +155,19 @@ def _subscriber_moved(n: int, tmp: str, env: dict[str, str]) -> tuple[float, boo
         middle = next(i for i in range(n // 2, len(rows)) if circuits.count(circuits[i]) == 1)
         site = re.search(r",site(\d+),", rows[middle])
         assert site is not None
-        to = (int(site.group(1)) + 1) % ((n + 999) // 1000)
+        to = (int(site.group(1)) + 1) % ((n + SITE - 1) // SITE)
         rows[middle] = rows[middle].replace(site.group(0), f",site{to},")
         table.write_text("\n".join(rows), encoding="utf-8")
         seconds, said = _timed(ns, [TCDSL, "apply", "--yes", str(path)], env)
         if " moves from " not in said or "! " in said:
             sys.exit(f"the subscriber was not moved in place:\n{said[-2000:]}")
-        return seconds, _sent(ns, busy.group(1)) >= before > 0
+        kept = _sent(ns, busy.group(1)) >= before > 0
+        status = [TCDSL, "status", str(path), "--interval", "0.1"]
+        whole, shown = _timed(ns, status, env)
+        one, shown_one = _timed(ns, [*status, "--class", f"c{circuits[middle]}"], env)
+        if shown.count("\n") < n or f"c{circuits[middle]} " not in shown_one:
+            sys.exit(f"status did not show the subscribers:\n{shown_one[-2000:]}")
+        return seconds, kept, whole, one
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
@@ -223,12 +232,21 @@ def main() -> None:
             f"{'yes' if wide_kept else 'NO':>5}",
             flush=True,
         )
-    print(f"\n{'N':>7} {'one subscriber moved (table) s':>31} {'kept':>5}")
+    print(
+        f"\n{'N':>7} {'one subscriber moved (table) s':>31} {'kept':>5} {'status s':>9} "
+        f"{'status --class s':>17}"
+    )
     for n in args.sizes:
+        if n <= SITE:
+            print(f"{n:>7} (a move needs two sites: N above {SITE:,})")
+            continue
         with tempfile.TemporaryDirectory(prefix="tcdsl-ops-bench-") as tmp:
             env = dict(os.environ, TCDSL_STATE_DIR=f"{tmp}/state")
-            moved, kept = _subscriber_moved(n, tmp, env)
-        print(f"{n:>7} {moved:>31.2f} {'yes' if kept else 'NO':>5}", flush=True)
+            moved, kept, whole, one = _subscriber_moved(n, tmp, env)
+        print(
+            f"{n:>7} {moved:>31.2f} {'yes' if kept else 'NO':>5} {whole:>9.2f} {one:>17.2f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from tcdsl import ir
 from tcdsl.cli import cli
@@ -303,6 +305,36 @@ def test_selected_report_says_how_many_classes_it_leaves_out(leaves_report: st.R
     (tree,) = json.loads(st.render_json(chosen))["trees"]
     assert tree["hidden"] == 3 and [c["name"] for c in tree["classes"]] == [st.LINK, "fast"]
     assert json.loads(st.render_json(leaves_report))["trees"][0]["hidden"] == 0
+
+
+_CELL = hs.text(alphabet=[chr(c) for c in range(32, 127)], max_size=8)
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(
+    title=_CELL,
+    rows=hs.lists(hs.lists(_CELL, min_size=len(st.COLUMNS), max_size=len(st.COLUMNS)), max_size=5),
+    width=hs.integers(min_value=20, max_value=260),
+    unicode=hs.booleans(),
+)
+def test_tables_drawn_directly_are_what_rich_draws(
+    title: str, rows: list[list[str]], width: int, unicode: bool
+) -> None:
+    """Large tables skip rich (90 us a cell): where they fit, they must come out the same."""
+    plain = st._plain_table(title, rows, width, unicode)
+    if plain is not None:
+        assert plain == st._rich_table(title, rows, width, unicode)
+
+
+def test_tables_that_fit_are_drawn_directly(leaves_report: st.Report) -> None:
+    (tree,) = leaves_report.trees
+    rows = [st._cells(row, "p.tcp") for row in tree.classes]
+    for unicode in (False, True):
+        plain = st._plain_table(st._tree_title(tree), rows, st.WIDTH, unicode)
+        assert plain is not None and plain in st.render_text(leaves_report, unicode=unicode)
+    # too narrow: rich folds the cells
+    assert st._plain_table(st._tree_title(tree), rows, 80, False) is None
+    assert max(map(len, st.render_text(leaves_report, 80).splitlines())) <= 80
 
 
 def test_bar_marks_the_rate_and_fills_to_the_rate_now() -> None:

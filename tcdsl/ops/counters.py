@@ -31,7 +31,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tcdsl.verify.readback import parse_classes, parse_size
 
@@ -119,14 +119,27 @@ class DeviceCounters:
     """``time.monotonic()`` when the reading was taken."""
     qdiscs: tuple[QdiscCounters, ...]
     classes: tuple[ClassCounters, ...]
+    _by_handle: dict[str, QdiscCounters] = field(init=False, repr=False, compare=False)
+    _by_classid: dict[str, ClassCounters] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # status looks up every class of a policy: 10,000 subscribers would be 10^8 steps
+        by_handle: dict[str, QdiscCounters] = {}
+        for q in self.qdiscs:
+            by_handle.setdefault(q.handle, q)  # the first, as tc lists them (mq's 0: children)
+        by_classid: dict[str, ClassCounters] = {}
+        for c in self.classes:
+            by_classid.setdefault(c.classid, c)
+        object.__setattr__(self, "_by_handle", by_handle)
+        object.__setattr__(self, "_by_classid", by_classid)
 
     def qdisc(self, handle: str) -> QdiscCounters | None:
         """The qdisc with this handle (``1:``), or None."""
-        return next((q for q in self.qdiscs if q.handle == handle), None)
+        return self._by_handle.get(handle)
 
     def klass(self, classid: str) -> ClassCounters | None:
         """The class with this id (``1:10``), or None."""
-        return next((c for c in self.classes if c.classid == classid), None)
+        return self._by_classid.get(classid)
 
 
 class CountersError(Exception):

@@ -830,9 +830,27 @@ def _tree_head(tree: TreeStatus) -> str:
 def render_text(report: Report, width: int = WIDTH, unicode: bool = False) -> str:
     """The report as tables, one per tree, ``width`` columns wide (box lines in ASCII unless
     ``unicode``), without colours or terminal codes."""
-    from rich import box
+    what = report.policy if report.policy is not None else "the kernel's tree"
+    out = [
+        _rich_text(
+            f"tcdsl status: {what}, over {report.interval:.1f}s (session {report.elapsed:.1f}s)",
+            width,
+        )
+    ]
+    for tree in report.trees:
+        rows = [_cells(row, report.policy) for row in tree.classes]
+        if not rows:
+            rows = [["(no classes)", *[""] * (len(COLUMNS) - 1)]]
+        title = _tree_title(tree)
+        plain = _plain_table(title, rows, width, unicode)
+        out.append(plain if plain is not None else _rich_table(title, rows, width, unicode))
+    return "".join(out)
+
+
+def _rich_text(what: object, width: int) -> str:
+    """``what`` (a rich renderable or a string) as rich prints it, lines without trailing
+    blanks."""
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
     buffer = StringIO()
@@ -848,26 +866,61 @@ def render_text(report: Report, width: int = WIDTH, unicode: bool = False) -> st
         highlight=False,
         markup=False,
     )
-    what = report.policy if report.policy is not None else "the kernel's tree"
-    console.print(
-        Text(f"tcdsl status: {what}, over {report.interval:.1f}s (session {report.elapsed:.1f}s)")
-    )
-    for tree in report.trees:
-        table = Table(
-            title=Text(_tree_title(tree)),
-            title_justify="left",
-            box=box.SIMPLE_HEAD if unicode else box.ASCII2,
-            safe_box=not unicode,
-            show_edge=False,
-            collapse_padding=True,
-        )
-        for column in COLUMNS:
-            justify: Literal["left", "right"] = "right" if column in _RIGHT else "left"
-            # folded, never cut with an ellipsis (not ASCII); the leaf's words may wrap
-            table.add_column(column, justify=justify, no_wrap=column != "leaf", overflow="fold")
-        for row in tree.classes:
-            table.add_row(*(Text(cell) for cell in _cells(row, report.policy)))
-        if not tree.classes:
-            table.add_row(Text("(no classes)"), *[""] * (len(COLUMNS) - 1))
-        console.print(table)
+    console.print(Text(what) if isinstance(what, str) else what)
     return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
+
+
+def _rich_table(title: str, rows: Sequence[Sequence[str]], width: int, unicode: bool) -> str:
+    """A tree's table drawn by rich, which folds cells and wraps the title to fit ``width``."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(
+        title=Text(title),
+        title_justify="left",
+        box=box.SIMPLE_HEAD if unicode else box.ASCII2,
+        safe_box=not unicode,
+        show_edge=False,
+        collapse_padding=True,
+    )
+    for column in COLUMNS:
+        justify: Literal["left", "right"] = "right" if column in _RIGHT else "left"
+        # folded, never cut with an ellipsis (not ASCII); the leaf's words may wrap
+        table.add_column(column, justify=justify, no_wrap=column != "leaf", overflow="fold")
+    for cells in rows:
+        table.add_row(*(Text(cell) for cell in cells))
+    return _rich_text(table, width)
+
+
+def _plain_table(
+    title: str, rows: Sequence[Sequence[str]], width: int, unicode: bool
+) -> str | None:
+    """The table ``render_text`` has rich draw, drawn directly when each cell is one line of
+    ASCII and the table fits in ``width`` as it is (None otherwise: rich folds and wraps).
+    rich takes about 90 us a cell, 14 s for 10,000 subscribers' rows; this, 0.1 s."""
+    texts = [COLUMNS, *rows]
+    if not all(cell.isascii() and cell.isprintable() for cells in texts for cell in cells):
+        return None
+    if not rows or not title.strip() or not title.isascii() or not title.isprintable():
+        return None
+    widths = [max(map(len, column)) for column in zip(*texts, strict=True)]
+    # rich's padding of 1 on each side collapses between columns: " a |b |c "
+    total = 1 + sum(widths) + 2 * len(widths) - 1
+    if total > width or len(title) > total:
+        return None
+    bar, cross, rule = (" ", "\u2500", "\u2500") if unicode else ("|", "+", "-")
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            # rich drops a right-justified cell's trailing blanks (it still measures them)
+            (cell.rstrip().rjust(w) if name in _RIGHT else cell.ljust(w)) + " "
+            for name, cell, w in zip(COLUMNS, cells, widths, strict=True)
+        ]
+        return " " + bar.join(parts)
+
+    head = [
+        line(COLUMNS),
+        (rule * (widths[0] + 2)) + "".join(cross + rule * (w + 1) for w in widths[1:]),
+    ]
+    return "".join(text.rstrip() + "\n" for text in [title, *head, *map(line, rows)])
