@@ -273,6 +273,30 @@ def test_apply_does_not_compile_the_live_policy_again(tcdsl: Tcdsl, host: HostSu
     assert "Traceback" not in failed.err, failed
 
 
+def test_rollback_reads_both_policies_from_their_records(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """A rollback whose change is made in place takes what either policy built from its
+    record: neither saved text is compiled again (so neither need still compile); a tree it
+    builds anew is compiled from the saved text of the policy it goes back to."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", B)).code == 0
+    _spoil_record(tcdsl, 1)
+    _spoil_record(tcdsl, 2)
+    back = tcdsl("rollback", "p")
+    assert back.code == 0 and "generation 1" in back.out, back
+    assert "rate 2Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
+    assert "limit 20" in tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert "1:40" not in tcdsl.tc("class", "show", "dev", "d0")  # guest is gone
+    # generation 1 shaped d1 too; generation 2 does not: going back builds d1's tree again
+    assert tcdsl("down", "p").code == 0
+    two = A + A.replace("interface d0", "interface d1")
+    assert tcdsl("apply", "--yes", tcdsl.write("q.tcp", two)).code == 0
+    assert tcdsl("apply", "--yes", tcdsl.write("q.tcp", A)).code == 0
+    assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d1")
+    assert tcdsl("rollback", "q").code == 0
+    assert "rate 2Mbit" in tcdsl.tc("class", "show", "dev", "d1", "classid", "1:10")
+    assert tcdsl("plan", tcdsl.write("q.tcp", two)).code == 0  # no changes: as recorded
+
+
 def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:
     a = tcdsl.write("p.tcp", A)
     assert tcdsl("apply", "--yes", a).code == 0

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -466,10 +466,13 @@ def prepare(
     result: Result | None = None,
     reading: Reading | None = None,
     new_trees: tuple[Tree, ...] | None = None,
+    new_ifaces: Callable[[str], ir.Interface] | None = None,
 ) -> Prepared:
     """The plan from the policy live under ``store``'s name to ``new`` (None: remove it);
     ``reading``: the record and the kernel read while ``new`` compiled (else read now);
-    ``new_trees``: ``new``'s kernel objects if already made (``compile_new`` makes them)."""
+    ``new_trees``: ``new``'s kernel objects if already made (``compile_new`` makes them, a
+    rollback reads them from a record: ``new_ifaces`` then gives a tree's IR by its label,
+    where the plan needs it)."""
     if reading is None:
         applied = store.current()
         reading = Reading(applied, live_of(store, applied))
@@ -495,8 +498,8 @@ def prepare(
             by_label = {n.label: n for n in new_trees}
             old_trees = tuple(by_label[t.label] if t.label in done else t for t in live.trees)
             changed = {label: found for label, found in changed.items() if label not in done}
-    plan = make_plan(old_trees, new_trees, rebuild=changed)
-    _foreign(live.trees, new_trees, plan)
+    plan = make_plan(old_trees, new_trees, rebuild=changed, ifaces=new_ifaces)
+    _foreign(live.trees, new_trees, plan, new_ifaces)
     for label, found in sorted(changed.items()):
         for d in found[:5]:
             plan.drift.append(Change("!", f"drift in {label}: {d.message}", d.span))
@@ -527,13 +530,20 @@ def prepare(
     return Prepared(store, new, result, applied, live, plan, new_trees)
 
 
-def _foreign(old: Sequence[Tree], new: Sequence[Tree], plan: Plan) -> None:
+def _foreign(
+    old: Sequence[Tree],
+    new: Sequence[Tree],
+    plan: Plan,
+    ifaces: Callable[[str], ir.Interface] | None = None,
+) -> None:
     """A new tree on a device that already has a tree no applied policy records (an old
     script's): its plan line says that it replaces it."""
     known = {t.label for t in old}
     for tree in new:
-        iface = tree.iface
-        if tree.label in known or iface is None or iface.download is not None:
+        if tree.label in known:
+            continue
+        iface = tree.iface if tree.iface is not None or ifaces is None else ifaces(tree.label)
+        if iface is None or iface.download is not None:
             continue
         where = "ingress" if iface.direction == "ingress" else "root"
         shown = live_qdisc(iface.name, where)
@@ -632,24 +642,55 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
     if applied is None and not interrupted:
         raise OpsError(f"no policy is applied under the name {store.name!r}")
     if interrupted:
-        target = compile_applied(applied) if applied is not None else None
-        back = applied
+        return _rollback_interrupted(store, applied, runner)
+    assert applied is not None
+    earlier = [g for g in store.generations() if g < applied.generation]
+    if not earlier and applied.generation > 1:
+        # generation 1 went first: the ones before this are no longer kept, and going
+        # "back" to nothing would remove a policy that had one before it
+        raise OpsError(
+            f"the policies applied under {store.name!r} before generation "
+            f"{applied.generation} are no longer kept (the last {KEEP} are); nothing was "
+            f"changed (apply the policy you want, or 'tcdsl down {store.name}' to remove it)"
+        )
+    back = store.load(earlier[-1]) if earlier else None
+    # Both policies' kernel objects are their records' (as apply and down take the live
+    # one's): each is compiled again only to restore the live one after a failure, or where
+    # its record has no objects (an older tcdsl's).
+    target = live_of(store, back)
+
+    def target_iface(label: str) -> ir.Interface:
+        assert back is not None  # (no trees to ask about otherwise)
+        return next(i for i in compile_applied(back).interfaces if i.label == label)
+
+    prepared = prepare(store, None, new_trees=target.trees, new_ifaces=target_iface)
+
+    def restore() -> Plan:
+        old = compile_applied(applied)
+        return restore_plan(old, compile_applied(back) if back is not None else _nothing())
+
+    with interface_locks(set(applied.devices) | set(back.devices if back else ())):
+        apply_policy(prepared.plan, restore, runner)
+    store.set_pending(None)
+    store.finish()
+    if back is None:
+        store.remove()
+        return None
+    store.forget(applied.generation)
+    if store.read_extra(back.generation, "trees") is None:
+        remember(store, back.generation, compile_applied(back), target.trees)
     else:
-        assert applied is not None
-        earlier = [g for g in store.generations() if g < applied.generation]
-        if not earlier and applied.generation > 1:
-            # generation 1 went first: the ones before this are no longer kept, and going
-            # "back" to nothing would remove a policy that had one before it
-            raise OpsError(
-                f"the policies applied under {store.name!r} before generation "
-                f"{applied.generation} are no longer kept (the last {KEEP} are); nothing was "
-                f"changed (apply the policy you want, or 'tcdsl down {store.name}' to remove it)"
-            )
-        back = store.load(earlier[-1]) if earlier else None
-        target = compile_applied(back) if back is not None else None
+        remember_kernel(store, back.generation, target)
+    return back
+
+
+def _rollback_interrupted(store: Store, applied: Applied | None, runner: Runner) -> Applied | None:
+    """``rollback`` after an apply that did not finish: back to the live policy (None: there
+    was none, and every tree the unfinished apply may have made is removed)."""
+    target = compile_applied(applied) if applied is not None else None
     prepared = prepare(store, target)
     old = prepared.old
-    if interrupted and applied is None:
+    if applied is None:
         # a first apply was killed: remove every tree it may have made
         killed = store.applying()
         assert killed is not None
@@ -660,16 +701,14 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
         apply_policy(prepared.plan, lambda: restore_plan(old, target or empty), runner)
     store.set_pending(None)
     store.finish()
-    if target is None or back is None:
+    if target is None or applied is None:
         store.remove()
         return None
-    if not interrupted and applied is not None:
-        store.forget(applied.generation)
-    if store.read_extra(back.generation, "trees") is None:
-        remember(store, back.generation, target, trees_of(target))
+    if store.read_extra(applied.generation, "trees") is None:
+        remember(store, applied.generation, target, trees_of(target))
     else:
-        remember_kernel(store, back.generation, live_of(store, back))
-    return back
+        remember_kernel(store, applied.generation, live_of(store, applied))
+    return applied
 
 
 def down(store: Store, runner: Runner = run_command) -> Plan:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -601,10 +601,16 @@ def _actions(
     return made, gone
 
 
-def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] = ()) -> Plan:
+def make_plan(
+    old: Sequence[Tree],
+    new: Sequence[Tree],
+    rebuild: Iterable[str] = (),
+    ifaces: Callable[[str], ir.Interface] | None = None,
+) -> Plan:
     """The plan that takes the kernel from the trees ``old`` (live: read from the state, or
-    compiled) to the compiled trees ``new``; trees labelled in ``rebuild`` (drift) are built
-    again whatever changed."""
+    compiled) to the trees ``new``; trees labelled in ``rebuild`` (drift) are built again
+    whatever changed. A new tree from a state record has no IR: ``ifaces`` gives it by label
+    where the plan builds the tree anew (compiling its policy only then)."""
     plan = Plan()
     names = {k: v for tree in [*old, *new] for k, v in tree.names.items()}
     forced = set(rebuild)
@@ -616,19 +622,19 @@ def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] =
     marks: list[tuple[ir.Interface, Obj]] = []
     swaps = Swaps()
     for tree in new:
-        iface = tree.iface
-        assert iface is not None, "a new tree is a compiled one"
         label = tree.label
+        iface = tree.iface
         before = olds.get(label)
         new_objs = by_key(tree.objects)
         if before is None:
+            iface = iface or _compiled(tree, ifaces)
             plan.changes.append(Change("+", f"tree {label}", iface.root.span))
             _tree_rebuild_quiet(iface, plan)
             continue
         old_objs = by_key(before.objects)
         why = "drift" if label in forced else _why_rebuild(old_objs, new_objs)
         if why is not None:
-            _tree_rebuild(iface, why, plan)
+            _tree_rebuild(iface or _compiled(tree, ifaces), why, plan)
             continue
         old_actions |= {k: o for k, o in old_objs.items() if o.kind == "action"}
         new_actions |= {k: o for k, o in new_objs.items() if o.kind == "action"}
@@ -644,7 +650,7 @@ def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] =
         marking = next((o for o in new_objs.values() if o.kind == "marking"), None)
         before_marks = next((o for o in old_objs.values() if o.kind == "marking"), None)
         if marking is not None and before_marks is not None and marking.words != before_marks.words:
-            marks.append((iface, before_marks))
+            marks.append((iface or _compiled(tree, ifaces), before_marks))
     made, gone = _actions(old_actions, new_actions, plan)
     if made or build or swaps.copy:
         plan.steps.append(_tc([*made, *build, *swaps.copy]))
@@ -662,6 +668,14 @@ def make_plan(old: Sequence[Tree], new: Sequence[Tree], rebuild: Iterable[str] =
         if tree.label not in kept:
             remove_tree(tree, plan)
     return plan
+
+
+def _compiled(tree: Tree, ifaces: Callable[[str], ir.Interface] | None) -> ir.Interface:
+    """The IR of ``tree``: its own, else what ``ifaces`` compiles for its label."""
+    if tree.iface is not None:
+        return tree.iface
+    assert ifaces is not None, "a new tree is a compiled one, or its IR is given"
+    return ifaces(tree.label)
 
 
 def restore_plan(old: ir.Policy | None, new: ir.Policy) -> Plan:
