@@ -297,6 +297,23 @@ def test_rollback_reads_both_policies_from_their_records(tcdsl: Tcdsl, host: Hos
     assert tcdsl("plan", tcdsl.write("q.tcp", two)).code == 0  # no changes: as recorded
 
 
+def test_status_by_name_shows_the_policy_as_applied(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """'status --name NAME' without a file: the policy live under NAME, from its record (its
+    file moved away), chosen by class name."""
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    Path(a).unlink()
+    args = ("status", "--name", "p", "--format", "json", "--interval", "0.1")
+    shown = tcdsl(*args, "--class", "voip")
+    assert shown.code == 0 and shown.err == "", shown
+    (tree,) = json.loads(shown.out)["trees"]
+    assert [c["name"] for c in tree["classes"]] == ["(link)", "voip"]
+    assert tree["classes"][1]["classid"] == "1:10" and tree["classes"][1]["state"] == "ok"
+    missing = tcdsl(*args[:2], "nobody", *args[3:])
+    assert missing.code == 1 and "no policy is applied under the name 'nobody'" in missing.err
+    assert tcdsl("status").code == 2
+
+
 def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:
     a = tcdsl.write("p.tcp", A)
     assert tcdsl("apply", "--yes", a).code == 0

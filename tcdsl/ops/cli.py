@@ -397,6 +397,7 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     "  sudo tcdsl status office.tcp\n"
     "  sudo tcdsl status -i eth0 --watch 2s\n"
     "  sudo tcdsl status isp.tcp --class 'c10*' --top 20 --watch 5s\n"
+    "  sudo tcdsl status --name isp --class c1001\n"
     "  sudo tcdsl status office.tcp --format json --watch 1s --count 60 > samples.jsonl\n"
     "  sudo tcdsl status office.tcp --format prometheus --watch 15s "
     "-o /var/lib/node_exporter/textfile/tcdsl.prom\n\n"
@@ -481,8 +482,9 @@ def status_command(
     output: str | None,
     access: Access,
 ) -> None:
-    """Show the live traffic-control tree by POLICY's class names (or, with -i and no
-    POLICY, the kernel's tree by tc's ids): rate now and average against each class's rate
+    """Show the live traffic-control tree by POLICY's class names (with --name and no
+    POLICY, of the policy applied under NAME; with -i and no POLICY, the kernel's tree by
+    tc's ids): rate now and average against each class's rate
     and ceil, packets, bytes, drops, overlimits, backlog, htb's lending and tokens, and the
     flow statistics of sfq, fq_codel and cake leaves."""
     import shutil
@@ -493,7 +495,18 @@ def status_command(
     checked: ir.Policy | None = None
     sources: dict[str, str] = {}
     devices = list(dict.fromkeys(interfaces))
-    if policy is not None:
+    if policy is None and name is not None:
+        # the policy live under that name, as applied (its file may be anywhere, or gone)
+        from tcdsl.ops.lifecycle import compile_applied
+
+        try:
+            record = _store(name).current()
+            if record is None:
+                raise OpsError(f"no policy is applied under the name {name!r}")
+            checked, sources, policy = compile_applied(record), dict(record.sources), record.path
+        except OpsError as e:
+            _fail(NO_STATE, str(e))
+    elif policy is not None:
         from tcdsl.ops.lifecycle import applied_policy, changed_since, live_pins
 
         if name is not None:
@@ -519,6 +532,9 @@ def status_command(
             result = analyse(policy, access=access, pins=pins)
             checked = policy_or_exit(result, "shown")
             sources = result.sources
+    elif not devices:
+        raise click.UsageError("give a POLICY, --name NAME, or a device with -i IFACE")
+    if checked is not None:
         names = {n for iface in checked.interfaces for n in (iface.name, iface.interface)}
         unknown = [name for name in devices if name not in names]
         if unknown:
@@ -526,8 +542,6 @@ def status_command(
                 f"the policy has no tree on '{unknown[0]}'", param_hint="'--interface'"
             )
         devices = st.devices_of(checked, devices)
-    elif not devices:
-        raise click.UsageError("give a POLICY, or a device with -i IFACE")
     seconds = interval or every or 1.0
     samples = count if count is not None else (None if every is not None else 1)
     tty = output is None and sys.stdout.isatty()
