@@ -243,6 +243,21 @@ def _spoil_record(tcdsl: Tcdsl, generation: int) -> None:
     record.write_text(json.dumps(data), encoding="utf-8")
 
 
+def test_plan_after_a_restored_failure_sees_no_change(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """A failed apply builds the live policy again: the kernel then numbers its filters
+    afresh (here unlike the in-place apply that made it), and the next plan must not take
+    that for a change by hand (it said so and exited 4 on every plan until the next apply)."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    live = A.replace("match dport 80, 443", "match dport 80, 8080")
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", live)).code == 0  # filters in place
+    _tc_failing_on_limit_30(tcdsl)
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", live.replace("limit 20", "limit 30")))
+    assert failed.code == 1 and "previous state was restored" in failed.err, failed
+    planned = tcdsl("plan", tcdsl.write("p.tcp", live))
+    assert planned.code == 0 and "no changes" in planned.out, planned
+    assert "changed since" not in planned.out + planned.err, planned
+
+
 def test_down_does_not_compile_the_live_policy_again(tcdsl: Tcdsl, host: HostSupport) -> None:
     """'down' removes what the record says the policy built, even when its saved text no
     longer compiles."""

@@ -204,6 +204,15 @@ def keep_record(prepared: Prepared) -> None:
         remember(prepared.store, applied.generation, prepared.new, prepared.new_trees)
 
 
+def _remember_restored(store: Store, generation: int, live: Live) -> None:
+    """After a failed change was undone by building the live policy again: the kernel's
+    digest of what was built, so that the next plan does not take it for a change by hand
+    (the rebuilt objects are the record's; only numbers the kernel chose, u32 table ids,
+    may differ)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        remember_kernel(store, generation, live)
+
+
 def remember_kernel(store: Store, generation: int, live: Live) -> None:
     """Record the kernel's digest now, for the policy of ``generation`` (live now)."""
     store.write_extra(generation, "kernel", fingerprint(live.devices, live.tables))
@@ -597,8 +606,10 @@ def apply(
     try:
         with interface_locks(held):
             apply_policy(prepared.plan, lambda: restore_plan(prepared.old, new), runner)
-    except ApplyFailed:
+    except ApplyFailed as failed:
         store.finish()  # the old policy was built again
+        if failed.restored and prepared.applied is not None:
+            _remember_restored(store, prepared.applied.generation, prepared.live)
         raise
     previous = prepared.applied.generation if prepared.applied is not None else None
     applied = store.record(path, sources, _devices(new), ids)
