@@ -258,6 +258,20 @@ def test_plan_after_a_restored_failure_sees_no_change(tcdsl: Tcdsl, host: HostSu
     assert "changed since" not in planned.out + planned.err, planned
 
 
+def test_plan_after_a_restored_rollback_sees_no_change(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """The same after a rollback that failed and built the live policy again."""
+    assert (
+        tcdsl("apply", "--yes", tcdsl.write("p.tcp", A.replace("limit 20", "limit 30"))).code == 0
+    )
+    live = A.replace("match dport 80, 443", "match dport 80, 8080")
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", live)).code == 0
+    _tc_failing_on_limit_30(tcdsl)
+    failed = tcdsl("rollback", "p")
+    assert failed.code == 1 and "previous state was restored" in failed.err, failed
+    planned = tcdsl("plan", tcdsl.write("p.tcp", live))
+    assert planned.code == 0 and "no changes" in planned.out, planned
+
+
 def test_down_does_not_compile_the_live_policy_again(tcdsl: Tcdsl, host: HostSupport) -> None:
     """'down' removes what the record says the policy built, even when its saved text no
     longer compiles."""

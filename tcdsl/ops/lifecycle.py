@@ -680,8 +680,13 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
         old = compile_applied(applied)
         return restore_plan(old, compile_applied(back) if back is not None else _nothing())
 
-    with interface_locks(set(applied.devices) | set(back.devices if back else ())):
-        apply_policy(prepared.plan, restore, runner)
+    try:
+        with interface_locks(set(applied.devices) | set(back.devices if back else ())):
+            apply_policy(prepared.plan, restore, runner)
+    except ApplyFailed as failed:
+        if failed.restored:
+            _remember_restored(store, applied.generation, prepared.live)
+        raise
     store.set_pending(None)
     store.finish()
     if back is None:
