@@ -534,6 +534,29 @@ def _applied_ids(policy: str) -> Pins:
         return {}
 
 
+def _live_and_changed(policy: str) -> str | None:
+    """A note when ``policy`` is the file live under its name and it (or a table it reads)
+    changed since it was applied: the answer is then not what the kernel does."""
+    from tcdsl.ops.lifecycle import OpsError, applied_elsewhere, changed_since, policy_name
+    from tcdsl.ops.state import Store, valid_name
+
+    name = policy_name(policy, None)
+    try:
+        applied = Store(name).current() if valid_name(name) else None
+        if applied is None or applied_elsewhere(applied, policy):
+            return None
+        changed = changed_since(applied)
+    except (OSError, ValueError, KeyError, AssertionError, OpsError):
+        return None
+    if not changed:
+        return None
+    return (
+        f"tcdsl: note: {', '.join(changed)} changed since {policy} was applied (generation "
+        f"{applied.generation}): this is what the files say now, not what the kernel does "
+        f"(tcdsl plan {policy} shows the difference)"
+    )
+
+
 @cli.command(
     "classify",
     epilog="Examples:\n\n\b\n"
@@ -584,6 +607,9 @@ def classify_command(
     from tcdsl.teach.traffic import Packet
 
     checked = _policy_or_exit(analyse(policy, pins=_applied_ids(policy)), "classified")
+    note = _live_and_changed(policy)
+    if note is not None:
+        click.echo(note, err=True)
     verdicts = []
     for packet in packets:
         assert isinstance(packet, Packet)

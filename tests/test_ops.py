@@ -272,6 +272,20 @@ def test_plan_after_a_restored_rollback_sees_no_change(tcdsl: Tcdsl, host: HostS
     assert planned.code == 0 and "no changes" in planned.out, planned
 
 
+def test_classify_says_when_the_live_files_changed(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """classify answers for the files as they are; where that is not what the kernel runs
+    (edited since it was applied), it says so on stderr."""
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    asked = ("classify", a, "--packet", "udp dport 443")
+    same = tcdsl(*asked)
+    assert same.code == 0 and "'web'" in same.out and same.err == "", same
+    tcdsl.write("p.tcp", A.replace("match dport 80, 443", "match dport 80"))
+    edited = tcdsl(*asked)
+    assert edited.code == 0 and "'bulk'" in edited.out, edited
+    assert "p.tcp changed since" in edited.err and "not what the kernel does" in edited.err
+
+
 def test_down_does_not_compile_the_live_policy_again(tcdsl: Tcdsl, host: HostSupport) -> None:
     """'down' removes what the record says the policy built, even when its saved text no
     longer compiles."""

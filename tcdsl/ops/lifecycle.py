@@ -347,7 +347,7 @@ def _kept_elsewhere(was: tuple[str, str | None] | None, classid: str, parent: st
     return was is not None and was[0] == classid and was[1] != parent
 
 
-def _elsewhere(applied: Applied, path: str) -> bool:
+def applied_elsewhere(applied: Applied, path: str) -> bool:
     """Whether ``applied`` was applied from another file than ``path`` (named from here)."""
     return os.path.realpath(applied.where(applied.path)) != os.path.realpath(path)
 
@@ -360,7 +360,7 @@ def live_pins(path: str, name: str | None = None, *, same_file: bool = False) ->
     if not valid_name(state_name):
         return {}
     applied = Store(state_name).current()
-    if same_file and (applied is None or _elsewhere(applied, path)):
+    if same_file and (applied is None or applied_elsewhere(applied, path)):
         return {}
     return stored_pins(applied)
 
@@ -374,7 +374,7 @@ def applied_policy(path: str, name: str | None = None) -> tuple[Applied, ir.Poli
         return None
     try:
         applied = Store(state_name).current()
-        if applied is None or _elsewhere(applied, path):
+        if applied is None or applied_elsewhere(applied, path):
             return None
         return applied, compile_applied(applied)
     except (OpsError, OSError, ValueError, KeyError):
