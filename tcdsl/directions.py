@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from ipaddress import IPv4Network
 
 from tcdsl import ir
-from tcdsl.diagnostics import Diagnostic, Note
+from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.units import format_size
 
 FRAME = 1514
@@ -108,27 +108,43 @@ def download_marks_where_they_arrive(policy: ir.Policy) -> Iterator[Diagnostic]:
 
 def download_nat(policy: ir.Policy) -> Iterator[Diagnostic]:
     """W360: a download u32 match on a private (RFC 1918) destination: on ingress a NAT
-    router's downloads are still addressed to its public address."""
+    router's downloads are still addressed to its public address. A subscriber table's
+    addresses get one warning per tree and table, at the first, with their count."""
     for iface in policy.interfaces:
         if iface.download is None or iface.marking is not None:
             continue
+        tables: dict[str, list[tuple[object, Span]]] = {}  # table -> its private addresses
         for q in ir.walk_qdiscs(iface.root):
-            for _, m in ir.matches_of(q):
-                for cond in m.conds:
-                    if not isinstance(cond, ir.AddrCond) or cond.field != "dst":
-                        continue
-                    for net, span in cond.networks:
-                        if net.version == 4 and any(net.subnet_of(p) for p in PRIVATE):
-                            where = net.network_address if net.prefixlen == 32 else net
-                            yield Diagnostic.warning(
-                                "W360",
-                                f"downloads are classified on ingress, before NAT is undone: "
-                                f"behind a NAT router they are addressed to its public "
-                                f"address, not to {where}; classify by mark with 'download "
-                                "connmark' (the marks are set after NAT) if this is a NAT "
-                                "router",
-                                span,
-                            )
+            for cls, m in ir.matches_of(q):
+                for where, span in _private_destinations(m):
+                    if cls is not None and cls.from_table:
+                        tables.setdefault(span.file, []).append((where, span))
+                    else:
+                        yield _nat_warning(str(where), span)
+        for table, found in tables.items():
+            (first, span), more = found[0], len(found) - 1
+            what = f"{first} and {more} more address(es) of {table}" if more else str(first)
+            yield _nat_warning(what, span)
+
+
+def _private_destinations(m: ir.Match) -> Iterator[tuple[object, Span]]:
+    """The private IPv4 destinations of a match line (a /32 as its address), with spans."""
+    for cond in m.conds:
+        if not isinstance(cond, ir.AddrCond) or cond.field != "dst":
+            continue
+        for net, span in cond.networks:
+            if net.version == 4 and any(net.subnet_of(p) for p in PRIVATE):
+                yield (net.network_address if net.prefixlen == 32 else net), span
+
+
+def _nat_warning(where: str, span: Span) -> Diagnostic:
+    return Diagnostic.warning(
+        "W360",
+        f"downloads are classified on ingress, before NAT is undone: behind a NAT router they "
+        f"are addressed to its public address, not to {where}; classify by mark with 'download "
+        "connmark' (the marks are set after NAT) if this is a NAT router",
+        span,
+    )
 
 
 CHECKS = (

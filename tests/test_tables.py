@@ -364,6 +364,25 @@ def test_a_file_that_is_not_a_table_is_not_shown(tmp_path: Path) -> None:
     assert "PASSWORD" not in render(result.diagnostics, result.sources)
 
 
+def test_private_download_addresses_warn_once_per_table(tmp_path: Path) -> None:
+    """W360 (a private destination, which NAT hides on ingress) once for a table's addresses,
+    at the first, with their count: one per row flooded plan and apply; a comment line of the
+    table disables it, as a disable comment does in a policy."""
+    rows = "".join(f"{200 + i},n{i},{i},cpe,north,,10.9.0.{i},,1,1,10,10,\n" for i in range(1, 8))
+    written = "        class lab rate 1mbit match dst 192.168.7.7\n"
+    text = policy(SITES + written)
+    found = {
+        (Path(d.span.file).name, d.span.line): d.message
+        for d in build(tmp_path, text, HEADER + rows).diagnostics
+        if d.code == "W360"
+    }
+    assert sorted(found) == [("p.tcp", 9), ("subs.csv", 2)]
+    assert "not to 10.9.0.1 and 6 more address(es) of" in found["subs.csv", 2]
+    assert "not to 192.168.7.7;" in found["p.tcp", 9]
+    quiet = build(tmp_path, text, "# tcdsl: disable-file=W360\n" + HEADER + rows)
+    assert [d.span.file for d in quiet.diagnostics if d.code == "W360"] == [str(tmp_path / "p.tcp")]
+
+
 def test_check_exits_1_without_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "subs.csv").write_text(HEADER + "1,a,1,d,n,,1.2.3,,1,1,1,1,\n", encoding="utf-8")
     (tmp_path / "p.tcp").write_text(
