@@ -20,16 +20,17 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from tcdsl import ir
-from tcdsl.ops.apply import run_command
+from tcdsl.ops.apply import ApplyFailed, run_command
 from tcdsl.ops.lifecycle import apply, prepare, rollback
 from tcdsl.ops.state import STATE_DIR_VARIABLE, Store
 from tcdsl.verify.compare import compare_state
 from tcdsl.verify.expect import expected_policy
-from tests.ops_edits import DEV, _policy, devices, down, edit, live, random_policy
+from tests.ops_edits import DEV, Pol, _policy, devices, down, edit, live, random_policy
 
 
 class Killed(BaseException):
@@ -57,6 +58,35 @@ def killer(k: int):  # type: ignore[no-untyped-def]
     return run
 
 
+def failer(k: int):  # type: ignore[no-untyped-def]
+    """A runner that runs ``k`` tc commands in all, then makes the next one fail (as the
+    kernel refusing it would), once: the restore after it runs for real."""
+    left = [k]
+
+    def failed(argv: Sequence[str], line: int) -> subprocess.CompletedProcess[str]:
+        left[0] = -1
+        said = f"RTNETLINK answers: Invalid argument (injected)\nCommand failed -:{line}\n"
+        return subprocess.CompletedProcess(list(argv), 1, "", said)
+
+    def run(argv: Sequence[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
+        if left[0] < 0:
+            return run_command(argv, stdin)
+        if argv[:2] == ["tc", "-batch"] and stdin is not None:
+            lines = stdin.splitlines(keepends=True)
+            if len(lines) > left[0]:
+                if left[0]:
+                    run_command(argv, "".join(lines[: left[0]]))
+                return failed(argv, left[0] + 1)
+            left[0] -= len(lines)
+        elif argv[0] == "tc":
+            if left[0] == 0:
+                return failed(argv, 1)
+            left[0] -= 1
+        return run_command(argv, stdin)
+
+    return run
+
+
 def _dies(*args: object) -> None:
     raise Killed
 
@@ -65,31 +95,42 @@ def _differs(policy: ir.Policy) -> list[str]:
     return [d.message for d in compare_state(expected_policy(policy), live(devices(policy)))]
 
 
-def main(argv: list[str]) -> int:
-    seed, pairs, state = int(argv[0]), int(argv[1]), Path(argv[2])
-    os.environ[STATE_DIR_VARIABLE] = str(state)  # the kernel probe's cache too
+def _pairs(seed: int, pairs: int) -> Iterator[tuple[int, Pol, Pol]]:
+    """``pairs`` random (A, B) policies, B three edits of A."""
     rng = random.Random(seed)
     serial = [0]
-    problems: list[str] = []
-    kills = 0
     for pair in range(pairs):
         a = random_policy(rng, serial)
         b = a
         for _ in range(3):
             b, _, _ = edit(rng, b, serial)
+        yield pair, a, b
+
+
+def _from_a_to_b(state: Path, name: str, a: Pol, b: Pol) -> tuple[Store, Path, Any, Any, Any]:
+    """A applied under ``name`` on a device cleared first; B compiled and planned from it:
+    (store, path, A's result, B's result, B prepared)."""
+    store = Store(name, state)
+    path = state / f"{name}.tcp"
+    for gone in (["qdisc", "del", "dev", DEV, "root"], ["qdisc", "del", "dev", DEV, "ingress"]):
+        subprocess.run(["tc", *gone], capture_output=True, check=False)
+    ra = _policy(path, a.text(), store)
+    apply(prepare(store, ra.policy, ra), str(path), ra.sources)
+    rb = _policy(path, b.text(), store)
+    return store, path, ra, rb, prepare(store, rb.policy, rb)
+
+
+def main(argv: list[str]) -> int:
+    seed, pairs, state = int(argv[0]), int(argv[1]), Path(argv[2])
+    if argv[3:] == ["fail"]:
+        return _failing(seed, pairs, state)
+    os.environ[STATE_DIR_VARIABLE] = str(state)  # the kernel probe's cache too
+    problems: list[str] = []
+    kills = 0
+    for pair, a, b in _pairs(seed, pairs):
         k = 0
         while True:
-            store = Store(f"f{pair}-{k}", state)
-            path = state / f"f{pair}-{k}.tcp"
-            for gone in (
-                ["qdisc", "del", "dev", DEV, "root"],
-                ["qdisc", "del", "dev", DEV, "ingress"],
-            ):
-                subprocess.run(["tc", *gone], capture_output=True, check=False)
-            ra = _policy(path, a.text(), store)
-            apply(prepare(store, ra.policy, ra), str(path), ra.sources)
-            rb = _policy(path, b.text(), store)
-            prepared = prepare(store, rb.policy, rb)
+            store, path, ra, rb, prepared = _from_a_to_b(state, f"f{pair}-{k}", a, b)
             total = sum(len(s.commands) for s in prepared.plan.steps if s.tool == "tc")
             if k > total:
                 break
@@ -126,6 +167,48 @@ def main(argv: list[str]) -> int:
             down(store)  # the next k starts on a device with nothing of this one's
             k += 1
     print(json.dumps({"kills": kills, "problems": problems}))
+    return 0
+
+
+def _failing(seed: int, pairs: int, state: Path) -> int:
+    """The apply of B failing at each of its tc commands in turn: the kernel must be A again
+    (restored), and the next plan of A must find nothing to change and nothing changed."""
+    os.environ[STATE_DIR_VARIABLE] = str(state)
+    problems: list[str] = []
+    failures = in_place = 0
+    for pair, a, b in _pairs(seed, pairs):
+        j = 0
+        while True:
+            store, path, ra, rb, prepared = _from_a_to_b(state, f"e{pair}-{j}", a, b)
+            # the tc commands in order; a cleanup step's may fail without stopping the apply
+            fatal = [s.fatal for s in prepared.plan.steps if s.tool == "tc" for _ in s.commands]
+            positions = [n for n, stops in enumerate(fatal) if stops]
+            if j >= len(positions):
+                break
+            k = positions[j]
+            where = (
+                f"pair {pair}, command {k + 1} of {len(fatal)} failed:\n{a.text()}->\n{b.text()}"
+            )
+            try:
+                apply(prepared, str(path), rb.sources, runner=failer(k))
+            except ApplyFailed as e:
+                failures += 1
+                in_place += e.in_place
+                if not e.restored:
+                    problems.append(f"{where}not restored")
+            else:
+                problems.append(f"{where}the apply did not fail")
+            assert ra.policy is not None
+            found = _differs(ra.policy)
+            if found:
+                problems.append(f"{where}after the restore the kernel is not A: {found}")
+            again = _policy(path, a.text(), store)
+            after = prepare(store, again.policy, again).plan
+            if not after.empty or after.drift or after.notes:
+                problems.append(f"{where}plan after the restore: {after.render()}")
+            down(store)
+            j += 1
+    print(json.dumps({"failures": failures, "in_place": in_place, "problems": problems}))
     return 0
 
 

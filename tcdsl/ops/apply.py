@@ -5,11 +5,12 @@ that failed at its policy line.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tcdsl.commands import Command, batch_quote
 from tcdsl.ops.plan import Plan, Step
@@ -42,10 +43,13 @@ class Failure:
 class ApplyFailed(Exception):
     """A plan stopped at a failing command (the kernel has been restored)."""
 
-    def __init__(self, failure: Failure, restored: bool) -> None:
+    def __init__(self, failure: Failure, restored: bool, in_place: bool = False) -> None:
         super().__init__(failure.message)
         self.failure = failure
         self.restored = restored
+        self.in_place = in_place
+        """Restored by undoing the change in place (the trees and counters kept), not by
+        building the old policy again."""
 
 
 SETTLE_WAITS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0)
@@ -57,6 +61,10 @@ command the step gets to has them all."""
 def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
     """Run one step; the failure of a fatal one, else None."""
     if not step.commands:
+        return None
+    if step.tool == "tc" and step.force:
+        text = "".join(" ".join(batch_quote(w) for w in c) + "\n" for c in step.commands)
+        runner(["tc", "-force", "-batch", "-"], text)
         return None
     if step.tool == "tc":
         commands = step.commands
@@ -93,15 +101,35 @@ def run_plan(plan: Plan, runner: Runner = run_command) -> Failure | None:
     return None
 
 
-def apply_policy(plan: Plan, restore: Callable[[], Plan], runner: Runner = run_command) -> None:
-    """Run ``plan``; on a failure, run the plan ``restore`` makes (the old policy built
-    again; made only then, as it compiles the old policy) and raise :class:`ApplyFailed`."""
+Undo = Callable[[], tuple[Plan, Callable[[], bool]] | None]
+"""Makes the plan that takes the kernel back in place after a failed one (None: none can),
+and the check that the kernel is the old policy again after it."""
+
+
+def apply_policy(
+    plan: Plan, restore: Callable[[], Plan], runner: Runner = run_command, undo: Undo | None = None
+) -> None:
+    """Run ``plan``; on a failure, take the kernel back and raise :class:`ApplyFailed`: in
+    place with the plan ``undo`` makes, every command of it tried (the trees, their counters
+    and their classification kept), where the kernel is then the old policy again; else with
+    the plan ``restore`` makes (the old policy built again). Both are made only then, as
+    they compile the old policy."""
     failure = run_plan(plan, runner)
     if failure is None:
         return
+    again = run_command if runner is run_command else runner
     try:
+        made = undo() if undo is not None else None
+        if made is not None:
+            inverse, settled = made
+            run_plan(
+                dataclasses.replace(inverse, steps=[replace(s, force=True) for s in inverse.steps]),
+                again,
+            )
+            if settled():
+                raise ApplyFailed(failure, True, in_place=True)
         back = restore()
     except OpsError:  # the live policy's saved text no longer compiles: nothing to build
         raise ApplyFailed(failure, False) from None
-    restored = run_plan(back, run_command if runner is run_command else runner) is None
+    restored = run_plan(back, again) is None
     raise ApplyFailed(failure, restored)

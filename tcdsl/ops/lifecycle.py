@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -202,6 +203,19 @@ def keep_record(prepared: Prepared) -> None:
         return  # the same objects from other text: its lines would not be the record's
     with contextlib.suppress(OSError):  # a cache: without it the next plan compiles again
         remember(prepared.store, applied.generation, prepared.new, prepared.new_trees)
+
+
+def _undo(prepared: Prepared) -> tuple[Plan, Callable[[], bool]] | None:
+    """The in-place plan back from the new policy to the live one after a failed apply,
+    and the check that the kernel is the live one again (None where it cannot be undone in
+    place: a first apply, or a change of the iptables marking, which drift does not see)."""
+    old = prepared.old
+    if old is None:
+        return None
+    inverse = make_plan(prepared.new_trees, trees_of(old))
+    if any(step.tool != "tc" for step in inverse.steps):
+        return None
+    return inverse, lambda: not drift(old)
 
 
 def _remember_restored(store: Store, generation: int, live: Live) -> None:
@@ -605,7 +619,8 @@ def apply(
     held = _interfaces(new) | set(prepared.applied.devices if prepared.applied else ())
     try:
         with interface_locks(held):
-            apply_policy(prepared.plan, lambda: restore_plan(prepared.old, new), runner)
+            undo = functools.partial(_undo, prepared)
+            apply_policy(prepared.plan, lambda: restore_plan(prepared.old, new), runner, undo)
     except ApplyFailed as failed:
         store.finish()  # the old policy was built again
         if failed.restored and prepared.applied is not None:

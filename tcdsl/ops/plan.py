@@ -76,6 +76,9 @@ class Step:
     settle: bool = False
     """A step of a u32 swap (``tcdsl.ops.u32swap``): a command the kernel says is in use (a
     table whose last link went, not yet let go of) is tried again a moment later."""
+    force: bool = False
+    """Every command is tried, whichever fail (``tc -force -batch``): undoing a change that
+    stopped half-way, where the objects it had not got to yet are not there to undo."""
 
 
 @dataclass(slots=True)
