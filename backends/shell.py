@@ -212,7 +212,7 @@ class ShellBackend(Backend):
                 failed=SCRIPT_FAILED,
                 no_interface=NO_INTERFACE,
                 too_few_queues=TOO_FEW_QUEUES,
-                queues=[(i.name, n) for i in policy.interfaces if (n := ir.tx_queues_used(i)) > 1],
+                queues=[(i.name, n) for i in policy.interfaces if (n := ir.tx_queues_used(i))],
                 no_tool=NO_TOOL,
                 needs=needs,
                 mark_tools=tuple(MARK_TOOL.values()),

@@ -998,7 +998,8 @@ SCRIPT_UNMARK = "tcdsl_unmark"
 NO_INTERFACE = "tcdsl: there is no interface %s here; nothing was changed"
 """What the script prints (a printf format) when an interface it shapes is missing."""
 TOO_FEW_QUEUES = (
-    "tcdsl: interface %s has fewer TX queues than the %s its mq tree uses; give it more "
+    "tcdsl: interface %s has fewer TX queues than the %s its mq tree uses (mq needs at "
+    "least 2); give it more "
     "(ethtool -L, or numtxqueues for a veth) or use fewer queues; nothing was changed"
 )
 """What the script prints (a printf format: the device, the number of queues) when the

@@ -1121,10 +1121,13 @@ def _subtree(top: Class) -> tuple[Class, ...]:
 
 def tx_queues_used(iface: Interface) -> int:
     """How many TX queues the device of ``iface`` needs: the highest queue its mq root puts
-    a qdisc on (0 without an mq root). mq makes one class per TX queue the device has, so a
-    queue beyond them has nowhere to go."""
+    a qdisc on, and at least 2 (0 without an mq root). mq makes one class per TX queue the
+    device has, so a queue beyond them has nowhere to go; on a device of one TX queue the
+    kernel refuses mq itself (EOPNOTSUPP)."""
     root = iface.root
-    return max((q.number for q in root.queues), default=0) if isinstance(root, Mq) else 0
+    if not isinstance(root, Mq):
+        return 0
+    return max(2, max((q.number for q in root.queues), default=0))
 
 
 def queue_tops(q: Qdisc) -> tuple[Class, ...]:

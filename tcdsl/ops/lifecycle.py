@@ -432,12 +432,12 @@ def short_of_queues(policy: ir.Policy) -> list[str]:
     out = []
     for iface in policy.interfaces:
         used = ir.tx_queues_used(iface)
-        have = tx_queue_count(iface.name) if used > 1 else None
+        have = tx_queue_count(iface.name) if used else None
         if have is not None and have < used:
             out.append(
                 f"{iface.name} has {have} TX queue{'s' if have != 1 else ''}, fewer than the "
-                f"{used} its mq tree uses: give it more (ethtool -L {iface.name} combined "
-                f"{used}; numtxqueues for a veth) or use fewer queues"
+                f"{used} its mq tree uses (mq needs at least 2): give it more (ethtool -L "
+                f"{iface.name} combined {used}; numtxqueues for a veth) or use fewer queues"
             )
     return out
 

@@ -29,7 +29,7 @@ tcdsl_queues() {
     # ip -d link says "numtxqueues N" (an ip that does not: unknown, go on)
     tcdsl_n=$(ip -d link show dev "$1" 2>/dev/null | sed -n 's/.* numtxqueues \([0-9][0-9]*\).*/\1/p')
     if [ -n "$tcdsl_n" ] && [ "$tcdsl_n" -lt "$2" ]; then
-        printf 'tcdsl: interface %s has fewer TX queues than the %s its mq tree uses; give it more (ethtool -L, or numtxqueues for a veth) or use fewer queues; nothing was changed\n' "$1" "$2" >&2
+        printf 'tcdsl: interface %s has fewer TX queues than the %s its mq tree uses (mq needs at least 2); give it more (ethtool -L, or numtxqueues for a veth) or use fewer queues; nothing was changed\n' "$1" "$2" >&2
         exit 1
     fi
 }
