@@ -383,6 +383,14 @@ def test_private_download_addresses_warn_once_per_table(tmp_path: Path) -> None:
     assert [d.span.file for d in quiet.diagnostics if d.code == "W360"] == [str(tmp_path / "p.tcp")]
 
 
+def test_rate_or_ceil_twice_is_an_error(tmp_path: Path) -> None:
+    """As on a class (E014 at the second, a note at the first), not the last one silently."""
+    for twice, column in (("rate min rate max", 46), ("ceil max ceil 1mbit", 46)):
+        body = f'        subscribers from "subs.csv" {twice}\n'
+        found = [(d.code, d.span.line, d.span.column) for d in build(tmp_path, policy(body)).errors]
+        assert found == [("E014", 3, column)], (twice, found)
+
+
 def test_check_exits_1_without_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "subs.csv").write_text(HEADER + "1,a,1,d,n,,1.2.3,,1,1,1,1,\n", encoding="utf-8")
     (tmp_path / "p.tcp").write_text(

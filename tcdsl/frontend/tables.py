@@ -1494,10 +1494,21 @@ def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
                     opt.span,
                 )
             )
-        elif isinstance(opt, Param) and opt.key == "rate":
-            rate = opt
-        elif isinstance(opt, Param) and opt.key == "ceil":
-            ceil = opt
+        elif isinstance(opt, Param) and opt.key in ("rate", "ceil"):
+            first: Param | None = rate if opt.key == "rate" else ceil
+            if first is not None:  # as for a class: the first stands, the second is an error
+                b.error(
+                    Diagnostic.error(
+                        "E014",
+                        f"'{opt.key}' is given twice",
+                        opt.span,
+                        Note("first given here", first.span),
+                    )
+                )
+            elif opt.key == "rate":
+                rate = opt
+            else:
+                ceil = opt
         else:
             rest.append(opt)
     params = {k: d for k, d in _class_params("htb").items() if k not in ("rate", "ceil", "mark")}
