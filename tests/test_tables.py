@@ -270,6 +270,23 @@ def test_names_are_made_safe_and_unique(tmp_path: Path) -> None:
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
 
 
+def test_a_suffixed_name_does_not_depend_on_the_rows_order(tmp_path: Path) -> None:
+    """Circuit 'north' meets the written class 'north': its suffix skips 'north_2', which
+    circuit 'north_2' makes itself, whichever row comes first (it took 'north_2' when its row
+    came first, and the other circuit took it otherwise)."""
+    rows = [
+        "north,a,1,d,north,,100.64.0.1,,1,1,10,5,\n",
+        "north_2,a,2,d,north,,100.64.0.2,,1,1,10,5,\n",
+        "other,a,3,d,north,,100.64.0.3,,1,1,10,5,\n",
+    ]
+    body = '        class north rate 10mbit {\n            subscribers from "subs.csv"\n        }\n'
+    for order in (rows, rows[::-1]):
+        made = ok(build(tmp_path, policy(body), HEADER + "".join(order)))
+        by_cell = {c.span.line: c.name for c in classes(made).values() if c.from_table}
+        # the header is line 1: row r is on line 2 + its place
+        assert [by_cell[2 + order.index(r)] for r in rows] == ["north_3", "north_2", "other_2"]
+
+
 def test_a_name_depends_on_its_circuit_id_alone(tmp_path: Path) -> None:
     """A subscriber keeps its class name (its class, its counters) whatever other rows come
     and go: ids that make the same name are told apart by a digest of the id, not by their

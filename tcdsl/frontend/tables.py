@@ -1097,6 +1097,7 @@ def expand_tree(
     mark``, whose fw filters' pref is that of the lines without one. ``family``: the tree's,
     whose addresses alone its classes match (W363 once for what that leaves out)."""
     expander = _Expander(b, direction, device, _class_names(b, qdisc), family)
+    expander.reserved = _circuit_names(b, qdisc)
     result = expander.walk(qdisc)
     for syn, left in expander.left_out:
         b.reader.diagnostics.append(_other_family(syn, left, family))
@@ -1153,12 +1154,25 @@ def _taken_twice(
     )
 
 
-def _class_names(b: Builder, qdisc: ir.Qdisc) -> set[str]:
-    """The names of the classes written in the tree of ``qdisc`` (and in a tree an mq of it
-    spreads once expanded)."""
+def _tree_classes(b: Builder, qdisc: ir.Qdisc) -> Iterator[ir.Class]:
+    """The classes of the tree of ``qdisc`` (and of a tree an mq of it spreads once
+    expanded), the statements' stand-ins among them."""
     trees = [qdisc]
     trees += [b.unspread[id(q)][1] for q in ir.walk_qdiscs(qdisc) if id(q) in b.unspread]
-    return {c.name for t in trees for q in ir.walk_qdiscs(t) for c in ir.classes_of(q) if c.name}
+    return (c for t in trees for q in ir.walk_qdiscs(t) for c in ir.classes_of(q))
+
+
+def _class_names(b: Builder, qdisc: ir.Qdisc) -> set[str]:
+    """The names of the classes written in the tree of ``qdisc``."""
+    return {c.name for c in _tree_classes(b, qdisc) if c.name}
+
+
+def _circuit_names(b: Builder, qdisc: ir.Qdisc) -> set[str]:
+    """The names of the circuits the statements of the tree of ``qdisc`` take, as their ids
+    make them: a circuit whose name a written class has takes a suffix none of them has, so
+    that which one comes first in the table changes no subscriber's name."""
+    stand_ins = (b.pending.get(id(c)) for c in _tree_classes(b, qdisc) if not c.name)
+    return {row.circuit.name for found in stand_ins if found for row in found[1].syntax.rows}
 
 
 class _Expander:
@@ -1180,6 +1194,8 @@ class _Expander:
         self.taken: dict[str, tuple[Table, set[int], list[SubscribersSyntax]]] = {}
         self.names = names
         """The class names of the tree: the written ones, then each subscriber's."""
+        self.reserved: set[str] = set()
+        """The names the tree's circuits' ids make (no suffix takes one)."""
         self.made: dict[int, Circuit] = {}
         """The subscribers' classes (by id) and their circuits."""
         self.circuits: dict[int, SubscribersSyntax] = {}
@@ -1204,7 +1220,7 @@ class _Expander:
             return None
         self.circuits[id(circuit)] = syn
         name, n = circuit.name, 1
-        while name in self.names:
+        while name in self.names or (n > 1 and name in self.reserved):
             n += 1
             name = f"{circuit.name}_{n}"
         self.names.add(name)
