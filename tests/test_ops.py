@@ -296,6 +296,20 @@ def test_classify_says_when_the_live_files_changed(tcdsl: Tcdsl, host: HostSuppo
     assert "p.tcp changed since" in edited.err and "not what the kernel does" in edited.err
 
 
+def test_a_failed_first_apply_says_what_it_could_not_restore(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """A first apply replaces an old script's root qdisc (no state) and fails: what it built
+    is removed, and the message says the old qdisc is gone rather than that all was restored."""
+    tcdsl.tc("qdisc", "add", "dev", "d0", "root", "handle", "9:", "tbf", "rate", "1mbit",
+             "burst", "10k", "latency", "50ms")  # fmt: skip
+    _tc_failing_on_limit_30(tcdsl)
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", A.replace("limit 20", "limit 30")))
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    assert "but not the tbf qdisc 9: on d0, which no tcdsl state kept" in failed.err, failed
+    assert "tbf" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+
+
 def test_down_does_not_compile_the_live_policy_again(tcdsl: Tcdsl, host: HostSupport) -> None:
     """'down' removes what the record says the policy built, even when its saved text no
     longer compiles."""

@@ -50,6 +50,9 @@ class ApplyFailed(Exception):
         self.in_place = in_place
         """Restored by undoing the change in place (the trees and counters kept), not by
         building the old policy again."""
+        self.lost: tuple[str, ...] = ()
+        """What the change replaced that no state kept (an old script's root qdisc): gone,
+        whatever the restore did."""
 
 
 SETTLE_WAITS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0)

@@ -106,6 +106,9 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
         if e.restored
         else "restoring the previous state failed too"
     )
+    if e.lost:
+        # an old script's qdisc the apply replaced: no state says how to build it again
+        then += f", but not the {', '.join(e.lost)}, which no tcdsl state kept: build it again"
     name = f.origin.what if f.origin is not None else "the change"
     span = f.origin.span if f.origin is not None else None
     _fail(FAILED, f"{f.command!r} failed for {name}: {f.message}; {then}", span, sources)

@@ -625,6 +625,12 @@ def apply(
         store.finish()  # the old policy was built again
         if failed.restored and prepared.applied is not None:
             _remember_restored(store, prepared.applied.generation, prepared.live)
+        # a tree the plan said it replaces (no state): its teardown ran, no record rebuilds it
+        failed.lost = tuple(
+            c.text.split(": replaces the ", 1)[1].removesuffix(" (no state)")
+            for c in prepared.plan.changes
+            if c.sign == "!" and c.text.endswith("(no state)") and ": replaces the " in c.text
+        )
         raise
     previous = prepared.applied.generation if prepared.applied is not None else None
     applied = store.record(path, sources, _devices(new), ids)
