@@ -5,7 +5,6 @@ that failed at its policy line.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import subprocess
 import time
@@ -126,7 +125,7 @@ def apply_policy(
         if made is not None:
             inverse, settled = made
             run_plan(
-                dataclasses.replace(inverse, steps=[replace(s, force=True) for s in inverse.steps]),
+                replace(inverse, steps=[replace(s, force=True) for s in inverse.steps]),
                 again,
             )
             if settled():

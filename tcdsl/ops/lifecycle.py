@@ -565,7 +565,7 @@ def _foreign(
     for tree in new:
         if tree.label in known:
             continue
-        iface = tree.iface if tree.iface is not None or ifaces is None else ifaces(tree.label)
+        iface = tree.iface or (ifaces(tree.label) if ifaces is not None else None)
         if iface is None or iface.download is not None:
             continue
         where = "ingress" if iface.direction == "ingress" else "root"
@@ -576,6 +576,7 @@ def _foreign(
             if change.sign == "+" and change.text == f"tree {iface.label}":
                 text = f"tree {iface.label}: replaces the {shown} on {iface.name} (no state)"
                 plan.changes[n] = Change("!", text, change.span)
+                plan.replaced.append(f"{shown} on {iface.name}")
 
 
 def _nothing() -> ir.Policy:
@@ -625,12 +626,8 @@ def apply(
         store.finish()  # the old policy was built again
         if failed.restored and prepared.applied is not None:
             _remember_restored(store, prepared.applied.generation, prepared.live)
-        # a tree the plan said it replaces (no state): its teardown ran, no record rebuilds it
-        failed.lost = tuple(
-            c.text.split(": replaces the ", 1)[1].removesuffix(" (no state)")
-            for c in prepared.plan.changes
-            if c.sign == "!" and c.text.endswith("(no state)") and ": replaces the " in c.text
-        )
+        # what the plan replaced that no state kept: its teardown ran, no record rebuilds it
+        failed.lost = tuple(prepared.plan.replaced)
         raise
     previous = prepared.applied.generation if prepared.applied is not None else None
     applied = store.record(path, sources, _devices(new), ids)

@@ -91,6 +91,8 @@ class Plan:
     """What differs between the kernel and the policy live now (changed by hand)."""
     notes: list[Change] = field(default_factory=list)
     """What changed in the kernel that the policy does not say (no drift: apply keeps it)."""
+    replaced: list[str] = field(default_factory=list)
+    """Root qdiscs no state records that a new tree replaces (``tbf qdisc 9: on eth0``)."""
 
     @property
     def empty(self) -> bool:
