@@ -28,6 +28,7 @@ from tcdsl.commands import (
     SCRIPT_FAILED,
     SCRIPT_UNMARK,
     TOO_FEW_QUEUES,
+    TOO_MANY_QUEUES,
     Command,
     batch_line,
     chain_teardown,
@@ -202,6 +203,11 @@ class ShellBackend(Backend):
         marking = any(v.chain for v in views)
         families = {f for i in policy.interfaces for f in mark_families(i)} if not nft else set()
         needs = [(MARK_TOOL[f], _NEEDED_FOR[f]) for f in ir.FAMILIES if f in families]
+        queues = [
+            (i.name, n, ir.spread_queues(i))
+            for i in policy.interfaces
+            if (n := ir.tx_queues_used(i))
+        ]
         return (
             template_env()
             .get_template("shell.sh.j2")
@@ -212,7 +218,9 @@ class ShellBackend(Backend):
                 failed=SCRIPT_FAILED,
                 no_interface=NO_INTERFACE,
                 too_few_queues=TOO_FEW_QUEUES,
-                queues=[(i.name, n) for i in policy.interfaces if (n := ir.tx_queues_used(i))],
+                too_many_queues=TOO_MANY_QUEUES,
+                queues=queues,
+                spread=any(spread for _, _, spread in queues),
                 no_tool=NO_TOOL,
                 needs=needs,
                 mark_tools=tuple(MARK_TOOL.values()),

@@ -1004,6 +1004,13 @@ TOO_FEW_QUEUES = (
 )
 """What the script prints (a printf format: the device, the number of queues) when the
 device has fewer TX queues than its mq tree uses."""
+TOO_MANY_QUEUES = (
+    "tcdsl: interface %s has %s TX queues in use, more than the %s its mq tree is spread "
+    "over: what no line matches could leave by one of the others, unshaped; use %s "
+    "(ethtool -L) or spread the tree over more queues; nothing was changed"
+)
+"""What the script prints (a printf format: the device, the queues in use, the tree's
+queues twice) when the device has more TX queues in use than a spread tree shapes."""
 NO_TOOL = "tcdsl: %s is missing, and this policy needs it %s; nothing was changed"
 """What the script prints (a printf format: the tool, why) when a tool it marks with is
 missing."""

@@ -1130,6 +1130,17 @@ def tx_queues_used(iface: Interface) -> int:
     return max(2, max((q.number for q in root.queues), default=0))
 
 
+def spread_queues(iface: Interface) -> int:
+    """The N of ``mq queues N``: how many TX queues a spread tree shapes, and so the most
+    the device may have in use (a packet no steering filter sends stays on the queue the
+    kernel picks; past the tree's, it meets the kernel's default qdisc); 0 for a tree
+    written queue by queue, or no mq."""
+    root = iface.root
+    if not isinstance(root, Mq) or root.shards is None:
+        return 0
+    return root.shards.value
+
+
 def queue_tops(q: Qdisc) -> tuple[Class, ...]:
     """The top-level classes of an mq queue's qdisc: below its link class, if it has one
     (a spread tree's queues have the tree's)."""

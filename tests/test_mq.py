@@ -405,6 +405,29 @@ interface eth0 mq {
 """
 
 
+def _on_a_veth(tmp_path: Path, text: str, how: str, queues: int) -> str:
+    """What applying ``text`` (``how``: ``apply``, or its compiled script) on a veth eth0 of
+    ``queues`` TX queues whose root is an htb 7: says, followed by ``rc=N`` and the qdiscs
+    after; in a namespace of its own with /sys mounted there, as `ip netns exec` does."""
+    tcdsl = Path(sys.executable).parent / "tcdsl"
+    (tmp_path / "p.tcp").write_text(text)
+    run = f"{tcdsl} apply --yes p.tcp" if how == "apply" else "sh p.sh"
+    if how == "script":
+        done = subprocess.run([tcdsl, "compile", tmp_path / "p.tcp", "-o", tmp_path / "p.sh"])
+        assert done.returncode == 0
+    script = (
+        f"mount -t sysfs sysfs /sys && cd {tmp_path} && "
+        f"export TCDSL_STATE_DIR={tmp_path}/s{queues} TCDSL_LOCK_DIR={tmp_path} && "
+        f"ip link add name eth0 numtxqueues {queues} type veth peer name peer0 && "
+        "ip link set dev eth0 up && tc qdisc add dev eth0 root handle 7: htb && "
+        f"{{ {run}; echo rc=$?; }} && tc qdisc show dev eth0"
+    )
+    done = subprocess.run(
+        ["unshare", "-n", "-m", "sh", "-c", script], capture_output=True, text=True
+    )
+    return done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("how", ["apply", "script"])
 @pytest.mark.parametrize(
     ("text", "cases"),
@@ -420,22 +443,8 @@ def test_too_few_tx_queues_are_refused_before_any_change(
     why = _host_can_mq()
     if why is not None:
         pytest.skip(why)
-    (tmp_path / "four.tcp").write_text(text)
-    tcdsl = Path(sys.executable).parent / "tcdsl"
-    run = f"{tcdsl} apply --yes four.tcp" if how == "apply" else "sh four.sh"
-    if how == "script":
-        done = subprocess.run([tcdsl, "compile", tmp_path / "four.tcp", "-o", tmp_path / "four.sh"])
-        assert done.returncode == 0
     for queues, refused in cases:
-        script = (
-            f"cd {tmp_path} && export TCDSL_STATE_DIR={tmp_path}/s{queues} "
-            f"TCDSL_LOCK_DIR={tmp_path} && "
-            f"ip link add name eth0 numtxqueues {queues} type veth peer name peer0 && "
-            "ip link set dev eth0 up && tc qdisc add dev eth0 root handle 7: htb && "
-            f"{{ {run}; echo rc=$?; }} && tc qdisc show dev eth0"
-        )
-        done = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True)
-        said = done.stdout + done.stderr
+        said = _on_a_veth(tmp_path, text, how, queues)
         if refused:
             assert "rc=1" in said and "fewer" in said and "nothing was changed" in said, said
             assert "qdisc htb 7: root" in said and "qdisc mq" not in said, said
@@ -445,6 +454,50 @@ def test_too_few_tx_queues_are_refused_before_any_change(
             assert "rc=0" in said and "qdisc mq 1: root" in said, said
             if text == FOUR:
                 assert "qdisc pfifo" in said and "parent 1:4" in said, said
+
+
+@pytest.mark.parametrize("how", ["apply", "script"])
+def test_more_tx_queues_in_use_than_a_spread_tree_are_refused(tmp_path: Path, how: str) -> None:
+    """A tree spread over 4 queues on a device with 8 in use: what no line matches could
+    leave by queues 5-8, unshaped, so `tcdsl apply` (E602) and the script refuse before
+    touching the device; with 4 in use both go past that check."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    for queues, refused in ((8, True), (4, False)):
+        said = _on_a_veth(tmp_path, AUTO, how, queues)
+        if refused:
+            assert "rc=1" in said and "nothing was changed" in said, said
+            assert "eth0 has 8 TX queues in use, more than the 4" in said, said
+            assert "qdisc htb 7: root" in said and "qdisc mq" not in said, said
+            if how == "apply":
+                assert "[E602]" in said and "write 'mq queues 8'" in said, said
+        else:  # past the queue check (the host's kernel may then lack act_skbedit: E604)
+            assert "TX queues in use" not in said, said
+            assert "rc=0" in said or "[E604]" in said or "action module" in said, said
+
+
+def test_queues_in_use_are_read_only_from_the_namespaces_own_sys() -> None:
+    """In a network namespace whose /sys is still the host's, /sys/class/net/eth0 is another
+    device (or none): the queues in use are unknown (None), not that device's; with /sys
+    mounted in the namespace they are read."""
+    if _host_can_mq() is not None:
+        pytest.skip(_host_can_mq())
+    code = (
+        "from tcdsl.ops.live import tx_queue_count; "
+        "print(tx_queue_count('eth0'), tx_queue_count('nosuch0'))"
+    )
+    made = "ip link add name eth0 numtxqueues 6 type veth peer name peer0 numtxqueues 6"
+    for mount, said in (
+        ("", "(6, None) (None, None)"),
+        ("mount -t sysfs sysfs /sys && ", "(6, 6) (None, None)"),
+    ):
+        done = subprocess.run(
+            ["unshare", "-n", "-m", "sh", "-c", f'{mount}{made} && {sys.executable} -c "{code}"'],
+            capture_output=True,
+            text=True,
+        )
+        assert done.stdout.strip() == said, done.stdout + done.stderr
 
 
 def test_import_says_it_cannot_write_an_mq_tree(tmp_path: Path) -> None:

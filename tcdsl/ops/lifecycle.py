@@ -428,16 +428,26 @@ def missing_devices(policy: ir.Policy) -> list[str]:
 
 def short_of_queues(policy: ir.Policy) -> list[str]:
     """What is wrong with each device that has fewer TX queues than its mq tree uses (mq
-    gives it a class per queue it has: a queue's tree beyond them has nowhere to go)."""
+    gives it a class per queue it has: a queue's tree beyond them has nowhere to go), or more
+    in use than a spread tree shapes (what no steering filter sends there would leave
+    unshaped)."""
     out = []
     for iface in policy.interfaces:
         used = ir.tx_queues_used(iface)
-        have = tx_queue_count(iface.name) if used else None
+        have, in_use = tx_queue_count(iface.name) if used else (None, None)
         if have is not None and have < used:
             out.append(
                 f"{iface.name} has {have} TX queue{'s' if have != 1 else ''}, fewer than the "
                 f"{used} its mq tree uses (mq needs at least 2): give it more (ethtool -L "
                 f"{iface.name} combined {used}; numtxqueues for a veth) or use fewer queues"
+            )
+        spread = ir.spread_queues(iface)
+        if spread and in_use is not None and in_use > spread:
+            out.append(
+                f"{iface.name} has {in_use} TX queues in use, more than the {spread} its mq "
+                f"tree is spread over: what no line matches could leave by one of the others, "
+                f"unshaped; write 'mq queues {in_use}', or use {spread} (ethtool -L "
+                f"{iface.name} combined {spread})"
             )
     return out
 

@@ -45,19 +45,34 @@ def device_exists(name: str) -> bool:
     return done.returncode == 0
 
 
-def tx_queue_count(name: str) -> int | None:
+def tx_queue_count(name: str) -> tuple[int | None, int | None]:
     """How many TX queues the device has, as the kernel tells this namespace (``ip -d``'s
-    ``num_tx_queues``; not /sys, which shows the namespace it was mounted in); None when
-    that cannot be read."""
+    ``num_tx_queues``), and how many of them are in use (``real_num_tx_queues``: the
+    ``queues/tx-N`` of /sys, which shows the namespace it was mounted in, so read only when
+    its device has this one's index and address); None for what cannot be read."""
     done = subprocess.run(
         ["ip", "-d", "-j", "link", "show", "dev", name], capture_output=True, text=True,
         check=False, env=_C,
     )  # fmt: skip
     try:
-        count = json.loads(done.stdout)[0]["num_tx_queues"] if done.returncode == 0 else None
+        link = json.loads(done.stdout)[0] if done.returncode == 0 else {}
     except (ValueError, LookupError, TypeError):
+        return None, None
+    count = link.get("num_tx_queues")
+    return (count if isinstance(count, int) else None), _in_use(name, link)
+
+
+def _in_use(name: str, link: dict[str, object]) -> int | None:
+    sys = f"/sys/class/net/{name}"
+    try:
+        with open(f"{sys}/ifindex") as index, open(f"{sys}/address") as address:
+            same = (int(index.read()), address.read().strip()) == (
+                link.get("ifindex"),
+                link.get("address", ""),
+            )
+        return sum(q.startswith("tx-") for q in os.listdir(f"{sys}/queues")) if same else None
+    except (OSError, ValueError):
         return None
-    return count if isinstance(count, int) else None
 
 
 def live_qdisc(device: str, where: str) -> str | None:

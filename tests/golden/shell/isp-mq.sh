@@ -32,6 +32,19 @@ tcdsl_queues() {
         printf 'tcdsl: interface %s has fewer TX queues than the %s its mq tree uses (mq needs at least 2); give it more (ethtool -L, or numtxqueues for a veth) or use fewer queues; nothing was changed\n' "$1" "$2" >&2
         exit 1
     fi
+    # A tree spread over $3 queues: no more in use (/sys's tx-N, read when /sys shows this
+    # namespace's device: the same index and address as ip's)
+    [ -n "$3" ] || return 0
+    tcdsl_i=$(ip -o link show dev "$1" 2>/dev/null | sed -n 's/^\([0-9][0-9]*\):.* link\/[a-z]* \([0-9a-f:]*\).*/\1 \2/p')
+    [ "$tcdsl_i" = "$(cat /sys/class/net/"$1"/ifindex 2>/dev/null) $(cat /sys/class/net/"$1"/address 2>/dev/null)" ] || return 0
+    tcdsl_n=0
+    for tcdsl_q in /sys/class/net/"$1"/queues/tx-*; do
+        [ -e "$tcdsl_q" ] && tcdsl_n=$((tcdsl_n + 1))
+    done
+    if [ "$tcdsl_n" -gt "$3" ]; then
+        printf 'tcdsl: interface %s has %s TX queues in use, more than the %s its mq tree is spread over: what no line matches could leave by one of the others, unshaped; use %s (ethtool -L) or spread the tree over more queues; nothing was changed\n' "$1" "$tcdsl_n" "$3" "$3" >&2
+        exit 1
+    fi
 }
 tcdsl_unmark() {
     # Remove mangle chain $1 and every jump into it from PREROUTING, OUTPUT, POSTROUTING, FORWARD, INPUT;
@@ -52,7 +65,7 @@ tcdsl_unmark() {
 # Check before changing anything: every interface the policy shapes exists (with
 # the TX queues its mq tree uses).
 tcdsl_exists isp0
-tcdsl_queues isp0 4
+tcdsl_queues isp0 4 4
 
 # ==== interface isp0 ====
 tcdsl_at=
