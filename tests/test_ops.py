@@ -476,6 +476,32 @@ def test_plan_words(tmp_path: Path) -> None:
     assert trees_from_json({"format": 0, "trees": []}) is None
 
 
+def test_a_plan_counts_its_changes_and_names_each_trees_classes(tmp_path: Path) -> None:
+    """The last line counts the changes by sign and kind; a leaf qdisc is named by its class;
+    a filter by the class of its own tree (d0's 1:10 and d1's 1:10 are other classes)."""
+    old = _policy(tmp_path, "a.tcp", A)
+    text = _plan(old, _policy(tmp_path, "b.tcp", B, pins_of(old))).render()
+    assert "~ qdisc pfifo of class bulk: limit 20 -> 30" in text, text
+    assert text.endswith(
+        "\nplan: 2 to add (1 class, 1 filter), 2 to change (1 class, 1 qdisc)\n"
+    ), text
+    gone = _policy(
+        tmp_path,
+        "c.tcp",
+        A.replace("    class web rate 3mbit ceil 8mbit match dport 80, 443\n", ""),
+        pins_of(old),
+    )
+    assert _plan(old, gone).render().endswith("\nplan: 7 to remove (1 class, 6 filters)\n")
+    rebuilt = _policy(tmp_path, "d.tcp", A.replace("default bulk", "default web"))
+    assert _plan(old, rebuilt).render().endswith("\nplan: 1 to replace (1 tree)\n")
+    two = A + A.replace("d0", "d1").replace("voip", "phone").replace("web", "www")
+    old = _policy(tmp_path, "e.tcp", two)
+    new = _policy(tmp_path, "f.tcp", two.replace("5001\n    class web", "5002\n    class web"))
+    text = _plan(old, new).render()
+    assert "+ filter voip (match ip dport 5002 0xffff)" in text, text
+    assert "phone" not in text, text
+
+
 def test_a_new_class_takes_no_live_leafs_handle(tmp_path: Path) -> None:
     """Past 999 classes, class ids and leaf handles come from pools; a class added early in
     the policy must not take a handle a live leaf qdisc has (the plan would add a qdisc under

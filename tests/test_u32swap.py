@@ -86,13 +86,17 @@ def test_the_plan_of_a_swap_reads_as_the_lines_that_change(tmp_path: Path) -> No
     added = [f"+ filter {n} (match ip dst {addr})" for n, addr in SAME_BUCKET[:34]]
     assert [line for line in lines if line.startswith(("+ filter", "- filter"))] == added
     assert lines.count("+ hash table (divisor 256)") == 1
-    assert [line for line in lines if "hash link" in line] == [
+    assert [line for line in lines[:-1] if "hash link" in line] == [
         "+ hash link (hashkey mask 0x0000ff00 at 16)"
     ]
     swap = "~ filters of d0 1: protocol ip pref 1: its hash tables are made again"
     assert lines.count(f"{swap}, a copy at pref 2 meanwhile") == 1
     assert not any("ht " in line or "10.0.0." in line for line in lines), text
-    assert len(lines) == 34 + 34 + 3  # the classes, their lines, table, link and swap
+    assert len(lines) == 34 + 34 + 3 + 1  # the classes, their lines, table, link, swap, sum
+    assert lines[-1] == (
+        "plan: 70 to add (34 classes, 34 filters, 1 hash link, 1 hash table), "
+        "1 to change (1 filter group)"
+    )
 
 
 def test_lines_only_reordered_read_as_one_line(tmp_path: Path) -> None:
@@ -109,6 +113,7 @@ def test_lines_only_reordered_read_as_one_line(tmp_path: Path) -> None:
         "+ class z",
         "+ filter z (match ip dst 10.0.0.99)",
         "~ filters of d0 1: protocol ip pref 1: 4 line(s) tried in another order",
+        "plan: 2 to add (1 class, 1 filter), 1 to change (1 filter group)",
     ]
 
 

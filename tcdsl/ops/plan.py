@@ -44,6 +44,10 @@ from tcdsl.ops.u32nodes import node_changes
 from tcdsl.ops.u32swap import TABLE_IDS, Swaps, at_pref, is_u32, pref_deletion, table_ids
 
 Sign = Literal["+", "~", "-", "!"]
+Names = tuple[Mapping[str, str], Mapping[str, str]]
+"""A tree's class names (class id -> name) in the old policy and in the new one: a class id
+is a tree's own (another tree's 1:10 is another class), and may name another class after a
+change."""
 Tool = Literal["tc", "ip", "iptables", "ip6tables"]
 
 
@@ -100,10 +104,50 @@ class Plan:
         return not self.changes
 
     def render(self) -> str:
-        """The plan as text: drift first, then the changes, or that there are none."""
+        """The plan as text: drift first, then the changes and their count, or that there
+        are none."""
         lines = [c.render() for c in [*self.drift, *self.notes]]
         lines += [c.render() for c in self.changes] or ["no changes"]
+        if self.changes:
+            lines.append(self.summary())
         return "\n".join(lines) + "\n"
+
+    def summary(self) -> str:
+        """``plan: 2 to add (1 class, 1 filter), 300 to remove (100 classes, 200 filters)``:
+        the changes counted by sign, and by what they change (a table of thousands of rows
+        makes a plan of thousands of lines)."""
+        parts = []
+        for sign, verb in _SIGNS:
+            kinds = Counter(_kind(c.text) for c in self.changes if c.sign == sign)
+            if kinds:
+                named = ", ".join(
+                    f"{n} {_KINDS[k][n != 1]}" for k, n in sorted(kinds.items()) if k in _KINDS
+                )
+                total = sum(kinds.values())
+                parts.append(f"{total} {verb}" + (f" ({named})" if named else ""))
+        return f"plan: {', '.join(parts)}"
+
+
+_SIGNS: tuple[tuple[Sign, str], ...] = (
+    ("+", "to add"), ("~", "to change"), ("-", "to remove"), ("!", "to replace"),
+)  # fmt: skip
+_KINDS = {
+    "class": ("class", "classes"),
+    "filter": ("filter", "filters"),
+    "filters": ("filter group", "filter groups"),
+    "qdisc": ("qdisc", "qdiscs"),
+    "tree": ("tree", "trees"),
+    "police": ("police action", "police actions"),
+    "marking": ("marking", "markings"),
+    "hash table": ("hash table", "hash tables"),
+    "hash link": ("hash link", "hash links"),
+}
+"""What a change's text starts with, and its plural."""
+
+
+def _kind(text: str) -> str:
+    words = text.split(" ", 2)
+    return " ".join(words[:2]) if words[0] == "hash" else words[0]
 
 
 def _option_diff(old: Sequence[str], new: Sequence[str]) -> str:
@@ -124,10 +168,13 @@ def _option_diff(old: Sequence[str], new: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-def _what(o: Obj) -> str:
-    """The plan's name for an object."""
+def _what(o: Obj, names: Mapping[str, str] | None = None) -> str:
+    """The plan's name for an object (``names``: its tree's class names)."""
     match o.kind:
         case "qdisc":
+            owner = names.get(o.parent or "") if names is not None else None
+            if owner is not None:
+                return f"qdisc {o.qdisc_kind} of class {owner}"
             return f"qdisc {o.dev} {o.parent}: {o.qdisc_kind} ({o.what})"
         case "class":
             return o.what if o.what.startswith("class ") else f"class {o.handle} ({o.what})"
@@ -318,7 +365,7 @@ def _in_place(
     old: dict[Key, Obj],
     new: dict[Key, Obj],
     plan: Plan,
-    names: Mapping[str, str],
+    names: Names,
     swaps: Swaps,
 ) -> tuple[list[Command], list[Command]]:
     """The commands that change one tree in place: (build and change, delete); the swaps of
@@ -336,7 +383,7 @@ def _in_place(
             if n.kind == "class" and n.what in moves:
                 plan.changes.append(Change("~", _move_text(*moves[n.what], names), n.span))
             elif not (n.kind == "qdisc" and n.parent in moved_to):  # a moved class's leaf
-                plan.changes.append(Change("+", _what(n), n.span))
+                plan.changes.append(Change("+", _what(n, names[1]), n.span))
             build += n.commands
         elif o.words != n.words:
             if n.kind == "qdisc" and (
@@ -349,7 +396,7 @@ def _in_place(
                 plan.changes.append(
                     Change(
                         "!",
-                        f"{_what(n)}: {o.qdisc_kind} {o.handle} -> {n.qdisc_kind} "
+                        f"{_what(n, names[1])}: {o.qdisc_kind} {o.handle} -> {n.qdisc_kind} "
                         f"{n.handle} (its subtree is built again)",
                         n.span,
                     )
@@ -367,7 +414,7 @@ def _in_place(
                 replaced |= {s.key for s in below_new} | {s.key for s in below_old}
                 continue
             diff = _option_diff(o.commands[0].args, n.commands[0].args)
-            plan.changes.append(Change("~", f"{_what(n)}: {diff}", n.span))
+            plan.changes.append(Change("~", f"{_what(n, names[1])}: {diff}", n.span))
             change = n.commands[0]
             build.append(
                 Command(
@@ -389,13 +436,13 @@ def _in_place(
             continue
         o = old.get(key)
         if o is None:
-            plan.changes += _filter_changes((), n.commands, names, _what(n))
+            plan.changes += _filter_changes((), n.commands, names, _what(n, names[1]))
             if table_ids(n) & live_ids.get((n.dev, key[2]), set()):
                 swaps.add_late(n)
             else:
                 filters += n.commands
         elif o.words != n.words:
-            plan.changes += _filter_changes(o.commands, n.commands, names, _what(n))
+            plan.changes += _filter_changes(o.commands, n.commands, names, _what(n, names[1]))
             in_tables = node_changes(o, n) if has_u32_tables(o) else None
             if in_tables is not None:
                 filters += in_tables
@@ -404,7 +451,7 @@ def _in_place(
                 copy = _swap(o, n, taken[qdisc], used.setdefault(qdisc, set()), swaps)
                 if copy is not None:
                     why = f"its hash tables are made again, a copy at pref {copy} meanwhile"
-                    plan.changes.append(Change("~", f"{_what(n)}: {why}", n.span))
+                    plan.changes.append(Change("~", f"{_what(n, names[1])}: {why}", n.span))
                 else:
                     # no pref free next to it: deleted and built again (for that moment its
                     # packets meet the prefs after it), its tables deleted with it
@@ -412,7 +459,7 @@ def _in_place(
                         "deleted and built again with its hash tables (no pref free beside "
                         "it for a copy: for that moment its packets meet the prefs after it)"
                     )
-                    plan.changes.append(Change("!", f"{_what(n)}: {why}", n.span))
+                    plan.changes.append(Change("!", f"{_what(n, names[1])}: {why}", n.span))
                     unmade.append(o)
                     swaps.add_late(n)
             else:
@@ -421,7 +468,7 @@ def _in_place(
     for key, o in old.items():
         if key in new or key in replaced or o.kind != "filters":
             continue
-        plan.changes += _filter_changes(o.commands, (), names, _what(o))
+        plan.changes += _filter_changes(o.commands, (), names, _what(o, names[0]))
         if has_u32_tables(o):
             unmade.append(o)
             continue
@@ -450,21 +497,21 @@ def _in_place(
             and o.parent not in removed_classes
             and (o.handle or "").partition(":")[0] not in holding
         ):
-            plan.changes.append(Change("-", _what(o), o.span))
+            plan.changes.append(Change("-", _what(o, names[0]), o.span))
             del_args = ("qdisc", "del", "dev", o.dev, "parent", o.parent or "")
             first.append(Command("tc", del_args, o.span, o.what))
             early.add(o.parent)
     for o in reversed(gone):  # children before parents
         if o.kind == "class":
             if o.handle not in moved_from:
-                plan.changes.append(Change("-", _what(o), o.span))
+                plan.changes.append(Change("-", _what(o, names[0]), o.span))
             delete.append(
                 Command(
                     "tc", ("class", "del", "dev", o.dev, "classid", o.handle or ""), o.span, o.what
                 )
             )
         elif o.kind == "qdisc" and o.parent not in removed_classes and o.parent not in early:
-            plan.changes.append(Change("-", _what(o), o.span))
+            plan.changes.append(Change("-", _what(o, names[0]), o.span))
             delete.append(
                 Command(
                     "tc", ("qdisc", "del", "dev", o.dev, "parent", o.parent or ""), o.span, o.what
@@ -511,11 +558,11 @@ def _sans_ids(args: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _filter_changes(
-    old: Sequence[Command], new: Sequence[Command], names: Mapping[str, str], label: str = ""
+    old: Sequence[Command], new: Sequence[Command], names: Names, label: str = ""
 ) -> list[Change]:
     """The filters a group (``label``) gains, loses or changes, one line each; the lines
     only tried in another order (rows of a table reordered) as one line saying how many."""
-    a, b = [_filter_text(c, names) for c in old], [_filter_text(c, names) for c in new]
+    a, b = [_filter_text(c, names[0]) for c in old], [_filter_text(c, names[1]) for c in new]
     out: list[Change] = []
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -567,9 +614,9 @@ def _class_moves(old: Mapping[Key, Obj], new: Mapping[Key, Obj]) -> dict[str, tu
     }
 
 
-def _move_text(o: Obj, n: Obj, names: Mapping[str, str]) -> str:
+def _move_text(o: Obj, n: Obj, names: Names) -> str:
     """``class c102 moves from north to south: ...``, for a class made again elsewhere."""
-    was, now = (names.get(p or "", p) for p in (o.parent, n.parent))
+    was, now = (m.get(p or "", p) for m, p in zip(names, (o.parent, n.parent), strict=True))
     # the same parent's name under a new id: the parent moved, and this class with it
     where = f"from {was} to {now}" if was != now else f"with {now}"
     return (
@@ -617,7 +664,6 @@ def make_plan(
     whatever changed. A new tree from a state record has no IR: ``ifaces`` gives it by label
     where the plan builds the tree anew (compiling its policy only then)."""
     plan = Plan()
-    names = {k: v for tree in [*old, *new] for k, v in tree.names.items()}
     forced = set(rebuild)
     olds = {t.label: t for t in old}
     old_actions: dict[Key, Obj] = {}
@@ -647,7 +693,7 @@ def make_plan(
             {k: o for k, o in old_objs.items() if o.kind != "action"},
             {k: o for k, o in new_objs.items() if o.kind != "action"},
             plan,
-            names,
+            (before.names, tree.names),
             swaps,
         )
         build += tree_build
