@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, cast
 import click
 
 from tcdsl import __version__, ir
-from tcdsl.allocate import Pins
 from tcdsl.backend import BackendOptions
 from tcdsl.backends import BACKENDS
 from tcdsl.cliutil import (
@@ -44,6 +43,7 @@ from tcdsl.suppress import disable_problem
 from tcdsl.verify import APPLIERS, KERNELS, KernelChoice
 
 if TYPE_CHECKING:  # the teaching tools, the verifier and the live operations load on use
+    from tcdsl.ops.state import Applied
     from tcdsl.teach.report import Run
     from tcdsl.teach.traffic import Flow
     from tcdsl.verify import Verification
@@ -522,29 +522,23 @@ DIRECTION = click.option(
 )
 
 
-def _applied_ids(policy: str) -> Pins:
-    """The class ids ``tcdsl apply`` gave ``policy`` if it is the file live under its name
-    ({} when it is not, or the state cannot be read): a class added before others has the
-    free id apply chose, not the one compiling the policy alone would give it."""
-    from tcdsl.ops.lifecycle import OpsError, live_pins
+def _applied_here(policy: str) -> Applied | None:
+    """The record of ``policy`` if it is the file live under its name (None when it is not,
+    or the state cannot be read)."""
+    from tcdsl.ops.lifecycle import OpsError, applied_from
 
     try:
-        return live_pins(policy, same_file=True)
+        return applied_from(policy)
     except (OSError, ValueError, KeyError, AssertionError, OpsError):  # a damaged record
-        return {}
+        return None
 
 
-def _live_and_changed(policy: str) -> str | None:
-    """A note when ``policy`` is the file live under its name and it (or a table it reads)
-    changed since it was applied: the answer is then not what the kernel does."""
-    from tcdsl.ops.lifecycle import OpsError, applied_elsewhere, changed_since, policy_name
-    from tcdsl.ops.state import Store, valid_name
+def _changed_note(policy: str, applied: Applied) -> str | None:
+    """A note when ``policy``, live as ``applied``, (or a table it reads) changed since it
+    was applied: an answer is then not what the kernel does."""
+    from tcdsl.ops.lifecycle import OpsError, changed_since
 
-    name = policy_name(policy, None)
     try:
-        applied = Store(name).current() if valid_name(name) else None
-        if applied is None or applied_elsewhere(applied, policy):
-            return None
         changed = changed_since(applied)
     except (OSError, ValueError, KeyError, AssertionError, OpsError):
         return None
@@ -603,11 +597,16 @@ def classify_command(
     priomap that decide, in the kernel's order, with their policy lines. No kernel needed."""
     import json
 
+    from tcdsl.ops.lifecycle import stored_pins
     from tcdsl.teach.classify import UnknownInterface, classify, render_text, to_json
     from tcdsl.teach.traffic import Packet
 
-    checked = _policy_or_exit(analyse(policy, pins=_applied_ids(policy)), "classified")
-    note = _live_and_changed(policy)
+    # a class added before others has the free id apply chose, not the one compiling the
+    # policy alone would give it
+    applied = _applied_here(policy)
+    pins = stored_pins(applied)
+    checked = _policy_or_exit(analyse(policy, pins=pins), "classified")
+    note = _changed_note(policy, applied) if applied is not None else None
     if note is not None:
         click.echo(note, err=True)
     verdicts = []

@@ -366,31 +366,30 @@ def applied_elsewhere(applied: Applied, path: str) -> bool:
     return os.path.realpath(applied.where(applied.path)) != os.path.realpath(path)
 
 
-def live_pins(path: str, name: str | None = None, *, same_file: bool = False) -> Pins:
-    """The class ids of the policy live under ``path``'s name ({} when none is), so that a
-    command reading the kernel by the policy's names (``status``) finds what apply made.
-    With ``same_file``, {} too unless the live policy was applied from ``path`` itself."""
+def applied_from(path: str, name: str | None = None) -> Applied | None:
+    """The record of the policy live under ``path``'s name (or ``name``) when it was applied
+    from ``path`` itself; None when none is, or it came from another file."""
     state_name = policy_name(path, name)
     if not valid_name(state_name):
-        return {}
+        return None
     applied = Store(state_name).current()
-    if same_file and (applied is None or applied_elsewhere(applied, path)):
-        return {}
-    return stored_pins(applied)
+    return None if applied is None or applied_elsewhere(applied, path) else applied
+
+
+def live_pins(path: str, name: str | None = None) -> Pins:
+    """The class ids of the policy live under ``path``'s name ({} when none is), so that a
+    command reading the kernel by the policy's names (``status``) finds what apply made."""
+    state_name = policy_name(path, name)
+    return stored_pins(Store(state_name).current()) if valid_name(state_name) else {}
 
 
 def applied_policy(path: str, name: str | None = None) -> tuple[Applied, ir.Policy] | None:
     """The policy live under ``path``'s name (or ``name``) as it was applied (from the
     record's text, its tables too), when it was applied from ``path`` itself; None when not,
     or when the record cannot be read or compiled again."""
-    state_name = policy_name(path, name)
-    if not valid_name(state_name):
-        return None
     try:
-        applied = Store(state_name).current()
-        if applied is None or applied_elsewhere(applied, path):
-            return None
-        return applied, compile_applied(applied)
+        applied = applied_from(path, name)
+        return None if applied is None else (applied, compile_applied(applied))
     except (OpsError, OSError, ValueError, KeyError):
         return None
 
