@@ -1096,8 +1096,8 @@ def expand_tree(
     the tree reads that none of its statements takes. ``marking``: the tree's ``classify by
     mark``, whose fw filters' pref is that of the lines without one. ``family``: the tree's,
     whose addresses alone its classes match (W363 once for what that leaves out)."""
-    expander = _Expander(b, direction, device, _class_names(b, qdisc), family)
-    expander.reserved = _circuit_names(b, qdisc)
+    names, reserved = _class_names(b, qdisc), _circuit_names(b, qdisc)
+    expander = _Expander(b, direction, device, names, reserved, family)
     result = expander.walk(qdisc)
     for syn, left in expander.left_out:
         b.reader.diagnostics.append(_other_family(syn, left, family))
@@ -1186,6 +1186,7 @@ class _Expander:
         direction: Direction | None,
         device: str,
         names: set[str],
+        reserved: set[str],
         family: ir.FamilySpec | None = None,
     ) -> None:
         self.b, self.direction, self.device, self.family = b, direction, device, family
@@ -1194,7 +1195,7 @@ class _Expander:
         self.taken: dict[str, tuple[Table, set[int], list[SubscribersSyntax]]] = {}
         self.names = names
         """The class names of the tree: the written ones, then each subscriber's."""
-        self.reserved: set[str] = set()
+        self.reserved = reserved
         """The names the tree's circuits' ids make (no suffix takes one)."""
         self.made: dict[int, Circuit] = {}
         """The subscribers' classes (by id) and their circuits."""
