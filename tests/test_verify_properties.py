@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shlex
 import tempfile
 import time
 from collections.abc import Iterable
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tcdsl.diagnostics import Diagnostic, Severity, render
 from tcdsl.verify import verifier
@@ -286,3 +288,17 @@ def test_generated_policies_agree_with_user_mode_linux(tmp_path: Path) -> None:
     )
     assert all(v.kernel and v.kernel.startswith("user-mode Linux") for v in results)
     _covers("uml", (p.text for p in policies))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=" \t\r\n\x0b\xa0#'\"\\$ab1:", max_size=30))
+def test_shell_words_split_as_shlex(line: str) -> None:
+    """A command's words for matching a step to its policy line: shlex's, also on the quick
+    path for lines with nothing quoted (blanks are only space, tab and line ends)."""
+    from tcdsl.verify.compare import shell_words
+
+    try:
+        expected = " ".join(shlex.split(line))
+    except ValueError:
+        expected = line.strip()
+    assert shell_words(line) == expected

@@ -462,13 +462,19 @@ class _Builder:
     sources: Mapping[str, str]
     qdiscs: list[ExpectedQdisc] = field(default_factory=list)
     classes: list[ExpectedClass] = field(default_factory=list)
+    lines: dict[str, list[str]] = field(default_factory=dict)
+    """Each source's lines, split once (split per value, 10,000 classes took 15 s)."""
 
     def written(self, span: Span) -> str | None:
         """The policy's text at ``span`` (one line), if the sources are at hand."""
-        text = self.sources.get(span.file)
-        if text is None or span.end_line != span.line:
+        if span.end_line != span.line:
             return None
-        lines = text.splitlines()
+        lines = self.lines.get(span.file)
+        if lines is None:
+            text = self.sources.get(span.file)
+            if text is None:
+                return None
+            lines = self.lines[span.file] = text.splitlines()
         if not 1 <= span.line <= len(lines):
             return None
         return lines[span.line - 1][span.column - 1 : span.end_column - 1].strip() or None

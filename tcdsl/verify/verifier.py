@@ -218,11 +218,7 @@ def _map_origins(
         key = (file, int(line), int(column))
         span = known.get(key, Span(file, key[1], key[2], key[1], key[2] + 1))
         command = f"tc {batch[int(number) - 1]}"
-        try:
-            words = " ".join(shlex.split(command))
-        except ValueError:
-            words = command
-        out.append(Origin(command, words, span, what))
+        out.append(Origin(command, compare.shell_words(command), span, what))
     return out
 
 
@@ -239,10 +235,7 @@ def _name_batch_failure(outcome: compare.ApplyOutcome, batch: Sequence[str]) -> 
         for said in step.stderr:
             m = _BATCH_FAILED.search(said)
             if m is not None and 0 < int(m["line"]) <= len(batch):
-                try:
-                    step.command = " ".join(shlex.split(f"tc {batch[int(m['line']) - 1]}"))
-                except ValueError:
-                    step.command = f"tc {batch[int(m['line']) - 1]}"
+                step.command = compare.shell_words(f"tc {batch[int(m['line']) - 1]}")
                 step.stderr = [x for x in step.stderr if x is not said]
                 return
 
