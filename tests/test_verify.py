@@ -1101,6 +1101,58 @@ def test_failure_and_warning_are_reported_at_their_commands() -> None:
     ]
 
 
+def test_a_failure_in_the_scripts_batch_form_is_named_by_its_batch_line() -> None:
+    """The batch form (verify's for big policies): tc names the failed line of its heredoc
+    (``Command failed -:12``), which the script prints; the failure is reported at that
+    line's policy text. The stderr is a real failing run's (sch_sfq missing on the host)."""
+    result = compile_policy("policies/office.tcp")
+    assert result.policy is not None and result.output is not None
+    expected = expected_policy(result.policy)
+    origins = compare.script_origins(result.output, expected.spans())
+    per_command = compare.script_origins(_compile("policies/office.tcp").output or "")
+    assert [o.words for o in origins] == [o.words for o in per_command]
+    assert [(o.span.line, o.what) for o in origins] == [(o.span.line, o.what) for o in per_command]
+    batches = compare.script_batches(result.output)
+    batched = [f"tc {line}" for line in batches[0] if not line.startswith("#")]
+    assert len(batches) == 1 and batched == [o.command for o in origins][-len(batched) :]
+    assert batches[0][11] == "qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10"
+    told = "Error: Specified qdisc kind is unknown.\nCommand failed -:12\n"
+    stderr = (
+        "+tcdsl+ tc qdisc del dev eth0 root\n+tcdsl+ true\n+tcdsl+ tc -batch -\n"
+        f"+tcdsl+ tcdsl_said={told}+tcdsl+ printf %s\\n {told}{told}"
+        "+tcdsl+ tcdsl_line=12\n+tcdsl+ tcdsl_at=policies/office.tcp:8:9: sfq qdisc of 1:10\n"
+        "+tcdsl+ exit 1\n+tcdsl+ tcdsl_failed\n"
+    )
+    outcome = runner.apply_outcome(
+        runner.sections(
+            "@@tcdsl@@ begin apply-stdout\n\n@@tcdsl@@ end apply-stdout 1\n"
+            f"@@tcdsl@@ begin apply-stderr\n{stderr}\n@@tcdsl@@ end apply-stderr 1\n"
+        )
+    )
+    assert outcome is not None and outcome.failed
+    verifier._name_shell_batch_failure(outcome, batches)
+    assert outcome.steps[-1].command == (
+        "tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10"
+    )
+    assert _lines(compare.apply_diagnostics(outcome, origins, expected.interfaces[0].span)) == [
+        "policies/office.tcp:8:9: error: the kernel lacks the sfq qdisc (sch_sfq); tc said: "
+        "Error: Specified qdisc kind is unknown. [E405]",
+    ]
+
+
+def test_a_big_policy_is_verified_in_the_scripts_batch_form(no_stray_namespaces: None) -> None:
+    """From ``batch_from`` commands on, verify applies the script as it is generated (one tc
+    -batch): the kernel agrees, every object located."""
+    lacks = _host_lacks(TOS_HTB)
+    if lacks:
+        pytest.skip(lacks)
+    v = verifier.verify_many([TOS_HTB], kernel="host", batch_from=1)[0]
+    assert v.ok, _lines(v.diagnostics)
+    assert v.script is not None and "tc -batch - 2>&1 <<'" in v.script
+    small = verifier.verify_many([TOS_HTB], kernel="host")[0]
+    assert small.ok and small.script is not None and "tc -batch -" not in small.script
+
+
 TC_FAILURES = [
     # (exit status, stderr) as tc 6.1 printed them in the UML guest (no cbq in its kernel)
     pytest.param(2, "Error: Specified qdisc kind is unknown.\n", "kernel", id="qdisc-unknown"),

@@ -100,8 +100,31 @@ def shell_words(line: str) -> str:
         return line.strip()
 
 
+_BATCH_START = re.compile(r"tcdsl_said=\$\(tc -batch - 2>&1 <<'(?P<end>\w+)'$")
+"""Where the shell script's batch form starts feeding one ``tc -batch`` (its heredoc)."""
+
+
+def script_batches(script: str) -> list[list[str]]:
+    """The lines of each ``tc -batch -`` heredoc of a script's batch form, in order (tc
+    names a failed command by its line there: ``Command failed -:LINE``)."""
+    out: list[list[str]] = []
+    end: str | None = None
+    for line in script.splitlines():
+        if end is not None:
+            if line == end:
+                end = None
+            else:
+                out[-1].append(line)
+        elif (m := _BATCH_START.search(line)) is not None:
+            end = m["end"]
+            out.append([])
+    return out
+
+
 def script_origins(script: str, spans: Iterable[Span] = ()) -> list[Origin]:
-    """The commands of a generated script that follow a ``tcdsl_at='FILE:LINE:COL: WHAT'`` line.
+    """The commands of a generated script that follow a ``tcdsl_at='FILE:LINE:COL: WHAT'`` line,
+    and in its batch form the lines of a ``tc -batch`` heredoc after a ``# FILE:LINE:COL:
+    WHAT`` comment (as ``tc LINE``).
 
     ``spans`` are the policy's spans (``ExpectedPolicy.spans()``): a noted location is looked
     up there to get the full extent of the text for the caret; otherwise the span is one
@@ -112,7 +135,20 @@ def script_origins(script: str, spans: Iterable[Span] = ()) -> list[Origin]:
         known.setdefault((s.file, s.line, s.column), s)
     out: list[Origin] = []
     pending: re.Match[str] | None = None
+    end: str | None = None
     for line in script.splitlines():
+        if end is not None:  # a batch's heredoc
+            if line == end:
+                end = pending = None
+            elif line.startswith("# "):
+                pending = _ORIGIN.fullmatch(line[2:])
+            elif pending is not None and line.strip():
+                out.append(_origin(f"tc {line}", pending, known))
+                pending = None
+            continue
+        if (batch := _BATCH_START.search(line)) is not None:
+            end, pending = batch["end"], None
+            continue
         if line.startswith(AT):
             try:
                 noted = shlex.split(line[len(AT) :])
@@ -122,11 +158,16 @@ def script_origins(script: str, spans: Iterable[Span] = ()) -> list[Origin]:
             continue
         if pending is None or not line.strip() or line.lstrip().startswith("#"):
             continue
-        file, row, col = pending["file"], int(pending["line"]), int(pending["column"])
-        span = known.get((file, row, col), Span(file, row, col, row, col + 1))
-        out.append(Origin(line, shell_words(line), span, pending["what"]))
+        out.append(_origin(line, pending, known))
         pending = None
     return out
+
+
+def _origin(command: str, noted: re.Match[str], known: dict[tuple[str, int, int], Span]) -> Origin:
+    """The origin of ``command`` at the place ``noted`` (the full span where known)."""
+    file, row, col = noted["file"], int(noted["line"]), int(noted["column"])
+    span = known.get((file, row, col), Span(file, row, col, row, col + 1))
+    return Origin(command, shell_words(command), span, noted["what"])
 
 
 @dataclass

@@ -18,18 +18,24 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import PurePath
 from typing import Literal
 
 from tcdsl import ir
 from tcdsl.backend import BackendOptions
 from tcdsl.commands import owned_chains, unjump_shell
 from tcdsl.diagnostics import Diagnostic, Severity, Span, sort_key
-from tcdsl.driver import compile_policy
+from tcdsl.driver import Result, compile_policy
 from tcdsl.verify import APPLIERS, KernelChoice, compare, runner
 from tcdsl.verify.compare import MISSING, NO_FEATURE, Origin
 from tcdsl.verify.expect import ExpectedPolicy, Requirement, expected_policy
 
 _BATCH_FAILED = re.compile(r"Command failed (?P<file>.*):(?P<line>\d+)$")
+BATCH_FROM = 2000
+"""From this many commands on, the shell script is verified in its batch form (the one it is
+generated in unless ``--per-command``): the per-command form runs a tc process per command,
+76 s for 10,000 classes. A failed command is then named by its line in the batch; what tc
+warns on the way is not attributed to a line (W406)."""
 
 
 class VerifyError(Exception):
@@ -101,6 +107,8 @@ class _Plan:
     case: runner.Case | None = None
     batch: list[str] = field(default_factory=list)
     """tc-batch: the lines of the batch file, to name the one tc reports as failed."""
+    batches: list[list[str]] = field(default_factory=list)
+    """The shell script's batch form: the lines of each of its ``tc -batch`` heredocs."""
 
 
 def _features_of(expected: ExpectedPolicy) -> list[Requirement]:
@@ -124,7 +132,7 @@ def tx_queues(policy: ir.Policy) -> dict[str, int]:
     return {i.name: n for i in policy.interfaces if (n := ir.tx_queues_used(i))}
 
 
-def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
+def _plan(path: str, backend: str, before: str, after: str, batch_from: int = BATCH_FROM) -> _Plan:
     # The shell script's per-command form: a failing command is then named by its own line
     # (the batch form runs the same commands in the same order through one tc -batch).
     result = compile_policy(path, backend, options=BackendOptions(batch=False))
@@ -144,6 +152,11 @@ def _plan(path: str, backend: str, before: str, after: str) -> _Plan:
         plan.origins = _map_origins(result.files, plan.batch, expected.spans())
     else:
         plan.origins = compare.script_origins(result.output, expected.spans())
+        if len(plan.origins) >= batch_from:
+            applier = _batch_form(result, path)
+            v.script = applier
+            plan.origins = compare.script_origins(applier, expected.spans())
+            plan.batches = compare.script_batches(applier)
     v.checked = Checked(
         sum(len(i.qdiscs) for i in expected.interfaces),
         sum(len(i.classes) for i in expected.interfaces),
@@ -220,6 +233,40 @@ def _map_origins(
         command = f"tc {batch[int(number) - 1]}"
         out.append(Origin(command, compare.shell_words(command), span, what))
     return out
+
+
+def _batch_form(result: Result, path: str) -> str:
+    """The shell script of ``result`` in its batch form."""
+    from tcdsl.backends import BACKENDS
+
+    assert result.policy is not None
+    emitter = BACKENDS["shell"](BackendOptions(batch=True))
+    return next(iter(emitter.emit_files(result.policy, path, PurePath(path).stem).values()))
+
+
+def _name_shell_batch_failure(outcome: compare.ApplyOutcome, batches: Sequence[list[str]]) -> None:
+    """Make the last step of a script whose ``tc -batch -`` failed that batch's failed line,
+    as ``tc LINE``, with tc's words: what the script printed after it (``Error: ...`` and
+    ``Command failed -:LINE``; the trace of the assignment that caught them comes first)."""
+    batch = -1
+    for i, step in enumerate(outcome.steps):
+        if step.command != "tc -batch -":
+            continue
+        batch += 1
+        said: list[str] = []
+        line = 0
+        for later in outcome.steps[i + 1 :]:
+            if later.command == "tc -batch -":
+                break
+            found = [m for x in later.stderr if (m := _BATCH_FAILED.search(x)) and m["file"] == "-"]
+            if found:
+                said = [x for x in later.stderr if _BATCH_FAILED.search(x) is None]
+                line = int(found[-1]["line"])
+        if batch < len(batches) and 0 < line <= len(batches[batch]):
+            step.command = compare.shell_words(f"tc {batches[batch][line - 1]}")
+            step.stderr = said
+            del outcome.steps[i + 1 :]
+            return
 
 
 def _name_batch_failure(outcome: compare.ApplyOutcome, batch: Sequence[str]) -> None:
@@ -353,6 +400,8 @@ def _judge(plan: _Plan, result: runner.CaseResult | None, where: str) -> None:
         return
     if plan.batch:
         _name_batch_failure(outcome, plan.batch)
+    if plan.batches and outcome.failed:
+        _name_shell_batch_failure(outcome, plan.batches)
     applied = compare.apply_diagnostics(outcome, plan.origins, _first_span(expected))
     state = runner.read_state(found, devices(plan.policy)[1])
     differences = compare.compare_state(expected, state)
@@ -375,11 +424,13 @@ def verify_many(
     kernel: KernelChoice = "auto",
     after: Mapping[str, str] | None = None,
     before: Mapping[str, str] | None = None,
+    batch_from: int = BATCH_FROM,
 ) -> list[Verification]:
     """Verify each policy in ``paths``; one user-mode Linux boot serves all that need one.
 
     ``after`` maps a path to shell run after its script, before the read-back (tests tamper
-    with the kernel's state this way); ``before`` to shell run before the script. Raises
+    with the kernel's state this way); ``before`` to shell run before the script. A shell
+    script of ``batch_from`` commands or more is applied in its batch form. Raises
     :class:`VerifyError` when verification cannot run at all (``--kernel host`` without root
     or namespaces; no kernel whatsoever); a policy that cannot run on the chosen kernel gets
     E405 diagnostics instead.
@@ -387,7 +438,7 @@ def verify_many(
     if backend not in APPLIERS:
         raise VerifyError(f"verify cannot apply the output of backend '{backend}' yet")
     plans = [
-        _plan(path, backend, (before or {}).get(path, ""), (after or {}).get(path, ""))
+        _plan(path, backend, (before or {}).get(path, ""), (after or {}).get(path, ""), batch_from)
         for path in paths
     ]
     _choose(plans, kernel)
