@@ -28,6 +28,7 @@ from tcdsl.cliutil import (
 )
 from tcdsl.cliutil import access_options as _access_options
 from tcdsl.cliutil import format_option as _format_option
+from tcdsl.cliutil import output_option as _output_option
 from tcdsl.cliutil import policy_or_exit as _policy_or_exit
 from tcdsl.cliutil import summary as _summary
 from tcdsl.cliutil import visible as _visible
@@ -582,14 +583,7 @@ def _changed_note(policy: str, applied: Applied) -> str | None:
     help="The interface it leaves by, or arrives on (default: the first).",
 )
 @DIRECTION
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="How to print the verdicts.",
-)
+@_output_option("How to print the verdicts.", "text", "json")
 def classify_command(
     policy: str, packets: list[object], interface: str | None, direction: str | None, fmt: str
 ) -> None:
@@ -630,13 +624,10 @@ def classify_command(
     "errors.",
 )
 @click.argument("policy", type=click.Path(dir_okay=False))
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "markdown"]),
-    default="text",
-    show_default=True,
-    help="Plain text (wrapped at 100 columns) or Markdown (for handouts).",
+@_output_option(
+    "Plain text (wrapped at 100 columns) or Markdown (for handouts).",
+    "text",
+    "markdown",
 )
 @click.option(
     "-o",
@@ -767,14 +758,7 @@ INTERVAL = click.option(
     help="The link rate  [default: the htb link class's ceil, a tbf's rate, else 1gbit]",
 )
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG plot here.")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="The table as text, or the whole run as JSON.",
-)
+@_output_option("The table as text, or the whole run as JSON.", "text", "json")
 @click.option("--interface", help="The interface to simulate  [default: the policy's first]")
 @DIRECTION
 def simulate_command(
@@ -840,14 +824,7 @@ def simulate_command(
     is_flag=True,
     help="Also simulate the same flows; show both side by side (plot: simulated dashed).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="The table as text, or the whole run (and the simulation) as JSON.",
-)
+@_output_option("The table as text, or the whole run (and the simulation) as JSON.", "text", "json")
 @click.option("--interface", help="The interface to measure  [default: the policy's first]")
 @DIRECTION
 def measure_command(

@@ -87,6 +87,15 @@ def format_option(*choices: str) -> Callable[[Callable[..., None]], Callable[...
     )
 
 
+def output_option(help: str, *choices: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """``--format`` (the command gets ``fmt``): how to print a command's output, one of
+    ``choices`` (the first is the default)."""
+    return click.option(
+        "--format", "fmt", type=click.Choice(choices), default=choices[0], show_default=True,
+        help=help,
+    )  # fmt: skip
+
+
 def access_options(command: Callable[..., None]) -> Callable[..., None]:
     """Add --include-path and --allow-include-anywhere; the command gets ``access``."""
 

@@ -445,6 +445,38 @@ def test_plan_starts_from_the_record_of_the_apply(tcdsl: Tcdsl, host: HostSuppor
     assert kept == ["1.json", "2.json", "2.kernel.json", "2.trees.json"], kept
 
 
+def test_plan_and_apply_in_brief_and_plan_as_json(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """``--summary`` prints the drift and the count, not each change; ``plan --format json``
+    gives each change with its sign, kind, text and policy line, and the counts."""
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    b = tcdsl.write("p.tcp", B)
+    brief = tcdsl("plan", "--summary", b)
+    assert brief.code == 4, brief
+    assert brief.out == "plan: 2 to add (1 class, 1 filter), 2 to change (1 class, 1 qdisc)\n"
+    planned = tcdsl("plan", "--format", "json", b)
+    assert planned.code == 4, planned
+    got = json.loads(planned.out)
+    assert got["counts"] == {
+        "add": {"class": 1, "filter": 1},
+        "change": {"class": 1, "qdisc": 1},
+        "remove": {},
+        "replace": {},
+    }
+    assert {"sign": "~", "kind": "class", "text": "class voip: rate 2mbit -> 4mbit"}.items() <= (
+        got["changes"][1].items()
+    ), got
+    assert got["changes"][1]["file"] == b and got["changes"][1]["line"] == 2, got
+    assert not got["empty"] and got["drift"] == [], got
+    tcdsl.tc("class", "change", "dev", "d0", "classid", "1:20", "htb", "rate", "5mbit")
+    drifted = tcdsl("apply", "--yes", "--summary", b)
+    assert drifted.code == 0 and drifted.out.startswith("! drift in d0: class 'web'"), drifted
+    assert "\nplan: 1 to replace (1 tree)\napplied " in drifted.out, drifted
+    assert "+ class guest" not in drifted.out, drifted
+    same = tcdsl("plan", "--format", "json", b)
+    assert same.code == 0 and json.loads(same.out)["empty"], same
+
+
 def test_a_missing_device_changes_nothing(tcdsl: Tcdsl, host: HostSupport) -> None:
     missing = tcdsl("apply", "--yes", tcdsl.write("p.tcp", A.replace("d0", "d9")))
     assert missing.code == 1 and "[E602]" in missing.err and "d9" in missing.err, missing

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from tcdsl.cliutil import (
     FORMAT,
     access_options,
     dash_is_stdout,
+    output_option,
     policy_or_exit,
     summary,
     writing,
@@ -132,8 +134,19 @@ def _prepared(policy: str, name: str | None, store: Store | None = None) -> Prep
         _fail(NO_STATE, str(e))
 
 
-def _print(plan: Plan) -> None:
-    click.echo(plan.render(), nl=False)
+def _print(plan: Plan, summary: bool = False, fmt: str = "text") -> None:
+    if fmt == "json":
+        click.echo(json.dumps(plan.to_json(), indent=2))
+    else:
+        click.echo(plan.render(summary_only=summary), nl=False)
+
+
+SUMMARY = click.option(
+    "--summary",
+    is_flag=True,
+    help="Print the drift and the count of the changes, not each change (a table's rows make "
+    "plans of thousands of lines).",
+)
 
 
 NAME = click.option(
@@ -145,17 +158,25 @@ NAME = click.option(
 
 @click.command(
     "plan",
-    epilog="Examples:\n\n\b\n  tcdsl plan office.tcp\n  tcdsl plan office.tcp || echo changed\n\n"
+    epilog="Examples:\n\n\b\n  tcdsl plan office.tcp\n  tcdsl plan office.tcp || echo changed\n"
+    "  tcdsl plan --summary isp.tcp\n  tcdsl plan --format json isp.tcp\n\n"
     "Exit 0: no changes; 4: changes (or drift) to apply; 1: errors.",
 )
 @click.argument("policy", type=click.Path(dir_okay=False))
 @NAME
-def plan_command(policy: str, name: str | None) -> None:
+@SUMMARY
+@output_option(
+    "How to print the plan: as text, or as JSON (each change with its sign, kind, text "
+    "and policy line, and the counts).",
+    "text",
+    "json",
+)
+def plan_command(policy: str, name: str | None, summary: bool, fmt: str) -> None:
     """Show what applying POLICY would change in the kernel, by the policy's names and lines,
     and what was changed by hand since the last apply (drift)."""
     prepared = _prepared(policy, name)
     _preflight(prepared)
-    _print(prepared.plan)
+    _print(prepared.plan, summary, fmt)
     plan = prepared.plan
     sys.exit(EXIT_CHANGES if not plan.empty or plan.drift or plan.notes else EXIT_OK)
 
@@ -183,20 +204,25 @@ def _preflight(prepared: Prepared) -> None:
 @NAME
 @click.option("--yes", "-y", is_flag=True, help="Apply without asking.")
 @click.option("--confirm", "within", help="Roll back unless confirmed within this time (60s, 2m).")
-def apply_command(policy: str, name: str | None, yes: bool, within: str | None) -> None:
+@SUMMARY
+def apply_command(
+    policy: str, name: str | None, yes: bool, within: str | None, summary: bool
+) -> None:
     """Make the kernel equal to POLICY with the smallest safe change."""
     seconds = parse_duration(within) if within is not None else None
     store = _store(policy_name(policy, name))
     with store.locked():
-        _apply(policy, store, yes, seconds, within)
+        _apply(policy, store, yes, seconds, within, summary)
 
 
-def _apply(policy: str, store: Store, yes: bool, seconds: float | None, within: str | None) -> None:
+def _apply(
+    policy: str, store: Store, yes: bool, seconds: float | None, within: str | None, summary: bool
+) -> None:
     prepared = _prepared(policy, None, store)
     _preflight(prepared)
     result = prepared.result
     assert result is not None
-    _print(prepared.plan)
+    _print(prepared.plan, summary)
     waiting = store.pending()  # a --confirm apply whose rollback this one calls off
     if prepared.plan.empty and not prepared.plan.drift and seconds is None:
         keep_record(prepared)
@@ -456,13 +482,11 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     help="Time between a sample's two readings (500ms, 2s, or seconds: 0.5)  [default: the "
     "--watch interval, else 1s]",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json", "prometheus"]),
-    default="text",
-    show_default=True,
-    help="A table with load bars, one JSON object per sample and line, or Prometheus text.",
+@output_option(
+    "A table with load bars, one JSON object per sample and line, or Prometheus text.",
+    "text",
+    "json",
+    "prometheus",
 )
 @click.option(
     "-o",

@@ -103,29 +103,63 @@ class Plan:
         """Nothing to change."""
         return not self.changes
 
-    def render(self) -> str:
-        """The plan as text: drift first, then the changes and their count, or that there
-        are none."""
+    def render(self, summary_only: bool = False) -> str:
+        """The plan as text: drift first, then the changes (unless ``summary_only``) and their
+        count, or that there are none."""
         lines = [c.render() for c in [*self.drift, *self.notes]]
-        lines += [c.render() for c in self.changes] or ["no changes"]
+        if not self.changes:
+            lines.append("no changes")
+        elif not summary_only:
+            lines += [c.render() for c in self.changes]
         if self.changes:
             lines.append(self.summary())
         return "\n".join(lines) + "\n"
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """The changes by what they do (``add``, ``change``, ``remove``, ``replace``) and
+        by what they change (``class``, ``filter``, ... ``other``), in that order."""
+        out: dict[str, dict[str, int]] = {}
+        for sign, verb in _SIGNS:
+            kinds = Counter(_kind(c.text) for c in self.changes if c.sign == sign)
+            known = {k: n for k, n in sorted(kinds.items()) if k in _KINDS}
+            other = sum(n for k, n in kinds.items() if k not in _KINDS)
+            out[verb.removeprefix("to ")] = known | ({"other": other} if other else {})
+        return out
 
     def summary(self) -> str:
         """``plan: 2 to add (1 class, 1 filter), 300 to remove (100 classes, 200 filters)``:
         the changes counted by sign, and by what they change (a table of thousands of rows
         makes a plan of thousands of lines)."""
         parts = []
-        for sign, verb in _SIGNS:
-            kinds = Counter(_kind(c.text) for c in self.changes if c.sign == sign)
+        for kinds, (_, words) in zip(self.counts().values(), _SIGNS, strict=True):
             if kinds:
                 named = ", ".join(
-                    f"{n} {_KINDS[k][n != 1]}" for k, n in sorted(kinds.items()) if k in _KINDS
+                    f"{n} {_KINDS[k][n != 1]}" for k, n in kinds.items() if k in _KINDS
                 )
-                total = sum(kinds.values())
-                parts.append(f"{total} {verb}" + (f" ({named})" if named else ""))
+                parts.append(f"{sum(kinds.values())} {words}" + (f" ({named})" if named else ""))
         return f"plan: {', '.join(parts)}"
+
+    def to_json(self) -> dict[str, object]:
+        """The plan for a program: its drift, notes and changes (each with its sign, what it
+        changes, its text and the policy line) and their counts."""
+
+        def change(c: Change) -> dict[str, object]:
+            return {
+                "sign": c.sign,
+                "kind": _kind(c.text) if _kind(c.text) in _KINDS else "other",
+                "text": c.text,
+                "file": c.span.file if c.span is not None else None,
+                "line": c.span.line if c.span is not None else None,
+            }
+
+        return {
+            "format": 1,
+            "empty": self.empty,
+            "drift": [change(c) for c in self.drift],
+            "notes": [change(c) for c in self.notes],
+            "changes": [change(c) for c in self.changes],
+            "counts": self.counts(),
+        }
 
 
 _SIGNS: tuple[tuple[Sign, str], ...] = (
