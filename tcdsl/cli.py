@@ -537,7 +537,7 @@ def _applied_here(policy: str) -> Applied | None:
 def _changed_note(policy: str, applied: Applied) -> str | None:
     """A note when ``policy``, live as ``applied``, (or a table it reads) changed since it
     was applied: an answer is then not what the kernel does."""
-    from tcdsl.ops.lifecycle import OpsError, changed_since
+    from tcdsl.ops.lifecycle import OpsError, changed_since, since_words
 
     try:
         changed = changed_since(applied)
@@ -546,7 +546,7 @@ def _changed_note(policy: str, applied: Applied) -> str | None:
     if not changed:
         return None
     return (
-        f"tcdsl: note: {', '.join(changed)} changed since {policy} was applied (generation "
+        f"tcdsl: note: {since_words(changed)} since {policy} was applied (generation "
         f"{applied.generation}): this is what the files say now, not what the kernel does "
         f"(tcdsl plan {policy} shows the difference)"
     )

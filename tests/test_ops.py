@@ -1053,9 +1053,9 @@ def test_changed_since_reads_files_as_the_compiler_does(tmp_path: Path) -> None:
     applied = Store("p", tmp_path / "state").record(str(path), result.sources, ("d0",), {})
     assert changed_since(applied) == []
     table.write_text(SUBSCRIBERS.replace("10.99.1.2", "10.99.1.9"), encoding="utf-8")
-    assert changed_since(applied) == [str(table)]
+    assert changed_since(applied) == [(str(table), False)]
     table.unlink()
-    assert changed_since(applied) == [str(table)]
+    assert changed_since(applied) == [(str(table), True)]
 
 
 def test_rollback_restores_the_previous_table(tcdsl: Tcdsl, host: HostSupport) -> None:
@@ -1109,7 +1109,7 @@ def test_status_shows_the_policy_as_applied(tcdsl: Tcdsl, host: HostSupport) -> 
     assert found == ["c101", "c102", "other"] and f"{table} changed since" in err, err
     table.unlink()
     found, err = names()
-    assert found == ["c101", "c102", "other"] and f"{table} changed since" in err, err
+    assert found == ["c101", "c102", "other"] and f"{table} is gone since" in err, err
     assert "generation 1" in err and f"{p} changed" not in err, err
 
 
@@ -1143,7 +1143,7 @@ def test_status_knows_the_applied_file_from_any_directory(tcdsl: Tcdsl, host: Ho
     table.rename(tcdsl.folder / "subs.bak")
     args = ("status", "--format", "json", "--count", "1", "--interval", "0.1")
     shown = tcdsl(*args, p)  # from the repository's root, by its absolute path
-    assert shown.code == 0 and "subs.csv changed since" in shown.err, shown
+    assert shown.code == 0 and "subs.csv is gone since" in shown.err, shown
     other = tcdsl.folder / "other"
     other.mkdir()
     (other / "p.tcp").write_text(
@@ -1324,3 +1324,12 @@ def test_a_value_left_to_tc_changed_by_hand_is_noted_once(tcdsl: Tcdsl, host: Ho
     store = Store("b", Path(tcdsl.env["TCDSL_STATE_DIR"]))
     assert store.generations() == [1]
     assert tcdsl("plan", p).out == "no changes\n"
+
+
+def test_what_changed_since_an_apply_in_words() -> None:
+    from tcdsl.ops.lifecycle import since_words
+
+    assert since_words([("p.tcp", False)]) == "p.tcp changed"
+    changed = [("p.tcp", False), ("a.csv", False), ("b.csv", True), ("c.csv", True)]
+    assert since_words(changed) == "p.tcp and a.csv changed, b.csv and c.csv are gone"
+    assert since_words([("b.csv", True)]) == "b.csv is gone"

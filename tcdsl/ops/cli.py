@@ -534,7 +534,7 @@ def status_command(
         except OpsError as e:
             _fail(NO_STATE, str(e))
     elif policy is not None:
-        from tcdsl.ops.lifecycle import applied_policy, changed_since, live_pins
+        from tcdsl.ops.lifecycle import applied_policy, changed_since, live_pins, since_words
 
         if name is not None:
             _store(name)  # (a usable name)
@@ -551,7 +551,7 @@ def status_command(
             if changed:
                 click.echo(
                     f"tcdsl: showing {policy} as applied (generation {applied.generation}): "
-                    f"{', '.join(changed)} changed since (tcdsl plan {policy} shows how)",
+                    f"{since_words(changed)} since (tcdsl plan {policy} shows how)",
                     err=True,
                 )
         else:

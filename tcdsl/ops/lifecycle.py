@@ -394,9 +394,9 @@ def applied_policy(path: str, name: str | None = None) -> tuple[Applied, ir.Poli
         return None
 
 
-def changed_since(applied: Applied) -> list[str]:
-    """The files an applied policy read that differ now from the text it was applied with
-    (or are gone)."""
+def changed_since(applied: Applied) -> list[tuple[str, bool]]:
+    """The files an applied policy read that differ now from the text it was applied with,
+    each with whether it is gone (or unreadable)."""
     out = []
     for name, text in sorted(applied.sources.items()):
         try:  # read as the compiler reads it (a byte-order mark is no text)
@@ -404,8 +404,21 @@ def changed_since(applied: Applied) -> list[str]:
         except (OSError, SourceError):
             now = None
         if now is None or normalise_newlines(now) != normalise_newlines(text):
-            out.append(name)
+            out.append((name, now is None))
     return out
+
+
+def since_words(changed: Sequence[tuple[str, bool]]) -> str:
+    """``isp.tcp and subs.csv changed, old.csv is gone``: :func:`changed_since` in words."""
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+    edited = [name for name, gone in changed if not gone]
+    gone = [name for name, gone in changed if gone]
+    parts = [f"{listed(edited)} changed"] if edited else []
+    parts += [f"{listed(gone)} {'is' if len(gone) == 1 else 'are'} gone"] if gone else []
+    return ", ".join(parts)
 
 
 def _devices(policy: ir.Policy) -> tuple[str, ...]:
