@@ -27,6 +27,7 @@ from tcdsl.commands import (
     SCRIPT_AT,
     SCRIPT_FAILED,
     SCRIPT_UNMARK,
+    TOO_FEW_IN_USE,
     TOO_FEW_QUEUES,
     TOO_MANY_QUEUES,
     Command,
@@ -204,7 +205,7 @@ class ShellBackend(Backend):
         families = {f for i in policy.interfaces for f in mark_families(i)} if not nft else set()
         needs = [(MARK_TOOL[f], _NEEDED_FOR[f]) for f in ir.FAMILIES if f in families]
         queues = [
-            (i.name, n, ir.spread_queues(i))
+            (i.name, n, ir.highest_queue(i), ir.spread_queues(i))
             for i in policy.interfaces
             if (n := ir.tx_queues_used(i))
         ]
@@ -219,8 +220,8 @@ class ShellBackend(Backend):
                 no_interface=NO_INTERFACE,
                 too_few_queues=TOO_FEW_QUEUES,
                 too_many_queues=TOO_MANY_QUEUES,
+                too_few_in_use=TOO_FEW_IN_USE,
                 queues=queues,
-                spread=any(spread for _, _, spread in queues),
                 no_tool=NO_TOOL,
                 needs=needs,
                 mark_tools=tuple(MARK_TOOL.values()),

@@ -44,6 +44,7 @@ from tcdsl.suppress import disable_problem
 from tcdsl.verify import APPLIERS, KERNELS, KernelChoice
 
 if TYPE_CHECKING:  # the teaching tools, the verifier and the live operations load on use
+    from tcdsl.allocate import Pins
     from tcdsl.ops.state import Applied
     from tcdsl.teach.report import Run
     from tcdsl.teach.traffic import Flow
@@ -523,15 +524,16 @@ DIRECTION = click.option(
 )
 
 
-def _applied_here(policy: str) -> Applied | None:
-    """The record of ``policy`` if it is the file live under its name (None when it is not,
-    or the state cannot be read)."""
-    from tcdsl.ops.lifecycle import OpsError, applied_from
+def _applied_here(policy: str) -> tuple[Applied | None, Pins]:
+    """The record of ``policy`` if it is the file live under its name, and the class ids
+    apply gave it (None and {} when it is not, or the record cannot be read)."""
+    from tcdsl.ops.lifecycle import OpsError, applied_from, stored_pins
 
     try:
-        return applied_from(policy)
+        applied = applied_from(policy)
+        return applied, stored_pins(applied)
     except (OSError, ValueError, KeyError, AssertionError, OpsError):  # a damaged record
-        return None
+        return None, {}
 
 
 def _changed_note(policy: str, applied: Applied) -> str | None:
@@ -591,14 +593,12 @@ def classify_command(
     priomap that decide, in the kernel's order, with their policy lines. No kernel needed."""
     import json
 
-    from tcdsl.ops.lifecycle import stored_pins
     from tcdsl.teach.classify import UnknownInterface, classify, render_text, to_json
     from tcdsl.teach.traffic import Packet
 
     # a class added before others has the free id apply chose, not the one compiling the
     # policy alone would give it
-    applied = _applied_here(policy)
-    pins = stored_pins(applied)
+    applied, pins = _applied_here(policy)
     checked = _policy_or_exit(analyse(policy, pins=pins), "classified")
     note = _changed_note(policy, applied) if applied is not None else None
     if note is not None:

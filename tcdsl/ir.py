@@ -1127,7 +1127,17 @@ def tx_queues_used(iface: Interface) -> int:
     root = iface.root
     if not isinstance(root, Mq):
         return 0
-    return max(2, max((q.number for q in root.queues), default=0))
+    return max(2, highest_queue(iface))
+
+
+def highest_queue(iface: Interface) -> int:
+    """The highest queue the mq root of ``iface`` puts a qdisc on (0 without one): how many
+    TX queues must be in use, since skbedit sends a packet steered past them to queue 0
+    (``netdev_cap_txqueue``)."""
+    root = iface.root
+    if not isinstance(root, Mq):
+        return 0
+    return max((q.number for q in root.queues), default=0)
 
 
 def spread_queues(iface: Interface) -> int:

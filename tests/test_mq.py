@@ -5,6 +5,7 @@ act_skbedit) and, as far as the host kernel allows, on the host."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -405,7 +406,7 @@ interface eth0 mq {
 """
 
 
-def _on_a_veth(tmp_path: Path, text: str, how: str, queues: int) -> str:
+def _on_a_veth(tmp_path: Path, text: str, how: str, queues: int, setup: str = "") -> str:
     """What applying ``text`` (``how``: ``apply``, or its compiled script) on a veth eth0 of
     ``queues`` TX queues whose root is an htb 7: says, followed by ``rc=N`` and the qdiscs
     after; in a namespace of its own with /sys mounted there, as `ip netns exec` does."""
@@ -420,7 +421,7 @@ def _on_a_veth(tmp_path: Path, text: str, how: str, queues: int) -> str:
         f"export TCDSL_STATE_DIR={tmp_path}/s{queues} TCDSL_LOCK_DIR={tmp_path} && "
         f"ip link add name eth0 numtxqueues {queues} type veth peer name peer0 && "
         "ip link set dev eth0 up && tc qdisc add dev eth0 root handle 7: htb && "
-        f"{{ {run}; echo rc=$?; }} && tc qdisc show dev eth0"
+        f"{setup}{{ {run}; echo rc=$?; }} && tc qdisc show dev eth0"
     )
     done = subprocess.run(
         ["unshare", "-n", "-m", "sh", "-c", script], capture_output=True, text=True
@@ -475,6 +476,39 @@ def test_more_tx_queues_in_use_than_a_spread_tree_are_refused(tmp_path: Path, ho
         else:  # past the queue check (the host's kernel may then lack act_skbedit: E604)
             assert "TX queues in use" not in said, said
             assert "rc=0" in said or "[E604]" in said or "action module" in said, said
+
+
+@pytest.mark.parametrize("how", ["apply", "script"])
+def test_fewer_tx_queues_in_use_than_the_tree_steers_to_are_refused(
+    tmp_path: Path, how: str
+) -> None:
+    """8 TX queues allocated, 2 in use (ethtool -L), a tree over 4: skbedit would send the
+    packets steered to queues 3 and 4 to queue 1 (its default class), so `tcdsl apply` (E602)
+    and the script refuse before touching the device."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    if shutil.which("ethtool") is None:
+        pytest.skip("ethtool is not installed (it sets a veth's TX queues in use)")
+    said = _on_a_veth(tmp_path, AUTO, how, 8, "ethtool -L eth0 tx 2 && ")
+    assert "rc=1" in said and "nothing was changed" in said, said
+    assert "eth0 has 2 TX queues in use, fewer than the 4 its mq tree steers to" in said, said
+    assert "qdisc htb 7: root" in said and "qdisc mq" not in said, said
+    if how == "apply":
+        assert "[E602]" in said and "ethtool -L eth0 combined 4" in said, said
+
+
+def test_a_script_with_a_spread_and_a_written_mq_tree_runs(tmp_path: Path) -> None:
+    """Each device's queue check gets all its words (an explicit tree has no spread count:
+    `set -u` stopped the script at the missing one)."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    text = AUTO + FOUR.replace("eth0", "eth1")
+    peer = "ip link add name eth1 numtxqueues 4 type veth peer name peer1 && "
+    said = _on_a_veth(tmp_path, text, "script", 4, peer)
+    assert "parameter not set" not in said and "TX queues" not in said, said
+    assert "rc=0" in said or "action module" in said, said
 
 
 def test_queues_in_use_are_read_only_from_the_namespaces_own_sys() -> None:

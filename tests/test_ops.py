@@ -1179,6 +1179,10 @@ def test_classify_gives_the_ids_apply_gave(tmp_path: Path, monkeypatch: pytest.M
     assert shown.exit_code == 0, shown.output
     assert "-> class 'web' (1:20)" in shown.output, shown.output
     assert "-> class 'ssh' (1:20)" not in shown.output and "-> class 'ssh' (1:" in shown.output
+    # a damaged record: the answer for the file alone, not a traceback
+    Store("p").record(str(path), result.sources, ("d0",), {"d0": {**ids, "voip": "1:zz"}})
+    shown = CliRunner().invoke(cli, ["classify", str(path), "--packet", "udp dport 5001"])
+    assert shown.exit_code == 0 and "-> class 'voip' (1:10)" in shown.output, shown.output
 
 
 SITES = """\

@@ -1116,28 +1116,71 @@ def test_a_failure_in_the_scripts_batch_form_is_named_by_its_batch_line() -> Non
     batched = [f"tc {line}" for line in batches[0] if not line.startswith("#")]
     assert len(batches) == 1 and batched == [o.command for o in origins][-len(batched) :]
     assert batches[0][11] == "qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10"
-    told = "Error: Specified qdisc kind is unknown.\nCommand failed -:12\n"
-    stderr = (
-        "+tcdsl+ tc qdisc del dev eth0 root\n+tcdsl+ true\n+tcdsl+ tc -batch -\n"
-        f"+tcdsl+ tcdsl_said={told}+tcdsl+ printf %s\\n {told}{told}"
-        "+tcdsl+ tcdsl_line=12\n+tcdsl+ tcdsl_at=policies/office.tcp:8:9: sfq qdisc of 1:10\n"
-        "+tcdsl+ exit 1\n+tcdsl+ tcdsl_failed\n"
-    )
-    outcome = runner.apply_outcome(
-        runner.sections(
-            "@@tcdsl@@ begin apply-stdout\n\n@@tcdsl@@ end apply-stdout 1\n"
-            f"@@tcdsl@@ begin apply-stderr\n{stderr}\n@@tcdsl@@ end apply-stderr 1\n"
+
+    def run(told: str, status: int, after: str) -> list[str]:
+        """What verify says of a run whose batch said ``told`` (traced as dash traces it)."""
+        stderr = (
+            "+tcdsl+ tc qdisc del dev eth0 root\n+tcdsl+ true\n+tcdsl+ tc -batch -\n"
+            f"+tcdsl+ tcdsl_said={told}+tcdsl+ printf %s\\n {told}{told}{after}"
         )
-    )
-    assert outcome is not None and outcome.failed
-    verifier._name_shell_batch_failure(outcome, batches)
-    assert outcome.steps[-1].command == (
-        "tc qdisc add dev eth0 parent 1:10 handle 10: sfq perturb 10"
-    )
-    assert _lines(compare.apply_diagnostics(outcome, origins, expected.interfaces[0].span)) == [
+        outcome = runner.apply_outcome(
+            runner.sections(
+                f"@@tcdsl@@ begin apply-stdout\n\n@@tcdsl@@ end apply-stdout {status}\n"
+                f"@@tcdsl@@ begin apply-stderr\n{stderr}\n@@tcdsl@@ end apply-stderr {status}\n"
+            )
+        )
+        assert outcome is not None and outcome.failed == (status != 0)
+        verifier._name_shell_batch_steps(outcome, batches)
+        return _lines(compare.apply_diagnostics(outcome, origins, expected.interfaces[0].span))
+
+    failed = "+tcdsl+ tcdsl_line=12\n+tcdsl+ exit 1\n+tcdsl+ tcdsl_failed\n"
+    told = "Error: Specified qdisc kind is unknown.\nCommand failed -:12\n"
+    assert run(told, 1, failed) == [
         "policies/office.tcp:8:9: error: the kernel lacks the sfq qdisc (sch_sfq); tc said: "
         "Error: Specified qdisc kind is unknown. [E405]",
     ]
+    # a message of several lines keeps its first (in the trace of the assignment)
+    line = batches[0].index("# policies/office.tcp:19:11: class bulk") + 2
+    told = 'What is "bogus"?\nUsage: ... class add ...\n       [ classid CLASSID ]\n'
+    told += f"Command failed -:{line}\n"
+    assert run(told, 1, failed) == [
+        'policies/office.tcp:19:11: error: tc failed on class bulk (exit 1): What is "bogus"? '
+        "[E404]",
+    ]
+    # a batch that only warned: at its first line, as tc gives warnings no line
+    told = "Warning: sch_htb: quantum of class 10001 is big. Consider r2q change.\n"
+    assert run(told, 0, "+tcdsl+ tcdsl_at=\n") == [
+        "policies/office.tcp:4:16: warning: tc warned on interface eth0: htb qdisc: Warning: "
+        "sch_htb: quantum of class 10001 is big. Consider r2q change. [W406]",
+    ]
+
+
+def test_what_tc_warns_in_a_batch_is_reported(tmp_path: Path) -> None:
+    """tc warns of the quantum of r2q 1 (W406) in the per-command form at each command, and
+    in a batch (the script's batch form, the tc-batch files) at its first line that makes
+    something: a warning has no line number."""
+    path = tmp_path / "warn.tcp"
+    path.write_text(
+        "interface eth0 htb rate 100mbit r2q 1 default a {\n    class a rate 50mbit\n"
+        "    class b rate 50mbit match dport 80\n}\n"
+    )
+    lacks = _host_lacks(path)
+    if lacks:
+        pytest.skip(lacks)
+
+    def warned(backend: str, batch_from: int) -> list[str]:
+        [v] = verifier.verify_many([str(path)], backend, kernel="host", batch_from=batch_from)
+        assert v.ok, _lines(v.diagnostics)
+        return [
+            f"{d.span.line}:{d.span.column} {d.message}" for d in v.diagnostics if d.code == "W406"
+        ]
+
+    each = warned("shell", verifier.BATCH_FROM)
+    assert [w.split(" tc warned")[0] for w in each] == ["1:16", "2:11", "3:11"], each
+    quantum = "Warning: sch_htb: quantum of class 10001 is big. Consider r2q change."
+    for backend in ("shell", "tc-batch"):
+        [batched] = warned(backend, 1)
+        assert batched.startswith(f"1:16 tc warned on interface eth0: htb qdisc: {quantum}")
 
 
 def test_a_big_policy_is_verified_in_the_scripts_batch_form(no_stray_namespaces: None) -> None:

@@ -440,9 +440,9 @@ def missing_devices(policy: ir.Policy) -> list[str]:
 
 def short_of_queues(policy: ir.Policy) -> list[str]:
     """What is wrong with each device that has fewer TX queues than its mq tree uses (mq
-    gives it a class per queue it has: a queue's tree beyond them has nowhere to go), or more
-    in use than a spread tree shapes (what no steering filter sends there would leave
-    unshaped)."""
+    gives it a class per queue it has: a queue's tree beyond them has nowhere to go), fewer
+    in use than it steers to (skbedit sends those packets to queue 0), or more in use than a
+    spread tree shapes (what no steering filter sends there would leave unshaped)."""
     out = []
     for iface in policy.interfaces:
         used = ir.tx_queues_used(iface)
@@ -452,6 +452,14 @@ def short_of_queues(policy: ir.Policy) -> list[str]:
                 f"{iface.name} has {have} TX queue{'s' if have != 1 else ''}, fewer than the "
                 f"{used} its mq tree uses (mq needs at least 2): give it more (ethtool -L "
                 f"{iface.name} combined {used}; numtxqueues for a veth) or use fewer queues"
+            )
+        highest = ir.highest_queue(iface)
+        if in_use is not None and in_use < highest:
+            out.append(
+                f"{iface.name} has {in_use} TX queue{'s' if in_use != 1 else ''} in use, fewer "
+                f"than the {highest} its mq tree steers to: the packets steered past them "
+                f"would go to the default class of the first queue; use more (ethtool -L "
+                f"{iface.name} combined {highest}) or fewer in the tree"
             )
         spread = ir.spread_queues(iface)
         if spread and in_use is not None and in_use > spread:

@@ -244,37 +244,55 @@ def _batch_form(result: Result, path: str) -> str:
     return next(iter(emitter.emit_files(result.policy, path, PurePath(path).stem).values()))
 
 
-def _name_shell_batch_failure(outcome: compare.ApplyOutcome, batches: Sequence[list[str]]) -> None:
-    """Make the last step of a script whose ``tc -batch -`` failed that batch's failed line,
-    as ``tc LINE``, with tc's words: what the script printed after it (``Error: ...`` and
-    ``Command failed -:LINE``; the trace of the assignment that caught them comes first)."""
+def _name_shell_batch_steps(outcome: compare.ApplyOutcome, batches: Sequence[list[str]]) -> None:
+    """Name each ``tc -batch -`` step of the script's batch form by a line of its heredoc,
+    with what tc said (which the script catches in ``tcdsl_said``, whose trace shows it):
+    the failed line (``Command failed -:LINE``), the steps after it dropped; else, when tc
+    warned, the batch's first line (the warnings have no line of their own)."""
     batch = -1
     for i, step in enumerate(outcome.steps):
         if step.command != "tc -batch -":
             continue
         batch += 1
-        said: list[str] = []
-        line = 0
+        told: list[str] = []
         for later in outcome.steps[i + 1 :]:
             if later.command == "tc -batch -":
                 break
-            found = [m for x in later.stderr if (m := _BATCH_FAILED.search(x)) and m["file"] == "-"]
-            if found:
-                said = [x for x in later.stderr if _BATCH_FAILED.search(x) is None]
-                line = int(found[-1]["line"])
-        if batch < len(batches) and 0 < line <= len(batches[batch]):
-            step.command = compare.shell_words(f"tc {batches[batch][line - 1]}")
-            step.stderr = said
+            if later.command.startswith(_SAID):
+                told = _traced_value([later.command[len(_SAID) :], *later.stderr])
+                break
+        found = [m for x in told if (m := _BATCH_FAILED.search(x)) and m["file"] == "-"]
+        said = [x for x in told if x.strip() and _BATCH_FAILED.search(x) is None]
+        lines = batches[batch] if batch < len(batches) else []
+        line = int(found[-1]["line"]) if found else 0
+        if 0 < line <= len(lines):
+            step.command, step.stderr = compare.shell_words(f"tc {lines[line - 1]}"), said
             del outcome.steps[i + 1 :]
             return
+        first = _first_made(lines)
+        if said and first is not None:
+            step.command, step.stderr = compare.shell_words(f"tc {first}"), said
+
+
+_SAID = "tcdsl_said="
+"""The assignment that catches what the script's ``tc -batch -`` says."""
+
+
+def _traced_value(lines: list[str]) -> list[str]:
+    """A multi-line value as a shell's xtrace shows an assignment: as it is (dash), or in
+    single quotes (bash)."""
+    if lines and lines[0].startswith("'") and lines[-1].endswith("'"):
+        lines = [lines[0][1:], *lines[1:]]
+        lines[-1] = lines[-1][:-1]
+    return lines
 
 
 def _name_batch_failure(outcome: compare.ApplyOutcome, batch: Sequence[str]) -> None:
     """Replace a failed ``tc -batch FILE`` step by the batch line tc names, as ``tc LINE``.
 
     tc reports the line as ``Command failed FILE:LINE``; the step then matches that line's
-    origin, so the failure is reported at the policy text (warnings of earlier lines carry no
-    line number and stay unattributed).
+    origin, so the failure is reported at the policy text. Warnings have no line number: a
+    batch that only warned is named by its first line, where they are reported.
     """
     for step in outcome.steps:
         if not step.command.startswith("tc -batch "):
@@ -285,6 +303,16 @@ def _name_batch_failure(outcome: compare.ApplyOutcome, batch: Sequence[str]) -> 
                 step.command = compare.shell_words(f"tc {batch[int(m['line']) - 1]}")
                 step.stderr = [x for x in step.stderr if x is not said]
                 return
+        first = _first_made(batch)
+        if any(x.strip() for x in step.stderr) and first is not None:
+            step.command = compare.shell_words(f"tc {first}")
+
+
+def _first_made(batch: Sequence[str]) -> str | None:
+    """The first line of a batch that makes something (not its teardown): where what tc
+    warned of, without a line, is reported."""
+    lines = [x for x in batch if x.strip() and not x.startswith("#")]
+    return next((x for x in lines if x.split()[1:2] == ["add"]), next(iter(lines), None))
 
 
 def _choose(plans: Sequence[_Plan], kernel: KernelChoice) -> None:
@@ -400,8 +428,8 @@ def _judge(plan: _Plan, result: runner.CaseResult | None, where: str) -> None:
         return
     if plan.batch:
         _name_batch_failure(outcome, plan.batch)
-    if plan.batches and outcome.failed:
-        _name_shell_batch_failure(outcome, plan.batches)
+    if plan.batches:
+        _name_shell_batch_steps(outcome, plan.batches)
     applied = compare.apply_diagnostics(outcome, plan.origins, _first_span(expected))
     state = runner.read_state(found, devices(plan.policy)[1])
     differences = compare.compare_state(expected, state)

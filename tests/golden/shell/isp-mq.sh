@@ -26,23 +26,28 @@ tcdsl_exists() {
     fi
 }
 tcdsl_queues() {
+    # $1 has the $2 TX queues mq needs, $3 in use (the highest the tree steers to) and, when
+    # $4 is not 0 (a tree spread over $4 queues), no more in use: the rest would be unshaped.
     # ip -d link says "numtxqueues N" (an ip that does not: unknown, go on)
     tcdsl_n=$(ip -d link show dev "$1" 2>/dev/null | sed -n 's/.* numtxqueues \([0-9][0-9]*\).*/\1/p')
     if [ -n "$tcdsl_n" ] && [ "$tcdsl_n" -lt "$2" ]; then
         printf 'tcdsl: interface %s has fewer TX queues than the %s its mq tree uses (mq needs at least 2); give it more (ethtool -L, or numtxqueues for a veth) or use fewer queues; nothing was changed\n' "$1" "$2" >&2
         exit 1
     fi
-    # A tree spread over $3 queues: no more in use (/sys's tx-N, read when /sys shows this
-    # namespace's device: the same index and address as ip's)
-    [ -n "$3" ] || return 0
-    tcdsl_i=$(ip -o link show dev "$1" 2>/dev/null | sed -n 's/^\([0-9][0-9]*\):.* link\/[a-z]* \([0-9a-f:]*\).*/\1 \2/p')
+    # The queues in use: /sys's tx-N, read when /sys shows this namespace's device (the same
+    # index and address as ip's)
+    tcdsl_i=$(ip -o link show dev "$1" 2>/dev/null | sed -n 's/^\([0-9][0-9]*\):.* link\/[a-z]* \([^ ]*\).*/\1 \2/p')
     [ "$tcdsl_i" = "$(cat /sys/class/net/"$1"/ifindex 2>/dev/null) $(cat /sys/class/net/"$1"/address 2>/dev/null)" ] || return 0
     tcdsl_n=0
     for tcdsl_q in /sys/class/net/"$1"/queues/tx-*; do
         [ -e "$tcdsl_q" ] && tcdsl_n=$((tcdsl_n + 1))
     done
-    if [ "$tcdsl_n" -gt "$3" ]; then
-        printf 'tcdsl: interface %s has %s TX queues in use, more than the %s its mq tree is spread over: what no line matches could leave by one of the others, unshaped; use %s (ethtool -L) or spread the tree over more queues; nothing was changed\n' "$1" "$tcdsl_n" "$3" "$3" >&2
+    if [ "$tcdsl_n" -lt "$3" ]; then
+        printf 'tcdsl: interface %s has %s TX queues in use, fewer than the %s its mq tree steers to: the packets steered past them would go to the default class of the first queue; use more (ethtool -L) or fewer in the tree; nothing was changed\n' "$1" "$tcdsl_n" "$3" >&2
+        exit 1
+    fi
+    if [ "$4" -gt 0 ] && [ "$tcdsl_n" -gt "$4" ]; then
+        printf 'tcdsl: interface %s has %s TX queues in use, more than the %s its mq tree is spread over: what no line matches could leave by one of the others, unshaped; use %s (ethtool -L) or spread the tree over more queues; nothing was changed\n' "$1" "$tcdsl_n" "$4" "$4" >&2
         exit 1
     fi
 }
@@ -65,7 +70,7 @@ tcdsl_unmark() {
 # Check before changing anything: every interface the policy shapes exists (with
 # the TX queues its mq tree uses).
 tcdsl_exists isp0
-tcdsl_queues isp0 4 4
+tcdsl_queues isp0 4 4 4
 
 # ==== interface isp0 ====
 tcdsl_at=
