@@ -1337,3 +1337,39 @@ def test_what_changed_since_an_apply_in_words() -> None:
     changed = [("p.tcp", False), ("a.csv", False), ("b.csv", True), ("c.csv", True)]
     assert since_words(changed) == "p.tcp and a.csv changed, b.csv and c.csv are gone"
     assert since_words([("b.csv", True)]) == "b.csv is gone"
+
+
+@pytest.mark.parametrize("classes", [3, 70])
+def test_filter_listings_are_what_tc_lists_parent_by_parent(
+    make_netns: Callable[[], str], tmp_path: Path, classes: int
+) -> None:
+    """The kernel read behind drift and the digest: filters on the root (listed at once), on
+    classes (found by the JSON pass), few (a tc each) or many (one batch, separated)."""
+    from tcdsl.ops import live
+
+    ns = _netns(make_netns)
+    batch = ["qdisc add dev d0 root handle 1: htb"]
+    for n in range(1, classes + 1):
+        batch.append(f"class add dev d0 parent 1: classid 1:{n:x} htb rate 1mbit")
+        batch.append(f"filter add dev d0 parent 1:{n:x} protocol ip prio 1 u32 match ip dport "
+                     f"{n} 0xffff flowid 1:{n:x}")  # fmt: skip
+        batch.append(f"filter add dev d0 parent 1: protocol ip prio 2 u32 match ip sport {n} "
+                     f"0xffff flowid 1:{n:x}")  # fmt: skip
+    batch.append("qdisc add dev d0 parent 1:1 handle 2: htb")  # classful, no filters
+    (tmp_path / "b").write_text("\n".join(batch) + "\n")
+    run(["ip", "netns", "exec", ns, "tc", "-batch", str(tmp_path / "b")])
+    parents = ["1:", "2:", *(f"1:{n:x}" for n in range(1, classes + 1))]
+
+    def one(p: str) -> str:
+        return run(
+            ["ip", "netns", "exec", ns, "tc", "filter", "show", "dev", "d0", "parent", p]
+        ).stdout
+
+    code = (
+        "import json, sys; from tcdsl.ops import live; "
+        f"print(json.dumps(live.filter_listings('d0', {parents!r}, {{'1:', '2:'}})))"
+    )
+    got = json.loads(run(["ip", "netns", "exec", ns, sys.executable, "-c", code]).stdout)
+    assert got == [one(p) for p in parents]
+    assert got[1] == "" and all("*flowid" in text for text in [got[0], *got[2:]])
+    assert (classes + 1 > live._ONE_BY_ONE) == (classes == 70)  # both ways of listing

@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from tcdsl.ops.live import device_exists, filter_listings
+from tcdsl.ops.live import device_exists, filter_listings, top_qdiscs
 from tcdsl.verify.readback import (
     TcClass,
     TcFilter,
@@ -176,7 +176,7 @@ def read_live(device: str) -> DeviceText:
     unique = list(dict.fromkeys(parents))
     filters = "".join(
         with_parent(p, text)
-        for p, text in zip(unique, filter_listings(device, unique), strict=True)
+        for p, text in zip(unique, filter_listings(device, unique, top_qdiscs(qdiscs)), strict=True)
     )
     return DeviceText(device, f"tc:{device}", qdiscs + classes + filters)
 
