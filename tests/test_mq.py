@@ -570,3 +570,22 @@ def test_percentages_resolve_inside_the_queues(tmp_path: Path) -> None:
     lines = batch(tmp_path, text)
     assert any(" htb rate 500mbit" in line for line in lines), lines
     assert not any("%" in line for line in lines)
+
+
+def test_a_plan_names_the_queue_a_steering_filter_sends_to(tmp_path: Path) -> None:
+    """A steering filter has no class: the plan names its TX queue (from 1, as the policy
+    numbers them) instead."""
+    from tcdsl.ops.desired import trees_of
+    from tcdsl.ops.plan import make_plan
+
+    old = compiled(tmp_path, AUTO).policy
+    new = compiled(tmp_path, AUTO.replace("10.0.0.1", "10.0.0.9")).policy
+    assert old is not None and new is not None
+    lines = [
+        line.split("  (")[0]
+        for line in make_plan(trees_of(old), trees_of(new)).render().splitlines()
+    ]
+    queue = next(q.number for q in old.interfaces[0].root.queues if "10.0.0.1" in str(q))  # type: ignore[union-attr]
+    assert f"- filter to queue {queue} (match ip dst 10.0.0.1)" in lines, lines
+    assert f"+ filter to queue {queue} (match ip dst 10.0.0.9)" in lines, lines
+    assert "- filter a (match ip dst 10.0.0.1)" in lines, lines

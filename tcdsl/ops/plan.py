@@ -571,6 +571,9 @@ def _filter_text(c: Command, names: Mapping[str, str]) -> str:
     if "link" in keys:
         keys = keys[: len(keys) - len(LINK_KEY)] if keys[-len(LINK_KEY) :] == LINK_KEY else keys
         return f"hash link ({' '.join(w for w in keys if w != 'link')})"
+    queue = word_after(args, "queue_mapping")
+    if not flow and queue is not None and queue.isdigit():  # an mq tree's steering filter
+        return f"filter to queue {int(queue) + 1}" + (f" ({' '.join(keys)})" if keys else "")
     return f"filter {names.get(flow, flow)}" + (f" ({' '.join(keys)})" if keys else "")
 
 
