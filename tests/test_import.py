@@ -13,6 +13,7 @@ what the language cannot say gives the warnings and the comments; errors are loc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -364,10 +365,12 @@ def test_wondershaper_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert words in script
     assert "protocol ipv6" not in script
     # '-o -' is stdout (it wrote a file named '-' in the folder the command ran in)
-    with CliRunner().isolated_filesystem(temp_dir=tmp_path):
+    here = tmp_path / "here"
+    here.mkdir()
+    with contextlib.chdir(here):
         again = _cli("-i", "eth0", "--from", str(DATA / "wondershaper.txt"), "-o", "-")
-        assert again[0] == 0 and again[2] == "" and not Path("-").exists()
-        assert again[1].split("\n", 1)[1] == out.split("\n", 1)[1]  # (line 1 names --from)
+    assert again[0] == 0 and again[2] == "" and not (here / "-").exists()
+    assert again[1].split("\n", 1)[1] == out.split("\n", 1)[1]  # (line 1 names --from)
 
 
 def test_import_writes_the_output_file(tmp_path: Path) -> None:

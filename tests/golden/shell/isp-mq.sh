@@ -34,8 +34,8 @@ tcdsl_queues() {
         printf 'tcdsl: interface %s has fewer TX queues than the %s its mq tree uses (mq needs at least 2); give it more (ethtool -L, or numtxqueues for a veth) or use fewer queues; nothing was changed\n' "$1" "$2" >&2
         exit 1
     fi
-    # The queues in use: /sys's tx-N, read when /sys shows this namespace's device (the same
-    # index and address as ip's)
+    # The queues in use: the tx-N of /sys, read when /sys shows the device of this namespace
+    # (the same index and address as ip shows)
     tcdsl_i=$(ip -o link show dev "$1" 2>/dev/null | sed -n 's/^\([0-9][0-9]*\):.* link\/[a-z]* \([^ ]*\).*/\1 \2/p')
     [ "$tcdsl_i" = "$(cat /sys/class/net/"$1"/ifindex 2>/dev/null) $(cat /sys/class/net/"$1"/address 2>/dev/null)" ] || return 0
     tcdsl_n=0
