@@ -1006,8 +1006,8 @@ TOO_FEW_QUEUES = (
 device has fewer TX queues than its mq tree uses."""
 TOO_FEW_IN_USE = (
     "tcdsl: interface %s has %s TX queues in use, fewer than the %s its mq tree steers to: "
-    "the packets steered past them would go to the default class of the first queue; use "
-    "more (ethtool -L) or fewer in the tree; nothing was changed"
+    "the packets steered past them would leave by the first queue instead; use more "
+    "(ethtool -L) or fewer in the tree; nothing was changed"
 )
 """What the script prints (a printf format: the device, the queues in use, the highest queue
 its tree steers to) when the device has fewer TX queues in use than its mq tree uses."""

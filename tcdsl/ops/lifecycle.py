@@ -458,7 +458,7 @@ def short_of_queues(policy: ir.Policy) -> list[str]:
             out.append(
                 f"{iface.name} has {in_use} TX queue{'s' if in_use != 1 else ''} in use, fewer "
                 f"than the {highest} its mq tree steers to: the packets steered past them "
-                f"would go to the default class of the first queue; use more (ethtool -L "
+                f"would leave by the first queue instead; use more (ethtool -L "
                 f"{iface.name} combined {highest}) or fewer in the tree"
             )
         spread = ir.spread_queues(iface)
