@@ -63,14 +63,14 @@ def tx_queue_count(name: str) -> tuple[int | None, int | None]:
 
 
 def _in_use(name: str, link: dict[str, object]) -> int | None:
-    sys = f"/sys/class/net/{name}"
+    folder = f"/sys/class/net/{name}"
     try:
-        with open(f"{sys}/ifindex") as index, open(f"{sys}/address") as address:
+        with open(f"{folder}/ifindex") as index, open(f"{folder}/address") as address:
             same = (int(index.read()), address.read().strip()) == (
                 link.get("ifindex"),
                 link.get("address", ""),
             )
-        return sum(q.startswith("tx-") for q in os.listdir(f"{sys}/queues")) if same else None
+        return sum(q.startswith("tx-") for q in os.listdir(f"{folder}/queues")) if same else None
     except (OSError, ValueError):
         return None
 

@@ -121,9 +121,7 @@ class Plan:
         out: dict[str, dict[str, int]] = {}
         for sign, verb in _SIGNS:
             kinds = Counter(_kind(c.text) for c in self.changes if c.sign == sign)
-            known = {k: n for k, n in sorted(kinds.items()) if k in _KINDS}
-            other = sum(n for k, n in kinds.items() if k not in _KINDS)
-            out[verb.removeprefix("to ")] = known | ({"other": other} if other else {})
+            out[verb.removeprefix("to ")] = dict(sorted(kinds.items(), key=_other_last))
         return out
 
     def summary(self) -> str:
@@ -146,7 +144,7 @@ class Plan:
         def change(c: Change) -> dict[str, object]:
             return {
                 "sign": c.sign,
-                "kind": _kind(c.text) if _kind(c.text) in _KINDS else "other",
+                "kind": _kind(c.text),
                 "text": c.text,
                 "file": c.span.file if c.span is not None else None,
                 "line": c.span.line if c.span is not None else None,
@@ -180,8 +178,14 @@ _KINDS = {
 
 
 def _kind(text: str) -> str:
+    """What a change's text says it changes: a key of ``_KINDS``, else ``other``."""
     words = text.split(" ", 2)
-    return " ".join(words[:2]) if words[0] == "hash" else words[0]
+    kind = " ".join(words[:2]) if words[0] == "hash" else words[0]
+    return kind if kind in _KINDS else "other"
+
+
+def _other_last(item: tuple[str, int]) -> tuple[bool, str]:
+    return item[0] == "other", item[0]
 
 
 def _option_diff(old: Sequence[str], new: Sequence[str]) -> str:
