@@ -4,6 +4,7 @@ act_skbedit) and, as far as the host kernel allows, on the host."""
 
 from __future__ import annotations
 
+import random
 import re
 import shutil
 import subprocess
@@ -13,8 +14,12 @@ from pathlib import Path
 import pytest
 
 from tcdsl import ir
+from tcdsl.allocate import MAX, SHARD_BUCKET, SHARD_MAJORS, InterfaceAllocator, qdisc_bucket
 from tcdsl.driver import Result, compile_policy
 from tcdsl.frontend.mq import pack
+
+Q = [f"{m:x}" for m in SHARD_MAJORS[:4]]
+"""The majors of queues 1-4's qdiscs."""
 
 AUTO = """\
 interface eth0 mq queues 4 htb rate 1gbit default unknown {
@@ -68,7 +73,8 @@ def test_auto_form_gives_each_queue_an_htb_with_the_default_class(tmp_path: Path
     ]
     assert [line.split()[5] for line in shards] == ["1:1", "1:2", "1:3", "1:4"]
     # every queue's link class has the whole link's rate, and a default class of 10mbit
-    for n in range(2, 6):
+    assert [line.split()[7] for line in shards] == [f"{n}:" for n in Q]
+    for n in Q:
         assert f"class add dev eth0 parent {n}: classid {n}:1 htb rate 1gbit" in lines
         assert f"class add dev eth0 parent {n}:1 classid {n}:20 htb rate 10mbit ceil 1gbit" in lines
     steering = [line for line in lines if " egress " in line]
@@ -94,8 +100,8 @@ def test_teardown_removes_the_clsact_the_tree_owns(tmp_path: Path) -> None:
 
 def test_explicit_form_keeps_each_queue_as_written(tmp_path: Path) -> None:
     lines = batch(tmp_path, EXPLICIT)
-    assert "qdisc add dev eth0 parent 1:3 handle 4: htb default 10 r2q 1000" in lines
-    assert "qdisc add dev eth0 parent 1:2 handle 3: fq_codel" in lines
+    assert f"qdisc add dev eth0 parent 1:3 handle {Q[2]}: htb default 10 r2q 1000" in lines
+    assert f"qdisc add dev eth0 parent 1:2 handle {Q[1]}: fq_codel" in lines
     steering = [line.split()[-1] for line in lines if " egress " in line]
     assert steering == ["0", "0", "2"]
 
@@ -149,7 +155,51 @@ def test_tcng_says_it_has_no_mq(tmp_path: Path) -> None:
 @pytest.mark.parametrize("backend", ["json", "dot", "mermaid", "shell"])
 def test_other_backends_emit_mq(tmp_path: Path, backend: str) -> None:
     result = compiled(tmp_path, AUTO, backend)
-    assert result.output is not None and "5:10" in result.output
+    assert result.output is not None and f"{Q[3]}:10" in result.output
+
+
+def _majors(lines: list[str]) -> dict[str, list[int]]:
+    """The batch's qdisc handles' majors: the queues' htbs, and the others but the root."""
+    found: dict[str, list[int]] = {"queues": [], "others": []}
+    for line in lines:
+        m = re.match(r"qdisc add dev eth0 parent (\S+) handle (\w+): (\w+)", line)
+        if m:
+            kind = "queues" if m.group(1).startswith("1:") else "others"
+            found[kind].append(int(m.group(2), 16))
+    return found
+
+
+def test_queue_qdiscs_and_leaves_keep_apart_in_the_kernels_qdisc_hash(tmp_path: Path) -> None:
+    """The queues' htbs take their handles from SHARD_BUCKET (where the kernel also walks
+    to find clsact); no other qdisc does, nor from bucket 0 (every class's default pfifo):
+    a command naming a queue's htb or clsact then walks past no leaf qdisc."""
+    subscribers = "".join(
+        f"    class s{i} rate 1mbit match dst 10.0.{i >> 8}.{i & 255} {{\n        pfifo\n    }}\n"
+        for i in range(1, 301)
+    )
+    text = (
+        "interface eth0 mq queues 16 htb rate 1gbit default unknown {\n"
+        f"{subscribers}    class unknown rate 1mbit ceil 1gbit\n}}\n"
+    )
+    found = _majors(batch(tmp_path, text))
+    assert found["queues"] == list(SHARD_MAJORS[:16])
+    assert len(found["others"]) == 300
+    assert not [m for m in found["others"] if qdisc_bucket(m) in (0, SHARD_BUCKET)]
+    # the leaf of class N:M prefers M: where that is free and not in those buckets
+    assert 0x10 in found["others"] and qdisc_bucket(0x10) not in (0, SHARD_BUCKET)
+
+
+def test_leaves_take_the_queues_bucket_when_nothing_else_is_left(tmp_path: Path) -> None:
+    """Avoiding two buckets costs no handle: past the other 14 buckets' majors, a leaf
+    takes one from them (E210 still says when all 65,534 are in use)."""
+    result = compiled(tmp_path, AUTO)
+    assert result.policy is not None
+    alloc = InterfaceAllocator(result.policy.interfaces[0], [])
+    taken = alloc.major_pool.take(0x10)
+    assert taken is not None and qdisc_bucket(taken) not in (0, SHARD_BUCKET)
+    alloc.majors |= {m for m in range(2, MAX) if qdisc_bucket(m) not in (0, SHARD_BUCKET)}
+    taken = alloc.major_pool.take(0x10)
+    assert taken is not None and qdisc_bucket(taken) in (0, SHARD_BUCKET)
 
 
 # ---- kernels ---------------------------------------------------------------------------------
@@ -192,7 +242,7 @@ def test_steering_reaches_each_class_in_the_guest(tmp_path: Path) -> None:
     (res,) = uml.run_cases([uml.Case("mq", guest)], timeout=300)
     assert res.exit_code == 0, res.stdout + res.stderr
     sent = class_packets(res.stdout)
-    assert [sent[f"{n}:10"] for n in range(2, 6)] == [2, 2, 2, 2], res.stdout
+    assert [sent[f"{n}:10"] for n in Q] == [2, 2, 2, 2], res.stdout
     from tcdsl.teach.classify import classify
     from tcdsl.teach.traffic import parse_packet
 
@@ -200,7 +250,7 @@ def test_steering_reaches_each_class_in_the_guest(tmp_path: Path) -> None:
     for n in range(1, 5):  # classify says the class whose counter the kernel moved
         last = classify(result.policy, parse_packet(f"icmp dst 10.0.0.{n}")).steps[-1]
         assert last.cls is not None and sent[str(last.cls.classid)] == 2
-    defaults = [sent[f"{n}:20"] for n in range(2, 6)]
+    defaults = [sent[f"{n}:20"] for n in Q]
     assert sum(defaults) == 2, res.stdout
 
 
@@ -279,7 +329,7 @@ def test_classify_picks_the_queue_then_the_class(tmp_path: Path) -> None:
     verdict = classify(result.policy, parse_packet("udp dst 10.0.0.3"))
     first, last = verdict.steps[0], verdict.steps[-1]
     assert isinstance(first.qdisc, ir.Mq) and "-> TX queue 2 (1:3)" in first.why
-    assert last.cls is not None and last.cls.name == "c" and str(last.cls.classid) == "4:10"
+    assert last.cls is not None and last.cls.name == "c" and str(last.cls.classid) == f"{Q[2]}:10"
     unmatched = classify(result.policy, parse_packet("udp dst 10.9.9.9"))
     assert "kernel picks the TX queue" in unmatched.steps[0].why
     assert unmatched.steps[-1].cls is not None
@@ -299,7 +349,7 @@ def test_explain_describes_the_queues(tmp_path: Path) -> None:
     assert "spread over 4 queues" in out.output
     for n in range(4):
         assert f"TX queue {n} (mq class 1:{n + 1})" in out.output
-    assert "class 'c' (4:10)" in out.output
+    assert f"class 'c' ({Q[2]}:10)" in out.output
 
 
 def test_live_objects_key_the_steering(tmp_path: Path) -> None:
@@ -381,8 +431,9 @@ def test_apply_changes_a_queue_in_place_and_status_names_it(tmp_path: Path) -> N
     done = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "~ class b: rate 500mbit -> 400mbit" in done.stdout
-    assert "class htb 3:10 parent 3:1 prio 0 rate 400Mbit" in done.stdout
-    rows = [line for line in done.stdout.splitlines() if "|3:10 " in line]
+    b = Q[1]
+    assert f"class htb {b}:10 parent {b}:1 prio 0 rate 400Mbit" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if f"|{b}:10 " in line]
     assert rows and rows[0].split()[0] == "b", done.stdout
     assert "1:1 (not in policy)" not in done.stdout
 
@@ -589,3 +640,27 @@ def test_a_plan_names_the_queue_a_steering_filter_sends_to(tmp_path: Path) -> No
     assert f"- filter to queue {queue} (match ip dst 10.0.0.1)" in lines, lines
     assert f"+ filter to queue {queue} (match ip dst 10.0.0.9)" in lines, lines
     assert "- filter a (match ip dst 10.0.0.1)" in lines, lines
+
+
+def test_qdisc_bucket_is_the_kernels() -> None:
+    """The kernel dumps a device's qdiscs bucket by bucket of its qdisc hash, each bucket's
+    newest first: the order ``qdisc_bucket`` predicts for leaves made one by one."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    rng = random.Random(13)
+    majors = rng.sample(range(2, MAX), 40)
+    made = "\n".join(
+        f"tc class add dev t0 parent 1: classid 1:{m:x} htb rate 1mbit && "
+        f"tc qdisc add dev t0 parent 1:{m:x} handle {m:x}: pfifo &&"
+        for m in majors
+    )
+    script = (
+        "ip link add name t0 type veth peer name t1 && tc qdisc add dev t0 root handle 1: htb &&\n"
+        f"{made}\ntc qdisc show dev t0"
+    )
+    done = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    shown = [line.split()[2] for line in done.stdout.splitlines()]
+    order = sorted(range(len(majors)), key=lambda i: (qdisc_bucket(majors[i]), -i))
+    assert shown == ["1:"] + [f"{majors[i]:x}:" for i in order]
