@@ -4,7 +4,9 @@ hand-written commands for the same state, and against the same classes on one ht
 
     python bench/mq_bench.py [N] [ONE_HTB_N]
 
-Prints: the compile time, the generated batch's apply time, the raw batch's, the kernel's
+Prints: the compile time (of a ``.tcp`` file with a class per subscriber, and of a policy
+taking the same subscribers from a LibreQoS-style table, as an ISP keeps them), the
+generated batch's apply time, the raw batch's, the kernel's
 floor (the same classes alone: no leaf qdisc, no filter), and the one-htb apply time at
 ONE_HTB_N (one htb walks every class on each insert: run it smaller and read the trend).
 
@@ -54,6 +56,31 @@ def policy(n: int, mq: bool) -> str:
     lines.append("    class unknown rate 1mbit ceil 10gbit")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+TABLE_HEADER = (
+    "Circuit ID,Circuit Name,Device ID,Device Name,Parent Node,MAC,IPv4,IPv6,"
+    "Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps,Comment"
+)
+
+
+def table(n: int) -> str:
+    """The same N subscribers as a ShapedDevices.csv: a device each, rate 1 and ceil 100 Mbps."""
+    rows = [TABLE_HEADER]
+    rows += [f"{i},s{i},{i},cpe{i},site,,{address(i)},,1,1,100,100," for i in range(1, n + 1)]
+    return "\n".join(rows) + "\n"
+
+
+def table_policy(csv_name: str) -> str:
+    """The mq tree of ``policy`` with its classes from ``csv_name``."""
+    return (
+        f"interface eth0 mq queues {QUEUES} htb rate 10gbit default unknown {{\n"
+        f'    subscribers download from "{csv_name}" {{\n'
+        "        pfifo limit 100\n"
+        "    }\n"
+        "    class unknown rate 1mbit ceil 10gbit\n"
+        "}\n"
+    )
 
 
 def raw_batch(n: int) -> str:
@@ -183,6 +210,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         batch, compile_s = compiled(policy(n, mq=True), work, "mq")
+        (work / "subscribers.csv").write_text(table(n))
+        from_table, table_s = compiled(table_policy("subscribers.csv"), work, "table")
+        table_lines = sum(1 for line in from_table.splitlines() if line and not line[0] == "#")
         lines = sum(1 for line in batch.splitlines() if line and not line.startswith("#"))
         if not steer:
             batch = steering_stand_in(batch)
@@ -196,11 +226,13 @@ def main() -> None:
     note = "" if steer else " (no act_skbedit here: the steering filters get a class id instead)"
     print(f"mq: {n} subscribers over {QUEUES} queues{note}")
     print(f"  tcdsl compile (whole process):      {compile_s:7.2f} s  ({lines} tc commands)")
+    print(f"  the same from a table:              {table_s:7.2f} s  ({table_lines} tc commands)")
     print(f"  tc -batch of tcdsl's batch:         {mq_s:7.2f} s")
     print(f"  the same without steering filters:  {bare_s:7.2f} s")
     print(f"  tc -batch of hand-written commands: {raw_s:7.2f} s  (no steering, as the line above)")
     print(f"  kernel floor (the classes alone):   {floor_s:7.2f} s  (no leaf qdisc, no filter)")
     print(f"  compile + apply:                    {compile_s + mq_s:7.2f} s  (target < 30 s)")
+    print(f"  the same from a table:              {table_s + mq_s:7.2f} s")
     print(f"one htb: {one_n} subscribers applied in {one_s:.2f} s")
     print(f"load average at the end: {os.getloadavg()[0]:.2f} (2 cores, shared)")
     print(f"tc classes elsewhere on the host at the start: {elsewhere}")

@@ -132,3 +132,26 @@ def test_ops_bench_imports_against_a_regular_install(installed: Path, tmp_path: 
     )
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
+
+
+def test_mq_bench_table_gives_the_same_tree_as_its_policy(tmp_path: Path) -> None:
+    """bench/mq_bench.py times the subscribers written as classes and taken from a table:
+    both compile to the same classes, leaf qdiscs and filters (up to names and order)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import mq_bench
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from tcdsl.driver import compile_policy
+
+    def commands(text: str, name: str) -> list[str]:
+        path = tmp_path / f"{name}.tcp"
+        path.write_text(text)
+        result = compile_policy(str(path), "tc-batch")
+        assert result.output is not None, [d.message for d in result.diagnostics]
+        return sorted(line for line in result.output.splitlines() if line and line[0] != "#")
+
+    (tmp_path / "s.csv").write_text(mq_bench.table(40))
+    from_table = commands(mq_bench.table_policy("s.csv"), "table")
+    assert sum(" pfifo limit 100" in line for line in from_table) == 40
+    assert from_table == commands(mq_bench.policy(40, mq=True), "classes")
