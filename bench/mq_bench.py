@@ -212,7 +212,7 @@ def main() -> None:
         batch, compile_s = compiled(policy(n, mq=True), work, "mq")
         (work / "subscribers.csv").write_text(table(n))
         from_table, table_s = compiled(table_policy("subscribers.csv"), work, "table")
-        table_lines = sum(1 for line in from_table.splitlines() if line and not line[0] == "#")
+        table_lines = sum(1 for line in from_table.splitlines() if line and line[0] != "#")
         lines = sum(1 for line in batch.splitlines() if line and not line.startswith("#"))
         if not steer:
             batch = steering_stand_in(batch)

@@ -731,9 +731,32 @@ LINK_PIN = " link"
 PARENT_PIN = " parent"
 """After a class name in ``Pins``: the id of its live parent (``1:`` for a top class); a class
 whose parent is another now moved, and is given a new id."""
+QUEUE_PIN = " queue"
+"""After the handle of an mq queue's qdisc (``12:``) in ``Pins``: the queue's number, as the
+major of a handle (``3:``). A spread tree (``mq queues N``) keeps each top-level class whose
+live id has that major on that queue (``live_queues``)."""
 R2Q_PIN = " r2q"
 """After an htb's handle (``1:``) in ``Pins``: the r2q it was given, as the major of a handle
 (``5:``), when the policy did not say one."""
+
+
+def live_queues(pins: Pins) -> dict[str, dict[str, int]]:
+    """Tree label -> class name -> the number of the mq queue whose qdisc holds the class's
+    pinned id (``QUEUE_PIN``), for the classes of the live spread trees in ``pins``."""
+    found: dict[str, dict[str, int]] = {}
+    for label, ids in pins.items():
+        queue_of = {
+            int(key.partition(":")[0], 16): h.major
+            for key, h in ids.items()
+            if key.endswith(QUEUE_PIN)
+        }
+        if queue_of:
+            found[label] = {
+                name: queue_of[h.major]
+                for name, h in ids.items()
+                if " " not in name and h.major in queue_of
+            }
+    return found
 
 
 def allocate(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 
 from tcdsl import ir
-from tcdsl.allocate import Pins, allocate
+from tcdsl.allocate import Pins, allocate, live_queues
 from tcdsl.backend import Backend, BackendOptions
 from tcdsl.backends import BACKENDS
 from tcdsl.checks import run_checks
@@ -120,10 +120,11 @@ def analyse(
     ``target`` is the kernel the policy is for (None: any current kernel); the codes in
     ``disabled`` and those disabled by comments in the sources are left out of the result;
     ``access`` says where includes may read (default: below the policy's directory);
-    ``pins`` keeps class ids a live policy has (see :data:`tcdsl.allocate.Pins`);
+    ``pins`` keeps class ids a live policy has (see :data:`tcdsl.allocate.Pins`), and the
+    queue of each class of a live spread mq tree;
     ``tables`` gives subscriber tables' text (None for one: read from the disk).
     """
-    reader = Reader(loader, access, tables)
+    reader = Reader(loader, access, tables, live_queues(pins) if pins else None)
     with _compiling():
         try:
             return _suppressed(_analyse(path, reader, target, pins), disabled)

@@ -1063,9 +1063,16 @@ class Interface:
     @property
     def label(self) -> str:
         """How messages name this tree: ``eth0``, ``eth0 download (ifb4eth0)``, ``eth0 ingress``."""
-        if self.download is not None:
-            return f"{self.download.interface} download (via {self.name})"
-        return f"{self.name} ingress" if self.direction == "ingress" else self.name
+        download = self.download.interface if self.download is not None else None
+        return tree_label(self.name, self.direction, download)
+
+
+def tree_label(name: str, direction: str | None, download: str | None = None) -> str:
+    """``Interface.label`` of the tree on device ``name`` (for a download, the IFB; ``download``:
+    the interface whose arrivals it shapes), before the tree is built."""
+    if download is not None:
+        return f"{download} download (via {name})"
+    return f"{name} ingress" if direction == "ingress" else name
 
 
 @dataclass(frozen=True, slots=True)

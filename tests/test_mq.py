@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from tcdsl import ir
-from tcdsl.allocate import MAX, SHARD_BUCKET, SHARD_MAJORS, InterfaceAllocator, qdisc_bucket
-from tcdsl.driver import Result, compile_policy
+from tcdsl.allocate import MAX, SHARD_BUCKET, SHARD_MAJORS, InterfaceAllocator, Pins, qdisc_bucket
+from tcdsl.driver import Result, analyse, compile_policy
 from tcdsl.frontend.mq import pack
+from tcdsl.ops.lifecycle import pins_of
 
 Q = [f"{m:x}" for m in SHARD_MAJORS[:4]]
 """The majors of queues 1-4's qdiscs."""
@@ -63,6 +64,68 @@ def test_pack_puts_the_largest_first_onto_the_least_loaded_queue() -> None:
     assert pack([300, 200, 100, 50, 10], 4) == [0, 1, 2, 3, 3]
     assert pack([5, 5, 5, 5], 2) == [0, 1, 0, 1]
     assert pack([1, 9, 9], 2) == [0, 0, 1]
+
+
+def test_pack_keeps_the_kept_bins_and_fills_the_least_loaded() -> None:
+    # the second stays on bin 1 (its load counts); the others go largest first as before
+    assert pack([5, 5, 5, 5], 2, [None, 1, None, None]) == [0, 1, 0, 1]
+    assert pack([5, 5, 5], 2, [1, 1, None]) == [1, 1, 0]
+    # a bin the tree no longer has (fewer queues) keeps nothing
+    assert pack([5, 5], 2, [3, None]) == [0, 1]
+
+
+def _table_tree(tmp_path: Path, rows: range, pins: Pins | None = None) -> dict[str, str]:
+    """Circuit name -> class id of a table's circuits spread over 4 queues (``pins``: the
+    live policy's, as ``tcdsl apply`` compiles the next one)."""
+    header = (
+        "Circuit ID,Circuit Name,Device ID,Device Name,Parent Node,MAC,IPv4,IPv6,"
+        "Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps,Comment\n"
+    )
+    plans = (10, 25, 50, 100)
+    table = "".join(
+        f"{i},c{i},{i},d,site,,10.0.{i >> 8}.{i & 255},,{plans[i % 4]},1,100,10,\n" for i in rows
+    )
+    (tmp_path / "subs.csv").write_text(header + table)
+    (tmp_path / "p.tcp").write_text(
+        "interface eth0 mq queues 4 htb rate 10gbit default other {\n"
+        '    subscribers download from "subs.csv"\n'
+        "    class other rate 1mbit ceil 10gbit\n"
+        "}\n"
+    )
+    result = analyse(str(tmp_path / "p.tcp"), pins=pins)
+    assert result.policy is not None, [d.message for d in result.diagnostics]
+    (iface,) = result.policy.interfaces
+    return {c.name: str(c.classid) for q in ir.walk_qdiscs(iface.root) for c in ir.classes_of(q)}
+
+
+def test_a_live_spread_tree_keeps_each_class_on_its_queue(tmp_path: Path) -> None:
+    """Removing or adding a circuit moves no other one to another queue when the policy is
+    live (its pins, as recorded by an apply, say where each class is); compiled afresh, the
+    packing starts over and most circuits after the change move."""
+    first = _table_tree(tmp_path, range(1, 101))
+    result = analyse(str(tmp_path / "p.tcp"))
+    assert result.policy is not None
+    recorded = {  # through the record's text, as the next apply reads it
+        label: {name: str(h) for name, h in ids.items()}
+        for label, ids in pins_of(result.policy).items()
+    }
+    pins = {
+        label: {
+            name: ir.Handle(*(int(x or "0", 16) for x in text.split(":")))
+            for name, text in ids.items()
+        }
+        for label, ids in recorded.items()
+    }
+    fewer = [i for i in range(1, 102) if i != 10]  # c10 removed, c101 added
+    kept = _table_tree(tmp_path, fewer, pins)
+    assert {n: kept[n] for n in first if n in kept and n != "c101"} == {
+        n: first[n] for n in first if n in kept
+    }
+    queues = {cid.split(":")[0] for cid in first.values()}
+    assert len(queues) == 4 and kept["c101"].split(":")[0] in queues
+    afresh = _table_tree(tmp_path, fewer)
+    moved = [n for n in first if n in afresh and afresh[n].split(":")[0] != first[n].split(":")[0]]
+    assert len(moved) > 10, "the packing without pins moves circuits (what pins prevent)"
 
 
 def test_auto_form_gives_each_queue_an_htb_with_the_default_class(tmp_path: Path) -> None:
@@ -419,16 +482,12 @@ def test_apply_changes_a_queue_in_place_and_status_names_it(tmp_path: Path) -> N
         pytest.skip(why)
     (tmp_path / "one.tcp").write_text(OPS.replace("RATE", "500mbit"))
     (tmp_path / "two.tcp").write_text(OPS.replace("RATE", "400mbit"))
-    tcdsl = Path(sys.executable).parent / "tcdsl"
-    script = (
-        f"cd {tmp_path} && export TCDSL_STATE_DIR={tmp_path} TCDSL_LOCK_DIR={tmp_path} && "
-        "ip link add name eth0 numtxqueues 4 type veth peer name peer0 numtxqueues 4 && "
-        "ip link set dev eth0 up && "
-        f"{tcdsl} apply --yes --name m one.tcp && "
-        f"{tcdsl} apply --yes --name m two.tcp && "
-        f"{tcdsl} status two.tcp && tc class show dev eth0"
+    done = _in_namespace(
+        tmp_path,
+        4,
+        "{tcdsl} apply --yes --name m one.tcp && {tcdsl} apply --yes --name m two.tcp && "
+        "{tcdsl} status two.tcp && tc class show dev eth0",
     )
-    done = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "~ class b: rate 500mbit -> 400mbit" in done.stdout
     b = Q[1]
@@ -436,6 +495,68 @@ def test_apply_changes_a_queue_in_place_and_status_names_it(tmp_path: Path) -> N
     rows = [line for line in done.stdout.splitlines() if f"|{b}:10 " in line]
     assert rows and rows[0].split()[0] == "b", done.stdout
     assert "1:1 (not in policy)" not in done.stdout
+
+
+def _in_namespace(tmp_path: Path, queues: int, commands: str) -> subprocess.CompletedProcess[str]:
+    """``commands`` (``{tcdsl}`` for the console script) run in ``tmp_path`` in a new network
+    namespace, with the live state kept there, on a veth eth0 with ``queues`` TX queues."""
+    tcdsl = Path(sys.executable).parent / "tcdsl"
+    script = (
+        f"cd {tmp_path} && export TCDSL_STATE_DIR={tmp_path} TCDSL_LOCK_DIR={tmp_path} && "
+        f"ip link add name eth0 numtxqueues {queues} type veth peer name peer0 "
+        f"numtxqueues {queues} && ip link set dev eth0 up && " + commands.format(tcdsl=tcdsl)
+    )
+    return subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True)
+
+
+SPREAD = """\
+interface eth0 mq queues 2 htb rate 1gbit default d {
+    class a rate 100mbit
+    class b rate 200mbit
+    class c rate 300mbit
+    class d rate 1mbit
+}
+"""
+
+
+def test_apply_removes_a_spread_class_and_moves_no_other(tmp_path: Path) -> None:
+    """On the host (no match lines, so no steering filter): removing class a from a spread
+    tree leaves every other class where it is. Packed afresh, the default class d would
+    move to the other queue (its two copies with it)."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    (tmp_path / "one.tcp").write_text(SPREAD)
+    (tmp_path / "two.tcp").write_text(SPREAD.replace("    class a rate 100mbit\n", ""))
+    home = {  # the queue holding class d: live, and packed afresh without class a
+        name: _queue_of(compiled(tmp_path, text), "d")
+        for name, text in (("one", SPREAD), ("afresh", (tmp_path / "two.tcp").read_text()))
+    }
+    assert home["one"] != home["afresh"], home
+    done = _in_namespace(
+        tmp_path,
+        2,
+        "{tcdsl} apply --yes --name m one.tcp && tc class show dev eth0 > before && "
+        "{{ {tcdsl} plan --name m two.tcp; true; }} && "
+        "{tcdsl} apply --yes --name m two.tcp && tc class show dev eth0 > after",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = done.stdout.split("applied one.tcp")[1].split("plan: ")[1].splitlines()[0]
+    assert plan == "1 to remove (1 class)", done.stdout
+    before = (tmp_path / "before").read_text().splitlines()
+    after = (tmp_path / "after").read_text().splitlines()
+    assert len(after) == len(before) - 1 and set(after) < set(before)
+
+
+def _queue_of(result: Result, name: str) -> int:
+    assert result.policy is not None
+    (iface,) = result.policy.interfaces
+    assert isinstance(iface.root, ir.Mq)
+    for queue in iface.root.queues:
+        for q in ir.walk_qdiscs(queue.qdisc):
+            if any(c.name == name for c in ir.classes_of(q)):
+                return queue.number
+    raise AssertionError(f"no class {name}")
 
 
 FOUR = """\

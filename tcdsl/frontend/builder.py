@@ -16,7 +16,7 @@ from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend import tables
 from tcdsl.frontend.chains import chain_name_problem
-from tcdsl.frontend.mq import MqQueueSyntax, build_mq, mq_queue
+from tcdsl.frontend.mq import MqQueueSyntax, build_mq, mq_queue, spread
 from tcdsl.frontend.qdiscs import QdiscBuilder
 from tcdsl.frontend.syntax import (
     DSCP_NAMES,
@@ -116,8 +116,9 @@ class Builder(Transformer[Token, Any]):
         self.pending: dict[int, tuple[ir.Class, tables.Pending]] = {}
         """The stand-ins of subscribers statements, until their tree is built."""
         self.unspread: dict[int, tuple[ir.Mq, ir.Qdisc]] = {}
-        """The ``mq queues N`` (by id) with a subscribers statement among the top-level
-        classes of their tree, and that tree: spread once the statement is classes."""
+        """The ``mq queues N`` (by id) and the tree each spreads, until the interface's tree
+        is built (``_tree``): its label says which queue each live class is on, and a
+        subscribers statement among the top-level classes is classes by then."""
 
     @property
     def scope(self) -> Scope:
@@ -183,7 +184,7 @@ class Builder(Transformer[Token, Any]):
         self._check_ifname(name, name_span)
         outer = self._tree_opts(opts, TreeOpts())
         if isinstance(body, QdiscSyntax):
-            self.interfaces.append(self._tree(name, name_span, body, outer))
+            self.interfaces.append(self._tree(name, name_span, body, outer, label=name))
             return
         seen: dict[str, Span] = {}
         for kw, span, item, own in body:
@@ -194,7 +195,9 @@ class Builder(Transformer[Token, Any]):
             seen[kw] = span
             here = self._tree_opts(own, outer)
             if kw == "upload":
-                self.interfaces.append(self._tree(name, name_span, item, here, "upload"))
+                self.interfaces.append(
+                    self._tree(name, name_span, item, here, "upload", label=name)
+                )
             elif kw == "ingress":
                 self.interfaces.append(
                     ir.Interface(
@@ -212,7 +215,8 @@ class Builder(Transformer[Token, Any]):
                 ifb_name, ifb_span = via if via is not None else (ifb_name_for(name), None)
                 if ifb_span is not None:
                     self._check_ifname(ifb_name, ifb_span)
-                tree = self._tree(ifb_name, span, q, here, "download")
+                label = ir.tree_label(ifb_name, "download", name)
+                tree = self._tree(ifb_name, span, q, here, "download", label)
                 download = ir.Download(name, span, connmark, ifb_span)
                 self.interfaces.append(
                     dataclasses.replace(tree, direction="download", download=download)
@@ -228,6 +232,16 @@ class Builder(Transformer[Token, Any]):
                     Note("the download is here", seen["download"]),
                 )
             )
+
+    def spread_root(self, root: ir.Qdisc, label: str) -> ir.Qdisc:
+        """``root`` spread over its queues if it is an ``mq queues N`` not spread yet; the
+        tree's ``label`` says which queue each class of the live policy is on."""
+        if not isinstance(root, ir.Mq) or id(root) not in self.unspread:
+            return root
+        _, tree = self.unspread.pop(id(root))
+        assert root.shards is not None
+        live = self.reader.queues.get(label, {})
+        return ir.replace(root, queues=spread(self, tree, root.shards, live))
 
     def _tree_opts(self, items: list[Any], outer: TreeOpts) -> TreeOpts:
         """The ``family`` and ``classifier`` given in ``items``; what is not given comes from
@@ -273,11 +287,13 @@ class Builder(Transformer[Token, Any]):
         q: QdiscSyntax,
         opts: TreeOpts,
         direction: tables.Direction | None = None,
+        label: str = "",
     ) -> ir.Interface:
         root = q.qdisc
         if self.pending:
             by_mark = q.classify[0] if q.classify else None
-            root = tables.expand_tree(self, root, direction, name, by_mark, opts.family)
+            root = tables.expand_tree(self, root, direction, name, by_mark, opts.family, label)
+        root = self.spread_root(root, label)
         for extra in q.classify[1:]:
             self.error(
                 Diagnostic.error(

@@ -9,6 +9,7 @@ packet no line matches stays on the queue the kernel picked for it)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tcdsl import ir
@@ -81,14 +82,12 @@ def build_mq(
             )
         if shards is None:
             return QdiscSyntax(ir.Mq(span, (), None, handle), inner.classify)
-        if _statement_on_top(b, inner.qdisc):
-            # Its circuits are top-level classes, each packed by its own rate: the tree is
-            # spread when its statements are expanded (tables.expand_tree), not as one class.
-            mq = ir.Mq(span, (), shards, handle)
-            b.unspread[id(mq)] = (mq, inner.qdisc)
-            return QdiscSyntax(mq, inner.classify)
-        queues = spread(b, inner.qdisc, shards)
-        return QdiscSyntax(ir.Mq(span, queues, shards, handle), inner.classify)
+        # Spread once the interface's tree is built (Builder.spread_root): a statement's
+        # circuits are top-level classes by then, each packed by its own rate, and the tree's
+        # label says which queue each live class is on.
+        mq = ir.Mq(span, (), shards, handle)
+        b.unspread[id(mq)] = (mq, inner.qdisc)
+        return QdiscSyntax(mq, inner.classify)
     if shards is not None:
         b.error(
             Diagnostic.error(
@@ -157,16 +156,6 @@ def mq_queue(b: Builder, number: str, span: Span, tree: QdiscSyntax) -> MqQueueS
     return MqQueueSyntax(value, span, tree)
 
 
-def _statement_on_top(b: Builder, tree: ir.Qdisc) -> bool:
-    """Whether a subscribers statement stands among the top-level classes of ``tree``."""
-    if not b.pending or not isinstance(tree, ir.Htb):
-        return False
-    tops = tree.classes
-    if len(tops) == 1 and tops[0].implicit:
-        tops = tops[0].children
-    return any(id(c) in b.pending for c in tops)
-
-
 def _weight(cls: ir.Class, link: ir.Class | None) -> int:
     """The rate a top-level class is packed by (a percentage of the link's)."""
     rate = cls.rate
@@ -177,20 +166,33 @@ def _weight(cls: ir.Class, link: ir.Class | None) -> int:
     return 0
 
 
-def pack(weights: list[int], bins: int) -> list[int]:
-    """The bin of each weight: largest first (ties in the order given) onto the least-loaded
-    bin (ties to the lowest-numbered), deterministic."""
+def pack(weights: list[int], bins: int, kept: Sequence[int | None] = ()) -> list[int]:
+    """The bin of each weight: ``kept[i]`` where it is a bin (a live class stays on its
+    queue), the others largest first (ties in the order given) onto the least-loaded bin
+    (ties to the lowest-numbered), deterministic."""
     load = [0] * bins
     placed = [0] * len(weights)
-    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+    free = []
+    for i, weight in enumerate(weights):
+        bin_ = kept[i] if i < len(kept) else None
+        if bin_ is not None and 0 <= bin_ < bins:
+            placed[i] = bin_
+            load[bin_] += weight
+        else:
+            free.append(i)
+    for i in sorted(free, key=lambda i: (-weights[i], i)):
         target = min(range(bins), key=lambda n: (load[n], n))
         placed[i] = target
         load[target] += weights[i]
     return placed
 
 
-def spread(b: Builder, tree: ir.Qdisc, shards: ir.Count) -> tuple[ir.MqQueue, ...]:
-    """Spread ``tree``'s top-level classes over ``shards`` queues, each an htb of its own."""
+def spread(
+    b: Builder, tree: ir.Qdisc, shards: ir.Count, live: Mapping[str, int] | None = None
+) -> tuple[ir.MqQueue, ...]:
+    """Spread ``tree``'s top-level classes over ``shards`` queues, each an htb of its own.
+    ``live``: the queue (from 1) each class of the live policy is on; a top-level class
+    there stays on it, so that adding or removing one moves no other."""
     if not isinstance(tree, ir.Htb):
         b.error(
             Diagnostic.error(
@@ -215,7 +217,8 @@ def spread(b: Builder, tree: ir.Qdisc, shards: ir.Count) -> tuple[ir.MqQueue, ..
     tops = link.children if link is not None else top
     default = _find(tops, tree.default.name) if tree.default is not None else None
     count = shards.value
-    home = pack([_weight(c, link) for c in tops], count)
+    kept = [live[c.name] - 1 if live and c.name in live else None for c in tops]
+    home = pack([_weight(c, link) for c in tops], count, kept)
     holder = next(
         (i for i, c in enumerate(tops) if default is not None and _holds(c, default)), None
     )

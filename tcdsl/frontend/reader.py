@@ -6,7 +6,7 @@ import functools
 import itertools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +64,12 @@ class Reader:
         loader: Callable[[str], str] | None = None,
         access: Access | None = None,
         table_loader: Callable[[str], str | None] | None = None,
+        queues: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
         self.scope = Scope()
+        self.queues = queues or {}
+        """Tree label -> class name -> its mq queue in the live policy (``live_queues``): a
+        spread tree keeps them there."""
         self.diagnostics: list[Diagnostic] = []
         self.follow_ons: list[Diagnostic] = []
         """Errors caused only by an earlier one: not reported, but they taint like errors."""

@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic, Note, Span
-from tcdsl.frontend.mq import spread
 from tcdsl.frontend.source import (
     SourceError,
     decode_policy,
@@ -1089,16 +1088,18 @@ def expand_tree(
     device: str,
     marking: ir.Marking | None = None,
     family: ir.FamilySpec | None = None,
+    label: str = "",
 ) -> ir.Qdisc:
     """``qdisc`` with the placeholders of its statements replaced by their classes (a
     statement's own ``upload``/``download`` wins over the tree's ``direction``; None: the
     egress of ``device``, which says neither, E272); warns (W371) about the rows of a table
     the tree reads that none of its statements takes. ``marking``: the tree's ``classify by
     mark``, whose fw filters' pref is that of the lines without one. ``family``: the tree's,
-    whose addresses alone its classes match (W363 once for what that leaves out)."""
+    whose addresses alone its classes match (W363 once for what that leaves out). ``label``:
+    the tree's (``Builder.spread_root``)."""
     names, reserved = _class_names(b, qdisc), _circuit_names(b, qdisc)
     expander = _Expander(b, direction, device, names, reserved, family)
-    result = expander.walk(qdisc)
+    result = b.spread_root(expander.walk(qdisc), label)
     for syn, left in expander.left_out:
         b.reader.diagnostics.append(_other_family(syn, left, family))
     for syn, earlier, count, circuit in expander.conflicts.values():
@@ -1284,10 +1285,11 @@ class _Expander:
 
     def walk(self, q: ir.Qdisc) -> ir.Qdisc:
         if isinstance(q, ir.Mq):  # a spread tree: each queue's htb holds some of the sites
-            unspread = self.b.unspread.pop(id(q), None)
-            if unspread is not None and q.shards is not None:  # statements among its tops:
+            unspread = self.b.unspread.get(id(q))
+            if unspread is not None:  # spread later (Builder._tree), its statements expanded:
                 # their circuits are top-level classes, spread like written ones
-                return ir.replace(q, queues=spread(self.b, self.walk(unspread[1]), q.shards))
+                self.b.unspread[id(q)] = (q, self.walk(unspread[1]))
+                return q
             queues = tuple(self.queue(queue) for queue in q.queues)
             same = all(a is b for a, b in zip(queues, q.queues, strict=True))
             return q if same else ir.replace(q, queues=queues)

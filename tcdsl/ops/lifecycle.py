@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from tcdsl import ir
-from tcdsl.allocate import LEAF_PIN, LINK_PIN, PARENT_PIN, R2Q_PIN, Pins
+from tcdsl.allocate import LEAF_PIN, LINK_PIN, PARENT_PIN, QUEUE_PIN, R2Q_PIN, Pins
 from tcdsl.commands import default_chain, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
@@ -282,12 +282,17 @@ def stored_pins(applied: Applied | None) -> Pins:
 
 def pins_of(policy: ir.Policy | None) -> Pins:
     """The class ids of a live policy, by tree label and class name, its classes' leaf qdisc
-    handles (``tcdsl.allocate.LEAF_PIN``) and its htbs' r2q (``R2Q_PIN``), for the next one."""
+    handles (``tcdsl.allocate.LEAF_PIN``), its htbs' r2q (``R2Q_PIN``) and its mq queues'
+    numbers (``QUEUE_PIN``), for the next one."""
     if policy is None:
         return {}
     pins = class_ids(policy)
     for iface in policy.interfaces:
         ids = pins.setdefault(iface.label, {})
+        if isinstance(iface.root, ir.Mq):
+            for queue in iface.root.queues:
+                if queue.qdisc.handle is not None:
+                    ids[f"{queue.qdisc.handle}{QUEUE_PIN}"] = ir.Handle(queue.number, 0)
         for q in ir.walk_qdiscs(iface.root):
             r2q = q.chosen_r2q or HTB_DEFAULT_R2Q if isinstance(q, ir.Htb) else 0
             if isinstance(q, ir.Htb) and q.r2q is None and q.handle and 0 < r2q <= 0xFFFF:
