@@ -537,15 +537,25 @@ def test_apply_removes_a_spread_class_and_moves_no_other(tmp_path: Path) -> None
         tmp_path,
         2,
         "{tcdsl} apply --yes --name m one.tcp && tc class show dev eth0 > before && "
-        "{{ {tcdsl} plan --name m two.tcp; true; }} && "
-        "{tcdsl} apply --yes --name m two.tcp && tc class show dev eth0 > after",
+        "{{ {tcdsl} plan --summary --name m two.tcp; true; }} && "
+        "{tcdsl} apply --yes --name m two.tcp && tc class show dev eth0 > after && "
+        "{tcdsl} plan --summary --name m two.tcp && echo kept && "
+        "{{ {tcdsl} plan --repack --name m two.tcp; true; }} && "
+        "{tcdsl} apply --yes --repack --name m two.tcp && tc class show dev eth0 > repacked && "
+        "{tcdsl} plan --summary --name m two.tcp && echo repacked",
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    plan = done.stdout.split("applied one.tcp")[1].split("plan: ")[1].splitlines()[0]
-    assert plan == "1 to remove (1 class)", done.stdout
+    plans = [line for line in done.stdout.splitlines() if line.startswith("plan: ")]
+    # the first apply, then the plan and apply of two.tcp: one class goes, nothing moves
+    assert plans[1] == plans[2] == "plan: 1 to remove (1 class)", done.stdout
+    assert "no changes\nkept\n" in done.stdout and "no changes\nrepacked\n" in done.stdout
     before = (tmp_path / "before").read_text().splitlines()
     after = (tmp_path / "after").read_text().splitlines()
     assert len(after) == len(before) - 1 and set(after) < set(before)
+    # --repack packs afresh: class d goes to the other queue (its htb's default with it)
+    assert "(its subtree is built again)" in done.stdout.split("kept")[1], done.stdout
+    repacked = (tmp_path / "repacked").read_text()
+    assert repacked != "\n".join(after) + "\n"
 
 
 def _queue_of(result: Result, name: str) -> int:

@@ -72,10 +72,10 @@ def _store(name: str) -> Store:
 
 
 def _compiled(
-    path: str, store: Store, reading: Reading | None = None
+    path: str, store: Store, reading: Reading | None = None, repack: bool = False
 ) -> tuple[Result, tuple[Tree, ...]]:
     try:
-        result, trees = compile_new(store, path, reading)
+        result, trees = compile_new(store, path, reading, repack)
     except OpsError as e:
         _fail(NO_STATE, str(e))
     # the warnings too, as 'check' shows them: a subscriber in the default class (W371), a
@@ -116,17 +116,19 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
     _fail(FAILED, f"{f.command!r} failed for {name}: {f.message}; {then}", span, sources)
 
 
-def _prepared(policy: str, name: str | None, store: Store | None = None) -> Prepared:
-    """POLICY compiled (with the live class ids) and planned against the policy live under
-    its name (``store``, when the caller holds its lock); exits with the diagnostic on
-    errors."""
+def _prepared(
+    policy: str, name: str | None, store: Store | None = None, repack: bool = False
+) -> Prepared:
+    """POLICY compiled (with the live class ids; ``repack``: its spread mq trees packed
+    afresh) and planned against the policy live under its name (``store``, when the caller
+    holds its lock); exits with the diagnostic on errors."""
     store = store or _store(policy_name(policy, name))
     try:
         reading = start_reading(store)
     except OpsError as e:
         _fail(NO_STATE, str(e))
     with collector_paused():  # (the new policy's kernel objects, compared with the live ones)
-        result, trees = _compiled(policy, store, reading)
+        result, trees = _compiled(policy, store, reading, repack)
     try:
         with collector_paused():  # (the kernel objects of both policies, the plan)
             return prepare(store, result.policy, result, reading, trees)
@@ -148,6 +150,14 @@ SUMMARY = click.option(
     "plans of thousands of lines).",
 )
 
+
+REPACK = click.option(
+    "--repack",
+    is_flag=True,
+    help="Pack the classes of a spread mq tree (mq queues N) over its queues afresh: by "
+    "default each live class stays on its queue and only new ones are packed. A class that "
+    "changes queue is made again (its counters start over).",
+)
 
 NAME = click.option(
     "--name",
@@ -171,10 +181,11 @@ NAME = click.option(
     "text",
     "json",
 )
-def plan_command(policy: str, name: str | None, summary: bool, fmt: str) -> None:
+@REPACK
+def plan_command(policy: str, name: str | None, summary: bool, fmt: str, repack: bool) -> None:
     """Show what applying POLICY would change in the kernel, by the policy's names and lines,
     and what was changed by hand since the last apply (drift)."""
-    prepared = _prepared(policy, name)
+    prepared = _prepared(policy, name, repack=repack)
     _preflight(prepared)
     _print(prepared.plan, summary, fmt)
     plan = prepared.plan
@@ -205,20 +216,27 @@ def _preflight(prepared: Prepared) -> None:
 @click.option("--yes", "-y", is_flag=True, help="Apply without asking.")
 @click.option("--confirm", "within", help="Roll back unless confirmed within this time (60s, 2m).")
 @SUMMARY
+@REPACK
 def apply_command(
-    policy: str, name: str | None, yes: bool, within: str | None, summary: bool
+    policy: str, name: str | None, yes: bool, within: str | None, summary: bool, repack: bool
 ) -> None:
     """Make the kernel equal to POLICY with the smallest safe change."""
     seconds = parse_duration(within) if within is not None else None
     store = _store(policy_name(policy, name))
     with store.locked():
-        _apply(policy, store, yes, seconds, within, summary)
+        _apply(policy, store, yes, seconds, within, summary, repack)
 
 
 def _apply(
-    policy: str, store: Store, yes: bool, seconds: float | None, within: str | None, summary: bool
+    policy: str,
+    store: Store,
+    yes: bool,
+    seconds: float | None,
+    within: str | None,
+    summary: bool,
+    repack: bool = False,
 ) -> None:
-    prepared = _prepared(policy, None, store)
+    prepared = _prepared(policy, None, store, repack)
     _preflight(prepared)
     result = prepared.result
     assert result is not None

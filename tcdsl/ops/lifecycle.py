@@ -311,7 +311,7 @@ parent, kept from the classes the apply adds (no class name has a blank)."""
 
 
 def compile_new(
-    store: Store, path: str, reading: Reading | None = None
+    store: Store, path: str, reading: Reading | None = None, repack: bool = False
 ) -> tuple[Result, tuple[Tree, ...]]:
     """``path`` compiled with the class ids of the policy live under ``store``'s name. A class
     that moved to another parent (a subscriber to another site) is given a new id and leaf
@@ -320,9 +320,14 @@ def compile_new(
     the whole tree again. Its children move with it, so they are given new ids too (by
     ``PARENT_PIN``s: the live parents). ``reading``: the live record already read (else read
     now). With the result, the kernel objects of its policy (made to compare them;
-    ``prepare`` plans them)."""
+    ``prepare`` plans them). ``repack``: the spread mq trees are packed afresh, rather than
+    each live class kept on its queue (``QUEUE_PIN``); a class that changes queue is made
+    again, as a moved one."""
     applied = store.current() if reading is None else reading.applied
-    pins = {label: dict(ids) for label, ids in stored_pins(applied).items()}
+    pins = {
+        label: {n: h for n, h in ids.items() if not (repack and n.endswith(QUEUE_PIN))}
+        for label, ids in stored_pins(applied).items()
+    }
     if applied is None:
         result = analyse(path, pins=pins)
         return result, trees_of(result.policy)
