@@ -285,15 +285,13 @@ class InterfaceAllocator:
         return dataclasses.replace(iface, filters=filters)
 
     # ---- handles and class ids ----
-    def qdisc(
-        self, q: ir.Qdisc, preferred: int | None, kept: bool = False, shard: bool = False
-    ) -> ir.Qdisc:
+    def qdisc(self, q: ir.Qdisc, preferred: int | None, kept: bool = False) -> ir.Qdisc:
         if q.explicit_handle is not None:
             major = q.explicit_handle.handle.major
         elif kept and preferred is not None:
-            major = preferred  # a pinned leaf's major, kept free for it
+            major = preferred  # a pinned leaf's major, or a queue's: kept free for it
         else:
-            taken = (self.shard_pool if shard else self.major_pool).take(preferred)
+            taken = self.major_pool.take(preferred)
             if taken is None:
                 self.error("E210", "no free qdisc handle is left (65534 in use)", q.span)
             major = taken or 0
@@ -313,13 +311,39 @@ class InterfaceAllocator:
                 child = None if q.child is None else self.qdisc(q.child, major + 1)
                 return ir.replace(q, handle=handle, child=child)
             case ir.Mq():
+                majors = self._queue_majors(q)
                 queues = tuple(
-                    ir.replace(mq, qdisc=self.qdisc(mq.qdisc, _shard_major(mq.number), shard=True))
+                    ir.replace(mq, qdisc=self.qdisc(mq.qdisc, majors.get(mq.number), True))
                     for mq in q.queues
                 )
                 return ir.replace(q, handle=handle, queues=queues)
             case _:
                 return ir.replace(q, handle=handle)
+
+    def _queue_majors(self, mq: ir.Mq) -> dict[int, int]:
+        """Queue number -> its qdisc's major, reserved before any qdisc below the queues
+        takes one: the live one (``QUEUE_PIN``), else queue N's of ``SHARD_MAJORS``, where
+        free; else the next free one of ``SHARD_MAJORS`` (so one taken by an explicit handle
+        moves no other queue's). A queue's explicit handle is its own (not here)."""
+        live = {queue: major for major, queue in _queue_pins(self.pins).items()}
+        chosen: dict[int, int] = {}
+        rest = []
+        for queue in mq.queues:
+            if queue.qdisc.explicit_handle is not None:
+                continue
+            for want in (live.get(queue.number), _shard_major(queue.number)):
+                if want is not None and want not in self.majors:
+                    chosen[queue.number] = want
+                    self.majors.add(want)
+                    break
+            else:
+                rest.append(queue)
+        for queue in rest:
+            taken = self.shard_pool.take()
+            if taken is None:
+                self.error("E210", "no free qdisc handle is left (65534 in use)", queue.span)
+            chosen[queue.number] = taken or 0
+        return chosen
 
     def classes(self, q: ir.ClassfulQdisc, major: int) -> tuple[ir.Class, ...]:
         used: set[int] = set()
@@ -333,7 +357,7 @@ class InterfaceAllocator:
                 self.error(
                     "E204",
                     f"class id {h} does not belong to qdisc {major:x}: "
-                    f"(write {major:x}:{h.minor:x})",
+                    f"(write {major:x}:{h.minor:x}, or give the qdisc 'handle {h.major:x}:')",
                     ref.span,
                 )
             elif h.minor == 0:
@@ -740,23 +764,31 @@ R2Q_PIN = " r2q"
 (``5:``), when the policy did not say one."""
 
 
-def live_queues(pins: Pins) -> dict[str, dict[str, int]]:
-    """Tree label -> class name -> the number of the mq queue whose qdisc holds the class's
-    pinned id (``QUEUE_PIN``), for the classes of the live spread trees in ``pins``."""
-    found: dict[str, dict[str, int]] = {}
+LiveQueues = tuple[int, dict[str, int]]
+"""A live mq tree's queues: how many, and class name -> the queue (from 1) it is on."""
+
+
+def live_queues(pins: Pins) -> dict[str, LiveQueues]:
+    """Tree label -> the live mq tree's ``LiveQueues``: the queues whose qdiscs ``pins`` has
+    (``QUEUE_PIN``), and the queue of each class whose pinned id is under one of them."""
+    found: dict[str, LiveQueues] = {}
     for label, ids in pins.items():
-        queue_of = {
-            int(key.partition(":")[0], 16): h.major
-            for key, h in ids.items()
-            if key.endswith(QUEUE_PIN)
-        }
+        queue_of = _queue_pins(ids)
         if queue_of:
-            found[label] = {
+            names = {
                 name: queue_of[h.major]
                 for name, h in ids.items()
                 if " " not in name and h.major in queue_of
             }
+            found[label] = (len(queue_of), names)
     return found
+
+
+def _queue_pins(ids: Mapping[str, ir.Handle]) -> dict[int, int]:
+    """The major of each live mq queue's qdisc -> its queue's number (``QUEUE_PIN``)."""
+    return {
+        int(key.partition(":")[0], 16): h.major for key, h in ids.items() if key.endswith(QUEUE_PIN)
+    }
 
 
 def allocate(

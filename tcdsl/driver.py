@@ -114,6 +114,7 @@ def analyse(
     access: Access | None = None,
     pins: Pins | None = None,
     tables: Callable[[str], str | None] | None = None,
+    repack: bool = False,
 ) -> Result:
     """Parse, resolve, check and allocate ``path``; no backend is involved.
 
@@ -121,10 +122,10 @@ def analyse(
     ``disabled`` and those disabled by comments in the sources are left out of the result;
     ``access`` says where includes may read (default: below the policy's directory);
     ``pins`` keeps class ids a live policy has (see :data:`tcdsl.allocate.Pins`), and the
-    queue of each class of a live spread mq tree;
+    queue of each class of a live spread mq tree unless ``repack``;
     ``tables`` gives subscriber tables' text (None for one: read from the disk).
     """
-    reader = Reader(loader, access, tables, live_queues(pins) if pins else None)
+    reader = Reader(loader, access, tables, live_queues(pins) if pins and not repack else None)
     with _compiling():
         try:
             return _suppressed(_analyse(path, reader, target, pins), disabled)

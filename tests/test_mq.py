@@ -98,6 +98,52 @@ def _table_tree(tmp_path: Path, rows: range, pins: Pins | None = None) -> dict[s
     return {c.name: str(c.classid) for q in ir.walk_qdiscs(iface.root) for c in ir.classes_of(q)}
 
 
+def _recompiled(tmp_path: Path, live: str, new: str) -> Result:
+    """``new`` analysed with the pins of ``live`` compiled (as ``tcdsl apply`` does)."""
+    (tmp_path / "p.tcp").write_text(live)
+    first = analyse(str(tmp_path / "p.tcp"))
+    assert first.policy is not None
+    (tmp_path / "p.tcp").write_text(new)
+    return analyse(str(tmp_path / "p.tcp"), pins=pins_of(first.policy))
+
+
+def _tops(n: int, queues: int, skip: tuple[int, ...] = ()) -> str:
+    classes = "".join(f"    class c{i} rate {10 + i}mbit\n" for i in range(n) if i not in skip)
+    return (
+        f"interface eth0 mq queues {queues} htb rate 1gbit default other {{\n"
+        f"{classes}    class other rate 1mbit\n}}\n"
+    )
+
+
+def test_more_queues_than_the_live_tree_pack_afresh(tmp_path: Path) -> None:
+    """12 classes live on 4 queues, then 8 queues: kept where they were, queues 5-8 would
+    carry nothing; so the tree is packed afresh and every queue gets classes."""
+    result = _recompiled(tmp_path, _tops(12, 4), _tops(12, 8))
+    assert result.policy is not None
+    assert not [d for d in result.diagnostics if d.code == "W368"]
+    root = result.policy.interfaces[0].root
+    assert isinstance(root, ir.Mq) and all(len(ir.queue_tops(q.qdisc)) > 1 for q in root.queues)
+
+
+def test_w368_names_the_queues_left_with_only_the_default_class(tmp_path: Path) -> None:
+    """The live classes stay where they are: removing those of one queue leaves it idle."""
+    (tmp_path / "p.tcp").write_text(_tops(8, 4))
+    first = analyse(str(tmp_path / "p.tcp"))
+    assert first.policy is not None
+    on_two = [
+        int(c.name[1:])
+        for q in first.policy.interfaces[0].root.queues  # type: ignore[attr-defined]
+        if q.number == 2
+        for c in ir.queue_tops(q.qdisc)
+        if c.name.startswith("c")
+    ]
+    result = _recompiled(tmp_path, _tops(8, 4), _tops(8, 4, tuple(on_two)))
+    (w368,) = [d.message for d in result.diagnostics if d.code == "W368"]
+    assert "queue 2 holds only the default class (the live classes stay" in w368, w368
+    fresh = [d.message for d in analyse(str(tmp_path / "p.tcp")).diagnostics if d.code == "W368"]
+    assert fresh == [], "packed afresh, no queue is idle"
+
+
 def test_a_live_spread_tree_keeps_each_class_on_its_queue(tmp_path: Path) -> None:
     """Removing or adding a circuit moves no other one to another queue when the policy is
     live (its pins, as recorded by an apply, say where each class is); compiled afresh, the
@@ -250,6 +296,15 @@ def test_queue_qdiscs_and_leaves_keep_apart_in_the_kernels_qdisc_hash(tmp_path: 
     assert not [m for m in found["others"] if qdisc_bucket(m) in (0, SHARD_BUCKET)]
     # the leaf of class N:M prefers M: where that is free and not in those buckets
     assert 0x10 in found["others"] and qdisc_bucket(0x10) not in (0, SHARD_BUCKET)
+
+
+def test_a_handle_taken_explicitly_moves_only_its_queue(tmp_path: Path) -> None:
+    """A leaf given queue 2's usual handle: queue 2 takes the next free one of the bucket,
+    the other queues keep theirs (no shift of every later queue)."""
+    text = AUTO.replace("        pfifo limit 100", f"        pfifo limit 100 handle {Q[1]}:")
+    found = _majors(batch(tmp_path, text))
+    assert [f"{m:x}" for m in found["queues"]] == [Q[0], f"{SHARD_MAJORS[4]:x}", Q[2], Q[3]]
+    assert int(Q[1], 16) in found["others"]
 
 
 def test_leaves_take_the_queues_bucket_when_nothing_else_is_left(tmp_path: Path) -> None:
@@ -556,6 +611,54 @@ def test_apply_removes_a_spread_class_and_moves_no_other(tmp_path: Path) -> None
     assert "(its subtree is built again)" in done.stdout.split("kept")[1], done.stdout
     repacked = (tmp_path / "repacked").read_text()
     assert repacked != "\n".join(after) + "\n"
+
+
+OLD_HANDLES = """\
+interface eth0 mq {
+    queue 1 htb HANDLE2rate 1gbit default a {
+        class a rate 100mbit {
+            pfifo limit 10
+        }
+    }
+    queue 2 htb HANDLE3rate 1gbit default b {
+        class b rate 100mbit {
+            pfifo limit 10
+        }
+    }
+}
+"""
+
+
+def test_a_record_without_queue_pins_keeps_the_live_queue_handles(tmp_path: Path) -> None:
+    """A record of an older tcdsl has no QUEUE_PIN, and its queues' htbs have other handles
+    (2: and 3:, queue N's N+1: then): the next apply keeps those (read from what the apply
+    built), rather than building every queue again, whose new leaves could take 3: while
+    queue 2's htb still had it (E601, 'Cannot move an existing qdisc')."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    old = OLD_HANDLES.replace("HANDLE2", "handle 2: ").replace("HANDLE3", "handle 3: ")
+    (tmp_path / "m.tcp").write_text(old)
+    strip = (  # what an older tcdsl recorded: no queue pins
+        "import json, sys; p = sys.argv[1]; d = json.load(open(p)); "
+        "d['classids'] = {{t: {{k: v for k, v in ids.items() if not k.endswith(' queue')}} "
+        "for t, ids in d['classids'].items()}}; json.dump(d, open(p, 'w'))"
+    )  # (braces doubled: _in_namespace formats the commands)
+    (tmp_path / "new.tcp").write_text(OLD_HANDLES.replace("HANDLE2", "").replace("HANDLE3", ""))
+    done = _in_namespace(
+        tmp_path,
+        2,
+        "{tcdsl} apply --yes --name m m.tcp >/dev/null && tc qdisc show dev eth0 > before && "
+        f'{sys.executable} -c "{strip}" m/applied/1.json && '
+        "cp new.tcp m.tcp && grep -c 'queue\": ' m/applied/1.json; "
+        "{tcdsl} plan --name m m.tcp && {tcdsl} apply --yes --name m m.tcp && "
+        "tc qdisc show dev eth0 > after",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("0\n"), done.stdout  # the record had no queue pins
+    assert "no changes" in done.stdout, done.stdout
+    assert (tmp_path / "after").read_text() == (tmp_path / "before").read_text()
+    assert " htb 2: " in (tmp_path / "after").read_text()
 
 
 def _queue_of(result: Result, name: str) -> int:

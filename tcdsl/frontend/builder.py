@@ -240,7 +240,7 @@ class Builder(Transformer[Token, Any]):
             return root
         _, tree = self.unspread.pop(id(root))
         assert root.shards is not None
-        live = self.reader.queues.get(label, {})
+        live = self.reader.queues.get(label)
         return ir.replace(root, queues=spread(self, tree, root.shards, live))
 
     def _tree_opts(self, items: list[Any], outer: TreeOpts) -> TreeOpts:

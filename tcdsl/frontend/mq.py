@@ -9,7 +9,7 @@ packet no line matches stays on the queue the kernel picked for it)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tcdsl import ir
@@ -18,6 +18,7 @@ from tcdsl.frontend.syntax import DefaultOpt, HandleOpt, Param, QdiscSyntax
 from tcdsl.units import Dimension
 
 if TYPE_CHECKING:
+    from tcdsl.allocate import LiveQueues
     from tcdsl.frontend.builder import Builder
 
 MAX_QUEUES = 4096
@@ -188,11 +189,12 @@ def pack(weights: list[int], bins: int, kept: Sequence[int | None] = ()) -> list
 
 
 def spread(
-    b: Builder, tree: ir.Qdisc, shards: ir.Count, live: Mapping[str, int] | None = None
+    b: Builder, tree: ir.Qdisc, shards: ir.Count, live: LiveQueues | None = None
 ) -> tuple[ir.MqQueue, ...]:
     """Spread ``tree``'s top-level classes over ``shards`` queues, each an htb of its own.
-    ``live``: the queue (from 1) each class of the live policy is on; a top-level class
-    there stays on it, so that adding or removing one moves no other."""
+    ``live``: the live tree's queues; a top-level class on one stays there, so that adding
+    or removing one moves no other. More queues than the live tree's: all packed afresh (the
+    new queues would be left idle)."""
     if not isinstance(tree, ir.Htb):
         b.error(
             Diagnostic.error(
@@ -217,18 +219,23 @@ def spread(
     tops = link.children if link is not None else top
     default = _find(tops, tree.default.name) if tree.default is not None else None
     count = shards.value
-    kept = [live[c.name] - 1 if live and c.name in live else None for c in tops]
+    on = live[1] if live is not None and live[0] >= count else {}
+    kept = [on[c.name] - 1 if c.name in on else None for c in tops]
     home = pack([_weight(c, link) for c in tops], count, kept)
     holder = next(
         (i for i, c in enumerate(tops) if default is not None and _holds(c, default)), None
     )
-    if len(tops) < count:
+    idle = [n + 1 for n in range(count) if n not in set(home)]
+    if idle:
+        kept_there = (
+            " (the live classes stay where they are)" if any(k is not None for k in kept) else ""
+        )
         b.error(
             Diagnostic.warning(
                 "W368",
                 f"mq queues {count} spreads {len(tops)} top-level class"
-                f"{'es' if len(tops) != 1 else ''}: {_idle(len(tops) + 1, count)} only the "
-                "default class",
+                f"{'es' if len(tops) != 1 else ''}: {_idle(idle)} only the default "
+                f"class{kept_there}",
                 shards.span,
             )
         )
@@ -258,8 +265,13 @@ def spread(
     return tuple(queues)
 
 
-def _idle(first: int, last: int) -> str:
-    return f"queue {last} holds" if first == last else f"queues {first} to {last} hold"
+def _idle(queues: list[int]) -> str:
+    """``queue 4 holds``, ``queues 4 to 16 hold``, ``queues 2, 5 and 6 hold``."""
+    if len(queues) == 1:
+        return f"queue {queues[0]} holds"
+    if queues[-1] - queues[0] == len(queues) - 1:
+        return f"queues {queues[0]} to {queues[-1]} hold"
+    return f"queues {', '.join(map(str, queues[:-1]))} and {queues[-1]} hold"
 
 
 def _copy_leaf(leaf: ir.Qdisc | None) -> ir.Qdisc | None:

@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lark import Lark, Token
 from lark.exceptions import UnexpectedInput, UnexpectedToken
@@ -26,6 +26,9 @@ from tcdsl.frontend.source import (
     source_diagnostic,
 )
 from tcdsl.frontend.values import Scope, span_of
+
+if TYPE_CHECKING:
+    from tcdsl.allocate import LiveQueues
 
 # ---- reading files -----------------------------------------------------------------------------
 
@@ -64,12 +67,12 @@ class Reader:
         loader: Callable[[str], str] | None = None,
         access: Access | None = None,
         table_loader: Callable[[str], str | None] | None = None,
-        queues: Mapping[str, Mapping[str, int]] | None = None,
+        queues: Mapping[str, LiveQueues] | None = None,
     ) -> None:
         self.scope = Scope()
         self.queues = queues or {}
-        """Tree label -> class name -> its mq queue in the live policy (``live_queues``): a
-        spread tree keeps them there."""
+        """Tree label -> its live mq tree's queues (``tcdsl.allocate.live_queues``): a spread
+        tree keeps each class on its queue."""
         self.diagnostics: list[Diagnostic] = []
         self.follow_ons: list[Diagnostic] = []
         """Errors caused only by an earlier one: not reported, but they taint like errors."""

@@ -324,23 +324,25 @@ def compile_new(
     each live class kept on its queue (``QUEUE_PIN``); a class that changes queue is made
     again, as a moved one."""
     applied = store.current() if reading is None else reading.applied
-    pins = {
-        label: {n: h for n, h in ids.items() if not (repack and n.endswith(QUEUE_PIN))}
-        for label, ids in stored_pins(applied).items()
-    }
+    pins = {label: dict(ids) for label, ids in stored_pins(applied).items()}
     if applied is None:
         result = analyse(path, pins=pins)
         return result, trees_of(result.policy)
+    live_trees = (live_of(store, applied) if reading is None else reading.live).trees
     live = {  # (tree, class name) -> (its live id, its live parent)
         (t.label, t.names[o.key[2]]): (o.key[2], o.parent)
-        for t in (live_of(store, applied) if reading is None else reading.live).trees
+        for t in live_trees
         for o in t.objects
         if o.kind == "class" and o.key[2] in t.names
     }
     for (label, name), (_, parent) in live.items():
         if parent is not None:
             pins.setdefault(label, {})[f"{name}{PARENT_PIN}"] = _handle(parent)
-    result = analyse(path, pins=pins)
+    for label, queues in live_queue_handles(live_trees).items():
+        ids = pins.setdefault(label, {})
+        for key, handle in queues.items():  # (a record of an older tcdsl has none)
+            ids.setdefault(key, handle)
+    result = analyse(path, pins=pins, repack=repack)
     moved: set[tuple[str, str]] = set()
     trees = trees_of(result.policy)
     # allocate gives a moved class a new id (by PARENT_PIN); a class that kept its live id
@@ -361,9 +363,25 @@ def compile_new(
                 if pin in ids:
                     ids[pin.replace(name, f"{name}{MOVED_PIN}", 1)] = ids.pop(pin)
         moved |= found
-        result = analyse(path, pins=pins)
+        result = analyse(path, pins=pins, repack=repack)
         trees = trees_of(result.policy)
     return result, trees
+
+
+def live_queue_handles(trees: Iterable[Tree]) -> dict[str, dict[str, ir.Handle]]:
+    """The ``QUEUE_PIN`` pins of the mq trees among ``trees`` (what an apply built): each
+    queue's qdisc's handle and its queue's number (the mq's class minor it hangs from)."""
+    found: dict[str, dict[str, ir.Handle]] = {}
+    for t in trees:
+        roots = [o for o in t.objects if o.kind == "qdisc" and o.parent == "root"]
+        if len(roots) != 1 or roots[0].qdisc_kind != "mq" or roots[0].handle is None:
+            continue
+        mq = roots[0].handle
+        for o in t.objects:
+            if o.kind == "qdisc" and o.parent and o.parent.startswith(mq) and o.handle:
+                queue = int(o.parent[len(mq) :] or "0", 16)
+                found.setdefault(t.label, {})[f"{o.handle}{QUEUE_PIN}"] = ir.Handle(queue, 0)
+    return found
 
 
 def _kept_elsewhere(was: tuple[str, str | None] | None, classid: str, parent: str | None) -> bool:
