@@ -1373,3 +1373,67 @@ def test_filter_listings_are_what_tc_lists_parent_by_parent(
     assert got == [one(p) for p in parents]
     assert got[1] == "" and all("*flowid" in text for text in [got[0], *got[2:]])
     assert (classes + 1 > live._ONE_BY_ONE) == (classes == 70)  # both ways of listing
+
+
+NESTED = """\
+interface d0 htb rate 1gbit default a {
+    class a rate 100mbit {
+        pfifo limit 10
+    }
+CLASSES}
+"""
+B_CLASS = "    class b rate 50mbit {\n        pfifo limit 10\n    }\n"
+X_CLASS = "    class x rate 10mbit {\n        pfifo limit 10 handle 41:\n    }\n"
+Z_CLASS = (
+    "    class z rate 10mbit {\n        tbf rate 5mbit burst 10kb latency 50ms {\n"
+    "            pfifo limit LIMIT\n        }\n    }\n"
+)
+W_CLASS = "    class w rate 20mbit {\n        pfifo limit 10 handle 20:\n    }\n"
+
+
+def test_a_restore_records_what_it_built(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Generation 2 built z's inner pfifo as 2: (41: was still x's). Compiled again from its
+    text, it is 41:, and a failed apply (w's leaf takes 20:, still b's: E601) builds that
+    back. The record must then say 41:, or the next change to the pfifo targets a qdisc
+    that is not there (it did, and failed, after a plan that saw 'no changes')."""
+    tcdsl("apply", "--yes", tcdsl.write("p.tcp", NESTED.replace("CLASSES", B_CLASS + X_CLASS)))
+    g2 = NESTED.replace("CLASSES", B_CLASS + Z_CLASS.replace("LIMIT", "10"))
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", g2)).code == 0
+    assert "pfifo 2: parent 40:" in tcdsl.tc("qdisc", "show", "dev", "d0")
+    g3 = NESTED.replace("CLASSES", Z_CLASS.replace("LIMIT", "10") + W_CLASS)
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", g3))
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    assert "previous state was restored" in failed.err, failed
+    assert tcdsl("plan", tcdsl.write("p.tcp", g2)).out == "no changes\n"
+    g4 = NESTED.replace("CLASSES", B_CLASS + Z_CLASS.replace("LIMIT", "20"))
+    changed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", g4))
+    assert changed.code == 0, changed
+    assert re.search(r"pfifo \w+: parent 40:\S* limit 20p", tcdsl.tc("qdisc", "show", "dev", "d0"))
+
+
+def test_a_restore_that_leaves_the_kernel_otherwise_says_so(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """A tc that also skips every 'rate 2mbit' command and says nothing (as a kernel could
+    ignore an attribute; its -force batches lose -force): the undo and then the full restore
+    run without an error, but voip is not back at 2mbit. Read back, that is not the previous
+    state: apply must not say it was restored (it did whenever the restore's commands all
+    succeeded)."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    _tc_failing_on_limit_30(tcdsl)
+    shim = tcdsl.folder / "bin" / "tc"
+    shim.write_text(
+        shim.read_text(encoding="utf-8")
+        .replace('if [ "$1" = -batch ]', 'if [ "$1" = -batch ] || [ "$2" = -batch ]')
+        .replace("    input=$(cat)", "    input=$(grep -v 'rate 2mbit')")
+        .replace('exec REAL "$@"', 'case "$*" in *"rate 2mbit"*) exit 0;; esac\nexec REAL "$@"'),
+        encoding="utf-8",
+    )
+    guest = "    class guest rate 1mbit match src 10.9.0.0/16 {\n        pfifo limit 30\n    }\n"
+    later = A.replace("voip rate 2mbit", "voip rate 4mbit").replace(
+        "    class bulk", guest + "    class bulk"
+    )  # voip changed, then the guest's leaf fails
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", later))
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    assert "restoring the previous state failed too" in failed.err, failed
+    assert "rate 2Mbit" not in tcdsl.tc("class", "show", "dev", "d0")

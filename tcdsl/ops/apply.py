@@ -109,13 +109,18 @@ and the check that the kernel is the old policy again after it."""
 
 
 def apply_policy(
-    plan: Plan, restore: Callable[[], Plan], runner: Runner = run_command, undo: Undo | None = None
+    plan: Plan,
+    restore: Callable[[], Plan],
+    runner: Runner = run_command,
+    undo: Undo | None = None,
+    rebuilt: Callable[[], bool] | None = None,
 ) -> None:
     """Run ``plan``; on a failure, take the kernel back and raise :class:`ApplyFailed`: in
     place with the plan ``undo`` makes, every command of it tried (the trees, their counters
     and their classification kept), where the kernel is then the old policy again; else with
-    the plan ``restore`` makes (the old policy built again). Both are made only then, as
-    they compile the old policy."""
+    the plan ``restore`` makes (the old policy built again), restored only if every command
+    of it ran and ``rebuilt`` (the kernel is the old policy: read back) says so. Both plans
+    are made only then, as they compile the old policy."""
     failure = run_plan(plan, runner)
     if failure is None:
         return
@@ -134,4 +139,9 @@ def apply_policy(
     except OpsError:  # the live policy's saved text no longer compiles: nothing to build
         raise ApplyFailed(failure, False) from None
     restored = run_plan(back, again) is None
+    if restored and rebuilt is not None:
+        try:
+            restored = rebuilt()
+        except (OpsError, OSError, subprocess.SubprocessError):
+            restored = False  # not known to be restored: not said to be
     raise ApplyFailed(failure, restored)

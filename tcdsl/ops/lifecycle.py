@@ -218,13 +218,27 @@ def _undo(prepared: Prepared) -> tuple[Plan, Callable[[], bool]] | None:
     return inverse, lambda: not drift(old)
 
 
-def _remember_restored(store: Store, generation: int, live: Live) -> None:
-    """After a failed change was undone by building the live policy again: the kernel's
-    digest of what was built, so that the next plan does not take it for a change by hand
-    (the rebuilt objects are the record's; only numbers the kernel chose, u32 table ids,
-    may differ)."""
+def _rebuilt(policy: Callable[[], ir.Policy | None]) -> Callable[[], bool]:
+    """The check, after a failed change, that the kernel is the policy ``policy`` gives (the
+    live one, compiled only then) again, read back."""
+
+    def check() -> bool:
+        old = policy()
+        return old is not None and not drift(old)
+
+    return check
+
+
+def _remember_restored(store: Store, generation: int, policy: ir.Policy | None) -> None:
+    """After a failed change was undone: what the undo or restore built (``policy``, the live
+    one compiled again from its saved text) and the kernel's digest, so that the next plan
+    starts from what the kernel has. Those are mostly the record's objects; but a number the
+    compiler chose anew (a nested qdisc's handle, a handle an older tcdsl gave) or the
+    kernel chose (a u32 table id) may differ, and the record must say what is there."""
+    if policy is None:
+        return
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        remember_kernel(store, generation, live)
+        remember(store, generation, policy, trees_of(policy))
 
 
 def remember_kernel(store: Store, generation: int, live: Live) -> None:
@@ -678,12 +692,17 @@ def apply(
     held = _interfaces(new) | set(prepared.applied.devices if prepared.applied else ())
     try:
         with interface_locks(held):
-            undo = functools.partial(_undo, prepared)
-            apply_policy(prepared.plan, lambda: restore_plan(prepared.old, new), runner, undo)
+            apply_policy(
+                prepared.plan,
+                lambda: restore_plan(prepared.old, new),
+                runner,
+                functools.partial(_undo, prepared),
+                _rebuilt(lambda: prepared.old),
+            )
     except ApplyFailed as failed:
         store.finish()  # the old policy was built again
         if failed.restored and prepared.applied is not None:
-            _remember_restored(store, prepared.applied.generation, prepared.live)
+            _remember_restored(store, prepared.applied.generation, prepared.old)
         # what the plan replaced that no state kept: its teardown ran, no record rebuilds it
         failed.lost = tuple(prepared.plan.replaced)
         raise
@@ -758,10 +777,11 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
 
     try:
         with interface_locks(set(applied.devices) | set(back.devices if back else ())):
-            apply_policy(prepared.plan, restore, runner)
+            rebuilt = _rebuilt(lambda: compile_applied(applied))
+            apply_policy(prepared.plan, restore, runner, rebuilt=rebuilt)
     except ApplyFailed as failed:
         if failed.restored:
-            _remember_restored(store, applied.generation, prepared.live)
+            _remember_restored(store, applied.generation, compile_applied(applied))
         raise
     store.set_pending(None)
     store.finish()
@@ -790,7 +810,8 @@ def _rollback_interrupted(store: Store, applied: Applied | None, runner: Runner)
         prepared.plan = make_plan(trees_of(old), (), rebuild=())
     empty = dataclasses.replace(old or _nothing(), interfaces=())
     with interface_locks(_interfaces(old, target)):
-        apply_policy(prepared.plan, lambda: restore_plan(old, target or empty), runner)
+        restore = functools.partial(restore_plan, old, target or empty)
+        apply_policy(prepared.plan, restore, runner, rebuilt=_rebuilt(lambda: old))
     store.set_pending(None)
     store.finish()
     if target is None or applied is None:
@@ -810,7 +831,12 @@ def down(store: Store, runner: Runner = run_command) -> Plan:
         raise OpsError(f"no policy is applied under the name {store.name!r}")
     # as for apply: the live policy is compiled again only to restore it after a failure
     with interface_locks(prepared.applied.devices):
-        apply_policy(prepared.plan, lambda: restore_plan(prepared.old, _nothing()), runner)
+        apply_policy(
+            prepared.plan,
+            lambda: restore_plan(prepared.old, _nothing()),
+            runner,
+            rebuilt=_rebuilt(lambda: prepared.old),
+        )
     store.remove()
     return prepared.plan
 
