@@ -218,7 +218,9 @@ class InterfaceAllocator:
         self.moved: set[str] = set()
         """Classes pinned to an id they cannot keep (moved): their leaf handle is not kept."""
         self.reserved = {
-            h for n, h in self.pins.items() if not n.endswith((LEAF_PIN, PARENT_PIN, R2Q_PIN))
+            h
+            for n, h in self.pins.items()
+            if not n.endswith((LEAF_PIN, PARENT_PIN, R2Q_PIN, QUEUE_PIN)) and NESTED_PIN not in n
         }
         """The ids of the live classes (and link classes): not given to a new class."""
         self.leaf_pins = {
@@ -228,6 +230,13 @@ class InterfaceAllocator:
         }
         """Class name -> the major its leaf qdisc had; kept free for it (unless an explicit
         handle takes it), so that a new qdisc made before it cannot take it."""
+        self.nested_pins: dict[tuple[str, int], int] = {}
+        """(class name, depth) -> the major of the qdisc that deep below the class (2: a
+        tbf's or netem's child), kept free for it as ``leaf_pins`` are."""
+        for key, h in self.pins.items():
+            name, nested, depth = key.rpartition(NESTED_PIN)
+            if nested and depth.isdigit():
+                self.nested_pins[(name, int(depth))] = h.major
         self.diagnostics = diagnostics
         self.blocks = blocks if blocks is not None else set()
         self.police_block: int | None = None
@@ -274,7 +283,8 @@ class InterfaceAllocator:
                 self.majors.add(major)
                 self.major_owner[major] = q.explicit_handle.span
         self.leaf_pins = {n: m for n, m in self.leaf_pins.items() if m not in self.majors}
-        self.majors |= set(self.leaf_pins.values())
+        self.nested_pins = {k: m for k, m in self.nested_pins.items() if m not in self.majors}
+        self.majors |= set(self.leaf_pins.values()) | set(self.nested_pins.values())
         root = self.qdisc(self.iface.root, preferred=1)
         iface = dataclasses.replace(self.iface, root=root)
         if iface.marking is not None:
@@ -285,7 +295,15 @@ class InterfaceAllocator:
         return dataclasses.replace(iface, filters=filters)
 
     # ---- handles and class ids ----
-    def qdisc(self, q: ir.Qdisc, preferred: int | None, kept: bool = False) -> ir.Qdisc:
+    def qdisc(
+        self,
+        q: ir.Qdisc,
+        preferred: int | None,
+        kept: bool = False,
+        below: tuple[str, int] | None = None,
+    ) -> ir.Qdisc:
+        """``q`` with its handle and what is below it allocated; ``below``: the class it is
+        that deep below (1: its leaf), whose pinned handles the qdiscs below it keep."""
         if q.explicit_handle is not None:
             major = q.explicit_handle.handle.major
         elif kept and preferred is not None:
@@ -308,7 +326,15 @@ class InterfaceAllocator:
                 classes = self.classes(q, major)
                 return ir.replace(q, handle=handle, classes=classes)
             case ir.Tbf() | ir.Netem():
-                child = None if q.child is None else self.qdisc(q.child, major + 1)
+                deeper = None if below is None else (below[0], below[1] + 1)
+                pin = self.nested_pins.pop(deeper, None) if deeper is not None else None
+                child = (
+                    None
+                    if q.child is None
+                    else self.qdisc(
+                        q.child, major + 1 if pin is None else pin, pin is not None, deeper
+                    )
+                )
                 return ir.replace(q, handle=handle, child=child)
             case ir.Mq():
                 majors = self._queue_majors(q)
@@ -439,7 +465,10 @@ class InterfaceAllocator:
             moved = cls.implicit or cls.name in self.moved
             kept = None if moved else self.leaf_pins.pop(cls.name, None)
             preferred = minor if minor >= 0x10 else minor * 0x10
-            leaf = self.qdisc(cls.leaf, preferred if kept is None else kept, kept is not None)
+            below = None if moved else (cls.name, 1)
+            leaf = self.qdisc(
+                cls.leaf, preferred if kept is None else kept, kept is not None, below
+            )
         children = tuple([self.klass(c, q, major, pool) for c in cls.children])
         return ir.replace(cls, classid=ir.Handle(major, minor), leaf=leaf, children=children)
 
@@ -749,6 +778,9 @@ htb (``R2Q_PIN``)."""
 
 LEAF_PIN = " leaf"
 """After a class name in ``Pins``: its leaf qdisc's handle (no class name has a blank)."""
+NESTED_PIN = f"{LEAF_PIN} "
+"""After a class name in ``Pins``, with a depth after it (``voip leaf 2``): the handle of the
+qdisc that deep below the class, a tbf's or netem's child (2), its child (3), ..."""
 LINK_PIN = " link"
 """After an htb's handle (``1:``) in ``Pins``: the id of the link class tcdsl made for it
 (``interface eth0 htb rate ...``), which has no name of its own."""

@@ -1391,15 +1391,34 @@ Z_CLASS = (
 W_CLASS = "    class w rate 20mbit {\n        pfifo limit 10 handle 20:\n    }\n"
 
 
-def test_a_restore_records_what_it_built(tcdsl: Tcdsl, host: HostSupport) -> None:
-    """Generation 2 built z's inner pfifo as 2: (41: was still x's). Compiled again from its
-    text, it is 41:, and a failed apply (w's leaf takes 20:, still b's: E601) builds that
-    back. The record must then say 41:, or the next change to the pfifo targets a qdisc
-    that is not there (it did, and failed, after a plan that saw 'no changes')."""
+def _g2(tcdsl: Tcdsl) -> str:
+    """Generation 2 of policy p: z's tbf (40:) has its pfifo as 2:, as 41: was still x's."""
     tcdsl("apply", "--yes", tcdsl.write("p.tcp", NESTED.replace("CLASSES", B_CLASS + X_CLASS)))
     g2 = NESTED.replace("CLASSES", B_CLASS + Z_CLASS.replace("LIMIT", "10"))
     assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", g2)).code == 0
     assert "pfifo 2: parent 40:" in tcdsl.tc("qdisc", "show", "dev", "d0")
+    return g2
+
+
+def test_a_nested_qdisc_keeps_its_handle(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Compiled again with the record's pins, z's tbf's pfifo keeps 2: (a pin of its own):
+    a change elsewhere does not replace it (and reset its queue) as 2: -> 41:."""
+    g2 = _g2(tcdsl)
+    planned = tcdsl("plan", tcdsl.write("p.tcp", g2.replace("rate 50mbit", "rate 40mbit")))
+    assert planned.out.endswith("plan: 1 to change (1 class)\n"), planned
+
+
+def test_a_restore_records_what_it_built(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """A record of an older tcdsl has no pin for z's tbf's pfifo: compiled again from its
+    text, it is 41:, and a failed apply (w's leaf takes 20:, still b's: E601) builds that
+    back. The record must then say 41:, or the next change to the pfifo targets a qdisc
+    that is not there (it did, and failed, after a plan that saw 'no changes')."""
+    g2 = _g2(tcdsl)
+    record = tcdsl.folder / "state" / "p" / "applied" / "2.json"
+    data = json.loads(record.read_text(encoding="utf-8"))
+    data["classids"] = {t: {k: v for k, v in ids.items() if " leaf " not in k}
+                        for t, ids in data["classids"].items()}  # fmt: skip
+    record.write_text(json.dumps(data), encoding="utf-8")
     g3 = NESTED.replace("CLASSES", Z_CLASS.replace("LIMIT", "10") + W_CLASS)
     failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", g3))
     assert failed.code == 1 and "[E601]" in failed.err, failed

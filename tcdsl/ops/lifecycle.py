@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from tcdsl import ir
-from tcdsl.allocate import LEAF_PIN, LINK_PIN, PARENT_PIN, QUEUE_PIN, R2Q_PIN, Pins
+from tcdsl.allocate import LEAF_PIN, LINK_PIN, NESTED_PIN, PARENT_PIN, QUEUE_PIN, R2Q_PIN, Pins
 from tcdsl.commands import default_chain, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
@@ -314,6 +314,10 @@ def pins_of(policy: ir.Policy | None) -> Pins:
             for cls in ir.classes_of(q):
                 if cls.leaf is not None and cls.leaf.handle is not None and cls.name:
                     ids.setdefault(f"{cls.name}{LEAF_PIN}", cls.leaf.handle)
+                    depth, below = 2, getattr(cls.leaf, "child", None)
+                    while isinstance(below, ir.Qdisc) and below.handle is not None:
+                        ids.setdefault(f"{cls.name}{NESTED_PIN}{depth}", below.handle)
+                        depth, below = depth + 1, getattr(below, "child", None)
                 if cls.implicit and q.handle and cls.classid is not None:
                     ids.setdefault(f"{q.handle}{LINK_PIN}", cls.classid)
     return pins
@@ -373,9 +377,8 @@ def compile_new(
             break
         for label, name in found:
             ids = pins.get(label, {})
-            for pin in (name, f"{name}{LEAF_PIN}"):
-                if pin in ids:
-                    ids[pin.replace(name, f"{name}{MOVED_PIN}", 1)] = ids.pop(pin)
+            for pin in [k for k in ids if k == name or k.startswith(f"{name}{LEAF_PIN}")]:
+                ids[pin.replace(name, f"{name}{MOVED_PIN}", 1)] = ids.pop(pin)
         moved |= found
         result = analyse(path, pins=pins, repack=repack)
         trees = trees_of(result.policy)
