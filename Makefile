@@ -13,8 +13,8 @@ test:
 	$(PY) -m pytest -q
 
 golden:
-	$(PY) -m pytest -q tests/test_golden.py tests/test_diagnostics.py --update-golden
-	git status --short tests/golden tests/diagnostics
+	$(PY) -m pytest -q tests/test_golden.py tests/test_diagnostics.py tests/test_explain.py --update-golden
+	git status --short tests/golden tests/golden_explain tests/diagnostics
 
 # ruff is a dev extra; the README's venv (extras 'test' only) gets it here on first use.
 lint:
