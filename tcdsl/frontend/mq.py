@@ -225,7 +225,8 @@ def spread(
     holder = next(
         (i for i, c in enumerate(tops) if default is not None and _holds(c, default)), None
     )
-    idle = [n + 1 for n in range(count) if n not in set(home)]
+    used = set(home)
+    idle = [n + 1 for n in range(count) if n not in used]
     if idle:
         kept_there = (
             " (the live classes stay where they are)" if any(k is not None for k in kept) else ""

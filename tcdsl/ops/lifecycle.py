@@ -215,7 +215,7 @@ def _undo(prepared: Prepared) -> tuple[Plan, Callable[[], bool]] | None:
     inverse = make_plan(prepared.new_trees, trees_of(old))
     if any(step.tool != "tc" for step in inverse.steps):
         return None
-    return inverse, lambda: not drift(old)
+    return inverse, _rebuilt(lambda: old)
 
 
 def _rebuilt(policy: Callable[[], ir.Policy | None]) -> Callable[[], bool]:
