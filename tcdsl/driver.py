@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import PurePath
+from typing import Generic, TypeVar
 
 from tcdsl import ir
 from tcdsl.allocate import Pins, allocate, live_queues
@@ -21,12 +22,15 @@ from tcdsl.backend import Backend, BackendOptions
 from tcdsl.backends import BACKENDS
 from tcdsl.checks import run_checks
 from tcdsl.diagnostics import Diagnostic, Span, sort_key
+from tcdsl.forked import Beside
 from tcdsl.frontend.reader import Reader
 from tcdsl.frontend.source import Access
 from tcdsl.kernel_target import KernelTarget, kernel_support
 from tcdsl.lint import run_lints
 from tcdsl.resolve import resolve
 from tcdsl.suppress import suppress as suppress_disabled
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -133,43 +137,99 @@ def analyse(
             return _too_deep(path, reader)
 
 
-def _analyse(
-    path: str, reader: Reader, target: KernelTarget | None = None, pins: Pins | None = None
-) -> Result:
-    interfaces = reader.read(path)
-    result = Result(None, None, reader.diagnostics, reader.sources)
-    taint = reader.taint
+BESIDE_MIN_CLASSES = 1_000
+"""From this many classes on, the checks run beside allocation and the backend beside the
+lints, each pair in two processes (``tcdsl.forked``); below it a fork costs more than it saves."""
 
-    def done(found: Iterable[Diagnostic] = ()) -> bool:
+
+class _Stages:
+    """The diagnostics of one compilation as its stages add them."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.result = Result(None, None, reader.diagnostics, reader.sources)
+        self.taint = reader.taint
+
+    def done(self, found: Iterable[Diagnostic] = ()) -> bool:
+        """Add ``found``; whether to stop (it has an error, or there were errors before that
+        are not the frontend's)."""
+        result = self.result
         # After frontend errors, later stages report only what those errors cannot have caused.
         found = list(found)
-        result.diagnostics += [d for d in found if not taint.covers(d)]
+        result.diagnostics += [d for d in found if not self.taint.covers(d)]
         # One mistake can surface more than once (a bad constant at each use): keep the first.
         unique: dict[tuple[str, str, object], Diagnostic] = {}
         for d in result.diagnostics:
             unique.setdefault((d.code, d.message, d.span), d)
         result.diagnostics[:] = sorted(unique.values(), key=sort_key)
-        return any(d.is_error for d in found) or (bool(result.errors) and not taint)
+        return any(d.is_error for d in found) or (bool(result.errors) and not self.taint)
 
-    if done():
-        return result
+
+def _large(policy: ir.Policy) -> bool:
+    count = 0
+    for iface in policy.interfaces:
+        for qdisc in ir.walk_qdiscs(iface.root):
+            count += sum(1 for _ in ir.classes_of(qdisc))
+    return count >= BESIDE_MIN_CLASSES
+
+
+def _allocated(
+    path: str, reader: Reader, target: KernelTarget | None, pins: Pins | None
+) -> tuple[_Stages, ir.Policy | None, bool]:
+    """Parse, resolve, check and allocate: the stages, the allocated policy (None when a stage
+    stopped the compilation), and whether the policy is large (see ``BESIDE_MIN_CLASSES``)."""
+    interfaces = reader.read(path)
+    stages = _Stages(reader)
+    if stages.done():
+        return stages, None, False
     # The frontend drops what it cannot build (a bad value, a bad statement), so the IR is
     # well-formed even after errors: later stages go on while each finds none of its own.
     policy = ir.Policy(path, tuple(interfaces))
     policy, found = resolve(policy)
-    if done(found):
-        return result
-    if done(run_checks(policy)):
-        return result
-    if done(kernel_support(policy, target)):
-        return result
-    policy, found = allocate(policy, pins)
-    if done(found):
-        return result
-    if done(run_lints(policy)) or result.errors:
-        return result
-    result.policy = policy
-    return result
+    if stages.done(found):
+        return stages, None, False
+    large = _large(policy)
+    resolved = policy
+
+    def checked() -> tuple[list[Diagnostic], list[Diagnostic]]:
+        return list(run_checks(resolved)), list(kernel_support(resolved, target))
+
+    with Beside(checked, fork=large) as checking:
+        # Beside the checks, allocation runs on a policy they may yet reject: what it raises
+        # counts only if they do not.
+        early = _Attempt(lambda: allocate(resolved, pins)) if checking.pid else None
+        checks, kernel = checking.result()
+    if stages.done(checks) or stages.done(kernel):
+        return stages, None, large
+    policy, found = early.get() if early is not None else allocate(policy, pins)
+    if stages.done(found):
+        return stages, None, large
+    return stages, policy, large
+
+
+class _Attempt(Generic[T]):
+    """A call's result, or what it raised, kept to be given (or raised) later."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self.error: Exception | None = None
+        try:
+            self.value = call()
+        except Exception as error:
+            self.error = error
+
+    def get(self) -> T:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _analyse(
+    path: str, reader: Reader, target: KernelTarget | None = None, pins: Pins | None = None
+) -> Result:
+    stages, policy, _ = _allocated(path, reader, target, pins)
+    if policy is None or stages.done(run_lints(policy)) or stages.result.errors:
+        return stages.result
+    stages.result.policy = policy
+    return stages.result
 
 
 def compile_policy(
@@ -190,22 +250,41 @@ def compile_policy(
     reader = Reader(loader, access)
     with _compiling():
         try:
-            result = _analyse(path, reader, target)
-            if result.policy is None:
+            stages, policy, large = _allocated(path, reader, target, None)
+            result = stages.result
+            if policy is None:
                 return _suppressed(result, disabled)
-            # What the checks and lints remembered (the match lines lowered to u32 keys, a
-            # third of the memory on 50,000 subscribers) is not what a backend asks for.
-            ir.forget()
             emitter: Backend = BACKENDS[backend](options)
-            # Classes made from one template (a subscribers statement) share its leaf's span.
-            unsupported = {
-                (d.code, d.message, d.span): d for d in emitter.unsupported(result.policy)
-            }
-            result.diagnostics += sorted(unsupported.values(), key=sort_key)
+            name = stem if stem is not None else PurePath(path).stem
+            allocated = policy
+
+            def emitted() -> tuple[list[Diagnostic], dict[str, str]]:
+                # What the checks and lints remembered (the match lines lowered to u32 keys,
+                # a third of the memory on 50,000 subscribers) is not what a backend asks for.
+                ir.forget()
+                # Classes made from one template (a subscribers statement) share its leaf's
+                # span.
+                unsupported = {
+                    (d.code, d.message, d.span): d for d in emitter.unsupported(allocated)
+                }
+                found = sorted(unsupported.values(), key=sort_key)
+                if any(d.is_error for d in found):
+                    return found, {}
+                return found, emitter.emit_files(allocated, path, name)
+
+            with Beside(lambda: list(run_lints(allocated)), fork=large) as linting:
+                # Beside the lints, the backend runs on a policy they may yet reject: what it
+                # raises counts only if they do not.
+                early = _Attempt(emitted) if linting.pid else None
+                lints = linting.result()
+            if stages.done(lints) or result.errors:
+                return _suppressed(result, disabled)
+            unsupported, files = early.get() if early is not None else emitted()
+            result.diagnostics += unsupported
             if result.errors:
                 return _suppressed(result, disabled)
-            name = stem if stem is not None else PurePath(path).stem
-            result.files = emitter.emit_files(result.policy, path, name)
+            result.policy = policy
+            result.files = files
             result.output = next(iter(result.files.values()))
         except RecursionError:
             return _too_deep(path, reader)

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tcdsl import ir, lower
+from tcdsl import driver, forked, ir, lower
 from tcdsl.driver import analyse
-from tests.conftest import POLICIES
+from tcdsl.forked import Beside
+from tests.conftest import DIAGNOSTICS, POLICIES, ROOT
 
 EXAMPLES = sorted(POLICIES.glob("*.tcp"))
 
@@ -59,3 +65,134 @@ def test_memoised_lowering_is_per_object() -> None:
     assert alts_a[0][1][0] is a.conds[0] and alts_b[0][1][0] is b.conds[0]
     assert lower.filter_alternatives(a, ("ipv4",)) is alts_a
     assert lower.u32_keys(alts_a[0][1], "ipv4") is lower.u32_keys(alts_a[0][1], "ipv4")
+
+
+# ---- two stages at once on large policies (tcdsl.forked) --------------------------------------
+
+CASES = sorted(DIAGNOSTICS.glob("*.tcp"))
+
+
+def _compiled(path: str, backend: str) -> tuple[Any, ...]:
+    result = driver.compile_policy(path, backend)
+    return result.output, result.files, result.diagnostics, result.policy
+
+
+@pytest.mark.parametrize(
+    "path", EXAMPLES + CASES, ids=[p.name for p in EXAMPLES] + [f"diag-{p.name}" for p in CASES]
+)
+def test_forked_stages_give_what_one_process_gives(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every policy compiles to the same output, files, diagnostics (warnings, lint errors,
+    check errors, errors of the backend) and policy with the checks beside allocation and the
+    lints beside the backend, each in a process of its own, as in one process."""
+    monkeypatch.chdir(ROOT)  # the cases name their includes from the repository's root
+    forks = _count_forks(monkeypatch)
+    for backend in ("shell", "tc-batch") if path.parent == POLICIES else ("shell",):
+        monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 10**9)
+        plain = _compiled(str(path.relative_to(ROOT)), backend)
+        monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 0)
+        before = len(forks)
+        assert _compiled(str(path.relative_to(ROOT)), backend) == plain
+        assert len(forks) > before or not plain[3], "a policy that compiles forks twice"
+    beside = driver.analyse(str(path.relative_to(ROOT)))  # forks once, for the checks
+    monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 10**9)
+    alone = driver.analyse(str(path.relative_to(ROOT)))
+    assert (beside.diagnostics, beside.policy) == (alone.diagnostics, alone.policy)
+
+
+def _count_forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids of the children forked from now on (in this process)."""
+    forks: list[int] = []
+    real = os.fork
+
+    def counted() -> int:
+        pid = real()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(forked.os, "fork", counted)
+    return forks
+
+
+def test_a_large_policy_compiles_in_two_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From BESIDE_MIN_CLASSES classes on, a compile forks twice (the checks, the lints);
+    below it, never."""
+    classes = "\n".join(f"  class c{i} rate 1kbit match dport {1000 + i}" for i in range(40))
+    text = f"interface eth0 htb rate 100mbit default c0 {{\n{classes}\n}}\n"
+    forks = _count_forks(monkeypatch)
+    monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 42)  # 41: the link class and 40
+    small = driver.compile_policy("x.tcp", loader=lambda _: text)
+    assert small.output is not None and forks == []
+    monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 41)
+    large = driver.compile_policy("x.tcp", loader=lambda _: text)
+    assert large.output == small.output and len(forks) == 2
+
+
+def test_what_allocation_raises_beside_failing_checks_is_not_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Beside the checks, allocation runs on a policy they may reject, as one process never
+    does: what it raises then gives way to their errors; when they pass, it is raised."""
+    bad = "interface eth0 htb rate 10mbit default a {\n  class a rate 20mbit ceil 5mbit\n}\n"
+    good = "interface eth0 htb rate 10mbit default a {\n  class a rate 2mbit\n}\n"
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("allocation broke")
+
+    monkeypatch.setattr(driver, "allocate", broken)
+    monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 0)
+    result = driver.compile_policy("x.tcp", loader=lambda _: bad)
+    assert [d.code for d in result.errors] == ["E202"]
+    with pytest.raises(RuntimeError, match="allocation broke"):
+        driver.compile_policy("x.tcp", loader=lambda _: good)
+
+
+def test_beside_gives_the_childs_result() -> None:
+    with Beside(os.getpid) as beside:
+        assert beside.pid
+        assert beside.result() not in (os.getpid(), 0)
+    with Beside(os.getpid, fork=False) as inline:
+        assert inline.pid == 0 and inline.result() == os.getpid()
+
+
+def test_beside_makes_the_result_itself_when_the_child_cannot() -> None:
+    """A result that does not pickle, and work that raises in the child, are made (and
+    raised) in the calling process."""
+    with Beside(lambda: (os.getpid(), lambda: 1)) as unpicklable:
+        assert unpicklable.result()[0] == os.getpid()
+    calls: list[int] = []
+
+    def fails_once_per_process() -> int:
+        calls.append(os.getpid())
+        raise ValueError(f"failed in {os.getpid()}")
+
+    with (
+        Beside(fails_once_per_process) as failing,
+        pytest.raises(ValueError, match=f"failed in {os.getpid()}"),
+    ):
+        failing.result()
+    assert calls == [os.getpid()]  # the child's call was in its own copy of the list
+
+
+def test_leaving_beside_early_stops_the_child() -> None:
+    with pytest.raises(KeyError), Beside(lambda: time.sleep(60)) as sleeping:
+        pid = sleeping.pid
+        raise KeyError("the caller failed")
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # killed and reaped
+
+
+def test_the_child_writes_nothing_of_the_parents_output() -> None:
+    """Output the parent buffered before the fork is written once (the child leaves by
+    os._exit, without flushing its copy of the buffers)."""
+    script = (
+        "import sys\n"
+        "from tcdsl.forked import Beside\n"
+        "sys.stdout.write('buffered;')\n"
+        "with Beside(lambda: 2) as b:\n"
+        "    print(b.result())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "buffered;2\n", "")
