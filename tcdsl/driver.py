@@ -119,6 +119,7 @@ def analyse(
     pins: Pins | None = None,
     tables: Callable[[str], str | None] | None = None,
     repack: bool = False,
+    beside_lints: Callable[[ir.Policy], None] | None = None,
 ) -> Result:
     """Parse, resolve, check and allocate ``path``; no backend is involved.
 
@@ -127,12 +128,15 @@ def analyse(
     ``access`` says where includes may read (default: below the policy's directory);
     ``pins`` keeps class ids a live policy has (see :data:`tcdsl.allocate.Pins`), and the
     queue of each class of a live spread mq tree unless ``repack``;
-    ``tables`` gives subscriber tables' text (None for one: read from the disk).
+    ``tables`` gives subscriber tables' text (None for one: read from the disk);
+    ``beside_lints`` is called with the allocated policy when the lints find no error: on a
+    large policy while they run (in a process of their own), its result then not used, and
+    what it raises not raised, if they find one.
     """
     reader = Reader(loader, access, tables, live_queues(pins) if pins and not repack else None)
     with _compiling():
         try:
-            return _suppressed(_analyse(path, reader, target, pins), disabled)
+            return _suppressed(_analyse(path, reader, target, pins, beside_lints), disabled)
         except RecursionError:
             return _too_deep(path, reader)
 
@@ -223,11 +227,29 @@ class _Attempt(Generic[T]):
 
 
 def _analyse(
-    path: str, reader: Reader, target: KernelTarget | None = None, pins: Pins | None = None
+    path: str,
+    reader: Reader,
+    target: KernelTarget | None = None,
+    pins: Pins | None = None,
+    beside_lints: Callable[[ir.Policy], None] | None = None,
 ) -> Result:
-    stages, policy, _ = _allocated(path, reader, target, pins)
-    if policy is None or stages.done(run_lints(policy)) or stages.result.errors:
+    stages, policy, large = _allocated(path, reader, target, pins)
+    if policy is None:
         return stages.result
+    allocated = policy
+    with Beside(
+        lambda: list(run_lints(allocated)), fork=large and beside_lints is not None
+    ) as linting:
+        # Beside the lints, the caller's work runs on a policy they may yet reject: what it
+        # raises counts only if they do not.
+        early = _Attempt(lambda: beside_lints(allocated)) if beside_lints and linting.pid else None
+        lints = linting.result()
+    if stages.done(lints) or stages.result.errors:
+        return stages.result
+    if early is not None:
+        early.get()
+    elif beside_lints is not None:
+        beside_lints(allocated)
     stages.result.policy = policy
     return stages.result
 
@@ -250,40 +272,28 @@ def compile_policy(
     reader = Reader(loader, access)
     with _compiling():
         try:
-            stages, policy, large = _allocated(path, reader, target, None)
-            result = stages.result
-            if policy is None:
-                return _suppressed(result, disabled)
             emitter: Backend = BACKENDS[backend](options)
             name = stem if stem is not None else PurePath(path).stem
-            allocated = policy
+            made: list[tuple[list[Diagnostic], dict[str, str]]] = []
 
-            def emitted() -> tuple[list[Diagnostic], dict[str, str]]:
+            def emitted(policy: ir.Policy) -> None:
                 # What the checks and lints remembered (the match lines lowered to u32 keys,
                 # a third of the memory on 50,000 subscribers) is not what a backend asks for.
                 ir.forget()
                 # Classes made from one template (a subscribers statement) share its leaf's
                 # span.
-                unsupported = {
-                    (d.code, d.message, d.span): d for d in emitter.unsupported(allocated)
-                }
+                unsupported = {(d.code, d.message, d.span): d for d in emitter.unsupported(policy)}
                 found = sorted(unsupported.values(), key=sort_key)
-                if any(d.is_error for d in found):
-                    return found, {}
-                return found, emitter.emit_files(allocated, path, name)
+                made.append((found, {} if any(d.is_error for d in found) else
+                             emitter.emit_files(policy, path, name)))  # fmt: skip
 
-            with Beside(lambda: list(run_lints(allocated)), fork=large) as linting:
-                # Beside the lints, the backend runs on a policy they may yet reject: what it
-                # raises counts only if they do not.
-                early = _Attempt(emitted) if linting.pid else None
-                lints = linting.result()
-            if stages.done(lints) or result.errors:
+            result = _analyse(path, reader, target, None, emitted)
+            if result.policy is None:
                 return _suppressed(result, disabled)
-            unsupported, files = early.get() if early is not None else emitted()
+            ((unsupported, files),) = made
             result.diagnostics += unsupported
             if result.errors:
                 return _suppressed(result, disabled)
-            result.policy = policy
             result.files = files
             result.output = next(iter(result.files.values()))
         except RecursionError:

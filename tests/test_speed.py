@@ -16,6 +16,7 @@ import pytest
 from tcdsl import driver, forked, ir, lower
 from tcdsl.driver import analyse
 from tcdsl.forked import Beside
+from tcdsl.ops.desired import Tree, trees_of
 from tests.conftest import DIAGNOSTICS, POLICIES, ROOT
 
 EXAMPLES = sorted(POLICIES.glob("*.tcp"))
@@ -196,3 +197,42 @@ def test_the_child_writes_nothing_of_the_parents_output() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (0, "buffered;2\n", "")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_work_beside_the_lints_sees_the_policy_one_process_gives(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``analyse(beside_lints=)`` (the live operations make the kernel objects so) is given
+    the policy analyse returns, the lints in a child or not."""
+    made: dict[int, list[tuple[Tree, ...]]] = {0: [], 10**9: []}
+    results = {}
+    for least in made:
+        monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", least)
+        results[least] = analyse(
+            str(path), beside_lints=lambda p, m=made[least]: m.append(trees_of(p))
+        )
+    assert results[0].policy == results[10**9].policy and results[0].policy is not None
+    assert made[0] == made[10**9] == [trees_of(results[0].policy)]
+
+
+def test_work_beside_failing_lints_counts_for_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lint errors (here E263: more u32 prefs under one parent than the kernel takes) leave
+    no policy; what the work beside them raised is not raised."""
+    lines = "\n".join(
+        f"  class c{i} rate 1kbit match dport {i + 1} pref {i + 1}" for i in range(2100)
+    )
+    text = f"interface eth0 htb rate 100mbit default c0 {{\n{lines}\n}}\n"
+    calls: list[int] = []
+
+    def fails(_: ir.Policy) -> None:
+        calls.append(1)
+        raise RuntimeError("beside the lints")
+
+    monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 0)
+    result = analyse("x.tcp", loader=lambda _: text, beside_lints=fails)
+    assert result.policy is None and "E263" in [d.code for d in result.errors]
+    assert calls == [1]  # it ran, beside them
+    monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 10**9)
+    assert analyse("x.tcp", loader=lambda _: text, beside_lints=fails).policy is None
+    assert calls == [1]  # after them: not called

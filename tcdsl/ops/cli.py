@@ -127,13 +127,14 @@ def _prepared(
         reading = start_reading(store)
     except OpsError as e:
         _fail(NO_STATE, str(e))
-    with collector_paused():  # (the new policy's kernel objects, compared with the live ones)
-        result, trees = _compiled(policy, store, reading, repack)
-    try:
-        with collector_paused():  # (the kernel objects of both policies, the plan)
-            return prepare(store, result.policy, result, reading, trees)
-    except OpsError as e:
-        _fail(NO_STATE, str(e))
+    with reading:  # (a compile that fails stops the kernel's reading)
+        with collector_paused():  # (the new policy's kernel objects, compared with the live ones)
+            result, trees = _compiled(policy, store, reading, repack)
+        try:
+            with collector_paused():  # (the kernel objects of both policies, the plan)
+                return prepare(store, result.policy, result, reading, trees)
+        except OpsError as e:
+            _fail(NO_STATE, str(e))
 
 
 def _print(plan: Plan, summary: bool = False, fmt: str = "text") -> None:

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from tcdsl.allocate import LEAF_PIN, LINK_PIN, NESTED_PIN, PARENT_PIN, QUEUE_PIN
 from tcdsl.commands import default_chain, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
+from tcdsl.forked import Beside
 from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.frontend.source import SourceError, decode_policy, normalise_newlines
 from tcdsl.lock import interface_locks
@@ -344,8 +344,7 @@ def compile_new(
     applied = store.current() if reading is None else reading.applied
     pins = {label: dict(ids) for label, ids in stored_pins(applied).items()}
     if applied is None:
-        result = analyse(path, pins=pins)
-        return result, trees_of(result.policy)
+        return _analysed(path, pins, False)
     live_trees = (live_of(store, applied) if reading is None else reading.live).trees
     live = {  # (tree, class name) -> (its live id, its live parent)
         (t.label, t.names[o.key[2]]): (o.key[2], o.parent)
@@ -360,9 +359,8 @@ def compile_new(
         ids = pins.setdefault(label, {})
         for key, handle in queues.items():  # (a record of an older tcdsl has none)
             ids.setdefault(key, handle)
-    result = analyse(path, pins=pins, repack=repack)
+    result, trees = _analysed(path, pins, repack)
     moved: set[tuple[str, str]] = set()
-    trees = trees_of(result.policy)
     # allocate gives a moved class a new id (by PARENT_PIN); a class that kept its live id
     # under another parent all the same is caught here and compiled again
     while result.policy is not None:
@@ -380,9 +378,17 @@ def compile_new(
             for pin in [k for k in ids if k == name or k.startswith(f"{name}{LEAF_PIN}")]:
                 ids[pin.replace(name, f"{name}{MOVED_PIN}", 1)] = ids.pop(pin)
         moved |= found
-        result = analyse(path, pins=pins, repack=repack)
-        trees = trees_of(result.policy)
+        result, trees = _analysed(path, pins, repack)
     return result, trees
+
+
+def _analysed(path: str, pins: Pins, repack: bool) -> tuple[Result, tuple[Tree, ...]]:
+    """``path`` analysed with ``pins``, and its kernel objects (made while the lints run)."""
+    made: list[tuple[Tree, ...]] = []
+    result = analyse(
+        path, pins=pins, repack=repack, beside_lints=lambda policy: made.append(trees_of(policy))
+    )
+    return result, made[0] if made else ()
 
 
 def live_queue_handles(trees: Iterable[Tree]) -> dict[str, dict[str, ir.Handle]]:
@@ -520,31 +526,34 @@ def short_of_queues(policy: ir.Policy) -> list[str]:
 @dataclass(slots=True)
 class Reading:
     """The record of the policy live under a name, and the kernel's digest being read in a
-    thread meanwhile (tc runs as processes of their own, on another core, while this one
-    compiles the new policy)."""
+    child process meanwhile (``tcdsl.forked``: tc and the parsing of what it prints run on
+    another core while this one compiles the new policy). Leaving it as a block stops a
+    reading not taken."""
 
     applied: Applied | None
     live: Live
-    _thread: threading.Thread | None = None
+    _reading: Beside[dict[str, str]] | None = None
     _digest: dict[str, str] | None = None
-    _failed: BaseException | None = None
 
     def kernel_now(self) -> dict[str, str]:
         """The digest of the live policy's devices, as the kernel has them now."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._failed is not None:
-            raise self._failed
         if self._digest is None:
-            self._digest = fingerprint(self.live.devices, self.live.tables)
+            if self._reading is not None:
+                # (what the child could not read is read again here, and raises here)
+                self._digest = self._reading.result()
+                self._reading.__exit__(None, None, None)
+                self._reading = None
+            else:
+                self._digest = fingerprint(self.live.devices, self.live.tables)
         return self._digest
 
-    def _read(self) -> None:
-        try:
-            self._digest = fingerprint(self.live.devices, self.live.tables)
-        except BaseException as e:  # raised again in kernel_now, in the caller's thread
-            self._failed = e
+    def __enter__(self) -> Reading:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._reading is not None:
+            self._reading.__exit__(None, None, None)
+            self._reading = None
 
 
 def start_reading(store: Store) -> Reading:
@@ -552,9 +561,9 @@ def start_reading(store: Store) -> Reading:
     has one to compare with."""
     applied = store.current()
     reading = Reading(applied, live_of(store, applied))
-    if applied is not None and reading.live.kernel is not None:
-        reading._thread = threading.Thread(target=reading._read, daemon=True)
-        reading._thread.start()
+    live = reading.live
+    if applied is not None and live.kernel is not None:
+        reading._reading = Beside(lambda: fingerprint(live.devices, live.tables)).__enter__()
     return reading
 
 
