@@ -179,11 +179,14 @@ def live_of(store: Store, applied: Applied | None) -> Live:
 
 
 def remember(store: Store, generation: int, policy: ir.Policy, trees: Sequence[Tree]) -> None:
-    """Record what ``policy`` (applied as ``generation``) built, and the kernel after it."""
-    data = trees_json(trees)
-    data["features"] = sorted({r.feature for r in requirements(policy)})
-    store.write_extra(generation, "trees", data)
-    remember_kernel(store, generation, Live(tuple(trees), frozenset(), None))
+    """Record what ``policy`` (applied as ``generation``) built, and the kernel after it (read
+    in a child process while this one writes the record)."""
+    live = Live(tuple(trees), frozenset(), None)
+    with Beside(lambda: fingerprint(live.devices, live.tables)) as reading:
+        data = trees_json(trees)
+        data["features"] = sorted({r.feature for r in requirements(policy)})
+        store.write_extra(generation, "trees", data)
+        store.write_extra(generation, "kernel", reading.result())
 
 
 def keep_record(prepared: Prepared) -> None:
