@@ -39,8 +39,12 @@ class Beside(Generic[T]):
 
     def __enter__(self) -> Beside[T]:
         if self.fork:
-            self.fd = _memory_file()
-            self.pid = os.fork()
+            try:
+                self.fd = _memory_file()
+                self.pid = os.fork()
+            except OSError:  # no memory or no process left for a child: the work runs here
+                self.__exit__(None, None, None)
+                return self
             if self.pid == 0:  # the child: never returns
                 _child(self.work, self.fd)
         return self

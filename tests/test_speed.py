@@ -236,3 +236,13 @@ def test_work_beside_failing_lints_counts_for_nothing(monkeypatch: pytest.Monkey
     monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 10**9)
     assert analyse("x.tcp", loader=lambda _: text, beside_lints=fails).policy is None
     assert calls == [1]  # after them: not called
+
+
+def test_beside_works_in_this_process_when_it_cannot_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(forked.os, "fork", refused)
+    with Beside(os.getpid) as beside:
+        assert beside.pid == 0 and beside.fd == -1
+        assert beside.result() == os.getpid()
