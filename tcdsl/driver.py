@@ -4,6 +4,11 @@
 Each stage adds its diagnostics; the driver stops after the first stage that reports an error,
 except after the frontend's: its IR leaves out what had errors, so the later stages still run and
 report what they find outside the statements those errors touched (see ``recovery.Taint``).
+
+On a large policy (``BESIDE_MIN_CLASSES``) two pairs of stages run at once, one of each pair
+in a forked child (``tcdsl.forked``): the checks beside allocation, the lints beside the
+backend support and emit. Allocation and emit then run before the stage that may stop the
+compilation has finished; what they give, or raise, is used only when it does not.
 """
 
 from __future__ import annotations

@@ -32,7 +32,9 @@ class Beside(Generic[T]):
 
     def __init__(self, work: Callable[[], T], fork: bool = True) -> None:
         self.work = work
-        self.fork = fork and hasattr(os, "fork") and threading.active_count() == 1
+        self.fork = (
+            fork and hasattr(os, "fork") and threading.active_count() == 1 and room_for_a_copy()
+        )
         self.pid = 0
         self.fd = -1
         self.value: object = _UNSET
@@ -81,6 +83,26 @@ class Beside(Generic[T]):
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+MEMINFO = "/proc/meminfo"
+
+
+def room_for_a_copy() -> bool:
+    """Whether the system has the memory for this process's pages once more (and half again
+    for what both go on making): a child shares them, but the reference counts it writes copy
+    most of those it reads. Without it (a small router compiling a large table) the work runs
+    in this process instead; where /proc cannot tell, the fork itself decides."""
+    try:
+        with open(MEMINFO, encoding="ascii") as info:
+            available = next(
+                int(line.split()[1]) * 1024 for line in info if line.startswith("MemAvailable:")
+            )
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            resident = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, StopIteration, ValueError, IndexError):
+        return True
+    return available >= resident * 3 // 2
 
 
 def _memory_file() -> int:

@@ -246,3 +246,18 @@ def test_beside_works_in_this_process_when_it_cannot_fork(monkeypatch: pytest.Mo
     with Beside(os.getpid) as beside:
         assert beside.pid == 0 and beside.fd == -1
         assert beside.result() == os.getpid()
+
+
+def test_beside_works_in_this_process_without_the_memory_for_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child copies most of the pages it reads: with less memory available than this
+    process holds (and half again), the work runs here (a small router and a large table)."""
+    meminfo = tmp_path / "meminfo"
+    monkeypatch.setattr(forked, "MEMINFO", str(meminfo))
+    resident = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    for available, forks in ((resident // 1024, False), (2 * resident // 1024, True)):
+        meminfo.write_text(f"MemTotal: {4 * resident // 1024} kB\nMemAvailable: {available} kB\n")
+        with Beside(os.getpid) as beside:
+            assert bool(beside.pid) == forks
+            assert (beside.result() == os.getpid()) != forks
