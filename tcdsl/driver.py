@@ -36,6 +36,7 @@ from tcdsl.resolve import resolve
 from tcdsl.suppress import suppress as suppress_disabled
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 @dataclass
@@ -202,17 +203,24 @@ def _allocated(
     def checked() -> tuple[list[Diagnostic], list[Diagnostic]]:
         return list(run_checks(resolved)), list(kernel_support(resolved, target))
 
-    with Beside(checked, fork=large) as checking:
-        # Beside the checks, allocation runs on a policy they may yet reject: what it raises
-        # counts only if they do not.
-        early = _Attempt(lambda: allocate(resolved, pins)) if checking.pid else None
-        checks, kernel = checking.result()
+    (checks, kernel), allocated = _both(checked, lambda: allocate(resolved, pins), large)
     if stages.done(checks) or stages.done(kernel):
         return stages, None, large
-    policy, found = early.get() if early is not None else allocate(policy, pins)
+    policy, found = allocated()
     if stages.done(found):
         return stages, None, large
     return stages, policy, large
+
+
+def _both(first: Callable[[], T], then: Callable[[], U], fork: bool) -> tuple[T, Callable[[], U]]:
+    """``first``'s result, and a call that gives ``then``'s, to be made only when that result
+    lets the compilation go on. With ``fork``, ``first`` runs in a child while ``then`` runs
+    here, on a policy ``first`` may yet reject (what it raises is kept, and raised by the
+    call); without, ``then`` runs at the call, after ``first``."""
+    with Beside(first, fork=fork) as beside:
+        early = _Attempt(then) if beside.pid else None
+        found = beside.result()
+    return found, (early.get if early is not None else then)
 
 
 class _Attempt(Generic[T]):
@@ -242,19 +250,17 @@ def _analyse(
     if policy is None:
         return stages.result
     allocated = policy
-    with Beside(
-        lambda: list(run_lints(allocated)), fork=large and beside_lints is not None
-    ) as linting:
-        # Beside the lints, the caller's work runs on a policy they may yet reject: what it
-        # raises counts only if they do not.
-        early = _Attempt(lambda: beside_lints(allocated)) if beside_lints and linting.pid else None
-        lints = linting.result()
+
+    def work() -> None:
+        if beside_lints is not None:
+            beside_lints(allocated)
+
+    lints, then = _both(
+        lambda: list(run_lints(allocated)), work, large and beside_lints is not None
+    )
     if stages.done(lints) or stages.result.errors:
         return stages.result
-    if early is not None:
-        early.get()
-    elif beside_lints is not None:
-        beside_lints(allocated)
+    then()
     stages.result.policy = policy
     return stages.result
 

@@ -157,6 +157,10 @@ class Live:
                  for c in o.commands}  # fmt: skip
         return tuple(tool for tool in ("iptables", "ip6tables") if tool in tools)
 
+    def kernel_now(self) -> dict[str, str]:
+        """The kernel's digest (:func:`fingerprint`) of its devices as they are now."""
+        return fingerprint(self.devices, self.tables)
+
 
 _NO_LIVE = Live((), frozenset(), None)
 
@@ -182,7 +186,7 @@ def remember(store: Store, generation: int, policy: ir.Policy, trees: Sequence[T
     """Record what ``policy`` (applied as ``generation``) built, and the kernel after it (read
     in a child process while this one writes the record)."""
     live = Live(tuple(trees), frozenset(), None)
-    with Beside(lambda: fingerprint(live.devices, live.tables)) as reading:
+    with Beside(live.kernel_now) as reading:
         data = trees_json(trees)
         data["features"] = sorted({r.feature for r in requirements(policy)})
         store.write_extra(generation, "trees", data)
@@ -246,7 +250,7 @@ def _remember_restored(store: Store, generation: int, policy: ir.Policy | None) 
 
 def remember_kernel(store: Store, generation: int, live: Live) -> None:
     """Record the kernel's digest now, for the policy of ``generation`` (live now)."""
-    store.write_extra(generation, "kernel", fingerprint(live.devices, live.tables))
+    store.write_extra(generation, "kernel", live.kernel_now())
 
 
 def policy_name(path: str, name: str | None) -> str:
@@ -528,35 +532,28 @@ def short_of_queues(policy: ir.Policy) -> list[str]:
 
 @dataclass(slots=True)
 class Reading:
-    """The record of the policy live under a name, and the kernel's digest being read in a
-    child process meanwhile (``tcdsl.forked``: tc and the parsing of what it prints run on
-    another core while this one compiles the new policy). Leaving it as a block stops a
-    reading not taken."""
+    """The record of the policy live under a name, and the kernel's digest: read in a child
+    process meanwhile when :func:`start_reading` starts it (``tcdsl.forked``: tc and the
+    parsing of what it prints run on another core while this one compiles the new policy),
+    else when asked. Leaving it as a block stops a reading not taken."""
 
     applied: Applied | None
     live: Live
-    _reading: Beside[dict[str, str]] | None = None
-    _digest: dict[str, str] | None = None
+    _reading: Beside[dict[str, str]] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self._reading = Beside(self.live.kernel_now, fork=False)
 
     def kernel_now(self) -> dict[str, str]:
-        """The digest of the live policy's devices, as the kernel has them now."""
-        if self._digest is None:
-            if self._reading is not None:
-                # (what the child could not read is read again here, and raises here)
-                self._digest = self._reading.result()
-                self._reading.__exit__(None, None, None)
-                self._reading = None
-            else:
-                self._digest = fingerprint(self.live.devices, self.live.tables)
-        return self._digest
+        """The digest of the live policy's devices, as the kernel has them now (what the
+        child could not read is read here, and raises here)."""
+        return self._reading.result()
 
     def __enter__(self) -> Reading:
         return self
 
     def __exit__(self, *_: object) -> None:
-        if self._reading is not None:
-            self._reading.__exit__(None, None, None)
-            self._reading = None
+        self._reading.__exit__(None, None, None)
 
 
 def start_reading(store: Store) -> Reading:
@@ -564,9 +561,8 @@ def start_reading(store: Store) -> Reading:
     has one to compare with."""
     applied = store.current()
     reading = Reading(applied, live_of(store, applied))
-    live = reading.live
-    if applied is not None and live.kernel is not None:
-        reading._reading = Beside(lambda: fingerprint(live.devices, live.tables)).__enter__()
+    if applied is not None and reading.live.kernel is not None:
+        reading._reading = Beside(reading.live.kernel_now).__enter__()
     return reading
 
 
