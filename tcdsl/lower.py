@@ -86,12 +86,28 @@ def family_alternatives(
 ) -> tuple[tuple[ir.Family, tuple[ir.Cond, ...]], ...]:
     """(family, alternative) for every alternative of ``match`` and every family it applies
     to (``tree``: the families of the tree the line is in), in order."""
+    conds = match.conds
+    if len(conds) == 1 and isinstance(conds[0], ir.AddrCond) and match.family is None:
+        return address_alternatives(conds[0], tree)
     wanted = match_families(match, tree)
     return tuple(
         (family, alt)
         for alt in alternatives(match)
         for family in implied_families(alt)
         if family in wanted
+    )
+
+
+def address_alternatives(
+    cond: ir.AddrCond, tree: tuple[ir.Family, ...]
+) -> tuple[tuple[ir.Family, tuple[ir.Cond, ...]], ...]:
+    """:func:`family_alternatives` of a line of one address condition (every subscriber's),
+    without the general case's products: each address alone, in its family."""
+    field = cond.field
+    return tuple(
+        (family, (ir.AddrCond(field, (n,), n[1]),))
+        for n in cond.networks
+        if (family := ir.family_of(n[0])) in tree
     )
 
 

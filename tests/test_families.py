@@ -7,11 +7,14 @@ E258 agrees with what allocation emits, and ordinary dual-stack policies stay qu
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tcdsl import ir, lower
 from tcdsl.cli import cli
@@ -261,3 +264,34 @@ def test_family_before_a_prio_root_and_before_a_class_prio(tmp_path: Path) -> No
     (cls,) = [c for c in ir.classes_of(eth1.root) if c.name == "b"]
     assert cls.prio is not None and cls.prio.value == 1
     assert cls.matches[0].family is not None and cls.matches[0].family.families == ("ipv6",)
+
+
+_SPAN = ir.Span("t.tcp", 1, 1, 1, 2)
+_NETWORKS = st.lists(
+    st.sampled_from(V4 + V6).map(lambda text: (ipaddress.ip_network(text), _SPAN)),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    networks=_NETWORKS,
+    field=st.sampled_from(("src", "dst")),
+    tree=st.sampled_from((ir.FAMILIES, ("ipv4",), ("ipv6",), ("ipv6", "ipv4"))),
+)
+def test_a_line_of_one_address_condition_lowers_as_every_other(
+    networks: list[tuple[ir.Network, ir.Span]], field: str, tree: tuple[ir.Family, ...]
+) -> None:
+    """The shortcut for a line of one address condition (every subscriber's) gives what the
+    general case gives: each alternative, in each family it can match, that the tree has."""
+    cond = ir.AddrCond(field, tuple(networks), _SPAN)  # type: ignore[arg-type]
+    match = ir.Match((cond,), _SPAN)
+    general = tuple(
+        (family, alt)
+        for alt in lower.alternatives(match)
+        for family in lower.implied_families(alt)
+        if family in lower.match_families(match, tree)
+    )
+    assert lower.family_alternatives(match, tree) == general
+    assert lower.address_alternatives(cond, tree) == general
