@@ -263,8 +263,10 @@ class InterfaceAllocator:
         if iface.classifier == "flower":
             return dataclasses.replace(iface, filters=flower_prefs(iface.filters))
         filters, tables = u32layout.layout(iface.filters, self.hash_min)
-        if not tables:
+        if filters is iface.filters:
             return iface
+        # Numbered (a pref past ORDER_KEPT filters), hashed, or both: a pref numbered alone
+        # has no table.
         return dataclasses.replace(iface, filters=filters, u32_tables=tables)
 
     def _run(self) -> ir.Interface:

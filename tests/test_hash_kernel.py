@@ -116,6 +116,37 @@ def test_order_kept_10000(
     _order_case(10000, hashed, host, make_netns, tmp_path, monkeypatch)
 
 
+def test_order_kept_past_2048_lines_without_a_table(
+    host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """2,049 port lines at one pref of an IPv4 tree: nothing to hash, so no table; the filters
+    are numbered all the same (tc's own numbering loses the order past 2,048), and the kernel
+    puts the last lines' packets where classify does."""
+    n = u32layout.ORDER_KEPT + 1
+    lines = ["interface eth0 family ipv4 htb rate 10gbit default other {"]
+    lines += [f"    class p{i} rate 8kbit {{ match sport {1000 + i} }}" for i in range(n)]
+    lines += ["    class other rate 1mbit", "}"]
+    result, ns = _applied("\n".join(lines) + "\n", host, make_netns, tmp_path)
+    assert result.policy is not None
+    iface = result.policy.interfaces[0]
+    assert iface.u32_tables == ()
+    places = [f.place for f in iface.filters if isinstance(f, ir.U32Filter)]
+    assert len(places) == n and all(p is not None and p.table is None for p in places)
+    leaves = _leaves(result.policy)
+    ports = [1000, 1000 + n - 3, 1000 + n - 2, 1000 + n - 1, 1000 + n]
+    sends = [
+        parse_packet(f"ipv4 udp src 192.0.2.1 dst 10.0.0.1 sport {port} dport 2000")
+        for port in ports
+    ]
+    names = []
+    with _sender(ns) as sender:
+        for packet in sends:
+            verdict = classify(result.policy, packet)
+            assert_agrees(kernel_class(ns, sender, packet, leaves), verdict, "", packet)
+            names.append(verdict.cls.name if verdict.cls is not None else None)
+    assert names == ["p0", f"p{n - 3}", f"p{n - 2}", f"p{n - 1}", "other"]
+
+
 # ---- random policies --------------------------------------------------------------------------
 
 V4 = ipaddress.IPv4Network("10.7.0.0/22")
