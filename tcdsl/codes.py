@@ -153,6 +153,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W362": CodeInfo(_W, "An IPv6 port match u32 reads in an extension header"),
     "W363": CodeInfo(_W, "Values of a match line left out: their family cannot match there"),
     "W364": CodeInfo(_W, "An IPv6 extension header as 'proto' under flower, which walks past it"),
+    "W365": CodeInfo(_W, "An IPv4-mapped IPv6 address, which no IPv6 packet carries"),
     "W371": CodeInfo(_W, "Rows of a subscriber table that no statement of the tree takes"),
     "W372": CodeInfo(_W, "A device in a subscriber table without an address"),
     "W368": CodeInfo(_W, "mq queues N with fewer top-level classes than queues"),

@@ -413,8 +413,34 @@ def extension_headers_flower_sees(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
 
 
+# ---- W365: IPv4-mapped IPv6 addresses ---------------------------------------------------------
+
+
+def mapped_addresses(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """W365: an IPv4-mapped IPv6 address or network (``::ffff:10.0.0.1``) on a match line.
+    No IPv6 packet carries one (a socket sends IPv4 to it), so it matches nothing; the IPv4
+    address it stands for does. (A subscriber table refuses one: E029.)"""
+    for iface in policy.interfaces:
+        for m in lines_of(iface):
+            for cond in m.conds:
+                if not isinstance(cond, ir.AddrCond):
+                    continue
+                for net, span in cond.networks:
+                    v4 = ir.mapped_ipv4(net)
+                    if v4 is None:
+                        continue
+                    written = v4.network_address if v4.prefixlen == 32 else v4
+                    yield Diagnostic.warning(
+                        "W365",
+                        "an IPv4-mapped IPv6 address, which no IPv6 packet carries (a socket "
+                        f"sends IPv4 to it): this value matches nothing; write {written}",
+                        span,
+                    )
+
+
 CHECKS = (
     match_families_meet,
+    mapped_addresses,
     flower_says_every_line,
     prefs_leave_room_for_ipv6,
     ipv6_ports_where_u32_reads,

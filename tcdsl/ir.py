@@ -232,6 +232,16 @@ def family_of(network: Network) -> Family:
     return "ipv4" if isinstance(network, IPv4Network | IPv4Address) else "ipv6"
 
 
+def mapped_ipv4(network: Network) -> IPv4Network | None:
+    """The IPv4 network an IPv4-mapped IPv6 one stands for (``::ffff:10.0.0.0/120`` ->
+    ``10.0.0.0/24``), which no IPv6 packet carries: a socket sends IPv4 to it. None for any
+    other network."""
+    if network.version != 6 or network.prefixlen < 96:
+        return None
+    mapped = network.network_address.ipv4_mapped
+    return None if mapped is None else IPv4Network((mapped, network.prefixlen - 96))
+
+
 @dataclass(frozen=True, slots=True)
 class FamilySpec:
     """``family ipv4|ipv6|both`` on an interface, a direction or a match line."""

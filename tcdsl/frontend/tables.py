@@ -719,10 +719,9 @@ def _network(text: str, family: str) -> ir.Network | str:
 def _mapped(net: ipaddress.IPv6Network) -> ipaddress.IPv6Network | str:
     """``net``, or why not when it is IPv4-mapped (``::ffff:100.64.0.1``): no IPv6 packet
     carries such an address (a socket sends IPv4 to it), so its filter would never match."""
-    mapped = net.network_address.ipv4_mapped
-    if mapped is None or net.prefixlen < 96:
+    v4 = ir.mapped_ipv4(net)
+    if v4 is None:
         return net
-    v4 = ipaddress.IPv4Network((mapped, net.prefixlen - 96))
     return (
         f"is an IPv4-mapped IPv6 address, which no IPv6 packet carries (a socket sends IPv4 "
         f"to it): write {v4.network_address if v4.prefixlen == 32 else v4} in the IPv4 column"
