@@ -332,10 +332,12 @@ class _Lines:
 def _parse(reading: _Reading, at: Span) -> Table | None:
     path = reading.path
     records = _records(reading.text)
+    lines = reading.text.split("\n")
     header: list[str] | None = None
     header_line = 0
     for first, last, cells in records:
-        if cells and any(c.strip() for c in cells) and not cells[0].lstrip().startswith("#"):
+        # A comment is a line starting with '#' (not a quoted cell that does: "#42 Main St").
+        if any(c.strip() for c in cells) and not lines[first - 1].lstrip().startswith("#"):
             header = cells
             header_line = first if first == last else 0
             break
@@ -386,7 +388,6 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
         reading.diagnostics.append(Diagnostic.error("E028", msg, at))
         return None
     table = Table(path, header, columns, commas=max(columns[k] for k in REQUIRED))
-    lines = reading.text.split("\n")
     circuits: dict[str, Circuit] = {}
     names: dict[str, int] = {}
     for first, last, cells in records:
@@ -394,7 +395,7 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             msg = f"table '{path}' cannot be read as CSV from here: {cells[0]}"
             reading.error("E028", msg, Span(path, first, 1, first, 2))
             break
-        if not cells or cells[0].lstrip().startswith("#") or not "".join(cells).strip():
+        if not "".join(cells).strip() or lines[first - 1].lstrip().startswith("#"):
             continue
         row = _row(reading, table, first, last, cells, lines, circuits, names)
         if row is not None:
@@ -427,6 +428,7 @@ def _cell_starts(raw: str, cells: list[str]) -> tuple[int, ...]:
         return tuple(starts)
     starts = []
     at = 0
+    before = line_start = counted = 0  # line breaks in raw[:counted]; where its last line starts
     for cell in cells:
         if raw.startswith('"', at):
             begin = at + 1
@@ -434,8 +436,12 @@ def _cell_starts(raw: str, cells: list[str]) -> tuple[int, ...]:
         else:
             begin = at
             at += len(cell)
-        before = raw.count("\n", 0, begin)
-        starts.append(before * LINE_STEP + begin - raw.rfind("\n", 0, begin))
+        breaks = raw.count("\n", counted, begin)  # from the last cell on: linear in the record
+        if breaks:
+            before += breaks
+            line_start = raw.rfind("\n", counted, begin) + 1
+        counted = begin
+        starts.append(before * LINE_STEP + begin - line_start + 1)
         at = raw.find(",", at)
         if at < 0:
             break
@@ -608,19 +614,20 @@ def _width(
 
 
 def _row_like(line: str, commas: int) -> bool:
-    """Whether a line inside a quoted cell reads as a row of its own: the commas of a row
-    and, with quotes, quoted cells that open and close on it (LibreQoS quotes a name holding
-    a comma: ``2,"Smith, J",...``). The last line of a cell that does run over lines holds its
-    closing quote inside a cell (``Smith",1,...``): not a row."""
+    """Whether a line inside a quoted cell reads as a row of its own: the commas of a row,
+    and not the end of a quoted cell. The last line of a cell that does run over lines closes
+    it with a quote followed by the comma before the next cell (``Smith, J",1,...``) or by
+    the line's end; a row's quotes open cells (``2,"Smith, J",...``), are doubled in them, or
+    stand inside an unquoted cell (``2,Dish 12" pole,...``)."""
     if line.count(",") < commas:
         return False
-    if '"' not in line:
+    at = line.find('"')
+    while at >= 0 and line.startswith('""', at):
+        at = line.find('"', at + 2)
+    if at < 0:
         return True
-    try:
-        cells = next(csv.reader([line], strict=True), [])
-    except csv.Error:  # a quote opened and not closed on the line
-        return False
-    return len(cells) > commas and not any('"' in cell for cell in cells)
+    after = line[at + 1 :].lstrip(" \t")
+    return not (after == "" or after.startswith(","))
 
 
 def _agree(
@@ -1467,10 +1474,13 @@ def _unshaped(
 def _cell_span(table: Table, lines: list[str], row: Row, column: int) -> Span:
     """The span of a row's cell."""
     last = row.line
-    raw = lines[row.line - 1]
-    while raw.count('"') % 2 and last < len(lines):  # a quoted line break
+    parts = [lines[row.line - 1]]
+    odd = parts[0].count('"') % 2
+    while odd and last < len(lines):  # a quoted line break
         last += 1
-        raw += "\n" + lines[last - 1]
+        parts.append(lines[last - 1])
+        odd ^= parts[-1].count('"') % 2
+    raw = "\n".join(parts)
     place = _Place(table.path, row.line, last, len(lines[last - 1]) + 1, row.cells, ())
     return dataclasses.replace(place, starts=_cell_starts(raw, row.cells)).span(column)
 
