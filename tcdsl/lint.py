@@ -649,26 +649,37 @@ PORTLESS = {
 
 
 def u32_lines_before_marks(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """With marks set at POSTROUTING and a default class, every packet leaving carries a mark
-    an fw filter takes: a match line with its own pref after the fw filters sees nothing."""
+    """With a default class, the marking chain gives every packet it sees a mark an fw
+    filter takes: a match line with its own pref after the fw filters sees only the packets
+    the chain does not. At postrouting that is none; marking what arrives on any interface,
+    only what the host sends itself. (Marking what arrives on one interface, or what the
+    host sends, leaves the rest to such a line.) One warning per written pref: the lines of a
+    subscribers statement share its."""
     for iface in policy.interfaces:
         m = iface.marking
         root = iface.root
-        if m is None or m.hook != "postrouting" or not isinstance(root, ir.Htb):
+        if m is None or not isinstance(root, ir.Htb | ir.Hfsc) or root.default is None:
             continue
-        if root.default is None:
+        if m.hook == "postrouting":
+            seen_by_none = "it never matches"
+        elif m.hook == "prerouting" and m.from_interface is None:
+            seen_by_none = "it classifies only what this host sends itself"
+        else:
             continue
-        fw_pref = m.pref.value if m.pref is not None else 1
+        fw_pref = m.fw_pref
+        warned: set[Span] = set()
         for cls in ir.classes_of(root):
             for line in cls.matches:
-                if line.pref is not None and line.pref.value > fw_pref:
-                    yield Diagnostic.warning(
-                        "W355",
-                        f"this match line is tried after the fw filters (pref {fw_pref}), which "
-                        "take every packet: marking at postrouting gives each unmarked one the "
-                        "default class's mark; it never matches",
-                        line.pref.span,
-                    )
+                if line.pref is None or line.pref.value <= fw_pref or line.pref.span in warned:
+                    continue
+                warned.add(line.pref.span)
+                yield Diagnostic.warning(
+                    "W355",
+                    f"this match line is tried after the fw filters (pref {fw_pref}), which "
+                    f"take every packet the marking chain sees ({m.source(iface.name)}): it "
+                    f"gives each unmarked one the default class's mark; {seen_by_none}",
+                    line.pref.span,
+                )
 
 
 U32_ORDERED = u32layout.ORDER_KEPT

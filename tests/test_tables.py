@@ -1111,6 +1111,38 @@ def test_an_address_inside_a_prefix_of_an_earlier_statement(tmp_path: Path) -> N
     # with those prefs, both agree
     prefs = text.replace('"south"\n', '"south" pref 1\n').replace('"north"\n', '"north" pref 2\n')
     ok(build(tmp_path, prefs, table))
+    # with marks, a pref makes the lines u32 filters, which the fw filters' catch-all may
+    # hide (W355): the advice is the tree's order
+    marked = text.replace("{\n", "{\n    classify by mark from any\n", 1)
+    result = build(tmp_path, marked, table)
+    assert errors(result) == [("E036", "subs.csv", 2, 17)]
+    assert "lower pref" not in result.errors[0].message
+    assert "put it above the one that takes '1' in the tree, without a pref" in (
+        result.errors[0].message
+    )
+
+
+def test_subscribers_after_the_marks_of_every_arriving_packet_warn_once(tmp_path: Path) -> None:
+    """Under 'classify by mark from any', the default's mark takes every forwarded packet
+    before the fw filters' pref ends: a statement's lines at a higher pref would see only the
+    host's own packets, so W355 says so, once for the statement (not once a row)."""
+    text = (
+        "interface eth0 htb rate 1gbit default other {\n"
+        "    classify by mark from any\n"
+        '    subscribers download from "subs.csv" where parent_node == "north" pref 3\n'
+        '    subscribers download from "subs.csv" where parent_node == "south"\n'
+        "    class other rate 1mbit\n"
+        "}\n"
+    )
+    table = HEADER + _row("1", "100.64.0.1") + _row("2", "100.64.0.2") + _row("3", "100.64.0.3")
+    table += _row("4", "100.64.0.4", parent="south")
+    result = build(tmp_path, text, table)
+    found = [d for d in result.diagnostics if d.code == "W355"]
+    assert [(d.span.file.endswith("p.tcp"), d.span.line) for d in found] == [(True, 3)]
+    assert "only what this host sends itself" in found[0].message
+    # marking what arrives on one interface leaves the others' packets to those lines
+    result = build(tmp_path, text.replace("from any", "from eth1"), table)
+    assert not [d for d in result.diagnostics if d.code == "W355"]
 
 
 def test_two_statements_sharing_many_circuits_is_one_error(tmp_path: Path) -> None:

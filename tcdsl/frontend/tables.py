@@ -1115,8 +1115,7 @@ def expand_tree(
     # addresses can only hold one another where a family has two prefix lengths
     lengths = set().union(*(table.lengths for table, _, _ in expander.taken.values()))
     if expander.made and len(lengths) > len({version for version, _ in lengths}):
-        fw_pref = marking.fw_pref if marking is not None else ir.DEFAULT_PREF
-        _longest_prefix_first(b, result, expander.made, expander.circuits, fw_pref)
+        _longest_prefix_first(b, result, expander.made, expander.circuits, marking)
     return result
 
 
@@ -1315,7 +1314,7 @@ def _longest_prefix_first(
     tree: ir.Qdisc,
     made: dict[int, Circuit],
     statements: dict[int, SubscribersSyntax],
-    fw_pref: int = ir.DEFAULT_PREF,
+    marking: ir.Marking | None = None,
 ) -> None:
     """E036 for a subscriber's address inside the prefix of another subscriber tried before it.
 
@@ -1323,8 +1322,9 @@ def _longest_prefix_first(
     first that matches wins; LibreQoS looks addresses up by longest prefix. The two agree
     unless a more specific address comes after a prefix holding it: then the same table
     would shape differently, so that is an error (put the more specific circuit first).
-    ``statements``: the statement that took each circuit (by id); ``fw_pref``: the pref of
-    lines without one (the fw filters' under ``classify by mark``)."""
+    ``statements``: the statement that took each circuit (by id); ``marking``: the tree's
+    ``classify by mark``, whose fw filters' pref is that of the lines without one."""
+    fw_pref = marking.fw_pref if marking is not None else ir.DEFAULT_PREF
     found = 0
     unshown: Span | None = None  # the first address past MAX_TABLE_ERRORS
     for lines in _subscriber_lines(tree, made, fw_pref):
@@ -1345,10 +1345,11 @@ def _longest_prefix_first(
                 if hits:
                     # the line a packet of this address meets first
                     _, wide, wide_at, other = min(hits, key=lambda hit: hit[0])
+                    wider = (wide, wide_at)
                     if other is not circuit:
                         found += 1
                         if found <= MAX_TABLE_ERRORS:
-                            b.error(_shadowed(net, at, circuit, wide, wide_at, other, statements))
+                            b.error(_shadowed(net, at, circuit, wider, other, statements, marking))
                         elif unshown is None:
                             unshown = at
                 key = (net.prefixlen, whole >> (bits - net.prefixlen))
@@ -1401,26 +1402,38 @@ def _shadowed(
     net: ir.Network,
     at: Span,
     circuit: Circuit,
-    wide: ir.Network,
-    wide_at: Span,
+    wide: tuple[ir.Network, Span],
     other: Circuit,
     statements: dict[int, SubscribersSyntax],
+    marking: ir.Marking | None,
 ) -> Diagnostic:
     mine, theirs = statements.get(id(circuit)), statements.get(id(other))
-    notes = [Note(f"{wide} of circuit '{other.key}' is here", wide_at)]
+    notes = [Note(f"{wide[0]} of circuit '{other.key}' is here", wide[1])]
     if mine is not None and theirs is not None and mine is not theirs:
         # the order is the statements' (their prefs, then the tree's), not the table's
-        fix = (
+        tried = (
             f"the statement that takes '{circuit.key}' is tried after the one that takes "
-            f"'{other.key}': give the statement that takes '{circuit.key}' a lower pref than "
-            f"the one that takes '{other.key}' (such as pref 1 and pref 2), or split {wide}"
+            f"'{other.key}': "
         )
+        if marking is None:
+            fix = (
+                f"{tried}give the statement that takes '{circuit.key}' a lower pref than "
+                f"the one that takes '{other.key}' (such as pref 1 and pref 2), or split "
+                f"{wide[0]}"
+            )
+        else:  # a pref would make its lines u32 filters, which the marks' fw filters may hide
+            fix = (
+                f"{tried}put it above the one that takes '{other.key}' in the tree, without "
+                "a pref (with 'classify by mark', lines without one are marking rules, tried "
+                "in the tree's order; a pref makes them u32 filters, tried before the marks "
+                f"only below pref {marking.fw_pref}), or split {wide[0]}"
+            )
         notes.append(Note(f"the statement that takes '{circuit.key}' is here", mine.span))
     else:
-        fix = f"list circuit '{circuit.key}' before '{other.key}', or split {wide}"
+        fix = f"list circuit '{circuit.key}' before '{other.key}', or split {wide[0]}"
     return Diagnostic.error(
         "E036",
-        f"{net} of circuit '{circuit.key}' lies inside {wide} of circuit '{other.key}', which "
+        f"{net} of circuit '{circuit.key}' lies inside {wide[0]} of circuit '{other.key}', which "
         f"is tried first: its packets would go to '{other.key}' (tcdsl takes the first line "
         f"that matches), where LibreQoS gives them to '{circuit.key}' (the longest prefix); " + fix,
         at,
