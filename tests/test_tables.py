@@ -306,11 +306,20 @@ def test_a_name_depends_on_its_circuit_id_alone(tmp_path: Path) -> None:
         made = classes(ok(build(tmp_path, policy(body), HEADER + "".join(chosen))))
         return {addresses(c)[0][1]: n for n, c in made.items() if n not in ("", "other")}
 
+    # an id that ends in '_' keeps it ('x' was the name of both 'x' and 'x_', the first row's
+    # taking it); an id of the form of another's digested name gets a digest of its own
+    digested = circuit_name("A-1")
+    rows += [_row("x_", "100.64.0.6"), _row("x", "100.64.0.7"), _row(digested, "100.64.0.8")]
     every = names(rows)
-    assert len(set(every.values())) == 5 and every["100.64.0.4/32"] == "c1001"
+    assert len(set(every.values())) == 8 and every["100.64.0.4/32"] == "c1001"
+    assert every["100.64.0.6/32"] == "x_" and every["100.64.0.7/32"] == "x"
+    assert every["100.64.0.1/32"] == digested != every["100.64.0.8/32"]
     assert every["100.64.0.3/32"] == "B"
     assert names(rows[1:]) == {k: v for k, v in every.items() if k != "100.64.0.1/32"}
     assert names(rows[::-1]) == every
+    assert names(rows[5:][::-1]) == {
+        k: every[k] for k in ("100.64.0.6/32", "100.64.0.7/32", "100.64.0.8/32")
+    }
     assert names([rows[4]]) == {"100.64.0.5/32": every["100.64.0.5/32"]}
     assert every["100.64.0.5/32"].startswith("c1001_")
     cyrillic = [circuit_name("".join(chr(0x430 + (i >> k) % 32) for k in (0, 5, 10))) for i in

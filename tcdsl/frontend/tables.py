@@ -744,6 +744,9 @@ def _host_bits(net: ir.Network, address: str) -> str:
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]*", re.ASCII)
 _C_NUMBER = re.compile(r"c[0-9]+", re.ASCII)
+_DIGESTED = re.compile(r".*_[0-9a-f]{10}", re.ASCII)
+"""The form of a name :func:`circuit_name` makes with a digest (a literal id of that form
+gets one too, so that it never takes another id's name)."""
 
 
 def circuit_name(key: str) -> str:
@@ -752,11 +755,11 @@ def circuit_name(key: str) -> str:
     that is a name already as it is (``north_7``); ``c`` and a numeric id (``c1001``); else the
     id made a name (letters, digits and ``_``, starting with a letter) and a digest of the id,
     which tells apart ids that make the same name (``a-b``, ``a b``: ``a_b_3f09c1d2e5``,
-    ``a_b_8a6e0b4c17``). An id of the form ``c1001`` is one of the last kind: ``c1001`` is
-    numeric id 1001's."""
+    ``a_b_8a6e0b4c17``). An id of the form ``c1001`` or ``a_b_3f09c1d2e5`` is one of the
+    last kind: those are other ids' names."""
     if key.isascii() and key.isdigit():
         return "c" + key
-    if _WORD.fullmatch(key) and not _C_NUMBER.fullmatch(key):
+    if _WORD.fullmatch(key) and not _C_NUMBER.fullmatch(key) and not _DIGESTED.fullmatch(key):
         return key
     base = _NOT_NAME.sub("_", key).strip("_") or "circuit"
     if not base[0].isalpha() or not base.isascii():
@@ -764,15 +767,12 @@ def circuit_name(key: str) -> str:
     return f"{base}_{hashlib.blake2s(key.encode(), digest_size=5).hexdigest()}"
 
 
-def _unique_name(key: str, names: dict[str, int]) -> str:
-    """A class name for the circuit id ``key``: letters, digits and ``_`` (so no generated
-    word ever needs quoting), starting with a letter, unique among ``names``: the base
-    itself, or ``base_N`` with the smallest N from 2 that is free. ``names`` maps each name
-    taken to the N to try first when it is a base again (every smaller one is taken), so
-    that many ids of one base (all-Cyrillic ids are all 'circuit') take linear time."""
-    base = _NOT_NAME.sub("_", key).strip("_") or "circuit"
-    if not base[0].isalpha() or not base.isascii():
-        base = "c" + base if base[0].isdigit() else "c_" + base
+def _unique_name(base: str, names: dict[str, int]) -> str:
+    """A class name from ``base`` (a :func:`circuit_name`: letters, digits and ``_``, so no
+    generated word ever needs quoting, starting with a letter), unique among ``names``: the
+    base itself, or ``base_N`` with the smallest N from 2 that is free (a written class's
+    name, or a digest's collision). ``names`` maps each name taken to the N to try first
+    when it is a base again (every smaller one is taken), in linear time however many."""
     n = names.get(base)
     if n is None:
         names[base] = 2
