@@ -169,6 +169,27 @@ def test_where_conditions(tmp_path: Path) -> None:
     assert names('where parent == "north" and "Device Name" == "router-3"') == ["c102"]
     assert names('where comment == "vip"') == ["c103"]
     assert names("") == ["c101", "c102", "c103"]
+    # the cells are read without blanks at their ends, and so are the values
+    assert names('where parent_node == " south "') == ["c103"]
+    assert names('where parent_node != " north"') == ["c103"]
+
+
+def test_excels_separator_line_is_no_header(tmp_path: Path) -> None:
+    """Excel may write 'sep=,' before the header: the header is the line after it."""
+    result = build(
+        tmp_path, policy('        subscribers from "subs.csv"\n'), "sep=,\n" + HEADER + ROWS
+    )
+    assert [n for n in classes(ok(result)) if n.startswith("c")] == ["c101", "c102", "c103"]
+    semicolons = "sep=;\n" + HEADER.replace(",", ";")
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), semicolons)
+    assert "its first row holds no comma but ';'" in result.errors[0].message
+
+
+def test_a_value_no_row_has_is_named_with_the_closest_one(tmp_path: Path) -> None:
+    body = '        subscribers from "subs.csv" where parent_node == "nort"\n'
+    result = build(tmp_path, policy(body))
+    assert [d.code for d in result.errors] == ["E034"]
+    assert "meets this condition (did you mean 'north'?);" in result.errors[0].message
 
 
 def test_template(tmp_path: Path) -> None:

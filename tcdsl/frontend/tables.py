@@ -329,6 +329,10 @@ class _Lines:
         return line + "\n"
 
 
+_EXCEL_SEPARATOR = re.compile(r"[ \t]*sep=.[ \t]*", re.IGNORECASE)
+"""``sep=,``: the first line Excel writes to name a CSV file's separator."""
+
+
 def _parse(reading: _Reading, at: Span) -> Table | None:
     path = reading.path
     records = _records(reading.text)
@@ -336,6 +340,8 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
     header: list[str] | None = None
     header_line = 0
     for first, last, cells in records:
+        if first == 1 and last == 1 and _EXCEL_SEPARATOR.fullmatch(lines[0]):
+            continue  # Excel's line naming the separator, before the header
         # A comment is a line starting with '#' (not a quoted cell that does: "#42 Main St").
         if any(c.strip() for c in cells) and not lines[first - 1].lstrip().startswith("#"):
             header = cells
@@ -858,7 +864,8 @@ def select(
             )
             ok = False
             continue
-        parsed.append(Condition(index, equal, frozenset(values)))
+        # compared with the cells as they are read: without blanks at their ends
+        parsed.append(Condition(index, equal, frozenset(v.strip() for v in values)))
     if not ok:
         return (), None, False
     first_column = parsed[0].column if parsed else None
@@ -875,15 +882,25 @@ def select(
     rows = tuple(r for r in candidates if all(_meets(r, c) for c in parsed))
     if not rows and not table.errors:  # (rows with errors are left out, and reported)
         what = "meets this condition" if conditions else "is left: the table is empty"
+        hint = ""
+        if chosen is not None and not candidates:  # a value no row has: a misspelling?
+            present = table.index(chosen.column)
+            if len(present) <= MAX_SUGGESTED:
+                hint = suggestion(min(chosen.values), present)
         b.error(
             Diagnostic.error(
                 "E034",
-                f"no row of table '{table.path}' {what}; the statement would make no class",
+                f"no row of table '{table.path}' {what}{hint}; the statement would make no class",
                 at,
             )
         )
         return (), None, False
     return rows, first_column, True
+
+
+MAX_SUGGESTED = 1_000
+"""E034 suggests a value of the column when it has at most this many (a parent node's, not a
+circuit id's)."""
 
 
 def where_names(table: Table) -> list[str]:
