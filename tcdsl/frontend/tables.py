@@ -340,6 +340,8 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
     header: list[str] | None = None
     header_line = 0
     for first, last, cells in records:
+        if not last:  # the csv module refused the text before a header
+            break
         if first == 1 and last == 1 and _EXCEL_SEPARATOR.fullmatch(lines[0]):
             continue  # Excel's line naming the separator, before the header
         # A comment is a line starting with '#' (not a quoted cell that does: "#42 Main St").
