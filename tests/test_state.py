@@ -130,3 +130,28 @@ def test_down_of_an_interface_gets_past_a_damaged_record(
     removed = down_interface("d0", runner)
     assert removed == ["- (the state of p cannot be read: left as it is)"], removed
     assert ran, "the device's qdiscs were looked at"
+
+
+@pytest.mark.parametrize("command", ["apply", "rollback", "confirm", "down"])
+def test_a_state_folder_that_cannot_hold_the_lock_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """The lock file cannot be made (here a file stands where its folder goes; a read-only
+    or full file system does the same): E603 says so and that nothing changed, exit 1, where
+    a traceback said 'internal error' (exit 3)."""
+    path = tmp_path / "p.tcp"
+    path.write_text("interface eth0 htb rate 10mbit default a {\n    class a rate 1mbit\n}\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "+locks").write_text("not a folder\n", encoding="utf-8")
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(state))
+    args = {
+        "apply": ["apply", "--yes", str(path)],
+        "rollback": ["rollback", "p"],
+        "confirm": ["confirm", "p"],
+        "down": ["down", "p"],
+    }[command]
+    done = CliRunner().invoke(cli, args)
+    assert done.exit_code == 1, (done.output, done.exception)
+    assert "error[E603]: cannot take the lock of 'p'" in done.output, done.output
+    assert "nothing was changed" in done.output and "Traceback" not in done.output

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -224,7 +225,11 @@ def apply_command(
     """Make the kernel equal to POLICY with the smallest safe change."""
     seconds = parse_duration(within) if within is not None else None
     store = _store(policy_name(policy, name))
-    with store.locked():
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(store.locked())
+        except OpsError as e:  # the state folder cannot be written: nothing changed
+            _fail(NO_STATE, str(e))
         _apply(policy, store, yes, seconds, within, summary, repack)
 
 

@@ -162,7 +162,16 @@ class Store:
         confirm or down of a name at a time, each reading the state and the kernel after the
         one before has finished with them (two applies at once left the kernel a mix of both
         policies, and the record one of them). In a folder no policy name can be (``+``)."""
-        with held(self.folder.parent / "+locks" / self.name):
+        path = self.folder.parent / "+locks" / self.name
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(held(path))
+            except OSError as e:  # a read-only or full file system, a file where a folder is
+                raise OpsError(
+                    f"cannot take the lock of '{self.name}' ({path}): {e.strerror or e}; "
+                    "nothing was changed (tcdsl keeps its state and locks in "
+                    f"{self.folder.parent}, which must be writable: TCDSL_STATE_DIR moves it)"
+                ) from e
             yield
 
     def generations(self) -> list[int]:
