@@ -429,11 +429,11 @@ def mapped_addresses(policy: ir.Policy) -> Iterator[Diagnostic]:
                     v4 = ir.mapped_ipv4(net)
                     if v4 is None:
                         continue
-                    written = v4.network_address if v4.prefixlen == 32 else v4
                     yield Diagnostic.warning(
                         "W365",
                         "an IPv4-mapped IPv6 address, which no IPv6 packet carries (a socket "
-                        f"sends IPv4 to it): this value matches nothing; write {written}",
+                        "sends IPv4 to it): this value matches nothing; write "
+                        + lower.address_text(v4),
                         span,
                     )
 

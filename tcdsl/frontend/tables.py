@@ -48,6 +48,7 @@ from tcdsl.frontend.source import (
 )
 from tcdsl.frontend.syntax import Param, QdiscSyntax, suggestion
 from tcdsl.frontend.values import Bin, Expr, Lit, Ref
+from tcdsl.lower import address_text
 from tcdsl.units import Dimension
 
 if TYPE_CHECKING:
@@ -306,6 +307,12 @@ def _records(text: str) -> Iterator[tuple[int, int, list[str]]]:
         yield start, end, cells
 
 
+def _comment(line: str) -> bool:
+    """Whether a record starting on ``line`` is a comment: the line starts with '#' (a quoted
+    cell that does, ``"#42 Main St"``, is none)."""
+    return line.lstrip().startswith("#")
+
+
 _QUOTED_COMMENT = re.compile(r'^[ \t]*#[^\n]*"', re.MULTILINE)
 
 
@@ -322,7 +329,7 @@ class _Lines:
 
     def __next__(self) -> str:
         line = next(self.lines)
-        if self.at_start and line.lstrip().startswith("#"):
+        if self.at_start and _comment(line):
             return "\n"
         self.at_start = False
         # with its line break, which a quoted cell that goes on keeps (without, "a\nb" is "ab")
@@ -344,8 +351,7 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             break
         if first == 1 and last == 1 and _EXCEL_SEPARATOR.fullmatch(lines[0]):
             continue  # Excel's line naming the separator, before the header
-        # A comment is a line starting with '#' (not a quoted cell that does: "#42 Main St").
-        if any(c.strip() for c in cells) and not lines[first - 1].lstrip().startswith("#"):
+        if any(c.strip() for c in cells) and not _comment(lines[first - 1]):
             header = cells
             header_line = first if first == last else 0
             break
@@ -403,7 +409,7 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             msg = f"table '{path}' cannot be read as CSV from here: {cells[0]}"
             reading.error("E028", msg, Span(path, first, 1, first, 2))
             break
-        if not "".join(cells).strip() or lines[first - 1].lstrip().startswith("#"):
+        if not "".join(cells).strip() or _comment(lines[first - 1]):
             continue
         row = _row(reading, table, first, last, cells, lines, circuits, names)
         if row is not None:
@@ -739,7 +745,7 @@ def _mapped(net: ipaddress.IPv6Network) -> ipaddress.IPv6Network | str:
         return net
     return (
         f"is an IPv4-mapped IPv6 address, which no IPv6 packet carries (a socket sends IPv4 "
-        f"to it): write {v4.network_address if v4.prefixlen == 32 else v4} in the IPv4 column"
+        f"to it): write {address_text(v4)} in the IPv4 column"
     )
 
 
@@ -1364,11 +1370,14 @@ def _longest_prefix_first(
                 if hits:
                     # the line a packet of this address meets first
                     _, wide, wide_at, other = min(hits, key=lambda hit: hit[0])
-                    wider = (wide, wide_at)
                     if other is not circuit:
                         found += 1
                         if found <= MAX_TABLE_ERRORS:
-                            b.error(_shadowed(net, at, circuit, wider, other, statements, marking))
+                            b.error(
+                                _shadowed(
+                                    net, at, circuit, wide, wide_at, other, statements, marking
+                                )
+                            )
                         elif unshown is None:
                             unshown = at
                 key = (net.prefixlen, whole >> (bits - net.prefixlen))
@@ -1421,13 +1430,14 @@ def _shadowed(
     net: ir.Network,
     at: Span,
     circuit: Circuit,
-    wide: tuple[ir.Network, Span],
+    wide: ir.Network,
+    wide_at: Span,
     other: Circuit,
     statements: dict[int, SubscribersSyntax],
     marking: ir.Marking | None,
 ) -> Diagnostic:
     mine, theirs = statements.get(id(circuit)), statements.get(id(other))
-    notes = [Note(f"{wide[0]} of circuit '{other.key}' is here", wide[1])]
+    notes = [Note(f"{wide} of circuit '{other.key}' is here", wide_at)]
     if mine is not None and theirs is not None and mine is not theirs:
         # the order is the statements' (their prefs, then the tree's), not the table's
         tried = (
@@ -1438,21 +1448,21 @@ def _shadowed(
             fix = (
                 f"{tried}give the statement that takes '{circuit.key}' a lower pref than "
                 f"the one that takes '{other.key}' (such as pref 1 and pref 2), or split "
-                f"{wide[0]}"
+                f"{wide}"
             )
         else:  # a pref would make its lines u32 filters, which the marks' fw filters may hide
             fix = (
                 f"{tried}put it above the one that takes '{other.key}' in the tree, without "
                 "a pref (with 'classify by mark', lines without one are marking rules, tried "
                 "in the tree's order; a pref makes them u32 filters, tried before the marks "
-                f"only below pref {marking.fw_pref}), or split {wide[0]}"
+                f"only below pref {marking.fw_pref}), or split {wide}"
             )
         notes.append(Note(f"the statement that takes '{circuit.key}' is here", mine.span))
     else:
-        fix = f"list circuit '{circuit.key}' before '{other.key}', or split {wide[0]}"
+        fix = f"list circuit '{circuit.key}' before '{other.key}', or split {wide}"
     return Diagnostic.error(
         "E036",
-        f"{net} of circuit '{circuit.key}' lies inside {wide[0]} of circuit '{other.key}', which "
+        f"{net} of circuit '{circuit.key}' lies inside {wide} of circuit '{other.key}', which "
         f"is tried first: its packets would go to '{other.key}' (tcdsl takes the first line "
         f"that matches), where LibreQoS gives them to '{circuit.key}' (the longest prefix); " + fix,
         at,
