@@ -27,12 +27,15 @@ from tcdsl.commands import (
     SCRIPT_AT,
     SCRIPT_FAILED,
     SCRIPT_UNMARK,
+    SLOT_TAKEN,
+    SLOT_USES,
     TOO_FEW_IN_USE,
     TOO_FEW_QUEUES,
     TOO_MANY_QUEUES,
     Command,
     batch_line,
     chain_teardown,
+    ingress_slot,
     interface_commands,
     lock_name,
     mark_families,
@@ -209,6 +212,13 @@ class ShellBackend(Backend):
             for i in policy.interfaces
             if (n := ir.tx_queues_used(i))
         ]
+        other = {"clsact": "ingress", "ingress": "clsact"}
+        taken = dict.fromkeys(ingress_slot(i) for i in policy.interfaces)
+        slots = [
+            (slot[0], slot[1], other[slot[1]], SLOT_USES[slot[1]])
+            for slot in taken
+            if slot is not None
+        ]
         return (
             template_env()
             .get_template("shell.sh.j2")
@@ -226,6 +236,8 @@ class ShellBackend(Backend):
                 needs=needs,
                 mark_tools=tuple(MARK_TOOL.values()),
                 not_ifb=NOT_IFB,
+                slots=slots,
+                slot_taken=SLOT_TAKEN,
                 lock_dir=LOCK_DIR,
                 lock_dir_variable=LOCK_DIR_VARIABLE,
                 lock_setting=f"${{{LOCK_DIR_VARIABLE}:-{LOCK_DIR}}}",

@@ -97,38 +97,45 @@ filters at one pref: E262)."""
 
 def steering_filters(mq: ir.Mq, filters: tuple[ir.Filter, ...]) -> tuple[ir.Filter, ...]:
     """The filters on the clsact egress hook that pick each packet's TX queue (flowid: the
-    mq's class of the queue, ``M:N`` for TX queue N-1): one per filter of a queue's own qdisc,
-    in the order the policy's lines are tried (their pref, then where they are written), a
-    new pref at each pref of the policy's and every :data:`STEER_GROUP` filters."""
+    mq's class of the queue, ``M:N`` for TX queue N-1): one per filter of a queue's steered
+    qdiscs (:func:`ir.steered_qdiscs`), in the order the policy's lines are tried (their
+    level, their pref, then where they are written), a new pref at each level and pref of
+    the policy's and every :data:`STEER_GROUP` filters."""
     assert mq.handle is not None
-    queue_of: dict[ir.Handle, ir.Handle] = {}
-    for q in mq.queues:
-        assert q.qdisc.handle is not None
-        queue_of[q.qdisc.handle] = ir.Handle(mq.handle.major, q.number)
+    queue_of: dict[ir.Handle, tuple[ir.Handle, int]] = {}
+    for level, index, q in ir.steered_qdiscs(mq):
+        assert q.handle is not None
+        queue_of[q.handle] = (ir.Handle(mq.handle.major, mq.queues[index].number), level)
     picked = [f for f in filters if f.parent in queue_of and not isinstance(f, ir.FwFilter)]
     # The tree as written, not the lines' spans: a table's rows are in another file.
     order = ir.mq_line_order(mq)
     by_classid = {
         c.classid: order[id(c)]
-        for q in mq.queues
-        for c in ir.classes_of(q.qdisc)
+        for _, _, q in ir.steered_qdiscs(mq)
+        for c in ir.classes_of(q)
         if c.classid is not None and id(c) in order
     }
-    last = (sys.maxsize, 0, 0)
-    picked.sort(key=lambda f: (f.pref, by_classid.get(f.flowid, last)))
+    last = (sys.maxsize, 0, 0, 0)
+
+    def tried(f: ir.Filter) -> tuple[int, int, tuple[int, int, int, int]]:
+        return queue_of[f.parent][1], f.pref, by_classid.get(f.flowid, last)
+
+    picked.sort(key=tried)
     steering: list[ir.Filter] = []
-    group: dict[ir.Family, tuple[int, int, int]] = {}  # family -> (policy pref, pref, count)
+    # family -> ((level, policy pref), pref, count)
+    group: dict[ir.Family, tuple[tuple[int, int], int, int]] = {}
     for f in picked:
-        was, pref, count = group.get(f.family, (f.pref, DEFAULT_PREF, 0))
-        if was != f.pref or count == STEER_GROUP:
+        at = tried(f)[:2]
+        was, pref, count = group.get(f.family, (at, DEFAULT_PREF, 0))
+        if was != at or count == STEER_GROUP:
             pref, count = pref + 1, 0
-        group[f.family] = (f.pref, pref, count + 1)
+        group[f.family] = (at, pref, count + 1)
         steering.append(
             ir.replace(
                 f,
                 parent=ir.CLSACT_EGRESS,
                 pref=kernel_pref(pref, f.family),
-                flowid=queue_of[f.parent],
+                flowid=queue_of[f.parent][0],
                 police=None,
                 police_index=None,
             )
@@ -243,6 +250,8 @@ class InterfaceAllocator:
         self.police_count = 0
         self.majors: set[int] = {MAX}  # ffff: is the ingress qdisc
         self.major_owner: dict[int, Span] = {}
+        self.without_id: dict[int, list[Span]] = {}
+        """A classful qdisc's major -> the classes its ids ran out for (one E210 for them)."""
         self.major_pool = Pool(iter(range(2, MAX)), self.majors)
         self.shard_pool = self.major_pool
         if isinstance(iface.root, ir.Mq):
@@ -412,7 +421,14 @@ class InterfaceAllocator:
             pool = Pool(iter(range(1, bands + 1)), used)
         else:
             pool = Pool(_decimal_looking_minors(), used)
-        return tuple(self.klass(c, q, major, pool) for c in q.classes)
+        classes = tuple(self.klass(c, q, major, pool) for c in q.classes)
+        spans = self.without_id.pop(major, None)
+        if spans:
+            after = len(spans) - 1
+            more = f" (nor for the {after:,} class{'es' if after > 1 else ''} after it)"
+            more = more if after else ""
+            self.error("E210", f"no free class id is left under {major:x}:{more}", spans[0])
+        return classes
 
     def _pin(self, classes: tuple[ir.Class, ...], parent: ir.Handle | None, used: set[int]) -> None:
         """Give ``classes`` (under ``parent``, None when its id is not known yet) the ids
@@ -460,7 +476,7 @@ class InterfaceAllocator:
         else:
             taken = pool.take(1 if cls.implicit else None)
             if taken is None:
-                self.error("E210", f"no free class id is left under {major:x}:", cls.span)
+                self.without_id.setdefault(major, []).append(cls.span)
             minor = taken or 0
         leaf = None
         if cls.leaf is not None:

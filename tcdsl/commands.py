@@ -1026,6 +1026,35 @@ NOT_IFB = (
 )
 """What the script prints (a printf format) when the device a download names is not an IFB."""
 
+SLOT_TAKEN = (
+    "tcdsl: interface %s has the %s qdisc in its ingress slot (ffff:), where this policy puts "
+    "the %s qdisc %s; the two exclude each other. If nothing else needs it, remove it first "
+    "(tc qdisc del dev %s %s); nothing was changed"
+)
+"""What the script prints (a printf format: the device, the kind there, the kind wanted,
+what for, the device and kind again) when the device's ingress slot holds the other kind."""
+SLOT_USES = {
+    "clsact": "whose egress filters pick the TX queue",
+    "ingress": "for its ingress filters",
+}
+"""What the policy puts each kind of ingress-slot qdisc there for (the message's fourth
+part)."""
+
+
+def ingress_slot(iface: ir.Interface) -> tuple[str, str] | None:
+    """(device, kind) of the qdisc ``iface``'s tree puts in a device's ingress slot
+    (``ffff:``): an mq tree's ``clsact`` (its steering), the ``ingress`` qdisc of ingress
+    policing or of a download's redirect; None if it puts none there. ``clsact`` and
+    ``ingress`` exclude each other."""
+    if iface.download is not None:
+        return iface.download.interface, "ingress"
+    if iface.direction == "ingress":
+        return iface.name, "ingress"
+    if isinstance(iface.root, ir.Mq):
+        return iface.name, "clsact"
+    return None
+
+
 LOCK_DIR = "/run/lock"
 LOCK_DIR_VARIABLE = "TCDSL_LOCK_DIR"
 """The environment variable that moves the lock folder (tests; systems without /run/lock)."""

@@ -1179,23 +1179,51 @@ def queue_tops(q: Qdisc) -> tuple[Class, ...]:
     return tops
 
 
-def mq_line_order(mq: Mq) -> dict[int, tuple[int, int, int]]:
-    """Where each class of ``mq``'s queues (by id) stands in the order the policy's lines are
-    tried at one pref: the tree as written. A spread tree's top-level classes in their
-    places before the spread (``MqQueue.ranks``), queues written out one after the other;
-    within a top-level class, the classes in pre-order."""
-    order: dict[int, tuple[int, int, int]] = {}
+def _below_chain(q: Qdisc | None) -> Qdisc | None:
+    """``q``, or below a tbf or netem the qdisc every packet of it goes on to."""
+    while isinstance(q, Tbf | Netem) and q.child is not None:
+        q = q.child
+    return q
+
+
+def steered_qdiscs(mq: Mq) -> Iterator[tuple[int, int, ClassfulQdisc]]:
+    """Yield (level, queue index, qdisc) for each qdisc of ``mq``'s queues whose match lines
+    pick the queue (their copies on the clsact egress hook steer to it). Level 0: a queue's
+    own qdisc, or the one below its tbf or netem, which every packet of the queue reaches.
+    In queues written one by one, level 1, 2, ...: the qdisc below the default class of the
+    level above, which the packets no line above takes reach (so their lines steer after
+    every queue's lines above them). A spread tree has its default on every queue, its
+    leaf's lines with it: they need no steering."""
     for index, queue in enumerate(mq.queues):
-        q = queue.qdisc
-        if not isinstance(q, Htb | Prio | Cbq | Hfsc):
-            continue
+        q = _below_chain(queue.qdisc)
+        level = 0
+        while isinstance(q, Htb | Prio | Cbq | Hfsc):
+            yield level, index, q
+            if mq.shards is not None or not isinstance(q, Htb | Hfsc) or q.default is None:
+                break
+            name = q.default.name
+            default = next((c for c in classes_of(q) if c.name == name and not c.implicit), None)
+            if default is None or default.children:
+                break
+            q, level = _below_chain(default.leaf), level + 1
+
+
+def mq_line_order(mq: Mq) -> dict[int, tuple[int, int, int, int]]:
+    """Where each class of ``mq``'s steered qdiscs (:func:`steered_qdiscs`, by id) stands in
+    the order the policy's lines are tried at one pref: by level, then the tree as written.
+    A spread tree's top-level classes in their places before the spread
+    (``MqQueue.ranks``), queues written out one after the other; within a top-level class,
+    the classes in pre-order."""
+    order: dict[int, tuple[int, int, int, int]] = {}
+    for level, index, q in steered_qdiscs(mq):
+        queue = mq.queues[index]
         tops = queue_tops(q)
         if tops is not q.classes:
-            order[id(q.classes[0])] = (-1, index, 0)
+            order[id(q.classes[0])] = (level, -1, index, 0)
         for place, top in enumerate(tops):
             rank = queue.ranks[place] if place < len(queue.ranks) else len(queue.ranks)
             for position, cls in enumerate(_subtree(top)):
-                order[id(cls)] = (rank, index, position)
+                order[id(cls)] = (level, rank, index, position)
     return order
 
 

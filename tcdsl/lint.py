@@ -179,7 +179,8 @@ def _classification_orders(
                 if added:
                     yield (id(iface), id(q)), family, added
             if isinstance(iface.root, ir.Mq) and not marks:
-                # the steering filters try every queue's lines in one list, in the tree's order
+                # the steering filters try every queue's lines in one list: by level, pref,
+                # then the tree's order
                 order = ir.mq_line_order(iface.root)
                 steered = sorted(
                     (
@@ -189,14 +190,10 @@ def _classification_orders(
                         for a in by_family.get(family, ())
                         if id(a.cls) in order
                     ),
-                    key=lambda a: order[id(a.cls)],
+                    key=lambda a: (order[id(a.cls)][0], match_pref(a.match), order[id(a.cls)]),
                 )
                 if steered:
-                    yield (
-                        (id(iface), id(iface.root)),
-                        family,
-                        kernel_order(steered, lambda a: match_pref(a.match)),
-                    )
+                    yield (id(iface), id(iface.root)), family, steered
 
 
 Masks = tuple[tuple[int, ...], tuple[int, ...]]

@@ -1,7 +1,10 @@
-"""Shared test fixtures: the repository layout and the --update-golden switch."""
+"""Shared test fixtures: the repository layout, the --update-golden switch and the guest's
+packet sender."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,25 @@ def flower_batch_in_guest(batch: str) -> str:
     (res,) = uml.run_cases([uml.Case("flower", guest)], timeout=300)
     assert res.exit_code == 0, res.stdout + res.stderr
     return res.stdout
+
+
+@pytest.fixture(scope="session")
+def guest_sender(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """tests/packet_sender.c, compiled for the guest (no C library: a static program of a few
+    kilobytes)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the guest's packet sender")
+    out = tmp_path_factory.mktemp("sender") / "sender"
+    source = Path(__file__).parent / "packet_sender.c"
+    flags = "-static -nostdlib -no-pie -Os -ffreestanding -fno-builtin -fno-stack-protector"
+    flags += " -fno-asynchronous-unwind-tables -Wl,--build-id=none -s"
+    proc = subprocess.run(
+        [cc, *flags.split(), "-o", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"the guest's packet sender does not compile here: {proc.stderr[-500:]}")
+    return out.read_bytes()

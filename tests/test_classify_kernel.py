@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -483,28 +482,6 @@ done
 """
 """One policy in the guest: a veth (IPv6 off on it: no neighbour discovery moves a counter),
 the policy's script, then each frame and the counters after it."""
-
-
-@pytest.fixture(scope="module")
-def guest_sender(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """tests/packet_sender.c, compiled for the guest (no C library: a static program of a few
-    kilobytes)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the guest's packet sender")
-    out = tmp_path_factory.mktemp("sender") / "sender"
-    source = Path(__file__).parent / "packet_sender.c"
-    flags = "-static -nostdlib -no-pie -Os -ffreestanding -fno-builtin -fno-stack-protector"
-    flags += " -fno-asynchronous-unwind-tables -Wl,--build-id=none -s"
-    proc = subprocess.run(
-        [cc, *flags.split(), "-o", str(out), str(source)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"the guest's packet sender does not compile here: {proc.stderr[-500:]}")
-    return out.read_bytes()
 
 
 def guest_counters(stdout: str) -> list[dict[str, int]]:

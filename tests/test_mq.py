@@ -74,6 +74,72 @@ def test_pack_keeps_the_kept_bins_and_fills_the_least_loaded() -> None:
     assert pack([5, 5], 2, [3, None]) == [0, 1]
 
 
+def test_pack_puts_a_weight_where_its_classes_fit() -> None:
+    # by rate alone the small ones would all go to bin 1, past its room of 4
+    assert pack([90, 1, 1, 1, 1, 1], 2) == [0, 1, 1, 1, 1, 1]
+    assert pack([90, 1, 1, 1, 1, 1], 2, sizes=[1] * 6, room=4) == [0, 1, 1, 1, 1, 0]
+    # a subtree counts all its classes; with no room anywhere, the bin with the most left
+    assert pack([9, 8, 1], 2) == [0, 1, 1]
+    assert pack([9, 8, 1], 2, sizes=[1, 3, 2], room=4) == [0, 1, 0]
+    assert pack([9, 8, 7], 2, sizes=[3, 3, 3], room=4) == [0, 1, 0]
+    assert pack([5, 5], 2, [0, None], sizes=[4, 2], room=4) == [0, 1]
+
+
+def _small_classes(n: int) -> str:
+    body = "".join(
+        f"    class s{i} rate 8kbit match dst 10.0.{i // 200}.{i % 200 + 1}\n" for i in range(n)
+    )
+    return (
+        "interface eth0 mq queues 2 htb rate 10gbit default rest {\n"
+        "    class big rate 9gbit match dst 10.200.0.1\n"
+        f"{body}    class rest rate 1mbit ceil 10gbit\n}}\n"
+    )
+
+
+def test_a_spread_tree_fills_each_queue_to_its_class_ids_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rate alone would put every small class on queue 2, past its htb's class ids (here
+    made 10, as if 65,534): the ones past it go to queue 1. A tree that fits no number of
+    ids the queues have is one E210 at ``queues N``, saying how many queues it needs."""
+    import tcdsl.frontend.mq as mq
+
+    monkeypatch.setattr(mq, "QUEUE_CLASSES", 10)
+    result = compiled(tmp_path, _small_classes(14))
+    assert not [d for d in result.diagnostics if d.is_error], [
+        d.message for d in result.diagnostics
+    ]
+    assert result.policy is not None
+    root = result.policy.interfaces[0].root
+    assert isinstance(root, ir.Mq)
+    held = [sum(1 for c in ir.classes_of(q.qdisc) if not c.implicit) for q in root.queues]
+    assert held == [7, 10]  # big, 5 small ones and a copy of rest; 9 small ones and rest
+    over = compiled(tmp_path, _small_classes(30))
+    errors = [(d.code, d.span.line, d.message) for d in over.diagnostics if d.is_error]
+    assert errors == [
+        (
+            "E210",
+            1,
+            "mq queues 2 spreads 32 classes; one queue's htb holds at most 11 (its class ids), "
+            "so the tree needs at least 4 queues",
+        )
+    ]
+
+
+def test_class_ids_running_out_is_one_error_per_qdisc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tcdsl.allocate as allocate
+
+    monkeypatch.setattr(allocate, "_decimal_looking_minors", lambda: iter(range(2, 6)))
+    body = "".join(f"    class c{i} rate 1mbit\n" for i in range(8))
+    result = compiled(tmp_path, f"interface eth0 htb rate 1gbit default c0 {{\n{body}}}\n")
+    errors = [(d.code, d.span.line, d.message) for d in result.diagnostics if d.is_error]
+    assert errors == [
+        ("E210", 6, "no free class id is left under 1: (nor for the 3 classes after it)")
+    ]
+
+
 def _table_tree(tmp_path: Path, rows: range, pins: Pins | None = None) -> dict[str, str]:
     """Circuit name -> class id of a table's circuits spread over 4 queues (``pins``: the
     live policy's, as ``tcdsl apply`` compiles the next one)."""
@@ -255,6 +321,20 @@ def test_mq_diagnostics(tmp_path: Path, text: str, code: str) -> None:
     ]
 
 
+def test_a_bad_queue_number_is_its_only_error(tmp_path: Path) -> None:
+    result = compiled(tmp_path, "interface eth0 mq { queue 4097 fq_codel }\n")
+    assert [d.code for d in result.diagnostics] == ["E269"]
+
+
+def test_classes_of_no_rate_are_spread_by_count(tmp_path: Path) -> None:
+    """Weights that tie (no rate: 0) go to the queue holding fewest, not all to queue 1."""
+    assert pack([0, 0, 0, 0, 0], 3) == [0, 1, 2, 0, 1]
+    body = "".join(f"    class c{i} ceil 10mbit match dst 10.0.0.{i + 1}\n" for i in range(6))
+    text = f"interface eth0 mq queues 3 htb rate 1gbit default c0 {{\n{body}}}\n"
+    result = compiled(tmp_path, text)
+    assert "W368" not in [d.code for d in result.diagnostics]
+
+
 def test_tcng_says_it_has_no_mq(tmp_path: Path) -> None:
     result = compiled(tmp_path, AUTO, "tcng")
     assert result.output is None
@@ -433,6 +513,161 @@ def test_host_builds_the_queues_and_classifies_within_them(tmp_path: Path) -> No
     assert total >= 10, done.stdout  # 5 addresses, 2 pings each (ARP is not IP: no class)
     if skbedit.returncode == 0:  # each address in its own class, on the queue steered to
         assert sorted(v for v in sent.values() if v)[-5:] == [2] * 5, done.stdout
+
+
+NESTED = """\
+interface eth0 mq {
+    queue 1 htb rate 1gbit default a {
+        class k rate 100mbit match dst 10.0.0.1
+        class a rate 500mbit {
+            htb rate 500mbit default z {
+                class y rate 100mbit match dst 10.0.0.3
+                class z rate 100mbit
+            }
+        }
+    }
+    queue 2 tbf rate 100mbit burst 64k limit 256k {
+        htb rate 100mbit default w {
+            class x rate 50mbit match dst 10.0.0.2
+            class w rate 50mbit match dst 10.0.0.0/24
+        }
+    }
+}
+"""
+"""Lines that pick their queue from below it: under queue 2's tbf (every packet of queue 2
+reaches them), and under queue 1's default class (the packets no line above takes)."""
+
+SPREAD_DEFAULT_TREE = """\
+interface eth0 mq queues 2 htb rate 1gbit default unknown {
+    class a rate 100mbit match dst 10.0.0.1
+    class b rate 100mbit match dst 10.0.0.2
+    class unknown rate 10mbit ceil 1gbit {
+        htb rate 10mbit default x {
+            class x rate 5mbit
+            class y rate 5mbit match dport 22
+        }
+    }
+}
+"""
+"""A spread tree whose default class holds an htb with classes of its own."""
+
+STEER = re.compile(r"egress protocol ip prio (\d+) u32 match ip dst (\S+) .*queue_mapping (\d+)")
+
+
+def _steering(lines: list[str]) -> list[tuple[int, str, int]]:
+    """(pref, the address matched, the TX queue) of each IPv4 steering filter."""
+    return [
+        (int(m.group(1)), m.group(2), int(m.group(3)))
+        for line in lines
+        if (m := STEER.search(line)) is not None
+    ]
+
+
+def _class_of(policy: ir.Policy | None, packet: str) -> str:
+    from tcdsl.teach.classify import classify
+    from tcdsl.teach.traffic import parse_packet
+
+    assert policy is not None
+    last = classify(policy, parse_packet(packet)).steps[-1]
+    assert last.cls is not None
+    return last.cls.name
+
+
+def test_lines_below_a_queues_tbf_and_default_steer_after_the_queues_own(tmp_path: Path) -> None:
+    """A line under a queue's tbf steers at the queue's level; one under the default class's
+    leaf steers to its queue after every queue's own lines (a packet meets it only once no
+    line above took it), so 10.0.0.3, inside queue 2's 10.0.0.0/24, goes to queue 2."""
+    assert _steering(batch(tmp_path, NESTED)) == [
+        (1, "10.0.0.1", 0),
+        (1, "10.0.0.2", 1),
+        (1, "10.0.0.0/24", 1),
+        (2, "10.0.0.3", 0),
+    ]
+    policy = compiled(tmp_path, NESTED).policy
+    assert [_class_of(policy, f"udp dst 10.0.0.{n}") for n in (1, 2, 3)] == ["k", "x", "w"]
+    alone = compiled(tmp_path, NESTED.replace(" match dst 10.0.0.0/24", "")).policy
+    assert _class_of(alone, "udp dst 10.0.0.3") == "y"
+
+
+def test_a_spread_default_with_classes_is_copied_with_them_renamed(tmp_path: Path) -> None:
+    """Each queue's copy of the default holds a copy of its htb, the classes named as the
+    copy is (``y@2``): unmatched packets meet the same lines on whichever queue they leave
+    by, so those lines steer nowhere."""
+    result = compiled(tmp_path, SPREAD_DEFAULT_TREE)
+    assert result.policy is not None and result.output is not None, [
+        d.message for d in result.diagnostics
+    ]
+    names = {
+        c.name
+        for q in ir.walk_qdiscs(result.policy.interfaces[0].root)
+        for c in ir.classes_of(q)
+        if not c.implicit
+    }
+    assert names == {"a", "b", "unknown", "unknown@2", "x", "y", "x@2", "y@2"}
+    assert _steering(result.output.splitlines()) == [(1, "10.0.0.1", 0), (1, "10.0.0.2", 1)]
+    assert "egress protocol ip prio 1 u32 match ip dport" not in result.output
+    assert _class_of(result.policy, "tcp dst 10.0.0.9 dport 22") == "y"
+
+
+def _deep_leaves(policy: ir.Policy) -> dict[str, str]:
+    """Class id -> name of the classes a packet ends in (no children, no classful leaf)."""
+    return {
+        str(c.classid): c.name
+        for q in ir.walk_qdiscs(policy.interfaces[0].root)
+        for c in ir.classes_of(q)
+        if not c.children and c.classid is not None and not isinstance(c.leaf, ir.NESTING)
+    }
+
+
+def test_nested_lines_take_every_flow_in_the_guest(tmp_path: Path, guest_sender: bytes) -> None:
+    """In the 6.1 guest on a veth with 2 TX queues: 8 flows to each address of a nested
+    line, each in the class classify names (before they steered, about half of the flows
+    landed in the other queue's default). In the spread tree, the flows no line steers land
+    in the default's inner class of whichever queue they leave by (``y`` or ``y@2``)."""
+    import base64
+
+    from tcdsl.kernels import uml
+    from tcdsl.teach.classify import classify
+    from tcdsl.teach.traffic import parse_packet
+    from tcdsl.verify import runner
+    from tests.test_classify_kernel import GUEST_CASE, frame, guest_counters, moved_counter
+
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    veth = "ip link add eth0 type veth peer name p0"
+    two = "ip link add eth0 numtxqueues 2 type veth peer name p0 numtxqueues 2"
+    assert veth in GUEST_CASE
+    flows = {
+        "nested": [f"udp dst 10.0.0.{n} sport {1000 + i}" for n in (1, 2, 3, 4) for i in range(8)],
+        "spread": [
+            f"tcp dst 10.0.0.{n} dport 22 sport {1000 + i}" for n in (1, 9) for i in range(8)
+        ],
+    }
+    cases, compiled_ = [], {}
+    for name, text in [("nested", NESTED), ("spread", SPREAD_DEFAULT_TREE)]:
+        result = compiled(tmp_path, text, "shell")
+        assert result.output is not None and result.policy is not None
+        compiled_[name] = result.policy
+        packets = [parse_packet(p) for p in flows[name]]
+        script = (
+            GUEST_CASE.replace(veth, two)
+            .replace("@SENDER@", base64.b64encode(guest_sender).decode())
+            .replace("@SCRIPT@", result.output)
+            .replace("@FRAMES@", " ".join(frame(p).hex() for p in packets))
+        )
+        cases.append(uml.Case(name, script))
+    done = uml.run_cases(cases, timeout=600)
+    for (name, policy), ran in zip(compiled_.items(), done, strict=True):
+        assert ran.exit_code == 0, ran.stdout + ran.stderr
+        leaves = _deep_leaves(policy)
+        readings = [{k: v for k, v in r.items() if k in leaves} for r in guest_counters(ran.stdout)]
+        assert len(readings) == len(flows[name]) + 1, ran.stdout
+        for spec, before, after in zip(flows[name], readings, readings[1:], strict=False):
+            kernel = leaves[moved_counter(before, after)]
+            verdict = classify(policy, parse_packet(spec)).steps[-1].cls
+            assert verdict is not None
+            assert kernel.partition("@")[0] == verdict.name, f"{name}: {spec}"
 
 
 # ---- the rest of the product -----------------------------------------------------------------
@@ -740,6 +975,63 @@ def test_too_few_tx_queues_are_refused_before_any_change(
             assert "rc=0" in said and "qdisc mq 1: root" in said, said
             if text == FOUR:
                 assert "qdisc pfifo" in said and "parent 1:4" in said, said
+
+
+DOWNLOAD = """\
+interface eth0 {
+    download htb rate 1gbit default d {
+        class d rate 1mbit
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("how", ["apply", "script"])
+@pytest.mark.parametrize(
+    ("text", "there", "wanted"),
+    [(OPS.replace("RATE", "400mbit"), "ingress", "clsact"), (DOWNLOAD, "clsact", "ingress")],
+    ids=["mq-over-ingress", "download-over-clsact"],
+)
+def test_an_ingress_slot_holding_the_other_kind_is_refused_before_any_change(
+    tmp_path: Path, how: str, text: str, there: str, wanted: str
+) -> None:
+    """clsact (an mq tree's steering) and the ingress qdisc (a download's redirect, ingress
+    policing) exclude each other: with the other kind put there by someone else, the script
+    and apply (E602) stop before any change, saying how to remove it."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    said = _on_a_veth(tmp_path, text, how, 2, f"tc qdisc add dev eth0 {there} && ")
+    assert "rc=1" in said and "nothing was changed" in said, said
+    assert f"has the {there} qdisc in its ingress slot (ffff:)" in said, said
+    assert f"the {wanted} qdisc" in said and f"tc qdisc del dev eth0 {there})" in said, said
+    assert "qdisc htb 7: root" in said and f"qdisc {there} ffff:" in said, said
+    assert "ifb4eth0" not in said and "qdisc mq" not in said, said
+    if how == "apply":
+        assert "[E602]" in said, said
+    free = _on_a_veth(tmp_path, text, how, 2)
+    assert "rc=0" in free and f"qdisc {wanted} ffff:" in free, free
+
+
+def test_apply_switches_a_device_between_a_download_and_an_mq_tree(tmp_path: Path) -> None:
+    """The live policy's download goes before its replacement's mq tree is built (the two
+    cannot share the ingress slot), and back."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    (tmp_path / "dl.tcp").write_text(DOWNLOAD)
+    (tmp_path / "mq.tcp").write_text(OPS.replace("RATE", "400mbit"))
+    steps = " && ".join(
+        f"{{tcdsl}} apply --yes --name x {name}.tcp && tc qdisc show dev eth0 && echo =="
+        for name in ("dl", "mq", "dl")
+    )
+    done = _in_namespace(tmp_path, 2, steps)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = done.stdout.split("==")
+    assert "qdisc ingress ffff:" in shown[0] and "clsact" not in shown[0], done.stdout
+    assert "qdisc clsact ffff:" in shown[1] and "qdisc mq 1: root" in shown[1], done.stdout
+    assert "qdisc ingress ffff:" in shown[2] and "qdisc mq" not in shown[2], done.stdout
+    assert "applied dl.tcp as x (generation 3)" in done.stdout
 
 
 @pytest.mark.parametrize("how", ["apply", "script"])

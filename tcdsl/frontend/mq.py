@@ -136,7 +136,7 @@ def _explicit(
             continue
         seen[item.number] = item.span
         queues.append(ir.MqQueue(item.number, item.tree.qdisc, item.span))
-    if body is not None and not queues and not seen:
+    if body is not None and not body:  # a queue with a bad number is already reported
         b.error(Diagnostic.error("E266", "an mq needs at least one 'queue N QDISC'", span))
     return tuple(queues)
 
@@ -167,11 +167,24 @@ def _weight(cls: ir.Class, link: ir.Class | None) -> int:
     return 0
 
 
-def pack(weights: list[int], bins: int, kept: Sequence[int | None] = ()) -> list[int]:
+QUEUE_CLASSES = 0xFFFF - 1
+"""The classes one queue's htb holds besides its link class (class ids ``:2`` to ``:ffff``)."""
+
+
+def pack(
+    weights: list[int],
+    bins: int,
+    kept: Sequence[int | None] = (),
+    sizes: Sequence[int] = (),
+    room: int | None = None,
+) -> list[int]:
     """The bin of each weight: ``kept[i]`` where it is a bin (a live class stays on its
     queue), the others largest first (ties in the order given) onto the least-loaded bin
-    (ties to the lowest-numbered), deterministic."""
+    (ties to the one holding fewest, then the lowest-numbered) that has ``room`` for its
+    size (``sizes[i]``, 1 if not given); where none has, onto the bin with the most room
+    left. Deterministic."""
     load = [0] * bins
+    held = [0] * bins
     placed = [0] * len(weights)
     free = []
     for i, weight in enumerate(weights):
@@ -179,12 +192,20 @@ def pack(weights: list[int], bins: int, kept: Sequence[int | None] = ()) -> list
         if bin_ is not None and 0 <= bin_ < bins:
             placed[i] = bin_
             load[bin_] += weight
+            held[bin_] += sizes[i] if sizes else 1
         else:
             free.append(i)
+    every = range(bins)
     for i in sorted(free, key=lambda i: (-weights[i], i)):
-        target = min(range(bins), key=lambda n: (load[n], n))
+        size = sizes[i] if sizes else 1
+        fits = every if room is None else [n for n in every if held[n] + size <= room]
+        if fits:
+            target = min(fits, key=lambda n: (load[n], held[n], n))
+        else:
+            target = min(every, key=held.__getitem__)
         placed[i] = target
         load[target] += weights[i]
+        held[target] += size
     return placed
 
 
@@ -221,10 +242,24 @@ def spread(
     count = shards.value
     on = live[1] if live is not None and live[0] >= count else {}
     kept = [on[c.name] - 1 if c.name in on else None for c in tops]
-    home = pack([_weight(c, link) for c in tops], count, kept)
     holder = next(
         (i for i, c in enumerate(tops) if default is not None and _holds(c, default)), None
     )
+    # Each queue holds the default or a copy of it: one class of its room, not of the tops'.
+    sizes = [_size(c) - (i == holder) for i, c in enumerate(tops)]
+    room = QUEUE_CLASSES - (default is not None)
+    home = pack([_weight(c, link) for c in tops], count, kept, sizes, room)
+    if sum(sizes) > room * count:
+        need = -(-sum(sizes) // room)
+        b.error(
+            Diagnostic.error(
+                "E210",
+                f"mq queues {count} spreads {sum(sizes) + (default is not None):,} classes; one "
+                f"queue's htb holds at most {QUEUE_CLASSES + 1:,} (its class ids), so the tree "
+                f"needs at least {need} queues",
+                shards.span,
+            )
+        )
     used = set(home)
     idle = [n + 1 for n in range(count) if n not in used]
     if idle:
@@ -255,7 +290,7 @@ def spread(
                 matches=(),
                 children=(),
                 explicit_id=None,
-                leaf=_copy_leaf(default.leaf),
+                leaf=_copy_leaf(default.leaf, f"@{n + 1}"),
             )
             mine += (copy,)
             name = ir.Name(copy.name, tree.default.span)
@@ -275,10 +310,36 @@ def _idle(queues: list[int]) -> str:
     return f"queues {', '.join(map(str, queues[:-1]))} and {queues[-1]} hold"
 
 
-def _copy_leaf(leaf: ir.Qdisc | None) -> ir.Qdisc | None:
-    if leaf is None or leaf.explicit_handle is None:
-        return leaf
-    return ir.replace(leaf, explicit_handle=None)
+def _copy_leaf(leaf: ir.Qdisc | None, suffix: str) -> ir.Qdisc | None:
+    """The default's leaf for a copy of it: without handles or class ids of the user's (the
+    original keeps them), its classes named ``NAME@Q`` as the copy is."""
+    if leaf is None:
+        return None
+    if not isinstance(leaf, ir.NESTING):
+        return leaf if leaf.explicit_handle is None else ir.replace(leaf, explicit_handle=None)
+    match leaf:
+        case ir.Tbf() | ir.Netem():
+            return ir.replace(leaf, explicit_handle=None, child=_copy_leaf(leaf.child, suffix))
+        case ir.Htb() | ir.Hfsc():
+            default = leaf.default
+            if default is not None:
+                default = ir.Name(default.name + suffix, default.span)
+            classes = tuple(_copy_class(c, suffix) for c in leaf.classes)
+            return ir.replace(leaf, explicit_handle=None, classes=classes, default=default)
+        case ir.Prio() | ir.Cbq():
+            classes = tuple(_copy_class(c, suffix) for c in leaf.classes)
+            return ir.replace(leaf, explicit_handle=None, classes=classes)
+    return leaf
+
+
+def _copy_class(cls: ir.Class, suffix: str) -> ir.Class:
+    return ir.replace(
+        cls,
+        name=cls.name if cls.implicit else cls.name + suffix,
+        explicit_id=None,
+        children=tuple(_copy_class(c, suffix) for c in cls.children),
+        leaf=_copy_leaf(cls.leaf, suffix),
+    )
 
 
 def _find(classes: tuple[ir.Class, ...], name: str) -> ir.Class | None:
@@ -287,6 +348,11 @@ def _find(classes: tuple[ir.Class, ...], name: str) -> ir.Class | None:
             if cls.name == name and not cls.implicit:
                 return cls
     return None
+
+
+def _size(top: ir.Class) -> int:
+    """How many classes ``top`` is, with its children's."""
+    return sum(1 for _ in top.walk()) if top.children else 1
 
 
 def _holds(top: ir.Class, cls: ir.Class) -> bool:

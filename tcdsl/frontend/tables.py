@@ -1401,15 +1401,16 @@ def _subscriber_lines(
     qdisc's, or all the queues' of an mq, whose steering filters try them in one list), in
     that order, each with its circuit."""
     groups: list[list[tuple[ir.Class, tuple[int, ...]]]] = []
-    nested = [tree]
+    steered: set[int] = set()
     if isinstance(tree, ir.Mq):
         order = ir.mq_line_order(tree)
-        groups.append([(c, order[id(c)]) for q in tree.queues for c in ir.classes_of(q.qdisc)])
-        # the qdiscs below each queue's own: lists of their own, as without mq
-        nested = [child for q in tree.queues for child in ir.child_qdiscs(q.qdisc)]
-    for top in nested:
-        for q in ir.walk_qdiscs(top):
-            groups.append([(c, (i,)) for i, c in enumerate(ir.classes_of(q))])
+        queues = [q for _, _, q in ir.steered_qdiscs(tree)]
+        steered = {id(q) for q in queues}
+        groups.append([(c, order[id(c)]) for q in queues for c in ir.classes_of(q)])
+    # the other qdiscs: lists of their own, as without mq
+    for q in ir.walk_qdiscs(tree):
+        if id(q) not in steered:
+            groups.append([(c, (0, i)) for i, c in enumerate(ir.classes_of(q))])
     for group in groups:
         lines: list[_Line] = []
         for cls, place in group:
@@ -1420,7 +1421,10 @@ def _subscriber_lines(
                 pref = m.pref.value if m.pref is not None else fw_pref
                 for cond in m.conds:
                     if isinstance(cond, ir.AddrCond):
-                        lines += [((pref, *place), n, at, circuit) for n, at in cond.networks]
+                        lines += [
+                            ((place[0], pref, *place[1:]), n, at, circuit)
+                            for n, at in cond.networks
+                        ]
         if lines:
             lines.sort(key=lambda line: line[0])
             yield lines

@@ -21,7 +21,7 @@ from pathlib import Path, PurePath
 
 from tcdsl import ir
 from tcdsl.allocate import LEAF_PIN, LINK_PIN, NESTED_PIN, PARENT_PIN, QUEUE_PIN, R2Q_PIN, Pins
-from tcdsl.commands import default_chain, nft_table_name, unjump_shell
+from tcdsl.commands import default_chain, ingress_slot, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
 from tcdsl.forked import Beside
@@ -530,6 +530,30 @@ def short_of_queues(policy: ir.Policy) -> list[str]:
     return out
 
 
+def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[str]:
+    """What is wrong with each device whose ingress slot (``ffff:``) holds the kind of qdisc
+    that excludes the one the policy puts there (``clsact`` for an mq tree's steering,
+    ``ingress`` for a download or ingress policing), unless a tree of ``owned`` (the live
+    policy's, which the change removes) put it there."""
+    mine = {
+        o.dev
+        for tree in owned
+        for o in tree.objects
+        if o.key[0] == "qdisc" and o.key[-1] == "ingress"
+    }
+    out = []
+    for device, kind in dict.fromkeys(filter(None, map(ingress_slot, policy.interfaces))):
+        there = live_qdisc(device, "ingress")
+        found = there.split()[0] if there else None
+        if found in ("clsact", "ingress") and found != kind and device not in mine:
+            out.append(
+                f"{device} has the {found} qdisc in its ingress slot (ffff:), which excludes the "
+                f"{kind} qdisc this policy puts there; if nothing else needs it, remove it "
+                f"first (tc qdisc del dev {device} {found})"
+            )
+    return out
+
+
 @dataclass(slots=True)
 class Reading:
     """The record of the policy live under a name, and the kernel's digest: read in a child
@@ -676,7 +700,7 @@ def preflight(prepared: Prepared) -> None:
     missing = missing_devices(new)
     if missing:
         raise OpsError(f"no such device: {', '.join(missing)}; nothing was changed")
-    short = short_of_queues(new)
+    short = short_of_queues(new) + slots_taken(new, prepared.live.trees)
     if short:
         raise OpsError(f"{'; '.join(short)}; nothing was changed")
     if not prepared.plan.empty or prepared.plan.drift:

@@ -713,6 +713,18 @@ def make_plan(
     delete: list[Command] = []
     marks: list[tuple[ir.Interface, Obj]] = []
     swaps = Swaps()
+    kept = {t.label for t in new}
+    # A removed tree in a device's ingress slot goes first where a new tree takes that slot:
+    # its clsact or ingress qdisc would exclude the other kind (an mq tree's steering, a
+    # download's redirect), so the new tree could not be built beside it.
+    slots = {o.key for t in new for o in t.objects if _in_ingress_slot(o)}
+    first = [
+        t
+        for t in old
+        if t.label not in kept and any(_in_ingress_slot(o) and o.key in slots for o in t.objects)
+    ]
+    for tree in first:
+        remove_tree(tree, plan)
     for tree in new:
         label = tree.label
         iface = tree.iface
@@ -755,11 +767,15 @@ def make_plan(
         plan.steps.append(_tc(delete))
     if gone:
         plan.steps.append(_cleanup("tc", gone))
-    kept = {t.label for t in new}
     for tree in old:
-        if tree.label not in kept:
+        if tree.label not in kept and tree not in first:
             remove_tree(tree, plan)
     return plan
+
+
+def _in_ingress_slot(o: Obj) -> bool:
+    """Whether ``o`` is the qdisc in its device's ingress slot (clsact or ingress)."""
+    return o.key[0] == "qdisc" and o.key[-1] == "ingress"
 
 
 def _compiled(tree: Tree, ifaces: Callable[[str], ir.Interface] | None) -> ir.Interface:

@@ -41,6 +41,15 @@ tcdsl_unmark() {
         "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
 }
+tcdsl_slot() {
+    # the ingress slot (ffff:) of $1 holds no $3 qdisc, which excludes the $2 qdisc this policy
+    # puts there ($4: what for)
+    case $(tc qdisc show dev "$1" 2>/dev/null) in
+    *"qdisc $3 ffff:"*)
+        printf 'tcdsl: interface %s has the %s qdisc in its ingress slot (ffff:), where this policy puts the %s qdisc %s; the two exclude each other. If nothing else needs it, remove it first (tc qdisc del dev %s %s); nothing was changed\n' "$1" "$3" "$2" "$4" "$1" "$3" >&2
+        exit 1 ;;
+    esac
+}
 tcdsl_is_ifb() {
     case $(ip -d -o link show dev "$1" 2>/dev/null) in
     *" ifb "*) return 0 ;;
@@ -53,9 +62,11 @@ tcdsl_ifb_free() {
         exit 1
     fi
 }
-# Check before changing anything: every interface the policy shapes exists, and the
+# Check before changing anything: every interface the policy shapes exists,
+# the ingress slot each tree takes holds nothing that excludes it, and the
 # devices downloads are shaped on are ifb devices or absent.
 tcdsl_exists eth0
+tcdsl_slot eth0 ingress clsact 'for its ingress filters'
 tcdsl_ifb_free ifb4eth0
 
 # ==== interface eth0 ====

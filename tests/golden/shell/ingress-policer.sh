@@ -41,8 +41,19 @@ tcdsl_unmark() {
         "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
 }
-# Check before changing anything: every interface the policy shapes exists.
+tcdsl_slot() {
+    # the ingress slot (ffff:) of $1 holds no $3 qdisc, which excludes the $2 qdisc this policy
+    # puts there ($4: what for)
+    case $(tc qdisc show dev "$1" 2>/dev/null) in
+    *"qdisc $3 ffff:"*)
+        printf 'tcdsl: interface %s has the %s qdisc in its ingress slot (ffff:), where this policy puts the %s qdisc %s; the two exclude each other. If nothing else needs it, remove it first (tc qdisc del dev %s %s); nothing was changed\n' "$1" "$3" "$2" "$4" "$1" "$3" >&2
+        exit 1 ;;
+    esac
+}
+# Check before changing anything: every interface the policy shapes exists,
+# the ingress slot each tree takes holds nothing that excludes it.
 tcdsl_exists eth0
+tcdsl_slot eth0 ingress clsact 'for its ingress filters'
 
 # ==== interface eth0 ====
 tcdsl_at=
