@@ -364,6 +364,86 @@ def test_rollback_reads_both_policies_from_their_records(tcdsl: Tcdsl, host: Hos
     assert tcdsl("plan", tcdsl.write("q.tcp", two)).code == 0  # no changes: as recorded
 
 
+def test_rollback_with_a_device_gone_is_e602_and_changes_nothing(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """As plan and apply say: no such device, nothing was changed (not a failed restore);
+    both generations stay."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", B)).code == 0
+    run(["ip", "-n", tcdsl.ns, "link", "del", "d0"])
+    back = tcdsl("rollback", "p")
+    assert back.code == 1, back
+    assert "[E602]" in back.err and "no such device: d0; nothing was changed" in back.err, back
+    assert "restoring" not in back.err and "Traceback" not in back.err, back
+    run(["ip", "-n", tcdsl.ns, "link", "add", "d0", "type", "veth", "peer", "name", "d1"])
+    again = tcdsl("apply", "--yes", tcdsl.write("p.tcp", B))
+    assert again.code == 0 and "generation 3" in again.out, again
+    back = tcdsl("rollback", "p")
+    assert back.code == 0 and "generation 2" in back.out, back
+
+
+def test_plan_text_shows_five_drift_lines_per_tree_and_counts_the_rest() -> None:
+    from tcdsl.ops.plan import Change
+
+    plan = Plan()
+    plan.drift = [Change("!", f"drift in d0: unexpected pfifo qdisc {n}:") for n in range(8)]
+    plan.drift.append(Change("!", "drift in d1: class 'web' rate is 5Mbit"))
+    lines = plan.render().splitlines()
+    assert lines[:5] == [f"! drift in d0: unexpected pfifo qdisc {n}:" for n in range(5)]
+    assert lines[5:7] == [
+        "! drift in d1: class 'web' rate is 5Mbit",
+        "! drift in d0: 3 more (plan --format json lists them all)",
+    ]
+    drift = plan.to_json()["drift"]
+    assert isinstance(drift, list) and len(drift) == 9
+
+
+def test_plan_json_lists_every_drift(tcdsl: Tcdsl, host: HostSupport) -> None:
+    p = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", p).code == 0
+    for classid in ("1:10", "1:20"):
+        tcdsl.tc("class", "change", "dev", "d0", "classid", classid, "htb", "rate", "7mbit")
+        tcdsl.tc("qdisc", "add", "dev", "d0", "parent", classid, "pfifo", "limit", "7")
+    tcdsl.tc("qdisc", "change", "dev", "d0", "parent", "1:30", "pfifo", "limit", "7")
+    tcdsl.tc("class", "change", "dev", "d0", "classid", "1:30", "htb", "rate", "7mbit")
+    shown = tcdsl("plan", "--format", "json", p)
+    drift = json.loads(shown.out)["drift"]
+    assert len(drift) > 5, drift
+    text = tcdsl("plan", p).out
+    assert f"! drift in d0: {len(drift) - 5} more (plan --format json lists them all)" in text
+
+
+def test_a_record_that_cannot_be_written_after_the_change_says_the_kernel_changed(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """The state's generations made read-only (as a full or read-only file system does)
+    after the first apply: the second changes the kernel, then cannot record it. E603 says
+    the kernel holds the new policy and what to do, exit 1 (it was a traceback, exit 3); once
+    the folder is writable, the next apply finds the kernel as the policy says."""
+    p = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", p).code == 0
+    applied = tcdsl.folder / "state" / "p" / "applied"
+    assert applied.is_dir()
+    tcdsl.write("p.tcp", B)
+    steps = (
+        f"mount --bind {applied} {applied} && mount -o remount,bind,ro {applied} && "
+        f"ip netns exec {tcdsl.ns} {TCDSL[0]} apply --yes {p}; echo rc=$?"
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", steps], capture_output=True, text=True, env=tcdsl.env
+    )
+    said = done.stdout + done.stderr
+    assert "rc=1" in said and "[E603]" in said and "Traceback" not in said, said
+    assert f"the kernel holds {p} now, but the state folder" in said, said
+    assert "then run 'tcdsl apply" in said, said
+    assert "1:40" in tcdsl.tc("class", "show", "dev", "d0")  # B's guest class is there
+    assert not list(applied.glob(".*")), "no temporary file is left"
+    again = tcdsl("apply", "--yes", p)
+    assert again.code == 0 and "generation 2" in again.out, again
+    assert "+ class" not in again.out and "~ class" not in again.out, again
+
+
 def test_status_by_name_shows_the_policy_as_applied(tcdsl: Tcdsl, host: HostSupport) -> None:
     """'status --name NAME' without a file: the policy live under NAME, from its record (its
     file moved away), chosen by class name."""

@@ -4,6 +4,7 @@ the name's lock is one holder at a time."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,19 +30,38 @@ def _store(tmp_path: Path, applies: int) -> tuple[Store, Path]:
     return store, path
 
 
-@pytest.mark.parametrize("damage", ["cut", "not json", "no field"])
+CLASS_IDS = {
+    "not a handle": {"d0": {"a": "banana"}},
+    "no id": {"d0": {"a": None}},
+    "a list": {"d0": {"a": ["1:20"]}},
+    "not hex": {"d0": {"a": "1:zz"}},
+    "a number": {"d0": 5},
+    "one id twice": {"d0": {"a": "1:20", "b": "1:20"}},
+    "one leaf twice": {"d0": {"a": "1:20", "a leaf": "20:", "b": "1:30", "b leaf": "20:"}},
+}
+"""Class-id maps edited by hand: a later apply would crash on them, or keep a class on
+another's id and rebuild the tree."""
+
+
+@pytest.mark.parametrize("damage", ["cut", "not json", "no field", "sources", *CLASS_IDS])
 @pytest.mark.parametrize("command", ["plan", "apply", "rollback", "down", "status"])
 def test_a_damaged_record_is_refused_with_a_message(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, damage: str
 ) -> None:
     """Found by a helper's review: a record cut short crashed every command, down included,
-    with a traceback (exit 3)."""
+    with a traceback (exit 3); so did a class id that is no handle, where two classes with
+    one id were taken silently."""
     store, path = _store(tmp_path, 1)
     record = store.folder / "applied" / "1.json"
     text = record.read_text(encoding="utf-8")
-    record.write_text(
-        {"cut": text[:40], "not json": "\x00garbage", "no field": "{}"}[damage], encoding="utf-8"
-    )
+    data = json.loads(text)
+    if damage in CLASS_IDS:
+        text = json.dumps({**data, "classids": CLASS_IDS[damage]})
+    elif damage == "sources":
+        text = json.dumps({**data, "sources": ["p.tcp"]})
+    else:
+        text = {"cut": text[:40], "not json": "\x00garbage", "no field": "{}"}[damage]
+    record.write_text(text, encoding="utf-8")
     monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
     args = {
         "plan": ["plan", str(path)],

@@ -46,7 +46,7 @@ from tcdsl.ops.lifecycle import (
     start_reading,
 )
 from tcdsl.ops.plan import Plan
-from tcdsl.ops.state import Store, valid_name
+from tcdsl.ops.state import MissingDevice, StateWriteError, Store, valid_name
 from tcdsl.units import parse_seconds
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHANGES = 0, 1, 2, 4
@@ -269,6 +269,8 @@ def _apply(
     except Unsupported as e:
         first = e.lacking[0]
         _fail(UNSUPPORTED, str(e), first.span, result.sources)
+    except StateWriteError as e:
+        _fail(NO_STATE, str(e))
     except OpsError as e:
         _fail(NO_DEVICE, str(e))
     note = f"; rolled back in {within} unless 'tcdsl confirm {store.name}'" if within else ""
@@ -307,6 +309,8 @@ def rollback_command(name: str) -> None:
     try:
         with store.locked():
             back = rollback(store)
+    except MissingDevice as e:
+        _fail(NO_DEVICE, str(e))
     except OpsError as e:
         _fail(NO_STATE, str(e))
     except ApplyFailed as e:

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -35,8 +35,10 @@ from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree, restore_plan
 from tcdsl.ops.state import (
     KEEP,
     Applied,
+    MissingDevice,
     OpsError,
     Pending,
+    StateWriteError,
     Store,
     state_dir,
     valid_name,
@@ -631,7 +633,7 @@ def prepare(
     plan = make_plan(old_trees, new_trees, rebuild=changed, ifaces=new_ifaces)
     _foreign(live.trees, new_trees, plan, new_ifaces)
     for label, found in sorted(changed.items()):
-        for d in found[:5]:
+        for d in found:
             plan.drift.append(Change("!", f"drift in {label}: {d.message}", d.span))
     if unexplained:
         # what the policy leaves to tc (a class's burst, cburst or quantum) set by hand, or
@@ -699,7 +701,7 @@ def preflight(prepared: Prepared) -> None:
         return
     missing = missing_devices(new)
     if missing:
-        raise OpsError(f"no such device: {', '.join(missing)}; nothing was changed")
+        raise MissingDevice(f"no such device: {', '.join(missing)}; nothing was changed")
     short = short_of_queues(new) + slots_taken(new, prepared.live.trees)
     if short:
         raise OpsError(f"{'; '.join(short)}; nothing was changed")
@@ -721,7 +723,12 @@ def apply(
     preflight(prepared)
     store = prepared.store
     ids = {t: {n: str(h) for n, h in v.items()} for t, v in pins_of(new).items()}
-    store.start(path, sources, _devices(new), ids)
+    try:
+        store.start(path, sources, _devices(new), ids)
+    except OSError as e:
+        raise StateWriteError(
+            f"cannot write the state folder {store.folder} ({e.strerror or e}); nothing was changed"
+        ) from e
     # the live policy's interfaces are its record's devices: it is compiled again only to
     # be restored (a failure), not for its locks
     held = _interfaces(new) | set(prepared.applied.devices if prepared.applied else ())
@@ -742,14 +749,34 @@ def apply(
         failed.lost = tuple(prepared.plan.replaced)
         raise
     previous = prepared.applied.generation if prepared.applied is not None else None
-    applied = store.record(path, sources, _devices(new), ids)
-    remember(store, applied.generation, new, prepared.new_trees)
+    timer = " (and no timer rolls it back)" if confirm is not None else ""
+    with _recording(
+        store,
+        f"the kernel holds {path} now{timer}",
+        f"run 'tcdsl apply {path}' again: it finds the kernel as the policy says and records it",
+    ):
+        applied = store.record(path, sources, _devices(new), ids)
+        remember(store, applied.generation, new, prepared.new_trees)
+        if confirm is not None:
+            store.set_pending(Pending(applied.generation, previous, time.time() + confirm))
+        else:
+            store.set_pending(None)
     if confirm is not None:
-        store.set_pending(Pending(applied.generation, previous, time.time() + confirm))
         _start_timer(store, applied.generation, confirm)
-    else:
-        store.set_pending(None)
     return applied
+
+
+@contextlib.contextmanager
+def _recording(store: Store, changed: str, then: str) -> Iterator[None]:
+    """The state written after the kernel changed (``changed`` says how): an OSError there (a
+    full disk, a folder made read-only) is a StateWriteError that says so, and ``then``."""
+    try:
+        yield
+    except OSError as e:
+        raise StateWriteError(
+            f"{changed}, but the state folder {store.folder} could not record it "
+            f"({e.strerror or e}): free space or make it writable, then {then}"
+        ) from e
 
 
 def _start_timer(store: Store, generation: int, seconds: float) -> None:
@@ -795,6 +822,10 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
             f"changed (apply the policy you want, or 'tcdsl down {store.name}' to remove it)"
         )
     back = store.load(earlier[-1]) if earlier else None
+    devices = dict.fromkeys([*applied.devices, *(back.devices if back else ())])
+    missing = [d for d in devices if not device_exists(d)]
+    if missing:
+        raise MissingDevice(f"no such device: {', '.join(missing)}; nothing was changed")
     # Both policies' kernel objects are their records' (as apply and down take the live
     # one's): each is compiled again only to restore the live one after a failure, or where
     # its record has no objects (an older tcdsl's).
@@ -818,16 +849,22 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
         if failed.restored:
             _remember_restored(store, applied.generation, compile_applied(applied))
         raise
-    store.set_pending(None)
-    store.finish()
-    if back is None:
-        store.remove()
-        return None
-    store.forget(applied.generation)
-    if store.read_extra(back.generation, "trees") is None:
-        remember(store, back.generation, compile_applied(back), target.trees)
-    else:
-        remember_kernel(store, back.generation, target)
+    went = f"generation {back.generation}" if back is not None else "nothing"
+    with _recording(
+        store,
+        f"the kernel holds what {store.name!r} held before ({went}) now",
+        "apply the policy you want again",
+    ):
+        store.set_pending(None)
+        store.finish()
+        if back is None:
+            store.remove()
+            return None
+        store.forget(applied.generation)
+        if store.read_extra(back.generation, "trees") is None:
+            remember(store, back.generation, compile_applied(back), target.trees)
+        else:
+            remember_kernel(store, back.generation, target)
     return back
 
 
@@ -872,7 +909,12 @@ def down(store: Store, runner: Runner = run_command) -> Plan:
             runner,
             rebuilt=_rebuilt(lambda: prepared.old),
         )
-    store.remove()
+    with _recording(
+        store,
+        f"the kernel no longer holds {store.name!r}",
+        f"run 'tcdsl down {store.name}' again",
+    ):
+        store.remove()
     return prepared.plan
 
 

@@ -85,6 +85,10 @@ class Step:
     stopped half-way, where the objects it had not got to yet are not there to undo."""
 
 
+DRIFT_SHOWN = 5
+"""The drift lines of one tree a plan's text shows (its JSON has all)."""
+
+
 @dataclass(slots=True)
 class Plan:
     """The changes and the steps that make them."""
@@ -106,7 +110,7 @@ class Plan:
     def render(self, summary_only: bool = False) -> str:
         """The plan as text: drift first, then the changes (unless ``summary_only``) and their
         count, or that there are none."""
-        lines = [c.render() for c in [*self.drift, *self.notes]]
+        lines = self._drift_lines() + [c.render() for c in self.notes]
         if not self.changes:
             lines.append("no changes")
         elif not summary_only:
@@ -114,6 +118,22 @@ class Plan:
         if self.changes:
             lines.append(self.summary())
         return "\n".join(lines) + "\n"
+
+    def _drift_lines(self) -> list[str]:
+        """The first :data:`DRIFT_SHOWN` drift lines of each tree, then how many more."""
+        lines: list[str] = []
+        hidden: dict[str, int] = {}
+        shown: Counter[str] = Counter()
+        for c in self.drift:
+            tree = c.text.partition(": ")[0]
+            shown[tree] += 1
+            if shown[tree] <= DRIFT_SHOWN:
+                lines.append(c.render())
+            else:
+                hidden[tree] = hidden.get(tree, 0) + 1
+        for tree, more in hidden.items():
+            lines.append(f"! {tree}: {more} more (plan --format json lists them all)")
+        return lines
 
     def counts(self) -> dict[str, dict[str, int]]:
         """The changes by what they do (``add``, ``change``, ``remove``, ``replace``) and

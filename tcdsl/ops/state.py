@@ -87,16 +87,42 @@ class Applied:
     def from_json(cls, data: Mapping[str, object]) -> Applied:
         """A record read back."""
         sources, devices, ids = data["sources"], data["devices"], data["classids"]
-        assert isinstance(sources, dict) and isinstance(devices, list) and isinstance(ids, dict)
+        if not (isinstance(sources, dict) and isinstance(devices, list) and isinstance(ids, dict)):
+            raise TypeError("sources, devices or classids is not what a record holds")
         return cls(
             int(str(data["generation"])),
             str(data["path"]),
             {str(k): str(v) for k, v in sources.items()},
             tuple(str(d) for d in devices),
             float(str(data["applied_at"])),
-            {str(k): {str(n): str(c) for n, c in v.items()} for k, v in ids.items()},
+            {str(k): _valid_ids(str(k), v) for k, v in ids.items()},
             str(data.get("folder", "")),
         )
+
+
+_ID = re.compile(r"[0-9a-f]{1,4}:[0-9a-f]{0,4}")
+
+
+def _valid_ids(tree: str, ids: object) -> dict[str, str]:
+    """One tree's class ids as recorded (class name -> ``1:10``, and the pins after a blank:
+    ``voip leaf`` -> ``10:``), or ValueError for what tcdsl never writes: a value that is no
+    handle, or two classes (or two leaf qdiscs) with one id, which a later apply would keep
+    and so rebuild the tree."""
+    if not isinstance(ids, dict):
+        raise TypeError(f"the class ids of {tree!r} are not a map")
+    out: dict[str, str] = {}
+    owner: dict[tuple[str, str], str] = {}
+    for name, value in ids.items():
+        if not isinstance(value, str) or not _ID.fullmatch(value):
+            raise ValueError(f"the class id of {name!r} in {tree!r} is {value!r}, not a handle")
+        what = name.partition(" ")[2].split(" ")[0]
+        if what in ("", "link", "leaf"):
+            kind = "qdisc" if what == "leaf" else "class"
+            other = owner.setdefault((kind, value), name)
+            if other != name:
+                raise ValueError(f"{name!r} and {other!r} in {tree!r} have one {kind} id {value}")
+        out[str(name)] = value
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +139,25 @@ def write_json(path: Path, data: object, indent: int | None = 1) -> None:
     """Write ``data`` as JSON whole: to a file beside ``path``, renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=indent, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=indent, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # (a full disk may have taken part of it)
+        raise
 
 
 class OpsError(Exception):
     """An operation refused before changing anything (the message says why)."""
+
+
+class MissingDevice(OpsError):
+    """A device the operation changes does not exist (E602)."""
+
+
+class StateWriteError(OpsError):
+    """The state folder could not be written (E603): before any change, or after the kernel
+    changed (the message says which)."""
 
 
 class DamagedRecord(OpsError):
