@@ -174,6 +174,78 @@ def test_a_class_change_keeps_counters_and_siblings_ids(tcdsl: Tcdsl, host: Host
     assert rows["first"] == "1:40" and rows["bulk"] == "1:30", rows
 
 
+def _sent(tcdsl: Tcdsl) -> dict[str, int]:
+    """Class id -> bytes sent, of every class on d0."""
+    shown = tcdsl.tc("-s", "class", "show", "dev", "d0")
+    return {m[1]: int(m[2]) for m in re.finditer(r"class htb (\S+) .*?\n Sent (\d+) bytes", shown)}
+
+
+SIGNALLING_TC = """\
+#!/bin/sh
+# tc, but the first tc -batch that changes something first sends SIGNAL to tcdsl (its parent)
+if [ "$1" = -batch ]; then
+    input=$(cat)
+    case "$input" in
+    *" show "*) ;;
+    *) [ -e "$0.sent" ] || { : > "$0.sent"; kill -SIGNAL "$PPID"; } ;;
+    esac
+    printf '%s\\n' "$input" | exec REAL "$@"
+fi
+exec REAL "$@"
+"""
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_a_signal_during_apply_takes_the_change_back_in_place(
+    tcdsl: Tcdsl, host: HostSupport, sig: str
+) -> None:
+    """Ctrl-C (SIGINT) or a service stop (SIGTERM) while apply changes the kernel: the step
+    under way finishes, then the change is undone in place as after a failed command: the old
+    policy's trees and counters are kept, no record says the new one, and the exit status is
+    the shell's for the signal. (Before, SIGINT exited 130 at once, SIGTERM killed tcdsl, and
+    the next apply rebuilt the whole tree, every counter reset.)"""
+    import signal as signals
+
+    b = tcdsl.write("p.tcp", B)
+    assert tcdsl("apply", "--yes", b).code == 0
+    send = "from tests.ops_edits import send_some; send_some()"
+    run(["ip", "netns", "exec", tcdsl.ns, sys.executable, "-c", send])
+    sent = _sent(tcdsl)
+    assert sum(sent.values()) > 0, sent
+    tools = tcdsl.folder / "bin"
+    tools.mkdir()
+    real = shutil.which("tc")
+    assert real is not None
+    (tools / "tc").write_text(SIGNALLING_TC.replace("SIGNAL", sig).replace("REAL", real))
+    (tools / "tc").chmod(0o755)
+    env = dict(tcdsl.env, PATH=f"{tools}:{os.environ['PATH']}")
+    done = subprocess.run(
+        ["ip", "netns", "exec", tcdsl.ns, *TCDSL, "apply", "--yes", tcdsl.write("p.tcp", A)],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+        check=False,
+        # as from a terminal: SIGINT acted on, even where this test runs with it ignored
+        preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL),
+    )
+    number = getattr(signals, f"SIG{sig}")
+    assert (tools / "tc.sent").exists(), done.stderr
+    assert done.returncode == 128 + number, (done.returncode, done.stdout, done.stderr)
+    assert f"SIG{sig} came while the kernel changed" in done.stderr, done.stderr
+    assert "the trees and counters kept" in done.stderr and "Traceback" not in done.stderr
+    after = _sent(tcdsl)  # B's classes, guest among them, none made again
+    assert after.keys() == sent.keys() and all(after[c] >= n for c, n in sent.items()), after
+    assert "rate 4Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
+    again = tcdsl("plan", tcdsl.write("p.tcp", B))
+    assert (
+        again.code == 0
+        and "no changes" in again.out
+        and "did not finish" not in again.out + again.err
+    ), again
+
+
 def test_what_the_kernel_lacks_is_refused_before_any_change(
     tcdsl: Tcdsl, host: HostSupport
 ) -> None:

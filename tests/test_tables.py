@@ -210,6 +210,33 @@ def test_template(tmp_path: Path) -> None:
     assert isinstance(c103.ceil, ir.Rate) and c103.ceil.bits_per_second == 500_000_000
 
 
+def test_the_number_may_come_first_in_a_product(tmp_path: Path) -> None:
+    """``ceil 1.05 * max`` is ``ceil max * 1.05`` (it was E004 and E001, with no word of
+    the other order); a product of two values with units is one E011 saying what to write."""
+    body = '        subscribers from "subs.csv" rate 0.5 * max ceil 1.05 * max\n'
+    c101 = classes(ok(build(tmp_path, policy(body))))["c101"]
+    assert c101.rate is not None and c101.ceil is not None
+    assert (c101.rate.bits_per_second, c101.ceil.bits_per_second) == (10_000_000, 21_000_000)
+    body = '        subscribers from "subs.csv" ceil max * max\n'
+    errors = build(tmp_path, policy(body)).errors
+    assert [d.code for d in errors] == ["E011"]
+    assert "a product needs a plain number on one side" in errors[0].message
+
+
+def test_text_past_the_header_is_one_warning_at_its_first_cell(tmp_path: Path) -> None:
+    """An unquoted comma in the last cell (or an extra column without a name) gave no word:
+    the text past the header is not read. A row that ends in an empty cell is not warned."""
+    body = '        subscribers from "subs.csv"\n'
+    trailing = ROWS.replace(",vip\n", ",vip,\n")
+    assert not [d for d in build(tmp_path, policy(body), HEADER + trailing).diagnostics]
+    wide = ROWS.replace(",vip\n", ",vip, gate 4,2\n").replace("10,\n", "10,,x\n", 1)
+    found = build(tmp_path, policy(body), HEADER + wide).diagnostics
+    assert [(d.code, d.span.line, d.span.column) for d in found] == [("W373", 3, 63)], [
+        d.message for d in found
+    ]
+    assert found[0].message.startswith("2 rows have text past the header's 13 columns")
+
+
 def test_set_dscp_is_every_subscribers(tmp_path: Path) -> None:
     """docs/language.md lists 'set dscp' among the statement's options; it was refused as
     E007 ("belongs on a class, not on a subscriber's class")."""

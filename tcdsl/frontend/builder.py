@@ -415,7 +415,7 @@ class Builder(Transformer[Token, Any]):
         (tok,) = c
         return Ref(str(tok), self.sp(tok))
 
-    def _bin(self, op: Literal["+", "-", "*", "/"], c: list[Any]) -> Bin:
+    def _bin(self, op: Literal["+", "-", "/"], c: list[Any]) -> Bin:
         left, right = c
         if isinstance(right, Token):
             right = self.number([right])
@@ -428,7 +428,22 @@ class Builder(Transformer[Token, Any]):
         return self._bin("-", c)
 
     def mul(self, c: list[Any]) -> Bin:
-        return self._bin("*", c)
+        left, right = c
+        if isinstance(right, Token):
+            right = self.number([right])
+        if _plain(right):
+            return Bin("*", left, right, join(left.span, right.span))
+        if _plain(left):  # 1.05 * max: the number on the left
+            return Bin("*", right, left, join(left.span, right.span))
+        span = join(left.span, right.span)
+        self.error(
+            Diagnostic.error(
+                "E011",
+                "a product needs a plain number on one side (such as 'max * 1.05' or '2 * 10mbit')",
+                span,
+            )
+        )
+        return Bin("*", left, Lit(1, None, "1", right.span), span)
 
     def div(self, c: list[Any]) -> Bin:
         return self._bin("/", c)
@@ -1014,3 +1029,8 @@ class Builder(Transformer[Token, Any]):
         assert isinstance(kw, Token) and isinstance(number, Token)
         assert isinstance(tree, QdiscSyntax)
         return mq_queue(self, str(number), join(self.sp(kw), self.sp(number)), tree)
+
+
+def _plain(value: object) -> bool:
+    """Whether ``value`` is a number without a unit (``1.05``, ``0x10``)."""
+    return isinstance(value, Lit) and value.unit is None

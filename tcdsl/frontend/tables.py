@@ -404,6 +404,7 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
     table = Table(path, header, columns, commas=max(columns[k] for k in REQUIRED))
     circuits: dict[str, Circuit] = {}
     names: dict[str, int] = {}
+    wide: list[Span] = []  # where the first cell past the header with text is, per such row
     for first, last, cells in records:
         if not last:
             msg = f"table '{path}' cannot be read as CSV from here: {cells[0]}"
@@ -415,7 +416,28 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
         if row is not None:
             row.order = len(table.rows)
             table.rows.append(row)
+            if len(cells) > len(header):
+                past = next((i for i in range(len(header), len(cells)) if cells[i].strip()), None)
+                if past is not None:
+                    wide.append(
+                        _place(path, first, last, lines, cells).span(past) if not wide else at
+                    )
+    if wide:
+        many = f"{len(wide)} rows have" if len(wide) > 1 else "a row has"
+        reading.warning(
+            "W373",
+            f"{many} text past the header's {len(header)} columns (the first here), which is "
+            "not read: a comma in a cell that is not quoted shifts the cells after it; quote "
+            'such a cell ("Smith, J"), or name the extra column in the header',
+            wide[0],
+        )
     return table
+
+
+def _place(path: str, first: int, last: int, lines: list[str], cells: list[str]) -> _Place:
+    """Where the cells of the record on lines ``first`` to ``last`` are."""
+    raw = lines[first - 1] if first == last else "\n".join(lines[first - 1 : last])
+    return _Place(path, first, last, len(lines[last - 1]) + 1, cells, _cell_starts(raw, cells))
 
 
 _SEPARATORS = ((";", "';'"), ("\t", "tabs"), ("|", "'|'"))
@@ -474,8 +496,7 @@ def _row(
     names: dict[str, int],
 ) -> Row | None:
     path = reading.path
-    raw = lines[first - 1] if first == last else "\n".join(lines[first - 1 : last])
-    place = _Place(path, first, last, len(lines[last - 1]) + 1, cells, _cell_starts(raw, cells))
+    place = _place(path, first, last, lines, cells)
     span = place.span
     columns = table.columns
     n_cells = len(cells)

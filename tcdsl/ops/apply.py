@@ -5,11 +5,15 @@ that failed at its policy line.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import NoReturn
 
 from tcdsl.commands import Command, batch_quote
 from tcdsl.ops.plan import Plan, Step
@@ -21,9 +25,41 @@ Runner = Callable[[Sequence[str], str | None], subprocess.CompletedProcess[str]]
 
 def run_command(argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """The real runner."""
-    return subprocess.run(
-        list(argv), input=stdin, capture_output=True, text=True, check=False, timeout=600
-    )
+    # a session of its own: the terminal's Ctrl-C reaches tcdsl, which lets the command
+    # finish (a tc -batch cut short is a change half-made) before it takes the change back
+    done = subprocess.run(
+        list(argv), input=stdin, capture_output=True, text=True, timeout=600,
+        check=False, start_new_session=True,
+    )  # fmt: skip
+    return done
+
+
+DEFERRED = (signal.SIGINT, signal.SIGTERM)
+"""The signals that, while the kernel changes, stop the change at the end of the step under
+way and take it back (as a failed command does), instead of ending tcdsl there."""
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[list[int]]:
+    """Note :data:`DEFERRED` signals instead of acting on them (the list yields them as
+    they come). A signal ignored on entry stays ignored (a job started with SIGINT ignored);
+    outside the main thread, where Python takes no signal, nothing changes."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    before: dict[signal.Signals, signal._HANDLER] = {}
+    for sig in DEFERRED:
+        handler = signal.getsignal(sig)
+        if handler is signal.SIG_IGN:
+            continue
+        before[sig] = handler
+        signal.signal(sig, lambda number, _frame: caught.append(number))
+    try:
+        yield caught
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 _FAILED = re.compile(r"Command failed -:(\d+)")
@@ -40,12 +76,16 @@ class Failure:
 
 
 class ApplyFailed(Exception):
-    """A plan stopped at a failing command (the kernel has been restored)."""
+    """A plan stopped at a failing command, or at a signal (the kernel has been restored)."""
 
-    def __init__(self, failure: Failure, restored: bool, in_place: bool = False) -> None:
+    def __init__(
+        self, failure: Failure, restored: bool, in_place: bool = False, signal: int | None = None
+    ) -> None:
         super().__init__(failure.message)
         self.failure = failure
         self.restored = restored
+        self.signal = signal
+        """The signal (SIGINT, SIGTERM) that stopped the plan, if one did."""
         self.in_place = in_place
         """Restored by undoing the change in place (the trees and counters kept), not by
         building the old policy again."""
@@ -94,12 +134,18 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
     return None
 
 
-def run_plan(plan: Plan, runner: Runner = run_command) -> Failure | None:
-    """Run every step in order; the first failure (the rest is not run)."""
+def run_plan(
+    plan: Plan, runner: Runner = run_command, caught: Sequence[int] = ()
+) -> Failure | None:
+    """Run every step in order; the first failure (the rest is not run). A signal in
+    ``caught`` (:func:`deferred_signals`) by the end of a step stops the plan there too."""
     for step in plan.steps:
         failure = run_step(step, runner)
         if failure is not None:
             return failure
+        if caught:
+            name = signal.Signals(caught[0]).name
+            return Failure(name, f"{name} came while the kernel changed", None)
     return None
 
 
@@ -120,10 +166,23 @@ def apply_policy(
     and their classification kept), where the kernel is then the old policy again; else with
     the plan ``restore`` makes (the old policy built again), restored only if every command
     of it ran and ``rebuilt`` (the kernel is the old policy: read back) says so. Both plans
-    are made only then, as they compile the old policy."""
-    failure = run_plan(plan, runner)
-    if failure is None:
-        return
+    are made only then, as they compile the old policy. SIGINT and SIGTERM stop the plan at
+    the end of the step under way, and the change is taken back the same way."""
+    with deferred_signals() as caught:
+        failure = run_plan(plan, runner, caught)
+        if failure is not None:
+            _take_back(failure, restore, runner, undo, rebuilt, caught[0] if caught else None)
+
+
+def _take_back(
+    failure: Failure,
+    restore: Callable[[], Plan],
+    runner: Runner,
+    undo: Undo | None,
+    rebuilt: Callable[[], bool] | None,
+    stopped_by: int | None,
+) -> NoReturn:
+    """The kernel taken back after ``failure`` (see :func:`apply_policy`): raise ApplyFailed."""
     again = run_command if runner is run_command else runner
     try:
         made = undo() if undo is not None else None
@@ -134,14 +193,14 @@ def apply_policy(
                 again,
             )
             if settled():
-                raise ApplyFailed(failure, True, in_place=True)
+                raise ApplyFailed(failure, True, in_place=True, signal=stopped_by)
         back = restore()
     except OpsError:  # the live policy's saved text no longer compiles: nothing to build
-        raise ApplyFailed(failure, False) from None
+        raise ApplyFailed(failure, False, signal=stopped_by) from None
     restored = run_plan(back, again) is None
     if restored and rebuilt is not None:
         try:
             restored = rebuilt()
         except (OpsError, OSError, subprocess.SubprocessError):
             restored = False  # not known to be restored: not said to be
-    raise ApplyFailed(failure, restored)
+    raise ApplyFailed(failure, restored, signal=stopped_by)

@@ -91,7 +91,11 @@ def _compiled(
 
 
 def _fail(
-    code: str, message: str, span: Span | None = None, sources: dict[str, str] | None = None
+    code: str,
+    message: str,
+    span: Span | None = None,
+    sources: dict[str, str] | None = None,
+    status: int = EXIT_FAILED,
 ) -> NoReturn:
     where = span or Span("tcdsl", 1, 1, 1, 1)
     diagnostic = Diagnostic.error(code, message, where)
@@ -99,7 +103,7 @@ def _fail(
         click.echo(f"tcdsl: error[{code}]: {message}", err=True)
     else:
         click.echo(render([diagnostic], sources or {}), nl=False, err=True)
-    sys.exit(EXIT_FAILED)
+    sys.exit(status)
 
 
 def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
@@ -112,6 +116,11 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
     if e.lost:
         # an old script's qdisc the apply replaced: no state says how to build it again
         then += f", but not the {', '.join(e.lost)}, which no tcdsl state kept: build it again"
+    if e.signal is not None:  # the shell's status for a command a signal ended
+        how = "in place, the trees and counters kept" if e.in_place else "built again"
+        then = f"{then} ({how})" if e.restored else then
+        message = f"{f.message}: the change stopped after the step under way; {then}"
+        _fail(FAILED, message, status=128 + e.signal)
     name = f.origin.what if f.origin is not None else "the change"
     span = f.origin.span if f.origin is not None else None
     _fail(FAILED, f"{f.command!r} failed for {name}: {f.message}; {then}", span, sources)
