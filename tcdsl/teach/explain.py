@@ -695,9 +695,11 @@ class _Explainer:
                     f"The root qdisc is mq (handle {h}): one qdisc per TX queue of {dev}, each "
                     "with its own lock, so several CPUs shape at once; the queues do not share "
                     f"bandwidth with each other.{spread} A clsact qdisc's egress filters, one per "
-                    "filter of a queue's qdisc and in the policy's order, set each matching "
-                    "packet's TX queue (skbedit queue_mapping); a packet none matches stays on "
-                    "the queue the kernel picks (XPS, or a hash of its flow)."
+                    "filter of a queue's qdisc (below a tbf or netem, its child's; the lines "
+                    "below a written queue's default class after every queue's own) and in the "
+                    "policy's order, set each matching packet's TX queue (skbedit "
+                    "queue_mapping); a packet none matches stays on the queue the kernel picks "
+                    "(XPS, or a hash of its flow)."
                 )
             case _:
                 return f"The root qdisc is {self.queue(root)}"
