@@ -670,6 +670,133 @@ def test_nested_lines_take_every_flow_in_the_guest(tmp_path: Path, guest_sender:
             assert kernel.partition("@")[0] == verdict.name, f"{name}: {spec}"
 
 
+MQ_SEED = 5
+MQ_POLICIES = 10
+MQ_PACKETS = 14
+
+
+def _random_line(rand: random.Random) -> str:
+    """A match line on the addresses and ports the packets use (a pref now and then)."""
+    if rand.random() < 0.25:
+        cond = f"dport {rand.choice((22, 80, 443))}"
+    elif rand.random() < 0.3:
+        cond = f"dst 10.0.{rand.randint(0, 2)}.0/24"
+    else:
+        cond = f"dst 10.0.{rand.randint(0, 2)}.{rand.randint(1, 4)}"
+    pref = f" pref {rand.randint(1, 3)}" if rand.random() < 0.2 else ""
+    return f"match {cond}{pref}"
+
+
+class _Names:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> str:
+        self.n += 1
+        return f"c{self.n}"
+
+
+def _random_htb(rand: random.Random, name: _Names, depth: int) -> str:
+    """An htb of 1-3 classes with lines, and a default that may hold another htb."""
+    default = name()
+    body = ""
+    for _ in range(rand.randint(1, 3)):
+        lines = " ".join(_random_line(rand) for _ in range(rand.randint(1, 2)))
+        body += f"class {name()} rate 10mbit {lines}\n"
+    inner = ""
+    if depth < 2 and rand.random() < 0.5:
+        nested = _random_htb(rand, name, depth + 1)
+        if rand.random() < 0.3:
+            nested = f"tbf rate 100mbit burst 64k limit 256k {{\n{nested}}}\n"
+        inner = f" {{\n{nested}}}"
+    body += f"class {default} rate 10mbit ceil 100mbit{inner}\n"
+    return f"htb rate 1gbit default {default} {{\n{body}}}\n"
+
+
+def random_mq_policy(rand: random.Random) -> str:
+    """A written or spread mq tree over 2 or 3 queues, with nested defaults and tbfs."""
+    name = _Names()
+    queues = rand.randint(2, 3)
+    if rand.random() < 0.4:
+        tree = _random_htb(rand, name, 0)
+        for _ in range(rand.randint(1, 4)):
+            tree = tree.replace("{\n", f"{{\nclass {name()} rate 20mbit {_random_line(rand)}\n", 1)
+        return f"interface eth0 mq queues {queues} {tree}"
+    body = ""
+    for number in range(1, queues + 1):
+        tree = _random_htb(rand, name, 0)
+        if rand.random() < 0.3:
+            tree = f"tbf rate 500mbit burst 64k limit 256k {{\n{tree}}}\n"
+        body += f"queue {number} {tree}"
+    return f"interface eth0 mq {{\n{body}}}\n"
+
+
+def test_random_mq_trees_classify_as_classify_says_in_the_guest(
+    tmp_path: Path, guest_sender: bytes
+) -> None:
+    """Random written and spread mq trees, nested defaults and tbfs among them, on a veth of
+    as many TX queues in the 6.1 guest: every packet a steering filter takes lands in the class
+    classify names; one none takes lands in a class of whichever queue the kernel picked (in
+    a spread tree, the same class as classify's, or its copy ``NAME@N``), never nowhere."""
+    import base64
+
+    from tcdsl.kernels import uml
+    from tcdsl.teach.classify import classify
+    from tcdsl.teach.traffic import parse_packet
+    from tcdsl.verify import runner
+    from tests.test_classify_kernel import GUEST_CASE, frame, guest_counters, moved_counter
+
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    rand = random.Random(MQ_SEED)
+    veth = "ip link add eth0 type veth peer name p0"
+    runs: list[tuple[str, ir.Policy, list[str]]] = []
+    cases = []
+    for n in range(MQ_POLICIES):
+        text = random_mq_policy(rand)
+        result = compiled(tmp_path, text, "shell")
+        assert result.output is not None and result.policy is not None, (
+            text,
+            [d.message for d in result.diagnostics if d.is_error],
+        )
+        packets = [
+            f"{rand.choice(('udp', 'tcp'))} dst 10.0.{rand.randint(0, 2)}.{rand.randint(1, 5)} "
+            f"sport {rand.randint(1024, 65000)} dport {rand.choice((22, 80, 443, 9))}"
+            for _ in range(MQ_PACKETS)
+        ]
+        runs.append((text, result.policy, packets))
+        # as many TX queues as the tree has (a written tree's others would be the kernel's)
+        n = ir.tx_queues_used(result.policy.interfaces[0])
+        sized = f"ip link add eth0 numtxqueues {n} type veth peer name p0 numtxqueues {n}"
+        script = (
+            GUEST_CASE.replace(veth, sized)
+            .replace("@SENDER@", base64.b64encode(guest_sender).decode())
+            .replace("@SCRIPT@", result.output)
+            .replace("@FRAMES@", " ".join(frame(parse_packet(p)).hex() for p in packets))
+        )
+        cases.append(uml.Case(f"mq{n}", script))
+    done = uml.run_cases(cases, timeout=900)
+    steered = 0
+    for (text, policy, packets), ran in zip(runs, done, strict=True):
+        assert ran.exit_code == 0, text + ran.stdout + ran.stderr
+        leaves = _deep_leaves(policy)
+        readings = [{k: v for k, v in r.items() if k in leaves} for r in guest_counters(ran.stdout)]
+        assert len(readings) == len(packets) + 1, text + ran.stdout
+        spread = isinstance(policy.interfaces[0].root, ir.Mq) and policy.interfaces[0].root.shards
+        for spec, before, after in zip(packets, readings, readings[1:], strict=False):
+            kernel = leaves[moved_counter(before, after)]
+            verdict = classify(policy, parse_packet(spec))
+            cls = verdict.steps[-1].cls
+            assert cls is not None, (text, spec)
+            if "clsact egress" in verdict.steps[0].why:
+                steered += 1
+                assert kernel == cls.name, f"{text}{spec}: kernel {kernel}, classify {cls.name}"
+            elif spread:
+                assert kernel.partition("@")[0] == cls.name.partition("@")[0], (text, spec)
+    assert steered >= MQ_POLICIES * MQ_PACKETS // 4, steered
+
+
 # ---- the rest of the product -----------------------------------------------------------------
 
 
