@@ -335,6 +335,27 @@ def test_classes_of_no_rate_are_spread_by_count(tmp_path: Path) -> None:
     assert "W368" not in [d.code for d in result.diagnostics]
 
 
+def test_w369_only_for_a_band_reached_by_priority_alone(tmp_path: Path) -> None:
+    from tests.conftest import DIAGNOSTICS
+
+    text = (DIAGNOSTICS / "W369-mq-lines-below-a-prio-band.tcp").read_text()
+    found = [(d.code, d.span.line) for d in compiled(tmp_path, text).diagnostics]
+    assert found == [("W369", 14)]
+    steered = text.replace("class normal {", "class normal match dport 80 {")
+    assert not compiled(tmp_path, steered).diagnostics
+    # a prio below a class with a line: its packets were all steered to the queue by it
+    below = (
+        "interface eth0 mq {\n queue 1 htb rate 1gbit default a {\n  class a rate 1mbit\n"
+        "  class v rate 1mbit match dport 5060 {\n   prio {\n    class p1\n    class p2 {\n"
+        "     htb rate 1mbit default x {\n      class x rate 1mbit\n"
+        "      class y rate 1mbit match dst 10.0.0.9\n     }\n    }\n    class p3\n   }\n"
+        "  }\n }\n queue 2 htb rate 1gbit default b {\n  class b rate 1gbit\n }\n}\n"
+    )
+    found = compiled(tmp_path, below).diagnostics
+    assert not [d for d in found if d.code == "W369"], [d.message for d in found]
+    assert compiled(tmp_path, below).policy is not None
+
+
 def test_tcng_says_it_has_no_mq(tmp_path: Path) -> None:
     result = compiled(tmp_path, AUTO, "tcng")
     assert result.output is None
