@@ -158,7 +158,6 @@ _TABLE: dict[str, CodeInfo] = {
     "W372": CodeInfo(_W, "A device in a subscriber table without an address"),
     "W373": CodeInfo(_W, "Rows of a subscriber table with text past the header's columns"),
     "W368": CodeInfo(_W, "mq queues N with fewer top-level classes than queues"),
-    "W369": CodeInfo(_W, "Lines below a prio band of an mq queue, which no steering reaches"),
     # W37x: tcdsl import, what the language cannot say (also a comment in the policy)
     "W345": CodeInfo(_W, "An hfsc without a default class: it drops unclassified packets"),
     "W346": CodeInfo(_W, "An rt curve on an hfsc class with children, which the kernel ignores"),

@@ -1186,36 +1186,66 @@ def _below_chain(q: Qdisc | None) -> Qdisc | None:
     return q
 
 
-def steered_qdiscs(mq: Mq) -> Iterator[tuple[int, int, ClassfulQdisc]]:
+DEFAULT_PRIOMAP: tuple[int, ...] = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+"""The kernel's default priomap (``TC_PRIO`` -> band): what a prio without ``priomap`` uses,
+and what fills a shorter one's missing entries."""
+
+
+def priority_bands(q: Prio) -> frozenset[int]:
+    """The bands (0, 1, ...) a packet no filter of ``q`` takes can reach by its priority."""
+    given = tuple(c.value for c in q.priomap) if q.priomap else ()
+    return frozenset(given + DEFAULT_PRIOMAP[len(given) :])
+
+
+def _unsteered(q: ClassfulQdisc) -> Iterator[Qdisc]:
+    """The qdiscs below ``q`` that a packet none of ``q``'s lines takes can reach: below an
+    htb's or hfsc's default (a leaf class), below each band of a prio its priority can pick."""
+    if isinstance(q, Htb | Hfsc) and q.default is not None:
+        name = q.default.name
+        default = next((c for c in classes_of(q) if c.name == name and not c.implicit), None)
+        if default is not None and not default.children and default.leaf is not None:
+            yield default.leaf
+    elif isinstance(q, Prio):
+        reached = priority_bands(q)
+        for place, band in enumerate(q.classes):
+            number = band.classid.minor if band.classid is not None else None
+            if number is None and band.explicit_id is not None:
+                number = band.explicit_id.handle.minor
+            if (number - 1 if number is not None else place) in reached and band.leaf is not None:
+                yield band.leaf
+
+
+def steered_qdiscs(mq: Mq, banded: bool = True) -> Iterator[tuple[int, int, ClassfulQdisc]]:
     """Yield (level, queue index, qdisc) for each qdisc of ``mq``'s queues whose match lines
     pick the queue (their copies on the clsact egress hook steer to it). Level 0: a queue's
     own qdisc, or the one below its tbf or netem, which every packet of the queue reaches.
-    In queues written one by one, level 1, 2, ...: the qdisc below the default class of the
-    level above, which the packets no line above takes reach (so their lines steer after
-    every queue's lines above them). A spread tree has its default on every queue, its
-    leaf's lines with it: they need no steering."""
+    In queues written one by one, level 1, 2, ...: the qdiscs that the packets no line of
+    the level above takes reach (below an htb's default class, below a prio's bands), so
+    their lines steer after every queue's lines above them. A spread tree has its default on
+    every queue, its leaf's lines with it: they need no steering. ``banded`` False leaves
+    out the qdiscs below a prio's bands (one queue's bands are tried as one list by no one:
+    a packet meets the qdisc below one band only)."""
     for index, queue in enumerate(mq.queues):
-        q = _below_chain(queue.qdisc)
-        level = 0
-        while isinstance(q, Htb | Prio | Cbq | Hfsc):
+        todo: list[tuple[int, Qdisc | None, bool]] = [(0, _below_chain(queue.qdisc), False)]
+        while todo:
+            level, q, below_band = todo.pop()
+            if not isinstance(q, Htb | Prio | Cbq | Hfsc) or (below_band and not banded):
+                continue
             yield level, index, q
-            if mq.shards is not None or not isinstance(q, Htb | Hfsc) or q.default is None:
-                break
-            name = q.default.name
-            default = next((c for c in classes_of(q) if c.name == name and not c.implicit), None)
-            if default is None or default.children:
-                break
-            q, level = _below_chain(default.leaf), level + 1
+            if mq.shards is None:
+                band = below_band or isinstance(q, Prio)
+                below = [(level + 1, _below_chain(leaf), band) for leaf in _unsteered(q)]
+                todo.extend(reversed(below))
 
 
-def mq_line_order(mq: Mq) -> dict[int, tuple[int, int, int, int]]:
+def mq_line_order(mq: Mq, banded: bool = True) -> dict[int, tuple[int, int, int, int]]:
     """Where each class of ``mq``'s steered qdiscs (:func:`steered_qdiscs`, by id) stands in
     the order the policy's lines are tried at one pref: by level, then the tree as written.
     A spread tree's top-level classes in their places before the spread
     (``MqQueue.ranks``), queues written out one after the other; within a top-level class,
     the classes in pre-order."""
     order: dict[int, tuple[int, int, int, int]] = {}
-    for level, index, q in steered_qdiscs(mq):
+    for level, index, q in steered_qdiscs(mq, banded):
         queue = mq.queues[index]
         tops = queue_tops(q)
         if tops is not q.classes:

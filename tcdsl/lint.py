@@ -18,7 +18,7 @@ from tcdsl.allocate import IPV6_PREF_OFFSET
 from tcdsl.checks import effective_ceil, rate_of, sites
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.matching import Bits, filter_bits, kernel_order, match_pref
-from tcdsl.tcmath import DEFAULT_PRIOMAP, HTB_QUANTUM, htb_quantum, htb_r2q_fits
+from tcdsl.tcmath import HTB_QUANTUM, htb_quantum, htb_r2q_fits
 from tcdsl.units import format_rate, format_size, format_time
 
 Lint = Callable[[ir.Policy], Iterator[Diagnostic]]
@@ -77,6 +77,8 @@ def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
             continue
         if s.cls.from_table:  # its devices have no address: W372 said so where they are
             continue
+        if "@" in s.cls.name:  # a spread tree's copy (NAME@N): said once, for the original
+            continue
         if s.iface.marking is not None and s.cls.mark is not None:
             yield Diagnostic.warning(
                 "W322",
@@ -91,43 +93,6 @@ def leaves_reachable(policy: ir.Policy) -> Iterator[Diagnostic]:
             f"{s.qdisc.kind}'s default",
             s.cls.head,
         )
-
-
-def mq_lines_pick_their_queue(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """Under an mq tree written queue by queue, a prio whose lines steer (a queue's own, or
-    below a default) sends the packets none of them takes to a band by priority: the lines
-    below such a band steer nowhere, so they see only the packets the kernel put on that
-    queue (the others meet another queue's tree)."""
-    for iface in policy.interfaces:
-        root = iface.root
-        if not isinstance(root, ir.Mq) or root.shards is not None:
-            continue
-        for _, index, q in ir.steered_qdiscs(root):
-            if not isinstance(q, ir.Prio):
-                continue
-            priomap = tuple(c.value for c in q.priomap) if q.priomap else DEFAULT_PRIOMAP
-            for band in q.classes:
-                n = band.classid.minor - 1 if band.classid is not None else -1
-                if band.matches or band.leaf is None or n not in priomap:
-                    continue
-                below = (
-                    m
-                    for inner in ir.walk_qdiscs(band.leaf)
-                    for c in ir.classes_of(inner)
-                    for m in c.matches
-                )
-                first = next(below, None)
-                if first is not None:
-                    number = root.queues[index].number
-                    yield Diagnostic.warning(
-                        "W369",
-                        f"no steering filter sends packets to the lines below {band.label} of "
-                        f"this prio: its packets come by priority, not by a line, so under mq "
-                        f"these lines see only the packets the kernel put on queue {number}; "
-                        f"give {band.label} a match line, or write them in the queue's own "
-                        "qdisc",
-                        first.span,
-                    )
 
 
 # ---- filter order: shadowed, duplicate and catch-all matches -----------------------------------
@@ -217,8 +182,9 @@ def _classification_orders(
                     yield (id(iface), id(q)), family, added
             if isinstance(iface.root, ir.Mq) and not marks:
                 # the steering filters try every queue's lines in one list: by level, pref,
-                # then the tree's order
-                order = ir.mq_line_order(iface.root)
+                # then the tree's order (not the lines below a prio's bands: a packet meets
+                # the lines below one band only, which one by its priority)
+                order = ir.mq_line_order(iface.root, banded=False)
                 steered = sorted(
                     (
                         a
@@ -1018,7 +984,6 @@ def overhead_counted_once(policy: ir.Policy) -> Iterator[Diagnostic]:
 
 LINTS: tuple[Lint, ...] = (
     htb_has_default,
-    mq_lines_pick_their_queue,
     hfsc_has_default,
     leaves_reachable,
     filters_all_reachable,

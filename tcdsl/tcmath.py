@@ -22,7 +22,7 @@ gives a packet from its TOS byte (BESTEFFORT 0, BULK 2, INTERACTIVE 6, INTERACTI
 Since Linux 3.2 the odd entries, once ``TC_PRIO_FILLER``, are ``ECN_OR_COST(...)``: index 1
 (TOS 0x02, minimize cost, also ECN's ECT(0) bit) is best effort."""
 IPTOS_TOS_MASK = 0x1E
-DEFAULT_PRIOMAP: tuple[int, ...] = (1, 2, 2, 2, 1, 2, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+DEFAULT_PRIOMAP = ir.DEFAULT_PRIOMAP
 """Priority -> band: pfifo_fast's ``prio2band`` (net/sched/sch_generic.c), which is also the
 priomap tc gives a prio qdisc unless told otherwise (iproute2 tc/q_prio.c)."""
 

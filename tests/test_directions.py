@@ -116,7 +116,7 @@ def test_the_teardown_removes_exactly_the_redirect_and_the_ifb(tmp_path: Path) -
     # The IFB goes only if it is an ifb (a 'via' naming a real device must not delete it).
     assert "! tcdsl_is_ifb ifb4eth0 || ip link del dev ifb4eth0" in script
     assert "tcdsl_ifb_free ifb4eth0" in script
-    assert script.index("tcdsl_ifb_free ifb4eth0") < script.index("tc qdisc del")
+    assert script.index("tcdsl_ifb_free ifb4eth0") < script.index("\ntc qdisc del")
 
 
 def test_connmark_restores_the_mark_before_the_redirect(tmp_path: Path) -> None:

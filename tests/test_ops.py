@@ -180,6 +180,33 @@ def _sent(tcdsl: Tcdsl) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"class htb (\S+) .*?\n Sent (\d+) bytes", shown)}
 
 
+def _with_tc(tcdsl: Tcdsl, wrapper: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``tcdsl ARGS`` in the namespace with ``wrapper`` as its tc (REAL: the real one), in a
+    process group of its own (where the wrapper's signal goes) and with SIGINT acted on, as
+    from a terminal, even where this test runs with it ignored; the wrapper must have sent."""
+    import signal as signals
+
+    tools = tcdsl.folder / "bin"
+    tools.mkdir()
+    real = shutil.which("tc")
+    assert real is not None
+    (tools / "tc").write_text(wrapper.replace("REAL", real))
+    (tools / "tc").chmod(0o755)
+    done = subprocess.run(
+        ["ip", "netns", "exec", tcdsl.ns, *TCDSL, *args],
+        capture_output=True,
+        text=True,
+        env=dict(tcdsl.env, PATH=f"{tools}:{os.environ['PATH']}"),
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+        check=False,
+        start_new_session=True,
+        preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL),
+    )
+    assert (tools / "tc.sent").exists(), done.stderr
+    return done
+
+
 SIGNALLING_TC = """\
 #!/bin/sh
 # tc, but the first tc -batch that changes something first sends SIGNAL to tcdsl (its parent)
@@ -212,26 +239,9 @@ def test_a_signal_during_apply_takes_the_change_back_in_place(
     run(["ip", "netns", "exec", tcdsl.ns, sys.executable, "-c", send])
     sent = _sent(tcdsl)
     assert sum(sent.values()) > 0, sent
-    tools = tcdsl.folder / "bin"
-    tools.mkdir()
-    real = shutil.which("tc")
-    assert real is not None
-    (tools / "tc").write_text(SIGNALLING_TC.replace("SIGNAL", sig).replace("REAL", real))
-    (tools / "tc").chmod(0o755)
-    env = dict(tcdsl.env, PATH=f"{tools}:{os.environ['PATH']}")
-    done = subprocess.run(
-        ["ip", "netns", "exec", tcdsl.ns, *TCDSL, "apply", "--yes", tcdsl.write("p.tcp", A)],
-        capture_output=True,
-        text=True,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-        check=False,
-        # as from a terminal: SIGINT acted on, even where this test runs with it ignored
-        preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL),
-    )
+    wrapper = SIGNALLING_TC.replace("SIGNAL", sig)
+    done = _with_tc(tcdsl, wrapper, "apply", "--yes", tcdsl.write("p.tcp", A))
     number = getattr(signals, f"SIG{sig}")
-    assert (tools / "tc.sent").exists(), done.stderr
     assert done.returncode == 128 + number, (done.returncode, done.stdout, done.stderr)
     assert f"SIG{sig} came while the kernel changed" in done.stderr, done.stderr
     assert "the trees and counters kept" in done.stderr and "Traceback" not in done.stderr
@@ -244,6 +254,41 @@ def test_a_signal_during_apply_takes_the_change_back_in_place(
         and "no changes" in again.out
         and "did not finish" not in again.out + again.err
     ), again
+
+
+LATE_TC = """\
+#!/bin/sh
+# tc, but the first tc run once the new generation's record exists (the kernel read that
+# completes the record, after the apply's last step) sends SIGNAL to tcdsl's process group,
+# as a terminal's Ctrl-C does (tcdsl and the child reading the kernel for it)
+if [ -e RECORD ] && [ ! -e "$0.sent" ]; then
+    : > "$0.sent"
+    kill -SIGNAL "-$(cut -d' ' -f5 /proc/$PPID/stat)"
+fi
+exec REAL "$@"
+"""
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_a_signal_after_the_last_change_keeps_the_change_and_its_record(
+    tcdsl: Tcdsl, host: HostSupport, sig: str
+) -> None:
+    """Found by a review: a signal while apply read the kernel for its record, after its
+    last change, ended tcdsl there (exit 130, or killed): the change stood without its
+    --confirm timer. The change is complete: it is recorded, its timer runs, and tcdsl
+    says the signal came late."""
+
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    record = tcdsl.folder / "state" / "p" / "applied" / "2.json"
+    wrapper = LATE_TC.replace("SIGNAL", sig).replace("RECORD", str(record))
+    b = tcdsl.write("p.tcp", B)
+    done = _with_tc(tcdsl, wrapper, "apply", "--yes", "--confirm", "60s", b)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert "applied" in done.stdout and "(generation 2)" in done.stdout, done.stdout
+    assert f"SIG{sig} came after the change was complete" in done.stderr, done.stderr
+    confirmed = tcdsl("confirm", "p")
+    assert confirmed.code == 0 and "generation 2" in confirmed.out, confirmed
+    assert tcdsl("plan", b).code == 0
 
 
 def test_what_the_kernel_lacks_is_refused_before_any_change(

@@ -38,6 +38,9 @@ CLASS_IDS = {
     "a number": {"d0": 5},
     "one id twice": {"d0": {"a": "1:20", "b": "1:20"}},
     "one leaf twice": {"d0": {"a": "1:20", "a leaf": "20:", "b": "1:30", "b leaf": "20:"}},
+    "a leaf on its class's qdisc": {"d0": {"v": "1:20", "v leaf": "1:"}},
+    "a leaf with a minor": {"d0": {"v": "1:20", "v leaf": "1:20"}},
+    "a class without a minor": {"d0": {"v": "1:"}},
 }
 """Class-id maps edited by hand: a later apply would crash on them, or keep a class on
 another's id and rebuild the tree."""
@@ -129,6 +132,46 @@ def test_plan_shows_the_warnings_and_refuses_what_apply_would(
         assert done.exit_code == 1, done.output
         assert "[W311]" in done.output and "no such device: tcdslnone0" in done.output
         assert "+ tree" not in done.output, done.output
+
+
+TREES_DAMAGE = {
+    "objects null": {"objects": None},
+    "objects of numbers": {"objects": [1]},
+    "objects of lists": {"objects": [[1]]},
+    "removal null": {"removal": None},
+    "names null": {"names": None},
+    "span a word": {"span": "x"},
+}
+
+
+@pytest.mark.parametrize("damage", [*TREES_DAMAGE, "trees null", "features null"])
+def test_a_damaged_trees_record_is_the_slow_path_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """Found by a review: valid JSON of the wrong shape in N.trees.json crashed plan, apply
+    and down (exit 3). Like a file cut short, it is read as no record of the trees: the
+    policy is compiled again."""
+    from tcdsl.ops.desired import TREES_FORMAT
+    from tcdsl.ops.lifecycle import live_of
+
+    store, path = _store(tmp_path, 1)
+    tree = {"label": "d0", "span": ["p.tcp", 1, 1, 1, 2], "objects": [], "names": {}}
+    data: dict[str, object] = {"format": TREES_FORMAT, "features": [], "trees": [tree]}
+    tree["removal"] = []
+    if damage in TREES_DAMAGE:
+        tree.update(TREES_DAMAGE[damage])
+    else:
+        data[damage.split()[0]] = None
+    (store.folder / "applied" / "1.trees.json").write_text(json.dumps(data), encoding="utf-8")
+    applied = store.current()
+    assert applied is not None
+    live = live_of(store, applied)
+    assert [t.label for t in live.trees] == ["d0"] and live.trees[0].objects  # compiled again
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
+    for args in (["plan", str(path)], ["down", "p"]):
+        done = CliRunner().invoke(cli, args)
+        assert done.exit_code in (0, 1, 4), (done.output, done.exception)
+        assert "Traceback" not in done.output and "internal error" not in done.output
 
 
 def test_down_of_an_interface_gets_past_a_damaged_record(

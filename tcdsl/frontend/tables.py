@@ -1424,8 +1424,8 @@ def _subscriber_lines(
     groups: list[list[tuple[ir.Class, tuple[int, ...]]]] = []
     steered: set[int] = set()
     if isinstance(tree, ir.Mq):
-        order = ir.mq_line_order(tree)
-        queues = [q for _, _, q in ir.steered_qdiscs(tree)]
+        order = ir.mq_line_order(tree, banded=False)
+        queues = [q for _, _, q in ir.steered_qdiscs(tree, banded=False)]
         steered = {id(q) for q in queues}
         groups.append([(c, order[id(c)]) for q in queues for c in ir.classes_of(q)])
     # the other qdiscs: lists of their own, as without mq

@@ -43,11 +43,16 @@ way and take it back (as a failed command does), instead of ending tcdsl there."
 def deferred_signals() -> Iterator[list[int]]:
     """Note :data:`DEFERRED` signals instead of acting on them (the list yields them as
     they come). A signal ignored on entry stays ignored (a job started with SIGINT ignored);
-    outside the main thread, where Python takes no signal, nothing changes."""
+    outside the main thread, where Python takes no signal, nothing changes. Within another,
+    the same list: an apply holds them from its first change to its record."""
+    if _ACTIVE:  # within another: its list (a caller holding them over more than a plan)
+        yield _ACTIVE[-1]
+        return
     caught: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield caught
         return
+    _ACTIVE.append(caught)
     before: dict[signal.Signals, signal._HANDLER] = {}
     for sig in DEFERRED:
         handler = signal.getsignal(sig)
@@ -58,8 +63,13 @@ def deferred_signals() -> Iterator[list[int]]:
     try:
         yield caught
     finally:
+        _ACTIVE.pop()
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+_ACTIVE: list[list[int]] = []
+"""The list of the :func:`deferred_signals` in effect, if any."""
 
 
 _FAILED = re.compile(r"Command failed -:(\d+)")
@@ -79,13 +89,20 @@ class ApplyFailed(Exception):
     """A plan stopped at a failing command, or at a signal (the kernel has been restored)."""
 
     def __init__(
-        self, failure: Failure, restored: bool, in_place: bool = False, signal: int | None = None
+        self,
+        failure: Failure,
+        restored: bool,
+        in_place: bool = False,
+        signal: int | None = None,
+        untouched: bool = False,
     ) -> None:
         super().__init__(failure.message)
         self.failure = failure
         self.restored = restored
         self.signal = signal
         """The signal (SIGINT, SIGTERM) that stopped the plan, if one did."""
+        self.untouched = untouched
+        """The plan stopped before its first change (a signal came while it was made)."""
         self.in_place = in_place
         """Restored by undoing the change in place (the trees and counters kept), not by
         building the old policy again."""
@@ -140,13 +157,24 @@ def run_plan(
     """Run every step in order; the first failure (the rest is not run). A signal in
     ``caught`` (:func:`deferred_signals`) by the end of a step stops the plan there too."""
     for step in plan.steps:
+        if caught:
+            break
         failure = run_step(step, runner)
         if failure is not None:
             return failure
-        if caught:
-            name = signal.Signals(caught[0]).name
-            return Failure(name, f"{name} came while the kernel changed", None)
+    if caught:
+        name = signal.Signals(caught[0]).name
+        return Failure(name, f"{name} came while the kernel changed", None)
     return None
+
+
+def late_signal(caught: Sequence[int]) -> str | None:
+    """What to say when a signal in ``caught`` came only after the change was complete (it
+    stands, and so does its record)."""
+    if not caught:
+        return None
+    name = signal.Signals(caught[0]).name
+    return f"tcdsl: {name} came after the change was complete: it is kept, and recorded"
 
 
 Undo = Callable[[], tuple[Plan, Callable[[], bool]] | None]
@@ -169,6 +197,10 @@ def apply_policy(
     are made only then, as they compile the old policy. SIGINT and SIGTERM stop the plan at
     the end of the step under way, and the change is taken back the same way."""
     with deferred_signals() as caught:
+        if caught:
+            name = signal.Signals(caught[0]).name
+            early = Failure(name, f"{name} came before the kernel changed", None)
+            raise ApplyFailed(early, True, signal=caught[0], untouched=True)
         failure = run_plan(plan, runner, caught)
         if failure is not None:
             _take_back(failure, restore, runner, undo, rebuilt, caught[0] if caught else None)

@@ -26,7 +26,7 @@ from tcdsl.cliutil import (
 from tcdsl.diagnostics import Diagnostic, Severity, Span, render, render_json
 from tcdsl.driver import Result, analyse, collector_paused
 from tcdsl.frontend.source import Access
-from tcdsl.ops.apply import ApplyFailed
+from tcdsl.ops.apply import ApplyFailed, deferred_signals, late_signal
 from tcdsl.ops.desired import Tree
 from tcdsl.ops.lifecycle import (
     OpsError,
@@ -116,6 +116,8 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
     if e.lost:
         # an old script's qdisc the apply replaced: no state says how to build it again
         then += f", but not the {', '.join(e.lost)}, which no tcdsl state kept: build it again"
+    if e.signal is not None and e.untouched:
+        _fail(FAILED, f"{f.message}; nothing was changed", status=128 + e.signal)
     if e.signal is not None:  # the shell's status for a command a signal ended
         how = "in place, the trees and counters kept" if e.in_place else "built again"
         then = f"{then} ({how})" if e.restored else then
@@ -271,7 +273,9 @@ def _apply(
             click.echo("tcdsl: nothing was changed", err=True)
             sys.exit(EXIT_FAILED)
     try:
-        with collector_paused():
+        # SIGINT and SIGTERM held from the first change to the record (the plan stops at
+        # the end of a step and takes the change back; after its last step, it stands)
+        with collector_paused(), deferred_signals() as caught:
             applied = apply(prepared, policy, result.sources, seconds)
     except ApplyFailed as e:
         _failed(e, result.sources)
@@ -284,8 +288,16 @@ def _apply(
         _fail(NO_DEVICE, str(e))
     note = f"; rolled back in {within} unless 'tcdsl confirm {store.name}'" if within else ""
     click.echo(f"applied {policy} as {store.name} (generation {applied.generation}){note}")
+    _late(caught)
     if waiting is not None and waiting.generation != applied.generation:
         _called_off(waiting.generation)
+
+
+def _late(caught: list[int]) -> None:
+    """Say so when a signal came after the change was complete (it stands)."""
+    said = late_signal(caught)
+    if said is not None:
+        click.echo(said, err=True)
 
 
 def _called_off(generation: int) -> None:
@@ -316,7 +328,7 @@ def rollback_command(name: str) -> None:
     was none)."""
     store = _store(name)
     try:
-        with store.locked():
+        with store.locked(), deferred_signals() as caught:
             back = rollback(store)
     except MissingDevice as e:
         _fail(NO_DEVICE, str(e))
@@ -328,6 +340,7 @@ def rollback_command(name: str) -> None:
         click.echo(f"rolled back {name}: removed (nothing was applied before)")
     else:
         click.echo(f"rolled back {name} to generation {back.generation} ({back.path})")
+    _late(caught)
 
 
 @click.command(
@@ -354,13 +367,14 @@ def down_command(name: str | None, interface: str | None) -> None:
     assert name is not None
     store = _store(Path(name).stem if name.endswith(".tcp") else name)
     try:
-        with store.locked():
+        with store.locked(), deferred_signals() as caught:
             plan = down(store)
     except OpsError as e:
         _fail(NO_STATE, str(e))
     except ApplyFailed as e:
         _failed(e, {})
     _print(plan)
+    _late(caught)
 
 
 @click.command(

@@ -240,9 +240,17 @@ def trees_json(trees: Sequence[Tree]) -> dict[str, Any]:
 
 
 def trees_from_json(data: Mapping[str, Any]) -> tuple[Tree, ...] | None:
-    """Trees read back from :func:`trees_json`; None for another format."""
+    """Trees read back from :func:`trees_json`; None for another format, or for one damaged
+    (edited by hand, cut short): the caller compiles the policy again instead."""
     if data.get("format") != TREES_FORMAT:
         return None
+    try:
+        return _trees(data)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError):
+        return None
+
+
+def _trees(data: Mapping[str, Any]) -> tuple[Tree, ...]:
     spans: dict[tuple[object, ...], Span] = {}
 
     def span(words: list[Any]) -> Span:

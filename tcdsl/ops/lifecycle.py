@@ -173,13 +173,15 @@ def live_of(store: Store, applied: Applied | None) -> Live:
         return _NO_LIVE
     data = store.read_extra(applied.generation, "trees")
     trees = trees_from_json(data) if isinstance(data, dict) else None
-    if trees is None or not isinstance(data, dict):
+    features = data.get("features", ()) if isinstance(data, dict) else None
+    if trees is None or not isinstance(features, list | tuple):
+        # none kept, or damaged (edited by hand): the slow path, as an older record's
         policy = compile_applied(applied)
         return Live(trees_of(policy), frozenset(r.feature for r in requirements(policy)), None)
     kernel = store.read_extra(applied.generation, "kernel")
     return Live(
         trees,
-        frozenset(str(f) for f in data.get("features", ())),
+        frozenset(str(f) for f in features),
         {str(k): str(v) for k, v in kernel.items()} if isinstance(kernel, dict) else None,
     )
 
@@ -742,8 +744,8 @@ def apply(
                 _rebuilt(lambda: prepared.old),
             )
     except ApplyFailed as failed:
-        store.finish()  # the old policy was built again
-        if failed.restored and prepared.applied is not None:
+        store.finish()  # the old policy was built again (or never left)
+        if failed.restored and prepared.applied is not None and not failed.untouched:
             _remember_restored(store, prepared.applied.generation, prepared.old)
         # what the plan replaced that no state kept: its teardown ran, no record rebuilds it
         failed.lost = tuple(prepared.plan.replaced)
@@ -846,7 +848,7 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
             rebuilt = _rebuilt(lambda: compile_applied(applied))
             apply_policy(prepared.plan, restore, runner, rebuilt=rebuilt)
     except ApplyFailed as failed:
-        if failed.restored:
+        if failed.restored and not failed.untouched:
             _remember_restored(store, applied.generation, compile_applied(applied))
         raise
     went = f"generation {back.generation}" if back is not None else "nothing"
@@ -928,16 +930,21 @@ def _quiet(runner: Runner, argv: list[str]) -> bool:
 
 def down_interface(device: str, runner: Runner = run_command) -> list[str]:
     """Remove what tcdsl makes on ``device`` whatever policy made it: its root and ingress
-    qdiscs, the IFB a download of it is shaped on (``ifb4DEV``), the marking chain
-    ``TCDSL-DEV`` (and every jump into it) in iptables and ip6tables, the nft table
-    ``tcdsl_DEV``; and the state of policies that shaped only it. What was removed, one line
-    each."""
+    (or an mq tree's clsact) qdiscs, the IFB a download of it is shaped on (``ifb4DEV``),
+    the marking chain ``TCDSL-DEV`` (and every jump into it) in iptables and ip6tables, the
+    nft table ``tcdsl_DEV``; and the state of policies that shaped only it. What was
+    removed, one line each."""
     if not device_exists(device):
         raise OpsError(f"no such device: {device}; nothing was changed")
     removed: list[str] = []
     shown = runner(["tc", "qdisc", "show", "dev", device], None).stdout
-    for where, word in (("root", " root "), ("ingress", "ingress")):
-        ours = word in shown and (where == "ingress" or "qdisc noqueue" not in shown)
+    # the ingress slot holds an ingress qdisc (a download's, policers') or an mq tree's clsact
+    for where, word in (
+        ("root", " root "),
+        ("ingress", "qdisc ingress "),
+        ("clsact", "qdisc clsact "),
+    ):
+        ours = word in shown and (where != "root" or "qdisc noqueue" not in shown)
         if ours and _quiet(runner, ["tc", "qdisc", "del", "dev", device, where]):
             removed.append(f"- {where} qdisc of {device}")
     ifb = ifb_name_for(device)

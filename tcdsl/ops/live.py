@@ -27,13 +27,15 @@ from tcdsl.verify.readback import (
 )
 
 _C = {**os.environ, "LC_ALL": "C"}
-"""tc's environment: its words in any locale."""
+"""tc's environment: its words in any locale. The kernel is read by commands in a session of
+their own, out of the terminal's Ctrl-C: a read cut short would leave a wrong digest."""
 
 
 def _tc(*args: str) -> str:
     done = subprocess.run(
-        ["tc", *args], capture_output=True, text=True, check=False, timeout=120, env=_C
-    )
+        ["tc", *args], capture_output=True, text=True, check=False, timeout=120, env=_C,
+        start_new_session=True,
+    )  # fmt: skip
     return done.stdout if done.returncode == 0 else ""
 
 
@@ -166,7 +168,7 @@ def filter_listings(name: str, parents: Sequence[str], likely: Collection[str] =
     if others:
         done = subprocess.run(
             ["tc", "-j", "-force", "-batch", "-"], input=script, capture_output=True,
-            text=True, check=False, env=_C,
+            text=True, check=False, env=_C, start_new_session=True,
         )  # fmt: skip
         lines = done.stdout.splitlines()
         if len(lines) == len(others):
@@ -195,8 +197,9 @@ def _separated(name: str, parents: Sequence[str]) -> list[str]:
     count = sum(1 for line in _tc(*mark.split()).splitlines() if line.startswith("qdisc "))
     script = "".join(f"filter show dev {name} parent {p}\n{mark}\n" for p in parents)
     done = subprocess.run(
-        ["tc", "-batch", "-"], input=script, capture_output=True, text=True, check=False, env=_C
-    )
+        ["tc", "-batch", "-"], input=script, capture_output=True, text=True, check=False,
+        env=_C, start_new_session=True,
+    )  # fmt: skip
     listings: list[list[str]] = [[]]
     seen = 0
     for line in done.stdout.splitlines(keepends=True):
@@ -213,8 +216,9 @@ def _separated(name: str, parents: Sequence[str]) -> list[str]:
 
 def _save(tool: str) -> str:
     done = subprocess.run(
-        [f"{tool}-save", "-t", "mangle"], capture_output=True, text=True, check=False
-    )
+        [f"{tool}-save", "-t", "mangle"], capture_output=True, text=True, check=False,
+        start_new_session=True,
+    )  # fmt: skip
     return done.stdout if done.returncode == 0 else ""
 
 

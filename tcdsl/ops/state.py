@@ -115,7 +115,13 @@ def _valid_ids(tree: str, ids: object) -> dict[str, str]:
     for name, value in ids.items():
         if not isinstance(value, str) or not _ID.fullmatch(value):
             raise ValueError(f"the class id of {name!r} in {tree!r} is {value!r}, not a handle")
-        what = name.partition(" ")[2].split(" ")[0]
+        base, _, pin = name.partition(" ")
+        what = pin.split(" ")[0]
+        major, minor = value.split(":")
+        if (what in ("", "link") and not minor) or (what in _MAJOR_ONLY and minor):
+            raise ValueError(f"{name!r} in {tree!r} is {value!r}, not what tcdsl records there")
+        if what == "leaf" and ids.get(base, ":").split(":")[0] == major:
+            raise ValueError(f"{name!r} in {tree!r} is {value!r}, the qdisc of class {base!r}")
         if what in ("", "link", "leaf"):
             kind = "qdisc" if what == "leaf" else "class"
             other = owner.setdefault((kind, value), name)
@@ -123,6 +129,10 @@ def _valid_ids(tree: str, ids: object) -> dict[str, str]:
                 raise ValueError(f"{name!r} and {other!r} in {tree!r} have one {kind} id {value}")
         out[str(name)] = value
     return out
+
+
+_MAJOR_ONLY = ("leaf", "r2q", "queue")
+"""The pins recorded as a handle's major alone (a qdisc's handle, or a number as one)."""
 
 
 @dataclass(frozen=True, slots=True)
