@@ -365,8 +365,12 @@ def _catch_all_warning(found: list[_Shadows]) -> Iterator[Diagnostic]:
         if shadows.catch_all is None or shadows.catch_all.match is not catch_all.match:
             # This family has no catch-all (or another one): its lines with filters are seen.
             hidden = {k: m for k, m in hidden.items() if k not in shadows.by_line}
-        else:
-            hidden = {k: m for k, m in hidden.items() if k in shadows.after_catch_all}
+        else:  # hidden where it has filters: a line of one family has none in the other
+            hidden = {
+                k: m
+                for k, m in hidden.items()
+                if k in shadows.after_catch_all or k not in shadows.by_line
+            }
     if hidden:
         n = len(hidden)
         yield Diagnostic.warning(

@@ -191,6 +191,20 @@ def test_shadowing_is_found_in_hashed_prefs() -> None:
     assert shadowed == set(range(3, 43)), shadowed
 
 
+def test_a_line_of_one_family_after_a_catch_all_is_hidden() -> None:
+    """Found by a review: an IPv4 address line after 'match all' got neither W314 nor W312
+    (it has no IPv6 filters, and the IPv6 list dropped it from what the catch-all hides)."""
+    text = (
+        "interface eth0 htb rate 10mbit default c {\n    class a rate 1mbit match all\n"
+        "    class b rate 1mbit match dst 10.0.0.2\n    class c rate 1mbit\n}\n"
+    )
+    result = analyse("all.tcp", loader=lambda _p: text)
+    found = [(d.code, d.span.line) for d in result.diagnostics]
+    assert found == [("W314", 2)], found
+    (w314,) = result.diagnostics
+    assert w314.notes[0].span.line == 3
+
+
 def test_flower_filters_past_their_familys_prefs(tmp_path: Path) -> None:
     """Each flower filter takes a pref of its own: IPv4's 32,769th would share IPv6's first
     (the kernel refuses a second protocol at one pref), so it is E263."""

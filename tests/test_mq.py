@@ -121,9 +121,27 @@ def test_a_spread_tree_fills_each_queue_to_its_class_ids_only(
             "E210",
             1,
             "mq queues 2 spreads 32 classes; one queue's htb holds at most 11 (its class ids), "
-            "so the tree needs at least 4 queues",
+            "and each top-level class goes whole onto one queue: the tree needs at least 4 "
+            "queues",
         )
     ]
+    # Found by a review: three classes of 6 (with their children) fit 2 queues of 9 by
+    # number, not by shape; it was an E210 at a class, under a handle nobody wrote.
+    tops = "".join(
+        f"    class t{n} rate {n}mbit match dst 10.1.0.{n} {{\n"
+        + "".join(f"        class k{n}x{i} rate 8kbit\n" for i in range(5))
+        + "    }\n"
+        for n in (1, 2, 3)
+    )
+    rest = "    class rest rate 1mbit\n"
+    shaped = f"interface eth0 mq queues 2 htb rate 1gbit default rest {{\n{tops}{rest}}}\n"
+    errors = [
+        (d.code, d.span.line, d.message)
+        for d in compiled(tmp_path, shaped).diagnostics
+        if d.is_error
+    ]
+    assert [(code, line) for code, line, _ in errors] == [("E210", 1)], errors
+    assert errors[0][2].endswith("the tree needs at least 3 queues")
 
 
 def test_class_ids_running_out_is_one_error_per_qdisc(

@@ -237,6 +237,37 @@ def test_text_past_the_header_is_one_warning_at_its_first_cell(tmp_path: Path) -
     assert found[0].message.startswith("2 rows have text past the header's 13 columns")
 
 
+def test_e036_below_an_mq_default_says_no_pref_helps(tmp_path: Path) -> None:
+    """Found by a review: below a queue's default, lines steer after every queue's own
+    whatever their pref, so E036's "give it a lower pref" could not be followed."""
+    table = HEADER + (
+        "1,a,1,d1,inner,,100.64.0.5,,1,1,10,10,\n2,b,2,d2,outer,,100.64.0.0/24,,1,1,10,10,\n"
+    )
+    text = (
+        "interface eth0 mq {\n"
+        "    queue 1 htb rate 1gbit default a {\n"
+        "        class k rate 100mbit match dst 10.0.0.1\n"
+        "        class a rate 500mbit {\n"
+        "            htb rate 500mbit default z {\n"
+        '                subscribers download from "subs.csv" where parent_node == "inner" pref 1\n'
+        "                class z rate 100mbit\n"
+        "            }\n"
+        "        }\n"
+        "    }\n"
+        "    queue 2 htb rate 1gbit default w {\n"
+        '        subscribers download from "subs.csv" where parent_node == "outer" pref 2\n'
+        "        class w rate 50mbit\n"
+        "    }\n"
+        "}\n"
+    )
+    errors = build(tmp_path, text, table).errors
+    assert [d.code for d in errors] == ["E036"], [d.message for d in errors]
+    assert "whose lines steer only after every line above them, whatever their pref" in (
+        errors[0].message
+    )
+    assert "lower pref" not in errors[0].message
+
+
 def test_set_dscp_is_every_subscribers(tmp_path: Path) -> None:
     """docs/language.md lists 'set dscp' among the statement's options; it was refused as
     E007 ("belongs on a class, not on a subscriber's class")."""

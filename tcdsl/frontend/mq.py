@@ -248,15 +248,22 @@ def spread(
     # Each queue holds the default or a copy of it: one class of its room, not of the tops'.
     sizes = [_size(c) - (i == holder) for i, c in enumerate(tops)]
     room = QUEUE_CLASSES - (default is not None)
-    home = pack([_weight(c, link) for c in tops], count, kept, sizes, room)
-    if sum(sizes) > room * count:
-        need = -(-sum(sizes) // room)
+    weights = [_weight(c, link) for c in tops]
+    home = pack(weights, count, kept, sizes, room)
+    if _overfull(home, sizes, count, room):
+        # (a top-level class goes whole onto one queue: the total may fit and the shapes not)
+        need = next(
+            (n for n in range(count + 1, MAX_QUEUES + 1)
+             if not _overfull(pack(weights, n, (), sizes, room), sizes, n, room)),
+            MAX_QUEUES,
+        )  # fmt: skip
         b.error(
             Diagnostic.error(
                 "E210",
                 f"mq queues {count} spreads {sum(sizes) + (default is not None):,} classes; one "
-                f"queue's htb holds at most {QUEUE_CLASSES + 1:,} (its class ids), so the tree "
-                f"needs at least {need} queues",
+                f"queue's htb holds at most {QUEUE_CLASSES + 1:,} (its class ids), and each "
+                f"top-level class goes whole onto one queue: the tree needs at least {need} "
+                "queues",
                 shards.span,
             )
         )
@@ -348,6 +355,14 @@ def _find(classes: tuple[ir.Class, ...], name: str) -> ir.Class | None:
             if cls.name == name and not cls.implicit:
                 return cls
     return None
+
+
+def _overfull(home: list[int], sizes: list[int], bins: int, room: int) -> bool:
+    """Whether a queue of the packing ``home`` holds more classes than its ``room``."""
+    held = [0] * bins
+    for bin_, size in zip(home, sizes, strict=True):
+        held[bin_] += size
+    return max(held, default=0) > room
 
 
 def _size(top: ir.Class) -> int:

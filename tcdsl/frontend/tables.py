@@ -1379,9 +1379,10 @@ def _longest_prefix_first(
             lengths = sorted({line[1].prefixlen for line in family})
             if len(lengths) < 2:
                 continue
-            # (length, network) -> the first line with it: (its place, network, cell, circuit)
-            first: dict[tuple[int, int], tuple[int, ir.Network, Span, Circuit]] = {}
-            for place, (_, net, at, circuit) in enumerate(family):
+            # (length, network) -> the first line with it: (its place, network, cell,
+            # circuit, level: below how many defaults or prio bands of an mq queue it is)
+            first: dict[tuple[int, int], tuple[int, ir.Network, Span, Circuit, int]] = {}
+            for place, (tried, net, at, circuit) in enumerate(family):
                 whole, bits = int(net.network_address), net.max_prefixlen
                 hits = [
                     hit
@@ -1390,19 +1391,27 @@ def _longest_prefix_first(
                 ]
                 if hits:
                     # the line a packet of this address meets first
-                    _, wide, wide_at, other = min(hits, key=lambda hit: hit[0])
+                    _, wide, wide_at, other, level = min(hits, key=lambda hit: hit[0])
                     if other is not circuit:
                         found += 1
                         if found <= MAX_TABLE_ERRORS:
                             b.error(
                                 _shadowed(
-                                    net, at, circuit, wide, wide_at, other, statements, marking
+                                    net,
+                                    at,
+                                    circuit,
+                                    wide,
+                                    wide_at,
+                                    other,
+                                    statements,
+                                    marking,
+                                    tried[0] > level,
                                 )
                             )
                         elif unshown is None:
                             unshown = at
                 key = (net.prefixlen, whole >> (bits - net.prefixlen))
-                first.setdefault(key, (place, net, at, circuit))
+                first.setdefault(key, (place, net, at, circuit, tried[0]))
     if unshown is not None:
         more = found - MAX_TABLE_ERRORS
         msg = (
@@ -1460,7 +1469,10 @@ def _shadowed(
     other: Circuit,
     statements: dict[int, SubscribersSyntax],
     marking: ir.Marking | None,
+    deeper: bool = False,
 ) -> Diagnostic:
+    """E036; ``deeper``: the first statement steers at a deeper level of an mq tree (below a
+    queue's default or a prio's band), after every line above it whatever its pref."""
     mine, theirs = statements.get(id(circuit)), statements.get(id(other))
     notes = [Note(f"{wide} of circuit '{other.key}' is here", wide_at)]
     if mine is not None and theirs is not None and mine is not theirs:
@@ -1469,7 +1481,13 @@ def _shadowed(
             f"the statement that takes '{circuit.key}' is tried after the one that takes "
             f"'{other.key}': "
         )
-        if marking is None:
+        if deeper:
+            fix = (
+                f"{tried}it is below a queue's default class (or a prio's band) of the mq "
+                "tree, whose lines steer only after every line above them, whatever their "
+                f"pref; move it into its queue's own qdisc, or split {wide}"
+            )
+        elif marking is None:
             fix = (
                 f"{tried}give the statement that takes '{circuit.key}' a lower pref than "
                 f"the one that takes '{other.key}' (such as pref 1 and pref 2), or split "
