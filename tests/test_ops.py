@@ -561,6 +561,21 @@ def test_a_record_that_cannot_be_written_after_the_change_says_the_kernel_change
     assert "+ class" not in again.out and "~ class" not in again.out, again
 
 
+def test_status_claims_a_tbfs_own_class(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a review: the class the kernel makes in a tbf to hold its child (X:1) was
+    shown as '(not in policy)'."""
+    text = (
+        "interface d0 tbf rate 10mbit burst 64k limit 256k {\n"
+        "    htb rate 10mbit default a {\n        class a rate 5mbit\n    }\n}\n"
+    )
+    p = tcdsl.write("t.tcp", text)
+    assert tcdsl("apply", "--yes", p).code == 0
+    assert "class tbf" in tcdsl.tc("class", "show", "dev", "d0")
+    shown = tcdsl("status", "--count", "1", "--interval", "0.1", p)
+    assert shown.code == 0 and "a " in shown.out, shown
+    assert "not in policy" not in shown.out, shown
+
+
 def test_status_by_name_shows_the_policy_as_applied(tcdsl: Tcdsl, host: HostSupport) -> None:
     """'status --name NAME' without a file: the policy live under NAME, from its record (its
     file moved away), chosen by class name."""

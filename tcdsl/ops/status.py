@@ -380,6 +380,12 @@ def build(
                 claimed |= {
                     (i.name, f"{i.root.handle.major:x}:{q.number:x}") for q in i.root.queues
                 }
+            # and a tbf's or netem's one class (X:1), which holds its child qdisc
+            claimed |= {
+                (i.name, f"{q.handle.major:x}:1")
+                for q in ir.walk_qdiscs(i.root)
+                if isinstance(q, ir.Tbf | ir.Netem) and q.handle is not None
+            }
         placed: set[str] = set()
         for iface in ifaces:
             extra: list[ClassCounters] = []
