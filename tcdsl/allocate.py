@@ -125,7 +125,7 @@ def steering_filters(mq: ir.Mq, filters: tuple[ir.Filter, ...]) -> tuple[ir.Filt
     # family -> ((level, policy pref), pref, count)
     group: dict[ir.Family, tuple[tuple[int, int], int, int]] = {}
     for f in picked:
-        at = tried(f)[:2]
+        at = (queue_of[f.parent][1], f.pref)
         was, pref, count = group.get(f.family, (at, DEFAULT_PREF, 0))
         if was != at or count == STEER_GROUP:
             pref, count = pref + 1, 0

@@ -253,7 +253,7 @@ def spread(
     if _overfull(home, sizes, count, room):
         # (a top-level class goes whole onto one queue: the total may fit and the shapes not)
         need = next(
-            (n for n in range(count + 1, MAX_QUEUES + 1)
+            (n for n in range(max(count + 1, -(-sum(sizes) // room)), MAX_QUEUES + 1)
              if not _overfull(pack(weights, n, (), sizes, room), sizes, n, room)),
             MAX_QUEUES,
         )  # fmt: skip

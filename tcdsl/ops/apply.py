@@ -68,6 +68,11 @@ def deferred_signals() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
+def _name(caught: Sequence[int]) -> str:
+    """``SIGINT``: the name of the first signal caught."""
+    return signal.Signals(caught[0]).name
+
+
 _ACTIVE: list[list[int]] = []
 """The list of the :func:`deferred_signals` in effect, if any."""
 
@@ -163,7 +168,7 @@ def run_plan(
         if failure is not None:
             return failure
     if caught:
-        name = signal.Signals(caught[0]).name
+        name = _name(caught)
         return Failure(name, f"{name} came while the kernel changed", None)
     return None
 
@@ -173,8 +178,7 @@ def late_signal(caught: Sequence[int]) -> str | None:
     stands, and so does its record)."""
     if not caught:
         return None
-    name = signal.Signals(caught[0]).name
-    return f"tcdsl: {name} came after the change was complete: it is kept, and recorded"
+    return f"tcdsl: {_name(caught)} came after the change was complete: it is kept, and recorded"
 
 
 Undo = Callable[[], tuple[Plan, Callable[[], bool]] | None]
@@ -198,7 +202,7 @@ def apply_policy(
     the end of the step under way, and the change is taken back the same way."""
     with deferred_signals() as caught:
         if caught:
-            name = signal.Signals(caught[0]).name
+            name = _name(caught)
             early = Failure(name, f"{name} came before the kernel changed", None)
             raise ApplyFailed(early, True, signal=caught[0], untouched=True)
         failure = run_plan(plan, runner, caught)
