@@ -16,6 +16,7 @@ from click.testing import CliRunner, Result
 import tcdsl.cli
 from tcdsl import __version__
 from tcdsl.cli import cli, main
+from tcdsl.cliutil import EXIT_INTERRUPTED
 from tests.conftest import ROOT
 
 OFFICE = "policies/office.tcp"
@@ -259,7 +260,7 @@ def _entry_point() -> list[str]:
     script = shutil.which("tcdsl", path=str(Path(sys.executable).parent))
     if script:
         return [script]
-    return [sys.executable, "-c", "from tcdsl.cli import entry; entry()"]
+    return [sys.executable, "-m", "tcdsl"]
 
 
 def _run_entry(*args: str) -> subprocess.CompletedProcess[str]:
@@ -309,7 +310,26 @@ def test_console_script_is_the_fast_exit() -> None:
     from importlib.metadata import entry_points
 
     (script,) = entry_points(group="console_scripts", name="tcdsl")
-    assert script.value == "tcdsl.cli:entry"
+    assert script.value == "tcdsl.__main__:entry"
+
+
+def test_interrupt_while_the_cli_loads_is_quiet() -> None:
+    """A Ctrl-C before ``main`` runs (while the CLI's modules load) ends as one during a run:
+    exit 130 and one line, no traceback. The import is made to raise it, as SIGINT does."""
+    program = (
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'tcdsl.cli':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "from tcdsl.__main__ import entry\n"
+        "entry()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stderr) == (EXIT_INTERRUPTED, "tcdsl: interrupted\n")
 
 
 @pytest.mark.parametrize("to_file", [False, True], ids=["pipe", "file"])

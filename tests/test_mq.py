@@ -1208,17 +1208,38 @@ def test_an_ingress_slot_holding_the_other_kind_is_refused_before_any_change(
     assert "rc=0" in free and f"qdisc {wanted} ffff:" in free, free
 
 
-def test_down_of_the_interface_removes_the_mq_trees_clsact(tmp_path: Path) -> None:
-    """Found by a review: 'down -i' left an mq tree's clsact (and its steering filters),
-    which then stopped a download on the device (E602) with the way out not clearing it."""
+def _mq_and_download(tmp_path: Path, commands: str) -> subprocess.CompletedProcess[str]:
+    """``commands`` run as :func:`_in_namespace` runs them (2 TX queues), with an mq tree's
+    policy in mq.tcp and a download's in dl.tcp (skipped where the host has no mq)."""
     why = _host_can_mq()
     if why is not None:
         pytest.skip(why)
     (tmp_path / "mq.tcp").write_text(OPS.replace("RATE", "400mbit"))
     (tmp_path / "dl.tcp").write_text(DOWNLOAD)
-    done = _in_namespace(
+    return _in_namespace(tmp_path, 2, commands)
+
+
+def test_an_ingress_slot_held_by_another_tcdsl_policy_names_it(tmp_path: Path) -> None:
+    """When a policy tcdsl applied under another name holds the ingress slot, E602 says to
+    take that policy down by name, and once it is down the mq tree goes on."""
+    done = _mq_and_download(
         tmp_path,
-        2,
+        "{tcdsl} apply --yes dl.tcp && ! {tcdsl} apply --yes mq.tcp && echo == && "
+        "{tcdsl} down dl && {tcdsl} apply --yes mq.tcp && tc qdisc show dev eth0",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[E602]" in done.stderr and "remove it first (tcdsl down dl, which applied it)" in (
+        " ".join(done.stderr.split())
+    ), done.stderr
+    assert "tc qdisc del" not in done.stderr, done.stderr
+    assert "qdisc mq" in done.stdout.split("==")[1] and "clsact" in done.stdout.split("==")[1]
+
+
+def test_down_of_the_interface_removes_the_mq_trees_clsact(tmp_path: Path) -> None:
+    """Found by a review: 'down -i' left an mq tree's clsact (and its steering filters),
+    which then stopped a download on the device (E602) with the way out not clearing it."""
+    done = _mq_and_download(
+        tmp_path,
         "{tcdsl} apply --yes mq.tcp && {tcdsl} down -i eth0 && tc qdisc show dev eth0 && "
         "echo == && {tcdsl} apply --yes dl.tcp",
     )

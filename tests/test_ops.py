@@ -561,6 +561,32 @@ def test_a_record_that_cannot_be_written_after_the_change_says_the_kernel_change
     assert "+ class" not in again.out and "~ class" not in again.out, again
 
 
+def test_an_apply_recorded_without_its_cache_warns_and_stands(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Only what an apply built and the kernel's digest (a cache) cannot be written: the
+    change stands, is recorded, exit 0 with W609 (it was E603 "could not record it", exit
+    1); the next apply finds nothing to change and keeps them."""
+    p = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", p).code == 0
+    applied = tcdsl.folder / "state" / "p" / "applied"
+    blocker = applied / "2.trees.json"
+    (blocker / "in-the-way").mkdir(parents=True)  # where the cache goes: no file fits
+    tcdsl.write("p.tcp", B)
+    done = tcdsl("apply", "--yes", p)
+    assert done.code == 0, done
+    assert "[W609]" in done.err and "recorded" in done.err and "could not keep" in done.err
+    assert "applied" in done.out and "generation 2" in done.out, done
+    assert "1:40" in tcdsl.tc("class", "show", "dev", "d0")  # B's guest class is there
+    assert (applied / "2.json").is_file() and not (applied / "2.kernel.json").exists()
+    (blocker / "in-the-way").rmdir()
+    blocker.rmdir()
+    again = tcdsl("apply", "--yes", p)
+    assert again.code == 0 and again.err == "", again
+    assert "+ class" not in again.out and "~ class" not in again.out, again
+    assert (applied / "2.trees.json").is_file() and (applied / "2.kernel.json").is_file()
+
+
 def test_status_claims_a_tbfs_own_class(tcdsl: Tcdsl, host: HostSupport) -> None:
     """Found by a review: the class the kernel makes in a tbf to hold its child (X:1) was
     shown as '(not in policy)'."""
@@ -990,6 +1016,26 @@ def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: Hos
     nothing = tcdsl("down", "-i", "d0")
     assert nothing.code == 0 and "nothing of tcdsl's on d0" in nothing.out, nothing
     assert tcdsl("down", "-i", "d9").code == 1
+
+
+def test_down_of_the_interface_keeps_the_state_of_another_namespaces_device(
+    tcdsl: Tcdsl, make_netns: Callable[[], str]
+) -> None:
+    """Namespaces sharing a state folder each have a d0: 'down -i d0' in one forgets the
+    policy applied on its own d0, not the one applied on the other's (found by a review)."""
+    policy = tcdsl.write("a.tcp", A)
+    assert tcdsl("apply", "--yes", policy).code == 0
+    other = Tcdsl(_netns(make_netns), tcdsl.folder)  # the same state folder
+    gone = other("down", "-i", "d0")
+    assert gone.code == 0, gone
+    assert "the state of a is of a d0 in another network namespace: left as it is" in gone.out
+    assert (tcdsl.folder / "state" / "a").exists()
+    assert "htb" in tcdsl.tc("qdisc", "show", "dev", "d0")
+    record = json.loads((tcdsl.folder / "state" / "a" / "applied" / "1.json").read_text())
+    assert record["netns"].startswith("net:[")
+    gone = tcdsl("down", "-i", "d0")
+    assert gone.code == 0 and "- the state of a" in gone.out, gone
+    assert not (tcdsl.folder / "state" / "a").exists()
 
 
 MARKED = """\

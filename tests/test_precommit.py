@@ -39,7 +39,7 @@ HOOKS = _hooks()
 
 
 def _tcdsl() -> list[str]:
-    """How to start the `tcdsl` console script (setup.cfg: tcdsl = tcdsl.cli:entry) of the
+    """How to start the `tcdsl` console script (setup.cfg: tcdsl = tcdsl.__main__:entry) of the
     environment these tests run in."""
     script = Path(sys.executable).parent / "tcdsl"
     if script.exists():
@@ -47,7 +47,7 @@ def _tcdsl() -> list[str]:
     found = shutil.which("tcdsl")
     if found:
         return [found]
-    return [sys.executable, "-c", "from tcdsl.cli import entry; entry()"]
+    return [sys.executable, "-m", "tcdsl"]
 
 
 def run_entry(hook_id: str, files: list[Path]) -> subprocess.CompletedProcess[str]:

@@ -29,6 +29,7 @@ from tcdsl.frontend.source import Access
 from tcdsl.ops.apply import ApplyFailed, deferred_signals, late_signal
 from tcdsl.ops.desired import Tree
 from tcdsl.ops.lifecycle import (
+    NotKept,
     OpsError,
     Prepared,
     Reading,
@@ -54,6 +55,7 @@ FAILED = "E601"
 NO_DEVICE = "E602"
 NO_STATE = "E603"
 UNSUPPORTED = "E604"
+NOT_KEPT = "W609"
 
 
 def parse_duration(text: str) -> float:
@@ -282,6 +284,9 @@ def _apply(
     except Unsupported as e:
         first = e.lacking[0]
         _fail(UNSUPPORTED, str(e), first.span, result.sources)
+    except NotKept as e:  # the change stands and is recorded
+        click.echo(f"tcdsl: warning[{NOT_KEPT}]: {e}", err=True)
+        applied = e.applied
     except StateWriteError as e:
         _fail(NO_STATE, str(e))
     except OpsError as e:

@@ -550,12 +550,31 @@ def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[str]:
         there = live_qdisc(device, "ingress")
         found = there.split()[0] if there else None
         if found in ("clsact", "ingress") and found != kind and device not in mine:
+            owner = _applied_by(device)
+            way = (
+                f"remove it first (tcdsl down {owner}, which applied it)"
+                if owner
+                else "if nothing else needs it, remove it first "
+                f"(tc qdisc del dev {device} {found})"
+            )
             out.append(
                 f"{device} has the {found} qdisc in its ingress slot (ffff:), which excludes the "
-                f"{kind} qdisc this policy puts there; if nothing else needs it, remove it "
-                f"first (tc qdisc del dev {device} {found})"
+                f"{kind} qdisc this policy puts there; {way}"
             )
     return out
+
+
+def _applied_by(device: str) -> str | None:
+    """The name of the policy whose live record owns ``device`` in this network namespace,
+    if one does (the first by name)."""
+    for store in Store.every():
+        try:
+            applied = store.current()
+        except OpsError:
+            continue
+        if applied is not None and applied.here and device in applied.devices:
+            return store.name
+    return None
 
 
 @dataclass(slots=True)
@@ -758,14 +777,31 @@ def apply(
         f"run 'tcdsl apply {path}' again: it finds the kernel as the policy says and records it",
     ):
         applied = store.record(path, sources, _devices(new), ids)
-        remember(store, applied.generation, new, prepared.new_trees)
         if confirm is not None:
             store.set_pending(Pending(applied.generation, previous, time.time() + confirm))
         else:
             store.set_pending(None)
     if confirm is not None:
         _start_timer(store, applied.generation, confirm)
+    try:
+        remember(store, applied.generation, new, prepared.new_trees)
+    except OSError as e:
+        raise NotKept(
+            f"the state folder {store.folder} recorded {path} as applied, but could not keep "
+            f"what it built and the kernel's digest after it ({e.strerror or e}): the next "
+            "plan or apply compiles the policy again to compare, and keeps them",
+            applied,
+        ) from e
     return applied
+
+
+class NotKept(StateWriteError):
+    """The change stands and is recorded, but what it built and the kernel's digest after
+    it were not kept (a full disk): a cache, which the next plan makes again."""
+
+    def __init__(self, message: str, applied: Applied) -> None:
+        super().__init__(message)
+        self.applied = applied
 
 
 @contextlib.contextmanager
@@ -963,24 +999,28 @@ def down_interface(device: str, runner: Runner = run_command) -> list[str]:
     listed = _quiet(runner, ["nft", "list", "table", "inet", table])
     if listed and _quiet(runner, ["nft", "delete", "table", "inet", table]):
         removed.append(f"- nft table inet {table}")
-    root = state_dir()
-    for folder in sorted(root.iterdir()) if root.is_dir() else ():
-        if not valid_name(folder.name):
-            continue
-        store = Store(folder.name, root)
+    for store in Store.every():
         try:
             applied = store.current()
         except OpsError:  # a damaged record: this is the way out of it, so not a failure
-            removed.append(f"- (the state of {folder.name} cannot be read: left as it is)")
+            removed.append(f"- (the state of {store.name} cannot be read: left as it is)")
             continue
-        if applied is not None and set(applied.devices) <= {device}:
-            store.remove()
-            removed.append(f"- the state of {folder.name}")
+        if applied is None or not set(applied.devices) <= {device}:
+            continue
+        if not applied.here:
+            removed.append(
+                f"- (the state of {store.name} is of a {device} in another network "
+                "namespace: left as it is)"
+            )
+            continue
+        store.remove()
+        removed.append(f"- the state of {store.name}")
     return removed
 
 
 __all__ = [
     "ApplyFailed",
+    "NotKept",
     "OpsError",
     "Prepared",
     "apply",

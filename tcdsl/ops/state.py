@@ -64,6 +64,14 @@ class Applied:
     folder: str = ""
     """The working directory it was applied from, which its relative paths are relative to
     ("" in a record of an older tcdsl: the current one is taken)."""
+    netns: str = ""
+    """The network namespace it was applied in (:func:`this_netns`; "" in a record of an
+    older tcdsl, or where it could not be read): its devices are that namespace's."""
+
+    @property
+    def here(self) -> bool:
+        """Whether it was applied in this network namespace (as far as the record says)."""
+        return not self.netns or self.netns == this_netns()
 
     def to_json(self) -> dict[str, object]:
         """The record as JSON."""
@@ -77,6 +85,8 @@ class Applied:
         }
         if self.folder:
             data["folder"] = self.folder
+        if self.netns:
+            data["netns"] = self.netns
         return data
 
     def where(self, name: str) -> str:
@@ -97,7 +107,18 @@ class Applied:
             float(str(data["applied_at"])),
             {str(k): _valid_ids(str(k), v) for k, v in ids.items()},
             str(data.get("folder", "")),
+            str(data.get("netns", "")),
         )
+
+
+def this_netns() -> str:
+    """The network namespace this process is in, as the kernel names it (``net:[4026531840]``),
+    or "" where it cannot be read. Namespaces sharing a state folder share policy names, and
+    each has devices of its own by the same names (eth0)."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
 
 
 _ID = re.compile(r"[0-9a-f]{1,4}:[0-9a-f]{0,4}")
@@ -249,7 +270,9 @@ class Store:
         """Remember a policy as applied (the newest), dropping all but the last KEEP."""
         kept = self.generations()
         number = (kept[-1] + 1) if kept else 1
-        applied = Applied(number, path, sources, devices, time.time(), classids, os.getcwd())
+        applied = Applied(
+            number, path, sources, devices, time.time(), classids, os.getcwd(), this_netns()
+        )
         write_json(self._applied() / f"{applied.generation}.json", applied.to_json())
         for old in kept[: max(0, len(kept) + 1 - KEEP)]:
             self.forget(old)
@@ -273,7 +296,9 @@ class Store:
               classids: Mapping[str, Mapping[str, str]]) -> None:  # fmt: skip
         """Note an apply under way (until :meth:`record` or :meth:`finish`): a later command
         that finds it knows the kernel may hold part of it."""
-        applied = Applied(0, path, sources, devices, time.time(), classids, os.getcwd())
+        applied = Applied(
+            0, path, sources, devices, time.time(), classids, os.getcwd(), this_netns()
+        )
         write_json(self.folder / "applying.json", applied.to_json())
 
     def applying(self) -> Applied | None:
@@ -308,6 +333,14 @@ class Store:
             return
         write_json(path, {"generation": pending.generation, "previous": pending.previous,
                       "deadline": pending.deadline})  # fmt: skip
+
+    @classmethod
+    def every(cls, root: Path | None = None) -> Iterator[Store]:
+        """The state of every policy name there is, by name."""
+        root = root or state_dir()
+        for folder in sorted(root.iterdir()) if root.is_dir() else ():
+            if valid_name(folder.name) and folder.is_dir():
+                yield cls(folder.name, root)
 
     def remove(self) -> None:
         """Forget the name entirely (``down``)."""
