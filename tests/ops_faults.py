@@ -133,6 +133,7 @@ def main(argv: list[str]) -> int:
             store, path, ra, rb, prepared = _from_a_to_b(state, f"f{pair}-{k}", a, b)
             total = sum(len(s.commands) for s in prepared.plan.steps if s.tool == "tc")
             if k > total:
+                down(store)  # the next pair's names may not take over this one's device
                 break
             where = f"pair {pair}, killed after {k} of {total} commands:\n{a.text()}->\n{b.text()}"
             if k == total:  # every command ran; killed before the state says so
@@ -184,6 +185,7 @@ def _failing(seed: int, pairs: int, state: Path) -> int:
             fatal = [s.fatal for s in prepared.plan.steps if s.tool == "tc" for _ in s.commands]
             positions = [n for n, stops in enumerate(fatal) if stops]
             if j >= len(positions):
+                down(store)  # the next pair's names may not take over this one's device
                 break
             k = positions[j]
             where = (

@@ -982,16 +982,23 @@ def test_apply_changes_a_queue_in_place_and_status_names_it(tmp_path: Path) -> N
     assert "1:1 (not in policy)" not in done.stdout
 
 
-def _in_namespace(tmp_path: Path, queues: int, commands: str) -> subprocess.CompletedProcess[str]:
+def _in_namespace(
+    tmp_path: Path, queues: int, commands: str, sysfs: bool = False
+) -> subprocess.CompletedProcess[str]:
     """``commands`` (``{tcdsl}`` for the console script) run in ``tmp_path`` in a new network
-    namespace, with the live state kept there, on a veth eth0 with ``queues`` TX queues."""
+    namespace, with the live state kept there, on a veth eth0 with ``queues`` TX queues;
+    with ``sysfs``, the namespace's own /sys mounted (as `ip netns exec` does), where tcdsl
+    reads how many TX queues are in use."""
     tcdsl = Path(sys.executable).parent / "tcdsl"
     script = (
         f"cd {tmp_path} && export TCDSL_STATE_DIR={tmp_path} TCDSL_LOCK_DIR={tmp_path} && "
         f"ip link add name eth0 numtxqueues {queues} type veth peer name peer0 "
         f"numtxqueues {queues} && ip link set dev eth0 up && " + commands.format(tcdsl=tcdsl)
     )
-    return subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True)
+    if sysfs:
+        script = f"mount -t sysfs sysfs /sys && {script}"
+    unshare = ["unshare", "-n", "-m"] if sysfs else ["unshare", "-n"]
+    return subprocess.run([*unshare, "sh", "-c", script], capture_output=True, text=True)
 
 
 SPREAD = """\
@@ -1208,6 +1215,73 @@ def test_an_ingress_slot_holding_the_other_kind_is_refused_before_any_change(
     assert "rc=0" in free and f"qdisc {wanted} ffff:" in free, free
 
 
+WRITTEN = """\
+interface eth0 mq {
+    queue 1 pfifo limit 100
+    queue 2 pfifo limit 100
+    queue 3 tbf rate 50mbit burst 64kb latency 50ms
+    queue 4 htb rate 50mbit default a {
+        class a rate 10mbit ceil 50mbit
+    }
+}
+"""
+
+
+def test_a_queue_taken_out_of_the_policy_gets_the_default_qdisc_back(tmp_path: Path) -> None:
+    """Found by a review: deleting a queue's qdisc left mq's noop qdisc there, which drops
+    every packet of that queue. The queue gets the kernel's default back, as the queues the
+    policy never named have, and the next plan sees no drift in it."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    (tmp_path / "one.tcp").write_text(WRITTEN)
+    (tmp_path / "two.tcp").write_text(WRITTEN.split("    queue 3")[0] + "}\n")
+    done = _in_namespace(
+        tmp_path,
+        8,
+        "{tcdsl} apply --yes --name w one.tcp >/dev/null 2>&1 && "
+        "{tcdsl} apply --yes --name w two.tcp && tc qdisc show dev eth0 && echo == && "
+        "tc qdisc change dev eth0 parent 1:1 handle 12: pfifo limit 7 && "
+        "{tcdsl} plan --name w two.tcp; echo rc=$? && echo == && "
+        "{tcdsl} apply --yes --name w one.tcp && tc qdisc show dev eth0",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown, plan, again = done.stdout.split("==")
+    # the queues come back in place: 'qdisc add' would not replace the default put back
+    assert "qdisc tbf 27: parent 1:3" in again and "qdisc htb 3c: parent 1:4" in again, again
+    shown = shown.split("qdisc mq 1: root")[1]  # after the apply's own output
+    kind = Path("/proc/sys/net/core/default_qdisc").read_text().strip()
+    for queue in (3, 4):
+        assert re.search(rf"^qdisc {kind} \S+ parent 1:{queue} ", shown, re.M), shown
+    assert "tbf" not in shown and "htb" not in shown, shown
+    assert "rc=0" not in plan and "limit" in plan, plan  # the drift is the hand change alone
+    assert "unexpected" not in plan and "1:3" not in plan and "1:4" not in plan, plan
+
+
+def test_an_mq_tree_replaced_by_another_kind_takes_its_clsact_with_it(tmp_path: Path) -> None:
+    """Found by a review: an mq tree rebuilt as an htb left its clsact (and steering) on
+    the device, and a download in its place then failed (E601): the ingress slot was taken."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    (tmp_path / "mq.tcp").write_text(SPREAD)
+    (tmp_path / "htb.tcp").write_text(SPREAD.replace("mq queues 2 ", ""))
+    both = "interface eth0 {\n    upload htb rate 1gbit default d {\n        class d rate 1mbit\n"
+    both += "    }\n" + DOWNLOAD.split("\n", 1)[1]
+    (tmp_path / "both.tcp").write_text(both)
+    done = _in_namespace(
+        tmp_path,
+        2,
+        "{tcdsl} apply --yes --name x mq.tcp && {tcdsl} apply --yes --name x htb.tcp && "
+        "tc qdisc show dev eth0 && echo == && {tcdsl} apply --yes --name x mq.tcp && "
+        "{tcdsl} apply --yes --name x both.tcp && tc qdisc show dev eth0",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    htb, both_shown = done.stdout.split("==")
+    assert "qdisc htb 1: root" in htb and "clsact" not in htb, htb
+    assert "qdisc ingress ffff:" in both_shown and "clsact" not in both_shown, both_shown
+
+
 def _mq_and_download(tmp_path: Path, commands: str) -> subprocess.CompletedProcess[str]:
     """``commands`` run as :func:`_in_namespace` runs them (2 TX queues), with an mq tree's
     policy in mq.tcp and a download's in dl.tcp (skipped where the host has no mq)."""
@@ -1309,6 +1383,31 @@ def test_fewer_tx_queues_in_use_than_the_tree_steers_to_are_refused(
     assert "qdisc htb 7: root" in said and "qdisc mq" not in said, said
     if how == "apply":
         assert "[E602]" in said and "ethtool -L eth0 combined 4" in said, said
+
+
+def test_rollback_checks_the_tx_queues_as_apply_does(tmp_path: Path) -> None:
+    """Found by a review: rollback made none of apply's device checks, and put back a tree
+    over 4 queues on a device with 2 in use (what it steers past them leaves by the first
+    queue, in its default class). It is E602 now, nothing changed."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    if shutil.which("ethtool") is None:
+        pytest.skip("ethtool is not installed (it sets a veth's TX queues in use)")
+    four = SPREAD.replace("mq queues 2", "mq queues 4")
+    (tmp_path / "four.tcp").write_text(four)
+    (tmp_path / "two.tcp").write_text(SPREAD)
+    done = _in_namespace(
+        tmp_path,
+        4,
+        "{tcdsl} apply --yes --name r four.tcp >/dev/null 2>&1 && ethtool -L eth0 tx 2 && "
+        "{tcdsl} apply --yes --name r two.tcp >/dev/null 2>&1 && tc qdisc show dev eth0 > a && "
+        "{tcdsl} rollback r; echo rc=$?; tc qdisc show dev eth0 > b; cmp a b && echo same",
+        sysfs=True,
+    )
+    said = done.stdout + done.stderr
+    assert "rc=1" in said and "[E602]" in said and "nothing was changed" in said, said
+    assert "eth0 has 2 TX queues in use, fewer than the 4" in said and "same" in said, said
 
 
 def test_a_script_with_a_spread_and_a_written_mq_tree_runs(tmp_path: Path) -> None:

@@ -1038,6 +1038,49 @@ def test_down_of_the_interface_keeps_the_state_of_another_namespaces_device(
     assert not (tcdsl.folder / "state" / "a").exists()
 
 
+def test_a_device_another_name_shapes_is_not_taken_over(tcdsl: Tcdsl) -> None:
+    """Found by a review: applying under a new name replaced the tree another name had
+    applied ('(no state)'), and 'down' of the first name then removed the second's tree.
+    Now E602 names the policy that shapes the device, nothing changed; under its name the
+    change goes on."""
+    one = tcdsl.write("one.tcp", A)
+    assert tcdsl("apply", "--yes", one).code == 0
+    before = tcdsl.tc("class", "show", "dev", "d0")
+    two = tcdsl.write("two.tcp", B)
+    for command in ("plan", "apply"):
+        refused = tcdsl(command, *(["--yes"] if command == "apply" else []), two)
+        assert refused.code == 1 and "[E602]" in refused.err, refused
+        said = " ".join(refused.err.split())
+        assert "d0 is shaped by the policy applied as 'one'" in said, said
+        assert "(--name one)" in said and "(tcdsl down one)" in said, said
+    assert tcdsl.tc("class", "show", "dev", "d0") == before
+    assert not (tcdsl.folder / "state" / "two" / "applied").exists()
+    done = tcdsl("apply", "--yes", "--name", "one", two)
+    assert done.code == 0 and "1:40" in tcdsl.tc("class", "show", "dev", "d0"), done
+
+
+def test_the_kernel_read_lists_a_clsacts_egress_filters(make_netns: Callable[[], str]) -> None:
+    """Found by a review: the filters on a clsact's egress (an mq tree's steering, under
+    ffff:fff3) were never read: a deleted one was no drift, and any other drift listed them
+    all as missing (the whole tree rebuilt)."""
+    ns = _netns(make_netns)
+    tc = ["ip", "netns", "exec", ns, "tc"]
+    run([*tc, "qdisc", "add", "dev", "d0", "clsact"])
+    steer = "protocol ip pref 1 u32 match ip dst 10.0.0.1/32 classid 1:2"
+    run([*tc, "filter", "add", "dev", "d0", "egress", *steer.split()])
+    program = (
+        "import json; from tcdsl.ops.live import fingerprint, read_device\n"
+        "d = read_device('d0')\n"
+        "print(json.dumps([sorted(d.filters), fingerprint(['d0'])['d0']]))\n"
+    )
+    read = [*tc[:-1], sys.executable, "-c", program]
+    parents, before = json.loads(run(read).stdout)
+    assert parents == ["ffff:fff3"]
+    run([*tc, "filter", "del", "dev", "d0", "egress"])
+    parents, after = json.loads(run(read).stdout)
+    assert parents == [] and after != before
+
+
 MARKED = """\
 interface d0 htb rate 10mbit default bulk {
     classify by mark from local

@@ -47,7 +47,7 @@ from tcdsl.ops.lifecycle import (
     start_reading,
 )
 from tcdsl.ops.plan import Plan
-from tcdsl.ops.state import MissingDevice, StateWriteError, Store, valid_name
+from tcdsl.ops.state import StateWriteError, Store, UnfitDevice, valid_name
 from tcdsl.units import parse_seconds
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHANGES = 0, 1, 2, 4
@@ -335,7 +335,7 @@ def rollback_command(name: str) -> None:
     try:
         with store.locked(), deferred_signals() as caught:
             back = rollback(store)
-    except MissingDevice as e:
+    except UnfitDevice as e:
         _fail(NO_DEVICE, str(e))
     except OpsError as e:
         _fail(NO_STATE, str(e))

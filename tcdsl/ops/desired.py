@@ -88,7 +88,8 @@ class Obj:
         """A qdisc's kind (``htb``); a class's (its qdisc's) kind."""
         args = self.commands[0].args
         if self.kind == "qdisc":
-            start = args.index("handle") + 2
+            # after its handle, or its device where it has none (``qdisc add dev eth0 clsact``)
+            start = args.index("handle" if "handle" in args else "dev") + 2
             return next((w for w in args[start:] if w in QDISC_KINDS), None)
         if self.kind == "class":
             return args[args.index("classid") + 2]

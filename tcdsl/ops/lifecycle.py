@@ -31,7 +31,7 @@ from tcdsl.lock import interface_locks
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.desired import Tree, class_ids, trees_from_json, trees_json, trees_of
 from tcdsl.ops.live import device_exists, drift, fingerprint, live_qdisc, tx_queue_count
-from tcdsl.ops.plan import Change, Plan, make_plan, remove_tree, restore_plan
+from tcdsl.ops.plan import Change, Plan, in_ingress_slot, make_plan, remove_tree, restore_plan
 from tcdsl.ops.state import (
     KEEP,
     Applied,
@@ -40,6 +40,7 @@ from tcdsl.ops.state import (
     Pending,
     StateWriteError,
     Store,
+    UnfitDevice,
     state_dir,
     valid_name,
     write_json,
@@ -521,7 +522,8 @@ def short_of_queues(policy: ir.Policy) -> list[str]:
                 f"{iface.name} has {in_use} TX queue{'s' if in_use != 1 else ''} in use, fewer "
                 f"than the {highest} its mq tree steers to: the packets steered past them "
                 f"would leave by the first queue instead; use more (ethtool -L "
-                f"{iface.name} combined {highest}) or fewer in the tree"
+                f"{iface.name} combined {highest}, or tx {highest} where the driver counts TX "
+                "queues apart, as a veth's does) or fewer in the tree"
             )
         spread = ir.spread_queues(iface)
         if spread and in_use is not None and in_use > spread:
@@ -539,12 +541,7 @@ def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[str]:
     that excludes the one the policy puts there (``clsact`` for an mq tree's steering,
     ``ingress`` for a download or ingress policing), unless a tree of ``owned`` (the live
     policy's, which the change removes) put it there."""
-    mine = {
-        o.dev
-        for tree in owned
-        for o in tree.objects
-        if o.key[0] == "qdisc" and o.key[-1] == "ingress"
-    }
+    mine = {o.dev for tree in owned for o in tree.objects if in_ingress_slot(o)}
     out = []
     for device, kind in dict.fromkeys(filter(None, map(ingress_slot, policy.interfaces))):
         there = live_qdisc(device, "ingress")
@@ -564,10 +561,12 @@ def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[str]:
     return out
 
 
-def _applied_by(device: str) -> str | None:
-    """The name of the policy whose live record owns ``device`` in this network namespace,
-    if one does (the first by name)."""
+def _applied_by(device: str, besides: str | None = None) -> str | None:
+    """The name (other than ``besides``) of the policy whose live record owns ``device`` in
+    this network namespace, if one does (the first by name)."""
     for store in Store.every():
+        if store.name == besides:
+            continue
         try:
             applied = store.current()
         except OpsError:
@@ -720,14 +719,28 @@ def preflight(prepared: Prepared) -> None:
     new = prepared.new
     if new is None:
         return
-    missing = missing_devices(new)
-    if missing:
-        raise MissingDevice(f"no such device: {', '.join(missing)}; nothing was changed")
-    short = short_of_queues(new) + slots_taken(new, prepared.live.trees)
-    if short:
-        raise OpsError(f"{'; '.join(short)}; nothing was changed")
+    _fits(new, prepared.live.trees, prepared.store.name)
     if not prepared.plan.empty or prepared.plan.drift:
         check_support(prepared.live.features, new)
+
+
+def _fits(policy: ir.Policy, owned: Iterable[Tree], name: str) -> None:
+    """Refuse (OpsError) a policy whose devices are missing, shaped by a policy applied
+    under another name than ``name``, have fewer TX queues than its mq trees use, or an
+    ingress slot another qdisc holds (``owned``: the trees being replaced)."""
+    missing = missing_devices(policy)
+    if missing:
+        raise MissingDevice(f"no such device: {', '.join(missing)}; nothing was changed")
+    short = [
+        f"{device} is shaped by the policy applied as '{other}': apply this one under that "
+        f"name (--name {other}) to change it, or take that one down first (tcdsl down {other})"
+        for device in _devices(policy)
+        for other in [_applied_by(device, besides=name)]
+        if other is not None
+    ]
+    short += short_of_queues(policy) + slots_taken(policy, owned)
+    if short:
+        raise UnfitDevice(f"{'; '.join(short)}; nothing was changed")
 
 
 def apply(
@@ -874,6 +887,12 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
         return next(i for i in compile_applied(back).interfaces if i.label == label)
 
     prepared = prepare(store, None, new_trees=target.trees, new_ifaces=target_iface)
+    if back is not None and any(
+        o.kind == "qdisc" and (o.qdisc_kind == "mq" or in_ingress_slot(o))
+        for t in target.trees
+        for o in t.objects
+    ):  # the devices' queues or ingress slot may have changed since it was applied
+        _fits(compile_applied(back), prepared.live.trees, store.name)
 
     def restore() -> Plan:
         old = compile_applied(applied)

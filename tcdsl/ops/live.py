@@ -106,13 +106,21 @@ def _listing(name: str) -> tuple[str, str, list[tuple[str, str]]]:
         _tc("-d", "qdisc", "show", "dev", name),
         _tc("-d", "class", "show", "dev", name),
     )
-    parents = [h for h in _HANDLE.findall(qdiscs) if h != "0:"] + _HANDLE.findall(classes)
-    listings = filter_listings(name, parents, top_qdiscs(qdiscs))
+    parents = [_filters_of(kind, h) for kind, h in _HANDLE.findall(qdiscs) if h != "0:"]
+    parents += [h for _, h in _HANDLE.findall(classes)]
+    likely = {_filters_of(kind, h) for kind, h in _CLASSFUL.findall(qdiscs) if h != "0:"}
+    listings = filter_listings(name, parents, likely)
     return qdiscs, classes, list(zip(parents, listings, strict=True))
 
 
+def _filters_of(kind: str, handle: str) -> str:
+    """Where a qdisc's filters are listed: its handle, but a clsact's egress filters (an mq
+    tree's steering) are under ``ffff:fff3``, not ``ffff:``."""
+    return str(ir.CLSACT_EGRESS) if kind == "clsact" else handle
+
+
 _CLASSFUL = re.compile(
-    r"^qdisc (?:htb|hfsc|prio|cbq|drr|qfq|ets|mq|mqprio|multiq|clsact|ingress) (\S+)",
+    r"^qdisc (htb|hfsc|prio|cbq|drr|qfq|ets|mq|mqprio|multiq|clsact|ingress) (\S+)",
     re.MULTILINE,
 )
 
@@ -120,11 +128,11 @@ _CLASSFUL = re.compile(
 def top_qdiscs(qdiscs: str) -> set[str]:
     """The handles of the classful qdiscs (and ingress, clsact) in tc's listing of qdiscs:
     where a tree's filters are (a leaf qdisc seldom has any)."""
-    return set(_CLASSFUL.findall(qdiscs)) - {"0:"}
+    return {h for _, h in _CLASSFUL.findall(qdiscs)} - {"0:"}
 
 
-_HANDLE = re.compile(r"^(?:qdisc|class) \S+ (\S+)", re.MULTILINE)
-"""A qdisc's handle, a class's id, in tc's listing."""
+_HANDLE = re.compile(r"^(?:qdisc|class) (\S+) (\S+)", re.MULTILINE)
+"""A qdisc's kind and handle, a class's kind and id, in tc's listing."""
 _COUNTS = re.compile(r"direct_packets_stat \d+ |\[\d+:\d+\]|^#.*\n", re.MULTILINE)
 """What changes in the listings without anybody changing the configuration: htb's count of
 unclassified packets, iptables-save's counters and its dated comments."""

@@ -42,6 +42,7 @@ from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
 from tcdsl.ops.desired import Key, Obj, Tree, by_key, trees_of, word_after
 from tcdsl.ops.u32nodes import node_changes
 from tcdsl.ops.u32swap import TABLE_IDS, Swaps, at_pref, is_u32, pref_deletion, table_ids
+from tcdsl.verify.compare import default_qdisc
 
 Sign = Literal["+", "~", "-", "!"]
 Names = tuple[Mapping[str, str], Mapping[str, str]]
@@ -430,6 +431,11 @@ def _in_place(
     groups in u32 tables go to ``swaps``."""
     build: list[Command] = []
     replaced: set[Key] = set()
+    queues = {
+        o.handle
+        for o in [*old.values(), *new.values()]
+        if o.kind == "qdisc" and o.qdisc_kind == "mq"
+    }
     moves = _class_moves(old, new)
     moved_from = {o.handle for o, _ in moves.values()}
     moved_to = {n.handle for _, n in moves.values()}
@@ -442,7 +448,12 @@ def _in_place(
                 plan.changes.append(Change("~", _move_text(*moves[n.what], names), n.span))
             elif not (n.kind == "qdisc" and n.parent in moved_to):  # a moved class's leaf
                 plan.changes.append(Change("+", _what(n, names[1]), n.span))
-            build += n.commands
+            if n.kind == "qdisc" and _major(n.parent) in queues:
+                # the queue holds the default qdisc, maybe one an apply put back (a handle
+                # of its own, which 'add' would not replace)
+                build += _replacing(n.commands)
+            else:
+                build += n.commands
         elif o.words != n.words:
             if n.kind == "qdisc" and (
                 o.handle != n.handle
@@ -459,15 +470,21 @@ def _in_place(
                         n.span,
                     )
                 )
-                build.append(
-                    Command(
-                        "tc",
-                        ("qdisc", "del", "dev", n.dev, "parent", n.parent or ""),
-                        n.span,
-                        n.what,
+                if _major(n.parent) in queues:  # no moment of mq's noop qdisc (drop all)
+                    if o.handle == n.handle:  # replacing a qdisc by its own handle changes it
+                        build.append(_default_qdisc(n))
+                    build += _replacing(n.commands)
+                else:
+                    build.append(
+                        Command(
+                            "tc",
+                            ("qdisc", "del", "dev", n.dev, "parent", n.parent or ""),
+                            n.span,
+                            n.what,
+                        )
                     )
-                )
-                for s in below_new:
+                    build += n.commands
+                for s in below_new[1:]:  # (the first is n)
                     build += s.commands
                 replaced |= {s.key for s in below_new} | {s.key for s in below_old}
                 continue
@@ -560,7 +577,12 @@ def _in_place(
             first.append(Command("tc", del_args, o.span, o.what))
             early.add(o.parent)
     for o in reversed(gone):  # children before parents
-        if o.kind == "class":
+        if o.kind == "qdisc" and _major(o.parent) in queues:
+            # A TX queue whose qdisc is deleted drops every packet (mq puts noop there):
+            # it gets the kernel's default back, as the queues the policy does not name have.
+            plan.changes.append(Change("-", _what(o, names[0]), o.span))
+            delete.append(_default_qdisc(o))
+        elif o.kind == "class":
             if o.handle not in moved_from:
                 plan.changes.append(Change("-", _what(o, names[0]), o.span))
             delete.append(
@@ -737,14 +759,16 @@ def make_plan(
     # A removed tree in a device's ingress slot goes first where a new tree takes that slot:
     # its clsact or ingress qdisc would exclude the other kind (an mq tree's steering, a
     # download's redirect), so the new tree could not be built beside it.
-    slots = {o.key for t in new for o in t.objects if _in_ingress_slot(o)}
+    slots = {o.key for t in new for o in t.objects if in_ingress_slot(o)}
     first = [
         t
         for t in old
-        if t.label not in kept and any(_in_ingress_slot(o) and o.key in slots for o in t.objects)
+        if t.label not in kept and any(in_ingress_slot(o) and o.key in slots for o in t.objects)
     ]
     for tree in first:
         remove_tree(tree, plan)
+    early = len(plan.steps)
+    stale: list[tuple[str, ...]] = []
     for tree in new:
         label = tree.label
         iface = tree.iface
@@ -758,6 +782,7 @@ def make_plan(
         old_objs = by_key(before.objects)
         why = "drift" if label in forced else _why_rebuild(old_objs, new_objs)
         if why is not None:
+            stale += _slot_left(old_objs, new_objs)
             _tree_rebuild(iface or _compiled(tree, ifaces), why, plan)
             continue
         old_actions |= {k: o for k, o in old_objs.items() if o.kind == "action"}
@@ -775,6 +800,8 @@ def make_plan(
         before_marks = next((o for o in old_objs.values() if o.kind == "marking"), None)
         if marking is not None and before_marks is not None and marking.words != before_marks.words:
             marks.append((iface or _compiled(tree, ifaces), before_marks))
+    if stale:  # before any tree is built: another may need the slot
+        plan.steps.insert(early, _cleanup("tc", stale))
     made, gone = _actions(old_actions, new_actions, plan)
     if made or build or swaps.copy:
         plan.steps.append(_tc([*made, *build, *swaps.copy]))
@@ -793,7 +820,39 @@ def make_plan(
     return plan
 
 
-def _in_ingress_slot(o: Obj) -> bool:
+def _default_qdisc(o: Obj) -> Command:
+    """The kernel's default qdisc put on the TX queue of an mq tree that ``o`` is on."""
+    args = ("qdisc", "replace", "dev", o.dev, "parent", o.parent or "", default_qdisc())
+    return Command("tc", args, o.span, o.what)
+
+
+def _replacing(commands: Sequence[Command]) -> list[Command]:
+    """A qdisc's commands, the first (its ``qdisc add``) made ``qdisc replace``."""
+    first, *rest = commands
+    return [replace(first, args=(first.args[0], "replace", *first.args[2:])), *rest]
+
+
+def _is_mq(o: Obj) -> bool:
+    return o.kind == "qdisc" and o.qdisc_kind == "mq"
+
+
+def _major(handle: str | None) -> str:
+    """The qdisc part of a class id or handle (``1:`` of ``1:3``)."""
+    return f"{(handle or '').partition(':')[0]}:"
+
+
+def _slot_left(old: Mapping[Key, Obj], new: Mapping[Key, Obj]) -> list[tuple[str, ...]]:
+    """The deletion of a rebuilt tree's clsact or ingress qdisc that its new version does
+    not have (an mq tree's clsact, under what is no mq tree now): its teardown, the new
+    version's, would leave it, and with it the ingress slot that a download needs."""
+    return [
+        ("qdisc", "del", "dev", o.dev, o.qdisc_kind or "ingress")
+        for key, o in old.items()
+        if in_ingress_slot(o) and (key not in new or new[key].qdisc_kind != o.qdisc_kind)
+    ]
+
+
+def in_ingress_slot(o: Obj) -> bool:
     """Whether ``o`` is the qdisc in its device's ingress slot (clsact or ingress)."""
     return o.key[0] == "qdisc" and o.key[-1] == "ingress"
 

@@ -182,7 +182,12 @@ class OpsError(Exception):
     """An operation refused before changing anything (the message says why)."""
 
 
-class MissingDevice(OpsError):
+class UnfitDevice(OpsError):
+    """A device the operation changes cannot take the policy (E602): too few TX queues for
+    its mq tree, its ingress slot held by another qdisc."""
+
+
+class MissingDevice(UnfitDevice):
     """A device the operation changes does not exist (E602)."""
 
 

@@ -419,9 +419,24 @@ def _absent_text(want: Want) -> str:
     return "none"
 
 
+def default_qdisc() -> str:
+    """The kind of qdisc the kernel gives a TX queue of its own accord
+    (``net.core.default_qdisc``; pfifo_fast where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/core/default_qdisc", encoding="ascii") as f:
+            return f.read().strip() or "pfifo_fast"
+    except OSError:
+        return "pfifo_fast"
+
+
 def _compare_qdiscs(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diagnostic]:
     actual = {q.handle: q for q in dev.qdiscs}
     wanted = {q.handle for q in iface.qdiscs}
+    # A queue of an mq tree that the policy does not name holds the kernel's default qdisc:
+    # made by the kernel (handle 0:), or put back by an apply that took the queue out of
+    # the policy (a handle of its own: a deleted one would leave the queue dropping all).
+    mq = {q.handle for q in iface.qdiscs if q.kind == "mq"}
+    defaults = {"pfifo_fast", default_qdisc()}
     for exp in iface.qdiscs:
         got = actual.get(exp.handle)
         if got is None:
@@ -436,6 +451,8 @@ def _compare_qdiscs(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diag
     for q in dev.qdiscs:
         if q.handle in wanted or q.handle == "0:":
             continue  # handle 0: is a default the kernel made (noqueue, a band's pfifo)
+        if q.kind in defaults and f"{q.parent.partition(':')[0]}:" in mq:
+            continue
         yield Diagnostic.error(
             UNEXPECTED,
             f"unexpected {q.kind} qdisc {q.handle} under {q.parent} in the kernel",
