@@ -358,11 +358,13 @@ def check(
     sys.exit(EXIT_POLICY if failed else EXIT_OK)
 
 
-def verify_many(policies: list[str], backend: str, kernel: KernelChoice) -> list[Verification]:
+def verify_many(
+    policies: list[str], backend: str, kernel: KernelChoice, access: Access | None = None
+) -> list[Verification]:
     """:func:`tcdsl.verify.verify_many`, loaded on use."""
     from tcdsl.verify import verify_many as run
 
-    return run(policies, backend, kernel)
+    return run(policies, backend, kernel, access=access)
 
 
 def _verdict(v: Verification) -> str:
@@ -400,13 +402,16 @@ def _verdict(v: Verification) -> str:
     help="Which kernel to apply the policy to.",
 )
 @FORMAT
-def verify_command(policies: tuple[str, ...], backend: str, kernel: str, fmt: str) -> None:
+@_access_options
+def verify_command(
+    policies: tuple[str, ...], backend: str, kernel: str, fmt: str, access: Access
+) -> None:
     """Apply POLICIES to a real kernel in a throwaway network namespace, read the state back
     and report every difference at the policy line it comes from."""
     from tcdsl.verify import VerifyError
 
     try:
-        results = verify_many(list(policies), backend, cast(KernelChoice, kernel))
+        results = verify_many(list(policies), backend, cast(KernelChoice, kernel), access=access)
     except VerifyError as e:
         click.echo(f"tcdsl: cannot verify: {e}", err=True)
         sys.exit(EXIT_POLICY)
@@ -524,13 +529,13 @@ DIRECTION = click.option(
 )
 
 
-def _applied_here(policy: str) -> tuple[Applied | None, Pins]:
-    """The record of ``policy`` if it is the file live under its name, and the class ids
-    apply gave it (None and {} when it is not, or the record cannot be read)."""
+def _applied_here(policy: str, name: str | None = None) -> tuple[Applied | None, Pins]:
+    """The record of ``policy`` if it is the file live under its name (or ``name``), and the
+    class ids apply gave it (None and {} when it is not, or the record cannot be read)."""
     from tcdsl.ops.lifecycle import OpsError, applied_from, stored_pins
 
     try:
-        applied = applied_from(policy)
+        applied = applied_from(policy, name)
         return applied, stored_pins(applied)
     except (OSError, ValueError, KeyError, AssertionError, OpsError):  # a damaged record
         return None, {}
@@ -586,8 +591,20 @@ def _changed_note(policy: str, applied: Applied) -> str | None:
 )
 @DIRECTION
 @_output_option("How to print the verdicts.", "text", "json")
+@click.option(
+    "--name",
+    help="The name the policy was applied under, whose class ids (and queues, for a spread "
+    "mq tree) to answer with (default: the policy file's name without .tcp).",
+)
+@_access_options
 def classify_command(
-    policy: str, packets: list[object], interface: str | None, direction: str | None, fmt: str
+    policy: str,
+    packets: list[object],
+    interface: str | None,
+    direction: str | None,
+    fmt: str,
+    name: str | None,
+    access: Access,
 ) -> None:
     """Say which class each packet ends in on POLICY, and why: the filters, default or
     priomap that decide, in the kernel's order, with their policy lines. No kernel needed."""
@@ -598,8 +615,12 @@ def classify_command(
 
     # a class added before others has the free id apply chose, not the one compiling the
     # policy alone would give it
-    applied, pins = _applied_here(policy)
-    checked = _policy_or_exit(analyse(policy, pins=pins), "classified")
+    applied, pins = _applied_here(policy, name)
+    checked = _policy_or_exit(analyse(policy, pins=pins, access=access), "classified")
+    if applied is None:
+        from tcdsl.ops.cli import other_name_note
+
+        other_name_note(checked, name or Path(policy).stem)
     note = _changed_note(policy, applied) if applied is not None else None
     if note is not None:
         click.echo(note, err=True)
@@ -761,6 +782,7 @@ INTERVAL = click.option(
 @_output_option("The table as text, or the whole run as JSON.", "text", "json")
 @click.option("--interface", help="The interface to simulate  [default: the policy's first]")
 @DIRECTION
+@_access_options
 def simulate_command(
     policy: str,
     flows: list[object],
@@ -771,6 +793,7 @@ def simulate_command(
     fmt: str,
     interface: str | None,
     direction: str | None,
+    access: Access,
 ) -> None:
     """Simulate FLOWS through POLICY's qdiscs (a model of the kernel's htb, hfsc, prio, tbf, sfq
     and fifos) and print per-class and per-flow throughput and queueing delay."""
@@ -780,7 +803,7 @@ def simulate_command(
     from tcdsl.teach.simulate import SimulationError
     from tcdsl.teach.traffic import Flow
 
-    checked = _policy_or_exit(analyse(policy), "simulated")
+    checked = _policy_or_exit(analyse(policy, access=access), "simulated")
     _check_interface(checked, interface, direction)
     specs = [f for f in flows if isinstance(f, Flow)]
     try:
@@ -827,6 +850,7 @@ def simulate_command(
 @_output_option("The table as text, or the whole run (and the simulation) as JSON.", "text", "json")
 @click.option("--interface", help="The interface to measure  [default: the policy's first]")
 @DIRECTION
+@_access_options
 def measure_command(
     policy: str,
     flows: list[object],
@@ -837,6 +861,7 @@ def measure_command(
     fmt: str,
     interface: str | None,
     direction: str | None,
+    access: Access,
 ) -> None:
     """Send FLOWS through POLICY applied on this host's kernel (sender, router and receiver
     namespaces) and print per-class and per-flow throughput from the kernel's counters."""
@@ -847,7 +872,7 @@ def measure_command(
     from tcdsl.teach.simulate import SimulationError
     from tcdsl.teach.traffic import Flow
 
-    result = compile_policy(policy)
+    result = compile_policy(policy, access=access)
     checked = _policy_or_exit(result, "measured")
     assert result.output is not None  # the shell backend writes every policy that checks
     _check_interface(checked, interface, direction)

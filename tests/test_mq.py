@@ -4,6 +4,7 @@ act_skbedit) and, as far as the host kernel allows, on the host."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -982,6 +983,19 @@ def test_apply_changes_a_queue_in_place_and_status_names_it(tmp_path: Path) -> N
     assert "1:1 (not in policy)" not in done.stdout
 
 
+def _one_then_two(
+    tmp_path: Path, one: str, two: str, queues: int, commands: str
+) -> subprocess.CompletedProcess[str]:
+    """``commands`` run as :func:`_in_namespace` runs them, with the policies ``one`` and
+    ``two`` in one.tcp and two.tcp (skipped where the host has no mq)."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    (tmp_path / "one.tcp").write_text(one)
+    (tmp_path / "two.tcp").write_text(two)
+    return _in_namespace(tmp_path, queues, commands)
+
+
 def _in_namespace(
     tmp_path: Path, queues: int, commands: str, sysfs: bool = False
 ) -> subprocess.CompletedProcess[str]:
@@ -1048,6 +1062,37 @@ def test_apply_removes_a_spread_class_and_moves_no_other(tmp_path: Path) -> None
     assert "(its subtree is built again)" in done.stdout.split("kept")[1], done.stdout
     repacked = (tmp_path / "repacked").read_text()
     assert repacked != "\n".join(after) + "\n"
+
+
+def test_classify_answers_with_the_ids_of_the_policy_applied_under_a_name(
+    tmp_path: Path,
+) -> None:
+    """Found by a review: classify had no --name, so for a spread tree applied under
+    another name it packed afresh and named another queue's class. With --name it names the
+    class id the kernel has (as status does)."""
+    done = _one_then_two(
+        tmp_path,
+        SPREAD,
+        SPREAD.replace("    class a rate 100mbit\n", ""),
+        2,
+        "{tcdsl} apply --yes --name m one.tcp >/dev/null 2>&1 && "
+        "{tcdsl} apply --yes --name m two.tcp >/dev/null 2>&1 && "
+        "{tcdsl} status --name m --format json --interval 0.1 && echo == && "
+        "{tcdsl} classify two.tcp --name m --packet 'udp dport 9' && echo == && "
+        "{tcdsl} classify two.tcp --packet 'udp dport 9' && "
+        "{tcdsl} status two.tcp --interval 0.1 >/dev/null",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    status, named, fresh = done.stdout.split("==")
+    # without --name, classify and status say whose ids the kernel has
+    note = "eth0 is shaped by the policy applied as 'm'"
+    assert done.stderr.count(note) == 2 and "(give --name m)" in done.stderr, done.stderr
+    (tree,) = json.loads(status)["trees"]
+    live = {c["name"]: c["classid"] for c in tree["classes"]}
+    verdict = re.search(r"-> class '(d(?:@\d)?)' \(([0-9a-f]+:[0-9a-f]+)\)", named)
+    assert verdict is not None, named
+    assert live[verdict.group(1)] == verdict.group(2), (live, named)
+    assert verdict.group(0) not in fresh, fresh  # packed afresh, d is elsewhere
 
 
 OLD_HANDLES = """\
@@ -1231,13 +1276,10 @@ def test_a_queue_taken_out_of_the_policy_gets_the_default_qdisc_back(tmp_path: P
     """Found by a review: deleting a queue's qdisc left mq's noop qdisc there, which drops
     every packet of that queue. The queue gets the kernel's default back, as the queues the
     policy never named have, and the next plan sees no drift in it."""
-    why = _host_can_mq()
-    if why is not None:
-        pytest.skip(why)
-    (tmp_path / "one.tcp").write_text(WRITTEN)
-    (tmp_path / "two.tcp").write_text(WRITTEN.split("    queue 3")[0] + "}\n")
-    done = _in_namespace(
+    done = _one_then_two(
         tmp_path,
+        WRITTEN,
+        WRITTEN.split("    queue 3")[0] + "}\n",
         8,
         "{tcdsl} apply --yes --name w one.tcp >/dev/null 2>&1 && "
         "{tcdsl} apply --yes --name w two.tcp && tc qdisc show dev eth0 && echo == && "

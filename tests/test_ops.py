@@ -1038,6 +1038,38 @@ def test_down_of_the_interface_keeps_the_state_of_another_namespaces_device(
     assert not (tcdsl.folder / "state" / "a").exists()
 
 
+def test_a_table_outside_the_policys_folder_is_applied_and_read_back(tcdsl: Tcdsl) -> None:
+    """A table beside the policy's folder, allowed by --include-path (apply and plan took no
+    such option): applied, then 'status --name' and 'rollback' compile the record, which
+    the default access refused ('the saved policy no longer compiles')."""
+    (tcdsl.folder / "data").mkdir()
+    (tcdsl.folder / "pol").mkdir()
+    table = tcdsl.folder / "data" / "s.csv"
+    header = "Circuit ID,IPv4,Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps"
+    table.write_text(f"{header}\n1001,10.9.0.1,1,1,10,10\n", encoding="utf-8")
+    policy = tcdsl.write(
+        "pol/p.tcp",
+        "interface d0 htb rate 1gbit default u {\n"
+        '    class n rate 100mbit {\n        subscribers download from "../data/s.csv"\n    }\n'
+        "    class u rate 1mbit\n}\n",
+    )
+    allow = ("--include-path", str(tcdsl.folder / "data"))
+    refused = tcdsl("apply", "--yes", policy)
+    assert refused.code == 1 and "[E023]" in refused.err, refused
+    assert tcdsl("apply", "--yes", *allow, policy).code == 0
+    table.write_text(f"{header}\n1001,10.9.0.1,1,1,10,10\n1002,10.9.0.2,1,1,10,10\n")
+    assert tcdsl("plan", *allow, policy).code == 4
+    assert tcdsl("apply", "--yes", *allow, policy).code == 0
+    shown = tcdsl("status", "--name", "p", "--format", "json", "--interval", "0.1", cwd=Path("/"))
+    assert shown.code == 0, shown
+    (tree,) = json.loads(shown.out)["trees"]
+    assert {"c1001", "c1002"} <= {c["name"] for c in tree["classes"]}, tree
+    back = tcdsl("rollback", "p")
+    assert back.code == 0 and "generation 1" in back.out, back
+    shown = tcdsl.tc("class", "show", "dev", "d0")  # n, c1001 and u: c1002 has gone
+    assert len(re.findall(r"class htb 1:\S+ parent 1:", shown)) == 3, shown
+
+
 def test_a_device_another_name_shapes_is_not_taken_over(tcdsl: Tcdsl) -> None:
     """Found by a review: applying under a new name replaced the tree another name had
     applied ('(no state)'), and 'down' of the first name then removed the second's tree.

@@ -122,6 +122,37 @@ def test_include_path_and_allow_anywhere_allow_more(tree: Path) -> None:
     assert tcdsl("explain", "--allow-include-anywhere", main)[0] == 0
 
 
+def test_every_command_that_reads_a_policy_takes_the_access_options(tree: Path) -> None:
+    """Found by a review: a table outside the policy's folder (LibreQoS's own
+    ShapedDevices.csv) compiled with --include-path, but classify, plan, apply, verify,
+    simulate and measure refused the option, while E023 advised it."""
+    data = tree.parent / "data"
+    data.mkdir()
+    (data / "s.csv").write_text(
+        "Circuit ID,IPv4,Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps\n"
+        "1001,100.64.0.1,1,1,10,10\n",
+        encoding="utf-8",
+    )
+    (tree / "p.tcp").write_text(
+        "interface eth0 htb rate 1gbit default u {\n"
+        '    class n rate 100mbit {\n        subscribers download from "../data/s.csv"\n    }\n'
+        "    class u rate 1mbit\n}\n",
+        encoding="utf-8",
+    )
+    main = str(tree / "p.tcp")
+    for command in cli.commands.values():
+        if any(p.name == "policy" or p.name == "policies" for p in command.params):
+            names = {o for p in command.params for o in getattr(p, "opts", ())}
+            assert {"--include-path", "--allow-include-anywhere"} <= names, command.name
+    code, out = tcdsl("classify", main, "--packet", "udp dst 100.64.0.1")
+    assert code == 1 and "[E023]" in out and "--include-path" in out
+    for how in (("--include-path", str(data)), ("--allow-include-anywhere",)):
+        code, out = tcdsl("classify", *how, main, "--packet", "udp dst 100.64.0.1")
+        assert code == 0 and "-> class 'c1001'" in out, out
+    code, out = tcdsl("simulate", "--include-path", str(data), main, "--flow", "udp dst 100.64.0.1")
+    assert code == 0 and "c1001" in out, out
+
+
 def test_a_directory_walk_refuses_symlinks_that_leave_it(tree: Path) -> None:
     (tree / "good.tcp").write_text(PFIFO, encoding="utf-8")
     (tree / "evil.tcp").symlink_to(tree.parent / "secret.tcp")

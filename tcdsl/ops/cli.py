@@ -75,10 +75,14 @@ def _store(name: str) -> Store:
 
 
 def _compiled(
-    path: str, store: Store, reading: Reading | None = None, repack: bool = False
+    path: str,
+    store: Store,
+    reading: Reading | None = None,
+    repack: bool = False,
+    access: Access | None = None,
 ) -> tuple[Result, tuple[Tree, ...]]:
     try:
-        result, trees = compile_new(store, path, reading, repack)
+        result, trees = compile_new(store, path, reading, repack, access)
     except OpsError as e:
         _fail(NO_STATE, str(e))
     # the warnings too, as 'check' shows them: a subscriber in the default class (W371), a
@@ -131,7 +135,11 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
 
 
 def _prepared(
-    policy: str, name: str | None, store: Store | None = None, repack: bool = False
+    policy: str,
+    name: str | None,
+    store: Store | None = None,
+    repack: bool = False,
+    access: Access | None = None,
 ) -> Prepared:
     """POLICY compiled (with the live class ids; ``repack``: its spread mq trees packed
     afresh) and planned against the policy live under its name (``store``, when the caller
@@ -143,7 +151,7 @@ def _prepared(
         _fail(NO_STATE, str(e))
     with reading:  # (a compile that fails stops the kernel's reading)
         with collector_paused():  # (the new policy's kernel objects, compared with the live ones)
-            result, trees = _compiled(policy, store, reading, repack)
+            result, trees = _compiled(policy, store, reading, repack, access)
         try:
             with collector_paused():  # (the kernel objects of both policies, the plan)
                 return prepare(store, result.policy, result, reading, trees)
@@ -197,10 +205,13 @@ NAME = click.option(
     "json",
 )
 @REPACK
-def plan_command(policy: str, name: str | None, summary: bool, fmt: str, repack: bool) -> None:
+@access_options
+def plan_command(
+    policy: str, name: str | None, summary: bool, fmt: str, repack: bool, access: Access
+) -> None:
     """Show what applying POLICY would change in the kernel, by the policy's names and lines,
     and what was changed by hand since the last apply (drift)."""
-    prepared = _prepared(policy, name, repack=repack)
+    prepared = _prepared(policy, name, repack=repack, access=access)
     _preflight(prepared)
     _print(prepared.plan, summary, fmt)
     plan = prepared.plan
@@ -232,8 +243,15 @@ def _preflight(prepared: Prepared) -> None:
 @click.option("--confirm", "within", help="Roll back unless confirmed within this time (60s, 2m).")
 @SUMMARY
 @REPACK
+@access_options
 def apply_command(
-    policy: str, name: str | None, yes: bool, within: str | None, summary: bool, repack: bool
+    policy: str,
+    name: str | None,
+    yes: bool,
+    within: str | None,
+    summary: bool,
+    repack: bool,
+    access: Access,
 ) -> None:
     """Make the kernel equal to POLICY with the smallest safe change."""
     seconds = parse_duration(within) if within is not None else None
@@ -243,7 +261,7 @@ def apply_command(
             stack.enter_context(store.locked())
         except OpsError as e:  # the state folder cannot be written: nothing changed
             _fail(NO_STATE, str(e))
-        _apply(policy, store, yes, seconds, within, summary, repack)
+        _apply(policy, store, yes, seconds, within, summary, repack, access)
 
 
 def _apply(
@@ -254,8 +272,9 @@ def _apply(
     within: str | None,
     summary: bool,
     repack: bool = False,
+    access: Access | None = None,
 ) -> None:
-    prepared = _prepared(policy, None, store, repack)
+    prepared = _prepared(policy, None, store, repack, access)
     _preflight(prepared)
     result = prepared.result
     assert result is not None
@@ -615,6 +634,8 @@ def status_command(
             result = analyse(policy, access=access, pins=pins)
             checked = policy_or_exit(result, "shown")
             sources = result.sources
+            if not pins:
+                other_name_note(checked, policy_name(policy, name))
     elif not devices:
         raise click.UsageError("give a POLICY, --name NAME, or a device with -i IFACE")
     if checked is not None:
@@ -664,6 +685,20 @@ def status_command(
         sys.exit(EXIT_POLICY)
     except KeyboardInterrupt:
         sys.exit(EXIT_OK)
+
+
+def other_name_note(policy: ir.Policy, name: str) -> None:
+    """Say so when no policy is applied as ``name`` but another name shapes its devices:
+    the class ids shown are then this file's own, maybe not the kernel's."""
+    from tcdsl.ops.lifecycle import shaped_by_others
+
+    for device, other in shaped_by_others(policy, name).items():
+        click.echo(
+            f"tcdsl: note: nothing is applied as '{name}', and {device} is shaped by the "
+            f"policy applied as '{other}': the class ids here are this file's own, not "
+            f"necessarily the kernel's (give --name {other})",
+            err=True,
+        )
 
 
 def register(group: click.Group) -> None:

@@ -26,7 +26,7 @@ from tcdsl.diagnostics import Diagnostic
 from tcdsl.driver import Result, analyse
 from tcdsl.forked import Beside
 from tcdsl.frontend.builder import ifb_name_for
-from tcdsl.frontend.source import SourceError, decode_policy, normalise_newlines
+from tcdsl.frontend.source import Access, SourceError, decode_policy, normalise_newlines
 from tcdsl.lock import interface_locks
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.desired import Tree, class_ids, trees_from_json, trees_json, trees_of
@@ -284,6 +284,11 @@ def _compile_applied(applied: Applied) -> ir.Policy:
         loader=lambda p: applied.sources[p],
         pins=stored_pins(applied),
         tables=applied.sources.get,
+        # what it read from outside its folder, as apply allowed (--include-path); its
+        # paths are resolved from here, as the reader resolves them
+        access=Access(
+            tuple(sorted({os.path.dirname(os.path.abspath(p)) for p in applied.sources}))
+        ),
     )
     if result.policy is None:
         raise OpsError(f"the saved policy {applied.path} (generation {applied.generation}) "
@@ -341,7 +346,11 @@ parent, kept from the classes the apply adds (no class name has a blank)."""
 
 
 def compile_new(
-    store: Store, path: str, reading: Reading | None = None, repack: bool = False
+    store: Store,
+    path: str,
+    reading: Reading | None = None,
+    repack: bool = False,
+    access: Access | None = None,
 ) -> tuple[Result, tuple[Tree, ...]]:
     """``path`` compiled with the class ids of the policy live under ``store``'s name. A class
     that moved to another parent (a subscriber to another site) is given a new id and leaf
@@ -352,11 +361,11 @@ def compile_new(
     now). With the result, the kernel objects of its policy (made to compare them;
     ``prepare`` plans them). ``repack``: the spread mq trees are packed afresh, rather than
     each live class kept on its queue (``QUEUE_PIN``); a class that changes queue is made
-    again, as a moved one."""
+    again, as a moved one. ``access``: where its includes and tables may be read."""
     applied = store.current() if reading is None else reading.applied
     pins = {label: dict(ids) for label, ids in stored_pins(applied).items()}
     if applied is None:
-        return _analysed(path, pins, False)
+        return _analysed(path, pins, False, access)
     live_trees = (live_of(store, applied) if reading is None else reading.live).trees
     live = {  # (tree, class name) -> (its live id, its live parent)
         (t.label, t.names[o.key[2]]): (o.key[2], o.parent)
@@ -371,7 +380,7 @@ def compile_new(
         ids = pins.setdefault(label, {})
         for key, handle in queues.items():  # (a record of an older tcdsl has none)
             ids.setdefault(key, handle)
-    result, trees = _analysed(path, pins, repack)
+    result, trees = _analysed(path, pins, repack, access)
     moved: set[tuple[str, str]] = set()
     # allocate gives a moved class a new id (by PARENT_PIN); a class that kept its live id
     # under another parent all the same is caught here and compiled again
@@ -390,15 +399,21 @@ def compile_new(
             for pin in [k for k in ids if k == name or k.startswith(f"{name}{LEAF_PIN}")]:
                 ids[pin.replace(name, f"{name}{MOVED_PIN}", 1)] = ids.pop(pin)
         moved |= found
-        result, trees = _analysed(path, pins, repack)
+        result, trees = _analysed(path, pins, repack, access)
     return result, trees
 
 
-def _analysed(path: str, pins: Pins, repack: bool) -> tuple[Result, tuple[Tree, ...]]:
+def _analysed(
+    path: str, pins: Pins, repack: bool, access: Access | None
+) -> tuple[Result, tuple[Tree, ...]]:
     """``path`` analysed with ``pins``, and its kernel objects (made while the lints run)."""
     made: list[tuple[Tree, ...]] = []
     result = analyse(
-        path, pins=pins, repack=repack, beside_lints=lambda policy: made.append(trees_of(policy))
+        path,
+        pins=pins,
+        repack=repack,
+        access=access,
+        beside_lints=lambda policy: made.append(trees_of(policy)),
     )
     return result, made[0] if made else ()
 
@@ -561,6 +576,13 @@ def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[str]:
     return out
 
 
+def shaped_by_others(policy: ir.Policy, name: str) -> dict[str, str]:
+    """The devices of ``policy`` that a policy applied under another name than ``name``
+    shapes, and that name."""
+    found = {device: _applied_by(device, besides=name) for device in _devices(policy)}
+    return {device: other for device, other in found.items() if other is not None}
+
+
 def _applied_by(device: str, besides: str | None = None) -> str | None:
     """The name (other than ``besides``) of the policy whose live record owns ``device`` in
     this network namespace, if one does (the first by name)."""
@@ -569,7 +591,7 @@ def _applied_by(device: str, besides: str | None = None) -> str | None:
             continue
         try:
             applied = store.current()
-        except OpsError:
+        except (OpsError, OSError):
             continue
         if applied is not None and applied.here and device in applied.devices:
             return store.name
@@ -734,9 +756,7 @@ def _fits(policy: ir.Policy, owned: Iterable[Tree], name: str) -> None:
     short = [
         f"{device} is shaped by the policy applied as '{other}': apply this one under that "
         f"name (--name {other}) to change it, or take that one down first (tcdsl down {other})"
-        for device in _devices(policy)
-        for other in [_applied_by(device, besides=name)]
-        if other is not None
+        for device, other in shaped_by_others(policy, name).items()
     ]
     short += short_of_queues(policy) + slots_taken(policy, owned)
     if short:

@@ -343,7 +343,11 @@ class Store:
     def every(cls, root: Path | None = None) -> Iterator[Store]:
         """The state of every policy name there is, by name."""
         root = root or state_dir()
-        for folder in sorted(root.iterdir()) if root.is_dir() else ():
+        try:
+            folders = sorted(root.iterdir()) if root.is_dir() else []
+        except OSError:  # not ours to read (a user's classify): no state to speak of
+            folders = []
+        for folder in folders:
             if valid_name(folder.name) and folder.is_dir():
                 yield cls(folder.name, root)
 

@@ -26,6 +26,7 @@ from tcdsl.backend import BackendOptions
 from tcdsl.commands import owned_chains, unjump_shell
 from tcdsl.diagnostics import Diagnostic, Severity, Span, sort_key
 from tcdsl.driver import Result, compile_policy
+from tcdsl.frontend.source import Access
 from tcdsl.verify import APPLIERS, KernelChoice, compare, runner
 from tcdsl.verify.compare import MISSING, NO_FEATURE, Origin
 from tcdsl.verify.expect import ExpectedPolicy, Requirement, expected_policy
@@ -132,10 +133,17 @@ def tx_queues(policy: ir.Policy) -> dict[str, int]:
     return {i.name: n for i in policy.interfaces if (n := ir.tx_queues_used(i))}
 
 
-def _plan(path: str, backend: str, before: str, after: str, batch_from: int = BATCH_FROM) -> _Plan:
+def _plan(
+    path: str,
+    backend: str,
+    before: str,
+    after: str,
+    batch_from: int = BATCH_FROM,
+    access: Access | None = None,
+) -> _Plan:
     # The shell script's per-command form: a failing command is then named by its own line
     # (the batch form runs the same commands in the same order through one tc -batch).
-    result = compile_policy(path, backend, options=BackendOptions(batch=False))
+    result = compile_policy(path, backend, options=BackendOptions(batch=False), access=access)
     # Advice (infos) is for 'check --info'; verify reports what the kernel does.
     found = [d for d in result.diagnostics if d.severity is not Severity.INFO]
     v = Verification(path, found, dict(result.sources), script=result.output)
@@ -452,6 +460,7 @@ def verify_many(
     after: Mapping[str, str] | None = None,
     before: Mapping[str, str] | None = None,
     batch_from: int = BATCH_FROM,
+    access: Access | None = None,
 ) -> list[Verification]:
     """Verify each policy in ``paths``; one user-mode Linux boot serves all that need one.
 
@@ -460,12 +469,19 @@ def verify_many(
     script of ``batch_from`` commands or more is applied in its batch form. Raises
     :class:`VerifyError` when verification cannot run at all (``--kernel host`` without root
     or namespaces; no kernel whatsoever); a policy that cannot run on the chosen kernel gets
-    E405 diagnostics instead.
+    E405 diagnostics instead. ``access``: where the policies' includes and tables may be read.
     """
     if backend not in APPLIERS:
         raise VerifyError(f"verify cannot apply the output of backend '{backend}' yet")
     plans = [
-        _plan(path, backend, (before or {}).get(path, ""), (after or {}).get(path, ""), batch_from)
+        _plan(
+            path,
+            backend,
+            (before or {}).get(path, ""),
+            (after or {}).get(path, ""),
+            batch_from,
+            access,
+        )
         for path in paths
     ]
     _choose(plans, kernel)
