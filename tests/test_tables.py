@@ -990,6 +990,93 @@ def test_an_address_inside_an_earlier_circuits_prefix_is_an_error(tmp_path: Path
     assert errors(build(tmp_path, policy(two), table)) == [("E036", "subs.csv", 2, 17)]
 
 
+def test_a_duplicate_address_under_an_earlier_prefix_is_a_duplicate_not_e036(
+    tmp_path: Path,
+) -> None:
+    """Found by a review: circuit 1 holds 100.64.0.0/24 and 100.64.0.5, circuit 2 the same
+    100.64.0.5: E036 said LibreQoS gives it to 2 (the longest prefix), but both hold it; it is
+    the duplicate the warnings name (without the /24, W313), not an error."""
+    body = '        subscribers from "subs.csv"\n'
+    table = HEADER + '1,n1,1,d,north,,"100.64.0.0/24,100.64.0.5",,1,1,10,5,\n'
+    table += _row("2", "100.64.0.5")
+    result = build(tmp_path, policy(body), table)
+    assert errors(result) == [] and result.policy is not None
+    found = {(d.code, d.span.line) for d in result.diagnostics}
+    assert ("W312", 3) in found, render(result.diagnostics, result.sources)
+    # a /32 of another circuit under the /24 is still E036
+    table = HEADER + _row("1", "100.64.0.0/24") + _row("3", "100.64.0.7") + _row("2", "100.64.0.5")
+    assert errors(build(tmp_path, policy(body), table)) == [
+        ("E036", "subs.csv", 3, 17),
+        ("E036", "subs.csv", 4, 17),
+    ]
+
+
+def test_a_table_in_error_read_by_two_trees_gets_no_warning_in_either(tmp_path: Path) -> None:
+    """Found by a review: rows in error are left out, and the tree that reads the table
+    second then warned that no packet reaches its site (W311): the first did not."""
+    site = (
+        '        class north rate 100mbit {\n            subscribers from "subs.csv"\n        }\n'
+    )
+    text = (
+        "interface eth0 {\n"
+        + "".join(
+            f"    {tree} htb rate 1gbit default other {{\n{site}"
+            "        class other rate 10mbit\n    }\n"
+            for tree in ("upload", "download")
+        )
+        + "}\n"
+    )
+    result = build(tmp_path, text, HEADER + _row("1", "100.64.0.300"))
+    assert [(d.code, Path(d.span.file).name) for d in result.diagnostics] == [
+        ("E029", "subs.csv")
+    ], render(result.diagnostics, result.sources)
+
+
+def test_a_template_factor_of_zero_is_one_error_at_the_factor(tmp_path: Path) -> None:
+    """Found by a review: 'ceil max * 0' gave two errors per subscriber at its Max cell
+    (E202, E208), none at the statement."""
+    body = '        subscribers from "subs.csv" ceil max * 0\n'
+    result = build(
+        tmp_path, policy(body), HEADER + _row("1", "100.64.0.1") + _row("2", "100.64.0.2")
+    )
+    assert errors(result) == [("E208", "p.tcp", 3, 48)], render(result.diagnostics, result.sources)
+
+
+def test_a_cell_past_a_million_columns_in_a_record_of_two_lines_is_placed_right(
+    tmp_path: Path,
+) -> None:
+    """Found by a review: a cell's line and column were packed in one number with a step of
+    a million columns, so a long first line spilled into the line count (s.csv:7:200014
+    in a file of 3 lines)."""
+    wide = "x" * 1_200_000
+    table = HEADER + f'1001,{wide},1,d,n,,999.64.0.1,,10,2,100,20,"a\nb"\n'
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E029", "subs.csv", 2, 1_200_000 + 14)]
+
+
+def test_small_findings_of_a_review(tmp_path: Path) -> None:
+    """An empty file name ('.' was "a directory"); a byte order mark opening a row (two
+    exports joined) made another circuit than its id; E033 listed every column of a header
+    of thousands."""
+    empty = build(tmp_path, policy('        subscribers from ""\n'))
+    assert errors(empty) == [("E024", "p.tcp", 3, 26)]
+    assert "an empty file name" in empty.errors[0].message
+    included = build(tmp_path, 'include ""\ninterface eth0 pfifo\n')
+    assert errors(included) == [("E024", "p.tcp", 1, 9)]
+    row = _row("1", "100.64.0.1")
+    joined = (
+        HEADER + row + "\ufeff" + row.replace("100.64.0.1", "100.64.0.2").replace(",1,1,", ",9,1,")
+    )
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), joined)
+    assert [d.code for d in result.errors] == ["E032"], render(result.diagnostics, result.sources)
+    wide = HEADER.rstrip("\n") + "".join(f",x{i}" for i in range(2000)) + "\n" + row
+    result = build(
+        tmp_path, policy('        subscribers from "subs.csv" where nothing == "a"\n'), wide
+    )
+    (e033,) = result.errors
+    assert e033.code == "E033" and e033.message.endswith(" and 1983 more"), e033.message
+
+
 def test_past_fifty_addresses_inside_a_prefix_one_error_says_how_many_more(
     tmp_path: Path,
 ) -> None:

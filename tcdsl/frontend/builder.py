@@ -176,8 +176,19 @@ class Builder(Transformer[Token, Any]):
 
     def include(self, c: list[Token]) -> None:
         (path_token,) = c
-        target = os.path.normpath(os.path.join(os.path.dirname(self.file), str(path_token)[1:-1]))
-        self.interfaces.extend(self.reader.read(target, self.sp(path_token)))
+        target = self._file(path_token, "policy")
+        if target is not None:
+            self.interfaces.extend(self.reader.read(target, self.sp(path_token)))
+
+    def _file(self, path_token: Token, kind: str) -> str | None:
+        """The file a quoted name names, relative to this file's folder; None (E024) for an
+        empty name (which would name that folder)."""
+        name = str(path_token)[1:-1]
+        if not name:
+            msg = f"an empty file name names no file; give the {kind}'s path"
+            self.error(Diagnostic.error("E024", msg, self.sp(path_token)))
+            return None
+        return os.path.normpath(os.path.join(os.path.dirname(self.file), name))
 
     def interface(self, c: list[Any]) -> None:
         (name, name_span), *opts, body = c
@@ -976,8 +987,8 @@ class Builder(Transformer[Token, Any]):
             pref = rest.pop(0)
         at = self.sp(path_token)
         span = join(self.sp(kw), at)
-        target = os.path.normpath(os.path.join(os.path.dirname(self.file), str(path_token)[1:-1]))
-        table = tables.read_table(self, target, at)
+        target = self._file(path_token, "table")
+        table = tables.read_table(self, target, at) if target is not None else None
         rows: tuple[tables.Row, ...] = ()
         column = None
         if table is not None:

@@ -228,12 +228,15 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
     reader = b.reader
     real = os.path.realpath(path)
     if real in reader.tables:
-        if reader.tables[real] is None:
-            # Reported where a statement first read it; this one is left as empty, so what
-            # later stages would say of it (W311, no packet reaches its parent) is not said.
-            msg = f"table '{path}' cannot be used (reported where it is first read)"
+        table = reader.tables[real]
+        if table is None or table.errors:
+            # Reported where a statement first read it; this one is left as empty (or
+            # without the rows in error), so what later stages would say of it (W311, no
+            # packet reaches its parent) is not said.
+            how = "cannot be used" if table is None else "has errors"
+            msg = f"table '{path}' {how} (reported where it is first read)"
             reader.follow_ons.append(Diagnostic.error("E027", msg, at))
-        return reader.tables[real]
+        return table
     reader.tables[real] = None
     tree = reader.tree or "."
     if not reader.access.allows(path, tree):
@@ -443,8 +446,9 @@ def _place(path: str, first: int, last: int, lines: list[str], cells: list[str])
 _SEPARATORS = ((";", "';'"), ("\t", "tabs"), ("|", "'|'"))
 """Other cell separators a header may use, and how E028 names them."""
 
-LINE_STEP = 1_000_000
-"""A cell's start is ``line offset * LINE_STEP + column`` (one small int a cell)."""
+LINE_STEP = MAX_TABLE_BYTES + 1
+"""A cell's start is ``line offset * LINE_STEP + column`` (one int a cell): no column of a
+table (at most ``MAX_TABLE_BYTES``) reaches it."""
 
 
 def _cell_starts(raw: str, cells: list[str]) -> tuple[int, ...]:
@@ -518,7 +522,8 @@ def _row(
     width: tuple[Note, ...] | None = None if n_cells != len(table.headers) else ()
     ok = True
     key_index = columns["circuit_id"]
-    key = cells[key_index].strip() if key_index < n_cells else ""
+    # (a byte order mark inside the file: two exports joined; it is no part of the id)
+    key = cells[key_index].strip().lstrip("\ufeff") if key_index < n_cells else ""
     if not key:
         reading.error(
             "E028",
@@ -871,6 +876,10 @@ class Pending:
     leaf: ir.Qdisc | None
 
 
+SHOWN_COLUMNS = 30
+"""How many of a table's columns E033 lists (an export may have hundreds)."""
+
+
 def select(
     b: Builder, table: Table, conditions: list[tuple[str, Span, bool, list[str]]], at: Span
 ) -> tuple[tuple[Row, ...], int | None, bool]:
@@ -883,11 +892,14 @@ def select(
         index = table.columns.get(_ALIASES.get(key, key))
         if index is None:
             names = where_names(table)
+            shown = ", ".join(names[:SHOWN_COLUMNS])
+            if len(names) > SHOWN_COLUMNS:
+                shown += f" and {len(names) - SHOWN_COLUMNS} more"
             b.error(
                 Diagnostic.error(
                     "E033",
                     f"table '{table.path}' has no column '{column}'{suggestion(column, names)}; "
-                    f"'where' takes {', '.join(names)}",
+                    f"'where' takes {shown}",
                     span,
                 )
             )
@@ -1003,6 +1015,13 @@ def _rate_spec(b: Builder, param: Param | None, default: Literal["min", "max"]) 
         number = Fraction(value.right.number)
         if value.op == "/" and not number:
             b.error(Diagnostic.error("E013", "division by zero", value.right.span))
+            return default, Fraction(1)
+        if not number:  # one error here, not two for every subscriber
+            msg = (
+                f"{param.key} {value.left.name} * 0 is 0bit for every subscriber; a rate "
+                "must be above 0"
+            )
+            b.error(Diagnostic.error("E208", msg, value.right.span))
             return default, Fraction(1)
         factor = number if value.op == "*" else 1 / number
         value = value.left
@@ -1384,12 +1403,15 @@ def _longest_prefix_first(
             first: dict[tuple[int, int], tuple[int, ir.Network, Span, Circuit, int]] = {}
             for place, (tried, net, at, circuit) in enumerate(family):
                 whole, bits = int(net.network_address), net.max_prefixlen
+                key = (net.prefixlen, whole >> (bits - net.prefixlen))
                 hits = [
                     hit
                     for length in lengths[: lengths.index(net.prefixlen)]
                     if (hit := first.get((length, whole >> (bits - length)))) is not None
                 ]
-                if hits:
+                # the same network on an earlier line is a duplicate, W313's (both are
+                # longest prefixes: LibreQoS would not give it to this one either)
+                if hits and key not in first:
                     # the line a packet of this address meets first
                     _, wide, wide_at, other, level = min(hits, key=lambda hit: hit[0])
                     if other is not circuit:
@@ -1410,7 +1432,6 @@ def _longest_prefix_first(
                             )
                         elif unshown is None:
                             unshown = at
-                key = (net.prefixlen, whole >> (bits - net.prefixlen))
                 first.setdefault(key, (place, net, at, circuit, tried[0]))
     if unshown is not None:
         more = found - MAX_TABLE_ERRORS
