@@ -849,6 +849,9 @@ def test_a_class_pinned_under_another_parent_is_allocated_as_new(tmp_path: Path)
     # a move is one line, not the class removed and added; its child moves with it
     assert "~ class x moves from a to b: made again as" in plan, plan
     assert "~ class y moves with x: made again as" in plan, plan
+    # y has a leaf qdisc, x (a parent) none: only y's line says so
+    lines = {line.split()[2]: line for line in plan.splitlines() if " moves " in line}
+    assert "with its leaf" in lines["y"] and "with its leaf" not in lines["x"], plan
     assert (
         "+ class x" not in plan
         and "- class x" not in plan
@@ -1068,6 +1071,17 @@ def test_a_table_outside_the_policys_folder_is_applied_and_read_back(tcdsl: Tcds
     assert back.code == 0 and "generation 1" in back.out, back
     shown = tcdsl.tc("class", "show", "dev", "d0")  # n, c1001 and u: c1002 has gone
     assert len(re.findall(r"class htb 1:\S+ parent 1:", shown)) == 3, shown
+
+
+def test_a_device_refusal_points_at_the_policy_line(tcdsl: Tcdsl) -> None:
+    """E602 for a device is shown at the line that names it, with a caret, as every
+    diagnostic about the policy (it was 'tcdsl: error[E602]: ...' alone)."""
+    policy = tcdsl.write("p.tcp", A.replace("interface d0", "interface d9"))
+    for command in (("plan",), ("apply", "--yes")):
+        refused = tcdsl(*command, policy)
+        assert refused.code == 1, refused
+        assert refused.err.startswith(f"{policy}:1:11: error: no such device: d9"), refused
+        assert "[E602]" in refused.err and "^~" in refused.err, refused
 
 
 def test_a_device_another_name_shapes_is_not_taken_over(tcdsl: Tcdsl) -> None:

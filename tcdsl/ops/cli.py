@@ -221,11 +221,14 @@ def plan_command(
 def _preflight(prepared: Prepared) -> None:
     """Exit with apply's error when apply would refuse the plan (E602, E604)."""
     result = prepared.result
+    sources = result.sources if result else {}
     try:
         preflight(prepared)
     except Unsupported as e:
         first = e.lacking[0]
-        _fail(UNSUPPORTED, str(e), first.span, result.sources if result else {})
+        _fail(UNSUPPORTED, str(e), first.span, sources)
+    except UnfitDevice as e:
+        _fail(NO_DEVICE, str(e), e.span if e.span and e.span.file in sources else None, sources)
     except OpsError as e:
         _fail(NO_DEVICE, str(e))
 

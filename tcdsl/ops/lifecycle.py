@@ -516,48 +516,60 @@ def missing_devices(policy: ir.Policy) -> list[str]:
     return [d for d in _devices(policy) if not device_exists(d)]
 
 
-def short_of_queues(policy: ir.Policy) -> list[str]:
-    """What is wrong with each device that has fewer TX queues than its mq tree uses (mq
-    gives it a class per queue it has: a queue's tree beyond them has nowhere to go), fewer
-    in use than it steers to (skbedit sends those packets to queue 0), or more in use than a
-    spread tree shapes (what no steering filter sends there would leave unshaped)."""
-    out = []
+def short_of_queues(policy: ir.Policy) -> list[tuple[str, str]]:
+    """What is wrong with each device (device, message) that has fewer TX queues than its mq
+    tree uses (mq gives it a class per queue it has: a queue's tree beyond them has nowhere
+    to go), fewer in use than it steers to (skbedit sends those packets to queue 0), or more
+    in use than a spread tree shapes (what no steering filter sends there would leave
+    unshaped)."""
+    out: list[tuple[str, str]] = []
     for iface in policy.interfaces:
         used = ir.tx_queues_used(iface)
         have, in_use = tx_queue_count(iface.name) if used else (None, None)
         if have is not None and have < used:
             out.append(
-                f"{iface.name} has {have} TX queue{'s' if have != 1 else ''}, fewer than the "
-                f"{used} its mq tree uses (mq needs at least 2): give it more (ethtool -L "
-                f"{iface.name} combined {used}; numtxqueues for a veth) or use fewer queues"
+                (
+                    iface.name,
+                    f"{iface.name} has {have} TX queue{'s' if have != 1 else ''}, fewer than the "
+                    f"{used} its mq tree uses (mq needs at least 2): give it more (ethtool -L "
+                    f"{iface.name} combined {used}; numtxqueues for a veth) or use fewer "
+                    "queues",
+                )
             )
         highest = ir.highest_queue(iface)
         if in_use is not None and in_use < highest:
             out.append(
-                f"{iface.name} has {in_use} TX queue{'s' if in_use != 1 else ''} in use, fewer "
-                f"than the {highest} its mq tree steers to: the packets steered past them "
-                f"would leave by the first queue instead; use more (ethtool -L "
-                f"{iface.name} combined {highest}, or tx {highest} where the driver counts TX "
-                "queues apart, as a veth's does) or fewer in the tree"
+                (
+                    iface.name,
+                    f"{iface.name} has {in_use} TX queue{'s' if in_use != 1 else ''} in use, fewer "
+                    f"than the {highest} its mq tree steers to: the packets steered past them "
+                    f"would leave by the first queue instead; use more (ethtool -L "
+                    f"{iface.name} combined {highest}, or tx {highest} where the driver counts TX "
+                    "queues apart, as a veth's does) or fewer in the tree",
+                )
             )
         spread = ir.spread_queues(iface)
         if spread and in_use is not None and in_use > spread:
             out.append(
-                f"{iface.name} has {in_use} TX queues in use, more than the {spread} its mq "
-                f"tree is spread over: what no line matches could leave by one of the others, "
-                f"unshaped; write 'mq queues {in_use}', or use {spread} (ethtool -L "
-                f"{iface.name} combined {spread})"
+                (
+                    iface.name,
+                    f"{iface.name} has {in_use} TX queues in use, more than the {spread} its mq "
+                    f"tree is spread over: what no line matches could leave by one of the others, "
+                    f"unshaped; write 'mq queues {in_use}', or use {spread} (ethtool -L "
+                    f"{iface.name} combined {spread})",
+                )
             )
     return out
 
 
-def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[str]:
-    """What is wrong with each device whose ingress slot (``ffff:``) holds the kind of qdisc
-    that excludes the one the policy puts there (``clsact`` for an mq tree's steering,
-    ``ingress`` for a download or ingress policing), unless a tree of ``owned`` (the live
+def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[tuple[str, str]]:
+    """What is wrong with each device (device, message) whose ingress slot (``ffff:``)
+    holds the kind of qdisc that excludes the one the policy puts there (``clsact`` for an
+    mq tree's steering, ``ingress`` for a download or ingress policing), unless a tree of
+    ``owned`` (the live
     policy's, which the change removes) put it there."""
     mine = {o.dev for tree in owned for o in tree.objects if in_ingress_slot(o)}
-    out = []
+    out: list[tuple[str, str]] = []
     for device, kind in dict.fromkeys(filter(None, map(ingress_slot, policy.interfaces))):
         there = live_qdisc(device, "ingress")
         found = there.split()[0] if there else None
@@ -570,8 +582,11 @@ def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[str]:
                 f"(tc qdisc del dev {device} {found})"
             )
             out.append(
-                f"{device} has the {found} qdisc in its ingress slot (ffff:), which excludes the "
-                f"{kind} qdisc this policy puts there; {way}"
+                (
+                    device,
+                    f"{device} has the {found} qdisc in its ingress slot (ffff:), which "
+                    f"excludes the {kind} qdisc this policy puts there; {way}",
+                )
             )
     return out
 
@@ -750,17 +765,26 @@ def _fits(policy: ir.Policy, owned: Iterable[Tree], name: str) -> None:
     """Refuse (OpsError) a policy whose devices are missing, shaped by a policy applied
     under another name than ``name``, have fewer TX queues than its mq trees use, or an
     ingress slot another qdisc holds (``owned``: the trees being replaced)."""
+    # (at the first tree on the device: where the policy names it)
+    spans = {i.interface: i.span for i in reversed(policy.interfaces)}
     missing = missing_devices(policy)
     if missing:
-        raise MissingDevice(f"no such device: {', '.join(missing)}; nothing was changed")
+        raise MissingDevice(
+            f"no such device: {', '.join(missing)}; nothing was changed", spans[missing[0]]
+        )
     short = [
-        f"{device} is shaped by the policy applied as '{other}': apply this one under that "
-        f"name (--name {other}) to change it, or take that one down first (tcdsl down {other})"
+        (
+            device,
+            f"{device} is shaped by the policy applied as '{other}': apply this one under "
+            f"that name (--name {other}) to change it, or take that one down first (tcdsl "
+            f"down {other})",
+        )
         for device, other in shaped_by_others(policy, name).items()
     ]
     short += short_of_queues(policy) + slots_taken(policy, owned)
     if short:
-        raise UnfitDevice(f"{'; '.join(short)}; nothing was changed")
+        said = "; ".join(message for _, message in short)
+        raise UnfitDevice(f"{said}; nothing was changed", spans.get(short[0][0]))
 
 
 def apply(

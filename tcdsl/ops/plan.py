@@ -437,6 +437,7 @@ def _in_place(
         if o.kind == "qdisc" and o.qdisc_kind == "mq"
     }
     moves = _class_moves(old, new)
+    leaves = {x.parent for x in new.values() if x.kind == "qdisc"} if moves else set()
     moved_from = {o.handle for o, _ in moves.values()}
     moved_to = {n.handle for _, n in moves.values()}
     for key, n in new.items():
@@ -445,7 +446,8 @@ def _in_place(
         o = old.get(key)
         if o is None:
             if n.kind == "class" and n.what in moves:
-                plan.changes.append(Change("~", _move_text(*moves[n.what], names), n.span))
+                leaf = n.handle in leaves
+                plan.changes.append(Change("~", _move_text(*moves[n.what], names, leaf), n.span))
             elif not (n.kind == "qdisc" and n.parent in moved_to):  # a moved class's leaf
                 plan.changes.append(Change("+", _what(n, names[1]), n.span))
             if n.kind == "qdisc" and _major(n.parent) in queues:
@@ -697,14 +699,16 @@ def _class_moves(old: Mapping[Key, Obj], new: Mapping[Key, Obj]) -> dict[str, tu
     }
 
 
-def _move_text(o: Obj, n: Obj, names: Names) -> str:
-    """``class c102 moves from north to south: ...``, for a class made again elsewhere."""
+def _move_text(o: Obj, n: Obj, names: Names, leaf: bool) -> str:
+    """``class c102 moves from north to south: ...``, for a class made again elsewhere
+    (``leaf``: with the leaf qdisc it has)."""
     was, now = (m.get(p or "", p) for m, p in zip(names, (o.parent, n.parent), strict=True))
     # the same parent's name under a new id: the parent moved, and this class with it
     where = f"from {was} to {now}" if was != now else f"with {now}"
     return (
-        f"{n.what} moves {where}: made again as {n.handle} (was {o.handle}), with its leaf, "
-        "before the old one goes; its counters start from 0"
+        f"{n.what} moves {where}: made again as {n.handle} (was {o.handle})"
+        f"{', with its leaf,' if leaf else ''} before the old one goes; its counters start "
+        "from 0"
     )
 
 

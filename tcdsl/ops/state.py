@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tcdsl.diagnostics import Span
 from tcdsl.lock import held
 
 STATE_DIR = "/var/lib/tcdsl"
@@ -184,7 +185,12 @@ class OpsError(Exception):
 
 class UnfitDevice(OpsError):
     """A device the operation changes cannot take the policy (E602): too few TX queues for
-    its mq tree, its ingress slot held by another qdisc."""
+    its mq tree, its ingress slot held by another qdisc; ``span``: where the policy names
+    it, when known."""
+
+    def __init__(self, message: str, span: Span | None = None) -> None:
+        super().__init__(message)
+        self.span = span
 
 
 class MissingDevice(UnfitDevice):

@@ -375,11 +375,14 @@ def build(
     else:
         ifaces = [i for i in policy.interfaces if i.name in devices]
         claimed = {(i.name, str(d.cls.classid)) for i in ifaces for d in _declared(i.root, 0, None)}
-        for i in ifaces:  # an mq's classes are its TX queues, which the kernel makes
-            if isinstance(i.root, ir.Mq) and i.root.handle is not None:
-                claimed |= {
-                    (i.name, f"{i.root.handle.major:x}:{q.number:x}") for q in i.root.queues
-                }
+        # an mq's classes are the device's TX queues, which the kernel makes (one for each,
+        # those the policy leaves to the kernel's default qdisc too)
+        mq = {
+            (i.name, f"{i.root.handle.major:x}:")
+            for i in ifaces
+            if isinstance(i.root, ir.Mq) and i.root.handle is not None
+        }
+        for i in ifaces:
             # and a tbf's or netem's one class (X:1), which holds its child qdisc
             claimed |= {
                 (i.name, f"{q.handle.major:x}:1")
@@ -392,7 +395,10 @@ def build(
             if iface.name not in placed:  # the device's unknown classes go to its first tree
                 placed.add(iface.name)
                 extra = [
-                    c for c in now[iface.name].classes if (iface.name, c.classid) not in claimed
+                    c
+                    for c in now[iface.name].classes
+                    if (iface.name, c.classid) not in claimed
+                    and (iface.name, f"{c.classid.partition(':')[0]}:") not in mq
                 ]
             trees.append(_policy_tree(iface, readings, extra))
     some = next(iter(now.values()), None)
