@@ -643,6 +643,8 @@ def marks_expressible(policy: ir.Policy) -> Iterator[Diagnostic]:
                     s.cls.mark.span,
                 )
             continue
+        if isinstance(s.iface.root, ir.Mq):
+            continue  # no marking there at all (E268): what it would say is moot
         mask = s.iface.marking.mask
         mark = s.cls.mark
         if mask is not None and mark is not None and mark.value & ~mask.value:
