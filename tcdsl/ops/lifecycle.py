@@ -284,11 +284,8 @@ def _compile_applied(applied: Applied) -> ir.Policy:
         loader=lambda p: applied.sources[p],
         pins=stored_pins(applied),
         tables=applied.sources.get,
-        # what it read from outside its folder, as apply allowed (--include-path); its
-        # paths are resolved from here, as the reader resolves them
-        access=Access(
-            tuple(sorted({os.path.dirname(os.path.abspath(p)) for p in applied.sources}))
-        ),
+        # its text is the record's, which apply read as it allowed (--include-path, links)
+        access=Access(anywhere=True),
     )
     if result.policy is None:
         raise OpsError(f"the saved policy {applied.path} (generation {applied.generation}) "

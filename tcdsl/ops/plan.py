@@ -875,6 +875,17 @@ def restore_plan(old: ir.Policy | None, new: ir.Policy) -> Plan:
     if old is None:
         return make_plan(trees_of(new), ())
     restore = make_plan((), trees_of(old))
+    # the new policy's clsact or ingress qdisc where the old one's is of the other kind goes
+    # first: the old tree's teardown replaces the slot's qdisc, which the other kind refuses
+    kinds = {o.key: o.qdisc_kind for t in trees_of(old) for o in t.objects if in_ingress_slot(o)}
+    stale = [
+        ("qdisc", "del", "dev", o.dev, o.qdisc_kind or "ingress")
+        for t in trees_of(new)
+        for o in t.objects
+        if in_ingress_slot(o) and o.key in kinds and kinds[o.key] != o.qdisc_kind
+    ]
+    if stale:
+        restore.steps.insert(0, _cleanup("tc", stale))
     extra = make_plan(trees_of(new), trees_of(old))
     restore.steps += [s for s in extra.steps if not s.fatal]
     return restore
