@@ -109,6 +109,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E270": CodeInfo(_E, "A subscribers statement's template that cannot apply to every row"),
     "E271": CodeInfo(_E, "A subscribers statement outside an htb"),
     "E272": CodeInfo(_E, "A subscribers statement in a tree whose direction it cannot know"),
+    "E273": CodeInfo(_E, "Two trees' marks that share bits, one's reaching the other's"),
     # E27x: tcdsl import
     "E235": CodeInfo(_E, "An hfsc service curve tc refuses (two zero slopes, umax without dmax)"),
     "E236": CodeInfo(_E, "An hfsc class without an rt or ls curve"),

@@ -106,6 +106,141 @@ def download_marks_where_they_arrive(policy: ir.Policy) -> Iterator[Diagnostic]:
         )
 
 
+ANY = None
+"""In the arrivals a tree's marking rules see: every interface (``from any``; an interface
+named ``any``, written ``from "any"``, is a string)."""
+
+
+def _sees(iface: ir.Interface) -> frozenset[str | None]:
+    """The interfaces whose arriving packets ``iface``'s marking rules mark before routing
+    sends them on (PREROUTING, or a download's FORWARD and INPUT); none for rules on the
+    way out (``from local``, ``at postrouting``: only packets leaving the tree's own
+    interface)."""
+    m = iface.marking
+    if m is None or m.hook != "prerouting":
+        return frozenset()
+    return frozenset((m.from_interface,))
+
+
+def _carries(iface: ir.Interface) -> frozenset[str | None]:
+    """The interfaces whose arriving packets leave the router with ``iface``'s marks: those
+    its rules mark, and a download's own (its redirect restores the connection's mark)."""
+    own = frozenset((iface.download.interface,) if iface.download is not None else ())
+    return _sees(iface) | own
+
+
+def _arrivals(where: frozenset[str | None]) -> str:
+    return "any interface" if ANY in where else " and ".join(sorted(filter(None, where)))
+
+
+def _reach(a: ir.Interface, b: ir.Interface) -> str | None:
+    """How the marks ``a``'s rules set reach the packets ``b``'s fw filters classify (in
+    words), or None when they cannot."""
+    carried, seen_a, seen_b = _carries(a), _sees(a), _sees(b)
+    if b.download is None:
+        if carried - {b.interface}:
+            return (
+                f"packets arriving on {_arrivals(carried)} can leave by {b.interface} with "
+                f"the marks of '{a.label}', which the fw filters of '{b.label}' read"
+            )
+        return None
+    # the arrivals both rules mark ('from any' takes the other's)
+    shared = seen_b if ANY in seen_a else seen_a if ANY in seen_b else seen_a & seen_b
+    if shared:
+        return (
+            f"the rules of both mark packets arriving on {_arrivals(shared)}: the first to "
+            "mark one leaves it marked for the other (a rule marks only unmarked packets), "
+            f"and the download of '{b.interface}' saves that mark on the connection and "
+            "classifies by it"
+        )
+    if a.download is not None and carried - {b.interface}:
+        return (
+            f"'{a.label}' saves its marks on the connections of packets arriving on "
+            f"{_arrivals(carried)}, and a connection forwarded between there and "
+            f"{b.interface} has them restored by the download redirect of '{b.interface}'"
+        )
+    return None
+
+
+def _sees_them(a: ir.Interface, b: ir.Interface) -> bool:
+    """Whether ``b``'s rules see packets that carry ``a``'s marks (:func:`_reach` holds)."""
+    m = b.marking
+    assert m is not None
+    if b.download is not None:
+        return True  # its rules mark what arrives on its interface: the packets reached
+    if m.hook == "output":
+        return False  # only the host's own packets, which no other tree marks first
+    if m.hook == "postrouting":
+        return True  # every packet leaving by its interface
+    carried = _carries(a)
+    return ANY in carried or m.from_interface is ANY or m.from_interface in carried
+
+
+def _classes_by_mark(iface: ir.Interface) -> dict[int, str]:
+    """Each mark of ``iface``'s classes and the class (its fw filter's)."""
+    return {
+        c.fwmark: c.label
+        for q in ir.walk_qdiscs(iface.root)
+        for c in ir.classes_of(q)
+        if c.fwmark is not None
+    }
+
+
+def marks_kept_apart(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """E273: two trees classifying by mark, where the marks one tree's rules set reach the
+    packets the other classifies and the other would misread them: its rules mark only
+    packets whose mark bits are clear, so one its rules see keeps the first tree's mark
+    (two WAN interfaces both marking 'from lan0'); and one they do not see goes to the
+    class whose mark equals it. Disjoint masks keep them apart. (Allocated: the marks.)"""
+    marking = [
+        i for i in policy.interfaces if i.marking is not None and not isinstance(i.root, ir.Mq)
+    ]
+    marks = {id(i): _classes_by_mark(i) for i in marking}
+    for n, b in enumerate(marking):
+        for a in marking[:n]:
+            found = _misread(a, b, marks) or _misread(b, a, marks)
+            if found is None:
+                continue
+            ma, mb = a.marking, b.marking
+            assert ma is not None and mb is not None
+            yield Diagnostic.error(
+                "E273",
+                f"{found}: those packets are classified by the other tree's marks; give each "
+                "tree mark bits of its own ('mask 0xffff' on one, 'mask 0xffff0000' on the "
+                "other)",
+                mb.span,
+                Note(f"the marks of '{a.label}' are chosen here", ma.span),
+            )
+
+
+def _misread(a: ir.Interface, b: ir.Interface, marks: dict[int, dict[int, str]]) -> str | None:
+    """How ``b`` misreads the marks of ``a`` (in words), or None if it cannot."""
+    ma, mb = a.marking, b.marking
+    assert ma is not None and mb is not None
+    if not set(a.families) & set(b.families):
+        return None
+    why = _reach(a, b)
+    if why is None:
+        return None
+    theirs, ours = marks[id(a)], marks[id(b)]
+    read = mb.mask_value
+    if _sees_them(a, b):
+        shared = next((v for v in sorted(theirs) if v & read), None)
+        if shared is None:
+            return None
+        return (
+            f"{why}; the rules of '{b.label}' mark only packets whose bits {read:#x} are "
+            f"clear, and '{a.label}' sets some of them (mark {shared:#x}, {theirs[shared]})"
+        )
+    clash = next((v for v in sorted(theirs) if v & read in ours), None)
+    if clash is None:
+        return None
+    return (
+        f"{why}; mark {clash:#x} ({theirs[clash]} of '{a.label}') reads as "
+        f"{clash & read:#x} there, the mark of {ours[clash & read]}"
+    )
+
+
 def download_nat(policy: ir.Policy) -> Iterator[Diagnostic]:
     """W360: a download u32 match on a private (RFC 1918) destination: on ingress a NAT
     router's downloads are still addressed to its public address. A subscriber table's

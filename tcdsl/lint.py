@@ -17,6 +17,7 @@ from tcdsl import ir, lower, u32layout
 from tcdsl.allocate import IPV6_PREF_OFFSET
 from tcdsl.checks import effective_ceil, rate_of, sites
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.directions import marks_kept_apart
 from tcdsl.matching import Bits, filter_bits, kernel_order, match_pref
 from tcdsl.tcmath import HTB_QUANTUM, htb_quantum, htb_r2q_fits
 from tcdsl.units import format_rate, format_size, format_time
@@ -997,6 +998,7 @@ LINTS: tuple[Lint, ...] = (
     ceilings_share_sensibly,
     u32_lines_before_marks,
     u32_order_kept,
+    marks_kept_apart,
     prefs_fit_their_parent,
     ports_need_a_port_protocol,
     leaf_queues_sensible,

@@ -263,6 +263,9 @@ class VGen:
     generator (``random_policies``). Every choice goes through it."""
     kernel: Kernel
     consts: list[str] = field(default_factory=list)
+    marked: bool = False
+    """Whether a tree of the policy classifies by mark (one at most: two marking from one
+    interface, with marks sharing bits, are E273)."""
     # per interface
     names: set[str] = field(default_factory=set)
     majors: set[int] = field(default_factory=set)
@@ -1096,7 +1099,14 @@ class VGen:
         if kind == "cake":
             return [f"interface {ifname} cake{self.handle()} " + " ".join(self.cake_options())]
         classify = ""
-        if marking and self.uml and kind in ("htb", "prio", "hfsc") and self.chance(0.3):
+        if (
+            marking
+            and self.uml
+            and kind in ("htb", "prio", "hfsc")
+            and not self.marked
+            and (self.chance(0.3))
+        ):
+            self.marked = True
             chain = self.pick(("", f" chain SHAPE{index}", f' chain "MARK-{index}"'))
             classify = f"classify by mark from {MARK_FROM}{chain}"
         self.tree_words = ""

@@ -333,6 +333,46 @@ def test_cli_text(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+VOIP = """\
+interface eth0 htb rate 10mbit default bulk {
+    class voip rate 2mbit match proto udp dport 5060
+    class other rate 1mbit match src 10.0.0.0/8
+    class bulk rate 1mbit
+}
+"""
+
+
+def test_cli_says_where_the_fragments_of_a_big_packet_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: a UDP packet of 3000 bytes was said to go to 'voip' with no word
+    that it leaves in fragments and that the later ones, without the ports, end elsewhere.
+    Now a note names where they end (the class of 'laterfrag'), in text and JSON; a packet
+    that fits, a fragment already, and TCP (a GSO packet, cut after the qdisc) get none."""
+    policy = tmp_path / "voip.tcp"
+    policy.write_text(VOIP, encoding="utf-8")
+    big = _run(monkeypatch, str(policy), "--packet", "udp dport 5060 size 3000")
+    assert big.exit_code == 0, big.output
+    lines = big.stdout.splitlines()
+    assert lines[0].endswith("-> class 'voip' (1:10), leaf pfifo (kernel default)"), lines
+    assert lines[-1].startswith("    note: a packet of 2986 bytes is more than a 1500-byte MTU")
+    assert lines[-1].endswith("end in class 'other' (1:20), leaf pfifo (kernel default)"), lines
+    later = _run(monkeypatch, str(policy), "--packet", "udp dport 5060 laterfrag")
+    assert "-> class 'other' (1:20)" in later.stdout.splitlines()[0], later.stdout
+    same = _run(monkeypatch, str(policy), "--packet", "udp dport 9 src 1.2.3.4 size 2000")
+    assert "the later ones (classify '... laterfrag') end there too" in same.stdout, same.stdout
+    v6 = _run(monkeypatch, str(policy), "--packet", "ipv6 udp dport 5060 iplen 4000")
+    assert "(IPv6: cut by the host that sends it;" in v6.stdout, v6.stdout
+    for fits in ("udp dport 5060", "tcp dport 5060 size 9000", "udp dport 5060 frag size 3000"):
+        quiet = _run(monkeypatch, str(policy), "--packet", fits)
+        assert quiet.exit_code == 0 and "note:" not in quiet.stdout, (fits, quiet.stdout)
+    shown = _run(monkeypatch, str(policy), "--packet", "udp dport 5060 size 3000", "--packet",
+                 "udp dport 5060", "--format", "json")  # fmt: skip
+    first, second = json.loads(shown.stdout)
+    assert first["later_fragments"] == "class 'other' (1:20), leaf pfifo (kernel default)"
+    assert second["later_fragments"] is None
+
+
 def test_cli_direct_and_classless(monkeypatch: pytest.MonkeyPatch) -> None:
     result = _run(monkeypatch, "policies/seeds/s001-htb-700-300.tcp", "--packet", "udp src 1.2.3.4")
     assert result.exit_code == 0, result.output

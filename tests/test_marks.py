@@ -291,3 +291,115 @@ def test_download_marking_runs_in_both_tables(tmp_path: Path) -> None:
     assert result.policy is not None
     nft = "\n".join(nft_table_lines(result.policy.interfaces[0]))
     assert 'iifname "eth0" meta nfproto ipv6 meta l4proto tcp th sport 443 meta mark 0' in nft
+
+
+def _tree(name: str, source: str, mask: str = "", direction: str = "") -> str:
+    """A tree of ``name`` classifying by mark ``source`` (``direction``: ``download
+    connmark`` for a download in an interface block)."""
+    head = f"interface {name} {{\n    {direction} htb" if direction else f"interface {name} htb"
+    close = "}\n}\n" if direction else "}\n"
+    return (
+        f"{head} rate 10mbit default bulk {{\n"
+        f"    classify by mark {source}{mask}\n"
+        "    class web rate 5mbit match proto tcp dport 80\n"
+        f"    class bulk rate 1mbit\n{close}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("trees", "reaches"),
+    [
+        # two WAN uploads marking what arrives on the LAN: both chains see every LAN packet
+        (
+            [("wan0", "from lan0"), ("wan1", "from lan0")],
+            "packets arriving on lan0 can leave by wan1 with the marks of 'wan0'",
+        ),
+        (
+            [("wan0", "from any"), ("lan0", "from wan0")],
+            "packets arriving on any interface can leave by lan0 with the marks of 'wan0'",
+        ),
+        # an upload marking all arrivals, and its own download saving marks on connections
+        (
+            [("wan0", "from any"), ("wan0", "from wan0", "download connmark")],
+            "the rules of both mark packets arriving on wan0",
+        ),
+        # the connections of one download's arrivals can be another's
+        (
+            [
+                ("wan0", "from wan0", "download connmark"),
+                ("wan1", "from wan1", "download connmark"),
+            ],
+            "a connection forwarded between there and wan1 has them restored",
+        ),
+        # a download's marks on packets forwarded out of another shaped interface
+        (
+            [("wan0", "from wan0", "download connmark"), ("lan1", "at postrouting")],
+            "packets arriving on wan0 can leave by lan1 with the marks of 'wan0 download",
+        ),
+        # a router's two sides: what each marks leaves by the other, where it is read
+        ([("wan0", "from lan0"), ("lan0", "from wan0")], None),
+        ([("wan0", "from lan0"), ("wan0", "from wan0", "download connmark")], None),
+        ([("wan0", "at postrouting"), ("wan1", "at postrouting")], None),
+        ([("wan0", "from local"), ("wan1", "at postrouting")], None),
+        # what a tree marks in PREROUTING leaves by one that marks only the host's own
+        # packets: read there as the class of the same mark
+        (
+            [("wan0", "from local"), ("wan1", "from lan0")],
+            "packets arriving on lan0 can leave by wan0 with the marks of 'wan1', which the "
+            "fw filters of 'wan0' read; mark 0xa (class 'web' of 'wan1') reads as 0xa there, "
+            "the mark of class 'web'",
+        ),
+        # ... unless no mark of one is a mark of the other (policies/router-marks.tcp)
+        ([("wan0", "from lan0", " mask 0xff00"), ("wan1", "from local")], None),
+        # rules that see the other's marked packets leave them be, whatever their values
+        (
+            [("wan0", "from lan0", " mask 0xff00"), ("wan1", "at postrouting")],
+            "the rules of 'wan1' mark only packets whose bits 0xffffffff are clear, and "
+            "'wan0' sets some of them (mark 0xa00, class 'web')",
+        ),
+        ([("wan0", "from lan0", " mask 0xffff"), ("wan1", "from lan0", " mask 0xffff0000")], None),
+    ],
+)
+def test_marks_of_two_trees_that_reach_each_other_keep_apart(
+    trees: list[tuple[str, ...]], reaches: str | None, tmp_path: Path
+) -> None:
+    """E273 (found by a tester: two WAN interfaces both 'classify by mark from lan0' were
+    compiled; the first chain marked every LAN packet, the second's rules mark only unmarked
+    packets, so what left by wan1 was classified by wan0's marks, and 'classify' said
+    otherwise): one tree's marks reach the packets another classifies, whose rules see them
+    and leave them marked, or whose fw filters read one as a mark of theirs; at the second's
+    'classify by mark' with a note at the first's. Trees whose rules mark only what the
+    other never reads pass, and so do disjoint masks."""
+    texts = [
+        _tree(t[0], t[1], direction=t[2]) if len(t) > 2 and "download" in t[2] else _tree(*t)
+        for t in trees
+    ]
+    merged = _merge(texts)
+    result = _compile(tmp_path, merged)
+    found = [d for d in result.diagnostics if d.code == "E273"]
+    if reaches is None:
+        assert not found and result.policy is not None, render(result.diagnostics, result.sources)
+        return
+    assert len(found) == 1, render(result.diagnostics, result.sources)
+    said = " ".join(found[0].message.split())
+    assert reaches in said and "give each tree mark bits of its own" in said, said
+    assert found[0].span.line > 1 and found[0].notes[0].span.line < found[0].span.line
+
+
+def _merge(texts: list[str]) -> str:
+    """Trees of one interface in one block (an upload and a download of wan0)."""
+    first, second = texts
+    if first.split()[1] != second.split()[1] or "{\n    download" not in second:
+        return first + second
+    upload = first.replace("htb", "{\n    upload htb", 1).rstrip() + "\n"
+    return upload + second.split("{\n", 1)[1]
+
+
+def test_marks_of_trees_of_other_families_keep_apart(tmp_path: Path) -> None:
+    """An IPv4-only and an IPv6-only tree marking the same arrivals never see one packet."""
+    v4 = _tree("wan0", "from lan0").replace("htb rate", "family ipv4 htb rate")
+    v6 = _tree("wan1", "from lan0").replace("htb rate", "family ipv6 htb rate")
+    result = _compile(tmp_path, v4 + v6)
+    assert result.policy is not None, render(result.diagnostics, result.sources)
+    both = _compile(tmp_path, v4 + _tree("wan1", "from lan0"))
+    assert [d.code for d in both.diagnostics if d.code.startswith("E")] == ["E273"]

@@ -1021,6 +1021,63 @@ def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: Hos
     assert tcdsl("down", "-i", "d9").code == 1
 
 
+def test_a_download_via_a_device_that_is_no_ifb_is_refused(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: 'download via vx0' with a veth vx0 was applied (the script refuses
+    it): d0's arrivals were redirected out of the veth, all lost, and 'down' deleted the veth
+    and its peer. Now plan and apply refuse it (E602 at the policy line), nothing changed."""
+    if not (host.ifb and "mirred" in host.actions):
+        pytest.skip("needs ifb and mirred")
+    run(["ip", "-n", tcdsl.ns, "link", "add", "vx0", "type", "veth", "peer", "name", "vx1"])
+    policy = tcdsl.write("p.tcp", FULL.replace("    download htb", "    download via vx0 htb"))
+    for command in (("plan",), ("apply", "--yes")):
+        refused = tcdsl(*command, policy)
+        assert refused.code == 1 and "[E602]" in refused.err, refused
+        said = " ".join(refused.err.split())
+        assert "vx0 exists and is not an ifb device (veth)" in said, said
+        assert said.startswith(f"{policy}:1:11: error:"), said
+    assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert not (tcdsl.folder / "state" / "p" / "applied").exists()
+
+
+def test_down_deletes_a_downloads_device_only_while_it_is_an_ifb(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """The IFB a download was shaped on, gone and a veth of its name made since: neither
+    'down NAME' nor 'down -i' deletes that veth (the kernel ignores 'type ifb' on a delete)."""
+    if not (host.ifb and "mirred" in host.actions):
+        pytest.skip("needs ifb and mirred")
+    policy = tcdsl.write("full.tcp", FULL)
+    ns = ["ip", "-n", tcdsl.ns]
+    for way in ("name", "interface"):
+        assert tcdsl("apply", "--yes", policy).code == 0
+        run([*ns, "link", "del", "ifb4d0"])
+        run([*ns, "link", "add", "ifb4d0", "type", "veth", "peer", "name", "keep1"])
+        gone = tcdsl("down", "full") if way == "name" else tcdsl("down", "-i", "d0")
+        assert gone.code == 0, gone
+        links = run([*ns, "link", "show"]).stdout
+        assert "ifb4d0" in links and "keep1" in links, (way, links)
+        assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0"), way
+        run([*ns, "link", "del", "ifb4d0"])
+
+
+def test_a_downloads_hand_made_ingress_qdisc_is_named_in_the_plan(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """An old script's ingress qdisc and filter on d0, which a download's redirect replaces:
+    the plan says so ('(no state)'), as it does for a root qdisc; it was replaced silently."""
+    if not (host.ifb and "mirred" in host.actions):
+        pytest.skip("needs ifb and mirred")
+    tcdsl.tc("qdisc", "add", "dev", "d0", "handle", "ffff:", "ingress")
+    tcdsl.tc("filter", "add", "dev", "d0", "parent", "ffff:", "protocol", "ip", "u32",
+             "match", "u32", "0", "0", "flowid", "ffff:1")  # fmt: skip
+    policy = tcdsl.write("full.tcp", FULL)
+    shown = tcdsl("plan", policy)
+    assert shown.code == 4, shown
+    said = "tree d0 download (via ifb4d0): replaces the ingress qdisc ffff: on d0 (no state)"
+    assert said in shown.out, shown
+
+
 def test_down_of_the_interface_keeps_the_state_of_another_namespaces_device(
     tcdsl: Tcdsl, make_netns: Callable[[], str]
 ) -> None:

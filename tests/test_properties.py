@@ -671,10 +671,12 @@ def policies(draw: st.DrawFn, target: str | None = None) -> tuple[str, bool, lis
     if count == 2 and gen.mistake("interface declared twice"):
         chosen[1] = chosen[0]
     lines: list[str] = [f"# generated policy, {count} interface(s)"]
+    marked = False  # two trees marking what arrives on eth1 would be E273
     for i, ifname in enumerate(chosen):
         chain = None
-        if gen.chance(0.8 if target in MARKS else 0.3):
+        if not marked and gen.chance(0.8 if target in MARKS else 0.3):
             chain = gen.pick(("", f" chain SHAPE{i}", f' chain "MARK-{i}"'))
+            marked = True
         if gen.chance(0.8 if target in DIRECTIONS else 0.3) and not gen.mistakes:
             lines += gen.directions(ifname, i, chain)
         else:

@@ -30,7 +30,14 @@ from tcdsl.frontend.source import Access, SourceError, decode_policy, normalise_
 from tcdsl.lock import interface_locks
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.desired import Tree, class_ids, trees_from_json, trees_json, trees_of
-from tcdsl.ops.live import device_exists, drift, fingerprint, live_qdisc, tx_queue_count
+from tcdsl.ops.live import (
+    device_exists,
+    drift,
+    fingerprint,
+    link_kind,
+    live_qdisc,
+    tx_queue_count,
+)
 from tcdsl.ops.plan import Change, Plan, in_ingress_slot, make_plan, remove_tree, restore_plan
 from tcdsl.ops.state import (
     KEEP,
@@ -559,19 +566,39 @@ def short_of_queues(policy: ir.Policy) -> list[tuple[str, str]]:
     return out
 
 
+def not_ifbs(policy: ir.Policy) -> list[tuple[str, str]]:
+    """What is wrong with each device (the downloading interface, message) whose download
+    names a device that exists and is not an IFB: its arrivals would be redirected there
+    (out of a veth or a NIC, not shaped), and taking the policy down would delete it."""
+    out: list[tuple[str, str]] = []
+    for iface in policy.interfaces:
+        if iface.download is None:
+            continue
+        kind = link_kind(iface.name)
+        if kind is not None and kind != "ifb":
+            out.append(
+                (
+                    iface.download.interface,
+                    f"{iface.name} exists and is not an ifb device ({kind or 'no kind'}): a "
+                    f"download needs an ifb of its own; name another (download via NAME) or "
+                    f"remove {iface.name}",
+                )
+            )
+    return out
+
+
 def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[tuple[str, str]]:
     """What is wrong with each device (device, message) whose ingress slot (``ffff:``)
     holds the kind of qdisc that excludes the one the policy puts there (``clsact`` for an
     mq tree's steering, ``ingress`` for a download or ingress policing), unless a tree of
-    ``owned`` (the live
-    policy's, which the change removes) put it there."""
+    ``owned`` (the live policy's, which the change removes) put it there."""
     mine = {o.dev for tree in owned for o in tree.objects if in_ingress_slot(o)}
     out: list[tuple[str, str]] = []
     for device, kind in dict.fromkeys(filter(None, map(ingress_slot, policy.interfaces))):
         there = live_qdisc(device, "ingress")
         found = there.split()[0] if there else None
         if found in ("clsact", "ingress") and found != kind and device not in mine:
-            owner = _applied_by(device)
+            owner = _owners().get(device)
             way = (
                 f"remove it first (tcdsl down {owner}, which applied it)"
                 if owner
@@ -591,13 +618,14 @@ def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[tuple[str, str
 def shaped_by_others(policy: ir.Policy, name: str) -> dict[str, str]:
     """The devices of ``policy`` that a policy applied under another name than ``name``
     shapes, and that name."""
-    found = {device: _applied_by(device, besides=name) for device in _devices(policy)}
-    return {device: other for device, other in found.items() if other is not None}
+    owners = _owners(besides=name)
+    return {device: owners[device] for device in _devices(policy) if device in owners}
 
 
-def _applied_by(device: str, besides: str | None = None) -> str | None:
-    """The name (other than ``besides``) of the policy whose live record owns ``device`` in
-    this network namespace, if one does (the first by name)."""
+def _owners(besides: str | None = None) -> dict[str, str]:
+    """Each device a policy's live record owns in this network namespace, and that policy's
+    name (the first by name; ``besides``'s own left out): every record read once."""
+    found: dict[str, str] = {}
     for store in Store.every():
         if store.name == besides:
             continue
@@ -605,9 +633,10 @@ def _applied_by(device: str, besides: str | None = None) -> str | None:
             applied = store.current()
         except (OpsError, OSError):
             continue
-        if applied is not None and applied.here and device in applied.devices:
-            return store.name
-    return None
+        if applied is not None and applied.here:
+            for device in applied.devices:
+                found.setdefault(device, store.name)
+    return found
 
 
 @dataclass(slots=True)
@@ -725,21 +754,27 @@ def _foreign(
     """A new tree on a device that already has a tree no applied policy records (an old
     script's): its plan line says that it replaces it."""
     known = {t.label for t in old}
+    # the slots the live trees hold (an mq tree's clsact, where a download's ingress goes)
+    held = {(o.dev, "ingress" if in_ingress_slot(o) else "root") for t in old for o in t.objects}
     for tree in new:
         if tree.label in known:
             continue
         iface = tree.iface or (ifaces(tree.label) if ifaces is not None else None)
-        if iface is None or iface.download is not None:
+        if iface is None:
             continue
-        where = "ingress" if iface.direction == "ingress" else "root"
-        shown = live_qdisc(iface.name, where)
-        if shown is None:
+        if iface.download is not None:  # the redirect's ingress qdisc, the IFB's tree
+            slots = [(iface.download.interface, "ingress"), (iface.name, "root")]
+        else:
+            slots = [(iface.name, "ingress" if iface.direction == "ingress" else "root")]
+        slots = [slot for slot in slots if slot not in held]
+        found = [f"{shown} on {dev}" for dev, where in slots if (shown := live_qdisc(dev, where))]
+        if not found:
             continue
         for n, change in enumerate(plan.changes):
             if change.sign == "+" and change.text == f"tree {iface.label}":
-                text = f"tree {iface.label}: replaces the {shown} on {iface.name} (no state)"
+                text = f"tree {iface.label}: replaces the {' and the '.join(found)} (no state)"
                 plan.changes[n] = Change("!", text, change.span)
-                plan.replaced.append(f"{shown} on {iface.name}")
+                plan.replaced.extend(found)
 
 
 def _nothing() -> ir.Policy:
@@ -778,7 +813,7 @@ def _fits(policy: ir.Policy, owned: Iterable[Tree], name: str) -> None:
         )
         for device, other in shaped_by_others(policy, name).items()
     ]
-    short += short_of_queues(policy) + slots_taken(policy, owned)
+    short += not_ifbs(policy) + short_of_queues(policy) + slots_taken(policy, owned)
     if short:
         said = "; ".join(message for _, message in short)
         raise UnfitDevice(f"{said}; nothing was changed", spans.get(short[0][0]))
@@ -1044,8 +1079,7 @@ def down_interface(device: str, runner: Runner = run_command) -> list[str]:
         if ours and _quiet(runner, ["tc", "qdisc", "del", "dev", device, where]):
             removed.append(f"- {where} qdisc of {device}")
     ifb = ifb_name_for(device)
-    is_ifb = "ifb" in runner(["ip", "-d", "link", "show", "dev", ifb], None).stdout
-    if is_ifb and _quiet(runner, ["ip", "link", "del", "dev", ifb]):
+    if link_kind(ifb) == "ifb" and _quiet(runner, ["ip", "link", "del", "dev", ifb]):
         removed.append(f"- {ifb} (the IFB of {device}'s downloads) and its tree")
     chain = default_chain(device)
     for tool in ("iptables", "ip6tables"):

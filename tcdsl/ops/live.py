@@ -47,6 +47,22 @@ def device_exists(name: str) -> bool:
     return done.returncode == 0
 
 
+def link_kind(name: str) -> str | None:
+    """The kind of the network device (``ifb``, ``veth``; ``""`` for one without a kind, a
+    physical NIC's), None when there is no such device (in this namespace)."""
+    done = subprocess.run(
+        ["ip", "-d", "-j", "link", "show", "dev", name], capture_output=True, text=True,
+        check=False, env=_C,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return None
+    try:
+        kind = json.loads(done.stdout)[0].get("linkinfo", {}).get("info_kind", "")
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return ""
+    return kind if isinstance(kind, str) else ""
+
+
 def tx_queue_count(name: str) -> tuple[int | None, int | None]:
     """How many TX queues the device has, as the kernel tells this namespace (``ip -d``'s
     ``num_tx_queues``), and how many of them are in use (``real_num_tx_queues``: the

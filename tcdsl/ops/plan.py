@@ -270,9 +270,9 @@ def _subtree(objects: dict[Key, Obj], top: Obj) -> list[Obj]:
     for o in objects.values():
         if o is top:
             continue
-        if o.kind == "class" and f"{(o.handle or '').split(':')[0]}:" in majors:
+        if o.kind == "class" and _major(o.handle) in majors:
             out.append(o)
-        elif o.kind in ("qdisc", "filters") and f"{(o.parent or '').split(':')[0]}:" in majors:
+        elif o.kind in ("qdisc", "filters") and _major(o.parent) in majors:
             out.append(o)
             if o.kind == "qdisc":
                 majors.add(o.handle)
@@ -431,11 +431,7 @@ def _in_place(
     groups in u32 tables go to ``swaps``."""
     build: list[Command] = []
     replaced: set[Key] = set()
-    queues = {
-        o.handle
-        for o in [*old.values(), *new.values()]
-        if o.kind == "qdisc" and o.qdisc_kind == "mq"
-    }
+    queues = {o.handle for o in [*old.values(), *new.values()] if _is_mq(o)}
     moves = _class_moves(old, new)
     leaves = {x.parent for x in new.values() if x.kind == "qdisc"} if moves else set()
     moved_from = {o.handle for o, _ in moves.values()}
@@ -874,19 +870,16 @@ def restore_plan(old: ir.Policy | None, new: ir.Policy) -> Plan:
     ``new``'s other trees removed (or, without ``old``, ``new``'s trees removed)."""
     if old is None:
         return make_plan(trees_of(new), ())
-    restore = make_plan((), trees_of(old))
+    old_trees, new_trees = trees_of(old), trees_of(new)
+    restore = make_plan((), old_trees)
     # the new policy's clsact or ingress qdisc where the old one's is of the other kind goes
     # first: the old tree's teardown replaces the slot's qdisc, which the other kind refuses
-    kinds = {o.key: o.qdisc_kind for t in trees_of(old) for o in t.objects if in_ingress_slot(o)}
-    stale = [
-        ("qdisc", "del", "dev", o.dev, o.qdisc_kind or "ingress")
-        for t in trees_of(new)
-        for o in t.objects
-        if in_ingress_slot(o) and o.key in kinds and kinds[o.key] != o.qdisc_kind
-    ]
+    was = by_key(o for t in old_trees for o in t.objects)
+    now = by_key(o for t in new_trees for o in t.objects)
+    stale = _slot_left({k: o for k, o in now.items() if k in was}, was)
     if stale:
         restore.steps.insert(0, _cleanup("tc", stale))
-    extra = make_plan(trees_of(new), trees_of(old))
+    extra = make_plan(new_trees, old_trees)
     restore.steps += [s for s in extra.steps if not s.fatal]
     return restore
 

@@ -42,6 +42,7 @@ The packet's priority is never a class id.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -52,7 +53,13 @@ from tcdsl.diagnostics import Span
 from tcdsl.frontend.chains import default_chain
 from tcdsl.matching import bits_match, filter_bits, filters_at, kernel_words, words_verdict
 from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
-from tcdsl.teach.traffic import EXTENSION_NAMES, LATER_FRAGMENT, PORTED, Packet
+from tcdsl.teach.traffic import (
+    ETHERNET_HEADER,
+    EXTENSION_NAMES,
+    LATER_FRAGMENT,
+    PORTED,
+    Packet,
+)
 
 T = TypeVar("T")
 
@@ -82,6 +89,9 @@ class Verdict:
     interface: ir.Interface
     steps: tuple[Step, ...]
     """From the root qdisc down."""
+    later: Verdict | None = None
+    """Where the packet's later fragments end, when a 1500-byte MTU does not hold it
+    (:func:`later_fragment`)."""
 
     @property
     def leaf(self) -> ir.Qdisc | None:
@@ -153,7 +163,27 @@ def classify(
     ``UnknownInterface``. The filters of the match lines in ``skip`` are passed over (where
     a policer's ``continue`` sends the traffic above its rate)."""
     iface = select_tree(policy, interface, direction)
-    return Verdict(iface, tuple(_Walk(iface, packet, skip).start()))
+    later = later_fragment(packet)
+    rest = Verdict(iface, tuple(_Walk(iface, later, skip).start())) if later else None
+    return Verdict(iface, tuple(_Walk(iface, packet, skip).start()), rest)
+
+
+MTU = 1500
+"""The MTU the fragments are cut for (Ethernet's)."""
+IPPROTO_TCP = 6
+
+
+def later_fragment(packet: Packet) -> Packet | None:
+    """A later fragment of ``packet`` (full-size) when a 1500-byte MTU does not hold it and
+    it is cut into fragments before a qdisc sees it; only the first fragment carries the
+    protocol's header (ports, TCP flags). None for a packet that fits, a fragment already,
+    or TCP (a TCP packet over the MTU is a GSO packet, cut after the qdisc, every segment
+    with its header)."""
+    if packet.fragment or packet.proto == IPPROTO_TCP or packet.size <= MTU + ETHERNET_HEADER:
+        return None
+    return dataclasses.replace(
+        packet, ext=(*packet.ext, LATER_FRAGMENT), size=MTU + ETHERNET_HEADER
+    )
 
 
 def select_tree(
@@ -731,7 +761,27 @@ def render_text(verdict: Verdict, packet: Packet) -> str:
     for step in verdict.steps:
         where = f"{step.span}: " if step.span is not None else ""
         lines.append(f"    {where}{_qdisc_name(step.qdisc)} {step.why}")
+    if verdict.later is not None:
+        lines.append(f"    note: {fragments_note(verdict, packet)}")
     return "".join(line + "\n" for line in lines)
+
+
+def fragments_note(verdict: Verdict, packet: Packet) -> str:
+    """What happens to the fragments of a packet a 1500-byte MTU does not hold."""
+    assert verdict.later is not None
+    ended = outcome(verdict.later)
+    where = "there too" if ended == outcome(verdict) else f"in {ended}"
+    header = "ports" if packet.proto in PORTED else "protocol's header"
+    sender = (
+        " (IPv6: cut by the host that sends it; a router drops it and answers Packet Too Big)"
+        if packet.family == "ipv6"
+        else ""
+    )
+    return (
+        f"a packet of {packet.size - ETHERNET_HEADER} bytes is more than a {MTU}-byte MTU "
+        f"holds: unless the device's MTU is larger, it leaves in fragments{sender}, and only "
+        f"the first has the {header}: the later ones (classify '... laterfrag') end {where}"
+    )
 
 
 def to_json(verdict: Verdict, packet: Packet) -> dict[str, object]:
@@ -758,6 +808,7 @@ def to_json(verdict: Verdict, packet: Packet) -> dict[str, object]:
         "direct": verdict.direct,
         "dropped": verdict.dropped,
         "outcome": outcome(verdict),
+        "later_fragments": None if verdict.later is None else outcome(verdict.later),
         "steps": [
             {
                 "qdisc": s.qdisc.kind,
