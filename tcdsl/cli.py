@@ -76,7 +76,7 @@ def _check_interface(
     try:
         select_tree(policy, interface, direction)
     except UnknownInterface as err:
-        raise click.BadParameter(str(err), param_hint="'--interface'") from None
+        raise click.BadParameter(str(err), param_hint=f"'{err.option}'") from None
 
 
 def _disabled_codes(
@@ -620,7 +620,7 @@ def classify_command(
     if applied is None:
         from tcdsl.ops.cli import other_name_note
 
-        other_name_note(checked, name or Path(policy).stem)
+        other_name_note(checked, name or Path(policy).stem, explicit=name is not None)
     note = _changed_note(policy, applied) if applied is not None else None
     if note is not None:
         click.echo(note, err=True)
@@ -630,7 +630,7 @@ def classify_command(
         try:
             verdicts.append((classify(checked, packet, interface, direction), packet))
         except UnknownInterface as err:
-            raise click.BadParameter(str(err), param_hint="'--interface'") from None
+            raise click.BadParameter(str(err), param_hint=f"'{err.option}'") from None
     if fmt == "json":
         click.echo(json.dumps([to_json(v, p) for v, p in verdicts], indent=2))
     else:

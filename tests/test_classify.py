@@ -24,7 +24,7 @@ from tcdsl.matching import kernel_order
 from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
 from tcdsl.tcmath import IP_TOS2PRIO as TOS_TO_PRIORITY
 from tcdsl.teach.classify import UnknownInterface, Verdict, classify, direction_of
-from tcdsl.teach.traffic import parse_packet
+from tcdsl.teach.traffic import SpecError, parse_packet
 from tests.conftest import ROOT
 
 OFFICE = ROOT / "policies" / "office.tcp"
@@ -371,6 +371,49 @@ def test_cli_says_where_the_fragments_of_a_big_packet_end(
     first, second = json.loads(shown.stdout)
     assert first["later_fragments"] == "class 'other' (1:20), leaf pfifo (kernel default)"
     assert second["later_fragments"] is None
+
+
+def test_cli_says_when_the_name_given_is_not_this_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: 'classify --name typo' answered silently with the file's own class
+    ids, as if they were the kernel's. Now a note says nothing is applied as that name (or
+    another file is); without --name, and with nothing applied, no note."""
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
+    policy = tmp_path / "voip.tcp"
+    policy.write_text(VOIP, encoding="utf-8")
+    named = _run(monkeypatch, str(policy), "--name", "typo", "--packet", "udp dport 5060")
+    assert named.exit_code == 0, named.output
+    assert "tcdsl: note: nothing is applied as 'typo': the class ids here are this file's own" in (
+        named.stderr
+    ), named.stderr
+    assert "-> class 'voip' (1:10)" in named.stdout
+    plain = _run(monkeypatch, str(policy), "--packet", "udp dport 5060")
+    assert plain.exit_code == 0 and plain.stderr == "", plain.stderr
+
+
+def test_cli_blames_the_option_that_names_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a tester: '--direction download' on a policy without a download was blamed on
+    '--interface' ("no interface 'eth0 download'"); now on '--direction', with the trees the
+    interface has. An unknown interface still blames '--interface'."""
+    office = "policies/office.tcp"
+    wrong = _run(monkeypatch, office, "--direction", "download", "--packet", "udp")
+    assert wrong.exit_code == 2, wrong.output
+    said = " ".join(wrong.output.split())
+    assert "Invalid value for '--direction': interface 'eth0' has no download tree (it has: " \
+        "upload)" in said, said  # fmt: skip
+    unknown = _run(monkeypatch, office, "--interface", "eth9", "--packet", "udp")
+    assert unknown.exit_code == 2 and "Invalid value for '--interface'" in unknown.output
+
+
+def test_a_bare_ack_with_flags_is_a_spec_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'ack' (only ACK set, no payload) and 'flags syn,ack' contradict each other: it was
+    accepted and printed as both."""
+    with pytest.raises(SpecError, match="'ack' is a bare ACK"):
+        parse_packet("tcp ack flags syn,ack")
+    done = _run(monkeypatch, "policies/office.tcp", "--packet", "tcp ack flags syn")
+    assert done.exit_code == 2 and "'ack' is a bare ACK" in done.output, done.output
+    assert parse_packet("tcp flags ack").tcp_flags == 0x10
 
 
 def test_cli_direct_and_classless(monkeypatch: pytest.MonkeyPatch) -> None:

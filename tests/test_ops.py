@@ -808,6 +808,18 @@ def test_a_rate_change_keeps_the_live_r2q(tmp_path: Path) -> None:
     assert "!" not in plan and "~ class c5: rate 105kbit -> 60kbit quantum 1000" in plan, plan
 
 
+def _parent_pins(old: ir.Policy) -> Pins:
+    """The pins compile_new gives a policy live as ``old``: its ids, and each class's parent."""
+    pins = {label: dict(ids) for label, ids in pins_of(old).items()}
+    for tree in trees_of(old):
+        for o in tree.objects:
+            if o.kind == "class" and o.key[2] in tree.names and o.parent:
+                major, _, minor = o.parent.partition(":")
+                parent = ir.Handle(int(major, 16), int(minor or "0", 16))
+                pins[tree.label][f"{tree.names[o.key[2]]}{PARENT_PIN}"] = parent
+    return pins
+
+
 def test_a_class_pinned_under_another_parent_is_allocated_as_new(tmp_path: Path) -> None:
     """Pins with the live parents (compile_new gives them): a class now under another parent
     gets a new id and leaf handle at once (htb cannot move it), and so do its children;
@@ -820,13 +832,7 @@ def test_a_class_pinned_under_another_parent_is_allocated_as_new(tmp_path: Path)
         "    class z rate 1mbit\n}\n"
     )
     old = _policy(tmp_path, "p.tcp", text % (x, ""))
-    pins = {label: dict(ids) for label, ids in pins_of(old).items()}
-    for tree in trees_of(old):
-        for o in tree.objects:
-            if o.kind == "class" and o.key[2] in tree.names and o.parent:
-                major, _, minor = o.parent.partition(":")
-                parent = ir.Handle(int(major, 16), int(minor or "0", 16))
-                pins[tree.label][f"{tree.names[o.key[2]]}{PARENT_PIN}"] = parent
+    pins = _parent_pins(old)
     moved = text % ("        class v rate 1mbit\n", x)
     new = _policy(tmp_path, "p.tcp", moved, pins)
 
@@ -857,6 +863,21 @@ def test_a_class_pinned_under_another_parent_is_allocated_as_new(tmp_path: Path)
         and "- class x" not in plan
         and "class y" not in plan.replace("~ class y moves with x", "")
     ), plan
+
+
+def test_a_class_moved_to_the_top_names_the_link_class(tmp_path: Path) -> None:
+    """A class moved from under 'a' to the top of the tree: its plan line named its new
+    parent by id alone ('moves from a to 1:1'); the link class has no name of its own."""
+    text = (
+        "interface d0 htb rate 100mbit default z {\n    class a rate 10mbit {\n%s    }\n"
+        "%s    class z rate 1mbit\n}\n"
+    )
+    x = "        class x rate 1mbit { pfifo }\n"
+    old = _policy(tmp_path, "p.tcp", text % (x, ""))
+    pins = _parent_pins(old)
+    moved = text % ("        class v rate 1mbit\n", x.removeprefix("    "))
+    plan = _plan(old, _policy(tmp_path, "p.tcp", moved, pins)).render()
+    assert "~ class x moves from a to the link class 1:1: made again as" in plan, plan
 
 
 def test_the_link_class_keeps_its_id(tmp_path: Path) -> None:
@@ -1160,6 +1181,106 @@ def test_a_device_another_name_shapes_is_not_taken_over(tcdsl: Tcdsl) -> None:
     assert not (tcdsl.folder / "state" / "two" / "applied").exists()
     done = tcdsl("apply", "--yes", "--name", "one", two)
     assert done.code == 0 and "1:40" in tcdsl.tc("class", "show", "dev", "d0"), done
+
+
+def test_applies_under_two_names_at_once_do_not_both_take_the_device(
+    tcdsl: Tcdsl, tmp_path: Path
+) -> None:
+    """Found by a review: the check of the other names ran before the interface locks, so
+    two applies under two names at once both found d0 free and the second replaced the
+    first's tree (both exit 0). Now it is made again under the locks, which are held to the
+    record: of two applies waiting for d0's lock, one applies and the other is E602."""
+    from tcdsl.commands import lock_name
+    from tcdsl.lock import held
+
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    env = dict(tcdsl.env, TCDSL_LOCK_DIR=str(locks))
+    paths = [tcdsl.write("one.tcp", A), tcdsl.write("two.tcp", B)]
+    with held(locks / lock_name("d0")):
+        runs = [
+            subprocess.Popen(
+                ["ip", "netns", "exec", tcdsl.ns, *TCDSL, "apply", "--yes", path],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for path in paths
+        ]
+        time.sleep(3)  # both past their plan, waiting for d0
+        assert [r.poll() for r in runs] == [None, None], [r.communicate() for r in runs]
+    outputs = [r.communicate(timeout=120) for r in runs]
+    codes = sorted(r.returncode for r in runs)
+    assert codes == [0, 1], outputs
+    refused = next(err for r, (_, err) in zip(runs, outputs, strict=True) if r.returncode)
+    assert "[E602]" in refused and "is shaped by the policy applied as" in refused, refused
+    winner = "one" if runs[0].returncode == 0 else "two"
+    assert ("1:40" in tcdsl.tc("class", "show", "dev", "d0")) == (winner == "two")
+    assert [p.name for p in (tcdsl.folder / "state").iterdir() if p.is_dir()
+            and (p / "applied").exists()] == [winner]  # fmt: skip
+
+
+def test_an_unfinished_apply_under_another_name_holds_its_devices(tcdsl: Tcdsl) -> None:
+    """A killed apply under another name (its applying.json left) may have built part of its
+    tree: an apply under a new name on that device is E602 until that name is rolled back."""
+    one = tcdsl.write("one.tcp", A)
+    start = (  # as 'apply' leaves it when killed during the change, in the namespace
+        "import sys; from pathlib import Path; from tcdsl.ops.state import Store; "
+        "Store('one', Path(sys.argv[1])).start(sys.argv[2], {sys.argv[2]: sys.argv[3]}, "
+        "('d0',), {})"
+    )
+    state = tcdsl.env["TCDSL_STATE_DIR"]
+    run(["ip", "netns", "exec", tcdsl.ns, sys.executable, "-c", start, state, one, A])
+    two = tcdsl.write("two.tcp", B)
+    refused = tcdsl("apply", "--yes", two)
+    assert refused.code == 1 and "d0 is shaped by the policy applied as 'one'" in " ".join(
+        refused.err.split()
+    ), refused
+    assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert tcdsl("rollback", "one").code == 0  # nothing was live: the unfinished apply goes
+    assert tcdsl("apply", "--yes", two).code == 0
+
+
+def test_rollback_to_a_device_another_name_took_is_refused(tcdsl: Tcdsl) -> None:
+    """Found by a review: rollback checked the other names only when the earlier policy had
+    an mq tree or an ingress slot. 'one' shaped d0 and e0, then d0 alone; 'two' took e0; a
+    rollback of 'one' would have replaced two's tree on e0. Now E602 names 'two', nothing
+    changed."""
+    run(["ip", "-n", tcdsl.ns, "link", "add", "e0", "type", "veth", "peer", "name", "e1"])
+    both = A + A.replace("interface d0", "interface e0")
+    one = tcdsl.write("one.tcp", both)
+    assert tcdsl("apply", "--yes", one).code == 0
+    tcdsl.write("one.tcp", A)
+    assert tcdsl("apply", "--yes", one).code == 0
+    two = tcdsl.write("two.tcp", B.replace("interface d0", "interface e0"))
+    assert tcdsl("apply", "--yes", two).code == 0
+    before = tcdsl.tc("class", "show", "dev", "e0")
+    refused = tcdsl("rollback", "one")
+    said = " ".join(refused.err.split())
+    assert refused.code == 1 and "[E602]" in said, refused
+    assert "e0 is shaped by the policy applied as 'two'" in said, said
+    assert tcdsl.tc("class", "show", "dev", "e0") == before
+    assert (tcdsl.folder / "state" / "one" / "applied" / "2.json").is_file()
+
+
+def test_a_rollback_recorded_without_its_cache_warns_and_stands(tcdsl: Tcdsl) -> None:
+    """Only the kernel's digest after a rollback (a cache) cannot be written: the rollback
+    stands and is recorded, exit 0 with W609 (it was E603, exit 1)."""
+    p = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", p).code == 0
+    tcdsl.write("p.tcp", B)
+    assert tcdsl("apply", "--yes", p).code == 0
+    applied = tcdsl.folder / "state" / "p" / "applied"
+    (applied / "1.kernel.json").unlink(missing_ok=True)
+    (applied / "1.kernel.json" / "in-the-way").mkdir(parents=True)  # no file fits there
+    back = tcdsl("rollback", "p")
+    assert back.code == 0, back
+    assert "[W609]" in back.err and "generation 1 as live again" in " ".join(back.err.split())
+    assert "rolled back p to generation 1" in back.out, back
+    assert "1:40" not in tcdsl.tc("class", "show", "dev", "d0")
+    assert not (applied / "2.json").exists()
 
 
 def test_the_kernel_read_lists_a_clsacts_egress_filters(make_netns: Callable[[], str]) -> None:

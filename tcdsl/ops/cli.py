@@ -359,6 +359,9 @@ def rollback_command(name: str) -> None:
             back = rollback(store)
     except UnfitDevice as e:
         _fail(NO_DEVICE, str(e))
+    except NotKept as e:  # the rollback stands and is recorded
+        click.echo(f"tcdsl: warning[{NOT_KEPT}]: {e}", err=True)
+        back = e.applied
     except OpsError as e:
         _fail(NO_STATE, str(e))
     except ApplyFailed as e:
@@ -690,16 +693,35 @@ def status_command(
         sys.exit(EXIT_OK)
 
 
-def other_name_note(policy: ir.Policy, name: str) -> None:
-    """Say so when no policy is applied as ``name`` but another name shapes its devices:
-    the class ids shown are then this file's own, maybe not the kernel's."""
+def other_name_note(policy: ir.Policy, name: str, explicit: bool = False) -> None:
+    """Say so when this file is not live as ``name`` but another name shapes its devices,
+    or (``explicit``: the user gave ``--name``) in any case: the class ids shown are then
+    this file's own, maybe not the kernel's."""
     from tcdsl.ops.lifecycle import shaped_by_others
 
-    for device, other in shaped_by_others(policy, name).items():
+    devices = dict.fromkeys(i.interface for i in policy.interfaces)
+    said = False
+    for device, other in shaped_by_others(devices, name).items():
         click.echo(
             f"tcdsl: note: nothing is applied as '{name}', and {device} is shaped by the "
             f"policy applied as '{other}': the class ids here are this file's own, not "
             f"necessarily the kernel's (give --name {other})",
+            err=True,
+        )
+        said = True
+    if explicit and not said:
+        try:
+            live = Store(name).current() if valid_name(name) else None
+        except (OpsError, OSError):
+            live = None
+        what = (
+            f"the policy applied as '{name}' is {live.path}, not this file"
+            if live is not None
+            else f"nothing is applied as '{name}'"
+        )
+        click.echo(
+            f"tcdsl: note: {what}: the class ids here are this file's own, not necessarily "
+            "the kernel's",
             err=True,
         )
 

@@ -615,11 +615,35 @@ def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[tuple[str, str
     return out
 
 
-def shaped_by_others(policy: ir.Policy, name: str) -> dict[str, str]:
-    """The devices of ``policy`` that a policy applied under another name than ``name``
-    shapes, and that name."""
+def shaped_by_others(devices: Iterable[str], name: str) -> dict[str, str]:
+    """The ``devices`` that a policy applied under another name than ``name`` shapes, and
+    that name."""
     owners = _owners(besides=name)
-    return {device: owners[device] for device in _devices(policy) if device in owners}
+    return {device: owners[device] for device in devices if device in owners}
+
+
+def _not_taken(devices: Iterable[str], name: str, policy: ir.Policy | None = None) -> None:
+    """Refuse (UnfitDevice) a change under ``name`` of ``devices`` another name shapes (at
+    the first tree of ``policy`` on the first such device, when given)."""
+    taken = others_refusal(devices, name)
+    if taken:
+        said = "; ".join(message for _, message in taken)
+        spans = {i.interface: i.span for i in reversed(policy.interfaces)} if policy else {}
+        raise UnfitDevice(f"{said}; nothing was changed", spans.get(taken[0][0]))
+
+
+def others_refusal(devices: Iterable[str], name: str) -> list[tuple[str, str]]:
+    """What is wrong with each of ``devices`` (device, message) that a policy applied under
+    another name than ``name`` shapes: a change under ``name`` would take its trees over."""
+    return [
+        (
+            device,
+            f"{device} is shaped by the policy applied as '{other}': apply this one under "
+            f"that name (--name {other}) to change it, or take that one down first (tcdsl "
+            f"down {other})",
+        )
+        for device, other in shaped_by_others(devices, name).items()
+    ]
 
 
 def _owners(besides: str | None = None) -> dict[str, str]:
@@ -635,6 +659,13 @@ def _owners(besides: str | None = None) -> dict[str, str]:
             continue
         if applied is not None and applied.here:
             for device in applied.devices:
+                found.setdefault(device, store.name)
+        try:  # an apply under way (or killed): the kernel may hold part of it
+            under_way = store.applying()
+        except (OpsError, OSError, ValueError, KeyError):
+            continue
+        if under_way is not None and under_way.here:
+            for device in under_way.devices:
                 found.setdefault(device, store.name)
     return found
 
@@ -804,15 +835,7 @@ def _fits(policy: ir.Policy, owned: Iterable[Tree], name: str) -> None:
         raise MissingDevice(
             f"no such device: {', '.join(missing)}; nothing was changed", spans[missing[0]]
         )
-    short = [
-        (
-            device,
-            f"{device} is shaped by the policy applied as '{other}': apply this one under "
-            f"that name (--name {other}) to change it, or take that one down first (tcdsl "
-            f"down {other})",
-        )
-        for device, other in shaped_by_others(policy, name).items()
-    ]
+    short = others_refusal(_devices(policy), name)
     short += not_ifbs(policy) + short_of_queues(policy) + slots_taken(policy, owned)
     if short:
         said = "; ".join(message for _, message in short)
@@ -833,17 +856,21 @@ def apply(
     preflight(prepared)
     store = prepared.store
     ids = {t: {n: str(h) for n, h in v.items()} for t, v in pins_of(new).items()}
-    try:
-        store.start(path, sources, _devices(new), ids)
-    except OSError as e:
-        raise StateWriteError(
-            f"cannot write the state folder {store.folder} ({e.strerror or e}); nothing was changed"
-        ) from e
     # the live policy's interfaces are its record's devices: it is compiled again only to
     # be restored (a failure), not for its locks
     held = _interfaces(new) | set(prepared.applied.devices if prepared.applied else ())
-    try:
-        with interface_locks(held):
+    # the locks are held from the check of the other names to the record: an apply under
+    # another name waiting for them then finds this one's record (or its unfinished apply)
+    with interface_locks(held):
+        _not_taken(_devices(new), store.name, new)
+        try:
+            store.start(path, sources, _devices(new), ids)
+        except OSError as e:
+            raise StateWriteError(
+                f"cannot write the state folder {store.folder} ({e.strerror or e}); nothing "
+                "was changed"
+            ) from e
+        try:
             apply_policy(
                 prepared.plan,
                 lambda: restore_plan(prepared.old, new),
@@ -851,25 +878,27 @@ def apply(
                 functools.partial(_undo, prepared),
                 _rebuilt(lambda: prepared.old),
             )
-    except ApplyFailed as failed:
-        store.finish()  # the old policy was built again (or never left)
-        if failed.restored and prepared.applied is not None and not failed.untouched:
-            _remember_restored(store, prepared.applied.generation, prepared.old)
-        # what the plan replaced that no state kept: its teardown ran, no record rebuilds it
-        failed.lost = tuple(prepared.plan.replaced)
-        raise
-    previous = prepared.applied.generation if prepared.applied is not None else None
-    timer = " (and no timer rolls it back)" if confirm is not None else ""
-    with _recording(
-        store,
-        f"the kernel holds {path} now{timer}",
-        f"run 'tcdsl apply {path}' again: it finds the kernel as the policy says and records it",
-    ):
-        applied = store.record(path, sources, _devices(new), ids)
-        if confirm is not None:
-            store.set_pending(Pending(applied.generation, previous, time.time() + confirm))
-        else:
-            store.set_pending(None)
+        except ApplyFailed as failed:
+            store.finish()  # the old policy was built again (or never left)
+            if failed.restored and prepared.applied is not None and not failed.untouched:
+                _remember_restored(store, prepared.applied.generation, prepared.old)
+            # what the plan replaced that no state kept: its teardown ran, no record
+            # rebuilds it
+            failed.lost = tuple(prepared.plan.replaced)
+            raise
+        previous = prepared.applied.generation if prepared.applied is not None else None
+        timer = " (and no timer rolls it back)" if confirm is not None else ""
+        with _recording(
+            store,
+            f"the kernel holds {path} now{timer}",
+            f"run 'tcdsl apply {path}' again: it finds the kernel as the policy says and "
+            "records it",
+        ):
+            applied = store.record(path, sources, _devices(new), ids)
+            if confirm is not None:
+                store.set_pending(Pending(applied.generation, previous, time.time() + confirm))
+            else:
+                store.set_pending(None)
     if confirm is not None:
         _start_timer(store, applied.generation, confirm)
     try:
@@ -953,6 +982,8 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
     missing = [d for d in devices if not device_exists(d)]
     if missing:
         raise MissingDevice(f"no such device: {', '.join(missing)}; nothing was changed")
+    # a device the earlier policy shaped that another name has taken since (the records say)
+    _not_taken(back.devices if back else (), store.name)
     # Both policies' kernel objects are their records' (as apply and down take the live
     # one's): each is compiled again only to restore the live one after a failure, or where
     # its record has no objects (an older tcdsl's).
@@ -976,6 +1007,7 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
 
     try:
         with interface_locks(set(applied.devices) | set(back.devices if back else ())):
+            _not_taken(back.devices if back else (), store.name)  # again, under the locks
             rebuilt = _rebuilt(lambda: compile_applied(applied))
             apply_policy(prepared.plan, restore, runner, rebuilt=rebuilt)
     except ApplyFailed as failed:
@@ -994,10 +1026,18 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
             store.remove()
             return None
         store.forget(applied.generation)
+    try:
         if store.read_extra(back.generation, "trees") is None:
             remember(store, back.generation, compile_applied(back), target.trees)
         else:
             remember_kernel(store, back.generation, target)
+    except OSError as e:
+        raise NotKept(
+            f"the state folder {store.folder} recorded generation {back.generation} as live "
+            f"again, but could not keep the kernel's digest after it ({e.strerror or e}): "
+            "the next plan or apply reads the kernel again to compare, and keeps it",
+            back,
+        ) from e
     return back
 
 

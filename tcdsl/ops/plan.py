@@ -695,10 +695,18 @@ def _class_moves(old: Mapping[Key, Obj], new: Mapping[Key, Obj]) -> dict[str, tu
     }
 
 
+def _parent_name(names: Mapping[str, str], parent: str) -> str:
+    """A class's parent as a plan line names it: its class's name; a qdisc (``1:``) or the
+    interface's link class, which has none, by id."""
+    if parent in names:
+        return names[parent]
+    return f"qdisc {parent}" if parent.endswith(":") else f"the link class {parent}"
+
+
 def _move_text(o: Obj, n: Obj, names: Names, leaf: bool) -> str:
     """``class c102 moves from north to south: ...``, for a class made again elsewhere
     (``leaf``: with the leaf qdisc it has)."""
-    was, now = (m.get(p or "", p) for m, p in zip(names, (o.parent, n.parent), strict=True))
+    was, now = (_parent_name(m, p or "") for m, p in zip(names, (o.parent, n.parent), strict=True))
     # the same parent's name under a new id: the parent moved, and this class with it
     where = f"from {was} to {now}" if was != now else f"with {now}"
     return (

@@ -132,11 +132,26 @@ DROPPED = "DROPPED (hfsc has no direct queue)"
 class UnknownInterface(ValueError):
     """``classify`` was asked about an interface the policy does not name."""
 
+    option = "--interface"
+    """The command-line option to blame."""
+
     def __init__(self, name: str, known: tuple[str, ...]) -> None:
         self.name = name
         self.known = known
         super().__init__(
             f"the policy has no interface '{name}' (it has: {', '.join(known) or 'none'})"
+        )
+
+
+class UnknownDirection(UnknownInterface):
+    """The interface is the policy's, but has no tree in the direction asked for."""
+
+    option = "--direction"
+
+    def __init__(self, name: str, direction: str, has: tuple[str, ...]) -> None:
+        self.name, self.known = name, has
+        ValueError.__init__(
+            self, f"interface '{name}' has no {direction} tree (it has: {', '.join(has)})"
         )
 
 
@@ -203,8 +218,7 @@ def select_tree(
     if direction is not None:
         chosen = [i for i in found if direction_of(i) == direction]
         if not chosen:
-            has = ", ".join(direction_of(i) for i in found)
-            raise UnknownInterface(f"{interface} {direction}", (f"{interface} {has}",))
+            raise UnknownDirection(interface, direction, tuple(direction_of(i) for i in found))
         found = chosen
     else:
         found.sort(key=lambda i: DIRECTIONS.index(direction_of(i)))

@@ -394,6 +394,11 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
     if fields.get("ack_only"):
         if fields.get("proto") != 6:
             raise SpecError("'ack' is a TCP packet; it cannot have another protocol")
+        if "tcp_flags" in fields:
+            raise SpecError(
+                "'ack' is a bare ACK (only ACK set, no payload); for other flags write "
+                "'flags ...' alone (flags ack is an ACK with a payload)"
+            )
         fields.setdefault("size", least + ETHERNET_HEADER)  # headers only
     return Packet(**fields), words[i:]  # type: ignore[arg-type]
 
