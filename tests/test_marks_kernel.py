@@ -400,3 +400,102 @@ def test_dual_stack_marking_in_both_tables_and_its_teardown(
     mark()
     apply_for_traffic(ns, _compile_text(tmp_path, V2), tmp_path)
     assert {tool: _saved(ns, tool) for tool in tools} == before
+
+
+# ==== two trees' marks on one router: E273, in the guest =========================================
+
+WAN0 = (
+    "interface wan0 htb rate 10mbit default bulk {{\n"
+    "    classify by mark from lan0{mask}\n"
+    "    class pings rate 1mbit match proto icmp\n"
+    "    class bulk rate 1mbit\n"
+    "}}\n"
+)
+WAN1 = (
+    "interface wan1 htb rate 10mbit default bulk {{\n"
+    "    classify by mark from lan0{mask}\n"
+    "    class web rate 1mbit match proto tcp dport 80\n"
+    "    class pings rate 1mbit match proto icmp\n"
+    "    class bulk rate 1mbit\n"
+    "}}\n"
+)
+"""Two WAN uplinks of one router, both marking what arrives on its LAN: wan1's class 1:10
+(web) has the mark of wan0's pings (0xa)."""
+
+ROUTER = r"""
+mkdir -p bin && printf '#!/bin/sh\n:\n' >bin/flock && chmod +x bin/flock && PATH=$PWD/bin:$PATH
+echo 1 > /proc/sys/net/ipv4/ip_forward
+peers=
+for side in lan0 wan0 wan1; do
+    unshare -n sleep 120 &
+    peers="$peers $!"
+    eval "ns_$side=$!"
+done
+sleep 0.3
+n=0
+for side in lan0 wan0 wan1; do
+    eval "pid=\$ns_$side"
+    ip link add "$side" type veth peer name p0
+    ip link set p0 netns "$pid"
+    ip addr add "10.$n.0.1/24" dev "$side"
+    ip link set "$side" up
+    nsenter -t "$pid" -n sh -c "ip addr add 10.$n.0.2/24 dev p0 && ip link set p0 up &&
+        ip link set lo up && ip route add default via 10.$n.0.1"
+    n=$((n + 1))
+done
+sleep 0.5
+pings() {
+    nsenter -t "$ns_lan0" -n ping -q -c 5 -i 0.1 10.2.0.2 >/dev/null
+    echo "== $1"
+    tc -s class show dev wan1 | awk '/^class/ {id = $3} /Sent/ {print "class", id, $4}'
+}
+SCRIPTS
+kill $peers
+"""
+
+
+def _classes(out: str, section: str) -> dict[str, int]:
+    return {
+        words[1]: int(words[2])
+        for line in _section(out, section).splitlines()
+        if (words := line.split())[:1] == ["class"]
+    }
+
+
+def test_two_wans_marking_one_lan_need_marks_apart_in_the_guest(tmp_path: Path) -> None:
+    """What E273 is about, on a kernel: wan0 and wan1 of one router both classify by mark
+    what arrives on lan0. As two policies (E273 sees one policy at a time), wan0's chain,
+    jumped to first, marks the pings to wan1's side with its pings mark (0xa), wan1's rules
+    leave them marked, and wan1 classifies them as its web class (1:10), not pings (1:20):
+    the pings' counters stay 0. As one policy, E273 refuses it without masks; with disjoint
+    masks the pings reach wan1's pings class."""
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    one, two = WAN0.format(mask=""), WAN1.format(mask="")
+    together = compile_policy(_write(tmp_path, "both.tcp", one + two))
+    assert [d.code for d in together.diagnostics if d.code.startswith("E")] == ["E273"]
+    apart = one.replace("from lan0", "from lan0 mask 0xffff") + two.replace(
+        "from lan0", "from lan0 mask 0xffff0000"
+    )
+    scripts = {
+        "wan1": _script(two, tmp_path, "wan1.tcp"),
+        "wan0": _script(one, tmp_path, "wan0.tcp"),  # applied last: its jump comes first
+        "apart": _script(apart, tmp_path, "apart.tcp"),
+    }
+    steps = "".join(
+        f"cat > {name}.sh <<'TCDSL_{name}'\n{text}TCDSL_{name}\n" for name, text in scripts.items()
+    )
+    steps += "sh wan1.sh && sh wan0.sh || exit 1\npings separate\n"
+    steps += "sh apart.sh || exit 1\npings apart\n"
+    (res,) = uml.run_cases([uml.Case("wans", ROUTER.replace("SCRIPTS", steps))], timeout=300)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    separate, kept = _classes(res.stdout, "separate"), _classes(res.stdout, "apart")
+    assert separate.get("1:10") == 5 and separate.get("1:20") == 0, res.stdout
+    assert kept.get("1:20") == 5 and kept.get("1:10") == 0, res.stdout
+
+
+def _write(folder: Path, name: str, text: str) -> str:
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
