@@ -133,10 +133,19 @@ def _arrivals(where: frozenset[str | None]) -> str:
     return "any interface" if ANY in where else " and ".join(sorted(filter(None, where)))
 
 
-def _reach(a: ir.Interface, b: ir.Interface) -> str | None:
+def _reach(a: ir.Interface, b: ir.Interface, hairpin: bool = False) -> str | None:
     """How the marks ``a``'s rules set reach the packets ``b``'s fw filters classify (in
-    words), or None when they cannot."""
+    words), or None when they cannot; ``hairpin``: only by packets that leave by the
+    interface they arrived on (NAT loopback), which the rest leaves out."""
     carried, seen_a, seen_b = _carries(a), _sees(a), _sees(b)
+    if hairpin:
+        if b.download is None and carried == {b.interface}:
+            return (
+                f"packets arriving on {b.interface} that leave by {b.interface} again (NAT "
+                f"loopback: a port forward reached from that side) carry the marks of "
+                f"'{a.label}', which the fw filters of '{b.label}' read"
+            )
+        return None
     if b.download is None:
         if carried - {b.interface}:
             return (
@@ -196,30 +205,45 @@ def marks_kept_apart(policy: ir.Policy) -> Iterator[Diagnostic]:
         i for i in policy.interfaces if i.marking is not None and not isinstance(i.root, ir.Mq)
     ]
     marks = {id(i): _classes_by_mark(i) for i in marking}
+    apart = (
+        "give each tree mark bits of its own ('mask 0xffff' on one, 'mask 0xffff0000' on the "
+        "other; with more trees, a byte each: 0xff, 0xff00, 0xff0000, 0xff000000)"
+    )
     for n, b in enumerate(marking):
         for a in marking[:n]:
-            found = _misread(a, b, marks) or _misread(b, a, marks)
-            if found is None:
-                continue
             ma, mb = a.marking, b.marking
             assert ma is not None and mb is not None
-            yield Diagnostic.error(
-                "E273",
-                f"{found}: those packets are classified by the other tree's marks; give each "
-                "tree mark bits of its own ('mask 0xffff' on one, 'mask 0xffff0000' on the "
-                "other)",
-                mb.span,
-                Note(f"the marks of '{a.label}' are chosen here", ma.span),
-            )
+            note = Note(f"the marks of '{a.label}' are chosen here", ma.span)
+            found = _misread(a, b, marks) or _misread(b, a, marks)
+            if found is not None:
+                yield Diagnostic.error(
+                    "E273",
+                    f"{found}: those packets are classified by the other tree's marks; {apart}",
+                    mb.span,
+                    note,
+                )
+                continue
+            found = _misread(a, b, marks, True) or _misread(b, a, marks, True)
+            if found is not None:
+                yield Diagnostic.warning(
+                    "W374",
+                    f"{found}: those packets are classified by the other tree's marks (the "
+                    f"rest of the traffic is not); {apart}",
+                    mb.span,
+                    note,
+                )
 
 
-def _misread(a: ir.Interface, b: ir.Interface, marks: dict[int, dict[int, str]]) -> str | None:
-    """How ``b`` misreads the marks of ``a`` (in words), or None if it cannot."""
+def _misread(
+    a: ir.Interface, b: ir.Interface, marks: dict[int, dict[int, str]], hairpin: bool = False
+) -> str | None:
+    """How ``b`` misreads the marks of ``a`` (in words), or None if it cannot (``hairpin``:
+    through packets leaving by the interface they arrived on, alone)."""
     ma, mb = a.marking, b.marking
     assert ma is not None and mb is not None
     if not set(a.families) & set(b.families):
         return None
-    why = _reach(a, b)
+    why = _reach(a, b, hairpin)
     if why is None:
         return None
     theirs, ours = marks[id(a)], marks[id(b)]

@@ -294,7 +294,8 @@ def test_classify_cli_names_the_direction(tmp_path: Path) -> None:
     wrong = CliRunner().invoke(
         cli, ["classify", path, "--interface", "eth1", "--direction", "download", "--packet", "udp"]
     )
-    assert wrong.exit_code == 2 and "--interface" in wrong.stderr
+    assert wrong.exit_code == 2 and "Invalid value for '--direction'" in wrong.stderr
+    assert "has no download tree (it has: upload, ingress)" in wrong.stderr
 
 
 def _mbit(run_json: dict[str, object], kind: str, name: str) -> float:

@@ -387,7 +387,7 @@ UNSUPPORTED = {
     "W613": ("hash table", 26),
     "W614": ("gact", 30),
     "W615": ("alternate between classes", 13),
-    "W616": ("classify by mark from any", 37),
+    "W616": ("classify by mark at postrouting", 37),
     "W617": ("share one policer", 44),
     "W618": ("ifb0", 56),
 }

@@ -386,6 +386,23 @@ def test_marks_of_two_trees_that_reach_each_other_keep_apart(
     assert found[0].span.line > 1 and found[0].notes[0].span.line < found[0].span.line
 
 
+def test_marks_that_meet_only_in_nat_loopback_are_a_warning(tmp_path: Path) -> None:
+    """A router's two sides, each marking what arrives on the other: only packets that leave
+    by the interface they came in on (NAT loopback: a port forward reached from the LAN)
+    carry wan0's marks to lan0's fw filters, where wan0's web mark is lan0's web class: W374
+    (found by a review: E273's model said they never meet); disjoint masks silence it."""
+    both = _tree("wan0", "from lan0") + _tree("lan0", "from wan0")
+    result = _compile(tmp_path, both)
+    assert result.policy is not None, render(result.diagnostics, result.sources)
+    (found,) = [d for d in result.diagnostics if d.code == "W374"]
+    said = " ".join(found.message.split())
+    assert "packets arriving on lan0 that leave by lan0 again (NAT loopback" in said, said
+    assert "mark 0xa (class 'web' of 'wan0') reads as 0xa there, the mark of class 'web'" in said
+    masked = _tree("wan0", "from lan0", " mask 0xff") + _tree("lan0", "from wan0", " mask 0xff00")
+    quiet = _compile(tmp_path, masked)
+    assert not [d for d in quiet.diagnostics if d.code in ("W374", "E273")]
+
+
 def _merge(texts: list[str]) -> str:
     """Trees of one interface in one block (an upload and a download of wan0)."""
     first, second = texts

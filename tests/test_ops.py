@@ -648,6 +648,32 @@ def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:
         assert tcdsl("confirm", "p").code == 1
 
 
+def test_a_timer_that_cannot_roll_back_says_so_to_the_next_command(tcdsl: Tcdsl) -> None:
+    """Found by a review: the --confirm timer runs detached; when its rollback was refused
+    (here: the earlier generation's e0 was taken by another name meanwhile), nothing said so
+    and the change silently stayed. Now the next command under the name warns, until the
+    wait ends (confirm)."""
+    run(["ip", "-n", tcdsl.ns, "link", "add", "e0", "type", "veth", "peer", "name", "e1"])
+    one = tcdsl.write("one.tcp", A + A.replace("interface d0", "interface e0"))
+    assert tcdsl("apply", "--yes", one).code == 0
+    tcdsl.write("one.tcp", A)
+    assert tcdsl("apply", "--yes", "--confirm", "2s", one).code == 0
+    two = tcdsl.write("two.tcp", B.replace("interface d0", "interface e0"))
+    assert tcdsl("apply", "--yes", two).code == 0
+    failed = tcdsl.folder / "state" / "one" / "timer-failed.txt"
+    for _ in range(100):
+        time.sleep(0.1)
+        if failed.exists():
+            break
+    said = tcdsl("plan", one)
+    assert "the --confirm timer of 'one' could not roll back" in said.err, said
+    assert "e0 is shaped by the policy applied as 'two'" in said.err, said
+    assert "generation 2 stands" in said.err and said.code == 0, said
+    assert "1:40" in tcdsl.tc("class", "show", "dev", "e0")  # two's tree stays
+    assert tcdsl("confirm", "one").code == 0
+    assert not failed.exists() and tcdsl("plan", one).err == ""
+
+
 def test_plan_starts_from_the_record_of_the_apply(tcdsl: Tcdsl, host: HostSupport) -> None:
     """An apply records what it built and the kernel's digest; the next plan uses them and
     compiles the live policy only when the kernel changed since (drift)."""
@@ -1061,6 +1087,29 @@ def test_a_download_via_a_device_that_is_no_ifb_is_refused(tcdsl: Tcdsl, host: H
     assert not (tcdsl.folder / "state" / "p" / "applied").exists()
 
 
+def test_an_ifb_another_name_shapes_on_is_not_taken_over(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a review: the other-name check looked at the interfaces alone, so 'two'
+    could shape d1's downloads on the IFB 'one' shapes d0's on (its tree replaced: d0's
+    downloads then shaped by two's classes), and 'down two' deleted it under d0's redirect.
+    Now E602 names 'one', nothing changed."""
+    if not (host.ifb and "mirred" in host.actions):
+        pytest.skip("needs ifb and mirred")
+    one = tcdsl.write("one.tcp", FULL.replace("    download htb", "    download via ifb0 htb"))
+    assert tcdsl("apply", "--yes", one).code == 0
+    before = tcdsl.tc("class", "show", "dev", "ifb0")
+    second = FULL.replace("    download htb", "    download via ifb0 htb")
+    two = tcdsl.write("two.tcp", second.replace("interface d0", "interface d1"))
+    for command in (("plan",), ("apply", "--yes")):
+        refused = tcdsl(*command, two)
+        said = " ".join(refused.err.split())
+        assert refused.code == 1 and "[E602]" in said, refused
+        assert "ifb0 is shaped by the policy applied as 'one'" in said, said
+    assert tcdsl.tc("class", "show", "dev", "ifb0") == before
+    assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d1")
+    record = json.loads((tcdsl.folder / "state" / "one" / "applied" / "1.json").read_text())
+    assert record["ifbs"] == ["ifb0"]
+
+
 def test_down_deletes_a_downloads_device_only_while_it_is_an_ifb(
     tcdsl: Tcdsl, host: HostSupport
 ) -> None:
@@ -1074,6 +1123,7 @@ def test_down_deletes_a_downloads_device_only_while_it_is_an_ifb(
         assert tcdsl("apply", "--yes", policy).code == 0
         run([*ns, "link", "del", "ifb4d0"])
         run([*ns, "link", "add", "ifb4d0", "type", "veth", "peer", "name", "keep1"])
+        run([*ns, "link", "set", "ifb4d0", "alias", "my ifb link"])  # ' ifb ' in ip -d -o
         gone = tcdsl("down", "full") if way == "name" else tcdsl("down", "-i", "d0")
         assert gone.code == 0, gone
         links = run([*ns, "link", "show"]).stdout
@@ -1235,9 +1285,9 @@ def test_an_unfinished_apply_under_another_name_holds_its_devices(tcdsl: Tcdsl) 
     run(["ip", "netns", "exec", tcdsl.ns, sys.executable, "-c", start, state, one, A])
     two = tcdsl.write("two.tcp", B)
     refused = tcdsl("apply", "--yes", two)
-    assert refused.code == 1 and "d0 is shaped by the policy applied as 'one'" in " ".join(
-        refused.err.split()
-    ), refused
+    said = " ".join(refused.err.split())
+    assert refused.code == 1 and "d0 is shaped by an apply under the name 'one' that did not" \
+        in said and "(tcdsl rollback one)" in said, refused  # fmt: skip
     assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d0")
     assert tcdsl("rollback", "one").code == 0  # nothing was live: the unfinished apply goes
     assert tcdsl("apply", "--yes", two).code == 0

@@ -6,6 +6,7 @@ that failed at its policy line.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import signal
 import subprocess
@@ -162,8 +163,12 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
 
 
 def _is_ifb(device: str, runner: Runner) -> bool:
-    shown = runner(["ip", "-d", "-o", "link", "show", "dev", device], None)
-    return shown.returncode == 0 and " ifb " in shown.stdout
+    shown = runner(["ip", "-d", "-j", "link", "show", "dev", device], None)
+    try:
+        kind = json.loads(shown.stdout)[0]["linkinfo"]["info_kind"]
+    except (ValueError, LookupError, TypeError):
+        return False
+    return shown.returncode == 0 and kind == "ifb"
 
 
 def run_plan(

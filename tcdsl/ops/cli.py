@@ -71,7 +71,18 @@ def _store(name: str) -> Store:
         raise click.BadParameter(
             f"{name!r}: letters, digits, '_', '.', '-' only", param_hint="--name"
         )
-    return Store(name)
+    store = Store(name)
+    failed = store.timer_failed()
+    if failed is not None:
+        pending = store.pending()
+        stands = f"generation {pending.generation}" if pending else "the policy applied"
+        click.echo(
+            f"tcdsl: warning: the --confirm timer of '{name}' could not roll back ({failed}); "
+            f"{stands} stands: keep it (tcdsl confirm {name}) or roll back (tcdsl rollback "
+            f"{name})",
+            err=True,
+        )
+    return store
 
 
 def _compiled(

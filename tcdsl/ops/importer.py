@@ -992,10 +992,12 @@ def _fw(
             (
                 Problem(
                     "W616",
-                    "fw filters are written as 'classify by mark from any': the firewall rules "
-                    "that set the marks are not read (tcdsl writes its own chain, which also "
-                    "gives unmarked packets the default class's mark); write the match lines, "
-                    "or keep your rules and change 'from'",
+                    "fw filters are written as 'classify by mark at postrouting' (a "
+                    "download's: 'from' its interface): the firewall rules that set the marks "
+                    "are not read (tcdsl writes its own chain, which also gives unmarked "
+                    "packets the default class's mark, and at postrouting marks only what "
+                    "leaves this interface, so imported trees do not mark each other's "
+                    "packets); write the match lines, or keep your rules and change where",
                     entry.line,
                 ),
                 None,
@@ -1578,7 +1580,9 @@ def _write_qdisc(
     root: bool,
     head: str = "",
     rates: Sequence[int] = (),
+    marked: str = "at postrouting",
 ) -> None:
+    """Write ``node`` (``marked``: where its fw filters' marks are said to be set)."""
     words, problems = qdisc_words(node.q, node.line, names, root, rates)
     for problem in node.notes + problems:
         w.comment(depth, problem)
@@ -1592,7 +1596,7 @@ def _write_qdisc(
         w.comment(depth + 1, problem)
     if node.marks is not None:
         m = node.marks
-        words = ["classify by mark from any"]
+        words = [f"classify by mark {marked}"]
         if m.mask is not None:
             words.append(f"mask {m.mask:#x}")
         if m.pref != 1:
@@ -1733,7 +1737,8 @@ def import_policy(
             head = f"download via {_ifname(redirect.device)} "
             head += "connmark " if redirect.connmark else ""
             head += _family(node.family, node.flower)
-            _write_qdisc(w, 1, node, _names(ifb), True, head=head)
+            marked = f"from {_ifname(main.device)}"  # where a download's marks are set
+            _write_qdisc(w, 1, node, _names(ifb), True, head=head, marked=marked)
             w.source = main.source
         for p in ingress_notes:
             w.comment(1, p)

@@ -510,6 +510,16 @@ def _devices(policy: ir.Policy) -> tuple[str, ...]:
     return tuple(dict.fromkeys(iface.interface for iface in policy.interfaces))
 
 
+def _ifbs(policy: ir.Policy) -> tuple[str, ...]:
+    """The IFBs a policy's downloads are shaped on (which it makes and owns), in order."""
+    return tuple(dict.fromkeys(i.name for i in policy.interfaces if i.download is not None))
+
+
+def _owned(applied: Applied) -> tuple[str, ...]:
+    """The devices an applied policy owns: its interfaces, and its downloads' IFBs."""
+    return (*applied.devices, *applied.ifbs)
+
+
 def _interfaces(*policies: ir.Policy | None) -> set[str]:
     """The locks a change between ``policies`` holds: the interfaces of each."""
     return {d for p in policies if p is not None for d in _devices(p)}
@@ -635,15 +645,21 @@ def _not_taken(devices: Iterable[str], name: str, policy: ir.Policy | None = Non
 def others_refusal(devices: Iterable[str], name: str) -> list[tuple[str, str]]:
     """What is wrong with each of ``devices`` (device, message) that a policy applied under
     another name than ``name`` shapes: a change under ``name`` would take its trees over."""
-    return [
-        (
-            device,
-            f"{device} is shaped by the policy applied as '{other}': apply this one under "
-            f"that name (--name {other}) to change it, or take that one down first (tcdsl "
-            f"down {other})",
-        )
-        for device, other in shaped_by_others(devices, name).items()
-    ]
+    out = []
+    for device, other in shaped_by_others(devices, name).items():
+        if _unfinished(other):
+            said = (
+                f"{device} is shaped by an apply under the name '{other}' that did not finish "
+                f"(or is under way): end it first (tcdsl rollback {other})"
+            )
+        else:
+            said = (
+                f"{device} is shaped by the policy applied as '{other}': apply this one under "
+                f"that name (--name {other}) to change it, or take that one down first (tcdsl "
+                f"down {other})"
+            )
+        out.append((device, said))
+    return out
 
 
 def _owners(besides: str | None = None) -> dict[str, str]:
@@ -658,16 +674,26 @@ def _owners(besides: str | None = None) -> dict[str, str]:
         except (OpsError, OSError):
             continue
         if applied is not None and applied.here:
-            for device in applied.devices:
+            for device in _owned(applied):
                 found.setdefault(device, store.name)
         try:  # an apply under way (or killed): the kernel may hold part of it
             under_way = store.applying()
         except (OpsError, OSError, ValueError, KeyError):
             continue
         if under_way is not None and under_way.here:
-            for device in under_way.devices:
+            for device in _owned(under_way):
                 found.setdefault(device, store.name)
     return found
+
+
+def _unfinished(name: str) -> bool:
+    """Whether ``name`` has an apply that did not finish and no policy live (``down`` finds
+    nothing to take down: ``rollback`` ends it)."""
+    store = Store(name)
+    try:
+        return store.current() is None and store.applying() is not None
+    except (OpsError, OSError, ValueError, KeyError):
+        return False
 
 
 @dataclass(slots=True)
@@ -835,7 +861,7 @@ def _fits(policy: ir.Policy, owned: Iterable[Tree], name: str) -> None:
         raise MissingDevice(
             f"no such device: {', '.join(missing)}; nothing was changed", spans[missing[0]]
         )
-    short = others_refusal(_devices(policy), name)
+    short = others_refusal((*_devices(policy), *_ifbs(policy)), name)
     short += not_ifbs(policy) + short_of_queues(policy) + slots_taken(policy, owned)
     if short:
         said = "; ".join(message for _, message in short)
@@ -862,9 +888,9 @@ def apply(
     # the locks are held from the check of the other names to the record: an apply under
     # another name waiting for them then finds this one's record (or its unfinished apply)
     with interface_locks(held):
-        _not_taken(_devices(new), store.name, new)
+        _not_taken((*_devices(new), *_ifbs(new)), store.name, new)
         try:
-            store.start(path, sources, _devices(new), ids)
+            store.start(path, sources, _devices(new), ids, _ifbs(new))
         except OSError as e:
             raise StateWriteError(
                 f"cannot write the state folder {store.folder} ({e.strerror or e}); nothing "
@@ -894,7 +920,7 @@ def apply(
             f"run 'tcdsl apply {path}' again: it finds the kernel as the policy says and "
             "records it",
         ):
-            applied = store.record(path, sources, _devices(new), ids)
+            applied = store.record(path, sources, _devices(new), ids, _ifbs(new))
             if confirm is not None:
                 store.set_pending(Pending(applied.generation, previous, time.time() + confirm))
             else:
@@ -983,7 +1009,7 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
     if missing:
         raise MissingDevice(f"no such device: {', '.join(missing)}; nothing was changed")
     # a device the earlier policy shaped that another name has taken since (the records say)
-    _not_taken(back.devices if back else (), store.name)
+    _not_taken(_owned(back) if back else (), store.name)
     # Both policies' kernel objects are their records' (as apply and down take the live
     # one's): each is compiled again only to restore the live one after a failure, or where
     # its record has no objects (an older tcdsl's).
@@ -1005,27 +1031,29 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
         old = compile_applied(applied)
         return restore_plan(old, compile_applied(back) if back is not None else _nothing())
 
+    went = f"generation {back.generation}" if back is not None else "nothing"
     try:
+        # the locks are held to the record, as apply holds them (an apply under another
+        # name waiting for them then finds the devices this one took back)
         with interface_locks(set(applied.devices) | set(back.devices if back else ())):
-            _not_taken(back.devices if back else (), store.name)  # again, under the locks
+            _not_taken(_owned(back) if back else (), store.name)  # again, under the locks
             rebuilt = _rebuilt(lambda: compile_applied(applied))
             apply_policy(prepared.plan, restore, runner, rebuilt=rebuilt)
+            with _recording(
+                store,
+                f"the kernel holds what {store.name!r} held before ({went}) now",
+                "apply the policy you want again",
+            ):
+                store.set_pending(None)
+                store.finish()
+                if back is None:
+                    store.remove()
+                    return None
+                store.forget(applied.generation)
     except ApplyFailed as failed:
         if failed.restored and not failed.untouched:
             _remember_restored(store, applied.generation, compile_applied(applied))
         raise
-    went = f"generation {back.generation}" if back is not None else "nothing"
-    with _recording(
-        store,
-        f"the kernel holds what {store.name!r} held before ({went}) now",
-        "apply the policy you want again",
-    ):
-        store.set_pending(None)
-        store.finish()
-        if back is None:
-            store.remove()
-            return None
-        store.forget(applied.generation)
     try:
         if store.read_extra(back.generation, "trees") is None:
             remember(store, back.generation, compile_applied(back), target.trees)
@@ -1054,18 +1082,32 @@ def _rollback_interrupted(store: Store, applied: Applied | None, runner: Runner)
         old = compile_applied(killed)
         prepared.plan = make_plan(trees_of(old), (), rebuild=())
     empty = dataclasses.replace(old or _nothing(), interfaces=())
+    went = f"generation {applied.generation}" if applied is not None else "nothing"
     with interface_locks(_interfaces(old, target)):
         restore = functools.partial(restore_plan, old, target or empty)
         apply_policy(prepared.plan, restore, runner, rebuilt=_rebuilt(lambda: old))
-    store.set_pending(None)
-    store.finish()
-    if target is None or applied is None:
-        store.remove()
-        return None
-    if store.read_extra(applied.generation, "trees") is None:
-        remember(store, applied.generation, target, trees_of(target))
-    else:
-        remember_kernel(store, applied.generation, live_of(store, applied))
+        with _recording(
+            store,
+            f"the kernel holds what {store.name!r} held before the unfinished apply ({went}) now",
+            "apply the policy you want again",
+        ):
+            store.set_pending(None)
+            store.finish()
+            if target is None or applied is None:
+                store.remove()
+                return None
+    try:
+        if store.read_extra(applied.generation, "trees") is None:
+            remember(store, applied.generation, target, trees_of(target))
+        else:
+            remember_kernel(store, applied.generation, live_of(store, applied))
+    except OSError as e:
+        raise NotKept(
+            f"the state folder {store.folder} recorded generation {applied.generation} as "
+            f"live again, but could not keep the kernel's digest after it ({e.strerror or e}): "
+            "the next plan or apply reads the kernel again to compare, and keeps it",
+            applied,
+        ) from e
     return applied
 
 

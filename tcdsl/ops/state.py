@@ -49,6 +49,10 @@ def valid_name(name: str) -> bool:
     return bool(_NAME.fullmatch(name)) and name not in (".", "..")
 
 
+TIMER_FAILED = "timer-failed.txt"
+"""In a name's state folder: why its ``--confirm`` timer could not roll back."""
+
+
 @dataclass(frozen=True, slots=True)
 class Applied:
     """One applied policy: its generation number, the path it was compiled from, the text
@@ -68,6 +72,9 @@ class Applied:
     netns: str = ""
     """The network namespace it was applied in (:func:`this_netns`; "" in a record of an
     older tcdsl, or where it could not be read): its devices are that namespace's."""
+    ifbs: tuple[str, ...] = ()
+    """The IFBs its downloads are shaped on, which it made and owns (none in a record of an
+    older tcdsl)."""
 
     @property
     def here(self) -> bool:
@@ -88,6 +95,8 @@ class Applied:
             data["folder"] = self.folder
         if self.netns:
             data["netns"] = self.netns
+        if self.ifbs:
+            data["ifbs"] = list(self.ifbs)
         return data
 
     def where(self, name: str) -> str:
@@ -109,6 +118,7 @@ class Applied:
             {str(k): _valid_ids(str(k), v) for k, v in ids.items()},
             str(data.get("folder", "")),
             str(data.get("netns", "")),
+            tuple(str(d) for d in ifbs) if isinstance(ifbs := data.get("ifbs", []), list) else (),
         )
 
 
@@ -277,13 +287,15 @@ class Store:
         sources: Mapping[str, str],
         devices: tuple[str, ...],
         classids: Mapping[str, Mapping[str, str]],
+        ifbs: tuple[str, ...] = (),
     ) -> Applied:
         """Remember a policy as applied (the newest), dropping all but the last KEEP."""
         kept = self.generations()
         number = (kept[-1] + 1) if kept else 1
         applied = Applied(
-            number, path, sources, devices, time.time(), classids, os.getcwd(), this_netns()
-        )
+            number, path, sources, devices, time.time(), classids, os.getcwd(), this_netns(),
+            ifbs,
+        )  # fmt: skip
         write_json(self._applied() / f"{applied.generation}.json", applied.to_json())
         for old in kept[: max(0, len(kept) + 1 - KEEP)]:
             self.forget(old)
@@ -304,11 +316,12 @@ class Store:
             return None
 
     def start(self, path: str, sources: Mapping[str, str], devices: tuple[str, ...],
-              classids: Mapping[str, Mapping[str, str]]) -> None:  # fmt: skip
+              classids: Mapping[str, Mapping[str, str]],
+              ifbs: tuple[str, ...] = ()) -> None:  # fmt: skip
         """Note an apply under way (until :meth:`record` or :meth:`finish`): a later command
         that finds it knows the kernel may hold part of it."""
         applied = Applied(
-            0, path, sources, devices, time.time(), classids, os.getcwd(), this_netns()
+            0, path, sources, devices, time.time(), classids, os.getcwd(), this_netns(), ifbs
         )
         write_json(self.folder / "applying.json", applied.to_json())
 
@@ -336,8 +349,22 @@ class Store:
         except FileNotFoundError:
             return None
 
+    def timer_failed(self) -> str | None:
+        """Why the ``--confirm`` timer could not roll back (it ran detached, with no one to
+        tell), until the wait ends (:meth:`set_pending`); None if it did not fail."""
+        try:
+            return (self.folder / TIMER_FAILED).read_text(encoding="utf-8").strip() or None
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def set_timer_failed(self, why: str) -> None:
+        """Keep why the ``--confirm`` timer could not roll back."""
+        (self.folder / TIMER_FAILED).write_text(why + "\n", encoding="utf-8")
+
     def set_pending(self, pending: Pending | None) -> None:
-        """Start (or with None, end) waiting for ``confirm``."""
+        """Start (or with None, end) waiting for ``confirm``; a timer's failure is then
+        forgotten."""
+        (self.folder / TIMER_FAILED).unlink(missing_ok=True)
         path = self.folder / "pending.json"
         if pending is None:
             path.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ detached by ``apply``; after SECONDS, if generation GENERATION of NAME still wai
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -28,7 +29,13 @@ def main(argv: list[str]) -> int:
         pending = store.pending()
         if pending is None or pending.generation != generation:
             return 0
-        rollback(store)
+        try:
+            rollback(store)
+        except Exception as error:  # detached: kept for the next command under the name
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+            with contextlib.suppress(OSError):
+                store.set_timer_failed(f"{when}: {error}")
+            return 1
     return 0
 
 

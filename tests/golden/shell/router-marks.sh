@@ -167,53 +167,53 @@ tcdsl_unmark TCDSL-eth1
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface eth1: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
-# policies/router-marks.tcp:24:16: interface eth1: htb qdisc
+# policies/router-marks.tcp:26:16: interface eth1: htb qdisc
 qdisc add dev eth1 root handle 1: htb default 20 r2q 100
-# policies/router-marks.tcp:24:16: link class
+# policies/router-marks.tcp:26:16: link class
 class add dev eth1 parent 1: classid 1:1 htb rate 95mbit
-# policies/router-marks.tcp:27:11: class rest
+# policies/router-marks.tcp:29:11: class rest
 class add dev eth1 parent 1:1 classid 1:20 htb rate 30mbit ceil 95mbit
-# policies/router-marks.tcp:26:11: class video
+# policies/router-marks.tcp:28:11: class video
 class add dev eth1 parent 1:1 classid 1:10 htb rate 60mbit ceil 95mbit
-# policies/router-marks.tcp:26:11: mark 10 to 1:10
-filter add dev eth1 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
-# policies/router-marks.tcp:26:11: mark 10 to 1:10
-filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 10 fw flowid 1:10
-# policies/router-marks.tcp:27:11: mark 20 to 1:20
-filter add dev eth1 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
-# policies/router-marks.tcp:27:11: mark 20 to 1:20
-filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
+# policies/router-marks.tcp:28:11: mark 0xa0000 to 1:10
+filter add dev eth1 parent 1: protocol ip prio 1 handle 0xa0000/0xff0000 fw flowid 1:10
+# policies/router-marks.tcp:28:11: mark 0xa0000 to 1:10
+filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 0xa0000/0xff0000 fw flowid 1:10
+# policies/router-marks.tcp:29:11: mark 0x140000 to 1:20
+filter add dev eth1 parent 1: protocol ip prio 1 handle 0x140000/0xff0000 fw flowid 1:20
+# policies/router-marks.tcp:29:11: mark 0x140000 to 1:20
+filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 0x140000/0xff0000 fw flowid 1:20
 TCDSL_BATCH
 ); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/router-marks.tcp:24:16: interface eth1: htb qdisc' ;;
-    4) tcdsl_at='policies/router-marks.tcp:24:16: link class' ;;
-    6) tcdsl_at='policies/router-marks.tcp:27:11: class rest' ;;
-    8) tcdsl_at='policies/router-marks.tcp:26:11: class video' ;;
-    10) tcdsl_at='policies/router-marks.tcp:26:11: mark 10 to 1:10' ;;
-    12) tcdsl_at='policies/router-marks.tcp:26:11: mark 10 to 1:10' ;;
-    14) tcdsl_at='policies/router-marks.tcp:27:11: mark 20 to 1:20' ;;
-    16) tcdsl_at='policies/router-marks.tcp:27:11: mark 20 to 1:20' ;;
+    2) tcdsl_at='policies/router-marks.tcp:26:16: interface eth1: htb qdisc' ;;
+    4) tcdsl_at='policies/router-marks.tcp:26:16: link class' ;;
+    6) tcdsl_at='policies/router-marks.tcp:29:11: class rest' ;;
+    8) tcdsl_at='policies/router-marks.tcp:28:11: class video' ;;
+    10) tcdsl_at='policies/router-marks.tcp:28:11: mark 0xa0000 to 1:10' ;;
+    12) tcdsl_at='policies/router-marks.tcp:28:11: mark 0xa0000 to 1:10' ;;
+    14) tcdsl_at='policies/router-marks.tcp:29:11: mark 0x140000 to 1:20' ;;
+    16) tcdsl_at='policies/router-marks.tcp:29:11: mark 0x140000 to 1:20' ;;
     esac
     exit 1
 fi
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
-tcdsl_at='policies/router-marks.tcp:25:5: chain TCDSL-eth1'
+tcdsl_at='policies/router-marks.tcp:27:5: chain TCDSL-eth1'
 iptables -t mangle -N TCDSL-eth1
-tcdsl_at='policies/router-marks.tcp:25:5: traffic leaving by eth1'
+tcdsl_at='policies/router-marks.tcp:27:5: traffic leaving by eth1'
 iptables -t mangle -I POSTROUTING -o eth1 -j TCDSL-eth1
-tcdsl_at='policies/router-marks.tcp:26:41: mark 10'
-iptables -t mangle -A TCDSL-eth1 -p tcp --sport 443 -s 203.0.113.0/24 -m mark --mark 0 -j MARK --set-mark 10
-tcdsl_at='policies/router-marks.tcp:24:40: unmarked traffic'
-iptables -t mangle -A TCDSL-eth1 -m mark --mark 0 -j MARK --set-mark 20
-tcdsl_at='policies/router-marks.tcp:25:5: chain TCDSL-eth1'
+tcdsl_at='policies/router-marks.tcp:28:41: mark 0xa0000'
+iptables -t mangle -A TCDSL-eth1 -p tcp --sport 443 -s 203.0.113.0/24 -m mark --mark 0x0/0xff0000 -j MARK --set-xmark 0xa0000/0xff0000
+tcdsl_at='policies/router-marks.tcp:26:40: unmarked traffic'
+iptables -t mangle -A TCDSL-eth1 -m mark --mark 0x0/0xff0000 -j MARK --set-xmark 0x140000/0xff0000
+tcdsl_at='policies/router-marks.tcp:27:5: chain TCDSL-eth1'
 ip6tables -t mangle -N TCDSL-eth1
-tcdsl_at='policies/router-marks.tcp:25:5: traffic leaving by eth1'
+tcdsl_at='policies/router-marks.tcp:27:5: traffic leaving by eth1'
 ip6tables -t mangle -I POSTROUTING -o eth1 -j TCDSL-eth1
-tcdsl_at='policies/router-marks.tcp:24:40: unmarked traffic'
-ip6tables -t mangle -A TCDSL-eth1 -m mark --mark 0 -j MARK --set-mark 20
+tcdsl_at='policies/router-marks.tcp:26:40: unmarked traffic'
+ip6tables -t mangle -A TCDSL-eth1 -m mark --mark 0x0/0xff0000 -j MARK --set-xmark 0x140000/0xff0000
 
 # ==== interface eth2 ====
 tcdsl_at=
@@ -227,52 +227,52 @@ tcdsl_unmark TCDSL-eth2
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface eth2: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
-# policies/router-marks.tcp:31:16: interface eth2: htb qdisc
+# policies/router-marks.tcp:33:16: interface eth2: htb qdisc
 qdisc add dev eth2 root handle 1: htb default 20
-# policies/router-marks.tcp:31:16: link class
+# policies/router-marks.tcp:33:16: link class
 class add dev eth2 parent 1: classid 1:1 htb rate 10mbit
-# policies/router-marks.tcp:34:11: class other
+# policies/router-marks.tcp:36:11: class other
 class add dev eth2 parent 1:1 classid 1:20 htb rate 8mbit ceil 10mbit
-# policies/router-marks.tcp:33:11: class backup
+# policies/router-marks.tcp:35:11: class backup
 class add dev eth2 parent 1:1 classid 1:10 htb rate 2mbit ceil 8mbit
-# policies/router-marks.tcp:33:11: mark 10 to 1:10
+# policies/router-marks.tcp:35:11: mark 10 to 1:10
 filter add dev eth2 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
-# policies/router-marks.tcp:33:11: mark 10 to 1:10
+# policies/router-marks.tcp:35:11: mark 10 to 1:10
 filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 10 fw flowid 1:10
-# policies/router-marks.tcp:34:11: mark 20 to 1:20
+# policies/router-marks.tcp:36:11: mark 20 to 1:20
 filter add dev eth2 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
-# policies/router-marks.tcp:34:11: mark 20 to 1:20
+# policies/router-marks.tcp:36:11: mark 20 to 1:20
 filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
 TCDSL_BATCH
 ); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/router-marks.tcp:31:16: interface eth2: htb qdisc' ;;
-    4) tcdsl_at='policies/router-marks.tcp:31:16: link class' ;;
-    6) tcdsl_at='policies/router-marks.tcp:34:11: class other' ;;
-    8) tcdsl_at='policies/router-marks.tcp:33:11: class backup' ;;
-    10) tcdsl_at='policies/router-marks.tcp:33:11: mark 10 to 1:10' ;;
-    12) tcdsl_at='policies/router-marks.tcp:33:11: mark 10 to 1:10' ;;
-    14) tcdsl_at='policies/router-marks.tcp:34:11: mark 20 to 1:20' ;;
-    16) tcdsl_at='policies/router-marks.tcp:34:11: mark 20 to 1:20' ;;
+    2) tcdsl_at='policies/router-marks.tcp:33:16: interface eth2: htb qdisc' ;;
+    4) tcdsl_at='policies/router-marks.tcp:33:16: link class' ;;
+    6) tcdsl_at='policies/router-marks.tcp:36:11: class other' ;;
+    8) tcdsl_at='policies/router-marks.tcp:35:11: class backup' ;;
+    10) tcdsl_at='policies/router-marks.tcp:35:11: mark 10 to 1:10' ;;
+    12) tcdsl_at='policies/router-marks.tcp:35:11: mark 10 to 1:10' ;;
+    14) tcdsl_at='policies/router-marks.tcp:36:11: mark 20 to 1:20' ;;
+    16) tcdsl_at='policies/router-marks.tcp:36:11: mark 20 to 1:20' ;;
     esac
     exit 1
 fi
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
-tcdsl_at='policies/router-marks.tcp:32:5: chain TCDSL-eth2'
+tcdsl_at='policies/router-marks.tcp:34:5: chain TCDSL-eth2'
 iptables -t mangle -N TCDSL-eth2
-tcdsl_at='policies/router-marks.tcp:32:5: traffic this host sends out of eth2'
+tcdsl_at='policies/router-marks.tcp:34:5: traffic this host sends out of eth2'
 iptables -t mangle -I OUTPUT -o eth2 -j TCDSL-eth2
-tcdsl_at='policies/router-marks.tcp:33:40: mark 10'
+tcdsl_at='policies/router-marks.tcp:35:40: mark 10'
 iptables -t mangle -A TCDSL-eth2 -p tcp --dport 873 -m mark --mark 0 -j MARK --set-mark 10
-tcdsl_at='policies/router-marks.tcp:31:40: unmarked traffic'
+tcdsl_at='policies/router-marks.tcp:33:40: unmarked traffic'
 iptables -t mangle -A TCDSL-eth2 -m mark --mark 0 -j MARK --set-mark 20
-tcdsl_at='policies/router-marks.tcp:32:5: chain TCDSL-eth2'
+tcdsl_at='policies/router-marks.tcp:34:5: chain TCDSL-eth2'
 ip6tables -t mangle -N TCDSL-eth2
-tcdsl_at='policies/router-marks.tcp:32:5: traffic this host sends out of eth2'
+tcdsl_at='policies/router-marks.tcp:34:5: traffic this host sends out of eth2'
 ip6tables -t mangle -I OUTPUT -o eth2 -j TCDSL-eth2
-tcdsl_at='policies/router-marks.tcp:33:40: mark 10'
+tcdsl_at='policies/router-marks.tcp:35:40: mark 10'
 ip6tables -t mangle -A TCDSL-eth2 -p tcp --dport 873 -m mark --mark 0 -j MARK --set-mark 10
-tcdsl_at='policies/router-marks.tcp:31:40: unmarked traffic'
+tcdsl_at='policies/router-marks.tcp:33:40: unmarked traffic'
 ip6tables -t mangle -A TCDSL-eth2 -m mark --mark 0 -j MARK --set-mark 20
