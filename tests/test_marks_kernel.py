@@ -473,7 +473,7 @@ def test_two_wans_marking_one_lan_need_marks_apart_in_the_guest(tmp_path: Path) 
     if why is not None:
         pytest.skip(f"user-mode Linux is unavailable: {why}")
     one, two = WAN0.format(mask=""), WAN1.format(mask="")
-    together = compile_policy(_write(tmp_path, "both.tcp", one + two))
+    together = compile_policy(str(_write(tmp_path / "both.tcp", one + two)))
     assert [d.code for d in together.diagnostics if d.code.startswith("E")] == ["E273"]
     apart = one.replace("from lan0", "from lan0 mask 0xffff") + two.replace(
         "from lan0", "from lan0 mask 0xffff0000"
@@ -493,9 +493,3 @@ def test_two_wans_marking_one_lan_need_marks_apart_in_the_guest(tmp_path: Path) 
     separate, kept = _classes(res.stdout, "separate"), _classes(res.stdout, "apart")
     assert separate.get("1:10") == 5 and separate.get("1:20") == 0, res.stdout
     assert kept.get("1:20") == 5 and kept.get("1:10") == 0, res.stdout
-
-
-def _write(folder: Path, name: str, text: str) -> str:
-    path = folder / name
-    path.write_text(text, encoding="utf-8")
-    return str(path)
