@@ -6,7 +6,6 @@ that failed at its policy line.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import NoReturn
 
 from tcdsl.commands import Command, batch_quote
+from tcdsl.ops.live import info_kind
 from tcdsl.ops.plan import Plan, Step
 from tcdsl.ops.state import OpsError
 
@@ -164,11 +164,7 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
 
 def _is_ifb(device: str, runner: Runner) -> bool:
     shown = runner(["ip", "-d", "-j", "link", "show", "dev", device], None)
-    try:
-        kind = json.loads(shown.stdout)[0]["linkinfo"]["info_kind"]
-    except (ValueError, LookupError, TypeError):
-        return False
-    return shown.returncode == 0 and kind == "ifb"
+    return shown.returncode == 0 and info_kind(shown.stdout) == "ifb"
 
 
 def run_plan(

@@ -515,6 +515,11 @@ def _ifbs(policy: ir.Policy) -> tuple[str, ...]:
     return tuple(dict.fromkeys(i.name for i in policy.interfaces if i.download is not None))
 
 
+def _claimed(policy: ir.Policy) -> tuple[str, ...]:
+    """The devices a change to ``policy`` takes from other names: its interfaces and IFBs."""
+    return (*_devices(policy), *_ifbs(policy))
+
+
 def _owned(applied: Applied) -> tuple[str, ...]:
     """The devices an applied policy owns: its interfaces, and its downloads' IFBs."""
     return (*applied.devices, *applied.ifbs)
@@ -635,19 +640,26 @@ def shaped_by_others(devices: Iterable[str], name: str) -> dict[str, str]:
 def _not_taken(devices: Iterable[str], name: str, policy: ir.Policy | None = None) -> None:
     """Refuse (UnfitDevice) a change under ``name`` of ``devices`` another name shapes (at
     the first tree of ``policy`` on the first such device, when given)."""
-    taken = others_refusal(devices, name)
-    if taken:
-        said = "; ".join(message for _, message in taken)
+    _refuse(others_refusal(devices, name), policy)
+
+
+def _refuse(short: Sequence[tuple[str, str]], policy: ir.Policy | None) -> None:
+    """Raise UnfitDevice with every message of ``short`` (device, message), at the first
+    tree of ``policy`` on the first device (where the policy names it), if any."""
+    if short:
+        said = "; ".join(message for _, message in short)
         spans = {i.interface: i.span for i in reversed(policy.interfaces)} if policy else {}
-        raise UnfitDevice(f"{said}; nothing was changed", spans.get(taken[0][0]))
+        raise UnfitDevice(f"{said}; nothing was changed", spans.get(short[0][0]))
 
 
 def others_refusal(devices: Iterable[str], name: str) -> list[tuple[str, str]]:
     """What is wrong with each of ``devices`` (device, message) that a policy applied under
     another name than ``name`` shapes: a change under ``name`` would take its trees over."""
     out = []
-    for device, other in shaped_by_others(devices, name).items():
-        if _unfinished(other):
+    owners = shaped_by_others(devices, name)
+    unfinished = {other: _unfinished(other) for other in set(owners.values())}
+    for device, other in owners.items():
+        if unfinished[other]:
             said = (
                 f"{device} is shaped by an apply under the name '{other}' that did not finish "
                 f"(or is under way): end it first (tcdsl rollback {other})"
@@ -861,11 +873,9 @@ def _fits(policy: ir.Policy, owned: Iterable[Tree], name: str) -> None:
         raise MissingDevice(
             f"no such device: {', '.join(missing)}; nothing was changed", spans[missing[0]]
         )
-    short = others_refusal((*_devices(policy), *_ifbs(policy)), name)
+    short = others_refusal(_claimed(policy), name)
     short += not_ifbs(policy) + short_of_queues(policy) + slots_taken(policy, owned)
-    if short:
-        said = "; ".join(message for _, message in short)
-        raise UnfitDevice(f"{said}; nothing was changed", spans.get(short[0][0]))
+    _refuse(short, policy)
 
 
 def apply(
@@ -888,7 +898,7 @@ def apply(
     # the locks are held from the check of the other names to the record: an apply under
     # another name waiting for them then finds this one's record (or its unfinished apply)
     with interface_locks(held):
-        _not_taken((*_devices(new), *_ifbs(new)), store.name, new)
+        _not_taken(_claimed(new), store.name, new)
         try:
             store.start(path, sources, _devices(new), ids, _ifbs(new))
         except OSError as e:
@@ -1054,11 +1064,20 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
         if failed.restored and not failed.untouched:
             _remember_restored(store, applied.generation, compile_applied(applied))
         raise
-    try:
+    with _keeping(store, back):
         if store.read_extra(back.generation, "trees") is None:
             remember(store, back.generation, compile_applied(back), target.trees)
         else:
             remember_kernel(store, back.generation, target)
+    return back
+
+
+@contextlib.contextmanager
+def _keeping(store: Store, back: Applied) -> Iterator[None]:
+    """The cache written after a rollback to ``back`` (recorded as live again): an OSError
+    there is NotKept, the rollback standing."""
+    try:
+        yield
     except OSError as e:
         raise NotKept(
             f"the state folder {store.folder} recorded generation {back.generation} as live "
@@ -1066,7 +1085,6 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
             "the next plan or apply reads the kernel again to compare, and keeps it",
             back,
         ) from e
-    return back
 
 
 def _rollback_interrupted(store: Store, applied: Applied | None, runner: Runner) -> Applied | None:
@@ -1096,18 +1114,11 @@ def _rollback_interrupted(store: Store, applied: Applied | None, runner: Runner)
             if target is None or applied is None:
                 store.remove()
                 return None
-    try:
+    with _keeping(store, applied):
         if store.read_extra(applied.generation, "trees") is None:
             remember(store, applied.generation, target, trees_of(target))
         else:
             remember_kernel(store, applied.generation, live_of(store, applied))
-    except OSError as e:
-        raise NotKept(
-            f"the state folder {store.folder} recorded generation {applied.generation} as "
-            f"live again, but could not keep the kernel's digest after it ({e.strerror or e}): "
-            "the next plan or apply reads the kernel again to compare, and keeps it",
-            applied,
-        ) from e
     return applied
 
 

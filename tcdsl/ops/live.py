@@ -54,10 +54,13 @@ def link_kind(name: str) -> str | None:
         ["ip", "-d", "-j", "link", "show", "dev", name], capture_output=True, text=True,
         check=False, env=_C,
     )  # fmt: skip
-    if done.returncode != 0:
-        return None
+    return info_kind(done.stdout) if done.returncode == 0 else None
+
+
+def info_kind(shown: str) -> str:
+    """The device's kind in what ``ip -d -j link show dev NAME`` printed ("" for none)."""
     try:
-        kind = json.loads(done.stdout)[0].get("linkinfo", {}).get("info_kind", "")
+        kind = json.loads(shown)[0].get("linkinfo", {}).get("info_kind", "")
     except (ValueError, LookupError, TypeError, AttributeError):
         return ""
     return kind if isinstance(kind, str) else ""

@@ -51,6 +51,7 @@ from tcdsl.allocate import default_minor
 from tcdsl.commands import mark_text
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.chains import default_chain
+from tcdsl.frontend.syntax import PROTOCOLS
 from tcdsl.matching import bits_match, filter_bits, filters_at, kernel_words, words_verdict
 from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
 from tcdsl.teach.traffic import (
@@ -135,11 +136,12 @@ class UnknownInterface(ValueError):
     option = "--interface"
     """The command-line option to blame."""
 
-    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+    def __init__(self, name: str, known: tuple[str, ...], message: str | None = None) -> None:
         self.name = name
         self.known = known
         super().__init__(
-            f"the policy has no interface '{name}' (it has: {', '.join(known) or 'none'})"
+            message
+            or f"the policy has no interface '{name}' (it has: {', '.join(known) or 'none'})"
         )
 
 
@@ -149,10 +151,8 @@ class UnknownDirection(UnknownInterface):
     option = "--direction"
 
     def __init__(self, name: str, direction: str, has: tuple[str, ...]) -> None:
-        self.name, self.known = name, has
-        ValueError.__init__(
-            self, f"interface '{name}' has no {direction} tree (it has: {', '.join(has)})"
-        )
+        said = f"interface '{name}' has no {direction} tree (it has: {', '.join(has)})"
+        super().__init__(name, has, said)
 
 
 DIRECTIONS = ("upload", "download", "ingress")
@@ -185,7 +185,6 @@ def classify(
 
 MTU = 1500
 """The MTU the fragments are cut for (Ethernet's)."""
-IPPROTO_TCP = 6
 
 
 def later_fragment(packet: Packet) -> Packet | None:
@@ -194,7 +193,7 @@ def later_fragment(packet: Packet) -> Packet | None:
     protocol's header (ports, TCP flags). None for a packet that fits, a fragment already,
     or TCP (a TCP packet over the MTU is a GSO packet, cut after the qdisc, every segment
     with its header)."""
-    if packet.fragment or packet.proto == IPPROTO_TCP or packet.size <= MTU + ETHERNET_HEADER:
+    if packet.fragment or packet.proto == PROTOCOLS["tcp"] or packet.size <= MTU + ETHERNET_HEADER:
         return None
     return dataclasses.replace(
         packet, ext=(*packet.ext, LATER_FRAGMENT), size=MTU + ETHERNET_HEADER
