@@ -82,15 +82,28 @@ def download_marks_need_connmark(policy: ir.Policy) -> Iterator[Diagnostic]:
 def download_marks_where_they_arrive(policy: ir.Policy) -> Iterator[Diagnostic]:
     """E256: a download's marking rules run on the packets that arrived on its interface (in
     FORWARD and INPUT, after NAT is undone); ``from local``, ``at postrouting`` or another
-    interface would mark other packets, which the download never sees."""
+    interface would mark other packets, which the download never sees, and ``from any``
+    marks the LAN's packets too, whose connections then keep the default's mark."""
     for iface in policy.interfaces:
         d, m = iface.download, iface.marking
         if d is None or m is None:
             continue
-        if m.hook != "prerouting":
-            where = "from local" if m.hook == "output" else "at postrouting"
-            why = f"'{where}' marks packets this host sends, which the download never sees"
-        elif m.from_interface not in (None, d.interface):
+        if m.hook == "output":
+            why = "'from local' marks the packets this host sends, which the download never sees"
+        elif m.hook == "postrouting":
+            why = (
+                f"'at postrouting' marks the packets leaving by {d.interface} (its upload), "
+                "which the download never sees"
+            )
+        elif m.from_interface is ANY:
+            why = (
+                "'from any' marks the packets arriving on every interface, the LAN's too: a "
+                "connection opened from there takes the mark of its first packet (the "
+                "default's, unless a download line matches that packet), which connmark "
+                "restores on every reply before the rules see it, so the replies are not "
+                "classified by the download's lines"
+            )
+        elif m.from_interface != d.interface:
             why = (
                 f"'from {m.from_interface}' marks packets arriving on {m.from_interface}, "
                 f"not the download's, which arrive on {d.interface}"
@@ -100,7 +113,7 @@ def download_marks_where_they_arrive(policy: ir.Policy) -> Iterator[Diagnostic]:
         yield Diagnostic.error(
             "E256",
             f"{why}; a download marks what arrives on its interface: write 'classify by mark "
-            f"from {d.interface}' (or 'from any')",
+            f"from {d.interface}'",
             m.span,
             Note("the download is here", d.span),
         )
@@ -139,7 +152,9 @@ def _reach(a: ir.Interface, b: ir.Interface, hairpin: bool = False) -> str | Non
     interface they arrived on (NAT loopback), which the rest leaves out."""
     carried, seen_a, seen_b = _carries(a), _sees(a), _sees(b)
     if hairpin:
-        if b.download is None and carried == {b.interface}:
+        # an upload and its own download: only a packet the WAN sends back to the WAN
+        own = a.download is not None and a.interface == b.interface
+        if b.download is None and carried == {b.interface} and not own:
             return (
                 f"packets arriving on {b.interface} that leave by {b.interface} again (NAT "
                 f"loopback: a port forward reached from that side) carry the marks of "

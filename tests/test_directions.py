@@ -227,6 +227,11 @@ CHECKED = [
         "E256",
     ),
     (
+        "interface eth0 {\n  download connmark htb { classify by mark from any\n"
+        "  class a rate 1mbit match dport 80 }\n}\n",
+        "E256",
+    ),
+    (
         "interface eth0 {\n  download htb default b { class a rate 1mbit match dst 192.168.1.9\n"
         "  class b rate 1mbit }\n}\n",
         "W360",
@@ -239,6 +244,33 @@ def test_directions_are_checked(tmp_path: Path, text: str, code: str) -> None:
     got = CliRunner().invoke(cli, ["check", _write(tmp_path, text)])
     assert f"[{code}]" in got.stderr, got.stderr
     assert got.exit_code == (0 if code.startswith("W") else 1), got.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("from local", "'from local' marks the packets this host sends"),
+        ("at postrouting", "'at postrouting' marks the packets leaving by eth0 (its upload)"),
+        ("from any", "connmark restores on every reply before the rules see it"),
+        ("from eth1", "'from eth1' marks packets arriving on eth1"),
+    ],
+)
+def test_a_download_marks_only_what_arrives_on_its_interface(
+    tmp_path: Path, source: str, said: str
+) -> None:
+    """E256 says why each other source misses the download (found by a tester: 'at
+    postrouting' was said to mark what the host sends, and the advice offered 'from any',
+    under which a LAN-opened connection keeps the default's mark on its replies)."""
+    text = (
+        f"interface eth0 {{\n  download connmark htb default b {{ classify by mark {source}\n"
+        "  class a rate 1mbit match proto tcp sport 80\n  class b rate 1mbit }\n}\n"
+    )
+    got = CliRunner().invoke(cli, ["check", _write(tmp_path, text)])
+    message = " ".join(got.stderr.split())
+    assert got.exit_code == 1 and said in message and "[E256]" in message, got.stderr
+    assert "write 'classify by mark from eth0' [E256]" in message, got.stderr
+    fixed = text.replace(source, "from eth0")
+    assert CliRunner().invoke(cli, ["check", _write(tmp_path, fixed)]).exit_code == 0
 
 
 def test_nat_lint_is_quiet_for_public_destinations(tmp_path: Path) -> None:

@@ -403,6 +403,21 @@ def test_marks_that_meet_only_in_nat_loopback_are_a_warning(tmp_path: Path) -> N
     assert not [d for d in quiet.diagnostics if d.code in ("W374", "E273")]
 
 
+@pytest.mark.parametrize("upload", ["from lan0", "from local", "at postrouting"])
+def test_an_upload_and_its_own_download_need_no_marks_apart(upload: str, tmp_path: Path) -> None:
+    """Found by a tester: an upload by mark and its own interface's download by mark got
+    W374 (the download's marks 'on packets leaving by wan0 again'), which language.md says
+    do not meet: only a packet the WAN sends back to the WAN would, no NAT loopback."""
+    merged = _merge(
+        [_tree("wan0", upload), _tree("wan0", "from wan0", direction="download connmark")]
+    )
+    result = _compile(tmp_path, merged)
+    assert result.policy is not None, render(result.diagnostics, result.sources)
+    assert not [d for d in result.diagnostics if d.code in ("W374", "E273")], render(
+        result.diagnostics, result.sources
+    )
+
+
 def _merge(texts: list[str]) -> str:
     """Trees of one interface in one block (an upload and a download of wan0)."""
     first, second = texts

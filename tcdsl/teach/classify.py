@@ -57,6 +57,7 @@ from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
 from tcdsl.teach.traffic import (
     ETHERNET_HEADER,
     EXTENSION_NAMES,
+    FRAGMENT,
     LATER_FRAGMENT,
     PORTED,
     Packet,
@@ -91,8 +92,12 @@ class Verdict:
     steps: tuple[Step, ...]
     """From the root qdisc down."""
     later: Verdict | None = None
-    """Where the packet's later fragments end, when a 1500-byte MTU does not hold it
-    (:func:`later_fragment`)."""
+    """Where the packet's later fragments end, when a 1500-byte MTU does not hold it and the
+    fragments can end elsewhere (:func:`later_fragment`); ``steps`` are then the first
+    fragment's."""
+    whole: Verdict | None = None
+    """With ``later``: where the packet would end whole (on a device whose MTU holds it), when
+    that is not where its first fragment ends."""
 
     @property
     def leaf(self) -> ir.Qdisc | None:
@@ -176,11 +181,27 @@ def classify(
     names its download) in ``direction`` (``upload``, ``download`` or ``ingress``; default:
     the upload, else the interface's only tree) of an allocated ``policy``; raises
     ``UnknownInterface``. The filters of the match lines in ``skip`` are passed over (where
-    a policer's ``continue`` sends the traffic above its rate)."""
+    a policer's ``continue`` sends the traffic above its rate).
+
+    A packet a 1500-byte MTU does not hold (:func:`later_fragment`) reaches the tree in
+    fragments: the verdict is its first fragment's, with ``later`` (and ``whole``) beside it;
+    an upload classified by mark has none of them (iptables marks the packet before it is
+    cut, and every fragment keeps the mark)."""
     iface = select_tree(policy, interface, direction)
+    whole = Verdict(iface, tuple(_Walk(iface, packet, skip).start()))
     later = later_fragment(packet)
-    rest = Verdict(iface, tuple(_Walk(iface, later, skip).start())) if later else None
-    return Verdict(iface, tuple(_Walk(iface, packet, skip).start()), rest)
+    if later is None or (iface.marking is not None and iface.direction == "egress"):
+        # iptables marks the packet before IP cuts it, and every fragment keeps the mark
+        return whole
+    first = dataclasses.replace(later, ext=(*packet.ext, FRAGMENT))
+    head = Verdict(iface, tuple(_Walk(iface, first, skip).start()))
+    rest = Verdict(iface, tuple(_Walk(iface, later, skip).start()))
+    return Verdict(
+        iface,
+        head.steps,
+        rest,
+        None if outcome(head) == outcome(whole) else whole,
+    )
 
 
 MTU = 1500
@@ -392,7 +413,10 @@ class _Walk:
     """Classify one packet on one interface."""
 
     def __init__(
-        self, iface: ir.Interface, packet: Packet, skip: frozenset[Span] = frozenset()
+        self,
+        iface: ir.Interface,
+        packet: Packet,
+        skip: frozenset[Span] = frozenset(),
     ) -> None:
         self.iface = iface
         self.skip = skip
@@ -406,8 +430,13 @@ class _Walk:
         self.mark = 0
         self.mark_why = ""
         self.mark_span: Span | None = None
-        if iface.marking is not None:
+        if iface.marking is not None and not (iface.download and packet.later_fragment):
             self._mark(iface.marking)
+        elif iface.marking is not None:
+            self.mark_why = (
+                "a later fragment has no ports: connmark finds no connection for it and "
+                "restores no mark (the packet is unmarked)"
+            )
 
     def start(self) -> list[Step]:
         """The decisions from the root of the tree (after a download's redirect)."""
@@ -780,20 +809,36 @@ def render_text(verdict: Verdict, packet: Packet) -> str:
 
 
 def fragments_note(verdict: Verdict, packet: Packet) -> str:
-    """What happens to the fragments of a packet a 1500-byte MTU does not hold."""
+    """What happens to the fragments of a packet a 1500-byte MTU does not hold: the verdict
+    shown is the first fragment's; where the later ones end, and where the packet would end
+    whole when that differs."""
     assert verdict.later is not None
     ended = outcome(verdict.later)
     where = "there too" if ended == outcome(verdict) else f"in {ended}"
     header = "ports" if packet.proto in PORTED else "protocol's header"
-    sender = (
-        " (IPv6: cut by the host that sends it; a router drops it and answers Packet Too Big)"
-        if packet.family == "ipv6"
-        else ""
-    )
+    size = f"a packet of {packet.size - ETHERNET_HEADER} bytes is more than a {MTU}-byte MTU holds"
+    if verdict.interface.direction == "egress":
+        cut = "unless the device's MTU is larger, it leaves in fragments"
+        if packet.family == "ipv6":
+            cut += (
+                " (IPv6: cut by the host that sends it; a router drops it and answers Packet "
+                "Too Big)"
+            )
+    else:
+        cut = "it arrives in fragments (cut by " + (
+            "the host that sent it)"
+            if packet.family == "ipv6"
+            else "its sender or a router on the way)"
+        )
+    first = "the first (classify '... frag') ends as shown"
+    if verdict.whole is not None:
+        first += (
+            f" (the classifier does not find the {header} in a fragment; whole, it would "
+            f"end in {outcome(verdict.whole)})"
+        )
     return (
-        f"a packet of {packet.size - ETHERNET_HEADER} bytes is more than a {MTU}-byte MTU "
-        f"holds: unless the device's MTU is larger, it leaves in fragments{sender}, and only "
-        f"the first has the {header}: the later ones (classify '... laterfrag') end {where}"
+        f"{size}: {cut}, and only the first has the {header}: {first}; "
+        f"the later ones (classify '... laterfrag') end {where}"
     )
 
 
@@ -822,6 +867,7 @@ def to_json(verdict: Verdict, packet: Packet) -> dict[str, object]:
         "dropped": verdict.dropped,
         "outcome": outcome(verdict),
         "later_fragments": None if verdict.later is None else outcome(verdict.later),
+        "whole": None if verdict.whole is None else outcome(verdict.whole),
         "steps": [
             {
                 "qdisc": s.qdisc.kind,
