@@ -203,7 +203,8 @@ def test_port_range_and_mask(tmp_path: Path) -> None:
 def test_tcp_ack(tmp_path: Path) -> None:
     policy = _text_policy(tmp_path, _htb("    class acks rate 2mbit match tcp-ack\n"))
     assert _name(_verdict(policy, "ack")) == "acks"
-    assert _name(_verdict(policy, "tcp ack size 200")) == "bulk"  # too long
+    assert _name(_verdict(policy, "tcp ack iplen 64")) == "bulk"  # too long (TCP options)
+    assert _name(_verdict(policy, "tcp ack iplen 63")) == "acks"
     assert _name(_verdict(policy, "tcp size 54")) == "bulk"  # PSH too
     assert _name(_verdict(policy, "udp size 54")) == "bulk"
 
@@ -792,3 +793,14 @@ def test_classify_walks_hashed_tables(dst: str, name: str, path: str | None) -> 
     assert verdict.cls is not None and verdict.cls.name == name
     why = verdict.steps[-1].why
     assert (f"u32 went to {path}" in why) if path else ("u32 went to" not in why), why
+
+
+@pytest.mark.parametrize("name", ["", "../x", ".", "a/b"])
+def test_cli_refuses_a_name_the_state_cannot_hold(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: '--name ""' and '--name ../x' were taken (and looked up as state
+    folders); a name is what 'apply --name' takes, or a usage error."""
+    got = _run(monkeypatch, "policies/office.tcp", "--name", name, "--packet", "udp")
+    assert got.exit_code == 2, got.output
+    assert f"Invalid value for '--name': {name!r}: letters, digits" in got.output, got.output

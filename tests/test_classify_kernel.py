@@ -408,7 +408,7 @@ interface eth0 htb rate 1gbit default b {
     [
         ("udp dport 5001", "1:10", OFFICE_LIKE),
         ("ack", "1:20", OFFICE_LIKE),
-        ("tcp ack size 200", "1:30", OFFICE_LIKE),
+        ("tcp ack iplen 80", "1:30", OFFICE_LIKE),
         ("tcp dport 5001", "1:30", OFFICE_LIKE),
         ("ipv6 udp dport 5001", "1:10", OFFICE_LIKE),
         ("ipv6 tcp ack", "1:20", OFFICE_LIKE),

@@ -413,6 +413,41 @@ def test_what_the_language_cannot_say_is_a_warning_and_a_comment(tmp_path: Path)
     assert "mark 0x7" in out
 
 
+@pytest.mark.parametrize(
+    ("handle", "said"),
+    [
+        ("abc", "an fw filter without a mark"),
+        ("/0xff00", "an fw filter without a mark"),
+        ("0xa/0xff/0xf", "an fw filter without a mark"),
+        ("-1", "an fw filter without a mark"),
+        ("0x0", "an fw filter with mark 0x0 and mask 0xffffffff, which a policy cannot write"),
+        ("0xa/0x0", "an fw filter with mark 0xa and mask 0x0, which a policy cannot write"),
+        ("0xa/0xf0", "an fw filter with mark 0xa and mask 0xf0, which a policy cannot write"),
+        ("0x1ffffffff", "an fw filter with mark 0x1ffffffff and mask 0xffffffff"),
+    ],
+)
+def test_an_fw_handle_a_policy_cannot_write_is_left_out(
+    handle: str, said: str, tmp_path: Path
+) -> None:
+    """Found by a tester: a saved text with 'handle abc' (or '/0xff00', '0xa/0xff/0xf') on an
+    fw filter was a traceback, and mark 0, mask 0, a mark outside its mask or above 32 bits
+    were written into a policy that did not compile. Now each is W616 and left out, and the
+    policy compiles; a mark under its mask ('0x100/0xff00') is kept."""
+    text = (DATA / "unsupported.txt").read_text(encoding="utf-8")
+    saved = tmp_path / "saved.txt"
+    saved.write_text(text.replace("handle 0x7 classid", f"handle {handle} classid"), "utf-8")
+    code, out, err = _cli("-i", "eth0", "--from", str(saved))
+    assert code == 0, err
+    assert f"{saved}:37:1: warning: filter pref 5 (ip, fw) to 1:20: {said}" in err, err
+    written = [x for x in out.splitlines() if not x.strip().startswith("#")]
+    assert not [x for x in written if "mark" in x], out
+    result = _check(out, tmp_path)
+    assert not [d for d in result.diagnostics if d.is_error], out
+    saved.write_text(text.replace("handle 0x7 classid", "handle 0x100/0xff00 classid"), "utf-8")
+    code, out, err = _cli("-i", "eth0", "--from", str(saved))
+    assert code == 0 and "mark 0x100" in out and "mask 0xff00" in out, (err, out)
+
+
 def test_filters_listed_without_their_parent_go_to_the_qdisc_of_their_flowid() -> None:
     """'tc filter show dev X parent 10:' names no parent: the flowid's major tells it."""
     code, out, err = _cli("-i", "lan0", "--from", str(DATA / "nested.txt"))

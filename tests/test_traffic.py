@@ -22,6 +22,12 @@ def test_packet_words() -> None:
     assert (ack.proto, ack.ack_only, ack.size) == (6, True, 54)
 
 
+def test_a_bare_ack_may_carry_tcp_options() -> None:
+    """'ack iplen 52' is an ACK with timestamps (12 bytes of options), as Linux sends them."""
+    assert parse_packet("ack iplen 52").size == 66
+    assert parse_packet("ack iplen 80").ack_only
+
+
 def test_iplen_is_the_ip_packets_length() -> None:
     """``iplen`` is what tcpdump reports; ``size`` adds the 14-byte Ethernet header, as tc."""
     assert parse_packet("tcp iplen 52").size == 66
@@ -38,6 +44,10 @@ def test_iplen_is_the_ip_packets_length() -> None:
         ("tcp dport 70000", "dport 70000 is outside 0-65535"),
         ("src 10.0.0.300", "src needs an IPv4 or IPv6 address"),
         ("udp ack", "'ack' is a TCP packet"),
+        ("tcp ack ack", "gives its ack twice; give it once"),
+        ("ack size 3000", "'ack' is a bare ACK: no payload, at most 40 bytes of TCP options"),
+        ("ack iplen 81", "\\(iplen 40-80\\); for an ACK with a payload write 'flags ack'"),
+        ("ipv6 ack iplen 101", "\\(iplen 60-100\\)"),
         ("tcp dport", "'dport' needs a value"),
         ("tcp rate 1mbit", "unexpected 'rate'"),
         ("size 10", "size 10 is outside 54-65549 bytes: size counts the frame on the wire"),

@@ -47,7 +47,7 @@ from tcdsl.ops.lifecycle import (
     start_reading,
 )
 from tcdsl.ops.plan import Plan
-from tcdsl.ops.state import StateWriteError, Store, UnfitDevice, valid_name
+from tcdsl.ops.state import NAME_RULE, StateWriteError, Store, UnfitDevice, valid_name
 from tcdsl.units import parse_seconds
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHANGES = 0, 1, 2, 4
@@ -68,9 +68,7 @@ def parse_duration(text: str) -> float:
 
 def _store(name: str) -> Store:
     if not valid_name(name):
-        raise click.BadParameter(
-            f"{name!r}: letters, digits, '_', '.', '-' only", param_hint="--name"
-        )
+        raise click.BadParameter(f"{name!r}: {NAME_RULE}", param_hint="--name")
     store = Store(name)
     failed = store.timer_failed()
     if failed is not None:

@@ -984,6 +984,15 @@ def _fw(
     if f.mark is None or f.flowid not in classes or f.protocol not in ("ip", "ipv6"):
         problem(entry, "an fw filter without a mark, a class of this qdisc or ip/ipv6", "W616")
         return
+    mask = 0xFFFFFFFF if f.mask is None else f.mask
+    if not 0 < f.mark <= 0xFFFFFFFF or not 0 < mask <= 0xFFFFFFFF or f.mark & ~mask:
+        problem(
+            entry,
+            f"an fw filter with mark {f.mark:#x} and mask {mask:#x}, which a policy cannot "
+            "write (a mark of 1-0xffffffff inside a mask of 1-0xffffffff)",
+            "W616",
+        )
+        return
     family = "ipv4" if f.protocol == "ip" else "ipv6"
     pref = f.pref - V6_PREF if family == "ipv6" else f.pref
     if out.marks is None:

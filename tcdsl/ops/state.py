@@ -44,6 +44,10 @@ def state_dir() -> Path:
     return Path(os.environ.get(STATE_DIR_VARIABLE) or STATE_DIR)
 
 
+NAME_RULE = "letters, digits, '_', '.', '-' only (not '.' or '..')"
+"""What :func:`valid_name` takes, in words."""
+
+
 def valid_name(name: str) -> bool:
     """A policy name usable as a folder name (letters, digits, ``_ . -``; not ``.``/``..``)."""
     return bool(_NAME.fullmatch(name)) and name not in (".", "..")

@@ -274,6 +274,10 @@ def _flags(text: str) -> int:
     return bits
 
 
+TCP_OPTIONS = 40
+"""The most TCP options a header holds (a data offset of 15 words)."""
+
+
 def parse_packet(text: str) -> Packet:
     """Parse a packet spec (see the module docstring); raises ``SpecError``."""
     if not text.split():
@@ -336,6 +340,7 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             i += 1
             continue
         if word == "ack":
+            once("ack", word)
             fields["ack_only"] = True
             fields.setdefault("proto", 6)
             i += 1
@@ -399,7 +404,14 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
                 "'ack' is a bare ACK (only ACK set, no payload); for other flags write "
                 "'flags ...' alone (flags ack is an ACK with a payload)"
             )
-        fields.setdefault("size", least + ETHERNET_HEADER)  # headers only
+        size = fields.setdefault("size", least + ETHERNET_HEADER)  # headers only
+        assert isinstance(size, int)
+        if size > least + TCP_OPTIONS + ETHERNET_HEADER:
+            raise SpecError(
+                f"'ack' is a bare ACK: no payload, at most {TCP_OPTIONS} bytes of TCP options "
+                f"(iplen {least}-{least + TCP_OPTIONS}); for an ACK with a payload "
+                "write 'flags ack'"
+            )
     return Packet(**fields), words[i:]  # type: ignore[arg-type]
 
 

@@ -739,6 +739,18 @@ def _filter_blocks(text: str) -> Iterator[tuple[list[str], list[str]]]:
         yield head, body
 
 
+_FW_HANDLE = re.compile(r"(0x[0-9a-f]+|[0-9]+)(?:/(0x[0-9a-f]+|[0-9]+))?", re.IGNORECASE)
+
+
+def _fw_handle(handle: str) -> tuple[int | None, int | None]:
+    """An fw filter's ``handle MARK[/MASK]`` as tc prints it: (mark, mask or None); (None,
+    None) for text tc does not print (a saved file edited by hand)."""
+    m = _FW_HANDLE.fullmatch(handle)
+    if m is None:
+        return None, None
+    return int(m.group(1), 0), int(m.group(2), 0) if m.group(2) else None
+
+
 def parse_filters(text: str) -> list[TcFilter]:
     """Parse ``tc filter show dev X parent P``: the rules, not the u32 hash tables and the
     per-pref heads, in the order tc lists them (the order the kernel tries them in)."""
@@ -789,7 +801,7 @@ def parse_filters(text: str) -> list[TcFilter]:
             handle = _after(words, "handle")
             if handle is None:
                 continue  # the head of the pref
-            mark_text, _, mask_text = handle.partition("/")
+            mark, mask = _fw_handle(handle)
             flowid = _after(words, "classid") or _after(words, "flowid") or "?"
             out.append(
                 TcFilter(
@@ -797,8 +809,8 @@ def parse_filters(text: str) -> list[TcFilter]:
                     protocol,
                     int(pref_text),
                     flowid,
-                    mark=int(mark_text, 0),
-                    mask=int(mask_text, 0) if mask_text else None,
+                    mark=mark,
+                    mask=mask,
                     words=tuple([" ".join(words), *body]),
                 )
             )
