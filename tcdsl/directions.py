@@ -146,12 +146,13 @@ def _arrivals(where: frozenset[str | None]) -> str:
     return "any interface" if ANY in where else " and ".join(sorted(filter(None, where)))
 
 
-def _reach(a: ir.Interface, b: ir.Interface, hairpin: bool = False) -> str | None:
+def _reach(a: ir.Interface, b: ir.Interface, rare: bool = False) -> str | None:
     """How the marks ``a``'s rules set reach the packets ``b``'s fw filters classify (in
-    words), or None when they cannot; ``hairpin``: only by packets that leave by the
-    interface they arrived on (NAT loopback), which the rest leaves out."""
+    words), or None when they cannot; ``rare``: only by packets few routers forward, which
+    the rest leaves out: those that leave by the interface they arrived on (NAT loopback),
+    and connections forwarded from one download's interface to another's (WAN to WAN)."""
     carried, seen_a, seen_b = _carries(a), _sees(a), _sees(b)
-    if hairpin:
+    if rare:
         # an upload and its own download: only a packet the WAN sends back to the WAN
         own = a.download is not None and a.interface == b.interface
         if b.download is None and carried == {b.interface} and not own:
@@ -159,6 +160,13 @@ def _reach(a: ir.Interface, b: ir.Interface, hairpin: bool = False) -> str | Non
                 f"packets arriving on {b.interface} that leave by {b.interface} again (NAT "
                 f"loopback: a port forward reached from that side) carry the marks of "
                 f"'{a.label}', which the fw filters of '{b.label}' read"
+            )
+        if a.download is not None and b.download is not None and carried - {b.interface}:
+            return (
+                f"'{a.label}' saves its marks on the connections of packets arriving on "
+                f"{_arrivals(carried)}, and a connection forwarded between there and "
+                f"{b.interface} (from one WAN to the other) has them restored by the download "
+                f"redirect of '{b.interface}'"
             )
         return None
     if b.download is None:
@@ -176,12 +184,6 @@ def _reach(a: ir.Interface, b: ir.Interface, hairpin: bool = False) -> str | Non
             "mark one leaves it marked for the other (a rule marks only unmarked packets), "
             f"and the download of '{b.interface}' saves that mark on the connection and "
             "classifies by it"
-        )
-    if a.download is not None and carried - {b.interface}:
-        return (
-            f"'{a.label}' saves its marks on the connections of packets arriving on "
-            f"{_arrivals(carried)}, and a connection forwarded between there and "
-            f"{b.interface} has them restored by the download redirect of '{b.interface}'"
         )
     return None
 
@@ -220,15 +222,12 @@ def marks_kept_apart(policy: ir.Policy) -> Iterator[Diagnostic]:
         i for i in policy.interfaces if i.marking is not None and not isinstance(i.root, ir.Mq)
     ]
     marks = {id(i): _classes_by_mark(i) for i in marking}
-    apart = (
-        "give each tree mark bits of its own ('mask 0xffff' on one, 'mask 0xffff0000' on the "
-        "other; with more trees, a byte each: 0xff, 0xff00, 0xff0000, 0xff000000)"
-    )
     for n, b in enumerate(marking):
         for a in marking[:n]:
             ma, mb = a.marking, b.marking
             assert ma is not None and mb is not None
             note = Note(f"the marks of '{a.label}' are chosen here", ma.span)
+            apart = _apart(a, b)
             found = _misread(a, b, marks) or _misread(b, a, marks)
             if found is not None:
                 yield Diagnostic.error(
@@ -249,16 +248,43 @@ def marks_kept_apart(policy: ir.Policy) -> Iterator[Diagnostic]:
                 )
 
 
+_BLOCKS = (0xFFFF0000, 0x0000FFFF, 0xFF000000, 0x00FF0000, 0x0000FF00, 0x000000FF)
+"""Mark bits to suggest to a tree, widest first."""
+
+
+def _apart(a: ir.Interface, b: ir.Interface) -> str:
+    """The advice to give ``a`` and ``b`` mark bits of their own, from the masks they have."""
+    ma, mb = a.marking, b.marking
+    assert ma is not None and mb is not None
+    if ma.mask is None and mb.mask is None:
+        return (
+            "give each tree mark bits of its own ('mask 0xffff' on one, 'mask 0xffff0000' on "
+            "the other; with more trees, a byte each: 0xff, 0xff00, 0xff0000, 0xff000000)"
+        )
+    kept, other = (a, b) if ma.mask is not None else (b, a)
+    taken = kept.marking.mask_value if kept.marking is not None else 0
+    free = next((m for m in _BLOCKS if not m & taken), None)
+    if free is None:
+        return (
+            f"give each tree mark bits of its own: the mask {taken:#x} of '{kept.label}' "
+            f"leaves no byte for '{other.label}'; narrow it (a byte or two: 0xff00, 0xffff)"
+        )
+    return (
+        f"give each tree mark bits of its own: 'mask {free:#x}' on '{other.label}', outside "
+        f"the mask {taken:#x} of '{kept.label}'"
+    )
+
+
 def _misread(
-    a: ir.Interface, b: ir.Interface, marks: dict[int, dict[int, str]], hairpin: bool = False
+    a: ir.Interface, b: ir.Interface, marks: dict[int, dict[int, str]], rare: bool = False
 ) -> str | None:
-    """How ``b`` misreads the marks of ``a`` (in words), or None if it cannot (``hairpin``:
-    through packets leaving by the interface they arrived on, alone)."""
+    """How ``b`` misreads the marks of ``a`` (in words), or None if it cannot (``rare``:
+    through the packets few routers forward alone, see :func:`_reach`)."""
     ma, mb = a.marking, b.marking
     assert ma is not None and mb is not None
     if not set(a.families) & set(b.families):
         return None
-    why = _reach(a, b, hairpin)
+    why = _reach(a, b, rare)
     if why is None:
         return None
     theirs, ours = marks[id(a)], marks[id(b)]

@@ -323,13 +323,13 @@ def _tree(name: str, source: str, mask: str = "", direction: str = "") -> str:
             [("wan0", "from any"), ("wan0", "from wan0", "download connmark")],
             "the rules of both mark packets arriving on wan0",
         ),
-        # the connections of one download's arrivals can be another's
+        # two WANs' downloads meet only in a connection from one WAN to the other: W374
         (
             [
                 ("wan0", "from wan0", "download connmark"),
                 ("wan1", "from wan1", "download connmark"),
             ],
-            "a connection forwarded between there and wan1 has them restored",
+            None,
         ),
         # a download's marks on packets forwarded out of another shaped interface
         (
@@ -401,6 +401,27 @@ def test_marks_that_meet_only_in_nat_loopback_are_a_warning(tmp_path: Path) -> N
     masked = _tree("wan0", "from lan0", " mask 0xff") + _tree("lan0", "from wan0", " mask 0xff00")
     quiet = _compile(tmp_path, masked)
     assert not [d for d in quiet.diagnostics if d.code in ("W374", "E273")]
+
+
+def test_two_wans_downloads_meet_only_in_transit_a_warning(tmp_path: Path) -> None:
+    """Found by a tester: two WANs' downloads by mark were an error (E273), though their marks
+    meet only in a connection forwarded from one WAN to the other, which a router rarely
+    carries: W374 now, and the advice keeps the masks a tree has."""
+    both = _tree("wan0", "from wan0", direction="download connmark") + _tree(
+        "wan1", "from wan1", direction="download connmark"
+    )
+    result = _compile(tmp_path, both)
+    assert result.policy is not None, render(result.diagnostics, result.sources)
+    (found,) = [d for d in result.diagnostics if d.code == "W374"]
+    said = " ".join(found.message.split())
+    assert "a connection forwarded between there and wan1 (from one WAN to the other)" in said
+    assert "('mask 0xffff' on one, 'mask 0xffff0000' on the other;" in said, said
+    masked = _tree("wan0", "from wan0", " mask 0xff00", "download connmark") + _tree(
+        "wan1", "from wan1", "", "download connmark"
+    )
+    (found,) = [d for d in _compile(tmp_path, masked).diagnostics if d.code == "W374"]
+    said = " ".join(found.message.split())
+    assert "'mask 0xffff0000' on 'wan1 download" in said and "outside the mask 0xff00 of" in said
 
 
 @pytest.mark.parametrize("upload", ["from lan0", "from local", "at postrouting"])
