@@ -448,6 +448,27 @@ def test_an_fw_handle_a_policy_cannot_write_is_left_out(
     assert code == 0 and "mark 0x100" in out and "mask 0xff00" in out, (err, out)
 
 
+def test_a_download_by_mark_not_read_is_advised_from_its_interface(tmp_path: Path) -> None:
+    """Found by a tester: W618 advised writing the IFB's tree as 'download via ifb0', whose
+    import on its own says 'classify by mark at postrouting', which a download refuses (E256).
+    With the redirect's connmark (a download by mark), the advice names 'from eth0'."""
+    text = (DATA / "unsupported.txt").read_text(encoding="utf-8")
+    redirect = "\taction order 1: mirred (Egress Redirect to device ifb0) stolen"
+    assert redirect in text
+    connmark = (
+        "\taction order 1: connmark zone 0 pipe\n\t index 1 ref 1 bind 1\n\n"
+        "\taction order 2: mirred (Egress Redirect to device ifb0) stolen"
+    )
+    saved = tmp_path / "saved.txt"
+    saved.write_text(text.replace(redirect, connmark), "utf-8")
+    code, out, err = _cli("-i", "eth0", "--from", str(saved))
+    said = " ".join(err.split())
+    assert code == 0 and "write it as 'download via ifb0' (its 'classify by mark' then 'from " \
+        "eth0', not 'at postrouting') [W618]" in said, err  # fmt: skip
+    _, _, plain = _cli("-i", "eth0", "--from", str(DATA / "unsupported.txt"))
+    assert "write it as 'download via ifb0' [W618]" in " ".join(plain.split()), plain
+
+
 def test_filters_listed_without_their_parent_go_to_the_qdisc_of_their_flowid() -> None:
     """'tc filter show dev X parent 10:' names no parent: the flowid's major tells it."""
     code, out, err = _cli("-i", "lan0", "--from", str(DATA / "nested.txt"))

@@ -1811,7 +1811,12 @@ def _ingress(
                 "W618",
                 f"ingress redirects to {redirect.device}, whose tree is not in the text read: "
                 f"import {redirect.device} on its own and write it as 'download via "
-                f"{redirect.device}'",
+                f"{redirect.device}'"
+                + (
+                    f" (its 'classify by mark' then 'from {dev.text.device}', not 'at postrouting')"
+                    if redirect.connmark
+                    else ""
+                ),
                 entry.line,
             )
         )
