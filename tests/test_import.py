@@ -461,7 +461,7 @@ def test_a_download_by_mark_not_read_is_advised_from_its_interface(tmp_path: Pat
     )
     saved = tmp_path / "saved.txt"
     saved.write_text(text.replace(redirect, connmark), "utf-8")
-    code, out, err = _cli("-i", "eth0", "--from", str(saved))
+    code, _out, err = _cli("-i", "eth0", "--from", str(saved))
     said = " ".join(err.split())
     assert code == 0 and "write it as 'download via ifb0' (its 'classify by mark' then 'from " \
         "eth0', not 'at postrouting') [W618]" in said, err  # fmt: skip
