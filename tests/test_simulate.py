@@ -385,6 +385,30 @@ def test_cli_policy_errors_and_unsupported(tmp_path: Path) -> None:
     assert code == 1 and "cbq" in err and "Traceback" not in err
 
 
+def test_a_flow_whose_fragments_split_is_refused(tmp_path: Path) -> None:
+    """A UDP flow of datagrams a 1500-byte MTU does not hold leaves in fragments, and only the
+    first has the ports: where the later ones end elsewhere, the simulator (which moves whole
+    packets) refuses the flow rather than count all its bytes in the first's class; where
+    they end in the same class it runs."""
+    policy = tmp_path / "voip.tcp"
+    policy.write_text(
+        "interface eth0 htb rate 10mbit default bulk {\n"
+        "    class voip rate 2mbit match proto udp dport 5060\n"
+        "    class other rate 1mbit match src 10.0.0.0/8\n"
+        "    class bulk rate 1mbit\n}\n",
+        encoding="utf-8",
+    )
+    code, out, err = invoke("simulate", str(policy), "--flow", "v: udp dport 5060 size 3000")
+    assert code == 1 and out == "", (out, err)
+    said = " ".join(err.split())
+    assert "flow v: a 2986-byte datagram is cut into fragments, which end in different " \
+        "classes (the first in class 'voip'" in said, said  # fmt: skip
+    assert "give the flow a size of at most 1514, or two flows" in said, said
+    code, out, err = invoke("simulate", str(policy), "--flow", "o: udp dport 9 size 3000",
+                            "--duration", "2s")  # fmt: skip
+    assert code == 0 and "flow o" in out, err
+
+
 def test_the_doc_example_is_the_command_output(monkeypatch: pytest.MonkeyPatch) -> None:
     doc = (ROOT / "docs" / "simulate.md").read_text(encoding="utf-8")
     command = re.search(r"```console\n\$ (tcdsl simulate .*?)\n(.*?)```", doc, re.S)

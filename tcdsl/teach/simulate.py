@@ -56,6 +56,7 @@ from tcdsl.teach.classify import (
     UnknownInterface,
     classify,
     direction_of,
+    outcome,
     packet_priority,
     select_tree,
 )
@@ -1480,6 +1481,15 @@ class Simulator(Engine):
     ) -> _FlowState:
         where = self.iface.name, direction_of(self.iface)
         verdict = classify(self.policy, flow.packet, *where, skip=skip)
+        if verdict.later is not None and outcome(verdict.later) != outcome(verdict):
+            # the model moves whole packets: a datagram's fragments would split the flow
+            raise SimulationError(
+                f"flow {flow.name}: a {flow.packet.size - ETHERNET_HEADER}-byte datagram is "
+                f"cut into fragments, which end in different classes (the first in "
+                f"{outcome(verdict)}, the later ones in {outcome(verdict.later)}; tcdsl "
+                f"classify shows why); the simulator moves whole packets: give the flow a "
+                f"size of at most {MTU}, or two flows"
+            )
         route: list[object] = []
         for step in verdict.steps:
             if isinstance(step.qdisc, ir.Htb):
