@@ -4,7 +4,7 @@ packet fits, addresses NAT hides)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from ipaddress import IPv4Network
 
 from tcdsl import ir
@@ -217,35 +217,56 @@ def marks_kept_apart(policy: ir.Policy) -> Iterator[Diagnostic]:
     packets the other classifies and the other would misread them: its rules mark only
     packets whose mark bits are clear, so one its rules see keeps the first tree's mark
     (two WAN interfaces both marking 'from lan0'); and one they do not see goes to the
-    class whose mark equals it. Disjoint masks keep them apart. (Allocated: the marks.)"""
-    marking = [
-        i for i in policy.interfaces if i.marking is not None and not isinstance(i.root, ir.Mq)
-    ]
-    marks = {id(i): _classes_by_mark(i) for i in marking}
-    for n, b in enumerate(marking):
-        for a in marking[:n]:
-            ma, mb = a.marking, b.marking
-            assert ma is not None and mb is not None
-            note = Note(f"the marks of '{a.label}' are chosen here", ma.span)
-            apart = _apart(a, b)
-            found = _misread(a, b, marks) or _misread(b, a, marks)
-            if found is not None:
-                yield Diagnostic.error(
-                    "E273",
-                    f"{found}: those packets are classified by the other tree's marks; {apart}",
-                    mb.span,
-                    note,
-                )
-                continue
-            found = _misread(a, b, marks, True) or _misread(b, a, marks, True)
-            if found is not None:
-                yield Diagnostic.warning(
-                    "W374",
-                    f"{found}: those packets are classified by the other tree's marks (the "
-                    f"rest of the traffic is not); {apart}",
-                    mb.span,
-                    note,
-                )
+    class whose mark equals it. Disjoint masks keep them apart. W374 where they meet only
+    in packets few routers forward. (Allocated: the marks.)"""
+    marking = _marking(policy)
+    yield from _kept_apart([(a, b) for n, b in enumerate(marking) for a in marking[:n]])
+
+
+def marks_apart_from(
+    policy: ir.Policy, others: Iterable[tuple[str, ir.Policy]]
+) -> Iterator[Diagnostic]:
+    """E273 and W374 between the trees of ``policy`` and those of ``others``, (name,
+    policy) pairs applied on the same router under other names, at ``policy``'s trees."""
+    ours = _marking(policy)
+    for name, other in others:
+        theirs = _marking(other)
+        yield from _kept_apart([(a, b) for b in ours for a in theirs], f" (applied as '{name}')")
+
+
+def _marking(policy: ir.Policy) -> list[ir.Interface]:
+    return [i for i in policy.interfaces if i.marking is not None and not isinstance(i.root, ir.Mq)]
+
+
+def _kept_apart(
+    pairs: list[tuple[ir.Interface, ir.Interface]], whose: str = ""
+) -> Iterator[Diagnostic]:
+    """E273 or W374 for each pair (a, b) whose marks meet, at b's ``classify by mark`` with a
+    note at a's (``whose``: which policy a is of, when it is another)."""
+    marks = {id(i): _classes_by_mark(i) for pair in pairs for i in pair}
+    for a, b in pairs:
+        ma, mb = a.marking, b.marking
+        assert ma is not None and mb is not None
+        note = Note(f"the marks of '{a.label}'{whose} are chosen here", ma.span)
+        apart = _apart(a, b)
+        found = _misread(a, b, marks) or _misread(b, a, marks)
+        if found is not None:
+            yield Diagnostic.error(
+                "E273",
+                f"{found}: those packets are classified by the other tree's marks; {apart}",
+                mb.span,
+                note,
+            )
+            continue
+        found = _misread(a, b, marks, True) or _misread(b, a, marks, True)
+        if found is not None:
+            yield Diagnostic.warning(
+                "W374",
+                f"{found}: those packets are classified by the other tree's marks (the "
+                f"rest of the traffic is not); {apart}",
+                mb.span,
+                note,
+            )
 
 
 _BLOCKS = (0xFFFF0000, 0x0000FFFF, 0xFF000000, 0x00FF0000, 0x0000FF00, 0x000000FF)

@@ -2031,3 +2031,55 @@ def test_a_restore_that_leaves_the_kernel_otherwise_says_so(
     assert failed.code == 1 and "[E601]" in failed.err, failed
     assert "restoring the previous state failed too" in failed.err, failed
     assert "rate 2Mbit" not in tcdsl.tc("class", "show", "dev", "d0")
+
+
+MARKING = """\
+interface {wan} htb rate 10mbit default bulk {{
+    classify by mark from lan0{mask}
+    class web rate 5mbit match proto tcp dport 80
+    class bulk rate 1mbit
+}}
+"""
+
+
+def test_marks_of_a_policy_applied_under_another_name_are_kept_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: E273 looked at one policy, so two WANs marking what arrives on
+    lan0, applied under two names, were both taken, and the second's packets classified by
+    the first's marks. plan and apply now read the policies live under other names: E273
+    at this policy's 'classify by mark', a note at the other's (its saved text), nothing
+    changed; with disjoint masks the plan goes on."""
+    from click.testing import CliRunner
+
+    from tcdsl.cli import cli
+    from tcdsl.ops.state import Store
+
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
+    one = tmp_path / "one.tcp"
+    one.write_text(MARKING.format(wan="wan0", mask=""), encoding="utf-8")
+    result = analyse(str(one))
+    assert result.policy is not None, result.diagnostics
+    Store("one").record(str(one), result.sources, ("wan0",), {})
+    one.write_text("# edited since: the record's text is what counts\n", encoding="utf-8")
+    two = tmp_path / "two.tcp"
+    two.write_text(MARKING.format(wan="wan1", mask=""), encoding="utf-8")
+    for command in (["plan"], ["apply", "--yes"]):
+        refused = CliRunner().invoke(cli, [*command, str(two)])
+        said = " ".join(refused.stderr.split())
+        assert refused.exit_code == 1 and "[E273]" in said, refused.stderr
+        assert f"{two}:2:5: error: packets arriving on lan0 can leave by wan1" in said, said
+        assert f"{one}:2:5: note: the marks of 'wan0' (applied as 'one') are chosen" in said
+        assert "classify by mark from lan0" in said and "nothing was changed" in said
+    assert not (tmp_path / "state" / "two").exists()
+    # the advice for this one alone is not enough: the other's rules see every bit
+    two.write_text(MARKING.format(wan="wan1", mask=" mask 0xffff0000"), encoding="utf-8")
+    planned = CliRunner().invoke(cli, ["plan", str(two)])
+    said = " ".join(planned.stderr.split())
+    assert "'mask 0xffff' on 'wan0', outside the mask 0xffff0000 of 'wan1' [E273]" in said, said
+    one.write_text(MARKING.format(wan="wan0", mask=" mask 0xffff"), encoding="utf-8")
+    result = analyse(str(one))
+    assert result.policy is not None, result.diagnostics
+    Store("one").record(str(one), result.sources, ("wan0",), {})
+    planned = CliRunner().invoke(cli, ["plan", str(two)])
+    assert "E273" not in planned.stderr and "W374" not in planned.stderr, planned.stderr

@@ -40,6 +40,7 @@ from tcdsl.ops.lifecycle import (
     down,
     down_interface,
     keep_record,
+    marks_against_others,
     policy_name,
     preflight,
     prepare,
@@ -97,9 +98,15 @@ def _compiled(
     # the warnings too, as 'check' shows them: a subscriber in the default class (W371), a
     # line that never matches (W312) are worth knowing before the kernel changes
     shown = [d for d in result.diagnostics if d.severity is not Severity.INFO]
+    sources = dict(result.sources)
+    if result.policy is not None and not any(d.is_error for d in shown):
+        # the marks of the policies live under other names, which 'check' cannot see
+        found, theirs = marks_against_others(result.policy, store.name)
+        shown += found
+        sources = {**theirs, **sources}
     if shown:
-        click.echo(render(shown, result.sources), nl=False, err=True)
-    if result.policy is None or any(d.is_error for d in result.diagnostics):
+        click.echo(render(shown, sources), nl=False, err=True)
+    if result.policy is None or any(d.is_error for d in shown):
         click.echo("tcdsl: the policy has errors; nothing was changed", err=True)
         sys.exit(EXIT_FAILED)
     return result, trees

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-from tcdsl import ir
+from tcdsl import directions, ir
 from tcdsl.allocate import LEAF_PIN, LINK_PIN, NESTED_PIN, PARENT_PIN, QUEUE_PIN, R2Q_PIN, Pins
 from tcdsl.commands import default_chain, ingress_slot, nft_table_name, unjump_shell
 from tcdsl.diagnostics import Diagnostic
@@ -674,18 +674,48 @@ def others_refusal(devices: Iterable[str], name: str) -> list[tuple[str, str]]:
     return out
 
 
-def _owners(besides: str | None = None) -> dict[str, str]:
-    """Each device a policy's live record owns in this network namespace, and that policy's
-    name (the first by name; ``besides``'s own left out): every record read once."""
-    found: dict[str, str] = {}
+def _live_elsewhere(besides: str | None) -> Iterator[tuple[Store, Applied | None]]:
+    """The names' stores other than ``besides``, each with its live record in this network
+    namespace (None: none, one that cannot be read, or one of another namespace)."""
     for store in Store.every():
         if store.name == besides:
             continue
         try:
             applied = store.current()
         except (OpsError, OSError):
+            applied = None
+        yield store, applied if applied is not None and applied.here else None
+
+
+def marks_against_others(policy: ir.Policy, name: str) -> tuple[list[Diagnostic], dict[str, str]]:
+    """E273 and W374 between the trees of ``policy`` that classify by mark and those of the
+    policies live under other names on this router (which ``check`` cannot see: it reads
+    one policy), and the texts their notes point into (a record that cannot be read or
+    compiled again is passed over)."""
+    if not any(i.marking is not None for i in policy.interfaces):
+        return [], {}
+    others: list[tuple[str, ir.Policy]] = []
+    sources: dict[str, str] = {}
+    for store, applied in _live_elsewhere(name):
+        if applied is None or not any("mark" in text for text in applied.sources.values()):
+            continue  # (no 'classify by mark' in it: not worth compiling)
+        try:
+            other = compile_applied(applied)
+        except (OpsError, OSError, ValueError, KeyError):
             continue
-        if applied is not None and applied.here:
+        if any(i.marking is not None for i in other.interfaces):
+            others.append((store.name, other))
+            for path, text in applied.sources.items():
+                sources.setdefault(path, text)
+    return list(directions.marks_apart_from(policy, others)), sources
+
+
+def _owners(besides: str | None = None) -> dict[str, str]:
+    """Each device a policy's live record owns in this network namespace, and that policy's
+    name (the first by name; ``besides``'s own left out): every record read once."""
+    found: dict[str, str] = {}
+    for store, applied in _live_elsewhere(besides):
+        if applied is not None:
             for device in _owned(applied):
                 found.setdefault(device, store.name)
         try:  # an apply under way (or killed): the kernel may hold part of it
