@@ -829,8 +829,8 @@ MARK_HOOKS: tuple[str, ...] = (*_HOOK_CHAIN.values(), *DOWNLOAD_HOOKS)
 
 def jumps(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
     """Every jump into ``iface``'s marking chain, without ``-j`` (:func:`jump_words`). A
-    download marks in FORWARD and INPUT, for packets that arrived on its interface (or on
-    any, with ``from any``): there NAT is undone, and the mark it sets is saved on the
+    download marks in FORWARD and INPUT, for packets that arrived on its interface (E256
+    refuses another): there NAT is undone, and the mark it sets is saved on the
     connection, which the redirect restores on the connection's later packets (connmark)."""
     m = iface.marking
     assert m is not None
