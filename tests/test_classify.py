@@ -430,6 +430,16 @@ def test_a_big_datagram_is_classified_as_its_first_fragment(
     assert download.stdout.rstrip().endswith(
         "end in class 'rest' (1:20), leaf pfifo (kernel default)"
     )
+    ingress = tmp_path / "ingress.tcp"
+    ingress.write_text(
+        "interface eth0 {\n    ingress {\n"
+        "        match proto udp dport 5060 police rate 1mbit burst 10k\n    }\n}\n",
+        encoding="utf-8",
+    )
+    policed = _run(monkeypatch, str(ingress), "--packet", "udp dport 5060 size 3000")
+    said = " ".join(policed.stdout.split())
+    assert "the later ones (classify '... laterfrag') end there too, but not by that line: no " \
+        "policer's match takes it: it is accepted as it is" in said, said  # fmt: skip
     later = _run(monkeypatch, str(policy), "--interface", "eth0", "--direction", "download",
                  "--packet", "udp sport 5060 laterfrag")  # fmt: skip
     assert "-> class 'rest' (1:20)" in later.stdout.splitlines()[0], later.stdout

@@ -401,8 +401,11 @@ def test_a_flow_whose_fragments_split_is_refused(tmp_path: Path) -> None:
     code, out, err = invoke("simulate", str(policy), "--flow", "v: udp dport 5060 size 3000")
     assert code == 1 and out == "", (out, err)
     said = " ".join(err.split())
-    assert "flow v: a 2986-byte datagram is cut into fragments, which end in different " \
-        "classes (the first in class 'voip'" in said, said  # fmt: skip
+    assert (
+        "flow v: a 2986-byte datagram is cut into fragments, which are not decided alike "
+        "(the first: filter pref 1 matched (match udp dport 5060) -> class 'voip' (1:10); "
+        "the later ones: filter pref 1 matched (match src 10.0.0.0/8) -> class 'other'"
+    ) in said, said
     assert "give the flow a size of at most 1514, or two flows" in said, said
     code, out, err = invoke("simulate", str(policy), "--flow", "o: udp dport 9 size 3000",
                             "--duration", "2s")  # fmt: skip

@@ -808,13 +808,27 @@ def render_text(verdict: Verdict, packet: Packet) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def fragments_split(verdict: Verdict) -> bool:
+    """Whether a packet's later fragments are decided otherwise than its first: another
+    outcome, or another line deciding it (an ingress tree ends in its qdisc whether a
+    policer took the packet or not)."""
+    later = verdict.later
+    if later is None:
+        return False
+    return outcome(later) != outcome(verdict) or later.steps[-1].span != verdict.steps[-1].span
+
+
 def fragments_note(verdict: Verdict, packet: Packet) -> str:
     """What happens to the fragments of a packet a 1500-byte MTU does not hold: the verdict
     shown is the first fragment's; where the later ones end, and where the packet would end
     whole when that differs."""
     assert verdict.later is not None
     ended = outcome(verdict.later)
-    where = "there too" if ended == outcome(verdict) else f"in {ended}"
+    where = f"in {ended}"
+    if ended == outcome(verdict):
+        where = "there too"
+        if fragments_split(verdict):
+            where += f", but not by that line: {verdict.later.steps[-1].why}"
     header = "ports" if packet.proto in PORTED else "protocol's header"
     size = f"a packet of {packet.size - ETHERNET_HEADER} bytes is more than a {MTU}-byte MTU holds"
     if verdict.interface.direction == "egress":

@@ -56,7 +56,7 @@ from tcdsl.teach.classify import (
     UnknownInterface,
     classify,
     direction_of,
-    outcome,
+    fragments_split,
     packet_priority,
     select_tree,
 )
@@ -1481,13 +1481,13 @@ class Simulator(Engine):
     ) -> _FlowState:
         where = self.iface.name, direction_of(self.iface)
         verdict = classify(self.policy, flow.packet, *where, skip=skip)
-        if verdict.later is not None and outcome(verdict.later) != outcome(verdict):
+        if verdict.later is not None and fragments_split(verdict):
             # the model moves whole packets: a datagram's fragments would split the flow
             raise SimulationError(
                 f"flow {flow.name}: a {flow.packet.size - ETHERNET_HEADER}-byte datagram is "
-                f"cut into fragments, which end in different classes (the first in "
-                f"{outcome(verdict)}, the later ones in {outcome(verdict.later)}; tcdsl "
-                f"classify shows why); the simulator moves whole packets: give the flow a "
+                f"cut into fragments, which are not decided alike (the first: "
+                f"{verdict.steps[-1].why}; the later ones: {verdict.later.steps[-1].why}; "
+                f"tcdsl classify shows more); the simulator moves whole packets: give the flow a "
                 f"size of at most {MTU}, or two flows"
             )
         route: list[object] = []
