@@ -420,6 +420,8 @@ def test_what_the_language_cannot_say_is_a_warning_and_a_comment(tmp_path: Path)
         ("/0xff00", "an fw filter without a mark"),
         ("0xa/0xff/0xf", "an fw filter without a mark"),
         ("-1", "an fw filter without a mark"),
+        ("08", "an fw filter without a mark"),  # tc's strtoul: octal
+        ("0xa/010", "an fw filter with mark 0xa and mask 0x8, which a policy cannot write"),
         ("0x0", "an fw filter with mark 0x0 and mask 0xffffffff, which a policy cannot write"),
         ("0xa/0x0", "an fw filter with mark 0xa and mask 0x0, which a policy cannot write"),
         ("0xa/0xf0", "an fw filter with mark 0xa and mask 0xf0, which a policy cannot write"),
@@ -446,6 +448,9 @@ def test_an_fw_handle_a_policy_cannot_write_is_left_out(
     saved.write_text(text.replace("handle 0x7 classid", "handle 0x100/0xff00 classid"), "utf-8")
     code, out, err = _cli("-i", "eth0", "--from", str(saved))
     assert code == 0 and "mark 0x100" in out and "mask 0xff00" in out, (err, out)
+    saved.write_text(text.replace("handle 0x7 classid", "handle 010 classid"), "utf-8")
+    code, out, err = _cli("-i", "eth0", "--from", str(saved))
+    assert code == 0 and "mark 0x8" in out, (err, out)
 
 
 def test_a_download_by_mark_not_read_is_advised_from_its_interface(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def test_iplen_is_the_ip_packets_length() -> None:
         ("src 10.0.0.300", "src needs an IPv4 or IPv6 address"),
         ("udp ack", "'ack' is a TCP packet"),
         ("tcp ack ack", "gives its ack twice; give it once"),
-        ("ack size 3000", "'ack' is a bare ACK: no payload, at most 40 bytes of TCP options"),
+        ("ack size 3000", "at most 40 bytes of TCP options \\(size 54-94\\)"),
         ("ack iplen 81", "\\(iplen 40-80\\); for an ACK with a payload write 'flags ack'"),
         ("ipv6 ack iplen 101", "\\(iplen 60-100\\)"),
         ("tcp dport", "'dport' needs a value"),

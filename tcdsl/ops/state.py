@@ -44,7 +44,7 @@ def state_dir() -> Path:
     return Path(os.environ.get(STATE_DIR_VARIABLE) or STATE_DIR)
 
 
-NAME_RULE = "letters, digits, '_', '.', '-' only (not '.' or '..')"
+NAME_RULE = "at most 64 letters, digits, '_', '.', '-' (not '.' or '..')"
 """What :func:`valid_name` takes, in words."""
 
 

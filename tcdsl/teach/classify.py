@@ -55,11 +55,14 @@ from tcdsl.frontend.syntax import PROTOCOLS
 from tcdsl.matching import bits_match, filter_bits, filters_at, kernel_words, words_verdict
 from tcdsl.tcmath import DEFAULT_PRIOMAP, tos_priority
 from tcdsl.teach.traffic import (
+    DEST_OPTS,
     ETHERNET_HEADER,
     EXTENSION_NAMES,
     FRAGMENT,
+    HOP_BY_HOP,
     LATER_FRAGMENT,
     PORTED,
+    ROUTING,
     Packet,
 )
 
@@ -183,42 +186,56 @@ def classify(
     ``UnknownInterface``. The filters of the match lines in ``skip`` are passed over (where
     a policer's ``continue`` sends the traffic above its rate).
 
-    A packet a 1500-byte MTU does not hold (:func:`later_fragment`) reaches the tree in
-    fragments: the verdict is its first fragment's, with ``later`` (and ``whole``) beside it;
-    an upload classified by mark has none of them (iptables marks the packet before it is
-    cut, and every fragment keeps the mark)."""
+    A packet a 1500-byte MTU does not hold (:func:`fragments`) reaches the tree in fragments:
+    the verdict is its first fragment's, with ``later`` (and ``whole``) beside it. The
+    marking rules see it whole (an upload's before IP cuts it, or after conntrack put it
+    together again; a download's connection mark was set on whole packets); an upload by
+    mark whose fragments all end alike gets neither."""
     iface = select_tree(policy, interface, direction)
     whole = Verdict(iface, tuple(_Walk(iface, packet, skip).start()))
-    later = later_fragment(packet)
-    if later is None or (iface.marking is not None and iface.direction == "egress"):
-        # iptables marks the packet before IP cuts it, and every fragment keeps the mark
+    cut = fragments(packet)
+    if cut is None:
         return whole
-    first = dataclasses.replace(later, ext=(*packet.ext, FRAGMENT))
-    head = Verdict(iface, tuple(_Walk(iface, first, skip).start()))
-    rest = Verdict(iface, tuple(_Walk(iface, later, skip).start()))
-    return Verdict(
-        iface,
-        head.steps,
-        rest,
-        None if outcome(head) == outcome(whole) else whole,
-    )
+    head, rest = (Verdict(iface, tuple(_Walk(iface, p, skip, packet).start())) for p in cut)
+    upload_by_mark = iface.marking is not None and iface.direction == "egress"
+    if upload_by_mark and _alike(head, rest) and _alike(head, whole):
+        return whole
+    return Verdict(iface, head.steps, rest, None if _alike(head, whole) else whole)
+
+
+def _alike(a: Verdict, b: Verdict) -> bool:
+    """Whether two verdicts end in the same place by the same line (an ingress tree ends in
+    its qdisc whether a policer took the packet or not)."""
+    return outcome(a) == outcome(b) and a.steps[-1].span == b.steps[-1].span
 
 
 MTU = 1500
 """The MTU the fragments are cut for (Ethernet's)."""
 
 
-def later_fragment(packet: Packet) -> Packet | None:
-    """A later fragment of ``packet`` (full-size) when a 1500-byte MTU does not hold it and
-    it is cut into fragments before a qdisc sees it; only the first fragment carries the
+def fragments(packet: Packet) -> tuple[Packet, Packet] | None:
+    """The first and a later fragment of ``packet`` (full-size) when a 1500-byte MTU does not
+    hold it and it is cut into fragments before a qdisc sees it; only the first carries the
     protocol's header (ports, TCP flags). None for a packet that fits, a fragment already,
     or TCP (a TCP packet over the MTU is a GSO packet, cut after the qdisc, every segment
-    with its header)."""
+    with its header). The fragment header goes after the headers every fragment repeats
+    (``ip6_find_1stfragopt``): hop-by-hop, a routing header and destination options before
+    it."""
     if packet.fragment or packet.proto == PROTOCOLS["tcp"] or packet.size <= MTU + ETHERNET_HEADER:
         return None
-    return dataclasses.replace(
-        packet, ext=(*packet.ext, LATER_FRAGMENT), size=MTU + ETHERNET_HEADER
-    )
+    at, routed = 0, False
+    for kind in packet.ext:
+        if kind == ROUTING:
+            routed = True
+        elif kind != HOP_BY_HOP and (kind != DEST_OPTS or routed):
+            break
+        at += 1
+    ext, size = packet.ext, MTU + ETHERNET_HEADER
+
+    def cut(mark: int) -> Packet:
+        return dataclasses.replace(packet, ext=(*ext[:at], mark, *ext[at:]), size=size)
+
+    return cut(FRAGMENT), cut(LATER_FRAGMENT)
 
 
 def select_tree(
@@ -417,7 +434,10 @@ class _Walk:
         iface: ir.Interface,
         packet: Packet,
         skip: frozenset[Span] = frozenset(),
+        marked: Packet | None = None,
     ) -> None:
+        """``marked``: the packet the marking rules see (default ``packet``): a fragment's
+        whole packet."""
         self.iface = iface
         self.skip = skip
         self.packet = packet
@@ -431,7 +451,7 @@ class _Walk:
         self.mark_why = ""
         self.mark_span: Span | None = None
         if iface.marking is not None and not (iface.download and packet.later_fragment):
-            self._mark(iface.marking)
+            self._mark(iface.marking, marked or packet)
         elif iface.marking is not None:
             self.mark_why = (
                 "a later fragment has no ports: connmark finds no connection for it and "
@@ -456,14 +476,14 @@ class _Walk:
         redirect = Step(ir.Ingress(d.span, (), None, ir.INGRESS_HANDLE), None, why, d.span)
         return [redirect, *steps]
 
-    def _mark(self, marking: ir.Marking) -> None:
+    def _mark(self, marking: ir.Marking, packet: Packet) -> None:
         chain = marking.chain or default_chain(self.iface.name)
         where = f"iptables chain {chain} ({marking.source(self.iface.name, 'packets')})"
-        if self.packet.family == "ipv6":
+        if packet.family == "ipv6":
             where = where.replace("iptables", "ip6tables", 1)
-        rules = [r for r in marking.rules if r.family == self.packet.family]
+        rules = [r for r in marking.rules if r.family == packet.family]
         for number, rule in enumerate(rules, 1):
-            if not rule_matches(rule.conds, self.packet):
+            if not rule_matches(rule.conds, packet):
                 continue
             self.mark, self.mark_span = rule.mark, rule.span
             if rule.unmarked:
@@ -810,12 +830,18 @@ def render_text(verdict: Verdict, packet: Packet) -> str:
 
 def fragments_split(verdict: Verdict) -> bool:
     """Whether a packet's later fragments are decided otherwise than its first: another
-    outcome, or another line deciding it (an ingress tree ends in its qdisc whether a
-    policer took the packet or not)."""
-    later = verdict.later
-    if later is None:
-        return False
-    return outcome(later) != outcome(verdict) or later.steps[-1].span != verdict.steps[-1].span
+    outcome, or another line deciding it."""
+    return verdict.later is not None and not _alike(verdict.later, verdict)
+
+
+def _elsewhere(other: Verdict, verdict: Verdict, verb: str) -> str:
+    """Where ``other`` ends, said beside ``verdict``'s (``there too`` when alike)."""
+    ended = outcome(other)
+    if ended != outcome(verdict):
+        return f"{verb} in {ended}"
+    if _alike(other, verdict):
+        return f"{verb} there too"
+    return f"{verb} there too, but not by that line: {other.steps[-1].why}"
 
 
 def fragments_note(verdict: Verdict, packet: Packet) -> str:
@@ -823,15 +849,10 @@ def fragments_note(verdict: Verdict, packet: Packet) -> str:
     shown is the first fragment's; where the later ones end, and where the packet would end
     whole when that differs."""
     assert verdict.later is not None
-    ended = outcome(verdict.later)
-    where = f"in {ended}"
-    if ended == outcome(verdict):
-        where = "there too"
-        if fragments_split(verdict):
-            where += f", but not by that line: {verdict.later.steps[-1].why}"
+    iface = verdict.interface
     header = "ports" if packet.proto in PORTED else "protocol's header"
     size = f"a packet of {packet.size - ETHERNET_HEADER} bytes is more than a {MTU}-byte MTU holds"
-    if verdict.interface.direction == "egress":
+    if iface.direction == "egress":
         cut = "unless the device's MTU is larger, it leaves in fragments"
         if packet.family == "ipv6":
             cut += (
@@ -846,13 +867,18 @@ def fragments_note(verdict: Verdict, packet: Packet) -> str:
         )
     first = "the first (classify '... frag') ends as shown"
     if verdict.whole is not None:
-        first += (
-            f" (the classifier does not find the {header} in a fragment; whole, it would "
-            f"end in {outcome(verdict.whole)})"
+        first += f" (whole, it would {_elsewhere(verdict.whole, verdict, 'end')})"
+    later = _elsewhere(verdict.later, verdict, "end")
+    if iface.download is not None and iface.marking is not None:
+        later += " (without the ports, connmark finds no connection for them: they stay unmarked)"
+    elif iface.classifier == "u32" and packet.family == "ipv4" and packet.proto in PORTED:
+        later += (
+            " (u32 reads a later fragment's payload where the ports would be: zeros here, "
+            "other bytes may match a port line)"
         )
     return (
         f"{size}: {cut}, and only the first has the {header}: {first}; "
-        f"the later ones (classify '... laterfrag') end {where}"
+        f"the later ones (classify '... laterfrag') {later}"
     )
 
 
@@ -881,7 +907,9 @@ def to_json(verdict: Verdict, packet: Packet) -> dict[str, object]:
         "dropped": verdict.dropped,
         "outcome": outcome(verdict),
         "later_fragments": None if verdict.later is None else outcome(verdict.later),
+        "later_fragments_why": None if verdict.later is None else verdict.later.steps[-1].why,
         "whole": None if verdict.whole is None else outcome(verdict.whole),
+        "whole_why": None if verdict.whole is None else verdict.whole.steps[-1].why,
         "steps": [
             {
                 "qdisc": s.qdisc.kind,

@@ -407,10 +407,12 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
         size = fields.setdefault("size", least + ETHERNET_HEADER)  # headers only
         assert isinstance(size, int)
         if size > least + TCP_OPTIONS + ETHERNET_HEADER:
+            shift = ETHERNET_HEADER if length is not None and length[0] == "size" else 0
+            word = "size" if shift else "iplen"
+            bounds = f"{word} {least + shift}-{least + TCP_OPTIONS + shift}"
             raise SpecError(
                 f"'ack' is a bare ACK: no payload, at most {TCP_OPTIONS} bytes of TCP options "
-                f"(iplen {least}-{least + TCP_OPTIONS}); for an ACK with a payload "
-                "write 'flags ack'"
+                f"({bounds}); for an ACK with a payload write 'flags ack'"
             )
     return Packet(**fields), words[i:]  # type: ignore[arg-type]
 

@@ -748,7 +748,20 @@ def _fw_handle(handle: str) -> tuple[int | None, int | None]:
     m = _FW_HANDLE.fullmatch(handle)
     if m is None:
         return None, None
-    return int(m.group(1), 0), int(m.group(2), 0) if m.group(2) else None
+    mark, mask = _strtoul(m.group(1)), _strtoul(m.group(2)) if m.group(2) else None
+    if mark is None or (m.group(2) and mask is None):
+        return None, None
+    return mark, mask
+
+
+def _strtoul(text: str) -> int | None:
+    """A number as tc's ``strtoul(text, 0)`` reads it (``0x`` hex, a leading ``0`` octal);
+    None when it is not one."""
+    base = 16 if text[:2].lower() == "0x" else 8 if text.startswith("0") else 10
+    try:
+        return int(text, base)
+    except ValueError:
+        return None
 
 
 def parse_filters(text: str) -> list[TcFilter]:
