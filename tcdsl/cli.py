@@ -25,6 +25,7 @@ from tcdsl.cliutil import (
     EXIT_USAGE,
     FORMAT,
     dash_is_stdout,
+    state_name,
 )
 from tcdsl.cliutil import access_options as _access_options
 from tcdsl.cliutil import format_option as _format_option
@@ -529,15 +530,6 @@ DIRECTION = click.option(
 )
 
 
-def _state_name(name: str | None) -> str | None:
-    """``--name``, if it can be a name the state keeps a policy under."""
-    from tcdsl.ops.state import NAME_RULE, valid_name
-
-    if name is not None and not valid_name(name):
-        raise click.BadParameter(f"{name!r}: {NAME_RULE}")
-    return name
-
-
 def _applied_here(policy: str, name: str | None = None) -> tuple[Applied | None, Pins]:
     """The record of ``policy`` if it is the file live under its name (or ``name``), and the
     class ids apply gave it (None and {} when it is not, or the record cannot be read)."""
@@ -602,7 +594,7 @@ def _changed_note(policy: str, applied: Applied) -> str | None:
 @_output_option("How to print the verdicts.", "text", "json")
 @click.option(
     "--name",
-    callback=lambda _ctx, _param, value: _state_name(value),
+    callback=lambda _ctx, _param, value: None if value is None else state_name(value),
     help="The name the policy was applied under, whose class ids (and queues, for a spread "
     "mq tree) to answer with (default: the policy file's name without .tcp).",
 )

@@ -20,6 +20,16 @@ EXIT_OK, EXIT_POLICY, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130
 
 
+def state_name(name: str, hint: str | None = None) -> str:
+    """``name`` if the state can keep a policy under it; else a usage error (``hint``: the
+    option to name, where click does not: outside an option's callback)."""
+    from tcdsl.ops.state import NAME_RULE, valid_name
+
+    if not valid_name(name):
+        raise click.BadParameter(f"{name!r}: {NAME_RULE}", param_hint=hint)
+    return name
+
+
 def visible(diagnostics: Sequence[Diagnostic], info: bool) -> list[Diagnostic]:
     """The diagnostics to show: infos only with ``--info``."""
     return [d for d in diagnostics if info or d.severity is not Severity.INFO]

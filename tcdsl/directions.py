@@ -282,8 +282,7 @@ def _apart(a: ir.Interface, b: ir.Interface) -> str:
             "give each tree mark bits of its own ('mask 0xffff' on one, 'mask 0xffff0000' on "
             "the other; with more trees, a byte each: 0xff, 0xff00, 0xff0000, 0xff000000)"
         )
-    kept, other = (a, b) if ma.mask is not None else (b, a)
-    taken = kept.marking.mask_value if kept.marking is not None else 0
+    kept, other, taken = (a, b, ma.mask_value) if ma.mask is not None else (b, a, mb.mask_value)
     free = next((m for m in _BLOCKS if not m & taken), None)
     if free is None:
         return (

@@ -20,6 +20,7 @@ from tcdsl.cliutil import (
     dash_is_stdout,
     output_option,
     policy_or_exit,
+    state_name,
     summary,
     writing,
 )
@@ -48,7 +49,7 @@ from tcdsl.ops.lifecycle import (
     start_reading,
 )
 from tcdsl.ops.plan import Plan
-from tcdsl.ops.state import NAME_RULE, StateWriteError, Store, UnfitDevice, valid_name
+from tcdsl.ops.state import StateWriteError, Store, UnfitDevice, valid_name
 from tcdsl.units import parse_seconds
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHANGES = 0, 1, 2, 4
@@ -68,9 +69,7 @@ def parse_duration(text: str) -> float:
 
 
 def _store(name: str) -> Store:
-    if not valid_name(name):
-        raise click.BadParameter(f"{name!r}: {NAME_RULE}", param_hint="--name")
-    store = Store(name)
+    store = Store(state_name(name, "--name"))
     failed = store.timer_failed()
     if failed is not None:
         pending = store.pending()

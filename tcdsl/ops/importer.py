@@ -1806,17 +1806,17 @@ def _ingress(
             _one_family(node)
             download = (redirect, ifb, node, ifb_problems)
     if download is None:
+        by_mark = (  # (the IFB's tree imported alone says 'at postrouting': E256 in a download)
+            f" (its 'classify by mark' then 'from {dev.text.device}', not 'at postrouting')"
+            if redirect.connmark
+            else ""
+        )
         notes.append(
             Problem(
                 "W618",
                 f"ingress redirects to {redirect.device}, whose tree is not in the text read: "
                 f"import {redirect.device} on its own and write it as 'download via "
-                f"{redirect.device}'"
-                + (
-                    f" (its 'classify by mark' then 'from {dev.text.device}', not 'at postrouting')"
-                    if redirect.connmark
-                    else ""
-                ),
+                f"{redirect.device}'{by_mark}",
                 entry.line,
             )
         )

@@ -96,7 +96,7 @@ class Verdict:
     """From the root qdisc down."""
     later: Verdict | None = None
     """Where the packet's later fragments end, when a 1500-byte MTU does not hold it and the
-    fragments can end elsewhere (:func:`later_fragment`); ``steps`` are then the first
+    fragments can end elsewhere (:func:`fragments`); ``steps`` are then the first
     fragment's."""
     whole: Verdict | None = None
     """With ``later``: where the packet would end whole (on a device whose MTU holds it), when
@@ -450,13 +450,14 @@ class _Walk:
         self.mark = 0
         self.mark_why = ""
         self.mark_span: Span | None = None
-        if iface.marking is not None and not (iface.download and packet.later_fragment):
-            self._mark(iface.marking, marked or packet)
-        elif iface.marking is not None:
-            self.mark_why = (
-                "a later fragment has no ports: connmark finds no connection for it and "
-                "restores no mark (the packet is unmarked)"
-            )
+        if iface.marking is not None:
+            if iface.download is not None and packet.later_fragment:
+                self.mark_why = (
+                    "a later fragment has no ports: connmark finds no connection for it and "
+                    "restores no mark (the packet is unmarked)"
+                )
+            else:
+                self._mark(iface.marking, marked or packet)
 
     def start(self) -> list[Step]:
         """The decisions from the root of the tree (after a download's redirect)."""
