@@ -1005,12 +1005,13 @@ TOO_FEW_QUEUES = (
 """What the script prints (a printf format: the device, the number of queues) when the
 device has fewer TX queues than its mq tree uses."""
 TOO_FEW_IN_USE = (
-    "tcdsl: interface %s has %s TX queues in use, fewer than the %s its mq tree steers to: "
-    "the packets steered past them would leave by the first queue instead; use more "
+    "tcdsl: interface %s has %s TX queues in use, fewer than the %s its mq tree shapes: "
+    "no packet reaches the trees of the queues past them (those steered there leave by the "
+    "first queue); use more "
     "(ethtool -L) or fewer in the tree; nothing was changed"
 )
 """What the script prints (a printf format: the device, the queues in use, the highest queue
-its tree steers to) when the device has fewer TX queues in use than its mq tree uses."""
+its tree shapes) when the device has fewer TX queues in use than its mq tree uses."""
 TOO_MANY_QUEUES = (
     "tcdsl: interface %s has %s TX queues in use, more than the %s its mq tree is spread "
     "over: what no line matches could leave by one of the others, unshaped; use %s "

@@ -292,9 +292,13 @@ def line_families(match: ir.Match, tree: tuple[ir.Family, ...]) -> tuple[ir.Fami
     return tuple(f for f in ir.FAMILIES if f in found)
 
 
-def match_phrase(match: ir.Match, tree: tuple[ir.Family, ...] | None = None) -> str:
+def match_phrase(
+    match: ir.Match, tree: tuple[ir.Family, ...] | None = None, any_protocol: bool = False
+) -> str:
     """A match line in words for people (``TCP or UDP packets to port 80 or 443``; with the
     families of its tree, ``IPv6 and IPv4 TCP or UDP packets to port 80 or 443``).
+    ``any_protocol``: ports alone check no protocol (u32's IPv4 filters read the bytes where
+    TCP and UDP keep them in any packet): ``packets to port 80``.
 
     Conditions AND, so they become one noun phrase: the protocol makes the noun, addresses
     and ports say where packets come from and go to, the rest qualifies. A ``pref`` is left
@@ -312,7 +316,8 @@ def match_phrase(match: ir.Match, tree: tuple[ir.Family, ...] | None = None) -> 
         }
         if None in named or not named:
             family = families_words(families) + " " if families else "no "
-    phrase = _match_phrase(match)
+        any_protocol = any_protocol and "ipv4" in families
+    phrase = _match_phrase(match, any_protocol)
     if not family:
         return phrase
     if phrase == "every packet":
@@ -330,7 +335,7 @@ ACK_WORDS_6 = (
 )
 
 
-def _match_phrase(match: ir.Match) -> str:
+def _match_phrase(match: ir.Match, any_protocol: bool = False) -> str:
     protos: list[str] = []
     src: list[str] = []
     dst: list[str] = []
@@ -365,9 +370,9 @@ def _match_phrase(match: ir.Match) -> str:
             extra.insert(0, f"that are also {' and '.join(protos)}")
     elif protos:
         noun = " and ".join(protos) + " packets"
-    elif sport or dport:
+    elif (sport or dport) and not any_protocol:
         noun = "TCP or UDP packets"
-    elif src or dst or extra:
+    elif sport or dport or src or dst or extra:  # (ports alone: in any packet)
         noun = "packets"
     else:
         return "every packet"

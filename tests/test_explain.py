@@ -90,7 +90,7 @@ def test_office_web_borrows_from_the_link() -> None:
     web = _class_section(text, "class 'web' (1:30)")
     assert "guaranteed 40mbit; may borrow up to 90mbit (50mbit more) from the link class 1:1" in web
     assert "Priority: 1." in web
-    assert "match dport 80, 443: IPv6 and IPv4 TCP or UDP packets to port 80 or 443" in web
+    assert "match dport 80, 443: IPv6 and IPv4 packets to port 80 or 443" in web
     assert "fq_codel" in web
     voip = _class_section(text, "class 'voip' (1:20)")
     assert "ceil = rate, so it never borrows" in voip
@@ -107,7 +107,7 @@ def test_office_classification_order() -> None:
     order = text[text.index("How packets reach the classes") :]
     steps = re.findall(r"^ *\d+\. (.*)$", order, flags=re.M)
     assert steps[0] == "ICMP or ICMPv6 packets -> 'interactive' (1:10)"
-    assert steps[2] == "IPv6 and IPv4 TCP or UDP packets to port 5001 -> 'voip' (1:20)"
+    assert steps[2] == "IPv6 and IPv4 packets to port 5001 -> 'voip' (1:20)"
     assert len(steps) == 6
 
 
@@ -332,7 +332,9 @@ def test_police_verdicts_in_words(verdict: str, said: str) -> None:
         )
     )
     assert f"match dport 80 police rate 1mbit burst 10k {verdict or 'drop'}:" in text
-    assert f"TCP or UDP packets to port 80 -> 'a' (1:10); above 1mbit (burst 10k), {said}" in text
+    assert (
+        f"IPv6 and IPv4 packets to port 80 -> 'a' (1:10); above 1mbit (burst 10k), {said}" in text
+    )
 
 
 def test_ingress_policers_are_explained() -> None:
@@ -440,14 +442,15 @@ def test_match_phrases(line: str, phrase: str) -> None:
 @pytest.mark.parametrize(
     ("tree", "line", "phrase"),
     [
-        ("", "match dport 443", "IPv6 and IPv4 TCP or UDP packets to port 443"),
+        ("", "match dport 443", "IPv6 and IPv4 packets to port 443"),
         ("", "match src 2001:db8::/32", "IPv6 packets from 2001:db8::/32"),
         ("", "match dst 10.0.0.0/8", "IPv4 packets to 10.0.0.0/8"),
         ("", "match family ipv6 dport 22", "IPv6 TCP or UDP packets to port 22"),
         ("", "match proto icmpv6", "ICMPv6 packets"),
         ("", "match proto icmp", "ICMP packets"),
         ("", "match all", "every IPv6 and IPv4 packet"),
-        ("family ipv4 ", "match dport 443", "IPv4 TCP or UDP packets to port 443"),
+        ("family ipv4 ", "match dport 443", "IPv4 packets to port 443"),
+        ("classifier flower ", "match dport 443", "IPv6 and IPv4 TCP or UDP packets to port 443"),
         ("family ipv6 ", "match dscp ef", "IPv6 packets with DSCP EF (46)"),
         (
             "",
@@ -467,7 +470,8 @@ def test_match_phrases_say_the_family(tree: str, line: str, phrase: str) -> None
     iface = policy.interfaces[0]
     assert isinstance(iface.root, ir.Htb)
     match = iface.root.classes[0].children[0].matches[0]
-    assert match_phrase(match, iface.families) == phrase
+    any_protocol = iface.classifier == "u32"  # u32 on IPv4 reads ports in any packet
+    assert match_phrase(match, iface.families, any_protocol) == phrase
     assert match_text(match) == line
     said = _said(policy)
     assert f"{line}: {phrase}" in said

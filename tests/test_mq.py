@@ -1422,7 +1422,7 @@ def test_fewer_tx_queues_in_use_than_the_tree_steers_to_are_refused(
         pytest.skip("ethtool is not installed (it sets a veth's TX queues in use)")
     said = _on_a_veth(tmp_path, AUTO, how, 8, "ethtool -L eth0 tx 2 && ")
     assert "rc=1" in said and "nothing was changed" in said, said
-    assert "eth0 has 2 TX queues in use, fewer than the 4 its mq tree steers to" in said, said
+    assert "eth0 has 2 TX queues in use, fewer than the 4 its mq tree shapes" in said, said
     assert "qdisc htb 7: root" in said and "qdisc mq" not in said, said
     if how == "apply":
         assert "[E602]" in said and "ethtool -L eth0 combined 4" in said, said
@@ -1568,3 +1568,69 @@ def test_qdisc_bucket_is_the_kernels() -> None:
     shown = [line.split()[2] for line in done.stdout.splitlines()]
     order = sorted(range(len(majors)), key=lambda i: (qdisc_bucket(majors[i]), -i))
     assert shown == ["1:"] + [f"{majors[i]:x}:" for i in order]
+
+
+def test_a_clsact_made_by_hand_is_named_in_the_plan_of_an_mq_tree(tmp_path: Path) -> None:
+    """Found by a review: an mq tree's first apply replaced a clsact qdisc somebody else made
+    (its ingress and egress filters with it) while the plan said only '+ tree eth0'. The plan
+    says that the tree replaces it, as for a hand-made root or ingress qdisc, and changes
+    nothing without --yes."""
+    (tmp_path / "mq.tcp").write_text(SPREAD)
+    mirror = "action mirred egress mirror dev peer0"
+    done = _one_then_two(
+        tmp_path,
+        SPREAD,
+        SPREAD,
+        2,
+        "tc qdisc add dev eth0 clsact && "
+        f"tc filter add dev eth0 ingress pref 7 u32 match ip src 10.7.7.7/32 {mirror} && "
+        "{tcdsl} plan --name x one.tcp; echo rc=$? && {tcdsl} apply --name x one.tcp "
+        "</dev/null; echo rc=$? && tc filter show dev eth0 ingress",
+    )
+    said = done.stdout + done.stderr
+    assert "! tree eth0: replaces the clsact qdisc ffff: on eth0 (no state)" in said, said
+    assert "+ tree eth0" not in said and said.count("rc=4") == 1, said
+    assert "pref 7 u32" in said.split("rc=")[-1], said  # apply without --yes left it
+
+
+def test_a_repacked_class_that_comes_into_a_rebuilt_queue_is_in_the_plan(
+    tmp_path: Path,
+) -> None:
+    """Found by a review: with --repack, a class moved from a kept queue into one whose htb
+    is built again (its default changed) was made again there without a plan line; the
+    rebuilt htb's line said 'htb 12: -> htb 12:'."""
+    one = SPREAD.replace("queues 2", "queues 3").replace(
+        "class d rate 1mbit", "class d rate 1mbit\n    class e rate 50mbit"
+    )
+    two = one.replace("class d rate 1mbit", "class d rate 900mbit")
+    done = _one_then_two(
+        tmp_path,
+        one,
+        two,
+        3,
+        "{tcdsl} apply --yes --name x one.tcp >/dev/null 2>&1 && tc class show dev eth0 && "
+        "echo == && {tcdsl} plan --repack --name x two.tcp; echo rc=$? && echo == && "
+        "{tcdsl} apply --yes --repack --name x two.tcp >/dev/null 2>&1 && "
+        "tc class show dev eth0",
+    )
+    before, plan, after = done.stdout.split("==")
+    assert "rc=4" in plan, done.stdout + done.stderr
+
+    def queues(shown: str) -> dict[str, str]:
+        rates = {"100Mbit": "a", "200Mbit": "b", "300Mbit": "c", "50Mbit": "e"}
+        out = {}
+        for line in shown.splitlines():
+            found = re.search(
+                r"class htb (\w+):\w+ parent \S+ (?:leaf \S+ )?prio \d+ rate (\w+)", line
+            )
+            if found and found[2] in rates:
+                out[rates[found[2]]] = found[1]
+        return out
+
+    was, now = queues(before), queues(after)
+    moved = [name for name in was if was[name] != now.get(name)]
+    assert moved, (before, after)  # the repack moved some class
+    for name in moved:
+        assert re.search(rf"^~ class {name} moves .*made again as {now[name]}:", plan, re.M), plan
+    assert not re.search(r"htb (\w+): -> htb \1: ", plan), plan
+    assert "cannot change in place (its subtree is built again)" in plan, plan

@@ -1149,6 +1149,45 @@ def test_a_downloads_hand_made_ingress_qdisc_is_named_in_the_plan(
     assert said in shown.out, shown
 
 
+def test_drift_in_one_direction_rebuilds_only_that_directions_tree(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a review: a hand change to the upload's class was also reported as drift of
+    the download (whose redirect is on the same device) and both trees were built again;
+    and a filter added by hand to d0's ingress is the download's drift, not the upload's."""
+    if not (host.ifb and "mirred" in host.actions):
+        pytest.skip("needs ifb and mirred")
+    policy = tcdsl.write("full.tcp", FULL)
+    assert tcdsl("apply", "--yes", policy).code == 0
+    tcdsl.tc("class", "change", "dev", "d0", "parent", "1:1", "classid", "1:10", "htb",
+             "rate", "3mbit")  # fmt: skip
+    shown = tcdsl("plan", policy)
+    assert "! drift in d0: class 'voip' rate is 3Mbit" in shown.out, shown
+    assert "! tree d0: drift (rebuild)" in shown.out, shown
+    assert "drift in d0 download" not in shown.out and "tree d0 download" not in shown.out, shown
+    assert tcdsl("apply", "--yes", policy).code == 0
+    tcdsl.tc("filter", "add", "dev", "d0", "parent", "ffff:", "protocol", "ip", "pref", "9",
+             "u32", "match", "ip", "src", "10.9.9.9", "action", "mirred", "egress", "mirror",
+             "dev", "d1")  # fmt: skip
+    shown = tcdsl("plan", policy)
+    assert "! drift in d0 download (via ifb4d0): unexpected u32 filter" in shown.out, shown
+    assert "! tree d0 download (via ifb4d0): drift (rebuild)" in shown.out, shown
+    assert "! drift in d0:" not in shown.out and "! tree d0:" not in shown.out, shown
+
+
+def test_r2q_10_written_or_not_is_the_same_tree(tcdsl: Tcdsl) -> None:
+    """Found by a review: 'r2q 10' written (as import writes it) where the policy before
+    left it to tcdsl (which chose 10, the kernel's default, and did not write it) rebuilt
+    the whole tree, counters reset, for the same kernel state."""
+    low = "interface d0 htb rate 10mbit default bulk {\n    class bulk rate 1mbit\n}\n"
+    written = tcdsl.write("w.tcp", low.replace("default", "r2q 10 default"))
+    assert tcdsl("apply", "--yes", "--name", "x", tcdsl.write("a.tcp", low)).code == 0
+    for policy in (written, tcdsl.folder / "a.tcp"):
+        shown = tcdsl("plan", "--name", "x", str(policy))
+        assert shown.code == 0 and "no changes" in shown.out, shown
+        assert tcdsl("apply", "--yes", "--name", "x", str(policy)).code == 0
+
+
 def test_down_of_the_interface_keeps_the_state_of_another_namespaces_device(
     tcdsl: Tcdsl, make_netns: Callable[[], str]
 ) -> None:

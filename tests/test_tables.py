@@ -185,6 +185,40 @@ def test_excels_separator_line_is_no_header(tmp_path: Path) -> None:
     assert "its first row holds no comma but ';'" in result.errors[0].message
 
 
+@pytest.mark.parametrize(
+    ("columns", "named", "family", "split"),
+    [
+        ("IPv4 Address,IPv6", "IPv4 Address", "IPv4", False),
+        ("IPv4,IPv6 Prefix", "IPv6 Prefix", "IPv6", False),
+        ("IPv4s,IPv6", "IPv4s", "IPv4", False),
+        ("IP Address,IPv6", "IP Address", "IPv4", True),
+        ("IPv4,Addresses", "Addresses", "IPv6", True),
+    ],
+)
+def test_a_column_of_addresses_under_another_name_is_an_error_at_its_header(
+    tmp_path: Path, columns: str, named: str, family: str, split: bool
+) -> None:
+    """Found by a review: LibreQoS reads ShapedDevices.csv's columns by position, tcdsl by
+    name; a header 'IPv4 Address' left every IPv4 address unread, without a word, and their
+    traffic went to the default class. It is E028 at that header cell."""
+    header = HEADER.replace("IPv4,IPv6", columns)
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), header + ROWS)
+    (error,) = result.errors
+    assert error.code == "E028" and error.span.file.endswith("subs.csv"), error
+    assert (error.span.line, error.span.column) == (1, header.index(named) + 1), error
+    assert f"has no column {family} but a column '{named}'" in error.message, error
+    assert f"name it '{family}'" in error.message, error
+    assert ("split it into IPv4 and IPv6" in error.message) == split, error
+
+
+def test_an_address_column_beside_the_familys_own_is_no_error(tmp_path: Path) -> None:
+    """A column that names a family the table has already ('IPv4 Gateway', say) is not
+    read, and needs no rename."""
+    header = HEADER.replace(",Comment", ",IPv4 Gateway")
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), header + ROWS)
+    assert [n for n in classes(ok(result)) if n.startswith("c")] == ["c101", "c102", "c103"]
+
+
 def test_a_value_no_row_has_is_named_with_the_closest_one(tmp_path: Path) -> None:
     body = '        subscribers from "subs.csv" where parent_node == "nort"\n'
     result = build(tmp_path, policy(body))

@@ -172,6 +172,9 @@ CLASSFUL = frozenset({"htb", "prio", "cbq", "hfsc"})
 CHANGE_IN_PLACE = frozenset({"tbf", "pfifo", "bfifo", "sfq", "fq_codel", "cake", "netem", "red"})
 """Kinds whose parameters ``tc qdisc change`` sets on the live qdisc (their sch_*.c has a change
 operation), keeping its queue and counters; htb's (default, r2q) cannot change: a new tree."""
+TC_DEFAULTS: dict[str, dict[str, str]] = {"htb": {"r2q": "10"}}
+"""Options whose value, as tc's words spell it, is what tc sends when the option is left out
+(htb_parse_opt's ``r2q 10``): a command with or without one makes the same qdisc."""
 WITH_DEFAULT = frozenset({"htb", "hfsc"})
 """Qdiscs whose ``default NAME`` names the class for unclassified packets."""
 CLASS_CURVES: dict[str, frozenset[str]] = {"hfsc": frozenset({"rt", "ls", "ul", "sc"})}

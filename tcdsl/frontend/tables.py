@@ -30,7 +30,7 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -377,18 +377,24 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
                     else "remove or rename one"
                 )
             )
-            if not header_line:
-                reading.diagnostics.append(Diagnostic.error("E028", msg, at))
-                return None
-            raw = reading.text.split("\n", header_line)[header_line - 1]
-            place = _Place(path, header_line, header_line, len(raw) + 1, header,
-                           _cell_starts(raw, header))  # fmt: skip
-            reading.shown = True
-            reading.error(
-                "E028", msg, place.span(i), Note("the first", place.span(columns[column]))
-            )
+            _header_error(reading, at, header_line, header, msg, i, columns[column])
             return None
         columns.setdefault(column, i)
+    for i, name in enumerate(header if all(k in columns for k in REQUIRED) else ()):
+        # A header LibreQoS reads by position but tcdsl by name: its addresses would be
+        # dropped without a word, and every packet of theirs go to the default class.
+        key = compact(name)
+        family = _address_family(key, columns) if _ALIASES.get(key, key) not in COLUMNS else None
+        if family is not None:
+            shown = "IPv4" if family == "ipv4" else "IPv6"
+            msg = (
+                f"table '{path}' has no column {shown} but a column '{name.strip()}', which "
+                f"tcdsl does not read (it reads columns by their names, and its addresses "
+                f"would match nothing): name it '{shown}'"
+                + (", or split it into IPv4 and IPv6" if key in _IP_NAMES else "")
+            )
+            _header_error(reading, at, header_line, header, msg, i)
+            return None
     missing = [k for k in REQUIRED if k not in columns]
     if "ipv4" not in columns and "ipv6" not in columns:
         missing.append("ipv4 or ipv6")
@@ -435,6 +441,44 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             wide[0],
         )
     return table
+
+
+_IP_NAMES = frozenset({"ip", "ips", "ipaddress", "ipaddresses", "ipaddr", "addresses"})
+"""Headers of a column of addresses of no family."""
+
+
+def _address_family(name: str, columns: Mapping[str, int]) -> str | None:
+    """The family whose column the header lacks and whose addresses a column of another name
+    (compacted) seems to hold: the ``ipv4`` or ``ipv6`` its name has, or either family for
+    one of no family (``IP Address``); None if it is not such a column."""
+    if name in _IP_NAMES:
+        return next((f for f in ("ipv4", "ipv6") if f not in columns), None)
+    for family in ("ipv4", "ipv6"):
+        if family in name and family not in columns:
+            return family
+    return None
+
+
+def _header_error(
+    reading: _Reading,
+    at: Span,
+    header_line: int,
+    header: list[str],
+    msg: str,
+    index: int,
+    first: int | None = None,
+) -> None:
+    """E028 at the header's cell ``index`` (with a note at the cell ``first``), or at the
+    statement ``at`` when the header spans lines."""
+    if not header_line:
+        reading.diagnostics.append(Diagnostic.error("E028", msg, at))
+        return
+    raw = reading.text.split("\n", header_line)[header_line - 1]
+    place = _Place(reading.path, header_line, header_line, len(raw) + 1, header,
+                   _cell_starts(raw, header))  # fmt: skip
+    reading.shown = True
+    notes = (Note("the first", place.span(first)),) if first is not None else ()
+    reading.error("E028", msg, place.span(index), *notes)
 
 
 def _place(path: str, first: int, last: int, lines: list[str], cells: list[str]) -> _Place:
@@ -1549,10 +1593,10 @@ def _unshaped(
             groups.setdefault(value, []).append(row)
     lines = b.reader.sources[table.path].split("\n") if groups else []
     shown = list(groups.items())[:MAX_TABLE_ERRORS]
+    name = table.headers[column].strip() if column is not None else "a column"
     for value, left in shown:
         first = left[0]
         if column is not None:
-            name = table.headers[column]
             what = f"{len(left)} row(s) with {name} '{value}'"
             at = _cell_span(table, lines, first, column)
         else:
@@ -1571,7 +1615,7 @@ def _unshaped(
         more = sum(len(left) for _, left in list(groups.items())[len(shown) :])
         msg = (
             f"{more} more row(s) of table '{table.path}', with {len(groups) - len(shown)} "
-            f"more values of {table.headers[column] if column is not None else 'a column'}, "
+            f"more values of {name}, "
             "are taken by no subscribers statement of this tree"
         )
         b.error(Diagnostic.warning("W371", msg, statements[0].span))

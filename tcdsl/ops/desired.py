@@ -17,7 +17,7 @@ from typing import Any, Literal
 from tcdsl import ir
 from tcdsl.commands import Command, chain_teardown, interface_commands, teardown_commands
 from tcdsl.diagnostics import Span
-from tcdsl.frontend.qdiscs import QDISC_PARAMS
+from tcdsl.frontend.qdiscs import QDISC_PARAMS, TC_DEFAULTS
 
 QDISC_KINDS = frozenset({*QDISC_PARAMS, "ingress", "clsact"})
 
@@ -51,8 +51,9 @@ class Obj:
 
     @property
     def words(self) -> tuple[tuple[str, ...], ...]:
-        """What is compared between two versions: the words of its commands."""
-        return tuple((c.tool, *c.args) for c in self.commands)
+        """What is compared between two versions: the words of its commands (a qdisc's
+        without the options that say what tc sends anyway: ``r2q 10`` written or not)."""
+        return tuple((c.tool, *_canonical(c.args)) for c in self.commands)
 
     @property
     def span(self) -> Span:
@@ -94,6 +95,25 @@ class Obj:
         if self.kind == "class":
             return args[args.index("classid") + 2]
         return None
+
+
+def _canonical(args: tuple[str, ...]) -> tuple[str, ...]:
+    """A command's words without a qdisc's options that tc sends when they are left out."""
+    if args[0] != "qdisc":
+        return args
+    for kind, defaults in TC_DEFAULTS.items():
+        if kind in args:
+            start = args.index(kind) + 1
+            out = list(args[:start])
+            at = start
+            while at < len(args):
+                if args[at] in defaults and args[at + 1 : at + 2] == (defaults[args[at]],):
+                    at += 2
+                    continue
+                out.append(args[at])
+                at += 1
+            return tuple(out)
+    return args
 
 
 def word_after(args: Sequence[str], word: str) -> str | None:

@@ -561,8 +561,9 @@ def short_of_queues(policy: ir.Policy) -> list[tuple[str, str]]:
                 (
                     iface.name,
                     f"{iface.name} has {in_use} TX queue{'s' if in_use != 1 else ''} in use, fewer "
-                    f"than the {highest} its mq tree steers to: the packets steered past them "
-                    f"would leave by the first queue instead; use more (ethtool -L "
+                    f"than the {highest} its mq tree shapes: no packet reaches the trees of the "
+                    f"queues past them (those steered there leave by the first queue); use more "
+                    f"(ethtool -L "
                     f"{iface.name} combined {highest}, or tx {highest} where the driver counts TX "
                     "queues apart, as a veth's does) or fewer in the tree",
                 )
@@ -861,10 +862,11 @@ def _foreign(
         iface = tree.iface or (ifaces(tree.label) if ifaces is not None else None)
         if iface is None:
             continue
-        if iface.download is not None:  # the redirect's ingress qdisc, the IFB's tree
-            slots = [(iface.download.interface, "ingress"), (iface.name, "root")]
-        else:
-            slots = [(iface.name, "ingress" if iface.direction == "ingress" else "root")]
+        # the root slot, and the ingress slot where the tree puts a qdisc (a download's
+        # redirect, ingress policing, an mq tree's clsact: its filters go with it)
+        slot = ingress_slot(iface)
+        slots = [(slot[0], "ingress")] if slot is not None else []
+        slots += [(iface.name, "root")] if iface.direction != "ingress" else []
         slots = [slot for slot in slots if slot not in held]
         found = [f"{shown} on {dev}" for dev, where in slots if (shown := live_qdisc(dev, where))]
         if not found:

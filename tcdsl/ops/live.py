@@ -269,12 +269,46 @@ def drift(policy: ir.Policy, sources: dict[str, str] | None = None) -> dict[str,
     expected = expected_policy(policy)
     marks = {f for i in policy.interfaces if i.marking is not None for f in i.families}
     state = read_state([e.name for e in expected.interfaces], "ipv4" in marks, "ipv6" in marks)
+    trees: dict[str, list[ir.Interface]] = {}
+    for iface in policy.interfaces:
+        for name in (iface.name, iface.download.interface if iface.download else None):
+            if name is not None:
+                trees.setdefault(name, []).append(iface)
     out: dict[str, list[Diagnostic]] = {}
     for device in expected.interfaces:
-        found = compare_state(dataclasses.replace(expected, interfaces=(device,)), state)
-        if not found:
+        sharing = trees.get(device.name, [])
+        if len(sharing) == 1:
+            found = compare_state(dataclasses.replace(expected, interfaces=(device,)), state)
+            if found:
+                out.setdefault(sharing[0].label, []).extend(found)
             continue
-        for iface in policy.interfaces:
-            if device.name in (iface.name, iface.download.interface if iface.download else None):
-                out.setdefault(iface.label, []).extend(found)
+        # Trees sharing a device (an upload and its interface's download redirect or ingress
+        # policing): each is given what differs in the slot it holds, root or ingress.
+        for iface in sharing:
+            own = expected_policy(dataclasses.replace(policy, interfaces=(iface,)))
+            for part in own.interfaces:
+                if part.name != device.name:
+                    continue
+                ingress = bool(part.qdiscs) and all(q.handle == "ffff:" for q in part.qdiscs)
+                found = compare_state(
+                    dataclasses.replace(own, interfaces=(part,)), _slot(state, part.name, ingress)
+                )
+                if found:
+                    out.setdefault(iface.label, []).extend(found)
     return out
+
+
+def _slot(state: KernelState, name: str, ingress: bool) -> KernelState:
+    """``state`` with device ``name`` cut to what is in its ingress slot (``ffff:``: the
+    ingress or clsact qdisc and its filters), or to the rest."""
+    dev = state.devices.get(name)
+    if dev is None:
+        return state
+    part = DeviceState(
+        name,
+        [q for q in dev.qdiscs if (q.handle == "ffff:") == ingress],
+        [] if ingress else dev.classes,
+        {p: f for p, f in dev.filters.items() if p.startswith("ffff:") == ingress},
+        dev.text,
+    )
+    return dataclasses.replace(state, devices={**state.devices, name: part})

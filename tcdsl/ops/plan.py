@@ -460,14 +460,22 @@ def _in_place(
             ):
                 below_new = _subtree(new, n)
                 below_old = _subtree(old, o)
+                if o.handle == n.handle and o.qdisc_kind == n.qdisc_kind:
+                    diff = _option_diff(o.commands[0].args, n.commands[0].args)
+                    how = f"{diff}, which {n.qdisc_kind} cannot change in place"
+                else:
+                    how = f"{o.qdisc_kind} {o.handle} -> {n.qdisc_kind} {n.handle}"
                 plan.changes.append(
-                    Change(
-                        "!",
-                        f"{_what(n, names[1])}: {o.qdisc_kind} {o.handle} -> {n.qdisc_kind} "
-                        f"{n.handle} (its subtree is built again)",
-                        n.span,
-                    )
+                    Change("!", f"{_what(n, names[1])}: {how} (its subtree is built again)", n.span)
                 )
+                # a class that comes into the rebuilt subtree from elsewhere (a queue of an
+                # mq tree repacked): made again, as a move is
+                for s in below_new[1:]:
+                    if s.kind == "class" and s.key not in old and s.what in moves:
+                        leaf = s.handle in leaves
+                        plan.changes.append(
+                            Change("~", _move_text(*moves[s.what], names, leaf), s.span)
+                        )
                 if _major(n.parent) in queues:  # no moment of mq's noop qdisc (drop all)
                     if o.handle == n.handle:  # replacing a qdisc by its own handle changes it
                         build.append(_default_qdisc(n))

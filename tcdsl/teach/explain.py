@@ -331,6 +331,8 @@ class _Explainer:
         self.tree: tuple[ir.Family, ...] = ir.FAMILIES
         """The families of the tree being explained: what its filters see."""
         self.classifier: ir.Classifier = "u32"
+        self.any_protocol = False
+        """Whether the tree's port conditions take packets of any protocol (u32 on IPv4)."""
         self.filters: tuple[ir.Filter, ...] = ()
         """The filters of the tree being explained."""
         self.filtered: tuple[ir.Family, ...] = ir.FAMILIES
@@ -409,6 +411,9 @@ class _Explainer:
     def interface(self, iface: ir.Interface) -> None:
         dev = self.name(iface.interface)
         self.tree, self.classifier = iface.families, iface.classifier
+        self.any_protocol = (
+            iface.classifier == "u32" and "ipv4" in iface.families and iface.marking is None
+        )
         self.filters = iface.filters
         present = {f.family for f in iface.filters}
         self.filtered = tuple(f for f in ir.FAMILIES if f in present) or iface.families
@@ -525,7 +530,7 @@ class _Explainer:
                     continue
                 seen.add(f.span)
                 found = by_span.get(f.span)
-                what = match_phrase(found, self.tree) if found is not None else "?"
+                what = self.phrase(found) if found is not None else "?"
                 prefix = f"pref {_user_pref(f)}: " if show_pref else ""
                 if f.police is None:  # the builder refuses such a line (E252)
                     steps.append(f"{prefix}{what}: let in")
@@ -1319,7 +1324,7 @@ class _Explainer:
     ) -> None:
         marking = iface.marking
         lines = tuple(
-            f"{self.code(match_text(m))}: {match_phrase(m, self.tree)}{self.policed(m, cls)}"
+            f"{self.code(match_text(m))}: {self.phrase(m)}{self.policed(m, cls)}"
             for m in cls.matches
         )
         if marking is not None and cls.fwmark is not None and cls.matches:
@@ -1487,7 +1492,7 @@ class _Explainer:
                     steps.append(f"every packet still unmarked: mark {unmarked}{where}")
                     continue
                 line = by_span.get(rule.span)
-                what = match_phrase(line, self.tree) if line is not None else "?"
+                what = self.phrase(line) if line is not None else "?"
                 steps.append(f"{what}: mark {mark_text(marking, rule.mark)}{where}")
             self.add(Steps(tuple(steps)))
             for mark, dscp in dict.fromkeys((d.mark, d.dscp) for d in marking.dscp_rules):
@@ -1540,6 +1545,10 @@ class _Explainer:
             return "iptables and ip6tables chains"
         return "iptables chain" if self.tree == ("ipv4",) else "ip6tables chain"
 
+    def phrase(self, line: ir.Match) -> str:
+        """A match line of the tree in words (``words.match_phrase``)."""
+        return match_phrase(line, self.tree, self.any_protocol)
+
     def pref_note(self, iface: ir.Interface) -> str:
         """Why IPv6 filters have other prefs, when a tree has filters of both families."""
         if {f.family for f in iface.filters} != set(ir.FAMILIES):
@@ -1565,7 +1574,7 @@ class _Explainer:
                 continue
             last = (f.span, f.flowid)
             found = lines.get((f.flowid, f.span))
-            what = match_phrase(found, self.tree) if found is not None else "?"
+            what = self.phrase(found) if found is not None else "?"
             target = owners.get(f.flowid)
             ref = self.cls_ref(target) if target is not None else str(f.flowid)
             prefix = f"pref {_user_pref(f)}: " if show_pref else ""

@@ -43,7 +43,7 @@ tcdsl_queues() {
         [ -e "$tcdsl_q" ] && tcdsl_n=$((tcdsl_n + 1))
     done
     if [ "$tcdsl_n" -lt "$3" ]; then
-        printf 'tcdsl: interface %s has %s TX queues in use, fewer than the %s its mq tree steers to: the packets steered past them would leave by the first queue instead; use more (ethtool -L) or fewer in the tree; nothing was changed\n' "$1" "$tcdsl_n" "$3" >&2
+        printf 'tcdsl: interface %s has %s TX queues in use, fewer than the %s its mq tree shapes: no packet reaches the trees of the queues past them (those steered there leave by the first queue); use more (ethtool -L) or fewer in the tree; nothing was changed\n' "$1" "$tcdsl_n" "$3" >&2
         exit 1
     fi
     if [ "$4" -gt 0 ] && [ "$tcdsl_n" -gt "$4" ]; then
