@@ -150,9 +150,11 @@ def _view(iface: ir.Interface, batch: bool, nft: bool, owned: tuple[str, ...]) -
     if iface.marking is not None and nft:
         removal.append(("nft", "delete", "table", "inet", nft_table(iface)))
     undo = "; ".join(shjoin(w) for w in removal)
-    unmark = owned if not nft else ()
+    # An earlier version's marking of the other kind (iptables chains, or the nft table)
+    # goes too: compiled with the other --marks, it would go on marking beside this one.
+    unmark = owned
     unnft: tuple[str, ...] = ()
-    if nft and iface.marking is None:
+    if not (nft and iface.marking is not None) and iface.direction != "ingress":
         unnft = ("nft", "delete", "table", "inet", nft_table(iface))
     return InterfaceView(
         iface.interface,
@@ -245,7 +247,7 @@ class ShellBackend(Backend):
                 batched=self.options.batch,
                 interface_names=list(dict.fromkeys(v.name for v in views)),
                 ifbs=[v.ifb for v in views if v.ifb is not None],
-                uses_unmark=not nft,
+                uses_unmark=any(v.unmark for v in views),
                 unmark=SCRIPT_UNMARK,
                 hooks=MARK_HOOKS,
                 uses_nft=marking and nft,

@@ -331,20 +331,24 @@ def download_nat(policy: ir.Policy) -> Iterator[Diagnostic]:
     router's downloads are still addressed to its public address. A subscriber table's
     addresses get one warning per tree and table, at the first, with their count."""
     for iface in policy.interfaces:
-        if iface.download is None or iface.marking is not None:
+        if iface.download is None:
             continue
+        # by mark, a line with a pref of its own stays a u32 filter (found by a review)
+        marked = iface.marking is not None
         tables: dict[str, list[tuple[object, Span]]] = {}  # table -> its private addresses
         for q in ir.walk_qdiscs(iface.root):
             for cls, m in ir.matches_of(q):
+                if marked and m.pref is None:
+                    continue
                 for where, span in _private_destinations(m):
                     if cls is not None and cls.from_table:
                         tables.setdefault(span.file, []).append((where, span))
                     else:
-                        yield _nat_warning(str(where), span)
+                        yield _nat_warning(str(where), span, marked)
         for table, found in tables.items():
             (first, span), more = found[0], len(found) - 1
             what = f"{first} and {more} more address(es) of {table}" if more else str(first)
-            yield _nat_warning(what, span)
+            yield _nat_warning(what, span, marked)
 
 
 def _private_destinations(m: ir.Match) -> Iterator[tuple[object, Span]]:
@@ -357,12 +361,17 @@ def _private_destinations(m: ir.Match) -> Iterator[tuple[object, Span]]:
                 yield (net.network_address if net.prefixlen == 32 else net), span
 
 
-def _nat_warning(where: str, span: Span) -> Diagnostic:
+def _nat_warning(where: str, span: Span, marked: bool = False) -> Diagnostic:
+    advice = (
+        "leave out the line's pref, which makes it a u32 filter of its own, so that the "
+        "marks (set after NAT) decide"
+        if marked
+        else "classify by mark with 'download connmark' (the marks are set after NAT)"
+    )
     return Diagnostic.warning(
         "W360",
         f"downloads are classified on ingress, before NAT is undone: behind a NAT router they "
-        f"are addressed to its public address, not to {where}; classify by mark with 'download "
-        "connmark' (the marks are set after NAT) if this is a NAT router",
+        f"are addressed to its public address, not to {where}; if this is a NAT router, {advice}",
         span,
     )
 

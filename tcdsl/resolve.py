@@ -16,12 +16,19 @@ def resolve(policy: ir.Policy) -> tuple[ir.Policy, list[Diagnostic]]:
     diagnostics: list[Diagnostic] = []
     interfaces = []
     seen: dict[tuple[str, str], ir.Interface] = {}
+    devices: dict[str, tuple[ir.Interface, bool]] = {}  # device -> a tree using it, as an IFB?
     for iface in policy.interfaces:
         clash = next((seen[slot] for slot in _slots(iface) if slot in seen), None)
         if clash is not None:
             diagnostics.append(_clash(iface, clash))
             continue
+        found = _ifb_taken(iface, devices)
+        if found is not None:
+            diagnostics.append(found)
+            continue
         seen.update((slot, iface) for slot in _slots(iface))
+        for device, ifb in _devices(iface):
+            devices.setdefault(device, (iface, ifb))
         diagnostics.extend(unique_class_names(iface))
         diagnostics.extend(default_names_a_class(iface))
         root = _resolve_qdisc(iface.root, diagnostics)
@@ -35,6 +42,43 @@ def _slots(iface: ir.Interface) -> tuple[tuple[str, str], ...]:
     if iface.download is not None:
         return (("root", iface.name), ("ingress", iface.download.interface))
     return (("ingress" if iface.direction == "ingress" else "root", iface.name),)
+
+
+def _devices(iface: ir.Interface) -> tuple[tuple[str, bool], ...]:
+    """The devices a tree uses, each with whether it is the IFB of a download (which the
+    script and ``tcdsl down`` delete and make again)."""
+    if iface.download is not None:
+        return ((iface.name, True), (iface.download.interface, False))
+    return ((iface.name, False),)
+
+
+def _ifb_taken(
+    iface: ir.Interface, devices: dict[str, tuple[ir.Interface, bool]]
+) -> Diagnostic | None:
+    """E254 for a download's IFB that is a device another tree (or the download itself)
+    uses as its interface, or an interface that an earlier download uses as its IFB: making
+    the IFB deletes that device, with what is on it."""
+    download = iface.download
+    if download is not None and iface.name == download.interface:
+        msg = (
+            f"the download of '{iface.name}' is shaped on '{iface.name}' itself: a download "
+            "needs an IFB of its own, which its script deletes and makes again; name another "
+            "(download via NAME) or leave 'via' out"
+        )
+        return Diagnostic.error("E254", msg, download.span)
+    for device, ifb in _devices(iface):
+        other, other_ifb = devices.get(device, (None, False))
+        if other is None or ifb == other_ifb:  # (both IFBs: the slot check's)
+            continue
+        shaped, user = (iface, other) if ifb else (other, iface)
+        assert shaped.download is not None
+        msg = (
+            f"the download of '{shaped.download.interface}' is shaped on '{device}', an IFB "
+            f"its script deletes and makes again, and {_tree_words(user)} uses '{device}' as "
+            "its interface; name another IFB (download via NAME)"
+        )
+        return Diagnostic.error("E254", msg, iface.span, Note("first declared here", other.span))
+    return None
 
 
 def _clash(iface: ir.Interface, first: ir.Interface) -> Diagnostic:

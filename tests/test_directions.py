@@ -273,6 +273,23 @@ def test_a_download_marks_only_what_arrives_on_its_interface(
     assert CliRunner().invoke(cli, ["check", _write(tmp_path, fixed)]).exit_code == 0
 
 
+def test_nat_lint_sees_a_line_that_stays_u32_under_marks(tmp_path: Path) -> None:
+    """Found by a review: under 'classify by mark' a line with a pref of its own is a u32
+    filter on the IFB, tried before NAT is undone, and had no W360; the lines the marks
+    decide (no pref) need none."""
+    text = (
+        "interface wan0 {\n  download connmark htb default b {\n"
+        "    classify by mark from wan0 pref 10\n"
+        "    class a rate 1mbit match dst 192.168.1.2 pref 5\n"
+        "    class c rate 1mbit match dst 192.168.1.3\n"
+        "    class b rate 1mbit\n  }\n}\n"
+    )
+    got = CliRunner().invoke(cli, ["check", _write(tmp_path, text)])
+    message = " ".join(got.stderr.split())
+    assert got.exit_code == 0 and message.count("[W360]") == 1, got.stderr
+    assert "not to 192.168.1.2; if this is a NAT router, leave out the line's pref" in message
+
+
 def test_nat_lint_is_quiet_for_public_destinations(tmp_path: Path) -> None:
     text = (
         "interface eth0 {\n  download htb default b { class a rate 1mbit match dst 203.0.113.9\n"
@@ -433,13 +450,18 @@ def test_a_download_applies_reapplies_and_is_removed_on_the_host(
     assert "ifb4eth0" not in gone.stdout and "ingress" not in gone.stdout
 
 
+@pytest.mark.parametrize("alias", ["", "my ifb link", "x\\    ifb y"])
 def test_a_download_via_a_device_that_is_not_an_ifb_changes_nothing(
-    tmp_path: Path, namespace: str
+    tmp_path: Path, namespace: str, alias: str
 ) -> None:
+    """Also when the device's alias says 'ifb' (found by a review: the script took such a
+    veth for an IFB, deleted it and made an IFB in its place)."""
     _host()
     text = "interface eth0 {\n  download via eth1 htb rate 1mbit { class a rate 1mbit }\n}\n"
     script = _write(tmp_path, _compiled(tmp_path, text).output or "", "apply.sh")
     setup = "ip link add eth0 type veth peer name eth1 && tc qdisc add dev eth1 root pfifo"
+    if alias:
+        setup += f" && ip link set dev eth1 alias '{alias}'"
     assert _sh(namespace, setup, tmp_path).returncode == 0
     ran = _sh(namespace, f"sh {script}", tmp_path)
     assert ran.returncode == 1

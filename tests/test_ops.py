@@ -1038,8 +1038,9 @@ interface d0 {
 def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: HostSupport) -> None:
     """What apply made for both directions (qdiscs, the IFB and its tree, the redirect),
     removed by 'down NAME', then again by 'down -i' (whatever made it), which also removes
-    an earlier script's marking chain TCDSL-d0 and its jumps in both tables (the host has no
-    fw classifier to apply a marking policy); the state goes; other chains stay."""
+    an earlier script's marking chains TCDSL-d0 and (a download's, found by a review)
+    TCDSL-ifb4d0 and their jumps in both tables (the host has no fw classifier to apply a
+    marking policy); the state goes; other chains stay."""
     if not (host.ifb and host.iptables and host.ip6tables and "mirred" in host.actions):
         pytest.skip("needs ifb, mirred, iptables and ip6tables")
     policy = tcdsl.write("full.tcp", FULL)
@@ -1049,18 +1050,21 @@ def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: Hos
         done = tcdsl("apply", "--yes", policy)
         assert done.code == 0, done
         assert "ifb4d0" in run([*ns, "ip", "link", "show"]).stdout
-        if way == "interface":
+        if way == "interface":  # a marking upload's chain, and a marking download's
             for tool in ("iptables", "ip6tables"):
-                run([*ns, tool, "-t", "mangle", "-N", "TCDSL-d0"])
-                run([*ns, tool, "-t", "mangle", "-A", "TCDSL-d0", "-j", "MARK", "--set-mark", "1"])
-                run([*ns, tool, "-t", "mangle", "-I", "POSTROUTING", "-o", "d0", "-j", "TCDSL-d0"])
+                for chain, hook, way_in in (("TCDSL-d0", "POSTROUTING", "-o"),
+                                            ("TCDSL-ifb4d0", "PREROUTING", "-i")):  # fmt: skip
+                    run([*ns, tool, "-t", "mangle", "-N", chain])
+                    run([*ns, tool, "-t", "mangle", "-A", chain, "-j", "MARK", "--set-mark", "1"])
+                    run([*ns, tool, "-t", "mangle", "-I", hook, way_in, "d0", "-j", chain])
         gone = tcdsl("down", "full") if way == "name" else tcdsl("down", "-i", "d0")
         assert gone.code == 0, gone
         assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d0"), way
         assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0"), way
         assert "ifb4d0" not in run([*ns, "ip", "link", "show"]).stdout, way
         for tool in ("iptables", "ip6tables"):
-            assert "TCDSL-d0" not in run([*ns, f"{tool}-save", "-t", "mangle"]).stdout, way
+            saved = run([*ns, f"{tool}-save", "-t", "mangle"]).stdout
+            assert "TCDSL-d0" not in saved and "TCDSL-ifb4d0" not in saved, way
         assert ":theirs" in run([*ns, "iptables-save", "-t", "mangle"]).stdout
         assert not (tcdsl.folder / "state" / "full").exists(), way
     nothing = tcdsl("down", "-i", "d0")

@@ -1187,8 +1187,9 @@ def _quiet(runner: Runner, argv: list[str]) -> bool:
 def down_interface(device: str, runner: Runner = run_command) -> list[str]:
     """Remove what tcdsl makes on ``device`` whatever policy made it: its root and ingress
     (or an mq tree's clsact) qdiscs, the IFB a download of it is shaped on (``ifb4DEV``),
-    the marking chain ``TCDSL-DEV`` (and every jump into it) in iptables and ip6tables, the
-    nft table ``tcdsl_DEV``; and the state of policies that shaped only it. What was
+    the marking chains ``TCDSL-DEV`` and ``TCDSL-ifb4DEV`` (a download's; and every jump into
+    them) in iptables and ip6tables, the nft tables ``tcdsl_DEV`` and ``tcdsl_ifb4DEV``; and
+    the state of policies that shaped only it. What was
     removed, one line each."""
     if not device_exists(device):
         raise OpsError(f"no such device: {device}; nothing was changed")
@@ -1206,18 +1207,20 @@ def down_interface(device: str, runner: Runner = run_command) -> list[str]:
     ifb = ifb_name_for(device)
     if link_kind(ifb) == "ifb" and _quiet(runner, ["ip", "link", "del", "dev", ifb]):
         removed.append(f"- {ifb} (the IFB of {device}'s downloads) and its tree")
-    chain = default_chain(device)
-    for tool in ("iptables", "ip6tables"):
-        if not _quiet(runner, [tool, "-t", "mangle", "-S", chain]):
-            continue
-        _quiet(runner, ["sh", "-c", unjump_shell(chain, tool)])
-        _quiet(runner, [tool, "-t", "mangle", "-F", chain])
-        if _quiet(runner, [tool, "-t", "mangle", "-X", chain]):
-            removed.append(f"- {tool} chain {chain} and its jumps")
-    table = nft_table_name(device)
-    listed = _quiet(runner, ["nft", "list", "table", "inet", table])
-    if listed and _quiet(runner, ["nft", "delete", "table", "inet", table]):
-        removed.append(f"- nft table inet {table}")
+    # the marking of the upload (named after the device) and of a download (after its IFB)
+    for name in (device, ifb):
+        chain = default_chain(name)
+        for tool in ("iptables", "ip6tables"):
+            if not _quiet(runner, [tool, "-t", "mangle", "-S", chain]):
+                continue
+            _quiet(runner, ["sh", "-c", unjump_shell(chain, tool)])
+            _quiet(runner, [tool, "-t", "mangle", "-F", chain])
+            if _quiet(runner, [tool, "-t", "mangle", "-X", chain]):
+                removed.append(f"- {tool} chain {chain} and its jumps")
+        table = nft_table_name(name)
+        listed = _quiet(runner, ["nft", "list", "table", "inet", table])
+        if listed and _quiet(runner, ["nft", "delete", "table", "inet", table]):
+            removed.append(f"- nft table inet {table}")
     for store in Store.every():
         try:
             applied = store.current()

@@ -49,8 +49,10 @@ tcdsl_slot() {
     esac
 }
 tcdsl_is_ifb() {
-    case $(ip -d -o link show dev "$1" 2>/dev/null) in
-    *" ifb "*) return 0 ;;
+    # the link's kind opens its details line; an alias (the line's last part) may say anything
+    tcdsl_link=$(ip -d -o link show dev "$1" 2>/dev/null)
+    case ${tcdsl_link%%'\    alias '*} in
+    *'\    ifb '*) return 0 ;;
     esac
     return 1
 }
@@ -73,9 +75,10 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
+nft delete table inet tcdsl_eth0 2>/dev/null || true
 tcdsl_at='policies/home-ifb.tcp:8:12: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 30
 tcdsl_at='policies/home-ifb.tcp:8:12: link class'
@@ -115,10 +118,11 @@ tcdsl_dev=ifb4eth0
 tcdsl_undo='tc qdisc del dev eth0 ingress; ip link del dev ifb4eth0'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's redirect and ifb and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's redirect and ifb and an earlier version's mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth0 ingress 2>/dev/null || true
 ! tcdsl_is_ifb ifb4eth0 || ip link del dev ifb4eth0
 tcdsl_unmark TCDSL-ifb4eth0
+nft delete table inet tcdsl_ifb4eth0 2>/dev/null || true
 tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0'
 ip link add ifb4eth0 txqueuelen 1000 type ifb
 tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0'

@@ -48,9 +48,10 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
+nft delete table inet tcdsl_eth0 2>/dev/null || true
 tcdsl_at='policies/office.tcp:4:16: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 70 r2q 100
 tcdsl_at='policies/office.tcp:4:16: link class'

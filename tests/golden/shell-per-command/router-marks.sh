@@ -59,9 +59,10 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j TCDSL-eth0; iptables -t mangle -F TCDSL-eth0; iptables -t mangle -X TCDSL-eth0; ip6tables -t mangle -D PREROUTING -i eth1 -j TCDSL-eth0; ip6tables -t mangle -F TCDSL-eth0; ip6tables -t mangle -X TCDSL-eth0'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
+nft delete table inet tcdsl_eth0 2>/dev/null || true
 tcdsl_at='policies/router-marks.tcp:9:16: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 40
 tcdsl_at='policies/router-marks.tcp:9:16: link class'
@@ -133,9 +134,10 @@ tcdsl_dev=eth1
 tcdsl_undo='tc qdisc del dev eth1 root; iptables -t mangle -D POSTROUTING -o eth1 -j TCDSL-eth1; iptables -t mangle -F TCDSL-eth1; iptables -t mangle -X TCDSL-eth1; ip6tables -t mangle -D POSTROUTING -o eth1 -j TCDSL-eth1; ip6tables -t mangle -F TCDSL-eth1; ip6tables -t mangle -X TCDSL-eth1'
 exec 9>"$tcdsl_locks"/tcdsl-eth1.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth1
+nft delete table inet tcdsl_eth1 2>/dev/null || true
 tcdsl_at='policies/router-marks.tcp:26:16: interface eth1: htb qdisc'
 tc qdisc add dev eth1 root handle 1: htb default 20 r2q 100
 tcdsl_at='policies/router-marks.tcp:26:16: link class'
@@ -173,9 +175,10 @@ tcdsl_dev=eth2
 tcdsl_undo='tc qdisc del dev eth2 root; iptables -t mangle -D OUTPUT -o eth2 -j TCDSL-eth2; iptables -t mangle -F TCDSL-eth2; iptables -t mangle -X TCDSL-eth2; ip6tables -t mangle -D OUTPUT -o eth2 -j TCDSL-eth2; ip6tables -t mangle -F TCDSL-eth2; ip6tables -t mangle -X TCDSL-eth2'
 exec 9>"$tcdsl_locks"/tcdsl-eth2.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth2
+nft delete table inet tcdsl_eth2 2>/dev/null || true
 tcdsl_at='policies/router-marks.tcp:33:16: interface eth2: htb qdisc'
 tc qdisc add dev eth2 root handle 1: htb default 20
 tcdsl_at='policies/router-marks.tcp:33:16: link class'

@@ -51,8 +51,10 @@ tcdsl_slot() {
     esac
 }
 tcdsl_is_ifb() {
-    case $(ip -d -o link show dev "$1" 2>/dev/null) in
-    *" ifb "*) return 0 ;;
+    # the link's kind opens its details line; an alias (the line's last part) may say anything
+    tcdsl_link=$(ip -d -o link show dev "$1" 2>/dev/null)
+    case ${tcdsl_link%%'\    alias '*} in
+    *'\    ifb '*) return 0 ;;
     esac
     return 1
 }
@@ -75,9 +77,10 @@ tcdsl_dev=wan0
 tcdsl_undo='tc qdisc del dev wan0 root'
 exec 9>"$tcdsl_locks"/tcdsl-wan0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev wan0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-wan0
+nft delete table inet tcdsl_wan0 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface wan0: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
@@ -2230,10 +2233,11 @@ tcdsl_dev=ifb4wan0
 tcdsl_undo='tc qdisc del dev wan0 ingress; ip link del dev ifb4wan0'
 exec 9>"$tcdsl_locks"/tcdsl-wan0.lock
 flock 9
-# Teardown: remove this policy's redirect and ifb and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's redirect and ifb and an earlier version's mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev wan0 ingress 2>/dev/null || true
 ! tcdsl_is_ifb ifb4wan0 || ip link del dev ifb4wan0
 tcdsl_unmark TCDSL-ifb4wan0
+nft delete table inet tcdsl_ifb4wan0 2>/dev/null || true
 tcdsl_at='policies/isp-subscribers.tcp:36:5: interface wan0: download via ifb4wan0'
 ip link add ifb4wan0 txqueuelen 1000 type ifb
 tcdsl_at='policies/isp-subscribers.tcp:36:5: interface wan0: download via ifb4wan0'

@@ -61,9 +61,10 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j TCDSL-eth0; iptables -t mangle -F TCDSL-eth0; iptables -t mangle -X TCDSL-eth0; ip6tables -t mangle -D PREROUTING -i eth1 -j TCDSL-eth0; ip6tables -t mangle -F TCDSL-eth0; ip6tables -t mangle -X TCDSL-eth0'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
+nft delete table inet tcdsl_eth0 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface eth0: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
@@ -161,9 +162,10 @@ tcdsl_dev=eth1
 tcdsl_undo='tc qdisc del dev eth1 root; iptables -t mangle -D POSTROUTING -o eth1 -j TCDSL-eth1; iptables -t mangle -F TCDSL-eth1; iptables -t mangle -X TCDSL-eth1; ip6tables -t mangle -D POSTROUTING -o eth1 -j TCDSL-eth1; ip6tables -t mangle -F TCDSL-eth1; ip6tables -t mangle -X TCDSL-eth1'
 exec 9>"$tcdsl_locks"/tcdsl-eth1.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth1
+nft delete table inet tcdsl_eth1 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface eth1: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
@@ -221,9 +223,10 @@ tcdsl_dev=eth2
 tcdsl_undo='tc qdisc del dev eth2 root; iptables -t mangle -D OUTPUT -o eth2 -j TCDSL-eth2; iptables -t mangle -F TCDSL-eth2; iptables -t mangle -X TCDSL-eth2; ip6tables -t mangle -D OUTPUT -o eth2 -j TCDSL-eth2; ip6tables -t mangle -F TCDSL-eth2; ip6tables -t mangle -X TCDSL-eth2'
 exec 9>"$tcdsl_locks"/tcdsl-eth2.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth2
+nft delete table inet tcdsl_eth2 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface eth2: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'

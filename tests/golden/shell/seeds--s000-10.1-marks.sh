@@ -58,10 +58,11 @@ tcdsl_dev=eth0
 tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j INSHAPER; iptables -t mangle -F INSHAPER; iptables -t mangle -X INSHAPER'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
-# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) (and the default one an earlier version may have left); absent is fine.
+# Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) (and the default one an earlier version may have left) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark INSHAPER
 tcdsl_unmark TCDSL-eth0
+nft delete table inet tcdsl_eth0 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface eth0: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'

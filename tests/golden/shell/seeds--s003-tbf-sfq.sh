@@ -51,9 +51,10 @@ tcdsl_dev=s1-eth1
 tcdsl_undo='tc qdisc del dev s1-eth1 root'
 exec 9>"$tcdsl_locks"/tcdsl-s1-eth1.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev s1-eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s1-eth1
+nft delete table inet tcdsl_s1_eth1_15610c5d 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface s1-eth1: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
@@ -76,9 +77,10 @@ tcdsl_dev=s2-eth2
 tcdsl_undo='tc qdisc del dev s2-eth2 root'
 exec 9>"$tcdsl_locks"/tcdsl-s2-eth2.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev s2-eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s2-eth2
+nft delete table inet tcdsl_s2_eth2_0afc2f49 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface s2-eth2: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'

@@ -50,9 +50,10 @@ tcdsl_dev=ens3
 tcdsl_undo='tc qdisc del dev ens3 root'
 exec 9>"$tcdsl_locks"/tcdsl-ens3.lock
 flock 9
-# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables); absent is fine.
+# Teardown: remove this policy's root qdisc and an earlier version's mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev ens3 root 2>/dev/null || true
 tcdsl_unmark TCDSL-ens3
+nft delete table inet tcdsl_ens3 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface ens3: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
