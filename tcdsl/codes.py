@@ -189,6 +189,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E606": CodeInfo(_E, "import: the interface has no traffic-control configuration"),
     "E607": CodeInfo(_E, "import: a root qdisc of a kind the language has not"),
     "E608": CodeInfo(_E, "import: tc could not read the live state"),
+    "E609": CodeInfo(_E, "import: the policy written does not compile (a bug of import's)"),
     "W609": CodeInfo(_W, "apply: recorded, but what it built was not kept (a cache)"),
     "W610": CodeInfo(_W, "import: a qdisc of a kind the language has not, left out"),
     "W611": CodeInfo(_W, "import: a qdisc or class parameter the language cannot set"),

@@ -649,3 +649,28 @@ def test_a_hashed_layout_imports_with_each_class_s_lines_together(tmp_path: Path
     for packet, want in (("udp dst 10.0.0.2 dport 80", "1:10"), ("udp dst 10.0.0.2", "1:20")):
         verdict = CliRunner().invoke(cli, ["classify", str(imported), "--packet", packet])
         assert verdict.exit_code == 0 and f"({want})" in verdict.stdout, verdict.output
+
+
+def test_what_tc_holds_and_a_policy_cannot_is_said(tmp_path: Path) -> None:
+    """Found by a review (tests/import_data/quirks.txt, saved from the host kernel): a u32
+    filter in chain 7, which nothing reaches, was written as a live match line (UDP went to
+    another class than before); a class's 'linklayer atm' and 'mpu', and a tbf's 'mpu', were
+    dropped without a word; a class whose ceil is below its rate (tc takes it) was written
+    into a policy that did not compile, exit 0. Now W613, W611 and E609 (the policy is still
+    written, to be edited; exit 1)."""
+    path = DATA / "quirks.txt"
+    code, out, err = _cli("-i", "r0", "--from", str(path))
+    said = " ".join(err.split())
+    assert code == 1, err
+    assert "filter pref 1 (ip, u32) to 1:10: it is in chain 7" in said and "[W613]" in said
+    assert "match proto udp" not in out and "match proto tcp pref 2" in out, out
+    assert "class 1:30: 'linklayer atm' left out [W611]" in said, said
+    assert "class 1:30: 'mpu 64b' left out [W611]" in said, said
+    assert "tbf 30: 'mpu 96b' has no word in the language; left out [W611]" in said, said
+    assert "'mpu 0b'" not in said, said
+    assert "imported:r0.tcp:" in err and "the policy written does not compile: ceil 10mbit" in said
+    assert said.count("[E609]") == 1 and "class c1_40 id 1:40 rate 20mbit ceil 10mbit" in out
+    fixed = path.read_text(encoding="utf-8").replace("ceil 10Mbit", "ceil 20Mbit")
+    (tmp_path / "fixed.txt").write_text(fixed, encoding="utf-8")
+    code, out, err = _cli("-i", "r0", "--from", str(tmp_path / "fixed.txt"))
+    assert code == 0 and "[E609]" not in err, err

@@ -482,9 +482,11 @@ def import_command(interface: str, from_file: str | None, output: str | None, fm
         sys.exit(EXIT_POLICY)
     if output is None:
         click.echo(result.policy, nl=False)
-        return
-    with writing(output):
-        Path(output).write_text(result.policy, encoding="utf-8")
+    else:
+        with writing(output):
+            Path(output).write_text(result.policy, encoding="utf-8")
+    if any(d.is_error for d in result.diagnostics):  # written, to be edited (E609)
+        sys.exit(EXIT_POLICY)
 
 
 def _replace_file(path: str, text: str) -> None:

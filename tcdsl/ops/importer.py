@@ -370,6 +370,16 @@ def _tbf(p: _Params) -> None:
         p.add("limit", format_size(min(max(limit, 1), U32_MAX)))
     p.unsupported("overhead", 0)
     p.unsupported("linklayer", "ethernet")
+    mpu = _mpu(p.q.words)
+    if mpu:
+        p.problem(f"'mpu {mpu}' has no word in the language; left out")
+
+
+def _mpu(words: Sequence[str]) -> str | None:
+    """The minimum packet unit a qdisc's or class's rate tables count (tc's ``mpu 64b``
+    after a burst), None for none."""
+    shown = _word_after(words, "mpu")
+    return shown if shown not in (None, "0b", "0") else None
 
 
 NETEM_TIMES = ("delay", "jitter", "slot", "slot_max")
@@ -642,6 +652,15 @@ def class_words(c: TcClass, line: int, r2q: int | None) -> tuple[list[str], list
             problems.append(
                 Problem("W611", f"class {c.classid}: 'overhead {overhead}' left out", line)
             )
+        # the class's own rate tables (an interface's 'overhead' is a size table instead)
+        linklayer = _value(o, "linklayer")
+        if linklayer not in (None, "ethernet"):
+            problems.append(
+                Problem("W611", f"class {c.classid}: 'linklayer {linklayer}' left out", line)
+            )
+        mpu = _mpu(c.words)
+        if mpu:
+            problems.append(Problem("W611", f"class {c.classid}: 'mpu {mpu}' left out", line))
     elif c.kind == "hfsc":
         words_in = c.words
         if "sc" in words_in:
@@ -897,6 +916,13 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
     entries, tabled = unhashed(entries)
     for index, entry in enumerate(entries):
         f = entry.filter
+        chain = _word_after(entry.head, "chain")
+        if chain not in (None, "0"):
+            # (a policy's filters are chain 0's, which the qdisc tries; only a goto_chain
+            # action, which the language has not, reaches another chain)
+            problem(entry, f"it is in chain {chain}, which only a goto_chain action reaches, "
+                    "and the language writes chain 0's filters only; left out")  # fmt: skip
+            continue
         if f.kind == "fw":
             _fw(out, entry, classes, problem)
             continue
@@ -1760,7 +1786,28 @@ def import_policy(
         w.line(0, "}")
     diagnostics = [_located(p, source, sources) for p, source in w.written]
     diagnostics.sort(key=lambda d: (d.span.file != main.source, d.span.file, d.span.line, d.code))
-    return ImportResult("\n".join(w.lines) + "\n", diagnostics, sources)
+    text = "\n".join(w.lines) + "\n"
+    return ImportResult(text, diagnostics + _uncompiled(text, main.device, sources), sources)
+
+
+def _uncompiled(text: str, device: str, sources: dict[str, str]) -> list[Diagnostic]:
+    """E609 for each error the policy written would get from ``tcdsl check`` (what tc showed
+    that import writes as the language cannot take it), at its line of the policy."""
+    from tcdsl.driver import analyse  # (the compiler, for a check of the text written)
+
+    label = f"imported:{device}.tcp"
+    errors = [d for d in analyse(label, loader=lambda _: text).diagnostics if d.is_error]
+    if errors:
+        sources[label] = text
+    return [
+        Diagnostic.error(
+            "E609",
+            f"the policy written does not compile: {d.message} [{d.code}]; edit it (tc "
+            "takes what the language does not), and please report it",
+            d.span,
+        )
+        for d in errors
+    ]
 
 
 def _located(problem: Problem, source: str, sources: dict[str, str]) -> Diagnostic:
