@@ -674,3 +674,40 @@ def test_what_tc_holds_and_a_policy_cannot_is_said(tmp_path: Path) -> None:
     (tmp_path / "fixed.txt").write_text(fixed, encoding="utf-8")
     code, out, err = _cli("-i", "r0", "--from", str(tmp_path / "fixed.txt"))
     assert code == 0 and "[E609]" not in err, err
+
+
+def test_filters_added_without_a_pref_in_a_dual_stack_tree_are_renumbered(
+    tmp_path: Path,
+) -> None:
+    """Found by a review (tests/import_data/auto-prefs.txt, saved from the host kernel):
+    filters added without 'prio' take tc's prefs from 49152 down; with an IPv6 filter in the
+    tree the IPv4 lines were written at those prefs, which a dual-stack tree refuses (E260).
+    They are written just above the tree's other IPv4 prefs, in their order (W615)."""
+    path = DATA / "auto-prefs.txt"
+    code, out, err = _cli("-i", "r0", "--from", str(path))
+    assert code == 0, err
+    said = " ".join(err.split())
+    assert said.count("[W615]") == 2 and "ip filters at pref 49152" in said, said
+    written = [x.strip() for x in out.splitlines() if x.strip().startswith("match family ipv4")]
+    order = sorted(written, key=lambda x: int(x.rsplit(" ", 1)[1]))
+    # the kernel's order of the IPv4 filters: pref 5 (443), 49150 (80), 49152 (22)
+    assert [x.split()[4] for x in order] == ["443", "80", "22"], out
+    assert not [d for d in _check(out, tmp_path).diagnostics if d.is_error], out
+
+
+def test_a_class_filter_listed_with_its_qdiscs_is_left_out(tmp_path: Path) -> None:
+    """Found by a review (tests/import_data/class-filter.txt, saved from the host kernel): a
+    filter on leaf class 1:10 at the pref of a filter of the qdisc is listed with the
+    qdisc's (u32 keeps their tables in one list), and was imported as a line of the qdisc:
+    UDP went to 1:10, where htb never consults a leaf's filters. Which table is whose the
+    text does not say: both are left out (W613), the other prefs kept."""
+    path = DATA / "class-filter.txt"
+    code, out, err = _cli("-i", "r0", "--from", str(path))
+    said = " ".join(err.split())
+    assert code == 0, err
+    found = re.findall(r"pref 5 lists the u32 tables 8\w\w:, 8\w\w: of more than one", said)
+    assert len(found) == 2, said
+    lines = [x.strip() for x in out.splitlines() if x.strip().startswith("match")]
+    assert not [x for x in lines if "443" in x or "proto udp" in x], out
+    assert any("dport 22" in x for x in lines), out  # other prefs are kept
+    assert not [d for d in _check(out, tmp_path).diagnostics if d.is_error], out

@@ -913,6 +913,16 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
 
     kinds = {e.filter.kind for e in entries if e.filter.kind in ("u32", "flower")}
     out.flower = kinds == {"flower"}
+    # u32 keeps the tables of a qdisc and of its classes in one list, and shows those of a
+    # pref with each of its filters: two root tables (800: and up) at one pref are two
+    # filters', one of them a class's (which htb never consults for a leaf) or another
+    # qdisc's; which is whose, the text does not say
+    roots: dict[int, set[int]] = {}
+    for e in entries:
+        table = _fh_table(e.head) if e.filter.kind == "u32" else None
+        if table is not None and table >= 0x800:
+            roots.setdefault(e.filter.pref, set()).add(table)
+    mixed = {pref: sorted(ids) for pref, ids in roots.items() if len(ids) > 1}
     entries, tabled = unhashed(entries)
     for index, entry in enumerate(entries):
         f = entry.filter
@@ -922,6 +932,12 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
             # action, which the language has not, reaches another chain)
             problem(entry, f"it is in chain {chain}, which only a goto_chain action reaches, "
                     "and the language writes chain 0's filters only; left out")  # fmt: skip
+            continue
+        if f.kind == "u32" and f.pref in mixed:
+            tables = ", ".join(f"{t:x}:" for t in mixed[f.pref])
+            problem(entry, f"pref {f.pref} lists the u32 tables {tables} of more than one "
+                    "filter (a class's filters are listed with its qdisc's): whose this one "
+                    "is, tc's text does not say; left out")  # fmt: skip
             continue
         if f.kind == "fw":
             _fw(out, entry, classes, problem)
@@ -1121,6 +1137,7 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
                 d.entry.line,
             )
         )
+    _renumbered(out)
     out.lines = _one_policer_one_line(_port_ranges(out.lines))
     shared: dict[str, list[Line]] = {}
     for line in out.lines:
@@ -1143,6 +1160,36 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
 
 LISTED = ("src", "dst", "sport", "dport", "proto")
 """The conditions a line may give several values of (``dport 80, 443``)."""
+
+
+def _renumbered(out: FilterSet) -> None:
+    """IPv4 lines above pref 32768 in a tree with IPv6 lines (tc's own prefs, 49152 and
+    down, for filters added without one), which such a tree cannot write: moved, in their
+    order, just above its other IPv4 prefs (W615). The order of a protocol's filters is all
+    that classifies its packets."""
+    if not any(line.family != "ipv4" for line in out.lines):
+        return
+    fours = sorted({line.pref for line in out.lines if line.family == "ipv4"})
+    high = [p for p in fours if p > V6_PREF]
+    start = max((p for p in fours if p <= V6_PREF), default=0) + 1
+    if not high or start + len(high) - 1 > V6_PREF:
+        return
+    new = {p: start + n for n, p in enumerate(high)}
+    seen: set[int] = set()
+    for line in out.lines:
+        if line.family != "ipv4" or line.pref not in new:
+            continue
+        was = line.pref
+        line.pref = new[was]
+        if was in seen:
+            continue
+        seen.add(was)
+        message = (
+            f"ip filters at pref {was}: a tree with IPv6 lines writes IPv4 prefs up to "
+            f"{V6_PREF} (its IPv6 filters take the prefs above); written as pref {line.pref}, "
+            "in the same order among the IPv4 filters"
+        )
+        out.problems.append((Problem("W615", message, line.line), line.classid))
 
 
 def _merged(group: list[Line]) -> Line | None:
