@@ -20,7 +20,7 @@ import pytest
 
 from tcdsl import ir
 from tcdsl.allocate import PARENT_PIN, Pins
-from tcdsl.driver import analyse
+from tcdsl.driver import analyse, compile_policy
 from tcdsl.ops.desired import trees_from_json, trees_json, trees_of
 from tcdsl.ops.lifecycle import pins_of
 from tcdsl.ops.plan import Plan, make_plan
@@ -172,6 +172,31 @@ def test_a_class_change_keeps_counters_and_siblings_ids(tcdsl: Tcdsl, host: Host
     assert shown.code == 0, shown
     rows = {c["name"]: c["classid"] for i in json.loads(shown.out)["trees"] for c in i["classes"]}
     assert rows["first"] == "1:40" and rows["bulk"] == "1:30", rows
+
+
+def test_a_tree_already_as_the_policy_builds_it_is_taken_over(tcdsl: Tcdsl) -> None:
+    """Found by a review: applying under a name what a script built (or what import read)
+    rebuilt the tree, counters reset and the device unshaped a moment, though the kernel
+    was already as the policy says. It is taken over as it is; a tree that differs is still
+    replaced ('!'), as the plan says."""
+    a = tcdsl.write("p.tcp", A)
+    script = tcdsl.folder / "p.sh"
+    script.write_text(compile_policy(a).output or "", encoding="utf-8")
+    env = {**os.environ, "TCDSL_LOCK_DIR": str(tcdsl.folder)}
+    subprocess.run(["ip", "netns", "exec", tcdsl.ns, "sh", str(script)], check=True, env=env)
+    b = tcdsl.write("b.tcp", B)
+    differs = tcdsl("plan", "--name", "x", b)
+    assert "! tree d0: replaces the htb qdisc 1: on d0 (no state)" in differs.out, differs
+    send = "from tests.ops_edits import send_some; send_some()"
+    run(["ip", "netns", "exec", tcdsl.ns, sys.executable, "-c", send])
+    sent = _sent(tcdsl)["1:30"]
+    shown = tcdsl("plan", "--name", "x", a)
+    assert shown.code == 4 and "~ tree d0: taken over as the kernel holds it" in shown.out, shown
+    assert "replaces" not in shown.out, shown
+    assert tcdsl("apply", "--yes", "--name", "x", a).code == 0
+    assert _sent(tcdsl)["1:30"] >= sent > 0  # not built again
+    again = tcdsl("plan", "--name", "x", a)
+    assert again.code == 0 and "no changes" in again.out, again
 
 
 def _sent(tcdsl: Tcdsl) -> dict[str, int]:

@@ -813,7 +813,15 @@ def prepare(
             by_label = {n.label: n for n in new_trees}
             old_trees = tuple(by_label[t.label] if t.label in done else t for t in live.trees)
             changed = {label: found for label, found in changed.items() if label not in done}
+    adopted = _adopted(new, new_trees, old_trees) if new is not None and killed is None else ()
+    old_trees = (*old_trees, *adopted)
     plan = make_plan(old_trees, new_trees, rebuild=changed, ifaces=new_ifaces)
+    for tree in reversed(adopted):
+        text = (
+            f"tree {tree.label}: taken over as the kernel holds it (no state, and it is as "
+            "the policy builds it): nothing is built again, its counters stay"
+        )
+        plan.changes.insert(0, Change("~", text, tree.span))
     _foreign(live.trees, new_trees, plan, new_ifaces)
     for label, found in sorted(changed.items()):
         for d in found:
@@ -843,6 +851,23 @@ def prepare(
                    "may hold part of it; what differs from the live policy is built again"),
         )  # fmt: skip
     return Prepared(store, new, result, applied, live, plan, new_trees)
+
+
+def _adopted(new: ir.Policy, new_trees: Sequence[Tree], old: Sequence[Tree]) -> tuple[Tree, ...]:
+    """The new trees that no record has, on a device whose slot holds a tree somebody made
+    (an old script's, or what ``tcdsl import`` read), where the kernel is already as the
+    policy builds it (read back as drift is): taken over as they are, not built again."""
+    known = {t.label for t in old}
+    out: list[Tree] = []
+    for tree in new_trees:
+        iface = tree.iface
+        if tree.label in known or iface is None:
+            continue
+        if live_qdisc(iface.name, "ingress" if iface.direction == "ingress" else "root") is None:
+            continue  # nothing there: built as a first apply builds it
+        if not drift(dataclasses.replace(new, interfaces=(iface,))):
+            out.append(tree)
+    return tuple(out)
 
 
 def _foreign(
