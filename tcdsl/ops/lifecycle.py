@@ -858,16 +858,19 @@ def _adopted(new: ir.Policy, new_trees: Sequence[Tree], old: Sequence[Tree]) -> 
     (an old script's, or what ``tcdsl import`` read), where the kernel is already as the
     policy builds it (read back as drift is): taken over as they are, not built again."""
     known = {t.label for t in old}
-    out: list[Tree] = []
-    for tree in new_trees:
-        iface = tree.iface
-        if tree.label in known or iface is None:
-            continue
-        if live_qdisc(iface.name, "ingress" if iface.direction == "ingress" else "root") is None:
-            continue  # nothing there: built as a first apply builds it
-        if not drift(dataclasses.replace(new, interfaces=(iface,))):
-            out.append(tree)
-    return tuple(out)
+    # (a slot with nothing there: built as a first apply builds it)
+    there = [
+        t
+        for t in new_trees
+        if t.label not in known
+        and t.iface is not None
+        and live_qdisc(t.iface.name, "ingress" if t.iface.direction == "ingress" else "root")
+    ]
+    if not there:
+        return ()
+    ifaces = tuple(t.iface for t in there if t.iface is not None)
+    differs = drift(dataclasses.replace(new, interfaces=ifaces))  # one read of the kernel
+    return tuple(t for t in there if t.label not in differs)
 
 
 def _foreign(
@@ -889,8 +892,8 @@ def _foreign(
             continue
         # the root slot, and the ingress slot where the tree puts a qdisc (a download's
         # redirect, ingress policing, an mq tree's clsact: its filters go with it)
-        slot = ingress_slot(iface)
-        slots = [(slot[0], "ingress")] if slot is not None else []
+        ingress = ingress_slot(iface)
+        slots = [(ingress[0], "ingress")] if ingress is not None else []
         slots += [(iface.name, "root")] if iface.direction != "ingress" else []
         slots = [slot for slot in slots if slot not in held]
         found = [f"{shown} on {dev}" for dev, where in slots if (shown := live_qdisc(dev, where))]
