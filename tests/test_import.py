@@ -35,6 +35,10 @@ from tcdsl.verify.compare import compare_state
 from tcdsl.verify.expect import expected_policy
 from tcdsl.verify.readback import KernelState
 from tests.conftest import ROOT, policy_files
+from tests.test_apply import host, make_netns, run
+from tests.test_ops import Tcdsl
+
+__all__ = ["host", "make_netns"]  # fixtures, imported so that pytest finds them here
 
 HERE = Path(__file__).parent
 DATA = HERE / "import_data"
@@ -474,6 +478,45 @@ def test_a_download_by_mark_not_read_is_advised_from_its_interface(tmp_path: Pat
     assert "write it as 'download via ifb0' [W618]" in " ".join(plain.split()), plain
 
 
+def test_a_download_redirecting_one_family_is_imported_with_a_warning(
+    make_netns: Callable[[], str], host: runner.HostSupport, tmp_path: Path
+) -> None:
+    """Found by a review: a download whose ingress redirect says 'protocol ip' (as many
+    scripts write it, where tcdsl writes 'protocol all') was not taken for a download: its
+    whole IFB tree was left out behind a W614 for the 'mirred' action. It is a download now;
+    one family's redirect warns (W620) that the language's redirects every protocol; an ip
+    and an ipv6 redirect to the same IFB are that, without a word."""
+    if not host.ifb or "mirred" not in host.actions:
+        pytest.skip(f"the host lacks ifb or act_mirred ({host.notes})")
+    ns = make_netns()
+    run(["ip", "-n", ns, "link", "add", "r0", "type", "veth", "peer", "name", "r1"])
+    run(["ip", "-n", ns, "link", "add", "ifb0", "type", "ifb"])
+    tcdsl = Tcdsl(ns, tmp_path)
+    for words in (
+        "qdisc add dev ifb0 root handle 1: htb default 20",
+        "class add dev ifb0 parent 1: classid 1:10 htb rate 5mbit",
+        "class add dev ifb0 parent 1: classid 1:20 htb rate 5mbit",
+        "filter add dev ifb0 parent 1: prio 1 protocol ip u32 match ip dport 53 0xffff flowid 1:10",
+        "qdisc add dev r0 handle ffff: ingress",
+        "filter add dev r0 parent ffff: prio 1 protocol ip u32 match u32 0 0 "
+        "action mirred egress redirect dev ifb0",
+    ):
+        tcdsl.tc(*words.split())
+    got = tcdsl("import", "-i", "r0")
+    said = " ".join(got.err.split())
+    assert got.code == 0, got
+    assert "ingress redirects the IPv4 arrivals only (protocol ip) to ifb0" in said, said
+    assert "[W620]" in said and "[W614]" not in said, said
+    assert "download via ifb0 family ipv4 htb handle 1:" in got.out, got
+    assert "match dport 53" in got.out, got
+    assert not [d for d in _check(got.out, tmp_path).diagnostics if d.is_error], got.out
+    ipv6 = "filter add dev r0 parent ffff: prio 2 protocol ipv6 u32 match u32 0 0 "
+    tcdsl.tc(*(ipv6 + "action mirred egress redirect dev ifb0").split())
+    both = tcdsl("import", "-i", "r0")
+    assert both.code == 0 and "download via ifb0" in both.out, both
+    assert "[W620]" not in both.err and "[W613]" not in both.err, both
+
+
 def test_filters_listed_without_their_parent_go_to_the_qdisc_of_their_flowid() -> None:
     """'tc filter show dev X parent 10:' names no parent: the flowid's major tells it."""
     code, out, err = _cli("-i", "lan0", "--from", str(DATA / "nested.txt"))
@@ -674,6 +717,24 @@ def test_what_tc_holds_and_a_policy_cannot_is_said(tmp_path: Path) -> None:
     (tmp_path / "fixed.txt").write_text(fixed, encoding="utf-8")
     code, out, err = _cli("-i", "r0", "--from", str(tmp_path / "fixed.txt"))
     assert code == 0 and "[E609]" not in err, err
+
+
+def test_keys_read_after_the_ip_header_are_left_out(tmp_path: Path) -> None:
+    """Found by a review (tests/import_data/offsets.txt, saved from the host kernel): a u32
+    node with 'offset ... eat' or 'offset plus 20' reads its keys from the transport header,
+    and so does a table a link node with 'eat' jumps to; their keys were written as raw keys
+    at the IP header ('match proto tcp u32 0x50/0xffff at 0': the first word of the IP
+    header, not port 80), sending other packets to 1:10. Now W613, left out."""
+    path = DATA / "offsets.txt"
+    code, out, err = _cli("-i", "r0", "--from", str(path))
+    said = " ".join(err.split())
+    assert code == 0, err
+    assert "pref 1 (ip, u32) to 1:10: its 'offset 0f00>>6 at 0 eat' (keys read after" in said
+    assert "pref 2 (ip, u32) to 1:10: its 'offset plus 20' (keys read after" in said
+    assert "pref 6 (ip, u32) to 1:10: a u32 hash table or link has no word" in said, said
+    lines = [x.strip() for x in out.splitlines() if x.strip().startswith("match")]
+    assert lines == ["match dport 53 pref 3"], out
+    assert not [d for d in _check(out, tmp_path).diagnostics if d.is_error], out
 
 
 def test_filters_added_without_a_pref_in_a_dual_stack_tree_are_renumbered(

@@ -752,6 +752,8 @@ def _walk(group: list[FilterEntry]) -> list[FilterEntry] | None:
     ) -> list[FilterEntry] | None:
         for e in nodes.get((table, bucket), []):
             f = e.filter
+            if f.offset:  # its keys, or its table's, are read past the IP header
+                return None
             if not f.link:
                 if not all(_fixes(f.keys, mask, offset, value) for mask, offset, value in fixed):
                     return None
@@ -959,6 +961,10 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
             continue
         if not ingress and f.flowid not in classes:
             problem(entry, f"it sends to {f.flowid or 'no class'}, no class of this qdisc")
+            continue
+        if f.offset:
+            problem(entry, f"its '{f.offset}' (keys read after the IP header) has no word in "
+                           "the language; left out")  # fmt: skip
             continue
         family = "ipv4" if f.protocol == "ip" else "ipv6"
         try:
@@ -1725,6 +1731,11 @@ def _write_class(
     w.line(depth, "}")
 
 
+_FAMILY_OF = {"all": "both", "ip": "ipv4", "ipv6": "ipv6"}
+"""A redirect's protocol, as the family of the arrivals it takes."""
+_FAMILY_WORD = {"ipv4": "IPv4", "ipv6": "IPv6"}
+
+
 @dataclass
 class _Redirect:
     device: str
@@ -1733,9 +1744,10 @@ class _Redirect:
 
 def _redirect(entry: FilterEntry) -> _Redirect | None:
     """The download redirect tcdsl writes (``protocol all u32 match u32 0 0 [action connmark]
-    action mirred egress redirect dev IFB``), or None."""
+    action mirred egress redirect dev IFB``), or one of one family (``protocol ip``, as many
+    scripts write it), or None."""
     f = entry.filter
-    if f.kind != "u32" or f.protocol != "all" or any(m for _, m, _ in f.keys):
+    if f.kind != "u32" or f.protocol not in _FAMILY_OF or any(m for _, m, _ in f.keys):
         return None
     actions = list(f.actions)
     connmark = bool(actions) and actions[0] == ("connmark",)
@@ -1889,6 +1901,20 @@ def _ingress(
         notes += [p for p, _ in lines.problems]
         return lines, None
     entry, redirect = redirects[0]
+    taken = [e for e, r in redirects if r == redirect]
+    families = {_FAMILY_OF[e.filter.protocol] for e in taken}
+    if "both" not in families and families != {"ipv4", "ipv6"}:
+        (family,) = families
+        notes.append(
+            Problem(
+                "W620",
+                f"ingress redirects the {_FAMILY_WORD[family]} arrivals only (protocol "
+                f"{entry.filter.protocol}) to {redirect.device}; a download redirects every "
+                "protocol, so the other family's arrivals are shaped there too (in its "
+                "default class, unless a line takes them)",
+                entry.line,
+            )
+        )
     download = None
     other = read_other(redirect.device) if read_other is not None else None
     if other is not None:
@@ -1915,7 +1941,7 @@ def _ingress(
             )
         )
     for e in entries:
-        if e is not entry:
+        if e not in taken:
             notes.append(
                 Problem(
                     "W613",

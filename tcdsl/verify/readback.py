@@ -648,6 +648,11 @@ class TcFilter:
     """u32 only: the table a link node jumps to (``1:``), or ""."""
     hashkey: tuple[int, int] | None = field(default=None, compare=False)
     """u32 only: a link node's (mask, offset), or None."""
+    offset: str = ""
+    """u32 only: the node's ``offset ...``/``eat`` line as tc prints it (``offset plus 20``,
+    ``offset 0f00>>6 at 0  eat``): the keys of the node, or of the table it links to, are
+    then read from another place than the IP header; "" when it has none (tcdsl writes
+    none)."""
 
 
 ROOT_TABLES = 0x800
@@ -664,6 +669,8 @@ def u32_place(fh: re.Match[str]) -> str:
 
 
 _HASHKEY = re.compile(r"hash mask ([0-9a-f]{8}) at (\d+)")
+_OFFSET = re.compile(r"\s*(offset\b|eat\b)")
+"""A u32 node's line of ``offset plus N``, ``offset MASK>>SHIFT at N`` and/or ``eat``."""
 
 
 Action = tuple[str | int, ...]
@@ -787,8 +794,11 @@ def parse_filters(text: str) -> list[TcFilter]:
             hashkey: tuple[int, int] | None = None
             keys = []
             actions: list[Action] = []
+            moved = ""
             for line in body:
-                if (h := _HASHKEY.search(line)) is not None:
+                if _OFFSET.match(line) is not None:
+                    moved = " ".join(line.split())
+                elif (h := _HASHKEY.search(line)) is not None:
                     hashkey = (int(h.group(1), 16), int(h.group(2)))
                 elif (k := _KEY.search(line)) is not None:
                     offset = int(k.group(4)) + (NEXTHDR if k.group(3) else 0)
@@ -808,6 +818,7 @@ def parse_filters(text: str) -> list[TcFilter]:
                     place=u32_place(m),
                     link=link,
                     hashkey=hashkey,
+                    offset=moved,
                 )
             )
         elif kind == "fw":
