@@ -158,7 +158,7 @@ def _live_operations(group: click.Group) -> None:
     cls=_Group,
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="Examples:\n\n\b\n  tcdsl compile office.tcp > apply.sh\n  tcdsl check policies/*.tcp\n"
-    "  sudo tcdsl verify office.tcp",
+    "  tcdsl verify office.tcp",
 )
 @click.version_option(__version__, "-V", "--version", prog_name="tcdsl")
 def cli() -> None:
@@ -167,7 +167,7 @@ def cli() -> None:
 
 @cli.command(
     epilog="Examples:\n\n\b\n  tcdsl compile office.tcp > apply.sh\n"
-    "  tcdsl compile -o apply.sh office.tcp && sudo sh apply.sh\n"
+    "  tcdsl compile -o apply.sh office.tcp && sh apply.sh   (as root)\n"
     "  tcdsl compile -o out/ office.tcp      (every file of the output, into out/)\n"
     "  tcdsl compile --per-command office.tcp   (one tc per line, to read)"
 )
@@ -379,9 +379,9 @@ def _verdict(v: Verification) -> str:
 
 @cli.command(
     "verify",
-    epilog="Examples:\n\n\b\n  sudo tcdsl verify office.tcp\n"
+    epilog="Examples:\n\n\b\n  tcdsl verify office.tcp\n"
     "  tcdsl verify --kernel uml policies/seeds/*.tcp\n"
-    "  sudo tcdsl verify --kernel host --diagnostics json office.tcp\n\n"
+    "  tcdsl verify --kernel host --diagnostics json office.tcp\n\n"
     "Kernels: 'host' is this machine's (needs root); 'uml' a Debian 6.1 kernel run as a "
     "user-mode Linux process (no root needed); 'auto' the host when it has every qdisc and "
     "classifier the policy needs, else uml. Exit 0 only when kernel and policy agree.",

@@ -424,7 +424,7 @@ def down_command(name: str | None, interface: str | None) -> None:
 
 @click.command(
     "import",
-    epilog="Examples:\n\n\b\n  sudo tcdsl import -i eth0 > eth0.tcp\n"
+    epilog="Examples:\n\n\b\n  tcdsl import -i eth0 > eth0.tcp\n"
     "  tcdsl import -i eth0 --from saved.txt -o eth0.tcp\n\n"
     "Save the text on the router with:\n\n\b\n"
     "  { tc -d qdisc show dev eth0; tc -d class show dev eth0;\n"
@@ -521,12 +521,12 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
 @click.command(
     "status",
     epilog="Examples:\n\n\b\n"
-    "  sudo tcdsl status office.tcp\n"
-    "  sudo tcdsl status -i eth0 --watch 2s\n"
-    "  sudo tcdsl status isp.tcp --class 'c10*' --top 20 --watch 5s\n"
-    "  sudo tcdsl status --name isp --class c1001\n"
-    "  sudo tcdsl status office.tcp --format json --watch 1s --count 60 > samples.jsonl\n"
-    "  sudo tcdsl status office.tcp --format prometheus --watch 15s "
+    "  tcdsl status office.tcp\n"
+    "  tcdsl status -i eth0 --watch 2s\n"
+    "  tcdsl status isp.tcp --class 'c10*' --top 20 --watch 5s\n"
+    "  tcdsl status --name isp --class c1001\n"
+    "  tcdsl status office.tcp --format json --watch 1s --count 60 > samples.jsonl\n"
+    "  tcdsl status office.tcp --format prometheus --watch 15s "
     "-o /var/lib/node_exporter/textfile/tcdsl.prom\n\n"
     "Each sample reads the kernel's counters twice, --interval apart, for the rate now; the "
     "average is over the whole session. docs/operations.md describes the columns, JSON keys "
