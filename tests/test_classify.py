@@ -230,6 +230,54 @@ def test_raw_keys(tmp_path: Path) -> None:
     assert _name(_verdict(policy, "udp")) == "ttl"  # Packet's TTL is 64
 
 
+def _sum16(data: bytes) -> int:
+    """RFC 1071's one's complement sum of ``data`` (0xffff over a message whose checksum is
+    right)."""
+    data += bytes(len(data) % 2)
+    total = sum(int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2))
+    while total > 0xFFFF:
+        total = (total & 0xFFFF) + (total >> 16)
+    return total
+
+
+def test_the_bytes_after_the_ip_header_are_what_a_host_sends() -> None:
+    """Found by a tester sending from real sockets: classify wrote ports 40000/9 after the IP
+    header of every packet (an ICMP echo request's type and code, which a port line reads as
+    sport 2048, were not there), a UDP length of 0 and a TCP data offset of 5 for an ACK with
+    timestamps; the kernel sent such packets elsewhere."""
+    ping = parse_packet("icmp src 10.1.2.3 dst 8.8.8.8 iplen 84").ip_packet()
+    assert ping[20:22] == bytes([8, 0]) and _sum16(ping[20:]) == 0xFFFF
+    six = parse_packet("icmpv6 src 2001:db8::5 dst 2600::1 iplen 104").ip_packet()
+    pseudo = six[8:40] + (len(six) - 40).to_bytes(4, "big") + (58).to_bytes(4, "big")
+    assert six[40:42] == bytes([128, 0]) and _sum16(pseudo + six[40:]) == 0xFFFF
+    udp = parse_packet("udp iplen 1028").ip_packet()
+    assert int.from_bytes(udp[24:26], "big") == 1008
+    ack = parse_packet("tcp ack iplen 52").ip_packet()
+    assert ack[32] >> 4 == 8 and parse_packet("tcp iplen 1000").ip_packet()[32] >> 4 == 5
+    assert parse_packet("proto gre").ip_packet()[20:24] == bytes(4)
+
+
+def test_a_port_line_matching_a_packet_without_ports_says_what_it_read(tmp_path: Path) -> None:
+    policy = _text_policy(
+        tmp_path,
+        _htb(
+            "    class echo rate 2mbit match sport 2048\n"
+            "    class short rate 2mbit match proto udp u16 0x0000/0xff00 at 24\n"
+            "    class opts rate 2mbit match proto tcp u8 0x80/0xf0 at 32\n"
+        ),
+    )
+    ping = _verdict(policy, "icmp iplen 84")
+    assert _name(ping) == "echo"
+    assert "(ICMP has no ports: u32's port keys read the 4 bytes after the IP header, here the " \
+        "echo request's type and code as sport 2048 and its checksum as dport 63487)" \
+        in ping.steps[-1].why  # fmt: skip
+    assert _name(_verdict(policy, "udp dport 2048 iplen 100")) == "short"
+    assert _name(_verdict(policy, "udp iplen 1028")) == "bulk"
+    assert _name(_verdict(policy, "tcp ack iplen 52")) == "opts"
+    assert _name(_verdict(policy, "tcp ack iplen 40")) == "bulk"
+    assert "no ports" not in _verdict(policy, "udp sport 2048").steps[-1].why
+
+
 def test_nested_htb(tmp_path: Path) -> None:
     text = (
         "interface eth0 htb rate 10mbit default bulk {\n"

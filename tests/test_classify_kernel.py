@@ -515,6 +515,78 @@ def test_a_big_datagram_ends_where_classify_says_its_fragments_do(
     assert +moved == expected, f"{fragments} fragments: the kernel moved {dict(+moved)}"
 
 
+HOST_SENT = """\
+interface eth0 htb rate 10mbit default bulk {
+    class echo rate 1mbit match sport 2048
+    class echo6 rate 1mbit match family ipv6 u16 0x8000 at 40
+    class short rate 1mbit match proto udp u16 0x0000/0xff00 at 24
+    class bulk rate 1mbit
+}
+"""
+
+SOCKETS = """
+import socket, sys
+kind, dst, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+family = socket.AF_INET6 if ":" in dst else socket.AF_INET
+if kind == "ping":  # a ping socket: the kernel sets the identifier and the checksum
+    proto = socket.IPPROTO_ICMPV6 if ":" in dst else socket.IPPROTO_ICMP
+    s = socket.socket(family, socket.SOCK_DGRAM, proto)
+    s.sendto(bytes([128 if ":" in dst else 8, 0, 0, 0, 0, 0, 0, 1]) + bytes(size), (dst, 0))
+else:
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    s.bind(("", 40000))
+    s.sendto(bytes(size), (dst, 9))
+"""
+
+
+@pytest.mark.parametrize(
+    ("sent", "spec"),
+    [
+        ("ping 10.99.0.2 56", "icmp src 10.99.0.1 dst 10.99.0.2 iplen 84"),
+        ("ping 2001:db8:99::2 56", "icmpv6 src 2001:db8:99::1 dst 2001:db8:99::2 iplen 104"),
+        ("udp 10.99.0.2 100", "udp src 10.99.0.1 dst 10.99.0.2 iplen 128"),
+        ("udp 10.99.0.2 1000", "udp src 10.99.0.1 dst 10.99.0.2 iplen 1028"),
+    ],
+    ids=["ping", "ping6", "udp-100", "udp-1000"],
+)
+def test_a_packet_a_socket_sends_ends_where_classify_says(
+    sent: str, spec: str, host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """Found by a tester: classify wrote ports after the IP header of every packet, a UDP
+    length of 0 and no ICMP header, so a ping (whose type and code a port line reads as
+    sport 2048) and a long datagram (its length at byte 24) went elsewhere in the kernel than
+    classify said. Here the kernel builds the packets (ping sockets, a UDP socket) and the
+    counter of classify's class moves."""
+    result, ns = _applied(HOST_SENT, host, make_netns, tmp_path)
+    assert result.policy is not None
+    run_ns = ["ip", "netns", "exec", ns, "sysctl", "-qw"]
+    subprocess.run([*run_ns, "net.ipv4.ping_group_range=0 0"], check=True)
+    if ":" in sent:
+        for conf in ("all", "default", DEV):
+            subprocess.run([*run_ns, f"net.ipv6.conf.{conf}.disable_ipv6=0"], check=True)
+        subprocess.run(
+            ["ip", "-n", ns, "addr", "add", "2001:db8:99::1/64", "dev", DEV, "nodad"], check=True
+        )
+        neigh = ["ip", "-n", ns, "neigh", "add", "2001:db8:99::2"]
+        subprocess.run([*neigh, "lladdr", "02:00:00:00:00:02", "dev", DEV], check=True)
+    verdict = classify(result.policy, parse_packet(spec))
+    assert verdict.cls is not None
+    want = str(verdict.cls.classid)
+    # IPv6 being turned on sends neighbour discovery and MLD, to 'bulk': count the others
+    leaves = {"1:10", "1:20", "1:30"}
+    before = _leaf_counters(ns, leaves)
+    send = ["ip", "netns", "exec", ns, sys.executable, "-c", SOCKETS, *sent.split()]
+    subprocess.run(send, check=True)
+    expected = Counter({want: 1}) if want in leaves else Counter()
+    for _ in range(100):  # class counters move when the packets are dequeued
+        after = _leaf_counters(ns, leaves)
+        moved = Counter({k: after[k] - before.get(k, 0) for k in leaves})
+        if +moved == expected and (expected or _ > 10):
+            break
+        time.sleep(0.02)
+    assert +moved == expected, f"{spec}: classify says {want}, the kernel moved {dict(+moved)}"
+
+
 # ---- user-mode Linux (flower, u32) ------------------------------------------------------------
 
 UML_POLICIES = 30

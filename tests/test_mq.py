@@ -1357,7 +1357,7 @@ def test_down_of_the_interface_removes_the_mq_trees_clsact(tmp_path: Path) -> No
     which then stopped a download on the device (E602) with the way out not clearing it."""
     done = _mq_and_download(
         tmp_path,
-        "{tcdsl} apply --yes mq.tcp && {tcdsl} down -i eth0 && tc qdisc show dev eth0 && "
+        "{tcdsl} apply --yes mq.tcp && {tcdsl} down -i eth0 --yes && tc qdisc show dev eth0 && "
         "echo == && {tcdsl} apply --yes dl.tcp",
     )
     assert done.returncode == 0, done.stdout + done.stderr

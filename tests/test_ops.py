@@ -1082,7 +1082,7 @@ def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: Hos
                     run([*ns, tool, "-t", "mangle", "-N", chain])
                     run([*ns, tool, "-t", "mangle", "-A", chain, "-j", "MARK", "--set-mark", "1"])
                     run([*ns, tool, "-t", "mangle", "-I", hook, way_in, "d0", "-j", chain])
-        gone = tcdsl("down", "full") if way == "name" else tcdsl("down", "-i", "d0")
+        gone = tcdsl("down", "full") if way == "name" else tcdsl("down", "-i", "d0", "--yes")
         assert gone.code == 0, gone
         assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d0"), way
         assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0"), way
@@ -1095,6 +1095,38 @@ def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: Hos
     nothing = tcdsl("down", "-i", "d0")
     assert nothing.code == 0 and "nothing of tcdsl's on d0" in nothing.out, nothing
     assert tcdsl("down", "-i", "d9").code == 1
+
+
+def test_down_of_an_interface_lists_first_and_keeps_a_foreign_clsact(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: 'down -i d0' with no record and no terminal deleted a tbf root and
+    a clsact qdisc holding somebody's mirror filter (where BPF programs live too), without
+    asking. It lists what it would remove; without a terminal it needs --yes (exit 2,
+    nothing changed); a clsact holding a filter or action tcdsl does not make is left, and
+    said so."""
+    if "mirred" not in host.actions:
+        pytest.skip(f"the host lacks act_mirred ({host.notes})")
+    for words in (
+        "qdisc add dev d0 root handle 7: tbf rate 1mbit burst 10k latency 50ms",
+        "qdisc add dev d0 clsact",
+        "filter add dev d0 egress protocol all prio 1 u32 match u32 0 0 action mirred egress "
+        "mirror dev lo",
+    ):
+        tcdsl.tc(*words.split())
+    asked = tcdsl("down", "-i", "d0")
+    assert asked.code == 2 and "give --yes to remove without a terminal" in asked.err, asked
+    assert "- root qdisc of d0" in asked.out, asked
+    said = " ".join(asked.out.split())
+    assert "the clsact qdisc of d0 holds a 'mirred (Egress Mirror to' action on its egress hook, " \
+        "which tcdsl does not make: left as it is" in said, asked  # fmt: skip
+    shown = tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert "tbf 7:" in shown and "clsact" in shown, shown
+    done = tcdsl("down", "-i", "d0", "--yes")
+    assert done.code == 0 and "- root qdisc of d0" in done.out, done
+    shown = tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert "tbf" not in shown and "clsact" in shown, shown
+    assert "mirror" in tcdsl.tc("filter", "show", "dev", "d0", "egress").lower()
 
 
 def test_a_download_via_a_device_that_is_no_ifb_is_refused(tcdsl: Tcdsl, host: HostSupport) -> None:
@@ -1153,7 +1185,7 @@ def test_down_deletes_a_downloads_device_only_while_it_is_an_ifb(
         run([*ns, "link", "del", "ifb4d0"])
         run([*ns, "link", "add", "ifb4d0", "type", "veth", "peer", "name", "keep1"])
         run([*ns, "link", "set", "ifb4d0", "alias", "my ifb link"])  # ' ifb ' in ip -d -o
-        gone = tcdsl("down", "full") if way == "name" else tcdsl("down", "-i", "d0")
+        gone = tcdsl("down", "full") if way == "name" else tcdsl("down", "-i", "d0", "--yes")
         assert gone.code == 0, gone
         links = run([*ns, "link", "show"]).stdout
         assert "ifb4d0" in links and "keep1" in links, (way, links)
@@ -1232,7 +1264,7 @@ def test_down_of_the_interface_keeps_the_state_of_another_namespaces_device(
     assert "htb" in tcdsl.tc("qdisc", "show", "dev", "d0")
     record = json.loads((tcdsl.folder / "state" / "a" / "applied" / "1.json").read_text())
     assert record["netns"].startswith("net:[")
-    gone = tcdsl("down", "-i", "d0")
+    gone = tcdsl("down", "-i", "d0", "--yes")
     assert gone.code == 0 and "- the state of a" in gone.out, gone
     assert not (tcdsl.folder / "state" / "a").exists()
 

@@ -39,7 +39,7 @@ from tcdsl.ops.lifecycle import (
     compile_new,
     confirm,
     down,
-    down_interface,
+    down_interface_steps,
     keep_record,
     marks_against_others,
     policy_name,
@@ -391,23 +391,40 @@ def rollback_command(name: str) -> None:
 @click.command(
     "down",
     epilog="Examples:\n\n\b\n  tcdsl down office\n"
-    "  tcdsl down -i eth0      (whatever policy shaped eth0)",
+    "  tcdsl down -i eth0 --yes   (whatever policy shaped eth0)",
 )
 @click.argument("name", required=False)
 @click.option("-i", "--interface", help="Remove what tcdsl made on this device instead.")
-def down_command(name: str | None, interface: str | None) -> None:
+@click.option("--yes", is_flag=True, help="With -i: remove without asking (no terminal: needed).")
+def down_command(name: str | None, interface: str | None, yes: bool) -> None:
     """Remove everything the policy applied under NAME owns (qdiscs of both directions,
     IFBs' trees, shared policers, marking chains) and its state; or with -i, what tcdsl
     makes on that device (root and ingress qdiscs, its IFB, chain TCDSL-IFACE, nft table
-    tcdsl_IFACE) whatever policy made it."""
+    tcdsl_IFACE) whatever policy made it: listed first, and removed once confirmed (--yes
+    without a terminal)."""
     if (name is None) == (interface is None):
         raise click.UsageError("give a policy NAME or -i IFACE")
     if interface is not None:
         try:
-            removed = down_interface(interface)
+            steps = down_interface_steps(interface)
         except OpsError as e:
             _fail(NO_DEVICE, str(e))
-        click.echo("\n".join(removed) if removed else f"nothing of tcdsl's on {interface}")
+        if all(s.kept for s in steps):
+            click.echo("\n".join([f"nothing of tcdsl's on {interface}", *(s.line for s in steps)]))
+            return
+        if not yes:
+            click.echo("\n".join(s.line for s in steps))
+            if not sys.stdin.isatty():
+                click.echo("tcdsl: nothing removed: give --yes to remove without a terminal",
+                           err=True)  # fmt: skip
+                sys.exit(EXIT_USAGE)
+            if not click.confirm(f"Remove these from {interface}?", default=False):
+                click.echo("tcdsl: nothing was changed", err=True)
+                sys.exit(EXIT_FAILED)
+        with deferred_signals() as caught:
+            removed = [s.line for s in steps if s.run()]
+        click.echo("\n".join(removed))
+        _late(caught)
         return
     assert name is not None
     store = _store(Path(name).stem if name.endswith(".tcp") else name)

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -1212,16 +1213,40 @@ def _quiet(runner: Runner, argv: list[str]) -> bool:
         return False
 
 
-def down_interface(device: str, runner: Runner = run_command) -> list[str]:
-    """Remove what tcdsl makes on ``device`` whatever policy made it: its root and ingress
-    (or an mq tree's clsact) qdiscs, the IFB a download of it is shaped on (``ifb4DEV``),
-    the marking chains ``TCDSL-DEV`` and ``TCDSL-ifb4DEV`` (a download's; and every jump into
-    them) in iptables and ip6tables, the nft tables ``tcdsl_DEV`` and ``tcdsl_ifb4DEV``; and
-    the state of policies that shaped only it. What was
-    removed, one line each."""
+@dataclass(frozen=True)
+class DownStep:
+    """One removal ``tcdsl down -i`` makes: what it says, and the call that makes it (whether
+    it was made)."""
+
+    line: str
+    run: Callable[[], bool]
+    kept: bool = False
+    """A line saying what is left as it is (``run`` changes nothing)."""
+
+
+def down_interface_steps(device: str, runner: Runner = run_command) -> list[DownStep]:
+    """What ``tcdsl down -i`` removes from ``device`` whatever policy made it, read from the
+    kernel and the state folder, nothing changed yet: its root and ingress qdiscs (or an mq
+    tree's clsact, unless it holds what tcdsl does not make: a bpf filter, a mirror), the IFB
+    a download of it is shaped on (``ifb4DEV``), the marking chains ``TCDSL-DEV`` and
+    ``TCDSL-ifb4DEV`` (a download's; and every jump into them) in iptables and ip6tables,
+    the nft tables ``tcdsl_DEV`` and ``tcdsl_ifb4DEV``; and the state of policies that shaped
+    only it. Lines in parentheses say what is left as it is."""
     if not device_exists(device):
         raise OpsError(f"no such device: {device}; nothing was changed")
-    removed: list[str] = []
+    steps: list[DownStep] = []
+
+    def step(line: str, *commands: list[str]) -> None:
+        def run() -> bool:
+            for command in commands[:-1]:
+                _quiet(runner, command)
+            return _quiet(runner, commands[-1])
+
+        steps.append(DownStep(line, run))
+
+    def kept(line: str) -> None:
+        steps.append(DownStep(line, lambda: True, kept=True))
+
     shown = runner(["tc", "qdisc", "show", "dev", device], None).stdout
     # the ingress slot holds an ingress qdisc (a download's, policers') or an mq tree's clsact
     for where, word in (
@@ -1229,47 +1254,93 @@ def down_interface(device: str, runner: Runner = run_command) -> list[str]:
         ("ingress", "qdisc ingress "),
         ("clsact", "qdisc clsact "),
     ):
-        ours = word in shown and (where != "root" or "qdisc noqueue" not in shown)
-        if ours and _quiet(runner, ["tc", "qdisc", "del", "dev", device, where]):
-            removed.append(f"- {where} qdisc of {device}")
+        if word not in shown or (where == "root" and "qdisc noqueue" in shown):
+            continue
+        foreign = _foreign_clsact(device, runner) if where == "clsact" else None
+        if foreign is not None:
+            kept(
+                f"- (the clsact qdisc of {device} holds {foreign}, which tcdsl does not make: "
+                f"left as it is; remove it with: tc qdisc del dev {device} clsact)"
+            )
+            continue
+        step(f"- {where} qdisc of {device}", ["tc", "qdisc", "del", "dev", device, where])
     ifb = ifb_name_for(device)
-    if link_kind(ifb) == "ifb" and _quiet(runner, ["ip", "link", "del", "dev", ifb]):
-        removed.append(f"- {ifb} (the IFB of {device}'s downloads) and its tree")
+    if link_kind(ifb) == "ifb":
+        step(f"- {ifb} (the IFB of {device}'s downloads) and its tree", ["ip", "link", "del", ifb])
     # the marking of the upload (named after the device) and of a download (after its IFB)
     for name in (device, ifb):
         chain = default_chain(name)
         for tool in ("iptables", "ip6tables"):
             if not _quiet(runner, [tool, "-t", "mangle", "-S", chain]):
                 continue
-            _quiet(runner, ["sh", "-c", unjump_shell(chain, tool)])
-            _quiet(runner, [tool, "-t", "mangle", "-F", chain])
-            if _quiet(runner, [tool, "-t", "mangle", "-X", chain]):
-                removed.append(f"- {tool} chain {chain} and its jumps")
+            step(
+                f"- {tool} chain {chain} and its jumps",
+                ["sh", "-c", unjump_shell(chain, tool)],
+                [tool, "-t", "mangle", "-F", chain],
+                [tool, "-t", "mangle", "-X", chain],
+            )
         table = nft_table_name(name)
-        listed = _quiet(runner, ["nft", "list", "table", "inet", table])
-        if listed and _quiet(runner, ["nft", "delete", "table", "inet", table]):
-            removed.append(f"- nft table inet {table}")
+        if _quiet(runner, ["nft", "list", "table", "inet", table]):
+            step(f"- nft table inet {table}", ["nft", "delete", "table", "inet", table])
     for store in Store.every():
         try:
             applied = store.current()
         except OpsError:  # a damaged record: this is the way out of it, so not a failure
-            removed.append(f"- (the state of {store.name} cannot be read: left as it is)")
+            kept(f"- (the state of {store.name} cannot be read: left as it is)")
             continue
         if applied is None or not set(applied.devices) <= {device}:
             continue
         if not applied.here:
-            removed.append(
+            kept(
                 f"- (the state of {store.name} is of a {device} in another network "
                 "namespace: left as it is)"
             )
             continue
+        steps.append(DownStep(f"- the state of {store.name}", _removed(store)))
+    return steps
+
+
+def _removed(store: Store) -> Callable[[], bool]:
+    def remove() -> bool:
         store.remove()
-        removed.append(f"- the state of {store.name}")
-    return removed
+        return True
+
+    return remove
+
+
+def _foreign_clsact(device: str, runner: Runner) -> str | None:
+    """What the clsact qdisc of ``device`` holds that tcdsl does not put there (an mq tree's
+    steering filters, u32 or flower with skbedit; a download's redirect; policers), in words,
+    or None."""
+    for hook in ("ingress", "egress"):
+        text = runner(["tc", "filter", "show", "dev", device, hook], None).stdout
+        for line in text.splitlines():
+            words = line.split()
+            if words[:1] == ["filter"] and "pref" in words:
+                at = words.index("pref") + 2
+                kind = words[at] if at < len(words) else "?"
+                if kind not in ("u32", "flower"):
+                    return f"a {kind} filter on its {hook} hook"
+            action = _ACTION.match(line)
+            if action is not None and not _OUR_ACTION.match(action.group(1)):
+                return f"a '{' '.join(action.group(1).split()[:4])}' action on its {hook} hook"
+    return None
+
+
+_ACTION = re.compile(r"\s*action order \d+:\s*(.*)")
+_OUR_ACTION = re.compile(r"(skbedit|police|connmark)\b|mirred \(Egress Redirect to device ")
+"""The actions tcdsl writes (steering, policing, a download's connmark and redirect)."""
+
+
+def down_interface(device: str, runner: Runner = run_command) -> list[str]:
+    """Make the removals of :func:`down_interface_steps`: what was removed (and left), one
+    line each."""
+    return [s.line for s in down_interface_steps(device, runner) if s.run()]
 
 
 __all__ = [
     "ApplyFailed",
+    "DownStep",
     "NotKept",
     "OpsError",
     "Prepared",
@@ -1277,6 +1348,7 @@ __all__ = [
     "confirm",
     "down",
     "down_interface",
+    "down_interface_steps",
     "keep_record",
     "policy_name",
     "preflight",

@@ -229,7 +229,7 @@ def _load(path: Path, convert: Callable[[Any], T]) -> T:
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DamagedRecord(
             f"the state file {path} is damaged ({e!r}): move it away, or remove what tcdsl "
-            "made on the interfaces with 'tcdsl down -i IFACE'"
+            "made on the interfaces with 'tcdsl down -i IFACE --yes'"
         ) from None
 
 

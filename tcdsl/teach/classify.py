@@ -583,6 +583,8 @@ class _Walk:
         if f.family == "ipv6" or isinstance(f, ir.FlowerFilter):
             text = f"{_family_words(f.family)}: {text}"
         why = f"{name} matched ({text}){where}{self._gave_up_note()}"
+        if match is not None and isinstance(f, ir.U32Filter):
+            why += self._portless_note(match)
         if isinstance(f, ir.FlowerFilter) and self.keys.walked:
             headers = words.or_list([EXTENSION_NAMES[h] for h in self.keys.walked], "and")
             why += f"; the flow dissector read past the {headers} header"
@@ -607,6 +609,27 @@ class _Walk:
         elif self.iface.marking is None:
             why += self._gave_up_note() + self._fixed_offsets_note()
         return why
+
+    def _portless_note(self, match: ir.Match) -> str:
+        """Why a u32 port line matched a packet without ports: its keys read the bytes where
+        ports would be, whatever the protocol."""
+        packet = self.packet
+        if packet.proto in PORTED or packet.later_fragment:
+            return ""
+        if not any(isinstance(c, ir.PortCond) for c in match.conds):
+            return ""
+        at = 40 if packet.family == "ipv6" else 20  # where u32's port keys read
+        first = int.from_bytes(self.header[at : at + 2], "big")
+        second = int.from_bytes(self.header[at + 2 : at + 4], "big")
+        name = words.protocol_name(packet.proto)
+        if packet.proto in (1, 58) and (packet.proto == 1) == (packet.family == "ipv4"):
+            what = f"the echo request's type and code as sport {first} and its checksum"
+        else:
+            what = f"the first bytes of its header as sport {first} and the next"
+        return (
+            f" ({name} has no ports: u32's port keys read the 4 bytes after the IP header, "
+            f"here {what} as dport {second})"
+        )
 
     def _gave_up_note(self) -> str:
         if not self.gave_up:

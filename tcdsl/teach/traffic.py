@@ -131,24 +131,44 @@ class Packet:
         """True for any fragment, the first included."""
         return FRAGMENT in self.ext or self.later_fragment
 
-    def _transport(self) -> bytes:
-        """The first 20 bytes after the IP header and its extension headers: the protocol's
-        header (ports first), or payload (zeros) in a later fragment."""
+    def _transport(self, length: int) -> bytes:
+        """The first 20 bytes after the IP header and its extension headers, ``length`` bytes
+        long in all: the protocol's header as a host sends it, or payload (zeros) in a later
+        fragment. TCP's data offset covers the header alone (options up to the end of a bare
+        ACK); UDP's length is ``length``; ICMP and ICMPv6 are echo requests (type 8, 128;
+        identifier, sequence and payload zeros) with their true checksum. Checksums that
+        depend on a payload (TCP's, UDP's) are 0, as is every byte a protocol without ports
+        has there: what a u32 key at those places finds in a real packet differs."""
         if self.later_fragment:
             return bytes(20)
-        transport = self.sport.to_bytes(2, "big") + self.dport.to_bytes(2, "big")
-        if self.proto == 6:
+        proto = self.proto
+        ports = self.sport.to_bytes(2, "big") + self.dport.to_bytes(2, "big")
+        if proto == 6:
             flags = 0x10 if self.ack_only else 0x18
             if self.tcp_flags is not None:
                 flags = self.tcp_flags
-            return transport + bytes(8) + bytes([0x50, flags]) + bytes(6)
-        return transport + bytes(16)
+            words = min(length, 60) // 4 if self.ack_only else 5
+            return ports + bytes(8) + bytes([words << 4, flags]) + bytes(6)
+        if proto in (17, 136):
+            return ports + min(length, 0xFFFF).to_bytes(2, "big") + bytes(14)
+        if proto in PORTED:
+            return ports + bytes(16)
+        if (proto, self.family) in ((1, "ipv4"), (58, "ipv6")):
+            kind = 8 if proto == 1 else 128
+            total = kind << 8
+            if proto == 58:  # ICMPv6's checksum covers a pseudo-header too
+                pseudo = self.src.to_bytes(16, "big") + self.dst.to_bytes(16, "big")
+                pseudo += length.to_bytes(4, "big") + (58).to_bytes(4, "big")
+                total += sum(int.from_bytes(pseudo[i : i + 2], "big") for i in range(0, 40, 2))
+            while total > 0xFFFF:
+                total = (total & 0xFFFF) + (total >> 16)
+            return bytes([kind, 0]) + (~total & 0xFFFF).to_bytes(2, "big") + bytes(16)
+        return bytes(20)
 
     def header(self) -> bytes:
         """The packet's bytes from the IP header on, as the kernel's u32 reads them: the IPv4
         header without options, or IPv6's 40-byte fixed header and its extension headers;
         then the first 20 bytes of the transport header (all a key of the language reads)."""
-        transport = self._transport()
         if self.family == "ipv6":
             chain = [*self.ext, self.proto]
             exts = b"".join(
@@ -160,8 +180,9 @@ class Packet:
             fixed = bytes([0x60 | self.tos >> 4, (self.tos & 0x0F) << 4, 0, 0])
             fixed += payload.to_bytes(2, "big") + bytes([first, 64])
             fixed += self.src.to_bytes(16, "big") + self.dst.to_bytes(16, "big")
-            return fixed + exts + transport
+            return fixed + exts + self._transport(payload - len(exts))
         total = max(self.size - ETHERNET_HEADER, 40)
+        transport = self._transport(total - 20)
         frag = 0x4000
         if self.ext:
             frag = 0x2000 if FRAGMENT in self.ext else FRAGMENT_OFFSET
