@@ -492,7 +492,7 @@ def test_a_download_redirecting_one_family_is_imported_with_a_warning(
     run(["ip", "-n", ns, "link", "add", "r0", "type", "veth", "peer", "name", "r1"])
     run(["ip", "-n", ns, "link", "add", "ifb0", "type", "ifb"])
     tcdsl = Tcdsl(ns, tmp_path)
-    for words in (
+    tcdsl.tc_lines(
         "qdisc add dev ifb0 root handle 1: htb default 20",
         "class add dev ifb0 parent 1: classid 1:10 htb rate 5mbit",
         "class add dev ifb0 parent 1: classid 1:20 htb rate 5mbit",
@@ -500,8 +500,7 @@ def test_a_download_redirecting_one_family_is_imported_with_a_warning(
         "qdisc add dev r0 handle ffff: ingress",
         "filter add dev r0 parent ffff: prio 1 protocol ip u32 match u32 0 0 "
         "action mirred egress redirect dev ifb0",
-    ):
-        tcdsl.tc(*words.split())
+    )
     got = tcdsl("import", "-i", "r0")
     said = " ".join(got.err.split())
     assert got.code == 0, got
@@ -510,8 +509,10 @@ def test_a_download_redirecting_one_family_is_imported_with_a_warning(
     assert "download via ifb0 family ipv4 htb handle 1:" in got.out, got
     assert "match dport 53" in got.out, got
     assert not [d for d in _check(got.out, tmp_path).diagnostics if d.is_error], got.out
-    ipv6 = "filter add dev r0 parent ffff: prio 2 protocol ipv6 u32 match u32 0 0 "
-    tcdsl.tc(*(ipv6 + "action mirred egress redirect dev ifb0").split())
+    tcdsl.tc_lines(
+        "filter add dev r0 parent ffff: prio 2 protocol ipv6 u32 match u32 0 0 "
+        "action mirred egress redirect dev ifb0"
+    )
     both = tcdsl("import", "-i", "r0")
     assert both.code == 0 and "download via ifb0" in both.out, both
     assert "[W620]" not in both.err and "[W613]" not in both.err, both

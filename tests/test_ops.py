@@ -93,6 +93,11 @@ class Tcdsl:
     def tc(self, *args: str) -> str:
         return run(["ip", "netns", "exec", self.ns, "tc", *args]).stdout
 
+    def tc_lines(self, *lines: str) -> None:
+        """Run ``tc`` with the words of each line, in order."""
+        for line in lines:
+            self.tc(*line.split())
+
 
 @dataclass(frozen=True)
 class Ran:
@@ -1107,13 +1112,12 @@ def test_down_of_an_interface_lists_first_and_keeps_a_foreign_clsact(
     said so."""
     if "mirred" not in host.actions:
         pytest.skip(f"the host lacks act_mirred ({host.notes})")
-    for words in (
+    tcdsl.tc_lines(
         "qdisc add dev d0 root handle 7: tbf rate 1mbit burst 10k latency 50ms",
         "qdisc add dev d0 clsact",
         "filter add dev d0 egress protocol all prio 1 u32 match u32 0 0 action mirred egress "
         "mirror dev lo",
-    ):
-        tcdsl.tc(*words.split())
+    )
     asked = tcdsl("down", "-i", "d0")
     assert asked.code == 2 and "give --yes to remove without a terminal" in asked.err, asked
     assert "- root qdisc of d0" in asked.out, asked
