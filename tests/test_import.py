@@ -518,6 +518,44 @@ def test_a_download_redirecting_one_family_is_imported_with_a_warning(
     assert "[W620]" not in both.err and "[W613]" not in both.err, both
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("mtu 2Kb action drop", "mtu action drop"), ("rate 8Mbit burst", "rate burst")],
+    ids=["mtu", "rate"],
+)
+def test_a_policer_with_a_value_missing_is_a_warning(old: str, new: str, tmp_path: Path) -> None:
+    """Found by a tester mutating saved text: a police line with a value left out was a
+    traceback ('not a tc size'); now W614 at the filter, the rest imported."""
+    text = (DATA / "wondershaper.txt").read_text(encoding="utf-8")
+    assert old in text
+    saved = tmp_path / "saved.txt"
+    saved.write_text(text.replace(old, new), encoding="utf-8")
+    code, out, err = _cli("-i", "eth0", "--from", str(saved))
+    said = " ".join(err.split())
+    assert code == 0 and f"{saved}:36:1: warning: filter pref 50" in said, err
+    assert "its policer's rate, burst or mtu is not a value tc prints; left out [W614]" in said
+    written = [x for x in out.splitlines() if not x.strip().startswith("#")]
+    assert any("class" in x for x in written), out
+    assert not [x for x in written if "police" in x], out
+
+
+def test_saved_text_with_a_word_left_out_never_stops_import() -> None:
+    """Every saved text here, with one word of one line left out (the middle one, and the
+    last), imports or is refused with a diagnostic: never an exception."""
+    runs = 0
+    for path in sorted(DATA.glob("*.txt")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines):
+            words = line.split()
+            for drop in {len(words) // 2, len(words) - 1} if words else set():
+                cut = " ".join(w for i, w in enumerate(words) if i != drop)
+                text = "\n".join([*lines[:n], cut, *lines[n + 1 :]]) + "\n"
+                device = "r0" if "r0" in text else "eth0"
+                import_policy(DeviceText(device, str(path), text))
+                runs += 1
+    assert runs > 200, runs
+
+
 def test_filters_listed_without_their_parent_go_to_the_qdisc_of_their_flowid() -> None:
     """'tc filter show dev X parent 10:' names no parent: the flowid's major tells it."""
     code, out, err = _cli("-i", "lan0", "--from", str(DATA / "nested.txt"))

@@ -46,7 +46,14 @@ from tcdsl.verify.expect import (
     tbf_shown_size,
     tbf_ticks,
 )
-from tcdsl.verify.readback import Shown, TcClass, TcQdisc, parse_size, parse_time
+from tcdsl.verify.readback import (
+    UNREADABLE_POLICE,
+    Shown,
+    TcClass,
+    TcQdisc,
+    parse_size,
+    parse_time,
+)
 
 T = TypeVar("T")
 INDENT = "    "
@@ -685,6 +692,8 @@ def _police(entry: FilterEntry) -> tuple[tuple[str, ...], str | None, str | None
     other than police, a verdict the language has not)."""
     f = entry.filter
     others = [a for a in f.actions if a[0] != "police"]
+    if others and others[0][0] == UNREADABLE_POLICE:
+        return (), None, "its policer's rate, burst or mtu is not a value tc prints"
     if others:
         return (), None, f"its action '{others[0][0]}' has no word in the language"
     police = [a for a in f.actions if a[0] == "police"]

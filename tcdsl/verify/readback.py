@@ -677,6 +677,9 @@ Action = tuple[str | int, ...]
 """An action of a filter: ``("police", rate, burst, mtu, verdict)`` (bits/s, bytes),
 ``("connmark",)``, ``("mirred", "egress", "redirect", DEVICE)``; another as its first word."""
 
+UNREADABLE_POLICE = "police (a value unreadable)"
+"""The action :func:`parse_action` gives for a ``police`` line whose rate or size is not tc's."""
+
 _MIRRED = re.compile(r"mirred \((Egress|Ingress) (Redirect|Mirror) to device (\S+)\)")
 
 
@@ -690,13 +693,16 @@ def parse_action(line: str) -> Action | None:
         return None
     if words[0] == "police":
         verdict = _after(words, "action") or "?"
-        return (
-            "police",
-            parse_rate(_after(words, "rate") or "0bit"),
-            parse_size(_after(words, "burst") or "0b"),
-            parse_size(_after(words, "mtu") or "0b"),
-            verdict.split("/")[0],
-        )
+        try:
+            return (
+                "police",
+                parse_rate(_after(words, "rate") or "0bit"),
+                parse_size(_after(words, "burst") or "0b"),
+                parse_size(_after(words, "mtu") or "0b"),
+                verdict.split("/")[0],
+            )
+        except ValueError:  # saved text edited by hand: tc prints every value
+            return (UNREADABLE_POLICE,)
     if (m := _MIRRED.match(text)) is not None:
         return ("mirred", m.group(1).lower(), m.group(2).lower(), m.group(3))
     if words[0] == "skbedit" and (queue := _after(words, "queue_mapping")) is not None:
