@@ -776,6 +776,52 @@ def test_keys_read_after_the_ip_header_are_left_out(tmp_path: Path) -> None:
     assert not [d for d in _check(out, tmp_path).diagnostics if d.is_error], out
 
 
+def test_filters_alternating_between_classes_keep_the_kernels_order(tmp_path: Path) -> None:
+    """Found by a tester (tests/import_data/alternating.txt, saved from the host kernel):
+    filters at pref 1 to 1:10, 1:20, 1:10 were written class by class, so UDP from
+    10.9.0.1 (the third filter's) went to 1:10 where the kernel sent it to 1:20 (the
+    second's), with a W615 saying it 'matters only where they overlap'. Each run of one
+    class's filters gets a pref of its own, in order, and the prefs above go up (W615)."""
+    path = DATA / "alternating.txt"
+    code, out, err = _cli("-i", "a0", "--from", str(path))
+    said = " ".join(err.split())
+    assert code == 0, err
+    assert "written at prefs 1-3, one per run of one class's lines, in the kernel's order " \
+        "(the prefs above 1 are 2 higher)" in said, said  # fmt: skip
+    lines = [x.strip() for x in out.splitlines() if x.strip().startswith("match")]
+    assert lines == [
+        "match dport 53",
+        "match src 10.9.0.1 pref 3",
+        "match src 10.9.0.3 pref 4",
+        "match proto udp pref 2",
+    ], out
+    imported = tmp_path / "imported.tcp"
+    imported.write_text(out, encoding="utf-8")
+    for packet, want in (
+        ("udp src 10.9.0.1 dport 80", "1:20"),
+        ("udp src 10.9.0.1 dport 53", "1:10"),
+        ("tcp src 10.9.0.1 dport 80", "1:10"),
+        ("tcp src 10.9.0.3", "1:10"),
+        ("udp src 10.9.0.3", "1:20"),
+    ):
+        verdict = CliRunner().invoke(cli, ["classify", str(imported), "--packet", packet])
+        assert verdict.exit_code == 0 and f"({want})" in verdict.stdout, (packet, verdict.output)
+    # a line of both families among them: no pref keeps both orders, so the old warning
+    text = path.read_text(encoding="utf-8")
+    dual = text + (
+        "filter parent 1: protocol ipv6 pref 32769 u32 chain 0 \n"
+        "filter parent 1: protocol ipv6 pref 32769 u32 chain 0 fh 801: ht divisor 1 \n"
+        "filter parent 1: protocol ipv6 pref 32769 u32 chain 0 fh 801::800 order 2048 key ht "
+        "801 bkt 0 *flowid 1:20 not_in_hw \n  match 00001100/0000ff00 at 4\n"
+    )
+    saved = tmp_path / "dual.txt"
+    saved.write_text(dual, encoding="utf-8")
+    code, out, err = _cli("-i", "a0", "--from", str(saved))
+    assert code == 0 and "prefs of their own cannot keep their order here" in " ".join(
+        err.split()
+    ), err
+
+
 def test_filters_added_without_a_pref_in_a_dual_stack_tree_are_renumbered(
     tmp_path: Path,
 ) -> None:

@@ -909,6 +909,9 @@ class FilterSet:
     problems: list[tuple[Problem, str | None]] = field(default_factory=list)
     flower: bool = False
     """Its filters are flower filters (the tree's ``classifier flower``)."""
+    hashed: set[tuple[str, int]] = field(default_factory=set)
+    """The (protocol, pref) of the filters tcdsl laid out in u32 hash tables: read in an
+    order of the buckets, whose filters no packet meets together."""
 
 
 def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool) -> FilterSet:
@@ -935,6 +938,7 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
             roots.setdefault(e.filter.pref, set()).add(table)
     mixed = {pref: sorted(ids) for pref, ids in roots.items() if len(ids) > 1}
     entries, tabled = unhashed(entries)
+    out.hashed = {(e.filter.protocol, e.filter.pref) for e in entries if id(e) in tabled}
     for index, entry in enumerate(entries):
         f = entry.filter
         chain = _word_after(entry.head, "chain")
@@ -1609,27 +1613,78 @@ def _edges(lines: Sequence[Line]) -> dict[int, list[int]]:
 
 
 def _order(node: QdiscNode, fs: FilterSet, problems: list[Problem]) -> None:
-    """Order classes and lines as the kernel tries the filters; warn where no order does."""
-    _sort(node.classes, _edges(fs.lines))
-    got: dict[tuple[str, int], list[int]] = {}
-    for cn in _classes(node.classes):
-        for item in cn.items:
-            if isinstance(item, Line):
-                for protocol, pref, index in item.filters:
-                    got.setdefault((protocol, pref), []).append(index)
-    for key, indexes in sorted(got.items()):
-        if indexes != sorted(indexes):
-            line = min(fl.line for fl in fs.lines if any(f[:2] == key for f in fl.filters))
-            problems.append(
-                Problem(
-                    "W615",
-                    f"the {key[0]} filters at pref {key[1] or '(flower: all)'} of "
-                    f"{node.q.handle} alternate between "
-                    "classes: a policy tries a class's lines together, so they are written in "
-                    "another order, which matters only where they overlap",
-                    line,
-                )
+    """Order classes and lines as the kernel tries the filters; where the filters of a pref
+    alternate between classes (x y x, which no order of the classes gives), the lines after
+    the first class's run get prefs of their own, the free ones just above, in the kernel's
+    order; warn where none are free."""
+    while True:  # each split leaves its pref with one run: no pref is split twice
+        _sort(node.classes, _edges(fs.lines))
+        got: dict[tuple[str, int], list[int]] = {}
+        for cn in _classes(node.classes):
+            for item in cn.items:
+                if isinstance(item, Line):
+                    for protocol, pref, index in item.filters:
+                        got.setdefault((protocol, pref), []).append(index)
+        mixed = [key for key, indexes in sorted(got.items()) if indexes != sorted(indexes)]
+        if not [key for key in mixed if _split(node, fs, key, problems)]:
+            break
+    for key in mixed:
+        line = min(fl.line for fl in fs.lines if any(f[:2] == key for f in fl.filters))
+        problems.append(
+            Problem(
+                "W615",
+                f"the {key[0]} filters at pref {key[1] or '(flower: all)'} of "
+                f"{node.q.handle} alternate between "
+                "classes: a policy tries a class's lines together, and prefs of their own "
+                "cannot keep their order here (a line of both families among them, or no "
+                "pref left), so they are written in another order, which matters only where "
+                "they overlap",
+                line,
             )
+        )
+
+
+def _split(node: QdiscNode, fs: FilterSet, key: tuple[str, int], problems: list[Problem]) -> bool:
+    """Give the lines of ``key``'s pref after its first run of one class's lines the next
+    prefs up, one per run, in the kernel's order (W615), when they are free below the next
+    pref of the parent and the lines are of ``key``'s family alone; whether it did."""
+    protocol, pref = key
+    family = {"ip": "ipv4", "ipv6": "ipv6"}.get(protocol)
+    listed = sorted((i, line) for line in fs.lines for p, k, i in line.filters if (p, k) == key)
+    if family is None or not pref or key in fs.hashed:
+        return False
+    if any(line.family != family for _, line in listed):
+        return False
+    runs: list[list[Line]] = []
+    for _, line in listed:
+        if runs and runs[-1][-1].classid == line.classid:
+            runs[-1].append(line)
+        else:
+            runs.append([line])
+    written = listed[0][1].pref  # the line's pref (an IPv6 filter's is 32768 below)
+    more = len(runs) - 1
+    above = [line for line in fs.lines if line.pref > written]
+    highest = V6_PREF - 1 if any(line.family != "ipv4" for line in fs.lines) else 0xFFFF
+    if any(line.pref + more > highest for line in above):
+        return False
+    moved = written + more < min((line.pref for line in above), default=highest + 1)
+    for line in [] if moved else above:  # no free prefs: the prefs above go up
+        line.pref += more
+        line.filters = [(p, k + more, i) for p, k, i in line.filters]
+    for shift, run in enumerate(runs[1:], start=1):
+        for line in run:
+            line.pref += shift
+            line.filters = [(p, k + shift if (p, k) == key else k, i) for p, k, i in line.filters]
+    first = listed[0][1].line
+    message = (
+        f"the {protocol} filters at pref {pref} of {node.q.handle} alternate between classes, "
+        "and a policy tries a class's lines at one pref together: written at prefs "
+        f"{written}-{written + more}, one per run of one class's lines, in the kernel's order"
+        + ("" if moved else f" (the prefs above {written} are {more} higher)")
+        + ", so that apply builds them again"
+    )
+    problems.append(Problem("W615", message, first))
+    return True
 
 
 # ==== writing ==================================================================================
