@@ -822,6 +822,34 @@ def test_filters_alternating_between_classes_keep_the_kernels_order(tmp_path: Pa
     ), err
 
 
+def test_a_filter_to_an_inner_class_goes_where_htb_sends_it(tmp_path: Path) -> None:
+    """Found by a tester (tests/import_data/inner-class.txt, saved from the host kernel): a
+    filter with flowid 1:1, an inner class, was written as a line of it, which does not
+    compile (E609 advised moving it into a child: another class). htb sends such a packet
+    on to the inner class's own filters and, with none, to the default class: the line is
+    written there (W621); with no leaf default (the direct queue), left out (W621)."""
+    path = DATA / "inner-class.txt"
+    code, out, err = _cli("-i", "a0", "--from", str(path))
+    said = " ".join(err.split())
+    assert code == 0, err
+    assert "a filter (pref 4) sends to 1:1, an inner class without filters of its own, and " \
+        "htb then sends the packet to the default class 1:30: written there" in said  # fmt: skip
+    imported = tmp_path / "imported.tcp"
+    imported.write_text(out, encoding="utf-8")
+    for packet, want in (("udp dst 10.9.0.2", "1:30"), ("udp dst 10.9.0.3", "1:10")):
+        verdict = CliRunner().invoke(cli, ["classify", str(imported), "--packet", packet])
+        assert verdict.exit_code == 0 and f"({want})" in verdict.stdout, (packet, verdict.output)
+    text = path.read_text(encoding="utf-8")
+    assert " default 0x30 " in text
+    saved = tmp_path / "no-default.txt"
+    saved.write_text(text.replace(" default 0x30 ", " default 0 "), encoding="utf-8")
+    code, out, err = _cli("-i", "a0", "--from", str(saved))
+    said = " ".join(err.split())
+    assert code == 0 and "its direct queue (unshaped: no leaf is its default)" in said, err
+    written = [x for x in out.splitlines() if not x.strip().startswith("#")]
+    assert not [x for x in written if "10.9.0.2" in x] and "[W621]" in said, out
+
+
 def test_filters_added_without_a_pref_in_a_dual_stack_tree_are_renumbered(
     tmp_path: Path,
 ) -> None:

@@ -1481,11 +1481,45 @@ def _build(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> Qdis
             node.body_notes.append(problem)
     for fl in fs.lines:
         nodes[fl.classid].items.append(fl)
+    if q.kind == "htb":
+        _to_inner_classes(q, nodes, dev, fs)
     node.marks = fs.marks
     node.flower = fs.flower
     node.family = _tree_family(fs)
     _order(node, fs, problems)
     return node
+
+
+def _to_inner_classes(q: TcQdisc, nodes: dict[str, ClassNode], dev: _Device, fs: FilterSet) -> None:
+    """Lines whose filter gives an inner class: htb goes on with that class's own filters,
+    and with none, sends the packet to the default class (its direct queue, unshaped, when
+    the default is no leaf). Written in the default class (W621); with no leaf default, left
+    out (W621); an inner class with filters of its own keeps them (E609 then says so)."""
+    default = _value(q.options, "default")
+    leaf = f"{_major(q.handle)}:{default:x}" if isinstance(default, int) and default else ""
+    if leaf not in nodes or nodes[leaf].children:
+        leaf = ""
+    for fl in list(fs.lines):
+        inner = nodes[fl.classid]
+        if not inner.children or dev.filters.get(fl.classid):
+            continue
+        inner.items.remove(fl)
+        head = (
+            f"a filter (pref {fl.pref}) sends to {fl.classid}, an inner class without filters "
+            "of its own, and htb then sends the packet to"
+        )
+        if leaf:
+            fl.classid = leaf
+            nodes[leaf].items.append(fl)
+            message = f"{head} the default class {leaf}: written there"
+            nodes[leaf].items.append(Comment(Problem("W621", message, fl.line)))
+        else:
+            fs.lines.remove(fl)
+            message = (
+                f"{head} its direct queue (unshaped: no leaf is its default), which no line "
+                "says; left out (a later line may take its packets now)"
+            )
+            inner.items.append(Comment(Problem("W621", message, fl.line)))
 
 
 def _one_family(root: QdiscNode) -> None:
