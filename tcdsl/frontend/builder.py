@@ -46,6 +46,7 @@ from tcdsl.frontend.values import (
     join,
     parse_decimal,
     parse_int,
+    refs,
 )
 from tcdsl.units import Dimension
 
@@ -171,6 +172,23 @@ class Builder(Transformer[Token, Any]):
                 self.scope.broken.setdefault(str(name), span)
                 return
             self.scope.constants[str(name)] = (Address(net, self.sp(value)), span)
+            return
+        unknown = [r for r in refs(value) if r.name not in self.scope.constants]
+        if unknown:  # evaluated at each use, it would see later constants, or itself
+            ref = unknown[0]
+            why = (
+                "refers to itself"
+                if ref.name == str(name)
+                else f"uses '{ref.name}', which is not defined before it"
+            )
+            if "-" in ref.name:
+                why += f" (to subtract, put spaces around '-': {ref.name.replace('-', ' - ')})"
+            said = ref.name in self.scope.broken  # that constant's own error says it
+            self.scope.broken.setdefault(str(name), span)
+            if said:
+                return
+            msg = f"constant '{name}' {why}; constants must be defined before they are used"
+            self.error(Diagnostic.error("E103", msg, ref.span))
             return
         self.scope.constants[str(name)] = (value, span)
 

@@ -56,6 +56,15 @@ class Bin:
 Expr = Lit | Pct | Ref | Bin
 
 
+def refs(expr: Expr) -> list[Ref]:
+    """The constants ``expr`` names, left to right."""
+    if isinstance(expr, Ref):
+        return [expr]
+    if isinstance(expr, Bin):
+        return refs(expr.left) + refs(expr.right)
+    return []
+
+
 @dataclass(frozen=True, slots=True)
 class Address:
     """An address constant (IPv4 or IPv6)."""
