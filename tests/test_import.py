@@ -556,6 +556,18 @@ def test_saved_text_with_a_word_left_out_never_stops_import() -> None:
     assert runs > 200, runs
 
 
+def test_a_device_name_a_policy_cannot_write_is_refused(tmp_path: Path) -> None:
+    """Found by a tester: a device named q"x (Linux takes it) was imported as
+    'interface "q\\"x"', which the lexer cannot read (E609 after the fact): a usage error
+    now, saying what to do."""
+    text = (DATA / "wondershaper.txt").read_text(encoding="utf-8").replace("eth0", 'q"x')
+    saved = tmp_path / "saved.txt"
+    saved.write_text(text, encoding="utf-8")
+    code, out, err = _cli("-i", 'q"x', "--from", str(saved))
+    assert code == 2 and out == "", (out, err)
+    assert "holds a quote, which a policy cannot write" in " ".join(err.split()), err
+
+
 def test_filters_listed_without_their_parent_go_to_the_qdisc_of_their_flowid() -> None:
     """'tc filter show dev X parent 10:' names no parent: the flowid's major tells it."""
     code, out, err = _cli("-i", "lan0", "--from", str(DATA / "nested.txt"))

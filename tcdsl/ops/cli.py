@@ -480,6 +480,13 @@ def import_command(interface: str, from_file: str | None, output: str | None, fm
         except ReadError:
             return None
 
+    if '"' in interface or "\n" in interface:
+        raise click.BadParameter(
+            f"{interface!r} holds a {'quote' if chr(34) in interface else 'line break'}, which "
+            "a policy cannot write (its strings have no escapes): rename the device "
+            "(ip link set dev NAME name NEW) and import it again",
+            param_hint="'-i'",
+        )
     try:
         if from_file is not None:
             result = import_policy(read_file(from_file, interface))
