@@ -257,6 +257,27 @@ def test_the_bytes_after_the_ip_header_are_what_a_host_sends() -> None:
     assert parse_packet("proto gre").ip_packet()[20:24] == bytes(4)
 
 
+@pytest.mark.parametrize(
+    ("spec", "length", "refused"),
+    [
+        ("udp iplen 28", 28, "udp iplen 27"),
+        ("icmp iplen 28", 28, "icmp iplen 27"),
+        ("tcp iplen 40", 40, "tcp iplen 39"),
+        ("proto gre iplen 20", 20, "proto gre iplen 19"),
+        ("ipv6 udp iplen 48", 48, "ipv6 udp iplen 47"),
+        ("ipv6 udp hbh iplen 56", 56, "ipv6 udp hbh iplen 55"),
+    ],
+)
+def test_the_shortest_packet_is_the_protocols(spec: str, length: int, refused: str) -> None:
+    """Found by a tester: every packet had to hold 20 bytes after its IP headers, so an
+    empty UDP datagram (28 bytes) could not be asked about; the least is the protocol's
+    header, and the bytes a key reads end with the packet."""
+    packet = parse_packet(spec)
+    assert len(packet.header()) == length == packet.size - 14
+    with pytest.raises(SpecError, match="is outside"):
+        parse_packet(refused)
+
+
 def test_a_port_line_matching_a_packet_without_ports_says_what_it_read(tmp_path: Path) -> None:
     policy = _text_policy(
         tmp_path,

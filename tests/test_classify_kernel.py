@@ -546,8 +546,9 @@ else:
         ("ping 2001:db8:99::2 56", "icmpv6 src 2001:db8:99::1 dst 2001:db8:99::2 iplen 104"),
         ("udp 10.99.0.2 100", "udp src 10.99.0.1 dst 10.99.0.2 iplen 128"),
         ("udp 10.99.0.2 1000", "udp src 10.99.0.1 dst 10.99.0.2 iplen 1028"),
+        ("udp 10.99.0.2 0", "udp src 10.99.0.1 dst 10.99.0.2 iplen 28"),
     ],
-    ids=["ping", "ping6", "udp-100", "udp-1000"],
+    ids=["ping", "ping6", "udp-100", "udp-1000", "udp-empty"],
 )
 def test_a_packet_a_socket_sends_ends_where_classify_says(
     sent: str, spec: str, host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
@@ -556,7 +557,8 @@ def test_a_packet_a_socket_sends_ends_where_classify_says(
     length of 0 and no ICMP header, so a ping (whose type and code a port line reads as
     sport 2048) and a long datagram (its length at byte 24) went elsewhere in the kernel than
     classify said. Here the kernel builds the packets (ping sockets, a UDP socket) and the
-    counter of classify's class moves."""
+    counter of classify's class moves (an empty datagram too: classify took no packet
+    shorter than 40 bytes)."""
     result, ns = _applied(HOST_SENT, host, make_netns, tmp_path)
     assert result.policy is not None
     run_ns = ["ip", "netns", "exec", ns, "sysctl", "-qw"]

@@ -50,15 +50,16 @@ def test_iplen_is_the_ip_packets_length() -> None:
         ("ipv6 ack iplen 101", "\\(iplen 60-100\\)"),
         ("tcp dport", "'dport' needs a value"),
         ("tcp rate 1mbit", "unexpected 'rate'"),
-        ("size 10", "size 10 is outside 54-65549 bytes: size counts the frame on the wire"),
+        ("size 10", "size 10 is outside 42-65549 bytes: size counts the frame on the wire"),
         (
-            "size 52",
+            "tcp size 52",
             "the 14-byte Ethernet header included; for an IP packet of 52 bytes write "
             "'iplen 52' \\(size 66\\)",
         ),
-        ("size 65550", "size 65550 is outside 54-65549 bytes: size counts the frame"),
-        ("iplen 39", "iplen 39 is outside 40-65535 bytes \\(an IP header and 20 bytes"),
-        ("iplen 65536", "iplen 65536 is outside 40-65535 bytes$"),
+        ("size 65550", "size 65550 is outside 42-65549 bytes: size counts the frame"),
+        ("iplen 27", "iplen 27 is outside 28-65535 bytes \\(an IP header and 8 bytes of UDP"),
+        ("tcp iplen 39", "iplen 39 is outside 40-65535 bytes \\(an IP header and 20 bytes"),
+        ("iplen 65536", "iplen 65536 is outside 28-65535 bytes$"),
         ("iplen many", "iplen needs a size such as 1500 or 1k, found 'many'"),
         ("iplen 100 size 114", "gives its size twice \\(as 'iplen' and as 'size'\\); give it once"),
         ("tcp dport 80 dport 81", "gives its dport twice; give it once"),
@@ -156,8 +157,8 @@ def test_ipv6_packet_words() -> None:
         ("ipv6 ipv6 tcp", "gives its family twice"),
         ("ipv6 hbh hbh", "gives 'hbh' twice"),
         ("ipv6 frag laterfrag", "gives 'laterfrag' twice"),
-        ("ipv6 hbh iplen 60", "iplen 60 is outside 68-65575 bytes \\(the IPv6 headers"),
-        ("ipv6 size 60", "size 60 is outside 74-65589 bytes"),
+        ("ipv6 hbh iplen 55", "iplen 55 is outside 56-65575 bytes \\(the IPv6 headers"),
+        ("ipv6 size 60", "size 60 is outside 62-65589 bytes"),
     ],
 )
 def test_bad_ipv6_packets(text: str, message: str) -> None:

@@ -168,7 +168,8 @@ class Packet:
     def header(self) -> bytes:
         """The packet's bytes from the IP header on, as the kernel's u32 reads them: the IPv4
         header without options, or IPv6's 40-byte fixed header and its extension headers;
-        then the first 20 bytes of the transport header (all a key of the language reads)."""
+        then the first 20 bytes of the transport header (all a key of the language reads), or
+        fewer: the packet ends there (a key past its end makes u32 give up)."""
         if self.family == "ipv6":
             chain = [*self.ext, self.proto]
             exts = b"".join(
@@ -176,13 +177,13 @@ class Packet:
                 for i, kind in enumerate(self.ext)
             )
             first = chain[0] if chain[0] >= 0 else FRAGMENT
-            payload = max(self.size - ETHERNET_HEADER, 40 + len(exts) + 20) - 40
+            payload = max(self.size - ETHERNET_HEADER, 40 + len(exts)) - 40
             fixed = bytes([0x60 | self.tos >> 4, (self.tos & 0x0F) << 4, 0, 0])
             fixed += payload.to_bytes(2, "big") + bytes([first, 64])
             fixed += self.src.to_bytes(16, "big") + self.dst.to_bytes(16, "big")
-            return fixed + exts + self._transport(payload - len(exts))
-        total = max(self.size - ETHERNET_HEADER, 40)
-        transport = self._transport(total - 20)
+            return (fixed + exts + self._transport(payload - len(exts)))[: 40 + payload]
+        total = max(self.size - ETHERNET_HEADER, 20)
+        transport = self._transport(total - 20)[: total - 20]
         frag = 0x4000
         if self.ext:
             frag = 0x2000 if FRAGMENT in self.ext else FRAGMENT_OFFSET
@@ -254,30 +255,29 @@ def _address(word: str, what: str) -> tuple[Family, int]:
     return ("ipv4" if address.version == 4 else "ipv6"), int(address)
 
 
-MIN_IP_LENGTH = 40
-"""The shortest IPv4 packet modelled: an IP header and 20 bytes of transport header."""
+MIN_TRANSPORT: dict[int, int] = {6: 20, 17: 8, 136: 8, 1: 8, 58: 8, 132: 12, 33: 12}
+"""The shortest header of a protocol (TCP, UDP, UDP-Lite, ICMP, ICMPv6, SCTP, DCCP): what a
+packet of it holds at least after the IP headers (0 for another protocol)."""
 
 
-def _length(word: str, value: str, least: int) -> int:
+def _length(word: str, value: str, least: tuple[int, str], family: Family) -> int:
     """``size B`` (the frame, as tc counts it) or ``iplen B`` (the IP packet), as a size;
-    ``least``: the shortest IP packet of this spec (its headers and 20 bytes after them)."""
+    ``least``: the shortest IP packet of this spec, and what it holds (:func:`_least`)."""
     try:
         number = int(str(parse_size(value)))
     except ValueError:
         raise SpecError(f"{word} needs a size such as 1500 or 1k, found {value!r}") from None
     extra = ETHERNET_HEADER if word == "iplen" else 0
-    lo, hi = least + ETHERNET_HEADER - extra, 65535 + ETHERNET_HEADER - extra
-    if least > MIN_IP_LENGTH:  # IPv6: the payload length has 16 bits, the fixed header apart
+    lo, hi = least[0] + ETHERNET_HEADER - extra, 65535 + ETHERNET_HEADER - extra
+    if family == "ipv6":  # the payload length has 16 bits, the fixed header apart
         hi += 40
     if lo <= number <= hi:
         return number + extra
     if word == "iplen":
-        least_words = " (an IP header and 20 bytes of TCP or UDP header)" if number < lo else ""
-        if number < lo and least > MIN_IP_LENGTH:
-            least_words = " (the IPv6 headers and 20 bytes of TCP or UDP header)"
+        least_words = f" ({least[1]})" if number < lo else ""
         raise SpecError(f"iplen {number} is outside {lo}-{hi} bytes{least_words}")
     hint = ""
-    if least <= number < lo:
+    if least[0] <= number < lo:
         frame = number + ETHERNET_HEADER
         hint = f"; for an IP packet of {number} bytes write 'iplen {number}' (size {frame})"
     raise SpecError(
@@ -317,11 +317,21 @@ FAMILY_WORDS: dict[str, Family] = {"ipv4": "ipv4", "ipv6": "ipv6"}
 _ONE_FAMILY: dict[int, Family] = {1: "ipv4", 58: "ipv6"}
 
 
-def _header_length(family: Family, ext: tuple[int, ...]) -> int:
-    """The shortest IP packet with these headers: IP (and extension) headers, 20 bytes more."""
+def _ip_headers(family: Family, ext: tuple[int, ...]) -> int:
+    """The length of the IP header and the extension headers."""
     if family == "ipv4":
-        return MIN_IP_LENGTH
-    return 40 + sum(24 if kind == AUTH else 8 for kind in ext) + 20
+        return 20
+    return 40 + sum(24 if kind == AUTH else 8 for kind in ext)
+
+
+def _least(family: Family, ext: tuple[int, ...], proto: int) -> tuple[int, str]:
+    """The shortest IP packet of a spec, and what it holds in words."""
+    ip = "the IPv6 headers" if family == "ipv6" else "an IP header"
+    transport = 0 if LATER_FRAGMENT in ext else MIN_TRANSPORT.get(proto, 0)
+    words = ip
+    if transport:
+        words += f" and {transport} bytes of {protocol_name(proto)} header"
+    return _ip_headers(family, ext) + transport, words
 
 
 def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
@@ -414,9 +424,10 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
         raise SpecError(f"{name} has no ports: drop '{ports[0]}', or make it a tcp or udp packet")
     if "tcp_flags" in fields and proto != 6:
         raise SpecError("'flags' are TCP flags; the packet cannot have another protocol")
-    least = _header_length(family, tuple(ext))
+    shortest = _least(family, tuple(ext), proto)
+    least = _ip_headers(family, tuple(ext)) + MIN_TRANSPORT[6]  # a bare ACK's, below
     if length is not None:
-        fields["size"] = _length(*length, least)
+        fields["size"] = _length(*length, shortest, family)
     if fields.get("ack_only"):
         if fields.get("proto") != 6:
             raise SpecError("'ack' is a TCP packet; it cannot have another protocol")
