@@ -252,11 +252,13 @@ exec REAL "$@"
 """
 
 
-@pytest.mark.parametrize("sig", ["INT", "TERM"])
+@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP"])
 def test_a_signal_during_apply_takes_the_change_back_in_place(
     tcdsl: Tcdsl, host: HostSupport, sig: str
 ) -> None:
-    """Ctrl-C (SIGINT) or a service stop (SIGTERM) while apply changes the kernel: the step
+    """Ctrl-C (SIGINT), a service stop (SIGTERM) or a lost session (SIGHUP: found by a
+    tester, it ended tcdsl mid-change, its --confirm timer never started) while apply
+    changes the kernel: the step
     under way finishes, then the change is undone in place as after a failed command: the old
     policy's trees and counters are kept, no record says the new one, and the exit status is
     the shell's for the signal. (Before, SIGINT exited 130 at once, SIGTERM killed tcdsl, and
@@ -286,6 +288,23 @@ def test_a_signal_during_apply_takes_the_change_back_in_place(
     ), again
 
 
+def test_a_signal_that_stops_the_step_under_way_says_so(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: a service stop signals tc too; the batch under way, killed, said
+    nothing, and the message read ': the change stopped after the step under way' (an empty
+    text first, the signal not named, the step said to have finished). The change is taken
+    back as before, and the message names the signal and the cut-short step."""
+    b = tcdsl.write("p.tcp", B)
+    assert tcdsl("apply", "--yes", b).code == 0
+    wrapper = SIGNALLING_TC.replace('kill -SIGNAL "$PPID";', 'kill -TERM "$PPID" $$;')
+    done = _with_tc(tcdsl, wrapper, "apply", "--yes", tcdsl.write("p.tcp", A))
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 143, (done.returncode, done.stdout, done.stderr)
+    assert "SIGTERM came while the kernel changed, and cut the step under way short (tc was " \
+        "stopped by SIGTERM); the previous state was restored" in said, said  # fmt: skip
+    assert "rate 4Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
+    assert tcdsl("plan", tcdsl.write("p.tcp", B)).out == "no changes\n"
+
+
 LATE_TC = """\
 #!/bin/sh
 # tc, but the first tc run once the new generation's record exists (the kernel read that
@@ -299,7 +318,7 @@ exec REAL "$@"
 """
 
 
-@pytest.mark.parametrize("sig", ["INT", "TERM"])
+@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP"])
 def test_a_signal_after_the_last_change_keeps_the_change_and_its_record(
     tcdsl: Tcdsl, host: HostSupport, sig: str
 ) -> None:
@@ -319,6 +338,36 @@ def test_a_signal_after_the_last_change_keeps_the_change_and_its_record(
     confirmed = tcdsl("confirm", "p")
     assert confirmed.code == 0 and "generation 2" in confirmed.out, confirmed
     assert tcdsl("plan", b).code == 0
+
+
+STOPPED_READER_TC = """\
+#!/bin/sh
+# tc, but the first 'class show' once the new generation's record exists (the reading the
+# record's digest is made from, after the last change) is stopped by SIGTERM, as a service
+# stop stops every process of its group: its listing is cut short
+case "$*" in *"class show"*)
+    if [ -e RECORD ] && [ ! -e "$0.sent" ]; then
+        : > "$0.sent"
+        kill -TERM $$
+    fi ;;
+esac
+exec REAL "$@"
+"""
+
+
+def test_a_reading_stopped_by_a_signal_is_made_again(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: a service stop signals the tc that reads the kernel for the
+    record; its cut-short listing was hashed and recorded, and the next 'plan' said the
+    kernel had changed since the apply (exit 4) where nothing had. A reading killed by a
+    signal is made again."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    record = tcdsl.folder / "state" / "p" / "applied" / "2.json"
+    wrapper = STOPPED_READER_TC.replace("RECORD", str(record))
+    b = tcdsl.write("p.tcp", B)
+    done = _with_tc(tcdsl, wrapper, "apply", "--yes", b)
+    assert done.returncode == 0 and "(generation 2)" in done.stdout, done
+    again = tcdsl("plan", b)
+    assert again.code == 0 and again.out == "no changes\n", again
 
 
 def test_what_the_kernel_lacks_is_refused_before_any_change(

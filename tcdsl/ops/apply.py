@@ -35,9 +35,10 @@ def run_command(argv: Sequence[str], stdin: str | None = None) -> subprocess.Com
     return done
 
 
-DEFERRED = (signal.SIGINT, signal.SIGTERM)
+DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The signals that, while the kernel changes, stop the change at the end of the step under
-way and take it back (as a failed command does), instead of ending tcdsl there."""
+way and take it back (as a failed command does), instead of ending tcdsl there: Ctrl-C, a
+service stop, and the hangup of a lost session (the one ``--confirm`` is for)."""
 
 
 @contextlib.contextmanager
@@ -106,7 +107,7 @@ class ApplyFailed(Exception):
         self.failure = failure
         self.restored = restored
         self.signal = signal
-        """The signal (SIGINT, SIGTERM) that stopped the plan, if one did."""
+        """The signal (SIGINT, SIGTERM, SIGHUP) that stopped the plan, if one did."""
         self.untouched = untouched
         """The plan stopped before its first change (a signal came while it was made)."""
         self.in_place = in_place
@@ -147,7 +148,7 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
                 waits = iter(SETTLE_WAITS if step.settle else ())
             wait = next(waits, None) if "in-use" in done.stderr else None
             if wait is None:
-                return Failure("tc " + " ".join(commands[n]), done.stderr.strip(), step.origins[n])
+                return Failure("tc " + " ".join(commands[n]), _said(done), step.origins[n])
             time.sleep(wait)
             start = n  # the commands before it were made
     for command, origin in zip(step.commands, step.origins, strict=True):
@@ -158,8 +159,17 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
             continue
         done = runner([step.tool, *command], step.stdin)
         if done.returncode != 0 and step.fatal:
-            return Failure(f"{step.tool} " + " ".join(command), done.stderr.strip(), origin)
+            return Failure(f"{step.tool} " + " ".join(command), _said(done), origin)
     return None
+
+
+def _said(done: subprocess.CompletedProcess[str]) -> str:
+    """Why a command failed: what it said, or the signal that stopped it, or its status."""
+    if done.stderr.strip():
+        return done.stderr.strip()
+    if done.returncode < 0:
+        return f"{done.args[0]} was stopped by {signal.Signals(-done.returncode).name}"
+    return f"{done.args[0]} exited with status {done.returncode}, saying nothing"
 
 
 def _is_ifb(device: str, runner: Runner) -> bool:
@@ -176,11 +186,18 @@ def run_plan(
         if caught:
             break
         failure = run_step(step, runner)
+        if failure is not None and caught:  # the signal stopped the step's command too
+            name = _name(caught)
+            message = f"{name} came while the kernel changed, and cut the step under way short"
+            return Failure(failure.command, f"{message} ({failure.message})", failure.origin)
         if failure is not None:
             return failure
     if caught:
         name = _name(caught)
-        return Failure(name, f"{name} came while the kernel changed", None)
+        message = (
+            f"{name} came while the kernel changed: the change stopped after the step under way"
+        )
+        return Failure(name, message, None)
     return None
 
 
@@ -209,7 +226,7 @@ def apply_policy(
     and their classification kept), where the kernel is then the old policy again; else with
     the plan ``restore`` makes (the old policy built again), restored only if every command
     of it ran and ``rebuilt`` (the kernel is the old policy: read back) says so. Both plans
-    are made only then, as they compile the old policy. SIGINT and SIGTERM stop the plan at
+    are made only then, as they compile the old policy. SIGINT, SIGTERM and SIGHUP stop the plan at
     the end of the step under way, and the change is taken back the same way."""
     with deferred_signals() as caught:
         if caught:

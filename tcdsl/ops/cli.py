@@ -142,7 +142,7 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
     if e.signal is not None:  # the shell's status for a command a signal ended
         how = "in place, the trees and counters kept" if e.in_place else "built again"
         then = f"{then} ({how})" if e.restored else then
-        message = f"{f.message}: the change stopped after the step under way; {then}"
+        message = f"{f.message}; {then}"
         _fail(FAILED, message, status=128 + e.signal)
     name = f.origin.what if f.origin is not None else "the change"
     span = f.origin.span if f.origin is not None else None
@@ -312,7 +312,7 @@ def _apply(
             click.echo("tcdsl: nothing was changed", err=True)
             sys.exit(EXIT_FAILED)
     try:
-        # SIGINT and SIGTERM held from the first change to the record (the plan stops at
+        # SIGINT, SIGTERM and SIGHUP held from the first change to the record (the plan stops at
         # the end of a step and takes the change back; after its last step, it stands)
         with collector_paused(), deferred_signals() as caught:
             applied = apply(prepared, policy, result.sources, seconds)

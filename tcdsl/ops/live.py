@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic
+from tcdsl.ops.state import OpsError
 from tcdsl.verify.compare import compare_state
 from tcdsl.verify.expect import expected_policy
 from tcdsl.verify.readback import (
@@ -31,29 +32,41 @@ _C = {**os.environ, "LC_ALL": "C"}
 their own, out of the terminal's Ctrl-C: a read cut short would leave a wrong digest."""
 
 
+READ_ATTEMPTS = 3
+"""How many times a reading killed by a signal is made before giving up."""
+
+
+def _read(argv: list[str], script: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a command that reads the kernel, in a session of its own; one killed by a signal
+    (a service stop signals every process of its group, readers too) is run again: its
+    text, cut short, would be taken for the kernel's state (and recorded as such)."""
+    for _ in range(READ_ATTEMPTS):
+        done = subprocess.run(
+            argv, input=script, capture_output=True, text=True, check=False, timeout=120,
+            env=_C, start_new_session=True,
+        )  # fmt: skip
+        if done.returncode >= 0:
+            return done
+    raise OpsError(
+        f"reading the kernel with '{' '.join(argv[:4])} ...' was stopped by a signal "
+        f"{READ_ATTEMPTS} times; what it read is not used"
+    )
+
+
 def _tc(*args: str) -> str:
-    done = subprocess.run(
-        ["tc", *args], capture_output=True, text=True, check=False, timeout=120, env=_C,
-        start_new_session=True,
-    )  # fmt: skip
+    done = _read(["tc", *args])
     return done.stdout if done.returncode == 0 else ""
 
 
 def device_exists(name: str) -> bool:
     """Whether the network device exists (in this namespace)."""
-    done = subprocess.run(
-        ["ip", "link", "show", "dev", name], capture_output=True, text=True, check=False
-    )
-    return done.returncode == 0
+    return _read(["ip", "link", "show", "dev", name]).returncode == 0
 
 
 def link_kind(name: str) -> str | None:
     """The kind of the network device (``ifb``, ``veth``; ``""`` for one without a kind, a
     physical NIC's), None when there is no such device (in this namespace)."""
-    done = subprocess.run(
-        ["ip", "-d", "-j", "link", "show", "dev", name], capture_output=True, text=True,
-        check=False, env=_C,
-    )  # fmt: skip
+    done = _read(["ip", "-d", "-j", "link", "show", "dev", name])
     return info_kind(done.stdout) if done.returncode == 0 else None
 
 
@@ -71,10 +84,7 @@ def tx_queue_count(name: str) -> tuple[int | None, int | None]:
     ``num_tx_queues``), and how many of them are in use (``real_num_tx_queues``: the
     ``queues/tx-N`` of /sys, which shows the namespace it was mounted in, so read only when
     its device has this one's index and address); None for what cannot be read."""
-    done = subprocess.run(
-        ["ip", "-d", "-j", "link", "show", "dev", name], capture_output=True, text=True,
-        check=False, env=_C,
-    )  # fmt: skip
+    done = _read(["ip", "-d", "-j", "link", "show", "dev", name])
     try:
         link = json.loads(done.stdout)[0] if done.returncode == 0 else {}
     except (ValueError, LookupError, TypeError):
@@ -193,10 +203,7 @@ def filter_listings(name: str, parents: Sequence[str], likely: Collection[str] =
     script = "".join(f"filter show dev {name} parent {p}\n" for p in others)
     found: set[str] = set()
     if others:
-        done = subprocess.run(
-            ["tc", "-j", "-force", "-batch", "-"], input=script, capture_output=True,
-            text=True, check=False, env=_C, start_new_session=True,
-        )  # fmt: skip
+        done = _read(["tc", "-j", "-force", "-batch", "-"], script)
         lines = done.stdout.splitlines()
         if len(lines) == len(others):
             found = {p for p, line in zip(others, lines, strict=True) if line.strip() != "[]"}
@@ -223,10 +230,7 @@ def _separated(name: str, parents: Sequence[str]) -> list[str]:
     mark = f"qdisc show dev {name}"
     count = sum(1 for line in _tc(*mark.split()).splitlines() if line.startswith("qdisc "))
     script = "".join(f"filter show dev {name} parent {p}\n{mark}\n" for p in parents)
-    done = subprocess.run(
-        ["tc", "-batch", "-"], input=script, capture_output=True, text=True, check=False,
-        env=_C, start_new_session=True,
-    )  # fmt: skip
+    done = _read(["tc", "-batch", "-"], script)
     listings: list[list[str]] = [[]]
     seen = 0
     for line in done.stdout.splitlines(keepends=True):
@@ -242,10 +246,10 @@ def _separated(name: str, parents: Sequence[str]) -> list[str]:
 
 
 def _save(tool: str) -> str:
-    done = subprocess.run(
-        [f"{tool}-save", "-t", "mangle"], capture_output=True, text=True, check=False,
-        start_new_session=True,
-    )  # fmt: skip
+    try:
+        done = _read([f"{tool}-save", "-t", "mangle"])
+    except FileNotFoundError:  # not installed: no rules of it
+        return ""
     return done.stdout if done.returncode == 0 else ""
 
 
