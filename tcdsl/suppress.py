@@ -39,7 +39,9 @@ class Comment:
 
 def comments(text: str) -> Iterator[Comment]:
     """Yield the comments of a policy text, skipping ``#`` inside strings."""
-    for number, line in enumerate(text.splitlines(), 1):
+    # lines end at "\n" alone, as the lexer's do (splitlines() also splits at a form feed,
+    # U+0085 or U+2028, which would put every later comment on the wrong line)
+    for number, line in enumerate(text.split("\n"), 1):
         if "#" not in line:
             continue
         if '"' not in line:

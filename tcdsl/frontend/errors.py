@@ -106,7 +106,9 @@ def syntax_error(
     if isinstance(err, UnexpectedToken):
         token = err.token
         if token.type == "$END":
-            lines = text.splitlines() or [""]
+            lines = text.split("\n")  # "\n" alone ends a line, as for the lexer
+            if len(lines) > 1 and not lines[-1]:
+                lines.pop()  # the end of the last line
             line, column = len(lines), len(lines[-1]) + 1
             span = Span(path, line, column, line, column + 1)
         else:
