@@ -85,6 +85,30 @@ def _class_section(text: str, heading: str) -> str:
     return " ".join(text[start:end].split())
 
 
+def test_a_line_an_earlier_one_hides_is_said_never_to_match() -> None:
+    """Found by a tester: explain described a line check reports as never matching (W312,
+    W313) as if it took its packets; it says so now, where the line is listed."""
+    text = " ".join(
+        explain(
+            _inline(
+                "interface eth0 htb rate 10mbit default b {\n"
+                "    class ssh rate 1mbit match proto tcp dport 22\n"
+                "    class ssh2 rate 1mbit match proto tcp dport 22 src 10.0.0.1\n"
+                "    class web rate 1mbit match dport 80\n"
+                "    class web2 rate 1mbit match dport 80\n"
+                "    class ok rate 1mbit match dport 81\n"
+                "    class b rate 1mbit\n}\n"
+            ),
+            "text",
+        ).split()
+    )
+    assert "IPv4 TCP packets from 10.0.0.1 to port 22 (it never matches: an earlier line " \
+        "sends every packet it would match to class 'ssh'; W312)" in text, text  # fmt: skip
+    assert "packets to port 80 (it never matches: class 'web' matches exactly these packets " \
+        "with an earlier line; W313)" in text, text  # fmt: skip
+    assert text.count("it never matches") == 2, text
+
+
 def test_office_web_borrows_from_the_link() -> None:
     text = explain(_policy("policies/office.tcp"), "text")
     web = _class_section(text, "class 'web' (1:30)")

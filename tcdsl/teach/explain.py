@@ -22,7 +22,9 @@ from tcdsl import ir, linklayer
 from tcdsl.allocate import IPV6_PREF_OFFSET, default_minor
 from tcdsl.checks import children_overbook
 from tcdsl.commands import DOWNLOAD_HOOKS, IFB_TXQUEUELEN, mark_text
+from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.directions import PRIVATE
+from tcdsl.lint import filters_all_reachable
 from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     HTB_DEFAULT_R2Q,
@@ -323,8 +325,10 @@ _UNSEEN_DOWNLOAD = (
 class _Explainer:
     """Builds the blocks of one policy; ``fmt`` only decides how names and code are quoted."""
 
-    def __init__(self, fmt: Format) -> None:
+    def __init__(self, fmt: Format, dead: dict[Span, Diagnostic] | None = None) -> None:
         self.fmt = fmt
+        self.dead = dead or {}
+        """The match lines that never match (W312, W313), by span: said so where listed."""
         self.blocks: list[Block] = []
         self.arriving: set[str] = set()
         """Interfaces whose arrivals the policy shapes or polices."""
@@ -1324,7 +1328,7 @@ class _Explainer:
     ) -> None:
         marking = iface.marking
         lines = tuple(
-            f"{self.code(match_text(m))}: {self.phrase(m)}{self.policed(m, cls)}"
+            f"{self.code(match_text(m))}: {self.phrase(m)}{self.policed(m, cls)}{self.never(m)}"
             for m in cls.matches
         )
         if marking is not None and cls.fwmark is not None and cls.matches:
@@ -1417,6 +1421,14 @@ class _Explainer:
                 if marking.from_interface is None:
                     return "packets arriving on any interface"
                 return f"packets arriving on {self.name(marking.from_interface)}"
+
+    def never(self, m: ir.Match) -> str:
+        """`` (it never matches: ...)`` for a line an earlier one hides, else ""."""
+        found = self.dead.get(m.span)
+        if found is None:
+            return ""
+        why = found.message.split(": ", 1)[-1].split(", so this line")[0].replace(" already", "")
+        return f" (it never matches: {why}; {found.code})"
 
     def policed(self, m: ir.Match, cls: ir.Class) -> str:
         """What a match line's policer does, after the line's phrase (empty without one)."""
@@ -1852,7 +1864,12 @@ def explain(policy: ir.Policy, fmt: Format = "text") -> str:
     ``fmt`` is ``"text"`` (wrapped at 100 columns, classes indented by tree depth) or
     ``"markdown"`` (for handouts). Pure and deterministic.
     """
-    blocks = _Explainer(fmt).policy(policy)
+    dead = {
+        d.span: d
+        for d in filters_all_reachable(policy)
+        if d.code == "W313" or d.message.startswith("this match line never matches")
+    }
+    blocks = _Explainer(fmt, dead).policy(policy)
     return render_markdown(blocks) if fmt == "markdown" else render_text(blocks)
 
 
