@@ -388,16 +388,21 @@ def _directives_stay(
     """
     before, after = _covered(text, stream, path), _covered(result, again, path)
     for (directive, words), (_, words_after) in zip(before, after, strict=True):
-        if words != words_after:
-            raise FormatError(
-                Diagnostic.error(
-                    "E021",
-                    "tcdsl fmt would move the code of this line away from the comment that "
-                    f"disables {directive.code} on it; put the statement it is meant for on a "
-                    "line of its own, with the comment",
-                    directive.span,
-                )
+        if words == words_after:
+            continue
+        message = (
+            "tcdsl fmt would move the code of this line away from the comment that disables "
+            f"{directive.code} on it; put the statement it is meant for on a line of its own, "
+            "with the comment"
+        )
+        if words_after and words[: len(words_after)] == words_after:  # wrapped: too long
+            message = (
+                f"tcdsl fmt would wrap the statement this comment disables {directive.code} "
+                f"on (it is longer than {MAX_WIDTH} columns), and the comment would not cover its "
+                "other lines; shorten it (a constant for a long value), or disable "
+                f"{directive.code} for the file ('# tcdsl: disable-file={directive.code}')"
             )
+        raise FormatError(Diagnostic.error("E021", message, directive.span))
 
 
 def _covered(text: str, stream: list[Token], path: str) -> list[tuple[Directive, tuple[str, ...]]]:

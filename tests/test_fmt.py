@@ -326,6 +326,29 @@ def test_disable_comment_on_a_split_line_is_refused() -> None:
     assert "disables W318" in d.message
 
 
+def test_a_disabled_statement_too_long_for_a_line_says_what_works() -> None:
+    """Found by a tester: a statement longer than a line under a disable-next-line comment
+    was refused with advice it already followed ('put the statement on a line of its own');
+    the message now says it would be wrapped, and what works (a shorter statement, or the
+    file-wide comment, which fmt then takes)."""
+    ports = ", ".join(str(p) for p in range(22, 41))
+    text = (
+        "interface eth0 htb rate 10mbit default b {\n"
+        "    # tcdsl: disable-next-line=W302\n"
+        f"    class a rate 100kbps ceil 2mbit match dport {ports}\n"
+        "    class b rate 1mbit\n}\n"
+    )
+    with pytest.raises(FormatError) as info:
+        format_source(text, "p.tcp")
+    message = info.value.diagnostic.message
+    assert "would wrap the statement this comment disables W302 on" in message, message
+    assert "'# tcdsl: disable-file=W302'" in message, message
+    whole = text.replace("    # tcdsl: disable-next-line=W302\n", "").replace(
+        "interface", "# tcdsl: disable-file=W302\ninterface"
+    )
+    assert "disable-file=W302" in format_source(whole, "p.tcp")
+
+
 def test_disable_comments_that_stay_put_are_fine() -> None:
     text = (
         "interface eth0 htb rate 10mbit default x {\n"
