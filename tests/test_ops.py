@@ -210,12 +210,20 @@ def _sent(tcdsl: Tcdsl) -> dict[str, int]:
     return {m[1]: int(m[2]) for m in re.finditer(r"class htb (\S+) .*?\n Sent (\d+) bytes", shown)}
 
 
-def _with_tc(tcdsl: Tcdsl, wrapper: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``tcdsl ARGS`` in the namespace with ``wrapper`` as its tc (REAL: the real one), in a
-    process group of its own (where the wrapper's signal goes) and with SIGINT acted on, as
-    from a terminal, even where this test runs with it ignored; the wrapper must have sent."""
+def _signals_acted_on() -> None:
+    """In the child: the signals tcdsl holds while it changes the kernel acted on, whatever
+    the test run ignores (a CI job starts with SIGINT ignored, one under nohup SIGHUP)."""
     import signal as signals
 
+    for sig in (signals.SIGINT, signals.SIGTERM, signals.SIGHUP):
+        signals.signal(sig, signals.SIG_DFL)
+
+
+def _with_tc(tcdsl: Tcdsl, wrapper: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``tcdsl ARGS`` in the namespace with ``wrapper`` as its tc (REAL: the real one), in a
+    process group of its own (where the wrapper's signal goes) and with SIGINT, SIGTERM and
+    SIGHUP acted on, as from a terminal, even where this test runs with them ignored; the
+    wrapper must have sent."""
     tools = tcdsl.folder / "bin"
     tools.mkdir()
     real = shutil.which("tc")
@@ -231,7 +239,7 @@ def _with_tc(tcdsl: Tcdsl, wrapper: str, *args: str) -> subprocess.CompletedProc
         timeout=120,
         check=False,
         start_new_session=True,
-        preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL),
+        preexec_fn=_signals_acted_on,
     )
     assert (tools / "tc.sent").exists(), done.stderr
     return done
