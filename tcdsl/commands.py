@@ -303,7 +303,8 @@ def _interface_commands(iface: ir.Interface) -> Iterator[Command]:
             f"interface {iface.name}: ingress qdisc",
         )
     else:
-        stab = stab_words(iface.stab) if iface.stab is not None else []
+        # an mq's size table is its queues' qdiscs' (_Tree.below): packets are queued to them
+        stab = stab_words(iface.stab) if iface.stab is not None and root.kind != "mq" else []
         yield Command(
             "tc",
             ("qdisc", "add", *dev, "root", "handle", root.handle.qdisc, *stab, *qdisc_words(root)),
@@ -606,8 +607,9 @@ class _Tree:
                 if q.child is not None:
                     self._qdisc(ir.Handle(handle.major, 1), q.child)
             case ir.Mq():
+                stab = self.iface.stab
                 for queue in q.queues:
-                    self._qdisc(ir.Handle(handle.major, queue.number), queue.qdisc)
+                    self._qdisc(ir.Handle(handle.major, queue.number), queue.qdisc, stab)
                 self._steering(q)
                 return
             case _:
@@ -667,8 +669,11 @@ class _Tree:
         if cls.leaf is not None:
             self._qdisc(cls.classid, cls.leaf)
 
-    def _qdisc(self, parent_id: ir.Handle, child: ir.Qdisc) -> None:
-        """A qdisc held by a class (or by a tbf or netem), then what is below it."""
+    def _qdisc(
+        self, parent_id: ir.Handle, child: ir.Qdisc, stab: ir.Overhead | None = None
+    ) -> None:
+        """A qdisc held by a class (or by a tbf or netem, or an mq's queue, with the
+        interface's size table ``stab``), then what is below it."""
         assert child.handle is not None
         parent = self.words.handle(parent_id)
         self.out.append(
@@ -683,6 +688,7 @@ class _Tree:
                     parent,
                     "handle",
                     child.handle.qdisc,
+                    *(stab_words(stab) if stab is not None else ()),
                     *qdisc_words(child),
                 ),
                 child.span,

@@ -331,6 +331,16 @@ def test_class_ids_are_per_queue(tmp_path: Path) -> None:
         ("interface eth0 mq { queue 1 mq { queue 1 sfq } }\n", "E266"),
         ("interface eth0 mq { }\n", "E266"),
         ("interface eth0 mq queues 3 htb rate 1gbit default a { class a rate 1mbit }\n", "W368"),
+        (  # a queue's own size table, which its qdisc would not get: the mq's it is
+            "interface eth0 mq {\n queue 1 htb rate 1gbit overhead 18 default a {\n"
+            "  class a rate 1mbit\n }\n}\n",
+            "E232",
+        ),
+        (
+            "interface eth0 mq overhead 18 queues 2 htb rate 1gbit overhead 20 default a {\n"
+            " class a rate 1mbit\n}\n",
+            "E014",
+        ),
     ],
 )
 def test_mq_diagnostics(tmp_path: Path, text: str, code: str) -> None:
@@ -338,6 +348,66 @@ def test_mq_diagnostics(tmp_path: Path, text: str, code: str) -> None:
     assert code in [d.code for d in result.diagnostics], [
         (d.code, d.message) for d in result.diagnostics
     ]
+
+
+STAB_SPREAD = """\
+interface eth0 mq queues 2 htb rate 20mbit overhead pppoe-llc default a {
+    class a rate 10mbit
+    class b rate 10mbit match dst 10.0.0.2
+}
+"""
+STAB_EXPLICIT = """\
+interface eth0 mq overhead 18 mpu 64 {
+    queue 1 htb rate 10mbit default a {
+        class a rate 10mbit
+    }
+    queue 2 pfifo
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (STAB_SPREAD, "stab overhead 26 linklayer atm"),
+        (STAB_EXPLICIT, "stab overhead 4 linklayer ethernet mpu 64"),
+    ],
+    ids=["spread", "explicit"],
+)
+def test_the_size_table_of_an_mq_tree_is_every_queues(
+    tmp_path: Path, text: str, words: str
+) -> None:
+    """The kernel queues packets to each queue's qdisc, never to the mq: a size table on the
+    mq would count nothing (it was dropped without a word before)."""
+    lines = batch(tmp_path, text)
+    queues = [line for line in lines if re.match(r"qdisc add dev eth0 parent 1:\d ", line)]
+    assert len(queues) == 2 and all(f" {words} " in q for q in queues), queues
+    (root,) = [line for line in lines if " root " in line and " add " in line]
+    assert "stab" not in root, root
+
+
+def test_the_queues_size_tables_are_what_the_host_kernel_holds(tmp_path: Path) -> None:
+    """verify on the host: the size table on each queue's qdisc, none on the mq."""
+    from tcdsl.verify import runner
+    from tcdsl.verify.verifier import verify_many
+
+    why = _host_can_mq()
+    if why is not None or runner.host_unavailable() is not None:
+        pytest.skip(why or str(runner.host_unavailable()))
+    path = tmp_path / "p.tcp"
+    path.write_text(STAB_EXPLICIT)
+    (found,) = verify_many([str(path)], "shell", "host")
+    assert not [d for d in found.diagnostics if d.is_error], [d.message for d in found.diagnostics]
+    assert found.checked is not None and found.checked.qdiscs == 4
+
+
+def test_explain_says_each_queues_qdisc_has_the_size_table(tmp_path: Path) -> None:
+    from tcdsl.teach.explain import explain
+
+    result = analyse(str(tmp_path / "p.tcp"), loader=lambda _: STAB_SPREAD)
+    assert result.policy is not None
+    text = " ".join(explain(result.policy).split())
+    assert "a size table on each TX queue's qdisc (tc's stab, overhead 26" in text, text
 
 
 def test_a_bad_queue_number_is_its_only_error(tmp_path: Path) -> None:

@@ -42,10 +42,18 @@ def build_mq(
     inner: QdiscSyntax | None,
 ) -> QdiscSyntax:
     """The IR of one ``mq``: its options, then its queues (explicit) or its spread tree."""
+    from tcdsl.frontend.qdiscs import LINK_LAYER_PARAMS, STAB_PARAMS  # which imports this module
+
+    link = {**LINK_LAYER_PARAMS, **STAB_PARAMS}
     shards: ir.Count | None = None
     handle: ir.HandleRef | None = None
     seen: dict[str, Span] = {}  # the options given, even with a bad value
+    # the size table every queue's qdisc gets: packets are queued to those, never to the mq
+    link_words = [o for o in opts if isinstance(o, Param) and o.key in link]
+    stab = _stab(b, span, link_words, link) if link_words else None
     for opt in opts:
+        if isinstance(opt, Param) and opt.key in link:
+            continue
         if (isinstance(opt, Param) and opt.key == "queues") or (
             isinstance(opt, HandleOpt) and opt.keyword == "handle"
         ):
@@ -64,8 +72,8 @@ def build_mq(
         b.error(
             Diagnostic.error(
                 "E007",
-                f"'{word}' is not a parameter of mq; it takes queues and handle (the "
-                "shaping belongs to the qdisc of each queue)",
+                f"'{word}' is not a parameter of mq; it takes queues, handle and the "
+                "link-layer words (the shaping belongs to the qdisc of each queue)",
                 at,
             )
         )
@@ -81,14 +89,20 @@ def build_mq(
                     span,
                 )
             )
+        if inner.stab is not None and stab is not None:
+            first = Note("first given here", stab.span)
+            b.error(
+                Diagnostic.error("E014", "link-layer words are given twice", inner.stab.span, first)
+            )
+        stab = stab or inner.stab  # the spread tree's: every queue's qdisc gets it
         if shards is None:
-            return QdiscSyntax(ir.Mq(span, (), None, handle), inner.classify)
+            return QdiscSyntax(ir.Mq(span, (), None, handle), inner.classify, stab)
         # Spread once the interface's tree is built (Builder.spread_root): a statement's
         # circuits are top-level classes by then, each packed by its own rate, and the tree's
         # label says which queue each live class is on.
         mq = ir.Mq(span, (), shards, handle)
         b.unspread[id(mq)] = (mq, inner.qdisc)
-        return QdiscSyntax(mq, inner.classify)
+        return QdiscSyntax(mq, inner.classify, stab)
     if shards is not None:
         b.error(
             Diagnostic.error(
@@ -99,7 +113,18 @@ def build_mq(
                 shards.span,
             )
         )
-    return QdiscSyntax(ir.Mq(span, _explicit(b, span, body), None, handle), ())
+    return QdiscSyntax(ir.Mq(span, _explicit(b, span, body), None, handle), (), stab)
+
+
+def _stab(
+    b: Builder, span: Span, words: list[Param], link: dict[str, Dimension]
+) -> ir.Overhead | None:
+    """The size table of an mq's link-layer words."""
+    from tcdsl.frontend.qdiscs import QdiscBuilder
+
+    made = QdiscBuilder(b, "mq", span, tuple(words), None)
+    values, _, _ = made._values(words, link, frozenset(), "mq")
+    return made._overhead(values, stab=True)
 
 
 def _queues(b: Builder, opt: Param) -> ir.Count | None:
@@ -134,6 +159,15 @@ def _explicit(
             msg = f"queue {item.number} is given twice"
             b.error(Diagnostic.error("E269", msg, item.span, first))
             continue
+        if item.tree.stab is not None:
+            b.error(
+                Diagnostic.error(
+                    "E232",
+                    "link-layer words of an mq tree go on the mq ('mq overhead 18 { ... }'): "
+                    "every queue's qdisc gets its size table",
+                    item.tree.stab.span,
+                )
+            )
         seen[item.number] = item.span
         queues.append(ir.MqQueue(item.number, item.tree.qdisc, item.span))
     if body is not None and not body:  # a queue with a bad number is already reported

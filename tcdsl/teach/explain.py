@@ -435,7 +435,8 @@ class _Explainer:
             self.add(Para(self.download_sentence(iface, iface.download)))
         self.add(Para(self.root_sentence(iface)))
         if iface.stab is not None:
-            self.add(Para(self.link_layer(iface.stab, stab=True)))
+            where = "each TX queue's qdisc" if isinstance(root, ir.Mq) else "the root qdisc"
+            self.add(Para(self.link_layer(iface.stab, stab=True, where=where)))
         match root:
             case ir.Htb() | ir.Cbq() | ir.Prio() | ir.Hfsc():
                 self.add(Heading(3, "Classes, in tree order"))
@@ -765,8 +766,9 @@ class _Explainer:
             case ir.Red():
                 return self.red(q)
 
-    def link_layer(self, o: ir.Overhead, stab: bool) -> str:
-        """What a packet costs on the wire, and how the kernel is told."""
+    def link_layer(self, o: ir.Overhead, stab: bool, where: str = "the root qdisc") -> str:
+        """What a packet costs on the wire, and how the kernel is told (by a size table on
+        ``where``, for ``stab``)."""
         name = ""
         if o.preset is not None:
             found = linklayer.preset(o.preset.value)
@@ -795,7 +797,7 @@ class _Explainer:
         if stab:
             text += (
                 " Rates below are rates on the wire. The kernel is told this by a size table on "
-                f"the root qdisc (tc's stab, overhead {linklayer.stab_overhead(n)}: it counts "
+                f"{where} (tc's stab, overhead {linklayer.stab_overhead(n)}: it counts "
                 f"from the frame, which holds the {linklayer.ETHERNET_HEADER}-byte Ethernet "
                 "header, as on an Ethernet device or an IFB fed from one)."
             )

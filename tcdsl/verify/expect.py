@@ -767,7 +767,7 @@ class _Builder:
         return f"{o.preset.value} ({n})" if o.preset else self.spell(o.overhead.span, str(n))
 
     def stab(self, o: ir.Overhead | None, span: Span) -> Iterator[Want]:
-        """The root's size table as tc -d shows it (its overhead 14 bytes below tcdsl's)."""
+        """A size table as tc -d shows it (its overhead 14 bytes below tcdsl's)."""
         if o is None:
             yield Want("stab", False, "none", span, absent=False)
             return
@@ -1328,8 +1328,13 @@ def expected_policy(policy: ir.Policy, sources: Mapping[str, str] | None = None)
             )
         else:
             b.qdisc(iface.root, "root", f"{iface.root.kind} qdisc of {iface.name}")
-            root = b.qdiscs[0]
-            b.qdiscs[0] = replace(root, wants=root.wants + tuple(b.stab(iface.stab, root.span)))
+            # the size table is the root's; an mq's is each queue's qdisc's (they queue)
+            mq = iface.root.handle if isinstance(iface.root, ir.Mq) else None
+            for n, q in enumerate(b.qdiscs):
+                queue = mq is not None and q.parent.startswith(f"{mq.major:x}:")
+                if n == 0 or queue:
+                    stab = iface.stab if (mq is None) == (n == 0) else None
+                    b.qdiscs[n] = replace(q, wants=q.wants + tuple(b.stab(stab, q.span)))
         add(
             ExpectedInterface(
                 iface.name,
