@@ -203,6 +203,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W619": CodeInfo(_W, "import: a line that is not tc's qdisc, class or filter output"),
     "W620": CodeInfo(_W, "import: a download redirect of one family, written for both"),
     "W621": CodeInfo(_W, "import: a filter to an inner htb class, written to the default"),
+    "W622": CodeInfo(_W, "import: an mq tree's queue steering is not what the policy makes"),
     # E5xx: backend limits
     "E501": CodeInfo(_E, "The backend cannot express a construct of the policy"),
     "E502": CodeInfo(_E, "A word or command has no spelling in the output format"),

@@ -76,7 +76,10 @@ def _plan(name: str, path: Path) -> Planned:
 
 
 def _case(p: Planned, script: str, label: str) -> runner.Case:
-    return runner.Case(f"{p.name} {label}", runner.case_script(label, script, p.create, p.read))
+    policy = p.result.policy
+    queues = verifier.tx_queues(policy) if policy is not None else {}  # an mq root's device
+    case = runner.case_script(label, script, p.create, p.read, queues=queues)
+    return runner.Case(f"{p.name} {label}", case)
 
 
 def device_texts(found: dict[str, runner.Section], read: Sequence[str]) -> dict[str, DeviceText]:
@@ -253,8 +256,8 @@ def _support() -> runner.HostSupport | None:
 
 
 def _split(paths: list[tuple[str, Path]]) -> tuple[list[Planned], list[Planned]]:
-    """Policies the host can hold, and those for the guest (cbq, which no kernel has, and mq,
-    which import refuses, left out)."""
+    """Policies the host can hold, and those for the guest (cbq, which no kernel has, left
+    out)."""
     support = _support()
     host, guest = [], []
     for name, path in paths:
@@ -263,9 +266,6 @@ def _split(paths: list[tuple[str, Path]]) -> tuple[list[Planned], list[Planned]]
         expected = expected_policy(p.result.policy, p.result.sources)
         if expected.needs("sch_cbq") is not None:
             print(f"skipped {name}: cbq (no kernel here has it)")
-            continue
-        if expected.needs("sch_mq") is not None:
-            print(f"skipped {name}: mq (import cannot write an mq tree yet: E607)")
             continue
         if support is not None and not support.lacks(expected.requirements):
             host.append(p)
@@ -694,6 +694,195 @@ def test_live_import_of_a_hand_written_script(tmp_path: Path) -> None:
         runner.read_state(found, live.read),
         runner.read_state(_applied(second, live), live.read),
     )
+
+
+MQ_HOST = (
+    """\
+interface eth0 mq overhead pppoe-llc {
+    queue 1 htb rate 10mbit default a {
+        class a rate 5mbit
+        class b rate 5mbit ceil 10mbit {
+            pfifo limit 30
+        }
+    }
+    queue 3 tbf rate 5mbit burst 10kb latency 50ms
+}
+""",
+    """\
+interface eth0 mq queues 2 htb rate 20mbit default a {
+    class a rate 10mbit {
+        bfifo limit 30kb
+    }
+    class b rate 10mbit
+}
+""",
+)
+"""mq trees the host kernel holds: no match lines, so no steering (which needs act_skbedit)."""
+
+
+def test_an_mq_tree_round_trips_on_the_host(tmp_path: Path) -> None:
+    """An mq root (its queues' qdiscs, the size table they share, a spread tree's queues)
+    imports as the written form, which builds the same kernel state."""
+    if _support() is None:
+        pytest.skip("needs root and network namespaces")
+    planned = []
+    for n, text in enumerate(MQ_HOST):
+        path = tmp_path / f"mq{n}.tcp"
+        path.write_text(text)
+        planned.append(_plan(f"mq {n}", path))
+    assert round_trip(planned, runner.run_on_host, tmp_path) == 2
+
+
+def _steering_text(lines: str, clsact: str) -> DeviceText:
+    """The saved text of an mq tree whose queue 1 sends 10.0.0.1 to class 12:10, with
+    ``clsact`` (its qdisc line and egress filters, as the live read lists them) after it."""
+    text = f"""\
+qdisc mq 1: root
+qdisc htb 12: parent 1:1 r2q 10 default 0x20 direct_packets_stat 0 ver 3.17 direct_qlen 1000
+qdisc pfifo_fast 0: parent 1:2 bands 3 priomap 1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1
+{clsact}class mq 1:1 root leaf 12:
+class mq 1:2 root
+class htb 12:1 root rate 10Mbit ceil 10Mbit burst 1600b cburst 1600b
+class htb 12:10 parent 12:1 prio 0 rate 5Mbit ceil 5Mbit burst 1600b cburst 1600b
+class htb 12:20 parent 12:1 prio 0 rate 5Mbit ceil 5Mbit burst 1600b cburst 1600b
+{lines}"""
+    return DeviceText("eth0", "saved.txt", text)
+
+
+LINE = """\
+filter parent 12: protocol ip pref 1 u32 chain 0
+filter parent 12: protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1
+filter parent 12: protocol ip pref 1 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 \
+flowid 12:10 not_in_hw
+  match 0a000001/ffffffff at 16
+"""
+STEER = """\
+filter parent ffff:fff3 protocol ip pref 1 u32 chain 0
+filter parent ffff:fff3 protocol ip pref 1 u32 chain 0 fh 800: ht divisor 1
+filter parent ffff:fff3 protocol ip pref 1 u32 chain 0 fh 800::800 order 2048 key ht 800 \
+bkt 0 not_in_hw
+  match 0a00000{last}/ffffffff at 16
+\taction order 1: skbedit  queue_mapping {queue} pipe
+\t index 1 ref 1 bind 1
+"""
+CLSACT = "qdisc clsact ffff: parent ffff:fff1\n"
+BPF = """\
+filter parent ffff:fff3 protocol all pref 49152 bpf chain 0
+filter parent ffff:fff3 protocol all pref 49152 bpf chain 0 handle 0x1 \
+tc_classify_kern.o:[tc_classify] direct-action not_in_hw id 12 tag 0123456789abcdef jited
+"""
+"""A BPF program on the egress hook (xdp-cpumap-tc's, as LibreQoS loads it)."""
+
+
+@pytest.mark.parametrize(
+    ("clsact", "steer", "said"),
+    [
+        (CLSACT, STEER.format(last=1, queue=0), None),
+        ("", "", "nothing here steers packets to eth0's TX queues (no clsact qdisc)"),
+        (CLSACT, "", "the clsact qdisc's 0 egress filter(s) are not the 1 that steer"),
+        (CLSACT, STEER.format(last=1, queue=1), "the clsact qdisc's 1 egress filter(s)"),
+        (CLSACT, STEER.format(last=2, queue=0), "the clsact qdisc's 1 egress filter(s)"),
+        (CLSACT, STEER.format(last=1, queue=0) + BPF, "(bpf among them, which the language"),
+    ],
+    ids=["tcdsl's", "no clsact", "none", "another queue", "other keys", "a program"],
+)
+def test_an_mq_tree_s_steering_is_said_when_it_is_not_the_policy_s(
+    clsact: str, steer: str, said: str | None, tmp_path: Path
+) -> None:
+    """The clsact egress filters that pick an mq tree's TX queue are not written (the policy
+    makes them from the queues' lines): W622 when the kernel's are not those."""
+    got = import_policy(_steering_text(LINE + steer, clsact))
+    assert got.policy is not None, render(got.diagnostics, got.sources)
+    found = [d for d in got.diagnostics if d.code == "W622"]
+    assert [d.code for d in got.diagnostics if d.code != "W622"] == [], render(
+        got.diagnostics, got.sources
+    )
+    assert "interface eth0 family ipv4 mq handle 1: {" in got.policy, got.policy
+    assert "    queue 1 htb handle 12: r2q 10 default c12_20 {" in got.policy, got.policy
+    assert "match dst 10.0.0.1" in got.policy
+    if said is None:
+        assert not found, render(found, got.sources)
+    else:
+        assert len(found) == 1 and said in found[0].message, render(found, got.sources)
+        assert f"# tcdsl import: W622 at line {found[0].span.line}: " in got.policy
+    assert _check(got.policy, tmp_path).output is not None
+
+
+def _two_queues(second: str, steering: Sequence[tuple[str, int]]) -> DeviceText:
+    """Queue 1 sends 10.0.0.1 to 12:10, queue 2 ``second`` (``0a000002/ffffffff``) to 14:10,
+    and the clsact's egress filters are ``steering``: (key, queue) in the kernel's order."""
+    lines = ""
+    for n, (key, queue) in enumerate(steering):
+        lines += (
+            f"filter parent ffff:fff3 protocol ip pref 1 u32 chain 0 fh 800::{0x800 + n:x} "
+            f"order {0x800 + n} key ht 800 bkt 0 not_in_hw\n  match {key} at 16\n"
+            f"\taction order 1: skbedit  queue_mapping {queue} pipe\n"
+        )
+    text = f"""\
+qdisc mq 1: root
+qdisc htb 12: parent 1:1 r2q 10 default 0x20 direct_packets_stat 0 ver 3.17 direct_qlen 1000
+qdisc htb 14: parent 1:2 r2q 10 default 0x20 direct_packets_stat 0 ver 3.17 direct_qlen 1000
+qdisc clsact ffff: parent ffff:fff1
+class htb 12:10 root prio 0 rate 5Mbit ceil 5Mbit burst 1600b cburst 1600b
+class htb 12:20 root prio 0 rate 5Mbit ceil 5Mbit burst 1600b cburst 1600b
+class htb 14:10 root prio 0 rate 5Mbit ceil 5Mbit burst 1600b cburst 1600b
+class htb 14:20 root prio 0 rate 5Mbit ceil 5Mbit burst 1600b cburst 1600b
+filter parent 12: protocol ip pref 1 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 \
+flowid 12:10 not_in_hw
+  match 0a000001/ffffffff at 16
+filter parent 14: protocol ip pref 1 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 \
+flowid 14:10 not_in_hw
+  match {second} at 16
+{lines}"""
+    return DeviceText("eth0", "saved.txt", text)
+
+
+@pytest.mark.parametrize(
+    ("second", "steering", "warned"),
+    [
+        ("0a000002/ffffffff", [("0a000001/ffffffff", 0), ("0a000002/ffffffff", 1)], False),
+        ("0a000002/ffffffff", [("0a000002/ffffffff", 1), ("0a000001/ffffffff", 0)], False),
+        ("0a000000/ffffff00", [("0a000001/ffffffff", 0), ("0a000000/ffffff00", 1)], False),
+        ("0a000000/ffffff00", [("0a000000/ffffff00", 1), ("0a000001/ffffffff", 0)], True),
+    ],
+    ids=["in order", "apart, in another order", "overlapping, in order", "overlapping, swapped"],
+)
+def test_steering_in_another_order_matters_only_where_its_rules_overlap(
+    second: str, steering: Sequence[tuple[str, int]], warned: bool
+) -> None:
+    """A spread tree's steering lists its rules in the tree's order, the written form queue
+    by queue: the same steering wherever no packet can match two rules now in another
+    order (10.0.0.1 then 10.0.0.0/24 sends 10.0.0.1 to queue 1; swapped, to queue 2)."""
+    got = import_policy(_two_queues(second, steering))
+    assert got.policy is not None, render(got.diagnostics, got.sources)
+    assert ("W622" in {d.code for d in got.diagnostics}) == warned, render(
+        got.diagnostics, got.sources
+    )
+
+
+def test_an_mq_tree_and_its_steering_round_trip_in_the_guest(tmp_path: Path) -> None:
+    """In the 6.1 guest (act_skbedit): the example ISP tree on mq imports with no W622, and
+    with one of its steering filters deleted, with it."""
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    p = _plan("isp-mq", ROOT / "policies" / "isp-mq.tcp")
+    assert p.result.policy is not None and p.result.output is not None
+    queues = verifier.tx_queues(p.result.policy)
+    tamper = "tc filter del dev isp0 egress protocol ipv6 pref 32769"
+    cases = [
+        runner.Case(label, runner.case_script(label, p.result.output, p.create, p.read,
+                                              after=after, queues=queues))
+        for label, after in (("kept", ""), ("tampered", tamper))
+    ]  # fmt: skip
+    kept, tampered = runner.run_on_uml(cases)
+    for result, want in ((kept, []), (tampered, ["W622"])):
+        text = device_texts(_applied(result, p), p.read)["isp0"]
+        got = import_policy(text)
+        assert got.policy is not None, render(got.diagnostics, got.sources)
+        assert [d.code for d in got.diagnostics if d.code == "W622"] == want, render(
+            got.diagnostics, got.sources
+        )
 
 
 def test_a_hashed_layout_round_trips(tmp_path: Path) -> None:

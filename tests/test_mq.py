@@ -1559,7 +1559,9 @@ def test_queues_in_use_are_read_only_from_the_namespaces_own_sys() -> None:
         assert done.stdout.strip() == said, done.stdout + done.stderr
 
 
-def test_import_says_it_cannot_write_an_mq_tree(tmp_path: Path) -> None:
+def test_import_writes_an_mq_tree_queue_by_queue(tmp_path: Path) -> None:
+    """``tcdsl import`` of an mq root: its queues' qdiscs, not the kernel's own (handle 0:,
+    which it puts on every queue, as tcdsl leaves a queue the policy does not write)."""
     from click.testing import CliRunner
 
     from tcdsl.cli import cli
@@ -1567,11 +1569,25 @@ def test_import_says_it_cannot_write_an_mq_tree(tmp_path: Path) -> None:
     saved = tmp_path / "saved.txt"
     saved.write_text(
         "qdisc mq 1: root\n"
-        "qdisc htb 2: parent 1:1 r2q 10 default 0x10 direct_packets_stat 0 direct_qlen 1000\n"
+        "qdisc pfifo_fast 0: parent 1:1 bands 3 priomap 1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1\n"
+        "qdisc htb 2: parent 1:a r2q 10 default 0x10 direct_packets_stat 0 direct_qlen 1000\n"
+        "class htb 2:10 root prio 0 rate 1Gbit ceil 1Gbit burst 1375b cburst 1375b\n"
+        "qdisc fq_codel 3: parent 1:2 limit 10240p flows 1024 quantum 1514 target 5ms "
+        "interval 100ms memory_limit 32Mb ecn drop_batch 64\n"
+        "qdisc pfifo_fast 5: parent 1:3 bands 3 priomap 1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1\n"
     )
     out = CliRunner().invoke(cli, ["import", "-i", "eth0", "--from", str(saved)])
-    assert out.exit_code == 1, out.output
-    assert "[E607]" in out.output and "cannot write an mq tree yet" in out.output
+    assert out.exit_code == 0, out.output
+    body = out.output[out.output.index("interface") :]
+    assert body == (
+        "interface eth0 mq handle 1: {\n"
+        "    queue 2 fq_codel handle 3:\n"
+        "    queue 3 pfifo_fast handle 5:\n"
+        "    queue 10 htb handle 2: r2q 10 default c2_10 {\n"
+        "        class c2_10 id 2:10 rate 1gbit\n"
+        "    }\n"
+        "}\n"
+    ), out.output
 
 
 def test_flower_trees_steer_with_flower(tmp_path: Path) -> None:

@@ -15,14 +15,17 @@ same policy.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
+import operator
 import re
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from tcdsl import __version__
+from tcdsl import __version__, ir
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.lower import range_to_masks
 from tcdsl.ops.tctext import DeviceObjects, DeviceText, FilterEntry, objects
@@ -40,6 +43,7 @@ from tcdsl.tcmath import HTB_QUANTUM, TICKS_PER_US, U32_MAX, red_scell_log, red_
 from tcdsl.units import format_rate, format_size, format_time
 from tcdsl.verify.expect import (
     codel_shown_time,
+    expected_policy,
     htb_shown_burst,
     netem_shown_time,
     sprint_time,
@@ -575,9 +579,15 @@ def _fifo(p: _Params) -> None:
 
 
 def qdisc_words(
-    q: TcQdisc, line: int, names: dict[str, str], root: bool, rates: Sequence[int] = ()
+    q: TcQdisc,
+    line: int,
+    names: dict[str, str],
+    root: bool,
+    rates: Sequence[int] = (),
+    stab_said: bool = False,
 ) -> tuple[list[str], list[Problem]]:
-    """The words of a qdisc's line (``htb handle 1: r2q 10 default c1_20``) and the problems."""
+    """The words of a qdisc's line (``htb handle 1: r2q 10 default c1_20``) and the problems;
+    ``stab_said``: its size table is written elsewhere (an mq queue's, on the mq's line)."""
     p = _Params(q, line)
     p.add(q.kind, "handle", q.handle)
     match q.kind:
@@ -611,7 +621,7 @@ def qdisc_words(
             pass
     if root:
         _stab(p)
-    elif "stab" in p.options:
+    elif "stab" in p.options and not stab_said:
         p.problem("a size table below the root has no word in the language; left out")
     return p.words, p.problems
 
@@ -1108,6 +1118,15 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
                 break
     v6_pos = {d.index: n for n, d in enumerate(x for x in decoded if x.family == "ipv6")}
     dual_marks = sorted((v6_pos[run[0].index], index) for index, run in pairs.items())
+    # Without a line of both families, the IPv6 lines go after the IPv4 ones, unless the
+    # kernel made their u32 first (its root table has the lower id: 800: before 801:), as a
+    # tree whose first line is IPv6 does: the policy then keeps the kernel's table ids.
+    tables: dict[str, int] = {}
+    for d in decoded:
+        tables[d.family] = min(tables.get(d.family, U32_MAX), _table(d.entry))
+    unanchored = float("inf")
+    if not dual_marks and tables.get("ipv6", U32_MAX) < tables.get("ipv4", U32_MAX):
+        unanchored = float("-inf")
     for d in decoded:
         f = d.entry.filter
         if d.index in used:
@@ -1141,7 +1160,7 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
             filters = [(f.protocol, f.pref, d.index)]
             pos = v6_pos[d.index]
             after = [four for six, four in dual_marks if six > pos]
-            seq = (min(after) - 0.5 if after else float("inf"), pos)
+            seq = (min(after) - 0.5 if after else unanchored, pos)
             pref = f.pref - V6_PREF
         out.lines.append(
             Line(
@@ -1179,6 +1198,13 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
 
 LISTED = ("src", "dst", "sport", "dport", "proto")
 """The conditions a line may give several values of (``dport 80, 443``)."""
+
+
+def _table(entry: FilterEntry) -> int:
+    """The id of the u32 table a filter's node is in (``fh 801::800``: 0x801)."""
+    fh = _word_after(entry.head, "fh") or ""
+    table = fh.partition(":")[0]
+    return int(table, 16) if table and all(c in string.hexdigits for c in table) else U32_MAX
 
 
 def _renumbered(out: FilterSet) -> None:
@@ -1522,9 +1548,10 @@ def _to_inner_classes(q: TcQdisc, nodes: dict[str, ClassNode], dev: _Device, fs:
             inner.items.append(Comment(Problem("W621", message, fl.line)))
 
 
-def _one_family(root: QdiscNode) -> None:
-    """Give every qdisc of a tree the tree's family: one family word covers them all."""
-    nodes = _all_qdiscs(root)
+def _one_family(*roots: QdiscNode) -> None:
+    """Give every qdisc of a tree (of an mq's queues) the tree's family: one family word
+    covers them all."""
+    nodes = [n for root in roots for n in _all_qdiscs(root)]
     families = {n.family for n in nodes if n.family != "none"}
     family = families.pop() if len(families) == 1 else "both"
     flower = any(n.flower for n in nodes)
@@ -1683,9 +1710,9 @@ def _split(node: QdiscNode, fs: FilterSet, key: tuple[str, int], problems: list[
     prefs up, one per run, in the kernel's order (W615), when they are free below the next
     pref of the parent and the lines are of ``key``'s family alone; whether it did."""
     protocol, pref = key
-    family = {"ip": "ipv4", "ipv6": "ipv6"}.get(protocol)
+    family = _FAMILY_OF.get(protocol)
     listed = sorted((i, line) for line in fs.lines for p, k, i in line.filters if (p, k) == key)
-    if family is None or not pref or key in fs.hashed:
+    if family in (None, "both") or not pref or key in fs.hashed:
         return False
     if any(line.family != family for _, line in listed):
         return False
@@ -1767,9 +1794,11 @@ def _write_qdisc(
     head: str = "",
     rates: Sequence[int] = (),
     marked: str = "at postrouting",
+    stab_said: bool = False,
 ) -> None:
-    """Write ``node`` (``marked``: where its fw filters' marks are said to be set)."""
-    words, problems = qdisc_words(node.q, node.line, names, root, rates)
+    """Write ``node`` (``marked``: where its fw filters' marks are said to be set;
+    ``stab_said`` as for :func:`qdisc_words`)."""
+    words, problems = qdisc_words(node.q, node.line, names, root, rates, stab_said)
     for problem in node.notes + problems:
         w.comment(depth, problem)
     text = f"{head}{' '.join(words)}"
@@ -1829,6 +1858,193 @@ def _write_class(
     w.line(depth, "}")
 
 
+@dataclass
+class _Mq:
+    """An mq root: its qdisc, and the qdiscs written on its queues, by queue number."""
+
+    q: TcQdisc
+    line: int
+    queues: list[tuple[int, QdiscNode]]
+
+
+def _mq(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> _Mq:
+    """The mq root ``q`` with the qdiscs of its queues but the kernel's own (handle ``0:``,
+    what it puts on each queue, as tcdsl leaves a queue the policy does not write)."""
+    major = _major(q.handle)
+    queues = []
+    for parent, found in dev.below.items():
+        if _major(parent) == major and found[0].handle != "0:":
+            # a queue takes what a root does (pfifo_fast too), and what a class does
+            node = _build(dev, *found, problems) if found[0].kind in ROOTS else None
+            node = node or _leaf(dev, found, problems)
+            if node is not None:
+                queues.append((_minor(parent), node))
+    queues.sort(key=lambda queue: queue[0])
+    _one_family(*(node for _, node in queues))
+    return _Mq(q, line, queues)
+
+
+def _write_mq(w: _Writer, depth: int, mq: _Mq, names: dict[str, str], head: str) -> None:
+    """Write an mq root and its queues; the queues' size table on the mq's line, where the
+    language has it (every queue's qdisc gets it)."""
+    words = ["mq", "handle", mq.q.handle]
+    said: tuple[str, ...] | None = None
+    for n, node in mq.queues:
+        p = _Params(node.q, node.line)
+        _stab(p)
+        if said is None and p.words:
+            said = tuple(p.words)
+            words += said
+        elif tuple(p.words) != (said or ()):
+            shown = " ".join(p.words) or "none"
+            w.comment(
+                depth,
+                Problem(
+                    "W611",
+                    f"the size table of queue {n}'s {node.q.kind} ({shown}) is not the "
+                    f"others' ({' '.join(said or ()) or 'none'}): the language gives every "
+                    "queue the mq's; written with the first queue's",
+                    node.line,
+                ),
+            )
+    if not mq.queues:
+        w.line(depth, f"{head}{' '.join(words)}")
+        return
+    w.line(depth, f"{head}{' '.join(words)} {{")
+    for n, node in mq.queues:
+        _write_qdisc(w, depth + 1, node, names, False, head=f"queue {n} ", stab_said=True)
+    w.line(depth, "}")
+
+
+STEERING = str(ir.CLSACT_EGRESS)
+"""Where an mq tree's steering filters are: the egress of a clsact qdisc."""
+
+
+def _steered(dev: _Device, mq: _Mq, policy: ir.Policy | None) -> list[Problem]:
+    """W622 when the filters that steer packets to the TX queues (a clsact qdisc's egress
+    filters) are not those the policy written makes: one per line of a queue's qdisc, in the
+    policy's order, each setting its TX queue. Compared pref by pref, in u32's order (a
+    hashed pref by its rules)."""
+    if policy is None:
+        return []
+    clsact = dev.ingress if dev.ingress is not None and dev.ingress[0].kind == "clsact" else None
+    entries = list(dev.filters.get(STEERING, []))
+    if clsact is not None:  # listed without their parent: those that set no class
+        entries += [e for e in dev.filters.get(clsact[0].handle, []) if not e.filter.flowid]
+    walked, placed = unhashed(entries)
+    got: dict[tuple[str, int], list[Rule]] = {}
+    for e in walked:
+        f = e.filter
+        if not f.link:
+            got.setdefault((f.protocol, f.pref), []).append((f.kind, f.keys, f.flower, f.actions))
+    hashed = {(e.filter.protocol, e.filter.pref) for e in walked if id(e) in placed}
+    want: dict[tuple[str, int], list[Rule]] = {}
+    for iface in expected_policy(policy).interfaces:
+        for x in iface.filters:
+            if x.parent == STEERING and not x.link:
+                rule = (x.kind, x.keys, x.flower, x.actions)
+                want.setdefault((x.protocol, x.pref), []).append(rule)
+    if want.keys() == got.keys() and all(
+        _same_first_match(want[k], got[k], k in hashed) for k in want
+    ):
+        return []
+    made = sum(map(len, want.values()))
+    if clsact is None:
+        return [
+            Problem(
+                "W622",
+                f"nothing here steers packets to {dev.text.device}'s TX queues (no clsact "
+                "qdisc): the kernel picks a packet's queue (XPS, or a hash of its flow) and "
+                f"the lines only classify within it; the policy written adds {made} filter(s) "
+                "on a clsact qdisc that set each matching packet's queue",
+                mq.line,
+            )
+        ]
+    shown = sum(map(len, got.values()))
+    kinds = sorted({rule[0] for rules in got.values() for rule in rules} - {"u32", "flower"})
+    other = (
+        f" ({' and '.join(kinds)} among them, which the language has no word for: a program "
+        "there may pick the queue, and the class too, as xdp-cpumap-tc's do for LibreQoS)"
+        if kinds
+        else ""
+    )
+    return [
+        Problem(
+            "W622",
+            f"the clsact qdisc's {shown} egress filter(s){other} are not the {made} that steer "
+            "the policy written (one per line of a queue's qdisc, in the policy's order, "
+            "setting its TX queue): applying it replaces them, and a packet may leave by "
+            "another queue than now",
+            clsact[1],
+        )
+    ]
+
+
+Rule = tuple[str, tuple[tuple[int, int, int], ...], object, tuple[object, ...]]
+"""A steering filter: its kind, u32 keys, flower match and actions (the queue it sets)."""
+
+
+def _same_first_match(want: list[Rule], got: list[Rule], hashed: bool) -> bool:
+    """Whether two lists of one pref's rules steer every packet alike: the same rules, and
+    any two that one packet can match and that set other queues in the same order (a spread
+    tree written queue by queue lists its rules in another order, which matters only where
+    they overlap). A hashed pref: the same rules (its tables keep the order)."""
+    if want == got:
+        return True
+    if sorted(map(repr, want)) != sorted(map(repr, got)):
+        return False
+    if hashed:
+        return True
+    if any(rule[0] != "u32" for rule in want):
+        return False
+    place: dict[tuple[str, int], int] = {}
+    seen: dict[str, int] = {}
+    for n, rule in enumerate(got):
+        text = repr(rule)
+        place[(text, seen.get(text, 0))] = n
+        seen[text] = seen.get(text, 0) + 1
+    seen.clear()
+    order = []
+    for rule in want:
+        text = repr(rule)
+        order.append(place[(text, seen.get(text, 0))])
+        seen[text] = seen.get(text, 0) + 1
+    # Rules overlap only where their keys at the offsets they share agree: bucketed by the
+    # bits every rule fixes at one offset, a pair in different buckets never overlaps.
+    offsets = set.intersection(*({k[2] for k in rule[1]} for rule in want))
+    common = max(offsets, key=lambda o: bin(_fixed(want, o)).count("1"), default=None)
+    buckets: dict[int, list[int]] = {}
+    for n, rule in enumerate(want):
+        mask = _fixed(want, common) if common is not None else 0
+        value = functools.reduce(operator.or_, (k[0] & k[1] for k in rule[1] if k[2] == common), 0)
+        buckets.setdefault(value & mask, []).append(n)
+    for members in buckets.values():
+        if len(members) > _MOST_PAIRED:
+            return False  # (said as not the same: a warning too many, not a wrong silence)
+        for i, a in enumerate(members):
+            for b in members[i + 1 :]:
+                if order[a] > order[b] and want[a][3] != want[b][3] and _overlap(want[a], want[b]):
+                    return False
+    return True
+
+
+_MOST_PAIRED = 3000
+"""The most rules of one bucket whose pairs are compared for their order."""
+
+
+def _fixed(rules: list[Rule], offset: int) -> int:
+    """The bits every rule's keys at ``offset`` fix."""
+    mask = 0xFFFFFFFF
+    for rule in rules:
+        mask &= functools.reduce(operator.or_, (k[1] for k in rule[1] if k[2] == offset), 0)
+    return mask
+
+
+def _overlap(a: Rule, b: Rule) -> bool:
+    """Whether one packet can match both u32 rules: their keys agree where both fix bits."""
+    return all((x[0] ^ y[0]) & x[1] & y[1] == 0 for x in a[1] for y in b[1] if x[2] == y[2])
+
+
 _FAMILY_OF = {"all": "both", "ip": "ipv4", "ipv6": "ipv6"}
 """A redirect's protocol, as the family of the arrivals it takes."""
 _FAMILY_WORD = {"ipv4": "IPv4", "ipv6": "IPv6"}
@@ -1865,17 +2081,11 @@ def import_policy(
     dev = _device(main)
     root = dev.root if dev.root is not None and dev.root[0].handle != "0:" else None
     errors: list[Diagnostic] = []
-    if root is not None and root[0].kind not in ROOTS:
+    if root is not None and root[0].kind not in ROOTS and root[0].kind != "mq":
         message = (
             f"the root qdisc of {main.device} is '{root[0].kind}', which the language has "
             "not: there is no tree to write"
         )
-        if root[0].kind == "mq":
-            message = (
-                f"the root qdisc of {main.device} is mq: import cannot write an mq tree yet "
-                "(its queues and the clsact filters that steer packets to them); write "
-                "'mq { queue N ... }' by hand"
-            )
         errors.append(_located(Problem("E607", message, root[1]), main.source, sources))
     if root is None and dev.ingress is None:
         what = (
@@ -1900,27 +2110,36 @@ def import_policy(
         "so renaming a class changes nothing in the kernel.",
     )
     problems = list(dev.problems)
-    upload = _build(dev, root[0], root[1], problems) if root is not None else None
-    if upload is not None:
+    mq = upload = None
+    if root is not None and root[0].kind == "mq":
+        mq = _mq(dev, root[0], root[1], problems)
+    elif root is not None:
+        upload = _build(dev, root[0], root[1], problems)
         _one_family(upload)
     ingress: FilterSet | None = None
     download: tuple[_Redirect, _Device, QdiscNode, list[Problem]] | None = None
     ingress_notes: list[Problem] = []
-    if dev.ingress is not None:
+    if dev.ingress is not None and (mq is None or dev.ingress[0].kind != "clsact"):
         ingress, download = _ingress(dev, read_other, ingress_notes, sources)
     names = _names(dev)
-    if upload is not None and download is None and ingress is None and not ingress_notes:
+    tree = upload or (mq.queues[0][1] if mq is not None and mq.queues else None)
+    family = _family(tree.family, tree.flower) if tree is not None else ""
+
+    def write_root(depth: int, head: str) -> None:
+        if mq is not None:
+            _write_mq(w, depth, mq, names, head + family)
+        elif upload is not None:
+            _write_qdisc(w, depth, upload, names, True, head=head + family)
+
+    if root is not None and download is None and ingress is None and not ingress_notes:
         for p in problems:
             w.comment(0, p)
-        head = f"interface {_ifname(main.device)} {_family(upload.family, upload.flower)}"
-        _write_qdisc(w, 0, upload, names, True, head=head)
+        write_root(0, f"interface {_ifname(main.device)} ")
     else:
         w.line(0, f"interface {_ifname(main.device)} {{")
         for p in problems:
             w.comment(1, p)
-        if upload is not None:
-            head = f"upload {_family(upload.family, upload.flower)}"
-            _write_qdisc(w, 1, upload, names, True, head=head)
+        write_root(1, "upload ")
         if download is not None:
             redirect, ifb, node, ifb_problems = download
             w.source = ifb.text.source
@@ -1941,22 +2160,33 @@ def import_policy(
                 w.line(2, _match_text(fl, family, False))
             w.line(1, "}")
         w.line(0, "}")
+    text = "\n".join(w.lines) + "\n"
+    uncompiled, policy = _uncompiled(text, main.device, sources)
+    if mq is not None:
+        for p in _steered(dev, mq, policy):
+            w.written.append((p, main.source))
+            # under the header, with the comments before the interface
+            w.lines.insert(2, f"# tcdsl import: {p.code} at line {p.line}: {p.message}")
+        text = "\n".join(w.lines) + "\n"
     diagnostics = [_located(p, source, sources) for p, source in w.written]
     diagnostics.sort(key=lambda d: (d.span.file != main.source, d.span.file, d.span.line, d.code))
-    text = "\n".join(w.lines) + "\n"
-    return ImportResult(text, diagnostics + _uncompiled(text, main.device, sources), sources)
+    return ImportResult(text, diagnostics + uncompiled, sources)
 
 
-def _uncompiled(text: str, device: str, sources: dict[str, str]) -> list[Diagnostic]:
+def _uncompiled(
+    text: str, device: str, sources: dict[str, str]
+) -> tuple[list[Diagnostic], ir.Policy | None]:
     """E609 for each error the policy written would get from ``tcdsl check`` (what tc showed
-    that import writes as the language cannot take it), at its line of the policy."""
+    that import writes as the language cannot take it), at its line of the policy; and the
+    policy, allocated, when it compiles."""
     from tcdsl.driver import analyse  # (the compiler, for a check of the text written)
 
     label = f"imported:{device}.tcp"
-    errors = [d for d in analyse(label, loader=lambda _: text).diagnostics if d.is_error]
+    result = analyse(label, loader=lambda _: text)
+    errors = [d for d in result.diagnostics if d.is_error]
     if errors:
         sources[label] = text
-    return [
+    found = [
         Diagnostic.error(
             "E609",
             f"the policy written does not compile: {d.message} [{d.code}]; edit it (tc "
@@ -1965,6 +2195,7 @@ def _uncompiled(text: str, device: str, sources: dict[str, str]) -> list[Diagnos
         )
         for d in errors
     ]
+    return found, result.policy if not errors else None
 
 
 def _located(problem: Problem, source: str, sources: dict[str, str]) -> Diagnostic:

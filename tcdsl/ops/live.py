@@ -135,14 +135,14 @@ def _listing(name: str) -> tuple[str, str, list[tuple[str, str]]]:
         _tc("-d", "qdisc", "show", "dev", name),
         _tc("-d", "class", "show", "dev", name),
     )
-    parents = [_filters_of(kind, h) for kind, h in _HANDLE.findall(qdiscs) if h != "0:"]
+    parents = [filters_of(kind, h) for kind, h in _HANDLE.findall(qdiscs) if h != "0:"]
     parents += [h for _, h in _HANDLE.findall(classes)]
-    likely = {_filters_of(kind, h) for kind, h in _CLASSFUL.findall(qdiscs) if h != "0:"}
+    likely = {filters_of(kind, h) for kind, h in _CLASSFUL.findall(qdiscs) if h != "0:"}
     listings = filter_listings(name, parents, likely)
     return qdiscs, classes, list(zip(parents, listings, strict=True))
 
 
-def _filters_of(kind: str, handle: str) -> str:
+def filters_of(kind: str, handle: str) -> str:
     """Where a qdisc's filters are listed: its handle, but a clsact's egress filters (an mq
     tree's steering) are under ``ffff:fff3``, not ``ffff:``."""
     return str(ir.CLSACT_EGRESS) if kind == "clsact" else handle

@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from tcdsl.ops.live import device_exists, filter_listings, top_qdiscs
+from tcdsl.ops.live import device_exists, filter_listings, filters_of, top_qdiscs
 from tcdsl.verify.readback import (
     TcClass,
     TcFilter,
@@ -171,7 +171,7 @@ def read_live(device: str) -> DeviceText:
     parents: list[str] = []
     for q in parse_qdiscs(qdiscs):
         if q.handle != "0:":
-            parents.append(q.handle)
+            parents.append(filters_of(q.kind, q.handle))
     parents += [c.classid for c in parse_classes(classes)]
     unique = list(dict.fromkeys(parents))
     filters = "".join(
