@@ -1086,6 +1086,28 @@ def _in_namespace(
     return subprocess.run([*unshare, "sh", "-c", script], capture_output=True, text=True)
 
 
+def test_an_imported_mq_tree_is_taken_over_as_it_is(tmp_path: Path) -> None:
+    """On the host: a spread tree applied by its script, imported, and the import applied
+    under a name: the tree is taken over as the kernel holds it (nothing built again), and
+    a plan after says no changes."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    text = SPREAD.replace("queues 2 htb rate 1gbit", "queues 2 htb rate 1gbit overhead 18")
+    (tmp_path / "p.tcp").write_text(text)
+    done = _in_namespace(
+        tmp_path,
+        2,
+        "{tcdsl} compile p.tcp -o p.sh && sh p.sh && {tcdsl} import -i eth0 -o i.tcp && "
+        "{tcdsl} apply --yes --name i i.tcp && {tcdsl} plan --name i i.tcp",
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "~ tree eth0: taken over as the kernel holds it" in said and "no changes" in said, said
+    imported = (tmp_path / "i.tcp").read_text()
+    assert "interface eth0 mq handle 1: overhead 18 {" in imported, imported
+
+
 SPREAD = """\
 interface eth0 mq queues 2 htb rate 1gbit default d {
     class a rate 100mbit

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -55,6 +54,7 @@ from tcdsl.ops.state import (
 )
 from tcdsl.tcmath import HTB_DEFAULT_R2Q
 from tcdsl.verify.expect import Requirement, requirements
+from tcdsl.verify.readback import Action, parse_action
 from tcdsl.verify.runner import HostSupport, KernelUnavailable, host_support
 
 
@@ -1321,15 +1321,21 @@ def _foreign_clsact(device: str, runner: Runner) -> str | None:
                 kind = words[at] if at < len(words) else "?"
                 if kind not in ("u32", "flower"):
                     return f"a {kind} filter on its {hook} hook"
-            action = _ACTION.match(line)
-            if action is not None and not _OUR_ACTION.match(action.group(1)):
-                return f"a '{' '.join(action.group(1).split()[:4])}' action on its {hook} hook"
+            action = parse_action(line)
+            if action is not None and not _ours(action):
+                shown = line.split(":", 1)[1].split()[:4] if ":" in line else [action[0]]
+                return f"a '{' '.join(shown)}' action on its {hook} hook"
     return None
 
 
-_ACTION = re.compile(r"\s*action order \d+:\s*(.*)")
-_OUR_ACTION = re.compile(r"(skbedit|police|connmark)\b|mirred \(Egress Redirect to device ")
-"""The actions tcdsl writes (steering, policing, a download's connmark and redirect)."""
+def _ours(action: Action) -> bool:
+    """Whether tcdsl writes such an action (steering, policing, a download's connmark and
+    redirect)."""
+    return action[0] in ("skbedit", "police", "connmark") or action[:3] == (
+        "mirred",
+        "egress",
+        "redirect",
+    )
 
 
 def down_interface(device: str, runner: Runner = run_command) -> list[str]:
