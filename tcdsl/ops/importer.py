@@ -1923,29 +1923,33 @@ STEERING = str(ir.CLSACT_EGRESS)
 def _steered(dev: _Device, mq: _Mq, policy: ir.Policy | None) -> list[Problem]:
     """W622 when the filters that steer packets to the TX queues (a clsact qdisc's egress
     filters) are not those the policy written makes: one per line of a queue's qdisc, in the
-    policy's order, each setting its TX queue. Compared pref by pref, in u32's order (a
-    hashed pref by its rules)."""
+    policy's order, each setting its TX queue. Compared protocol by protocol, the prefs one
+    after the other in u32's order (a hashed pref's buckets side by side)."""
     if policy is None:
         return []
     clsact = dev.ingress if dev.ingress is not None and dev.ingress[0].kind == "clsact" else None
     entries = list(dev.filters.get(STEERING, []))
     if clsact is not None:  # listed without their parent: those that set no class
         entries += [e for e in dev.filters.get(clsact[0].handle, []) if not e.filter.flowid]
-    walked, placed = unhashed(entries)
-    got: dict[tuple[str, int], list[Rule]] = {}
+    walked, _ = unhashed(entries)
+    got: dict[str, list[tuple[int, Rule]]] = {}
     for e in walked:
         f = e.filter
         if not f.link:
-            got.setdefault((f.protocol, f.pref), []).append((f.kind, f.keys, f.flower, f.actions))
-    hashed = {(e.filter.protocol, e.filter.pref) for e in walked if id(e) in placed}
-    want: dict[tuple[str, int], list[Rule]] = {}
+            rule = (f.kind, f.keys, f.flower, f.actions)
+            got.setdefault(f.protocol, []).append((f.pref, rule))
+    want: dict[str, list[tuple[int, Rule]]] = {}
     for iface in expected_policy(policy).interfaces:
         for x in iface.filters:
             if x.parent == STEERING and not x.link:
                 rule = (x.kind, x.keys, x.flower, x.actions)
-                want.setdefault((x.protocol, x.pref), []).append(rule)
+                want.setdefault(x.protocol, []).append((x.pref, rule))
+
+    def rules(found: list[tuple[int, Rule]]) -> list[Rule]:  # the prefs in order
+        return [rule for _, rule in sorted(found, key=lambda item: item[0])]
+
     if want.keys() == got.keys() and all(
-        _same_first_match(want[k], got[k], k in hashed) for k in want
+        _same_first_match(rules(want[k]), rules(got[k])) for k in want
     ):
         return []
     made = sum(map(len, want.values()))
@@ -1961,40 +1965,45 @@ def _steered(dev: _Device, mq: _Mq, policy: ir.Policy | None) -> list[Problem]:
             )
         ]
     shown = sum(map(len, got.values()))
-    kinds = sorted({rule[0] for rules in got.values() for rule in rules} - {"u32", "flower"})
+    kinds = sorted({rule[0] for found in got.values() for _, rule in found} - {"u32", "flower"})
     other = (
         f" ({' and '.join(kinds)} among them, which the language has no word for: a program "
         "there may pick the queue, and the class too, as xdp-cpumap-tc's do for LibreQoS)"
         if kinds
         else ""
     )
-    return [
-        Problem(
-            "W622",
-            f"the clsact qdisc's {shown} egress filter(s){other} are not the {made} that steer "
-            "the policy written (one per line of a queue's qdisc, in the policy's order, "
-            "setting its TX queue): applying it replaces them, and a packet may leave by "
-            "another queue than now",
-            clsact[1],
+    if want.keys() == got.keys() and all(
+        sorted(map(repr, rules(want[k]))) == sorted(map(repr, rules(got[k]))) for k in want
+    ):
+        message = (
+            f"the clsact qdisc's {shown} egress filter(s) are those of the policy written, "
+            "in another order: lines that one packet can match are on different queues (a "
+            "spread tree tries them in the tree's order, the written form queue by queue), "
+            "so applying it sends such a packet to another queue, and another class, than now"
         )
-    ]
+    else:
+        message = (
+            f"the clsact qdisc's {shown} egress filter(s){other} are not the {made} that "
+            "steer the policy written (one per line of a queue's qdisc, in the policy's "
+            "order, setting its TX queue): applying it replaces them, and a packet may leave "
+            "by another queue than now"
+        )
+    return [Problem("W622", message, clsact[1])]
 
 
 Rule = tuple[str, tuple[tuple[int, int, int], ...], object, tuple[object, ...]]
 """A steering filter: its kind, u32 keys, flower match and actions (the queue it sets)."""
 
 
-def _same_first_match(want: list[Rule], got: list[Rule], hashed: bool) -> bool:
-    """Whether two lists of one pref's rules steer every packet alike: the same rules, and
-    any two that one packet can match and that set other queues in the same order (a spread
-    tree written queue by queue lists its rules in another order, which matters only where
-    they overlap). A hashed pref: the same rules (its tables keep the order)."""
+def _same_first_match(want: list[Rule], got: list[Rule]) -> bool:
+    """Whether two lists of rules, tried in order, steer every packet alike: the same rules,
+    and any two that one packet can match and that set other queues in the same order (a
+    spread tree lists its rules in the tree's order, the written form queue by queue, which
+    matters only where they overlap; so does how the rules fall into prefs)."""
     if want == got:
         return True
     if sorted(map(repr, want)) != sorted(map(repr, got)):
         return False
-    if hashed:
-        return True
     if any(rule[0] != "u32" for rule in want):
         return False
     place: dict[tuple[str, int], int] = {}
@@ -2009,35 +2018,51 @@ def _same_first_match(want: list[Rule], got: list[Rule], hashed: bool) -> bool:
         text = repr(rule)
         order.append(place[(text, seen.get(text, 0))])
         seen[text] = seen.get(text, 0) + 1
-    # Rules overlap only where their keys at the offsets they share agree: bucketed by the
-    # bits every rule fixes at one offset, a pair in different buckets never overlaps.
+
+    def swapped(a: int, b: int) -> bool:  # a pair in another order that matters
+        if (a < b) == (order[a] < order[b]) or want[a][3] == want[b][3]:
+            return False
+        return _overlap(want[a], want[b])
+
+    # Rules overlap only where their keys agree at the offsets they share. Bucketed by the
+    # bits most rules fix at one offset (a /32 each: a bucket each), a pair of two buckets
+    # never overlaps; the few rules that fix fewer bits there (a /16 among /32s) are paired
+    # with every rule.
     offsets = set.intersection(*({k[2] for k in rule[1]} for rule in want))
-    common = max(offsets, key=lambda o: bin(_fixed(want, o)).count("1"), default=None)
+    if not offsets:
+        narrow: list[int] = []
+        broad = list(range(len(want)))
+        mask = offset = 0
+    else:
+        offset = min(offsets)
+        fixed = [_fixed(rule, offset) for rule in want]
+        mask = max(set(fixed), key=lambda m: (fixed.count(m), m))
+        narrow = [n for n, m in enumerate(fixed) if m & mask == mask]
+        broad = [n for n, m in enumerate(fixed) if m & mask != mask]
+    if len(broad) * len(want) > _MOST_PAIRS:
+        return False  # (said as not the same: a warning too many, not a wrong silence)
     buckets: dict[int, list[int]] = {}
-    for n, rule in enumerate(want):
-        mask = _fixed(want, common) if common is not None else 0
-        value = functools.reduce(operator.or_, (k[0] & k[1] for k in rule[1] if k[2] == common), 0)
+    for n in narrow:
+        value = functools.reduce(
+            operator.or_, (k[0] & k[1] for k in want[n][1] if k[2] == offset), 0
+        )
         buckets.setdefault(value & mask, []).append(n)
+    pairs = sum(len(members) ** 2 for members in buckets.values())
+    if pairs > _MOST_PAIRS:
+        return False
     for members in buckets.values():
-        if len(members) > _MOST_PAIRED:
-            return False  # (said as not the same: a warning too many, not a wrong silence)
-        for i, a in enumerate(members):
-            for b in members[i + 1 :]:
-                if order[a] > order[b] and want[a][3] != want[b][3] and _overlap(want[a], want[b]):
-                    return False
-    return True
+        if any(swapped(a, b) for i, a in enumerate(members) for b in members[i + 1 :]):
+            return False
+    return not any(swapped(a, b) for a in broad for b in range(len(want)) if a != b)
 
 
-_MOST_PAIRED = 3000
-"""The most rules of one bucket whose pairs are compared for their order."""
+_MOST_PAIRS = 5_000_000
+"""The most pairs of rules whose order is compared (beyond it, W622 without a look)."""
 
 
-def _fixed(rules: list[Rule], offset: int) -> int:
-    """The bits every rule's keys at ``offset`` fix."""
-    mask = 0xFFFFFFFF
-    for rule in rules:
-        mask &= functools.reduce(operator.or_, (k[1] for k in rule[1] if k[2] == offset), 0)
-    return mask
+def _fixed(rule: Rule, offset: int) -> int:
+    """The bits a rule's keys at ``offset`` fix."""
+    return functools.reduce(operator.or_, (k[1] for k in rule[1] if k[2] == offset), 0)
 
 
 def _overlap(a: Rule, b: Rule) -> bool:
