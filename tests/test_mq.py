@@ -1612,6 +1612,27 @@ def test_import_writes_an_mq_tree_queue_by_queue(tmp_path: Path) -> None:
     ), out.output
 
 
+@pytest.mark.parametrize("first", [True, False], ids=["first queue's", "second queue's"])
+def test_import_says_when_the_queues_size_tables_differ(first: bool) -> None:
+    """The language gives every queue the mq's size table: a queue whose qdisc has another
+    (or none) is W611, whichever queue has the table."""
+    from tcdsl.ops.importer import import_policy
+    from tcdsl.ops.tctext import DeviceText
+
+    stab = " linklayer ethernet overhead 8 mpu 64 mtu 2047 tsize 512\n"
+    text = (
+        "qdisc mq 1: root\n"
+        "qdisc bfifo 12: parent 1:1 limit 30000b\n" + (stab if first else "") + ""
+        "qdisc bfifo 14: parent 1:2 limit 30000b\n" + ("" if first else stab)
+    )
+    got = import_policy(DeviceText("eth0", "saved.txt", text))
+    assert got.policy is not None
+    assert "interface eth0 mq handle 1: overhead 22 mpu 64 {" in got.policy, got.policy
+    (warned,) = [d for d in got.diagnostics if d.code == "W611"]
+    queue = 2 if first else 1
+    assert f"the size table of queue {queue}'s bfifo (none) is not another" in warned.message
+
+
 def test_flower_trees_steer_with_flower(tmp_path: Path) -> None:
     text = AUTO.replace("interface eth0 mq", "interface eth0 classifier flower mq")
     steering = [line for line in batch(tmp_path, text) if " egress " in line]

@@ -1888,22 +1888,22 @@ def _write_mq(w: _Writer, depth: int, mq: _Mq, names: dict[str, str], head: str)
     """Write an mq root and its queues; the queues' size table on the mq's line, where the
     language has it (every queue's qdisc gets it)."""
     words = ["mq", "handle", mq.q.handle]
-    said: tuple[str, ...] | None = None
-    for n, node in mq.queues:
+    tables = []
+    for _, node in mq.queues:
         p = _Params(node.q, node.line)
         _stab(p)
-        if said is None and p.words:
-            said = tuple(p.words)
-            words += said
-        elif tuple(p.words) != (said or ()):
-            shown = " ".join(p.words) or "none"
+        tables.append(tuple(p.words))
+    said = next((table for table in tables if table), ())
+    words += said
+    for (n, node), table in zip(mq.queues, tables, strict=True):
+        if table != said:
             w.comment(
                 depth,
                 Problem(
                     "W611",
-                    f"the size table of queue {n}'s {node.q.kind} ({shown}) is not the "
-                    f"others' ({' '.join(said or ()) or 'none'}): the language gives every "
-                    "queue the mq's; written with the first queue's",
+                    f"the size table of queue {n}'s {node.q.kind} ({' '.join(table) or 'none'}) "
+                    f"is not another queue's ({' '.join(said)}): the language gives every "
+                    "queue the mq's, written here",
                     node.line,
                 ),
             )
