@@ -1323,8 +1323,8 @@ def _foreign_clsact(device: str, runner: Runner) -> str | None:
                     return f"a {kind} filter on its {hook} hook"
             action = parse_action(line)
             if action is not None and not _ours(action):
-                shown = line.split(":", 1)[1].split()[:4] if ":" in line else [action[0]]
-                return f"a '{' '.join(shown)}' action on its {hook} hook"
+                shown = line.split(":", 1)[1] if ":" in line else str(action[0])
+                return f"a '{' '.join(shown.split()[:4])}' action on its {hook} hook"
     return None
 
 
