@@ -201,7 +201,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W617": CodeInfo(_W, "import: one policer shared by several lines, written as several"),
     "W618": CodeInfo(_W, "import: a download whose IFB tree is not in the text read"),
     "W619": CodeInfo(_W, "import: a line that is not tc's qdisc, class or filter output"),
-    "W620": CodeInfo(_W, "import: a download redirect of one family, written for both"),
+    "W620": CodeInfo(_W, "import: a download redirect not tcdsl's, written as tcdsl's"),
     "W621": CodeInfo(_W, "import: a filter to an inner htb class, written to the default"),
     "W622": CodeInfo(_W, "import: an mq tree's queue steering is not what the policy makes"),
     # E5xx: backend limits

@@ -705,6 +705,8 @@ INGRESS_HANDLE = Handle(0xFFFF, 0)
 CLSACT_EGRESS = Handle(0xFFFF, 0xFFF3)
 """The egress hook of a clsact qdisc (tc's ``egress``), where an mq tree's filters pick the
 TX queue (``TC_H_MIN_EGRESS``)."""
+CLSACT_INGRESS = Handle(0xFFFF, 0xFFF2)
+"""The ingress hook of a clsact qdisc (tc's ``ingress``, ``TC_H_MIN_INGRESS``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -568,6 +568,111 @@ def test_a_device_name_a_policy_cannot_write_is_refused(tmp_path: Path) -> None:
     assert "holds a quote, which a policy cannot write" in " ".join(err.split()), err
 
 
+SQM_SAVED = """\
+qdisc htb 1: root refcnt 2 r2q 10 default 0x10 direct_packets_stat 0 direct_qlen 1000
+qdisc ingress ffff: parent ffff:fff1 ----------------
+class htb 1:1 root rate 20Mbit ceil 20Mbit burst 1600b cburst 1600b
+class htb 1:10 parent 1:1 prio 0 rate 20Mbit ceil 20Mbit burst 1600b cburst 1600b
+filter protocol all pref 10 u32 chain 0
+filter protocol all pref 10 u32 chain 0 fh 800: ht divisor 1
+filter protocol all pref 10 u32 chain 0 fh 800::800 order 2048 key ht 800 bkt 0 flowid 1:1 \
+not_in_hw
+  match 00000000/00000000 at 0
+\taction order 1: mirred (Egress Redirect to device ifb4eth0) stolen
+\tindex 1 ref 1 bind 1
+"""
+"""sqm-scripts' download redirect (``flowid 1:1``) saved as docs/operations.md says: ``tc
+filter show dev eth0 parent ffff:`` leaves its parent out."""
+
+
+def test_a_redirect_listed_without_its_parent_is_the_ingress_qdiscs() -> None:
+    """Found by a tester: sqm-scripts' redirect names flowid 1:1, so it was taken for a filter
+    of the egress htb 1: (W613 there; with a cake root, nothing said) and the download was
+    lost without W618. A filter that redirects is the ingress qdisc's."""
+    got = import_policy(DeviceText("eth0", "saved.txt", SQM_SAVED))
+    assert got.policy is not None
+    codes = [d.code for d in got.diagnostics]
+    assert codes == ["W618", "W620"], render(got.diagnostics, got.sources)
+    assert "write it as 'download via ifb4eth0'" in got.diagnostics[0].message
+    assert "at pref 10 with flowid 1:1: a download's redirect is at pref 1 with no class, so " \
+        "applying the policy makes it anew" in got.diagnostics[1].message  # fmt: skip
+
+
+@pytest.mark.parametrize("parent", ["1:", "1:1"])
+def test_a_tbf_child_added_under_the_tbf_itself_is_imported(parent: str) -> None:
+    """Found by a tester: sqm-scripts' simplest_tbf.qos adds its fq_codel with 'parent 1:',
+    which tc shows so; the child was looked for under 1:1 only, and left out unsaid."""
+    text = (
+        "qdisc tbf 1: root refcnt 3 rate 20Mbit burst 2500b lat 300ms\n"
+        f"qdisc pfifo 110: parent {parent} limit 1001p\n"
+    )
+    got = import_policy(DeviceText("eth0", "saved.txt", text))
+    assert got.policy is not None and not got.diagnostics, render(got.diagnostics, got.sources)
+    assert (
+        "tbf handle 1: rate 20mbit burst 2500 limit 751250 {\n    pfifo handle 110: limit 1001\n}"
+        in got.policy
+    )
+
+
+def _fw_text(*filters: tuple[int, str, str]) -> DeviceText:
+    """An hfsc 1: (default 1:30) with classes 1:10, 1:20, 1:30 and fw filters (pref, handle,
+    class)."""
+    text = (
+        "qdisc hfsc 1: root refcnt 2 default 30\nclass hfsc 1: root\n"
+        "class hfsc 1:1 parent 1: ls m2 10Mbit ul m2 10Mbit\n"
+        + "".join(f"class hfsc 1:{m} parent 1:1 ls m2 3Mbit\n" for m in (10, 20, 30))
+        + "".join(
+            f"filter parent 1: protocol ip pref {pref} fw chain 0 handle {handle} classid {c}\n"
+            for pref, handle, c in filters
+        )
+    )
+    return DeviceText("eth0", "saved.txt", text)
+
+
+def test_fw_filters_of_one_mask_at_prefs_of_their_own_are_one_classify_by_mark() -> None:
+    """Found by a tester (sqm-scripts' simple.qos): fw filters of one mask, one per pref,
+    never match one packet together, so nothing lies between them: all are written, where
+    all but the first pref's were left out (W616)."""
+    got = import_policy(
+        _fw_text((1, "0x10/0xf0", "1:10"), (2, "0x20/0xf0", "1:20"), (3, "0x30/0xf0", "1:30"))
+    )
+    assert got.policy is not None
+    assert [d.code for d in got.diagnostics] == ["W616"], render(got.diagnostics, got.sources)
+    for classid, mark in (("1:10", "0x10"), ("1:20", "0x20"), ("1:30", "0x30")):
+        assert f"id {classid} ls m2 3mbit mark {mark}" in got.policy, got.policy
+
+
+def test_the_default_class_takes_no_mark_of_a_filter_left_out() -> None:
+    """Found by a tester (OpenWrt's qos-scripts): with fw filters of another mask between
+    (0x1/0xf at pref 3), 0x20/0xf0 at pref 4 is left out (W616), and the compiler gave the
+    default class the first free mark, 0x20: packets the kept firewall rules mark for 1:20
+    went to the default class. The default class takes its own filter's mark, or a mark no
+    filter names."""
+    filters = [(2, "0x10/0xf0", "1:10"), (3, "0x1/0xf", "1:10"), (4, "0x20/0xf0", "1:20")]
+    got = import_policy(_fw_text(*filters))
+    assert got.policy is not None and "id 1:30 ls m2 3mbit mark 0x30" in got.policy, got.policy
+    got = import_policy(_fw_text(*filters, (5, "0x30/0xf0", "1:30")))
+    assert got.policy is not None and "id 1:30 ls m2 3mbit mark 0x30" in got.policy, got.policy
+    got = import_policy(_fw_text(*filters, (5, "0x30/0xf0", "1:20")))
+    assert got.policy is not None and "id 1:30 ls m2 3mbit mark 0x40" in got.policy, got.policy
+
+
+def test_an_fw_filter_left_out_says_why() -> None:
+    """Found by a tester: sqm-scripts' 'protocol arp' fw filters got 'an fw filter without a
+    mark, a class of this qdisc or ip/ipv6', which did not say which."""
+    text = _fw_text((1, "0x10/0xf0", "1:10"), (2, "0x20/0xf0", "1:70")).text
+    text += "filter parent 1: protocol arp pref 3 fw chain 0 handle 0x30/0xf0 classid 1:30\n"
+    got = import_policy(DeviceText("eth0", "saved.txt", text))
+    said = [d.message for d in got.diagnostics if d.code == "W616"]
+    assert (
+        "filter pref 2 (ip, fw) to 1:70: it sends to 1:70, no class of this qdisc; left out" in said
+    )
+    assert (
+        "filter pref 3 (arp, fw) to 1:30: protocol 'arp': the language writes ip and ipv6 only; "
+        "left out" in said
+    ), said
+
+
 def test_filters_listed_without_their_parent_go_to_the_qdisc_of_their_flowid() -> None:
     """'tc filter show dev X parent 10:' names no parent: the flowid's major tells it."""
     code, out, err = _cli("-i", "lan0", "--from", str(DATA / "nested.txt"))
@@ -783,8 +888,27 @@ tc_classify_kern.o:[tc_classify] direct-action not_in_hw id 12 tag 0123456789abc
         (CLSACT, STEER.format(last=1, queue=1), "the clsact qdisc's 1 egress filter(s)"),
         (CLSACT, STEER.format(last=2, queue=0), "the clsact qdisc's 1 egress filter(s)"),
         (CLSACT, STEER.format(last=1, queue=0) + BPF, "(bpf among them, which the language"),
+        (  # u32 goes on to its next rule after this one: not tcdsl's steering
+            CLSACT,
+            STEER.format(last=1, queue=0).replace(" pipe", " continue"),
+            "the clsact qdisc's 1 egress filter(s) are not the 1",
+        ),
+        (  # htb takes skb->priority before its filters
+            CLSACT,
+            STEER.format(last=1, queue=0).replace(" pipe", " priority 12:20 pipe"),
+            "the clsact qdisc's 1 egress filter(s) are not the 1",
+        ),
     ],
-    ids=["tcdsl's", "no clsact", "none", "another queue", "other keys", "a program"],
+    ids=[
+        "tcdsl's",
+        "no clsact",
+        "none",
+        "another queue",
+        "other keys",
+        "a program",
+        "continue",
+        "priority",
+    ],
 )
 def test_an_mq_tree_s_steering_is_said_when_it_is_not_the_policy_s(
     clsact: str, steer: str, said: str | None, tmp_path: Path

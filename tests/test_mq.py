@@ -1108,6 +1108,34 @@ def test_an_imported_mq_tree_is_taken_over_as_it_is(tmp_path: Path) -> None:
     assert "interface eth0 mq handle 1: overhead 18 {" in imported, imported
 
 
+def test_import_says_it_leaves_out_the_clsacts_ingress_filters(tmp_path: Path) -> None:
+    """Found by a tester: an mq tree with a clsact whose ingress hook redirects to an IFB was
+    imported without a word of the redirect (the read listed the egress hook only)."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    done = _in_namespace(
+        tmp_path,
+        2,
+        "ip link add ifb0 type ifb && tc qdisc add dev eth0 root handle 1: mq && "
+        "tc qdisc add dev eth0 parent 1:1 handle 10: htb default 10 && "
+        "tc class add dev eth0 parent 10: classid 10:10 htb rate 1mbit && "
+        "tc qdisc add dev eth0 clsact && "
+        "tc filter add dev eth0 ingress protocol all pref 3 u32 match u32 0 0 "
+        "action mirred egress redirect dev ifb0 && "
+        "{tcdsl} import -i eth0",
+    )
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 0, said
+    assert "interface eth0 mq handle 1: {" in said, said
+    assert (
+        "[W613]" in said
+        and "filter pref 3 (all, u32) on the ingress hook of the clsact "
+        "qdisc: an mq tree's interface has no ingress and no download (E268); left out"
+        in said
+    ), said
+
+
 SPREAD = """\
 interface eth0 mq queues 2 htb rate 1gbit default d {
     class a rate 100mbit
@@ -1631,6 +1659,22 @@ def test_import_says_when_the_queues_size_tables_differ(first: bool) -> None:
     (warned,) = [d for d in got.diagnostics if d.code == "W611"]
     queue = 2 if first else 1
     assert f"the size table of queue {queue}'s bfifo (none) is not another" in warned.message
+
+
+def test_import_says_it_leaves_out_a_size_table_on_the_mq_itself() -> None:
+    from tcdsl.ops.importer import import_policy
+    from tcdsl.ops.tctext import DeviceText
+
+    text = (
+        "qdisc mq 1: root\n linklayer atm overhead 20 mpu 0 mtu 2047 tsize 512\n"
+        "qdisc bfifo 12: parent 1:1 limit 30000b\n"
+    )
+    got = import_policy(DeviceText("eth0", "saved.txt", text))
+    assert got.policy is not None and "interface eth0 mq handle 1: {" in got.policy
+    assert [d.message for d in got.diagnostics if d.code == "W611"] == [
+        "mq 1: has a size table of its own, which counts nothing (packets are queued to its "
+        "queues' qdiscs); left out"
+    ]
 
 
 def test_flower_trees_steer_with_flower(tmp_path: Path) -> None:

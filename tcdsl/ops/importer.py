@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from tcdsl import __version__, ir
+from tcdsl.commands import REDIRECT_PREF
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.lower import range_to_masks
 from tcdsl.ops.tctext import DeviceObjects, DeviceText, FilterEntry, objects
@@ -54,6 +55,7 @@ from tcdsl.verify.readback import (
     UNREADABLE_POLICE,
     Shown,
     TcClass,
+    TcFilter,
     TcQdisc,
     parse_size,
     parse_time,
@@ -965,7 +967,7 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
                     "is, tc's text does not say; left out")  # fmt: skip
             continue
         if f.kind == "fw":
-            _fw(out, entry, classes, problem)
+            _fw(out, entry, classes, problem, entries)
             continue
         if f.kind == "flower" and out.flower:
             _flower(out, decoded, index, entry, classes, ingress, problem)
@@ -1050,10 +1052,20 @@ def _fw(
     entry: FilterEntry,
     classes: set[str],
     problem: Callable[[FilterEntry, str, str], None],
+    entries: Sequence[FilterEntry],
 ) -> None:
     f = entry.filter
-    if f.mark is None or f.flowid not in classes or f.protocol not in ("ip", "ipv6"):
-        problem(entry, "an fw filter without a mark, a class of this qdisc or ip/ipv6", "W616")
+    why = (
+        "an fw filter without a mark"
+        if f.mark is None
+        else f"it sends to {f.flowid or 'no class'}, no class of this qdisc"
+        if f.flowid not in classes
+        else f"protocol '{f.protocol}': the language writes ip and ipv6 only"
+        if f.protocol not in ("ip", "ipv6")
+        else None
+    )
+    if why is not None or f.mark is None:
+        problem(entry, f"{why}; left out", "W616")
         return
     mask = 0xFFFFFFFF if f.mask is None else f.mask
     if not 0 < f.mark <= 0xFFFFFFFF or not 0 < mask <= 0xFFFFFFFF or f.mark & ~mask:
@@ -1077,19 +1089,35 @@ def _fw(
                     "are not read (tcdsl writes its own chain, which also gives unmarked "
                     "packets the default class's mark, and at postrouting marks only what "
                     "leaves this interface, so imported trees do not mark each other's "
-                    "packets); write the match lines, or keep your rules and change where",
+                    "packets); write match lines instead, or keep your rules and check that "
+                    "each class's 'mark' is the one they set",
                     entry.line,
                 ),
                 None,
             )
         )
     m = out.marks
-    if pref != m.pref or f.mask != m.mask or pref < 1:
+    if f.mask != m.mask or pref < 1 or (pref != m.pref and _between(m, f, entries)):
         problem(entry, "fw filters at another pref or mask than the first ones", "W616")
         return
     m.families.add(family)
     if m.marks.setdefault(f.flowid, f.mark) != f.mark:
         problem(entry, f"a second mark for {f.flowid}", "W616")
+
+
+def _between(marks: Marks, f: TcFilter, entries: Sequence[FilterEntry]) -> bool:
+    """Whether a filter of ``f``'s protocol lies between the first fw filters' pref and
+    ``f``'s, other than fw ones of their mask. fw filters of one mask never match one packet
+    together (each takes the marks equal to its own under the mask): without another filter
+    between them, those at later prefs are the first ones' ``classify by mark``."""
+    first = marks.pref + (V6_PREF if f.protocol == "ipv6" else 0)
+    low, high = sorted((first, f.pref))
+    return any(
+        e.filter.protocol == f.protocol
+        and low < e.filter.pref < high
+        and not (e.filter.kind == "fw" and e.filter.mask == marks.mask)
+        for e in entries
+    )
 
 
 def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
@@ -1434,7 +1462,9 @@ def _device(text: DeviceText) -> _Device:
         if parent is None:
             # tc names no parent when asked for one: the flowid's major tells the qdisc
             major = _major(entry.filter.flowid.strip("?"))
-            if ingress is not None and major in ("", "ffff"):
+            redirects = any(a[:3] == ("mirred", "egress", "redirect") for a in entry.filter.actions)
+            if ingress is not None and (major in ("", "ffff") or redirects):
+                # (sqm-scripts' redirect names a flowid, 1:1, of no use at ingress)
                 parent = ingress[0].handle
             elif major in majors:
                 parent = f"{major}:"
@@ -1480,7 +1510,8 @@ def _build(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> Qdis
     node = QdiscNode(q, line)
     major = _major(q.handle)
     if q.kind in CHAINING:
-        child = dev.below.get(f"{major}:1")
+        # its one class is :1; a child added with 'parent 1:' is shown there as that
+        child = dev.below.get(f"{major}:1") or dev.below.get(f"{major}:")
         if child is not None:
             node.child = _leaf(dev, child, problems)
         return node
@@ -1509,11 +1540,36 @@ def _build(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> Qdis
         nodes[fl.classid].items.append(fl)
     if q.kind == "htb":
         _to_inner_classes(q, nodes, dev, fs)
+    if fs.marks is not None:
+        _default_mark(q, fs.marks, set(nodes), dev.filters.get(q.handle, []))
     node.marks = fs.marks
     node.flower = fs.flower
     node.family = _tree_family(fs)
     _order(node, fs, problems)
     return node
+
+
+def _default_mark(q: TcQdisc, marks: Marks, classes: set[str], entries: list[FilterEntry]) -> None:
+    """Give the default class a mark of its own (tcdsl's chain gives unmarked packets that
+    mark) that no fw filter of the qdisc names, those left out (W616) too: the compiler would
+    choose the first free one among the marks written, which may be a left-out filter's,
+    and packets the firewall rules kept mark for another class would go to the default."""
+    default = _value(q.options, "default")
+    classid = f"{_major(q.handle)}:{default:x}" if isinstance(default, int) and default else ""
+    if classid not in classes or classid in marks.marks:
+        return
+    mask = 0xFFFFFFFF if marks.mask is None else marks.mask
+    fw = [e.filter for e in entries if e.filter.kind == "fw" and e.filter.mark]
+    own = [f.mark for f in fw if f.flowid == classid and f.mask == marks.mask and f.mark]
+    if own:  # its own filter's, left out: the marks the firewall sets keep their classes
+        marks.marks[classid] = own[0]
+        return
+    taken = {f.mark & mask for f in fw if f.mark}
+    taken |= {mark & mask for mark in marks.marks.values()}
+    step = mask & -mask
+    mark = next((m for m in range(step, mask + 1, step) if m & ~mask == 0 and m not in taken), 0)
+    if mark:
+        marks.marks[classid] = mark
 
 
 def _to_inner_classes(q: TcQdisc, nodes: dict[str, ClassNode], dev: _Device, fs: FilterSet) -> None:
@@ -1895,6 +1951,12 @@ def _write_mq(w: _Writer, depth: int, mq: _Mq, names: dict[str, str], head: str)
         tables.append(tuple(p.words))
     said = next((table for table in tables if table), ())
     words += said
+    if "stab" in mq.q.options:
+        message = (
+            f"mq {mq.q.handle} has a size table of its own, which counts nothing (packets are "
+            "queued to its queues' qdiscs); left out"
+        )
+        w.comment(depth, Problem("W611", message, mq.line))
     for (n, node), table in zip(mq.queues, tables, strict=True):
         if table != said:
             w.comment(
@@ -1916,6 +1978,31 @@ def _write_mq(w: _Writer, depth: int, mq: _Mq, names: dict[str, str], head: str)
     w.line(depth, "}")
 
 
+def _clsact_ingress(dev: _Device) -> list[Problem]:
+    """W613 for each filter on the ingress hook of an mq tree's clsact qdisc (listed under
+    it, or without a parent but with a class or a redirect): the language has none there."""
+    if dev.ingress is None or dev.ingress[0].kind != "clsact":
+        return []
+    found = dev.filters.get(str(ir.CLSACT_INGRESS), [])
+    found += [e for e in dev.filters.get(dev.ingress[0].handle, []) if _at_ingress(e)]
+    return [
+        Problem(
+            "W613",
+            f"filter pref {e.filter.pref} ({e.filter.protocol}, {e.filter.kind}) on the "
+            "ingress hook of the clsact qdisc: an mq tree's interface has no ingress and no "
+            "download (E268); left out",
+            e.line,
+        )
+        for e in found
+    ]
+
+
+def _at_ingress(entry: FilterEntry) -> bool:
+    """Whether a clsact's filter listed without its parent is an ingress one: it gives a
+    class or redirects (an mq tree's steering does neither)."""
+    return bool(entry.filter.flowid) or any(a[0] == "mirred" for a in entry.filter.actions)
+
+
 STEERING = str(ir.CLSACT_EGRESS)
 """Where an mq tree's steering filters are: the egress of a clsact qdisc."""
 
@@ -1930,7 +2017,7 @@ def _steered(dev: _Device, mq: _Mq, policy: ir.Policy | None) -> list[Problem]:
     clsact = dev.ingress if dev.ingress is not None and dev.ingress[0].kind == "clsact" else None
     entries = list(dev.filters.get(STEERING, []))
     if clsact is not None:  # listed without their parent: those that set no class
-        entries += [e for e in dev.filters.get(clsact[0].handle, []) if not e.filter.flowid]
+        entries += [e for e in dev.filters.get(clsact[0].handle, []) if not _at_ingress(e)]
     walked, _ = unhashed(entries)
     got: dict[str, list[tuple[int, Rule]]] = {}
     for e in walked:
@@ -2138,6 +2225,7 @@ def import_policy(
     mq = upload = None
     if root is not None and root[0].kind == "mq":
         mq = _mq(dev, root[0], root[1], problems)
+        problems += _clsact_ingress(dev)
     elif root is not None:
         upload = _build(dev, root[0], root[1], problems)
         _one_family(upload)
@@ -2266,6 +2354,17 @@ def _ingress(
                 f"{entry.filter.protocol}) to {redirect.device}; a download redirects every "
                 "protocol, so the other family's arrivals are shaped there too (in its "
                 "default class, unless a line takes them)",
+                entry.line,
+            )
+        )
+    if entry.filter.pref != REDIRECT_PREF or entry.filter.flowid:
+        shown = f" with flowid {entry.filter.flowid}" if entry.filter.flowid else ""
+        notes.append(
+            Problem(
+                "W620",
+                f"ingress redirects to {redirect.device} at pref {entry.filter.pref}{shown}: a "
+                f"download's redirect is at pref {REDIRECT_PREF} with no class, so applying the "
+                "policy makes it anew (the same packets go to the IFB)",
                 entry.line,
             )
         )

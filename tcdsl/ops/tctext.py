@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from tcdsl.ir import CLSACT_INGRESS
 from tcdsl.ops.live import device_exists, filter_listings, filters_of, top_qdiscs
 from tcdsl.verify.readback import (
     TcClass,
@@ -172,6 +173,8 @@ def read_live(device: str) -> DeviceText:
     for q in parse_qdiscs(qdiscs):
         if q.handle != "0:":
             parents.append(filters_of(q.kind, q.handle))
+            if q.kind == "clsact":  # its ingress hook's too (an mq tree's has none)
+                parents.append(str(CLSACT_INGRESS))
     parents += [c.classid for c in parse_classes(classes)]
     unique = list(dict.fromkeys(parents))
     filters = "".join(

@@ -706,7 +706,11 @@ def parse_action(line: str) -> Action | None:
     if (m := _MIRRED.match(text)) is not None:
         return ("mirred", m.group(1).lower(), m.group(2).lower(), m.group(3))
     if words[0] == "skbedit" and (queue := _after(words, "queue_mapping")) is not None:
-        return ("skbedit", "queue_mapping", queue)
+        if words[1:] == ["queue_mapping", queue, "pipe"]:  # tcdsl's: the queue, then on
+            return ("skbedit", "queue_mapping", queue)
+        # another verb (continue: u32 tries its next rule) or more fields (priority,
+        # which htb takes before its filters) steer otherwise: kept, to differ
+        return ("skbedit", *words[1:])
     return (words[0],)
 
 
