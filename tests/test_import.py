@@ -413,7 +413,8 @@ def test_what_the_language_cannot_say_is_a_warning_and_a_comment(tmp_path: Path)
     result = _check(out, tmp_path)
     assert not [d for d in result.diagnostics if d.is_error]
     # what could be said is there
-    assert "match dport 22 pref 1" in out and "class c1_20 id 1:20" in out
+    assert "match family ipv4 dport 22 pref 1" in out and "class c1_20 id 1:20" in out
+    assert "match dst 2001:db8::/32 pref 6" in out  # an IPv6 filter at pref 6 (W615)
     assert "mark 0x7" in out
 
 
@@ -671,6 +672,42 @@ def test_an_fw_filter_left_out_says_why() -> None:
         "filter pref 3 (arp, fw) to 1:30: protocol 'arp': the language writes ip and ipv6 only; "
         "left out" in said
     ), said
+
+
+def _v6_at(*prefs: tuple[int, str, str]) -> DeviceText:
+    """An htb 1: with classes 1:10 and 1:20 (default) and IPv6 u32 filters (pref, class,
+    the address's last word in hex: 2001:db8::N/128)."""
+    text = (
+        "qdisc htb 1: root refcnt 2 r2q 10 default 0x20 direct_packets_stat 0 direct_qlen 1000\n"
+        "class htb 1:10 root prio 0 rate 5Mbit ceil 5Mbit burst 1600b cburst 1600b\n"
+        "class htb 1:20 root prio 0 rate 5Mbit ceil 5Mbit burst 1600b cburst 1600b\n"
+    )
+    for n, (pref, classid, last) in enumerate(prefs):
+        text += (
+            f"filter parent 1: protocol ipv6 pref {pref} u32 chain 0 fh 80{n}::800 order 2048 "
+            f"key ht 80{n} bkt 0 flowid {classid} not_in_hw\n"
+            "  match 20010db8/ffffffff at 24\n  match 00000000/ffffffff at 28\n"
+            f"  match 00000000/ffffffff at 32\n  match {last}/ffffffff at 36\n"
+        )
+    return DeviceText("eth0", "saved.txt", text)
+
+
+def test_ipv6_filters_at_low_prefs_are_written_above_32768_in_their_order() -> None:
+    """Found by a tester (sqm-scripts' simple.qos puts its IPv6 DSCP filters at prefs below
+    32768): they were all left out (W613) and IPv6 went to the default class. Where they all
+    come before the IPv6 filters above 32768, they are written 32768 higher (W615)."""
+    got = import_policy(_v6_at((2, "1:10", "00000001"), (3, "1:20", "00000002")))
+    assert got.policy is not None
+    said = [(d.code, d.message) for d in got.diagnostics]
+    assert [c for c, _ in said] == ["W615", "W615"], said
+    assert "ipv6 filters at pref 2: tcdsl puts a line's IPv6 filters at its pref + 32768; " \
+        "written as pref 2 (kernel pref 32770), in the same order" in said[0][1]  # fmt: skip
+    assert "match dst 2001:db8::1 pref 2" in got.policy and "match dst 2001:db8::2 pref 3" in (
+        got.policy
+    ), got.policy
+    # 32768 higher, pref 5 would come after pref 32770, which it comes before: left out
+    got = import_policy(_v6_at((32770, "1:10", "00000001"), (5, "1:20", "00000002")))
+    assert [d.code for d in got.diagnostics] == ["W613"], render(got.diagnostics, got.sources)
 
 
 def test_filters_listed_without_their_parent_go_to_the_qdisc_of_their_flowid() -> None:

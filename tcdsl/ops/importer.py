@@ -1155,6 +1155,13 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
     unanchored = float("inf")
     if not dual_marks and tables.get("ipv6", U32_MAX) < tables.get("ipv4", U32_MAX):
         unanchored = float("-inf")
+    # IPv6 filters at prefs up to 32768 (sqm-scripts' DSCP filters): where all of them come
+    # before the IPv6 filters above, written 32768 higher, their order kept
+    six = [d.entry.filter.pref for d in decoded if d.family == "ipv6" and not d.flower]
+    low = [p for p in six if p <= V6_PREF]
+    high = [p for p in six if p > V6_PREF]
+    lifted = bool(low) and (not high or max(low) + V6_PREF < min(high))
+    lifted_said: set[int] = set()
     for d in decoded:
         f = d.entry.filter
         if d.index in used:
@@ -1171,25 +1178,36 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
             seq = (float(d.index), 0)
             pref = f.pref
         else:
-            if f.pref <= V6_PREF:
+            pref = f.pref - V6_PREF
+            if f.pref <= V6_PREF and not lifted:
                 out.problems.append(
                     (
                         Problem(
                             "W613",
                             f"IPv6 filter at pref {f.pref}: tcdsl puts a line's IPv6 filters at "
-                            "its pref + 32768, so prefs up to 32768 are IPv4's; left out",
+                            "its pref + 32768, so prefs up to 32768 are IPv4's, and those "
+                            "above hold IPv6 filters that come after it; left out",
                             d.entry.line,
                         ),
                         f.flowid,
                     )
                 )
                 continue
+            if f.pref <= V6_PREF:
+                pref = f.pref
+                if f.pref not in lifted_said:
+                    lifted_said.add(f.pref)
+                    message = (
+                        f"ipv6 filters at pref {f.pref}: tcdsl puts a line's IPv6 filters at "
+                        f"its pref + {V6_PREF}; written as pref {pref} (kernel pref "
+                        f"{pref + V6_PREF}), in the same order among the IPv6 filters"
+                    )
+                    out.problems.append((Problem("W615", message, d.entry.line), f.flowid))
             family = "ipv6"
             filters = [(f.protocol, f.pref, d.index)]
             pos = v6_pos[d.index]
             after = [four for six, four in dual_marks if six > pos]
             seq = (min(after) - 0.5 if after else unanchored, pos)
-            pref = f.pref - V6_PREF
         out.lines.append(
             Line(
                 d.conds,
