@@ -1060,6 +1060,22 @@ def test_steering_split_over_other_prefs_is_the_same_steering() -> None:
     assert not got.diagnostics, render(got.diagnostics, got.sources)
 
 
+def test_steering_rules_sharing_a_key_are_parted_by_the_one_that_differs() -> None:
+    """3,000 rules of TCP to one /32 each, set to alternate queues, in opposite orders: the
+    same steering. All have a key at the protocol's offset too; bucketed by that one they
+    were one bucket, 9 million pairs, past the bound, and said not to be the same."""
+    from tcdsl.ops.importer import _same_first_match
+
+    tcp = (0x00060000, 0x00FF0000, 8)
+    rules = [
+        ("u32", (tcp, (0x0A000000 + n, 0xFFFFFFFF, 16)), None, (("skbedit", str(n % 2)),))
+        for n in range(3000)
+    ]
+    assert _same_first_match(rules, rules[::-1])
+    wide = ("u32", (tcp, (0x0A000000, 0xFFFFF000, 16)), None, (("skbedit", "1"),))
+    assert not _same_first_match([wide, *rules], [*rules, wide])  # 10.0.0.0/20 first or last
+
+
 def test_an_mq_tree_and_its_steering_round_trip_in_the_guest(tmp_path: Path) -> None:
     """In the 6.1 guest (act_skbedit): the example ISP tree on mq imports with no W622, and
     with one of its steering filters deleted, with it."""

@@ -21,6 +21,7 @@ import itertools
 import operator
 import re
 import string
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -2130,31 +2131,30 @@ def _same_first_match(want: list[Rule], got: list[Rule]) -> bool:
         return _overlap(want[a], want[b])
 
     # Rules overlap only where their keys agree at the offsets they share. Bucketed by the
-    # bits most rules fix at one offset (a /32 each: a bucket each), a pair of two buckets
-    # never overlaps; the few rules that fix fewer bits there (a /16 among /32s) are paired
-    # with every rule.
+    # bits most rules fix at one offset (a /32 each: a bucket each; of the offsets all rules
+    # have keys at, the one that parts them most), a pair of two buckets never overlaps; the
+    # few rules that fix fewer bits there (a /16 among /32s) are paired with every rule.
     offsets = set.intersection(*({k[2] for k in rule[1]} for rule in want))
-    if not offsets:
-        narrow: list[int] = []
-        broad = list(range(len(want)))
-        mask = offset = 0
-    else:
-        offset = min(offsets)
-        fixed = [_fixed(rule, offset) for rule in want]
-        mask = max(set(fixed), key=lambda m: (fixed.count(m), m))
-        narrow = [n for n, m in enumerate(fixed) if m & mask == mask]
-        broad = [n for n, m in enumerate(fixed) if m & mask != mask]
-    if len(broad) * len(want) > _MOST_PAIRS:
-        return False  # (said as not the same: a warning too many, not a wrong silence)
     buckets: dict[int, list[int]] = {}
-    for n in narrow:
-        value = functools.reduce(
-            operator.or_, (k[0] & k[1] for k in want[n][1] if k[2] == offset), 0
-        )
-        buckets.setdefault(value & mask, []).append(n)
+    broad = list(range(len(want)))
+    for offset in sorted(offsets):
+        fixed = [_fixed(rule, offset) for rule in want]
+        mask = max(Counter(fixed).items(), key=lambda item: (item[1], item[0]))[0]
+        parted: dict[int, list[int]] = {}
+        for n, rule in enumerate(want):
+            if fixed[n] & mask == mask:
+                value = functools.reduce(
+                    operator.or_, (k[0] & k[1] for k in rule[1] if k[2] == offset), 0
+                )
+                parted.setdefault(value & mask, []).append(n)
+        if len(parted) > len(buckets):
+            buckets = parted
+            broad = [n for n, m in enumerate(fixed) if m & mask != mask]
+    if not buckets:
+        buckets = {0: []}  # no offset in common: every pair is compared
     pairs = sum(len(members) ** 2 for members in buckets.values())
-    if pairs > _MOST_PAIRS:
-        return False
+    if pairs + len(broad) * len(want) > _MOST_PAIRS:
+        return False  # (said as not the same: a warning too many, not a wrong silence)
     for members in buckets.values():
         if any(swapped(a, b) for i, a in enumerate(members) for b in members[i + 1 :]):
             return False
