@@ -20,7 +20,6 @@ import heapq
 import itertools
 import operator
 import re
-import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -1152,7 +1151,8 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
     # tree whose first line is IPv6 does: the policy then keeps the kernel's table ids.
     tables: dict[str, int] = {}
     for d in decoded:
-        tables[d.family] = min(tables.get(d.family, U32_MAX), _table(d.entry))
+        table = _fh_table(d.entry.head)
+        tables[d.family] = min(tables.get(d.family, U32_MAX), U32_MAX if table is None else table)
     unanchored = float("inf")
     if not dual_marks and tables.get("ipv6", U32_MAX) < tables.get("ipv4", U32_MAX):
         unanchored = float("-inf")
@@ -1245,13 +1245,6 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
 
 LISTED = ("src", "dst", "sport", "dport", "proto")
 """The conditions a line may give several values of (``dport 80, 443``)."""
-
-
-def _table(entry: FilterEntry) -> int:
-    """The id of the u32 table a filter's node is in (``fh 801::800``: 0x801)."""
-    fh = _word_after(entry.head, "fh") or ""
-    table = fh.partition(":")[0]
-    return int(table, 16) if table and all(c in string.hexdigits for c in table) else U32_MAX
 
 
 def _renumbered(out: FilterSet) -> None:
@@ -1578,12 +1571,12 @@ def _default_mark(q: TcQdisc, marks: Marks, classes: set[str], entries: list[Fil
     if classid not in classes or classid in marks.marks:
         return
     mask = 0xFFFFFFFF if marks.mask is None else marks.mask
-    fw = [e.filter for e in entries if e.filter.kind == "fw" and e.filter.mark]
-    own = [f.mark for f in fw if f.flowid == classid and f.mask == marks.mask and f.mark]
+    fw = [(e.filter, e.filter.mark) for e in entries if e.filter.kind == "fw" and e.filter.mark]
+    own = [mark for f, mark in fw if f.flowid == classid and f.mask == marks.mask]
     if own:  # its own filter's, left out: the marks the firewall sets keep their classes
         marks.marks[classid] = own[0]
         return
-    taken = {f.mark & mask for f in fw if f.mark}
+    taken = {mark & mask for _, mark in fw}
     taken |= {mark & mask for mark in marks.marks.values()}
     step = mask & -mask
     mark = next((m for m in range(step, mask + 1, step) if m & ~mask == 0 and m not in taken), 0)
@@ -1950,8 +1943,11 @@ def _mq(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> _Mq:
     for parent, found in dev.below.items():
         if _major(parent) == major and found[0].handle != "0:":
             # a queue takes what a root does (pfifo_fast too), and what a class does
-            node = _build(dev, *found, problems) if found[0].kind in ROOTS else None
-            node = node or _leaf(dev, found, problems)
+            node = (
+                _build(dev, *found, problems)
+                if found[0].kind in ROOTS
+                else _leaf(dev, found, problems)
+            )
             if node is not None:
                 queues.append((_minor(parent), node))
     queues.sort(key=lambda queue: queue[0])
@@ -1997,13 +1993,19 @@ def _write_mq(w: _Writer, depth: int, mq: _Mq, names: dict[str, str], head: str)
     w.line(depth, "}")
 
 
+def _clsact(dev: _Device) -> tuple[TcQdisc, int] | None:
+    """The device's clsact qdisc (in its ingress slot), or None."""
+    return dev.ingress if dev.ingress is not None and dev.ingress[0].kind == "clsact" else None
+
+
 def _clsact_ingress(dev: _Device) -> list[Problem]:
     """W613 for each filter on the ingress hook of an mq tree's clsact qdisc (listed under
     it, or without a parent but with a class or a redirect): the language has none there."""
-    if dev.ingress is None or dev.ingress[0].kind != "clsact":
+    clsact = _clsact(dev)
+    if clsact is None:
         return []
     found = dev.filters.get(str(ir.CLSACT_INGRESS), [])
-    found += [e for e in dev.filters.get(dev.ingress[0].handle, []) if _at_ingress(e)]
+    found += [e for e in dev.filters.get(clsact[0].handle, []) if _at_ingress(e)]
     return [
         Problem(
             "W613",
@@ -2033,7 +2035,7 @@ def _steered(dev: _Device, mq: _Mq, policy: ir.Policy | None) -> list[Problem]:
     after the other in u32's order (a hashed pref's buckets side by side)."""
     if policy is None:
         return []
-    clsact = dev.ingress if dev.ingress is not None and dev.ingress[0].kind == "clsact" else None
+    clsact = _clsact(dev)
     entries = list(dev.filters.get(STEERING, []))
     if clsact is not None:  # listed without their parent: those that set no class
         entries += [e for e in dev.filters.get(clsact[0].handle, []) if not _at_ingress(e)]
@@ -2054,9 +2056,9 @@ def _steered(dev: _Device, mq: _Mq, policy: ir.Policy | None) -> list[Problem]:
     def rules(found: list[tuple[int, Rule]]) -> list[Rule]:  # the prefs in order
         return [rule for _, rule in sorted(found, key=lambda item: item[0])]
 
-    if want.keys() == got.keys() and all(
-        _same_first_match(rules(want[k]), rules(got[k])) for k in want
-    ):
+    paired = [(rules(want[k]), rules(got[k])) for k in want] if want.keys() == got.keys() else []
+    same_rules = want.keys() == got.keys() and all(_same_rules(a, b) for a, b in paired)
+    if same_rules and all(_same_first_match(a, b) for a, b in paired):
         return []
     made = sum(map(len, want.values()))
     if clsact is None:
@@ -2078,9 +2080,7 @@ def _steered(dev: _Device, mq: _Mq, policy: ir.Policy | None) -> list[Problem]:
         if kinds
         else ""
     )
-    if want.keys() == got.keys() and all(
-        sorted(map(repr, rules(want[k]))) == sorted(map(repr, rules(got[k]))) for k in want
-    ):
+    if same_rules:
         message = (
             f"the clsact qdisc's {shown} egress filter(s) are those of the policy written, "
             "in another order: lines that one packet can match are on different queues (a "
@@ -2101,15 +2101,19 @@ Rule = tuple[str, tuple[tuple[int, int, int], ...], object, tuple[object, ...]]
 """A steering filter: its kind, u32 keys, flower match and actions (the queue it sets)."""
 
 
+def _same_rules(want: list[Rule], got: list[Rule]) -> bool:
+    """Whether two lists hold the same rules, in whatever order."""
+    return want == got or sorted(map(repr, want)) == sorted(map(repr, got))
+
+
 def _same_first_match(want: list[Rule], got: list[Rule]) -> bool:
-    """Whether two lists of rules, tried in order, steer every packet alike: the same rules,
-    and any two that one packet can match and that set other queues in the same order (a
-    spread tree lists its rules in the tree's order, the written form queue by queue, which
-    matters only where they overlap; so does how the rules fall into prefs)."""
+    """Whether two lists of the same rules (:func:`_same_rules`), tried in order, steer
+    every packet alike: any two that one packet can match and that set other queues are in
+    the same order (a spread tree lists its rules in the tree's order, the written form
+    queue by queue, which matters only where they overlap; so does how the rules fall into
+    prefs)."""
     if want == got:
         return True
-    if sorted(map(repr, want)) != sorted(map(repr, got)):
-        return False
     if any(rule[0] != "u32" for rule in want):
         return False
     place: dict[tuple[str, int], int] = {}
@@ -2250,7 +2254,7 @@ def import_policy(
     ingress: FilterSet | None = None
     download: tuple[_Redirect, _Device, QdiscNode, list[Problem]] | None = None
     ingress_notes: list[Problem] = []
-    if dev.ingress is not None and (mq is None or dev.ingress[0].kind != "clsact"):
+    if dev.ingress is not None and (mq is None or _clsact(dev) is None):
         ingress, download = _ingress(dev, read_other, ingress_notes, sources)
     names = _names(dev)
     tree = upload or (mq.queues[0][1] if mq is not None and mq.queues else None)
