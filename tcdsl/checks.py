@@ -409,6 +409,7 @@ def overbooking_is_declared(policy: ir.Policy) -> Iterator[Diagnostic]:
     """Children guaranteed more than their parent's rate (or ceil), or top-level cbq classes
     more than the bandwidth, say ``overbook`` on the parent (warning W350); an ``overbook``
     that over-books nothing is a warning too (W351)."""
+    trees = len(policy.interfaces) > 1
     for s in sites(policy):
         parent_rate = rate_of(s.cls.rate)
         if parent_rate is None or s.qdisc.kind == "prio":
@@ -416,12 +417,18 @@ def overbooking_is_declared(policy: ir.Policy) -> Iterator[Diagnostic]:
         # a leaf class over-books nothing (its children's rates add up to 0)
         over = children_overbook(s.cls) if s.cls.children else None
         if over is not None and not s.cls.overbook:
+            last = s.cls.children[-1]
+            # subscribers' rates come from a table's rows: the statement's class is the place
+            at = last.span
+            if last.from_table:
+                at = s.cls.span if s.cls.implicit else s.cls.head
             yield Diagnostic.warning(
                 "W350",
-                f"children of {s.cls.label} are guaranteed {_fmt(over.total)} in all, {over}; "
-                f"write 'overbook' on {'the interface line' if s.cls.implicit else 'the class'} "
-                "if this is on purpose",
-                s.cls.children[-1].span,
+                f"children of {s.cls.label}{f' ({s.iface.label})' if trees else ''} are "
+                f"guaranteed {_fmt(over.total)} in all, {over}; write 'overbook' on "
+                f"{'the interface line' if s.cls.implicit else 'the class'} if this is on "
+                "purpose",
+                at,
                 Note(f"{over.what[4:]} given here", over.limit.span),
             )
         elif over is None and s.cls.overbook:
@@ -1405,7 +1412,7 @@ def mq_steering_owns_clsact(policy: ir.Policy) -> Iterator[Diagnostic]:
                 iface.marking.span,
             )
         other = ingress.get(iface.name) or downloads.get(iface.name)
-        if other is not None:
+        if other is not None and ir.mq_steers(iface):
             what = (
                 "its ingress policers need"
                 if other.direction == "ingress"

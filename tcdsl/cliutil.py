@@ -36,12 +36,22 @@ def visible(diagnostics: Sequence[Diagnostic], info: bool) -> list[Diagnostic]:
 
 
 def summary(diagnostics: Sequence[Diagnostic]) -> str:
-    counts = (
-        (sum(d.is_error for d in diagnostics), "error"),
-        (sum(d.severity is Severity.WARNING for d in diagnostics), "warning"),
-        (sum(d.severity is Severity.INFO for d in diagnostics), "info"),
-    )
-    return ", ".join(f"{n} {word}{'s' * (n != 1)}" for n, word in counts if n)
+    """``3 errors, 1 warning``: what was found, counting those a cap left unshown (a
+    diagnostic saying so stands for them: ``80 errors (30 not shown)``)."""
+    said = []
+    for severity, word in (
+        (Severity.ERROR, "error"),
+        (Severity.WARNING, "warning"),
+        (Severity.INFO, "info"),
+    ):
+        found = [d for d in diagnostics if d.severity is severity]
+        hidden = sum(d.hidden for d in found)
+        n = sum(1 for d in found if not d.hidden) + hidden
+        if n:
+            said.append(
+                f"{n} {word}{'s' * (n != 1)}" + (f" ({hidden} not shown)" if hidden else "")
+            )
+    return ", ".join(said)
 
 
 def policy_or_exit(result: Result, what: str) -> ir.Policy:

@@ -512,7 +512,7 @@ class _Words:
                 body = [*before, "u32", *after, *matches]
             queue = queue_mapping(f.flowid)
             action = ("action", "skbedit", "queue_mapping", str(queue))
-            return Command("tc", (*head, *body, *action), f.span, f"TX queue {queue} ({f.flowid})")
+            return Command("tc", (*head, *body, *action), f.span, queue_words(f.flowid))
         flowid = self.handle(f.flowid)
         match f:
             case ir.U32Filter():
@@ -701,6 +701,8 @@ class _Tree:
         """An mq tree's clsact qdisc and its egress filters, which pick each packet's TX
         queue; made once every queue's tree exists, so no packet goes to a queue still
         unshaped."""
+        if not ir.mq_steers(self.iface):  # the kernel picks the queue: nothing in ffff:
+            return
         name = self.iface.name
         what = f"interface {name}: the clsact qdisc whose filters pick the TX queue"
         self.out.append(Command("tc", ("qdisc", "add", "dev", name, "clsact"), q.span, what))
@@ -776,6 +778,12 @@ class U32Tables:
         """The command that links table ``t`` (full) into its place."""
         head, _ = self.words.head(t)
         return Command("tc", (*head, *link_words(t)), t.span, f"link to {table_text(t)}")
+
+
+def queue_words(classid: ir.Handle) -> str:
+    """An mq tree's queue by the policy's number, then the kernel's (which counts from 0) and
+    the mq class it hangs from: ``queue 2 (TX queue 1, 1:2)``."""
+    return f"queue {classid.minor} (TX queue {classid.minor - 1}, {classid})"
 
 
 def queue_mapping(flowid: ir.Handle) -> int:
@@ -969,7 +977,7 @@ def teardown_commands(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
     if iface.direction == "ingress":
         return (("tc", "qdisc", "del", "dev", iface.name, "ingress"), *actions)
     root = ("tc", "qdisc", "del", "dev", iface.name, "root")
-    if isinstance(iface.root, ir.Mq):
+    if ir.mq_steers(iface):
         return (("tc", "qdisc", "del", "dev", iface.name, "clsact"), root, *actions)
     return (root, *actions)
 
@@ -1057,7 +1065,7 @@ def ingress_slot(iface: ir.Interface) -> tuple[str, str] | None:
         return iface.download.interface, "ingress"
     if iface.direction == "ingress":
         return iface.name, "ingress"
-    if isinstance(iface.root, ir.Mq):
+    if ir.mq_steers(iface):
         return iface.name, "clsact"
     return None
 
@@ -1143,7 +1151,7 @@ def batch_teardown(iface: ir.Interface) -> tuple[tuple[str, ...], ...]:
         return (*_ingress_teardown(iface.download.interface), *root)
     if iface.direction == "ingress":
         return _ingress_teardown(iface.name)
-    if isinstance(iface.root, ir.Mq):  # the tree owns the clsact qdisc it steers with
+    if ir.mq_steers(iface):  # the tree owns the clsact qdisc it steers with
         clsact = (("qdisc", "replace", *dev, "clsact"), ("qdisc", "del", *dev, "clsact"))
         return (*clsact, *root)
     return root

@@ -71,6 +71,9 @@ class Diagnostic:
     message: str
     span: Span
     notes: tuple[Note, ...] = ()
+    hidden: int = 0
+    """How many more of its severity this one stands for, not shown (a table's errors past
+    the first 50): counted in the summary, in JSON as ``hidden``."""
 
     @staticmethod
     def error(code: str, message: str, span: Span, *notes: Note) -> Diagnostic:
@@ -225,6 +228,7 @@ def render_json(diagnostics: Iterable[Diagnostic]) -> str:
             "message": d.message,
             "span": _span_json(d.span),
             "notes": [{"message": n.message, "span": _span_json(n.span)} for n in d.notes],
+            **({"hidden": d.hidden} if d.hidden else {}),
         }
         for d in diagnostics
     ]

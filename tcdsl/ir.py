@@ -1240,6 +1240,17 @@ def steered_qdiscs(mq: Mq, banded: bool = True) -> Iterator[tuple[int, int, Clas
                 todo.extend(reversed(below))
 
 
+def mq_steers(iface: Interface) -> bool:
+    """Whether ``iface``'s tree is an mq tree that picks TX queues itself: some match line of
+    its steered qdisc (:func:`steered_qdiscs`) has steering filters, which need a clsact
+    qdisc in the device's ingress slot. An mq tree with none leaves the queue to the kernel
+    (XPS, or a hash of the flow) and puts nothing in that slot."""
+    root = iface.root
+    return isinstance(root, Mq) and any(
+        cls.matches for _, _, q in steered_qdiscs(root) for cls in classes_of(q)
+    )
+
+
 def mq_line_order(mq: Mq, banded: bool = True) -> dict[int, tuple[int, int, int, int]]:
     """Where each class of ``mq``'s steered qdiscs (:func:`steered_qdiscs`, by id) stands in
     the order the policy's lines are tried at one pref: by level, then the tree as written.

@@ -969,6 +969,35 @@ def test_an_mq_tree_s_steering_is_said_when_it_is_not_the_policy_s(
     assert _check(got.policy, tmp_path).output is not None
 
 
+@pytest.mark.parametrize(
+    ("clsact", "steer", "said"),
+    [
+        ("", "", None),
+        (CLSACT, "", None),  # an empty clsact (an older tcdsl's) steers nothing
+        (CLSACT, STEER.format(last=1, queue=0), "its queues' lines steer nothing"),
+        (CLSACT, BPF, "the clsact qdisc's 1 egress filter(s) are not the policy's"),
+    ],
+    ids=["no clsact", "empty clsact", "steering", "a program"],
+)
+def test_queues_with_no_lines_leave_the_clsact_to_its_owner(
+    clsact: str, steer: str, said: str | None, tmp_path: Path
+) -> None:
+    """An mq tree whose queues have no line steers nothing and puts no clsact qdisc: the
+    device's clsact stays as it is, and its egress filters are said (W622) to stay outside
+    the policy, not to be replaced."""
+    got = import_policy(_steering_text(steer, clsact))
+    assert got.policy is not None, render(got.diagnostics, got.sources)
+    assert "match" not in got.policy, got.policy
+    found = [d.message for d in got.diagnostics if d.code == "W622"]
+    if said is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and said in found[0], found
+        assert "leaves the clsact qdisc and its filters as they are" in found[0]
+    compiled = _check(got.policy, tmp_path)
+    assert compiled.output is not None and "clsact" not in compiled.output
+
+
 def _two_queues(second: str, steering: Sequence[tuple[str, int]]) -> DeviceText:
     """Queue 1 sends 10.0.0.1 to 12:10, queue 2 ``second`` (``0a000002/ffffffff``) to 14:10,
     and the clsact's egress filters are ``steering``: (key, queue) in the kernel's order."""
@@ -1302,3 +1331,38 @@ def test_a_class_filter_listed_with_its_qdiscs_is_left_out(tmp_path: Path) -> No
     assert not [x for x in lines if "443" in x or "proto udp" in x], out
     assert any("dport 22" in x for x in lines), out  # other prefs are kept
     assert not [d for d in _check(out, tmp_path).diagnostics if d.is_error], out
+
+
+PRETTY_HEAD = """\
+qdisc htb 1: root r2q 10 default 0x20 direct_packets_stat 0 direct_qlen 1000
+class htb 1:10 root prio 0 rate 10Mbit ceil 10Mbit burst 1600b cburst 1600b
+class htb 1:20 root prio 0 rate 10Mbit ceil 10Mbit burst 1600b cburst 1600b
+"""
+NODE = "filter parent 1: protocol {p} pref {n} u32 chain 0 fh {t}::800 order 2048 key ht {t} "
+NODE += "bkt 0 *flowid 1:10 not_in_hw"
+
+
+@pytest.mark.parametrize(
+    ("keys", "line"),
+    [
+        ("\n  match IP src 10.1.0.0/16\n  match IP dsfield 0x10", 4),
+        (" match dport 22", 4),  # tc -p puts the first port on the node's own line
+        ("", 4),  # an IPv6 address, or 'match u32 0 0': tc -p shows nothing
+        ("\n  match 0a010000/ffff0000 at 12", None),  # as tc shows it without -p
+    ],
+    ids=["IP src", "on the line", "nothing", "hex"],
+)
+def test_keys_saved_with_tc_p_are_refused_at_their_line(keys: str, line: int | None) -> None:
+    """Found by a review: 'tc -p filter show' prints u32 keys its own way ('match IP src
+    10.1.0.0/16'), and IPv6 keys and keys of mask 0 not at all. Each such filter was imported
+    as a catch-all ('match family ipv4'): the policy written sent every packet to its class.
+    The text is refused (E605) at the filter's line; without -p it imports."""
+    text = PRETTY_HEAD + NODE.format(p="ip", n=4, t="803") + keys + "\n"
+    got = import_policy(DeviceText("eth0", "saved.txt", text))
+    if line is None:
+        assert got.policy is not None and "match src 10.1.0.0/16 pref 4" in got.policy, got
+        return
+    assert got.policy is None
+    (found,) = got.diagnostics
+    assert (found.code, found.span.line) == ("E605", line), render(got.diagnostics, got.sources)
+    assert "save it again without -p" in found.message

@@ -292,6 +292,95 @@ def test_teardown_removes_the_clsact_the_tree_owns(tmp_path: Path) -> None:
     assert not any("clsact" in line for line in plain)
 
 
+QUEUES_ONLY = """\
+interface eth0 mq {
+    queue 1 pfifo
+    queue 2 bfifo
+}
+"""
+
+WITH_DOWNLOAD = """\
+interface eth0 {
+    upload mq {
+        queue 1 pfifo
+        queue 2 htb rate 1gbit default a {
+            class a rate 1gbit
+        }
+    }
+    download htb rate 50mbit default rest {
+        class rest rate 50mbit
+    }
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        QUEUES_ONLY,
+        WITH_DOWNLOAD,
+        # a spread tree whose lines are none (its default takes what no line does)
+        "interface eth0 mq queues 2 htb rate 1gbit default a {\n class a rate 1mbit\n}\n",
+    ],
+)
+def test_an_mq_tree_that_steers_nothing_puts_no_clsact(tmp_path: Path, text: str) -> None:
+    """No line picks a queue: the kernel does, and the device's ingress slot is not the
+    tree's (another tool's clsact stays; a download may have it: no E268)."""
+    lines = batch(tmp_path, text)
+    assert not [line for line in lines if "clsact" in line or "skbedit" in line]
+    policy = compiled(tmp_path, text).policy
+    assert policy is not None
+    assert not ir.mq_steers(policy.interfaces[0])
+    from click.testing import CliRunner
+
+    from tcdsl.cli import cli
+
+    explained = CliRunner().invoke(cli, ["explain", str(tmp_path / "p.tcp")])
+    assert explained.exit_code == 0, explained.output
+    assert "puts no clsact qdisc on the device" in " ".join(explained.output.split())
+
+
+def test_a_foreign_clsact_outlives_an_mq_tree_that_steers_nothing(tmp_path: Path) -> None:
+    """On the host: the script of queues with no lines, run twice on a device whose clsact
+    holds another tool's egress filter, leaves that clsact and filter as they were; with a
+    download beside it, the ingress qdisc takes the slot and redirects to the IFB."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    for name, text in (("queues", QUEUES_ONLY), ("download", WITH_DOWNLOAD)):
+        result = compiled(tmp_path, text, "shell")
+        assert result.output is not None, [d.message for d in result.diagnostics]
+        (tmp_path / f"{name}.sh").write_text(result.output)
+    setup = (
+        "ip link add name eth0 numtxqueues 2 type veth peer name t1 && "
+        "ip link set eth0 up && ip link set t1 up && "
+    )
+    foreign = (
+        "tc qdisc add dev eth0 clsact && "
+        "tc filter add dev eth0 egress protocol ip prio 7 u32 match u32 0 0 classid 1:1 && "
+        "sh queues.sh && sh queues.sh && tc qdisc show dev eth0 && "
+        "tc filter show dev eth0 egress"
+    )
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f"cd {tmp_path} && {setup}{foreign}"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "qdisc clsact ffff:" in done.stdout
+    assert "qdisc mq 1: root" in done.stdout
+    assert "pref 7 u32" in done.stdout and "flowid 1:1" in done.stdout
+    both = "sh download.sh && tc qdisc show dev eth0 && tc filter show dev eth0 parent ffff:"
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f"cd {tmp_path} && {setup}{both}"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "qdisc mq 1: root" in done.stdout and "qdisc ingress ffff:" in done.stdout
+    assert "Redirect to device ifb4eth0" in done.stdout
+
+
 def test_explicit_form_keeps_each_queue_as_written(tmp_path: Path) -> None:
     lines = batch(tmp_path, EXPLICIT)
     assert f"qdisc add dev eth0 parent 1:3 handle {Q[2]}: htb default 10 r2q 1000" in lines
@@ -398,7 +487,7 @@ def test_the_queues_size_tables_are_what_the_host_kernel_holds(tmp_path: Path) -
     path.write_text(STAB_EXPLICIT)
     (found,) = verify_many([str(path)], "shell", "host")
     assert not [d for d in found.diagnostics if d.is_error], [d.message for d in found.diagnostics]
-    assert found.checked is not None and found.checked.qdiscs == 4
+    assert found.checked is not None and found.checked.qdiscs == 3  # no line: no clsact
 
 
 def test_explain_says_each_queues_qdisc_has_the_size_table(tmp_path: Path) -> None:
@@ -592,6 +681,17 @@ def _host_can_mq() -> str | None:
     return None if done.returncode == 0 else f"no mq on veth here: {done.stderr.strip()}"
 
 
+def _host_lacks_skbedit() -> str | None:
+    """Why the host cannot steer (no act_skbedit), or None."""
+    probe = (
+        "ip link add name t0 type veth peer name t1 && tc qdisc add dev t0 clsact && "
+        "tc filter add dev t0 egress protocol ip prio 1 u32 match u32 0 0 "
+        "action skbedit queue_mapping 0"
+    )
+    done = subprocess.run(["unshare", "-n", "sh", "-c", probe], capture_output=True, text=True)
+    return None if done.returncode == 0 else f"host: no act_skbedit ({done.stderr.strip()})"
+
+
 def test_host_builds_the_queues_and_classifies_within_them(tmp_path: Path) -> None:
     """On the host: the mq root and its 16 htbs on a veth with 16 TX queues, and a packet
     classified within the queue it leaves by. Steering needs act_skbedit, which the host may
@@ -605,22 +705,10 @@ def test_host_builds_the_queues_and_classifies_within_them(tmp_path: Path) -> No
     text = f"interface eth0 mq queues 16 htb rate 1gbit default rest {{\n{body}{rest}}}\n"
     result = compiled(tmp_path, text)
     assert result.output is not None
-    skbedit = subprocess.run(
-        [
-            "unshare",
-            "-n",
-            "sh",
-            "-c",
-            "ip link add name t0 type veth peer name t1 && "
-            "tc qdisc add dev t0 clsact && tc filter add dev t0 egress protocol ip prio 1 "
-            "u32 match u32 0 0 action skbedit queue_mapping 0",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    lacks = _host_lacks_skbedit()
     text_batch = result.output
-    if skbedit.returncode != 0:
-        print(f"host: no act_skbedit ({skbedit.stderr.strip()}); steering left out")
+    if lacks is not None:
+        print(f"{lacks}; steering left out")
         text_batch = "".join(
             line + "\n"
             for line in result.output.splitlines()
@@ -642,7 +730,7 @@ def test_host_builds_the_queues_and_classifies_within_them(tmp_path: Path) -> No
     assert len(shards) == 16
     total = sum(sent[c] for c in sent if not c.endswith(":1"))
     assert total >= 10, done.stdout  # 5 addresses, 2 pings each (ARP is not IP: no class)
-    if skbedit.returncode == 0:  # each address in its own class, on the queue steered to
+    if lacks is None:  # each address in its own class, on the queue steered to
         assert sorted(v for v in sent.values() if v)[-5:] == [2] * 5, done.stdout
 
 
@@ -947,7 +1035,7 @@ def test_classify_picks_the_queue_then_the_class(tmp_path: Path) -> None:
     assert result.policy is not None
     verdict = classify(result.policy, parse_packet("udp dst 10.0.0.3"))
     first, last = verdict.steps[0], verdict.steps[-1]
-    assert isinstance(first.qdisc, ir.Mq) and "-> TX queue 2 (1:3)" in first.why
+    assert isinstance(first.qdisc, ir.Mq) and "-> queue 3 (TX queue 2, 1:3)" in first.why
     assert last.cls is not None and last.cls.name == "c" and str(last.cls.classid) == f"{Q[2]}:10"
     unmatched = classify(result.policy, parse_packet("udp dst 10.9.9.9"))
     assert "kernel picks the TX queue" in unmatched.steps[0].why
@@ -967,7 +1055,7 @@ def test_explain_describes_the_queues(tmp_path: Path) -> None:
     assert "The root qdisc is mq (handle 1:)" in out.output
     assert "spread over 4 queues" in out.output
     for n in range(4):
-        assert f"TX queue {n} (mq class 1:{n + 1})" in out.output
+        assert f"Queue {n + 1}: TX queue {n} (mq class 1:{n + 1})" in out.output
     assert f"class 'c' ({Q[2]}:10)" in out.output
 
 
@@ -1354,10 +1442,17 @@ interface eth0 {
 """
 
 
+STEERING_OPS = OPS.replace("RATE", "400mbit").replace(
+    "class a rate 500mbit", "class a rate 500mbit\n        class s rate 1mbit match dst 10.9.9.9"
+)
+"""An mq tree whose line steers (its clsact's filter needs act_skbedit, which the host may
+lack: applied, it is refused; refused for its ingress slot, it is refused first)."""
+
+
 @pytest.mark.parametrize("how", ["apply", "script"])
 @pytest.mark.parametrize(
     ("text", "there", "wanted"),
-    [(OPS.replace("RATE", "400mbit"), "ingress", "clsact"), (DOWNLOAD, "clsact", "ingress")],
+    [(STEERING_OPS, "ingress", "clsact"), (DOWNLOAD, "clsact", "ingress")],
     ids=["mq-over-ingress", "download-over-clsact"],
 )
 def test_an_ingress_slot_holding_the_other_kind_is_refused_before_any_change(
@@ -1377,8 +1472,24 @@ def test_an_ingress_slot_holding_the_other_kind_is_refused_before_any_change(
     assert "ifb4eth0" not in said and "qdisc mq" not in said, said
     if how == "apply":
         assert "[E602]" in said, said
-    free = _on_a_veth(tmp_path, text, how, 2)
-    assert "rc=0" in free and f"qdisc {wanted} ffff:" in free, free
+    if wanted == "ingress":  # (the steering's skbedit: proved in the guest)
+        free = _on_a_veth(tmp_path, text, how, 2)
+        assert "rc=0" in free and f"qdisc {wanted} ffff:" in free, free
+
+
+@pytest.mark.parametrize("how", ["apply", "script"])
+def test_an_mq_tree_that_steers_nothing_leaves_the_ingress_slot_to_others(
+    tmp_path: Path, how: str
+) -> None:
+    """Queues whose lines steer nothing put no clsact: somebody's ingress qdisc stays, and
+    the tree is built beside it."""
+    why = _host_can_mq()
+    if why is not None:
+        pytest.skip(why)
+    text = OPS.replace("RATE", "400mbit")
+    said = _on_a_veth(tmp_path, text, how, 2, "tc qdisc add dev eth0 ingress && ")
+    assert "rc=0" in said and "qdisc mq 1: root" in said, said
+    assert "qdisc ingress ffff:" in said and "clsact" not in said, said
 
 
 WRITTEN = """\
@@ -1458,26 +1569,29 @@ def _mq_and_download(tmp_path: Path, commands: str) -> subprocess.CompletedProce
 
 def test_an_ingress_slot_held_by_another_tcdsl_policy_names_it(tmp_path: Path) -> None:
     """When a policy tcdsl applied under another name holds the ingress slot, E602 says to
-    take that policy down by name, and once it is down the mq tree goes on."""
+    take that policy down by name, and once it is down the slot is free (the steering's
+    skbedit, which the host may lack, is proved in the guest)."""
+    (tmp_path / "steer.tcp").write_text(STEERING_OPS)
     done = _mq_and_download(
         tmp_path,
-        "{tcdsl} apply --yes dl.tcp && ! {tcdsl} apply --yes mq.tcp && echo == && "
-        "{tcdsl} down dl && {tcdsl} apply --yes mq.tcp && tc qdisc show dev eth0",
+        "{tcdsl} apply --yes dl.tcp && ! {tcdsl} apply --yes steer.tcp && echo == && "
+        "{tcdsl} down dl && tc qdisc show dev eth0",
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[E602]" in done.stderr and "remove it first (tcdsl down dl, which applied it)" in (
         " ".join(done.stderr.split())
     ), done.stderr
     assert "tc qdisc del" not in done.stderr, done.stderr
-    assert "qdisc mq" in done.stdout.split("==")[1] and "clsact" in done.stdout.split("==")[1]
+    assert "ffff:" not in done.stdout.split("==")[1], done.stdout
 
 
 def test_down_of_the_interface_removes_the_mq_trees_clsact(tmp_path: Path) -> None:
     """Found by a review: 'down -i' left an mq tree's clsact (and its steering filters),
     which then stopped a download on the device (E602) with the way out not clearing it."""
-    done = _mq_and_download(
+    done = _mq_and_download(  # (a steering tree's clsact, as an older tcdsl made them all)
         tmp_path,
-        "{tcdsl} apply --yes mq.tcp && {tcdsl} down -i eth0 --yes && tc qdisc show dev eth0 && "
+        "{tcdsl} apply --yes mq.tcp && tc qdisc add dev eth0 clsact && "
+        "{tcdsl} down -i eth0 --yes && tc qdisc show dev eth0 && "
         "echo == && {tcdsl} apply --yes dl.tcp",
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -1487,8 +1601,8 @@ def test_down_of_the_interface_removes_the_mq_trees_clsact(tmp_path: Path) -> No
 
 
 def test_apply_switches_a_device_between_a_download_and_an_mq_tree(tmp_path: Path) -> None:
-    """The live policy's download goes before its replacement's mq tree is built (the two
-    cannot share the ingress slot), and back."""
+    """The live policy's download goes when its replacement is an mq tree, and back (a tree
+    that steers nothing puts no clsact: the slot is left empty)."""
     why = _host_can_mq()
     if why is not None:
         pytest.skip(why)
@@ -1502,7 +1616,7 @@ def test_apply_switches_a_device_between_a_download_and_an_mq_tree(tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     shown = done.stdout.split("==")
     assert "qdisc ingress ffff:" in shown[0] and "clsact" not in shown[0], done.stdout
-    assert "qdisc clsact ffff:" in shown[1] and "qdisc mq 1: root" in shown[1], done.stdout
+    assert "ffff:" not in shown[1] and "qdisc mq 1: root" in shown[1], done.stdout
     assert "qdisc ingress ffff:" in shown[2] and "qdisc mq" not in shown[2], done.stdout
     assert "applied dl.tcp as x (generation 3)" in done.stdout
 
@@ -1746,18 +1860,34 @@ def test_qdisc_bucket_is_the_kernels() -> None:
 def test_a_clsact_made_by_hand_is_named_in_the_plan_of_an_mq_tree(tmp_path: Path) -> None:
     """Found by a review: an mq tree's first apply replaced a clsact qdisc somebody else made
     (its ingress and egress filters with it) while the plan said only '+ tree eth0'. The plan
-    says that the tree replaces it, as for a hand-made root or ingress qdisc, and changes
-    nothing without --yes."""
-    (tmp_path / "mq.tcp").write_text(SPREAD)
+    of a tree that steers says that the tree replaces it, as for a hand-made root or ingress
+    qdisc, and changes nothing without --yes (its plan needs act_skbedit: in the guest, or
+    on a host that has it); a tree that steers nothing leaves it, and its filters, alone."""
     mirror = "action mirred egress mirror dev peer0"
+    hand = (
+        "tc qdisc add dev eth0 clsact && "
+        f"tc filter add dev eth0 ingress pref 7 u32 match ip src 10.7.7.7/32 {mirror} && "
+    )
     done = _one_then_two(
         tmp_path,
         SPREAD,
         SPREAD,
         2,
-        "tc qdisc add dev eth0 clsact && "
-        f"tc filter add dev eth0 ingress pref 7 u32 match ip src 10.7.7.7/32 {mirror} && "
-        "{tcdsl} plan --name x one.tcp; echo rc=$? && {tcdsl} apply --name x one.tcp "
+        hand + "{tcdsl} plan --name x one.tcp; echo rc=$? && {tcdsl} apply --yes --name x "
+        "one.tcp; echo rc=$? && tc filter show dev eth0 ingress",
+    )
+    said = done.stdout + done.stderr
+    assert "+ tree eth0" in said and "clsact" not in said, said
+    assert "rc=4" in said and "rc=0" in said and "pref 7 u32" in said.split("rc=")[-1], said
+    why = _host_lacks_skbedit()
+    if why is not None:
+        pytest.skip(f"{why}: the steering's plan is refused")
+    done = _one_then_two(
+        tmp_path,
+        STEERING_OPS,
+        STEERING_OPS,
+        2,
+        hand + "{tcdsl} plan --name x one.tcp; echo rc=$? && {tcdsl} apply --name x one.tcp "
         "</dev/null; echo rc=$? && tc filter show dev eth0 ingress",
     )
     said = done.stdout + done.stderr

@@ -68,6 +68,21 @@ def test_shellcheck(policy: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_shellcheck_passes_a_dollar_in_the_policys_file_name(tmp_path: Path) -> None:
+    """Found by a tester: a '$' in a file name, single-quoted on purpose where the script
+    says where a command came from, made shellcheck fail (SC2016, info) on a safe script."""
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed")
+    policy = tmp_path / "p'$(touch PWNED).tcp"
+    policy.write_text("interface eth0 htb rate 1mbit default a { class a rate 1mbit }\n")
+    result = compile_policy(str(policy))
+    assert result.output is not None and "$(touch PWNED)" in result.output
+    script = tmp_path / "apply.sh"
+    script.write_text(result.output, encoding="utf-8")
+    proc = subprocess.run(["shellcheck", "-s", "sh", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("policy", CASES, ids=IDS)
 def test_teardown_before_add(policy: Path) -> None:
     """Re-running is safe: each interface's root qdisc (and iptables chain) is removed first,

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from tcdsl import ir
 from tcdsl.cli import cli
+from tcdsl.cliutil import summary
 from tcdsl.diagnostics import Diagnostic, render
 from tcdsl.driver import Result, analyse, compile_policy
 from tcdsl.fmt import format_source
@@ -495,7 +496,9 @@ def test_errors_are_capped(tmp_path: Path) -> None:
     result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
     codes = [d.code for d in result.errors]
     assert codes.count("E030") == 50
-    assert any("10 more error(s)" in d.message for d in result.errors)
+    (more,) = [d for d in result.errors if d.code == "E038"]
+    assert "10 more error(s)" in more.message and more.hidden == 10
+    assert summary(result.diagnostics) == "60 errors (10 not shown)"
 
 
 def test_a_file_that_is_not_a_table_is_not_shown(tmp_path: Path) -> None:
@@ -1438,3 +1441,53 @@ def test_rows_taken_by_no_statement_are_told_of_at_most_fifty_times(tmp_path: Pa
     assert len(w371) == 51
     (rest,) = [d for d in w371 if d.message.startswith("69 more row(s) of table")]
     assert "with 69 more values of Circuit ID" in rest.message
+
+
+def test_overbooking_by_a_tables_rows_is_said_at_the_site_class(tmp_path: Path) -> None:
+    """Found by a tester: W350 pointed at the table's last row (which had nothing wrong with
+    it), and the upload's and the download's read the same. It points at the class the
+    subscribers statement fills, and names the tree when the policy has several."""
+    body = '        class north rate 3mbit {\n            subscribers from "subs.csv"\n        }\n'
+    text = (
+        "interface eth0 {\n"
+        + policy(body, "upload").split("\n", 1)[1].rsplit("}\n", 1)[0]
+        + policy(body, "download").split("\n", 1)[1]
+    )
+    result = build(tmp_path, text)
+    found = [d for d in result.diagnostics if d.code == "W350"]
+    assert [(Path(d.span.file).name, d.span.line, d.span.column) for d in found] == [
+        ("p.tcp", 3, 15),
+        ("p.tcp", 9, 15),
+    ], render(result.diagnostics, result.sources)
+    assert "class 'north' (eth0) are" in found[0].message
+    assert "class 'north' (eth0 download (via ifb4eth0)) are" in found[1].message
+
+
+def test_a_rate_of_zero_mbps_is_said_by_its_column(tmp_path: Path) -> None:
+    """Found by a tester: a minimum of 0 Mbps (exports of best-effort plans have them) was
+    'rate must be above 0bit' (E208), naming neither the column nor the statement. It is
+    E030 by the column, once, with the statement; a rate on the statement is the way out."""
+    table = HEADER + "101,a,1,d,north,,100.64.0.1,,0,1,0.000001,5,\n"
+    body = '        class north rate 100mbit {\n            subscribers from "subs.csv"\n'
+    result = build(tmp_path, policy(body + "        }\n"), table)
+    found = [(d.code, d.span.line, d.span.column, d.message) for d in result.errors]
+    assert [f[:3] for f in found] == [("E030", 2, 30), ("E030", 2, 34)], found
+    assert found[0][3].startswith("Download Min Mbps: 0 Mbps makes a rate of 0 bit/s")
+    assert found[1][3].startswith("Download Max Mbps: 0.000001 Mbps makes a ceil of 1 bit/s")
+    assert result.errors[0].notes[0].span.line == 4  # the statement
+    body = body.replace('"\n', '" rate 1mbit ceil 10mbit\n', 1)
+    fixed = build(tmp_path, policy(body + "        }\n"), table)
+    assert not fixed.errors, render(fixed.diagnostics, fixed.sources)
+
+
+def test_a_utf16_table_is_said_to_be_utf16(tmp_path: Path) -> None:
+    """Found by a tester: Excel's 'Unicode text' (UTF-16) was 'not UTF-8 text (byte 0xff)'.
+    It is named, with the way out."""
+    (tmp_path / "subs.csv").write_bytes((HEADER + ROWS).encode("utf-16"))
+    path = tmp_path / "p.tcp"
+    body = '        class north rate 100mbit {\n            subscribers from "subs.csv"\n'
+    path.write_text(policy(body + "        }\n"), encoding="utf-8")
+    result = analyse(str(path))
+    (found,) = result.errors
+    assert found.code == "E022" and Path(found.span.file).name == "subs.csv"
+    assert "this file is UTF-16 text" in found.message and "'CSV UTF-8'" in found.message

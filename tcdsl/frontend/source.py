@@ -88,6 +88,14 @@ def decode_policy(data: bytes, kind: str = "policy") -> str:
 
     Raises ``SourceError`` (E022) at the line and column of the first bad byte.
     """
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        # Excel's "Unicode text", Windows' "Unicode": a UTF-16 byte-order mark
+        raise SourceError(
+            "E022",
+            f"this file is UTF-16 text (it starts with UTF-16's byte-order mark); tcdsl reads "
+            f"{kind} files as UTF-8: save it again as UTF-8 (in Excel, 'CSV UTF-8')",
+            (1, 1),
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

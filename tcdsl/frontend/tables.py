@@ -86,6 +86,8 @@ REQUIRED = ("circuit_id", "download_min", "upload_min", "download_max", "upload_
 RATES = ("download_min", "download_max", "upload_min", "upload_max")
 _MIN_MAX = (("download", "download_min", "download_max"), ("upload", "upload_min", "upload_max"))
 MBPS = 1_000_000
+MIN_RATE_BITS = 8
+"""The least rate tc keeps: it holds rates in bytes a second."""
 MAX_MBPS = 34_359_738
 """tc keeps rates as 32-bit bytes/s unless told otherwise: 34.36 gbit (34,359,738 Mbps is far
 above; the checks say what tc takes)."""
@@ -267,12 +269,17 @@ def read_table(b: Builder, path: str, at: Span) -> Table | None:
         table.errors = reading.errors
         if reading.errors > MAX_TABLE_ERRORS:
             more = reading.errors - MAX_TABLE_ERRORS
-            msg = f"{more} more error(s) in table '{path}' are not shown"
-            reader.diagnostics.append(Diagnostic.error("E027", msg, at))
+            msg = (
+                f"{more} more error(s) in table '{path}' are not shown (the first "
+                f"{MAX_TABLE_ERRORS} are)"
+            )
+            said = Diagnostic.error("E038", msg, at)
+            reader.diagnostics.append(dataclasses.replace(said, hidden=more))
         if reading.warnings > MAX_TABLE_ERRORS:
             more = reading.warnings - MAX_TABLE_ERRORS
             msg = f"{more} more device(s) of table '{path}' have no address"
-            reader.diagnostics.append(Diagnostic.warning("W372", msg, at))
+            said = Diagnostic.warning("W372", msg, at)
+            reader.diagnostics.append(dataclasses.replace(said, hidden=more))
     reader.tables[real] = table
     return table
 
@@ -1369,6 +1376,7 @@ class _Expander:
                 self.syntax = syn
                 left = LeftOut()
                 for circuit, made in expand(pending, way, self.name, self.family, left):
+                    made = self.rates_kept(pending, way, circuit, made)
                     self.made[id(made)] = circuit
                     out.append(made)
                 if left.addresses:
@@ -1382,6 +1390,40 @@ class _Expander:
             changed = changed or new is not cls
             out.append(new)
         return tuple(out) if changed else items
+
+    def rates_kept(
+        self, pending: Pending, way: Direction, circuit: Circuit, made: ir.Class
+    ) -> ir.Class:
+        """``made``, after E030 for a rate or ceil its table's cell makes below what tc keeps
+        (8 bit/s, a byte a second), said by its column, with the statement that reads it (a
+        minimum of 0, as exports of best-effort plans have, was E208 at a cell of Mbps in
+        bits); the class then gets that least rate (the compile stops at the error)."""
+        syn = pending.syntax
+        assert syn.table is not None
+        kept: dict[str, ir.Rate] = {}
+        for word, spec, value in (
+            ("rate", pending.rate, made.rate),
+            ("ceil", pending.ceil, made.ceil),
+        ):
+            if not isinstance(spec, tuple) or not isinstance(value, ir.Rate):
+                continue
+            if value.bits_per_second >= MIN_RATE_BITS:
+                continue
+            name = f"{way}_{spec[0]}"
+            header = syn.table.headers[syn.table.columns[name]]
+            self.b.error(
+                Diagnostic.error(
+                    "E030",
+                    f"{header}: {circuit.rates[name]} Mbps makes a {word} of "
+                    f"{value.bits_per_second} bit/s, below the {MIN_RATE_BITS} (one byte a "
+                    f"second) tc keeps; give the circuit a {word} here, or write one on the "
+                    f"statement for every circuit it takes ('{word} 1mbit')",
+                    value.span,
+                    Note("the subscribers statement that reads it is here", syn.span),
+                )
+            )
+            kept[word] = ir.Rate(MIN_RATE_BITS, value.span)
+        return ir.replace(made, **kept) if kept else made
 
     def klass(self, cls: ir.Class) -> ir.Class:
         children = self.classes(cls.children)

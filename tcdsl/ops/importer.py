@@ -2061,6 +2061,15 @@ def _steered(dev: _Device, mq: _Mq, policy: ir.Policy | None) -> list[Problem]:
     if same_rules and all(_same_first_match(a, b) for a, b in paired):
         return []
     made = sum(map(len, want.values()))
+    shown = sum(map(len, got.values()))
+    if not made:
+        assert clsact is not None  # else neither has a filter: the same
+        message = (
+            f"the clsact qdisc's {shown} egress filter(s) are not the policy's: its queues' "
+            "lines steer nothing, so applying it leaves the clsact qdisc and its filters as "
+            "they are (not in the policy; they may go on picking a packet's queue)"
+        )
+        return [Problem("W622", message, clsact[1])]
     if clsact is None:
         return [
             Problem(
@@ -2072,7 +2081,6 @@ def _steered(dev: _Device, mq: _Mq, policy: ir.Policy | None) -> list[Problem]:
                 mq.line,
             )
         ]
-    shown = sum(map(len, got.values()))
     kinds = sorted({rule[0] for found in got.values() for _, rule in found} - {"u32", "flower"})
     other = (
         f" ({' and '.join(kinds)} among them, which the language has no word for: a program "
@@ -2230,6 +2238,16 @@ def import_policy(
         message = f"{main.device} has no traffic-control configuration to import: {what}"
         line = dev.root[1] if dev.root is not None else 1
         errors.append(_located(Problem("E606", message, line), main.source, sources))
+    unread = next((e for found in dev.filters.values() for e in found if e.filter.unread), None)
+    if unread is not None:
+        f = unread.filter
+        message = (
+            f"filter pref {f.pref} ({f.protocol}, u32) shows its keys as 'tc -p' prints them "
+            "('match IP src 10.0.0.0/8'), which leaves some out (every IPv6 key, any key of "
+            "mask 0): the text cannot say what the filters match; save it again without -p "
+            f"(tc filter show dev {main.device} ...)"
+        )
+        errors.append(_located(Problem("E605", message, unread.line), main.source, sources))
     if errors:
         return ImportResult(None, errors, sources)
     w = _Writer(main.source)

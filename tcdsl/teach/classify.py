@@ -48,7 +48,7 @@ from typing import TypeVar
 
 from tcdsl import commands, ir, lower, u32layout, words
 from tcdsl.allocate import default_minor
-from tcdsl.commands import mark_text
+from tcdsl.commands import mark_text, queue_words
 from tcdsl.diagnostics import Span
 from tcdsl.frontend.chains import default_chain
 from tcdsl.frontend.syntax import PROTOCOLS
@@ -426,6 +426,23 @@ class _Hit:
     span: Span
 
 
+@ir.per_node
+def _matches_by_span(iface: ir.Interface) -> dict[Span, ir.Match]:
+    """The interface's match lines by span (made once: classify walks packet by packet)."""
+    return {m.span: m for q in ir.walk_qdiscs(iface.root) for _, m in ir.matches_of(q)}
+
+
+@ir.per_node
+def _buckets(iface: ir.Interface) -> dict[tuple[ir.Handle, ir.Family, int], u32layout.Buckets]:
+    """The interface's prefs laid out in u32 tables (made once, as above)."""
+    return u32layout.buckets(iface) if iface.u32_tables else {}
+
+
+@ir.per_node
+def _classes_by_id(q: ir.Qdisc) -> dict[ir.Handle | None, ir.Class]:
+    return {c.classid: c for c in ir.classes_of(q)}
+
+
 class _Walk:
     """Classify one packet on one interface."""
 
@@ -443,8 +460,8 @@ class _Walk:
         self.packet = packet
         self.header = packet.ip_packet()
         self.keys = flow_keys(packet)
-        self.matches = {m.span: m for q in ir.walk_qdiscs(iface.root) for _, m in ir.matches_of(q)}
-        self.tables = u32layout.buckets(iface) if iface.u32_tables else {}
+        self.matches = _matches_by_span(iface)
+        self.tables = _buckets(iface)
         self.gave_up: list[int] = []
         """The prefs u32 gave up on, reading past the packet's end."""
         self.mark = 0
@@ -704,13 +721,12 @@ class _Walk:
         queue = q.queues[0]
         if hit is not None:
             queue = next((mq for mq in q.queues if mq.number == hit.flowid.minor), queue)
-            why = f"clsact egress: {hit.why} -> TX queue {queue.number - 1} ({hit.flowid})"
+            why = f"clsact egress: {hit.why} -> {queue_words(hit.flowid)}"
             span: Span | None = hit.span
         else:
             why = (
                 "no steering filter matched: the kernel picks the TX queue (XPS, or a hash of "
-                f"the flow); shown on TX queue {queue.number - 1} ({q.handle.major:x}:"
-                f"{queue.number:x})"
+                f"the flow); shown on {queue_words(ir.Handle(q.handle.major, queue.number))}"
                 if q.handle is not None
                 else "no steering filter matched"
             )
@@ -729,7 +745,7 @@ class _Walk:
         class; what has no class goes to htb's direct queue (unshaped) or is dropped by hfsc."""
         assert q.handle is not None
         nowhere = "the direct queue, unshaped" if isinstance(q, ir.Htb) else DROPPED
-        classes = {c.classid: c for c in ir.classes_of(q)}
+        classes = _classes_by_id(q)
         parent, head = q.handle, ""
         while (hit := self._first_hit(parent)) is not None:
             if hit.flowid == q.handle:

@@ -463,8 +463,13 @@ class _Explainer:
         """Each TX queue of an mq root: its qdisc, and for a classful one its classes."""
         for queue in root.queues:
             q = queue.qdisc
-            mq_class = f"{_handle(root).rstrip(':')}:{queue.number:x}"
-            self.add(Heading(3, f"TX queue {queue.number - 1} (mq class {mq_class})"))
+            assert root.handle is not None
+            classid = ir.Handle(root.handle.major, queue.number)
+            self.add(
+                Heading(
+                    3, f"Queue {queue.number}: TX queue {queue.number - 1} (mq class {classid})"
+                )
+            )
             if not isinstance(q, ir.Htb | ir.Cbq | ir.Prio | ir.Hfsc):
                 self.add(Para(f"Its qdisc is {self.queue(q)}"))
             else:
@@ -701,10 +706,18 @@ class _Explainer:
                     if root.shards is not None
                     else ""
                 )
-                return (
+                text = (
                     f"The root qdisc is mq (handle {h}): one qdisc per TX queue of {dev}, each "
                     "with its own lock, so several CPUs shape at once; the queues do not share "
-                    f"bandwidth with each other.{spread} A clsact qdisc's egress filters, one per "
+                    f"bandwidth with each other.{spread}"
+                )
+                if not ir.mq_steers(iface):
+                    return text + (
+                        " No match line picks a TX queue: the kernel picks it (XPS, or a hash "
+                        "of the flow), and the policy puts no clsact qdisc on the device."
+                    )
+                return text + (
+                    " A clsact qdisc's egress filters, one per "
                     "filter of a queue's qdisc (below a tbf or netem, its child's; the lines "
                     "below a written queue's default class after every queue's own) and in the "
                     "policy's order, set each matching packet's TX queue (skbedit "

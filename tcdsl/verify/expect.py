@@ -29,6 +29,7 @@ from tcdsl.commands import (
     REDIRECT_PREF,
     curve_words,
     link_words,
+    queue_words,
     table_text,
 )
 from tcdsl.diagnostics import Span
@@ -547,16 +548,6 @@ class _Builder:
                     below = f"{q.handle.major:x}:1"
                     self.qdisc(q.child, below, f"{q.child.kind} qdisc of {below}")
             case ir.Mq():
-                self.qdiscs.append(
-                    ExpectedQdisc(
-                        "clsact qdisc (TX queue steering)",
-                        "clsact",
-                        "ffff:",
-                        "ffff:fff1",
-                        q.span,
-                        (),
-                    )
-                )
                 for queue in q.queues:
                     below = f"{q.handle.major:x}:{queue.number:x}"
                     self.qdisc(queue.qdisc, below, f"{queue.qdisc.kind} qdisc of {below}")
@@ -1071,7 +1062,7 @@ def _filters(iface: ir.Interface) -> Iterator[ExpectedFilter]:
                 flowid = str(f.flowid)
                 if f.parent == ir.CLSACT_EGRESS:  # an mq tree's: sets the TX queue, no class
                     queue = str(f.flowid.minor - 1)
-                    label = f"{family} filter to TX queue {queue} (pref {f.pref})"
+                    label = f"{family} filter to {queue_words(f.flowid)} (pref {f.pref})"
                     flowid, police = "", (("skbedit", "queue_mapping", queue),)
                 yield ExpectedFilter(
                     label,
@@ -1259,7 +1250,7 @@ def requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
         for q in ir.walk_qdiscs(iface.root):
             feature = f"sch_{q.kind}"
             found.setdefault(feature, Requirement(feature, _QDISC_WORDS[q.kind], q.span))
-        if isinstance(iface.root, ir.Mq):
+        if ir.mq_steers(iface):
             span = iface.root.span
             found.setdefault("sch_clsact", Requirement("sch_clsact", "the clsact qdisc", span))
             steering = next((f for f in iface.filters if f.parent == ir.CLSACT_EGRESS), None)
@@ -1328,6 +1319,10 @@ def expected_policy(policy: ir.Policy, sources: Mapping[str, str] | None = None)
             )
         else:
             b.qdisc(iface.root, "root", f"{iface.root.kind} qdisc of {iface.name}")
+            if ir.mq_steers(iface):  # after the mq, as the commands make it
+                label = "clsact qdisc (TX queue steering)"
+                clsact = ExpectedQdisc(label, "clsact", "ffff:", "ffff:fff1", iface.root.span)
+                b.qdiscs.insert(1, clsact)
             # the size table is the root's; an mq's is each queue's qdisc's (they queue)
             mq = iface.root.handle if isinstance(iface.root, ir.Mq) else None
             for n, q in enumerate(b.qdiscs):

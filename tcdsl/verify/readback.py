@@ -653,6 +653,10 @@ class TcFilter:
     ``offset 0f00>>6 at 0  eat``): the keys of the node, or of the table it links to, are
     then read from another place than the IP header; "" when it has none (tcdsl writes
     none)."""
+    unread: bool = field(default=False, compare=False)
+    """u32 only: keys the text shows other than as tc shows them without ``-p`` (``match IP
+    src 10.0.0.0/8``, or none at all: ``tc -p`` prints no IPv6 key and no key of mask 0), so
+    ``keys`` are not all the node's."""
 
 
 ROOT_TABLES = 0x800
@@ -805,6 +809,7 @@ def parse_filters(text: str) -> list[TcFilter]:
             keys = []
             actions: list[Action] = []
             moved = ""
+            unread = "match" in words  # tc -p's first key, on the node's own line
             for line in body:
                 if _OFFSET.match(line) is not None:
                     moved = " ".join(line.split())
@@ -815,6 +820,8 @@ def parse_filters(text: str) -> list[TcFilter]:
                     keys.append((int(k.group(1), 16), int(k.group(2), 16), offset))
                 elif (action := parse_action(line)) is not None:
                     actions.append(action)
+                elif line.lstrip().startswith("match "):
+                    unread = True
             out.append(
                 TcFilter(
                     kind,
@@ -829,6 +836,8 @@ def parse_filters(text: str) -> list[TcFilter]:
                     link=link,
                     hashkey=hashkey,
                     offset=moved,
+                    # tc gives every node a key ('match u32 0 0' for all), tc -p shows none
+                    unread=unread or not (keys or moved),
                 )
             )
         elif kind == "fw":
