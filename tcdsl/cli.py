@@ -532,12 +532,14 @@ DIRECTION = click.option(
 
 def _applied_here(policy: str, name: str | None = None) -> tuple[Applied | None, Pins]:
     """The record of ``policy`` if it is the file live under its name (or ``name``), and the
-    class ids apply gave it (None and {} when it is not, or the record cannot be read)."""
-    from tcdsl.ops.lifecycle import OpsError, applied_from, stored_pins
+    class ids of the policy live under that name, which apply keeps whichever file it
+    applies there (None and {} when there is none, or the record cannot be read). (Found by
+    a tester: an edited copy was answered with a fresh compile's ids.)"""
+    from tcdsl.ops.lifecycle import OpsError, applied_from, live_pins, stored_pins
 
     try:
         applied = applied_from(policy, name)
-        return applied, stored_pins(applied)
+        return applied, stored_pins(applied) if applied is not None else live_pins(policy, name)
     except (OSError, ValueError, KeyError, AssertionError, OpsError):  # a damaged record
         return None, {}
 

@@ -622,3 +622,20 @@ def test_connmark_classifies_a_download_by_its_connection_mark_in_uml(tmp_path: 
     # bulk: the first ping, before any mark was saved (and the peer's ARP: every protocol is
     # redirected)
     assert packets.get("1:20", 0) >= 1, done.stdout
+
+
+@pytest.mark.parametrize("lines", [3, 40])
+def test_many_private_downloads_are_one_warning(tmp_path: Path, lines: int) -> None:
+    """Found by a tester: a download of 3,920 private addresses gave 3,920 W360s, burying
+    every other diagnostic. Up to three lines are said one by one; more, once, with their
+    count (as a subscriber table's addresses are)."""
+    body = "".join(f"  class c{i} rate 1mbit match dst 192.168.1.{i}\n" for i in range(lines))
+    tree = f"  download htb rate 1gbit default b {{\n{body}  class b rate 1mbit }}\n"
+    text = f"interface eth0 {{\n{tree}}}\n"
+    got = CliRunner().invoke(cli, ["check", _write(tmp_path, text)])
+    said = got.stderr.count("[W360]")
+    if lines <= 3:
+        assert said == lines, got.stderr
+    else:
+        assert said == 1, got.stderr
+        assert "not to 192.168.1.0 and 39 more address(es) of this download's lines" in got.stderr

@@ -903,13 +903,17 @@ MQ_PACKETS = 14
 
 
 def _random_line(rand: random.Random) -> str:
-    """A match line on the addresses and ports the packets use (a pref now and then)."""
+    """A match line on the addresses (IPv4 or IPv6) and ports the packets use (a pref now
+    and then)."""
+    six = rand.random() < 0.4
     if rand.random() < 0.25:
         cond = f"dport {rand.choice((22, 80, 443))}"
     elif rand.random() < 0.3:
-        cond = f"dst 10.0.{rand.randint(0, 2)}.0/24"
+        net = rand.randint(0, 2)
+        cond = f"dst 2001:db8:{net}::/64" if six else f"dst 10.0.{net}.0/24"
     else:
-        cond = f"dst 10.0.{rand.randint(0, 2)}.{rand.randint(1, 4)}"
+        net, host = rand.randint(0, 2), rand.randint(1, 4)
+        cond = f"dst 2001:db8:{net}::{host}" if six else f"dst 10.0.{net}.{host}"
     pref = f" pref {rand.randint(1, 3)}" if rand.random() < 0.2 else ""
     return f"match {cond}{pref}"
 
@@ -964,7 +968,8 @@ def test_random_mq_trees_classify_as_classify_says_in_the_guest(
     """Random written and spread mq trees, nested defaults and tbfs among them, on a veth of
     as many TX queues in the 6.1 guest: every packet a steering filter takes lands in the class
     classify names; one none takes lands in a class of whichever queue the kernel picked (in
-    a spread tree, the same class as classify's, or its copy ``NAME@N``), never nowhere."""
+    a spread tree, the same class as classify's, or its copy ``NAME@N``), never nowhere. IPv4
+    and IPv6 (found by a tester: IPv6 steering was never sent a packet)."""
     import base64
 
     from tcdsl.kernels import uml
@@ -987,11 +992,18 @@ def test_random_mq_trees_classify_as_classify_says_in_the_guest(
             text,
             [d.message for d in result.diagnostics if d.is_error],
         )
-        packets = [
-            f"{rand.choice(('udp', 'tcp'))} dst 10.0.{rand.randint(0, 2)}.{rand.randint(1, 5)} "
-            f"sport {rand.randint(1024, 65000)} dport {rand.choice((22, 80, 443, 9))}"
-            for _ in range(MQ_PACKETS)
-        ]
+        packets = []
+        for _ in range(MQ_PACKETS):  # IPv6 too: its steering filters are u32's on ipv6
+            net, host = rand.randint(0, 2), rand.randint(1, 5)
+            to = (
+                f"ipv6 dst 2001:db8:{net}::{host}"
+                if rand.random() < 0.4
+                else f"dst 10.0.{net}.{host}"
+            )
+            packets.append(
+                f"{rand.choice(('udp', 'tcp'))} {to} sport {rand.randint(1024, 65000)} "
+                f"dport {rand.choice((22, 80, 443, 9))}"
+            )
         runs.append((text, result.policy, packets))
         # as many TX queues as the tree has (a written tree's others would be the kernel's)
         n = ir.tx_queues_used(result.policy.interfaces[0])
@@ -1004,7 +1016,7 @@ def test_random_mq_trees_classify_as_classify_says_in_the_guest(
         )
         cases.append(uml.Case(f"mq{n}", script))
     done = uml.run_cases(cases, timeout=900)
-    steered = 0
+    steered = steered6 = 0
     for (text, policy, packets), ran in zip(runs, done, strict=True):
         assert ran.exit_code == 0, text + ran.stdout + ran.stderr
         leaves = _deep_leaves(policy)
@@ -1018,10 +1030,12 @@ def test_random_mq_trees_classify_as_classify_says_in_the_guest(
             assert cls is not None, (text, spec)
             if "clsact egress" in verdict.steps[0].why:
                 steered += 1
+                steered6 += spec.split()[1] == "ipv6"
                 assert kernel == cls.name, f"{text}{spec}: kernel {kernel}, classify {cls.name}"
             elif spread:
                 assert kernel.partition("@")[0] == cls.name.partition("@")[0], (text, spec)
     assert steered >= MQ_POLICIES * MQ_PACKETS // 4, steered
+    assert steered6 >= MQ_POLICIES, steered6
 
 
 # ---- the rest of the product -----------------------------------------------------------------

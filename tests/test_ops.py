@@ -500,6 +500,42 @@ def test_classify_says_when_the_live_files_changed(tcdsl: Tcdsl, host: HostSuppo
     assert "p.tcp changed since" in edited.err and "not what the kernel does" in edited.err
 
 
+def test_classify_of_another_file_under_a_name_answers_with_its_live_ids(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: 'classify --name NAME' of an edited copy (another file) answered
+    with a fresh compile's class ids, where apply keeps the live ones: a class after an added
+    one had another id than the kernel's. It answers with the ids apply would keep."""
+    assert tcdsl("apply", "--yes", "--name", "n", tcdsl.write("p.tcp", A)).code == 0
+    copy = tcdsl.write(
+        "copy.tcp", A.replace("    class web", "    class new rate 1mbit\n    class web")
+    )
+    asked = ("classify", copy, "--name", "n", "--packet", "udp dport 443")
+    live = tcdsl(*asked)
+    fresh = tcdsl("classify", copy, "--packet", "udp dport 443")
+    assert live.code == 0 and fresh.code == 0, (live, fresh)
+    assert "'web' (1:20)" in live.out and "'web' (1:30)" in fresh.out, (live.out, fresh.out)
+    applied = tcdsl("apply", "--yes", "--name", "n", copy)
+    assert applied.code == 0 and "~ class web" not in applied.out, applied
+    assert "1:20" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:20")
+
+
+def test_another_file_that_changes_nothing_is_recorded(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: applying under a name another file whose policy the kernel already
+    holds said 'no changes' and kept the record of the file before, which status, classify
+    and rollback went on naming. It is recorded as a generation of its own (the kernel left
+    as it is); the same file again records nothing."""
+    assert tcdsl("apply", "--yes", "--name", "n", tcdsl.write("p.tcp", A)).code == 0
+    copy = tcdsl.write("copy.tcp", "# the same policy, another file\n" + A)
+    applied = tcdsl("apply", "--yes", "--name", "n", copy)
+    assert applied.code == 0 and "no changes" in applied.out, applied
+    assert f"applied {copy} as n (generation 2)" in applied.out, applied
+    again = tcdsl("apply", "--yes", "--name", "n", copy)
+    assert again.code == 0 and "generation" not in again.out, again
+    classified = tcdsl("classify", copy, "--name", "n", "--packet", "udp dport 443")
+    assert classified.code == 0 and classified.err == "", classified
+
+
 def test_a_failed_first_apply_says_what_it_could_not_restore(
     tcdsl: Tcdsl, host: HostSupport
 ) -> None:
@@ -706,6 +742,21 @@ def test_status_by_name_shows_the_policy_as_applied(tcdsl: Tcdsl, host: HostSupp
     assert tcdsl("status").code == 2
 
 
+def test_status_finds_a_subscriber_by_address(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: support calls name a customer's address, and '--class' took only
+    class names (a table's are made from circuit ids). An address shows the classes whose
+    lines take packets from or to it; one no line takes is a usage error saying so."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", B)).code == 0
+    args = ("status", "--name", "p", "--format", "json", "--interval", "0.1", "--class")
+    shown = tcdsl(*args, "10.9.1.1")
+    assert shown.code == 0 and shown.err == "", shown
+    (tree,) = json.loads(shown.out)["trees"]
+    assert [c["name"] for c in tree["classes"]] == ["(link)", "guest"]
+    missing = tcdsl(*args, "10.8.0.1")
+    assert missing.code == 2, missing
+    assert "no class's match line takes packets from or to 10.8.0.1" in missing.err, missing
+
+
 def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:
     a = tcdsl.write("p.tcp", A)
     assert tcdsl("apply", "--yes", a).code == 0
@@ -846,7 +897,7 @@ def test_plan_words(tmp_path: Path) -> None:
     assert "+ filter guest (match ip src 10.9.0.0/16)" in text, text
     assert "! " not in text, text
     moved = _plan(old, _policy(tmp_path, "d.tcp", A.replace("80, 443", "80, 8080"))).render()
-    assert "- filter web (match ip dport 443 0xffff)" in moved, moved
+    assert "- filter web (match ip dport 443 0xffff)  (was " in moved, moved  # the old text's
     assert "+ filter web (match ip dport 8080 0xffff)" in moved, moved
     rebuilt = _policy(tmp_path, "c.tcp", A.replace("default bulk", "default web"))
     text = _plan(old, rebuilt).render()

@@ -4,8 +4,10 @@ command (tests/ops_swap.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,13 @@ import pytest
 from tcdsl import ir
 from tcdsl.driver import analyse
 from tcdsl.ops import apply as apply_module
-from tcdsl.ops.apply import SETTLE_WAITS, run_step
+from tcdsl.ops.apply import SETTLE_WAITS, run_command, run_step
 from tcdsl.ops.desired import Obj, class_ids, trees_of, word_after
 from tcdsl.ops.plan import Step, _swap, make_plan
 from tcdsl.ops.u32swap import Swaps, table_ids
+from tests.test_apply import make_netns, run
+
+__all__ = ["make_netns"]  # a fixture, imported so that pytest finds it here
 
 
 def _compiled(
@@ -51,12 +56,19 @@ def test_a_change_of_the_tables_is_swapped_in_three_steps(tmp_path: Path) -> Non
     assert table_ids(old) == {1} and len(table_ids(new)) == 2  # a second level appeared
     plan = make_plan(trees_of(a), trees_of(b))
     assert "rebuild" not in plan.render()
-    build, settle, clear = plan.steps
+    leftovers, build, settle, clear = plan.steps
     assert not build.settle and settle.settle and clear.settle
     copy = [c for c in build.commands if c[0] == "filter"]
     assert {word_after(c, "prio") for c in copy} == {"2"}  # next to pref 1, nothing between
     copied = {int(word_after(c, "handle").split(":")[0], 16) for c in copy if "divisor" in c}
     assert len(copied) == 2 and not copied & (table_ids(old) | table_ids(new))
+    # first, whatever a swap cut short left (listed nowhere) at the ids the plan makes and
+    # no live group holds goes: the copy's, and the new group's new ones
+    assert leftovers.force and not leftovers.fatal
+    fresh = copied | (table_ids(new) - table_ids(old))
+    assert sorted(" ".join(c) for c in leftovers.commands) == sorted(
+        f"filter del dev d0 parent 1: protocol ip prio 1 handle {t:x}: u32" for t in fresh
+    )
     words = [" ".join(c) for c in settle.commands]
     gone = "filter del dev d0 parent 1: protocol ip prio"
     assert words[0] == f"{gone} 1"  # the old group goes whole, at once
@@ -219,3 +231,95 @@ def test_a_settling_step_tries_each_command_again_while_it_is_in_use(
 
     failed = run_step(step, gone)
     assert failed is not None and failed.command.endswith("handle 2: u32")
+
+
+def _in(ns: str) -> Callable[[Sequence[str], str | None], subprocess.CompletedProcess[str]]:
+    """A runner of commands inside the namespace ``ns``."""
+
+    def runner(argv: Sequence[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
+        return run_command(["ip", "netns", "exec", ns, *argv], stdin)
+
+    return runner
+
+
+def _veth(make_netns: Callable[[], str]) -> str:
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces")
+    ns = make_netns()
+    run(["ip", "-n", ns, "link", "add", "d0", "type", "veth", "peer", "name", "d1"])
+    run(["ip", "-n", ns, "link", "set", "d0", "up"])
+    return ns
+
+
+def test_undoing_tries_a_table_in_use_again(make_netns: Callable[[], str]) -> None:
+    """Found by a tester: the undo of a failed swap runs its steps forced (every command
+    tried), and did not try again a table the kernel still held in use (its link deleted a
+    moment before): the table stayed in the qdisc's pool, listed nowhere, and every later
+    apply of the change failed on its id. Forced, a settling step still tries it again."""
+    ns = _veth(make_netns)
+    tc = ["ip", "netns", "exec", ns, "tc"]
+    run([*tc, "qdisc", "add", "dev", "d0", "root", "handle", "1:", "htb"])
+    where = ["dev", "d0", "parent", "1:", "protocol", "ip", "prio", "1"]
+    run([*tc, "filter", "add", *where, "handle", "1:", "u32", "divisor", "256"])
+    link = ["link", "1:", "hashkey", "mask", "0x000000ff", "at", "16", "match", "u32", "0", "0"]
+    run([*tc, "filter", "add", *where, "u32", *link])
+    run([*tc, "filter", "add", *where, "u32", "match", "u32", "0", "0", "flowid", "1:1"])
+    commands = (
+        ("filter", "del", *where, "handle", "1:", "u32"),  # in use: linked still
+        ("filter", "del", *where, "handle", "800::800", "u32"),  # the link
+        ("filter", "del", *where, "handle", "7:", "u32"),  # no such table: let fail
+    )
+    step = Step("tc", commands, (None, None, None), settle=True, force=True)
+    assert run_step(step, _in(ns)) is None
+    got = run([*tc, "filter", "get", *where, "handle", "1:", "u32"], check=False)
+    assert got.returncode != 0 and "not found" in got.stderr, got.stdout
+
+
+def test_a_table_a_cut_short_swap_left_does_not_stop_the_next(
+    make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """Tables of no pref in the qdisc's pool (a swap cut short by a kill leaves them; no
+    listing shows them) at the ids a swap's copy takes: they go first, and the swap is made
+    in place, where every apply stopped at 'Filter already exists'."""
+    from tests.test_ops import Tcdsl
+
+    ns = _veth(make_netns)
+    t = Tcdsl(ns, tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _compiled(tmp_path / "a", BASE)
+    assert t("apply", "--yes", "--name", "s", str(tmp_path / "a" / "p.tcp")).code == 0
+    pool = ["dev", "d0", "parent", "1:", "protocol", "ip"]
+    for table in range(2, 0x21):  # tables left in the pool: made at a pref, the pref deleted
+        t.tc("filter", "add", *pool, "prio", "9", "handle", f"{table:x}:", "u32", "divisor", "1")
+    t.tc("filter", "del", *pool, "prio", "9")
+    hidden = run(["ip", "netns", "exec", ns, "tc", "filter", "get", *pool, "prio", "1",
+                  "handle", "5:", "u32"], check=False)  # fmt: skip
+    assert hidden.returncode == 0 and "fh 5: ht divisor 1" in hidden.stdout
+    assert "fh 5: " not in t.tc("filter", "show", "dev", "d0")  # listed nowhere
+    _compiled(tmp_path / "b", BASE + SAME_BUCKET)
+    applied = t("apply", "--yes", "--name", "s", str(tmp_path / "b" / "p.tcp"))
+    assert applied.code == 0 and "! " not in applied.out, applied.out + applied.err
+    plan = t("plan", "--name", "s", str(tmp_path / "b" / "p.tcp"))
+    assert plan.code == 0 and "no changes" in plan.out, plan.out + plan.err
+
+
+def test_a_link_into_a_sub_list_says_what_it_is(tmp_path: Path) -> None:
+    """Found by a tester: the link into a bucket's next sub-list (past the 4,095 nodes u32
+    keeps in order) read '+ hash link ()'."""
+    ports = [(f"p{i}", "") for i in range(4200)]
+    body = "".join(
+        f"    class {n} rate 1kbit match dport {1000 + i}\n" for i, (n, _) in enumerate(ports)
+    )
+    path = tmp_path / "p.tcp"
+    path.write_text(
+        f"interface d0 htb rate 1gbit default rest {{\n{body}    class rest rate 1mbit\n}}\n",
+        encoding="utf-8",
+    )
+    result = analyse(str(path))
+    assert result.policy is not None, result.diagnostics
+    shown = make_plan([], trees_of(result.policy)).render()
+    assert "hash link ()" not in shown
+    new = trees_of(result.policy)[0]
+    lines = make_plan([replace(new, objects=())], [new]).render()
+    assert "+ hash link (to the next sub-list of a long bucket)" in lines, lines[-2000:]

@@ -129,8 +129,7 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
     if not step.commands:
         return None
     if step.tool == "tc" and step.force:
-        text = "".join(" ".join(batch_quote(w) for w in c) + "\n" for c in step.commands)
-        runner(["tc", "-force", "-batch", "-"], text)
+        _forced(step, runner)
         return None
     if step.tool == "tc":
         commands = step.commands
@@ -161,6 +160,39 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
         if done.returncode != 0 and step.fatal:
             return Failure(f"{step.tool} " + " ".join(command), _said(done), origin)
     return None
+
+
+def _forced(step: Step, runner: Runner) -> None:
+    """Every command of ``step`` tried (``tc -force -batch``), whichever fail; in a settling
+    step, those the kernel says are in use tried again, in their order, after each of the
+    waits. (Found by a tester: undoing a failed swap of u32 tables without the tries left
+    the tables deleted too soon in the qdisc's pool, where no listing shows them, and every
+    later apply of the change failed on their ids.)"""
+    pending = list(step.commands)
+    waits = iter(SETTLE_WAITS if step.settle else ())
+    while pending:
+        text = "".join(" ".join(batch_quote(w) for w in c) + "\n" for c in pending)
+        done = runner(["tc", "-force", "-batch", "-"], text)
+        if done.returncode == 0 or not step.settle:
+            return
+        busy = [pending[n] for n in in_use(done.stderr) if n < len(pending)]
+        wait = next(waits, None) if busy else None
+        if wait is None:
+            return
+        time.sleep(wait)
+        pending = busy
+
+
+def in_use(said: str) -> list[int]:
+    """The commands (0-based, in the batch) that ``tc -force -batch`` said failed because the
+    kernel holds them in use: each failure's words come before its ``Command failed -:N``."""
+    found = []
+    start = 0
+    for m in _FAILED.finditer(said):
+        if "in-use" in said[start : m.start()]:
+            found.append(int(m.group(1)) - 1)
+        start = m.end()
+    return found
 
 
 def _said(done: subprocess.CompletedProcess[str]) -> str:

@@ -35,6 +35,7 @@ from tcdsl.ops.lifecycle import (
     Prepared,
     Reading,
     Unsupported,
+    applied_elsewhere,
     apply,
     compile_new,
     confirm,
@@ -298,7 +299,14 @@ def _apply(
     assert result is not None
     _print(prepared.plan, summary)
     waiting = store.pending()  # a --confirm apply whose rollback this one calls off
-    if prepared.plan.empty and not prepared.plan.drift and seconds is None:
+    # Another file, or other text, that changes nothing in the kernel is still what the admin
+    # applies: recorded (found by a tester: status, classify and rollback went on naming the
+    # file before it).
+    live = prepared.applied
+    new_text = live is not None and (
+        applied_elsewhere(live, policy) or dict(result.sources) != dict(live.sources)
+    )
+    if prepared.plan.empty and not prepared.plan.drift and seconds is None and not new_text:
         keep_record(prepared)
         if waiting is not None:  # the policy live is the one to keep: no rollback
             store.set_pending(None)
@@ -574,7 +582,9 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     multiple=True,
     metavar="PATTERN",
     help="Show only the classes whose name or id matches PATTERN, a shell-style pattern "
-    "('c1001', 'c10*', 'north'), with the classes below and above them (repeatable).",
+    "('c1001', 'c10*', 'north'), or whose match lines take packets from or to PATTERN, an "
+    "address ('100.64.0.8': a subscriber's classes), with the classes below and above them "
+    "(repeatable).",
 )
 @click.option(
     "--top",
@@ -699,6 +709,11 @@ def status_command(
     width = shutil.get_terminal_size().columns if tty else st.WIDTH
     utf8 = tty and (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
     try:
+        if checked is not None:
+            try:
+                patterns = tuple(st.by_address(checked, patterns))
+            except st.NoSuchClass as err:
+                raise click.BadParameter(str(err), param_hint="'--class'") from None
         for n, readings in enumerate(st.watch(devices, seconds, samples)):
             report = st.build(checked, devices, *readings, source=policy)
             try:

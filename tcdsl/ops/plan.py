@@ -61,9 +61,13 @@ class Change:
     span: Span | None = None
 
     def render(self) -> str:
-        """``~ class voip: rate 6mbit -> 8mbit  (office.tcp:5)``."""
-        where = f"  ({self.span.file}:{self.span.line})" if self.span is not None else ""
-        return f"{self.sign} {self.text}{where}"
+        """``~ class voip: rate 6mbit -> 8mbit  (office.tcp:5)``; what goes is at its line in
+        the text live now, which another line may hold in the files since: ``- class old
+        (was office.tcp:12)`` (found by a tester)."""
+        if self.span is None:
+            return f"{self.sign} {self.text}"
+        was = "was " if self.sign == "-" else ""
+        return f"{self.sign} {self.text}  ({was}{self.span.file}:{self.span.line})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -622,7 +626,9 @@ def _filter_text(c: Command, names: Mapping[str, str]) -> str:
     keys = args[start:end]
     if "link" in keys:
         keys = keys[: len(keys) - len(LINK_KEY)] if keys[-len(LINK_KEY) :] == LINK_KEY else keys
-        return f"hash link ({' '.join(w for w in keys if w != 'link')})"
+        said = " ".join(w for w in keys if w != "link")
+        # a link with no hash key: into a sub-list (a bucket longer than u32 keeps in order)
+        return f"hash link ({said or 'to the next sub-list of a long bucket'})"
     queue = word_after(args, "queue_mapping")
     if not flow and queue is not None and queue.isdigit():  # an mq tree's steering filter
         return f"filter to queue {int(queue) + 1}" + (f" ({' '.join(keys)})" if keys else "")
@@ -785,6 +791,8 @@ def make_plan(
         remove_tree(tree, plan)
     early = len(plan.steps)
     stale: list[tuple[str, ...]] = []
+    in_place: list[Obj] = []
+    """The live filter groups of the trees changed in place."""
     for tree in new:
         label = tree.label
         iface = tree.iface
@@ -803,6 +811,7 @@ def make_plan(
             continue
         old_actions |= {k: o for k, o in old_objs.items() if o.kind == "action"}
         new_actions |= {k: o for k, o in new_objs.items() if o.kind == "action"}
+        in_place += [o for o in old_objs.values() if o.kind == "filters"]
         tree_build, tree_delete = _in_place(
             {k: o for k, o in old_objs.items() if o.kind != "action"},
             {k: o for k, o in new_objs.items() if o.kind != "action"},
@@ -819,6 +828,9 @@ def make_plan(
     if stale:  # before any tree is built: another may need the slot
         plan.steps.insert(early, _cleanup("tc", stale))
     made, gone = _actions(old_actions, new_actions, plan)
+    leftovers = _leftovers(in_place, [*build, *swaps.copy, *swaps.steps()[0]])
+    if leftovers:  # every one tried, and let fail: 'not found' is the usual answer
+        plan.steps.append(replace(_cleanup("tc", leftovers), force=True))
     if made or build or swaps.copy:
         plan.steps.append(_tc([*made, *build, *swaps.copy]))
     for commands in swaps.steps():
@@ -834,6 +846,29 @@ def make_plan(
         if tree.label not in kept and tree not in first:
             remove_tree(tree, plan)
     return plan
+
+
+def _leftovers(old: Sequence[Obj], made: Iterable[Command]) -> list[tuple[str, ...]]:
+    """The deletion of each u32 table ``made`` makes under an id no live group holds,
+    through a live u32 group of its qdisc. A swap cut short (a kill, a power cut; found by
+    a tester in an undo) can leave tables of no pref in the qdisc's pool, where no listing
+    shows them, and 'exists' on one's id would stop every apply of the change; by the live
+    policy and the drift check, whatever holds such an id is no one's."""
+    through: dict[tuple[str, str], Obj] = {}
+    for o in old:
+        if is_u32(o):
+            through.setdefault((o.dev, o.key[2]), o)
+    live = _table_ids(old)
+    out: dict[tuple[str, ...], None] = {}
+    for c in made:
+        if "divisor" not in c.args or c.args[:2] != ("filter", "add"):
+            continue
+        qdisc = (word_after(c.args, "dev") or "", word_after(c.args, "parent") or "")
+        table = int((word_after(c.args, "handle") or "0:").partition(":")[0], 16)
+        group = through.get(qdisc)
+        if group is not None and table not in live.get(qdisc, set()):
+            out[(*pref_deletion(group).args, "handle", f"{table:x}:", "u32")] = None
+    return list(out)
 
 
 def _default_qdisc(o: Obj) -> Command:

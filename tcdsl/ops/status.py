@@ -15,6 +15,7 @@ them, the average the delta since the session's first reading. ``watch`` takes t
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -415,9 +416,43 @@ def build(
 class NoSuchClass(ValueError):
     """A pattern of ``select`` that matches no class of the report."""
 
-    def __init__(self, pattern: str) -> None:
-        super().__init__(f"no class shown here is named {pattern!r} or has that id")
+    def __init__(self, pattern: str, message: str | None = None) -> None:
+        super().__init__(message or f"no class shown here is named {pattern!r} or has that id")
         self.pattern = pattern
+
+
+def by_address(policy: ir.Policy, patterns: Sequence[str]) -> list[str]:
+    """``patterns`` with each that is an IPv4 or IPv6 address (``100.64.0.8``) replaced by
+    the names of the classes whose match lines take packets from or to it (a subscriber's
+    class, in each direction): support calls name a customer's address, not a class.
+    ``NoSuchClass`` when no line does."""
+    out: list[str] = []
+    for pattern in patterns:
+        try:
+            address = ipaddress.ip_address(pattern)
+        except ValueError:
+            out.append(pattern)
+            continue
+        found = [
+            cls.name
+            for iface in policy.interfaces
+            for q in ir.walk_qdiscs(iface.root)
+            for cls, m in ir.matches_of(q)
+            if cls is not None and _takes(m, address)
+        ]
+        if not found:
+            raise NoSuchClass(pattern, f"no class's match line takes packets from or to {pattern}")
+        out += dict.fromkeys(found)
+    return list(dict.fromkeys(out))
+
+
+def _takes(m: ir.Match, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a line tests ``src`` or ``dst`` for a network holding ``address``."""
+    return any(
+        isinstance(cond, ir.AddrCond)
+        and any(net.version == address.version and address in net for net, _ in cond.networks)
+        for cond in m.conds
+    )
 
 
 def select(report: Report, patterns: Sequence[str] = (), top: int | None = None) -> Report:
