@@ -507,6 +507,8 @@ def test_a_download_redirecting_one_family_is_imported_with_a_warning(
     assert got.code == 0, got
     assert "ingress redirects the IPv4 arrivals only (protocol ip) to ifb0" in said, said
     assert "[W620]" in said and "[W614]" not in said, said
+    # htb's direct queue as the kernel makes it on an IFB (its txqueuelen, 32): no W611
+    assert "direct_qlen" not in said and "direct_qlen 32" in tcdsl.tc("qdisc", "show"), said
     assert "download via ifb0 family ipv4 htb handle 1:" in got.out, got
     assert "match dport 53" in got.out, got
     assert not [d for d in _check(got.out, tmp_path).diagnostics if d.is_error], got.out

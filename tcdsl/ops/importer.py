@@ -213,12 +213,18 @@ def _pct(shown: Shown) -> str:
 # ==== qdisc parameters =========================================================================
 
 
+DEFAULT_QLEN = 1000
+"""The txqueuelen of most devices (an Ethernet NIC's, a veth's), taken where the text does not
+say its device's: an IFB's is 32."""
+
+
 class _Params:
     """The words of one qdisc's line, and what could not be said."""
 
-    def __init__(self, q: TcQdisc, line: int) -> None:
+    def __init__(self, q: TcQdisc, line: int, qlen: int = DEFAULT_QLEN) -> None:
         self.q = q
         self.line = line
+        self.qlen = qlen
         self.options = q.options
         self.words: list[str] = []
         self.problems: list[Problem] = []
@@ -290,7 +296,7 @@ def _htb(p: _Params, names: dict[str, str]) -> None:
             p.add("default", names[classid])
         else:
             p.problem(f"'default {default:#x}' names no class ({classid}): left out")
-    p.unsupported("direct_qlen", 1000)
+    p.unsupported("direct_qlen", p.qlen)  # the device's txqueuelen when made without one
 
 
 def _hfsc(p: _Params, names: dict[str, str]) -> None:
@@ -587,10 +593,12 @@ def qdisc_words(
     root: bool,
     rates: Sequence[int] = (),
     stab_said: bool = False,
+    qlen: int = 0,
 ) -> tuple[list[str], list[Problem]]:
     """The words of a qdisc's line (``htb handle 1: r2q 10 default c1_20``) and the problems;
-    ``stab_said``: its size table is written elsewhere (an mq queue's, on the mq's line)."""
-    p = _Params(q, line)
+    ``stab_said``: its size table is written elsewhere (an mq queue's, on the mq's line);
+    ``qlen``: its device's txqueuelen (0: not known, :data:`DEFAULT_QLEN` taken)."""
+    p = _Params(q, line, qlen or DEFAULT_QLEN)
     p.add(q.kind, "handle", q.handle)
     match q.kind:
         case "htb":
@@ -1827,6 +1835,8 @@ class _Writer:
         self.lines: list[str] = []
         self.source = source
         self.written: list[tuple[Problem, str]] = []
+        self.qlen = 0
+        """The txqueuelen of the device whose tree is written (0: not known)."""
 
     def line(self, depth: int, text: str) -> None:
         self.lines.append(f"{INDENT * depth}{text}")
@@ -1866,7 +1876,7 @@ def _write_qdisc(
 ) -> None:
     """Write ``node`` (``marked``: where its fw filters' marks are said to be set;
     ``stab_said`` as for :func:`qdisc_words`)."""
-    words, problems = qdisc_words(node.q, node.line, names, root, rates, stab_said)
+    words, problems = qdisc_words(node.q, node.line, names, root, rates, stab_said, w.qlen)
     for problem in node.notes + problems:
         w.comment(depth, problem)
     text = f"{head}{' '.join(words)}"
@@ -2251,6 +2261,7 @@ def import_policy(
     if errors:
         return ImportResult(None, errors, sources)
     w = _Writer(main.source)
+    w.qlen = main.qlen or 0  # what htb's direct queue is made with: not said when it is that
     w.line(
         0,
         f"# Imported by tcdsl {__version__} ('tcdsl import') from the tc state of "
@@ -2302,7 +2313,9 @@ def import_policy(
             head += "connmark " if redirect.connmark else ""
             head += _family(node.family, node.flower)
             marked = f"from {_ifname(main.device)}"  # where a download's marks are set
+            w.qlen = ifb.text.qlen or 0
             _write_qdisc(w, 1, node, _names(ifb), True, head=head, marked=marked)
+            w.qlen = main.qlen or 0
             w.source = main.source
         for p in ingress_notes:
             w.comment(1, p)

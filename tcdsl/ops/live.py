@@ -79,6 +79,17 @@ def info_kind(shown: str) -> str:
     return kind if isinstance(kind, str) else ""
 
 
+def tx_queue_len(name: str) -> int | None:
+    """The device's ``txqueuelen`` (what htb takes as its direct queue's length when it is
+    made without one), None when it cannot be read."""
+    done = _read(["ip", "-j", "link", "show", "dev", name])
+    try:
+        qlen = json.loads(done.stdout)[0].get("txqlen") if done.returncode == 0 else None
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return None
+    return qlen if isinstance(qlen, int) else None
+
+
 def tx_queue_count(name: str) -> tuple[int | None, int | None]:
     """How many TX queues the device has, as the kernel tells this namespace (``ip -d``'s
     ``num_tx_queues``), and how many of them are in use (``real_num_tx_queues``: the

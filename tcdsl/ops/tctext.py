@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tcdsl.ir import CLSACT_INGRESS
-from tcdsl.ops.live import device_exists, filter_listings, filters_of, top_qdiscs
+from tcdsl.ops.live import device_exists, filter_listings, filters_of, top_qdiscs, tx_queue_len
 from tcdsl.verify.readback import (
     TcClass,
     TcFilter,
@@ -43,6 +43,9 @@ class DeviceText:
     source: str
     """``FILE`` or ``tc:DEVICE`` (the live kernel), as diagnostics name it."""
     text: str
+    qlen: int | None = None
+    """The device's txqueuelen, read with the live state (None from a file): the length
+    htb gives its direct queue when made without one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +184,7 @@ def read_live(device: str) -> DeviceText:
         with_parent(p, text)
         for p, text in zip(unique, filter_listings(device, unique, top_qdiscs(qdiscs)), strict=True)
     )
-    return DeviceText(device, f"tc:{device}", qdiscs + classes + filters)
+    return DeviceText(device, f"tc:{device}", qdiscs + classes + filters, tx_queue_len(device))
 
 
 def read_file(path: str, device: str) -> DeviceText:
