@@ -456,12 +456,14 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
     )
 
     failed = changed = False
+    said: list[Diagnostic] = []  # for the summary line, as check and compile print one
     for path, tree in policy_files(files or ("-",)):
         stdin = path == "-"
         name = "<stdin>" if stdin else path
         refused = _outside(path, tree, Access())
         if refused is not None:
             click.echo(render(refused.diagnostics, {}), nl=False, err=True)
+            said += refused.diagnostics
             failed = True
             continue
         try:
@@ -469,6 +471,7 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
             formatted = format_source(text, name)
         except SourceError as err:
             click.echo(render([source_diagnostic(err, name)], {}), nl=False, err=True)
+            said.append(source_diagnostic(err, name))
             failed = True
             continue
         except OSError as err:
@@ -478,6 +481,7 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
         except FormatError as err:
             sources = {err.diagnostic.span.file: normalise_newlines(text)}
             click.echo(render(err.diagnostics, sources), nl=False, err=True)
+            said += err.diagnostics
             failed = True
             continue
         if stdin and not (check or show_diff):
@@ -504,6 +508,8 @@ def fmt(files: tuple[str, ...], check: bool, show_diff: bool) -> None:
                 failed = True
                 continue
             click.echo(f"reformatted {path}", err=True)
+    if said:
+        click.echo(f"tcdsl: {_summary(said)}", err=True)
     sys.exit(EXIT_POLICY if failed or (changed and (check or show_diff)) else EXIT_OK)
 
 
@@ -685,15 +691,18 @@ def explain_command(policy: str, fmt: str, output: str | None, access: Access) -
 def _flow_specs(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> list[object]:
-    from tcdsl.teach.traffic import SpecError, parse_flow
+    from tcdsl.teach.traffic import SpecError, flows_problem, parse_flow
 
-    flows: list[object] = []
+    flows = []
     for i, value in enumerate(values):
         try:
             flows.append(parse_flow(value, i))
         except SpecError as err:
             raise click.BadParameter(f"{value!r}: {err}", ctx, param) from None
-    return flows
+    problem = flows_problem(flows)  # two of one name: a usage error too (found by a tester)
+    if problem is not None:
+        raise click.BadParameter(problem, ctx, param)
+    return list(flows)
 
 
 def _unit_option(kind: str) -> Callable[..., int | None]:

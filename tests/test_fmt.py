@@ -490,6 +490,8 @@ def test_cli_syntax_error(tmp_path: Path, ugly: Path) -> None:
     assert "Traceback" not in result.output
     assert re.search(rf"^{re.escape(str(bad))}:2:1: error: .+ \[E002\]$", result.stderr, re.M)
     assert " 2 | {\n   | ^\n" in result.stderr
+    # the count of what was found closes it, as with check (found by a tester)
+    assert result.stderr.endswith("tcdsl: 1 error\n"), result.stderr
     assert bad.read_text(encoding="utf-8") == "interface eth0 htb\n{\n}\n"
     assert ugly.read_text(encoding="utf-8") == PRETTY  # the other file is still formatted
 

@@ -1951,3 +1951,28 @@ def test_a_repacked_class_that_comes_into_a_rebuilt_queue_is_in_the_plan(
         assert re.search(rf"^~ class {name} moves .*made again as {now[name]}:", plan, re.M), plan
     assert not re.search(r"htb (\w+): -> htb \1: ", plan), plan
     assert "cannot change in place (its subtree is built again)" in plan, plan
+
+
+def test_an_mq_tree_that_stops_steering_deletes_its_clsact_last(tmp_path: Path) -> None:
+    """Found by a review: a tree changed in place whose lines steer no more deleted its
+    clsact with 'qdisc del ... parent ingress', which tc refuses (every apply failed, an
+    older tcdsl's empty clsact too). It is 'qdisc del dev eth0 clsact', after the filters on
+    it; with a download put on the device, the tree is built again, its clsact gone first."""
+    from tcdsl.ops.desired import trees_of
+    from tcdsl.ops.plan import make_plan
+
+    steering = compiled(tmp_path, STEERING_OPS).policy
+    plain = compiled(tmp_path, STEERING_OPS.replace(" match dst 10.9.9.9", "")).policy
+    download = compiled(tmp_path, WITH_DOWNLOAD).policy
+    assert steering is not None and plain is not None and download is not None
+    plan = make_plan(trees_of(steering), trees_of(plain))
+    assert "! " not in plan.render(), plan.render()
+    commands = [" ".join(c) for step in plan.steps for c in step.commands]
+    assert commands[-1] == "qdisc del dev eth0 clsact", commands
+    assert not [c for c in commands if "parent ingress" in c], commands
+    assert any(c.startswith("filter del dev eth0 parent ffff:fff3") for c in commands[:-1])
+    both = make_plan(trees_of(steering), trees_of(download))
+    assert "its clsact qdisc makes way for another tree's in the ingress slot" in both.render()
+    commands = [" ".join(c) for step in both.steps for c in step.commands]
+    gone = commands.index("qdisc del dev eth0 clsact")
+    assert gone < commands.index("qdisc add dev eth0 handle ffff: ingress"), commands

@@ -532,6 +532,9 @@ def test_another_file_that_changes_nothing_is_recorded(tcdsl: Tcdsl, host: HostS
     assert f"applied {copy} as n (generation 2)" in applied.out, applied
     again = tcdsl("apply", "--yes", "--name", "n", copy)
     assert again.code == 0 and "generation" not in again.out, again
+    # the same file named another way (found by a review: a generation each time)
+    spelt = tcdsl("apply", "--yes", "--name", "n", "copy.tcp", cwd=tcdsl.folder)
+    assert spelt.code == 0 and "generation" not in spelt.out, spelt
     classified = tcdsl("classify", copy, "--name", "n", "--packet", "udp dport 443")
     assert classified.code == 0 and classified.err == "", classified
 

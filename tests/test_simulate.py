@@ -517,3 +517,12 @@ def test_the_packet_limit_is_what_flows_offer_and_the_link_sends() -> None:
     check_size([half], second, second, 10**12)
     with pytest.raises(RunTooLarge, match="the flows together"):
         check_size([half, parse_flow(f"i: udp size {size} rate 10kbit")], second, second, 10**12)
+
+
+def test_two_flows_of_one_name_are_a_usage_error() -> None:
+    """Found by a tester: two flows called alike exited 1 with a bare message, where every
+    other bad --flow is a usage error (exit 2, naming the option), as simulate.md says."""
+    seed = str(SEEDS / "s000-8.1-user-limits.tcp")
+    code, _, err = invoke("simulate", seed, "--flow", "h1: tcp", "--flow", "h1: udp")
+    assert code == 2, err
+    assert "Invalid value for '--flow': two flows are called 'h1'" in err, err

@@ -1491,3 +1491,16 @@ def test_a_utf16_table_is_said_to_be_utf16(tmp_path: Path) -> None:
     (found,) = result.errors
     assert found.code == "E022" and Path(found.span.file).name == "subs.csv"
     assert "this file is UTF-16 text" in found.message and "'CSV UTF-8'" in found.message
+
+
+def test_rates_of_zero_past_fifty_are_counted(tmp_path: Path) -> None:
+    """Found by a review: E030 for a 0 Mbps cell had no cap (300 rows of best-effort plans,
+    300 errors). The first 50 are shown, the rest counted (E038), as a table's own are."""
+    table = HEADER + "".join(f"{i},a,{i},d,north,,100.64.1.{i},,0,1,10,5,\n" for i in range(1, 61))
+    body = '        class north rate 100mbit {\n            subscribers from "subs.csv"\n'
+    result = build(tmp_path, policy(body + "        }\n"), table)
+    codes = [d.code for d in result.errors]
+    assert codes.count("E030") == 50 and codes.count("E038") == 1, codes
+    (more,) = [d for d in result.errors if d.code == "E038"]
+    assert more.hidden == 10 and "10 more rate(s) of this statement" in more.message
+    assert summary(result.diagnostics).startswith("60 errors (10 not shown)")

@@ -11,7 +11,7 @@ from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.lexer import PatternRE, PatternStr, TerminalDef
 
-from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend.qdiscs import (
     CLASS_CURVES,
     CLASS_FLAGS,
@@ -134,8 +134,15 @@ def syntax_error(
                 "; a block right after the interface name holds its directions; for one "
                 "egress tree, name the qdisc first: 'interface eth0 htb rate 10mbit {'"
             )
+        notes: tuple[Note, ...] = ()
+        if token.type == "$END":
+            # the innermost block still open (found by a tester: only the file's end was shown)
+            opened = [v for v in stack if isinstance(v, Token) and v.type == "LBRACE"]
+            if opened:
+                notes = (Note("this '{' is not closed", span_of(opened[-1], path)),)
+                hint = "; a '}' is missing"
         return Diagnostic.error(
-            "E001", f"unexpected {_describe_token(token)}{hint}; expected {expected}", span
+            "E001", f"unexpected {_describe_token(token)}{hint}; expected {expected}", span, *notes
         )
     if isinstance(err, UnexpectedCharacters):
         pos = err.pos_in_stream or 0

@@ -1312,6 +1312,8 @@ class _Expander:
         family: ir.FamilySpec | None = None,
     ) -> None:
         self.b, self.direction, self.device, self.family = b, direction, device, family
+        self.too_small = 0
+        """The rates below what tc keeps of the statement expanded now (E030, capped)."""
         self.left_out: list[tuple[SubscribersSyntax, LeftOut]] = []
         """What each statement's rows lose to the tree's family."""
         self.taken: dict[str, tuple[Table, set[int], list[SubscribersSyntax]]] = {}
@@ -1375,10 +1377,19 @@ class _Expander:
                     continue
                 self.syntax = syn
                 left = LeftOut()
+                self.too_small = 0
                 for circuit, made in expand(pending, way, self.name, self.family, left):
                     made = self.rates_kept(pending, way, circuit, made)
                     self.made[id(made)] = circuit
                     out.append(made)
+                if self.too_small > MAX_TABLE_ERRORS:  # capped as a table's own errors are
+                    more = self.too_small - MAX_TABLE_ERRORS
+                    msg = (
+                        f"{more} more rate(s) of this statement below what tc keeps are not "
+                        f"shown (the first {MAX_TABLE_ERRORS} are)"
+                    )
+                    said = Diagnostic.error("E038", msg, syn.span)
+                    b.error(dataclasses.replace(said, hidden=more))
                 if left.addresses:
                     self.left_out.append((syn, left))
                 if syn.table is not None:
@@ -1409,6 +1420,10 @@ class _Expander:
                 continue
             if value.bits_per_second >= MIN_RATE_BITS:
                 continue
+            kept[word] = ir.Rate(MIN_RATE_BITS, value.span)
+            self.too_small += 1
+            if self.too_small > MAX_TABLE_ERRORS:
+                continue
             name = f"{way}_{spec[0]}"
             header = syn.table.headers[syn.table.columns[name]]
             self.b.error(
@@ -1422,7 +1437,6 @@ class _Expander:
                     Note("the subscribers statement that reads it is here", syn.span),
                 )
             )
-            kept[word] = ir.Rate(MIN_RATE_BITS, value.span)
         return ir.replace(made, **kept) if kept else made
 
     def klass(self, cls: ir.Class) -> ir.Class:

@@ -170,6 +170,10 @@ def join(a: Span, b: Span) -> Span:
     return Span(a.file, a.line, a.column, b.end_line, b.end_column)
 
 
+_METRIC = {"k": "k", "m": "M", "g": "G"}
+"""A unit's prefix, as a rate's is spoken (``10 Mbit/s``)."""
+
+
 def describe_dimension(dim: Dimension) -> str:
     """A dimension in words, with an example."""
     return f"a {dim.value} such as {dim.example}" if dim is not Dimension.COUNT else "a number"
@@ -330,6 +334,14 @@ def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction | int, tuple[Span, ...]
         others = [d for d in dimensions_of(lit.unit) if d is not dim]
         if others:
             msg = f"expected {describe_dimension(dim)}, found {others[0].value} '{lit.text}'"
+            if dim is Dimension.RATE and others[0] is Dimension.SIZE:
+                # '10Mb', '1m': to tc a size in bytes; the writer meant a rate (a tester's)
+                number = lit.text[: len(lit.text) - len(lit.unit)]
+                prefix = lit.unit.lower()[:1] if lit.unit.lower()[:1] in _METRIC else ""
+                msg += (
+                    f"; for {number} {_METRIC.get(prefix, '')}bit/s write {number}{prefix}bit "
+                    f"({number}{prefix}bps is bytes a second)"
+                )
             raise EvalError(Diagnostic.error("E011", msg, lit.span))
         hint = (
             RATE_HINT

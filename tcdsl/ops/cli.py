@@ -304,7 +304,9 @@ def _apply(
     # file before it).
     live = prepared.applied
     new_text = live is not None and (
-        applied_elsewhere(live, policy) or dict(result.sources) != dict(live.sources)
+        applied_elsewhere(live, policy)
+        or {os.path.realpath(live.where(k)): v for k, v in live.sources.items()}
+        != {os.path.realpath(k): v for k, v in result.sources.items()}  # however spelt
     )
     if prepared.plan.empty and not prepared.plan.drift and seconds is None and not new_text:
         keep_record(prepared)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -600,6 +600,12 @@ def _in_place(
                     "tc", ("class", "del", "dev", o.dev, "classid", o.handle or ""), o.span, o.what
                 )
             )
+        elif in_ingress_slot(o):
+            # an mq tree's clsact that its lines no longer need (found by a review: deleted
+            # by 'parent ingress', which tc refuses): last, after the filters on it
+            plan.changes.append(Change("-", _what(o, names[0]), o.span))
+            kind = o.qdisc_kind or "ingress"
+            delete.append(Command("tc", ("qdisc", "del", "dev", o.dev, kind), o.span, o.what))
         elif o.kind == "qdisc" and o.parent not in removed_classes and o.parent not in early:
             plan.changes.append(Change("-", _what(o, names[0]), o.span))
             delete.append(
@@ -805,6 +811,7 @@ def make_plan(
             continue
         old_objs = by_key(before.objects)
         why = "drift" if label in forced else _why_rebuild(old_objs, new_objs)
+        why = why or _slot_wanted(old_objs, new_objs, slots)
         if why is not None:
             stale += _slot_left(old_objs, new_objs)
             _tree_rebuild(iface or _compiled(tree, ifaces), why, plan)
@@ -830,7 +837,8 @@ def make_plan(
     made, gone = _actions(old_actions, new_actions, plan)
     leftovers = _leftovers(in_place, [*build, *swaps.copy, *swaps.steps()[0]])
     if leftovers:  # every one tried, and let fail: 'not found' is the usual answer
-        plan.steps.append(replace(_cleanup("tc", leftovers), force=True))
+        # settling: a table that one deleted before it linked to is let go of a moment later
+        plan.steps.append(replace(_cleanup("tc", leftovers), force=True, settle=True))
     if made or build or swaps.copy:
         plan.steps.append(_tc([*made, *build, *swaps.copy]))
     for commands in swaps.steps():
@@ -901,6 +909,19 @@ def _slot_left(old: Mapping[Key, Obj], new: Mapping[Key, Obj]) -> list[tuple[str
         for key, o in old.items()
         if in_ingress_slot(o) and (key not in new or new[key].qdisc_kind != o.qdisc_kind)
     ]
+
+
+def _slot_wanted(
+    old: Mapping[Key, Obj], new: Mapping[Key, Obj], slots: Collection[Key]
+) -> str | None:
+    """Why a tree whose ingress-slot qdisc goes (an mq tree's clsact, its lines steering no
+    more) is built again: another tree of the new policy puts its qdisc there (a download
+    on the device), so it must go before that is built, ahead of the filters on it that the
+    tree changes in place (found by a review)."""
+    for key, o in old.items():
+        if in_ingress_slot(o) and key not in new and key in slots:
+            return f"its {o.qdisc_kind} qdisc makes way for another tree's in the ingress slot"
+    return None
 
 
 def in_ingress_slot(o: Obj) -> bool:
