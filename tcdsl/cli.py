@@ -691,7 +691,7 @@ def explain_command(policy: str, fmt: str, output: str | None, access: Access) -
 def _flow_specs(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> list[object]:
-    from tcdsl.teach.traffic import SpecError, flows_problem, parse_flow
+    from tcdsl.teach.traffic import SpecError, bytes_rate, flows_problem, parse_flow
 
     flows = []
     for i, value in enumerate(values):
@@ -699,6 +699,9 @@ def _flow_specs(
             flows.append(parse_flow(value, i))
         except SpecError as err:
             raise click.BadParameter(f"{value!r}: {err}", ctx, param) from None
+        said = bytes_rate(value)  # found by a tester: silently 8 times the rate meant
+        if said is not None:
+            click.echo(f"tcdsl: warning: {said}", err=True)
     problem = flows_problem(flows)  # two of one name: a usage error too (found by a tester)
     if problem is not None:
         raise click.BadParameter(problem, ctx, param)

@@ -967,3 +967,19 @@ def test_cli_refuses_a_name_the_state_cannot_hold(
     got = _run(monkeypatch, "policies/office.tcp", "--name", name, "--packet", "udp")
     assert got.exit_code == 2, got.output
     assert f"Invalid value for '--name': {name!r}: at most 64 letters" in got.output, got.output
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("tcp dscp foo", "dscp needs a number, found 'foo'; or a name such as ef, af41 or cs1"),
+        ("tcp dport 80,443", "a packet has one dport: give --packet once for each"),
+    ],
+)
+def test_a_bad_packet_word_says_what_is_taken(
+    monkeypatch: pytest.MonkeyPatch, spec: str, said: str
+) -> None:
+    """Found by a tester: 'dscp foo' said a number was needed (names work too), and a list
+    of ports got no word on how to classify several packets."""
+    got = _run(monkeypatch, "policies/office.tcp", "--packet", spec)
+    assert got.exit_code == 2 and said in got.stderr, got.stderr

@@ -526,3 +526,16 @@ def test_two_flows_of_one_name_are_a_usage_error() -> None:
     code, _, err = invoke("simulate", seed, "--flow", "h1: tcp", "--flow", "h1: udp")
     assert code == 2, err
     assert "Invalid value for '--flow': two flows are called 'h1'" in err, err
+
+
+def test_a_flow_rate_in_bytes_is_warned() -> None:
+    """Found by a tester: 'rate 10mbps' on a flow was 80 Mbit/s without a word (a policy
+    gets W302 for it). It is taken as tc reads it, and said."""
+    seed = str(SEEDS / "s000-8.1-user-limits.tcp")
+    flow = "u5: tcp src 10.3.34.11 rate 10mbps"
+    code, _, err = invoke("simulate", seed, "--flow", flow, "--duration", "1s")
+    assert code == 0, err
+    assert "'rate 10mbps' is bytes a second, as tc reads it: 80mbit" in err, err
+    assert "write 10mbit" in err
+    code, _, err = invoke("simulate", seed, "--flow", flow.replace("mbps", "mbit"))
+    assert code == 0 and "warning" not in err, err

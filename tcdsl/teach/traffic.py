@@ -30,12 +30,13 @@ policy lets it) from time ``start`` (default 0s) to ``stop`` (default: the end o
 from __future__ import annotations
 
 import ipaddress
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tcdsl.frontend.syntax import DSCP_NAMES, PROTOCOLS
 from tcdsl.ir import TCP_FLAGS, Family
-from tcdsl.units import format_rate, parse_rate, parse_size, parse_time
+from tcdsl.units import BYTE_RATE_UNITS, format_rate, parse_rate, parse_size, parse_time
 from tcdsl.words import protocol_name
 
 ETHERNET_HEADER = 14
@@ -235,13 +236,16 @@ class Flow:
     stop: int | None = None
 
 
-def _number(word: str, what: str, hi: int) -> int:
+def _number(word: str, what: str, hi: int, hint: str = "") -> int:
+    """``word`` as a number of 0..``hi``; ``hint`` ends the message when it is none."""
     try:
         value = int(word, 16) if word[:2].lower() == "0x" else int(word)
         if not word.isascii() or "_" in word:  # int() takes "٣" and "1_0"
             raise ValueError(word)
     except ValueError:
-        raise SpecError(f"{what} needs a number, found {word!r}") from None
+        if "," in word and not hint:  # one packet has one port (found by a tester)
+            hint = f"; a packet has one {what}: give --packet once for each"
+        raise SpecError(f"{what} needs a number, found {word!r}{hint}") from None
     if not 0 <= value <= hi:
         raise SpecError(f"{what} {value} is outside 0-{hi}")
     return value
@@ -401,7 +405,8 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             fields["tos"] = _number(value, "tos", 255)
         elif word == "dscp":
             code = DSCP_NAMES.get(value.lower())
-            fields["tos"] = (code if code is not None else _number(value, "dscp", 63)) << 2
+            names = "; or a name such as ef, af41 or cs1"  # found by a tester: names work too
+            fields["tos"] = (code if code is not None else _number(value, "dscp", 63, names)) << 2
         else:
             length = (word, value)
         i += 2
@@ -447,6 +452,29 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
                 f"({bounds}); for an ACK with a payload write 'flags ack'"
             )
     return Packet(**fields), words[i:]  # type: ignore[arg-type]
+
+
+def bytes_rate(text: str) -> str | None:
+    """A warning when the flow spec ``text`` gives its rate in bytes a second (``rate
+    10mbps``, tc's reading, which a policy gets W302 for), else None."""
+    words = text.split()
+    for word, value in itertools.pairwise(words):
+        unit = value.lstrip("0123456789.").lower()
+        if word.lower() == "rate" and unit in BYTE_RATE_UNITS:
+            bits = format_rate(parse_rate(value)) if _is_rate(value) else "?"
+            return (
+                f"'rate {value}' is bytes a second, as tc reads it: {bits}; for bits a "
+                f"second write {value[: len(value) - len(unit)]}{unit[:-3]}bit"
+            )
+    return None
+
+
+def _is_rate(value: str) -> bool:
+    try:
+        parse_rate(value)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_flow(text: str, index: int = 0) -> Flow:
