@@ -31,7 +31,7 @@ from tcdsl.forked import Beside
 from tcdsl.frontend.reader import Reader
 from tcdsl.frontend.source import Access
 from tcdsl.kernel_target import KernelTarget, kernel_support
-from tcdsl.lint import run_lints
+from tcdsl.lint import run_as_written, run_lints
 from tcdsl.resolve import resolve
 from tcdsl.suppress import suppress as suppress_disabled
 
@@ -182,34 +182,44 @@ def _large(policy: ir.Policy) -> bool:
     return count >= BESIDE_MIN_CLASSES
 
 
+Checked = tuple[list[Diagnostic], list[Diagnostic], list[Diagnostic] | None]
+"""The checks' diagnostics, the kernel target's, and the lints of the lines as written
+(``tcdsl.lint.AS_WRITTEN``) when they ran beside allocation (None: they run with the rest)."""
+
+
 def _allocated(
     path: str, reader: Reader, target: KernelTarget | None, pins: Pins | None
-) -> tuple[_Stages, ir.Policy | None, bool]:
+) -> tuple[_Stages, ir.Policy | None, bool, list[Diagnostic] | None]:
     """Parse, resolve, check and allocate: the stages, the allocated policy (None when a stage
-    stopped the compilation), and whether the policy is large (see ``BESIDE_MIN_CLASSES``)."""
+    stopped the compilation), whether the policy is large (see ``BESIDE_MIN_CLASSES``), and
+    the lints run beside allocation (None: none were)."""
     interfaces = reader.read(path)
     stages = _Stages(reader)
     if stages.done():
-        return stages, None, False
+        return stages, None, False, None
     # The frontend drops what it cannot build (a bad value, a bad statement), so the IR is
     # well-formed even after errors: later stages go on while each finds none of its own.
     policy = ir.Policy(path, tuple(interfaces))
     policy, found = resolve(policy)
     if stages.done(found):
-        return stages, None, False
+        return stages, None, False, None
     large = _large(policy)
     resolved = policy
 
-    def checked() -> tuple[list[Diagnostic], list[Diagnostic]]:
-        return list(run_checks(resolved)), list(kernel_support(resolved, target))
+    def checked() -> Checked:
+        checks, kernel = list(run_checks(resolved)), list(kernel_support(resolved, target))
+        # On a large policy the lints of the lines as written (the shadowing analysis) go
+        # beside allocation too, where the checks let them (lints read checked policies).
+        clean = large and not any(d.is_error for d in (*checks, *kernel))
+        return checks, kernel, run_as_written(resolved) if clean else None
 
-    (checks, kernel), allocated = _both(checked, lambda: allocate(resolved, pins), large)
+    (checks, kernel, early), allocated = _both(checked, lambda: allocate(resolved, pins), large)
     if stages.done(checks) or stages.done(kernel):
-        return stages, None, large
+        return stages, None, large, None
     policy, found = allocated()
     if stages.done(found):
-        return stages, None, large
-    return stages, policy, large
+        return stages, None, large, None
+    return stages, policy, large, early
 
 
 def _both(first: Callable[[], T], then: Callable[[], U], fork: bool) -> tuple[T, Callable[[], U]]:
@@ -246,7 +256,7 @@ def _analyse(
     pins: Pins | None = None,
     beside_lints: Callable[[ir.Policy], None] | None = None,
 ) -> Result:
-    stages, policy, large = _allocated(path, reader, target, pins)
+    stages, policy, large, early = _allocated(path, reader, target, pins)
     if policy is None:
         return stages.result
     allocated = policy
@@ -256,7 +266,9 @@ def _analyse(
             beside_lints(allocated)
 
     lints, then = _both(
-        lambda: list(run_lints(allocated)), work, large and beside_lints is not None
+        lambda: [*(early or ()), *run_lints(allocated, as_written=early is None)],
+        work,
+        large and beside_lints is not None,
     )
     if stages.done(lints) or stages.result.errors:
         return stages.result

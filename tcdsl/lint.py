@@ -1008,6 +1008,18 @@ LINTS: tuple[Lint, ...] = (
 )
 
 
-def run_lints(policy: ir.Policy) -> list[Diagnostic]:
-    """Run every lint over an allocated policy and return all diagnostics."""
-    return [d for lint in LINTS for d in lint(policy)]
+AS_WRITTEN: tuple[Lint, ...] = (filters_all_reachable,)
+"""The lints that read the lines as written, in the order tried, and nothing allocation
+gives a policy: the driver runs them on the resolved policy, beside allocation (the
+shadowing analysis is the costliest lint on large policies)."""
+
+
+def run_lints(policy: ir.Policy, as_written: bool = True) -> list[Diagnostic]:
+    """Run every lint over an allocated policy and return all diagnostics; without
+    ``as_written``, those of :data:`AS_WRITTEN` are left out (run already)."""
+    return [d for lint in LINTS if as_written or lint not in AS_WRITTEN for d in lint(policy)]
+
+
+def run_as_written(policy: ir.Policy) -> list[Diagnostic]:
+    """The lints of :data:`AS_WRITTEN` over a resolved policy (allocated or not)."""
+    return [d for lint in AS_WRITTEN for d in lint(policy)]

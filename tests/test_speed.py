@@ -131,6 +131,40 @@ def test_a_large_policy_compiles_in_two_processes(monkeypatch: pytest.MonkeyPatc
     assert large.output == small.output and len(forks) == 2
 
 
+def test_the_shadowing_lint_runs_beside_allocation(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On a large policy the lints of the lines as written (the shadowing analysis, the
+    costliest) run in the checks' child, beside allocation, and say what one process says;
+    where the checks find an error they do not run."""
+    from tcdsl import lint
+
+    ran = tmp_path / "ran"
+
+    def recorded(policy: ir.Policy) -> list[Any]:
+        with ran.open("a") as out:
+            out.write(f"{os.getpid()}\n")
+        return lint.run_as_written(policy)
+
+    monkeypatch.setattr(driver, "run_as_written", recorded)
+    lines = "\n".join(f"  class c{i} rate 1kbit match dport {1000 + i}" for i in range(40))
+    late = "  class late rate 1kbit match dport 1001\n"  # behind c1's line: W313
+    text = f"interface eth0 htb rate 100mbit default c0 {{\n{lines}\n{late}}}\n"
+    monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 0)
+    beside = driver.analyse("x.tcp", loader=lambda _: text)
+    assert [p for p in ran.read_text().split()] and str(os.getpid()) not in ran.read_text()
+    monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 10**9)
+    alone = driver.analyse("x.tcp", loader=lambda _: text)
+    assert "W313" in [d.code for d in beside.diagnostics]
+    assert [(d.code, d.message, d.span) for d in beside.diagnostics] == [
+        (d.code, d.message, d.span) for d in alone.diagnostics
+    ]
+    ran.unlink()
+    monkeypatch.setattr(driver, "BESIDE_MIN_CLASSES", 0)
+    failing = driver.analyse("x.tcp", loader=lambda _: text.replace("rate 100mbit", "rate 0bit"))
+    assert failing.errors and not ran.exists()
+
+
 def test_what_allocation_raises_beside_failing_checks_is_not_shown(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
