@@ -136,8 +136,7 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
         waits = iter(SETTLE_WAITS if step.settle else ())
         start = 0
         while True:
-            text = "".join(" ".join(batch_quote(w) for w in c) + "\n" for c in commands[start:])
-            done = runner(["tc", "-batch", "-"], text)
+            done = runner(["tc", "-batch", "-"], _batch_text(commands[start:]))
             if done.returncode == 0 or not step.fatal:
                 return None
             found = _FAILED.search(done.stderr)
@@ -171,8 +170,7 @@ def _forced(step: Step, runner: Runner) -> None:
     pending = list(step.commands)
     waits = iter(SETTLE_WAITS if step.settle else ())
     while pending:
-        text = "".join(" ".join(batch_quote(w) for w in c) + "\n" for c in pending)
-        done = runner(["tc", "-force", "-batch", "-"], text)
+        done = runner(["tc", "-force", "-batch", "-"], _batch_text(pending))
         if done.returncode == 0 or not step.settle:
             return
         busy = [pending[n] for n in in_use(done.stderr) if n < len(pending)]
@@ -181,6 +179,11 @@ def _forced(step: Step, runner: Runner) -> None:
             return
         time.sleep(wait)
         pending = busy
+
+
+def _batch_text(commands: Sequence[tuple[str, ...]]) -> str:
+    """``tc -batch`` input of ``commands`` (words without ``tc``), quoted for its parser."""
+    return "".join(" ".join(batch_quote(w) for w in c) + "\n" for c in commands)
 
 
 def in_use(said: str) -> list[int]:

@@ -593,12 +593,12 @@ def qdisc_words(
     root: bool,
     rates: Sequence[int] = (),
     stab_said: bool = False,
-    qlen: int = 0,
+    qlen: int = DEFAULT_QLEN,
 ) -> tuple[list[str], list[Problem]]:
     """The words of a qdisc's line (``htb handle 1: r2q 10 default c1_20``) and the problems;
     ``stab_said``: its size table is written elsewhere (an mq queue's, on the mq's line);
-    ``qlen``: its device's txqueuelen (0: not known, :data:`DEFAULT_QLEN` taken)."""
-    p = _Params(q, line, qlen or DEFAULT_QLEN)
+    ``qlen``: its device's txqueuelen."""
+    p = _Params(q, line, qlen)
     p.add(q.kind, "handle", q.handle)
     match q.kind:
         case "htb":
@@ -1835,8 +1835,8 @@ class _Writer:
         self.lines: list[str] = []
         self.source = source
         self.written: list[tuple[Problem, str]] = []
-        self.qlen = 0
-        """The txqueuelen of the device whose tree is written (0: not known)."""
+        self.qlen = DEFAULT_QLEN
+        """The txqueuelen of the device whose tree is written."""
 
     def line(self, depth: int, text: str) -> None:
         self.lines.append(f"{INDENT * depth}{text}")
@@ -2261,7 +2261,7 @@ def import_policy(
     if errors:
         return ImportResult(None, errors, sources)
     w = _Writer(main.source)
-    w.qlen = main.qlen or 0  # what htb's direct queue is made with: not said when it is that
+    w.qlen = main.qlen or DEFAULT_QLEN  # htb's direct queue as made: not said when it is that
     w.line(
         0,
         f"# Imported by tcdsl {__version__} ('tcdsl import') from the tc state of "
@@ -2313,9 +2313,9 @@ def import_policy(
             head += "connmark " if redirect.connmark else ""
             head += _family(node.family, node.flower)
             marked = f"from {_ifname(main.device)}"  # where a download's marks are set
-            w.qlen = ifb.text.qlen or 0
+            w.qlen = ifb.text.qlen or DEFAULT_QLEN
             _write_qdisc(w, 1, node, _names(ifb), True, head=head, marked=marked)
-            w.qlen = main.qlen or 0
+            w.qlen = main.qlen or DEFAULT_QLEN
             w.source = main.source
         for p in ingress_notes:
             w.comment(1, p)

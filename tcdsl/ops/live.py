@@ -79,14 +79,20 @@ def info_kind(shown: str) -> str:
     return kind if isinstance(kind, str) else ""
 
 
+def _link(name: str) -> dict[str, object] | None:
+    """What ``ip -d -j link show dev NAME`` says of the device, None when it cannot be read."""
+    done = _read(["ip", "-d", "-j", "link", "show", "dev", name])
+    try:
+        link = json.loads(done.stdout)[0] if done.returncode == 0 else None
+    except (ValueError, LookupError, TypeError):
+        return None
+    return link if isinstance(link, dict) else None
+
+
 def tx_queue_len(name: str) -> int | None:
     """The device's ``txqueuelen`` (what htb takes as its direct queue's length when it is
     made without one), None when it cannot be read."""
-    done = _read(["ip", "-j", "link", "show", "dev", name])
-    try:
-        qlen = json.loads(done.stdout)[0].get("txqlen") if done.returncode == 0 else None
-    except (ValueError, LookupError, TypeError, AttributeError):
-        return None
+    qlen = (_link(name) or {}).get("txqlen")
     return qlen if isinstance(qlen, int) else None
 
 
@@ -95,10 +101,8 @@ def tx_queue_count(name: str) -> tuple[int | None, int | None]:
     ``num_tx_queues``), and how many of them are in use (``real_num_tx_queues``: the
     ``queues/tx-N`` of /sys, which shows the namespace it was mounted in, so read only when
     its device has this one's index and address); None for what cannot be read."""
-    done = _read(["ip", "-d", "-j", "link", "show", "dev", name])
-    try:
-        link = json.loads(done.stdout)[0] if done.returncode == 0 else {}
-    except (ValueError, LookupError, TypeError):
+    link = _link(name)
+    if link is None:
         return None, None
     count = link.get("num_tx_queues")
     return (count if isinstance(count, int) else None), _in_use(name, link)

@@ -41,7 +41,15 @@ from tcdsl.diagnostics import Span
 from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
 from tcdsl.ops.desired import Key, Obj, Tree, by_key, trees_of, word_after
 from tcdsl.ops.u32nodes import node_changes
-from tcdsl.ops.u32swap import TABLE_IDS, Swaps, at_pref, is_u32, pref_deletion, table_ids
+from tcdsl.ops.u32swap import (
+    TABLE_IDS,
+    Swaps,
+    at_pref,
+    is_u32,
+    pref_deletion,
+    table_ids,
+    table_of,
+)
 from tcdsl.verify.compare import default_qdisc
 
 Sign = Literal["+", "~", "-", "!"]
@@ -872,7 +880,7 @@ def _leftovers(old: Sequence[Obj], made: Iterable[Command]) -> list[tuple[str, .
         if "divisor" not in c.args or c.args[:2] != ("filter", "add"):
             continue
         qdisc = (word_after(c.args, "dev") or "", word_after(c.args, "parent") or "")
-        table = int((word_after(c.args, "handle") or "0:").partition(":")[0], 16)
+        table = table_of(c.args)
         group = through.get(qdisc)
         if group is not None and table not in live.get(qdisc, set()):
             out[(*pref_deletion(group).args, "handle", f"{table:x}:", "u32")] = None

@@ -44,7 +44,7 @@ TABLE_IDS = 0x7FF
 
 def table_ids(o: Obj) -> set[int]:
     """The ids of the tables a filter group makes."""
-    return {_table(c.args) for c in o.commands if "divisor" in c.args}
+    return {table_of(c.args) for c in o.commands if "divisor" in c.args}
 
 
 def is_u32(o: Obj) -> bool:
@@ -52,7 +52,8 @@ def is_u32(o: Obj) -> bool:
     return o.kind == "filters" and all("u32" in c.args for c in o.commands)
 
 
-def _table(args: Sequence[str]) -> int:
+def table_of(args: Sequence[str]) -> int:
+    """The id of the u32 table a ``divisor`` command makes (its handle's)."""
     handle = word_after(args, "handle") or ""
     return int(handle.split(":")[0], 16)
 
@@ -129,9 +130,9 @@ def _tables_gone(o: Obj, through: Key) -> list[Command]:
     _, dev, parent, protocol, pref = through
     where = ("dev", dev, "parent", parent, "protocol", protocol, "prio", pref)
     tables = [c for c in o.commands if "divisor" in c.args]
-    tables.sort(key=lambda c: level(_table(c.args)))
+    tables.sort(key=lambda c: level(table_of(c.args)))
     return [
-        Command("tc", ("filter", "del", *where, "handle", f"{_table(c.args):x}:", "u32"),
+        Command("tc", ("filter", "del", *where, "handle", f"{table_of(c.args):x}:", "u32"),
                 c.span, c.what)
         for c in tables
     ]  # fmt: skip
