@@ -257,6 +257,8 @@ def class_json(cls: ir.Class, parent: ir.Handle | None, default: ir.Handle | Non
         "parent": handle_json(parent),
         "default": cls.classid is not None and cls.classid == default,
     }
+    if cls.title is not None:
+        out["title"] = cls.title
     for key in _CLASS_VALUES:
         out[key] = value_json(getattr(cls, key))
     out["bounded"] = cls.bounded

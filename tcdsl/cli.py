@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import functools
 import os
 import sys
@@ -10,7 +12,7 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 import click
 
@@ -940,14 +942,46 @@ def main() -> None:
         sys.exit(EXIT_POLICY)
     except SystemExit:
         raise
+    except OSError as e:
+        if not _writing_output(e):
+            _internal_error()
+        # (found by a tester: '> /dev/full' gave a traceback and exit 3)
+        if e.errno != errno.EPIPE:  # a reader that went away (| head) wants no message
+            with contextlib.suppress(OSError):  # (stderr itself may be what failed)
+                click.echo(f"tcdsl: cannot write the output: {e.strerror or e}", err=True)
+        _quiet_streams()
+        sys.exit(EXIT_POLICY)
     except BaseException:
-        traceback.print_exc()
-        click.echo(
-            "tcdsl: internal error (a bug in tcdsl, not in your policy); "
-            "please report it with the traceback above",
-            err=True,
-        )
-        sys.exit(EXIT_INTERNAL)
+        _internal_error()
+
+
+def _writing_output(error: OSError) -> bool:
+    """Whether ``error`` came from writing stdout or stderr (all tcdsl writes there goes
+    through ``click.echo``): a full disk, a closed pipe, not a bug."""
+    return any(
+        frame.f_code.co_name == "echo" and frame.f_globals.get("__name__") == "click.utils"
+        for frame, _ in traceback.walk_tb(error.__traceback__)
+    )
+
+
+def _quiet_streams() -> None:
+    """stdout and stderr pointed at /dev/null: what is left in their buffers, which cannot be
+    written, is not tried again (and failed again) at exit."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(null, stream.fileno())
+    os.close(null)
+
+
+def _internal_error() -> NoReturn:
+    traceback.print_exc()
+    click.echo(
+        "tcdsl: internal error (a bug in tcdsl, not in your policy); "
+        "please report it with the traceback above",
+        err=True,
+    )
+    sys.exit(EXIT_INTERNAL)
 
 
 def entry() -> None:

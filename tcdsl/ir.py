@@ -415,6 +415,9 @@ class Class:
     """True for the link class tcdsl creates from ``interface eth0 htb rate ...``."""
     from_table: bool = False
     """Made from a subscriber table's rows: its span is the circuit id's cell, not ``class``."""
+    title: str | None = None
+    """What the class stands for, shown beside its name: a subscriber's Circuit Name from its
+    table (printable text; None where there is none)."""
     classid: Handle | None = None
     """Allocated."""
     fwmark: int | None = None

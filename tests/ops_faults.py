@@ -42,7 +42,7 @@ def killer(k: int):  # type: ignore[no-untyped-def]
     left = [k]
 
     def run(argv: Sequence[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
-        if argv[:2] == ["tc", "-batch"] and stdin is not None:
+        if argv[0] == "tc" and "-batch" in argv[:3] and stdin is not None:
             lines = stdin.splitlines(keepends=True)
             if len(lines) > left[0]:
                 if left[0]:
@@ -71,7 +71,7 @@ def failer(k: int):  # type: ignore[no-untyped-def]
     def run(argv: Sequence[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
         if left[0] < 0:
             return run_command(argv, stdin)
-        if argv[:2] == ["tc", "-batch"] and stdin is not None:
+        if argv[0] == "tc" and "-batch" in argv[:3] and stdin is not None:
             lines = stdin.splitlines(keepends=True)
             if len(lines) > left[0]:
                 if left[0]:

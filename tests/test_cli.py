@@ -291,6 +291,30 @@ def test_entry_point_exit_codes(args: list[str], code: int) -> None:
         assert proc.stdout == _run_entry("compile", OFFICE).stdout  # deterministic
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compile", OFFICE],
+        ["compile", "-b", "json", OFFICE],
+        ["explain", OFFICE],
+        ["check", "--format", "sarif", OFFICE],
+        ["classify", "--packet", "icmp", OFFICE],
+    ],
+)
+def test_an_output_that_cannot_be_written_is_said_without_a_traceback(args: list[str]) -> None:
+    """Found by a tester: '> /dev/full' ended in a traceback and 'internal error' (exit 3).
+    Now it is one line saying why, and exit 1, as '-o /dev/full' already was."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        proc = subprocess.run(
+            [*_entry_point(), *args], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == "tcdsl: cannot write the output: No space left on device\n"
+
+
 def _buffered_env() -> dict[str, str]:
     """The environment, with stdout and stderr buffered as for a user (not as in CI)."""
     return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}

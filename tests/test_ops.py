@@ -414,13 +414,61 @@ exec REAL "$@"
 
 def _tc_failing_on_limit_30(tcdsl: Tcdsl) -> None:
     """From now on, ``tcdsl`` runs a tc that refuses a batch's 'limit 30' (FAILING_TC)."""
+    _tc_from_now_on(tcdsl, FAILING_TC)
+
+
+def _tc_from_now_on(tcdsl: Tcdsl, wrapper: str) -> Path:
+    """From now on, ``tcdsl`` runs ``wrapper`` as its tc (REAL: the real one); its path."""
     real = shutil.which("tc")
     assert real is not None
     shim = tcdsl.folder / "bin"
     shim.mkdir()
-    (shim / "tc").write_text(FAILING_TC.replace("REAL", real), encoding="utf-8")
+    (shim / "tc").write_text(wrapper.replace("REAL", real), encoding="utf-8")
     (shim / "tc").chmod(0o755)
     tcdsl.env["PATH"] = f"{shim}:{tcdsl.env['PATH']}"
+    return shim / "tc"
+
+
+def test_a_rollback_killed_half_way_leaves_its_note(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: a rollback killed (kill -9) while it changed the kernel left no
+    note, so the next plan took the half-made change for drift by hand. Now it leaves one, as
+    apply does: plan says the change did not finish, and a rollback after it goes back to the
+    live policy, whose record stands."""
+    a, b = tcdsl.write("a.tcp", A), tcdsl.write("b.tcp", B)
+    assert tcdsl("apply", "--yes", "--name", "p", a).code == 0
+    assert tcdsl("apply", "--yes", "--name", "p", b).code == 0
+    killed = _with_tc(tcdsl, SIGNALLING_TC.replace("SIGNAL", "KILL"), "rollback", "p")
+    assert killed.returncode == -9 or killed.returncode == 137, killed
+    planned = tcdsl("plan", "--name", "p", b)
+    assert "did not finish" in planned.out and "a.tcp" in planned.out, planned
+    back = tcdsl("rollback", "p")
+    assert back.code == 0, back
+    assert tcdsl("plan", "--name", "p", b).out == "no changes\n"
+    assert "1:40" in tcdsl.tc("class", "show", "dev", "d0")  # B's guest class
+
+
+def test_another_tools_clsact_filters_are_no_drift(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: a bpf filter another tool put on d0's clsact (the ingress slot, which
+    an htb tree does not hold) was drift, and every apply rebuilt the tree (its counters reset,
+    the device unshaped a moment). It is a note now: plan says so (exit 4, no changes), apply
+    keeps the tree and its counters, and the plan after it is clean."""
+    run(["ip", "netns", "exec", tcdsl.ns, "tc", "qdisc", "add", "dev", "d0", "clsact"])
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    _send_to_bulk(tcdsl.ns)
+    run(["ip", "netns", "exec", tcdsl.ns, "tc", "filter", "add", "dev", "d0", "egress",
+         "pref", "7", "bpf", "bytecode", "1,6 0 0 4294967295,", "flowid", "1:99"])  # fmt: skip
+    planned = tcdsl("plan", a)
+    assert planned.code == 4 and "drift" not in planned.out, planned
+    assert "something the policy does not own" in planned.out, planned
+    assert planned.out.endswith("no changes\n"), planned
+    assert tcdsl("apply", "--yes", a).code == 0
+    sent = re.search(r"Sent (\d+) bytes", tcdsl.tc("-s", "class", "show", "dev", "d0",
+                                                   "classid", "1:30"))  # fmt: skip
+    assert sent is not None and int(sent.group(1)) > 0  # not built again
+    assert "bpf" in tcdsl.tc("filter", "show", "dev", "d0", "egress")  # theirs, kept
+    again = tcdsl("plan", a)
+    assert again.code == 0 and again.out == "no changes\n", again
 
 
 def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:
@@ -758,6 +806,45 @@ def test_status_finds_a_subscriber_by_address(tcdsl: Tcdsl, host: HostSupport) -
     missing = tcdsl(*args, "10.8.0.1")
     assert missing.code == 2, missing
     assert "no class's match line takes packets from or to 10.8.0.1" in missing.err, missing
+
+
+def test_status_shows_and_finds_a_subscriber_by_its_circuit_name(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: an ISP's status named subscribers by circuit id alone, where its
+    table has each one's Circuit Name. The name is each class's title: shown after the class
+    name (cut to 32 characters, an escape sequence's ESC as '?'), whole in JSON and
+    Prometheus, and '--class' matches it."""
+    tcdsl.write(
+        "subs.csv",
+        "Circuit ID,Circuit Name,Parent Node,IPv4,Download Min Mbps,Upload Min Mbps,"
+        "Download Max Mbps,Upload Max Mbps\n"
+        '1001,"5235 Campfire Street, Ringgold, GA 30736, USA",n,10.9.0.1,1,1,2,2\n'
+        "1002,\x1b[31mMallory,n,10.9.0.2,1,1,2,2\n"
+        "1003,,n,10.9.0.3,1,1,2,2\n",
+    )
+    p = tcdsl.write(
+        "isp.tcp",
+        "interface d0 htb rate 100mbit default rest {\n"
+        '    class n rate 10mbit {\n        subscribers upload from "subs.csv"\n    }\n'
+        "    class rest rate 1mbit\n}\n",
+    )
+    assert tcdsl("apply", "--yes", p).code == 0
+    args = ("status", "--name", "isp", "--interval", "0.1")
+    shown = tcdsl(*args, "--format", "json")
+    assert shown.code == 0, shown
+    (tree,) = json.loads(shown.out)["trees"]
+    titles = {c["name"]: c["title"] for c in tree["classes"]}
+    assert titles["c1001"] == "5235 Campfire Street, Ringgold, GA 30736, USA"
+    assert titles["c1002"] == "?[31mMallory" and titles["c1003"] is None
+    assert titles["n"] is None
+    text = tcdsl(*args, "--class", "*Campfire*")
+    assert text.code == 0 and "\x1b" not in text.out, text
+    assert "c1001 5235 Campfire Street, Ringgol... |" in text.out, text.out
+    assert "c1002" not in text.out and "(3 of 6 classes shown)" in text.out, text
+    metrics = tcdsl(*args, "--format", "prometheus", "--class", "c1002")
+    assert 'class="c1002",classid="' in metrics.out, metrics
+    assert 'title="?[31mMallory"' in metrics.out and "\x1b" not in metrics.out, metrics
 
 
 def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:
@@ -1176,6 +1263,58 @@ interface d0 {
 """Both directions: a root qdisc on d0, an IFB with its tree, the redirect on d0's ingress."""
 
 
+KEPT_INGRESS_TC = """#!/bin/sh
+# tc, except that the first batch deleting d0's ingress qdisc fails there (the kernel keeps
+# it): a batch stops there, a forced one runs its other commands
+line='qdisc del dev d0 ingress'
+if [ "$1" = -batch ] || [ "$2" = -batch ]; then
+    input=$(cat)
+    n=$(printf '%s\\n' "$input" | grep -n -x "$line" | head -n 1 | cut -d: -f1)
+    if [ -n "$n" ] && [ ! -e "$0.sent" ]; then
+        : > "$0.sent"
+        if [ "$1" = -force ]; then
+            printf '%s\\n' "$input" | grep -v -x "$line" | REAL -force -batch -
+        else
+            printf '%s\\n' "$input" | head -n $((n - 1)) | REAL -batch -
+        fi
+        echo 'RTNETLINK answers: Device or resource busy' >&2
+        echo "Command failed -:$n" >&2
+        exit 1
+    fi
+    printf '%s\\n' "$input" | exec REAL "$@"
+fi
+exec REAL "$@"
+"""
+
+
+def test_a_teardown_that_leaves_the_redirect_fails_and_restores(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: the download's removal ran its redirect's delete and its IFB's in
+    steps whose failures were ignored; with the redirect's delete failed, the IFB went, every
+    packet d0 received was redirected to no device (dropped), and apply said it applied.
+    Now a teardown's qdisc that is still there is a failed command (E601): the download is
+    restored, redirect and IFB, and the record stays the policy with it."""
+    full = tcdsl.write("p.tcp", FULL)
+    assert tcdsl("apply", "--yes", full).code == 0
+    upload = FULL.replace("    download htb rate 20mbit default rest {\n", "").replace(
+        "        class fast rate 5mbit match sport 80\n        class rest rate 1mbit\n    }\n", ""
+    )
+    assert "download" not in upload
+    shim = _tc_from_now_on(tcdsl, KEPT_INGRESS_TC)
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", upload))
+    assert shim.with_name("tc.sent").exists()
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    assert "qdisc del dev d0 ingress" in failed.err and "busy" in failed.err, failed
+    assert "ifb4d0" in run(["ip", "-n", tcdsl.ns, "link", "show", "ifb4d0"]).stdout
+    assert "mirred" in tcdsl.tc("filter", "show", "dev", "d0", "ingress")
+    assert "1:10" in tcdsl.tc("class", "show", "dev", "ifb4d0")
+    assert tcdsl("plan", tcdsl.write("p.tcp", FULL)).out == "no changes\n"
+    # and without the fault, the same change goes through
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", upload)).code == 0
+    assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+
+
 def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: HostSupport) -> None:
     """What apply made for both directions (qdiscs, the IFB and its tree, the redirect),
     removed by 'down NAME', then again by 'down -i' (whatever made it), which also removes
@@ -1577,6 +1716,34 @@ interface d0 htb rate 10mbit default bulk {
     class bulk rate 1mbit
 }
 """
+
+
+def test_a_batch_is_whole_even_when_tcdsl_is_killed_while_it_runs(tmp_path: Path) -> None:
+    """Found by a tester: batches were fed to 'tc -batch -' through a pipe, so a kill -9 of
+    tcdsl while it fed one cut the batch short (327 of 3,000 classes made). The command reads
+    a file written whole before it starts, and writes to files: it outlives tcdsl, and
+    reads all of it."""
+    out = tmp_path / "read"
+    text = "".join(f"class add dev d0 parent 1:1 classid 1:{n:x} htb rate 1mbit\n"
+                   for n in range(1, 60_000))  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from tcdsl.ops.apply import run_command; "
+         f"run_command(['sh', '-c', 'sleep 0.5; cat > {out}; echo done >&2'], sys.stdin.read())"],
+        stdin=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert child.stdin is not None
+    child.stdin.write(text)
+    child.stdin.close()
+    time.sleep(0.3)  # the command has started, and is sleeping
+    child.kill()
+    child.wait(timeout=10)
+    for _ in range(100):
+        if out.exists() and out.stat().st_size == len(text):
+            break
+        time.sleep(0.05)
+    assert out.read_text(encoding="utf-8") == text
+
 
 MARKING_STEP = """
 import sys

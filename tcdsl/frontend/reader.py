@@ -134,6 +134,14 @@ class Reader:
             return self._unread(include_span)
         if include_span is None:
             self.tables.clear()  # read by now: the classes have what they need of the rows
+            if not interfaces and not self.scope.constants and not self.diagnostics:
+                # Nothing at all (an empty file, comments only): said, where a script that
+                # changes nothing would pass in silence. A file of constants is a library.
+                msg = (
+                    "the policy is empty: it has no 'interface' statement, "
+                    "so its script changes nothing"
+                )
+                self.diagnostics.append(Diagnostic.warning("W308", msg, Span(path, 1, 1, 1, 2)))
         if include_span is not None:
             refusal = _not_a_policy(path, text, self.diagnostics[first:], include_span)
             if refusal is not None:

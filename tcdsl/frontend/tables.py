@@ -122,6 +122,8 @@ class Circuit:
     parent: str | None
     first: _Place
     """Where its first row's cells are, for the spans of its rates."""
+    title: str | None = None
+    """Its first row's Circuit Name (printable; None where empty or there is no column)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -666,7 +668,9 @@ def _row(
     circuit = circuits.get(key)
     if circuit is None:
         name = _unique_name(circuit_name(key), names)
-        circuit = Circuit(key, name, span(key_index), rates, parent, place)
+        title_index = columns.get("circuit_name", n_cells)
+        title = printable(cells[title_index]) if title_index < n_cells else None
+        circuit = Circuit(key, name, span(key_index), rates, parent, place, title)
         circuits[key] = circuit
     elif not _agree(reading, table, circuit, place, rates, parent):
         return None
@@ -680,6 +684,15 @@ def _row(
     else:
         row_span = _addresses_span(networks)
     return Row(first, cells, circuit, tuple(networks), row_span)
+
+
+def printable(text: str) -> str | None:
+    """A cell as text to show on a terminal: blanks at the ends dropped, each control
+    character (an escape sequence's ESC among them) as '?'; None for an empty cell."""
+    text = text.strip()
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else "?" for c in text)
+    return text or None
 
 
 def _addresses_span(
@@ -1163,6 +1176,7 @@ def expand(
             matches=matches,
             leaf=ir.replace(leaf) if leaf is not None else None,
             from_table=True,
+            title=circuit.title,
             **fields,
         )
         classes.append((circuit, made))

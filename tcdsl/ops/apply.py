@@ -6,6 +6,7 @@ that failed at its policy line.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -26,13 +27,41 @@ Runner = Callable[[Sequence[str], str | None], subprocess.CompletedProcess[str]]
 
 def run_command(argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """The real runner."""
-    # a session of its own: the terminal's Ctrl-C reaches tcdsl, which lets the command
-    # finish (a tc -batch cut short is a change half-made) before it takes the change back
-    done = subprocess.run(
-        list(argv), input=stdin, capture_output=True, text=True, timeout=600,
-        check=False, start_new_session=True,
-    )  # fmt: skip
-    return done
+    # A session of its own: the terminal's Ctrl-C reaches tcdsl, which lets the command
+    # finish (a tc -batch cut short is a change half-made) before it takes the change back.
+    # And files, not pipes, for what it reads and writes (found by a tester): a tcdsl killed
+    # while it fed a pipe cut the batch short, and tc writing to a pipe nobody reads any
+    # more is killed by SIGPIPE. A file is whole before the command starts, and outlives us.
+    with _memory_file(stdin) as given, _memory_file() as out, _memory_file() as err:
+        done = subprocess.run(
+            list(argv), stdin=given, stdout=out, stderr=err, timeout=600, check=False,
+            start_new_session=True,
+        )  # fmt: skip
+        return subprocess.CompletedProcess(done.args, done.returncode, _read(out), _read(err))
+
+
+@contextlib.contextmanager
+def _memory_file(text: str | None = "") -> Iterator[int | None]:
+    """An anonymous file holding ``text`` (UTF-8), read from its start; None for None (the
+    command reads what tcdsl's own stdin is)."""
+    if text is None:
+        yield None
+        return
+    fd = os.memfd_create("tcdsl", os.MFD_CLOEXEC)
+    try:
+        if text:
+            os.write(fd, text.encode())  # memfd writes are whole (no short write but ENOSPC)
+            os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int | None) -> str:
+    assert fd is not None
+    os.lseek(fd, 0, os.SEEK_SET)
+    with os.fdopen(fd, "rb", closefd=False) as f:
+        return f.read().decode(errors="replace")
 
 
 DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -131,6 +160,8 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
     if step.tool == "tc" and step.force:
         _forced(step, runner)
         return None
+    if step.tool == "tc" and not step.fatal:
+        return _cleaned(step, runner)
     if step.tool == "tc":
         commands = step.commands
         waits = iter(SETTLE_WAITS if step.settle else ())
@@ -181,21 +212,59 @@ def _forced(step: Step, runner: Runner) -> None:
         pending = busy
 
 
+def _cleaned(step: Step, runner: Runner) -> Failure | None:
+    """A teardown: every command tried, whichever fail (one already done is no reason to
+    skip the rest); its failures are harmless but for a qdisc that is still there after its
+    delete. (Found by a tester: a download's redirect whose delete failed was left, its IFB
+    deleted by the next step, and every packet the device received dropped.)"""
+    done = runner(["tc", "-force", "-batch", "-"], _batch_text(step.commands))
+    if done.returncode == 0:
+        return None
+    said = failures(done.stderr)
+    for n, command in enumerate(step.commands):
+        if n in said and not _gone(command, runner):
+            return Failure("tc " + " ".join(command), said[n] or _said(done), None)
+    return None
+
+
+def _gone(command: tuple[str, ...], runner: Runner) -> bool:
+    """Whether what a teardown's tc command deletes is gone (a qdisc deleted as ``qdisc del
+    dev D root|ingress|clsact``: read back; anything else: taken as gone)."""
+    if command[:3] != ("qdisc", "del", "dev") or len(command) != 5:
+        return True
+    device, slot = command[3], command[4]
+    shown = runner(["tc", "qdisc", "show", "dev", device], None)
+    if shown.returncode != 0:
+        return "Cannot find device" in shown.stderr
+    for line in shown.stdout.splitlines():
+        words = line.split()
+        if slot in ("ingress", "clsact") and words[1:2] == [slot]:
+            return False
+        if slot == "root" and "root" in words and words[2:3] != ["0:"]:
+            return False
+    return True
+
+
 def _batch_text(commands: Sequence[tuple[str, ...]]) -> str:
     """``tc -batch`` input of ``commands`` (words without ``tc``), quoted for its parser."""
     return "".join(" ".join(batch_quote(w) for w in c) + "\n" for c in commands)
 
 
-def in_use(said: str) -> list[int]:
-    """The commands (0-based, in the batch) that ``tc -force -batch`` said failed because the
-    kernel holds them in use: each failure's words come before its ``Command failed -:N``."""
-    found = []
+def failures(said: str) -> dict[int, str]:
+    """The commands (0-based, in the batch) that ``tc -force -batch`` said failed, with what
+    it said of each: a failure's words come before its ``Command failed -:N``."""
+    found: dict[int, str] = {}
     start = 0
     for m in _FAILED.finditer(said):
-        if "in-use" in said[start : m.start()]:
-            found.append(int(m.group(1)) - 1)
+        found[int(m.group(1)) - 1] = said[start : m.start()].strip()
         start = m.end()
     return found
+
+
+def in_use(said: str) -> list[int]:
+    """The commands (0-based, in the batch) that ``tc -force -batch`` said failed because the
+    kernel holds them in use."""
+    return [n for n, words in failures(said).items() if "in-use" in words]
 
 
 def _said(done: subprocess.CompletedProcess[str]) -> str:

@@ -848,8 +848,9 @@ def prepare(
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(killed.applied_at))
         plan.drift.insert(
             0,
-            Change("!", f"an apply of {killed.path} (started {when}) did not finish: the kernel "
-                   "may hold part of it; what differs from the live policy is built again"),
+            Change("!", f"a change to {killed.path} (an apply or a rollback, started {when}) "
+                   "did not finish: the kernel may hold part of it; what differs from the live "
+                   "policy is built again"),
         )  # fmt: skip
     return Prepared(store, new, result, applied, live, plan, new_trees)
 
@@ -1108,6 +1109,10 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
         # name waiting for them then finds the devices this one took back)
         with interface_locks(set(applied.devices) | set(back.devices if back else ())):
             _not_taken(_owned(back) if back else (), store.name)  # again, under the locks
+            if back is not None:
+                # (found by a tester: a rollback killed half-way left no note, and the next
+                # plan took what it had made for drift by hand)
+                store.start_again(back)
             rebuilt = _rebuilt(lambda: compile_applied(applied))
             apply_policy(prepared.plan, restore, runner, rebuilt=rebuilt)
             with _recording(
@@ -1122,6 +1127,7 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
                     return None
                 store.forget(applied.generation)
     except ApplyFailed as failed:
+        store.finish()  # the live policy was built again (or never left)
         if failed.restored and not failed.untouched:
             _remember_restored(store, applied.generation, compile_applied(applied))
         raise

@@ -17,6 +17,7 @@ new one, never half of one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -328,6 +329,12 @@ class Store:
             0, path, sources, devices, time.time(), classids, os.getcwd(), this_netns(), ifbs
         )
         write_json(self.folder / "applying.json", applied.to_json())
+
+    def start_again(self, applied: Applied) -> None:
+        """Note a change back to ``applied`` under way (a rollback), as :meth:`start` does:
+        its record as it is (its folder and namespace kept), as generation 0."""
+        again = dataclasses.replace(applied, generation=0, applied_at=time.time())
+        write_json(self.folder / "applying.json", again.to_json())
 
     def applying(self) -> Applied | None:
         """The apply a killed command left under way, if any (generation 0)."""

@@ -69,6 +69,9 @@ class ClassStatus:
     """bits/s since the first reading of the session."""
     leaf: QdiscCounters | None
     """The qdisc below the class in the kernel (its flow statistics), if one was added."""
+    title: str | None = None
+    """What the class stands for (a subscriber's Circuit Name), None where the policy has
+    nothing."""
 
     @property
     def limit(self) -> int | None:
@@ -256,6 +259,7 @@ def _row(
     counters: ClassCounters | None,
     device: str,
     readings: tuple[Readings, Readings, Readings],
+    title: str | None = None,
 ) -> ClassStatus:
     """A row from its (name, classid, parent, depth), what declares it (file, line, rate,
     ceil) and the kernel's ``counters`` (None: the class is not applied)."""
@@ -280,6 +284,7 @@ def _row(
         rate_now=now_rate,
         rate_avg=avg,
         leaf=leaf,
+        title=title,
     )
 
 
@@ -325,7 +330,7 @@ def _policy_tree(
         span = d.cls.span
         declared = (span.file, span.line, _bits(d.cls.rate), _bits(d.cls.ceil))
         counters = now.klass(classid) if applied else None
-        rows.append(_row(facts, declared, "ok", counters, iface.name, readings))
+        rows.append(_row(facts, declared, "ok", counters, iface.name, readings, d.cls.title))
     rows += _kernel_tree_rows(extra, "not in policy", iface.name, readings)
     now_rate, avg = _qdisc_rates(handle, iface.name, *readings) if applied else (None, None)
     return TreeStatus(
@@ -456,8 +461,9 @@ def _takes(m: ir.Match, address: ipaddress.IPv4Address | ipaddress.IPv6Address) 
 
 
 def select(report: Report, patterns: Sequence[str] = (), top: int | None = None) -> Report:
-    """The report with the classes asked for: those whose name or class id matches one of
-    the shell-style ``patterns`` (``c10*``, ``north``), with the classes below them (every
+    """The report with the classes asked for: those whose name, class id or title matches
+    one of the shell-style ``patterns`` (``c10*``, ``north``, ``*Campfire*``), with the
+    classes below them (every
     class without patterns); with ``top``, only the ``top`` leaf classes of those in each
     tree that are busiest now (by the rate now, then the average, then bytes). The classes
     above a class shown are shown too, so that it shows where it sits; a tree with none of
@@ -492,13 +498,22 @@ def _matching(rows: Sequence[ClassStatus], patterns: Sequence[str], matched: set
     for i, row in enumerate(rows):
         if below is not None and row.depth <= below:
             below = None
-        hits = [p for p in patterns if fnmatchcase(row.name, p) or fnmatchcase(row.classid, p)]
+        hits = [p for p in patterns if _names(row, p)]
         matched.update(hits)
         if hits and below is None:
             below = row.depth
         if below is not None:
             chosen.add(i)
     return chosen
+
+
+def _names(row: ClassStatus, pattern: str) -> bool:
+    """Whether ``pattern`` matches the row's name, class id or title."""
+    return (
+        fnmatchcase(row.name, pattern)
+        or fnmatchcase(row.classid, pattern)
+        or (row.title is not None and fnmatchcase(row.title, pattern))
+    )
 
 
 def _has_children(rows: Sequence[ClassStatus], i: int) -> bool:
@@ -555,6 +570,7 @@ def _class_json(row: ClassStatus) -> dict[str, object]:
     htb = c.htb if c is not None else None
     out: dict[str, object] = {
         "name": row.name,
+        "title": row.title,
         "classid": row.classid,
         "parent": row.parent,
         "depth": row.depth,
@@ -699,6 +715,8 @@ def render_prometheus(report: Report) -> str:
                 ("class", row.name),
                 ("classid", row.classid),
                 ("policy", policy),
+                # (a label with an empty value is no label: left out where there is none)
+                *([("title", row.title)] if row.title is not None else []),
             ],
         )
         for t in report.trees
@@ -823,9 +841,16 @@ def _pair(a: int | None, b: int | None, text: Callable[[int | None], str]) -> st
     return f"{text(a)}/{text(b)}"
 
 
+TITLE = 32
+"""Characters of a class's title the text table shows (JSON and Prometheus give it whole)."""
+
+
 def _cells(row: ClassStatus, policy: str | None = None) -> list[str]:
     c = row.counters
     name = "  " * row.depth + row.name
+    if row.title is not None:
+        title = row.title if len(row.title) <= TITLE else row.title[: TITLE - 3] + "..."
+        name += f" {title}"
     if row.state == "not in policy":
         name += " (not in policy)"
     limits = _pair(row.rate, row.ceil, lambda v: format_rate(v) if v is not None else "-")
