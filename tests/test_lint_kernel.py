@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tcdsl import ir
+from tcdsl import ir, lint
 from tcdsl.driver import Result
 from tcdsl.verify.runner import HostSupport
 from tests.test_apply import (
@@ -184,6 +184,37 @@ def test_fifo_limit_zero_drops_everything(
     stats = run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", "eth0"]).stdout
     found = re.search(r"qdisc pfifo [^\n]*\n\s*Sent 0 bytes 0 pkt \(dropped (\d+)", stats)
     assert found is not None and int(found.group(1)) >= COUNT, stats
+
+
+def _burst_of(ns: str, classid: str) -> tuple[int, int]:
+    """The burst and cburst, in bytes, that the kernel holds for a class (``tc -d``)."""
+    shown = run(["tc", "-n", ns, "-d", "class", "show", "dev", "eth0", "classid", classid])
+    found = re.search(r" burst (\d+)b/\d+ .* cburst (\d+)b", shown.stdout)
+    assert found is not None, shown.stdout
+    return int(found.group(1)), int(found.group(2))
+
+
+def test_a_default_burst_from_1gbit_is_kept_as_less_than_a_frame(
+    host: HostSupport, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """W315's claim for a burst left to tc: from 1gbit the kernel keeps tc's default as less
+    than one full-size frame (below, a frame or more); the sizes the warning gives are kept
+    (the throughput these make is measured in ``bench/burst_bench.py``)."""
+    text = (
+        "interface eth0 htb rate 10gbit burst 1221k cburst 1221k default slow {\n"
+        "    class slow rate 800mbit\n"
+        "    class fast rate 1gbit match dport 80\n"
+        "    class faster rate 8gbit match dport 81\n"
+        "    class given rate 1gbit ceil 2gbit burst 123k cburst 245k match dport 82\n}\n"
+    )
+    result, ns = _applied(text, host, make_netns, tmp_path)
+    warned = {d.message.split(" has no")[0] for d in result.diagnostics if d.code == "W315"}
+    assert warned == {"class 'fast'", "class 'faster'"}, result.diagnostics
+    assert min(_burst_of(ns, _classid(result, "slow"))) >= lint.FRAME
+    for name in ("fast", "faster"):
+        assert max(_burst_of(ns, _classid(result, name))) < lint.FRAME, name
+    burst, cburst = _burst_of(ns, _classid(result, "given"))
+    assert abs(burst - 123 * 1024) < 2000 and abs(cburst - 245 * 1024) < 4000
 
 
 def _prefs_policy(prefs: int) -> str:

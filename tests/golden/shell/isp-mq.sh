@@ -99,134 +99,134 @@ nft delete table inet tcdsl_isp0 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface isp0: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
-# policies/isp-mq.tcp:7:16: interface isp0: mq qdisc
+# policies/isp-mq.tcp:9:16: interface isp0: mq qdisc
 qdisc add dev isp0 root handle 1: mq
-# policies/isp-mq.tcp:7:28: htb qdisc of 1:1
+# policies/isp-mq.tcp:9:28: htb qdisc of 1:1
 qdisc add dev isp0 parent 1:1 handle 12: htb default 40 r2q 10000
-# policies/isp-mq.tcp:7:28: link class
-class add dev isp0 parent 12: classid 12:1 htb rate 10gbit
-# policies/isp-mq.tcp:20:11: class unknown@1
-class add dev isp0 parent 12:1 classid 12:40 htb rate 100mbit ceil 10gbit
-# policies/isp-mq.tcp:21:9: fq_codel qdisc of 12:40
+# policies/isp-mq.tcp:9:28: link class
+class add dev isp0 parent 12: classid 12:1 htb rate 10gbit burst 1221k cburst 1221k
+# policies/isp-mq.tcp:23:11: class unknown@1
+class add dev isp0 parent 12:1 classid 12:40 htb rate 100mbit ceil 10gbit cburst 1221k
+# policies/isp-mq.tcp:24:9: fq_codel qdisc of 12:40
 qdisc add dev isp0 parent 12:40 handle 40: fq_codel
-# policies/isp-mq.tcp:8:11: class site_a
-class add dev isp0 parent 12:1 classid 12:10 htb rate 3gbit ceil 10gbit
-# policies/isp-mq.tcp:9:15: class alice
-class add dev isp0 parent 12:10 classid 12:20 htb rate 1gbit ceil 2gbit
-# policies/isp-mq.tcp:10:13: fq_codel qdisc of 12:20
+# policies/isp-mq.tcp:10:11: class site_a
+class add dev isp0 parent 12:1 classid 12:10 htb rate 3gbit ceil 10gbit burst 367k cburst 1221k
+# policies/isp-mq.tcp:11:15: class alice
+class add dev isp0 parent 12:10 classid 12:20 htb rate 1gbit ceil 2gbit burst 123k cburst 245k
+# policies/isp-mq.tcp:12:13: fq_codel qdisc of 12:20
 qdisc add dev isp0 parent 12:20 handle 20: fq_codel
-# policies/isp-mq.tcp:9:43: filter to 12:20
+# policies/isp-mq.tcp:11:66: filter to 12:20
 filter add dev isp0 parent 12: protocol ip prio 1 u32 match ip dst 198.51.100.10 flowid 12:20
-# policies/isp-mq.tcp:12:15: class bob
-class add dev isp0 parent 12:10 classid 12:30 htb rate 500mbit ceil 1gbit
-# policies/isp-mq.tcp:13:13: fq_codel qdisc of 12:30
+# policies/isp-mq.tcp:14:15: class bob
+class add dev isp0 parent 12:10 classid 12:30 htb rate 500mbit ceil 1gbit cburst 123k
+# policies/isp-mq.tcp:15:13: fq_codel qdisc of 12:30
 qdisc add dev isp0 parent 12:30 handle 30: fq_codel
-# policies/isp-mq.tcp:12:43: filter to 12:30
+# policies/isp-mq.tcp:14:55: filter to 12:30
 filter add dev isp0 parent 12: protocol ip prio 1 u32 match ip dst 198.51.100.11 flowid 12:30
-# policies/isp-mq.tcp:7:28: htb qdisc of 1:2
+# policies/isp-mq.tcp:9:28: htb qdisc of 1:2
 qdisc add dev isp0 parent 1:2 handle 14: htb default 20 r2q 10000
-# policies/isp-mq.tcp:7:28: link class
-class add dev isp0 parent 14: classid 14:1 htb rate 10gbit
-# policies/isp-mq.tcp:20:11: class unknown@2
-class add dev isp0 parent 14:1 classid 14:20 htb rate 100mbit ceil 10gbit
-# policies/isp-mq.tcp:21:9: fq_codel qdisc of 14:20
+# policies/isp-mq.tcp:9:28: link class
+class add dev isp0 parent 14: classid 14:1 htb rate 10gbit burst 1221k cburst 1221k
+# policies/isp-mq.tcp:23:11: class unknown@2
+class add dev isp0 parent 14:1 classid 14:20 htb rate 100mbit ceil 10gbit cburst 1221k
+# policies/isp-mq.tcp:24:9: fq_codel qdisc of 14:20
 qdisc add dev isp0 parent 14:20 handle 3: fq_codel
-# policies/isp-mq.tcp:16:11: class carol
-class add dev isp0 parent 14:1 classid 14:10 htb rate 2gbit ceil 5gbit
-# policies/isp-mq.tcp:16:39: filter to 14:10
+# policies/isp-mq.tcp:18:11: class carol
+class add dev isp0 parent 14:1 classid 14:10 htb rate 2gbit ceil 5gbit burst 245k cburst 611k
+# policies/isp-mq.tcp:18:62: filter to 14:10
 filter add dev isp0 parent 14: protocol ip prio 1 u32 match ip dst 198.51.100.20 flowid 14:10
-# policies/isp-mq.tcp:7:28: htb qdisc of 1:3
+# policies/isp-mq.tcp:9:28: htb qdisc of 1:3
 qdisc add dev isp0 parent 1:3 handle 27: htb default 20 r2q 10000
-# policies/isp-mq.tcp:7:28: link class
-class add dev isp0 parent 27: classid 27:1 htb rate 10gbit
-# policies/isp-mq.tcp:20:11: class unknown
-class add dev isp0 parent 27:1 classid 27:20 htb rate 100mbit ceil 10gbit
-# policies/isp-mq.tcp:21:9: fq_codel qdisc of 27:20
+# policies/isp-mq.tcp:9:28: link class
+class add dev isp0 parent 27: classid 27:1 htb rate 10gbit burst 1221k cburst 1221k
+# policies/isp-mq.tcp:23:11: class unknown
+class add dev isp0 parent 27:1 classid 27:20 htb rate 100mbit ceil 10gbit cburst 1221k
+# policies/isp-mq.tcp:24:9: fq_codel qdisc of 27:20
 qdisc add dev isp0 parent 27:20 handle 4: fq_codel
-# policies/isp-mq.tcp:17:11: class dave
-class add dev isp0 parent 27:1 classid 27:10 htb rate 1gbit ceil 2gbit
-# policies/isp-mq.tcp:17:38: filter to 27:10
+# policies/isp-mq.tcp:19:11: class dave
+class add dev isp0 parent 27:1 classid 27:10 htb rate 1gbit ceil 2gbit burst 123k cburst 245k
+# policies/isp-mq.tcp:20:9: filter to 27:10
 filter add dev isp0 parent 27: protocol ip prio 1 u32 match ip dst 198.51.100.30 flowid 27:10
-# policies/isp-mq.tcp:17:38: filter to 27:10
+# policies/isp-mq.tcp:20:9: filter to 27:10
 filter add dev isp0 parent 27: protocol ip prio 1 u32 match ip dst 198.51.100.31 flowid 27:10
-# policies/isp-mq.tcp:7:28: htb qdisc of 1:4
+# policies/isp-mq.tcp:9:28: htb qdisc of 1:4
 qdisc add dev isp0 parent 1:4 handle 3c: htb default 30 r2q 10000
-# policies/isp-mq.tcp:7:28: link class
-class add dev isp0 parent 3c: classid 3c:1 htb rate 10gbit
-# policies/isp-mq.tcp:20:11: class unknown@4
-class add dev isp0 parent 3c:1 classid 3c:30 htb rate 100mbit ceil 10gbit
-# policies/isp-mq.tcp:21:9: fq_codel qdisc of 3c:30
+# policies/isp-mq.tcp:9:28: link class
+class add dev isp0 parent 3c: classid 3c:1 htb rate 10gbit burst 1221k cburst 1221k
+# policies/isp-mq.tcp:23:11: class unknown@4
+class add dev isp0 parent 3c:1 classid 3c:30 htb rate 100mbit ceil 10gbit cburst 1221k
+# policies/isp-mq.tcp:24:9: fq_codel qdisc of 3c:30
 qdisc add dev isp0 parent 3c:30 handle 5: fq_codel
-# policies/isp-mq.tcp:18:11: class erin
-class add dev isp0 parent 3c:1 classid 3c:10 htb rate 500mbit ceil 1gbit
-# policies/isp-mq.tcp:18:40: filter to 3c:10
+# policies/isp-mq.tcp:21:11: class erin
+class add dev isp0 parent 3c:1 classid 3c:10 htb rate 500mbit ceil 1gbit cburst 123k
+# policies/isp-mq.tcp:21:52: filter to 3c:10
 filter add dev isp0 parent 3c: protocol ipv6 prio 32769 u32 match ip6 dst 2001:db8::50 flowid 3c:10
-# policies/isp-mq.tcp:19:11: class frank
-class add dev isp0 parent 3c:1 classid 3c:20 htb rate 500mbit ceil 1gbit
-# policies/isp-mq.tcp:19:41: filter to 3c:20
+# policies/isp-mq.tcp:22:11: class frank
+class add dev isp0 parent 3c:1 classid 3c:20 htb rate 500mbit ceil 1gbit cburst 123k
+# policies/isp-mq.tcp:22:53: filter to 3c:20
 filter add dev isp0 parent 3c: protocol ip prio 1 u32 match ip dst 203.0.113.0/28 match ip dport 443 0xffff flowid 3c:20
-# policies/isp-mq.tcp:7:16: interface isp0: the clsact qdisc whose filters pick the TX queue
+# policies/isp-mq.tcp:9:16: interface isp0: the clsact qdisc whose filters pick the TX queue
 qdisc add dev isp0 clsact
-# policies/isp-mq.tcp:9:43: queue 1 (TX queue 0, 1:1)
+# policies/isp-mq.tcp:11:66: queue 1 (TX queue 0, 1:1)
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 198.51.100.10 action skbedit queue_mapping 0
-# policies/isp-mq.tcp:12:43: queue 1 (TX queue 0, 1:1)
+# policies/isp-mq.tcp:14:55: queue 1 (TX queue 0, 1:1)
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 198.51.100.11 action skbedit queue_mapping 0
-# policies/isp-mq.tcp:16:39: queue 2 (TX queue 1, 1:2)
+# policies/isp-mq.tcp:18:62: queue 2 (TX queue 1, 1:2)
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 198.51.100.20 action skbedit queue_mapping 1
-# policies/isp-mq.tcp:17:38: queue 3 (TX queue 2, 1:3)
+# policies/isp-mq.tcp:20:9: queue 3 (TX queue 2, 1:3)
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 198.51.100.30 action skbedit queue_mapping 2
-# policies/isp-mq.tcp:17:38: queue 3 (TX queue 2, 1:3)
+# policies/isp-mq.tcp:20:9: queue 3 (TX queue 2, 1:3)
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 198.51.100.31 action skbedit queue_mapping 2
-# policies/isp-mq.tcp:19:41: queue 4 (TX queue 3, 1:4)
+# policies/isp-mq.tcp:22:53: queue 4 (TX queue 3, 1:4)
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 203.0.113.0/28 match ip dport 443 0xffff action skbedit queue_mapping 3
-# policies/isp-mq.tcp:18:40: queue 4 (TX queue 3, 1:4)
+# policies/isp-mq.tcp:21:52: queue 4 (TX queue 3, 1:4)
 filter add dev isp0 egress protocol ipv6 prio 32769 u32 match ip6 dst 2001:db8::50 action skbedit queue_mapping 3
 TCDSL_BATCH
 ); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/isp-mq.tcp:7:16: interface isp0: mq qdisc' ;;
-    4) tcdsl_at='policies/isp-mq.tcp:7:28: htb qdisc of 1:1' ;;
-    6) tcdsl_at='policies/isp-mq.tcp:7:28: link class' ;;
-    8) tcdsl_at='policies/isp-mq.tcp:20:11: class unknown@1' ;;
-    10) tcdsl_at='policies/isp-mq.tcp:21:9: fq_codel qdisc of 12:40' ;;
-    12) tcdsl_at='policies/isp-mq.tcp:8:11: class site_a' ;;
-    14) tcdsl_at='policies/isp-mq.tcp:9:15: class alice' ;;
-    16) tcdsl_at='policies/isp-mq.tcp:10:13: fq_codel qdisc of 12:20' ;;
-    18) tcdsl_at='policies/isp-mq.tcp:9:43: filter to 12:20' ;;
-    20) tcdsl_at='policies/isp-mq.tcp:12:15: class bob' ;;
-    22) tcdsl_at='policies/isp-mq.tcp:13:13: fq_codel qdisc of 12:30' ;;
-    24) tcdsl_at='policies/isp-mq.tcp:12:43: filter to 12:30' ;;
-    26) tcdsl_at='policies/isp-mq.tcp:7:28: htb qdisc of 1:2' ;;
-    28) tcdsl_at='policies/isp-mq.tcp:7:28: link class' ;;
-    30) tcdsl_at='policies/isp-mq.tcp:20:11: class unknown@2' ;;
-    32) tcdsl_at='policies/isp-mq.tcp:21:9: fq_codel qdisc of 14:20' ;;
-    34) tcdsl_at='policies/isp-mq.tcp:16:11: class carol' ;;
-    36) tcdsl_at='policies/isp-mq.tcp:16:39: filter to 14:10' ;;
-    38) tcdsl_at='policies/isp-mq.tcp:7:28: htb qdisc of 1:3' ;;
-    40) tcdsl_at='policies/isp-mq.tcp:7:28: link class' ;;
-    42) tcdsl_at='policies/isp-mq.tcp:20:11: class unknown' ;;
-    44) tcdsl_at='policies/isp-mq.tcp:21:9: fq_codel qdisc of 27:20' ;;
-    46) tcdsl_at='policies/isp-mq.tcp:17:11: class dave' ;;
-    48) tcdsl_at='policies/isp-mq.tcp:17:38: filter to 27:10' ;;
-    50) tcdsl_at='policies/isp-mq.tcp:17:38: filter to 27:10' ;;
-    52) tcdsl_at='policies/isp-mq.tcp:7:28: htb qdisc of 1:4' ;;
-    54) tcdsl_at='policies/isp-mq.tcp:7:28: link class' ;;
-    56) tcdsl_at='policies/isp-mq.tcp:20:11: class unknown@4' ;;
-    58) tcdsl_at='policies/isp-mq.tcp:21:9: fq_codel qdisc of 3c:30' ;;
-    60) tcdsl_at='policies/isp-mq.tcp:18:11: class erin' ;;
-    62) tcdsl_at='policies/isp-mq.tcp:18:40: filter to 3c:10' ;;
-    64) tcdsl_at='policies/isp-mq.tcp:19:11: class frank' ;;
-    66) tcdsl_at='policies/isp-mq.tcp:19:41: filter to 3c:20' ;;
-    68) tcdsl_at='policies/isp-mq.tcp:7:16: interface isp0: the clsact qdisc whose filters pick the TX queue' ;;
-    70) tcdsl_at='policies/isp-mq.tcp:9:43: queue 1 (TX queue 0, 1:1)' ;;
-    72) tcdsl_at='policies/isp-mq.tcp:12:43: queue 1 (TX queue 0, 1:1)' ;;
-    74) tcdsl_at='policies/isp-mq.tcp:16:39: queue 2 (TX queue 1, 1:2)' ;;
-    76) tcdsl_at='policies/isp-mq.tcp:17:38: queue 3 (TX queue 2, 1:3)' ;;
-    78) tcdsl_at='policies/isp-mq.tcp:17:38: queue 3 (TX queue 2, 1:3)' ;;
-    80) tcdsl_at='policies/isp-mq.tcp:19:41: queue 4 (TX queue 3, 1:4)' ;;
-    82) tcdsl_at='policies/isp-mq.tcp:18:40: queue 4 (TX queue 3, 1:4)' ;;
+    2) tcdsl_at='policies/isp-mq.tcp:9:16: interface isp0: mq qdisc' ;;
+    4) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:1' ;;
+    6) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
+    8) tcdsl_at='policies/isp-mq.tcp:23:11: class unknown@1' ;;
+    10) tcdsl_at='policies/isp-mq.tcp:24:9: fq_codel qdisc of 12:40' ;;
+    12) tcdsl_at='policies/isp-mq.tcp:10:11: class site_a' ;;
+    14) tcdsl_at='policies/isp-mq.tcp:11:15: class alice' ;;
+    16) tcdsl_at='policies/isp-mq.tcp:12:13: fq_codel qdisc of 12:20' ;;
+    18) tcdsl_at='policies/isp-mq.tcp:11:66: filter to 12:20' ;;
+    20) tcdsl_at='policies/isp-mq.tcp:14:15: class bob' ;;
+    22) tcdsl_at='policies/isp-mq.tcp:15:13: fq_codel qdisc of 12:30' ;;
+    24) tcdsl_at='policies/isp-mq.tcp:14:55: filter to 12:30' ;;
+    26) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:2' ;;
+    28) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
+    30) tcdsl_at='policies/isp-mq.tcp:23:11: class unknown@2' ;;
+    32) tcdsl_at='policies/isp-mq.tcp:24:9: fq_codel qdisc of 14:20' ;;
+    34) tcdsl_at='policies/isp-mq.tcp:18:11: class carol' ;;
+    36) tcdsl_at='policies/isp-mq.tcp:18:62: filter to 14:10' ;;
+    38) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:3' ;;
+    40) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
+    42) tcdsl_at='policies/isp-mq.tcp:23:11: class unknown' ;;
+    44) tcdsl_at='policies/isp-mq.tcp:24:9: fq_codel qdisc of 27:20' ;;
+    46) tcdsl_at='policies/isp-mq.tcp:19:11: class dave' ;;
+    48) tcdsl_at='policies/isp-mq.tcp:20:9: filter to 27:10' ;;
+    50) tcdsl_at='policies/isp-mq.tcp:20:9: filter to 27:10' ;;
+    52) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:4' ;;
+    54) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
+    56) tcdsl_at='policies/isp-mq.tcp:23:11: class unknown@4' ;;
+    58) tcdsl_at='policies/isp-mq.tcp:24:9: fq_codel qdisc of 3c:30' ;;
+    60) tcdsl_at='policies/isp-mq.tcp:21:11: class erin' ;;
+    62) tcdsl_at='policies/isp-mq.tcp:21:52: filter to 3c:10' ;;
+    64) tcdsl_at='policies/isp-mq.tcp:22:11: class frank' ;;
+    66) tcdsl_at='policies/isp-mq.tcp:22:53: filter to 3c:20' ;;
+    68) tcdsl_at='policies/isp-mq.tcp:9:16: interface isp0: the clsact qdisc whose filters pick the TX queue' ;;
+    70) tcdsl_at='policies/isp-mq.tcp:11:66: queue 1 (TX queue 0, 1:1)' ;;
+    72) tcdsl_at='policies/isp-mq.tcp:14:55: queue 1 (TX queue 0, 1:1)' ;;
+    74) tcdsl_at='policies/isp-mq.tcp:18:62: queue 2 (TX queue 1, 1:2)' ;;
+    76) tcdsl_at='policies/isp-mq.tcp:20:9: queue 3 (TX queue 2, 1:3)' ;;
+    78) tcdsl_at='policies/isp-mq.tcp:20:9: queue 3 (TX queue 2, 1:3)' ;;
+    80) tcdsl_at='policies/isp-mq.tcp:22:53: queue 4 (TX queue 3, 1:4)' ;;
+    82) tcdsl_at='policies/isp-mq.tcp:21:52: queue 4 (TX queue 3, 1:4)' ;;
     esac
     exit 1
 fi

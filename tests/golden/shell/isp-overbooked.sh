@@ -62,15 +62,15 @@ if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
 # policies/isp-overbooked.tcp:7:16: interface isp0: htb qdisc
 qdisc add dev isp0 root handle 1: htb default 70 r2q 1000
 # policies/isp-overbooked.tcp:7:16: link class
-class add dev isp0 parent 1: classid 1:1 htb rate 1gbit
+class add dev isp0 parent 1: classid 1:1 htb rate 1gbit burst 123k cburst 123k
 # policies/isp-overbooked.tcp:13:11: class residential
-class add dev isp0 parent 1:1 classid 1:50 htb rate 500mbit ceil 1gbit prio 2
+class add dev isp0 parent 1:1 classid 1:50 htb rate 500mbit ceil 1gbit cburst 123k prio 2
 # policies/isp-overbooked.tcp:18:15: class dsl
 class add dev isp0 parent 1:50 classid 1:70 htb rate 200mbit ceil 300mbit prio 2
 # policies/isp-overbooked.tcp:19:13: fq_codel qdisc of 1:70
 qdisc add dev isp0 parent 1:70 handle 70: fq_codel
 # policies/isp-overbooked.tcp:8:11: class business
-class add dev isp0 parent 1:1 classid 1:10 htb rate 600mbit ceil 1gbit prio 1
+class add dev isp0 parent 1:1 classid 1:10 htb rate 600mbit ceil 1gbit cburst 123k prio 1
 # policies/isp-overbooked.tcp:9:15: class acme
 class add dev isp0 parent 1:10 classid 1:20 htb rate 300mbit ceil 800mbit prio 1
 # policies/isp-overbooked.tcp:9:53: filter to 1:20
@@ -84,7 +84,7 @@ class add dev isp0 parent 1:10 classid 1:40 htb rate 200mbit ceil 500mbit prio 1
 # policies/isp-overbooked.tcp:11:56: filter to 1:40
 filter add dev isp0 parent 1: protocol ip prio 1 u32 match ip dst 198.51.100.128/26 flowid 1:40
 # policies/isp-overbooked.tcp:14:15: class fiber
-class add dev isp0 parent 1:50 classid 1:60 htb rate 400mbit ceil 1gbit prio 2
+class add dev isp0 parent 1:50 classid 1:60 htb rate 400mbit ceil 1gbit cburst 123k prio 2
 # policies/isp-overbooked.tcp:16:13: fq_codel qdisc of 1:60
 qdisc add dev isp0 parent 1:60 handle 60: fq_codel
 # policies/isp-overbooked.tcp:15:13: filter to 1:60

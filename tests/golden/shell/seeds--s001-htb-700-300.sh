@@ -59,29 +59,29 @@ nft delete table inet tcdsl_s2_eth2_0afc2f49 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface s2-eth2: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
-# policies/seeds/s001-htb-700-300.tcp:15:31: interface s2-eth2: htb qdisc
+# policies/seeds/s001-htb-700-300.tcp:17:31: interface s2-eth2: htb qdisc
 qdisc add dev s2-eth2 root handle 1: htb r2q 10
-# policies/seeds/s001-htb-700-300.tcp:15:31: link class
+# policies/seeds/s001-htb-700-300.tcp:17:31: link class
 class add dev s2-eth2 parent 1: classid 1:1 htb rate 1gbit ceil 1gbit
-# policies/seeds/s001-htb-700-300.tcp:16:11: class h1
+# policies/seeds/s001-htb-700-300.tcp:18:11: class h1
 class add dev s2-eth2 parent 1:1 classid 1:10 htb rate 700mbit ceil 1gbit
-# policies/seeds/s001-htb-700-300.tcp:16:38: filter to 1:10
+# policies/seeds/s001-htb-700-300.tcp:18:38: filter to 1:10
 filter add dev s2-eth2 parent 1: protocol ip prio 1 u32 match ip src 10.0.0.1 flowid 1:10
-# policies/seeds/s001-htb-700-300.tcp:17:11: class h2
+# policies/seeds/s001-htb-700-300.tcp:19:11: class h2
 class add dev s2-eth2 parent 1:1 classid 1:20 htb rate 300mbit ceil 1gbit
-# policies/seeds/s001-htb-700-300.tcp:17:38: filter to 1:20
+# policies/seeds/s001-htb-700-300.tcp:19:38: filter to 1:20
 filter add dev s2-eth2 parent 1: protocol ip prio 1 u32 match ip src 10.0.0.2 flowid 1:20
 TCDSL_BATCH
 ); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:15:31: interface s2-eth2: htb qdisc' ;;
-    4) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:15:31: link class' ;;
-    6) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:16:11: class h1' ;;
-    8) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:16:38: filter to 1:10' ;;
-    10) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:17:11: class h2' ;;
-    12) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:17:38: filter to 1:20' ;;
+    2) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:17:31: interface s2-eth2: htb qdisc' ;;
+    4) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:17:31: link class' ;;
+    6) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:18:11: class h1' ;;
+    8) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:18:38: filter to 1:10' ;;
+    10) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:19:11: class h2' ;;
+    12) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:19:38: filter to 1:20' ;;
     esac
     exit 1
 fi

@@ -59,50 +59,50 @@ nft delete table inet tcdsl_ens3 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface ens3: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
-# policies/v6-only.tcp:5:28: interface ens3: htb qdisc
+# policies/v6-only.tcp:6:28: interface ens3: htb qdisc
 qdisc add dev ens3 root handle 1: htb default 40 r2q 1000
-# policies/v6-only.tcp:5:28: link class
-class add dev ens3 parent 1: classid 1:1 htb rate 1gbit
-# policies/v6-only.tcp:13:11: class other
-class add dev ens3 parent 1:1 classid 1:40 htb rate 100mbit ceil 1gbit prio 2
-# policies/v6-only.tcp:14:9: fq_codel qdisc of 1:40
+# policies/v6-only.tcp:6:28: link class
+class add dev ens3 parent 1: classid 1:1 htb rate 1gbit burst 123k cburst 123k
+# policies/v6-only.tcp:14:11: class other
+class add dev ens3 parent 1:1 classid 1:40 htb rate 100mbit ceil 1gbit cburst 123k prio 2
+# policies/v6-only.tcp:15:9: fq_codel qdisc of 1:40
 qdisc add dev ens3 parent 1:40 handle 40: fq_codel
-# policies/v6-only.tcp:6:11: class ssh
-class add dev ens3 parent 1:1 classid 1:10 htb rate 10mbit ceil 1gbit prio 0
-# policies/v6-only.tcp:6:45: filter to 1:10
+# policies/v6-only.tcp:7:11: class ssh
+class add dev ens3 parent 1:1 classid 1:10 htb rate 10mbit ceil 1gbit cburst 123k prio 0
+# policies/v6-only.tcp:7:57: filter to 1:10
 filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 22 0xffff flowid 1:10
-# policies/v6-only.tcp:7:11: class web
-class add dev ens3 parent 1:1 classid 1:20 htb rate 600mbit ceil 1gbit prio 1
-# policies/v6-only.tcp:10:9: fq_codel qdisc of 1:20
+# policies/v6-only.tcp:8:11: class web
+class add dev ens3 parent 1:1 classid 1:20 htb rate 600mbit ceil 1gbit cburst 123k prio 1
+# policies/v6-only.tcp:11:9: fq_codel qdisc of 1:20
 qdisc add dev ens3 parent 1:20 handle 20: fq_codel
-# policies/v6-only.tcp:8:9: filter to 1:20
-filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 80 0xffff flowid 1:20
-# policies/v6-only.tcp:8:9: filter to 1:20
-filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 443 0xffff flowid 1:20
 # policies/v6-only.tcp:9:9: filter to 1:20
+filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 80 0xffff flowid 1:20
+# policies/v6-only.tcp:9:9: filter to 1:20
+filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 sport 443 0xffff flowid 1:20
+# policies/v6-only.tcp:10:9: filter to 1:20
 filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 sport 443 0xffff flowid 1:20
-# policies/v6-only.tcp:12:11: class backup
+# policies/v6-only.tcp:13:11: class backup
 class add dev ens3 parent 1:1 classid 1:30 htb rate 50mbit ceil 400mbit prio 3
-# policies/v6-only.tcp:12:50: filter to 1:30
+# policies/v6-only.tcp:13:50: filter to 1:30
 filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 dst 2001:db8:b::/48 flowid 1:30
 TCDSL_BATCH
 ); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/v6-only.tcp:5:28: interface ens3: htb qdisc' ;;
-    4) tcdsl_at='policies/v6-only.tcp:5:28: link class' ;;
-    6) tcdsl_at='policies/v6-only.tcp:13:11: class other' ;;
-    8) tcdsl_at='policies/v6-only.tcp:14:9: fq_codel qdisc of 1:40' ;;
-    10) tcdsl_at='policies/v6-only.tcp:6:11: class ssh' ;;
-    12) tcdsl_at='policies/v6-only.tcp:6:45: filter to 1:10' ;;
-    14) tcdsl_at='policies/v6-only.tcp:7:11: class web' ;;
-    16) tcdsl_at='policies/v6-only.tcp:10:9: fq_codel qdisc of 1:20' ;;
-    18) tcdsl_at='policies/v6-only.tcp:8:9: filter to 1:20' ;;
-    20) tcdsl_at='policies/v6-only.tcp:8:9: filter to 1:20' ;;
-    22) tcdsl_at='policies/v6-only.tcp:9:9: filter to 1:20' ;;
-    24) tcdsl_at='policies/v6-only.tcp:12:11: class backup' ;;
-    26) tcdsl_at='policies/v6-only.tcp:12:50: filter to 1:30' ;;
+    2) tcdsl_at='policies/v6-only.tcp:6:28: interface ens3: htb qdisc' ;;
+    4) tcdsl_at='policies/v6-only.tcp:6:28: link class' ;;
+    6) tcdsl_at='policies/v6-only.tcp:14:11: class other' ;;
+    8) tcdsl_at='policies/v6-only.tcp:15:9: fq_codel qdisc of 1:40' ;;
+    10) tcdsl_at='policies/v6-only.tcp:7:11: class ssh' ;;
+    12) tcdsl_at='policies/v6-only.tcp:7:57: filter to 1:10' ;;
+    14) tcdsl_at='policies/v6-only.tcp:8:11: class web' ;;
+    16) tcdsl_at='policies/v6-only.tcp:11:9: fq_codel qdisc of 1:20' ;;
+    18) tcdsl_at='policies/v6-only.tcp:9:9: filter to 1:20' ;;
+    20) tcdsl_at='policies/v6-only.tcp:9:9: filter to 1:20' ;;
+    22) tcdsl_at='policies/v6-only.tcp:10:9: filter to 1:20' ;;
+    24) tcdsl_at='policies/v6-only.tcp:13:11: class backup' ;;
+    26) tcdsl_at='policies/v6-only.tcp:13:50: filter to 1:30' ;;
     esac
     exit 1
 fi
