@@ -62,6 +62,11 @@ def sites(policy: ir.Policy) -> tuple[Site, ...]:
 _SITES: dict[int, tuple[ir.Policy, tuple[Site, ...]]] = {}
 
 
+_BELOW_ONE = " (this is below 1bit a second; tc keeps rates in whole bytes a second: 8bit at least)"
+"""What E208 adds for a rate of 0: a rate written as a fraction of a bit (found by a tester:
+'rate 0.0000001mbit' was said to be 0bit, with no word of why)."""
+
+
 def rate_of(value: ir.Rate | ir.Percent | None) -> ir.Rate | None:
     """The absolute rate of a resolved value (percentages are gone after resolve)."""
     return value if isinstance(value, ir.Rate) else None
@@ -189,7 +194,7 @@ def values_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
         for name in ("rate", "ceil"):
             value = rate_of(getattr(cls, name))
             if value is not None and value.bits_per_second == 0:
-                yield Diagnostic.error("E208", f"{name} must be above 0bit", value.span)
+                yield Diagnostic.error("E208", f"{name} must be above 0bit{_BELOW_ONE}", value.span)
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
             if isinstance(q, ir.Prio):
@@ -302,7 +307,7 @@ def _misfit(owner: ir.Qdisc | ir.Class, name: str, value: object, q: ir.Qdisc) -
             )
         case ir.Rate() if value.bits_per_second == 0 and isinstance(q, ir.Tbf | ir.Netem | ir.Cbq):
             return Diagnostic.error(
-                "E208", f"{name} of {_what(owner)} must be above 0bit", value.span
+                "E208", f"{name} of {_what(owner)} must be above 0bit{_BELOW_ONE}", value.span
             )
         case ir.Size() if value.bytes > U32_MAX:
             msg = (

@@ -227,7 +227,7 @@ def test_shadowing_across_the_queues_of_an_mq_tree(tmp_path: Path) -> None:
     """The steering filters try every queue's lines in one list: a line of one queue is
     hidden by an earlier line of another (W312), as in the tree written without mq."""
     text = (
-        "interface eth0 mq queues 2 htb rate 1gbit default other {\n"
+        "interface eth0 mq queues 2 htb rate 900mbit default other {\n"
         "    class big rate 500mbit match dst 10.0.0.0/8\n"
         "    class site rate 400mbit match dst 10.0.0.1\n"
         "    class other rate 1mbit\n"
@@ -254,7 +254,7 @@ def test_a_continuing_policer_below_a_queues_own_qdisc_is_fine(tmp_path: Path) -
         "        }\n"
     )
     text = (
-        "interface eth0 mq queues 2 htb rate 1gbit default other {\n"
+        "interface eth0 mq queues 2 htb rate 900mbit default other {\n"
         f"    class a rate 300mbit match dst 10.0.0.0/24 {{\n{inner}    }}\n"
         "    class other rate 10mbit\n"
         "}\n"

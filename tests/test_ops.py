@@ -471,6 +471,24 @@ def test_another_tools_clsact_filters_are_no_drift(tcdsl: Tcdsl, host: HostSuppo
     assert again.code == 0 and again.out == "no changes\n", again
 
 
+def test_a_class_size_accounting_set_by_hand_is_drift(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: 'overhead 100 linklayer atm' set by hand on a class (each packet then
+    charged as ATM cells plus 100 bytes, the class well below its rate) was no drift: plan
+    said it changed in what tcdsl does not compare, and apply left it. It is drift now, and
+    apply puts the class back as the policy has it."""
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    change = "class change dev d0 parent 1:1 classid 1:10 htb rate 2mbit overhead 100 linklayer atm"
+    run(["ip", "netns", "exec", tcdsl.ns, "tc", *change.split()])
+    planned = tcdsl("plan", a)
+    assert planned.code == 4 and "class 'voip' overhead is 100 in the kernel" in planned.out
+    assert "class 'voip' linklayer is atm in the kernel" in planned.out, planned
+    assert tcdsl("apply", "--yes", a).code == 0
+    shown = tcdsl.tc("-d", "class", "show", "dev", "d0", "classid", "1:10")
+    assert "linklayer ethernet" in shown and "overhead" not in shown, shown
+    assert tcdsl("plan", a).out == "no changes\n"
+
+
 def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:
     """The kernel refuses a command half-way through B (a tc that fails on B's 'limit 30'):
     apply undoes what it did, in place (the tree and the counters kept), and says which
@@ -1313,6 +1331,50 @@ def test_a_teardown_that_leaves_the_redirect_fails_and_restores(
     # and without the fault, the same change goes through
     assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", upload)).code == 0
     assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+
+
+def test_a_failed_download_is_undone_beside_an_upload_left_as_it_was(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: a download added beside a live upload, its redirect refused, was
+    taken back by building the whole old policy again: the upload tree, which the change never
+    touched, was torn down (its counters reset, the device unshaped a moment). The download
+    is undone in place now, its IFB deleted, and the upload left as it was."""
+    upload = FULL.replace("    download htb rate 20mbit default rest {\n", "").replace(
+        "        class fast rate 5mbit match sport 80\n        class rest rate 1mbit\n    }\n", ""
+    )
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", upload)).code == 0
+    _send_to_bulk(tcdsl.ns)
+    before = tcdsl.tc("-s", "class", "show", "dev", "d0", "classid", "1:20")
+    sent = re.search(r"Sent (\d+) bytes", before)
+    assert sent is not None and int(sent.group(1)) > 0, before
+    shim = _tc_from_now_on(tcdsl, KEPT_INGRESS_TC.replace("qdisc del dev d0 ingress", "XX")
+                           .replace('grep -n -x "$line"', "grep -n mirred"))  # fmt: skip
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", FULL))
+    assert shim.with_name("tc.sent").exists()
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    assert "restored" in failed.err, failed
+    after = tcdsl.tc("-s", "class", "show", "dev", "d0", "classid", "1:20")
+    kept = re.search(r"Sent (\d+) bytes", after)
+    assert kept is not None and int(kept.group(1)) >= int(sent.group(1)), after  # not rebuilt
+    assert run(["ip", "-n", tcdsl.ns, "link", "show", "ifb4d0"], check=False).returncode != 0
+    assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert tcdsl("plan", tcdsl.write("p.tcp", upload)).out == "no changes\n"
+
+
+def test_down_of_a_device_removes_the_ifb_of_another_name_its_download_had(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: 'down -i d0' removed the state of a policy whose download was shaped
+    on an IFB of its own name ('download via shared0'), and left that IFB and its tree, which
+    no record then had. The IFB goes with the state that made it."""
+    policy = tcdsl.write("p.tcp", FULL.replace("    download htb", "    download via shared0 htb"))
+    assert tcdsl("apply", "--yes", policy).code == 0
+    assert "htb" in tcdsl.tc("qdisc", "show", "dev", "shared0")
+    gone = tcdsl("down", "-i", "d0", "--yes")
+    assert gone.code == 0 and "shared0" in gone.out, gone
+    assert run(["ip", "-n", tcdsl.ns, "link", "show", "shared0"], check=False).returncode != 0
+    assert tcdsl("status", "--name", "p").code == 1  # no state left either
 
 
 def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: HostSupport) -> None:

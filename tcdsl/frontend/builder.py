@@ -504,6 +504,18 @@ class Builder(Transformer[Token, Any]):
         span = self.sp(tok)
         major_text, _, minor_text = str(tok).partition(":")
         major, minor = int(major_text, 16), int(minor_text or "0", 16)
+        if major > 0xFFFF or minor > 0xFFFF:  # (tc takes leading zeros: 1:0010 is 1:10)
+            part = "major" if major > 0xFFFF else "minor"
+            self.error(
+                Diagnostic.error(
+                    "E204",
+                    f"{'class id' if str(kw) == 'id' else 'handle'} {part} "
+                    f"{major if part == 'major' else minor:x} is above ffff, the "
+                    "largest the kernel takes (majors and minors are 16 bits, in hex)",
+                    span,
+                )
+            )
+            return HandleOpt(str(kw), None, span)
         if major == 0 or major == 0xFFFF:
             self.error(
                 Diagnostic.error(

@@ -121,7 +121,11 @@ def syntax_error(
         context = _context(stack)
         word = str(token)
         hint = ""
-        if _after_hex(token, text):
+        single = _single_valued(stack) if token.type == "COMMA" else None
+        if single is not None:
+            # (found by a tester: 'tos 0x10, 0x08' was told a hex number takes no unit)
+            hint = f"; {single} takes one value: write a match line for each"
+        elif _after_hex(token, text):
             hint = f"; {HEX_TAKES_NO_UNIT}"
         elif re.fullmatch(r"[A-Za-z_][\w-]*", word):
             known = tuple(terminals)
@@ -187,10 +191,18 @@ HEX_TAKES_NO_UNIT = (
 )
 
 
+def _single_valued(stack: Sequence[Any]) -> str | None:
+    """The condition (``tos``, ``dscp``) a comma came after, when it takes a single value."""
+    for value in reversed(stack[-4:]):
+        if isinstance(value, Token) and str(value) in ("tos", "dscp"):
+            return str(value)
+    return None
+
+
 def _after_hex(token: Token, text: str) -> bool:
-    """Whether ``token`` is glued to a hex number before it (``0x64`` + ``kbit``)."""
+    """Whether ``token`` (a unit) is glued to a hex number before it (``0x64`` + ``kbit``)."""
     start = token.start_pos
-    if not start or not text[start - 1].isalnum():
+    if not start or not str(token)[:1].isalpha() or not text[start - 1].isalnum():
         return False
     word = start
     while word > 0 and text[word - 1].isalnum():

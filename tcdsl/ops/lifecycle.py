@@ -233,7 +233,9 @@ def _undo(prepared: Prepared) -> tuple[Plan, Callable[[], bool]] | None:
     if old is None:
         return None
     inverse = make_plan(prepared.new_trees, trees_of(old))
-    if any(step.tool != "tc" for step in inverse.steps):
+    # (a download's IFB, made or deleted with ip, is undone in place too: found by a tester,
+    # a failed redirect rebuilt the upload tree beside it, and reset its counters)
+    if any(step.tool not in ("tc", "ip") for step in inverse.steps):
         return None
     return inverse, _rebuilt(lambda: old)
 
@@ -1302,6 +1304,15 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
                 "namespace: left as it is)"
             )
             continue
+        for other in applied.ifbs:
+            # a download shaped on an IFB of another name ('download via NAME'): the record
+            # says the policy made it (found by a tester: it was left, and no record had it)
+            if other != ifb and link_kind(other) == "ifb":
+                step(
+                    f"- {other} (the IFB {store.name}'s download of {device} is shaped on) and "
+                    "its tree",
+                    ["ip", "link", "del", other],
+                )
         steps.append(DownStep(f"- the state of {store.name}", _removed(store)))
     return steps
 
