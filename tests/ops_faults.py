@@ -49,7 +49,7 @@ def killer(k: int):  # type: ignore[no-untyped-def]
                     run_command(argv, "".join(lines[: left[0]]))
                 raise Killed
             left[0] -= len(lines)
-        elif argv[0] == "tc":
+        elif argv[0] == "tc" and "show" not in argv:  # (reading the kernel back is no change)
             if left[0] == 0:
                 raise Killed
             left[0] -= 1
@@ -74,11 +74,14 @@ def failer(k: int):  # type: ignore[no-untyped-def]
         if argv[0] == "tc" and "-batch" in argv[:3] and stdin is not None:
             lines = stdin.splitlines(keepends=True)
             if len(lines) > left[0]:
-                if left[0]:
-                    run_command(argv, "".join(lines[: left[0]]))
-                return failed(argv, left[0] + 1)
+                at = left[0]
+                if at:
+                    run_command(argv, "".join(lines[:at]))
+                if argv[1] == "-force" and lines[at + 1 :]:  # a forced batch goes on
+                    run_command(argv, "".join(lines[at + 1 :]))
+                return failed(argv, at + 1)
             left[0] -= len(lines)
-        elif argv[0] == "tc":
+        elif argv[0] == "tc" and "show" not in argv:  # (reading the kernel back is no change)
             if left[0] == 0:
                 return failed(argv, 1)
             left[0] -= 1

@@ -117,19 +117,26 @@ class Prober:
 
 
 def one_by_one(prober: Prober, seen: list[int]):  # type: ignore[no-untyped-def]
-    """A runner that runs a ``tc -batch`` one command at a time, probing after each."""
+    """A runner that runs a ``tc -batch`` (or ``tc -force -batch``) one command at a time,
+    probing after each: a batch stops at its first failure, a forced one goes on (as tc's
+    do), saying which commands failed."""
 
     def run(argv: Sequence[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
-        if list(argv[:2]) != ["tc", "-batch"] or stdin is None:
+        forced = list(argv[:3]) == ["tc", "-force", "-batch"]
+        if (list(argv[:2]) != ["tc", "-batch"] and not forced) or stdin is None:
             return run_command(argv, stdin)
+        said, code = "", 0
         for n, line in enumerate(stdin.splitlines(keepends=True), 1):
             done = run_command(argv, line)
             if done.returncode != 0:
-                said = done.stderr.replace("Command failed -:1", f"Command failed -:{n}")
-                return subprocess.CompletedProcess(argv, done.returncode, done.stdout, said)
+                said += done.stderr.replace("Command failed -:1", f"Command failed -:{n}")
+                code = done.returncode
+                if not forced:
+                    return subprocess.CompletedProcess(argv, code, done.stdout, said)
+                continue
             seen[0] += 1
             prober(line.strip())
-        return subprocess.CompletedProcess(argv, 0, "", "")
+        return subprocess.CompletedProcess(argv, code, "", said)
 
     return run
 

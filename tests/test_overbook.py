@@ -17,8 +17,8 @@ from tcdsl.teach.traffic import parse_flow
 
 MAIN = "policy.tcp"
 
-ISP = """interface eth0 htb rate 1gbit{link} default b {{
-    class isp rate 1gbit{cls} {{
+ISP = """interface eth0 htb rate 1gbit burst 123k cburst 123k{link} default b {{
+    class isp rate 1gbit burst 123k cburst 123k{cls} {{
         class a rate 600mbit match dport 80
         class b rate 600mbit
     }}

@@ -47,7 +47,7 @@ ROWS = (
 def policy(body: str, tree: str = "download") -> str:
     return (
         "interface eth0 {\n"
-        f"    {tree} htb rate 1gbit default other {{\n"
+        f"    {tree} htb rate 1gbit burst 123k cburst 123k default other {{\n"
         f"{body}"
         "        class other rate 10mbit\n"
         "    }\n"
@@ -1057,7 +1057,7 @@ def test_a_table_in_error_read_by_two_trees_gets_no_warning_in_either(tmp_path: 
     text = (
         "interface eth0 {\n"
         + "".join(
-            f"    {tree} htb rate 1gbit default other {{\n{site}"
+            f"    {tree} htb rate 1gbit burst 123k cburst 123k default other {{\n{site}"
             "        class other rate 10mbit\n    }\n"
             for tree in ("upload", "download")
         )

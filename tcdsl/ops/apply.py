@@ -157,11 +157,15 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
     """Run one step; the failure of a fatal one, else None."""
     if not step.commands:
         return None
-    if step.tool == "tc" and step.force:
-        _forced(step, runner)
-        return None
-    if step.tool == "tc" and not step.fatal:
-        return _cleaned(step, runner)
+    if step.tool == "tc" and (step.force or not step.fatal):
+        # Every command tried, whichever fail. A forced step's failures are let be (an
+        # undo's: it does what it can); a teardown's, but for a qdisc still there after its
+        # delete (found by a tester: a download's redirect whose delete failed was left, its
+        # IFB deleted by the next step, and every packet the device received dropped).
+        left = _forced(step, runner)
+        if step.fatal or left is None:
+            return None
+        return _left_behind(step, left, runner)
     if step.tool == "tc":
         commands = step.commands
         waits = iter(SETTLE_WAITS if step.settle else ())
@@ -192,38 +196,41 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
     return None
 
 
-def _forced(step: Step, runner: Runner) -> None:
+def _forced(step: Step, runner: Runner) -> dict[tuple[str, ...], str] | None:
     """Every command of ``step`` tried (``tc -force -batch``), whichever fail; in a settling
     step, those the kernel says are in use tried again, in their order, after each of the
     waits. (Found by a tester: undoing a failed swap of u32 tables without the tries left
     the tables deleted too soon in the qdisc's pool, where no listing shows them, and every
-    later apply of the change failed on their ids.)"""
+    later apply of the change failed on their ids.) None when every command was made in the
+    end; else what tc said of each command that failed (none named: tc said nothing of it)."""
     pending = list(step.commands)
     waits = iter(SETTLE_WAITS if step.settle else ())
+    failed: dict[tuple[str, ...], str] = {}
     while pending:
         done = runner(["tc", "-force", "-batch", "-"], _batch_text(pending))
-        if done.returncode == 0 or not step.settle:
-            return
-        busy = [pending[n] for n in in_use(done.stderr) if n < len(pending)]
-        wait = next(waits, None) if busy else None
+        if done.returncode == 0:
+            break
+        said = failures(done.stderr)
+        failed.update((pending[n], words) for n, words in said.items() if n < len(pending))
+        busy = [n for n, words in said.items() if "in-use" in words and n < len(pending)]
+        wait = next(waits, None) if busy and step.settle else None
         if wait is None:
-            return
+            return failed
         time.sleep(wait)
-        pending = busy
+        pending = [pending[n] for n in busy]
+        for command in pending:
+            del failed[command]  # tried again
+    return failed or None
 
 
-def _cleaned(step: Step, runner: Runner) -> Failure | None:
-    """A teardown: every command tried, whichever fail (one already done is no reason to
-    skip the rest); its failures are harmless but for a qdisc that is still there after its
-    delete. (Found by a tester: a download's redirect whose delete failed was left, its IFB
-    deleted by the next step, and every packet the device received dropped.)"""
-    done = runner(["tc", "-force", "-batch", "-"], _batch_text(step.commands))
-    if done.returncode == 0:
-        return None
-    said = failures(done.stderr)
-    for n, command in enumerate(step.commands):
-        if n in said and not _gone(command, runner):
-            return Failure("tc " + " ".join(command), said[n] or _said(done), None)
+def _left_behind(step: Step, failed: dict[tuple[str, ...], str], runner: Runner) -> Failure | None:
+    """After a teardown that did not all go through: the first qdisc it deletes that is still
+    there, as a failure. Every one is read back (tc may have failed without naming which, or
+    been stopped before it got to it); anything else it deletes is taken as gone."""
+    for command in step.commands:
+        if not _gone(command, runner):
+            said = failed.get(command) or "tc said nothing of it"
+            return Failure("tc " + " ".join(command), f"still there after its delete: {said}", None)
     return None
 
 
@@ -252,19 +259,14 @@ def _batch_text(commands: Sequence[tuple[str, ...]]) -> str:
 
 def failures(said: str) -> dict[int, str]:
     """The commands (0-based, in the batch) that ``tc -force -batch`` said failed, with what
-    it said of each: a failure's words come before its ``Command failed -:N``."""
+    it said of each: a failure's words come before its ``Command failed -:N`` (``in-use``
+    among them where the kernel holds the object in use)."""
     found: dict[int, str] = {}
     start = 0
     for m in _FAILED.finditer(said):
         found[int(m.group(1)) - 1] = said[start : m.start()].strip()
         start = m.end()
     return found
-
-
-def in_use(said: str) -> list[int]:
-    """The commands (0-based, in the batch) that ``tc -force -batch`` said failed because the
-    kernel holds them in use."""
-    return [n for n, words in failures(said).items() if "in-use" in words]
 
 
 def _said(done: subprocess.CompletedProcess[str]) -> str:
@@ -356,11 +358,13 @@ def _take_back(
         made = undo() if undo is not None else None
         if made is not None:
             inverse, settled = made
-            run_plan(
+            undone = run_plan(
                 replace(inverse, steps=[replace(s, force=True) for s in inverse.steps]),
                 again,
             )
-            if settled():
+            # (a teardown of it that left a qdisc stops it there: not undone, whatever the
+            # policy's slots then show; found by a review)
+            if undone is None and settled():
                 raise ApplyFailed(failure, True, in_place=True, signal=stopped_by)
         back = restore()
     except OpsError:  # the live policy's saved text no longer compiles: nothing to build

@@ -736,7 +736,7 @@ def status_command(
                     click.clear()
                 elif n:
                     click.echo()
-            click.echo(text, nl=False)
+            click.echo(_writable(text), nl=False)
     except NoSuchDevice as err:
         found = st.missing_device(checked, err)
         if found is not None:
@@ -749,6 +749,19 @@ def status_command(
         sys.exit(EXIT_POLICY)
     except KeyboardInterrupt:
         sys.exit(EXIT_OK)
+
+
+def _writable(text: str) -> str:
+    """``text`` with what stdout's encoding cannot write as '?' (found by a tester: a
+    subscriber's Circuit Name in 'Zürich' on a Latin-1 stdout ended in a traceback)."""
+    encoding = sys.stdout.encoding or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return text.encode(encoding, errors="replace").decode(encoding)
+    except LookupError:
+        pass
+    return text
 
 
 def other_name_note(policy: ir.Policy, name: str, explicit: bool = False) -> None:

@@ -202,7 +202,8 @@ class Tree:
     names: Mapping[str, str]
     """Class id (``1:10``) -> the policy's name for the class."""
     removal: tuple[tuple[str, ...], ...]
-    """The commands that remove it, the tool first (each may fail harmlessly)."""
+    """The commands that remove it, the tool first (each may fail harmlessly, but for a
+    qdisc still there after its delete: ``tcdsl.ops.apply.run_step``)."""
     iface: ir.Interface | None = None
 
     @property

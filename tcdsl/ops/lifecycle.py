@@ -606,18 +606,23 @@ def not_ifbs(policy: ir.Policy) -> list[tuple[str, str]]:
     return out
 
 
-def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[tuple[str, str]]:
+def slots_taken(
+    policy: ir.Policy, owned: Iterable[Tree], name: str | None = None
+) -> list[tuple[str, str]]:
     """What is wrong with each device (device, message) whose ingress slot (``ffff:``)
     holds the kind of qdisc that excludes the one the policy puts there (``clsact`` for an
     mq tree's steering, ``ingress`` for a download or ingress policing), unless a tree of
-    ``owned`` (the live policy's, which the change removes) put it there."""
+    ``owned`` (the live policy's, which the change removes) put it there. The way out names
+    the policy applied under another name than ``name`` whose record made that qdisc, if
+    one did (found by a tester: it named the policy that shaped the device, whose 'down'
+    then took its upload away and left another tool's clsact)."""
     mine = {o.dev for tree in owned for o in tree.objects if in_ingress_slot(o)}
     out: list[tuple[str, str]] = []
     for device, kind in dict.fromkeys(filter(None, map(ingress_slot, policy.interfaces))):
         there = live_qdisc(device, "ingress")
         found = there.split()[0] if there else None
         if found in ("clsact", "ingress") and found != kind and device not in mine:
-            owner = _owners().get(device)
+            owner = _slot_maker(device, found, name)
             way = (
                 f"remove it first (tcdsl down {owner}, which applied it)"
                 if owner
@@ -632,6 +637,22 @@ def slots_taken(policy: ir.Policy, owned: Iterable[Tree]) -> list[tuple[str, str
                 )
             )
     return out
+
+
+def _slot_maker(device: str, kind: str, besides: str | None) -> str | None:
+    """The name (not ``besides``) whose live record made the ``kind`` qdisc in ``device``'s
+    ingress slot, if one did."""
+    for store, applied in _live_elsewhere(besides):
+        if applied is None or device not in _owned(applied):
+            continue
+        with contextlib.suppress(OpsError, OSError, ValueError, KeyError):
+            for tree in live_of(store, applied).trees:
+                if any(
+                    o.dev == device and in_ingress_slot(o) and o.qdisc_kind == kind
+                    for o in tree.objects
+                ):
+                    return store.name
+    return None
 
 
 def shaped_by_others(devices: Iterable[str], name: str) -> dict[str, str]:
@@ -938,7 +959,7 @@ def _fits(policy: ir.Policy, owned: Iterable[Tree], name: str) -> None:
             f"no such device: {', '.join(missing)}; nothing was changed", spans[missing[0]]
         )
     short = others_refusal(_claimed(policy), name)
-    short += not_ifbs(policy) + short_of_queues(policy) + slots_taken(policy, owned)
+    short += not_ifbs(policy) + short_of_queues(policy) + slots_taken(policy, owned, name)
     _refuse(short, policy)
 
 
@@ -1114,7 +1135,13 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
             if back is not None:
                 # (found by a tester: a rollback killed half-way left no note, and the next
                 # plan took what it had made for drift by hand)
-                store.start_again(back)
+                try:
+                    store.start_again(back)
+                except OSError as e:
+                    raise StateWriteError(
+                        f"cannot write the state folder {store.folder} ({e.strerror or e}); "
+                        "nothing was changed"
+                    ) from e
             rebuilt = _rebuilt(lambda: compile_applied(applied))
             apply_policy(prepared.plan, restore, runner, rebuilt=rebuilt)
             with _recording(
@@ -1290,6 +1317,7 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
         table = nft_table_name(name)
         if _quiet(runner, ["nft", "list", "table", "inet", table]):
             step(f"- nft table inet {table}", ["nft", "delete", "table", "inet", table])
+    owners = _owners()
     for store in Store.every():
         try:
             applied = store.current()
@@ -1306,8 +1334,13 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
             continue
         for other in applied.ifbs:
             # a download shaped on an IFB of another name ('download via NAME'): the record
-            # says the policy made it (found by a tester: it was left, and no record had it)
-            if other != ifb and link_kind(other) == "ifb":
+            # says the policy made it (found by a tester: it was left, and no record had it),
+            # unless another name's record has it now
+            if (
+                other != ifb
+                and link_kind(other) == "ifb"
+                and owners.get(other, store.name) == store.name
+            ):
                 step(
                     f"- {other} (the IFB {store.name}'s download of {device} is shaped on) and "
                     "its tree",

@@ -298,10 +298,16 @@ def drift(policy: ir.Policy, sources: dict[str, str] | None = None) -> dict[str,
         sharing = trees.get(device.name, [])
         if len(sharing) == 1:
             # A tree holds one slot of its device, root or ingress (an mq tree that steers,
-            # both): the other is not the policy's, and what another tool keeps there (a
-            # clsact with bpf filters) is no drift (found by a tester: it rebuilt the tree).
+            # both): what another tool keeps in the other is no drift (found by a tester: a
+            # clsact with bpf filters rebuilt the tree). But an ingress qdisc there may be
+            # tcdsl's own, left (a download's redirect whose delete failed: found by a
+            # review), and is compared; a clsact is tcdsl's only in an mq tree that steers.
             slots = {q.handle == "ffff:" for q in device.qdiscs}
-            seen = _slot(state, device.name, slots.pop()) if len(slots) == 1 else state
+            seen = state
+            if slots == {True}:
+                seen = _slot(state, device.name, True)
+            elif slots == {False} and _free_clsact(state, device.name):
+                seen = _slot(state, device.name, False)
             found = compare_state(dataclasses.replace(expected, interfaces=(device,)), seen)
             if found:
                 out.setdefault(sharing[0].label, []).extend(found)
@@ -320,6 +326,12 @@ def drift(policy: ir.Policy, sources: dict[str, str] | None = None) -> dict[str,
                 if found:
                     out.setdefault(iface.label, []).extend(found)
     return out
+
+
+def _free_clsact(state: KernelState, name: str) -> bool:
+    """Whether device ``name``'s ingress slot holds a clsact qdisc."""
+    dev = state.devices.get(name)
+    return dev is not None and any(q.handle == "ffff:" and q.kind == "clsact" for q in dev.qdiscs)
 
 
 def _slot(state: KernelState, name: str, ingress: bool) -> KernelState:

@@ -267,7 +267,8 @@ def _step(tool: Tool, commands: Iterable[Command], fatal: bool = True) -> Step:
 
 
 def _cleanup(tool: Tool, commands: Sequence[tuple[str, ...]]) -> Step:
-    """Commands no policy line asks for (a teardown), whose failure is harmless."""
+    """Commands no policy line asks for (a teardown): every one is tried, and a failure is
+    harmless but for a qdisc still there after its delete (``tcdsl.ops.apply.run_step``)."""
     return Step(tool, tuple(commands), tuple(None for _ in commands), fatal=False)
 
 

@@ -422,7 +422,9 @@ class NoSuchClass(ValueError):
     """A pattern of ``select`` that matches no class of the report."""
 
     def __init__(self, pattern: str, message: str | None = None) -> None:
-        super().__init__(message or f"no class shown here is named {pattern!r} or has that id")
+        super().__init__(
+            message or f"no class shown here is named {pattern!r}, has that id or that title"
+        )
         self.pattern = pattern
 
 
@@ -508,11 +510,12 @@ def _matching(rows: Sequence[ClassStatus], patterns: Sequence[str], matched: set
 
 
 def _names(row: ClassStatus, pattern: str) -> bool:
-    """Whether ``pattern`` matches the row's name, class id or title."""
+    """Whether ``pattern`` matches the row's name or class id, or its title in any case (a
+    Circuit Name is written as people write addresses: 'campfire' finds 'Campfire St.')."""
     return (
         fnmatchcase(row.name, pattern)
         or fnmatchcase(row.classid, pattern)
-        or (row.title is not None and fnmatchcase(row.title, pattern))
+        or (row.title is not None and fnmatchcase(row.title.casefold(), pattern.casefold()))
     )
 
 
