@@ -506,6 +506,26 @@ def test_another_tools_clsact_in_the_way_of_a_download_is_not_blamed_on_the_poli
     assert "tc qdisc del dev d0 clsact" in refused.err and "tcdsl down" not in refused.err
 
 
+def test_a_download_a_killed_apply_finished_is_taken_over(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: an apply adding a download, killed (kill -9) once its last batch
+    was under way, had built the download whole; the next apply built it again (counters
+    reset, downloads unshaped a moment), where docs/operations.md says a tree the kernel holds
+    as the new policy says is left as it is. It is taken over now."""
+    upload = FULL.replace("    download htb rate 20mbit default rest {\n", "").replace(
+        "        class fast rate 5mbit match sport 80\n        class rest rate 1mbit\n    }\n", ""
+    )
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", upload)).code == 0
+    full = tcdsl.write("p.tcp", FULL)
+    killed = _with_tc(tcdsl, SIGNALLING_TC.replace("SIGNAL", "KILL"), "apply", "--yes", full)
+    assert killed.returncode in (-9, 137), killed
+    planned = tcdsl("plan", full)
+    assert "did not finish" in planned.out and "taken over" in planned.out, planned
+    assert "rebuild" not in planned.out and "replaces" not in planned.out, planned
+    assert "does not own" not in planned.out, planned
+    assert tcdsl("apply", "--yes", full).code == 0
+    assert tcdsl("plan", full).out == "no changes\n"
+
+
 def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:
     """The kernel refuses a command half-way through B (a tc that fails on B's 'limit 30'):
     apply undoes what it did, in place (the tree and the counters kept), and says which

@@ -837,7 +837,9 @@ def prepare(
             by_label = {n.label: n for n in new_trees}
             old_trees = tuple(by_label[t.label] if t.label in done else t for t in live.trees)
             changed = {label: found for label, found in changed.items() if label not in done}
-    adopted = _adopted(new, new_trees, old_trees) if new is not None and killed is None else ()
+    # (after a killed apply too: a tree it finished is the new policy's, counters and all;
+    # found by a tester, a download it had built whole was built again)
+    adopted = _adopted(new, new_trees, old_trees) if new is not None else ()
     old_trees = (*old_trees, *adopted)
     plan = make_plan(old_trees, new_trees, rebuild=changed, ifaces=new_ifaces)
     for tree in reversed(adopted):
@@ -850,7 +852,7 @@ def prepare(
     for label, found in sorted(changed.items()):
         for d in found:
             plan.drift.append(Change("!", f"drift in {label}: {d.message}", d.span))
-    if unexplained:
+    if unexplained and killed is None:  # (a killed apply's changes are said below)
         # what the policy leaves to tc (a class's burst, cburst or quantum) set by hand, or
         # what the policy does not own: shown, and the next apply takes it as it is
         plan.notes.append(
