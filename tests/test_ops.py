@@ -939,6 +939,22 @@ def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:
         assert tcdsl("confirm", "p").code == 1
 
 
+def test_a_second_confirm_says_where_its_timer_rolls_back_to(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: an apply with --confirm over one still waiting said the first was
+    kept ('this apply keeps the policy it applies'); its own timer then rolled back to that
+    first, never confirmed, generation. It says so now."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    b = tcdsl.write("p.tcp", B)
+    assert tcdsl("apply", "--yes", "--confirm", "1h", b).code == 0
+    c = tcdsl.write("p.tcp", B.replace("voip rate 4mbit", "voip rate 5mbit"))
+    again = tcdsl("apply", "--yes", "--confirm", "1h", c)
+    assert again.code == 0, again
+    assert "this apply's timer rolls back to generation 2, not before it" in again.err, again
+    assert tcdsl("confirm", "p").code == 0
+
+
 def test_a_timer_that_cannot_roll_back_says_so_to_the_next_command(tcdsl: Tcdsl) -> None:
     """Found by a review: the --confirm timer runs detached; when its rollback was refused
     (here: the earlier generation's e0 was taken by another name meanwhile), nothing said so

@@ -342,7 +342,7 @@ def _apply(
     click.echo(f"applied {policy} as {store.name} (generation {applied.generation}){note}")
     _late(caught)
     if waiting is not None and waiting.generation != applied.generation:
-        _called_off(waiting.generation)
+        _called_off(waiting.generation, rolled_back_to=bool(within))
 
 
 def _late(caught: list[int]) -> None:
@@ -352,10 +352,16 @@ def _late(caught: list[int]) -> None:
         click.echo(said, err=True)
 
 
-def _called_off(generation: int) -> None:
+def _called_off(generation: int, rolled_back_to: bool = False) -> None:
+    # (found by a tester: an apply with --confirm of its own said it kept its policy, and its
+    # timer then rolled back to the unconfirmed generation before it)
+    then = (
+        f"this apply's timer rolls back to generation {generation}, not before it"
+        if rolled_back_to
+        else "this apply keeps the policy it applies"
+    )
     click.echo(
-        f"tcdsl: generation {generation}, applied with --confirm, is no longer rolled back: "
-        "this apply keeps the policy it applies",
+        f"tcdsl: generation {generation}, applied with --confirm, is no longer rolled back: {then}",
         err=True,
     )
 
