@@ -105,9 +105,9 @@ qdisc add dev isp0 root handle 1: mq
 qdisc add dev isp0 parent 1:1 handle 12: htb default 40 r2q 10000
 # policies/isp-mq.tcp:9:28: link class
 class add dev isp0 parent 12: classid 12:1 htb rate 10gbit burst 1221k cburst 1221k
-# policies/isp-mq.tcp:23:11: class unknown@1
+# policies/isp-mq.tcp:22:11: class unknown@1
 class add dev isp0 parent 12:1 classid 12:40 htb rate 100mbit ceil 10gbit cburst 1221k
-# policies/isp-mq.tcp:24:9: fq_codel qdisc of 12:40
+# policies/isp-mq.tcp:23:9: fq_codel qdisc of 12:40
 qdisc add dev isp0 parent 12:40 handle 40: fq_codel
 # policies/isp-mq.tcp:10:11: class site_a
 class add dev isp0 parent 12:1 classid 12:10 htb rate 3gbit ceil 10gbit burst 367k cburst 1221k
@@ -127,9 +127,9 @@ filter add dev isp0 parent 12: protocol ip prio 1 u32 match ip dst 198.51.100.11
 qdisc add dev isp0 parent 1:2 handle 14: htb default 20 r2q 10000
 # policies/isp-mq.tcp:9:28: link class
 class add dev isp0 parent 14: classid 14:1 htb rate 10gbit burst 1221k cburst 1221k
-# policies/isp-mq.tcp:23:11: class unknown@2
+# policies/isp-mq.tcp:22:11: class unknown@2
 class add dev isp0 parent 14:1 classid 14:20 htb rate 100mbit ceil 10gbit cburst 1221k
-# policies/isp-mq.tcp:24:9: fq_codel qdisc of 14:20
+# policies/isp-mq.tcp:23:9: fq_codel qdisc of 14:20
 qdisc add dev isp0 parent 14:20 handle 3: fq_codel
 # policies/isp-mq.tcp:18:11: class carol
 class add dev isp0 parent 14:1 classid 14:10 htb rate 2gbit ceil 5gbit burst 245k cburst 611k
@@ -139,31 +139,31 @@ filter add dev isp0 parent 14: protocol ip prio 1 u32 match ip dst 198.51.100.20
 qdisc add dev isp0 parent 1:3 handle 27: htb default 20 r2q 10000
 # policies/isp-mq.tcp:9:28: link class
 class add dev isp0 parent 27: classid 27:1 htb rate 10gbit burst 1221k cburst 1221k
-# policies/isp-mq.tcp:23:11: class unknown
+# policies/isp-mq.tcp:22:11: class unknown
 class add dev isp0 parent 27:1 classid 27:20 htb rate 100mbit ceil 10gbit cburst 1221k
-# policies/isp-mq.tcp:24:9: fq_codel qdisc of 27:20
+# policies/isp-mq.tcp:23:9: fq_codel qdisc of 27:20
 qdisc add dev isp0 parent 27:20 handle 4: fq_codel
 # policies/isp-mq.tcp:19:11: class dave
 class add dev isp0 parent 27:1 classid 27:10 htb rate 1gbit ceil 2gbit burst 123k cburst 245k
-# policies/isp-mq.tcp:20:9: filter to 27:10
+# policies/isp-mq.tcp:19:61: filter to 27:10
 filter add dev isp0 parent 27: protocol ip prio 1 u32 match ip dst 198.51.100.30 flowid 27:10
-# policies/isp-mq.tcp:20:9: filter to 27:10
+# policies/isp-mq.tcp:19:61: filter to 27:10
 filter add dev isp0 parent 27: protocol ip prio 1 u32 match ip dst 198.51.100.31 flowid 27:10
 # policies/isp-mq.tcp:9:28: htb qdisc of 1:4
 qdisc add dev isp0 parent 1:4 handle 3c: htb default 30 r2q 10000
 # policies/isp-mq.tcp:9:28: link class
 class add dev isp0 parent 3c: classid 3c:1 htb rate 10gbit burst 1221k cburst 1221k
-# policies/isp-mq.tcp:23:11: class unknown@4
+# policies/isp-mq.tcp:22:11: class unknown@4
 class add dev isp0 parent 3c:1 classid 3c:30 htb rate 100mbit ceil 10gbit cburst 1221k
-# policies/isp-mq.tcp:24:9: fq_codel qdisc of 3c:30
+# policies/isp-mq.tcp:23:9: fq_codel qdisc of 3c:30
 qdisc add dev isp0 parent 3c:30 handle 5: fq_codel
-# policies/isp-mq.tcp:21:11: class erin
+# policies/isp-mq.tcp:20:11: class erin
 class add dev isp0 parent 3c:1 classid 3c:10 htb rate 500mbit ceil 1gbit cburst 123k
-# policies/isp-mq.tcp:21:52: filter to 3c:10
+# policies/isp-mq.tcp:20:52: filter to 3c:10
 filter add dev isp0 parent 3c: protocol ipv6 prio 32769 u32 match ip6 dst 2001:db8::50 flowid 3c:10
-# policies/isp-mq.tcp:22:11: class frank
+# policies/isp-mq.tcp:21:11: class frank
 class add dev isp0 parent 3c:1 classid 3c:20 htb rate 500mbit ceil 1gbit cburst 123k
-# policies/isp-mq.tcp:22:53: filter to 3c:20
+# policies/isp-mq.tcp:21:53: filter to 3c:20
 filter add dev isp0 parent 3c: protocol ip prio 1 u32 match ip dst 203.0.113.0/28 match ip dport 443 0xffff flowid 3c:20
 # policies/isp-mq.tcp:9:16: interface isp0: the clsact qdisc whose filters pick the TX queue
 qdisc add dev isp0 clsact
@@ -173,13 +173,13 @@ filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 198.51.100.10 act
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 198.51.100.11 action skbedit queue_mapping 0
 # policies/isp-mq.tcp:18:62: queue 2 (TX queue 1, 1:2)
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 198.51.100.20 action skbedit queue_mapping 1
-# policies/isp-mq.tcp:20:9: queue 3 (TX queue 2, 1:3)
+# policies/isp-mq.tcp:19:61: queue 3 (TX queue 2, 1:3)
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 198.51.100.30 action skbedit queue_mapping 2
-# policies/isp-mq.tcp:20:9: queue 3 (TX queue 2, 1:3)
+# policies/isp-mq.tcp:19:61: queue 3 (TX queue 2, 1:3)
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 198.51.100.31 action skbedit queue_mapping 2
-# policies/isp-mq.tcp:22:53: queue 4 (TX queue 3, 1:4)
+# policies/isp-mq.tcp:21:53: queue 4 (TX queue 3, 1:4)
 filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 203.0.113.0/28 match ip dport 443 0xffff action skbedit queue_mapping 3
-# policies/isp-mq.tcp:21:52: queue 4 (TX queue 3, 1:4)
+# policies/isp-mq.tcp:20:52: queue 4 (TX queue 3, 1:4)
 filter add dev isp0 egress protocol ipv6 prio 32769 u32 match ip6 dst 2001:db8::50 action skbedit queue_mapping 3
 TCDSL_BATCH
 ); then
@@ -189,8 +189,8 @@ TCDSL_BATCH
     2) tcdsl_at='policies/isp-mq.tcp:9:16: interface isp0: mq qdisc' ;;
     4) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:1' ;;
     6) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
-    8) tcdsl_at='policies/isp-mq.tcp:23:11: class unknown@1' ;;
-    10) tcdsl_at='policies/isp-mq.tcp:24:9: fq_codel qdisc of 12:40' ;;
+    8) tcdsl_at='policies/isp-mq.tcp:22:11: class unknown@1' ;;
+    10) tcdsl_at='policies/isp-mq.tcp:23:9: fq_codel qdisc of 12:40' ;;
     12) tcdsl_at='policies/isp-mq.tcp:10:11: class site_a' ;;
     14) tcdsl_at='policies/isp-mq.tcp:11:15: class alice' ;;
     16) tcdsl_at='policies/isp-mq.tcp:12:13: fq_codel qdisc of 12:20' ;;
@@ -200,33 +200,33 @@ TCDSL_BATCH
     24) tcdsl_at='policies/isp-mq.tcp:14:55: filter to 12:30' ;;
     26) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:2' ;;
     28) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
-    30) tcdsl_at='policies/isp-mq.tcp:23:11: class unknown@2' ;;
-    32) tcdsl_at='policies/isp-mq.tcp:24:9: fq_codel qdisc of 14:20' ;;
+    30) tcdsl_at='policies/isp-mq.tcp:22:11: class unknown@2' ;;
+    32) tcdsl_at='policies/isp-mq.tcp:23:9: fq_codel qdisc of 14:20' ;;
     34) tcdsl_at='policies/isp-mq.tcp:18:11: class carol' ;;
     36) tcdsl_at='policies/isp-mq.tcp:18:62: filter to 14:10' ;;
     38) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:3' ;;
     40) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
-    42) tcdsl_at='policies/isp-mq.tcp:23:11: class unknown' ;;
-    44) tcdsl_at='policies/isp-mq.tcp:24:9: fq_codel qdisc of 27:20' ;;
+    42) tcdsl_at='policies/isp-mq.tcp:22:11: class unknown' ;;
+    44) tcdsl_at='policies/isp-mq.tcp:23:9: fq_codel qdisc of 27:20' ;;
     46) tcdsl_at='policies/isp-mq.tcp:19:11: class dave' ;;
-    48) tcdsl_at='policies/isp-mq.tcp:20:9: filter to 27:10' ;;
-    50) tcdsl_at='policies/isp-mq.tcp:20:9: filter to 27:10' ;;
+    48) tcdsl_at='policies/isp-mq.tcp:19:61: filter to 27:10' ;;
+    50) tcdsl_at='policies/isp-mq.tcp:19:61: filter to 27:10' ;;
     52) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:4' ;;
     54) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
-    56) tcdsl_at='policies/isp-mq.tcp:23:11: class unknown@4' ;;
-    58) tcdsl_at='policies/isp-mq.tcp:24:9: fq_codel qdisc of 3c:30' ;;
-    60) tcdsl_at='policies/isp-mq.tcp:21:11: class erin' ;;
-    62) tcdsl_at='policies/isp-mq.tcp:21:52: filter to 3c:10' ;;
-    64) tcdsl_at='policies/isp-mq.tcp:22:11: class frank' ;;
-    66) tcdsl_at='policies/isp-mq.tcp:22:53: filter to 3c:20' ;;
+    56) tcdsl_at='policies/isp-mq.tcp:22:11: class unknown@4' ;;
+    58) tcdsl_at='policies/isp-mq.tcp:23:9: fq_codel qdisc of 3c:30' ;;
+    60) tcdsl_at='policies/isp-mq.tcp:20:11: class erin' ;;
+    62) tcdsl_at='policies/isp-mq.tcp:20:52: filter to 3c:10' ;;
+    64) tcdsl_at='policies/isp-mq.tcp:21:11: class frank' ;;
+    66) tcdsl_at='policies/isp-mq.tcp:21:53: filter to 3c:20' ;;
     68) tcdsl_at='policies/isp-mq.tcp:9:16: interface isp0: the clsact qdisc whose filters pick the TX queue' ;;
     70) tcdsl_at='policies/isp-mq.tcp:11:66: queue 1 (TX queue 0, 1:1)' ;;
     72) tcdsl_at='policies/isp-mq.tcp:14:55: queue 1 (TX queue 0, 1:1)' ;;
     74) tcdsl_at='policies/isp-mq.tcp:18:62: queue 2 (TX queue 1, 1:2)' ;;
-    76) tcdsl_at='policies/isp-mq.tcp:20:9: queue 3 (TX queue 2, 1:3)' ;;
-    78) tcdsl_at='policies/isp-mq.tcp:20:9: queue 3 (TX queue 2, 1:3)' ;;
-    80) tcdsl_at='policies/isp-mq.tcp:22:53: queue 4 (TX queue 3, 1:4)' ;;
-    82) tcdsl_at='policies/isp-mq.tcp:21:52: queue 4 (TX queue 3, 1:4)' ;;
+    76) tcdsl_at='policies/isp-mq.tcp:19:61: queue 3 (TX queue 2, 1:3)' ;;
+    78) tcdsl_at='policies/isp-mq.tcp:19:61: queue 3 (TX queue 2, 1:3)' ;;
+    80) tcdsl_at='policies/isp-mq.tcp:21:53: queue 4 (TX queue 3, 1:4)' ;;
+    82) tcdsl_at='policies/isp-mq.tcp:20:52: queue 4 (TX queue 3, 1:4)' ;;
     esac
     exit 1
 fi

@@ -90,7 +90,7 @@ if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
 qdisc add dev wan0 root handle 1: htb default 1720
 # policies/isp-subscribers.tcp:13:12: link class
 class add dev wan0 parent 1: classid 1:1 htb rate 10gbit burst 1221k cburst 1221k quantum 200000
-# policies/isp-subscribers.tcp:38:15: class unknown
+# policies/isp-subscribers.tcp:37:15: class unknown
 class add dev wan0 parent 1:1 classid 1:1720 htb rate 10mbit ceil 100mbit prio 7
 # policies/isp-subscribers.tcp:14:15: class north
 class add dev wan0 parent 1:1 classid 1:10 htb rate 200mbit ceil 1gbit cburst 123k prio 2 quantum 200000
@@ -1022,7 +1022,7 @@ filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:7e:1 u32 ht 2:7e
 class add dev wan0 parent 1:1 classid 1:1130 htb rate 4gbit ceil 10gbit burst 489k cburst 1221k prio 2 quantum 200000
 # policies/isp-subscribers.csv:128:1: class c1111
 class add dev wan0 parent 1:1130 classid 1:1140 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1140
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1140
 qdisc add dev wan0 parent 1:1140 handle 1140: fq_codel
 # policies/isp-subscribers.csv:128:79: filter to 1:1140
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:7f:1 u32 ht 1:7f: match ip src 100.67.0.127 flowid 1:1140
@@ -1032,7 +1032,7 @@ filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3: u32 divisor 256
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:7f:1 u32 ht 3:7f: match ip6 src 2001:db8:300:7f::/64 flowid 1:1140
 # policies/isp-subscribers.csv:129:1: class c1112
 class add dev wan0 parent 1:1130 classid 1:1150 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1150
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1150
 qdisc add dev wan0 parent 1:1150 handle 1150: fq_codel
 # policies/isp-subscribers.csv:129:76: filter to 1:1150
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:80:1 u32 ht 1:80: match ip src 100.67.0.128 flowid 1:1150
@@ -1040,7 +1040,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:80:1 u32 ht 1:80: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:80:1 u32 ht 3:80: match ip6 src 2001:db8:300:80::/64 flowid 1:1150
 # policies/isp-subscribers.csv:130:1: class c1113
 class add dev wan0 parent 1:1130 classid 1:1160 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1160
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1160
 qdisc add dev wan0 parent 1:1160 handle 1160: fq_codel
 # policies/isp-subscribers.csv:130:73: filter to 1:1160
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:81:1 u32 ht 1:81: match ip src 100.67.0.129 flowid 1:1160
@@ -1048,7 +1048,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:81:1 u32 ht 1:81: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:81:1 u32 ht 3:81: match ip6 src 2001:db8:300:81::/64 flowid 1:1160
 # policies/isp-subscribers.csv:131:1: class c1114
 class add dev wan0 parent 1:1130 classid 1:1170 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1170
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1170
 qdisc add dev wan0 parent 1:1170 handle 1170: fq_codel
 # policies/isp-subscribers.csv:131:79: filter to 1:1170
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:82:1 u32 ht 1:82: match ip src 100.67.0.130 flowid 1:1170
@@ -1056,7 +1056,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:82:1 u32 ht 1:82: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:82:1 u32 ht 3:82: match ip6 src 2001:db8:300:82::/64 flowid 1:1170
 # policies/isp-subscribers.csv:132:1: class c1115
 class add dev wan0 parent 1:1130 classid 1:1180 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1180
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1180
 qdisc add dev wan0 parent 1:1180 handle 1180: fq_codel
 # policies/isp-subscribers.csv:132:81: filter to 1:1180
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:83:1 u32 ht 1:83: match ip src 100.67.0.131 flowid 1:1180
@@ -1064,7 +1064,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:83:1 u32 ht 1:83: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:83:1 u32 ht 3:83: match ip6 src 2001:db8:300:83::/64 flowid 1:1180
 # policies/isp-subscribers.csv:133:1: class c1116
 class add dev wan0 parent 1:1130 classid 1:1190 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1190
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1190
 qdisc add dev wan0 parent 1:1190 handle 1190: fq_codel
 # policies/isp-subscribers.csv:133:81: filter to 1:1190
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:84:1 u32 ht 1:84: match ip src 100.67.0.132 flowid 1:1190
@@ -1072,7 +1072,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:84:1 u32 ht 1:84: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:84:1 u32 ht 3:84: match ip6 src 2001:db8:300:84::/64 flowid 1:1190
 # policies/isp-subscribers.csv:134:1: class c1117
 class add dev wan0 parent 1:1130 classid 1:1200 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1200
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1200
 qdisc add dev wan0 parent 1:1200 handle 1200: fq_codel
 # policies/isp-subscribers.csv:134:79: filter to 1:1200
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:85:1 u32 ht 1:85: match ip src 100.67.0.133 flowid 1:1200
@@ -1080,7 +1080,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:85:1 u32 ht 1:85: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:85:1 u32 ht 3:85: match ip6 src 2001:db8:300:85::/64 flowid 1:1200
 # policies/isp-subscribers.csv:135:1: class c1118
 class add dev wan0 parent 1:1130 classid 1:1210 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1210
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1210
 qdisc add dev wan0 parent 1:1210 handle 1210: fq_codel
 # policies/isp-subscribers.csv:135:78: filter to 1:1210
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:86:1 u32 ht 1:86: match ip src 100.67.0.134 flowid 1:1210
@@ -1090,7 +1090,7 @@ filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:86:1 u32 ht 3:86
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:87:1 u32 ht 1:87: match ip src 100.67.0.135 flowid 1:1210
 # policies/isp-subscribers.csv:137:1: class c1119
 class add dev wan0 parent 1:1130 classid 1:1220 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1220
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1220
 qdisc add dev wan0 parent 1:1220 handle 1220: fq_codel
 # policies/isp-subscribers.csv:137:86: filter to 1:1220
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:88:1 u32 ht 1:88: match ip src 100.67.0.136 flowid 1:1220
@@ -1098,7 +1098,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:88:1 u32 ht 1:88: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:88:1 u32 ht 3:88: match ip6 src 2001:db8:300:88::/64 flowid 1:1220
 # policies/isp-subscribers.csv:138:1: class c1120
 class add dev wan0 parent 1:1130 classid 1:1230 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1230
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1230
 qdisc add dev wan0 parent 1:1230 handle 1230: fq_codel
 # policies/isp-subscribers.csv:138:81: filter to 1:1230
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:89:1 u32 ht 1:89: match ip src 100.67.0.137 flowid 1:1230
@@ -1106,7 +1106,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:89:1 u32 ht 1:89: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:89:1 u32 ht 3:89: match ip6 src 2001:db8:300:89::/64 flowid 1:1230
 # policies/isp-subscribers.csv:139:1: class c1121
 class add dev wan0 parent 1:1130 classid 1:1240 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1240
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1240
 qdisc add dev wan0 parent 1:1240 handle 1240: fq_codel
 # policies/isp-subscribers.csv:139:79: filter to 1:1240
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:8a:1 u32 ht 1:8a: match ip src 100.67.0.138 flowid 1:1240
@@ -1120,7 +1120,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:8c:1 u32 ht 1:8c: matc
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:8c:2 u32 ht 1:8c: match ip src 100.67.128.140 flowid 1:1240
 # policies/isp-subscribers.csv:142:1: class c1122
 class add dev wan0 parent 1:1130 classid 1:1250 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1250
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1250
 qdisc add dev wan0 parent 1:1250 handle 1250: fq_codel
 # policies/isp-subscribers.csv:142:85: filter to 1:1250
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:8d:1 u32 ht 1:8d: match ip src 100.67.0.141 flowid 1:1250
@@ -1130,7 +1130,7 @@ filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:8d:1 u32 ht 3:8d
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:8e:1 u32 ht 1:8e: match ip src 100.67.0.142 flowid 1:1250
 # policies/isp-subscribers.csv:144:1: class c1123
 class add dev wan0 parent 1:1130 classid 1:1260 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1260
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1260
 qdisc add dev wan0 parent 1:1260 handle 1260: fq_codel
 # policies/isp-subscribers.csv:144:78: filter to 1:1260
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:8f:1 u32 ht 1:8f: match ip src 100.67.0.143 flowid 1:1260
@@ -1138,7 +1138,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:8f:1 u32 ht 1:8f: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:8f:1 u32 ht 3:8f: match ip6 src 2001:db8:300:8f::/64 flowid 1:1260
 # policies/isp-subscribers.csv:145:1: class c1124
 class add dev wan0 parent 1:1130 classid 1:1270 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1270
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1270
 qdisc add dev wan0 parent 1:1270 handle 1270: fq_codel
 # policies/isp-subscribers.csv:145:85: filter to 1:1270
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:90:1 u32 ht 1:90: match ip src 100.67.0.144 flowid 1:1270
@@ -1146,7 +1146,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:90:1 u32 ht 1:90: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:90:1 u32 ht 3:90: match ip6 src 2001:db8:300:90::/64 flowid 1:1270
 # policies/isp-subscribers.csv:146:1: class c1125
 class add dev wan0 parent 1:1130 classid 1:1280 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1280
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1280
 qdisc add dev wan0 parent 1:1280 handle 1280: fq_codel
 # policies/isp-subscribers.csv:146:81: filter to 1:1280
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:91:1 u32 ht 1:91: match ip src 100.67.0.145 flowid 1:1280
@@ -1154,7 +1154,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:91:1 u32 ht 1:91: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:91:1 u32 ht 3:91: match ip6 src 2001:db8:300:91::/64 flowid 1:1280
 # policies/isp-subscribers.csv:147:1: class c1126
 class add dev wan0 parent 1:1130 classid 1:1290 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1290
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1290
 qdisc add dev wan0 parent 1:1290 handle 1290: fq_codel
 # policies/isp-subscribers.csv:147:76: filter to 1:1290
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:92:1 u32 ht 1:92: match ip src 100.67.0.146 flowid 1:1290
@@ -1162,7 +1162,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:92:1 u32 ht 1:92: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:92:1 u32 ht 3:92: match ip6 src 2001:db8:300:92::/64 flowid 1:1290
 # policies/isp-subscribers.csv:148:1: class c1127
 class add dev wan0 parent 1:1130 classid 1:1300 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1300
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1300
 qdisc add dev wan0 parent 1:1300 handle 1300: fq_codel
 # policies/isp-subscribers.csv:148:85: filter to 1:1300
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:93:1 u32 ht 1:93: match ip src 100.67.0.147 flowid 1:1300
@@ -1170,7 +1170,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:93:1 u32 ht 1:93: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:93:1 u32 ht 3:93: match ip6 src 2001:db8:300:93::/64 flowid 1:1300
 # policies/isp-subscribers.csv:149:1: class c1128
 class add dev wan0 parent 1:1130 classid 1:1310 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1310
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1310
 qdisc add dev wan0 parent 1:1310 handle 1310: fq_codel
 # policies/isp-subscribers.csv:149:80: filter to 1:1310
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:94:1 u32 ht 1:94: match ip src 100.67.0.148 flowid 1:1310
@@ -1178,7 +1178,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:94:1 u32 ht 1:94: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:94:1 u32 ht 3:94: match ip6 src 2001:db8:300:94::/64 flowid 1:1310
 # policies/isp-subscribers.csv:150:1: class c1129
 class add dev wan0 parent 1:1130 classid 1:1320 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1320
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1320
 qdisc add dev wan0 parent 1:1320 handle 1320: fq_codel
 # policies/isp-subscribers.csv:150:74: filter to 1:1320
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:95:1 u32 ht 1:95: match ip src 100.67.0.149 flowid 1:1320
@@ -1186,7 +1186,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:95:1 u32 ht 1:95: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:95:1 u32 ht 3:95: match ip6 src 2001:db8:300:95::/64 flowid 1:1320
 # policies/isp-subscribers.csv:151:1: class c1130
 class add dev wan0 parent 1:1130 classid 1:1330 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1330
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1330
 qdisc add dev wan0 parent 1:1330 handle 1330: fq_codel
 # policies/isp-subscribers.csv:151:77: filter to 1:1330
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:96:1 u32 ht 1:96: match ip src 100.67.0.150 flowid 1:1330
@@ -1200,7 +1200,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:98:1 u32 ht 1:98: matc
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:98:2 u32 ht 1:98: match ip src 100.67.128.152 flowid 1:1330
 # policies/isp-subscribers.csv:154:1: class c1131
 class add dev wan0 parent 1:1130 classid 1:1340 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1340
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1340
 qdisc add dev wan0 parent 1:1340 handle 1340: fq_codel
 # policies/isp-subscribers.csv:154:84: filter to 1:1340
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:99:1 u32 ht 1:99: match ip src 100.67.0.153 flowid 1:1340
@@ -1208,7 +1208,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:99:1 u32 ht 1:99: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:99:1 u32 ht 3:99: match ip6 src 2001:db8:300:99::/64 flowid 1:1340
 # policies/isp-subscribers.csv:155:1: class c1132
 class add dev wan0 parent 1:1130 classid 1:1350 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1350
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1350
 qdisc add dev wan0 parent 1:1350 handle 1350: fq_codel
 # policies/isp-subscribers.csv:155:81: filter to 1:1350
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9a:1 u32 ht 1:9a: match ip src 100.67.0.154 flowid 1:1350
@@ -1216,7 +1216,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9a:1 u32 ht 1:9a: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:9a:1 u32 ht 3:9a: match ip6 src 2001:db8:300:9a::/64 flowid 1:1350
 # policies/isp-subscribers.csv:156:1: class c1133
 class add dev wan0 parent 1:1130 classid 1:1360 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1360
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1360
 qdisc add dev wan0 parent 1:1360 handle 1360: fq_codel
 # policies/isp-subscribers.csv:156:78: filter to 1:1360
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9b:1 u32 ht 1:9b: match ip src 100.67.0.155 flowid 1:1360
@@ -1224,7 +1224,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9b:1 u32 ht 1:9b: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:9b:1 u32 ht 3:9b: match ip6 src 2001:db8:300:9b::/64 flowid 1:1360
 # policies/isp-subscribers.csv:157:1: class c1134
 class add dev wan0 parent 1:1130 classid 1:1370 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1370
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1370
 qdisc add dev wan0 parent 1:1370 handle 1370: fq_codel
 # policies/isp-subscribers.csv:157:80: filter to 1:1370
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9c:1 u32 ht 1:9c: match ip src 100.67.0.156 flowid 1:1370
@@ -1232,7 +1232,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9c:1 u32 ht 1:9c: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:9c:1 u32 ht 3:9c: match ip6 src 2001:db8:300:9c::/64 flowid 1:1370
 # policies/isp-subscribers.csv:158:1: class c1135
 class add dev wan0 parent 1:1130 classid 1:1380 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1380
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1380
 qdisc add dev wan0 parent 1:1380 handle 1380: fq_codel
 # policies/isp-subscribers.csv:158:84: filter to 1:1380
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9d:1 u32 ht 1:9d: match ip src 100.67.0.157 flowid 1:1380
@@ -1240,7 +1240,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9d:1 u32 ht 1:9d: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:9d:1 u32 ht 3:9d: match ip6 src 2001:db8:300:9d::/64 flowid 1:1380
 # policies/isp-subscribers.csv:159:1: class c1136
 class add dev wan0 parent 1:1130 classid 1:1390 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1390
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1390
 qdisc add dev wan0 parent 1:1390 handle 1390: fq_codel
 # policies/isp-subscribers.csv:159:79: filter to 1:1390
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9e:1 u32 ht 1:9e: match ip src 100.67.0.158 flowid 1:1390
@@ -1248,7 +1248,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9e:1 u32 ht 1:9e: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:9e:1 u32 ht 3:9e: match ip6 src 2001:db8:300:9e::/64 flowid 1:1390
 # policies/isp-subscribers.csv:160:1: class c1137
 class add dev wan0 parent 1:1130 classid 1:1400 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1400
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1400
 qdisc add dev wan0 parent 1:1400 handle 1400: fq_codel
 # policies/isp-subscribers.csv:160:75: filter to 1:1400
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9f:1 u32 ht 1:9f: match ip src 100.67.0.159 flowid 1:1400
@@ -1256,7 +1256,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:9f:1 u32 ht 1:9f: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:9f:1 u32 ht 3:9f: match ip6 src 2001:db8:300:9f::/64 flowid 1:1400
 # policies/isp-subscribers.csv:161:1: class c1138
 class add dev wan0 parent 1:1130 classid 1:1410 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1410
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1410
 qdisc add dev wan0 parent 1:1410 handle 1410: fq_codel
 # policies/isp-subscribers.csv:161:82: filter to 1:1410
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a0:1 u32 ht 1:a0: match ip src 100.67.0.160 flowid 1:1410
@@ -1264,7 +1264,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a0:1 u32 ht 1:a0: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:a0:1 u32 ht 3:a0: match ip6 src 2001:db8:300:a0::/64 flowid 1:1410
 # policies/isp-subscribers.csv:162:1: class c1139
 class add dev wan0 parent 1:1130 classid 1:1420 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1420
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1420
 qdisc add dev wan0 parent 1:1420 handle 1420: fq_codel
 # policies/isp-subscribers.csv:162:81: filter to 1:1420
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a1:1 u32 ht 1:a1: match ip src 100.67.0.161 flowid 1:1420
@@ -1272,7 +1272,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a1:1 u32 ht 1:a1: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:a1:1 u32 ht 3:a1: match ip6 src 2001:db8:300:a1::/64 flowid 1:1420
 # policies/isp-subscribers.csv:163:1: class c1140
 class add dev wan0 parent 1:1130 classid 1:1430 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1430
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1430
 qdisc add dev wan0 parent 1:1430 handle 1430: fq_codel
 # policies/isp-subscribers.csv:163:75: filter to 1:1430
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a2:1 u32 ht 1:a2: match ip src 100.67.0.162 flowid 1:1430
@@ -1280,7 +1280,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a2:1 u32 ht 1:a2: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:a2:1 u32 ht 3:a2: match ip6 src 2001:db8:300:a2::/64 flowid 1:1430
 # policies/isp-subscribers.csv:164:1: class c1141
 class add dev wan0 parent 1:1130 classid 1:1440 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1440
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1440
 qdisc add dev wan0 parent 1:1440 handle 1440: fq_codel
 # policies/isp-subscribers.csv:164:82: filter to 1:1440
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a3:1 u32 ht 1:a3: match ip src 100.67.0.163 flowid 1:1440
@@ -1288,7 +1288,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a3:1 u32 ht 1:a3: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:a3:1 u32 ht 3:a3: match ip6 src 2001:db8:300:a3::/64 flowid 1:1440
 # policies/isp-subscribers.csv:165:1: class c1142
 class add dev wan0 parent 1:1130 classid 1:1450 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1450
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1450
 qdisc add dev wan0 parent 1:1450 handle 1450: fq_codel
 # policies/isp-subscribers.csv:165:86: filter to 1:1450
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a4:1 u32 ht 1:a4: match ip src 100.67.0.164 flowid 1:1450
@@ -1296,7 +1296,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a4:1 u32 ht 1:a4: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:a4:1 u32 ht 3:a4: match ip6 src 2001:db8:300:a4::/64 flowid 1:1450
 # policies/isp-subscribers.csv:166:1: class c1143
 class add dev wan0 parent 1:1130 classid 1:1460 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1460
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1460
 qdisc add dev wan0 parent 1:1460 handle 1460: fq_codel
 # policies/isp-subscribers.csv:166:78: filter to 1:1460
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a5:1 u32 ht 1:a5: match ip src 100.67.0.165 flowid 1:1460
@@ -1304,7 +1304,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a5:1 u32 ht 1:a5: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:a5:1 u32 ht 3:a5: match ip6 src 2001:db8:300:a5::/64 flowid 1:1460
 # policies/isp-subscribers.csv:167:1: class c1144
 class add dev wan0 parent 1:1130 classid 1:1470 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1470
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1470
 qdisc add dev wan0 parent 1:1470 handle 1470: fq_codel
 # policies/isp-subscribers.csv:167:86: filter to 1:1470
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a6:1 u32 ht 1:a6: match ip src 100.67.0.166 flowid 1:1470
@@ -1314,7 +1314,7 @@ filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:a6:1 u32 ht 3:a6
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a7:1 u32 ht 1:a7: match ip src 100.67.0.167 flowid 1:1470
 # policies/isp-subscribers.csv:169:1: class c1145
 class add dev wan0 parent 1:1130 classid 1:1480 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1480
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1480
 qdisc add dev wan0 parent 1:1480 handle 1480: fq_codel
 # policies/isp-subscribers.csv:169:79: filter to 1:1480
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a8:1 u32 ht 1:a8: match ip src 100.67.0.168 flowid 1:1480
@@ -1322,7 +1322,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a8:1 u32 ht 1:a8: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:a8:1 u32 ht 3:a8: match ip6 src 2001:db8:300:a8::/64 flowid 1:1480
 # policies/isp-subscribers.csv:170:1: class c1146
 class add dev wan0 parent 1:1130 classid 1:1490 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1490
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1490
 qdisc add dev wan0 parent 1:1490 handle 1490: fq_codel
 # policies/isp-subscribers.csv:170:78: filter to 1:1490
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a9:1 u32 ht 1:a9: match ip src 100.67.0.169 flowid 1:1490
@@ -1330,7 +1330,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:a9:1 u32 ht 1:a9: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:a9:1 u32 ht 3:a9: match ip6 src 2001:db8:300:a9::/64 flowid 1:1490
 # policies/isp-subscribers.csv:171:1: class c1147
 class add dev wan0 parent 1:1130 classid 1:1500 htb rate 100mbit ceil 1gbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1500
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1500
 qdisc add dev wan0 parent 1:1500 handle 1500: fq_codel
 # policies/isp-subscribers.csv:171:86: filter to 1:1500
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:aa:1 u32 ht 1:aa: match ip src 100.67.0.170 flowid 1:1500
@@ -1338,7 +1338,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:aa:1 u32 ht 1:aa: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:aa:1 u32 ht 3:aa: match ip6 src 2001:db8:300:aa::/64 flowid 1:1500
 # policies/isp-subscribers.csv:172:1: class c1148
 class add dev wan0 parent 1:1130 classid 1:1510 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1510
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1510
 qdisc add dev wan0 parent 1:1510 handle 1510: fq_codel
 # policies/isp-subscribers.csv:172:82: filter to 1:1510
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:ab:1 u32 ht 1:ab: match ip src 100.67.0.171 flowid 1:1510
@@ -1346,7 +1346,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:ab:1 u32 ht 1:ab: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:ab:1 u32 ht 3:ab: match ip6 src 2001:db8:300:ab::/64 flowid 1:1510
 # policies/isp-subscribers.csv:173:1: class c1149
 class add dev wan0 parent 1:1130 classid 1:1520 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1520
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1520
 qdisc add dev wan0 parent 1:1520 handle 1520: fq_codel
 # policies/isp-subscribers.csv:173:74: filter to 1:1520
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:ac:1 u32 ht 1:ac: match ip src 100.67.0.172 flowid 1:1520
@@ -1354,7 +1354,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:ac:1 u32 ht 1:ac: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:ac:1 u32 ht 3:ac: match ip6 src 2001:db8:300:ac::/64 flowid 1:1520
 # policies/isp-subscribers.csv:174:1: class c1150
 class add dev wan0 parent 1:1130 classid 1:1530 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1530
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1530
 qdisc add dev wan0 parent 1:1530 handle 1530: fq_codel
 # policies/isp-subscribers.csv:174:76: filter to 1:1530
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:ad:1 u32 ht 1:ad: match ip src 100.67.0.173 flowid 1:1530
@@ -1362,7 +1362,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:ad:1 u32 ht 1:ad: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:ad:1 u32 ht 3:ad: match ip6 src 2001:db8:300:ad::/64 flowid 1:1530
 # policies/isp-subscribers.csv:175:1: class c1151
 class add dev wan0 parent 1:1130 classid 1:1540 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1540
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1540
 qdisc add dev wan0 parent 1:1540 handle 1540: fq_codel
 # policies/isp-subscribers.csv:175:85: filter to 1:1540
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:ae:1 u32 ht 1:ae: match ip src 100.67.0.174 flowid 1:1540
@@ -1370,7 +1370,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:ae:1 u32 ht 1:ae: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:ae:1 u32 ht 3:ae: match ip6 src 2001:db8:300:ae::/64 flowid 1:1540
 # policies/isp-subscribers.csv:176:1: class c1152
 class add dev wan0 parent 1:1130 classid 1:1550 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1550
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1550
 qdisc add dev wan0 parent 1:1550 handle 1550: fq_codel
 # policies/isp-subscribers.csv:176:79: filter to 1:1550
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:af:1 u32 ht 1:af: match ip src 100.67.0.175 flowid 1:1550
@@ -1378,7 +1378,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:af:1 u32 ht 1:af: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:af:1 u32 ht 3:af: match ip6 src 2001:db8:300:af::/64 flowid 1:1550
 # policies/isp-subscribers.csv:177:1: class c1153
 class add dev wan0 parent 1:1130 classid 1:1560 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1560
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1560
 qdisc add dev wan0 parent 1:1560 handle 1560: fq_codel
 # policies/isp-subscribers.csv:177:79: filter to 1:1560
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:b0:1 u32 ht 1:b0: match ip src 100.67.0.176 flowid 1:1560
@@ -1386,7 +1386,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle 1:b0:1 u32 ht 1:b0: matc
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:b0:1 u32 ht 3:b0: match ip6 src 2001:db8:300:b0::/64 flowid 1:1560
 # policies/isp-subscribers.csv:178:1: class c1154
 class add dev wan0 parent 1:1130 classid 1:1570 htb rate 10mbit ceil 100mbit cburst 123k
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1570
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1570
 qdisc add dev wan0 parent 1:1570 handle 1570: fq_codel
 # policies/isp-subscribers.csv:178:78: filter to 1:1570
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:b1:1 u32 ht 1:b1: match ip src 100.67.0.177 flowid 1:1570
@@ -1396,7 +1396,7 @@ filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:b1:1 u32 ht 3:b1
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:b2:1 u32 ht 1:b2: match ip src 100.67.0.178 flowid 1:1570
 # policies/isp-subscribers.csv:180:1: class c1155
 class add dev wan0 parent 1:1130 classid 1:1580 htb rate 50mbit ceil 500mbit cburst 123k quantum 200000
-# policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1580
+# policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1580
 qdisc add dev wan0 parent 1:1580 handle 1580: fq_codel
 # policies/isp-subscribers.csv:180:79: filter to 1:1580
 filter add dev wan0 parent 1: protocol ip prio 1 handle 1:b3:1 u32 ht 1:b3: match ip src 100.67.0.179 flowid 1:1580
@@ -1406,11 +1406,11 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::1 u32 link 1: hashkey 
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 3:b3:1 u32 ht 3:b3: match ip6 src 2001:db8:300:b3::/64 flowid 1:1580
 # policies/isp-subscribers.csv:128:79: link to u32 table 3: (45 filters in 256 buckets by byte 15)
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:0:1 u32 ht 2:0: link 3: hashkey mask 0x000000ff at 12 match u32 0 0 at 0
-# policies/isp-subscribers.tcp:33:15: class business
+# policies/isp-subscribers.tcp:32:15: class business
 class add dev wan0 parent 1:1 classid 1:1590 htb rate 3gbit ceil 10gbit burst 367k cburst 1221k prio 1 quantum 200000
 # policies/isp-subscribers.csv:181:1: class c1156
 class add dev wan0 parent 1:1590 classid 1:1600 htb rate 250mbit ceil 500mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1600
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1600
 qdisc add dev wan0 parent 1:1600 handle 1600: sfq perturb 10
 # policies/isp-subscribers.csv:181:74: filter to 1:1600
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::2 u32 match ip src 198.51.100.0/29 flowid 1:1600
@@ -1420,7 +1420,7 @@ filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:0:2 u32 ht 2:0: 
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::3 u32 match ip src 100.68.0.181 flowid 1:1600
 # policies/isp-subscribers.csv:183:1: class c1157
 class add dev wan0 parent 1:1590 classid 1:1610 htb rate 100mbit ceil 200mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1610
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1610
 qdisc add dev wan0 parent 1:1610 handle 1610: sfq perturb 10
 # policies/isp-subscribers.csv:183:65: filter to 1:1610
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::4 u32 match ip src 198.51.100.8/29 flowid 1:1610
@@ -1428,7 +1428,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::4 u32 match ip src 198
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:1:2 u32 ht 2:1: match ip6 src 2001:db8:b001::/48 flowid 1:1610
 # policies/isp-subscribers.csv:184:1: class c1158
 class add dev wan0 parent 1:1590 classid 1:1620 htb rate 250mbit ceil 500mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1620
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1620
 qdisc add dev wan0 parent 1:1620 handle 1620: sfq perturb 10
 # policies/isp-subscribers.csv:184:71: filter to 1:1620
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::5 u32 match ip src 198.51.100.16/29 flowid 1:1620
@@ -1436,7 +1436,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::5 u32 match ip src 198
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:2:2 u32 ht 2:2: match ip6 src 2001:db8:b002::/48 flowid 1:1620
 # policies/isp-subscribers.csv:185:1: class c1159
 class add dev wan0 parent 1:1590 classid 1:1630 htb rate 100mbit ceil 200mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1630
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1630
 qdisc add dev wan0 parent 1:1630 handle 1630: sfq perturb 10
 # policies/isp-subscribers.csv:185:67: filter to 1:1630
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::6 u32 match ip src 198.51.100.24/29 flowid 1:1630
@@ -1444,7 +1444,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::6 u32 match ip src 198
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:3:2 u32 ht 2:3: match ip6 src 2001:db8:b003::/48 flowid 1:1630
 # policies/isp-subscribers.csv:186:1: class c1160
 class add dev wan0 parent 1:1590 classid 1:1640 htb rate 250mbit ceil 500mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1640
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1640
 qdisc add dev wan0 parent 1:1640 handle 1640: sfq perturb 10
 # policies/isp-subscribers.csv:186:69: filter to 1:1640
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::7 u32 match ip src 198.51.100.32/29 flowid 1:1640
@@ -1452,7 +1452,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::7 u32 match ip src 198
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:4:2 u32 ht 2:4: match ip6 src 2001:db8:b004::/48 flowid 1:1640
 # policies/isp-subscribers.csv:187:1: class c1161
 class add dev wan0 parent 1:1590 classid 1:1650 htb rate 100mbit ceil 200mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1650
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1650
 qdisc add dev wan0 parent 1:1650 handle 1650: sfq perturb 10
 # policies/isp-subscribers.csv:187:66: filter to 1:1650
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::8 u32 match ip src 198.51.100.40/29 flowid 1:1650
@@ -1460,7 +1460,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::8 u32 match ip src 198
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:5:2 u32 ht 2:5: match ip6 src 2001:db8:b005::/48 flowid 1:1650
 # policies/isp-subscribers.csv:188:1: class c1162
 class add dev wan0 parent 1:1590 classid 1:1660 htb rate 100mbit ceil 200mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1660
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1660
 qdisc add dev wan0 parent 1:1660 handle 1660: sfq perturb 10
 # policies/isp-subscribers.csv:188:74: filter to 1:1660
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::9 u32 match ip src 198.51.100.48/29 flowid 1:1660
@@ -1468,7 +1468,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::9 u32 match ip src 198
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:6:2 u32 ht 2:6: match ip6 src 2001:db8:b006::/48 flowid 1:1660
 # policies/isp-subscribers.csv:189:1: class c1163
 class add dev wan0 parent 1:1590 classid 1:1670 htb rate 250mbit ceil 500mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1670
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1670
 qdisc add dev wan0 parent 1:1670 handle 1670: sfq perturb 10
 # policies/isp-subscribers.csv:189:73: filter to 1:1670
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::a u32 match ip src 198.51.100.56/29 flowid 1:1670
@@ -1476,7 +1476,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::a u32 match ip src 198
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:7:2 u32 ht 2:7: match ip6 src 2001:db8:b007::/48 flowid 1:1670
 # policies/isp-subscribers.csv:190:1: class c1164
 class add dev wan0 parent 1:1590 classid 1:1680 htb rate 250mbit ceil 500mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1680
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1680
 qdisc add dev wan0 parent 1:1680 handle 1680: sfq perturb 10
 # policies/isp-subscribers.csv:190:74: filter to 1:1680
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::b u32 match ip src 198.51.100.64/29 flowid 1:1680
@@ -1484,7 +1484,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::b u32 match ip src 198
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:8:2 u32 ht 2:8: match ip6 src 2001:db8:b008::/48 flowid 1:1680
 # policies/isp-subscribers.csv:191:1: class c1165
 class add dev wan0 parent 1:1590 classid 1:1690 htb rate 250mbit ceil 500mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1690
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1690
 qdisc add dev wan0 parent 1:1690 handle 1690: sfq perturb 10
 # policies/isp-subscribers.csv:191:76: filter to 1:1690
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::c u32 match ip src 198.51.100.72/29 flowid 1:1690
@@ -1492,7 +1492,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::c u32 match ip src 198
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:9:1 u32 ht 2:9: match ip6 src 2001:db8:b009::/48 flowid 1:1690
 # policies/isp-subscribers.csv:192:1: class c1166
 class add dev wan0 parent 1:1590 classid 1:1700 htb rate 100mbit ceil 200mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1700
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1700
 qdisc add dev wan0 parent 1:1700 handle 1700: sfq perturb 10
 # policies/isp-subscribers.csv:192:69: filter to 1:1700
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::d u32 match ip src 198.51.100.80/29 flowid 1:1700
@@ -1500,7 +1500,7 @@ filter add dev wan0 parent 1: protocol ip prio 1 handle ::d u32 match ip src 198
 filter add dev wan0 parent 1: protocol ipv6 prio 32769 handle 2:a:2 u32 ht 2:a: match ip6 src 2001:db8:b00a::/48 flowid 1:1700
 # policies/isp-subscribers.csv:193:1: class c1167
 class add dev wan0 parent 1:1590 classid 1:1710 htb rate 250mbit ceil 500mbit prio 1 quantum 200000
-# policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1710
+# policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1710
 qdisc add dev wan0 parent 1:1710 handle 1710: sfq perturb 10
 # policies/isp-subscribers.csv:193:79: filter to 1:1710
 filter add dev wan0 parent 1: protocol ip prio 1 handle ::e u32 match ip src 198.51.100.88/29 flowid 1:1710
@@ -1515,7 +1515,7 @@ TCDSL_BATCH
     case ${tcdsl_line%%[!0-9]*} in
     2) tcdsl_at='policies/isp-subscribers.tcp:13:12: interface wan0: htb qdisc' ;;
     4) tcdsl_at='policies/isp-subscribers.tcp:13:12: link class' ;;
-    6) tcdsl_at='policies/isp-subscribers.tcp:38:15: class unknown' ;;
+    6) tcdsl_at='policies/isp-subscribers.tcp:37:15: class unknown' ;;
     8) tcdsl_at='policies/isp-subscribers.tcp:14:15: class north' ;;
     10) tcdsl_at='policies/isp-subscribers.csv:2:1: class c1001' ;;
     12) tcdsl_at='policies/isp-subscribers.tcp:16:17: fq_codel qdisc of 1:20' ;;
@@ -1981,246 +1981,246 @@ TCDSL_BATCH
     932) tcdsl_at='policies/isp-subscribers.csv:127:81: filter to 1:1120' ;;
     934) tcdsl_at='policies/isp-subscribers.tcp:26:15: class fiber' ;;
     936) tcdsl_at='policies/isp-subscribers.csv:128:1: class c1111' ;;
-    938) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1140' ;;
+    938) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1140' ;;
     940) tcdsl_at='policies/isp-subscribers.csv:128:79: filter to 1:1140' ;;
     942) tcdsl_at='policies/isp-subscribers.csv:128:79: u32 table 3: (45 filters in 256 buckets by byte 15)' ;;
     944) tcdsl_at='policies/isp-subscribers.csv:128:79: filter to 1:1140' ;;
     946) tcdsl_at='policies/isp-subscribers.csv:129:1: class c1112' ;;
-    948) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1150' ;;
+    948) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1150' ;;
     950) tcdsl_at='policies/isp-subscribers.csv:129:76: filter to 1:1150' ;;
     952) tcdsl_at='policies/isp-subscribers.csv:129:76: filter to 1:1150' ;;
     954) tcdsl_at='policies/isp-subscribers.csv:130:1: class c1113' ;;
-    956) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1160' ;;
+    956) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1160' ;;
     958) tcdsl_at='policies/isp-subscribers.csv:130:73: filter to 1:1160' ;;
     960) tcdsl_at='policies/isp-subscribers.csv:130:73: filter to 1:1160' ;;
     962) tcdsl_at='policies/isp-subscribers.csv:131:1: class c1114' ;;
-    964) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1170' ;;
+    964) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1170' ;;
     966) tcdsl_at='policies/isp-subscribers.csv:131:79: filter to 1:1170' ;;
     968) tcdsl_at='policies/isp-subscribers.csv:131:79: filter to 1:1170' ;;
     970) tcdsl_at='policies/isp-subscribers.csv:132:1: class c1115' ;;
-    972) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1180' ;;
+    972) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1180' ;;
     974) tcdsl_at='policies/isp-subscribers.csv:132:81: filter to 1:1180' ;;
     976) tcdsl_at='policies/isp-subscribers.csv:132:81: filter to 1:1180' ;;
     978) tcdsl_at='policies/isp-subscribers.csv:133:1: class c1116' ;;
-    980) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1190' ;;
+    980) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1190' ;;
     982) tcdsl_at='policies/isp-subscribers.csv:133:81: filter to 1:1190' ;;
     984) tcdsl_at='policies/isp-subscribers.csv:133:81: filter to 1:1190' ;;
     986) tcdsl_at='policies/isp-subscribers.csv:134:1: class c1117' ;;
-    988) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1200' ;;
+    988) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1200' ;;
     990) tcdsl_at='policies/isp-subscribers.csv:134:79: filter to 1:1200' ;;
     992) tcdsl_at='policies/isp-subscribers.csv:134:79: filter to 1:1200' ;;
     994) tcdsl_at='policies/isp-subscribers.csv:135:1: class c1118' ;;
-    996) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1210' ;;
+    996) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1210' ;;
     998) tcdsl_at='policies/isp-subscribers.csv:135:78: filter to 1:1210' ;;
     1000) tcdsl_at='policies/isp-subscribers.csv:135:78: filter to 1:1210' ;;
     1002) tcdsl_at='policies/isp-subscribers.csv:136:81: filter to 1:1210' ;;
     1004) tcdsl_at='policies/isp-subscribers.csv:137:1: class c1119' ;;
-    1006) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1220' ;;
+    1006) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1220' ;;
     1008) tcdsl_at='policies/isp-subscribers.csv:137:86: filter to 1:1220' ;;
     1010) tcdsl_at='policies/isp-subscribers.csv:137:86: filter to 1:1220' ;;
     1012) tcdsl_at='policies/isp-subscribers.csv:138:1: class c1120' ;;
-    1014) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1230' ;;
+    1014) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1230' ;;
     1016) tcdsl_at='policies/isp-subscribers.csv:138:81: filter to 1:1230' ;;
     1018) tcdsl_at='policies/isp-subscribers.csv:138:81: filter to 1:1230' ;;
     1020) tcdsl_at='policies/isp-subscribers.csv:139:1: class c1121' ;;
-    1022) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1240' ;;
+    1022) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1240' ;;
     1024) tcdsl_at='policies/isp-subscribers.csv:139:79: filter to 1:1240' ;;
     1026) tcdsl_at='policies/isp-subscribers.csv:139:79: filter to 1:1240' ;;
     1028) tcdsl_at='policies/isp-subscribers.csv:140:82: filter to 1:1240' ;;
     1030) tcdsl_at='policies/isp-subscribers.csv:141:86: filter to 1:1240' ;;
     1032) tcdsl_at='policies/isp-subscribers.csv:141:86: filter to 1:1240' ;;
     1034) tcdsl_at='policies/isp-subscribers.csv:142:1: class c1122' ;;
-    1036) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1250' ;;
+    1036) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1250' ;;
     1038) tcdsl_at='policies/isp-subscribers.csv:142:85: filter to 1:1250' ;;
     1040) tcdsl_at='policies/isp-subscribers.csv:142:85: filter to 1:1250' ;;
     1042) tcdsl_at='policies/isp-subscribers.csv:143:88: filter to 1:1250' ;;
     1044) tcdsl_at='policies/isp-subscribers.csv:144:1: class c1123' ;;
-    1046) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1260' ;;
+    1046) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1260' ;;
     1048) tcdsl_at='policies/isp-subscribers.csv:144:78: filter to 1:1260' ;;
     1050) tcdsl_at='policies/isp-subscribers.csv:144:78: filter to 1:1260' ;;
     1052) tcdsl_at='policies/isp-subscribers.csv:145:1: class c1124' ;;
-    1054) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1270' ;;
+    1054) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1270' ;;
     1056) tcdsl_at='policies/isp-subscribers.csv:145:85: filter to 1:1270' ;;
     1058) tcdsl_at='policies/isp-subscribers.csv:145:85: filter to 1:1270' ;;
     1060) tcdsl_at='policies/isp-subscribers.csv:146:1: class c1125' ;;
-    1062) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1280' ;;
+    1062) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1280' ;;
     1064) tcdsl_at='policies/isp-subscribers.csv:146:81: filter to 1:1280' ;;
     1066) tcdsl_at='policies/isp-subscribers.csv:146:81: filter to 1:1280' ;;
     1068) tcdsl_at='policies/isp-subscribers.csv:147:1: class c1126' ;;
-    1070) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1290' ;;
+    1070) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1290' ;;
     1072) tcdsl_at='policies/isp-subscribers.csv:147:76: filter to 1:1290' ;;
     1074) tcdsl_at='policies/isp-subscribers.csv:147:76: filter to 1:1290' ;;
     1076) tcdsl_at='policies/isp-subscribers.csv:148:1: class c1127' ;;
-    1078) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1300' ;;
+    1078) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1300' ;;
     1080) tcdsl_at='policies/isp-subscribers.csv:148:85: filter to 1:1300' ;;
     1082) tcdsl_at='policies/isp-subscribers.csv:148:85: filter to 1:1300' ;;
     1084) tcdsl_at='policies/isp-subscribers.csv:149:1: class c1128' ;;
-    1086) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1310' ;;
+    1086) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1310' ;;
     1088) tcdsl_at='policies/isp-subscribers.csv:149:80: filter to 1:1310' ;;
     1090) tcdsl_at='policies/isp-subscribers.csv:149:80: filter to 1:1310' ;;
     1092) tcdsl_at='policies/isp-subscribers.csv:150:1: class c1129' ;;
-    1094) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1320' ;;
+    1094) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1320' ;;
     1096) tcdsl_at='policies/isp-subscribers.csv:150:74: filter to 1:1320' ;;
     1098) tcdsl_at='policies/isp-subscribers.csv:150:74: filter to 1:1320' ;;
     1100) tcdsl_at='policies/isp-subscribers.csv:151:1: class c1130' ;;
-    1102) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1330' ;;
+    1102) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1330' ;;
     1104) tcdsl_at='policies/isp-subscribers.csv:151:77: filter to 1:1330' ;;
     1106) tcdsl_at='policies/isp-subscribers.csv:151:77: filter to 1:1330' ;;
     1108) tcdsl_at='policies/isp-subscribers.csv:152:80: filter to 1:1330' ;;
     1110) tcdsl_at='policies/isp-subscribers.csv:153:84: filter to 1:1330' ;;
     1112) tcdsl_at='policies/isp-subscribers.csv:153:84: filter to 1:1330' ;;
     1114) tcdsl_at='policies/isp-subscribers.csv:154:1: class c1131' ;;
-    1116) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1340' ;;
+    1116) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1340' ;;
     1118) tcdsl_at='policies/isp-subscribers.csv:154:84: filter to 1:1340' ;;
     1120) tcdsl_at='policies/isp-subscribers.csv:154:84: filter to 1:1340' ;;
     1122) tcdsl_at='policies/isp-subscribers.csv:155:1: class c1132' ;;
-    1124) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1350' ;;
+    1124) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1350' ;;
     1126) tcdsl_at='policies/isp-subscribers.csv:155:81: filter to 1:1350' ;;
     1128) tcdsl_at='policies/isp-subscribers.csv:155:81: filter to 1:1350' ;;
     1130) tcdsl_at='policies/isp-subscribers.csv:156:1: class c1133' ;;
-    1132) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1360' ;;
+    1132) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1360' ;;
     1134) tcdsl_at='policies/isp-subscribers.csv:156:78: filter to 1:1360' ;;
     1136) tcdsl_at='policies/isp-subscribers.csv:156:78: filter to 1:1360' ;;
     1138) tcdsl_at='policies/isp-subscribers.csv:157:1: class c1134' ;;
-    1140) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1370' ;;
+    1140) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1370' ;;
     1142) tcdsl_at='policies/isp-subscribers.csv:157:80: filter to 1:1370' ;;
     1144) tcdsl_at='policies/isp-subscribers.csv:157:80: filter to 1:1370' ;;
     1146) tcdsl_at='policies/isp-subscribers.csv:158:1: class c1135' ;;
-    1148) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1380' ;;
+    1148) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1380' ;;
     1150) tcdsl_at='policies/isp-subscribers.csv:158:84: filter to 1:1380' ;;
     1152) tcdsl_at='policies/isp-subscribers.csv:158:84: filter to 1:1380' ;;
     1154) tcdsl_at='policies/isp-subscribers.csv:159:1: class c1136' ;;
-    1156) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1390' ;;
+    1156) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1390' ;;
     1158) tcdsl_at='policies/isp-subscribers.csv:159:79: filter to 1:1390' ;;
     1160) tcdsl_at='policies/isp-subscribers.csv:159:79: filter to 1:1390' ;;
     1162) tcdsl_at='policies/isp-subscribers.csv:160:1: class c1137' ;;
-    1164) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1400' ;;
+    1164) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1400' ;;
     1166) tcdsl_at='policies/isp-subscribers.csv:160:75: filter to 1:1400' ;;
     1168) tcdsl_at='policies/isp-subscribers.csv:160:75: filter to 1:1400' ;;
     1170) tcdsl_at='policies/isp-subscribers.csv:161:1: class c1138' ;;
-    1172) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1410' ;;
+    1172) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1410' ;;
     1174) tcdsl_at='policies/isp-subscribers.csv:161:82: filter to 1:1410' ;;
     1176) tcdsl_at='policies/isp-subscribers.csv:161:82: filter to 1:1410' ;;
     1178) tcdsl_at='policies/isp-subscribers.csv:162:1: class c1139' ;;
-    1180) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1420' ;;
+    1180) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1420' ;;
     1182) tcdsl_at='policies/isp-subscribers.csv:162:81: filter to 1:1420' ;;
     1184) tcdsl_at='policies/isp-subscribers.csv:162:81: filter to 1:1420' ;;
     1186) tcdsl_at='policies/isp-subscribers.csv:163:1: class c1140' ;;
-    1188) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1430' ;;
+    1188) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1430' ;;
     1190) tcdsl_at='policies/isp-subscribers.csv:163:75: filter to 1:1430' ;;
     1192) tcdsl_at='policies/isp-subscribers.csv:163:75: filter to 1:1430' ;;
     1194) tcdsl_at='policies/isp-subscribers.csv:164:1: class c1141' ;;
-    1196) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1440' ;;
+    1196) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1440' ;;
     1198) tcdsl_at='policies/isp-subscribers.csv:164:82: filter to 1:1440' ;;
     1200) tcdsl_at='policies/isp-subscribers.csv:164:82: filter to 1:1440' ;;
     1202) tcdsl_at='policies/isp-subscribers.csv:165:1: class c1142' ;;
-    1204) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1450' ;;
+    1204) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1450' ;;
     1206) tcdsl_at='policies/isp-subscribers.csv:165:86: filter to 1:1450' ;;
     1208) tcdsl_at='policies/isp-subscribers.csv:165:86: filter to 1:1450' ;;
     1210) tcdsl_at='policies/isp-subscribers.csv:166:1: class c1143' ;;
-    1212) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1460' ;;
+    1212) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1460' ;;
     1214) tcdsl_at='policies/isp-subscribers.csv:166:78: filter to 1:1460' ;;
     1216) tcdsl_at='policies/isp-subscribers.csv:166:78: filter to 1:1460' ;;
     1218) tcdsl_at='policies/isp-subscribers.csv:167:1: class c1144' ;;
-    1220) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1470' ;;
+    1220) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1470' ;;
     1222) tcdsl_at='policies/isp-subscribers.csv:167:86: filter to 1:1470' ;;
     1224) tcdsl_at='policies/isp-subscribers.csv:167:86: filter to 1:1470' ;;
     1226) tcdsl_at='policies/isp-subscribers.csv:168:89: filter to 1:1470' ;;
     1228) tcdsl_at='policies/isp-subscribers.csv:169:1: class c1145' ;;
-    1230) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1480' ;;
+    1230) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1480' ;;
     1232) tcdsl_at='policies/isp-subscribers.csv:169:79: filter to 1:1480' ;;
     1234) tcdsl_at='policies/isp-subscribers.csv:169:79: filter to 1:1480' ;;
     1236) tcdsl_at='policies/isp-subscribers.csv:170:1: class c1146' ;;
-    1238) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1490' ;;
+    1238) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1490' ;;
     1240) tcdsl_at='policies/isp-subscribers.csv:170:78: filter to 1:1490' ;;
     1242) tcdsl_at='policies/isp-subscribers.csv:170:78: filter to 1:1490' ;;
     1244) tcdsl_at='policies/isp-subscribers.csv:171:1: class c1147' ;;
-    1246) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1500' ;;
+    1246) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1500' ;;
     1248) tcdsl_at='policies/isp-subscribers.csv:171:86: filter to 1:1500' ;;
     1250) tcdsl_at='policies/isp-subscribers.csv:171:86: filter to 1:1500' ;;
     1252) tcdsl_at='policies/isp-subscribers.csv:172:1: class c1148' ;;
-    1254) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1510' ;;
+    1254) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1510' ;;
     1256) tcdsl_at='policies/isp-subscribers.csv:172:82: filter to 1:1510' ;;
     1258) tcdsl_at='policies/isp-subscribers.csv:172:82: filter to 1:1510' ;;
     1260) tcdsl_at='policies/isp-subscribers.csv:173:1: class c1149' ;;
-    1262) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1520' ;;
+    1262) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1520' ;;
     1264) tcdsl_at='policies/isp-subscribers.csv:173:74: filter to 1:1520' ;;
     1266) tcdsl_at='policies/isp-subscribers.csv:173:74: filter to 1:1520' ;;
     1268) tcdsl_at='policies/isp-subscribers.csv:174:1: class c1150' ;;
-    1270) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1530' ;;
+    1270) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1530' ;;
     1272) tcdsl_at='policies/isp-subscribers.csv:174:76: filter to 1:1530' ;;
     1274) tcdsl_at='policies/isp-subscribers.csv:174:76: filter to 1:1530' ;;
     1276) tcdsl_at='policies/isp-subscribers.csv:175:1: class c1151' ;;
-    1278) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1540' ;;
+    1278) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1540' ;;
     1280) tcdsl_at='policies/isp-subscribers.csv:175:85: filter to 1:1540' ;;
     1282) tcdsl_at='policies/isp-subscribers.csv:175:85: filter to 1:1540' ;;
     1284) tcdsl_at='policies/isp-subscribers.csv:176:1: class c1152' ;;
-    1286) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1550' ;;
+    1286) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1550' ;;
     1288) tcdsl_at='policies/isp-subscribers.csv:176:79: filter to 1:1550' ;;
     1290) tcdsl_at='policies/isp-subscribers.csv:176:79: filter to 1:1550' ;;
     1292) tcdsl_at='policies/isp-subscribers.csv:177:1: class c1153' ;;
-    1294) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1560' ;;
+    1294) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1560' ;;
     1296) tcdsl_at='policies/isp-subscribers.csv:177:79: filter to 1:1560' ;;
     1298) tcdsl_at='policies/isp-subscribers.csv:177:79: filter to 1:1560' ;;
     1300) tcdsl_at='policies/isp-subscribers.csv:178:1: class c1154' ;;
-    1302) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1570' ;;
+    1302) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1570' ;;
     1304) tcdsl_at='policies/isp-subscribers.csv:178:78: filter to 1:1570' ;;
     1306) tcdsl_at='policies/isp-subscribers.csv:178:78: filter to 1:1570' ;;
     1308) tcdsl_at='policies/isp-subscribers.csv:179:81: filter to 1:1570' ;;
     1310) tcdsl_at='policies/isp-subscribers.csv:180:1: class c1155' ;;
-    1312) tcdsl_at='policies/isp-subscribers.tcp:30:17: fq_codel qdisc of 1:1580' ;;
+    1312) tcdsl_at='policies/isp-subscribers.tcp:29:17: fq_codel qdisc of 1:1580' ;;
     1314) tcdsl_at='policies/isp-subscribers.csv:180:79: filter to 1:1580' ;;
     1316) tcdsl_at='policies/isp-subscribers.csv:2:81: link to u32 table 1: (184 filters in 256 buckets by byte 15)' ;;
     1318) tcdsl_at='policies/isp-subscribers.csv:180:79: filter to 1:1580' ;;
     1320) tcdsl_at='policies/isp-subscribers.csv:128:79: link to u32 table 3: (45 filters in 256 buckets by byte 15)' ;;
-    1322) tcdsl_at='policies/isp-subscribers.tcp:33:15: class business' ;;
+    1322) tcdsl_at='policies/isp-subscribers.tcp:32:15: class business' ;;
     1324) tcdsl_at='policies/isp-subscribers.csv:181:1: class c1156' ;;
-    1326) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1600' ;;
+    1326) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1600' ;;
     1328) tcdsl_at='policies/isp-subscribers.csv:181:74: filter to 1:1600' ;;
     1330) tcdsl_at='policies/isp-subscribers.csv:181:74: filter to 1:1600' ;;
     1332) tcdsl_at='policies/isp-subscribers.csv:182:77: filter to 1:1600' ;;
     1334) tcdsl_at='policies/isp-subscribers.csv:183:1: class c1157' ;;
-    1336) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1610' ;;
+    1336) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1610' ;;
     1338) tcdsl_at='policies/isp-subscribers.csv:183:65: filter to 1:1610' ;;
     1340) tcdsl_at='policies/isp-subscribers.csv:183:65: filter to 1:1610' ;;
     1342) tcdsl_at='policies/isp-subscribers.csv:184:1: class c1158' ;;
-    1344) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1620' ;;
+    1344) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1620' ;;
     1346) tcdsl_at='policies/isp-subscribers.csv:184:71: filter to 1:1620' ;;
     1348) tcdsl_at='policies/isp-subscribers.csv:184:71: filter to 1:1620' ;;
     1350) tcdsl_at='policies/isp-subscribers.csv:185:1: class c1159' ;;
-    1352) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1630' ;;
+    1352) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1630' ;;
     1354) tcdsl_at='policies/isp-subscribers.csv:185:67: filter to 1:1630' ;;
     1356) tcdsl_at='policies/isp-subscribers.csv:185:67: filter to 1:1630' ;;
     1358) tcdsl_at='policies/isp-subscribers.csv:186:1: class c1160' ;;
-    1360) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1640' ;;
+    1360) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1640' ;;
     1362) tcdsl_at='policies/isp-subscribers.csv:186:69: filter to 1:1640' ;;
     1364) tcdsl_at='policies/isp-subscribers.csv:186:69: filter to 1:1640' ;;
     1366) tcdsl_at='policies/isp-subscribers.csv:187:1: class c1161' ;;
-    1368) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1650' ;;
+    1368) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1650' ;;
     1370) tcdsl_at='policies/isp-subscribers.csv:187:66: filter to 1:1650' ;;
     1372) tcdsl_at='policies/isp-subscribers.csv:187:66: filter to 1:1650' ;;
     1374) tcdsl_at='policies/isp-subscribers.csv:188:1: class c1162' ;;
-    1376) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1660' ;;
+    1376) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1660' ;;
     1378) tcdsl_at='policies/isp-subscribers.csv:188:74: filter to 1:1660' ;;
     1380) tcdsl_at='policies/isp-subscribers.csv:188:74: filter to 1:1660' ;;
     1382) tcdsl_at='policies/isp-subscribers.csv:189:1: class c1163' ;;
-    1384) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1670' ;;
+    1384) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1670' ;;
     1386) tcdsl_at='policies/isp-subscribers.csv:189:73: filter to 1:1670' ;;
     1388) tcdsl_at='policies/isp-subscribers.csv:189:73: filter to 1:1670' ;;
     1390) tcdsl_at='policies/isp-subscribers.csv:190:1: class c1164' ;;
-    1392) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1680' ;;
+    1392) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1680' ;;
     1394) tcdsl_at='policies/isp-subscribers.csv:190:74: filter to 1:1680' ;;
     1396) tcdsl_at='policies/isp-subscribers.csv:190:74: filter to 1:1680' ;;
     1398) tcdsl_at='policies/isp-subscribers.csv:191:1: class c1165' ;;
-    1400) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1690' ;;
+    1400) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1690' ;;
     1402) tcdsl_at='policies/isp-subscribers.csv:191:76: filter to 1:1690' ;;
     1404) tcdsl_at='policies/isp-subscribers.csv:191:76: filter to 1:1690' ;;
     1406) tcdsl_at='policies/isp-subscribers.csv:192:1: class c1166' ;;
-    1408) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1700' ;;
+    1408) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1700' ;;
     1410) tcdsl_at='policies/isp-subscribers.csv:192:69: filter to 1:1700' ;;
     1412) tcdsl_at='policies/isp-subscribers.csv:192:69: filter to 1:1700' ;;
     1414) tcdsl_at='policies/isp-subscribers.csv:193:1: class c1167' ;;
-    1416) tcdsl_at='policies/isp-subscribers.tcp:35:17: sfq qdisc of 1:1710' ;;
+    1416) tcdsl_at='policies/isp-subscribers.tcp:34:17: sfq qdisc of 1:1710' ;;
     1418) tcdsl_at='policies/isp-subscribers.csv:193:79: filter to 1:1710' ;;
     1420) tcdsl_at='policies/isp-subscribers.csv:193:79: filter to 1:1710' ;;
     1422) tcdsl_at='policies/isp-subscribers.csv:2:81: link to u32 table 2: (167 filters in 256 buckets by byte 13)' ;;
@@ -2240,24 +2240,24 @@ tc qdisc del dev wan0 ingress 2>/dev/null || true
 ! tcdsl_is_ifb ifb4wan0 || ip link del dev ifb4wan0
 tcdsl_unmark TCDSL-ifb4wan0
 nft delete table inet tcdsl_ifb4wan0 2>/dev/null || true
-tcdsl_at='policies/isp-subscribers.tcp:40:5: interface wan0: download via ifb4wan0'
+tcdsl_at='policies/isp-subscribers.tcp:39:5: interface wan0: download via ifb4wan0'
 ip link add ifb4wan0 txqueuelen 1000 type ifb
-tcdsl_at='policies/isp-subscribers.tcp:40:5: interface wan0: download via ifb4wan0'
+tcdsl_at='policies/isp-subscribers.tcp:39:5: interface wan0: download via ifb4wan0'
 ip link set dev ifb4wan0 up
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface ifb4wan0: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
-# policies/isp-subscribers.tcp:40:14: interface ifb4wan0: htb qdisc
+# policies/isp-subscribers.tcp:39:14: interface ifb4wan0: htb qdisc
 qdisc add dev ifb4wan0 root handle 1: htb default 1720 r2q 200
-# policies/isp-subscribers.tcp:40:14: link class
+# policies/isp-subscribers.tcp:39:14: link class
 class add dev ifb4wan0 parent 1: classid 1:1 htb rate 10gbit burst 1221k cburst 1221k quantum 200000
-# policies/isp-subscribers.tcp:64:15: class unknown
+# policies/isp-subscribers.tcp:62:15: class unknown
 class add dev ifb4wan0 parent 1:1 classid 1:1720 htb rate 10mbit ceil 100mbit prio 7
-# policies/isp-subscribers.tcp:41:15: class north
+# policies/isp-subscribers.tcp:40:15: class north
 class add dev ifb4wan0 parent 1:1 classid 1:10 htb rate 1gbit ceil 3gbit burst 123k cburst 367k prio 2 quantum 200000
 # policies/isp-subscribers.csv:2:1: class c1001
 class add dev ifb4wan0 parent 1:10 classid 1:20 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:20
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:20
 qdisc add dev ifb4wan0 parent 1:20 handle 20: fq_codel
 # policies/isp-subscribers.csv:2:81: u32 table 1: (184 filters in 256 buckets by byte 19)
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1: u32 divisor 256
@@ -2269,7 +2269,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2: u32 divisor
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:1:1 u32 ht 2:1: match ip6 dst 2001:db8:1001::/56 flowid 1:20
 # policies/isp-subscribers.csv:3:1: class c1002
 class add dev ifb4wan0 parent 1:10 classid 1:30 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:30
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:30
 qdisc add dev ifb4wan0 parent 1:30 handle 30: fq_codel
 # policies/isp-subscribers.csv:3:83: filter to 1:30
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2:1 u32 ht 1:2: match ip dst 100.65.0.2 flowid 1:30
@@ -2277,7 +2277,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2:1 u32 ht 1:2: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:2:1 u32 ht 2:2: match ip6 dst 2001:db8:1002::/56 flowid 1:30
 # policies/isp-subscribers.csv:4:1: class c1003
 class add dev ifb4wan0 parent 1:10 classid 1:40 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:40
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:40
 qdisc add dev ifb4wan0 parent 1:40 handle 40: fq_codel
 # policies/isp-subscribers.csv:4:73: filter to 1:40
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3:1 u32 ht 1:3: match ip dst 100.65.0.3 flowid 1:40
@@ -2285,7 +2285,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3:1 u32 ht 1:3: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:3:1 u32 ht 2:3: match ip6 dst 2001:db8:1003::/56 flowid 1:40
 # policies/isp-subscribers.csv:5:1: class c1004
 class add dev ifb4wan0 parent 1:10 classid 1:50 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:50
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:50
 qdisc add dev ifb4wan0 parent 1:50 handle 50: fq_codel
 # policies/isp-subscribers.csv:5:75: filter to 1:50
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4:1 u32 ht 1:4: match ip dst 100.65.0.4 flowid 1:50
@@ -2293,7 +2293,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4:1 u32 ht 1:4: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:4:1 u32 ht 2:4: match ip6 dst 2001:db8:1004::/56 flowid 1:50
 # policies/isp-subscribers.csv:6:1: class c1005
 class add dev ifb4wan0 parent 1:10 classid 1:60 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:60
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:60
 qdisc add dev ifb4wan0 parent 1:60 handle 60: fq_codel
 # policies/isp-subscribers.csv:6:77: filter to 1:60
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5:1 u32 ht 1:5: match ip dst 100.65.0.5 flowid 1:60
@@ -2301,7 +2301,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5:1 u32 ht 1:5: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:5:1 u32 ht 2:5: match ip6 dst 2001:db8:1005::/56 flowid 1:60
 # policies/isp-subscribers.csv:7:1: class c1006
 class add dev ifb4wan0 parent 1:10 classid 1:70 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:70
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:70
 qdisc add dev ifb4wan0 parent 1:70 handle 70: fq_codel
 # policies/isp-subscribers.csv:7:81: filter to 1:70
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6:1 u32 ht 1:6: match ip dst 100.65.0.6 flowid 1:70
@@ -2309,7 +2309,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6:1 u32 ht 1:6: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:6:1 u32 ht 2:6: match ip6 dst 2001:db8:1006::/56 flowid 1:70
 # policies/isp-subscribers.csv:8:1: class c1007
 class add dev ifb4wan0 parent 1:10 classid 1:80 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:80
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:80
 qdisc add dev ifb4wan0 parent 1:80 handle 80: fq_codel
 # policies/isp-subscribers.csv:8:79: filter to 1:80
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7:1 u32 ht 1:7: match ip dst 100.65.0.7 flowid 1:80
@@ -2317,7 +2317,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7:1 u32 ht 1:7: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:7:1 u32 ht 2:7: match ip6 dst 2001:db8:1007::/56 flowid 1:80
 # policies/isp-subscribers.csv:9:1: class c1008
 class add dev ifb4wan0 parent 1:10 classid 1:90 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:90
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:90
 qdisc add dev ifb4wan0 parent 1:90 handle 90: fq_codel
 # policies/isp-subscribers.csv:9:82: filter to 1:90
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:8:1 u32 ht 1:8: match ip dst 100.65.0.8 flowid 1:90
@@ -2327,7 +2327,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:8:1 u32 ht 2
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9:1 u32 ht 1:9: match ip dst 100.65.0.9 flowid 1:90
 # policies/isp-subscribers.csv:11:1: class c1009
 class add dev ifb4wan0 parent 1:10 classid 1:100 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:100
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:100
 qdisc add dev ifb4wan0 parent 1:100 handle 100: fq_codel
 # policies/isp-subscribers.csv:11:82: filter to 1:100
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a:1 u32 ht 1:a: match ip dst 100.65.0.10 flowid 1:100
@@ -2335,7 +2335,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a:1 u32 ht 1:a: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:a:1 u32 ht 2:a: match ip6 dst 2001:db8:100a::/56 flowid 1:100
 # policies/isp-subscribers.csv:12:1: class c1010
 class add dev ifb4wan0 parent 1:10 classid 1:110 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:110
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:110
 qdisc add dev ifb4wan0 parent 1:110 handle 110: fq_codel
 # policies/isp-subscribers.csv:12:81: filter to 1:110
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:b:1 u32 ht 1:b: match ip dst 100.65.0.11 flowid 1:110
@@ -2343,7 +2343,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:b:1 u32 ht 1:b: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:b:1 u32 ht 2:b: match ip6 dst 2001:db8:100b::/56 flowid 1:110
 # policies/isp-subscribers.csv:13:1: class c1011
 class add dev ifb4wan0 parent 1:10 classid 1:120 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:120
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:120
 qdisc add dev ifb4wan0 parent 1:120 handle 120: fq_codel
 # policies/isp-subscribers.csv:13:77: filter to 1:120
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:c:1 u32 ht 1:c: match ip dst 100.65.0.12 flowid 1:120
@@ -2351,7 +2351,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:c:1 u32 ht 1:c: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:c:1 u32 ht 2:c: match ip6 dst 2001:db8:100c::/56 flowid 1:120
 # policies/isp-subscribers.csv:14:1: class c1012
 class add dev ifb4wan0 parent 1:10 classid 1:130 htb rate 5mbit ceil 50mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:130
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:130
 qdisc add dev ifb4wan0 parent 1:130 handle 130: fq_codel
 # policies/isp-subscribers.csv:14:76: filter to 1:130
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:d:1 u32 ht 1:d: match ip dst 100.65.0.13 flowid 1:130
@@ -2359,7 +2359,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:d:1 u32 ht 1:d: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:d:1 u32 ht 2:d: match ip6 dst 2001:db8:100d::/56 flowid 1:130
 # policies/isp-subscribers.csv:15:1: class c1013
 class add dev ifb4wan0 parent 1:10 classid 1:140 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:140
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:140
 qdisc add dev ifb4wan0 parent 1:140 handle 140: fq_codel
 # policies/isp-subscribers.csv:15:82: filter to 1:140
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:e:1 u32 ht 1:e: match ip dst 100.65.0.14 flowid 1:140
@@ -2367,7 +2367,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:e:1 u32 ht 1:e: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:e:1 u32 ht 2:e: match ip6 dst 2001:db8:100e::/56 flowid 1:140
 # policies/isp-subscribers.csv:16:1: class c1014
 class add dev ifb4wan0 parent 1:10 classid 1:150 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:150
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:150
 qdisc add dev ifb4wan0 parent 1:150 handle 150: fq_codel
 # policies/isp-subscribers.csv:16:77: filter to 1:150
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:f:1 u32 ht 1:f: match ip dst 100.65.0.15 flowid 1:150
@@ -2375,7 +2375,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:f:1 u32 ht 1:f: ma
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:f:1 u32 ht 2:f: match ip6 dst 2001:db8:100f::/56 flowid 1:150
 # policies/isp-subscribers.csv:17:1: class c1015
 class add dev ifb4wan0 parent 1:10 classid 1:160 htb rate 5mbit ceil 50mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:160
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:160
 qdisc add dev ifb4wan0 parent 1:160 handle 160: fq_codel
 # policies/isp-subscribers.csv:17:79: filter to 1:160
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:10:1 u32 ht 1:10: match ip dst 100.65.0.16 flowid 1:160
@@ -2385,7 +2385,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:10:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:11:1 u32 ht 1:11: match ip dst 100.65.0.17 flowid 1:160
 # policies/isp-subscribers.csv:19:1: class c1016
 class add dev ifb4wan0 parent 1:10 classid 1:170 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:170
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:170
 qdisc add dev ifb4wan0 parent 1:170 handle 170: fq_codel
 # policies/isp-subscribers.csv:19:80: filter to 1:170
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:12:1 u32 ht 1:12: match ip dst 100.65.0.18 flowid 1:170
@@ -2393,7 +2393,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:12:1 u32 ht 1:12: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:12:1 u32 ht 2:12: match ip6 dst 2001:db8:1012::/56 flowid 1:170
 # policies/isp-subscribers.csv:20:1: class c1017
 class add dev ifb4wan0 parent 1:10 classid 1:180 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:180
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:180
 qdisc add dev ifb4wan0 parent 1:180 handle 180: fq_codel
 # policies/isp-subscribers.csv:20:77: filter to 1:180
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:13:1 u32 ht 1:13: match ip dst 100.65.0.19 flowid 1:180
@@ -2401,7 +2401,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:13:1 u32 ht 1:13: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:13:1 u32 ht 2:13: match ip6 dst 2001:db8:1013::/56 flowid 1:180
 # policies/isp-subscribers.csv:21:1: class c1018
 class add dev ifb4wan0 parent 1:10 classid 1:190 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:190
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:190
 qdisc add dev ifb4wan0 parent 1:190 handle 190: fq_codel
 # policies/isp-subscribers.csv:21:77: filter to 1:190
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:14:1 u32 ht 1:14: match ip dst 100.65.0.20 flowid 1:190
@@ -2409,7 +2409,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:14:1 u32 ht 1:14: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:14:1 u32 ht 2:14: match ip6 dst 2001:db8:1014::/56 flowid 1:190
 # policies/isp-subscribers.csv:22:1: class c1019
 class add dev ifb4wan0 parent 1:10 classid 1:200 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:200
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:200
 qdisc add dev ifb4wan0 parent 1:200 handle 200: fq_codel
 # policies/isp-subscribers.csv:22:78: filter to 1:200
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:15:1 u32 ht 1:15: match ip dst 100.65.0.21 flowid 1:200
@@ -2417,7 +2417,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:15:1 u32 ht 1:15: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:15:1 u32 ht 2:15: match ip6 dst 2001:db8:1015::/56 flowid 1:200
 # policies/isp-subscribers.csv:23:1: class c1020
 class add dev ifb4wan0 parent 1:10 classid 1:210 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:210
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:210
 qdisc add dev ifb4wan0 parent 1:210 handle 210: fq_codel
 # policies/isp-subscribers.csv:23:77: filter to 1:210
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:16:1 u32 ht 1:16: match ip dst 100.65.0.22 flowid 1:210
@@ -2425,7 +2425,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:16:1 u32 ht 1:16: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:16:1 u32 ht 2:16: match ip6 dst 2001:db8:1016::/56 flowid 1:210
 # policies/isp-subscribers.csv:24:1: class c1021
 class add dev ifb4wan0 parent 1:10 classid 1:220 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:220
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:220
 qdisc add dev ifb4wan0 parent 1:220 handle 220: fq_codel
 # policies/isp-subscribers.csv:24:77: filter to 1:220
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:17:1 u32 ht 1:17: match ip dst 100.65.0.23 flowid 1:220
@@ -2433,7 +2433,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:17:1 u32 ht 1:17: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:17:1 u32 ht 2:17: match ip6 dst 2001:db8:1017::/56 flowid 1:220
 # policies/isp-subscribers.csv:25:1: class c1022
 class add dev ifb4wan0 parent 1:10 classid 1:230 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:230
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:230
 qdisc add dev ifb4wan0 parent 1:230 handle 230: fq_codel
 # policies/isp-subscribers.csv:25:74: filter to 1:230
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:18:1 u32 ht 1:18: match ip dst 100.65.0.24 flowid 1:230
@@ -2441,7 +2441,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:18:1 u32 ht 1:18: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:18:1 u32 ht 2:18: match ip6 dst 2001:db8:1018::/56 flowid 1:230
 # policies/isp-subscribers.csv:26:1: class c1023
 class add dev ifb4wan0 parent 1:10 classid 1:240 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:240
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:240
 qdisc add dev ifb4wan0 parent 1:240 handle 240: fq_codel
 # policies/isp-subscribers.csv:26:82: filter to 1:240
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:19:1 u32 ht 1:19: match ip dst 100.65.0.25 flowid 1:240
@@ -2449,7 +2449,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:19:1 u32 ht 1:19: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:19:1 u32 ht 2:19: match ip6 dst 2001:db8:1019::/56 flowid 1:240
 # policies/isp-subscribers.csv:27:1: class c1024
 class add dev ifb4wan0 parent 1:10 classid 1:250 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:250
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:250
 qdisc add dev ifb4wan0 parent 1:250 handle 250: fq_codel
 # policies/isp-subscribers.csv:27:83: filter to 1:250
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1a:1 u32 ht 1:1a: match ip dst 100.65.0.26 flowid 1:250
@@ -2457,7 +2457,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1a:1 u32 ht 1:1a: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:1a:1 u32 ht 2:1a: match ip6 dst 2001:db8:101a::/56 flowid 1:250
 # policies/isp-subscribers.csv:28:1: class c1025
 class add dev ifb4wan0 parent 1:10 classid 1:260 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:260
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:260
 qdisc add dev ifb4wan0 parent 1:260 handle 260: fq_codel
 # policies/isp-subscribers.csv:28:82: filter to 1:260
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1b:1 u32 ht 1:1b: match ip dst 100.65.0.27 flowid 1:260
@@ -2465,7 +2465,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1b:1 u32 ht 1:1b: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:1b:1 u32 ht 2:1b: match ip6 dst 2001:db8:101b::/56 flowid 1:260
 # policies/isp-subscribers.csv:29:1: class c1026
 class add dev ifb4wan0 parent 1:10 classid 1:270 htb rate 5mbit ceil 50mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:270
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:270
 qdisc add dev ifb4wan0 parent 1:270 handle 270: fq_codel
 # policies/isp-subscribers.csv:29:73: filter to 1:270
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1c:1 u32 ht 1:1c: match ip dst 100.65.0.28 flowid 1:270
@@ -2473,7 +2473,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1c:1 u32 ht 1:1c: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:1c:1 u32 ht 2:1c: match ip6 dst 2001:db8:101c::/56 flowid 1:270
 # policies/isp-subscribers.csv:30:1: class c1027
 class add dev ifb4wan0 parent 1:10 classid 1:280 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:280
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:280
 qdisc add dev ifb4wan0 parent 1:280 handle 280: fq_codel
 # policies/isp-subscribers.csv:30:73: filter to 1:280
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1d:1 u32 ht 1:1d: match ip dst 100.65.0.29 flowid 1:280
@@ -2481,7 +2481,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1d:1 u32 ht 1:1d: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:1d:1 u32 ht 2:1d: match ip6 dst 2001:db8:101d::/56 flowid 1:280
 # policies/isp-subscribers.csv:31:1: class c1028
 class add dev ifb4wan0 parent 1:10 classid 1:290 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:290
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:290
 qdisc add dev ifb4wan0 parent 1:290 handle 290: fq_codel
 # policies/isp-subscribers.csv:31:78: filter to 1:290
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1e:1 u32 ht 1:1e: match ip dst 100.65.0.30 flowid 1:290
@@ -2489,7 +2489,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1e:1 u32 ht 1:1e: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:1e:1 u32 ht 2:1e: match ip6 dst 2001:db8:101e::/56 flowid 1:290
 # policies/isp-subscribers.csv:32:1: class c1029
 class add dev ifb4wan0 parent 1:10 classid 1:300 htb rate 5mbit ceil 50mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:300
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:300
 qdisc add dev ifb4wan0 parent 1:300 handle 300: fq_codel
 # policies/isp-subscribers.csv:32:82: filter to 1:300
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1f:1 u32 ht 1:1f: match ip dst 100.65.0.31 flowid 1:300
@@ -2497,7 +2497,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:1f:1 u32 ht 1:1f: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:1f:1 u32 ht 2:1f: match ip6 dst 2001:db8:101f::/56 flowid 1:300
 # policies/isp-subscribers.csv:33:1: class c1030
 class add dev ifb4wan0 parent 1:10 classid 1:310 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:310
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:310
 qdisc add dev ifb4wan0 parent 1:310 handle 310: fq_codel
 # policies/isp-subscribers.csv:33:80: filter to 1:310
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:20:1 u32 ht 1:20: match ip dst 100.65.0.32 flowid 1:310
@@ -2505,7 +2505,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:20:1 u32 ht 1:20: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:20:1 u32 ht 2:20: match ip6 dst 2001:db8:1020::/56 flowid 1:310
 # policies/isp-subscribers.csv:34:1: class c1031
 class add dev ifb4wan0 parent 1:10 classid 1:320 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:320
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:320
 qdisc add dev ifb4wan0 parent 1:320 handle 320: fq_codel
 # policies/isp-subscribers.csv:34:78: filter to 1:320
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:21:1 u32 ht 1:21: match ip dst 100.65.0.33 flowid 1:320
@@ -2513,7 +2513,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:21:1 u32 ht 1:21: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:21:1 u32 ht 2:21: match ip6 dst 2001:db8:1021::/56 flowid 1:320
 # policies/isp-subscribers.csv:35:1: class c1032
 class add dev ifb4wan0 parent 1:10 classid 1:330 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:330
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:330
 qdisc add dev ifb4wan0 parent 1:330 handle 330: fq_codel
 # policies/isp-subscribers.csv:35:78: filter to 1:330
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:22:1 u32 ht 1:22: match ip dst 100.65.0.34 flowid 1:330
@@ -2521,7 +2521,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:22:1 u32 ht 1:22: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:22:1 u32 ht 2:22: match ip6 dst 2001:db8:1022::/56 flowid 1:330
 # policies/isp-subscribers.csv:36:1: class c1033
 class add dev ifb4wan0 parent 1:10 classid 1:340 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:340
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:340
 qdisc add dev ifb4wan0 parent 1:340 handle 340: fq_codel
 # policies/isp-subscribers.csv:36:79: filter to 1:340
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:23:1 u32 ht 1:23: match ip dst 100.65.0.35 flowid 1:340
@@ -2529,7 +2529,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:23:1 u32 ht 1:23: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:23:1 u32 ht 2:23: match ip6 dst 2001:db8:1023::/56 flowid 1:340
 # policies/isp-subscribers.csv:37:1: class c1034
 class add dev ifb4wan0 parent 1:10 classid 1:350 htb rate 5mbit ceil 50mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:350
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:350
 qdisc add dev ifb4wan0 parent 1:350 handle 350: fq_codel
 # policies/isp-subscribers.csv:37:78: filter to 1:350
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:24:1 u32 ht 1:24: match ip dst 100.65.0.36 flowid 1:350
@@ -2537,7 +2537,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:24:1 u32 ht 1:24: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:24:1 u32 ht 2:24: match ip6 dst 2001:db8:1024::/56 flowid 1:350
 # policies/isp-subscribers.csv:38:1: class c1035
 class add dev ifb4wan0 parent 1:10 classid 1:360 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:360
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:360
 qdisc add dev ifb4wan0 parent 1:360 handle 360: fq_codel
 # policies/isp-subscribers.csv:38:80: filter to 1:360
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:25:1 u32 ht 1:25: match ip dst 100.65.0.37 flowid 1:360
@@ -2545,7 +2545,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:25:1 u32 ht 1:25: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:25:1 u32 ht 2:25: match ip6 dst 2001:db8:1025::/56 flowid 1:360
 # policies/isp-subscribers.csv:39:1: class c1036
 class add dev ifb4wan0 parent 1:10 classid 1:370 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:370
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:370
 qdisc add dev ifb4wan0 parent 1:370 handle 370: fq_codel
 # policies/isp-subscribers.csv:39:80: filter to 1:370
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:26:1 u32 ht 1:26: match ip dst 100.65.0.38 flowid 1:370
@@ -2553,7 +2553,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:26:1 u32 ht 1:26: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:26:1 u32 ht 2:26: match ip6 dst 2001:db8:1026::/56 flowid 1:370
 # policies/isp-subscribers.csv:40:1: class c1037
 class add dev ifb4wan0 parent 1:10 classid 1:380 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:380
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:380
 qdisc add dev ifb4wan0 parent 1:380 handle 380: fq_codel
 # policies/isp-subscribers.csv:40:76: filter to 1:380
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:27:1 u32 ht 1:27: match ip dst 100.65.0.39 flowid 1:380
@@ -2561,7 +2561,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:27:1 u32 ht 1:27: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:27:1 u32 ht 2:27: match ip6 dst 2001:db8:1027::/56 flowid 1:380
 # policies/isp-subscribers.csv:41:1: class c1038
 class add dev ifb4wan0 parent 1:10 classid 1:390 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:390
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:390
 qdisc add dev ifb4wan0 parent 1:390 handle 390: fq_codel
 # policies/isp-subscribers.csv:41:76: filter to 1:390
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:28:1 u32 ht 1:28: match ip dst 100.65.0.40 flowid 1:390
@@ -2571,7 +2571,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:28:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:29:1 u32 ht 1:29: match ip dst 100.65.0.41 flowid 1:390
 # policies/isp-subscribers.csv:43:1: class c1039
 class add dev ifb4wan0 parent 1:10 classid 1:400 htb rate 5mbit ceil 50mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:400
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:400
 qdisc add dev ifb4wan0 parent 1:400 handle 400: fq_codel
 # policies/isp-subscribers.csv:43:78: filter to 1:400
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2a:1 u32 ht 1:2a: match ip dst 100.65.0.42 flowid 1:400
@@ -2579,7 +2579,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2a:1 u32 ht 1:2a: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:2a:1 u32 ht 2:2a: match ip6 dst 2001:db8:102a::/56 flowid 1:400
 # policies/isp-subscribers.csv:44:1: class c1040
 class add dev ifb4wan0 parent 1:10 classid 1:410 htb rate 5mbit ceil 50mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:410
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:410
 qdisc add dev ifb4wan0 parent 1:410 handle 410: fq_codel
 # policies/isp-subscribers.csv:44:84: filter to 1:410
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2b:1 u32 ht 1:2b: match ip dst 100.65.0.43 flowid 1:410
@@ -2587,7 +2587,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2b:1 u32 ht 1:2b: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:2b:1 u32 ht 2:2b: match ip6 dst 2001:db8:102b::/56 flowid 1:410
 # policies/isp-subscribers.csv:45:1: class c1041
 class add dev ifb4wan0 parent 1:10 classid 1:420 htb rate 5mbit ceil 50mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:420
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:420
 qdisc add dev ifb4wan0 parent 1:420 handle 420: fq_codel
 # policies/isp-subscribers.csv:45:82: filter to 1:420
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2c:1 u32 ht 1:2c: match ip dst 100.65.0.44 flowid 1:420
@@ -2595,7 +2595,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2c:1 u32 ht 1:2c: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:2c:1 u32 ht 2:2c: match ip6 dst 2001:db8:102c::/56 flowid 1:420
 # policies/isp-subscribers.csv:46:1: class c1042
 class add dev ifb4wan0 parent 1:10 classid 1:430 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:430
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:430
 qdisc add dev ifb4wan0 parent 1:430 handle 430: fq_codel
 # policies/isp-subscribers.csv:46:77: filter to 1:430
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2d:1 u32 ht 1:2d: match ip dst 100.65.0.45 flowid 1:430
@@ -2603,7 +2603,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2d:1 u32 ht 1:2d: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:2d:1 u32 ht 2:2d: match ip6 dst 2001:db8:102d::/56 flowid 1:430
 # policies/isp-subscribers.csv:47:1: class c1043
 class add dev ifb4wan0 parent 1:10 classid 1:440 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:440
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:440
 qdisc add dev ifb4wan0 parent 1:440 handle 440: fq_codel
 # policies/isp-subscribers.csv:47:81: filter to 1:440
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2e:1 u32 ht 1:2e: match ip dst 100.65.0.46 flowid 1:440
@@ -2611,7 +2611,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2e:1 u32 ht 1:2e: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:2e:1 u32 ht 2:2e: match ip6 dst 2001:db8:102e::/56 flowid 1:440
 # policies/isp-subscribers.csv:48:1: class c1044
 class add dev ifb4wan0 parent 1:10 classid 1:450 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:450
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:450
 qdisc add dev ifb4wan0 parent 1:450 handle 450: fq_codel
 # policies/isp-subscribers.csv:48:79: filter to 1:450
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2f:1 u32 ht 1:2f: match ip dst 100.65.0.47 flowid 1:450
@@ -2619,7 +2619,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:2f:1 u32 ht 1:2f: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:2f:1 u32 ht 2:2f: match ip6 dst 2001:db8:102f::/56 flowid 1:450
 # policies/isp-subscribers.csv:49:1: class c1045
 class add dev ifb4wan0 parent 1:10 classid 1:460 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:460
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:460
 qdisc add dev ifb4wan0 parent 1:460 handle 460: fq_codel
 # policies/isp-subscribers.csv:49:79: filter to 1:460
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:30:1 u32 ht 1:30: match ip dst 100.65.0.48 flowid 1:460
@@ -2627,7 +2627,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:30:1 u32 ht 1:30: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:30:1 u32 ht 2:30: match ip6 dst 2001:db8:1030::/56 flowid 1:460
 # policies/isp-subscribers.csv:50:1: class c1046
 class add dev ifb4wan0 parent 1:10 classid 1:470 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:470
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:470
 qdisc add dev ifb4wan0 parent 1:470 handle 470: fq_codel
 # policies/isp-subscribers.csv:50:78: filter to 1:470
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:31:1 u32 ht 1:31: match ip dst 100.65.0.49 flowid 1:470
@@ -2635,7 +2635,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:31:1 u32 ht 1:31: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:31:1 u32 ht 2:31: match ip6 dst 2001:db8:1031::/56 flowid 1:470
 # policies/isp-subscribers.csv:51:1: class c1047
 class add dev ifb4wan0 parent 1:10 classid 1:480 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:480
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:480
 qdisc add dev ifb4wan0 parent 1:480 handle 480: fq_codel
 # policies/isp-subscribers.csv:51:84: filter to 1:480
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:32:1 u32 ht 1:32: match ip dst 100.65.0.50 flowid 1:480
@@ -2643,7 +2643,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:32:1 u32 ht 1:32: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:32:1 u32 ht 2:32: match ip6 dst 2001:db8:1032::/56 flowid 1:480
 # policies/isp-subscribers.csv:52:1: class c1048
 class add dev ifb4wan0 parent 1:10 classid 1:490 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:490
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:490
 qdisc add dev ifb4wan0 parent 1:490 handle 490: fq_codel
 # policies/isp-subscribers.csv:52:81: filter to 1:490
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:33:1 u32 ht 1:33: match ip dst 100.65.0.51 flowid 1:490
@@ -2651,7 +2651,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:33:1 u32 ht 1:33: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:33:1 u32 ht 2:33: match ip6 dst 2001:db8:1033::/56 flowid 1:490
 # policies/isp-subscribers.csv:53:1: class c1049
 class add dev ifb4wan0 parent 1:10 classid 1:500 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:500
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:500
 qdisc add dev ifb4wan0 parent 1:500 handle 500: fq_codel
 # policies/isp-subscribers.csv:53:85: filter to 1:500
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:34:1 u32 ht 1:34: match ip dst 100.65.0.52 flowid 1:500
@@ -2661,7 +2661,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:34:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:35:1 u32 ht 1:35: match ip dst 100.65.0.53 flowid 1:500
 # policies/isp-subscribers.csv:55:1: class c1050
 class add dev ifb4wan0 parent 1:10 classid 1:510 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:510
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:510
 qdisc add dev ifb4wan0 parent 1:510 handle 510: fq_codel
 # policies/isp-subscribers.csv:55:74: filter to 1:510
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:36:1 u32 ht 1:36: match ip dst 100.65.0.54 flowid 1:510
@@ -2669,7 +2669,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:36:1 u32 ht 1:36: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:36:1 u32 ht 2:36: match ip6 dst 2001:db8:1036::/56 flowid 1:510
 # policies/isp-subscribers.csv:56:1: class c1051
 class add dev ifb4wan0 parent 1:10 classid 1:520 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:520
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:520
 qdisc add dev ifb4wan0 parent 1:520 handle 520: fq_codel
 # policies/isp-subscribers.csv:56:80: filter to 1:520
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:37:1 u32 ht 1:37: match ip dst 100.65.0.55 flowid 1:520
@@ -2677,7 +2677,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:37:1 u32 ht 1:37: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:37:1 u32 ht 2:37: match ip6 dst 2001:db8:1037::/56 flowid 1:520
 # policies/isp-subscribers.csv:57:1: class c1052
 class add dev ifb4wan0 parent 1:10 classid 1:530 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:530
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:530
 qdisc add dev ifb4wan0 parent 1:530 handle 530: fq_codel
 # policies/isp-subscribers.csv:57:81: filter to 1:530
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:38:1 u32 ht 1:38: match ip dst 100.65.0.56 flowid 1:530
@@ -2685,7 +2685,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:38:1 u32 ht 1:38: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:38:1 u32 ht 2:38: match ip6 dst 2001:db8:1038::/56 flowid 1:530
 # policies/isp-subscribers.csv:58:1: class c1053
 class add dev ifb4wan0 parent 1:10 classid 1:540 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:540
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:540
 qdisc add dev ifb4wan0 parent 1:540 handle 540: fq_codel
 # policies/isp-subscribers.csv:58:74: filter to 1:540
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:39:1 u32 ht 1:39: match ip dst 100.65.0.57 flowid 1:540
@@ -2693,7 +2693,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:39:1 u32 ht 1:39: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:39:1 u32 ht 2:39: match ip6 dst 2001:db8:1039::/56 flowid 1:540
 # policies/isp-subscribers.csv:59:1: class c1054
 class add dev ifb4wan0 parent 1:10 classid 1:550 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:550
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:550
 qdisc add dev ifb4wan0 parent 1:550 handle 550: fq_codel
 # policies/isp-subscribers.csv:59:80: filter to 1:550
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3a:1 u32 ht 1:3a: match ip dst 100.65.0.58 flowid 1:550
@@ -2701,7 +2701,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3a:1 u32 ht 1:3a: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:3a:1 u32 ht 2:3a: match ip6 dst 2001:db8:103a::/56 flowid 1:550
 # policies/isp-subscribers.csv:60:1: class c1055
 class add dev ifb4wan0 parent 1:10 classid 1:560 htb rate 25mbit ceil 250mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:560
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:560
 qdisc add dev ifb4wan0 parent 1:560 handle 560: fq_codel
 # policies/isp-subscribers.csv:60:83: filter to 1:560
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3b:1 u32 ht 1:3b: match ip dst 100.65.0.59 flowid 1:560
@@ -2709,7 +2709,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3b:1 u32 ht 1:3b: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:3b:1 u32 ht 2:3b: match ip6 dst 2001:db8:103b::/56 flowid 1:560
 # policies/isp-subscribers.csv:61:1: class c1056
 class add dev ifb4wan0 parent 1:10 classid 1:570 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:570
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:570
 qdisc add dev ifb4wan0 parent 1:570 handle 570: fq_codel
 # policies/isp-subscribers.csv:61:79: filter to 1:570
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3c:1 u32 ht 1:3c: match ip dst 100.65.0.60 flowid 1:570
@@ -2717,7 +2717,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3c:1 u32 ht 1:3c: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:3c:1 u32 ht 2:3c: match ip6 dst 2001:db8:103c::/56 flowid 1:570
 # policies/isp-subscribers.csv:62:1: class c1057
 class add dev ifb4wan0 parent 1:10 classid 1:580 htb rate 5mbit ceil 50mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:580
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:580
 qdisc add dev ifb4wan0 parent 1:580 handle 580: fq_codel
 # policies/isp-subscribers.csv:62:73: filter to 1:580
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3d:1 u32 ht 1:3d: match ip dst 100.65.0.61 flowid 1:580
@@ -2725,7 +2725,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3d:1 u32 ht 1:3d: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:3d:1 u32 ht 2:3d: match ip6 dst 2001:db8:103d::/56 flowid 1:580
 # policies/isp-subscribers.csv:63:1: class c1058
 class add dev ifb4wan0 parent 1:10 classid 1:590 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:590
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:590
 qdisc add dev ifb4wan0 parent 1:590 handle 590: fq_codel
 # policies/isp-subscribers.csv:63:78: filter to 1:590
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3e:1 u32 ht 1:3e: match ip dst 100.65.0.62 flowid 1:590
@@ -2733,7 +2733,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3e:1 u32 ht 1:3e: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:3e:1 u32 ht 2:3e: match ip6 dst 2001:db8:103e::/56 flowid 1:590
 # policies/isp-subscribers.csv:64:1: class c1059
 class add dev ifb4wan0 parent 1:10 classid 1:600 htb rate 2mbit ceil 25mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:600
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:600
 qdisc add dev ifb4wan0 parent 1:600 handle 600: fq_codel
 # policies/isp-subscribers.csv:64:81: filter to 1:600
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3f:1 u32 ht 1:3f: match ip dst 100.65.0.63 flowid 1:600
@@ -2741,17 +2741,17 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:3f:1 u32 ht 1:3f: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:3f:1 u32 ht 2:3f: match ip6 dst 2001:db8:103f::/56 flowid 1:600
 # policies/isp-subscribers.csv:65:1: class c1060
 class add dev ifb4wan0 parent 1:10 classid 1:610 htb rate 10mbit ceil 100mbit
-# policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:610
+# policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:610
 qdisc add dev ifb4wan0 parent 1:610 handle 610: fq_codel
 # policies/isp-subscribers.csv:65:76: filter to 1:610
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:40:1 u32 ht 1:40: match ip dst 100.65.0.64 flowid 1:610
 # policies/isp-subscribers.csv:65:76: filter to 1:610
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:40:1 u32 ht 2:40: match ip6 dst 2001:db8:1040::/56 flowid 1:610
-# policies/isp-subscribers.tcp:46:15: class south
+# policies/isp-subscribers.tcp:45:15: class south
 class add dev ifb4wan0 parent 1:1 classid 1:620 htb rate 1gbit ceil 3gbit burst 123k cburst 367k prio 2 quantum 200000
 # policies/isp-subscribers.csv:66:1: class c1061
 class add dev ifb4wan0 parent 1:620 classid 1:630 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:630
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:630
 qdisc add dev ifb4wan0 parent 1:630 handle 630: fq_codel
 # policies/isp-subscribers.csv:66:79: filter to 1:630
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:41:1 u32 ht 1:41: match ip dst 100.66.0.65 flowid 1:630
@@ -2765,7 +2765,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:43:1 u32 ht 1:43: 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:43:2 u32 ht 1:43: match ip dst 100.66.128.67 flowid 1:630
 # policies/isp-subscribers.csv:69:1: class c1062
 class add dev ifb4wan0 parent 1:620 classid 1:640 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:640
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:640
 qdisc add dev ifb4wan0 parent 1:640 handle 640: fq_codel
 # policies/isp-subscribers.csv:69:81: filter to 1:640
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:44:1 u32 ht 1:44: match ip dst 100.66.0.68 flowid 1:640
@@ -2775,7 +2775,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:44:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:45:1 u32 ht 1:45: match ip dst 100.66.0.69 flowid 1:640
 # policies/isp-subscribers.csv:71:1: class c1063
 class add dev ifb4wan0 parent 1:620 classid 1:650 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:650
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:650
 qdisc add dev ifb4wan0 parent 1:650 handle 650: fq_codel
 # policies/isp-subscribers.csv:71:81: filter to 1:650
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:46:1 u32 ht 1:46: match ip dst 100.66.0.70 flowid 1:650
@@ -2783,7 +2783,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:46:1 u32 ht 1:46: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:46:1 u32 ht 2:46: match ip6 dst 2001:db8:2046::/56 flowid 1:650
 # policies/isp-subscribers.csv:72:1: class c1064
 class add dev ifb4wan0 parent 1:620 classid 1:660 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:660
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:660
 qdisc add dev ifb4wan0 parent 1:660 handle 660: fq_codel
 # policies/isp-subscribers.csv:72:78: filter to 1:660
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:47:1 u32 ht 1:47: match ip dst 100.66.0.71 flowid 1:660
@@ -2791,7 +2791,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:47:1 u32 ht 1:47: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:47:1 u32 ht 2:47: match ip6 dst 2001:db8:2047::/56 flowid 1:660
 # policies/isp-subscribers.csv:73:1: class c1065
 class add dev ifb4wan0 parent 1:620 classid 1:670 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:670
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:670
 qdisc add dev ifb4wan0 parent 1:670 handle 670: fq_codel
 # policies/isp-subscribers.csv:73:81: filter to 1:670
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:48:1 u32 ht 1:48: match ip dst 100.66.0.72 flowid 1:670
@@ -2799,7 +2799,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:48:1 u32 ht 1:48: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:48:1 u32 ht 2:48: match ip6 dst 2001:db8:2048::/56 flowid 1:670
 # policies/isp-subscribers.csv:74:1: class c1066
 class add dev ifb4wan0 parent 1:620 classid 1:680 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:680
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:680
 qdisc add dev ifb4wan0 parent 1:680 handle 680: fq_codel
 # policies/isp-subscribers.csv:74:81: filter to 1:680
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:49:1 u32 ht 1:49: match ip dst 100.66.0.73 flowid 1:680
@@ -2807,7 +2807,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:49:1 u32 ht 1:49: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:49:1 u32 ht 2:49: match ip6 dst 2001:db8:2049::/56 flowid 1:680
 # policies/isp-subscribers.csv:75:1: class c1067
 class add dev ifb4wan0 parent 1:620 classid 1:690 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:690
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:690
 qdisc add dev ifb4wan0 parent 1:690 handle 690: fq_codel
 # policies/isp-subscribers.csv:75:76: filter to 1:690
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4a:1 u32 ht 1:4a: match ip dst 100.66.0.74 flowid 1:690
@@ -2815,7 +2815,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4a:1 u32 ht 1:4a: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:4a:1 u32 ht 2:4a: match ip6 dst 2001:db8:204a::/56 flowid 1:690
 # policies/isp-subscribers.csv:76:1: class c1068
 class add dev ifb4wan0 parent 1:620 classid 1:700 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:700
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:700
 qdisc add dev ifb4wan0 parent 1:700 handle 700: fq_codel
 # policies/isp-subscribers.csv:76:78: filter to 1:700
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4b:1 u32 ht 1:4b: match ip dst 100.66.0.75 flowid 1:700
@@ -2823,7 +2823,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4b:1 u32 ht 1:4b: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:4b:1 u32 ht 2:4b: match ip6 dst 2001:db8:204b::/56 flowid 1:700
 # policies/isp-subscribers.csv:77:1: class c1069
 class add dev ifb4wan0 parent 1:620 classid 1:710 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:710
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:710
 qdisc add dev ifb4wan0 parent 1:710 handle 710: fq_codel
 # policies/isp-subscribers.csv:77:82: filter to 1:710
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4c:1 u32 ht 1:4c: match ip dst 100.66.0.76 flowid 1:710
@@ -2831,7 +2831,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4c:1 u32 ht 1:4c: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:4c:1 u32 ht 2:4c: match ip6 dst 2001:db8:204c::/56 flowid 1:710
 # policies/isp-subscribers.csv:78:1: class c1070
 class add dev ifb4wan0 parent 1:620 classid 1:720 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:720
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:720
 qdisc add dev ifb4wan0 parent 1:720 handle 720: fq_codel
 # policies/isp-subscribers.csv:78:82: filter to 1:720
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4d:1 u32 ht 1:4d: match ip dst 100.66.0.77 flowid 1:720
@@ -2839,7 +2839,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4d:1 u32 ht 1:4d: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:4d:1 u32 ht 2:4d: match ip6 dst 2001:db8:204d::/56 flowid 1:720
 # policies/isp-subscribers.csv:79:1: class c1071
 class add dev ifb4wan0 parent 1:620 classid 1:730 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:730
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:730
 qdisc add dev ifb4wan0 parent 1:730 handle 730: fq_codel
 # policies/isp-subscribers.csv:79:80: filter to 1:730
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4e:1 u32 ht 1:4e: match ip dst 100.66.0.78 flowid 1:730
@@ -2849,7 +2849,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:4e:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:4f:1 u32 ht 1:4f: match ip dst 100.66.0.79 flowid 1:730
 # policies/isp-subscribers.csv:81:1: class c1072
 class add dev ifb4wan0 parent 1:620 classid 1:740 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:740
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:740
 qdisc add dev ifb4wan0 parent 1:740 handle 740: fq_codel
 # policies/isp-subscribers.csv:81:80: filter to 1:740
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:50:1 u32 ht 1:50: match ip dst 100.66.0.80 flowid 1:740
@@ -2857,7 +2857,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:50:1 u32 ht 1:50: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:50:1 u32 ht 2:50: match ip6 dst 2001:db8:2050::/56 flowid 1:740
 # policies/isp-subscribers.csv:82:1: class c1073
 class add dev ifb4wan0 parent 1:620 classid 1:750 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:750
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:750
 qdisc add dev ifb4wan0 parent 1:750 handle 750: fq_codel
 # policies/isp-subscribers.csv:82:81: filter to 1:750
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:51:1 u32 ht 1:51: match ip dst 100.66.0.81 flowid 1:750
@@ -2865,7 +2865,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:51:1 u32 ht 1:51: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:51:1 u32 ht 2:51: match ip6 dst 2001:db8:2051::/56 flowid 1:750
 # policies/isp-subscribers.csv:83:1: class c1074
 class add dev ifb4wan0 parent 1:620 classid 1:760 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:760
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:760
 qdisc add dev ifb4wan0 parent 1:760 handle 760: fq_codel
 # policies/isp-subscribers.csv:83:79: filter to 1:760
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:52:1 u32 ht 1:52: match ip dst 100.66.0.82 flowid 1:760
@@ -2873,7 +2873,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:52:1 u32 ht 1:52: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:52:1 u32 ht 2:52: match ip6 dst 2001:db8:2052::/56 flowid 1:760
 # policies/isp-subscribers.csv:84:1: class c1075
 class add dev ifb4wan0 parent 1:620 classid 1:770 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:770
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:770
 qdisc add dev ifb4wan0 parent 1:770 handle 770: fq_codel
 # policies/isp-subscribers.csv:84:75: filter to 1:770
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:53:1 u32 ht 1:53: match ip dst 100.66.0.83 flowid 1:770
@@ -2881,7 +2881,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:53:1 u32 ht 1:53: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:53:1 u32 ht 2:53: match ip6 dst 2001:db8:2053::/56 flowid 1:770
 # policies/isp-subscribers.csv:85:1: class c1076
 class add dev ifb4wan0 parent 1:620 classid 1:780 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:780
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:780
 qdisc add dev ifb4wan0 parent 1:780 handle 780: fq_codel
 # policies/isp-subscribers.csv:85:82: filter to 1:780
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:54:1 u32 ht 1:54: match ip dst 100.66.0.84 flowid 1:780
@@ -2889,7 +2889,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:54:1 u32 ht 1:54: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:54:1 u32 ht 2:54: match ip6 dst 2001:db8:2054::/56 flowid 1:780
 # policies/isp-subscribers.csv:86:1: class c1077
 class add dev ifb4wan0 parent 1:620 classid 1:790 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:790
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:790
 qdisc add dev ifb4wan0 parent 1:790 handle 790: fq_codel
 # policies/isp-subscribers.csv:86:76: filter to 1:790
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:55:1 u32 ht 1:55: match ip dst 100.66.0.85 flowid 1:790
@@ -2897,7 +2897,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:55:1 u32 ht 1:55: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:55:1 u32 ht 2:55: match ip6 dst 2001:db8:2055::/56 flowid 1:790
 # policies/isp-subscribers.csv:87:1: class c1078
 class add dev ifb4wan0 parent 1:620 classid 1:800 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:800
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:800
 qdisc add dev ifb4wan0 parent 1:800 handle 800: fq_codel
 # policies/isp-subscribers.csv:87:78: filter to 1:800
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:56:1 u32 ht 1:56: match ip dst 100.66.0.86 flowid 1:800
@@ -2905,7 +2905,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:56:1 u32 ht 1:56: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:56:1 u32 ht 2:56: match ip6 dst 2001:db8:2056::/56 flowid 1:800
 # policies/isp-subscribers.csv:88:1: class c1079
 class add dev ifb4wan0 parent 1:620 classid 1:810 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:810
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:810
 qdisc add dev ifb4wan0 parent 1:810 handle 810: fq_codel
 # policies/isp-subscribers.csv:88:78: filter to 1:810
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:57:1 u32 ht 1:57: match ip dst 100.66.0.87 flowid 1:810
@@ -2913,7 +2913,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:57:1 u32 ht 1:57: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:57:1 u32 ht 2:57: match ip6 dst 2001:db8:2057::/56 flowid 1:810
 # policies/isp-subscribers.csv:89:1: class c1080
 class add dev ifb4wan0 parent 1:620 classid 1:820 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:820
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:820
 qdisc add dev ifb4wan0 parent 1:820 handle 820: fq_codel
 # policies/isp-subscribers.csv:89:85: filter to 1:820
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:58:1 u32 ht 1:58: match ip dst 100.66.0.88 flowid 1:820
@@ -2923,7 +2923,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:58:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:59:1 u32 ht 1:59: match ip dst 100.66.0.89 flowid 1:820
 # policies/isp-subscribers.csv:91:1: class c1081
 class add dev ifb4wan0 parent 1:620 classid 1:830 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:830
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:830
 qdisc add dev ifb4wan0 parent 1:830 handle 830: fq_codel
 # policies/isp-subscribers.csv:91:82: filter to 1:830
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5a:1 u32 ht 1:5a: match ip dst 100.66.0.90 flowid 1:830
@@ -2931,7 +2931,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5a:1 u32 ht 1:5a: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:5a:1 u32 ht 2:5a: match ip6 dst 2001:db8:205a::/56 flowid 1:830
 # policies/isp-subscribers.csv:92:1: class c1082
 class add dev ifb4wan0 parent 1:620 classid 1:840 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:840
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:840
 qdisc add dev ifb4wan0 parent 1:840 handle 840: fq_codel
 # policies/isp-subscribers.csv:92:77: filter to 1:840
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5b:1 u32 ht 1:5b: match ip dst 100.66.0.91 flowid 1:840
@@ -2939,7 +2939,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5b:1 u32 ht 1:5b: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:5b:1 u32 ht 2:5b: match ip6 dst 2001:db8:205b::/56 flowid 1:840
 # policies/isp-subscribers.csv:93:1: class c1083
 class add dev ifb4wan0 parent 1:620 classid 1:850 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:850
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:850
 qdisc add dev ifb4wan0 parent 1:850 handle 850: fq_codel
 # policies/isp-subscribers.csv:93:81: filter to 1:850
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5c:1 u32 ht 1:5c: match ip dst 100.66.0.92 flowid 1:850
@@ -2947,7 +2947,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5c:1 u32 ht 1:5c: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:5c:1 u32 ht 2:5c: match ip6 dst 2001:db8:205c::/56 flowid 1:850
 # policies/isp-subscribers.csv:94:1: class c1084
 class add dev ifb4wan0 parent 1:620 classid 1:860 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:860
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:860
 qdisc add dev ifb4wan0 parent 1:860 handle 860: fq_codel
 # policies/isp-subscribers.csv:94:76: filter to 1:860
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5d:1 u32 ht 1:5d: match ip dst 100.66.0.93 flowid 1:860
@@ -2955,7 +2955,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5d:1 u32 ht 1:5d: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:5d:1 u32 ht 2:5d: match ip6 dst 2001:db8:205d::/56 flowid 1:860
 # policies/isp-subscribers.csv:95:1: class c1085
 class add dev ifb4wan0 parent 1:620 classid 1:870 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:870
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:870
 qdisc add dev ifb4wan0 parent 1:870 handle 870: fq_codel
 # policies/isp-subscribers.csv:95:75: filter to 1:870
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5e:1 u32 ht 1:5e: match ip dst 100.66.0.94 flowid 1:870
@@ -2963,7 +2963,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5e:1 u32 ht 1:5e: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:5e:1 u32 ht 2:5e: match ip6 dst 2001:db8:205e::/56 flowid 1:870
 # policies/isp-subscribers.csv:96:1: class c1086
 class add dev ifb4wan0 parent 1:620 classid 1:880 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:880
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:880
 qdisc add dev ifb4wan0 parent 1:880 handle 880: fq_codel
 # policies/isp-subscribers.csv:96:75: filter to 1:880
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5f:1 u32 ht 1:5f: match ip dst 100.66.0.95 flowid 1:880
@@ -2971,7 +2971,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:5f:1 u32 ht 1:5f: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:5f:1 u32 ht 2:5f: match ip6 dst 2001:db8:205f::/56 flowid 1:880
 # policies/isp-subscribers.csv:97:1: class c1087
 class add dev ifb4wan0 parent 1:620 classid 1:890 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:890
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:890
 qdisc add dev ifb4wan0 parent 1:890 handle 890: fq_codel
 # policies/isp-subscribers.csv:97:80: filter to 1:890
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:60:1 u32 ht 1:60: match ip dst 100.66.0.96 flowid 1:890
@@ -2985,7 +2985,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:62:1 u32 ht 1:62: 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:62:2 u32 ht 1:62: match ip dst 100.66.128.98 flowid 1:890
 # policies/isp-subscribers.csv:100:1: class c1088
 class add dev ifb4wan0 parent 1:620 classid 1:900 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:900
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:900
 qdisc add dev ifb4wan0 parent 1:900 handle 900: fq_codel
 # policies/isp-subscribers.csv:100:82: filter to 1:900
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:63:1 u32 ht 1:63: match ip dst 100.66.0.99 flowid 1:900
@@ -2993,7 +2993,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:63:1 u32 ht 1:63: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:63:1 u32 ht 2:63: match ip6 dst 2001:db8:2063::/56 flowid 1:900
 # policies/isp-subscribers.csv:101:1: class c1089
 class add dev ifb4wan0 parent 1:620 classid 1:910 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:910
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:910
 qdisc add dev ifb4wan0 parent 1:910 handle 910: fq_codel
 # policies/isp-subscribers.csv:101:82: filter to 1:910
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:64:1 u32 ht 1:64: match ip dst 100.66.0.100 flowid 1:910
@@ -3001,7 +3001,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:64:1 u32 ht 1:64: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:64:1 u32 ht 2:64: match ip6 dst 2001:db8:2064::/56 flowid 1:910
 # policies/isp-subscribers.csv:102:1: class c1090
 class add dev ifb4wan0 parent 1:620 classid 1:920 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:920
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:920
 qdisc add dev ifb4wan0 parent 1:920 handle 920: fq_codel
 # policies/isp-subscribers.csv:102:80: filter to 1:920
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:65:1 u32 ht 1:65: match ip dst 100.66.0.101 flowid 1:920
@@ -3009,7 +3009,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:65:1 u32 ht 1:65: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:65:1 u32 ht 2:65: match ip6 dst 2001:db8:2065::/56 flowid 1:920
 # policies/isp-subscribers.csv:103:1: class c1091
 class add dev ifb4wan0 parent 1:620 classid 1:930 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:930
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:930
 qdisc add dev ifb4wan0 parent 1:930 handle 930: fq_codel
 # policies/isp-subscribers.csv:103:80: filter to 1:930
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:66:1 u32 ht 1:66: match ip dst 100.66.0.102 flowid 1:930
@@ -3017,7 +3017,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:66:1 u32 ht 1:66: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:66:1 u32 ht 2:66: match ip6 dst 2001:db8:2066::/56 flowid 1:930
 # policies/isp-subscribers.csv:104:1: class c1092
 class add dev ifb4wan0 parent 1:620 classid 1:940 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:940
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:940
 qdisc add dev ifb4wan0 parent 1:940 handle 940: fq_codel
 # policies/isp-subscribers.csv:104:78: filter to 1:940
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:67:1 u32 ht 1:67: match ip dst 100.66.0.103 flowid 1:940
@@ -3025,7 +3025,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:67:1 u32 ht 1:67: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:67:1 u32 ht 2:67: match ip6 dst 2001:db8:2067::/56 flowid 1:940
 # policies/isp-subscribers.csv:105:1: class c1093
 class add dev ifb4wan0 parent 1:620 classid 1:950 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:950
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:950
 qdisc add dev ifb4wan0 parent 1:950 handle 950: fq_codel
 # policies/isp-subscribers.csv:105:77: filter to 1:950
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:68:1 u32 ht 1:68: match ip dst 100.66.0.104 flowid 1:950
@@ -3035,7 +3035,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:68:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:69:1 u32 ht 1:69: match ip dst 100.66.0.105 flowid 1:950
 # policies/isp-subscribers.csv:107:1: class c1094
 class add dev ifb4wan0 parent 1:620 classid 1:960 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:960
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:960
 qdisc add dev ifb4wan0 parent 1:960 handle 960: fq_codel
 # policies/isp-subscribers.csv:107:85: filter to 1:960
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6a:1 u32 ht 1:6a: match ip dst 100.66.0.106 flowid 1:960
@@ -3043,7 +3043,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6a:1 u32 ht 1:6a: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:6a:1 u32 ht 2:6a: match ip6 dst 2001:db8:206a::/56 flowid 1:960
 # policies/isp-subscribers.csv:108:1: class c1095
 class add dev ifb4wan0 parent 1:620 classid 1:970 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:970
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:970
 qdisc add dev ifb4wan0 parent 1:970 handle 970: fq_codel
 # policies/isp-subscribers.csv:108:76: filter to 1:970
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6b:1 u32 ht 1:6b: match ip dst 100.66.0.107 flowid 1:970
@@ -3053,7 +3053,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:6b:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6c:1 u32 ht 1:6c: match ip dst 100.66.0.108 flowid 1:970
 # policies/isp-subscribers.csv:110:1: class c1096
 class add dev ifb4wan0 parent 1:620 classid 1:980 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:980
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:980
 qdisc add dev ifb4wan0 parent 1:980 handle 980: fq_codel
 # policies/isp-subscribers.csv:110:83: filter to 1:980
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6d:1 u32 ht 1:6d: match ip dst 100.66.0.109 flowid 1:980
@@ -3061,7 +3061,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6d:1 u32 ht 1:6d: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:6d:1 u32 ht 2:6d: match ip6 dst 2001:db8:206d::/56 flowid 1:980
 # policies/isp-subscribers.csv:111:1: class c1097
 class add dev ifb4wan0 parent 1:620 classid 1:990 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:990
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:990
 qdisc add dev ifb4wan0 parent 1:990 handle 990: fq_codel
 # policies/isp-subscribers.csv:111:80: filter to 1:990
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6e:1 u32 ht 1:6e: match ip dst 100.66.0.110 flowid 1:990
@@ -3069,7 +3069,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6e:1 u32 ht 1:6e: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:6e:1 u32 ht 2:6e: match ip6 dst 2001:db8:206e::/56 flowid 1:990
 # policies/isp-subscribers.csv:112:1: class c1098
 class add dev ifb4wan0 parent 1:620 classid 1:1000 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1000
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1000
 qdisc add dev ifb4wan0 parent 1:1000 handle 1000: fq_codel
 # policies/isp-subscribers.csv:112:78: filter to 1:1000
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6f:1 u32 ht 1:6f: match ip dst 100.66.0.111 flowid 1:1000
@@ -3077,7 +3077,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:6f:1 u32 ht 1:6f: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:6f:1 u32 ht 2:6f: match ip6 dst 2001:db8:206f::/56 flowid 1:1000
 # policies/isp-subscribers.csv:113:1: class c1099
 class add dev ifb4wan0 parent 1:620 classid 1:1010 htb rate 25mbit ceil 262500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1010
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1010
 qdisc add dev ifb4wan0 parent 1:1010 handle 1010: fq_codel
 # policies/isp-subscribers.csv:113:81: filter to 1:1010
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:70:1 u32 ht 1:70: match ip dst 100.66.0.112 flowid 1:1010
@@ -3085,7 +3085,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:70:1 u32 ht 1:70: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:70:1 u32 ht 2:70: match ip6 dst 2001:db8:2070::/56 flowid 1:1010
 # policies/isp-subscribers.csv:114:1: class c1100
 class add dev ifb4wan0 parent 1:620 classid 1:1020 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1020
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1020
 qdisc add dev ifb4wan0 parent 1:1020 handle 1020: fq_codel
 # policies/isp-subscribers.csv:114:82: filter to 1:1020
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:71:1 u32 ht 1:71: match ip dst 100.66.0.113 flowid 1:1020
@@ -3093,7 +3093,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:71:1 u32 ht 1:71: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:71:1 u32 ht 2:71: match ip6 dst 2001:db8:2071::/56 flowid 1:1020
 # policies/isp-subscribers.csv:115:1: class c1101
 class add dev ifb4wan0 parent 1:620 classid 1:1030 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1030
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1030
 qdisc add dev ifb4wan0 parent 1:1030 handle 1030: fq_codel
 # policies/isp-subscribers.csv:115:82: filter to 1:1030
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:72:1 u32 ht 1:72: match ip dst 100.66.0.114 flowid 1:1030
@@ -3107,7 +3107,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:74:1 u32 ht 1:74: 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:74:2 u32 ht 1:74: match ip dst 100.66.128.116 flowid 1:1030
 # policies/isp-subscribers.csv:118:1: class c1102
 class add dev ifb4wan0 parent 1:620 classid 1:1040 htb rate 10mbit ceil 105mbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1040
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1040
 qdisc add dev ifb4wan0 parent 1:1040 handle 1040: fq_codel
 # policies/isp-subscribers.csv:118:78: filter to 1:1040
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:75:1 u32 ht 1:75: match ip dst 100.66.0.117 flowid 1:1040
@@ -3117,7 +3117,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:75:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:76:1 u32 ht 1:76: match ip dst 100.66.0.118 flowid 1:1040
 # policies/isp-subscribers.csv:120:1: class c1103
 class add dev ifb4wan0 parent 1:620 classid 1:1050 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1050
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1050
 qdisc add dev ifb4wan0 parent 1:1050 handle 1050: fq_codel
 # policies/isp-subscribers.csv:120:78: filter to 1:1050
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:77:1 u32 ht 1:77: match ip dst 100.66.0.119 flowid 1:1050
@@ -3125,7 +3125,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:77:1 u32 ht 1:77: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:77:1 u32 ht 2:77: match ip6 dst 2001:db8:2077::/56 flowid 1:1050
 # policies/isp-subscribers.csv:121:1: class c1104
 class add dev ifb4wan0 parent 1:620 classid 1:1060 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1060
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1060
 qdisc add dev ifb4wan0 parent 1:1060 handle 1060: fq_codel
 # policies/isp-subscribers.csv:121:79: filter to 1:1060
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:78:1 u32 ht 1:78: match ip dst 100.66.0.120 flowid 1:1060
@@ -3133,7 +3133,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:78:1 u32 ht 1:78: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:78:1 u32 ht 2:78: match ip6 dst 2001:db8:2078::/56 flowid 1:1060
 # policies/isp-subscribers.csv:122:1: class c1105
 class add dev ifb4wan0 parent 1:620 classid 1:1070 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1070
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1070
 qdisc add dev ifb4wan0 parent 1:1070 handle 1070: fq_codel
 # policies/isp-subscribers.csv:122:80: filter to 1:1070
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:79:1 u32 ht 1:79: match ip dst 100.66.0.121 flowid 1:1070
@@ -3141,7 +3141,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:79:1 u32 ht 1:79: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:79:1 u32 ht 2:79: match ip6 dst 2001:db8:2079::/56 flowid 1:1070
 # policies/isp-subscribers.csv:123:1: class c1106
 class add dev ifb4wan0 parent 1:620 classid 1:1080 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1080
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1080
 qdisc add dev ifb4wan0 parent 1:1080 handle 1080: fq_codel
 # policies/isp-subscribers.csv:123:84: filter to 1:1080
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7a:1 u32 ht 1:7a: match ip dst 100.66.0.122 flowid 1:1080
@@ -3149,7 +3149,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7a:1 u32 ht 1:7a: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:7a:1 u32 ht 2:7a: match ip6 dst 2001:db8:207a::/56 flowid 1:1080
 # policies/isp-subscribers.csv:124:1: class c1107
 class add dev ifb4wan0 parent 1:620 classid 1:1090 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1090
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1090
 qdisc add dev ifb4wan0 parent 1:1090 handle 1090: fq_codel
 # policies/isp-subscribers.csv:124:81: filter to 1:1090
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7b:1 u32 ht 1:7b: match ip dst 100.66.0.123 flowid 1:1090
@@ -3157,7 +3157,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7b:1 u32 ht 1:7b: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:7b:1 u32 ht 2:7b: match ip6 dst 2001:db8:207b::/56 flowid 1:1090
 # policies/isp-subscribers.csv:125:1: class c1108
 class add dev ifb4wan0 parent 1:620 classid 1:1100 htb rate 2mbit ceil 26250kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1100
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1100
 qdisc add dev ifb4wan0 parent 1:1100 handle 1100: fq_codel
 # policies/isp-subscribers.csv:125:83: filter to 1:1100
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7c:1 u32 ht 1:7c: match ip dst 100.66.0.124 flowid 1:1100
@@ -3165,7 +3165,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7c:1 u32 ht 1:7c: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:7c:1 u32 ht 2:7c: match ip6 dst 2001:db8:207c::/56 flowid 1:1100
 # policies/isp-subscribers.csv:126:1: class c1109
 class add dev ifb4wan0 parent 1:620 classid 1:1110 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1110
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1110
 qdisc add dev ifb4wan0 parent 1:1110 handle 1110: fq_codel
 # policies/isp-subscribers.csv:126:77: filter to 1:1110
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7d:1 u32 ht 1:7d: match ip dst 100.66.0.125 flowid 1:1110
@@ -3173,17 +3173,17 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7d:1 u32 ht 1:7d: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:7d:1 u32 ht 2:7d: match ip6 dst 2001:db8:207d::/56 flowid 1:1110
 # policies/isp-subscribers.csv:127:1: class c1110
 class add dev ifb4wan0 parent 1:620 classid 1:1120 htb rate 5mbit ceil 52500kbit
-# policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1120
+# policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1120
 qdisc add dev ifb4wan0 parent 1:1120 handle 1120: fq_codel
 # policies/isp-subscribers.csv:127:81: filter to 1:1120
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7e:1 u32 ht 1:7e: match ip dst 100.66.0.126 flowid 1:1120
 # policies/isp-subscribers.csv:127:81: filter to 1:1120
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:7e:1 u32 ht 2:7e: match ip6 dst 2001:db8:207e::/56 flowid 1:1120
-# policies/isp-subscribers.tcp:52:15: class fiber
+# policies/isp-subscribers.tcp:51:15: class fiber
 class add dev ifb4wan0 parent 1:1 classid 1:1130 htb rate 4500mbit ceil 10gbit burst 550k cburst 1221k prio 2 quantum 200000
 # policies/isp-subscribers.csv:128:1: class c1111
 class add dev ifb4wan0 parent 1:1130 classid 1:1140 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1140
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1140
 qdisc add dev ifb4wan0 parent 1:1140 handle 1140: fq_codel
 # policies/isp-subscribers.csv:128:79: filter to 1:1140
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:7f:1 u32 ht 1:7f: match ip dst 100.67.0.127 flowid 1:1140
@@ -3193,7 +3193,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3: u32 divisor
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:7f:1 u32 ht 3:7f: match ip6 dst 2001:db8:300:7f::/64 flowid 1:1140
 # policies/isp-subscribers.csv:129:1: class c1112
 class add dev ifb4wan0 parent 1:1130 classid 1:1150 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1150
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1150
 qdisc add dev ifb4wan0 parent 1:1150 handle 1150: fq_codel
 # policies/isp-subscribers.csv:129:76: filter to 1:1150
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:80:1 u32 ht 1:80: match ip dst 100.67.0.128 flowid 1:1150
@@ -3201,7 +3201,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:80:1 u32 ht 1:80: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:80:1 u32 ht 3:80: match ip6 dst 2001:db8:300:80::/64 flowid 1:1150
 # policies/isp-subscribers.csv:130:1: class c1113
 class add dev ifb4wan0 parent 1:1130 classid 1:1160 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1160
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1160
 qdisc add dev ifb4wan0 parent 1:1160 handle 1160: fq_codel
 # policies/isp-subscribers.csv:130:73: filter to 1:1160
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:81:1 u32 ht 1:81: match ip dst 100.67.0.129 flowid 1:1160
@@ -3209,7 +3209,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:81:1 u32 ht 1:81: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:81:1 u32 ht 3:81: match ip6 dst 2001:db8:300:81::/64 flowid 1:1160
 # policies/isp-subscribers.csv:131:1: class c1114
 class add dev ifb4wan0 parent 1:1130 classid 1:1170 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1170
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1170
 qdisc add dev ifb4wan0 parent 1:1170 handle 1170: fq_codel
 # policies/isp-subscribers.csv:131:79: filter to 1:1170
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:82:1 u32 ht 1:82: match ip dst 100.67.0.130 flowid 1:1170
@@ -3217,7 +3217,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:82:1 u32 ht 1:82: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:82:1 u32 ht 3:82: match ip6 dst 2001:db8:300:82::/64 flowid 1:1170
 # policies/isp-subscribers.csv:132:1: class c1115
 class add dev ifb4wan0 parent 1:1130 classid 1:1180 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1180
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1180
 qdisc add dev ifb4wan0 parent 1:1180 handle 1180: fq_codel
 # policies/isp-subscribers.csv:132:81: filter to 1:1180
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:83:1 u32 ht 1:83: match ip dst 100.67.0.131 flowid 1:1180
@@ -3225,7 +3225,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:83:1 u32 ht 1:83: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:83:1 u32 ht 3:83: match ip6 dst 2001:db8:300:83::/64 flowid 1:1180
 # policies/isp-subscribers.csv:133:1: class c1116
 class add dev ifb4wan0 parent 1:1130 classid 1:1190 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1190
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1190
 qdisc add dev ifb4wan0 parent 1:1190 handle 1190: fq_codel
 # policies/isp-subscribers.csv:133:81: filter to 1:1190
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:84:1 u32 ht 1:84: match ip dst 100.67.0.132 flowid 1:1190
@@ -3233,7 +3233,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:84:1 u32 ht 1:84: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:84:1 u32 ht 3:84: match ip6 dst 2001:db8:300:84::/64 flowid 1:1190
 # policies/isp-subscribers.csv:134:1: class c1117
 class add dev ifb4wan0 parent 1:1130 classid 1:1200 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1200
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1200
 qdisc add dev ifb4wan0 parent 1:1200 handle 1200: fq_codel
 # policies/isp-subscribers.csv:134:79: filter to 1:1200
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:85:1 u32 ht 1:85: match ip dst 100.67.0.133 flowid 1:1200
@@ -3241,7 +3241,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:85:1 u32 ht 1:85: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:85:1 u32 ht 3:85: match ip6 dst 2001:db8:300:85::/64 flowid 1:1200
 # policies/isp-subscribers.csv:135:1: class c1118
 class add dev ifb4wan0 parent 1:1130 classid 1:1210 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1210
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1210
 qdisc add dev ifb4wan0 parent 1:1210 handle 1210: fq_codel
 # policies/isp-subscribers.csv:135:78: filter to 1:1210
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:86:1 u32 ht 1:86: match ip dst 100.67.0.134 flowid 1:1210
@@ -3251,7 +3251,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:86:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:87:1 u32 ht 1:87: match ip dst 100.67.0.135 flowid 1:1210
 # policies/isp-subscribers.csv:137:1: class c1119
 class add dev ifb4wan0 parent 1:1130 classid 1:1220 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1220
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1220
 qdisc add dev ifb4wan0 parent 1:1220 handle 1220: fq_codel
 # policies/isp-subscribers.csv:137:86: filter to 1:1220
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:88:1 u32 ht 1:88: match ip dst 100.67.0.136 flowid 1:1220
@@ -3259,7 +3259,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:88:1 u32 ht 1:88: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:88:1 u32 ht 3:88: match ip6 dst 2001:db8:300:88::/64 flowid 1:1220
 # policies/isp-subscribers.csv:138:1: class c1120
 class add dev ifb4wan0 parent 1:1130 classid 1:1230 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1230
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1230
 qdisc add dev ifb4wan0 parent 1:1230 handle 1230: fq_codel
 # policies/isp-subscribers.csv:138:81: filter to 1:1230
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:89:1 u32 ht 1:89: match ip dst 100.67.0.137 flowid 1:1230
@@ -3267,7 +3267,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:89:1 u32 ht 1:89: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:89:1 u32 ht 3:89: match ip6 dst 2001:db8:300:89::/64 flowid 1:1230
 # policies/isp-subscribers.csv:139:1: class c1121
 class add dev ifb4wan0 parent 1:1130 classid 1:1240 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1240
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1240
 qdisc add dev ifb4wan0 parent 1:1240 handle 1240: fq_codel
 # policies/isp-subscribers.csv:139:79: filter to 1:1240
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:8a:1 u32 ht 1:8a: match ip dst 100.67.0.138 flowid 1:1240
@@ -3281,7 +3281,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:8c:1 u32 ht 1:8c: 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:8c:2 u32 ht 1:8c: match ip dst 100.67.128.140 flowid 1:1240
 # policies/isp-subscribers.csv:142:1: class c1122
 class add dev ifb4wan0 parent 1:1130 classid 1:1250 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1250
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1250
 qdisc add dev ifb4wan0 parent 1:1250 handle 1250: fq_codel
 # policies/isp-subscribers.csv:142:85: filter to 1:1250
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:8d:1 u32 ht 1:8d: match ip dst 100.67.0.141 flowid 1:1250
@@ -3291,7 +3291,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:8d:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:8e:1 u32 ht 1:8e: match ip dst 100.67.0.142 flowid 1:1250
 # policies/isp-subscribers.csv:144:1: class c1123
 class add dev ifb4wan0 parent 1:1130 classid 1:1260 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1260
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1260
 qdisc add dev ifb4wan0 parent 1:1260 handle 1260: fq_codel
 # policies/isp-subscribers.csv:144:78: filter to 1:1260
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:8f:1 u32 ht 1:8f: match ip dst 100.67.0.143 flowid 1:1260
@@ -3299,7 +3299,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:8f:1 u32 ht 1:8f: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:8f:1 u32 ht 3:8f: match ip6 dst 2001:db8:300:8f::/64 flowid 1:1260
 # policies/isp-subscribers.csv:145:1: class c1124
 class add dev ifb4wan0 parent 1:1130 classid 1:1270 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1270
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1270
 qdisc add dev ifb4wan0 parent 1:1270 handle 1270: fq_codel
 # policies/isp-subscribers.csv:145:85: filter to 1:1270
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:90:1 u32 ht 1:90: match ip dst 100.67.0.144 flowid 1:1270
@@ -3307,7 +3307,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:90:1 u32 ht 1:90: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:90:1 u32 ht 3:90: match ip6 dst 2001:db8:300:90::/64 flowid 1:1270
 # policies/isp-subscribers.csv:146:1: class c1125
 class add dev ifb4wan0 parent 1:1130 classid 1:1280 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1280
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1280
 qdisc add dev ifb4wan0 parent 1:1280 handle 1280: fq_codel
 # policies/isp-subscribers.csv:146:81: filter to 1:1280
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:91:1 u32 ht 1:91: match ip dst 100.67.0.145 flowid 1:1280
@@ -3315,7 +3315,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:91:1 u32 ht 1:91: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:91:1 u32 ht 3:91: match ip6 dst 2001:db8:300:91::/64 flowid 1:1280
 # policies/isp-subscribers.csv:147:1: class c1126
 class add dev ifb4wan0 parent 1:1130 classid 1:1290 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1290
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1290
 qdisc add dev ifb4wan0 parent 1:1290 handle 1290: fq_codel
 # policies/isp-subscribers.csv:147:76: filter to 1:1290
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:92:1 u32 ht 1:92: match ip dst 100.67.0.146 flowid 1:1290
@@ -3323,7 +3323,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:92:1 u32 ht 1:92: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:92:1 u32 ht 3:92: match ip6 dst 2001:db8:300:92::/64 flowid 1:1290
 # policies/isp-subscribers.csv:148:1: class c1127
 class add dev ifb4wan0 parent 1:1130 classid 1:1300 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1300
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1300
 qdisc add dev ifb4wan0 parent 1:1300 handle 1300: fq_codel
 # policies/isp-subscribers.csv:148:85: filter to 1:1300
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:93:1 u32 ht 1:93: match ip dst 100.67.0.147 flowid 1:1300
@@ -3331,7 +3331,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:93:1 u32 ht 1:93: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:93:1 u32 ht 3:93: match ip6 dst 2001:db8:300:93::/64 flowid 1:1300
 # policies/isp-subscribers.csv:149:1: class c1128
 class add dev ifb4wan0 parent 1:1130 classid 1:1310 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1310
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1310
 qdisc add dev ifb4wan0 parent 1:1310 handle 1310: fq_codel
 # policies/isp-subscribers.csv:149:80: filter to 1:1310
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:94:1 u32 ht 1:94: match ip dst 100.67.0.148 flowid 1:1310
@@ -3339,7 +3339,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:94:1 u32 ht 1:94: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:94:1 u32 ht 3:94: match ip6 dst 2001:db8:300:94::/64 flowid 1:1310
 # policies/isp-subscribers.csv:150:1: class c1129
 class add dev ifb4wan0 parent 1:1130 classid 1:1320 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1320
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1320
 qdisc add dev ifb4wan0 parent 1:1320 handle 1320: fq_codel
 # policies/isp-subscribers.csv:150:74: filter to 1:1320
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:95:1 u32 ht 1:95: match ip dst 100.67.0.149 flowid 1:1320
@@ -3347,7 +3347,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:95:1 u32 ht 1:95: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:95:1 u32 ht 3:95: match ip6 dst 2001:db8:300:95::/64 flowid 1:1320
 # policies/isp-subscribers.csv:151:1: class c1130
 class add dev ifb4wan0 parent 1:1130 classid 1:1330 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1330
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1330
 qdisc add dev ifb4wan0 parent 1:1330 handle 1330: fq_codel
 # policies/isp-subscribers.csv:151:77: filter to 1:1330
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:96:1 u32 ht 1:96: match ip dst 100.67.0.150 flowid 1:1330
@@ -3361,7 +3361,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:98:1 u32 ht 1:98: 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:98:2 u32 ht 1:98: match ip dst 100.67.128.152 flowid 1:1330
 # policies/isp-subscribers.csv:154:1: class c1131
 class add dev ifb4wan0 parent 1:1130 classid 1:1340 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1340
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1340
 qdisc add dev ifb4wan0 parent 1:1340 handle 1340: fq_codel
 # policies/isp-subscribers.csv:154:84: filter to 1:1340
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:99:1 u32 ht 1:99: match ip dst 100.67.0.153 flowid 1:1340
@@ -3369,7 +3369,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:99:1 u32 ht 1:99: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:99:1 u32 ht 3:99: match ip6 dst 2001:db8:300:99::/64 flowid 1:1340
 # policies/isp-subscribers.csv:155:1: class c1132
 class add dev ifb4wan0 parent 1:1130 classid 1:1350 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1350
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1350
 qdisc add dev ifb4wan0 parent 1:1350 handle 1350: fq_codel
 # policies/isp-subscribers.csv:155:81: filter to 1:1350
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9a:1 u32 ht 1:9a: match ip dst 100.67.0.154 flowid 1:1350
@@ -3377,7 +3377,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9a:1 u32 ht 1:9a: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:9a:1 u32 ht 3:9a: match ip6 dst 2001:db8:300:9a::/64 flowid 1:1350
 # policies/isp-subscribers.csv:156:1: class c1133
 class add dev ifb4wan0 parent 1:1130 classid 1:1360 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1360
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1360
 qdisc add dev ifb4wan0 parent 1:1360 handle 1360: fq_codel
 # policies/isp-subscribers.csv:156:78: filter to 1:1360
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9b:1 u32 ht 1:9b: match ip dst 100.67.0.155 flowid 1:1360
@@ -3385,7 +3385,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9b:1 u32 ht 1:9b: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:9b:1 u32 ht 3:9b: match ip6 dst 2001:db8:300:9b::/64 flowid 1:1360
 # policies/isp-subscribers.csv:157:1: class c1134
 class add dev ifb4wan0 parent 1:1130 classid 1:1370 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1370
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1370
 qdisc add dev ifb4wan0 parent 1:1370 handle 1370: fq_codel
 # policies/isp-subscribers.csv:157:80: filter to 1:1370
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9c:1 u32 ht 1:9c: match ip dst 100.67.0.156 flowid 1:1370
@@ -3393,7 +3393,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9c:1 u32 ht 1:9c: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:9c:1 u32 ht 3:9c: match ip6 dst 2001:db8:300:9c::/64 flowid 1:1370
 # policies/isp-subscribers.csv:158:1: class c1135
 class add dev ifb4wan0 parent 1:1130 classid 1:1380 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1380
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1380
 qdisc add dev ifb4wan0 parent 1:1380 handle 1380: fq_codel
 # policies/isp-subscribers.csv:158:84: filter to 1:1380
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9d:1 u32 ht 1:9d: match ip dst 100.67.0.157 flowid 1:1380
@@ -3401,7 +3401,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9d:1 u32 ht 1:9d: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:9d:1 u32 ht 3:9d: match ip6 dst 2001:db8:300:9d::/64 flowid 1:1380
 # policies/isp-subscribers.csv:159:1: class c1136
 class add dev ifb4wan0 parent 1:1130 classid 1:1390 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1390
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1390
 qdisc add dev ifb4wan0 parent 1:1390 handle 1390: fq_codel
 # policies/isp-subscribers.csv:159:79: filter to 1:1390
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9e:1 u32 ht 1:9e: match ip dst 100.67.0.158 flowid 1:1390
@@ -3409,7 +3409,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9e:1 u32 ht 1:9e: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:9e:1 u32 ht 3:9e: match ip6 dst 2001:db8:300:9e::/64 flowid 1:1390
 # policies/isp-subscribers.csv:160:1: class c1137
 class add dev ifb4wan0 parent 1:1130 classid 1:1400 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1400
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1400
 qdisc add dev ifb4wan0 parent 1:1400 handle 1400: fq_codel
 # policies/isp-subscribers.csv:160:75: filter to 1:1400
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9f:1 u32 ht 1:9f: match ip dst 100.67.0.159 flowid 1:1400
@@ -3417,7 +3417,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:9f:1 u32 ht 1:9f: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:9f:1 u32 ht 3:9f: match ip6 dst 2001:db8:300:9f::/64 flowid 1:1400
 # policies/isp-subscribers.csv:161:1: class c1138
 class add dev ifb4wan0 parent 1:1130 classid 1:1410 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1410
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1410
 qdisc add dev ifb4wan0 parent 1:1410 handle 1410: fq_codel
 # policies/isp-subscribers.csv:161:82: filter to 1:1410
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a0:1 u32 ht 1:a0: match ip dst 100.67.0.160 flowid 1:1410
@@ -3425,7 +3425,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a0:1 u32 ht 1:a0: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:a0:1 u32 ht 3:a0: match ip6 dst 2001:db8:300:a0::/64 flowid 1:1410
 # policies/isp-subscribers.csv:162:1: class c1139
 class add dev ifb4wan0 parent 1:1130 classid 1:1420 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1420
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1420
 qdisc add dev ifb4wan0 parent 1:1420 handle 1420: fq_codel
 # policies/isp-subscribers.csv:162:81: filter to 1:1420
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a1:1 u32 ht 1:a1: match ip dst 100.67.0.161 flowid 1:1420
@@ -3433,7 +3433,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a1:1 u32 ht 1:a1: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:a1:1 u32 ht 3:a1: match ip6 dst 2001:db8:300:a1::/64 flowid 1:1420
 # policies/isp-subscribers.csv:163:1: class c1140
 class add dev ifb4wan0 parent 1:1130 classid 1:1430 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1430
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1430
 qdisc add dev ifb4wan0 parent 1:1430 handle 1430: fq_codel
 # policies/isp-subscribers.csv:163:75: filter to 1:1430
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a2:1 u32 ht 1:a2: match ip dst 100.67.0.162 flowid 1:1430
@@ -3441,7 +3441,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a2:1 u32 ht 1:a2: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:a2:1 u32 ht 3:a2: match ip6 dst 2001:db8:300:a2::/64 flowid 1:1430
 # policies/isp-subscribers.csv:164:1: class c1141
 class add dev ifb4wan0 parent 1:1130 classid 1:1440 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1440
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1440
 qdisc add dev ifb4wan0 parent 1:1440 handle 1440: fq_codel
 # policies/isp-subscribers.csv:164:82: filter to 1:1440
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a3:1 u32 ht 1:a3: match ip dst 100.67.0.163 flowid 1:1440
@@ -3449,7 +3449,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a3:1 u32 ht 1:a3: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:a3:1 u32 ht 3:a3: match ip6 dst 2001:db8:300:a3::/64 flowid 1:1440
 # policies/isp-subscribers.csv:165:1: class c1142
 class add dev ifb4wan0 parent 1:1130 classid 1:1450 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1450
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1450
 qdisc add dev ifb4wan0 parent 1:1450 handle 1450: fq_codel
 # policies/isp-subscribers.csv:165:86: filter to 1:1450
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a4:1 u32 ht 1:a4: match ip dst 100.67.0.164 flowid 1:1450
@@ -3457,7 +3457,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a4:1 u32 ht 1:a4: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:a4:1 u32 ht 3:a4: match ip6 dst 2001:db8:300:a4::/64 flowid 1:1450
 # policies/isp-subscribers.csv:166:1: class c1143
 class add dev ifb4wan0 parent 1:1130 classid 1:1460 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1460
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1460
 qdisc add dev ifb4wan0 parent 1:1460 handle 1460: fq_codel
 # policies/isp-subscribers.csv:166:78: filter to 1:1460
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a5:1 u32 ht 1:a5: match ip dst 100.67.0.165 flowid 1:1460
@@ -3465,7 +3465,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a5:1 u32 ht 1:a5: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:a5:1 u32 ht 3:a5: match ip6 dst 2001:db8:300:a5::/64 flowid 1:1460
 # policies/isp-subscribers.csv:167:1: class c1144
 class add dev ifb4wan0 parent 1:1130 classid 1:1470 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1470
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1470
 qdisc add dev ifb4wan0 parent 1:1470 handle 1470: fq_codel
 # policies/isp-subscribers.csv:167:86: filter to 1:1470
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a6:1 u32 ht 1:a6: match ip dst 100.67.0.166 flowid 1:1470
@@ -3475,7 +3475,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:a6:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a7:1 u32 ht 1:a7: match ip dst 100.67.0.167 flowid 1:1470
 # policies/isp-subscribers.csv:169:1: class c1145
 class add dev ifb4wan0 parent 1:1130 classid 1:1480 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1480
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1480
 qdisc add dev ifb4wan0 parent 1:1480 handle 1480: fq_codel
 # policies/isp-subscribers.csv:169:79: filter to 1:1480
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a8:1 u32 ht 1:a8: match ip dst 100.67.0.168 flowid 1:1480
@@ -3483,7 +3483,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a8:1 u32 ht 1:a8: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:a8:1 u32 ht 3:a8: match ip6 dst 2001:db8:300:a8::/64 flowid 1:1480
 # policies/isp-subscribers.csv:170:1: class c1146
 class add dev ifb4wan0 parent 1:1130 classid 1:1490 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1490
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1490
 qdisc add dev ifb4wan0 parent 1:1490 handle 1490: fq_codel
 # policies/isp-subscribers.csv:170:78: filter to 1:1490
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a9:1 u32 ht 1:a9: match ip dst 100.67.0.169 flowid 1:1490
@@ -3491,7 +3491,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:a9:1 u32 ht 1:a9: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:a9:1 u32 ht 3:a9: match ip6 dst 2001:db8:300:a9::/64 flowid 1:1490
 # policies/isp-subscribers.csv:171:1: class c1147
 class add dev ifb4wan0 parent 1:1130 classid 1:1500 htb rate 100mbit ceil 1gbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1500
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1500
 qdisc add dev ifb4wan0 parent 1:1500 handle 1500: fq_codel
 # policies/isp-subscribers.csv:171:86: filter to 1:1500
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:aa:1 u32 ht 1:aa: match ip dst 100.67.0.170 flowid 1:1500
@@ -3499,7 +3499,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:aa:1 u32 ht 1:aa: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:aa:1 u32 ht 3:aa: match ip6 dst 2001:db8:300:aa::/64 flowid 1:1500
 # policies/isp-subscribers.csv:172:1: class c1148
 class add dev ifb4wan0 parent 1:1130 classid 1:1510 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1510
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1510
 qdisc add dev ifb4wan0 parent 1:1510 handle 1510: fq_codel
 # policies/isp-subscribers.csv:172:82: filter to 1:1510
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:ab:1 u32 ht 1:ab: match ip dst 100.67.0.171 flowid 1:1510
@@ -3507,7 +3507,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:ab:1 u32 ht 1:ab: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:ab:1 u32 ht 3:ab: match ip6 dst 2001:db8:300:ab::/64 flowid 1:1510
 # policies/isp-subscribers.csv:173:1: class c1149
 class add dev ifb4wan0 parent 1:1130 classid 1:1520 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1520
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1520
 qdisc add dev ifb4wan0 parent 1:1520 handle 1520: fq_codel
 # policies/isp-subscribers.csv:173:74: filter to 1:1520
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:ac:1 u32 ht 1:ac: match ip dst 100.67.0.172 flowid 1:1520
@@ -3515,7 +3515,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:ac:1 u32 ht 1:ac: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:ac:1 u32 ht 3:ac: match ip6 dst 2001:db8:300:ac::/64 flowid 1:1520
 # policies/isp-subscribers.csv:174:1: class c1150
 class add dev ifb4wan0 parent 1:1130 classid 1:1530 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1530
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1530
 qdisc add dev ifb4wan0 parent 1:1530 handle 1530: fq_codel
 # policies/isp-subscribers.csv:174:76: filter to 1:1530
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:ad:1 u32 ht 1:ad: match ip dst 100.67.0.173 flowid 1:1530
@@ -3523,7 +3523,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:ad:1 u32 ht 1:ad: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:ad:1 u32 ht 3:ad: match ip6 dst 2001:db8:300:ad::/64 flowid 1:1530
 # policies/isp-subscribers.csv:175:1: class c1151
 class add dev ifb4wan0 parent 1:1130 classid 1:1540 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1540
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1540
 qdisc add dev ifb4wan0 parent 1:1540 handle 1540: fq_codel
 # policies/isp-subscribers.csv:175:85: filter to 1:1540
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:ae:1 u32 ht 1:ae: match ip dst 100.67.0.174 flowid 1:1540
@@ -3531,7 +3531,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:ae:1 u32 ht 1:ae: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:ae:1 u32 ht 3:ae: match ip6 dst 2001:db8:300:ae::/64 flowid 1:1540
 # policies/isp-subscribers.csv:176:1: class c1152
 class add dev ifb4wan0 parent 1:1130 classid 1:1550 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1550
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1550
 qdisc add dev ifb4wan0 parent 1:1550 handle 1550: fq_codel
 # policies/isp-subscribers.csv:176:79: filter to 1:1550
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:af:1 u32 ht 1:af: match ip dst 100.67.0.175 flowid 1:1550
@@ -3539,7 +3539,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:af:1 u32 ht 1:af: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:af:1 u32 ht 3:af: match ip6 dst 2001:db8:300:af::/64 flowid 1:1550
 # policies/isp-subscribers.csv:177:1: class c1153
 class add dev ifb4wan0 parent 1:1130 classid 1:1560 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1560
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1560
 qdisc add dev ifb4wan0 parent 1:1560 handle 1560: fq_codel
 # policies/isp-subscribers.csv:177:79: filter to 1:1560
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:b0:1 u32 ht 1:b0: match ip dst 100.67.0.176 flowid 1:1560
@@ -3547,7 +3547,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:b0:1 u32 ht 1:b0: 
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:b0:1 u32 ht 3:b0: match ip6 dst 2001:db8:300:b0::/64 flowid 1:1560
 # policies/isp-subscribers.csv:178:1: class c1154
 class add dev ifb4wan0 parent 1:1130 classid 1:1570 htb rate 30mbit ceil 300mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1570
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1570
 qdisc add dev ifb4wan0 parent 1:1570 handle 1570: fq_codel
 # policies/isp-subscribers.csv:178:78: filter to 1:1570
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:b1:1 u32 ht 1:b1: match ip dst 100.67.0.177 flowid 1:1570
@@ -3557,7 +3557,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:b1:1 u32 ht 
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:b2:1 u32 ht 1:b2: match ip dst 100.67.0.178 flowid 1:1570
 # policies/isp-subscribers.csv:180:1: class c1155
 class add dev ifb4wan0 parent 1:1130 classid 1:1580 htb rate 50mbit ceil 500mbit cburst 123k
-# policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1580
+# policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1580
 qdisc add dev ifb4wan0 parent 1:1580 handle 1580: fq_codel
 # policies/isp-subscribers.csv:180:79: filter to 1:1580
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle 1:b3:1 u32 ht 1:b3: match ip dst 100.67.0.179 flowid 1:1580
@@ -3567,11 +3567,11 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::1 u32 link 1: hash
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 3:b3:1 u32 ht 3:b3: match ip6 dst 2001:db8:300:b3::/64 flowid 1:1580
 # policies/isp-subscribers.csv:128:79: link to u32 table 3: (45 filters in 256 buckets by byte 31)
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:0:1 u32 ht 2:0: link 3: hashkey mask 0x000000ff at 28 match u32 0 0 at 0
-# policies/isp-subscribers.tcp:59:15: class business
+# policies/isp-subscribers.tcp:57:15: class business
 class add dev ifb4wan0 parent 1:1 classid 1:1590 htb rate 3gbit ceil 10gbit burst 367k cburst 1221k prio 1 quantum 200000
 # policies/isp-subscribers.csv:181:1: class c1156
 class add dev ifb4wan0 parent 1:1590 classid 1:1600 htb rate 250mbit ceil 500mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1600
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1600
 qdisc add dev ifb4wan0 parent 1:1600 handle 1600: sfq perturb 10
 # policies/isp-subscribers.csv:181:74: filter to 1:1600
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::2 u32 match ip dst 198.51.100.0/29 flowid 1:1600
@@ -3581,7 +3581,7 @@ filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:0:2 u32 ht 2
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::3 u32 match ip dst 100.68.0.181 flowid 1:1600
 # policies/isp-subscribers.csv:183:1: class c1157
 class add dev ifb4wan0 parent 1:1590 classid 1:1610 htb rate 100mbit ceil 200mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1610
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1610
 qdisc add dev ifb4wan0 parent 1:1610 handle 1610: sfq perturb 10
 # policies/isp-subscribers.csv:183:65: filter to 1:1610
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::4 u32 match ip dst 198.51.100.8/29 flowid 1:1610
@@ -3589,7 +3589,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::4 u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:1:2 u32 ht 2:1: match ip6 dst 2001:db8:b001::/48 flowid 1:1610
 # policies/isp-subscribers.csv:184:1: class c1158
 class add dev ifb4wan0 parent 1:1590 classid 1:1620 htb rate 250mbit ceil 500mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1620
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1620
 qdisc add dev ifb4wan0 parent 1:1620 handle 1620: sfq perturb 10
 # policies/isp-subscribers.csv:184:71: filter to 1:1620
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::5 u32 match ip dst 198.51.100.16/29 flowid 1:1620
@@ -3597,7 +3597,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::5 u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:2:2 u32 ht 2:2: match ip6 dst 2001:db8:b002::/48 flowid 1:1620
 # policies/isp-subscribers.csv:185:1: class c1159
 class add dev ifb4wan0 parent 1:1590 classid 1:1630 htb rate 100mbit ceil 200mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1630
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1630
 qdisc add dev ifb4wan0 parent 1:1630 handle 1630: sfq perturb 10
 # policies/isp-subscribers.csv:185:67: filter to 1:1630
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::6 u32 match ip dst 198.51.100.24/29 flowid 1:1630
@@ -3605,7 +3605,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::6 u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:3:2 u32 ht 2:3: match ip6 dst 2001:db8:b003::/48 flowid 1:1630
 # policies/isp-subscribers.csv:186:1: class c1160
 class add dev ifb4wan0 parent 1:1590 classid 1:1640 htb rate 250mbit ceil 500mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1640
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1640
 qdisc add dev ifb4wan0 parent 1:1640 handle 1640: sfq perturb 10
 # policies/isp-subscribers.csv:186:69: filter to 1:1640
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::7 u32 match ip dst 198.51.100.32/29 flowid 1:1640
@@ -3613,7 +3613,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::7 u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:4:2 u32 ht 2:4: match ip6 dst 2001:db8:b004::/48 flowid 1:1640
 # policies/isp-subscribers.csv:187:1: class c1161
 class add dev ifb4wan0 parent 1:1590 classid 1:1650 htb rate 100mbit ceil 200mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1650
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1650
 qdisc add dev ifb4wan0 parent 1:1650 handle 1650: sfq perturb 10
 # policies/isp-subscribers.csv:187:66: filter to 1:1650
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::8 u32 match ip dst 198.51.100.40/29 flowid 1:1650
@@ -3621,7 +3621,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::8 u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:5:2 u32 ht 2:5: match ip6 dst 2001:db8:b005::/48 flowid 1:1650
 # policies/isp-subscribers.csv:188:1: class c1162
 class add dev ifb4wan0 parent 1:1590 classid 1:1660 htb rate 100mbit ceil 200mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1660
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1660
 qdisc add dev ifb4wan0 parent 1:1660 handle 1660: sfq perturb 10
 # policies/isp-subscribers.csv:188:74: filter to 1:1660
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::9 u32 match ip dst 198.51.100.48/29 flowid 1:1660
@@ -3629,7 +3629,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::9 u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:6:2 u32 ht 2:6: match ip6 dst 2001:db8:b006::/48 flowid 1:1660
 # policies/isp-subscribers.csv:189:1: class c1163
 class add dev ifb4wan0 parent 1:1590 classid 1:1670 htb rate 250mbit ceil 500mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1670
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1670
 qdisc add dev ifb4wan0 parent 1:1670 handle 1670: sfq perturb 10
 # policies/isp-subscribers.csv:189:73: filter to 1:1670
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::a u32 match ip dst 198.51.100.56/29 flowid 1:1670
@@ -3637,7 +3637,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::a u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:7:2 u32 ht 2:7: match ip6 dst 2001:db8:b007::/48 flowid 1:1670
 # policies/isp-subscribers.csv:190:1: class c1164
 class add dev ifb4wan0 parent 1:1590 classid 1:1680 htb rate 250mbit ceil 500mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1680
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1680
 qdisc add dev ifb4wan0 parent 1:1680 handle 1680: sfq perturb 10
 # policies/isp-subscribers.csv:190:74: filter to 1:1680
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::b u32 match ip dst 198.51.100.64/29 flowid 1:1680
@@ -3645,7 +3645,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::b u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:8:2 u32 ht 2:8: match ip6 dst 2001:db8:b008::/48 flowid 1:1680
 # policies/isp-subscribers.csv:191:1: class c1165
 class add dev ifb4wan0 parent 1:1590 classid 1:1690 htb rate 250mbit ceil 500mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1690
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1690
 qdisc add dev ifb4wan0 parent 1:1690 handle 1690: sfq perturb 10
 # policies/isp-subscribers.csv:191:76: filter to 1:1690
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::c u32 match ip dst 198.51.100.72/29 flowid 1:1690
@@ -3653,7 +3653,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::c u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:9:1 u32 ht 2:9: match ip6 dst 2001:db8:b009::/48 flowid 1:1690
 # policies/isp-subscribers.csv:192:1: class c1166
 class add dev ifb4wan0 parent 1:1590 classid 1:1700 htb rate 100mbit ceil 200mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1700
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1700
 qdisc add dev ifb4wan0 parent 1:1700 handle 1700: sfq perturb 10
 # policies/isp-subscribers.csv:192:69: filter to 1:1700
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::d u32 match ip dst 198.51.100.80/29 flowid 1:1700
@@ -3661,7 +3661,7 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::d u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:a:2 u32 ht 2:a: match ip6 dst 2001:db8:b00a::/48 flowid 1:1700
 # policies/isp-subscribers.csv:193:1: class c1167
 class add dev ifb4wan0 parent 1:1590 classid 1:1710 htb rate 250mbit ceil 500mbit prio 1
-# policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1710
+# policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1710
 qdisc add dev ifb4wan0 parent 1:1710 handle 1710: sfq perturb 10
 # policies/isp-subscribers.csv:193:79: filter to 1:1710
 filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::e u32 match ip dst 198.51.100.88/29 flowid 1:1710
@@ -3669,728 +3669,728 @@ filter add dev ifb4wan0 parent 1: protocol ip prio 1 handle ::e u32 match ip dst
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle 2:b:2 u32 ht 2:b: match ip6 dst 2001:db8:b00b::/48 flowid 1:1710
 # policies/isp-subscribers.csv:2:81: link to u32 table 2: (167 filters in 256 buckets by byte 29)
 filter add dev ifb4wan0 parent 1: protocol ipv6 prio 32769 handle ::1 u32 link 2: hashkey mask 0x00ff0000 at 28 match u32 0 0 at 0
-# policies/isp-subscribers.tcp:40:5: interface wan0: download via ifb4wan0
+# policies/isp-subscribers.tcp:39:5: interface wan0: download via ifb4wan0
 qdisc add dev wan0 handle ffff: ingress
-# policies/isp-subscribers.tcp:40:5: interface wan0: download via ifb4wan0
+# policies/isp-subscribers.tcp:39:5: interface wan0: download via ifb4wan0
 filter add dev wan0 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ifb4wan0
 TCDSL_BATCH
 ); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/isp-subscribers.tcp:40:14: interface ifb4wan0: htb qdisc' ;;
-    4) tcdsl_at='policies/isp-subscribers.tcp:40:14: link class' ;;
-    6) tcdsl_at='policies/isp-subscribers.tcp:64:15: class unknown' ;;
-    8) tcdsl_at='policies/isp-subscribers.tcp:41:15: class north' ;;
+    2) tcdsl_at='policies/isp-subscribers.tcp:39:14: interface ifb4wan0: htb qdisc' ;;
+    4) tcdsl_at='policies/isp-subscribers.tcp:39:14: link class' ;;
+    6) tcdsl_at='policies/isp-subscribers.tcp:62:15: class unknown' ;;
+    8) tcdsl_at='policies/isp-subscribers.tcp:40:15: class north' ;;
     10) tcdsl_at='policies/isp-subscribers.csv:2:1: class c1001' ;;
-    12) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:20' ;;
+    12) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:20' ;;
     14) tcdsl_at='policies/isp-subscribers.csv:2:81: u32 table 1: (184 filters in 256 buckets by byte 19)' ;;
     16) tcdsl_at='policies/isp-subscribers.csv:2:81: filter to 1:20' ;;
     18) tcdsl_at='policies/isp-subscribers.csv:2:81: u32 table 2: (167 filters in 256 buckets by byte 29)' ;;
     20) tcdsl_at='policies/isp-subscribers.csv:2:81: filter to 1:20' ;;
     22) tcdsl_at='policies/isp-subscribers.csv:3:1: class c1002' ;;
-    24) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:30' ;;
+    24) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:30' ;;
     26) tcdsl_at='policies/isp-subscribers.csv:3:83: filter to 1:30' ;;
     28) tcdsl_at='policies/isp-subscribers.csv:3:83: filter to 1:30' ;;
     30) tcdsl_at='policies/isp-subscribers.csv:4:1: class c1003' ;;
-    32) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:40' ;;
+    32) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:40' ;;
     34) tcdsl_at='policies/isp-subscribers.csv:4:73: filter to 1:40' ;;
     36) tcdsl_at='policies/isp-subscribers.csv:4:73: filter to 1:40' ;;
     38) tcdsl_at='policies/isp-subscribers.csv:5:1: class c1004' ;;
-    40) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:50' ;;
+    40) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:50' ;;
     42) tcdsl_at='policies/isp-subscribers.csv:5:75: filter to 1:50' ;;
     44) tcdsl_at='policies/isp-subscribers.csv:5:75: filter to 1:50' ;;
     46) tcdsl_at='policies/isp-subscribers.csv:6:1: class c1005' ;;
-    48) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:60' ;;
+    48) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:60' ;;
     50) tcdsl_at='policies/isp-subscribers.csv:6:77: filter to 1:60' ;;
     52) tcdsl_at='policies/isp-subscribers.csv:6:77: filter to 1:60' ;;
     54) tcdsl_at='policies/isp-subscribers.csv:7:1: class c1006' ;;
-    56) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:70' ;;
+    56) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:70' ;;
     58) tcdsl_at='policies/isp-subscribers.csv:7:81: filter to 1:70' ;;
     60) tcdsl_at='policies/isp-subscribers.csv:7:81: filter to 1:70' ;;
     62) tcdsl_at='policies/isp-subscribers.csv:8:1: class c1007' ;;
-    64) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:80' ;;
+    64) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:80' ;;
     66) tcdsl_at='policies/isp-subscribers.csv:8:79: filter to 1:80' ;;
     68) tcdsl_at='policies/isp-subscribers.csv:8:79: filter to 1:80' ;;
     70) tcdsl_at='policies/isp-subscribers.csv:9:1: class c1008' ;;
-    72) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:90' ;;
+    72) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:90' ;;
     74) tcdsl_at='policies/isp-subscribers.csv:9:82: filter to 1:90' ;;
     76) tcdsl_at='policies/isp-subscribers.csv:9:82: filter to 1:90' ;;
     78) tcdsl_at='policies/isp-subscribers.csv:10:85: filter to 1:90' ;;
     80) tcdsl_at='policies/isp-subscribers.csv:11:1: class c1009' ;;
-    82) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:100' ;;
+    82) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:100' ;;
     84) tcdsl_at='policies/isp-subscribers.csv:11:82: filter to 1:100' ;;
     86) tcdsl_at='policies/isp-subscribers.csv:11:82: filter to 1:100' ;;
     88) tcdsl_at='policies/isp-subscribers.csv:12:1: class c1010' ;;
-    90) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:110' ;;
+    90) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:110' ;;
     92) tcdsl_at='policies/isp-subscribers.csv:12:81: filter to 1:110' ;;
     94) tcdsl_at='policies/isp-subscribers.csv:12:81: filter to 1:110' ;;
     96) tcdsl_at='policies/isp-subscribers.csv:13:1: class c1011' ;;
-    98) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:120' ;;
+    98) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:120' ;;
     100) tcdsl_at='policies/isp-subscribers.csv:13:77: filter to 1:120' ;;
     102) tcdsl_at='policies/isp-subscribers.csv:13:77: filter to 1:120' ;;
     104) tcdsl_at='policies/isp-subscribers.csv:14:1: class c1012' ;;
-    106) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:130' ;;
+    106) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:130' ;;
     108) tcdsl_at='policies/isp-subscribers.csv:14:76: filter to 1:130' ;;
     110) tcdsl_at='policies/isp-subscribers.csv:14:76: filter to 1:130' ;;
     112) tcdsl_at='policies/isp-subscribers.csv:15:1: class c1013' ;;
-    114) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:140' ;;
+    114) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:140' ;;
     116) tcdsl_at='policies/isp-subscribers.csv:15:82: filter to 1:140' ;;
     118) tcdsl_at='policies/isp-subscribers.csv:15:82: filter to 1:140' ;;
     120) tcdsl_at='policies/isp-subscribers.csv:16:1: class c1014' ;;
-    122) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:150' ;;
+    122) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:150' ;;
     124) tcdsl_at='policies/isp-subscribers.csv:16:77: filter to 1:150' ;;
     126) tcdsl_at='policies/isp-subscribers.csv:16:77: filter to 1:150' ;;
     128) tcdsl_at='policies/isp-subscribers.csv:17:1: class c1015' ;;
-    130) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:160' ;;
+    130) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:160' ;;
     132) tcdsl_at='policies/isp-subscribers.csv:17:79: filter to 1:160' ;;
     134) tcdsl_at='policies/isp-subscribers.csv:17:79: filter to 1:160' ;;
     136) tcdsl_at='policies/isp-subscribers.csv:18:82: filter to 1:160' ;;
     138) tcdsl_at='policies/isp-subscribers.csv:19:1: class c1016' ;;
-    140) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:170' ;;
+    140) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:170' ;;
     142) tcdsl_at='policies/isp-subscribers.csv:19:80: filter to 1:170' ;;
     144) tcdsl_at='policies/isp-subscribers.csv:19:80: filter to 1:170' ;;
     146) tcdsl_at='policies/isp-subscribers.csv:20:1: class c1017' ;;
-    148) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:180' ;;
+    148) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:180' ;;
     150) tcdsl_at='policies/isp-subscribers.csv:20:77: filter to 1:180' ;;
     152) tcdsl_at='policies/isp-subscribers.csv:20:77: filter to 1:180' ;;
     154) tcdsl_at='policies/isp-subscribers.csv:21:1: class c1018' ;;
-    156) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:190' ;;
+    156) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:190' ;;
     158) tcdsl_at='policies/isp-subscribers.csv:21:77: filter to 1:190' ;;
     160) tcdsl_at='policies/isp-subscribers.csv:21:77: filter to 1:190' ;;
     162) tcdsl_at='policies/isp-subscribers.csv:22:1: class c1019' ;;
-    164) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:200' ;;
+    164) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:200' ;;
     166) tcdsl_at='policies/isp-subscribers.csv:22:78: filter to 1:200' ;;
     168) tcdsl_at='policies/isp-subscribers.csv:22:78: filter to 1:200' ;;
     170) tcdsl_at='policies/isp-subscribers.csv:23:1: class c1020' ;;
-    172) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:210' ;;
+    172) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:210' ;;
     174) tcdsl_at='policies/isp-subscribers.csv:23:77: filter to 1:210' ;;
     176) tcdsl_at='policies/isp-subscribers.csv:23:77: filter to 1:210' ;;
     178) tcdsl_at='policies/isp-subscribers.csv:24:1: class c1021' ;;
-    180) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:220' ;;
+    180) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:220' ;;
     182) tcdsl_at='policies/isp-subscribers.csv:24:77: filter to 1:220' ;;
     184) tcdsl_at='policies/isp-subscribers.csv:24:77: filter to 1:220' ;;
     186) tcdsl_at='policies/isp-subscribers.csv:25:1: class c1022' ;;
-    188) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:230' ;;
+    188) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:230' ;;
     190) tcdsl_at='policies/isp-subscribers.csv:25:74: filter to 1:230' ;;
     192) tcdsl_at='policies/isp-subscribers.csv:25:74: filter to 1:230' ;;
     194) tcdsl_at='policies/isp-subscribers.csv:26:1: class c1023' ;;
-    196) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:240' ;;
+    196) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:240' ;;
     198) tcdsl_at='policies/isp-subscribers.csv:26:82: filter to 1:240' ;;
     200) tcdsl_at='policies/isp-subscribers.csv:26:82: filter to 1:240' ;;
     202) tcdsl_at='policies/isp-subscribers.csv:27:1: class c1024' ;;
-    204) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:250' ;;
+    204) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:250' ;;
     206) tcdsl_at='policies/isp-subscribers.csv:27:83: filter to 1:250' ;;
     208) tcdsl_at='policies/isp-subscribers.csv:27:83: filter to 1:250' ;;
     210) tcdsl_at='policies/isp-subscribers.csv:28:1: class c1025' ;;
-    212) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:260' ;;
+    212) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:260' ;;
     214) tcdsl_at='policies/isp-subscribers.csv:28:82: filter to 1:260' ;;
     216) tcdsl_at='policies/isp-subscribers.csv:28:82: filter to 1:260' ;;
     218) tcdsl_at='policies/isp-subscribers.csv:29:1: class c1026' ;;
-    220) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:270' ;;
+    220) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:270' ;;
     222) tcdsl_at='policies/isp-subscribers.csv:29:73: filter to 1:270' ;;
     224) tcdsl_at='policies/isp-subscribers.csv:29:73: filter to 1:270' ;;
     226) tcdsl_at='policies/isp-subscribers.csv:30:1: class c1027' ;;
-    228) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:280' ;;
+    228) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:280' ;;
     230) tcdsl_at='policies/isp-subscribers.csv:30:73: filter to 1:280' ;;
     232) tcdsl_at='policies/isp-subscribers.csv:30:73: filter to 1:280' ;;
     234) tcdsl_at='policies/isp-subscribers.csv:31:1: class c1028' ;;
-    236) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:290' ;;
+    236) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:290' ;;
     238) tcdsl_at='policies/isp-subscribers.csv:31:78: filter to 1:290' ;;
     240) tcdsl_at='policies/isp-subscribers.csv:31:78: filter to 1:290' ;;
     242) tcdsl_at='policies/isp-subscribers.csv:32:1: class c1029' ;;
-    244) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:300' ;;
+    244) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:300' ;;
     246) tcdsl_at='policies/isp-subscribers.csv:32:82: filter to 1:300' ;;
     248) tcdsl_at='policies/isp-subscribers.csv:32:82: filter to 1:300' ;;
     250) tcdsl_at='policies/isp-subscribers.csv:33:1: class c1030' ;;
-    252) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:310' ;;
+    252) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:310' ;;
     254) tcdsl_at='policies/isp-subscribers.csv:33:80: filter to 1:310' ;;
     256) tcdsl_at='policies/isp-subscribers.csv:33:80: filter to 1:310' ;;
     258) tcdsl_at='policies/isp-subscribers.csv:34:1: class c1031' ;;
-    260) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:320' ;;
+    260) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:320' ;;
     262) tcdsl_at='policies/isp-subscribers.csv:34:78: filter to 1:320' ;;
     264) tcdsl_at='policies/isp-subscribers.csv:34:78: filter to 1:320' ;;
     266) tcdsl_at='policies/isp-subscribers.csv:35:1: class c1032' ;;
-    268) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:330' ;;
+    268) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:330' ;;
     270) tcdsl_at='policies/isp-subscribers.csv:35:78: filter to 1:330' ;;
     272) tcdsl_at='policies/isp-subscribers.csv:35:78: filter to 1:330' ;;
     274) tcdsl_at='policies/isp-subscribers.csv:36:1: class c1033' ;;
-    276) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:340' ;;
+    276) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:340' ;;
     278) tcdsl_at='policies/isp-subscribers.csv:36:79: filter to 1:340' ;;
     280) tcdsl_at='policies/isp-subscribers.csv:36:79: filter to 1:340' ;;
     282) tcdsl_at='policies/isp-subscribers.csv:37:1: class c1034' ;;
-    284) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:350' ;;
+    284) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:350' ;;
     286) tcdsl_at='policies/isp-subscribers.csv:37:78: filter to 1:350' ;;
     288) tcdsl_at='policies/isp-subscribers.csv:37:78: filter to 1:350' ;;
     290) tcdsl_at='policies/isp-subscribers.csv:38:1: class c1035' ;;
-    292) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:360' ;;
+    292) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:360' ;;
     294) tcdsl_at='policies/isp-subscribers.csv:38:80: filter to 1:360' ;;
     296) tcdsl_at='policies/isp-subscribers.csv:38:80: filter to 1:360' ;;
     298) tcdsl_at='policies/isp-subscribers.csv:39:1: class c1036' ;;
-    300) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:370' ;;
+    300) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:370' ;;
     302) tcdsl_at='policies/isp-subscribers.csv:39:80: filter to 1:370' ;;
     304) tcdsl_at='policies/isp-subscribers.csv:39:80: filter to 1:370' ;;
     306) tcdsl_at='policies/isp-subscribers.csv:40:1: class c1037' ;;
-    308) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:380' ;;
+    308) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:380' ;;
     310) tcdsl_at='policies/isp-subscribers.csv:40:76: filter to 1:380' ;;
     312) tcdsl_at='policies/isp-subscribers.csv:40:76: filter to 1:380' ;;
     314) tcdsl_at='policies/isp-subscribers.csv:41:1: class c1038' ;;
-    316) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:390' ;;
+    316) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:390' ;;
     318) tcdsl_at='policies/isp-subscribers.csv:41:76: filter to 1:390' ;;
     320) tcdsl_at='policies/isp-subscribers.csv:41:76: filter to 1:390' ;;
     322) tcdsl_at='policies/isp-subscribers.csv:42:79: filter to 1:390' ;;
     324) tcdsl_at='policies/isp-subscribers.csv:43:1: class c1039' ;;
-    326) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:400' ;;
+    326) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:400' ;;
     328) tcdsl_at='policies/isp-subscribers.csv:43:78: filter to 1:400' ;;
     330) tcdsl_at='policies/isp-subscribers.csv:43:78: filter to 1:400' ;;
     332) tcdsl_at='policies/isp-subscribers.csv:44:1: class c1040' ;;
-    334) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:410' ;;
+    334) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:410' ;;
     336) tcdsl_at='policies/isp-subscribers.csv:44:84: filter to 1:410' ;;
     338) tcdsl_at='policies/isp-subscribers.csv:44:84: filter to 1:410' ;;
     340) tcdsl_at='policies/isp-subscribers.csv:45:1: class c1041' ;;
-    342) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:420' ;;
+    342) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:420' ;;
     344) tcdsl_at='policies/isp-subscribers.csv:45:82: filter to 1:420' ;;
     346) tcdsl_at='policies/isp-subscribers.csv:45:82: filter to 1:420' ;;
     348) tcdsl_at='policies/isp-subscribers.csv:46:1: class c1042' ;;
-    350) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:430' ;;
+    350) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:430' ;;
     352) tcdsl_at='policies/isp-subscribers.csv:46:77: filter to 1:430' ;;
     354) tcdsl_at='policies/isp-subscribers.csv:46:77: filter to 1:430' ;;
     356) tcdsl_at='policies/isp-subscribers.csv:47:1: class c1043' ;;
-    358) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:440' ;;
+    358) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:440' ;;
     360) tcdsl_at='policies/isp-subscribers.csv:47:81: filter to 1:440' ;;
     362) tcdsl_at='policies/isp-subscribers.csv:47:81: filter to 1:440' ;;
     364) tcdsl_at='policies/isp-subscribers.csv:48:1: class c1044' ;;
-    366) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:450' ;;
+    366) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:450' ;;
     368) tcdsl_at='policies/isp-subscribers.csv:48:79: filter to 1:450' ;;
     370) tcdsl_at='policies/isp-subscribers.csv:48:79: filter to 1:450' ;;
     372) tcdsl_at='policies/isp-subscribers.csv:49:1: class c1045' ;;
-    374) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:460' ;;
+    374) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:460' ;;
     376) tcdsl_at='policies/isp-subscribers.csv:49:79: filter to 1:460' ;;
     378) tcdsl_at='policies/isp-subscribers.csv:49:79: filter to 1:460' ;;
     380) tcdsl_at='policies/isp-subscribers.csv:50:1: class c1046' ;;
-    382) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:470' ;;
+    382) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:470' ;;
     384) tcdsl_at='policies/isp-subscribers.csv:50:78: filter to 1:470' ;;
     386) tcdsl_at='policies/isp-subscribers.csv:50:78: filter to 1:470' ;;
     388) tcdsl_at='policies/isp-subscribers.csv:51:1: class c1047' ;;
-    390) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:480' ;;
+    390) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:480' ;;
     392) tcdsl_at='policies/isp-subscribers.csv:51:84: filter to 1:480' ;;
     394) tcdsl_at='policies/isp-subscribers.csv:51:84: filter to 1:480' ;;
     396) tcdsl_at='policies/isp-subscribers.csv:52:1: class c1048' ;;
-    398) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:490' ;;
+    398) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:490' ;;
     400) tcdsl_at='policies/isp-subscribers.csv:52:81: filter to 1:490' ;;
     402) tcdsl_at='policies/isp-subscribers.csv:52:81: filter to 1:490' ;;
     404) tcdsl_at='policies/isp-subscribers.csv:53:1: class c1049' ;;
-    406) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:500' ;;
+    406) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:500' ;;
     408) tcdsl_at='policies/isp-subscribers.csv:53:85: filter to 1:500' ;;
     410) tcdsl_at='policies/isp-subscribers.csv:53:85: filter to 1:500' ;;
     412) tcdsl_at='policies/isp-subscribers.csv:54:88: filter to 1:500' ;;
     414) tcdsl_at='policies/isp-subscribers.csv:55:1: class c1050' ;;
-    416) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:510' ;;
+    416) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:510' ;;
     418) tcdsl_at='policies/isp-subscribers.csv:55:74: filter to 1:510' ;;
     420) tcdsl_at='policies/isp-subscribers.csv:55:74: filter to 1:510' ;;
     422) tcdsl_at='policies/isp-subscribers.csv:56:1: class c1051' ;;
-    424) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:520' ;;
+    424) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:520' ;;
     426) tcdsl_at='policies/isp-subscribers.csv:56:80: filter to 1:520' ;;
     428) tcdsl_at='policies/isp-subscribers.csv:56:80: filter to 1:520' ;;
     430) tcdsl_at='policies/isp-subscribers.csv:57:1: class c1052' ;;
-    432) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:530' ;;
+    432) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:530' ;;
     434) tcdsl_at='policies/isp-subscribers.csv:57:81: filter to 1:530' ;;
     436) tcdsl_at='policies/isp-subscribers.csv:57:81: filter to 1:530' ;;
     438) tcdsl_at='policies/isp-subscribers.csv:58:1: class c1053' ;;
-    440) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:540' ;;
+    440) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:540' ;;
     442) tcdsl_at='policies/isp-subscribers.csv:58:74: filter to 1:540' ;;
     444) tcdsl_at='policies/isp-subscribers.csv:58:74: filter to 1:540' ;;
     446) tcdsl_at='policies/isp-subscribers.csv:59:1: class c1054' ;;
-    448) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:550' ;;
+    448) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:550' ;;
     450) tcdsl_at='policies/isp-subscribers.csv:59:80: filter to 1:550' ;;
     452) tcdsl_at='policies/isp-subscribers.csv:59:80: filter to 1:550' ;;
     454) tcdsl_at='policies/isp-subscribers.csv:60:1: class c1055' ;;
-    456) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:560' ;;
+    456) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:560' ;;
     458) tcdsl_at='policies/isp-subscribers.csv:60:83: filter to 1:560' ;;
     460) tcdsl_at='policies/isp-subscribers.csv:60:83: filter to 1:560' ;;
     462) tcdsl_at='policies/isp-subscribers.csv:61:1: class c1056' ;;
-    464) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:570' ;;
+    464) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:570' ;;
     466) tcdsl_at='policies/isp-subscribers.csv:61:79: filter to 1:570' ;;
     468) tcdsl_at='policies/isp-subscribers.csv:61:79: filter to 1:570' ;;
     470) tcdsl_at='policies/isp-subscribers.csv:62:1: class c1057' ;;
-    472) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:580' ;;
+    472) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:580' ;;
     474) tcdsl_at='policies/isp-subscribers.csv:62:73: filter to 1:580' ;;
     476) tcdsl_at='policies/isp-subscribers.csv:62:73: filter to 1:580' ;;
     478) tcdsl_at='policies/isp-subscribers.csv:63:1: class c1058' ;;
-    480) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:590' ;;
+    480) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:590' ;;
     482) tcdsl_at='policies/isp-subscribers.csv:63:78: filter to 1:590' ;;
     484) tcdsl_at='policies/isp-subscribers.csv:63:78: filter to 1:590' ;;
     486) tcdsl_at='policies/isp-subscribers.csv:64:1: class c1059' ;;
-    488) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:600' ;;
+    488) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:600' ;;
     490) tcdsl_at='policies/isp-subscribers.csv:64:81: filter to 1:600' ;;
     492) tcdsl_at='policies/isp-subscribers.csv:64:81: filter to 1:600' ;;
     494) tcdsl_at='policies/isp-subscribers.csv:65:1: class c1060' ;;
-    496) tcdsl_at='policies/isp-subscribers.tcp:43:17: fq_codel qdisc of 1:610' ;;
+    496) tcdsl_at='policies/isp-subscribers.tcp:42:17: fq_codel qdisc of 1:610' ;;
     498) tcdsl_at='policies/isp-subscribers.csv:65:76: filter to 1:610' ;;
     500) tcdsl_at='policies/isp-subscribers.csv:65:76: filter to 1:610' ;;
-    502) tcdsl_at='policies/isp-subscribers.tcp:46:15: class south' ;;
+    502) tcdsl_at='policies/isp-subscribers.tcp:45:15: class south' ;;
     504) tcdsl_at='policies/isp-subscribers.csv:66:1: class c1061' ;;
-    506) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:630' ;;
+    506) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:630' ;;
     508) tcdsl_at='policies/isp-subscribers.csv:66:79: filter to 1:630' ;;
     510) tcdsl_at='policies/isp-subscribers.csv:66:79: filter to 1:630' ;;
     512) tcdsl_at='policies/isp-subscribers.csv:67:82: filter to 1:630' ;;
     514) tcdsl_at='policies/isp-subscribers.csv:68:86: filter to 1:630' ;;
     516) tcdsl_at='policies/isp-subscribers.csv:68:86: filter to 1:630' ;;
     518) tcdsl_at='policies/isp-subscribers.csv:69:1: class c1062' ;;
-    520) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:640' ;;
+    520) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:640' ;;
     522) tcdsl_at='policies/isp-subscribers.csv:69:81: filter to 1:640' ;;
     524) tcdsl_at='policies/isp-subscribers.csv:69:81: filter to 1:640' ;;
     526) tcdsl_at='policies/isp-subscribers.csv:70:84: filter to 1:640' ;;
     528) tcdsl_at='policies/isp-subscribers.csv:71:1: class c1063' ;;
-    530) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:650' ;;
+    530) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:650' ;;
     532) tcdsl_at='policies/isp-subscribers.csv:71:81: filter to 1:650' ;;
     534) tcdsl_at='policies/isp-subscribers.csv:71:81: filter to 1:650' ;;
     536) tcdsl_at='policies/isp-subscribers.csv:72:1: class c1064' ;;
-    538) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:660' ;;
+    538) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:660' ;;
     540) tcdsl_at='policies/isp-subscribers.csv:72:78: filter to 1:660' ;;
     542) tcdsl_at='policies/isp-subscribers.csv:72:78: filter to 1:660' ;;
     544) tcdsl_at='policies/isp-subscribers.csv:73:1: class c1065' ;;
-    546) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:670' ;;
+    546) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:670' ;;
     548) tcdsl_at='policies/isp-subscribers.csv:73:81: filter to 1:670' ;;
     550) tcdsl_at='policies/isp-subscribers.csv:73:81: filter to 1:670' ;;
     552) tcdsl_at='policies/isp-subscribers.csv:74:1: class c1066' ;;
-    554) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:680' ;;
+    554) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:680' ;;
     556) tcdsl_at='policies/isp-subscribers.csv:74:81: filter to 1:680' ;;
     558) tcdsl_at='policies/isp-subscribers.csv:74:81: filter to 1:680' ;;
     560) tcdsl_at='policies/isp-subscribers.csv:75:1: class c1067' ;;
-    562) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:690' ;;
+    562) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:690' ;;
     564) tcdsl_at='policies/isp-subscribers.csv:75:76: filter to 1:690' ;;
     566) tcdsl_at='policies/isp-subscribers.csv:75:76: filter to 1:690' ;;
     568) tcdsl_at='policies/isp-subscribers.csv:76:1: class c1068' ;;
-    570) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:700' ;;
+    570) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:700' ;;
     572) tcdsl_at='policies/isp-subscribers.csv:76:78: filter to 1:700' ;;
     574) tcdsl_at='policies/isp-subscribers.csv:76:78: filter to 1:700' ;;
     576) tcdsl_at='policies/isp-subscribers.csv:77:1: class c1069' ;;
-    578) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:710' ;;
+    578) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:710' ;;
     580) tcdsl_at='policies/isp-subscribers.csv:77:82: filter to 1:710' ;;
     582) tcdsl_at='policies/isp-subscribers.csv:77:82: filter to 1:710' ;;
     584) tcdsl_at='policies/isp-subscribers.csv:78:1: class c1070' ;;
-    586) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:720' ;;
+    586) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:720' ;;
     588) tcdsl_at='policies/isp-subscribers.csv:78:82: filter to 1:720' ;;
     590) tcdsl_at='policies/isp-subscribers.csv:78:82: filter to 1:720' ;;
     592) tcdsl_at='policies/isp-subscribers.csv:79:1: class c1071' ;;
-    594) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:730' ;;
+    594) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:730' ;;
     596) tcdsl_at='policies/isp-subscribers.csv:79:80: filter to 1:730' ;;
     598) tcdsl_at='policies/isp-subscribers.csv:79:80: filter to 1:730' ;;
     600) tcdsl_at='policies/isp-subscribers.csv:80:83: filter to 1:730' ;;
     602) tcdsl_at='policies/isp-subscribers.csv:81:1: class c1072' ;;
-    604) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:740' ;;
+    604) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:740' ;;
     606) tcdsl_at='policies/isp-subscribers.csv:81:80: filter to 1:740' ;;
     608) tcdsl_at='policies/isp-subscribers.csv:81:80: filter to 1:740' ;;
     610) tcdsl_at='policies/isp-subscribers.csv:82:1: class c1073' ;;
-    612) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:750' ;;
+    612) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:750' ;;
     614) tcdsl_at='policies/isp-subscribers.csv:82:81: filter to 1:750' ;;
     616) tcdsl_at='policies/isp-subscribers.csv:82:81: filter to 1:750' ;;
     618) tcdsl_at='policies/isp-subscribers.csv:83:1: class c1074' ;;
-    620) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:760' ;;
+    620) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:760' ;;
     622) tcdsl_at='policies/isp-subscribers.csv:83:79: filter to 1:760' ;;
     624) tcdsl_at='policies/isp-subscribers.csv:83:79: filter to 1:760' ;;
     626) tcdsl_at='policies/isp-subscribers.csv:84:1: class c1075' ;;
-    628) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:770' ;;
+    628) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:770' ;;
     630) tcdsl_at='policies/isp-subscribers.csv:84:75: filter to 1:770' ;;
     632) tcdsl_at='policies/isp-subscribers.csv:84:75: filter to 1:770' ;;
     634) tcdsl_at='policies/isp-subscribers.csv:85:1: class c1076' ;;
-    636) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:780' ;;
+    636) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:780' ;;
     638) tcdsl_at='policies/isp-subscribers.csv:85:82: filter to 1:780' ;;
     640) tcdsl_at='policies/isp-subscribers.csv:85:82: filter to 1:780' ;;
     642) tcdsl_at='policies/isp-subscribers.csv:86:1: class c1077' ;;
-    644) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:790' ;;
+    644) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:790' ;;
     646) tcdsl_at='policies/isp-subscribers.csv:86:76: filter to 1:790' ;;
     648) tcdsl_at='policies/isp-subscribers.csv:86:76: filter to 1:790' ;;
     650) tcdsl_at='policies/isp-subscribers.csv:87:1: class c1078' ;;
-    652) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:800' ;;
+    652) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:800' ;;
     654) tcdsl_at='policies/isp-subscribers.csv:87:78: filter to 1:800' ;;
     656) tcdsl_at='policies/isp-subscribers.csv:87:78: filter to 1:800' ;;
     658) tcdsl_at='policies/isp-subscribers.csv:88:1: class c1079' ;;
-    660) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:810' ;;
+    660) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:810' ;;
     662) tcdsl_at='policies/isp-subscribers.csv:88:78: filter to 1:810' ;;
     664) tcdsl_at='policies/isp-subscribers.csv:88:78: filter to 1:810' ;;
     666) tcdsl_at='policies/isp-subscribers.csv:89:1: class c1080' ;;
-    668) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:820' ;;
+    668) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:820' ;;
     670) tcdsl_at='policies/isp-subscribers.csv:89:85: filter to 1:820' ;;
     672) tcdsl_at='policies/isp-subscribers.csv:89:85: filter to 1:820' ;;
     674) tcdsl_at='policies/isp-subscribers.csv:90:88: filter to 1:820' ;;
     676) tcdsl_at='policies/isp-subscribers.csv:91:1: class c1081' ;;
-    678) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:830' ;;
+    678) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:830' ;;
     680) tcdsl_at='policies/isp-subscribers.csv:91:82: filter to 1:830' ;;
     682) tcdsl_at='policies/isp-subscribers.csv:91:82: filter to 1:830' ;;
     684) tcdsl_at='policies/isp-subscribers.csv:92:1: class c1082' ;;
-    686) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:840' ;;
+    686) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:840' ;;
     688) tcdsl_at='policies/isp-subscribers.csv:92:77: filter to 1:840' ;;
     690) tcdsl_at='policies/isp-subscribers.csv:92:77: filter to 1:840' ;;
     692) tcdsl_at='policies/isp-subscribers.csv:93:1: class c1083' ;;
-    694) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:850' ;;
+    694) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:850' ;;
     696) tcdsl_at='policies/isp-subscribers.csv:93:81: filter to 1:850' ;;
     698) tcdsl_at='policies/isp-subscribers.csv:93:81: filter to 1:850' ;;
     700) tcdsl_at='policies/isp-subscribers.csv:94:1: class c1084' ;;
-    702) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:860' ;;
+    702) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:860' ;;
     704) tcdsl_at='policies/isp-subscribers.csv:94:76: filter to 1:860' ;;
     706) tcdsl_at='policies/isp-subscribers.csv:94:76: filter to 1:860' ;;
     708) tcdsl_at='policies/isp-subscribers.csv:95:1: class c1085' ;;
-    710) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:870' ;;
+    710) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:870' ;;
     712) tcdsl_at='policies/isp-subscribers.csv:95:75: filter to 1:870' ;;
     714) tcdsl_at='policies/isp-subscribers.csv:95:75: filter to 1:870' ;;
     716) tcdsl_at='policies/isp-subscribers.csv:96:1: class c1086' ;;
-    718) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:880' ;;
+    718) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:880' ;;
     720) tcdsl_at='policies/isp-subscribers.csv:96:75: filter to 1:880' ;;
     722) tcdsl_at='policies/isp-subscribers.csv:96:75: filter to 1:880' ;;
     724) tcdsl_at='policies/isp-subscribers.csv:97:1: class c1087' ;;
-    726) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:890' ;;
+    726) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:890' ;;
     728) tcdsl_at='policies/isp-subscribers.csv:97:80: filter to 1:890' ;;
     730) tcdsl_at='policies/isp-subscribers.csv:97:80: filter to 1:890' ;;
     732) tcdsl_at='policies/isp-subscribers.csv:98:83: filter to 1:890' ;;
     734) tcdsl_at='policies/isp-subscribers.csv:99:87: filter to 1:890' ;;
     736) tcdsl_at='policies/isp-subscribers.csv:99:87: filter to 1:890' ;;
     738) tcdsl_at='policies/isp-subscribers.csv:100:1: class c1088' ;;
-    740) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:900' ;;
+    740) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:900' ;;
     742) tcdsl_at='policies/isp-subscribers.csv:100:82: filter to 1:900' ;;
     744) tcdsl_at='policies/isp-subscribers.csv:100:82: filter to 1:900' ;;
     746) tcdsl_at='policies/isp-subscribers.csv:101:1: class c1089' ;;
-    748) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:910' ;;
+    748) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:910' ;;
     750) tcdsl_at='policies/isp-subscribers.csv:101:82: filter to 1:910' ;;
     752) tcdsl_at='policies/isp-subscribers.csv:101:82: filter to 1:910' ;;
     754) tcdsl_at='policies/isp-subscribers.csv:102:1: class c1090' ;;
-    756) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:920' ;;
+    756) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:920' ;;
     758) tcdsl_at='policies/isp-subscribers.csv:102:80: filter to 1:920' ;;
     760) tcdsl_at='policies/isp-subscribers.csv:102:80: filter to 1:920' ;;
     762) tcdsl_at='policies/isp-subscribers.csv:103:1: class c1091' ;;
-    764) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:930' ;;
+    764) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:930' ;;
     766) tcdsl_at='policies/isp-subscribers.csv:103:80: filter to 1:930' ;;
     768) tcdsl_at='policies/isp-subscribers.csv:103:80: filter to 1:930' ;;
     770) tcdsl_at='policies/isp-subscribers.csv:104:1: class c1092' ;;
-    772) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:940' ;;
+    772) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:940' ;;
     774) tcdsl_at='policies/isp-subscribers.csv:104:78: filter to 1:940' ;;
     776) tcdsl_at='policies/isp-subscribers.csv:104:78: filter to 1:940' ;;
     778) tcdsl_at='policies/isp-subscribers.csv:105:1: class c1093' ;;
-    780) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:950' ;;
+    780) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:950' ;;
     782) tcdsl_at='policies/isp-subscribers.csv:105:77: filter to 1:950' ;;
     784) tcdsl_at='policies/isp-subscribers.csv:105:77: filter to 1:950' ;;
     786) tcdsl_at='policies/isp-subscribers.csv:106:80: filter to 1:950' ;;
     788) tcdsl_at='policies/isp-subscribers.csv:107:1: class c1094' ;;
-    790) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:960' ;;
+    790) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:960' ;;
     792) tcdsl_at='policies/isp-subscribers.csv:107:85: filter to 1:960' ;;
     794) tcdsl_at='policies/isp-subscribers.csv:107:85: filter to 1:960' ;;
     796) tcdsl_at='policies/isp-subscribers.csv:108:1: class c1095' ;;
-    798) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:970' ;;
+    798) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:970' ;;
     800) tcdsl_at='policies/isp-subscribers.csv:108:76: filter to 1:970' ;;
     802) tcdsl_at='policies/isp-subscribers.csv:108:76: filter to 1:970' ;;
     804) tcdsl_at='policies/isp-subscribers.csv:109:79: filter to 1:970' ;;
     806) tcdsl_at='policies/isp-subscribers.csv:110:1: class c1096' ;;
-    808) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:980' ;;
+    808) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:980' ;;
     810) tcdsl_at='policies/isp-subscribers.csv:110:83: filter to 1:980' ;;
     812) tcdsl_at='policies/isp-subscribers.csv:110:83: filter to 1:980' ;;
     814) tcdsl_at='policies/isp-subscribers.csv:111:1: class c1097' ;;
-    816) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:990' ;;
+    816) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:990' ;;
     818) tcdsl_at='policies/isp-subscribers.csv:111:80: filter to 1:990' ;;
     820) tcdsl_at='policies/isp-subscribers.csv:111:80: filter to 1:990' ;;
     822) tcdsl_at='policies/isp-subscribers.csv:112:1: class c1098' ;;
-    824) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1000' ;;
+    824) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1000' ;;
     826) tcdsl_at='policies/isp-subscribers.csv:112:78: filter to 1:1000' ;;
     828) tcdsl_at='policies/isp-subscribers.csv:112:78: filter to 1:1000' ;;
     830) tcdsl_at='policies/isp-subscribers.csv:113:1: class c1099' ;;
-    832) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1010' ;;
+    832) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1010' ;;
     834) tcdsl_at='policies/isp-subscribers.csv:113:81: filter to 1:1010' ;;
     836) tcdsl_at='policies/isp-subscribers.csv:113:81: filter to 1:1010' ;;
     838) tcdsl_at='policies/isp-subscribers.csv:114:1: class c1100' ;;
-    840) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1020' ;;
+    840) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1020' ;;
     842) tcdsl_at='policies/isp-subscribers.csv:114:82: filter to 1:1020' ;;
     844) tcdsl_at='policies/isp-subscribers.csv:114:82: filter to 1:1020' ;;
     846) tcdsl_at='policies/isp-subscribers.csv:115:1: class c1101' ;;
-    848) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1030' ;;
+    848) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1030' ;;
     850) tcdsl_at='policies/isp-subscribers.csv:115:82: filter to 1:1030' ;;
     852) tcdsl_at='policies/isp-subscribers.csv:115:82: filter to 1:1030' ;;
     854) tcdsl_at='policies/isp-subscribers.csv:116:85: filter to 1:1030' ;;
     856) tcdsl_at='policies/isp-subscribers.csv:117:89: filter to 1:1030' ;;
     858) tcdsl_at='policies/isp-subscribers.csv:117:89: filter to 1:1030' ;;
     860) tcdsl_at='policies/isp-subscribers.csv:118:1: class c1102' ;;
-    862) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1040' ;;
+    862) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1040' ;;
     864) tcdsl_at='policies/isp-subscribers.csv:118:78: filter to 1:1040' ;;
     866) tcdsl_at='policies/isp-subscribers.csv:118:78: filter to 1:1040' ;;
     868) tcdsl_at='policies/isp-subscribers.csv:119:81: filter to 1:1040' ;;
     870) tcdsl_at='policies/isp-subscribers.csv:120:1: class c1103' ;;
-    872) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1050' ;;
+    872) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1050' ;;
     874) tcdsl_at='policies/isp-subscribers.csv:120:78: filter to 1:1050' ;;
     876) tcdsl_at='policies/isp-subscribers.csv:120:78: filter to 1:1050' ;;
     878) tcdsl_at='policies/isp-subscribers.csv:121:1: class c1104' ;;
-    880) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1060' ;;
+    880) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1060' ;;
     882) tcdsl_at='policies/isp-subscribers.csv:121:79: filter to 1:1060' ;;
     884) tcdsl_at='policies/isp-subscribers.csv:121:79: filter to 1:1060' ;;
     886) tcdsl_at='policies/isp-subscribers.csv:122:1: class c1105' ;;
-    888) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1070' ;;
+    888) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1070' ;;
     890) tcdsl_at='policies/isp-subscribers.csv:122:80: filter to 1:1070' ;;
     892) tcdsl_at='policies/isp-subscribers.csv:122:80: filter to 1:1070' ;;
     894) tcdsl_at='policies/isp-subscribers.csv:123:1: class c1106' ;;
-    896) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1080' ;;
+    896) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1080' ;;
     898) tcdsl_at='policies/isp-subscribers.csv:123:84: filter to 1:1080' ;;
     900) tcdsl_at='policies/isp-subscribers.csv:123:84: filter to 1:1080' ;;
     902) tcdsl_at='policies/isp-subscribers.csv:124:1: class c1107' ;;
-    904) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1090' ;;
+    904) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1090' ;;
     906) tcdsl_at='policies/isp-subscribers.csv:124:81: filter to 1:1090' ;;
     908) tcdsl_at='policies/isp-subscribers.csv:124:81: filter to 1:1090' ;;
     910) tcdsl_at='policies/isp-subscribers.csv:125:1: class c1108' ;;
-    912) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1100' ;;
+    912) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1100' ;;
     914) tcdsl_at='policies/isp-subscribers.csv:125:83: filter to 1:1100' ;;
     916) tcdsl_at='policies/isp-subscribers.csv:125:83: filter to 1:1100' ;;
     918) tcdsl_at='policies/isp-subscribers.csv:126:1: class c1109' ;;
-    920) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1110' ;;
+    920) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1110' ;;
     922) tcdsl_at='policies/isp-subscribers.csv:126:77: filter to 1:1110' ;;
     924) tcdsl_at='policies/isp-subscribers.csv:126:77: filter to 1:1110' ;;
     926) tcdsl_at='policies/isp-subscribers.csv:127:1: class c1110' ;;
-    928) tcdsl_at='policies/isp-subscribers.tcp:49:17: fq_codel qdisc of 1:1120' ;;
+    928) tcdsl_at='policies/isp-subscribers.tcp:48:17: fq_codel qdisc of 1:1120' ;;
     930) tcdsl_at='policies/isp-subscribers.csv:127:81: filter to 1:1120' ;;
     932) tcdsl_at='policies/isp-subscribers.csv:127:81: filter to 1:1120' ;;
-    934) tcdsl_at='policies/isp-subscribers.tcp:52:15: class fiber' ;;
+    934) tcdsl_at='policies/isp-subscribers.tcp:51:15: class fiber' ;;
     936) tcdsl_at='policies/isp-subscribers.csv:128:1: class c1111' ;;
-    938) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1140' ;;
+    938) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1140' ;;
     940) tcdsl_at='policies/isp-subscribers.csv:128:79: filter to 1:1140' ;;
     942) tcdsl_at='policies/isp-subscribers.csv:128:79: u32 table 3: (45 filters in 256 buckets by byte 31)' ;;
     944) tcdsl_at='policies/isp-subscribers.csv:128:79: filter to 1:1140' ;;
     946) tcdsl_at='policies/isp-subscribers.csv:129:1: class c1112' ;;
-    948) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1150' ;;
+    948) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1150' ;;
     950) tcdsl_at='policies/isp-subscribers.csv:129:76: filter to 1:1150' ;;
     952) tcdsl_at='policies/isp-subscribers.csv:129:76: filter to 1:1150' ;;
     954) tcdsl_at='policies/isp-subscribers.csv:130:1: class c1113' ;;
-    956) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1160' ;;
+    956) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1160' ;;
     958) tcdsl_at='policies/isp-subscribers.csv:130:73: filter to 1:1160' ;;
     960) tcdsl_at='policies/isp-subscribers.csv:130:73: filter to 1:1160' ;;
     962) tcdsl_at='policies/isp-subscribers.csv:131:1: class c1114' ;;
-    964) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1170' ;;
+    964) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1170' ;;
     966) tcdsl_at='policies/isp-subscribers.csv:131:79: filter to 1:1170' ;;
     968) tcdsl_at='policies/isp-subscribers.csv:131:79: filter to 1:1170' ;;
     970) tcdsl_at='policies/isp-subscribers.csv:132:1: class c1115' ;;
-    972) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1180' ;;
+    972) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1180' ;;
     974) tcdsl_at='policies/isp-subscribers.csv:132:81: filter to 1:1180' ;;
     976) tcdsl_at='policies/isp-subscribers.csv:132:81: filter to 1:1180' ;;
     978) tcdsl_at='policies/isp-subscribers.csv:133:1: class c1116' ;;
-    980) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1190' ;;
+    980) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1190' ;;
     982) tcdsl_at='policies/isp-subscribers.csv:133:81: filter to 1:1190' ;;
     984) tcdsl_at='policies/isp-subscribers.csv:133:81: filter to 1:1190' ;;
     986) tcdsl_at='policies/isp-subscribers.csv:134:1: class c1117' ;;
-    988) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1200' ;;
+    988) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1200' ;;
     990) tcdsl_at='policies/isp-subscribers.csv:134:79: filter to 1:1200' ;;
     992) tcdsl_at='policies/isp-subscribers.csv:134:79: filter to 1:1200' ;;
     994) tcdsl_at='policies/isp-subscribers.csv:135:1: class c1118' ;;
-    996) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1210' ;;
+    996) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1210' ;;
     998) tcdsl_at='policies/isp-subscribers.csv:135:78: filter to 1:1210' ;;
     1000) tcdsl_at='policies/isp-subscribers.csv:135:78: filter to 1:1210' ;;
     1002) tcdsl_at='policies/isp-subscribers.csv:136:81: filter to 1:1210' ;;
     1004) tcdsl_at='policies/isp-subscribers.csv:137:1: class c1119' ;;
-    1006) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1220' ;;
+    1006) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1220' ;;
     1008) tcdsl_at='policies/isp-subscribers.csv:137:86: filter to 1:1220' ;;
     1010) tcdsl_at='policies/isp-subscribers.csv:137:86: filter to 1:1220' ;;
     1012) tcdsl_at='policies/isp-subscribers.csv:138:1: class c1120' ;;
-    1014) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1230' ;;
+    1014) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1230' ;;
     1016) tcdsl_at='policies/isp-subscribers.csv:138:81: filter to 1:1230' ;;
     1018) tcdsl_at='policies/isp-subscribers.csv:138:81: filter to 1:1230' ;;
     1020) tcdsl_at='policies/isp-subscribers.csv:139:1: class c1121' ;;
-    1022) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1240' ;;
+    1022) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1240' ;;
     1024) tcdsl_at='policies/isp-subscribers.csv:139:79: filter to 1:1240' ;;
     1026) tcdsl_at='policies/isp-subscribers.csv:139:79: filter to 1:1240' ;;
     1028) tcdsl_at='policies/isp-subscribers.csv:140:82: filter to 1:1240' ;;
     1030) tcdsl_at='policies/isp-subscribers.csv:141:86: filter to 1:1240' ;;
     1032) tcdsl_at='policies/isp-subscribers.csv:141:86: filter to 1:1240' ;;
     1034) tcdsl_at='policies/isp-subscribers.csv:142:1: class c1122' ;;
-    1036) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1250' ;;
+    1036) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1250' ;;
     1038) tcdsl_at='policies/isp-subscribers.csv:142:85: filter to 1:1250' ;;
     1040) tcdsl_at='policies/isp-subscribers.csv:142:85: filter to 1:1250' ;;
     1042) tcdsl_at='policies/isp-subscribers.csv:143:88: filter to 1:1250' ;;
     1044) tcdsl_at='policies/isp-subscribers.csv:144:1: class c1123' ;;
-    1046) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1260' ;;
+    1046) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1260' ;;
     1048) tcdsl_at='policies/isp-subscribers.csv:144:78: filter to 1:1260' ;;
     1050) tcdsl_at='policies/isp-subscribers.csv:144:78: filter to 1:1260' ;;
     1052) tcdsl_at='policies/isp-subscribers.csv:145:1: class c1124' ;;
-    1054) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1270' ;;
+    1054) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1270' ;;
     1056) tcdsl_at='policies/isp-subscribers.csv:145:85: filter to 1:1270' ;;
     1058) tcdsl_at='policies/isp-subscribers.csv:145:85: filter to 1:1270' ;;
     1060) tcdsl_at='policies/isp-subscribers.csv:146:1: class c1125' ;;
-    1062) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1280' ;;
+    1062) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1280' ;;
     1064) tcdsl_at='policies/isp-subscribers.csv:146:81: filter to 1:1280' ;;
     1066) tcdsl_at='policies/isp-subscribers.csv:146:81: filter to 1:1280' ;;
     1068) tcdsl_at='policies/isp-subscribers.csv:147:1: class c1126' ;;
-    1070) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1290' ;;
+    1070) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1290' ;;
     1072) tcdsl_at='policies/isp-subscribers.csv:147:76: filter to 1:1290' ;;
     1074) tcdsl_at='policies/isp-subscribers.csv:147:76: filter to 1:1290' ;;
     1076) tcdsl_at='policies/isp-subscribers.csv:148:1: class c1127' ;;
-    1078) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1300' ;;
+    1078) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1300' ;;
     1080) tcdsl_at='policies/isp-subscribers.csv:148:85: filter to 1:1300' ;;
     1082) tcdsl_at='policies/isp-subscribers.csv:148:85: filter to 1:1300' ;;
     1084) tcdsl_at='policies/isp-subscribers.csv:149:1: class c1128' ;;
-    1086) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1310' ;;
+    1086) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1310' ;;
     1088) tcdsl_at='policies/isp-subscribers.csv:149:80: filter to 1:1310' ;;
     1090) tcdsl_at='policies/isp-subscribers.csv:149:80: filter to 1:1310' ;;
     1092) tcdsl_at='policies/isp-subscribers.csv:150:1: class c1129' ;;
-    1094) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1320' ;;
+    1094) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1320' ;;
     1096) tcdsl_at='policies/isp-subscribers.csv:150:74: filter to 1:1320' ;;
     1098) tcdsl_at='policies/isp-subscribers.csv:150:74: filter to 1:1320' ;;
     1100) tcdsl_at='policies/isp-subscribers.csv:151:1: class c1130' ;;
-    1102) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1330' ;;
+    1102) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1330' ;;
     1104) tcdsl_at='policies/isp-subscribers.csv:151:77: filter to 1:1330' ;;
     1106) tcdsl_at='policies/isp-subscribers.csv:151:77: filter to 1:1330' ;;
     1108) tcdsl_at='policies/isp-subscribers.csv:152:80: filter to 1:1330' ;;
     1110) tcdsl_at='policies/isp-subscribers.csv:153:84: filter to 1:1330' ;;
     1112) tcdsl_at='policies/isp-subscribers.csv:153:84: filter to 1:1330' ;;
     1114) tcdsl_at='policies/isp-subscribers.csv:154:1: class c1131' ;;
-    1116) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1340' ;;
+    1116) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1340' ;;
     1118) tcdsl_at='policies/isp-subscribers.csv:154:84: filter to 1:1340' ;;
     1120) tcdsl_at='policies/isp-subscribers.csv:154:84: filter to 1:1340' ;;
     1122) tcdsl_at='policies/isp-subscribers.csv:155:1: class c1132' ;;
-    1124) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1350' ;;
+    1124) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1350' ;;
     1126) tcdsl_at='policies/isp-subscribers.csv:155:81: filter to 1:1350' ;;
     1128) tcdsl_at='policies/isp-subscribers.csv:155:81: filter to 1:1350' ;;
     1130) tcdsl_at='policies/isp-subscribers.csv:156:1: class c1133' ;;
-    1132) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1360' ;;
+    1132) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1360' ;;
     1134) tcdsl_at='policies/isp-subscribers.csv:156:78: filter to 1:1360' ;;
     1136) tcdsl_at='policies/isp-subscribers.csv:156:78: filter to 1:1360' ;;
     1138) tcdsl_at='policies/isp-subscribers.csv:157:1: class c1134' ;;
-    1140) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1370' ;;
+    1140) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1370' ;;
     1142) tcdsl_at='policies/isp-subscribers.csv:157:80: filter to 1:1370' ;;
     1144) tcdsl_at='policies/isp-subscribers.csv:157:80: filter to 1:1370' ;;
     1146) tcdsl_at='policies/isp-subscribers.csv:158:1: class c1135' ;;
-    1148) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1380' ;;
+    1148) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1380' ;;
     1150) tcdsl_at='policies/isp-subscribers.csv:158:84: filter to 1:1380' ;;
     1152) tcdsl_at='policies/isp-subscribers.csv:158:84: filter to 1:1380' ;;
     1154) tcdsl_at='policies/isp-subscribers.csv:159:1: class c1136' ;;
-    1156) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1390' ;;
+    1156) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1390' ;;
     1158) tcdsl_at='policies/isp-subscribers.csv:159:79: filter to 1:1390' ;;
     1160) tcdsl_at='policies/isp-subscribers.csv:159:79: filter to 1:1390' ;;
     1162) tcdsl_at='policies/isp-subscribers.csv:160:1: class c1137' ;;
-    1164) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1400' ;;
+    1164) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1400' ;;
     1166) tcdsl_at='policies/isp-subscribers.csv:160:75: filter to 1:1400' ;;
     1168) tcdsl_at='policies/isp-subscribers.csv:160:75: filter to 1:1400' ;;
     1170) tcdsl_at='policies/isp-subscribers.csv:161:1: class c1138' ;;
-    1172) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1410' ;;
+    1172) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1410' ;;
     1174) tcdsl_at='policies/isp-subscribers.csv:161:82: filter to 1:1410' ;;
     1176) tcdsl_at='policies/isp-subscribers.csv:161:82: filter to 1:1410' ;;
     1178) tcdsl_at='policies/isp-subscribers.csv:162:1: class c1139' ;;
-    1180) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1420' ;;
+    1180) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1420' ;;
     1182) tcdsl_at='policies/isp-subscribers.csv:162:81: filter to 1:1420' ;;
     1184) tcdsl_at='policies/isp-subscribers.csv:162:81: filter to 1:1420' ;;
     1186) tcdsl_at='policies/isp-subscribers.csv:163:1: class c1140' ;;
-    1188) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1430' ;;
+    1188) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1430' ;;
     1190) tcdsl_at='policies/isp-subscribers.csv:163:75: filter to 1:1430' ;;
     1192) tcdsl_at='policies/isp-subscribers.csv:163:75: filter to 1:1430' ;;
     1194) tcdsl_at='policies/isp-subscribers.csv:164:1: class c1141' ;;
-    1196) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1440' ;;
+    1196) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1440' ;;
     1198) tcdsl_at='policies/isp-subscribers.csv:164:82: filter to 1:1440' ;;
     1200) tcdsl_at='policies/isp-subscribers.csv:164:82: filter to 1:1440' ;;
     1202) tcdsl_at='policies/isp-subscribers.csv:165:1: class c1142' ;;
-    1204) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1450' ;;
+    1204) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1450' ;;
     1206) tcdsl_at='policies/isp-subscribers.csv:165:86: filter to 1:1450' ;;
     1208) tcdsl_at='policies/isp-subscribers.csv:165:86: filter to 1:1450' ;;
     1210) tcdsl_at='policies/isp-subscribers.csv:166:1: class c1143' ;;
-    1212) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1460' ;;
+    1212) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1460' ;;
     1214) tcdsl_at='policies/isp-subscribers.csv:166:78: filter to 1:1460' ;;
     1216) tcdsl_at='policies/isp-subscribers.csv:166:78: filter to 1:1460' ;;
     1218) tcdsl_at='policies/isp-subscribers.csv:167:1: class c1144' ;;
-    1220) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1470' ;;
+    1220) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1470' ;;
     1222) tcdsl_at='policies/isp-subscribers.csv:167:86: filter to 1:1470' ;;
     1224) tcdsl_at='policies/isp-subscribers.csv:167:86: filter to 1:1470' ;;
     1226) tcdsl_at='policies/isp-subscribers.csv:168:89: filter to 1:1470' ;;
     1228) tcdsl_at='policies/isp-subscribers.csv:169:1: class c1145' ;;
-    1230) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1480' ;;
+    1230) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1480' ;;
     1232) tcdsl_at='policies/isp-subscribers.csv:169:79: filter to 1:1480' ;;
     1234) tcdsl_at='policies/isp-subscribers.csv:169:79: filter to 1:1480' ;;
     1236) tcdsl_at='policies/isp-subscribers.csv:170:1: class c1146' ;;
-    1238) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1490' ;;
+    1238) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1490' ;;
     1240) tcdsl_at='policies/isp-subscribers.csv:170:78: filter to 1:1490' ;;
     1242) tcdsl_at='policies/isp-subscribers.csv:170:78: filter to 1:1490' ;;
     1244) tcdsl_at='policies/isp-subscribers.csv:171:1: class c1147' ;;
-    1246) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1500' ;;
+    1246) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1500' ;;
     1248) tcdsl_at='policies/isp-subscribers.csv:171:86: filter to 1:1500' ;;
     1250) tcdsl_at='policies/isp-subscribers.csv:171:86: filter to 1:1500' ;;
     1252) tcdsl_at='policies/isp-subscribers.csv:172:1: class c1148' ;;
-    1254) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1510' ;;
+    1254) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1510' ;;
     1256) tcdsl_at='policies/isp-subscribers.csv:172:82: filter to 1:1510' ;;
     1258) tcdsl_at='policies/isp-subscribers.csv:172:82: filter to 1:1510' ;;
     1260) tcdsl_at='policies/isp-subscribers.csv:173:1: class c1149' ;;
-    1262) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1520' ;;
+    1262) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1520' ;;
     1264) tcdsl_at='policies/isp-subscribers.csv:173:74: filter to 1:1520' ;;
     1266) tcdsl_at='policies/isp-subscribers.csv:173:74: filter to 1:1520' ;;
     1268) tcdsl_at='policies/isp-subscribers.csv:174:1: class c1150' ;;
-    1270) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1530' ;;
+    1270) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1530' ;;
     1272) tcdsl_at='policies/isp-subscribers.csv:174:76: filter to 1:1530' ;;
     1274) tcdsl_at='policies/isp-subscribers.csv:174:76: filter to 1:1530' ;;
     1276) tcdsl_at='policies/isp-subscribers.csv:175:1: class c1151' ;;
-    1278) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1540' ;;
+    1278) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1540' ;;
     1280) tcdsl_at='policies/isp-subscribers.csv:175:85: filter to 1:1540' ;;
     1282) tcdsl_at='policies/isp-subscribers.csv:175:85: filter to 1:1540' ;;
     1284) tcdsl_at='policies/isp-subscribers.csv:176:1: class c1152' ;;
-    1286) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1550' ;;
+    1286) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1550' ;;
     1288) tcdsl_at='policies/isp-subscribers.csv:176:79: filter to 1:1550' ;;
     1290) tcdsl_at='policies/isp-subscribers.csv:176:79: filter to 1:1550' ;;
     1292) tcdsl_at='policies/isp-subscribers.csv:177:1: class c1153' ;;
-    1294) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1560' ;;
+    1294) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1560' ;;
     1296) tcdsl_at='policies/isp-subscribers.csv:177:79: filter to 1:1560' ;;
     1298) tcdsl_at='policies/isp-subscribers.csv:177:79: filter to 1:1560' ;;
     1300) tcdsl_at='policies/isp-subscribers.csv:178:1: class c1154' ;;
-    1302) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1570' ;;
+    1302) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1570' ;;
     1304) tcdsl_at='policies/isp-subscribers.csv:178:78: filter to 1:1570' ;;
     1306) tcdsl_at='policies/isp-subscribers.csv:178:78: filter to 1:1570' ;;
     1308) tcdsl_at='policies/isp-subscribers.csv:179:81: filter to 1:1570' ;;
     1310) tcdsl_at='policies/isp-subscribers.csv:180:1: class c1155' ;;
-    1312) tcdsl_at='policies/isp-subscribers.tcp:56:17: fq_codel qdisc of 1:1580' ;;
+    1312) tcdsl_at='policies/isp-subscribers.tcp:54:17: fq_codel qdisc of 1:1580' ;;
     1314) tcdsl_at='policies/isp-subscribers.csv:180:79: filter to 1:1580' ;;
     1316) tcdsl_at='policies/isp-subscribers.csv:2:81: link to u32 table 1: (184 filters in 256 buckets by byte 19)' ;;
     1318) tcdsl_at='policies/isp-subscribers.csv:180:79: filter to 1:1580' ;;
     1320) tcdsl_at='policies/isp-subscribers.csv:128:79: link to u32 table 3: (45 filters in 256 buckets by byte 31)' ;;
-    1322) tcdsl_at='policies/isp-subscribers.tcp:59:15: class business' ;;
+    1322) tcdsl_at='policies/isp-subscribers.tcp:57:15: class business' ;;
     1324) tcdsl_at='policies/isp-subscribers.csv:181:1: class c1156' ;;
-    1326) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1600' ;;
+    1326) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1600' ;;
     1328) tcdsl_at='policies/isp-subscribers.csv:181:74: filter to 1:1600' ;;
     1330) tcdsl_at='policies/isp-subscribers.csv:181:74: filter to 1:1600' ;;
     1332) tcdsl_at='policies/isp-subscribers.csv:182:77: filter to 1:1600' ;;
     1334) tcdsl_at='policies/isp-subscribers.csv:183:1: class c1157' ;;
-    1336) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1610' ;;
+    1336) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1610' ;;
     1338) tcdsl_at='policies/isp-subscribers.csv:183:65: filter to 1:1610' ;;
     1340) tcdsl_at='policies/isp-subscribers.csv:183:65: filter to 1:1610' ;;
     1342) tcdsl_at='policies/isp-subscribers.csv:184:1: class c1158' ;;
-    1344) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1620' ;;
+    1344) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1620' ;;
     1346) tcdsl_at='policies/isp-subscribers.csv:184:71: filter to 1:1620' ;;
     1348) tcdsl_at='policies/isp-subscribers.csv:184:71: filter to 1:1620' ;;
     1350) tcdsl_at='policies/isp-subscribers.csv:185:1: class c1159' ;;
-    1352) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1630' ;;
+    1352) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1630' ;;
     1354) tcdsl_at='policies/isp-subscribers.csv:185:67: filter to 1:1630' ;;
     1356) tcdsl_at='policies/isp-subscribers.csv:185:67: filter to 1:1630' ;;
     1358) tcdsl_at='policies/isp-subscribers.csv:186:1: class c1160' ;;
-    1360) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1640' ;;
+    1360) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1640' ;;
     1362) tcdsl_at='policies/isp-subscribers.csv:186:69: filter to 1:1640' ;;
     1364) tcdsl_at='policies/isp-subscribers.csv:186:69: filter to 1:1640' ;;
     1366) tcdsl_at='policies/isp-subscribers.csv:187:1: class c1161' ;;
-    1368) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1650' ;;
+    1368) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1650' ;;
     1370) tcdsl_at='policies/isp-subscribers.csv:187:66: filter to 1:1650' ;;
     1372) tcdsl_at='policies/isp-subscribers.csv:187:66: filter to 1:1650' ;;
     1374) tcdsl_at='policies/isp-subscribers.csv:188:1: class c1162' ;;
-    1376) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1660' ;;
+    1376) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1660' ;;
     1378) tcdsl_at='policies/isp-subscribers.csv:188:74: filter to 1:1660' ;;
     1380) tcdsl_at='policies/isp-subscribers.csv:188:74: filter to 1:1660' ;;
     1382) tcdsl_at='policies/isp-subscribers.csv:189:1: class c1163' ;;
-    1384) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1670' ;;
+    1384) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1670' ;;
     1386) tcdsl_at='policies/isp-subscribers.csv:189:73: filter to 1:1670' ;;
     1388) tcdsl_at='policies/isp-subscribers.csv:189:73: filter to 1:1670' ;;
     1390) tcdsl_at='policies/isp-subscribers.csv:190:1: class c1164' ;;
-    1392) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1680' ;;
+    1392) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1680' ;;
     1394) tcdsl_at='policies/isp-subscribers.csv:190:74: filter to 1:1680' ;;
     1396) tcdsl_at='policies/isp-subscribers.csv:190:74: filter to 1:1680' ;;
     1398) tcdsl_at='policies/isp-subscribers.csv:191:1: class c1165' ;;
-    1400) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1690' ;;
+    1400) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1690' ;;
     1402) tcdsl_at='policies/isp-subscribers.csv:191:76: filter to 1:1690' ;;
     1404) tcdsl_at='policies/isp-subscribers.csv:191:76: filter to 1:1690' ;;
     1406) tcdsl_at='policies/isp-subscribers.csv:192:1: class c1166' ;;
-    1408) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1700' ;;
+    1408) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1700' ;;
     1410) tcdsl_at='policies/isp-subscribers.csv:192:69: filter to 1:1700' ;;
     1412) tcdsl_at='policies/isp-subscribers.csv:192:69: filter to 1:1700' ;;
     1414) tcdsl_at='policies/isp-subscribers.csv:193:1: class c1167' ;;
-    1416) tcdsl_at='policies/isp-subscribers.tcp:61:17: sfq qdisc of 1:1710' ;;
+    1416) tcdsl_at='policies/isp-subscribers.tcp:59:17: sfq qdisc of 1:1710' ;;
     1418) tcdsl_at='policies/isp-subscribers.csv:193:79: filter to 1:1710' ;;
     1420) tcdsl_at='policies/isp-subscribers.csv:193:79: filter to 1:1710' ;;
     1422) tcdsl_at='policies/isp-subscribers.csv:2:81: link to u32 table 2: (167 filters in 256 buckets by byte 29)' ;;
-    1424) tcdsl_at='policies/isp-subscribers.tcp:40:5: interface wan0: download via ifb4wan0' ;;
-    1426) tcdsl_at='policies/isp-subscribers.tcp:40:5: interface wan0: download via ifb4wan0' ;;
+    1424) tcdsl_at='policies/isp-subscribers.tcp:39:5: interface wan0: download via ifb4wan0' ;;
+    1426) tcdsl_at='policies/isp-subscribers.tcp:39:5: interface wan0: download via ifb4wan0' ;;
     esac
     exit 1
 fi
