@@ -219,7 +219,7 @@ def _forced(step: Step, runner: Runner) -> dict[tuple[str, ...], str] | None:
         time.sleep(wait)
         pending = [pending[n] for n in busy]
         for command in pending:
-            del failed[command]  # tried again
+            failed.pop(command, None)  # tried again (a command may be there twice)
     return failed or None
 
 
