@@ -627,15 +627,13 @@ FAST_SHOWN = 3
 def _fast_burst(cls: ir.Class, left: list[tuple[str, ir.Rate]], more: int) -> Diagnostic:
     """W315 for a class whose burst (or cburst, or both) tc chooses at ``left``'s rates."""
     names = " and ".join(name for name, _ in left)
-    rate = left[0][1]
+    of = [("rate" if name == "burst" else "ceil", r) for name, r in left]
+    keeps = " and ".join(what for what, _ in of)
+    rates = " and ".join(f"{what} {_rate(r.bits_per_second)}" for what, r in of)
     # 1 ms at the rate, in whole kilobytes (rounded up)
     wanted = " ".join(f"{name} {-(-r.bits_per_second // 8_192_000)}k" for name, r in left)
     also = f" (and {more} more classes of this tree)" if more else ""
     where = " on its subscribers statement, for all its classes" if cls.from_table else ""
-    keeps = " and ".join(("rate" if name == "burst" else "ceil") for name, _ in left)
-    rates = " and ".join(
-        f"{'rate' if name == 'burst' else 'ceil'} {_rate(r.bits_per_second)}" for name, r in left
-    )
     return Diagnostic.warning(
         "W315",
         f"{cls.label} has no {names}: at its {rates}, tc's default (one "
@@ -643,7 +641,7 @@ def _fast_burst(cls: ir.Class, left: list[tuple[str, ir.Rate]], more: int) -> Di
         f"one full-size frame ({FRAME} bytes), and the class falls short of its {keeps} "
         f"(measured: by a tenth at 1gbit, by 40% at 2gbit){also}; write '{wanted}'{where} "
         "(1 ms at each, as sqm-scripts gives)",
-        rate.span,
+        left[0][1].span,
     )
 
 

@@ -20,6 +20,7 @@ from tcdsl.commands import Command, batch_quote
 from tcdsl.ops.live import info_kind
 from tcdsl.ops.plan import Plan, Step
 from tcdsl.ops.state import OpsError
+from tcdsl.verify.readback import parse_qdiscs
 
 Runner = Callable[[Sequence[str], str | None], subprocess.CompletedProcess[str]]
 """Runs a command (argv, stdin text) and returns how it went; tests wrap it to fail on cue."""
@@ -172,7 +173,7 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
         start = 0
         while True:
             done = runner(["tc", "-batch", "-"], _batch_text(commands[start:]))
-            if done.returncode == 0 or not step.fatal:
+            if done.returncode == 0:
                 return None
             found = _FAILED.search(done.stderr)
             n = start + int(found.group(1)) - 1 if found else len(commands) - 1
@@ -243,13 +244,9 @@ def _gone(command: tuple[str, ...], runner: Runner) -> bool:
     shown = runner(["tc", "qdisc", "show", "dev", device], None)
     if shown.returncode != 0:
         return "Cannot find device" in shown.stderr
-    for line in shown.stdout.splitlines():
-        words = line.split()
-        if slot in ("ingress", "clsact") and words[1:2] == [slot]:
-            return False
-        if slot == "root" and "root" in words and words[2:3] != ["0:"]:
-            return False
-    return True
+    if slot == "root":  # (handle 0: is the kernel's own)
+        return not any(q.parent == "root" and q.handle != "0:" for q in parse_qdiscs(shown.stdout))
+    return not any(q.kind == slot for q in parse_qdiscs(shown.stdout))
 
 
 def _batch_text(commands: Sequence[tuple[str, ...]]) -> str:

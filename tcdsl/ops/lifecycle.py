@@ -1319,7 +1319,7 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
         table = nft_table_name(name)
         if _quiet(runner, ["nft", "list", "table", "inet", table]):
             step(f"- nft table inet {table}", ["nft", "delete", "table", "inet", table])
-    owners = _owners()
+    owners: dict[str, str] | None = None  # read once, if a record has an IFB of another name
     for store in Store.every():
         try:
             applied = store.current()
@@ -1338,11 +1338,10 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
             # a download shaped on an IFB of another name ('download via NAME'): the record
             # says the policy made it (found by a tester: it was left, and no record had it),
             # unless another name's record has it now
-            if (
-                other != ifb
-                and link_kind(other) == "ifb"
-                and owners.get(other, store.name) == store.name
-            ):
+            if other == ifb or link_kind(other) != "ifb":
+                continue
+            owners = _owners() if owners is None else owners
+            if owners.get(other, store.name) == store.name:
                 step(
                     f"- {other} (the IFB {store.name}'s download of {device} is shaped on) and "
                     "its tree",
