@@ -38,7 +38,7 @@ _PIECE = re.compile(
 _SEPARATORS = re.compile(r"(?:[ \t\f\r;\n]+|\#[^\n]*|\\[ \t]*\r?\n)*")
 
 # Statement lists: parser states that can start a statement of the file or of a block.
-_TOP, _BLOCK = "_item", "_stmt"
+_TOP, _BLOCK = "item", "stmt"
 _BOUNDARY_TOKENS = {"\n": "_NL", ";": "SEMICOLON", "}": "RBRACE", "{": "LBRACE"}
 
 
