@@ -471,6 +471,29 @@ def test_another_tools_clsact_filters_are_no_drift(tcdsl: Tcdsl, host: HostSuppo
     assert again.code == 0 and again.out == "no changes\n", again
 
 
+def test_another_tools_ingress_qdisc_is_no_drift(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a check of the clsact finding: an ingress qdisc another tool put on d0 (the
+    slot an htb tree leaves free) was drift, and apply rebuilt the tree (its counters reset),
+    leaving the ingress qdisc where it was; the plan after it said nothing. It is a note now,
+    as a clsact there is: apply keeps the tree and its counters, and the ingress qdisc."""
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    _send_to_bulk(tcdsl.ns)
+    tc = ["ip", "netns", "exec", tcdsl.ns, "tc"]
+    run([*tc, "qdisc", "add", "dev", "d0", "ingress"])
+    run([*tc, "filter", "add", "dev", "d0", "parent", "ffff:", "protocol", "all", "u32",
+         "match", "u32", "0", "0", "flowid", "ffff:1"])  # fmt: skip
+    planned = tcdsl("plan", a)
+    assert planned.code == 4 and "drift" not in planned.out, planned
+    assert "something the policy does not own" in planned.out, planned
+    assert tcdsl("apply", "--yes", a).code == 0
+    sent = re.search(r"Sent (\d+) bytes", tcdsl.tc("-s", "class", "show", "dev", "d0",
+                                                   "classid", "1:30"))  # fmt: skip
+    assert sent is not None and int(sent.group(1)) > 0  # not built again
+    assert "u32" in tcdsl.tc("filter", "show", "dev", "d0", "ingress")  # theirs, kept
+    assert tcdsl("plan", a).out == "no changes\n"
+
+
 def test_a_class_size_accounting_set_by_hand_is_drift(tcdsl: Tcdsl, host: HostSupport) -> None:
     """Found by a tester: 'overhead 100 linklayer atm' set by hand on a class (each packet then
     charged as ATM cells plus 100 bytes, the class well below its rate) was no drift: plan

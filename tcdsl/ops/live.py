@@ -298,16 +298,14 @@ def drift(policy: ir.Policy, sources: dict[str, str] | None = None) -> dict[str,
         sharing = trees.get(device.name, [])
         if len(sharing) == 1:
             # A tree holds one slot of its device, root or ingress (an mq tree that steers,
-            # both): what another tool keeps in the other is no drift (found by a tester: a
-            # clsact with bpf filters rebuilt the tree). But an ingress qdisc there may be
-            # tcdsl's own, left (a download's redirect whose delete failed: found by a
-            # review), and is compared; a clsact is tcdsl's only in an mq tree that steers.
+            # both): what another tool keeps in the other is no drift (found by testers: a
+            # clsact with bpf filters, an ingress qdisc, each rebuilt the tree, and the
+            # rebuild left them where they were). tcdsl's own redirect there, left when its
+            # download went, is a failed teardown (E601), its download then restored.
             slots = {q.handle == "ffff:" for q in device.qdiscs}
             seen = state
-            if slots == {True}:
-                seen = _slot(state, device.name, True)
-            elif slots == {False} and _free_clsact(state, device.name):
-                seen = _slot(state, device.name, False)
+            if slots == {True} or (slots == {False} and _slot_taken(state, device.name)):
+                seen = _slot(state, device.name, slots == {True})
             found = compare_state(dataclasses.replace(expected, interfaces=(device,)), seen)
             if found:
                 out.setdefault(sharing[0].label, []).extend(found)
@@ -328,10 +326,10 @@ def drift(policy: ir.Policy, sources: dict[str, str] | None = None) -> dict[str,
     return out
 
 
-def _free_clsact(state: KernelState, name: str) -> bool:
-    """Whether device ``name``'s ingress slot holds a clsact qdisc."""
+def _slot_taken(state: KernelState, name: str) -> bool:
+    """Whether device ``name``'s ingress slot holds a qdisc (ingress or clsact)."""
     dev = state.devices.get(name)
-    return dev is not None and any(q.handle == "ffff:" and q.kind == "clsact" for q in dev.qdiscs)
+    return dev is not None and any(q.handle == "ffff:" for q in dev.qdiscs)
 
 
 def _slot(state: KernelState, name: str, ingress: bool) -> KernelState:
