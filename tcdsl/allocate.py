@@ -13,6 +13,7 @@ policed match line of several filters gets one police index, which its filters s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import operator
 import sys
@@ -58,12 +59,17 @@ def _majors_by_bucket(buckets: tuple[int, ...], keep: bool) -> Iterator[int]:
     return (m for m in range(2, MAX) if (qdisc_bucket(m) in buckets) == keep)
 
 
-SHARD_MAJORS = tuple(_majors_by_bucket((SHARD_BUCKET,), True))
-"""Queue N's qdisc prefers ``SHARD_MAJORS[N - 1]`` (``12:``, ``14:``, ``27:``, ``3c:``, ...)."""
+@functools.cache
+def shard_majors() -> tuple[int, ...]:
+    """The majors in ``SHARD_BUCKET``: queue N's qdisc prefers the Nth (``12:``, ``14:``,
+    ``27:``, ``3c:``, ...). Made on first use (a walk of every major: a tenth of the time
+    every command spent importing this module)."""
+    return tuple(_majors_by_bucket((SHARD_BUCKET,), True))
 
 
 def _shard_major(queue: int) -> int | None:
-    return SHARD_MAJORS[queue - 1] if queue <= len(SHARD_MAJORS) else None
+    majors = shard_majors()
+    return majors[queue - 1] if queue <= len(majors) else None
 
 
 POLICE_INDEX_BASE = 0x10000000
@@ -256,7 +262,7 @@ class InterfaceAllocator:
         self.shard_pool = self.major_pool
         if isinstance(iface.root, ir.Mq):
             hot = (0, SHARD_BUCKET)
-            self.shard_pool = Pool(itertools.chain(SHARD_MAJORS, range(2, MAX)), self.majors)
+            self.shard_pool = Pool(itertools.chain(shard_majors(), range(2, MAX)), self.majors)
             self.major_pool = Pool(
                 itertools.chain(_majors_by_bucket(hot, False), _majors_by_bucket(hot, True)),
                 self.majors,
@@ -359,8 +365,8 @@ class InterfaceAllocator:
 
     def _queue_majors(self, mq: ir.Mq) -> dict[int, int]:
         """Queue number -> its qdisc's major, reserved before any qdisc below the queues
-        takes one: the live one (``QUEUE_PIN``), else queue N's of ``SHARD_MAJORS``, where
-        free; else the next free one of ``SHARD_MAJORS`` (so one taken by an explicit handle
+        takes one: the live one (``QUEUE_PIN``), else queue N's of ``shard_majors()``, where
+        free; else the next free one of ``shard_majors()`` (so one taken by an explicit handle
         moves no other queue's). A queue's explicit handle is its own (not here)."""
         live = {queue: major for major, queue in _queue_pins(self.pins).items()}
         chosen: dict[int, int] = {}

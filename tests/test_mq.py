@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from tcdsl import ir
-from tcdsl.allocate import MAX, SHARD_BUCKET, SHARD_MAJORS, InterfaceAllocator, Pins, qdisc_bucket
+from tcdsl.allocate import MAX, SHARD_BUCKET, InterfaceAllocator, Pins, qdisc_bucket, shard_majors
 from tcdsl.driver import Result, analyse, compile_policy
 from tcdsl.frontend.mq import pack
 from tcdsl.ops.lifecycle import pins_of
 
-Q = [f"{m:x}" for m in SHARD_MAJORS[:4]]
+Q = [f"{m:x}" for m in shard_majors()[:4]]
 """The majors of queues 1-4's qdiscs."""
 
 AUTO = """\
@@ -591,7 +591,7 @@ def test_queue_qdiscs_and_leaves_keep_apart_in_the_kernels_qdisc_hash(tmp_path: 
         f"{subscribers}    class unknown rate 1mbit ceil 1gbit\n}}\n"
     )
     found = _majors(batch(tmp_path, text))
-    assert found["queues"] == list(SHARD_MAJORS[:16])
+    assert found["queues"] == list(shard_majors()[:16])
     assert len(found["others"]) == 300
     assert not [m for m in found["others"] if qdisc_bucket(m) in (0, SHARD_BUCKET)]
     # the leaf of class N:M prefers M: where that is free and not in those buckets
@@ -603,7 +603,7 @@ def test_a_handle_taken_explicitly_moves_only_its_queue(tmp_path: Path) -> None:
     the other queues keep theirs (no shift of every later queue)."""
     text = AUTO.replace("        pfifo limit 100", f"        pfifo limit 100 handle {Q[1]}:")
     found = _majors(batch(tmp_path, text))
-    assert [f"{m:x}" for m in found["queues"]] == [Q[0], f"{SHARD_MAJORS[4]:x}", Q[2], Q[3]]
+    assert [f"{m:x}" for m in found["queues"]] == [Q[0], f"{shard_majors()[4]:x}", Q[2], Q[3]]
     assert int(Q[1], 16) in found["others"]
 
 
