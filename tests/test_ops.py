@@ -1004,6 +1004,50 @@ def test_a_timer_that_cannot_roll_back_says_so_to_the_next_command(tcdsl: Tcdsl)
     assert not failed.exists() and tcdsl("plan", one).err == ""
 
 
+HALF_BATCH_TC = """#!/bin/sh
+# tc, except that once "$0.fail" exists, a batch runs its first half and then fails
+if [ -e "$0.fail" ] && { [ "$1" = -batch ] || [ "$2" = -batch ]; }; then
+    input=$(cat)
+    half=$(( $(printf '%s\\n' "$input" | wc -l) / 2 ))
+    printf '%s\\n' "$input" | head -n "$half" | REAL "$@" >/dev/null 2>&1
+    echo 'RTNETLINK answers: Injected failure' >&2
+    echo "Command failed -:$((half + 1))" >&2
+    exit 1
+fi
+if [ "$1" = -batch ] || [ "$2" = -batch ]; then
+    exec REAL "$@"
+fi
+exec REAL "$@"
+"""
+
+
+def test_a_timer_whose_rollback_left_part_of_each_policy_says_so(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: a --confirm timer whose rollback failed, and failed again to build
+    the newer policy back, left the kernel with neither (d0's classes half gone); the next
+    commands said the newer generation 'stands', and confirm kept it. Now they say the kernel
+    holds part of each, and confirm refuses."""
+    shim = _tc_from_now_on(tcdsl, HALF_BATCH_TC)
+    a, b = tcdsl.write("a.tcp", A), tcdsl.write("b.tcp", B)
+    assert tcdsl("apply", "--yes", "--name", "p", a).code == 0
+    assert tcdsl("apply", "--yes", "--confirm", "2s", "--name", "p", b).code == 0
+    shim.with_name("tc.fail").touch()
+    failed = tcdsl.folder / "state" / "p" / "timer-failed.txt"
+    for _ in range(150):
+        time.sleep(0.1)
+        if failed.exists():
+            break
+    shim.with_name("tc.fail").unlink()
+    said = tcdsl("plan", "--name", "p", b)
+    assert "could not roll back" in said.err and "part of each policy" in said.err, said
+    assert "stands" not in said.err, said
+    kept = tcdsl("confirm", "p")
+    assert kept.code != 0 and "cannot be kept" in kept.err, kept
+    assert tcdsl("apply", "--yes", "--name", "p", b).code == 0  # the way out
+    assert tcdsl("plan", "--name", "p", b).out == "no changes\n"
+
+
 def test_plan_starts_from_the_record_of_the_apply(tcdsl: Tcdsl, host: HostSupport) -> None:
     """An apply records what it built and the kernel's digest; the next plan uses them and
     compiles the live policy only when the kernel changed since (drift)."""
@@ -1415,6 +1459,37 @@ def test_a_teardown_that_leaves_the_redirect_fails_and_restores(
     # and without the fault, the same change goes through
     assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", upload)).code == 0
     assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+
+
+NO_FILTERS_TC = """#!/bin/sh
+# tc, except that a batch adding filters runs without them and then fails (once)
+if [ "$1" = -batch ] || [ "$2" = -batch ]; then
+    input=$(cat)
+    if printf '%s\\n' "$input" | grep -q '^filter add' && [ ! -e "$0.sent" ]; then
+        : > "$0.sent"
+        printf '%s\\n' "$input" | grep -v '^filter' | REAL "$@"
+        echo 'RTNETLINK answers: Injected failure' >&2
+        echo 'Command failed -:5' >&2
+        exit 1
+    fi
+    printf '%s\\n' "$input" | exec REAL "$@"
+fi
+exec REAL "$@"
+"""
+
+
+def test_a_failed_first_apply_taken_back_says_so(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: a first apply that failed, and whose trees were all removed again
+    (nothing left on d0, its IFB gone), said that restoring the previous state failed too
+    (the check compared the kernel with a live policy there is none of). It is read back now:
+    none of the policy's qdiscs is left, so it says the previous state was restored."""
+    _tc_from_now_on(tcdsl, NO_FILTERS_TC)
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", FULL))
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    assert "failed too" not in failed.err and "restored" in failed.err, failed
+    assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert "ifb4d0" not in run(["ip", "-n", tcdsl.ns, "link", "show"]).stdout
+    assert "+ tree d0" in tcdsl("plan", tcdsl.write("p.tcp", FULL)).out
 
 
 def test_a_failed_download_is_undone_beside_an_upload_left_as_it_was(

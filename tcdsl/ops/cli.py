@@ -75,12 +75,22 @@ def _store(name: str) -> Store:
     if failed is not None:
         pending = store.pending()
         stands = f"generation {pending.generation}" if pending else "the policy applied"
-        click.echo(
-            f"tcdsl: warning: the --confirm timer of '{name}' could not roll back ({failed}); "
-            f"{stands} stands: keep it (tcdsl confirm {name}) or roll back (tcdsl rollback "
-            f"{name})",
-            err=True,
-        )
+        why = failed.splitlines()[0]
+        if store.timer_left_partial():
+            # (found by a tester: it said the policy stood, and confirm took it)
+            click.echo(
+                f"tcdsl: warning: the --confirm timer of '{name}' could not roll back ({why}), "
+                f"nor build {stands} again: the kernel holds part of each policy ('tcdsl "
+                f"plan' shows what differs); apply the policy you want",
+                err=True,
+            )
+        else:
+            click.echo(
+                f"tcdsl: warning: the --confirm timer of '{name}' could not roll back ({why}); "
+                f"{stands} stands: keep it (tcdsl confirm {name}) or roll back (tcdsl "
+                f"rollback {name})",
+                err=True,
+            )
     return store
 
 

@@ -32,6 +32,7 @@ from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
 from tcdsl.ops.desired import Tree, class_ids, trees_from_json, trees_json, trees_of
 from tcdsl.ops.live import (
     device_exists,
+    device_qdiscs,
     drift,
     fingerprint,
     link_kind,
@@ -53,7 +54,7 @@ from tcdsl.ops.state import (
     write_json,
 )
 from tcdsl.tcmath import HTB_DEFAULT_R2Q
-from tcdsl.verify.expect import Requirement, requirements
+from tcdsl.verify.expect import INGRESS_PARENT, Requirement, expected_policy, requirements
 from tcdsl.verify.readback import Action, parse_action
 from tcdsl.verify.runner import HostSupport, KernelUnavailable, host_support
 
@@ -240,15 +241,30 @@ def _undo(prepared: Prepared) -> tuple[Plan, Callable[[], bool]] | None:
     return inverse, _rebuilt(lambda: old)
 
 
-def _rebuilt(policy: Callable[[], ir.Policy | None]) -> Callable[[], bool]:
+def _rebuilt(
+    policy: Callable[[], ir.Policy | None], new: ir.Policy | None = None
+) -> Callable[[], bool]:
     """The check, after a failed change, that the kernel is the policy ``policy`` gives (the
-    live one, compiled only then) again, read back."""
+    live one, compiled only then) again, read back; where there is none (a first apply), that
+    none of ``new``'s trees is left."""
 
     def check() -> bool:
         old = policy()
-        return old is not None and not drift(old)
+        if old is None:
+            return new is not None and _none_left(new)
+        return not drift(old)
 
     return check
+
+
+def _none_left(new: ir.Policy) -> bool:
+    """Whether no root or ingress qdisc of ``new`` is in the kernel, read back (a device it
+    made, an IFB, gone too)."""
+    for device in expected_policy(new).interfaces:
+        tops = {(q.handle, q.parent) for q in device.qdiscs if q.parent in ("root", INGRESS_PARENT)}
+        if tops and any((q.handle, q.parent) in tops for q in device_qdiscs(device.name)):
+            return False
+    return True
 
 
 def _remember_restored(store: Store, generation: int, policy: ir.Policy | None) -> None:
@@ -999,7 +1015,7 @@ def apply(
                 lambda: restore_plan(prepared.old, new),
                 runner,
                 functools.partial(_undo, prepared),
-                _rebuilt(lambda: prepared.old),
+                _rebuilt(lambda: prepared.old, new),
             )
         except ApplyFailed as failed:
             store.finish()  # the old policy was built again (or never left)
@@ -1076,6 +1092,12 @@ def confirm(store: Store) -> Pending:
     pending = store.pending()
     if pending is None:
         raise OpsError(f"nothing waits for confirmation under the name {store.name!r}")
+    if store.timer_left_partial():
+        raise OpsError(
+            f"generation {pending.generation} of {store.name!r} cannot be kept: the --confirm "
+            "timer's rollback failed half-way, and the kernel holds part of each policy; "
+            "nothing was changed (apply the policy you want)"
+        )
     store.set_pending(None)
     return pending
 

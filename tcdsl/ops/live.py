@@ -21,6 +21,7 @@ from tcdsl.verify.expect import expected_policy
 from tcdsl.verify.readback import (
     DeviceState,
     KernelState,
+    TcQdisc,
     parse_classes,
     parse_filters,
     parse_iptables_save,
@@ -119,6 +120,11 @@ def _in_use(name: str, link: dict[str, object]) -> int | None:
         return sum(q.startswith("tx-") for q in os.listdir(f"{folder}/queues")) if same else None
     except (OSError, ValueError):
         return None
+
+
+def device_qdiscs(device: str) -> list[TcQdisc]:
+    """The device's qdiscs, as tc lists them (none for a device that is not there)."""
+    return parse_qdiscs(_tc("qdisc", "show", "dev", device))
 
 
 def live_qdisc(device: str, where: str) -> str | None:

@@ -55,6 +55,8 @@ def valid_name(name: str) -> bool:
 
 
 TIMER_FAILED = "timer-failed.txt"
+TIMER_PARTIAL = "partial"
+"""The last line of ``TIMER_FAILED`` when the rollback left the kernel with part of each policy."""
 """In a name's state folder: why its ``--confirm`` timer could not roll back."""
 
 
@@ -368,9 +370,17 @@ class Store:
         except (OSError, UnicodeDecodeError):
             return None
 
-    def set_timer_failed(self, why: str) -> None:
-        """Keep why the ``--confirm`` timer could not roll back."""
-        (self.folder / TIMER_FAILED).write_text(why + "\n", encoding="utf-8")
+    def set_timer_failed(self, why: str, partial: bool = False) -> None:
+        """Keep why the ``--confirm`` timer could not roll back; ``partial``: nor could it
+        build the policy it rolled back from again (the kernel holds part of each)."""
+        text = why + "\n" + (f"{TIMER_PARTIAL}\n" if partial else "")
+        (self.folder / TIMER_FAILED).write_text(text, encoding="utf-8")
+
+    def timer_left_partial(self) -> bool:
+        """Whether the ``--confirm`` timer's failed rollback left the kernel holding neither
+        policy whole (see :meth:`set_timer_failed`)."""
+        why = self.timer_failed()
+        return why is not None and why.endswith(f"\n{TIMER_PARTIAL}")
 
     def set_pending(self, pending: Pending | None) -> None:
         """Start (or with None, end) waiting for ``confirm``; a timer's failure is then

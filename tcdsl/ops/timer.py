@@ -8,6 +8,7 @@ import contextlib
 import sys
 import time
 
+from tcdsl.ops.apply import ApplyFailed
 from tcdsl.ops.lifecycle import rollback
 from tcdsl.ops.state import Store
 
@@ -33,8 +34,10 @@ def main(argv: list[str]) -> int:
             rollback(store)
         except Exception as error:  # detached: kept for the next command under the name
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+            # a rollback whose failure was not taken back left part of each policy
+            partial = isinstance(error, ApplyFailed) and not error.restored
             with contextlib.suppress(OSError):
-                store.set_timer_failed(f"{when}: {error}")
+                store.set_timer_failed(f"{when}: {error}", partial)
             return 1
     return 0
 
