@@ -34,6 +34,22 @@ def held(path: Path) -> Iterator[None]:
         yield
 
 
+def is_held(path: Path) -> bool:
+    """Whether a process holds the ``flock`` of the file ``path`` now (False without the file)."""
+    try:
+        handle = path.open("r")
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False
+
+
 @contextlib.contextmanager
 def interface_locks(interfaces: Iterable[str]) -> Iterator[None]:
     """Hold the lock of every interface in ``interfaces`` until the block ends (waiting for it).

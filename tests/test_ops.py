@@ -21,10 +21,11 @@ import pytest
 from tcdsl import ir
 from tcdsl.allocate import PARENT_PIN, Pins
 from tcdsl.driver import analyse, compile_policy
+from tcdsl.lock import is_held
 from tcdsl.ops.desired import trees_from_json, trees_json, trees_of
 from tcdsl.ops.lifecycle import pins_of
 from tcdsl.ops.plan import Plan, make_plan
-from tcdsl.ops.state import Store
+from tcdsl.ops.state import TIMER_GRACE, Store
 from tcdsl.verify.runner import HostSupport
 from tests.test_apply import host, make_netns, run
 
@@ -1046,6 +1047,32 @@ def test_a_timer_whose_rollback_left_part_of_each_policy_says_so(
     assert kept.code != 0 and "cannot be kept" in kept.err, kept
     assert tcdsl("apply", "--yes", "--name", "p", b).code == 0  # the way out
     assert tcdsl("plan", "--name", "p", b).out == "no changes\n"
+
+
+def test_a_killed_timer_is_said_to_be_gone(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: the --confirm timer runs detached; killed (by hand, the OOM killer,
+    a logind cleanup of the session --confirm is for), it rolled nothing back, and nothing
+    said so: plan said no changes. Once its deadline has passed, every command under the
+    name says the timer is gone and the change stands, until confirm or rollback."""
+    a, b = tcdsl.write("a.tcp", A), tcdsl.write("b.tcp", B)
+    assert tcdsl("apply", "--yes", "--name", "p", a).code == 0
+    assert tcdsl("apply", "--yes", "--confirm", "3s", "--name", "p", b).code == 0
+    lock = tcdsl.folder / "state" / "p" / "timer-2.lock"
+    for _ in range(100):  # the timer holds its lock once it has started
+        if lock.exists() and is_held(lock):
+            break
+        time.sleep(0.05)
+    waiting = tcdsl("plan", "--name", "p", b)
+    assert waiting.err == "" and waiting.out == "no changes\n", waiting  # it lives
+    run(["pkill", "-9", "-f", "tcdsl.ops.timer p 2 "])
+    time.sleep(3 + TIMER_GRACE + 0.5)
+    said = tcdsl("plan", "--name", "p", b)
+    assert "the --confirm timer of 'p' is gone" in said.err, said
+    assert "generation 2 stands" in said.err, said
+    assert "1:40" in tcdsl.tc("class", "show", "dev", "d0")  # b's guest class: not rolled back
+    assert tcdsl("confirm", "p").code == 0
+    assert tcdsl("plan", "--name", "p", b).err == ""
+    assert not lock.exists()
 
 
 def test_plan_starts_from_the_record_of_the_apply(tcdsl: Tcdsl, host: HostSupport) -> None:

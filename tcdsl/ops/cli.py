@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -91,6 +92,16 @@ def _store(name: str) -> Store:
                 f"rollback {name})",
                 err=True,
             )
+    gone = store.timer_gone()
+    if gone is not None:
+        # (found by a tester: a killed timer rolled nothing back, and nothing said so)
+        when = time.strftime("%H:%M:%S", time.localtime(gone.deadline))
+        click.echo(
+            f"tcdsl: warning: the --confirm timer of '{name}' is gone (killed?) and did not "
+            f"roll back at its deadline ({when}); generation {gone.generation} stands: keep "
+            f"it (tcdsl confirm {name}) or roll back (tcdsl rollback {name})",
+            err=True,
+        )
     return store
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tcdsl.diagnostics import Span
-from tcdsl.lock import held
+from tcdsl.lock import held, is_held
 
 STATE_DIR = "/var/lib/tcdsl"
 STATE_DIR_VARIABLE = "TCDSL_STATE_DIR"
@@ -56,6 +56,8 @@ def valid_name(name: str) -> bool:
 
 TIMER_FAILED = "timer-failed.txt"
 TIMER_PARTIAL = "partial"
+TIMER_GRACE = 1.0
+"""Seconds past a --confirm deadline before a timer that holds no lock is said to be gone."""
 """The last line of ``TIMER_FAILED`` when the rollback left the kernel with part of each policy."""
 """In a name's state folder: why its ``--confirm`` timer could not roll back."""
 
@@ -382,10 +384,29 @@ class Store:
         why = self.timer_failed()
         return why is not None and why.endswith(f"\n{TIMER_PARTIAL}")
 
+    def timer_lock(self, generation: int) -> Path:
+        """The file whose lock the ``--confirm`` timer of ``generation`` holds while it lives
+        (the kernel lets go of it when the timer dies, however it dies)."""
+        return self.folder / f"timer-{generation}.lock"
+
+    def timer_gone(self) -> Pending | None:
+        """The wait whose deadline passed (a second ago or more) with no timer left to roll
+        it back (killed: by hand, the OOM killer, a logind session cleanup), and no failure
+        of its kept; else None."""
+        pending = self.pending()
+        if pending is None or time.time() < pending.deadline + TIMER_GRACE:
+            return None
+        if self.timer_failed() is not None or is_held(self.timer_lock(pending.generation)):
+            return None
+        return pending
+
     def set_pending(self, pending: Pending | None) -> None:
         """Start (or with None, end) waiting for ``confirm``; a timer's failure is then
         forgotten."""
         (self.folder / TIMER_FAILED).unlink(missing_ok=True)
+        for lock in self.folder.glob("timer-*.lock"):  # a killed timer's
+            if not is_held(lock):
+                lock.unlink(missing_ok=True)
         path = self.folder / "pending.json"
         if pending is None:
             path.unlink(missing_ok=True)

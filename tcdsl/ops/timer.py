@@ -5,6 +5,7 @@ detached by ``apply``; after SECONDS, if generation GENERATION of NAME still wai
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import sys
 import time
 
@@ -18,6 +19,17 @@ def main(argv: list[str]) -> int:
     name, generation, seconds = argv[0], int(argv[1]), float(argv[2])
     store = Store(name)
     deadline = time.time() + seconds
+    lock = store.timer_lock(generation)
+    with contextlib.suppress(OSError):
+        alive = lock.open("a")  # held until this process ends: other commands see it lives
+        fcntl.flock(alive, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        return _wait(store, generation, deadline)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _wait(store: Store, generation: int, deadline: float) -> int:
     while True:
         pending = store.pending()
         if pending is None or pending.generation != generation:
