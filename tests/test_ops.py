@@ -565,7 +565,7 @@ def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSuppo
     failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", B))
     assert failed.code == 1 and "[E601]" in failed.err, failed
     assert "p.tcp:6:9" in failed.err and "Invalid argument" in failed.err, failed
-    assert "previous state was restored" in failed.err, failed
+    assert "previous state was restored (in place, the trees and counters kept)" in failed.err
     assert "rate 2Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
     assert "1:40" not in tcdsl.tc("class", "show", "dev", "d0")  # B's guest is not there
     assert tcdsl("plan", tcdsl.write("p.tcp", A)).out == "no changes\n"
@@ -573,6 +573,30 @@ def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSuppo
         r"Sent (\d+) bytes", tcdsl.tc("-s", "class", "show", "dev", "d0", "classid", "1:30")
     )
     assert kept is not None and int(kept.group(1)) >= int(sent.group(1))  # not built again
+
+
+UNDO_FAILING_TC = FAILING_TC.replace("limit 30", "10.9.0.0").replace(
+    'if [ "$1" = -batch ]; then',
+    """if [ "$1" = -force ]; then  # an undo: refused, every command of it
+    cat >/dev/null
+    echo 'RTNETLINK answers: Invalid argument' >&2
+    echo 'Command failed -:1' >&2
+    exit 1
+fi
+if [ "$1" = -batch ]; then""",
+)
+
+
+def test_a_failure_restored_by_building_again_says_so(tcdsl: Tcdsl, host: HostSupport) -> None:
+    """Found by a tester: a failed change whose undo in place did not go through was taken
+    back by building the old policy again (every counter reset, the device unshaped a
+    moment), and the message said only that the previous state was restored."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    _tc_from_now_on(tcdsl, UNDO_FAILING_TC)
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", B))
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    assert "previous state was restored (built again: their counters start over)" in failed.err
+    assert tcdsl("plan", tcdsl.write("p.tcp", A)).out == "no changes\n"
 
 
 def _spoil_record(tcdsl: Tcdsl, generation: int) -> None:

@@ -233,6 +233,48 @@ def test_a_settling_step_tries_each_command_again_while_it_is_in_use(
     assert failed is not None and failed.command.endswith("handle 2: u32")
 
 
+def test_a_forced_settling_step_tries_again_what_failed_after_a_table_in_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by a tester: undoing a failed swap (forced: every command tried) deletes a table
+    and adds one of the same id further on; with the table still in use, the add failed as
+    already there, and only the delete was tried again: the undo never matched the old
+    policy, which was built again (every counter reset). What failed from the first command
+    in use on is tried again, in its order; what failed before it is let be."""
+    monkeypatch.setattr(apply_module.time, "sleep", lambda seconds: None)
+    commands = (
+        ("filter", "del", "dev", "d0", "parent", "1:", "handle", "9:", "u32"),  # not there
+        ("filter", "del", "dev", "d0", "parent", "1:", "handle", "10:", "u32"),
+        ("filter", "add", "dev", "d0", "parent", "1:", "handle", "10:", "u32", "divisor", "256"),
+    )
+    step = Step("tc", commands, tuple(None for _ in commands), settle=True, force=True)
+    tables = {"10:"}
+    tries: list[str] = []
+
+    def kernel(argv: Sequence[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
+        assert stdin is not None and argv[:3] == ["tc", "-force", "-batch"], argv
+        said = ""
+        for n, line in enumerate(stdin.splitlines(), 1):
+            handle = line.split()[7]
+            tries.append(f"{line.split()[1]} {handle}")
+            if " del " in line and handle not in tables:
+                said += "Error: Filter with specified priority/protocol not found.\n"
+                said += f"Command failed -:{n}\n"
+            elif " del " in line and tries.count(f"del {handle}") == 1:
+                said += f"Error: cls_u32: Can not delete in-use filter.\nCommand failed -:{n}\n"
+            elif " del " in line:
+                tables.discard(handle)
+            elif handle in tables:
+                said += f"Error: Filter already exists.\nCommand failed -:{n}\n"
+            else:
+                tables.add(handle)
+        return subprocess.CompletedProcess(argv, 1 if said else 0, "", said)
+
+    assert run_step(step, kernel) is None
+    assert tries == ["del 9:", "del 10:", "add 10:", "del 10:", "add 10:"], tries
+    assert tables == {"10:"}
+
+
 def _in(ns: str) -> Callable[[Sequence[str], str | None], subprocess.CompletedProcess[str]]:
     """A runner of commands inside the namespace ``ns``."""
 

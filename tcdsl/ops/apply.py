@@ -146,6 +146,8 @@ class ApplyFailed(Exception):
         self.lost: tuple[str, ...] = ()
         """What the change replaced that no state kept (an old script's root qdisc): gone,
         whatever the restore did."""
+        self.first = False
+        """A first apply: restored is removed again (nothing was built before it)."""
 
 
 SETTLE_WAITS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0)
@@ -218,7 +220,11 @@ def _forced(step: Step, runner: Runner) -> dict[tuple[str, ...], str] | None:
         if wait is None:
             return failed
         time.sleep(wait)
-        pending = [pending[n] for n in busy]
+        # What failed from the first command in use on is tried again, in its order: a table
+        # still in use makes the add of its id further on fail ('already exists'), and the
+        # class its filters point at fail to go (found by a tester: the undo of a swap then
+        # never matched the old policy, which was built again, every counter reset).
+        pending = [pending[n] for n in sorted(said) if min(busy) <= n < len(pending)]
         for command in pending:
             failed.pop(command, None)  # tried again (a command may be there twice)
     return failed or None

@@ -161,11 +161,13 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
         then += f", but not the {', '.join(e.lost)}, which no tcdsl state kept: build it again"
     if e.signal is not None and e.untouched:
         _fail(FAILED, f"{f.message}; nothing was changed", status=128 + e.signal)
-    if e.signal is not None:  # the shell's status for a command a signal ended
+    if e.restored and not e.first:
+        # (found by a tester: a swap's failure rebuilt the tree, every counter reset, and
+        # the message did not say it)
         how = "in place, the trees and counters kept" if e.in_place else "built again"
-        then = f"{then} ({how})" if e.restored else then
-        message = f"{f.message}; {then}"
-        _fail(FAILED, message, status=128 + e.signal)
+        then = f"{then} ({how}{'' if e.in_place else ': their counters start over'})"
+    if e.signal is not None:  # the shell's status for a command a signal ended
+        _fail(FAILED, f"{f.message}; {then}", status=128 + e.signal)
     name = f.origin.what if f.origin is not None else "the change"
     span = f.origin.span if f.origin is not None else None
     _fail(FAILED, f"{f.command!r} failed for {name}: {f.message}; {then}", span, sources)

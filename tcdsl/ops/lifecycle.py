@@ -1024,6 +1024,7 @@ def apply(
             # what the plan replaced that no state kept: its teardown ran, no record
             # rebuilds it
             failed.lost = tuple(prepared.plan.replaced)
+            failed.first = prepared.applied is None
             raise
         previous = prepared.applied.generation if prepared.applied is not None else None
         timer = " (and no timer rolls it back)" if confirm is not None else ""
