@@ -385,21 +385,32 @@ def test_names_are_made_safe_and_unique(tmp_path: Path) -> None:
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
 
 
-def test_a_suffixed_name_does_not_depend_on_the_rows_order(tmp_path: Path) -> None:
-    """Circuit 'north' meets the written class 'north': its suffix skips 'north_2', which
-    circuit 'north_2' makes itself, whichever row comes first (it took 'north_2' when its row
-    came first, and the other circuit took it otherwise)."""
+def _tagged(name: str, table: str, circuit: str) -> str:
+    """``name`` followed by the digest of its table's file name and circuit id."""
+    tag = hashlib.blake2s(f"{table}\n{circuit}".encode(), digest_size=5).hexdigest()
+    return f"{name}_{tag}"
+
+
+def test_a_suffixed_name_depends_on_its_row_alone(tmp_path: Path) -> None:
+    """Circuit 'north' meets the written class 'north': a digest of its table and id follows
+    its name, whichever rows come, go or come first (found by a tester: with '_2', '_3', a
+    circuit 'north_2' added took the name of circuit 'north', and its class and counters)."""
     rows = [
         "north,a,1,d,north,,100.64.0.1,,1,1,10,5,\n",
         "north_2,a,2,d,north,,100.64.0.2,,1,1,10,5,\n",
         "other,a,3,d,north,,100.64.0.3,,1,1,10,5,\n",
     ]
     body = '        class north rate 10mbit {\n            subscribers from "subs.csv"\n        }\n'
-    for order in (rows, rows[::-1]):
+    want = {
+        rows[0]: _tagged("north", "subs.csv", "north"),
+        rows[1]: "north_2",
+        rows[2]: _tagged("other", "subs.csv", "other"),  # a written class 'other' too
+    }
+    for order in (rows, rows[::-1], [rows[0], rows[2]], [rows[2], rows[0]]):
         made = ok(build(tmp_path, policy(body), HEADER + "".join(order)))
         by_cell = {c.span.line: c.name for c in classes(made).values() if c.from_table}
         # the header is line 1: row r is on line 2 + its place
-        assert [by_cell[2 + order.index(r)] for r in rows] == ["north_3", "north_2", "other_2"]
+        assert {r: by_cell[2 + order.index(r)] for r in order} == {r: want[r] for r in order}
 
 
 def test_a_name_depends_on_its_circuit_id_alone(tmp_path: Path) -> None:
@@ -1128,8 +1139,33 @@ def test_past_fifty_addresses_inside_a_prefix_one_error_says_how_many_more(
     assert result.errors[-1].message.startswith("9 more subscriber address(es) inside")
 
 
+def test_one_id_in_two_tables_is_named_with_its_table(tmp_path: Path) -> None:
+    """Found by a tester: with circuit 1001 in two tables (two classes), a /32 of one inside
+    the /24 of the other said 'of circuit '1001' lies inside ... of circuit '1001'', and to
+    give the statement that takes '1001' a lower pref than the one that takes '1001'."""
+    (tmp_path / "wide.csv").write_text(HEADER + _row("1001", "100.64.0.0/24"), encoding="utf-8")
+    body = (
+        '        subscribers from "wide.csv" pref 1\n        subscribers from "subs.csv" pref 2\n'
+    )
+    result = build(tmp_path, policy(body), HEADER + _row("1001", "100.64.0.5"))
+    (found,) = [d for d in result.errors if d.code == "E036"]
+    assert "of circuit '1001' of " in found.message, found.message
+    assert "subs.csv" in found.message and "wide.csv" in found.message, found.message
+
+
+def test_a_where_cut_short_by_a_syntax_error_selects_nothing_to_report(tmp_path: Path) -> None:
+    """Found by a tester: a quote in a 'where' value (E001) also said no row meets the half
+    of the condition that was read (E034): two errors for one mistake. A statement without a
+    syntax error still says it (the same value, written as one word)."""
+    broken = policy('        subscribers from "subs.csv" where parent_node == "no\\"rth"\n')
+    assert [d.code for d in build(tmp_path, broken).errors] == ["E001"]
+    whole = policy('        subscribers from "subs.csv" where parent_node == "no_rth"\n')
+    assert [d.code for d in build(tmp_path, whole).errors] == ["E034"]
+
+
 def test_circuit_names_do_not_collide_with_the_trees_other_classes(tmp_path: Path) -> None:
-    """A circuit id that is a written class's name, or another table's circuit's, gets _2."""
+    """A circuit id that is a written class's name, or another table's circuit's, gets a
+    digest of its table and id."""
     (tmp_path / "more.csv").write_text(HEADER + _row("1", "100.64.1.1"), encoding="utf-8")
     body = (
         "        class north rate 100mbit {\n"
@@ -1142,12 +1178,12 @@ def test_circuit_names_do_not_collide_with_the_trees_other_classes(tmp_path: Pat
     )
     made = classes(ok(build(tmp_path, policy(body), table)))
     assert [n for n in made if n not in ("", "north", "other")] == [
-        "other_2",
-        "north_2",
+        _tagged("other", "subs.csv", "other"),
+        _tagged("north", "subs.csv", "north"),
         "c1",
-        "c1_2",
+        _tagged("c1", "more.csv", "1"),
     ]
-    assert addresses(made["c1_2"]) == [("dst", "100.64.1.1/32")]
+    assert addresses(made[_tagged("c1", "more.csv", "1")]) == [("dst", "100.64.1.1/32")]
 
 
 def test_a_circuit_taken_by_two_statements_is_an_error(tmp_path: Path) -> None:

@@ -187,6 +187,16 @@ class Reader:
             self.stack.pop()
         errors = [d for d in self.diagnostics[first:] if d.is_error]
         self.taint.add(path, text, [*errors, *self.follow_ons[first_follow_on:]])
+        syntax = recovery.Taint()
+        syntax.add(path, text, [d for d in errors if d.code in SYNTAX_CODES])
+        if syntax:
+            # What a statement that did not parse selects is a follow-on of its syntax error
+            # (found by a tester: a 'where' value cut short also said no row meets it).
+            self.diagnostics[first:] = [
+                d
+                for d in self.diagnostics[first:]
+                if d.code not in SELECTION_CODES or not syntax.covers(d)
+            ]
         if errors:
             # A warning in a statement an error broke speaks of what the error left (W371:
             # rows that a half-parsed 'where' no longer takes); later stages' are dropped too.
@@ -201,6 +211,12 @@ class Reader:
             if isinstance(keyword, Token) and keyword.type == "CONST" and isinstance(name, Token):
                 self.scope.broken.setdefault(str(name), span_of(name, path))
 
+
+SYNTAX_CODES = frozenset({"E001", "E002"})
+"""The syntax errors: a statement with one is parsed only in part."""
+SELECTION_CODES = frozenset({"E034"})
+"""Errors about what a statement selects (a subscribers statement's rows), which a statement
+parsed only in part selects wrongly."""
 
 _MISSPELLED_CONST = re.compile(r"[ \t]*\S+[ \t]+([A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*)[ \t]*=")
 

@@ -1233,8 +1233,7 @@ def expand_tree(
     mark``, whose fw filters' pref is that of the lines without one. ``family``: the tree's,
     whose addresses alone its classes match (W363 once for what that leaves out). ``label``:
     the tree's (``Builder.spread_root``)."""
-    names, reserved = _class_names(b, qdisc), _circuit_names(b, qdisc)
-    expander = _Expander(b, direction, device, names, reserved, family)
+    expander = _Expander(b, direction, device, _class_names(b, qdisc), family)
     result = b.spread_root(expander.walk(qdisc), label)
     for syn, left in expander.left_out:
         b.reader.diagnostics.append(_other_family(syn, left, family))
@@ -1303,14 +1302,6 @@ def _class_names(b: Builder, qdisc: ir.Qdisc) -> set[str]:
     return {c.name for c in _tree_classes(b, qdisc) if c.name}
 
 
-def _circuit_names(b: Builder, qdisc: ir.Qdisc) -> set[str]:
-    """The names of the circuits the statements of the tree of ``qdisc`` take, as their ids
-    make them: a circuit whose name a written class has takes a suffix none of them has, so
-    that which one comes first in the table changes no subscriber's name."""
-    stand_ins = (b.pending.get(id(c)) for c in _tree_classes(b, qdisc) if not c.name)
-    return {row.circuit.name for found in stand_ins if found for row in found[1].syntax.rows}
-
-
 class _Expander:
     """The walk of ``expand_tree``: methods rather than closures calling each other, which
     would make a reference cycle (only the collector, off while compiling, frees one) holding
@@ -1322,7 +1313,6 @@ class _Expander:
         direction: Direction | None,
         device: str,
         names: set[str],
-        reserved: set[str],
         family: ir.FamilySpec | None = None,
     ) -> None:
         self.b, self.direction, self.device, self.family = b, direction, device, family
@@ -1333,8 +1323,6 @@ class _Expander:
         self.taken: dict[str, tuple[Table, set[int], list[SubscribersSyntax]]] = {}
         self.names = names
         """The class names of the tree: the written ones, then each subscriber's."""
-        self.reserved = reserved
-        """The names the tree's circuits' ids make (no suffix takes one)."""
         self.made: dict[int, Circuit] = {}
         """The subscribers' classes (by id) and their circuits."""
         self.circuits: dict[int, SubscribersSyntax] = {}
@@ -1346,9 +1334,9 @@ class _Expander:
         """(statement, the earlier one that took its circuits) -> (how many, the first)."""
 
     def name(self, circuit: Circuit) -> str | None:
-        """The class name of ``circuit`` in this tree: its own, or with ``_2``, ``_3``... when
-        a written class or another table's circuit has it; None (E037) when an earlier
-        statement of the tree took the circuit already."""
+        """The class name of ``circuit`` in this tree: its own, or, when a written class or
+        another table's circuit has that, its own followed by a digest of its table and id;
+        None (E037) when an earlier statement of the tree took the circuit already."""
         syn = self.syntax
         assert syn is not None
         earlier = self.circuits.get(id(circuit))
@@ -1358,10 +1346,18 @@ class _Expander:
             self.conflicts[key] = (syn, earlier, count + 1, first)
             return None
         self.circuits[id(circuit)] = syn
-        name, n = circuit.name, 1
-        while name in self.names or (n > 1 and name in self.reserved):
-            n += 1
-            name = f"{circuit.name}_{n}"
+        name = circuit.name
+        if name in self.names:
+            # A suffix made of the row alone (found by a tester: with '_2', '_3'... a circuit
+            # whose id is 'north_2', added, took the name, class and counters of the one
+            # that had it). No circuit id makes a name of the digested form itself.
+            table = os.path.basename(syn.table.path) if syn.table is not None else ""
+            tag = hashlib.blake2s(f"{table}\n{circuit.key}".encode(), digest_size=5)
+            name = base = f"{circuit.name}_{tag.hexdigest()}"
+            n = 1
+            while name in self.names:  # (a digest's collision)
+                n += 1
+                name = f"{base}_{n}"
         self.names.add(name)
         return name
 
@@ -1609,13 +1605,16 @@ def _shadowed(
     """E036; ``deeper``: the first statement steers at a deeper level of an mq tree (below a
     queue's default or a prio's band), after every line above it whatever its pref."""
     mine, theirs = statements.get(id(circuit)), statements.get(id(other))
-    notes = [Note(f"{wide} of circuit '{other.key}' is here", wide_at)]
+    # one id in two tables (two classes): each named with its table (found by a tester)
+    me, them = (
+        (f"'{circuit.key}' of {circuit.span.file}", f"'{other.key}' of {other.span.file}")
+        if circuit.key == other.key
+        else (f"'{circuit.key}'", f"'{other.key}'")
+    )
+    notes = [Note(f"{wide} of circuit {them} is here", wide_at)]
     if mine is not None and theirs is not None and mine is not theirs:
         # the order is the statements' (their prefs, then the tree's), not the table's
-        tried = (
-            f"the statement that takes '{circuit.key}' is tried after the one that takes "
-            f"'{other.key}': "
-        )
+        tried = f"the statement that takes {me} is tried after the one that takes {them}: "
         if deeper:
             fix = (
                 f"{tried}it is below a queue's default class (or a prio's band) of the mq "
@@ -1624,25 +1623,25 @@ def _shadowed(
             )
         elif marking is None:
             fix = (
-                f"{tried}give the statement that takes '{circuit.key}' a lower pref than "
-                f"the one that takes '{other.key}' (such as pref 1 and pref 2), or split "
+                f"{tried}give the statement that takes {me} a lower pref than "
+                f"the one that takes {them} (such as pref 1 and pref 2), or split "
                 f"{wide}"
             )
         else:  # a pref would make its lines u32 filters, which the marks' fw filters may hide
             fix = (
-                f"{tried}put it above the one that takes '{other.key}' in the tree, without "
+                f"{tried}put it above the one that takes {them} in the tree, without "
                 "a pref (with 'classify by mark', lines without one are marking rules, tried "
                 "in the tree's order; a pref makes them u32 filters, tried before the marks "
                 f"only below pref {marking.fw_pref}), or split {wide}"
             )
-        notes.append(Note(f"the statement that takes '{circuit.key}' is here", mine.span))
+        notes.append(Note(f"the statement that takes {me} is here", mine.span))
     else:
-        fix = f"list circuit '{circuit.key}' before '{other.key}', or split {wide}"
+        fix = f"list circuit {me} before {them}, or split {wide}"
     return Diagnostic.error(
         "E036",
-        f"{net} of circuit '{circuit.key}' lies inside {wide} of circuit '{other.key}', which "
-        f"is tried first: its packets would go to '{other.key}' (tcdsl takes the first line "
-        f"that matches), where LibreQoS gives them to '{circuit.key}' (the longest prefix); " + fix,
+        f"{net} of circuit {me} lies inside {wide} of circuit {them}, which "
+        f"is tried first: its packets would go to {them} (tcdsl takes the first line "
+        f"that matches), where LibreQoS gives them to {me} (the longest prefix); " + fix,
         at,
         *notes,
     )
