@@ -1163,6 +1163,17 @@ def test_a_where_cut_short_by_a_syntax_error_selects_nothing_to_report(tmp_path:
     assert [d.code for d in build(tmp_path, whole).errors] == ["E034"]
 
 
+def test_every_column_given_twice_is_said_at_once(tmp_path: Path) -> None:
+    """Found by a tester: with two columns each given twice, E028 said only the first pair."""
+    header = HEADER.replace("Parent Node", "Parent Node,parent_node").replace(
+        "Upload Max Mbps", "Upload Max Mbps,Upload Max Mbps"
+    )
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), header)
+    said = [d.message for d in result.errors]
+    assert [d.code for d in result.errors] == ["E028", "E028"], said
+    assert "parent_node" in said[0] and "upload_max" in said[1], said
+
+
 def test_circuit_names_do_not_collide_with_the_trees_other_classes(tmp_path: Path) -> None:
     """A circuit id that is a written class's name, or another table's circuit's, gets a
     digest of its table and id."""

@@ -372,6 +372,7 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
         reading.diagnostics.append(Diagnostic.error("E028", msg, at))
         return None
     columns: dict[str, int] = {}
+    twice = False
     for i, name in enumerate(header):
         key = compact(name)
         column = _ALIASES.get(key, key)
@@ -387,8 +388,10 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
                 )
             )
             _header_error(reading, at, header_line, header, msg, i, columns[column])
-            return None
+            twice = True  # every such pair said at once (found by a tester: the first only)
         columns.setdefault(column, i)
+    if twice:
+        return None
     for i, name in enumerate(header if all(k in columns for k in REQUIRED) else ()):
         # A header LibreQoS reads by position but tcdsl by name: its addresses would be
         # dropped without a word, and every packet of theirs go to the default class.
