@@ -6,10 +6,9 @@ except after the frontend's: its IR leaves out what had errors, so the later sta
 report what they find outside the statements those errors touched (see ``recovery.Taint``).
 
 On a large policy (``BESIDE_MIN_CLASSES``) two pairs of stages run at once, one of each pair
-in a forked child (``tcdsl.forked``): the lints of the lines as written beside the checks and
-allocation, the other lints beside the backend support and emit. The child's lints, and emit,
-then run before the stage that may stop the compilation has finished; what they give, or
-raise, is used only when it does not.
+in a forked child (``tcdsl.forked``): the checks beside allocation, the lints beside the
+backend support and emit. Allocation and emit then run before the stage that may stop the
+compilation has finished; what they give, or raise, is used only when it does not.
 """
 
 from __future__ import annotations
@@ -149,9 +148,8 @@ def analyse(
 
 
 BESIDE_MIN_CLASSES = 1_000
-"""From this many classes on, the shadowing lint runs beside the checks and allocation and the
-backend beside the lints, each pair in two processes (``tcdsl.forked``); below it a fork costs
-more than it saves."""
+"""From this many classes on, the checks run beside allocation and the backend beside the
+lints, each pair in two processes (``tcdsl.forked``); below it a fork costs more than it saves."""
 
 
 class _Stages:
@@ -184,12 +182,17 @@ def _large(policy: ir.Policy) -> bool:
     return count >= BESIDE_MIN_CLASSES
 
 
+Checked = tuple[list[Diagnostic], list[Diagnostic], list[Diagnostic] | None]
+"""The checks' diagnostics, the kernel target's, and the lints of the lines as written
+(``tcdsl.lint.AS_WRITTEN``) when they ran beside allocation (None: they run with the rest)."""
+
+
 def _allocated(
     path: str, reader: Reader, target: KernelTarget | None, pins: Pins | None
 ) -> tuple[_Stages, ir.Policy | None, bool, list[Diagnostic] | None]:
     """Parse, resolve, check and allocate: the stages, the allocated policy (None when a stage
     stopped the compilation), whether the policy is large (see ``BESIDE_MIN_CLASSES``), and
-    the lints run beside the checks and allocation (None: none were)."""
+    the lints run beside allocation (None: none were)."""
     interfaces = reader.read(path)
     stages = _Stages(reader)
     if stages.done():
@@ -202,17 +205,21 @@ def _allocated(
         return stages, None, False, None
     large = _large(policy)
     resolved = policy
-    # On a large policy the lints of the lines as written (the shadowing analysis, the
-    # costliest) run in a child while this process checks and allocates: lints read checked
-    # policies, so the child's result is taken only when the checks find no error (else the
-    # child is stopped, unread).
-    with Beside(lambda: run_as_written(resolved), fork=large) as as_written:
-        if stages.done(run_checks(resolved)) or stages.done(kernel_support(resolved, target)):
-            return stages, None, large, None
-        policy, found = allocate(resolved, pins)
-        if stages.done(found):
-            return stages, None, large, None
-        return stages, policy, large, as_written.result() if as_written.pid else None
+
+    def checked() -> Checked:
+        checks, kernel = list(run_checks(resolved)), list(kernel_support(resolved, target))
+        # On a large policy the lints of the lines as written (the shadowing analysis) go
+        # beside allocation too, where the checks let them (lints read checked policies).
+        clean = large and not any(d.is_error for d in (*checks, *kernel))
+        return checks, kernel, run_as_written(resolved) if clean else None
+
+    (checks, kernel, early), allocated = _both(checked, lambda: allocate(resolved, pins), large)
+    if stages.done(checks) or stages.done(kernel):
+        return stages, None, large, None
+    policy, found = allocated()
+    if stages.done(found):
+        return stages, None, large, None
+    return stages, policy, large, early
 
 
 def _both(first: Callable[[], T], then: Callable[[], U], fork: bool) -> tuple[T, Callable[[], U]]:

@@ -2,11 +2,11 @@
 hands its result back, pickled through an anonymous memory file.
 
 The driver uses it for stages that need only what is already built and run while another
-goes on (the shadowing lint beside the checks and allocation, the backend beside the lints):
-on a large policy each pair then takes as long as the longer one. The result is the
-function's, made by the same code on a copy of the same objects; where the child cannot give
-it (it failed, was killed, or the result does not pickle), the function runs again in the
-calling process, which then also raises what it raises.
+goes on (the checks beside allocation, the backend beside the lints): on a large policy each
+pair then takes as long as the longer one. The result is the function's, made by the same
+code on a copy of the same objects; where the child cannot give it (it failed, was killed,
+or the result does not pickle), the function runs again in the calling process, which then
+also raises what it raises.
 """
 
 from __future__ import annotations

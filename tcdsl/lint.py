@@ -1066,8 +1066,8 @@ LINTS: tuple[Lint, ...] = (
 
 AS_WRITTEN: tuple[Lint, ...] = (filters_all_reachable,)
 """The lints that read the lines as written, in the order tried, and nothing allocation
-gives a policy: on a large policy the driver runs them on the resolved policy, beside the
-checks and allocation (the shadowing analysis is the costliest lint on large policies)."""
+gives a policy: the driver runs them on the resolved policy, beside allocation (the
+shadowing analysis is the costliest lint on large policies)."""
 
 
 def run_lints(policy: ir.Policy, as_written: bool = True) -> list[Diagnostic]:
