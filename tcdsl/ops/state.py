@@ -55,11 +55,11 @@ def valid_name(name: str) -> bool:
 
 
 TIMER_FAILED = "timer-failed.txt"
+"""In a name's state folder: why its ``--confirm`` timer could not roll back."""
 TIMER_PARTIAL = "partial"
+"""The last line of ``TIMER_FAILED`` when the rollback left the kernel with part of each policy."""
 TIMER_GRACE = 1.0
 """Seconds past a --confirm deadline before a timer that holds no lock is said to be gone."""
-"""The last line of ``TIMER_FAILED`` when the rollback left the kernel with part of each policy."""
-"""In a name's state folder: why its ``--confirm`` timer could not roll back."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -467,9 +467,9 @@ def select(report: Report, patterns: Sequence[str] = (), top: int | None = None)
     one of the shell-style ``patterns`` (``c10*``, ``north``, ``*Campfire*``), with the
     classes below them (every class without patterns); with ``top``, only the ``top`` leaf
     classes of those in each tree that are busiest now (by the rate now, then the average,
-    then bytes). The classes
-    above a class shown are shown too, so that it shows where it sits; a tree with none of
-    its classes matched is left out. ``NoSuchClass`` for a pattern that matches nothing."""
+    then bytes). The classes above a class shown are shown too, so that it shows where it
+    sits; a tree with none of its classes matched is left out. ``NoSuchClass`` for a pattern
+    that matches nothing."""
     if not patterns and top is None:
         return report
     trees: list[TreeStatus] = []
