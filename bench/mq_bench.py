@@ -7,7 +7,8 @@ hand-written commands for the same state, and against the same classes on one ht
 Prints: the compile time (of a ``.tcp`` file with a class per subscriber, and of a policy
 taking the same subscribers from a LibreQoS-style table, as an ISP keeps them), the
 generated batch's apply time, the raw batch's, the kernel's
-floor (the same classes alone: no leaf qdisc, no filter), and the one-htb apply time at
+floor (the same classes alone: no leaf qdisc, no filter), the same classes with their leaf
+qdiscs (no filter: what any batch for the state costs the kernel), and the one-htb apply time at
 ONE_HTB_N (one htb walks every class on each insert: run it smaller and read the trend).
 
 The floor is the kernel's, and depends on the device: each new class binds a filter block,
@@ -160,6 +161,14 @@ def classes_only(batch: str) -> str:
     return "".join(f"{line}\n" for line in keep)
 
 
+def classes_and_leaves(batch: str) -> str:
+    """``classes_only`` with each class's leaf qdisc: the state without its filters. A new
+    leaf's handle is looked up first, which walks the whole bucket of the device's 16-bucket
+    qdisc hash it falls in, so this floor grows with the square of the leaves."""
+    keep = [line for line in batch.splitlines() if line.startswith(("class add", "qdisc add"))]
+    return "".join(f"{line}\n" for line in keep)
+
+
 def classes_elsewhere() -> int:
     """How many tc classes the host's named namespaces and this one have (each one's block is
     on the list a new class walks on a device without ndo_setup_tc)."""
@@ -220,6 +229,7 @@ def main() -> None:
         mq_s = applied(batch, work, "mq")
         bare_s = applied(without_steering(batch), work, "bare")
         floor_s = applied(classes_only(batch), work, "floor")
+        leaves_s = applied(classes_and_leaves(batch), work, "leaves")
         raw_s = applied(raw_batch(n), work, "raw")
         one, _ = compiled(policy(one_n, mq=False), work, "one")
         one_s = applied(without_steering(one), work, "one")
@@ -231,6 +241,7 @@ def main() -> None:
     print(f"  the same without steering filters:  {bare_s:7.2f} s")
     print(f"  tc -batch of hand-written commands: {raw_s:7.2f} s  (no steering, as the line above)")
     print(f"  kernel floor (the classes alone):   {floor_s:7.2f} s  (no leaf qdisc, no filter)")
+    print(f"  the classes and their leaf qdiscs:  {leaves_s:7.2f} s  (no filter)")
     print(f"  compile + apply:                    {compile_s + mq_s:7.2f} s  (target < 30 s)")
     print(f"  the same from a table:              {table_s + mq_s:7.2f} s")
     print(f"one htb: {one_n} subscribers applied in {one_s:.2f} s")

@@ -361,7 +361,12 @@ def _catch_all_warning(found: list[_Shadows]) -> Iterator[Diagnostic]:
         return
     catch_all = firsts[0].catch_all
     assert catch_all is not None
-    hidden = dict(firsts[0].after_catch_all)
+    # The lines after it in any family's list (an IPv6 line is in the IPv6 list alone)
+    hidden: dict[int, ir.Match] = {}
+    for shadows in firsts:
+        if shadows.catch_all is not None and shadows.catch_all.match is catch_all.match:
+            for k, m in shadows.after_catch_all.items():
+                hidden.setdefault(k, m)
     for shadows in found:
         if shadows.catch_all is None or shadows.catch_all.match is not catch_all.match:
             # This family has no catch-all (or another one): its lines with filters are seen.
@@ -379,8 +384,13 @@ def _catch_all_warning(found: list[_Shadows]) -> Iterator[Diagnostic]:
             f"this match line takes every packet for {catch_all.cls.label}, so the "
             f"{n} match line{'s' * (n != 1)} tried after it never see{'s' * (n == 1)} a packet",
             catch_all.match.span,
-            Note("for example this one", next(iter(hidden.values())).span),
+            Note("for example this one", min((m.span for m in hidden.values()), key=_written)),
         )
+
+
+def _written(span: Span) -> tuple[str, int, int]:
+    """Where a span is in the text, to take the first one written."""
+    return span.file, span.line, span.column
 
 
 def _report_line(

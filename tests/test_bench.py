@@ -155,3 +155,32 @@ def test_mq_bench_table_gives_the_same_tree_as_its_policy(tmp_path: Path) -> Non
     from_table = commands(mq_bench.table_policy("s.csv"), "table")
     assert sum(" pfifo limit 100" in line for line in from_table) == 40
     assert from_table == commands(mq_bench.policy(40, mq=True), "classes")
+
+
+def test_mq_bench_floors_keep_what_the_kernel_must_build(tmp_path: Path) -> None:
+    """bench/mq_bench.py's floors: the classes alone keep the mq, the queues' htbs and every
+    class, no leaf and no filter; with their leaves, every leaf qdisc too; both in the
+    batch's order."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import mq_bench
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from tcdsl.driver import compile_policy
+
+    path = tmp_path / "mq.tcp"
+    path.write_text(mq_bench.policy(40, mq=True))
+    result = compile_policy(str(path), "tc-batch")
+    assert result.output is not None
+    batch = [line for line in result.output.splitlines() if line and line[0] != "#"]
+    alone = mq_bench.classes_only(result.output).splitlines()
+    leaves = mq_bench.classes_and_leaves(result.output).splitlines()
+    pfifos = [line for line in batch if line.startswith("qdisc add") and " pfifo " in line]
+    assert len(pfifos) == 40 and sum(" mq" in line for line in alone) == 1
+    assert alone == [
+        line
+        for line in batch
+        if line.startswith("class add") or (line.startswith("qdisc add") and line not in pfifos)
+    ]
+    assert leaves == [line for line in batch if line.startswith(("class add", "qdisc add"))]
+    assert set(pfifos) <= set(leaves) and not any(" u32 " in line for line in leaves)

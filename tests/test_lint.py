@@ -205,6 +205,26 @@ def test_a_line_of_one_family_after_a_catch_all_is_hidden() -> None:
     assert w314.notes[0].span.line == 3
 
 
+def test_lines_of_either_family_after_a_catch_all_are_hidden() -> None:
+    """Found by a tester: an IPv6 line after 'match all' got no W314 (the lines it hides were
+    taken from the IPv4 list alone), and with lines of both families the count fell short."""
+    head = "interface eth0 htb rate 10mbit default z {\n    class a rate 1mbit match all\n"
+    for lines, count, example in (
+        (["src 2001:db8::/32"], 1, 3),
+        (["proto icmpv6"], 1, 3),
+        (["dst ::/0", "dport 80", "dst 0.0.0.0/0"], 3, 3),
+        (["dst 10.0.0.2", "dst 2001:db8::2"], 2, 3),
+    ):
+        body = "".join(f"    class c{i} rate 1mbit match {m}\n" for i, m in enumerate(lines))
+        text = f"{head}{body}    class z rate 1mbit\n}}\n"
+        result = analyse("all.tcp", loader=lambda _p, t=text: t)
+        found = [(d.code, d.span.line) for d in result.diagnostics]
+        assert found == [("W314", 2)], (lines, found)
+        (w314,) = result.diagnostics
+        assert f"the {count} match line" in w314.message, (lines, w314.message)
+        assert w314.notes[0].span.line == example, lines
+
+
 def test_flower_filters_past_their_familys_prefs(tmp_path: Path) -> None:
     """Each flower filter takes a pref of its own: IPv4's 32,769th would share IPv6's first
     (the kernel refuses a second protocol at one pref), so it is E263."""
