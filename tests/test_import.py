@@ -92,7 +92,7 @@ def device_texts(found: dict[str, runner.Section], read: Sequence[str]) -> dict[
         for name, section in found.items():
             if name.startswith(prefix):
                 text += with_parent(name[len(prefix) :], section.text)
-        out[dev] = DeviceText(dev, f"tc:{dev}", text)
+        out[dev] = DeviceText(dev, f"tc:{dev}", text, raw=True)  # tc without -p
     return out
 
 
@@ -1367,4 +1367,23 @@ def test_keys_saved_with_tc_p_are_refused_at_their_line(keys: str, line: int | N
     assert got.policy is None
     (found,) = got.diagnostics
     assert (found.code, found.span.line) == ("E605", line), render(got.diagnostics, got.sources)
-    assert "save it again without -p" in found.message
+    if keys:
+        assert "save it again without -p" in found.message
+    else:  # it may be a node without keys: only the live state can tell
+        assert "import the live state instead (tcdsl import -i eth0" in found.message
+
+
+def test_a_node_without_keys_is_a_catch_all_where_the_text_is_not_tc_ps() -> None:
+    """Found by a tester: 'ip6 dst ::/0' makes a u32 node without keys, which tc -p's text of
+    an IPv6 node looks like: it was refused (E605) even as read live, where tcdsl runs tc
+    without -p, or in a file that shows another node's keys in hex (tc -p shows none of an
+    IPv4 or IPv6 node). Then it is a line for every packet of its family."""
+    keyless = NODE.format(p="ipv6", n=5, t="801")
+    hex_keys = NODE.format(p="ip", n=4, t="800") + "\n  match 0a010000/ffff0000 at 12"
+    for text, raw in ((f"{PRETTY_HEAD}{keyless}\n", True),
+                      (f"{PRETTY_HEAD}{hex_keys}\n{keyless}\n", False)):  # fmt: skip
+        got = import_policy(DeviceText("eth0", "saved.txt", text, raw=raw))
+        assert got.policy is not None, render(got.diagnostics, got.sources)
+        lines = [x.strip() for x in got.policy.splitlines() if x.strip().startswith("match")]
+        assert lines[-1] == "match dst ::/0 pref 5", got.policy  # it compiles to such a node
+        assert ("family ipv6 htb" in got.policy) is raw, got.policy  # the tree's families

@@ -1857,6 +1857,8 @@ def _match_text(line: Line, tree_family: str, marking: bool) -> str:
     ):
         words += ["family", line.family]
     words += [c.text for c in line.conds]
+    if len(words) == 1:  # a node without keys, of the tree's family: every packet
+        words.append("all")
     if line.pref != 1 or marking:
         words += ["pref", str(line.pref)]
     words += line.police
@@ -2224,6 +2226,43 @@ def _redirect(entry: FilterEntry) -> _Redirect | None:
     return _Redirect(str(actions[0][3]), connmark)
 
 
+_PRETTY_PROTOCOLS = ("ip", "ipv6")
+"""The protocols whose u32 keys ``tc -p`` prints its own way, leaving some out (any other
+protocol's it prints as without ``-p``)."""
+
+
+def _unread(text: DeviceText, entries: Sequence[FilterEntry]) -> Problem | None:
+    """E605 for the first u32 node whose keys the text does not show all of: keys as ``tc
+    -p`` prints them, or none at all in a text that may be ``tc -p``'s. A node shown without
+    keys has none (``ip6 dst ::/0``) in tc's text without ``-p``: the live kernel's as read
+    here, or a file that shows the raw keys of another IPv4 or IPv6 node (``tc -p`` shows
+    none)."""
+    u32 = [e for e in entries if e.filter.kind == "u32"]
+    raw = text.raw or any(e.filter.keys and e.filter.protocol in _PRETTY_PROTOCOLS for e in u32)
+    for e in u32:
+        f = e.filter
+        what = f"filter pref {f.pref} ({f.protocol}, u32)"
+        if f.unread:
+            message = (
+                f"{what} shows its keys as 'tc -p' prints them ('match IP src 10.0.0.0/8'), "
+                "which leaves some out (every IPv6 key, any key of mask 0): the text cannot "
+                f"say what the filters match; save it again without -p (tc filter show dev "
+                f"{text.device} ...)"
+            )
+        elif f.keyless and not raw and f.protocol in _PRETTY_PROTOCOLS:
+            message = (
+                f"{what} shows no key: a node without keys shows none ('ip6 dst ::/0' makes "
+                "one, for every packet), and so does 'tc -p''s text of a node whose keys it "
+                "does not print (every IPv6 key, any key of mask 0); this text shows no other "
+                "IPv4 or IPv6 key to tell which it is: import the live state instead "
+                f"(tcdsl import -i {text.device}, without --from)"
+            )
+        else:
+            continue
+        return Problem("E605", message, e.line)
+    return None
+
+
 def import_policy(
     main: DeviceText, read_other: Callable[[str], DeviceText | None] | None = None
 ) -> ImportResult:
@@ -2248,16 +2287,9 @@ def import_policy(
         message = f"{main.device} has no traffic-control configuration to import: {what}"
         line = dev.root[1] if dev.root is not None else 1
         errors.append(_located(Problem("E606", message, line), main.source, sources))
-    unread = next((e for found in dev.filters.values() for e in found if e.filter.unread), None)
+    unread = _unread(main, [e for found in dev.filters.values() for e in found])
     if unread is not None:
-        f = unread.filter
-        message = (
-            f"filter pref {f.pref} ({f.protocol}, u32) shows its keys as 'tc -p' prints them "
-            "('match IP src 10.0.0.0/8'), which leaves some out (every IPv6 key, any key of "
-            "mask 0): the text cannot say what the filters match; save it again without -p "
-            f"(tc filter show dev {main.device} ...)"
-        )
-        errors.append(_located(Problem("E605", message, unread.line), main.source, sources))
+        errors.append(_located(unread, main.source, sources))
     if errors:
         return ImportResult(None, errors, sources)
     w = _Writer(main.source)

@@ -46,6 +46,9 @@ class DeviceText:
     qlen: int | None = None
     """The device's txqueuelen, read with the live state (None from a file): the length
     htb gives its direct queue when made without one."""
+    raw: bool = False
+    """The text is tc's as read here, without ``-p``: a u32 node shown without keys has none
+    (in a file, it may be ``tc -p``'s, which leaves some keys out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +187,8 @@ def read_live(device: str) -> DeviceText:
         with_parent(p, text)
         for p, text in zip(unique, filter_listings(device, unique, top_qdiscs(qdiscs)), strict=True)
     )
-    return DeviceText(device, f"tc:{device}", qdiscs + classes + filters, tx_queue_len(device))
+    text = qdiscs + classes + filters
+    return DeviceText(device, f"tc:{device}", text, tx_queue_len(device), raw=True)
 
 
 def read_file(path: str, device: str) -> DeviceText:

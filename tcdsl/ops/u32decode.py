@@ -111,6 +111,8 @@ def decode(keys: Sequence[Key], family: str) -> list[Cond]:
     ``keys``; Undecodable when no line gives them."""
     if [(m, o) for _, m, o in keys] == [(0, 0)]:
         return [Cond("all", (0,), ("all",))]
+    if not keys and family == "ipv6":  # what 'ip6 dst ::/0' makes (tc writes no key for it)
+        return [Cond("dst ::/0", (), ("dst", family, "::/0"))]
     words = _Words(keys)
     v6 = family == "ipv6"
     out: list[Cond] = []

@@ -655,8 +655,12 @@ class TcFilter:
     none)."""
     unread: bool = field(default=False, compare=False)
     """u32 only: keys the text shows other than as tc shows them without ``-p`` (``match IP
-    src 10.0.0.0/8``, or none at all: ``tc -p`` prints no IPv6 key and no key of mask 0), so
-    ``keys`` are not all the node's."""
+    src 10.0.0.0/8``), so ``keys`` are not all the node's."""
+    keyless: bool = field(default=False, compare=False)
+    """u32 only: the text shows no key of the node at all. tc without ``-p`` shows every key,
+    so the node has none (``ip6 dst ::/0`` makes one: it matches every packet); ``tc -p``
+    prints no IPv6 key and no key of mask 0 of a ``protocol ip`` or ``ipv6`` node, so there
+    its keys are unknown."""
 
 
 ROOT_TABLES = 0x800
@@ -836,8 +840,8 @@ def parse_filters(text: str) -> list[TcFilter]:
                     link=link,
                     hashkey=hashkey,
                     offset=moved,
-                    # tc gives every node a key ('match u32 0 0' for all), tc -p shows none
-                    unread=unread or not (keys or moved),
+                    unread=unread,
+                    keyless=not (keys or moved or unread),
                 )
             )
         elif kind == "fw":
