@@ -7,13 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from ipaddress import IPv4Network
 
-from tcdsl import ir
+from tcdsl import ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.units import format_size
-
-FRAME = 1514
-"""The largest packet a policer meets on an Ethernet device without GSO: 1500 bytes of IP and
-the 14-byte Ethernet header (the kernel counts it on egress)."""
 
 PRIVATE = tuple(IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 """RFC 1918's private networks."""
@@ -25,7 +21,12 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
     policer where classification is by firewall mark (the fw filter is the class's, not the
     match line's)."""
     for iface in policy.interfaces:
+        # A policer meters a packet by the length the root's size table charges for it (an
+        # ingress qdisc's policers see the packet as it is).
+        egress = linklayer.charged_frame(iface.stab)
         for q in ir.walk_qdiscs(iface.root):
+            stab = iface.stab if not isinstance(q, ir.Ingress) else None
+            frame = egress if stab is not None else linklayer.FRAME
             for _, m in ir.matches_of(q):
                 p = m.police
                 if p is None:
@@ -40,12 +41,12 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
                         Note("classification by mark is chosen here", iface.marking.span),
                     )
                     continue
-                largest = p.mtu.bytes if p.mtu is not None else FRAME
+                largest = p.mtu.bytes if p.mtu is not None else frame
                 if p.burst.bytes < largest:
                     what = (
                         f"its mtu of {format_size(largest)}"
                         if p.mtu is not None
-                        else f"a full-size Ethernet packet ({FRAME} bytes)"
+                        else linklayer.frame_words(stab)
                     )
                     yield Diagnostic.error(
                         "E253",

@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, cast
 
 from tcdsl.diagnostics import Span
-from tcdsl.linklayer import LinkLayerName
+from tcdsl.linklayer import LinkLayerName, SizeTable, stab_for
 
 N = TypeVar("N")
 P = ParamSpec("P")
@@ -731,6 +731,16 @@ class Overhead:
     """A stab's table range (``mtu``), never a cake's."""
     tsize: Count | None = None
     """A stab's table size (``tsize``), never a cake's."""
+
+    def size_table(self) -> SizeTable:
+        """The size table tc builds for it on a root qdisc."""
+        return stab_for(
+            self.overhead.value,
+            self.linklayer,
+            self.mpu.value if self.mpu is not None else 0,
+            self.mtu.bytes if self.mtu is not None else None,
+            self.tsize.value if self.tsize is not None else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,10 @@ the same preset costs the same bytes on the wire whether cake or a stab charges 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from tcdsl.ir import Overhead
 
 LinkLayerName = Literal["ethernet", "atm", "ptm"]
 
@@ -117,6 +120,27 @@ def wire_size(ip_len: int, overhead: int, linklayer: LinkLayerName, mpu: int) ->
 def atm_cells(ip_len: int, overhead: int, mpu: int = 0) -> int:
     """How many ATM cells an IP packet of ``ip_len`` fills."""
     return wire_size(ip_len, overhead, "atm", mpu) // ATM_CELL
+
+
+FRAME = 1514
+"""The largest packet on an Ethernet device without GSO: 1500 bytes of IP and the 14-byte
+Ethernet header (``skb->len`` on egress)."""
+
+
+def charged_frame(stab: Overhead | None) -> int:
+    """What the kernel charges a full-size frame (:data:`FRAME`) on a device whose root has the
+    size table of ``stab``: the length its qdiscs, classes and policers meter the frame by
+    (qdisc_pkt_len), 1749 bytes with ``overhead pppoe-llc``."""
+    return FRAME if stab is None else stab.size_table().cost(FRAME)
+
+
+def frame_words(stab: Overhead | None) -> str:
+    """A full-size frame, as the messages about it say it."""
+    charged = charged_frame(stab)
+    if charged == FRAME:
+        return f"a full-size Ethernet frame ({FRAME} bytes)"
+    charges = f"{charged} as the interface's size table charges it"
+    return f"a full-size Ethernet frame ({FRAME} bytes, {charges})"
 
 
 def stab_overhead(overhead: int) -> int:

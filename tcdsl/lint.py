@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tcdsl import ir, lower, u32layout
+from tcdsl import ir, linklayer, lower, u32layout
 from tcdsl.allocate import IPV6_PREF_OFFSET
 from tcdsl.checks import effective_ceil, rate_of, sites
 from tcdsl.diagnostics import Diagnostic, Note, Span
@@ -24,7 +24,7 @@ from tcdsl.units import format_rate, format_size, format_time
 
 Lint = Callable[[ir.Policy], Iterator[Diagnostic]]
 
-FRAME = 1514
+FRAME = linklayer.FRAME
 """A full-size Ethernet frame as the qdiscs count it (1500-byte MTU + 14-byte header)."""
 HZ = 250
 """Debian's CONFIG_HZ; tc-tbf(8) sizes the smallest useful tbf burst as rate / HZ."""
@@ -586,19 +586,21 @@ def htb_bursts_hold_a_frame(policy: ir.Policy) -> Iterator[Diagnostic]:
     left to tc below :data:`FAST_BURST_RATE` (a tree's classes above it get one warning each,
     or one at the first with their count past :data:`FAST_SHOWN`)."""
     fast: dict[str, list[tuple[ir.Class, list[tuple[str, ir.Rate]]]]] = {}
+    # by id(interface): a full-size frame as the interface's size table charges it
+    frames = {id(i): linklayer.charged_frame(i.stab) for i in policy.interfaces}
     for s in sites(policy):
         if s.qdisc.kind != "htb":
             continue
         left: list[tuple[str, ir.Rate]] = []
         for name in ("burst", "cburst"):
             size = getattr(s.cls, name)
-            if isinstance(size, ir.Size) and size.bytes < FRAME:
+            if isinstance(size, ir.Size) and size.bytes < frames[id(s.iface)]:
                 keeps = "ceil" if name == "cburst" else "rate"
                 yield Diagnostic.warning(
                     "W315",
-                    f"{name} {format_size(size.bytes)} is smaller than one full-size Ethernet "
-                    f"frame ({FRAME} bytes): {s.cls.label} cannot send such a frame without "
-                    f"going into debt, and will not keep to its {keeps}",
+                    f"{name} {format_size(size.bytes)} is smaller than "
+                    f"{linklayer.frame_words(s.iface.stab)}: {s.cls.label} cannot send such a "
+                    f"frame without going into debt, and will not keep to its {keeps}",
                     size.span,
                 )
             rate = rate_of(s.cls.rate) if name == "burst" else effective_ceil(s.cls)
@@ -663,11 +665,12 @@ def tbf_bursts_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
                 continue
             burst, rate = q.burst.bytes, q.rate.bits_per_second
             tick = rate // 8 // HZ
-            if burst < FRAME:
+            if burst < linklayer.charged_frame(iface.stab):
                 yield Diagnostic.warning(
                     "W317",
-                    f"tbf burst {format_size(burst)} is smaller than one full-size Ethernet "
-                    f"frame ({FRAME} bytes): the tbf drops every packet bigger than its burst",
+                    f"tbf burst {format_size(burst)} is smaller than "
+                    f"{linklayer.frame_words(iface.stab)}: the tbf drops every packet bigger "
+                    "than its burst",
                     q.burst.span,
                 )
             elif burst < tick:

@@ -573,7 +573,7 @@ class VGen:
         """``police ...``: a burst of at least its mtu (or a full frame: E253)."""
         rate = self.bits(8000, MAX_RATE)
         mtu = self.wide(1514, 65535) if self.chance(0.3) else None
-        least = max(mtu or 1514, 1514)  # E253
+        least = max(mtu or 2048, 2048)  # E253 (a full frame, as any size table charges it)
         burst = self.wide(least, max(least, min(1 << 20, rate // 8 * BURST_SECONDS)))  # E208
         words = ["police", "rate", self.rate(rate), "burst", self.spell(burst)]
         if mtu is not None:

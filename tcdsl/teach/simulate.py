@@ -1395,18 +1395,7 @@ class Simulator(Engine):
         if self.link <= 0:
             raise SimulationError("the link rate must be above 0")
         check_size(flows, duration, self.interval, self.link)
-        stab = iface.stab
-        self.stab = (
-            None
-            if stab is None
-            else linklayer.stab_for(
-                stab.overhead.value,
-                stab.linklayer,
-                stab.mpu.value if stab.mpu is not None else 0,
-                stab.mtu.bytes if stab.mtu is not None else None,
-                stab.tsize.value if stab.tsize is not None else None,
-            )
-        )
+        self.stab = iface.stab.size_table() if iface.stab is not None else None
         builder = _Builder(self)
         self.root = builder.build(iface.root)
         self.notes = tuple(dict.fromkeys(builder.notes))
