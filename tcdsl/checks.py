@@ -389,7 +389,8 @@ class Overbooking:
     """How messages name the limit: ``its rate``, ``its ceil`` or ``the bandwidth``."""
 
     def __str__(self) -> str:
-        share = self.limit.bits_per_second * 100 // self.total
+        # rounded to the nearest (76.9% is about 77%), and below 100 (the total is above it)
+        share = min((self.limit.bits_per_second * 200 + self.total) // (2 * self.total), 99)
         return (
             f"{_fmt(self.total - self.limit.bits_per_second)} above {self.what} "
             f"{_fmt(self.limit)}: when only {_fmt(self.limit)} is there for them, under full "

@@ -136,3 +136,14 @@ def test_explain_and_simulate_say_what_overbooking_does_at_run_time() -> None:
     rates = {s.name: sum(s.bytes) * 8 * 1_000_000 // full.duration for s in full.classes}
     assert 980_000_000 < sum(rates.values()) < 1_010_000_000, rates
     assert min(rates.values()) < 600_000_000, rates
+
+
+def test_the_share_is_rounded_to_the_nearest_percent() -> None:
+    """Found by a tester: 100mbit shared by 130mbit of rates is 76.9% each, said 'about 76%'."""
+    text = (
+        "interface eth0 htb rate 100mbit default c {\n"
+        "    class a rate 60mbit match dport 1\n    class b rate 60mbit match dport 2\n"
+        "    class c rate 10mbit\n}\n"
+    )
+    (d,) = [d for d in check(text).diagnostics if d.code == "W350"]
+    assert "each gets about 77% of its rate" in d.message, d.message
