@@ -1025,6 +1025,29 @@ def hfsc_curves_consistent(policy: ir.Policy) -> Iterator[Diagnostic]:
                 )
 
 
+def dscp_rewritten_where_shaped(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """W375: ``set dscp`` with marking before routing (``classify by mark from IFACE|any``):
+    the DSCP rules sit in the marking chain, in PREROUTING, so they rewrite every packet with
+    a class's mark, those that then leave by another interface or are for this host too."""
+    for iface in policy.interfaces:
+        m = iface.marking
+        if m is None or m.hook != "prerouting" or iface.download is not None:
+            continue
+        if not m.dscp_rules:
+            continue
+        first = min((d.span for d in m.dscp_rules), key=_written)
+        where = m.source(iface.name, "packets")
+        yield Diagnostic.warning(
+            "W375",
+            f"'set dscp' is applied where the marks are set, before routing: it rewrites the "
+            f"{where} that carry the class's mark, also those that then leave by another "
+            f"interface than {iface.name} or are for this host; write 'classify by mark at "
+            f"postrouting' to rewrite only what leaves by {iface.name}",
+            first,
+            Note("the marks are set here", m.span),
+        )
+
+
 def overhead_counted_once(policy: ir.Policy) -> Iterator[Diagnostic]:
     """W340: link-layer overhead where nothing shapes (it changes no rate); W341: a cake with
     its own overhead below a size table (cake adds its overhead to the size the table made)."""
@@ -1074,6 +1097,7 @@ LINTS: tuple[Lint, ...] = (
     policers_do_not_reclassify,
     hfsc_curves_consistent,
     overhead_counted_once,
+    dscp_rewritten_where_shaped,
 )
 
 

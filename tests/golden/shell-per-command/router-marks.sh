@@ -58,76 +58,76 @@ tcdsl_exists eth2
 # ==== interface eth0 ====
 tcdsl_at=
 tcdsl_dev=eth0
-tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D PREROUTING -i eth1 -j TCDSL-eth0; iptables -t mangle -F TCDSL-eth0; iptables -t mangle -X TCDSL-eth0; ip6tables -t mangle -D PREROUTING -i eth1 -j TCDSL-eth0; ip6tables -t mangle -F TCDSL-eth0; ip6tables -t mangle -X TCDSL-eth0'
+tcdsl_undo='tc qdisc del dev eth0 root; iptables -t mangle -D POSTROUTING -o eth0 -j TCDSL-eth0; iptables -t mangle -F TCDSL-eth0; iptables -t mangle -X TCDSL-eth0; ip6tables -t mangle -D POSTROUTING -o eth0 -j TCDSL-eth0; ip6tables -t mangle -F TCDSL-eth0; ip6tables -t mangle -X TCDSL-eth0'
 exec 9>"$tcdsl_locks"/tcdsl-eth0.lock
 flock 9
 # Teardown: remove this policy's root qdisc and its mangle chain (iptables, ip6tables) and an earlier version's nft table; absent is fine.
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-tcdsl_at='policies/router-marks.tcp:9:16: interface eth0: htb qdisc'
+tcdsl_at='policies/router-marks.tcp:11:16: interface eth0: htb qdisc'
 tc qdisc add dev eth0 root handle 1: htb default 40
-tcdsl_at='policies/router-marks.tcp:9:16: link class'
+tcdsl_at='policies/router-marks.tcp:11:16: link class'
 tc class add dev eth0 parent 1: classid 1:1 htb rate 19mbit quantum 200000
-tcdsl_at='policies/router-marks.tcp:19:11: class bulk'
+tcdsl_at='policies/router-marks.tcp:21:11: class bulk'
 tc class add dev eth0 parent 1:1 classid 1:40 htb rate 6mbit ceil 19mbit prio 2
-tcdsl_at='policies/router-marks.tcp:11:11: class ack'
+tcdsl_at='policies/router-marks.tcp:13:11: class ack'
 tc class add dev eth0 parent 1:1 classid 1:10 htb rate 2mbit ceil 19mbit prio 0
-tcdsl_at='policies/router-marks.tcp:11:45: filter to 1:10'
+tcdsl_at='policies/router-marks.tcp:13:45: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ip prio 5 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
-tcdsl_at='policies/router-marks.tcp:11:45: filter to 1:10'
+tcdsl_at='policies/router-marks.tcp:13:45: filter to 1:10'
 tc filter add dev eth0 parent 1: protocol ipv6 prio 32773 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
-tcdsl_at='policies/router-marks.tcp:12:11: class voip'
+tcdsl_at='policies/router-marks.tcp:14:11: class voip'
 tc class add dev eth0 parent 1:1 classid 1:20 htb rate 2mbit ceil 4mbit prio 0
-tcdsl_at='policies/router-marks.tcp:12:11: mark 0x1400 to 1:20'
+tcdsl_at='policies/router-marks.tcp:14:11: mark 0x1400 to 1:20'
 tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x1400/0xff00 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:12:11: mark 0x1400 to 1:20'
+tcdsl_at='policies/router-marks.tcp:14:11: mark 0x1400 to 1:20'
 tc filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x1400/0xff00 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:15:11: class interactive'
+tcdsl_at='policies/router-marks.tcp:17:11: class interactive'
 tc class add dev eth0 parent 1:1 classid 1:30 htb rate 4mbit ceil 19mbit prio 1
-tcdsl_at='policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30'
+tcdsl_at='policies/router-marks.tcp:17:11: mark 0x1e00 to 1:30'
 tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x1e00/0xff00 fw flowid 1:30
-tcdsl_at='policies/router-marks.tcp:15:11: mark 0x1e00 to 1:30'
+tcdsl_at='policies/router-marks.tcp:17:11: mark 0x1e00 to 1:30'
 tc filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x1e00/0xff00 fw flowid 1:30
-tcdsl_at='policies/router-marks.tcp:19:11: mark 0x2800 to 1:40'
+tcdsl_at='policies/router-marks.tcp:21:11: mark 0x2800 to 1:40'
 tc filter add dev eth0 parent 1: protocol ip prio 10 handle 0x2800/0xff00 fw flowid 1:40
-tcdsl_at='policies/router-marks.tcp:19:11: mark 0x2800 to 1:40'
+tcdsl_at='policies/router-marks.tcp:21:11: mark 0x2800 to 1:40'
 tc filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x2800/0xff00 fw flowid 1:40
-tcdsl_at='policies/router-marks.tcp:10:5: chain TCDSL-eth0'
+tcdsl_at='policies/router-marks.tcp:12:5: chain TCDSL-eth0'
 iptables -t mangle -N TCDSL-eth0
-tcdsl_at='policies/router-marks.tcp:10:5: traffic arriving on eth1'
-iptables -t mangle -I PREROUTING -i eth1 -j TCDSL-eth0
-tcdsl_at='policies/router-marks.tcp:13:9: mark 0x1400'
+tcdsl_at='policies/router-marks.tcp:12:5: traffic leaving by eth0'
+iptables -t mangle -I POSTROUTING -o eth0 -j TCDSL-eth0
+tcdsl_at='policies/router-marks.tcp:15:9: mark 0x1400'
 iptables -t mangle -A TCDSL-eth0 -p udp --dport 5060 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1400/0xff00
-tcdsl_at='policies/router-marks.tcp:13:9: mark 0x1400'
+tcdsl_at='policies/router-marks.tcp:15:9: mark 0x1400'
 iptables -t mangle -A TCDSL-eth0 -p udp --dport 10000:20000 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1400/0xff00
-tcdsl_at='policies/router-marks.tcp:16:9: mark 0x1e00'
+tcdsl_at='policies/router-marks.tcp:18:9: mark 0x1e00'
 iptables -t mangle -A TCDSL-eth0 -p tcp --dport 22 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1e00/0xff00
-tcdsl_at='policies/router-marks.tcp:17:9: mark 0x1e00'
+tcdsl_at='policies/router-marks.tcp:19:9: mark 0x1e00'
 iptables -t mangle -A TCDSL-eth0 -p tcp --tcp-flags FIN,SYN,RST,ACK SYN -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1e00/0xff00
-tcdsl_at='policies/router-marks.tcp:9:40: unmarked traffic'
+tcdsl_at='policies/router-marks.tcp:11:40: unmarked traffic'
 iptables -t mangle -A TCDSL-eth0 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x2800/0xff00
-tcdsl_at='policies/router-marks.tcp:12:54: DSCP 46 for mark 0x1400'
+tcdsl_at='policies/router-marks.tcp:14:54: DSCP 46 for mark 0x1400'
 iptables -t mangle -A TCDSL-eth0 -m mark --mark 0x1400/0xff00 -j DSCP --set-dscp 46
-tcdsl_at='policies/router-marks.tcp:19:55: DSCP 0 for mark 0x2800'
+tcdsl_at='policies/router-marks.tcp:21:55: DSCP 0 for mark 0x2800'
 iptables -t mangle -A TCDSL-eth0 -m mark --mark 0x2800/0xff00 -j DSCP --set-dscp 0
-tcdsl_at='policies/router-marks.tcp:10:5: chain TCDSL-eth0'
+tcdsl_at='policies/router-marks.tcp:12:5: chain TCDSL-eth0'
 ip6tables -t mangle -N TCDSL-eth0
-tcdsl_at='policies/router-marks.tcp:10:5: traffic arriving on eth1'
-ip6tables -t mangle -I PREROUTING -i eth1 -j TCDSL-eth0
-tcdsl_at='policies/router-marks.tcp:13:9: mark 0x1400'
+tcdsl_at='policies/router-marks.tcp:12:5: traffic leaving by eth0'
+ip6tables -t mangle -I POSTROUTING -o eth0 -j TCDSL-eth0
+tcdsl_at='policies/router-marks.tcp:15:9: mark 0x1400'
 ip6tables -t mangle -A TCDSL-eth0 -p udp --dport 5060 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1400/0xff00
-tcdsl_at='policies/router-marks.tcp:13:9: mark 0x1400'
+tcdsl_at='policies/router-marks.tcp:15:9: mark 0x1400'
 ip6tables -t mangle -A TCDSL-eth0 -p udp --dport 10000:20000 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1400/0xff00
-tcdsl_at='policies/router-marks.tcp:16:9: mark 0x1e00'
+tcdsl_at='policies/router-marks.tcp:18:9: mark 0x1e00'
 ip6tables -t mangle -A TCDSL-eth0 -p tcp --dport 22 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1e00/0xff00
-tcdsl_at='policies/router-marks.tcp:17:9: mark 0x1e00'
+tcdsl_at='policies/router-marks.tcp:19:9: mark 0x1e00'
 ip6tables -t mangle -A TCDSL-eth0 -p tcp --tcp-flags FIN,SYN,RST,ACK SYN -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x1e00/0xff00
-tcdsl_at='policies/router-marks.tcp:9:40: unmarked traffic'
+tcdsl_at='policies/router-marks.tcp:11:40: unmarked traffic'
 ip6tables -t mangle -A TCDSL-eth0 -m mark --mark 0x0/0xff00 -j MARK --set-xmark 0x2800/0xff00
-tcdsl_at='policies/router-marks.tcp:12:54: DSCP 46 for mark 0x1400'
+tcdsl_at='policies/router-marks.tcp:14:54: DSCP 46 for mark 0x1400'
 ip6tables -t mangle -A TCDSL-eth0 -m mark --mark 0x1400/0xff00 -j DSCP --set-dscp 46
-tcdsl_at='policies/router-marks.tcp:19:55: DSCP 0 for mark 0x2800'
+tcdsl_at='policies/router-marks.tcp:21:55: DSCP 0 for mark 0x2800'
 ip6tables -t mangle -A TCDSL-eth0 -m mark --mark 0x2800/0xff00 -j DSCP --set-dscp 0
 
 # ==== interface eth1 ====
@@ -140,35 +140,35 @@ flock 9
 tc qdisc del dev eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth1
 nft delete table inet tcdsl_eth1 2>/dev/null || true
-tcdsl_at='policies/router-marks.tcp:26:16: interface eth1: htb qdisc'
+tcdsl_at='policies/router-marks.tcp:29:16: interface eth1: htb qdisc'
 tc qdisc add dev eth1 root handle 1: htb default 20 r2q 100
-tcdsl_at='policies/router-marks.tcp:26:16: link class'
+tcdsl_at='policies/router-marks.tcp:29:16: link class'
 tc class add dev eth1 parent 1: classid 1:1 htb rate 95mbit
-tcdsl_at='policies/router-marks.tcp:29:11: class rest'
+tcdsl_at='policies/router-marks.tcp:32:11: class rest'
 tc class add dev eth1 parent 1:1 classid 1:20 htb rate 30mbit ceil 95mbit
-tcdsl_at='policies/router-marks.tcp:28:11: class video'
+tcdsl_at='policies/router-marks.tcp:31:11: class video'
 tc class add dev eth1 parent 1:1 classid 1:10 htb rate 60mbit ceil 95mbit
-tcdsl_at='policies/router-marks.tcp:28:11: mark 0xa0000 to 1:10'
+tcdsl_at='policies/router-marks.tcp:31:11: mark 0xa0000 to 1:10'
 tc filter add dev eth1 parent 1: protocol ip prio 1 handle 0xa0000/0xff0000 fw flowid 1:10
-tcdsl_at='policies/router-marks.tcp:28:11: mark 0xa0000 to 1:10'
+tcdsl_at='policies/router-marks.tcp:31:11: mark 0xa0000 to 1:10'
 tc filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 0xa0000/0xff0000 fw flowid 1:10
-tcdsl_at='policies/router-marks.tcp:29:11: mark 0x140000 to 1:20'
+tcdsl_at='policies/router-marks.tcp:32:11: mark 0x140000 to 1:20'
 tc filter add dev eth1 parent 1: protocol ip prio 1 handle 0x140000/0xff0000 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:29:11: mark 0x140000 to 1:20'
+tcdsl_at='policies/router-marks.tcp:32:11: mark 0x140000 to 1:20'
 tc filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 0x140000/0xff0000 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:27:5: chain TCDSL-eth1'
+tcdsl_at='policies/router-marks.tcp:30:5: chain TCDSL-eth1'
 iptables -t mangle -N TCDSL-eth1
-tcdsl_at='policies/router-marks.tcp:27:5: traffic leaving by eth1'
+tcdsl_at='policies/router-marks.tcp:30:5: traffic leaving by eth1'
 iptables -t mangle -I POSTROUTING -o eth1 -j TCDSL-eth1
-tcdsl_at='policies/router-marks.tcp:28:41: mark 0xa0000'
+tcdsl_at='policies/router-marks.tcp:31:41: mark 0xa0000'
 iptables -t mangle -A TCDSL-eth1 -p tcp --sport 443 -s 203.0.113.0/24 -m mark --mark 0x0/0xff0000 -j MARK --set-xmark 0xa0000/0xff0000
-tcdsl_at='policies/router-marks.tcp:26:40: unmarked traffic'
+tcdsl_at='policies/router-marks.tcp:29:40: unmarked traffic'
 iptables -t mangle -A TCDSL-eth1 -m mark --mark 0x0/0xff0000 -j MARK --set-xmark 0x140000/0xff0000
-tcdsl_at='policies/router-marks.tcp:27:5: chain TCDSL-eth1'
+tcdsl_at='policies/router-marks.tcp:30:5: chain TCDSL-eth1'
 ip6tables -t mangle -N TCDSL-eth1
-tcdsl_at='policies/router-marks.tcp:27:5: traffic leaving by eth1'
+tcdsl_at='policies/router-marks.tcp:30:5: traffic leaving by eth1'
 ip6tables -t mangle -I POSTROUTING -o eth1 -j TCDSL-eth1
-tcdsl_at='policies/router-marks.tcp:26:40: unmarked traffic'
+tcdsl_at='policies/router-marks.tcp:29:40: unmarked traffic'
 ip6tables -t mangle -A TCDSL-eth1 -m mark --mark 0x0/0xff0000 -j MARK --set-xmark 0x140000/0xff0000
 
 # ==== interface eth2 ====
@@ -181,35 +181,35 @@ flock 9
 tc qdisc del dev eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth2
 nft delete table inet tcdsl_eth2 2>/dev/null || true
-tcdsl_at='policies/router-marks.tcp:33:16: interface eth2: htb qdisc'
+tcdsl_at='policies/router-marks.tcp:36:16: interface eth2: htb qdisc'
 tc qdisc add dev eth2 root handle 1: htb default 20
-tcdsl_at='policies/router-marks.tcp:33:16: link class'
+tcdsl_at='policies/router-marks.tcp:36:16: link class'
 tc class add dev eth2 parent 1: classid 1:1 htb rate 10mbit
-tcdsl_at='policies/router-marks.tcp:36:11: class other'
+tcdsl_at='policies/router-marks.tcp:39:11: class other'
 tc class add dev eth2 parent 1:1 classid 1:20 htb rate 8mbit ceil 10mbit
-tcdsl_at='policies/router-marks.tcp:35:11: class backup'
+tcdsl_at='policies/router-marks.tcp:38:11: class backup'
 tc class add dev eth2 parent 1:1 classid 1:10 htb rate 2mbit ceil 8mbit
-tcdsl_at='policies/router-marks.tcp:35:11: mark 10 to 1:10'
+tcdsl_at='policies/router-marks.tcp:38:11: mark 10 to 1:10'
 tc filter add dev eth2 parent 1: protocol ip prio 1 handle 10 fw flowid 1:10
-tcdsl_at='policies/router-marks.tcp:35:11: mark 10 to 1:10'
+tcdsl_at='policies/router-marks.tcp:38:11: mark 10 to 1:10'
 tc filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 10 fw flowid 1:10
-tcdsl_at='policies/router-marks.tcp:36:11: mark 20 to 1:20'
+tcdsl_at='policies/router-marks.tcp:39:11: mark 20 to 1:20'
 tc filter add dev eth2 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:36:11: mark 20 to 1:20'
+tcdsl_at='policies/router-marks.tcp:39:11: mark 20 to 1:20'
 tc filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
-tcdsl_at='policies/router-marks.tcp:34:5: chain TCDSL-eth2'
+tcdsl_at='policies/router-marks.tcp:37:5: chain TCDSL-eth2'
 iptables -t mangle -N TCDSL-eth2
-tcdsl_at='policies/router-marks.tcp:34:5: traffic this host sends out of eth2'
+tcdsl_at='policies/router-marks.tcp:37:5: traffic this host sends out of eth2'
 iptables -t mangle -I OUTPUT -o eth2 -j TCDSL-eth2
-tcdsl_at='policies/router-marks.tcp:35:40: mark 10'
+tcdsl_at='policies/router-marks.tcp:38:40: mark 10'
 iptables -t mangle -A TCDSL-eth2 -p tcp --dport 873 -m mark --mark 0 -j MARK --set-mark 10
-tcdsl_at='policies/router-marks.tcp:33:40: unmarked traffic'
+tcdsl_at='policies/router-marks.tcp:36:40: unmarked traffic'
 iptables -t mangle -A TCDSL-eth2 -m mark --mark 0 -j MARK --set-mark 20
-tcdsl_at='policies/router-marks.tcp:34:5: chain TCDSL-eth2'
+tcdsl_at='policies/router-marks.tcp:37:5: chain TCDSL-eth2'
 ip6tables -t mangle -N TCDSL-eth2
-tcdsl_at='policies/router-marks.tcp:34:5: traffic this host sends out of eth2'
+tcdsl_at='policies/router-marks.tcp:37:5: traffic this host sends out of eth2'
 ip6tables -t mangle -I OUTPUT -o eth2 -j TCDSL-eth2
-tcdsl_at='policies/router-marks.tcp:35:40: mark 10'
+tcdsl_at='policies/router-marks.tcp:38:40: mark 10'
 ip6tables -t mangle -A TCDSL-eth2 -p tcp --dport 873 -m mark --mark 0 -j MARK --set-mark 10
-tcdsl_at='policies/router-marks.tcp:33:40: unmarked traffic'
+tcdsl_at='policies/router-marks.tcp:36:40: unmarked traffic'
 ip6tables -t mangle -A TCDSL-eth2 -m mark --mark 0 -j MARK --set-mark 20
