@@ -1070,6 +1070,25 @@ def ingress_slot(iface: ir.Interface) -> tuple[str, str] | None:
     return None
 
 
+STALE_INGRESS = (
+    "tcdsl: note: interface %s has an ingress qdisc with a redirect or policers in its ingress "
+    "slot (ffff:), which this policy does not set up (a download or ingress policing of an "
+    "earlier version of it?): left as it is; if nothing else needs it, remove it with: tc qdisc "
+    "del dev %s ingress (and an ifb device it redirects to, with: ip link del dev IFB)"
+)
+"""What the script says (a printf format: the device, twice) when a device whose ingress slot
+the policy leaves free holds an ingress qdisc such as a download or ingress policing puts
+there: the policy does not own the slot, so the script does not remove it."""
+
+
+def stale_ingress_devices(policy: ir.Policy) -> list[str]:
+    """The devices a policy shapes an upload on whose ingress slot it leaves free: a download
+    or ingress policing an earlier version of it had there would be left in place."""
+    taken = {slot[0] for i in policy.interfaces if (slot := ingress_slot(i)) is not None}
+    shaped = (i.name for i in policy.interfaces if i.download is None and i.direction != "ingress")
+    return [name for name in dict.fromkeys(shaped) if name not in taken]
+
+
 LOCK_DIR = "/run/lock"
 LOCK_DIR_VARIABLE = "TCDSL_LOCK_DIR"
 """The environment variable that moves the lock folder (tests; systems without /run/lock)."""

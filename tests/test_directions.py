@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from tcdsl import ir
 from tcdsl.allocate import police_block
 from tcdsl.cli import cli
-from tcdsl.commands import NOT_IFB
+from tcdsl.commands import NOT_IFB, STALE_INGRESS
 from tcdsl.driver import Result, analyse, compile_policy
 from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.kernels import uml
@@ -448,6 +448,28 @@ def test_a_download_applies_reapplies_and_is_removed_on_the_host(
     assert _sh(namespace, undo, tmp_path).returncode == 0, undo
     gone = _sh(namespace, "ip link show ifb4eth0; tc qdisc show dev eth0 ingress", tmp_path)
     assert "ifb4eth0" not in gone.stdout and "ingress" not in gone.stdout
+
+
+def test_a_download_dropped_from_the_policy_is_said_and_left_on_the_host(
+    tmp_path: Path, namespace: str
+) -> None:
+    """Found by a tester: the script of a policy that no longer has its download left the
+    earlier version's redirect and IFB tree shaping the downloads, without a word. The policy
+    does not own the ingress slot it leaves free (another tool may use it), so the script says
+    what is there and how to remove it; with nothing there, it says nothing."""
+    _host()
+    upload = "interface eth0 htb rate 19mbit default bulk {\n    class bulk rate 17mbit\n}\n"
+    with_download = _write(tmp_path, _compiled(tmp_path, HOME).output or "", "home.sh")
+    without = _write(tmp_path, _compiled(tmp_path, upload).output or "", "upload.sh")
+    assert _sh(namespace, "ip link add eth0 type veth peer name peer0", tmp_path).returncode == 0
+    quiet = _sh(namespace, f"sh {without}", tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert _sh(namespace, f"sh {with_download}", tmp_path).returncode == 0
+    ran = _sh(namespace, f"sh {without}", tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stderr.strip() == STALE_INGRESS.replace("%s", "eth0"), ran.stderr
+    left = _sh(namespace, "tc filter show dev eth0 parent ffff:", tmp_path).stdout
+    assert "mirred (Egress Redirect to device ifb4eth0)" in left  # left as it is
 
 
 @pytest.mark.parametrize("alias", ["", "my ifb link", "x\\    ifb y"])

@@ -41,6 +41,17 @@ tcdsl_unmark() {
         "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
 }
+tcdsl_stale_ingress() {
+    # the ingress slot of $1 holds an ingress qdisc with a redirect or a policer, which this
+    # policy does not set up: say so (the policy does not own the slot, so it leaves it)
+    case $(tc qdisc show dev "$1" 2>/dev/null) in
+    *"qdisc ingress ffff:"*)
+        case $(tc filter show dev "$1" parent ffff: 2>/dev/null) in
+        *"mirred (Egress Redirect"* | *" police "*)
+            printf 'tcdsl: note: interface %s has an ingress qdisc with a redirect or policers in its ingress slot (ffff:), which this policy does not set up (a download or ingress policing of an earlier version of it?): left as it is; if nothing else needs it, remove it with: tc qdisc del dev %s ingress (and an ifb device it redirects to, with: ip link del dev IFB)\n' "$1" "$1" >&2 ;;
+        esac ;;
+    esac
+}
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists eth0
 
@@ -108,3 +119,6 @@ tcdsl_at='policies/office.tcp:17:15: class bob'
 tc class add dev eth0 parent 1:40 classid 1:60 htb rate 3mbit ceil 3mbit
 tcdsl_at='policies/office.tcp:17:41: filter to 1:60'
 tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:60
+tcdsl_at=
+# What an earlier version may have left in an ingress slot this policy leaves free.
+tcdsl_stale_ingress eth0

@@ -47,6 +47,17 @@ tcdsl_needs() {
         exit 1
     fi
 }
+tcdsl_stale_ingress() {
+    # the ingress slot of $1 holds an ingress qdisc with a redirect or a policer, which this
+    # policy does not set up: say so (the policy does not own the slot, so it leaves it)
+    case $(tc qdisc show dev "$1" 2>/dev/null) in
+    *"qdisc ingress ffff:"*)
+        case $(tc filter show dev "$1" parent ffff: 2>/dev/null) in
+        *"mirred (Egress Redirect"* | *" police "*)
+            printf 'tcdsl: note: interface %s has an ingress qdisc with a redirect or policers in its ingress slot (ffff:), which this policy does not set up (a download or ingress policing of an earlier version of it?): left as it is; if nothing else needs it, remove it with: tc qdisc del dev %s ingress (and an ifb device it redirects to, with: ip link del dev IFB)\n' "$1" "$1" >&2 ;;
+        esac ;;
+    esac
+}
 # Check before changing anything: every interface the policy shapes exists.
 # And the tools the policy marks packets with are installed.
 tcdsl_needs iptables 'to mark IPv4 packets'
@@ -213,3 +224,8 @@ tcdsl_at='policies/router-marks.tcp:38:40: mark 10'
 ip6tables -t mangle -A TCDSL-eth2 -p tcp --dport 873 -m mark --mark 0 -j MARK --set-mark 10
 tcdsl_at='policies/router-marks.tcp:36:40: unmarked traffic'
 ip6tables -t mangle -A TCDSL-eth2 -m mark --mark 0 -j MARK --set-mark 20
+tcdsl_at=
+# What an earlier version may have left in an ingress slot this policy leaves free.
+tcdsl_stale_ingress eth0
+tcdsl_stale_ingress eth1
+tcdsl_stale_ingress eth2

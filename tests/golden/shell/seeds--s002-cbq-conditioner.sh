@@ -43,6 +43,17 @@ tcdsl_unmark() {
         "$tcdsl_tool" -t mangle -X "$1" 2>/dev/null || true
     done
 }
+tcdsl_stale_ingress() {
+    # the ingress slot of $1 holds an ingress qdisc with a redirect or a policer, which this
+    # policy does not set up: say so (the policy does not own the slot, so it leaves it)
+    case $(tc qdisc show dev "$1" 2>/dev/null) in
+    *"qdisc ingress ffff:"*)
+        case $(tc filter show dev "$1" parent ffff: 2>/dev/null) in
+        *"mirred (Egress Redirect"* | *" police "*)
+            printf 'tcdsl: note: interface %s has an ingress qdisc with a redirect or policers in its ingress slot (ffff:), which this policy does not set up (a download or ingress policing of an earlier version of it?): left as it is; if nothing else needs it, remove it with: tc qdisc del dev %s ingress (and an ifb device it redirects to, with: ip link del dev IFB)\n' "$1" "$1" >&2 ;;
+        esac ;;
+    esac
+}
 # Check before changing anything: every interface the policy shapes exists.
 tcdsl_exists shaper0
 
@@ -116,3 +127,6 @@ TCDSL_BATCH
     exit 1
 fi
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
+tcdsl_at=
+# What an earlier version may have left in an ingress slot this policy leaves free.
+tcdsl_stale_ingress shaper0
