@@ -17,7 +17,8 @@ PRIVATE = tuple(IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168
 
 def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
     """E253: a policer whose burst is below the largest packet it lets through (no such
-    packet ever conforms: tc-police(8) asks for a burst of at least the MTU); E252: a
+    packet ever conforms: tc-police(8) asks for a burst of at least the MTU); W376: an mtu
+    that holds a full frame but not as the size table charges it; E252: a
     policer where classification is by firewall mark (the fw filter is the class's, not the
     match line's)."""
     for iface in policy.interfaces:
@@ -55,6 +56,16 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
                         f"traffic above the rate ({p.exceed}); give a burst of at least "
                         f"{largest} bytes",
                         p.burst.span,
+                    )
+                if p.mtu is not None and linklayer.FRAME <= p.mtu.bytes < frame:
+                    yield Diagnostic.warning(
+                        "W376",
+                        f"police mtu {format_size(p.mtu.bytes)} holds a full-size Ethernet frame "
+                        f"as it is, not as the interface's size table charges it ({frame} bytes, "
+                        "the length the policer compares with its mtu): every full-size packet "
+                        f"gets the verdict for traffic above the rate ({p.exceed}); give an mtu "
+                        f"of at least {frame} bytes",
+                        p.mtu.span,
                     )
 
 
