@@ -1254,7 +1254,8 @@ def test_filters_alternating_between_classes_keep_the_kernels_order(tmp_path: Pa
     ):
         verdict = CliRunner().invoke(cli, ["classify", str(imported), "--packet", packet])
         assert verdict.exit_code == 0 and f"({want})" in verdict.stdout, (packet, verdict.output)
-    # a line of both families among them: no pref keeps both orders, so the old warning
+    # a line of both families among them: it becomes a line per family, and the IPv4 one
+    # takes its run's pref (it warned that no pref kept both orders before)
     text = path.read_text(encoding="utf-8")
     dual = text + (
         "filter parent 1: protocol ipv6 pref 32769 u32 chain 0 \n"
@@ -1265,9 +1266,10 @@ def test_filters_alternating_between_classes_keep_the_kernels_order(tmp_path: Pa
     saved = tmp_path / "dual.txt"
     saved.write_text(dual, encoding="utf-8")
     code, out, err = _cli("-i", "a0", "--from", str(saved))
-    assert code == 0 and "prefs of their own cannot keep their order here" in " ".join(
-        err.split()
-    ), err
+    assert code == 0 and "cannot keep their order" not in " ".join(err.split()), err
+    lines = [x.strip() for x in out.splitlines() if x.strip().startswith("match")]
+    assert "match family ipv4 proto udp pref 2" in lines, out
+    assert "match family ipv6 proto udp" in lines and "match src 10.9.0.1 pref 3" in lines, out
 
 
 def test_a_filter_to_an_inner_class_goes_where_htb_sends_it(tmp_path: Path) -> None:
@@ -1387,3 +1389,30 @@ def test_a_node_without_keys_is_a_catch_all_where_the_text_is_not_tc_ps() -> Non
         lines = [x.strip() for x in got.policy.splitlines() if x.strip().startswith("match")]
         assert lines[-1] == "match dst ::/0 pref 5", got.policy  # it compiles to such a node
         assert ("family ipv6 htb" in got.policy) is raw, got.policy  # the tree's families
+
+
+def test_a_line_of_both_families_is_parted_where_their_orders_differ(tmp_path: Path) -> None:
+    """Found by a tester: IPv4 'dport 80' then 'tos 0x10', IPv6 the same two the other way
+    round, in two classes. The port filters became one line of both families, and no order of
+    the classes kept both families' orders: the IPv4 'tos' line went first (W615), and an IPv4
+    packet to port 80 with that TOS went to the other class. Now that line is a line per
+    family, and the IPv4 'tos' line gets a pref of its own: both orders are the kernel's."""
+    text = (DATA / "families-apart.txt").read_text(encoding="utf-8")
+    got = import_policy(DeviceText("eth0", "saved.txt", text))
+    assert got.policy is not None, render(got.diagnostics, got.sources)
+    assert "in another order" not in " ".join(d.message for d in got.diagnostics)
+
+    def order(batch: str, protocol: str) -> list[str]:
+        """The flowids of one protocol's filters in the order the kernel tries them."""
+        found = re.findall(rf"protocol {protocol} prio (\d+) .* flowid (\S+)", batch)
+        return [flowid for _, flowid in sorted(found, key=lambda f: int(f[0]))]
+
+    written = order(text.replace("pref", "prio").replace("*flowid", "flowid"), "ip")
+    path = tmp_path / "imported.tcp"
+    path.write_text(got.policy, encoding="utf-8")
+    compiled = compile_policy(str(path), "tc-batch")
+    assert compiled.output is not None, render(compiled.diagnostics, compiled.sources)
+    for protocol, kernel in (("ip", ["1:10", "1:20"]), ("ipv6", ["1:20", "1:10", "1:10"])):
+        assert order(text.replace("pref", "prio").replace("*flowid", "flowid"), protocol) == kernel
+        assert order(compiled.output, protocol) == kernel, (protocol, got.policy)
+    assert written == ["1:10", "1:20"]

@@ -1791,7 +1791,14 @@ def _split(node: QdiscNode, fs: FilterSet, key: tuple[str, int], problems: list[
     if family in (None, "both") or not pref or key in fs.hashed:
         return False
     if any(line.family != family for _, line in listed):
-        return False
+        # a line of both families among them: its family's part may need a pref of its own
+        # (the other family's filters in another order), so it becomes a line per family
+        both = [line for _, line in listed if line.family == "both"]
+        if not both or any(line.police for line in both):  # one policer: kept one line
+            return False
+        for line in {id(x): x for x in both}.values():
+            _part_families(node, fs, line)
+        return True
     runs: list[list[Line]] = []
     for _, line in listed:
         if runs and runs[-1][-1].classid == line.classid:
@@ -1822,6 +1829,32 @@ def _split(node: QdiscNode, fs: FilterSet, key: tuple[str, int], problems: list[
     )
     problems.append(Problem("W615", message, first))
     return True
+
+
+def _part_families(node: QdiscNode, fs: FilterSet, line: Line) -> None:
+    """Put an IPv4 line and an IPv6 line in the place of ``line``, a line of both families:
+    the same conditions and pref, each with its family's filters."""
+    parts = [
+        Line(
+            line.conds,
+            family,
+            line.pref,
+            line.police,
+            line.classid,
+            line.seq,
+            [f for f in line.filters if _FAMILY_OF.get(f[0]) == family],
+            line.police_index,
+            line.line,
+        )
+        for family in ("ipv4", "ipv6")
+    ]
+    at = next(n for n, x in enumerate(fs.lines) if x is line)
+    fs.lines[at : at + 1] = parts
+    for cn in _classes(node.classes):
+        for n, item in enumerate(cn.items):
+            if item is line:
+                cn.items[n : n + 1] = parts
+                return
 
 
 # ==== writing ==================================================================================
