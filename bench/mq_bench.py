@@ -164,7 +164,7 @@ def classes_only(batch: str) -> str:
 def classes_and_leaves(batch: str) -> str:
     """``classes_only`` with each class's leaf qdisc: the state without its filters. A new
     leaf's handle is looked up first, which walks the whole bucket of the device's 16-bucket
-    qdisc hash it falls in, so this floor grows with the square of the leaves."""
+    qdisc hash it falls in, so this floor grows faster than the leaves."""
     keep = [line for line in batch.splitlines() if line.startswith(("class add", "qdisc add"))]
     return "".join(f"{line}\n" for line in keep)
 

@@ -11,6 +11,10 @@ from tcdsl import ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.units import format_size
 
+POLICE_DEFAULT_MTU = 255 << 3
+"""The mtu of a policer given none: tc builds its rate table for 2047 bytes (cell_log 3), and
+the kernel takes 255 cells of it (act_police: ``255 << cell_log``)."""
+
 PRIVATE = tuple(IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 """RFC 1918's private networks."""
 
@@ -42,12 +46,15 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
                         Note("classification by mark is chosen here", iface.marking.span),
                     )
                     continue
+                # without an mtu, tc gives the policer one that a frame the size table charges
+                # more can pass: then no burst helps (W376 below)
+                implicit = p.mtu is None and frame > POLICE_DEFAULT_MTU
                 largest = p.mtu.bytes if p.mtu is not None else frame
-                if p.burst.bytes < largest:
+                if p.burst.bytes < largest and not implicit:
                     what = (
                         f"its mtu of {format_size(largest)}"
                         if p.mtu is not None
-                        else linklayer.frame_words(stab)
+                        else linklayer.frame_words(frame)
                     )
                     yield Diagnostic.error(
                         "E253",
@@ -57,15 +64,22 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
                         f"{largest} bytes",
                         p.burst.span,
                     )
-                if p.mtu is not None and linklayer.FRAME <= p.mtu.bytes < frame:
+                if implicit or (p.mtu is not None and linklayer.FRAME <= p.mtu.bytes < frame):
+                    mtu = (
+                        f"police mtu {format_size(p.mtu.bytes)} holds a full-size Ethernet "
+                        "frame as it is, not"
+                        if p.mtu is not None
+                        else f"a policer without an mtu gets tc's, {POLICE_DEFAULT_MTU} bytes "
+                        "(255 cells of its rate table), below a full-size Ethernet frame"
+                    )
                     yield Diagnostic.warning(
                         "W376",
-                        f"police mtu {format_size(p.mtu.bytes)} holds a full-size Ethernet frame "
-                        f"as it is, not as the interface's size table charges it ({frame} bytes, "
-                        "the length the policer compares with its mtu): every full-size packet "
-                        f"gets the verdict for traffic above the rate ({p.exceed}); give an mtu "
-                        f"of at least {frame} bytes",
-                        p.mtu.span,
+                        f"{mtu} as the interface's size table charges it ({frame} bytes, the "
+                        "length the policer compares with its mtu): every full-size packet gets "
+                        f"the verdict for traffic above the rate ({p.exceed}); give an mtu of "
+                        f"at least {frame} bytes"
+                        + ("" if p.mtu is not None else ", and a burst of at least as much"),
+                        p.mtu.span if p.mtu is not None else p.span,
                     )
 
 

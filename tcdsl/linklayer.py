@@ -134,9 +134,9 @@ def charged_frame(stab: Overhead | None) -> int:
     return FRAME if stab is None else stab.size_table().cost(FRAME)
 
 
-def frame_words(stab: Overhead | None) -> str:
-    """A full-size frame, as the messages about it say it."""
-    charged = charged_frame(stab)
+def frame_words(charged: int) -> str:
+    """A full-size frame charged ``charged`` bytes (:func:`charged_frame`), as the messages
+    about it say it."""
     if charged == FRAME:
         return f"a full-size Ethernet frame ({FRAME} bytes)"
     charges = f"{charged} as the interface's size table charges it"

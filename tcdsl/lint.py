@@ -599,8 +599,8 @@ def htb_bursts_hold_a_frame(policy: ir.Policy) -> Iterator[Diagnostic]:
                 yield Diagnostic.warning(
                     "W315",
                     f"{name} {format_size(size.bytes)} is smaller than "
-                    f"{linklayer.frame_words(s.iface.stab)}: {s.cls.label} cannot send such a "
-                    f"frame without going into debt, and will not keep to its {keeps}",
+                    f"{linklayer.frame_words(frames[id(s.iface)])}: {s.cls.label} cannot send "
+                    f"such a frame without going into debt, and will not keep to its {keeps}",
                     size.span,
                 )
             rate = rate_of(s.cls.rate) if name == "burst" else effective_ceil(s.cls)
@@ -660,16 +660,17 @@ def _fast_burst(cls: ir.Class, left: list[tuple[str, ir.Rate]], more: int) -> Di
 def tbf_bursts_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
     """A tbf burst holds a full-size frame and what the rate sends in one timer tick."""
     for iface in policy.interfaces:
+        frame = linklayer.charged_frame(iface.stab)  # the size table made once per interface
         for q in ir.walk_qdiscs(iface.root):
             if not isinstance(q, ir.Tbf) or q.burst is None or q.rate is None:
                 continue
             burst, rate = q.burst.bytes, q.rate.bits_per_second
             tick = rate // 8 // HZ
-            if burst < linklayer.charged_frame(iface.stab):
+            if burst < frame:
                 yield Diagnostic.warning(
                     "W317",
                     f"tbf burst {format_size(burst)} is smaller than "
-                    f"{linklayer.frame_words(iface.stab)}: the tbf drops every packet bigger "
+                    f"{linklayer.frame_words(frame)}: the tbf drops every packet bigger "
                     "than its burst",
                     q.burst.span,
                 )

@@ -1389,6 +1389,12 @@ def test_a_node_without_keys_is_a_catch_all_where_the_text_is_not_tc_ps() -> Non
         lines = [x.strip() for x in got.policy.splitlines() if x.strip().startswith("match")]
         assert lines[-1] == "match dst ::/0 pref 5", got.policy  # it compiles to such a node
         assert ("family ipv6 htb" in got.policy) is raw, got.policy  # the tree's families
+    # found by a review: a keyless node listed before a node in tc -p's own words was
+    # reported as the one that could not be told apart, where the other tells it
+    pretty = NODE.format(p="ip", n=4, t="800") + "\n  match IP src 10.1.0.0/16"
+    got = import_policy(DeviceText("eth0", "saved.txt", f"{PRETTY_HEAD}{keyless}\n{pretty}\n"))
+    (found,) = got.diagnostics
+    assert "save it again without -p" in found.message and found.span.line == 5, found
 
 
 def test_a_line_of_both_families_is_parted_where_their_orders_differ(tmp_path: Path) -> None:

@@ -2272,6 +2272,8 @@ def _unread(text: DeviceText, entries: Sequence[FilterEntry]) -> Problem | None:
     none)."""
     u32 = [e for e in entries if e.filter.kind == "u32"]
     raw = text.raw or any(e.filter.keys and e.filter.protocol in _PRETTY_PROTOCOLS for e in u32)
+    # a node shown as tc -p shows keys first: it says what the text is
+    u32.sort(key=lambda e: not e.filter.unread)
     for e in u32:
         f = e.filter
         what = f"filter pref {f.pref} ({f.protocol}, u32)"
@@ -2285,7 +2287,7 @@ def _unread(text: DeviceText, entries: Sequence[FilterEntry]) -> Problem | None:
         elif f.keyless and not raw and f.protocol in _PRETTY_PROTOCOLS:
             message = (
                 f"{what} shows no key: a node without keys shows none ('ip6 dst ::/0' makes "
-                "one, for every packet), and so does 'tc -p''s text of a node whose keys it "
+                "one, for every packet), and so does the text of 'tc -p' for a node whose keys it "
                 "does not print (every IPv6 key, any key of mask 0); this text shows no other "
                 "IPv4 or IPv6 key to tell which it is: import the live state instead "
                 f"(tcdsl import -i {text.device}, without --from)"
