@@ -566,7 +566,9 @@ class VGen:
             # E260 goes by the tree's families, not the line's
             conds.append(f"pref {self.wide(1, MAX_PREF if 'ipv6' in self.families else 65535)}")
         if not marking and self.uml and self.chance(0.25):
-            conds.append(self.police())
+            police = self.police()  # drawn in any case: the draws after it stay the same
+            if not self.stab:  # a size table may charge a frame above any burst drawn (W376)
+                conds.append(police)
         return "match " + " ".join(conds)
 
     def police(self) -> str:
@@ -1070,6 +1072,7 @@ class VGen:
         if upload:
             parts += _direction("upload", self.tree(ifname, index))
         if self.uml and self.chance(0.4):
+            self.stab = False  # an ingress qdisc has no size table: its lines keep their policers
             self.families, self.classifier, words = FAMILIES["both"], "u32", ""
             if self.chance(0.3):
                 name = self.pick(tuple(FAMILIES))
