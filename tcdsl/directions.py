@@ -30,8 +30,7 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
         # ingress qdisc's policers see the packet as it is).
         egress = linklayer.charged_frame(iface.stab)
         for q in ir.walk_qdiscs(iface.root):
-            stab = iface.stab if not isinstance(q, ir.Ingress) else None
-            frame = egress if stab is not None else linklayer.FRAME
+            frame = egress if not isinstance(q, ir.Ingress) else linklayer.FRAME
             for _, m in ir.matches_of(q):
                 p = m.police
                 if p is None:
@@ -64,22 +63,26 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
                         f"{largest} bytes",
                         p.burst.span,
                     )
-                if implicit or (p.mtu is not None and linklayer.FRAME <= p.mtu.bytes < frame):
-                    mtu = (
-                        f"police mtu {format_size(p.mtu.bytes)} holds a full-size Ethernet "
-                        "frame as it is, not"
-                        if p.mtu is not None
-                        else f"a policer without an mtu gets tc's, {POLICE_DEFAULT_MTU} bytes "
-                        "(255 cells of its rate table), below a full-size Ethernet frame"
-                    )
+                if implicit:
                     yield Diagnostic.warning(
                         "W376",
-                        f"{mtu} as the interface's size table charges it ({frame} bytes, the "
-                        "length the policer compares with its mtu): every full-size packet gets "
-                        f"the verdict for traffic above the rate ({p.exceed}); give an mtu of "
-                        f"at least {frame} bytes"
-                        + ("" if p.mtu is not None else ", and a burst of at least as much"),
-                        p.mtu.span if p.mtu is not None else p.span,
+                        f"a policer without an mtu gets tc's, {POLICE_DEFAULT_MTU} bytes (255 "
+                        "cells of its rate table), below a full-size Ethernet frame as the "
+                        f"interface's size table charges it ({frame} bytes, the length the "
+                        "policer compares with its mtu): every full-size packet gets the "
+                        f"verdict for traffic above the rate ({p.exceed}); give an mtu of at "
+                        f"least {frame} bytes, and a burst of at least as much",
+                        p.span,
+                    )
+                elif p.mtu is not None and linklayer.FRAME <= p.mtu.bytes < frame:
+                    yield Diagnostic.warning(
+                        "W376",
+                        f"police mtu {format_size(p.mtu.bytes)} holds a full-size Ethernet "
+                        "frame as it is, not as the interface's size table charges it "
+                        f"({frame} bytes, the length the policer compares with its mtu): "
+                        "every full-size packet gets the verdict for traffic above the rate "
+                        f"({p.exceed}); give an mtu of at least {frame} bytes",
+                        p.mtu.span,
                     )
 
 

@@ -13,6 +13,7 @@ the same preset costs the same bytes on the wire whether cake or a stab charges 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -165,21 +166,8 @@ class SizeTable:
         """tc sends no table (only the overhead) for Ethernet without an mpu."""
         return self.linklayer == "atm" or self.mpu != 0
 
-    def _layout(self) -> tuple[int, int, list[int]]:
-        cell_log = 0
-        while (self.mtu >> cell_log) > self.tsize - 1:
-            cell_log += 1
-        size_log = 0
-        while True:
-            data = []
-            for i in range(self.tsize):
-                size = max((i + 1) << cell_log, self.mpu)
-                if self.linklayer == "atm":
-                    size = -(-size // ATM_PAYLOAD) * ATM_CELL
-                data.append(size >> size_log)
-            if max(data) <= 0xFFFF:
-                return cell_log, size_log, data
-            size_log += 1
+    def _layout(self) -> tuple[int, int, tuple[int, ...]]:
+        return _stab_layout(self.linklayer, self.mpu, self.mtu, self.tsize)
 
     def cost(self, skb_len: int) -> int:
         """The size the kernel charges for a packet of ``skb_len`` (qdisc_calc_pkt_len)."""
@@ -193,6 +181,28 @@ class SizeTable:
                 length = data[-1] * (slot // self.tsize) + data[slot % self.tsize]
             length <<= size_log
         return max(length, 1)
+
+
+@functools.cache
+def _stab_layout(
+    linklayer: LinkLayerName, mpu: int, mtu: int, tsize: int
+) -> tuple[int, int, tuple[int, ...]]:
+    """The cell_log, size_log and slots tc computes for a size table (made once for each: the
+    simulator charges every packet through it)."""
+    cell_log = 0
+    while (mtu >> cell_log) > tsize - 1:
+        cell_log += 1
+    size_log = 0
+    while True:
+        data = []
+        for i in range(tsize):
+            size = max((i + 1) << cell_log, mpu)
+            if linklayer == "atm":
+                size = -(-size // ATM_PAYLOAD) * ATM_CELL
+            data.append(size >> size_log)
+        if max(data) <= 0xFFFF:
+            return cell_log, size_log, tuple(data)
+        size_log += 1
 
 
 def stab_for(

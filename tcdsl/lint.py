@@ -24,8 +24,6 @@ from tcdsl.units import format_rate, format_size, format_time
 
 Lint = Callable[[ir.Policy], Iterator[Diagnostic]]
 
-FRAME = linklayer.FRAME
-"""A full-size Ethernet frame as the qdiscs count it (1500-byte MTU + 14-byte header)."""
 HZ = 250
 """Debian's CONFIG_HZ; tc-tbf(8) sizes the smallest useful tbf burst as rate / HZ."""
 NETEM_DEFAULT_LIMIT = 1000
@@ -650,7 +648,7 @@ def _fast_burst(cls: ir.Class, left: list[tuple[str, ir.Rate]], more: int) -> Di
         "W315",
         f"{cls.label} has no {names}: at its {rates}, tc's default (one "
         f"1600-byte frame) lasts under 13 microseconds, the kernel keeps it as less than "
-        f"one full-size frame ({FRAME} bytes), and the class falls short of its {keeps} "
+        f"one full-size frame ({linklayer.FRAME} bytes), and the class falls short of its {keeps} "
         f"(measured: by a tenth at 1gbit, by 40% at 2gbit){also}; write '{wanted}'{where} "
         "(1 ms at each, as sqm-scripts gives)",
         left[0][1].span,
@@ -928,7 +926,7 @@ def _netem_limit(q: ir.Netem, delay: ir.Time, feed: ir.Rate | None) -> Iterator[
     rate = q.rate or feed
     if rate is None:
         return
-    held = rate.bits_per_second * delay.microseconds // (8 * FRAME * 1_000_000)
+    held = rate.bits_per_second * delay.microseconds // (8 * linklayer.FRAME * 1_000_000)
     limit = q.limit.value if q.limit is not None else NETEM_DEFAULT_LIMIT
     if held <= limit:
         return

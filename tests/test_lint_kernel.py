@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tcdsl import ir, lint
+from tcdsl import ir, linklayer
 from tcdsl.driver import Result
 from tcdsl.verify.runner import HostSupport
 from tests.test_apply import (
@@ -210,9 +210,9 @@ def test_a_default_burst_from_1gbit_is_kept_as_less_than_a_frame(
     result, ns = _applied(text, host, make_netns, tmp_path)
     warned = {d.message.split(" has no")[0] for d in result.diagnostics if d.code == "W315"}
     assert warned == {"class 'fast'", "class 'faster'"}, result.diagnostics
-    assert min(_burst_of(ns, _classid(result, "slow"))) >= lint.FRAME
+    assert min(_burst_of(ns, _classid(result, "slow"))) >= linklayer.FRAME
     for name in ("fast", "faster"):
-        assert max(_burst_of(ns, _classid(result, name))) < lint.FRAME, name
+        assert max(_burst_of(ns, _classid(result, name))) < linklayer.FRAME, name
     burst, cburst = _burst_of(ns, _classid(result, "given"))
     assert abs(burst - 123 * 1024) < 2000 and abs(cburst - 245 * 1024) < 4000
 
