@@ -143,7 +143,9 @@ _TABLE: dict[str, CodeInfo] = {
     "W314": CodeInfo(_W, "A catch-all match tried before other match lines"),
     "W315": CodeInfo(_W, "An htb burst or cburst smaller than one full-size frame"),
     "W316": CodeInfo(_W, "An htb r2q that puts class quanta where the kernel clamps them"),
-    "W317": CodeInfo(_W, "A tbf burst below one frame or below rate / HZ"),
+    "W317": CodeInfo(
+        _W, "A tbf burst below one frame or below rate / HZ, or a peakrate mtu below one frame"
+    ),
     "W318": CodeInfo(_W, "An sfq perturb below 10 seconds"),
     "W319": CodeInfo(_W, "A pfifo or bfifo with limit 0, which drops everything"),
     "I320": CodeInfo(_I, "Children may borrow far more than the parent's ceiling"),

@@ -656,11 +656,23 @@ def _fast_burst(cls: ir.Class, left: list[tuple[str, ir.Rate]], more: int) -> Di
 
 
 def tbf_bursts_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """A tbf burst holds a full-size frame and what the rate sends in one timer tick."""
+    """A tbf burst holds a full-size frame and what the rate sends in one timer tick; with a
+    peakrate, its mtu holds a full-size frame."""
     for iface in policy.interfaces:
         frame = linklayer.charged_frame(iface.stab)  # the size table made once per interface
         for q in ir.walk_qdiscs(iface.root):
-            if not isinstance(q, ir.Tbf) or q.burst is None or q.rate is None:
+            if not isinstance(q, ir.Tbf):
+                continue
+            if q.peakrate is not None and q.mtu is not None and q.mtu.bytes < frame:
+                yield Diagnostic.warning(
+                    "W317",
+                    f"tbf mtu {format_size(q.mtu.bytes)} is smaller than "
+                    f"{linklayer.frame_words(frame)}: with a peakrate, the tbf drops every "
+                    "packet bigger than its mtu (tc-tbf(8): set it to the interface's MTU)",
+                    q.mtu.span,
+                    Note("peakrate given here", q.peakrate.span),
+                )
+            if q.burst is None or q.rate is None:
                 continue
             burst, rate = q.burst.bytes, q.rate.bits_per_second
             tick = rate // 8 // HZ

@@ -230,13 +230,19 @@ def _ports_words(cond: ir.PortCond) -> str:
     return f"{word} {or_list([text for text, _ in parts])}"
 
 
-def tos_words(cond: ir.TosCond) -> str:
-    """A ``tos`` or ``dscp`` condition as a phrase (``with TOS 0x10 (minimize delay)``)."""
+def tos_words(cond: ir.TosCond, ipv6: bool = False) -> str:
+    """A ``tos`` or ``dscp`` condition as a phrase (``with TOS 0x10 (minimize delay)``);
+    ``ipv6``: for IPv6 packets only, whose header calls the byte the traffic class (RFC 8200)
+    and has no RFC 1349 meanings."""
     if cond.dscp is not None:
         return f"with DSCP {dscp_name(cond.dscp)}"
+    value = cond.value & cond.mask
+    if ipv6:
+        if cond.mask == 0xFF:
+            return f"with traffic class 0x{value:02x}"
+        return f"whose traffic class, under mask 0x{cond.mask:02x}, is 0x{value:02x}"
     if cond.mask == 0xFF:
         return f"with TOS 0x{cond.value:02x} ({tos_meaning(cond.value)})"
-    value = cond.value & cond.mask
     meaning = tos_meaning(value) if cond.mask & 0x1E == 0x1E else None
     text = f"whose TOS byte, under mask 0x{cond.mask:02x}, is 0x{value:02x}"
     return f"{text} ({meaning})" if meaning else text
@@ -317,7 +323,10 @@ def match_phrase(
         if None in named or not named:
             family = families_words(families) + " " if families else "no "
         any_protocol = any_protocol and "ipv4" in families
-    phrase = _match_phrase(match, any_protocol)
+        ipv6 = families == ("ipv6",)
+    else:
+        ipv6 = match.family is not None and match.family.families == ("ipv6",)
+    phrase = _match_phrase(match, any_protocol, ipv6)
     if not family:
         return phrase
     if phrase == "every packet":
@@ -335,7 +344,7 @@ ACK_WORDS_6 = (
 )
 
 
-def _match_phrase(match: ir.Match, any_protocol: bool = False) -> str:
+def _match_phrase(match: ir.Match, any_protocol: bool = False, ipv6: bool = False) -> str:
     protos: list[str] = []
     src: list[str] = []
     dst: list[str] = []
@@ -353,7 +362,7 @@ def _match_phrase(match: ir.Match, any_protocol: bool = False) -> str:
             case ir.ProtoCond():
                 protos.append(or_list([protocol_name(n) for n, _ in cond.protocols]))
             case ir.TosCond():
-                extra.append(tos_words(cond))
+                extra.append(tos_words(cond, ipv6))
             case ir.TcpAckCond():
                 ack = True
             case ir.TcpFlagsCond():

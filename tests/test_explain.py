@@ -476,6 +476,14 @@ def test_match_phrases(line: str, phrase: str) -> None:
         ("family ipv4 ", "match dport 443", "IPv4 packets to port 443"),
         ("classifier flower ", "match dport 443", "IPv6 and IPv4 TCP or UDP packets to port 443"),
         ("family ipv6 ", "match dscp ef", "IPv6 packets with DSCP EF (46)"),
+        # IPv6 calls the byte its traffic class, without RFC 1349's meanings (found by a tester)
+        ("family ipv6 ", "match tos 0x10", "IPv6 packets with traffic class 0x10"),
+        (
+            "",
+            "match family ipv6 tos 0x10/0xfc",
+            "IPv6 packets whose traffic class, under mask 0xfc, is 0x10",
+        ),
+        ("", "match tos 0x10", "IPv6 and IPv4 packets with TOS 0x10 (minimize delay)"),
         (
             "",
             "match tcp-ack",

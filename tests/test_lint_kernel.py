@@ -253,3 +253,29 @@ def test_the_u32_prefs_a_parent_holds(
     refused = run(["tc", "-n", ns, "-batch", str(batch)], check=False)
     assert refused.returncode != 0
     assert f"Command failed {batch}:{U32_PREFS + 2}" in refused.stderr, refused.stderr
+
+
+BIG_SENDER = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for size in (int(x) for x in sys.argv[1:]):
+    s.sendto(bytes(size), ("10.99.0.2", 9))
+"""
+
+
+@pytest.mark.parametrize(("mtu", "warned"), [(1000, True), (1514, False)])
+def test_a_tbf_with_a_peakrate_drops_what_its_mtu_cannot_hold(
+    host: HostSupport, make_netns: Callable[[], str], tmp_path: Path, mtu: int, warned: bool
+) -> None:
+    """W317's claim for a peakrate's mtu: below a full-size frame, the kernel drops every
+    packet bigger than it (the packets are sent well within both rates)."""
+    text = f"interface eth0 tbf rate 10mbit burst 32k peakrate 20mbit mtu {mtu} limit 64k\n"
+    result, ns = _applied(text, host, make_netns, tmp_path)
+    assert ("W317" in _codes(result)) == warned, result.diagnostics
+    # UDP payloads making frames of 942 and 1442 bytes (14 + 20 + 8 + payload)
+    run(["ip", "netns", "exec", ns, sys.executable, "-c", BIG_SENDER, "900", "1400"])
+    stats = run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", "eth0"]).stdout
+    found = re.search(r"qdisc tbf .*\n\s*Sent (\d+) bytes (\d+) pkt \(dropped (\d+)", stats)
+    assert found is not None, stats
+    sent, dropped = int(found.group(2)), int(found.group(3))
+    assert (sent, dropped) == ((1, 1) if warned else (2, 0)), stats

@@ -145,6 +145,11 @@ def test_ipv6_packet_words() -> None:
     assert parse_packet("ipv6 ack").size == 14 + 40 + 20
     assert parse_packet("ipv6 hbh ack").size == 14 + 40 + 8 + 20
     assert parse_packet("ipv6 tcp iplen 60").size == 74
+    # an IPv4-mapped address as RFC 4291 writes it, not ::ffff:102:304 (found by a tester)
+    mapped = parse_packet("tcp src ::ffff:1.2.3.4")
+    assert mapped.family == "ipv6"
+    assert mapped.describe().split()[3] == "::ffff:1.2.3.4"
+    assert parse_packet(mapped.describe()) == mapped
 
 
 @pytest.mark.parametrize(
@@ -159,6 +164,8 @@ def test_ipv6_packet_words() -> None:
         ("ipv6 frag laterfrag", "gives 'laterfrag' twice"),
         ("ipv6 hbh iplen 55", "iplen 55 is outside 56-65575 bytes \\(the IPv6 headers"),
         ("ipv6 size 60", "size 60 is outside 62-65589 bytes"),
+        # a zone was dropped without a word (found by a tester)
+        ("tcp dst fe80::1%eth0", "dst 'fe80::1%eth0' has a zone \\(%eth0\\).*give dst fe80::1$"),
     ],
 )
 def test_bad_ipv6_packets(text: str, message: str) -> None:

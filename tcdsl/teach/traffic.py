@@ -200,10 +200,12 @@ class Packet:
         return header + bytes(max(self.size - ETHERNET_HEADER - len(header), 0))
 
     def address_text(self, address: int) -> str:
-        """``src`` or ``dst`` in the usual spelling of the packet's family."""
-        return str(
-            ipaddress.ip_address(address if self.family == "ipv4" else address.to_bytes(16, "big"))
-        )
+        """``src`` or ``dst`` in the usual spelling of the packet's family (an IPv4-mapped
+        IPv6 address as ``::ffff:192.0.2.1``, as RFC 4291 writes it)."""
+        if self.family == "ipv4":
+            return str(ipaddress.IPv4Address(address))
+        v6 = ipaddress.IPv6Address(address)
+        return f"::ffff:{v6.ipv4_mapped}" if v6.ipv4_mapped is not None else str(v6)
 
     def describe(self) -> str:
         """The packet in the spec's own words."""
@@ -256,6 +258,11 @@ def _address(word: str, what: str) -> tuple[Family, int]:
         address = ipaddress.ip_address(word)
     except ValueError:
         raise SpecError(f"{what} needs an IPv4 or IPv6 address, found {word!r}") from None
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+        raise SpecError(
+            f"{what} {word!r} has a zone (%{address.scope_id}): a packet's header carries no "
+            f"zone, so classification cannot use it; give {what} {word.split('%')[0]}"
+        )
     return ("ipv4" if address.version == 4 else "ipv6"), int(address)
 
 
