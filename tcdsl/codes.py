@@ -174,6 +174,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W349": CodeInfo(_W, "An hfsc ul below the class's rt, which the kernel serves anyway"),
     "W340": CodeInfo(_W, "Link-layer overhead on an interface where nothing shapes"),
     "W341": CodeInfo(_W, "A cake with its own overhead below a size table: counted twice"),
+    "W342": CodeInfo(_W, "Link-layer words without an overhead: 0 bytes beyond the IP packet"),
     "W350": CodeInfo(_W, "Children guaranteed more than their parent has, without 'overbook'"),
     "W351": CodeInfo(_W, "An 'overbook' on a class whose children fit its rate"),
     "W352": CodeInfo(_W, "red thresholds that leave RED little to do, or a burst tc warns about"),

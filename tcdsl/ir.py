@@ -731,6 +731,8 @@ class Overhead:
     """A stab's table range (``mtu``), never a cake's."""
     tsize: Count | None = None
     """A stab's table size (``tsize``), never a cake's."""
+    overhead_written: bool = True
+    """False when neither ``overhead N`` nor a preset is written (``overhead`` is then 0)."""
 
     def size_table(self) -> SizeTable:
         """The size table tc builds for it on a root qdisc."""

@@ -1090,6 +1090,50 @@ def overhead_counted_once(policy: ir.Policy) -> Iterator[Diagnostic]:
                 )
 
 
+def overhead_written(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """W342: link-layer words without ``overhead N`` or a preset, which count 0 bytes beyond
+    the IP packet: no DSL encapsulation on an ATM or PTM link, and elsewhere 14 bytes less than
+    without the words (the Ethernet header no longer counted)."""
+    for iface in policy.interfaces:
+        found = [iface.stab] if iface.stab is not None else []
+        found += [q.overhead for q in ir.walk_qdiscs(iface.root) if isinstance(q, ir.Cake)]
+        for o in found:
+            if o is None or o.overhead_written:
+                continue
+            if o.linklayer in DSL_OVERHEADS:
+                words = o.linklayer_word.value if o.linklayer_word else o.linklayer
+                yield Diagnostic.warning(
+                    "W342",
+                    f"'linklayer {words}' without an overhead counts no encapsulation (each "
+                    "packet is charged from its IP header on), but every "
+                    f"{DSL_OVERHEADS[o.linklayer]}; give the link's preset "
+                    f"({DSL_PRESETS[o.linklayer]}) or 'overhead N'",
+                    o.span,
+                )
+            else:
+                yield Diagnostic.warning(
+                    "W342",
+                    "link-layer words without an overhead count 0 bytes beyond the IP packet: "
+                    "each packet is charged 14 bytes less than with none (the Ethernet header "
+                    "is no longer counted); give 'overhead 14' to count the Ethernet header, "
+                    "or the link's own (a preset such as 'overhead ethernet' or "
+                    "'overhead docsis')",
+                    o.span,
+                )
+
+
+DSL_OVERHEADS = {
+    "atm": "ADSL encapsulation adds 8 to 40 bytes (8 for ipoa-vcmux, 40 for pppoe-llc)",
+    "ptm": "VDSL2 encapsulation adds 22 to 30 bytes (22 for bridged-ptm, 30 for pppoe-ptm)",
+}
+DSL_PRESETS = {
+    "atm": "such as 'overhead pppoe-llc' or 'overhead pppoa-vcmux'",
+    "ptm": "'overhead pppoe-ptm' or 'overhead bridged-ptm'",
+}
+"""What a link layer's encapsulations add beyond the IP packet, and its presets
+(tcdsl.linklayer's)."""
+
+
 LINTS: tuple[Lint, ...] = (
     htb_has_default,
     hfsc_has_default,
@@ -1108,6 +1152,7 @@ LINTS: tuple[Lint, ...] = (
     policers_do_not_reclassify,
     hfsc_curves_consistent,
     overhead_counted_once,
+    overhead_written,
     dscp_rewritten_where_shaped,
 )
 

@@ -689,6 +689,7 @@ class QdiscBuilder:
             layer if isinstance(layer, ir.Word) else None,
             words["mtu"],
             words["tsize"],
+            amount is not None,
         )
 
     def _make(
