@@ -1095,7 +1095,7 @@ def overhead_written(policy: ir.Policy) -> Iterator[Diagnostic]:
     the IP packet: no DSL encapsulation on an ATM or PTM link, and elsewhere 14 bytes less than
     without the words (the Ethernet header no longer counted)."""
     for iface in policy.interfaces:
-        found = [iface.stab] if iface.stab is not None else []
+        found: list[ir.Overhead | None] = [iface.stab]
         found += [q.overhead for q in ir.walk_qdiscs(iface.root) if isinstance(q, ir.Cake)]
         for o in found:
             if o is None or o.overhead_written:
