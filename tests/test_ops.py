@@ -1709,6 +1709,40 @@ def test_down_of_an_interface_lists_first_and_keeps_a_foreign_clsact(
     assert "mirror" in tcdsl.tc("filter", "show", "dev", "d0", "egress").lower()
 
 
+@pytest.mark.parametrize(
+    ("hook", "filter_words", "said", "action"),
+    [
+        ("egress", "u32 match ip dst 10.0.0.99/32 classid 1:10", "a u32 filter without an "
+         "action on its egress hook", None),
+        ("ingress", "u32 match ip dst 10.0.0.99/32 classid 1:10", "a u32 filter on its ingress "
+         "hook", None),
+        ("ingress", "u32 match u32 0 0 action mirred egress redirect dev ifbq", "a u32 filter "
+         "on its ingress hook", "mirred"),
+        ("egress", "u32 match u32 0 0 action mirred egress redirect dev ifbq", "a 'mirred "
+         "(Egress Redirect to' action on its egress hook", "mirred"),
+    ],
+)  # fmt: skip
+def test_down_of_an_interface_keeps_a_clsact_whose_filters_tcdsl_does_not_make(
+    tcdsl: Tcdsl, host: HostSupport, hook: str, filter_words: str, said: str, action: str | None
+) -> None:
+    """Found by a tester: 'down -i' took any u32 filter without an action, and any redirect
+    (to another tool's IFB too), for tcdsl's, and removed another tool's clsact with them.
+    tcdsl's clsact holds only an mq tree's steering: egress filters with skbedit."""
+    if action is not None and action not in host.actions:
+        pytest.skip(f"the host lacks act_{action} ({host.notes})")
+    run(["ip", "-n", tcdsl.ns, "link", "add", "ifbq", "type", "ifb"])
+    tcdsl.tc_lines(
+        "qdisc add dev d0 clsact", f"filter add dev d0 {hook} protocol ip prio 5 {filter_words}"
+    )
+    done = tcdsl("down", "-i", "d0", "--yes")
+    assert done.code == 0, done
+    assert f"the clsact qdisc of d0 holds {said}, which tcdsl does not make" in " ".join(
+        done.out.split()
+    ), done
+    assert "clsact" in tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert "0a000063/ffffffff" in tcdsl.tc("filter", "show", "dev", "d0", hook) or action
+
+
 def test_a_download_via_a_device_that_is_no_ifb_is_refused(tcdsl: Tcdsl, host: HostSupport) -> None:
     """Found by a tester: 'download via vx0' with a veth vx0 was applied (the script refuses
     it): d0's arrivals were redirected out of the veth, all lost, and 'down' deleted the veth

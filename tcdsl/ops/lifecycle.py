@@ -55,7 +55,7 @@ from tcdsl.ops.state import (
 )
 from tcdsl.tcmath import HTB_DEFAULT_R2Q
 from tcdsl.verify.expect import INGRESS_PARENT, Requirement, expected_policy, requirements
-from tcdsl.verify.readback import Action, parse_action
+from tcdsl.verify.readback import parse_action, parse_filters
 from tcdsl.verify.runner import HostSupport, KernelUnavailable, host_support
 
 
@@ -1287,7 +1287,7 @@ class DownStep:
 def down_interface_steps(device: str, runner: Runner = run_command) -> list[DownStep]:
     """What ``tcdsl down -i`` removes from ``device`` whatever policy made it, read from the
     kernel and the state folder, nothing changed yet: its root and ingress qdiscs (or an mq
-    tree's clsact, unless it holds what tcdsl does not make: a bpf filter, a mirror), the IFB
+    tree's clsact, unless it holds what tcdsl does not make: :func:`_foreign_clsact`), the IFB
     a download of it is shaped on (``ifb4DEV``), the marking chains ``TCDSL-DEV`` and
     ``TCDSL-ifb4DEV`` (a download's; and every jump into them) in iptables and ip6tables,
     the nft tables ``tcdsl_DEV`` and ``tcdsl_ifb4DEV``; and the state of policies that shaped
@@ -1383,33 +1383,27 @@ def _removed(store: Store) -> Callable[[], bool]:
 
 
 def _foreign_clsact(device: str, runner: Runner) -> str | None:
-    """What the clsact qdisc of ``device`` holds that tcdsl does not put there (an mq tree's
-    steering filters, u32 or flower with skbedit; a download's redirect; policers), in words,
-    or None."""
+    """What the clsact qdisc of ``device`` holds that tcdsl does not put there, in words, or
+    None. tcdsl makes a clsact only for an mq tree that steers (E268 keeps a download and
+    policers off it): on its egress hook, u32 or flower filters whose actions are skbedit's
+    (and u32's links to its hash tables). (Found by a tester: any u32 filter without an
+    action, and any redirect, were taken for tcdsl's, and another tool's clsact removed.)"""
     for hook in ("ingress", "egress"):
         text = runner(["tc", "filter", "show", "dev", device, hook], None).stdout
-        for line in text.splitlines():
-            words = line.split()
-            if words[:1] == ["filter"] and "pref" in words:
-                at = words.index("pref") + 2
-                kind = words[at] if at < len(words) else "?"
-                if kind not in ("u32", "flower"):
-                    return f"a {kind} filter on its {hook} hook"
-            action = parse_action(line)
-            if action is not None and not _ours(action):
-                shown = line.split(":", 1)[1] if ":" in line else str(action[0])
-                return f"a '{' '.join(shown.split()[:4])}' action on its {hook} hook"
+        for f in parse_filters(text):
+            where = f"on its {hook} hook"
+            if hook == "ingress" or f.kind not in ("u32", "flower"):
+                return f"a {f.kind} filter {where}"
+            if f.link:
+                continue
+            for line in f.words[1:]:
+                action = parse_action(line)
+                if action is not None and action[0] != "skbedit":
+                    shown = line.split(":", 1)[1] if ":" in line else str(action[0])
+                    return f"a '{' '.join(shown.split()[:4])}' action {where}"
+            if not f.actions:
+                return f"a {f.kind} filter without an action {where}"
     return None
-
-
-def _ours(action: Action) -> bool:
-    """Whether tcdsl writes such an action (steering, policing, a download's connmark and
-    redirect)."""
-    return action[0] in ("skbedit", "police", "connmark") or action[:3] == (
-        "mirred",
-        "egress",
-        "redirect",
-    )
 
 
 def down_interface(device: str, runner: Runner = run_command) -> list[str]:
