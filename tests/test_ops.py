@@ -1807,6 +1807,51 @@ def test_down_deletes_a_downloads_device_only_while_it_is_an_ifb(
         run([*ns, "link", "del", "ifb4d0"])
 
 
+@pytest.mark.parametrize("way", ["down", "rollback", "down -i", "apply"])
+def test_an_ifb_another_tool_made_is_shaped_on_but_never_deleted(
+    tcdsl: Tcdsl, host: HostSupport, way: str
+) -> None:
+    """Found by a tester: 'download via ifbz' on an IFB another tool had made (its mirror on
+    d1 still sent there) took the device over without a word, and 'down' or 'rollback'
+    deleted it. The plan says so; the record keeps that tcdsl did not make it; taking the
+    policy down (by name, by interface, by a rollback, or an apply without the download)
+    removes its tree and leaves the device, also in later generations."""
+    if not (host.ifb and "mirred" in host.actions):
+        pytest.skip("needs ifb and mirred")
+    ns = ["ip", "-n", tcdsl.ns]
+    run([*ns, "link", "add", "ifbz", "type", "ifb"])
+    run([*ns, "link", "set", "ifbz", "up"])
+    tcdsl.tc("qdisc", "add", "dev", "ifbz", "root", "handle", "9:", "pfifo", "limit", "7")
+    upload = FULL.split("    download")[0] + "}\n"
+    first = tcdsl.write("up.tcp", upload)
+    assert tcdsl("apply", "--yes", first).code == 0
+    policy = tcdsl.write("up.tcp", FULL.replace("    download htb", "    download via ifbz htb"))
+    shown = tcdsl("plan", policy)
+    said = " ".join(shown.out.split())
+    assert "ifbz exists and tcdsl did not make it: taking the policy down removes its tree, " \
+        "not the device" in said, shown  # fmt: skip
+    assert tcdsl("apply", "--yes", policy).code == 0
+    assert "htb" in tcdsl.tc("qdisc", "show", "dev", "ifbz")
+    again = tcdsl.write("up.tcp", FULL.replace("    download htb", "    download via ifbz htb")
+                        .replace("rate 5mbit", "rate 6mbit"))  # fmt: skip
+    assert tcdsl("apply", "--yes", again).code == 0  # a later generation keeps it taken
+    if way == "down":
+        done = tcdsl("down", "up")
+    elif way == "rollback":
+        done = tcdsl("rollback", "up")
+        assert done.code == 0, done
+        done = tcdsl("rollback", "up")  # back to the upload alone
+    elif way == "down -i":
+        done = tcdsl("down", "-i", "d0", "--yes")
+        assert "the tree of ifbz" in done.out and "not the device" in done.out, done
+    else:
+        done = tcdsl("apply", "--yes", tcdsl.write("up.tcp", upload))
+    assert done.code == 0, done
+    assert run([*ns, "link", "show", "ifbz"], check=False).returncode == 0, way
+    assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "ifbz"), way
+    assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0"), way
+
+
 def test_a_downloads_hand_made_ingress_qdisc_is_named_in_the_plan(
     tcdsl: Tcdsl, host: HostSupport
 ) -> None:

@@ -19,7 +19,7 @@ from typing import NoReturn
 from tcdsl.commands import Command, batch_quote
 from tcdsl.ops.live import info_kind
 from tcdsl.ops.plan import Plan, Step
-from tcdsl.ops.state import OpsError
+from tcdsl.ops.state import OpsError, Store
 from tcdsl.verify.readback import parse_qdiscs
 
 Runner = Callable[[Sequence[str], str | None], subprocess.CompletedProcess[str]]
@@ -187,11 +187,17 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
                 return Failure("tc " + " ".join(commands[n]), _said(done), step.origins[n])
             time.sleep(wait)
             start = n  # the commands before it were made
+    taken: frozenset[str] | None = None
     for command, origin in zip(step.commands, step.origins, strict=True):
         # a download's IFB: deleted only while it is one (the kernel ignores 'type ifb' on a
         # delete, and a device of that name made since may be a veth or a NIC)
         deletion = step.tool == "ip" and command[:3] == ("link", "del", "dev")
         if deletion and not _is_ifb(command[3], runner):
+            continue
+        taken = Store.taken_ifbs() if deletion and taken is None else taken
+        if deletion and taken is not None and command[3] in taken:
+            # an IFB the policy found and did not make: its tree goes, the device stays
+            runner(["tc", "qdisc", "del", "dev", command[3], "root"], None)
             continue
         done = runner([step.tool, *command], step.stdin)
         if done.returncode != 0 and step.fatal:

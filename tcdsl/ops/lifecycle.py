@@ -534,6 +534,13 @@ def _ifbs(policy: ir.Policy) -> tuple[str, ...]:
     return tuple(dict.fromkeys(i.name for i in policy.interfaces if i.download is not None))
 
 
+def _taken(policy: ir.Policy, applied: Applied | None) -> tuple[str, ...]:
+    """The IFBs of ``policy``'s downloads that it did not make (:attr:`Applied.taken`): those
+    the live policy of its name had taken, and those it starts to shape on that exist."""
+    before, taken = (applied.ifbs, applied.taken) if applied is not None else ((), ())
+    return tuple(i for i in _ifbs(policy) if (i in taken if i in before else link_kind(i) == "ifb"))
+
+
 def _claimed(policy: ir.Policy) -> tuple[str, ...]:
     """The devices a change to ``policy`` takes from other names: its interfaces and IFBs."""
     return (*_devices(policy), *_ifbs(policy))
@@ -940,13 +947,22 @@ def _foreign(
         slots += [(iface.name, "root")] if iface.direction != "ingress" else []
         slots = [slot for slot in slots if slot not in held]
         found = [f"{shown} on {dev}" for dev, where in slots if (shown := live_qdisc(dev, where))]
-        if not found:
+        # a download's IFB that exists: another tool's, or made by hand or by a script
+        taken = iface.download is not None and link_kind(iface.name) == "ifb"
+        if not found and not taken:
             continue
         for n, change in enumerate(plan.changes):
             if change.sign == "+" and change.text == f"tree {iface.label}":
-                text = f"tree {iface.label}: replaces the {' and the '.join(found)} (no state)"
-                plan.changes[n] = Change("!", text, change.span)
-                plan.replaced.extend(found)
+                text = f"tree {iface.label}"
+                if found:
+                    text += f": replaces the {' and the '.join(found)} (no state)"
+                    plan.replaced.extend(found)
+                if taken:
+                    text += (
+                        f"{'; ' if found else ': '}{iface.name} exists and tcdsl did not make "
+                        "it: taking the policy down removes its tree, not the device"
+                    )
+                plan.changes[n] = Change("!" if found else "+", text, change.span)
 
 
 def _nothing() -> ir.Policy:
@@ -1003,7 +1019,8 @@ def apply(
     with interface_locks(held):
         _not_taken(_claimed(new), store.name, new)
         try:
-            store.start(path, sources, _devices(new), ids, _ifbs(new))
+            taken = _taken(new, prepared.applied)
+            store.start(path, sources, _devices(new), ids, _ifbs(new), taken)
         except OSError as e:
             raise StateWriteError(
                 f"cannot write the state folder {store.folder} ({e.strerror or e}); nothing "
@@ -1034,7 +1051,7 @@ def apply(
             f"run 'tcdsl apply {path}' again: it finds the kernel as the policy says and "
             "records it",
         ):
-            applied = store.record(path, sources, _devices(new), ids, _ifbs(new))
+            applied = store.record(path, sources, _devices(new), ids, _ifbs(new), taken)
             if confirm is not None:
                 store.set_pending(Pending(applied.generation, previous, time.time() + confirm))
             else:
@@ -1325,8 +1342,17 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
             continue
         step(f"- {where} qdisc of {device}", ["tc", "qdisc", "del", "dev", device, where])
     ifb = ifb_name_for(device)
+    taken = Store.taken_ifbs()
+
+    def ifb_step(ifb: str, line: str) -> None:
+        if ifb in taken:  # a policy's record says it found the device: its tree goes
+            step(f"- the tree of {line} (not the device: tcdsl did not make it)",
+                 ["tc", "qdisc", "del", "dev", ifb, "root"])  # fmt: skip
+        else:
+            step(f"- {line} and its tree", ["ip", "link", "del", ifb])
+
     if link_kind(ifb) == "ifb":
-        step(f"- {ifb} (the IFB of {device}'s downloads) and its tree", ["ip", "link", "del", ifb])
+        ifb_step(ifb, f"{ifb} (the IFB of {device}'s downloads)")
     # the marking of the upload (named after the device) and of a download (after its IFB)
     for name in (device, ifb):
         chain = default_chain(name)
@@ -1365,10 +1391,8 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
                 continue
             owners = _owners() if owners is None else owners
             if owners.get(other, store.name) == store.name:
-                step(
-                    f"- {other} (the IFB {store.name}'s download of {device} is shaped on) and "
-                    "its tree",
-                    ["ip", "link", "del", other],
+                ifb_step(
+                    other, f"{other} (the IFB {store.name}'s download of {device} is shaped on)"
                 )
         steps.append(DownStep(f"- the state of {store.name}", _removed(store)))
     return steps

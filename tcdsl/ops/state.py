@@ -82,8 +82,13 @@ class Applied:
     """The network namespace it was applied in (:func:`this_netns`; "" in a record of an
     older tcdsl, or where it could not be read): its devices are that namespace's."""
     ifbs: tuple[str, ...] = ()
-    """The IFBs its downloads are shaped on, which it made and owns (none in a record of an
-    older tcdsl)."""
+    """The IFBs its downloads are shaped on, which it owns (none in a record of an older
+    tcdsl)."""
+    taken: tuple[str, ...] = ()
+    """Those of ``ifbs`` that existed before its name first shaped on them (another tool's,
+    made by hand, or by a generated script): taking it down removes their trees, never the
+    devices (found by a tester: another tool's IFB, still the target of its mirror, was
+    deleted)."""
 
     @property
     def here(self) -> bool:
@@ -106,6 +111,8 @@ class Applied:
             data["netns"] = self.netns
         if self.ifbs:
             data["ifbs"] = list(self.ifbs)
+        if self.taken:
+            data["taken_ifbs"] = list(self.taken)
         return data
 
     def where(self, name: str) -> str:
@@ -128,6 +135,7 @@ class Applied:
             str(data.get("folder", "")),
             str(data.get("netns", "")),
             tuple(str(d) for d in ifbs) if isinstance(ifbs := data.get("ifbs", []), list) else (),
+            tuple(str(d) for d in t) if isinstance(t := data.get("taken_ifbs", []), list) else (),
         )
 
 
@@ -297,13 +305,14 @@ class Store:
         devices: tuple[str, ...],
         classids: Mapping[str, Mapping[str, str]],
         ifbs: tuple[str, ...] = (),
+        taken: tuple[str, ...] = (),
     ) -> Applied:
         """Remember a policy as applied (the newest), dropping all but the last KEEP."""
         kept = self.generations()
         number = (kept[-1] + 1) if kept else 1
         applied = Applied(
             number, path, sources, devices, time.time(), classids, os.getcwd(), this_netns(),
-            ifbs,
+            ifbs, taken,
         )  # fmt: skip
         write_json(self._applied() / f"{applied.generation}.json", applied.to_json())
         for old in kept[: max(0, len(kept) + 1 - KEEP)]:
@@ -326,11 +335,20 @@ class Store:
 
     def start(self, path: str, sources: Mapping[str, str], devices: tuple[str, ...],
               classids: Mapping[str, Mapping[str, str]],
-              ifbs: tuple[str, ...] = ()) -> None:  # fmt: skip
+              ifbs: tuple[str, ...] = (), taken: tuple[str, ...] = ()) -> None:  # fmt: skip
         """Note an apply under way (until :meth:`record` or :meth:`finish`): a later command
         that finds it knows the kernel may hold part of it."""
         applied = Applied(
-            0, path, sources, devices, time.time(), classids, os.getcwd(), this_netns(), ifbs
+            0,
+            path,
+            sources,
+            devices,
+            time.time(),
+            classids,
+            os.getcwd(),
+            this_netns(),
+            ifbs,
+            taken,
         )
         write_json(self.folder / "applying.json", applied.to_json())
 
@@ -425,6 +443,18 @@ class Store:
         for folder in folders:
             if valid_name(folder.name) and folder.is_dir():
                 yield cls(folder.name, root)
+
+    @classmethod
+    def taken_ifbs(cls) -> frozenset[str]:
+        """The IFBs some policy shapes on that it did not make (:attr:`Applied.taken`), by
+        the live record of each name or its change under way; a damaged record has none."""
+        found: set[str] = set()
+        for store in cls.every():
+            for read in (store.current, store.applying):
+                with contextlib.suppress(OpsError):
+                    if (applied := read()) is not None:
+                        found.update(applied.taken)
+        return frozenset(found)
 
     def remove(self) -> None:
         """Forget the name entirely (``down``)."""
