@@ -975,7 +975,11 @@ def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:
         if "rate 4Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10"):
             break
     assert "rate 4Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
-    assert tcdsl("confirm", "p").code == 1  # nothing waits any more
+    late = tcdsl("confirm", "p")  # nothing waits any more, and it says why (found by a tester)
+    said = " ".join(late.err.split())
+    assert late.code == 1 and "the --confirm timer rolled " in said, late
+    assert f"{c} (generation 3) back at " in said and f"{b} (generation 2) is live" in said, late
+    assert f"apply {c} again to keep it" in said, late
     # a plain apply over one waiting for confirmation says that it calls the rollback off,
     # with changes or without
     five = B.replace("voip rate 4mbit", "voip rate 5mbit")

@@ -1109,7 +1109,9 @@ def confirm(store: Store) -> Pending:
     """Keep the applied policy: stop the rollback timer."""
     pending = store.pending()
     if pending is None:
-        raise OpsError(f"nothing waits for confirmation under the name {store.name!r}")
+        rolled = store.timer_rolled()  # (found by a tester: a late confirm did not say it)
+        said = f": {rolled}" if rolled else ""
+        raise OpsError(f"nothing waits for confirmation under the name {store.name!r}{said}")
     if store.timer_left_partial():
         raise OpsError(
             f"generation {pending.generation} of {store.name!r} cannot be kept: the --confirm "

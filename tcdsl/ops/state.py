@@ -58,6 +58,9 @@ TIMER_FAILED = "timer-failed.txt"
 """In a name's state folder: why its ``--confirm`` timer could not roll back."""
 TIMER_PARTIAL = "partial"
 """The last line of ``TIMER_FAILED`` when the rollback left the kernel with part of each policy."""
+TIMER_ROLLED = "timer-rolled.txt"
+"""In a name's state folder: what its ``--confirm`` timer rolled back, until the next apply or
+confirm (a late ``tcdsl confirm`` says it)."""
 TIMER_GRACE = 1.0
 """Seconds past a --confirm deadline before a timer that holds no lock is said to be gone."""
 
@@ -396,6 +399,19 @@ class Store:
         text = why + "\n" + (f"{TIMER_PARTIAL}\n" if partial else "")
         (self.folder / TIMER_FAILED).write_text(text, encoding="utf-8")
 
+    def timer_rolled(self) -> str | None:
+        """What the ``--confirm`` timer rolled back, in words (:meth:`set_timer_rolled`),
+        until the next wait (:meth:`set_pending`); None if it did not."""
+        try:
+            return (self.folder / TIMER_ROLLED).read_text(encoding="utf-8").strip() or None
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def set_timer_rolled(self, what: str) -> None:
+        """Keep what the ``--confirm`` timer rolled back (it ran detached, with no one to
+        tell)."""
+        (self.folder / TIMER_ROLLED).write_text(what + "\n", encoding="utf-8")
+
     def timer_left_partial(self) -> bool:
         """Whether the ``--confirm`` timer's failed rollback left the kernel holding neither
         policy whole (see :meth:`set_timer_failed`)."""
@@ -422,6 +438,7 @@ class Store:
         """Start (or with None, end) waiting for ``confirm``; a timer's failure is then
         forgotten."""
         (self.folder / TIMER_FAILED).unlink(missing_ok=True)
+        (self.folder / TIMER_ROLLED).unlink(missing_ok=True)
         for lock in self.folder.glob("timer-*.lock"):  # a killed timer's
             if not is_held(lock):
                 lock.unlink(missing_ok=True)

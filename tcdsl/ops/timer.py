@@ -43,7 +43,21 @@ def _wait(store: Store, generation: int, deadline: float) -> int:
         if pending is None or pending.generation != generation:
             return 0
         try:
-            rollback(store)
+            rolled = store.current()
+            back = rollback(store)
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+            if back is not None:
+                live = f"{back.path} (generation {back.generation}) is live"
+            else:
+                live = f"no policy is applied under {store.name!r}"
+            what = f"generation {generation}"
+            if rolled is not None:
+                what = f"{rolled.path} ({what})"
+                live += f"; apply {rolled.path} again to keep it"
+            with contextlib.suppress(OSError):
+                store.set_timer_rolled(
+                    f"the --confirm timer rolled {what} back at {when}, unconfirmed; {live}"
+                )
         except Exception as error:  # detached: kept for the next command under the name
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
             # a rollback whose failure was not taken back left part of each policy
