@@ -255,7 +255,8 @@ if [ "$1" = -batch ]; then
     *" show "*) ;;
     *) [ -e "$0.sent" ] || { : > "$0.sent"; kill -SIGNAL "$PPID"; } ;;
     esac
-    printf '%s\\n' "$input" | exec REAL "$@"
+    printf '%s\\n' "$input" | REAL "$@"
+    exit
 fi
 exec REAL "$@"
 """
@@ -407,7 +408,8 @@ if [ "$1" = -batch ]; then
         echo "Command failed -:$n" >&2
         exit 1
     fi
-    printf '%s\\n' "$input" | exec REAL -batch -
+    printf '%s\\n' "$input" | REAL -batch -
+    exit
 fi
 exec REAL "$@"
 """
@@ -428,6 +430,45 @@ def _tc_from_now_on(tcdsl: Tcdsl, wrapper: str) -> Path:
     (shim / "tc").chmod(0o755)
     tcdsl.env["PATH"] = f"{shim}:{tcdsl.env['PATH']}"
     return shim / "tc"
+
+
+VANISHING_TC = """\
+#!/bin/sh
+# tc, but the first tc -batch that changes something first deletes the device e0; every
+# changing batch is logged to $0.log
+if [ "$1" = -batch ]; then
+    input=$(cat)
+    case "$input" in
+    *" show "*) ;;
+    *) printf '%s\\n' "$input" >> "$0.log"
+       [ -e "$0.sent" ] || { : > "$0.sent"; ip link del e0; } ;;
+    esac
+    printf '%s\\n' "$input" | REAL "$@"
+    exit
+fi
+exec REAL "$@"
+"""
+
+
+def test_a_device_gone_during_a_change_leaves_the_others_undone_in_place(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: a change to two devices' trees, one device deleted half-way: the
+    other, undone in place, was then built again too (its counters lost, unshaped while it
+    was), and the message did not say which tree was back. Now only the trees not as the
+    live policy builds them are built again, and the message names them."""
+    run(["ip", "-n", tcdsl.ns, "link", "add", "e0", "type", "veth", "peer", "name", "e1"])
+    two = A + A.replace("interface d0", "interface e0")
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", two)).code == 0
+    changed = two.replace("voip rate 2mbit", "voip rate 4mbit")
+    tc = _tc_from_now_on(tcdsl, VANISHING_TC)
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", changed))
+    assert failed.code == 1, failed
+    said = " ".join(failed.err.split())
+    assert "restoring the previous state failed too for e0 (d0 as before)" in said, failed
+    batches = Path(f"{tc}.log").read_text(encoding="utf-8")
+    assert "dev d0 root" not in batches, batches  # d0 was not built again
+    assert "rate 2Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
 
 
 def test_a_rollback_killed_half_way_leaves_its_note(tcdsl: Tcdsl, host: HostSupport) -> None:
@@ -1482,7 +1523,8 @@ if [ "$1" = -batch ] || [ "$2" = -batch ]; then
         echo "Command failed -:$n" >&2
         exit 1
     fi
-    printf '%s\\n' "$input" | exec REAL "$@"
+    printf '%s\\n' "$input" | REAL "$@"
+    exit
 fi
 exec REAL "$@"
 """
@@ -1527,7 +1569,8 @@ if [ "$1" = -batch ] || [ "$2" = -batch ]; then
         echo 'Command failed -:5' >&2
         exit 1
     fi
-    printf '%s\\n' "$input" | exec REAL "$@"
+    printf '%s\\n' "$input" | REAL "$@"
+    exit
 fi
 exec REAL "$@"
 """
@@ -1604,7 +1647,8 @@ if [ "$1" = -batch ] && [ ! -e "$0.sent" ]; then
         echo "Command failed -:$n" >&2
         exit 1
     fi
-    printf '%s\\n' "$input" | exec REAL "$@"
+    printf '%s\\n' "$input" | REAL "$@"
+    exit
 fi
 line='qdisc del dev d0 ingress'
 if [ "$1" = -force ] && [ ! -e "$0.kept" ]; then
@@ -1617,7 +1661,8 @@ if [ "$1" = -force ] && [ ! -e "$0.kept" ]; then
         echo "Command failed -:$n" >&2
         exit 1
     fi
-    printf '%s\\n' "$input" | exec REAL "$@"
+    printf '%s\\n' "$input" | REAL "$@"
+    exit
 fi
 exec REAL "$@"
 """

@@ -148,6 +148,11 @@ class ApplyFailed(Exception):
         whatever the restore did."""
         self.first = False
         """A first apply: restored is removed again (nothing was built before it)."""
+        self.astray: tuple[str, ...] = ()
+        """Not restored: the previous policy's trees that are not as it builds them, where
+        the kernel could be read (its other trees are)."""
+        self.back: tuple[str, ...] = ()
+        """Not restored: the previous policy's trees that are as it builds them."""
 
 
 SETTLE_WAITS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0)

@@ -53,6 +53,7 @@ from tcdsl.ops.lifecycle import (
 from tcdsl.ops.plan import Plan
 from tcdsl.ops.state import StateWriteError, Store, UnfitDevice, valid_name
 from tcdsl.units import parse_seconds
+from tcdsl.words import or_list
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHANGES = 0, 1, 2, 4
 FAILED = "E601"
@@ -156,6 +157,9 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
         if e.restored
         else "restoring the previous state failed too"
     )
+    if e.astray:  # (found by a tester: it did not say which trees were back as they were)
+        then += f" for {or_list(list(e.astray), 'and')}"
+        then += f" ({or_list(list(e.back), 'and')} as before)" if e.back else ""
     if e.lost:
         # an old script's qdisc the apply replaced: no state says how to build it again
         then += f", but not the {', '.join(e.lost)}, which no tcdsl state kept: build it again"

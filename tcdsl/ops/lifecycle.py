@@ -241,6 +241,22 @@ def _undo(prepared: Prepared) -> tuple[Plan, Callable[[], bool]] | None:
     return inverse, _rebuilt(lambda: old)
 
 
+def _astray(prepared: Prepared) -> set[str] | None:
+    """After a failed apply whose in-place undo did not bring the whole kernel back: the
+    labels of the live policy's trees that are not as it builds them, read back, which alone
+    are built again (found by a tester: a device gone during a change to two made the other,
+    undone in place, be built again too, its counters lost and its traffic unshaped
+    meanwhile). None (build every tree) where drift cannot tell: no undo in place (the
+    iptables marking changed, which drift does not compare), or the kernel cannot be read."""
+    old = prepared.old
+    if old is None or _undo(prepared) is None:
+        return None
+    try:
+        return set(drift(old))
+    except (OpsError, OSError, subprocess.SubprocessError):
+        return None
+
+
 def _rebuilt(
     policy: Callable[[], ir.Policy | None], new: ir.Policy | None = None
 ) -> Callable[[], bool]:
@@ -1029,7 +1045,7 @@ def apply(
         try:
             apply_policy(
                 prepared.plan,
-                lambda: restore_plan(prepared.old, new),
+                lambda: restore_plan(prepared.old, new, _astray(prepared)),
                 runner,
                 functools.partial(_undo, prepared),
                 _rebuilt(lambda: prepared.old, new),
@@ -1042,6 +1058,14 @@ def apply(
             # rebuilds it
             failed.lost = tuple(prepared.plan.replaced)
             failed.first = prepared.applied is None
+            if not failed.restored:
+                # (the live policy compiled again: its saved text may no longer compile)
+                with contextlib.suppress(OpsError, OSError, subprocess.SubprocessError):
+                    old = prepared.old
+                    astray = set(drift(old)) if old is not None else set()
+                    labels = [i.label for i in old.interfaces] if old is not None else []
+                    failed.astray = tuple(t for t in labels if t in astray)
+                    failed.back = tuple(t for t in labels if t not in astray)
             raise
         previous = prepared.applied.generation if prepared.applied is not None else None
         timer = " (and no timer rolls it back)" if confirm is not None else ""

@@ -946,13 +946,16 @@ def _compiled(tree: Tree, ifaces: Callable[[str], ir.Interface] | None) -> ir.In
     return ifaces(tree.label)
 
 
-def restore_plan(old: ir.Policy | None, new: ir.Policy) -> Plan:
-    """After a failed apply from ``old`` to ``new``: every tree of ``old`` built again and
-    ``new``'s other trees removed (or, without ``old``, ``new``'s trees removed)."""
+def restore_plan(
+    old: ir.Policy | None, new: ir.Policy, astray: Collection[str] | None = None
+) -> Plan:
+    """After a failed apply from ``old`` to ``new``: every tree of ``old`` built again (only
+    those labelled in ``astray``, where the others are known to be as ``old`` builds them)
+    and ``new``'s other trees removed (or, without ``old``, ``new``'s trees removed)."""
     if old is None:
         return make_plan(trees_of(new), ())
     old_trees, new_trees = trees_of(old), trees_of(new)
-    restore = make_plan((), old_trees)
+    restore = make_plan((), [t for t in old_trees if astray is None or t.label in astray])
     # the new policy's clsact or ingress qdisc where the old one's is of the other kind goes
     # first: the old tree's teardown replaces the slot's qdisc, which the other kind refuses
     was = by_key(o for t in old_trees for o in t.objects)
