@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -168,8 +169,20 @@ def _excerpt(span: Span, raw: str, shown: tuple[str, list[int]]) -> list[str]:
         line = prefix + line[begin:stop] + suffix
         start, end = start - begin + len(prefix), min(end, stop) - begin + len(prefix)
     width = len(str(span.line))
-    caret = " " * start + "^" + "~" * max(0, end - start - 1)
+    # in terminal columns: a wide character (CJK, most emoji) takes two, a combining one none
+    # (found by a tester: the caret stood under a circuit's Japanese name, not its address)
+    caret = " " * _columns(line[:start]) + "^" + "~" * max(0, _columns(line[start:end]) - 1)
     return [f" {span.line} | {line}", f" {' ' * width} | {caret}"]
+
+
+def _columns(text: str) -> int:
+    """How many terminal columns ``text`` takes (as wcwidth counts printable characters)."""
+    if text.isascii():
+        return len(text)
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
 
 
 def render(diagnostics: Iterable[Diagnostic], sources: Mapping[str, str]) -> str:

@@ -168,6 +168,13 @@ def test_where_conditions(tmp_path: Path) -> None:
     assert names('where "Parent Node" != "north"') == ["c103"]
     # several conditions AND; a device's row is selected, then grouped by circuit
     assert names('where parent == "north" and "Device Name" == "router-3"') == ["c102"]
+    # ... which splits circuit 102: its other device goes unshaped (found by a tester)
+    where = 'where parent == "north" and "Device Name" == "router-3"'
+    body = f'        subscribers from "subs.csv" {where}\n'
+    split = [d for d in build(tmp_path, policy(body)).diagnostics if d.code == "W377"]
+    assert len(split) == 1 and "circuit '102' is split" in split[0].message, split
+    whole = build(tmp_path, policy('        subscribers from "subs.csv" where parent == "north"\n'))
+    assert not [d for d in whole.diagnostics if d.code == "W377"], whole.diagnostics
     assert names('where comment == "vip"') == ["c103"]
     assert names("") == ["c101", "c102", "c103"]
     # the cells are read without blanks at their ends, and so are the values

@@ -357,6 +357,21 @@ def test_control_characters_are_escaped_and_the_caret_follows() -> None:
     assert line[caret.index("^") :].startswith("\\x07\\x1b]0;title")
 
 
+@pytest.mark.parametrize(
+    ("wide", "columns"), [("東京都港区", 10), ("🚀🚀", 4), ("e\u0301e\u0301", 2)]
+)
+def test_the_caret_counts_terminal_columns(wide: str, columns: int) -> None:
+    """Found by a tester: after a CJK name (two columns a character) or emoji in a table's
+    row, the caret stood under the name, not the address; a combining accent takes none."""
+    text = f'include "{wide}.tcp" bogus\n'
+    out = render(analyse("p.tcp", loader=lambda _: text).diagnostics, {"p.tcp": text})
+    lines = out.splitlines()
+    unexpected = lines.index(next(x for x in lines if "unexpected 'bogus'" in x))
+    caret = lines[unexpected + 2]
+    # ' 1 | include "' and the name, then '.tcp" ': the caret under 'bogus'
+    assert caret.index("^") == len(' 1 | include "') + columns + len('.tcp" '), out
+
+
 def test_long_lines_are_cut_around_the_caret() -> None:
     text = "interface eth0 tbf burst 10k latency 50ms rate 1" + "0" * 400 + "bit\n"
     out = render(analyse("p.tcp", loader=lambda _: text).diagnostics, {"p.tcp": text})

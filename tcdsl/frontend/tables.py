@@ -1243,7 +1243,8 @@ def expand_tree(
     for syn, earlier, count, circuit in expander.conflicts.values():
         b.error(_taken_twice(syn, earlier, count, circuit))
     for table, rows, statements in expander.taken.values():
-        _unshaped(b, table, rows, statements)
+        split = _split_circuits(b, table, rows, statements)
+        _unshaped(b, table, rows | split, statements)
     # addresses can only hold one another where a family has two prefix lengths
     lengths = set().union(*(table.lengths for table, _, _ in expander.taken.values()))
     if expander.made and len(lengths) > len({version for version, _ in lengths}):
@@ -1648,6 +1649,48 @@ def _shadowed(
         at,
         *notes,
     )
+
+
+def _split_circuits(
+    b: Builder, table: Table, rows: set[int], statements: list[SubscribersSyntax]
+) -> set[int]:
+    """W377 for each circuit of ``table`` whose rows (devices) the tree's statements take
+    only some of (a ``where`` on a column that differs between its rows): the others would
+    go where unclassified traffic goes. (Found by a tester: only W371 said so, of rows, not
+    of a subscriber cut in two; LibreQoS shapes a circuit as one.) The rows left out, which
+    W371 then leaves to this warning."""
+    taken = {id(row.circuit): row for row in table.rows if id(row) in rows}
+    left: dict[int, list[Row]] = {}
+    for row in table.rows:
+        if id(row) not in rows and id(row.circuit) in taken:
+            left.setdefault(id(row.circuit), []).append(row)
+    for n, (circuit, out) in enumerate(left.items()):
+        if n == MAX_TABLE_ERRORS:
+            more = len(left) - n
+            b.error(
+                Diagnostic.warning(
+                    "W377",
+                    f"{more} more circuits of table '{table.path}' are split the same way",
+                    statements[0].span,
+                )
+            )
+            break
+        first, row = out[0], taken[circuit]
+        devices = f"{len(out)} of its rows" if len(out) > 1 else "its row"
+        b.error(
+            Diagnostic.warning(
+                "W377",
+                f"circuit '{row.circuit.key}' is split: this tree's subscribers statements "
+                f"take its row at line {row.line} but not {devices} here, whose traffic would "
+                "go where unclassified traffic goes, where LibreQoS shapes a circuit's devices "
+                "as one: make the 'where' conditions take all of a circuit's rows or none (on a "
+                "column its rows share, such as the parent node)",
+                first.span,
+                Note("the row taken is here", row.span),
+                Note("the tree's statement is here", statements[0].span),
+            )
+        )
+    return {id(row) for out in left.values() for row in out}
 
 
 def _unshaped(
