@@ -241,15 +241,15 @@ def _undo(prepared: Prepared) -> tuple[Plan, Callable[[], bool]] | None:
     return inverse, _rebuilt(lambda: old)
 
 
-def _astray(prepared: Prepared) -> set[str] | None:
+def _astray(old: ir.Policy | None, undone: bool) -> set[str] | None:
     """After a failed apply whose in-place undo did not bring the whole kernel back: the
     labels of the live policy's trees that are not as it builds them, read back, which alone
     are built again (found by a tester: a device gone during a change to two made the other,
     undone in place, be built again too, its counters lost and its traffic unshaped
-    meanwhile). None (build every tree) where drift cannot tell: no undo in place (the
-    iptables marking changed, which drift does not compare), or the kernel cannot be read."""
-    old = prepared.old
-    if old is None or _undo(prepared) is None:
+    meanwhile). None (build every tree) where drift cannot tell: no undo in place was
+    tried (``undone``: it is not where the iptables marking changed, which drift does not
+    compare), or the kernel cannot be read."""
+    if old is None or not undone:
         return None
     try:
         return set(drift(old))
@@ -1042,12 +1042,13 @@ def apply(
                 f"cannot write the state folder {store.folder} ({e.strerror or e}); nothing "
                 "was changed"
             ) from e
+        undo = functools.cache(functools.partial(_undo, prepared))  # made once, if at all
         try:
             apply_policy(
                 prepared.plan,
-                lambda: restore_plan(prepared.old, new, _astray(prepared)),
+                lambda: restore_plan(prepared.old, new, _astray(prepared.old, undo() is not None)),
                 runner,
-                functools.partial(_undo, prepared),
+                undo,
                 _rebuilt(lambda: prepared.old, new),
             )
         except ApplyFailed as failed:
