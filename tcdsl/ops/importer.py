@@ -999,6 +999,13 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
             problem(entry, f"its '{f.offset}' (keys read after the IP header) has no word in "
                            "the language; left out")  # fmt: skip
             continue
+        if f.u32_mark is not None:
+            # (found by a tester: FireQOS's 'match mark' was dropped, the line matching all)
+            value, mask = f.u32_mark
+            problem(entry, f"its key 'mark 0x{value:x} 0x{mask:x}' (the packet's firewall "
+                    "mark) has no word in a u32 line of the language ('classify by mark' "
+                    "makes fw filters); left out")  # fmt: skip
+            continue
         family = "ipv4" if f.protocol == "ip" else "ipv6"
         try:
             conds = decode(f.keys, family)
@@ -1475,6 +1482,16 @@ def _device(text: DeviceText) -> _Device:
             ingress = (q, line)
         else:
             below[q.parent] = (q, line)
+    # a qdisc below a class the text does not show (text saved in part: found by a tester,
+    # it was left out without a word)
+    kinds = {_major(q.handle): q.kind for q, _ in objs.qdiscs}
+    shown = {c.classid for c, _ in objs.classes}
+    for parent, (q, line) in below.items():
+        major = _major(parent)
+        if kinds.get(major) in CLASSFUL and parent not in shown and parent != f"{major}:":
+            problems.append(Problem(
+                "W611", f"the {q.kind} qdisc {q.handle} is below class {parent}, which is not "
+                "in the text (saved in part?); left out, with what is below it", line))  # fmt: skip
     majors = {_major(q.handle) for q, _ in objs.qdiscs}
     filters: dict[str, list[FilterEntry]] = {}
     for entry in objs.filters:
@@ -1546,6 +1563,11 @@ def _build(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> Qdis
             nodes[parent].children.append(cn)
         else:
             top.append(cn)
+            if parent not in ("root", q.handle):  # (found by a tester: moved without a word)
+                cn.notes.append(Problem(
+                    "W611", f"class {cn.cls.classid}: its parent, class {parent}, is not in the "
+                    "text (saved in part?); written at the top of the tree, where it borrows "
+                    "from no class", cn.line))  # fmt: skip
         below = dev.below.get(cn.cls.classid)
         if below is not None:
             cn.leaf = _leaf(dev, below, cn.notes)

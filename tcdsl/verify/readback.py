@@ -656,6 +656,9 @@ class TcFilter:
     unread: bool = field(default=False, compare=False)
     """u32 only: keys the text shows other than as tc shows them without ``-p`` (``match IP
     src 10.0.0.0/8``), so ``keys`` are not all the node's."""
+    u32_mark: tuple[int, int] | None = None
+    """u32 only: a ``mark VALUE MASK`` key (the packet's firewall mark), which tcdsl never
+    writes (its marks are fw filters'), or None."""
     keyless: bool = field(default=False, compare=False)
     """u32 only: the text shows no key of the node at all. tc without ``-p`` shows every key,
     so the node has none (``ip6 dst ::/0`` makes one: it matches every packet); ``tc -p``
@@ -677,6 +680,8 @@ def u32_place(fh: re.Match[str]) -> str:
 
 
 _HASHKEY = re.compile(r"hash mask ([0-9a-f]{8}) at (\d+)")
+_U32_MARK = re.compile(r"\s*mark 0x([0-9a-f]+) 0x([0-9a-f]+)")
+"""A u32 node's ``mark VALUE MASK`` key (CONFIG_CLS_U32_MARK; FireQOS writes it)."""
 _OFFSET = re.compile(r"\s*(offset\b|eat\b)")
 """A u32 node's line of ``offset plus N``, ``offset MASK>>SHIFT at N`` and/or ``eat``."""
 
@@ -814,9 +819,12 @@ def parse_filters(text: str) -> list[TcFilter]:
             actions: list[Action] = []
             moved = ""
             unread = "match" in words  # tc -p's first key, on the node's own line
+            marked: tuple[int, int] | None = None
             for line in body:
                 if _OFFSET.match(line) is not None:
                     moved = " ".join(line.split())
+                elif (mk := _U32_MARK.match(line)) is not None:
+                    marked = (int(mk.group(1), 16), int(mk.group(2), 16))
                 elif (h := _HASHKEY.search(line)) is not None:
                     hashkey = (int(h.group(1), 16), int(h.group(2)))
                 elif (k := _KEY.search(line)) is not None:
@@ -841,7 +849,8 @@ def parse_filters(text: str) -> list[TcFilter]:
                     hashkey=hashkey,
                     offset=moved,
                     unread=unread,
-                    keyless=not (keys or moved or unread),
+                    keyless=not (keys or moved or unread or marked),
+                    u32_mark=marked,
                 )
             )
         elif kind == "fw":
