@@ -1486,11 +1486,11 @@ def _device(text: DeviceText) -> _Device:
     # it was left out without a word)
     kinds = {_major(q.handle): q.kind for q, _ in objs.qdiscs}
     shown = {c.classid for c, _ in objs.classes}
-    for parent, (q, line) in below.items():
-        major = _major(parent)
-        if kinds.get(major) in CLASSFUL and parent not in shown and parent != f"{major}:":
+    for above, (q, line) in below.items():
+        major = _major(above)
+        if kinds.get(major) in CLASSFUL and above not in shown and above != f"{major}:":
             problems.append(Problem(
-                "W611", f"the {q.kind} qdisc {q.handle} is below class {parent}, which is not "
+                "W611", f"the {q.kind} qdisc {q.handle} is below class {above}, which is not "
                 "in the text (saved in part?); left out, with what is below it", line))  # fmt: skip
     majors = {_major(q.handle) for q, _ in objs.qdiscs}
     filters: dict[str, list[FilterEntry]] = {}
