@@ -176,11 +176,17 @@ def _excerpt(span: Span, raw: str, shown: tuple[str, list[int]]) -> list[str]:
 
 
 def _columns(text: str) -> int:
-    """How many terminal columns ``text`` takes (as wcwidth counts printable characters)."""
+    """How many terminal columns ``text`` takes: two for a wide character, none for a mark
+    that joins the one before (Mn, Me: a combining accent, Thai's and Devanagari's vowel
+    signs) or a format character (Cf), one for the rest."""
     if text.isascii():
         return len(text)
     return sum(
-        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        0
+        if unicodedata.category(c) in ("Mn", "Me", "Cf")
+        else 2
+        if unicodedata.east_asian_width(c) in "WF"
+        else 1
         for c in text
     )
 

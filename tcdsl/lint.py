@@ -668,7 +668,7 @@ def tbf_bursts_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
                     "W317",
                     f"tbf mtu {format_size(q.mtu.bytes)} is smaller than "
                     f"{linklayer.frame_words(frame)}: with a peakrate, the tbf drops every "
-                    "packet bigger than its mtu (tc-tbf(8): set it to the interface's MTU)",
+                    f"packet bigger than its mtu; give an mtu of at least {frame} bytes",
                     q.mtu.span,
                     Note("peakrate given here", q.peakrate.span),
                 )
@@ -1096,7 +1096,8 @@ def overhead_written(policy: ir.Policy) -> Iterator[Diagnostic]:
     without the words (the Ethernet header no longer counted)."""
     for iface in policy.interfaces:
         found: list[ir.Overhead | None] = [iface.stab]
-        found += [q.overhead for q in ir.walk_qdiscs(iface.root) if isinstance(q, ir.Cake)]
+        if iface.stab is None:  # (a cake's below a size table is W341's: counted twice)
+            found += [q.overhead for q in ir.walk_qdiscs(iface.root) if isinstance(q, ir.Cake)]
         for o in found:
             if o is None or o.overhead_written:
                 continue

@@ -1789,7 +1789,19 @@ def test_down_of_an_interface_keeps_a_clsact_whose_filters_tcdsl_does_not_make(
         done.out.split()
     ), done
     assert "clsact" in tcdsl.tc("qdisc", "show", "dev", "d0")
-    assert "0a000063/ffffffff" in tcdsl.tc("filter", "show", "dev", "d0", hook) or action
+    kept = tcdsl.tc("filter", "show", "dev", "d0", hook)
+    assert ("mirred" if action else "0a000063/ffffffff") in kept, kept
+
+
+def test_down_of_an_interface_keeps_an_empty_clsact(tcdsl: Tcdsl) -> None:
+    """Found by a review: a clsact without filters, on a device tcdsl never shaped, was
+    removed; tcdsl's holds an mq tree's steering."""
+    tcdsl.tc_lines("qdisc add dev d0 clsact")
+    done = tcdsl("down", "-i", "d0", "--yes")
+    assert done.code == 0, done
+    said = " ".join(done.out.split())
+    assert "the clsact qdisc of d0 holds no filter that steers to a TX queue" in said, done
+    assert "clsact" in tcdsl.tc("qdisc", "show", "dev", "d0")
 
 
 def test_a_download_via_a_device_that_is_no_ifb_is_refused(tcdsl: Tcdsl, host: HostSupport) -> None:
@@ -1899,6 +1911,35 @@ def test_an_ifb_another_tool_made_is_shaped_on_but_never_deleted(
     assert run([*ns, "link", "show", "ifbz"], check=False).returncode == 0, way
     assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "ifbz"), way
     assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0"), way
+
+
+def test_a_rollback_works_out_which_ifbs_tcdsl_did_not_make(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a review: generation 1 made ifbz, generation 2 (no download) deleted it,
+    another tool made an ifbz since; a rollback to generation 1 kept that record's word
+    that tcdsl had made it, and 'down' then deleted the other tool's device. A rollback
+    works it out as an apply does. And an IFB tcdsl made, shaped on from another interface
+    later, is not said to be another's."""
+    if not (host.ifb and "mirred" in host.actions):
+        pytest.skip("needs ifb and mirred")
+    ns = ["ip", "-n", tcdsl.ns]
+    via = FULL.replace("    download htb", "    download via ifbz htb")
+    upload = FULL.split("    download")[0] + "}\n"
+    assert tcdsl("apply", "--yes", tcdsl.write("up.tcp", via)).code == 0
+    elsewhere = upload + "interface d1 {\n    download" + via.split("\n    download")[1]
+    moved = tcdsl("plan", tcdsl.write("up.tcp", elsewhere))
+    assert "+ tree d1 download (via ifbz)" in moved.out and "did not make" not in moved.out, moved
+    assert tcdsl("apply", "--yes", tcdsl.write("up.tcp", upload)).code == 0
+    assert run([*ns, "link", "show", "ifbz"], check=False).returncode != 0  # tcdsl's: gone
+    run([*ns, "link", "add", "ifbz", "type", "ifb"])  # another tool's now
+    back = tcdsl("rollback", "up")
+    assert back.code == 0, back
+    assert "htb" in tcdsl.tc("qdisc", "show", "dev", "ifbz")
+    done = tcdsl("down", "up")
+    assert done.code == 0, done
+    assert run([*ns, "link", "show", "ifbz"], check=False).returncode == 0
+    assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "ifbz")
 
 
 def test_a_downloads_hand_made_ingress_qdisc_is_named_in_the_plan(

@@ -358,7 +358,8 @@ def test_control_characters_are_escaped_and_the_caret_follows() -> None:
 
 
 @pytest.mark.parametrize(
-    ("wide", "columns"), [("東京都港区", 10), ("🚀🚀", 4), ("e\u0301e\u0301", 2)]
+    ("wide", "columns"),
+    [("東京都港区", 10), ("🚀🚀", 4), ("e\u0301e\u0301", 2), ("กัก", 2)],
 )
 def test_the_caret_counts_terminal_columns(wide: str, columns: int) -> None:
     """Found by a tester: after a CJK name (two columns a character) or emoji in a table's

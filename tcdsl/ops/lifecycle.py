@@ -550,11 +550,17 @@ def _ifbs(policy: ir.Policy) -> tuple[str, ...]:
     return tuple(dict.fromkeys(i.name for i in policy.interfaces if i.download is not None))
 
 
-def _taken(policy: ir.Policy, applied: Applied | None) -> tuple[str, ...]:
-    """The IFBs of ``policy``'s downloads that it did not make (:attr:`Applied.taken`): those
-    the live policy of its name had taken, and those it starts to shape on that exist."""
-    before, taken = (applied.ifbs, applied.taken) if applied is not None else ((), ())
-    return tuple(i for i in _ifbs(policy) if (i in taken if i in before else link_kind(i) == "ifb"))
+def _taken(
+    ifbs: Iterable[str], applied: Applied | None, live: Iterable[Tree] = ()
+) -> tuple[str, ...]:
+    """Of ``ifbs``, the IFBs a policy shapes on that it did not make (:attr:`Applied.taken`):
+    those the live policy of its name (``applied``, whose trees are ``live``) had taken, and
+    those it starts to shape on that exist. (The live trees' devices count as the live
+    policy's own IFBs too: found by a review, a record of a tcdsl before ``ifbs`` made its
+    own IFB look taken, never deleted.)"""
+    before, taken = (set(applied.ifbs), applied.taken) if applied is not None else (set(), ())
+    before |= {d for t in live for d in t.devices}
+    return tuple(i for i in ifbs if (i in taken if i in before else link_kind(i) == "ifb"))
 
 
 def _claimed(policy: ir.Policy) -> tuple[str, ...]:
@@ -887,7 +893,7 @@ def prepare(
             "the policy builds it): nothing is built again, its counters stay"
         )
         plan.changes.insert(0, Change("~", text, tree.span))
-    _foreign(live.trees, new_trees, plan, new_ifaces)
+    _foreign(live.trees, new_trees, plan, new_ifaces, applied)
     for label, found in sorted(changed.items()):
         for d in found:
             plan.drift.append(Change("!", f"drift in {label}: {d.message}", d.span))
@@ -944,9 +950,11 @@ def _foreign(
     new: Sequence[Tree],
     plan: Plan,
     ifaces: Callable[[str], ir.Interface] | None = None,
+    applied: Applied | None = None,
 ) -> None:
     """A new tree on a device that already has a tree no applied policy records (an old
-    script's): its plan line says that it replaces it."""
+    script's): its plan line says that it replaces it; a download's on an IFB it did not
+    make (``applied``: the live record), that the device stays when the policy goes."""
     known = {t.label for t in old}
     # the slots the live trees hold (an mq tree's clsact, where a download's ingress goes)
     held = {(o.dev, "ingress" if in_ingress_slot(o) else "root") for t in old for o in t.objects}
@@ -964,7 +972,7 @@ def _foreign(
         slots = [slot for slot in slots if slot not in held]
         found = [f"{shown} on {dev}" for dev, where in slots if (shown := live_qdisc(dev, where))]
         # a download's IFB that exists: another tool's, or made by hand or by a script
-        taken = iface.download is not None and link_kind(iface.name) == "ifb"
+        taken = iface.download is not None and bool(_taken((iface.name,), applied, old))
         if not found and not taken:
             continue
         for n, change in enumerate(plan.changes):
@@ -1035,7 +1043,7 @@ def apply(
     with interface_locks(held):
         _not_taken(_claimed(new), store.name, new)
         try:
-            taken = _taken(new, prepared.applied)
+            taken = _taken(_ifbs(new), prepared.applied, prepared.live.trees)
             store.start(path, sources, _devices(new), ids, _ifbs(new), taken)
         except OSError as e:
             raise StateWriteError(
@@ -1202,6 +1210,11 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
         with interface_locks(set(applied.devices) | set(back.devices if back else ())):
             _not_taken(_owned(back) if back else (), store.name)  # again, under the locks
             if back is not None:
+                # the IFBs it shapes on that it did not make, as an apply works them out (found
+                # by a review: the older record's, kept, said tcdsl had made an IFB another
+                # tool made since, which 'down' then deleted)
+                live = prepared.live.trees
+                back = dataclasses.replace(back, taken=_taken(back.ifbs, applied, live))
                 # (found by a tester: a rollback killed half-way left no note, and the next
                 # plan took what it had made for drift by hand)
                 try:
@@ -1223,6 +1236,7 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
                 if back is None:
                     store.remove()
                     return None
+                store.rewrite(back)
                 store.forget(applied.generation)
     except ApplyFailed as failed:
         store.finish()  # the live policy was built again (or never left)
@@ -1363,8 +1377,8 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
         foreign = _foreign_clsact(device, runner) if where == "clsact" else None
         if foreign is not None:
             kept(
-                f"- (the clsact qdisc of {device} holds {foreign}, which tcdsl does not make: "
-                f"left as it is; remove it with: tc qdisc del dev {device} clsact)"
+                f"- (the clsact qdisc of {device} {foreign}: left as it is; remove it with: "
+                f"tc qdisc del dev {device} clsact)"
             )
             continue
         step(f"- {where} qdisc of {device}", ["tc", "qdisc", "del", "dev", device, where])
@@ -1434,27 +1448,30 @@ def _removed(store: Store) -> Callable[[], bool]:
 
 
 def _foreign_clsact(device: str, runner: Runner) -> str | None:
-    """What the clsact qdisc of ``device`` holds that tcdsl does not put there, in words, or
-    None. tcdsl makes a clsact only for an mq tree that steers (E268 keeps a download and
-    policers off it): on its egress hook, u32 or flower filters whose actions are skbedit's
-    (and u32's links to its hash tables). (Found by a tester: any u32 filter without an
-    action, and any redirect, were taken for tcdsl's, and another tool's clsact removed.)"""
+    """Why the clsact qdisc of ``device`` is not tcdsl's, in words (``holds ...``), or None.
+    tcdsl makes a clsact only for an mq tree that steers (E268 keeps a download and policers
+    off it): on its egress hook, u32 or flower filters whose actions are skbedit's (and u32's
+    links to its hash tables), one at least. (Found by a tester: any u32 filter without an
+    action, and any redirect, were taken for tcdsl's, and another tool's clsact removed with
+    them; by a review: an empty one too.)"""
+    steers = False
     for hook in ("ingress", "egress"):
         text = runner(["tc", "filter", "show", "dev", device, hook], None).stdout
         for f in parse_filters(text):
-            where = f"on its {hook} hook"
+            where = f"on its {hook} hook, which tcdsl does not make"
             if hook == "ingress" or f.kind not in ("u32", "flower"):
-                return f"a {f.kind} filter {where}"
+                return f"holds a {f.kind} filter {where}"
             if f.link:
                 continue
             for line in f.words[1:]:
                 action = parse_action(line)
                 if action is not None and action[0] != "skbedit":
                     shown = line.split(":", 1)[1] if ":" in line else str(action[0])
-                    return f"a '{' '.join(shown.split()[:4])}' action {where}"
+                    return f"holds a '{' '.join(shown.split()[:4])}' action {where}"
             if not f.actions:
-                return f"a {f.kind} filter without an action {where}"
-    return None
+                return f"holds a {f.kind} filter without an action {where}"
+            steers = True
+    return None if steers else "holds no filter that steers to a TX queue, which tcdsl's has"
 
 
 def down_interface(device: str, runner: Runner = run_command) -> list[str]:

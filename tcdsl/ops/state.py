@@ -355,6 +355,10 @@ class Store:
         )
         write_json(self.folder / "applying.json", applied.to_json())
 
+    def rewrite(self, applied: Applied) -> None:
+        """Write a kept generation's record again, as ``applied`` now says it."""
+        write_json(self._applied() / f"{applied.generation}.json", applied.to_json())
+
     def start_again(self, applied: Applied) -> None:
         """Note a change back to ``applied`` under way (a rollback), as :meth:`start` does:
         its record as it is (its folder and namespace kept), as generation 0."""
@@ -464,12 +468,13 @@ class Store:
     @classmethod
     def taken_ifbs(cls) -> frozenset[str]:
         """The IFBs some policy shapes on that it did not make (:attr:`Applied.taken`), by
-        the live record of each name or its change under way; a damaged record has none."""
+        the live record of each name or its change under way, in this network namespace
+        (another's devices of that name are others); a damaged record has none."""
         found: set[str] = set()
         for store in cls.every():
             for read in (store.current, store.applying):
                 with contextlib.suppress(OpsError):
-                    if (applied := read()) is not None:
+                    if (applied := read()) is not None and applied.here:
                         found.update(applied.taken)
         return frozenset(found)
 

@@ -47,13 +47,13 @@ def _wait(store: Store, generation: int, deadline: float) -> int:
             back = rollback(store)
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
             if back is not None:
-                live = f"{back.path} (generation {back.generation}) is live"
+                live = f"{back.where(back.path)} (generation {back.generation}) is live"
             else:
                 live = f"no policy is applied under {store.name!r}"
             what = f"generation {generation}"
-            if rolled is not None:
-                what = f"{rolled.path} ({what})"
-                live += f"; apply {rolled.path} again to keep it"
+            if rolled is not None:  # (its path as given may be relative to another folder)
+                what = f"{rolled.where(rolled.path)} ({what})"
+                live += f"; apply {rolled.where(rolled.path)} again to keep it"
             with contextlib.suppress(OSError):
                 store.set_timer_rolled(
                     f"the --confirm timer rolled {what} back at {when}, unconfirmed; {live}"
