@@ -506,6 +506,8 @@ def test_a_download_redirecting_one_family_is_imported_with_a_warning(
     said = " ".join(got.err.split())
     assert got.code == 0, got
     assert "ingress redirects the IPv4 arrivals only (protocol ip) to ifb0" in said, said
+    # an htb without default sends them to its direct queue (found by a tester)
+    assert "an htb's direct queue, unshaped, where it has none" in said, said
     assert "[W620]" in said and "[W614]" not in said, said
     # htb's direct queue as the kernel makes it on an IFB (its txqueuelen, 32): no W611
     assert "direct_qlen" not in said and "direct_qlen 32" in tcdsl.tc("qdisc", "show"), said
@@ -1254,6 +1256,16 @@ def test_text_saved_in_part_is_said(name: str, said: str) -> None:
     code, _, err = _cli("-i", "eth0", "--from", str(DATA / f"{name}.txt"))
     assert code == 0 and "[W611]" in err, err
     assert said in " ".join(err.split()), err
+
+
+def test_tcs_json_output_is_named_as_such() -> None:
+    """Found by a tester: 'tc -j' output (tests/import_data/json.txt) got E606 'the text
+    shows no qdisc', which did not say why."""
+    code, _, err = _cli("-i", "d0", "--from", str(DATA / "json.txt"))
+    assert code == 1 and "[E606]" in err, err
+    assert "it looks like tc's JSON output, -j, which import does not read" in " ".join(
+        err.split()
+    ), err
 
 
 def test_filters_alternating_between_classes_keep_the_kernels_order(tmp_path: Path) -> None:

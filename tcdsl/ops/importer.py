@@ -2341,6 +2341,9 @@ def import_policy(
             if dev.root is not None
             else "the text shows no qdisc"
         )
+        if main.text.lstrip().startswith(("[", "{")):  # (found by a tester)
+            what += " (it looks like tc's JSON output, -j, which import does not read: save "
+            what += "the text tc prints without -j)"
         message = f"{main.device} has no traffic-control configuration to import: {what}"
         line = dev.root[1] if dev.root is not None else 1
         errors.append(_located(Problem("E606", message, line), main.source, sources))
@@ -2494,8 +2497,9 @@ def _ingress(
                 "W620",
                 f"ingress redirects the {_FAMILY_WORD[family]} arrivals only (protocol "
                 f"{entry.filter.protocol}) to {redirect.device}; a download redirects every "
-                "protocol, so the other family's arrivals are shaped there too (in its "
-                "default class, unless a line takes them)",
+                "protocol, so the other family's arrivals go there too, where its tree sends "
+                "what no line takes (its default class; an htb's direct queue, unshaped, "
+                "where it has none)",
                 entry.line,
             )
         )
