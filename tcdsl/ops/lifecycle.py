@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -1374,7 +1375,8 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
     ):
         if word not in shown or (where == "root" and "qdisc noqueue" in shown):
             continue
-        foreign = _foreign_clsact(device, runner) if where == "clsact" else None
+        mq = re.search(r"^qdisc mq \S+ root ", shown, re.MULTILINE) is not None
+        foreign = _foreign_clsact(device, runner, mq) if where == "clsact" else None
         if foreign is not None:
             kept(
                 f"- (the clsact qdisc of {device} {foreign}: left as it is; remove it with: "
@@ -1447,13 +1449,14 @@ def _removed(store: Store) -> Callable[[], bool]:
     return remove
 
 
-def _foreign_clsact(device: str, runner: Runner) -> str | None:
+def _foreign_clsact(device: str, runner: Runner, mq: bool) -> str | None:
     """Why the clsact qdisc of ``device`` is not tcdsl's, in words (``holds ...``), or None.
     tcdsl makes a clsact only for an mq tree that steers (E268 keeps a download and policers
     off it): on its egress hook, u32 or flower filters whose actions are skbedit's (and u32's
-    links to its hash tables), one at least. (Found by a tester: any u32 filter without an
-    action, and any redirect, were taken for tcdsl's, and another tool's clsact removed with
-    them; by a review: an empty one too.)"""
+    links to its hash tables), one at least, or none where the root is an mq (``mq``: an
+    older tcdsl made a clsact for every mq tree). (Found by a tester: any u32 filter without
+    an action, and any redirect, were taken for tcdsl's, and another tool's clsact removed
+    with them; by a review: an empty one on a device without an mq root too.)"""
     steers = False
     for hook in ("ingress", "egress"):
         text = runner(["tc", "filter", "show", "dev", device, hook], None).stdout
@@ -1471,7 +1474,9 @@ def _foreign_clsact(device: str, runner: Runner) -> str | None:
             if not f.actions:
                 return f"holds a {f.kind} filter without an action {where}"
             steers = True
-    return None if steers else "holds no filter that steers to a TX queue, which tcdsl's has"
+    if steers or mq:
+        return None
+    return "holds no filter that steers to a TX queue, which tcdsl's has"
 
 
 def down_interface(device: str, runner: Runner = run_command) -> list[str]:
