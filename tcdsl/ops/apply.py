@@ -196,14 +196,14 @@ def run_step(step: Step, runner: Runner = run_command) -> Failure | None:
     for command, origin in zip(step.commands, step.origins, strict=True):
         # a download's IFB: deleted only while it is one (the kernel ignores 'type ifb' on a
         # delete, and a device of that name made since may be a veth or a NIC)
-        deletion = step.tool == "ip" and command[:3] == ("link", "del", "dev")
-        if deletion and not _is_ifb(command[3], runner):
-            continue
-        taken = Store.taken_ifbs() if deletion and taken is None else taken
-        if deletion and taken is not None and command[3] in taken:
-            # an IFB the policy found and did not make: its tree goes, the device stays
-            runner(["tc", "qdisc", "del", "dev", command[3], "root"], None)
-            continue
+        if step.tool == "ip" and command[:3] == ("link", "del", "dev"):
+            if not _is_ifb(command[3], runner):
+                continue
+            taken = Store.taken_ifbs() if taken is None else taken  # read once, if at all
+            if command[3] in taken:
+                # an IFB the policy found and did not make: its tree goes, the device stays
+                runner(["tc", "qdisc", "del", "dev", command[3], "root"], None)
+                continue
         done = runner([step.tool, *command], step.stdin)
         if done.returncode != 0 and step.fatal:
             return Failure(f"{step.tool} " + " ".join(command), _said(done), origin)

@@ -1070,12 +1070,13 @@ def apply(
             failed.first = prepared.applied is None
             if not failed.restored:
                 # (the live policy compiled again: its saved text may no longer compile)
-                with contextlib.suppress(OpsError, OSError, subprocess.SubprocessError):
+                with contextlib.suppress(OpsError):
                     old = prepared.old
-                    astray = set(drift(old)) if old is not None else set()
-                    labels = [i.label for i in old.interfaces] if old is not None else []
-                    failed.astray = tuple(t for t in labels if t in astray)
-                    failed.back = tuple(t for t in labels if t not in astray)
+                    astray = _astray(old, True)
+                    if old is not None and astray is not None:
+                        labels = [i.label for i in old.interfaces]
+                        failed.astray = tuple(t for t in labels if t in astray)
+                        failed.back = tuple(t for t in labels if t not in astray)
             raise
         previous = prepared.applied.generation if prepared.applied is not None else None
         timer = " (and no timer rolls it back)" if confirm is not None else ""
@@ -1375,8 +1376,10 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
     ):
         if word not in shown or (where == "root" and "qdisc noqueue" in shown):
             continue
-        mq = re.search(r"^qdisc mq \S+ root ", shown, re.MULTILINE) is not None
-        foreign = _foreign_clsact(device, runner, mq) if where == "clsact" else None
+        foreign = None
+        if where == "clsact":
+            mq = re.search(r"^qdisc mq \S+ root ", shown, re.MULTILINE) is not None
+            foreign = _foreign_clsact(device, runner, mq)
         if foreign is not None:
             kept(
                 f"- (the clsact qdisc of {device} {foreign}: left as it is; remove it with: "
