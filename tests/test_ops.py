@@ -554,6 +554,26 @@ def test_a_class_size_accounting_set_by_hand_is_drift(tcdsl: Tcdsl, host: HostSu
     assert tcdsl("plan", a).out == "no changes\n"
 
 
+def test_a_filter_made_again_by_hand_with_an_offset_is_drift(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """A node of tcdsl's deleted and added again by hand at its handle with the same key but
+    'offset plus 4' (its key then read 4 bytes further: other packets) was no drift: plan
+    compared keys, order and class ids only. It is drift now, and apply builds it again."""
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    node = "dev d0 parent 1: protocol ip pref 1 handle 800::800 u32"
+    run(["ip", "netns", "exec", tcdsl.ns, "tc", "filter", "del", *node.split()])
+    again = f"{node} match ip dport 5001 0xffff offset plus 4 flowid 1:10"
+    run(["ip", "netns", "exec", tcdsl.ns, "tc", "filter", "add", *again.split()], check=True)
+    assert "offset plus 4" in tcdsl.tc("filter", "show", "dev", "d0")
+    planned = tcdsl("plan", a)
+    assert planned.code == 4 and "reads its keys at 'offset plus 4' in the kernel" in planned.out
+    assert tcdsl("apply", "--yes", a).code == 0
+    assert "offset" not in tcdsl.tc("filter", "show", "dev", "d0")
+    assert tcdsl("plan", a).out == "no changes\n"
+
+
 def test_another_tools_clsact_in_the_way_of_a_download_is_not_blamed_on_the_policy(
     tcdsl: Tcdsl, host: HostSupport
 ) -> None:

@@ -1038,6 +1038,40 @@ def test_wrong_kernel_state_reports_at_the_policy_line(tmp_path: Path) -> None:
     )
 
 
+def test_keys_tcdsl_never_writes_are_drift(tmp_path: Path) -> None:
+    """A node tcdsl made that also tests the firewall mark, or reads its keys past the IP
+    header (both added by hand, or by another tool), takes other packets than the line."""
+    path = _write(tmp_path, HTB_TEXT)
+    result = _compile(path)
+    assert result.policy is not None
+    head = "*flowid 1:10 not_in_hw\n"
+    marked = HTB_FILTERS.replace(head, head + "  mark 0x0007 0x00ff (success 0)\n")
+    key = "match 00000050/0000ffff at 20\n"  # web's port 80
+    moved = marked.replace(key, key + "    offset plus 4 \n")
+
+    def problems(filters: str) -> list[str]:
+        dev = readback.DeviceState(
+            "eth0",
+            parse_qdiscs(HTB_QDISC),
+            readback.parse_classes(HTB_KERNEL),
+            {"1:": parse_filters(filters)},
+        )
+        expected = expected_policy(result.policy, result.sources)  # type: ignore[arg-type]
+        found = compare.compare_state(expected, readback.KernelState({"eth0": dev}))
+        return [f"{d.span.line}: {d.message}" for d in found]
+
+    before = problems(HTB_FILTERS)
+    assert not any("mark" in p or "offset" in p for p in before), before
+    after = problems(moved)
+    added = [p for p in after if p not in before]
+    assert added == [
+        "2: IPv4 filter to 1:10 (pref 1) also matches mark 0x7/0xff in the kernel, policy says "
+        "ip dport 5001 0xffff alone",
+        "3: IPv4 filter to 1:20 (pref 1) reads its keys at 'offset plus 4' in the kernel, "
+        "policy says from the IP header",
+    ], after
+
+
 # ==== the script's failures, mapped back through its comments ==================================
 
 

@@ -672,6 +672,24 @@ def _compare_ordered(
                 f"policy says {_spell_actions(exp[i].actions)}",
                 exp[i].span,
             )
+        # Keys tcdsl never writes, so the pairing above does not compare them: a node that
+        # also tests the firewall mark, or reads its keys past the IP header, takes other
+        # packets than the policy's line.
+        if got[j].u32_mark is not None:
+            value, mask = got[j].u32_mark
+            yield Diagnostic.error(
+                DIFFERS,
+                f"{exp[i].label} also matches mark 0x{value:x}/0x{mask:x} in the kernel, "
+                f"policy says {exp[i].words} alone",
+                exp[i].span,
+            )
+        if got[j].offset:
+            yield Diagnostic.error(
+                DIFFERS,
+                f"{exp[i].label} reads its keys at '{got[j].offset}' in the kernel, policy "
+                "says from the IP header",
+                exp[i].span,
+            )
 
 
 def _match_differs(e: ExpectedFilter, g: TcFilter) -> Diagnostic:
