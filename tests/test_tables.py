@@ -1411,6 +1411,28 @@ def test_subscribers_after_the_marks_of_every_arriving_packet_warn_once(tmp_path
     assert not [d for d in result.diagnostics if d.code == "W355"]
 
 
+def test_two_statements_splitting_a_circuits_devices_say_so(tmp_path: Path) -> None:
+    """Conditions that are exclusive on a column the circuit's devices differ in take one
+    circuit twice, a device each: E037 says the circuit is split, not that the conditions
+    overlap (which they do not)."""
+    body = (
+        '        subscribers from "subs.csv" where "Device Name" == "cpe-2"\n'
+        '        subscribers from "subs.csv" where "Device Name" == "router-3"\n'
+    )
+    result = build(tmp_path, policy(body))
+    assert [(d.code, d.span.line) for d in result.errors] == [("E037", 4)]
+    message = result.errors[0].message
+    assert message.startswith(
+        "circuit '102' is split between two subscribers statements of this tree (the first "
+        "took its row at line 3, this one its row at line 4)"
+    ), message
+    assert "exclusive" not in message and "such as the parent node" in message
+    assert [(Path(n.span.file).name, n.span.line) for n in result.errors[0].notes] == [
+        ("subs.csv", 4),
+        ("p.tcp", 3),
+    ]
+
+
 def test_two_statements_sharing_many_circuits_is_one_error(tmp_path: Path) -> None:
     body = (
         '        subscribers from "subs.csv"\n'

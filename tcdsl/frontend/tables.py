@@ -1283,6 +1283,21 @@ def _taken_twice(
         if count == 1
         else f"{count} circuits (first '{circuit.key}') are"
     )
+    mine = [r for r in syn.rows if r.circuit is circuit]
+    theirs = [r for r in earlier.rows if r.circuit is circuit]
+    if mine and theirs and not {id(r) for r in mine} & {id(r) for r in theirs}:
+        # Exclusive conditions on a column the circuit's rows (devices) differ in: the
+        # advice to make them exclusive would not help.
+        return Diagnostic.error(
+            "E037",
+            f"{what} split between two subscribers statements of this tree (the first took "
+            f"its row at line {theirs[0].line}, this one its row at line {mine[0].line}); a "
+            "subscriber is one class: make the 'where' conditions take all of a circuit's "
+            "rows or none (on a column its rows share, such as the parent node)",
+            syn.span,
+            Note("the circuit's row this statement takes is here", mine[0].span),
+            Note("the statement that took it first is here", earlier.span),
+        )
     return Diagnostic.error(
         "E037",
         f"{what} taken by two subscribers statements of this tree; a subscriber is one "
