@@ -29,6 +29,7 @@ from tcdsl.commands import (
     restore_lines,
     restore_quote,
     stale_chains,
+    stale_ingress_devices,
     unjump_shell,
     unspellable,
 )
@@ -63,6 +64,14 @@ def batch_files(policy: ir.Policy, source_label: str, batch_name: str) -> tuple[
             "# This policy shapes downloads on ifb devices: create them first with the .ip file "
             "(ip -force -batch FILE; on a re-run, 'File exists' is harmless)."
         )
+    for name in stale_ingress_devices(policy):
+        # The shell script looks and says so when one is there; a batch cannot look.
+        lines += [
+            f"# Left as it is: an ingress qdisc on {comment(name)} (a download or ingress "
+            "policing of an earlier",
+            "# version?), which this policy does not set up; if nothing needs it: tc qdisc del "
+            f"dev {comment(name)} ingress",
+        ]
     if marking and marks_ipv6(policy):
         lines.append(
             "# This policy marks packets: apply the .iptables and .ip6tables (or the .nft) files "

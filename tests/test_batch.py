@@ -109,6 +109,28 @@ def test_emit_files_and_the_map_point_at_the_right_lines() -> None:
     ]
 
 
+def test_a_batch_names_the_ingress_slots_it_leaves_to_an_earlier_version(tmp_path: Path) -> None:
+    """The shell script looks at a device's ingress slot the policy leaves free and says what
+    an earlier version left there (a download's redirect); a batch cannot look, so its header
+    says, for each such device, that one would be left and how to remove it."""
+    path = tmp_path / "p.tcp"
+    path.write_text(
+        "interface eth0 htb rate 10mbit default a { class a rate 1mbit }\n"
+        "interface eth1 {\n"
+        "    upload htb rate 10mbit default a { class a rate 1mbit }\n"
+        "    download htb rate 10mbit default a { class a rate 1mbit }\n"
+        "}\n",
+        encoding="utf-8",
+    )
+    batch = _compile(str(path), "tc-batch").files["p.batch"].splitlines()
+    notes = [line for line in batch if line.startswith(("# Left", "# version?"))]
+    assert notes == [
+        "# Left as it is: an ingress qdisc on eth0 (a download or ingress policing of an earlier",
+        "# version?), which this policy does not set up; if nothing needs it: tc qdisc del dev "
+        "eth0 ingress",
+    ], batch[:12]
+
+
 def test_restore_file_creates_or_flushes_the_chain() -> None:
     text = _compile(MARKS, "tc-batch").files["s000-10.1-marks.iptables"]
     body = [line for line in text.splitlines() if not line.startswith("#")]
