@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from lark import Token, Transformer
 
 from tcdsl import ir
+from tcdsl.addresses import ipv4_network
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend import tables
 from tcdsl.frontend.chains import chain_name_problem
@@ -84,7 +85,7 @@ def _ipv4_network(text: str) -> ipaddress.IPv4Network | None:
     length = int(prefix) if prefix else 32
     if length > 32:
         return None
-    return ipaddress.IPv4Network((number, length), strict=False)
+    return ipv4_network(number, length)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Literal
 
 from tcdsl import ir
+from tcdsl.addresses import ipv4_network, ipv6_network
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend.source import (
     SourceError,
@@ -803,14 +804,14 @@ def _network(text: str, family: str) -> ir.Network | str:
                     whole = int.from_bytes(packed, "big")
                     if bits is not None and whole & ((1 << (32 - bits)) - 1):
                         return _host_bits(ipaddress.IPv4Network((whole, bits), False), address)
-                    return ipaddress.IPv4Network((whole, 32 if bits is None else bits))
+                    return ipv4_network(whole, 32 if bits is None else bits)
             elif "%" not in address:
                 packed = socket.inet_pton(socket.AF_INET6, address)
                 if (bits or 0) <= 128:
                     whole = int.from_bytes(packed, "big")
                     if bits is not None and whole & ((1 << (128 - bits)) - 1):
                         return _host_bits(ipaddress.IPv6Network((whole, bits), False), address)
-                    six = ipaddress.IPv6Network((whole, 128 if bits is None else bits))
+                    six = ipv6_network(whole, 128 if bits is None else bits)
                     return _mapped(six) if whole >> 32 == 0xFFFF else six
         except OSError:
             pass

@@ -675,8 +675,9 @@ def _compare_ordered(
         # Keys tcdsl never writes, so the pairing above does not compare them: a node that
         # also tests the firewall mark, or reads its keys past the IP header, takes other
         # packets than the policy's line.
-        if got[j].u32_mark is not None:
-            value, mask = got[j].u32_mark
+        marked = got[j].u32_mark
+        if marked is not None:
+            value, mask = marked
             yield Diagnostic.error(
                 DIFFERS,
                 f"{exp[i].label} also matches mark 0x{value:x}/0x{mask:x} in the kernel, "
