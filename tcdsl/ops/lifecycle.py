@@ -227,7 +227,14 @@ def keep_record(prepared: Prepared) -> None:
         remember(prepared.store, applied.generation, prepared.new, prepared.new_trees)
 
 
-def _undo(prepared: Prepared) -> tuple[Plan, Callable[[], bool]] | None:
+_Reads = dict[str, set[str]]
+"""The trees a failed apply's checks found astray, by when they read the kernel ("undone":
+after the undo in place, "restored": after the old policy was built again), for the next
+step to take instead of reading the kernel again (about a second at 10,000 classes): each is
+taken once, by the step that comes before any other change of the kernel."""
+
+
+def _undo(prepared: Prepared, reads: _Reads) -> tuple[Plan, Callable[[], bool]] | None:
     """The in-place plan back from the new policy to the live one after a failed apply,
     and the check that the kernel is the live one again (None where it cannot be undone in
     place: a first apply, or a change of the iptables marking, which drift does not see)."""
@@ -239,12 +246,15 @@ def _undo(prepared: Prepared) -> tuple[Plan, Callable[[], bool]] | None:
     # a failed redirect rebuilt the upload tree beside it, and reset its counters)
     if any(step.tool not in ("tc", "ip") for step in inverse.steps):
         return None
-    return inverse, _rebuilt(lambda: old)
+    return inverse, _rebuilt(lambda: old, reads=reads, when="undone")
 
 
-def _astray(old: ir.Policy | None, undone: bool) -> set[str] | None:
+def _astray(
+    old: ir.Policy | None, undone: bool, reads: _Reads | None = None, when: str = ""
+) -> set[str] | None:
     """After a failed apply whose in-place undo did not bring the whole kernel back: the
-    labels of the live policy's trees that are not as it builds them, read back, which alone
+    labels of the live policy's trees that are not as it builds them, read back (or as the
+    check of ``when`` in ``reads`` read them, with nothing changed since), which alone
     are built again (found by a tester: a device gone during a change to two made the other,
     undone in place, be built again too, its counters lost and its traffic unshaped
     meanwhile). None (build every tree) where drift cannot tell: no undo in place was
@@ -252,6 +262,8 @@ def _astray(old: ir.Policy | None, undone: bool) -> set[str] | None:
     compare), or the kernel cannot be read."""
     if old is None or not undone:
         return None
+    if reads is not None and when in reads:
+        return reads.pop(when)
     try:
         return set(drift(old))
     except (OpsError, OSError, subprocess.SubprocessError):
@@ -259,17 +271,23 @@ def _astray(old: ir.Policy | None, undone: bool) -> set[str] | None:
 
 
 def _rebuilt(
-    policy: Callable[[], ir.Policy | None], new: ir.Policy | None = None
+    policy: Callable[[], ir.Policy | None],
+    new: ir.Policy | None = None,
+    reads: _Reads | None = None,
+    when: str = "",
 ) -> Callable[[], bool]:
     """The check, after a failed change, that the kernel is the policy ``policy`` gives (the
     live one, compiled only then) again, read back; where there is none (a first apply), that
-    none of ``new``'s trees is left."""
+    none of ``new``'s trees is left. What it finds astray goes in ``reads`` as ``when``'s."""
 
     def check() -> bool:
         old = policy()
         if old is None:
             return new is not None and _none_left(new)
-        return not drift(old)
+        found = set(drift(old))
+        if reads is not None:
+            reads[when] = found
+        return not found
 
     return check
 
@@ -1051,14 +1069,19 @@ def apply(
                 f"cannot write the state folder {store.folder} ({e.strerror or e}); nothing "
                 "was changed"
             ) from e
-        undo = functools.cache(functools.partial(_undo, prepared))  # made once, if at all
+        reads: _Reads = {}
+        undo = functools.cache(functools.partial(_undo, prepared, reads))  # made once, if at all
         try:
             apply_policy(
                 prepared.plan,
-                lambda: restore_plan(prepared.old, new, _astray(prepared.old, undo() is not None)),
+                lambda: restore_plan(
+                    prepared.old,
+                    new,
+                    _astray(prepared.old, undo() is not None, reads, "undone"),
+                ),
                 runner,
                 undo,
-                _rebuilt(lambda: prepared.old, new),
+                _rebuilt(lambda: prepared.old, new, reads, "restored"),
             )
         except ApplyFailed as failed:
             store.finish()  # the old policy was built again (or never left)
@@ -1072,7 +1095,7 @@ def apply(
                 # (the live policy compiled again: its saved text may no longer compile)
                 with contextlib.suppress(OpsError):
                     old = prepared.old
-                    astray = _astray(old, True)
+                    astray = _astray(old, True, reads, "restored")
                     if old is not None and astray is not None:
                         labels = [i.label for i in old.interfaces]
                         failed.astray = tuple(t for t in labels if t in astray)
