@@ -636,6 +636,9 @@ def classify_command(
     note = _changed_note(policy, applied) if applied is not None else None
     if note is not None:
         click.echo(note, err=True)
+    if not checked.interfaces:  # as simulate says it (its --interface was not wrong)
+        click.echo("tcdsl: the policy has no interface: no packet reaches a tree", err=True)
+        sys.exit(EXIT_POLICY)
     verdicts = []
     for packet in packets:
         assert isinstance(packet, Packet)

@@ -403,6 +403,18 @@ def test_cli_text(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+def test_cli_on_a_policy_without_interfaces_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: an empty policy was a usage error blaming '--interface', which was
+    not given ('no interface '(none)''); now it says what simulate says, exit 1."""
+    policy = tmp_path / "empty.tcp"
+    policy.write_text("", encoding="utf-8")
+    said = _run(monkeypatch, str(policy), "--packet", "udp")
+    assert said.exit_code == 1, said.output
+    assert said.stderr == "tcdsl: the policy has no interface: no packet reaches a tree\n"
+
+
 VOIP = """\
 interface eth0 htb rate 10mbit default bulk {
     class voip rate 2mbit match proto udp dport 5060
