@@ -387,28 +387,89 @@ class Overbooking:
     limit: ir.Rate
     what: str
     """How messages name the limit: ``its rate``, ``its ceil`` or ``the bandwidth``."""
+    shares: tuple[tuple[int, int], ...] | None = None
+    """What the children get of their rates (percent, rounded to the nearest) when the link
+    gives them ``limit`` alone, by prio, the lowest number first: htb serves the leaves within
+    their rates in prio order (tested on the kernel: 6mbit at prio 0 and 6mbit at prio 1 on a
+    10mbit link got 6 and 4). None where ``limit`` is less than the link (a class within its
+    rate sends whatever its parent's rate, so no figure holds) or a child is an inner class
+    (its leaves' rates and prios share the link, not its own)."""
 
     def __str__(self) -> str:
-        # rounded to the nearest (76.9% is about 77%), and below 100 (the total is above it)
-        share = min((self.limit.bits_per_second * 200 + self.total) // (2 * self.total), 99)
-        return (
-            f"{_fmt(self.total - self.limit.bits_per_second)} above {self.what} "
-            f"{_fmt(self.limit)}: when only {_fmt(self.limit)} is there for them, under full "
-            f"load each gets about {share}% of its rate"
+        above = (
+            f"{_fmt(self.total - self.limit.bits_per_second)} above {self.what} {_fmt(self.limit)}"
         )
+        if self.shares is None:
+            return (
+                f"{above}: htb keeps each child's rate even past its parent's, so the "
+                "guarantees hold while the link has room, and shrink, the highest prio numbers "
+                "first, only when it is full"
+            )
+        when = f"when only {_fmt(self.limit)} is there for them, under full load"
+        if len(self.shares) == 1:
+            return f"{above}: {when} each gets about {self.shares[0][1]}% of its rate"
+        said = ", ".join(
+            f"prio {prio} {'all of' if share == 100 else f'about {share}% of'} their rates"
+            for prio, share in self.shares
+        )
+        return f"{above}: {when} the lowest prio numbers get theirs first: {said}"
 
 
-def children_overbook(cls: ir.Class) -> Overbooking | None:
+def _cbq_overbooking(tops: tuple[ir.Class, ...], total: int, bandwidth: ir.Rate) -> Overbooking:
+    """Top-level cbq classes over-booking the bandwidth (the link's speed)."""
+    leaves = not any(c.children for c in tops)
+    shares = _shares(tops, bandwidth.bits_per_second, total) if leaves else None
+    return Overbooking(total, bandwidth, "the bandwidth", shares)
+
+
+def link_rate(qdisc: ir.Qdisc) -> ir.Rate | None:
+    """The rate of the link class of ``qdisc`` (``interface eth0 htb rate 10mbit``): the
+    link's speed as the policy says it; None where it has none."""
+    classes = qdisc.classes if isinstance(qdisc, ir.Htb | ir.Hfsc) else ()
+    if len(classes) == 1 and classes[0].implicit:
+        return rate_of(classes[0].rate)
+    return None
+
+
+def _shares(children: tuple[ir.Class, ...], limit: int, total: int) -> tuple[tuple[int, int], ...]:
+    """(prio, percent of its rate) for the children's prios, as :attr:`Overbooking.shares`."""
+    by_prio: dict[int, int] = {}
+    for c in children:
+        if (r := rate_of(c.rate)) is not None:
+            prio = c.prio.value if c.prio is not None else 0
+            by_prio[prio] = by_prio.get(prio, 0) + r.bits_per_second
+    if len(by_prio) == 1:
+        # rounded to the nearest (76.9% is about 77%), and below 100 (the total is above it)
+        return ((next(iter(by_prio)), min((limit * 200 + total) // (2 * total), 99)),)
+    left = limit
+    out = []
+    for prio, rates in sorted(by_prio.items()):
+        got = min(left, rates)
+        out.append((prio, (got * 200 + rates) // (2 * rates)))
+        left -= got
+    return tuple(out)
+
+
+def children_overbook(cls: ir.Class, link: ir.Rate | None) -> Overbooking | None:
     """How the children of ``cls`` over-book it (their rates add up to more than its rate; the
-    limit named is its ceil when they pass that too), or None."""
+    limit named is its ceil when they pass that too), or None. ``link`` is the link's rate
+    (:func:`link_rate`): the shares are said only where the limit is as much."""
     parent_rate = rate_of(cls.rate)
     total = sum(r.bits_per_second for c in cls.children if (r := rate_of(c.rate)) is not None)
     if parent_rate is None or total <= parent_rate.bits_per_second:
         return None
     ceil = effective_ceil(cls)
+    limit, what = parent_rate, "its rate"
     if ceil is not None and total > ceil.bits_per_second and ceil is not parent_rate:
-        return Overbooking(total, ceil, "its ceil")
-    return Overbooking(total, parent_rate, "its rate")
+        limit, what = ceil, "its ceil"
+    shares = None
+    # The leaves' rates and prios share the link: an inner child's say nothing of it.
+    leaves = not any(c.children for c in cls.children)
+    if leaves and (
+        cls.implicit or (link is not None and limit.bits_per_second >= link.bits_per_second)
+    ):
+        shares = _shares(cls.children, limit.bits_per_second, total)
+    return Overbooking(total, limit, what, shares)
 
 
 def overbooking_is_declared(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -421,7 +482,7 @@ def overbooking_is_declared(policy: ir.Policy) -> Iterator[Diagnostic]:
         if parent_rate is None or s.qdisc.kind == "prio":
             continue
         # a leaf class over-books nothing (its children's rates add up to 0)
-        over = children_overbook(s.cls) if s.cls.children else None
+        over = children_overbook(s.cls, link_rate(s.qdisc)) if s.cls.children else None
         if over is not None and not s.cls.overbook:
             last = s.cls.children[-1]
             # subscribers' rates come from a table's rows: the statement's class is the place
@@ -454,7 +515,7 @@ def overbooking_is_declared(policy: ir.Policy) -> Iterator[Diagnostic]:
                     yield Diagnostic.warning(
                         "W350",
                         f"top-level cbq classes are guaranteed {_fmt(total)} in all, "
-                        f"{Overbooking(total, q.bandwidth, 'the bandwidth')}; write 'overbook' "
+                        f"{_cbq_overbooking(q.classes, total, q.bandwidth)}; write 'overbook' "
                         "on the cbq's line if this is on purpose",
                         tops[-1].span,
                         Note("bandwidth given here", q.bandwidth.span),

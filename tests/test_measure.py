@@ -88,6 +88,34 @@ def test_one_rate_limited_flow_is_measured_at_its_rate(tmp_path: Path) -> None:
     assert sum(run.series("a").drops) == 0
 
 
+OVERBOOKED = """interface eth0 tbf rate 10mbit burst 32k limit 256k {
+    htb rate 10mbit default b {
+        class a prio 0 rate 6mbit ceil 10mbit match dport 5001
+        class b prio 1 rate 6mbit ceil 10mbit
+    }
+}
+"""
+
+
+def test_over_booking_shares_are_the_kernels_by_prio(tmp_path: Path) -> None:
+    """Found by a tester: W350 said each of two classes of 6mbit on a full 10mbit link gets
+    about 83% of its rate, where the kernel serves the lower prio number first (6 and 4): the
+    warning's figures now come by prio, and the kernel gives them."""
+    result = compiled(tmp_path, OVERBOOKED)
+    assert result.policy is not None and result.output is not None
+    (w350,) = [d for d in result.diagnostics if d.code == "W350"]
+    assert "prio 0 all of their rates, prio 1 about 67% of their rates" in w350.message
+    flows = [
+        parse_flow("x: udp src 10.1.0.1 dst 10.2.0.1 dport 5001 rate 10mbit"),
+        parse_flow("y: udp src 10.1.0.1 dst 10.2.0.1 dport 5002 rate 10mbit"),
+    ]
+    run = measure(result.policy, result.output, flows, 3 * S, S // 2, lab=Lab(prefix="tcdsl-m-ob"))
+    assert namespaces("tcdsl-m-ob") == []
+    got = {name: run.rate_between(run.series(name), S, 3 * S) / MBIT for name in ("a", "b")}
+    assert got["a"] == pytest.approx(6.0, abs=10 * TOLERANCE), got
+    assert got["b"] == pytest.approx(6.0 * 0.67, abs=10 * TOLERANCE), got
+
+
 HTB6 = """interface eth0 htb rate 10mbit default b {
     class a rate 2mbit ceil 4mbit match dport 5001
     class b rate 1mbit ceil 10mbit

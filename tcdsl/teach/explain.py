@@ -20,7 +20,7 @@ from typing import Literal
 
 from tcdsl import ir, linklayer
 from tcdsl.allocate import IPV6_PREF_OFFSET, default_minor
-from tcdsl.checks import children_overbook
+from tcdsl.checks import children_overbook, link_rate
 from tcdsl.commands import DOWNLOAD_HOOKS, IFB_TXQUEUELEN, mark_text
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.directions import PRIVATE
@@ -1189,20 +1189,25 @@ class _Explainer:
         if cls.children and not cls.implicit:
             text += " The classes below share it."
         self.add(Item("Rate", text, depth))
-        over = children_overbook(cls)
+        over = children_overbook(cls, link_rate(q))
         if over is not None:
             said = (
                 "on purpose: the policy says 'overbook'"
                 if cls.overbook
                 else "without saying so (W350)"
             )
+            # (without shares, the figure's own words say what htb does)
+            how = (
+                " htb keeps each child's rate even past this class's, so they all get their "
+                "rates while the link has room."
+                if over.shares is not None
+                else ""
+            )
             self.add(
                 Item(
                     "Over-booked",
                     f"{said}. The classes below are guaranteed {format_rate(over.total)} in "
-                    f"all, {over}. htb keeps each child's rate even past this class's, so they "
-                    "all get their rates while the link has room; when it is full, the lowest "
-                    "prio numbers get theirs first.",
+                    f"all, {over}.{how}",
                     depth,
                 )
             )

@@ -1159,7 +1159,7 @@ class _Builder:
             )
             self.htb_classes[id(c)] = cl
             node.classes.append(cl)
-            over = children_overbook(c)
+            over = children_overbook(c, None)
             if over is not None:
                 self.notes.append(
                     f"the children of {c.label} are guaranteed {format_rate(over.total)}, "
