@@ -550,6 +550,51 @@ def ceil_within_parent_ceil(policy: ir.Policy) -> Iterator[Diagnostic]:
             )
 
 
+def leaf_cap(qdisc: ir.Qdisc | None) -> tuple[ir.Rate, str] | None:
+    """The least rate a class's leaf qdisc (and what it holds) sends at, and what it is (``tbf``,
+    ``htb``'s link class, ``cake``'s bandwidth), or None where it shapes nothing."""
+    found: list[tuple[ir.Rate, str]] = []
+    while qdisc is not None:
+        if isinstance(qdisc, ir.Tbf):
+            if qdisc.rate is not None:
+                found.append((qdisc.rate, "tbf"))
+            qdisc = qdisc.child
+            continue
+        if isinstance(qdisc, ir.Cake) and qdisc.bandwidth is not None:
+            found.append((qdisc.bandwidth, "cake"))
+        elif isinstance(qdisc, ir.Htb | ir.Hfsc) and (link := link_rate(qdisc)) is not None:
+            found.append((link, qdisc.kind))
+        break
+    return min(found, key=lambda f: f[0].bits_per_second) if found else None
+
+
+def ceil_within_leaf(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """A class whose leaf qdisc shapes below its ceil (a tbf, an htb's link class, cake's
+    bandwidth) never sends more than the leaf's rate: its ceil, and maybe its rate, can never
+    be reached (warning W309; found by a tester: explain and the diagrams said such a class
+    may borrow up to its ceil)."""
+    for s in sites(policy):
+        if s.qdisc.kind != "htb" or s.cls.children:
+            continue
+        cap = leaf_cap(s.cls.leaf)
+        ceil = effective_ceil(s.cls)
+        if cap is None or ceil is None or cap[0].bits_per_second >= ceil.bits_per_second:
+            continue
+        rate = rate_of(s.cls.rate)
+        what = "its ceil"  # (its rate where it has none: htb's ceil is then the rate)
+        if rate is not None and cap[0].bits_per_second < rate.bits_per_second:
+            what = f"its rate {_fmt(rate)} and ceil"
+        kind = {"tbf": "tbf", "cake": "cake's bandwidth"}.get(cap[1], f"{cap[1]}'s link class")
+        yield Diagnostic.warning(
+            "W309",
+            f"{s.cls.label} never sends more than {_fmt(cap[0])}, the rate of its leaf "
+            f"{kind}: {what} {_fmt(ceil)} can never be reached; lower them, or shape in the "
+            "class alone",
+            cap[0].span,
+            Note("the class's ceil is here", ceil.span),
+        )
+
+
 def rates_spelled_in_bits(policy: ir.Policy) -> Iterator[Diagnostic]:
     """Warn on ``mbps``-style units: tc reads them as bytes per second.
 
@@ -1524,6 +1569,7 @@ CHECKS: tuple[Check, ...] = (
     ceil_not_below_rate,
     overbooking_is_declared,
     ceil_within_parent_ceil,
+    ceil_within_leaf,
     rates_spelled_in_bits,
     htb_tree_fits,
     matches_reach_leaves,

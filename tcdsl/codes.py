@@ -136,6 +136,9 @@ _TABLE: dict[str, CodeInfo] = {
     "W307": CodeInfo(_W, "A tcdsl comment directive that names an unknown or error code"),
     "I308": CodeInfo(_I, "A disable comment that suppresses nothing"),
     "W308": CodeInfo(_W, "An empty policy (no interface, no constant): its script changes nothing"),
+    "W309": CodeInfo(
+        _W, "A class whose leaf qdisc shapes below its ceil, which can never be reached"
+    ),
     "W310": CodeInfo(_W, "An htb without default: unmatched traffic goes out unshaped"),
     "W311": CodeInfo(_W, "An htb leaf class nothing can reach"),
     "W312": CodeInfo(_W, "A match line or value an earlier filter always takes first"),

@@ -109,6 +109,24 @@ def test_a_line_an_earlier_one_hides_is_said_never_to_match() -> None:
     assert text.count("it never matches") == 2, text
 
 
+def test_a_leaf_that_shapes_below_the_ceil_is_said_to_cap_the_class() -> None:
+    """Found by a tester: a class with a 3mbit tbf leaf was said to be guaranteed 5mbit and to
+    borrow up to 17mbit; it never sends more than 3mbit (W309), and explain says so."""
+    policy = (
+        "interface eth0 htb rate 20mbit default bulk {\n"
+        "    class web rate 10mbit ceil 20mbit match dport 80\n"
+        "    class bulk rate 5mbit ceil 17mbit {\n"
+        "        tbf rate 3mbit burst 10k latency 50ms\n    }\n}\n"
+    )
+    text = explain(_inline(policy), "text")
+    bulk = " ".join(_class_section(text, "class 'bulk' (1:20)").split())
+    assert "Its leaf tbf sends at most 3mbit, so the class never sends more (W309)." in bulk
+    web = " ".join(_class_section(text, "class 'web' (1:10)").split())
+    assert "at most" not in web
+    wide = explain(_inline(policy.replace("tbf rate 3mbit", "tbf rate 30mbit")), "text")
+    assert "at most" not in wide
+
+
 def test_office_web_borrows_from_the_link() -> None:
     text = explain(_policy("policies/office.tcp"), "text")
     web = _class_section(text, "class 'web' (1:30)")

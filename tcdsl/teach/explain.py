@@ -20,7 +20,7 @@ from typing import Literal
 
 from tcdsl import ir, linklayer
 from tcdsl.allocate import IPV6_PREF_OFFSET, default_minor
-from tcdsl.checks import children_overbook, link_rate
+from tcdsl.checks import children_overbook, leaf_cap, link_rate
 from tcdsl.commands import DOWNLOAD_HOOKS, IFB_TXQUEUELEN, mark_text
 from tcdsl.diagnostics import Diagnostic, Span
 from tcdsl.directions import PRIVATE
@@ -1185,6 +1185,15 @@ class _Explainer:
             text += (
                 f" It can never get more than {format_rate(bound.bits_per_second)}, "
                 f"{self.why(bound)}."
+            )
+        cap = leaf_cap(cls.leaf) if not cls.children else None
+        if cap is not None and cap[0].bits_per_second < min(
+            most, bound.bits_per_second if bound else most
+        ):
+            kind = {"tbf": "tbf", "cake": "cake"}.get(cap[1], f"{cap[1]} (its link class)")
+            text += (
+                f" Its leaf {kind} sends at most {format_rate(cap[0].bits_per_second)}, so the "
+                "class never sends more (W309)."
             )
         if cls.children and not cls.implicit:
             text += " The classes below share it."
