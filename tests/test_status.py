@@ -287,6 +287,50 @@ def test_select_shows_the_matched_classes_below_and_above() -> None:
         st.select(both, ["c*", "c9"])
 
 
+def test_an_address_shows_the_classes_whose_own_lines_take_it() -> None:
+    """Found by a tester: '--class ADDRESS' became the names of the classes whose lines take
+    it, so a class of the same name in another tree (another table's circuit of the same id)
+    was shown too, and a site whose line takes a whole /10 showed every subscriber below it.
+    Now the classes are picked in their own tree, alone, with the classes above them."""
+    text = (
+        "interface veth0 {\n"
+        "    upload htb rate 100mbit default other {\n"
+        "        class site rate 50mbit match dst 10.0.0.0/8 {\n"
+        "            htb rate 50mbit default b {\n"
+        "                class a rate 10mbit match dst 10.0.0.1\n"
+        "                class b rate 10mbit match dst 10.0.0.2\n"
+        "            }\n"
+        "        }\n"
+        "        class other rate 1mbit ceil 100mbit\n"
+        "    }\n"
+        "    download htb rate 100mbit default other {\n"
+        "        class a rate 10mbit match dst 10.9.9.9\n"
+        "        class other rate 1mbit ceil 100mbit\n"
+        "    }\n"
+        "}\n"
+    )
+    result = compile_policy("p.tcp", "json", loader=lambda _path: text)
+    assert result.policy is not None
+    upload, download = (i.label for i in result.policy.interfaces)
+    named, picks = st.by_address(result.policy, ["10.0.0.1", "other"])
+    assert named == ["other"]
+    assert picks == {upload: frozenset({"site", "a"})}
+    tree = _status_tree(("link", 0, 0), ("site", 1, 0), ("a", 2, 0), ("b", 2, 0), ("other", 1, 0))
+    up = dataclasses.replace(tree, label=upload)
+    down = dataclasses.replace(
+        _status_tree(("link", 0, 0), ("a", 1, 0), ("other", 1, 0)), label=download
+    )
+    report = st.Report("p.tcp", 2.0, 1.0, (up, down))
+    _, only = st.by_address(result.policy, ["10.0.0.1"])
+    assert _shown(st.select(report, (), None, only)) == [["link", "site", "a"]]
+    assert _shown(st.select(report, ["other"], None, only)) == [
+        ["link", "site", "a", "other"],
+        ["link", "other"],
+    ]
+    with pytest.raises(st.NoSuchClass, match="no class's match line takes"):
+        st.by_address(result.policy, ["192.0.2.1"])
+
+
 def test_select_top_keeps_the_busiest_leaves_of_each_tree() -> None:
     report = st.Report("p.tcp", 2.0, 1.0, (SITES,))
     # c3 (390) is no leaf: x below it is

@@ -744,15 +744,17 @@ def status_command(
     width = shutil.get_terminal_size().columns if tty else st.WIDTH
     utf8 = tty and (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
     try:
+        picks: st.Picks | None = None
         if checked is not None:
             try:
-                patterns = tuple(st.by_address(checked, patterns))
+                named, picks = st.by_address(checked, patterns)
+                patterns = tuple(named)
             except st.NoSuchClass as err:
                 raise click.BadParameter(str(err), param_hint="'--class'") from None
         for n, readings in enumerate(st.watch(devices, seconds, samples)):
             report = st.build(checked, devices, *readings, source=policy)
             try:
-                report = st.select(report, patterns, top)
+                report = st.select(report, patterns, top, picks)
             except st.NoSuchClass as err:
                 raise click.BadParameter(str(err), param_hint="'--class'") from None
             if fmt == "json":

@@ -428,12 +428,20 @@ class NoSuchClass(ValueError):
         self.pattern = pattern
 
 
-def by_address(policy: ir.Policy, patterns: Sequence[str]) -> list[str]:
-    """``patterns`` with each that is an IPv4 or IPv6 address (``100.64.0.8``) replaced by
-    the names of the classes whose match lines take packets from or to it (a subscriber's
-    class, in each direction): support calls name a customer's address, not a class.
-    ``NoSuchClass`` when no line does."""
+Picks = dict[str, frozenset[str]]
+"""Classes chosen by name in each tree (by its label): those an address's lines take."""
+
+
+def by_address(policy: ir.Policy, patterns: Sequence[str]) -> tuple[list[str], Picks]:
+    """``patterns`` without those that are IPv4 or IPv6 addresses (``100.64.0.8``), and for
+    those, the classes whose own match lines take packets from or to them, by tree (a
+    subscriber's class, in each direction: support calls name a customer's address, not a
+    class). Such a class is shown without the classes below it, and a class of another tree
+    of the same name is not shown (found by a tester: '--class' took the names, so a site's
+    line for a whole /10 showed all its subscribers, and another table's circuit of the same
+    id was shown too). ``NoSuchClass`` when no line takes an address."""
     out: list[str] = []
+    picks: dict[str, set[str]] = {}
     for pattern in patterns:
         try:
             address = ipaddress.ip_address(pattern)
@@ -441,7 +449,7 @@ def by_address(policy: ir.Policy, patterns: Sequence[str]) -> list[str]:
             out.append(pattern)
             continue
         found = [
-            cls.name
+            (iface.label, cls.name)
             for iface in policy.interfaces
             for q in ir.walk_qdiscs(iface.root)
             for cls, m in ir.matches_of(q)
@@ -449,8 +457,9 @@ def by_address(policy: ir.Policy, patterns: Sequence[str]) -> list[str]:
         ]
         if not found:
             raise NoSuchClass(pattern, f"no class's match line takes packets from or to {pattern}")
-        out += dict.fromkeys(found)
-    return list(dict.fromkeys(out))
+        for label, name in found:
+            picks.setdefault(label, set()).add(name)
+    return list(dict.fromkeys(out)), {label: frozenset(names) for label, names in picks.items()}
 
 
 def _takes(m: ir.Match, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -462,22 +471,27 @@ def _takes(m: ir.Match, address: ipaddress.IPv4Address | ipaddress.IPv6Address) 
     )
 
 
-def select(report: Report, patterns: Sequence[str] = (), top: int | None = None) -> Report:
+def select(
+    report: Report, patterns: Sequence[str] = (), top: int | None = None, picks: Picks | None = None
+) -> Report:
     """The report with the classes asked for: those whose name, class id or title matches
     one of the shell-style ``patterns`` (``c10*``, ``north``, ``*Campfire*``), with the
-    classes below them (every class without patterns); with ``top``, only the ``top`` leaf
-    classes of those in each tree that are busiest now (by the rate now, then the average,
-    then bytes). The classes above a class shown are shown too, so that it shows where it
-    sits; a tree with none of its classes matched is left out. ``NoSuchClass`` for a pattern
-    that matches nothing."""
-    if not patterns and top is None:
+    classes below them, and those ``picks`` names in their tree, alone (every class without
+    patterns or picks); with ``top``, only the ``top`` leaf classes of those in each tree
+    that are busiest now (by the rate now, then the average, then bytes). The classes above
+    a class shown are shown too, so that it shows where it sits; a tree with none of its
+    classes matched is left out. ``NoSuchClass`` for a pattern that matches nothing."""
+    asked = bool(patterns or picks)
+    if not asked and top is None:
         return report
     trees: list[TreeStatus] = []
     matched: set[str] = set()
     for tree in report.trees:
         rows = tree.classes
-        chosen = _matching(rows, patterns, matched) if patterns else set(range(len(rows)))
-        if patterns and not chosen:
+        chosen = _matching(rows, patterns, matched) if asked else set(range(len(rows)))
+        picked = picks.get(tree.label, frozenset()) if picks else frozenset()
+        chosen |= {i for i, row in enumerate(rows) if row.name in picked}
+        if asked and not chosen:
             continue
         if top is not None:
             leaves = [i for i in sorted(chosen) if not _has_children(rows, i)]
