@@ -1181,6 +1181,34 @@ def test_every_column_given_twice_is_said_at_once(tmp_path: Path) -> None:
     assert "parent_node" in said[0] and "upload_max" in said[1], said
 
 
+def test_a_row_added_to_one_table_renames_no_circuit_of_another(tmp_path: Path) -> None:
+    """Found by a tester: with two tables in a tree, a circuit id added to the first took the
+    name c1001 from the second table's circuit 1001 (renamed with a digest): apply made that
+    untouched subscriber's class again, its counters from 0, and the plan said 'c1001 moves'.
+    Every table's circuits but the first's carry their table's digest now, ids shared or
+    not, so their names depend on their own rows alone."""
+    body = (
+        "        class a rate 100mbit {\n"
+        '            subscribers from "subs.csv"\n'
+        "        }\n"
+        "        class b rate 100mbit {\n"
+        '            subscribers from "more.csv"\n'
+        "        }\n"
+    )
+    more = HEADER + _row("1001", "100.64.1.1") + _row("1003", "100.64.1.3")
+
+    def names(first: str) -> list[str]:
+        (tmp_path / "more.csv").write_text(more, encoding="utf-8")
+        made = classes(ok(build(tmp_path, policy(body), HEADER + first)))
+        return [n for n in made if n not in ("", "a", "b", "other")]
+
+    before = names(_row("1002", "100.64.0.2"))
+    after = names(_row("1002", "100.64.0.2") + _row("1001", "100.64.0.1"))
+    second = [_tagged("c1001", "more.csv", "1001"), _tagged("c1003", "more.csv", "1003")]
+    assert before == ["c1002", *second]
+    assert after == ["c1002", "c1001", *second]
+
+
 def test_circuit_names_do_not_collide_with_the_trees_other_classes(tmp_path: Path) -> None:
     """A circuit id that is a written class's name, or another table's circuit's, gets a
     digest of its table and id."""

@@ -1348,6 +1348,9 @@ class _Expander:
         self.circuits: dict[int, SubscribersSyntax] = {}
         """The statement that took each circuit (by id)."""
         self.syntax: SubscribersSyntax | None = None
+        self.first_table: str | None = None
+        """The table of the tree's first statement (by path): its circuits' names are their
+        ids' alone; other tables' carry a digest of the table's file name."""
         self.conflicts: dict[
             tuple[int, int], tuple[SubscribersSyntax, SubscribersSyntax, int, Circuit]
         ] = {}
@@ -1367,7 +1370,11 @@ class _Expander:
             return None
         self.circuits[id(circuit)] = syn
         name = circuit.name
-        if name in self.names:
+        # The circuits of every table but the tree's first are named with their table, whether
+        # or not an id is in two (found by a tester: a row added to one table took the name,
+        # and so the class and counters, of another table's circuit of the same id).
+        other = syn.table is not None and syn.table.path != self.first_table
+        if name in self.names or other:
             # A suffix made of the row alone (found by a tester: with '_2', '_3'... a circuit
             # whose id is 'north_2', added, took the name, class and counters of the one
             # that had it). No circuit id makes a name of the digested form itself.
@@ -1406,6 +1413,8 @@ class _Expander:
                     )
                     continue
                 self.syntax = syn
+                if self.first_table is None and syn.table is not None:
+                    self.first_table = syn.table.path  # (in the policy's order)
                 left = LeftOut()
                 self.too_small = 0
                 for circuit, made in expand(pending, way, self.name, self.family, left):
