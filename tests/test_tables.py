@@ -804,6 +804,25 @@ def test_a_quote_left_open_over_rows_is_an_error(tmp_path: Path) -> None:
     assert classes(ok(build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)))
 
 
+def test_a_closed_quote_holding_row_like_lines_is_a_cell(tmp_path: Path) -> None:
+    """Found by a tester: a Comment quoting an old row over lines (closed, the record's cells
+    lining up with the header, as the csv module and LibreQoS read it) was refused as a quote
+    left open."""
+    table = (
+        HEADER
+        + '1,a,1,d1,north,,100.64.0.1,,1,1,2,2,"old devices (id,name,ip,mac,...):\n'
+        + "7,cpe-7,100.64.0.7,,,,,,,,,,\n"
+        + '"\n'
+        + _row("2", "100.64.0.2")
+    )
+    made = classes(ok(build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)))
+    assert {"c1", "c2"} <= set(made) and "c7" not in made
+    # the same quote left open to the end of the file is still one
+    table = HEADER + _row("1", "100.64.0.1", comment='"old devices:') + _row("7", "100.64.0.7")
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E035", "subs.csv", 2, 38)], table
+
+
 def test_a_quote_left_open_before_a_row_with_quoted_cells_is_an_error(tmp_path: Path) -> None:
     """The row after an open quote quotes its name (as LibreQoS writes a name holding a
     comma): it was read into the open cell, its address and rates given to the first circuit's

@@ -561,7 +561,11 @@ def _row(
     span = place.span
     columns = table.columns
     n_cells = len(cells)
-    if first != last:
+    # A record whose cells line up with the header and whose last line ends its quoted cell
+    # is what the csv module (and LibreQoS) read: row-like lines in its quote are its text
+    # (found by a tester: a Comment quoting old rows was refused).
+    closed = n_cells == len(table.headers) and lines[last - 1].rstrip().endswith('"')
+    if first != last and not closed:
         # A quote left open reads the rows after it as one cell's text: a line inside the
         # record without a quote, with the commas of a row, is most likely one of them.
         inside = [n for n in range(first, last) if _row_like(lines[n], table.commas)]
