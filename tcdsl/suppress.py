@@ -121,7 +121,7 @@ def parse_directives(file: str, text: str) -> Suppressions:
             code_match = _CODE.match(rest, pos)
             if code_match is None:
                 break
-            code = code_match.group(0)
+            code = code_match.group(0).upper()  # as --disable takes it (found by a tester)
             span = Span(file, c.line, offset + pos, c.line, offset + code_match.end())
             problem = disable_problem(code)
             if problem is None:

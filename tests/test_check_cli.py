@@ -404,8 +404,11 @@ def test_disable_refuses_errors_and_unknown_codes(here: Path) -> None:
         "    # tcdsl: disable-next-line=W304, W302\n    class web rate 1mbps\n}\n",
         "# tcdsl: disable-file=W302\n"
         "interface eth0 htb rate 10mbit default web {\n    class web rate 1mbps\n}\n",
+        # any case, as --disable takes it (found by a tester: 'w302' was an unknown code)
+        "interface eth0 htb rate 10mbit default web {\n"
+        "    class web rate 1mbps  # tcdsl: disable=w302\n}\n",
     ],
-    ids=["same-line", "next-line", "file"],
+    ids=["same-line", "next-line", "file", "lower-case"],
 )
 def test_disable_comments(here: Path, text: str) -> None:
     write(here / "d.tcp", text)

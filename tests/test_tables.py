@@ -1614,6 +1614,11 @@ def test_a_utf16_table_is_said_to_be_utf16(tmp_path: Path) -> None:
     (found,) = result.errors
     assert found.code == "E022" and Path(found.span.file).name == "subs.csv"
     assert "this file is UTF-16 text" in found.message and "'CSV UTF-8'" in found.message
+    # a policy in UTF-16 is told to be saved as UTF-8, with no word of Excel (found by a tester)
+    path.write_bytes(policy(body + "        }\n").encode("utf-16"))
+    (found,) = analyse(str(path)).errors
+    assert found.code == "E022" and "policy files as UTF-8" in found.message
+    assert "Excel" not in found.message, found.message
 
 
 def test_rates_of_zero_past_fifty_are_counted(tmp_path: Path) -> None:

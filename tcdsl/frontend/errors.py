@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
@@ -127,6 +128,17 @@ def syntax_error(
             hint = f"; {single} takes one value: write a match line for each"
         elif _after_hex(token, text):
             hint = f"; {HEX_TAKES_NO_UNIT}"
+        elif not word.isascii() and token.type not in ("STRING", "$END", "_NL"):
+            # (found by a tester: 'сlass' with a Cyrillic 'с' read "unexpected 'сlass';
+            # expected 'class'", two words that look the same)
+            char = next(c for c in word if not c.isascii())
+            rule = (
+                "numbers are written with the digits 0-9"
+                if char.isdigit()
+                else "keywords and names are ASCII letters, digits, '_' and '-'"
+            )
+            name = unicodedata.name(char, "a character")
+            hint = f"; {char!r} is U+{ord(char):04X} {name}, not ASCII: {rule}"
         elif re.fullmatch(r"[A-Za-z_][\w-]*", word):
             known = tuple(terminals)
             hint = suggestion(word, _keywords(names, context, known))

@@ -93,7 +93,8 @@ def decode_policy(data: bytes, kind: str = "policy") -> str:
         raise SourceError(
             "E022",
             f"this file is UTF-16 text (it starts with UTF-16's byte-order mark); tcdsl reads "
-            f"{kind} files as UTF-8: save it again as UTF-8 (in Excel, 'CSV UTF-8')",
+            f"{kind} files as UTF-8: save it again as UTF-8"
+            + (" (in Excel, 'CSV UTF-8')" if kind == "table" else ""),
             (1, 1),
         )
     try:
