@@ -641,9 +641,24 @@ class Builder(Transformer[Token, Any]):
     def _network(self, tok: Token) -> ir.Network | None:
         text = str(tok)
         try:
+            net: ir.Network
             if tok.type == "IPV6":
-                return ipaddress.IPv6Network(text, strict=False)
-            return _ipv4_network(text) or ipaddress.IPv4Network(text, strict=False)
+                net = ipaddress.IPv6Network(text, strict=False)
+            else:
+                net = _ipv4_network(text) or ipaddress.IPv4Network(text, strict=False)
+            address, slash, _ = text.partition("/")
+            if slash and ipaddress.ip_address(address) != net.network_address:
+                # (found by a tester: '10.0.0.1/24' was 10.0.0.0/24 without a word, where a
+                # subscriber table refuses it, E029)
+                self.error(
+                    Diagnostic.warning(
+                        "W330",
+                        f"'{text}' has host bits set: the filter matches the network {net}; "
+                        f"write {net}, or {address} for that host alone",
+                        self.sp(tok),
+                    )
+                )
+            return net
         except ValueError:
             family = "IPv6" if tok.type == "IPV6" else "IPv4"
             self.error(
