@@ -680,47 +680,46 @@ def matches_reach_leaves(policy: ir.Policy) -> Iterator[Diagnostic]:
 
 
 def conditions_given_once(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """A match line names each field once; alternatives are listed with commas."""
-    for s in sites(policy):
-        for m in s.cls.matches:
-            if len(m.conds) < 2:
-                continue  # one condition: nothing given twice
-            first: dict[str, ir.Cond] = {}
-            for cond in m.conds:
-                name = _cond_name(cond)
-                if name in first:
-                    yield Diagnostic.error(
-                        "E211",
-                        f"'{name}' is given twice on one match line (a packet has one {name}); "
-                        f"list alternatives with commas, or write two match lines",
-                        cond.span,
-                        Note("first given here", first[name].span),
-                    )
-                else:
-                    first[name] = cond
+    """A match line names each field once; alternatives are listed with commas (on an
+    ingress tree's policing lines too: found by the property tests, they went unchecked)."""
+    for m in ir.policy_matches(policy):
+        if len(m.conds) < 2:
+            continue  # one condition: nothing given twice
+        first: dict[str, ir.Cond] = {}
+        for cond in m.conds:
+            name = _cond_name(cond)
+            if name in first:
+                yield Diagnostic.error(
+                    "E211",
+                    f"'{name}' is given twice on one match line (a packet has one {name}); "
+                    f"list alternatives with commas, or write two match lines",
+                    cond.span,
+                    Note("first given here", first[name].span),
+                )
+            else:
+                first[name] = cond
 
 
 def tcp_flags_only_on_tcp(policy: ir.Policy) -> Iterator[Diagnostic]:
     """``tcp-flags`` (which imply TCP) never share a match line with another protocol."""
-    for s in sites(policy):
-        for m in s.cls.matches:
-            if len(m.conds) < 2:
-                continue  # no room for tcp-flags and a protocol
-            flags = next((c for c in m.conds if isinstance(c, ir.TcpFlagsCond)), None)
-            if flags is None:
+    for m in ir.policy_matches(policy):
+        if len(m.conds) < 2:
+            continue  # no room for tcp-flags and a protocol
+        flags = next((c for c in m.conds if isinstance(c, ir.TcpFlagsCond)), None)
+        if flags is None:
+            continue
+        for cond in m.conds:
+            if not isinstance(cond, ir.ProtoCond):
                 continue
-            for cond in m.conds:
-                if not isinstance(cond, ir.ProtoCond):
-                    continue
-                for number, span in cond.protocols:
-                    if number != 6:
-                        yield Diagnostic.error(
-                            "E247",
-                            "tcp-flags match TCP packets only, so this protocol never matches "
-                            "with them; put the other protocols on a match line of their own",
-                            span,
-                            Note("tcp-flags given here", flags.span),
-                        )
+            for number, span in cond.protocols:
+                if number != 6:
+                    yield Diagnostic.error(
+                        "E247",
+                        "tcp-flags match TCP packets only, so this protocol never matches "
+                        "with them; put the other protocols on a match line of their own",
+                        span,
+                        Note("tcp-flags given here", flags.span),
+                    )
 
 
 def _cond_name(cond: ir.Cond) -> str:

@@ -1355,6 +1355,14 @@ def matches_of(qdisc: Qdisc) -> Iterator[tuple[Class | None, Match]]:
     return iter([(cls, m) for cls in _own_classes(qdisc) for m in cls.matches])
 
 
+def policy_matches(policy: Policy) -> Iterator[Match]:
+    """Every match line of ``policy``: its classes' and its ingress trees' policing lines."""
+    for iface in policy.interfaces:
+        for q in walk_qdiscs(iface.root):
+            for _, m in matches_of(q):
+                yield m
+
+
 def parent_map(qdisc: ClassfulQdisc) -> dict[int, Class | None]:
     """Map ``id(class)`` to its parent class (None for top-level classes)."""
     parents: dict[int, Class | None] = {id(top): None for top in qdisc.classes}

@@ -852,27 +852,26 @@ def prefs_fit_their_parent(policy: ir.Policy) -> Iterator[Diagnostic]:
 
 def ports_need_a_port_protocol(policy: ir.Policy) -> Iterator[Diagnostic]:
     """A port condition next to a protocol that has no ports tests other header bytes."""
-    for s in sites(policy):
-        for m in s.cls.matches:
-            if len(m.conds) < 2:
-                continue  # no room for a port and a protocol
-            ports = [c for c in m.conds if isinstance(c, ir.PortCond)]
-            if not ports:
+    for m in ir.policy_matches(policy):
+        if len(m.conds) < 2:
+            continue  # no room for a port and a protocol
+        ports = [c for c in m.conds if isinstance(c, ir.PortCond)]
+        if not ports:
+            continue
+        for cond in m.conds:
+            if not isinstance(cond, ir.ProtoCond):
                 continue
-            for cond in m.conds:
-                if not isinstance(cond, ir.ProtoCond):
-                    continue
-                for number, span in cond.protocols:
-                    if number in PORTLESS:
-                        name = PORTLESS[number]
-                        yield Diagnostic.error(
-                            "E214",
-                            f"{name} has no ports: '{ports[0].field}' would test bytes of the "
-                            f"{name} header instead; drop the port, or write a separate match "
-                            "line for the protocol",
-                            ports[0].span,
-                            Note(f"protocol {name} given here", span),
-                        )
+            for number, span in cond.protocols:
+                if number in PORTLESS:
+                    name = PORTLESS[number]
+                    yield Diagnostic.error(
+                        "E214",
+                        f"{name} has no ports: '{ports[0].field}' would test bytes of the "
+                        f"{name} header instead; drop the port, or write a separate match "
+                        "line for the protocol",
+                        ports[0].span,
+                        Note(f"protocol {name} given here", span),
+                    )
 
 
 # ---- leaf queues -------------------------------------------------------------------------------
