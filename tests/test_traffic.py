@@ -68,6 +68,10 @@ def test_iplen_is_the_ip_packets_length() -> None:
         ("icmp dport 80", "icmp has no ports: drop 'dport', or make it a tcp or udp packet"),
         ("proto 47 sport 1", "gre has no ports: drop 'sport'"),
         ("", "the packet spec is empty; describe a packet, such as 'tcp dport 80'"),
+        # found by a tester: said "gives 'laterfrag' twice", and "unexpected 'flags'"
+        ("ipv6 frag laterfrag udp", "gives 'frag' and 'laterfrag': a packet is a first"),
+        ("ipv6 frag frag udp", "gives 'frag' twice; give each header once"),
+        ("tcp flags", "'flags' needs a value, such as 'flags syn'"),
     ],
 )
 def test_bad_packets(text: str, message: str) -> None:
@@ -86,6 +90,10 @@ def test_flows() -> None:
         parse_flow("a: udp start 5s stop 1s")
     with pytest.raises(SpecError, match="'rate' needs a value with a unit"):
         parse_flow("a: udp rate 100")
+    # no packet at all, as classify refuses one (found by a tester: a default UDP flow)
+    for empty in ("", "x:", "x:   "):
+        with pytest.raises(SpecError, match="the flow spec gives no packet"):
+            parse_flow(empty)
 
 
 def _key_matches(key: U32Key, header: bytes) -> bool:
@@ -161,7 +169,7 @@ def test_ipv6_packet_words() -> None:
         ("ipv6 icmp", "'icmp' is IPv4 and 'ipv6' is IPv6"),
         ("ipv6 ipv6 tcp", "gives its family twice"),
         ("ipv6 hbh hbh", "gives 'hbh' twice"),
-        ("ipv6 frag laterfrag", "gives 'laterfrag' twice"),
+        ("ipv6 frag laterfrag", "gives 'frag' and 'laterfrag'"),
         ("ipv6 hbh iplen 55", "iplen 55 is outside 56-65575 bytes \\(the IPv6 headers"),
         ("ipv6 size 60", "size 60 is outside 62-65589 bytes"),
         # a zone was dropped without a word (found by a tester)

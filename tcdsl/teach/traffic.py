@@ -369,8 +369,14 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             continue
         if word in EXTENSION_WORDS:
             kind = EXTENSION_WORDS[word]
-            if kind in ext or (kind in (FRAGMENT, LATER_FRAGMENT) and ext and -kind in ext):
+            if kind in ext:
                 raise SpecError(f"the packet spec gives '{word}' twice; give each header once")
+            if kind in (FRAGMENT, LATER_FRAGMENT) and -kind in ext:
+                # (found by a tester: 'frag laterfrag' was said to give 'laterfrag' twice)
+                raise SpecError(
+                    "the packet spec gives 'frag' and 'laterfrag': a packet is a first fragment "
+                    "('frag') or a later one ('laterfrag'), not both"
+                )
             if kind not in (FRAGMENT, LATER_FRAGMENT):
                 families.setdefault("ipv6", word)
             ext.append(kind)
@@ -393,6 +399,8 @@ def _parse_packet_words(words: list[str]) -> tuple[Packet, list[str]]:
             fields.setdefault("proto", 6)
             i += 2
             continue
+        if word == "flags":  # (no value: found by a tester, it was an 'unexpected' word)
+            raise SpecError("'flags' needs a value, such as 'flags syn' or 'flags syn,ack'")
         if word not in ("proto", "src", "dst", "sport", "dport", "tos", "dscp", "size", "iplen"):
             break  # the flow's words start here
         if value is None:
@@ -492,6 +500,10 @@ def parse_flow(text: str, index: int = 0) -> Flow:
     name, sep, rest = text.partition(":")
     if not sep or " " in name.strip() or not name.strip():
         name, rest = f"flow{index + 1}", text
+    if not rest.split():  # as classify refuses an empty packet (found by a tester)
+        raise SpecError(
+            "the flow spec gives no packet; describe one, such as 'web: tcp dport 80 rate 5mbit'"
+        )
     packet, words = _parse_packet_words(rest.split())
     rate: int | None = None
     start, stop = 0, None
