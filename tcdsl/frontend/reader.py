@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -14,7 +15,7 @@ from lark import Lark, Token
 from lark.exceptions import UnexpectedInput, UnexpectedToken
 
 from tcdsl import fastlark, ir
-from tcdsl.diagnostics import Diagnostic, Span
+from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend import recovery, tables
 from tcdsl.frontend.builder import Builder
 from tcdsl.frontend.errors import first_on_its_line, syntax_error
@@ -50,6 +51,10 @@ def nesting_too_deep(err: fastlark.NestingTooDeep, path: str) -> Diagnostic:
         "tcdsl follows at most that many"
     )
     return Diagnostic.error("E020", msg, span_of(err.token, path))
+
+
+_UNKNOWN = re.compile(r"unknown constant '([^']+)'")
+"""E103's message for a name no constant has (yet)."""
 
 
 class Reader:
@@ -134,6 +139,7 @@ class Reader:
             return self._unread(include_span)
         if include_span is None:
             self.tables.clear()  # read by now: the classes have what they need of the rows
+            self._defined_later()
             if not interfaces and not self.scope.constants and not self.diagnostics:
                 # Nothing at all (an empty file, comments only): said, where a script that
                 # changes nothing would pass in silence. A file of constants is a library.
@@ -151,6 +157,21 @@ class Reader:
                 self.diagnostics.append(refusal)
                 return self._unread(include_span)
         return interfaces
+
+    def _defined_later(self) -> None:
+        """E103 for a constant the policy defines after its use says where (found by a
+        tester: 'unknown constant' for one defined further down the file)."""
+        for n, d in enumerate(self.diagnostics):
+            found = _UNKNOWN.match(d.message) if d.code == "E103" else None
+            declared = self.scope.constants.get(found.group(1)) if found else None
+            if declared is None:
+                continue
+            self.diagnostics[n] = dataclasses.replace(
+                d,
+                message=f"{d.message}: it is defined after this use; constants must be "
+                "defined before they are used",
+                notes=(*d.notes, Note("defined here", declared[1])),
+            )
 
     def _unread(self, include_span: Span | None) -> list[ir.Interface]:
         """Nothing, for a file that could not be read; if it was included, the constants it
