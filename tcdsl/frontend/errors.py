@@ -151,11 +151,26 @@ def syntax_error(
                 "egress tree, name the qdisc first: 'interface eth0 htb rate 10mbit {'"
             )
         notes: tuple[Note, ...] = ()
-        if token.type == "$END":
+        opened = [v for v in stack if isinstance(v, Token) and v.type == "LBRACE"]
+        if token.type == "$END" and opened:
             # the innermost block still open (found by a tester: only the file's end was shown)
-            opened = [v for v in stack if isinstance(v, Token) and v.type == "LBRACE"]
-            if opened:
-                notes = (Note("this '{' is not closed", span_of(opened[-1], path)),)
+            notes = (Note("this '{' is not closed", span_of(opened[-1], path)),)
+            hint = "; a '}' is missing"
+        if opened and (token.type == "$END" or token.type in _TOP_LEVEL):
+            # Where the indentation says a block ended without its '}' (found by a tester:
+            # the note named the interface's '{', the '}' was missing from a class above).
+            guess = _missing_close(text, token.line if token.type != "$END" else None)
+            if guess is not None:
+                (line, column), before = guess
+                raw = text.split("\n")[before - 1]
+                start, end = len(raw) - len(raw.lstrip()) + 1, len(raw.rstrip()) + 1
+                notes = (
+                    Note("this '{' looks unclosed", Span(path, line, column, line, column + 1)),
+                    Note(
+                        f"a '}}' is likely missing before this line, indented as line {line}",
+                        Span(path, before, start, before, end),
+                    ),
+                )
                 hint = "; a '}' is missing"
         return Diagnostic.error(
             "E001", f"unexpected {_describe_token(token)}{hint}; expected {expected}", span, *notes
@@ -175,6 +190,55 @@ def syntax_error(
     return Diagnostic.error(
         "E001", str(err).splitlines()[0], Span(path, line, column, line, column + 1)
     )
+
+
+def _missing_close(text: str, until: int | None) -> tuple[tuple[int, int], int] | None:
+    """Where a '}' is most likely missing, by indentation: the (line, column) of the first
+    '{' whose block holds a line indented no deeper than its own line (before ``until``, the
+    failing line), and that line's number; None when the indentation tells nothing."""
+    # (line, column of '{', its line's indentation, whether a line of the block is deeper:
+    # a file that indents nothing tells nothing)
+    stack: list[list[int]] = []
+    for number, raw in enumerate(text.split("\n"), 1):
+        if until is not None and number > until:
+            break
+        code = _code_of(raw)
+        stripped = code.strip()
+        if not stripped:
+            continue
+        indent = len(raw.expandtabs(8)) - len(raw.expandtabs(8).lstrip())
+        if stack and not stripped.startswith("}"):
+            line, column, outer, deeper = stack[-1]
+            if indent <= outer and deeper:
+                return (line, column), number
+            stack[-1][3] = stack[-1][3] or indent > outer
+        for at, ch in enumerate(code):
+            if ch == "{":
+                stack.append([number, at + 1, indent, 0])
+            elif ch == "}" and stack:
+                stack.pop()
+    return None
+
+
+_TOP_LEVEL = frozenset({"INTERFACE", "CONST", "INCLUDE"})
+"""Statements that only start a file's top level: one inside a block says a '}' is missing."""
+
+
+def _code_of(line: str) -> str:
+    """``line`` without its comment (a '#' outside a string), strings blanked."""
+    out = []
+    quoted = False
+    for ch in line:
+        if ch == '"':
+            quoted = not quoted
+            out.append(" ")
+        elif quoted:
+            out.append(" ")
+        elif ch == "#":
+            break
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def _string_expected(stack: Sequence[Any], names: set[str]) -> str | None:
