@@ -445,15 +445,21 @@ def _shares(children: tuple[ir.Class, ...], limit: int, total: int) -> tuple[tup
     out = []
     for prio, rates in sorted(by_prio.items()):
         got = min(left, rates)
-        out.append((prio, (got * 200 + rates) // (2 * rates)))
+        # "all" only where all fit (found by a review: 10001kbit in 10mbit was 'all')
+        out.append((prio, 100 if got == rates else min((got * 200 + rates) // (2 * rates), 99)))
         left -= got
     return tuple(out)
 
 
-def children_overbook(cls: ir.Class, link: ir.Rate | None) -> Overbooking | None:
+def children_overbook(
+    cls: ir.Class, link: ir.Rate | None, sole: bool = False, htb: bool = True
+) -> Overbooking | None:
     """How the children of ``cls`` over-book it (their rates add up to more than its rate; the
     limit named is its ceil when they pass that too), or None. ``link`` is the link's rate
-    (:func:`link_rate`): the shares are said only where the limit is as much."""
+    (:func:`link_rate`); ``sole``: ``cls`` is the one class below the link class. Under htb
+    the shares are said only for the link class's children, or a sole class's that has the
+    whole link (another class below the link class would take its part of it: found by a
+    review); under cbq (``htb`` False), as an equal share of the limit, as before."""
     parent_rate = rate_of(cls.rate)
     total = sum(r.bits_per_second for c in cls.children if (r := rate_of(c.rate)) is not None)
     if parent_rate is None or total <= parent_rate.bits_per_second:
@@ -462,12 +468,15 @@ def children_overbook(cls: ir.Class, link: ir.Rate | None) -> Overbooking | None
     limit, what = parent_rate, "its rate"
     if ceil is not None and total > ceil.bits_per_second and ceil is not parent_rate:
         limit, what = ceil, "its ceil"
-    shares = None
+    shares: tuple[tuple[int, int], ...] | None = None
     # The leaves' rates and prios share the link: an inner child's say nothing of it.
     leaves = not any(c.children for c in cls.children)
-    if leaves and (
-        cls.implicit or (link is not None and limit.bits_per_second >= link.bits_per_second)
-    ):
+    whole = cls.implicit or (
+        sole and link is not None and limit.bits_per_second >= link.bits_per_second
+    )
+    if not htb:
+        shares = ((0, min((limit.bits_per_second * 200 + total) // (2 * total), 99)),)
+    elif leaves and whole:
         shares = _shares(cls.children, limit.bits_per_second, total)
     return Overbooking(total, limit, what, shares)
 
@@ -482,7 +491,12 @@ def overbooking_is_declared(policy: ir.Policy) -> Iterator[Diagnostic]:
         if parent_rate is None or s.qdisc.kind == "prio":
             continue
         # a leaf class over-books nothing (its children's rates add up to 0)
-        over = children_overbook(s.cls, link_rate(s.qdisc)) if s.cls.children else None
+        sole = s.parent is not None and s.parent.implicit and len(s.parent.children) == 1
+        over = (
+            children_overbook(s.cls, link_rate(s.qdisc), sole, s.qdisc.kind == "htb")
+            if s.cls.children
+            else None
+        )
         if over is not None and not s.cls.overbook:
             last = s.cls.children[-1]
             # subscribers' rates come from a table's rows: the statement's class is the place
@@ -581,17 +595,21 @@ def ceil_within_leaf(policy: ir.Policy) -> Iterator[Diagnostic]:
         if cap is None or ceil is None or cap[0].bits_per_second >= ceil.bits_per_second:
             continue
         rate = rate_of(s.cls.rate)
-        what = "its ceil"  # (its rate where it has none: htb's ceil is then the rate)
-        if rate is not None and cap[0].bits_per_second < rate.bits_per_second:
-            what = f"its rate {_fmt(rate)} and ceil"
-        kind = {"tbf": "tbf", "cake": "cake's bandwidth"}.get(cap[1], f"{cap[1]}'s link class")
+        if s.cls.ceil is None:  # its ceil is its rate
+            what, note = f"its rate {_fmt(ceil)} (its ceil too) can", "the class's rate is here"
+        elif rate is not None and cap[0].bits_per_second < rate.bits_per_second:
+            what, note = f"its rate {_fmt(rate)} and ceil {_fmt(ceil)} can", "its ceil is here"
+        else:
+            what, note = f"its ceil {_fmt(ceil)} can", "the class's ceil is here"
+        leaf = {"tbf": "its leaf tbf's rate", "cake": "its leaf cake's bandwidth"}.get(
+            cap[1], f"the rate of its leaf {cap[1]}'s link class"
+        )
         yield Diagnostic.warning(
             "W309",
-            f"{s.cls.label} never sends more than {_fmt(cap[0])}, the rate of its leaf "
-            f"{kind}: {what} {_fmt(ceil)} can never be reached; lower them, or shape in the "
-            "class alone",
+            f"{s.cls.label} never sends more than {_fmt(cap[0])}, {leaf}: {what} never be "
+            "reached; write the class's rate and ceil within it, or shape in the class alone",
             cap[0].span,
-            Note("the class's ceil is here", ceil.span),
+            Note(note, ceil.span),
         )
 
 

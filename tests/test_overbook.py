@@ -147,3 +147,30 @@ def test_the_share_is_rounded_to_the_nearest_percent() -> None:
     )
     (d,) = [d for d in check(text).diagnostics if d.code == "W350"]
     assert "each gets about 77% of its rate" in d.message, d.message
+
+
+def test_a_prio_is_said_to_get_all_of_its_rates_only_where_they_fit() -> None:
+    """Found by a review: 9mbit at prio 0 and 1001kbit at prio 1 under 10mbit was 'prio 1 all
+    of their rates'."""
+    text = (
+        "interface eth0 htb rate 10mbit default mail {\n"
+        "    class web rate 9mbit match dport 80\n"
+        "    class mail prio 1 rate 1001kbit\n}\n"
+    )
+    (d,) = [d for d in check(text).diagnostics if d.code == "W350"]
+    assert "prio 0 all of their rates, prio 1 about 99% of their rates" in d.message, d.message
+
+
+def test_no_share_is_said_where_another_class_takes_part_of_the_link() -> None:
+    """Found by a review: a class with the link's ceil was said to give its children the whole
+    link by prio, where a sibling's rate takes its part of it first."""
+    text = (
+        "interface eth0 htb rate 10mbit default b {\n"
+        "    class a rate 5mbit ceil 10mbit {\n"
+        "        class web rate 6mbit match dport 80\n"
+        "        class mail prio 1 rate 6mbit match dport 25\n"
+        "    }\n"
+        "    class b rate 5mbit\n}\n"
+    )
+    (d,) = [d for d in check(text).diagnostics if d.code == "W350"]
+    assert "%" not in d.message and "only when it is full" in d.message, d.message

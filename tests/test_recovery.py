@@ -338,3 +338,31 @@ def test_includes_nested_too_deep_report_no_unknown_constants(tmp_path: Path) ->
     main.write_text('include "f0.tcp"\ninterface eth0 tbf rate Z burst 10k latency 50ms\n', "utf-8")
     result = analyse(str(main))
     assert [d.code for d in result.diagnostics] == ["E006"]
+
+
+def test_a_missing_brace_is_found_by_the_statements_indentation() -> None:
+    """Found by a review: with statements fmt breaks over lines, the continuation lines'
+    deeper indentation made the guess name the wrong block; the guess reads each statement's
+    first line. A file that indents nothing gets no guess (the innermost open brace's note)."""
+    text = (
+        "interface eth0 {\n"
+        "    download htb rate 10mbit burst 15k cburst 15k \\\n"
+        "            default other {\n"
+        "        class a rate 1mbit \\\n"
+        "                match src 10.0.0.1\n"
+        "        class c rate 1mbit {\n"
+        "            sfq\n"
+        "        class other rate 1mbit\n"
+        "    }\n"
+        "}\n"
+    )
+    result = analyse(MAIN, loader=loader_of(text))
+    (end,) = [d for d in result.errors if d.code == "E001"]
+    assert [(n.message, n.span.line, n.span.column) for n in end.notes] == [
+        ("this '{' looks unclosed", 6, 28),
+        ("a '}' is likely missing before this line, indented as line 6", 8, 9),
+    ]
+    flat = "".join(line.lstrip() + "\n" for line in text.split("\n") if line)
+    result = analyse(MAIN, loader=loader_of(flat))
+    (end,) = [d for d in result.errors if d.code == "E001"]
+    assert [n.message for n in end.notes] == ["this '{' is not closed"]

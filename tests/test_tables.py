@@ -821,6 +821,17 @@ def test_a_closed_quote_holding_row_like_lines_is_a_cell(tmp_path: Path) -> None
     table = HEADER + _row("1", "100.64.0.1", comment='"old devices:') + _row("7", "100.64.0.7")
     result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
     assert errors(result) == [("E035", "subs.csv", 2, 38)], table
+    # ... and one a later row's quoted Comment closes (found by a review: rows 2 and 3 went
+    # without a word)
+    table = (
+        HEADER
+        + _row("1", "100.64.0.1", comment='"note about 1')
+        + _row("2", "100.64.0.2")
+        + _row("3", "100.64.0.3", comment='"vip"')
+        + _row("4", "100.64.0.4")
+    )
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    assert errors(result) == [("E035", "subs.csv", 2, 38)], table
 
 
 def test_a_quote_left_open_before_a_row_with_quoted_cells_is_an_error(tmp_path: Path) -> None:

@@ -137,6 +137,8 @@ def syntax_error(
                 if char.isdigit()
                 else "keywords and names are ASCII letters, digits, '_' and '-'"
             )
+            if char in "\u201c\u201d\u201e\u201f\u2018\u2019\u00ab\u00bb":
+                rule = 'a string is written between straight quotes, "subs.csv"'
             name = unicodedata.name(char, "a character")
             hint = f"; {char!r} is U+{ord(char):04X} {name}, not ASCII: {rule}"
         elif re.fullmatch(r"[A-Za-z_][\w-]*", word):
@@ -161,13 +163,13 @@ def syntax_error(
             # the note named the interface's '{', the '}' was missing from a class above).
             guess = _missing_close(text, token.line if token.type != "$END" else None)
             if guess is not None:
-                (line, column), before = guess
+                (line, column), before, first = guess
                 raw = text.split("\n")[before - 1]
                 start, end = len(raw) - len(raw.lstrip()) + 1, len(raw.rstrip()) + 1
                 notes = (
                     Note("this '{' looks unclosed", Span(path, line, column, line, column + 1)),
                     Note(
-                        f"a '}}' is likely missing before this line, indented as line {line}",
+                        f"a '}}' is likely missing before this line, indented as line {first}",
                         Span(path, before, start, before, end),
                     ),
                 )
@@ -192,13 +194,16 @@ def syntax_error(
     )
 
 
-def _missing_close(text: str, until: int | None) -> tuple[tuple[int, int], int] | None:
+def _missing_close(text: str, until: int | None) -> tuple[tuple[int, int], int, int] | None:
     """Where a '}' is most likely missing, by indentation: the (line, column) of the first
-    '{' whose block holds a line indented no deeper than its own line (before ``until``, the
-    failing line), and that line's number; None when the indentation tells nothing."""
+    '{' whose block holds a statement indented no deeper than the statement of the '{' (before
+    ``until``, the failing line), that statement's line, and the first line of the statement
+    of the '{'; None when the indentation tells nothing."""
     # (line, column of '{', its line's indentation, whether a line of the block is deeper:
     # a file that indents nothing tells nothing)
     stack: list[list[int]] = []
+    continued = False  # the line before ended with '\': this one goes on its statement
+    start = indent = 0  # the statement's first line, and its indentation
     for number, raw in enumerate(text.split("\n"), 1):
         if until is not None and number > until:
             break
@@ -206,15 +211,18 @@ def _missing_close(text: str, until: int | None) -> tuple[tuple[int, int], int] 
         stripped = code.strip()
         if not stripped:
             continue
-        indent = len(raw.expandtabs(8)) - len(raw.expandtabs(8).lstrip())
-        if stack and not stripped.startswith("}"):
-            line, column, outer, deeper = stack[-1]
-            if indent <= outer and deeper:
-                return (line, column), number
-            stack[-1][3] = stack[-1][3] or indent > outer
+        if not continued:  # (a continuation, as fmt indents it, says nothing of blocks)
+            start = number
+            indent = len(raw.expandtabs(8)) - len(raw.expandtabs(8).lstrip())
+            if stack and not stripped.startswith("}"):
+                line, column, outer, deeper, first = stack[-1]
+                if indent <= outer and deeper:
+                    return (line, column), number, first
+                stack[-1][3] = stack[-1][3] or indent > outer
+        continued = stripped.endswith("\\")
         for at, ch in enumerate(code):
             if ch == "{":
-                stack.append([number, at + 1, indent, 0])
+                stack.append([number, at + 1, indent, 0, start])
             elif ch == "}" and stack:
                 stack.pop()
     return None

@@ -561,10 +561,15 @@ def _row(
     span = place.span
     columns = table.columns
     n_cells = len(cells)
-    # A record whose cells line up with the header and whose last line ends its quoted cell
-    # is what the csv module (and LibreQoS) read: row-like lines in its quote are its text
-    # (found by a tester: a Comment quoting old rows was refused).
-    closed = n_cells == len(table.headers) and lines[last - 1].rstrip().endswith('"')
+    # A record whose cells line up with the header and that ends with its last cell, quoted
+    # over lines as written, is what the csv module (and LibreQoS) read: row-like lines in
+    # that quote are its text (found by a tester: a Comment quoting old rows was refused).
+    # Not a quote left open that a later row's quoted cell happens to close (found by a
+    # review: rows 2 and 3 went, without a word).
+    closed = False
+    if first != last and n_cells == len(table.headers) and "\n" in cells[-1]:
+        quoted = '"' + cells[-1].replace('"', '""') + '"'
+        closed = "\n".join(lines[first - 1 : last]).rstrip(" \t").endswith(quoted)
     if first != last and not closed:
         # A quote left open reads the rows after it as one cell's text: a line inside the
         # record without a quote, with the commas of a row, is most likely one of them.

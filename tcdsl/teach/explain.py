@@ -1198,7 +1198,9 @@ class _Explainer:
         if cls.children and not cls.implicit:
             text += " The classes below share it."
         self.add(Item("Rate", text, depth))
-        over = children_overbook(cls, link_rate(q))
+        above = parents.get(id(cls))
+        sole = above is not None and above.implicit and len(above.children) == 1
+        over = children_overbook(cls, link_rate(q), sole)
         if over is not None:
             said = (
                 "on purpose: the policy says 'overbook'"
