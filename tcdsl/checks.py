@@ -576,11 +576,14 @@ def leaf_cap(qdisc: ir.Qdisc | None) -> tuple[ir.Rate, str] | None:
             continue
         if isinstance(qdisc, ir.Cake) and qdisc.bandwidth is not None:
             found.append((qdisc.bandwidth, "cake"))
-        elif isinstance(qdisc, ir.Htb | ir.Hfsc) and (link := link_rate(qdisc)) is not None:
+        elif (
+            isinstance(qdisc, ir.Htb | ir.Hfsc)
+            and (link := link_rate(qdisc)) is not None
             # (its leaves within their rates send whatever their link class's: over-booked,
             # it caps nothing; found by a review)
-            if children_overbook(qdisc.classes[0], link) is None:
-                found.append((link, qdisc.kind))
+            and children_overbook(qdisc.classes[0], link) is None
+        ):
+            found.append((link, qdisc.kind))
         break
     return min(found, key=lambda f: f[0].bits_per_second) if found else None
 
