@@ -816,7 +816,12 @@ def test_filters_keep_to_their_family(case: tuple[str, bool, list[str]]) -> None
             made = {f.family for f in iface.filters if f.span == m.span}
         else:  # a marked line is firewall rules, iptables and ip6tables
             made = {r.family for r in iface.marking.rules if r.span == m.span}
-        assert made == wanted, f"{m.span}: filters for {made}, the line applies to {wanted}"
+        # (a family whose every combination contradicts itself is left out, and W304 says
+        # so: 'u8 0x1/0x1 at 40' and 'sport 0' on IPv6 test one byte two ways)
+        dropped = any(d.code == "W304" and d.span == m.span for d in result.diagnostics)
+        assert made == wanted or (dropped and made < wanted), (
+            f"{m.span}: filters for {made}, the line applies to {wanted}"
+        )
         fws = {f.family for f in iface.filters if isinstance(f, ir.FwFilter)}
         assert not fws or fws == set(iface.families), (fws, iface.families)
     assert result.output is not None
