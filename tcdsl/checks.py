@@ -431,6 +431,12 @@ def link_rate(qdisc: ir.Qdisc) -> ir.Rate | None:
     return None
 
 
+def _equal_share(limit: int, total: int) -> int:
+    """The percent of its rate each child gets where ``total`` over-books ``limit`` equally:
+    rounded to the nearest (76.9% is about 77%), and below 100 (the total is above it)."""
+    return min((limit * 200 + total) // (2 * total), 99)
+
+
 def _shares(children: tuple[ir.Class, ...], limit: int, total: int) -> tuple[tuple[int, int], ...]:
     """(prio, percent of its rate) for the children's prios, as :attr:`Overbooking.shares`."""
     by_prio: dict[int, int] = {}
@@ -439,8 +445,7 @@ def _shares(children: tuple[ir.Class, ...], limit: int, total: int) -> tuple[tup
             prio = c.prio.value if c.prio is not None else 0
             by_prio[prio] = by_prio.get(prio, 0) + r.bits_per_second
     if len(by_prio) == 1:
-        # rounded to the nearest (76.9% is about 77%), and below 100 (the total is above it)
-        return ((next(iter(by_prio)), min((limit * 200 + total) // (2 * total), 99)),)
+        return ((next(iter(by_prio)), _equal_share(limit, total)),)
     left = limit
     out = []
     for prio, rates in sorted(by_prio.items()):
@@ -475,7 +480,7 @@ def children_overbook(
         sole and link is not None and limit.bits_per_second >= link.bits_per_second
     )
     if not htb:
-        shares = ((0, min((limit.bits_per_second * 200 + total) // (2 * total), 99)),)
+        shares = ((0, _equal_share(limit.bits_per_second, total)),)
     elif leaves and whole:
         shares = _shares(cls.children, limit.bits_per_second, total)
     return Overbooking(total, limit, what, shares)
