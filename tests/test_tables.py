@@ -1262,6 +1262,37 @@ def test_circuit_names_do_not_collide_with_the_trees_other_classes(tmp_path: Pat
     assert addresses(made[_tagged("c1", "more.csv", "1")]) == [("dst", "100.64.1.1/32")]
 
 
+def test_tables_of_one_file_name_in_two_folders_name_their_circuits_apart(
+    tmp_path: Path,
+) -> None:
+    """Two tables named alike in different folders digest their circuits with their paths
+    from the policy's folder: each circuit's name is its own whatever the statements' order
+    (with the file name alone both had one digest, and which got ``_2`` followed the order)."""
+    for folder, address in (("a", "100.64.1.1"), ("b", "100.64.2.1")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "more.csv").write_text(HEADER + _row("7", address), encoding="utf-8")
+    lines = [
+        '            subscribers from "a/more.csv"\n',
+        '            subscribers from "b/more.csv"\n',
+    ]
+    named = []
+    for order in (lines, lines[::-1]):
+        body = (
+            "        class north rate 100mbit {\n"
+            '            subscribers from "subs.csv"\n' + "".join(order) + "        }\n"
+        )
+        made = classes(ok(build(tmp_path, policy(body), HEADER + _row("1", "100.64.0.1"))))
+        named.append({n: addresses(c) for n, c in made.items() if n.startswith("c7")})
+    assert (
+        named[0]
+        == named[1]
+        == {
+            _tagged("c7", "a/more.csv", "7"): [("dst", "100.64.1.1/32")],
+            _tagged("c7", "b/more.csv", "7"): [("dst", "100.64.2.1/32")],
+        }
+    )
+
+
 def test_a_circuit_taken_by_two_statements_is_an_error(tmp_path: Path) -> None:
     body = (
         '        subscribers from "subs.csv" where parent_node == "north"\n'

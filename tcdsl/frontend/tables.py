@@ -227,6 +227,16 @@ class _Reading:
             self.diagnostics.append(Diagnostic.warning(code, message, span))
 
 
+def table_key(path: str, tree: str | None) -> str:
+    """The name of the table at ``path`` in its circuits' digests: its path from the policy's
+    folder (``tree``), '/'-separated, which moving the folder keeps and which tells apart two
+    tables of one file name in different folders (found by a tester: with the file name
+    alone they had one digest, and which of two same-id circuits got ``_2`` depended on the
+    statements' order). A table in the policy's own folder is its file name, as before."""
+    rel = os.path.relpath(os.path.normpath(path), tree or ".")
+    return rel.replace(os.sep, "/")
+
+
 def read_table(b: Builder, path: str, at: Span) -> Table | None:
     """The table at ``path`` (relative to the policy file already resolved), read once per
     run; None (after reporting why) when it cannot be used."""
@@ -1387,7 +1397,7 @@ class _Expander:
             # A suffix made of the row alone (found by a tester: with '_2', '_3'... a circuit
             # whose id is 'north_2', added, took the name, class and counters of the one
             # that had it). No circuit id makes a name of the digested form itself.
-            table = os.path.basename(syn.table.path) if syn.table is not None else ""
+            table = table_key(syn.table.path, self.b.reader.tree) if syn.table is not None else ""
             tag = hashlib.blake2s(f"{table}\n{circuit.key}".encode(), digest_size=5)
             name = base = f"{circuit.name}_{tag.hexdigest()}"
             n = 1
