@@ -87,6 +87,49 @@ def first_on_its_line(token: Token, text: str) -> bool:
     return not text[line_start:start].strip()
 
 
+def _comment_at(line: str) -> int | None:
+    """The index of the '#' that starts a comment on ``line`` (outside a string), or None."""
+    quoted = False
+    for i, char in enumerate(line):
+        if char == '"':
+            quoted = not quoted
+        elif char == "#" and not quoted:
+            return i
+    return None
+
+
+def _continuation_broken(token: Token, text: str, path: str) -> tuple[str, Note] | None:
+    """(hint, note) where ``token``, first on its line, was meant to continue the statement
+    above it but a comment ended that statement (found by a tester: a comment line between
+    '\\'-continued lines made the next line's 'ceil' "did you mean 'codel'?"): a comment
+    line after a '\\', or a '\\' inside a comment."""
+    if token.type in ("$END", "_NL") or not first_on_its_line(token, text) or token.line < 2:
+        return None
+    lines = text.split("\n")
+    above = lines[token.line - 2].rstrip()
+    at = _comment_at(above)
+    if at is None:
+        return None
+    comment = Span(path, token.line - 1, at + 1, token.line - 1, len(above) + 1)
+    if at == len(above) - len(above.lstrip()):  # a comment line
+        before = lines[token.line - 3].rstrip() if token.line > 2 else ""
+        if before.endswith("\\") and _comment_at(before) is None:
+            return (
+                f"; the comment line {token.line - 1} ends the statement that the '\\' of "
+                f"line {token.line - 2} continues (a '\\' carries a statement over one line "
+                "break, and a comment ends it): move the comment after the statement",
+                Note("this comment ends the statement", comment),
+            )
+        return None
+    if above.endswith("\\"):
+        return (
+            f"; the '\\' ending line {token.line - 1} is inside its comment, so it continues "
+            "nothing: only the last line of a continued statement may end with a comment",
+            Note("this comment holds the '\\'", comment),
+        )
+    return None
+
+
 def syntax_error(
     err: UnexpectedInput,
     path: str,
@@ -122,6 +165,7 @@ def syntax_error(
         context = _context(stack)
         word = str(token)
         hint = ""
+        broken: tuple[str, Note] | None = None
         single = _single_valued(stack) if token.type == "COMMA" else None
         if single is not None:
             # (found by a tester: 'tos 0x10, 0x08' was told a hex number takes no unit)
@@ -141,6 +185,8 @@ def syntax_error(
                 rule = 'a string is written between straight quotes, "subs.csv"'
             name = unicodedata.name(char, "a character")
             hint = f"; {char!r} is U+{ord(char):04X} {name}, not ASCII: {rule}"
+        elif (broken := _continuation_broken(token, text, path)) is not None:
+            hint, note = broken
         elif re.fullmatch(r"[A-Za-z_][\w-]*", word):
             known = tuple(terminals)
             hint = suggestion(word, _keywords(names, context, known))
@@ -152,7 +198,7 @@ def syntax_error(
                 "; a block right after the interface name holds its directions; for one "
                 "egress tree, name the qdisc first: 'interface eth0 htb rate 10mbit {'"
             )
-        notes: tuple[Note, ...] = ()
+        notes: tuple[Note, ...] = (note,) if broken is not None else ()
         opened = [v for v in stack if isinstance(v, Token) and v.type == "LBRACE"]
         if token.type == "$END" and opened:
             # the innermost block still open (found by a tester: only the file's end was shown)
