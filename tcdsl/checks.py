@@ -219,9 +219,16 @@ def values_in_range(policy: ir.Policy) -> Iterator[Diagnostic]:
                                 v.span,
                             )
                 if len(q.classes) > bands:
+                    count = len(q.classes)
+                    fix = (
+                        f"write 'bands {count}' on the prio"
+                        if count <= 16
+                        else "a prio takes at most 16 bands: nest a prio in a class for more"
+                    )
+                    default = " (its default)" if q.bands is None else ""
                     yield Diagnostic.error(
                         "E205",
-                        f"prio has {bands} bands but {len(q.classes)} classes",
+                        f"prio has {bands} bands{default} but {count} classes: {fix}",
                         q.classes[bands].span,
                     )
             if isinstance(q, ir.Sfq):

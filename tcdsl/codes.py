@@ -151,6 +151,7 @@ _TABLE: dict[str, CodeInfo] = {
     ),
     "W318": CodeInfo(_W, "An sfq perturb below 10 seconds"),
     "W319": CodeInfo(_W, "A pfifo or bfifo with limit 0, which drops everything"),
+    "W323": CodeInfo(_W, "A size written in bit units (tc reads 10kbit as 1280 bytes)"),
     "I320": CodeInfo(_I, "Children may borrow far more than the parent's ceiling"),
     "I321": CodeInfo(_I, "A tree that classifies IPv4 only: where its IPv6 packets go"),
     "W321": CodeInfo(_W, "A netem limit below the packets its delay keeps inside"),

@@ -43,11 +43,13 @@ from tcdsl.frontend.values import (
     Pct,
     Ref,
     Scope,
+    decimal_comma,
     evaluate,
     join,
     parse_decimal,
     parse_int,
     refs,
+    size_in_bits,
 )
 from tcdsl.units import Dimension
 
@@ -130,10 +132,20 @@ class Builder(Transformer[Token, Any]):
         self.reader.diagnostics.append(d)
 
     def eval_error(self, err: EvalError) -> None:
-        """Report a value that could not be evaluated (not if an earlier error caused it)."""
-        (self.reader.follow_ons if err.follow_on else self.reader.diagnostics).append(
-            err.diagnostic
-        )
+        """Report a value that could not be evaluated (not if an earlier error caused it, nor
+        for the '1' of '1,5mbit', whose syntax error tells to write '1.5mbit')."""
+        said = err.diagnostic
+        follow_on = err.follow_on or (said.code == "E004" and self._before_comma(said.span))
+        (self.reader.follow_ons if follow_on else self.reader.diagnostics).append(said)
+
+    def _before_comma(self, span: Span) -> bool:
+        text = self.reader.sources.get(span.file)
+        if text is None or span.end_line != span.line:
+            return False
+        start = 0
+        for _ in range(span.line - 1):
+            start = text.index("\n", start) + 1
+        return decimal_comma(text, start + span.end_column - 1) is not None
 
     def sp(self, token: Token) -> Span:
         """``span_of(token, self.file)``, written out: the parse makes one for most tokens."""
@@ -612,11 +624,12 @@ class Builder(Transformer[Token, Any]):
                 continue
             number, byte_units = result
             span = item.value.span
-            values[item.key] = (
-                ir.Rate(int(number), span, byte_units)
-                if dim is Dimension.RATE
-                else ir.Size(int(number), span)
-            )
+            if dim is Dimension.RATE:
+                values[item.key] = ir.Rate(int(number), span, byte_units)
+            else:
+                values[item.key] = size = ir.Size(int(number), span)
+                if (said := size_in_bits(size, byte_units)) is not None:
+                    self.error(said)
         missing = [k for k in ("rate", "burst") if k not in seen]
         if missing:
             self.error(

@@ -22,7 +22,7 @@ from tcdsl.frontend.qdiscs import (
     WITH_DEFAULT,
 )
 from tcdsl.frontend.syntax import suggestion
-from tcdsl.frontend.values import span_of
+from tcdsl.frontend.values import decimal_comma, span_of
 
 # Grammar terminals in words, for syntax errors.
 EXPECTED_WORDS: dict[str, str] = {
@@ -185,6 +185,15 @@ def syntax_error(
                 rule = 'a string is written between straight quotes, "subs.csv"'
             name = unicodedata.name(char, "a character")
             hint = f"; {char!r} is U+{ord(char):04X} {name}, not ASCII: {rule}"
+        elif (comma := decimal_comma(text, token.start_pos or 0)) is not None:
+            # (noticed by a tester: 'rate 1,5mbit' said only "unexpected ',5mbit'")
+            hint = f"; a decimal number is written with a '.': {comma}"
+        elif word.lower() == "egress" and "UPLOAD" in names:
+            # (found writing a test: "did you mean 'ingress'?", the other direction)
+            hint = (
+                "; the interface's egress is written 'upload' in its block (what leaves the "
+                "interface), as 'interface NAME htb ...' without a block says"
+            )
         elif (broken := _continuation_broken(token, text, path)) is not None:
             hint, note = broken
         elif re.fullmatch(r"[A-Za-z_][\w-]*", word):

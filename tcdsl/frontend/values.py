@@ -4,6 +4,7 @@ evaluation into base units with the dimension a parameter expects."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
@@ -71,6 +72,21 @@ class Address:
 
     network: ipaddress.IPv4Network | ipaddress.IPv6Network
     span: Span
+
+
+_DECIMAL_COMMA = re.compile(r"(\d+),(\d+[A-Za-z]*)")
+
+
+def decimal_comma(text: str, at: int) -> str | None:
+    """The number written with a decimal comma whose ',' is at ``at`` in ``text``
+    (``1,5mbit``), spelled with a '.' (``1.5mbit``); None if there is none."""
+    start = at
+    while start > 0 and text[start - 1].isdigit():
+        start -= 1
+    found = _DECIMAL_COMMA.match(text, start) if start < at else None
+    if found is None or found.start(2) != at + 1:
+        return None
+    return f"{found.group(1)}.{found.group(2)}"
 
 
 class EvalError(Exception):
@@ -352,7 +368,31 @@ def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction | int, tuple[Span, ...]
             }.get(dim, "")
         )
         raise EvalError(Diagnostic.error("E005", f"unknown unit '{lit.unit}'; {hint}", lit.span))
-    byte_units = (
-        (lit.span,) if dim is Dimension.RATE and lit.unit.lower() in BYTE_RATE_UNITS else ()
+    unit = lit.unit.lower()
+    # A unit tc reads in the other base: bytes for a rate (W302), bits for a size (W323).
+    other_base = (
+        (lit.span,)
+        if (dim is Dimension.RATE and unit in BYTE_RATE_UNITS)
+        or (dim is Dimension.SIZE and unit.endswith("bit"))
+        else ()
     )
-    return bounded(lit.number * factor, lit.span), byte_units
+    return bounded(lit.number * factor, lit.span), other_base
+
+
+def size_in_bits(size: ir.Size, written: tuple[Span, ...]) -> Diagnostic | None:
+    """W323 for a size written in bit units (``burst 10kbit``, 1280 bytes to tc): later
+    warnings give the size in bytes, which the policy's text does not show (found by a
+    tester: W317 said 'burst 1280' of a 'burst 10kbit')."""
+    if not written:
+        return None
+    number, unit, name = size.bytes * 8, "", " bytes"  # the number as written, in bytes
+    for power, prefix, word in ((3, "g", " GiB"), (2, "m", " MiB"), (1, "k", " KiB")):
+        if number and number % 1024**power == 0:
+            number, unit, name = number // 1024**power, prefix, word
+            break
+    return Diagnostic.warning(
+        "W323",
+        f"a size in bit units counts bits: tc reads this as {size.bytes} bytes; write "
+        f"{number}{unit} for {number}{name} (sizes in bytes take b, k/kb, m/mb, g/gb)",
+        written[0],
+    )
