@@ -1336,9 +1336,9 @@ def _tree_classes(b: Builder, qdisc: ir.Qdisc) -> Iterator[ir.Class]:
     return (c for t in trees for q in ir.walk_qdiscs(t) for c in ir.classes_of(q))
 
 
-def _class_names(b: Builder, qdisc: ir.Qdisc) -> set[str]:
-    """The names of the classes written in the tree of ``qdisc``."""
-    return {c.name for c in _tree_classes(b, qdisc) if c.name}
+def _class_names(b: Builder, qdisc: ir.Qdisc) -> dict[str, Span]:
+    """The names of the classes written in the tree of ``qdisc``, with where each is."""
+    return {c.name: c.span for c in _tree_classes(b, qdisc) if c.name}
 
 
 class _Expander:
@@ -1351,16 +1351,18 @@ class _Expander:
         b: Builder,
         direction: Direction | None,
         device: str,
-        names: set[str],
+        written: dict[str, Span],
         family: ir.FamilySpec | None = None,
     ) -> None:
         self.b, self.direction, self.device, self.family = b, direction, device, family
+        self.written = written
+        """The classes written in the tree, by name."""
         self.too_small = 0
         """The rates below what tc keeps of the statement expanded now (E030, capped)."""
         self.left_out: list[tuple[SubscribersSyntax, LeftOut]] = []
         """What each statement's rows lose to the tree's family."""
         self.taken: dict[str, tuple[Table, set[int], list[SubscribersSyntax]]] = {}
-        self.names = names
+        self.names = set(written)
         """The class names of the tree: the written ones, then each subscriber's."""
         self.made: dict[int, Circuit] = {}
         """The subscribers' classes (by id) and their circuits."""
@@ -1394,6 +1396,8 @@ class _Expander:
         # and so the class and counters, of another table's circuit of the same id).
         other = syn.table is not None and syn.table.path != self.first_table
         if name in self.names or other:
+            if name in self.written:
+                self._renamed(circuit, syn)
             # A suffix made of the row alone (found by a tester: with '_2', '_3'... a circuit
             # whose id is 'north_2', added, took the name, class and counters of the one
             # that had it). No circuit id makes a name of the digested form itself.
@@ -1406,6 +1410,23 @@ class _Expander:
                 name = f"{base}_{n}"
         self.names.add(name)
         return name
+
+    def _renamed(self, circuit: Circuit, syn: SubscribersSyntax) -> None:
+        """W378: a written class has the name a circuit would have (found by a tester: the
+        subscriber was renamed without a word, and ``status --class c1001`` showed the
+        written class; the next apply made its class again, its counters from 0)."""
+        table = os.path.basename(syn.table.path) if syn.table is not None else "its table"
+        self.b.error(
+            Diagnostic.warning(
+                "W378",
+                f"class '{circuit.name}' has the name of circuit {circuit.key!r} of {table}, "
+                "whose class is named with a digest instead (status --class "
+                f"{circuit.name} shows this class, not it): rename this class to leave the "
+                "subscriber its name",
+                self.written[circuit.name],
+                Note("the circuit's row", circuit.span),
+            )
+        )
 
     def classes(self, items: tuple[ir.Class, ...]) -> tuple[ir.Class, ...]:
         b = self.b
