@@ -922,10 +922,23 @@ def test_the_cells_of_a_record_over_lines_are_found_in_linear_work() -> None:
     cells = ["1", "a\nb", *(["x"] * 5000)]
     raw = '1,"a\nb",' + ",".join(["x"] * 5000)
     _Scanned.scanned = 0
-    starts = tables._cell_starts(_Scanned(raw), cells)
+    starts, _ = tables._cell_starts(_Scanned(raw), cells)
     assert _Scanned.scanned <= 4 * len(raw), _Scanned.scanned
     assert starts[:3] == (1, 4, tables.LINE_STEP + 4)
     assert starts[-1] == tables.LINE_STEP + 4 + 2 * 4999
+
+
+def test_an_error_after_a_doubled_quote_in_a_cell_is_shown_where_it_is(tmp_path: Path) -> None:
+    """Each '"' of a quoted cell's text is two in the file: the carets count them (found by a
+    tester: an address after '""x""' was shown two columns early, and the first one short)."""
+    table = (
+        HEADER
+        + '1,a,1,d,north,,"100.64.0.1 ""x"", 100.64.0.299",,1,1,10,5,\n'
+        + '2,a,2,d,north,,"100.64.0.5,\n""100.64.0.2""",,1,1,10,5,\n'
+    )
+    result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+    shown = [(d.span.line, d.span.column, d.span.end_column - d.span.column) for d in result.errors]
+    assert shown == [(2, 17, len('100.64.0.1 ""x""')), (2, 35, 12), (4, 1, len('""100.64.0.2""'))]
 
 
 def test_a_cell_longer_than_the_csv_modules_default_limit(tmp_path: Path) -> None:

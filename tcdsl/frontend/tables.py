@@ -137,25 +137,37 @@ class _Place:
     width: int
     cells: list[str]
     starts: tuple[int, ...]
+    escaped: tuple[int, ...] = ()
+    """The quoted cells whose text holds a '"' (two in the file, '""')."""
 
     def span(self, index: int, offset: int = 0, length: int | None = None) -> Span:
-        """The span of cell ``index`` (from ``offset``, ``length`` characters), or of the row's
-        end for a cell the row lacks."""
+        """The span of cell ``index`` (from ``offset``, ``length`` characters of its text), or
+        of the row's end for a cell the row lacks."""
         if self.first == self.last and index < len(self.starts):  # most spans: one line
             col = self.starts[index] + offset
             n = len(self.cells[index]) if length is None else length
+            if index in self.escaped:  # (found by a tester: a column short per '""' before)
+                cell = self.cells[index]
+                col += cell.count('"', 0, offset)
+                n += cell.count('"', offset, offset + n)
             return Span(self.path, self.first, col, self.first, col + (n or 1))
         if index >= len(self.starts):
             return Span(self.path, self.last, self.width, self.last, self.width + 1)
         dl, col = divmod(self.starts[index], LINE_STEP)
         n = max(1, len(self.cells[index]) if length is None else length)
+        cell = self.cells[index]
+        line_from = 0  # where the span's line starts in the cell's text
         if self.first != self.last:  # a record over several lines: a cell may be too
-            cell = self.cells[index]
             if offset and "\n" in cell[:offset]:  # on a later line of the cell
                 dl += cell.count("\n", 0, offset)
-                col, offset = 1, offset - cell.rfind("\n", 0, offset) - 1
+                line_from = cell.rfind("\n", 0, offset) + 1
+                col, offset = 1, offset - line_from
             if length is None and "\n" in cell:  # the whole cell: its part on its first line
                 n = max(1, cell.index("\n"))
+        if index in self.escaped:
+            at = line_from + offset
+            col += cell.count('"', line_from, at)
+            n += cell.count('"', at, at + n)
         col += offset
         return Span(self.path, self.first + dl, col, self.first + dl, col + n)
 
@@ -498,7 +510,7 @@ def _header_error(
         return
     raw = reading.text.split("\n", header_line)[header_line - 1]
     place = _Place(reading.path, header_line, header_line, len(raw) + 1, header,
-                   _cell_starts(raw, header))  # fmt: skip
+                   *_cell_starts(raw, header))  # fmt: skip
     reading.shown = True
     notes = (Note("the first", place.span(first)),) if first is not None else ()
     reading.error("E028", msg, place.span(index), *notes)
@@ -507,7 +519,7 @@ def _header_error(
 def _place(path: str, first: int, last: int, lines: list[str], cells: list[str]) -> _Place:
     """Where the cells of the record on lines ``first`` to ``last`` are."""
     raw = lines[first - 1] if first == last else "\n".join(lines[first - 1 : last])
-    return _Place(path, first, last, len(lines[last - 1]) + 1, cells, _cell_starts(raw, cells))
+    return _Place(path, first, last, len(lines[last - 1]) + 1, cells, *_cell_starts(raw, cells))
 
 
 _SEPARATORS = ((";", "';'"), ("\t", "tabs"), ("|", "'|'"))
@@ -518,28 +530,34 @@ LINE_STEP = MAX_TABLE_BYTES + 1
 table (at most ``MAX_TABLE_BYTES``) reaches it."""
 
 
-def _cell_starts(raw: str, cells: list[str]) -> tuple[int, ...]:
+def _cell_starts(raw: str, cells: list[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Where each of ``cells`` starts in ``raw`` (its record's lines), as ``LINE_STEP`` says:
-    a quoted cell takes its quotes and doubled quotes more than its text."""
+    a quoted cell takes its quotes and doubled quotes more than its text; and the quoted
+    cells whose text holds a '"' (:attr:`_Place.escaped`)."""
     if '"' not in raw and cells:  # most rows: the cells and the commas between them
-        return tuple(accumulate([len(cell) + 1 for cell in cells[:-1]], initial=1))
+        return tuple(accumulate([len(cell) + 1 for cell in cells[:-1]], initial=1)), ()
+    escaped: list[int] = []
     if "\n" not in raw:
         starts, at = [], 0
-        for cell in cells:
+        for i, cell in enumerate(cells):
             if raw.startswith('"', at):  # "text", with each " inside doubled
                 starts.append(at + 2)
                 at += len(cell) + cell.count('"') + 3
+                if '"' in cell:
+                    escaped.append(i)
             else:
                 starts.append(at + 1)
                 at += len(cell) + 1
-        return tuple(starts)
+        return tuple(starts), tuple(escaped)
     starts = []
     at = 0
     before = line_start = counted = 0  # line breaks in raw[:counted]; where its last line starts
-    for cell in cells:
+    for i, cell in enumerate(cells):
         if raw.startswith('"', at):
             begin = at + 1
             at = begin + len(cell) + cell.count('"') + 1
+            if '"' in cell:
+                escaped.append(i)
         else:
             begin = at
             at += len(cell)
@@ -553,7 +571,7 @@ def _cell_starts(raw: str, cells: list[str]) -> tuple[int, ...]:
         if at < 0:
             break
         at += 1
-    return tuple(starts)
+    return tuple(starts), tuple(escaped)
 
 
 def _row(
@@ -1811,8 +1829,10 @@ def _cell_span(table: Table, lines: list[str], row: Row, column: int) -> Span:
         parts.append(lines[last - 1])
         odd ^= parts[-1].count('"') % 2
     raw = "\n".join(parts)
-    place = _Place(table.path, row.line, last, len(lines[last - 1]) + 1, row.cells, ())
-    return dataclasses.replace(place, starts=_cell_starts(raw, row.cells)).span(column)
+    width = len(lines[last - 1]) + 1
+    return _Place(table.path, row.line, last, width, row.cells, *_cell_starts(raw, row.cells)).span(
+        column
+    )
 
 
 def placeholder(qb: QdiscBuilder, syn: SubscribersSyntax) -> ir.Class | None:
