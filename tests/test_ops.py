@@ -3023,3 +3023,23 @@ def test_marks_of_a_policy_applied_under_another_name_are_kept_apart(
     Store("one").record(str(one), result.sources, ("wan0",), {})
     planned = CliRunner().invoke(cli, ["plan", str(two)])
     assert "E273" not in planned.stderr and "W374" not in planned.stderr, planned.stderr
+
+
+def test_a_probe_is_kept_in_the_state_folder_but_makes_none(
+    host: HostSupport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel probe of a plan is kept where a state folder is, and makes none where there
+    is not (found by a tester: `tcdsl plan` made /var/lib/tcdsl)."""
+    from tcdsl.ops.lifecycle import check_support
+
+    path = tmp_path / "p.tcp"
+    path.write_text("interface eth0 htb rate 10mbit burst 15k cburst 15k\n", encoding="utf-8")
+    result = analyse(str(path))
+    assert result.policy is not None
+    folder = tmp_path / "state"
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(folder))
+    check_support((), result.policy)
+    assert not folder.exists()
+    folder.mkdir()
+    check_support((), result.policy)
+    assert [p.name.startswith(".probe-") for p in folder.iterdir()] == [True]

@@ -125,8 +125,13 @@ def _remember_probe(host: HostSupport) -> None:
         "ifb": host.ifb,
         "ip6tables": host.ip6tables,
     }
+    path = _probe_file()
+    if not path.parent.is_dir():
+        # A read-only command (plan, check --kernel) makes no state folder (found by a
+        # tester: `plan` made /var/lib/tcdsl); the first apply does, and keeps the probe.
+        return
     with contextlib.suppress(OSError):  # a cache: without it the next apply probes again
-        write_json(_probe_file(), data)
+        write_json(path, data)
 
 
 @dataclass(slots=True)
