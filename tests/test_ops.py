@@ -3043,3 +3043,68 @@ def test_a_probe_is_kept_in_the_state_folder_but_makes_none(
     folder.mkdir()
     check_support((), result.policy)
     assert [p.name.startswith(".probe-") for p in folder.iterdir()] == [True]
+
+
+_ROWS_HEADER = (
+    "Circuit ID,Circuit Name,Device ID,Device Name,Parent Node,MAC,IPv4,IPv6,"
+    "Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps,Comment\n"
+)
+_SITES = """interface eth0 htb rate 1gbit burst 123k cburst 123k default unknown {
+    class a rate 400mbit ceil 1gbit cburst 123k {
+        subscribers download from "s.csv" where parent_node == "A" { pfifo }
+    }
+    class b rate 400mbit ceil 1gbit cburst 123k {
+        subscribers download from "s.csv" where parent_node == "B" { pfifo }
+    }
+    class unknown rate 10mbit { pfifo }
+}
+"""
+
+
+def _sites_plan(tmp_path: Path, edit: Callable[[list[str]], None]) -> Plan:
+    """The plan from 80 hashed subscribers on two sites to the table as ``edit`` leaves it."""
+    rows = [
+        f"{1000 + c},n{c},{c},cpe-{c},{'A' if c % 2 else 'B'},,100.64.0.{c + 1},,1,1,10,10,\n"
+        for c in range(1, 81)
+    ]
+    policies = []
+    for name in ("old", "new"):
+        if name == "new":
+            edit(rows)
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "s.csv").write_text(_ROWS_HEADER + "".join(rows), encoding="utf-8")
+        pins = pins_of(policies[0]) if policies else None
+        policies.append(_policy(folder, "p.tcp", _SITES, pins))
+    return _plan(*policies)
+
+
+def test_a_prefix_splitting_a_hashed_run_moves_no_line(tmp_path: Path) -> None:
+    """A /24 inserted into a run of hashed /32s makes the lines before it plain nodes and the
+    pref's tables are made again: no line is tried in another order, and the group is one
+    change (found by a tester: '1 line(s) tried in another order', and 2 groups counted)."""
+
+    def insert(rows: list[str]) -> None:
+        rows.insert(39, "2000,Biz,900,biz,A,,100.64.5.0/24,,50,50,100,100,\n")
+
+    plan = _sites_plan(tmp_path, insert)
+    changed = [c.text for c in plan.changes if c.sign == "~"]
+    assert len(changed) == 1 and "its hash tables are made again" in changed[0], changed
+    assert plan.summary().endswith("1 to change (1 filter group)")
+
+
+def test_rows_swapped_and_a_prefix_added_count_the_group_once(tmp_path: Path) -> None:
+    """Rows swapped (their lines tried in another order) and the tables made again (a /24
+    in the run): two lines of the plan, one filter group changed."""
+
+    def edit(rows: list[str]) -> None:
+        rows[10], rows[12] = rows[12], rows[10]
+        rows.insert(39, "2000,Biz,900,biz,A,,100.64.5.0/24,,50,50,100,100,\n")
+
+    plan = _sites_plan(tmp_path, edit)
+    changed = [c.text for c in plan.changes if c.sign == "~"]
+    assert [t.split(": ")[-1] for t in changed] == [
+        "2 line(s) tried in another order",
+        "its hash tables are made again, a copy at pref 2 meanwhile",
+    ], changed
+    assert plan.summary().endswith("1 to change (1 filter group)")

@@ -52,8 +52,9 @@ LINT_ADVICE = frozenset(
 not a disagreement with the kernel. The generator draws such edge values on purpose."""
 
 
-ADVICE = LINT_ADVICE | {"W309"}
-"""With the checks' advice: a class capped by its leaf's rate (W309)."""
+ADVICE = LINT_ADVICE | {"W309", "W323"}
+"""With the checks' advice: a class capped by its leaf's rate (W309); and the reader's: a
+size in bit units (W323), which the generator writes on purpose."""
 
 
 def _advice(d: Diagnostic) -> bool:

@@ -20,6 +20,7 @@ drift) is built again: its teardown and build in one ``tc -batch``.
 from __future__ import annotations
 
 import difflib
+import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -153,7 +154,21 @@ class Plan:
         by what they change (``class``, ``filter``, ... ``other``), in that order."""
         out: dict[str, dict[str, int]] = {}
         for sign, verb in _SIGNS:
-            kinds = Counter(_kind(c.text) for c in self.changes if c.sign == sign)
+            kinds: Counter[str] = Counter()
+            groups: set[str] = set()
+            for c in self.changes:
+                if c.sign != sign:
+                    continue
+                kind = _kind(c.text)
+                if kind == "filters":
+                    # a group once, whatever lines say how it changes (found by a tester:
+                    # its lines tried in another order and its tables made again were two)
+                    found = _GROUP.match(c.text)
+                    group = found.group() if found is not None else c.text
+                    if group in groups:
+                        continue
+                    groups.add(group)
+                kinds[kind] += 1
             out[verb.removeprefix("to ")] = dict(sorted(kinds.items(), key=_other_last))
         return out
 
@@ -208,6 +223,10 @@ _KINDS = {
     "hash link": ("hash link", "hash links"),
 }
 """What a change's text starts with, and its plural."""
+
+
+_GROUP = re.compile(r"filters of \S+ \S+ protocol \S+ pref \d+")
+"""The name of a filter group in a change's text (:func:`_what`)."""
 
 
 def _kind(text: str) -> str:
@@ -536,11 +555,13 @@ def _in_place(
             else:
                 filters += n.commands
         elif o.words != n.words:
-            plan.changes += _filter_changes(o.commands, n.commands, names, _what(n, names[1]))
+            hashed = has_u32_tables(o) or has_u32_tables(n)
+            label = _what(n, names[1])
+            plan.changes += _filter_changes(o.commands, n.commands, names, label, hashed)
             in_tables = node_changes(o, n) if has_u32_tables(o) else None
             if in_tables is not None:
                 filters += in_tables
-            elif has_u32_tables(o) or has_u32_tables(n):
+            elif hashed:
                 qdisc = (n.dev, key[2])
                 copy = _swap(o, n, taken[qdisc], used.setdefault(qdisc, set()), swaps)
                 if copy is not None:
@@ -668,10 +689,20 @@ def _sans_ids(args: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _filter_changes(
-    old: Sequence[Command], new: Sequence[Command], names: Names, label: str = ""
+    old: Sequence[Command],
+    new: Sequence[Command],
+    names: Names,
+    label: str = "",
+    hashed: bool = False,
 ) -> list[Change]:
     """The filters a group (``label``) gains, loses or changes, one line each; the lines
-    only tried in another order (rows of a table reordered) as one line saying how many."""
+    only tried in another order (rows of a table reordered) as one line saying how many.
+    ``hashed``: the group is in u32 tables, whose commands go by table and bucket, not in
+    the order the lines are tried; they are compared in the policy's order (found by a
+    tester: a /24 that split a hashed run, making the lines before it plain nodes, was said
+    to try a line in another order)."""
+    if hashed:
+        old, new = sorted(old, key=_place), sorted(new, key=_place)
     a, b = [_filter_text(c, names[0]) for c in old], [_filter_text(c, names[1]) for c in new]
     out: list[Change] = []
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
@@ -681,6 +712,10 @@ def _filter_changes(
         out += [Change("-", a[i], old[i].span) for i in range(i1, i2)]
         out += [Change("+", b[j], new[j].span) for j in range(j1, j2)]
     out, moved = _moves(out)
+    if hashed:
+        # a table or link as it was, made for a run that starts elsewhere: no line of the
+        # policy moves with it (plan says the group's tables are made again)
+        moved = [c for c in moved if not c.text.startswith("hash ")]
     if moved:
         text = f"{label}: " if label else ""
         out.append(Change("~", f"{text}{len(moved)} line(s) tried in another order", moved[0].span))
@@ -689,6 +724,12 @@ def _filter_changes(
         out += [Change("~", f"{b[j]}: its action", new[j].span) for j in range(len(new))
                 if j >= len(was) or was[j] != now[j]]  # fmt: skip
     return out
+
+
+def _place(command: Command) -> tuple[str, int, int]:
+    """Where a command's policy text is, to order commands as the policy does."""
+    span = command.span
+    return span.file, span.line, span.column
 
 
 def _moves(changes: list[Change]) -> tuple[list[Change], list[Change]]:
