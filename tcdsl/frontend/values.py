@@ -382,9 +382,18 @@ def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction | int, tuple[Span, ...]
 def size_in_bits(size: ir.Size, written: tuple[Span, ...]) -> Diagnostic | None:
     """W323 for a size written in bit units (``burst 10kbit``, 1280 bytes to tc): later
     warnings give the size in bytes, which the policy's text does not show (found by a
-    tester: W317 said 'burst 1280' of a 'burst 10kbit')."""
+    tester: W317 said 'burst 1280' of a 'burst 10kbit'). The bytes are said where the
+    literal is the whole value; where it is part of one (a constant, arithmetic), what a
+    'kbit' is."""
     if not written:
         return None
+    bytes_ = "sizes in bytes take b, k/kb, m/mb, g/gb"
+    if size.span != written[0]:
+        return Diagnostic.warning(
+            "W323",
+            f"a size in bit units counts bits: tc reads 1kbit as 128 bytes; {bytes_}",
+            written[0],
+        )
     number, unit, name = size.bytes * 8, "", " bytes"  # the number as written, in bytes
     for power, prefix, word in ((3, "g", " GiB"), (2, "m", " MiB"), (1, "k", " KiB")):
         if number and number % 1024**power == 0:
@@ -393,6 +402,6 @@ def size_in_bits(size: ir.Size, written: tuple[Span, ...]) -> Diagnostic | None:
     return Diagnostic.warning(
         "W323",
         f"a size in bit units counts bits: tc reads this as {size.bytes} bytes; write "
-        f"{number}{unit} for {number}{name} (sizes in bytes take b, k/kb, m/mb, g/gb)",
+        f"{number}{unit} for {number}{name} ({bytes_})",
         written[0],
     )
