@@ -3108,3 +3108,37 @@ def test_rows_swapped_and_a_prefix_added_count_the_group_once(tmp_path: Path) ->
         "its hash tables are made again, a copy at pref 2 meanwhile",
     ], changed
     assert plan.summary().endswith("1 to change (1 filter group)")
+
+
+def test_a_written_line_moved_across_a_hashed_table_is_one_line_moved(tmp_path: Path) -> None:
+    """A class's line of the policy moved from after a table's hashed rows to before them
+    (it takes one of their addresses): one line tried in another order, no filter said to
+    change its action, one group (found by a review: sorted by file name, the policy's line
+    always came first, and the plan said 'its action' of four filters)."""
+    rows = "".join(
+        f"{1000 + c},n{c},{c},cpe-{c},A,,100.64.0.{c + 1},,1,1,10,10,\n" for c in range(1, 60)
+    )
+    sub = (
+        "    class a rate 400mbit ceil 1gbit cburst 123k {\n"
+        '        subscribers download from "s.csv" { pfifo }\n'
+        "    }\n"
+    )
+    vip = "    class vip rate 10mbit match dst 100.64.0.5\n"
+    head = "interface eth0 htb rate 1gbit burst 123k cburst 123k default unknown {\n"
+    tail = "    class unknown rate 10mbit { pfifo }\n}\n"
+    texts = {"after": head + sub + vip + tail, "before": head + vip + sub + tail}
+    for first, then in (("after", "before"), ("before", "after")):
+        policies = []
+        for name in (first, then):
+            folder = tmp_path / f"{first}-{name}"
+            folder.mkdir()
+            (folder / "s.csv").write_text(_ROWS_HEADER + rows, encoding="utf-8")
+            pins = pins_of(policies[0]) if policies else None
+            policies.append(_policy(folder, "p.tcp", texts[name], pins))
+        plan = _plan(*policies)
+        changed = [c.text.split(": ")[-1] for c in plan.changes]
+        assert changed == [
+            "1 line(s) tried in another order",
+            "its hash tables are made again, a copy at pref 2 meanwhile",
+        ], changed
+        assert plan.summary() == "plan: 1 to change (1 filter group)"

@@ -1252,16 +1252,20 @@ def test_a_row_added_to_one_table_renames_no_circuit_of_another(tmp_path: Path) 
     assert after == ["c1002", "c1001", *second]
 
 
+TWO_TABLES = (
+    "        class north rate 100mbit {\n"
+    '            subscribers from "subs.csv"\n'
+    '            subscribers from "more.csv"\n'
+    "        }\n"
+)
+"""A site taking the circuits of two tables (``more.csv`` written by the test)."""
+
+
 def test_circuit_names_do_not_collide_with_the_trees_other_classes(tmp_path: Path) -> None:
     """A circuit id that is a written class's name, or another table's circuit's, gets a
     digest of its table and id."""
     (tmp_path / "more.csv").write_text(HEADER + _row("1", "100.64.1.1"), encoding="utf-8")
-    body = (
-        "        class north rate 100mbit {\n"
-        '            subscribers from "subs.csv"\n'
-        '            subscribers from "more.csv"\n'
-        "        }\n"
-    )
+    body = TWO_TABLES
     table = (
         HEADER + _row("other", "100.64.0.1") + _row("north", "100.64.0.2") + _row("1", "100.64.0.3")
     )
@@ -1687,3 +1691,15 @@ def test_rates_of_zero_past_fifty_are_counted(tmp_path: Path) -> None:
     (more,) = [d for d in result.errors if d.code == "E038"]
     assert more.hidden == 10 and "10 more rate(s) of this statement" in more.message
     assert summary(result.diagnostics).startswith("60 errors (10 not shown)")
+
+
+def test_w378_only_where_the_written_class_renames_a_circuit(tmp_path: Path) -> None:
+    """W378 once, where a written class takes the name the tree's first table's circuit
+    would have; a later table's circuits are digested whatever the written classes, so its
+    circuit of that id gets none (found by a review: a W378 per table)."""
+    (tmp_path / "more.csv").write_text(HEADER + _row("1", "100.64.1.1"), encoding="utf-8")
+    body = TWO_TABLES + "        class c1 rate 1mbit match dport 5001\n"
+    for first, expected in (("2", []), ("1", [("W378", "p.tcp", 7)])):
+        result = build(tmp_path, policy(body), HEADER + _row(first, "100.64.0.1"))
+        found = [(d.code, Path(d.span.file).name, d.span.line) for d in result.diagnostics]
+        assert [f for f in found if f[0] == "W378"] == expected

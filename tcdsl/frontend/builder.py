@@ -19,6 +19,7 @@ from tcdsl.frontend import tables
 from tcdsl.frontend.chains import chain_name_problem
 from tcdsl.frontend.mq import MqQueueSyntax, build_mq, mq_queue, spread
 from tcdsl.frontend.qdiscs import QdiscBuilder
+from tcdsl.frontend.recovery import line_starts, span_offset
 from tcdsl.frontend.syntax import (
     DSCP_NAMES,
     PROTOCOLS,
@@ -142,10 +143,8 @@ class Builder(Transformer[Token, Any]):
         text = self.reader.sources.get(span.file)
         if text is None or span.end_line != span.line:
             return False
-        start = 0
-        for _ in range(span.line - 1):
-            start = text.index("\n", start) + 1
-        return decimal_comma(text, start + span.end_column - 1) is not None
+        start = span_offset(line_starts(text), span)
+        return decimal_comma(text, start + span.end_column - span.column) is not None
 
     def sp(self, token: Token) -> Span:
         """``span_of(token, self.file)``, written out: the parse makes one for most tokens."""
@@ -628,7 +627,7 @@ class Builder(Transformer[Token, Any]):
                 values[item.key] = ir.Rate(int(number), span, byte_units)
             else:
                 values[item.key] = size = ir.Size(int(number), span)
-                if (said := size_in_bits(size, byte_units)) is not None:
+                for said in size_in_bits(size, byte_units):
                     self.error(said)
         missing = [k for k in ("rate", "burst") if k not in seen]
         if missing:

@@ -87,6 +87,11 @@ def first_on_its_line(token: Token, text: str) -> bool:
     return not text[line_start:start].strip()
 
 
+def _is_keyword(word: str, terminals: Collection[TerminalDef]) -> bool:
+    """Whether ``word`` is one of the language's keywords."""
+    return any(word.lower() in words for words in _terminal_words(tuple(terminals)).values())
+
+
 def _comment_at(line: str) -> int | None:
     """The index of the '#' that starts a comment on ``line`` (outside a string), or None."""
     quoted = False
@@ -111,12 +116,17 @@ def _continuation_broken(token: Token, text: str, path: str) -> tuple[str, Note]
     if at is None:
         return None
     comment = Span(path, token.line - 1, at + 1, token.line - 1, len(above) + 1)
-    if at == len(above) - len(above.lstrip()):  # a comment line
-        before = lines[token.line - 3].rstrip() if token.line > 2 else ""
+    if at == len(above) - len(above.lstrip()):  # a comment line, and maybe more above it
+        first = token.line - 1
+        while first > 1 and lines[first - 2].lstrip().startswith("#"):
+            first -= 1
+        before = lines[first - 2].rstrip() if first > 1 else ""
         if before.endswith("\\") and _comment_at(before) is None:
+            comment = Span(path, first, lines[first - 1].index("#") + 1, first,
+                           len(lines[first - 1].rstrip()) + 1)  # fmt: skip
             return (
-                f"; the comment line {token.line - 1} ends the statement that the '\\' of "
-                f"line {token.line - 2} continues (a '\\' carries a statement over one line "
+                f"; the comment line {first} ends the statement that the '\\' of "
+                f"line {first - 1} continues (a '\\' carries a statement over one line "
                 "break, and a comment ends it): move the comment after the statement",
                 Note("this comment ends the statement", comment),
             )
@@ -188,13 +198,18 @@ def syntax_error(
         elif (comma := decimal_comma(text, token.start_pos or 0)) is not None:
             # (noticed by a tester: 'rate 1,5mbit' said only "unexpected ',5mbit'")
             hint = f"; a decimal number is written with a '.': {comma}"
-        elif word.lower() == "egress" and "UPLOAD" in names:
+        elif word.lower() == "egress" and {"UPLOAD", "INGRESS"} <= names:
             # (found writing a test: "did you mean 'ingress'?", the other direction)
             hint = (
                 "; the interface's egress is written 'upload' in its block (what leaves the "
                 "interface), as 'interface NAME htb ...' without a block says"
             )
-        elif (broken := _continuation_broken(token, text, path)) is not None:
+        elif (
+            _is_keyword(word, terminals)
+            and (broken := _continuation_broken(token, text, path)) is not None
+        ):
+            # (a keyword that belongs to the statement above: a word that is none, 'clas',
+            # keeps its "did you mean 'class'?", found by a review)
             hint, note = broken
         elif re.fullmatch(r"[A-Za-z_][\w-]*", word):
             known = tuple(terminals)

@@ -25,8 +25,8 @@ from tcdsl.frontend.syntax import (
     suggestion,
 )
 from tcdsl.frontend.tables import SubscribersSyntax, placeholder
-from tcdsl.frontend.values import EvalError, Ref, evaluate, size_in_bits
-from tcdsl.units import Dimension
+from tcdsl.frontend.values import EvalError, Lit, Ref, evaluate, size_in_bits
+from tcdsl.units import Dimension, scale
 
 if TYPE_CHECKING:
     from tcdsl.frontend.builder import Builder
@@ -456,7 +456,9 @@ class QdiscBuilder:
             result = evaluate(opt.value, dim, self.b.scope, percent=percent)
         except EvalError as err:
             said = err.diagnostic
-            if self.kind == "pfifo" and opt.key == "limit" and said.code == "E011":
+            value = opt.value
+            sized = isinstance(value, Lit) and value.unit and scale(value.unit, Dimension.SIZE)
+            if self.kind == "pfifo" and opt.key == "limit" and sized and said.code == "E011":
                 # (noticed by a tester: 'pfifo limit 10kb' said only "expected a plain number")
                 hint = f"; {self.kind}'s limit counts packets: for a limit in bytes, use bfifo"
                 err.diagnostic = dataclasses.replace(said, message=said.message + hint)
@@ -475,7 +477,7 @@ class QdiscBuilder:
                 return ir.Rate(value, span, byte_units)
             case Dimension.SIZE:
                 size = ir.Size(value, span)
-                if (said := size_in_bits(size, byte_units)) is not None:
+                for said in size_in_bits(size, byte_units):
                     self.error(said)
                 return size
             case Dimension.TIME:

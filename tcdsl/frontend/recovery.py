@@ -154,10 +154,10 @@ class Taint:
         if not spans:
             return
         if file not in self._lines:
-            self._lines[file] = _line_starts(text)
+            self._lines[file] = line_starts(text)
             self._statements[file] = statements(text)
         lines = self._lines[file]
-        found = sorted({_offset(lines, span) for span in spans})
+        found = sorted({span_offset(lines, span) for span in spans})
         regions = self._regions.setdefault(file, [])
         self._merged.pop(file, None)
         stmts = self._statements[file]
@@ -190,7 +190,7 @@ class Taint:
         merged = self._merged.get(span.file)
         if merged is None:
             merged = self._merged[span.file] = _union(regions)
-        pos = _offset(self._lines[span.file], span)
+        pos = span_offset(self._lines[span.file], span)
         at = bisect.bisect_right(merged, (pos, math.inf)) - 1
         return at >= 0 and merged[at][1] >= pos
 
@@ -206,11 +206,13 @@ def _union(regions: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _line_starts(text: str) -> list[int]:
+def line_starts(text: str) -> list[int]:
+    """Where each line of ``text`` starts (for :func:`span_offset`)."""
     return [0, *(m.end() for m in re.finditer("\n", text))]
 
 
-def _offset(lines: Sequence[int], span: Span) -> int:
+def span_offset(lines: Sequence[int], span: Span) -> int:
+    """Where ``span`` starts in the text whose :func:`line_starts` are ``lines``."""
     if not 1 <= span.line <= len(lines):
         return lines[-1] if span.line > len(lines) else 0
     return lines[span.line - 1] + span.column - 1

@@ -1414,7 +1414,9 @@ class _Expander:
         # and so the class and counters, of another table's circuit of the same id).
         other = syn.table is not None and syn.table.path != self.first_table
         if name in self.names or other:
-            if name in self.written:
+            if name in self.written and not other:
+                # (a table's circuits but the first's are digested whatever the written
+                # classes: no rename to warn of, found by a review)
                 self._renamed(circuit, syn)
             # A suffix made of the row alone (found by a tester: with '_2', '_3'... a circuit
             # whose id is 'north_2', added, took the name, class and counters of the one
@@ -1433,7 +1435,7 @@ class _Expander:
         """W378: a written class has the name a circuit would have (found by a tester: the
         subscriber was renamed without a word, and ``status --class c1001`` showed the
         written class; the next apply made its class again, its counters from 0)."""
-        table = os.path.basename(syn.table.path) if syn.table is not None else "its table"
+        table = table_key(syn.table.path, self.b.reader.tree) if syn.table else "its table"
         self.b.error(
             Diagnostic.warning(
                 "W378",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
@@ -74,19 +75,26 @@ class Address:
     span: Span
 
 
-_DECIMAL_COMMA = re.compile(r"(\d+),(\d+[A-Za-z]*)")
+_DECIMAL_COMMA = re.compile(r"([0-9]+),([0-9]+)([A-Za-z]+|%)(?![\w.])")
 
 
 def decimal_comma(text: str, at: int) -> str | None:
-    """The number written with a decimal comma whose ',' is at ``at`` in ``text``
-    (``1,5mbit``), spelled with a '.' (``1.5mbit``); None if there is none."""
+    """The value written with a decimal comma whose ',' is at ``at`` in ``text``
+    (``1,5mbit``), spelled with a '.' (``1.5mbit``); None if there is none. Only a decimal
+    number with a unit (or ``%``) is one: ``dscp 10,12`` or ``0x10,0x08`` are lists (found by
+    a review: they were told to write 10.12 and 10.0x)."""
     start = at
-    while start > 0 and text[start - 1].isdigit():
+    while start > 0 and "0" <= text[start - 1] <= "9":
         start -= 1
-    found = _DECIMAL_COMMA.match(text, start) if start < at else None
+    if start == at or (start > 0 and (text[start - 1].isalnum() or text[start - 1] in "._")):
+        return None
+    found = _DECIMAL_COMMA.match(text, start)
     if found is None or found.start(2) != at + 1:
         return None
-    return f"{found.group(1)}.{found.group(2)}"
+    unit = found.group(3)
+    if unit != "%" and not dimensions_of(unit):
+        return None
+    return f"{found.group(1)}.{found.group(2)}{unit}"
 
 
 class EvalError(Exception):
@@ -379,29 +387,26 @@ def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction | int, tuple[Span, ...]
     return bounded(lit.number * factor, lit.span), other_base
 
 
-def size_in_bits(size: ir.Size, written: tuple[Span, ...]) -> Diagnostic | None:
-    """W323 for a size written in bit units (``burst 10kbit``, 1280 bytes to tc): later
-    warnings give the size in bytes, which the policy's text does not show (found by a
-    tester: W317 said 'burst 1280' of a 'burst 10kbit'). The bytes are said where the
+def size_in_bits(size: ir.Size, written: tuple[Span, ...]) -> Iterator[Diagnostic]:
+    """W323 for each literal of a size written in bit units (``burst 10kbit``, 1280 bytes to
+    tc): later warnings give the size in bytes, which the policy's text does not show (found
+    by a tester: W317 said 'burst 1280' of a 'burst 10kbit'). The bytes are said where the
     literal is the whole value; where it is part of one (a constant, arithmetic), what a
     'kbit' is."""
-    if not written:
-        return None
     bytes_ = "sizes in bytes take b, k/kb, m/mb, g/gb"
-    if size.span != written[0]:
-        return Diagnostic.warning(
-            "W323",
-            f"a size in bit units counts bits: tc reads 1kbit as 128 bytes; {bytes_}",
-            written[0],
-        )
+    if written != (size.span,):
+        for span in written:
+            msg = f"a size in bit units counts bits: tc reads 1kbit as 128 bytes; {bytes_}"
+            yield Diagnostic.warning("W323", msg, span)
+        return
     number, unit, name = size.bytes * 8, "", " bytes"  # the number as written, in bytes
     for power, prefix, word in ((3, "g", " GiB"), (2, "m", " MiB"), (1, "k", " KiB")):
         if number and number % 1024**power == 0:
             number, unit, name = number // 1024**power, prefix, word
             break
-    return Diagnostic.warning(
+    yield Diagnostic.warning(
         "W323",
         f"a size in bit units counts bits: tc reads this as {size.bytes} bytes; write "
         f"{number}{unit} for {number}{name} ({bytes_})",
-        written[0],
+        size.span,
     )

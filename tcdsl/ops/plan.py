@@ -698,31 +698,37 @@ def _filter_changes(
     """The filters a group (``label``) gains, loses or changes, one line each; the lines
     only tried in another order (rows of a table reordered) as one line saying how many.
     ``hashed``: the group is in u32 tables, whose commands go by table and bucket, not in
-    the order the lines are tried; they are compared in the policy's order (found by a
-    tester: a /24 that split a hashed run, making the lines before it plain nodes, was said
-    to try a line in another order)."""
-    if hashed:
-        old, new = sorted(old, key=_place), sorted(new, key=_place)
-    a, b = [_filter_text(c, names[0]) for c in old], [_filter_text(c, names[1]) for c in new]
+    the order the lines are tried; where each side's lines come from one file (a table's
+    rows), they are compared in its order (found by a tester: a /24 that split a hashed run,
+    making the lines before it plain nodes, was said to try a line in another order). Lines
+    of several files keep the commands' order: a file's name says nothing of where its
+    statement is (found by a review)."""
+    a_cmds, b_cmds = old, new
+    if hashed and len({c.span.file for c in old}) <= 1 and len({c.span.file for c in new}) <= 1:
+        a_cmds, b_cmds = sorted(old, key=_place), sorted(new, key=_place)
+    a = [_filter_text(c, names[0]) for c in a_cmds]
+    b = [_filter_text(c, names[1]) for c in b_cmds]
     out: list[Change] = []
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
         if op == "equal":
             continue
-        out += [Change("-", a[i], old[i].span) for i in range(i1, i2)]
-        out += [Change("+", b[j], new[j].span) for j in range(j1, j2)]
+        out += [Change("-", a[i], a_cmds[i].span) for i in range(i1, i2)]
+        out += [Change("+", b[j], b_cmds[j].span) for j in range(j1, j2)]
     out, moved = _moves(out)
+    tables_moved = False
     if hashed:
         # a table or link as it was, made for a run that starts elsewhere: no line of the
         # policy moves with it (plan says the group's tables are made again)
-        moved = [c for c in moved if not c.text.startswith("hash ")]
+        lines = [c for c in moved if not c.text.startswith("hash ")]
+        tables_moved, moved = len(lines) < len(moved), lines
     if moved:
         text = f"{label}: " if label else ""
         out.append(Change("~", f"{text}{len(moved)} line(s) tried in another order", moved[0].span))
-    if not out:
+    if not out and not tables_moved:
         was, now = [_sans_ids(c.args) for c in old], [_sans_ids(c.args) for c in new]
-        out += [Change("~", f"{b[j]}: its action", new[j].span) for j in range(len(new))
-                if j >= len(was) or was[j] != now[j]]  # fmt: skip
+        out += [Change("~", f"{_filter_text(new[j], names[1])}: its action", new[j].span)
+                for j in range(len(new)) if j >= len(was) or was[j] != now[j]]  # fmt: skip
     return out
 
 
