@@ -103,27 +103,38 @@ def _comment_at(line: str) -> int | None:
     return None
 
 
+def _line_above(text: str, start: int) -> tuple[str, int] | None:
+    """The line that ends just before the line starting at ``start``, and where it starts."""
+    if start == 0:
+        return None
+    begin = text.rfind("\n", 0, start - 1) + 1
+    return text[begin : start - 1], begin
+
+
 def _continuation_broken(token: Token, text: str, path: str) -> tuple[str, Note] | None:
     """(hint, note) where ``token``, first on its line, was meant to continue the statement
     above it but a comment ended that statement (found by a tester: a comment line between
     '\\'-continued lines made the next line's 'ceil' "did you mean 'codel'?"): a comment
-    line after a '\\', or a '\\' inside a comment."""
-    if token.type in ("$END", "_NL") or not first_on_its_line(token, text) or token.line < 2:
+    line (or several) after a '\\', or a '\\' inside a comment. Reads only the lines
+    above the token (a file of many errors is not split once per error)."""
+    row = token.line or 1
+    if token.type in ("$END", "_NL") or not first_on_its_line(token, text):
         return None
-    lines = text.split("\n")
-    above = lines[token.line - 2].rstrip()
+    found = _line_above(text, text.rfind("\n", 0, token.start_pos or 0) + 1)
+    if found is None:
+        return None
+    above, begin = found[0].rstrip(), found[1]
     at = _comment_at(above)
     if at is None:
         return None
-    comment = Span(path, token.line - 1, at + 1, token.line - 1, len(above) + 1)
     if at == len(above) - len(above.lstrip()):  # a comment line, and maybe more above it
-        first = token.line - 1
-        while first > 1 and lines[first - 2].lstrip().startswith("#"):
-            first -= 1
-        before = lines[first - 2].rstrip() if first > 1 else ""
+        first, comment_line = row - 1, above
+        while (found := _line_above(text, begin)) is not None and found[0].lstrip().startswith("#"):
+            first, comment_line, begin = first - 1, found[0].rstrip(), found[1]
+        before = found[0].rstrip() if found is not None else ""
         if before.endswith("\\") and _comment_at(before) is None:
-            comment = Span(path, first, lines[first - 1].index("#") + 1, first,
-                           len(lines[first - 1].rstrip()) + 1)  # fmt: skip
+            column = comment_line.index("#") + 1
+            comment = Span(path, first, column, first, len(comment_line) + 1)
             return (
                 f"; the comment line {first} ends the statement that the '\\' of "
                 f"line {first - 1} continues (a '\\' carries a statement over one line "
@@ -132,8 +143,9 @@ def _continuation_broken(token: Token, text: str, path: str) -> tuple[str, Note]
             )
         return None
     if above.endswith("\\"):
+        comment = Span(path, row - 1, at + 1, row - 1, len(above) + 1)
         return (
-            f"; the '\\' ending line {token.line - 1} is inside its comment, so it continues "
+            f"; the '\\' ending line {row - 1} is inside its comment, so it continues "
             "nothing: only the last line of a continued statement may end with a comment",
             Note("this comment holds the '\\'", comment),
         )

@@ -456,8 +456,8 @@ class QdiscBuilder:
             result = evaluate(opt.value, dim, self.b.scope, percent=percent)
         except EvalError as err:
             said = err.diagnostic
-            value = opt.value
-            sized = isinstance(value, Lit) and value.unit and scale(value.unit, Dimension.SIZE)
+            lit = opt.value
+            sized = isinstance(lit, Lit) and lit.unit and scale(lit.unit, Dimension.SIZE)
             if self.kind == "pfifo" and opt.key == "limit" and sized and said.code == "E011":
                 # (noticed by a tester: 'pfifo limit 10kb' said only "expected a plain number")
                 hint = f"; {self.kind}'s limit counts packets: for a limit in bytes, use bfifo"
