@@ -132,11 +132,14 @@ class Builder(Transformer[Token, Any]):
     def error(self, d: Diagnostic) -> None:
         self.reader.diagnostics.append(d)
 
-    def eval_error(self, err: EvalError) -> None:
+    def eval_error(self, err: EvalError, value: Span | None = None) -> None:
         """Report a value that could not be evaluated (not if an earlier error caused it, nor
-        for the '1' of '1,5mbit', whose syntax error tells to write '1.5mbit')."""
+        for the '1' of '1,5mbit', or the '2' of '2 * 1,5mbit', whose syntax error tells to
+        write '1.5mbit'). ``value``: the span of the whole value written."""
         said = err.diagnostic
-        follow_on = err.follow_on or (said.code == "E004" and self._before_comma(said.span))
+        follow_on = err.follow_on or (
+            said.code == "E004" and self._before_comma(value or said.span)
+        )
         (self.reader.follow_ons if follow_on else self.reader.diagnostics).append(said)
 
     def _before_comma(self, span: Span) -> bool:
@@ -613,7 +616,7 @@ class Builder(Transformer[Token, Any]):
             try:
                 result = evaluate(item.value, dim, self.scope)
             except EvalError as err:
-                self.eval_error(err)
+                self.eval_error(err, item.value.span)
                 ok = False
                 continue
             if isinstance(result, ir.Percent):

@@ -462,7 +462,7 @@ class QdiscBuilder:
                 # (noticed by a tester: 'pfifo limit 10kb' said only "expected a plain number")
                 hint = f"; {self.kind}'s limit counts packets: for a limit in bytes, use bfifo"
                 err.diagnostic = dataclasses.replace(said, message=said.message + hint)
-            self.b.eval_error(err)
+            self.b.eval_error(err, opt.value.span)
             return None
         if isinstance(result, ir.Percent):
             if dim is Dimension.COUNT and result.value > 100:
