@@ -150,7 +150,9 @@ _TABLE: dict[str, CodeInfo] = {
         _W, "A tbf burst below one frame or below rate / HZ, or a peakrate mtu below one frame"
     ),
     "W318": CodeInfo(_W, "An sfq perturb below 10 seconds"),
-    "W319": CodeInfo(_W, "A pfifo or bfifo with limit 0, which drops everything"),
+    "W319": CodeInfo(
+        _W, "A fifo or tbf queue that drops everything, or every full-size frame (limit 0, 100)"
+    ),
     "W323": CodeInfo(_W, "A size written in bit units (tc reads 10kbit as 1280 bytes)"),
     "I320": CodeInfo(_I, "Children may borrow far more than the parent's ceiling"),
     "I321": CodeInfo(_I, "A tree that classifies IPv4 only: where its IPv6 packets go"),

@@ -901,6 +901,25 @@ def leaf_queues_sensible(policy: ir.Policy) -> Iterator[Diagnostic]:
                         "through it",
                         span,
                     )
+                case ir.Bfifo(limit=ir.Size(bytes=size, span=span)) if 0 < size < linklayer.FRAME:
+                    # (found by a tester: 'bfifo limit 100', meant as packets, dropped all)
+                    yield Diagnostic.warning(
+                        "W319",
+                        f"bfifo limit {size} holds no full-size frame ({linklayer.FRAME} "
+                        "bytes): every such packet is dropped (bfifo's limit is in bytes; "
+                        "pfifo's counts packets)",
+                        span,
+                    )
+                case ir.Tbf(child=None, limit=ir.Size(bytes=size, span=span)) if (
+                    size < linklayer.FRAME
+                ):
+                    # (its latency makes a queue of at least its burst: W317 below a frame)
+                    yield Diagnostic.warning(
+                        "W319",
+                        f"tbf limit {size} holds no full-size frame ({linklayer.FRAME} bytes): "
+                        "every such packet is dropped (tbf's limit is in bytes)",
+                        span,
+                    )
                 case ir.Netem(delay=ir.Time() as delay):
                     if rates is None:
                         rates = _rates_above(iface.root, None)

@@ -169,3 +169,23 @@ def red_scell_log(wlog: int, avpkt: int, bits_per_second: int) -> int | None:
         if maxtime / (1 << clog) < 512:
             return clog
     return None
+
+
+TBF_PEAK_MTU = 1600
+"""The mtu tc gives a tbf's peak bucket where none is written (tc/q_tbf.c)."""
+
+
+def tbf_queue_limit(q: ir.Tbf) -> int | None:
+    """The bytes a leaf tbf's queue holds: its ``limit``, or what tc makes of ``latency``
+    (rate x latency + burst; with a peakrate, at most peakrate x latency + mtu, as
+    tc/q_tbf.c computes it); None where neither is written."""
+    if q.limit is not None:
+        return q.limit.bytes
+    if q.latency is None or q.rate is None or q.burst is None:
+        return None
+    limit = q.rate.bits_per_second // 8 * q.latency.microseconds // 1_000_000 + q.burst.bytes
+    if q.peakrate is not None:
+        mtu = q.mtu.bytes if q.mtu else TBF_PEAK_MTU
+        peak = q.peakrate.bits_per_second // 8 * q.latency.microseconds // 1_000_000 + mtu
+        limit = min(limit, peak)
+    return limit

@@ -32,6 +32,7 @@ from tcdsl.tcmath import (
     htb_quantum,
     htb_r2q,
     red_thresholds,
+    tbf_queue_limit,
     tos_priority,
 )
 from tcdsl.units import format_rate, format_size, format_time
@@ -1010,14 +1011,22 @@ class _Explainer:
         if q.child is not None:
             held = " Waiting packets are held by its child qdisc, under its own limits"
             return text + (f"{held}: " + self.queue(q.child) if child else f"{held}.")
-        if q.latency is not None:
+        limit = tbf_queue_limit(q)
+        if q.latency is not None and limit is not None:
+            # (found by a tester: this said a packet that would wait longer than latency is
+            # dropped; tc makes latency a byte limit once, and a packet may wait longer)
+            wait = ""
+            if q.rate is not None and q.rate.bits_per_second:
+                ms = limit * 8 * 1000 // q.rate.bits_per_second
+                wait = f": a packet may wait up to about {ms}ms, the full queue at the rate"
             text += (
-                f" A packet that would wait longer than {format_time(q.latency.microseconds)} "
-                "(latency) for tokens is dropped."
+                f" Packets wait for tokens in a queue of up to {_size(limit)}, what "
+                f"{format_time(q.latency.microseconds)} (latency) at its rate holds, with the "
+                f"bucket; when it is full, arriving packets are dropped{wait}."
             )
-        elif q.limit is not None:
+        elif limit is not None:
             text += (
-                f" Packets wait for tokens in a queue of up to {_size(q.limit.bytes)} "
+                f" Packets wait for tokens in a queue of up to {_size(limit)} "
                 "(limit); when it is full, arriving packets are dropped."
             )
         return text

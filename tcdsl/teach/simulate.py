@@ -50,6 +50,7 @@ from tcdsl.tcmath import (
     DEFAULT_PRIOMAP,
     htb_class_quantum,
     htb_r2q,
+    tbf_queue_limit,
     tc_xmittime_ticks,
 )
 from tcdsl.teach.classify import (
@@ -1117,21 +1118,12 @@ class _Builder:
         rate = rate_of(q.rate)
         if rate is None or q.burst is None:
             raise SimulationError("a tbf needs a rate and a burst to be simulated")
-        rate_bytes = rate.bits_per_second // 8
         peak = q.peakrate.bits_per_second if q.peakrate else None
         mtu = q.mtu.bytes if q.mtu else None
         if q.child is not None:
             child = self.build(q.child, depth)
         else:
-            if q.limit is not None:
-                limit = q.limit.bytes
-            elif q.latency is not None:
-                limit = rate_bytes * q.latency.microseconds // 1_000_000 + q.burst.bytes
-                if peak:
-                    lim2 = peak // 8 * q.latency.microseconds // 1_000_000 + (mtu or TC_MTU)
-                    limit = min(limit, lim2)
-            else:
-                limit = TXQUEUELEN * MTU
+            limit = tbf_queue_limit(q) or TXQUEUELEN * MTU
             child = Fifo(self.engine, limit, in_bytes=True)
         return TbfNode(self.engine, rate.bits_per_second, q.burst.bytes, child, peak, mtu)
 
