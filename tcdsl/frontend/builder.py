@@ -51,6 +51,7 @@ from tcdsl.frontend.values import (
     parse_int,
     refs,
     size_in_bits,
+    spaced_unit,
 )
 from tcdsl.units import Dimension
 
@@ -138,16 +139,20 @@ class Builder(Transformer[Token, Any]):
         write '1.5mbit'). ``value``: the span of the whole value written."""
         said = err.diagnostic
         follow_on = err.follow_on or (
-            said.code == "E004" and self._before_comma(value or said.span)
+            said.code == "E004" and self._before_split_value(value or said.span)
         )
         (self.reader.follow_ons if follow_on else self.reader.diagnostics).append(said)
 
-    def _before_comma(self, span: Span) -> bool:
+    def _before_split_value(self, span: Span) -> bool:
+        """Whether a decimal comma (1,5mbit) or a blank and a unit (10 mbit) follow ``span``."""
         text = self.reader.sources.get(span.file)
         if text is None or span.end_line != span.line:
             return False
-        start = span_offset(line_starts(text), span)
-        return decimal_comma(text, start + span.end_column - span.column) is not None
+        end = span_offset(line_starts(text), span) + span.end_column - span.column
+        if decimal_comma(text, end) is not None:
+            return True
+        unit = len(text) - len(text[end:].lstrip(" \t"))  # where a unit after a blank is
+        return unit > end and spaced_unit(text, unit) is not None
 
     def sp(self, token: Token) -> Span:
         """``span_of(token, self.file)``, written out: the parse makes one for most tokens."""

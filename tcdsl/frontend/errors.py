@@ -22,7 +22,7 @@ from tcdsl.frontend.qdiscs import (
     WITH_DEFAULT,
 )
 from tcdsl.frontend.syntax import suggestion
-from tcdsl.frontend.values import decimal_comma, span_of
+from tcdsl.frontend.values import decimal_comma, spaced_unit, span_of
 
 # Grammar terminals in words, for syntax errors.
 EXPECTED_WORDS: dict[str, str] = {
@@ -207,6 +207,8 @@ def syntax_error(
                 rule = 'a string is written between straight quotes, "subs.csv"'
             name = unicodedata.name(char, "a character")
             hint = f"; {char!r} is U+{ord(char):04X} {name}, not ASCII: {rule}"
+        elif (joined := spaced_unit(text, token.start_pos or 0)) is not None:
+            hint = f"; a unit follows its number without a blank: {joined}"
         elif (comma := decimal_comma(text, token.start_pos or 0)) is not None:
             # (noticed by a tester: 'rate 1,5mbit' said only "unexpected ',5mbit'")
             hint = f"; a decimal number is written with a '.': {comma}"

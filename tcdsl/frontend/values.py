@@ -97,6 +97,26 @@ def decimal_comma(text: str, at: int) -> str | None:
     return f"{found.group(1)}.{found.group(2)}{unit}"
 
 
+_SPACED_UNIT = re.compile(r"([0-9]+(?:\.[0-9]+)?)[ \t]+([A-Za-z]+)\b")
+
+
+def spaced_unit(text: str, at: int) -> str | None:
+    """The value written with a blank between its number and its unit whose unit starts at
+    ``at`` in ``text`` (``10 mbit``), spelled as one word (``10mbit``); None if there is none
+    (found by a tester: 'rate 10 mbit' was told "write 10bit", ten bits a second)."""
+    start = at
+    while start > 0 and text[start - 1] in " \t":
+        start -= 1
+    while start > 0 and (text[start - 1].isdigit() or text[start - 1] == "."):
+        start -= 1
+    if start > 0 and (text[start - 1].isalnum() or text[start - 1] in "_"):
+        return None
+    found = _SPACED_UNIT.match(text, start)
+    if found is None or found.start(2) != at or not dimensions_of(found.group(2)):
+        return None
+    return f"{found.group(1)}{found.group(2)}"
+
+
 class EvalError(Exception):
     """A value could not be evaluated; carries the diagnostic."""
 
