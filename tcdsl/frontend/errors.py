@@ -21,7 +21,7 @@ from tcdsl.frontend.qdiscs import (
     QDISC_PARAMS,
     WITH_DEFAULT,
 )
-from tcdsl.frontend.syntax import suggestion
+from tcdsl.frontend.syntax import continuation_broken, suggestion
 from tcdsl.frontend.values import decimal_comma, spaced_unit, span_of
 
 # Grammar terminals in words, for syntax errors.
@@ -92,66 +92,6 @@ def _is_keyword(word: str, terminals: Collection[TerminalDef]) -> bool:
     return any(word.lower() in words for words in _terminal_words(tuple(terminals)).values())
 
 
-def _comment_at(line: str) -> int | None:
-    """The index of the '#' that starts a comment on ``line`` (outside a string), or None."""
-    quoted = False
-    for i, char in enumerate(line):
-        if char == '"':
-            quoted = not quoted
-        elif char == "#" and not quoted:
-            return i
-    return None
-
-
-def _line_above(text: str, start: int) -> tuple[str, int] | None:
-    """The line that ends just before the line starting at ``start``, and where it starts."""
-    if start == 0:
-        return None
-    begin = text.rfind("\n", 0, start - 1) + 1
-    return text[begin : start - 1], begin
-
-
-def _continuation_broken(token: Token, text: str, path: str) -> tuple[str, Note] | None:
-    """(hint, note) where ``token``, first on its line, was meant to continue the statement
-    above it but a comment ended that statement (found by a tester: a comment line between
-    '\\'-continued lines made the next line's 'ceil' "did you mean 'codel'?"): a comment
-    line (or several) after a '\\', or a '\\' inside a comment. Reads only the lines
-    above the token (a file of many errors is not split once per error)."""
-    row = token.line or 1
-    if token.type in ("$END", "_NL") or not first_on_its_line(token, text):
-        return None
-    found = _line_above(text, text.rfind("\n", 0, token.start_pos or 0) + 1)
-    if found is None:
-        return None
-    above, begin = found[0].rstrip(), found[1]
-    at = _comment_at(above)
-    if at is None:
-        return None
-    if at == len(above) - len(above.lstrip()):  # a comment line, and maybe more above it
-        first, comment_line = row - 1, above
-        while (found := _line_above(text, begin)) is not None and found[0].lstrip().startswith("#"):
-            first, comment_line, begin = first - 1, found[0].rstrip(), found[1]
-        before = found[0].rstrip() if found is not None else ""
-        if before.endswith("\\") and _comment_at(before) is None:
-            column = comment_line.index("#") + 1
-            comment = Span(path, first, column, first, len(comment_line) + 1)
-            return (
-                f"; the comment line {first} ends the statement that the '\\' of "
-                f"line {first - 1} continues (a '\\' carries a statement over one line "
-                "break, and a comment ends it): move the comment after the statement",
-                Note("this comment ends the statement", comment),
-            )
-        return None
-    if above.endswith("\\"):
-        comment = Span(path, row - 1, at + 1, row - 1, len(above) + 1)
-        return (
-            f"; the '\\' ending line {row - 1} is inside its comment, so it continues "
-            "nothing: only the last line of a continued statement may end with a comment",
-            Note("this comment holds the '\\'", comment),
-        )
-    return None
-
-
 def syntax_error(
     err: UnexpectedInput,
     path: str,
@@ -220,7 +160,10 @@ def syntax_error(
             )
         elif (
             _is_keyword(word, terminals)
-            and (broken := _continuation_broken(token, text, path)) is not None
+            and token.type not in ("$END", "_NL")
+            and first_on_its_line(token, text)
+            and (broken := continuation_broken(text, token.start_pos or 0, token.line or 1, path))
+            is not None
         ):
             # (a keyword that belongs to the statement above: a word that is none, 'clas',
             # keeps its "did you mean 'class'?", found by a review)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tcdsl import ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
+from tcdsl.frontend.recovery import line_starts, span_offset
 from tcdsl.frontend.syntax import (
     ClassSyntax,
     CurveOpt,
@@ -22,6 +23,7 @@ from tcdsl.frontend.syntax import (
     PriomapOpt,
     QdiscSyntax,
     SetDscpOpt,
+    continuation_broken,
     suggestion,
 )
 from tcdsl.frontend.tables import SubscribersSyntax, placeholder
@@ -451,6 +453,20 @@ class QdiscBuilder:
         )
         return True, None
 
+    def _match_outside(self, span: Span) -> Diagnostic:
+        """E017 for a match line outside a class, saying so where a comment ended the class's
+        statement that a '\\' meant to continue (found by a tester)."""
+        msg = "a match belongs inside a class"
+        text = self.b.reader.sources.get(span.file)
+        broken = None
+        if text is not None:
+            at = span_offset(line_starts(text), span)
+            if not text[text.rfind("\n", 0, at) + 1 : at].strip():  # first on its line
+                broken = continuation_broken(text, at, span.line, span.file)
+        if broken is None:
+            return Diagnostic.error("E017", msg, span)
+        return Diagnostic.error("E017", msg + broken[0], span, broken[1])
+
     def _value(self, opt: Param, dim: Dimension, percent: bool) -> Any:
         try:
             result = evaluate(opt.value, dim, self.b.scope, percent=percent)
@@ -583,7 +599,7 @@ class QdiscBuilder:
             pct | (PERCENT_OK if kind == "htb" else frozenset()),
         )
         for m in matches:
-            self.error(Diagnostic.error("E017", "a match belongs inside a class", m.span))
+            self.error(self._match_outside(m.span))
         for on, off in OPPOSITE_FLAGS:
             if values.get(on) and values.get(off):
                 self.error(
@@ -603,7 +619,7 @@ class QdiscBuilder:
                 children.append(item)
                 classify.extend(item.classify)
             elif isinstance(item, ir.Match):
-                self.error(Diagnostic.error("E017", "a match belongs inside a class", item.span))
+                self.error(self._match_outside(item.span))
             elif isinstance(item, ir.Marking):
                 classify.append(item)
         if self.body is not None and kind not in CLASSFUL | CHAINING:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tcdsl import ir
-from tcdsl.diagnostics import Span
+from tcdsl.diagnostics import Note, Span
 from tcdsl.frontend.values import Expr
 
 # ---- syntax pieces handed from rule to rule ----------------------------------------------------
@@ -154,3 +154,62 @@ def _typos(a: str, b: str) -> int:
             if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
                 d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
     return d[len(a)][len(b)]
+
+
+def _comment_at(line: str) -> int | None:
+    """The index of the '#' that starts a comment on ``line`` (outside a string), or None."""
+    quoted = False
+    for i, char in enumerate(line):
+        if char == '"':
+            quoted = not quoted
+        elif char == "#" and not quoted:
+            return i
+    return None
+
+
+def _line_above(text: str, start: int) -> tuple[str, int] | None:
+    """The line that ends just before the line starting at ``start``, and where it starts."""
+    if start == 0:
+        return None
+    begin = text.rfind("\n", 0, start - 1) + 1
+    return text[begin : start - 1], begin
+
+
+def continuation_broken(text: str, at: int, row: int, path: str) -> tuple[str, Note] | None:
+    """(hint, note) where line ``row`` of ``text``, holding offset ``at``, was meant to continue
+    the statement above it but a comment ended that statement (found by a tester: a comment
+    line between '\\'-continued lines made the next line's 'ceil' "did you mean 'codel'?",
+    and its 'match' "a match belongs inside a class"): a comment line (or several) after a
+    '\\', or a '\\' inside a comment. Reads only the lines above (a file of many errors is
+    not split once per error)."""
+    begin = text.rfind("\n", 0, at) + 1
+    found = _line_above(text, begin)
+    if found is None:
+        return None
+    above, begin = found[0].rstrip(), found[1]
+    hash_at = _comment_at(above)
+    if hash_at is None:
+        return None
+    if hash_at == len(above) - len(above.lstrip()):  # a comment line, and maybe more above it
+        first, comment_line = row - 1, above
+        while (found := _line_above(text, begin)) is not None and found[0].lstrip().startswith("#"):
+            first, comment_line, begin = first - 1, found[0].rstrip(), found[1]
+        before = found[0].rstrip() if found is not None else ""
+        if before.endswith("\\") and _comment_at(before) is None:
+            column = comment_line.index("#") + 1
+            comment = Span(path, first, column, first, len(comment_line) + 1)
+            return (
+                f"; the comment line {first} ends the statement that the '\\' of "
+                f"line {first - 1} continues (a '\\' carries a statement over one line "
+                "break, and a comment ends it): move the comment after the statement",
+                Note("this comment ends the statement", comment),
+            )
+        return None
+    if above.endswith("\\"):
+        comment = Span(path, row - 1, hash_at + 1, row - 1, len(above) + 1)
+        return (
+            f"; the '\\' ending line {row - 1} is inside its comment, so it continues "
+            "nothing: only the last line of a continued statement may end with a comment",
+            Note("this comment holds the '\\'", comment),
+        )
+    return None
