@@ -707,6 +707,16 @@ class _Explainer:
                     if root.shards is not None
                     else ""
                 )
+                if root.shards is None:
+                    # (found by a tester: on a device of 4 queues, a tree writing 2 left
+                    # packets on the other two unshaped, and nothing said so)
+                    last = ir.highest_queue(iface)
+                    spread = (
+                        f" Only the TX queues written here, up to queue {last}, are the "
+                        f"policy's: a packet the kernel puts on a later TX queue of {dev} meets "
+                        "that queue's default qdisc, unshaped, so the device should have "
+                        f"{last} TX queues in use (ethtool -L {dev} tx {last}, or combined)."
+                    )
                 text = (
                     f"The root qdisc is mq (handle {h}): one qdisc per TX queue of {dev}, each "
                     "with its own lock, so several CPUs shape at once; the queues do not share "
