@@ -125,6 +125,8 @@ class Builder(Transformer[Token, Any]):
         """The ``mq queues N`` (by id) and the tree each spreads, until the interface's tree
         is built (``_tree``): its label says which queue each live class is on, and a
         subscribers statement among the top-level classes is classes by then."""
+        self._line_starts: dict[str, list[int]] = {}
+        """Where each line of a file starts (:meth:`source_at`)."""
 
     @property
     def scope(self) -> Scope:
@@ -143,12 +145,24 @@ class Builder(Transformer[Token, Any]):
         )
         (self.reader.follow_ons if follow_on else self.reader.diagnostics).append(said)
 
+    def source_at(self, span: Span) -> tuple[str, int] | None:
+        """The text of ``span``'s file and where ``span`` starts in it (None for a file not
+        read); each file's line starts found once (only errors ask)."""
+        text = self.reader.sources.get(span.file)
+        if text is None:
+            return None
+        starts = self._line_starts.get(span.file)
+        if starts is None:
+            starts = self._line_starts[span.file] = line_starts(text)
+        return text, span_offset(starts, span)
+
     def _before_split_value(self, span: Span) -> bool:
         """Whether a decimal comma (1,5mbit) or a blank and a unit (10 mbit) follow ``span``."""
-        text = self.reader.sources.get(span.file)
-        if text is None or span.end_line != span.line:
+        found = self.source_at(span)
+        if found is None or span.end_line != span.line:
             return False
-        end = span_offset(line_starts(text), span) + span.end_column - span.column
+        text, start = found
+        end = start + span.end_column - span.column
         if decimal_comma(text, end) is not None:
             return True
         unit = len(text) - len(text[end:].lstrip(" \t"))  # where a unit after a blank is

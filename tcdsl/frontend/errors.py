@@ -161,7 +161,6 @@ def syntax_error(
         elif (
             _is_keyword(word, terminals)
             and token.type not in ("$END", "_NL")
-            and first_on_its_line(token, text)
             and (broken := continuation_broken(text, token.start_pos or 0, token.line or 1, path))
             is not None
         ):

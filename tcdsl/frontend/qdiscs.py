@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from tcdsl import ir, linklayer
 from tcdsl.diagnostics import Diagnostic, Note, Span
-from tcdsl.frontend.recovery import line_starts, span_offset
 from tcdsl.frontend.syntax import (
     ClassSyntax,
     CurveOpt,
@@ -457,12 +456,8 @@ class QdiscBuilder:
         """E017 for a match line outside a class, saying so where a comment ended the class's
         statement that a '\\' meant to continue (found by a tester)."""
         msg = "a match belongs inside a class"
-        text = self.b.reader.sources.get(span.file)
-        broken = None
-        if text is not None:
-            at = span_offset(line_starts(text), span)
-            if not text[text.rfind("\n", 0, at) + 1 : at].strip():  # first on its line
-                broken = continuation_broken(text, at, span.line, span.file)
+        found = self.b.source_at(span)
+        broken = None if found is None else continuation_broken(*found, span.line, span.file)
         if broken is None:
             return Diagnostic.error("E017", msg, span)
         return Diagnostic.error("E017", msg + broken[0], span, broken[1])

@@ -180,9 +180,11 @@ def continuation_broken(text: str, at: int, row: int, path: str) -> tuple[str, N
     the statement above it but a comment ended that statement (found by a tester: a comment
     line between '\\'-continued lines made the next line's 'ceil' "did you mean 'codel'?",
     and its 'match' "a match belongs inside a class"): a comment line (or several) after a
-    '\\', or a '\\' inside a comment. Reads only the lines above (a file of many errors is
-    not split once per error)."""
+    '\\', or a '\\' inside a comment. None where ``at`` is not the first word of its line.
+    Reads only the lines above (a file of many errors is not split once per error)."""
     begin = text.rfind("\n", 0, at) + 1
+    if text[begin:at].strip():
+        return None
     found = _line_above(text, begin)
     if found is None:
         return None
