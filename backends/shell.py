@@ -33,6 +33,7 @@ from tcdsl.commands import (
     TOO_FEW_IN_USE,
     TOO_FEW_QUEUES,
     TOO_MANY_QUEUES,
+    TOO_MANY_WRITTEN,
     Command,
     batch_line,
     chain_teardown,
@@ -212,7 +213,13 @@ class ShellBackend(Backend):
         families = {f for i in policy.interfaces for f in mark_families(i)} if not nft else set()
         needs = [(MARK_TOOL[f], _NEEDED_FOR[f]) for f in ir.FAMILIES if f in families]
         queues = [
-            (i.name, n, ir.highest_queue(i), ir.spread_queues(i))
+            (
+                i.name,
+                n,
+                ir.highest_queue(i),
+                ir.most_queues_in_use(i),
+                "spread" if ir.spread_queues(i) else "written",
+            )
             for i in policy.interfaces
             if (n := ir.tx_queues_used(i))
         ]
@@ -234,6 +241,7 @@ class ShellBackend(Backend):
                 no_interface=NO_INTERFACE,
                 too_few_queues=TOO_FEW_QUEUES,
                 too_many_queues=TOO_MANY_QUEUES,
+                too_many_written=TOO_MANY_WRITTEN,
                 too_few_in_use=TOO_FEW_IN_USE,
                 queues=queues,
                 no_tool=NO_TOOL,

@@ -1033,6 +1033,13 @@ TOO_MANY_QUEUES = (
 )
 """What the script prints (a printf format: the device, the queues in use, the tree's
 queues twice) when the device has more TX queues in use than a spread tree shapes."""
+TOO_MANY_WRITTEN = (
+    "tcdsl: interface %s has %s TX queues in use, more than the %s its mq tree writes: a "
+    "packet the kernel puts on a later queue meets the default qdisc there, unshaped; use "
+    "%s (ethtool -L) or write the later queues; nothing was changed"
+)
+"""What the script prints (a printf format: the device, the queues in use, the tree's
+highest queue twice) when the device has more TX queues in use than a written tree writes."""
 NO_TOOL = "tcdsl: %s is missing, and this policy needs it %s; nothing was changed"
 """What the script prints (a printf format: the tool, why) when a tool it marks with is
 missing."""

@@ -1174,6 +1174,13 @@ def highest_queue(iface: Interface) -> int:
     return max((q.number for q in root.queues), default=0)
 
 
+def most_queues_in_use(iface: Interface) -> int:
+    """The most TX queues the device of ``iface`` may have in use: a spread tree's N, a
+    written tree's highest queue (a packet the kernel puts on a later queue meets that queue's
+    default qdisc, unshaped); 0 without an mq root."""
+    return spread_queues(iface) or highest_queue(iface)
+
+
 def spread_queues(iface: Interface) -> int:
     """The N of ``mq queues N``: how many TX queues a spread tree shapes, and so the most
     the device may have in use (a packet no steering filter sends stays on the queue the

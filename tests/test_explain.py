@@ -645,9 +645,9 @@ def test_explain_says_which_lines_are_hashed() -> None:
 
 def test_a_written_mq_tree_says_later_tx_queues_are_unshaped(tmp_path: Path) -> None:
     """A written mq tree owns the queues it writes: explain says a packet on a later TX queue
-    is unshaped, and how many queues to keep in use (found by a tester: on 4 queues, 2
-    written, 18 of 43 packets left unshaped and nothing said so); the spread form, which the
-    script refuses on a device with more queues in use, does not say it."""
+    is unshaped, and that apply and the script refuse more queues in use (found by a tester:
+    on 4 queues, 2 written, 18 of 43 packets left unshaped and nothing said so); the spread
+    form, which the script refuses on a device with more queues in use, does not say it."""
     written = tmp_path / "w.tcp"
     written.write_text(
         "interface eth5 mq {\n    queue 1 htb rate 10mbit default a {\n"
@@ -666,5 +666,5 @@ def test_a_written_mq_tree_says_later_tx_queues_are_unshaped(tmp_path: Path) -> 
         assert result.policy is not None, result.diagnostics
         texts.append(" ".join(explain(result.policy).split()))
     assert "up to queue 3, are the policy's" in texts[0]
-    assert "should have 3 TX queues in use" in texts[0]
+    assert "refuse 'eth5' with more than 3 TX queues in use" in texts[0]
     assert "are the policy's" not in texts[1]

@@ -1430,12 +1430,16 @@ def test_too_few_tx_queues_are_refused_before_any_change(
 ) -> None:
     """A device with 2 TX queues and a tree that uses 4: `tcdsl apply` (E602) and the script
     refuse before touching the device, whose qdisc stays; with 4 queues both go through. mq
-    itself needs 2 (the kernel refuses it on a device of one, after the old qdisc went)."""
+    itself needs 2 (the kernel refuses it on a device of one, after the old qdisc went): a
+    tree of queue 1 alone goes on a device of 2 with 1 in use."""
     why = _host_can_mq()
     if why is not None:
         pytest.skip(why)
+    if text == ONE and shutil.which("ethtool") is None:
+        pytest.skip("ethtool is not installed (it sets a veth's TX queues in use)")
     for queues, refused in cases:
-        said = _on_a_veth(tmp_path, text, how, queues)
+        one_in_use = "ethtool -L eth0 tx 1 && " if text == ONE and not refused else ""
+        said = _on_a_veth(tmp_path, text, how, queues, one_in_use)
         if refused:
             assert "rc=1" in said and "fewer" in said and "nothing was changed" in said, said
             assert "qdisc htb 7: root" in said and "qdisc mq" not in said, said
@@ -1636,21 +1640,41 @@ def test_apply_switches_a_device_between_a_download_and_an_mq_tree(tmp_path: Pat
 
 
 @pytest.mark.parametrize("how", ["apply", "script"])
-def test_more_tx_queues_in_use_than_a_spread_tree_are_refused(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "queues", "past", "said_refused", "apply_hint"),
+    [
+        (AUTO, 8, "", "more than the 4 its mq tree is spread over", "write 'mq queues 8'"),
+        (
+            EXPLICIT.replace("fq_codel", "pfifo"),
+            4,
+            "ethtool -L eth0 tx 3 && ",
+            "more than the 3 its mq tree writes",
+            "ethtool -L eth0 combined 3",
+        ),
+    ],
+    ids=["spread", "written"],
+)
+def test_more_tx_queues_in_use_than_the_tree_shapes_are_refused(
+    tmp_path: Path, how: str, text: str, queues: int, past: str, said_refused: str, apply_hint: str
+) -> None:
     """A tree spread over 4 queues on a device with 8 in use: what no line matches could
-    leave by queues 5-8, unshaped, so `tcdsl apply` (E602) and the script refuse before
-    touching the device; with 4 in use both go past that check."""
+    leave by queues 5-8, unshaped; a tree writing queues 1-3 with 4 in use (found by a
+    tester): what the kernel put on queue 4 met the default qdisc there, unshaped. `tcdsl
+    apply` (E602) and the script refuse before touching the device; with as many in use as
+    the tree shapes (4 allocated, or 3 in use of 4) both go past that check."""
     why = _host_can_mq()
     if why is not None:
         pytest.skip(why)
-    for queues, refused in ((8, True), (4, False)):
-        said = _on_a_veth(tmp_path, AUTO, how, queues)
+    if past and shutil.which("ethtool") is None:
+        pytest.skip("ethtool is not installed (it sets a veth's TX queues in use)")
+    for in_use, setup, refused in ((queues, "", True), (4, past, False)):
+        said = _on_a_veth(tmp_path, text, how, in_use, setup)
         if refused:
             assert "rc=1" in said and "nothing was changed" in said, said
-            assert "eth0 has 8 TX queues in use, more than the 4" in said, said
+            assert f"eth0 has {in_use} TX queues in use, {said_refused}" in said, said
             assert "qdisc htb 7: root" in said and "qdisc mq" not in said, said
             if how == "apply":
-                assert "[E602]" in said and "write 'mq queues 8'" in said, said
+                assert "[E602]" in said and apply_hint in said, said
         else:  # past the queue check (the host's kernel may then lack act_skbedit: E604)
             assert "TX queues in use" not in said, said
             assert "rc=0" in said or "[E604]" in said or "action module" in said, said

@@ -651,6 +651,17 @@ def short_of_queues(policy: ir.Policy) -> list[tuple[str, str]]:
                     f"{iface.name} combined {spread})",
                 )
             )
+        elif not spread and highest and in_use is not None and in_use > highest:
+            out.append(
+                (
+                    iface.name,
+                    f"{iface.name} has {in_use} TX queues in use, more than the {highest} its mq "
+                    f"tree writes: a packet the kernel puts on a later queue meets that queue's "
+                    f"default qdisc, unshaped; use {highest} (ethtool -L {iface.name} combined "
+                    f"{highest}, or tx {highest} where the driver counts TX queues apart), or "
+                    f"write the queues up to {in_use}",
+                )
+            )
     return out
 
 

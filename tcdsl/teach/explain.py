@@ -714,8 +714,9 @@ class _Explainer:
                     spread = (
                         f" Only the TX queues written here, up to queue {last}, are the "
                         f"policy's: a packet the kernel puts on a later TX queue of {dev} meets "
-                        "that queue's default qdisc, unshaped, so the device should have "
-                        f"{last} TX queues in use (ethtool -L {dev} tx {last}, or combined)."
+                        "that queue's default qdisc, unshaped, so tcdsl apply and the script "
+                        f"refuse {dev} with more than {last} TX queues in use (ethtool -L {dev} "
+                        f"tx {last}, or combined)."
                     )
                 text = (
                     f"The root qdisc is mq (handle {h}): one qdisc per TX queue of {dev}, each "

@@ -28,8 +28,9 @@ tcdsl_exists() {
     fi
 }
 tcdsl_queues() {
-    # $1 has the $2 TX queues mq needs, $3 in use (the highest the tree steers to) and, when
-    # $4 is not 0 (a tree spread over $4 queues), no more in use: the rest would be unshaped.
+    # $1 has the $2 TX queues mq needs, $3 in use (the highest the tree steers to) and no more
+    # in use than $4 (a tree spread over $4 queues, or $5=written: a tree writing queues up to
+    # $4): the rest would be unshaped.
     # ip -d link says "numtxqueues N" (an ip that does not: unknown, go on)
     tcdsl_n=$(ip -d link show dev "$1" 2>/dev/null | sed -n 's/.* numtxqueues \([0-9][0-9]*\).*/\1/p')
     if [ -n "$tcdsl_n" ] && [ "$tcdsl_n" -lt "$2" ]; then
@@ -48,8 +49,12 @@ tcdsl_queues() {
         printf 'tcdsl: interface %s has %s TX queues in use, fewer than the %s its mq tree shapes: no packet reaches the trees of the queues past them (those steered there leave by the first queue); use more (ethtool -L) or fewer in the tree; nothing was changed\n' "$1" "$tcdsl_n" "$3" >&2
         exit 1
     fi
-    if [ "$4" -gt 0 ] && [ "$tcdsl_n" -gt "$4" ]; then
-        printf 'tcdsl: interface %s has %s TX queues in use, more than the %s its mq tree is spread over: what no line matches could leave by one of the others, unshaped; use %s (ethtool -L) or spread the tree over more queues; nothing was changed\n' "$1" "$tcdsl_n" "$4" "$4" >&2
+    if [ "$tcdsl_n" -gt "$4" ]; then
+        if [ "$5" = written ]; then
+            printf 'tcdsl: interface %s has %s TX queues in use, more than the %s its mq tree writes: a packet the kernel puts on a later queue meets the default qdisc there, unshaped; use %s (ethtool -L) or write the later queues; nothing was changed\n' "$1" "$tcdsl_n" "$4" "$4" >&2
+        else
+            printf 'tcdsl: interface %s has %s TX queues in use, more than the %s its mq tree is spread over: what no line matches could leave by one of the others, unshaped; use %s (ethtool -L) or spread the tree over more queues; nothing was changed\n' "$1" "$tcdsl_n" "$4" "$4" >&2
+        fi
         exit 1
     fi
 }
@@ -82,7 +87,7 @@ tcdsl_slot() {
 # the TX queues its mq tree uses),
 # the ingress slot each tree takes holds nothing that excludes it.
 tcdsl_exists isp0
-tcdsl_queues isp0 4 4 4
+tcdsl_queues isp0 4 4 4 spread
 tcdsl_slot isp0 clsact ingress 'whose egress filters pick the TX queue'
 
 # ==== interface isp0 ====
