@@ -215,6 +215,7 @@ MULTI_CODE_CASES = {
     "E004-many-errors-at-once.tcp",
     "E205-several-check-errors.tcp",
     "E038-table-errors-capped.tcp",  # the errors it counts beyond the 50 shown
+    "E018-comment-line-in-a-continuation.tcp",  # the line's qdisc (E018) and its word (E001)
 }
 
 

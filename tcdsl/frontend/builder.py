@@ -18,7 +18,7 @@ from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.frontend import tables
 from tcdsl.frontend.chains import chain_name_problem
 from tcdsl.frontend.mq import MqQueueSyntax, build_mq, mq_queue, spread
-from tcdsl.frontend.qdiscs import QdiscBuilder
+from tcdsl.frontend.qdiscs import QdiscBuilder, param_dimensions
 from tcdsl.frontend.recovery import line_starts, span_offset
 from tcdsl.frontend.syntax import (
     DSCP_NAMES,
@@ -166,7 +166,7 @@ class Builder(Transformer[Token, Any]):
         if decimal_comma(text, end) is not None:
             return True
         unit = len(text) - len(text[end:].lstrip(" \t"))  # where a unit after a blank is
-        return unit > end and spaced_unit(text, unit) is not None
+        return unit > end and spaced_unit(text, unit, param_dimensions) is not None
 
     def sp(self, token: Token) -> Span:
         """``span_of(token, self.file)``, written out: the parse makes one for most tokens."""

@@ -20,9 +20,18 @@ from tcdsl.frontend.qdiscs import (
     QDISC_FLAGS,
     QDISC_PARAMS,
     WITH_DEFAULT,
+    default_on_a_class,
+    param_dimensions,
 )
 from tcdsl.frontend.syntax import continuation_broken, suggestion
-from tcdsl.frontend.values import decimal_comma, spaced_unit, span_of
+from tcdsl.frontend.values import (
+    decimal_comma,
+    dotted_mask,
+    spaced_unit,
+    span_of,
+    unit_misfit,
+)
+from tcdsl.units import Dimension
 
 # Grammar terminals in words, for syntax errors.
 EXPECTED_WORDS: dict[str, str] = {
@@ -147,7 +156,21 @@ def syntax_error(
                 rule = 'a string is written between straight quotes, "subs.csv"'
             name = unicodedata.name(char, "a character")
             hint = f"; {char!r} is U+{ord(char):04X} {name}, not ASCII: {rule}"
-        elif (joined := spaced_unit(text, token.start_pos or 0)) is not None:
+        elif (
+            context is not None
+            and context[0] == "class"
+            and _after_default(stack, text, token, terminals)
+        ):
+            # (noticed by a tester: 'class voip rate 1mbit default' meant "the default class")
+            hint = f"; {default_on_a_class(context[1])}"
+        elif (mask := dotted_mask(text, token.start_pos or 0)) is not None:
+            # (noticed by a tester: '10.0.0.0/255.0.0.0' read as /25 and "unexpected '5.0.0.0'")
+            hint = f"; {mask}"
+        elif (misfit := unit_misfit(text, token.start_pos or 0, param_dimensions)) is not None:
+            # (found by a tester: 'prio 1 ms' was told to write 1ms)
+            if param_dimensions(misfit) == {Dimension.COUNT}:
+                hint = f"; {misfit} takes a number with no unit"
+        elif (joined := spaced_unit(text, token.start_pos or 0, param_dimensions)) is not None:
             hint = f"; a unit follows its number without a blank: {joined}"
         elif (comma := decimal_comma(text, token.start_pos or 0)) is not None:
             # (noticed by a tester: 'rate 1,5mbit' said only "unexpected ',5mbit'")
@@ -159,10 +182,9 @@ def syntax_error(
                 "interface), as 'interface NAME htb ...' without a block says"
             )
         elif (
-            _is_keyword(word, terminals)
-            and token.type not in ("$END", "_NL")
-            and (broken := continuation_broken(text, token.start_pos or 0, token.line or 1, path))
-            is not None
+            token.type not in ("$END", "_NL")
+            and (first := _first_keyword(text, token.start_pos or 0, terminals)) is not None
+            and (broken := continuation_broken(text, first, token.line or 1, path)) is not None
         ):
             # (a keyword that belongs to the statement above: a word that is none, 'clas',
             # keeps its "did you mean 'class'?", found by a review)
@@ -321,6 +343,34 @@ def _after_hex(token: Token, text: str) -> bool:
 
 
 # ---- what a word was meant for -------------------------------------------------------------
+
+
+def _first_keyword(text: str, at: int, terminals: Collection[TerminalDef]) -> int | None:
+    """Where the first word of the line holding ``at`` starts, if it is a keyword (a line
+    that a broken continuation made a statement of its own: 'ceil 2mbit', 'prio 1')."""
+    begin = text.rfind("\n", 0, at) + 1
+    found = re.compile(r"[ \t]*([^\s]+)").match(text, begin)
+    if found is None or not _is_keyword(found.group(1), terminals):
+        return None
+    return found.start(1)
+
+
+_DEFAULT_THEN_WORD = re.compile(r"\bdefault[ \t]+\S+[ \t]+$")
+
+
+def _after_default(
+    stack: Sequence[Any], text: str, token: Token, terminals: Collection[TerminalDef]
+) -> bool:
+    """Whether the failed word comes right after a class's ``default`` (with no name) or after
+    ``default`` and a keyword it took as the name (``default match dport 80``)."""
+    last = stack[-1] if stack else None
+    if isinstance(last, Token) and last.type == "DEFAULT":
+        return True
+    start = token.start_pos or 0
+    line_start = text.rfind("\n", 0, start) + 1
+    found = _DEFAULT_THEN_WORD.search(text, line_start, start)
+    return found is not None and _is_keyword(found.group().split()[1], terminals)
+
 
 _OPTIONS = ("PARAM", "FLAG", "HANDLE_KW", "DEFAULT", "PRIOMAP", "CURVE", "SET")
 

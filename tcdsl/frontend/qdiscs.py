@@ -162,6 +162,23 @@ LINK_LAYER_PARAMS: dict[str, Dimension] = {"overhead": C, "linklayer": C, "mpu":
 """On a root qdisc (its size table) or on a cake (its own compensation)."""
 STAB_PARAMS: dict[str, Dimension] = {"mtu": S, "tsize": C}
 """A size table's own: on a root qdisc other than cake (a tbf's ``mtu`` stays the tbf's)."""
+
+
+def default_on_a_class(kind: str) -> str:
+    """What E001 and E007 add for ``default`` written on a class's line."""
+    return (
+        f"a class takes no 'default': the {kind}'s default class is named on its qdisc's line, "
+        f"'{kind} rate 10mbit default NAME'"
+    )
+
+
+@functools.cache
+def param_dimensions(word: str) -> frozenset[Dimension]:
+    """What a parameter of that name measures, in any qdisc or class (empty: no parameter)."""
+    tables = (*CLASS_PARAMS.values(), *QDISC_PARAMS.values(), LINK_LAYER_PARAMS, STAB_PARAMS)
+    return frozenset(t[word] for t in tables if word in t)
+
+
 NAMED_VALUES: dict[str, tuple[str, ...]] = {
     "overhead": (*linklayer.PRESETS, *linklayer.PRESET_ALIASES),
     "linklayer": tuple(linklayer.LINKLAYERS),
@@ -452,15 +469,30 @@ class QdiscBuilder:
         )
         return True, None
 
-    def _match_outside(self, span: Span) -> Diagnostic:
-        """E017 for a match line outside a class, saying so where a comment ended the class's
-        statement that a '\\' meant to continue (found by a tester)."""
-        msg = "a match belongs inside a class"
+    def _match_outside(self, span: Span, previous: Any = None) -> Diagnostic:
+        """E017 for a match line outside a class; ``previous`` is the statement before it."""
+        said = self._maybe_continued("E017", "a match belongs inside a class", span)
+        if isinstance(previous, ClassSyntax) and not said.notes and span.line > previous.span.line:
+            # (noticed by a tester: a match on the line below its class, as tc's filters are)
+            where = "on its line" if not previous.body else "in its block"
+            said = Diagnostic.error(
+                "E017",
+                f"a match belongs inside a class: a line of its own is a statement of its own; "
+                f"for class '{previous.name}' write it {where}"
+                + (f", 'class {previous.name} ... match ...'" if not previous.body else ""),
+                span,
+            )
+        return said
+
+    def _maybe_continued(self, code: str, msg: str, span: Span) -> Diagnostic:
+        """The error, saying so where a comment ended the statement above that a '\\' meant
+        to continue onto the line at ``span`` (found by a tester: its 'match' was "outside a
+        class", its 'prio 1' a prio qdisc inside the htb)."""
         found = self.b.source_at(span)
         broken = None if found is None else continuation_broken(*found, span.line, span.file)
         if broken is None:
-            return Diagnostic.error("E017", msg, span)
-        return Diagnostic.error("E017", msg + broken[0], span, broken[1])
+            return Diagnostic.error(code, msg, span)
+        return Diagnostic.error(code, msg + broken[0], span, broken[1])
 
     def _value(self, opt: Param, dim: Dimension, percent: bool) -> Any:
         try:
@@ -571,6 +603,9 @@ class QdiscBuilder:
         if curves and key in ("rate", "ceil"):
             text += " (an hfsc class has service curves: 'ls m2 RATE' shares, 'rt m2 RATE' "
             text += "guarantees, 'ul m2 RATE' caps)"
+        if key == "default" and what.endswith("class") and self.kind in WITH_DEFAULT:
+            # (noticed by a tester: 'class voip rate 1mbit default' meant "the default class")
+            text += f"; {default_on_a_class(self.kind)}"
         self.error(Diagnostic.error("E007", text, span))
 
     # ---- qdiscs ----
@@ -607,6 +642,7 @@ class QdiscBuilder:
         classes: list[ClassSyntax | SubscribersSyntax] = []
         children: list[QdiscSyntax] = []
         classify: list[ir.Marking] = []
+        previous: Any = None
         for item in self.body or ():
             if isinstance(item, ClassSyntax | SubscribersSyntax):
                 classes.append(item)
@@ -614,9 +650,10 @@ class QdiscBuilder:
                 children.append(item)
                 classify.extend(item.classify)
             elif isinstance(item, ir.Match):
-                self.error(self._match_outside(item.span))
+                self.error(self._match_outside(item.span, previous))
             elif isinstance(item, ir.Marking):
                 classify.append(item)
+            previous = item
         if self.body is not None and kind not in CLASSFUL | CHAINING:
             self.error(
                 Diagnostic.error("E018", f"{kind} is classless and takes no block", self.span)
@@ -624,7 +661,7 @@ class QdiscBuilder:
         if kind in CLASSFUL:
             for nested in children:
                 self.error(
-                    Diagnostic.error(
+                    self._maybe_continued(
                         "E018",
                         f"a qdisc inside {kind} must be the leaf of a class",
                         nested.qdisc.span,

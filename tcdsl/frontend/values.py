@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
@@ -100,10 +100,42 @@ def decimal_comma(text: str, at: int) -> str | None:
 _SPACED_UNIT = re.compile(r"([0-9]+(?:\.[0-9]+)?)[ \t]+([A-Za-z]+)\b")
 
 
-def spaced_unit(text: str, at: int) -> str | None:
+_DOTTED_MASK = re.compile(
+    r"(?<![\w.])([0-9]{1,3}(?:\.[0-9]{1,3}){3})/([0-9]{1,3}(?:\.[0-9]{1,3}){3})(?![\w.])"
+)
+
+
+def dotted_mask(text: str, at: int) -> str | None:
+    """What to write for an IPv4 prefix with a dotted netmask around ``at`` in ``text``
+    (``10.0.0.0/255.0.0.0``, which the lexer reads as ``10.0.0.0/25`` and ``5.0.0.0``): the
+    prefix with its length, or what is wrong with the mask; None if there is none there."""
+    line_start = text.rfind("\n", 0, at) + 1
+    line_end = text.find("\n", at)
+    for m in _DOTTED_MASK.finditer(text, line_start, len(text) if line_end < 0 else line_end):
+        if not m.start() < at < m.end():
+            continue
+        octets = [int(o) for o in m.group(2).split(".")]
+        if any(o > 255 for o in octets):
+            return None
+        bits = int.from_bytes(bytes(octets), "big")
+        length = bin(bits).count("1")
+        if bits != (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF:
+            return f"a prefix is written with its length (10.0.0.0/8); {m.group(2)} is no netmask"
+        return f"a prefix is written with its length: {m.group(1)}/{length}"
+    return None
+
+
+_WORD_BEFORE = re.compile(r"([A-Za-z_][\w-]*)[ \t]+$")
+
+
+def spaced_unit(
+    text: str, at: int, takes: Callable[[str], frozenset[Dimension]] | None = None
+) -> str | None:
     """The value written with a blank between its number and its unit whose unit starts at
     ``at`` in ``text`` (``10 mbit``), spelled as one word (``10mbit``); None if there is none
-    (found by a tester: 'rate 10 mbit' was told "write 10bit", ten bits a second)."""
+    (found by a tester: 'rate 10 mbit' was told "write 10bit", ten bits a second), or if
+    ``takes`` (a parameter's name -> what it measures) says the word before the number takes
+    nothing that unit measures (``prio 1 ms``: ``unit_misfit``)."""
     start = at
     while start > 0 and text[start - 1] in " \t":
         start -= 1
@@ -114,7 +146,30 @@ def spaced_unit(text: str, at: int) -> str | None:
     found = _SPACED_UNIT.match(text, start)
     if found is None or found.start(2) != at or not dimensions_of(found.group(2)):
         return None
+    if takes is not None and unit_misfit(text, at, takes) is not None:
+        return None
     return f"{found.group(1)}{found.group(2)}"
+
+
+def unit_misfit(text: str, at: int, takes: Callable[[str], frozenset[Dimension]]) -> str | None:
+    """The parameter before the number whose unit, after a blank, starts at ``at``, when it
+    takes nothing that unit measures (``prio 1 ms``: 'prio'); None otherwise."""
+    unit = _UNIT_WORD.match(text, at)
+    number = _NUMBER_BEFORE.search(text, 0, at)
+    if unit is None or number is None:
+        return None
+    line_start = text.rfind("\n", 0, number.start()) + 1
+    word = _WORD_BEFORE.search(text, line_start, number.start())
+    if word is None:
+        return None
+    wanted = takes(word.group(1))
+    if not wanted or wanted & set(dimensions_of(unit.group())):
+        return None
+    return word.group(1)
+
+
+_UNIT_WORD = re.compile(r"[A-Za-z]+\b")
+_NUMBER_BEFORE = re.compile(r"[0-9]+(?:\.[0-9]+)?[ \t]+$")
 
 
 class EvalError(Exception):
