@@ -479,6 +479,50 @@ def test_a_download_by_mark_not_read_is_advised_from_its_interface(tmp_path: Pat
     assert "write it as 'download via ifb0' [W618]" in " ".join(plain.split()), plain
 
 
+def test_an_mq_queue_in_use_left_to_the_kernel_is_written(
+    make_netns: Callable[[], str], host: runner.HostSupport, tmp_path: Path
+) -> None:
+    """Found by a tester: an mq root whose queues 1-3 were set by hand and queue 4 (in use)
+    left with the kernel's pfifo_fast was imported as queues 1-3, a policy that apply then
+    refused on that very device (E602: more TX queues in use than the tree writes). The queues
+    in use past the last one set by hand are written as the kernel's kind; a queue the kernel
+    holds below it stays out (as the policy leaves it)."""
+    if "mq" not in host.qdiscs:
+        pytest.skip(f"the host lacks mq ({host.notes})")
+    ns = make_netns()
+    run(
+        [
+            "ip",
+            "-n",
+            ns,
+            "link",
+            "add",
+            "mq0",
+            "numtxqueues",
+            "4",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "p0",
+        ]
+    )
+    run(["ip", "-n", ns, "link", "set", "mq0", "up"])
+    tcdsl = Tcdsl(ns, tmp_path)
+    tcdsl.tc_lines(
+        "qdisc add dev mq0 root handle 1: mq",
+        "qdisc add dev mq0 parent 1:1 handle 10: tbf rate 30mbit burst 32k latency 20ms",
+        "qdisc add dev mq0 parent 1:3 handle 30: pfifo limit 100",
+    )
+    got = tcdsl("import", "-i", "mq0")
+    assert got.code == 0, got
+    assert "queue 4 pfifo_fast\n" in got.out and "queue 2" not in got.out, got
+    path = tmp_path / "mq0.tcp"
+    path.write_text(got.out)
+    planned = tcdsl("plan", "--name", "mq0", str(path))
+    assert planned.code != 1 and "[E602]" not in planned.err, planned  # (4: changes)
+
+
 def test_a_download_redirecting_one_family_is_imported_with_a_warning(
     make_netns: Callable[[], str], host: runner.HostSupport, tmp_path: Path
 ) -> None:

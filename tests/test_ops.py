@@ -618,6 +618,58 @@ def test_a_download_a_killed_apply_finished_is_taken_over(tcdsl: Tcdsl, host: Ho
     assert tcdsl("plan", full).out == "no changes\n"
 
 
+LEAF = """\
+interface d0 htb rate 100mbit default rest {
+    class grp rate 20mbit ceil 50mbit match dport 2000-2999 {
+        LEAF
+    }
+    class rest rate 10mbit
+}
+"""
+INNER = """\
+interface d0 htb rate 100mbit default rest {
+    class grp rate 20mbit ceil 50mbit {
+        class g1 rate 10mbit ceil 50mbit match dport 2000-2499
+        class g2 rate 10mbit ceil 50mbit match dport 2500-2999 {
+            pfifo limit 10
+        }
+    }
+    class rest rate 10mbit
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "leaf",
+    [
+        "pfifo limit 10",
+        "htb default b {\n class a rate 5mbit match dport 2001\n class b rate 5mbit\n}",
+    ],
+    ids=["fifo", "classful"],
+)
+def test_a_class_that_loses_its_children_gets_its_leaf_qdisc_in_place(
+    tcdsl: Tcdsl, host: HostSupport, leaf: str
+) -> None:
+    """Found by a tester: a class whose children go and that gets a leaf qdisc of its own had
+    the qdisc added before its children were deleted, which the kernel refuses (EINVAL): the
+    apply, its rollback and a --confirm timer's rollback failed every time. The leaf (and what
+    is below it) now comes after the deletions, in place; the other way, a classful leaf
+    qdisc goes first with what is below it (its classes' deletions failed after it went).
+    Rollback goes back each way."""
+    leafy = LEAF.replace("LEAF", leaf)
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", leafy)).code == 0
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", INNER)).code == 0
+    back = tcdsl("apply", "--yes", tcdsl.write("p.tcp", leafy))
+    assert back.code == 0 and "- class g1" in back.out and "(rebuild)" not in back.out, back
+    assert tcdsl("plan", tcdsl.write("p.tcp", leafy)).out == "no changes\n"
+    shown = tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert ("pfifo" if "pfifo" in leaf else "htb") in shown.split("parent 1:10")[0].splitlines()[-1]
+    assert tcdsl("rollback", "p").code == 0
+    assert tcdsl("plan", tcdsl.write("p.tcp", INNER)).out == "no changes\n"
+    assert tcdsl("rollback", "p").code == 0
+    assert tcdsl("plan", tcdsl.write("p.tcp", leafy)).out == "no changes\n"
+
+
 def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:
     """The kernel refuses a command half-way through B (a tc that fails on B's 'limit 30'):
     apply undoes what it did, in place (the tree and the counters kept), and says which
@@ -664,6 +716,21 @@ def test_a_failure_restored_by_building_again_says_so(tcdsl: Tcdsl, host: HostSu
     failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", B))
     assert failed.code == 1 and "[E601]" in failed.err, failed
     assert "previous state was restored (built again: their counters start over)" in failed.err
+    assert tcdsl("plan", tcdsl.write("p.tcp", A)).out == "no changes\n"
+
+
+def test_a_failed_rebuild_undone_by_building_again_says_the_counters_start_over(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: a change that builds the tree again (the htb's default) failed
+    half-way; its undo built the old tree again (every counter reset) and the message said
+    "in place, the trees and counters kept"."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    _tc_failing_on_limit_30(tcdsl)
+    rebuilt = B.replace("default bulk", "default web")
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", rebuilt))
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    assert "restored (built again: their counters start over)" in failed.err, failed
     assert tcdsl("plan", tcdsl.write("p.tcp", A)).out == "no changes\n"
 
 

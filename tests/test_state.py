@@ -218,3 +218,40 @@ def test_a_state_folder_that_cannot_hold_the_lock_is_a_clear_error(
     assert done.exit_code == 1, (done.output, done.exception)
     assert "error[E603]: cannot take the lock of 'p'" in done.output, done.output
     assert "nothing was changed" in done.output and "Traceback" not in done.output
+
+
+@pytest.mark.parametrize("where", ["root", "name"])
+@pytest.mark.parametrize("command", ["plan", "apply", "status", "rollback", "down", "confirm"])
+def test_a_file_where_the_state_folder_should_be_is_e603(
+    tmp_path: Path, where: str, command: str
+) -> None:
+    """Found by a tester: TCDSL_STATE_DIR (or a name's folder in it) being a file made every
+    live command die with a NotADirectoryError traceback (exit 3); it is E603, exit 1, before
+    anything is read from the kernel or changed."""
+    policy = tmp_path / "st.tcp"
+    policy.write_text("interface d9 htb rate 10mbit default a {\n    class a rate 1mbit\n}\n")
+    state = tmp_path / "state"
+    if where == "root":
+        state.write_text("")
+    else:
+        state.mkdir()
+        (state / "st").write_text("")
+    args = {
+        "plan": ["plan", str(policy)],
+        "apply": ["apply", "--yes", str(policy)],
+        "status": ["status", "--name", "st"],
+        "rollback": ["rollback", "st"],
+        "down": ["down", "st", "--yes"],
+        "confirm": ["confirm", "st"],
+    }[command]
+    done = subprocess.run(
+        [sys.executable, "-m", "tcdsl", *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TCDSL_STATE_DIR=str(state)),
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "[E603]" in done.stderr and "is a file where tcdsl keeps its state" in done.stderr
+    assert "Traceback" not in done.stderr

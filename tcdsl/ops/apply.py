@@ -379,7 +379,10 @@ def _take_back(
             # (a teardown of it that left a qdisc stops it there: not undone, whatever the
             # policy's slots then show; found by a review)
             if undone is None and settled():
-                raise ApplyFailed(failure, True, in_place=True, signal=stopped_by)
+                # an undo that builds a tree (or a subtree) again resets its counters (found
+                # by a tester: the message said they were kept)
+                kept = not any(c.sign == "!" for c in inverse.changes)
+                raise ApplyFailed(failure, True, in_place=kept, signal=stopped_by)
         back = restore()
     except OpsError:  # the live policy's saved text no longer compiles: nothing to build
         raise ApplyFailed(failure, False, signal=stopped_by) from None

@@ -73,6 +73,10 @@ def parse_duration(text: str) -> float:
 
 def _store(name: str) -> Store:
     store = Store(state_name(name, "--name"))
+    try:
+        store.pending()  # (its state read once here: a file where its folder should be is E603)
+    except OpsError as e:
+        _fail(NO_STATE, str(e))
     failed = store.timer_failed()
     if failed is not None:
         pending = store.pending()

@@ -599,7 +599,10 @@ def qdisc_words(
     ``stab_said``: its size table is written elsewhere (an mq queue's, on the mq's line);
     ``qlen``: its device's txqueuelen."""
     p = _Params(q, line, qlen)
-    p.add(q.kind, "handle", q.handle)
+    if q.handle == "0:":  # the kernel's own (an mq queue's): made with no handle
+        p.add(q.kind)
+    else:
+        p.add(q.kind, "handle", q.handle)
     match q.kind:
         case "htb":
             _htb(p, names)
@@ -2004,19 +2007,30 @@ class _Mq:
 
 def _mq(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> _Mq:
     """The mq root ``q`` with the qdiscs of its queues but the kernel's own (handle ``0:``,
-    what it puts on each queue, as tcdsl leaves a queue the policy does not write)."""
+    what it puts on each queue, as tcdsl leaves a queue the policy does not write), except on
+    the queues in use past the last other one: a written tree owns no queue past its highest,
+    and apply refuses a device with more in use (found by a tester: the policy import wrote
+    was refused on the device it came from), so those are written as their kind."""
     major = _major(q.handle)
     queues = []
+    own = [
+        _minor(parent)
+        for parent, found in dev.below.items()
+        if _major(parent) == major and found[0].handle != "0:"
+    ]
+    in_use = dev.text.tx_in_use or 0
+    past = max(own, default=in_use)
     for parent, found in dev.below.items():
-        if _major(parent) == major and found[0].handle != "0:":
-            # a queue takes what a root does (pfifo_fast too), and what a class does
-            node = (
-                _build(dev, *found, problems)
-                if found[0].kind in ROOTS
-                else _leaf(dev, found, problems)
-            )
-            if node is not None:
-                queues.append((_minor(parent), node))
+        if _major(parent) != major:
+            continue
+        if found[0].handle == "0:" and not past < _minor(parent) <= in_use:
+            continue
+        # a queue takes what a root does (pfifo_fast too), and what a class does
+        node = (
+            _build(dev, *found, problems) if found[0].kind in ROOTS else _leaf(dev, found, problems)
+        )
+        if node is not None:
+            queues.append((_minor(parent), node))
     queues.sort(key=lambda queue: queue[0])
     _one_family(*(node for _, node in queues))
     return _Mq(q, line, queues)

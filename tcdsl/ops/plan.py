@@ -468,6 +468,7 @@ def _in_place(
     leaves = {x.parent for x in new.values() if x.kind == "qdisc"} if moves else set()
     moved_from = {o.handle for o, _ in moves.values()}
     moved_to = {n.handle for _, n in moves.values()}
+    late = _new_leaves(old, new, plan, names, replaced)
     for key, n in new.items():
         if key in replaced or n.kind in ("filters", "action", "marking", "link"):
             continue
@@ -580,10 +581,26 @@ def _in_place(
             else:
                 filters += _changed_filters(o, n, taken[n.dev, key[2]])
     delete: list[Command] = []
+    # A leaf class that gets children: htb destroys its leaf qdisc as the first child is
+    # added, so that qdisc goes first (its class holds the default fifo a moment), with what
+    # is below a classful one (found by a tester: its classes' deletions then failed).
+    parents_now = {n.parent for n in new.values() if n.kind == "class"}
+    gone_keys = [key for key in old if key not in new and key not in replaced]
+    removed_classes = {old[k].handle for k in gone_keys if old[k].kind == "class"}
+    early_qdiscs = [
+        old[k]
+        for k in gone_keys
+        if old[k].kind == "qdisc"
+        and old[k].parent in parents_now
+        and old[k].parent not in removed_classes
+    ]
+    swallowed = {s.key for q in early_qdiscs for s in _subtree(old, q)[1:]}
     for key, o in old.items():
         if key in new or key in replaced or o.kind != "filters":
             continue
         plan.changes += _filter_changes(o.commands, (), names, _what(o, names[0]))
+        if key in swallowed:
+            continue  # deleted with its qdisc, first
         if has_u32_tables(o):
             unmade.append(o)
             continue
@@ -596,27 +613,19 @@ def _in_place(
     ]
     for o in unmade:
         swaps.remove(o, _through(o, there, swaps))
-    gone = [o for key, o in old.items() if key not in new and key not in replaced]
-    removed_classes = {o.handle for o in gone if o.kind == "class"}
-    # A leaf class that gets children: htb destroys its leaf qdisc as the first child is
-    # added, so that qdisc goes first (its class holds the default fifo a moment).
-    # (A classful leaf keeps the order below: its classes go before it.)
-    parents_now = {n.parent for n in new.values() if n.kind == "class"}
-    holding = {x.parent.partition(":")[0] for x in old.values() if x.parent and x.kind != "qdisc"}
+    gone = [old[k] for k in gone_keys]
     first: list[Command] = []
     early: set[str | None] = set()
-    for o in gone:
-        if (
-            o.kind == "qdisc"
-            and o.parent in parents_now
-            and o.parent not in removed_classes
-            and (o.handle or "").partition(":")[0] not in holding
-        ):
-            plan.changes.append(Change("-", _what(o, names[0]), o.span))
-            del_args = ("qdisc", "del", "dev", o.dev, "parent", o.parent or "")
-            first.append(Command("tc", del_args, o.span, o.what))
-            early.add(o.parent)
+    for o in early_qdiscs:
+        plan.changes.append(Change("-", _what(o, names[0]), o.span))
+        del_args = ("qdisc", "del", "dev", o.dev, "parent", o.parent or "")
+        first.append(Command("tc", del_args, o.span, o.what))
+        early.add(o.parent)
     for o in reversed(gone):  # children before parents
+        if o.key in swallowed:
+            if o.kind != "filters":
+                plan.changes.append(Change("-", _what(o, names[0]), o.span))
+            continue
         if o.kind == "qdisc" and _major(o.parent) in queues:
             # A TX queue whose qdisc is deleted drops every packet (mq puts noop there):
             # it gets the kernel's default back, as the queues the policy does not name have.
@@ -643,7 +652,34 @@ def _in_place(
                     "tc", ("qdisc", "del", "dev", o.dev, "parent", o.parent or ""), o.span, o.what
                 )
             )
-    return first + build + filters, delete
+    return first + build + filters, delete + late
+
+
+def _new_leaves(
+    old: dict[Key, Obj], new: dict[Key, Obj], plan: Plan, names: Names, replaced: set[Key]
+) -> list[Command]:
+    """The commands of the leaf qdiscs (and what is below them) of classes whose children
+    all go: the kernel takes no qdisc on a class that has children (EINVAL; found by a
+    tester: such an apply, its rollback and its confirm timer failed every time), so they come
+    after the deletions, when the class holds the default fifo htb gives a class that loses
+    its last child. Their keys go to ``replaced`` (the other steps skip them)."""
+    parents_now = {n.parent for n in new.values() if n.kind == "class"}
+    to_leaf = {o.parent for o in old.values() if o.kind == "class"} - parents_now
+    late: list[Command] = []
+    for n in new.values():
+        if n.kind != "qdisc" or n.key in old or n.parent not in to_leaf:
+            continue
+        below = _subtree(new, n)
+        if any(s.key in old for s in below):
+            continue
+        for s in below:
+            if s.kind == "filters":
+                plan.changes += _filter_changes((), s.commands, names, _what(s, names[1]))
+            else:
+                plan.changes.append(Change("+", _what(s, names[1]), s.span))
+            late += s.commands
+            replaced.add(s.key)
+    return late
 
 
 def _filter_text(c: Command, names: Mapping[str, str]) -> str:

@@ -239,7 +239,14 @@ class DamagedRecord(OpsError):
 def _load(path: Path, convert: Callable[[Any], T]) -> T:
     """A state file's JSON made into what it holds, or DamagedRecord saying what to do
     about it (FileNotFoundError when there is none)."""
-    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except NotADirectoryError:  # (found by a tester: a traceback)
+        above = next((p for p in path.parents if p.exists() and not p.is_dir()), path.parent)
+        raise StateWriteError(
+            f"{above} is a file where tcdsl keeps its state in a folder ({path}); nothing "
+            "was changed: move it away, or point TCDSL_STATE_DIR at a folder"
+        ) from None
     try:
         return convert(json.loads(text))
     except (ValueError, KeyError, TypeError, AttributeError) as e:

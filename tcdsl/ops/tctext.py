@@ -21,7 +21,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tcdsl.ir import CLSACT_INGRESS
-from tcdsl.ops.live import device_exists, filter_listings, filters_of, top_qdiscs, tx_queue_len
+from tcdsl.ops.live import (
+    device_exists,
+    filter_listings,
+    filters_of,
+    top_qdiscs,
+    tx_queue_count,
+    tx_queue_len,
+)
 from tcdsl.verify.readback import (
     TcClass,
     TcFilter,
@@ -46,6 +53,8 @@ class DeviceText:
     qlen: int | None = None
     """The device's txqueuelen, read with the live state (None from a file): the length
     htb gives its direct queue when made without one."""
+    tx_in_use: int | None = None
+    """The device's TX queues in use, read with the live state (None from a file)."""
     raw: bool = False
     """The text is tc's as read here, without ``-p``: a u32 node shown without keys has none
     (in a file, it may be ``tc -p``'s, which leaves some keys out)."""
@@ -188,7 +197,8 @@ def read_live(device: str) -> DeviceText:
         for p, text in zip(unique, filter_listings(device, unique, top_qdiscs(qdiscs)), strict=True)
     )
     text = qdiscs + classes + filters
-    return DeviceText(device, f"tc:{device}", text, tx_queue_len(device), raw=True)
+    in_use = tx_queue_count(device)[1]
+    return DeviceText(device, f"tc:{device}", text, tx_queue_len(device), in_use, raw=True)
 
 
 def read_file(path: str, device: str) -> DeviceText:

@@ -49,7 +49,7 @@ tcdsl_queues() {
         printf 'tcdsl: interface %s has %s TX queues in use, fewer than the %s its mq tree shapes: no packet reaches the trees of the queues past them (those steered there leave by the first queue); use more (ethtool -L) or fewer in the tree; nothing was changed\n' "$1" "$tcdsl_n" "$3" >&2
         exit 1
     fi
-    if [ "$tcdsl_n" -gt "$4" ]; then
+    if [ "$4" -gt 0 ] && [ "$tcdsl_n" -gt "$4" ]; then
         if [ "$5" = written ]; then
             printf 'tcdsl: interface %s has %s TX queues in use, more than the %s its mq tree writes: a packet the kernel puts on a later queue meets the default qdisc there, unshaped; use %s (ethtool -L) or write the later queues; nothing was changed\n' "$1" "$tcdsl_n" "$4" "$4" >&2
         else
