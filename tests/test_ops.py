@@ -670,6 +670,25 @@ def test_a_class_that_loses_its_children_gets_its_leaf_qdisc_in_place(
     assert tcdsl("plan", tcdsl.write("p.tcp", leafy)).out == "no changes\n"
 
 
+def test_status_of_a_file_live_under_another_name_shows_its_live_ids(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: 'status FILE' of a file applied with '--name shop' numbered its
+    classes afresh (a class inserted before others took their ids), so each name showed
+    another class's counters, exit 0, with only a note on stderr. The file's one live name
+    gives the ids now."""
+    p = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", "--name", "shop", p).code == 0
+    inserted = A.replace(
+        "    class voip", "    class first rate 1mbit match dport 22\n    class voip"
+    )
+    assert tcdsl("apply", "--yes", "--name", "shop", tcdsl.write("p.tcp", inserted)).code == 0
+    shown = tcdsl("status", "--format", "json", "--count", "1", "--interval", "0.1", p)
+    assert shown.code == 0 and "is live as 'shop'" in shown.err, shown
+    rows = {c["name"]: c["classid"] for i in json.loads(shown.out)["trees"] for c in i["classes"]}
+    assert rows["first"] == "1:40" and rows["bulk"] == "1:30", rows
+
+
 def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:
     """The kernel refuses a command half-way through B (a tc that fails on B's 'limit 30'):
     apply undoes what it did, in place (the tree and the counters kept), and says which

@@ -517,6 +517,23 @@ def applied_from(path: str, name: str | None = None) -> Applied | None:
     return None if applied is None or applied_elsewhere(applied, path) else applied
 
 
+def live_as_another_name(path: str) -> str | None:
+    """The one policy name other than ``path``'s own whose live policy was applied from
+    ``path`` itself (``apply --name shop office.tcp``), or None (none, or several)."""
+    own = policy_name(path, None)
+    found = []
+    for store in Store.every():
+        if store.name == own:
+            continue
+        try:
+            applied = store.current()
+        except OpsError:
+            continue
+        if applied is not None and not applied_elsewhere(applied, path):
+            found.append(store.name)
+    return found[0] if len(found) == 1 else None
+
+
 def live_pins(path: str, name: str | None = None) -> Pins:
     """The class ids of the policy live under ``path``'s name ({} when none is), so that a
     command reading the kernel by the policy's names (``status``) finds what apply made."""
