@@ -1968,6 +1968,14 @@ def test_a_download_via_a_device_that_is_no_ifb_is_refused(tcdsl: Tcdsl, host: H
     assert "ingress" not in tcdsl.tc("qdisc", "show", "dev", "d0")
     assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "d0")
     assert not (tcdsl.folder / "state" / "p" / "applied").exists()
+    # shaped by another policy: the same refusal, at its line, without telling to apply
+    # this policy under that name (found by a tester)
+    vx = "interface vx0 htb rate 10mbit default a {\n    class a rate 1mbit\n}\n"
+    assert tcdsl("apply", "--yes", "--name", "other", tcdsl.write("vx.tcp", vx)).code == 0
+    refused = tcdsl("apply", "--yes", policy)
+    said = " ".join(refused.err.split())
+    assert refused.code == 1 and said.startswith(f"{policy}:1:11: error:"), refused
+    assert "vx0 exists and is not an ifb device (veth)" in said and "--name" not in said, said
 
 
 def test_an_ifb_another_name_shapes_on_is_not_taken_over(tcdsl: Tcdsl, host: HostSupport) -> None:

@@ -1068,8 +1068,12 @@ def _fits(policy: ir.Policy, owned: Iterable[Tree], name: str) -> None:
         raise MissingDevice(
             f"no such device: {', '.join(missing)}; nothing was changed", spans[missing[0]]
         )
-    short = others_refusal(_claimed(policy), name)
-    short += not_ifbs(policy) + short_of_queues(policy) + slots_taken(policy, owned, name)
+    # a download's device that is no IFB is that, whoever shapes it (found by a tester: the
+    # message began by telling to apply this policy under the other's name)
+    wrong = not_ifbs(policy)
+    no_ifb = {i.name for i in policy.interfaces if i.download is not None} if wrong else set()
+    short = [s for s in others_refusal(_claimed(policy), name) if s[0] not in no_ifb]
+    short += wrong + short_of_queues(policy) + slots_taken(policy, owned, name)
     _refuse(short, policy)
 
 
