@@ -3270,3 +3270,28 @@ def test_a_written_line_moved_across_a_hashed_table_is_one_line_moved(tmp_path: 
             "its hash tables are made again, a copy at pref 2 meanwhile",
         ], changed
         assert plan.summary() == "plan: 1 to change (1 filter group)"
+
+
+def test_a_changed_group_with_no_free_pref_beside_it_is_said_to_be_built_again(
+    tmp_path: Path,
+) -> None:
+    """Found by a tester: a changed group at pref 1 with pref 2 taken was deleted before it
+    was added again (for that moment its packets met pref 2's filters and the default), while
+    the plan said only which filters changed. The plan says so now; with a free pref beside
+    it (pref 2 not taken), the copy keeps it tried in its place and nothing more is said."""
+    body = (
+        "    class a rate 10mbit match dport 1001\n"
+        "    class b rate 10mbit match dport 1002\n"
+        "    class d rate 10mbit match dport 1004 pref 2\n"
+        "    class c rate 10mbit\n"
+    )
+    text = f"interface d0 htb rate 100mbit default c {{\n{body}}}\n"
+    edited = text.replace("dport 1001", "dport 1005")
+    for pref2, said in ((True, True), (False, False)):
+        before = text if pref2 else text.replace(" pref 2", "")
+        after = edited if pref2 else edited.replace(" pref 2", "")
+        old = _policy(tmp_path, "p.tcp", before)
+        new = _policy(tmp_path, "p.tcp", after, pins_of(old))
+        shown = _plan(old, new).render()
+        assert ("no pref free beside it for a copy" in shown) is said, shown
+        assert "+ filter a (match ip dport 1005 0xffff)" in shown, shown

@@ -381,7 +381,7 @@ def _take_back(
             if undone is None and settled():
                 # an undo that builds a tree (or a subtree) again resets its counters (found
                 # by a tester: the message said they were kept)
-                kept = not any(c.sign == "!" for c in inverse.changes)
+                kept = not inverse.builds_again
                 raise ApplyFailed(failure, True, in_place=kept, signal=stopped_by)
         back = restore()
     except OpsError:  # the live policy's saved text no longer compiles: nothing to build

@@ -54,6 +54,8 @@ from tcdsl.ops.u32swap import (
 from tcdsl.verify.compare import default_qdisc
 
 Sign = Literal["+", "~", "-", "!"]
+_BUILT_AGAIN = ("(rebuild)", "(its subtree is built again)")
+"""How the lines of a plan that build a tree or a subtree again end."""
 Names = tuple[Mapping[str, str], Mapping[str, str]]
 """A tree's class names (class id -> name) in the old policy and in the new one: a class id
 is a tree's own (another tree's 1:10 is another class), and may name another class after a
@@ -120,6 +122,11 @@ class Plan:
     def empty(self) -> bool:
         """Nothing to change."""
         return not self.changes
+
+    @property
+    def builds_again(self) -> bool:
+        """Whether it builds a tree, or a qdisc's subtree, again (their counters start over)."""
+        return any(c.sign == "!" and c.text.endswith(_BUILT_AGAIN) for c in self.changes)
 
     def render(self, summary_only: bool = False) -> str:
         """The plan as text: drift first, then the changes (unless ``summary_only``) and their
@@ -579,6 +586,13 @@ def _in_place(
                     unmade.append(o)
                     swaps.add_late(n)
             else:
+                if _free_beside(int(n.key[4]), taken[n.dev, key[2]]) is None:
+                    # (found by a tester: the docs promised a copy first)
+                    why = (
+                        "deleted and built again (no pref free beside it for a copy: for "
+                        "that moment its packets meet the prefs after it)"
+                    )
+                    plan.changes.append(Change("!", f"{_what(n, names[1])}: {why}", n.span))
                 filters += _changed_filters(o, n, taken[n.dev, key[2]])
     delete: list[Command] = []
     # A leaf class that gets children: htb destroys its leaf qdisc as the first child is
