@@ -106,6 +106,21 @@ def required_parameters_present(policy: ir.Policy) -> Iterator[Diagnostic]:
                         yield Diagnostic.error(
                             "E019", "tbf 'peakrate' needs 'mtu' (tc requires both)", q.peakrate.span
                         )
+                    if (
+                        q.peakrate is not None
+                        and q.rate is not None
+                        and q.peakrate.bits_per_second // 8 <= q.rate.bits_per_second // 8
+                    ):
+                        # (found by a tester: the kernel refuses it, EINVAL, half-way through
+                        # the script)
+                        yield Diagnostic.error(
+                            "E019",
+                            f"tbf 'peakrate' {format_rate(q.peakrate.bits_per_second)} is not "
+                            f"above its rate {format_rate(q.rate.bits_per_second)}: the kernel "
+                            "refuses it (a peakrate caps the bursts "
+                            "above the rate); raise it or leave it out",
+                            q.peakrate.span,
+                        )
                     if (q.latency is None) == (q.limit is None):
                         yield Diagnostic.error(
                             "E019", "tbf needs exactly one of 'latency' or 'limit'", q.span
@@ -1521,10 +1536,11 @@ def _cake_values(q: ir.Cake) -> Iterator[Diagnostic]:
         zero |= isinstance(value, ir.Size) and value.bytes == 0
         if value is not None and zero:
             default = "100ms" if name == "rtt" else "a limit from the bandwidth"
+            least = "1us" if name == "rtt" else "1b"  # (found by a tester: 'rtt 1' has no unit)
             yield Diagnostic.error(
                 "E230",
                 f"tc takes cake {name} 0 for 'not given' and leaves it out: the kernel keeps "
-                f"{default}; give {name} 1 or more",
+                f"{default}; give {name} {least} or more",
                 value.span,
             )
 

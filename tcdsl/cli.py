@@ -251,8 +251,11 @@ def compile(
     else:
         files = {target: result.output}
     with _writing(output):
+        if len(files) > 1 or output.endswith("/"):
+            # the directory named (-o out/), not the folders above it
+            target.mkdir(exist_ok=True)
         for path, text in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
+            # (found by a tester: '-o /nonexist/x.sh' made /nonexist)
             _write_text(path, text)
 
 

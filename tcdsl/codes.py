@@ -170,7 +170,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W373": CodeInfo(_W, "Rows of a subscriber table with text past the header's columns"),
     "W374": CodeInfo(_W, "Two trees' marks that meet only in NAT loopback or WAN-to-WAN packets"),
     "W375": CodeInfo(_W, "'set dscp' with marks set before routing: other interfaces' packets too"),
-    "W376": CodeInfo(_W, "A police mtu below a full frame as the size table charges it"),
+    "W376": CodeInfo(_W, "A police mtu below a full frame (as the size table charges it)"),
     "W377": CodeInfo(_W, "A circuit whose rows a tree's subscribers statements take only some of"),
     "W378": CodeInfo(_W, "A written class with the name a table's circuit would have"),
     "W368": CodeInfo(_W, "mq queues N with fewer top-level classes than queues"),

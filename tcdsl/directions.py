@@ -27,10 +27,17 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
     match line's)."""
     for iface in policy.interfaces:
         # A policer meters a packet by the length the root's size table charges for it (an
-        # ingress qdisc's policers see the packet as it is).
+        # ingress qdisc's policers see the packet as it is, without its Ethernet header).
         egress = linklayer.charged_frame(iface.stab)
         for q in ir.walk_qdiscs(iface.root):
-            frame = egress if not isinstance(q, ir.Ingress) else linklayer.FRAME
+            ingress = isinstance(q, ir.Ingress)
+            frame = egress if not ingress else linklayer.FRAME - linklayer.ETHERNET_HEADER
+            packet = (
+                f"a full-size packet ({frame} bytes: on ingress a policer meters it without "
+                "its Ethernet header)"
+                if ingress
+                else linklayer.frame_words(frame)
+            )
             for _, m in ir.matches_of(q):
                 p = m.police
                 if p is None:
@@ -50,11 +57,7 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
                 implicit = p.mtu is None and frame > POLICE_DEFAULT_MTU
                 largest = p.mtu.bytes if p.mtu is not None else frame
                 if p.burst.bytes < largest and not implicit:
-                    what = (
-                        f"its mtu of {format_size(largest)}"
-                        if p.mtu is not None
-                        else linklayer.frame_words(frame)
-                    )
+                    what = f"its mtu of {format_size(largest)}" if p.mtu is not None else packet
                     yield Diagnostic.error(
                         "E253",
                         f"police burst {format_size(p.burst.bytes)} is smaller than {what}: "
@@ -73,6 +76,15 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
                         f"verdict for traffic above the rate ({p.exceed}); give an mtu of at "
                         f"least {frame} bytes, and a burst of at least as much",
                         p.span,
+                    )
+                elif p.mtu is not None and p.mtu.bytes < min(frame, linklayer.FRAME):
+                    # (found by a tester: 'mtu 64', meant as 'mpu 64', was silent)
+                    yield Diagnostic.warning(
+                        "W376",
+                        f"police mtu {format_size(p.mtu.bytes)} is smaller than {packet}: every "
+                        f"bigger packet gets the verdict for traffic above the rate ({p.exceed}); "
+                        f"give an mtu of at least {frame} bytes, or leave it out",
+                        p.mtu.span,
                     )
                 elif p.mtu is not None and linklayer.FRAME <= p.mtu.bytes < frame:
                     yield Diagnostic.warning(

@@ -127,6 +127,17 @@ def test_compile_output_file(in_root: Path, tmp_path: Path) -> None:
     assert target.read_text(encoding="utf-8") == run("compile", OFFICE).stdout
 
 
+def test_compile_output_in_a_missing_folder_is_refused(in_root: Path, tmp_path: Path) -> None:
+    """Found by a tester: '-o /nonexist/x.sh' made /nonexist (as root: at /). A file's folder
+    must exist (exit 1, nothing made); a directory output (-o out/) makes that one folder."""
+    target = tmp_path / "nonexist" / "x.sh"
+    result = run("compile", "-o", str(target), OFFICE)
+    assert result.exit_code == 1 and "cannot write" in result.stderr, result.stderr
+    assert not target.parent.exists()
+    batch = run("compile", "-b", "tc-batch", "-o", f"{tmp_path / 'out'}/", OFFICE)
+    assert batch.exit_code == 0 and (tmp_path / "out" / "office.batch").is_file(), batch.stderr
+
+
 @pytest.mark.parametrize(
     "args", [["compile", OFFICE], ["explain", OFFICE], ["check", "--format", "json", OFFICE]]
 )

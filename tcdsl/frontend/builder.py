@@ -964,6 +964,16 @@ class Builder(Transformer[Token, Any]):
         if offset is None:
             return None
         span = join(self.sp(size), self.sp(at))
+        if offset > 0x7FFFFFFF:  # (found by a tester: the script failed half-way)
+            self.error(
+                Diagnostic.error(
+                    "E016",
+                    f"offset {offset} is past tc's 2147483647 (it reads 'at' as a signed 32-bit "
+                    "number and refuses the match); a key that far in a packet never matches",
+                    self.sp(at),
+                )
+            )
+            return None
         # tc aligns keys silently: u16 at 1 would match bytes 0-1, u32 at 2 is refused.
         align = {8: 1, 16: 2, 32: 4}[width]
         if offset % align:

@@ -507,6 +507,12 @@ def _expected_words(expected: Iterable[str], context: tuple[str, str] | None = N
     last = [n for n in _LAST if n in names]
     names -= set(_LAST)
     for name in sorted(names):
+        if name == "HANDLE" and context is not None:
+            # (found by a tester: 'handle 1' on a qdisc was shown 1:10, a class's id)
+            words.append(
+                "a qdisc handle such as 1:" if context[0] == "qdisc" else "an id such as 1:10"
+            )
+            continue
         words.append(EXPECTED_WORDS.get(name) or _keyword(name))
     if len(operators) > 1:
         words.append(f"an operator ({' '.join(operators)})")
