@@ -1367,6 +1367,14 @@ UNSPELLABLE = "E502"
 """An interface name or a command has no spelling in a backend's output format."""
 
 
+def batchable(name: str, commands: Iterable[Command]) -> bool:
+    """Whether an interface's ``tc -batch`` lines can hold its name and each of its tc
+    ``commands`` (see :func:`unspellable`)."""
+    return batch_unquotable(name) is None and all(
+        len(c.args) <= BATCH_MAX_WORDS for c in commands if c.tool == "tc"
+    )
+
+
 def unspellable(policy: ir.Policy, *, batch: bool, nft: bool) -> Iterator[Diagnostic]:
     """Yield E502 for what ``tc -batch`` lines (``batch``) or nft rules (``nft``) cannot hold."""
     for iface in policy.interfaces:

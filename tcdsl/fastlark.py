@@ -34,7 +34,7 @@ from typing import Any
 
 from lark import Token, Transformer, Tree
 from lark.exceptions import UnexpectedInput
-from lark.lexer import ContextualLexer, LexerState
+from lark.lexer import ContextualLexer, LexerState, PatternStr
 from lark.parse_tree_builder import ChildFilterLALR_NoPlaceholders, ExpandSingleChild
 from lark.parsers.lalr_analysis import Shift
 from lark.parsers.lalr_interactive_parser import InteractiveParser
@@ -125,6 +125,15 @@ class FastContextualLexer(ContextualLexer):
                 type_ = match.lastgroup
                 assert type_ is not None
             value = match.group(type_)
+            end_of = match.end()
+            if type_ in scanner.keywords and end_of < end and _WORD_GOES_ON(text, end_of):
+                # A keyword is a whole word (found by a tester: 'protoudp' read as 'proto
+                # udp', 'protocol tcp' as 'proto' and 'col'): the word is a name, which the
+                # parser takes where a name may come and refuses elsewhere.
+                value = _NAME(text, pos).group()  # type: ignore[union-attr]
+                type_ = "NAME"
+                match = None
+                end_of = pos + len(value)
             # What Token(type_, value, pos, line, column) does, without its two Python calls.
             token = _new_str(Token, value)
             token.type = type_
@@ -132,7 +141,7 @@ class FastContextualLexer(ContextualLexer):
             token.start_pos = pos
             token.line = line
             token.column = pos - line_start + 1
-            pos = match.end()
+            pos = end_of
             if type_ in scanner.newline_types:  # a terminal that may hold newlines
                 newlines = value.count("\n")
                 if newlines:
@@ -170,7 +179,7 @@ class _Scanner:
     callbacks; and, once it has read ``COMBINE_AFTER`` tokens, one regex that skips the blanks
     and matches the token (unless Lark split the terminals in several regexes)."""
 
-    __slots__ = ("callbacks", "combined", "mres", "newline_types", "uses")
+    __slots__ = ("callbacks", "combined", "keywords", "mres", "newline_types", "uses")
 
     def __init__(self, lexer: Any) -> None:
         self.combined: Any = None
@@ -178,6 +187,12 @@ class _Scanner:
         self.newline_types: Any = lexer.newline_types
         self.callbacks: dict[str, Any] = lexer.callback
         self.uses = 0
+        self.keywords = frozenset(
+            t.name
+            for t in lexer.terminals
+            if isinstance(t.pattern, PatternStr) and t.pattern.value[-1:].isalnum()
+        )
+        """The terminals that are words (``match``): a word that goes on is not one of them."""
 
     def used(self) -> None:
         """Count a token read without the combined regex; make it when it is time."""
@@ -208,6 +223,8 @@ class _Scanners(dict[int, _Scanner]):
 
 
 _new_str = str.__new__
+_WORD_GOES_ON = re.compile(r"[\w-]").match
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*").match
 
 
 def _report_trivia(

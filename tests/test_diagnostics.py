@@ -216,6 +216,8 @@ MULTI_CODE_CASES = {
     "E205-several-check-errors.tcp",
     "E038-table-errors-capped.tcp",  # the errors it counts beyond the 50 shown
     "E018-comment-line-in-a-continuation.tcp",  # the line's qdisc (E018) and its word (E001)
+    "E001-unclosed-block-before-the-next-interface.tcp",  # the next interface's own E207
+    "E103-condition-word-in-a-list.tcp",  # the value after the word (E001)
 }
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from lark import Lark, Token
 from lark.exceptions import UnexpectedInput
+from lark.lexer import PatternStr
 
 from tcdsl import fastlark
 from tcdsl.fastlark import PLUGINS, FastContextualLexer
@@ -112,10 +114,34 @@ PIECES = [
 ]
 
 
+KEYWORDS = sorted(
+    (t.pattern.value for t in LARK.terminals if isinstance(t.pattern, PatternStr)), key=len
+)
+GLUED = re.compile(
+    rf"(?<![\w-])(?:{'|'.join(re.escape(k) for k in reversed(KEYWORDS) if k[-1:].isalnum())})[\w-]"
+)
+"""A keyword with a word character right after it: stock Lark reads the keyword and goes on
+with the rest ('protoudp' as 'proto' 'udp'), fastlark reads one name (the test below)."""
+
+
+def test_a_keyword_glued_to_more_of_a_word_is_a_name() -> None:
+    """Found by a tester: 'protoudp', 'dscpef', 'matchall' and 'defaultbulk' were read as
+    two words, 'protocol tcp' as 'proto' 'col'. A word that goes on past a keyword is one
+    name: taken where a name may come, refused elsewhere (with the keyword suggested)."""
+    text = "interface eth0 htb rate 10mbit default bulk {\n  class a rate 1mbit match protoudp\n}\n"
+    found = tokens(FAST, text)
+    assert ("NAME", "protoudp", 2, 28, 2, 36) in found, found
+    assert found[-1][0] == "UnexpectedToken", found
+    named = "const matchx = 5\n"
+    assert [t[:2] for t in tokens(FAST, named)][:2] == [("CONST", "const"), ("NAME", "matchx")]
+    assert GLUED.search(text) and GLUED.search(named) and not GLUED.search("match proto udp")
+
+
 @settings(max_examples=300, derandomize=True, deadline=None)
 @given(st.lists(st.sampled_from(PIECES), max_size=40))
 def test_same_tokens_on_random_text(pieces: list[str]) -> None:
     text = "".join(pieces)
+    assume(not GLUED.search(text))
     assert tokens(FAST, text) == tokens(LARK, text)
     assert tree(FULL, text) == tree(LARK, text)
 
@@ -143,6 +169,7 @@ def test_same_tokens_on_random_text_through_the_combined_regexes(pieces: list[st
     fastlark.COMBINE_AFTER = 1  # (hypothesis runs the examples in one call of the test)
     try:
         text = "".join(pieces)
+        assume(not GLUED.search(text))
         assert tokens(COMBINED, text) == tokens(LARK, text)
         assert tree(COMBINED, text) == tree(LARK, text)
     finally:
@@ -182,6 +209,7 @@ def test_same_recovery_on_every_policy_and_diagnostic_case(path: Path) -> None:
 @given(st.lists(st.sampled_from(PIECES), max_size=40))
 def test_same_recovery_on_random_text(pieces: list[str]) -> None:
     text = "".join(pieces)
+    assume(not GLUED.search(text))
     assert syntax_errors(text, PLUGINS) == syntax_errors(text, {})
 
 

@@ -465,6 +465,8 @@ OFFICE = str(ROOT / "policies" / "office.tcp")
         (["--flow", "g: udp", "--link", "2tbit"], ["'--link'", "at most 1tbit"]),
         (["--flow", "g: udp", "--duration", "99999999999999999999s"], ["--duration"]),
         (["--flow", "g: udp rate 1mbit", "--interval", "1us"], ["'--interval'", "samples"]),
+        # (found by a tester: ran, and showed the flow as "40s-2s")
+        (["--flow", "a: udp start 40s", "--duration", "2s"], ["flow 'a' starts at 40s"]),
         (
             [
                 *("--flow", "a: udp rate 1gbit", "--flow", "b: udp rate 1gbit"),

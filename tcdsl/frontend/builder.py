@@ -249,6 +249,16 @@ class Builder(Transformer[Token, Any]):
         if isinstance(body, QdiscSyntax):
             self.interfaces.append(self._tree(name, name_span, body, outer, label=name))
             return
+        if not body:
+            # (found by a tester: W308 said the file had no 'interface' statement)
+            self.error(
+                Diagnostic.warning(
+                    "W308",
+                    f"interface '{name}' has an empty block: nothing is shaped on it; write "
+                    "its upload, download or ingress in the block",
+                    name_span,
+                )
+            )
         seen: dict[str, Span] = {}
         for kw, span, item, own in body:
             if kw in seen:
@@ -861,8 +871,10 @@ class Builder(Transformer[Token, Any]):
         value, mask = nums[0], nums[1] if len(nums) > 1 else default_mask
         limit = (1 << width) - 1
         if value > limit or mask > limit:
+            # (found by a tester: a mask too wide was blamed on the value)
+            what, tok = ("value", toks[0]) if value > limit else ("mask", toks[-1])
             self.error(
-                Diagnostic.error("E016", f"value {toks[0]} does not fit in {width} bits", span)
+                Diagnostic.error("E016", f"{what} {tok} does not fit in {width} bits", self.sp(tok))
             )
             return None
         if value & ~mask:

@@ -189,6 +189,9 @@ def syntax_error(
             # (a keyword that belongs to the statement above: a word that is none, 'clas',
             # keeps its "did you mean 'class'?", found by a review)
             hint, note = broken
+        elif word in TC_WORDS and token.type not in ("STRING", "$END", "_NL"):
+            # (found by a tester: 'dst_port' was asked "did you mean 'sport'?")
+            hint = f"; {TC_WORDS[word]}"
         elif re.fullmatch(r"[A-Za-z_][\w-]*", word):
             known = tuple(terminals)
             hint = suggestion(word, _keywords(names, context, known))
@@ -275,6 +278,24 @@ def _missing_close(text: str, until: int | None) -> tuple[tuple[int, int], int, 
                 stack.pop()
     return None
 
+
+TC_WORDS = {
+    **{
+        tc: f"tc's '{tc}' is '{ours}' here"
+        for tc, ours in (
+            ("dst_port", "dport"),
+            ("src_port", "sport"),
+            ("dst_ip", "dst"),
+            ("src_ip", "src"),
+            ("ip_proto", "proto"),
+            ("protocol", "proto"),
+        )
+    },
+    "flowid": "a match line sends to the class it is written in (tc's flowid)",
+    "classid": "a class's id is 'id 1:10'; a match line sends to the class it is written in",
+    "parent": "a class's parent is the class (or qdisc) whose block holds it",
+}
+"""tc's words for what the language says otherwise, and what to write instead."""
 
 _TOP_LEVEL = frozenset({"INTERFACE", "CONST", "INCLUDE"})
 """Statements that only start a file's top level: one inside a block says a '}' is missing."""

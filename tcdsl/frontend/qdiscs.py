@@ -973,6 +973,28 @@ class QdiscBuilder:
         """Where this qdisc's line gives the flag ``key`` (the qdisc's span if it does not)."""
         return next((o.span for o in self.opts if isinstance(o, Flag) and o.key == key), self.span)
 
+    def _prio_after_a_match(self, syn: ClassSyntax) -> None:
+        """W379: 'prio' after a match on a class's line is the class's priority, not the
+        match's (found by a tester: 'match dport 80 prio 1', tc's filter prio, changed the
+        class's and no filter's)."""
+        matched = None
+        for opt in syn.opts:
+            if isinstance(opt, ir.Match):
+                matched = opt
+            elif matched is not None and isinstance(opt, Param) and opt.key == "prio":
+                self.error(
+                    Diagnostic.warning(
+                        "W379",
+                        f"'prio' after a match is the priority of class '{syn.name}' (which class "
+                        "is offered spare bandwidth first), not the match's: tc's filter 'prio' is "
+                        "'pref' here ('match dport 80 pref 1'); write the class's prio before "
+                        "its matches",
+                        opt.span.prefix(len("prio")),
+                        Note("after this match", matched.span),
+                    )
+                )
+                return
+
     def _member(self, syn: ClassSyntax | SubscribersSyntax) -> ir.Class | None:
         """A class of the body, or the stand-in of a subscribers statement."""
         if isinstance(syn, SubscribersSyntax):
@@ -981,6 +1003,7 @@ class QdiscBuilder:
 
     def klass(self, syn: ClassSyntax) -> ir.Class:
         kind = self.kind
+        self._prio_after_a_match(syn)
         values, handle, matches = self._values(
             syn.opts,
             _class_params(kind),

@@ -141,6 +141,7 @@ class Reader:
             self.tables.clear()  # read by now: the classes have what they need of the rows
             self._defined_later()
             if not interfaces and not self.scope.constants and not self.diagnostics:
+                # (an interface with an empty block has said so)
                 # Nothing at all (an empty file, comments only): said, where a script that
                 # changes nothing would pass in silence. A file of constants is a library.
                 msg = (

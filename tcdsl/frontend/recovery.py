@@ -247,8 +247,43 @@ def parse(
                 pos = resumed_at + 1  # a consequence of the last recovery: skip a character
             if isinstance(err, UnexpectedToken) and err.token.type == "$END":
                 return  # nothing left to go on with; an open block stays unbuilt
+            if (outer := _at_top_level(ip, err, text)) is not None:
+                # a file's statement at the start of a line inside a block: a '}' is missing
+                # (reported); the file's statements go on from it, the unclosed one dropped
+                # (found by a tester: one missing '}' was reported again at the end of the
+                # file, and the interfaces after it never read)
+                resumed_at = outer
+                continue
             resumed_at = _recover(ip, text, pos, _line_of(err, text))
     raise AssertionError("syntax-error recovery made no progress")  # pragma: no cover
+
+
+TOP_LEVEL = frozenset({"INTERFACE", "CONST", "INCLUDE"})
+"""The keywords of the statements that only start at a file's top level."""
+
+
+def _at_top_level(ip: InteractiveParser, err: UnexpectedInput, text: str) -> int | None:
+    """Where the parse goes on (the failing token) when ``err`` is a file's statement at the
+    start of a line inside an open block: the stacks cut back to the file's statement list;
+    None otherwise."""
+    if not isinstance(err, UnexpectedToken) or err.token.type not in TOP_LEVEL:
+        return None
+    pos = err.token.start_pos or 0
+    if text[text.rfind("\n", 0, pos) + 1 : pos].strip():
+        return None
+    state = ip.parser_state
+    table = state.parse_conf.parse_table.states
+    stack = state.state_stack
+    outer = [i for i in range(len(stack)) if _TOP in table[stack[i]]]
+    if not outer or outer[-1] == len(stack) - 1:
+        return None
+    keep = outer[-1] + 1
+    if not _accepts(state, stack, err.token.type, keep):
+        return None
+    del stack[keep:]
+    del state.value_stack[keep - 1 :]
+    _move(ip, text, pos, _line_of(err, text))
+    return pos
 
 
 def _line_of(err: UnexpectedInput, text: str) -> tuple[int, int]:

@@ -97,7 +97,7 @@ def decimal_comma(text: str, at: int) -> str | None:
     return f"{found.group(1)}.{found.group(2)}{unit}"
 
 
-_SPACED_UNIT = re.compile(r"([0-9]+(?:\.[0-9]+)?)[ \t]+([A-Za-z]+)\b")
+_SPACED_UNIT = re.compile(r"([0-9]+(?:\.[0-9]+)?)[ \t]+([A-Za-z]+\b|%)")
 
 
 _DOTTED_MASK = re.compile(
@@ -144,7 +144,9 @@ def spaced_unit(
     if start > 0 and (text[start - 1].isalnum() or text[start - 1] in "_"):
         return None
     found = _SPACED_UNIT.match(text, start)
-    if found is None or found.start(2) != at or not dimensions_of(found.group(2)):
+    if found is None or found.start(2) != at:
+        return None
+    if found.group(2) != "%" and not dimensions_of(found.group(2)):
         return None
     if takes is not None and unit_misfit(text, at, takes) is not None:
         return None
@@ -170,6 +172,10 @@ def unit_misfit(text: str, at: int, takes: Callable[[str], frozenset[Dimension]]
 
 _UNIT_WORD = re.compile(r"[A-Za-z]+\b")
 _NUMBER_BEFORE = re.compile(r"[0-9]+(?:\.[0-9]+)?[ \t]+$")
+
+
+CONDITION_WORDS = frozenset({"src", "dst", "sport", "dport", "proto", "tos", "dscp"})
+"""The words that start a match line's conditions."""
 
 
 class EvalError(Exception):
@@ -326,6 +332,15 @@ def evaluate(
             hint = ""
             if "-" in expr.name:
                 hint = f"; to subtract, put spaces around '-' ({expr.name.replace('-', ' - ')})"
+            elif expr.name in CONDITION_WORDS:
+                # (found by a tester: 'dport 80, dport 443')
+                hint = (
+                    f"; '{expr.name}' starts a condition, and a list after one holds its values "
+                    f"only: '{expr.name} 80, 443'"
+                    if expr.name in ("dport", "sport")
+                    else f"; '{expr.name}' starts a condition, and a list after one holds its "
+                    "values only"
+                )
             raise EvalError(
                 Diagnostic.error("E103", f"unknown constant '{expr.name}'{hint}", expr.span)
             )

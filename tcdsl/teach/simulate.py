@@ -1387,6 +1387,13 @@ class Simulator(Engine):
         if self.link <= 0:
             raise SimulationError("the link rate must be above 0")
         check_size(flows, duration, self.interval, self.link)
+        late = next((f for f in flows if f.start >= duration), None)
+        if late is not None:  # (found by a tester: shown as "40s-2s", and no word said)
+            raise RunTooLarge(
+                f"flow '{late.name}' starts at {format_time(late.start)}, when the run of "
+                f"{format_time(duration)} has ended: lengthen --duration or start it sooner",
+                "--duration",
+            )
         self.stab = iface.stab.size_table() if iface.stab is not None else None
         builder = _Builder(self)
         self.root = builder.build(iface.root)
