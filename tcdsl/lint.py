@@ -850,6 +850,27 @@ def prefs_fit_their_parent(policy: ir.Policy) -> Iterator[Diagnostic]:
                     break
 
 
+def tos_leaves_ecn_out(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """W380: a tos match whose mask holds the byte's two ECN bits with both 0 in its value:
+    an ECN-capable packet does not match (found by a tester: tc's default mask is 0xff)."""
+    for m in ir.policy_matches(policy):
+        for c in m.conds:
+            if (
+                isinstance(c, ir.TosCond)
+                and c.dscp is None
+                and c.mask & 0x3 == 0x3
+                and c.value & 0x3 == 0
+            ):
+                yield Diagnostic.warning(
+                    "W380",
+                    f"tos {c.value:#04x}/{c.mask:#04x} also tests the byte's two ECN bits (its "
+                    "lowest), so a packet of an ECN-capable flow (most TCP today) does not "
+                    f"match; write tos {c.value:#04x}/{c.mask & 0xFC:#04x} to test the TOS bits "
+                    "alone",
+                    c.span,
+                )
+
+
 def ports_need_a_port_protocol(policy: ir.Policy) -> Iterator[Diagnostic]:
     """A port condition next to a protocol that has no ports tests other header bytes."""
     for m in ir.policy_matches(policy):
@@ -1167,6 +1188,7 @@ LINTS: tuple[Lint, ...] = (
     marks_kept_apart,
     prefs_fit_their_parent,
     ports_need_a_port_protocol,
+    tos_leaves_ecn_out,
     leaf_queues_sensible,
     policers_do_not_reclassify,
     hfsc_curves_consistent,

@@ -82,7 +82,7 @@ def test_office_first_line_wins_and_says_why() -> None:
     (step,) = verdict.steps
     # tos 0x10 is interactive's second line, written before voip's: it wins.
     assert step.cls is not None and step.cls.name == "interactive"
-    assert step.why == "filter pref 1 matched (match tos 0x10) -> class 'interactive' (1:10)"
+    assert step.why == "filter pref 1 matched (match tos 0x10/0xfc) -> class 'interactive' (1:10)"
     assert step.span is not None and (step.span.line, step.span.column) == (7, 9)
     verdict = _verdict(_policy(OFFICE), "tcp src 10.3.34.11 dport 5001")
     assert _name(verdict) == "voip"

@@ -87,9 +87,9 @@ filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff fl
 # policies/ingress-policer.tcp:14:13: filter to 1:10
 filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
 # policies/ingress-policer.tcp:15:13: filter to 1:10
-filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xfc flowid 1:10
 # policies/ingress-policer.tcp:15:13: filter to 1:10
-filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xff flowid 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xfc flowid 1:10
 # policies/ingress-policer.tcp:16:13: filter to 1:10
 filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xffc0 at 2 match u8 0x10 0xff at 33 flowid 1:10
 # policies/ingress-policer.tcp:16:13: filter to 1:10

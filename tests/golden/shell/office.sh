@@ -87,9 +87,9 @@ filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 1 0xff fl
 # policies/office.tcp:6:9: filter to 1:10
 filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 58 0xff flowid 1:10
 # policies/office.tcp:7:9: filter to 1:10
-filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xff flowid 1:10
+filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x10 0xfc flowid 1:10
 # policies/office.tcp:7:9: filter to 1:10
-filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xff flowid 1:10
+filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x10 0xfc flowid 1:10
 # policies/office.tcp:10:11: class voip
 class add dev eth0 parent 1:1 classid 1:20 htb rate 6mbit prio 0
 # policies/office.tcp:10:34: filter to 1:20
