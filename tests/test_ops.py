@@ -1840,40 +1840,6 @@ def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: Hos
     assert tcdsl("down", "-i", "d9").code == 1
 
 
-@pytest.mark.parametrize(
-    ("words", "said"),
-    [
-        ("u32 match ip src 10.0.0.99/32 flowid ffff:1", "holds a u32 filter without an action"),
-        (
-            "u32 match u32 0 0 action mirred egress mirror dev lo",
-            "holds a 'mirred (Egress Mirror to' action",
-        ),
-    ],
-    ids=["classifying", "mirror"],
-)
-def test_down_of_an_interface_keeps_a_foreign_ingress_qdisc(
-    tcdsl: Tcdsl, host: HostSupport, words: str, said: str
-) -> None:
-    """Found by a tester: 'down -i d0' removed another tool's ingress qdisc and its filter
-    (an anti-spoofing rule, say), listed as "- ingress qdisc of d0" like tcdsl's own, where
-    a foreign clsact is left. tcdsl's ingress qdisc holds a download's redirect or policers;
-    one holding another filter is left, and said so (a download's is removed: the test
-    above)."""
-    if "mirred" not in host.actions:
-        pytest.skip(f"the host lacks act_mirred ({host.notes})")
-    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
-    tcdsl.tc_lines(
-        "qdisc add dev d0 ingress", f"filter add dev d0 parent ffff: protocol ip prio 7 {words}"
-    )
-    done = tcdsl("down", "-i", "d0", "--yes")
-    said_all = " ".join(done.out.split())
-    assert done.code == 0 and "- root qdisc of d0" in done.out, done
-    assert f"the ingress qdisc of d0 {said}" in said_all and "left as it is" in said_all, done
-    shown = tcdsl.tc("qdisc", "show", "dev", "d0")
-    assert "htb" not in shown and "ingress" in shown, shown
-    assert "pref 7" in tcdsl.tc("filter", "show", "dev", "d0", "ingress")
-
-
 def test_down_of_an_interface_lists_first_and_keeps_a_foreign_clsact(
     tcdsl: Tcdsl, host: HostSupport
 ) -> None:

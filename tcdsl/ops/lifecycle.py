@@ -1440,12 +1440,10 @@ def down_interface_steps(device: str, runner: Runner = run_command) -> list[Down
         if where == "clsact":
             mq = re.search(r"^qdisc mq \S+ root ", shown, re.MULTILINE) is not None
             foreign = _foreign_clsact(device, runner, mq)
-        elif where == "ingress":
-            foreign = _foreign_ingress(device, runner)
         if foreign is not None:
             kept(
-                f"- (the {where} qdisc of {device} {foreign}: left as it is; remove it with: "
-                f"tc qdisc del dev {device} {where})"
+                f"- (the clsact qdisc of {device} {foreign}: left as it is; remove it with: "
+                f"tc qdisc del dev {device} clsact)"
             )
             continue
         step(f"- {where} qdisc of {device}", ["tc", "qdisc", "del", "dev", device, where])
@@ -1542,31 +1540,6 @@ def _foreign_clsact(device: str, runner: Runner, mq: bool) -> str | None:
     if steers or mq:
         return None
     return "holds no filter that steers to a TX queue, which tcdsl's has"
-
-
-def _foreign_ingress(device: str, runner: Runner) -> str | None:
-    """Why the ingress qdisc of ``device`` is not tcdsl's, in words (``holds ...``), or None.
-    tcdsl makes one for a download (a filter redirecting to the IFB) and for ingress
-    policing (filters whose actions are policers): u32 or flower filters with those actions
-    only. (Found by a tester: another tool's ingress qdisc and its filters were removed by
-    'down -i', listed as if they were tcdsl's.)"""
-    text = runner(["tc", "filter", "show", "dev", device, "ingress"], None).stdout
-    for f in parse_filters(text):
-        where = "which tcdsl does not make"
-        if f.kind not in ("u32", "flower"):
-            return f"holds a {f.kind} filter, {where}"
-        if f.link:
-            continue
-        for line in f.words[1:]:
-            action = parse_action(line)
-            if action is None or action[0] == "police":
-                continue
-            if action[0] != "mirred" or action[1:3] != ("egress", "redirect"):
-                shown = line.split(":", 1)[1] if ":" in line else str(action[0])
-                return f"holds a '{' '.join(shown.split()[:4])}' action, {where}"
-        if not f.actions:
-            return f"holds a {f.kind} filter without an action, {where}"
-    return None
 
 
 def down_interface(device: str, runner: Runner = run_command) -> list[str]:
