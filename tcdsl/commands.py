@@ -1370,8 +1370,12 @@ UNSPELLABLE = "E502"
 def batchable(name: str, commands: Iterable[Command]) -> bool:
     """Whether an interface's ``tc -batch`` lines can hold its name and each of its tc
     ``commands`` (see :func:`unspellable`)."""
-    return batch_unquotable(name) is None and all(
-        len(c.args) <= BATCH_MAX_WORDS for c in commands if c.tool == "tc"
+    tc = [c.args for c in commands if c.tool == "tc"]
+    # every device its commands name (a download's: the interface and its IFB; found by a
+    # review)
+    devices = {name, *(a[i + 1] for a in tc for i, w in enumerate(a[:-1]) if w == "dev")}
+    return all(batch_unquotable(d) is None for d in devices) and all(
+        len(a) <= BATCH_MAX_WORDS for a in tc
     )
 
 

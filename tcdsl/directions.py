@@ -19,6 +19,11 @@ PRIVATE = tuple(IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168
 """RFC 1918's private networks."""
 
 
+SMALLEST_MTU = 1280
+"""The smallest MTU of a link that carries IPv6: a policer's mtu below it drops (or
+passes on) packets every link carries."""
+
+
 def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
     """E253: a policer whose burst is below the largest packet it lets through (no such
     packet ever conforms: tc-police(8) asks for a burst of at least the MTU); W376: an mtu
@@ -77,7 +82,9 @@ def policers_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
                         f"least {frame} bytes, and a burst of at least as much",
                         p.span,
                     )
-                elif p.mtu is not None and p.mtu.bytes < min(frame, linklayer.FRAME):
+                elif p.mtu is not None and p.mtu.bytes < SMALLEST_MTU:
+                    # (below any link's packets: a link of a smaller MTU than Ethernet's, a
+                    # WireGuard or PPPoE one, may set its own on purpose; found by a review)
                     # (found by a tester: 'mtu 64', meant as 'mpu 64', was silent)
                     yield Diagnostic.warning(
                         "W376",

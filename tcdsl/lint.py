@@ -859,6 +859,7 @@ def tos_leaves_ecn_out(policy: ir.Policy) -> Iterator[Diagnostic]:
                 isinstance(c, ir.TosCond)
                 and c.dscp is None
                 and c.mask & 0x3 == 0x3
+                and c.mask & 0xFC  # (tos 0x00/0x03 tests the ECN bits on purpose)
                 and c.value & 0x3 == 0
             ):
                 yield Diagnostic.warning(

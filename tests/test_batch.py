@@ -503,3 +503,22 @@ def test_an_interface_a_batch_line_cannot_name_runs_one_command_at_a_time(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("class htb 1:10") == 2, done.stdout
+
+
+def test_a_download_of_an_interface_a_batch_line_cannot_name_runs_one_command_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """Found by a review: the fallback looked at the tree's own device only; a download's tree
+    (named after its IFB) also names the interface ('x#y', its ingress qdisc and redirect), and
+    its batch line was cut at the '#'. No tc -batch of the script names x#y."""
+    path = tmp_path / "dl.tcp"
+    path.write_text(
+        'interface "x#y" {\n    download via ifb0 htb rate 10mbit default b {\n'
+        "        class b rate 5mbit\n    }\n}\n",
+        encoding="utf-8",
+    )
+    result = compile_policy(str(path), "shell")
+    assert result.output is not None, result.diagnostics
+    batches = re.findall(r"tc -batch - .*?\n(.*?)\nTCDSL_BATCH", result.output, re.S)
+    assert not any("x#y" in b for b in batches), batches
+    assert "ingress" in result.output and "'x#y'" in result.output

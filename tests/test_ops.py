@@ -689,6 +689,33 @@ def test_status_of_a_file_live_under_another_name_shows_its_live_ids(
     assert rows["first"] == "1:40" and rows["bulk"] == "1:30", rows
 
 
+def test_a_classful_leaf_moved_below_a_new_child_is_not_lost(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a review: a classful leaf qdisc (htb 5: with classes) moved below a new child
+    class of its class was deleted first, and its classes, the same in the new tree, were
+    never made again: the apply said it was done, plan said no changes. Its old place is not
+    deleted first now: the apply is refused by the kernel and restored, or done whole."""
+    leafy = LEAF.replace(
+        "LEAF",
+        "htb handle 5: default b {\n class a rate 5mbit match dport 2001\n class b rate 5mbit\n}",
+    )
+    moved = leafy.replace(
+        "class grp rate 20mbit ceil 50mbit match dport 2000-2999 {",
+        "class grp rate 20mbit ceil 50mbit {\n"
+        " class sub rate 10mbit ceil 50mbit match dport 2000-2999 {",
+    ).replace("    class rest", "    }\n    class rest")
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", leafy)).code == 0
+    done = tcdsl("apply", "--yes", tcdsl.write("p.tcp", moved))
+    if done.code == 0:
+        assert "5:10" in tcdsl.tc("class", "show", "dev", "d0"), done
+        assert tcdsl("plan", tcdsl.write("p.tcp", moved)).out == "no changes\n"
+    else:
+        assert "[E601]" in done.err and "restored" in done.err, done
+        assert tcdsl("plan", tcdsl.write("p.tcp", leafy)).out == "no changes\n"
+    assert "5:10" in tcdsl.tc("class", "show", "dev", "d0")
+
+
 def test_a_failing_command_restores_the_old_policy(tcdsl: Tcdsl, host: HostSupport) -> None:
     """The kernel refuses a command half-way through B (a tc that fails on B's 'limit 30'):
     apply undoes what it did, in place (the tree and the counters kept), and says which

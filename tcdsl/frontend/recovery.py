@@ -258,8 +258,9 @@ def parse(
     raise AssertionError("syntax-error recovery made no progress")  # pragma: no cover
 
 
-TOP_LEVEL = frozenset({"INTERFACE", "CONST", "INCLUDE"})
-"""The keywords of the statements that only start at a file's top level."""
+TOP_LEVEL = frozenset({"INTERFACE"})
+"""The keyword of the statement that starts a file's top level and says a '}' is missing
+(a 'const' or 'include' inside a block is more likely misplaced: found by a review)."""
 
 
 def _at_top_level(ip: InteractiveParser, err: UnexpectedInput, text: str) -> int | None:

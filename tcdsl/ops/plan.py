@@ -607,6 +607,8 @@ def _in_place(
         if old[k].kind == "qdisc"
         and old[k].parent in parents_now
         and old[k].parent not in removed_classes
+        # (what the new tree keeps of its subtree would go with it: found by a review)
+        and not any(s.key in new for s in _subtree(old, old[k])[1:])
     ]
     swallowed = {s.key for q in early_qdiscs for s in _subtree(old, q)[1:]}
     for key, o in old.items():
