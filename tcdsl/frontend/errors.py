@@ -366,11 +366,14 @@ def _after_hex(token: Token, text: str) -> bool:
 # ---- what a word was meant for -------------------------------------------------------------
 
 
+_FIRST_WORD = re.compile(r"[ \t]*(\S+)")
+
+
 def _first_keyword(text: str, at: int, terminals: Collection[TerminalDef]) -> int | None:
     """Where the first word of the line holding ``at`` starts, if it is a keyword (a line
     that a broken continuation made a statement of its own: 'ceil 2mbit', 'prio 1')."""
     begin = text.rfind("\n", 0, at) + 1
-    found = re.compile(r"[ \t]*([^\s]+)").match(text, begin)
+    found = _FIRST_WORD.match(text, begin)
     if found is None or not _is_keyword(found.group(1), terminals):
         return None
     return found.start(1)

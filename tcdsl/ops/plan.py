@@ -475,7 +475,8 @@ def _in_place(
     leaves = {x.parent for x in new.values() if x.kind == "qdisc"} if moves else set()
     moved_from = {o.handle for o, _ in moves.values()}
     moved_to = {n.handle for _, n in moves.values()}
-    late = _new_leaves(old, new, plan, names, replaced)
+    parents_now = {n.parent for n in new.values() if n.kind == "class"}
+    late = _new_leaves(old, new, parents_now, plan, names, replaced)
     for key, n in new.items():
         if key in replaced or n.kind in ("filters", "action", "marking", "link"):
             continue
@@ -598,19 +599,18 @@ def _in_place(
     # A leaf class that gets children: htb destroys its leaf qdisc as the first child is
     # added, so that qdisc goes first (its class holds the default fifo a moment), with what
     # is below a classful one (found by a tester: its classes' deletions then failed).
-    parents_now = {n.parent for n in new.values() if n.kind == "class"}
     gone_keys = [key for key in old if key not in new and key not in replaced]
     removed_classes = {old[k].handle for k in gone_keys if old[k].kind == "class"}
-    early_qdiscs = [
-        old[k]
+    below = {
+        k: [s.key for s in _subtree(old, old[k])[1:]]
         for k in gone_keys
         if old[k].kind == "qdisc"
         and old[k].parent in parents_now
         and old[k].parent not in removed_classes
-        # (what the new tree keeps of its subtree would go with it: found by a review)
-        and not any(s.key in new for s in _subtree(old, old[k])[1:])
-    ]
-    swallowed = {s.key for q in early_qdiscs for s in _subtree(old, q)[1:]}
+    }
+    # (what the new tree keeps of its subtree would go with it: found by a review)
+    early_qdiscs = [old[k] for k, keys in below.items() if not any(s in new for s in keys)]
+    swallowed = {s for q in early_qdiscs for s in below[q.key]}
     for key, o in old.items():
         if key in new or key in replaced or o.kind != "filters":
             continue
@@ -672,14 +672,19 @@ def _in_place(
 
 
 def _new_leaves(
-    old: dict[Key, Obj], new: dict[Key, Obj], plan: Plan, names: Names, replaced: set[Key]
+    old: dict[Key, Obj],
+    new: dict[Key, Obj],
+    parents_now: set[str | None],
+    plan: Plan,
+    names: Names,
+    replaced: set[Key],
 ) -> list[Command]:
     """The commands of the leaf qdiscs (and what is below them) of classes whose children
     all go: the kernel takes no qdisc on a class that has children (EINVAL; found by a
     tester: such an apply, its rollback and its confirm timer failed every time), so they come
     after the deletions, when the class holds the default fifo htb gives a class that loses
-    its last child. Their keys go to ``replaced`` (the other steps skip them)."""
-    parents_now = {n.parent for n in new.values() if n.kind == "class"}
+    its last child (``parents_now``: the parents of the new tree's classes). Their keys go to
+    ``replaced`` (the other steps skip them)."""
     to_leaf = {o.parent for o in old.values() if o.kind == "class"} - parents_now
     late: list[Command] = []
     for n in new.values():
