@@ -1379,14 +1379,25 @@ def batchable(name: str, commands: Iterable[Command]) -> bool:
     )
 
 
-def unspellable(policy: ir.Policy, *, batch: bool, nft: bool) -> Iterator[Diagnostic]:
-    """Yield E502 for what ``tc -batch`` lines (``batch``) or nft rules (``nft``) cannot hold."""
+LIVE_BATCH = (
+    "; tcdsl apply drives tc through tc -batch: rename the interface, or run the script of "
+    "'tcdsl compile' (which makes such commands one at a time)"
+)
+"""Said after a ``batch`` E502 of a live operation (``live``)."""
+
+
+def unspellable(
+    policy: ir.Policy, *, batch: bool, nft: bool, live: bool = False
+) -> Iterator[Diagnostic]:
+    """Yield E502 for what ``tc -batch`` lines (``batch``) or nft rules (``nft``) cannot hold;
+    ``live``: for ``tcdsl apply`` (the tc -batch it runs), which says what to do instead."""
+    after = LIVE_BATCH if live else ""
     for iface in policy.interfaces:
         if batch:
             why = batch_unquotable(iface.name)
             if why is not None:
                 msg = f"interface name '{iface.name}' cannot be written as a tc -batch word: {why}"
-                yield Diagnostic.error(UNSPELLABLE, msg, iface.span)
+                yield Diagnostic.error(UNSPELLABLE, msg + after, iface.span)
                 continue
             for cmd in interface_commands(iface):
                 if cmd.tool == "tc" and len(cmd.args) > BATCH_MAX_WORDS:
@@ -1394,7 +1405,7 @@ def unspellable(policy: ir.Policy, *, batch: bool, nft: bool) -> Iterator[Diagno
                         f"the tc command for {cmd.what} has {len(cmd.args)} words; tc -batch "
                         f"takes at most {BATCH_MAX_WORDS}: split the match line"
                     )
-                    yield Diagnostic.error(UNSPELLABLE, msg, cmd.span)
+                    yield Diagnostic.error(UNSPELLABLE, msg + after, cmd.span)
         m = iface.marking
         named = m.from_interface if m is not None and m.hook == "prerouting" else iface.name
         why = nft_unquotable(named) if m is not None and named is not None and nft else None

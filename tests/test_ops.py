@@ -3288,3 +3288,24 @@ def test_a_changed_group_with_no_free_pref_beside_it_is_said_to_be_built_again(
         shown = _plan(old, new).render()
         assert ("no pref free beside it for a copy" in shown) is said, shown
         assert "+ filter a (match ip dport 1005 0xffff)" in shown, shown
+
+
+def test_an_interface_tc_batch_cannot_name_is_refused_before_any_change(tcdsl: Tcdsl) -> None:
+    """Found by a tester: apply of an interface named 'x#y' (a name the kernel takes) failed
+    half-way, tc -batch reading '#y' on as a comment ('Unterminated quoted string'). plan and
+    apply drive tc through tc -batch, so they refuse it at the name, E502, nothing changed,
+    and say what to do instead."""
+    run(["ip", "-n", tcdsl.ns, "link", "add", "x#y", "type", "veth", "peer", "name", "xy1"])
+    policy = tcdsl.write(
+        "p.tcp",
+        'interface "x#y" htb rate 10mbit default b {\n'
+        "    class a rate 5mbit match dport 22\n    class b rate 5mbit\n}\n",
+    )
+    for command in (("plan",), ("apply", "--yes")):
+        refused = tcdsl(*command, policy)
+        said = " ".join(refused.err.split())
+        assert refused.code == 1 and said.startswith(f"{policy}:1:11: error:"), refused
+        assert "'x#y' cannot be written as a tc -batch word" in said, said
+        assert "'tcdsl compile'" in said and "[E502]" in said, said
+    assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "x#y")
+    assert not (tcdsl.folder / "state" / "p" / "applied").exists()

@@ -25,6 +25,7 @@ from tcdsl.cliutil import (
     summary,
     writing,
 )
+from tcdsl.commands import unspellable
 from tcdsl.diagnostics import Diagnostic, Severity, Span, render, render_json
 from tcdsl.driver import Result, analyse, collector_paused
 from tcdsl.frontend.source import Access
@@ -124,6 +125,10 @@ def _compiled(
     # the warnings too, as 'check' shows them: a subscriber in the default class (W371), a
     # line that never matches (W312) are worth knowing before the kernel changes
     shown = [d for d in result.diagnostics if d.severity is not Severity.INFO]
+    if result.policy is not None:
+        # (found by a tester: an interface named 'x#y' failed half-way, tc -batch reading
+        # its name as a comment; the policy's commands of 100 words or more would too)
+        shown += unspellable(result.policy, batch=True, nft=False, live=True)
     sources = dict(result.sources)
     if result.policy is not None and not any(d.is_error for d in shown):
         # the marks of the policies live under other names, which 'check' cannot see
