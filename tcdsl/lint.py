@@ -9,6 +9,7 @@ queues that drop everything. Every lint is a function from an allocated policy t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -1163,6 +1164,36 @@ def overhead_written(policy: ir.Policy) -> Iterator[Diagnostic]:
                 )
 
 
+IP_LEVEL_DEVICE = re.compile(r"(?:ppp\d|pppo[ae]-|wg|tun\d)")
+"""Names of devices whose packets carry no link-layer header (PPP, PPPoE as OpenWrt names its
+sessions, WireGuard, tun): the usual names, not a test of the device."""
+
+
+def preset_on_ip_level_device(policy: ir.Policy) -> Iterator[Diagnostic]:
+    """W381: a preset's size table on a device named as one without an Ethernet header
+    (``ppp0``, ``pppoe-wan``, ``wg0``, ``tun0``), where the stab, written 14 bytes smaller
+    for that header, charges 14 bytes less than the preset means."""
+    for iface in policy.interfaces:
+        o = iface.stab
+        if o is None or o.preset is None or not IP_LEVEL_DEVICE.match(iface.interface):
+            continue
+        bytes_ = o.overhead.value + linklayer.ETHERNET_HEADER
+        yield Diagnostic.warning(
+            "W381",
+            f"'{iface.interface}' is named as a device without an Ethernet header (PPP, "
+            "WireGuard, tun): its packets have no 14-byte MAC header, and the size table, "
+            "written 14 bytes smaller for one, charges each packet 14 bytes less than "
+            f"'overhead {o.preset.value}' means; write 'overhead {bytes_} "
+            f"linklayer {o.linklayer}'{_mpu_words(o)} there, or use cake (it finds the IP "
+            "header itself)",
+            o.preset.span,
+        )
+
+
+def _mpu_words(o: ir.Overhead) -> str:
+    return f" mpu {o.mpu.value}" if o.mpu is not None and o.mpu.value else ""
+
+
 DSL_OVERHEADS = {
     "atm": "ADSL encapsulation adds 8 to 40 bytes (8 for ipoa-vcmux, 40 for pppoe-llc)",
     "ptm": "VDSL2 encapsulation adds 22 to 30 bytes (22 for bridged-ptm, 30 for pppoe-ptm)",
@@ -1195,6 +1226,7 @@ LINTS: tuple[Lint, ...] = (
     hfsc_curves_consistent,
     overhead_counted_once,
     overhead_written,
+    preset_on_ip_level_device,
     dscp_rewritten_where_shaped,
 )
 
