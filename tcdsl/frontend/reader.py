@@ -207,6 +207,7 @@ class Reader:
             recovery.parse(parser, text, report)
         finally:
             self.stack.pop()
+        self.diagnostics[first:] = _without_glued_follow_ons(self.diagnostics[first:])
         errors = [d for d in self.diagnostics[first:] if d.is_error]
         self.taint.add(path, text, [*errors, *self.follow_ons[first_follow_on:]])
         syntax = recovery.Taint()
@@ -233,6 +234,24 @@ class Reader:
             if isinstance(keyword, Token) and keyword.type == "CONST" and isinstance(name, Token):
                 self.scope.broken.setdefault(str(name), span_of(name, path))
 
+
+def _without_glued_follow_ons(found: list[Diagnostic]) -> list[Diagnostic]:
+    """``found`` without the syntax error of the rest of a word whose start a value error
+    already explains (found by a tester: '0x10mbit' said both that a hex number takes no unit
+    and that 'mbit' was unexpected; '1e6bit' that 'e' is no unit and '6bit' unexpected)."""
+    ends = {(d.span.file, d.span.end_line, d.span.end_column) for d in found if d.code in GLUED}
+    if not ends:
+        return found
+    return [
+        d
+        for d in found
+        if d.code != "E001" or (d.span.file, d.span.line, d.span.column) not in ends
+    ]
+
+
+GLUED = frozenset({"E004", "E005"})
+"""Value errors of a number and the unit glued to it (no unit on a hex number, an unknown
+unit), whose word's rest the parser then finds unexpected."""
 
 SYNTAX_CODES = frozenset({"E001", "E002"})
 """The syntax errors: a statement with one is parsed only in part."""

@@ -58,6 +58,9 @@ class Bin:
 Expr = Lit | Pct | Ref | Bin
 
 
+_NO_EXPONENT = "such as 1mbit for 1e6bit"
+
+
 def refs(expr: Expr) -> list[Ref]:
     """The constants ``expr`` names, left to right."""
     if isinstance(expr, Ref):
@@ -465,6 +468,8 @@ def _literal(lit: Lit, dim: Dimension) -> tuple[Fraction | int, tuple[Span, ...]
                 Dimension.TIME: "times take s, ms, us",
             }.get(dim, "")
         )
+        if lit.unit in ("e", "E"):  # '1e6bit' (a tester's): the rest of the word is no unit
+            hint = f"a number takes no exponent: write its unit's prefix ({_NO_EXPONENT}); {hint}"
         raise EvalError(Diagnostic.error("E005", f"unknown unit '{lit.unit}'; {hint}", lit.span))
     unit = lit.unit.lower()
     # A unit tc reads in the other base: bytes for a rate (W302), bits for a size (W323).
