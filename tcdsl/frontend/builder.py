@@ -412,7 +412,9 @@ class Builder(Transformer[Token, Any]):
         matches = [m for m in items if isinstance(m, ir.Match)]
         opts = [m for m in items if not isinstance(m, ir.Match)]
         for m in matches:
-            if m.police is None:
+            # (a police that failed said why: found by a tester, 'police rate 1mbit' without
+            # its burst was told it needs 'police' too)
+            if m.police is None and not m.broken:
                 self.error(
                     Diagnostic.error(
                         "E252",
@@ -596,6 +598,7 @@ class Builder(Transformer[Token, Any]):
                 pref = cond
             elif isinstance(cond, PoliceSyntax):
                 police = self._police(cond)
+                broken |= police is None  # (reported where it failed)
             elif cond is not None:
                 real.append(cond)
             else:  # reported where it failed
