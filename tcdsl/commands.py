@@ -1332,11 +1332,26 @@ def nft_table_lines(iface: ir.Interface, indent: str = "    ") -> Iterator[str]:
             dscp = f"meta nfproto {d.family} {_nft_mark_is(m, d.mark)} {ip} dscp set {d.dscp}"
             yield f"{indent * 2}{where}{dscp}"
         if iface.download is not None:
-            saved = "meta mark" if m.mask is None else f"meta mark and {m.mask.value:#x}"
             yield f"{indent * 2}# the mark onto the connection (connmark restores it)"
-            yield f"{indent * 2}{where}ct mark set {saved}"
+            for saved in _nft_save_mark(m):
+                yield f"{indent * 2}{where}{saved}"
         yield f"{indent}}}"
     yield "}"
+
+
+def _nft_save_mark(m: ir.Marking) -> Iterator[str]:
+    """The rules that put a packet's mark onto its connection. Under a mask, only the mask's
+    bits, the others of the connection's mark kept (as iptables' ``CONNMARK --save-mark
+    --mask``; found by a tester: 'ct mark set meta mark and M' cleared them). nft takes no
+    packet mark on the right of an 'or' (1.0.6: "must be constant"), so a rule for each value
+    the policy's rules give those bits, and one for none."""
+    if m.mask is None:
+        yield "ct mark set meta mark"
+        return
+    keep = ~m.mask.value & 0xFFFFFFFF
+    for value in sorted({0, *(rule.mark for rule in m.rules)}):
+        put = f" or {value:#x}" if value else ""
+        yield f"{_nft_mark_is(m, value)} ct mark set ct mark and {keep:#x}{put}"
 
 
 def _nft_mark_is(m: ir.Marking, value: int) -> str:

@@ -493,3 +493,73 @@ def test_two_wans_marking_one_lan_need_marks_apart_in_the_guest(tmp_path: Path) 
     separate, kept = _classes(res.stdout, "separate"), _classes(res.stdout, "apart")
     assert separate.get("1:10") == 5 and separate.get("1:20") == 0, res.stdout
     assert kept.get("1:20") == 5 and kept.get("1:10") == 0, res.stdout
+
+
+MASKED_DOWNLOAD = """\
+interface eth0 {
+    download connmark htb rate 10mbit default bulk {
+        classify by mark from eth0 mask 0xff00
+        class ssh rate 2mbit ceil 10mbit match proto tcp sport 22
+        class bulk rate 8mbit ceil 10mbit
+    }
+}
+"""
+
+OTHER_CT_BITS = """\
+table inet other {
+    chain pre {
+        type filter hook prerouting priority -150; policy accept;
+        iifname "eth0" udp dport 7777 ct mark set ct mark or 0x30000
+    }
+    chain late {
+        type filter hook input priority 100; policy accept;
+        udp dport 7777 ct mark and 0x3ff00 == 0x31400 counter
+        udp dport 7777 counter
+    }
+}
+"""
+"""Another user of the connection mark's bits 0x30000, set before tcdsl's rules (once conntrack
+has the packet's connection: priority -200), and counters (after them) of the packets whose
+connection has both its bits and the bulk class's mark."""
+
+
+@pytest.mark.parametrize("marks", ["iptables", "nft"])
+def test_a_masked_downloads_connection_mark_keeps_the_other_bits_on_the_host(
+    marks: str, make_netns: Callable[[], str], tmp_path: Path
+) -> None:
+    """Found by a tester: under ``mask 0xff00`` the nft rules saved the packet's mark onto
+    its connection as 'ct mark set meta mark and 0xff00', clearing another user's bits of the
+    connection mark (iptables' CONNMARK --save-mark --mask keeps them). Packets arriving on
+    eth0 now leave both: the other user's 0x30000 and the class's mark in 0xff00."""
+    if run(["sh", "-c", "command -v nft"], check=False).returncode != 0:
+        pytest.skip("needs nft (nftables)")
+    here, peer = make_netns(), make_netns()
+    run(["ip", "-n", here, "link", "add", "eth0", "type", "veth", "peer", "name", "p0",
+         "netns", peer])  # fmt: skip
+    run(["ip", "-n", here, "addr", "add", "10.98.0.1/24", "dev", "eth0"])
+    run(["ip", "-n", peer, "addr", "add", "10.98.0.2/24", "dev", "p0"])
+    run(["ip", "-n", here, "link", "set", "eth0", "up"])
+    run(["ip", "-n", peer, "link", "set", "p0", "up"])
+    exec_ns = ["ip", "netns", "exec", here]
+    policy = tmp_path / "dl.tcp"
+    policy.write_text(MASKED_DOWNLOAD, encoding="utf-8")
+    if marks == "nft":
+        rules = compile_policy(str(policy), "nft").output
+        assert rules is not None and "ct mark set meta mark and" not in rules, rules
+        run([*exec_ns, "nft", "-f", str(_write(tmp_path / "dl.nft", rules))])
+    else:
+        result = compile_policy(str(policy))
+        assert result.policy is not None
+        for iface in result.policy.interfaces:
+            for cmd in interface_commands(iface):
+                if cmd.tool in ("iptables", "ip6tables"):
+                    run([*exec_ns, cmd.tool, *cmd.args])
+    run([*exec_ns, "nft", "-f", str(_write(tmp_path / "other.nft", OTHER_CT_BITS))])
+    send = (
+        "import socket; s = socket.socket(2, 2)\n"
+        "for _ in range(3): s.sendto(b'x', ('10.98.0.1', 7777))"
+    )
+    run(["ip", "netns", "exec", peer, sys.executable, "-c", send])
+    listed = run([*exec_ns, "nft", "list", "chain", "inet", "other", "late"]).stdout
+    both, every = [int(n) for n in re.findall(r"counter packets (\d+)", listed)]
+    assert (both, every) == (3, 3), listed
