@@ -6,9 +6,10 @@ for the invariant they enforce; ``CHECKS`` lists them in the order the driver ru
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -673,23 +674,34 @@ def rates_spelled_in_bits(policy: ir.Policy) -> Iterator[Diagnostic]:
 
 
 def _all_rates(iface: ir.Interface) -> Iterator[ir.Rate]:
+    """Every rate written in ``iface``'s tree: each qdisc's (whatever its kind calls them:
+    fq's maxrate too, found by a tester), its classes', and its policers'."""
     for q in ir.walk_qdiscs(iface.root):
-        for value in (
-            getattr(q, "rate", None),
-            getattr(q, "bandwidth", None),
-            getattr(q, "peakrate", None),
-        ):
+        for name in _rate_fields(type(q)):
+            value = getattr(q, name)
             if isinstance(value, ir.Rate):
                 yield value
+        yield from _police_rates(getattr(q, "matches", ()))
         for cls in ir.classes_of(q):
             for value in (cls.rate, cls.ceil, cls.weight):
                 if isinstance(value, ir.Rate):
                     yield value
+            yield from _police_rates(cls.matches)
             if cls.rt is None and cls.ls is None and cls.ul is None:
                 continue  # not an hfsc class
             for curve in (cls.rt, cls.ls, cls.ul):
                 if curve is not None:
                     yield from (r for r in (curve.m1, curve.m2) if r is not None)
+
+
+def _police_rates(matches: Iterable[ir.Match]) -> Iterator[ir.Rate]:
+    return (m.police.rate for m in matches if m.police is not None)
+
+
+@functools.cache
+def _rate_fields(kind: type) -> tuple[str, ...]:
+    """The fields of a qdisc's dataclass that may hold a rate (by their annotation)."""
+    return tuple(f.name for f in dataclasses.fields(kind) if "Rate" in str(f.type))
 
 
 # ---- classification ----------------------------------------------------------------------------
