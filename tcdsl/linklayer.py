@@ -166,6 +166,11 @@ class SizeTable:
         """tc sends no table (only the overhead) for Ethernet without an mpu."""
         return self.linklayer == "atm" or self.mpu != 0
 
+    @property
+    def cell_bytes(self) -> int:
+        """The lengths its slots step by (tc's cell_log)."""
+        return 1 << self._layout()[0]
+
     def _layout(self) -> tuple[int, int, tuple[int, ...]]:
         return _stab_layout(self.linklayer, self.mpu, self.mtu, self.tsize)
 

@@ -320,3 +320,19 @@ def test_kernel_target_knows_cake_and_size_tables() -> None:
         CliRunner().invoke(cli, ["check", "--kernel", "4.19", "policies/home-cake.tcp"]).exit_code
         == 0
     )
+
+
+def test_explain_says_what_a_size_tables_cells_charge(tmp_path: Path) -> None:
+    """Found by a tester: with 'overhead docsis' (mpu 64) tc's default size table counts in
+    4-byte cells, and the kernel counted 1520 bytes for each 1500-byte IP packet where explain
+    said 1518. explain now says both, the kernel's from the table as the kernel reads it; an
+    ATM table, exact, is not said twice."""
+    policy = tmp_path / "p.tcp"
+    docsis = "interface eth0 htb rate 4800kbit overhead docsis default r {\nclass r rate 1mbit\n}\n"
+    policy.write_text(docsis, encoding="utf-8")
+    said = " ".join(CliRunner().invoke(cli, ["explain", str(policy)]).stdout.split())
+    assert "a 1500-byte IP packet costs 1518 bytes" in said, said
+    assert "counts in 4-byte cells" in said and "1500-byte IP packet 1520 bytes" in said, said
+    policy.write_text(docsis.replace("docsis", "pppoe-llc"), encoding="utf-8")
+    said = " ".join(CliRunner().invoke(cli, ["explain", str(policy)]).stdout.split())
+    assert "a 1500-byte IP packet costs 33 cells" in said and "counts in" not in said, said
