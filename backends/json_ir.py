@@ -579,6 +579,8 @@ def interface_json(iface: ir.Interface) -> JSONObject:
         "stab": overhead_json(iface.stab, stab_words(iface.stab) if iface.stab else []),
         "span": span_json(iface.span),
     }
+    if iface.u32_linear:
+        out["u32_linear"] = True
     if iface.u32_tables:
         out["u32_tables"] = [u32_table_json(t) for t in iface.u32_tables]
     return out

@@ -277,7 +277,7 @@ class InterfaceAllocator:
         iface = self._run()
         if iface.classifier == "flower":
             return dataclasses.replace(iface, filters=flower_prefs(iface.filters))
-        filters, tables = u32layout.layout(iface.filters, self.hash_min)
+        filters, tables = u32layout.layout(iface.filters, 0 if iface.u32_linear else self.hash_min)
         if filters is iface.filters:
             return iface
         # Numbered (a pref past ORDER_KEPT filters), hashed, or both: a pref numbered alone

@@ -677,7 +677,8 @@ def _all_rates(iface: ir.Interface) -> Iterator[ir.Rate]:
     """Every rate written in ``iface``'s tree: each qdisc's (whatever its kind calls them:
     fq's maxrate too, found by a tester), its classes', and its policers'."""
     for q in ir.walk_qdiscs(iface.root):
-        for name in _rate_fields(type(q)):
+        kind: type = type(q)
+        for name in _rate_fields(kind):
             value = getattr(q, name)
             if isinstance(value, ir.Rate):
                 yield value

@@ -1072,6 +1072,9 @@ class Interface:
     classifier: Classifier = "u32"
     classifier_span: Span | None = None
     """Where the policy says ``classifier flower``; None when u32 by default."""
+    u32_linear: bool = False
+    """``classifier u32 linear``: each pref's u32 filters in one list, never in hash tables
+    (as hand-written scripts have them: ``tcdsl import`` writes it for such a tree)."""
     u32_tables: tuple[U32Table, ...] = ()
     """Allocated: the u32 tables its filters are laid out in (``tcdsl.u32layout``), each made
     before its filters and linked after them; ``filters`` stays every filter in the order

@@ -287,8 +287,14 @@ def test_syntax_errors_as_check_reports_them(case: Path) -> None:
     with pytest.raises(FormatError) as info:
         format_source(text, str(case))
     syntax = [d for d in errors if d.code in ("E001", "E002")]
+    # check leaves out the syntax error of a word's rest whose value error it gives ('0x64kbit':
+    # the hex number's unit); fmt, which reads no values, gives that syntax error
+    glued = {(d.span.line, d.span.end_column) for d in errors if d.code in ("E004", "E005")}
+    said = list(info.value.diagnostics)
+    fmt_only = [d for d in said if d.code == "E001" and (d.span.line, d.span.column) in glued]
     # every syntax error, not only the first (the cases with three report three)
-    assert list(info.value.diagnostics) == syntax and info.value.diagnostic == syntax[0]
+    assert [d for d in said if d not in fmt_only] == syntax
+    assert info.value.diagnostic == said[0]
 
 
 # ---- the example policies ----------------------------------------------------------------------

@@ -1510,3 +1510,42 @@ def test_a_line_of_both_families_is_parted_where_their_orders_differ(tmp_path: P
         assert order(text.replace("pref", "prio").replace("*flowid", "flowid"), protocol) == kernel
         assert order(compiled.output, protocol) == kernel, (protocol, got.policy)
     assert written == ["1:10", "1:20"]
+
+
+def test_a_protocol_all_catch_all_is_written_as_match_all(tmp_path: Path) -> None:
+    """Found by a tester: sqm-scripts' catch-all ('protocol all ... u32 match ip protocol 0
+    0x00', a filter every packet meets) was left out, and the ICMP filter behind it then took
+    the ICMP the kernel sends to 1:12. It is 'match all' at its pref now, said (W613), and
+    classify answers as the kernel does."""
+    path = DATA / "protocol-all-catch-all.txt"
+    code, out, err = _cli("-i", "eth0", "--from", str(path))
+    assert code == 0, err
+    assert "[W613]" in err and "written as 'match all'" in err and "ARP" in err, err
+    lines = [x.strip() for x in out.splitlines()]
+    assert lines.index("match all pref 999") < lines.index("match proto icmp pref 1000"), out
+    assert "interface eth0 family ipv4" not in out, "the catch-all is both families'"
+    imported = tmp_path / "imported.tcp"
+    imported.write_text(out, encoding="utf-8")
+    for packet in ("icmp", "icmpv6", "udp dport 53"):
+        said = CliRunner().invoke(cli, ["classify", str(imported), "--packet", packet])
+        assert "(1:12)" in said.stdout.splitlines()[0], (packet, said.stdout)
+
+
+def test_a_long_run_of_lines_in_one_list_is_imported_as_classifier_u32_linear(
+    tmp_path: Path,
+) -> None:
+    """Found by a tester: 40 '/32' lines at one pref (a subscriber each) were imported as lines
+    the compiler lays out in hash tables, so the policy did not build the state it came from
+    and its first apply built the tree again (every counter reset). The tree is 'classifier
+    u32 linear' now, and the policy compiles to one list at each pref, in the kernel's order."""
+    code, out, err = _cli("-i", "eth0", "--from", str(DATA / "linear-run-of-40.txt"))
+    assert code == 0, err
+    assert "interface eth0 family ipv4 classifier u32 linear htb" in out, out
+    result = _check(out, tmp_path)
+    assert result.output is not None and "divisor" not in result.output
+    assert result.output.count("match ip dst 100.70.0.") == 40
+    hashed = _check(out.replace(" classifier u32 linear", ""), tmp_path)
+    assert hashed.output is not None and "divisor 256" in hashed.output
+    # a short run, or one in tcdsl's own tables, needs no word
+    code, out, err = _cli("-i", "eth0", "--from", str(DATA / "wondershaper.txt"))
+    assert code == 0 and "linear" not in out, out

@@ -280,7 +280,7 @@ interface eth3 {
 }
 interface eth4 { ingress { match all police rate 800kbit burst 10k drop } }
 interface eth5 family ipv4 classifier flower {
-    upload family both classifier u32 htb rate 1mbit {
+    upload family both classifier u32 linear htb rate 1mbit {
         class v6 rate 1mbit match family ipv6 src SERVER6, ::1 dst fe80::/10, ::ffff:10.0.0.1
     }
     download via ifb5 connmark family ipv6 htb rate 1mbit { class d rate 1mbit }

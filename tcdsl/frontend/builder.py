@@ -99,6 +99,7 @@ class TreeOpts:
     family: ir.FamilySpec | None = None
     classifier: ir.Classifier = "u32"
     classifier_span: Span | None = None
+    u32_linear: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -281,6 +282,7 @@ class Builder(Transformer[Token, Any]):
                         family=here.family,
                         classifier=here.classifier,
                         classifier_span=here.classifier_span,
+                        u32_linear=here.u32_linear,
                     )
                 )
             else:
@@ -320,7 +322,7 @@ class Builder(Transformer[Token, Any]):
         """The ``family`` and ``classifier`` given in ``items``; what is not given comes from
         ``outer`` (a direction inherits the interface's)."""
         family: ir.FamilySpec | None = None
-        classifier: tuple[ir.Classifier, Span] | None = None
+        classifier: tuple[ir.Classifier, Span, bool] | None = None
         for item in items:
             if isinstance(item, ir.FamilySpec):
                 if family is not None:
@@ -334,11 +336,14 @@ class Builder(Transformer[Token, Any]):
                     msg = "'classifier' is given twice"
                     self.error(Diagnostic.error("E014", msg, item[1], first))
                 classifier = item
-        return TreeOpts(
-            family if family is not None else outer.family,
-            classifier[0] if classifier is not None else outer.classifier,
-            classifier[1] if classifier is not None else outer.classifier_span,
-        )
+        if classifier is None:
+            return TreeOpts(
+                family if family is not None else outer.family,
+                outer.classifier,
+                outer.classifier_span,
+                outer.u32_linear,
+            )
+        return TreeOpts(family if family is not None else outer.family, *classifier)
 
     def family_opt(self, c: list[Token]) -> ir.FamilySpec:
         kw, name = c
@@ -349,9 +354,14 @@ class Builder(Transformer[Token, Any]):
 
     family_cond = family_opt
 
-    def classifier_opt(self, c: list[Token]) -> tuple[ir.Classifier, Span]:
-        kw, name = c
-        return str(name), join(self.sp(kw), self.sp(name))  # type: ignore[return-value]
+    def classifier_opt(self, c: list[Token]) -> tuple[ir.Classifier, Span, bool]:
+        kw, name, *linear = c
+        span = join(self.sp(kw), self.sp(linear[0] if linear else name))
+        if linear and str(name) != "u32":
+            msg = "'linear' is a layout of u32 filters; flower filters have a pref each"
+            self.error(Diagnostic.error("E014", msg, self.sp(linear[0])))
+            linear = []
+        return str(name), span, bool(linear)  # type: ignore[return-value]
 
     def _tree(
         self,
@@ -386,6 +396,7 @@ class Builder(Transformer[Token, Any]):
             family=opts.family,
             classifier=opts.classifier,
             classifier_span=opts.classifier_span,
+            u32_linear=opts.u32_linear,
         )
 
     def directions(self, c: list[Any]) -> list[tuple[str, Span, Any]]:

@@ -41,6 +41,7 @@ from tcdsl.ops.u32decode import (
     ordered,
 )
 from tcdsl.tcmath import HTB_QUANTUM, TICKS_PER_US, U32_MAX, red_scell_log, red_wlog
+from tcdsl.u32layout import HASH_MIN
 from tcdsl.units import format_rate, format_size, format_time
 from tcdsl.verify.expect import (
     codel_shown_time,
@@ -154,6 +155,7 @@ class QdiscNode:
     marks: Marks | None = None
     family: str = "none"
     flower: bool = False
+    linear: bool = False
 
 
 @dataclass
@@ -932,6 +934,9 @@ class FilterSet:
     problems: list[tuple[Problem, str | None]] = field(default_factory=list)
     flower: bool = False
     """Its filters are flower filters (the tree's ``classifier flower``)."""
+    linear: bool = False
+    """Its u32 filters hold a run tcdsl would lay out in hash tables, in one list at a pref
+    (a hand-written script's: the tree's ``classifier u32 linear``)."""
     hashed: set[tuple[str, int]] = field(default_factory=set)
     """The (protocol, pref) of the filters tcdsl laid out in u32 hash tables: read in an
     order of the buckets, whose filters no packet meets together."""
@@ -962,6 +967,11 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
     mixed = {pref: sorted(ids) for pref, ids in roots.items() if len(ids) > 1}
     entries, tabled = unhashed(entries)
     out.hashed = {(e.filter.protocol, e.filter.pref) for e in entries if id(e) in tabled}
+    if not out.hashed and not out.flower:
+        # (found by a tester: an ISP's script of a /32 line a subscriber at one pref was
+        # imported as lines the compiler hashes, and its first apply built the tree again)
+        runs = Counter((e.filter.protocol, e.filter.pref) for e in entries if e.filter.flowid)
+        out.linear = max(runs.values(), default=0) >= HASH_MIN
     for index, entry in enumerate(entries):
         f = entry.filter
         chain = _word_after(entry.head, "chain")
@@ -987,6 +997,17 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
             beside = " beside u32 ones (a tree has one classifier)" if f.kind == "flower" else ""
             problem(entry, f"the language has no '{f.kind}' filter{beside}; left out", "W612")
             continue
+        if f.protocol == "all" and _catch_all(entry, classes, ingress):
+            # (found by a tester: sqm-scripts' 'protocol all ... match ip protocol 0 0x00' was
+            # left out, and the filters behind it took what it had caught)
+            police, police_index, why = _police(entry)
+            if why is None and (police or not ingress):
+                problem(entry, "protocol 'all', a filter every packet meets: written as "
+                        "'match all' (a filter for IPv4 and one for IPv6); packets of neither "
+                        "family (ARP, PPPoE discovery) go to the default class now")  # fmt: skip
+                every = [Cond("all", (0,), ("all",))]
+                decoded.append(_Decoded(index, entry, "both", every, police, police_index))
+                continue
         if f.protocol not in ("ip", "ipv6"):
             problem(entry, f"protocol '{f.protocol}': the language writes ip and ipv6 only")
             continue
@@ -1035,6 +1056,21 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
             )
             out.problems.append((Problem("W614", message, line.line), line.classid))
     return out
+
+
+def _catch_all(entry: FilterEntry, classes: set[str], ingress: bool) -> bool:
+    """Whether a u32 filter is one that every packet meets, and nothing else: its keys all
+    of mask 0, no hash table or link, no keys after the header, no mark key, to a class."""
+    f = entry.filter
+    table = _fh_table(entry.head)
+    return (
+        all(mask == 0 for _, mask, _ in f.keys)
+        and "link" not in entry.head
+        and (table is None or table >= 0x800)
+        and not f.offset
+        and f.u32_mark is None
+        and (ingress or f.flowid in classes)
+    )
 
 
 def _flower(
@@ -1189,6 +1225,9 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
             # flower's prefs are counted, one per filter, in the order of the lines
             family, filters, pref = d.family, [(f.protocol, 0, d.index)], 1
             seq: tuple[float, int] = (float(d.index), 0)
+        elif d.family == "both":  # a protocol 'all' filter every packet meets
+            family, filters = "both", [(f.protocol, f.pref, d.index)]
+            seq, pref = (float(d.index), 0), f.pref
         elif d.family == "ipv4":
             run = pairs.get(d.index, [])
             family = "both" if run else "ipv4"
@@ -1589,6 +1628,7 @@ def _build(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> Qdis
         _default_mark(q, fs.marks, set(nodes), dev.filters.get(q.handle, []))
     node.marks = fs.marks
     node.flower = fs.flower
+    node.linear = fs.linear
     node.family = _tree_family(fs)
     _order(node, fs, problems)
     return node
@@ -1656,9 +1696,11 @@ def _one_family(*roots: QdiscNode) -> None:
     families = {n.family for n in nodes if n.family != "none"}
     family = families.pop() if len(families) == 1 else "both"
     flower = any(n.flower for n in nodes)
+    linear = any(n.linear for n in nodes) and not flower
     for n in nodes:
         n.family = family
         n.flower = flower
+        n.linear = linear
 
 
 def _leaf(dev: _Device, found: tuple[TcQdisc, int], notes: list[Problem]) -> QdiscNode | None:
@@ -2393,7 +2435,7 @@ def import_policy(
         ingress, download = _ingress(dev, read_other, ingress_notes, sources)
     names = _names(dev)
     tree = upload or (mq.queues[0][1] if mq is not None and mq.queues else None)
-    family = _family(tree.family, tree.flower) if tree is not None else ""
+    family = _family(tree.family, tree.flower, tree.linear) if tree is not None else ""
 
     def write_root(depth: int, head: str) -> None:
         if mq is not None:
@@ -2417,7 +2459,7 @@ def import_policy(
                 w.comment(1, p)
             head = f"download via {_ifname(redirect.device)} "
             head += "connmark " if redirect.connmark else ""
-            head += _family(node.family, node.flower)
+            head += _family(node.family, node.flower, node.linear)
             marked = f"from {_ifname(main.device)}"  # where a download's marks are set
             w.qlen = ifb.text.qlen or DEFAULT_QLEN
             _write_qdisc(w, 1, node, _names(ifb), True, head=head, marked=marked)
@@ -2427,7 +2469,7 @@ def import_policy(
             w.comment(1, p)
         if ingress is not None and ingress.lines:
             family = _tree_family(ingress)
-            w.line(1, f"ingress {_family(family, ingress.flower)}{{")
+            w.line(1, f"ingress {_family(family, ingress.flower, ingress.linear)}{{")
             for fl in sorted(ingress.lines, key=lambda x: x.seq):
                 w.line(2, _match_text(fl, family, False))
             w.line(1, "}")
@@ -2577,10 +2619,10 @@ def _all_qdiscs(node: QdiscNode | None) -> list[QdiscNode]:
     return out
 
 
-def _family(family: str, flower: bool = False) -> str:
+def _family(family: str, flower: bool = False, linear: bool = False) -> str:
     """The words of a tree's family (and classifier) after its name."""
     words = "" if family in ("both", "none") else f"family {family} "
-    return words + ("classifier flower " if flower else "")
+    return words + ("classifier flower " if flower else "classifier u32 linear " if linear else "")
 
 
 _BARE_IFNAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
