@@ -750,6 +750,7 @@ def test_ipv6_filters_at_low_prefs_are_written_above_32768_in_their_order() -> N
     assert [c for c, _ in said] == ["W615", "W615"], said
     assert "ipv6 filters at pref 2: tcdsl puts a line's IPv6 filters at its pref + 32768; " \
         "written as pref 2 (kernel pref 32770), in the same order" in said[0][1]  # fmt: skip
+    assert "first apply builds the tree again" in said[0][1], said  # (a tester's: unsaid)
     assert "match dst 2001:db8::1 pref 2" in got.policy and "match dst 2001:db8::2 pref 3" in (
         got.policy
     ), got.policy

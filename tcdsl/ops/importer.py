@@ -1258,7 +1258,9 @@ def _lines(out: FilterSet, decoded: list[_Decoded]) -> None:
                     message = (
                         f"ipv6 filters at pref {f.pref}: tcdsl puts a line's IPv6 filters at "
                         f"its pref + {V6_PREF}; written as pref {pref} (kernel pref "
-                        f"{pref + V6_PREF}), in the same order among the IPv6 filters"
+                        f"{pref + V6_PREF}), in the same order among the IPv6 filters; the "
+                        "policy's first apply builds the tree again (its counters start over) "
+                        "rather than take it over"
                     )
                     out.problems.append((Problem("W615", message, d.entry.line), f.flowid))
             family = "ipv6"
