@@ -218,6 +218,7 @@ MULTI_CODE_CASES = {
     "E018-comment-line-in-a-continuation.tcp",  # the line's qdisc (E018) and its word (E001)
     "E001-unclosed-block-before-the-next-interface.tcp",  # the next interface's own E207
     "E103-condition-word-in-a-list.tcp",  # the value after the word (E001)
+    "E036-table-statement-at-pref-one.tcp",  # the hidden line's own W312
 }
 
 

@@ -1710,6 +1710,14 @@ def _shadowed(
                 "tree, whose lines steer only after every line above them, whatever their "
                 f"pref; move it into its queue's own qdisc, or split {wide}"
             )
+        elif marking is None and mine.pref is not None and mine.pref.value <= 1:
+            # (found by a tester: told to lower a pref 1, which a statement without a pref
+            # has too)
+            fix = (
+                f"{tried}the one that takes {me} is at pref 1 already, the lowest, as a "
+                f"statement without a pref is: give the one that takes {them} a higher pref "
+                f"(such as pref 2), or split {wide}"
+            )
         elif marking is None:
             fix = (
                 f"{tried}give the statement that takes {me} a lower pref than "
@@ -1806,7 +1814,9 @@ def _unshaped(
             Diagnostic.warning(
                 "W371",
                 f"{what} of table '{table.path}' are taken by no subscribers statement of "
-                "this tree: their traffic goes where unclassified traffic goes",
+                "this tree: their traffic goes where it would without them, to the line "
+                "of another row or statement whose prefix holds their addresses, else where "
+                "unclassified traffic goes (ask 'tcdsl classify' of an address)",
                 at,
                 Note("the tree's statement is here", statements[0].span),
             )
