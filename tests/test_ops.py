@@ -1345,7 +1345,9 @@ def test_plan_and_apply_in_brief_and_plan_as_json(tcdsl: Tcdsl, host: HostSuppor
     tcdsl.tc("class", "change", "dev", "d0", "classid", "1:20", "htb", "rate", "5mbit")
     drifted = tcdsl("apply", "--yes", "--summary", b)
     assert drifted.code == 0 and drifted.out.startswith("! drift in d0: class 'web'"), drifted
-    assert "\nplan: 1 to replace (1 tree)\napplied " in drifted.out, drifted
+    # the drift is a class's value: set again in place, beside the policy's changes
+    counts = "plan: 2 to add (1 class, 1 filter), 3 to change (2 classes, 1 qdisc)"
+    assert f"\n{counts}\napplied " in drifted.out, drifted
     assert "+ class guest" not in drifted.out, drifted
     same = tcdsl("plan", "--format", "json", b)
     assert same.code == 0 and json.loads(same.out)["empty"], same
@@ -3309,3 +3311,76 @@ def test_an_interface_tc_batch_cannot_name_is_refused_before_any_change(tcdsl: T
         assert "'tcdsl compile'" in said and "[E502]" in said, said
     assert "htb" not in tcdsl.tc("qdisc", "show", "dev", "x#y")
     assert not (tcdsl.folder / "state" / "p" / "applied").exists()
+
+
+def test_a_class_value_changed_by_hand_is_set_again_in_place(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester (an ISP raising one subscriber's ceil by hand): the next apply built
+    the whole tree again, every class's counters reset and the device unshaped a moment.
+    Drift of classes' values alone is set again in place, a 'tc class change' each, the
+    other classes' counters kept; other drift (a filter) still builds the tree again."""
+    a = tcdsl.write("p.tcp", A)
+    assert tcdsl("apply", "--yes", a).code == 0
+    send = "from tests.ops_edits import send_some; send_some()"
+    run(["ip", "netns", "exec", tcdsl.ns, sys.executable, "-c", send])
+    sent = _sent(tcdsl)["1:30"]
+    hand = "class change dev d0 parent 1:1 classid 1:20 htb rate 3mbit ceil 9mbit"
+    run(["ip", "netns", "exec", tcdsl.ns, "tc", *hand.split()])
+    planned = tcdsl("plan", a)
+    assert planned.code == 4 and "! drift in d0: class 'web' ceil is 9Mbit" in planned.out
+    assert "~ class web: set again as the policy says (changed in the kernel)" in planned.out
+    assert "(rebuild)" not in planned.out and "1 to change (1 class)" in planned.out, planned
+    assert tcdsl("apply", "--yes", a).code == 0
+    assert "ceil 8Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:20")
+    assert _sent(tcdsl)["1:30"] >= sent > 0  # not built again
+    assert tcdsl("plan", a).out == "no changes\n"
+    # a filter deleted by hand besides: the tree is built again, as before
+    run(["ip", "netns", "exec", tcdsl.ns, "tc", *hand.split()])
+    run(["ip", "netns", "exec", tcdsl.ns, "tc", "filter", "del", "dev", "d0", "parent", "1:",
+         "prio", "1"])  # fmt: skip
+    planned = tcdsl("plan", a)
+    assert "! tree d0: drift (rebuild)" in planned.out and "set again" not in planned.out, planned
+
+
+def test_lines_swapped_across_hash_buckets_are_no_change(tmp_path: Path) -> None:
+    """Found by a tester: two subscribers' rows swapped in a hashed table, their addresses in
+    different buckets (where no packet meets both), made plan say '1 line(s) tried in another
+    order' and '1 to change (1 filter group)', and apply changed nothing. The plan says no
+    change; a swap within one bucket still is one."""
+    lines = [f"    class c{i} rate 1mbit match dst 10.0.{i // 8}.{i}\n" for i in range(40)]
+    text = "interface d0 htb rate 100mbit default z {\n%s    class z rate 1mbit\n}\n"
+    old = _policy(tmp_path, "p.tcp", text % "".join(lines))
+    assert any(t.u32_tables for t in old.interfaces)  # hashed on the last byte
+    swapped = [*lines[:3], lines[4], lines[3], *lines[5:]]  # .3 and .4: buckets 3 and 4
+    new = _policy(tmp_path, "p.tcp", text % "".join(swapped), pins_of(old))
+    assert _plan(old, new).render() == "no changes\n", _plan(old, new).render()
+    same_bucket = [*lines[:38], "    class x rate 1mbit match dst 10.1.0.3\n"]
+    same_bucket.append("    class y rate 1mbit match dst 10.2.0.3\n")  # x's bucket, 3
+    old = _policy(tmp_path, "p.tcp", text % "".join(same_bucket))
+    swapped = [*same_bucket[:38], same_bucket[39], same_bucket[38]]
+    new = _policy(tmp_path, "p.tcp", text % "".join(swapped), pins_of(old))
+    assert "tried in another order" in _plan(old, new).render()
+
+
+def test_a_plan_of_several_trees_names_each_changes_tree(tmp_path: Path) -> None:
+    """Found by a tester: with a class of one name in each direction (a subscriber's), two
+    '~ class c1' lines at one policy line could not be told apart, nor in the JSON. Where a
+    plan changes several trees in place, each line names its tree, and the JSON always."""
+    text = (
+        "interface d0 {\n"
+        "    upload htb rate 10mbit default c1 {\n        class c1 rate %s\n    }\n"
+        "    download htb rate 10mbit default c1 {\n        class c1 rate %s\n    }\n"
+        "}\n"
+    )
+    old = _policy(tmp_path, "p.tcp", text % ("1mbit", "2mbit"))
+    both = _plan(old, _policy(tmp_path, "p.tcp", text % ("3mbit", "4mbit"), pins_of(old)))
+    lines = both.render().splitlines()
+    assert "~ class c1: rate 1mbit -> 3mbit  (p.tcp:3; d0)" in [
+        x.replace(str(tmp_path) + "/", "") for x in lines
+    ], lines
+    assert any(x.endswith("; d0 download (via ifb4d0))") and "2mbit -> 4mbit" in x for x in lines)
+    trees = [c["tree"] for c in both.to_json()["changes"]]  # type: ignore[index]
+    assert trees == ["d0", "d0 download (via ifb4d0)"], trees
+    one = _plan(old, _policy(tmp_path, "p.tcp", text % ("3mbit", "2mbit"), pins_of(old)))
+    assert one.render().splitlines()[0].endswith("p.tcp:3)"), one.render()  # one tree: as before

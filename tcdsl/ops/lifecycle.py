@@ -914,10 +914,11 @@ def prepare(
         reading = Reading(applied, live_of(store, applied))
     applied, live = reading.applied, reading.live
     changed: dict[str, list[Diagnostic]] = {}
+    repairs: dict[str, set[tuple[str, str]]] = {}
     unexplained: list[str] = []
     if applied is not None and (live.kernel is None or reading.kernel_now() != live.kernel):
         # the kernel is not as the apply left it (or nobody noted how it was): compare
-        changed = drift(compile_applied(applied), dict(applied.sources))
+        changed = drift(compile_applied(applied), dict(applied.sources), repairs)
         if not changed and live.kernel is not None:
             now = reading.kernel_now()
             unexplained = sorted(k for k, v in live.kernel.items() if now.get(k) != v)
@@ -938,7 +939,13 @@ def prepare(
     # found by a tester, a download it had built whole was built again)
     adopted = _adopted(new, new_trees, old_trees) if new is not None else ()
     old_trees = (*old_trees, *adopted)
-    plan = make_plan(old_trees, new_trees, rebuild=changed, ifaces=new_ifaces)
+    # a tree whose drift is classes' values alone (a ceil set by hand) is changed in place,
+    # those classes set again; one that a killed apply left (below) is built again
+    reset = set() if killed is not None else {
+        ("class", dev, classid) for label in changed for dev, classid in repairs.get(label, ())
+    }  # fmt: skip
+    rebuild = [label for label in changed if killed is not None or label not in repairs]
+    plan = make_plan(old_trees, new_trees, rebuild=rebuild, ifaces=new_ifaces, reset=reset)
     for tree in reversed(adopted):
         text = (
             f"tree {tree.label}: taken over as the kernel holds it (no state, and it is as "

@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Sequence
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic
 from tcdsl.ops.state import OpsError
-from tcdsl.verify.compare import compare_state
+from tcdsl.verify.compare import compare_state, value_drift
 from tcdsl.verify.expect import expected_policy
 from tcdsl.verify.readback import (
     DeviceState,
@@ -286,9 +286,16 @@ def read_state(
     return state
 
 
-def drift(policy: ir.Policy, sources: dict[str, str] | None = None) -> dict[str, list[Diagnostic]]:
+def drift(
+    policy: ir.Policy,
+    sources: dict[str, str] | None = None,
+    repairs: dict[str, set[tuple[str, str]]] | None = None,
+) -> dict[str, list[Diagnostic]]:
     """Where the kernel differs from ``policy`` (applied earlier), by tree label: the
-    differences of each device, given to every tree on that device."""
+    differences of each device, given to every tree on that device. ``repairs``, if given,
+    gets the trees whose differences are all classes' values (:func:`value_drift`: set again
+    in place), with those classes as (device, class id)."""
+    unrepairable: set[str] = set()
     # Without the sources, messages spell values canonically: quoting the policy's own words
     # costs a search of its text per value (11 s for 10,000 classes).
     expected = expected_policy(policy)
@@ -312,9 +319,17 @@ def drift(policy: ir.Policy, sources: dict[str, str] | None = None) -> dict[str,
             seen = state
             if slots == {True} or (slots == {False} and _slot_taken(state, device.name)):
                 seen = _slot(state, device.name, slots == {True})
-            found = compare_state(dataclasses.replace(expected, interfaces=(device,)), seen)
+            alone = dataclasses.replace(expected, interfaces=(device,))
+            found = compare_state(alone, seen)
             if found:
-                out.setdefault(sharing[0].label, []).extend(found)
+                label = sharing[0].label
+                out.setdefault(label, []).extend(found)
+                classes = value_drift(alone, seen) if repairs is not None else None
+                if classes is None:
+                    unrepairable.add(label)
+                else:
+                    assert repairs is not None
+                    repairs.setdefault(label, set()).update(classes)
             continue
         # Trees sharing a device (an upload and its interface's download redirect or ingress
         # policing): each is given what differs in the slot it holds, root or ingress.
@@ -329,6 +344,9 @@ def drift(policy: ir.Policy, sources: dict[str, str] | None = None) -> dict[str,
                 )
                 if found:
                     out.setdefault(iface.label, []).extend(found)
+                    unrepairable.add(iface.label)
+    for label in unrepairable & set(repairs or ()):
+        del repairs[label]  # type: ignore[union-attr]
     return out
 
 

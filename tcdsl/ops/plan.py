@@ -70,15 +70,20 @@ class Change:
     sign: Sign
     text: str
     span: Span | None = None
+    tree: str | None = None
+    """The label of the tree it changes in place (``eth0``, ``eth0 download (via ifb4eth0)``)."""
 
-    def render(self) -> str:
+    def render(self, tree: bool = False) -> str:
         """``~ class voip: rate 6mbit -> 8mbit  (office.tcp:5)``; what goes is at its line in
         the text live now, which another line may hold in the files since: ``- class old
-        (was office.tcp:12)`` (found by a tester)."""
+        (was office.tcp:12)`` (found by a tester). ``tree``: its tree said after it, where a
+        plan changes several (``(subs.csv:7; eth0 download (via ifb4eth0))``: one subscriber
+        has a class of one name in each direction, found by a tester)."""
+        where = f"; {self.tree}" if tree and self.tree is not None else ""
         if self.span is None:
-            return f"{self.sign} {self.text}"
+            return f"{self.sign} {self.text}" + (f"  ({where[2:]})" if where else "")
         was = "was " if self.sign == "-" else ""
-        return f"{self.sign} {self.text}  ({was}{self.span.file}:{self.span.line})"
+        return f"{self.sign} {self.text}  ({was}{self.span.file}:{self.span.line}{where})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +140,8 @@ class Plan:
         if not self.changes:
             lines.append("no changes")
         elif not summary_only:
-            lines += [c.render() for c in self.changes]
+            several = len({c.tree for c in self.changes if c.tree is not None}) > 1
+            lines += [c.render(several) for c in self.changes]
         if self.changes:
             lines.append(self.summary())
         return "\n".join(lines) + "\n"
@@ -201,6 +207,7 @@ class Plan:
                 "sign": c.sign,
                 "kind": _kind(c.text),
                 "text": c.text,
+                "tree": c.tree,
                 "file": c.span.file if c.span is not None else None,
                 "line": c.span.line if c.span is not None else None,
             }
@@ -465,9 +472,10 @@ def _in_place(
     plan: Plan,
     names: Names,
     swaps: Swaps,
+    reset: Collection[Key] = (),
 ) -> tuple[list[Command], list[Command]]:
     """The commands that change one tree in place: (build and change, delete); the swaps of
-    groups in u32 tables go to ``swaps``."""
+    groups in u32 tables go to ``swaps``; the classes keyed in ``reset`` are set again."""
     build: list[Command] = []
     replaced: set[Key] = set()
     queues = {o.handle for o in [*old.values(), *new.values()] if _is_mq(o)}
@@ -493,6 +501,12 @@ def _in_place(
                 build += _replacing(n.commands)
             else:
                 build += n.commands
+        elif o.words == n.words and key in reset and n.kind == "class":
+            # (found by a tester: one subscriber's ceil changed by hand built the whole tree
+            # again, every counter reset; a class's values are set in place as a change is)
+            what = f"{_what(n, names[1])}: set again as the policy says (changed in the kernel)"
+            plan.changes.append(Change("~", what, n.span))
+            build.append(_changed(n.commands[0]))
         elif o.words != n.words:
             if n.kind == "qdisc" and (
                 o.handle != n.handle
@@ -537,12 +551,7 @@ def _in_place(
                 continue
             diff = _option_diff(o.commands[0].args, n.commands[0].args)
             plan.changes.append(Change("~", f"{_what(n, names[1])}: {diff}", n.span))
-            change = n.commands[0]
-            build.append(
-                Command(
-                    "tc", (change.args[0], "change", *change.args[2:]), change.span, change.what
-                )
-            )
+            build.append(_changed(n.commands[0]))
     filters: list[Command] = []
     # prefs are a qdisc's own: each filter's pref is free or taken among its qdisc's filters
     taken: dict[tuple[str, str], set[int]] = {}
@@ -565,9 +574,14 @@ def _in_place(
                 filters += n.commands
         elif o.words != n.words:
             hashed = has_u32_tables(o) or has_u32_tables(n)
+            in_tables = node_changes(o, n) if has_u32_tables(o) else None
+            if in_tables == []:
+                # the same nodes in the same tables and buckets, listed in another order
+                # (two rows swapped whose lines are in different buckets, where no packet
+                # meets both): nothing changes (found by a tester: 'tried in another order')
+                continue
             label = _what(n, names[1])
             plan.changes += _filter_changes(o.commands, n.commands, names, label, hashed)
-            in_tables = node_changes(o, n) if has_u32_tables(o) else None
             if in_tables is not None:
                 filters += in_tables
             elif hashed:
@@ -882,11 +896,14 @@ def make_plan(
     new: Sequence[Tree],
     rebuild: Iterable[str] = (),
     ifaces: Callable[[str], ir.Interface] | None = None,
+    reset: Collection[Key] = (),
 ) -> Plan:
     """The plan that takes the kernel from the trees ``old`` (live: read from the state, or
     compiled) to the trees ``new``; trees labelled in ``rebuild`` (drift) are built again
-    whatever changed. A new tree from a state record has no IR: ``ifaces`` gives it by label
-    where the plan builds the tree anew (compiling its policy only then)."""
+    whatever changed; the classes keyed in ``reset`` (values changed by hand) are set again
+    as ``new`` says, in place, where ``new`` keeps them. A new tree from a state record has
+    no IR: ``ifaces`` gives it by label where the plan builds the tree anew (compiling its
+    policy only then)."""
     plan = Plan()
     forced = set(rebuild)
     olds = {t.label: t for t in old}
@@ -932,13 +949,16 @@ def make_plan(
         old_actions |= {k: o for k, o in old_objs.items() if o.kind == "action"}
         new_actions |= {k: o for k, o in new_objs.items() if o.kind == "action"}
         in_place += [o for o in old_objs.values() if o.kind == "filters"]
+        said = len(plan.changes)
         tree_build, tree_delete = _in_place(
             {k: o for k, o in old_objs.items() if o.kind != "action"},
             {k: o for k, o in new_objs.items() if o.kind != "action"},
             plan,
             (before.names, tree.names),
             swaps,
+            reset,
         )
+        plan.changes[said:] = [replace(c, tree=label) for c in plan.changes[said:]]
         build += tree_build
         delete += tree_delete
         marking = next((o for o in new_objs.values() if o.kind == "marking"), None)
@@ -967,6 +987,11 @@ def make_plan(
         if tree.label not in kept and tree not in first:
             remove_tree(tree, plan)
     return plan
+
+
+def _changed(made: Command) -> Command:
+    """The ``tc class|qdisc change`` of what ``made`` adds."""
+    return Command("tc", (made.args[0], "change", *made.args[2:]), made.span, made.what)
 
 
 def _leftovers(old: Sequence[Obj], made: Iterable[Command]) -> list[tuple[str, ...]]:

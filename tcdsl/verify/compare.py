@@ -512,6 +512,12 @@ def _compare_classes(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Dia
             )
             continue
         yield from _compare_class(exp, got, present)
+    yield from _unexpected_classes(iface, dev, wanted)
+
+
+def _unexpected_classes(
+    iface: ExpectedInterface, dev: DeviceState, wanted: set[str]
+) -> Iterator[Diagnostic]:
     for c in dev.classes:
         if c.classid in wanted or c.kind in _IMPLIED_CLASS_KINDS:
             continue
@@ -522,6 +528,39 @@ def _compare_classes(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Dia
             f"unexpected {c.kind} class {c.classid} under {c.parent} in the kernel",
             iface.owner_span(c.parent if c.parent != "root" else c.classid.split(":")[0] + ":"),
         )
+
+
+def value_drift(expected: ExpectedPolicy, state: KernelState) -> set[tuple[str, str]] | None:
+    """The classes, as (device, class id), whose values alone differ from what the policy
+    creates (a ceil changed by hand), when nothing else does: each can be set again in place
+    (``tc class change``); None when anything else differs (a qdisc, a filter, a class
+    missing, moved or of another leaf, a class or rule the policy does not make)."""
+    found: set[tuple[str, str]] = set()
+    for iface in expected.interfaces:
+        dev = state.devices.get(iface.name, DeviceState(iface.name))
+        if any(_compare_qdiscs(iface, dev)) or any(_compare_filters(iface, dev)):
+            return None
+        if any(
+            d
+            for c in iface.chains
+            for d in _compare_chain(c, state.table(c.family) or IptablesState())
+        ):
+            return None
+        actual = {c.classid: c for c in dev.classes}
+        if any(_unexpected_classes(iface, dev, {c.classid for c in iface.classes})):
+            return None
+        present = {q.handle for q in dev.qdiscs}
+        for exp in iface.classes:
+            got = actual.get(exp.classid)
+            if got is None:
+                return None
+            said = list(_compare_class(exp, got, present))
+            if not said:
+                continue
+            if said != list(_value_diagnostics(exp.label, exp.wants, dict(got.options))):
+                return None  # its kind, parent or leaf
+            found.add((iface.name, exp.classid))
+    return found
 
 
 def _compare_class(exp: ExpectedClass, got: TcClass, present: set[str]) -> Iterator[Diagnostic]:
