@@ -3318,8 +3318,9 @@ def test_a_class_value_changed_by_hand_is_set_again_in_place(
 ) -> None:
     """Found by a tester (an ISP raising one subscriber's ceil by hand): the next apply built
     the whole tree again, every class's counters reset and the device unshaped a moment.
-    Drift of classes' values alone is set again in place, a 'tc class change' each, the
-    other classes' counters kept; other drift (a filter) still builds the tree again."""
+    Drift of classes' values alone (and of qdiscs tc changes in place) is set again in place,
+    a 'tc class change' each, the other classes' counters kept; other drift (a filter) still
+    builds the tree again."""
     a = tcdsl.write("p.tcp", A)
     assert tcdsl("apply", "--yes", a).code == 0
     send = "from tests.ops_edits import send_some; send_some()"
@@ -3335,6 +3336,15 @@ def test_a_class_value_changed_by_hand_is_set_again_in_place(
     assert "ceil 8Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:20")
     assert _sent(tcdsl)["1:30"] >= sent > 0  # not built again
     assert tcdsl("plan", a).out == "no changes\n"
+    # a leaf qdisc's value (one tc changes in place): the same
+    limit = "qdisc change dev d0 parent 1:30 handle 30: pfifo limit 77"
+    run(["ip", "netns", "exec", tcdsl.ns, "tc", *limit.split()])
+    planned = tcdsl("plan", a)
+    assert "~ qdisc pfifo of class bulk: set again as the policy says" in planned.out, planned
+    assert "(rebuild)" not in planned.out, planned
+    assert tcdsl("apply", "--yes", a).code == 0
+    assert "limit 20p" in tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert _sent(tcdsl)["1:30"] >= sent > 0
     # a filter deleted by hand besides: the tree is built again, as before
     run(["ip", "netns", "exec", tcdsl.ns, "tc", *hand.split()])
     run(["ip", "netns", "exec", tcdsl.ns, "tc", "filter", "del", "dev", "d0", "parent", "1:",

@@ -914,7 +914,7 @@ def prepare(
         reading = Reading(applied, live_of(store, applied))
     applied, live = reading.applied, reading.live
     changed: dict[str, list[Diagnostic]] = {}
-    repairs: dict[str, set[tuple[str, str]]] = {}
+    repairs: dict[str, set[tuple[str, str, str]]] = {}
     unexplained: list[str] = []
     if applied is not None and (live.kernel is None or reading.kernel_now() != live.kernel):
         # the kernel is not as the apply left it (or nobody noted how it was): compare
@@ -939,11 +939,14 @@ def prepare(
     # found by a tester, a download it had built whole was built again)
     adopted = _adopted(new, new_trees, old_trees) if new is not None else ()
     old_trees = (*old_trees, *adopted)
-    # a tree whose drift is classes' values alone (a ceil set by hand) is changed in place,
-    # those classes set again; one that a killed apply left (below) is built again
-    reset = set() if killed is not None else {
-        ("class", dev, classid) for label in changed for dev, classid in repairs.get(label, ())
-    }  # fmt: skip
+    # a tree whose drift is values alone (a ceil, a leaf's limit set by hand) is changed in
+    # place, those objects set again; one that a killed apply left (below) is built again
+    # (each an object of the live trees: one that is not, whatever the reason, is no repair)
+    live_keys = {o.key for t in old_trees for o in t.objects}
+    repairs = {label: keys for label, keys in repairs.items() if keys <= live_keys}
+    reset = (
+        set() if killed is not None else {k for label in changed for k in repairs.get(label, ())}
+    )
     rebuild = [label for label in changed if killed is not None or label not in repairs]
     plan = make_plan(old_trees, new_trees, rebuild=rebuild, ifaces=new_ifaces, reset=reset)
     for tree in reversed(adopted):

@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic
+from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
 from tcdsl.ops.state import OpsError
 from tcdsl.verify.compare import compare_state, value_drift
 from tcdsl.verify.expect import expected_policy
@@ -289,12 +290,12 @@ def read_state(
 def drift(
     policy: ir.Policy,
     sources: dict[str, str] | None = None,
-    repairs: dict[str, set[tuple[str, str]]] | None = None,
+    repairs: dict[str, set[tuple[str, str, str]]] | None = None,
 ) -> dict[str, list[Diagnostic]]:
     """Where the kernel differs from ``policy`` (applied earlier), by tree label: the
     differences of each device, given to every tree on that device. ``repairs``, if given,
-    gets the trees whose differences are all classes' values (:func:`value_drift`: set again
-    in place), with those classes as (device, class id)."""
+    gets the trees whose differences are all values of classes and of qdiscs that can change
+    in place (:func:`value_drift`: set again in place), with those objects' keys."""
     unrepairable: set[str] = set()
     # Without the sources, messages spell values canonically: quoting the policy's own words
     # costs a search of its text per value (11 s for 10,000 classes).
@@ -324,7 +325,7 @@ def drift(
             if found:
                 label = sharing[0].label
                 out.setdefault(label, []).extend(found)
-                classes = value_drift(alone, seen) if repairs is not None else None
+                classes = value_drift(alone, seen, CHANGE_IN_PLACE) if repairs is not None else None
                 if classes is None:
                     unrepairable.add(label)
                 else:

@@ -475,7 +475,7 @@ def _in_place(
     reset: Collection[Key] = (),
 ) -> tuple[list[Command], list[Command]]:
     """The commands that change one tree in place: (build and change, delete); the swaps of
-    groups in u32 tables go to ``swaps``; the classes keyed in ``reset`` are set again."""
+    groups in u32 tables go to ``swaps``; the objects keyed in ``reset`` are set again."""
     build: list[Command] = []
     replaced: set[Key] = set()
     queues = {o.handle for o in [*old.values(), *new.values()] if _is_mq(o)}
@@ -501,9 +501,13 @@ def _in_place(
                 build += _replacing(n.commands)
             else:
                 build += n.commands
-        elif o.words == n.words and key in reset and n.kind == "class":
+        elif (
+            o.words == n.words
+            and key in reset
+            and (n.kind == "class" or n.qdisc_kind in CHANGE_IN_PLACE)
+        ):
             # (found by a tester: one subscriber's ceil changed by hand built the whole tree
-            # again, every counter reset; a class's values are set in place as a change is)
+            # again, every counter reset; its values are set in place as a change's are)
             what = f"{_what(n, names[1])}: set again as the policy says (changed in the kernel)"
             plan.changes.append(Change("~", what, n.span))
             build.append(_changed(n.commands[0]))
@@ -900,10 +904,10 @@ def make_plan(
 ) -> Plan:
     """The plan that takes the kernel from the trees ``old`` (live: read from the state, or
     compiled) to the trees ``new``; trees labelled in ``rebuild`` (drift) are built again
-    whatever changed; the classes keyed in ``reset`` (values changed by hand) are set again
-    as ``new`` says, in place, where ``new`` keeps them. A new tree from a state record has
-    no IR: ``ifaces`` gives it by label where the plan builds the tree anew (compiling its
-    policy only then)."""
+    whatever changed; the classes and qdiscs keyed in ``reset`` (values changed by hand) are
+    set again as ``new`` says, in place, where ``new`` keeps them. A new tree from a state
+    record has no IR: ``ifaces`` gives it by label where the plan builds the tree anew
+    (compiling its policy only then)."""
     plan = Plan()
     forced = set(rebuild)
     olds = {t.label: t for t in old}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -431,12 +431,6 @@ def default_qdisc() -> str:
 
 def _compare_qdiscs(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diagnostic]:
     actual = {q.handle: q for q in dev.qdiscs}
-    wanted = {q.handle for q in iface.qdiscs}
-    # A queue of an mq tree that the policy does not name holds the kernel's default qdisc:
-    # made by the kernel (handle 0:), or put back by an apply that took the queue out of
-    # the policy (a handle of its own: a deleted one would leave the queue dropping all).
-    mq = {q.handle for q in iface.qdiscs if q.kind == "mq"}
-    defaults = {"pfifo_fast", default_qdisc()}
     for exp in iface.qdiscs:
         got = actual.get(exp.handle)
         if got is None:
@@ -448,6 +442,16 @@ def _compare_qdiscs(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diag
             )
             continue
         yield from _compare_qdisc(exp, got)
+    yield from _unexpected_qdiscs(iface, dev)
+
+
+def _unexpected_qdiscs(iface: ExpectedInterface, dev: DeviceState) -> Iterator[Diagnostic]:
+    wanted = {q.handle for q in iface.qdiscs}
+    # A queue of an mq tree that the policy does not name holds the kernel's default qdisc:
+    # made by the kernel (handle 0:), or put back by an apply that took the queue out of
+    # the policy (a handle of its own: a deleted one would leave the queue dropping all).
+    mq = {q.handle for q in iface.qdiscs if q.kind == "mq"}
+    defaults = {"pfifo_fast", default_qdisc()}
     for q in dev.qdiscs:
         if q.handle in wanted or q.handle == "0:":
             continue  # handle 0: is a default the kernel made (noqueue, a band's pfifo)
@@ -530,16 +534,31 @@ def _unexpected_classes(
         )
 
 
-def value_drift(expected: ExpectedPolicy, state: KernelState) -> set[tuple[str, str]] | None:
-    """The classes, as (device, class id), whose values alone differ from what the policy
-    creates (a ceil changed by hand), when nothing else does: each can be set again in place
-    (``tc class change``); None when anything else differs (a qdisc, a filter, a class
-    missing, moved or of another leaf, a class or rule the policy does not make)."""
-    found: set[tuple[str, str]] = set()
+def value_drift(
+    expected: ExpectedPolicy, state: KernelState, in_place: Collection[str] = ()
+) -> set[tuple[str, str, str]] | None:
+    """What differs from what the policy creates in its values alone, when nothing else
+    does: classes (a ceil changed by hand) as ``("class", device, class id)``, and qdiscs of
+    the kinds ``in_place`` (whose values ``tc qdisc change`` sets) as ``("qdisc", device,
+    parent)``, each to be set again in place; None when anything else differs (a filter, a
+    qdisc or class missing, moved, of another kind or leaf, one the policy does not make)."""
+    found: set[tuple[str, str, str]] = set()
     for iface in expected.interfaces:
         dev = state.devices.get(iface.name, DeviceState(iface.name))
-        if any(_compare_qdiscs(iface, dev)) or any(_compare_filters(iface, dev)):
+        if any(_compare_filters(iface, dev)) or any(_unexpected_qdiscs(iface, dev)):
             return None
+        qdiscs = {q.handle: q for q in dev.qdiscs}
+        for want in iface.qdiscs:
+            got_q = qdiscs.get(want.handle)
+            if got_q is None:
+                return None
+            said = list(_compare_qdisc(want, got_q))
+            if not said:
+                continue
+            values = list(_value_diagnostics(want.label, want.wants, dict(got_q.options)))
+            if said != values or want.kind not in in_place:
+                return None
+            found.add(("qdisc", iface.name, want.parent))
         if any(
             d
             for c in iface.chains
@@ -559,7 +578,7 @@ def value_drift(expected: ExpectedPolicy, state: KernelState) -> set[tuple[str, 
                 continue
             if said != list(_value_diagnostics(exp.label, exp.wants, dict(got.options))):
                 return None  # its kind, parent or leaf
-            found.add((iface.name, exp.classid))
+            found.add(("class", iface.name, exp.classid))
     return found
 
 
