@@ -1164,7 +1164,7 @@ def overhead_written(policy: ir.Policy) -> Iterator[Diagnostic]:
                 )
 
 
-IP_LEVEL_DEVICE = re.compile(r"(?:ppp\d|pppo[ae]-|wg|tun\d)")
+IP_LEVEL_DEVICE = re.compile(r"(?:ppp\d|pppo[ae]-|wg[\d_-]|tun\d)")
 """Names of devices whose packets carry no link-layer header (PPP, PPPoE as OpenWrt names its
 sessions, WireGuard, tun): the usual names, not a test of the device."""
 
@@ -1184,7 +1184,7 @@ def preset_on_ip_level_device(policy: ir.Policy) -> Iterator[Diagnostic]:
             "WireGuard, tun): its packets have no 14-byte MAC header, and the size table, "
             "written 14 bytes smaller for one, charges each packet 14 bytes less than "
             f"'overhead {o.preset.value}' means; write 'overhead {bytes_} "
-            f"linklayer {o.linklayer}'{_mpu_words(o)} there, or use cake (it finds the IP "
+            f"linklayer {o.linklayer}{_mpu_words(o)}' there, or use cake (it finds the IP "
             "header itself)",
             o.preset.span,
         )

@@ -1550,3 +1550,18 @@ def test_a_long_run_of_lines_in_one_list_is_imported_as_classifier_u32_linear(
     # a short run, or one in tcdsl's own tables, needs no word
     code, out, err = _cli("-i", "eth0", "--from", str(DATA / "wondershaper.txt"))
     assert code == 0 and "linear" not in out, out
+
+
+def test_a_protocol_all_catch_all_at_a_pref_ipv6_cannot_have_is_left_out(
+    tmp_path: Path,
+) -> None:
+    """Found by a review: at pref 49152 (tc's first pref without 'prio'), 'match all' would
+    need its IPv6 filter at 49152 + 32768, past the last pref: the import wrote a policy that
+    did not compile. Such a catch-all is left out, said, as before."""
+    saved = tmp_path / "saved.txt"
+    text = (DATA / "protocol-all-catch-all.txt").read_text(encoding="utf-8")
+    saved.write_text(text.replace("pref 999", "pref 49152"), encoding="utf-8")
+    code, out, err = _cli("-i", "eth0", "--from", str(saved))
+    assert code == 0 and "match all" not in out, out
+    assert "protocol 'all': the language writes ip and ipv6 only" in err, err
+    _check(out, tmp_path)

@@ -21,11 +21,15 @@ import pytest
 from tcdsl import ir
 from tcdsl.allocate import PARENT_PIN, Pins
 from tcdsl.driver import analyse, compile_policy
+from tcdsl.frontend.qdiscs import CHANGE_SETS_ALL, REPAIRABLE_CLASSES
 from tcdsl.lock import is_held
 from tcdsl.ops.desired import trees_from_json, trees_json, trees_of
 from tcdsl.ops.lifecycle import pins_of
 from tcdsl.ops.plan import Plan, make_plan
 from tcdsl.ops.state import TIMER_GRACE, Store
+from tcdsl.verify.compare import compare_state, value_drift
+from tcdsl.verify.expect import expected_policy
+from tcdsl.verify.readback import DeviceState, KernelState, parse_classes, parse_qdiscs
 from tcdsl.verify.runner import HostSupport
 from tests.test_apply import host, make_netns, run
 
@@ -3394,3 +3398,69 @@ def test_a_plan_of_several_trees_names_each_changes_tree(tmp_path: Path) -> None
     assert trees == ["d0", "d0 download (via ifb4d0)"], trees
     one = _plan(old, _policy(tmp_path, "p.tcp", text % ("3mbit", "2mbit"), pins_of(old)))
     assert one.render().splitlines()[0].endswith("p.tcp:3)"), one.render()  # one tree: as before
+
+
+VALUE_DRIFT_QDISCS = (
+    "qdisc htb 1: root refcnt 2 r2q 10 default 0x20 direct_packets_stat 0 ver 3.17 direct_qlen "
+    "1000\nqdisc sfq 10: parent 1:10 limit 127p quantum 1514b depth 127 flows 128 divisor 1024 "
+    "perturb {perturb}sec\n"
+)
+VALUE_DRIFT_CLASSES = "".join(
+    f"class htb {line} linklayer ethernet burst 1600b/1 mpu 0b cburst 1600b/1 mpu 0b level 0\n"
+    for line in (
+        "1:1 root rate 10Mbit ceil 10Mbit",
+        "1:10 parent 1:1 leaf 10: prio 0 quantum 1250 rate 1Mbit ceil 1Mbit",
+        "1:20 parent 1:1 prio 0 quantum 1250 rate 1Mbit ceil {ceil}Mbit",
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("perturb", "ceil", "repairs"),
+    [
+        (10, 2, set()),
+        (10, 3, {("class", "d0", "1:20")}),
+        (5, 2, None),  # sfq's change keeps a perturb it is not given: the tree is rebuilt
+        (5, 3, None),
+    ],
+)
+def test_value_drift_is_repaired_only_where_a_change_sets_every_value(
+    tmp_path: Path, perturb: int, ceil: int, repairs: set[tuple[str, str, str]] | None
+) -> None:
+    """Found by a review: drift set again by 'tc ... change' of the policy's command stays
+    where the command leaves a value out and the kind keeps it (sfq's perturb, cake's rtt,
+    an hfsc curve), and the digest then hid it for good. Only htb classes and the qdiscs
+    whose change sets every value (tbf, pfifo, bfifo) are repaired in place."""
+    text = "interface d0 htb rate 10mbit default b {\n    class a rate 1mbit { sfq perturb 10 }\n"
+    policy = _policy(tmp_path, "p.tcp", text + "    class b rate 1mbit ceil 2mbit\n}\n")
+    device = DeviceState(
+        "d0",
+        parse_qdiscs(VALUE_DRIFT_QDISCS.format(perturb=perturb)),
+        parse_classes(VALUE_DRIFT_CLASSES.format(ceil=ceil)),
+    )
+    state = KernelState({"d0": device})
+    expected = expected_policy(policy)
+    assert bool(compare_state(expected, state)) == ((perturb, ceil) != (10, 2))
+    assert value_drift(expected, state, CHANGE_SETS_ALL, REPAIRABLE_CLASSES) == repairs
+
+
+def test_value_drift_beside_a_download_is_set_again_in_place(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a review: an upload's device also holds its download's redirect, and drift
+    there went the way of a shared device, built again whatever it was. A class's value
+    changed by hand in either direction is set again in place."""
+    if not (host.ifb and "mirred" in host.actions):
+        pytest.skip("needs ifb and mirred")
+    policy = tcdsl.write("p.tcp", FULL)
+    assert tcdsl("apply", "--yes", policy).code == 0
+    for hand in (
+        "class change dev d0 parent 1:1 classid 1:10 htb rate 2mbit ceil 3mbit",
+        "class change dev ifb4d0 parent 1:1 classid 1:10 htb rate 5mbit ceil 6mbit",
+    ):
+        run(["ip", "netns", "exec", tcdsl.ns, "tc", *hand.split()])
+    planned = tcdsl("plan", policy)
+    assert planned.out.count("set again as the policy says") == 2, planned
+    assert "(rebuild)" not in planned.out and "; d0 download (via ifb4d0))" in planned.out
+    assert tcdsl("apply", "--yes", policy).code == 0
+    assert tcdsl("plan", policy).out == "no changes\n"

@@ -191,6 +191,14 @@ CLASSFUL = frozenset({"htb", "prio", "cbq", "hfsc"})
 CHANGE_IN_PLACE = frozenset({"tbf", "pfifo", "bfifo", "sfq", "fq_codel", "cake", "netem", "red"})
 """Kinds whose parameters ``tc qdisc change`` sets on the live qdisc (their sch_*.c has a change
 operation), keeping its queue and counters; htb's (default, r2q) cannot change: a new tree."""
+CHANGE_SETS_ALL = frozenset({"tbf", "pfifo", "bfifo"})
+"""Kinds whose ``tc qdisc change`` with the policy's command sets every value a drift check
+compares (tc sends the whole parameter block; found by a review: sfq, fq_codel, cake, netem
+and red keep a value the command leaves out, so a hand change of one survives a change):
+drift of their values alone is set again in place (``tcdsl.ops.live.drift``)."""
+REPAIRABLE_CLASSES = frozenset({"htb"})
+"""Class kinds the same holds for (htb sends the whole rate spec; an hfsc change keeps a
+curve it is not given)."""
 TC_DEFAULTS: dict[str, dict[str, str]] = {"htb": {"r2q": "10"}}
 """Options whose value, as tc's words spell it, is what tc sends when the option is left out
 (htb_parse_opt's ``r2q 10``): a command with or without one makes the same qdisc."""

@@ -1710,7 +1710,7 @@ def _shadowed(
                 "tree, whose lines steer only after every line above them, whatever their "
                 f"pref; move it into its queue's own qdisc, or split {wide}"
             )
-        elif marking is None and mine.pref is not None and mine.pref.value <= 1:
+        elif marking is None and (mine.pref is None or mine.pref.value <= 1):
             # (found by a tester: told to lower a pref 1, which a statement without a pref
             # has too)
             fix = (

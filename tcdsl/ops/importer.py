@@ -997,14 +997,15 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
             beside = " beside u32 ones (a tree has one classifier)" if f.kind == "flower" else ""
             problem(entry, f"the language has no '{f.kind}' filter{beside}; left out", "W612")
             continue
-        if f.protocol == "all" and _catch_all(entry, classes, ingress):
+        if f.protocol == "all" and f.pref < V6_PREF and _catch_all(entry, classes, ingress):
             # (found by a tester: sqm-scripts' 'protocol all ... match ip protocol 0 0x00' was
             # left out, and the filters behind it took what it had caught)
             police, police_index, why = _police(entry)
             if why is None and (police or not ingress):
                 problem(entry, "protocol 'all', a filter every packet meets: written as "
-                        "'match all' (a filter for IPv4 and one for IPv6); packets of neither "
-                        "family (ARP, PPPoE discovery) go to the default class now")  # fmt: skip
+                        "'match all' (a filter for IPv4 and one for IPv6, so the policy's "
+                        "first apply builds the tree again); packets of neither family (ARP, "
+                        "PPPoE discovery) go to the default class now")  # fmt: skip
                 every = [Cond("all", (0,), ("all",))]
                 decoded.append(_Decoded(index, entry, "both", every, police, police_index))
                 continue

@@ -15,10 +15,10 @@ from collections.abc import Collection, Iterable, Sequence
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic
-from tcdsl.frontend.qdiscs import CHANGE_IN_PLACE
+from tcdsl.frontend.qdiscs import CHANGE_SETS_ALL, REPAIRABLE_CLASSES
 from tcdsl.ops.state import OpsError
 from tcdsl.verify.compare import compare_state, value_drift
-from tcdsl.verify.expect import expected_policy
+from tcdsl.verify.expect import ExpectedPolicy, expected_policy
 from tcdsl.verify.readback import (
     DeviceState,
     KernelState,
@@ -323,14 +323,8 @@ def drift(
             alone = dataclasses.replace(expected, interfaces=(device,))
             found = compare_state(alone, seen)
             if found:
-                label = sharing[0].label
-                out.setdefault(label, []).extend(found)
-                classes = value_drift(alone, seen, CHANGE_IN_PLACE) if repairs is not None else None
-                if classes is None:
-                    unrepairable.add(label)
-                else:
-                    assert repairs is not None
-                    repairs.setdefault(label, set()).update(classes)
+                out.setdefault(sharing[0].label, []).extend(found)
+                _repairs(sharing[0].label, alone, seen, repairs, unrepairable)
             continue
         # Trees sharing a device (an upload and its interface's download redirect or ingress
         # policing): each is given what differs in the slot it holds, root or ingress.
@@ -340,15 +334,36 @@ def drift(
                 if part.name != device.name:
                     continue
                 ingress = bool(part.qdiscs) and all(q.handle == "ffff:" for q in part.qdiscs)
-                found = compare_state(
-                    dataclasses.replace(own, interfaces=(part,)), _slot(state, part.name, ingress)
+                alone, seen = (
+                    dataclasses.replace(own, interfaces=(part,)),
+                    _slot(state, part.name, ingress),
                 )
+                found = compare_state(alone, seen)
                 if found:
                     out.setdefault(iface.label, []).extend(found)
-                    unrepairable.add(iface.label)
+                    _repairs(iface.label, alone, seen, repairs, unrepairable)
     for label in unrepairable & set(repairs or ()):
         del repairs[label]  # type: ignore[union-attr]
     return out
+
+
+def _repairs(
+    label: str,
+    expected: ExpectedPolicy,
+    seen: KernelState,
+    repairs: dict[str, set[tuple[str, str, str]]] | None,
+    unrepairable: set[str],
+) -> None:
+    """Add to ``repairs`` what tree ``label`` can have set again in place of its drift on one
+    device (an upload beside its download's redirect too: found by a review), else mark it
+    ``unrepairable``."""
+    if repairs is None:
+        return
+    keys = value_drift(expected, seen, CHANGE_SETS_ALL, REPAIRABLE_CLASSES)
+    if keys is None:
+        unrepairable.add(label)
+    else:
+        repairs.setdefault(label, set()).update(keys)
 
 
 def _slot_taken(state: KernelState, name: str) -> bool:

@@ -501,11 +501,7 @@ def _in_place(
                 build += _replacing(n.commands)
             else:
                 build += n.commands
-        elif (
-            o.words == n.words
-            and key in reset
-            and (n.kind == "class" or n.qdisc_kind in CHANGE_IN_PLACE)
-        ):
+        elif o.words == n.words and key in reset:
             # (found by a tester: one subscriber's ceil changed by hand built the whole tree
             # again, every counter reset; its values are set in place as a change's are)
             what = f"{_what(n, names[1])}: set again as the policy says (changed in the kernel)"

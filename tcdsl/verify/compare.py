@@ -535,13 +535,17 @@ def _unexpected_classes(
 
 
 def value_drift(
-    expected: ExpectedPolicy, state: KernelState, in_place: Collection[str] = ()
+    expected: ExpectedPolicy,
+    state: KernelState,
+    qdisc_kinds: Collection[str] = (),
+    class_kinds: Collection[str] = (),
 ) -> set[tuple[str, str, str]] | None:
     """What differs from what the policy creates in its values alone, when nothing else
-    does: classes (a ceil changed by hand) as ``("class", device, class id)``, and qdiscs of
-    the kinds ``in_place`` (whose values ``tc qdisc change`` sets) as ``("qdisc", device,
-    parent)``, each to be set again in place; None when anything else differs (a filter, a
-    qdisc or class missing, moved, of another kind or leaf, one the policy does not make)."""
+    does: classes of ``class_kinds`` (a ceil changed by hand) as ``("class", device, class
+    id)``, and qdiscs of ``qdisc_kinds`` as ``("qdisc", device, parent)``, the kinds whose
+    ``tc ... change`` sets every value compared, each to be set again in place; None when
+    anything else differs (a filter, a qdisc or class missing, moved, of another kind or
+    leaf, one the policy does not make, a value of another kind)."""
     found: set[tuple[str, str, str]] = set()
     for iface in expected.interfaces:
         dev = state.devices.get(iface.name, DeviceState(iface.name))
@@ -556,7 +560,7 @@ def value_drift(
             if not said:
                 continue
             values = list(_value_diagnostics(want.label, want.wants, dict(got_q.options)))
-            if said != values or want.kind not in in_place:
+            if said != values or want.kind not in qdisc_kinds:
                 return None
             found.add(("qdisc", iface.name, want.parent))
         if any(
@@ -578,6 +582,8 @@ def value_drift(
                 continue
             if said != list(_value_diagnostics(exp.label, exp.wants, dict(got.options))):
                 return None  # its kind, parent or leaf
+            if exp.kind not in class_kinds:
+                return None
             found.add(("class", iface.name, exp.classid))
     return found
 
