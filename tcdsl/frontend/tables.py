@@ -1710,13 +1710,23 @@ def _shadowed(
                 "tree, whose lines steer only after every line above them, whatever their "
                 f"pref; move it into its queue's own qdisc, or split {wide}"
             )
-        elif marking is None and (mine.pref is None or mine.pref.value <= 1):
+        elif marking is None and mine.pref is not None and mine.pref.value <= 1:
             # (found by a tester: told to lower a pref 1, which a statement without a pref
             # has too)
             fix = (
                 f"{tried}the one that takes {me} is at pref 1 already, the lowest, as a "
                 f"statement without a pref is: give the one that takes {them} a higher pref "
                 f"(such as pref 2), or split {wide}"
+            )
+        elif (
+            marking is None
+            and mine.pref is None
+            and theirs.pref is not None
+            and (theirs.pref.value <= 1)
+        ):
+            fix = (
+                f"{tried}the one that takes {them} is at pref 1, the lowest: give it a higher "
+                f"pref (such as pref 2) and the one that takes {me} pref 1, or split {wide}"
             )
         elif marking is None:
             fix = (
