@@ -944,9 +944,7 @@ def prepare(
     # (each an object of the live trees: one that is not, whatever the reason, is no repair)
     live_keys = {o.key for t in old_trees for o in t.objects}
     repairs = {label: keys for label, keys in repairs.items() if keys <= live_keys}
-    reset = (
-        set() if killed is not None else {k for label in changed for k in repairs.get(label, ())}
-    )
+    reset = set() if killed is not None else set().union(*repairs.values())
     rebuild = [label for label in changed if killed is not None or label not in repairs]
     plan = make_plan(old_trees, new_trees, rebuild=rebuild, ifaces=new_ifaces, reset=reset)
     for tree in reversed(adopted):

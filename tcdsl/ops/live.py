@@ -342,8 +342,6 @@ def drift(
                 if found:
                     out.setdefault(iface.label, []).extend(found)
                     _repairs(iface.label, alone, seen, repairs, unrepairable)
-    for label in unrepairable & set(repairs or ()):
-        del repairs[label]  # type: ignore[union-attr]
     return out
 
 
@@ -360,8 +358,9 @@ def _repairs(
     if repairs is None:
         return
     keys = value_drift(expected, seen, CHANGE_SETS_ALL, REPAIRABLE_CLASSES)
-    if keys is None:
+    if keys is None or label in unrepairable:
         unrepairable.add(label)
+        repairs.pop(label, None)
     else:
         repairs.setdefault(label, set()).update(keys)
 

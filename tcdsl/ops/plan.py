@@ -79,10 +79,11 @@ class Change:
         (was office.tcp:12)`` (found by a tester). ``tree``: its tree said after it, where a
         plan changes several (``(subs.csv:7; eth0 download (via ifb4eth0))``: one subscriber
         has a class of one name in each direction, found by a tester)."""
-        where = f"; {self.tree}" if tree and self.tree is not None else ""
+        named = self.tree if tree else None
         if self.span is None:
-            return f"{self.sign} {self.text}" + (f"  ({where[2:]})" if where else "")
+            return f"{self.sign} {self.text}" + (f"  ({named})" if named else "")
         was = "was " if self.sign == "-" else ""
+        where = f"; {named}" if named else ""
         return f"{self.sign} {self.text}  ({was}{self.span.file}:{self.span.line}{where})"
 
 

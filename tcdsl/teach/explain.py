@@ -1974,9 +1974,11 @@ def _table_rounding(o: ir.Overhead, big: int, ack: int) -> str:
     slots for 2047 bytes counts in 4-byte cells: found by a tester, the kernel counted 1520
     bytes where the text said 1518), in a sentence; "" where it charges the exact sizes."""
     table = o.size_table()
+    if not table.has_table:
+        return ""
     header = linklayer.ETHERNET_HEADER
     charged = table.cost(1500 + header), table.cost(40 + header)
-    if not table.has_table or charged == (big, ack):
+    if charged == (big, ack):
         return ""
     cell = table.cell_bytes
     return (

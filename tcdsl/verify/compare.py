@@ -556,13 +556,11 @@ def value_drift(
             got_q = qdiscs.get(want.handle)
             if got_q is None:
                 return None
-            said = list(_compare_qdisc(want, got_q))
-            if not said:
-                continue
-            values = list(_value_diagnostics(want.label, want.wants, dict(got_q.options)))
-            if said != values or want.kind not in qdisc_kinds:
+            alone = _values_alone(want, got_q, list(_compare_qdisc(want, got_q)), qdisc_kinds)
+            if alone is None:
                 return None
-            found.add(("qdisc", iface.name, want.parent))
+            if alone:
+                found.add(("qdisc", iface.name, want.parent))
         if any(
             d
             for c in iface.chains
@@ -577,15 +575,30 @@ def value_drift(
             got = actual.get(exp.classid)
             if got is None:
                 return None
-            said = list(_compare_class(exp, got, present))
-            if not said:
-                continue
-            if said != list(_value_diagnostics(exp.label, exp.wants, dict(got.options))):
-                return None  # its kind, parent or leaf
-            if exp.kind not in class_kinds:
+            alone = _values_alone(exp, got, list(_compare_class(exp, got, present)), class_kinds)
+            if alone is None:
                 return None
-            found.add(("class", iface.name, exp.classid))
+            if alone:
+                found.add(("class", iface.name, exp.classid))
     return found
+
+
+def _values_alone(
+    exp: ExpectedQdisc | ExpectedClass,
+    got: TcQdisc | TcClass,
+    said: list[Diagnostic],
+    kinds: Collection[str],
+) -> bool | None:
+    """Whether ``said`` (what differs of ``exp``) is something, all of it values of a kind in
+    ``kinds``; None when it is anything else (a kind, a parent, a leaf, a value of another
+    kind)."""
+    if not said:
+        return False
+    if exp.kind not in kinds or said != list(
+        _value_diagnostics(exp.label, exp.wants, dict(got.options))
+    ):
+        return None
+    return True
 
 
 def _compare_class(exp: ExpectedClass, got: TcClass, present: set[str]) -> Iterator[Diagnostic]:
