@@ -127,16 +127,17 @@ def class_lines(
     default: bool,
     capped: ir.Bound | None = None,
     families: tuple[ir.Family, ...] = ir.FAMILIES,
+    root: bool = False,
 ) -> tuple[str, ...]:
     """The lines of a class box below its name: id, rates, prio, leaf qdisc, what reaches it.
 
     ``capped``: what keeps the class below its own ceiling (an ancestor, or what holds its
     qdisc), if anything does; ``families``: the tree's (a match line names its own when it
-    applies to fewer).
+    applies to fewer); ``root``: no class is above it (an htb one has nothing to borrow from).
     """
     assert cls.classid is not None
     lines = [f"classid {cls.classid}"]
-    rate = rate_line(kind, cls)
+    rate = rate_line(kind, cls, root)
     if rate is not None:
         lines.append(rate)
     lines.extend(" ".join([key, *curve_words(curve)]) for key, curve in hfsc_curves(cls))
@@ -242,7 +243,8 @@ class _Builder:
         bound = ir.class_bound(q, above, parents, outer) if above is not None else outer
         own = ir.own_bound(q, cls, parents)
         capped = bound if own and bound and bound.bits_per_second < own.bits_per_second else None
-        lines = class_lines(q.kind, cls, marking, is_default, capped, self.families)
+        root = above is None and not cls.implicit
+        lines = class_lines(q.kind, cls, marking, is_default, capped, self.families, root)
         node = Node(self.new_id(), "class", title, lines, is_default)
         self.add(node, parent)
         for child in cls.children:

@@ -20,6 +20,7 @@ from tcdsl.tcmath import (
     RED_DEFAULT_BANDWIDTH,
     TICKS_PER_US,
     U32_MAX,
+    fq_buckets_kept,
     psched_l2t_ns,
     red_scell_log,
     red_thresholds,
@@ -572,23 +573,59 @@ def overbooking_is_declared(policy: ir.Policy) -> Iterator[Diagnostic]:
                     )
 
 
+def htb_ceiling(cls: ir.Class, root: bool) -> ir.Rate | None:
+    """The most an htb class sends: its ceil (its rate without one); a root class's rate, as
+    it has no parent to borrow from (``root``: no class is above it)."""
+    return rate_of(cls.rate) if root else effective_ceil(cls)
+
+
+def htb_roots(policy: ir.Policy) -> set[int]:
+    """The ids of the htb classes of ``policy`` that no class is above."""
+    return {id(s.cls) for s in sites(policy) if s.parent is None and s.qdisc.kind == "htb"}
+
+
 def ceil_within_parent_ceil(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """A class's ceil above its parent's can never be reached (warning)."""
+    """A class's ceil above its parent's can never be reached (warning); nor one above the
+    rate of a class no class is above, which has nothing to borrow from (found by a tester:
+    the diagrams said such a class borrowed, and W301 measured its children against its
+    ceil)."""
+    roots = htb_roots(policy)
     for s in sites(policy):
-        if s.parent is None or s.qdisc.kind != "htb":
+        if s.qdisc.kind != "htb":
             continue
-        ceil, parent_ceil = rate_of(s.cls.ceil), effective_ceil(s.parent)
+        ceil = rate_of(s.cls.ceil)
+        if s.parent is None:
+            rate = rate_of(s.cls.rate)
+            if s.cls.implicit or ceil is None or rate is None:
+                continue
+            if ceil.bits_per_second <= rate.bits_per_second:
+                continue
+            yield Diagnostic.warning(
+                "W301",
+                f"ceil {_fmt(ceil)} can never be reached: {s.cls.label} is a root class of its "
+                f"htb (no class is above it: the htb's line gives no rate, so there is no link "
+                f"class) and has nothing to borrow from, so it sends at most its rate "
+                f"{_fmt(rate)}; give the htb a rate (a link class to borrow from), or write "
+                "ceil = rate",
+                ceil.span,
+                Note("its rate given here", rate.span),
+            )
+            continue
+        parent_ceil = htb_ceiling(s.parent, id(s.parent) in roots)
         if (
             ceil is not None
             and parent_ceil is not None
             and ceil.bits_per_second > parent_ceil.bits_per_second
         ):
+            root = id(s.parent) in roots and not s.parent.implicit
+            what = "rate" if root else "ceiling"
+            why = " (it has no parent to borrow from)" if root else ""
             yield Diagnostic.warning(
                 "W301",
-                f"ceil {_fmt(ceil)} is above the ceiling {_fmt(parent_ceil)} of "
-                f"{s.parent.label}; it can never be reached",
+                f"ceil {_fmt(ceil)} is above the {what} {_fmt(parent_ceil)} of "
+                f"{s.parent.label}{why}; it can never be reached",
                 ceil.span,
-                Note("parent's ceiling given here", parent_ceil.span),
+                Note(f"parent's {what} given here", parent_ceil.span),
             )
 
 
@@ -1206,11 +1243,12 @@ def _aqm_values(q: ir.Codel | ir.Fq | ir.FqPie) -> Iterator[Diagnostic]:
         )
     if isinstance(q, ir.Fq):
         buckets = q.buckets.value if q.buckets else 0
-        if q.buckets is not None and buckets > 0 and not 2 <= buckets < 2 * FQ_MAX_BUCKETS:
+        # (found by a tester: tc's ilog2 rounds up, not down; 262145 is sent as 19)
+        if q.buckets is not None and buckets > 0 and not 2 <= buckets <= FQ_MAX_BUCKETS:
             yield Diagnostic.error(
                 "E205",
-                f"fq buckets {buckets} is outside 2-{2 * FQ_MAX_BUCKETS - 1}: tc sends its log2, "
-                f"which the kernel takes from 1 to 18 (2 to {FQ_MAX_BUCKETS} buckets)",
+                f"fq buckets {buckets} is outside 2-{FQ_MAX_BUCKETS}: tc sends its log2 (rounded "
+                f"up), which the kernel takes from 1 to 18 (2 to {FQ_MAX_BUCKETS} buckets)",
                 q.buckets.span,
             )
         yield from _u32_rate(q.kind, "maxrate", q.maxrate)
@@ -1232,13 +1270,13 @@ def _aqm_values(q: ir.Codel | ir.Fq | ir.FqPie) -> Iterator[Diagnostic]:
             )
         if (
             q.buckets is not None
-            and 2 <= q.buckets.value < 2 * FQ_MAX_BUCKETS
+            and 2 <= q.buckets.value <= FQ_MAX_BUCKETS
             and q.buckets.value & (q.buckets.value - 1)
         ):
-            kept = 1 << (q.buckets.value.bit_length() - 1)
+            kept = fq_buckets_kept(q.buckets.value)
             yield Diagnostic.warning(
                 "W330",
-                f"tc rounds fq buckets {q.buckets.value} down to a power of two, {kept}; write "
+                f"tc rounds fq buckets {q.buckets.value} up to a power of two, {kept}; write "
                 f"buckets {kept}",
                 q.buckets.span,
             )

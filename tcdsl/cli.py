@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import errno
 import functools
+import io
 import os
 import sys
 import threading
@@ -933,6 +934,8 @@ def measure_command(
 
 def main() -> None:
     """Run the CLI; an unexpected exception is an internal error (exit 3, with a traceback)."""
+    if sys.stdout is None:  # started with its stdout closed ('>&-'): Python gives no stream
+        sys.stdout = _ClosedOutput()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -959,6 +962,18 @@ def main() -> None:
         sys.exit(EXIT_POLICY)
     except BaseException:
         _internal_error()
+
+
+class _ClosedOutput(io.TextIOBase):
+    """stdout for a process started without one: writing to it fails as writing to a closed
+    descriptor does, so that what would go there is not lost without a word (found by a
+    tester: 'compile > &-' exited 0 having written nothing)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
 
 
 def _writing_output(error: OSError) -> bool:

@@ -127,7 +127,9 @@ _TABLE: dict[str, CodeInfo] = {
     "E248": CodeInfo(_E, "set dscp that nothing applies (no classify by mark, no mark)"),
     "E249": CodeInfo(_E, "A match line's pref equal to the fw filters' pref"),
     # W3xx: warnings
-    "W301": CodeInfo(_W, "A ceil above the parent's ceiling, which can never be reached"),
+    "W301": CodeInfo(
+        _W, "A ceil above the parent's ceiling (or a root class's rate), which is never reached"
+    ),
     "W302": CodeInfo(_W, "A rate in bytes-per-second units"),
     "W303": CodeInfo(_W, "A class mark without classify by mark"),
     "W304": CodeInfo(_W, "Some combinations of a match line can never match"),

@@ -189,3 +189,9 @@ def tbf_queue_limit(q: ir.Tbf) -> int | None:
         peak = q.peakrate.bits_per_second // 8 * q.latency.microseconds // 1_000_000 + mtu
         limit = min(limit, peak)
     return limit
+
+
+def fq_buckets_kept(buckets: int) -> int:
+    """The buckets an fq gets for ``buckets`` written: tc sends ``ilog2(buckets)``, which
+    tc/q_fq.c rounds up (3 is 4)."""
+    return 1 << (buckets - 1).bit_length()

@@ -84,14 +84,20 @@ def _rate(value: ir.Rate | ir.Percent | None) -> int | None:
     return value.bits_per_second if isinstance(value, ir.Rate) else None
 
 
-def rate_line(kind: str, cls: ir.Class) -> str | None:
-    """Guaranteed rate and how far the class may borrow (``rate 6mbit, may borrow to 10mbit``)."""
+def rate_line(kind: str, cls: ir.Class, root: bool = False) -> str | None:
+    """Guaranteed rate and how far the class may borrow (``rate 6mbit, may borrow to 10mbit``);
+    ``root``: no class is above it (an htb one has nothing to borrow from, whatever its ceil:
+    found by a tester, the diagrams said it borrowed)."""
     rate = _rate(cls.rate)
     if rate is None:
         return None
     text = f"rate {format_rate(rate)}"
     if kind == "htb":
         ceil = _rate(cls.ceil)
+        if root and ceil is not None and ceil > rate:
+            return (
+                f"{text}, no borrowing (no parent to borrow from; ceil {format_rate(ceil)} unused)"
+            )
         if ceil is None or ceil == rate:
             return f"{text}, no borrowing"
         return f"{text}, may borrow to {format_rate(ceil)} (+{format_rate(ceil - rate)})"

@@ -326,6 +326,29 @@ def test_an_output_that_cannot_be_written_is_said_without_a_traceback(args: list
     assert proc.stderr == "tcdsl: cannot write the output: No space left on device\n"
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["compile", OFFICE], ["explain", OFFICE], ["check", "--format", "sarif", OFFICE]],
+)
+def test_an_output_to_a_closed_stdout_is_a_failure(args: list[str]) -> None:
+    """Found by a tester: with stdout closed ('>&-'), compile, explain and SARIF exited 0
+    having written nothing (Python starts such a process with no sys.stdout, where click
+    writes nothing); a check with nothing to print still succeeds."""
+    script = 'exec "$@" >&-'
+    run = [*_entry_point()]
+    proc = subprocess.run(
+        ["sh", "-c", script, "sh", *run, *args], cwd=ROOT, stderr=subprocess.PIPE,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.endswith("tcdsl: cannot write the output: standard output is closed\n")
+    quiet = subprocess.run(
+        ["sh", "-c", script, "sh", *run, "check", OFFICE], cwd=ROOT, stderr=subprocess.PIPE,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert quiet.returncode == 0, quiet.stderr
+
+
 def _buffered_env() -> dict[str, str]:
     """The environment, with stdout and stderr buffered as for a user (not as in CI)."""
     return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}

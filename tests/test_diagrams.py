@@ -297,3 +297,28 @@ def test_diagrams_say_the_families_of_trees_and_lines(tmp_path: Path) -> None:
         "match tcp dport 443",
     ):
         assert words in text, words
+
+
+def test_a_root_class_of_an_htb_without_a_rate_is_drawn_without_borrowing() -> None:
+    """Found by a tester: with no link class (the htb's line gives no rate), a class right
+    under the htb has nothing to borrow from (explain says so; measured: it sends at its
+    rate), but the diagrams said it 'may borrow to' its ceil; its children stay capped by it."""
+    result = analyse(
+        "roots.tcp",
+        lambda _path: (
+            "interface eth0 htb default b2 {\n"
+            "    class a rate 2mbit ceil 8mbit match dport 1\n"
+            "    class b rate 3mbit ceil 3mbit {\n"
+            "        class b1 rate 1mbit ceil 3mbit match dport 2\n"
+            "        class b2 rate 1mbit ceil 3mbit\n"
+            "    }\n"
+            "}\n"
+        ),
+    )
+    assert result.policy is not None, result.diagnostics
+    for backend in (MermaidBackend(), DotBackend()):
+        text = backend.emit(result.policy, "roots.tcp")
+        assert "rate 2mbit, no borrowing (no parent to borrow from; ceil 8mbit unused)" in text
+        assert "rate 3mbit, no borrowing" in text
+        assert "may borrow to 8mbit" not in text
+        assert "rate 1mbit, may borrow to 3mbit" in text

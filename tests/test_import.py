@@ -588,6 +588,31 @@ def test_a_policer_with_a_value_missing_is_a_warning(old: str, new: str, tmp_pat
     assert not [x for x in written if "police" in x], out
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        ("leaf 10: prio 1 ", "leaf 10: prio x ", ":9:1: warning: class 1:10: 'prio x'"),
+        ("quantum 10000", "quantum ten", ":9:1: warning: class 1:10: 'quantum ten'"),
+        ("sfq 30: parent 1:30 limit 127p", "sfq 30: parent 1:30 limit lots",
+         ":4:1: warning: sfq 30: 'limit lots'"),
+    ],
+    ids=["class-prio", "class-quantum", "qdisc-limit"],
+)  # fmt: skip
+def test_a_value_tc_would_not_print_is_a_warning(
+    old: str, new: str, said: str, tmp_path: Path
+) -> None:
+    """Found by a tester: 'prio x' in a saved text was imported as no prio at all, without a
+    word; each such value is W611 at its line now, the rest imported."""
+    text = (DATA / "wondershaper.txt").read_text(encoding="utf-8")
+    assert old in text
+    saved = tmp_path / "saved.txt"
+    saved.write_text(text.replace(old, new, 1), encoding="utf-8")
+    code, out, err = _cli("-i", "eth0", "--from", str(saved))
+    assert code == 0 and f"{saved}{said}" in err, err
+    assert "is no value tc prints there; left out [W611]" in err, err
+    assert "class c1_10" in out, out
+
+
 def test_saved_text_with_a_word_left_out_never_stops_import() -> None:
     """Every saved text here, with one word of one line left out (the middle one, and the
     last), imports or is refused with a diagnostic: never an exception."""

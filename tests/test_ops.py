@@ -419,6 +419,50 @@ exec REAL "$@"
 """
 
 
+REFUSING_TC = """#!/bin/sh
+# tc, except that every 'dport 5001' line is refused, as a kernel without what it needs
+# would: a batch stops there, a forced one runs its other lines
+if [ "$1" = -batch ] || [ "$2" = -batch ]; then
+    input=$(cat)
+    n=$(printf '%s\\n' "$input" | grep -n 'dport 5001' | head -n 1 | cut -d: -f1)
+    if [ -z "$n" ]; then
+        printf '%s\\n' "$input" | REAL "$@"
+        exit
+    fi
+    if [ "$1" = -force ]; then
+        printf '%s\\n' "$input" | grep -v 'dport 5001' | REAL -force -batch -
+    else
+        printf '%s\\n' "$input" | head -n $((n - 1)) | REAL -batch - || exit 1
+    fi
+    echo 'RTNETLINK answers: Invalid argument' >&2
+    echo "Command failed -:$n" >&2
+    exit 1
+fi
+exec REAL "$@"
+"""
+
+
+def test_a_restore_that_fails_builds_what_it_can_of_the_old_tree(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """Found by a tester: when the old tree's rebuild failed too, it stopped at its first
+    failing command, and most of the old tree (classes and filters after it) was missing,
+    every packet in the default class. Now each command of the restore is tried: only
+    what the kernel refuses is missing; and the message says what to do."""
+    assert tcdsl("apply", "--yes", tcdsl.write("p.tcp", A)).code == 0
+    _tc_from_now_on(tcdsl, REFUSING_TC)
+    failed = tcdsl("apply", "--yes", tcdsl.write("p.tcp", A.replace("default bulk", "default web")))
+    assert failed.code == 1 and "[E601]" in failed.err, failed
+    said = " ".join(failed.err.split())
+    assert "restoring the previous state failed too" in said, failed
+    assert "'tcdsl plan' shows what differs" in said, failed
+    classes = tcdsl.tc("class", "show", "dev", "d0")
+    assert all(f"class htb 1:{n} " in classes for n in (10, 20, 30)), classes
+    assert "pfifo" in tcdsl.tc("qdisc", "show", "dev", "d0")
+    filters = tcdsl.tc("filter", "show", "dev", "d0")
+    assert "00000050/0000ffff" in filters and "000001bb/0000ffff" in filters, filters
+
+
 def _tc_failing_on_limit_30(tcdsl: Tcdsl) -> None:
     """From now on, ``tcdsl`` runs a tc that refuses a batch's 'limit 30' (FAILING_TC)."""
     _tc_from_now_on(tcdsl, FAILING_TC)
@@ -1147,8 +1191,11 @@ def test_confirm_or_roll_back(tcdsl: Tcdsl, host: HostSupport) -> None:
     a = tcdsl.write("p.tcp", A)
     assert tcdsl("apply", "--yes", a).code == 0
     b = tcdsl.write("p.tcp", B)
-    kept = tcdsl("apply", "--yes", "--confirm", "1s", b)
-    assert kept.code == 0 and "unless 'tcdsl confirm p'" in kept.out, kept
+    for wrong in ("0s", "0", "-5s", "5x"):  # (found by a tester: 0s rolled back at once)
+        refused = tcdsl("apply", "--yes", "--confirm", wrong, b)
+        assert refused.code == 2 and "Invalid value for '--confirm'" in refused.err, refused
+    kept = tcdsl("apply", "--yes", "--confirm", "1", b)  # a number alone: seconds, said so
+    assert kept.code == 0 and "rolled back in 1s unless 'tcdsl confirm p'" in kept.out, kept
     assert tcdsl("confirm", "p").code == 0
     time.sleep(2)
     assert "rate 4Mbit" in tcdsl.tc("class", "show", "dev", "d0", "classid", "1:10")
@@ -1871,6 +1918,40 @@ def test_down_removes_every_part_by_name_or_by_interface(tcdsl: Tcdsl, host: Hos
     nothing = tcdsl("down", "-i", "d0")
     assert nothing.code == 0 and "nothing of tcdsl's on d0" in nothing.out, nothing
     assert tcdsl("down", "-i", "d9").code == 1
+
+
+def test_down_by_name_leaves_what_another_tool_put_in_the_trees_slots(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """After the apply, another tool replaced the upload's htb with its tbf and added a
+    filter of its own to the ingress qdisc that holds the download's redirect (found by a
+    tester: 'down NAME' deleted both). down leaves the tbf, and the ingress qdisc with the
+    other filter, removes the redirect and the IFB, and says what it left."""
+    if not (host.ifb and "mirred" in host.actions):
+        pytest.skip("needs ifb and mirred")
+    policy = tcdsl.write("full.tcp", FULL)
+    assert tcdsl("apply", "--yes", policy).code == 0
+    tcdsl.tc_lines(
+        "qdisc replace dev d0 root handle 7: tbf rate 5mbit burst 10k latency 30ms",
+        "filter add dev d0 parent ffff: protocol ip prio 7 u32 match ip src 10.9.9.9/32 "
+        "action mirred egress redirect dev d0",
+    )
+    gone = tcdsl("down", "full")
+    assert gone.code == 0, gone
+    assert "root qdisc of d0 is a tbf qdisc 7: now" in gone.out, gone
+    assert "ingress qdisc of d0 holds filters" in gone.out and "(ip pref 7)" in gone.out, gone
+    qdiscs = tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert "qdisc tbf 7:" in qdiscs and "qdisc ingress ffff:" in qdiscs, qdiscs
+    left = tcdsl.tc("filter", "show", "dev", "d0", "parent", "ffff:")
+    assert "pref 7" in left and "ifb4d0" not in left and "pref 1 " not in left, left
+    assert "ifb4d0" not in run(["ip", "netns", "exec", tcdsl.ns, "ip", "link", "show"]).stdout
+    # applied again, the policy takes its slots (the plan names what is there); with nothing
+    # of another's in them, the tree goes whole, the ingress qdisc too
+    assert tcdsl("apply", "--yes", policy).code == 0
+    assert "pref 7" not in tcdsl.tc("filter", "show", "dev", "d0", "parent", "ffff:")
+    assert tcdsl("down", "full").code == 0
+    qdiscs = tcdsl.tc("qdisc", "show", "dev", "d0")
+    assert "tbf" not in qdiscs and "htb" not in qdiscs and "ingress" not in qdiscs, qdiscs
 
 
 def test_down_of_an_interface_lists_first_and_keeps_a_foreign_clsact(

@@ -255,3 +255,15 @@ def test_a_file_where_the_state_folder_should_be_is_e603(
     assert done.returncode == 1, done.stderr
     assert "[E603]" in done.stderr and "is a file where tcdsl keeps its state" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "apply", "status"])
+def test_an_empty_name_is_refused_not_taken_for_the_files(command: str, tmp_path: Path) -> None:
+    """Found by a tester: 'apply --name ""' used the policy file's name instead."""
+    policy = tmp_path / "p.tcp"
+    policy.write_text("interface eth0 htb rate 1mbit default a {\n    class a rate 1mbit\n}\n")
+    args = {"plan": [str(policy)], "apply": ["--yes", str(policy)]}.get(command, [])
+    got = CliRunner().invoke(
+        cli, [command, "--name", "", *args], env={"TCDSL_STATE_DIR": str(tmp_path / "state")}
+    )
+    assert got.exit_code == 2 and "Invalid value for --name: ''" in got.output, got.output

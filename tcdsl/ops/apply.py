@@ -358,6 +358,11 @@ def apply_policy(
             _take_back(failure, restore, runner, undo, rebuilt, caught[0] if caught else None)
 
 
+def _tried_whole(step: Step) -> Step:
+    """``step`` with every command tried, whichever fail."""
+    return replace(step, force=True) if step.tool == "tc" else replace(step, fatal=False)
+
+
 def _take_back(
     failure: Failure,
     restore: Callable[[], Plan],
@@ -387,8 +392,12 @@ def _take_back(
     except OpsError:  # the live policy's saved text no longer compiles: nothing to build
         raise ApplyFailed(failure, False, signal=stopped_by) from None
     restored = run_plan(back, again) is None
-    if restored and rebuilt is not None:
-        try:
+    if rebuilt is not None:
+        if not restored:
+            # once more, every command tried, whichever fail (found by a tester: the rebuild
+            # stopped at its first failure, and most of the old tree was left missing)
+            run_plan(replace(back, steps=[_tried_whole(s) for s in back.steps]), again)
+        try:  # whether the old policy is whole again, read back
             restored = rebuilt()
         except (OpsError, OSError, subprocess.SubprocessError):
             restored = False  # not known to be restored: not said to be

@@ -65,11 +65,26 @@ NOT_KEPT = "W609"
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from ``60s``, ``2m``, ``500ms``, ``1h`` or a bare number of seconds."""
+    """Seconds from ``60s``, ``2m``, ``500ms``, ``1h`` or a bare number of seconds; more
+    than none (found by a tester: ``--confirm 0s`` rolled back before anyone could
+    confirm)."""
     try:
-        return parse_seconds(text.strip())
+        seconds = parse_seconds(text.strip())
     except ValueError:
-        raise click.BadParameter(f"not a duration: {text!r} (say 60s, 2m, 500ms)") from None
+        raise click.BadParameter(
+            f"not a duration: {text!r} (say 60s, 2m, 500ms)", param_hint="'--confirm'"
+        ) from None
+    if seconds <= 0:
+        raise click.BadParameter(
+            f"{text!r} leaves no time to confirm (say 60s, 2m)", param_hint="'--confirm'"
+        )
+    return seconds
+
+
+def said_duration(text: str) -> str:
+    """A duration as the user gave it, with its unit (``60`` is ``60s``)."""
+    text = text.strip()
+    return f"{text}s" if text[-1:].isdigit() else text
 
 
 def _store(name: str) -> Store:
@@ -172,6 +187,11 @@ def _failed(e: ApplyFailed, sources: dict[str, str]) -> NoReturn:
     if e.lost:
         # an old script's qdisc the apply replaced: no state says how to build it again
         then += f", but not the {', '.join(e.lost)}, which no tcdsl state kept: build it again"
+    if not e.restored:
+        then += (
+            ": the kernel may hold part of each policy; 'tcdsl plan' shows what differs from "
+            "the live one, and an apply of either builds it whole"
+        )
     if e.signal is not None and e.untouched:
         _fail(FAILED, f"{f.message}; nothing was changed", status=128 + e.signal)
     if e.restored and not e.first:
@@ -374,7 +394,11 @@ def _apply(
         _fail(NO_STATE, str(e))
     except OpsError as e:
         _fail(NO_DEVICE, str(e))
-    note = f"; rolled back in {within} unless 'tcdsl confirm {store.name}'" if within else ""
+    note = (
+        f"; rolled back in {said_duration(within)} unless 'tcdsl confirm {store.name}'"
+        if within
+        else ""
+    )
     click.echo(f"applied {policy} as {store.name} (generation {applied.generation}){note}")
     _late(caught)
     if waiting is not None and waiting.generation != applied.generation:

@@ -634,6 +634,8 @@ def qdisc_words(
             p.problem("tcdsl import does not read fq_pie's parameters yet: written without them")
         case _:
             pass
+    for pair in q.unread:
+        p.problem(f"'{pair}' is no value tc prints there; left out")
     if root:
         _stab(p)
     elif "stab" in p.options and not stab_said:
@@ -655,11 +657,16 @@ def _curve(words: list[str], kind: str, options: dict[str, Shown]) -> None:
     words += ["m2", _rate(m2)]
 
 
+def _unreadable(what: str, pair: str, line: int) -> Problem:
+    return Problem("W611", f"{what}: '{pair}' is no value tc prints there; left out", line)
+
+
 def class_words(c: TcClass, line: int, r2q: int | None) -> tuple[list[str], list[Problem]]:
     """The parameters of a class's line (``rate 10mbit ceil 100mbit prio 1``)."""
     o = c.options
     words: list[str] = []
-    problems: list[Problem] = []
+    # (found by a tester: 'prio x' in a saved text was dropped without a word)
+    problems = [_unreadable(f"class {c.classid}", pair, line) for pair in c.unread]
     if c.kind == "htb":
         rate, ceil = _value(o, "rate"), _value(o, "ceil")
         if not isinstance(rate, int):

@@ -30,7 +30,14 @@ from tcdsl.frontend.builder import ifb_name_for
 from tcdsl.frontend.source import Access, SourceError, decode_policy, normalise_newlines
 from tcdsl.lock import interface_locks
 from tcdsl.ops.apply import ApplyFailed, Runner, apply_policy, run_command
-from tcdsl.ops.desired import Tree, class_ids, trees_from_json, trees_json, trees_of
+from tcdsl.ops.desired import (
+    Tree,
+    class_ids,
+    trees_from_json,
+    trees_json,
+    trees_of,
+    word_after,
+)
 from tcdsl.ops.live import (
     device_exists,
     device_qdiscs,
@@ -38,6 +45,7 @@ from tcdsl.ops.live import (
     fingerprint,
     link_kind,
     live_qdisc,
+    slot_filters,
     tx_queue_count,
 )
 from tcdsl.ops.plan import Change, Plan, in_ingress_slot, make_plan, remove_tree, restore_plan
@@ -325,8 +333,9 @@ def remember_kernel(store: Store, generation: int, live: Live) -> None:
 
 
 def policy_name(path: str, name: str | None) -> str:
-    """The state name of a policy: ``name``, else the file's stem."""
-    return name or PurePath(path).stem
+    """The state name of a policy: ``name`` (an empty one too, which the state refuses;
+    found by a tester: ``--name ''`` took the file's), else the file's stem."""
+    return name if name is not None else PurePath(path).stem
 
 
 _COMPILED: dict[tuple[str, int, float], ir.Policy] = {}
@@ -946,7 +955,11 @@ def prepare(
     repairs = {label: keys for label, keys in repairs.items() if keys <= live_keys}
     reset = set() if killed is not None else set().union(*repairs.values())
     rebuild = [label for label in changed if killed is not None or label not in repairs]
+    kept = {t.label for t in new_trees}
+    left: list[Change] = []
+    old_trees = tuple(t if t.label in kept else _own_part(t, left) for t in old_trees)
     plan = make_plan(old_trees, new_trees, rebuild=rebuild, ifaces=new_ifaces, reset=reset)
+    plan.notes += left
     for tree in reversed(adopted):
         text = (
             f"tree {tree.label}: taken over as the kernel holds it (no state, and it is as "
@@ -983,6 +996,58 @@ def prepare(
                    "policy is built again"),
         )  # fmt: skip
     return Prepared(store, new, result, applied, live, plan, new_trees)
+
+
+def _own_part(tree: Tree, said: list[Change]) -> Tree:
+    """``tree``, to be removed, with a removal that leaves what its slots hold now that it did
+    not make (found by a tester: ``down`` deleted the tbf another tool had put in place of
+    the tree's htb, and an ingress qdisc holding another tool's filter): a root or ingress
+    qdisc of another kind or handle stays whole; an ingress qdisc of the tree's that holds
+    another's filters stays, only the tree's own filters removed. What stays is said in
+    ``said``."""
+    removal = list(tree.removal)
+    for o in tree.objects:
+        if o.kind != "qdisc" or o.parent not in ("root", "ingress"):
+            continue
+        dev, slot, kind = o.dev, o.parent, o.qdisc_kind or ""
+        made = f"{kind} qdisc {o.handle or 'ffff:'}"
+        now = live_qdisc(dev, slot)
+        delete = ("tc", "qdisc", "del", "dev", dev, slot if slot == "root" else kind)
+        if now is None or delete not in removal:
+            continue
+        where = f"the {slot} qdisc of {dev}"
+        if now != made:
+            removal.remove(delete)
+            said.append(
+                Change("!", f"{where} is a {now} now, which tree {tree.label} did not make (it "
+                       f"made a {made}): left as it is", tree.span)
+            )  # fmt: skip
+            continue
+        if slot == "root":
+            continue
+        own = {_slot_filter(c.args) for f in tree.objects if f.kind == "filters" and f.dev == dev
+               for c in f.commands[:1]}  # fmt: skip
+        foreign = sorted(slot_filters(dev, kind) - own, key=lambda f: f[1:])
+        if not foreign:
+            continue
+        at = removal.index(delete)
+        removal[at : at + 1] = [
+            ("tc", "filter", "del", "dev", dev, "parent", parent, "protocol", proto, "prio", pref)
+            for parent, proto, pref in sorted(own)
+        ]
+        prefs = ", ".join(dict.fromkeys(f"{proto} pref {pref}" for _, proto, pref in foreign))
+        said.append(
+            Change("!", f"{where} holds filters tree {tree.label} did not make ({prefs}): it is "
+                   "left with them, the tree's own filters removed", tree.span)
+        )  # fmt: skip
+    return dataclasses.replace(tree, removal=tuple(removal))
+
+
+def _slot_filter(args: tuple[str, ...]) -> tuple[str, str, str]:
+    """(parent, protocol, pref) of a ``filter add`` command, as :func:`slot_filters` gives
+    them (its key's parent is a clsact's egress hook for a download's 'mirred egress')."""
+    parent = str(ir.CLSACT_EGRESS) if args[4] == "egress" else word_after(args, "parent")
+    return (parent or "", word_after(args, "protocol") or "", word_after(args, "prio") or "")
 
 
 def _adopted(new: ir.Policy, new_trees: Sequence[Tree], old: Sequence[Tree]) -> tuple[Tree, ...]:

@@ -137,6 +137,18 @@ def live_qdisc(device: str, where: str) -> str | None:
     return None
 
 
+def slot_filters(device: str, kind: str) -> set[tuple[str, str, str]]:
+    """(parent, protocol, pref) of every filter in ``device``'s ingress slot, held by a qdisc
+    of ``kind`` (``ingress``: its ``ffff:``; ``clsact``: both of its hooks)."""
+    hooks = ("ingress", "egress") if kind == "clsact" else ("parent ffff:",)
+    parents = {"ingress": str(ir.CLSACT_INGRESS), "egress": str(ir.CLSACT_EGRESS)}
+    found = set()
+    for hook in hooks:
+        for f in parse_filters(_tc("filter", "show", "dev", device, *hook.split())):
+            found.add((parents.get(hook, "ffff:"), f.protocol, str(f.pref)))
+    return found
+
+
 def read_device(name: str) -> DeviceState:
     """What tc shows for one device: qdiscs, classes, the filters of every parent."""
     qdiscs, classes, listings = _listing(name)

@@ -39,6 +39,7 @@ from tcdsl.tcmath import (
     RED_DEFAULT_BANDWIDTH,
     TICKS_PER_US,
     U32_MAX,
+    fq_buckets_kept,
     psched_l2t_ns,
     red_scell_log,
     red_thresholds,
@@ -646,7 +647,7 @@ class _Builder:
         yield self.count("limit", q.limit) or self.default("limit", 10000, q.span)
         yield self.count("flow_limit", q.flow_limit) or self.default("flow_limit", 100, q.span)
         if q.buckets is not None and q.buckets.value > 0:
-            kept = 1 << (q.buckets.value.bit_length() - 1)
+            kept = fq_buckets_kept(q.buckets.value)
             yield Want("buckets", kept, self.spell(q.buckets.span, str(kept)), q.buckets.span)
         else:
             yield self.default("buckets", 1024, q.span)

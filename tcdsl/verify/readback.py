@@ -24,6 +24,7 @@ How tc prints values:
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 import socket
@@ -191,6 +192,16 @@ def _scan(words: Sequence[str], spec: dict[str, str]) -> dict[str, Shown]:
                 i += 1
         i += 1
     return out
+
+
+def unread(words: Sequence[str], spec: dict[str, str]) -> list[str]:
+    """``key value`` pairs of ``words`` whose key ``spec`` names and whose value is none of
+    its dimension (``prio x``): what :func:`_scan` passes over."""
+    return [
+        f"{key} {value}"
+        for key, value in itertools.pairwise(words)
+        if spec.get(key) not in (None, FLAG) and not _VALUE_PATTERNS[spec[key]].fullmatch(value)
+    ]
 
 
 HFSC_CURVE_PARTS = {"m1": "rate", "d": "time", "m2": "rate"}
@@ -482,6 +493,14 @@ class TcQdisc:
             case _:
                 return _scan(words, QDISC_OPTIONS.get(self.kind, {})) | stab
 
+    @property
+    def unread(self) -> list[str]:
+        """The options of a kind :attr:`options` scans whose value it cannot read."""
+        if self.kind in ("prio", "pfifo_fast", "netem", "cake"):
+            return []
+        return unread(_header(["qdisc", self.kind, self.handle, *self.words])[1],
+                      QDISC_OPTIONS.get(self.kind, {}))  # fmt: skip
+
 
 @dataclass(frozen=True)
 class TcClass:
@@ -506,6 +525,14 @@ class TcClass:
         if self.kind == "hfsc":
             return hfsc_curves(words)
         return _scan(words, CLASS_OPTIONS.get(self.kind, {}))
+
+    @property
+    def unread(self) -> list[str]:
+        """The options :attr:`options` scans whose value it cannot read (``prio x``)."""
+        if self.kind == "hfsc":
+            return []
+        words = _header(["class", self.kind, self.classid, *self.words])[1]
+        return unread(words, CLASS_OPTIONS.get(self.kind, {}))
 
 
 Key = tuple[int, int, int]
