@@ -1122,8 +1122,8 @@ def _tbf_latency_fits(q: ir.Tbf, rate: ir.Rate, peak: ir.Rate | None) -> Iterato
     """tc computes a tbf's limit from its latency into a 32-bit field (q_tbf.c)."""
     burst = q.burst.bytes if q.burst is not None else None
     mtu = q.mtu.bytes if q.mtu is not None else None
-    if q.latency is None or burst is None or burst > U32_MAX:
-        return
+    if q.latency is None or burst is None or burst > U32_MAX or q.latency.microseconds > U32_MAX:
+        return  # (a latency above tc's own limit is E208 already; found by a tester: twice)
     if peak is not None and (mtu is None or mtu > U32_MAX):
         return
     rate64, prate64 = (

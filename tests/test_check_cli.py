@@ -84,7 +84,8 @@ def test_directories_are_walked_sorted_skipping_hidden(here: Path) -> None:
     result = run("check", "--format", "json", "tree", "tree/a/../b.tcp")
     assert result.exit_code == 0
     files = [d["span"]["file"] for d in json.loads(result.stderr)]
-    assert files == ["tree/a/sub/y.tcp", "tree/a/z.tcp", "tree/b.tcp", "tree/a/../b.tcp"]
+    # b.tcp named again another way is checked once (found by a tester: twice)
+    assert files == ["tree/a/sub/y.tcp", "tree/a/z.tcp", "tree/b.tcp"]
 
 
 def test_a_directory_without_policies_is_a_usage_error(here: Path) -> None:
@@ -615,3 +616,32 @@ def test_an_include_shared_by_checked_policies_is_reported_once(here: Path) -> N
     result = run("check", "inc")
     assert result.exit_code == 1
     assert result.stderr.count("error:") == 1 and "tcdsl: 1 error" in result.stderr
+
+
+OVER = "interface eth0 htb rate 10mbit default a {\n    class a rate 20mbit\n}\n"
+"""A policy with one warning (W350): its class is guaranteed more than the link."""
+
+
+def test_check_and_compile_read_a_policy_from_standard_input() -> None:
+    """Found by a tester: 'check -' said there was no file '-' (fmt reads stdin); now check
+    and compile read it, named <stdin> in their diagnostics."""
+    checked = CliRunner().invoke(cli, ["check", "-"], input=OVER)
+    assert checked.exit_code == 0, checked.output
+    assert "<stdin>:2:11: warning: children of the interface's link class" in checked.output
+    compiled = CliRunner().invoke(cli, ["compile", "-"], input=OVER.replace("20mbit", "2mbit"))
+    assert compiled.exit_code == 0 and "htb rate 2mbit" in compiled.output, compiled.output
+    bad = CliRunner().invoke(cli, ["check", "-"], input="interface eth0 htb rate 10 {\n")
+    assert bad.exit_code == 1 and "<stdin>:1:" in bad.output, bad.output
+
+
+def test_a_file_named_twice_is_checked_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a tester: 'check x.tcp ./x.tcp' (or a file and its directory) reported each
+    finding twice, and counted it twice."""
+    (tmp_path / "many").mkdir()
+    (tmp_path / "many" / "x.tcp").write_text(OVER, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    got = run("check", "many/x.tcp", "./many/x.tcp", "many")
+    assert got.exit_code == 0, got.output
+    assert got.output.count("[W350]") == 1 and "tcdsl: 1 warning" in got.output, got.output

@@ -456,3 +456,16 @@ def test_marks_of_trees_of_other_families_keep_apart(tmp_path: Path) -> None:
     assert result.policy is not None, render(result.diagnostics, result.sources)
     both = _compile(tmp_path, v4 + _tree("wan1", "from lan0"))
     assert [d.code for d in both.diagnostics if d.code.startswith("E")] == ["E273"]
+
+
+def test_the_fw_filters_a_kernel_must_have_are_asked_for_by_the_marking_line(
+    tmp_path: Path,
+) -> None:
+    """Found by a tester: E604 for a kernel without fw filters pointed at a class, not at
+    'classify by mark', the line that makes them."""
+    from tcdsl.verify.expect import requirements
+
+    result = _compile(tmp_path, _policy("from eth1"))
+    assert result.policy is not None
+    fw = next(r for r in requirements(result.policy) if r.feature == "cls_fw")
+    assert (fw.span.line, fw.span.column) == (2, 5), fw.span

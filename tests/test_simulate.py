@@ -376,6 +376,14 @@ def test_cli_usage_errors(args: list[str]) -> None:
     assert code == 2 and out == "" and "Traceback" not in err
 
 
+def test_a_negative_duration_is_said_to_be_below_zero() -> None:
+    """Found by a tester: '--duration -1s' was 'not a value with a unit'."""
+    code, _, err = invoke(
+        "simulate", str(SEEDS / "s000-8.1-user-limits.tcp"), "--flow", "udp", "--duration", "-1s"
+    )
+    assert code == 2 and "'-1s' must be above 0" in err, err
+
+
 def test_cli_policy_errors_and_unsupported(tmp_path: Path) -> None:
     bad = tmp_path / "bad.tcp"
     bad.write_text("interface eth0 htb rate 10mbit {\n class a ceil 1mbit\n}\n")

@@ -567,11 +567,19 @@ class QdiscBuilder:
             return None
         fraction = result.value / 100 if isinstance(result, ir.Percent) else Fraction(result[0])
         if not 0 < fraction < 1:
+            # (found by a tester: 0 was said to be outside 0 to 1, and to overflow)
+            why = (
+                "tc cannot compute a mark probability of none ('failed to calculate "
+                "probability'); give more than 0"
+                if fraction == 0
+                else "the kernel keeps it as a fraction of 2^32, which 1 overflows; give less "
+                "than 1"
+            )
             self.error(
                 Diagnostic.error(
                     "E208",
-                    f"red probability {float(fraction):g} is not between 0 and 1 (tc reads 0.02 "
-                    "as 2%; the kernel keeps it as a fraction of 2^32, which 1 overflows)",
+                    f"red probability {float(fraction):g} must be above 0 and below 1 (tc reads "
+                    f"0.02 as 2%): {why}",
                     opt.value.span,
                 )
             )

@@ -612,7 +612,9 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     try:
         seconds = parse_seconds(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a value with a unit", ctx, param) from None
+        # (found by a tester: '-1s' was said to have no unit)
+        why = "must be above 0" if value.strip().startswith("-") else "is not a value with a unit"
+        raise click.BadParameter(f"{value!r} {why}", ctx, param) from None
     if seconds <= 0:
         raise click.BadParameter(f"{value!r} must be above 0", ctx, param)
     return seconds

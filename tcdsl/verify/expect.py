@@ -1272,7 +1272,9 @@ def requirements(policy: ir.Policy) -> tuple[Requirement, ...]:
                     req = Requirement("cls_flower", "flower filters", where)
                     found.setdefault("cls_flower", req)
                 case ir.FwFilter():
-                    found.setdefault("cls_fw", Requirement("cls_fw", "fw filters", f.span))
+                    # at the line that asks for them (found by a tester: a class's)
+                    where = iface.marking.span if iface.marking is not None else f.span
+                    found.setdefault("cls_fw", Requirement("cls_fw", "fw filters", where))
         if iface.download is not None:
             d = iface.download
             found.setdefault("ifb", Requirement("ifb", "ifb devices", d.span))
