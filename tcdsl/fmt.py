@@ -387,6 +387,7 @@ def _directives_stay(
     the layout splits or joins that line, the comment would cover other code.
     """
     before, after = _covered(text, stream, path), _covered(result, again, path)
+    moved: list[Diagnostic] = []  # every one (found by a tester: the first, run after run)
     for (directive, words), (_, words_after) in zip(before, after, strict=True):
         if words == words_after:
             continue
@@ -402,7 +403,9 @@ def _directives_stay(
                 "other lines; shorten it (a constant for a long value), or disable "
                 f"{directive.code} for the file ('# tcdsl: disable-file={directive.code}')"
             )
-        raise FormatError(Diagnostic.error("E021", message, directive.span))
+        moved.append(Diagnostic.error("E021", message, directive.span))
+    if moved:
+        raise FormatError(*moved)
 
 
 def _covered(text: str, stream: list[Token], path: str) -> list[tuple[Directive, tuple[str, ...]]]:

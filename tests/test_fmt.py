@@ -332,6 +332,20 @@ def test_disable_comment_on_a_split_line_is_refused() -> None:
     assert "disables W318" in d.message
 
 
+def test_every_disable_comment_fmt_would_move_is_said_in_one_run() -> None:
+    """Found by a tester: only the first E021 was said; mending it, the next run said the
+    next one."""
+    text = (
+        "interface eth0 htb rate 10mbit default x {\n"
+        "    class x rate 1mbit { sfq perturb 1 }  # tcdsl: disable=W318\n"
+        "    class y rate 1mbit ceil 20mbit; class z rate 1mbit ceil 20mbit # tcdsl: disable=W301\n"
+        "}\n"
+    )
+    with pytest.raises(FormatError) as info:
+        format_source(text, "p.tcp")
+    assert [(d.code, d.span.line) for d in info.value.diagnostics] == [("E021", 2), ("E021", 3)]
+
+
 def test_a_disabled_statement_too_long_for_a_line_says_what_works() -> None:
     """Found by a tester: a statement longer than a line under a disable-next-line comment
     was refused with advice it already followed ('put the statement on a line of its own');

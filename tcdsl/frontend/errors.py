@@ -175,6 +175,12 @@ def syntax_error(
         elif (comma := decimal_comma(text, token.start_pos or 0)) is not None:
             # (noticed by a tester: 'rate 1,5mbit' said only "unexpected ',5mbit'")
             hint = f"; a decimal number is written with a '.': {comma}"
+        elif word == "\\":
+            # (found by a tester: 'rate 10mbit \ # why' said only "unexpected '\'")
+            hint = (
+                "; a '\\' goes on with the next line only as the last thing on its line: no "
+                "comment may follow it (put the comment on a line of its own)"
+            )
         elif word.lower() == "egress" and {"UPLOAD", "INGRESS"} <= names:
             # (found writing a test: "did you mean 'ingress'?", the other direction)
             hint = (

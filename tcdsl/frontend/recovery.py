@@ -247,6 +247,12 @@ def parse(
                 pos = resumed_at + 1  # a consequence of the last recovery: skip a character
             if isinstance(err, UnexpectedToken) and err.token.type == "$END":
                 return  # nothing left to go on with; an open block stays unbuilt
+            if (goes_on := _continued(err, text)) is not None:
+                # 'rate 10mbit \ # why': the '\' was meant to go on with the next line, as
+                # the statement does now (found by a tester: the next line was a second error)
+                _move(ip, text, goes_on, _line_of(err, text))
+                resumed_at = goes_on
+                continue
             if (outer := _at_top_level(ip, err, text)) is not None:
                 # a file's statement at the start of a line inside a block: a '}' is missing
                 # (reported); the file's statements go on from it, the unclosed one dropped
@@ -256,6 +262,18 @@ def parse(
                 continue
             resumed_at = _recover(ip, text, pos, _line_of(err, text))
     raise AssertionError("syntax-error recovery made no progress")  # pragma: no cover
+
+
+def _continued(err: UnexpectedInput, text: str) -> int | None:
+    """Where the next line starts, when ``err`` is at a '\\' that only blanks and a comment
+    follow on its line (a continuation the comment broke); None otherwise."""
+    if not isinstance(err, UnexpectedToken) or err.token.value != "\\":
+        return None
+    start = err.token.end_pos or 0
+    end = text.find("\n", start)
+    if end < 0 or text[start:end].strip()[:1] not in ("", "#"):
+        return None
+    return end + 1
 
 
 TOP_LEVEL = frozenset({"INTERFACE"})

@@ -189,6 +189,19 @@ def continuation_broken(text: str, at: int, row: int, path: str) -> tuple[str, N
     if found is None:
         return None
     above, begin = found[0].rstrip(), found[1]
+    if not above.strip():  # blank lines, after a '\'? (found by a tester)
+        first = row - 1
+        while (found := _line_above(text, begin)) is not None and not found[0].strip():
+            first, begin = first - 1, found[1]
+        before = found[0].rstrip() if found is not None else ""
+        if before.endswith("\\") and _comment_at(before) is None:
+            return (
+                f"; the blank line {first} ends the statement that the '\\' of line "
+                f"{first - 1} continues (a '\\' carries a statement over one line break, and "
+                "a blank line ends it): remove the blank line",
+                Note("this blank line ends the statement", Span(path, first, 1, first, 2)),
+            )
+        return None
     hash_at = _comment_at(above)
     if hash_at is None:
         return None
