@@ -605,7 +605,9 @@ class _Tree:
                 return
             case ir.Tbf() | ir.Netem():
                 if q.child is not None:
-                    self._qdisc(ir.Handle(handle.major, 1), q.child)
+                    # 'parent 1:' as the seeds write it (the kernel shows what it was given,
+                    # and grafts the child into the one class, 1:1, either way)
+                    self._qdisc(ir.Handle(handle.major, 0), q.child)
             case ir.Mq():
                 stab = self.iface.stab
                 for queue in q.queues:

@@ -776,8 +776,8 @@ CHANGED = [
         "qdisc tbf 22: parent 20:1 rate 1Gbit",
         [
             f"{LEAF_QDISCS}:7:9: error: unexpected tbf qdisc 22: under 20:1 in the kernel [E403]",
-            f"{LEAF_QDISCS}:8:13: error: tbf qdisc of 20:1 is missing in the kernel (expected "
-            "tbf 21: under 20:1) [E401]",
+            f"{LEAF_QDISCS}:8:13: error: tbf qdisc of 20: is missing in the kernel (expected "
+            "tbf 21: under 20:) [E401]",
         ],
         id="tbf-handle",
     ),

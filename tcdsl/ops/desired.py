@@ -230,8 +230,9 @@ def trees_of(policy: ir.Policy | None) -> tuple[Tree, ...]:
     )
 
 
-TREES_FORMAT = 1
-"""The version of :func:`trees_json`'s layout (a record of another is compiled again)."""
+TREES_FORMAT = 2
+"""The version of :func:`trees_json`'s layout (a record of another is compiled again). 2: a
+tbf's or netem's child qdisc at 'parent 1:', where 1 had it at 'parent 1:1' (its key)."""
 
 
 def trees_json(trees: Sequence[Tree]) -> dict[str, Any]:

@@ -546,7 +546,7 @@ class _Builder:
                     self.band(q, cls)
             case ir.Tbf() | ir.Netem():
                 if q.child is not None:
-                    below = f"{q.handle.major:x}:1"
+                    below = q.handle.qdisc  # (the kernel shows 1:1 for one added there)
                     self.qdisc(q.child, below, f"{q.child.kind} qdisc of {below}")
             case ir.Mq():
                 for queue in q.queues:

@@ -70,17 +70,17 @@ nft delete table inet tcdsl_s1_eth1_15610c5d 2>/dev/null || true
 # Every tc command in one process; tc names a failed one as "Command failed -:LINE".
 tcdsl_at='interface s1-eth1: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
-# policies/seeds/s001-netem-tbf.tcp:8:19: interface s1-eth1: netem qdisc
+# policies/seeds/s001-netem-tbf.tcp:9:19: interface s1-eth1: netem qdisc
 qdisc add dev s1-eth1 root handle 1: netem delay 20ms
-# policies/seeds/s001-netem-tbf.tcp:9:5: tbf qdisc of 1:1
-qdisc add dev s1-eth1 parent 1:1 handle 2: tbf rate 1gbit burst 500000 limit 2560k
+# policies/seeds/s001-netem-tbf.tcp:10:5: tbf qdisc of 1:
+qdisc add dev s1-eth1 parent 1: handle 2: tbf rate 1gbit burst 500000 limit 2560k
 TCDSL_BATCH
 ); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/seeds/s001-netem-tbf.tcp:8:19: interface s1-eth1: netem qdisc' ;;
-    4) tcdsl_at='policies/seeds/s001-netem-tbf.tcp:9:5: tbf qdisc of 1:1' ;;
+    2) tcdsl_at='policies/seeds/s001-netem-tbf.tcp:9:19: interface s1-eth1: netem qdisc' ;;
+    4) tcdsl_at='policies/seeds/s001-netem-tbf.tcp:10:5: tbf qdisc of 1:' ;;
     esac
     exit 1
 fi

@@ -72,15 +72,15 @@ tcdsl_at='interface s2-eth2: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
 # policies/tutorial/s003-tbf-sfq-10mbit.tcp:5:19: interface s2-eth2: tbf qdisc
 qdisc add dev s2-eth2 root handle 1: tbf rate 10mbit burst 5000 limit 26214
-# policies/tutorial/s003-tbf-sfq-10mbit.tcp:6:5: sfq qdisc of 1:1
-qdisc add dev s2-eth2 parent 1:1 handle 2: sfq perturb 10
+# policies/tutorial/s003-tbf-sfq-10mbit.tcp:6:5: sfq qdisc of 1:
+qdisc add dev s2-eth2 parent 1: handle 2: sfq perturb 10
 TCDSL_BATCH
 ); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     case ${tcdsl_line%%[!0-9]*} in
     2) tcdsl_at='policies/tutorial/s003-tbf-sfq-10mbit.tcp:5:19: interface s2-eth2: tbf qdisc' ;;
-    4) tcdsl_at='policies/tutorial/s003-tbf-sfq-10mbit.tcp:6:5: sfq qdisc of 1:1' ;;
+    4) tcdsl_at='policies/tutorial/s003-tbf-sfq-10mbit.tcp:6:5: sfq qdisc of 1:' ;;
     esac
     exit 1
 fi

@@ -72,10 +72,10 @@ tcdsl_at='interface s1-eth1: tc -batch'
 if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
 # policies/wan-lab.tcp:4:19: interface s1-eth1: netem qdisc
 qdisc add dev s1-eth1 root handle 1: netem delay 20ms
-# policies/wan-lab.tcp:5:5: tbf qdisc of 1:1
-qdisc add dev s1-eth1 parent 1:1 handle 2: tbf rate 10mbit burst 32k limit 256k
-# policies/wan-lab.tcp:6:9: htb qdisc of 2:1
-qdisc add dev s1-eth1 parent 2:1 handle 3: htb default 20
+# policies/wan-lab.tcp:5:5: tbf qdisc of 1:
+qdisc add dev s1-eth1 parent 1: handle 2: tbf rate 10mbit burst 32k limit 256k
+# policies/wan-lab.tcp:6:9: htb qdisc of 2:
+qdisc add dev s1-eth1 parent 2: handle 3: htb default 20
 # policies/wan-lab.tcp:6:9: link class
 class add dev s1-eth1 parent 3: classid 3:1 htb rate 10mbit
 # policies/wan-lab.tcp:8:19: class bulk
@@ -94,8 +94,8 @@ TCDSL_BATCH
     tcdsl_line=${tcdsl_said##*Command failed -:}
     case ${tcdsl_line%%[!0-9]*} in
     2) tcdsl_at='policies/wan-lab.tcp:4:19: interface s1-eth1: netem qdisc' ;;
-    4) tcdsl_at='policies/wan-lab.tcp:5:5: tbf qdisc of 1:1' ;;
-    6) tcdsl_at='policies/wan-lab.tcp:6:9: htb qdisc of 2:1' ;;
+    4) tcdsl_at='policies/wan-lab.tcp:5:5: tbf qdisc of 1:' ;;
+    6) tcdsl_at='policies/wan-lab.tcp:6:9: htb qdisc of 2:' ;;
     8) tcdsl_at='policies/wan-lab.tcp:6:9: link class' ;;
     10) tcdsl_at='policies/wan-lab.tcp:8:19: class bulk' ;;
     12) tcdsl_at='policies/wan-lab.tcp:9:17: fq_codel qdisc of 3:20' ;;
