@@ -164,7 +164,7 @@ class _Stages:
         are not the frontend's)."""
         result = self.result
         # After frontend errors, later stages report only what those errors cannot have caused.
-        found = _first_of_each(list(found))
+        found = list(found)
         result.diagnostics += [d for d in found if not self.taint.covers(d)]
         # One mistake can surface more than once (a bad constant at each use): keep the first.
         unique: dict[tuple[str, str, object], Diagnostic] = {}
@@ -172,16 +172,6 @@ class _Stages:
             unique.setdefault((d.code, d.message, d.span), d)
         result.diagnostics[:] = sorted(unique.values(), key=sort_key)
         return any(d.is_error for d in found) or (bool(result.errors) and not self.taint)
-
-
-def _first_of_each(found: list[Diagnostic]) -> list[Diagnostic]:
-    """A stage's diagnostics less the warnings and notes on a line one of its errors is on,
-    which that error most likely made (found by a tester: a rate too large for tc, then W350
-    computed from it); they come back, if they still hold, once the error is mended."""
-    lines = {(d.span.file, d.span.line) for d in found if d.is_error}
-    if not lines:
-        return found
-    return [d for d in found if d.is_error or (d.span.file, d.span.line) not in lines]
 
 
 def _large(policy: ir.Policy) -> bool:
