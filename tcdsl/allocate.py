@@ -416,6 +416,15 @@ class InterfaceAllocator:
                 )
             elif isinstance(q, ir.Prio) and h.minor > (q.bands.value if q.bands else 3):
                 self.error("E204", f"class id {h} is not a band of this prio", ref.span)
+            elif h.minor == 1 and not cls.implicit and any(c.implicit for c in q.classes):
+                # (found by a tester: the link class moved to another id without a word)
+                self.error(
+                    "E204",
+                    f"class id {h} is the link class's, which the rate on the qdisc's line "
+                    f"makes: give this class another id, or leave the rate off that line and "
+                    f"make this class the top one ('class link id {h} rate ... {{ ... }}')",
+                    ref.span,
+                )
             used.add(h.minor)
             owner[h.minor] = ref.span
         self._pin(q.classes, ir.Handle(major, 0), used)

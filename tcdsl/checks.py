@@ -96,6 +96,17 @@ def required_parameters_present(policy: ir.Policy) -> Iterator[Diagnostic]:
             yield Diagnostic.error(
                 "E019", f"{cls.label} needs 'allot' or 'avpkt' (tc requires one for cbq)", cls.span
             )
+        burst = cls.maxburst or cls.minburst
+        if s.qdisc.kind == "cbq" and burst is not None and cls.avpkt is None:
+            # (found by a tester: tc refused the class, 'CBQ: avpkt is required for
+            # max/minburst', which check had let through)
+            word = "maxburst" if cls.maxburst is not None else "minburst"
+            yield Diagnostic.error(
+                "E019",
+                f"{cls.label} needs 'avpkt' with '{word}': tc computes the idle times from it "
+                "and refuses the class without ('avpkt is required for max/minburst')",
+                burst.span,
+            )
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
             match q:

@@ -331,3 +331,50 @@ def test_verify_in_the_guest(guest: None, tmp_path: Path) -> None:
     assert got.exit_code == 1
     assert ":1:16: error: the kernel lacks the fq_pie qdisc (sch_fq_pie)" in got.stderr
     assert "[E405]" in got.stderr
+
+
+CHILDLESS_NETEM = """\
+interface eth0 htb rate 10mbit default bulk {
+    class n rate 1mbit match dport 22 { netem delay 5ms }
+    class b rate 2mbit match src 10.8.0.0/16 {
+        htb rate 2mbit default y {
+            class x rate 1mbit match dscp ef
+            class y rate 1mbit
+        }
+    }
+    class bulk rate 5mbit
+}
+"""
+"""A netem leaf with no child qdisc beside an htb inside a class."""
+
+
+def test_the_classes_after_a_netem_without_a_child_are_read(tmp_path: Path) -> None:
+    """Found by a tester: the kernel's class listing stops at a netem that holds no qdisc
+    (netem_dump_class answers ENOENT), and verify said the inner htb's classes were missing;
+    its qdiscs' classes are read one by one there."""
+    why = runner.uml_unavailable()
+    if why is not None:
+        pytest.skip(f"user-mode Linux is unavailable: {why}")
+    from tcdsl.verify import verifier
+
+    path = tmp_path / "netem.tcp"
+    path.write_text(CHILDLESS_NETEM, encoding="utf-8")
+    (done,) = verifier.verify_many([str(path)], kernel="uml")
+    assert done.ok, [d.message for d in done.diagnostics]
+
+
+def test_a_netem_without_a_child_is_found_in_tcs_listing() -> None:
+    """Which netems hold no qdisc (their class stops the kernel's class dump), whichever
+    way their child was added."""
+    from tcdsl.ops.live import childless_netems
+    from tcdsl.verify.readback import parse_qdiscs
+
+    text = (
+        "qdisc htb 1: root refcnt 2 r2q 10 default 0x30\n"
+        "qdisc netem 10: parent 1:10 limit 1000 delay 5ms\n"
+        "qdisc netem 20: parent 1:20 limit 1000 delay 5ms\n"
+        "qdisc tbf 21: parent 20:1 rate 1Mbit burst 10Kb lat 10ms\n"
+        "qdisc netem 30: parent 1:30 limit 1000 delay 5ms\n"
+        "qdisc pfifo 31: parent 30: limit 10p\n"
+    )
+    assert childless_netems(parse_qdiscs(text)) == {"10:"}

@@ -163,12 +163,31 @@ def read_device(name: str) -> DeviceState:
     return device
 
 
+def childless_netems(qdiscs: Sequence[TcQdisc]) -> set[str]:
+    """The handles of the netem qdiscs that hold no child qdisc (at 'parent N:1' or 'N:')."""
+    held = {q.parent for q in qdiscs}
+    return {
+        q.handle
+        for q in qdiscs
+        if q.kind == "netem" and q.handle not in held and f"{q.handle}1" not in held
+    }
+
+
 def _listing(name: str) -> tuple[str, str, list[tuple[str, str]]]:
     """tc's text for a device: its qdiscs, its classes, and each parent's filters."""
     qdiscs, classes = (
         _tc("-d", "qdisc", "show", "dev", name),
         _tc("-d", "class", "show", "dev", name),
     )
+    lone = childless_netems(parse_qdiscs(qdiscs))
+    if lone:
+        # the kernel's class dump stops at the class of a netem without a child qdisc
+        # (netem_dump_class: ENOENT): the classes after it were left out (found by a tester)
+        classes = "".join(
+            _tc("-d", "class", "show", "dev", name, "parent", h)
+            for _, h in _HANDLE.findall(qdiscs)
+            if h != "0:" and h not in lone
+        )
     parents = [filters_of(kind, h) for kind, h in _HANDLE.findall(qdiscs) if h != "0:"]
     parents += [h for _, h in _HANDLE.findall(classes)]
     likely = {filters_of(kind, h) for kind, h in _CLASSFUL.findall(qdiscs) if h != "0:"}
