@@ -635,7 +635,9 @@ def ceil_within_parent_ceil(policy: ir.Policy) -> Iterator[Diagnostic]:
             and parent_ceil is not None
             and ceil.bits_per_second > parent_ceil.bits_per_second
         ):
-            root = id(s.parent) in roots and not s.parent.implicit
+            # a root class's rate, where its ceil is above it (the link class's too)
+            below = effective_ceil(s.parent)
+            root = below is not None and below.bits_per_second > parent_ceil.bits_per_second
             what = "rate" if root else "ceiling"
             why = " (it has no parent to borrow from)" if root else ""
             yield Diagnostic.warning(

@@ -1571,12 +1571,12 @@ def test_a_class_moved_to_the_top_names_the_link_class(tmp_path: Path) -> None:
 
 def test_the_link_class_keeps_its_id(tmp_path: Path) -> None:
     """The link class of 'interface d0 htb rate ...' has no name, but apply pins its id too:
-    after an explicit 'class link id 1:1' gave way to it (it could not take the live 1:1),
-    the next compile keeps the id it got instead of going back to 1:1 and rebuilding."""
+    after an explicit top class 'class link id 1:1' gave way to it (it could not take the
+    live 1:1, which the removed class had), the next compile keeps the id it got instead of
+    going back to 1:1 and rebuilding."""
     body = "    class web rate 10mbit match dport 80\n    class z rate 1mbit\n"
     explicit = (
-        "interface d0 htb rate 100mbit default z {\n"
-        f"    class link id 1:1 rate 100mbit {{\n{body}    }}\n}}\n"
+        f"interface d0 htb default z {{\n    class link id 1:1 rate 100mbit {{\n{body}    }}\n}}\n"
     )
     implicit = f"interface d0 htb rate 100mbit default z {{\n{body}}}\n"
     first = _policy(tmp_path, "p.tcp", explicit)
