@@ -957,17 +957,12 @@ class VGen:
             if link_ceil != link:
                 opts.append(f"ceil {self.rate(link_ceil)}")
             opts += self.htb_options(link, link_ceil)
-            # (the link class has no parent: its children's ceilings keep within its rate,
-            # whatever ceil the interface line has, W301)
-            for r, c in self.split(link, link, self.between(1, min(4, link // 8))):
+            for r, c in self.split(link, link_ceil, self.between(1, min(4, link // 8))):
                 body += self.klass(r, c, (link, link_ceil), 1, max_depth, marking, "    ")
         else:  # root classes, each on its own
             for _ in range(self.between(1, 4)):
                 r = self.bits(8, MAX_RATE)
-                # a root class has nothing to borrow from: a ceil above its rate is never
-                # reached (W301); the draw is kept, so that the other draws stay as they were
                 c = self.bits(r, MAX_RATE) if self.chance(0.5) else r
-                c = r
                 body += self.klass(r, c, None, 1, max_depth, marking, "    ")
         if self.chance(0.6):
             opts.insert(0, f"default {self.pick(self.leaves)}")

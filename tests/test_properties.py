@@ -727,7 +727,8 @@ def test_direction_and_policer_mistakes_are_reported(mistake: str) -> None:
     its code."""
     made: list[str] = []
 
-    @settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=SLOW)
+    # (150 draws: under a loaded machine 60 once made no 'download and ingress')
+    @settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=SLOW)
     @given(policies(mistake))
     def run(case: tuple[str, bool, list[str]]) -> None:
         text, _, mistakes = case
