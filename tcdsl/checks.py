@@ -597,9 +597,9 @@ def htb_ceiling(cls: ir.Class, root: bool) -> ir.Rate | None:
     return rate_of(cls.rate) if root else effective_ceil(cls)
 
 
-def htb_roots(policy: ir.Policy) -> set[int]:
-    """The ids of the htb classes of ``policy`` that no class is above."""
-    return {id(s.cls) for s in sites(policy) if s.parent is None and s.qdisc.kind == "htb"}
+def top_class(cls: ir.Class, q: ir.ClassfulQdisc) -> bool:
+    """Whether no class of ``q`` is above ``cls``."""
+    return any(c is cls for c in q.classes)
 
 
 def ceil_within_parent_ceil(policy: ir.Policy) -> Iterator[Diagnostic]:
@@ -607,7 +607,6 @@ def ceil_within_parent_ceil(policy: ir.Policy) -> Iterator[Diagnostic]:
     rate of a class no class is above, which has nothing to borrow from (found by a tester:
     the diagrams said such a class borrowed, and W301 measured its children against its
     ceil)."""
-    roots = htb_roots(policy)
     for s in sites(policy):
         if s.qdisc.kind != "htb":
             continue
@@ -629,7 +628,7 @@ def ceil_within_parent_ceil(policy: ir.Policy) -> Iterator[Diagnostic]:
                 Note("its rate given here", rate.span),
             )
             continue
-        parent_ceil = htb_ceiling(s.parent, id(s.parent) in roots)
+        parent_ceil = htb_ceiling(s.parent, top_class(s.parent, s.qdisc))
         if (
             ceil is not None
             and parent_ceil is not None

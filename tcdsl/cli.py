@@ -29,6 +29,7 @@ from tcdsl.cliutil import (
     FORMAT,
     dash_is_stdout,
     state_name,
+    unit_refusal,
 )
 from tcdsl.cliutil import access_options as _access_options
 from tcdsl.cliutil import format_option as _format_option
@@ -770,11 +771,7 @@ def _unit_option(kind: str) -> Callable[..., int | None]:
         try:
             number = (parse_time if kind == "time" else parse_rate)(value)
         except ValueError:
-            # (found by a tester: '-1s' was said to have no unit)
-            why = (
-                "must be above 0" if value.strip().startswith("-") else "is not a value with a unit"
-            )
-            raise click.BadParameter(f"{value!r} {why}", ctx, param) from None
+            raise click.BadParameter(f"{value!r} {unit_refusal(value)}", ctx, param) from None
         if number <= 0:
             raise click.BadParameter(f"{value!r} must be above 0", ctx, param)
         if kind == "rate":

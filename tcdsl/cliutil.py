@@ -30,6 +30,12 @@ def state_name(name: str, hint: str | None = None) -> str:
     return name
 
 
+def unit_refusal(value: str) -> str:
+    """Why ``value`` is no time or rate with a unit, in words after it (found by a tester:
+    '-1s' was said to have no unit)."""
+    return "must be above 0" if value.strip().startswith("-") else "is not a value with a unit"
+
+
 def visible(diagnostics: Sequence[Diagnostic], info: bool) -> list[Diagnostic]:
     """The diagnostics to show: infos only with ``--info``."""
     return [d for d in diagnostics if info or d.severity is not Severity.INFO]

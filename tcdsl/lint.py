@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from tcdsl import ir, linklayer, lower, u32layout
 from tcdsl.allocate import IPV6_PREF_OFFSET
-from tcdsl.checks import effective_ceil, htb_ceiling, htb_roots, rate_of, sites
+from tcdsl.checks import effective_ceil, htb_ceiling, rate_of, sites
 from tcdsl.diagnostics import Diagnostic, Note, Span
 from tcdsl.directions import marks_kept_apart
 from tcdsl.matching import Bits, filter_bits, kernel_order, match_pref
@@ -698,18 +698,17 @@ def tbf_bursts_fit(policy: ir.Policy) -> Iterator[Diagnostic]:
 
 def ceilings_share_sensibly(policy: ir.Policy) -> Iterator[Diagnostic]:
     """Info: children that may together borrow far more than the parent can give."""
-    roots = htb_roots(policy)
     for s in sites(policy):
         if s.qdisc.kind != "htb" or len(s.cls.children) < 2:
             continue
-        parent = htb_ceiling(s.cls, id(s.cls) in roots)
+        parent = htb_ceiling(s.cls, s.parent is None)
         ceils = [c for child in s.cls.children if (c := effective_ceil(child)) is not None]
         if parent is None or len(ceils) < 2:
             continue
         total = sum(c.bits_per_second for c in ceils)
         if total > 2 * parent.bits_per_second:
             lends = "ceiling"
-            if id(s.cls) in roots and not s.cls.implicit:
+            if s.parent is None and not s.cls.implicit:
                 lends = "rate (it has no parent to borrow from)"
             yield Diagnostic.info(
                 "I320",

@@ -23,6 +23,7 @@ from tcdsl.cliutil import (
     policy_or_exit,
     state_name,
     summary,
+    unit_refusal,
     writing,
 )
 from tcdsl.commands import unspellable
@@ -612,9 +613,7 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     try:
         seconds = parse_seconds(value)
     except ValueError:
-        # (found by a tester: '-1s' was said to have no unit)
-        why = "must be above 0" if value.strip().startswith("-") else "is not a value with a unit"
-        raise click.BadParameter(f"{value!r} {why}", ctx, param) from None
+        raise click.BadParameter(f"{value!r} {unit_refusal(value)}", ctx, param) from None
     if seconds <= 0:
         raise click.BadParameter(f"{value!r} must be above 0", ctx, param)
     return seconds

@@ -635,7 +635,7 @@ def qdisc_words(
         case _:
             pass
     for pair in q.unread:
-        p.problem(f"'{pair}' is no value tc prints there; left out")
+        p.problem(_unread_words(pair))
     if root:
         _stab(p)
     elif "stab" in p.options and not stab_said:
@@ -657,8 +657,12 @@ def _curve(words: list[str], kind: str, options: dict[str, Shown]) -> None:
     words += ["m2", _rate(m2)]
 
 
+def _unread_words(pair: str) -> str:
+    return f"'{pair}' is no value tc prints there; left out"
+
+
 def _unreadable(what: str, pair: str, line: int) -> Problem:
-    return Problem("W611", f"{what}: '{pair}' is no value tc prints there; left out", line)
+    return Problem("W611", f"{what}: {_unread_words(pair)}", line)
 
 
 def class_words(c: TcClass, line: int, r2q: int | None) -> tuple[list[str], list[Problem]]:

@@ -179,7 +179,8 @@ def _listing(name: str) -> tuple[str, str, list[tuple[str, str]]]:
         _tc("-d", "qdisc", "show", "dev", name),
         _tc("-d", "class", "show", "dev", name),
     )
-    lone = childless_netems(parse_qdiscs(qdiscs))
+    # (parsed only where there is a netem: read_device parses the listing again)
+    lone = childless_netems(parse_qdiscs(qdiscs)) if "qdisc netem " in qdiscs else set()
     if lone:
         # the kernel's class dump stops at the class of a netem without a child qdisc
         # (netem_dump_class: ENOENT): the classes after it were left out (found by a tester)
