@@ -59,33 +59,24 @@ class HereDoc:
     delimiter: str
     body: tuple[str, ...]
     """The lines, each ending in a newline, as a few long strings (see :func:`_text`)."""
-    cases: tuple[str, ...] = ()
-    """The ``case`` arms that set the script's location variable from a failed line's number
-    (each ending in a newline), likewise."""
 
 
-def _heredoc(body: tuple[str, ...], delimiter: str, cases: tuple[str, ...] = ()) -> HereDoc:
+def _heredoc(body: tuple[str, ...], delimiter: str) -> HereDoc:
     """A here-document of ``body``, its delimiter made longer until no line is it."""
     while any(t.startswith(f"{delimiter}\n") or f"\n{delimiter}\n" in t for t in body):
         delimiter += "_"
-    return HereDoc(delimiter, body, cases)
+    return HereDoc(delimiter, body)
 
 
 def _batch(commands: Iterable[Command]) -> HereDoc:
     """The tc commands for ``tc -batch -``, each after a comment naming the policy text it
-    comes from, and the ``case`` arms naming that text by the command's line number."""
+    comes from: the script reads a failed command's from the line before it."""
     body = TextBlocks()
-    cases = TextBlocks()
-    number = 0  # the here-document's last line
     for c in commands:
-        if c.tool != "tc":
-            continue
-        origin = comment(c.origin)
-        body.append(f"# {origin}")
-        body.append(batch_line(c))
-        number += 2
-        cases.append(f"    {number}) {SCRIPT_AT}={shquote(origin)} ;;")
-    return _heredoc(body.text(), "TCDSL_BATCH", cases.text())
+        if c.tool == "tc":
+            body.append(f"# {comment(c.origin)}")
+            body.append(batch_line(c))
+    return _heredoc(body.text(), "TCDSL_BATCH")
 
 
 @dataclass(frozen=True, slots=True)

@@ -264,7 +264,7 @@ def test_shell_batch_and_nft_scripts_are_valid_sh() -> None:
             done = subprocess.run(["sh", "-n"], input=script, text=True, capture_output=True)
             assert done.returncode == 0, done.stderr
             batch = options.get("batch", True)
-            assert ("tc -batch - 2>&1 <<'TCDSL_BATCH'" in script) == batch
+            assert ("tcdsl_batch=$(cat <<'TCDSL_BATCH'" in script) == batch
             # Without marks, iptables only removes an earlier version's chain (tcdsl_unmark).
             marks = "iptables -t mangle -N" in script
             assert marks == (path == MARKS and options.get("marks") != "nft")
@@ -519,6 +519,6 @@ def test_a_download_of_an_interface_a_batch_line_cannot_name_runs_one_command_at
     )
     result = compile_policy(str(path), "shell")
     assert result.output is not None, result.diagnostics
-    batches = re.findall(r"tc -batch - .*?\n(.*?)\nTCDSL_BATCH", result.output, re.S)
+    batches = re.findall(r"tcdsl_batch=\$\(cat .*?\n(.*?)\nTCDSL_BATCH", result.output, re.S)
     assert not any("x#y" in b for b in batches), batches
     assert "ingress" in result.output and "'x#y'" in result.output

@@ -769,14 +769,11 @@ def _line_families(policy: ir.Policy) -> Iterator[tuple[ir.Interface, ir.Match, 
 
 
 def _commands(output: str) -> list[str]:
-    """The commands of a shell script (no comments, no ``tcdsl_at=`` lines, nor the lines
-    mapping a failed tc -batch line to its policy text)."""
+    """The commands of a shell script (no comments, no ``tcdsl_at=`` lines)."""
     return [
         line.strip()
         for line in output.splitlines()
-        if line.strip()
-        and not line.lstrip().startswith(("#", "tcdsl_at="))
-        and not re.match(r"\s*\d+\) tcdsl_at=", line)
+        if line.strip() and not line.lstrip().startswith(("#", "tcdsl_at="))
     ]
 
 

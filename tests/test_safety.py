@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -360,3 +361,41 @@ def test_batch_failure_in_the_middle_names_its_line(
     assert status != 0
     assert "Command failed -:" in err
     assert err.splitlines()[-1].startswith(f"tcdsl: {path}:5:11: class d: failed"), err
+
+
+@pytest.mark.parametrize("sigpipe", ["default", "ignored"])
+def test_batch_failure_early_in_a_long_batch_names_its_line(
+    sigpipe: str, tmp_path: Path, make_netns: Callable[[], str]
+) -> None:
+    """tc stops at the failed line and leaves the rest of a long batch (far more than a
+    pipe holds) unread: the script still names the failed line's policy text, read back from
+    the batch it kept, and says nothing about the unread rest, whether SIGPIPE kills the
+    writer or (a shell started with it ignored) the writer's write fails."""
+    _need("flock")
+    path = tmp_path / "policy.tcp"
+    classes = "".join(f"    class c{i} rate 1kbit match dport {1000 + i}\n" for i in range(1500))
+    text = (
+        f"interface eth0 htb rate 100mbit default rest {{\n{classes}    class rest rate 1mbit\n}}\n"
+    )
+    result = _compile(tmp_path, text, batch=True)
+    assert result.output is not None and result.policy is not None
+    bad = result.output.replace(" htb rate 1kbit", " htb rate 0bit", 3)
+    assert bad != result.output and len(bad) > 200_000
+    script = tmp_path / "apply.sh"
+    script.write_text(bad, encoding="utf-8")
+    ns = make_netns()
+    create_links(ns, result.policy)
+    disposition = signal.SIG_IGN if sigpipe == "ignored" else signal.SIG_DFL
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", ns, "sh", str(script)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "TCDSL_LOCK_DIR": str(tmp_path / "locks")},
+        preexec_fn=lambda: signal.signal(signal.SIGPIPE, disposition),
+    )
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    lines = err.splitlines()
+    assert lines[-1].startswith(f"tcdsl: {path}:2:11: class c0: failed (exit 1)"), err
+    assert len(lines) == 3 and lines[1].startswith("Command failed -:"), err

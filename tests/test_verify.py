@@ -1225,7 +1225,7 @@ def test_a_big_policy_is_verified_in_the_scripts_batch_form(no_stray_namespaces:
         pytest.skip(lacks)
     v = verifier.verify_many([TOS_HTB], kernel="host", batch_from=1)[0]
     assert v.ok, _lines(v.diagnostics)
-    assert v.script is not None and "tc -batch - 2>&1 <<'" in v.script
+    assert v.script is not None and "tcdsl_batch=$(cat <<'" in v.script
     small = verifier.verify_many([TOS_HTB], kernel="host")[0]
     assert small.ok and small.script is not None and "tc -batch -" not in small.script
 

@@ -100,7 +100,7 @@ def shell_words(line: str) -> str:
         return line.strip()
 
 
-_BATCH_START = re.compile(r"tcdsl_said=\$\(tc -batch - 2>&1 <<'(?P<end>\w+)'$")
+_BATCH_START = re.compile(r"tcdsl_batch=\$\(cat <<'(?P<end>\w+)'$")
 """Where the shell script's batch form starts feeding one ``tc -batch`` (its heredoc)."""
 
 

@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/adsl-atm.tcp:7:16: interface eth0: htb qdisc
 qdisc add dev eth0 root handle 1: stab overhead 26 linklayer atm htb default 30
 # policies/adsl-atm.tcp:7:16: link class
@@ -105,30 +106,22 @@ filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff ma
 # policies/adsl-atm.tcp:14:9: filter to 1:20
 filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:20
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/adsl-atm.tcp:7:16: interface eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/adsl-atm.tcp:7:16: link class' ;;
-    6) tcdsl_at='policies/adsl-atm.tcp:17:11: class bulk' ;;
-    8) tcdsl_at='policies/adsl-atm.tcp:18:9: fq_codel qdisc of 1:30' ;;
-    10) tcdsl_at='policies/adsl-atm.tcp:8:11: class interactive' ;;
-    12) tcdsl_at='policies/adsl-atm.tcp:9:9: filter to 1:10' ;;
-    14) tcdsl_at='policies/adsl-atm.tcp:9:9: filter to 1:10' ;;
-    16) tcdsl_at='policies/adsl-atm.tcp:10:9: filter to 1:10' ;;
-    18) tcdsl_at='policies/adsl-atm.tcp:10:9: filter to 1:10' ;;
-    20) tcdsl_at='policies/adsl-atm.tcp:11:9: filter to 1:10' ;;
-    22) tcdsl_at='policies/adsl-atm.tcp:11:9: filter to 1:10' ;;
-    24) tcdsl_at='policies/adsl-atm.tcp:13:11: class web' ;;
-    26) tcdsl_at='policies/adsl-atm.tcp:15:9: fq_codel qdisc of 1:20' ;;
-    28) tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20' ;;
-    30) tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20' ;;
-    32) tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20' ;;
-    34) tcdsl_at='policies/adsl-atm.tcp:14:9: filter to 1:20' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/dual-stack-office.tcp:10:16: interface eth0: htb qdisc
 qdisc add dev eth0 root handle 1: htb default 60 r2q 200
 # policies/dual-stack-office.tcp:10:16: link class
@@ -171,63 +172,22 @@ class add dev eth0 parent 1:1 classid 1:50 htb rate 10mbit ceil 40mbit
 # policies/dual-stack-office.tcp:24:42: filter to 1:50
 filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 src 2001:db8:42:99::/64 flowid 1:50
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/dual-stack-office.tcp:10:16: interface eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/dual-stack-office.tcp:10:16: link class' ;;
-    6) tcdsl_at='policies/dual-stack-office.tcp:25:11: class bulk' ;;
-    8) tcdsl_at='policies/dual-stack-office.tcp:26:9: fq_codel qdisc of 1:60' ;;
-    10) tcdsl_at='policies/dual-stack-office.tcp:11:11: class interactive' ;;
-    12) tcdsl_at='policies/dual-stack-office.tcp:15:9: fq_codel qdisc of 1:10' ;;
-    14) tcdsl_at='policies/dual-stack-office.tcp:12:9: filter to 1:10' ;;
-    16) tcdsl_at='policies/dual-stack-office.tcp:12:9: filter to 1:10' ;;
-    18) tcdsl_at='policies/dual-stack-office.tcp:13:9: filter to 1:10' ;;
-    20) tcdsl_at='policies/dual-stack-office.tcp:13:9: filter to 1:10' ;;
-    22) tcdsl_at='policies/dual-stack-office.tcp:14:9: filter to 1:10' ;;
-    24) tcdsl_at='policies/dual-stack-office.tcp:14:9: filter to 1:10' ;;
-    26) tcdsl_at='policies/dual-stack-office.tcp:17:11: class voip' ;;
-    28) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    30) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    32) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    34) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    36) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    38) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    40) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    42) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    44) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    46) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    48) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    50) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    52) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    54) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    56) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    58) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    60) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    62) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    64) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    66) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    68) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    70) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    72) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    74) tcdsl_at='policies/dual-stack-office.tcp:17:47: filter to 1:20' ;;
-    76) tcdsl_at='policies/dual-stack-office.tcp:18:11: class web' ;;
-    78) tcdsl_at='policies/dual-stack-office.tcp:21:9: fq_codel qdisc of 1:30' ;;
-    80) tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30' ;;
-    82) tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30' ;;
-    84) tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30' ;;
-    86) tcdsl_at='policies/dual-stack-office.tcp:19:9: filter to 1:30' ;;
-    88) tcdsl_at='policies/dual-stack-office.tcp:20:9: filter to 1:30' ;;
-    90) tcdsl_at='policies/dual-stack-office.tcp:20:9: filter to 1:30' ;;
-    92) tcdsl_at='policies/dual-stack-office.tcp:23:11: class alice' ;;
-    94) tcdsl_at='policies/dual-stack-office.tcp:23:42: filter to 1:40' ;;
-    96) tcdsl_at='policies/dual-stack-office.tcp:23:42: filter to 1:40' ;;
-    98) tcdsl_at='policies/dual-stack-office.tcp:24:11: class guests' ;;
-    100) tcdsl_at='policies/dual-stack-office.tcp:24:42: filter to 1:50' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

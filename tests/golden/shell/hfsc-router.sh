@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/hfsc-router.tcp:7:16: interface eth0: hfsc qdisc
 qdisc add dev eth0 root handle 1: hfsc default 50
 # policies/hfsc-router.tcp:8:11: class link
@@ -161,58 +162,22 @@ filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff ma
 # policies/hfsc-router.tcp:22:13: filter to 1:40
 filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 443 0xffff flowid 1:40
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/hfsc-router.tcp:7:16: interface eth0: hfsc qdisc' ;;
-    4) tcdsl_at='policies/hfsc-router.tcp:8:11: class link' ;;
-    6) tcdsl_at='policies/hfsc-router.tcp:25:15: class bulk' ;;
-    8) tcdsl_at='policies/hfsc-router.tcp:26:13: fq_codel qdisc of 1:50' ;;
-    10) tcdsl_at='policies/hfsc-router.tcp:10:15: class voip' ;;
-    12) tcdsl_at='policies/hfsc-router.tcp:13:13: pfifo qdisc of 1:20' ;;
-    14) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    16) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    18) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    20) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    22) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    24) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    26) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    28) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    30) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    32) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    34) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    36) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    38) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    40) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    42) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    44) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    46) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    48) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    50) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    52) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    54) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    56) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    58) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    60) tcdsl_at='policies/hfsc-router.tcp:11:13: filter to 1:20' ;;
-    62) tcdsl_at='policies/hfsc-router.tcp:12:13: filter to 1:20' ;;
-    64) tcdsl_at='policies/hfsc-router.tcp:12:13: filter to 1:20' ;;
-    66) tcdsl_at='policies/hfsc-router.tcp:15:15: class interactive' ;;
-    68) tcdsl_at='policies/hfsc-router.tcp:19:13: fq_codel qdisc of 1:30' ;;
-    70) tcdsl_at='policies/hfsc-router.tcp:16:13: filter to 1:30' ;;
-    72) tcdsl_at='policies/hfsc-router.tcp:16:13: filter to 1:30' ;;
-    74) tcdsl_at='policies/hfsc-router.tcp:17:13: filter to 1:30' ;;
-    76) tcdsl_at='policies/hfsc-router.tcp:17:13: filter to 1:30' ;;
-    78) tcdsl_at='policies/hfsc-router.tcp:18:13: filter to 1:30' ;;
-    80) tcdsl_at='policies/hfsc-router.tcp:21:15: class web' ;;
-    82) tcdsl_at='policies/hfsc-router.tcp:23:13: fq_codel qdisc of 1:40' ;;
-    84) tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40' ;;
-    86) tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40' ;;
-    88) tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40' ;;
-    90) tcdsl_at='policies/hfsc-router.tcp:22:13: filter to 1:40' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

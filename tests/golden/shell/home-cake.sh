@@ -83,20 +83,29 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/home-cake.tcp:17:12: interface eth0: cake qdisc
 qdisc add dev eth0 root handle 1: cake bandwidth 19mbit diffserv4 dual-srchost nat ack-filter overhead 30 ptm
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/home-cake.tcp:17:12: interface eth0: cake qdisc' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 
 # ==== interface eth0 download (via ifb4eth0) ====
@@ -114,9 +123,10 @@ tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
 ip link add ifb4eth0 txqueuelen 1000 type ifb
 tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0'
 ip link set dev ifb4eth0 up
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface ifb4eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/home-cake.tcp:18:14: interface ifb4eth0: cake qdisc
 qdisc add dev ifb4eth0 root handle 1: cake bandwidth 95mbit diffserv4 dual-dsthost nat wash ingress overhead 30 ptm
 # policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0
@@ -124,14 +134,20 @@ qdisc add dev eth0 handle ffff: ingress
 # policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0
 filter add dev eth0 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ifb4eth0
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/home-cake.tcp:18:14: interface ifb4eth0: cake qdisc' ;;
-    4) tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0' ;;
-    6) tcdsl_at='policies/home-cake.tcp:18:5: interface eth0: download via ifb4eth0' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

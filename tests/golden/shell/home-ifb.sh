@@ -83,9 +83,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/home-ifb.tcp:8:12: interface eth0: htb qdisc
 qdisc add dev eth0 root handle 1: htb default 30
 # policies/home-ifb.tcp:8:12: link class
@@ -119,29 +120,22 @@ filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x20 0xfc flow
 # policies/home-ifb.tcp:21:13: filter to 1:40
 filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 priority 0x20 0xfc flowid 1:40
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/home-ifb.tcp:8:12: interface eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/home-ifb.tcp:8:12: link class' ;;
-    6) tcdsl_at='policies/home-ifb.tcp:17:15: class bulk' ;;
-    8) tcdsl_at='policies/home-ifb.tcp:18:13: fq_codel qdisc of 1:30' ;;
-    10) tcdsl_at='policies/home-ifb.tcp:9:15: class voice' ;;
-    12) tcdsl_at='policies/home-ifb.tcp:11:13: fq_codel qdisc of 1:10' ;;
-    14) tcdsl_at='policies/home-ifb.tcp:10:13: filter to 1:10' ;;
-    16) tcdsl_at='policies/home-ifb.tcp:10:13: filter to 1:10' ;;
-    18) tcdsl_at='policies/home-ifb.tcp:13:15: class video' ;;
-    20) tcdsl_at='policies/home-ifb.tcp:15:13: fq_codel qdisc of 1:20' ;;
-    22) tcdsl_at='policies/home-ifb.tcp:14:13: filter to 1:20' ;;
-    24) tcdsl_at='policies/home-ifb.tcp:14:13: filter to 1:20' ;;
-    26) tcdsl_at='policies/home-ifb.tcp:20:15: class background' ;;
-    28) tcdsl_at='policies/home-ifb.tcp:22:13: fq_codel qdisc of 1:40' ;;
-    30) tcdsl_at='policies/home-ifb.tcp:21:13: filter to 1:40' ;;
-    32) tcdsl_at='policies/home-ifb.tcp:21:13: filter to 1:40' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 
 # ==== interface eth0 download (via ifb4eth0) ====
@@ -159,9 +153,10 @@ tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0'
 ip link add ifb4eth0 txqueuelen 1000 type ifb
 tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0'
 ip link set dev ifb4eth0 up
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface ifb4eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/home-ifb.tcp:25:14: interface ifb4eth0: htb qdisc
 qdisc add dev ifb4eth0 root handle 1: htb default 30 r2q 100
 # policies/home-ifb.tcp:25:14: link class
@@ -199,29 +194,20 @@ qdisc add dev eth0 handle ffff: ingress
 # policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0
 filter add dev eth0 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ifb4eth0
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/home-ifb.tcp:25:14: interface ifb4eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/home-ifb.tcp:25:14: link class' ;;
-    6) tcdsl_at='policies/home-ifb.tcp:34:15: class bulk' ;;
-    8) tcdsl_at='policies/home-ifb.tcp:35:13: fq_codel qdisc of 1:30' ;;
-    10) tcdsl_at='policies/home-ifb.tcp:26:15: class voice' ;;
-    12) tcdsl_at='policies/home-ifb.tcp:28:13: fq_codel qdisc of 1:10' ;;
-    14) tcdsl_at='policies/home-ifb.tcp:27:13: filter to 1:10' ;;
-    16) tcdsl_at='policies/home-ifb.tcp:27:13: filter to 1:10' ;;
-    18) tcdsl_at='policies/home-ifb.tcp:30:15: class video' ;;
-    20) tcdsl_at='policies/home-ifb.tcp:32:13: fq_codel qdisc of 1:20' ;;
-    22) tcdsl_at='policies/home-ifb.tcp:31:13: filter to 1:20' ;;
-    24) tcdsl_at='policies/home-ifb.tcp:31:13: filter to 1:20' ;;
-    26) tcdsl_at='policies/home-ifb.tcp:37:15: class background' ;;
-    28) tcdsl_at='policies/home-ifb.tcp:39:13: fq_codel qdisc of 1:40' ;;
-    30) tcdsl_at='policies/home-ifb.tcp:38:13: filter to 1:40' ;;
-    32) tcdsl_at='policies/home-ifb.tcp:38:13: filter to 1:40' ;;
-    34) tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0' ;;
-    36) tcdsl_at='policies/home-ifb.tcp:25:5: interface eth0: download via ifb4eth0' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

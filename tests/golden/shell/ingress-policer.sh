@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/ingress-policer.tcp:12:12: interface eth0: htb qdisc
 qdisc add dev eth0 root handle 1: htb default 20 r2q 5
 # policies/ingress-policer.tcp:12:12: link class
@@ -95,25 +96,22 @@ filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff ma
 # policies/ingress-policer.tcp:16:13: filter to 1:10
 filter add dev eth0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match u16 0x0000 0xffc0 at 4 match u8 0x10 0xff at 53 flowid 1:10
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/ingress-policer.tcp:12:12: interface eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/ingress-policer.tcp:12:12: link class' ;;
-    6) tcdsl_at='policies/ingress-policer.tcp:19:15: class bulk' ;;
-    8) tcdsl_at='policies/ingress-policer.tcp:20:13: sfq qdisc of 1:20' ;;
-    10) tcdsl_at='policies/ingress-policer.tcp:13:15: class interactive' ;;
-    12) tcdsl_at='policies/ingress-policer.tcp:17:13: sfq qdisc of 1:10' ;;
-    14) tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10' ;;
-    16) tcdsl_at='policies/ingress-policer.tcp:14:13: filter to 1:10' ;;
-    18) tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10' ;;
-    20) tcdsl_at='policies/ingress-policer.tcp:15:13: filter to 1:10' ;;
-    22) tcdsl_at='policies/ingress-policer.tcp:16:13: filter to 1:10' ;;
-    24) tcdsl_at='policies/ingress-policer.tcp:16:13: filter to 1:10' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 
 # ==== interface eth0 ingress ====
@@ -125,9 +123,10 @@ flock 9
 # Teardown: remove this policy's ingress qdisc; absent is fine.
 tc qdisc del dev eth0 ingress 2>/dev/null || true
 tc actions delete action police index 466780161 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/ingress-policer.tcp:23:5: interface eth0: ingress qdisc
 qdisc add dev eth0 handle ffff: ingress
 # policies/ingress-policer.tcp:24:27: police index 466780161: the one policer of the filters of this line
@@ -137,15 +136,20 @@ filter add dev eth0 parent ffff: protocol ip prio 50 u32 match u32 0 0 at 0 poli
 # policies/ingress-policer.tcp:24:9: filter to ffff:1
 filter add dev eth0 parent ffff: protocol ipv6 prio 32818 u32 match u32 0 0 at 0 police index 466780161 flowid ffff:1
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/ingress-policer.tcp:23:5: interface eth0: ingress qdisc' ;;
-    4) tcdsl_at='policies/ingress-policer.tcp:24:27: police index 466780161: the one policer of the filters of this line' ;;
-    6) tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1' ;;
-    8) tcdsl_at='policies/ingress-policer.tcp:24:9: filter to ffff:1' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

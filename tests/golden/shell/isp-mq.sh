@@ -101,9 +101,10 @@ tc qdisc del dev isp0 clsact 2>/dev/null || true
 tc qdisc del dev isp0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-isp0
 nft delete table inet tcdsl_isp0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface isp0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/isp-mq.tcp:9:16: interface isp0: mq qdisc
 qdisc add dev isp0 root handle 1: mq
 # policies/isp-mq.tcp:9:28: htb qdisc of 1:1
@@ -187,52 +188,20 @@ filter add dev isp0 egress protocol ip prio 1 u32 match ip dst 203.0.113.0/28 ma
 # policies/isp-mq.tcp:20:52: queue 4 (TX queue 3, 1:4)
 filter add dev isp0 egress protocol ipv6 prio 32769 u32 match ip6 dst 2001:db8::50 action skbedit queue_mapping 3
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/isp-mq.tcp:9:16: interface isp0: mq qdisc' ;;
-    4) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:1' ;;
-    6) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
-    8) tcdsl_at='policies/isp-mq.tcp:22:11: class unknown@1' ;;
-    10) tcdsl_at='policies/isp-mq.tcp:23:9: fq_codel qdisc of 12:40' ;;
-    12) tcdsl_at='policies/isp-mq.tcp:10:11: class site_a' ;;
-    14) tcdsl_at='policies/isp-mq.tcp:11:15: class alice' ;;
-    16) tcdsl_at='policies/isp-mq.tcp:12:13: fq_codel qdisc of 12:20' ;;
-    18) tcdsl_at='policies/isp-mq.tcp:11:66: filter to 12:20' ;;
-    20) tcdsl_at='policies/isp-mq.tcp:14:15: class bob' ;;
-    22) tcdsl_at='policies/isp-mq.tcp:15:13: fq_codel qdisc of 12:30' ;;
-    24) tcdsl_at='policies/isp-mq.tcp:14:55: filter to 12:30' ;;
-    26) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:2' ;;
-    28) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
-    30) tcdsl_at='policies/isp-mq.tcp:22:11: class unknown@2' ;;
-    32) tcdsl_at='policies/isp-mq.tcp:23:9: fq_codel qdisc of 14:20' ;;
-    34) tcdsl_at='policies/isp-mq.tcp:18:11: class carol' ;;
-    36) tcdsl_at='policies/isp-mq.tcp:18:62: filter to 14:10' ;;
-    38) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:3' ;;
-    40) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
-    42) tcdsl_at='policies/isp-mq.tcp:22:11: class unknown' ;;
-    44) tcdsl_at='policies/isp-mq.tcp:23:9: fq_codel qdisc of 27:20' ;;
-    46) tcdsl_at='policies/isp-mq.tcp:19:11: class dave' ;;
-    48) tcdsl_at='policies/isp-mq.tcp:19:61: filter to 27:10' ;;
-    50) tcdsl_at='policies/isp-mq.tcp:19:61: filter to 27:10' ;;
-    52) tcdsl_at='policies/isp-mq.tcp:9:28: htb qdisc of 1:4' ;;
-    54) tcdsl_at='policies/isp-mq.tcp:9:28: link class' ;;
-    56) tcdsl_at='policies/isp-mq.tcp:22:11: class unknown@4' ;;
-    58) tcdsl_at='policies/isp-mq.tcp:23:9: fq_codel qdisc of 3c:30' ;;
-    60) tcdsl_at='policies/isp-mq.tcp:20:11: class erin' ;;
-    62) tcdsl_at='policies/isp-mq.tcp:20:52: filter to 3c:10' ;;
-    64) tcdsl_at='policies/isp-mq.tcp:21:11: class frank' ;;
-    66) tcdsl_at='policies/isp-mq.tcp:21:53: filter to 3c:20' ;;
-    68) tcdsl_at='policies/isp-mq.tcp:9:16: interface isp0: the clsact qdisc whose filters pick the TX queue' ;;
-    70) tcdsl_at='policies/isp-mq.tcp:11:66: queue 1 (TX queue 0, 1:1)' ;;
-    72) tcdsl_at='policies/isp-mq.tcp:14:55: queue 1 (TX queue 0, 1:1)' ;;
-    74) tcdsl_at='policies/isp-mq.tcp:18:62: queue 2 (TX queue 1, 1:2)' ;;
-    76) tcdsl_at='policies/isp-mq.tcp:19:61: queue 3 (TX queue 2, 1:3)' ;;
-    78) tcdsl_at='policies/isp-mq.tcp:19:61: queue 3 (TX queue 2, 1:3)' ;;
-    80) tcdsl_at='policies/isp-mq.tcp:21:53: queue 4 (TX queue 3, 1:4)' ;;
-    82) tcdsl_at='policies/isp-mq.tcp:20:52: queue 4 (TX queue 3, 1:4)' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2

@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev isp0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-isp0
 nft delete table inet tcdsl_isp0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface isp0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/isp-overbooked.tcp:7:16: interface isp0: htb qdisc
 qdisc add dev isp0 root handle 1: htb default 70 r2q 1000
 # policies/isp-overbooked.tcp:7:16: link class
@@ -101,28 +102,22 @@ qdisc add dev isp0 parent 1:60 handle 60: fq_codel
 # policies/isp-overbooked.tcp:15:13: filter to 1:60
 filter add dev isp0 parent 1: protocol ip prio 1 u32 match ip dst 203.0.113.0/25 flowid 1:60
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/isp-overbooked.tcp:7:16: interface isp0: htb qdisc' ;;
-    4) tcdsl_at='policies/isp-overbooked.tcp:7:16: link class' ;;
-    6) tcdsl_at='policies/isp-overbooked.tcp:13:11: class residential' ;;
-    8) tcdsl_at='policies/isp-overbooked.tcp:18:15: class dsl' ;;
-    10) tcdsl_at='policies/isp-overbooked.tcp:19:13: fq_codel qdisc of 1:70' ;;
-    12) tcdsl_at='policies/isp-overbooked.tcp:8:11: class business' ;;
-    14) tcdsl_at='policies/isp-overbooked.tcp:9:15: class acme' ;;
-    16) tcdsl_at='policies/isp-overbooked.tcp:9:53: filter to 1:20' ;;
-    18) tcdsl_at='policies/isp-overbooked.tcp:10:15: class globex' ;;
-    20) tcdsl_at='policies/isp-overbooked.tcp:10:55: filter to 1:30' ;;
-    22) tcdsl_at='policies/isp-overbooked.tcp:11:15: class initech' ;;
-    24) tcdsl_at='policies/isp-overbooked.tcp:11:56: filter to 1:40' ;;
-    26) tcdsl_at='policies/isp-overbooked.tcp:14:15: class fiber' ;;
-    28) tcdsl_at='policies/isp-overbooked.tcp:16:13: fq_codel qdisc of 1:60' ;;
-    30) tcdsl_at='policies/isp-overbooked.tcp:15:13: filter to 1:60' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

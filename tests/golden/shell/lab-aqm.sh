@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev lab0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-lab0
 nft delete table inet tcdsl_lab0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface lab0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/lab-aqm.tcp:6:16: interface lab0: htb qdisc
 qdisc add dev lab0 root handle 1: htb default 50 r2q 100
 # policies/lab-aqm.tcp:6:16: link class
@@ -119,37 +120,22 @@ filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 6 
 # policies/lab-aqm.tcp:16:41: filter to 1:40
 filter add dev lab0 parent 1: protocol ipv6 prio 32769 u32 match ip6 protocol 17 0xff match ip6 dport 5004 0xffff flowid 1:40
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/lab-aqm.tcp:6:16: interface lab0: htb qdisc' ;;
-    4) tcdsl_at='policies/lab-aqm.tcp:6:16: link class' ;;
-    6) tcdsl_at='policies/lab-aqm.tcp:20:11: class bulk' ;;
-    8) tcdsl_at='policies/lab-aqm.tcp:21:9: fq_codel qdisc of 1:50' ;;
-    10) tcdsl_at='policies/lab-aqm.tcp:7:11: class controlled' ;;
-    12) tcdsl_at='policies/lab-aqm.tcp:8:9: codel qdisc of 1:10' ;;
-    14) tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10' ;;
-    16) tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10' ;;
-    18) tcdsl_at='policies/lab-aqm.tcp:7:47: filter to 1:10' ;;
-    20) tcdsl_at='policies/lab-aqm.tcp:10:11: class paced' ;;
-    22) tcdsl_at='policies/lab-aqm.tcp:11:9: fq qdisc of 1:20' ;;
-    24) tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20' ;;
-    26) tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20' ;;
-    28) tcdsl_at='policies/lab-aqm.tcp:10:42: filter to 1:20' ;;
-    30) tcdsl_at='policies/lab-aqm.tcp:13:11: class early' ;;
-    32) tcdsl_at='policies/lab-aqm.tcp:14:9: red qdisc of 1:30' ;;
-    34) tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30' ;;
-    36) tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30' ;;
-    38) tcdsl_at='policies/lab-aqm.tcp:13:42: filter to 1:30' ;;
-    40) tcdsl_at='policies/lab-aqm.tcp:16:11: class wifi' ;;
-    42) tcdsl_at='policies/lab-aqm.tcp:17:9: netem qdisc of 1:40' ;;
-    44) tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40' ;;
-    46) tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40' ;;
-    48) tcdsl_at='policies/lab-aqm.tcp:16:41: filter to 1:40' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev lan0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-lan0
 nft delete table inet tcdsl_lan0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface lan0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/nested.tcp:7:16: interface lan0: htb qdisc
 qdisc add dev lan0 root handle 1: htb default 30
 # policies/nested.tcp:7:16: link class
@@ -113,34 +114,22 @@ filter add dev lan0 parent 20: protocol ipv6 prio 32769 u32 match ip6 protocol 6
 # policies/nested.tcp:17:40: filter to 1:20
 filter add dev lan0 parent 1: protocol ip prio 1 u32 match ip dst 10.2.0.0/16 flowid 1:20
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/nested.tcp:7:16: interface lan0: htb qdisc' ;;
-    4) tcdsl_at='policies/nested.tcp:7:16: link class' ;;
-    6) tcdsl_at='policies/nested.tcp:24:11: class guests' ;;
-    8) tcdsl_at='policies/nested.tcp:25:9: sfq qdisc of 1:30' ;;
-    10) tcdsl_at='policies/nested.tcp:8:11: class hq' ;;
-    12) tcdsl_at='policies/nested.tcp:9:9: htb qdisc of 1:10' ;;
-    14) tcdsl_at='policies/nested.tcp:9:9: link class' ;;
-    16) tcdsl_at='policies/nested.tcp:14:19: class office' ;;
-    18) tcdsl_at='policies/nested.tcp:10:19: class voip' ;;
-    20) tcdsl_at='policies/nested.tcp:11:17: filter to 10:10' ;;
-    22) tcdsl_at='policies/nested.tcp:11:17: filter to 10:10' ;;
-    24) tcdsl_at='policies/nested.tcp:12:17: filter to 10:10' ;;
-    26) tcdsl_at='policies/nested.tcp:12:17: filter to 10:10' ;;
-    28) tcdsl_at='policies/nested.tcp:8:37: filter to 1:10' ;;
-    30) tcdsl_at='policies/nested.tcp:17:11: class branch' ;;
-    32) tcdsl_at='policies/nested.tcp:18:9: prio qdisc of 1:20' ;;
-    34) tcdsl_at='policies/nested.tcp:19:23: filter to 20:1' ;;
-    36) tcdsl_at='policies/nested.tcp:19:23: filter to 20:1' ;;
-    38) tcdsl_at='policies/nested.tcp:20:23: filter to 20:2' ;;
-    40) tcdsl_at='policies/nested.tcp:20:23: filter to 20:2' ;;
-    42) tcdsl_at='policies/nested.tcp:17:40: filter to 1:20' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

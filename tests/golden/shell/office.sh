@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/office.tcp:4:16: interface eth0: htb qdisc
 qdisc add dev eth0 root handle 1: htb default 70 r2q 100
 # policies/office.tcp:4:16: link class
@@ -125,40 +126,22 @@ class add dev eth0 parent 1:40 classid 1:60 htb rate 3mbit ceil 3mbit
 # policies/office.tcp:17:41: filter to 1:60
 filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:60
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/office.tcp:4:16: interface eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/office.tcp:4:16: link class' ;;
-    6) tcdsl_at='policies/office.tcp:19:11: class bulk' ;;
-    8) tcdsl_at='policies/office.tcp:20:9: pfifo qdisc of 1:70' ;;
-    10) tcdsl_at='policies/office.tcp:5:11: class interactive' ;;
-    12) tcdsl_at='policies/office.tcp:8:9: sfq qdisc of 1:10' ;;
-    14) tcdsl_at='policies/office.tcp:6:9: filter to 1:10' ;;
-    16) tcdsl_at='policies/office.tcp:6:9: filter to 1:10' ;;
-    18) tcdsl_at='policies/office.tcp:7:9: filter to 1:10' ;;
-    20) tcdsl_at='policies/office.tcp:7:9: filter to 1:10' ;;
-    22) tcdsl_at='policies/office.tcp:10:11: class voip' ;;
-    24) tcdsl_at='policies/office.tcp:10:34: filter to 1:20' ;;
-    26) tcdsl_at='policies/office.tcp:10:34: filter to 1:20' ;;
-    28) tcdsl_at='policies/office.tcp:10:34: filter to 1:20' ;;
-    30) tcdsl_at='policies/office.tcp:11:11: class web' ;;
-    32) tcdsl_at='policies/office.tcp:13:9: fq_codel qdisc of 1:30' ;;
-    34) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
-    36) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
-    38) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
-    40) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
-    42) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
-    44) tcdsl_at='policies/office.tcp:12:9: filter to 1:30' ;;
-    46) tcdsl_at='policies/office.tcp:15:11: class staff' ;;
-    48) tcdsl_at='policies/office.tcp:16:15: class alice' ;;
-    50) tcdsl_at='policies/office.tcp:16:43: filter to 1:50' ;;
-    52) tcdsl_at='policies/office.tcp:17:15: class bob' ;;
-    54) tcdsl_at='policies/office.tcp:17:41: filter to 1:60' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

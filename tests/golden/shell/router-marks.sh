@@ -78,9 +78,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/router-marks.tcp:11:16: interface eth0: htb qdisc
 qdisc add dev eth0 root handle 1: htb default 40
 # policies/router-marks.tcp:11:16: link class
@@ -110,27 +111,22 @@ filter add dev eth0 parent 1: protocol ip prio 10 handle 0x2800/0xff00 fw flowid
 # policies/router-marks.tcp:21:11: mark 0x2800 to 1:40
 filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x2800/0xff00 fw flowid 1:40
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/router-marks.tcp:11:16: interface eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/router-marks.tcp:11:16: link class' ;;
-    6) tcdsl_at='policies/router-marks.tcp:21:11: class bulk' ;;
-    8) tcdsl_at='policies/router-marks.tcp:13:11: class ack' ;;
-    10) tcdsl_at='policies/router-marks.tcp:13:45: filter to 1:10' ;;
-    12) tcdsl_at='policies/router-marks.tcp:13:45: filter to 1:10' ;;
-    14) tcdsl_at='policies/router-marks.tcp:14:11: class voip' ;;
-    16) tcdsl_at='policies/router-marks.tcp:14:11: mark 0x1400 to 1:20' ;;
-    18) tcdsl_at='policies/router-marks.tcp:14:11: mark 0x1400 to 1:20' ;;
-    20) tcdsl_at='policies/router-marks.tcp:17:11: class interactive' ;;
-    22) tcdsl_at='policies/router-marks.tcp:17:11: mark 0x1e00 to 1:30' ;;
-    24) tcdsl_at='policies/router-marks.tcp:17:11: mark 0x1e00 to 1:30' ;;
-    26) tcdsl_at='policies/router-marks.tcp:21:11: mark 0x2800 to 1:40' ;;
-    28) tcdsl_at='policies/router-marks.tcp:21:11: mark 0x2800 to 1:40' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at='policies/router-marks.tcp:12:5: chain TCDSL-eth0'
 iptables -t mangle -N TCDSL-eth0
@@ -179,9 +175,10 @@ flock 9
 tc qdisc del dev eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth1
 nft delete table inet tcdsl_eth1 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth1: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/router-marks.tcp:29:16: interface eth1: htb qdisc
 qdisc add dev eth1 root handle 1: htb default 20 r2q 100
 # policies/router-marks.tcp:29:16: link class
@@ -199,21 +196,22 @@ filter add dev eth1 parent 1: protocol ip prio 1 handle 0x140000/0xff0000 fw flo
 # policies/router-marks.tcp:32:11: mark 0x140000 to 1:20
 filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 0x140000/0xff0000 fw flowid 1:20
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/router-marks.tcp:29:16: interface eth1: htb qdisc' ;;
-    4) tcdsl_at='policies/router-marks.tcp:29:16: link class' ;;
-    6) tcdsl_at='policies/router-marks.tcp:32:11: class rest' ;;
-    8) tcdsl_at='policies/router-marks.tcp:31:11: class video' ;;
-    10) tcdsl_at='policies/router-marks.tcp:31:11: mark 0xa0000 to 1:10' ;;
-    12) tcdsl_at='policies/router-marks.tcp:31:11: mark 0xa0000 to 1:10' ;;
-    14) tcdsl_at='policies/router-marks.tcp:32:11: mark 0x140000 to 1:20' ;;
-    16) tcdsl_at='policies/router-marks.tcp:32:11: mark 0x140000 to 1:20' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at='policies/router-marks.tcp:30:5: chain TCDSL-eth1'
 iptables -t mangle -N TCDSL-eth1
@@ -240,9 +238,10 @@ flock 9
 tc qdisc del dev eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth2
 nft delete table inet tcdsl_eth2 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth2: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/router-marks.tcp:36:16: interface eth2: htb qdisc
 qdisc add dev eth2 root handle 1: htb default 20
 # policies/router-marks.tcp:36:16: link class
@@ -260,21 +259,22 @@ filter add dev eth2 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
 # policies/router-marks.tcp:39:11: mark 20 to 1:20
 filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/router-marks.tcp:36:16: interface eth2: htb qdisc' ;;
-    4) tcdsl_at='policies/router-marks.tcp:36:16: link class' ;;
-    6) tcdsl_at='policies/router-marks.tcp:39:11: class other' ;;
-    8) tcdsl_at='policies/router-marks.tcp:38:11: class backup' ;;
-    10) tcdsl_at='policies/router-marks.tcp:38:11: mark 10 to 1:10' ;;
-    12) tcdsl_at='policies/router-marks.tcp:38:11: mark 10 to 1:10' ;;
-    14) tcdsl_at='policies/router-marks.tcp:39:11: mark 20 to 1:20' ;;
-    16) tcdsl_at='policies/router-marks.tcp:39:11: mark 20 to 1:20' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at='policies/router-marks.tcp:37:5: chain TCDSL-eth2'
 iptables -t mangle -N TCDSL-eth2

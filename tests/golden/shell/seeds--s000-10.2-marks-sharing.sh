@@ -76,9 +76,10 @@ tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark INSHAPER
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/seeds/s000-10.2-marks-sharing.tcp:23:28: interface eth0: htb qdisc
 qdisc add dev eth0 root handle 1: htb default 30
 # policies/seeds/s000-10.2-marks-sharing.tcp:23:28: link class
@@ -102,24 +103,22 @@ filter add dev eth0 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
 # policies/seeds/s000-10.2-marks-sharing.tcp:31:11: mark 30 to 1:30
 filter add dev eth0 parent 1: protocol ip prio 1 handle 30 fw flowid 1:30
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:23:28: interface eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:23:28: link class' ;;
-    6) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:31:11: class others' ;;
-    8) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:32:9: pfifo qdisc of 1:30' ;;
-    10) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:25:11: class app5001' ;;
-    12) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:26:9: sfq qdisc of 1:10' ;;
-    14) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:25:11: mark 10 to 1:10' ;;
-    16) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:28:11: class app5002' ;;
-    18) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:29:9: sfq qdisc of 1:20' ;;
-    20) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:28:11: mark 20 to 1:20' ;;
-    22) tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:31:11: mark 30 to 1:30' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at='policies/seeds/s000-10.2-marks-sharing.tcp:24:5: chain INSHAPER'
 iptables -t mangle -N INSHAPER

@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/seeds/s000-6.2-htb-pfifo.tcp:9:16: interface eth0: htb qdisc
 qdisc add dev eth0 root handle 1: htb default 10
 # policies/seeds/s000-6.2-htb-pfifo.tcp:10:11: class limited
@@ -77,16 +78,22 @@ class add dev eth0 parent 1: classid 1:10 htb rate 10mbit ceil 10mbit burst 15k
 # policies/seeds/s000-6.2-htb-pfifo.tcp:11:9: pfifo qdisc of 1:10
 qdisc add dev eth0 parent 1:10 handle 20: pfifo limit 5
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/seeds/s000-6.2-htb-pfifo.tcp:9:16: interface eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/seeds/s000-6.2-htb-pfifo.tcp:10:11: class limited' ;;
-    6) tcdsl_at='policies/seeds/s000-6.2-htb-pfifo.tcp:11:9: pfifo qdisc of 1:10' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

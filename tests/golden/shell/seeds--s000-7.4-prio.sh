@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/seeds/s000-7.4-prio.tcp:10:16: interface eth0: prio qdisc
 qdisc add dev eth0 root handle 1: prio
 # policies/seeds/s000-7.4-prio.tcp:12:9: sfq qdisc of 1:1
@@ -79,17 +80,22 @@ qdisc add dev eth0 parent 1:2 handle 20: tbf rate 1mbit burst 1600 limit 3000
 # policies/seeds/s000-7.4-prio.tcp:18:9: sfq qdisc of 1:3
 qdisc add dev eth0 parent 1:3 handle 30: sfq
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/seeds/s000-7.4-prio.tcp:10:16: interface eth0: prio qdisc' ;;
-    4) tcdsl_at='policies/seeds/s000-7.4-prio.tcp:12:9: sfq qdisc of 1:1' ;;
-    6) tcdsl_at='policies/seeds/s000-7.4-prio.tcp:15:9: tbf qdisc of 1:2' ;;
-    8) tcdsl_at='policies/seeds/s000-7.4-prio.tcp:18:9: sfq qdisc of 1:3' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

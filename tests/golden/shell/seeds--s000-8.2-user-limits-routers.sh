@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/seeds/s000-8.2-user-limits-routers.tcp:14:28: interface eth0: htb qdisc
 qdisc add dev eth0 root handle 1: htb default 30
 # policies/seeds/s000-8.2-user-limits-routers.tcp:14:28: link class
@@ -91,23 +92,22 @@ qdisc add dev eth0 parent 1:20 handle 20: sfq
 # policies/seeds/s000-8.2-user-limits-routers.tcp:18:36: filter to 1:20
 filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:20
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/seeds/s000-8.2-user-limits-routers.tcp:14:28: interface eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/seeds/s000-8.2-user-limits-routers.tcp:14:28: link class' ;;
-    6) tcdsl_at='policies/seeds/s000-8.2-user-limits-routers.tcp:21:11: class others' ;;
-    8) tcdsl_at='policies/seeds/s000-8.2-user-limits-routers.tcp:22:9: pfifo qdisc of 1:30' ;;
-    10) tcdsl_at='policies/seeds/s000-8.2-user-limits-routers.tcp:15:11: class u5' ;;
-    12) tcdsl_at='policies/seeds/s000-8.2-user-limits-routers.tcp:16:9: sfq qdisc of 1:10' ;;
-    14) tcdsl_at='policies/seeds/s000-8.2-user-limits-routers.tcp:15:38: filter to 1:10' ;;
-    16) tcdsl_at='policies/seeds/s000-8.2-user-limits-routers.tcp:18:11: class u6' ;;
-    18) tcdsl_at='policies/seeds/s000-8.2-user-limits-routers.tcp:19:9: sfq qdisc of 1:20' ;;
-    20) tcdsl_at='policies/seeds/s000-8.2-user-limits-routers.tcp:18:36: filter to 1:20' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev s2-eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s2-eth2
 nft delete table inet tcdsl_s2_eth2_0afc2f49 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface s2-eth2: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/seeds/s001-htb-700-300.tcp:17:31: interface s2-eth2: htb qdisc
 qdisc add dev s2-eth2 root handle 1: htb r2q 10
 # policies/seeds/s001-htb-700-300.tcp:17:31: link class
@@ -83,19 +84,22 @@ class add dev s2-eth2 parent 1:1 classid 1:20 htb rate 300mbit ceil 1gbit
 # policies/seeds/s001-htb-700-300.tcp:19:38: filter to 1:20
 filter add dev s2-eth2 parent 1: protocol ip prio 1 u32 match ip src 10.0.0.2 flowid 1:20
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:17:31: interface s2-eth2: htb qdisc' ;;
-    4) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:17:31: link class' ;;
-    6) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:18:11: class h1' ;;
-    8) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:18:38: filter to 1:10' ;;
-    10) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:19:11: class h2' ;;
-    12) tcdsl_at='policies/seeds/s001-htb-700-300.tcp:19:38: filter to 1:20' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

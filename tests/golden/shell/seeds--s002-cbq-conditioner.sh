@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev shaper0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-shaper0
 nft delete table inet tcdsl_shaper0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface shaper0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/seeds/s002-cbq-conditioner.tcp:34:31: interface shaper0: cbq qdisc
 qdisc add dev shaper0 root handle 1: cbq bandwidth 10mbit avpkt 1000
 # policies/seeds/s002-cbq-conditioner.tcp:35:11: class main
@@ -103,29 +104,22 @@ qdisc add dev shaper0 parent 1:20 handle 20: sfq perturb 10
 # policies/seeds/s002-cbq-conditioner.tcp:43:13: filter to 1:20
 filter add dev shaper0 parent 1: protocol ip prio 40 u32 match ip dst 0.0.0.0/0 flowid 1:20
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:34:31: interface shaper0: cbq qdisc' ;;
-    4) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:35:11: class main' ;;
-    6) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:36:15: class interactive' ;;
-    8) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:40:13: sfq qdisc of 1:10' ;;
-    10) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:38:13: filter to 1:10' ;;
-    12) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:37:13: filter to 1:10' ;;
-    14) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:39:13: filter to 1:10' ;;
-    16) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:46:15: class downloads' ;;
-    18) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:48:13: sfq qdisc of 1:30' ;;
-    20) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:47:13: filter to 1:30' ;;
-    22) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:50:15: class p2p' ;;
-    24) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:52:13: sfq qdisc of 1:40' ;;
-    26) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:51:13: filter to 1:40' ;;
-    28) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:42:15: class normal' ;;
-    30) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:44:13: sfq qdisc of 1:20' ;;
-    32) tcdsl_at='policies/seeds/s002-cbq-conditioner.tcp:43:13: filter to 1:20' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

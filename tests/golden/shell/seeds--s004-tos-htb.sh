@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev eth0 root 2>/dev/null || true
 tcdsl_unmark TCDSL-eth0
 nft delete table inet tcdsl_eth0 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface eth0: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/seeds/s004-tos-htb.tcp:16:28: interface eth0: htb qdisc
 qdisc add dev eth0 root handle 1: htb default 20
 # policies/seeds/s004-tos-htb.tcp:16:28: link class
@@ -85,20 +86,22 @@ class add dev eth0 parent 1:1 classid 1:30 htb rate 2mbit ceil 3800kbit prio 3
 # policies/seeds/s004-tos-htb.tcp:19:56: filter to 1:30
 filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x08 0xff flowid 1:30
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:28: interface eth0: htb qdisc' ;;
-    4) tcdsl_at='policies/seeds/s004-tos-htb.tcp:16:28: link class' ;;
-    6) tcdsl_at='policies/seeds/s004-tos-htb.tcp:18:11: class normal' ;;
-    8) tcdsl_at='policies/seeds/s004-tos-htb.tcp:17:11: class paid' ;;
-    10) tcdsl_at='policies/seeds/s004-tos-htb.tcp:17:52: filter to 1:10' ;;
-    12) tcdsl_at='policies/seeds/s004-tos-htb.tcp:19:11: class unpaid' ;;
-    14) tcdsl_at='policies/seeds/s004-tos-htb.tcp:19:56: filter to 1:30' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

@@ -67,23 +67,31 @@ flock 9
 tc qdisc del dev s2-eth2 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s2-eth2
 nft delete table inet tcdsl_s2_eth2_0afc2f49 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface s2-eth2: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/tutorial/s003-tbf-sfq-10mbit.tcp:5:19: interface s2-eth2: tbf qdisc
 qdisc add dev s2-eth2 root handle 1: tbf rate 10mbit burst 5000 limit 26214
 # policies/tutorial/s003-tbf-sfq-10mbit.tcp:6:5: sfq qdisc of 1:
 qdisc add dev s2-eth2 parent 1: handle 2: sfq perturb 10
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/tutorial/s003-tbf-sfq-10mbit.tcp:5:19: interface s2-eth2: tbf qdisc' ;;
-    4) tcdsl_at='policies/tutorial/s003-tbf-sfq-10mbit.tcp:6:5: sfq qdisc of 1:' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

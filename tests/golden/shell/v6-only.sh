@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev ens3 root 2>/dev/null || true
 tcdsl_unmark TCDSL-ens3
 nft delete table inet tcdsl_ens3 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface ens3: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/v6-only.tcp:6:28: interface ens3: htb qdisc
 qdisc add dev ens3 root handle 1: htb default 40 r2q 1000
 # policies/v6-only.tcp:6:28: link class
@@ -97,26 +98,22 @@ class add dev ens3 parent 1:1 classid 1:30 htb rate 50mbit ceil 400mbit prio 3
 # policies/v6-only.tcp:13:50: filter to 1:30
 filter add dev ens3 parent 1: protocol ipv6 prio 32769 u32 match ip6 dst 2001:db8:b::/48 flowid 1:30
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/v6-only.tcp:6:28: interface ens3: htb qdisc' ;;
-    4) tcdsl_at='policies/v6-only.tcp:6:28: link class' ;;
-    6) tcdsl_at='policies/v6-only.tcp:14:11: class other' ;;
-    8) tcdsl_at='policies/v6-only.tcp:15:9: fq_codel qdisc of 1:40' ;;
-    10) tcdsl_at='policies/v6-only.tcp:7:11: class ssh' ;;
-    12) tcdsl_at='policies/v6-only.tcp:7:57: filter to 1:10' ;;
-    14) tcdsl_at='policies/v6-only.tcp:8:11: class web' ;;
-    16) tcdsl_at='policies/v6-only.tcp:11:9: fq_codel qdisc of 1:20' ;;
-    18) tcdsl_at='policies/v6-only.tcp:9:9: filter to 1:20' ;;
-    20) tcdsl_at='policies/v6-only.tcp:9:9: filter to 1:20' ;;
-    22) tcdsl_at='policies/v6-only.tcp:10:9: filter to 1:20' ;;
-    24) tcdsl_at='policies/v6-only.tcp:13:11: class backup' ;;
-    26) tcdsl_at='policies/v6-only.tcp:13:50: filter to 1:30' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.

@@ -67,9 +67,10 @@ flock 9
 tc qdisc del dev s1-eth1 root 2>/dev/null || true
 tcdsl_unmark TCDSL-s1-eth1
 nft delete table inet tcdsl_s1_eth1_15610c5d 2>/dev/null || true
-# Every tc command in one process; tc names a failed one as "Command failed -:LINE".
+# Every tc command in one process; tc names a failed one as "Command failed -:LINE", and the
+# comment on the line before it names the policy text it comes from.
 tcdsl_at='interface s1-eth1: tc -batch'
-if ! tcdsl_said=$(tc -batch - 2>&1 <<'TCDSL_BATCH'
+tcdsl_batch=$(cat <<'TCDSL_BATCH'
 # policies/wan-lab.tcp:4:19: interface s1-eth1: netem qdisc
 qdisc add dev s1-eth1 root handle 1: netem delay 20ms
 # policies/wan-lab.tcp:5:5: tbf qdisc of 1:
@@ -89,22 +90,22 @@ filter add dev s1-eth1 parent 3: protocol ip prio 1 u32 match ip protocol 6 0xff
 # policies/wan-lab.tcp:7:53: filter to 3:10
 filter add dev s1-eth1 parent 3: protocol ipv6 prio 32769 u32 match ip6 protocol 6 0xff match ip6 dport 22 0xffff flowid 3:10
 TCDSL_BATCH
-); then
+)
+if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
-    case ${tcdsl_line%%[!0-9]*} in
-    2) tcdsl_at='policies/wan-lab.tcp:4:19: interface s1-eth1: netem qdisc' ;;
-    4) tcdsl_at='policies/wan-lab.tcp:5:5: tbf qdisc of 1:' ;;
-    6) tcdsl_at='policies/wan-lab.tcp:6:9: htb qdisc of 2:' ;;
-    8) tcdsl_at='policies/wan-lab.tcp:6:9: link class' ;;
-    10) tcdsl_at='policies/wan-lab.tcp:8:19: class bulk' ;;
-    12) tcdsl_at='policies/wan-lab.tcp:9:17: fq_codel qdisc of 3:20' ;;
-    14) tcdsl_at='policies/wan-lab.tcp:7:19: class ssh' ;;
-    16) tcdsl_at='policies/wan-lab.tcp:7:53: filter to 3:10' ;;
-    18) tcdsl_at='policies/wan-lab.tcp:7:53: filter to 3:10' ;;
+    tcdsl_line=${tcdsl_line%%[!0-9]*}
+    case $tcdsl_line in
+    [1-9]*)
+        tcdsl_line=$((tcdsl_line - 1))
+        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
+            [ -n "$tcdsl_found" ]; then
+            tcdsl_at=$tcdsl_found
+        fi ;;
     esac
     exit 1
 fi
+tcdsl_batch=
 [ -z "$tcdsl_said" ] || printf '%s\n' "$tcdsl_said" >&2
 tcdsl_at=
 # What an earlier version may have left in an ingress slot this policy leaves free.
