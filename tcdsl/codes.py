@@ -64,6 +64,7 @@ _TABLE: dict[str, CodeInfo] = {
     "E036": CodeInfo(_E, "A subscriber's address inside the prefix of another tried before it"),
     "E037": CodeInfo(_E, "A circuit taken by two subscribers statements of one tree"),
     "E038": CodeInfo(_E, "The count of a subscriber table's errors past the first 50"),
+    "E039": CodeInfo(_E, "A row of a subscriber table cut short: fewer cells than its header"),
     # E1xx: names
     "E101": CodeInfo(_E, "A constant or class defined twice"),
     "E102": CodeInfo(_E, "An htb default that names no class of the htb"),

@@ -1040,12 +1040,46 @@ def test_a_rate_above_the_limit_says_so(tmp_path: Path) -> None:
 
 
 def test_a_row_of_another_width_than_the_header_is_noted(tmp_path: Path) -> None:
-    table = HEADER + "1,a,1,d,north,,100.64.0.1,,x,1,10\n"
+    """An unquoted comma shifts the cells after it: the first error notes the width."""
+    table = HEADER + "1,Smith, J,1,d,north,,100.64.0.1,,10,1,10,5,\n"
     result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
-    assert [d.code for d in result.errors] == ["E030", "E030"]
-    notes = [n.message for n in result.errors[0].notes]
-    assert "this row has 11 cells and the header 13" in notes
-    assert all("cells and the header" not in n.message for n in result.errors[1].notes)
+    assert sorted(d.code for d in result.errors) == ["E029", "E030"]
+    noted = [
+        d.code
+        for d in result.errors
+        if "this row has 14 cells and the header 13" in [n.message for n in d.notes]
+    ]
+    assert noted == ["E030"]  # the row's first error (the rates are read before the addresses)
+
+
+def test_a_row_with_fewer_cells_than_the_header_is_an_error(tmp_path: Path) -> None:
+    """A table read while its writer was at it ends in a row cut short, whose last cell may
+    be cut too ('20' read as '2'): the row is refused (E039, as LibreQoS refuses it), at its
+    end, and the message says when the file ends in it without a line break."""
+    whole = (
+        HEADER
+        + "1,a,1,d,north,,100.64.0.1,,10,2,100,20,\n2,b,2,d,north,,100.64.0.2,,10,2,100,20,\n"
+    )
+    body = '        subscribers from "subs.csv"\n'
+    ok(build(tmp_path, policy(body), whole))
+    result = build(tmp_path, policy(body), whole[:-3])
+    assert errors(result) == [("E039", "subs.csv", 3, 38)]
+    assert "this row has 12 cells and the header 13: the file ends in this row" in (
+        result.errors[0].message
+    )
+    # a short row in the middle: the other wording
+    short = (
+        HEADER + "1,a,1,d,north,,100.64.0.1,,10,2,100\n2,b,2,d,north,,100.64.0.2,,10,2,100,20,\n"
+    )
+    result = build(tmp_path, policy(body), short)
+    assert errors(result) == [("E039", "subs.csv", 2, 36)]
+    assert "11 cells and the header 13: is a cell missing" in result.errors[0].message
+    # a column past those tcdsl reads: a row without its cell is read, unless it ends the
+    # file without a line break
+    region = HEADER.rstrip("\n") + ",Region\n" + "1,a,1,d,north,,100.64.0.1,,10,2,100,20,\n"
+    ok(build(tmp_path, policy(body), region))
+    result = build(tmp_path, policy(body), region.rstrip("\n"))
+    assert errors(result) == [("E039", "subs.csv", 2, 40)]
 
 
 def test_an_address_inside_an_earlier_circuits_prefix_is_an_error(tmp_path: Path) -> None:

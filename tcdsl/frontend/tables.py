@@ -196,6 +196,9 @@ class Table:
     commas: int = 0
     """The commas a line needs to reach every required column: a line inside a quoted cell
     with that many is most likely rows swallowed by a quote left open."""
+    read: int = 0
+    """The cells a row needs to reach every column tcdsl reads (:data:`COLUMNS`): a row with
+    fewer is refused (E039)."""
     rows: list[Row] = field(default_factory=list)
     lengths: set[tuple[str, int]] = field(default_factory=set)
     """(family, prefix length) of its addresses: one length a family, no overlap."""
@@ -445,7 +448,13 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
                 msg += f"; its first row holds no comma but {other}: separate cells by commas"
         reading.diagnostics.append(Diagnostic.error("E028", msg, at))
         return None
-    table = Table(path, header, columns, commas=max(columns[k] for k in REQUIRED))
+    table = Table(
+        path,
+        header,
+        columns,
+        commas=max(columns[k] for k in REQUIRED),
+        read=1 + max(i for k, i in columns.items() if k in COLUMNS),
+    )
     circuits: dict[str, Circuit] = {}
     names: dict[str, int] = {}
     wide: list[Span] = []  # where the first cell past the header with text is, per such row
@@ -612,6 +621,24 @@ def _row(
                 Span(path, first, max(opening, 1), first, max(opening, 1) + 1),
             )
             return None
+    # A row cut short: most often a table read while its writer was still at it (a CRM
+    # export, a cron job), whose last cell may be cut too ('20' read as '2'); LibreQoS refuses
+    # a row short of its 13 columns as well (found by a tester: it was shaped with the cut
+    # value). A row that only lacks columns past those tcdsl reads is cut if the file ends in it.
+    cut = n_cells < len(table.headers) and last == len(lines) and lines[-1] != ""
+    if n_cells < table.read or cut:
+        why = (
+            "the file ends in this row without a line break: was it read while being written?"
+            if cut
+            else "is a cell missing, or the row cut short?"
+        )
+        reading.error(
+            "E039",
+            f"this row has {n_cells} cells and the header {len(table.headers)}: {why} "
+            "(a row needs every column, empty or not, as LibreQoS reads it)",
+            span(n_cells),
+        )
+        return None
     # A row whose cells do not line up with the header: say so with its first error.
     width: tuple[Note, ...] | None = None if n_cells != len(table.headers) else ()
     ok = True
