@@ -2254,6 +2254,47 @@ def test_down_of_the_interface_keeps_the_state_of_another_namespaces_device(
     assert not (tcdsl.folder / "state" / "a").exists()
 
 
+def test_a_name_applied_in_another_namespace_is_not_changed_or_read_from_this_one(
+    tcdsl: Tcdsl, make_netns: Callable[[], str]
+) -> None:
+    """Namespaces sharing a state folder each have a d0: down, rollback, plan, apply and
+    status under a name applied in the other namespace refuse (E603, naming it) and change
+    nothing there or here (found by a tester: 'down' in the other namespace deleted that
+    namespace's own htb on its d0 and forgot the policy still live where it was applied;
+    'rollback' built the older generation there; 'apply' moved the record)."""
+    policy = tcdsl.write("a.tcp", A)
+    assert tcdsl("apply", "--yes", policy).code == 0
+    assert tcdsl("apply", "--yes", tcdsl.write("a.tcp", A.replace("1mbit", "2mbit", 1))).code == 0
+    other = Tcdsl(_netns(make_netns), tcdsl.folder)  # the same state folder
+    other.tc_lines("qdisc add dev d0 root handle 5: htb default 10")
+    theirs = other.tc("qdisc", "show", "dev", "d0").split(" direct_packets_stat")[0]
+    ours = tcdsl.tc("class", "show", "dev", "d0")
+    for args in (
+        ("down", "a"),
+        ("rollback", "a"),
+        ("plan", policy),
+        ("apply", "--yes", policy),
+        ("status", "--name", "a"),
+        ("status", policy),
+    ):
+        refused = other(*args)
+        assert refused.code == 1, (args, refused)
+        assert f"the policy 'a' was applied in network namespace '{tcdsl.ns}'" in refused.err, (
+            args,
+            refused,
+        )
+        assert "[E603]" in refused.err and "Traceback" not in refused.err, refused
+    assert other.tc("qdisc", "show", "dev", "d0").split(" direct_packets_stat")[0] == theirs
+    assert "qdisc htb 5: root" in theirs
+    assert tcdsl.tc("class", "show", "dev", "d0") == ours
+    assert sorted(p.name for p in (tcdsl.folder / "state" / "a" / "applied").glob("?.json")) == [
+        "1.json",
+        "2.json",
+    ]
+    shown = tcdsl("plan", policy)
+    assert shown.code == 0 and "no changes" in shown.out, shown
+
+
 def test_a_table_outside_the_policys_folder_is_applied_and_read_back(tcdsl: Tcdsl) -> None:
     """A table beside the policy's folder, allowed by --include-path (apply and plan took no
     such option): applied, then 'status --name' and 'rollback' compile the record, which

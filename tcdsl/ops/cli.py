@@ -728,7 +728,7 @@ def status_command(
         from tcdsl.ops.lifecycle import compile_applied
 
         try:
-            record = _store(name).current()
+            record = _store(name).live()
             if record is None:
                 raise OpsError(f"no policy is applied under the name {name!r}")
             checked, sources, policy = compile_applied(record), dict(record.sources), record.path

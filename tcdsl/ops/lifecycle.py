@@ -434,7 +434,7 @@ def compile_new(
     ``prepare`` plans them). ``repack``: the spread mq trees are packed afresh, rather than
     each live class kept on its queue (``QUEUE_PIN``); a class that changes queue is made
     again, as a moved one. ``access``: where its includes and tables may be read."""
-    applied = store.current() if reading is None else reading.applied
+    applied = store.live() if reading is None else reading.applied
     pins = {label: dict(ids) for label, ids in stored_pins(applied).items()}
     if applied is None:
         return _analysed(path, pins, False, access)
@@ -522,7 +522,7 @@ def applied_from(path: str, name: str | None = None) -> Applied | None:
     state_name = policy_name(path, name)
     if not valid_name(state_name):
         return None
-    applied = Store(state_name).current()
+    applied = Store(state_name).live()
     return None if applied is None or applied_elsewhere(applied, path) else applied
 
 
@@ -547,7 +547,7 @@ def live_pins(path: str, name: str | None = None) -> Pins:
     """The class ids of the policy live under ``path``'s name ({} when none is), so that a
     command reading the kernel by the policy's names (``status``) finds what apply made."""
     state_name = policy_name(path, name)
-    return stored_pins(Store(state_name).current()) if valid_name(state_name) else {}
+    return stored_pins(Store(state_name).live()) if valid_name(state_name) else {}
 
 
 def applied_policy(path: str, name: str | None = None) -> tuple[Applied, ir.Policy] | None:
@@ -898,7 +898,7 @@ class Reading:
 def start_reading(store: Store) -> Reading:
     """Read the live policy's record, and start reading the kernel's digest where the record
     has one to compare with."""
-    applied = store.current()
+    applied = store.live()
     reading = Reading(applied, live_of(store, applied))
     if applied is not None and reading.live.kernel is not None:
         reading._reading = Beside(reading.live.kernel_now).__enter__()
@@ -919,7 +919,7 @@ def prepare(
     rollback reads them from a record: ``new_ifaces`` then gives a tree's IR by its label,
     where the plan needs it)."""
     if reading is None:
-        applied = store.current()
+        applied = store.live()
         reading = Reading(applied, live_of(store, applied))
     applied, live = reading.applied, reading.live
     changed: dict[str, list[Diagnostic]] = {}
@@ -1294,7 +1294,7 @@ def rollback(store: Store, runner: Runner = run_command) -> Applied | None:
     """Go back to the policy applied before the live one (None: there was none, and the
     live one is removed). The live one's record is dropped. After an apply that did not
     finish (killed), go back to the live one instead: the kernel may hold part of the other."""
-    applied = store.current()
+    applied = store.live()
     interrupted = store.applying() is not None
     if applied is None and not interrupted:
         raise OpsError(f"no policy is applied under the name {store.name!r}")

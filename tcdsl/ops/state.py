@@ -142,6 +142,37 @@ class Applied:
         )
 
 
+def elsewhere(name: str, netns: str) -> str:
+    """Why the policy applied under ``name`` in network namespace ``netns`` is not this
+    namespace's to change or read."""
+    known = netns_name(netns)
+    there = f"network namespace '{known}' ({netns})" if known else f"network namespace {netns}"
+    run = f"ip netns exec {known} tcdsl ..." if known else "ip netns exec NAMESPACE tcdsl ..."
+    return (
+        f"the policy '{name}' was applied in {there}, not in this one ({this_netns() or '?'}), "
+        f"and its devices are that namespace's: run tcdsl there ({run}), or apply a policy "
+        "here under another name (--name; a state folder per namespace, TCDSL_STATE_DIR, "
+        "keeps them apart); nothing was changed"
+    )
+
+
+def netns_name(netns: str) -> str | None:
+    """The name ``ip netns`` gives the network namespace ``netns`` (``net:[INODE]``), if it
+    has one."""
+    inode = netns.removeprefix("net:[").removesuffix("]")
+    if not inode.isdigit():
+        return None
+    try:
+        names = sorted(os.listdir("/run/netns"))
+    except OSError:
+        return None
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.stat(os.path.join("/run/netns", name)).st_ino == int(inode):
+                return name
+    return None
+
+
 def this_netns() -> str:
     """The network namespace this process is in, as the kernel names it (``net:[4026531840]``),
     or "" where it cannot be read. Namespaces sharing a state folder share policy names, and
@@ -307,6 +338,18 @@ class Store:
         """The policy live now (the newest kept), or None."""
         kept = self.generations()
         return self.load(kept[-1]) if kept else None
+
+    def live(self) -> Applied | None:
+        """:meth:`current`, for an operation on this network namespace's devices under the
+        name: OpsError where it, or a change of it under way, was applied in another
+        namespace (found by a tester: 'down' run in another namespace deleted that one's
+        qdiscs on a device of the same name, and forgot the policy still live where it was
+        applied)."""
+        applied = self.current()
+        for record in (applied, self.applying()):
+            if record is not None and not record.here:
+                raise OpsError(elsewhere(self.name, record.netns))
+        return applied
 
     def record(
         self,
