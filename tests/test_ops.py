@@ -2181,17 +2181,27 @@ def test_a_downloads_hand_made_ingress_qdisc_is_named_in_the_plan(
     tcdsl: Tcdsl, host: HostSupport
 ) -> None:
     """An old script's ingress qdisc and filter on d0, which a download's redirect replaces:
-    the plan says so ('(no state)'), as it does for a root qdisc; it was replaced silently."""
+    the plan says so ('(no state)'), as it does for a root qdisc; it was replaced silently.
+    The filters that go with it are named (found by a tester: a monitoring mirror went
+    without a word)."""
     if not (host.ifb and "mirred" in host.actions):
         pytest.skip("needs ifb and mirred")
     tcdsl.tc("qdisc", "add", "dev", "d0", "handle", "ffff:", "ingress")
     tcdsl.tc("filter", "add", "dev", "d0", "parent", "ffff:", "protocol", "ip", "u32",
              "match", "u32", "0", "0", "flowid", "ffff:1")  # fmt: skip
     policy = tcdsl.write("full.tcp", FULL)
+    tcdsl.tc("filter", "add", "dev", "d0", "parent", "ffff:", "protocol", "ipv6", "pref", "5",
+             "u32", "match", "u32", "0", "0", "flowid", "ffff:1")  # fmt: skip
     shown = tcdsl("plan", policy)
     assert shown.code == 4, shown
-    said = "tree d0 download (via ifb4d0): replaces the ingress qdisc ffff: on d0 (no state)"
+    said = (
+        "tree d0 download (via ifb4d0): replaces the ingress qdisc ffff: on d0, and with it the "
+        "2 filters it holds (ipv6 pref 5, ip pref 49152) (no state)"
+    )
     assert said in shown.out, shown
+    assert tcdsl("apply", "--yes", policy).code == 0
+    shown = tcdsl("plan", policy)
+    assert shown.code == 0 and "no changes" in shown.out, shown  # (nothing left to name)
 
 
 def test_drift_in_one_direction_rebuilds_only_that_directions_tree(

@@ -1095,7 +1095,11 @@ def _foreign(
         slots = [(ingress[0], "ingress")] if ingress is not None else []
         slots += [(iface.name, "root")] if iface.direction != "ingress" else []
         slots = [slot for slot in slots if slot not in held]
-        found = [f"{shown} on {dev}" for dev, where in slots if (shown := live_qdisc(dev, where))]
+        found = [
+            f"{shown} on {dev}{_going_with(dev, shown) if where == 'ingress' else ''}"
+            for dev, where in slots
+            if (shown := live_qdisc(dev, where))
+        ]
         # a download's IFB that exists: another tool's, or made by hand or by a script
         taken = iface.download is not None and bool(_taken((iface.name,), applied, old))
         if not found and not taken:
@@ -1112,6 +1116,24 @@ def _foreign(
                         "it: taking the policy down removes its tree, not the device"
                     )
                 plan.changes[n] = Change("!" if found else "+", text, change.span)
+
+
+def _going_with(dev: str, shown: str) -> str:
+    """The filters of ``dev``'s ingress slot, held by its qdisc (``shown``: ``ingress qdisc
+    ffff:``), that go with it when a tree replaces it, in words ("" for none): no applied
+    policy made them (found by a tester: a monitoring mirror went without a word)."""
+    kind = shown.split()[0]
+    if kind not in ("ingress", "clsact"):
+        return ""
+    hooks = {str(ir.CLSACT_INGRESS): "ingress ", str(ir.CLSACT_EGRESS): "egress "}
+    found = sorted(slot_filters(dev, kind), key=lambda f: (f[0], int(f[2] or 0), f[1]))
+    if not found:
+        return ""
+    prefs = ", ".join(
+        f"{hooks.get(parent, '')}{proto} pref {pref}" for parent, proto, pref in found
+    )
+    n = len(found)
+    return f", and with it the {n} filter{'s' if n > 1 else ''} it holds ({prefs})"
 
 
 def _nothing() -> ir.Policy:
