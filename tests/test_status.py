@@ -28,6 +28,7 @@ from hypothesis import strategies as hs
 from tcdsl import ir
 from tcdsl.cli import cli
 from tcdsl.driver import compile_policy
+from tcdsl.frontend.tables import circuit_name
 from tcdsl.ops import status as st
 from tcdsl.ops.counters import (
     ClassCounters,
@@ -285,6 +286,20 @@ def test_select_shows_the_matched_classes_below_and_above() -> None:
     assert _shown(st.select(both, ["c*"])) == [["link", "north", "c1", "c2", "south", "c3", "x"]]
     with pytest.raises(st.NoSuchClass, match="'c9'"):
         st.select(both, ["c*", "c9"])
+
+
+def test_a_circuit_id_shows_its_circuits_class() -> None:
+    """Found by a tester: support calls name a subscriber by the circuit id of its table
+    ('1001', 'A-1'), whose class is 'c1001' or 'A_1_' and a digest: '--class' found only the
+    class name. A pattern with wildcards stays a pattern of names."""
+    a1 = circuit_name("A-1")
+    assert a1.startswith("A_1_")
+    tree = _status_tree(("link", 0, 9), ("site", 1, 9), ("c1001", 2, 1), (a1, 2, 1))
+    report = st.Report("p.tcp", 2.0, 1.0, (tree,))
+    assert _shown(st.select(report, ["1001"])) == [["link", "site", "c1001"]]
+    assert _shown(st.select(report, ["A-1"])) == [["link", "site", a1]]
+    with pytest.raises(st.NoSuchClass, match=re.escape("'100[1]'")):
+        st.select(report, ["100[1]"])
 
 
 def test_an_address_shows_the_classes_whose_own_lines_take_it() -> None:

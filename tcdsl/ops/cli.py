@@ -651,9 +651,9 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str | None) -> f
     multiple=True,
     metavar="PATTERN",
     help="Show only the classes whose name or id matches PATTERN, a shell-style pattern "
-    "('c1001', 'c10*', 'north'), or whose match lines take packets from or to PATTERN, an "
-    "address ('100.64.0.8': a subscriber's classes), with the classes below and above them "
-    "(repeatable).",
+    "('c1001', 'c10*', 'north'), whose circuit id in a subscriber table is PATTERN ('1001', "
+    "'A-1'), or whose match lines take packets from or to PATTERN, an address ('100.64.0.8': "
+    "a subscriber's classes), with the classes below and above them (repeatable).",
 )
 @click.option(
     "--top",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import re
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Literal
 
 from tcdsl import ir
 from tcdsl.diagnostics import Diagnostic
+from tcdsl.frontend.tables import circuit_name
 from tcdsl.ops.counters import (
     ClassCounters,
     DeviceCounters,
@@ -511,16 +513,23 @@ def _matching(rows: Sequence[ClassStatus], patterns: Sequence[str], matched: set
     into ``matched``."""
     chosen: set[int] = set()
     below: int | None = None  # the depth of the matched row whose subtree this is
+    # A subscriber table's circuit id ('1001', 'A-1') names its circuit's class ('c1001',
+    # 'A_1_98d17d0a41'): support calls name the id (found by a tester: only the class name
+    # was found).
+    ids = {p: circuit_name(p) for p in patterns if not _GLOB.search(p)}
     for i, row in enumerate(rows):
         if below is not None and row.depth <= below:
             below = None
-        hits = [p for p in patterns if _names(row, p)]
+        hits = [p for p in patterns if _names(row, p) or ids.get(p) == row.name]
         matched.update(hits)
         if hits and below is None:
             below = row.depth
         if below is not None:
             chosen.add(i)
     return chosen
+
+
+_GLOB = re.compile(r"[*?\[]")
 
 
 def _names(row: ClassStatus, pattern: str) -> bool:
