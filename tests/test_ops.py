@@ -2305,6 +2305,25 @@ def test_a_name_applied_in_another_namespace_is_not_changed_or_read_from_this_on
     assert shown.code == 0 and "no changes" in shown.out, shown
 
 
+def test_a_name_applied_in_a_namespace_that_is_gone_is_this_ones(
+    tcdsl: Tcdsl, make_netns: Callable[[], str]
+) -> None:
+    """A namespace made again (at boot, by a container's restart) has another inode: the
+    record of a namespace that no longer exists is taken as this one's, so its name can be
+    applied and taken down again (found by a review: it was refused for good)."""
+    policy = tcdsl.write("a.tcp", A)
+    assert tcdsl("apply", "--yes", policy).code == 0
+    run(["ip", "netns", "del", tcdsl.ns])
+    again = Tcdsl(_netns(make_netns), tcdsl.folder)  # the same state folder
+    shown = again("plan", policy)
+    assert shown.code == 4 and "E603" not in shown.err, shown  # (the tree is missing here)
+    assert again("apply", "--yes", policy).code == 0
+    assert "htb" in again.tc("qdisc", "show", "dev", "d0")
+    gone = again("down", "a")
+    assert gone.code == 0, gone
+    assert not (tcdsl.folder / "state" / "a").exists()
+
+
 def test_a_table_outside_the_policys_folder_is_applied_and_read_back(tcdsl: Tcdsl) -> None:
     """A table beside the policy's folder, allowed by --include-path (apply and plan took no
     such option): applied, then 'status --name' and 'rollback' compile the record, which

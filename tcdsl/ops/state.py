@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -95,8 +96,12 @@ class Applied:
 
     @property
     def here(self) -> bool:
-        """Whether it was applied in this network namespace (as far as the record says)."""
-        return not self.netns or self.netns == this_netns()
+        """Whether it was applied in this network namespace, as far as the record says: a
+        record of a namespace that no longer exists is taken as this one's (its trees went
+        with it; found by a review: a namespace made again, at boot or by a container's
+        restart, has another inode, and its name's record was refused for good there; and
+        after a kernel upgrade the host's own may have another)."""
+        return not self.netns or self.netns == this_netns() or not netns_exists(self.netns)
 
     def to_json(self) -> dict[str, object]:
         """The record as JSON."""
@@ -154,6 +159,23 @@ def elsewhere(name: str, netns: str) -> str:
         "here under another name (--name; a state folder per namespace, TCDSL_STATE_DIR, "
         "keeps them apart); nothing was changed"
     )
+
+
+@functools.cache
+def netns_exists(netns: str) -> bool:
+    """Whether a network namespace ``netns`` (``net:[INODE]``) exists now: one a process is
+    in, or one ``ip netns`` names (True where that cannot be told: /proc unreadable)."""
+    if netns_name(netns) is not None:
+        return True
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/ns/net") == netns:
+                return True
+    return False
 
 
 def netns_name(netns: str) -> str | None:
