@@ -112,15 +112,22 @@ filter add dev eth0 parent 1: protocol ip prio 10 handle 0x2800/0xff00 fw flowid
 filter add dev eth0 parent 1: protocol ipv6 prio 32778 handle 0x2800/0xff00 fw flowid 1:40
 TCDSL_BATCH
 )
-if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
+# (fed to tc, and to sed for a failed line's origin, by here-documents of the variable: no
+# program is given the text as an argument, which may be tens of megabytes)
+if ! tcdsl_said=$(tc -batch - 2>&1 <<TCDSL_FED
+$tcdsl_batch
+TCDSL_FED
+); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     tcdsl_line=${tcdsl_line%%[!0-9]*}
     case $tcdsl_line in
-    [1-9]*)
+    [2-9] | [1-9][0-9]*)
         tcdsl_line=$((tcdsl_line - 1))
-        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
-            [ -n "$tcdsl_found" ]; then
+        if tcdsl_found=$(sed -n "$tcdsl_line{s/^# //p;q;}" <<TCDSL_FED
+$tcdsl_batch
+TCDSL_FED
+) && [ -n "$tcdsl_found" ]; then
             tcdsl_at=$tcdsl_found
         fi ;;
     esac
@@ -197,15 +204,22 @@ filter add dev eth1 parent 1: protocol ip prio 1 handle 0x140000/0xff0000 fw flo
 filter add dev eth1 parent 1: protocol ipv6 prio 32769 handle 0x140000/0xff0000 fw flowid 1:20
 TCDSL_BATCH
 )
-if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
+# (fed to tc, and to sed for a failed line's origin, by here-documents of the variable: no
+# program is given the text as an argument, which may be tens of megabytes)
+if ! tcdsl_said=$(tc -batch - 2>&1 <<TCDSL_FED
+$tcdsl_batch
+TCDSL_FED
+); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     tcdsl_line=${tcdsl_line%%[!0-9]*}
     case $tcdsl_line in
-    [1-9]*)
+    [2-9] | [1-9][0-9]*)
         tcdsl_line=$((tcdsl_line - 1))
-        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
-            [ -n "$tcdsl_found" ]; then
+        if tcdsl_found=$(sed -n "$tcdsl_line{s/^# //p;q;}" <<TCDSL_FED
+$tcdsl_batch
+TCDSL_FED
+) && [ -n "$tcdsl_found" ]; then
             tcdsl_at=$tcdsl_found
         fi ;;
     esac
@@ -260,15 +274,22 @@ filter add dev eth2 parent 1: protocol ip prio 1 handle 20 fw flowid 1:20
 filter add dev eth2 parent 1: protocol ipv6 prio 32769 handle 20 fw flowid 1:20
 TCDSL_BATCH
 )
-if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
+# (fed to tc, and to sed for a failed line's origin, by here-documents of the variable: no
+# program is given the text as an argument, which may be tens of megabytes)
+if ! tcdsl_said=$(tc -batch - 2>&1 <<TCDSL_FED
+$tcdsl_batch
+TCDSL_FED
+); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     tcdsl_line=${tcdsl_line%%[!0-9]*}
     case $tcdsl_line in
-    [1-9]*)
+    [2-9] | [1-9][0-9]*)
         tcdsl_line=$((tcdsl_line - 1))
-        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
-            [ -n "$tcdsl_found" ]; then
+        if tcdsl_found=$(sed -n "$tcdsl_line{s/^# //p;q;}" <<TCDSL_FED
+$tcdsl_batch
+TCDSL_FED
+) && [ -n "$tcdsl_found" ]; then
             tcdsl_at=$tcdsl_found
         fi ;;
     esac

@@ -93,15 +93,22 @@ qdisc add dev eth0 parent 1:20 handle 20: sfq
 filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip src 10.3.34.33 flowid 1:20
 TCDSL_BATCH
 )
-if ! tcdsl_said=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | tc -batch - 2>&1); then
+# (fed to tc, and to sed for a failed line's origin, by here-documents of the variable: no
+# program is given the text as an argument, which may be tens of megabytes)
+if ! tcdsl_said=$(tc -batch - 2>&1 <<TCDSL_FED
+$tcdsl_batch
+TCDSL_FED
+); then
     printf '%s\n' "$tcdsl_said" >&2
     tcdsl_line=${tcdsl_said##*Command failed -:}
     tcdsl_line=${tcdsl_line%%[!0-9]*}
     case $tcdsl_line in
-    [1-9]*)
+    [2-9] | [1-9][0-9]*)
         tcdsl_line=$((tcdsl_line - 1))
-        if tcdsl_found=$( (printf '%s\n' "$tcdsl_batch") 2>/dev/null | sed -n "$tcdsl_line{s/^# //p;q;}") &&
-            [ -n "$tcdsl_found" ]; then
+        if tcdsl_found=$(sed -n "$tcdsl_line{s/^# //p;q;}" <<TCDSL_FED
+$tcdsl_batch
+TCDSL_FED
+) && [ -n "$tcdsl_found" ]; then
             tcdsl_at=$tcdsl_found
         fi ;;
     esac
