@@ -294,10 +294,13 @@ def test_a_circuit_id_shows_its_circuits_class() -> None:
     class name. A pattern with wildcards stays a pattern of names."""
     a1 = circuit_name("A-1")
     assert a1.startswith("A_1_")
-    tree = _status_tree(("link", 0, 9), ("site", 1, 9), ("c1001", 2, 1), (a1, 2, 1))
+    # (a second table's circuit 1001, and its 201, carry a digest of their table and id)
+    rows = (("c1001", 2, 1), (a1, 2, 1), ("c1001_cdd600d7f1", 2, 1), ("c201_0123456789", 2, 1))
+    tree = _status_tree(("link", 0, 9), ("site", 1, 9), *rows, ("c10011", 2, 1))
     report = st.Report("p.tcp", 2.0, 1.0, (tree,))
-    assert _shown(st.select(report, ["1001"])) == [["link", "site", "c1001"]]
+    assert _shown(st.select(report, ["1001"])) == [["link", "site", "c1001", "c1001_cdd600d7f1"]]
     assert _shown(st.select(report, ["A-1"])) == [["link", "site", a1]]
+    assert _shown(st.select(report, ["201"])) == [["link", "site", "c201_0123456789"]]
     with pytest.raises(st.NoSuchClass, match=re.escape("'100[1]'")):
         st.select(report, ["100[1]"])
 

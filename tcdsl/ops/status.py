@@ -514,13 +514,18 @@ def _matching(rows: Sequence[ClassStatus], patterns: Sequence[str], matched: set
     chosen: set[int] = set()
     below: int | None = None  # the depth of the matched row whose subtree this is
     # A subscriber table's circuit id ('1001', 'A-1') names its circuit's class ('c1001',
-    # 'A_1_98d17d0a41'): support calls name the id (found by a tester: only the class name
-    # was found).
-    ids = {p: circuit_name(p) for p in patterns if not _GLOB.search(p)}
+    # 'A_1_98d17d0a41'; in a tree's later tables, and where a written class has that name,
+    # followed by a digest of its table and id, and '_2' on a digest's collision): support
+    # calls name the id (found by a tester: only the class name was found).
+    ids = {
+        p: re.compile(re.escape(circuit_name(p)) + r"(?:_[0-9a-f]{10})?(?:_[0-9]+)?")
+        for p in patterns
+        if not _GLOB.search(p)
+    }
     for i, row in enumerate(rows):
         if below is not None and row.depth <= below:
             below = None
-        hits = [p for p in patterns if _names(row, p) or ids.get(p) == row.name]
+        hits = [p for p in patterns if _names(row, p) or (p in ids and ids[p].fullmatch(row.name))]
         matched.update(hits)
         if hits and below is None:
             below = row.depth
