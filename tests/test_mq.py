@@ -1932,7 +1932,7 @@ def test_a_clsact_made_by_hand_is_named_in_the_plan_of_an_mq_tree(tmp_path: Path
     )
     said = done.stdout + done.stderr
     # (its filter named: it goes with the qdisc; found by a tester for an ingress qdisc)
-    held = "the 1 filter it holds (ingress all pref 7) (no state)"
+    held = "the filters it holds (ingress all pref 7) (no state)"
     assert f"! tree eth0: replaces the clsact qdisc ffff: on eth0, and with it {held}" in said, said
     assert "+ tree eth0" not in said and said.count("rc=4") == 1, said
     assert "pref 7 u32" in said.split("rc=")[-1], said  # apply without --yes left it

@@ -2196,7 +2196,7 @@ def test_a_downloads_hand_made_ingress_qdisc_is_named_in_the_plan(
     assert shown.code == 4, shown
     said = (
         "tree d0 download (via ifb4d0): replaces the ingress qdisc ffff: on d0, and with it the "
-        "2 filters it holds (ipv6 pref 5, ip pref 49152) (no state)"
+        "filters it holds (ipv6 pref 5, ip pref 49152) (no state)"
     )
     assert said in shown.out, shown
     assert tcdsl("apply", "--yes", policy).code == 0

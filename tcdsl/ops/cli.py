@@ -863,7 +863,7 @@ def other_name_note(policy: ir.Policy, name: str, explicit: bool = False) -> Non
         said = True
     if explicit and not said:
         try:
-            live = Store(name).current() if valid_name(name) else None
+            live = Store(name).live() if valid_name(name) else None
         except (OpsError, OSError):
             live = None
         what = (

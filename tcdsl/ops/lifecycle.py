@@ -1132,8 +1132,8 @@ def _going_with(dev: str, shown: str) -> str:
     prefs = ", ".join(
         f"{hooks.get(parent, '')}{proto} pref {pref}" for parent, proto, pref in found
     )
-    n = len(found)
-    return f", and with it the {n} filter{'s' if n > 1 else ''} it holds ({prefs})"
+    # (by pref: a pref's filters are one group, however many)
+    return f", and with it the filters it holds ({prefs})"
 
 
 def _nothing() -> ir.Policy:
