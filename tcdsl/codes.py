@@ -179,6 +179,7 @@ _TABLE: dict[str, CodeInfo] = {
     "W379": CodeInfo(_W, "A class's 'prio' written after a match (tc's filter prio is 'pref')"),
     "W380": CodeInfo(_W, "A tos match that tests the ECN bits (ECN-capable packets miss it)"),
     "W381": CodeInfo(_W, "A preset's size table on a device named as one without a MAC header"),
+    "W382": CodeInfo(_W, "A subscriber table ending without a line break in a cell that shapes"),
     "W368": CodeInfo(_W, "mq queues N with fewer top-level classes than queues"),
     # W37x: tcdsl import, what the language cannot say (also a comment in the policy)
     "W345": CodeInfo(_W, "An hfsc without a default class: it drops unclassified packets"),

@@ -1039,6 +1039,22 @@ def test_a_rate_above_the_limit_says_so(tmp_path: Path) -> None:
     assert "'99999999' Mbps is more than tcdsl takes (34,359,738 Mbps)" in result.errors[0].message
 
 
+def test_a_table_ending_without_a_line_break_in_a_cell_that_shapes_is_warned(
+    tmp_path: Path,
+) -> None:
+    """Without a Comment column, a table cut while it was written can have every cell and
+    its last one cut ('20' read as '2'), which E039 cannot see: W382 there, not where the
+    file ends with a line break, nor where its last cell is a Comment."""
+    header = "Circuit ID,IPv4,Download Min Mbps,Upload Min Mbps,Download Max Mbps,Upload Max Mbps\n"
+    table = header + "1,100.64.0.1,1,1,10,20\n2,100.64.0.2,1,1,10,2"
+    body = '        subscribers from "subs.csv"\n'
+    result = build(tmp_path, policy(body), table)
+    warned = [(d.code, d.span.line, d.span.column) for d in result.diagnostics if d.code[0] != "I"]
+    assert warned == [("W382", 3, 21)]
+    ok(build(tmp_path, policy(body), table + "\n"))
+    ok(build(tmp_path, policy(body), HEADER + "1,a,1,d,north,,100.64.0.1,,10,2,100,20,x"))
+
+
 def test_a_row_of_another_width_than_the_header_is_noted(tmp_path: Path) -> None:
     """An unquoted comma shifts the cells after it: the first error notes the width."""
     table = HEADER + "1,Smith, J,1,d,north,,100.64.0.1,,10,1,10,5,\n"

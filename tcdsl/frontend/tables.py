@@ -458,6 +458,7 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
     circuits: dict[str, Circuit] = {}
     names: dict[str, int] = {}
     wide: list[Span] = []  # where the first cell past the header with text is, per such row
+    final: tuple[int, int, list[str]] | None = None  # the last row read
     for first, last, cells in records:
         if not last:
             msg = f"table '{path}' cannot be read as CSV from here: {cells[0]}"
@@ -469,12 +470,15 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
         if row is not None:
             row.order = len(table.rows)
             table.rows.append(row)
+            final = (first, last, cells)
             if len(cells) > len(header):
                 past = next((i for i in range(len(header), len(cells)) if cells[i].strip()), None)
                 if past is not None:
                     wide.append(
                         _place(path, first, last, lines, cells).span(past) if not wide else at
                     )
+    if final is not None and final[1] == len(lines) and lines[-1] != "":
+        _cut_short(reading, table, lines, *final)
     if wide:
         many = f"{len(wide)} rows have" if len(wide) > 1 else "a row has"
         reading.warning(
@@ -485,6 +489,30 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
             wide[0],
         )
     return table
+
+
+_SHAPING = frozenset({"circuit_id", "parent_node", "ipv4", "ipv6", *RATES})
+"""The columns whose cells decide how a subscriber is shaped."""
+
+
+def _cut_short(
+    reading: _Reading, table: Table, lines: list[str], first: int, last: int, cells: list[str]
+) -> None:
+    """W382 when the file ends in its last row without a line break and that row's last
+    cell is one that shapes (found by a review: a table without a Comment column, cut while
+    it was written, read '20' as '2' with every cell there, which E039 cannot see)."""
+    index = len(cells) - 1
+    column = next((k for k, i in table.columns.items() if i == index), None)
+    if column not in _SHAPING or not cells[index].strip():
+        return
+    reading.warning(
+        "W382",
+        f"the table ends in this row without a line break, and its last cell "
+        f"({table.headers[index].strip()}) decides how the subscriber is shaped: a table read "
+        "while it was being written may have it cut ('20' read as '2'); end the file with a "
+        "line break (and write the table whole before tcdsl reads it)",
+        _place(table.path, first, last, lines, cells).span(index),
+    )
 
 
 _IP_NAMES = frozenset({"ip", "ips", "ipaddress", "ipaddresses", "ipaddr", "addresses"})
