@@ -57,6 +57,10 @@ APPLY_POLICIES = ROOT / "tests" / "apply_policies"
 their qdiscs: ``tests/test_verify.py`` runs those in user-mode Linux)."""
 
 TIMEOUT = 20
+SCRIPT_TIMEOUT = 300
+"""A generated script's bound: thousands of tc commands on a loaded host (found in a CI run
+beside other kernel work: 5,000 filters took more than 20 s, 3 s on an idle host). A bound
+catches a hang; speed is measured in bench/."""
 
 
 _COUNTERS = re.compile(r"\b(direct_packets_stat) \d+")
@@ -65,9 +69,11 @@ _COUNTERS = re.compile(r"\b(direct_packets_stat) \d+")
 # ==== host support, namespaces, running things =================================================
 
 
-def run(args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+def run(
+    args: list[str], check: bool = True, timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess[str]:
     """Run a command; on failure the assertion shows its output."""
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
     if check:
         assert proc.returncode == 0, (
             f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
@@ -137,7 +143,7 @@ def create_links(ns: str, policy: ir.Policy) -> list[str]:
 
 
 def apply_script(ns: str, script: Path) -> None:
-    proc = run(["ip", "netns", "exec", ns, "sh", str(script)], check=False)
+    proc = run(["ip", "netns", "exec", ns, "sh", str(script)], check=False, timeout=SCRIPT_TIMEOUT)
     assert proc.returncode == 0, f"the script failed ({proc.returncode}):\n{proc.stderr}"
 
 
