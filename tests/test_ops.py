@@ -3093,6 +3093,11 @@ def test_an_apply_killed_before_its_record_is_finished_without_a_rebuild(
     # as if killed between the kernel's last change and the record: generation 2 unwritten
     store.forget(2)
     store.start(done.path, done.sources, done.devices, done.classids)
+    # (written by this process, in the host's namespace: the apply's was the test's)
+    under_way = store.folder / "applying.json"
+    record = json.loads(under_way.read_text(encoding="utf-8"))
+    record["netns"] = done.netns
+    under_way.write_text(json.dumps(record), encoding="utf-8")
     _udp_to(tcdsl.ns, "10.7.0.3", 4)
     sent = _packets(tcdsl, "1:1")  # the link class: every packet, since the first apply
     assert sent >= 4
