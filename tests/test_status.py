@@ -586,7 +586,9 @@ def test_watch_redraws_on_a_terminal() -> None:
     assert "\u2500" in out  # a box line
 
 
-def test_usage_errors(tmp_path: Path) -> None:
+def test_usage_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (a state folder of its own: the host's may hold a policy 'p', of any namespace)
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
     assert CliRunner().invoke(cli, ["status"]).exit_code == 2
     path = tmp_path / "p.tcp"
     path.write_text("interface eth0 htb rate 10mbit {\n    class a rate 1mbit\n}\n")
