@@ -477,7 +477,7 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
                     wide.append(
                         _place(path, first, last, lines, cells).span(past) if not wide else at
                     )
-    if final is not None and final[1] == len(lines) and lines[-1] != "":
+    if final is not None and _ends_file_unbroken(final[1], lines):
         _cut_short(reading, table, lines, *final)
     if wide:
         many = f"{len(wide)} rows have" if len(wide) > 1 else "a row has"
@@ -493,6 +493,12 @@ def _parse(reading: _Reading, at: Span) -> Table | None:
 
 _SHAPING = frozenset({"circuit_id", "parent_node", "ipv4", "ipv6", *RATES})
 """The columns whose cells decide how a subscriber is shaped."""
+
+
+def _ends_file_unbroken(last: int, lines: list[str]) -> bool:
+    """Whether a record ending on line ``last`` ends the file with no line break after it
+    (``lines``: the text split at line breaks)."""
+    return last == len(lines) and lines[-1] != ""
 
 
 def _cut_short(
@@ -653,7 +659,7 @@ def _row(
     # export, a cron job), whose last cell may be cut too ('20' read as '2'); LibreQoS refuses
     # a row short of its 13 columns as well (found by a tester: it was shaped with the cut
     # value). A row that only lacks columns past those tcdsl reads is cut if the file ends in it.
-    cut = n_cells < len(table.headers) and last == len(lines) and lines[-1] != ""
+    cut = n_cells < len(table.headers) and _ends_file_unbroken(last, lines)
     if n_cells < table.read or cut:
         why = (
             "the file ends in this row without a line break: was it read while being written?"
