@@ -613,9 +613,18 @@ def ceil_within_parent_ceil(policy: ir.Policy) -> Iterator[Diagnostic]:
         ceil = rate_of(s.cls.ceil)
         if s.parent is None:
             rate = rate_of(s.cls.rate)
-            if s.cls.implicit or ceil is None or rate is None:
+            if ceil is None or rate is None or ceil.bits_per_second <= rate.bits_per_second:
                 continue
-            if ceil.bits_per_second <= rate.bits_per_second:
+            if s.cls.implicit:
+                # A ceil written on the htb's line (found by a tester: nothing said so).
+                yield Diagnostic.warning(
+                    "W301",
+                    f"ceil {_fmt(ceil)} can never be reached: the interface's link class has "
+                    f"nothing to borrow from, so it sends at most its rate {_fmt(rate)}; "
+                    "write the link's speed as the rate, and leave out the ceil",
+                    ceil.span,
+                    Note("its rate given here", rate.span),
+                )
                 continue
             yield Diagnostic.warning(
                 "W301",
