@@ -1298,6 +1298,16 @@ def nft_unquotable(name: str) -> str | None:
     return None
 
 
+def iptables_unquotable(name: str) -> str | None:
+    """Why an interface name cannot be written in an iptables rule, or None."""
+    if name.endswith("+"):
+        return (
+            f"iptables reads a '+' at the end of an interface name as a wildcard (every "
+            f"interface whose name starts with '{name[:-1]}')"
+        )
+    return None
+
+
 def nft_table_lines(iface: ir.Interface, indent: str = "    ") -> Iterator[str]:
     """The lines of an ``nft -f`` file that (re)define ``iface``'s marking table.
 
@@ -1406,8 +1416,9 @@ LIVE_BATCH = (
 def unspellable(
     policy: ir.Policy, *, batch: bool, nft: bool, live: bool = False
 ) -> Iterator[Diagnostic]:
-    """Yield E502 for what ``tc -batch`` lines (``batch``) or nft rules (``nft``) cannot hold;
-    ``live``: for ``tcdsl apply`` (the tc -batch it runs), which says what to do instead."""
+    """Yield E502 for what ``tc -batch`` lines (``batch``) or nft rules (``nft``; else
+    iptables rules) cannot hold; ``live``: for ``tcdsl apply`` (the tc -batch it runs), which
+    says what to do instead."""
     after = LIVE_BATCH if live else ""
     for iface in policy.interfaces:
         if batch:
@@ -1425,7 +1436,16 @@ def unspellable(
                     yield Diagnostic.error(UNSPELLABLE, msg + after, cmd.span)
         m = iface.marking
         named = m.from_interface if m is not None and m.hook == "prerouting" else iface.name
-        why = nft_unquotable(named) if m is not None and named is not None and nft else None
-        if m is not None and why is not None:
-            msg = f"interface name '{named}' cannot be written in an nft rule: {why}"
+        if m is None or named is None:
+            continue
+        # (found by a tester: 'wan+' marked what left by every wan interface)
+        why = nft_unquotable(named) if nft else iptables_unquotable(named)
+        if why is not None:
+            rule = "an nft rule" if nft else "an iptables rule"
+            instead = (
+                "" if nft
+                else ": rename the interface (tcdsl apply marks with iptables)" if live
+                else ": rename the interface, or mark with nft (--marks nft)"
+            )  # fmt: skip
+            msg = f"interface name '{named}' cannot be written in {rule}: {why}{instead}"
             yield Diagnostic.error(UNSPELLABLE, msg, m.span)

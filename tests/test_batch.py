@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from tcdsl.backend import BackendOptions
 from tcdsl.cli import cli
-from tcdsl.commands import batch_quote, batch_unquotable, nft_table, restore_quote
+from tcdsl.commands import batch_quote, batch_unquotable, nft_table, restore_quote, unspellable
 from tcdsl.diagnostics import render
-from tcdsl.driver import Result, compile_policy
+from tcdsl.driver import Result, analyse, compile_policy
 from tcdsl.verify import runner, verifier
 from tests.conftest import ROOT, flower_batch_in_guest
 
@@ -255,6 +255,35 @@ def test_unspellable_interface_names_are_diagnosed(tmp_path: Path) -> None:
     slash = compile_policy(_odd(tmp_path, "eth0", "a\\b"), "nft")
     assert [(d.code, d.span.line) for d in slash.diagnostics] == [("E502", 2)]
     assert "'\\' in an interface name as an escape" in slash.diagnostics[0].message
+
+
+@pytest.mark.parametrize(("name", "marks_from"), [("wan+", "local"), ("eth0", '"wan+"')])
+def test_an_interface_name_iptables_reads_as_a_wildcard_is_refused_for_iptables(
+    tmp_path: Path, name: str, marks_from: str
+) -> None:
+    """Found by a tester: the marks of interface 'wan+' were '-o wan+' (or '-i wan+'), which
+    iptables reads as every interface whose name starts with 'wan'; nft reads it as it is."""
+    path = tmp_path / "plus.tcp"
+    path.write_text(
+        f'interface "{name}" htb rate 10mbit default b {{\n'
+        f"    classify by mark from {marks_from}\n"
+        "    class a rate 5mbit match proto udp dport 53\n    class b rate 5mbit\n}\n",
+        encoding="utf-8",
+    )
+    for backend in ("shell", "tc-batch"):
+        result = compile_policy(str(path), backend)
+        assert result.output is None, backend
+        assert [(d.code, d.span.line) for d in result.diagnostics] == [("E502", 2)]
+        assert "'+' at the end of an interface name as a wildcard" in result.diagnostics[0].message
+        assert "(--marks nft)" in result.diagnostics[0].message
+        nft = compile_policy(str(path), backend, options=BackendOptions(marks="nft"))
+        assert nft.output is not None and 'ifname "wan+"' in "".join(nft.files.values()), backend
+    policy = analyse(str(path)).policy
+    assert policy is not None
+    (live,) = unspellable(policy, batch=True, nft=False, live=True)
+    assert "(tcdsl apply marks with iptables)" in live.message
+    # a '+' elsewhere in the name is a character like any other
+    assert compile_policy(_odd(tmp_path, "eth0", "w+an"), "shell").output is not None
 
 
 def test_shell_batch_and_nft_scripts_are_valid_sh() -> None:
