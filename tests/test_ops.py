@@ -3032,6 +3032,34 @@ def test_a_subscriber_moved_to_another_site_moves_in_place(tcdsl: Tcdsl, host: H
     assert f"parent {ids['north']}" in back, back
 
 
+def test_a_subscriber_moved_among_hashed_ones_plans_its_own_lines_only(
+    tcdsl: Tcdsl, host: HostSupport
+) -> None:
+    """A circuit moved to another site among enough to go into u32 tables: the plan names the
+    move and that circuit's filters, not every later circuit of its old site (found by a
+    tester: 122 lines '~ filter c1003 ...: its action' for one moved circuit, compared by
+    their place in the commands, which the move shifted by one)."""
+    head = SUBSCRIBERS.splitlines(keepends=True)[0]
+    rows = "".join(
+        f"{100 + i},N{i},{i},cpe-{i},{'north' if i < 40 else 'south'},,10.99.1.{i},,1,1,5,1,\n"
+        for i in range(1, 46)
+    )
+    table = tcdsl.folder / "subs.csv"
+    table.write_text(head + rows, encoding="utf-8")
+    # both sites' lines at one pref: one group, whose commands the move shifts
+    p = tcdsl.write("p.tcp", SITES.replace(" pref 2", ""))
+    assert tcdsl("apply", "--yes", p).code == 0
+    assert "ht divisor 256" in tcdsl.tc("filter", "show", "dev", "d0")  # the tables it is about
+    table.write_text(head + rows.replace(",cpe-3,north,", ",cpe-3,south,"), encoding="utf-8")
+    planned = tcdsl("plan", p)
+    assert "~ class c103 moves from north to south" in planned.out, planned
+    assert "c104" not in planned.out and "c120" not in planned.out, planned
+    acting = [line.strip() for line in planned.out.splitlines() if "its action" in line]
+    assert acting == [f"~ filter c103 (match ip dst 10.99.1.3): its action  ({table}:4)"], planned
+    assert tcdsl("apply", "--yes", p).code == 0
+    assert tcdsl("plan", p).out == "no changes\n"
+
+
 def _many(n: int) -> str:
     body = "".join(
         f"    class s{i} rate 1mbit match dst 10.7.{i // 200}.{i % 200 + 1}\n" for i in range(n)

@@ -15,8 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from tcdsl.cli import cli
+from tcdsl.ops import lifecycle
+from tcdsl.ops.cli import parse_duration
 from tcdsl.ops.lifecycle import OpsError, rollback
 from tcdsl.ops.state import KEEP, DamagedRecord, Store
+from tcdsl.verify.runner import HostSupport
 
 POLICY = "interface d0 htb rate 10mbit default a {\n    class a rate 1mbit\n}\n"
 
@@ -46,7 +49,12 @@ CLASS_IDS = {
 another's id and rebuild the tree."""
 
 
-@pytest.mark.parametrize("damage", ["cut", "not json", "no field", "sources", *CLASS_IDS])
+DAMAGE = ["cut", "not json", "no field", "sources", "path elsewhere", "deep", "a folder"]
+"""Found by testers: the last three were tracebacks (status compiled a policy not among the
+record's sources; JSON nested past Python's stack; a folder where the record was)."""
+
+
+@pytest.mark.parametrize("damage", [*DAMAGE, *CLASS_IDS])
 @pytest.mark.parametrize("command", ["plan", "apply", "rollback", "down", "status"])
 def test_a_damaged_record_is_refused_with_a_message(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, damage: str
@@ -62,9 +70,17 @@ def test_a_damaged_record_is_refused_with_a_message(
         text = json.dumps({**data, "classids": CLASS_IDS[damage]})
     elif damage == "sources":
         text = json.dumps({**data, "sources": ["p.tcp"]})
+    elif damage == "path elsewhere":
+        text = json.dumps({**data, "path": "/etc/passwd"})
+    elif damage == "deep":
+        text = "[" * 100_000 + "]" * 100_000
+    elif damage == "a folder":
+        record.unlink()
+        record.mkdir()
     else:
         text = {"cut": text[:40], "not json": "\x00garbage", "no field": "{}"}[damage]
-    record.write_text(text, encoding="utf-8")
+    if not record.is_dir():
+        record.write_text(text, encoding="utf-8")
     monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
     args = {
         "plan": ["plan", str(path)],
@@ -257,13 +273,67 @@ def test_a_file_where_the_state_folder_should_be_is_e603(
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("name", ["", "-x"])
 @pytest.mark.parametrize("command", ["plan", "apply", "status"])
-def test_an_empty_name_is_refused_not_taken_for_the_files(command: str, tmp_path: Path) -> None:
-    """Found by a tester: 'apply --name ""' used the policy file's name instead."""
+def test_an_empty_name_is_refused_not_taken_for_the_files(
+    command: str, name: str, tmp_path: Path
+) -> None:
+    """Found by testers: 'apply --name ""' used the policy file's name instead; '--name -x'
+    was taken, and every later command read the name as an option."""
     policy = tmp_path / "p.tcp"
     policy.write_text("interface eth0 htb rate 1mbit default a {\n    class a rate 1mbit\n}\n")
     args = {"plan": [str(policy)], "apply": ["--yes", str(policy)]}.get(command, [])
     got = CliRunner().invoke(
-        cli, [command, "--name", "", *args], env={"TCDSL_STATE_DIR": str(tmp_path / "state")}
+        cli, [command, f"--name={name}", *args], env={"TCDSL_STATE_DIR": str(tmp_path / "state")}
     )
-    assert got.exit_code == 2 and "Invalid value for --name: ''" in got.output, got.output
+    assert got.exit_code == 2 and f"Invalid value for --name: '{name}'" in got.output, got.output
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[]", '{"qdiscs": 5}', '{"release": "6.1"}', '{"release": 6, "qdiscs": []}', "[" * 100_000],
+)
+def test_a_kernel_probe_kept_in_the_wrong_shape_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    """The probe of the kernel kept for this boot is a cache: one of the wrong shape (found
+    by a tester: a traceback in plan and apply) is no probe, and one of the right shape is
+    read back as it was kept."""
+    monkeypatch.setenv("TCDSL_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    lifecycle._probe_file().write_text(text, encoding="utf-8")
+    assert lifecycle._probed() is None
+    host = HostSupport("6.1.0", frozenset({"htb"}), frozenset({"u32"}), True, True,
+                       frozenset({"mirred"}), False, ip6tables=False)  # fmt: skip
+    lifecycle._remember_probe(host)
+    assert lifecycle._probed() == host
+
+
+WINDOWS = [
+    ("0s", "leaves no time"),
+    ("-5s", "not a duration"),
+    ("1d", "not a duration"),
+    ("99999999999s", "more than a day"),
+    ("25h", "more than a day"),
+]
+
+
+@pytest.mark.parametrize(("window", "said"), WINDOWS)
+def test_a_confirm_window_of_no_time_or_past_a_day_is_refused(
+    window: str, said: str, tmp_path: Path
+) -> None:
+    """Before anything is read or changed: a window of no time rolled back before anyone
+    could confirm; one of 99999999999s was taken, and its timer could not sleep so long."""
+    policy = tmp_path / "p.tcp"
+    policy.write_text(POLICY, encoding="utf-8")
+    got = CliRunner().invoke(
+        cli,
+        ["apply", "--yes", f"--confirm={window}", str(policy)],
+        env={"TCDSL_STATE_DIR": str(tmp_path / "state")},
+    )
+    assert got.exit_code == 2 and said in got.output, got.output
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_confirm_window_of_a_day_is_taken() -> None:
+    assert parse_duration("24h") == 86400.0 and parse_duration("90") == 90.0

@@ -79,7 +79,18 @@ def parse_duration(text: str) -> float:
         raise click.BadParameter(
             f"{text!r} leaves no time to confirm (say 60s, 2m)", param_hint="'--confirm'"
         )
+    if seconds > MAX_CONFIRM:
+        # (found by a tester: 99999999999s was taken, and the timer could not sleep that long)
+        raise click.BadParameter(
+            f"{text!r} is more than a day: the window is for the minutes after a change "
+            "(say 60s, 5m, at most 24h)",
+            param_hint="'--confirm'",
+        )
     return seconds
+
+
+MAX_CONFIRM = 24 * 3600.0
+"""The longest ``--confirm`` window, in seconds."""
 
 
 def said_duration(text: str) -> str:

@@ -107,20 +107,41 @@ def _probe_file() -> Path:
 
 
 def _probed() -> HostSupport | None:
+    """The probe kept for this boot; None where there is none, or it is not one (a cache:
+    the kernel is probed again; found by a tester, a file of the wrong shape was a
+    traceback)."""
     try:
         data = json.loads(_probe_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return HostSupport(
+            _text(data["release"]),
+            _texts(data["qdiscs"]),
+            _texts(data["filters"]),
+            _flag(data["iptables"]),
+            True,
+            _texts(data["actions"]),
+            _flag(data["ifb"]),
+            ip6tables=_flag(data["ip6tables"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
-    return HostSupport(
-        str(data["release"]),
-        frozenset(data["qdiscs"]),
-        frozenset(data["filters"]),
-        bool(data["iptables"]),
-        True,
-        frozenset(data["actions"]),
-        bool(data["ifb"]),
-        ip6tables=bool(data["ip6tables"]),
-    )
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value
+
+
+def _texts(value: object) -> frozenset[str]:
+    if not isinstance(value, list):
+        raise ValueError(value)
+    return frozenset(_text(v) for v in value)
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(value)
+    return value
 
 
 def _remember_probe(host: HostSupport) -> None:

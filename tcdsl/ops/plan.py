@@ -798,9 +798,12 @@ def _filter_changes(
         text = f"{label}: " if label else ""
         out.append(Change("~", f"{text}{len(moved)} line(s) tried in another order", moved[0].span))
     if not out and not tables_moved:
-        was, now = [_sans_ids(c.args) for c in old], [_sans_ids(c.args) for c in new]
-        out += [Change("~", f"{_filter_text(new[j], names[1])}: its action", new[j].span)
-                for j in range(len(new)) if j >= len(was) or was[j] != now[j]]  # fmt: skip
+        # the lines pair up in the order compared (found by a tester: paired by their place
+        # in the commands, which a circuit moved to another site shifted, every later line
+        # of the group was said to change its action)
+        was, now = [_sans_ids(c.args) for c in a_cmds], [_sans_ids(c.args) for c in b_cmds]
+        out += [Change("~", f"{_filter_text(b_cmds[j], names[1])}: its action", b_cmds[j].span)
+                for j in range(len(b_cmds)) if j >= len(was) or was[j] != now[j]]  # fmt: skip
     return out
 
 

@@ -38,7 +38,9 @@ KEEP = 5
 
 T = TypeVar("T")
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}")
+"""Not starting with '-' (found by a tester: '--name -x' was taken, and the name then read
+as an option by every command but 'tcdsl down -- -x')."""
 
 
 def state_dir() -> Path:
@@ -46,12 +48,13 @@ def state_dir() -> Path:
     return Path(os.environ.get(STATE_DIR_VARIABLE) or STATE_DIR)
 
 
-NAME_RULE = "at most 64 letters, digits, '_', '.', '-' (not '.' or '..')"
+NAME_RULE = "at most 64 letters, digits, '_', '.', '-' (not '.' or '..'; not starting with '-')"
 """What :func:`valid_name` takes, in words."""
 
 
 def valid_name(name: str) -> bool:
-    """A policy name usable as a folder name (letters, digits, ``_ . -``; not ``.``/``..``)."""
+    """A policy name usable as a folder name and an argument (letters, digits, ``_ . -``; not
+    ``.``/``..``, not starting with ``-``)."""
     return bool(_NAME.fullmatch(name)) and name not in (".", "..")
 
 
@@ -133,6 +136,8 @@ class Applied:
         sources, devices, ids = data["sources"], data["devices"], data["classids"]
         if not (isinstance(sources, dict) and isinstance(devices, list) and isinstance(ids, dict)):
             raise TypeError("sources, devices or classids is not what a record holds")
+        if str(data["path"]) not in sources:  # (found by a tester: a traceback in status)
+            raise KeyError(f"the policy's file {data['path']} is not among its sources")
         return cls(
             int(str(data["generation"])),
             str(data["path"]),
@@ -300,13 +305,20 @@ def _load(path: Path, convert: Callable[[Any], T]) -> T:
             f"{above} is a file where tcdsl keeps its state in a folder ({path}); nothing "
             "was changed: move it away, or point TCDSL_STATE_DIR at a folder"
         ) from None
+    except (IsADirectoryError, PermissionError) as e:  # (found by a tester: a traceback)
+        raise _damaged(path, e.strerror or repr(e)) from None
     try:
         return convert(json.loads(text))
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise DamagedRecord(
-            f"the state file {path} is damaged ({e!r}): move it away, or remove what tcdsl "
-            "made on the interfaces with 'tcdsl down -i IFACE --yes'"
-        ) from None
+    # RecursionError: JSON nested deeper than Python's stack (found by a tester)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise _damaged(path, repr(e)) from None
+
+
+def _damaged(path: Path, why: str) -> DamagedRecord:
+    return DamagedRecord(
+        f"the state file {path} is damaged ({why}): move it away, or remove what tcdsl "
+        "made on the interfaces with 'tcdsl down -i IFACE --yes'"
+    )
 
 
 def _pending(data: Any) -> Pending:
@@ -405,7 +417,7 @@ class Store:
         try:
             text = (self._applied() / f"{generation}.{kind}.json").read_text(encoding="utf-8")
             return json.loads(text)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
 
     def start(self, path: str, sources: Mapping[str, str], devices: tuple[str, ...],
