@@ -834,6 +834,34 @@ def test_a_closed_quote_holding_row_like_lines_is_a_cell(tmp_path: Path) -> None
     assert errors(result) == [("E035", "subs.csv", 2, 38)], table
 
 
+def test_a_quote_left_open_that_a_quote_as_text_closes_is_an_error(tmp_path: Path) -> None:
+    """Found by a tester: a later row's Comment ending in an inch mark ('Dish 18"') closed a
+    quote left open, the record's cells lined up with the header, and the rows between were
+    read as its text without a word (an unquoted cell ending in a quote is a row of its own,
+    not the end of a cell)."""
+    for between in (1, 0):
+        table = (
+            HEADER
+            + _row("1", "100.64.0.1", comment='"VIP customer')
+            + "".join(_row(str(i), f"100.64.0.{i}") for i in range(2, 2 + between))
+            + _row("3", "100.64.0.3", comment='Dish 18"')
+            + _row("4", "100.64.0.4")
+        )
+        result = build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)
+        assert errors(result) == [("E035", "subs.csv", 2, 38)], table
+        assert (
+            f"line {3 + between} ends in the quote read as closing it" in result.errors[0].message
+        )
+    # the inch mark doubled is text, and the quote closed where it opened a cell
+    table = (
+        HEADER
+        + _row("1", "100.64.0.1", comment='"VIP customer"')
+        + _row("3", "100.64.0.3", comment='"Dish 18"""')
+    )
+    made = classes(ok(build(tmp_path, policy('        subscribers from "subs.csv"\n'), table)))
+    assert {"c1", "c3"} <= set(made)
+
+
 def test_a_quote_left_open_before_a_row_with_quoted_cells_is_an_error(tmp_path: Path) -> None:
     """The row after an open quote quotes its name (as LibreQoS writes a name holding a
     comma): it was read into the open cell, its address and rates given to the first circuit's

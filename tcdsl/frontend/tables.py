@@ -641,17 +641,28 @@ def _row(
     if first != last and n_cells == len(table.headers) and "\n" in cells[-1]:
         quoted = '"' + cells[-1].replace('"', '""') + '"'
         closed = "\n".join(lines[first - 1 : last]).rstrip(" \t").endswith(quoted)
-    if first != last and not closed:
+    # Nor one closed by a quote that ends a row of its own, as text (found by a tester:
+    # 'Dish 18"' at the end of a later row's Comment closed a quote left open, and the rows
+    # between went, without a word).
+    stray = first != last and _ends_in_a_quote_as_text(lines[last - 1], table.commas)
+    if first != last and (not closed or stray):
         # A quote left open reads the rows after it as one cell's text: a line inside the
         # record without a quote, with the commas of a row, is most likely one of them.
         inside = [n for n in range(first, last) if _row_like(lines[n], table.commas)]
+        inside += [last - 1] if stray else []
         if inside:
             opening = lines[first - 1].rfind('"') + 1
+            hint = (
+                f"; line {last} ends in the quote read as closing it: a quote meant as text "
+                'is written doubled (18"")'
+                if stray
+                else ""
+            )
             reading.error(
                 "E035",
                 f"a quoted cell runs on from here over {last - first} line(s), "
                 f"{len(inside)} of which look like rows of the table (line {inside[0] + 1} "
-                "first): is its closing quote missing? (they are not read as rows)",
+                f"first): is its closing quote missing? (they are not read as rows){hint}",
                 Span(path, first, max(opening, 1), first, max(opening, 1) + 1),
             )
             return None
@@ -834,6 +845,16 @@ def _row_like(line: str, commas: int) -> bool:
         return True
     after = line[at + 1 :].lstrip(" \t")
     return not (after == "" or after.startswith(","))
+
+
+def _ends_in_a_quote_as_text(line: str, commas: int) -> bool:
+    """Whether the line that closes a quoted cell reads as a row of its own whose last cell,
+    unquoted, ends in a quote as text (``4,100.64.0.4,...,Dish 18"``): the commas of a row, and
+    no other quote but doubled ones."""
+    body = line.rstrip(" \t")
+    if not body.endswith('"') or body.count(",") < commas:
+        return False
+    return '"' not in body[:-1].replace('""', "")
 
 
 def _agree(
