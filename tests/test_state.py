@@ -157,6 +157,8 @@ TREES_DAMAGE = {
     "removal null": {"removal": None},
     "names null": {"names": None},
     "span a word": {"span": "x"},
+    "label null": {"label": None},  # (found by a tester: '- tree None' in plan)
+    "a name a number": {"names": {"a": 1}},
 }
 
 

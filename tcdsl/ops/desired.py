@@ -284,19 +284,26 @@ def _trees(data: Mapping[str, Any]) -> tuple[Tree, ...]:
 
     out = []
     for t in data["trees"]:
-        label = str(t["label"])
+        label = _text(t["label"])  # (found by a tester: a null label was '- tree None')
         objects = tuple(
             Obj(
                 tuple(key),
                 label,
                 tuple(
-                    Command(tool, tuple(args), span(where), what)
+                    Command(_text(tool), tuple(map(_text, args)), span(where), _text(what))
                     for tool, args, where, what in commands
                 ),
             )
             for key, commands in t["objects"]
         )
-        names = {str(k): str(v) for k, v in t["names"].items()}
-        removal = tuple(tuple(str(w) for w in c) for c in t["removal"])
+        names = {_text(k): _text(v) for k, v in t["names"].items()}
+        removal = tuple(tuple(map(_text, c)) for c in t["removal"])
         out.append(Tree(label, span(t["span"]), objects, names, removal))
     return tuple(out)
+
+
+def _text(value: object) -> str:
+    """A string of a record, as it was written; TypeError for anything else (a hand edit)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is no text")
+    return value
