@@ -1414,6 +1414,36 @@ def test_a_filter_to_an_inner_class_goes_where_htb_sends_it(tmp_path: Path) -> N
     assert not [x for x in written if "10.9.0.2" in x] and "[W621]" in said, out
 
 
+def test_a_filter_to_no_class_goes_where_htb_sends_it(tmp_path: Path) -> None:
+    """Found by a tester: a filter whose flowid is no class of the htb (1:99) was left out,
+    and the packets it matched went on to the later filters (on the kernel the imported
+    policy made, and in classify); htb stops classifying there and sends them to its default
+    class (net/sched/sch_htb.c, htb_classify: 'filter selected invalid classid'). The line
+    is written there (W613); with no leaf default (the direct queue), left out (W613)."""
+    text = (DATA / "inner-class.txt").read_text(encoding="utf-8")
+    assert "*flowid 1:1 not_in_hw" in text
+    saved = tmp_path / "missing.txt"
+    saved.write_text(text.replace("*flowid 1:1 not_in_hw", "*flowid 1:99 not_in_hw"))
+    code, out, err = _cli("-i", "a0", "--from", str(saved))
+    said = " ".join(err.split())
+    assert code == 0, err
+    assert (
+        "filter pref 4 to 1:99: it sends to no class of this qdisc, and htb then stops "
+        "classifying and sends the packet to the default class 1:30: written there" in said
+    ), said
+    imported = tmp_path / "imported.tcp"
+    imported.write_text(out, encoding="utf-8")
+    for packet, want in (("udp dst 10.9.0.2", "1:30"), ("udp dst 10.9.0.3", "1:10")):
+        verdict = CliRunner().invoke(cli, ["classify", str(imported), "--packet", packet])
+        assert verdict.exit_code == 0 and f"({want})" in verdict.stdout, (packet, verdict.output)
+    saved.write_text(saved.read_text().replace(" default 0x30 ", " default 0 "))
+    code, out, err = _cli("-i", "a0", "--from", str(saved))
+    said = " ".join(err.split())
+    assert code == 0 and "its direct queue (unshaped: no leaf is its default)" in said, err
+    written = [x for x in out.splitlines() if not x.strip().startswith("#")]
+    assert not [x for x in written if "10.9.0.2" in x] and "[W613]" in said, out
+
+
 def test_filters_added_without_a_pref_in_a_dual_stack_tree_are_renumbered(
     tmp_path: Path,
 ) -> None:

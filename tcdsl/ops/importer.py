@@ -953,8 +953,12 @@ class FilterSet:
     order of the buckets, whose filters no packet meets together."""
 
 
-def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool) -> FilterSet:
-    """Decode a qdisc's filters (in tc's order) into lines."""
+def filter_set(
+    entries: Sequence[FilterEntry], classes: set[str], ingress: bool, strays: bool = False
+) -> FilterSet:
+    """Decode a qdisc's filters (in tc's order) into lines. ``strays``: a filter that sends
+    to no class of the qdisc (nor to the qdisc itself, X:0) is a line too, to that flowid,
+    for the caller to place (htb: its default class, where such packets go)."""
     out = FilterSet()
     decoded: list[_Decoded] = []
 
@@ -1028,7 +1032,8 @@ def filter_set(entries: Sequence[FilterEntry], classes: set[str], ingress: bool)
         if not laid_out and ("link" in entry.head or (table is not None and table < 0x800)):
             problem(entry, "a u32 hash table or link has no word in the language; left out")
             continue
-        if not ingress and f.flowid not in classes:
+        stray = strays and bool(f.flowid) and _minor(f.flowid) != 0
+        if not ingress and f.flowid not in classes and not stray:
             problem(entry, f"it sends to {f.flowid or 'no class'}, no class of this qdisc")
             continue
         if f.offset:
@@ -1628,15 +1633,18 @@ def _build(dev: _Device, q: TcQdisc, line: int, problems: list[Problem]) -> Qdis
         if below is not None:
             cn.leaf = _leaf(dev, below, cn.notes)
     node.classes = top
-    fs = filter_set(dev.filters.get(q.handle, []), set(nodes), ingress=False)
+    htb = q.kind == "htb"
+    fs = filter_set(dev.filters.get(q.handle, []), set(nodes), ingress=False, strays=htb)
     for problem, classid in fs.problems:
         if classid is not None and classid in nodes:
             nodes[classid].items.append(Comment(problem))
         else:
             node.body_notes.append(problem)
+    if htb:
+        _to_missing_classes(q, nodes, fs, node)
     for fl in fs.lines:
         nodes[fl.classid].items.append(fl)
-    if q.kind == "htb":
+    if htb:
         _to_inner_classes(q, nodes, dev, fs)
     if fs.marks is not None:
         _default_mark(q, fs.marks, set(nodes), dev.filters.get(q.handle, []))
@@ -1671,15 +1679,46 @@ def _default_mark(q: TcQdisc, marks: Marks, classes: set[str], entries: list[Fil
         marks.marks[classid] = mark
 
 
+def _default_leaf(q: TcQdisc, nodes: dict[str, ClassNode]) -> str:
+    """The class id of an htb qdisc's default class where it is a leaf, else ''."""
+    default = _value(q.options, "default")
+    leaf = f"{_major(q.handle)}:{default:x}" if isinstance(default, int) and default else ""
+    return "" if leaf not in nodes or nodes[leaf].children else leaf
+
+
+def _to_missing_classes(
+    q: TcQdisc, nodes: dict[str, ClassNode], fs: FilterSet, node: QdiscNode
+) -> None:
+    """Lines whose filter sends to no class of the htb qdisc: htb stops classifying there
+    and sends the packet to its default class (its direct queue, unshaped, when the default
+    is no leaf). Written in the default class (W613); with no leaf default, left out (W613).
+    (Found by a tester: such a filter was left out, and the packets it stopped went on to
+    the later filters, on the kernel the imported policy made and in classify.)"""
+    leaf = _default_leaf(q, nodes)
+    for fl in [fl for fl in fs.lines if fl.classid not in nodes]:
+        head = (
+            f"filter pref {fl.pref} to {fl.classid}: it sends to no class of this qdisc, and "
+            "htb then stops classifying and sends the packet to"
+        )
+        if leaf:
+            message = f"{head} the default class {leaf}: written there"
+            fl.classid = leaf
+            nodes[leaf].items.append(Comment(Problem("W613", message, fl.line)))
+        else:
+            fs.lines.remove(fl)
+            message = (
+                f"{head} its direct queue (unshaped: no leaf is its default), which no line "
+                "says; left out (a later line may take its packets now)"
+            )
+            node.body_notes.append(Problem("W613", message, fl.line))
+
+
 def _to_inner_classes(q: TcQdisc, nodes: dict[str, ClassNode], dev: _Device, fs: FilterSet) -> None:
     """Lines whose filter gives an inner class: htb goes on with that class's own filters,
     and with none, sends the packet to the default class (its direct queue, unshaped, when
     the default is no leaf). Written in the default class (W621); with no leaf default, left
     out (W621); an inner class with filters of its own keeps them (E609 then says so)."""
-    default = _value(q.options, "default")
-    leaf = f"{_major(q.handle)}:{default:x}" if isinstance(default, int) and default else ""
-    if leaf not in nodes or nodes[leaf].children:
-        leaf = ""
+    leaf = _default_leaf(q, nodes)
     for fl in list(fs.lines):
         inner = nodes[fl.classid]
         if not inner.children or dev.filters.get(fl.classid):
