@@ -674,8 +674,9 @@ def classify_command(
 
     # a class added before others has the free id apply chose, not the one compiling the
     # policy alone would give it
-    applied, pins = _applied_here(policy, name)
-    checked = _policy_or_exit(analyse(policy, pins=pins, access=access), "classified")
+    source, loader = _stdin_or(policy)
+    applied, pins = _applied_here(policy, name) if loader is None else (None, {})
+    checked = _policy_or_exit(analyse(source, loader, pins=pins, access=access), "classified")
     if applied is None:
         from tcdsl.ops.cli import other_name_note
 
@@ -725,7 +726,7 @@ def explain_command(policy: str, fmt: str, output: str | None, access: Access) -
     which traffic reaches each class, its queue, and what happens to unmatched traffic."""
     from tcdsl.teach.explain import explain
 
-    result = analyse(policy, access=access)
+    result = analyse(*_stdin_or(policy), access=access)
     shown = _visible(result.diagnostics, False)
     if shown:
         click.echo(render(shown, result.sources), nl=False, err=True)
@@ -871,7 +872,7 @@ def simulate_command(
     from tcdsl.teach.simulate import SimulationError
     from tcdsl.teach.traffic import Flow
 
-    checked = _policy_or_exit(analyse(policy, access=access), "simulated")
+    checked = _policy_or_exit(analyse(*_stdin_or(policy), access=access), "simulated")
     _check_interface(checked, interface, direction)
     specs = [f for f in flows if isinstance(f, Flow)]
     try:

@@ -634,6 +634,22 @@ def test_check_and_compile_read_a_policy_from_standard_input() -> None:
     assert bad.exit_code == 1 and "<stdin>:1:" in bad.output, bad.output
 
 
+def test_the_teaching_commands_and_import_read_standard_input_too() -> None:
+    """Found by a tester: '-' was standard input for check, compile and fmt, and a file
+    named '-' for explain, classify, simulate and 'import --from' (E006, E605)."""
+    policy = OVER.replace("20mbit", "2mbit")
+    explained = CliRunner().invoke(cli, ["explain", "-"], input=policy)
+    assert explained.exit_code == 0 and "What <stdin> does" in explained.output, explained.output
+    said = CliRunner().invoke(cli, ["classify", "-", "--packet", "tcp dport 22"], input=policy)
+    assert said.exit_code == 0 and "-> class 'a' (1:" in said.output, said.output
+    flows = ["simulate", "-", "--flow", "tcp dport 80 rate 5mbit", "--duration", "1s"]
+    simulated = CliRunner().invoke(cli, flows, input=policy)
+    assert simulated.exit_code == 0 and "E006" not in simulated.output, simulated.output
+    saved = (Path(__file__).parent / "import_data" / "inner-class.txt").read_text()
+    imported = CliRunner().invoke(cli, ["import", "-i", "a0", "--from", "-"], input=saved)
+    assert imported.exit_code == 0 and "from the tc state of a0 (<stdin>)" in imported.stdout
+
+
 def test_a_file_named_twice_is_checked_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

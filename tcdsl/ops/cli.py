@@ -544,9 +544,9 @@ def down_command(name: str | None, interface: str | None, yes: bool) -> None:
 @click.option(
     "--from",
     "from_file",
-    type=click.Path(dir_okay=False, allow_dash=False),
+    type=click.Path(dir_okay=False, allow_dash=True),
     help="Read the saved output of tc's qdisc, class and filter show for the interface "
-    "instead of the live kernel (docs/operations.md, 'import').",
+    "instead of the live kernel ('-': standard input; docs/operations.md, 'import').",
 )
 @click.option(
     "-o",

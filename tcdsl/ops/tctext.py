@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -202,10 +203,15 @@ def read_live(device: str) -> DeviceText:
 
 
 def read_file(path: str, device: str) -> DeviceText:
-    """The saved text of ``device`` in ``path``; ReadError (E605) when it cannot be read."""
+    """The saved text of ``device`` in ``path`` (``-``: standard input, as for compile; found
+    by a tester: it was a file named '-'); ReadError (E605) when it cannot be read."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(64 * 1024 * 1024 + 1)
+        if path == "-":
+            data = sys.stdin.buffer.read(64 * 1024 * 1024 + 1)
+            path = "<stdin>"
+        else:
+            with open(path, "rb") as f:
+                data = f.read(64 * 1024 * 1024 + 1)
     except OSError as err:
         raise ReadError("E605", f"cannot read '{path}': {err.strerror or err}") from None
     if len(data) > 64 * 1024 * 1024:
