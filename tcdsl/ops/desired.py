@@ -290,7 +290,7 @@ def _trees(data: Mapping[str, Any]) -> tuple[Tree, ...]:
                 tuple(key),
                 label,
                 tuple(
-                    Command(_text(tool), tuple(map(_text, args)), span(where), _text(what))
+                    Command(_tool(tool), tuple(map(_text, args)), span(where), _text(what))
                     for tool, args, where, what in commands
                 ),
             )
@@ -300,6 +300,12 @@ def _trees(data: Mapping[str, Any]) -> tuple[Tree, ...]:
         removal = tuple(tuple(map(_text, c)) for c in t["removal"])
         out.append(Tree(label, span(t["span"]), objects, names, removal))
     return tuple(out)
+
+
+def _tool(value: object) -> Literal["tc", "iptables", "ip6tables", "ip"]:
+    if value == "tc" or value == "iptables" or value == "ip6tables" or value == "ip":
+        return value
+    raise TypeError(f"{value!r} is no tool tcdsl runs")
 
 
 def _text(value: object) -> str:
