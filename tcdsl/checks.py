@@ -326,7 +326,11 @@ def values_fit_the_kernel(policy: ir.Policy) -> Iterator[Diagnostic]:
 def _misfit(owner: ir.Qdisc | ir.Class, name: str, value: object, q: ir.Qdisc) -> Diagnostic | None:
     """The diagnostic for a value of ``owner`` (``q`` or one of its classes) that does not
     fit, if it does not (a function, not a generator: it runs for every value of a policy)."""
-    if type(value) is ir.Rate and 8 <= value.bits_per_second <= MAX_RATE:
+    if (
+        type(value) is ir.Rate
+        and 8 <= value.bits_per_second <= MAX_RATE
+        and (value.bits_per_second <= U32_MAX * 8 or not isinstance(q, ir.Cbq))
+    ):
         return None  # the common case, which no case below reports
     match value:
         case ir.Rate() if value.bits_per_second > MAX_RATE:
@@ -338,6 +342,14 @@ def _misfit(owner: ir.Qdisc | ir.Class, name: str, value: object, q: ir.Qdisc) -
                 "E208",
                 f"{name} {value.bits_per_second}bit of {_what(owner)} is below 8bit; "
                 "tc keeps rates in whole bytes per second",
+                value.span,
+            )
+        case ir.Rate() if isinstance(q, ir.Cbq) and value.bits_per_second > U32_MAX * 8:
+            # (found by a tester: tc says 'Illegal "rate"'; cbq has no 64-bit rates)
+            return Diagnostic.error(
+                "E208",
+                f"{name} {_fmt(value)} of {_what(owner)} is above tc's limit for cbq, "
+                f"{U32_MAX} bytes per second (about 34.36gbit: cbq's rates are 32-bit)",
                 value.span,
             )
         case ir.Rate() if value.bits_per_second == 0 and isinstance(q, ir.Tbf | ir.Netem | ir.Cbq):
@@ -1097,12 +1109,21 @@ def _ticks_wrap(
 
 
 def police_bursts_fit_tc(policy: ir.Policy) -> Iterator[Diagnostic]:
-    """E208 for a policer's burst that wraps in tc's ticks (see ``_ticks_wrap``)."""
+    """E208 for a policer's burst or mtu above tc's 32 bits (found by a tester: 'burst 6g'
+    passed check, and tc refused the script half-way), or a burst that wraps in tc's ticks
+    (see ``_ticks_wrap``)."""
     for iface in policy.interfaces:
         for q in ir.walk_qdiscs(iface.root):
             for _, m in ir.matches_of(q):
                 if m.police is not None:
                     p = m.police
+                    for name, size in (("burst", p.burst), ("mtu", p.mtu)):
+                        if size is not None and size.bytes > U32_MAX:
+                            msg = (
+                                f"{name} of the policer is {size.bytes} bytes; tc takes at "
+                                f"most {U32_MAX} (4g - 1)"
+                            )
+                            yield Diagnostic.error("E208", msg, size.span)
                     yield from _ticks_wrap("burst", p.burst, p.rate, "the policer", "rate")
 
 
