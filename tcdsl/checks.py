@@ -632,7 +632,7 @@ def ceil_within_parent_ceil(policy: ir.Policy) -> Iterator[Diagnostic]:
                 yield Diagnostic.warning(
                     "W301",
                     f"ceil {_fmt(ceil)} can never be reached: the interface's link class has "
-                    f"nothing to borrow from, so it sends at most its rate {_fmt(rate)}; "
+                    f"no parent to borrow from, so it sends at most its rate {_fmt(rate)}; "
                     "write the link's speed as the rate, and leave out the ceil",
                     ceil.span,
                     Note("its rate given here", rate.span),
