@@ -1700,17 +1700,25 @@ def _to_missing_classes(
             f"filter pref {fl.pref} to {fl.classid}: it sends to no class of this qdisc, and "
             "htb then stops classifying and sends the packet to"
         )
+        said = _to_default(fl, leaf, head, "W613", fs)
         if leaf:
-            message = f"{head} the default class {leaf}: written there"
-            fl.classid = leaf
-            nodes[leaf].items.append(Comment(Problem("W613", message, fl.line)))
+            nodes[leaf].items.append(Comment(said))
         else:
-            fs.lines.remove(fl)
-            message = (
-                f"{head} its direct queue (unshaped: no leaf is its default), which no line "
-                "says; left out (a later line may take its packets now)"
-            )
-            node.body_notes.append(Problem("W613", message, fl.line))
+            node.body_notes.append(said)
+
+
+def _to_default(fl: Line, leaf: str, head: str, code: str, fs: FilterSet) -> Problem:
+    """Send line ``fl`` where htb sends its packets: the default class ``leaf``, or with
+    none (the direct queue) out of ``fs``; what to say of it (``head`` and where it went)."""
+    if leaf:
+        fl.classid = leaf
+        return Problem(code, f"{head} the default class {leaf}: written there", fl.line)
+    fs.lines.remove(fl)
+    message = (
+        f"{head} its direct queue (unshaped: no leaf is its default), which no line says; "
+        "left out (a later line may take its packets now)"
+    )
+    return Problem(code, message, fl.line)
 
 
 def _to_inner_classes(q: TcQdisc, nodes: dict[str, ClassNode], dev: _Device, fs: FilterSet) -> None:
@@ -1728,18 +1736,11 @@ def _to_inner_classes(q: TcQdisc, nodes: dict[str, ClassNode], dev: _Device, fs:
             f"a filter (pref {fl.pref}) sends to {fl.classid}, an inner class without filters "
             "of its own, and htb then sends the packet to"
         )
+        said = _to_default(fl, leaf, head, "W621", fs)
+        held = nodes[leaf] if leaf else inner
         if leaf:
-            fl.classid = leaf
-            nodes[leaf].items.append(fl)
-            message = f"{head} the default class {leaf}: written there"
-            nodes[leaf].items.append(Comment(Problem("W621", message, fl.line)))
-        else:
-            fs.lines.remove(fl)
-            message = (
-                f"{head} its direct queue (unshaped: no leaf is its default), which no line "
-                "says; left out (a later line may take its packets now)"
-            )
-            inner.items.append(Comment(Problem("W621", message, fl.line)))
+            held.items.append(fl)
+        held.items.append(Comment(said))
 
 
 def _one_family(*roots: QdiscNode) -> None:
